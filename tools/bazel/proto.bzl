@@ -1,0 +1,24 @@
+"""C++ and gRPC code generated from a .proto with the system protoc and grpc_cpp_plugin."""
+
+def cc_grpc_proto(name, src, grpc = True, deps = [], visibility = None):
+    """Generates <base>.pb.{h,cc} (and .grpc.pb.{h,cc}) and a cc_library `name`."""
+    base = src[:-len(".proto")]
+    outs = [base + ".pb.h", base + ".pb.cc"]
+    cmd = "protoc -I$$(dirname $(location %s)) --cpp_out=$(@D) " % src
+    if grpc:
+        outs += [base + ".grpc.pb.h", base + ".grpc.pb.cc"]
+        cmd += "--grpc_out=$(@D) --plugin=protoc-gen-grpc=$$(which grpc_cpp_plugin) "
+    cmd += "$(location %s)" % src
+    native.genrule(
+        name = name + "_gen",
+        srcs = [src],
+        outs = outs,
+        cmd = cmd,
+    )
+    native.cc_library(
+        name = name,
+        srcs = [o for o in outs if o.endswith(".cc")],
+        hdrs = [o for o in outs if o.endswith(".h")],
+        deps = ["@system//:grpc", "@system//:protobuf"] + deps,
+        visibility = visibility,
+    )
