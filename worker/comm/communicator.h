@@ -1,0 +1,59 @@
+// Collectives over the ranks of one job generation. Implementations:
+// GlooCommunicator (host memory, CPUs) and NcclCommunicator (device memory).
+//
+// Every call has a timeout and returns DEADLINE_EXCEEDED (or UNAVAILABLE when
+// a peer is gone) naming the collective, instead of waiting forever. Buffers
+// are raw pointers to `count` elements of `dtype` (kF32 or kBF16) in the
+// backend's memory space. Calls on one Communicator are not thread-safe; use
+// one Communicator per thread/role (Create a second one with a different
+// `tag`) so that gathers and reductions run at once.
+#ifndef ZEROSHARD_WORKER_COMM_COMMUNICATOR_H_
+#define ZEROSHARD_WORKER_COMM_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+
+namespace zeroshard {
+
+enum class ReduceOp { kSum, kAverage };
+
+struct CollectiveBytes {
+  int64_t all_gather = 0;      // bytes this rank sent
+  int64_t reduce_scatter = 0;
+  int64_t all_reduce = 0;
+  int64_t broadcast = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // output[r * count + i] = input of rank r [i]; output holds world_size * count.
+  virtual absl::Status AllGather(const void* input, void* output, int64_t count, DType dtype,
+                                 absl::Duration timeout) = 0;
+  // input holds world_size * count; output[i] = op over ranks r of input_r[rank * count + i].
+  // bf16 is accumulated in f32 and rounded once per hop.
+  virtual absl::Status ReduceScatter(const void* input, void* output, int64_t count, DType dtype,
+                                     ReduceOp op, absl::Duration timeout) = 0;
+  // In place.
+  virtual absl::Status AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
+                                 absl::Duration timeout) = 0;
+  virtual absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
+                                 absl::Duration timeout) = 0;
+  virtual absl::Status Barrier(absl::Duration timeout) = 0;
+
+  // Bytes sent by this rank so far, per collective.
+  virtual CollectiveBytes bytes_sent() const = 0;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_COMM_COMMUNICATOR_H_
