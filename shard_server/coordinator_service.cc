@@ -1,0 +1,284 @@
+#include "shard_server/coordinator_service.h"
+
+#include <atomic>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace zeroshard {
+namespace {
+
+constexpr int64_t kDefaultStoreTimeoutMs = 60'000;
+
+// A unary call that is answered later (a join waiting for the barrier, a get
+// waiting for its key). The owner of the pending operation finishes it; if
+// the caller goes away first, `cancel` withdraws the operation, which then
+// finishes the call with CANCELLED.
+class HeldCall : public grpc::ServerUnaryReactor {
+ public:
+  explicit HeldCall(std::function<void(uint64_t)> cancel) : cancel_(std::move(cancel)) {}
+
+  // Records the id of the pending operation (0: it already completed).
+  void Hold(uint64_t id) {
+    bool cancel_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      cancel_now = cancelled_ && id != 0;
+    }
+    if (cancel_now) cancel_(id);
+  }
+
+  // Finishes the call once; later calls are ignored.
+  void Complete(const grpc::Status& status) {
+    if (!finished_.exchange(true)) Finish(status);
+  }
+
+  void OnCancel() override {
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    if (id != 0) cancel_(id);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  std::function<void(uint64_t)> cancel_;
+  std::atomic<bool> finished_{false};
+  absl::Mutex mu_;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                    const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+// One heartbeat stream: read a beat, answer it, read the next.
+class HeartbeatStream
+    : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+ public:
+  HeartbeatStream(Membership* membership, const grpc::Status& auth) : membership_(membership) {
+    if (!auth.ok()) {
+      Finish(auth);
+      return;
+    }
+    StartRead(&request_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the member closed its side
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_);
+    if (!response.ok()) {
+      Finish(ToGrpcStatus(response.status()));
+      return;
+    }
+    response_ = std::move(*response);
+    StartWrite(&response_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat stream broken"));
+      return;
+    }
+    StartRead(&request_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Membership* const membership_;
+  v1::HeartbeatRequest request_;
+  v1::HeartbeatResponse response_;
+};
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
+                                       PlanService* plans, std::string auth_token)
+    : clock_(clock),
+      membership_(membership),
+      kv_(kv),
+      plans_(plans),
+      auth_token_(std::move(auth_token)) {}
+
+grpc::Status CoordinatorService::Authenticate(grpc::CallbackServerContext* context) const {
+  if (auth_token_.empty()) return grpc::Status::OK;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing 'authorization: Bearer <token>' metadata; this server requires "
+                        "the token in its --auth_token_file (pass it with --token_file)");
+  }
+  std::string presented(it->second.data(), it->second.size());
+  std::string expected = "Bearer " + auth_token_;
+  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < presented.size() && i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(presented[i] ^ expected[i]);
+  }
+  if (diff != 0) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+absl::Time CoordinatorService::Deadline(grpc::CallbackServerContext* context,
+                                        int64_t timeout_ms) const {
+  absl::Time deadline =
+      clock_->Now() + absl::Milliseconds(timeout_ms > 0 ? timeout_ms : kDefaultStoreTimeoutMs);
+  // The caller's own gRPC deadline, if sooner (gRPC cancels the call then).
+  absl::Time call_deadline = absl::FromChrono(context->deadline());
+  if (call_deadline < absl::Now() + absl::Hours(24 * 365)) {
+    deadline = std::min(deadline, clock_->Now() + (call_deadline - absl::Now()));
+  }
+  return deadline;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* context,
+                                                   const v1::JoinRequest* request,
+                                                   v1::JoinResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  auto* call = new HeldCall([this](uint64_t id) { membership_->CancelJoin(id); });
+  absl::Time deadline = Deadline(context, /*timeout_ms=*/int64_t{1} << 50);
+  uint64_t id = membership_->Join(
+      *request, deadline, [call, response](absl::StatusOr<v1::JoinResponse> result) {
+        if (result.ok()) *response = std::move(*result);
+        call->Complete(ToGrpcStatus(result.status()));
+      });
+  call->Hold(id);
+  return call;
+}
+
+grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
+CoordinatorService::Heartbeat(grpc::CallbackServerContext* context) {
+  return new HeartbeatStream(membership_, Authenticate(context));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
+                                                    const v1::LeaveRequest* request,
+                                                    v1::LeaveResponse* /*response*/) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  return FinishNow(context, ToGrpcStatus(membership_->Leave(request->member())));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
+                                                       const v1::StoreSetRequest* request,
+                                                       v1::StoreSetResponse* /*response*/) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
+    return FinishNow(context, ToGrpcStatus(s));
+  }
+  const v1::MemberCredentials& m = request->member();
+  return FinishNow(context,
+                   ToGrpcStatus(kv_->Set(m.job_id(), m.generation(), request->key(),
+                                         request->value())));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* context,
+                                                       const v1::StoreGetRequest* request,
+                                                       v1::StoreGetResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
+    return FinishNow(context, ToGrpcStatus(s));
+  }
+  if (request->timeout_ms() < 0) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("timeout_ms ", request->timeout_ms(),
+                                                        " is negative")));
+  }
+  const v1::MemberCredentials& m = request->member();
+  auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
+  uint64_t id = kv_->Get(m.job_id(), m.generation(), request->key(),
+                         Deadline(context, request->timeout_ms()),
+                         [call, response](absl::StatusOr<std::string> value) {
+                           if (value.ok()) response->set_value(std::move(*value));
+                           call->Complete(ToGrpcStatus(value.status()));
+                         });
+  call->Hold(id);
+  return call;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerContext* context,
+                                                       const v1::StoreAddRequest* request,
+                                                       v1::StoreAddResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
+    return FinishNow(context, ToGrpcStatus(s));
+  }
+  const v1::MemberCredentials& m = request->member();
+  absl::StatusOr<int64_t> value =
+      kv_->Add(m.job_id(), m.generation(), request->key(), request->delta());
+  if (value.ok()) response->set_value(*value);
+  return FinishNow(context, ToGrpcStatus(value.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* context,
+                                                        const v1::StoreWaitRequest* request,
+                                                        v1::StoreWaitResponse* /*response*/) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
+    return FinishNow(context, ToGrpcStatus(s));
+  }
+  if (request->timeout_ms() < 0) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("timeout_ms ", request->timeout_ms(),
+                                                        " is negative")));
+  }
+  const v1::MemberCredentials& m = request->member();
+  auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  uint64_t id =
+      kv_->Wait(m.job_id(), m.generation(), std::move(keys),
+                Deadline(context, request->timeout_ms()),
+                [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); });
+  call->Hold(id);
+  return call;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* context,
+                                                        const v1::GetStatusRequest* request,
+                                                        v1::GetStatusResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  *response = membership_->Status(request->job_id());
+  for (v1::JobStatus& job : *response->mutable_jobs()) {
+    job.set_plan_hash(plans_->PlanHash(job.job_id()));
+  }
+  if (!request->job_id().empty() && response->jobs().empty()) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                           absl::StrCat("no job '", request->job_id(), "'")));
+  }
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerContext* context,
+                                                         const v1::PlanShardsRequest* request,
+                                                         v1::PlanShardsResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  const v1::MemberCredentials& m = request->member();
+  if (absl::Status s = membership_->CheckMember(m); !s.ok()) {
+    return FinishNow(context, ToGrpcStatus(s));
+  }
+  absl::StatusOr<int> world_size = membership_->WorldSize(m.job_id());
+  if (!world_size.ok()) return FinishNow(context, ToGrpcStatus(world_size.status()));
+  absl::StatusOr<v1::ShardPlan> plan =
+      plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(), request->options());
+  if (plan.ok()) *response->mutable_plan() = std::move(*plan);
+  return FinishNow(context, ToGrpcStatus(plan.status()));
+}
+
+}  // namespace zeroshard

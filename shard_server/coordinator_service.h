@@ -1,0 +1,69 @@
+// The zeroshard.v1.Coordinator gRPC service: adapts calls to Membership,
+// KvStore and the planner, with the callback API so that held calls (joins
+// waiting for the barrier, gets waiting for a key) and heartbeat streams cost
+// no thread. Authentication (a bearer token) is checked here, at the edge.
+#ifndef ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
+#define ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
+
+#include <string>
+
+#include "proto/zeroshard.grpc.pb.h"
+#include "shard_server/clock.h"
+#include "shard_server/event_log.h"
+#include "shard_server/kv_store.h"
+#include "shard_server/membership.h"
+#include "shard_server/plan_service.h"
+
+namespace zeroshard {
+
+class CoordinatorService final : public v1::Coordinator::CallbackService {
+ public:
+  // `auth_token` empty: no authentication. Pointers are not owned.
+  CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
+                     std::string auth_token);
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Heartbeat(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
+                                     const v1::StoreSetRequest* request,
+                                     v1::StoreSetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
+                                     const v1::StoreGetRequest* request,
+                                     v1::StoreGetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
+                                     const v1::StoreAddRequest* request,
+                                     v1::StoreAddResponse* response) override;
+  grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
+                                      const v1::StoreWaitRequest* request,
+                                      v1::StoreWaitResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
+                                      v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* PlanShards(grpc::CallbackServerContext* context,
+                                       const v1::PlanShardsRequest* request,
+                                       v1::PlanShardsResponse* response) override;
+
+  // OK, or UNAUTHENTICATED saying what is missing.
+  grpc::Status Authenticate(grpc::CallbackServerContext* context) const;
+
+ private:
+  absl::Time Deadline(grpc::CallbackServerContext* context, int64_t timeout_ms) const;
+
+  Clock* const clock_;
+  Membership* const membership_;
+  KvStore* const kv_;
+  PlanService* const plans_;
+  const std::string auth_token_;
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_

@@ -1,0 +1,95 @@
+// The key-value store workers bootstrap the data plane through (Gloo's
+// rendezvous, the NCCL unique id), scoped to (job, generation): a new
+// generation starts empty, and waiters of an old one are answered ABORTED.
+// Gets and waits are held without a thread until the keys exist or their
+// deadline passes.
+#ifndef ZEROSHARD_SHARD_SERVER_KV_STORE_H_
+#define ZEROSHARD_SHARD_SERVER_KV_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "shard_server/clock.h"
+
+namespace zeroshard {
+
+struct KvLimits {
+  size_t max_key_bytes = 1024;
+  size_t max_value_bytes = 4 << 20;
+  size_t max_job_bytes = 256 << 20;  // keys + values of one job
+};
+
+// Thread-safe. Callbacks are never run while the lock is held.
+class KvStore {
+ public:
+  using GetDone = std::function<void(absl::StatusOr<std::string>)>;
+  using WaitDone = std::function<void(absl::Status)>;
+
+  explicit KvStore(Clock* clock, KvLimits limits = {});
+
+  absl::Status Set(const std::string& job, int64_t generation, const std::string& key,
+                   std::string value);
+  // Answers at once if the key exists, else when it is set or at `deadline`
+  // (DEADLINE_EXCEEDED naming the key). Returns an id for Cancel (0: answered).
+  uint64_t Get(const std::string& job, int64_t generation, const std::string& key,
+               absl::Time deadline, GetDone done);
+  // Adds `delta` to the decimal integer at `key` (created at 0).
+  absl::StatusOr<int64_t> Add(const std::string& job, int64_t generation, const std::string& key,
+                              int64_t delta);
+  uint64_t Wait(const std::string& job, int64_t generation, std::vector<std::string> keys,
+                absl::Time deadline, WaitDone done);
+  void Cancel(uint64_t id);
+
+  // Drops the job's data; waiters are answered ABORTED. Called when the job's
+  // generation changes or the job finishes.
+  void DropJob(const std::string& job, int64_t new_generation);
+
+  // Expires waiters whose deadline passed.
+  void Tick();
+
+  // Keys held for the job (0 when none): for tests and status.
+  size_t KeyCount(const std::string& job);
+
+ private:
+  struct Waiter {
+    uint64_t id = 0;
+    std::vector<std::string> keys;
+    absl::Time deadline;
+    GetDone get_done;    // set for Get
+    WaitDone wait_done;  // set for Wait
+  };
+  struct JobData {
+    int64_t generation = 0;
+    size_t bytes = 0;
+    absl::flat_hash_map<std::string, std::string> values;
+    std::map<uint64_t, Waiter> waiters;
+  };
+  using Deferred = std::vector<std::function<void()>>;
+
+  absl::Status CheckKey(const std::string& key);
+  // The job's data for `generation`, reset if it belonged to an older one.
+  JobData& Data(const std::string& job, int64_t generation, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeWaiters(JobData& data, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StoreValue(JobData& data, const std::string& job, const std::string& key,
+                          std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Clock* const clock_;
+  const KvLimits limits_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, JobData> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::string> waiter_job_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_KV_STORE_H_

@@ -1,0 +1,132 @@
+// shard_server: the zeroshard control plane.
+//
+//   shard_server --listen=0.0.0.0:7070 --state_dir=/var/lib/zeroshard
+//
+// Prints "listening on HOST:PORT" once serving; SIGINT/SIGTERM stop it.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "shard_server/shard_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "HOST:PORT to serve on; port 0 picks a free port");
+ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written here once serving");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for the SQLite database and server files (empty: state is not kept "
+          "across restarts)");
+ABSL_FLAG(int, heartbeat_interval_ms, 1000, "Heartbeat interval advertised to workers");
+ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
+          "A member silent this long is declared dead and its job's generation bumped");
+ABSL_FLAG(int, join_timeout_ms, 600000,
+          "A join still waiting for the rest of its job after this long gets DEADLINE_EXCEEDED");
+ABSL_FLAG(int, max_world_size, 65536, "Largest world size a job may ask for");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token; then every RPC except health needs "
+          "'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file: serve TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA file: require client certificates signed by it (mutual TLS)");
+
+namespace {
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  *out = buffer.str();
+  return true;
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "shard_server: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("zeroshard control plane: rendezvous, KV store, health, plans");
+  absl::ParseCommandLine(argc, argv);
+
+  zeroshard::ShardServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0 ||
+      absl::GetFlag(FLAGS_heartbeat_timeout_ms) <= absl::GetFlag(FLAGS_heartbeat_interval_ms)) {
+    return Fail(absl::StrCat("--heartbeat_timeout_ms (", absl::GetFlag(FLAGS_heartbeat_timeout_ms),
+                             ") must exceed --heartbeat_interval_ms (",
+                             absl::GetFlag(FLAGS_heartbeat_interval_ms), ") and both be > 0"));
+  }
+  if (absl::GetFlag(FLAGS_join_timeout_ms) <= 0) return Fail("--join_timeout_ms must be > 0");
+  if (absl::GetFlag(FLAGS_max_world_size) < 1) return Fail("--max_world_size must be >= 1");
+  options.membership.heartbeat_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.membership.heartbeat_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.membership.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
+  options.membership.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    std::string token;
+    if (!ReadFile(absl::GetFlag(FLAGS_auth_token_file), &token)) {
+      return Fail("cannot read --auth_token_file " + absl::GetFlag(FLAGS_auth_token_file));
+    }
+    options.auth_token = std::string(absl::StripAsciiWhitespace(token));
+    if (options.auth_token.empty()) return Fail("--auth_token_file is empty");
+  }
+  const std::pair<std::string, std::string*> tls_files[] = {
+      {absl::GetFlag(FLAGS_tls_cert), &options.tls_cert},
+      {absl::GetFlag(FLAGS_tls_key), &options.tls_key},
+      {absl::GetFlag(FLAGS_tls_client_ca), &options.tls_client_ca}};
+  for (const auto& [path, field] : tls_files) {
+    if (!path.empty() && !ReadFile(path, field)) return Fail("cannot read " + path);
+  }
+
+  // Signals are taken by one thread with sigwait, so every other thread
+  // (gRPC's included) must start with them blocked.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<zeroshard::ShardServer>> server =
+      zeroshard::ShardServer::Start(options);
+  if (!server.ok()) return Fail(server.status().ToString());
+
+  std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    std::string tmp = port_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << (*server)->port() << "\n";
+      if (!out) return Fail("cannot write --port_file " + port_file);
+    }
+    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      return Fail("cannot write --port_file " + port_file);
+    }
+  }
+  std::printf("listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+
+  std::thread signal_thread([s = server->get(), signals]() {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "shard_server: signal %d, shutting down\n", sig);
+    s->Shutdown();
+  });
+  signal_thread.detach();
+  (*server)->Wait();
+  (*server)->Shutdown();
+  return 0;
+}

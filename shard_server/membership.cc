@@ -1,0 +1,528 @@
+#include "shard_server/membership.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace zeroshard {
+namespace {
+
+constexpr size_t kMaxIdLength = 256;
+
+// Job ids become directory names under the checkpoint root, so they are kept
+// to a portable, path-safe alphabet.
+absl::Status ValidateJobId(const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  if (job_id.size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id is ", job_id.size(), " characters long; at most ", kMaxIdLength));
+  }
+  if (job_id[0] == '.' || job_id[0] == '-') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id '", job_id, "' must not start with '.' or '-'"));
+  }
+  for (char c : job_id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job_id '", job_id, "' has character '", std::string(1, c),
+          "'; expected letters, digits, '-', '_' or '.'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateWorkerId(const std::string& worker_id) {
+  if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is empty");
+  if (worker_id.size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("worker_id is ", worker_id.size(),
+                                                   " characters long; at most ", kMaxIdLength));
+  }
+  for (unsigned char c : worker_id) {
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker_id '", absl::CEscape(worker_id), "' has a control character"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool TokensEqual(const std::string& a, const std::string& b) {
+  // Constant time in the token's length: no early exit on the first mismatch.
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string Ms(absl::Duration d) { return absl::StrCat(absl::ToInt64Milliseconds(d)); }
+
+}  // namespace
+
+Membership::Membership(Clock* clock, EventLog* log, StateStore* state, MembershipOptions options)
+    : clock_(clock), log_(log), state_(state), options_(options) {}
+
+void Membership::SetGenerationListener(GenerationListener listener) {
+  absl::MutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
+std::string Membership::NewToken() {
+  // 128 random bits from a cryptographically seeded generator.
+  thread_local absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
+
+absl::Status Membership::Restore() {
+  if (state_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::vector<StoredJob>> stored = state_->LoadJobs();
+  if (!stored.ok()) return stored.status();
+  absl::MutexLock lock(&mu_);
+  absl::Time now = clock_->Now();
+  for (StoredJob& s : *stored) {
+    auto job = std::make_unique<Job>();
+    job->id = s.job_id;
+    job->world_size = s.world_size;
+    job->generation = s.generation;
+    job->members_generation = s.members_generation;
+    job->state = static_cast<v1::JobState>(s.state);
+    for (StoredMember& sm : s.members) {
+      MemberState m;
+      m.rank = sm.rank;
+      m.worker_id = std::move(sm.worker_id);
+      m.host = std::move(sm.host);
+      m.token = std::move(sm.token);
+      m.left = sm.left;
+      m.alive = !sm.dead && !sm.left;
+      m.last_heartbeat = now;  // a full timeout to beat again
+      job->members.push_back(std::move(m));
+    }
+    log_->Log("job_restored", {{"job", job->id},
+                               {"generation", absl::StrCat(job->generation)},
+                               {"state", v1::JobState_Name(job->state)},
+                               {"members", absl::StrCat(job->members.size())}});
+    jobs_[job->id] = std::move(job);
+  }
+  return absl::OkStatus();
+}
+
+void Membership::Persist(const Job& job) {
+  if (state_ == nullptr) return;
+  StoredJob s;
+  s.job_id = job.id;
+  s.world_size = job.world_size;
+  s.generation = job.generation;
+  s.members_generation = job.members_generation;
+  s.state = job.state;
+  for (const MemberState& m : job.members) {
+    s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left});
+  }
+  absl::Status status = state_->SaveJob(s);
+  if (!status.ok()) log_->Log("state_store_error", {{"job", job.id}, {"error", status.ToString()}});
+}
+
+uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done) {
+  absl::Status invalid = ValidateJobId(request.job_id());
+  if (invalid.ok()) invalid = ValidateWorkerId(request.worker_id());
+  if (invalid.ok() &&
+      (request.world_size() < 1 || request.world_size() > options_.max_world_size)) {
+    invalid = absl::InvalidArgumentError(
+        absl::StrCat("world_size ", request.world_size(), " is out of range: expected 1..",
+                     options_.max_world_size, " (the server's --max_world_size)"));
+  }
+  if (invalid.ok() && request.host().size() > kMaxIdLength) {
+    invalid = absl::InvalidArgumentError(absl::StrCat("host is ", request.host().size(),
+                                                      " characters long; at most ", kMaxIdLength));
+  }
+  if (!invalid.ok()) {
+    done(invalid);
+    return 0;
+  }
+
+  Deferred deferred;
+  uint64_t id = 0;
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Time now = clock_->Now();
+    auto it = jobs_.find(request.job_id());
+    Job* job = it == jobs_.end() ? nullptr : it->second.get();
+    bool restart = false;   // a finished job starts again
+    bool rejoin = false;    // a member that left comes back: new generation
+    if (job != nullptr && job->state != v1::FINISHED) {
+      if (request.world_size() != job->world_size) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "world_size ", request.world_size(), " differs from job '", job->id,
+            "' world_size ", job->world_size, " (generation ", job->generation,
+            "); every worker of a job must pass the same world size"));
+      } else if (job->formed()) {
+        auto member = std::find_if(job->members.begin(), job->members.end(), [&](auto& m) {
+          return m.worker_id == request.worker_id();
+        });
+        if (member == job->members.end()) {
+          refused = absl::ResourceExhaustedError(absl::StrCat(
+              "job '", job->id, "' already has all ", job->world_size, " members in generation ",
+              job->generation, "; worker '", request.worker_id(), "' cannot join"));
+        } else if (member->alive && !member->left) {
+          refused = absl::AlreadyExistsError(absl::StrCat(
+              "worker '", request.worker_id(), "' is already a live member of job '", job->id,
+              "' (rank ", member->rank, ", generation ", job->generation,
+              "); it can join again once it has left or was declared dead (no heartbeat for ",
+              Ms(options_.heartbeat_timeout), " ms)"));
+        } else {
+          rejoin = true;
+        }
+      } else if (job->pending.count(request.worker_id()) > 0) {
+        refused = absl::AlreadyExistsError(absl::StrCat(
+            "worker '", request.worker_id(), "' already has a join pending for job '", job->id,
+            "' generation ", job->generation));
+      }
+    } else if (job != nullptr) {
+      restart = true;
+    }
+    if (refused.ok()) {
+      if (job == nullptr) {
+        auto created = std::make_unique<Job>();
+        created->id = request.job_id();
+        created->world_size = request.world_size();
+        created->generation = 1;
+        created->state = v1::JOINING;
+        job = created.get();
+        jobs_[job->id] = std::move(created);
+        log_->Log("job_created", {{"job", job->id},
+                                  {"world_size", absl::StrCat(job->world_size)}});
+        Persist(*job);
+      } else if (restart) {
+        job->world_size = request.world_size();
+        BumpGeneration(*job, v1::JOINING, "job restarted after finishing", deferred);
+      } else if (rejoin) {
+        BumpGeneration(*job, v1::DEGRADED,
+                       absl::StrCat("worker '", request.worker_id(), "' re-joined"), deferred);
+      }
+      id = next_join_id_++;
+      PendingJoin& p = job->pending[request.worker_id()];
+      p.id = id;
+      p.worker_id = request.worker_id();
+      p.host = request.host();
+      p.deadline = std::min(deadline, now + options_.join_timeout);
+      p.done = std::move(done);
+      pending_by_id_[id] = job->id;
+      log_->Log("join", {{"job", job->id},
+                         {"worker", request.worker_id()},
+                         {"host", request.host()},
+                         {"generation", absl::StrCat(job->generation)},
+                         {"joined", absl::StrCat(job->pending.size(), "/", job->world_size)}});
+      if (static_cast<int>(job->pending.size()) == job->world_size) FormGeneration(*job, deferred);
+    }
+  }
+  if (!refused.ok()) {
+    done(refused);
+    return 0;
+  }
+  for (auto& f : deferred) f();
+  return id;
+}
+
+void Membership::FormGeneration(Job& job, Deferred& deferred) {
+  absl::Time now = clock_->Now();
+  job.members.clear();
+  job.members.reserve(job.world_size);
+  int rank = 0;
+  for (auto& [worker_id, p] : job.pending) {  // std::map: sorted by worker id
+    MemberState m;
+    m.rank = rank++;
+    m.worker_id = worker_id;
+    m.host = p.host;
+    m.token = NewToken();
+    m.last_heartbeat = now;
+    job.members.push_back(std::move(m));
+  }
+  job.members_generation = job.generation;
+  job.state = v1::RUNNING;
+
+  v1::JoinResponse common;
+  common.set_world_size(job.world_size);
+  common.set_generation(job.generation);
+  common.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  common.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  for (const MemberState& m : job.members) {
+    v1::Member* out = common.add_members();
+    out->set_rank(m.rank);
+    out->set_worker_id(m.worker_id);
+    out->set_host(m.host);
+  }
+  auto shared = std::make_shared<const v1::JoinResponse>(std::move(common));
+  int r = 0;
+  for (auto& [worker_id, p] : job.pending) {
+    pending_by_id_.erase(p.id);
+    std::string token = job.members[r].token;
+    int member_rank = r++;
+    deferred.push_back([shared, token, member_rank, done = std::move(p.done)]() {
+      v1::JoinResponse response = *shared;
+      response.set_rank(member_rank);
+      response.set_token(token);
+      done(std::move(response));
+    });
+  }
+  job.pending.clear();
+  Persist(job);
+  log_->Log("ranks_assigned", {{"job", job.id},
+                               {"generation", absl::StrCat(job.generation)},
+                               {"world_size", absl::StrCat(job.world_size)}});
+}
+
+void Membership::BumpGeneration(Job& job, v1::JobState state, const std::string& reason,
+                                Deferred& deferred) {
+  int64_t old = job.generation;
+  job.generation++;
+  job.state = state;
+  // Joins pending for the old generation can never complete it.
+  for (auto& [worker_id, p] : job.pending) {
+    pending_by_id_.erase(p.id);
+    deferred.push_back([done = std::move(p.done), id = job.id, old, reason]() {
+      done(absl::AbortedError(absl::StrCat("job '", id, "' generation ", old,
+                                           " was abandoned (", reason, "); join again")));
+    });
+  }
+  job.pending.clear();
+  Persist(job);
+  log_->Log("generation_bumped", {{"job", job.id},
+                                  {"from", absl::StrCat(old)},
+                                  {"to", absl::StrCat(job.generation)},
+                                  {"reason", reason}});
+  if (listener_) {
+    deferred.push_back([listener = listener_, id = job.id, gen = job.generation]() {
+      listener(id, gen);
+    });
+  }
+}
+
+void Membership::CancelJoin(uint64_t join_id) {
+  JoinDone done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_by_id_.find(join_id);
+    if (it == pending_by_id_.end()) return;
+    Job& job = *jobs_[it->second];
+    pending_by_id_.erase(it);
+    for (auto p = job.pending.begin(); p != job.pending.end(); ++p) {
+      if (p->second.id == join_id) {
+        log_->Log("join_cancelled", {{"job", job.id}, {"worker", p->first}});
+        done = std::move(p->second.done);
+        job.pending.erase(p);
+        break;
+      }
+    }
+  }
+  if (done) done(absl::CancelledError("join cancelled by the caller"));
+}
+
+absl::StatusOr<Membership::Job*> Membership::FindMemberJob(const v1::MemberCredentials& member,
+                                                           bool allow_stale) {
+  auto it = jobs_.find(member.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job '", member.job_id(), "' on this server"));
+  }
+  Job& job = *it->second;
+  if (member.generation() != job.members_generation || job.members.empty() ||
+      (!allow_stale && member.generation() != job.generation)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stale generation ", member.generation(), ": job '", job.id, "' is at generation ",
+        job.generation, "; abort and join again"));
+  }
+  if (member.rank() < 0 || member.rank() >= static_cast<int>(job.members.size()) ||
+      !TokensEqual(member.token(), job.members[member.rank()].token)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("wrong token for rank ", member.rank(), " of job '", job.id,
+                     "' generation ", member.generation(), "; join to get a token"));
+  }
+  return &job;
+}
+
+absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job*> job = FindMemberJob(member, /*allow_stale=*/false);
+  if (!job.ok()) return job.status();
+  const MemberState& m = (*job)->members[member.rank()];
+  if (m.left) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", m.rank, " of job '", (*job)->id, "' has left; join again"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job*> found = FindMemberJob(request.member(), /*allow_stale=*/true);
+  if (!found.ok()) return found.status();
+  Job& job = **found;
+  MemberState& m = job.members[request.member().rank()];
+  if (m.left) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", m.rank, " of job '", job.id, "' has left; join again"));
+  }
+  m.last_heartbeat = clock_->Now();
+  m.heartbeat_seen = true;
+  m.step = request.step();
+  m.loss = request.loss();
+  m.memory_bytes = request.memory_bytes();
+  m.collective_seq = request.collective_seq();
+  v1::HeartbeatResponse response;
+  response.set_generation(job.generation);
+  if (job.formed() && m.alive) {
+    response.set_command(v1::CONTINUE);
+  } else {
+    response.set_command(v1::ABORT_GENERATION_CHANGED);
+    response.set_reason(absl::StrCat("job '", job.id, "' moved from generation ",
+                                     request.member().generation(), " to ", job.generation,
+                                     ": abort collectives and join again"));
+  }
+  return response;
+}
+
+absl::Status Membership::Leave(const v1::MemberCredentials& member) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job*> found = FindMemberJob(member, /*allow_stale=*/true);
+    if (!found.ok()) return found.status();
+    Job& job = **found;
+    MemberState& m = job.members[member.rank()];
+    if (m.left) return absl::OkStatus();  // idempotent
+    m.left = true;
+    m.alive = false;
+    log_->Log("leave", {{"job", job.id},
+                        {"worker", m.worker_id},
+                        {"rank", absl::StrCat(m.rank)},
+                        {"generation", absl::StrCat(member.generation())}});
+    bool all_gone = job.pending.empty() &&
+                    std::all_of(job.members.begin(), job.members.end(),
+                                [](const MemberState& x) { return x.left || !x.alive; });
+    if (all_gone) {
+      job.state = v1::FINISHED;
+      log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+      if (listener_) {
+        deferred.push_back([listener = listener_, id = job.id, gen = job.generation]() {
+          listener(id, gen);
+        });
+      }
+    }
+    Persist(job);
+  }
+  for (auto& f : deferred) f();
+  return absl::OkStatus();
+}
+
+void Membership::Tick() {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Time now = clock_->Now();
+    for (auto& [id, job_ptr] : jobs_) {
+      Job& job = *job_ptr;
+      bool died = false;
+      bool changed = false;
+      for (MemberState& m : job.members) {
+        if (!m.alive || m.left) continue;
+        absl::Duration silent = now - m.last_heartbeat;
+        if (silent <= options_.heartbeat_timeout) continue;
+        m.alive = false;
+        changed = true;
+        log_->Log("member_dead", {{"job", job.id},
+                                  {"worker", m.worker_id},
+                                  {"rank", absl::StrCat(m.rank)},
+                                  {"generation", absl::StrCat(job.members_generation)},
+                                  {"silent_ms", Ms(silent)}});
+        died = died || job.formed();
+      }
+      if (died) {
+        BumpGeneration(job, v1::DEGRADED, "a member stopped heartbeating", deferred);
+      } else if (changed) {
+        Persist(job);  // survivors of an abandoned generation went silent
+      }
+      for (auto p = job.pending.begin(); p != job.pending.end();) {
+        if (p->second.deadline > now) {
+          ++p;
+          continue;
+        }
+        int joined = static_cast<int>(job.pending.size());
+        pending_by_id_.erase(p->second.id);
+        log_->Log("join_timeout", {{"job", job.id}, {"worker", p->first}});
+        deferred.push_back([done = std::move(p->second.done), id = job.id, joined,
+                            w = job.world_size, gen = job.generation]() {
+          done(absl::DeadlineExceededError(absl::StrCat(
+              "join of job '", id, "' generation ", gen, " timed out: ", joined, " of ", w,
+              " workers had joined")));
+        });
+        p = job.pending.erase(p);
+      }
+    }
+  }
+  for (auto& f : deferred) f();
+}
+
+absl::StatusOr<int64_t> Membership::Generation(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return it->second->generation;
+}
+
+absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return it->second->world_size;
+}
+
+v1::GetStatusResponse Membership::Status(const std::string& job_id) {
+  v1::GetStatusResponse response;
+  absl::MutexLock lock(&mu_);
+  absl::Time now = clock_->Now();
+  std::vector<const Job*> jobs;
+  for (auto& [id, job] : jobs_) {
+    if (job_id.empty() || id == job_id) jobs.push_back(job.get());
+  }
+  std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->id < b->id; });
+  for (const Job* job : jobs) {
+    v1::JobStatus* out = response.add_jobs();
+    out->set_job_id(job->id);
+    out->set_state(job->state);
+    out->set_generation(job->generation);
+    out->set_world_size(job->world_size);
+    out->set_joined(job->formed() ? job->world_size : static_cast<int>(job->pending.size()));
+    for (const MemberState& m : job->members) {
+      v1::MemberStatus* ms = out->add_members();
+      ms->set_rank(m.rank);
+      ms->set_worker_id(m.worker_id);
+      ms->set_host(m.host);
+      ms->set_alive(m.alive);
+      ms->set_left(m.left);
+      ms->set_last_heartbeat_age_ms(
+          m.heartbeat_seen ? absl::ToInt64Milliseconds(now - m.last_heartbeat) : -1);
+      ms->set_step(m.step);
+      ms->set_loss(m.loss);
+      ms->set_memory_bytes(m.memory_bytes);
+      ms->set_collective_seq(m.collective_seq);
+    }
+    if (job->members.empty()) {
+      for (const auto& [worker_id, p] : job->pending) {
+        v1::MemberStatus* ms = out->add_members();
+        ms->set_rank(-1);  // not assigned until the barrier completes
+        ms->set_worker_id(worker_id);
+        ms->set_host(p.host);
+        ms->set_alive(true);
+        ms->set_last_heartbeat_age_ms(-1);
+      }
+    }
+  }
+  return response;
+}
+
+}  // namespace zeroshard

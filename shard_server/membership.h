@@ -1,0 +1,145 @@
+// Jobs, generations and members: the join barrier, fencing, heartbeats and
+// failure detection. No gRPC in here: the service adapts calls to it, and
+// tests drive it directly with a FakeClock.
+//
+// A job's life: the first Join creates it (generation 1, JOINING). Joins wait
+// until `world_size` distinct worker ids are in; then all are answered at once
+// with ranks in sorted worker-id order and fresh tokens (RUNNING). A member
+// whose heartbeats stop for `heartbeat_timeout` is declared dead: the job
+// turns DEGRADED, the generation is bumped, and survivors' heartbeats are
+// answered ABORT_GENERATION_CHANGED until they re-join the new generation.
+// When every member left cleanly the job is FINISHED; a later Join starts it
+// again with a new generation (and may change the world size).
+#ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
+#define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/zeroshard.pb.h"
+#include "shard_server/clock.h"
+#include "shard_server/event_log.h"
+#include "shard_server/state_store.h"
+
+namespace zeroshard {
+
+struct MembershipOptions {
+  int max_world_size = 65536;
+  absl::Duration heartbeat_interval = absl::Seconds(1);  // advertised to members
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  absl::Duration join_timeout = absl::Minutes(10);
+};
+
+// Thread-safe. Callbacks are never run while an internal lock is held.
+class Membership {
+ public:
+  using JoinDone = std::function<void(absl::StatusOr<v1::JoinResponse>)>;
+  // Told when a job's generation changes or the job finishes, so that data
+  // scoped to the old generation (the KV store) can be dropped.
+  using GenerationListener = std::function<void(const std::string& job_id, int64_t generation)>;
+
+  // `state` may be null (no persistence). Not owned.
+  Membership(Clock* clock, EventLog* log, StateStore* state, MembershipOptions options);
+
+  // Loads jobs from the state store. Members of running jobs get a full
+  // heartbeat timeout from now to beat again before they are declared dead.
+  absl::Status Restore();
+
+  void SetGenerationListener(GenerationListener listener);
+
+  // Either calls `done` at once (a refusal, which changes no state) or holds
+  // the join until the barrier completes, `deadline` (capped at now +
+  // join_timeout) passes, or CancelJoin. Returns an id for CancelJoin.
+  uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done);
+  // The caller went away: forget its pending join and answer CANCELLED.
+  void CancelJoin(uint64_t join_id);
+
+  // OK when `member` is a live member of the job's current, formed generation
+  // presenting its token; FAILED_PRECONDITION (stale generation, wrong token,
+  // departed member) or NOT_FOUND (unknown job) otherwise.
+  absl::Status CheckMember(const v1::MemberCredentials& member);
+
+  // Records a beat and says what the member should do. A member of the last
+  // formed generation after a bump gets ABORT_GENERATION_CHANGED; a wrong
+  // token or an older generation gets FAILED_PRECONDITION.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+
+  // A clean exit. When every member left, the job is FINISHED.
+  absl::Status Leave(const v1::MemberCredentials& member);
+
+  // Declares members dead whose heartbeats stopped and expires pending joins.
+  // Called by the server's timer every few tens of milliseconds.
+  void Tick();
+
+  v1::GetStatusResponse Status(const std::string& job_id);
+
+  // The job's current generation / world size, or NOT_FOUND.
+  absl::StatusOr<int64_t> Generation(const std::string& job_id);
+  absl::StatusOr<int> WorldSize(const std::string& job_id);
+
+ private:
+  struct MemberState {
+    int rank = 0;
+    std::string worker_id;
+    std::string host;
+    std::string token;
+    bool alive = true;
+    bool left = false;
+    absl::Time last_heartbeat;  // formation time until the first beat
+    bool heartbeat_seen = false;
+    int64_t step = 0;
+    double loss = 0;
+    int64_t memory_bytes = 0;
+    int64_t collective_seq = 0;
+  };
+  struct PendingJoin {
+    uint64_t id = 0;
+    std::string worker_id;
+    std::string host;
+    absl::Time deadline;
+    JoinDone done;
+  };
+  struct Job {
+    std::string id;
+    int world_size = 0;
+    int64_t generation = 0;          // current generation (forming or formed)
+    int64_t members_generation = 0;  // generation of `members`; == generation once formed
+    v1::JobState state = v1::JOINING;
+    std::map<std::string, PendingJoin> pending;  // by worker id: sorted = rank order
+    std::vector<MemberState> members;            // by rank
+    bool formed() const { return members_generation == generation && !members.empty(); }
+  };
+  using Deferred = std::vector<std::function<void()>>;
+
+  void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BumpGeneration(Job& job, v1::JobState state, const std::string& reason, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewToken();
+
+  Clock* const clock_;
+  EventLog* const log_;
+  StateStore* const state_;
+  const MembershipOptions options_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::string> pending_by_id_ ABSL_GUARDED_BY(mu_);  // -> job id
+  uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
+  GenerationListener listener_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_

@@ -1,0 +1,107 @@
+#include "shard_server/shard_server.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace zeroshard {
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptions options) {
+  std::unique_ptr<ShardServer> server(new ShardServer());
+  server->options_ = options;
+  server->log_ = std::make_unique<EventLog>(options.log_sink);
+  if (!options.state_dir.empty()) {
+    if (mkdir(options.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot create --state_dir ", options.state_dir, ": ", std::strerror(errno)));
+    }
+    absl::StatusOr<std::unique_ptr<StateStore>> state =
+        StateStore::Open(options.state_dir + "/zeroshard.db");
+    if (!state.ok()) return state.status();
+    server->state_ = std::move(*state);
+  }
+  server->membership_ = std::make_unique<Membership>(&server->clock_, server->log_.get(),
+                                                     server->state_.get(), options.membership);
+  if (absl::Status s = server->membership_->Restore(); !s.ok()) return s;
+  server->kv_ = std::make_unique<KvStore>(&server->clock_);
+  server->plans_ = std::make_unique<PlanService>(server->state_.get(), server->log_.get());
+  KvStore* kv = server->kv_.get();
+  server->membership_->SetGenerationListener(
+      [kv](const std::string& job, int64_t generation) { kv->DropJob(job, generation); });
+  server->service_ = std::make_unique<CoordinatorService>(
+      &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
+    if (options.tls_cert.empty() || options.tls_key.empty()) {
+      return absl::InvalidArgumentError("TLS needs both --tls_cert and --tls_key");
+    }
+    grpc::SslServerCredentialsOptions ssl(
+        options.tls_client_ca.empty()
+            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = options.tls_client_ca;
+    ssl.pem_key_cert_pairs.push_back({options.tls_key, options.tls_cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  } else if (!options.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+  }
+  int port = 0;
+  builder.AddListeningPort(options.listen, credentials, &port);
+  builder.RegisterService(server->service_.get());
+  // Heartbeat streams are long-lived and many; raise the concurrent-stream
+  // limit per connection above gRPC's default so that simulated clusters can
+  // multiplex thousands of members on a few connections.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 1 << 16);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
+                                               " (address in use, or a bad --listen value?)"));
+  }
+  server->port_ = port;
+  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  server->address_ = absl::StrCat(host, ":", port);
+  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
+  server->log_->Log("serving", {{"address", server->address_},
+                                {"state_dir", options.state_dir},
+                                {"auth", options.auth_token.empty() ? "off" : "bearer"},
+                                {"tls", options.tls_cert.empty() ? "off" : "on"}});
+  return server;
+}
+
+void ShardServer::TickLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.tick)) {
+    membership_->Tick();
+    kv_->Tick();
+  }
+}
+
+void ShardServer::Wait() { stop_.WaitForNotification(); }
+
+void ShardServer::Shutdown() {
+  // Held throughout, so that a second caller returns only once the first
+  // caller's shutdown is complete.
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+  // Held calls are answered by the shutdown's cancellation.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+}
+
+ShardServer::~ShardServer() { Shutdown(); }
+
+}  // namespace zeroshard

@@ -1,0 +1,79 @@
+// The shard server: the gRPC server with the Coordinator, health and
+// reflection services, its durable state, and the timer that detects dead
+// members and expires held calls.
+#ifndef ZEROSHARD_SHARD_SERVER_SHARD_SERVER_H_
+#define ZEROSHARD_SHARD_SERVER_SHARD_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "shard_server/clock.h"
+#include "shard_server/coordinator_service.h"
+#include "shard_server/event_log.h"
+#include "shard_server/kv_store.h"
+#include "shard_server/membership.h"
+#include "shard_server/plan_service.h"
+#include "shard_server/state_store.h"
+
+namespace zeroshard {
+
+struct ShardServerOptions {
+  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free port
+  std::string state_dir;               // empty: no persistence
+  MembershipOptions membership;
+  std::string auth_token;  // empty: no authentication
+  // TLS (PEM contents, not paths). Client certificates are required when
+  // tls_client_ca is set.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
+  EventLog::Sink log_sink;                       // empty: stderr
+};
+
+class ShardServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShardServer>> Start(ShardServerOptions options);
+  ~ShardServer();  // Shutdown()
+
+  int port() const { return port_; }
+  std::string address() const { return address_; }  // HOST:PORT actually bound
+
+  // Blocks until Shutdown() is called from another thread (or a signal handler
+  // thread).
+  void Wait();
+  void Shutdown();
+
+  Membership* membership() { return membership_.get(); }
+  KvStore* kv() { return kv_.get(); }
+
+ private:
+  ShardServer() = default;
+  void TickLoop();
+
+  ShardServerOptions options_;
+  std::unique_ptr<EventLog> log_;
+  std::unique_ptr<StateStore> state_;
+  std::unique_ptr<Membership> membership_;
+  std::unique_ptr<KvStore> kv_;
+  std::unique_ptr<PlanService> plans_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  RealClock clock_;
+  int port_ = 0;
+  std::string address_;
+  absl::Notification stop_;
+  std::thread ticker_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_SHARD_SERVER_H_
