@@ -1,0 +1,311 @@
+#include "client/client.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "proto/health.grpc.pb.h"
+
+namespace zeroshard {
+namespace {
+
+absl::Status ReadFileTo(const std::string& path, const char* what, std::string* out) {
+  if (path.empty()) return absl::OkStatus();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " file ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  *out = buffer.str();
+  return absl::OkStatus();
+}
+
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsAlreadyExists(s) || absl::IsAborted(s);
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::Status LoadClientFiles(const std::string& token_file, const std::string& ca_file,
+                             const std::string& cert_file, const std::string& key_file,
+                             ClientOptions* options) {
+  std::string token;
+  if (absl::Status s = ReadFileTo(token_file, "token", &token); !s.ok()) return s;
+  if (!token_file.empty()) {
+    options->token = std::string(absl::StripAsciiWhitespace(token));
+    if (options->token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("token file ", token_file, " is empty"));
+    }
+  }
+  if (absl::Status s = ReadFileTo(ca_file, "TLS CA", &options->tls_ca); !s.ok()) return s;
+  if (absl::Status s = ReadFileTo(cert_file, "TLS certificate", &options->tls_cert); !s.ok()) {
+    return s;
+  }
+  return ReadFileTo(key_file, "TLS key", &options->tls_key);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.server.empty() || options.server.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server address '", options.server, "' is not HOST:PORT"));
+  }
+  std::unique_ptr<Client> client(new Client());
+  client->options_ = options;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  if (!options.tls_ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca;
+    ssl.pem_cert_chain = options.tls_cert;
+    ssl.pem_private_key = options.tls_key;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  } else if (!options.tls_cert.empty() || !options.tls_key.empty()) {
+    return absl::InvalidArgumentError("a TLS client certificate needs the server's CA (--tls_ca)");
+  }
+  client->channel_ = grpc::CreateCustomChannel(options.server, credentials, args);
+  client->stub_ = v1::Coordinator::NewStub(client->channel_);
+  return client;
+}
+
+Client::~Client() { StopHeartbeats(); }
+
+void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
+  if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+v1::MemberCredentials Client::credentials() const {
+  v1::MemberCredentials c;
+  c.set_job_id(info_.job_id);
+  c.set_generation(info_.generation);
+  c.set_rank(info_.rank);
+  c.set_token(info_.token);
+  return c;
+}
+
+absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
+                                      const std::string& worker_id, const std::string& host,
+                                      absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  v1::JoinRequest request;
+  request.set_job_id(job_id);
+  request.set_world_size(world_size);
+  request.set_worker_id(worker_id);
+  request.set_host(host);
+  while (true) {
+    grpc::ClientContext context;
+    Prepare(&context, deadline - absl::Now());
+    v1::JoinResponse response;
+    absl::Status status = FromGrpcStatus(stub_->Join(&context, request, &response));
+    if (status.ok()) {
+      info_ = JoinInfo();
+      info_.rank = response.rank();
+      info_.world_size = response.world_size();
+      info_.generation = response.generation();
+      info_.job_id = job_id;
+      info_.token = response.token();
+      info_.members.assign(response.members().begin(), response.members().end());
+      info_.heartbeat_interval = absl::Milliseconds(response.heartbeat_interval_ms());
+      info_.heartbeat_timeout = absl::Milliseconds(response.heartbeat_timeout_ms());
+      return info_;
+    }
+    if (!Retryable(status) || absl::Now() + backoff >= deadline) {
+      return absl::Status(status.code(),
+                          absl::StrCat("join of job '", job_id, "' as '", worker_id,
+                                       "' at ", options_.server, ": ", status.message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+void Client::ReportProgress(const Progress& progress) {
+  absl::MutexLock lock(&mu_);
+  progress_ = progress;
+}
+
+void Client::StartHeartbeats(CommandHandler handler) {
+  StopHeartbeats();
+  {
+    absl::MutexLock lock(&mu_);
+    stop_heartbeats_ = false;
+  }
+  heartbeat_thread_ = std::thread([this, handler = std::move(handler)] { HeartbeatLoop(handler); });
+}
+
+void Client::StopHeartbeats() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_heartbeats_ = true;
+    if (heartbeat_context_ != nullptr) heartbeat_context_->TryCancel();
+  }
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+void Client::HeartbeatLoop(CommandHandler handler) {
+  absl::Duration backoff = absl::Milliseconds(100);
+  auto stopping = [this](absl::Duration wait) {
+    absl::MutexLock lock(&mu_);
+    auto stop = [this] { return stop_heartbeats_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
+    return stop_heartbeats_;
+  };
+  while (true) {
+    grpc::ClientContext context;
+    if (!options_.token.empty()) context.AddMetadata("authorization", "Bearer " + options_.token);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_heartbeats_) return;
+      heartbeat_context_ = &context;
+    }
+    auto stream = stub_->Heartbeat(&context);
+    bool delivered = false;
+    while (true) {
+      v1::HeartbeatRequest request;
+      *request.mutable_member() = credentials();
+      {
+        absl::MutexLock lock(&mu_);
+        request.set_step(progress_.step);
+        request.set_loss(progress_.loss);
+        request.set_memory_bytes(progress_.memory_bytes);
+        request.set_collective_seq(progress_.collective_seq);
+      }
+      v1::HeartbeatResponse response;
+      if (!stream->Write(request) || !stream->Read(&response)) break;
+      backoff = absl::Milliseconds(100);
+      if (response.command() != v1::CONTINUE) {
+        handler(response);
+        delivered = true;
+        break;
+      }
+      if (stopping(info_.heartbeat_interval)) break;
+    }
+    stream->WritesDone();
+    grpc::Status status = stream->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      heartbeat_context_ = nullptr;
+      if (stop_heartbeats_ || delivered) return;
+    }
+    absl::Status s = FromGrpcStatus(status);
+    if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s) || absl::IsUnauthenticated(s)) {
+      handler(s);  // fenced: beating again cannot help
+      return;
+    }
+    if (stopping(backoff)) return;  // the server is away: re-open the stream
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+absl::Status Client::Leave() {
+  StopHeartbeats();
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::LeaveRequest request;
+  *request.mutable_member() = credentials();
+  v1::LeaveResponse response;
+  return FromGrpcStatus(stub_->Leave(&context, request, &response));
+}
+
+absl::Status Client::StoreSet(const std::string& key, const std::string& value) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreSetRequest request;
+  *request.mutable_member() = credentials();
+  request.set_key(key);
+  request.set_value(value);
+  v1::StoreSetResponse response;
+  return FromGrpcStatus(stub_->StoreSet(&context, request, &response));
+}
+
+absl::StatusOr<std::string> Client::StoreGet(const std::string& key, absl::Duration timeout) {
+  grpc::ClientContext context;
+  // The server answers at the store deadline; the call deadline is a margin later.
+  Prepare(&context, timeout + absl::Seconds(5));
+  v1::StoreGetRequest request;
+  *request.mutable_member() = credentials();
+  request.set_key(key);
+  request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+  v1::StoreGetResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreGet(&context, request, &response));
+  if (!s.ok()) return s;
+  return std::move(*response.mutable_value());
+}
+
+absl::StatusOr<int64_t> Client::StoreAdd(const std::string& key, int64_t delta) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreAddRequest request;
+  *request.mutable_member() = credentials();
+  request.set_key(key);
+  request.set_delta(delta);
+  v1::StoreAddResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreAdd(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.value();
+}
+
+absl::Status Client::StoreWait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  grpc::ClientContext context;
+  Prepare(&context, timeout + absl::Seconds(5));
+  v1::StoreWaitRequest request;
+  *request.mutable_member() = credentials();
+  for (const std::string& k : keys) request.add_keys(k);
+  request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+  v1::StoreWaitResponse response;
+  return FromGrpcStatus(stub_->StoreWait(&context, request, &response));
+}
+
+absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_id) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::GetStatusRequest request;
+  request.set_job_id(job_id);
+  v1::GetStatusResponse response;
+  absl::Status s = FromGrpcStatus(stub_->GetStatus(&context, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::ShardPlan> Client::PlanShards(const v1::ModelSpec& spec,
+                                                 const v1::PlanOptions& options,
+                                                 int world_size) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::PlanShardsRequest request;
+  if (!info_.token.empty()) *request.mutable_member() = credentials();
+  *request.mutable_spec() = spec;
+  *request.mutable_options() = options;
+  request.set_world_size(world_size);
+  v1::PlanShardsResponse response;
+  absl::Status s = FromGrpcStatus(stub_->PlanShards(&context, request, &response));
+  if (!s.ok()) return s;
+  return std::move(*response.mutable_plan());
+}
+
+absl::Status Client::HealthCheck() {
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status s = FromGrpcStatus(health->Check(&context, request, &response));
+  if (!s.ok()) return s;
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat(
+        "server is ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard

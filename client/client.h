@@ -1,0 +1,130 @@
+// zeroshard::Client: what a worker (and shardctl) links to talk to the shard
+// server. Join with retries, a background heartbeat that hands the server's
+// commands to the caller, the KV store of the member's job generation, Leave.
+//
+// Thread-safe, except Join/Leave which the owner calls from one thread.
+#ifndef ZEROSHARD_CLIENT_CLIENT_H_
+#define ZEROSHARD_CLIENT_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/zeroshard.grpc.pb.h"
+
+namespace zeroshard {
+
+struct ClientOptions {
+  std::string server;  // HOST:PORT
+  std::string token;   // bearer token; empty: none
+  // TLS (PEM contents). tls_ca set: TLS on, server verified against it;
+  // tls_cert/tls_key: the client certificate for mutual TLS.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;  // expected name in the server certificate, if not the host
+  absl::Duration rpc_timeout = absl::Seconds(30);  // for calls that do not wait
+};
+
+// Reads the token and TLS files named by the common CLI flags into options.
+absl::Status LoadClientFiles(const std::string& token_file, const std::string& ca_file,
+                             const std::string& cert_file, const std::string& key_file,
+                             ClientOptions* options);
+
+struct JoinInfo {
+  int rank = -1;
+  int world_size = 0;
+  int64_t generation = 0;
+  std::string job_id;
+  std::string token;
+  std::vector<v1::Member> members;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+};
+
+struct Progress {
+  int64_t step = 0;
+  double loss = 0;
+  int64_t memory_bytes = 0;
+  int64_t collective_seq = 0;
+};
+
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();  // stops heartbeats; does not Leave
+
+  // Joins `job_id`, waiting for the rest of the job. Retries with backoff
+  // (100 ms doubling to 2 s) while the server is unreachable, or the worker id
+  // is still a live member of the job (ALREADY_EXISTS: an earlier incarnation
+  // not yet declared dead), or its generation was abandoned (ABORTED), until
+  // `timeout`. Other refusals are returned at once.
+  absl::StatusOr<JoinInfo> Join(const std::string& job_id, int world_size,
+                                const std::string& worker_id, const std::string& host,
+                                absl::Duration timeout);
+  // REQUIRES: a successful Join.
+  const JoinInfo& info() const { return info_; }
+  v1::MemberCredentials credentials() const;
+
+  // Called on the heartbeat thread with every command other than CONTINUE,
+  // or with the error that ended heartbeating (a fenced member, say).
+  using CommandHandler = std::function<void(absl::StatusOr<v1::HeartbeatResponse>)>;
+  // Starts beating every heartbeat_interval on a background thread; a broken
+  // stream is re-opened (the server may have restarted). Heartbeats stop after
+  // the first non-CONTINUE command or error is handed to `handler`.
+  void StartHeartbeats(CommandHandler handler);
+  void StopHeartbeats();
+  void ReportProgress(const Progress& progress);
+
+  // A clean exit from the job.
+  absl::Status Leave();
+
+  // The KV store of this member's job generation.
+  absl::Status StoreSet(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> StoreGet(const std::string& key, absl::Duration timeout);
+  absl::StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
+  absl::Status StoreWait(const std::vector<std::string>& keys, absl::Duration timeout);
+
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
+  // As a member (after Join): the job generation's plan. Before any Join: a
+  // one-off plan for `world_size`.
+  absl::StatusOr<v1::ShardPlan> PlanShards(const v1::ModelSpec& spec,
+                                           const v1::PlanOptions& options, int world_size);
+  // grpc.health.v1 Check of the whole server: OK when SERVING.
+  absl::Status HealthCheck();
+
+  v1::Coordinator::Stub* stub() { return stub_.get(); }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  // Sets the bearer token and a deadline `timeout` from now.
+  void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
+
+ private:
+  Client() = default;
+  void HeartbeatLoop(CommandHandler handler);
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  JoinInfo info_;
+
+  absl::Mutex mu_;
+  Progress progress_ ABSL_GUARDED_BY(mu_);
+  bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_CLIENT_CLIENT_H_

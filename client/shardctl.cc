@@ -1,0 +1,117 @@
+// shardctl: the zeroshard command line.
+//
+//   shardctl --server=HOST:PORT status [--job=ID] [--json]
+//
+// Tables for people; --json for programs.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "client/table.h"
+#include "google/protobuf/util/json_util.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:7070", "Shard server HOST:PORT");
+ABSL_FLAG(std::string, token_file, "", "File holding the server's bearer token");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA file: connect with TLS and verify the server");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM client key (mutual TLS)");
+ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
+ABSL_FLAG(std::string, job, "", "Job id (status: empty lists every job)");
+ABSL_FLAG(bool, json, false, "Print JSON for programs instead of tables");
+
+namespace zeroshard {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "shardctl: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+std::string ProtoJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
+  ClientOptions options;
+  options.server = absl::GetFlag(FLAGS_server);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  absl::Status s = LoadClientFiles(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_tls_ca),
+                                   absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                   &options);
+  if (!s.ok()) return s;
+  return Client::Connect(options);
+}
+
+int Status() {
+  absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(absl::GetFlag(FLAGS_job));
+  if (!status.ok()) return Fail(status.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", ProtoJson(*status).c_str());
+    return 0;
+  }
+  if (status->jobs().empty()) {
+    std::printf("no jobs\n");
+    return 0;
+  }
+  Table jobs({"JOB", "STATE", "GENERATION", "WORLD", "JOINED", "ALIVE", "PLAN"});
+  for (const v1::JobStatus& job : status->jobs()) {
+    int alive = 0;
+    for (const auto& m : job.members()) alive += m.alive() && m.rank() >= 0;
+    jobs.AddRow({job.job_id(), v1::JobState_Name(job.state()), absl::StrCat(job.generation()),
+                 absl::StrCat(job.world_size()), absl::StrCat(job.joined()), absl::StrCat(alive),
+                 job.plan_hash().empty() ? "-" : job.plan_hash()});
+  }
+  std::printf("%s", jobs.ToString().c_str());
+  for (const v1::JobStatus& job : status->jobs()) {
+    if (job.members().empty()) continue;
+    std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
+                static_cast<long long>(job.generation()));
+    Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "MEMORY"});
+    for (const v1::MemberStatus& m : job.members()) {
+      std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
+      if (m.rank() < 0) state = "joining";
+      members.AddRow({m.rank() < 0 ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(), state,
+                      m.last_heartbeat_age_ms() < 0
+                          ? "-"
+                          : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
+                      absl::StrCat(m.step()), absl::StrFormat("%.4f", m.loss()),
+                      HumanBytes(static_cast<double>(m.memory_bytes()))});
+    }
+    std::printf("%s", members.ToString().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "zeroshard command line.\n\n"
+      "  shardctl [--server=HOST:PORT] [--token_file=F] [TLS flags] COMMAND [flags]\n\n"
+      "Commands:\n"
+      "  status [--job=ID] [--json]   jobs, generations and members\n");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr, "shardctl: missing command (status); see --help\n");
+    return 2;
+  }
+  std::string command = args[1];
+  if (command == "status") return zeroshard::Status();
+  std::fprintf(stderr, "shardctl: unknown command '%s' (expected: status)\n", command.c_str());
+  return 2;
+}

@@ -1,0 +1,26 @@
+// A plain text table for CLIs: columns sized to their widest cell.
+#ifndef ZEROSHARD_CLIENT_TABLE_H_
+#define ZEROSHARD_CLIENT_TABLE_H_
+
+#include <string>
+#include <vector>
+
+namespace zeroshard {
+
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string ToString() const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// 1536 -> "1.5 KiB".
+std::string HumanBytes(double bytes);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_CLIENT_TABLE_H_
