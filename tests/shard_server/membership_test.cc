@@ -1,0 +1,339 @@
+// Membership: the join barrier, refusals, fencing, failure detection, leave
+// and persistence, driven directly with a FakeClock.
+#include "shard_server/membership.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "shard_server/state_store.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard {
+namespace {
+
+using JoinResult = std::optional<absl::StatusOr<v1::JoinResponse>>;
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  MembershipTest() : log_([this](const std::string& line) { lines_.push_back(line); }) {
+    options_.heartbeat_timeout = absl::Seconds(3);
+    options_.join_timeout = absl::Seconds(60);
+    options_.max_world_size = 1024;
+    membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+  }
+
+  v1::JoinRequest Request(const std::string& job, int world, const std::string& worker) {
+    v1::JoinRequest r;
+    r.set_job_id(job);
+    r.set_world_size(world);
+    r.set_worker_id(worker);
+    r.set_host("host-" + worker);
+    return r;
+  }
+
+  // Starts a join; the result lands in *out when answered.
+  void Join(const std::string& job, int world, const std::string& worker, JoinResult* out) {
+    membership_->Join(Request(job, world, worker), clock_.Now() + absl::Hours(1),
+                      [out](absl::StatusOr<v1::JoinResponse> r) { *out = std::move(r); });
+  }
+
+  // Joins W workers "w0".."w{W-1}" and returns their responses by rank.
+  std::vector<v1::JoinResponse> Form(const std::string& job, int world) {
+    std::vector<JoinResult> results(world);
+    for (int i = 0; i < world; ++i) Join(job, world, absl::StrCat("w", i), &results[i]);
+    std::vector<v1::JoinResponse> by_rank(world);
+    for (auto& r : results) {
+      EXPECT_TRUE(r.has_value() && r->ok());
+      by_rank[(*r)->rank()] = **r;
+    }
+    return by_rank;
+  }
+
+  v1::MemberCredentials Credentials(const std::string& job, const v1::JoinResponse& r) {
+    v1::MemberCredentials c;
+    c.set_job_id(job);
+    c.set_generation(r.generation());
+    c.set_rank(r.rank());
+    c.set_token(r.token());
+    return c;
+  }
+
+  absl::StatusOr<v1::HeartbeatResponse> Beat(const v1::MemberCredentials& c) {
+    v1::HeartbeatRequest h;
+    *h.mutable_member() = c;
+    return membership_->Heartbeat(h);
+  }
+
+  std::string StatusText(const std::string& job = "") {
+    return membership_->Status(job).DebugString();
+  }
+
+  FakeClock clock_;
+  std::vector<std::string> lines_;
+  EventLog log_;
+  MembershipOptions options_;
+  std::unique_ptr<Membership> membership_;
+};
+
+TEST_F(MembershipTest, BarrierAnswersAllJoinsTogetherWithSortedRanks) {
+  JoinResult c, a, b;
+  Join("job", 3, "c", &c);
+  Join("job", 3, "a", &a);
+  EXPECT_FALSE(c.has_value());
+  EXPECT_FALSE(a.has_value());
+  Join("job", 3, "b", &b);
+  ASSERT_TRUE(a && a->ok() && b && b->ok() && c && c->ok());
+  EXPECT_EQ((*a)->rank(), 0);
+  EXPECT_EQ((*b)->rank(), 1);
+  EXPECT_EQ((*c)->rank(), 2);
+  EXPECT_EQ((*a)->generation(), (*c)->generation());
+  ASSERT_EQ((*b)->members_size(), 3);
+  EXPECT_EQ((*b)->members(2).worker_id(), "c");
+  EXPECT_EQ((*b)->members(2).host(), "host-c");
+  EXPECT_NE((*a)->token(), (*b)->token());
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+}
+
+TEST_F(MembershipTest, RefusesEmptyJobIdWithoutChangingState) {
+  JoinResult r;
+  Join("", 2, "w0", &r);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r->status().message().find("job_id"), std::string::npos);
+  EXPECT_EQ(membership_->Status("").jobs_size(), 0);
+}
+
+TEST_F(MembershipTest, RefusesEmptyWorkerId) {
+  JoinResult r;
+  Join("job", 2, "", &r);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r->status().message().find("worker_id"), std::string::npos);
+  EXPECT_EQ(membership_->Status("").jobs_size(), 0);
+}
+
+TEST_F(MembershipTest, RefusesWorldSizeOutOfRange) {
+  for (int world : {0, -3, 1025}) {
+    JoinResult r;
+    Join("job", world, "w0", &r);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument) << world;
+    EXPECT_NE(r->status().message().find(absl::StrCat("world_size ", world)), std::string::npos)
+        << r->status();
+  }
+  EXPECT_EQ(membership_->Status("").jobs_size(), 0);
+}
+
+TEST_F(MembershipTest, RefusesPathUnsafeJobId) {
+  JoinResult r;
+  Join("../etc", 2, "w0", &r);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(membership_->Status("").jobs_size(), 0);
+}
+
+TEST_F(MembershipTest, RefusesMismatchedWorldSize) {
+  JoinResult first, second;
+  Join("job", 3, "w0", &first);
+  std::string before = StatusText();
+  Join("job", 4, "w1", &second);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second->status().message().find("world_size 4"), std::string::npos);
+  EXPECT_NE(second->status().message().find("world_size 3"), std::string::npos);
+  EXPECT_EQ(StatusText(), before);
+  EXPECT_FALSE(first.has_value());
+}
+
+TEST_F(MembershipTest, RefusesJoinBeyondWorldSize) {
+  Form("job", 2);
+  std::string before = StatusText();
+  JoinResult extra;
+  Join("job", 2, "w9", &extra);
+  ASSERT_TRUE(extra.has_value());
+  EXPECT_EQ(extra->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(extra->status().message().find("w9"), std::string::npos);
+  EXPECT_EQ(StatusText(), before);
+}
+
+TEST_F(MembershipTest, RefusesWorkerIdThatIsALiveMember) {
+  Form("job", 2);
+  std::string before = StatusText();
+  JoinResult again;
+  Join("job", 2, "w1", &again);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(again->status().message().find("live member"), std::string::npos);
+  EXPECT_EQ(StatusText(), before);
+}
+
+TEST_F(MembershipTest, RefusesDuplicatePendingJoin) {
+  JoinResult first, second;
+  Join("job", 3, "w0", &first);
+  std::string before = StatusText();
+  Join("job", 3, "w0", &second);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(StatusText(), before);
+  EXPECT_FALSE(first.has_value());
+}
+
+TEST_F(MembershipTest, FencesWrongTokenAndOldGeneration) {
+  auto members = Form("job", 2);
+  v1::MemberCredentials good = Credentials("job", members[0]);
+  EXPECT_TRUE(membership_->CheckMember(good).ok());
+
+  v1::MemberCredentials wrong = good;
+  wrong.set_token("not-the-token");
+  EXPECT_EQ(membership_->CheckMember(wrong).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Beat(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  v1::MemberCredentials old = good;
+  old.set_generation(good.generation() - 1);
+  std::string before = StatusText();
+  EXPECT_EQ(membership_->CheckMember(old).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Beat(old).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(membership_->Leave(old).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StatusText(), before);
+}
+
+TEST_F(MembershipTest, SilentMemberIsDeclaredDeadAndSurvivorsToldToAbort) {
+  auto members = Form("job", 3);
+  int64_t generation = members[0].generation();
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());
+    ASSERT_TRUE(Beat(Credentials("job", members[2])).ok());
+    membership_->Tick();
+    if (i < 2) {
+      EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING) << i;
+    }
+  }
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_EQ(job.generation(), generation + 1);
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_TRUE(job.members(0).alive());
+  absl::StatusOr<v1::HeartbeatResponse> reply = Beat(Credentials("job", members[0]));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->command(), v1::ABORT_GENERATION_CHANGED);
+  EXPECT_EQ(reply->generation(), generation + 1);
+  // The stale generation can no longer use the job's store.
+  EXPECT_EQ(membership_->CheckMember(Credentials("job", members[0])).code(),
+            absl::StatusCode::kFailedPrecondition);
+  bool logged = false;
+  for (const auto& line : lines_) logged |= line.find("event=member_dead") != std::string::npos;
+  EXPECT_TRUE(logged);
+}
+
+TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
+  auto members = Form("job", 2);
+  clock_.Advance(absl::Milliseconds(2900));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+  clock_.Advance(absl::Milliseconds(200));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::DEGRADED);
+}
+
+TEST_F(MembershipTest, SurvivorsRejoinTheNewGenerationAndKeepTheirRanks) {
+  auto members = Form("job", 2);
+  clock_.Advance(absl::Seconds(4));
+  membership_->Tick();
+  JoinResult a, b;
+  Join("job", 2, "w1", &b);
+  Join("job", 2, "w0", &a);
+  ASSERT_TRUE(a && a->ok() && b && b->ok());
+  EXPECT_EQ((*a)->rank(), 0);
+  EXPECT_EQ((*b)->rank(), 1);
+  EXPECT_EQ((*a)->generation(), members[0].generation() + 1);
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+}
+
+TEST_F(MembershipTest, CleanLeaveIsNotAFailureAndFinishesTheJob) {
+  std::vector<std::pair<std::string, int64_t>> dropped;
+  membership_->SetGenerationListener(
+      [&](const std::string& job, int64_t g) { dropped.push_back({job, g}); });
+  auto members = Form("job", 2);
+  ASSERT_TRUE(membership_->Leave(Credentials("job", members[0])).ok());
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Beat(Credentials("job", members[1])).ok());
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+  EXPECT_TRUE(dropped.empty());
+  ASSERT_TRUE(membership_->Leave(Credentials("job", members[1])).ok());
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::FINISHED);
+  ASSERT_EQ(dropped.size(), 1u);
+  // Long silence after leaving is not a death.
+  clock_.Advance(absl::Seconds(60));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::FINISHED);
+}
+
+TEST_F(MembershipTest, FinishedJobCanStartAgainWithAnotherWorldSize) {
+  auto members = Form("job", 2);
+  ASSERT_TRUE(membership_->Leave(Credentials("job", members[0])).ok());
+  ASSERT_TRUE(membership_->Leave(Credentials("job", members[1])).ok());
+  auto again = Form("job", 3);
+  EXPECT_EQ(again[0].world_size(), 3);
+  EXPECT_GT(again[0].generation(), members[0].generation());
+}
+
+TEST_F(MembershipTest, JoinTimesOutSayingHowManyJoined) {
+  JoinResult a, b;
+  Join("job", 4, "w0", &a);
+  Join("job", 4, "w1", &b);
+  clock_.Advance(absl::Seconds(61));
+  membership_->Tick();
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(a->status().message().find("2 of 4"), std::string::npos) << a->status();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(membership_->Status("job").jobs(0).joined(), 0);
+}
+
+TEST_F(MembershipTest, CancelledJoinFreesTheWorkerId) {
+  JoinResult first;
+  uint64_t id = membership_->Join(Request("job", 2, "w0"), clock_.Now() + absl::Hours(1),
+                                  [&](absl::StatusOr<v1::JoinResponse> r) { first = r; });
+  membership_->CancelJoin(id);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->status().code(), absl::StatusCode::kCancelled);
+  Form("job", 2);  // w0 can join again
+}
+
+TEST_F(MembershipTest, RestoredServerKnowsItsJobsAndDeclaresSilentMembersDead) {
+  std::string dir = testing::MakeTempDir("membership");
+  int64_t generation = 0;
+  {
+    auto state = StateStore::Open(dir + "/state.db");
+    ASSERT_TRUE(state.ok()) << state.status();
+    Membership first(&clock_, &log_, state->get(), options_);
+    JoinResult a, b;
+    first.Join(Request("persisted", 2, "w0"), clock_.Now() + absl::Hours(1),
+               [&](auto r) { a = r; });
+    first.Join(Request("persisted", 2, "w1"), clock_.Now() + absl::Hours(1),
+               [&](auto r) { b = r; });
+    ASSERT_TRUE(a && a->ok());
+    generation = (*a)->generation();
+  }
+  auto state = StateStore::Open(dir + "/state.db");
+  ASSERT_TRUE(state.ok());
+  Membership restored(&clock_, &log_, state->get(), options_);
+  ASSERT_TRUE(restored.Restore().ok());
+  v1::GetStatusResponse status = restored.Status("persisted");
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).state(), v1::RUNNING);
+  EXPECT_EQ(status.jobs(0).generation(), generation);
+  ASSERT_EQ(status.jobs(0).members_size(), 2);
+  EXPECT_EQ(status.jobs(0).members(1).worker_id(), "w1");
+  clock_.Advance(absl::Seconds(4));
+  restored.Tick();
+  EXPECT_EQ(restored.Status("persisted").jobs(0).state(), v1::DEGRADED);
+}
+
+}  // namespace
+}  // namespace zeroshard

@@ -1,0 +1,59 @@
+// Test helpers: child processes that are always cleaned up, temporary
+// directories, and waiting on a condition with a deadline.
+#ifndef ZEROSHARD_TESTS_TESTING_PROCESS_H_
+#define ZEROSHARD_TESTS_TESTING_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace zeroshard::testing {
+
+// A child process with stdout+stderr captured to a file. Killed (SIGKILL) and
+// reaped on destruction if still running.
+class ChildProcess {
+ public:
+  ChildProcess(const std::string& binary, const std::vector<std::string>& args,
+               const std::string& log_path);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // Waits up to `timeout` for the exit; returns the exit code, 128+signal, or
+  // -1 on timeout.
+  int Wait(absl::Duration timeout);
+  bool running();
+  std::string Log() const;
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+  std::string log_path_;
+};
+
+// Polls `condition` every 10 ms until it holds or `timeout` passes.
+bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout);
+
+// A fresh directory under TEST_TMPDIR (or /tmp).
+std::string MakeTempDir(const std::string& prefix);
+
+std::string ReadFileOrEmpty(const std::string& path);
+void WriteFile(const std::string& path, const std::string& contents);
+
+// Path of a binary built by Bazel, from the test's runfiles (e.g.
+// "shard_server/shard_server").
+std::string RunfilePath(const std::string& workspace_relative);
+
+// Runs a command line via /bin/sh, returns (exit code, combined output).
+std::pair<int, std::string> RunCommand(const std::string& command);
+
+}  // namespace zeroshard::testing
+
+#endif  // ZEROSHARD_TESTS_TESTING_PROCESS_H_
