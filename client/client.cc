@@ -59,6 +59,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // Find a restarted server quickly: a member must beat again within the
+  // heartbeat timeout (3 s by default), and gRPC's default first reconnect
+  // backoff is already 1 s.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (!options.tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options.tls_ca;

@@ -1,0 +1,373 @@
+// The control plane over real gRPC on loopback: an in-process ShardServer on
+// 127.0.0.1 with an ephemeral port, and real clients.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "shard_server/shard_server.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::WaitFor;
+
+// Tests about failure detection pass a short heartbeat timeout; the others a
+// long one, so that a slow machine never declares their silent members dead.
+ShardServerOptions FastOptions(absl::Duration heartbeat_timeout = absl::Seconds(60)) {
+  ShardServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.membership.heartbeat_interval = absl::Milliseconds(100);
+  o.membership.heartbeat_timeout = heartbeat_timeout;
+  o.membership.join_timeout = absl::Seconds(30);
+  o.log_sink = [](const std::string&) {};
+  return o;
+}
+
+std::unique_ptr<ShardServer> StartServer(ShardServerOptions options) {
+  auto server = ShardServer::Start(std::move(options));
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+std::unique_ptr<Client> Connect(const ShardServer& server, std::string token = "") {
+  ClientOptions o;
+  o.server = server.address();
+  o.token = std::move(token);
+  o.rpc_timeout = absl::Seconds(10);
+  auto client = Client::Connect(o);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return std::move(*client);
+}
+
+// Joins `world` clients "w0".. concurrently; returns them indexed by rank.
+std::vector<std::unique_ptr<Client>> JoinAll(const ShardServer& server, const std::string& job,
+                                             int world) {
+  std::vector<std::unique_ptr<Client>> clients(world);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> statuses(world);
+  for (int i = 0; i < world; ++i) {
+    clients[i] = Connect(server);
+    threads.emplace_back([&, i] {
+      statuses[i] = clients[i]
+                        ->Join(job, world, absl::StrCat("w", i), "127.0.0.1", absl::Seconds(20))
+                        .status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<std::unique_ptr<Client>> by_rank(world);
+  for (int i = 0; i < world; ++i) {
+    EXPECT_TRUE(statuses[i].ok()) << statuses[i];
+    if (statuses[i].ok()) by_rank[clients[i]->info().rank] = std::move(clients[i]);
+  }
+  return by_rank;
+}
+
+TEST(ControlPlaneTest, ConcurrentJoinsGetEveryRankExactlyOnceInWorkerIdOrder) {
+  auto server = StartServer(FastOptions());
+  auto probe = Connect(*server);
+  constexpr int kWorld = 64;
+  std::vector<v1::JoinResponse> responses(kWorld);
+  std::vector<grpc::Status> statuses(kWorld);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWorld; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext context;
+      probe->Prepare(&context, absl::Seconds(20));
+      v1::JoinRequest request;
+      request.set_job_id("sixty-four");
+      request.set_world_size(kWorld);
+      request.set_worker_id(absl::StrFormat("node%02d/0", kWorld - 1 - i));
+      request.set_host("127.0.0.1");
+      statuses[i] = probe->stub()->Join(&context, request, &responses[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<int> seen(kWorld, 0);
+  for (int i = 0; i < kWorld; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+    int rank = responses[i].rank();
+    ASSERT_GE(rank, 0);
+    ASSERT_LT(rank, kWorld);
+    seen[rank]++;
+    EXPECT_EQ(rank, kWorld - 1 - i) << "ranks follow sorted worker ids";
+    EXPECT_EQ(responses[i].generation(), responses[0].generation());
+    EXPECT_EQ(responses[i].members_size(), kWorld);
+  }
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(seen[r], 1) << r;
+}
+
+TEST(ControlPlaneTest, SilentMemberIsDeclaredDeadAndSurvivorsAreToldToAbort) {
+  auto server = StartServer(FastOptions(absl::Milliseconds(600)));
+  auto clients = JoinAll(*server, "beats", 3);
+  absl::Mutex mu;
+  std::vector<v1::Command> commands(3, v1::COMMAND_UNSPECIFIED);
+  for (int r = 0; r < 3; ++r) {
+    clients[r]->StartHeartbeats([&, r](absl::StatusOr<v1::HeartbeatResponse> reply) {
+      absl::MutexLock lock(&mu);
+      commands[r] = reply.ok() ? reply->command() : v1::COMMAND_UNSPECIFIED;
+    });
+  }
+  // All alive for a while.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(server->membership()->Status("beats").jobs(0).state(), v1::RUNNING);
+  clients[1]->StopHeartbeats();  // rank 1 "crashes"
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return commands[0] == v1::ABORT_GENERATION_CHANGED &&
+               commands[2] == v1::ABORT_GENERATION_CHANGED;
+      },
+      absl::Seconds(5)));
+  // (How fast, in seconds, is measured by //tests/bench:control_plane_bench;
+  // the exact timeout rule by membership_test with a fake clock.)
+  v1::JobStatus job = server->membership()->Status("beats").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_EQ(commands[1], v1::COMMAND_UNSPECIFIED);
+}
+
+TEST(ControlPlaneTest, RestartedServerStillListsTheJob) {
+  std::string dir = testing::MakeTempDir("restart");
+  ShardServerOptions options = FastOptions();
+  options.state_dir = dir;
+  int64_t generation = 0;
+  {
+    auto server = StartServer(options);
+    auto clients = JoinAll(*server, "durable", 2);
+    generation = clients[0]->info().generation;
+    server->Shutdown();
+  }
+  auto server = StartServer(options);
+  auto client = Connect(*server);
+  auto status = client->GetStatus("durable");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(status->jobs(0).generation(), generation);
+  EXPECT_EQ(status->jobs(0).members_size(), 2);
+  EXPECT_EQ(status->jobs(0).state(), v1::RUNNING);
+}
+
+TEST(ControlPlaneTest, MembersThatHeartbeatAgainAfterRestartStayAlive) {
+  std::string dir = testing::MakeTempDir("restart-beat");
+  ShardServerOptions options = FastOptions(absl::Milliseconds(1500));
+  options.state_dir = dir;
+  // A fixed port, so the clients' channels find the restarted server.
+  auto first = StartServer(options);
+  options.listen = first->address();
+  auto clients = JoinAll(*first, "resilient", 2);
+  std::atomic<int> commands{0};
+  for (auto& c : clients) c->StartHeartbeats([&](auto) { commands++; });
+  first->Shutdown();
+  first.reset();
+  auto second = StartServer(options);
+  ASSERT_NE(second, nullptr);
+  // Both members find the new server and beat again...
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto job = second->membership()->Status("resilient").jobs(0);
+        return job.members(0).last_heartbeat_age_ms() >= 0 &&
+               job.members(1).last_heartbeat_age_ms() >= 0;
+      },
+      absl::Seconds(10)));
+  // ...and keep beating past the 1.5 s timeout.
+  absl::SleepFor(absl::Milliseconds(2000));
+  EXPECT_EQ(second->membership()->Status("resilient").jobs(0).state(), v1::RUNNING);
+  EXPECT_EQ(commands.load(), 0);
+  for (auto& c : clients) c->StopHeartbeats();
+}
+
+TEST(ControlPlaneTest, WrongOrMissingTokenGetsUnauthenticatedButHealthIsOpen) {
+  ShardServerOptions options = FastOptions();
+  options.auth_token = "s3cret";
+  auto server = StartServer(options);
+  for (std::string token : {std::string(), std::string("wrong")}) {
+    auto client = Connect(*server, token);
+    EXPECT_EQ(client->GetStatus("").status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(client->Join("job", 1, "w0", "h", absl::Seconds(2)).status().code(),
+              absl::StatusCode::kUnauthenticated);
+    EXPECT_TRUE(client->HealthCheck().ok());
+  }
+  EXPECT_EQ(server->membership()->Status("").jobs_size(), 0);
+  auto good = Connect(*server, "s3cret");
+  EXPECT_TRUE(good->Join("job", 1, "w0", "h", absl::Seconds(5)).ok());
+  EXPECT_TRUE(good->GetStatus("").ok());
+  EXPECT_TRUE(good->StoreSet("k", "v").ok());
+}
+
+TEST(ControlPlaneTest, KeyValueStoreHoldsGetsUntilSetAndScopesToTheGeneration) {
+  auto server = StartServer(FastOptions());
+  auto clients = JoinAll(*server, "kv", 2);
+  absl::StatusOr<std::string> got;
+  std::thread waiter([&] { got = clients[1]->StoreGet("addr/0", absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(clients[0]->StoreSet("addr/0", "10.0.0.1:1234").ok());
+  waiter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "10.0.0.1:1234");
+  EXPECT_EQ(*clients[0]->StoreAdd("count", 1), 1);
+  EXPECT_EQ(*clients[1]->StoreAdd("count", 1), 2);
+  EXPECT_TRUE(clients[1]->StoreWait({"addr/0", "count"}, absl::Seconds(1)).ok());
+  absl::Time start = absl::Now();
+  EXPECT_EQ(clients[1]->StoreGet("never", absl::Milliseconds(300)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+TEST(ControlPlaneTest, StaleGenerationAndWrongTokenAreFencedOverRpc) {
+  auto server = StartServer(FastOptions(absl::Milliseconds(600)));
+  auto clients = JoinAll(*server, "fence", 2);
+  grpc::ClientContext context;
+  clients[0]->Prepare(&context, absl::Seconds(5));
+  v1::StoreSetRequest request;
+  *request.mutable_member() = clients[0]->credentials();
+  request.mutable_member()->set_token("forged");
+  request.set_key("k");
+  v1::StoreSetResponse response;
+  EXPECT_EQ(clients[0]->stub()->StoreSet(&context, request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // Rank 1 goes silent: generation bumps; rank 0's old credentials are fenced.
+  ASSERT_TRUE(WaitFor(
+      [&] { return server->membership()->Status("fence").jobs(0).state() == v1::DEGRADED; },
+      absl::Seconds(5)));
+  EXPECT_EQ(clients[0]->StoreSet("k", "v").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(server->kv()->KeyCount("fence"), 0u);
+}
+
+TEST(ControlPlaneTest, JoinTimeoutSaysHowManyJoined) {
+  ShardServerOptions options = FastOptions();
+  options.membership.join_timeout = absl::Milliseconds(300);
+  auto server = StartServer(options);
+  auto client = Connect(*server);
+  auto result = client->Join("lonely", 3, "w0", "h", absl::Seconds(10));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(result.status().message().find("1 of 3"), std::string::npos) << result.status();
+}
+
+TEST(ControlPlaneTest, RefusalsOverRpcNameTheValueAndChangeNothing) {
+  auto server = StartServer(FastOptions());
+  auto clients = JoinAll(*server, "full", 2);
+  std::string before = server->membership()->Status("").DebugString();
+  auto other = Connect(*server);
+  struct Case {
+    std::string job;
+    int world;
+    std::string worker;
+    absl::StatusCode code;
+    std::string mention;
+  };
+  std::vector<Case> cases = {
+      {"", 2, "w", absl::StatusCode::kInvalidArgument, "job_id"},
+      {"full", 2, "", absl::StatusCode::kInvalidArgument, "worker_id"},
+      {"full", 0, "w", absl::StatusCode::kInvalidArgument, "world_size 0"},
+      {"full", 70000, "w", absl::StatusCode::kInvalidArgument, "world_size 70000"},
+      {"full", 3, "w9", absl::StatusCode::kFailedPrecondition, "world_size 3"},
+      {"full", 2, "w9", absl::StatusCode::kResourceExhausted, "w9"},
+  };
+  for (const Case& c : cases) {
+    grpc::ClientContext context;
+    other->Prepare(&context, absl::Seconds(5));
+    v1::JoinRequest request;
+    request.set_job_id(c.job);
+    request.set_world_size(c.world);
+    request.set_worker_id(c.worker);
+    v1::JoinResponse response;
+    grpc::Status status = other->stub()->Join(&context, request, &response);
+    EXPECT_EQ(static_cast<int>(status.error_code()), static_cast<int>(c.code)) << c.mention;
+    EXPECT_NE(status.error_message().find(c.mention), std::string::npos)
+        << status.error_message();
+  }
+  // A live member's id: the client library retries ALREADY_EXISTS, so ask raw.
+  grpc::ClientContext context;
+  other->Prepare(&context, absl::Seconds(5));
+  v1::JoinRequest dup;
+  dup.set_job_id("full");
+  dup.set_world_size(2);
+  dup.set_worker_id("w1");
+  v1::JoinResponse response;
+  EXPECT_EQ(other->stub()->Join(&context, dup, &response).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  // Membership state is unchanged (heartbeat ages aside: nobody beats here).
+  EXPECT_EQ(server->membership()->Status("").DebugString(), before);
+}
+
+TEST(ControlPlaneTest, RestartedWorkerRejoinsOnceItsOldSelfIsDeclaredDead) {
+  auto server = StartServer(FastOptions(absl::Milliseconds(600)));
+  auto clients = JoinAll(*server, "restart-worker", 2);
+  std::atomic<bool> told{false};
+  clients[0]->StartHeartbeats([&](auto) { told = true; });
+  // Rank 1 never beats (it "crashed"); its replacement joins with the same id
+  // and is retried by the client until the old rank 1 is declared dead.
+  auto replacement = Connect(*server);
+  absl::StatusOr<JoinInfo> joined;
+  std::thread t([&] {
+    joined = replacement->Join("restart-worker", 2, "w1", "h", absl::Seconds(10));
+  });
+  ASSERT_TRUE(WaitFor([&] { return told.load(); }, absl::Seconds(5)));
+  auto survivor = clients[0]->Join("restart-worker", 2, "w0", "h", absl::Seconds(10));
+  t.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  EXPECT_EQ(joined->rank, 1);
+  EXPECT_EQ(survivor->rank, 0);
+  EXPECT_EQ(joined->generation, survivor->generation);
+  clients[0]->StopHeartbeats();
+}
+
+TEST(ControlPlaneTest, TlsWithClientCertificates) {
+  std::string dir = testing::MakeTempDir("tls");
+  std::string script = absl::StrCat(
+      "cd ", dir, " && ",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+      "-keyout ca.key -out ca.crt && ",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key "
+      "-out server.csr && ",
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext && ",
+      "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile san.ext -out server.crt && ",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=worker -keyout client.key "
+      "-out client.csr && ",
+      "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+      "-out client.crt");
+  auto [code, output] = testing::RunCommand(script);
+  ASSERT_EQ(code, 0) << output;
+  auto read = [&](const char* name) { return testing::ReadFileOrEmpty(dir + "/" + name); };
+  ShardServerOptions options = FastOptions();
+  options.tls_cert = read("server.crt");
+  options.tls_key = read("server.key");
+  options.tls_client_ca = read("ca.crt");
+  auto server = StartServer(options);
+
+  ClientOptions good;
+  good.server = server->address();
+  good.tls_ca = read("ca.crt");
+  good.tls_cert = read("client.crt");
+  good.tls_key = read("client.key");
+  good.rpc_timeout = absl::Seconds(5);
+  auto client = Client::Connect(good);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->GetStatus("").ok());
+  EXPECT_TRUE((*client)->HealthCheck().ok());
+
+  ClientOptions no_cert = good;
+  no_cert.tls_cert.clear();
+  no_cert.tls_key.clear();
+  auto anonymous = Client::Connect(no_cert);
+  EXPECT_FALSE((*anonymous)->GetStatus("").ok());
+
+  ClientOptions plaintext;
+  plaintext.server = server->address();
+  plaintext.rpc_timeout = absl::Seconds(3);
+  auto insecure = Client::Connect(plaintext);
+  EXPECT_FALSE((*insecure)->GetStatus("").ok());
+}
+
+}  // namespace
+}  // namespace zeroshard
