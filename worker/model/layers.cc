@@ -1,0 +1,373 @@
+#include "worker/model/layers.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace zeroshard {
+namespace {
+
+// Row-major single-precision GEMM, C[M,N] = alpha op(A)[M,K] op(B)[K,N] +
+// beta C. Sizes come in as int64_t and go to BLAS as blasint (32-bit here);
+// every matrix in these models is far below 2^31 elements per dimension.
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// y[i,:] = b for every row (b may be nullptr: y untouched). Returns the beta
+// the following GEMM should use: 1 to add onto the bias, 0 to overwrite.
+float BroadcastBias(float* y, const float* b, int64_t n, int64_t out) {
+  if (b == nullptr) return 0.0f;
+  for (int64_t i = 0; i < n; ++i) std::copy(b, b + out, y + i * out);
+  return 1.0f;
+}
+
+// db[o] += sum over rows of dy[i,o].
+void AddColumnSums(float* db, const float* dy, int64_t n, int64_t out) {
+  if (db == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* dy_i = dy + i * out;
+    for (int64_t o = 0; o < out; ++o) db[o] += dy_i[o];
+  }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// Linear (PyTorch layout, w [OUT,IN])
+
+void LinearForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
+                   int64_t out) {
+  const float beta = BroadcastBias(y, b, n, out);
+  // y[N,OUT] (+)= x[N,IN] . w^T[IN,OUT]
+  Gemm(false, true, n, out, in, 1.0f, x, in, w, in, beta, y, out);
+}
+
+void LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                    const float* w, int64_t n, int64_t in, int64_t out) {
+  // dx[N,IN] = dy[N,OUT] . w[OUT,IN]
+  if (dx != nullptr) Gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+  // dw[OUT,IN] += dy^T[OUT,N] . x[N,IN]
+  Gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+  AddColumnSums(db, dy, n, out);
+}
+
+// ----------------------------------------------------------------------------
+// Conv1D (Hugging Face GPT-2 layout, w [IN,OUT])
+
+void Conv1dForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
+                   int64_t out) {
+  const float beta = BroadcastBias(y, b, n, out);
+  // y[N,OUT] (+)= x[N,IN] . w[IN,OUT]
+  Gemm(false, false, n, out, in, 1.0f, x, in, w, out, beta, y, out);
+}
+
+void Conv1dBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                    const float* w, int64_t n, int64_t in, int64_t out) {
+  // dx[N,IN] = dy[N,OUT] . w^T[OUT,IN]
+  if (dx != nullptr) Gemm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
+  // dw[IN,OUT] += x^T[IN,N] . dy[N,OUT]
+  Gemm(true, false, in, out, n, 1.0f, x, in, dy, out, 1.0f, dw, out);
+  AddColumnSums(db, dy, n, out);
+}
+
+// ----------------------------------------------------------------------------
+// ReLU
+
+void ReluForward(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void ReluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  // The derivative at exactly 0 is taken as 0, as PyTorch does.
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+// ----------------------------------------------------------------------------
+// GELU, exact
+
+namespace {
+constexpr float kInvSqrt2 = 0.70710678118654752440f;     // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1/sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+}  // namespace
+
+void GeluForward(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    y[i] = 0.5f * xi * (1.0f + std::erf(xi * kInvSqrt2));
+  }
+}
+
+void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density.
+    const float cdf = 0.5f * (1.0f + std::erf(xi * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * xi * xi);
+    dx[i] = dy[i] * (cdf + xi * pdf);
+  }
+}
+
+// ----------------------------------------------------------------------------
+// GELU, tanh approximation
+
+void GeluTanhForward(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
+    y[i] = 0.5f * xi * (1.0f + std::tanh(u));
+  }
+}
+
+void GeluTanhBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
+    const float t = std::tanh(u);
+    const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * xi * xi);
+    // y = 0.5 x (1 + t): dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx.
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * du_dx);
+  }
+}
+
+// ----------------------------------------------------------------------------
+// MSE loss
+
+double MseForward(const float* pred, const float* target, int64_t n) {
+  if (n == 0) return 0.0;
+  double sum = 0.0;  // double: the mean of many small squares
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(pred[i]) - target[i];
+    sum += d * d;
+  }
+  return sum / static_cast<double>(n);
+}
+
+void MseBackward(float* dpred, const float* pred, const float* target, int64_t n) {
+  const float scale = 2.0f / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) dpred[i] = scale * (pred[i] - target[i]);
+}
+
+// ----------------------------------------------------------------------------
+// LayerNorm
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                      const float* b, int64_t n, int64_t c) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x_i = x + i * c;
+    // Two passes in double: the variance of activations with a large mean
+    // loses everything to cancellation in a one-pass float sum.
+    double sum = 0.0;
+    for (int64_t j = 0; j < c; ++j) sum += x_i[j];
+    const double m = sum / static_cast<double>(c);
+    double sq = 0.0;
+    for (int64_t j = 0; j < c; ++j) {
+      const double d = x_i[j] - m;
+      sq += d * d;
+    }
+    const double var = sq / static_cast<double>(c);  // biased, as PyTorch
+    const float s = static_cast<float>(1.0 / std::sqrt(var + kLayerNormEps));
+    const float mf = static_cast<float>(m);
+    float* out_i = out + i * c;
+    for (int64_t j = 0; j < c; ++j) out_i[j] = (x_i[j] - mf) * s * w[j] + b[j];
+    mean[i] = mf;
+    rstd[i] = s;
+  }
+}
+
+void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                       const float* w, const float* mean, const float* rstd, int64_t n, int64_t c) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x_i = x + i * c;
+    const float* dout_i = dout + i * c;
+    const float m = mean[i];
+    const float s = rstd[i];
+    // With xhat = (x - mean) rstd and g = dout * w (the gradient at xhat):
+    // dx = rstd (g - mean(g) - xhat mean(g xhat)).
+    double g_sum = 0.0, g_xhat_sum = 0.0;
+    for (int64_t j = 0; j < c; ++j) {
+      const float xhat = (x_i[j] - m) * s;
+      const float g = dout_i[j] * w[j];
+      g_sum += g;
+      g_xhat_sum += static_cast<double>(g) * xhat;
+      dw[j] += dout_i[j] * xhat;
+      db[j] += dout_i[j];
+    }
+    const float g_mean = static_cast<float>(g_sum / static_cast<double>(c));
+    const float g_xhat_mean = static_cast<float>(g_xhat_sum / static_cast<double>(c));
+    if (dx == nullptr) continue;
+    float* dx_i = dx + i * c;
+    for (int64_t j = 0; j < c; ++j) {
+      const float xhat = (x_i[j] - m) * s;
+      dx_i[j] = s * (dout_i[j] * w[j] - g_mean - xhat * g_xhat_mean);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Causal multi-head self-attention
+//
+// Per (batch row, head) the q, k, v of that head are strided views into qkv
+// (row stride 3C), so the GEMMs read them in place without copies. Scores
+// are computed for the full TxT square and the upper triangle is then
+// zeroed: twice the minimal work, but one GEMM instead of T small ones.
+
+void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64_t t, int64_t c,
+                      int64_t nh) {
+  const int64_t hs = c / nh;  // head size
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* q = qkv + bi * t * 3 * c + h * hs;
+      const float* k = q + c;
+      const float* v = q + 2 * c;
+      float* att_bh = att + (bi * nh + h) * t * t;
+      // scores[T,T] = scale q[T,HS] . k^T[HS,T]
+      Gemm(false, true, t, t, hs, scale, q, 3 * c, k, 3 * c, 0.0f, att_bh, t);
+      // Causal softmax of each row over s <= t (max-subtracted for stability).
+      for (int64_t ti = 0; ti < t; ++ti) {
+        float* row = att_bh + ti * t;
+        float max_score = row[0];
+        for (int64_t s = 1; s <= ti; ++s) max_score = std::max(max_score, row[s]);
+        float sum = 0.0f;
+        for (int64_t s = 0; s <= ti; ++s) {
+          row[s] = std::exp(row[s] - max_score);
+          sum += row[s];
+        }
+        const float inv_sum = 1.0f / sum;
+        for (int64_t s = 0; s <= ti; ++s) row[s] *= inv_sum;
+        for (int64_t s = ti + 1; s < t; ++s) row[s] = 0.0f;
+      }
+      // out_h[T,HS] = att[T,T] . v[T,HS]
+      Gemm(false, false, t, hs, t, 1.0f, att_bh, t, v, 3 * c, 0.0f, out + bi * t * c + h * hs, c);
+    }
+  }
+}
+
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                       int64_t b, int64_t t, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* q = qkv + bi * t * 3 * c + h * hs;
+      const float* k = q + c;
+      const float* v = q + 2 * c;
+      float* dq = dqkv + bi * t * 3 * c + h * hs;
+      float* dk = dq + c;
+      float* dv = dq + 2 * c;
+      const float* att_bh = att + (bi * nh + h) * t * t;
+      const float* dout_bh = dout + bi * t * c + h * hs;
+      // dv[T,HS] = att^T[T,T] . dout_h[T,HS]
+      Gemm(true, false, t, hs, t, 1.0f, att_bh, t, dout_bh, c, 0.0f, dv, 3 * c);
+      // datt[T,T] = dout_h[T,HS] . v^T[HS,T]
+      Gemm(false, true, t, t, hs, 1.0f, dout_bh, c, v, 3 * c, 0.0f, datt.data(), t);
+      // Softmax backward, in place: dscore_s = att_s (datt_s - sum_r att_r datt_r).
+      // Masked entries have att = 0 and so get dscore = 0.
+      for (int64_t ti = 0; ti < t; ++ti) {
+        const float* a = att_bh + ti * t;
+        float* d = datt.data() + ti * t;
+        float dot = 0.0f;
+        for (int64_t s = 0; s <= ti; ++s) dot += a[s] * d[s];
+        for (int64_t s = 0; s <= ti; ++s) d[s] = a[s] * (d[s] - dot);
+        for (int64_t s = ti + 1; s < t; ++s) d[s] = 0.0f;
+      }
+      // scores = scale q k^T:
+      // dq[T,HS] = scale dscore[T,T] . k[T,HS]; dk[T,HS] = scale dscore^T . q.
+      Gemm(false, false, t, hs, t, scale, datt.data(), t, k, 3 * c, 0.0f, dq, 3 * c);
+      Gemm(true, false, t, hs, t, scale, datt.data(), t, q, 3 * c, 0.0f, dk, 3 * c);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Token + position embedding
+
+void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                      int64_t b, int64_t t, int64_t c) {
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t ti = 0; ti < t; ++ti) {
+      float* out_bt = out + (bi * t + ti) * c;
+      const float* tok = wte + static_cast<int64_t>(tokens[bi * t + ti]) * c;
+      const float* pos = wpe + ti * c;
+      for (int64_t j = 0; j < c; ++j) out_bt[j] = tok[j] + pos[j];
+    }
+  }
+}
+
+void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                       int64_t b, int64_t t, int64_t c) {
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const float* dout_bt = dout + (bi * t + ti) * c;
+      float* dtok = dwte + static_cast<int64_t>(tokens[bi * t + ti]) * c;
+      float* dpos = dwpe + ti * c;
+      for (int64_t j = 0; j < c; ++j) {
+        dtok[j] += dout_bt[j];
+        dpos[j] += dout_bt[j];
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Tied LM head: a bias-free Linear whose weight is the embedding matrix.
+
+void LmHeadForward(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
+                   int64_t v) {
+  LinearForward(logits, x, wte, nullptr, n, c, v);
+}
+
+void LmHeadBackward(float* dx, float* dwte, const float* dlogits, const float* x, const float* wte,
+                    int64_t n, int64_t c, int64_t v) {
+  LinearBackward(dx, dwte, nullptr, dlogits, x, wte, n, c, v);
+}
+
+// ----------------------------------------------------------------------------
+// Softmax cross-entropy
+
+double CrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int64_t n,
+                           int64_t v) {
+  if (n == 0) return 0.0;
+  double loss_sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* z = logits + i * v;
+    float* p = probs + i * v;
+    float max_z = z[0];
+    for (int64_t j = 1; j < v; ++j) max_z = std::max(max_z, z[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < v; ++j) {
+      p[j] = std::exp(z[j] - max_z);
+      sum += p[j];
+    }
+    const float inv_sum = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < v; ++j) p[j] *= inv_sum;
+    // -log softmax(z)[y] = log sum_j exp(z_j - max) - (z_y - max): never
+    // log(0), even when the target's probability underflows.
+    loss_sum += std::log(sum) - (static_cast<double>(z[targets[i]]) - max_z);
+  }
+  return loss_sum / static_cast<double>(n);
+}
+
+void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets, int64_t n,
+                          int64_t v) {
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* p = probs + i * v;
+    float* d = dlogits + i * v;
+    for (int64_t j = 0; j < v; ++j) d[j] = p[j] * inv_n;
+    d[targets[i]] -= inv_n;
+  }
+}
+
+}  // namespace zeroshard
