@@ -1,0 +1,151 @@
+#include "common/file_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace zeroshard {
+namespace {
+
+// Directory holding `path`, for the fsync that makes a rename durable.
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+absl::Status FsyncDirectory(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open directory", dir);
+  absl::Status status;
+  if (fsync(fd) != 0) status = ErrnoStatus(errno, "fsync directory", dir);
+  close(fd);
+  return status;
+}
+
+}  // namespace
+
+absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+}
+
+absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("AtomicFile: empty path");
+  absl::BitGen gen;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    std::string temp_path =
+        absl::StrCat(path, ".tmp-", absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen)));
+    int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      return std::unique_ptr<AtomicFile>(new AtomicFile(path, std::move(temp_path), fd));
+    }
+    if (errno != EEXIST) return ErrnoStatus(errno, "create", temp_path);
+  }
+  return absl::AlreadyExistsError(
+      absl::StrCat("create temp file for ", path, ": 16 random names already taken"));
+}
+
+AtomicFile::AtomicFile(std::string path, std::string temp_path, int fd)
+    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {}
+
+AtomicFile::~AtomicFile() {
+  if (!committed_) Abandon();
+}
+
+void AtomicFile::Abandon() {
+  if (fd_ >= 0) {
+    close(fd_);
+    fd_ = -1;
+  }
+  unlink(temp_path_.c_str());  // best effort; nothing to report to
+}
+
+absl::Status AtomicFile::Write(const void* data, size_t size) {
+  if (committed_ || failed_ || fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("write ", temp_path_, ": file already committed or failed"));
+  }
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = write(fd_, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      failed_ = true;
+      return ErrnoStatus(errno, "write", temp_path_);
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::Commit() {
+  if (committed_ || failed_ || fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("commit ", path_, ": file already committed or failed"));
+  }
+  // Any failure below leaves `path` untouched (or, after the rename, already
+  // replaced); either way the temp file must not linger.
+  failed_ = true;
+  if (fsync(fd_) != 0) {
+    absl::Status status = ErrnoStatus(errno, "fsync", temp_path_);
+    Abandon();
+    return status;
+  }
+  // close() can report deferred write errors (NFS); don't retry it.
+  int rc = close(fd_);
+  fd_ = -1;
+  if (rc != 0) {
+    absl::Status status = ErrnoStatus(errno, "close", temp_path_);
+    Abandon();
+    return status;
+  }
+  if (rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    absl::Status status = ErrnoStatus(errno, absl::StrCat("rename ", temp_path_, " to"), path_);
+    Abandon();
+    return status;
+  }
+  committed_ = true;
+  failed_ = false;
+  return FsyncDirectory(DirName(path_));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path);
+  if (!file.ok()) return file.status();
+  absl::Status status = (*file)->Write(contents.data(), contents.size());
+  if (!status.ok()) return status;
+  return (*file)->Commit();
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open", path);
+  std::string out;
+  char buffer[1 << 16];
+  while (true) {
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status status = ErrnoStatus(errno, "read", path);
+      close(fd);
+      return status;
+    }
+    if (n == 0) break;
+    out.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,78 @@
+// Byte sinks and crash-safe file replacement.
+#ifndef ZEROSHARD_COMMON_FILE_UTIL_H_
+#define ZEROSHARD_COMMON_FILE_UTIL_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace zeroshard {
+
+// Where streamed bytes go: a file, an RPC stream, a buffer. Write() takes all
+// `size` bytes or fails; after a failure the sink is unusable.
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  virtual absl::Status Write(const void* data, size_t size) = 0;
+};
+
+// Appends to a std::string (tests, small files).
+class StringSink : public ByteSink {
+ public:
+  explicit StringSink(std::string* out) : out_(out) {}
+  absl::Status Write(const void* data, size_t size) override {
+    out_->append(static_cast<const char*>(data), size);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string* out_;  // not owned
+};
+
+// A file that appears at `path` complete or not at all. Bytes go to
+// "<path>.tmp-<random>" in the same directory; Commit() fsyncs it, renames it
+// over `path` and fsyncs the directory, so after a crash `path` holds either
+// the old or the new contents. Destroying an uncommitted AtomicFile removes
+// the temp file.
+class AtomicFile : public ByteSink {
+ public:
+  static absl::StatusOr<std::unique_ptr<AtomicFile>> Create(const std::string& path);
+  ~AtomicFile() override;
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  absl::Status Write(const void* data, size_t size) override;
+  // Once only; FAILED_PRECONDITION after a failed Write or a second Commit.
+  absl::Status Commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+
+ private:
+  AtomicFile(std::string path, std::string temp_path, int fd);
+  void Abandon();  // close and unlink the temp file
+
+  const std::string path_;
+  const std::string temp_path_;
+  int fd_;  // -1 once closed
+  bool failed_ = false;
+  bool committed_ = false;
+};
+
+// Replaces `path` with `contents` through an AtomicFile.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// The whole file. NOT_FOUND if missing; other errors name the path.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
+// An absl::Status for a failed system call: errno mapped to a status code,
+// message "<what> <path>: <strerror>".
+absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_COMMON_FILE_UTIL_H_
