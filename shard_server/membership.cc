@@ -210,6 +210,7 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
       p.id = id;
       p.worker_id = request.worker_id();
       p.host = request.host();
+      p.skip_member_table = request.skip_member_table();
       p.deadline = std::min(deadline, now + options_.join_timeout);
       p.done = std::move(done);
       pending_by_id_[id] = job->id;
@@ -257,14 +258,18 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     out->set_worker_id(m.worker_id);
     out->set_host(m.host);
   }
+  v1::JoinResponse without_table = common;
+  without_table.clear_members();
   auto shared = std::make_shared<const v1::JoinResponse>(std::move(common));
+  auto shared_without_table = std::make_shared<const v1::JoinResponse>(std::move(without_table));
   int r = 0;
   for (auto& [worker_id, p] : job.pending) {
     pending_by_id_.erase(p.id);
     std::string token = job.members[r].token;
     int member_rank = r++;
-    deferred.push_back([shared, token, member_rank, done = std::move(p.done)]() {
-      v1::JoinResponse response = *shared;
+    auto base = p.skip_member_table ? shared_without_table : shared;
+    deferred.push_back([base, token, member_rank, done = std::move(p.done)]() {
+      v1::JoinResponse response = *base;
       response.set_rank(member_rank);
       response.set_token(token);
       done(std::move(response));

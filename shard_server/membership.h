@@ -105,6 +105,7 @@ class Membership {
     uint64_t id = 0;
     std::string worker_id;
     std::string host;
+    bool skip_member_table = false;
     absl::Time deadline;
     JoinDone done;
   };

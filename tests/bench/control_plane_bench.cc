@@ -1,0 +1,326 @@
+// Control-plane benchmark: simulated workers (async gRPC clients in this
+// process) against a real shard_server process on loopback.
+//
+//   bazel run //tests/bench:control_plane_bench -- [--json_out=FILE]
+//
+// Measures: the time until N concurrent joins are all answered (N = 1024,
+// 4096); the heartbeat rate the server sustains with 4096 members each on its
+// own stream, beating as fast as they can; the time from a member's last
+// heartbeat to the server marking it dead.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/table.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/process.h"
+
+ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
+ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+ABSL_FLAG(int, members, 4096, "Members for the heartbeat-rate run");
+ABSL_FLAG(double, heartbeat_seconds, 5.0, "Length of the heartbeat-rate measurement");
+ABSL_FLAG(int, channels, 16, "Client connections the simulated members share");
+
+namespace zeroshard {
+namespace {
+
+using testing::ChildProcess;
+
+struct Server {
+  std::unique_ptr<ChildProcess> process;
+  std::string address;
+};
+
+Server StartServer(const std::string& binary, const std::vector<std::string>& extra) {
+  std::string dir = testing::MakeTempDir("cpbench");
+  std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + dir + "/port"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Server s;
+  s.process = std::make_unique<ChildProcess>(binary, args, dir + "/server.log");
+  std::string port;
+  if (!testing::WaitFor(
+          [&] {
+            port = testing::ReadFileOrEmpty(dir + "/port");
+            return !port.empty() && port.back() == '\n';
+          },
+          absl::Seconds(20))) {
+    std::fprintf(stderr, "server did not start:\n%s\n", s.process->Log().c_str());
+    std::exit(1);
+  }
+  port.pop_back();
+  s.address = "127.0.0.1:" + port;
+  return s;
+}
+
+// Distinct channel arguments give each channel its own TCP connection.
+std::vector<std::unique_ptr<v1::Coordinator::Stub>> MakeStubs(const std::string& address,
+                                                              int count) {
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
+  for (int i = 0; i < count; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("zeroshard.bench.channel", i);
+    stubs.push_back(v1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+  return stubs;
+}
+
+struct Joined {
+  std::vector<v1::JoinResponse> responses;
+  double seconds = 0;
+  int failures = 0;
+};
+
+Joined JoinAll(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs, const std::string& job,
+               int world, bool member_table = false) {
+  Joined out;
+  out.responses.resize(world);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world);
+  std::vector<v1::JoinRequest> requests(world);
+  absl::BlockingCounter done(world);
+  std::atomic<int> failures{0};
+  absl::Time start = absl::Now();
+  for (int i = 0; i < world; ++i) {
+    contexts[i] = std::make_unique<grpc::ClientContext>();
+    contexts[i]->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    requests[i].set_job_id(job);
+    requests[i].set_world_size(world);
+    requests[i].set_worker_id(absl::StrFormat("node%05d/0", i));
+    requests[i].set_host("127.0.0.1");
+    requests[i].set_skip_member_table(!member_table);
+    stubs[i % stubs.size()]->async()->Join(contexts[i].get(), &requests[i], &out.responses[i],
+                                           [&](grpc::Status s) {
+                                             if (!s.ok()) {
+                                               if (failures++ == 0) {
+                                                 std::fprintf(stderr, "join failed: %s\n",
+                                                              s.error_message().c_str());
+                                               }
+                                             }
+                                             done.DecrementCount();
+                                           });
+  }
+  done.Wait();
+  out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  out.failures = failures.load();
+  return out;
+}
+
+v1::MemberCredentials Credentials(const std::string& job, const v1::JoinResponse& r) {
+  v1::MemberCredentials c;
+  c.set_job_id(job);
+  c.set_generation(r.generation());
+  c.set_rank(r.rank());
+  c.set_token(r.token());
+  return c;
+}
+
+// One member's heartbeat stream, beating back to back: the next beat is
+// written once the previous beat's write and reply have both completed.
+class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+ public:
+  Beater(v1::Coordinator::Stub* stub, const v1::MemberCredentials& member,
+         std::atomic<bool>* stop, std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
+      : stop_(stop), replies_(replies), finished_(finished) {
+    *request_.mutable_member() = member;
+    stub->async()->Heartbeat(&context_, this);
+    Round();
+    StartCall();
+  }
+  void OnWriteDone(bool ok) override { Step(ok); }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      if (response_.command() != v1::CONTINUE) bad_commands_++;
+      replies_->fetch_add(1, std::memory_order_relaxed);
+    }
+    Step(ok);
+  }
+  void OnWritesDoneDone(bool) override {}
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    finished_->DecrementCount();
+  }
+  int bad_commands() const { return bad_commands_; }
+  const grpc::Status& status() const { return status_; }
+
+ private:
+  void Round() {
+    pending_.store(2);
+    request_.set_step(request_.step() + 1);
+    StartWrite(&request_);
+    StartRead(&response_);
+  }
+  void Step(bool ok) {
+    if (pending_.fetch_sub(1) != 1) return;  // the other half of the round is still out
+    if (!ok || failed_) {
+      failed_ = true;
+      return;
+    }
+    if (stop_->load()) {
+      StartWritesDone();
+      StartRead(&response_);  // drains the server's end of the stream
+      return;
+    }
+    Round();
+  }
+
+  grpc::ClientContext context_;
+  v1::HeartbeatRequest request_;
+  v1::HeartbeatResponse response_;
+  std::atomic<int> pending_{0};
+  bool failed_ = false;
+  int bad_commands_ = 0;
+  std::atomic<bool>* stop_;
+  std::atomic<int64_t>* replies_;
+  absl::BlockingCounter* finished_;
+  grpc::Status status_;
+};
+
+double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
+                     const std::string& job, const Joined& joined, double seconds) {
+  int members = static_cast<int>(joined.responses.size());
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> replies{0};
+  absl::BlockingCounter finished(members);
+  std::vector<std::unique_ptr<Beater>> beaters;
+  for (int i = 0; i < members; ++i) {
+    beaters.push_back(std::make_unique<Beater>(stubs[i % stubs.size()].get(),
+                                               Credentials(job, joined.responses[i]), &stop,
+                                               &replies, &finished));
+  }
+  absl::SleepFor(absl::Seconds(1));  // warm-up: every stream open and beating
+  int64_t start_count = replies.load();
+  absl::Time start = absl::Now();
+  absl::SleepFor(absl::Seconds(seconds));
+  int64_t end_count = replies.load();
+  double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  stop = true;
+  finished.Wait();
+  int bad = 0, broken = 0;
+  for (auto& b : beaters) {
+    bad += b->bad_commands();
+    broken += !b->status().ok();
+  }
+  if (bad > 0 || broken > 0) {
+    std::fprintf(stderr, "heartbeat run: %d non-CONTINUE replies, %d broken streams\n", bad,
+                 broken);
+  }
+  return (end_count - start_count) / elapsed;
+}
+
+// A 2-member job; member 1 stops beating; time from its last acknowledged
+// beat until GetStatus shows it dead.
+double DetectionSeconds(const std::string& address, int interval_ms) {
+  auto stubs = MakeStubs(address, 1);
+  Joined joined = JoinAll(stubs, "detect", 2);
+  if (joined.failures > 0) return -1;
+  auto beat = [&](int rank) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    auto stream = stubs[0]->Heartbeat(&context);
+    v1::HeartbeatRequest request;
+    *request.mutable_member() = Credentials("detect", joined.responses[rank]);
+    v1::HeartbeatResponse response;
+    stream->Write(request);
+    stream->Read(&response);
+    stream->WritesDone();
+    stream->Finish();
+  };
+  int victim = joined.responses[0].rank() == 1 ? 0 : 1;
+  int survivor = 1 - victim;
+  for (int i = 0; i < 5; ++i) {
+    beat(victim);
+    beat(survivor);
+    absl::SleepFor(absl::Milliseconds(interval_ms));
+  }
+  beat(victim);
+  absl::Time last = absl::Now();  // after the reply: the server saw it before now
+  while (absl::Now() - last < absl::Seconds(30)) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::GetStatusRequest request;
+    request.set_job_id("detect");
+    v1::GetStatusResponse response;
+    if (stubs[0]->GetStatus(&context, request, &response).ok() &&
+        !response.jobs(0).members(joined.responses[victim].rank()).alive()) {
+      return absl::ToDoubleSeconds(absl::Now() - last);
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return -1;
+}
+
+int Main() {
+  std::string binary = absl::GetFlag(FLAGS_server_binary);
+  if (binary.empty()) {
+    const char* runfiles = getenv("RUNFILES_DIR");
+    binary = runfiles ? absl::StrCat(runfiles, "/zeroshard/shard_server/shard_server")
+                      : "bazel-bin/shard_server/shard_server";
+  }
+  nlohmann::ordered_json result;
+  Table table({"MEASURE", "VALUE", "TARGET"});
+  {
+    Server server = StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=65536"});
+    auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
+    for (int n : {1024, 4096}) {
+      Joined joined = JoinAll(stubs, absl::StrCat("join-", n), n);
+      result["join_seconds"][absl::StrCat(n)] = joined.seconds;
+      table.AddRow({absl::StrCat(n, " joins answered"), absl::StrFormat("%.3f s", joined.seconds),
+                    n == 4096 ? "< 2 s" : ""});
+      if (joined.failures > 0) table.AddRow({"  join failures", absl::StrCat(joined.failures), "0"});
+    }
+    // With the member table in every response: W² entries on the wire.
+    for (int n : {1024, 4096}) {
+      Joined joined = JoinAll(stubs, absl::StrCat("join-table-", n), n, /*member_table=*/true);
+      result["join_with_member_table_seconds"][absl::StrCat(n)] = joined.seconds;
+      table.AddRow({absl::StrCat(n, " joins, full member tables"),
+                    absl::StrFormat("%.3f s", joined.seconds), ""});
+    }
+    int members = absl::GetFlag(FLAGS_members);
+    Joined hb = JoinAll(stubs, "heartbeats", members);
+    double rate = HeartbeatRate(stubs, "heartbeats", hb, absl::GetFlag(FLAGS_heartbeat_seconds));
+    result["heartbeats_per_second"] = rate;
+    table.AddRow({absl::StrCat("heartbeats/s, ", members, " streams"),
+                  absl::StrFormat("%.0f", rate), ">= 25000"});
+    server.process->Signal(SIGTERM);
+    server.process->Wait(absl::Seconds(10));
+  }
+  {
+    constexpr int kTimeoutMs = 1000;
+    Server server = StartServer(binary, {absl::StrCat("--heartbeat_timeout_ms=", kTimeoutMs),
+                                         "--heartbeat_interval_ms=100"});
+    double detection = DetectionSeconds(server.address, 100);
+    result["detection_seconds"] = detection;
+    result["heartbeat_timeout_seconds"] = kTimeoutMs / 1000.0;
+    table.AddRow({"failure detection (timeout 1 s)", absl::StrFormat("%.3f s", detection),
+                  "<= 1.5 s"});
+    server.process->Signal(SIGTERM);
+    server.process->Wait(absl::Seconds(10));
+  }
+  std::printf("%s", table.ToString().c_str());
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_json_out)) << result.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return zeroshard::Main();
+}
