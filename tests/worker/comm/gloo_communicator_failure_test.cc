@@ -1,0 +1,189 @@
+// GlooCommunicator when peers do not show up, never call the collective, or
+// go away: every call returns a status within its timeout (plus slack).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/worker/comm/comm_test_util.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/in_memory_kv_store.h"
+
+namespace zeroshard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::zeroshard::comm_test::CreateCommunicators;
+using ::zeroshard::comm_test::RunThreads;
+
+constexpr absl::Duration kShortTimeout = absl::Milliseconds(500);
+// Scheduling slack on a busy 2-core machine.
+constexpr absl::Duration kSlack = absl::Milliseconds(1500);
+
+TEST(GlooCommunicatorCreateTest, RejectsBadArguments) {
+  InMemoryKvStore store;
+  EXPECT_EQ(GlooCommunicator::Create(nullptr, 0, 2, "t").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GlooCommunicator::Create(&store, 2, 2, "t").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GlooCommunicator::Create(&store, 0, 0, "t").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GlooCommunicator::Create(&store, 0, 2, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooCommunicatorCreateTest, MissingPeerIsDeadlineExceeded) {
+  InMemoryKvStore store;
+  GlooCommunicator::Options options;
+  options.connect_timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  auto comm = GlooCommunicator::Create(&store, 0, 2, "lonely", options);
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0 of 2, tag 'lonely'"));
+  EXPECT_LT(absl::Now() - start, options.connect_timeout + kSlack);
+}
+
+TEST(GlooCommunicatorCreateTest, UnresolvableHostIsAnError) {
+  InMemoryKvStore store;
+  GlooCommunicator::Options options;
+  options.hostname = "no-such-host.invalid";
+  options.connect_timeout = absl::Milliseconds(300);
+  // (Gloo itself crashes on an unresolvable name; Create checks first.)
+  for (int i = 0; i < 3; ++i) {
+    auto comm = GlooCommunicator::Create(&store, 0, 2, "badhost", options);
+    EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument) << comm.status();
+    EXPECT_THAT(std::string(comm.status().message()), HasSubstr("no-such-host.invalid"));
+  }
+}
+
+// Rank 1 never calls the all-gather: rank 0 gets DEADLINE_EXCEEDED after its
+// timeout, and the communicator stays unusable.
+TEST(GlooCommunicatorFailureTest, AllGatherTimesOutWhenPeerNeverCalls) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 2, "gather");
+  ASSERT_NE(comms[0], nullptr);
+  ASSERT_NE(comms[1], nullptr);
+  std::vector<float> in(16, 1.0f), out(32);
+  const absl::Time start = absl::Now();
+  absl::Status status = comms[0]->AllGather(in.data(), out.data(), 16, DType::kF32, kShortTimeout);
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("all_gather timed out after 500ms (rank 0 of 2, tag 'gather')"));
+  EXPECT_GE(elapsed, kShortTimeout - absl::Milliseconds(10));
+  EXPECT_LT(elapsed, kShortTimeout + kSlack);
+
+  // Unusable afterwards, without waiting.
+  status = comms[0]->AllGather(in.data(), out.data(), 16, DType::kF32, kShortTimeout);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("unusable"));
+
+  // The late peer fails promptly (its connections were closed), long before
+  // its own 5 s timeout.
+  const absl::Time late_start = absl::Now();
+  status = comms[1]->AllGather(in.data(), out.data(), 16, DType::kF32, absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("all_gather failed: a peer is gone"));
+  EXPECT_LT(absl::Now() - late_start, kSlack);
+}
+
+// The same for the ring algorithm (own deadline handling), with 3 ranks of
+// which rank 2 never calls.
+TEST(GlooCommunicatorFailureTest, ReduceScatterTimesOutWhenPeerNeverCalls) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 3, "reduce");
+  for (const auto& comm : comms) ASSERT_NE(comm, nullptr);
+  std::vector<absl::Status> status(2);
+  std::vector<absl::Duration> elapsed(2);
+  RunThreads(2, [&](int r) {
+    std::vector<float> in(3 * 100, 1.0f), out(100);
+    const absl::Time start = absl::Now();
+    status[r] = comms[r]->ReduceScatter(in.data(), out.data(), 100, DType::kF32, ReduceOp::kSum,
+                                        kShortTimeout);
+    elapsed[r] = absl::Now() - start;
+  });
+  int deadline_exceeded = 0;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(status[r].ok());
+    EXPECT_LT(elapsed[r], kShortTimeout + kSlack) << "rank " << r;
+    EXPECT_THAT(std::string(status[r].message()), HasSubstr("reduce_scatter"));
+    if (status[r].code() == absl::StatusCode::kDeadlineExceeded) {
+      ++deadline_exceeded;
+      EXPECT_THAT(std::string(status[r].message()),
+                  HasSubstr(absl::StrCat("reduce_scatter timed out after 500ms (rank ", r,
+                                         " of 3, tag 'reduce')")));
+    } else {
+      EXPECT_EQ(status[r].code(), absl::StatusCode::kUnavailable) << status[r];
+    }
+  }
+  // Rank 1 waits on rank 0, which waits on the absent rank 2: rank 0 times
+  // out; rank 1 times out too or sees rank 0 close its connections.
+  EXPECT_GE(deadline_exceeded, 1);
+}
+
+// A rank's communicator is destroyed (its sockets close): the peer gets
+// UNAVAILABLE promptly rather than hanging until its timeout.
+TEST(GlooCommunicatorFailureTest, DestroyedPeerIsUnavailable) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 2, "gone");
+  ASSERT_NE(comms[0], nullptr);
+  comms[1].reset();
+  std::vector<float> in(1000, 1.0f), out(2000);
+  const absl::Time start = absl::Now();
+  absl::Status status =
+      comms[0]->AllGather(in.data(), out.data(), 1000, DType::kF32, absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("all_gather failed: a peer is gone (connection closed or lost) "
+                        "(rank 0 of 2, tag 'gone')"));
+  EXPECT_LT(absl::Now() - start, kSlack);
+}
+
+// The peer goes away while the others are blocked inside a ring collective;
+// ranks that do not talk to it directly fail promptly too, because a failing
+// rank closes all of its connections.
+TEST(GlooCommunicatorFailureTest, PeerDestroyedDuringRingFailsEveryone) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 3, "ring");
+  for (const auto& comm : comms) ASSERT_NE(comm, nullptr);
+  std::vector<absl::Status> status(2);
+  std::vector<absl::Duration> elapsed(2);
+  RunThreads(3, [&](int r) {
+    if (r == 2) {
+      absl::SleepFor(absl::Milliseconds(200));  // let the others block first
+      comms[2].reset();
+      return;
+    }
+    std::vector<float> buf(3000, 1.0f);
+    const absl::Time start = absl::Now();
+    status[r] =
+        comms[r]->AllReduce(buf.data(), 3000, DType::kF32, ReduceOp::kSum, absl::Seconds(10));
+    elapsed[r] = absl::Now() - start;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kUnavailable)
+        << "rank " << r << ": " << status[r];
+    EXPECT_THAT(std::string(status[r].message()), HasSubstr("all_reduce failed: a peer is gone"));
+    EXPECT_LT(elapsed[r], absl::Milliseconds(200) + kSlack) << "rank " << r;
+  }
+}
+
+TEST(GlooCommunicatorFailureTest, BarrierTimesOut) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 2, "barrier");
+  ASSERT_NE(comms[0], nullptr);
+  const absl::Time start = absl::Now();
+  absl::Status status = comms[0]->Barrier(kShortTimeout);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("barrier timed out after 500ms"));
+  EXPECT_LT(absl::Now() - start, kShortTimeout + kSlack);
+}
+
+}  // namespace
+}  // namespace zeroshard

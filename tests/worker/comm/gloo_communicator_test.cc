@@ -1,0 +1,400 @@
+// Collectives of GlooCommunicator with 2, 3 and 4 ranks as threads of this
+// process, bootstrapped through one InMemoryKvStore, bound to 127.0.0.1.
+#include "worker/comm/gloo_communicator.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "tests/worker/comm/comm_test_util.h"
+#include "worker/comm/in_memory_kv_store.h"
+
+namespace zeroshard {
+namespace {
+
+using ::zeroshard::comm_test::CreateCommunicators;
+using ::zeroshard::comm_test::DestroyCommunicators;
+using ::zeroshard::comm_test::RunThreads;
+
+constexpr absl::Duration kTimeout = absl::Seconds(10);
+
+// Exactly representable in f32 and bf16, so sums in any order are exact.
+float ExactValue(int rank, int64_t i) {
+  return static_cast<float>((rank + 1) * 0.25 + static_cast<double>(i % 64) * 0.5);
+}
+
+// Deterministic pseudo-random value in [-2, 2) for the bf16 tolerance tests.
+float NoisyValue(int rank, int64_t i) {
+  uint64_t x =
+      (static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(i)) * 6364136223846793005ull +
+      1442695040888963407ull;
+  x ^= x >> 29;
+  return static_cast<float>(x % 40000) / 10000.0f - 2.0f;
+}
+
+std::vector<uint16_t> ToBF16(const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = FloatToBF16(values[i]);
+  return out;
+}
+
+// Tolerance for a bf16 ring reduction of W terms: one rounding (unit
+// roundoff 2^-8) per hop on partial sums bounded by sum |x|.
+float BF16Tolerance(int world_size, float abs_sum) {
+  return world_size * std::ldexp(1.0f, -8) * abs_sum + 1e-6f;
+}
+
+class GlooCommunicatorTest : public ::testing::TestWithParam<int> {
+ protected:
+  int W() const { return GetParam(); }
+
+  void SetUp() override {
+    comms_ = CreateCommunicators(&store_, W(), "test");
+    for (const auto& comm : comms_) ASSERT_NE(comm, nullptr);
+  }
+
+  void TearDown() override { DestroyCommunicators(&comms_); }
+
+  InMemoryKvStore store_;
+  std::vector<std::unique_ptr<GlooCommunicator>> comms_;
+};
+
+TEST_P(GlooCommunicatorTest, RankAndWorldSize) {
+  for (int r = 0; r < W(); ++r) {
+    EXPECT_EQ(comms_[r]->rank(), r);
+    EXPECT_EQ(comms_[r]->world_size(), W());
+    EXPECT_EQ(comms_[r]->tag(), "test");
+  }
+}
+
+TEST_P(GlooCommunicatorTest, AllGatherF32) {
+  const int64_t count = 1000;
+  std::vector<std::vector<float>> out(W(), std::vector<float>(W() * count, -1.0f));
+  RunThreads(W(), [&](int r) {
+    std::vector<float> in(count);
+    for (int64_t i = 0; i < count; ++i) in[i] = NoisyValue(r, i);
+    EXPECT_TRUE(comms_[r]->AllGather(in.data(), out[r].data(), count, DType::kF32, kTimeout).ok());
+  });
+  for (int r = 0; r < W(); ++r) {
+    for (int src = 0; src < W(); ++src) {
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out[r][src * count + i], NoisyValue(src, i)) << "rank " << r << " src " << src;
+      }
+    }
+    EXPECT_EQ(comms_[r]->bytes_sent().all_gather, (W() - 1) * count * 4);
+  }
+}
+
+TEST_P(GlooCommunicatorTest, AllGatherBF16AndInPlace) {
+  const int64_t count = 333;  // odd byte counts per half-chunk
+  std::vector<std::vector<uint16_t>> out(W(), std::vector<uint16_t>(W() * count, 0));
+  RunThreads(W(), [&](int r) {
+    // In place: the input already sits at this rank's slot of the output.
+    for (int64_t i = 0; i < count; ++i) out[r][r * count + i] = FloatToBF16(NoisyValue(r, i));
+    EXPECT_TRUE(
+        comms_[r]
+            ->AllGather(out[r].data() + r * count, out[r].data(), count, DType::kBF16, kTimeout)
+            .ok());
+  });
+  for (int r = 0; r < W(); ++r) {
+    for (int src = 0; src < W(); ++src) {
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out[r][src * count + i], FloatToBF16(NoisyValue(src, i)));
+      }
+    }
+    EXPECT_EQ(comms_[r]->bytes_sent().all_gather, (W() - 1) * count * 2);
+  }
+}
+
+TEST_P(GlooCommunicatorTest, ReduceScatterF32SumAndAverage) {
+  const int64_t count = 777;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    std::vector<std::vector<float>> out(W(), std::vector<float>(count, -1.0f));
+    RunThreads(W(), [&](int r) {
+      std::vector<float> in(W() * count);
+      for (int64_t i = 0; i < W() * count; ++i) in[i] = ExactValue(r, i);
+      EXPECT_TRUE(comms_[r]
+                      ->ReduceScatter(in.data(), out[r].data(), count, DType::kF32, op, kTimeout)
+                      .ok());
+    });
+    for (int r = 0; r < W(); ++r) {
+      for (int64_t i = 0; i < count; ++i) {
+        float sum = 0;
+        for (int src = 0; src < W(); ++src) sum += ExactValue(src, r * count + i);
+        const float expected = op == ReduceOp::kSum ? sum : sum / W();
+        ASSERT_EQ(out[r][i], expected) << "rank " << r << " element " << i;
+      }
+    }
+  }
+  for (int r = 0; r < W(); ++r) {
+    EXPECT_EQ(comms_[r]->bytes_sent().reduce_scatter, 2 * (W() - 1) * count * 4);
+  }
+}
+
+TEST_P(GlooCommunicatorTest, ReduceScatterBF16WithinToleranceOfF32) {
+  const int64_t count = 500;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    std::vector<std::vector<uint16_t>> out(W(), std::vector<uint16_t>(count, 0));
+    RunThreads(W(), [&](int r) {
+      std::vector<float> in(W() * count);
+      for (int64_t i = 0; i < W() * count; ++i) in[i] = NoisyValue(r, i);
+      std::vector<uint16_t> in_bf16 = ToBF16(in);
+      EXPECT_TRUE(
+          comms_[r]
+              ->ReduceScatter(in_bf16.data(), out[r].data(), count, DType::kBF16, op, kTimeout)
+              .ok());
+    });
+    for (int r = 0; r < W(); ++r) {
+      for (int64_t i = 0; i < count; ++i) {
+        float sum = 0, abs_sum = 0;
+        for (int src = 0; src < W(); ++src) {
+          const float x = BF16ToFloat(FloatToBF16(NoisyValue(src, r * count + i)));
+          sum += x;
+          abs_sum += std::fabs(x);
+        }
+        const float divisor = op == ReduceOp::kSum ? 1.0f : static_cast<float>(W());
+        ASSERT_NEAR(BF16ToFloat(out[r][i]), sum / divisor, BF16Tolerance(W(), abs_sum) / divisor)
+            << "rank " << r << " element " << i;
+      }
+    }
+  }
+  for (int r = 0; r < W(); ++r) {
+    EXPECT_EQ(comms_[r]->bytes_sent().reduce_scatter, 2 * (W() - 1) * count * 2);
+  }
+}
+
+TEST_P(GlooCommunicatorTest, ReduceScatterInPlace) {
+  const int64_t count = 64;
+  std::vector<std::vector<float>> buf(W(), std::vector<float>(W() * count));
+  RunThreads(W(), [&](int r) {
+    for (int64_t i = 0; i < W() * count; ++i) buf[r][i] = ExactValue(r, i);
+    float* own = buf[r].data() + r * count;
+    EXPECT_TRUE(
+        comms_[r]
+            ->ReduceScatter(buf[r].data(), own, count, DType::kF32, ReduceOp::kSum, kTimeout)
+            .ok());
+  });
+  for (int r = 0; r < W(); ++r) {
+    for (int64_t i = 0; i < count; ++i) {
+      float sum = 0;
+      for (int src = 0; src < W(); ++src) sum += ExactValue(src, r * count + i);
+      ASSERT_EQ(buf[r][r * count + i], sum);
+    }
+  }
+}
+
+// All-reduce bytes of rank r: everything but its own chunk in the
+// reduce-scatter half, everything but chunk r+1 in the all-gather half.
+int64_t AllReduceBytes(int rank, int world_size, int64_t count, int element_size) {
+  auto chunk = [&](int c) { return count / world_size + (c < count % world_size ? 1 : 0); };
+  return (2 * count - chunk(rank) - chunk((rank + 1) % world_size)) * element_size;
+}
+
+TEST_P(GlooCommunicatorTest, AllReduceF32AnyCount) {
+  std::vector<int64_t> expected_bytes(W(), 0);
+  // Divisible, not divisible, fewer elements than ranks.
+  for (int64_t count : {int64_t{W()} * 100, int64_t{W()} * 100 + 1, int64_t{1001}, int64_t{1}}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::vector<std::vector<float>> buf(W(), std::vector<float>(count));
+      RunThreads(W(), [&](int r) {
+        for (int64_t i = 0; i < count; ++i) buf[r][i] = ExactValue(r, i);
+        EXPECT_TRUE(comms_[r]->AllReduce(buf[r].data(), count, DType::kF32, op, kTimeout).ok());
+      });
+      for (int r = 0; r < W(); ++r) {
+        for (int64_t i = 0; i < count; ++i) {
+          float sum = 0;
+          for (int src = 0; src < W(); ++src) sum += ExactValue(src, i);
+          const float expected = op == ReduceOp::kSum ? sum : sum / W();
+          ASSERT_EQ(buf[r][i], expected) << "count " << count << " rank " << r << " elem " << i;
+        }
+        expected_bytes[r] += AllReduceBytes(r, W(), count, 4);
+      }
+    }
+  }
+  for (int r = 0; r < W(); ++r) {
+    EXPECT_EQ(comms_[r]->bytes_sent().all_reduce, expected_bytes[r]) << "rank " << r;
+  }
+}
+
+TEST_P(GlooCommunicatorTest, AllReduceBF16WithinToleranceOfF32) {
+  std::vector<int64_t> expected_bytes(W(), 0);
+  for (int64_t count : {int64_t{W()} * 64, int64_t{W()} * 64 + W() - 1}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      std::vector<std::vector<uint16_t>> buf(W());
+      RunThreads(W(), [&](int r) {
+        std::vector<float> in(count);
+        for (int64_t i = 0; i < count; ++i) in[i] = NoisyValue(r, i);
+        buf[r] = ToBF16(in);
+        EXPECT_TRUE(comms_[r]->AllReduce(buf[r].data(), count, DType::kBF16, op, kTimeout).ok());
+      });
+      for (int64_t i = 0; i < count; ++i) {
+        float sum = 0, abs_sum = 0;
+        for (int src = 0; src < W(); ++src) {
+          const float x = BF16ToFloat(FloatToBF16(NoisyValue(src, i)));
+          sum += x;
+          abs_sum += std::fabs(x);
+        }
+        const float divisor = op == ReduceOp::kSum ? 1.0f : static_cast<float>(W());
+        ASSERT_NEAR(BF16ToFloat(buf[0][i]), sum / divisor, BF16Tolerance(W(), abs_sum) / divisor);
+        // Every rank ends with the same bits.
+        for (int r = 1; r < W(); ++r) ASSERT_EQ(buf[r][i], buf[0][i]);
+      }
+      for (int r = 0; r < W(); ++r) expected_bytes[r] += AllReduceBytes(r, W(), count, 2);
+    }
+  }
+  for (int r = 0; r < W(); ++r) {
+    EXPECT_EQ(comms_[r]->bytes_sent().all_reduce, expected_bytes[r]) << "rank " << r;
+  }
+}
+
+TEST_P(GlooCommunicatorTest, BroadcastFromEveryRoot) {
+  const int64_t count = 300;
+  int ceil_log2 = 0;
+  while ((1 << ceil_log2) < W()) ++ceil_log2;
+  int64_t total_bytes = 0;
+  for (int root = 0; root < W(); ++root) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int esize = dtype == DType::kF32 ? 4 : 2;
+      std::vector<CollectiveBytes> before(W());
+      for (int r = 0; r < W(); ++r) before[r] = comms_[r]->bytes_sent();
+      std::vector<std::vector<char>> buf(W(), std::vector<char>(count * esize));
+      RunThreads(W(), [&](int r) {
+        for (size_t b = 0; b < buf[r].size(); ++b) buf[r][b] = static_cast<char>(b * 7 + r * 13);
+        EXPECT_TRUE(comms_[r]->Broadcast(buf[r].data(), count, dtype, root, kTimeout).ok());
+      });
+      // The root's data is what everybody holds.
+      std::vector<char> expected(count * esize);
+      for (size_t b = 0; b < expected.size(); ++b) {
+        expected[b] = static_cast<char>(b * 7 + root * 13);
+      }
+      int64_t sent = 0;
+      for (int r = 0; r < W(); ++r) {
+        ASSERT_EQ(buf[r], expected) << "rank " << r << " root " << root;
+        const int64_t delta = comms_[r]->bytes_sent().broadcast - before[r].broadcast;
+        if (r == root) {
+          EXPECT_EQ(delta, ceil_log2 * count * esize);
+        }
+        sent += delta;
+      }
+      // A tree: every rank but the root receives the buffer exactly once.
+      EXPECT_EQ(sent, (W() - 1) * count * esize);
+      total_bytes += sent;
+    }
+  }
+  EXPECT_GT(total_bytes, 0);
+}
+
+TEST_P(GlooCommunicatorTest, BarrierWaitsForEveryRank) {
+  std::atomic<int> arrived{0};
+  std::vector<int> seen(W(), -1);
+  RunThreads(W(), [&](int r) {
+    // The last rank arrives late; nobody may leave before it arrived.
+    if (r == W() - 1) absl::SleepFor(absl::Milliseconds(100));
+    arrived.fetch_add(1);
+    EXPECT_TRUE(comms_[r]->Barrier(kTimeout).ok());
+    seen[r] = arrived.load();
+  });
+  for (int r = 0; r < W(); ++r) EXPECT_EQ(seen[r], W()) << "rank " << r;
+}
+
+TEST_P(GlooCommunicatorTest, RejectsBadArguments) {
+  GlooCommunicator& comm = *comms_[0];
+  float x[4] = {};
+  EXPECT_EQ(comm.AllGather(x, x, -1, DType::kF32, kTimeout).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm.AllReduce(x, 1, DType::kF16, ReduceOp::kSum, kTimeout).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm.Broadcast(x, 1, DType::kF32, W(), kTimeout).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm.Barrier(absl::ZeroDuration()).code(), absl::StatusCode::kInvalidArgument);
+  // Zero elements: nothing to do, no communication.
+  EXPECT_TRUE(comm.AllReduce(x, 0, DType::kF32, ReduceOp::kSum, kTimeout).ok());
+  // Rejected arguments do not break the communicator.
+  EXPECT_TRUE(comm.health().ok());
+}
+
+// One thread per rank runs gathers on a "gather" communicator while another
+// runs all-reduces on a "reduce" communicator, at the same time.
+TEST_P(GlooCommunicatorTest, TwoTagsConcurrently) {
+  auto gather = CreateCommunicators(&store_, W(), "gather");
+  auto reduce = CreateCommunicators(&store_, W(), "reduce");
+  for (int r = 0; r < W(); ++r) {
+    ASSERT_NE(gather[r], nullptr);
+    ASSERT_NE(reduce[r], nullptr);
+  }
+  const int kIterations = 20;
+  const int64_t count = 2048;
+  RunThreads(2 * W(), [&](int thread) {
+    const int r = thread / 2;
+    if (thread % 2 == 0) {
+      std::vector<float> in(count), out(W() * count);
+      for (int it = 0; it < kIterations; ++it) {
+        for (int64_t i = 0; i < count; ++i) in[i] = ExactValue(r, i + it);
+        ASSERT_TRUE(gather[r]->AllGather(in.data(), out.data(), count, DType::kF32, kTimeout).ok());
+        for (int src = 0; src < W(); ++src) {
+          for (int64_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out[src * count + i], ExactValue(src, i + it));
+          }
+        }
+      }
+    } else {
+      std::vector<float> buf(count + 1);
+      for (int it = 0; it < kIterations; ++it) {
+        for (int64_t i = 0; i < count + 1; ++i) buf[i] = ExactValue(r, i * it);
+        ASSERT_TRUE(reduce[r]
+                        ->AllReduce(buf.data(), count + 1, DType::kF32, ReduceOp::kSum, kTimeout)
+                        .ok());
+        for (int64_t i = 0; i < count + 1; ++i) {
+          float sum = 0;
+          for (int src = 0; src < W(); ++src) sum += ExactValue(src, i * it);
+          ASSERT_EQ(buf[i], sum);
+        }
+      }
+    }
+  });
+  for (int r = 0; r < W(); ++r) {
+    EXPECT_EQ(gather[r]->bytes_sent().all_gather, kIterations * (W() - 1) * count * 4);
+    EXPECT_EQ(gather[r]->bytes_sent().all_reduce, 0);
+    EXPECT_EQ(reduce[r]->bytes_sent().all_reduce,
+              kIterations * AllReduceBytes(r, W(), count + 1, 4));
+    EXPECT_EQ(reduce[r]->bytes_sent().all_gather, 0);
+  }
+  DestroyCommunicators(&gather);
+  DestroyCommunicators(&reduce);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooCommunicatorTest, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("W", info.param);
+                         });
+
+TEST(GlooCommunicatorSingleRankTest, EverythingIsLocal) {
+  InMemoryKvStore store;
+  auto comm = GlooCommunicator::Create(&store, 0, 1, "solo");
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> in = {1, 2, 3}, out(3);
+  EXPECT_TRUE((*comm)->AllGather(in.data(), out.data(), 3, DType::kF32, kTimeout).ok());
+  EXPECT_EQ(out, in);
+  out.assign(3, 0);
+  EXPECT_TRUE(
+      (*comm)
+          ->ReduceScatter(in.data(), out.data(), 3, DType::kF32, ReduceOp::kAverage, kTimeout)
+          .ok());
+  EXPECT_EQ(out, in);
+  EXPECT_TRUE((*comm)->AllReduce(in.data(), 3, DType::kF32, ReduceOp::kSum, kTimeout).ok());
+  EXPECT_EQ(in, (std::vector<float>{1, 2, 3}));
+  EXPECT_TRUE((*comm)->Broadcast(in.data(), 3, DType::kF32, 0, kTimeout).ok());
+  EXPECT_TRUE((*comm)->Barrier(kTimeout).ok());
+  EXPECT_EQ((*comm)->bytes_sent().all_gather, 0);
+}
+
+}  // namespace
+}  // namespace zeroshard

@@ -1,0 +1,537 @@
+#include "worker/comm/gloo_communicator.h"
+
+#include <limits.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gloo/allgather.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+#include "gloo/context.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/attr.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "worker/comm/kv_gloo_store.h"
+
+namespace zeroshard {
+namespace {
+
+using gloo::transport::UnboundBuffer;
+
+// Slots of the ring algorithms implemented here. Gloo's own collectives use
+// prefixes 0x01..0x08 in the top byte (gloo/types.h); these stay clear of
+// them. Each communicator runs one collective at a time, and messages with
+// one slot between two ranks are matched in order, so a slot is reused by
+// every step and every call.
+constexpr uint64_t kReduceScatterSlot = uint64_t{0x40} << 56;
+constexpr uint64_t kAllReduceScatterSlot = uint64_t{0x41} << 56;
+constexpr uint64_t kAllReduceGatherSlot = uint64_t{0x42} << 56;
+
+// Gloo's own cap on timeouts (100 hours, gloo/transport/tcp/pair.h).
+constexpr absl::Duration kMaxTimeout = absl::Hours(100);
+
+bool Supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
+
+int ElementSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+// Rounds up to whole milliseconds; at least 1 ms (Gloo treats 0 as "no
+// timeout" in places), at most kMaxTimeout.
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  d = std::min(d, kMaxTimeout);
+  int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1)));
+  return std::chrono::milliseconds(std::max<int64_t>(ms, 1));
+}
+
+std::chrono::milliseconds Remaining(absl::Time deadline) {
+  return ToMillis(deadline - absl::Now());
+}
+
+void WaitRecv(UnboundBuffer* buffer, absl::Time deadline) {
+  // Throws gloo::IoException on timeout or on an error of the pair.
+  if (!buffer->waitRecv(nullptr, Remaining(deadline))) {
+    throw gloo::IoException("recv was aborted");
+  }
+}
+
+void WaitSend(UnboundBuffer* buffer, absl::Time deadline) {
+  if (!buffer->waitSend(nullptr, Remaining(deadline))) {
+    throw gloo::IoException("send was aborted");
+  }
+}
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+// dst[i] = (received[i] + own[i]) / divisor, added in f32 and rounded once to
+// `dtype`. dst may alias received or own.
+void Accumulate(DType dtype, const void* received, const void* own, void* dst, int64_t n,
+                float divisor) {
+  if (dtype == DType::kF32) {
+    const float* a = static_cast<const float*>(received);
+    const float* b = static_cast<const float*>(own);
+    float* d = static_cast<float*>(dst);
+    if (divisor == 1.0f) {
+      for (int64_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i] = (a[i] + b[i]) / divisor;
+    }
+    return;
+  }
+  const uint16_t* a = static_cast<const uint16_t*>(received);
+  const uint16_t* b = static_cast<const uint16_t*>(own);
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    float sum = BF16ToFloat(a[i]) + BF16ToFloat(b[i]);
+    if (divisor != 1.0f) sum /= divisor;
+    d[i] = FloatToBF16(sum);
+  }
+}
+
+// Number of sends of rank `rank` in Gloo's binomial-tree broadcast from
+// `root` (mirrors gloo/broadcast.cc).
+int BroadcastSends(int rank, int root, int world_size) {
+  const int vrank = Mod(rank - root, world_size);
+  int dim = 0;
+  while ((1 << dim) < world_size) ++dim;
+  int mask = (1 << dim) - 1;
+  int sends = 0;
+  for (int i = 0; i < dim; ++i) {
+    mask ^= (1 << i);
+    if ((vrank & mask) != 0) continue;
+    const int vpeer = vrank ^ (1 << i);
+    if (vpeer >= world_size) continue;
+    if ((vrank & (1 << i)) == 0) ++sends;
+  }
+  return sends;
+}
+
+// Gloo writes without MSG_NOSIGNAL; see the header.
+void IgnoreSigpipeIfDefault() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction ignore;
+    std::memset(&ignore, 0, sizeof(ignore));
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  });
+}
+
+// Gloo's tcp::CreateDevice checks getaddrinfo's result against -1 only and
+// then walks an uninitialized list when the name does not resolve (EAI_*
+// codes), which crashes. Resolve it here first.
+absl::Status CheckResolvable(const std::string& hostname) {
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  const int rv = getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
+  if (rv != 0 || result == nullptr) {
+    if (result != nullptr) freeaddrinfo(result);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot resolve host '", hostname, "': ", rv != 0 ? gai_strerror(rv) : "no address"));
+  }
+  freeaddrinfo(result);
+  return absl::OkStatus();
+}
+
+std::string LocalHostname() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+bool IsTimeoutMessage(const std::string& message) {
+  // "Timed out waiting 500ms for recv operation to complete" (unbound
+  // buffers), "Read timeout", "Write timeout", "Connect timeout" (pairs).
+  // "Application timeout caused pair closure" is what *other* operations on a
+  // context see after one timed out: not this call's timeout.
+  if (absl::StrContains(message, "Application timeout")) return false;
+  const std::string lower = absl::AsciiStrToLower(message);
+  return absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyValueStore* store,
+                                                                           int rank, int world_size,
+                                                                           const std::string& tag,
+                                                                           const Options& options) {
+  if (store == nullptr) return absl::InvalidArgumentError("GlooCommunicator: store is null");
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("GlooCommunicator: rank ", rank,
+                                                   " is not in [0, world_size ", world_size, ")"));
+  }
+  if (tag.empty()) return absl::InvalidArgumentError("GlooCommunicator: tag is empty");
+  if (options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GlooCommunicator: connect_timeout must be positive, got ",
+                     absl::FormatDuration(options.connect_timeout)));
+  }
+  IgnoreSigpipeIfDefault();
+
+  const std::string where = absl::StrCat("(rank ", rank, " of ", world_size, ", tag '", tag, "')");
+  gloo::transport::tcp::attr attr;
+  std::string bind;
+  if (options.iface.empty()) {
+    attr.hostname = options.hostname.empty() ? LocalHostname() : options.hostname;
+    bind = absl::StrCat("host '", attr.hostname, "'");
+    absl::Status resolvable = CheckResolvable(attr.hostname);
+    if (!resolvable.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GlooCommunicator ", where, ": ", resolvable.message()));
+    }
+  } else {
+    attr.iface = options.iface;
+    bind = absl::StrCat("interface '", options.iface, "'");
+  }
+
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GlooCommunicator ", where, ": cannot use ", bind, ": ", e.what()));
+  }
+
+  KvGlooStore gloo_store(store, KvGlooStore::PrefixForTag(tag), options.connect_timeout);
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  try {
+    context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    context->setTimeout(ToMillis(options.connect_timeout));
+    context->connectFullMesh(gloo_store, device);
+  } catch (const std::exception& e) {
+    absl::Status store_error = gloo_store.last_error();
+    if (!store_error.ok()) {
+      return absl::Status(
+          store_error.code(),
+          absl::StrCat("GlooCommunicator ", where,
+                       ": rendezvous through the store failed: ", store_error.message()));
+    }
+    std::string message = e.what();
+    absl::StatusCode code = IsTimeoutMessage(message) ? absl::StatusCode::kDeadlineExceeded
+                                                      : absl::StatusCode::kUnavailable;
+    return absl::Status(code, absl::StrCat("GlooCommunicator ", where, ": connecting to peers ",
+                                           "from ", bind, " failed: ", message));
+  }
+  return std::unique_ptr<GlooCommunicator>(
+      new GlooCommunicator(rank, world_size, tag, std::move(device), std::move(context)));
+}
+
+GlooCommunicator::GlooCommunicator(int rank, int world_size, std::string tag,
+                                   std::shared_ptr<gloo::transport::Device> device,
+                                   std::shared_ptr<gloo::Context> context)
+    : rank_(rank),
+      world_size_(world_size),
+      tag_(std::move(tag)),
+      device_(std::move(device)),
+      context_(std::move(context)) {}
+
+GlooCommunicator::~GlooCommunicator() {
+  // Destroying the context closes its sockets (peers read EOF); the device
+  // (and its event-loop thread) goes after every context using it.
+  context_.reset();
+  device_.reset();
+}
+
+CollectiveBytes GlooCommunicator::bytes_sent() const {
+  CollectiveBytes bytes;
+  bytes.all_gather = all_gather_bytes_.load();
+  bytes.reduce_scatter = reduce_scatter_bytes_.load();
+  bytes.all_reduce = all_reduce_bytes_.load();
+  bytes.broadcast = broadcast_bytes_.load();
+  return bytes;
+}
+
+absl::Status GlooCommunicator::CheckCall(const char* name, int64_t count, DType dtype,
+                                         absl::Duration timeout) const {
+  if (!broken_.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat(name, ": communicator (rank ", rank_, " of ", world_size_, ", tag '", tag_,
+                     "') is unusable after an earlier failure; create a new one. Earlier failure: ",
+                     broken_.message()));
+  }
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": negative count ", count));
+  }
+  if (!Supported(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": dtype ", DTypeName(dtype), " is not supported (F32 and BF16 are)"));
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": timeout must be positive, got ", absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
+                                   const std::function<void()>& body) {
+  std::string detail;
+  absl::StatusCode code;
+  try {
+    body();
+    return absl::OkStatus();
+  } catch (const gloo::IoException& e) {
+    detail = e.what();
+    code = IsTimeoutMessage(detail) ? absl::StatusCode::kDeadlineExceeded
+                                    : absl::StatusCode::kUnavailable;
+  } catch (const gloo::EnforceNotMet& e) {
+    detail = e.what();
+    code = absl::StatusCode::kInternal;
+  } catch (const std::exception& e) {
+    detail = e.what();
+    code = absl::StatusCode::kInternal;
+  }
+  const std::string where =
+      absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_, "')");
+  std::string message;
+  switch (code) {
+    case absl::StatusCode::kDeadlineExceeded:
+      message = absl::StrCat(name, " timed out after ", absl::FormatDuration(timeout), " ", where,
+                             ": ", detail);
+      break;
+    case absl::StatusCode::kUnavailable:
+      message = absl::StrCat(name, " failed: a peer is gone (connection closed or lost) ", where,
+                             ": ", detail);
+      break;
+    default:
+      message = absl::StrCat(name, " failed ", where, ": gloo: ", detail);
+      break;
+  }
+  absl::Status status(code, message);
+  broken_ = status;
+  // The context is unusable now (see the header). Close every connection so
+  // that peers blocked in this collective fail now rather than at their
+  // timeout.
+  try {
+    context_->closeConnections();
+  } catch (const std::exception&) {
+    // Already broken; nothing more to do.
+  }
+  return status;
+}
+
+void GlooCommunicator::RingReduceScatter(const void* input, void* out,
+                                         const std::vector<int64_t>& chunk_offset,
+                                         const std::vector<int64_t>& chunk_size, DType dtype,
+                                         ReduceOp op, uint64_t slot, absl::Time deadline,
+                                         std::atomic<int64_t>* counter) {
+  const int w = world_size_;
+  const int right = Mod(rank_ + 1, w);
+  const int left = Mod(rank_ - 1, w);
+  const size_t esize = ElementSize(dtype);
+  const char* in = static_cast<const char*>(input);
+  const int64_t total = chunk_offset.back() + chunk_size.back();
+  const int64_t max_chunk = *std::max_element(chunk_size.begin(), chunk_size.end());
+  const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
+
+  // Step s sends the partial sum of chunk (rank - s - 1) to the right and
+  // receives the partial sum of chunk (rank - s - 2) from the left, adding
+  // this rank's contribution. Two staging buffers alternate: the one received
+  // into at step s is sent at step s + 1. Step 0 sends straight from `input`.
+  // The last step receives chunk `rank` and writes the total to `out`.
+  std::unique_ptr<char[]> stage[2] = {std::unique_ptr<char[]>(new char[max_chunk * esize]),
+                                      std::unique_ptr<char[]>(new char[max_chunk * esize])};
+  std::unique_ptr<UnboundBuffer> stage_buffer[2] = {
+      context_->createUnboundBuffer(stage[0].get(), max_chunk * esize),
+      context_->createUnboundBuffer(stage[1].get(), max_chunk * esize)};
+  // Gloo only reads from send buffers.
+  std::unique_ptr<UnboundBuffer> input_buffer =
+      context_->createUnboundBuffer(const_cast<char*>(in), total * esize);
+
+  for (int s = 0; s < w - 1; ++s) {
+    const int send_chunk = Mod(rank_ - s - 1, w);
+    const int recv_chunk = Mod(rank_ - s - 2, w);
+    const size_t send_bytes = chunk_size[send_chunk] * esize;
+    const size_t recv_bytes = chunk_size[recv_chunk] * esize;
+    const int recv_index = (s + 1) % 2;
+    // Sizes are known to both ends, so empty chunks are skipped on both.
+    if (recv_bytes > 0) stage_buffer[recv_index]->recv(left, slot, 0, recv_bytes);
+    UnboundBuffer* send_buffer = nullptr;
+    if (send_bytes > 0) {
+      if (s == 0) {
+        send_buffer = input_buffer.get();
+        send_buffer->send(right, slot, chunk_offset[send_chunk] * esize, send_bytes);
+      } else {
+        send_buffer = stage_buffer[s % 2].get();
+        send_buffer->send(right, slot, 0, send_bytes);
+      }
+    }
+    if (recv_bytes > 0) {
+      WaitRecv(stage_buffer[recv_index].get(), deadline);
+      const bool last = s == w - 2;
+      Accumulate(dtype, stage[recv_index].get(), in + chunk_offset[recv_chunk] * esize,
+                 last ? out : stage[recv_index].get(), chunk_size[recv_chunk],
+                 last ? divisor : 1.0f);
+    }
+    if (send_buffer != nullptr) {
+      WaitSend(send_buffer, deadline);
+      counter->fetch_add(send_bytes);
+    }
+  }
+}
+
+void GlooCommunicator::RingAllGatherInPlace(void* buffer, const std::vector<int64_t>& chunk_offset,
+                                            const std::vector<int64_t>& chunk_size, DType dtype,
+                                            uint64_t slot, absl::Time deadline,
+                                            std::atomic<int64_t>* counter) {
+  const int w = world_size_;
+  const int right = Mod(rank_ + 1, w);
+  const int left = Mod(rank_ - 1, w);
+  const size_t esize = ElementSize(dtype);
+  const int64_t total = chunk_offset.back() + chunk_size.back();
+  // Separate buffer objects for the pending send and the pending recv.
+  std::unique_ptr<UnboundBuffer> send_buffer = context_->createUnboundBuffer(buffer, total * esize);
+  std::unique_ptr<UnboundBuffer> recv_buffer = context_->createUnboundBuffer(buffer, total * esize);
+  // Step s forwards chunk (rank - s) to the right and receives chunk
+  // (rank - s - 1) from the left.
+  for (int s = 0; s < w - 1; ++s) {
+    const int send_chunk = Mod(rank_ - s, w);
+    const int recv_chunk = Mod(rank_ - s - 1, w);
+    const size_t send_bytes = chunk_size[send_chunk] * esize;
+    const size_t recv_bytes = chunk_size[recv_chunk] * esize;
+    if (recv_bytes > 0) {
+      recv_buffer->recv(left, slot, chunk_offset[recv_chunk] * esize, recv_bytes);
+    }
+    if (send_bytes > 0) {
+      send_buffer->send(right, slot, chunk_offset[send_chunk] * esize, send_bytes);
+    }
+    if (recv_bytes > 0) WaitRecv(recv_buffer.get(), deadline);
+    if (send_bytes > 0) {
+      WaitSend(send_buffer.get(), deadline);
+      counter->fetch_add(send_bytes);
+    }
+  }
+}
+
+absl::Status GlooCommunicator::AllGather(const void* input, void* output, int64_t count,
+                                         DType dtype, absl::Duration timeout) {
+  static constexpr char kName[] = "all_gather";
+  absl::Status status = CheckCall(kName, count, dtype, timeout);
+  if (!status.ok()) return status;
+  if (count == 0) return absl::OkStatus();
+  if (input == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  }
+  const size_t bytes = count * ElementSize(dtype);
+  char* out = static_cast<char*>(output);
+  char* in = const_cast<char*>(static_cast<const char*>(input));  // Gloo only reads it.
+  if (world_size_ == 1) {
+    if (in != out) std::memmove(out, in, bytes);
+    return absl::OkStatus();
+  }
+  return Run(kName, timeout, [&] {
+    gloo::AllgatherOptions opts(context_);
+    // Input already in place at this rank's slot of the output: in-place form.
+    if (in != out + rank_ * bytes) opts.setInput(in, bytes);
+    opts.setOutput(out, bytes * world_size_);
+    opts.setTimeout(ToMillis(timeout));
+    gloo::allgather(opts);
+    all_gather_bytes_.fetch_add(static_cast<int64_t>(world_size_ - 1) * bytes);
+  });
+}
+
+absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, int64_t count,
+                                             DType dtype, ReduceOp op, absl::Duration timeout) {
+  static constexpr char kName[] = "reduce_scatter";
+  absl::Status status = CheckCall(kName, count, dtype, timeout);
+  if (!status.ok()) return status;
+  if (count == 0) return absl::OkStatus();
+  if (input == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  }
+  if (world_size_ == 1) {
+    if (input != output) std::memmove(output, input, count * ElementSize(dtype));
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> offset(world_size_), size(world_size_, count);
+  for (int c = 0; c < world_size_; ++c) offset[c] = c * count;
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  return Run(kName, timeout, [&] {
+    RingReduceScatter(input, output, offset, size, dtype, op, kReduceScatterSlot, deadline,
+                      &reduce_scatter_bytes_);
+  });
+}
+
+absl::Status GlooCommunicator::AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
+                                         absl::Duration timeout) {
+  static constexpr char kName[] = "all_reduce";
+  absl::Status status = CheckCall(kName, count, dtype, timeout);
+  if (!status.ok()) return status;
+  if (count == 0 || world_size_ == 1) return absl::OkStatus();
+  if (buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  // W chunks whose sizes differ by at most one element.
+  std::vector<int64_t> offset(world_size_), size(world_size_);
+  const int64_t base = count / world_size_;
+  const int64_t extra = count % world_size_;
+  for (int c = 0, at = 0; c < world_size_; ++c) {
+    offset[c] = at;
+    size[c] = base + (c < extra ? 1 : 0);
+    at += size[c];
+  }
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  char* own = static_cast<char*>(buffer) + offset[rank_] * ElementSize(dtype);
+  return Run(kName, timeout, [&] {
+    RingReduceScatter(buffer, own, offset, size, dtype, op, kAllReduceScatterSlot, deadline,
+                      &all_reduce_bytes_);
+    RingAllGatherInPlace(buffer, offset, size, dtype, kAllReduceGatherSlot, deadline,
+                         &all_reduce_bytes_);
+  });
+}
+
+absl::Status GlooCommunicator::Broadcast(void* buffer, int64_t count, DType dtype, int root,
+                                         absl::Duration timeout) {
+  static constexpr char kName[] = "broadcast";
+  absl::Status status = CheckCall(kName, count, dtype, timeout);
+  if (!status.ok()) return status;
+  if (root < 0 || root >= world_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kName, ": root ", root, " is not in [0, ", world_size_, ")"));
+  }
+  if (count == 0 || world_size_ == 1) return absl::OkStatus();
+  if (buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  const size_t bytes = count * ElementSize(dtype);
+  return Run(kName, timeout, [&] {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<char*>(buffer), bytes);
+    opts.setRoot(root);
+    opts.setTimeout(ToMillis(timeout));
+    gloo::broadcast(opts);
+    broadcast_bytes_.fetch_add(static_cast<int64_t>(BroadcastSends(rank_, root, world_size_)) *
+                               bytes);
+  });
+}
+
+absl::Status GlooCommunicator::Barrier(absl::Duration timeout) {
+  static constexpr char kName[] = "barrier";
+  absl::Status status = CheckCall(kName, 0, DType::kF32, timeout);
+  if (!status.ok()) return status;
+  if (world_size_ == 1) return absl::OkStatus();
+  return Run(kName, timeout, [&] {
+    gloo::BarrierOptions opts(context_);
+    opts.setTimeout(ToMillis(timeout));
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,165 @@
+// GlooCommunicator: the CPU Communicator, over Gloo's TCP transport.
+//
+// Each communicator owns one Gloo TCP device (one event-loop thread) and one
+// fully connected Gloo context, bootstrapped through a KeyValueStore under the
+// key prefix "gloo/<tag>/". Distinct tags give independent contexts, so one
+// thread can run gathers on a "gather" communicator while another runs
+// reductions on a "reduce" communicator. A tag may be used for one Create per
+// rank per store (the store is scoped to the job generation).
+//
+// Algorithms and bytes this rank sends (n = count * element size, W = world):
+//   AllGather      Gloo's ring allgather                   (W-1) * n
+//   ReduceScatter  ring reduce-scatter on unbound buffers  (W-1) * n
+//   AllReduce      ring reduce-scatter + ring all-gather   2 * (total - own chunk)
+//                  over W chunks (sizes differ by at most one element when count
+//                  is not divisible by W); about 2 (W-1)/W * count * size
+//   Broadcast      Gloo's binomial tree                    n per child in the tree
+//   Barrier        Gloo's barrier                          (not counted)
+// Reductions travel in the caller's dtype (bf16 stays 2 bytes on the wire); each
+// hop adds in f32 and rounds once, kAverage divides by W at the last hop.
+//
+// Timeouts and failures. Every wait is bounded: the ring algorithms hold a
+// deadline of `timeout` for the whole call; Gloo's own collectives (all-gather,
+// broadcast, barrier) apply `timeout` to each wait inside them. A timeout is
+// DEADLINE_EXCEEDED ("all_gather timed out after 5s (rank 1 of 2, tag
+// 'gather')"); a peer that closed its connection or whose connection failed is
+// UNAVAILABLE ("... a peer is gone ..."). After either, THE COMMUNICATOR IS
+// UNUSABLE: Gloo closes every connection of a context when one wait times out,
+// and an I/O error leaves the ring half-done, so this class also closes all of
+// its connections on any failure (which makes peers blocked in the same
+// collective fail promptly instead of waiting for their own timeout). Every
+// later call returns UNAVAILABLE; destroy it and Create a new one (with a new
+// tag or store generation).
+//
+// Gloo writes to sockets without MSG_NOSIGNAL, so a write to a peer that is
+// gone raises SIGPIPE. Create therefore sets SIGPIPE to SIG_IGN if (and only if)
+// it is still SIG_DFL, so that a dead peer is an UNAVAILABLE status rather than
+// the death of this process.
+//
+// Not thread-safe per instance (see Communicator), except bytes_sent(), which
+// any thread may read.
+#ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
+#define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/kv_store.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}  // namespace transport
+}  // namespace gloo
+
+namespace zeroshard {
+
+class GlooCommunicator : public Communicator {
+ public:
+  struct Options {
+    // Address or hostname to bind the listening sockets to and to advertise
+    // to peers, e.g. "127.0.0.1" or this host's name ("" = gethostname()).
+    // Ignored if `iface` is set.
+    std::string hostname = "127.0.0.1";
+    // Alternatively, a network interface name (e.g. "eth0") whose address is
+    // used.
+    std::string iface;
+    // Bounds the rendezvous: waiting in the store for the peers' addresses.
+    // Gloo's TCP connect to a peer that has published its address waits up to
+    // 5x this (Gloo's own rule).
+    absl::Duration connect_timeout = absl::Seconds(30);
+  };
+
+  // Connects to the other `world_size - 1` ranks, which must call Create with
+  // the same store, tag and world_size. `store` is only used during Create.
+  // INVALID_ARGUMENT for bad arguments; DEADLINE_EXCEEDED if the peers do not
+  // show up within connect_timeout; UNAVAILABLE for network errors.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(KeyValueStore* store, int rank,
+                                                                  int world_size,
+                                                                  const std::string& tag,
+                                                                  const Options& options);
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(KeyValueStore* store, int rank,
+                                                                  int world_size,
+                                                                  const std::string& tag) {
+    return Create(store, rank, world_size, tag, Options());
+  }
+
+  // Closes the connections; peers blocked on this rank see UNAVAILABLE.
+  ~GlooCommunicator() override;
+
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  const std::string& tag() const { return tag_; }
+
+  absl::Status AllGather(const void* input, void* output, int64_t count, DType dtype,
+                         absl::Duration timeout) override;
+  absl::Status ReduceScatter(const void* input, void* output, int64_t count, DType dtype,
+                             ReduceOp op, absl::Duration timeout) override;
+  absl::Status AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
+                         absl::Duration timeout) override;
+  absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
+                         absl::Duration timeout) override;
+  absl::Status Barrier(absl::Duration timeout) override;
+
+  CollectiveBytes bytes_sent() const override;
+
+  // OK while usable; otherwise the status of the failure that broke it.
+  absl::Status health() const { return broken_; }
+
+ private:
+  GlooCommunicator(int rank, int world_size, std::string tag,
+                   std::shared_ptr<gloo::transport::Device> device,
+                   std::shared_ptr<gloo::Context> context);
+
+  // Checks that the communicator is usable and the common arguments are
+  // valid; `name` is the collective ("all_gather", ...).
+  absl::Status CheckCall(const char* name, int64_t count, DType dtype,
+                         absl::Duration timeout) const;
+  // Runs `body` (which may throw Gloo exceptions), converting any exception
+  // into a status naming `name`; on failure closes all connections and marks
+  // the communicator unusable.
+  absl::Status Run(const char* name, absl::Duration timeout, const std::function<void()>& body);
+
+  // Ring reduce-scatter over `chunk_offset.size()` chunks of `input` (element
+  // offsets/sizes per chunk). On return `out` (chunk_size[rank] elements,
+  // may alias this rank's chunk of `input`) holds this rank's reduced chunk.
+  // Throws Gloo exceptions. Adds the bytes sent to `*counter`.
+  void RingReduceScatter(const void* input, void* out, const std::vector<int64_t>& chunk_offset,
+                         const std::vector<int64_t>& chunk_size, DType dtype, ReduceOp op,
+                         uint64_t slot, absl::Time deadline, std::atomic<int64_t>* counter);
+  // Ring all-gather in place over the chunks of `buffer`: chunk r comes from
+  // rank r. Throws Gloo exceptions. Adds the bytes sent to `*counter`.
+  void RingAllGatherInPlace(void* buffer, const std::vector<int64_t>& chunk_offset,
+                            const std::vector<int64_t>& chunk_size, DType dtype, uint64_t slot,
+                            absl::Time deadline, std::atomic<int64_t>* counter);
+
+  const int rank_;
+  const int world_size_;
+  const std::string tag_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+
+  absl::Status broken_;  // OK while usable
+
+  std::atomic<int64_t> all_gather_bytes_{0};
+  std::atomic<int64_t> reduce_scatter_bytes_{0};
+  std::atomic<int64_t> all_reduce_bytes_{0};
+  std::atomic<int64_t> broadcast_bytes_{0};
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
