@@ -97,6 +97,7 @@ void ShardServer::Shutdown() {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
+  if (server_ == nullptr) return;  // Start failed before serving
   // Held calls are answered by the shutdown's cancellation.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();

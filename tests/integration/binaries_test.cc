@@ -1,0 +1,149 @@
+// The shipped binaries as a user runs them: shard_server started as a
+// process, queried by gRPC health checks and by shardctl.
+#include <signal.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/process.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::ChildProcess;
+
+class BinariesTest : public ::testing::Test {
+ protected:
+  void StartServer(std::vector<std::string> extra = {}) {
+    dir_ = testing::MakeTempDir("binaries");
+    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + dir_ + "/port",
+                                     "--state_dir=" + dir_ + "/state"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    server_ = std::make_unique<ChildProcess>(testing::RunfilePath("shard_server/shard_server"),
+                                             args, dir_ + "/server.log");
+    std::string port;
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          port = testing::ReadFileOrEmpty(dir_ + "/port");
+          return !port.empty() && port.back() == '\n';
+        },
+        absl::Seconds(20)))
+        << server_->Log();
+    port.pop_back();
+    address_ = "127.0.0.1:" + port;
+  }
+
+  std::pair<int, std::string> Shardctl(const std::string& args) {
+    return testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
+                                            " --server=", address_, " ", args));
+  }
+
+  std::string dir_;
+  std::string address_;
+  std::unique_ptr<ChildProcess> server_;
+};
+
+TEST_F(BinariesTest, ServerPrintsListeningAndAnswersHealthChecks) {
+  StartServer();
+  EXPECT_NE(server_->Log().find("listening on " + address_), std::string::npos) << server_->Log();
+  ClientOptions options;
+  options.server = address_;
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->HealthCheck().ok());
+  server_->Signal(SIGTERM);
+  EXPECT_EQ(server_->Wait(absl::Seconds(10)), 0) << server_->Log();
+}
+
+TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
+  StartServer();
+  ClientOptions options;
+  options.server = address_;
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok());
+  constexpr int kWorld = 64;
+  std::vector<std::thread> threads;
+  std::vector<grpc::Status> statuses(kWorld);
+  std::vector<v1::JoinResponse> responses(kWorld);
+  for (int i = 0; i < kWorld; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext context;
+      (*client)->Prepare(&context, absl::Seconds(30));
+      v1::JoinRequest request;
+      request.set_job_id("status-job");
+      request.set_world_size(kWorld);
+      request.set_worker_id(absl::StrFormat("host%02d/0", i));
+      request.set_host(absl::StrFormat("host%02d", i));
+      statuses[i] = (*client)->stub()->Join(&context, request, &responses[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kWorld; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+    EXPECT_EQ(responses[i].rank(), i);
+  }
+
+  auto [code, output] = Shardctl("status --json");
+  ASSERT_EQ(code, 0) << output;
+  nlohmann::json status = nlohmann::json::parse(output);
+  ASSERT_EQ(status["jobs"].size(), 1u);
+  const auto& job = status["jobs"][0];
+  EXPECT_EQ(job["job_id"], "status-job");
+  EXPECT_EQ(job["state"], "RUNNING");
+  EXPECT_EQ(job["world_size"], kWorld);
+  ASSERT_EQ(job["members"].size(), static_cast<size_t>(kWorld));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(job["members"][r]["rank"], r);
+    EXPECT_EQ(job["members"][r]["worker_id"], absl::StrFormat("host%02d/0", r));
+    EXPECT_EQ(job["members"][r]["alive"], true);
+  }
+
+  auto [table_code, table] = Shardctl("status");
+  ASSERT_EQ(table_code, 0) << table;
+  EXPECT_NE(table.find("JOB"), std::string::npos);
+  EXPECT_NE(table.find("status-job"), std::string::npos);
+  EXPECT_NE(table.find("host63/0"), std::string::npos);
+}
+
+TEST_F(BinariesTest, ShardctlReportsAWrongTokenAndExitsNonZero) {
+  std::string token_dir = testing::MakeTempDir("token");
+  testing::WriteFile(token_dir + "/server", "right-token\n");
+  testing::WriteFile(token_dir + "/client", "wrong-token\n");
+  StartServer({"--auth_token_file=" + token_dir + "/server"});
+  auto [code, output] = Shardctl("--token_file=" + token_dir + "/client status");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(output.find("UNAUTHENTICATED"), std::string::npos) << output;
+  auto [ok_code, ok_output] = Shardctl("--token_file=" + token_dir + "/server status");
+  EXPECT_EQ(ok_code, 0) << ok_output;
+}
+
+TEST_F(BinariesTest, ServerRefusesBadFlagsWithAMessage) {
+  std::string dir = testing::MakeTempDir("badflags");
+  ChildProcess bad(testing::RunfilePath("shard_server/shard_server"),
+                   {"--listen=127.0.0.1:0", "--heartbeat_timeout_ms=10",
+                    "--heartbeat_interval_ms=1000"},
+                   dir + "/log");
+  EXPECT_NE(bad.Wait(absl::Seconds(10)), 0);
+  EXPECT_NE(bad.Log().find("--heartbeat_timeout_ms"), std::string::npos) << bad.Log();
+
+  ChildProcess no_port(testing::RunfilePath("shard_server/shard_server"),
+                       {"--listen=256.1.1.1:99999"}, dir + "/log2");
+  EXPECT_NE(no_port.Wait(absl::Seconds(10)), 0);
+  EXPECT_NE(no_port.Log().find("cannot listen"), std::string::npos) << no_port.Log();
+}
+
+TEST_F(BinariesTest, ShardctlSaysWhenTheCommandIsUnknown) {
+  StartServer();
+  auto [code, output] = Shardctl("frobnicate");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(output.find("unknown command 'frobnicate'"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace zeroshard
