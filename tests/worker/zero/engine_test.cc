@@ -1,0 +1,284 @@
+// The ZeRO engine with real Gloo communicators, ranks as threads in one
+// process: every stage, prefetch depth and accumulation setting trains the
+// MLP to the same parameters as one process on the global batch; memory
+// matches the ZeRO formulas.
+#include "worker/zero/engine.h"
+
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "shard_server/planner.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/in_memory_kv_store.h"
+#include "worker/data/regression_data.h"
+#include "worker/model/mlp.h"
+
+namespace zeroshard {
+namespace {
+
+struct RunConfig {
+  int world = 2;
+  int stage = 3;
+  int prefetch = 1;
+  int grad_accum = 1;
+  int batch = 4;  // rows per rank per micro-batch
+  int steps = 5;
+  int layers = 4;
+  int width = 24;
+  DType param_dtype = DType::kF32;
+  DType reduce_dtype = DType::kF32;
+  std::string optimizer = "adam";
+};
+
+struct RankResult {
+  int64_t model_state = 0;
+  int64_t peak_gathered = 0;
+  int64_t largest_unit_bytes = 0;
+  std::vector<double> losses;
+};
+
+struct RunResult {
+  std::map<std::string, std::vector<float>> params;  // the full model after training
+  double params_sum = 0;
+  std::vector<RankResult> ranks;
+  ShardPlan plan;
+};
+
+RunResult Train(const RunConfig& config) {
+  RunResult result;
+  MlpConfig mlp{config.layers, config.width, "relu"};
+  auto probe = MlpModel::Create(mlp);
+  EXPECT_TRUE(probe.ok());
+  PlanOptions plan_options;
+  plan_options.alignment_elements = 4;
+  auto plan = Plan((*probe)->Spec(), config.world, plan_options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  result.plan = *plan;
+  for (const TensorSpec& t : (*probe)->Spec().tensors) {
+    result.params[t.name].assign(t.Elements(), NAN);
+  }
+  result.ranks.resize(config.world);
+  InMemoryKvStore store;
+  absl::Mutex mu;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < config.world; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto gather = GlooCommunicator::Create(&store, rank, config.world, "gather");
+      auto reduce = GlooCommunicator::Create(&store, rank, config.world, "reduce");
+      auto aux = GlooCommunicator::Create(&store, rank, config.world, "aux");
+      ASSERT_TRUE(gather.ok() && reduce.ok() && aux.ok()) << gather.status();
+      auto model = MlpModel::Create(mlp);
+      ASSERT_TRUE(model.ok());
+      EngineOptions options;
+      options.stage = config.stage;
+      options.prefetch = config.prefetch;
+      options.grad_accum = config.grad_accum;
+      options.param_dtype = config.param_dtype;
+      options.reduce_dtype = config.reduce_dtype;
+      options.optimizer = config.optimizer;
+      options.collective_timeout = absl::Seconds(30);
+      auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
+                                       aux->get(), options);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      ZeroEngine& e = **engine;
+      Model* m = model->get();
+      ASSERT_TRUE(e.Initialize([&](const TensorSpec& t, int64_t b, int64_t end, float* out) {
+                     m->InitRows(t, b, end, /*seed=*/7, out);
+                     return absl::OkStatus();
+                   }).ok());
+      SyntheticRegressionData data(/*seed=*/11, config.width);
+      std::vector<float> x(config.batch * config.width), y(config.batch * config.width);
+      for (int step = 0; step < config.steps; ++step) {
+        for (int micro = 0; micro < config.grad_accum; ++micro) {
+          ASSERT_TRUE(data.Fill(step, micro, rank, config.world, config.batch, config.grad_accum,
+                                x.data(), y.data())
+                          .ok());
+          ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), config.batch).ok());
+          auto loss = e.ForwardBackward(micro + 1 == config.grad_accum);
+          ASSERT_TRUE(loss.ok()) << loss.status();
+        }
+        auto stats = e.Step(/*lr=*/1e-2);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        auto mean = e.MeanOverRanks(stats->loss);
+        ASSERT_TRUE(mean.ok());
+        result.ranks[rank].losses.push_back(*mean);
+      }
+      auto sum = e.ParamsSum();
+      ASSERT_TRUE(sum.ok());
+      absl::MutexLock lock(&mu);
+      if (rank == 0) result.params_sum = *sum;
+      result.ranks[rank].model_state = e.memory().model_state();
+      result.ranks[rank].peak_gathered = e.memory().peak(MemoryCategory::kParamsGathered);
+      result.ranks[rank].largest_unit_bytes = e.largest_unit_elements() * 4;
+      ASSERT_TRUE(e.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
+                     auto& full = result.params[piece.tensor->name];
+                     int64_t start = piece.row_begin * piece.tensor->RowElements();
+                     for (int64_t i = 0; i < piece.elements; ++i) full[start + i] = piece.params[i];
+                     return absl::OkStatus();
+                   }).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  return result;
+}
+
+// Per tensor, max |a - b| / max |b| (the tensor's scale), worst over tensors.
+// Elementwise ratios are meaningless for entries that cross zero.
+double MaxRelativeDifference(const RunResult& a, const RunResult& b) {
+  double worst = 0;
+  for (const auto& [name, values] : a.params) {
+    const auto& other = b.params.at(name);
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      double d = std::fabs(double(values[i]) - other[i]);
+      if (!(d <= diff)) diff = d;  // NaN propagates as "worse"
+      scale = std::max(scale, std::fabs(double(other[i])));
+    }
+    double relative = diff / std::max(scale, 1e-12);
+    if (!(relative <= worst)) worst = relative;
+  }
+  return worst;
+}
+
+RunConfig Single(RunConfig c) {
+  // One process on the global batch: W ranks × batch rows.
+  c.batch *= c.world;
+  c.world = 1;
+  c.stage = 0;
+  return c;
+}
+
+TEST(EngineTest, EveryStageMatchesOneProcessOnTheGlobalBatch) {
+  RunConfig base;
+  RunResult reference = Train(Single(base));
+  for (int stage = 0; stage <= 3; ++stage) {
+    RunConfig c = base;
+    c.stage = stage;
+    RunResult r = Train(c);
+    EXPECT_LE(MaxRelativeDifference(r, reference), 1e-5) << "stage " << stage;
+    EXPECT_NEAR(r.params_sum, reference.params_sum, 1e-4 * std::fabs(reference.params_sum) + 1e-4);
+    EXPECT_NEAR(r.ranks[0].losses.back(), reference.ranks[0].losses.back(), 1e-5);
+  }
+  // Training did something.
+  EXPECT_LT(reference.ranks[0].losses.back(), reference.ranks[0].losses.front());
+}
+
+TEST(EngineTest, PrefetchDepthDoesNotChangeTheResult) {
+  RunConfig base;
+  base.world = 3;
+  RunResult reference = Train(Single(base));
+  for (int prefetch : {0, 1, 2}) {
+    RunConfig c = base;
+    c.prefetch = prefetch;
+    EXPECT_LE(MaxRelativeDifference(Train(c), reference), 1e-5) << "prefetch " << prefetch;
+  }
+}
+
+TEST(EngineTest, GradientAccumulationEqualsADoubledBatch) {
+  RunConfig accum;
+  accum.grad_accum = 2;
+  RunConfig doubled;
+  doubled.batch = accum.batch * 2;
+  // Same rows: with accumulation rank r takes micro-batches of `batch` rows,
+  // so compare with one process on the same global rows.
+  for (int stage : {0, 1, 2, 3}) {
+    accum.stage = stage;
+    RunResult a = Train(accum);
+    RunConfig single = Single(accum);
+    single.grad_accum = 2;
+    RunResult s = Train(single);
+    EXPECT_LE(MaxRelativeDifference(a, s), 1e-5) << "stage " << stage;
+  }
+  // And accumulation of two micro-batches equals one micro-batch of twice the
+  // rows when they are the same rows (W = 1).
+  RunConfig one;
+  one.world = 1;
+  one.stage = 3;
+  one.grad_accum = 2;
+  RunConfig twice = one;
+  twice.grad_accum = 1;
+  twice.batch = one.batch * 2;
+  EXPECT_LE(MaxRelativeDifference(Train(one), Train(twice)), 1e-5);
+}
+
+TEST(EngineTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
+  RunConfig c;
+  c.world = 2;
+  c.layers = 6;
+  c.width = 32;
+  for (int stage = 0; stage <= 3; ++stage) {
+    c.stage = stage;
+    c.prefetch = 1;
+    RunResult r = Train(c);
+    int64_t psi = 0, chunks = 0;
+    for (const ShardUnit& u : r.plan.units) {
+      for (const TensorSpec& t : u.tensors) psi += t.Elements();
+      chunks += u.chunk_elements;
+    }
+    const int64_t w = c.world;
+    // fp32: params 4, grads 4, Adam moments 8 bytes per element; sharded
+    // parts hold this rank's chunks (Ψ/W plus the plan's padding).
+    int64_t expected = 0;
+    switch (stage) {
+      case 0: expected = 16 * psi; break;
+      case 1: expected = 8 * psi + 8 * chunks; break;
+      case 2: expected = 4 * psi + 12 * chunks; break;
+      case 3: expected = 16 * chunks; break;
+    }
+    for (int rank = 0; rank < c.world; ++rank) {
+      EXPECT_EQ(r.ranks[rank].model_state, expected) << "stage " << stage;
+      double padding = double(chunks * w) / psi - 1;
+      EXPECT_LE(std::fabs(double(r.ranks[rank].model_state) - 16.0 * psi / (stage ? w : 1) -
+                          (stage == 1 ? 8.0 * psi * (1 - 1.0 / w) : 0) -
+                          (stage == 2 ? 4.0 * psi * (1 - 1.0 / w) : 0)),
+                16.0 * psi * padding + 1)
+          << "stage " << stage;
+    }
+    if (stage == 3) {
+      for (int prefetch : {0, 1, 2}) {
+        c.prefetch = prefetch;
+        RunResult p = Train(c);
+        for (const RankResult& rr : p.ranks) {
+          EXPECT_GT(rr.peak_gathered, 0);
+          EXPECT_LE(rr.peak_gathered, (1 + prefetch) * rr.largest_unit_bytes)
+              << "prefetch " << prefetch;
+        }
+      }
+    }
+  }
+}
+
+TEST(EngineTest, Bf16ParamsAndReductionsStayCloseToF32) {
+  RunConfig c;
+  c.stage = 3;
+  RunResult f32 = Train(c);
+  c.param_dtype = DType::kBF16;
+  c.reduce_dtype = DType::kBF16;
+  RunResult bf16 = Train(c);
+  // bf16 has 8 bits of mantissa: loose agreement, and training still works.
+  EXPECT_NEAR(bf16.ranks[0].losses.back(), f32.ranks[0].losses.back(),
+              0.05 * f32.ranks[0].losses.back() + 1e-3);
+  for (int stage : {0, 1, 2}) {
+    c.stage = stage;
+    RunResult r = Train(c);
+    EXPECT_NEAR(r.ranks[0].losses.back(), bf16.ranks[0].losses.back(),
+                0.05 * bf16.ranks[0].losses.back() + 1e-3);
+  }
+}
+
+TEST(EngineTest, SgdAndAdamWTrainToo) {
+  for (std::string optimizer : {"sgd", "adamw"}) {
+    RunConfig c;
+    c.optimizer = optimizer;
+    RunResult reference = Train(Single(c));
+    c.stage = 3;
+    EXPECT_LE(MaxRelativeDifference(Train(c), reference), 1e-5) << optimizer;
+  }
+}
+
+}  // namespace
+}  // namespace zeroshard

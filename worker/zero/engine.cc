@@ -1,0 +1,601 @@
+#include "worker/zero/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zeroshard {
+
+namespace {
+
+int64_t Bytes(int64_t elements, DType dtype) { return elements * DTypeSize(dtype); }
+
+// dst[i] = value of src[i] in `dtype` (kF32 or kBF16) for i < n.
+void FromF32(const float* src, void* dst, int64_t n, DType dtype) {
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    uint16_t* out = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToBF16(src[i]);
+  }
+}
+
+void ToF32(const void* src, float* dst, int64_t n, DType dtype) {
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    const uint16_t* in = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(in[i]);
+  }
+}
+
+void AddF32(const void* src, float* dst, int64_t n, DType dtype) {
+  if (dtype == DType::kF32) {
+    const float* in = static_cast<const float*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] += in[i];
+  } else {
+    const uint16_t* in = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] += BF16ToFloat(in[i]);
+  }
+}
+
+char* At(void* base, int64_t element, DType dtype) {
+  return static_cast<char*>(base) + element * DTypeSize(dtype);
+}
+
+}  // namespace
+
+// Per unit. Which buffers exist depends on the stage (see engine.h).
+struct ZeroEngine::UnitState {
+  TrackedBuffer master;      // fp32 master: chunk (stages 1-3) or flat (stage 0, bf16 only)
+  TrackedBuffer replicated;  // stages 0-2: flat, param dtype
+  TrackedBuffer grads;       // stages 0-1: flat f32; stages 2-3: chunk f32 (accumulated shard)
+  TrackedBuffer grads_flat;  // stages 2-3: flat f32 during this micro-batch's backward
+  TrackedBuffer reduced;     // stage 1: chunk f32 after the step's reduce-scatter
+  std::unique_ptr<Optimizer> optimizer;
+};
+
+
+std::string ZeroEngine::Where(int unit) const {
+  return absl::StrCat("unit '", units_[unit].name, "' (rank ", rank_, " of ", world_, ")");
+}
+
+absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
+                                                               const ShardPlan& plan,
+                                                               Communicator* gather,
+                                                               Communicator* reduce,
+                                                               Communicator* aux,
+                                                               const EngineOptions& options) {
+  if (options.stage < 0 || options.stage > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", options.stage, " is not a ZeRO stage: expected 0, 1, 2 or 3"));
+  }
+  if (options.prefetch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefetch ", options.prefetch, " must be >= 0"));
+  }
+  if (options.grad_accum < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_accum ", options.grad_accum, " must be >= 1"));
+  }
+  for (DType d : {options.param_dtype, options.reduce_dtype}) {
+    if (d != DType::kF32 && d != DType::kBF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", DTypeName(d), " is not supported: expected f32 or bf16"));
+    }
+  }
+  if (gather->world_size() != plan.world_size || reduce->world_size() != plan.world_size ||
+      aux->world_size() != plan.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("the plan is for world size ",
+                                                   plan.world_size, " but the communicators have ",
+                                                   gather->world_size()));
+  }
+  std::unique_ptr<ZeroEngine> engine(new ZeroEngine());
+  engine->model_ = model;
+  engine->gather_comm_ = gather;
+  engine->reduce_comm_ = reduce;
+  engine->aux_comm_ = aux;
+  engine->options_ = options;
+  engine->rank_ = gather->rank();
+  engine->world_ = gather->world_size();
+  if (absl::Status s = engine->BuildLayouts(plan); !s.ok()) return s;
+
+  // The pass: forward ops, then backward ops in reverse.
+  engine->ops_ = model->ForwardOps();
+  int n = static_cast<int>(engine->ops_.size());
+  int units = static_cast<int>(engine->units_.size());
+  for (int op : engine->ops_) {
+    if (op < 0 || op >= units) {
+      return absl::InvalidArgumentError(absl::StrCat("model op uses unit ", op, "; the plan has ",
+                                                     units, " units"));
+    }
+  }
+  engine->positions_ = engine->ops_;
+  for (int k = n - 1; k >= 0; --k) engine->positions_.push_back(engine->ops_[k]);
+  engine->first_backward_.assign(units, -1);
+  engine->last_backward_.assign(units, -1);
+  for (int pos = n; pos < 2 * n; ++pos) {
+    int u = engine->positions_[pos];
+    if (engine->first_backward_[u] < 0) engine->first_backward_[u] = pos;
+    engine->last_backward_[u] = pos;
+  }
+
+  // Buffers and optimizers, by stage.
+  const int stage = options.stage;
+  const bool bf16_params = options.param_dtype == DType::kBF16;
+  MemoryTracker* m = &engine->memory_;
+  for (int u = 0; u < units; ++u) {
+    const UnitLayout& layout = engine->units_[u];
+    auto state = std::make_unique<UnitState>();
+    int64_t flat = layout.flat_elements, chunk = layout.chunk_elements;
+    if (stage == 3) {
+      state->master = TrackedBuffer(m, MemoryCategory::kParamsSharded, Bytes(chunk, DType::kF32));
+      state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent, Bytes(chunk, DType::kF32));
+    } else {
+      state->replicated = TrackedBuffer(m, MemoryCategory::kParamsReplicated,
+                                        Bytes(flat, options.param_dtype));
+      if (bf16_params) {
+        state->master = TrackedBuffer(m, MemoryCategory::kParamsSharded,
+                                      Bytes(stage == 0 ? flat : chunk, DType::kF32));
+      }
+      state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent,
+                                   Bytes(stage <= 1 ? flat : chunk, DType::kF32));
+    }
+    auto optimizer = MakeOptimizer(options.optimizer, stage == 0 ? flat : chunk,
+                                   options.optimizer_options);
+    if (!optimizer.ok()) return optimizer.status();
+    state->optimizer = std::move(*optimizer);
+    m->Add(MemoryCategory::kOptimizerState, state->optimizer->StateBytes());
+    engine->state_.push_back(std::move(state));
+  }
+  engine->gather_thread_ = std::make_unique<TaskThread>("gather");
+  engine->reduce_thread_ = std::make_unique<TaskThread>("reduce");
+  return engine;
+}
+
+ZeroEngine::~ZeroEngine() {
+  gather_thread_.reset();
+  reduce_thread_.reset();
+  for (auto& s : state_) {
+    if (s && s->optimizer) memory_.Sub(MemoryCategory::kOptimizerState, s->optimizer->StateBytes());
+  }
+}
+
+absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
+  const ModelSpec& spec = model_->Spec();
+  // Units by name, as the model labels them, in first-appearance order.
+  std::vector<std::string> unit_names;
+  std::map<std::string, std::vector<const TensorSpec*>> model_units;
+  for (const TensorSpec& t : spec.tensors) {
+    if (!model_units.count(t.unit)) unit_names.push_back(t.unit);
+    model_units[t.unit].push_back(&t);
+  }
+  if (plan.units.size() != unit_names.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the plan has ", plan.units.size(),
+                                                   " units; the model has ", unit_names.size()));
+  }
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const ShardUnit& pu = plan.units[u];
+    const auto& tensors = model_units[unit_names[u]];
+    if (pu.name != unit_names[u] || pu.tensors.size() != tensors.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan unit ", u, " is '", pu.name,
+                                                     "' with ", pu.tensors.size(),
+                                                     " tensors; the model's is '", unit_names[u],
+                                                     "' with ", tensors.size()));
+    }
+    UnitLayout layout;
+    layout.name = pu.name;
+    layout.chunk_elements = pu.chunk_elements;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if (pu.tensors[t].name != tensors[t]->name || pu.tensors[t].shape != tensors[t]->shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "plan tensor '", pu.tensors[t].name, "' does not match the model's tensor '",
+            tensors[t]->name, "' (name or shape differ)"));
+      }
+      layout.tensors.push_back(*tensors[t]);
+      layout.tensor_offsets.push_back(layout.flat_elements);
+      layout.flat_elements += tensors[t]->Elements();
+    }
+    for (const Piece& p : pu.pieces) {
+      const TensorSpec& t = layout.tensors[p.tensor];
+      Segment s;
+      s.rank = p.rank;
+      s.chunk_offset = p.offset;
+      s.tensor = p.tensor;
+      s.row_begin = p.row_begin;
+      s.row_end = p.row_end;
+      s.flat_offset = layout.tensor_offsets[p.tensor] + p.row_begin * t.RowElements();
+      s.length = (p.row_end - p.row_begin) * t.RowElements();
+      if (p.rank == rank_) layout.own_segments.push_back(static_cast<int>(layout.segments.size()));
+      layout.segments.push_back(s);
+    }
+    units_.push_back(std::move(layout));
+  }
+  return absl::OkStatus();
+}
+
+int64_t ZeroEngine::largest_unit_elements() const {
+  int64_t largest = 0;
+  for (const UnitLayout& u : units_) largest = std::max(largest, u.flat_elements);
+  return largest;
+}
+
+void ZeroEngine::PackOwn(const UnitLayout& u, const float* flat, float* chunk) const {
+  std::memset(chunk, 0, u.chunk_elements * sizeof(float));
+  for (int i : u.own_segments) {
+    const Segment& s = u.segments[i];
+    std::memcpy(chunk + s.chunk_offset, flat + s.flat_offset, s.length * sizeof(float));
+  }
+}
+
+absl::Status ZeroEngine::Initialize(const RowSource& fill) {
+  const bool bf16_params = options_.param_dtype == DType::kBF16;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& layout = units_[u];
+    UnitState& state = *state_[u];
+    if (options_.stage == 3) {
+      for (int i : layout.own_segments) {
+        const Segment& s = layout.segments[i];
+        absl::Status st = fill(layout.tensors[s.tensor], s.row_begin, s.row_end,
+                               state.master.f32() + s.chunk_offset);
+        if (!st.ok()) return st;
+      }
+      continue;
+    }
+    // Stages 0-2 hold every row.
+    std::vector<float> flat(layout.flat_elements);
+    for (size_t t = 0; t < layout.tensors.size(); ++t) {
+      absl::Status st = fill(layout.tensors[t], 0, layout.tensors[t].Rows(),
+                             flat.data() + layout.tensor_offsets[t]);
+      if (!st.ok()) return st;
+    }
+    FromF32(flat.data(), state.replicated.data(), layout.flat_elements, options_.param_dtype);
+    if (bf16_params) {
+      if (options_.stage == 0) {
+        std::memcpy(state.master.f32(), flat.data(), flat.size() * sizeof(float));
+      } else {
+        PackOwn(layout, flat.data(), state.master.f32());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- Stage 3 gathers ----
+
+absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType dtype = options_.param_dtype;
+  const int64_t chunk = layout.chunk_elements;
+  TrackedBuffer send;
+  const void* input = state.master.data();
+  if (dtype != DType::kF32) {
+    send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
+    FromF32(state.master.f32(), send.data(), chunk, dtype);
+    input = send.data();
+  }
+  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  absl::Status s = gather_comm_->AllGather(input, received.data(), chunk, dtype,
+                                           options_.collective_timeout);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
+  }
+  for (const Segment& seg : layout.segments) {
+    ToF32(At(received.data(), seg.rank * chunk + seg.chunk_offset, dtype),
+          out->f32() + seg.flat_offset, seg.length, dtype);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::IssueGather(int position) {
+  auto& slots = slots_;
+  if (slots.count(position)) return absl::OkStatus();
+  int unit = positions_[position];
+  GatherSlot& slot = slots[position];
+  if (position > 0 && positions_[position - 1] == unit) {
+    slot.ticket = 0;  // the previous position keeps its buffer for us
+    return absl::OkStatus();
+  }
+  slot.params = TrackedBuffer(&memory_, MemoryCategory::kParamsGathered,
+                              Bytes(units_[unit].flat_elements, DType::kF32));
+  TrackedBuffer* out = &slot.params;
+  slot.ticket = gather_thread_->Submit([this, unit, out] { return GatherUnit(unit, out); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> ZeroEngine::AcquireParams(int position) {
+  int unit = positions_[position];
+  if (options_.stage < 3) {
+    UnitState& state = *state_[unit];
+    if (options_.param_dtype == DType::kF32) return state.replicated.f32();
+    auto& slots = slots_;
+    GatherSlot& slot = slots[position];
+    slot.params = TrackedBuffer(&memory_, MemoryCategory::kParamsGathered,
+                                Bytes(units_[unit].flat_elements, DType::kF32));
+    ToF32(state.replicated.data(), slot.params.f32(), units_[unit].flat_elements,
+          options_.param_dtype);
+    return slot.params.f32();
+  }
+  const int n = static_cast<int>(ops_.size());
+  const int depth = position < n ? options_.prefetch : std::min(options_.prefetch, 1);
+  for (int p = position; p <= std::min(position + depth, 2 * n - 1); ++p) {
+    if (absl::Status s = IssueGather(p); !s.ok()) return s;
+  }
+  auto& slots = slots_;
+  GatherSlot& slot = slots[position];
+  if (slot.ticket != 0) {
+    if (absl::Status s = gather_thread_->Wait(slot.ticket); !s.ok()) return s;
+  }
+  return slot.params.f32();
+}
+
+void ZeroEngine::ReleaseParams(int position) {
+  auto& slots = slots_;
+  auto it = slots.find(position);
+  if (it == slots.end()) return;
+  if (options_.stage == 3 && position + 1 < static_cast<int>(positions_.size()) &&
+      positions_[position + 1] == positions_[position]) {
+    // The same unit is needed next: hand the buffer over instead of regathering.
+    slots[position + 1].params = std::move(it->second.params);
+    slots[position + 1].ticket = 0;
+  }
+  slots.erase(position);
+}
+
+// ---- Reductions ----
+
+absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType dtype = options_.reduce_dtype;
+  const int64_t chunk = layout.chunk_elements;
+  const int64_t flat = layout.flat_elements;
+  if (options_.stage == 0) {
+    // DDP: all-reduce the full gradient (average over ranks).
+    absl::Status s;
+    if (dtype == DType::kF32) {
+      s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
+                                  options_.collective_timeout);
+    } else {
+      TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype));
+      FromF32(state.grads.f32(), buffer.data(), flat, dtype);
+      s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
+                                  options_.collective_timeout);
+      if (s.ok()) ToF32(buffer.data(), state.grads.f32(), flat, dtype);
+    }
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
+    }
+    return absl::OkStatus();
+  }
+  // Stages 1-3: reduce-scatter the flat gradient in chunked layout.
+  const float* grads_flat = options_.stage == 1 ? state.grads.f32() : grads_flat_buffer->f32();
+  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  for (const Segment& seg : layout.segments) {
+    FromF32(grads_flat + seg.flat_offset, At(send.data(), seg.rank * chunk + seg.chunk_offset, dtype),
+            seg.length, dtype);
+  }
+  if (options_.stage >= 2) grads_flat_buffer->Reset();  // packed: the flat gradient is done
+  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
+  absl::Status s = reduce_comm_->ReduceScatter(send.data(), received.data(), chunk, dtype,
+                                               ReduceOp::kAverage, options_.collective_timeout);
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
+  }
+  if (options_.stage == 1) {
+    state.reduced = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
+                                  Bytes(chunk, DType::kF32));
+    ToF32(received.data(), state.reduced.f32(), chunk, dtype);
+  } else {
+    AddF32(received.data(), state.grads.f32(), chunk, dtype);
+  }
+  return absl::OkStatus();
+}
+
+// ---- The pass ----
+
+absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
+  const int n = static_cast<int>(ops_.size());
+  auto views = [this](int unit, float* flat) {
+    const UnitLayout& layout = units_[unit];
+    UnitTensors out(layout.tensors.size());
+    for (size_t t = 0; t < layout.tensors.size(); ++t) {
+      out[t].data = flat + layout.tensor_offsets[t];
+      out[t].shape = layout.tensors[t].shape;
+    }
+    return out;
+  };
+  for (int k = 0; k < n; ++k) {
+    absl::StatusOr<float*> params = AcquireParams(k);
+    if (!params.ok()) return params.status();
+    if (absl::Status s = model_->Forward(k, views(ops_[k], *params)); !s.ok()) return s;
+    memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
+    ReleaseParams(k);
+  }
+  double loss = model_->Loss();
+  for (int j = 0; j < n; ++j) {
+    const int op = n - 1 - j, pos = n + j, unit = ops_[op];
+    UnitState& state = *state_[unit];
+    absl::StatusOr<float*> params = AcquireParams(pos);
+    if (!params.ok()) return params.status();
+    float* grads = state.grads.f32();
+    if (options_.stage >= 2) {
+      if (pos == first_backward_[unit]) {
+        state.grads_flat = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
+                                         Bytes(units_[unit].flat_elements, DType::kF32));
+      }
+      grads = state.grads_flat.f32();
+    }
+    UnitTensors grad_views = views(unit, grads);
+    if (absl::Status s = model_->Backward(op, views(unit, *params), grad_views); !s.ok()) return s;
+    ReleaseParams(pos);
+    if (pos == last_backward_[unit] && (options_.stage >= 2 || last_micro)) {
+      // The task owns the flat gradient: the next micro-batch's backward of
+      // this unit may start before the reduction has packed it.
+      auto flat = std::make_shared<TrackedBuffer>(std::move(state.grads_flat));
+      reduce_thread_->Submit([this, unit, flat] { return ReduceUnit(unit, flat.get()); });
+    }
+  }
+  memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
+  slots_.clear();
+  loss_sum_ += loss;
+  micro_batches_++;
+  return loss;
+}
+
+absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType dtype = options_.param_dtype;
+  const int64_t chunk = layout.chunk_elements;
+  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
+  FromF32(master_shard, send.data(), chunk, dtype);
+  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  absl::Status s = gather_comm_->AllGather(send.data(), received.data(), chunk, dtype,
+                                           options_.collective_timeout);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
+  }
+  for (const Segment& seg : layout.segments) {
+    std::memcpy(At(state.replicated.data(), seg.flat_offset, dtype),
+                At(received.data(), seg.rank * chunk + seg.chunk_offset, dtype),
+                Bytes(seg.length, dtype));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
+  if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
+  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
+  const int stage = options_.stage;
+  const bool bf16_params = options_.param_dtype == DType::kBF16;
+  auto grad_of = [&](int u) -> std::pair<float*, int64_t> {
+    UnitState& st = *state_[u];
+    if (stage == 0) return {st.grads.f32(), units_[u].flat_elements};
+    if (stage == 1) return {st.reduced.f32(), units_[u].chunk_elements};
+    return {st.grads.f32(), units_[u].chunk_elements};
+  };
+  // Average over micro-batches; the global norm of that gradient.
+  const float scale = 1.0f / static_cast<float>(options_.grad_accum);
+  double squares = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    auto [g, n] = grad_of(u);
+    if (g == nullptr) return absl::InternalError(absl::StrCat("no gradient for ", Where(u)));
+    if (scale != 1.0f) {
+      for (int64_t i = 0; i < n; ++i) g[i] *= scale;
+    }
+    squares += SquaredL2Norm(g, n);
+  }
+  if (stage > 0) {  // shards: add up over ranks (padding holds zeros)
+    absl::StatusOr<double> mean = MeanOverRanks(squares);
+    if (!mean.ok()) return mean.status();
+    squares = *mean * world_;
+  }
+  StepStats stats;
+  stats.grad_norm = std::sqrt(squares);
+  float clip = 1.0f;
+  if (options_.max_grad_norm > 0 && stats.grad_norm > options_.max_grad_norm) {
+    clip = static_cast<float>(options_.max_grad_norm / (stats.grad_norm + 1e-6));
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitState& st = *state_[u];
+    const UnitLayout& layout = units_[u];
+    auto [g, n] = grad_of(u);
+    if (clip != 1.0f) {
+      for (int64_t i = 0; i < n; ++i) g[i] *= clip;
+    }
+    if (stage == 3) {
+      if (absl::Status s = st.optimizer->Step(st.master.f32(), g, n, lr); !s.ok()) return s;
+    } else if (stage == 0) {
+      float* p = bf16_params ? st.master.f32() : st.replicated.f32();
+      if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
+      if (bf16_params) FromF32(p, st.replicated.data(), n, options_.param_dtype);
+    } else {
+      TrackedBuffer packed;
+      float* p = st.master.f32();
+      if (!bf16_params) {  // fp32: the replicated parameters are their own master
+        packed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(n, DType::kF32));
+        PackOwn(layout, st.replicated.f32(), packed.f32());
+        p = packed.f32();
+      }
+      if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
+      if (absl::Status s = AllGatherReplicated(u, p); !s.ok()) return s;
+    }
+    // Gradients start from zero for the next step.
+    std::memset(st.grads.data(), 0, st.grads.bytes());
+    st.reduced.Reset();
+  }
+  stats.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
+  loss_sum_ = 0;
+  micro_batches_ = 0;
+  return stats;
+}
+
+absl::StatusOr<double> ZeroEngine::MeanOverRanks(double value) {
+  // Doubles travel as raw bytes: two f32 words each.
+  std::vector<double> all(world_);
+  absl::Status s =
+      aux_comm_->AllGather(&value, all.data(), 2, DType::kF32, options_.collective_timeout);
+  if (!s.ok()) return s;
+  double sum = 0;
+  for (double v : all) sum += v;
+  return sum / world_;
+}
+
+absl::StatusOr<double> ZeroEngine::ParamsSum() {
+  double local = 0;
+  absl::Status s = ForEachOwnPiece([&](const PieceView& piece) {
+    for (int64_t i = 0; i < piece.elements; ++i) local += piece.params[i];
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  absl::StatusOr<double> mean = MeanOverRanks(local);
+  if (!mean.ok()) return mean.status();
+  return *mean * world_;
+}
+
+absl::Status ZeroEngine::ForEachOwnPiece(
+    const std::function<absl::Status(const PieceView&)>& visit) {
+  const bool bf16_params = options_.param_dtype == DType::kBF16;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& layout = units_[u];
+    UnitState& st = *state_[u];
+    for (int i : layout.own_segments) {
+      const Segment& seg = layout.segments[i];
+      PieceView view;
+      view.tensor = &layout.tensors[seg.tensor];
+      view.row_begin = seg.row_begin;
+      view.row_end = seg.row_end;
+      view.elements = seg.length;
+      // Where the piece's master values and moments live.
+      int64_t state_offset = options_.stage == 0 ? seg.flat_offset : seg.chunk_offset;
+      if (options_.stage == 3 || bf16_params) {
+        view.params = st.master.f32() + state_offset;
+      } else {
+        view.params = st.replicated.f32() + seg.flat_offset;
+      }
+      float* m = st.optimizer->exp_avg();
+      float* v = st.optimizer->exp_avg_sq();
+      view.exp_avg = m ? m + state_offset : nullptr;
+      view.exp_avg_sq = v ? v + state_offset : nullptr;
+      if (absl::Status s = visit(view); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t ZeroEngine::optimizer_step() const {
+  return state_.empty() ? 0 : state_[0]->optimizer->step();
+}
+
+void ZeroEngine::set_optimizer_step(int64_t step) {
+  for (auto& s : state_) s->optimizer->set_step(step);
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,183 @@
+// The ZeRO engine: stages 0-3 over a shard plan, with one schedule for every
+// backend.
+//
+// Layouts. A unit's "flat" layout is its tensors back to back (what the model
+// computes on); its "chunked" layout is W chunks of chunk_elements each, rank
+// r's chunk holding r's pieces at their plan offsets (what collectives move).
+// A piece is a contiguous range in both, so packing and unpacking are range
+// copies ("segments").
+//
+// Stages (Ψ parameters, W ranks, fp32 unless --param_dtype=bf16):
+//   0: replicated params, full grads all-reduced, full optimizer state.  16Ψ
+//   1: + optimizer state sharded; grads reduce-scattered at the step.    8Ψ + 8Ψ/W
+//   2: + gradient shards, reduce-scattered per unit during backward.     4Ψ + 12Ψ/W
+//   3: + parameter shards, gathered per unit just in time, then freed.   16Ψ/W
+// Stage 3's window: before computing op position k, gathers for the next
+// `prefetch` positions (forward) or the previous one (backward) are in
+// flight, so at most 1 + prefetch units are unsharded at once.
+//
+// Threads: the caller's (compute), a gather thread and a reduce thread, each
+// with its own communicator, so gathers, reductions and compute overlap.
+// Collectives are issued in the same order on every rank.
+#ifndef ZEROSHARD_WORKER_ZERO_ENGINE_H_
+#define ZEROSHARD_WORKER_ZERO_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "common/shard_plan.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/model.h"
+#include "worker/zero/memory_tracker.h"
+#include "worker/zero/optimizer.h"
+#include "worker/zero/task_thread.h"
+
+namespace zeroshard {
+
+struct EngineOptions {
+  int stage = 3;
+  int prefetch = 1;
+  DType param_dtype = DType::kF32;   // dtype of gathered / replicated parameters
+  DType reduce_dtype = DType::kF32;  // dtype gradients are reduced in
+  int grad_accum = 1;
+  absl::Duration collective_timeout = absl::Seconds(60);
+  std::string optimizer = "adam";
+  OptimizerOptions optimizer_options;
+  double max_grad_norm = 0;  // > 0: clip by global norm
+};
+
+// A piece as a range copy between layouts (elements).
+struct Segment {
+  int rank = 0;
+  int64_t chunk_offset = 0;  // inside rank's chunk
+  int64_t flat_offset = 0;   // inside the unit's flat layout
+  int64_t length = 0;
+  int tensor = 0;            // unit tensor index
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+};
+
+struct UnitLayout {
+  std::string name;
+  std::vector<TensorSpec> tensors;
+  std::vector<int64_t> tensor_offsets;  // flat offset of each tensor
+  int64_t flat_elements = 0;
+  int64_t chunk_elements = 0;
+  std::vector<Segment> segments;  // every rank's pieces
+  std::vector<int> own_segments;  // indices of this rank's
+};
+
+struct StepStats {
+  double loss = 0;       // mean over this rank's micro-batches
+  double grad_norm = 0;  // global, before clipping
+};
+
+class ZeroEngine {
+ public:
+  // `gather` and `reduce` are distinct communicators over the same ranks
+  // (`aux` too: small collectives of the compute thread). Not owned.
+  static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(Model* model, const ShardPlan& plan,
+                                                            Communicator* gather,
+                                                            Communicator* reduce,
+                                                            Communicator* aux,
+                                                            const EngineOptions& options);
+  ~ZeroEngine();
+
+  // Fills every parameter this rank holds. `fill(tensor, row_begin, row_end,
+  // out)` writes f32 values of those rows; it is asked only for the rows this
+  // rank needs (its own pieces at stage 3, every row at stages 0-2).
+  using RowSource = std::function<absl::Status(const TensorSpec& tensor, int64_t row_begin,
+                                               int64_t row_end, float* out)>;
+  absl::Status Initialize(const RowSource& fill);
+
+  // One micro-batch: forward and backward of the batch already set on the
+  // model. `last_micro` marks the last micro-batch of the step (stages 0-1
+  // reduce then). Returns the local loss.
+  absl::StatusOr<double> ForwardBackward(bool last_micro);
+
+  // The optimizer step after grad_accum micro-batches: waits for the
+  // reductions, averages over micro-batches, clips, steps the shard.
+  absl::StatusOr<StepStats> Step(double lr);
+
+  // Sum of every element of the full model (over ranks, in double).
+  absl::StatusOr<double> ParamsSum();
+  // Mean of `value` over ranks.
+  absl::StatusOr<double> MeanOverRanks(double value);
+
+  // Visits this rank's pieces with their fp32 master values (and Adam
+  // moments, when the optimizer has them): for checkpoints.
+  struct PieceView {
+    const TensorSpec* tensor;
+    int64_t row_begin, row_end;
+    float* params;
+    float* exp_avg;     // null without moments
+    float* exp_avg_sq;  // null without moments
+    int64_t elements;
+  };
+  absl::Status ForEachOwnPiece(const std::function<absl::Status(const PieceView&)>& visit);
+  int64_t optimizer_step() const;
+  void set_optimizer_step(int64_t step);
+
+  const MemoryTracker& memory() const { return memory_; }
+  const std::vector<UnitLayout>& units() const { return units_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  // Largest unit, in flat elements.
+  int64_t largest_unit_elements() const;
+
+ private:
+  struct UnitState;
+  // Stage 3 (and bf16 compute copies): a pass position's unit, flat f32.
+  struct GatherSlot {
+    int64_t ticket = 0;  // gather task; 0: none (handed over, or converted in place)
+    TrackedBuffer params;
+  };
+  ZeroEngine() = default;
+
+  absl::Status BuildLayouts(const ShardPlan& plan);
+  // Stage 3: position k of the pass (forward ops, then backward ops).
+  absl::Status IssueGather(int position);
+  absl::StatusOr<float*> AcquireParams(int position);
+  void ReleaseParams(int position);
+  absl::Status GatherUnit(int unit, TrackedBuffer* out);
+  // Stages 2-3 reduce `grads_flat` (then free it); stages 0-1 the unit's
+  // accumulated full gradient.
+  absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat);
+  absl::Status AllGatherReplicated(int unit, const float* master_shard);
+  void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
+  std::string Where(int unit) const;
+
+  Model* model_ = nullptr;
+  Communicator* gather_comm_ = nullptr;
+  Communicator* reduce_comm_ = nullptr;
+  Communicator* aux_comm_ = nullptr;
+  EngineOptions options_;
+  int rank_ = 0;
+  int world_ = 1;
+  std::vector<UnitLayout> units_;
+  std::vector<std::unique_ptr<UnitState>> state_;
+  std::vector<int> ops_;             // unit of each forward op
+  std::vector<int> positions_;       // unit of each pass position (forward then backward)
+  std::vector<int> first_backward_;  // per unit: the pass position of its first backward op
+  std::vector<int> last_backward_;   // per unit: the pass position of its last backward op
+  MemoryTracker memory_;
+  // Owned by the compute thread; a gather task writes only into the bytes of
+  // its slot's buffer, which the compute thread reads after Wait(ticket).
+  std::map<int, GatherSlot> slots_;
+  std::unique_ptr<TaskThread> gather_thread_;
+  std::unique_ptr<TaskThread> reduce_thread_;
+  double loss_sum_ = 0;
+  int micro_batches_ = 0;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ZERO_ENGINE_H_

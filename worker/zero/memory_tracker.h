@@ -1,0 +1,82 @@
+// Bytes held by the engine, by category, with peaks: the figures the ZeRO
+// papers' tables show, measured rather than estimated.
+#ifndef ZEROSHARD_WORKER_ZERO_MEMORY_TRACKER_H_
+#define ZEROSHARD_WORKER_ZERO_MEMORY_TRACKER_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zeroshard {
+
+enum class MemoryCategory {
+  kParamsSharded,      // this rank's fp32 master shard (stage 3; bf16 runs at stages 0-2)
+  kParamsReplicated,   // full parameters every rank holds (stages 0-2)
+  kParamsGathered,     // stage 3: full units, alive only between gather and release
+  kGradsPersistent,    // full gradients (stages 0-1) or gradient shards (stages 2-3)
+  kGradsTransient,     // stages 2-3: a unit's full gradient during its backward
+  kOptimizerState,     // moments of this rank's shard
+  kActivations,        // what the model keeps for backward
+  kCommBuffers,        // send/receive buffers of collectives
+  kCount,
+};
+
+const char* MemoryCategoryName(MemoryCategory category);
+
+// Thread-safe (lock-free counters).
+class MemoryTracker {
+ public:
+  void Add(MemoryCategory category, int64_t bytes);
+  void Sub(MemoryCategory category, int64_t bytes) { Add(category, -bytes); }
+  // For categories measured elsewhere (activations): sets the current value.
+  void Set(MemoryCategory category, int64_t bytes);
+
+  int64_t current(MemoryCategory category) const;
+  int64_t peak(MemoryCategory category) const;
+  int64_t total() const { return total_.load(); }
+  int64_t peak_total() const { return peak_total_.load(); }
+  // Persistent model state: sharded + replicated params, persistent grads,
+  // optimizer state (what the ZeRO formulas count).
+  int64_t model_state() const;
+
+ private:
+  static void RaisePeak(std::atomic<int64_t>& peak, int64_t value);
+  std::array<std::atomic<int64_t>, static_cast<int>(MemoryCategory::kCount)> current_{};
+  std::array<std::atomic<int64_t>, static_cast<int>(MemoryCategory::kCount)> peak_{};
+  std::atomic<int64_t> total_{0};
+  std::atomic<int64_t> peak_total_{0};
+};
+
+// A zero-initialized host buffer whose bytes are counted in a category for
+// its lifetime. Movable, not copyable.
+class TrackedBuffer {
+ public:
+  TrackedBuffer() = default;
+  TrackedBuffer(MemoryTracker* tracker, MemoryCategory category, int64_t bytes);
+  ~TrackedBuffer() { Reset(); }
+  TrackedBuffer(TrackedBuffer&& other) noexcept { *this = std::move(other); }
+  TrackedBuffer& operator=(TrackedBuffer&& other) noexcept;
+  TrackedBuffer(const TrackedBuffer&) = delete;
+  TrackedBuffer& operator=(const TrackedBuffer&) = delete;
+
+  void Reset();
+  bool empty() const { return data_ == nullptr; }
+  int64_t bytes() const { return bytes_; }
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  float* f32() { return static_cast<float*>(data_); }
+  const float* f32() const { return static_cast<const float*>(data_); }
+  uint16_t* u16() { return static_cast<uint16_t*>(data_); }
+
+ private:
+  MemoryTracker* tracker_ = nullptr;
+  MemoryCategory category_ = MemoryCategory::kCommBuffers;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ZERO_MEMORY_TRACKER_H_
