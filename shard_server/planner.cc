@@ -1,0 +1,758 @@
+#include "shard_server/planner.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+
+namespace zeroshard {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Validation
+
+// A validated tensor's sizes. elements = rows * row_elements; bytes =
+// elements * dtype size; all fit in int64.
+struct TensorSize {
+  int64_t rows = 0;
+  int64_t row_elements = 0;
+  int64_t elements = 0;
+  int64_t bytes = 0;
+};
+
+// "tensor 3 (\"h.0.attn.c_attn.weight\")": how messages name a tensor.
+std::string Describe(size_t index, const TensorSpec& tensor) {
+  return absl::StrCat("tensor ", index, " (\"", tensor.name, "\")");
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::Status CheckWorldSize(int world_size) {
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size ", world_size, " is out of range; expected 1 to ", kMaxWorldSize));
+  }
+  return absl::OkStatus();
+}
+
+// Fills in the defaults of `options`, refusing values out of range.
+absl::StatusOr<PlanOptions> ResolveOptions(const PlanOptions& options) {
+  PlanOptions resolved = options;
+  if (options.max_unit_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_unit_bytes ", options.max_unit_bytes,
+                     " is negative; expected bytes > 0 (0: default)"));
+  }
+  if (options.max_unit_bytes == 0) resolved.max_unit_bytes = kDefaultMaxUnitBytes;
+
+  if (options.alignment_elements < 0 || options.alignment_elements > kMaxAlignmentElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment_elements ", options.alignment_elements,
+                     " is out of range; expected 1 to ", kMaxAlignmentElements, " (0: default)"));
+  }
+  if (options.alignment_elements == 0) resolved.alignment_elements = kDefaultAlignmentElements;
+
+  if (!std::isfinite(options.split_fraction) || options.split_fraction < 0 ||
+      options.split_fraction > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split_fraction ", options.split_fraction,
+                     " is out of range; expected (0, 1] (0: default)"));
+  }
+  if (options.split_fraction == 0) resolved.split_fraction = kDefaultSplitFraction;
+  return resolved;
+}
+
+// INVALID_ARGUMENT naming the first tensor whose name an earlier one has.
+//
+// Sorted 64-bit name hashes find candidates: one sequential sort instead of
+// a million random probes into a hash table, about 2.5x faster at that size
+// (which matters for the 1 s budget). Names are compared only if two hashes
+// are equal, so a collision costs time, never a wrong refusal.
+absl::Status CheckNamesUnique(const ModelSpec& spec) {
+  std::vector<uint64_t> hashes;
+  hashes.reserve(spec.tensors.size());
+  for (const TensorSpec& tensor : spec.tensors) {
+    hashes.push_back(XXH3_64bits(tensor.name.data(), tensor.name.size()));
+  }
+  std::sort(hashes.begin(), hashes.end());
+  if (std::adjacent_find(hashes.begin(), hashes.end()) == hashes.end()) return absl::OkStatus();
+
+  absl::flat_hash_map<absl::string_view, size_t> first_use;
+  first_use.reserve(spec.tensors.size());
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    auto [it, inserted] = first_use.emplace(spec.tensors[i].name, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(i, spec.tensors[i]), ": duplicate name, first used by tensor ", it->second));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks every tensor of `spec` and returns their sizes, in spec order.
+absl::StatusOr<std::vector<TensorSize>> MeasureTensors(const ModelSpec& spec) {
+  if (spec.tensors.empty()) {
+    return absl::InvalidArgumentError("model spec has no tensors; nothing to plan");
+  }
+  std::vector<TensorSize> sizes(spec.tensors.size());
+  int64_t total_elements = 0;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorSpec& tensor = spec.tensors[i];
+    if (tensor.name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, " has an empty name; every tensor needs a unique name"));
+    }
+    absl::StatusOr<DType> dtype = ParseDType(tensor.dtype);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(i, tensor), ": dtype \"", tensor.dtype, "\" is not a safetensors ",
+                       "dtype; expected F32, BF16, F16, F64, I64, I32, I16, I8, U8 or BOOL"));
+    }
+
+    TensorSize& size = sizes[i];
+    size.rows = 1;
+    size.row_elements = 1;
+    for (size_t d = 0; d < tensor.shape.size(); ++d) {
+      const int64_t dim = tensor.shape[d];
+      if (dim <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(Describe(i, tensor), ": shape ",
+                                                       ShapeString(tensor.shape), " has dimension ",
+                                                       d, " = ", dim, "; dimensions must be > 0"));
+      }
+      if (d == 0) {
+        size.rows = dim;
+      } else if (__builtin_mul_overflow(size.row_elements, dim, &size.row_elements)) {
+        return absl::InvalidArgumentError(absl::StrCat(Describe(i, tensor), ": shape ",
+                                                       ShapeString(tensor.shape),
+                                                       " overflows int64 elements"));
+      }
+    }
+    if (__builtin_mul_overflow(size.rows, size.row_elements, &size.elements)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(i, tensor), ": shape ", ShapeString(tensor.shape), " overflows int64 elements"));
+    }
+    if (__builtin_mul_overflow(size.elements, int64_t{DTypeSize(*dtype)}, &size.bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(Describe(i, tensor), ": ", size.elements,
+                                                     " elements of ", tensor.dtype,
+                                                     " overflow int64 bytes"));
+    }
+    if (size.elements > kMaxTotalElements - total_elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(i, tensor), ": with its ", size.elements,
+                       " elements the spec exceeds the planner's limit of 2^53 elements in total"));
+    }
+    total_elements += size.elements;
+  }
+  if (absl::Status status = CheckNamesUnique(spec); !status.ok()) return status;
+  return sizes;
+}
+
+// ---------------------------------------------------------------------------
+// Units
+
+struct UnitDraft {
+  std::string name;
+  std::vector<int32_t> tensors;  // spec indices, ascending
+};
+
+// Groups tensors into units: by label, or runs of unlabeled tensors packed up
+// to `max_unit_bytes`. Units are ordered by their first tensor.
+std::vector<UnitDraft> GroupIntoUnits(const ModelSpec& spec, const std::vector<TensorSize>& sizes,
+                                      int64_t max_unit_bytes) {
+  std::vector<UnitDraft> units;
+  absl::flat_hash_map<absl::string_view, size_t> unit_of_label;
+  std::vector<size_t> packed_units;         // indices into `units`, to be named below
+  bool packing = false;                     // the last unit is a packed one still open
+  int64_t packed_bytes = 0;                 // bytes in that unit
+  const std::string* last_label = nullptr;  // of the previous labeled tensor
+  size_t last_label_unit = 0;               // its unit
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorSpec& tensor = spec.tensors[i];
+    if (!tensor.unit.empty()) {
+      packing = false;
+      // Labeled tensors mostly come in runs: skip the map within one.
+      if (last_label == nullptr || *last_label != tensor.unit) {
+        auto [it, inserted] = unit_of_label.emplace(tensor.unit, units.size());
+        if (inserted) units.push_back(UnitDraft{tensor.unit, {}});
+        last_label = &tensor.unit;
+        last_label_unit = it->second;
+      }
+      units[last_label_unit].tensors.push_back(static_cast<int32_t>(i));
+      continue;
+    }
+    const int64_t bytes = sizes[i].bytes;
+    if (!packing || bytes > max_unit_bytes - packed_bytes) {
+      packed_units.push_back(units.size());
+      units.emplace_back();
+      packing = true;
+      packed_bytes = 0;
+    }
+    units.back().tensors.push_back(static_cast<int32_t>(i));
+    packed_bytes += bytes;
+  }
+  // Packed units are named "packed.<k>"; a label that already took the name
+  // pushes the packed unit to "packed.<k>~" (then "~~", ...), so names stay
+  // unique and deterministic.
+  for (size_t k = 0; k < packed_units.size(); ++k) {
+    std::string name = absl::StrCat("packed.", k);
+    while (unit_of_label.contains(name)) name += "~";
+    units[packed_units[k]].name = std::move(name);
+  }
+  return units;
+}
+
+// ---------------------------------------------------------------------------
+// Assignment
+
+int64_t AlignUp(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+// A unit tensor as the assignment sees it.
+struct Item {
+  int64_t granule;  // smallest part it can be cut into: a row, or all of it
+  int64_t rows;
+  int64_t row_elements;
+  int32_t tensor;  // index into the unit's tensors
+};
+
+// A placed piece: rows [row_begin, row_end) of unit tensor `tensor`.
+struct Placement {
+  int64_t row_begin;
+  int64_t row_end;
+  int64_t offset;  // elements into the rank's chunk
+  int32_t tensor;
+  int32_t rank;
+};
+
+// Ranks ordered by (load, rank), the least loaded on top. Ranks that hold
+// nothing yet are not in the heap: they have load 0, below every loaded rank
+// (a piece has >= 1 element), so they come first in rank order. That keeps a
+// unit with few pieces from paying O(W) to start.
+class LeastLoadedRanks {
+ public:
+  void Reset(int world_size) {
+    world_size_ = world_size;
+    next_empty_ = 0;
+    heap_.clear();
+  }
+  int rank() const { return next_empty_ < world_size_ ? next_empty_ : heap_[0].rank; }
+  int64_t load() const { return next_empty_ < world_size_ ? 0 : heap_[0].load; }
+
+  // Adds `elements` (> 0) to the least-loaded rank.
+  void AddToLeastLoaded(int64_t elements) {
+    assert(elements > 0);
+    if (next_empty_ < world_size_) {
+      heap_.push_back(Entry{elements, next_empty_++});
+      SiftUp(heap_.size() - 1);
+    } else {
+      heap_[0].load += elements;
+      SiftDown(0);
+    }
+  }
+
+ private:
+  struct Entry {
+    int64_t load;
+    int32_t rank;
+    bool operator<(const Entry& other) const {
+      return load != other.load ? load < other.load : rank < other.rank;
+    }
+  };
+
+  void SiftUp(size_t i) {
+    const Entry entry = heap_[i];
+    while (i > 0) {
+      const size_t parent = (i - 1) / 2;
+      if (!(entry < heap_[parent])) break;
+      heap_[i] = heap_[parent];
+      i = parent;
+    }
+    heap_[i] = entry;
+  }
+
+  void SiftDown(size_t i) {
+    const Entry entry = heap_[i];
+    const size_t n = heap_.size();
+    for (;;) {
+      size_t child = 2 * i + 1;
+      if (child >= n) break;
+      if (child + 1 < n && heap_[child + 1] < heap_[child]) ++child;
+      if (!(heap_[child] < entry)) break;
+      heap_[i] = heap_[child];
+      i = child;
+    }
+    heap_[i] = entry;
+  }
+
+  int world_size_ = 0;
+  int32_t next_empty_ = 0;
+  std::vector<Entry> heap_;
+};
+
+// Plans one unit. Buffers live here so that units reuse their allocations.
+class UnitAssigner {
+ public:
+  UnitAssigner(int world_size, const PlanOptions& options)
+      : world_size_(world_size), options_(options) {}
+
+  // Fills unit->pieces and unit->chunk_elements for the tensors `members`
+  // (spec indices) of `unit`.
+  void Assign(const std::vector<int32_t>& members, const std::vector<TensorSize>& sizes,
+              ShardUnit* unit);
+
+ private:
+  // Places items_ in order with every rank's load <= cap, into `out`.
+  // Returns the elements left unplaced: 0 on success; otherwise some granule
+  // fit no rank, and `out` is partial.
+  int64_t FillToCapacity(int64_t cap, std::vector<Placement>* out);
+
+  void EmitSortedByRank(ShardUnit* unit);
+
+  const int world_size_;
+  const PlanOptions options_;
+  int64_t unit_elements_ = 0;  // of the unit being assigned
+  std::vector<Item> items_;
+  std::vector<Placement> best_;
+  std::vector<Placement> trial_;
+  LeastLoadedRanks ranks_;
+  std::vector<int32_t> rank_starts_;
+};
+
+int64_t UnitAssigner::FillToCapacity(int64_t cap, std::vector<Placement>* out) {
+  out->clear();
+  ranks_.Reset(world_size_);
+  int64_t unplaced = unit_elements_;
+  for (const Item& item : items_) {
+    const bool cuttable = item.granule < item.rows * item.row_elements;
+    int64_t row = 0;
+    while (row < item.rows) {
+      const int64_t space = cap - ranks_.load();
+      const int64_t left = item.rows - row;
+      // The least-loaded rank has the most space: if the granule does not
+      // fit there, it fits nowhere under this cap.
+      int64_t take;
+      if (cuttable) {
+        take = std::min(left, space / item.row_elements);
+      } else {
+        take = item.granule <= space ? left : 0;
+      }
+      if (take <= 0) return unplaced;
+      const int64_t load = ranks_.load();
+      out->push_back(Placement{row, row + take, load, item.tensor, ranks_.rank()});
+      ranks_.AddToLeastLoaded(take * item.row_elements);
+      unplaced -= take * item.row_elements;
+      row += take;
+    }
+  }
+  assert(unplaced == 0);
+  return 0;
+}
+
+void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector<TensorSize>& sizes,
+                          ShardUnit* unit) {
+  const int64_t w = world_size_;
+  unit_elements_ = 0;
+  for (int32_t spec_index : members) unit_elements_ += sizes[spec_index].elements;
+  const int64_t fair_share = (unit_elements_ + w - 1) / w;  // ceil(E / W)
+  // Tensors up to this many elements are never cut (see planner.h).
+  const auto keep_whole =
+      static_cast<int64_t>(options_.split_fraction * (static_cast<double>(unit_elements_) / w));
+
+  items_.clear();
+  int64_t max_granule = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const TensorSize& size = sizes[members[i]];
+    const bool whole = size.rows == 1 || size.elements <= keep_whole;
+    const int64_t granule = whole ? size.elements : size.row_elements;
+    items_.push_back(Item{granule, size.rows, size.row_elements, static_cast<int32_t>(i)});
+    max_granule = std::max(max_granule, granule);
+  }
+  // Coarsest first: holes a coarse granule leaves behind (< one granule) can
+  // only be filled by finer ones, so those must come later. Then longest
+  // first, then spec order, which makes the order (and the plan) total.
+  std::sort(items_.begin(), items_.end(), [](const Item& a, const Item& b) {
+    if (a.granule != b.granule) return a.granule > b.granule;
+    const int64_t a_elements = a.rows * a.row_elements;
+    const int64_t b_elements = b.rows * b.row_elements;
+    if (a_elements != b_elements) return a_elements > b_elements;
+    return a.tensor < b.tensor;
+  });
+
+  // Search a small capacity (a multiple of the alignment) that fits.
+  // Invariant: `feasible` fits (best_ holds its placement once have_best);
+  // `infeasible` does not, or is below every candidate. `feasible` starts
+  // at a bound that always fits: if the least-loaded rank had less than a
+  // granule g of space there, every rank would hold more than
+  // ceil(E/W) + max_granule - g >= ceil(E/W) elements, W of them more than
+  // E, with some still unplaced.
+  //
+  // Fit is not monotone in the capacity (a larger one can leave larger
+  // holes), so this finds a capacity that fits where `tolerance` less did
+  // not, not a global minimum. Probes start at ceil(E/W) and move up by at
+  // least what a failed probe left unplaced, spread over the ranks, and by
+  // at least doubling steps; then bisection narrows the last gap until it is
+  // within `tolerance`: the alignment, or 1/2048 of a fair share (0.05%
+  // padding) when that is larger, which saves passes on big units.
+  const int64_t a = options_.alignment_elements;
+  const int64_t tolerance = std::max(a, fair_share / 2048);
+  const int64_t lowest = AlignUp(std::max(fair_share, max_granule), a);
+  int64_t feasible = AlignUp(fair_share + max_granule, a);
+  int64_t infeasible = lowest - a;
+  bool have_best = false;
+  for (int64_t step = a, cap = lowest; cap < feasible; step *= 2) {
+    const int64_t unplaced = FillToCapacity(cap, &trial_);
+    if (unplaced == 0) {
+      feasible = cap;
+      best_.swap(trial_);
+      have_best = true;
+      break;
+    }
+    infeasible = cap;
+    cap = std::max(lowest + step, cap + AlignUp((unplaced + w - 1) / w, a));
+  }
+  if (!have_best) {
+    const int64_t unplaced = FillToCapacity(feasible, &best_);
+    assert(unplaced == 0);
+    (void)unplaced;
+  }
+  while (feasible - infeasible > tolerance) {
+    const int64_t cap = infeasible + (feasible - infeasible) / a / 2 * a;
+    if (FillToCapacity(cap, &trial_) == 0) {
+      feasible = cap;
+      best_.swap(trial_);
+    } else {
+      infeasible = cap;
+    }
+  }
+
+  int64_t max_load = 0;
+  for (const Placement& p : best_) {
+    const int64_t end =
+        p.offset + (p.row_end - p.row_begin) * sizes[members[p.tensor]].row_elements;
+    max_load = std::max(max_load, end);
+  }
+  assert(max_load <= feasible);
+  unit->chunk_elements = AlignUp(max_load, a);
+  EmitSortedByRank(unit);
+}
+
+// best_ holds each rank's pieces in increasing offset (a rank's load only
+// grows), so a stable grouping by rank yields (rank, offset) order.
+void UnitAssigner::EmitSortedByRank(ShardUnit* unit) {
+  unit->pieces.clear();
+  unit->pieces.reserve(best_.size());
+  auto emit = [unit](const Placement& p) {
+    unit->pieces.push_back(Piece{p.tensor, p.row_begin, p.row_end, p.rank, p.offset});
+  };
+  if (best_.size() * 4 < static_cast<size_t>(world_size_)) {
+    // Few pieces: sorting beats an O(W) counting pass.
+    std::sort(best_.begin(), best_.end(), [](const Placement& x, const Placement& y) {
+      return x.rank != y.rank ? x.rank < y.rank : x.offset < y.offset;
+    });
+    for (const Placement& p : best_) emit(p);
+    return;
+  }
+  rank_starts_.assign(world_size_ + 1, 0);
+  for (const Placement& p : best_) ++rank_starts_[p.rank + 1];
+  for (int r = 0; r < world_size_; ++r) rank_starts_[r + 1] += rank_starts_[r];
+  unit->pieces.resize(best_.size());
+  for (const Placement& p : best_) {
+    unit->pieces[rank_starts_[p.rank]++] =
+        Piece{p.tensor, p.row_begin, p.row_end, p.rank, p.offset};
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Hashing
+
+// Streams a canonical, platform-independent byte form of a plan into
+// xxhash64: integers as 8 little-endian bytes, strings length-prefixed.
+class CanonicalHasher {
+ public:
+  CanonicalHasher() : state_(XXH64_createState()) {
+    XXH64_reset(state_.get(), 0);
+    buffer_.reserve(kFlushBytes + 64);
+  }
+
+  void Int(int64_t value) {
+    char bytes[8];
+    const auto bits = static_cast<uint64_t>(value);
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(bits >> (8 * i));
+    buffer_.append(bytes, 8);
+    MaybeFlush();
+  }
+
+  void Double(double value) {
+    uint64_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    Int(static_cast<int64_t>(bits));
+  }
+
+  void String(absl::string_view text) {
+    Int(static_cast<int64_t>(text.size()));
+    buffer_.append(text.data(), text.size());
+    MaybeFlush();
+  }
+
+  std::string HexDigest() {
+    XXH64_update(state_.get(), buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return absl::StrFormat("%016x", XXH64_digest(state_.get()));
+  }
+
+ private:
+  static constexpr size_t kFlushBytes = 64 << 10;
+
+  struct StateDeleter {
+    void operator()(XXH64_state_t* state) const { XXH64_freeState(state); }
+  };
+
+  void MaybeFlush() {
+    if (buffer_.size() < kFlushBytes) return;
+    XXH64_update(state_.get(), buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+
+  std::unique_ptr<XXH64_state_t, StateDeleter> state_;
+  std::string buffer_;
+};
+
+// ---------------------------------------------------------------------------
+// Plan validation helpers
+
+std::string DescribePiece(const ShardUnit& unit, size_t index) {
+  const Piece& p = unit.pieces[index];
+  return absl::StrCat("unit \"", unit.name, "\" piece ", index, " (tensor ", p.tensor, ", rows [",
+                      p.row_begin, ", ", p.row_end, "), rank ", p.rank, ", offset ", p.offset, ")");
+}
+
+// Checks one unit's pieces against its tensors' sizes (`sizes`, unit order).
+absl::Status ValidateUnitPieces(const ShardUnit& unit, const std::vector<TensorSize>& sizes,
+                                int world_size, std::vector<int32_t>* order) {
+  for (size_t i = 0; i < unit.pieces.size(); ++i) {
+    const Piece& p = unit.pieces[i];
+    if (p.tensor < 0 || static_cast<size_t>(p.tensor) >= unit.tensors.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(DescribePiece(unit, i), ": no such tensor in the unit"));
+    }
+    const TensorSize& size = sizes[p.tensor];
+    if (p.row_begin < 0 || p.row_begin >= p.row_end || p.row_end > size.rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DescribePiece(unit, i), ": rows are not a non-empty range of [0, ", size.rows, ")"));
+    }
+    if (p.rank < 0 || p.rank >= world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(DescribePiece(unit, i), ": rank outside [0, ", world_size, ")"));
+    }
+    const int64_t elements = (p.row_end - p.row_begin) * size.row_elements;
+    if (p.offset < 0 || p.offset > unit.chunk_elements ||
+        elements > unit.chunk_elements - p.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(DescribePiece(unit, i), ": ", elements,
+                                                     " elements do not fit in the chunk of ",
+                                                     unit.chunk_elements));
+    }
+  }
+
+  // Coverage: per tensor, the pieces' rows tile [0, rows) exactly.
+  order->resize(unit.pieces.size());
+  for (size_t i = 0; i < order->size(); ++i) (*order)[i] = static_cast<int32_t>(i);
+  std::sort(order->begin(), order->end(), [&unit](int32_t x, int32_t y) {
+    const Piece& a = unit.pieces[x];
+    const Piece& b = unit.pieces[y];
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.row_begin < b.row_begin;
+  });
+  size_t next = 0;
+  for (size_t t = 0; t < unit.tensors.size(); ++t) {
+    int64_t covered = 0;  // rows [0, covered) are placed
+    for (; next < order->size() && unit.pieces[(*order)[next]].tensor == static_cast<int>(t);
+         ++next) {
+      const Piece& p = unit.pieces[(*order)[next]];
+      if (p.row_begin != covered) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            DescribePiece(unit, (*order)[next]), ": tensor \"", unit.tensors[t].name, "\" rows [",
+            std::min(covered, p.row_begin), ", ", std::max(covered, p.row_begin), ") are ",
+            p.row_begin > covered ? "in no piece" : "in two pieces"));
+      }
+      covered = p.row_end;
+    }
+    if (covered != sizes[t].rows) {
+      return absl::InvalidArgumentError(absl::StrCat("unit \"", unit.name, "\": tensor \"",
+                                                     unit.tensors[t].name, "\" rows [", covered,
+                                                     ", ", sizes[t].rows, ") are in no piece"));
+    }
+  }
+
+  // Disjointness: per rank, pieces do not overlap inside the chunk.
+  std::sort(order->begin(), order->end(), [&unit](int32_t x, int32_t y) {
+    const Piece& a = unit.pieces[x];
+    const Piece& b = unit.pieces[y];
+    return a.rank != b.rank ? a.rank < b.rank : a.offset < b.offset;
+  });
+  for (size_t k = 1; k < order->size(); ++k) {
+    const Piece& prev = unit.pieces[(*order)[k - 1]];
+    const Piece& cur = unit.pieces[(*order)[k]];
+    if (prev.rank != cur.rank) continue;
+    const int64_t prev_end =
+        prev.offset + (prev.row_end - prev.row_begin) * sizes[prev.tensor].row_elements;
+    if (prev_end > cur.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DescribePiece(unit, (*order)[k]), ": overlaps ", DescribePiece(unit, (*order)[k - 1])));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ShardPlan> Plan(const ModelSpec& spec, int world_size, const PlanOptions& options) {
+  if (absl::Status status = CheckWorldSize(world_size); !status.ok()) return status;
+  absl::StatusOr<PlanOptions> resolved = ResolveOptions(options);
+  if (!resolved.ok()) return resolved.status();
+  absl::StatusOr<std::vector<TensorSize>> sizes = MeasureTensors(spec);
+  if (!sizes.ok()) return sizes.status();
+
+  std::vector<UnitDraft> drafts = GroupIntoUnits(spec, *sizes, resolved->max_unit_bytes);
+
+  ShardPlan plan;
+  plan.version = kPlanVersion;
+  plan.world_size = world_size;
+  plan.options = *resolved;
+  plan.units.resize(drafts.size());
+  UnitAssigner assigner(world_size, *resolved);
+  for (size_t u = 0; u < drafts.size(); ++u) {
+    ShardUnit& unit = plan.units[u];
+    unit.name = std::move(drafts[u].name);
+    unit.tensors.reserve(drafts[u].tensors.size());
+    for (int32_t spec_index : drafts[u].tensors) unit.tensors.push_back(spec.tensors[spec_index]);
+    assigner.Assign(drafts[u].tensors, *sizes, &unit);
+  }
+  plan.hash = PlanHash(plan);
+  return plan;
+}
+
+std::string PlanHash(const ShardPlan& plan) {
+  CanonicalHasher hasher;
+  hasher.String("zeroshard.ShardPlan");
+  hasher.Int(plan.version);
+  hasher.Int(plan.world_size);
+  hasher.Int(plan.options.max_unit_bytes);
+  hasher.Int(plan.options.alignment_elements);
+  hasher.Double(plan.options.split_fraction);
+  hasher.Int(static_cast<int64_t>(plan.units.size()));
+  for (const ShardUnit& unit : plan.units) {
+    hasher.String(unit.name);
+    hasher.Int(static_cast<int64_t>(unit.tensors.size()));
+    for (const TensorSpec& tensor : unit.tensors) {
+      hasher.String(tensor.name);
+      hasher.String(tensor.dtype);
+      hasher.String(tensor.unit);
+      hasher.Int(static_cast<int64_t>(tensor.shape.size()));
+      for (int64_t dim : tensor.shape) hasher.Int(dim);
+    }
+    hasher.Int(unit.chunk_elements);
+    hasher.Int(static_cast<int64_t>(unit.pieces.size()));
+    for (const Piece& p : unit.pieces) {
+      hasher.Int(p.tensor);
+      hasher.Int(p.row_begin);
+      hasher.Int(p.row_end);
+      hasher.Int(p.rank);
+      hasher.Int(p.offset);
+    }
+  }
+  return hasher.HexDigest();
+}
+
+absl::Status ValidatePlan(const ModelSpec& spec, const ShardPlan& plan) {
+  absl::StatusOr<std::vector<TensorSize>> spec_sizes = MeasureTensors(spec);
+  if (!spec_sizes.ok()) return spec_sizes.status();
+  if (absl::Status status = CheckWorldSize(plan.world_size); !status.ok()) return status;
+  if (plan.version < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("plan version ", plan.version, " is invalid"));
+  }
+  const int64_t alignment = plan.options.alignment_elements;
+  if (alignment < 1 || alignment > kMaxAlignmentElements) {
+    return absl::InvalidArgumentError(absl::StrCat("plan alignment_elements ", alignment,
+                                                   " is out of range [1, ", kMaxAlignmentElements,
+                                                   "]"));
+  }
+
+  absl::flat_hash_map<absl::string_view, int32_t> spec_index;
+  spec_index.reserve(spec.tensors.size());
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    spec_index.emplace(spec.tensors[i].name, static_cast<int32_t>(i));
+  }
+  std::vector<bool> placed(spec.tensors.size(), false);
+  absl::flat_hash_set<absl::string_view> unit_names;
+  std::vector<TensorSize> unit_sizes;
+  std::vector<int32_t> order;
+  for (const ShardUnit& unit : plan.units) {
+    if (unit.name.empty() || !unit_names.insert(unit.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unit name \"", unit.name, "\" is empty or not unique"));
+    }
+    if (unit.chunk_elements < 0 || unit.chunk_elements % alignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unit \"", unit.name, "\": chunk of ",
+                                                     unit.chunk_elements,
+                                                     " elements is not a multiple of the "
+                                                     "alignment ",
+                                                     alignment));
+    }
+    unit_sizes.clear();
+    for (const TensorSpec& tensor : unit.tensors) {
+      auto it = spec_index.find(tensor.name);
+      if (it == spec_index.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("unit \"", unit.name, "\": tensor \"",
+                                                       tensor.name, "\" is not in the spec"));
+      }
+      const TensorSpec& expected = spec.tensors[it->second];
+      if (placed[it->second]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unit \"", unit.name, "\": tensor \"", tensor.name, "\" is in two units"));
+      }
+      if (tensor.shape != expected.shape || tensor.dtype != expected.dtype) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unit \"", unit.name, "\": tensor \"", tensor.name, "\" is ", tensor.dtype,
+                         ShapeString(tensor.shape), " but the spec says ", expected.dtype,
+                         ShapeString(expected.shape)));
+      }
+      placed[it->second] = true;
+      unit_sizes.push_back((*spec_sizes)[it->second]);
+    }
+    if (absl::Status status = ValidateUnitPieces(unit, unit_sizes, plan.world_size, &order);
+        !status.ok()) {
+      return status;
+    }
+  }
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    if (!placed[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(i, spec.tensors[i]), " is in no unit of the plan"));
+    }
+  }
+  const std::string hash = PlanHash(plan);
+  if (hash != plan.hash) {
+    return absl::DataLossError(absl::StrCat("plan hash \"", plan.hash,
+                                            "\" does not match its "
+                                            "contents (",
+                                            hash, "); the plan was altered"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard
