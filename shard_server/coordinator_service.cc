@@ -270,13 +270,19 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
                                                          v1::PlanShardsResponse* response) {
   if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
   const v1::MemberCredentials& m = request->member();
-  if (absl::Status s = membership_->CheckMember(m); !s.ok()) {
-    return FinishNow(context, ToGrpcStatus(s));
+  absl::StatusOr<v1::ShardPlan> plan;
+  if (m.job_id().empty()) {
+    // Not a member: a one-off plan (shardctl plan), nothing stored.
+    plan = plans_->Plan("", 0, request->world_size(), request->spec(), request->options());
+  } else {
+    if (absl::Status s = membership_->CheckMember(m); !s.ok()) {
+      return FinishNow(context, ToGrpcStatus(s));
+    }
+    absl::StatusOr<int> world_size = membership_->WorldSize(m.job_id());
+    if (!world_size.ok()) return FinishNow(context, ToGrpcStatus(world_size.status()));
+    plan = plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(),
+                        request->options());
   }
-  absl::StatusOr<int> world_size = membership_->WorldSize(m.job_id());
-  if (!world_size.ok()) return FinishNow(context, ToGrpcStatus(world_size.status()));
-  absl::StatusOr<v1::ShardPlan> plan =
-      plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(), request->options());
   if (plan.ok()) *response->mutable_plan() = std::move(*plan);
   return FinishNow(context, ToGrpcStatus(plan.status()));
 }

@@ -37,6 +37,7 @@ class PlanService {
   // (job, generation) -> (request digest, plan). A cache of the state store.
   std::map<std::pair<std::string, int64_t>, std::pair<std::string, v1::ShardPlan>> plans_
       ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> latest_hash_ ABSL_GUARDED_BY(mu_);  // job -> plan hash
 };
 
 }  // namespace zeroshard

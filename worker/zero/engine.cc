@@ -60,6 +60,18 @@ struct ZeroEngine::UnitState {
 };
 
 
+void ZeroEngine::SetActivity(std::string* slot, std::string activity) {
+  absl::MutexLock lock(&activity_mu_);
+  *slot = std::move(activity);
+}
+
+std::string ZeroEngine::InFlight() const {
+  absl::MutexLock lock(&activity_mu_);
+  if (gather_activity_.empty()) return reduce_activity_;
+  if (reduce_activity_.empty()) return gather_activity_;
+  return absl::StrCat(gather_activity_, " and ", reduce_activity_);
+}
+
 std::string ZeroEngine::Where(int unit) const {
   return absl::StrCat("unit '", units_[unit].name, "' (rank ", rank_, " of ", world_, ")");
 }
@@ -280,8 +292,10 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
     input = send.data();
   }
   TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
   absl::Status s = gather_comm_->AllGather(input, received.data(), chunk, dtype,
                                            options_.collective_timeout);
+  SetActivity(&gather_activity_, "");
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }
@@ -357,6 +371,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
   const int64_t flat = layout.flat_elements;
   if (options_.stage == 0) {
     // DDP: all-reduce the full gradient (average over ranks).
+    SetActivity(&reduce_activity_, absl::StrCat("all_reduce of unit '", layout.name, "'"));
     absl::Status s;
     if (dtype == DType::kF32) {
       s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
@@ -368,6 +383,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
                                   options_.collective_timeout);
       if (s.ok()) ToF32(buffer.data(), state.grads.f32(), flat, dtype);
     }
+    SetActivity(&reduce_activity_, "");
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
     }
@@ -382,8 +398,10 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
   }
   if (options_.stage >= 2) grads_flat_buffer->Reset();  // packed: the flat gradient is done
   TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
+  SetActivity(&reduce_activity_, absl::StrCat("reduce_scatter of unit '", layout.name, "'"));
   absl::Status s = reduce_comm_->ReduceScatter(send.data(), received.data(), chunk, dtype,
                                                ReduceOp::kAverage, options_.collective_timeout);
+  SetActivity(&reduce_activity_, "");
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
@@ -457,8 +475,10 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
   TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
   FromF32(master_shard, send.data(), chunk, dtype);
   TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
   absl::Status s = gather_comm_->AllGather(send.data(), received.data(), chunk, dtype,
                                            options_.collective_timeout);
+  SetActivity(&gather_activity_, "");
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }

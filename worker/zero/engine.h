@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/shard_plan.h"
@@ -126,6 +127,10 @@ class ZeroEngine {
   int64_t optimizer_step() const;
   void set_optimizer_step(int64_t step);
 
+  // The collectives in flight right now, e.g. "all_gather of unit '3'", for
+  // messages when a job is aborted from outside. Thread-safe.
+  std::string InFlight() const;
+
   const MemoryTracker& memory() const { return memory_; }
   const std::vector<UnitLayout>& units() const { return units_; }
   int rank() const { return rank_; }
@@ -154,6 +159,7 @@ class ZeroEngine {
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
+  void SetActivity(std::string* slot, std::string activity);
 
   Model* model_ = nullptr;
   Communicator* gather_comm_ = nullptr;
@@ -174,6 +180,9 @@ class ZeroEngine {
   std::map<int, GatherSlot> slots_;
   std::unique_ptr<TaskThread> gather_thread_;
   std::unique_ptr<TaskThread> reduce_thread_;
+  mutable absl::Mutex activity_mu_;
+  std::string gather_activity_ ABSL_GUARDED_BY(activity_mu_);
+  std::string reduce_activity_ ABSL_GUARDED_BY(activity_mu_);
   double loss_sum_ = 0;
   int micro_batches_ = 0;
 };

@@ -1,0 +1,342 @@
+// shard_worker: one training process of a zeroshard job.
+//
+//   shard_worker --server=HOST:PORT --job=ID --world_size=W --model=mlp \
+//       --layers=20 --width=2000 --stage=3 --steps=100
+//
+// Joins the job, gets its rank and the shard plan from the server, bootstraps
+// Gloo through the server's KV store, and trains with ZeRO stage 0-3.
+// Progress goes to stderr (rank 0); --report writes a JSON summary.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/client_kv_store.h"
+#include "common/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "shard_server/plan_codec.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/data/regression_data.h"
+#include "worker/model/mlp.h"
+#include "worker/zero/engine.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+ABSL_FLAG(std::string, server, "127.0.0.1:7070", "Shard server HOST:PORT");
+ABSL_FLAG(std::string, token_file, "", "File holding the server's bearer token");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA file: connect with TLS and verify the server");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM client key (mutual TLS)");
+ABSL_FLAG(std::string, job, "", "Job id (letters, digits, '-', '_', '.')");
+ABSL_FLAG(int, world_size, 1, "Number of workers in the job");
+ABSL_FLAG(std::string, worker_id, "",
+          "Stable worker identity; ranks follow sorted worker ids (default: HOST/PID)");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address peers reach this worker at; the data plane binds to it");
+ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
+ABSL_FLAG(std::string, model, "mlp", "Model: mlp");
+ABSL_FLAG(int, layers, 4, "Layers of the model");
+ABSL_FLAG(int, width, 256, "MLP width (in = out features of every Linear)");
+ABSL_FLAG(std::string, activation, "none", "MLP activation between Linears: none|relu|gelu");
+ABSL_FLAG(int, stage, 3, "ZeRO stage 0-3");
+ABSL_FLAG(int, steps, 10, "Optimizer steps (the total, counting resumed ones)");
+ABSL_FLAG(int, batch, 8, "Rows per rank per micro-batch");
+ABSL_FLAG(double, lr, 1e-3, "Learning rate");
+ABSL_FLAG(std::string, optimizer, "adam", "adam|adamw|sgd (PyTorch update rules and defaults)");
+ABSL_FLAG(double, weight_decay, -1, "Weight decay (default: the optimizer's own)");
+ABSL_FLAG(double, momentum, 0, "SGD momentum");
+ABSL_FLAG(int, prefetch, 1, "Stage 3: units gathered ahead of use");
+ABSL_FLAG(std::string, param_dtype, "f32", "Dtype parameters are gathered in: f32|bf16");
+ABSL_FLAG(std::string, reduce_dtype, "f32", "Dtype gradients are reduced in: f32|bf16");
+ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
+ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
+ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
+ABSL_FLAG(int, threads, 1, "OpenBLAS threads for this worker");
+ABSL_FLAG(std::string, init_from, "",
+          "Initialize from this safetensors file (each rank reads only its rows)");
+ABSL_FLAG(std::string, data, "",
+          "safetensors file with x [N, width] and y [N, width] (default: seeded synthetic)");
+ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs)");
+ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
+          "Every collective gives up after this long");
+ABSL_FLAG(int64_t, max_unit_bytes, 0, "Plan: largest unit of unlabeled tensors (0: default)");
+ABSL_FLAG(std::string, report, "",
+          "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
+          "rank 0 writes)");
+
+namespace zeroshard {
+namespace {
+
+// Set once the engine exists: the heartbeat thread names what was in flight
+// when the server aborts the generation.
+std::atomic<ZeroEngine*> g_engine{nullptr};
+std::atomic<int64_t> g_step{0};
+std::atomic<int> g_rank{-1};
+
+[[noreturn]] void Die(const std::string& message, int code = 1) {
+  std::fprintf(stderr, "shard_worker%s: %s\n",
+               g_rank.load() >= 0 ? absl::StrCat(" rank ", g_rank.load()).c_str() : "",
+               message.c_str());
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+void DieIfError(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
+}
+
+absl::StatusOr<DType> ParseComputeDType(const std::string& flag, const std::string& value) {
+  if (value == "f32") return DType::kF32;
+  if (value == "bf16") return DType::kBF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, " is not a dtype: expected f32 or bf16"));
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int Main() {
+  // ---- Flags ----
+  const std::string job = absl::GetFlag(FLAGS_job);
+  const int world = absl::GetFlag(FLAGS_world_size);
+  if (job.empty()) Die("--job is required");
+  if (absl::GetFlag(FLAGS_backend) != "gloo") {
+    if (absl::GetFlag(FLAGS_backend) == "nccl") {
+      Die("--backend=nccl: this build's shard_worker has no GPU support linked in; no CUDA "
+          "device was used. --backend=gloo runs on CPUs",
+          2);
+    }
+    Die(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend), " is unknown: expected gloo"), 2);
+  }
+  if (absl::GetFlag(FLAGS_model) != "mlp") {
+    Die(absl::StrCat("--model=", absl::GetFlag(FLAGS_model), " is unknown: expected mlp"), 2);
+  }
+  if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_batch) < 1) {
+    Die("--steps must be >= 0 and --batch >= 1", 2);
+  }
+  if (absl::GetFlag(FLAGS_threads) < 1) Die("--threads must be >= 1", 2);
+  openblas_set_num_threads(absl::GetFlag(FLAGS_threads));
+  EngineOptions engine_options;
+  engine_options.stage = absl::GetFlag(FLAGS_stage);
+  engine_options.prefetch = absl::GetFlag(FLAGS_prefetch);
+  engine_options.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  engine_options.collective_timeout = absl::GetFlag(FLAGS_collective_timeout);
+  engine_options.optimizer = absl::GetFlag(FLAGS_optimizer);
+  engine_options.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
+  if (absl::GetFlag(FLAGS_weight_decay) >= 0) {
+    engine_options.optimizer_options.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  }
+  engine_options.optimizer_options.momentum = absl::GetFlag(FLAGS_momentum);
+  auto param_dtype = ParseComputeDType("param_dtype", absl::GetFlag(FLAGS_param_dtype));
+  auto reduce_dtype = ParseComputeDType("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype));
+  DieIfError(param_dtype.status(), "bad flag");
+  DieIfError(reduce_dtype.status(), "bad flag");
+  engine_options.param_dtype = *param_dtype;
+  engine_options.reduce_dtype = *reduce_dtype;
+
+  MlpConfig mlp_config{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_width),
+                       absl::GetFlag(FLAGS_activation)};
+  auto model = MlpModel::Create(mlp_config);
+  DieIfError(model.status(), "model");
+
+  // ---- Join ----
+  ClientOptions client_options;
+  client_options.server = absl::GetFlag(FLAGS_server);
+  DieIfError(LoadClientFiles(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_tls_ca),
+                             absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                             &client_options),
+             "client files");
+  auto client = Client::Connect(client_options);
+  DieIfError(client.status(), "connect");
+  std::string worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (worker_id.empty()) {
+    char hostname[256] = {0};
+    gethostname(hostname, sizeof(hostname) - 1);
+    worker_id = absl::StrCat(hostname, "/", getpid());
+  }
+  auto joined = (*client)->Join(job, world, worker_id, absl::GetFlag(FLAGS_host),
+                                absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s)));
+  DieIfError(joined.status(), "join");
+  const int rank = joined->rank;
+  g_rank = rank;
+  (*client)->StartHeartbeats([](absl::StatusOr<v1::HeartbeatResponse> reply) {
+    ZeroEngine* engine = g_engine.load();
+    std::string in_flight = engine ? engine->InFlight() : "";
+    std::string during = absl::StrCat(
+        "during step ", g_step.load(),
+        in_flight.empty() ? "" : absl::StrCat(", in ", in_flight));
+    if (reply.ok()) {
+      Die(absl::StrCat("aborting ", during, ": ", reply->reason()), 3);
+    }
+    Die(absl::StrCat("heartbeats refused ", during, ": ", reply.status().ToString()), 3);
+  });
+
+  // ---- Plan ----
+  PlanOptions plan_options;
+  plan_options.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
+  auto plan_proto = (*client)->PlanShards(ModelSpecToProto((*model)->Spec()),
+                                          PlanOptionsToProto(plan_options), world);
+  DieIfError(plan_proto.status(), "plan");
+  ShardPlan plan = ShardPlanFromProto(*plan_proto);
+
+  // ---- Data plane: three Gloo contexts (gathers, reductions, small aux) ----
+  ClientKvStore store(client->get());
+  GlooCommunicator::Options gloo;
+  gloo.hostname = absl::GetFlag(FLAGS_host);
+  gloo.connect_timeout = absl::GetFlag(FLAGS_collective_timeout);
+  auto gather = GlooCommunicator::Create(&store, rank, world, "gather", gloo);
+  DieIfError(gather.status(), "gloo bootstrap (gather)");
+  auto reduce = GlooCommunicator::Create(&store, rank, world, "reduce", gloo);
+  DieIfError(reduce.status(), "gloo bootstrap (reduce)");
+  auto aux = GlooCommunicator::Create(&store, rank, world, "aux", gloo);
+  DieIfError(aux.status(), "gloo bootstrap (aux)");
+
+  auto engine = ZeroEngine::Create(model->get(), plan, gather->get(), reduce->get(), aux->get(),
+                                   engine_options);
+  DieIfError(engine.status(), "engine");
+  ZeroEngine& e = **engine;
+  g_engine = engine->get();
+
+  // ---- Initial parameters ----
+  std::unique_ptr<SafetensorsReader> init_reader;
+  if (!absl::GetFlag(FLAGS_init_from).empty()) {
+    auto reader = SafetensorsReader::Open(absl::GetFlag(FLAGS_init_from));
+    DieIfError(reader.status(), "--init_from");
+    init_reader = std::move(*reader);
+  }
+  const uint64_t seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  Model* m = model->get();
+  DieIfError(e.Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
+               if (init_reader == nullptr) {
+                 m->InitRows(t, begin, end, seed, out);
+                 return absl::OkStatus();
+               }
+               const auto* info = init_reader->Find(t.name);
+               if (info == nullptr) {
+                 return absl::NotFoundError(absl::StrCat(
+                     "--init_from ", absl::GetFlag(FLAGS_init_from), " has no tensor '", t.name,
+                     "'"));
+               }
+               return init_reader->ReadRowsAsF32(t.name, begin, end, out);
+             }),
+             "initialize");
+
+  auto data = OpenRegressionData(absl::GetFlag(FLAGS_data), seed, mlp_config.width,
+                                 mlp_config.width);
+  DieIfError(data.status(), "data");
+
+  // ---- Train ----
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const int grad_accum = engine_options.grad_accum;
+  std::vector<float> x(static_cast<size_t>(batch) * mlp_config.width);
+  std::vector<float> y(x.size());
+  std::vector<double> losses, step_ms;
+  CollectiveBytes comm_before = gather->get()->bytes_sent();
+  CollectiveBytes reduce_before = reduce->get()->bytes_sent();
+  if (rank == 0) {
+    std::fprintf(stderr,
+                 "job %s: %d ranks, stage %d, %zu units, plan %s, model %lld parameters\n",
+                 job.c_str(), world, engine_options.stage, plan.units.size(), plan.hash.c_str(),
+                 static_cast<long long>([&] {
+                   int64_t n = 0;
+                   for (const auto& t : m->Spec().tensors) n += t.Elements();
+                   return n;
+                 }()));
+  }
+  for (int step = 0; step < steps; ++step) {
+    g_step = step;
+    absl::Time start = absl::Now();
+    for (int micro = 0; micro < grad_accum; ++micro) {
+      DieIfError((*data)->Fill(step, micro, rank, world, batch, grad_accum, x.data(), y.data()),
+                 "data");
+      DieIfError((*model)->SetBatch(x.data(), y.data(), batch), "batch");
+      auto loss = e.ForwardBackward(micro + 1 == grad_accum);
+      DieIfError(loss.status(), absl::StrCat("step ", step));
+    }
+    auto stats = e.Step(absl::GetFlag(FLAGS_lr));
+    DieIfError(stats.status(), absl::StrCat("step ", step, " optimizer"));
+    double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    auto mean = e.MeanOverRanks(stats->loss);
+    DieIfError(mean.status(), "loss");
+    losses.push_back(*mean);
+    step_ms.push_back(ms);
+    (*client)->ReportProgress(Progress{step + 1, *mean, e.memory().total(), 0});
+    if (rank == 0) {
+      std::fprintf(stderr, "step %d/%d  loss %.6f  grad_norm %.4f  %.1f ms  mem %.1f MiB\n",
+                   step + 1, steps, *mean, stats->grad_norm, ms,
+                   e.memory().total() / 1048576.0);
+    }
+  }
+  auto params_sum = e.ParamsSum();
+  DieIfError(params_sum.status(), "params sum");
+
+  // ---- Report ----
+  std::string report = absl::GetFlag(FLAGS_report);
+  bool per_rank = report.find("{rank}") != std::string::npos;
+  if (!report.empty() && (per_rank || rank == 0)) {
+    report = absl::StrReplaceAll(report, {{"{rank}", absl::StrCat(rank)}});
+    nlohmann::ordered_json out;
+    out["rank"] = rank;
+    out["world_size"] = world;
+    out["stage"] = engine_options.stage;
+    out["steps"] = steps;
+    out["losses"] = losses;
+    out["params_sum"] = *params_sum;
+    out["step_time_ms_median"] = Median(step_ms);
+    nlohmann::ordered_json memory;
+    const MemoryTracker& mt = e.memory();
+    for (int c = 0; c < static_cast<int>(MemoryCategory::kCount); ++c) {
+      auto category = static_cast<MemoryCategory>(c);
+      memory[MemoryCategoryName(category)] = mt.current(category);
+      memory[absl::StrCat(MemoryCategoryName(category), "_peak")] = mt.peak(category);
+    }
+    memory["model_state_bytes"] = mt.model_state();
+    memory["peak_bytes"] = mt.peak_total();
+    out["memory"] = memory;
+    CollectiveBytes g = gather->get()->bytes_sent(), r = reduce->get()->bytes_sent();
+    out["comm_bytes"] = {
+        {"all_gather", (g.all_gather - comm_before.all_gather) + (r.all_gather - reduce_before.all_gather)},
+        {"reduce_scatter",
+         (g.reduce_scatter - comm_before.reduce_scatter) + (r.reduce_scatter - reduce_before.reduce_scatter)},
+        {"all_reduce", (g.all_reduce - comm_before.all_reduce) + (r.all_reduce - reduce_before.all_reduce)},
+        {"broadcast", (g.broadcast - comm_before.broadcast) + (r.broadcast - reduce_before.broadcast)}};
+    out["plan_hash"] = plan.hash;
+    out["largest_unit_bytes"] = e.largest_unit_elements() * 4;
+    std::ofstream file(report);
+    file << out.dump(2) << "\n";
+    if (!file) Die(absl::StrCat("cannot write --report ", report));
+  }
+  g_engine = nullptr;
+  (*client)->StopHeartbeats();
+  DieIfError((*client)->Leave(), "leave");
+  if (rank == 0) std::fprintf(stderr, "done: params_sum %.9g\n", *params_sum);
+  return 0;
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("zeroshard worker: joins a job and trains with ZeRO stage 0-3");
+  absl::ParseCommandLine(argc, argv);
+  return zeroshard::Main();
+}
