@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "client/shardctl_commands.h"
 #include "client/table.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -26,7 +27,6 @@ ABSL_FLAG(std::string, job, "", "Job id (status: empty lists every job)");
 ABSL_FLAG(bool, json, false, "Print JSON for programs instead of tables");
 
 namespace zeroshard {
-namespace {
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "shardctl: %s\n", status.ToString().c_str());
@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   return Client::Connect(options);
 }
 
-int Status() {
+int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(absl::GetFlag(FLAGS_job));
@@ -96,7 +96,6 @@ int Status() {
   return 0;
 }
 
-}  // namespace
 }  // namespace zeroshard
 
 int main(int argc, char** argv) {
@@ -104,14 +103,24 @@ int main(int argc, char** argv) {
       "zeroshard command line.\n\n"
       "  shardctl [--server=HOST:PORT] [--token_file=F] [TLS flags] COMMAND [flags]\n\n"
       "Commands:\n"
-      "  status [--job=ID] [--json]   jobs, generations and members\n");
+      "  status [--job=ID] [--json]              jobs, generations and members\n"
+      "  spec --model=mlp|gpt2 ...               print a model spec (JSON)\n"
+      "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
+      "  checkpoints --job=ID [--json]           checkpoints of a job\n"
+      "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const char* commands = "status, spec, plan, checkpoints, consolidate";
   if (args.size() < 2) {
-    std::fprintf(stderr, "shardctl: missing command (status); see --help\n");
+    std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
   }
   std::string command = args[1];
-  if (command == "status") return zeroshard::Status();
-  std::fprintf(stderr, "shardctl: unknown command '%s' (expected: status)\n", command.c_str());
+  if (command == "status") return zeroshard::StatusCommand();
+  if (command == "spec") return zeroshard::SpecCommand();
+  if (command == "plan") return zeroshard::PlanCommand();
+  if (command == "checkpoints") return zeroshard::CheckpointsCommand();
+  if (command == "consolidate") return zeroshard::ConsolidateCommand();
+  std::fprintf(stderr, "shardctl: unknown command '%s' (expected: %s)\n", command.c_str(),
+               commands);
   return 2;
 }

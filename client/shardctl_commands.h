@@ -1,0 +1,36 @@
+// shardctl's commands, one file each, sharing the connection flags defined
+// in shardctl.cc.
+#ifndef ZEROSHARD_CLIENT_SHARDCTL_COMMANDS_H_
+#define ZEROSHARD_CLIENT_SHARDCTL_COMMANDS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "google/protobuf/message.h"
+
+ABSL_DECLARE_FLAG(std::string, server);
+ABSL_DECLARE_FLAG(std::string, job);
+ABSL_DECLARE_FLAG(bool, json);
+
+namespace zeroshard {
+
+// A client for --server with the token and TLS flags applied.
+absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags();
+// Prints "shardctl: <status>" to stderr; returns the exit code 1.
+int Fail(const absl::Status& status);
+// Pretty JSON with proto field names and every primitive field.
+std::string ProtoJson(const google::protobuf::Message& message);
+
+int StatusCommand();       // shardctl.cc
+int SpecCommand();         // shardctl_plan.cc
+int PlanCommand();         // shardctl_plan.cc
+int CheckpointsCommand();  // shardctl_checkpoints.cc
+int ConsolidateCommand();  // shardctl_checkpoints.cc
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_CLIENT_SHARDCTL_COMMANDS_H_
