@@ -20,6 +20,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -29,6 +30,7 @@
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "shard_server/plan_codec.h"
+#include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/data/regression_data.h"
 #include "worker/model/mlp.h"
@@ -74,6 +76,17 @@ ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
           "Every collective gives up after this long");
 ABSL_FLAG(int64_t, max_unit_bytes, 0, "Plan: largest unit of unlabeled tensors (0: default)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Root of sharded checkpoints: DIR/<job>/step-<N>/rank-<R>-of-<W>.safetensors (shared "
+          "with the server's --checkpoint_root, or a local staging dir with "
+          "--checkpoint_transport=grpc)");
+ABSL_FLAG(int, checkpoint_every, 0, "Checkpoint every K steps (0: never)");
+ABSL_FLAG(bool, checkpoint_at_end, false, "Checkpoint after the last step");
+ABSL_FLAG(bool, save_optimizer, true, "Save the optimizer state (Adam moments, step)");
+ABSL_FLAG(std::string, checkpoint_transport, "fs",
+          "fs: the server reads the files on a shared filesystem; grpc: stream them to it");
+ABSL_FLAG(std::string, resume, "",
+          "Resume from this job's checkpoint 'latest' or step N (same world size)");
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
           "rank 0 writes)");
@@ -104,6 +117,57 @@ absl::StatusOr<DType> ParseComputeDType(const std::string& flag, const std::stri
   if (value == "bf16") return DType::kBF16;
   return absl::InvalidArgumentError(
       absl::StrCat("--", flag, "=", value, " is not a dtype: expected f32 or bf16"));
+}
+
+absl::Status CommitShardFile(Client* client, int64_t step, const WrittenShard& shard) {
+  grpc::ClientContext context;
+  client->Prepare(&context, absl::Minutes(5));
+  v1::CommitShardRequest request;
+  *request.mutable_member() = client->credentials();
+  request.set_step(step);
+  request.set_file(shard.relative_path);
+  request.set_size_bytes(shard.size_bytes);
+  for (const auto& [tensor, hex] : shard.checksums) {
+    v1::TensorChecksum* c = request.add_checksums();
+    c->set_tensor(tensor);
+    c->set_xxh64(hex);
+  }
+  v1::CommitShardResponse response;
+  absl::Status s = FromGrpcStatus(client->stub()->CommitShard(&context, request, &response));
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("commit of ", shard.relative_path, ": ",
+                                                          s.message()));
+  return absl::OkStatus();
+}
+
+// Streams a shard file to the server (--checkpoint_transport=grpc).
+absl::Status UploadShardFile(Client* client, int64_t step, const std::string& relative,
+                             const std::string& path, int64_t size) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  grpc::ClientContext context;
+  client->Prepare(&context, absl::Hours(1));
+  v1::UploadShardResponse response;
+  auto stream = client->stub()->UploadShard(&context, &response);
+  v1::UploadShardRequest first;
+  *first.mutable_member() = client->credentials();
+  first.set_step(step);
+  first.set_file(relative);
+  first.set_size_bytes(size);
+  bool ok = stream->Write(first);
+  std::vector<char> buffer(1 << 20);  // 1 MiB messages
+  while (ok && in) {
+    in.read(buffer.data(), buffer.size());
+    std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    v1::UploadShardRequest chunk;
+    chunk.set_data(buffer.data(), n);
+    ok = stream->Write(chunk);
+  }
+  stream->WritesDone();
+  absl::Status s = FromGrpcStatus(stream->Finish());
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("upload of ", relative, ": ",
+                                                          s.message()));
+  return absl::OkStatus();
 }
 
 double Median(std::vector<double> v) {
@@ -215,29 +279,79 @@ int Main() {
   ZeroEngine& e = **engine;
   g_engine = engine->get();
 
-  // ---- Initial parameters ----
-  std::unique_ptr<SafetensorsReader> init_reader;
-  if (!absl::GetFlag(FLAGS_init_from).empty()) {
-    auto reader = SafetensorsReader::Open(absl::GetFlag(FLAGS_init_from));
-    DieIfError(reader.status(), "--init_from");
-    init_reader = std::move(*reader);
-  }
+  // ---- Initial state: a seed, a consolidated file, or this job's checkpoint ----
   const uint64_t seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   Model* m = model->get();
-  DieIfError(e.Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
-               if (init_reader == nullptr) {
+  std::unique_ptr<CheckpointReader> restore;
+  const std::string resume = absl::GetFlag(FLAGS_resume);
+  if (!resume.empty() && !absl::GetFlag(FLAGS_init_from).empty()) {
+    Die("--resume and --init_from are exclusive", 2);
+  }
+  if (!resume.empty()) {
+    if (checkpoint_dir.empty()) Die("--resume needs --checkpoint_dir", 2);
+    int64_t step = -1;
+    if (resume == "latest") {
+      step = LatestCompleteStep(checkpoint_dir, job);
+      if (step < 0) {
+        Die(absl::StrCat("--resume=latest: no complete checkpoint of job '", job, "' under ",
+                         checkpoint_dir));
+      }
+    } else if (!absl::SimpleAtoi(resume, &step) || step < 0) {
+      Die(absl::StrCat("--resume=", resume, ": expected 'latest' or a step number"), 2);
+    }
+    std::string step_dir = absl::StrCat(checkpoint_dir, "/", StepDirName(job, step));
+    if (access((step_dir + "/manifest.json").c_str(), F_OK) != 0) {
+      Die(absl::StrCat("--resume=", resume, ": step ", step, " of job '", job,
+                       "' is not a complete checkpoint (no ", step_dir, "/manifest.json)"));
+    }
+    auto reader = CheckpointReader::OpenStep(
+        step_dir, absl::StrCat("rank-", rank, "-of-", world, ".safetensors"));
+    DieIfError(reader.status(), "--resume");
+    restore = std::move(*reader);
+  } else if (!absl::GetFlag(FLAGS_init_from).empty()) {
+    auto reader = CheckpointReader::OpenFile(absl::GetFlag(FLAGS_init_from));
+    DieIfError(reader.status(), "--init_from");
+    restore = std::move(*reader);
+  }
+  int start_step = 0;
+  if (restore == nullptr) {
+    DieIfError(e.Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
                  m->InitRows(t, begin, end, seed, out);
                  return absl::OkStatus();
-               }
-               const auto* info = init_reader->Find(t.name);
-               if (info == nullptr) {
-                 return absl::NotFoundError(absl::StrCat(
-                     "--init_from ", absl::GetFlag(FLAGS_init_from), " has no tensor '", t.name,
-                     "'"));
-               }
-               return init_reader->ReadRowsAsF32(t.name, begin, end, out);
-             }),
-             "initialize");
+               }),
+               "initialize");
+  } else {
+    CheckpointReader* r = restore.get();
+    auto rows = [r](CheckpointReader::Kind kind) {
+      return [r, kind](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
+        return r->ReadRows(kind, t, begin, end, out);
+      };
+    };
+    DieIfError(e.Initialize(rows(CheckpointReader::Kind::kParams)),
+               absl::StrCat("load parameters from ", r->source()));
+    bool has_moments = engine_options.optimizer != "sgd" ||
+                       engine_options.optimizer_options.momentum > 0;
+    if (r->has_optimizer_state() && has_moments) {
+      DieIfError(e.InitializeMoment(ZeroEngine::Moment::kExpAvg,
+                                    rows(CheckpointReader::Kind::kExpAvg)),
+                 absl::StrCat("load exp_avg from ", r->source()));
+      if (engine_options.optimizer != "sgd") {
+        DieIfError(e.InitializeMoment(ZeroEngine::Moment::kExpAvgSq,
+                                      rows(CheckpointReader::Kind::kExpAvgSq)),
+                   absl::StrCat("load exp_avg_sq from ", r->source()));
+      }
+      if (r->optimizer_step() >= 0) e.set_optimizer_step(r->optimizer_step());
+    } else if (rank == 0) {
+      std::fprintf(stderr, "note: %s has no optimizer state; moments start at zero\n",
+                   r->source().c_str());
+    }
+    if (r->step() > 0) start_step = static_cast<int>(r->step());
+    if (rank == 0) {
+      std::fprintf(stderr, "restored %s (step %d)\n", r->source().c_str(), start_step);
+    }
+  }
+  restore.reset();
 
   auto data = OpenRegressionData(absl::GetFlag(FLAGS_data), seed, mlp_config.width,
                                  mlp_config.width);
@@ -262,7 +376,41 @@ int Main() {
                    return n;
                  }()));
   }
-  for (int step = 0; step < steps; ++step) {
+  // Checkpoints: the snapshot is the pause; the write and the commit run on
+  // their own thread, one checkpoint in flight at a time.
+  const int checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  const bool checkpoint_at_end = absl::GetFlag(FLAGS_checkpoint_at_end);
+  const std::string transport = absl::GetFlag(FLAGS_checkpoint_transport);
+  if ((checkpoint_every > 0 || checkpoint_at_end) && checkpoint_dir.empty()) {
+    Die("--checkpoint_every / --checkpoint_at_end need --checkpoint_dir", 2);
+  }
+  if (transport != "fs" && transport != "grpc") {
+    Die(absl::StrCat("--checkpoint_transport=", transport, ": expected fs or grpc"), 2);
+  }
+  TaskThread checkpoint_thread("checkpoint");
+  std::vector<double> pause_ms;
+  Client* c = client->get();
+  auto checkpoint = [&](int completed_steps) {
+    absl::Time start = absl::Now();
+    DieIfError(checkpoint_thread.Drain(), "previous checkpoint");
+    ShardIdentity id{job, completed_steps, rank, world, joined->generation, plan.hash};
+    auto snapshot = SnapshotShard(e, id, engine_options.optimizer,
+                                  absl::GetFlag(FLAGS_save_optimizer));
+    DieIfError(snapshot.status(), "checkpoint snapshot");
+    pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    auto shared = std::make_shared<ShardSnapshot>(std::move(*snapshot));
+    checkpoint_thread.Submit([shared, c, checkpoint_dir, transport]() -> absl::Status {
+      auto written = WriteShard(*shared, checkpoint_dir);
+      if (!written.ok()) return written.status();
+      if (transport == "grpc") {
+        absl::Status s = UploadShardFile(c, shared->id.step, written->relative_path,
+                                         written->path, written->size_bytes);
+        if (!s.ok()) return s;
+      }
+      return CommitShardFile(c, shared->id.step, *written);
+    });
+  };
+  for (int step = start_step; step < steps; ++step) {
     g_step = step;
     absl::Time start = absl::Now();
     for (int micro = 0; micro < grad_accum; ++micro) {
@@ -285,7 +433,12 @@ int Main() {
                    step + 1, steps, *mean, stats->grad_norm, ms,
                    e.memory().total() / 1048576.0);
     }
+    if ((checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) ||
+        (checkpoint_at_end && step + 1 == steps)) {
+      checkpoint(step + 1);
+    }
   }
+  DieIfError(checkpoint_thread.Drain(), "checkpoint");
   auto params_sum = e.ParamsSum();
   DieIfError(params_sum.status(), "params sum");
 
@@ -320,7 +473,16 @@ int Main() {
         {"all_reduce", (g.all_reduce - comm_before.all_reduce) + (r.all_reduce - reduce_before.all_reduce)},
         {"broadcast", (g.broadcast - comm_before.broadcast) + (r.broadcast - reduce_before.broadcast)}};
     out["plan_hash"] = plan.hash;
+    out["checkpoint_pause_ms"] = pause_ms;
     out["largest_unit_bytes"] = e.largest_unit_elements() * 4;
+    int64_t parameters = 0, shard_elements = 0;
+    for (const UnitLayout& u : e.units()) {
+      parameters += u.flat_elements;
+      shard_elements += u.chunk_elements;
+    }
+    out["parameters"] = parameters;          // Ψ
+    out["shard_elements"] = shard_elements;  // this rank's chunks: Ψ/W + padding
+    out["prefetch"] = engine_options.prefetch;
     std::ofstream file(report);
     file << out.dump(2) << "\n";
     if (!file) Die(absl::StrCat("cannot write --report ", report));

@@ -277,6 +277,34 @@ absl::Status ZeroEngine::Initialize(const RowSource& fill) {
   return absl::OkStatus();
 }
 
+absl::Status ZeroEngine::InitializeMoment(Moment moment, const RowSource& fill) {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& layout = units_[u];
+    Optimizer& opt = *state_[u]->optimizer;
+    float* target = moment == Moment::kExpAvg ? opt.exp_avg() : opt.exp_avg_sq();
+    if (target == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "optimizer '", opt.name(), "' keeps no ",
+          moment == Moment::kExpAvg ? "exp_avg" : "exp_avg_sq", " state to load"));
+    }
+    if (options_.stage == 0) {  // replicated: every row, flat layout
+      for (size_t t = 0; t < layout.tensors.size(); ++t) {
+        absl::Status st = fill(layout.tensors[t], 0, layout.tensors[t].Rows(),
+                               target + layout.tensor_offsets[t]);
+        if (!st.ok()) return st;
+      }
+      continue;
+    }
+    for (int i : layout.own_segments) {
+      const Segment& s = layout.segments[i];
+      absl::Status st =
+          fill(layout.tensors[s.tensor], s.row_begin, s.row_end, target + s.chunk_offset);
+      if (!st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---- Stage 3 gathers ----
 
 absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {

@@ -98,6 +98,11 @@ class ZeroEngine {
   using RowSource = std::function<absl::Status(const TensorSpec& tensor, int64_t row_begin,
                                                int64_t row_end, float* out)>;
   absl::Status Initialize(const RowSource& fill);
+  // Fills the optimizer's moments the same way (from a checkpoint), asking
+  // for the rows this rank keeps moments of. FAILED_PRECONDITION if the
+  // optimizer has no such state.
+  enum class Moment { kExpAvg, kExpAvgSq };
+  absl::Status InitializeMoment(Moment moment, const RowSource& fill);
 
   // One micro-batch: forward and backward of the batch already set on the
   // model. `last_micro` marks the last micro-batch of the step (stages 0-1

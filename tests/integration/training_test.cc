@@ -1,0 +1,175 @@
+// ZeRO training end to end: a real shard_server process, 2-3 real
+// shard_worker processes on loopback, the MLP. Parameters are compared from
+// the checkpoints the workers write at the end.
+#include <signal.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_zoo.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+#include "worker/checkpoint/shard_checkpoint.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::LocalCluster;
+
+constexpr int kLayers = 4;
+constexpr int kWidth = 32;
+constexpr int kSteps = 5;
+
+std::vector<std::string> MlpFlags(std::vector<std::string> extra) {
+  std::vector<std::string> flags = {"--model=mlp",
+                                    absl::StrCat("--layers=", kLayers),
+                                    absl::StrCat("--width=", kWidth),
+                                    "--activation=relu",
+                                    absl::StrCat("--steps=", kSteps),
+                                    "--lr=0.01",
+                                    "--seed=3",
+                                    "--checkpoint_at_end",
+                                    "--collective_timeout=30s"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+using Params = std::map<std::string, std::vector<float>>;
+
+// The full model of `job` at its last step, merged from the shard files.
+Params LoadParams(const LocalCluster& cluster, const std::string& job) {
+  Params params;
+  auto spec = MlpSpec(kLayers, kWidth, "relu");
+  EXPECT_TRUE(spec.ok());
+  auto reader = CheckpointReader::OpenStep(
+      absl::StrCat(cluster.checkpoint_root(), "/", StepDirName(job, kSteps)));
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return params;
+  for (const TensorSpec& t : spec->tensors) {
+    std::vector<float> values(t.Elements());
+    absl::Status s =
+        (*reader)->ReadRows(CheckpointReader::Kind::kParams, t, 0, t.Rows(), values.data());
+    EXPECT_TRUE(s.ok()) << s;
+    params[t.name] = std::move(values);
+  }
+  return params;
+}
+
+// Per tensor max |a - b| / max |b|, worst over tensors.
+double MaxRelativeDifference(const Params& a, const Params& b) {
+  double worst = 0;
+  for (const auto& [name, values] : b) {
+    auto it = a.find(name);
+    if (it == a.end() || it->second.size() != values.size()) return INFINITY;
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      double d = std::fabs(double(it->second[i]) - values[i]);
+      if (!(d <= diff)) diff = d;
+      scale = std::max(scale, std::fabs(double(values[i])));
+    }
+    worst = std::max(worst, diff / std::max(scale, 1e-12));
+  }
+  return worst;
+}
+
+class TrainingTest : public ::testing::Test {
+ protected:
+  TrainingTest() : cluster_(testing::MakeTempDir("training")) {}
+  LocalCluster cluster_;
+};
+
+TEST_F(TrainingTest, EveryStageMatchesOneProcessOnTheGlobalBatch) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("single", 1, MlpFlags({"--stage=0", "--batch=8"})));
+  Params reference = LoadParams(cluster_, "single");
+  double reference_sum = cluster_.Report("single", 0)["params_sum"];
+  for (int stage = 0; stage <= 3; ++stage) {
+    std::string job = absl::StrCat("stage", stage);
+    ASSERT_TRUE(cluster_.Run(job, 2, MlpFlags({absl::StrCat("--stage=", stage), "--batch=4"})));
+    EXPECT_LE(MaxRelativeDifference(LoadParams(cluster_, job), reference), 1e-5)
+        << "stage " << stage;
+    double sum = cluster_.Report(job, 0)["params_sum"];
+    EXPECT_NEAR(sum, reference_sum, 1e-5 * std::fabs(reference_sum) + 1e-5);
+  }
+}
+
+TEST_F(TrainingTest, PrefetchDepthsGiveTheSameParameters) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("p1", 3, MlpFlags({"--stage=3", "--batch=4", "--prefetch=1"})));
+  Params reference = LoadParams(cluster_, "p1");
+  for (int prefetch : {0, 2}) {
+    std::string job = absl::StrCat("p", prefetch);
+    ASSERT_TRUE(cluster_.Run(job, 3, MlpFlags({"--stage=3", "--batch=4",
+                                               absl::StrCat("--prefetch=", prefetch)})));
+    EXPECT_LE(MaxRelativeDifference(LoadParams(cluster_, job), reference), 1e-5)
+        << "prefetch " << prefetch;
+  }
+}
+
+TEST_F(TrainingTest, GradientAccumulationEqualsADoubledBatch) {
+  ASSERT_TRUE(cluster_.ok());
+  // Both take the same 16 rows per step: 2 ranks × 2 micro-batches × 4 rows,
+  // or 2 ranks × 8 rows.
+  ASSERT_TRUE(cluster_.Run("accum", 2, MlpFlags({"--stage=3", "--batch=4", "--grad_accum=2"})));
+  ASSERT_TRUE(cluster_.Run("doubled", 2, MlpFlags({"--stage=3", "--batch=8"})));
+  EXPECT_LE(MaxRelativeDifference(LoadParams(cluster_, "accum"), LoadParams(cluster_, "doubled")),
+            1e-5);
+}
+
+TEST_F(TrainingTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
+  ASSERT_TRUE(cluster_.ok());
+  for (int stage = 0; stage <= 3; ++stage) {
+    std::string job = absl::StrCat("memory", stage);
+    ASSERT_TRUE(cluster_.Run(job, 2, MlpFlags({absl::StrCat("--stage=", stage), "--batch=4",
+                                               "--prefetch=1"})));
+    for (int rank = 0; rank < 2; ++rank) {
+      nlohmann::json report = cluster_.Report(job, rank);
+      const int64_t psi = report["parameters"];
+      const int64_t shard = report["shard_elements"];  // Ψ/W + this rank's padding
+      const int64_t measured = report["memory"]["model_state_bytes"];
+      // fp32 Adam: params 4, grads 4, moments 8 bytes per element (DESIGN.md).
+      const int64_t formula[] = {16 * psi, 8 * psi + 8 * shard, 4 * psi + 12 * shard, 16 * shard};
+      EXPECT_EQ(measured, formula[stage]) << "stage " << stage << " rank " << rank;
+      // Against the padding-free formula: off by at most the plan's padding.
+      const double w = 2;
+      const double ideal[] = {16.0 * psi, 8 * psi + 8 * psi / w, 4 * psi + 12 * psi / w,
+                              16 * psi / w};
+      EXPECT_LE(std::fabs(measured - ideal[stage]), 16.0 * std::fabs(shard - psi / w) + 1);
+      if (stage == 3) {
+        const int64_t gathered_peak = report["memory"]["params_gathered_peak"];
+        const int64_t largest = report["largest_unit_bytes"];
+        EXPECT_GT(gathered_peak, 0);
+        EXPECT_LE(gathered_peak, 2 * largest);  // (1 + prefetch) units
+      }
+    }
+  }
+}
+
+TEST_F(TrainingTest, AWorkerWhosePeerIsKilledExitsNamingTheCollective) {
+  LocalCluster cluster(testing::MakeTempDir("killed"), {"--heartbeat_timeout_ms=1000"});
+  ASSERT_TRUE(cluster.ok());
+  cluster.StartWorkers("victim", 2,
+                       {"--model=mlp", "--layers=4", "--width=32", "--steps=1000000",
+                        "--batch=4", "--stage=3", "--collective_timeout=20s"});
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return cluster.WorkerLog(0).find("step 3/") != std::string::npos; },
+      absl::Seconds(60)))
+      << cluster.WorkerLog(0) << cluster.WorkerLog(1);
+  cluster.worker(1)->Signal(SIGKILL);
+  absl::Time killed = absl::Now();
+  int code = cluster.worker(0)->Wait(absl::Seconds(30));
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, -1) << "the survivor did not exit";
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(25));  // within --collective_timeout
+  std::string log = cluster.WorkerLog(0);
+  bool names_collective = log.find("all_gather of unit") != std::string::npos ||
+                          log.find("reduce_scatter of unit") != std::string::npos ||
+                          log.find("all_reduce of unit") != std::string::npos;
+  EXPECT_TRUE(names_collective) << log;
+}
+
+}  // namespace
+}  // namespace zeroshard

@@ -1,0 +1,118 @@
+#include "tests/testing/cluster.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace zeroshard::testing {
+
+LocalCluster::LocalCluster(const std::string& dir, const std::vector<std::string>& server_flags)
+    : dir_(dir), server_flags_(server_flags) {
+  mkdir(dir_.c_str(), 0755);
+  mkdir(checkpoint_root().c_str(), 0755);
+  StartServer();
+}
+
+LocalCluster::~LocalCluster() {
+  workers_.clear();
+  if (server_) {
+    server_->Signal(SIGTERM);
+    server_->Wait(absl::Seconds(5));
+  }
+}
+
+void LocalCluster::StartServer() {
+  std::string port_file = absl::StrCat(dir_, "/port");
+  std::remove(port_file.c_str());
+  std::vector<std::string> args = {
+      port_ == 0 ? "--listen=127.0.0.1:0" : absl::StrCat("--listen=127.0.0.1:", port_),
+      "--port_file=" + port_file, "--state_dir=" + dir_ + "/state",
+      "--checkpoint_root=" + checkpoint_root()};
+  args.insert(args.end(), server_flags_.begin(), server_flags_.end());
+  server_ = std::make_unique<ChildProcess>(RunfilePath("shard_server/shard_server"), args,
+                                           absl::StrCat(dir_, "/server-", restarts_, ".log"));
+  std::string port;
+  bool started = WaitFor(
+      [&] {
+        port = ReadFileOrEmpty(port_file);
+        return (!port.empty() && port.back() == '\n') || !server_->running();
+      },
+      absl::Seconds(20));
+  if (!started || port.empty()) {
+    ADD_FAILURE() << "shard_server did not start:\n" << server_->Log();
+    address_.clear();
+    return;
+  }
+  port.pop_back();
+  port_ = std::stoi(port);
+  address_ = absl::StrCat("127.0.0.1:", port_);
+}
+
+void LocalCluster::RestartServer() {
+  server_->Signal(SIGTERM);
+  server_->Wait(absl::Seconds(10));
+  ++restarts_;
+  StartServer();
+}
+
+void LocalCluster::StartWorkers(const std::string& job, int world,
+                                const std::vector<std::string>& flags) {
+  workers_.clear();
+  worker_logs_.clear();
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> args = {"--server=" + address_,
+                                     "--job=" + job,
+                                     absl::StrCat("--world_size=", world),
+                                     absl::StrCat("--worker_id=w", r),
+                                     "--host=127.0.0.1",
+                                     absl::StrCat("--report=", dir_, "/", job, "-{rank}.json"),
+                                     "--checkpoint_dir=" + checkpoint_root()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::string log = absl::StrCat(dir_, "/", job, "-w", r, ".log");
+    worker_logs_.push_back(log);
+    workers_.push_back(
+        std::make_unique<ChildProcess>(RunfilePath("worker/shard_worker"), args, log));
+  }
+}
+
+std::vector<int> LocalCluster::WaitWorkers(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  std::vector<int> codes;
+  for (auto& w : workers_) {
+    absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    int code = w->Wait(left);
+    if (code == -1) w->Signal(SIGKILL);
+    codes.push_back(code);
+  }
+  return codes;
+}
+
+bool LocalCluster::Run(const std::string& job, int world, const std::vector<std::string>& flags,
+                       absl::Duration timeout) {
+  StartWorkers(job, world, flags);
+  std::vector<int> codes = WaitWorkers(timeout);
+  bool ok = true;
+  for (int r = 0; r < world; ++r) {
+    if (codes[r] != 0) {
+      ok = false;
+      std::fprintf(stderr, "worker %d of job %s exited %d:\n%s\n", r, job.c_str(), codes[r],
+                   WorkerLog(r).c_str());
+    }
+  }
+  if (!ok) std::fprintf(stderr, "server log:\n%s\n", server_->Log().c_str());
+  return ok;
+}
+
+std::string LocalCluster::WorkerLog(int rank) const { return ReadFileOrEmpty(worker_logs_[rank]); }
+
+nlohmann::json LocalCluster::Report(const std::string& job, int rank) const {
+  std::string text = ReadFileOrEmpty(absl::StrCat(dir_, "/", job, "-", rank, ".json"));
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace zeroshard::testing

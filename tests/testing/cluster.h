@@ -1,0 +1,61 @@
+// A shard_server process and shard_worker processes on loopback, for
+// integration tests and benchmarks. Every process is killed on destruction.
+#ifndef ZEROSHARD_TESTS_TESTING_CLUSTER_H_
+#define ZEROSHARD_TESTS_TESTING_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/process.h"
+
+namespace zeroshard::testing {
+
+class LocalCluster {
+ public:
+  // Starts the server (binary from runfiles unless given) with
+  // --listen=127.0.0.1:0, a port file, --state_dir and --checkpoint_root
+  // under `dir`, plus `server_flags`. Fails the calling test on error.
+  LocalCluster(const std::string& dir, const std::vector<std::string>& server_flags = {});
+  ~LocalCluster();
+
+  bool ok() const { return !address_.empty(); }
+  const std::string& address() const { return address_; }
+  const std::string& dir() const { return dir_; }
+  std::string checkpoint_root() const { return dir_ + "/checkpoints"; }
+  ChildProcess* server() { return server_.get(); }
+  void RestartServer();
+
+  // Starts W workers of `job` (worker ids w0..w{W-1}, --host=127.0.0.1,
+  // --report=<dir>/<job>-{rank}.json, --checkpoint_dir=<checkpoint root>)
+  // with `flags`.
+  void StartWorkers(const std::string& job, int world, const std::vector<std::string>& flags);
+  // Waits for every started worker; their exit codes (-1: still running at
+  // the deadline, then killed).
+  std::vector<int> WaitWorkers(absl::Duration timeout);
+  // StartWorkers + WaitWorkers; true when all exited 0 (logs are printed
+  // to stderr otherwise).
+  bool Run(const std::string& job, int world, const std::vector<std::string>& flags,
+           absl::Duration timeout = absl::Seconds(120));
+  ChildProcess* worker(int rank) { return workers_[rank].get(); }
+  std::string WorkerLog(int rank) const;
+  nlohmann::json Report(const std::string& job, int rank) const;
+
+ private:
+  void StartServer();
+
+  std::string dir_;
+  std::vector<std::string> server_flags_;
+  std::unique_ptr<ChildProcess> server_;
+  std::string address_;
+  int port_ = 0;
+  int restarts_ = 0;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::vector<std::string> worker_logs_;
+};
+
+}  // namespace zeroshard::testing
+
+#endif  // ZEROSHARD_TESTS_TESTING_CLUSTER_H_

@@ -1,0 +1,306 @@
+#include "worker/checkpoint/shard_checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "common/checksum.h"
+#include "common/file_util.h"
+#include "nlohmann/json.hpp"
+
+namespace zeroshard {
+namespace {
+
+constexpr char kExpAvgPrefix[] = "optim.exp_avg.";
+constexpr char kExpAvgSqPrefix[] = "optim.exp_avg_sq.";
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string partial;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    partial += std::string(part) + "/";
+    if (part.empty()) continue;
+    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, "cannot create directory", partial);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// "<name>:<a>-<b>" -> (name, a, b).
+bool ParsePieceName(absl::string_view full, std::string* name, int64_t* a, int64_t* b) {
+  size_t colon = full.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  std::vector<absl::string_view> rows = absl::StrSplit(full.substr(colon + 1), '-');
+  if (rows.size() != 2 || !absl::SimpleAtoi(rows[0], a) || !absl::SimpleAtoi(rows[1], b)) {
+    return false;
+  }
+  *name = std::string(full.substr(0, colon));
+  return *b > *a;
+}
+
+}  // namespace
+
+std::string StepDirName(const std::string& job, int64_t step) {
+  return absl::StrCat(job, "/step-", step);
+}
+
+std::string ShardFileName(const std::string& job, int64_t step, int rank, int world_size) {
+  return absl::StrCat(StepDirName(job, step), "/rank-", rank, "-of-", world_size,
+                      ".safetensors");
+}
+
+absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
+                                            const std::string& optimizer_name,
+                                            bool with_optimizer) {
+  ShardSnapshot snap;
+  snap.id = id;
+  snap.optimizer = optimizer_name;
+  snap.optimizer_step = engine.optimizer_step();
+  std::vector<ZeroEngine::PieceView> moments;
+  absl::Status s = engine.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
+    std::vector<int64_t> shape = piece.tensor->shape;
+    if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
+    std::string suffix = absl::StrCat(piece.tensor->name, ":", piece.row_begin, "-", piece.row_end);
+    snap.entries.push_back({suffix, DType::kF32, shape});
+    snap.values.emplace_back(piece.params, piece.params + piece.elements);
+    if (with_optimizer && piece.exp_avg != nullptr) moments.push_back(piece);
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  // Moments after all parameters, so a weights-only reader finds the
+  // parameters at the front of the file.
+  for (const auto& piece : moments) {
+    std::vector<int64_t> shape = piece.tensor->shape;
+    if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
+    std::string suffix = absl::StrCat(piece.tensor->name, ":", piece.row_begin, "-", piece.row_end);
+    snap.entries.push_back({kExpAvgPrefix + suffix, DType::kF32, shape});
+    snap.values.emplace_back(piece.exp_avg, piece.exp_avg + piece.elements);
+    if (piece.exp_avg_sq != nullptr) {
+      snap.entries.push_back({kExpAvgSqPrefix + suffix, DType::kF32, shape});
+      snap.values.emplace_back(piece.exp_avg_sq, piece.exp_avg_sq + piece.elements);
+    }
+  }
+  for (const auto& v : snap.values) snap.bytes += v.size() * sizeof(float);
+  return snap;
+}
+
+absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::string& root) {
+  WrittenShard out;
+  out.relative_path = ShardFileName(snap.id.job, snap.id.step, snap.id.rank, snap.id.world_size);
+  out.path = absl::StrCat(root, "/", out.relative_path);
+  if (absl::Status s = MakeDirs(absl::StrCat(root, "/", StepDirName(snap.id.job, snap.id.step)));
+      !s.ok()) {
+    return s;
+  }
+  // The header carries the checksums, so they are computed first (XXH64 runs
+  // at memory speed; the write is what takes time).
+  nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < snap.entries.size(); ++i) {
+    std::string hex = ChecksumToHex(
+        Checksum(snap.values[i].data(), snap.values[i].size() * sizeof(float)));
+    checksums[snap.entries[i].name] = hex;
+    out.checksums[snap.entries[i].name] = hex;
+  }
+  SafetensorsMetadata metadata = {
+      {"format", "zeroshard-shard-v1"},
+      {"job", snap.id.job},
+      {"step", absl::StrCat(snap.id.step)},
+      {"rank", absl::StrCat(snap.id.rank)},
+      {"world_size", absl::StrCat(snap.id.world_size)},
+      {"generation", absl::StrCat(snap.id.generation)},
+      {"plan_hash", snap.id.plan_hash},
+      {"optimizer", snap.optimizer},
+      {"optimizer_step", absl::StrCat(snap.optimizer_step)},
+      {"checksums", checksums.dump()},
+  };
+  auto writer = SafetensorsWriter::Create(out.path, snap.entries, metadata);
+  if (!writer.ok()) return writer.status();
+  for (const auto& v : snap.values) {
+    if (absl::Status s = (*writer)->Append(v.data(), v.size() * sizeof(float)); !s.ok()) return s;
+  }
+  if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
+  out.size_bytes = (*writer)->file_size();
+  return out;
+}
+
+// ---- Reading ----
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenStep(
+    const std::string& step_dir, const std::string& own_file) {
+  auto reader = std::unique_ptr<CheckpointReader>(new CheckpointReader());
+  reader->source_ = step_dir;
+  DIR* dir = opendir(step_dir.c_str());
+  if (dir == nullptr) return ErrnoStatus(errno, "cannot open checkpoint directory", step_dir);
+  std::vector<std::string> names;
+  while (dirent* entry = readdir(dir)) {
+    std::string name = entry->d_name;
+    if (absl::StartsWith(name, "rank-") && absl::EndsWith(name, ".safetensors")) {
+      names.push_back(name);
+    }
+  }
+  closedir(dir);
+  if (names.empty()) {
+    return absl::NotFoundError(absl::StrCat("no shard files (rank-*.safetensors) in ", step_dir));
+  }
+  std::sort(names.begin(), names.end());
+  // The own file first, so that it is indexed before any other.
+  if (!own_file.empty()) {
+    auto it = std::find(names.begin(), names.end(), own_file);
+    if (it != names.end()) std::rotate(names.begin(), it, it + 1);
+  }
+  for (const auto& n : names) reader->paths_.push_back(absl::StrCat(step_dir, "/", n));
+  reader->readers_.resize(names.size());
+  reader->indexed_.assign(names.size(), false);
+  if (absl::Status s = reader->IndexFile(0); !s.ok()) return s;
+  return reader;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
+    const std::string& path) {
+  auto reader = std::unique_ptr<CheckpointReader>(new CheckpointReader());
+  reader->source_ = path;
+  reader->consolidated_ = true;
+  reader->paths_.push_back(path);
+  reader->readers_.resize(1);
+  reader->indexed_.assign(1, true);
+  auto file = reader->File(0);
+  if (!file.ok()) return file.status();
+  const SafetensorsMetadata& meta = (*file)->metadata();
+  for (const TensorInfo& t : (*file)->tensors()) {
+    if (absl::StartsWith(t.name, kExpAvgPrefix)) reader->has_optimizer_ = true;
+  }
+  int64_t value = 0;
+  auto it = meta.find("optimizer_step");
+  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) reader->optimizer_step_ = value;
+  it = meta.find("step");
+  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) reader->step_ = value;
+  return reader;
+}
+
+absl::StatusOr<SafetensorsReader*> CheckpointReader::File(int index) {
+  if (readers_[index] == nullptr) {
+    auto opened = SafetensorsReader::Open(paths_[index]);
+    if (!opened.ok()) return opened.status();
+    readers_[index] = std::move(*opened);
+  }
+  return readers_[index].get();
+}
+
+absl::Status CheckpointReader::IndexFile(int index) {
+  if (indexed_[index]) return absl::OkStatus();
+  auto file = File(index);
+  if (!file.ok()) return file.status();
+  for (const TensorInfo& t : (*file)->tensors()) {
+    int kind = static_cast<int>(Kind::kParams);
+    absl::string_view name = t.name;
+    if (absl::ConsumePrefix(&name, kExpAvgSqPrefix)) {
+      kind = static_cast<int>(Kind::kExpAvgSq);
+      has_optimizer_ = true;
+    } else if (absl::ConsumePrefix(&name, kExpAvgPrefix)) {
+      kind = static_cast<int>(Kind::kExpAvg);
+      has_optimizer_ = true;
+    }
+    Piece piece;
+    piece.file = index;
+    piece.shard_tensor = t.name;
+    std::string model_name;
+    if (!ParsePieceName(name, &model_name, &piece.row_begin, &piece.row_end)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          paths_[index], ": tensor '", t.name, "' is not named <tensor>:<row_begin>-<row_end>"));
+    }
+    auto& list = pieces_[{kind, model_name}];
+    list.push_back(piece);
+    std::sort(list.begin(), list.end(),
+              [](const Piece& a, const Piece& b) { return a.row_begin < b.row_begin; });
+  }
+  const SafetensorsMetadata& meta = (*file)->metadata();
+  int64_t value = 0;
+  auto it = meta.find("optimizer_step");
+  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) optimizer_step_ = value;
+  it = meta.find("step");
+  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) step_ = value;
+  indexed_[index] = true;
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::IndexAll() {
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    if (absl::Status s = IndexFile(static_cast<int>(i)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin,
+                                        int64_t row_end, float* out) {
+  if (consolidated_) {
+    std::string name = tensor.name;
+    if (kind == Kind::kExpAvg) name = kExpAvgPrefix + name;
+    if (kind == Kind::kExpAvgSq) name = kExpAvgSqPrefix + name;
+    auto file = File(0);
+    if (!file.ok()) return file.status();
+    const TensorInfo* info = (*file)->Find(name);
+    if (info == nullptr) {
+      return absl::NotFoundError(absl::StrCat(source_, " has no tensor '", name, "'"));
+    }
+    if (info->shape != tensor.shape && !(info->shape.empty() && tensor.shape.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_, ": tensor '", name, "' has a different shape than the model's"));
+    }
+    return (*file)->ReadRowsAsF32(name, row_begin, row_end, out);
+  }
+  const int64_t row_elements = tensor.RowElements();
+  int64_t row = row_begin;
+  bool indexed_all = false;
+  while (row < row_end) {
+    auto it = pieces_.find({static_cast<int>(kind), tensor.name});
+    const Piece* found = nullptr;
+    if (it != pieces_.end()) {
+      for (const Piece& p : it->second) {
+        if (p.row_begin <= row && row < p.row_end) found = &p;
+      }
+    }
+    if (found == nullptr) {
+      if (!indexed_all) {
+        if (absl::Status s = IndexAll(); !s.ok()) return s;
+        indexed_all = true;
+        continue;
+      }
+      return absl::NotFoundError(absl::StrCat("checkpoint ", source_, " has no row ", row,
+                                              " of tensor '", tensor.name, "'"));
+    }
+    int64_t end = std::min(row_end, found->row_end);
+    auto file = File(found->file);
+    if (!file.ok()) return file.status();
+    absl::Status s = (*file)->ReadRowsAsF32(found->shard_tensor, row - found->row_begin,
+                                            end - found->row_begin,
+                                            out + (row - row_begin) * row_elements);
+    if (!s.ok()) return s;
+    row = end;
+  }
+  return absl::OkStatus();
+}
+
+int64_t LatestCompleteStep(const std::string& root, const std::string& job) {
+  std::string job_dir = absl::StrCat(root, "/", job);
+  DIR* dir = opendir(job_dir.c_str());
+  if (dir == nullptr) return -1;
+  int64_t latest = -1;
+  while (dirent* entry = readdir(dir)) {
+    absl::string_view name = entry->d_name;
+    int64_t step = 0;
+    if (!absl::ConsumePrefix(&name, "step-") || !absl::SimpleAtoi(name, &step)) continue;
+    struct stat st;
+    std::string manifest = absl::StrCat(job_dir, "/", entry->d_name, "/manifest.json");
+    if (stat(manifest.c_str(), &st) == 0) latest = std::max(latest, step);
+  }
+  closedir(dir);
+  return latest;
+}
+
+}  // namespace zeroshard

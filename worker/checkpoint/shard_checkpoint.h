@@ -1,0 +1,117 @@
+// Sharded checkpoints from the worker's side: this rank's pieces copied out
+// of the engine (the only pause training takes), written as one safetensors
+// file with a checksum per tensor, and read back at any world size.
+//
+// Shard file: <dir>/<job>/step-<N>/rank-<R>-of-<W>.safetensors with tensors
+// "<name>:<a>-<b>" (rows [a, b) of model tensor <name>, f32) and, with the
+// optimizer state, "optim.exp_avg.<name>:<a>-<b>", "optim.exp_avg_sq...".
+// __metadata__ holds format "zeroshard-shard-v1", job, step, rank,
+// world_size, generation, plan_hash, optimizer, optimizer_step, and
+// "checksums" (a JSON object: tensor -> XXH64 hex of its bytes).
+#ifndef ZEROSHARD_WORKER_CHECKPOINT_SHARD_CHECKPOINT_H_
+#define ZEROSHARD_WORKER_CHECKPOINT_SHARD_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+
+struct ShardIdentity {
+  std::string job;
+  int64_t step = 0;
+  int rank = 0;
+  int world_size = 1;
+  int64_t generation = 0;
+  std::string plan_hash;
+};
+
+// "<job>/step-<N>/rank-<R>-of-<W>.safetensors": relative to the checkpoint root.
+std::string ShardFileName(const std::string& job, int64_t step, int rank, int world_size);
+std::string StepDirName(const std::string& job, int64_t step);  // "<job>/step-<N>"
+
+// This rank's state, copied to host buffers: what the writer thread writes.
+struct ShardSnapshot {
+  ShardIdentity id;
+  std::vector<TensorEntry> entries;
+  std::vector<std::vector<float>> values;  // per entry
+  std::string optimizer;
+  int64_t optimizer_step = 0;
+  int64_t bytes = 0;  // data bytes
+};
+
+// Copies this rank's pieces (and moments, if `with_optimizer` and the
+// optimizer has them). Runs on the training thread: this is the pause.
+absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
+                                            const std::string& optimizer_name,
+                                            bool with_optimizer);
+
+struct WrittenShard {
+  std::string relative_path;  // ShardFileName(...)
+  std::string path;           // full path
+  int64_t size_bytes = 0;
+  std::map<std::string, std::string> checksums;  // tensor -> xxh64 hex
+};
+
+// Writes the snapshot under `root` (temporary name, fsync, rename, directory
+// fsync). Nothing appears at the final name unless every byte is durable.
+absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snapshot, const std::string& root);
+
+// Reads parameters and moments by model tensor rows from either a step's
+// shard files (<root>/<job>/step-<N>/, any world size) or one consolidated
+// safetensors file ("<name>", "optim.exp_avg.<name>", ...). Files are opened
+// lazily: a rank asking only for its own rows at the saving world size opens
+// only its own shard file.
+class CheckpointReader {
+ public:
+  enum class Kind { kParams, kExpAvg, kExpAvgSq };
+  // `own_file`: the shard file to index first (a rank resuming at the same
+  // world size); the others are indexed only if a row is not found in it.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenStep(
+      const std::string& step_dir, const std::string& own_file = "");
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenFile(const std::string& path);
+
+  // Rows [row_begin, row_end) of `tensor` as f32; NOT_FOUND naming the tensor
+  // and the checkpoint when a row is missing.
+  absl::Status ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin, int64_t row_end,
+                        float* out);
+  bool has_optimizer_state() const { return has_optimizer_; }
+  // The optimizer's step count and the training step saved (-1 if unknown).
+  int64_t optimizer_step() const { return optimizer_step_; }
+  int64_t step() const { return step_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  struct Piece {
+    int file = 0;
+    std::string shard_tensor;
+    int64_t row_begin = 0, row_end = 0;
+  };
+  absl::StatusOr<SafetensorsReader*> File(int index);
+  absl::Status IndexFile(int index);
+  absl::Status IndexAll();
+
+  std::string source_;
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;  // lazily opened
+  std::vector<bool> indexed_;
+  // (kind, model tensor) -> pieces, by row_begin
+  std::map<std::pair<int, std::string>, std::vector<Piece>> pieces_;
+  bool consolidated_ = false;
+  bool has_optimizer_ = false;
+  int64_t optimizer_step_ = -1;
+  int64_t step_ = -1;
+};
+
+// The highest step under <root>/<job>/ that has a manifest.json (-1: none).
+int64_t LatestCompleteStep(const std::string& root, const std::string& job);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_CHECKPOINT_SHARD_CHECKPOINT_H_
