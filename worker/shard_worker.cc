@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -32,9 +33,12 @@
 #include "shard_server/plan_codec.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
-#include "worker/data/regression_data.h"
-#include "worker/model/mlp.h"
+#include "worker/training_task.h"
 #include "worker/zero/engine.h"
+
+#ifdef ZEROSHARD_HAVE_CUDA
+#include "worker/cuda/cuda_device.h"
+#endif
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -50,10 +54,24 @@ ABSL_FLAG(std::string, worker_id, "",
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address peers reach this worker at; the data plane binds to it");
 ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
-ABSL_FLAG(std::string, model, "mlp", "Model: mlp");
-ABSL_FLAG(int, layers, 4, "Layers of the model");
+ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder on bytes)");
+ABSL_FLAG(int, layers, 4, "Layers of the model (Linears of the MLP, blocks of the GPT)");
 ABSL_FLAG(int, width, 256, "MLP width (in = out features of every Linear)");
 ABSL_FLAG(std::string, activation, "none", "MLP activation between Linears: none|relu|gelu");
+ABSL_FLAG(int, heads, 4, "GPT attention heads");
+ABSL_FLAG(int, d_model, 128, "GPT embedding width (n_embd)");
+ABSL_FLAG(int, context, 64, "GPT sequence length (n_ctx)");
+ABSL_FLAG(std::string, task, "addition",
+          "GPT data without --data: 'addition' (synthetic multi-digit sums; accuracy shows "
+          "learning)");
+ABSL_FLAG(int, digits, 2, "addition task: operands have up to this many digits (1-9)");
+ABSL_FLAG(double, validation_fraction, 0.1, "GPT --data: the tail of the file held out");
+ABSL_FLAG(int, val_every, 0, "Validation loss every N steps (0: only at the end)");
+ABSL_FLAG(int, val_batches, 4, "Validation batches per rank per evaluation");
+ABSL_FLAG(int, sample, 0, "GPT: print a generated text of N bytes at the end");
+ABSL_FLAG(int, warmup_steps, 0, "Linear learning-rate warmup steps");
+ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine (decay to --min_lr)");
+ABSL_FLAG(double, min_lr, 0, "Final learning rate of the cosine schedule");
 ABSL_FLAG(int, stage, 3, "ZeRO stage 0-3");
 ABSL_FLAG(int, steps, 10, "Optimizer steps (the total, counting resumed ones)");
 ABSL_FLAG(int, batch, 8, "Rows per rank per micro-batch");
@@ -72,7 +90,9 @@ ABSL_FLAG(std::string, init_from, "",
           "Initialize from this safetensors file (each rank reads only its rows)");
 ABSL_FLAG(std::string, data, "",
           "safetensors file with x [N, width] and y [N, width] (default: seeded synthetic)");
-ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs)");
+ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs) | nccl (one GPU per process)");
+ABSL_FLAG(int, local_rank, -1,
+          "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
           "Every collective gives up after this long");
 ABSL_FLAG(int64_t, max_unit_bytes, 0, "Plan: largest unit of unlabeled tensors (0: default)");
@@ -87,6 +107,9 @@ ABSL_FLAG(std::string, checkpoint_transport, "fs",
           "fs: the server reads the files on a shared filesystem; grpc: stream them to it");
 ABSL_FLAG(std::string, resume, "",
           "Resume from this job's checkpoint 'latest' or step N (same world size)");
+ABSL_FLAG(std::string, summary_out, "",
+          "Rank 0 writes the run's summary here (JSON: model shape, loss first/last, "
+          "validation loss, accuracy, sample, memory per rank) and prints it as a table");
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
           "rank 0 writes)");
@@ -182,16 +205,26 @@ int Main() {
   const std::string job = absl::GetFlag(FLAGS_job);
   const int world = absl::GetFlag(FLAGS_world_size);
   if (job.empty()) Die("--job is required");
-  if (absl::GetFlag(FLAGS_backend) != "gloo") {
-    if (absl::GetFlag(FLAGS_backend) == "nccl") {
-      Die("--backend=nccl: this build's shard_worker has no GPU support linked in; no CUDA "
-          "device was used. --backend=gloo runs on CPUs",
-          2);
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "nccl") {
+    // Checked before joining, so a misconfigured job fails fast and alone.
+#ifdef ZEROSHARD_HAVE_CUDA
+    const int device = std::max(0, absl::GetFlag(FLAGS_local_rank));
+    if (absl::Status s = CheckCudaDevice(device); !s.ok()) {
+      Die(absl::StrCat("--backend=nccl: ", s.message()), 2);
     }
-    Die(absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend), " is unknown: expected gloo"), 2);
+    Die("--backend=nccl: a CUDA device is present, but this shard_worker's training loop runs "
+        "the CPU engine only; the NCCL communicator and CUDA kernels are built and checked by "
+        "tests/gpu/run.sh. Use --backend=gloo",
+        2);
+#else
+    Die("--backend=nccl: this shard_worker was built without CUDA, so no CUDA device can be "
+        "used; --backend=gloo runs on CPUs",
+        2);
+#endif
   }
-  if (absl::GetFlag(FLAGS_model) != "mlp") {
-    Die(absl::StrCat("--model=", absl::GetFlag(FLAGS_model), " is unknown: expected mlp"), 2);
+  if (backend != "gloo") {
+    Die(absl::StrCat("--backend=", backend, " is unknown: expected gloo or nccl"), 2);
   }
   if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_batch) < 1) {
     Die("--steps must be >= 0 and --batch >= 1", 2);
@@ -216,10 +249,28 @@ int Main() {
   engine_options.param_dtype = *param_dtype;
   engine_options.reduce_dtype = *reduce_dtype;
 
-  MlpConfig mlp_config{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_width),
-                       absl::GetFlag(FLAGS_activation)};
-  auto model = MlpModel::Create(mlp_config);
-  DieIfError(model.status(), "model");
+  TaskOptions task_options;
+  task_options.model = absl::GetFlag(FLAGS_model);
+  task_options.layers = absl::GetFlag(FLAGS_layers);
+  task_options.width = absl::GetFlag(FLAGS_width);
+  task_options.activation = absl::GetFlag(FLAGS_activation);
+  task_options.heads = absl::GetFlag(FLAGS_heads);
+  task_options.d_model = absl::GetFlag(FLAGS_d_model);
+  task_options.context = absl::GetFlag(FLAGS_context);
+  task_options.task = absl::GetFlag(FLAGS_task);
+  task_options.digits = absl::GetFlag(FLAGS_digits);
+  task_options.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
+  task_options.data = absl::GetFlag(FLAGS_data);
+  task_options.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  task_options.batch = absl::GetFlag(FLAGS_batch);
+  task_options.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  auto task = MakeTrainingTask(task_options);
+  DieIfError(task.status(), "model");
+  Model* const m = (*task)->model();
+  const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (schedule != "constant" && schedule != "cosine") {
+    Die(absl::StrCat("--lr_schedule=", schedule, ": expected constant or cosine"), 2);
+  }
 
   // ---- Join ----
   ClientOptions client_options;
@@ -256,7 +307,7 @@ int Main() {
   // ---- Plan ----
   PlanOptions plan_options;
   plan_options.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
-  auto plan_proto = (*client)->PlanShards(ModelSpecToProto((*model)->Spec()),
+  auto plan_proto = (*client)->PlanShards(ModelSpecToProto(m->Spec()),
                                           PlanOptionsToProto(plan_options), world);
   DieIfError(plan_proto.status(), "plan");
   ShardPlan plan = ShardPlanFromProto(*plan_proto);
@@ -273,7 +324,7 @@ int Main() {
   auto aux = GlooCommunicator::Create(&store, rank, world, "aux", gloo);
   DieIfError(aux.status(), "gloo bootstrap (aux)");
 
-  auto engine = ZeroEngine::Create(model->get(), plan, gather->get(), reduce->get(), aux->get(),
+  auto engine = ZeroEngine::Create(m, plan, gather->get(), reduce->get(), aux->get(),
                                    engine_options);
   DieIfError(engine.status(), "engine");
   ZeroEngine& e = **engine;
@@ -282,7 +333,6 @@ int Main() {
   // ---- Initial state: a seed, a consolidated file, or this job's checkpoint ----
   const uint64_t seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  Model* m = model->get();
   std::unique_ptr<CheckpointReader> restore;
   const std::string resume = absl::GetFlag(FLAGS_resume);
   if (!resume.empty() && !absl::GetFlag(FLAGS_init_from).empty()) {
@@ -353,17 +403,34 @@ int Main() {
   }
   restore.reset();
 
-  auto data = OpenRegressionData(absl::GetFlag(FLAGS_data), seed, mlp_config.width,
-                                 mlp_config.width);
-  DieIfError(data.status(), "data");
 
   // ---- Train ----
   const int steps = absl::GetFlag(FLAGS_steps);
-  const int batch = absl::GetFlag(FLAGS_batch);
   const int grad_accum = engine_options.grad_accum;
-  std::vector<float> x(static_cast<size_t>(batch) * mlp_config.width);
-  std::vector<float> y(x.size());
-  std::vector<double> losses, step_ms;
+  std::vector<double> losses, step_ms, val_losses;
+  double tokens_per_second_sum = 0;
+  Evaluation last_eval;
+  auto learning_rate = [&](int step) {
+    const double lr = absl::GetFlag(FLAGS_lr);
+    const int warmup = absl::GetFlag(FLAGS_warmup_steps);
+    if (step < warmup) return lr * (step + 1) / warmup;
+    if (schedule == "constant") return lr;
+    const double min_lr = absl::GetFlag(FLAGS_min_lr);
+    double progress = double(step - warmup) / std::max(1, steps - warmup);
+    return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * std::min(1.0, progress)));
+  };
+  auto evaluate = [&](int completed) {
+    auto eval = (*task)->Evaluate(e, rank, world, absl::GetFlag(FLAGS_val_batches));
+    DieIfError(eval.status(), "validation");
+    last_eval = *eval;
+    val_losses.push_back(eval->loss);
+    if (rank == 0) {
+      std::fprintf(stderr, "step %d  val_loss %.4f%s\n", completed, eval->loss,
+                   eval->accuracy >= 0 ? absl::StrFormat("  accuracy %.1f%%",
+                                                         100 * eval->accuracy).c_str()
+                                       : "");
+    }
+  };
   CollectiveBytes comm_before = gather->get()->bytes_sent();
   CollectiveBytes reduce_before = reduce->get()->bytes_sent();
   if (rank == 0) {
@@ -414,13 +481,12 @@ int Main() {
     g_step = step;
     absl::Time start = absl::Now();
     for (int micro = 0; micro < grad_accum; ++micro) {
-      DieIfError((*data)->Fill(step, micro, rank, world, batch, grad_accum, x.data(), y.data()),
-                 "data");
-      DieIfError((*model)->SetBatch(x.data(), y.data(), batch), "batch");
+      DieIfError((*task)->SetTrainBatch(step, micro, rank, world), "data");
       auto loss = e.ForwardBackward(micro + 1 == grad_accum);
       DieIfError(loss.status(), absl::StrCat("step ", step));
     }
-    auto stats = e.Step(absl::GetFlag(FLAGS_lr));
+    const double lr = learning_rate(step);
+    auto stats = e.Step(lr);
     DieIfError(stats.status(), absl::StrCat("step ", step, " optimizer"));
     double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     auto mean = e.MeanOverRanks(stats->loss);
@@ -428,19 +494,77 @@ int Main() {
     losses.push_back(*mean);
     step_ms.push_back(ms);
     (*client)->ReportProgress(Progress{step + 1, *mean, e.memory().total(), 0});
+    const double items_per_second =
+        (*task)->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
+    tokens_per_second_sum += items_per_second;
     if (rank == 0) {
-      std::fprintf(stderr, "step %d/%d  loss %.6f  grad_norm %.4f  %.1f ms  mem %.1f MiB\n",
-                   step + 1, steps, *mean, stats->grad_norm, ms,
-                   e.memory().total() / 1048576.0);
+      std::fprintf(stderr,
+                   "step %d/%d  loss %.6f  lr %.2e  grad_norm %.4f  %.1f ms  %.0f %s/s  "
+                   "mem/rank %.1f MiB\n",
+                   step + 1, steps, *mean, lr, stats->grad_norm, ms, items_per_second,
+                   task_options.model == "gpt" ? "tokens" : "rows",
+                   e.memory().peak_total() / 1048576.0);
     }
+    const int val_every = absl::GetFlag(FLAGS_val_every);
+    if (val_every > 0 && (step + 1) % val_every == 0 && step + 1 < steps) evaluate(step + 1);
     if ((checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) ||
         (checkpoint_at_end && step + 1 == steps)) {
       checkpoint(step + 1);
     }
   }
   DieIfError(checkpoint_thread.Drain(), "checkpoint");
+  if (steps > start_step || absl::GetFlag(FLAGS_val_every) > 0) evaluate(steps);
+  std::string sample;
+  if (absl::GetFlag(FLAGS_sample) > 0) {
+    auto text = (*task)->Sample(e, absl::GetFlag(FLAGS_sample));
+    DieIfError(text.status(), "sample");
+    sample = *text;
+    if (rank == 0) std::fprintf(stderr, "sample:\n%s\n", sample.c_str());
+  }
   auto params_sum = e.ParamsSum();
   DieIfError(params_sum.status(), "params sum");
+  auto peaks = e.GatherOverRanks(static_cast<double>(e.memory().peak_total()));
+  DieIfError(peaks.status(), "memory summary");
+  auto states = e.GatherOverRanks(static_cast<double>(e.memory().model_state()));
+  DieIfError(states.status(), "memory summary");
+  int64_t parameters = 0;
+  for (const UnitLayout& u : e.units()) parameters += u.flat_elements;
+  if (rank == 0 && !absl::GetFlag(FLAGS_summary_out).empty()) {
+    nlohmann::ordered_json summary;
+    if (task_options.model == "gpt") {
+      summary["n_layer"] = task_options.layers;
+      summary["n_head"] = task_options.heads;
+      summary["n_embd"] = task_options.d_model;
+      summary["n_ctx"] = task_options.context;
+      summary["vocab_size"] = 256;
+    }
+    summary["model"] = (*task)->Describe();
+    summary["parameters"] = parameters;
+    summary["world_size"] = world;
+    summary["stage"] = engine_options.stage;
+    summary["steps"] = steps;
+    summary["loss_first"] = losses.empty() ? 0.0 : losses.front();
+    summary["loss_last"] = losses.empty() ? 0.0 : losses.back();
+    summary["val_loss"] = last_eval.loss;
+    summary["accuracy"] = last_eval.accuracy >= 0 ? nlohmann::ordered_json(last_eval.accuracy)
+                                                  : nlohmann::ordered_json();
+    summary["sample"] = sample;
+    summary["step_time_ms_median"] = Median(step_ms);
+    summary["items_per_second"] =
+        step_ms.empty() ? 0.0 : tokens_per_second_sum / static_cast<double>(step_ms.size());
+    // Stage 0 keeps fp32 params, grads and Adam moments whole: 16 bytes per parameter.
+    summary["stage0_model_state_bytes"] = 16 * parameters;
+    nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
+    for (int r = 0; r < world; ++r) {
+      per_rank.push_back({{"rank", r},
+                          {"model_state_bytes", static_cast<int64_t>((*states)[r])},
+                          {"peak_bytes", static_cast<int64_t>((*peaks)[r])}});
+    }
+    summary["memory_per_rank"] = per_rank;
+    std::ofstream file(absl::GetFlag(FLAGS_summary_out));
+    file << summary.dump(2) << "\n";
+    if (!file) Die(absl::StrCat("cannot write --summary_out ", absl::GetFlag(FLAGS_summary_out)));
+  }
 
   // ---- Report ----
   std::string report = absl::GetFlag(FLAGS_report);
@@ -474,6 +598,20 @@ int Main() {
         {"broadcast", (g.broadcast - comm_before.broadcast) + (r.broadcast - reduce_before.broadcast)}};
     out["plan_hash"] = plan.hash;
     out["checkpoint_pause_ms"] = pause_ms;
+    out["model"] = (*task)->Describe();
+    if (task_options.model == "gpt") {
+      out["n_layer"] = task_options.layers;
+      out["n_head"] = task_options.heads;
+      out["n_embd"] = task_options.d_model;
+      out["n_ctx"] = task_options.context;
+      out["vocab_size"] = 256;
+    }
+    out["val_losses"] = val_losses;
+    out["val_loss"] = last_eval.loss;
+    if (last_eval.accuracy >= 0) out["accuracy"] = last_eval.accuracy;
+    out["sample"] = sample;
+    out["items_per_second"] =
+        step_ms.empty() ? 0.0 : tokens_per_second_sum / static_cast<double>(step_ms.size());
     out["largest_unit_bytes"] = e.largest_unit_elements() * 4;
     int64_t parameters = 0, shard_elements = 0;
     for (const UnitLayout& u : e.units()) {

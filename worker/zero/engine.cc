@@ -350,7 +350,7 @@ absl::Status ZeroEngine::IssueGather(int position) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<float*> ZeroEngine::AcquireParams(int position) {
+absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position) {
   int unit = positions_[position];
   if (options_.stage < 3) {
     UnitState& state = *state_[unit];
@@ -365,7 +365,7 @@ absl::StatusOr<float*> ZeroEngine::AcquireParams(int position) {
   }
   const int n = static_cast<int>(ops_.size());
   const int depth = position < n ? options_.prefetch : std::min(options_.prefetch, 1);
-  for (int p = position; p <= std::min(position + depth, 2 * n - 1); ++p) {
+  for (int p = position; p <= std::min(position + depth, last_position); ++p) {
     if (absl::Status s = IssueGather(p); !s.ok()) return s;
   }
   auto& slots = slots_;
@@ -458,7 +458,7 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
     return out;
   };
   for (int k = 0; k < n; ++k) {
-    absl::StatusOr<float*> params = AcquireParams(k);
+    absl::StatusOr<float*> params = AcquireParams(k, 2 * n - 1);
     if (!params.ok()) return params.status();
     if (absl::Status s = model_->Forward(k, views(ops_[k], *params)); !s.ok()) return s;
     memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
@@ -468,7 +468,7 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
   for (int j = 0; j < n; ++j) {
     const int op = n - 1 - j, pos = n + j, unit = ops_[op];
     UnitState& state = *state_[unit];
-    absl::StatusOr<float*> params = AcquireParams(pos);
+    absl::StatusOr<float*> params = AcquireParams(pos, 2 * n - 1);
     if (!params.ok()) return params.status();
     float* grads = state.grads.f32();
     if (options_.stage >= 2) {
@@ -493,6 +493,30 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
   loss_sum_ += loss;
   micro_batches_++;
   return loss;
+}
+
+absl::StatusOr<double> ZeroEngine::Forward() {
+  const int n = static_cast<int>(ops_.size());
+  for (int k = 0; k < n; ++k) {
+    absl::StatusOr<float*> params = AcquireParams(k, n - 1);
+    if (!params.ok()) return params.status();
+    const UnitLayout& layout = units_[ops_[k]];
+    UnitTensors views(layout.tensors.size());
+    for (size_t t = 0; t < layout.tensors.size(); ++t) {
+      views[t].data = *params + layout.tensor_offsets[t];
+      views[t].shape = layout.tensors[t].shape;
+    }
+    if (absl::Status s = model_->Forward(k, views); !s.ok()) return s;
+    memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
+    // The last forward position would hand its unit to the (absent) backward.
+    if (k == n - 1) {
+      slots_.erase(k);
+    } else {
+      ReleaseParams(k);
+    }
+  }
+  slots_.clear();
+  return model_->Loss();
 }
 
 absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard) {
@@ -585,14 +609,20 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   return stats;
 }
 
-absl::StatusOr<double> ZeroEngine::MeanOverRanks(double value) {
+absl::StatusOr<std::vector<double>> ZeroEngine::GatherOverRanks(double value) {
   // Doubles travel as raw bytes: two f32 words each.
   std::vector<double> all(world_);
   absl::Status s =
       aux_comm_->AllGather(&value, all.data(), 2, DType::kF32, options_.collective_timeout);
   if (!s.ok()) return s;
+  return all;
+}
+
+absl::StatusOr<double> ZeroEngine::MeanOverRanks(double value) {
+  absl::StatusOr<std::vector<double>> all = GatherOverRanks(value);
+  if (!all.ok()) return all.status();
   double sum = 0;
-  for (double v : all) sum += v;
+  for (double v : *all) sum += v;
   return sum / world_;
 }
 

@@ -109,14 +109,19 @@ class ZeroEngine {
   // reduce then). Returns the local loss.
   absl::StatusOr<double> ForwardBackward(bool last_micro);
 
+  // Forward only (evaluation, generation): no gradients, no reductions.
+  // Returns the loss of the batch set on the model.
+  absl::StatusOr<double> Forward();
+
   // The optimizer step after grad_accum micro-batches: waits for the
   // reductions, averages over micro-batches, clips, steps the shard.
   absl::StatusOr<StepStats> Step(double lr);
 
   // Sum of every element of the full model (over ranks, in double).
   absl::StatusOr<double> ParamsSum();
-  // Mean of `value` over ranks.
+  // Mean of `value` over ranks; every rank's value, by rank.
   absl::StatusOr<double> MeanOverRanks(double value);
+  absl::StatusOr<std::vector<double>> GatherOverRanks(double value);
 
   // Visits this rank's pieces with their fp32 master values (and Adam
   // moments, when the optimizer has them): for checkpoints.
@@ -155,7 +160,8 @@ class ZeroEngine {
   absl::Status BuildLayouts(const ShardPlan& plan);
   // Stage 3: position k of the pass (forward ops, then backward ops).
   absl::Status IssueGather(int position);
-  absl::StatusOr<float*> AcquireParams(int position);
+  // Prefetches no further than `last_position`.
+  absl::StatusOr<float*> AcquireParams(int position, int last_position);
   void ReleaseParams(int position);
   absl::Status GatherUnit(int unit, TrackedBuffer* out);
   // Stages 2-3 reduce `grads_flat` (then free it); stages 0-1 the unit's

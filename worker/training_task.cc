@@ -1,0 +1,237 @@
+#include "worker/training_task.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/data/regression_data.h"
+#include "worker/data/text_data.h"
+#include "worker/model/gpt.h"
+#include "worker/model/mlp.h"
+
+namespace zeroshard {
+namespace {
+
+// ---- MLP regression (seed 001's setting) ----
+
+class MlpTask : public TrainingTask {
+ public:
+  static absl::StatusOr<std::unique_ptr<TrainingTask>> Create(const TaskOptions& o) {
+    auto model = MlpModel::Create(MlpConfig{o.layers, o.width, o.activation});
+    if (!model.ok()) return model.status();
+    auto data = OpenRegressionData(o.data, o.seed, o.width, o.width);
+    if (!data.ok()) return data.status();
+    auto task = std::unique_ptr<MlpTask>(new MlpTask());
+    task->options_ = o;
+    task->model_ = std::move(*model);
+    task->data_ = std::move(*data);
+    task->x_.resize(static_cast<size_t>(o.batch) * o.width);
+    task->y_.resize(task->x_.size());
+    return std::unique_ptr<TrainingTask>(std::move(task));
+  }
+  Model* model() override { return model_.get(); }
+  absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) override {
+    absl::Status s = data_->Fill(step, micro, rank, world, options_.batch, options_.grad_accum,
+                                 x_.data(), y_.data());
+    if (!s.ok()) return s;
+    return model_->SetBatch(x_.data(), y_.data(), options_.batch);
+  }
+  int64_t ItemsPerMicroBatch() const override { return options_.batch; }
+  absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
+                                      int batches) override {
+    // Held-out rows: the ones far past any training step.
+    double sum = 0;
+    for (int b = 0; b < batches; ++b) {
+      absl::Status s = data_->Fill(int64_t{1} << 40 | b, 0, rank, world, options_.batch, 1,
+                                   x_.data(), y_.data());
+      if (!s.ok()) return s;
+      if (s = model_->SetBatch(x_.data(), y_.data(), options_.batch); !s.ok()) return s;
+      absl::StatusOr<double> loss = engine.Forward();
+      if (!loss.ok()) return loss.status();
+      sum += *loss;
+    }
+    absl::StatusOr<double> mean = engine.MeanOverRanks(sum / std::max(1, batches));
+    if (!mean.ok()) return mean.status();
+    return Evaluation{*mean, -1};
+  }
+  absl::StatusOr<std::string> Sample(ZeroEngine&, int) override {
+    return absl::FailedPreconditionError("--sample needs --model=gpt");
+  }
+  std::string Describe() const override {
+    return absl::StrFormat("mlp: %d × Linear(%d, %d), activation %s", options_.layers,
+                           options_.width, options_.width, options_.activation);
+  }
+
+ private:
+  TaskOptions options_;
+  std::unique_ptr<MlpModel> model_;
+  std::unique_ptr<RegressionData> data_;
+  std::vector<float> x_, y_;
+};
+
+// ---- GPT on bytes: a text file or the built-in addition task ----
+
+class GptTask : public TrainingTask {
+ public:
+  static absl::StatusOr<std::unique_ptr<TrainingTask>> Create(const TaskOptions& o) {
+    GptConfig config;
+    config.n_layer = o.layers;
+    config.n_head = o.heads;
+    config.n_embd = o.d_model;
+    config.vocab = 256;
+    config.n_ctx = o.context;
+    auto model = GptModel::Create(config);
+    if (!model.ok()) return model.status();
+    auto data = OpenTokenData(o.data, o.data.empty() ? o.task : "text", o.seed,
+                              o.validation_fraction, o.digits);
+    if (!data.ok()) return data.status();
+    if (absl::Status s = (*data)->CheckContext(o.context); !s.ok()) return s;
+    auto task = std::unique_ptr<GptTask>(new GptTask());
+    task->options_ = o;
+    task->model_ = std::move(*model);
+    task->data_ = std::move(*data);
+    task->tokens_.resize(static_cast<size_t>(o.batch) * o.context);
+    task->targets_.resize(task->tokens_.size());
+    return std::unique_ptr<TrainingTask>(std::move(task));
+  }
+  Model* model() override { return model_.get(); }
+  absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) override {
+    absl::Status s = data_->FillBatch(Split::kTrain, step, micro, rank, world,
+                                      options_.batch, options_.grad_accum, options_.context,
+                                      tokens_.data(), targets_.data());
+    if (!s.ok()) return s;
+    return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
+  }
+  int64_t ItemsPerMicroBatch() const override {
+    return int64_t{options_.batch} * options_.context;
+  }
+
+  absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
+                                      int batches) override {
+    double sum = 0;
+    for (int b = 0; b < batches; ++b) {
+      absl::Status s = data_->FillBatch(Split::kValidation, b, 0, rank, world,
+                                        options_.batch, 1, options_.context, tokens_.data(),
+                                        targets_.data());
+      if (!s.ok()) return s;
+      if (s = model_->SetBatch(tokens_.data(), targets_.data(), options_.batch,
+                               options_.context);
+          !s.ok()) {
+        return s;
+      }
+      absl::StatusOr<double> loss = engine.Forward();
+      if (!loss.ok()) return loss.status();
+      sum += *loss;
+    }
+    Evaluation result;
+    absl::StatusOr<double> mean = engine.MeanOverRanks(sum / std::max(1, batches));
+    if (!mean.ok()) return mean.status();
+    result.loss = *mean;
+    if (auto* addition = dynamic_cast<AdditionTaskData*>(data_.get())) {
+      absl::StatusOr<double> accuracy = AdditionAccuracy(engine, *addition, rank, world);
+      if (!accuracy.ok()) return accuracy.status();
+      result.accuracy = *accuracy;
+    }
+    return result;
+  }
+
+  absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) override {
+    // Every rank runs the same forwards (stage 3 gathers are collective) on
+    // the same prompt with the same seeded sampler, so all agree.
+    std::vector<int32_t> sequence;
+    if (dynamic_cast<AdditionTaskData*>(data_.get()) != nullptr) {
+      for (char c : std::string("12+34=")) sequence.push_back(static_cast<uint8_t>(c));
+    } else {
+      sequence.push_back('\n');
+    }
+    std::mt19937_64 rng(options_.seed ^ 0x5a4d91e3ULL);
+    std::string out;
+    for (int i = 0; i < bytes; ++i) {
+      absl::StatusOr<int32_t> next = NextToken(engine, sequence, /*temperature=*/0.8, &rng);
+      if (!next.ok()) return next.status();
+      sequence.push_back(*next);
+      out.push_back(static_cast<char>(*next));
+    }
+    std::string prompt;
+    for (size_t i = 0; i + out.size() < sequence.size(); ++i) {
+      prompt.push_back(static_cast<char>(sequence[i]));
+    }
+    return prompt + out;
+  }
+
+  std::string Describe() const override {
+    return absl::StrFormat("gpt: %d layers, %d heads, d_model %d, context %d, bytes (vocab 256)",
+                           options_.layers, options_.heads, options_.d_model, options_.context);
+  }
+
+ private:
+  // The next token after `sequence` (its last n_ctx tokens): greedy when
+  // temperature is 0, else sampled.
+  absl::StatusOr<int32_t> NextToken(ZeroEngine& engine, const std::vector<int32_t>& sequence,
+                                    double temperature, std::mt19937_64* rng) {
+    const int t = static_cast<int>(std::min<size_t>(sequence.size(), options_.context));
+    std::vector<int32_t> window(sequence.end() - t, sequence.end());
+    std::vector<int32_t> targets(window.begin() + 1, window.end());
+    targets.push_back(0);
+    absl::Status s = model_->SetBatch(window.data(), targets.data(), 1, t);
+    if (!s.ok()) return s;
+    absl::StatusOr<double> loss = engine.Forward();
+    if (!loss.ok()) return loss.status();
+    const float* logits = model_->Logits() + static_cast<size_t>(t - 1) * 256;
+    if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + 256) - logits);
+    double max_logit = *std::max_element(logits, logits + 256);
+    std::vector<double> p(256);
+    double total = 0;
+    for (int v = 0; v < 256; ++v) total += p[v] = std::exp((logits[v] - max_logit) / temperature);
+    double u = std::uniform_real_distribution<double>(0, total)(*rng);
+    for (int v = 0; v < 256; ++v) {
+      if ((u -= p[v]) <= 0) return v;
+    }
+    return 255;
+  }
+
+  // Greedy answers to held-out problems: every rank answers the same number
+  // of problems with the same number of forwards (collectives line up).
+  absl::StatusOr<double> AdditionAccuracy(ZeroEngine& engine, AdditionTaskData& data, int rank,
+                                          int world) {
+    constexpr int kProblemsPerRank = 8;
+    std::vector<AdditionProblem> problems = data.ValidationProblems(kProblemsPerRank * world);
+    int correct = 0;
+    const int answer_tokens = data.digits() + 2;  // digits, a carry, '\n'
+    for (int i = 0; i < kProblemsPerRank; ++i) {
+      const AdditionProblem& problem = problems[rank * kProblemsPerRank + i];
+      std::vector<int32_t> sequence;
+      for (char c : problem.prompt) sequence.push_back(static_cast<uint8_t>(c));
+      std::string generated;
+      for (int k = 0; k < answer_tokens; ++k) {
+        absl::StatusOr<int32_t> next = NextToken(engine, sequence, 0, nullptr);
+        if (!next.ok()) return next.status();
+        sequence.push_back(*next);
+        generated.push_back(static_cast<char>(*next));
+      }
+      correct += CheckAnswer(generated, problem.answer);
+    }
+    absl::StatusOr<double> mean = engine.MeanOverRanks(double(correct) / kProblemsPerRank);
+    if (!mean.ok()) return mean.status();
+    return *mean;
+  }
+
+  TaskOptions options_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<TokenData> data_;
+  std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainingTask>> MakeTrainingTask(const TaskOptions& options) {
+  if (options.model == "mlp") return MlpTask::Create(options);
+  if (options.model == "gpt") return GptTask::Create(options);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--model=", options.model, " is unknown: expected mlp or gpt"));
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,63 @@
+// What a worker trains: a model with its data, evaluation and sampling. The
+// training loop (shard_worker) and the ZeRO engine stay model-agnostic.
+#ifndef ZEROSHARD_WORKER_TRAINING_TASK_H_
+#define ZEROSHARD_WORKER_TRAINING_TASK_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/model/model.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+
+struct TaskOptions {
+  std::string model = "mlp";  // mlp | gpt
+  // MLP
+  int layers = 4;
+  int width = 256;
+  std::string activation = "none";
+  // GPT
+  int heads = 4;
+  int d_model = 128;
+  int context = 64;
+  std::string task = "addition";  // addition | text (with data)
+  int digits = 2;                 // addition: operands below 10^digits
+  double validation_fraction = 0.1;
+  // Both
+  std::string data;  // file (safetensors for the MLP, text for the GPT), or "" for synthetic
+  uint64_t seed = 0;
+  int batch = 8;  // samples per rank per micro-batch
+  int grad_accum = 1;
+};
+
+struct Evaluation {
+  double loss = 0;       // mean validation loss over ranks
+  double accuracy = -1;  // the task's accuracy in [0, 1]; -1 if it has none
+};
+
+class TrainingTask {
+ public:
+  virtual ~TrainingTask() = default;
+  virtual Model* model() = 0;
+  // Sets the model's batch for (step, micro) on `rank` of `world`.
+  virtual absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) = 0;
+  // Tokens (GPT) or rows (MLP) in one rank's micro-batch.
+  virtual int64_t ItemsPerMicroBatch() const = 0;
+  // Validation loss (and accuracy) with the engine's current parameters.
+  // Every rank must call it (collectives); ranks evaluate different samples.
+  virtual absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
+                                              int batches) = 0;
+  // Generated text of `bytes` bytes (every rank runs it; the same on all).
+  virtual absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) = 0;
+  // For the report: model-specific fields (e.g. n_layer, n_head, n_embd).
+  virtual std::string Describe() const = 0;
+};
+
+absl::StatusOr<std::unique_ptr<TrainingTask>> MakeTrainingTask(const TaskOptions& options);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_TRAINING_TASK_H_
