@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/client_kv_store.h"
+#include "client/table.h"
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "shard_server/plan_codec.h"
@@ -561,6 +562,28 @@ int Main() {
                           {"peak_bytes", static_cast<int64_t>((*peaks)[r])}});
     }
     summary["memory_per_rank"] = per_rank;
+    // For people: the same as a table.
+    Table table({"", ""});
+    table.AddRow({"model", (*task)->Describe()});
+    table.AddRow({"parameters", absl::StrCat(parameters)});
+    table.AddRow({"ranks / ZeRO stage", absl::StrCat(world, " / ", engine_options.stage)});
+    table.AddRow({"loss first -> last",
+                  absl::StrFormat("%.4f -> %.4f", summary["loss_first"].get<double>(),
+                                  summary["loss_last"].get<double>())});
+    table.AddRow({"validation loss", absl::StrFormat("%.4f", last_eval.loss)});
+    if (last_eval.accuracy >= 0) {
+      table.AddRow({"accuracy (held-out sums)", absl::StrFormat("%.1f%%", 100 * last_eval.accuracy)});
+    }
+    table.AddRow({"step time (median)", absl::StrFormat("%.1f ms", Median(step_ms))});
+    table.AddRow({task_options.model == "gpt" ? "tokens/s" : "rows/s",
+                  absl::StrFormat("%.0f", summary["items_per_second"].get<double>())});
+    for (int r = 0; r < world; ++r) {
+      table.AddRow({absl::StrCat("rank ", r, " memory"),
+                    absl::StrCat(HumanBytes((*states)[r]), " model state (stage 0 would need ",
+                                 HumanBytes(16.0 * parameters), "), ", HumanBytes((*peaks)[r]),
+                                 " peak")});
+    }
+    std::fprintf(stderr, "\nsummary\n%s", table.ToString().c_str());
     std::ofstream file(absl::GetFlag(FLAGS_summary_out));
     file << summary.dump(2) << "\n";
     if (!file) Die(absl::StrCat("cannot write --summary_out ", absl::GetFlag(FLAGS_summary_out)));

@@ -40,9 +40,9 @@ std::vector<std::string> MlpFlags(std::vector<std::string> extra) {
 using Params = std::map<std::string, std::vector<float>>;
 
 // The full model of `job` at its last step, merged from the shard files.
-Params LoadParams(const LocalCluster& cluster, const std::string& job) {
+Params LoadParams(const LocalCluster& cluster, const std::string& job,
+                  absl::StatusOr<ModelSpec> spec = MlpSpec(kLayers, kWidth, "relu")) {
   Params params;
-  auto spec = MlpSpec(kLayers, kWidth, "relu");
   EXPECT_TRUE(spec.ok());
   auto reader = CheckpointReader::OpenStep(
       absl::StrCat(cluster.checkpoint_root(), "/", StepDirName(job, kSteps)));
@@ -146,6 +146,29 @@ TEST_F(TrainingTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
       }
     }
   }
+}
+
+TEST_F(TrainingTest, GptStagesZeroAndThreeAgree) {
+  ASSERT_TRUE(cluster_.ok());
+  std::vector<std::string> gpt = {"--model=gpt",    "--layers=2",     "--heads=2",
+                                  "--d_model=32",   "--context=16",   "--batch=4",
+                                  "--steps=5",      "--lr=3e-3",      "--seed=5",
+                                  "--checkpoint_at_end", "--collective_timeout=30s"};
+  auto with = [&](std::string flag) {
+    auto flags = gpt;
+    flags.push_back(flag);
+    return flags;
+  };
+  ASSERT_TRUE(cluster_.Run("gpt0", 2, with("--stage=0")));
+  ASSERT_TRUE(cluster_.Run("gpt3", 2, with("--stage=3")));
+  auto spec = Gpt2Spec(2, 32, 2, 256, 16);
+  Params stage0 = LoadParams(cluster_, "gpt0", spec);
+  Params stage3 = LoadParams(cluster_, "gpt3", spec);
+  EXPECT_EQ(stage0.size(), spec->tensors.size());
+  EXPECT_LE(MaxRelativeDifference(stage3, stage0), 1e-5);
+  // And both learned something in 5 steps.
+  nlohmann::json report = cluster_.Report("gpt3", 0);
+  EXPECT_LT(report["losses"].back().get<double>(), report["losses"].front().get<double>());
 }
 
 TEST_F(TrainingTest, AWorkerWhosePeerIsKilledExitsNamingTheCollective) {

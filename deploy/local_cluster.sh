@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs a custom zeroshard job on this machine: a shard server and W workers
+# (CPU, Gloo), any worker flags. Ctrl-C stops every process it started; a
+# worker that crashes stops the run and shows its log tail.
+#
+#   deploy/local_cluster.sh [--workers=N] [--job=ID] [--out=DIR] [--server_flag=F ...] \
+#       -- [shard_worker flags...]
+#
+# Example: deploy/local_cluster.sh --workers=2 -- --model=mlp --layers=20 --width=2000 --stage=3
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+workers=2
+job="local-$(date +%Y%m%d-%H%M%S)"
+out="$ZS_ROOT/local-cluster-out"
+server_flags=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --workers=*) workers="${1#*=}" ;;
+    --job=*) job="${1#*=}" ;;
+    --out=*) out="${1#*=}" ;;
+    --server_flag=*) server_flags+=("${1#*=}") ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "local_cluster.sh: unknown option '$1' (worker flags go after --)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "--workers must be a positive integer" >&2; exit 2; }
+
+zs_build
+mkdir -p "$out"
+zs_start_server "$out" "${server_flags[@]+"${server_flags[@]}"}"
+zs_log "shard server on $ZS_ADDRESS; job '$job' with $workers workers; logs in $out"
+if zs_run_workers "$out" "$job" "$workers" --report="$out/report-{rank}.json" "$@"; then
+  zs_log "job '$job' finished; reports: $out/report-*.json"
+  "$ZS_SHARDCTL_BIN" --server="$ZS_ADDRESS" status --job="$job" >&2 || true
+else
+  exit 1
+fi
