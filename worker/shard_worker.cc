@@ -111,6 +111,9 @@ ABSL_FLAG(std::string, resume, "",
 ABSL_FLAG(std::string, summary_out, "",
           "Rank 0 writes the run's summary here (JSON: model shape, loss first/last, "
           "validation loss, accuracy, sample, memory per rank) and prints it as a table");
+ABSL_FLAG(std::string, eval_out, "",
+          "After training, rank 0 writes its first validation batch and what the model computed "
+          "on it (JSON), for checking the consolidated model in other tools");
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
           "rank 0 writes)");
@@ -521,6 +524,15 @@ int Main() {
     DieIfError(text.status(), "sample");
     sample = *text;
     if (rank == 0) std::fprintf(stderr, "sample:\n%s\n", sample.c_str());
+  }
+  if (!absl::GetFlag(FLAGS_eval_out).empty()) {
+    auto record = (*task)->EvalRecord(e, rank, world);
+    DieIfError(record.status(), "--eval_out");
+    if (rank == 0) {
+      std::ofstream file(absl::GetFlag(FLAGS_eval_out));
+      file << *record << "\n";
+      if (!file) Die(absl::StrCat("cannot write --eval_out ", absl::GetFlag(FLAGS_eval_out)));
+    }
   }
   auto params_sum = e.ParamsSum();
   DieIfError(params_sum.status(), "params sum");

@@ -11,6 +11,7 @@
 #include "worker/data/text_data.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
+#include "nlohmann/json.hpp"
 
 namespace zeroshard {
 namespace {
@@ -59,6 +60,24 @@ class MlpTask : public TrainingTask {
   }
   absl::StatusOr<std::string> Sample(ZeroEngine&, int) override {
     return absl::FailedPreconditionError("--sample needs --model=gpt");
+  }
+  absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) override {
+    absl::Status s = data_->Fill(int64_t{1} << 40, 0, rank, world, options_.batch, 1,
+                                 x_.data(), y_.data());
+    if (!s.ok()) return s;
+    if (s = model_->SetBatch(x_.data(), y_.data(), options_.batch); !s.ok()) return s;
+    absl::StatusOr<double> loss = engine.Forward();
+    if (!loss.ok()) return loss.status();
+    nlohmann::json out;
+    out["loss"] = *loss;
+    const int64_t w = options_.width;
+    for (int r = 0; r < options_.batch; ++r) {
+      out["x"].push_back(std::vector<float>(x_.begin() + r * w, x_.begin() + (r + 1) * w));
+      out["y"].push_back(std::vector<float>(y_.begin() + r * w, y_.begin() + (r + 1) * w));
+      const float* o = model_->Output() + r * w;
+      out["output"].push_back(std::vector<float>(o, o + w));
+    }
+    return out.dump();
   }
   std::string Describe() const override {
     return absl::StrFormat("mlp: %d × Linear(%d, %d), activation %s", options_.layers,
@@ -160,6 +179,26 @@ class GptTask : public TrainingTask {
       prompt.push_back(static_cast<char>(sequence[i]));
     }
     return prompt + out;
+  }
+
+  absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) override {
+    absl::Status s = data_->FillBatch(Split::kValidation, 0, 0, rank, world, options_.batch, 1,
+                                      options_.context, tokens_.data(), targets_.data());
+    if (!s.ok()) return s;
+    s = model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
+    if (!s.ok()) return s;
+    absl::StatusOr<double> loss = engine.Forward();
+    if (!loss.ok()) return loss.status();
+    nlohmann::json out;
+    out["loss"] = *loss;
+    const int t = options_.context;
+    for (int b = 0; b < options_.batch; ++b) {
+      out["tokens"].push_back(
+          std::vector<int32_t>(tokens_.begin() + b * t, tokens_.begin() + (b + 1) * t));
+      out["targets"].push_back(
+          std::vector<int32_t>(targets_.begin() + b * t, targets_.begin() + (b + 1) * t));
+    }
+    return out.dump();
   }
 
   std::string Describe() const override {

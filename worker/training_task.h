@@ -52,8 +52,13 @@ class TrainingTask {
                                               int batches) = 0;
   // Generated text of `bytes` bytes (every rank runs it; the same on all).
   virtual absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) = 0;
-  // For the report: model-specific fields (e.g. n_layer, n_head, n_embd).
+  // A description for people.
   virtual std::string Describe() const = 0;
+  // Runs the first validation batch of `rank` forward and returns it with
+  // what the model computed, as JSON: {"loss", and for the MLP "x" and
+  // "output" [rows][width], for the GPT "tokens" and "targets" [b][t]}. For
+  // checking the consolidated model in other tools. Every rank must call it.
+  virtual absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<TrainingTask>> MakeTrainingTask(const TaskOptions& options);
