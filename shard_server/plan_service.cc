@@ -46,6 +46,8 @@ absl::StatusOr<v1::ShardPlan> PlanService::Plan(const std::string& job_id, int64
         return absl::DataLossError(absl::StrCat("stored plan of job '", job_id,
                                                 "' generation ", generation, " is corrupt"));
       }
+      // A restarted server learns the job's plan here: status shows it again.
+      latest_hash_[job_id] = plan.hash();
       it = plans_.emplace(key, std::make_pair((*stored)->spec_hash, std::move(plan))).first;
     }
   }
