@@ -1,10 +1,17 @@
 #include "client/client.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/file_util.h"
 #include "proto/health.grpc.pb.h"
 
 namespace zeroshard {
@@ -312,6 +319,204 @@ absl::Status Client::HealthCheck() {
         "server is ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
   }
   return absl::OkStatus();
+}
+
+// ---- Checkpoints ----
+
+absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
+    int64_t step, const std::string& file, int64_t size_bytes,
+    const std::map<std::string, std::string>& checksums) {
+  grpc::ClientContext context;
+  // The server reads the file's header and, for the last rank, writes and
+  // fsyncs the manifest: more than a plain call.
+  Prepare(&context, std::max(options_.rpc_timeout, absl::Minutes(2)));
+  v1::CommitShardRequest request;
+  *request.mutable_member() = credentials();
+  request.set_step(step);
+  request.set_file(file);
+  request.set_size_bytes(size_bytes);
+  for (const auto& [tensor, hex] : checksums) {
+    v1::TensorChecksum* c = request.add_checksums();
+    c->set_tensor(tensor);
+    c->set_xxh64(hex);
+  }
+  v1::CommitShardResponse response;
+  absl::Status s = FromGrpcStatus(stub_->CommitShard(&context, request, &response));
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("commit of ", file, ": ", s.message()));
+  return response;
+}
+
+absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& file,
+                                            const std::string& local_path) {
+  int fd = open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open", local_path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    absl::Status s = ErrnoStatus(errno, "cannot stat", local_path);
+    close(fd);
+    return s;
+  }
+  grpc::ClientContext context;
+  Prepare(&context, absl::Hours(24));
+  v1::UploadShardResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadShardRequest>> stream =
+      stub_->UploadShard(&context, &response);
+  v1::UploadShardRequest message;
+  *message.mutable_member() = credentials();
+  message.set_step(step);
+  message.set_file(file);
+  message.set_size_bytes(st.st_size);
+  absl::Status local;
+  bool open_stream = stream->Write(message);
+  message.Clear();
+  constexpr size_t kChunk = size_t{1} << 20;  // bytes per message
+  int64_t sent = 0;
+  while (open_stream && sent < st.st_size) {
+    std::string* data = message.mutable_data();
+    data->resize(static_cast<size_t>(std::min<int64_t>(kChunk, st.st_size - sent)));
+    ssize_t n = pread(fd, data->data(), data->size(), sent);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      local = n < 0 ? ErrnoStatus(errno, "cannot read", local_path)
+                    : absl::DataLossError(absl::StrCat(local_path, " shrank while uploading"));
+      break;
+    }
+    data->resize(static_cast<size_t>(n));
+    sent += n;
+    open_stream = stream->Write(message);
+  }
+  close(fd);
+  if (!local.ok()) context.TryCancel();  // the server keeps nothing of a short upload
+  stream->WritesDone();
+  absl::Status s = FromGrpcStatus(stream->Finish());
+  if (!local.ok()) return local;
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("upload of ", file, ": ", s.message()));
+  return response.size_bytes();
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> Client::ListCheckpoints(const std::string& job_id) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::ListCheckpointsRequest request;
+  request.set_job_id(job_id);
+  v1::ListCheckpointsResponse response;
+  absl::Status s = FromGrpcStatus(stub_->ListCheckpoints(&context, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
+namespace {
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ConsolidateSummary> Client::Consolidate(const v1::ConsolidateRequest& request,
+                                                           const std::string& out_path,
+                                                           ConsolidateProgressFn progress) {
+  const bool streamed = !request.on_server();
+  const bool sharded = request.max_shard_bytes() > 0;
+  std::string out_dir;  // where streamed files go; empty: `out_path` is the single file
+  if (streamed) {
+    if (out_path.empty()) return absl::InvalidArgumentError("no output path for consolidation");
+    if (sharded) {
+      if (mkdir(out_path.c_str(), 0755) != 0 && errno != EEXIST) {
+        return ErrnoStatus(errno, "cannot create output directory", out_path);
+      }
+      if (!IsDirectory(out_path)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--out ", out_path, " is a file; sharded output (max_shard_bytes > 0) needs a directory"));
+      }
+      out_dir = out_path;
+    } else if (IsDirectory(out_path)) {
+      out_dir = out_path;
+    }
+  }
+  grpc::ClientContext context;
+  Prepare(&context, absl::Hours(24));
+  std::unique_ptr<grpc::ClientReader<v1::ConsolidateResponse>> stream =
+      stub_->Consolidate(&context, request);
+
+  // Every file stays at its temporary name until the summary arrived.
+  std::vector<std::unique_ptr<AtomicFile>> files;
+  std::vector<std::string> local_paths;
+  int64_t file_size = 0, file_received = 0;
+  ConsolidateProgress state;
+  v1::ConsolidateResponse message;
+  std::optional<v1::ConsolidateSummary> summary;
+  absl::Status local;
+  while (local.ok() && stream->Read(&message)) {
+    switch (message.kind_case()) {
+      case v1::ConsolidateResponse::kFile: {
+        const std::string& name = message.file().name();
+        if (!streamed || summary.has_value() || file_received != file_size) {
+          local = absl::DataLossError(absl::StrCat("unexpected file '", name, "' in the stream"));
+          break;
+        }
+        // The server names files; they must not climb out of --out.
+        if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos ||
+            (out_dir.empty() && !files.empty())) {
+          local = absl::DataLossError(absl::StrCat("the server sent file name '", name, "'"));
+          break;
+        }
+        std::string path = out_dir.empty() ? out_path : absl::StrCat(out_dir, "/", name);
+        absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path);
+        if (!file.ok()) {
+          local = file.status();
+          break;
+        }
+        files.push_back(*std::move(file));
+        local_paths.push_back(path);
+        file_size = message.file().size_bytes();
+        file_received = 0;
+        state.file = path;
+        state.bytes_expected += file_size;
+        break;
+      }
+      case v1::ConsolidateResponse::kData: {
+        const std::string& data = message.data();
+        if (files.empty() || file_received + static_cast<int64_t>(data.size()) > file_size) {
+          local = absl::DataLossError("the server sent more bytes than it announced");
+          break;
+        }
+        local = files.back()->Write(data.data(), data.size());
+        file_received += static_cast<int64_t>(data.size());
+        state.bytes_received += static_cast<int64_t>(data.size());
+        break;
+      }
+      case v1::ConsolidateResponse::kProgress:
+        state.work_done = message.progress().bytes_done();
+        state.work_total = message.progress().bytes_total();
+        if (progress) progress(state);
+        break;
+      case v1::ConsolidateResponse::kDone:
+        summary = message.done();
+        break;
+      default:
+        break;
+    }
+  }
+  if (!local.ok()) context.TryCancel();
+  absl::Status s = FromGrpcStatus(stream->Finish());
+  if (!local.ok()) return local;  // `files` go with their temporary names
+  if (!s.ok()) return s;
+  if (!summary.has_value()) return absl::DataLossError("the stream ended without a summary");
+  if (file_received != file_size) {
+    return absl::DataLossError(absl::StrCat(state.file, ": ", file_received, " of ", file_size,
+                                            " bytes received"));
+  }
+  if (streamed) {
+    if (files.empty()) return absl::DataLossError("the server sent no file");
+    for (auto& f : files) {
+      if (absl::Status c = f->Commit(); !c.ok()) return c;
+    }
+    summary->clear_files();
+    for (const std::string& p : local_paths) summary->add_files(p);
+  }
+  return *std::move(summary);
 }
 
 }  // namespace zeroshard

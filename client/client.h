@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,6 +50,15 @@ struct JoinInfo {
   std::vector<v1::Member> members;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+};
+
+// What a consolidation reports as it goes.
+struct ConsolidateProgress {
+  int64_t work_done = 0;   // the server's progress: bytes verified, then bytes written
+  int64_t work_total = 0;  // 0 until the server's first progress message
+  int64_t bytes_received = 0;  // output bytes received so far (streamed mode)
+  int64_t bytes_expected = 0;  // output bytes announced so far (streamed mode)
+  std::string file;            // the file being received
 };
 
 struct Progress {
@@ -103,6 +113,34 @@ class Client {
                                            const v1::PlanOptions& options, int world_size);
   // grpc.health.v1 Check of the whole server: OK when SERVING.
   absl::Status HealthCheck();
+
+  // ---- Checkpoints ----
+  // As a member: commits this rank's shard file of `step`, `file` relative
+  // to the server's checkpoint root ("<job>/step-<N>/rank-<R>-of-<W>.safetensors"),
+  // with its size in bytes and tensor -> XXH64 hex checksums.
+  absl::StatusOr<v1::CommitShardResponse> CommitShard(
+      int64_t step, const std::string& file, int64_t size_bytes,
+      const std::map<std::string, std::string>& checksums);
+  // As a member: streams the local file `local_path` to the server, which
+  // stores it as `file` below its root (1 MiB messages). Returns the bytes
+  // stored. CommitShard follows as usual.
+  absl::StatusOr<int64_t> UploadShard(int64_t step, const std::string& file,
+                                      const std::string& local_path);
+  // Checkpoints of `job_id` (empty: every job).
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
+
+  using ConsolidateProgressFn = std::function<void(const ConsolidateProgress&)>;
+  // Merges a complete step into safetensors. Unless request.on_server(), the
+  // bytes stream back and are written at `out_path`: the file itself for one
+  // file (inside it if `out_path` is a directory), a directory (created if
+  // missing) for Hugging Face shards (max_shard_bytes > 0). Every file goes
+  // through a temporary name and all are renamed into place only when the
+  // whole stream arrived; on any error nothing is left. The summary's files
+  // are the local paths (or the server's paths under its root with
+  // on_server). `progress` (optional) is called from this thread.
+  absl::StatusOr<v1::ConsolidateSummary> Consolidate(const v1::ConsolidateRequest& request,
+                                                     const std::string& out_path,
+                                                     ConsolidateProgressFn progress = nullptr);
 
   v1::Coordinator::Stub* stub() { return stub_.get(); }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }

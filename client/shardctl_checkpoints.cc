@@ -1,13 +1,195 @@
-// shardctl checkpoints / consolidate. (Being written.)
+// shardctl checkpoints / consolidate.
+//
+//   shardctl checkpoints --job=ID [--json]
+//   shardctl consolidate --job=ID --step=N|latest --out=PATH [--weights_only]
+//       [--dtype=f32|bf16|f16] [--max_shard_bytes=B] [--on_server] [--json]
+//
+// consolidate streams the merged bytes to this machine by default (--out is
+// a file, or a directory for Hugging Face shards); --on_server leaves them
+// under the server's checkpoint root instead.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/shardctl_commands.h"
+#include "client/table.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, step, "latest",
+          "consolidate: the step to merge, N or 'latest' (the job's latest complete step)");
+ABSL_FLAG(std::string, out, "",
+          "consolidate: where the merged bytes go on this machine: the output file, or a "
+          "directory with --max_shard_bytes");
+ABSL_FLAG(bool, weights_only, false, "consolidate: leave out the optimizer state");
+ABSL_FLAG(std::string, dtype, "f32",
+          "consolidate: parameter dtype in the output: f32, bf16 or f16 (the optimizer state "
+          "stays f32)");
+ABSL_FLAG(int64_t, max_shard_bytes, 0,
+          "consolidate: > 0 writes Hugging Face shards of at most this many tensor bytes each "
+          "(a larger tensor gets its own file) plus model.safetensors.index.json");
+ABSL_FLAG(bool, on_server, false,
+          "consolidate: write under the server's <checkpoint_root>/<job>/consolidated/step-<N>/ "
+          "instead of streaming the bytes here");
 
 namespace zeroshard {
+namespace {
+
+std::string FormatTime(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(unix_ms),
+                          absl::LocalTimeZone());
+}
+
+std::string FormatDuration(double seconds) {
+  if (seconds < 0 || seconds > 1e7) return "?";
+  int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+}
+
+// A one-line progress bar on stderr, redrawn at most 10 times a second, only
+// when stderr is a terminal (logs of scripts stay clean).
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool streamed) : streamed_(streamed), enabled_(isatty(2) == 1) {}
+
+  void Update(const ConsolidateProgress& p) {
+    if (!enabled_) return;
+    absl::Time now = absl::Now();
+    if (now - last_draw_ < absl::Milliseconds(100) && p.work_done < p.work_total) return;
+    last_draw_ = now;
+    const double elapsed = absl::ToDoubleSeconds(now - start_);
+    const double fraction =
+        p.work_total > 0 ? static_cast<double>(p.work_done) / p.work_total : 0.0;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::string bar(filled, '#');
+    bar.resize(kWidth, '.');
+    // The rate is of output bytes received; the ETA follows the server's
+    // progress, which counts its verification pass too.
+    const double bytes = streamed_ ? static_cast<double>(p.bytes_received)
+                                   : static_cast<double>(p.work_done);
+    const double rate = elapsed > 0 ? bytes / elapsed : 0;
+    const double eta = fraction > 0 ? elapsed * (1 - fraction) / fraction : -1;
+    std::fprintf(stderr, "\r[%s] %3.0f%%  %s  %s/s  ETA %s   ", bar.c_str(), 100 * fraction,
+                 HumanBytes(bytes).c_str(), HumanBytes(rate).c_str(),
+                 FormatDuration(eta).c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  void Done() {
+    if (drawn_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  const bool streamed_;
+  const bool enabled_;
+  const absl::Time start_ = absl::Now();
+  absl::Time last_draw_ = absl::InfinitePast();
+  bool drawn_ = false;
+};
+
+}  // namespace
 
 int CheckpointsCommand() {
-  return Fail(absl::UnimplementedError("shardctl checkpoints is not built yet"));
+  absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
+  if (!client.ok()) return Fail(client.status());
+  const std::string job = absl::GetFlag(FLAGS_job);
+  absl::StatusOr<v1::ListCheckpointsResponse> list = (*client)->ListCheckpoints(job);
+  if (!list.ok()) return Fail(list.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", ProtoJson(*list).c_str());
+    return 0;
+  }
+  if (list->checkpoints().empty()) {
+    std::printf("no checkpoints%s\n", job.empty() ? "" : absl::StrCat(" of job ", job).c_str());
+    return 0;
+  }
+  std::vector<std::string> header = {"STEP", "COMPLETE", "RANKS", "SIZE", "CREATED", "MANIFEST"};
+  if (job.empty()) header.insert(header.begin(), "JOB");
+  Table table(header);
+  for (const v1::CheckpointInfo& c : list->checkpoints()) {
+    std::vector<std::string> row = {absl::StrCat(c.step()),
+                                    c.complete() ? "yes" : "no",
+                                    absl::StrCat(c.committed(), "/", c.world_size()),
+                                    HumanBytes(static_cast<double>(c.total_bytes())),
+                                    FormatTime(c.created_unix_ms()),
+                                    c.manifest().empty() ? "-" : c.manifest()};
+    if (job.empty()) row.insert(row.begin(), c.job_id());
+    table.AddRow(std::move(row));
+  }
+  std::printf("%s", table.ToString().c_str());
+  return 0;
 }
+
 int ConsolidateCommand() {
-  return Fail(absl::UnimplementedError("shardctl consolidate is not built yet"));
+  const std::string job = absl::GetFlag(FLAGS_job);
+  if (job.empty()) return Fail(absl::InvalidArgumentError("consolidate needs --job=ID"));
+  v1::ConsolidateRequest request;
+  request.set_job_id(job);
+  const std::string step = absl::GetFlag(FLAGS_step);
+  int64_t step_number = -1;
+  if (step != "latest" && (!absl::SimpleAtoi(step, &step_number) || step_number < 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--step=", step, " is not a step; expected N >= 0 or 'latest'")));
+  }
+  request.set_step(step_number);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (dtype != "f32" && dtype != "bf16" && dtype != "f16") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--dtype=", dtype, " is not an output dtype; expected f32, bf16 or f16")));
+  }
+  request.set_dtype(dtype);
+  request.set_weights_only(absl::GetFlag(FLAGS_weights_only));
+  if (absl::GetFlag(FLAGS_max_shard_bytes) < 0) {
+    return Fail(absl::InvalidArgumentError("--max_shard_bytes must be >= 0 (0: one file)"));
+  }
+  request.set_max_shard_bytes(absl::GetFlag(FLAGS_max_shard_bytes));
+  request.set_on_server(absl::GetFlag(FLAGS_on_server));
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty() && !request.on_server()) {
+    return Fail(absl::InvalidArgumentError(
+        "consolidate needs --out=PATH (a file, or a directory with --max_shard_bytes), or "
+        "--on_server to write under the server's checkpoint root"));
+  }
+
+  absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
+  if (!client.ok()) return Fail(client.status());
+  ProgressBar bar(!request.on_server());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::ConsolidateSummary> summary = (*client)->Consolidate(
+      request, out, [&bar](const ConsolidateProgress& p) { bar.Update(p); });
+  bar.Done();
+  if (!summary.ok()) return Fail(summary.status());
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double gbps = summary->total_bytes() / 1e9 / std::max(seconds, 1e-9);
+  if (absl::GetFlag(FLAGS_json)) {
+    nlohmann::ordered_json j;
+    j["job"] = job;
+    j["step"] = summary->step();
+    j["files"] = std::vector<std::string>(summary->files().begin(), summary->files().end());
+    j["total_bytes"] = summary->total_bytes();
+    j["seconds"] = seconds;
+    j["gbps"] = gbps;
+    j["on_server"] = request.on_server();
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("consolidated step %lld of job %s%s: %d file%s, %s in %.2f s (%.2f GB/s)\n",
+              static_cast<long long>(summary->step()), job.c_str(),
+              request.on_server() ? " on the server" : "", summary->files_size(),
+              summary->files_size() == 1 ? "" : "s",
+              HumanBytes(static_cast<double>(summary->total_bytes())).c_str(), seconds, gbps);
+  for (const std::string& f : summary->files()) std::printf("  %s\n", f.c_str());
+  return 0;
 }
 
 }  // namespace zeroshard

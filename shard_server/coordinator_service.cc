@@ -109,12 +109,17 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
-                                       PlanService* plans, std::string auth_token)
+                                       PlanService* plans, std::string auth_token,
+                                       CheckpointService* checkpoints)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
       plans_(plans),
-      auth_token_(std::move(auth_token)) {}
+      auth_token_(std::move(auth_token)),
+      no_checkpoints_(checkpoints == nullptr
+                          ? std::make_unique<CheckpointService>(nullptr, membership, nullptr)
+                          : nullptr),
+      checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()) {}
 
 grpc::Status CoordinatorService::Authenticate(grpc::CallbackServerContext* context) const {
   if (auth_token_.empty()) return grpc::Status::OK;
@@ -285,6 +290,28 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
   }
   if (plan.ok()) *response->mutable_plan() = std::move(*plan);
   return FinishNow(context, ToGrpcStatus(plan.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CommitShard(grpc::CallbackServerContext* context,
+                                                          const v1::CommitShardRequest* request,
+                                                          v1::CommitShardResponse* response) {
+  return checkpoints_->CommitShard(context, Authenticate(context), request, response);
+}
+
+grpc::ServerReadReactor<v1::UploadShardRequest>* CoordinatorService::UploadShard(
+    grpc::CallbackServerContext* context, v1::UploadShardResponse* response) {
+  return checkpoints_->UploadShard(context, Authenticate(context), response);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
+    grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest* request,
+    v1::ListCheckpointsResponse* response) {
+  return checkpoints_->ListCheckpoints(context, Authenticate(context), request, response);
+}
+
+grpc::ServerWriteReactor<v1::ConsolidateResponse>* CoordinatorService::Consolidate(
+    grpc::CallbackServerContext* context, const v1::ConsolidateRequest* request) {
+  return checkpoints_->Consolidate(context, Authenticate(context), request);
 }
 
 }  // namespace zeroshard

@@ -5,9 +5,11 @@
 #ifndef ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 
+#include <memory>
 #include <string>
 
 #include "proto/zeroshard.grpc.pb.h"
+#include "shard_server/checkpoint_service.h"
 #include "shard_server/clock.h"
 #include "shard_server/event_log.h"
 #include "shard_server/kv_store.h"
@@ -18,9 +20,10 @@ namespace zeroshard {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // `auth_token` empty: no authentication. Pointers are not owned.
+  // `auth_token` empty: no authentication. `checkpoints` null: the
+  // checkpoint RPCs answer FAILED_PRECONDITION. Pointers are not owned.
   CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
-                     std::string auth_token);
+                     std::string auth_token, CheckpointService* checkpoints = nullptr);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -49,6 +52,18 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                        const v1::PlanShardsRequest* request,
                                        v1::PlanShardsResponse* response) override;
 
+  // Checkpoints: authenticated here, served by CheckpointService.
+  grpc::ServerUnaryReactor* CommitShard(grpc::CallbackServerContext* context,
+                                        const v1::CommitShardRequest* request,
+                                        v1::CommitShardResponse* response) override;
+  grpc::ServerReadReactor<v1::UploadShardRequest>* UploadShard(
+      grpc::CallbackServerContext* context, v1::UploadShardResponse* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
+                                            const v1::ListCheckpointsRequest* request,
+                                            v1::ListCheckpointsResponse* response) override;
+  grpc::ServerWriteReactor<v1::ConsolidateResponse>* Consolidate(
+      grpc::CallbackServerContext* context, const v1::ConsolidateRequest* request) override;
+
   // OK, or UNAUTHENTICATED saying what is missing.
   grpc::Status Authenticate(grpc::CallbackServerContext* context) const;
 
@@ -60,6 +75,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   KvStore* const kv_;
   PlanService* const plans_;
   const std::string auth_token_;
+  std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
+  CheckpointService* const checkpoints_;
 };
 
 grpc::Status ToGrpcStatus(const absl::Status& status);

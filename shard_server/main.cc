@@ -23,6 +23,13 @@ ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written here on
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the SQLite database and server files (empty: state is not kept "
           "across restarts)");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory below which workers' shard files are committed (or uploaded) and "
+          "consolidated; the server reads and writes nothing outside it (empty: no checkpoint "
+          "RPCs)");
+ABSL_FLAG(int, keep_last, 0,
+          "Complete checkpoints kept per job; older complete steps are deleted when a newer one "
+          "completes (0: keep all)");
 ABSL_FLAG(int, heartbeat_interval_ms, 1000, "Heartbeat interval advertised to workers");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "A member silent this long is declared dead and its job's generation bumped");
@@ -56,12 +63,19 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("zeroshard control plane: rendezvous, KV store, health, plans");
+  absl::SetProgramUsageMessage(
+      "zeroshard control plane: rendezvous, KV store, health, plans, checkpoints");
   absl::ParseCommandLine(argc, argv);
 
   zeroshard::ShardServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.keep_last = absl::GetFlag(FLAGS_keep_last);
+  if (options.keep_last < 0) return Fail("--keep_last must be >= 0 (0 keeps every checkpoint)");
+  if (options.keep_last > 0 && options.checkpoint_root.empty()) {
+    return Fail("--keep_last needs --checkpoint_root");
+  }
   if (absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0 ||
       absl::GetFlag(FLAGS_heartbeat_timeout_ms) <= absl::GetFlag(FLAGS_heartbeat_interval_ms)) {
     return Fail(absl::StrCat("--heartbeat_timeout_ms (", absl::GetFlag(FLAGS_heartbeat_timeout_ms),

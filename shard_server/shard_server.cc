@@ -25,6 +25,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
         StateStore::Open(options.state_dir + "/zeroshard.db");
     if (!state.ok()) return state.status();
     server->state_ = std::move(*state);
+  } else if (!options.checkpoint_root.empty()) {
+    // The checkpoint registry and the plans it reads need SQLite; without
+    // a state directory they live in memory for the life of the process.
+    absl::StatusOr<std::unique_ptr<StateStore>> state = StateStore::Open(":memory:");
+    if (!state.ok()) return state.status();
+    server->state_ = std::move(*state);
   }
   server->membership_ = std::make_unique<Membership>(&server->clock_, server->log_.get(),
                                                      server->state_.get(), options.membership);
@@ -34,8 +40,33 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   KvStore* kv = server->kv_.get();
   server->membership_->SetGenerationListener(
       [kv](const std::string& job, int64_t generation) { kv->DropJob(job, generation); });
+  if (!options.checkpoint_root.empty()) {
+    StateStore* state = server->state_.get();
+    auto plan_lookup = [state](const std::string& job,
+                               int64_t generation) -> absl::StatusOr<v1::ShardPlan> {
+      absl::StatusOr<std::optional<StoredPlan>> stored = state->LoadPlan(job, generation);
+      if (!stored.ok()) return stored.status();
+      if (!stored->has_value()) {
+        return absl::NotFoundError(
+            absl::StrCat("job '", job, "' generation ", generation, " has no shard plan"));
+      }
+      v1::ShardPlan plan;
+      if (!plan.ParseFromString((*stored)->plan_bytes)) {
+        return absl::DataLossError(absl::StrCat("stored plan of job '", job, "' generation ",
+                                                generation, " is corrupt"));
+      }
+      return plan;
+    };
+    absl::StatusOr<std::unique_ptr<CheckpointRegistry>> registry = CheckpointRegistry::Open(
+        {options.checkpoint_root, options.keep_last}, state, server->log_.get(), plan_lookup);
+    if (!registry.ok()) return registry.status();
+    server->checkpoint_registry_ = std::move(*registry);
+  }
+  server->checkpoints_ = std::make_unique<CheckpointService>(
+      server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get());
   server->service_ = std::make_unique<CoordinatorService>(
-      &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token);
+      &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
+      server->checkpoints_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -75,6 +106,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
   server->log_->Log("serving", {{"address", server->address_},
                                 {"state_dir", options.state_dir},
+                                {"checkpoint_root", options.checkpoint_root},
+                                {"keep_last", absl::StrCat(options.keep_last)},
                                 {"auth", options.auth_token.empty() ? "off" : "bearer"},
                                 {"tls", options.tls_cert.empty() ? "off" : "on"}});
   return server;
@@ -101,6 +134,8 @@ void ShardServer::Shutdown() {
   // Held calls are answered by the shutdown's cancellation.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
+  // Consolidation threads see their calls cancelled and stop.
+  if (checkpoints_ != nullptr) checkpoints_->WaitIdle();
 }
 
 ShardServer::~ShardServer() { Shutdown(); }

@@ -13,6 +13,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "shard_server/checkpoint_registry.h"
+#include "shard_server/checkpoint_service.h"
 #include "shard_server/clock.h"
 #include "shard_server/coordinator_service.h"
 #include "shard_server/event_log.h"
@@ -33,6 +35,11 @@ struct ShardServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  // Checkpoints are committed, listed and consolidated below this directory
+  // (empty: the checkpoint RPCs answer FAILED_PRECONDITION). Without
+  // state_dir the registry lives in memory and is lost on restart.
+  std::string checkpoint_root;
+  int keep_last = 0;  // complete checkpoints kept per job; 0: all
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
   EventLog::Sink log_sink;                       // empty: stderr
 };
@@ -63,6 +70,8 @@ class ShardServer {
   std::unique_ptr<Membership> membership_;
   std::unique_ptr<KvStore> kv_;
   std::unique_ptr<PlanService> plans_;
+  std::unique_ptr<CheckpointRegistry> checkpoint_registry_;  // null without a checkpoint root
+  std::unique_ptr<CheckpointService> checkpoints_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   RealClock clock_;

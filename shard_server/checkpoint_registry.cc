@@ -1,0 +1,719 @@
+#include "shard_server/checkpoint_registry.h"
+
+#include <errno.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/checksum.h"
+#include "common/file_util.h"
+#include "common/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace zeroshard {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS checkpoint_steps (
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  world_size INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  plan_hash TEXT NOT NULL,
+  complete INTEGER NOT NULL,
+  manifest TEXT NOT NULL,
+  created_unix_ms INTEGER NOT NULL,
+  completed_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step)
+);
+CREATE TABLE IF NOT EXISTS checkpoint_commits (
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  rank INTEGER NOT NULL,
+  file TEXT NOT NULL,
+  size_bytes INTEGER NOT NULL,
+  checksums TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  optimizer TEXT NOT NULL,
+  optimizer_step INTEGER NOT NULL,
+  committed_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step, rank)
+);
+)sql";
+
+int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// A prepared statement on the state store's connection. REQUIRES: the
+// caller holds the store's mutex for the statement's whole life.
+class Sql {
+ public:
+  Sql(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) stmt_ = nullptr;
+  }
+  ~Sql() { sqlite3_finalize(stmt_); }
+  Sql(const Sql&) = delete;
+  Sql& operator=(const Sql&) = delete;
+
+  absl::Status status(absl::string_view what) const {
+    return absl::InternalError(
+        absl::StrCat("checkpoint registry: ", what, ": ", sqlite3_errmsg(db_)));
+  }
+  bool ok() const { return stmt_ != nullptr; }
+  Sql& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Sql& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  // SQLITE_ROW, SQLITE_DONE or an error code.
+  int Step() { return stmt_ == nullptr ? SQLITE_ERROR : sqlite3_step(stmt_); }
+  // Runs a statement that returns no rows.
+  absl::Status Run(absl::string_view what) {
+    return Step() == SQLITE_DONE ? absl::OkStatus() : status(what);
+  }
+  std::string Text(int col) {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    int n = sqlite3_column_bytes(stmt_, col);
+    return p == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(p), n);
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  bool IsNull(int col) { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+absl::Status Exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("checkpoint registry: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+std::string ChecksumsToJson(const std::map<std::string, std::string>& checksums) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [tensor, hex] : checksums) j[tensor] = hex;
+  return j.dump();
+}
+
+// A JSON object of strings; false if `text` is anything else.
+bool ChecksumsFromJson(const std::string& text, std::map<std::string, std::string>* out) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it.value().is_string()) return false;
+    (*out)[it.key()] = it.value().get<std::string>();
+  }
+  return true;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? "," : "", shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+PinnedCheckpoint::~PinnedCheckpoint() { registry_->Unpin(manifest_.job, manifest_.step); }
+
+absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Open(
+    CheckpointRegistryOptions options, StateStore* state, EventLog* log, PlanLookup plans) {
+  if (options.keep_last < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_last is ", options.keep_last, "; expected >= 0 (0 keeps every step)"));
+  }
+  absl::StatusOr<CheckpointRoot> root = CheckpointRoot::Open(options.root);
+  if (!root.ok()) return root.status();
+  if (absl::Status s = state->Execute(kSchema); !s.ok()) return s;
+  std::unique_ptr<CheckpointRegistry> registry(
+      new CheckpointRegistry(std::move(options), *std::move(root), state, log, std::move(plans)));
+  if (absl::Status s = registry->Recover(); !s.ok()) return s;
+  return registry;
+}
+
+absl::Status CheckpointRegistry::Recover() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, int64_t>> pending;
+  {
+    absl::MutexLock db_lock(state_->mu());
+    Sql st(state_->db(),
+           "SELECT s.job_id, s.step FROM checkpoint_steps s WHERE s.complete = 0 AND "
+           "s.world_size = (SELECT COUNT(*) FROM checkpoint_commits c "
+           "WHERE c.job_id = s.job_id AND c.step = s.step)");
+    if (!st.ok()) return st.status("prepare recovery");
+    while (st.Step() == SQLITE_ROW) pending.emplace_back(st.Text(0), st.Int(1));
+  }
+  for (const auto& [job, step] : pending) {
+    absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
+    if (!row.ok()) return row.status();
+    absl::Status s = CompleteStep(job, step, **row);
+    log_->Log("checkpoint_recovered", {{"job", job},
+                                       {"step", absl::StrCat(step)},
+                                       {"result", s.ok() ? "complete" : s.ToString()}});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<CheckpointRegistry::StepRow>> CheckpointRegistry::LoadStep(
+    const std::string& job, int64_t step) {
+  absl::MutexLock db_lock(state_->mu());
+  Sql st(state_->db(),
+         "SELECT world_size, generation, plan_hash, complete FROM checkpoint_steps "
+         "WHERE job_id = ? AND step = ?");
+  if (!st.ok()) return st.status("prepare load step");
+  st.Bind(1, job).Bind(2, step);
+  int rc = st.Step();
+  if (rc == SQLITE_DONE) return std::optional<StepRow>();
+  if (rc != SQLITE_ROW) return st.status("load step");
+  StepRow row;
+  row.world_size = static_cast<int>(st.Int(0));
+  row.generation = st.Int(1);
+  row.plan_hash = st.Text(2);
+  row.complete = st.Int(3) != 0;
+  return std::optional<StepRow>(std::move(row));
+}
+
+absl::StatusOr<std::vector<CommittedShard>> CheckpointRegistry::LoadCommits(
+    const std::string& job, int64_t step) {
+  absl::MutexLock db_lock(state_->mu());
+  Sql st(state_->db(),
+         "SELECT rank, file, size_bytes, checksums, optimizer, optimizer_step "
+         "FROM checkpoint_commits WHERE job_id = ? AND step = ? ORDER BY rank");
+  if (!st.ok()) return st.status("prepare load commits");
+  st.Bind(1, job).Bind(2, step);
+  std::vector<CommittedShard> commits;
+  while (st.Step() == SQLITE_ROW) {
+    CommittedShard c;
+    c.rank = static_cast<int>(st.Int(0));
+    c.file = st.Text(1);
+    c.size_bytes = st.Int(2);
+    if (!ChecksumsFromJson(st.Text(3), &c.checksums)) {
+      return absl::DataLossError(absl::StrCat("checkpoint registry: checksums of job '", job,
+                                              "' step ", step, " rank ", c.rank,
+                                              " are corrupt"));
+    }
+    c.optimizer = st.Text(4);
+    c.optimizer_step = st.Int(5);
+    commits.push_back(std::move(c));
+  }
+  return commits;
+}
+
+absl::StatusOr<CommittedShard> CheckpointRegistry::VerifyShardFile(
+    const v1::CommitShardRequest& request, int world_size, const v1::ShardPlan& plan) {
+  const v1::MemberCredentials& member = request.member();
+  const std::string& file = request.file();
+  absl::Status inside = root_.CheckInside(file);
+  if (absl::IsNotFound(inside)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot commit '", file, "': ", inside.message(),
+                     "; write it (or UploadShard it) before committing"));
+  }
+  if (!inside.ok()) return inside;
+  const std::string path = root_.Join(file);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("'", file, "' is not a regular file"));
+  }
+  if (st.st_size != request.size_bytes()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", file, "' is ", st.st_size, " bytes; the commit says ",
+                     request.size_bytes(), " (not completely written?)"));
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader = SafetensorsReader::Open(path);
+  if (!reader.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", file, "' is not a readable safetensors shard: ", reader.status().message()));
+  }
+  const SafetensorsMetadata& meta = (*reader)->metadata();
+  auto meta_value = [&](const std::string& key) {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string("<missing>") : it->second;
+  };
+  const std::pair<std::string, std::string> expected_meta[] = {
+      {"format", kShardFormat},
+      {"job", member.job_id()},
+      {"step", absl::StrCat(request.step())},
+      {"rank", absl::StrCat(member.rank())},
+      {"world_size", absl::StrCat(world_size)},
+      {"plan_hash", plan.hash()},
+  };
+  for (const auto& [key, expected] : expected_meta) {
+    if (meta_value(key) != expected) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", file, "': __metadata__ ", key, " is \"", meta_value(key),
+                       "\"; expected \"", expected, "\""));
+    }
+  }
+
+  // The commit's checksums must be the file's own, tensor for tensor.
+  std::map<std::string, std::string> file_sums;
+  if (!ChecksumsFromJson(meta_value("checksums"), &file_sums)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", file, "': __metadata__ checksums is not a JSON object of tensor -> xxh64 hex"));
+  }
+  std::map<std::string, std::string> sums;
+  for (const v1::TensorChecksum& c : request.checksums()) {
+    absl::StatusOr<uint64_t> value = ParseChecksumHex(c.xxh64());
+    if (!value.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checksum of tensor \"", c.tensor(), "\": ",
+                                                     value.status().message()));
+    }
+    if (!sums.emplace(c.tensor(), ChecksumToHex(*value)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the commit lists tensor \"", c.tensor(), "\" twice"));
+    }
+  }
+  for (auto& [tensor, hex] : file_sums) hex = absl::AsciiStrToLower(hex);
+  for (const auto& [tensor, hex] : sums) {
+    auto it = file_sums.find(tensor);
+    if (it == file_sums.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", file, "': the commit has a checksum for \"", tensor, "\", the file does not"));
+    }
+    if (it->second != hex) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", file, "': checksum of \"", tensor, "\" is ", hex,
+                       " in the commit but ", it->second, " in the file's metadata"));
+    }
+  }
+  for (const auto& [tensor, hex] : file_sums) {
+    if (sums.count(tensor) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", file, "': the file has a checksum for \"", tensor, "\", the commit does not"));
+    }
+  }
+
+  // The file holds exactly this rank's pieces of the plan.
+  struct Expected {
+    const v1::TensorSpec* spec;
+    int64_t rows;
+    bool seen;
+  };
+  absl::flat_hash_map<std::string, Expected> expected;
+  for (const v1::Unit& unit : plan.units()) {
+    for (const v1::Piece& p : unit.pieces()) {
+      if (p.rank() != member.rank() || p.tensor() < 0 || p.tensor() >= unit.tensors_size()) {
+        continue;
+      }
+      const v1::TensorSpec& spec = unit.tensors(p.tensor());
+      expected[ShardTensorName(ShardTensorKind::kParams, spec.name(), p.row_begin(),
+                               p.row_end())] = {&spec, p.row_end() - p.row_begin(), false};
+    }
+  }
+  for (const TensorInfo& t : (*reader)->tensors()) {
+    if (sums.count(t.name) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", file, "': tensor \"", t.name, "\" has no checksum"));
+    }
+    // A parameter piece by its full name first: a model tensor may itself
+    // be called "optim.exp_avg.<...>".
+    std::string params_name = t.name;
+    auto it = expected.find(params_name);
+    if (it == expected.end()) {
+      ParsedShardTensorName parsed;
+      if (ParseShardTensorName(t.name, &parsed) && parsed.kind != ShardTensorKind::kParams) {
+        params_name = ShardTensorName(ShardTensorKind::kParams, parsed.tensor, parsed.row_begin,
+                                      parsed.row_end);
+        it = expected.find(params_name);
+      }
+    }
+    if (it == expected.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", file, "': tensor \"", t.name, "\" is not a piece of rank ",
+                       member.rank(), " in plan ", plan.hash()));
+    }
+    std::vector<int64_t> shape(it->second.spec->shape().begin(), it->second.spec->shape().end());
+    if (!shape.empty()) shape[0] = it->second.rows;
+    if (t.dtype != DType::kF32 || t.shape != shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", file, "': tensor \"", t.name, "\" is ", DTypeName(t.dtype), " ",
+          ShapeString(t.shape), "; expected F32 ", ShapeString(shape)));
+    }
+    if (params_name == t.name) it->second.seen = true;
+  }
+  for (const auto& [name, e] : expected) {
+    if (!e.seen) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "'", file, "': piece \"", name, "\" of rank ", member.rank(), " is missing"));
+    }
+  }
+  if (sums.size() != (*reader)->tensors().size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", file, "': ", sums.size(), " checksums for ",
+                     (*reader)->tensors().size(), " tensors"));
+  }
+
+  CommittedShard shard;
+  shard.rank = member.rank();
+  shard.file = file;
+  shard.size_bytes = request.size_bytes();
+  shard.checksums = std::move(sums);
+  auto optimizer = meta.find("optimizer");
+  if (optimizer != meta.end()) shard.optimizer = optimizer->second;
+  auto optimizer_step = meta.find("optimizer_step");
+  if (optimizer_step != meta.end() &&
+      !absl::SimpleAtoi(optimizer_step->second, &shard.optimizer_step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", file, "': __metadata__ optimizer_step \"", optimizer_step->second,
+        "\" is not an integer"));
+  }
+  return shard;
+}
+
+absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
+    const v1::CommitShardRequest& request, int world_size) {
+  const v1::MemberCredentials& member = request.member();
+  const std::string& job = member.job_id();
+  const int64_t step = request.step();
+  const int rank = member.rank();
+  auto refuse = [&](const absl::Status& s) {
+    log_->Log("checkpoint_commit_refused", {{"job", job},
+                                            {"step", absl::StrCat(step)},
+                                            {"rank", absl::StrCat(rank)},
+                                            {"file", request.file()},
+                                            {"error", s.ToString()}});
+    return s;
+  };
+  if (absl::Status s = ValidateCheckpointJobId(job); !s.ok()) return refuse(s);
+  if (step < 0) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative")));
+  }
+  if (absl::Status s = ValidateRelativePath(request.file()); !s.ok()) return refuse(s);
+  const std::string expected_file = CheckpointShardPath(job, step, rank, world_size);
+  if (request.file() != expected_file) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("file '", request.file(), "' is not the shard file of rank ", rank, " of ",
+                     world_size, " for step ", step, "; expected '", expected_file, "'")));
+  }
+  if (request.size_bytes() <= 0) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("size_bytes ", request.size_bytes(), " of '", request.file(),
+                     "' is not positive")));
+  }
+  absl::StatusOr<v1::ShardPlan> plan = plans_(job, member.generation());
+  if (!plan.ok()) {
+    if (!absl::IsNotFound(plan.status())) return refuse(plan.status());
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "job '", job, "' generation ", member.generation(),
+        " has no shard plan; call PlanShards before committing checkpoints")));
+  }
+  if (plan->world_size() != world_size) {
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("the plan of job '", job, "' generation ", member.generation(), " is for ",
+                     plan->world_size(), " ranks; the job has ", world_size)));
+  }
+  absl::StatusOr<CommittedShard> shard = VerifyShardFile(request, world_size, *plan);
+  if (!shard.ok()) return refuse(shard.status());
+
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
+  if (!row.ok()) return row.status();
+  v1::CommitShardResponse response;
+  if (row->has_value() && (*row)->complete) {
+    absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
+    if (!commits.ok()) return commits.status();
+    for (const CommittedShard& c : *commits) {
+      if (c.rank == rank && c.file == shard->file && c.size_bytes == shard->size_bytes &&
+          c.checksums == shard->checksums) {
+        // The same commit again (its answer was lost): nothing changes.
+        response.set_committed(static_cast<int>(commits->size()));
+        return response;
+      }
+    }
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " of job '", job, "' is already complete; a complete "
+                     "checkpoint's files must not change (save under a new step)")));
+  }
+  const int64_t now = NowUnixMs();
+  bool new_step = !row->has_value();
+  if (row->has_value() && ((*row)->generation != member.generation() ||
+                           (*row)->world_size != world_size || (*row)->plan_hash != plan->hash())) {
+    if ((*row)->generation > member.generation()) {
+      return refuse(absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " of job '", job, "' is being written by generation ",
+          (*row)->generation, "; this member is of generation ", member.generation())));
+    }
+    // A newer generation saves this step again: the old pieces are abandoned.
+    if (absl::Status s = DeleteStepRows(job, step, /*commits_only=*/true); !s.ok()) return s;
+    log_->Log("checkpoint_step_restarted", {{"job", job},
+                                            {"step", absl::StrCat(step)},
+                                            {"old_generation", absl::StrCat((*row)->generation)},
+                                            {"generation", absl::StrCat(member.generation())}});
+    new_step = true;
+  }
+  if (!new_step) {
+    // Every rank of a step must save the same optimizer step count.
+    absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
+    if (!commits.ok()) return commits.status();
+    for (const CommittedShard& c : *commits) {
+      if (c.rank != rank && c.optimizer_step != shard->optimizer_step) {
+        return refuse(absl::FailedPreconditionError(absl::StrCat(
+            "'", shard->file, "' has optimizer_step ", shard->optimizer_step, "; rank ", c.rank,
+            " committed ", c.optimizer_step, " for the same step")));
+      }
+    }
+  }
+  StepRow step_row{world_size, member.generation(), plan->hash(), false};
+  int committed = 0;
+  {
+    absl::MutexLock db_lock(state_->mu());
+    sqlite3* db = state_->db();
+    if (absl::Status s = Exec(db, "BEGIN IMMEDIATE;"); !s.ok()) return s;
+    auto rollback = [&](absl::Status s) {
+      Exec(db, "ROLLBACK;").IgnoreError();
+      return s;
+    };
+    if (new_step) {
+      Sql st(db,
+             "INSERT OR REPLACE INTO checkpoint_steps(job_id, step, world_size, generation, "
+             "plan_hash, complete, manifest, created_unix_ms, completed_unix_ms) "
+             "VALUES (?, ?, ?, ?, ?, 0, '', ?, 0)");
+      st.Bind(1, job).Bind(2, step).Bind(3, int64_t{world_size}).Bind(4, member.generation());
+      st.Bind(5, plan->hash()).Bind(6, now);
+      if (absl::Status s = st.Run("save step"); !s.ok()) return rollback(s);
+    }
+    {
+      Sql st(db,
+             "INSERT OR REPLACE INTO checkpoint_commits(job_id, step, rank, file, size_bytes, "
+             "checksums, generation, optimizer, optimizer_step, committed_unix_ms) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+      st.Bind(1, job).Bind(2, step).Bind(3, int64_t{rank}).Bind(4, shard->file);
+      st.Bind(5, shard->size_bytes).Bind(6, ChecksumsToJson(shard->checksums));
+      st.Bind(7, member.generation()).Bind(8, shard->optimizer).Bind(9, shard->optimizer_step);
+      st.Bind(10, now);
+      if (absl::Status s = st.Run("save commit"); !s.ok()) return rollback(s);
+    }
+    {
+      Sql st(db, "SELECT COUNT(*) FROM checkpoint_commits WHERE job_id = ? AND step = ?");
+      st.Bind(1, job).Bind(2, step);
+      if (st.Step() != SQLITE_ROW) return rollback(st.status("count commits"));
+      committed = static_cast<int>(st.Int(0));
+    }
+    if (absl::Status s = Exec(db, "COMMIT;"); !s.ok()) return rollback(s);
+  }
+  log_->Log("checkpoint_commit", {{"job", job},
+                                  {"step", absl::StrCat(step)},
+                                  {"rank", absl::StrCat(rank)},
+                                  {"file", shard->file},
+                                  {"bytes", absl::StrCat(shard->size_bytes)},
+                                  {"tensors", absl::StrCat(shard->checksums.size())},
+                                  {"committed", absl::StrCat(committed, "/", world_size)}});
+  response.set_committed(committed);
+  if (committed == world_size) {
+    if (absl::Status s = CompleteStep(job, step, step_row); !s.ok()) return s;
+    response.set_step_complete(true);
+  }
+  return response;
+}
+
+absl::Status CheckpointRegistry::CompleteStep(const std::string& job, int64_t step,
+                                              const StepRow& row) {
+  absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
+  if (!commits.ok()) return commits.status();
+  absl::StatusOr<v1::ShardPlan> plan = plans_(job, row.generation);
+  if (!plan.ok()) return plan.status();
+  const int64_t now = NowUnixMs();
+  absl::StatusOr<CheckpointManifest> manifest =
+      BuildManifest(job, step, row.generation, *plan, *commits, now);
+  if (!manifest.ok()) return manifest.status();
+  const std::string json = ManifestToJson(*manifest);
+  const std::string relative = absl::StrCat(CheckpointStepDir(job, step), "/", kManifestFileName);
+  if (absl::Status s = root_.MakeDirs(CheckpointStepDir(job, step)); !s.ok()) return s;
+  // The manifest on disk is written before the registry marks the step
+  // complete: a crash in between leaves a step that Recover() completes
+  // again, never a "complete" step without its manifest.
+  if (absl::Status s = WriteFileAtomically(root_.Join(relative), json); !s.ok()) return s;
+  {
+    absl::MutexLock db_lock(state_->mu());
+    Sql st(state_->db(),
+           "UPDATE checkpoint_steps SET complete = 1, manifest = ?, completed_unix_ms = ? "
+           "WHERE job_id = ? AND step = ?");
+    st.Bind(1, json).Bind(2, now).Bind(3, job).Bind(4, step);
+    if (absl::Status s = st.Run("mark step complete"); !s.ok()) return s;
+  }
+  log_->Log("checkpoint_complete",
+            {{"job", job},
+             {"step", absl::StrCat(step)},
+             {"world_size", absl::StrCat(manifest->world_size)},
+             {"tensors", absl::StrCat(manifest->tensors.size())},
+             {"bytes", absl::StrCat(manifest->TotalBytes())},
+             {"optimizer_state", manifest->has_exp_avg ? "yes" : "no"},
+             {"manifest", relative}});
+  if (absl::Status s = ApplyRetention(job); !s.ok()) {
+    log_->Log("checkpoint_retention_failed", {{"job", job}, {"error", s.ToString()}});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointRegistry::DeleteStepRows(const std::string& job, int64_t step,
+                                                bool commits_only) {
+  absl::MutexLock db_lock(state_->mu());
+  {
+    Sql st(state_->db(), "DELETE FROM checkpoint_commits WHERE job_id = ? AND step = ?");
+    st.Bind(1, job).Bind(2, step);
+    if (absl::Status s = st.Run("delete commits"); !s.ok()) return s;
+  }
+  if (commits_only) return absl::OkStatus();
+  Sql st(state_->db(), "DELETE FROM checkpoint_steps WHERE job_id = ? AND step = ?");
+  st.Bind(1, job).Bind(2, step);
+  return st.Run("delete step");
+}
+
+absl::Status CheckpointRegistry::ApplyRetention(const std::string& job) {
+  if (options_.keep_last <= 0) return absl::OkStatus();
+  std::vector<int64_t> complete;  // newest first
+  {
+    absl::MutexLock db_lock(state_->mu());
+    Sql st(state_->db(),
+           "SELECT step FROM checkpoint_steps WHERE job_id = ? AND complete = 1 "
+           "ORDER BY step DESC");
+    st.Bind(1, job);
+    while (st.Step() == SQLITE_ROW) complete.push_back(st.Int(0));
+  }
+  // Only complete steps older than the newest keep_last complete ones go:
+  // never the latest complete step (keep_last >= 1), never an incomplete
+  // step (which may still be being written).
+  for (size_t i = static_cast<size_t>(options_.keep_last); i < complete.size(); ++i) {
+    const int64_t step = complete[i];
+    if (pins_.count({job, step}) > 0) {
+      log_->Log("checkpoint_retention_deferred",
+                {{"job", job}, {"step", absl::StrCat(step)}, {"reason", "being consolidated"}});
+      continue;
+    }
+    const std::string dir = CheckpointStepDir(job, step);
+    // The manifest goes first, so that a crash part-way never leaves a
+    // directory that looks complete with pieces missing.
+    const std::string manifest = root_.Join(absl::StrCat(dir, "/", kManifestFileName));
+    if (unlink(manifest.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoStatus(errno, "cannot remove", manifest);
+    }
+    if (absl::Status s = DeleteStepRows(job, step, /*commits_only=*/false); !s.ok()) return s;
+    absl::Status removed = root_.RemoveDir(dir);
+    log_->Log("checkpoint_deleted", {{"job", job},
+                                     {"step", absl::StrCat(step)},
+                                     {"reason", absl::StrCat("keep_last=", options_.keep_last)},
+                                     {"files", removed.ok() ? "removed" : removed.ToString()}});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointRegistry::CheckWritable(const std::string& job, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
+  if (!row.ok()) return row.status();
+  if (row->has_value() && (*row)->complete) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " of job '", job, "' is already complete; a complete "
+                     "checkpoint's files must not change"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::string& job) {
+  if (!job.empty()) {
+    if (absl::Status s = ValidateCheckpointJobId(job); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&mu_);
+  absl::MutexLock db_lock(state_->mu());
+  Sql st(state_->db(),
+         "SELECT s.job_id, s.step, s.world_size, s.complete, s.plan_hash, s.created_unix_ms, "
+         "s.completed_unix_ms, COUNT(c.rank), COALESCE(SUM(c.size_bytes), 0) "
+         "FROM checkpoint_steps s LEFT JOIN checkpoint_commits c "
+         "ON c.job_id = s.job_id AND c.step = s.step "
+         "WHERE ?1 = '' OR s.job_id = ?1 "
+         "GROUP BY s.job_id, s.step ORDER BY s.job_id, s.step");
+  if (!st.ok()) return st.status("prepare list");
+  st.Bind(1, job);
+  v1::ListCheckpointsResponse response;
+  int rc;
+  while ((rc = st.Step()) == SQLITE_ROW) {
+    v1::CheckpointInfo* info = response.add_checkpoints();
+    info->set_job_id(st.Text(0));
+    info->set_step(st.Int(1));
+    info->set_world_size(static_cast<int>(st.Int(2)));
+    info->set_complete(st.Int(3) != 0);
+    info->set_plan_hash(st.Text(4));
+    // A complete step dates from its manifest; an incomplete one from its
+    // first commit.
+    info->set_created_unix_ms(info->complete() ? st.Int(6) : st.Int(5));
+    info->set_committed(static_cast<int>(st.Int(7)));
+    info->set_total_bytes(st.Int(8));
+    if (info->complete()) {
+      info->set_manifest(
+          absl::StrCat(CheckpointStepDir(info->job_id(), info->step()), "/", kManifestFileName));
+    }
+  }
+  if (rc != SQLITE_DONE) return st.status("list");
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<PinnedCheckpoint>> CheckpointRegistry::Acquire(
+    const std::string& job, int64_t step) {
+  if (absl::Status s = ValidateCheckpointJobId(job); !s.ok()) return s;
+  if (step < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step, " is not a step; expected N >= 0 or -1 (latest)"));
+  }
+  absl::MutexLock lock(&mu_);
+  absl::MutexLock db_lock(state_->mu());
+  if (step == -1) {
+    Sql st(state_->db(),
+           "SELECT MAX(step) FROM checkpoint_steps WHERE job_id = ? AND complete = 1");
+    st.Bind(1, job);
+    if (st.Step() != SQLITE_ROW || st.IsNull(0)) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job, "' has no complete checkpoint on this server"));
+    }
+    step = st.Int(0);
+  }
+  Sql st(state_->db(),
+         "SELECT s.complete, s.manifest, s.world_size, "
+         "(SELECT COUNT(*) FROM checkpoint_commits c WHERE c.job_id = s.job_id AND "
+         "c.step = s.step) FROM checkpoint_steps s WHERE s.job_id = ? AND s.step = ?");
+  st.Bind(1, job).Bind(2, step);
+  if (st.Step() != SQLITE_ROW) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job, "' has no checkpoint at step ", step,
+                     " (shardctl checkpoints --job=", job, " lists them)"));
+  }
+  if (st.Int(0) == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " of job '", job, "' is not complete: ", st.Int(3), " of ",
+                     st.Int(2), " ranks committed"));
+  }
+  absl::StatusOr<CheckpointManifest> manifest = ParseManifestJson(st.Text(1));
+  if (!manifest.ok()) return manifest.status();
+  ++pins_[{job, step}];
+  return std::unique_ptr<PinnedCheckpoint>(new PinnedCheckpoint(this, *std::move(manifest)));
+}
+
+void CheckpointRegistry::Unpin(const std::string& job, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  auto it = pins_.find({job, step});
+  if (it == pins_.end()) return;
+  if (--it->second > 0) return;
+  pins_.erase(it);
+  // Deletions deferred while the step was being consolidated happen now.
+  if (absl::Status s = ApplyRetention(job); !s.ok()) {
+    log_->Log("checkpoint_retention_failed", {{"job", job}, {"error", s.ToString()}});
+  }
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,150 @@
+// The checkpoint registry: which ranks committed which shard file of which
+// step, and which steps are complete. Kept in the server's SQLite state
+// store (tables checkpoint_steps and checkpoint_commits), so a restarted
+// server still knows its checkpoints.
+//
+// A step becomes complete when all W ranks of the generation that wrote it
+// committed a verified shard file: then the registry writes
+// <job>/step-<N>/manifest.json (temporary file, fsync, rename, directory
+// fsync), marks the step complete, and applies keep_last retention. A step
+// with a missing or unverifiable piece never becomes complete; a commit of a
+// newer generation restarts an incomplete step from scratch.
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_REGISTRY_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/zeroshard.pb.h"
+#include "shard_server/checkpoint_manifest.h"
+#include "shard_server/checkpoint_paths.h"
+#include "shard_server/event_log.h"
+#include "shard_server/state_store.h"
+
+namespace zeroshard {
+
+struct CheckpointRegistryOptions {
+  std::string root;   // the checkpoint root directory (created if missing)
+  int keep_last = 0;  // complete steps kept per job; 0: all
+};
+
+class CheckpointRegistry;
+
+// A complete step that retention leaves alone while this object lives.
+class PinnedCheckpoint {
+ public:
+  ~PinnedCheckpoint();
+  PinnedCheckpoint(const PinnedCheckpoint&) = delete;
+  PinnedCheckpoint& operator=(const PinnedCheckpoint&) = delete;
+
+  const CheckpointManifest& manifest() const { return manifest_; }
+
+ private:
+  friend class CheckpointRegistry;
+  PinnedCheckpoint(CheckpointRegistry* registry, CheckpointManifest manifest)
+      : registry_(registry), manifest_(std::move(manifest)) {}
+
+  CheckpointRegistry* const registry_;
+  const CheckpointManifest manifest_;
+};
+
+// Thread-safe.
+class CheckpointRegistry {
+ public:
+  // The shard plan of (job, generation); NOT_FOUND if there is none.
+  using PlanLookup =
+      std::function<absl::StatusOr<v1::ShardPlan>(const std::string& job, int64_t generation)>;
+
+  // `state` and `log` are not owned and must outlive the registry. Creates
+  // the tables and completes steps whose last commit was recorded but whose
+  // manifest was not (a crash in between).
+  static absl::StatusOr<std::unique_ptr<CheckpointRegistry>> Open(
+      CheckpointRegistryOptions options, StateStore* state, EventLog* log, PlanLookup plans);
+  // REQUIRES: no PinnedCheckpoint of this registry is alive.
+  ~CheckpointRegistry() = default;
+
+  const CheckpointRoot& root() const { return root_; }
+
+  // Records a rank's shard file after checking it: the path is exactly
+  // "<job>/step-<N>/rank-<R>-of-<W>.safetensors" for the member, stays below
+  // the root, the file has the committed size, is a shard of the member's
+  // generation's plan holding exactly the rank's pieces (F32, right shapes),
+  // and its metadata (job, step, rank, world size, plan hash, checksums)
+  // agrees with the request. Completes the step when this was its last rank.
+  // INVALID_ARGUMENT for a malformed request, FAILED_PRECONDITION for a file
+  // or a step state that does not allow the commit; messages name the value.
+  // REQUIRES: the caller fenced request.member() (a live member of its job's
+  // current generation) and `world_size` is that job's world size.
+  absl::StatusOr<v1::CommitShardResponse> Commit(const v1::CommitShardRequest& request,
+                                                 int world_size);
+
+  // FAILED_PRECONDITION if (job, step) is complete: its files must not change.
+  absl::Status CheckWritable(const std::string& job, int64_t step);
+
+  // Every step of `job` (empty: every job), by job then step.
+  absl::StatusOr<v1::ListCheckpointsResponse> List(const std::string& job);
+
+  // The manifest of a complete step (`step` -1: the latest complete one),
+  // pinned against retention. NOT_FOUND for an unknown step, FAILED_PRECONDITION
+  // for an incomplete one.
+  absl::StatusOr<std::unique_ptr<PinnedCheckpoint>> Acquire(const std::string& job, int64_t step);
+
+ private:
+  friend class PinnedCheckpoint;
+  struct StepRow {
+    int world_size = 0;
+    int64_t generation = 0;
+    std::string plan_hash;
+    bool complete = false;
+  };
+
+  CheckpointRegistry(CheckpointRegistryOptions options, CheckpointRoot root, StateStore* state,
+                     EventLog* log, PlanLookup plans)
+      : options_(std::move(options)),
+        root_(std::move(root)),
+        state_(state),
+        log_(log),
+        plans_(std::move(plans)) {}
+
+  // Checks the shard file against the request and the plan (no lock held:
+  // this reads the file's header).
+  absl::StatusOr<CommittedShard> VerifyShardFile(const v1::CommitShardRequest& request,
+                                                 int world_size, const v1::ShardPlan& plan);
+  absl::StatusOr<std::optional<StepRow>> LoadStep(const std::string& job, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<CommittedShard>> LoadCommits(const std::string& job, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the manifest and marks the step complete; then retention.
+  absl::Status CompleteStep(const std::string& job, int64_t step, const StepRow& row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyRetention(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteStepRows(const std::string& job, int64_t step, bool commits_only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Recover();
+  void Unpin(const std::string& job, int64_t step);
+
+  const CheckpointRegistryOptions options_;
+  const CheckpointRoot root_;
+  StateStore* const state_;
+  EventLog* const log_;
+  const PlanLookup plans_;
+
+  // Serializes changes to the tables (and the files they describe). Taken
+  // before state_->mu().
+  absl::Mutex mu_;
+  // (job, step) -> live PinnedCheckpoints: consolidations in progress.
+  std::map<std::pair<std::string, int64_t>, int> pins_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_REGISTRY_H_

@@ -1,0 +1,616 @@
+// Checkpoints over real gRPC on loopback: an in-process ShardServer with a
+// state directory and a checkpoint root, two members joined with the Client
+// and planned with PlanShards. The test writes each rank's shard file as a
+// worker does, commits it, and consolidates through the client to local
+// files.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "common/checksum.h"
+#include "common/dtype.h"
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "shard_server/shard_server.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard {
+namespace {
+
+constexpr char kJob[] = "ckpt";
+constexpr int kWorld = 2;
+
+v1::ModelSpec TestSpec() {
+  v1::ModelSpec spec;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    v1::TensorSpec* t = spec.add_tensors();
+    t->set_name(name);
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_dtype("F32");
+  };
+  add("0.weight", {64, 16});
+  add("0.bias", {64});
+  add("1.weight", {8, 64});
+  add("1.bias", {8});
+  add("temperature", {});
+  return spec;
+}
+
+enum Kind { kParams = 0, kExpAvg = 1, kExpAvgSq = 2 };
+const char* const kPrefix[] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
+
+// Element `element` of model tensor `tensor` (spec index) for one kind.
+float Value(int kind, int tensor, int64_t element) {
+  uint64_t x = (static_cast<uint64_t>(tensor) * 1000003u + static_cast<uint64_t>(element) * 7919u +
+                static_cast<uint64_t>(kind) * 104729u) %
+               2003u;
+  return (static_cast<float>(x) - 1001.0f) / 997.0f;
+}
+
+struct ShardFile {
+  std::string relative;
+  std::string path;
+  int64_t size = 0;
+  std::map<std::string, std::string> checksums;
+};
+
+// Rank `rank`'s shard file of `step` in the worker's format, under `dir`.
+ShardFile WriteShard(const std::string& dir, const v1::ShardPlan& plan, int64_t step, int rank,
+                     int64_t generation, bool optimizer = true) {
+  std::map<std::string, int> index;
+  for (const v1::Unit& unit : plan.units()) {
+    for (const v1::TensorSpec& t : unit.tensors()) index.emplace(t.name(), index.size());
+  }
+  std::vector<TensorEntry> entries;
+  std::vector<std::vector<float>> values;
+  for (int kind = 0; kind < (optimizer ? 3 : 1); ++kind) {
+    for (const v1::Unit& unit : plan.units()) {
+      for (const v1::Piece& p : unit.pieces()) {
+        if (p.rank() != rank) continue;
+        const v1::TensorSpec& spec = unit.tensors(p.tensor());
+        std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
+        int64_t row_elements = 1;
+        for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
+        if (!shape.empty()) shape[0] = p.row_end() - p.row_begin();
+        entries.push_back({absl::StrCat(kPrefix[kind], spec.name(), ":", p.row_begin(), "-",
+                                        p.row_end()),
+                           DType::kF32, shape});
+        values.emplace_back();
+        for (int64_t e = p.row_begin() * row_elements; e < p.row_end() * row_elements; ++e) {
+          values.back().push_back(Value(kind, index[spec.name()], e));
+        }
+      }
+    }
+  }
+  ShardFile out;
+  out.relative = absl::StrCat(kJob, "/step-", step, "/rank-", rank, "-of-", plan.world_size(),
+                              ".safetensors");
+  out.path = absl::StrCat(dir, "/", out.relative);
+  nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    std::string hex = ChecksumToHex(Checksum(values[i].data(), values[i].size() * 4));
+    checksums[entries[i].name] = hex;
+    out.checksums[entries[i].name] = hex;
+  }
+  testing::RunCommand(absl::StrCat("mkdir -p ", dir, "/", kJob, "/step-", step));
+  SafetensorsMetadata metadata = {{"format", "zeroshard-shard-v1"},
+                                  {"job", kJob},
+                                  {"step", absl::StrCat(step)},
+                                  {"rank", absl::StrCat(rank)},
+                                  {"world_size", absl::StrCat(plan.world_size())},
+                                  {"generation", absl::StrCat(generation)},
+                                  {"plan_hash", plan.hash()},
+                                  {"optimizer", "adam"},
+                                  {"optimizer_step", absl::StrCat(step)},
+                                  {"checksums", checksums.dump()}};
+  auto writer = SafetensorsWriter::Create(out.path, entries, metadata);
+  EXPECT_TRUE(writer.ok()) << writer.status();
+  for (const auto& v : values) EXPECT_TRUE((*writer)->Append(v.data(), v.size() * 4).ok());
+  EXPECT_TRUE((*writer)->Finish().ok());
+  out.size = (*writer)->file_size();
+  return out;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// `ls -A`; "" for a missing directory.
+std::string Listing(const std::string& dir) {
+  if (!Exists(dir)) return "";
+  return testing::RunCommand("ls -A " + dir).second;
+}
+
+class CheckpointServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("checkpoint_server");
+    root_ = dir_ + "/checkpoints";
+    out_ = dir_ + "/out";
+    ASSERT_EQ(mkdir(out_.c_str(), 0755), 0);
+  }
+
+  ShardServerOptions Options(int keep_last = 0) {
+    ShardServerOptions o;
+    o.listen = "127.0.0.1:0";
+    o.state_dir = dir_ + "/state";
+    o.checkpoint_root = root_;
+    o.keep_last = keep_last;
+    o.membership.heartbeat_interval = absl::Milliseconds(100);
+    o.membership.heartbeat_timeout = absl::Seconds(60);
+    o.membership.join_timeout = absl::Seconds(30);
+    o.log_sink = [this](const std::string& line) {
+      absl::MutexLock lock(&mu_);
+      log_.push_back(line);
+    };
+    return o;
+  }
+
+  void StartServer(ShardServerOptions options) {
+    members_.clear();
+    server_.reset();
+    auto server = ShardServer::Start(std::move(options));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ctl_ = Connect();
+  }
+
+  std::unique_ptr<Client> Connect() {
+    ClientOptions o;
+    o.server = server_->address();
+    o.rpc_timeout = absl::Seconds(20);
+    auto client = Client::Connect(o);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(*client);
+  }
+
+  // Joins kWorld members and plans the test spec; members_ by rank.
+  void JoinAndPlan() {
+    std::vector<std::unique_ptr<Client>> clients(kWorld);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kWorld; ++i) {
+      clients[i] = Connect();
+      threads.emplace_back([&, i] {
+        auto info = clients[i]->Join(kJob, kWorld, absl::StrCat("w", i), "127.0.0.1",
+                                     absl::Seconds(20));
+        EXPECT_TRUE(info.ok()) << info.status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    members_.clear();
+    members_.resize(kWorld);
+    for (auto& c : clients) members_[c->info().rank] = std::move(c);
+    for (auto& m : members_) {
+      auto plan = m->PlanShards(TestSpec(), v1::PlanOptions(), kWorld);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      plan_ = *plan;
+    }
+  }
+
+  ShardFile Write(int64_t step, int rank, bool optimizer = true) {
+    return WriteShard(root_, plan_, step, rank, members_[rank]->info().generation, optimizer);
+  }
+
+  absl::StatusOr<v1::CommitShardResponse> Commit(const ShardFile& f, int64_t step, int rank) {
+    return members_[rank]->CommitShard(step, f.relative, f.size, f.checksums);
+  }
+
+  void CompleteStep(int64_t step, bool optimizer = true) {
+    for (int r = 0; r < kWorld; ++r) {
+      auto response = Commit(Write(step, r, optimizer), step, r);
+      ASSERT_TRUE(response.ok()) << response.status();
+      EXPECT_EQ(response->step_complete(), r == kWorld - 1);
+    }
+  }
+
+  absl::StatusOr<v1::ConsolidateSummary> Consolidate(int64_t step, const std::string& out,
+                                                     bool weights_only = false,
+                                                     const std::string& dtype = "",
+                                                     int64_t max_shard_bytes = 0) {
+    v1::ConsolidateRequest request;
+    request.set_job_id(kJob);
+    request.set_step(step);
+    request.set_weights_only(weights_only);
+    request.set_dtype(dtype);
+    request.set_max_shard_bytes(max_shard_bytes);
+    return ctl_->Consolidate(request, out);
+  }
+
+  // Every element of output tensor `name` equals the pieces' values.
+  void ExpectTensor(const SafetensorsReader& reader, const std::string& name, int kind,
+                    int tensor, DType dtype) {
+    const TensorInfo* info = reader.Find(name);
+    ASSERT_NE(info, nullptr) << name;
+    EXPECT_EQ(info->dtype, dtype);
+    const v1::ModelSpec model = TestSpec();
+    const v1::TensorSpec& spec = model.tensors(tensor);
+    EXPECT_EQ(info->shape, std::vector<int64_t>(spec.shape().begin(), spec.shape().end()));
+    std::vector<char> bytes(info->Bytes());
+    ASSERT_TRUE(reader.ReadBytes(name, 0, info->Bytes(), bytes.data()).ok());
+    for (int64_t e = 0; e < info->Elements(); ++e) {
+      if (dtype == DType::kF32) {
+        float got;
+        std::memcpy(&got, bytes.data() + 4 * e, 4);
+        ASSERT_EQ(got, Value(kind, tensor, e)) << name << "[" << e << "]";
+      } else {
+        uint16_t got;
+        std::memcpy(&got, bytes.data() + 2 * e, 2);
+        ASSERT_EQ(got, FloatToBF16(Value(kind, tensor, e))) << name << "[" << e << "]";
+      }
+    }
+    nlohmann::json sums = nlohmann::json::parse(reader.metadata().at("checksums"));
+    EXPECT_EQ(sums[name], ChecksumToHex(Checksum(bytes.data(), bytes.size()))) << name;
+  }
+
+  bool Logged(absl::string_view event) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& line : log_) {
+      if (absl::StrContains(line, absl::StrCat("event=", event, " "))) return true;
+    }
+    return false;
+  }
+
+  std::string dir_, root_, out_;
+  absl::Mutex mu_;
+  std::vector<std::string> log_;
+  std::unique_ptr<ShardServer> server_;
+  std::unique_ptr<Client> ctl_;
+  std::vector<std::unique_ptr<Client>> members_;
+  v1::ShardPlan plan_;
+};
+
+TEST_F(CheckpointServerTest, AStepIsCompleteOnlyAfterBothCommitsAndIsListed) {
+  StartServer(Options());
+  JoinAndPlan();
+  ShardFile f0 = Write(10, 0), f1 = Write(10, 1);
+  auto first = Commit(f0, 10, 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->step_complete());
+  EXPECT_FALSE(Exists(root_ + "/ckpt/step-10/manifest.json"));
+  auto list = ctl_->ListCheckpoints(kJob);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->checkpoints_size(), 1);
+  EXPECT_FALSE(list->checkpoints(0).complete());
+
+  auto second = Commit(f1, 10, 1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->step_complete());
+  EXPECT_TRUE(Exists(root_ + "/ckpt/step-10/manifest.json"));
+  list = ctl_->ListCheckpoints("");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->checkpoints_size(), 1);
+  const v1::CheckpointInfo& info = list->checkpoints(0);
+  EXPECT_EQ(info.job_id(), kJob);
+  EXPECT_EQ(info.step(), 10);
+  EXPECT_TRUE(info.complete());
+  EXPECT_EQ(info.committed(), 2);
+  EXPECT_EQ(info.world_size(), 2);
+  EXPECT_EQ(info.total_bytes(), f0.size + f1.size);
+  EXPECT_EQ(info.manifest(), "ckpt/step-10/manifest.json");
+  EXPECT_EQ(info.plan_hash(), plan_.hash());
+  EXPECT_TRUE(Logged("checkpoint_commit"));
+  EXPECT_TRUE(Logged("checkpoint_complete"));
+}
+
+TEST_F(CheckpointServerTest, ConsolidationStreamsTheMergedModelWithOptimizerState) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  const std::string out = out_ + "/model.safetensors";
+  auto summary = Consolidate(-1, out);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->step(), 10);
+  ASSERT_EQ(summary->files_size(), 1);
+  EXPECT_EQ(summary->files(0), out);
+  auto reader = SafetensorsReader::Open(out);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(summary->total_bytes(), (*reader)->file_size());
+  const v1::ModelSpec spec = TestSpec();
+  ASSERT_EQ((*reader)->tensors().size(), 3u * spec.tensors_size());
+  for (int t = 0; t < spec.tensors_size(); ++t) {
+    EXPECT_EQ((*reader)->tensors()[t].name, spec.tensors(t).name()) << "model order";
+    for (int kind = 0; kind < 3; ++kind) {
+      ExpectTensor(**reader, kPrefix[kind] + spec.tensors(t).name(), kind, t, DType::kF32);
+    }
+  }
+  EXPECT_EQ((*reader)->metadata().at("format"), "pt");
+  EXPECT_EQ((*reader)->metadata().at("step"), "10");
+  EXPECT_EQ((*reader)->metadata().at("optimizer_step"), "10");
+  EXPECT_EQ(Listing(out_), "model.safetensors\n") << "no temporary file left";
+  EXPECT_TRUE(Logged("consolidate_done"));
+}
+
+TEST_F(CheckpointServerTest, WeightsOnlyBF16Consolidation) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  // --out names a directory: the file goes inside.
+  auto summary = Consolidate(10, out_, /*weights_only=*/true, "bf16");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  auto reader = SafetensorsReader::Open(out_ + "/model.safetensors");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const v1::ModelSpec spec = TestSpec();
+  ASSERT_EQ((*reader)->tensors().size(), static_cast<size_t>(spec.tensors_size()));
+  for (int t = 0; t < spec.tensors_size(); ++t) {
+    ExpectTensor(**reader, spec.tensors(t).name(), kParams, t, DType::kBF16);
+  }
+  EXPECT_EQ((*reader)->metadata().count("optimizer_step"), 0u);
+}
+
+TEST_F(CheckpointServerTest, HuggingFaceShardedOutputWithIndex) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  const std::string dir = out_ + "/hf";
+  auto summary = Consolidate(10, dir, /*weights_only=*/true, "", /*max_shard_bytes=*/2048);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  // 0.weight (4096 bytes) and 1.weight (2048) fill files of their own.
+  ASSERT_GE(summary->files_size(), 3);
+  EXPECT_EQ(summary->files(summary->files_size() - 1), dir + "/model.safetensors.index.json");
+  auto index_text = ReadFileToString(dir + "/model.safetensors.index.json");
+  ASSERT_TRUE(index_text.ok());
+  nlohmann::json index = nlohmann::json::parse(*index_text);
+  const v1::ModelSpec spec = TestSpec();
+  int64_t total = 0;
+  for (int t = 0; t < spec.tensors_size(); ++t) {
+    const std::string& name = spec.tensors(t).name();
+    ASSERT_TRUE(index["weight_map"].contains(name)) << name;
+    std::string file = index["weight_map"][name];
+    EXPECT_TRUE(absl::StartsWith(file, "model-0000")) << file;
+    auto reader = SafetensorsReader::Open(dir + "/" + file);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    ExpectTensor(**reader, name, kParams, t, DType::kF32);
+    total += (*reader)->Find(name)->Bytes();
+  }
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  EXPECT_EQ(index["weight_map"].size(), static_cast<size_t>(spec.tensors_size()));
+}
+
+TEST_F(CheckpointServerTest, AFlippedByteIsDataLossNamingFileAndTensorAndLeavesNoOutput) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  const std::string shard = root_ + "/ckpt/step-10/rank-1-of-2.safetensors";
+  auto reader = SafetensorsReader::Open(shard);
+  ASSERT_TRUE(reader.ok());
+  const TensorInfo victim = (*reader)->tensors().back();
+  reader->reset();
+  int fd = open(shard.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte;
+  ASSERT_EQ(pread(fd, &byte, 1, victim.end - 1), 1);
+  byte = static_cast<char>(byte ^ 0x01);
+  ASSERT_EQ(pwrite(fd, &byte, 1, victim.end - 1), 1);
+  close(fd);
+  for (int64_t max_shard_bytes : {int64_t{0}, int64_t{2048}}) {
+    const std::string out = max_shard_bytes ? out_ + "/hf" : out_ + "/model.safetensors";
+    absl::Status s = Consolidate(10, out, false, "", max_shard_bytes).status();
+    EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "ckpt/step-10/rank-1-of-2.safetensors")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), victim.name)) << s;
+    EXPECT_FALSE(Exists(out_ + "/model.safetensors"));
+    EXPECT_EQ(Listing(out_ + "/hf"), "");
+  }
+  // On the server too: nothing under consolidated/.
+  v1::ConsolidateRequest request;
+  request.set_job_id(kJob);
+  request.set_step(10);
+  request.set_on_server(true);
+  EXPECT_TRUE(absl::IsDataLoss(ctl_->Consolidate(request, "").status()));
+  EXPECT_EQ(Listing(root_ + "/ckpt/consolidated"), "");
+  EXPECT_TRUE(Logged("consolidate_failed"));
+}
+
+TEST_F(CheckpointServerTest, OnServerConsolidationWritesUnderTheRoot) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  v1::ConsolidateRequest request;
+  request.set_job_id(kJob);
+  request.set_step(-1);
+  request.set_on_server(true);
+  auto summary = ctl_->Consolidate(request, "");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->files_size(), 1);
+  EXPECT_EQ(summary->files(0), "ckpt/consolidated/step-10/model.safetensors");
+  auto reader = SafetensorsReader::Open(root_ + "/" + summary->files(0));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ExpectTensor(**reader, "0.weight", kParams, 0, DType::kF32);
+  EXPECT_EQ(Listing(root_ + "/ckpt/consolidated"), "step-10\n");
+}
+
+TEST_F(CheckpointServerTest, PathsLeadingOutOfTheRootAreRefused) {
+  StartServer(Options());
+  JoinAndPlan();
+  ShardFile f0 = Write(10, 0);
+  const std::string outside = dir_ + "/outside";
+  ShardFile real = WriteShard(outside, plan_, 10, 0, members_[0]->info().generation);
+  struct Case {
+    std::string file;
+    absl::StatusCode code;
+  };
+  const Case cases[] = {
+      {"ckpt/step-10/../../outside/ckpt/step-10/rank-0-of-2.safetensors",
+       absl::StatusCode::kInvalidArgument},
+      {real.path, absl::StatusCode::kInvalidArgument},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = members_[0]->CommitShard(10, c.file, f0.size, f0.checksums).status();
+    EXPECT_EQ(s.code(), c.code) << c.file << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.file)) << s;
+  }
+  // A symlink under the right name, leading out.
+  ASSERT_EQ(unlink(f0.path.c_str()), 0);
+  ASSERT_EQ(symlink(real.path.c_str(), f0.path.c_str()), 0);
+  absl::Status s = Commit(real, 10, 0).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "outside the checkpoint root")) << s;
+  // The job directory itself a symlink leading out: refused for uploads too.
+  ASSERT_EQ(rename((root_ + "/ckpt").c_str(), (dir_ + "/moved").c_str()), 0);
+  ASSERT_EQ(symlink((dir_ + "/moved").c_str(), (root_ + "/ckpt").c_str()), 0);
+  s = members_[0]->UploadShard(11, "ckpt/step-11/rank-0-of-2.safetensors", real.path).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_FALSE(Exists(dir_ + "/moved/step-11"));
+}
+
+TEST_F(CheckpointServerTest, AStaleMemberCannotCommit) {
+  StartServer(Options());
+  JoinAndPlan();
+  ShardFile f0 = Write(10, 0);
+  v1::CommitShardRequest request;
+  *request.mutable_member() = members_[0]->credentials();
+  request.mutable_member()->set_token("forged");
+  request.set_step(10);
+  request.set_file(f0.relative);
+  request.set_size_bytes(f0.size);
+  grpc::ClientContext context;
+  ctl_->Prepare(&context, absl::Seconds(10));
+  v1::CommitShardResponse response;
+  absl::Status s = FromGrpcStatus(ctl_->stub()->CommitShard(&context, request, &response));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+}
+
+TEST_F(CheckpointServerTest, AServerRestartedBetweenCommitAndConsolidationStillConsolidates) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  members_.clear();
+  ctl_.reset();
+  server_.reset();
+  StartServer(Options());
+  auto list = ctl_->ListCheckpoints(kJob);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->checkpoints_size(), 1);
+  EXPECT_TRUE(list->checkpoints(0).complete());
+  auto summary = Consolidate(-1, out_ + "/model.safetensors");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  auto reader = SafetensorsReader::Open(out_ + "/model.safetensors");
+  ASSERT_TRUE(reader.ok());
+  ExpectTensor(**reader, "1.weight", kParams, 2, DType::kF32);
+}
+
+TEST_F(CheckpointServerTest, UploadedShardsCommitLikeSharedFilesystemOnes) {
+  StartServer(Options());
+  JoinAndPlan();
+  const std::string staging = dir_ + "/staging";
+  for (int r = 0; r < kWorld; ++r) {
+    ShardFile f = WriteShard(staging, plan_, 10, r, members_[r]->info().generation);
+    auto size = members_[r]->UploadShard(10, f.relative, f.path);
+    ASSERT_TRUE(size.ok()) << size.status();
+    EXPECT_EQ(*size, f.size);
+    auto response = Commit(f, 10, r);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->step_complete(), r == kWorld - 1);
+  }
+  EXPECT_EQ(Listing(root_ + "/ckpt/step-10"),
+            "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
+  EXPECT_TRUE(Logged("checkpoint_upload"));
+  ASSERT_TRUE(Consolidate(10, out_).ok());
+  // A complete step's files cannot be uploaded again.
+  ShardFile f = WriteShard(staging, plan_, 10, 0, members_[0]->info().generation);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      members_[0]->UploadShard(10, f.relative, f.path).status()));
+}
+
+TEST_F(CheckpointServerTest, AShortUploadKeepsNothing) {
+  StartServer(Options());
+  JoinAndPlan();
+  grpc::ClientContext context;
+  members_[0]->Prepare(&context, absl::Seconds(10));
+  v1::UploadShardResponse response;
+  auto stream = members_[0]->stub()->UploadShard(&context, &response);
+  v1::UploadShardRequest first;
+  *first.mutable_member() = members_[0]->credentials();
+  first.set_step(10);
+  first.set_file("ckpt/step-10/rank-0-of-2.safetensors");
+  first.set_size_bytes(1000);
+  first.set_data(std::string(100, 'x'));
+  ASSERT_TRUE(stream->Write(first));
+  stream->WritesDone();
+  absl::Status s = FromGrpcStatus(stream->Finish());
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "100 of 1000")) << s;
+  EXPECT_EQ(Listing(root_ + "/ckpt/step-10"), "") << "no file, no temporary file";
+}
+
+TEST_F(CheckpointServerTest, ARankWithAMissingOrCutFileNeverCompletesTheStep) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  ASSERT_TRUE(Commit(Write(20, 0), 20, 0).ok());
+  ShardFile f1 = Write(20, 1);
+  ASSERT_EQ(truncate(f1.path.c_str(), f1.size / 2), 0);
+  absl::Status s = Commit(f1, 20, 1).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  ASSERT_EQ(unlink(f1.path.c_str()), 0);
+  s = Commit(f1, 20, 1).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  auto list = ctl_->ListCheckpoints(kJob);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->checkpoints_size(), 2);
+  EXPECT_FALSE(list->checkpoints(1).complete());
+  EXPECT_FALSE(Exists(root_ + "/ckpt/step-20/manifest.json"));
+  auto summary = Consolidate(-1, out_);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->step(), 10) << "the previous complete step stays the latest";
+  s = Consolidate(20, out_ + "/x.safetensors").status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+}
+
+TEST_F(CheckpointServerTest, KeepLastOneDeletesOlderStepsButNotTheLatest) {
+  StartServer(Options(/*keep_last=*/1));
+  JoinAndPlan();
+  CompleteStep(10);
+  CompleteStep(20);
+  EXPECT_FALSE(Exists(root_ + "/ckpt/step-10"));
+  EXPECT_TRUE(Exists(root_ + "/ckpt/step-20/manifest.json"));
+  ASSERT_TRUE(Commit(Write(30, 0), 30, 0).ok());  // being written
+  auto list = ctl_->ListCheckpoints(kJob);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->checkpoints_size(), 2);
+  EXPECT_EQ(list->checkpoints(0).step(), 20);
+  EXPECT_EQ(list->checkpoints(1).step(), 30);
+  EXPECT_TRUE(Logged("checkpoint_deleted"));
+}
+
+TEST_F(CheckpointServerTest, WithoutACheckpointRootTheRpcsSaySo) {
+  ShardServerOptions options = Options();
+  options.checkpoint_root.clear();
+  StartServer(options);
+  auto list = ctl_->ListCheckpoints("");
+  EXPECT_TRUE(absl::IsFailedPrecondition(list.status())) << list.status();
+  EXPECT_TRUE(absl::StrContains(list.status().message(), "no checkpoint root"));
+  absl::Status s = Consolidate(-1, out_ + "/m.safetensors").status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "no checkpoint root")) << s;
+}
+
+TEST_F(CheckpointServerTest, ConsolidateRefusesBadRequests) {
+  StartServer(Options());
+  JoinAndPlan();
+  CompleteStep(10);
+  EXPECT_TRUE(absl::IsInvalidArgument(Consolidate(10, out_ + "/a", false, "int8").status()));
+  EXPECT_TRUE(absl::IsNotFound(Consolidate(11, out_ + "/a").status()));
+  v1::ConsolidateRequest request;
+  request.set_job_id("../etc");
+  request.set_step(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(ctl_->Consolidate(request, out_ + "/a").status()));
+  EXPECT_EQ(Listing(out_), "");
+}
+
+}  // namespace
+}  // namespace zeroshard
