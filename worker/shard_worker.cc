@@ -493,7 +493,7 @@ int Main() {
     auto stats = e.Step(lr);
     DieIfError(stats.status(), absl::StrCat("step ", step, " optimizer"));
     double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-    auto mean = e.MeanOverRanks(stats->loss);
+    auto mean = e.MeanOverRanks(stats->loss, "the step's loss");
     DieIfError(mean.status(), "loss");
     losses.push_back(*mean);
     step_ms.push_back(ms);

@@ -2,6 +2,8 @@
 // by `shardctl consolidate` over RPC, is loaded with the official safetensors
 // library into PyTorch (Debian's python3-torch), which must compute what the
 // engine computed.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -12,9 +14,14 @@
 namespace zeroshard {
 namespace {
 
+// tests/run.sh passes its venv's python (Debian's torch + PyPI's
+// safetensors); without it, the same venv at its default place.
 std::string Python() {
   const char* python = std::getenv("ZEROSHARD_PYTHON");
-  return python != nullptr && *python ? python : "/usr/bin/python3";
+  if (python != nullptr && *python) return python;
+  const char* home = std::getenv("HOME");
+  std::string venv = absl::StrCat(home ? home : "/root", "/.cache/zeroshard/venv/bin/python");
+  return access(venv.c_str(), X_OK) == 0 ? venv : "/usr/bin/python3";
 }
 
 class InteropTest : public ::testing::Test {

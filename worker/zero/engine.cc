@@ -565,7 +565,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     squares += SquaredL2Norm(g, n);
   }
   if (stage > 0) {  // shards: add up over ranks (padding holds zeros)
-    absl::StatusOr<double> mean = MeanOverRanks(squares);
+    absl::StatusOr<double> mean = MeanOverRanks(squares, "the squared gradient norm");
     if (!mean.ok()) return mean.status();
     squares = *mean * world_;
   }
@@ -609,17 +609,20 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   return stats;
 }
 
-absl::StatusOr<std::vector<double>> ZeroEngine::GatherOverRanks(double value) {
+absl::StatusOr<std::vector<double>> ZeroEngine::GatherOverRanks(double value, const char* what) {
   // Doubles travel as raw bytes: two f32 words each.
   std::vector<double> all(world_);
   absl::Status s =
       aux_comm_->AllGather(&value, all.data(), 2, DType::kF32, options_.collective_timeout);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_gather of ", what, " (rank ", rank_, " of ",
+                                               world_, "): ", s.message()));
+  }
   return all;
 }
 
-absl::StatusOr<double> ZeroEngine::MeanOverRanks(double value) {
-  absl::StatusOr<std::vector<double>> all = GatherOverRanks(value);
+absl::StatusOr<double> ZeroEngine::MeanOverRanks(double value, const char* what) {
+  absl::StatusOr<std::vector<double>> all = GatherOverRanks(value, what);
   if (!all.ok()) return all.status();
   double sum = 0;
   for (double v : *all) sum += v;
@@ -633,7 +636,7 @@ absl::StatusOr<double> ZeroEngine::ParamsSum() {
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
-  absl::StatusOr<double> mean = MeanOverRanks(local);
+  absl::StatusOr<double> mean = MeanOverRanks(local, "the parameter sum");
   if (!mean.ok()) return mean.status();
   return *mean * world_;
 }

@@ -120,8 +120,10 @@ class ZeroEngine {
   // Sum of every element of the full model (over ranks, in double).
   absl::StatusOr<double> ParamsSum();
   // Mean of `value` over ranks; every rank's value, by rank.
-  absl::StatusOr<double> MeanOverRanks(double value);
-  absl::StatusOr<std::vector<double>> GatherOverRanks(double value);
+  // `what` names the value in errors ("the loss").
+  absl::StatusOr<double> MeanOverRanks(double value, const char* what = "a metric");
+  absl::StatusOr<std::vector<double>> GatherOverRanks(double value,
+                                                      const char* what = "a metric");
 
   // Visits this rank's pieces with their fp32 master values (and Adam
   // moments, when the optimizer has them): for checkpoints.
