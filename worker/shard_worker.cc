@@ -517,7 +517,10 @@ int Main() {
     }
   }
   DieIfError(checkpoint_thread.Drain(), "checkpoint");
-  if (steps > start_step || absl::GetFlag(FLAGS_val_every) > 0) evaluate(steps);
+  // Training traffic only: evaluation and sampling below move bytes too.
+  const CollectiveBytes gather_after = gather->get()->bytes_sent();
+  const CollectiveBytes reduce_after = reduce->get()->bytes_sent();
+  if (task_options.model == "gpt" || absl::GetFlag(FLAGS_val_every) > 0) evaluate(steps);
   std::string sample;
   if (absl::GetFlag(FLAGS_sample) > 0) {
     auto text = (*task)->Sample(e, absl::GetFlag(FLAGS_sample));
@@ -624,7 +627,8 @@ int Main() {
     memory["model_state_bytes"] = mt.model_state();
     memory["peak_bytes"] = mt.peak_total();
     out["memory"] = memory;
-    CollectiveBytes g = gather->get()->bytes_sent(), r = reduce->get()->bytes_sent();
+    const CollectiveBytes& g = gather_after;
+    const CollectiveBytes& r = reduce_after;
     out["comm_bytes"] = {
         {"all_gather", (g.all_gather - comm_before.all_gather) + (r.all_gather - reduce_before.all_gather)},
         {"reduce_scatter",

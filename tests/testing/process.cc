@@ -109,7 +109,19 @@ std::string RunfilePath(const std::string& workspace_relative) {
   if (srcdir != nullptr && workspace != nullptr) {
     return absl::StrCat(srcdir, "/", workspace, "/", workspace_relative);
   }
-  return workspace_relative;
+  // `bazel run` sets RUNFILES_DIR; a binary started by hand finds its
+  // runfiles tree next to itself.
+  if (const char* runfiles = getenv("RUNFILES_DIR")) {
+    return absl::StrCat(runfiles, "/zeroshard/", workspace_relative);
+  }
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string candidate = absl::StrCat(self, ".runfiles/zeroshard/", workspace_relative);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return absl::StrCat("bazel-bin/", workspace_relative);
 }
 
 std::pair<int, std::string> RunCommand(const std::string& command) {

@@ -315,11 +315,13 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   TrackedBuffer send;
   const void* input = state.master.data();
   if (dtype != DType::kF32) {
-    send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
+    send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
+                         /*zero=*/false);
     FromF32(state.master.f32(), send.data(), chunk, dtype);
     input = send.data();
   }
-  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype),
+                         /*zero=*/false);
   SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
   absl::Status s = gather_comm_->AllGather(input, received.data(), chunk, dtype,
                                            options_.collective_timeout);
@@ -343,8 +345,9 @@ absl::Status ZeroEngine::IssueGather(int position) {
     slot.ticket = 0;  // the previous position keeps its buffer for us
     return absl::OkStatus();
   }
+  // Every element is written by the unpacking (the pieces cover the unit).
   slot.params = TrackedBuffer(&memory_, MemoryCategory::kParamsGathered,
-                              Bytes(units_[unit].flat_elements, DType::kF32));
+                              Bytes(units_[unit].flat_elements, DType::kF32), /*zero=*/false);
   TrackedBuffer* out = &slot.params;
   slot.ticket = gather_thread_->Submit([this, unit, out] { return GatherUnit(unit, out); });
   return absl::OkStatus();
@@ -425,7 +428,8 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
             seg.length, dtype);
   }
   if (options_.stage >= 2) grads_flat_buffer->Reset();  // packed: the flat gradient is done
-  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
+  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
+                         /*zero=*/false);
   SetActivity(&reduce_activity_, absl::StrCat("reduce_scatter of unit '", layout.name, "'"));
   absl::Status s = reduce_comm_->ReduceScatter(send.data(), received.data(), chunk, dtype,
                                                ReduceOp::kAverage, options_.collective_timeout);
@@ -524,9 +528,10 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
   UnitState& state = *state_[unit];
   const DType dtype = options_.param_dtype;
   const int64_t chunk = layout.chunk_elements;
-  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype));
+  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype), /*zero=*/false);
   FromF32(master_shard, send.data(), chunk, dtype);
-  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype),
+                         /*zero=*/false);
   SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
   absl::Status s = gather_comm_->AllGather(send.data(), received.data(), chunk, dtype,
                                            options_.collective_timeout);

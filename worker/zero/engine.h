@@ -174,6 +174,8 @@ class ZeroEngine {
   std::string Where(int unit) const;
   void SetActivity(std::string* slot, std::string activity);
 
+  // First: every TrackedBuffer below returns its memory here when destroyed.
+  MemoryTracker memory_;
   Model* model_ = nullptr;
   Communicator* gather_comm_ = nullptr;
   Communicator* reduce_comm_ = nullptr;
@@ -187,7 +189,6 @@ class ZeroEngine {
   std::vector<int> positions_;       // unit of each pass position (forward then backward)
   std::vector<int> first_backward_;  // per unit: the pass position of its first backward op
   std::vector<int> last_backward_;   // per unit: the pass position of its last backward op
-  MemoryTracker memory_;
   // Owned by the compute thread; a gather task writes only into the bytes of
   // its slot's buffer, which the compute thread reads after Wait(ticket).
   std::map<int, GatherSlot> slots_;

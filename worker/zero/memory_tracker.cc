@@ -16,6 +16,7 @@ const char* MemoryCategoryName(MemoryCategory category) {
     case MemoryCategory::kOptimizerState: return "optimizer_state";
     case MemoryCategory::kActivations: return "activations";
     case MemoryCategory::kCommBuffers: return "comm_buffers";
+    case MemoryCategory::kPoolCached: return "pool_cached";
     case MemoryCategory::kCount: break;
   }
   return "unknown";
@@ -56,18 +57,62 @@ int64_t MemoryTracker::model_state() const {
          current(MemoryCategory::kGradsPersistent) + current(MemoryCategory::kOptimizerState);
 }
 
-TrackedBuffer::TrackedBuffer(MemoryTracker* tracker, MemoryCategory category, int64_t bytes)
+namespace {
+int64_t Rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+}  // namespace
+
+void* MemoryTracker::Allocate(int64_t bytes) {
+  const int64_t rounded = Rounded(bytes);
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    auto it = pool_.find(rounded);
+    if (it != pool_.end()) {
+      void* data = it->second;
+      pool_.erase(it);
+      pool_bytes_ -= rounded;
+      Sub(MemoryCategory::kPoolCached, rounded);
+      return data;
+    }
+  }
+  // 64-byte alignment for vectorized kernels.
+  void* data = std::aligned_alloc(64, rounded);
+  if (data == nullptr) throw std::bad_alloc();
+  return data;
+}
+
+void MemoryTracker::Free(void* data, int64_t bytes) {
+  const int64_t rounded = Rounded(bytes);
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (pool_bytes_ + rounded <= pool_limit_bytes_) {
+      pool_.emplace(rounded, data);
+      pool_bytes_ += rounded;
+      Add(MemoryCategory::kPoolCached, rounded);
+      return;
+    }
+  }
+  std::free(data);
+}
+
+MemoryTracker::~MemoryTracker() {
+  for (auto& [size, data] : pool_) std::free(data);
+}
+
+TrackedBuffer::TrackedBuffer(MemoryTracker* tracker, MemoryCategory category, int64_t bytes,
+                             bool zero)
     : tracker_(tracker), category_(category), bytes_(bytes) {
   if (bytes <= 0) {
     bytes_ = 0;
     return;
   }
-  // 64-byte alignment for vectorized kernels; calloc-like zeroing.
-  size_t rounded = (static_cast<size_t>(bytes) + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
-  if (data_ == nullptr) throw std::bad_alloc();
-  std::memset(data_, 0, rounded);
-  if (tracker_ != nullptr) tracker_->Add(category_, bytes_);
+  if (tracker_ != nullptr) {
+    data_ = tracker_->Allocate(bytes);
+    tracker_->Add(category_, bytes_);
+  } else {
+    data_ = std::aligned_alloc(64, Rounded(bytes));
+    if (data_ == nullptr) throw std::bad_alloc();
+  }
+  if (zero) std::memset(data_, 0, Rounded(bytes));
 }
 
 TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
@@ -85,8 +130,12 @@ TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {
 
 void TrackedBuffer::Reset() {
   if (data_ != nullptr) {
-    std::free(data_);
-    if (tracker_ != nullptr) tracker_->Sub(category_, bytes_);
+    if (tracker_ != nullptr) {
+      tracker_->Sub(category_, bytes_);
+      tracker_->Free(data_, bytes_);
+    } else {
+      std::free(data_);
+    }
   }
   data_ = nullptr;
   bytes_ = 0;

@@ -6,6 +6,8 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@ enum class MemoryCategory {
   kOptimizerState,     // moments of this rank's shard
   kActivations,        // what the model keeps for backward
   kCommBuffers,        // send/receive buffers of collectives
+  kPoolCached,         // freed buffers kept for reuse (see MemoryTracker::Allocate)
   kCount,
 };
 
@@ -41,12 +44,25 @@ class MemoryTracker {
   // optimizer state (what the ZeRO formulas count).
   int64_t model_state() const;
 
+  // Host memory for TrackedBuffer. Freed blocks are kept (by size, up to
+  // `pool_limit_bytes` in all) and handed out again: the engine frees and
+  // reallocates the same few sizes every unit, and fresh pages from the
+  // kernel cost a page fault and a zeroing each. Thread-safe.
+  void* Allocate(int64_t bytes);
+  void Free(void* data, int64_t bytes);
+  void set_pool_limit_bytes(int64_t limit) { pool_limit_bytes_ = limit; }
+  ~MemoryTracker();
+
  private:
   static void RaisePeak(std::atomic<int64_t>& peak, int64_t value);
   std::array<std::atomic<int64_t>, static_cast<int>(MemoryCategory::kCount)> current_{};
   std::array<std::atomic<int64_t>, static_cast<int>(MemoryCategory::kCount)> peak_{};
   std::atomic<int64_t> total_{0};
   std::atomic<int64_t> peak_total_{0};
+  std::mutex pool_mu_;
+  std::multimap<int64_t, void*> pool_;  // rounded bytes -> block; guarded by pool_mu_
+  int64_t pool_bytes_ = 0;             // guarded by pool_mu_
+  int64_t pool_limit_bytes_ = int64_t{256} << 20;
 };
 
 // A zero-initialized host buffer whose bytes are counted in a category for
@@ -54,7 +70,9 @@ class MemoryTracker {
 class TrackedBuffer {
  public:
   TrackedBuffer() = default;
-  TrackedBuffer(MemoryTracker* tracker, MemoryCategory category, int64_t bytes);
+  // `zero`: fill with zeros (skip when the caller overwrites every byte).
+  TrackedBuffer(MemoryTracker* tracker, MemoryCategory category, int64_t bytes,
+                bool zero = true);
   ~TrackedBuffer() { Reset(); }
   TrackedBuffer(TrackedBuffer&& other) noexcept { *this = std::move(other); }
   TrackedBuffer& operator=(TrackedBuffer&& other) noexcept;
