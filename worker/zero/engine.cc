@@ -225,6 +225,23 @@ absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
       if (p.rank == rank_) layout.own_segments.push_back(static_cast<int>(layout.segments.size()));
       layout.segments.push_back(s);
     }
+    // Padding: per rank, the gaps between its pieces and after the last.
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> used(world_);
+    for (const Segment& seg : layout.segments) {
+      used[seg.rank].push_back({seg.chunk_offset, seg.chunk_offset + seg.length});
+    }
+    for (int r = 0; r < world_; ++r) {
+      std::sort(used[r].begin(), used[r].end());
+      int64_t at = 0;
+      for (const auto& [begin, end] : used[r]) {
+        if (begin > at) layout.padding.push_back({r * layout.chunk_elements + at,
+                                                  r * layout.chunk_elements + begin});
+        at = std::max(at, end);
+      }
+      if (at < layout.chunk_elements) {
+        layout.padding.push_back({r * layout.chunk_elements + at, (r + 1) * layout.chunk_elements});
+      }
+    }
     units_.push_back(std::move(layout));
   }
   return absl::OkStatus();
@@ -422,7 +439,12 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
   }
   // Stages 1-3: reduce-scatter the flat gradient in chunked layout.
   const float* grads_flat = options_.stage == 1 ? state.grads.f32() : grads_flat_buffer->f32();
-  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype));
+  // Every element is either a piece's (copied below) or padding (zeroed).
+  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype),
+                     /*zero=*/false);
+  for (const auto& [begin, end] : layout.padding) {
+    std::memset(At(send.data(), begin, dtype), 0, Bytes(end - begin, dtype));
+  }
   for (const Segment& seg : layout.segments) {
     FromF32(grads_flat + seg.flat_offset, At(send.data(), seg.rank * chunk + seg.chunk_offset, dtype),
             seg.length, dtype);

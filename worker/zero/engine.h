@@ -74,6 +74,9 @@ struct UnitLayout {
   int64_t chunk_elements = 0;
   std::vector<Segment> segments;  // every rank's pieces
   std::vector<int> own_segments;  // indices of this rank's
+  // [begin, end) element ranges of the chunked layout (W × chunk) that no
+  // piece covers: the padding, zeroed in send buffers instead of the whole.
+  std::vector<std::pair<int64_t, int64_t>> padding;
 };
 
 struct StepStats {
