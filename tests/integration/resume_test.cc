@@ -1,0 +1,158 @@
+// Checkpoints from the workers' side, with real processes: resuming equals
+// not stopping; a consolidated checkpoint continues at another world size;
+// a worker killed mid-checkpoint leaves nothing that looks complete.
+#include <signal.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/model_zoo.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+#include "worker/checkpoint/shard_checkpoint.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::LocalCluster;
+using Params = std::map<std::string, std::vector<float>>;
+
+constexpr int kLayers = 3;
+constexpr int kWidth = 24;
+
+std::vector<std::string> Flags(std::vector<std::string> extra) {
+  std::vector<std::string> flags = {"--model=mlp",     absl::StrCat("--layers=", kLayers),
+                                    absl::StrCat("--width=", kWidth), "--activation=relu",
+                                    "--lr=0.01",       "--seed=9",
+                                    "--stage=3",       "--collective_timeout=30s"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+Params LoadStep(const LocalCluster& cluster, const std::string& job, int step) {
+  Params params;
+  auto spec = MlpSpec(kLayers, kWidth, "relu");
+  auto reader = CheckpointReader::OpenStep(
+      absl::StrCat(cluster.checkpoint_root(), "/", StepDirName(job, step)));
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return params;
+  for (const TensorSpec& t : spec->tensors) {
+    std::vector<float> values(t.Elements());
+    EXPECT_TRUE(
+        (*reader)->ReadRows(CheckpointReader::Kind::kParams, t, 0, t.Rows(), values.data()).ok());
+    params[t.name] = std::move(values);
+  }
+  return params;
+}
+
+double MaxRelativeDifference(const Params& a, const Params& b) {
+  double worst = 0;
+  for (const auto& [name, values] : b) {
+    auto it = a.find(name);
+    if (it == a.end() || it->second.size() != values.size()) return INFINITY;
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      double d = std::fabs(double(it->second[i]) - values[i]);
+      if (!(d <= diff)) diff = d;
+      scale = std::max(scale, std::fabs(double(values[i])));
+    }
+    worst = std::max(worst, diff / std::max(scale, 1e-12));
+  }
+  return worst;
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  ResumeTest() : cluster_(testing::MakeTempDir("resume")) {}
+  LocalCluster cluster_;
+};
+
+TEST_F(ResumeTest, SixStepsEqualThreeStepsThenResumeAndThreeMore) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("straight", 2, Flags({"--steps=6", "--batch=4", "--checkpoint_at_end"})));
+  ASSERT_TRUE(cluster_.Run("stopped", 2, Flags({"--steps=3", "--batch=4", "--checkpoint_at_end"})));
+  ASSERT_TRUE(cluster_.Run("stopped", 2, Flags({"--steps=6", "--batch=4", "--checkpoint_at_end",
+                                                "--resume=latest"})));
+  EXPECT_NE(cluster_.WorkerLog(0).find("restored"), std::string::npos) << cluster_.WorkerLog(0);
+  EXPECT_LE(MaxRelativeDifference(LoadStep(cluster_, "stopped", 6),
+                                  LoadStep(cluster_, "straight", 6)),
+            1e-6);
+  // The resumed run continued the step count: 3 more steps, not 6.
+  EXPECT_EQ(cluster_.Report("stopped", 0)["losses"].size(), 3u);
+}
+
+TEST_F(ResumeTest, ConsolidatedCheckpointContinuesAtOtherWorldSizes) {
+  ASSERT_TRUE(cluster_.ok());
+  // Global batch 12 rows at every world size: W × batch.
+  ASSERT_TRUE(cluster_.Run("uninterrupted", 4, Flags({"--steps=6", "--batch=3",
+                                                      "--checkpoint_at_end"})));
+  ASSERT_TRUE(cluster_.Run("first-half", 4, Flags({"--steps=3", "--batch=3",
+                                                   "--checkpoint_at_end"})));
+  std::string consolidated = cluster_.dir() + "/first-half.safetensors";
+  auto [code, output] = testing::RunCommand(absl::StrCat(
+      testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
+      " consolidate --job=first-half --step=latest --out=", consolidated));
+  ASSERT_EQ(code, 0) << output;
+  Params reference = LoadStep(cluster_, "uninterrupted", 6);
+  for (int world : {2, 3}) {
+    std::string job = absl::StrCat("continued-w", world);
+    ASSERT_TRUE(cluster_.Run(job, world,
+                             Flags({"--steps=6", absl::StrCat("--batch=", 12 / world),
+                                    "--checkpoint_at_end", "--init_from=" + consolidated})));
+    EXPECT_LE(MaxRelativeDifference(LoadStep(cluster_, job, 6), reference), 1e-6)
+        << "W=" << world;
+  }
+}
+
+TEST_F(ResumeTest, AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete) {
+  ASSERT_TRUE(cluster_.ok());
+  // Big enough that writes take a moment; a checkpoint every step.
+  cluster_.StartWorkers("crash", 2,
+                        {"--model=mlp", "--layers=4", "--width=512", "--steps=100000",
+                         "--batch=4", "--stage=3", "--checkpoint_every=1",
+                         "--collective_timeout=20s"});
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return cluster_.WorkerLog(0).find("step 4/") != std::string::npos; },
+      absl::Seconds(60)))
+      << cluster_.WorkerLog(0) << cluster_.WorkerLog(1);
+  cluster_.worker(1)->Signal(SIGKILL);
+  EXPECT_NE(cluster_.worker(0)->Wait(absl::Seconds(30)), 0);
+
+  ClientOptions options;
+  options.server = cluster_.address();
+  auto client = Client::Connect(options);
+  ASSERT_TRUE(client.ok());
+  auto listed = (*client)->ListCheckpoints("crash");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  int64_t latest_complete = -1;
+  auto spec = MlpSpec(4, 512, "none");
+  for (const v1::CheckpointInfo& info : listed->checkpoints()) {
+    std::string step_dir = absl::StrCat(cluster_.checkpoint_root(), "/",
+                                        StepDirName("crash", info.step()));
+    bool has_manifest =
+        !testing::ReadFileOrEmpty(step_dir + "/manifest.json").empty();
+    EXPECT_EQ(has_manifest, info.complete()) << "step " << info.step();
+    if (!info.complete()) continue;
+    latest_complete = std::max(latest_complete, info.step());
+    // A complete step reads back whole.
+    auto reader = CheckpointReader::OpenStep(step_dir);
+    ASSERT_TRUE(reader.ok());
+    for (const TensorSpec& t : spec->tensors) {
+      std::vector<float> values(t.Elements());
+      EXPECT_TRUE((*reader)
+                      ->ReadRows(CheckpointReader::Kind::kParams, t, 0, t.Rows(), values.data())
+                      .ok())
+          << "step " << info.step() << " " << t.name;
+    }
+  }
+  EXPECT_GE(latest_complete, 1);
+  // And the job can resume from it.
+  EXPECT_EQ(LatestCompleteStep(cluster_.checkpoint_root(), "crash"), latest_complete);
+}
+
+}  // namespace
+}  // namespace zeroshard
