@@ -13,14 +13,17 @@
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/params.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 
 namespace zeroshard {
 namespace {
 
 using testing::LocalCluster;
-using Params = std::map<std::string, std::vector<float>>;
+using testing::MaxRelativeDifference;
+using testing::Params;
 
+Params LoadStep(const LocalCluster& cluster, const std::string& job, int step);
 constexpr int kLayers = 3;
 constexpr int kWidth = 24;
 
@@ -34,35 +37,8 @@ std::vector<std::string> Flags(std::vector<std::string> extra) {
 }
 
 Params LoadStep(const LocalCluster& cluster, const std::string& job, int step) {
-  Params params;
-  auto spec = MlpSpec(kLayers, kWidth, "relu");
-  auto reader = CheckpointReader::OpenStep(
-      absl::StrCat(cluster.checkpoint_root(), "/", StepDirName(job, step)));
-  EXPECT_TRUE(reader.ok()) << reader.status();
-  if (!reader.ok()) return params;
-  for (const TensorSpec& t : spec->tensors) {
-    std::vector<float> values(t.Elements());
-    EXPECT_TRUE(
-        (*reader)->ReadRows(CheckpointReader::Kind::kParams, t, 0, t.Rows(), values.data()).ok());
-    params[t.name] = std::move(values);
-  }
-  return params;
-}
-
-double MaxRelativeDifference(const Params& a, const Params& b) {
-  double worst = 0;
-  for (const auto& [name, values] : b) {
-    auto it = a.find(name);
-    if (it == a.end() || it->second.size() != values.size()) return INFINITY;
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-      double d = std::fabs(double(it->second[i]) - values[i]);
-      if (!(d <= diff)) diff = d;
-      scale = std::max(scale, std::fabs(double(values[i])));
-    }
-    worst = std::max(worst, diff / std::max(scale, 1e-12));
-  }
-  return worst;
+  return testing::LoadCheckpointParams(cluster.checkpoint_root(), job, step,
+                                       *MlpSpec(kLayers, kWidth, "relu"));
 }
 
 class ResumeTest : public ::testing::Test {

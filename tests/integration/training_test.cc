@@ -12,16 +12,27 @@
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/params.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 
 namespace zeroshard {
 namespace {
 
 using testing::LocalCluster;
+using testing::MaxRelativeDifference;
+using testing::Params;
+
 
 constexpr int kLayers = 4;
 constexpr int kWidth = 32;
 constexpr int kSteps = 5;
+
+// The full model of `job` at its last step, merged from the shard files.
+Params LoadParams(const LocalCluster& cluster, const std::string& job,
+                  absl::StatusOr<ModelSpec> spec = MlpSpec(kLayers, kWidth, "relu")) {
+  EXPECT_TRUE(spec.ok());
+  return testing::LoadCheckpointParams(cluster.checkpoint_root(), job, kSteps, *spec);
+}
 
 std::vector<std::string> MlpFlags(std::vector<std::string> extra) {
   std::vector<std::string> flags = {"--model=mlp",
@@ -35,44 +46,6 @@ std::vector<std::string> MlpFlags(std::vector<std::string> extra) {
                                     "--collective_timeout=30s"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
-}
-
-using Params = std::map<std::string, std::vector<float>>;
-
-// The full model of `job` at its last step, merged from the shard files.
-Params LoadParams(const LocalCluster& cluster, const std::string& job,
-                  absl::StatusOr<ModelSpec> spec = MlpSpec(kLayers, kWidth, "relu")) {
-  Params params;
-  EXPECT_TRUE(spec.ok());
-  auto reader = CheckpointReader::OpenStep(
-      absl::StrCat(cluster.checkpoint_root(), "/", StepDirName(job, kSteps)));
-  EXPECT_TRUE(reader.ok()) << reader.status();
-  if (!reader.ok()) return params;
-  for (const TensorSpec& t : spec->tensors) {
-    std::vector<float> values(t.Elements());
-    absl::Status s =
-        (*reader)->ReadRows(CheckpointReader::Kind::kParams, t, 0, t.Rows(), values.data());
-    EXPECT_TRUE(s.ok()) << s;
-    params[t.name] = std::move(values);
-  }
-  return params;
-}
-
-// Per tensor max |a - b| / max |b|, worst over tensors.
-double MaxRelativeDifference(const Params& a, const Params& b) {
-  double worst = 0;
-  for (const auto& [name, values] : b) {
-    auto it = a.find(name);
-    if (it == a.end() || it->second.size() != values.size()) return INFINITY;
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-      double d = std::fabs(double(it->second[i]) - values[i]);
-      if (!(d <= diff)) diff = d;
-      scale = std::max(scale, std::fabs(double(values[i])));
-    }
-    worst = std::max(worst, diff / std::max(scale, 1e-12));
-  }
-  return worst;
 }
 
 class TrainingTest : public ::testing::Test {
