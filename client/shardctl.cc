@@ -80,7 +80,8 @@ int StatusCommand() {
     if (job.members().empty()) continue;
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
-    Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "MEMORY"});
+    Table members(
+        {"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "MEMORY", "COLLECTIVES"});
     for (const v1::MemberStatus& m : job.members()) {
       std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
       if (m.rank() < 0) state = "joining";
@@ -89,7 +90,8 @@ int StatusCommand() {
                           ? "-"
                           : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
                       absl::StrCat(m.step()), absl::StrFormat("%.4f", m.loss()),
-                      HumanBytes(static_cast<double>(m.memory_bytes()))});
+                      HumanBytes(static_cast<double>(m.memory_bytes())),
+                      absl::StrCat(m.collective_seq())});
     }
     std::printf("%s", members.ToString().c_str());
   }

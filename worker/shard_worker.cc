@@ -497,7 +497,7 @@ int Main() {
     DieIfError(mean.status(), "loss");
     losses.push_back(*mean);
     step_ms.push_back(ms);
-    (*client)->ReportProgress(Progress{step + 1, *mean, e.memory().total(), 0});
+    (*client)->ReportProgress(Progress{step + 1, *mean, e.memory().total(), e.collective_seq()});
     const double items_per_second =
         (*task)->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
     tokens_per_second_sum += items_per_second;

@@ -61,6 +61,7 @@ struct ZeroEngine::UnitState {
 
 
 void ZeroEngine::SetActivity(std::string* slot, std::string activity) {
+  if (activity.empty()) collective_seq_.fetch_add(1);  // one finished
   absl::MutexLock lock(&activity_mu_);
   *slot = std::move(activity);
 }

@@ -22,6 +22,7 @@
 #ifndef ZEROSHARD_WORKER_ZERO_ENGINE_H_
 #define ZEROSHARD_WORKER_ZERO_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -145,6 +146,9 @@ class ZeroEngine {
   // The collectives in flight right now, e.g. "all_gather of unit '3'", for
   // messages when a job is aborted from outside. Thread-safe.
   std::string InFlight() const;
+  // Collectives completed so far (all threads): the sequence number members
+  // report in heartbeats, so a stuck rank stands out in `shardctl status`.
+  int64_t collective_seq() const { return collective_seq_.load(); }
 
   const MemoryTracker& memory() const { return memory_; }
   const std::vector<UnitLayout>& units() const { return units_; }
@@ -197,6 +201,7 @@ class ZeroEngine {
   std::map<int, GatherSlot> slots_;
   std::unique_ptr<TaskThread> gather_thread_;
   std::unique_ptr<TaskThread> reduce_thread_;
+  std::atomic<int64_t> collective_seq_{0};
   mutable absl::Mutex activity_mu_;
   std::string gather_activity_ ABSL_GUARDED_BY(activity_mu_);
   std::string reduce_activity_ ABSL_GUARDED_BY(activity_mu_);
