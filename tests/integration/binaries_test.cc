@@ -138,6 +138,19 @@ TEST_F(BinariesTest, ServerRefusesBadFlagsWithAMessage) {
   EXPECT_NE(no_port.Log().find("cannot listen"), std::string::npos) << no_port.Log();
 }
 
+TEST_F(BinariesTest, NcclBackendWithoutAGpuExitsBeforeJoiningAndPointsToGloo) {
+  // No server is listening at this address: the worker must fail before joining.
+  auto [code, output] = testing::RunCommand(absl::StrCat(
+      testing::RunfilePath("worker/shard_worker"),
+      " --server=127.0.0.1:1 --job=gpu --world_size=2 --backend=nccl --join_timeout_s=1"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_NE(output.find("--backend=gloo runs on CPUs"), std::string::npos) << output;
+  EXPECT_TRUE(output.find("no CUDA device") != std::string::npos ||
+              output.find("without CUDA") != std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("join"), std::string::npos) << output;
+}
+
 TEST_F(BinariesTest, ShardctlSaysWhenTheCommandIsUnknown) {
   StartServer();
   auto [code, output] = Shardctl("frobnicate");
