@@ -236,7 +236,7 @@ class GptTask : public TrainingTask {
   // of problems with the same number of forwards (collectives line up).
   absl::StatusOr<double> AdditionAccuracy(ZeroEngine& engine, AdditionTaskData& data, int rank,
                                           int world) {
-    constexpr int kProblemsPerRank = 8;
+    constexpr int kProblemsPerRank = 16;
     std::vector<AdditionProblem> problems = data.ValidationProblems(kProblemsPerRank * world);
     int correct = 0;
     const int answer_tokens = data.digits() + 2;  // digits, a carry, '\n'
