@@ -64,7 +64,7 @@ ABSL_FLAG(int, d_model, 128, "GPT embedding width (n_embd)");
 ABSL_FLAG(int, context, 64, "GPT sequence length (n_ctx)");
 ABSL_FLAG(std::string, task, "addition",
           "GPT data without --data: 'addition' (synthetic multi-digit sums; accuracy shows "
-          "learning)");
+          "learning) or 'reversed-addition' (the sums written least-significant digit first)");
 ABSL_FLAG(int, digits, 2, "addition task: operands have up to this many digits (1-9)");
 ABSL_FLAG(double, validation_fraction, 0.1, "GPT --data: the tail of the file held out");
 ABSL_FLAG(int, val_every, 0, "Validation loss every N steps (0: only at the end)");

@@ -1,5 +1,7 @@
 #include "worker/data/text_data.h"
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -174,9 +176,10 @@ int64_t PowerOfTen(int digits) {
 
 }  // namespace
 
-AdditionTaskData::AdditionTaskData(uint64_t seed, int digits)
+AdditionTaskData::AdditionTaskData(uint64_t seed, int digits, bool reversed)
     : seed_(seed),
       digits_(digits),
+      reversed_(reversed),
       modulus_(digits >= 1 && digits <= kMaxDigits ? PowerOfTen(digits) : 0),
       train_key_(InitStreamKey(seed, "addition/train")),
       validation_key_(InitStreamKey(seed, "addition/validation")),
@@ -231,6 +234,7 @@ AdditionProblem AdditionTaskData::Problem(Split split, int64_t line) const {
   p.b = high * 10 + last;
   p.prompt = absl::StrCat(p.a, "+", p.b, "=");
   p.answer = absl::StrCat(p.a + p.b);
+  if (reversed_) std::reverse(p.answer.begin(), p.answer.end());
   return p;
 }
 
@@ -279,7 +283,7 @@ absl::StatusOr<std::unique_ptr<TokenData>> OpenTokenData(const std::string& data
                                                          double validation_fraction,
                                                          int addition_digits) {
   const bool has_path = !data_path_or_empty.empty();
-  if (task == "addition") {
+  if (task == "addition" || task == "reversed-addition") {
     if (has_path) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the addition task generates its data and reads no file, but a data file was given: ",
@@ -290,7 +294,8 @@ absl::StatusOr<std::unique_ptr<TokenData>> OpenTokenData(const std::string& data
                                                      AdditionTaskData::kMaxDigits, "], got ",
                                                      addition_digits));
     }
-    return std::unique_ptr<TokenData>(new AdditionTaskData(seed, addition_digits));
+    return std::unique_ptr<TokenData>(
+        new AdditionTaskData(seed, addition_digits, task == "reversed-addition"));
   }
   if (task == "text" || task.empty()) {
     if (!has_path) {

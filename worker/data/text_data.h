@@ -138,7 +138,10 @@ class AdditionTaskData : public TokenData {
 
   // digits must be in [1, kMaxDigits]; otherwise every fill and CheckContext()
   // fail with FAILED_PRECONDITION.
-  explicit AdditionTaskData(uint64_t seed, int digits = kDefaultDigits);
+  // `reversed`: answers are written least-significant digit first
+  // ("47+35=28"), the order in which carries can be computed one emitted
+  // digit at a time; small models learn it far sooner.
+  explicit AdditionTaskData(uint64_t seed, int digits = kDefaultDigits, bool reversed = false);
 
   std::string Describe() const override;
   absl::Status CheckContext(int context) const override;
@@ -163,6 +166,7 @@ class AdditionTaskData : public TokenData {
 
   const uint64_t seed_;
   const int digits_;
+  const bool reversed_ = false;
   const int64_t modulus_;  // 10^digits (0 if digits is out of range)
   const uint64_t train_key_;
   const uint64_t validation_key_;
@@ -177,7 +181,8 @@ bool CheckAnswer(const std::string& generated_after_prompt, const std::string& e
 
 // The token source of a run:
 //   - a non-empty data_path with task "text" or "": TextFileData::Open();
-//   - task "addition" with an empty data_path: AdditionTaskData(seed,
+//   - task "addition" (or "reversed-addition": answers least-significant
+//     digit first) with an empty data_path: AdditionTaskData(seed,
 //     addition_digits);
 // INVALID_ARGUMENT naming the problem otherwise (an unknown task, "text"
 // without a file, or "addition" with a file).

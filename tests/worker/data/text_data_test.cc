@@ -360,6 +360,27 @@ TEST(AdditionTaskData, LinesAreCorrectAndParse) {
   }
 }
 
+TEST(AdditionTaskData, ReversedAnswersAreTheSumLeastSignificantDigitFirst) {
+  AdditionTaskData forward(5, 3), reversed(5, 3, /*reversed=*/true);
+  for (int64_t line = 0; line < 200; ++line) {
+    for (Split split : {Split::kTrain, Split::kValidation}) {
+      AdditionProblem f = forward.Problem(split, line), r = reversed.Problem(split, line);
+      EXPECT_EQ(r.prompt, f.prompt);
+      std::string expected = absl::StrCat(f.a + f.b);
+      std::reverse(expected.begin(), expected.end());
+      EXPECT_EQ(r.answer, expected) << r.Line();
+    }
+  }
+  auto opened = OpenTokenData("", "reversed-addition", 5, 0.1, 3);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto* data = dynamic_cast<AdditionTaskData*>(opened->get());
+  ASSERT_NE(data, nullptr);
+  AdditionProblem p = data->Problem(Split::kTrain, 0);
+  std::string expected = absl::StrCat(p.a + p.b);
+  std::reverse(expected.begin(), expected.end());
+  EXPECT_EQ(p.answer, expected);
+}
+
 TEST(AdditionTaskData, OperandsSpanTheRange) {
   const AdditionTaskData data(9, 2);
   int64_t max_a = 0, max_b = 0;
