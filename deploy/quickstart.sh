@@ -37,11 +37,11 @@ zs_build
 zs_start_server "$run"
 job="quickstart-$(date +%Y%m%d-%H%M%S)"
 zs_log "shard server on $ZS_ADDRESS (logs in $run)"
-zs_log "training job '$job': GPT (3 layers, 4 heads, d_model 96, context 32) on 2-digit sums, $workers workers, ZeRO stage $stage, $steps steps"
+zs_log "training job '$job': GPT (3 layers, 4 heads, d_model 96, context 32) on 2-digit sums (written least-significant digit first), $workers workers, ZeRO stage $stage, $steps steps"
 
 # 2 cores shared by all workers: one BLAS thread each.
 if ! zs_run_workers "$run" "$job" "$workers" \
-    --model=gpt --layers=3 --heads=4 --d_model=96 --context=32 --task=addition --digits=2 \
+    --model=gpt --layers=3 --heads=4 --d_model=96 --context=32 --task=reversed-addition --digits=2 \
     --batch=16 --steps="$steps" --stage="$stage" --prefetch=1 \
     --lr=1e-2 --min_lr=3e-4 --lr_schedule=cosine --warmup_steps=100 --max_grad_norm=1.0 \
     --val_every=$((steps / 5 > 0 ? steps / 5 : 1)) --sample=120 --seed=1 --threads=1 \
