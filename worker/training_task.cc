@@ -169,7 +169,7 @@ class GptTask : public TrainingTask {
     std::mt19937_64 rng(options_.seed ^ 0x5a4d91e3ULL);
     std::string out;
     for (int i = 0; i < bytes; ++i) {
-      absl::StatusOr<int32_t> next = NextToken(engine, sequence, /*temperature=*/0.8, &rng);
+      absl::StatusOr<int32_t> next = NextToken(engine, sequence, /*temperature=*/0.5, &rng);
       if (!next.ok()) return next.status();
       sequence.push_back(*next);
       out.push_back(static_cast<char>(*next));
@@ -211,7 +211,13 @@ class GptTask : public TrainingTask {
   // temperature is 0, else sampled.
   absl::StatusOr<int32_t> NextToken(ZeroEngine& engine, const std::vector<int32_t>& sequence,
                                     double temperature, std::mt19937_64* rng) {
-    const int t = static_cast<int>(std::min<size_t>(sequence.size(), options_.context));
+    int t = static_cast<int>(std::min<size_t>(sequence.size(), options_.context));
+    if (static_cast<size_t>(t) < sequence.size()) {
+      // Training windows start at a line; so does a cropped one, if it can.
+      auto begin = sequence.end() - t;
+      auto newline = std::find(begin, sequence.end() - 1, int32_t{'\n'});
+      if (newline != sequence.end() - 1) t = static_cast<int>(sequence.end() - (newline + 1));
+    }
     std::vector<int32_t> window(sequence.end() - t, sequence.end());
     std::vector<int32_t> targets(window.begin() + 1, window.end());
     targets.push_back(0);

@@ -232,9 +232,17 @@ AdditionProblem AdditionTaskData::Problem(Split split, int64_t line) const {
     if (last >= held) ++last;
   }
   p.b = high * 10 + last;
-  p.prompt = absl::StrCat(p.a, "+", p.b, "=");
-  p.answer = absl::StrCat(p.a + p.b);
-  if (reversed_) std::reverse(p.answer.begin(), p.answer.end());
+  if (reversed_) {
+    // Fixed width: operands zero-padded to `digits`, the sum to digits + 1
+    // and written least-significant digit first, so that every digit sits at
+    // the same offset from '=' in every line.
+    p.prompt = absl::StrFormat("%0*d+%0*d=", digits_, p.a, digits_, p.b);
+    p.answer = absl::StrFormat("%0*d", digits_ + 1, p.a + p.b);
+    std::reverse(p.answer.begin(), p.answer.end());
+  } else {
+    p.prompt = absl::StrCat(p.a, "+", p.b, "=");
+    p.answer = absl::StrCat(p.a + p.b);
+  }
   return p;
 }
 

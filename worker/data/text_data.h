@@ -138,9 +138,10 @@ class AdditionTaskData : public TokenData {
 
   // digits must be in [1, kMaxDigits]; otherwise every fill and CheckContext()
   // fail with FAILED_PRECONDITION.
-  // `reversed`: answers are written least-significant digit first
-  // ("47+35=28"), the order in which carries can be computed one emitted
-  // digit at a time; small models learn it far sooner.
+  // `reversed`: fixed-width lines, answers least-significant digit first
+  // ("47+35=280" for 082, "05+07=210" for 012): the order in which carries
+  // can be computed one emitted digit at a time, at fixed offsets; small
+  // models learn it far sooner.
   explicit AdditionTaskData(uint64_t seed, int digits = kDefaultDigits, bool reversed = false);
 
   std::string Describe() const override;

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -365,10 +366,11 @@ TEST(AdditionTaskData, ReversedAnswersAreTheSumLeastSignificantDigitFirst) {
   for (int64_t line = 0; line < 200; ++line) {
     for (Split split : {Split::kTrain, Split::kValidation}) {
       AdditionProblem f = forward.Problem(split, line), r = reversed.Problem(split, line);
-      EXPECT_EQ(r.prompt, f.prompt);
-      std::string expected = absl::StrCat(f.a + f.b);
+      EXPECT_EQ(r.prompt, absl::StrFormat("%03d+%03d=", f.a, f.b));
+      std::string expected = absl::StrFormat("%04d", f.a + f.b);
       std::reverse(expected.begin(), expected.end());
       EXPECT_EQ(r.answer, expected) << r.Line();
+      EXPECT_EQ(r.Line().size(), 3 + 1 + 3 + 1 + 4 + 1u);
     }
   }
   auto opened = OpenTokenData("", "reversed-addition", 5, 0.1, 3);
@@ -376,7 +378,7 @@ TEST(AdditionTaskData, ReversedAnswersAreTheSumLeastSignificantDigitFirst) {
   auto* data = dynamic_cast<AdditionTaskData*>(opened->get());
   ASSERT_NE(data, nullptr);
   AdditionProblem p = data->Problem(Split::kTrain, 0);
-  std::string expected = absl::StrCat(p.a + p.b);
+  std::string expected = absl::StrFormat("%04d", p.a + p.b);
   std::reverse(expected.begin(), expected.end());
   EXPECT_EQ(p.answer, expected);
 }
