@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/checksum.h"
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -27,18 +28,6 @@ namespace {
 constexpr char kPlaceholderChecksum[] = "0000000000000000";
 // Progress is reported after at least this much work, bytes.
 constexpr int64_t kProgressEvery = int64_t{32} << 20;
-
-// Appends to a SafetensorsWriter.
-class WriterSink : public ByteSink {
- public:
-  explicit WriterSink(SafetensorsWriter* writer) : writer_(writer) {}
-  absl::Status Write(const void* data, size_t size) override {
-    return writer_->Append(data, static_cast<int64_t>(size));
-  }
-
- private:
-  SafetensorsWriter* writer_;
-};
 
 absl::Status FsyncDirectory(const std::string& dir) {
   int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -259,15 +248,34 @@ absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink
                                               info->Bytes(), " bytes; expected F32 of ", bytes));
     }
     Hasher shard_hash;
-    for (int64_t offset = 0; offset < bytes;) {
-      if (output->Cancelled()) return absl::CancelledError("consolidation cancelled");
-      const int64_t n = std::min(chunk, bytes - offset);
-      if (absl::Status s = (*reader)->ReadBytes(shard_tensor, offset, n, buffer_.data());
-          !s.ok()) {
+    auto read = [&](int64_t offset, int64_t n, char* into) -> absl::Status {
+      if (absl::Status s = (*reader)->ReadBytes(shard_tensor, offset, n, into); !s.ok()) {
         return absl::DataLossError(
             absl::StrCat("shard file ", file, " tensor \"", shard_tensor, "\": ", s.message()));
       }
-      shard_hash.Update(buffer_.data(), static_cast<size_t>(n));
+      shard_hash.Update(into, static_cast<size_t>(n));
+      return absl::OkStatus();
+    };
+    for (int64_t offset = 0; offset < bytes;) {
+      if (output->Cancelled()) return absl::CancelledError("consolidation cancelled");
+      size_t room = 0;
+      char* in_place = sink != nullptr && tensor.dtype == DType::kF32
+                           ? output->NextBuffer(&room)
+                           : nullptr;
+      if (in_place != nullptr) {
+        // F32 out: the shard bytes are the output bytes, read straight into
+        // the output's buffer.
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(room), bytes - offset);
+        if (absl::Status s = read(offset, n, in_place); !s.ok()) return s;
+        out_hash.Update(in_place, static_cast<size_t>(n));
+        if (absl::Status s = output->CommitBuffer(static_cast<size_t>(n)); !s.ok()) return s;
+        written_ += n;
+        if (absl::Status s = Advance(n, output); !s.ok()) return s;
+        offset += n;
+        continue;
+      }
+      const int64_t n = std::min(chunk, bytes - offset);
+      if (absl::Status s = read(offset, n, buffer_.data()); !s.ok()) return s;
       const char* out = buffer_.data();
       int64_t out_bytes = n;
       if (tensor.dtype != DType::kF32) {
@@ -284,6 +292,7 @@ absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink
       out_hash.Update(out, static_cast<size_t>(out_bytes));
       if (sink != nullptr) {
         if (absl::Status s = sink->Write(out, static_cast<size_t>(out_bytes)); !s.ok()) return s;
+        written_ += out_bytes;
       }
       if (absl::Status s = Advance(sink == nullptr ? n : out_bytes, output); !s.ok()) return s;
       offset += n;
@@ -332,6 +341,7 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
   }
 
   // Pass 1: verify and checksum.
+  const absl::Time verify_start = absl::Now();
   for (OutputTensor& t : tensors_) {
     if (absl::Status s = CopyTensor(t, nullptr, &t.checksum, output); !s.ok()) return s;
   }
@@ -339,20 +349,26 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
 
   // Pass 2: write.
   ConsolidationResult result;
+  const absl::Time write_start = absl::Now();
+  result.verify_seconds = absl::ToDoubleSeconds(write_start - verify_start);
   for (const OutputFile& f : files_) {
-    absl::StatusOr<ByteSink*> sink = output->BeginFile(f.name, f.size_bytes);
-    if (!sink.ok()) return sink.status();
-    absl::StatusOr<std::unique_ptr<SafetensorsWriter>> writer =
-        SafetensorsWriter::CreateToSink(*sink, f.entries, metadata_of(f, false));
-    if (!writer.ok()) return writer.status();
-    if ((*writer)->header().size() != static_cast<size_t>(f.header_bytes)) {
+    // The header with the final checksums, then the tensors in entry order:
+    // exactly the layout BuildSafetensorsHeader computed.
+    int64_t size = 0;
+    absl::StatusOr<std::string> header =
+        BuildSafetensorsHeader(f.entries, metadata_of(f, false), nullptr, &size);
+    if (!header.ok()) return header.status();
+    if (size != f.size_bytes) {
       return absl::InternalError(absl::StrCat("header of ", f.name, " changed size"));
     }
+    absl::StatusOr<ByteSink*> sink = output->BeginFile(f.name, f.size_bytes);
+    if (!sink.ok()) return sink.status();
+    if (absl::Status s = (*sink)->Write(header->data(), header->size()); !s.ok()) return s;
+    written_ = static_cast<int64_t>(header->size());
     if (absl::Status s = Advance(f.header_bytes, output); !s.ok()) return s;
-    WriterSink writer_sink(writer->get());
     for (int i : f.tensors) {
       uint64_t checksum = 0;
-      if (absl::Status s = CopyTensor(tensors_[i], &writer_sink, &checksum, output); !s.ok()) {
+      if (absl::Status s = CopyTensor(tensors_[i], *sink, &checksum, output); !s.ok()) {
         return s;
       }
       if (checksum != tensors_[i].checksum) {
@@ -361,7 +377,10 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
             "files changed during consolidation?)"));
       }
     }
-    if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
+    if (written_ != f.size_bytes) {
+      return absl::InternalError(
+          absl::StrCat(f.name, ": ", written_, " bytes written of ", f.size_bytes));
+    }
     if (absl::Status s = output->EndFile(); !s.ok()) return s;
     result.files.push_back(f.name);
     result.total_bytes += f.size_bytes;
@@ -379,6 +398,7 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
     result.total_bytes += size;
   }
   if (absl::Status s = output->Progress(work_done_, work_total_); !s.ok()) return s;
+  result.write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
   return result;
 }
 

@@ -65,11 +65,20 @@ class ConsolidationOutput {
   virtual absl::Status Progress(int64_t done, int64_t total) = 0;
   // Polled between buffers: true stops the consolidation with CANCELLED.
   virtual bool Cancelled() { return false; }
+
+  // Optional in-place writing, which saves copying F32 data through the
+  // sink: room for the next bytes of the current file (*size > 0 bytes at
+  // the returned pointer), of which CommitBuffer(used) makes the first
+  // `used` bytes part of the file. Null: not supported, use the sink.
+  virtual char* NextBuffer(size_t* size) { return nullptr; }
+  virtual absl::Status CommitBuffer(size_t used) { return absl::OkStatus(); }
 };
 
 struct ConsolidationResult {
   std::vector<std::string> files;  // names, in the order written (the index last)
   int64_t total_bytes = 0;         // of all files
+  double verify_seconds = 0;       // pass 1
+  double write_seconds = 0;        // pass 2
 };
 
 class Consolidator {
@@ -107,6 +116,7 @@ class Consolidator {
   std::unique_ptr<ShardFiles> shards_;
   std::vector<char> buffer_;     // options_.buffer_bytes: shard bytes as read
   std::vector<char> converted_;  // half of that: BF16/F16 output
+  int64_t written_ = 0;  // bytes of the current output file (pass 2)
   int64_t work_done_ = 0;
   int64_t work_total_ = 0;
   int64_t last_progress_ = 0;

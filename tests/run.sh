@@ -30,7 +30,7 @@ root, log = sys.argv[1], sys.argv[2]
 passed = failed = 0
 targets = []
 for line in open(log, errors="replace"):
-    m = re.match(r"^(//\S+)\s+(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|FLAKY)", line)
+    m = re.match(r"^(//\S+)\s+(?:\(cached\) )?(PASSED|FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|FLAKY)", line)
     if m:
         targets.append((m.group(1), m.group(2)))
 for target, result in targets:

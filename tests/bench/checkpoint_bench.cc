@@ -1,0 +1,445 @@
+// Checkpoint consolidation benchmark: a sharded checkpoint of about 2.4 GB
+// (W = 4; parameters plus both Adam moments) committed to a real shard_server
+// process, consolidated through the Consolidate RPC into one local file, next
+// to `cat` of the same shard files into one file on the same disk.
+//
+//   bazel run -c opt //tests/bench:checkpoint_bench -- [--json_out=FILE] [--dir=DIR]
+//
+// Reports the consolidation rate (output bytes over the client's wall time,
+// fsync included), cat's rate (with and without an fsync of its output),
+// the server's peak RSS while consolidating (VmRSS sampled every 5 ms, and
+// VmHWM), and an estimate of the training pause per checkpoint: the time to
+// copy one rank's shard into freshly allocated host buffers, which is what
+// the worker's snapshot does (the worker measures the real pause). Shard
+// files are written directly in the worker's format. Everything is deleted
+// afterwards. Both runs read shard files that are in the page cache (they
+// were just written); no cache is dropped, so the comparison is warm vs warm.
+#include <sys/statvfs.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/table.h"
+#include "common/checksum.h"
+#include "common/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/process.h"
+
+ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
+ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+ABSL_FLAG(std::string, dir, "", "Work directory (default: a new one under /tmp); deleted after");
+ABSL_FLAG(int, layers, 12, "Linear layers of the model: [width, width] weight + [width] bias");
+ABSL_FLAG(int, width, 4096, "Layer width; 12 x 4096 gives 0.8 GB of parameters, 2.4 GB with Adam");
+ABSL_FLAG(int, world, 4, "Ranks (shard files)");
+ABSL_FLAG(int, repeats, 2, "Runs of cat and of consolidation; the best of each is reported");
+ABSL_FLAG(bool, keep, false, "Keep the work directory");
+
+namespace zeroshard {
+namespace {
+
+using testing::ChildProcess;
+
+constexpr char kJob[] = "bench";
+constexpr int64_t kStep = 100;
+constexpr int64_t kChunkFloats = 1 << 20;  // generation chunk: 4 MiB
+
+// What Die() cleans up: the server process and the work directory.
+ChildProcess* g_server = nullptr;
+std::string g_dir;
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "checkpoint_bench: %s\n", message.c_str());
+  if (g_server != nullptr) g_server->Signal(SIGKILL);
+  if (!g_dir.empty() && !absl::GetFlag(FLAGS_keep)) testing::RunCommand("rm -rf " + g_dir);
+  std::exit(1);
+}
+
+void Check(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
+
+// A cheap deterministic value for element `e` of model tensor `t`, kind `k`.
+inline float Value(int k, int t, int64_t e) {
+  uint32_t x = static_cast<uint32_t>(e) * 2654435761u + static_cast<uint32_t>(t * 131 + k * 97);
+  return static_cast<float>(x >> 16) * (1.0f / 65536.0f) - 0.5f;
+}
+
+void Fill(int k, int t, int64_t first, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = Value(k, t, first + i);
+}
+
+struct Source {
+  int kind;
+  int tensor;
+  int64_t first;  // element of the model tensor
+  int64_t count;
+};
+
+struct Shard {
+  std::string relative;
+  int64_t size = 0;
+  std::map<std::string, std::string> checksums;
+};
+
+// Writes rank `rank`'s shard file as the worker does: parameters, then both
+// Adam moments; checksums in the header, so values are generated twice
+// (hashed, then written), 4 MiB at a time.
+Shard WriteShard(const std::string& root, const v1::ShardPlan& plan, int rank,
+                 int64_t generation) {
+  const char* prefixes[] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
+  std::map<std::string, int> index;
+  for (const v1::Unit& unit : plan.units()) {
+    for (const v1::TensorSpec& t : unit.tensors()) index.emplace(t.name(), index.size());
+  }
+  std::vector<TensorEntry> entries;
+  std::vector<Source> sources;
+  for (int kind = 0; kind < 3; ++kind) {
+    for (const v1::Unit& unit : plan.units()) {
+      for (const v1::Piece& p : unit.pieces()) {
+        if (p.rank() != rank) continue;
+        const v1::TensorSpec& spec = unit.tensors(p.tensor());
+        std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
+        int64_t row = 1;
+        for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+        if (!shape.empty()) shape[0] = p.row_end() - p.row_begin();
+        entries.push_back({absl::StrCat(prefixes[kind], spec.name(), ":", p.row_begin(), "-",
+                                        p.row_end()),
+                           DType::kF32, shape});
+        sources.push_back({kind, index[spec.name()], p.row_begin() * row,
+                           (p.row_end() - p.row_begin()) * row});
+      }
+    }
+  }
+  std::vector<float> buffer(kChunkFloats);
+  Shard shard;
+  shard.relative = absl::StrCat(kJob, "/step-", kStep, "/rank-", rank, "-of-", plan.world_size(),
+                                ".safetensors");
+  nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    Hasher hasher;
+    for (int64_t done = 0; done < sources[i].count; done += kChunkFloats) {
+      int64_t n = std::min(kChunkFloats, sources[i].count - done);
+      Fill(sources[i].kind, sources[i].tensor, sources[i].first + done, n, buffer.data());
+      hasher.Update(buffer.data(), n * 4);
+    }
+    std::string hex = ChecksumToHex(hasher.Digest());
+    checksums[entries[i].name] = hex;
+    shard.checksums[entries[i].name] = hex;
+  }
+  SafetensorsMetadata metadata = {{"format", "zeroshard-shard-v1"},
+                                  {"job", kJob},
+                                  {"step", absl::StrCat(kStep)},
+                                  {"rank", absl::StrCat(rank)},
+                                  {"world_size", absl::StrCat(plan.world_size())},
+                                  {"generation", absl::StrCat(generation)},
+                                  {"plan_hash", plan.hash()},
+                                  {"optimizer", "adam"},
+                                  {"optimizer_step", absl::StrCat(kStep)},
+                                  {"checksums", checksums.dump()}};
+  auto writer = SafetensorsWriter::Create(absl::StrCat(root, "/", shard.relative), entries,
+                                          metadata);
+  Check(writer.status(), "create shard file");
+  for (const Source& s : sources) {
+    for (int64_t done = 0; done < s.count; done += kChunkFloats) {
+      int64_t n = std::min(kChunkFloats, s.count - done);
+      Fill(s.kind, s.tensor, s.first + done, n, buffer.data());
+      Check((*writer)->Append(buffer.data(), n * 4), "write shard");
+    }
+  }
+  Check((*writer)->Finish(), "finish shard");
+  shard.size = (*writer)->file_size();
+  return shard;
+}
+
+int64_t ProcStatusBytes(pid_t pid, const char* field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  const std::string prefix = absl::StrCat(field, ":");
+  while (std::getline(in, line)) {
+    if (line.compare(0, prefix.size(), prefix) != 0) continue;
+    int64_t kb = 0;
+    std::string digits;
+    for (char c : line.substr(prefix.size())) {
+      if (c >= '0' && c <= '9') digits.push_back(c);
+    }
+    if (absl::SimpleAtoi(digits, &kb)) return kb * 1024;
+  }
+  return -1;
+}
+
+double Seconds(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+absl::Status FsyncFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return absl::ErrnoToStatus(errno, path);
+  int rc = fsync(fd);
+  close(fd);
+  return rc == 0 ? absl::OkStatus() : absl::ErrnoToStatus(errno, path);
+}
+
+int Main() {
+  const int layers = absl::GetFlag(FLAGS_layers);
+  const int width = absl::GetFlag(FLAGS_width);
+  const int world = absl::GetFlag(FLAGS_world);
+  std::string dir = absl::GetFlag(FLAGS_dir);
+  if (dir.empty()) dir = testing::MakeTempDir("checkpoint_bench");
+  const std::string root = dir + "/checkpoints";
+  mkdir(dir.c_str(), 0755);
+  g_dir = dir;
+  testing::RunCommand(absl::StrCat("mkdir -p ", root, "/", kJob, "/step-", kStep));
+  const int64_t params = int64_t{layers} * (int64_t{width} * width + width);
+  const int64_t checkpoint_bytes = params * 4 * 3;
+  struct statvfs fs;
+  if (statvfs(dir.c_str(), &fs) == 0) {
+    const double free_bytes = static_cast<double>(fs.f_bavail) * fs.f_frsize;
+    if (free_bytes < 2.2 * checkpoint_bytes) {
+      Die(absl::StrFormat("%s has %.1f GB free; the bench needs %.1f GB", dir, free_bytes / 1e9,
+                          2.2 * checkpoint_bytes / 1e9));
+    }
+  }
+
+  // ---- Server ----
+  std::string binary = absl::GetFlag(FLAGS_server_binary);
+  if (binary.empty()) binary = testing::RunfilePath("shard_server/shard_server");
+  auto server = std::make_unique<ChildProcess>(
+      binary,
+      std::vector<std::string>{"--listen=127.0.0.1:0", "--port_file=" + dir + "/port",
+                               "--state_dir=" + dir + "/state", "--checkpoint_root=" + root,
+                               // Writing 2.4 GB on a loaded machine must not look like death.
+                               "--heartbeat_timeout_ms=120000"},
+      dir + "/server.log");
+  g_server = server.get();
+  std::string port;
+  if (!testing::WaitFor(
+          [&] {
+            port = testing::ReadFileOrEmpty(dir + "/port");
+            return !port.empty() && port.back() == '\n';
+          },
+          absl::Seconds(20))) {
+    Die("server did not start:\n" + server->Log());
+  }
+  port.pop_back();
+  const std::string address = "127.0.0.1:" + port;
+  auto connect = [&] {
+    ClientOptions o;
+    o.server = address;
+    o.rpc_timeout = absl::Seconds(60);
+    auto c = Client::Connect(o);
+    Check(c.status(), "connect");
+    return std::move(*c);
+  };
+
+  // ---- Join, plan, write and commit ----
+  v1::ModelSpec spec;
+  for (int i = 0; i < layers; ++i) {
+    v1::TensorSpec* w = spec.add_tensors();
+    w->set_name(absl::StrCat("layers.", i, ".weight"));
+    w->add_shape(width);
+    w->add_shape(width);
+    w->set_dtype("F32");
+    v1::TensorSpec* b = spec.add_tensors();
+    b->set_name(absl::StrCat("layers.", i, ".bias"));
+    b->add_shape(width);
+    b->set_dtype("F32");
+  }
+  std::vector<std::unique_ptr<Client>> members(world);
+  {
+    std::vector<std::unique_ptr<Client>> clients(world);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < world; ++i) {
+      clients[i] = connect();
+      threads.emplace_back([&, i] {
+        Check(clients[i]
+                  ->Join(kJob, world, absl::StrCat("w", i), "127.0.0.1", absl::Seconds(30))
+                  .status(),
+              "join");
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& c : clients) members[c->info().rank] = std::move(c);
+  }
+  for (auto& m : members) {
+    m->StartHeartbeats([](absl::StatusOr<v1::HeartbeatResponse> reply) {
+      Die(absl::StrCat("heartbeat: ", reply.ok() ? reply->reason() : reply.status().ToString()));
+    });
+  }
+  v1::ShardPlan plan;
+  for (auto& m : members) {
+    auto p = m->PlanShards(spec, v1::PlanOptions(), world);
+    Check(p.status(), "plan");
+    plan = *p;
+  }
+  std::fprintf(stderr, "writing %d shard files of %.2f GB in all under %s ...\n", world,
+               checkpoint_bytes / 1e9, root.c_str());
+  std::vector<std::string> shard_paths;
+  int64_t shard_bytes = 0;
+  const absl::Time write_start = absl::Now();
+  for (int r = 0; r < world; ++r) {
+    Shard shard = WriteShard(root, plan, r, members[r]->info().generation);
+    auto commit = members[r]->CommitShard(kStep, shard.relative, shard.size, shard.checksums);
+    Check(commit.status(), "commit");
+    shard_paths.push_back(root + "/" + shard.relative);
+    shard_bytes += shard.size;
+  }
+  std::fprintf(stderr, "written and committed in %.1f s\n", Seconds(write_start));
+  auto ctl = connect();
+  auto list = ctl->ListCheckpoints(kJob);
+  Check(list.status(), "list");
+  if (list->checkpoints_size() != 1 || !list->checkpoints(0).complete()) {
+    Die("the step did not complete:\n" + server->Log());
+  }
+
+  // ---- cat vs consolidation ----
+  const std::string cat_out = dir + "/cat.out";
+  const std::string out = dir + "/model.safetensors";
+  double best_cat = 1e30, best_cat_sync = 1e30, best_consolidate = 1e30, server_seconds = 0;
+  double best_on_server = 1e30;
+  int64_t output_bytes = 0, peak_rss = 0;
+  std::string shard_list;
+  for (const auto& p : shard_paths) absl::StrAppend(&shard_list, " ", p);
+  for (int run = 0; run < absl::GetFlag(FLAGS_repeats); ++run) {
+    absl::Time start = absl::Now();
+    auto [code, output] = testing::RunCommand(absl::StrCat("cat", shard_list, " > ", cat_out));
+    if (code != 0) Die("cat failed: " + output);
+    const double cat_seconds = Seconds(start);
+    Check(FsyncFile(cat_out), "fsync cat output");
+    const double cat_sync_seconds = Seconds(start);
+    best_cat = std::min(best_cat, cat_seconds);
+    best_cat_sync = std::min(best_cat_sync, cat_sync_seconds);
+    std::remove(cat_out.c_str());
+
+    std::atomic<bool> sampling{true};
+    std::atomic<int64_t> peak{0};
+    std::thread sampler([&] {
+      while (sampling.load()) {
+        int64_t rss = ProcStatusBytes(server->pid(), "VmRSS");
+        if (rss > peak.load()) peak.store(rss);
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    });
+    v1::ConsolidateRequest request;
+    request.set_job_id(kJob);
+    request.set_step(-1);
+    start = absl::Now();
+    auto summary = ctl->Consolidate(request, out);
+    const double seconds = Seconds(start);
+    sampling.store(false);
+    sampler.join();
+    Check(summary.status(), "consolidate");
+    output_bytes = summary->total_bytes();
+    if (seconds < best_consolidate) {
+      best_consolidate = seconds;
+      server_seconds = summary->seconds();
+    }
+    peak_rss = std::max(peak_rss, peak.load());
+    // The same merge written by the server under its root: no RPC stream.
+    request.set_on_server(true);
+    start = absl::Now();
+    auto local = ctl->Consolidate(request, "");
+    Check(local.status(), "consolidate on_server");
+    best_on_server = std::min(best_on_server, Seconds(start));
+    testing::RunCommand(absl::StrCat("rm -rf ", root, "/", kJob, "/consolidated"));
+    std::fprintf(stderr, "run %d: cat %.2f s (+fsync %.2f s), consolidate %.2f s\n", run + 1,
+                 cat_seconds, cat_sync_seconds, seconds);
+    std::remove(out.c_str());
+  }
+  const int64_t vmhwm = ProcStatusBytes(server->pid(), "VmHWM");
+
+  // ---- Pause estimate: one rank's shard copied into fresh host buffers ----
+  const int64_t rank_floats = params * 3 / world;
+  double pause_ms = -1;
+  {
+    std::vector<float> device(rank_floats);
+    for (int64_t i = 0; i < rank_floats; i += 1024) device[i] = static_cast<float>(i);
+    absl::Time start = absl::Now();
+    std::vector<float> host(device.begin(), device.end());
+    pause_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    if (host[1024] != 1024.0f) Die("copy check");
+  }
+
+  for (auto& m : members) m->StopHeartbeats();
+  for (const auto& line : absl::StrSplit(server->Log(), '\n')) {
+    if (absl::StrContains(line, "event=consolidate_done")) std::fprintf(stderr, "%s\n", std::string(line).c_str());
+  }
+  server->Signal(SIGTERM);
+  server->Wait(absl::Seconds(10));
+  g_server = nullptr;
+  if (!absl::GetFlag(FLAGS_keep)) testing::RunCommand("rm -rf " + dir);
+
+  // ---- Report ----
+  const double cat_gbps = shard_bytes / 1e9 / best_cat_sync;
+  const double cat_nosync_gbps = shard_bytes / 1e9 / best_cat;
+  const double consolidation_gbps = output_bytes / 1e9 / best_consolidate;
+  Table table({"MEASUREMENT", "BYTES", "SECONDS", "GB/S"});
+  table.AddRow({absl::StrCat("cat ", world, " shard files > one file, + fsync"),
+                HumanBytes(shard_bytes), absl::StrFormat("%.2f", best_cat_sync),
+                absl::StrFormat("%.2f", cat_gbps)});
+  table.AddRow({"cat, no fsync", HumanBytes(shard_bytes), absl::StrFormat("%.2f", best_cat),
+                absl::StrFormat("%.2f", cat_nosync_gbps)});
+  table.AddRow({"Consolidate RPC -> local file (verify pass + write, fsync)",
+                HumanBytes(output_bytes), absl::StrFormat("%.2f", best_consolidate),
+                absl::StrFormat("%.2f", consolidation_gbps)});
+  table.AddRow({"  of which the server's own time", HumanBytes(output_bytes),
+                absl::StrFormat("%.2f", server_seconds),
+                absl::StrFormat("%.2f", output_bytes / 1e9 / server_seconds)});
+  table.AddRow({"Consolidate on_server (written under the root, no stream)",
+                HumanBytes(output_bytes), absl::StrFormat("%.2f", best_on_server),
+                absl::StrFormat("%.2f", output_bytes / 1e9 / best_on_server)});
+  std::printf("%s\n", table.ToString().c_str());
+  std::printf("consolidation / cat(+fsync): %.2f (target >= 0.70); vs cat without fsync: %.2f\n",
+              consolidation_gbps / cat_gbps, consolidation_gbps / cat_nosync_gbps);
+  std::printf("server peak RSS during consolidation: %s sampled VmRSS, %s VmHWM (target <= 128 "
+              "MiB)\n",
+              HumanBytes(peak_rss).c_str(), HumanBytes(vmhwm).c_str());
+  std::printf("pause estimate: %.0f ms to copy one rank's %s shard into fresh host buffers\n",
+              pause_ms, HumanBytes(rank_floats * 4.0).c_str());
+
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    nlohmann::ordered_json j;
+    j["consolidation_gbps"] = consolidation_gbps;
+    j["cat_gbps"] = cat_gbps;
+    j["server_peak_rss_bytes"] = std::max(peak_rss, vmhwm);
+    j["pause_ms"] = pause_ms;
+    j["pause_ms_note"] =
+        "estimate: host copy of one rank's shard (params + Adam moments) into fresh buffers; "
+        "shard_worker reports the measured pause";
+    j["cat_gbps_note"] = "cat of the shard files into one file followed by fsync of it";
+    j["cat_nosync_gbps"] = cat_nosync_gbps;
+    j["server_seconds"] = server_seconds;
+    j["on_server_gbps"] = output_bytes / 1e9 / best_on_server;
+    j["checkpoint_bytes"] = shard_bytes;
+    j["output_bytes"] = output_bytes;
+    j["world_size"] = world;
+    std::ofstream(absl::GetFlag(FLAGS_json_out)) << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return zeroshard::Main();
+}
