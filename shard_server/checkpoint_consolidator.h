@@ -17,14 +17,21 @@
 // Two passes, because safetensors puts the checksums in the header, before
 // the data: pass 1 reads every piece it merges, checks each shard tensor's
 // XXH64 against the manifest and computes the output checksums; pass 2 reads
-// again (from the page cache, usually), checks again, and writes. A corrupt
-// shard therefore fails in pass 1 with DATA_LOSS naming the file and the
-// tensor, before any output byte exists.
+// again (from the page cache, usually), checks every piece again (so a file
+// changed in between is caught; the output bytes are a function of the
+// verified pieces) and writes. A corrupt shard therefore fails in pass 1 with
+// DATA_LOSS naming the file and the tensor, before any output byte exists.
+// Pass 1 is skipped for tensors whose F32 checksums an earlier Verify()
+// recorded (the server verifies every step once, in the background, right
+// after it completes: CheckpointVerifier). When streaming F32, pass 2 reads
+// straight into the outgoing message (ConsolidationOutput::NextBuffer)
+// instead of the buffer.
 #ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CONSOLIDATOR_H_
 #define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CONSOLIDATOR_H_
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +53,10 @@ struct ConsolidationOptions {
   DType dtype = DType::kF32;          // of the parameters: F32, BF16 or F16
   int64_t max_shard_bytes = 0;        // 0: one file; else Hugging Face shards of tensor data
   int64_t buffer_bytes = 4 << 20;     // the read buffer, bytes
+  // Output tensor name -> XXH64 hex of its F32 bytes, from an earlier
+  // Verify() of the same step: pass 1 skips these tensors when they are
+  // written as F32 (pass 2 still checks every piece it copies).
+  std::map<std::string, std::string> known_checksums;
 };
 
 // "" / "f32" / "bf16" / "f16" (also the safetensors names) -> DType.
@@ -95,6 +106,12 @@ class Consolidator {
   // what it got.
   absl::StatusOr<ConsolidationResult> Run(ConsolidationOutput* output);
 
+  // Pass 1 alone, over the parameters and the optimizer state as F32
+  // (whatever the options say): checks every shard tensor against the
+  // manifest and returns output tensor name -> XXH64 hex of its F32 bytes,
+  // what `known_checksums` takes. `output` only gets Progress/Cancelled.
+  absl::StatusOr<std::map<std::string, std::string>> Verify(ConsolidationOutput* output);
+
  private:
   struct OutputTensor;
   struct OutputFile;
@@ -102,14 +119,15 @@ class Consolidator {
 
   absl::Status PlanOutputs();
   // Streams the bytes of `tensor` (converted) to `sink` (null: nowhere),
-  // hashing them into `output_hash` and checking every shard tensor read.
+  // checking every shard tensor read; `output_hash` (if not null) gets the
+  // XXH64 of the output bytes.
   absl::Status CopyTensor(const OutputTensor& tensor, ByteSink* sink, uint64_t* output_hash,
                           ConsolidationOutput* output);
   absl::Status Advance(int64_t bytes, ConsolidationOutput* output);
 
   const CheckpointRoot root_;
   const CheckpointManifest& manifest_;
-  const ConsolidationOptions options_;
+  ConsolidationOptions options_;
   std::vector<OutputTensor> tensors_;
   std::vector<OutputFile> files_;
   std::string index_json_;  // sharded output only

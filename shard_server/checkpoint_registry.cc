@@ -47,6 +47,13 @@ CREATE TABLE IF NOT EXISTS checkpoint_commits (
   committed_unix_ms INTEGER NOT NULL,
   PRIMARY KEY (job_id, step, rank)
 );
+CREATE TABLE IF NOT EXISTS checkpoint_verified (
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  output_checksums TEXT NOT NULL,
+  verified_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step)
+);
 )sql";
 
 int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -161,7 +168,7 @@ absl::Status CheckpointRegistry::Recover() {
   for (const auto& [job, step] : pending) {
     absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
     if (!row.ok()) return row.status();
-    absl::Status s = CompleteStep(job, step, **row);
+    absl::Status s = CompleteStep(job, step, **row, nullptr);
     log_->Log("checkpoint_recovered", {{"job", job},
                                        {"step", absl::StrCat(step)},
                                        {"result", s.ok() ? "complete" : s.ToString()}});
@@ -422,7 +429,7 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
   absl::StatusOr<CommittedShard> shard = VerifyShardFile(request, world_size, *plan);
   if (!shard.ok()) return refuse(shard.status());
 
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
   if (!row.ok()) return row.status();
   v1::CommitShardResponse response;
@@ -517,14 +524,18 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
                                   {"committed", absl::StrCat(committed, "/", world_size)}});
   response.set_committed(committed);
   if (committed == world_size) {
-    if (absl::Status s = CompleteStep(job, step, step_row); !s.ok()) return s;
+    std::vector<std::pair<std::string, int64_t>> completed;
+    if (absl::Status s = CompleteStep(job, step, step_row, &completed); !s.ok()) return s;
     response.set_step_complete(true);
+    lock.Release();
+    for (const auto& [j, n] : completed) listener_(j, n);
   }
   return response;
 }
 
-absl::Status CheckpointRegistry::CompleteStep(const std::string& job, int64_t step,
-                                              const StepRow& row) {
+absl::Status CheckpointRegistry::CompleteStep(
+    const std::string& job, int64_t step, const StepRow& row,
+    std::vector<std::pair<std::string, int64_t>>* completed) {
   absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
   if (!commits.ok()) return commits.status();
   absl::StatusOr<v1::ShardPlan> plan = plans_(job, row.generation);
@@ -556,10 +567,44 @@ absl::Status CheckpointRegistry::CompleteStep(const std::string& job, int64_t st
              {"bytes", absl::StrCat(manifest->TotalBytes())},
              {"optimizer_state", manifest->has_exp_avg ? "yes" : "no"},
              {"manifest", relative}});
+  if (listener_) {
+    if (completed != nullptr) completed->emplace_back(job, step);
+    return absl::OkStatus();  // retention follows the verification
+  }
   if (absl::Status s = ApplyRetention(job); !s.ok()) {
     log_->Log("checkpoint_retention_failed", {{"job", job}, {"error", s.ToString()}});
   }
   return absl::OkStatus();
+}
+
+void CheckpointRegistry::SetCompletionListener(CompletionListener listener) {
+  listener_ = std::move(listener);
+  // Complete steps that were never verified (the server stopped first).
+  std::vector<std::pair<std::string, int64_t>> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::MutexLock db_lock(state_->mu());
+    Sql st(state_->db(),
+           "SELECT s.job_id, s.step FROM checkpoint_steps s LEFT JOIN checkpoint_verified v "
+           "ON v.job_id = s.job_id AND v.step = s.step "
+           "WHERE s.complete = 1 AND v.step IS NULL ORDER BY s.job_id, s.step");
+    while (st.Step() == SQLITE_ROW) pending.emplace_back(st.Text(0), st.Int(1));
+  }
+  for (const auto& [job, step] : pending) listener_(job, step);
+}
+
+absl::Status CheckpointRegistry::RecordVerified(
+    const std::string& job, int64_t step, const std::map<std::string, std::string>& checksums) {
+  absl::MutexLock lock(&mu_);
+  {
+    absl::MutexLock db_lock(state_->mu());
+    Sql st(state_->db(),
+           "INSERT OR REPLACE INTO checkpoint_verified(job_id, step, output_checksums, "
+           "verified_unix_ms) VALUES (?, ?, ?, ?)");
+    st.Bind(1, job).Bind(2, step).Bind(3, ChecksumsToJson(checksums)).Bind(4, NowUnixMs());
+    if (absl::Status s = st.Run("save verification"); !s.ok()) return s;
+  }
+  return ApplyRetention(job);
 }
 
 absl::Status CheckpointRegistry::DeleteStepRows(const std::string& job, int64_t step,
@@ -570,6 +615,11 @@ absl::Status CheckpointRegistry::DeleteStepRows(const std::string& job, int64_t 
     st.Bind(1, job).Bind(2, step);
     if (absl::Status s = st.Run("delete commits"); !s.ok()) return s;
   }
+  {
+    Sql st(state_->db(), "DELETE FROM checkpoint_verified WHERE job_id = ? AND step = ?");
+    st.Bind(1, job).Bind(2, step);
+    if (absl::Status s = st.Run("delete verification"); !s.ok()) return s;
+  }
   if (commits_only) return absl::OkStatus();
   Sql st(state_->db(), "DELETE FROM checkpoint_steps WHERE job_id = ? AND step = ?");
   st.Bind(1, job).Bind(2, step);
@@ -578,20 +628,31 @@ absl::Status CheckpointRegistry::DeleteStepRows(const std::string& job, int64_t 
 
 absl::Status CheckpointRegistry::ApplyRetention(const std::string& job) {
   if (options_.keep_last <= 0) return absl::OkStatus();
-  std::vector<int64_t> complete;  // newest first
+  std::vector<std::pair<int64_t, bool>> complete;  // (step, verified), newest first
   {
     absl::MutexLock db_lock(state_->mu());
     Sql st(state_->db(),
-           "SELECT step FROM checkpoint_steps WHERE job_id = ? AND complete = 1 "
-           "ORDER BY step DESC");
+           "SELECT s.step, v.step IS NOT NULL FROM checkpoint_steps s "
+           "LEFT JOIN checkpoint_verified v ON v.job_id = s.job_id AND v.step = s.step "
+           "WHERE s.job_id = ? AND s.complete = 1 ORDER BY s.step DESC");
     st.Bind(1, job);
-    while (st.Step() == SQLITE_ROW) complete.push_back(st.Int(0));
+    while (st.Step() == SQLITE_ROW) complete.emplace_back(st.Int(0), st.Int(1) != 0);
   }
-  // Only complete steps older than the newest keep_last complete ones go:
-  // never the latest complete step (keep_last >= 1), never an incomplete
-  // step (which may still be being written).
-  for (size_t i = static_cast<size_t>(options_.keep_last); i < complete.size(); ++i) {
-    const int64_t step = complete[i];
+  // Only complete steps older than the newest keep_last complete (and, with
+  // verification, verified) ones go: never the latest complete step
+  // (keep_last >= 1), never an incomplete step (which may still be being
+  // written), never anything newer than what was verified.
+  size_t first_deleted = complete.size();
+  int kept = 0;
+  for (size_t i = 0; i < complete.size(); ++i) {
+    if (complete[i].second || !listener_) ++kept;
+    if (kept == options_.keep_last) {
+      first_deleted = i + 1;
+      break;
+    }
+  }
+  for (size_t i = first_deleted; i < complete.size(); ++i) {
+    const int64_t step = complete[i].first;
     if (pins_.count({job, step}) > 0) {
       log_->Log("checkpoint_retention_deferred",
                 {{"job", job}, {"step", absl::StrCat(step)}, {"reason", "being consolidated"}});
@@ -700,8 +761,14 @@ absl::StatusOr<std::unique_ptr<PinnedCheckpoint>> CheckpointRegistry::Acquire(
   }
   absl::StatusOr<CheckpointManifest> manifest = ParseManifestJson(st.Text(1));
   if (!manifest.ok()) return manifest.status();
+  std::map<std::string, std::string> verified;
+  Sql v(state_->db(),
+        "SELECT output_checksums FROM checkpoint_verified WHERE job_id = ? AND step = ?");
+  v.Bind(1, job).Bind(2, step);
+  if (v.Step() == SQLITE_ROW && !ChecksumsFromJson(v.Text(0), &verified)) verified.clear();
   ++pins_[{job, step}];
-  return std::unique_ptr<PinnedCheckpoint>(new PinnedCheckpoint(this, *std::move(manifest)));
+  return std::unique_ptr<PinnedCheckpoint>(
+      new PinnedCheckpoint(this, *std::move(manifest), std::move(verified)));
 }
 
 void CheckpointRegistry::Unpin(const std::string& job, int64_t step) {

@@ -47,14 +47,19 @@ class PinnedCheckpoint {
   PinnedCheckpoint& operator=(const PinnedCheckpoint&) = delete;
 
   const CheckpointManifest& manifest() const { return manifest_; }
+  // Output tensor -> XXH64 hex of its F32 bytes once the step was verified
+  // (ConsolidationOptions::known_checksums); empty before.
+  const std::map<std::string, std::string>& verified_checksums() const { return verified_; }
 
  private:
   friend class CheckpointRegistry;
-  PinnedCheckpoint(CheckpointRegistry* registry, CheckpointManifest manifest)
-      : registry_(registry), manifest_(std::move(manifest)) {}
+  PinnedCheckpoint(CheckpointRegistry* registry, CheckpointManifest manifest,
+                   std::map<std::string, std::string> verified)
+      : registry_(registry), manifest_(std::move(manifest)), verified_(std::move(verified)) {}
 
   CheckpointRegistry* const registry_;
   const CheckpointManifest manifest_;
+  const std::map<std::string, std::string> verified_;
 };
 
 // Thread-safe.
@@ -73,6 +78,20 @@ class CheckpointRegistry {
   ~CheckpointRegistry() = default;
 
   const CheckpointRoot& root() const { return root_; }
+
+  // Called (under no lock of the registry) with every step that becomes
+  // complete, and at once with every complete step not yet verified. Once
+  // set, retention counts only verified steps: an older step is deleted
+  // only after keep_last newer ones were read back and found intact.
+  // Without a listener every complete step counts. Set before use.
+  using CompletionListener = std::function<void(const std::string& job, int64_t step)>;
+  void SetCompletionListener(CompletionListener listener);
+
+  // The outcome of verifying a complete step: the F32 checksums of its
+  // output tensors (Consolidator::Verify) are kept for consolidations, and
+  // retention runs for the job. REQUIRES: the step is pinned by the caller.
+  absl::Status RecordVerified(const std::string& job, int64_t step,
+                              const std::map<std::string, std::string>& checksums);
 
   // Records a rank's shard file after checking it: the path is exactly
   // "<job>/step-<N>/rank-<R>-of-<W>.safetensors" for the member, stays below
@@ -123,8 +142,10 @@ class CheckpointRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<CommittedShard>> LoadCommits(const std::string& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the manifest and marks the step complete; then retention.
-  absl::Status CompleteStep(const std::string& job, int64_t step, const StepRow& row)
+  // Writes the manifest and marks the step complete; then retention (or,
+  // with a listener, adds the step to `completed` for it).
+  absl::Status CompleteStep(const std::string& job, int64_t step, const StepRow& row,
+                            std::vector<std::pair<std::string, int64_t>>* completed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyRetention(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteStepRows(const std::string& job, int64_t step, bool commits_only)
@@ -143,6 +164,7 @@ class CheckpointRegistry {
   absl::Mutex mu_;
   // (job, step) -> live PinnedCheckpoints: consolidations in progress.
   std::map<std::pair<std::string, int64_t>, int> pins_ ABSL_GUARDED_BY(mu_);
+  CompletionListener listener_;  // set once, before use
 };
 
 }  // namespace zeroshard

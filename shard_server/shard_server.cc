@@ -61,6 +61,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
         {options.checkpoint_root, options.keep_last}, state, server->log_.get(), plan_lookup);
     if (!registry.ok()) return registry.status();
     server->checkpoint_registry_ = std::move(*registry);
+    if (options.verify_checkpoints) {
+      server->checkpoint_verifier_ = std::make_unique<CheckpointVerifier>(
+          server->checkpoint_registry_.get(), server->log_.get());
+      CheckpointVerifier* verifier = server->checkpoint_verifier_.get();
+      server->checkpoint_registry_->SetCompletionListener(
+          [verifier](const std::string& job, int64_t step) { verifier->Enqueue(job, step); });
+    }
   }
   server->checkpoints_ = std::make_unique<CheckpointService>(
       server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get());
@@ -136,6 +143,7 @@ void ShardServer::Shutdown() {
   server_->Wait();
   // Consolidation threads see their calls cancelled and stop.
   if (checkpoints_ != nullptr) checkpoints_->WaitIdle();
+  if (checkpoint_verifier_ != nullptr) checkpoint_verifier_->Stop();
 }
 
 ShardServer::~ShardServer() { Shutdown(); }

@@ -15,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "shard_server/checkpoint_registry.h"
 #include "shard_server/checkpoint_service.h"
+#include "shard_server/checkpoint_verifier.h"
 #include "shard_server/clock.h"
 #include "shard_server/coordinator_service.h"
 #include "shard_server/event_log.h"
@@ -40,6 +41,9 @@ struct ShardServerOptions {
   // state_dir the registry lives in memory and is lost on restart.
   std::string checkpoint_root;
   int keep_last = 0;  // complete checkpoints kept per job; 0: all
+  // Read every complete step back in the background (CheckpointVerifier);
+  // retention then waits for verified steps.
+  bool verify_checkpoints = true;
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
   EventLog::Sink log_sink;                       // empty: stderr
 };
@@ -59,6 +63,8 @@ class ShardServer {
 
   Membership* membership() { return membership_.get(); }
   KvStore* kv() { return kv_.get(); }
+  // Null without a checkpoint root or with verify_checkpoints off.
+  CheckpointVerifier* checkpoint_verifier() { return checkpoint_verifier_.get(); }
 
  private:
   ShardServer() = default;
@@ -71,6 +77,7 @@ class ShardServer {
   std::unique_ptr<KvStore> kv_;
   std::unique_ptr<PlanService> plans_;
   std::unique_ptr<CheckpointRegistry> checkpoint_registry_;  // null without a checkpoint root
+  std::unique_ptr<CheckpointVerifier> checkpoint_verifier_;  // null: not verifying
   std::unique_ptr<CheckpointService> checkpoints_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;

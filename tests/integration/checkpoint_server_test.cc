@@ -384,6 +384,10 @@ TEST_F(CheckpointServerTest, AFlippedByteIsDataLossNamingFileAndTensorAndLeavesN
   StartServer(Options());
   JoinAndPlan();
   CompleteStep(10);
+  // Verified first: the consolidations below skip their verification pass
+  // and meet the flipped byte while streaming.
+  server_->checkpoint_verifier()->WaitIdle();
+  EXPECT_TRUE(Logged("checkpoint_verified"));
   const std::string shard = root_ + "/ckpt/step-10/rank-1-of-2.safetensors";
   auto reader = SafetensorsReader::Open(shard);
   ASSERT_TRUE(reader.ok());
@@ -571,11 +575,43 @@ TEST_F(CheckpointServerTest, ARankWithAMissingOrCutFileNeverCompletesTheStep) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
 }
 
+TEST_F(CheckpointServerTest, ACorruptStepIsReportedByTheVerifierAndKeepsOlderSteps) {
+  StartServer(Options(/*keep_last=*/1));
+  JoinAndPlan();
+  CompleteStep(10);
+  // Rank 1's data corrupted after its header (and checksums) were written:
+  // the commit, which does not read the data, accepts it.
+  ASSERT_TRUE(Commit(Write(20, 0), 20, 0).ok());
+  ShardFile f1 = Write(20, 1);
+  int fd = open(f1.path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte = 0x7f;
+  ASSERT_EQ(pwrite(fd, &byte, 1, f1.size - 3), 1);
+  close(fd);
+  auto response = Commit(f1, 20, 1);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_TRUE(response->step_complete());
+  server_->checkpoint_verifier()->WaitIdle();
+  EXPECT_TRUE(Logged("checkpoint_verify_failed"));
+  {
+    absl::MutexLock lock(&mu_);
+    bool named = false;
+    for (const auto& line : log_) {
+      named = named || (absl::StrContains(line, "checkpoint_verify_failed") &&
+                        absl::StrContains(line, "rank-1-of-2.safetensors"));
+    }
+    EXPECT_TRUE(named);
+  }
+  EXPECT_TRUE(Exists(root_ + "/ckpt/step-10/manifest.json"))
+      << "retention waits for a verified newer step";
+}
+
 TEST_F(CheckpointServerTest, KeepLastOneDeletesOlderStepsButNotTheLatest) {
   StartServer(Options(/*keep_last=*/1));
   JoinAndPlan();
   CompleteStep(10);
   CompleteStep(20);
+  server_->checkpoint_verifier()->WaitIdle();  // retention follows verification
   EXPECT_FALSE(Exists(root_ + "/ckpt/step-10"));
   EXPECT_TRUE(Exists(root_ + "/ckpt/step-20/manifest.json"));
   ASSERT_TRUE(Commit(Write(30, 0), 30, 0).ok());  // being written

@@ -511,6 +511,32 @@ TEST_F(CheckpointRegistryTest, KeepLastDeletesOlderCompleteStepsButNeverANewerIn
   EXPECT_FALSE(list->checkpoints(1).complete());
 }
 
+TEST_F(CheckpointRegistryTest, WithVerificationRetentionWaitsForVerifiedSteps) {
+  Reopen(/*keep_last=*/1);
+  std::vector<int64_t> completed;
+  registry_->SetCompletionListener(
+      [&](const std::string&, int64_t step) { completed.push_back(step); });
+  CompleteStep(10);
+  ASSERT_TRUE(registry_->RecordVerified(kJob, 10, {}).ok());
+  CompleteStep(20);
+  EXPECT_EQ(completed, (std::vector<int64_t>{10, 20}));
+  EXPECT_TRUE(Exists(StepDir(10) + "/manifest.json")) << "step 20 is not verified yet";
+  ASSERT_TRUE(registry_->RecordVerified(kJob, 20, {{"x", "0123456789abcdef"}}).ok());
+  EXPECT_FALSE(Exists(StepDir(10)));
+  auto pinned = registry_->Acquire(kJob, 20);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_EQ((*pinned)->verified_checksums().at("x"), "0123456789abcdef");
+  pinned->reset();
+  // A restarted registry hands unverified complete steps to the listener.
+  CompleteStep(30);
+  completed.clear();
+  Reopen(/*keep_last=*/1);
+  registry_->SetCompletionListener(
+      [&](const std::string&, int64_t step) { completed.push_back(step); });
+  EXPECT_EQ(completed, (std::vector<int64_t>{30}));
+  EXPECT_TRUE(Exists(StepDir(20) + "/manifest.json"));
+}
+
 TEST_F(CheckpointRegistryTest, AStepBeingConsolidatedIsDeletedOnlyAfterwards) {
   Reopen(/*keep_last=*/1);
   CompleteStep(10);
@@ -727,6 +753,47 @@ TEST_F(ConsolidatorTest, AFlippedByteIsDataLossNamingTheFileAndTensorBeforeAnyOu
   EXPECT_TRUE(absl::StrContains(s.message(), "job-a/step-10/rank-1-of-2.safetensors")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), victim.name)) << s;
   EXPECT_TRUE(out.files.empty()) << "detected in the verification pass";
+}
+
+TEST_F(ConsolidatorTest, VerifiedChecksumsLetConsolidationSkipItsVerificationPass) {
+  CompleteStep(10);
+  auto pinned = registry_->Acquire(kJob, 10);
+  ASSERT_TRUE(pinned.ok());
+  auto root = CheckpointRoot::Open(root_);
+  MemoryOutput ignored;
+  auto verified = Consolidator(*root, (*pinned)->manifest(), ConsolidationOptions())
+                      .Verify(&ignored);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_EQ(verified->size(), 3 * spec_.tensors.size());
+  EXPECT_TRUE(ignored.files.empty());
+
+  MemoryOutput cold, warm;
+  ASSERT_TRUE(
+      Consolidator(*root, (*pinned)->manifest(), ConsolidationOptions()).Run(&cold).ok());
+  ConsolidationOptions options;
+  options.known_checksums = *verified;
+  auto result = Consolidator(*root, (*pinned)->manifest(), options).Run(&warm);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(warm.files, cold.files) << "the same bytes, header checksums included";
+  EXPECT_LT(warm.last_total, cold.last_total) << "no verification pass";
+  auto reader = OpenOutput("model.safetensors", cold.files[0].second);
+  nlohmann::json sums = nlohmann::json::parse(reader->metadata().at("checksums"));
+  for (const auto& [name, hex] : *verified) EXPECT_EQ(sums[name], hex) << name;
+
+  // Corruption after verification is still caught, while writing.
+  ShardFile f0 = WriteShard(root_, kJob, 10, 0, plan_);
+  const std::string path = root_ + "/" + f0.relative;
+  auto shard = SafetensorsReader::Open(path);
+  const TensorInfo victim = (*shard)->tensors().back();
+  shard->reset();
+  int fd = open(path.c_str(), O_RDWR);
+  char byte = 0x55;
+  ASSERT_EQ(pwrite(fd, &byte, 1, victim.end - 2), 1);
+  close(fd);
+  MemoryOutput late;
+  absl::Status s = Consolidator(*root, (*pinned)->manifest(), options).Run(&late).status();
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), victim.name)) << s;
 }
 
 TEST_F(ConsolidatorTest, AMissingShardFileIsDataLoss) {
