@@ -472,13 +472,6 @@ void Membership::Tick() {
   for (auto& f : deferred) f();
 }
 
-absl::StatusOr<int64_t> Membership::Generation(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  return it->second->generation;
-}
-
 absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);

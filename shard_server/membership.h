@@ -82,8 +82,7 @@ class Membership {
 
   v1::GetStatusResponse Status(const std::string& job_id);
 
-  // The job's current generation / world size, or NOT_FOUND.
-  absl::StatusOr<int64_t> Generation(const std::string& job_id);
+  // The job's world size, or NOT_FOUND.
   absl::StatusOr<int> WorldSize(const std::string& job_id);
 
  private:
