@@ -412,6 +412,7 @@ int Main() {
   const int steps = absl::GetFlag(FLAGS_steps);
   const int grad_accum = engine_options.grad_accum;
   std::vector<double> losses, step_ms, val_losses;
+  std::vector<StepTimes> step_times;
   double tokens_per_second_sum = 0;
   Evaluation last_eval;
   auto learning_rate = [&](int step) {
@@ -497,6 +498,7 @@ int Main() {
     DieIfError(mean.status(), "loss");
     losses.push_back(*mean);
     step_ms.push_back(ms);
+    step_times.push_back(stats->times);
     (*client)->ReportProgress(Progress{step + 1, *mean, e.memory().total(), e.collective_seq()});
     const double items_per_second =
         (*task)->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
@@ -617,6 +619,18 @@ int Main() {
     out["losses"] = losses;
     out["params_sum"] = *params_sum;
     out["step_time_ms_median"] = Median(step_ms);
+    // Medians over steps of where the compute thread's time went.
+    auto median_of = [&](double StepTimes::*field) {
+      std::vector<double> values;
+      for (const StepTimes& t : step_times) values.push_back(t.*field);
+      return Median(values);
+    };
+    out["step_breakdown_ms"] = {{"forward", median_of(&StepTimes::forward_ms)},
+                                {"backward", median_of(&StepTimes::backward_ms)},
+                                {"gather_wait", median_of(&StepTimes::gather_wait_ms)},
+                                {"reduce_wait", median_of(&StepTimes::reduce_wait_ms)},
+                                {"optimizer", median_of(&StepTimes::optimizer_ms)},
+                                {"param_sync", median_of(&StepTimes::param_sync_ms)}};
     nlohmann::ordered_json memory;
     const MemoryTracker& mt = e.memory();
     for (int c = 0; c < static_cast<int>(MemoryCategory::kCount); ++c) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -22,12 +23,28 @@ namespace zeroshard {
 
 enum class ReduceOp { kSum, kAverage };
 
+// One block of a sharded buffer: `count` elements at `full_offset` of the
+// full (unsharded) buffer, kept by `rank` at `shard_offset` of its shard.
+// A layout is a list of blocks, the same on every rank; blocks do not
+// overlap in the full buffer nor within one rank's shard.
+struct ShardBlock {
+  int rank = 0;
+  int64_t shard_offset = 0;
+  int64_t full_offset = 0;
+  int64_t count = 0;
+};
+
 struct CollectiveBytes {
   int64_t all_gather = 0;      // bytes this rank sent
   int64_t reduce_scatter = 0;
   int64_t all_reduce = 0;
   int64_t broadcast = 0;
 };
+
+// INVALID_ARGUMENT naming `collective` and the block if a block's rank is
+// not in [0, world_size) or an offset or count is negative.
+absl::Status ValidateBlocks(const char* collective, const std::vector<ShardBlock>& blocks,
+                            int world_size);
 
 class Communicator {
  public:
@@ -43,6 +60,21 @@ class Communicator {
   // bf16 is accumulated in f32 and rounded once per hop.
   virtual absl::Status ReduceScatter(const void* input, void* output, int64_t count, DType dtype,
                                      ReduceOp op, absl::Duration timeout) = 0;
+  // The same two collectives over a block layout, moving data straight
+  // between shards and the full buffer (no packed staging copy where the
+  // backend can avoid it):
+  // AllGatherBlocks: for every block b, full[b.full_offset + i] = shard of
+  // rank b.rank [b.shard_offset + i]. Elements of `full` in no block are left
+  // as they are.
+  virtual absl::Status AllGatherBlocks(const void* shard, void* full,
+                                       const std::vector<ShardBlock>& blocks, DType dtype,
+                                       absl::Duration timeout) = 0;
+  // ReduceScatterBlocks: for every block b of this rank, shard[b.shard_offset
+  // + i] = op over ranks r of full_r[b.full_offset + i]. Elements of `shard`
+  // in none of this rank's blocks are left as they are.
+  virtual absl::Status ReduceScatterBlocks(const void* full, void* shard,
+                                           const std::vector<ShardBlock>& blocks, DType dtype,
+                                           ReduceOp op, absl::Duration timeout) = 0;
   // In place.
   virtual absl::Status AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
                                  absl::Duration timeout) = 0;

@@ -42,6 +42,8 @@ using gloo::transport::UnboundBuffer;
 constexpr uint64_t kReduceScatterSlot = uint64_t{0x40} << 56;
 constexpr uint64_t kAllReduceScatterSlot = uint64_t{0x41} << 56;
 constexpr uint64_t kAllReduceGatherSlot = uint64_t{0x42} << 56;
+constexpr uint64_t kAllGatherBlocksSlot = uint64_t{0x43} << 56;
+constexpr uint64_t kReduceScatterBlocksSlot = uint64_t{0x44} << 56;
 
 // Gloo's own cap on timeouts (100 hours, gloo/transport/tcp/pair.h).
 constexpr absl::Duration kMaxTimeout = absl::Hours(100);
@@ -100,6 +102,35 @@ void Accumulate(DType dtype, const void* received, const void* own, void* dst, i
     if (divisor != 1.0f) sum /= divisor;
     d[i] = FloatToBF16(sum);
   }
+}
+
+// A block layout grouped by rank: each rank's non-empty blocks in list
+// order, the packed offset of each inside its rank's group, the group's
+// total, and how far the layout reaches into the full buffer and into each
+// shard (elements).
+struct BlockGroups {
+  std::vector<std::vector<const ShardBlock*>> blocks;
+  std::vector<std::vector<int64_t>> packed_offset;
+  std::vector<int64_t> total;
+  int64_t full_extent = 0;
+  std::vector<int64_t> shard_extent;
+};
+
+BlockGroups GroupBlocks(const std::vector<ShardBlock>& blocks, int world_size) {
+  BlockGroups g;
+  g.blocks.resize(world_size);
+  g.packed_offset.resize(world_size);
+  g.total.assign(world_size, 0);
+  g.shard_extent.assign(world_size, 0);
+  for (const ShardBlock& b : blocks) {
+    if (b.count == 0) continue;
+    g.blocks[b.rank].push_back(&b);
+    g.packed_offset[b.rank].push_back(g.total[b.rank]);
+    g.total[b.rank] += b.count;
+    g.full_extent = std::max(g.full_extent, b.full_offset + b.count);
+    g.shard_extent[b.rank] = std::max(g.shard_extent[b.rank], b.shard_offset + b.count);
+  }
+  return g;
 }
 
 // Number of sends of rank `rank` in Gloo's binomial-tree broadcast from
@@ -350,11 +381,10 @@ void GlooCommunicator::RingReduceScatter(const void* input, void* out,
   // this rank's contribution. Two staging buffers alternate: the one received
   // into at step s is sent at step s + 1. Step 0 sends straight from `input`.
   // The last step receives chunk `rank` and writes the total to `out`.
-  std::unique_ptr<char[]> stage[2] = {std::unique_ptr<char[]>(new char[max_chunk * esize]),
-                                      std::unique_ptr<char[]>(new char[max_chunk * esize])};
+  char* stage[2] = {Stage(0, max_chunk * esize), Stage(1, max_chunk * esize)};
   std::unique_ptr<UnboundBuffer> stage_buffer[2] = {
-      context_->createUnboundBuffer(stage[0].get(), max_chunk * esize),
-      context_->createUnboundBuffer(stage[1].get(), max_chunk * esize)};
+      context_->createUnboundBuffer(stage[0], max_chunk * esize),
+      context_->createUnboundBuffer(stage[1], max_chunk * esize)};
   // Gloo only reads from send buffers.
   std::unique_ptr<UnboundBuffer> input_buffer =
       context_->createUnboundBuffer(const_cast<char*>(in), total * esize);
@@ -380,8 +410,8 @@ void GlooCommunicator::RingReduceScatter(const void* input, void* out,
     if (recv_bytes > 0) {
       WaitRecv(stage_buffer[recv_index].get(), deadline);
       const bool last = s == w - 2;
-      Accumulate(dtype, stage[recv_index].get(), in + chunk_offset[recv_chunk] * esize,
-                 last ? out : stage[recv_index].get(), chunk_size[recv_chunk],
+      Accumulate(dtype, stage[recv_index], in + chunk_offset[recv_chunk] * esize,
+                 last ? out : stage[recv_index], chunk_size[recv_chunk],
                  last ? divisor : 1.0f);
     }
     if (send_buffer != nullptr) {
@@ -470,6 +500,141 @@ absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, in
   return Run(kName, timeout, [&] {
     RingReduceScatter(input, output, offset, size, dtype, op, kReduceScatterSlot, deadline,
                       &reduce_scatter_bytes_);
+  });
+}
+
+char* GlooCommunicator::Stage(int index, size_t bytes) {
+  if (stage_[index].size() < bytes) stage_[index].resize(bytes);
+  return stage_[index].data();
+}
+
+absl::Status GlooCommunicator::AllGatherBlocks(const void* shard, void* full,
+                                               const std::vector<ShardBlock>& blocks, DType dtype,
+                                               absl::Duration timeout) {
+  static constexpr char kName[] = "all_gather";
+  absl::Status status = CheckCall(kName, 0, dtype, timeout);
+  if (status.ok()) status = ValidateBlocks(kName, blocks, world_size_);
+  if (!status.ok()) return status;
+  const BlockGroups g = GroupBlocks(blocks, world_size_);
+  if (g.full_extent == 0) return absl::OkStatus();
+  if (full == nullptr || (g.total[rank_] > 0 && shard == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  }
+  const size_t esize = ElementSize(dtype);
+  const char* in = static_cast<const char*>(shard);
+  char* out = static_cast<char*>(full);
+  auto copy_own = [&] {
+    for (const ShardBlock* b : g.blocks[rank_]) {
+      std::memmove(out + b->full_offset * esize, in + b->shard_offset * esize, b->count * esize);
+    }
+  };
+  if (world_size_ == 1) {
+    copy_own();
+    return absl::OkStatus();
+  }
+  const int w = world_size_;
+  const int right = Mod(rank_ + 1, w);
+  const int left = Mod(rank_ - 1, w);
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  return Run(kName, timeout, [&] {
+    // Gloo only reads from send buffers.
+    std::unique_ptr<UnboundBuffer> shard_buffer =
+        context_->createUnboundBuffer(const_cast<char*>(in), g.shard_extent[rank_] * esize);
+    std::unique_ptr<UnboundBuffer> send_buffer =
+        context_->createUnboundBuffer(out, g.full_extent * esize);
+    std::unique_ptr<UnboundBuffer> recv_buffer =
+        context_->createUnboundBuffer(out, g.full_extent * esize);
+    // Step s forwards rank (rank - s)'s blocks to the right (step 0 straight
+    // from the shard) and receives rank (rank - s - 1)'s from the left, one
+    // message per block, straight into place.
+    for (int s = 0; s < w - 1; ++s) {
+      const int send_rank = Mod(rank_ - s, w);
+      const int recv_rank = Mod(rank_ - s - 1, w);
+      for (const ShardBlock* b : g.blocks[recv_rank]) {
+        recv_buffer->recv(left, kAllGatherBlocksSlot, b->full_offset * esize, b->count * esize);
+      }
+      UnboundBuffer* source = s == 0 ? shard_buffer.get() : send_buffer.get();
+      for (const ShardBlock* b : g.blocks[send_rank]) {
+        source->send(right, kAllGatherBlocksSlot,
+                     (s == 0 ? b->shard_offset : b->full_offset) * esize, b->count * esize);
+      }
+      if (s == 0) copy_own();  // while the first messages travel
+      for (size_t k = 0; k < g.blocks[recv_rank].size(); ++k) WaitRecv(recv_buffer.get(), deadline);
+      for (size_t k = 0; k < g.blocks[send_rank].size(); ++k) WaitSend(source, deadline);
+      all_gather_bytes_.fetch_add(g.total[send_rank] * esize);
+    }
+  });
+}
+
+absl::Status GlooCommunicator::ReduceScatterBlocks(const void* full, void* shard,
+                                                   const std::vector<ShardBlock>& blocks,
+                                                   DType dtype, ReduceOp op,
+                                                   absl::Duration timeout) {
+  static constexpr char kName[] = "reduce_scatter";
+  absl::Status status = CheckCall(kName, 0, dtype, timeout);
+  if (status.ok()) status = ValidateBlocks(kName, blocks, world_size_);
+  if (!status.ok()) return status;
+  const BlockGroups g = GroupBlocks(blocks, world_size_);
+  if (g.full_extent == 0) return absl::OkStatus();
+  if (full == nullptr || (g.total[rank_] > 0 && shard == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  }
+  const size_t esize = ElementSize(dtype);
+  const char* in = static_cast<const char*>(full);
+  char* out = static_cast<char*>(shard);
+  const int w = world_size_;
+  if (w == 1) {
+    for (const ShardBlock* b : g.blocks[rank_]) {
+      std::memmove(out + b->shard_offset * esize, in + b->full_offset * esize, b->count * esize);
+    }
+    return absl::OkStatus();
+  }
+  const int right = Mod(rank_ + 1, w);
+  const int left = Mod(rank_ - 1, w);
+  const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
+  const int64_t max_group = *std::max_element(g.total.begin(), g.total.end());
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  return Run(kName, timeout, [&] {
+    // As RingReduceScatter, by rank groups of blocks: step s sends the
+    // partial sums of rank (rank - s - 1)'s blocks (step 0 straight from
+    // `full`) and receives those of rank (rank - s - 2)'s into packed
+    // staging, adding this rank's values; the last step receives this rank's
+    // own blocks and writes the totals into the shard.
+    char* stage[2] = {Stage(0, max_group * esize), Stage(1, max_group * esize)};
+    std::unique_ptr<UnboundBuffer> stage_buffer[2] = {
+        context_->createUnboundBuffer(stage[0], max_group * esize),
+        context_->createUnboundBuffer(stage[1], max_group * esize)};
+    std::unique_ptr<UnboundBuffer> full_buffer =
+        context_->createUnboundBuffer(const_cast<char*>(in), g.full_extent * esize);
+    for (int s = 0; s < w - 1; ++s) {
+      const int send_rank = Mod(rank_ - s - 1, w);
+      const int recv_rank = Mod(rank_ - s - 2, w);
+      const int recv_index = (s + 1) % 2;
+      const bool last = s == w - 2;
+      const auto& recv_blocks = g.blocks[recv_rank];
+      for (size_t k = 0; k < recv_blocks.size(); ++k) {
+        stage_buffer[recv_index]->recv(left, kReduceScatterBlocksSlot,
+                                       g.packed_offset[recv_rank][k] * esize,
+                                       recv_blocks[k]->count * esize);
+      }
+      UnboundBuffer* source = s == 0 ? full_buffer.get() : stage_buffer[s % 2].get();
+      const auto& send_blocks = g.blocks[send_rank];
+      for (size_t k = 0; k < send_blocks.size(); ++k) {
+        const int64_t offset = s == 0 ? send_blocks[k]->full_offset : g.packed_offset[send_rank][k];
+        source->send(right, kReduceScatterBlocksSlot, offset * esize, send_blocks[k]->count * esize);
+      }
+      // Blocks arrive in order; each is added as soon as it is in.
+      for (size_t k = 0; k < recv_blocks.size(); ++k) {
+        WaitRecv(stage_buffer[recv_index].get(), deadline);
+        const ShardBlock& b = *recv_blocks[k];
+        char* received = stage[recv_index] + g.packed_offset[recv_rank][k] * esize;
+        Accumulate(dtype, received, in + b.full_offset * esize,
+                   last ? out + b.shard_offset * esize : received, b.count,
+                   last ? divisor : 1.0f);
+      }
+      for (size_t k = 0; k < send_blocks.size(); ++k) WaitSend(source, deadline);
+      reduce_scatter_bytes_.fetch_add(g.total[send_rank] * esize);
+    }
   });
 }
 

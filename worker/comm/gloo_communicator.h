@@ -108,6 +108,11 @@ class GlooCommunicator : public Communicator {
                          absl::Duration timeout) override;
   absl::Status ReduceScatter(const void* input, void* output, int64_t count, DType dtype,
                              ReduceOp op, absl::Duration timeout) override;
+  absl::Status AllGatherBlocks(const void* shard, void* full, const std::vector<ShardBlock>& blocks,
+                               DType dtype, absl::Duration timeout) override;
+  absl::Status ReduceScatterBlocks(const void* full, void* shard,
+                                   const std::vector<ShardBlock>& blocks, DType dtype, ReduceOp op,
+                                   absl::Duration timeout) override;
   absl::Status AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
                          absl::Duration timeout) override;
   absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
@@ -158,6 +163,11 @@ class GlooCommunicator : public Communicator {
   std::atomic<int64_t> reduce_scatter_bytes_{0};
   std::atomic<int64_t> all_reduce_bytes_{0};
   std::atomic<int64_t> broadcast_bytes_{0};
+
+  // Staging for the ring reduce-scatters, kept across calls (grow-only) so
+  // that a call does not page-fault fresh memory in.
+  std::vector<char> stage_[2];
+  char* Stage(int index, size_t bytes);
 };
 
 }  // namespace zeroshard

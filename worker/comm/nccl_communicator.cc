@@ -257,6 +257,7 @@ NcclCommunicator::~NcclCommunicator() {
     }
   }
   cudaFree(barrier_buffer_);
+  if (staging_ != nullptr) cudaFree(staging_);
   cudaStreamDestroy(stream_);
 }
 
@@ -376,7 +377,11 @@ absl::Status NcclCommunicator::Wait(const char* name, int enqueue_result, absl::
 
 absl::Status NcclCommunicator::Finish(const char* name, int enqueue_result, absl::Duration timeout,
                                       std::atomic<int64_t>* counter, int64_t bytes) {
-  absl::Status status = Wait(name, enqueue_result, timeout);
+  return Complete(Wait(name, enqueue_result, timeout), counter, bytes);
+}
+
+absl::Status NcclCommunicator::Complete(absl::Status status, std::atomic<int64_t>* counter,
+                                        int64_t bytes) {
   if (status.ok()) {
     if (counter != nullptr) counter->fetch_add(bytes);
     absl::MutexLock lock(&mu_);
@@ -452,6 +457,155 @@ absl::Status NcclCommunicator::ReduceScatter(const void* input, void* output, in
                  : ncclReduceScatter(input, output, static_cast<size_t>(count), NcclType(dtype),
                                      op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm, stream_);
   return Finish(kName, result, timeout, &reduce_scatter_bytes_, (world_size_ - 1) * bytes);
+}
+
+absl::StatusOr<char*> NcclCommunicator::Staging(const char* name, size_t bytes) {
+  if (staging_bytes_ >= bytes) return staging_;
+  if (staging_ != nullptr) {
+    // Earlier calls' copies finished before they returned.
+    cudaFree(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+  }
+  void* p = nullptr;
+  if (absl::Status s = CudaErrorToStatus(
+          cudaMalloc(&p, bytes), absl::StrCat(name, " ", Where(), ": cudaMalloc of ", bytes,
+                                              " bytes of staging"));
+      !s.ok()) {
+    return s;
+  }
+  staging_ = static_cast<char*>(p);
+  staging_bytes_ = bytes;
+  return staging_;
+}
+
+namespace {
+
+// The largest shard extent of a block layout over every rank (elements).
+int64_t LargestShard(const std::vector<ShardBlock>& blocks) {
+  int64_t chunk = 0;
+  for (const ShardBlock& b : blocks) chunk = std::max(chunk, b.shard_offset + b.count);
+  return chunk;
+}
+
+int64_t ShardExtent(const std::vector<ShardBlock>& blocks, int rank) {
+  int64_t extent = 0;
+  for (const ShardBlock& b : blocks) {
+    if (b.rank == rank && b.count > 0) extent = std::max(extent, b.shard_offset + b.count);
+  }
+  return extent;
+}
+
+}  // namespace
+
+absl::Status NcclCommunicator::AllGatherBlocks(const void* shard, void* full,
+                                               const std::vector<ShardBlock>& blocks, DType dtype,
+                                               absl::Duration timeout) {
+  static constexpr char kName[] = "all_gather";
+  if (absl::Status s = ValidateBlocks(kName, blocks, world_size_); !s.ok()) return s;
+  const int64_t chunk = LargestShard(blocks);
+  const int64_t own = ShardExtent(blocks, rank_);
+  if (own > 0) {
+    if (shard == nullptr) return absl::InvalidArgumentError(absl::StrCat(kName, ": null shard"));
+    if (absl::Status s = CheckDevicePointer(kName, shard); !s.ok()) return s;
+  }
+  if (absl::Status s = Begin(kName, chunk, dtype, timeout, {full}); !s.ok()) return s;
+  if (chunk == 0) return Complete(absl::OkStatus(), nullptr, 0);
+  const int64_t esize = ElementSize(dtype);
+  absl::StatusOr<char*> staging = Staging(kName, (world_size_ + 1) * chunk * esize);
+  if (!staging.ok()) return Complete(staging.status(), nullptr, 0);
+  char* send = *staging;
+  char* received = send + chunk * esize;
+  char* out = static_cast<char*>(full);
+  ncclComm* comm;
+  {
+    absl::MutexLock lock(&mu_);
+    comm = comm_;
+  }
+  // Pack: this rank's shard extent into the send chunk (the rest is padding
+  // that no block reads).
+  absl::Status status;
+  if (own > 0) {
+    status = CudaErrorToStatus(
+        cudaMemcpyAsync(send, shard, own * esize, cudaMemcpyDeviceToDevice, stream_),
+        absl::StrCat(kName, " ", Where(), ": cudaMemcpyAsync"));
+  }
+  if (!status.ok()) return Complete(status, nullptr, 0);
+  const ncclResult_t result = ncclAllGather(send, received, static_cast<size_t>(chunk),
+                                            NcclType(dtype), comm, stream_);
+  status = Wait(kName, result, timeout);
+  // Unpack every block into place (after the gather is enqueued and done).
+  for (const ShardBlock& b : blocks) {
+    if (!status.ok() || b.count == 0) continue;
+    status = CudaErrorToStatus(
+        cudaMemcpyAsync(out + b.full_offset * esize,
+                        received + (b.rank * chunk + b.shard_offset) * esize, b.count * esize,
+                        cudaMemcpyDeviceToDevice, stream_),
+        absl::StrCat(kName, " ", Where(), ": cudaMemcpyAsync"));
+  }
+  if (status.ok()) {
+    status = CudaErrorToStatus(cudaStreamSynchronize(stream_),
+                               absl::StrCat(kName, " ", Where(), ": cudaStreamSynchronize"));
+  }
+  return Complete(status, &all_gather_bytes_, (world_size_ - 1) * chunk * esize);
+}
+
+absl::Status NcclCommunicator::ReduceScatterBlocks(const void* full, void* shard,
+                                                   const std::vector<ShardBlock>& blocks,
+                                                   DType dtype, ReduceOp op,
+                                                   absl::Duration timeout) {
+  static constexpr char kName[] = "reduce_scatter";
+  if (absl::Status s = ValidateBlocks(kName, blocks, world_size_); !s.ok()) return s;
+  const int64_t chunk = LargestShard(blocks);
+  if (ShardExtent(blocks, rank_) > 0) {
+    if (shard == nullptr) return absl::InvalidArgumentError(absl::StrCat(kName, ": null shard"));
+    if (absl::Status s = CheckDevicePointer(kName, shard); !s.ok()) return s;
+  }
+  if (absl::Status s = Begin(kName, chunk, dtype, timeout, {full}); !s.ok()) return s;
+  if (chunk == 0) return Complete(absl::OkStatus(), nullptr, 0);
+  const int64_t esize = ElementSize(dtype);
+  absl::StatusOr<char*> staging = Staging(kName, (world_size_ + 1) * chunk * esize);
+  if (!staging.ok()) return Complete(staging.status(), nullptr, 0);
+  char* send = *staging;
+  char* received = send + world_size_ * chunk * esize;
+  const char* in = static_cast<const char*>(full);
+  char* out = static_cast<char*>(shard);
+  ncclComm* comm;
+  {
+    absl::MutexLock lock(&mu_);
+    comm = comm_;
+  }
+  // Pack: every block at its rank's chunk; padding is zero, so it adds
+  // nothing.
+  const std::string where = absl::StrCat(kName, " ", Where(), ": ");
+  absl::Status status = CudaErrorToStatus(
+      cudaMemsetAsync(send, 0, world_size_ * chunk * esize, stream_),
+      absl::StrCat(where, "cudaMemsetAsync"));
+  for (const ShardBlock& b : blocks) {
+    if (!status.ok() || b.count == 0) continue;
+    status = CudaErrorToStatus(
+        cudaMemcpyAsync(send + (b.rank * chunk + b.shard_offset) * esize,
+                        in + b.full_offset * esize, b.count * esize, cudaMemcpyDeviceToDevice,
+                        stream_),
+        absl::StrCat(where, "cudaMemcpyAsync"));
+  }
+  if (!status.ok()) return Complete(status, nullptr, 0);
+  const ncclResult_t result =
+      ncclReduceScatter(send, received, static_cast<size_t>(chunk), NcclType(dtype),
+                        op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm, stream_);
+  status = Wait(kName, result, timeout);
+  for (const ShardBlock& b : blocks) {
+    if (!status.ok() || b.count == 0 || b.rank != rank_) continue;
+    status = CudaErrorToStatus(
+        cudaMemcpyAsync(out + b.shard_offset * esize, received + b.shard_offset * esize,
+                        b.count * esize, cudaMemcpyDeviceToDevice, stream_),
+        absl::StrCat(where, "cudaMemcpyAsync"));
+  }
+  if (status.ok()) {
+    status = CudaErrorToStatus(cudaStreamSynchronize(stream_),
+                               absl::StrCat(where, "cudaStreamSynchronize"));
+  }
+  return Complete(status, &reduce_scatter_bytes_, (world_size_ - 1) * chunk * esize);
 }
 
 absl::Status NcclCommunicator::AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,

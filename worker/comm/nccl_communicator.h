@@ -61,6 +61,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -119,6 +120,14 @@ class NcclCommunicator : public Communicator {
                          absl::Duration timeout) override;
   absl::Status ReduceScatter(const void* input, void* output, int64_t count, DType dtype,
                              ReduceOp op, absl::Duration timeout) override;
+  // Block layouts: packed into device staging (kept across calls) with
+  // cudaMemcpyAsync, moved with ncclAllGather / ncclReduceScatter over the
+  // largest shard, and unpacked the same way.
+  absl::Status AllGatherBlocks(const void* shard, void* full, const std::vector<ShardBlock>& blocks,
+                               DType dtype, absl::Duration timeout) override;
+  absl::Status ReduceScatterBlocks(const void* full, void* shard,
+                                   const std::vector<ShardBlock>& blocks, DType dtype, ReduceOp op,
+                                   absl::Duration timeout) override;
   absl::Status AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
                          absl::Duration timeout) override;
   absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
@@ -152,6 +161,11 @@ class NcclCommunicator : public Communicator {
   // progress, and returns the call's status. On OK adds `bytes` to `counter`.
   absl::Status Finish(const char* name, int enqueue_result, absl::Duration timeout,
                       std::atomic<int64_t>* counter, int64_t bytes);
+  // Ends a call begun with Begin() with `status` (the result of Wait and any
+  // work after it): as Finish.
+  absl::Status Complete(absl::Status status, std::atomic<int64_t>* counter, int64_t bytes);
+  // Device staging of at least `bytes` for the block collectives; grows.
+  absl::StatusOr<char*> Staging(const char* name, size_t bytes);
   // Waits until the enqueued work is done; OK, or the status to fail with.
   absl::Status Wait(const char* name, int enqueue_result, absl::Duration timeout);
   // Aborts the NCCL communicator, recording `why` as the reason every later
@@ -165,6 +179,8 @@ class NcclCommunicator : public Communicator {
   const std::string tag_;
   const cudaStream_t stream_;
   float* const barrier_buffer_;  // one f32 on device_, for Barrier
+  char* staging_ = nullptr;      // owned by the thread in a call
+  size_t staging_bytes_ = 0;
 
   mutable absl::Mutex mu_;
   ncclComm* comm_ ABSL_GUARDED_BY(mu_);       // null once aborted or destroyed

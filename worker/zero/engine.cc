@@ -6,6 +6,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 
 namespace zeroshard {
@@ -43,6 +44,8 @@ void AddF32(const void* src, float* dst, int64_t n, DType dtype) {
   }
 }
 
+double MsSince(absl::Time start) { return absl::ToDoubleMilliseconds(absl::Now() - start); }
+
 char* At(void* base, int64_t element, DType dtype) {
   return static_cast<char*>(base) + element * DTypeSize(dtype);
 }
@@ -56,6 +59,10 @@ struct ZeroEngine::UnitState {
   TrackedBuffer grads;       // stages 0-1: flat f32; stages 2-3: chunk f32 (accumulated shard)
   TrackedBuffer grads_flat;  // stages 2-3: flat f32 during this micro-batch's backward
   TrackedBuffer reduced;     // stage 1: chunk f32 after the step's reduce-scatter
+  // Stages 2-3: `grads` holds nothing of this step yet (its contents are
+  // stale), so the first reduction writes it instead of adding to it.
+  // Set by Step, cleared by ReduceUnit (which Step drains first).
+  bool grads_stale = false;
   std::unique_ptr<Optimizer> optimizer;
 };
 
@@ -225,23 +232,7 @@ absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
       s.length = (p.row_end - p.row_begin) * t.RowElements();
       if (p.rank == rank_) layout.own_segments.push_back(static_cast<int>(layout.segments.size()));
       layout.segments.push_back(s);
-    }
-    // Padding: per rank, the gaps between its pieces and after the last.
-    std::vector<std::vector<std::pair<int64_t, int64_t>>> used(world_);
-    for (const Segment& seg : layout.segments) {
-      used[seg.rank].push_back({seg.chunk_offset, seg.chunk_offset + seg.length});
-    }
-    for (int r = 0; r < world_; ++r) {
-      std::sort(used[r].begin(), used[r].end());
-      int64_t at = 0;
-      for (const auto& [begin, end] : used[r]) {
-        if (begin > at) layout.padding.push_back({r * layout.chunk_elements + at,
-                                                  r * layout.chunk_elements + begin});
-        at = std::max(at, end);
-      }
-      if (at < layout.chunk_elements) {
-        layout.padding.push_back({r * layout.chunk_elements + at, (r + 1) * layout.chunk_elements});
-      }
+      layout.blocks.push_back(ShardBlock{s.rank, s.chunk_offset, s.flat_offset, s.length});
     }
     units_.push_back(std::move(layout));
   }
@@ -330,27 +321,28 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   UnitState& state = *state_[unit];
   const DType dtype = options_.param_dtype;
   const int64_t chunk = layout.chunk_elements;
-  TrackedBuffer send;
+  // f32: the pieces land straight in the unit's flat buffer. bf16: they
+  // travel as bf16 and are widened once.
+  TrackedBuffer send, received;
   const void* input = state.master.data();
+  void* output = out->data();
   if (dtype != DType::kF32) {
     send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
                          /*zero=*/false);
     FromF32(state.master.f32(), send.data(), chunk, dtype);
     input = send.data();
+    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers,
+                             Bytes(layout.flat_elements, dtype), /*zero=*/false);
+    output = received.data();
   }
-  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype),
-                         /*zero=*/false);
   SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
-  absl::Status s = gather_comm_->AllGather(input, received.data(), chunk, dtype,
-                                           options_.collective_timeout);
+  absl::Status s = gather_comm_->AllGatherBlocks(input, output, layout.blocks, dtype,
+                                                 options_.collective_timeout);
   SetActivity(&gather_activity_, "");
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }
-  for (const Segment& seg : layout.segments) {
-    ToF32(At(received.data(), seg.rank * chunk + seg.chunk_offset, dtype),
-          out->f32() + seg.flat_offset, seg.length, dtype);
-  }
+  if (dtype != DType::kF32) ToF32(received.data(), out->f32(), layout.flat_elements, dtype);
   return absl::OkStatus();
 }
 
@@ -392,7 +384,10 @@ absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position
   auto& slots = slots_;
   GatherSlot& slot = slots[position];
   if (slot.ticket != 0) {
-    if (absl::Status s = gather_thread_->Wait(slot.ticket); !s.ok()) return s;
+    absl::Time start = absl::Now();
+    absl::Status s = gather_thread_->Wait(slot.ticket);
+    times_.gather_wait_ms += MsSince(start);
+    if (!s.ok()) return s;
   }
   return slot.params.f32();
 }
@@ -438,36 +433,59 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
     }
     return absl::OkStatus();
   }
-  // Stages 1-3: reduce-scatter the flat gradient in chunked layout.
+  // Stages 1-3: reduce-scatter the flat gradient straight from the flat
+  // layout (bf16: from a narrowed copy) into this rank's pieces.
   const float* grads_flat = options_.stage == 1 ? state.grads.f32() : grads_flat_buffer->f32();
-  // Every element is either a piece's (copied below) or padding (zeroed).
-  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype),
-                     /*zero=*/false);
-  for (const auto& [begin, end] : layout.padding) {
-    std::memset(At(send.data(), begin, dtype), 0, Bytes(end - begin, dtype));
+  const void* input = grads_flat;
+  TrackedBuffer narrowed;
+  if (dtype != DType::kF32) {
+    narrowed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
+                             /*zero=*/false);
+    FromF32(grads_flat, narrowed.data(), flat, dtype);
+    input = narrowed.data();
+    if (options_.stage >= 2) grads_flat_buffer->Reset();  // narrowed: the flat gradient is done
   }
-  for (const Segment& seg : layout.segments) {
-    FromF32(grads_flat + seg.flat_offset, At(send.data(), seg.rank * chunk + seg.chunk_offset, dtype),
-            seg.length, dtype);
+  // Only this rank's pieces are written, and only they are read below. The
+  // first f32 reduction of a step lands straight in the gradient shard.
+  const bool direct = options_.stage >= 2 && state.grads_stale && dtype == DType::kF32;
+  TrackedBuffer received;
+  if (!direct) {
+    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
+                             /*zero=*/false);
   }
-  if (options_.stage >= 2) grads_flat_buffer->Reset();  // packed: the flat gradient is done
-  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
-                         /*zero=*/false);
   SetActivity(&reduce_activity_, absl::StrCat("reduce_scatter of unit '", layout.name, "'"));
-  absl::Status s = reduce_comm_->ReduceScatter(send.data(), received.data(), chunk, dtype,
-                                               ReduceOp::kAverage, options_.collective_timeout);
+  absl::Status s = reduce_comm_->ReduceScatterBlocks(
+      input, direct ? state.grads.data() : received.data(), layout.blocks, dtype,
+      ReduceOp::kAverage, options_.collective_timeout);
   SetActivity(&reduce_activity_, "");
+  if (options_.stage >= 2) grads_flat_buffer->Reset();
+  narrowed.Reset();
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
   }
+  // Padding is never written, so it stays zero: the squared norm at the step
+  // sums whole chunks.
+  if (direct) {
+    state.grads_stale = false;
+    return absl::OkStatus();
+  }
   if (options_.stage == 1) {
     state.reduced = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
                                   Bytes(chunk, DType::kF32));
-    ToF32(received.data(), state.reduced.f32(), chunk, dtype);
-  } else {
-    AddF32(received.data(), state.grads.f32(), chunk, dtype);
   }
+  for (int i : layout.own_segments) {
+    const Segment& seg = layout.segments[i];
+    const void* from = At(received.data(), seg.chunk_offset, dtype);
+    if (options_.stage == 1) {
+      ToF32(from, state.reduced.f32() + seg.chunk_offset, seg.length, dtype);
+    } else if (state.grads_stale) {
+      ToF32(from, state.grads.f32() + seg.chunk_offset, seg.length, dtype);
+    } else {
+      AddF32(from, state.grads.f32() + seg.chunk_offset, seg.length, dtype);
+    }
+  }
+  state.grads_stale = false;
   return absl::OkStatus();
 }
 
@@ -487,7 +505,10 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
   for (int k = 0; k < n; ++k) {
     absl::StatusOr<float*> params = AcquireParams(k, 2 * n - 1);
     if (!params.ok()) return params.status();
-    if (absl::Status s = model_->Forward(k, views(ops_[k], *params)); !s.ok()) return s;
+    absl::Time start = absl::Now();
+    absl::Status s = model_->Forward(k, views(ops_[k], *params));
+    times_.forward_ms += MsSince(start);
+    if (!s.ok()) return s;
     memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
     ReleaseParams(k);
   }
@@ -506,7 +527,10 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
       grads = state.grads_flat.f32();
     }
     UnitTensors grad_views = views(unit, grads);
-    if (absl::Status s = model_->Backward(op, views(unit, *params), grad_views); !s.ok()) return s;
+    absl::Time start = absl::Now();
+    absl::Status s = model_->Backward(op, views(unit, *params), grad_views);
+    times_.backward_ms += MsSince(start);
+    if (!s.ok()) return s;
     ReleaseParams(pos);
     if (pos == last_backward_[unit] && (options_.stage >= 2 || last_micro)) {
       // The task owns the flat gradient: the next micro-batch's backward of
@@ -524,6 +548,9 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
 
 absl::StatusOr<double> ZeroEngine::Forward() {
   const int n = static_cast<int>(ops_.size());
+  // Evaluation between steps does not count toward the next step's times.
+  const StepTimes saved_times = times_;
+  absl::Cleanup restore_times = [this, saved_times] { times_ = saved_times; };
   for (int k = 0; k < n; ++k) {
     absl::StatusOr<float*> params = AcquireParams(k, n - 1);
     if (!params.ok()) return params.status();
@@ -551,30 +578,40 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
   UnitState& state = *state_[unit];
   const DType dtype = options_.param_dtype;
   const int64_t chunk = layout.chunk_elements;
-  TrackedBuffer send(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype), /*zero=*/false);
-  FromF32(master_shard, send.data(), chunk, dtype);
-  TrackedBuffer received(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk * world_, dtype),
+  // Straight into the replicated parameters (bf16: from a narrowed shard).
+  const void* input = master_shard;
+  TrackedBuffer send;
+  if (dtype != DType::kF32) {
+    send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
                          /*zero=*/false);
+    FromF32(master_shard, send.data(), chunk, dtype);
+    input = send.data();
+  }
   SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
-  absl::Status s = gather_comm_->AllGather(send.data(), received.data(), chunk, dtype,
-                                           options_.collective_timeout);
+  absl::Status s = gather_comm_->AllGatherBlocks(input, state.replicated.data(), layout.blocks,
+                                                 dtype, options_.collective_timeout);
   SetActivity(&gather_activity_, "");
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
-  }
-  for (const Segment& seg : layout.segments) {
-    std::memcpy(At(state.replicated.data(), seg.flat_offset, dtype),
-                At(received.data(), seg.rank * chunk + seg.chunk_offset, dtype),
-                Bytes(seg.length, dtype));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
+  absl::Time wait_start = absl::Now();
   if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
+  times_.reduce_wait_ms += MsSince(wait_start);
+  absl::Time optimizer_start = absl::Now();
+  double param_sync_ms = 0;
   const int stage = options_.stage;
   const bool bf16_params = options_.param_dtype == DType::kBF16;
+  for (auto& st : state_) {
+    if (st->grads_stale) {  // no reduction this step (Step without a backward)
+      std::memset(st->grads.data(), 0, st->grads.bytes());
+      st->grads_stale = false;
+    }
+  }
   auto grad_of = [&](int u) -> std::pair<float*, int64_t> {
     UnitState& st = *state_[u];
     if (stage == 0) return {st.grads.f32(), units_[u].flat_elements};
@@ -625,12 +662,25 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
         p = packed.f32();
       }
       if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
-      if (absl::Status s = AllGatherReplicated(u, p); !s.ok()) return s;
+      absl::Time sync_start = absl::Now();
+      absl::Status s = AllGatherReplicated(u, p);
+      param_sync_ms += MsSince(sync_start);
+      if (!s.ok()) return s;
     }
-    // Gradients start from zero for the next step.
-    std::memset(st.grads.data(), 0, st.grads.bytes());
+    // Gradients start from zero for the next step: stages 0-1 add into the
+    // flat gradient during backward; stages 2-3 overwrite on the first
+    // reduction instead of clearing here.
+    if (stage <= 1) {
+      std::memset(st.grads.data(), 0, st.grads.bytes());
+    } else {
+      st.grads_stale = true;
+    }
     st.reduced.Reset();
   }
+  times_.param_sync_ms += param_sync_ms;
+  times_.optimizer_ms += MsSince(optimizer_start) - param_sync_ms;
+  stats.times = times_;
+  times_ = StepTimes();
   stats.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
   loss_sum_ = 0;
   micro_batches_ = 0;

@@ -75,14 +75,27 @@ struct UnitLayout {
   int64_t chunk_elements = 0;
   std::vector<Segment> segments;  // every rank's pieces
   std::vector<int> own_segments;  // indices of this rank's
-  // [begin, end) element ranges of the chunked layout (W × chunk) that no
-  // piece covers: the padding, zeroed in send buffers instead of the whole.
-  std::vector<std::pair<int64_t, int64_t>> padding;
+  // The segments as the communicators' block layout (shard = chunk, full =
+  // flat): gathers and reductions move data straight between the two.
+  std::vector<ShardBlock> blocks;
+};
+
+// Where a step's wall time went on the compute thread (milliseconds).
+// Communication that overlaps compute does not show; what shows in the
+// wait_* fields is communication the schedule failed to hide.
+struct StepTimes {
+  double forward_ms = 0;       // model forward (all micro-batches)
+  double backward_ms = 0;      // model backward
+  double gather_wait_ms = 0;   // waiting for a unit's all-gather
+  double reduce_wait_ms = 0;   // waiting for gradient reductions at the step
+  double optimizer_ms = 0;     // clip + optimizer on this rank's state
+  double param_sync_ms = 0;    // stages 1-2: all-gather of the updated parameters
 };
 
 struct StepStats {
   double loss = 0;       // mean over this rank's micro-batches
   double grad_norm = 0;  // global, before clipping
+  StepTimes times;
 };
 
 class ZeroEngine {
@@ -207,6 +220,7 @@ class ZeroEngine {
   std::string reduce_activity_ ABSL_GUARDED_BY(activity_mu_);
   double loss_sum_ = 0;
   int micro_batches_ = 0;
+  StepTimes times_;  // of the step in progress
 };
 
 }  // namespace zeroshard

@@ -1,11 +1,17 @@
 #include "worker/zero/task_thread.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 namespace zeroshard {
 
 TaskThread::TaskThread(std::string name) : name_(std::move(name)) {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    // "zs-gather", "zs-reduce", ...: what top -H and perf show (15 chars max).
+    pthread_setname_np(pthread_self(), ("zs-" + name_).substr(0, 15).c_str());
+    Loop();
+  });
 }
 
 TaskThread::~TaskThread() {

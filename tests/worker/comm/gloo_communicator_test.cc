@@ -321,6 +321,142 @@ TEST_P(GlooCommunicatorTest, RejectsBadArguments) {
   EXPECT_TRUE(comm.health().ok());
 }
 
+// An irregular block layout over a full buffer of `full` elements: blocks of
+// uneven sizes, rank r taking every W-th block (the last rank taking none
+// when W > 2), shards with gaps, empty blocks, and full-buffer gaps that no
+// block covers.
+std::vector<ShardBlock> IrregularBlocks(int world, int64_t* full) {
+  std::vector<ShardBlock> blocks;
+  std::vector<int64_t> shard_at(world, 3);  // shards start with 3 padding elements
+  int64_t at = 0;
+  const int owners = world > 2 ? world - 1 : world;
+  for (int i = 0; i < 11; ++i) {
+    const int rank = i % owners;
+    const int64_t count = i == 4 ? 0 : 17 + 29 * i;
+    blocks.push_back(ShardBlock{rank, shard_at[rank], at, count});
+    shard_at[rank] += count + 2;  // a gap between pieces in the shard
+    at += count + (i % 3 == 0 ? 5 : 0);  // and sometimes in the full buffer
+  }
+  *full = at;
+  return blocks;
+}
+
+TEST_P(GlooCommunicatorTest, AllGatherBlocksMovesEveryBlockIntoPlace) {
+  int64_t full = 0;
+  const std::vector<ShardBlock> blocks = IrregularBlocks(W(), &full);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const int esize = DTypeSize(dtype);
+    std::vector<std::vector<char>> out(W(), std::vector<char>(full * esize, 0x5a));
+    RunThreads(W(), [&](int r) {
+      // Rank r's shard holds the values every rank expects, at its offsets.
+      std::vector<float> shard(4096, NAN);
+      for (const ShardBlock& b : blocks) {
+        if (b.rank != r) continue;
+        for (int64_t i = 0; i < b.count; ++i) shard[b.shard_offset + i] = ExactValue(r, b.full_offset + i);
+      }
+      std::vector<uint16_t> narrow = ToBF16(shard);
+      const void* in = dtype == DType::kF32 ? static_cast<const void*>(shard.data()) : narrow.data();
+      absl::Status s = comms_[r]->AllGatherBlocks(in, out[r].data(), blocks, dtype, kTimeout);
+      EXPECT_TRUE(s.ok()) << s;
+    });
+    std::vector<bool> covered(full, false);
+    for (const ShardBlock& b : blocks) {
+      for (int64_t i = 0; i < b.count; ++i) covered[b.full_offset + i] = true;
+    }
+    for (int r = 0; r < W(); ++r) {
+      for (const ShardBlock& b : blocks) {
+        for (int64_t i = 0; i < b.count; ++i) {
+          const char* at = out[r].data() + (b.full_offset + i) * esize;
+          float value;
+          if (dtype == DType::kF32) {
+            std::memcpy(&value, at, 4);
+          } else {
+            uint16_t bits;
+            std::memcpy(&bits, at, 2);
+            value = BF16ToFloat(bits);
+          }
+          ASSERT_EQ(value, ExactValue(b.rank, b.full_offset + i))
+              << DTypeName(dtype) << " rank " << r << " element " << b.full_offset + i;
+        }
+      }
+      for (int64_t i = 0; i < full; ++i) {
+        if (covered[i]) continue;
+        for (int k = 0; k < esize; ++k) {
+          ASSERT_EQ(out[r][i * esize + k], 0x5a) << "gap element " << i << " was written";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(GlooCommunicatorTest, ReduceScatterBlocksReducesEachRanksBlocks) {
+  int64_t full = 0;
+  const std::vector<ShardBlock> blocks = IrregularBlocks(W(), &full);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    std::vector<std::vector<float>> shard(W(), std::vector<float>(4096, -7.0f));
+    RunThreads(W(), [&](int r) {
+      std::vector<float> in(full);
+      for (int64_t i = 0; i < full; ++i) in[i] = ExactValue(r, i);
+      absl::Status s = comms_[r]->ReduceScatterBlocks(in.data(), shard[r].data(), blocks,
+                                                      DType::kF32, op, kTimeout);
+      EXPECT_TRUE(s.ok()) << s;
+    });
+    for (int r = 0; r < W(); ++r) {
+      std::vector<bool> written(4096, false);
+      for (const ShardBlock& b : blocks) {
+        if (b.rank != r) continue;
+        for (int64_t i = 0; i < b.count; ++i) {
+          float sum = 0;
+          for (int src = 0; src < W(); ++src) sum += ExactValue(src, b.full_offset + i);
+          const float expected = op == ReduceOp::kSum ? sum : sum / W();
+          ASSERT_EQ(shard[r][b.shard_offset + i], expected)
+              << "rank " << r << " full element " << b.full_offset + i;
+          written[b.shard_offset + i] = true;
+        }
+      }
+      for (int64_t i = 0; i < 4096; ++i) {
+        if (!written[i]) ASSERT_EQ(shard[r][i], -7.0f) << "rank " << r << " padding " << i;
+      }
+    }
+  }
+  // bf16 against the f32 result, within the ring's rounding.
+  std::vector<std::vector<float>> result(W(), std::vector<float>(4096, 0.0f));
+  RunThreads(W(), [&](int r) {
+    std::vector<float> in(full);
+    for (int64_t i = 0; i < full; ++i) in[i] = NoisyValue(r, i);
+    std::vector<uint16_t> narrow = ToBF16(in), out(4096, 0);
+    absl::Status s = comms_[r]->ReduceScatterBlocks(narrow.data(), out.data(), blocks,
+                                                    DType::kBF16, ReduceOp::kSum, kTimeout);
+    EXPECT_TRUE(s.ok()) << s;
+    for (int64_t i = 0; i < 4096; ++i) result[r][i] = BF16ToFloat(out[i]);
+  });
+  for (const ShardBlock& b : blocks) {
+    for (int64_t i = 0; i < b.count; ++i) {
+      float sum = 0, abs_sum = 0;
+      for (int src = 0; src < W(); ++src) {
+        const float v = BF16ToFloat(FloatToBF16(NoisyValue(src, b.full_offset + i)));
+        sum += v;
+        abs_sum += std::fabs(v);
+      }
+      ASSERT_NEAR(result[b.rank][b.shard_offset + i], sum, BF16Tolerance(W(), abs_sum));
+    }
+  }
+}
+
+TEST_P(GlooCommunicatorTest, BlockCollectivesRejectBadLayouts) {
+  GlooCommunicator& comm = *comms_[0];
+  float x[16] = {};
+  std::vector<ShardBlock> bad_rank = {{W(), 0, 0, 4}};
+  absl::Status s = comm.AllGatherBlocks(x, x, bad_rank, DType::kF32, kTimeout);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("block 0 belongs to rank"), std::string::npos) << s;
+  std::vector<ShardBlock> negative = {{0, 0, 0, 4}, {1, -2, 4, 4}};
+  s = comm.ReduceScatterBlocks(x, x, negative, DType::kF32, ReduceOp::kSum, kTimeout);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("block 1"), std::string::npos) << s;
+  EXPECT_TRUE(comm.health().ok());
+}
+
 // One thread per rank runs gathers on a "gather" communicator while another
 // runs all-reduces on a "reduce" communicator, at the same time.
 TEST_P(GlooCommunicatorTest, TwoTagsConcurrently) {
