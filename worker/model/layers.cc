@@ -51,11 +51,12 @@ void LinearForward(float* y, const float* x, const float* w, const float* b, int
 }
 
 void LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                    const float* w, int64_t n, int64_t in, int64_t out) {
+                    const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
   // dx[N,IN] = dy[N,OUT] . w[OUT,IN]
   if (dx != nullptr) Gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
-  // dw[OUT,IN] += dy^T[OUT,N] . x[N,IN]
-  Gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+  // dw[OUT,IN] (+)= dy^T[OUT,N] . x[N,IN]
+  Gemm(true, false, out, in, n, 1.0f, dy, out, x, in, accumulate ? 1.0f : 0.0f, dw, in);
+  if (db != nullptr && !accumulate) std::fill(db, db + out, 0.0f);
   AddColumnSums(db, dy, n, out);
 }
 

@@ -24,9 +24,10 @@ namespace zeroshard {
 void LinearForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
                    int64_t out);
 // dx[N,IN] = dy w (written); dw += dy^T x; db += column sums of dy (db may be
-// nullptr when there is no bias).
+// nullptr when there is no bias). `accumulate` false: dw and db are written
+// (=) instead, whatever they held.
 void LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                    const float* w, int64_t n, int64_t in, int64_t out);
+                    const float* w, int64_t n, int64_t in, int64_t out, bool accumulate = true);
 
 // ----------------------------------------------------------------------------
 // Conv1D, the Hugging Face GPT-2 layout: w [IN,OUT], b [OUT].

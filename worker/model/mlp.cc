@@ -94,7 +94,8 @@ absl::Status MlpModel::Forward(int op, const UnitTensors& params) {
   return absl::OkStatus();
 }
 
-absl::Status MlpModel::Backward(int op, const UnitTensors& params, UnitTensors& grads) {
+absl::Status MlpModel::BackwardInto(int op, const UnitTensors& params, UnitTensors& grads,
+                                    GradMode mode) {
   if (absl::Status s = sequencer_.CheckBackward(op); !s.ok()) return s;
   if (absl::Status s = CheckUnitTensors(spec_, unit_tensors_[op], params, "params"); !s.ok()) {
     return s;
@@ -119,7 +120,7 @@ absl::Status MlpModel::Backward(int op, const UnitTensors& params, UnitTensors& 
   // The first layer's input is data: no gradient needed.
   float* dx = op > 0 ? dinp_.data() : nullptr;
   LinearBackward(dx, grads[0].data, grads[1].data, dout_.data(), LayerInput(op), params[0].data,
-                 rows_, w, w);
+                 rows_, w, w, /*accumulate=*/mode == GradMode::kAdd);
   std::swap(dout_, dinp_);  // op-1 continues from d(loss)/d(its output)
 
   sequencer_.MarkBackward(op);

@@ -49,7 +49,12 @@ class MlpModel : public Model {
   const ModelSpec& Spec() const override { return spec_; }
   const std::vector<int>& ForwardOps() const override { return forward_ops_; }
   absl::Status Forward(int op, const UnitTensors& params) override;
-  absl::Status Backward(int op, const UnitTensors& params, UnitTensors& grads) override;
+  absl::Status Backward(int op, const UnitTensors& params, UnitTensors& grads) override {
+    return BackwardInto(op, params, grads, GradMode::kAdd);
+  }
+  // kOverwrite writes the Linear gradients directly (GEMM with beta 0).
+  absl::Status BackwardInto(int op, const UnitTensors& params, UnitTensors& grads,
+                            GradMode mode) override;
   double Loss() const override { return loss_; }
   int64_t ActivationBytes() const override;
   // PyTorch's nn.Linear default: weight and bias uniform in

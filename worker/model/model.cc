@@ -1,5 +1,7 @@
 #include "worker/model/model.h"
 
+#include <cstring>
+
 #include <map>
 #include <string>
 
@@ -85,5 +87,15 @@ absl::Status OpSequencer::CheckBackward(int op) const {
 }
 
 void OpSequencer::MarkBackward(int op) { next_backward_ = op - 1; }
+
+absl::Status Model::BackwardInto(int op, const UnitTensors& params, UnitTensors& grads,
+                                 GradMode mode) {
+  if (mode == GradMode::kOverwrite) {
+    for (TensorView& g : grads) {
+      if (g.data != nullptr) std::memset(g.data, 0, g.elements() * sizeof(float));
+    }
+  }
+  return Backward(op, params, grads);
+}
 
 }  // namespace zeroshard

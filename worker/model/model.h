@@ -44,6 +44,15 @@ class Model {
   // params). REQUIRES: all forwards ran; ops are run in order n-1..0.
   virtual absl::Status Backward(int op, const UnitTensors& params, UnitTensors& grads) = 0;
 
+  // Backward with a choice: kAdd is Backward; kOverwrite is for `grads` that
+  // hold garbage (a fresh buffer, the first op of a unit in a micro-batch)
+  // and makes them d(loss)/d(params) of this op alone. The default zeroes
+  // `grads` (host memory) and adds; models override it to write instead (no
+  // clearing pass); device models must override it.
+  enum class GradMode { kAdd, kOverwrite };
+  virtual absl::Status BackwardInto(int op, const UnitTensors& params, UnitTensors& grads,
+                                    GradMode mode);
+
   // Loss of the last forward pass: the mean over the batch.
   virtual double Loss() const = 0;
 

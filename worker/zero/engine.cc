@@ -59,9 +59,10 @@ struct ZeroEngine::UnitState {
   TrackedBuffer grads;       // stages 0-1: flat f32; stages 2-3: chunk f32 (accumulated shard)
   TrackedBuffer grads_flat;  // stages 2-3: flat f32 during this micro-batch's backward
   TrackedBuffer reduced;     // stage 1: chunk f32 after the step's reduce-scatter
-  // Stages 2-3: `grads` holds nothing of this step yet (its contents are
-  // stale), so the first reduction writes it instead of adding to it.
-  // Set by Step, cleared by ReduceUnit (which Step drains first).
+  // `grads` holds nothing of this step yet (its contents are stale): the
+  // first backward op (stages 0-1) or the first reduction (stages 2-3)
+  // writes it instead of adding. Set by Step; cleared by the compute thread
+  // (stages 0-1) or ReduceUnit (stages 2-3, which Step drains first).
   bool grads_stale = false;
   std::unique_ptr<Optimizer> optimizer;
 };
@@ -485,7 +486,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
       AddF32(from, state.grads.f32() + seg.chunk_offset, seg.length, dtype);
     }
   }
-  state.grads_stale = false;
+  if (options_.stage >= 2) state.grads_stale = false;  // stage 1: the compute thread's
   return absl::OkStatus();
 }
 
@@ -519,16 +520,25 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
     absl::StatusOr<float*> params = AcquireParams(pos, 2 * n - 1);
     if (!params.ok()) return params.status();
     float* grads = state.grads.f32();
+    // The first backward op of a unit in a micro-batch writes its gradient
+    // (no clearing pass) into a fresh buffer (stages 2-3) or, on the first
+    // micro-batch, into the step's flat gradient (stages 0-1); later ones add.
+    Model::GradMode mode = Model::GradMode::kAdd;
     if (options_.stage >= 2) {
       if (pos == first_backward_[unit]) {
         state.grads_flat = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
-                                         Bytes(units_[unit].flat_elements, DType::kF32));
+                                         Bytes(units_[unit].flat_elements, DType::kF32),
+                                         /*zero=*/false);
+        mode = Model::GradMode::kOverwrite;
       }
       grads = state.grads_flat.f32();
+    } else if (state.grads_stale && pos == first_backward_[unit]) {
+      mode = Model::GradMode::kOverwrite;
     }
+    if (options_.stage <= 1) state.grads_stale = false;
     UnitTensors grad_views = views(unit, grads);
     absl::Time start = absl::Now();
-    absl::Status s = model_->Backward(op, views(unit, *params), grad_views);
+    absl::Status s = model_->BackwardInto(op, views(unit, *params), grad_views, mode);
     times_.backward_ms += MsSince(start);
     if (!s.ok()) return s;
     ReleaseParams(pos);
@@ -667,14 +677,10 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
       param_sync_ms += MsSince(sync_start);
       if (!s.ok()) return s;
     }
-    // Gradients start from zero for the next step: stages 0-1 add into the
-    // flat gradient during backward; stages 2-3 overwrite on the first
-    // reduction instead of clearing here.
-    if (stage <= 1) {
-      std::memset(st.grads.data(), 0, st.grads.bytes());
-    } else {
-      st.grads_stale = true;
-    }
+    // The next step's first backward (stages 0-1) or first reduction
+    // (stages 2-3) writes the gradient instead of adding to it: no clearing
+    // pass here.
+    st.grads_stale = true;
     st.reduced.Reset();
   }
   times_.param_sync_ms += param_sync_ms;

@@ -172,6 +172,31 @@ TEST(MlpModelTest, BackwardAddsIntoGradients) {
   }
 }
 
+TEST(MlpModelTest, OverwriteModeWritesWhatAddModeAddsToZeros) {
+  const int64_t w = 5, rows = 3;
+  auto model = MakeMlp(2, w, "relu");
+  ParamStore store(*model);
+  store.InitFromModel(2);
+  auto x = RandomVector(rows * w, -1, 1, 7);
+  auto y = RandomVector(rows * w, -1, 1, 8);
+  ASSERT_TRUE(model->SetBatch(x.data(), y.data(), rows).ok());
+  store.ForwardAll(*model);
+  ASSERT_TRUE(store.BackwardAll(*model).ok());  // into zeroed gradients
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < store.num_tensors(); ++i) want.push_back(store.grad(i));
+  // Garbage (NaN) in every gradient: kOverwrite must not read it.
+  store.ForwardAll(*model);
+  for (int op = 1; op >= 0; --op) {
+    UnitTensors grads = store.Grads(op);
+    for (TensorView& g : grads) std::fill(g.data, g.data + g.elements(), NAN);
+    ASSERT_TRUE(
+        model->BackwardInto(op, store.Params(op), grads, Model::GradMode::kOverwrite).ok());
+  }
+  for (int i = 0; i < store.num_tensors(); ++i) {
+    ASSERT_EQ(store.grad(i), want[i]) << model->Spec().tensors[i].name;
+  }
+}
+
 TEST(MlpModelTest, RejectsOutOfOrderOpsAndBadViews) {
   const int64_t w = 4, rows = 2;
   auto model = MakeMlp(3, w, "relu");
