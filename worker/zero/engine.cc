@@ -15,35 +15,6 @@ namespace {
 
 int64_t Bytes(int64_t elements, DType dtype) { return elements * DTypeSize(dtype); }
 
-// dst[i] = value of src[i] in `dtype` (kF32 or kBF16) for i < n.
-void FromF32(const float* src, void* dst, int64_t n, DType dtype) {
-  if (dtype == DType::kF32) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    uint16_t* out = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) out[i] = FloatToBF16(src[i]);
-  }
-}
-
-void ToF32(const void* src, float* dst, int64_t n, DType dtype) {
-  if (dtype == DType::kF32) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    const uint16_t* in = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(in[i]);
-  }
-}
-
-void AddF32(const void* src, float* dst, int64_t n, DType dtype) {
-  if (dtype == DType::kF32) {
-    const float* in = static_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] += in[i];
-  } else {
-    const uint16_t* in = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] += BF16ToFloat(in[i]);
-  }
-}
-
 double MsSince(absl::Time start) { return absl::ToDoubleMilliseconds(absl::Now() - start); }
 
 char* At(void* base, int64_t element, DType dtype) {
@@ -121,6 +92,8 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
   engine->reduce_comm_ = reduce;
   engine->aux_comm_ = aux;
   engine->options_ = options;
+  engine->backend_ = options.backend != nullptr ? options.backend : CpuBackend();
+  engine->memory_.set_backend(engine->backend_);
   engine->rank_ = gather->rank();
   engine->world_ = gather->world_size();
   if (absl::Status s = engine->BuildLayouts(plan); !s.ok()) return s;
@@ -166,8 +139,8 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
       state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent,
                                    Bytes(stage <= 1 ? flat : chunk, DType::kF32));
     }
-    auto optimizer = MakeOptimizer(options.optimizer, stage == 0 ? flat : chunk,
-                                   options.optimizer_options);
+    auto optimizer = engine->backend_->MakeOptimizer(options.optimizer, stage == 0 ? flat : chunk,
+                                                     options.optimizer_options);
     if (!optimizer.ok()) return optimizer.status();
     state->optimizer = std::move(*optimizer);
     m->Add(MemoryCategory::kOptimizerState, state->optimizer->StateBytes());
@@ -247,11 +220,19 @@ int64_t ZeroEngine::largest_unit_elements() const {
 }
 
 void ZeroEngine::PackOwn(const UnitLayout& u, const float* flat, float* chunk) const {
-  std::memset(chunk, 0, u.chunk_elements * sizeof(float));
+  backend_->Zero(chunk, u.chunk_elements * sizeof(float));
   for (int i : u.own_segments) {
     const Segment& s = u.segments[i];
-    std::memcpy(chunk + s.chunk_offset, flat + s.flat_offset, s.length * sizeof(float));
+    backend_->Copy(chunk + s.chunk_offset, flat + s.flat_offset, s.length * sizeof(float));
   }
+}
+
+absl::Status ZeroEngine::FillRows(const RowSource& fill, const TensorSpec& tensor,
+                                  int64_t row_begin, int64_t row_end, float* target) {
+  if (backend_->host_accessible()) return fill(tensor, row_begin, row_end, target);
+  std::vector<float> host((row_end - row_begin) * tensor.RowElements());
+  if (absl::Status s = fill(tensor, row_begin, row_end, host.data()); !s.ok()) return s;
+  return backend_->CopyFromHost(target, host.data(), host.size() * sizeof(float));
 }
 
 absl::Status ZeroEngine::Initialize(const RowSource& fill) {
@@ -262,29 +243,32 @@ absl::Status ZeroEngine::Initialize(const RowSource& fill) {
     if (options_.stage == 3) {
       for (int i : layout.own_segments) {
         const Segment& s = layout.segments[i];
-        absl::Status st = fill(layout.tensors[s.tensor], s.row_begin, s.row_end,
-                               state.master.f32() + s.chunk_offset);
+        absl::Status st = FillRows(fill, layout.tensors[s.tensor], s.row_begin, s.row_end,
+                                   state.master.f32() + s.chunk_offset);
         if (!st.ok()) return st;
       }
       continue;
     }
-    // Stages 0-2 hold every row.
-    std::vector<float> flat(layout.flat_elements);
+    // Stages 0-2 hold every row: f32 in a temporary, then the replicated
+    // parameters (param dtype) and, with bf16, the f32 master.
+    TrackedBuffer flat(&memory_, MemoryCategory::kCommBuffers,
+                       Bytes(layout.flat_elements, DType::kF32), /*zero=*/false);
     for (size_t t = 0; t < layout.tensors.size(); ++t) {
-      absl::Status st = fill(layout.tensors[t], 0, layout.tensors[t].Rows(),
-                             flat.data() + layout.tensor_offsets[t]);
+      absl::Status st = FillRows(fill, layout.tensors[t], 0, layout.tensors[t].Rows(),
+                                 flat.f32() + layout.tensor_offsets[t]);
       if (!st.ok()) return st;
     }
-    FromF32(flat.data(), state.replicated.data(), layout.flat_elements, options_.param_dtype);
+    backend_->Convert(flat.data(), DType::kF32, state.replicated.data(), options_.param_dtype,
+                      layout.flat_elements);
     if (bf16_params) {
       if (options_.stage == 0) {
-        std::memcpy(state.master.f32(), flat.data(), flat.size() * sizeof(float));
+        backend_->Copy(state.master.data(), flat.data(), flat.bytes());
       } else {
-        PackOwn(layout, flat.data(), state.master.f32());
+        PackOwn(layout, flat.f32(), state.master.f32());
       }
     }
   }
-  return absl::OkStatus();
+  return backend_->Synchronize();
 }
 
 absl::Status ZeroEngine::InitializeMoment(Moment moment, const RowSource& fill) {
@@ -299,8 +283,8 @@ absl::Status ZeroEngine::InitializeMoment(Moment moment, const RowSource& fill) 
     }
     if (options_.stage == 0) {  // replicated: every row, flat layout
       for (size_t t = 0; t < layout.tensors.size(); ++t) {
-        absl::Status st = fill(layout.tensors[t], 0, layout.tensors[t].Rows(),
-                               target + layout.tensor_offsets[t]);
+        absl::Status st = FillRows(fill, layout.tensors[t], 0, layout.tensors[t].Rows(),
+                                   target + layout.tensor_offsets[t]);
         if (!st.ok()) return st;
       }
       continue;
@@ -308,11 +292,11 @@ absl::Status ZeroEngine::InitializeMoment(Moment moment, const RowSource& fill) 
     for (int i : layout.own_segments) {
       const Segment& s = layout.segments[i];
       absl::Status st =
-          fill(layout.tensors[s.tensor], s.row_begin, s.row_end, target + s.chunk_offset);
+          FillRows(fill, layout.tensors[s.tensor], s.row_begin, s.row_end, target + s.chunk_offset);
       if (!st.ok()) return st;
     }
   }
-  return absl::OkStatus();
+  return backend_->Synchronize();
 }
 
 // ---- Stage 3 gathers ----
@@ -330,11 +314,12 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   if (dtype != DType::kF32) {
     send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
                          /*zero=*/false);
-    FromF32(state.master.f32(), send.data(), chunk, dtype);
+    backend_->Convert(state.master.data(), DType::kF32, send.data(), dtype, chunk);
     input = send.data();
     received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers,
                              Bytes(layout.flat_elements, dtype), /*zero=*/false);
     output = received.data();
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   }
   SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
   absl::Status s = gather_comm_->AllGatherBlocks(input, output, layout.blocks, dtype,
@@ -343,8 +328,10 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }
-  if (dtype != DType::kF32) ToF32(received.data(), out->f32(), layout.flat_elements, dtype);
-  return absl::OkStatus();
+  if (dtype != DType::kF32) {
+    backend_->Convert(received.data(), dtype, out->data(), DType::kF32, layout.flat_elements);
+  }
+  return backend_->Synchronize();  // the compute thread reads it next
 }
 
 absl::Status ZeroEngine::IssueGather(int position) {
@@ -360,7 +347,15 @@ absl::Status ZeroEngine::IssueGather(int position) {
   slot.params = TrackedBuffer(&memory_, MemoryCategory::kParamsGathered,
                               Bytes(units_[unit].flat_elements, DType::kF32), /*zero=*/false);
   TrackedBuffer* out = &slot.params;
-  slot.ticket = gather_thread_->Submit([this, unit, out] { return GatherUnit(unit, out); });
+  // On a device the block may still be read by this thread's queued work
+  // (a released unit); the gather writes it only after that.
+  std::shared_ptr<Fence> free_to_write = backend_->Record();
+  slot.ticket = gather_thread_->Submit([this, unit, out, free_to_write]() -> absl::Status {
+    if (free_to_write != nullptr) {
+      if (absl::Status s = free_to_write->Wait(); !s.ok()) return s;
+    }
+    return GatherUnit(unit, out);
+  });
   return absl::OkStatus();
 }
 
@@ -373,8 +368,8 @@ absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position
     GatherSlot& slot = slots[position];
     slot.params = TrackedBuffer(&memory_, MemoryCategory::kParamsGathered,
                                 Bytes(units_[unit].flat_elements, DType::kF32));
-    ToF32(state.replicated.data(), slot.params.f32(), units_[unit].flat_elements,
-          options_.param_dtype);
+    backend_->Convert(state.replicated.data(), options_.param_dtype, slot.params.data(),
+                      DType::kF32, units_[unit].flat_elements);
     return slot.params.f32();
   }
   const int n = static_cast<int>(ops_.size());
@@ -408,7 +403,11 @@ void ZeroEngine::ReleaseParams(int position) {
 
 // ---- Reductions ----
 
-absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) {
+absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, Fence* computed) {
+  // The compute thread's backward of this unit must be done.
+  if (computed != nullptr) {
+    if (absl::Status s = computed->Wait(); !s.ok()) return s;
+  }
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
   const DType dtype = options_.reduce_dtype;
@@ -422,17 +421,21 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
       s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
                                   options_.collective_timeout);
     } else {
-      TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype));
-      FromF32(state.grads.f32(), buffer.data(), flat, dtype);
-      s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
-                                  options_.collective_timeout);
-      if (s.ok()) ToF32(buffer.data(), state.grads.f32(), flat, dtype);
+      TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
+                           /*zero=*/false);
+      backend_->Convert(state.grads.data(), DType::kF32, buffer.data(), dtype, flat);
+      s = backend_->Synchronize();
+      if (s.ok()) {
+        s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
+                                    options_.collective_timeout);
+      }
+      if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
     }
     SetActivity(&reduce_activity_, "");
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
     }
-    return absl::OkStatus();
+    return backend_->Synchronize();
   }
   // Stages 1-3: reduce-scatter the flat gradient straight from the flat
   // layout (bf16: from a narrowed copy) into this rank's pieces.
@@ -442,8 +445,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
   if (dtype != DType::kF32) {
     narrowed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
                              /*zero=*/false);
-    FromF32(grads_flat, narrowed.data(), flat, dtype);
+    backend_->Convert(grads_flat, DType::kF32, narrowed.data(), dtype, flat);
     input = narrowed.data();
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
     if (options_.stage >= 2) grads_flat_buffer->Reset();  // narrowed: the flat gradient is done
   }
   // Only this rank's pieces are written, and only they are read below. The
@@ -469,7 +473,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
   // sums whole chunks.
   if (direct) {
     state.grads_stale = false;
-    return absl::OkStatus();
+    return absl::OkStatus();  // the collective returned with the data in place
   }
   if (options_.stage == 1) {
     state.reduced = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
@@ -479,15 +483,17 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer) 
     const Segment& seg = layout.segments[i];
     const void* from = At(received.data(), seg.chunk_offset, dtype);
     if (options_.stage == 1) {
-      ToF32(from, state.reduced.f32() + seg.chunk_offset, seg.length, dtype);
+      backend_->Convert(from, dtype, state.reduced.f32() + seg.chunk_offset, DType::kF32,
+                        seg.length);
     } else if (state.grads_stale) {
-      ToF32(from, state.grads.f32() + seg.chunk_offset, seg.length, dtype);
+      backend_->Convert(from, dtype, state.grads.f32() + seg.chunk_offset, DType::kF32,
+                        seg.length);
     } else {
-      AddF32(from, state.grads.f32() + seg.chunk_offset, seg.length, dtype);
+      backend_->AddInto(from, dtype, state.grads.f32() + seg.chunk_offset, seg.length);
     }
   }
   if (options_.stage >= 2) state.grads_stale = false;  // stage 1: the compute thread's
-  return absl::OkStatus();
+  return backend_->Synchronize();
 }
 
 // ---- The pass ----
@@ -546,7 +552,9 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
       // The task owns the flat gradient: the next micro-batch's backward of
       // this unit may start before the reduction has packed it.
       auto flat = std::make_shared<TrackedBuffer>(std::move(state.grads_flat));
-      reduce_thread_->Submit([this, unit, flat] { return ReduceUnit(unit, flat.get()); });
+      std::shared_ptr<Fence> computed = backend_->Record();
+      reduce_thread_->Submit(
+          [this, unit, flat, computed] { return ReduceUnit(unit, flat.get(), computed.get()); });
     }
   }
   memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
@@ -594,9 +602,10 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
   if (dtype != DType::kF32) {
     send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
                          /*zero=*/false);
-    FromF32(master_shard, send.data(), chunk, dtype);
+    backend_->Convert(master_shard, DType::kF32, send.data(), dtype, chunk);
     input = send.data();
   }
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;  // the optimizer's update
   SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
   absl::Status s = gather_comm_->AllGatherBlocks(input, state.replicated.data(), layout.blocks,
                                                  dtype, options_.collective_timeout);
@@ -618,7 +627,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   const bool bf16_params = options_.param_dtype == DType::kBF16;
   for (auto& st : state_) {
     if (st->grads_stale) {  // no reduction this step (Step without a backward)
-      std::memset(st->grads.data(), 0, st->grads.bytes());
+      backend_->Zero(st->grads.data(), st->grads.bytes());
       st->grads_stale = false;
     }
   }
@@ -634,10 +643,10 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   for (size_t u = 0; u < units_.size(); ++u) {
     auto [g, n] = grad_of(u);
     if (g == nullptr) return absl::InternalError(absl::StrCat("no gradient for ", Where(u)));
-    if (scale != 1.0f) {
-      for (int64_t i = 0; i < n; ++i) g[i] *= scale;
-    }
-    squares += SquaredL2Norm(g, n);
+    if (scale != 1.0f) backend_->Scale(g, n, scale);
+    absl::StatusOr<double> unit_squares = backend_->SquaredNorm(g, n);
+    if (!unit_squares.ok()) return unit_squares.status();
+    squares += *unit_squares;
   }
   if (stage > 0) {  // shards: add up over ranks (padding holds zeros)
     absl::StatusOr<double> mean = MeanOverRanks(squares, "the squared gradient norm");
@@ -654,20 +663,21 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     UnitState& st = *state_[u];
     const UnitLayout& layout = units_[u];
     auto [g, n] = grad_of(u);
-    if (clip != 1.0f) {
-      for (int64_t i = 0; i < n; ++i) g[i] *= clip;
-    }
+    if (clip != 1.0f) backend_->Scale(g, n, clip);
     if (stage == 3) {
       if (absl::Status s = st.optimizer->Step(st.master.f32(), g, n, lr); !s.ok()) return s;
     } else if (stage == 0) {
       float* p = bf16_params ? st.master.f32() : st.replicated.f32();
       if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
-      if (bf16_params) FromF32(p, st.replicated.data(), n, options_.param_dtype);
+      if (bf16_params) {
+        backend_->Convert(p, DType::kF32, st.replicated.data(), options_.param_dtype, n);
+      }
     } else {
       TrackedBuffer packed;
       float* p = st.master.f32();
       if (!bf16_params) {  // fp32: the replicated parameters are their own master
-        packed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(n, DType::kF32));
+        packed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(n, DType::kF32),
+                               /*zero=*/false);
         PackOwn(layout, st.replicated.f32(), packed.f32());
         p = packed.f32();
       }
@@ -683,6 +693,8 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     st.grads_stale = true;
     st.reduced.Reset();
   }
+  // The gather thread reads the updated shards next.
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   times_.param_sync_ms += param_sync_ms;
   times_.optimizer_ms += MsSince(optimizer_start) - param_sync_ms;
   stats.times = times_;
@@ -728,6 +740,8 @@ absl::StatusOr<double> ZeroEngine::ParamsSum() {
 absl::Status ZeroEngine::ForEachOwnPiece(
     const std::function<absl::Status(const PieceView&)>& visit) {
   const bool bf16_params = options_.param_dtype == DType::kBF16;
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+  std::vector<std::vector<float>> host;  // staging, device backends only
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = units_[u];
     UnitState& st = *state_[u];
@@ -749,7 +763,21 @@ absl::Status ZeroEngine::ForEachOwnPiece(
       float* v = st.optimizer->exp_avg_sq();
       view.exp_avg = m ? m + state_offset : nullptr;
       view.exp_avg_sq = v ? v + state_offset : nullptr;
-      if (absl::Status s = visit(view); !s.ok()) return s;
+      if (!backend_->host_accessible()) {
+        // Device memory: the visitor sees host copies.
+        const int64_t bytes = seg.length * static_cast<int64_t>(sizeof(float));
+        for (float** p : {&view.params, &view.exp_avg, &view.exp_avg_sq}) {
+          if (*p == nullptr) continue;
+          host.emplace_back(seg.length);
+          if (absl::Status s = backend_->CopyToHost(host.back().data(), *p, bytes); !s.ok()) {
+            return s;
+          }
+          *p = host.back().data();
+        }
+      }
+      absl::Status s = visit(view);
+      host.clear();
+      if (!s.ok()) return s;
     }
   }
   return absl::OkStatus();

@@ -38,6 +38,7 @@
 #include "common/shard_plan.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/model.h"
+#include "worker/zero/backend.h"
 #include "worker/zero/memory_tracker.h"
 #include "worker/zero/optimizer.h"
 #include "worker/zero/task_thread.h"
@@ -54,6 +55,9 @@ struct EngineOptions {
   std::string optimizer = "adam";
   OptimizerOptions optimizer_options;
   double max_grad_norm = 0;  // > 0: clip by global norm
+  // Where buffers live and the non-model ops run; null: the CPU. The model's
+  // views point into this backend's memory. Not owned.
+  Backend* backend = nullptr;
 };
 
 // A piece as a range copy between layouts (elements).
@@ -143,7 +147,9 @@ class ZeroEngine {
                                                       const char* what = "a metric");
 
   // Visits this rank's pieces with their fp32 master values (and Adam
-  // moments, when the optimizer has them): for checkpoints.
+  // moments, when the optimizer has them): for checkpoints. The pointers are
+  // host memory (copies, on a device backend) valid during the visit; a
+  // visitor that writes through them changes the model on the CPU only.
   struct PieceView {
     const TensorSpec* tensor;
     int64_t row_begin, row_end;
@@ -180,6 +186,10 @@ class ZeroEngine {
   ZeroEngine() = default;
 
   absl::Status BuildLayouts(const ShardPlan& plan);
+  // fill(tensor, rows) into `target` (backend memory), through a host
+  // staging buffer when the backend's memory is not host memory.
+  absl::Status FillRows(const RowSource& fill, const TensorSpec& tensor, int64_t row_begin,
+                        int64_t row_end, float* target);
   // Stage 3: position k of the pass (forward ops, then backward ops).
   absl::Status IssueGather(int position);
   // Prefetches no further than `last_position`.
@@ -188,7 +198,8 @@ class ZeroEngine {
   absl::Status GatherUnit(int unit, TrackedBuffer* out);
   // Stages 2-3 reduce `grads_flat` (then free it); stages 0-1 the unit's
   // accumulated full gradient.
-  absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat);
+  // `computed`: the compute thread's work on the gradient, waited for first.
+  absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed);
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
@@ -197,6 +208,7 @@ class ZeroEngine {
   // First: every TrackedBuffer below returns its memory here when destroyed.
   MemoryTracker memory_;
   Model* model_ = nullptr;
+  Backend* backend_ = nullptr;
   Communicator* gather_comm_ = nullptr;
   Communicator* reduce_comm_ = nullptr;
   Communicator* aux_comm_ = nullptr;

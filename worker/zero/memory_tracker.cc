@@ -1,5 +1,6 @@
 #include "worker/zero/memory_tracker.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -63,6 +64,15 @@ int64_t Rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 void* MemoryTracker::Allocate(int64_t bytes) {
   const int64_t rounded = Rounded(bytes);
+  if (!backend_->host_accessible()) {
+    void* data = backend_->Allocate(rounded);
+    if (data == nullptr) {
+      std::fprintf(stderr, "zeroshard: out of memory on %s: cannot allocate %lld bytes\n",
+                   backend_->name().c_str(), static_cast<long long>(rounded));
+      throw std::bad_alloc();
+    }
+    return data;
+  }
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     auto it = pool_.find(rounded);
@@ -75,13 +85,21 @@ void* MemoryTracker::Allocate(int64_t bytes) {
     }
   }
   // 64-byte alignment for vectorized kernels.
-  void* data = std::aligned_alloc(64, rounded);
-  if (data == nullptr) throw std::bad_alloc();
+  void* data = backend_->Allocate(rounded);
+  if (data == nullptr) {
+    std::fprintf(stderr, "zeroshard: out of host memory: cannot allocate %lld bytes\n",
+                 static_cast<long long>(rounded));
+    throw std::bad_alloc();
+  }
   return data;
 }
 
 void MemoryTracker::Free(void* data, int64_t bytes) {
   const int64_t rounded = Rounded(bytes);
+  if (!backend_->host_accessible()) {
+    backend_->Free(data, rounded);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(pool_mu_);
     if (pool_bytes_ + rounded <= pool_limit_bytes_) {
@@ -91,11 +109,11 @@ void MemoryTracker::Free(void* data, int64_t bytes) {
       return;
     }
   }
-  std::free(data);
+  backend_->Free(data, rounded);
 }
 
 MemoryTracker::~MemoryTracker() {
-  for (auto& [size, data] : pool_) std::free(data);
+  for (auto& [size, data] : pool_) backend_->Free(data, size);
 }
 
 TrackedBuffer::TrackedBuffer(MemoryTracker* tracker, MemoryCategory category, int64_t bytes,
@@ -112,7 +130,13 @@ TrackedBuffer::TrackedBuffer(MemoryTracker* tracker, MemoryCategory category, in
     data_ = std::aligned_alloc(64, Rounded(bytes));
     if (data_ == nullptr) throw std::bad_alloc();
   }
-  if (zero) std::memset(data_, 0, Rounded(bytes));
+  if (zero) {
+    if (tracker_ != nullptr) {
+      tracker_->backend()->Zero(data_, Rounded(bytes));
+    } else {
+      std::memset(data_, 0, Rounded(bytes));
+    }
+  }
 }
 
 TrackedBuffer& TrackedBuffer::operator=(TrackedBuffer&& other) noexcept {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/zero/backend.h"
+
 namespace zeroshard {
 
 enum class MemoryCategory {
@@ -44,13 +46,19 @@ class MemoryTracker {
   // optimizer state (what the ZeRO formulas count).
   int64_t model_state() const;
 
-  // Host memory for TrackedBuffer. Freed blocks are kept (by size, up to
-  // `pool_limit_bytes` in all) and handed out again: the engine frees and
-  // reallocates the same few sizes every unit, and fresh pages from the
-  // kernel cost a page fault and a zeroing each. Thread-safe.
+  // Memory for TrackedBuffer, from the backend (default: the CPU's). On the
+  // host, freed blocks are kept (by size, up to `pool_limit_bytes` in all)
+  // and handed out again: the engine frees and reallocates the same few
+  // sizes every unit, and fresh pages from the kernel cost a page fault and
+  // a zeroing each. (A device backend pools by itself.) Thread-safe. Out of
+  // memory: a message naming the size and backend on stderr, then
+  // std::bad_alloc.
   void* Allocate(int64_t bytes);
   void Free(void* data, int64_t bytes);
   void set_pool_limit_bytes(int64_t limit) { pool_limit_bytes_ = limit; }
+  // Before the first Allocate.
+  void set_backend(Backend* backend) { backend_ = backend; }
+  Backend* backend() const { return backend_; }
   ~MemoryTracker();
 
  private:
@@ -63,10 +71,12 @@ class MemoryTracker {
   std::multimap<int64_t, void*> pool_;  // rounded bytes -> block; guarded by pool_mu_
   int64_t pool_bytes_ = 0;             // guarded by pool_mu_
   int64_t pool_limit_bytes_ = int64_t{256} << 20;
+  Backend* backend_ = CpuBackend();
 };
 
-// A zero-initialized host buffer whose bytes are counted in a category for
-// its lifetime. Movable, not copyable.
+// A zero-initialized buffer in the tracker's backend memory whose bytes are
+// counted in a category for its lifetime (without a tracker: host memory).
+// Movable, not copyable.
 class TrackedBuffer {
  public:
   TrackedBuffer() = default;

@@ -73,10 +73,11 @@ class Optimizer {
   // optimizer has no such state. Adam / AdamW: exp_avg and exp_avg_sq. SGD
   // with momentum: exp_avg() is the momentum buffer; exp_avg_sq() is null.
   // SGD without momentum: both null.
-  float* exp_avg() { return exp_avg_.empty() ? nullptr : exp_avg_.data(); }
-  float* exp_avg_sq() { return exp_avg_sq_.empty() ? nullptr : exp_avg_sq_.data(); }
-  const float* exp_avg() const { return exp_avg_.empty() ? nullptr : exp_avg_.data(); }
-  const float* exp_avg_sq() const { return exp_avg_sq_.empty() ? nullptr : exp_avg_sq_.data(); }
+  // In the memory of the backend that made the optimizer (backend.h).
+  virtual float* exp_avg() { return exp_avg_.empty() ? nullptr : exp_avg_.data(); }
+  virtual float* exp_avg_sq() { return exp_avg_sq_.empty() ? nullptr : exp_avg_sq_.data(); }
+  const float* exp_avg() const { return const_cast<Optimizer*>(this)->exp_avg(); }
+  const float* exp_avg_sq() const { return const_cast<Optimizer*>(this)->exp_avg_sq(); }
 
  protected:
   // Allocates `buffers` (0, 1 or 2) zeroed state arrays of n floats.
