@@ -111,6 +111,37 @@ __global__ void CastBF16ToF32Kernel(float* out, const uint16_t* in, int64_t n) {
   for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) out[i] = BF16BitsToFloat(in[i]);
 }
 
+__global__ void AddF32Kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) dst[i] += src[i];
+}
+
+__global__ void AddBF16Kernel(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) dst[i] += BF16BitsToFloat(src[i]);
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float factor) {
+  for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) x[i] = x[i] * factor;
+}
+
+// Pass 1: block b sums the squares of its grid-stride share into partial[b].
+__global__ void SquaresPartialKernel(double* partial, const float* x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) {
+    const double v = static_cast<double>(x[i]);
+    sum += v * v;
+  }
+  sum = BlockReduce(sum, SumOp(), 0.0);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// Pass 2: one block adds the partial sums.
+__global__ void SumPartialsKernel(double* out, const double* partial, int64_t blocks) {
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < blocks; i += blockDim.x) sum += partial[i];
+  sum = BlockReduce(sum, SumOp(), 0.0);
+  if (threadIdx.x == 0) *out = sum;
+}
+
 // The float scalars of one step, rounded exactly as the CPU Optimizer rounds
 // them (worker/zero/optimizer.cc, AdamScalars).
 struct AdamScalars {
@@ -292,6 +323,48 @@ absl::Status CastBF16ToF32(float* out, const uint16_t* in, int64_t n, void* stre
   if (absl::Status s = CheckElementwise("CastBF16ToF32", n, {out, in}); !s.ok() || n == 0) return s;
   CastBF16ToF32Kernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(out, in, n);
   return LaunchStatus("CastBF16ToF32");
+}
+
+absl::Status AddInto(float* dst, const void* src, DType src_dtype, int64_t n, void* stream) {
+  if (absl::Status s = CheckElementwise("AddInto", n, {dst, src}); !s.ok() || n == 0) return s;
+  if (src_dtype == DType::kF32) {
+    AddF32Kernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(
+        dst, static_cast<const float*>(src), n);
+  } else if (src_dtype == DType::kBF16) {
+    AddBF16Kernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(
+        dst, static_cast<const uint16_t*>(src), n);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AddInto: dtype ", DTypeName(src_dtype), " is not F32 or BF16"));
+  }
+  return LaunchStatus("AddInto");
+}
+
+absl::Status Scale(float* x, int64_t n, float factor, void* stream) {
+  if (absl::Status s = CheckElementwise("Scale", n, {x}); !s.ok() || n == 0) return s;
+  ScaleKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(x, n, factor);
+  return LaunchStatus("Scale");
+}
+
+absl::Status SquaredNorm(double* out, const float* x, int64_t n, void* stream) {
+  if (absl::Status s = CheckCount("SquaredNorm", "n", n); !s.ok()) return s;
+  if (absl::Status s = CheckPointer("SquaredNorm", "out", out); !s.ok()) return s;
+  if (n > 0 && x == nullptr) return absl::InvalidArgumentError("SquaredNorm: null buffer");
+  const int64_t blocks = std::min<int64_t>(GridFor(n), 1024);
+  void* scratch = nullptr;
+  if (absl::Status s = CudaErrorToStatus(
+          cudaMallocAsync(&scratch, blocks * sizeof(double), AsStream(stream)),
+          "SquaredNorm: cudaMallocAsync");
+      !s.ok()) {
+    return s;
+  }
+  double* partial = static_cast<double*>(scratch);
+  SquaresPartialKernel<<<static_cast<unsigned int>(blocks), kThreads, 0, AsStream(stream)>>>(
+      partial, x, n);
+  SumPartialsKernel<<<1, 1024, 0, AsStream(stream)>>>(out, partial, blocks);
+  absl::Status launched = LaunchStatus("SquaredNorm");
+  cudaFreeAsync(scratch, AsStream(stream));
+  return launched;
 }
 
 absl::Status AdamStep(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,

@@ -144,6 +144,18 @@ absl::Status CastF32ToBF16(uint16_t* out, const float* in, int64_t n, void* stre
 absl::Status CastBF16ToF32(float* out, const uint16_t* in, int64_t n, void* stream);
 
 // ----------------------------------------------------------------------------
+// The ZeRO engine's gradient arithmetic (CudaBackend).
+
+// dst[i] += src[i] for i < n; src is F32 or BF16 (widened exactly).
+absl::Status AddInto(float* dst, const void* src, DType src_dtype, int64_t n, void* stream);
+// x[i] *= factor.
+absl::Status Scale(float* x, int64_t n, float factor, void* stream);
+// *out (one device double) = sum of x[i]^2 in double, in a fixed order
+// (per-block partial sums, then one block over them): deterministic. Uses
+// scratch allocated and freed on `stream`.
+absl::Status SquaredNorm(double* out, const float* x, int64_t n, void* stream);
+
+// ----------------------------------------------------------------------------
 // Linear layers through cuBLAS (cublasGemmEx, f32 compute: no TF32). x, w, y
 // and their gradients share one dtype, F32 or BF16 (BF16 multiplies on tensor
 // cores with f32 accumulation and rounds the result once). GEMM dimensions
