@@ -38,7 +38,10 @@
 #include "worker/zero/engine.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
+#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_device.h"
+#include "worker/cuda/cuda_mlp.h"
 #endif
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -210,17 +213,24 @@ int Main() {
   const int world = absl::GetFlag(FLAGS_world_size);
   if (job.empty()) Die("--job is required");
   const std::string backend = absl::GetFlag(FLAGS_backend);
+  // --backend=nccl: the engine's buffers on this process's GPU (CudaBackend),
+  // gathers and reductions over NCCL, the MLP's kernels on the GPU. The
+  // schedule is the same ZeroEngine code as with gloo.
+#ifdef ZEROSHARD_HAVE_CUDA
+  std::unique_ptr<CudaBackend> cuda_backend;
+  const int cuda_device = std::max(0, absl::GetFlag(FLAGS_local_rank));
+#endif
   if (backend == "nccl") {
     // Checked before joining, so a misconfigured job fails fast and alone.
 #ifdef ZEROSHARD_HAVE_CUDA
-    const int device = std::max(0, absl::GetFlag(FLAGS_local_rank));
-    if (absl::Status s = CheckCudaDevice(device); !s.ok()) {
-      Die(absl::StrCat("--backend=nccl: ", s.message()), 2);
+    auto created = CudaBackend::Create(cuda_device);
+    if (!created.ok()) Die(absl::StrCat("--backend=nccl: ", created.status().message()), 2);
+    cuda_backend = std::move(*created);
+    if (absl::GetFlag(FLAGS_model) != "mlp") {
+      Die("--backend=nccl trains --model=mlp; the GPT's CUDA kernels are built "
+          "(worker/cuda/kernels.h) but no device GPT model drives them yet. Use --backend=gloo",
+          2);
     }
-    Die("--backend=nccl: a CUDA device is present, but this shard_worker's training loop runs "
-        "the CPU engine only; the NCCL communicator and CUDA kernels are built and checked by "
-        "tests/gpu/run.sh. Use --backend=gloo",
-        2);
 #else
     Die("--backend=nccl: this shard_worker was built without CUDA, so no CUDA device can be "
         "used; --backend=gloo runs on CPUs",
@@ -268,6 +278,18 @@ int Main() {
   task_options.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   task_options.batch = absl::GetFlag(FLAGS_batch);
   task_options.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+#ifdef ZEROSHARD_HAVE_CUDA
+  if (cuda_backend != nullptr) {
+    CudaBackend* device = cuda_backend.get();
+    engine_options.backend = device;
+    task_options.mlp_factory =
+        [device](const MlpConfig& config) -> absl::StatusOr<std::unique_ptr<RegressionModel>> {
+      auto model = CudaMlpModel::Create(config, device);
+      if (!model.ok()) return model.status();
+      return std::unique_ptr<RegressionModel>(std::move(*model));
+    };
+  }
+#endif
   auto task = MakeTrainingTask(task_options);
   DieIfError(task.status(), "model");
   Model* const m = (*task)->model();
@@ -316,19 +338,32 @@ int Main() {
   DieIfError(plan_proto.status(), "plan");
   ShardPlan plan = ShardPlanFromProto(*plan_proto);
 
-  // ---- Data plane: three Gloo contexts (gathers, reductions, small aux) ----
+  // ---- Data plane: gathers, reductions (Gloo, or NCCL on GPUs) and a
+  // small Gloo context for host-side metrics ----
   ClientKvStore store(client->get());
   GlooCommunicator::Options gloo;
   gloo.hostname = absl::GetFlag(FLAGS_host);
   gloo.connect_timeout = absl::GetFlag(FLAGS_collective_timeout);
-  auto gather = GlooCommunicator::Create(&store, rank, world, "gather", gloo);
-  DieIfError(gather.status(), "gloo bootstrap (gather)");
-  auto reduce = GlooCommunicator::Create(&store, rank, world, "reduce", gloo);
-  DieIfError(reduce.status(), "gloo bootstrap (reduce)");
+  std::unique_ptr<Communicator> gather, reduce;
+  auto connect = [&](const std::string& tag) -> std::unique_ptr<Communicator> {
+#ifdef ZEROSHARD_HAVE_CUDA
+    if (cuda_backend != nullptr) {
+      auto nccl = NcclCommunicator::Create(&store, rank, world, cuda_device, tag,
+                                           absl::GetFlag(FLAGS_collective_timeout));
+      DieIfError(nccl.status(), absl::StrCat("nccl bootstrap (", tag, ")"));
+      return std::move(*nccl);
+    }
+#endif
+    auto created = GlooCommunicator::Create(&store, rank, world, tag, gloo);
+    DieIfError(created.status(), absl::StrCat("gloo bootstrap (", tag, ")"));
+    return std::move(*created);
+  };
+  gather = connect("gather");
+  reduce = connect("reduce");
   auto aux = GlooCommunicator::Create(&store, rank, world, "aux", gloo);
   DieIfError(aux.status(), "gloo bootstrap (aux)");
 
-  auto engine = ZeroEngine::Create(m, plan, gather->get(), reduce->get(), aux->get(),
+  auto engine = ZeroEngine::Create(m, plan, gather.get(), reduce.get(), aux->get(),
                                    engine_options);
   DieIfError(engine.status(), "engine");
   ZeroEngine& e = **engine;
@@ -436,8 +471,8 @@ int Main() {
                                        : "");
     }
   };
-  CollectiveBytes comm_before = gather->get()->bytes_sent();
-  CollectiveBytes reduce_before = reduce->get()->bytes_sent();
+  CollectiveBytes comm_before = gather->bytes_sent();
+  CollectiveBytes reduce_before = reduce->bytes_sent();
   if (rank == 0) {
     std::fprintf(stderr,
                  "job %s: %d ranks, stage %d, %zu units, plan %s, model %lld parameters\n",
@@ -520,8 +555,8 @@ int Main() {
   }
   DieIfError(checkpoint_thread.Drain(), "checkpoint");
   // Training traffic only: evaluation and sampling below move bytes too.
-  const CollectiveBytes gather_after = gather->get()->bytes_sent();
-  const CollectiveBytes reduce_after = reduce->get()->bytes_sent();
+  const CollectiveBytes gather_after = gather->bytes_sent();
+  const CollectiveBytes reduce_after = reduce->bytes_sent();
   if (task_options.model == "gpt" || absl::GetFlag(FLAGS_val_every) > 0) evaluate(steps);
   std::string sample;
   if (absl::GetFlag(FLAGS_sample) > 0) {

@@ -21,7 +21,13 @@ namespace {
 class MlpTask : public TrainingTask {
  public:
   static absl::StatusOr<std::unique_ptr<TrainingTask>> Create(const TaskOptions& o) {
-    auto model = MlpModel::Create(MlpConfig{o.layers, o.width, o.activation});
+    const MlpConfig config{o.layers, o.width, o.activation};
+    absl::StatusOr<std::unique_ptr<RegressionModel>> model;
+    if (o.mlp_factory) {
+      model = o.mlp_factory(config);
+    } else {
+      model = MlpModel::Create(config);
+    }
     if (!model.ok()) return model.status();
     auto data = OpenRegressionData(o.data, o.seed, o.width, o.width);
     if (!data.ok()) return data.status();
@@ -68,13 +74,15 @@ class MlpTask : public TrainingTask {
     if (s = model_->SetBatch(x_.data(), y_.data(), options_.batch); !s.ok()) return s;
     absl::StatusOr<double> loss = engine.Forward();
     if (!loss.ok()) return loss.status();
+    absl::StatusOr<std::vector<float>> output = model_->OutputToHost();
+    if (!output.ok()) return output.status();
     nlohmann::json out;
     out["loss"] = *loss;
     const int64_t w = options_.width;
     for (int r = 0; r < options_.batch; ++r) {
       out["x"].push_back(std::vector<float>(x_.begin() + r * w, x_.begin() + (r + 1) * w));
       out["y"].push_back(std::vector<float>(y_.begin() + r * w, y_.begin() + (r + 1) * w));
-      const float* o = model_->Output() + r * w;
+      const float* o = output->data() + r * w;
       out["output"].push_back(std::vector<float>(o, o + w));
     }
     return out.dump();
@@ -86,7 +94,7 @@ class MlpTask : public TrainingTask {
 
  private:
   TaskOptions options_;
-  std::unique_ptr<MlpModel> model_;
+  std::unique_ptr<RegressionModel> model_;
   std::unique_ptr<RegressionData> data_;
   std::vector<float> x_, y_;
 };

@@ -4,10 +4,12 @@
 #define ZEROSHARD_WORKER_TRAINING_TASK_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/model/mlp.h"
 #include "worker/model/model.h"
 #include "worker/zero/engine.h"
 
@@ -31,6 +33,8 @@ struct TaskOptions {
   uint64_t seed = 0;
   int batch = 8;  // samples per rank per micro-batch
   int grad_accum = 1;
+  // MLP on another device: makes the model (default: MlpModel, on the CPU).
+  std::function<absl::StatusOr<std::unique_ptr<RegressionModel>>(const MlpConfig&)> mlp_factory;
 };
 
 struct Evaluation {

@@ -29,7 +29,19 @@ struct MlpConfig {
   std::string activation = "none";  // "none" | "relu" | "gelu" (exact)
 };
 
-class MlpModel : public Model {
+// An MLP as the training task drives it: a Model plus its batch. MlpModel
+// runs on the CPU; CudaMlpModel (//worker/cuda:cuda_mlp) on a GPU.
+class RegressionModel : public Model {
+ public:
+  // The batch for the next pass: x and y are [rows, width] in host memory.
+  // Both are copied, so the caller's buffers may change right after the
+  // call. Resets the op order (the next call must be Forward(0)).
+  virtual absl::Status SetBatch(const float* x, const float* y, int64_t rows) = 0;
+  // The output [rows, width] of the last forward pass, in host memory.
+  virtual absl::StatusOr<std::vector<float>> OutputToHost() const = 0;
+};
+
+class MlpModel : public RegressionModel {
  public:
   // INVALID_ARGUMENT for layers < 1, width < 1 or an unknown activation.
   static absl::StatusOr<std::unique_ptr<MlpModel>> Create(const MlpConfig& config);
@@ -37,10 +49,13 @@ class MlpModel : public Model {
   // The batch for the next pass: x and y are [rows, width]. Both are copied,
   // so the caller's buffers may change right after the call. Resets the op
   // order (the next call must be Forward(0)).
-  absl::Status SetBatch(const float* x, const float* y, int64_t rows);
+  absl::Status SetBatch(const float* x, const float* y, int64_t rows) override;
 
   // The model output [rows, width] of the last forward pass.
   const float* Output() const;
+  absl::StatusOr<std::vector<float>> OutputToHost() const override {
+    return std::vector<float>(Output(), Output() + rows_ * config_.width);
+  }
   int64_t rows() const { return rows_; }
   const MlpConfig& config() const { return config_; }
 
