@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -72,6 +73,13 @@ void LocalCluster::StartWorkers(const std::string& job, int world,
                                      "--host=127.0.0.1",
                                      absl::StrCat("--report=", dir_, "/", job, "-{rank}.json"),
                                      "--checkpoint_dir=" + checkpoint_root()};
+    // ZEROSHARD_BACKEND=nccl (tests/gpu/run.sh): the same tests on GPUs, one
+    // per worker.
+    const char* backend = std::getenv("ZEROSHARD_BACKEND");
+    if (backend != nullptr && std::string(backend) == "nccl") {
+      args.push_back("--backend=nccl");
+      args.push_back(absl::StrCat("--local_rank=", r));
+    }
     args.insert(args.end(), flags.begin(), flags.end());
     std::string log = absl::StrCat(dir_, "/", job, "-w", r, ".log");
     worker_logs_.push_back(log);

@@ -30,7 +30,8 @@ class LocalCluster {
 
   // Starts W workers of `job` (worker ids w0..w{W-1}, --host=127.0.0.1,
   // --report=<dir>/<job>-{rank}.json, --checkpoint_dir=<checkpoint root>)
-  // with `flags`.
+  // with `flags`. With ZEROSHARD_BACKEND=nccl in the environment, worker r
+  // also gets --backend=nccl --local_rank=r (the GPU procedure).
   void StartWorkers(const std::string& job, int world, const std::vector<std::string>& flags);
   // Waits for every started worker; their exit codes (-1: still running at
   // the deadline, then killed).
