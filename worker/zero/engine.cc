@@ -237,6 +237,9 @@ absl::Status ZeroEngine::FillRows(const RowSource& fill, const TensorSpec& tenso
 
 absl::Status ZeroEngine::Initialize(const RowSource& fill) {
   const bool bf16_params = options_.param_dtype == DType::kBF16;
+  // Gathers a Step issued early would read the values about to be replaced.
+  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
+  slots_.clear();
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = units_[u];
     UnitState& state = *state_[u];
@@ -655,6 +658,9 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   }
   StepStats stats;
   stats.grad_norm = std::sqrt(squares);
+  // Stage 3: positions 0..prefetch_limit are gathered early (see below).
+  const int prefetch_limit =
+      std::min(options_.prefetch, static_cast<int>(ops_.size()) - 1);
   float clip = 1.0f;
   if (options_.max_grad_norm > 0 && stats.grad_norm > options_.max_grad_norm) {
     clip = static_cast<float>(options_.max_grad_norm / (stats.grad_norm + 1e-6));
@@ -666,6 +672,13 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     if (clip != 1.0f) backend_->Scale(g, n, clip);
     if (stage == 3) {
       if (absl::Status s = st.optimizer->Step(st.master.f32(), g, n, lr); !s.ok()) return s;
+      // The next pass's first positions can be gathered as soon as their
+      // units are updated: the gathers overlap the rest of the optimizer.
+      for (int k = 0; k <= prefetch_limit; ++k) {
+        if (positions_[k] != static_cast<int>(u)) continue;
+        if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+        if (absl::Status s = IssueGather(k); !s.ok()) return s;
+      }
     } else if (stage == 0) {
       float* p = bf16_params ? st.master.f32() : st.replicated.f32();
       if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;

@@ -14,7 +14,9 @@
 //   3: + parameter shards, gathered per unit just in time, then freed.   16Ψ/W
 // Stage 3's window: before computing op position k, gathers for the next
 // `prefetch` positions (forward) or the previous one (backward) are in
-// flight, so at most 1 + prefetch units are unsharded at once.
+// flight, so at most 1 + prefetch units are unsharded at once. The next
+// pass's first 1 + prefetch gathers start inside Step, as soon as their
+// units are updated, overlapping the rest of the optimizer.
 //
 // Threads: the caller's (compute), a gather thread and a reduce thread, each
 // with its own communicator, so gathers, reductions and compute overlap.
