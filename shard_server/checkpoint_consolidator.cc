@@ -11,6 +11,7 @@
 #include <list>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -268,6 +269,10 @@ absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink
     }
     Hasher shard_hash;
     auto read = [&](int64_t offset, int64_t n, char* into) -> absl::Status {
+      const absl::Time start = sink != nullptr ? absl::Now() : absl::InfinitePast();
+      absl::Cleanup timed = [&] {
+        if (sink != nullptr) read_time_ += absl::Now() - start;
+      };
       if (absl::Status s = (*reader)->ReadBytes(shard_tensor, offset, n, into); !s.ok()) {
         return absl::DataLossError(
             absl::StrCat("shard file ", file, " tensor \"", shard_tensor, "\": ", s.message()));
@@ -411,6 +416,7 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
   }
   if (absl::Status s = output->Progress(work_done_, work_total_); !s.ok()) return s;
   result.write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
+  result.read_seconds = absl::ToDoubleSeconds(read_time_);
   return result;
 }
 

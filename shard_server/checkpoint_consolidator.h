@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/file_util.h"
 #include "shard_server/checkpoint_manifest.h"
@@ -90,6 +91,7 @@ struct ConsolidationResult {
   int64_t total_bytes = 0;         // of all files
   double verify_seconds = 0;       // pass 1
   double write_seconds = 0;        // pass 2
+  double read_seconds = 0;         // of pass 2: reading and checking shard bytes
 };
 
 class Consolidator {
@@ -138,6 +140,7 @@ class Consolidator {
   int64_t work_done_ = 0;
   int64_t work_total_ = 0;
   int64_t last_progress_ = 0;
+  absl::Duration read_time_;  // pass 2: in reads and checksums
 };
 
 // Writes consolidated files into directory `relative_dir` under the root,

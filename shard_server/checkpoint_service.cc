@@ -18,7 +18,10 @@
 namespace zeroshard {
 namespace {
 
-// Largest `data` payload of a ConsolidateResponse, bytes.
+// Largest `data` payload of a ConsolidateResponse, bytes. (256 KiB was
+// tried on 2026-11-23: the server spent ~50 % more CPU on the extra
+// messages, and the client's time, dominated by its page-cache writes, did
+// not change beyond the noise of that machine.)
 constexpr size_t kMaxDataMessage = size_t{1} << 20;
 // Progress messages at most this often.
 constexpr absl::Duration kProgressInterval = absl::Milliseconds(250);
@@ -284,9 +287,11 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
   // Waits until the previous message is written, then starts this one.
   absl::Status Send(v1::ConsolidateResponse message) {
     {
+      const absl::Time wait_start = absl::Now();
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !in_flight_ || cancelled_; };
       mu_.Await(absl::Condition(&ready));
+      send_wait_ += absl::Now() - wait_start;
       if (cancelled_) return absl::CancelledError("the caller went away");
       in_flight_ = true;
       if (outgoing_.has_data() && outgoing_.data().capacity() >= kMaxDataMessage) {
@@ -325,6 +330,8 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
            {"seconds", absl::StrFormat("%.3f", seconds)},
            {"verify_seconds", absl::StrFormat("%.3f", verify_seconds_)},
            {"write_seconds", absl::StrFormat("%.3f", write_seconds_)},
+           {"read_seconds", absl::StrFormat("%.3f", read_seconds_)},
+           {"send_wait_seconds", absl::StrFormat("%.3f", absl::ToDoubleSeconds(send_wait_))},
            {"gbps", absl::StrFormat("%.3f", summary->total_bytes() / 1e9 / std::max(seconds, 1e-9))}});
     } else {
       service_->log_->Log("consolidate_failed", {{"job", request_.job_id()},
@@ -367,6 +374,7 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
     auto keep_timings = [this](const ConsolidationResult& r) {
       verify_seconds_ = r.verify_seconds;
       write_seconds_ = r.write_seconds;
+      read_seconds_ = r.read_seconds;
     };
     summary.set_step(manifest.step);
     if (!request_.on_server()) {
@@ -404,6 +412,8 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
   absl::Time last_progress_ = absl::InfinitePast();
   double verify_seconds_ = 0;  // of the last successful run, for the log
   double write_seconds_ = 0;
+  double read_seconds_ = 0;     // of write_seconds_: reading and checking shard bytes
+  absl::Duration send_wait_;    // waiting for the previous message to be written
 
   absl::Mutex mu_;
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,9 +5,11 @@
 //
 //   bazel run -c opt //tests/bench:checkpoint_bench -- [--json_out=FILE] [--dir=DIR]
 //
-// Reports the consolidation rate (output bytes over the client's wall time,
-// fsync included) of a step the server already verified in the background
-// (it does so right after a step completes; that time is reported too, and a
+// Reports, as medians of --repeats rounds (cat and the RPC consolidation run
+// back to back, order swapped every round; per-round ratios are printed too),
+// the consolidation rate (output bytes over the client's wall time, fsync
+// included) of a step the server already verified in the background (it
+// does so right after a step completes; that time is reported too, and a
 // consolidation asked for before it ends adds its own verification pass),
 // cat's rate (with and without an fsync of its output),
 // the server's peak RSS while consolidating (VmRSS sampled every 5 ms, and
@@ -17,6 +19,7 @@
 // files are written directly in the worker's format. Everything is deleted
 // afterwards. Both runs read shard files that are in the page cache (they
 // were just written); no cache is dropped, so the comparison is warm vs warm.
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <fcntl.h>
@@ -28,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,7 +59,9 @@ ABSL_FLAG(std::string, dir, "", "Work directory (default: a new one under /tmp);
 ABSL_FLAG(int, layers, 12, "Linear layers of the model: [width, width] weight + [width] bias");
 ABSL_FLAG(int, width, 4096, "Layer width; 12 x 4096 gives 0.8 GB of parameters, 2.4 GB with Adam");
 ABSL_FLAG(int, world, 4, "Ranks (shard files)");
-ABSL_FLAG(int, repeats, 2, "Runs of cat and of consolidation; the best of each is reported");
+ABSL_FLAG(int, repeats, 3,
+          "Rounds of cat and consolidation, run alternately (order swapped every round); "
+          "medians are reported");
 ABSL_FLAG(bool, keep, false, "Keep the work directory");
 
 namespace zeroshard {
@@ -192,6 +198,34 @@ int64_t ProcStatusBytes(pid_t pid, const char* field) {
 }
 
 double Seconds(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+// CPU seconds (user + system) of process `pid`, all threads.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+  // Fields 14 and 15 of the line (utime, stime) are 11 and 12 after the name.
+  if (fields.size() < 13) return 0;
+  int64_t utime = 0, stime = 0;
+  absl::SimpleAtoi(fields[11], &utime);
+  absl::SimpleAtoi(fields[12], &stime);
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+double RusageCpuSeconds(int who) {
+  struct rusage u;
+  getrusage(who, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec * 1e-6;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 absl::Status FsyncFile(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY);
@@ -333,25 +367,39 @@ int Main() {
     Die("the step did not complete:\n" + server->Log());
   }
 
-  // ---- cat vs consolidation ----
+  // ---- cat vs consolidation, alternating ----
+  // Round r runs cat and the RPC consolidation back to back, cat first in
+  // even rounds and second in odd ones, then the on_server consolidation.
+  // Every output is removed right after it is timed, so each timed run
+  // writes into memory the previous one just freed (in a VM, memory freed
+  // long ago may have gone back to the host and costs a fault per page on
+  // its next use: the main source of spread here). Medians are reported.
   const std::string cat_out = dir + "/cat.out";
   const std::string out = dir + "/model.safetensors";
-  double best_cat = 1e30, best_cat_sync = 1e30, best_consolidate = 1e30, server_seconds = 0;
-  double best_on_server = 1e30;
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_repeats));
+  std::vector<double> cat_s, cat_sync_s, consolidate_s, server_s, on_server_s, ratios;
+  // CPU seconds per run: cat's (and its shell's), and the server's plus this
+  // process's (the client) during a consolidation. Less sensitive than wall
+  // time to other load on the machine.
+  std::vector<double> cat_cpu, consolidate_server_cpu, consolidate_client_cpu;
   int64_t output_bytes = 0, peak_rss = 0;
   std::string shard_list;
   for (const auto& p : shard_paths) absl::StrAppend(&shard_list, " ", p);
-  for (int run = 0; run < absl::GetFlag(FLAGS_repeats); ++run) {
+  auto run_cat = [&] {
+    const double cpu_before = RusageCpuSeconds(RUSAGE_CHILDREN);
     absl::Time start = absl::Now();
     auto [code, output] = testing::RunCommand(absl::StrCat("cat", shard_list, " > ", cat_out));
     if (code != 0) Die("cat failed: " + output);
-    const double cat_seconds = Seconds(start);
+    cat_s.push_back(Seconds(start));
+    cat_cpu.push_back(RusageCpuSeconds(RUSAGE_CHILDREN) - cpu_before);
     Check(FsyncFile(cat_out), "fsync cat output");
-    const double cat_sync_seconds = Seconds(start);
-    best_cat = std::min(best_cat, cat_seconds);
-    best_cat_sync = std::min(best_cat_sync, cat_sync_seconds);
+    cat_sync_s.push_back(Seconds(start));
     std::remove(cat_out.c_str());
-
+  };
+  v1::ConsolidateRequest request;
+  request.set_job_id(kJob);
+  request.set_step(-1);
+  auto run_consolidate = [&] {
     std::atomic<bool> sampling{true};
     std::atomic<int64_t> peak{0};
     std::thread sampler([&] {
@@ -361,31 +409,46 @@ int Main() {
         absl::SleepFor(absl::Milliseconds(5));
       }
     });
-    v1::ConsolidateRequest request;
-    request.set_job_id(kJob);
-    request.set_step(-1);
-    start = absl::Now();
+    const double server_cpu_before = ProcessCpuSeconds(server->pid());
+    const double client_cpu_before = RusageCpuSeconds(RUSAGE_SELF);
+    absl::Time start = absl::Now();
     auto summary = ctl->Consolidate(request, out);
     const double seconds = Seconds(start);
+    consolidate_server_cpu.push_back(ProcessCpuSeconds(server->pid()) - server_cpu_before);
+    consolidate_client_cpu.push_back(RusageCpuSeconds(RUSAGE_SELF) - client_cpu_before);
     sampling.store(false);
     sampler.join();
     Check(summary.status(), "consolidate");
     output_bytes = summary->total_bytes();
-    if (seconds < best_consolidate) {
-      best_consolidate = seconds;
-      server_seconds = summary->seconds();
-    }
+    consolidate_s.push_back(seconds);
+    server_s.push_back(summary->seconds());
     peak_rss = std::max(peak_rss, peak.load());
-    // The same merge written by the server under its root: no RPC stream.
-    request.set_on_server(true);
-    start = absl::Now();
-    auto local = ctl->Consolidate(request, "");
-    Check(local.status(), "consolidate on_server");
-    best_on_server = std::min(best_on_server, Seconds(start));
-    testing::RunCommand(absl::StrCat("rm -rf ", root, "/", kJob, "/consolidated"));
-    std::fprintf(stderr, "run %d: cat %.2f s (+fsync %.2f s), consolidate %.2f s\n", run + 1,
-                 cat_seconds, cat_sync_seconds, seconds);
     std::remove(out.c_str());
+  };
+  for (int round = 0; round < rounds; ++round) {
+    if (round % 2 == 0) {
+      run_cat();
+      run_consolidate();
+    } else {
+      run_consolidate();
+      run_cat();
+    }
+    ratios.push_back(cat_sync_s.back() / consolidate_s.back());
+    // The same merge written by the server under its root: no RPC stream.
+    v1::ConsolidateRequest local_request = request;
+    local_request.set_on_server(true);
+    absl::Time start = absl::Now();
+    auto local = ctl->Consolidate(local_request, "");
+    Check(local.status(), "consolidate on_server");
+    on_server_s.push_back(Seconds(start));
+    testing::RunCommand(absl::StrCat("rm -rf ", root, "/", kJob, "/consolidated"));
+    std::fprintf(stderr,
+                 "round %d (%s first): cat %.2f s (+fsync %.2f s), consolidate %.2f s "
+                 "(ratio %.2f), on_server %.2f s; CPU s: cat %.2f, consolidate %.2f server + "
+                 "%.2f client\n",
+                 round + 1, round % 2 == 0 ? "cat" : "consolidate", cat_s.back(),
+                 cat_sync_s.back(), consolidate_s.back(), ratios.back(), on_server_s.back(),
+                 cat_cpu.back(), consolidate_server_cpu.back(), consolidate_client_cpu.back());
   }
   const int64_t vmhwm = ProcStatusBytes(server->pid(), "VmHWM");
 
@@ -413,30 +476,46 @@ int Main() {
   if (!absl::GetFlag(FLAGS_keep)) testing::RunCommand("rm -rf " + dir);
 
   // ---- Report ----
-  const double cat_gbps = shard_bytes / 1e9 / best_cat_sync;
-  const double cat_nosync_gbps = shard_bytes / 1e9 / best_cat;
-  const double consolidation_gbps = output_bytes / 1e9 / best_consolidate;
-  Table table({"MEASUREMENT", "BYTES", "SECONDS", "GB/S"});
+  const double cat_gbps = shard_bytes / 1e9 / Median(cat_sync_s);
+  const double cat_nosync_gbps = shard_bytes / 1e9 / Median(cat_s);
+  const double consolidation_gbps = output_bytes / 1e9 / Median(consolidate_s);
+  const double server_seconds = Median(server_s);
+  const double on_server_gbps = output_bytes / 1e9 / Median(on_server_s);
+  auto spread = [](int64_t bytes, const std::vector<double>& seconds) {
+    return absl::StrFormat("%.2f-%.2f", bytes / 1e9 / *std::max_element(seconds.begin(), seconds.end()),
+                           bytes / 1e9 / *std::min_element(seconds.begin(), seconds.end()));
+  };
+  std::printf("%d alternating rounds; medians, and the range over the rounds\n", rounds);
+  Table table({"MEASUREMENT", "BYTES", "SECONDS", "GB/S", "RANGE GB/S"});
   table.AddRow({absl::StrCat("cat ", world, " shard files > one file, + fsync"),
-                HumanBytes(shard_bytes), absl::StrFormat("%.2f", best_cat_sync),
-                absl::StrFormat("%.2f", cat_gbps)});
-  table.AddRow({"cat, no fsync", HumanBytes(shard_bytes), absl::StrFormat("%.2f", best_cat),
-                absl::StrFormat("%.2f", cat_nosync_gbps)});
-  table.AddRow({"Consolidate RPC -> local file, + fsync",
-                HumanBytes(output_bytes), absl::StrFormat("%.2f", best_consolidate),
-                absl::StrFormat("%.2f", consolidation_gbps)});
+                HumanBytes(shard_bytes), absl::StrFormat("%.2f", Median(cat_sync_s)),
+                absl::StrFormat("%.2f", cat_gbps), spread(shard_bytes, cat_sync_s)});
+  table.AddRow({"cat, no fsync", HumanBytes(shard_bytes), absl::StrFormat("%.2f", Median(cat_s)),
+                absl::StrFormat("%.2f", cat_nosync_gbps), spread(shard_bytes, cat_s)});
+  table.AddRow({"Consolidate RPC -> local file, + fsync", HumanBytes(output_bytes),
+                absl::StrFormat("%.2f", Median(consolidate_s)),
+                absl::StrFormat("%.2f", consolidation_gbps), spread(output_bytes, consolidate_s)});
   table.AddRow({"  of which the server's own time", HumanBytes(output_bytes),
                 absl::StrFormat("%.2f", server_seconds),
-                absl::StrFormat("%.2f", output_bytes / 1e9 / server_seconds)});
+                absl::StrFormat("%.2f", output_bytes / 1e9 / server_seconds),
+                spread(output_bytes, server_s)});
   table.AddRow({"  background verification after the commit (not in the above)",
                 HumanBytes(shard_bytes), absl::StrFormat("%.2f", background_verify_seconds),
-                absl::StrFormat("%.2f", shard_bytes / 1e9 / background_verify_seconds)});
+                absl::StrFormat("%.2f", shard_bytes / 1e9 / background_verify_seconds), ""});
   table.AddRow({"Consolidate on_server (written under the root, no stream)",
-                HumanBytes(output_bytes), absl::StrFormat("%.2f", best_on_server),
-                absl::StrFormat("%.2f", output_bytes / 1e9 / best_on_server)});
+                HumanBytes(output_bytes), absl::StrFormat("%.2f", Median(on_server_s)),
+                absl::StrFormat("%.2f", on_server_gbps), spread(output_bytes, on_server_s)});
   std::printf("%s\n", table.ToString().c_str());
-  std::printf("consolidation / cat(+fsync): %.2f (target >= 0.70); vs cat without fsync: %.2f\n",
-              consolidation_gbps / cat_gbps, consolidation_gbps / cat_nosync_gbps);
+  std::string ratio_list;
+  for (double r : ratios) absl::StrAppend(&ratio_list, ratio_list.empty() ? "" : " ",
+                                          absl::StrFormat("%.2f", r));
+  std::printf("consolidation / cat(+fsync): %.2f of the medians (target >= 0.70); per round: %s; "
+              "vs cat without fsync: %.2f\n",
+              consolidation_gbps / cat_gbps, ratio_list.c_str(),
+              consolidation_gbps / cat_nosync_gbps);
+  std::printf("CPU seconds (medians): cat %.2f; consolidation %.2f in the server + %.2f in the "
+              "client\n",
+              Median(cat_cpu), Median(consolidate_server_cpu), Median(consolidate_client_cpu));
   std::printf("server peak RSS during consolidation: %s sampled VmRSS, %s VmHWM (target <= 128 "
               "MiB)\n",
               HumanBytes(peak_rss).c_str(), HumanBytes(vmhwm).c_str());
@@ -454,9 +533,22 @@ int Main() {
         "shard_worker reports the measured pause";
     j["cat_gbps_note"] = "cat of the shard files into one file followed by fsync of it";
     j["cat_nosync_gbps"] = cat_nosync_gbps;
+    j["rounds"] = rounds;
+    j["cat_cpu_seconds"] = Median(cat_cpu);
+    j["consolidation_server_cpu_seconds"] = Median(consolidate_server_cpu);
+    j["consolidation_client_cpu_seconds"] = Median(consolidate_client_cpu);
+    j["ratio_of_medians"] = consolidation_gbps / cat_gbps;
+    j["ratio_per_round"] = ratios;
+    auto rates = [](int64_t bytes, const std::vector<double>& seconds) {
+      std::vector<double> r;
+      for (double s : seconds) r.push_back(bytes / 1e9 / s);
+      return r;
+    };
+    j["consolidation_gbps_per_round"] = rates(output_bytes, consolidate_s);
+    j["cat_gbps_per_round"] = rates(shard_bytes, cat_sync_s);
     j["server_seconds"] = server_seconds;
     j["background_verify_seconds"] = background_verify_seconds;
-    j["on_server_gbps"] = output_bytes / 1e9 / best_on_server;
+    j["on_server_gbps"] = on_server_gbps;
     j["checkpoint_bytes"] = shard_bytes;
     j["output_bytes"] = output_bytes;
     j["world_size"] = world;
