@@ -1,5 +1,6 @@
 #include "worker/cuda/cuda_backend.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,15 @@ class CudaAdamOptimizer : public Optimizer {
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   if (absl::Status s = CheckCudaDevice(device); !s.ok()) return s;
+  // Keep freed blocks in the device's pool instead of returning them to the
+  // driver at every synchronization (the engine frees and reallocates the
+  // same sizes every unit).
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  cudaGetLastError();
   return std::unique_ptr<CudaBackend>(new CudaBackend(device));
 }
 
@@ -203,8 +213,11 @@ absl::Status CudaBackend::Synchronize() {
 
 std::unique_ptr<Fence> CudaBackend::Record() {
   cudaEvent_t event = nullptr;
-  absl::Status s = CudaErrorToStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                                     "cudaEventCreate");
+  // Blocking sync: a thread waiting on the fence sleeps instead of spinning
+  // on a core the compute thread needs.
+  absl::Status s = CudaErrorToStatus(
+      cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync),
+      "cudaEventCreate");
   if (s.ok()) {
     s = CudaErrorToStatus(cudaEventRecord(event, StreamForThisThread()), "cudaEventRecord");
   }
@@ -234,7 +247,13 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CudaBackend::MakeOptimizer(
   for (void*& m : moments) {
     absl::Status s = CudaErrorToStatus(cudaMalloc(&m, std::max<int64_t>(n, 1) * sizeof(float)),
                                        absl::StrCat(name, " state on ", this->name()));
-    if (s.ok()) s = CudaErrorToStatus(cudaMemset(m, 0, n * sizeof(float)), "cudaMemset");
+    // Zeroed on this thread's stream (cudaMemset would run on the legacy
+    // stream, which the backend's non-blocking streams do not wait for).
+    if (s.ok()) {
+      s = CudaErrorToStatus(cudaMemsetAsync(m, 0, n * sizeof(float), StreamForThisThread()),
+                            "cudaMemsetAsync");
+    }
+    if (s.ok()) s = Synchronize();
     if (!s.ok()) {
       cudaFree(moments[0]);
       cudaFree(moments[1]);

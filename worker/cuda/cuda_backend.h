@@ -34,6 +34,7 @@ class CudaBackend : public Backend {
 
   std::string name() const override;
   bool host_accessible() const override { return false; }
+  void BindThread() override { StreamForThisThread(); }
 
   void* Allocate(int64_t bytes) override;
   void Free(void* data, int64_t bytes) override;

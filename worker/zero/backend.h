@@ -13,7 +13,9 @@
 //    gradient handed to the reduce thread) travels with a Fence recorded by
 //    the compute thread; the reader waits on it first.
 //  - Free() is ordered after the work the freeing thread enqueued before it,
-//    so a freed block may be handed to another thread at once.
+//    so a freed block may be handed to another backend thread at once; but a
+//    communicator runs on its own stream, so a thread synchronizes after
+//    allocating a buffer and before a collective touches it.
 //
 // Errors of enqueued work are sticky: the first one is returned by the next
 // Synchronize() or Fence::Wait() (and by later ones), as CUDA reports them.
@@ -47,6 +49,9 @@ class Backend {
   virtual std::string name() const = 0;
   // True when buffers are host memory the CPU may read and write directly.
   virtual bool host_accessible() const = 0;
+  // Called once on every thread that will use the backend, before its first
+  // call (CUDA: makes the device current on that thread).
+  virtual void BindThread() {}
 
   // `bytes` of memory, 64-byte aligned; null when none is left.
   virtual void* Allocate(int64_t bytes) = 0;

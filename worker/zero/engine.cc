@@ -148,6 +148,15 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
   }
   engine->gather_thread_ = std::make_unique<TaskThread>("gather");
   engine->reduce_thread_ = std::make_unique<TaskThread>("reduce");
+  // Each engine thread binds to the backend's device before its first op.
+  Backend* backend = engine->backend_;
+  backend->BindThread();
+  for (TaskThread* t : {engine->gather_thread_.get(), engine->reduce_thread_.get()}) {
+    t->Submit([backend] {
+      backend->BindThread();
+      return absl::OkStatus();
+    });
+  }
   return engine;
 }
 
@@ -450,8 +459,6 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
                              /*zero=*/false);
     backend_->Convert(grads_flat, DType::kF32, narrowed.data(), dtype, flat);
     input = narrowed.data();
-    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-    if (options_.stage >= 2) grads_flat_buffer->Reset();  // narrowed: the flat gradient is done
   }
   // Only this rank's pieces are written, and only they are read below. The
   // first f32 reduction of a step lands straight in the gradient shard.
@@ -461,6 +468,11 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
                              /*zero=*/false);
   }
+  // The conversion, and the allocations (a device block may come back from
+  // another stream's free), are done before the communicator's stream
+  // touches them.
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+  if (dtype != DType::kF32 && options_.stage >= 2) grads_flat_buffer->Reset();
   SetActivity(&reduce_activity_, absl::StrCat("reduce_scatter of unit '", layout.name, "'"));
   absl::Status s = reduce_comm_->ReduceScatterBlocks(
       input, direct ? state.grads.data() : received.data(), layout.blocks, dtype,
@@ -554,8 +566,14 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
     if (pos == last_backward_[unit] && (options_.stage >= 2 || last_micro)) {
       // The task owns the flat gradient: the next micro-batch's backward of
       // this unit may start before the reduction has packed it.
-      auto flat = std::make_shared<TrackedBuffer>(std::move(state.grads_flat));
       std::shared_ptr<Fence> computed = backend_->Record();
+      // However the task ends (even skipped after an earlier failure), the
+      // flat gradient is freed only after the backward that writes it.
+      std::shared_ptr<TrackedBuffer> flat(new TrackedBuffer(std::move(state.grads_flat)),
+                                          [computed](TrackedBuffer* buffer) {
+                                            if (computed != nullptr) computed->Wait().IgnoreError();
+                                            delete buffer;
+                                          });
       reduce_thread_->Submit(
           [this, unit, flat, computed] { return ReduceUnit(unit, flat.get(), computed.get()); });
     }

@@ -2,7 +2,10 @@
 
 #include <pthread.h>
 
+#include <new>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace zeroshard {
 
@@ -42,7 +45,17 @@ void TaskThread::Loop() {
       queue_.pop_front();
       failed = first_error_;
     }
-    absl::Status status = failed.ok() ? item.second() : failed;
+    absl::Status status = failed;
+    if (failed.ok()) {
+      try {
+        status = item.second();
+      } catch (const std::bad_alloc&) {
+        // Out of memory (MemoryTracker says where on stderr): a status the
+        // compute thread reports, instead of std::terminate on this thread.
+        status = absl::ResourceExhaustedError(
+            absl::StrCat("task thread '", name_, "': out of memory"));
+      }
+    }
     absl::MutexLock lock(&mu_);
     if (!status.ok() && first_error_.ok()) first_error_ = status;
     done_[item.first] = status;
