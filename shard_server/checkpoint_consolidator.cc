@@ -472,8 +472,12 @@ absl::StatusOr<ByteSink*> DirectoryOutput::BeginFile(const std::string& name,
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
     return absl::InvalidArgumentError(absl::StrCat("output file name \"", name, "\""));
   }
+  // O_DIRECT: the consolidated file is not read back here, so it goes to
+  // disk without filling the server's page cache (and without the copy).
+  AtomicFileOptions direct;
+  direct.direct = true;
   absl::StatusOr<std::unique_ptr<AtomicFile>> file =
-      AtomicFile::Create(root_.Join(absl::StrCat(temp_relative_, "/", name)));
+      AtomicFile::Create(root_.Join(absl::StrCat(temp_relative_, "/", name)), direct);
   if (!file.ok()) return file.status();
   current_ = *std::move(file);
   current_size_ = size_bytes;
