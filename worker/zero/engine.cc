@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -35,6 +36,9 @@ struct ZeroEngine::UnitState {
   // writes it instead of adding. Set by Step; cleared by the compute thread
   // (stages 0-1) or ReduceUnit (stages 2-3, which Step drains first).
   bool grads_stale = false;
+  // Stages 2-3: sum of squares of `grads` after the step's last reduction
+  // (taken by the reduce thread); unset when Step must compute it.
+  std::optional<double> grad_squares;
   std::unique_ptr<Optimizer> optimizer;
 };
 
@@ -415,7 +419,8 @@ void ZeroEngine::ReleaseParams(int position) {
 
 // ---- Reductions ----
 
-absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, Fence* computed) {
+absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, Fence* computed,
+                                    bool last_micro) {
   // The compute thread's backward of this unit must be done.
   if (computed != nullptr) {
     if (absl::Status s = computed->Wait(); !s.ok()) return s;
@@ -484,11 +489,20 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
   }
-  // Padding is never written, so it stays zero: the squared norm at the step
-  // sums whole chunks.
+  // Padding is never written, so it stays zero: the squared norm sums whole
+  // chunks. Stages 2-3 take it here, after the step's last reduction of the
+  // unit, where it overlaps the backward of the units before it.
+  auto norm_of_shard = [&]() -> absl::Status {
+    state.grad_squares.reset();
+    if (options_.stage < 2 || !last_micro) return absl::OkStatus();
+    absl::StatusOr<double> squares = backend_->SquaredNorm(state.grads.f32(), chunk);
+    if (!squares.ok()) return squares.status();
+    state.grad_squares = *squares;
+    return absl::OkStatus();
+  };
   if (direct) {
     state.grads_stale = false;
-    return absl::OkStatus();  // the collective returned with the data in place
+    return norm_of_shard();  // the collective returned with the data in place
   }
   if (options_.stage == 1) {
     state.reduced = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
@@ -508,6 +522,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     }
   }
   if (options_.stage >= 2) state.grads_stale = false;  // stage 1: the compute thread's
+  if (absl::Status s = norm_of_shard(); !s.ok()) return s;
   return backend_->Synchronize();
 }
 
@@ -575,7 +590,9 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
                                             delete buffer;
                                           });
       reduce_thread_->Submit(
-          [this, unit, flat, computed] { return ReduceUnit(unit, flat.get(), computed.get()); });
+          [this, unit, flat, computed, last_micro] {
+            return ReduceUnit(unit, flat.get(), computed.get(), last_micro);
+          });
     }
   }
   memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
@@ -665,6 +682,14 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     auto [g, n] = grad_of(u);
     if (g == nullptr) return absl::InternalError(absl::StrCat("no gradient for ", Where(u)));
     if (scale != 1.0f) backend_->Scale(g, n, scale);
+    std::optional<double>& known = state_[u]->grad_squares;
+    if (known.has_value()) {
+      // Taken before the 1/grad_accum scaling (exact for powers of two,
+      // within rounding otherwise).
+      squares += *known * static_cast<double>(scale) * static_cast<double>(scale);
+      known.reset();
+      continue;
+    }
     absl::StatusOr<double> unit_squares = backend_->SquaredNorm(g, n);
     if (!unit_squares.ok()) return unit_squares.status();
     squares += *unit_squares;

@@ -201,7 +201,9 @@ class ZeroEngine {
   // Stages 2-3 reduce `grads_flat` (then free it); stages 0-1 the unit's
   // accumulated full gradient.
   // `computed`: the compute thread's work on the gradient, waited for first.
-  absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed);
+  // `last_micro`: the step's last reduction of this unit (stages 2-3 then
+  // also take the squared norm of its gradient shard, off the compute thread).
+  absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
