@@ -56,13 +56,17 @@ absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string
       if (options.direct && block > 0) {
         // Best effort: without O_DIRECT the file is written as usual.
         const int direct_fd = open(file->temp_path_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-        void* buffer = nullptr;
-        if (direct_fd >= 0 && posix_memalign(&buffer, 4096, block) == 0) {
+        // Two blocks: one fills while the other is written.
+        void* buffers[2] = {nullptr, nullptr};
+        if (direct_fd >= 0 && posix_memalign(&buffers[0], 4096, block) == 0 &&
+            posix_memalign(&buffers[1], 4096, block) == 0) {
           file->direct_fd_ = direct_fd;
-          file->block_ = std::unique_ptr<char, void (*)(void*)>(static_cast<char*>(buffer), free);
+          file->block_ = std::unique_ptr<char, void (*)(void*)>(static_cast<char*>(buffers[0]), free);
+          file->spare_ = std::unique_ptr<char, void (*)(void*)>(static_cast<char*>(buffers[1]), free);
           file->block_bytes_ = block;
-        } else if (direct_fd >= 0) {
-          close(direct_fd);
+        } else {
+          free(buffers[0]);
+          if (direct_fd >= 0) close(direct_fd);
         }
       }
       return file;
@@ -81,6 +85,7 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::Abandon() {
+  if (pending_.valid()) pending_.wait();  // it writes through the descriptors below
   if (direct_fd_ >= 0) {
     close(direct_fd_);
     direct_fd_ = -1;
@@ -106,7 +111,7 @@ absl::Status AtomicFile::Write(const void* data, size_t size) {
       p += take;
       size -= take;
       if (fill_ == block_bytes_) {
-        if (absl::Status s = WriteBlock(fill_, /*aligned=*/true); !s.ok()) return s;
+        if (absl::Status s = FlushFullBlock(); !s.ok()) return s;
       }
     }
     return absl::OkStatus();
@@ -124,10 +129,31 @@ absl::Status AtomicFile::Write(const void* data, size_t size) {
   return absl::OkStatus();
 }
 
-absl::Status AtomicFile::WriteBlock(size_t size, bool aligned) {
-  const char* p = block_.get();
+absl::Status AtomicFile::WaitPending() {
+  if (!pending_.valid()) return absl::OkStatus();
+  absl::Status status = pending_.get();
+  if (!status.ok()) failed_ = true;
+  return status;
+}
+
+absl::Status AtomicFile::FlushFullBlock() {
+  if (absl::Status s = WaitPending(); !s.ok()) return s;
+  std::swap(block_, spare_);
+  const char* data = spare_.get();
+  const size_t size = fill_;
+  const int64_t offset = offset_;
+  pending_ = std::async(std::launch::async, [this, data, size, offset] {
+    return WriteAt(data, size, offset, /*aligned=*/true);
+  });
+  offset_ += static_cast<int64_t>(size);
+  fill_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::WriteAt(const char* data, size_t size, int64_t offset, bool aligned) {
+  const char* p = data;
   size_t left = size;
-  int64_t at = offset_;
+  int64_t at = offset;
   while (left > 0) {
     ssize_t n = pwrite(aligned ? direct_fd_ : fd_, p, left, at);
     if (n < 0 && errno == EINTR) continue;
@@ -139,17 +165,11 @@ absl::Status AtomicFile::WriteBlock(size_t size, bool aligned) {
       aligned = false;
       continue;
     }
-    if (n <= 0) {
-      failed_ = true;
-      return ErrnoStatus(n < 0 ? errno : EIO, "write", temp_path_);
-    }
+    if (n <= 0) return ErrnoStatus(n < 0 ? errno : EIO, "write", temp_path_);
     p += n;
     at += n;
     left -= static_cast<size_t>(n);
   }
-  // Later full blocks keep going through O_DIRECT unless it was refused.
-  offset_ += static_cast<int64_t>(size);
-  fill_ = 0;
   return absl::OkStatus();
 }
 
@@ -158,25 +178,26 @@ absl::Status AtomicFile::Commit() {
     return absl::FailedPreconditionError(
         absl::StrCat("commit ", path_, ": file already committed or failed"));
   }
+  if (absl::Status s = WaitPending(); !s.ok()) {
+    Abandon();
+    return s;
+  }
   if (block_ != nullptr && fill_ > 0) {
     // The aligned part of the last block through O_DIRECT, the tail (not a
     // multiple of 4096) through the page cache; fsync below covers both.
     const size_t aligned = direct_fd_ >= 0 ? fill_ / 4096 * 4096 : 0;
-    const size_t tail = fill_ - aligned;
-    if (aligned > 0) {
-      if (absl::Status s = WriteBlock(aligned, /*aligned=*/true); !s.ok()) {
-        Abandon();
-        return s;
-      }
-      std::memmove(block_.get(), block_.get() + aligned, tail);
+    absl::Status s = WriteAt(block_.get(), aligned, offset_, /*aligned=*/true);
+    if (s.ok()) {
+      s = WriteAt(block_.get() + aligned, fill_ - aligned, offset_ + static_cast<int64_t>(aligned),
+                  /*aligned=*/false);
     }
-    fill_ = tail;
-    if (tail > 0) {
-      if (absl::Status s = WriteBlock(tail, /*aligned=*/false); !s.ok()) {
-        Abandon();
-        return s;
-      }
+    if (!s.ok()) {
+      failed_ = true;
+      Abandon();
+      return s;
     }
+    offset_ += static_cast<int64_t>(fill_);
+    fill_ = 0;
   }
   if (direct_fd_ >= 0) {
     close(direct_fd_);

@@ -3,6 +3,7 @@
 #define ZEROSHARD_COMMON_FILE_UTIL_H_
 
 #include <cstddef>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -68,9 +69,14 @@ class AtomicFile : public ByteSink {
  private:
   AtomicFile(std::string path, std::string temp_path, int fd);
   void Abandon();  // close and unlink the temp file
-  // Direct mode: writes `size` bytes of the block buffer at `offset_`
-  // (through direct_fd_ when `aligned`, else fd_) and advances offset_.
-  absl::Status WriteBlock(size_t size, bool aligned);
+  // Direct mode: writes `size` bytes of `data` at `offset` (through
+  // direct_fd_ when `aligned`, else fd_). May run on another thread.
+  absl::Status WriteAt(const char* data, size_t size, int64_t offset, bool aligned);
+  // Direct mode: hands the full block to a background write (after the
+  // previous one finished) and continues in the other buffer.
+  absl::Status FlushFullBlock();
+  // Direct mode: waits for the background write; its status.
+  absl::Status WaitPending();
 
   const std::string path_;
   const std::string temp_path_;
@@ -80,6 +86,8 @@ class AtomicFile : public ByteSink {
   // Direct mode (AtomicFileOptions::direct and O_DIRECT available).
   int direct_fd_ = -1;
   std::unique_ptr<char, void (*)(void*)> block_{nullptr, nullptr};
+  std::unique_ptr<char, void (*)(void*)> spare_{nullptr, nullptr};  // being written
+  std::future<absl::Status> pending_;  // the write of spare_, if any
   size_t block_bytes_ = 0;
   size_t fill_ = 0;      // bytes in block_
   int64_t offset_ = 0;   // file bytes written before block_
