@@ -113,12 +113,14 @@ int CheckpointsCommand() {
     std::printf("no checkpoints%s\n", job.empty() ? "" : absl::StrCat(" of job ", job).c_str());
     return 0;
   }
-  std::vector<std::string> header = {"STEP", "COMPLETE", "RANKS", "SIZE", "CREATED", "MANIFEST"};
+  std::vector<std::string> header = {"STEP",    "COMPLETE", "VERIFIED", "RANKS",
+                                     "SIZE",    "CREATED",  "MANIFEST"};
   if (job.empty()) header.insert(header.begin(), "JOB");
   Table table(header);
   for (const v1::CheckpointInfo& c : list->checkpoints()) {
     std::vector<std::string> row = {absl::StrCat(c.step()),
                                     c.complete() ? "yes" : "no",
+                                    c.verification().empty() ? "-" : c.verification(),
                                     absl::StrCat(c.committed(), "/", c.world_size()),
                                     HumanBytes(static_cast<double>(c.total_bytes())),
                                     FormatTime(c.created_unix_ms()),
@@ -127,6 +129,13 @@ int CheckpointsCommand() {
     table.AddRow(std::move(row));
   }
   std::printf("%s", table.ToString().c_str());
+  for (const v1::CheckpointInfo& c : list->checkpoints()) {
+    if (c.verification() == "failed") {
+      std::printf("step %lld of job %s failed verification (not used as \"latest\"): %s\n",
+                  static_cast<long long>(c.step()), c.job_id().c_str(),
+                  c.verification_error().c_str());
+    }
+  }
   return 0;
 }
 

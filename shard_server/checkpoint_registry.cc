@@ -54,6 +54,13 @@ CREATE TABLE IF NOT EXISTS checkpoint_verified (
   verified_unix_ms INTEGER NOT NULL,
   PRIMARY KEY (job_id, step)
 );
+CREATE TABLE IF NOT EXISTS checkpoint_verify_failed (
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  error TEXT NOT NULL,
+  failed_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step)
+);
 )sql";
 
 int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -607,9 +614,25 @@ absl::Status CheckpointRegistry::RecordVerified(
   return ApplyRetention(job);
 }
 
+absl::Status CheckpointRegistry::RecordVerifyFailed(const std::string& job, int64_t step,
+                                                    const std::string& error) {
+  absl::MutexLock lock(&mu_);
+  absl::MutexLock db_lock(state_->mu());
+  Sql st(state_->db(),
+         "INSERT OR REPLACE INTO checkpoint_verify_failed(job_id, step, error, failed_unix_ms) "
+         "VALUES (?, ?, ?, ?)");
+  st.Bind(1, job).Bind(2, step).Bind(3, error).Bind(4, NowUnixMs());
+  return st.Run("save failed verification");
+}
+
 absl::Status CheckpointRegistry::DeleteStepRows(const std::string& job, int64_t step,
                                                 bool commits_only) {
   absl::MutexLock db_lock(state_->mu());
+  {
+    Sql st(state_->db(), "DELETE FROM checkpoint_verify_failed WHERE job_id = ? AND step = ?");
+    st.Bind(1, job).Bind(2, step);
+    if (absl::Status s = st.Run("delete failed verification"); !s.ok()) return s;
+  }
   {
     Sql st(state_->db(), "DELETE FROM checkpoint_commits WHERE job_id = ? AND step = ?");
     st.Bind(1, job).Bind(2, step);
@@ -695,7 +718,11 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::
   absl::MutexLock db_lock(state_->mu());
   Sql st(state_->db(),
          "SELECT s.job_id, s.step, s.world_size, s.complete, s.plan_hash, s.created_unix_ms, "
-         "s.completed_unix_ms, COUNT(c.rank), COALESCE(SUM(c.size_bytes), 0) "
+         "s.completed_unix_ms, COUNT(c.rank), COALESCE(SUM(c.size_bytes), 0), "
+         "(SELECT COUNT(*) FROM checkpoint_verified v "
+         " WHERE v.job_id = s.job_id AND v.step = s.step), "
+         "(SELECT f.error FROM checkpoint_verify_failed f "
+         " WHERE f.job_id = s.job_id AND f.step = s.step) "
          "FROM checkpoint_steps s LEFT JOIN checkpoint_commits c "
          "ON c.job_id = s.job_id AND c.step = s.step "
          "WHERE ?1 = '' OR s.job_id = ?1 "
@@ -719,6 +746,13 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::
     if (info->complete()) {
       info->set_manifest(
           absl::StrCat(CheckpointStepDir(info->job_id(), info->step()), "/", kManifestFileName));
+      const std::string error = st.Text(10);
+      if (!error.empty()) {
+        info->set_verification("failed");
+        info->set_verification_error(error);
+      } else {
+        info->set_verification(st.Int(9) > 0 ? "verified" : "pending");
+      }
     }
   }
   if (rc != SQLITE_DONE) return st.status("list");
@@ -736,7 +770,9 @@ absl::StatusOr<std::unique_ptr<PinnedCheckpoint>> CheckpointRegistry::Acquire(
   absl::MutexLock db_lock(state_->mu());
   if (step == -1) {
     Sql st(state_->db(),
-           "SELECT MAX(step) FROM checkpoint_steps WHERE job_id = ? AND complete = 1");
+           "SELECT MAX(step) FROM checkpoint_steps s WHERE job_id = ? AND complete = 1 "
+           "AND NOT EXISTS (SELECT 1 FROM checkpoint_verify_failed f "
+           "WHERE f.job_id = s.job_id AND f.step = s.step)");
     st.Bind(1, job);
     if (st.Step() != SQLITE_ROW || st.IsNull(0)) {
       return absl::NotFoundError(

@@ -92,6 +92,10 @@ class CheckpointRegistry {
   // retention runs for the job. REQUIRES: the step is pinned by the caller.
   absl::Status RecordVerified(const std::string& job, int64_t step,
                               const std::map<std::string, std::string>& checksums);
+  // The other outcome: the read-back found damage (`error` names the file
+  // and tensor). The step is listed with verification "failed" and is
+  // skipped when "latest" is asked for; retention never counts it.
+  absl::Status RecordVerifyFailed(const std::string& job, int64_t step, const std::string& error);
 
   // Records a rank's shard file after checking it: the path is exactly
   // "<job>/step-<N>/rank-<R>-of-<W>.safetensors" for the member, stays below

@@ -90,9 +90,12 @@ void CheckpointVerifier::Verify(const std::string& job, int64_t step) {
   absl::StatusOr<std::map<std::string, std::string>> checksums = consolidator.Verify(&output);
   if (!checksums.ok()) {
     if (!absl::IsCancelled(checksums.status())) {
+      absl::Status recorded =
+          registry_->RecordVerifyFailed(job, step, checksums.status().ToString());
       log_->Log("checkpoint_verify_failed", {{"job", job},
                                              {"step", absl::StrCat(step)},
-                                             {"error", checksums.status().ToString()}});
+                                             {"error", checksums.status().ToString()},
+                                             {"recorded", recorded.ok() ? "ok" : recorded.ToString()}});
     }
     return;
   }

@@ -604,6 +604,19 @@ TEST_F(CheckpointServerTest, ACorruptStepIsReportedByTheVerifierAndKeepsOlderSte
   }
   EXPECT_TRUE(Exists(root_ + "/ckpt/step-10/manifest.json"))
       << "retention waits for a verified newer step";
+  // Listed as failed, with the reason; "latest" is the newest intact step.
+  auto list = ctl_->ListCheckpoints("ckpt");
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->checkpoints_size(), 2);
+  EXPECT_EQ(list->checkpoints(0).verification(), "verified");
+  EXPECT_EQ(list->checkpoints(1).step(), 20);
+  EXPECT_EQ(list->checkpoints(1).verification(), "failed");
+  EXPECT_NE(list->checkpoints(1).verification_error().find("rank-1-of-2.safetensors"),
+            std::string::npos)
+      << list->checkpoints(1).verification_error();
+  auto summary = Consolidate(-1, out_ + "/latest-intact.safetensors");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->step(), 10);
 }
 
 TEST_F(CheckpointServerTest, KeepLastOneDeletesOlderStepsButNotTheLatest) {
