@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/file_util.h"
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
@@ -59,6 +60,24 @@ TEST_F(ResumeTest, SixStepsEqualThreeStepsThenResumeAndThreeMore) {
             1e-6);
   // The resumed run continued the step count: 3 more steps, not 6.
   EXPECT_EQ(cluster_.Report("stopped", 0)["losses"].size(), 3u);
+}
+
+TEST_F(ResumeTest, ADamagedShardIsNeverLoaded) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("damaged", 2, Flags({"--steps=2", "--batch=4", "--checkpoint_at_end"})));
+  // One flipped byte inside rank 1's last tensor (after the header that
+  // records the checksums).
+  const std::string file = absl::StrCat(cluster_.checkpoint_root(), "/",
+                                        StepDirName("damaged", 2), "/rank-1-of-2.safetensors");
+  std::string bytes = testing::ReadFileOrEmpty(file);
+  ASSERT_GT(bytes.size(), 16u);
+  bytes[bytes.size() - 5] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomically(file, bytes).ok());
+  // Resuming must fail, naming the file, rather than train on the damage.
+  EXPECT_FALSE(cluster_.Run("damaged", 2, Flags({"--steps=4", "--batch=4", "--resume=latest"})));
+  const std::string logs = cluster_.WorkerLog(0) + cluster_.WorkerLog(1);
+  EXPECT_NE(logs.find("does not match its recorded checksum"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("rank-1-of-2.safetensors"), std::string::npos) << logs;
 }
 
 TEST_F(ResumeTest, ConsolidatedCheckpointContinuesAtOtherWorldSizes) {

@@ -229,6 +229,44 @@ absl::Status CheckpointReader::IndexFile(int index) {
   return absl::OkStatus();
 }
 
+absl::Status CheckpointReader::Verify(int index, const std::string& tensor) {
+  if (verified_.count({index, tensor})) return absl::OkStatus();
+  auto file = File(index);
+  if (!file.ok()) return file.status();
+  const SafetensorsMetadata& meta = (*file)->metadata();
+  auto recorded = meta.find("checksums");
+  if (recorded == meta.end()) {  // not one of ours: nothing to check against
+    verified_.insert({index, tensor});
+    return absl::OkStatus();
+  }
+  nlohmann::json checksums = nlohmann::json::parse(recorded->second, nullptr, false);
+  if (!checksums.is_object() || !checksums.contains(tensor) || !checksums[tensor].is_string()) {
+    return absl::DataLossError(absl::StrCat(paths_[index], ": no checksum recorded for tensor '",
+                                            tensor, "'"));
+  }
+  const TensorInfo* info = (*file)->Find(tensor);
+  if (info == nullptr) {
+    return absl::NotFoundError(absl::StrCat(paths_[index], " has no tensor '", tensor, "'"));
+  }
+  Hasher hasher;
+  std::vector<char> buffer(std::min<int64_t>(info->Bytes(), int64_t{4} << 20));
+  for (int64_t at = 0; at < info->Bytes();) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(buffer.size()), info->Bytes() - at);
+    if (absl::Status s = (*file)->ReadBytes(tensor, at, n, buffer.data()); !s.ok()) return s;
+    hasher.Update(buffer.data(), static_cast<size_t>(n));
+    at += n;
+  }
+  const std::string actual = ChecksumToHex(hasher.Digest());
+  if (actual != checksums[tensor].get<std::string>()) {
+    return absl::DataLossError(absl::StrCat(
+        paths_[index], ": tensor '", tensor, "' does not match its recorded checksum (",
+        checksums[tensor].get<std::string>(), " recorded, ", actual,
+        " read): the checkpoint is damaged; resume from another step"));
+  }
+  verified_.insert({index, tensor});
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointReader::IndexAll() {
   for (size_t i = 0; i < paths_.size(); ++i) {
     if (absl::Status s = IndexFile(static_cast<int>(i)); !s.ok()) return s;
@@ -252,6 +290,7 @@ absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int
       return absl::InvalidArgumentError(absl::StrCat(
           source_, ": tensor '", name, "' has a different shape than the model's"));
     }
+    if (absl::Status s = Verify(0, name); !s.ok()) return s;
     return (*file)->ReadRowsAsF32(name, row_begin, row_end, out);
   }
   const int64_t row_elements = tensor.RowElements();
@@ -275,6 +314,7 @@ absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int
                                               " of tensor '", tensor.name, "'"));
     }
     int64_t end = std::min(row_end, found->row_end);
+    if (absl::Status s = Verify(found->file, found->shard_tensor); !s.ok()) return s;
     auto file = File(found->file);
     if (!file.ok()) return file.status();
     absl::Status s = (*file)->ReadRowsAsF32(found->shard_tensor, row - found->row_begin,

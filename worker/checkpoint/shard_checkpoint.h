@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,12 @@ class CheckpointReader {
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenFile(const std::string& path);
 
   // Rows [row_begin, row_end) of `tensor` as f32; NOT_FOUND naming the tensor
-  // and the checkpoint when a row is missing.
+  // and the checkpoint when a row is missing. Every file tensor read from is
+  // first checked, whole and once, against the XXH64 its file's "checksums"
+  // metadata records (shard files and consolidated files have them; a file
+  // without, e.g. one written by PyTorch, is taken as it is): DATA_LOSS
+  // naming the file and tensor on a mismatch, so a damaged checkpoint is
+  // never loaded.
   absl::Status ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin, int64_t row_end,
                         float* out);
   bool has_optimizer_state() const { return has_optimizer_; }
@@ -96,6 +102,7 @@ class CheckpointReader {
   absl::StatusOr<SafetensorsReader*> File(int index);
   absl::Status IndexFile(int index);
   absl::Status IndexAll();
+  absl::Status Verify(int index, const std::string& tensor);
 
   std::string source_;
   std::vector<std::string> paths_;
@@ -103,6 +110,7 @@ class CheckpointReader {
   std::vector<bool> indexed_;
   // (kind, model tensor) -> pieces, by row_begin
   std::map<std::pair<int, std::string>, std::vector<Piece>> pieces_;
+  std::set<std::pair<int, std::string>> verified_;  // (file, tensor) checked
   bool consolidated_ = false;
   bool has_optimizer_ = false;
   int64_t optimizer_step_ = -1;
