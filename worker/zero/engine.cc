@@ -549,7 +549,6 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
     memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
     ReleaseParams(k);
   }
-  double loss = model_->Loss();
   for (int j = 0; j < n; ++j) {
     const int op = n - 1 - j, pos = n + j, unit = ops_[op];
     UnitState& state = *state_[unit];
@@ -597,6 +596,9 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
   }
   memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
   slots_.clear();
+  // Read after the backward pass (which does not change it): on a device,
+  // reading the loss waits for the GPU, which mid-pass would stall it.
+  const double loss = model_->Loss();
   loss_sum_ += loss;
   micro_batches_++;
   return loss;
