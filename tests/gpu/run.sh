@@ -18,7 +18,9 @@
 #      with --backend=nccl: worker r on GPU r (ZEROSHARD_BACKEND=nccl). Needs
 #      as many GPUs as the tests' largest world (4). The GPT test is left out:
 #      --backend=nccl trains the MLP only so far.
-#   5. GPU-versus-CPU parity of every CUDA kernel (cuda_kernels_parity_check).
+#   5. GPU-versus-CPU parity of every CUDA kernel (cuda_kernels_parity_check),
+#      and of the ZeRO engine itself on CudaBackend + CudaMlpModel + NCCL
+#      (cuda_engine_parity_check: W = 1, stages 0 and 3, f32 and bf16).
 #   6. NcclCommunicator on all visible GPUs: results, byte counts, timeouts,
 #      Abort() (nccl_communicator_check).
 #   7. All-gather / reduce-scatter bus bandwidth, 1 MiB .. 1 GiB, with the
@@ -128,6 +130,13 @@ if "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/parity.log" 2>&1; then
   step "CUDA kernels vs CPU kernels" PASS
 else
   step "CUDA kernels vs CPU kernels" FAIL "see $OUT/parity.log"
+fi
+
+# --- 5b. The ZeRO engine on the GPU vs the CPU --------------------------------------
+if "$BIN/tests/gpu/cuda_engine_parity_check" >"$OUT/engine_parity.log" 2>&1; then
+  step "ZeRO engine on GPU vs CPU (stages 0, 3)" PASS
+else
+  step "ZeRO engine on GPU vs CPU (stages 0, 3)" FAIL "see $OUT/engine_parity.log"
 fi
 
 # --- 6. NcclCommunicator on all GPUs ----------------------------------------------
