@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, worker_id, "",
           "Stable worker identity; ranks follow sorted worker ids (default: HOST/PID)");
 ABSL_FLAG(std::string, host, "127.0.0.1",
           "Address peers reach this worker at; the data plane binds to it");
+ABSL_FLAG(bool, shm, true,
+          "gloo: gathers and reductions through shared memory when every rank of the job runs "
+          "on this host (falls back to TCP otherwise, saying why)");
 ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
 ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder on bytes)");
 ABSL_FLAG(int, layers, 4, "Layers of the model (Linears of the MLP, blocks of the GPT)");
@@ -354,13 +357,23 @@ int Main() {
       return std::move(*nccl);
     }
 #endif
-    auto created = GlooCommunicator::Create(&store, rank, world, tag, gloo);
+    GlooCommunicator::Options options = gloo;
+    options.shared_memory = absl::GetFlag(FLAGS_shm);
+    auto created = GlooCommunicator::Create(&store, rank, world, tag, options);
     DieIfError(created.status(), absl::StrCat("gloo bootstrap (", tag, ")"));
+    if (rank == 0 && world > 1) {
+      std::fprintf(stderr, "data plane (%s): %s, %s\n", tag.c_str(),
+                   (*created)->transport() == "shm" ? "shared memory" : "TCP",
+                   (*created)->transport_note().c_str());
+    }
     return std::move(*created);
   };
   gather = connect("gather");
   reduce = connect("reduce");
-  auto aux = GlooCommunicator::Create(&store, rank, world, "aux", gloo);
+  // Host-side metrics only: small, so TCP.
+  GlooCommunicator::Options aux_options = gloo;
+  aux_options.shared_memory = false;
+  auto aux = GlooCommunicator::Create(&store, rank, world, "aux", aux_options);
   DieIfError(aux.status(), "gloo bootstrap (aux)");
 
   auto engine = ZeroEngine::Create(m, plan, gather.get(), reduce.get(), aux->get(),

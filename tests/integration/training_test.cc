@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -67,6 +68,32 @@ TEST_F(TrainingTest, EveryStageMatchesOneProcessOnTheGlobalBatch) {
     double sum = cluster_.Report(job, 0)["params_sum"];
     EXPECT_NEAR(sum, reference_sum, 1e-5 * std::fabs(reference_sum) + 1e-5);
   }
+}
+
+// The data plane over loopback TCP (--shm=false) trains to the same
+// parameters as over shared memory (the default on one host); each worker
+// says which it used.
+TEST_F(TrainingTest, TcpAndSharedMemoryDataPlanesAgree) {
+  const char* backend = std::getenv("ZEROSHARD_BACKEND");
+  if (backend != nullptr && std::string(backend) == "nccl") GTEST_SKIP() << "Gloo data plane only";
+  ASSERT_TRUE(cluster_.ok());
+  std::map<bool, Params> params;
+  for (bool shm : {true, false}) {
+    const std::string job = shm ? "shm" : "tcp";
+    cluster_.StartWorkers(job, 2, MlpFlags({"--stage=3", "--batch=4", "--prefetch=1",
+                                            absl::StrCat("--shm=", shm)}));
+    std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(120));
+    ASSERT_EQ(codes, (std::vector<int>{0, 0})) << cluster_.WorkerLog(0) << cluster_.WorkerLog(1);
+    const std::string log = cluster_.WorkerLog(0);
+    EXPECT_NE(log.find(shm ? "data plane (gather): shared memory" : "data plane (gather): TCP"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find(shm ? "data plane (reduce): shared memory" : "data plane (reduce): TCP"),
+              std::string::npos)
+        << log;
+    params[shm] = LoadParams(cluster_, job);
+  }
+  EXPECT_LE(MaxRelativeDifference(params[true], params[false]), 1e-5);
 }
 
 TEST_F(TrainingTest, PrefetchDepthsGiveTheSameParameters) {

@@ -28,6 +28,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/kv_gloo_store.h"
+#include "worker/comm/shm_exchange.h"
 
 namespace zeroshard {
 namespace {
@@ -104,33 +105,27 @@ void Accumulate(DType dtype, const void* received, const void* own, void* dst, i
   }
 }
 
-// A block layout grouped by rank: each rank's non-empty blocks in list
-// order, the packed offset of each inside its rank's group, the group's
-// total, and how far the layout reaches into the full buffer and into each
-// shard (elements).
-struct BlockGroups {
-  std::vector<std::vector<const ShardBlock*>> blocks;
-  std::vector<std::vector<int64_t>> packed_offset;
-  std::vector<int64_t> total;
-  int64_t full_extent = 0;
-  std::vector<int64_t> shard_extent;
-};
+// Bytes rank `rank` sends in the ring all-gather (step s forwards group
+// rank - s) and ring reduce-scatter (step s sends group rank - s - 1) of a
+// grouped layout. The shared-memory path counts the same, so the counters do
+// not depend on the transport.
+int64_t RingAllGatherBytes(const BlockGroups& g, int rank, int w, size_t esize) {
+  int64_t sum = 0;
+  for (int s = 0; s < w - 1; ++s) sum += g.total[Mod(rank - s, w)];
+  return sum * static_cast<int64_t>(esize);
+}
+int64_t RingReduceScatterBytes(const BlockGroups& g, int rank, int w, size_t esize) {
+  int64_t sum = 0;
+  for (int s = 0; s < w - 1; ++s) sum += g.total[Mod(rank - s - 1, w)];
+  return sum * static_cast<int64_t>(esize);
+}
 
-BlockGroups GroupBlocks(const std::vector<ShardBlock>& blocks, int world_size) {
-  BlockGroups g;
-  g.blocks.resize(world_size);
-  g.packed_offset.resize(world_size);
-  g.total.assign(world_size, 0);
-  g.shard_extent.assign(world_size, 0);
-  for (const ShardBlock& b : blocks) {
-    if (b.count == 0) continue;
-    g.blocks[b.rank].push_back(&b);
-    g.packed_offset[b.rank].push_back(g.total[b.rank]);
-    g.total[b.rank] += b.count;
-    g.full_extent = std::max(g.full_extent, b.full_offset + b.count);
-    g.shard_extent[b.rank] = std::max(g.shard_extent[b.rank], b.shard_offset + b.count);
-  }
-  return g;
+// The layout of W equal chunks of `count` elements, chunk r at r * count of
+// the full buffer and at `shard_offset` of rank r's shard.
+std::vector<ShardBlock> ChunkBlocks(int world_size, int64_t count, int64_t shard_offset) {
+  std::vector<ShardBlock> blocks(world_size);
+  for (int r = 0; r < world_size; ++r) blocks[r] = {r, shard_offset, r * count, count};
+  return blocks;
 }
 
 // Number of sends of rank `rank` in Gloo's binomial-tree broadcast from
@@ -264,8 +259,26 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
     return absl::Status(code, absl::StrCat("GlooCommunicator ", where, ": connecting to peers ",
                                            "from ", bind, " failed: ", message));
   }
-  return std::unique_ptr<GlooCommunicator>(
+  auto comm = std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(rank, world_size, tag, std::move(device), std::move(context)));
+  if (options.shared_memory && world_size > 1) {
+    auto shm = ShmExchange::Create(store, KvGlooStore::PrefixForTag(tag) + "shm/", rank,
+                                   world_size, options.shm_slot_bytes, options.connect_timeout,
+                                   &comm->transport_note_);
+    if (!shm.ok()) {
+      return absl::Status(shm.status().code(),
+                          absl::StrCat("GlooCommunicator ", where,
+                                       ": setting up shared memory: ", shm.status().message()));
+    }
+    comm->shm_ = *std::move(shm);
+    if (comm->shm_ != nullptr) {
+      comm->transport_note_ = absl::StrCat(comm->shm_->segment_bytes() >> 20,
+                                           " MiB shared-memory segment");
+    }
+  } else {
+    comm->transport_note_ = world_size > 1 ? "shared memory off" : "a single rank";
+  }
+  return comm;
 }
 
 GlooCommunicator::GlooCommunicator(int rank, int world_size, std::string tag,
@@ -277,7 +290,10 @@ GlooCommunicator::GlooCommunicator(int rank, int world_size, std::string tag,
       device_(std::move(device)),
       context_(std::move(context)) {}
 
+std::string GlooCommunicator::transport() const { return shm_ != nullptr ? "shm" : "tcp"; }
+
 GlooCommunicator::~GlooCommunicator() {
+  shm_.reset();
   // Destroying the context closes its sockets (peers read EOF); the device
   // (and its event-loop thread) goes after every context using it.
   context_.reset();
@@ -358,6 +374,30 @@ absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
     context_->closeConnections();
   } catch (const std::exception&) {
     // Already broken; nothing more to do.
+  }
+  return status;
+}
+
+absl::Status GlooCommunicator::RunShm(const char* name, absl::Duration timeout,
+                                      const std::function<absl::Status()>& body) {
+  absl::Status result = body();
+  if (result.ok()) return result;
+  const std::string where =
+      absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_, "', shared memory)");
+  std::string message;
+  if (result.code() == absl::StatusCode::kDeadlineExceeded) {
+    message = absl::StrCat(name, " timed out after ", absl::FormatDuration(timeout), " ", where,
+                           ": ", result.message());
+  } else {
+    message = absl::StrCat(name, " failed: a peer is gone ", where, ": ", result.message());
+  }
+  absl::Status status(result.code(), message);
+  broken_ = status;
+  // As in Run: make peers blocked in this collective (or a later one) fail now.
+  shm_->Abort();
+  try {
+    context_->closeConnections();
+  } catch (const std::exception&) {
   }
   return status;
 }
@@ -470,6 +510,17 @@ absl::Status GlooCommunicator::AllGather(const void* input, void* output, int64_
     if (in != out) std::memmove(out, in, bytes);
     return absl::OkStatus();
   }
+  if (shm_ != nullptr) {
+    // Rank r's shard is `in`; viewed from `out`'s own slot when in place.
+    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count, 0);
+    const BlockGroups g = GroupBlocks(blocks, world_size_);
+    const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+    return RunShm(kName, timeout, [&] {
+      absl::Status s = shm_->AllGatherBlocks(in, out, g, dtype, deadline);
+      if (s.ok()) all_gather_bytes_.fetch_add(static_cast<int64_t>(world_size_ - 1) * bytes);
+      return s;
+    });
+  }
   return Run(kName, timeout, [&] {
     gloo::AllgatherOptions opts(context_);
     // Input already in place at this rank's slot of the output: in-place form.
@@ -497,6 +548,19 @@ absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, in
   std::vector<int64_t> offset(world_size_), size(world_size_, count);
   for (int c = 0; c < world_size_; ++c) offset[c] = c * count;
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  if (shm_ != nullptr) {
+    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count, 0);
+    const BlockGroups g = GroupBlocks(blocks, world_size_);
+    return RunShm(kName, timeout, [&] {
+      absl::Status s = shm_->ReduceScatterBlocks(
+          input, output, g, dtype, op == ReduceOp::kAverage ? world_size_ : 1.0f, deadline);
+      if (s.ok()) {
+        reduce_scatter_bytes_.fetch_add(static_cast<int64_t>(world_size_ - 1) * count *
+                                        ElementSize(dtype));
+      }
+      return s;
+    });
+  }
   return Run(kName, timeout, [&] {
     RingReduceScatter(input, output, offset, size, dtype, op, kReduceScatterSlot, deadline,
                       &reduce_scatter_bytes_);
@@ -536,6 +600,13 @@ absl::Status GlooCommunicator::AllGatherBlocks(const void* shard, void* full,
   const int right = Mod(rank_ + 1, w);
   const int left = Mod(rank_ - 1, w);
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  if (shm_ != nullptr) {
+    return RunShm(kName, timeout, [&] {
+      absl::Status s = shm_->AllGatherBlocks(in, out, g, dtype, deadline);
+      if (s.ok()) all_gather_bytes_.fetch_add(RingAllGatherBytes(g, rank_, w, esize));
+      return s;
+    });
+  }
   return Run(kName, timeout, [&] {
     // Gloo only reads from send buffers.
     std::unique_ptr<UnboundBuffer> shard_buffer =
@@ -594,6 +665,13 @@ absl::Status GlooCommunicator::ReduceScatterBlocks(const void* full, void* shard
   const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
   const int64_t max_group = *std::max_element(g.total.begin(), g.total.end());
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  if (shm_ != nullptr) {
+    return RunShm(kName, timeout, [&] {
+      absl::Status s = shm_->ReduceScatterBlocks(in, out, g, dtype, divisor, deadline);
+      if (s.ok()) reduce_scatter_bytes_.fetch_add(RingReduceScatterBytes(g, rank_, w, esize));
+      return s;
+    });
+  }
   return Run(kName, timeout, [&] {
     // As RingReduceScatter, by rank groups of blocks: step s sends the
     // partial sums of rank (rank - s - 1)'s blocks (step 0 straight from
@@ -656,6 +734,24 @@ absl::Status GlooCommunicator::AllReduce(void* buffer, int64_t count, DType dtyp
   }
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
   char* own = static_cast<char*>(buffer) + offset[rank_] * ElementSize(dtype);
+  if (shm_ != nullptr) {
+    // Reduce-scatter into this rank's chunk of the buffer, in place, then
+    // all-gather the chunks in place.
+    std::vector<ShardBlock> blocks(world_size_);
+    for (int c = 0; c < world_size_; ++c) blocks[c] = {c, offset[c], offset[c], size[c]};
+    const BlockGroups g = GroupBlocks(blocks, world_size_);
+    const size_t esize = ElementSize(dtype);
+    return RunShm(kName, timeout, [&] {
+      absl::Status s = shm_->ReduceScatterBlocks(
+          buffer, buffer, g, dtype, op == ReduceOp::kAverage ? world_size_ : 1.0f, deadline);
+      if (s.ok()) s = shm_->AllGatherBlocks(buffer, buffer, g, dtype, deadline);
+      if (s.ok()) {
+        all_reduce_bytes_.fetch_add(RingReduceScatterBytes(g, rank_, world_size_, esize) +
+                                    RingAllGatherBytes(g, rank_, world_size_, esize));
+      }
+      return s;
+    });
+  }
   return Run(kName, timeout, [&] {
     RingReduceScatter(buffer, own, offset, size, dtype, op, kAllReduceScatterSlot, deadline,
                       &all_reduce_bytes_);

@@ -1,4 +1,9 @@
-// GlooCommunicator: the CPU Communicator, over Gloo's TCP transport.
+// GlooCommunicator: the CPU Communicator, over Gloo's TCP transport, with a
+// shared-memory path for the bulk collectives when every rank runs on one
+// host (Options::shared_memory, shm_exchange.h): there, all-gathers,
+// reduce-scatters and all-reduces copy through one segment instead of
+// loopback sockets, with the same results up to the order of additions and
+// the same byte counters; broadcast and barrier stay on Gloo.
 //
 // Each communicator owns one Gloo TCP device (one event-loop thread) and one
 // fully connected Gloo context, bootstrapped through a KeyValueStore under the
@@ -64,6 +69,8 @@ class Device;
 
 namespace zeroshard {
 
+class ShmExchange;
+
 class GlooCommunicator : public Communicator {
  public:
   struct Options {
@@ -78,6 +85,13 @@ class GlooCommunicator : public Communicator {
     // Gloo's TCP connect to a peer that has published its address waits up to
     // 5x this (Gloo's own rule).
     absl::Duration connect_timeout = absl::Seconds(30);
+    // Gathers and reductions through a shared-memory segment when every rank
+    // runs on this host (see shm_exchange.h); TCP otherwise, or when the
+    // segment cannot be made (the reason is in transport_note()).
+    bool shared_memory = true;
+    // Bytes each rank moves per round over shared memory; the segment holds
+    // 2 * world_size of them.
+    int64_t shm_slot_bytes = int64_t{4} << 20;
   };
 
   // Connects to the other `world_size - 1` ranks, which must call Create with
@@ -124,6 +138,11 @@ class GlooCommunicator : public Communicator {
   // OK while usable; otherwise the status of the failure that broke it.
   absl::Status health() const { return broken_; }
 
+  // "shm" when gathers and reductions go through shared memory, else "tcp";
+  // transport_note() says why (or how big the segment is).
+  std::string transport() const;
+  const std::string& transport_note() const { return transport_note_; }
+
  private:
   GlooCommunicator(int rank, int world_size, std::string tag,
                    std::shared_ptr<gloo::transport::Device> device,
@@ -137,6 +156,10 @@ class GlooCommunicator : public Communicator {
   // into a status naming `name`; on failure closes all connections and marks
   // the communicator unusable.
   absl::Status Run(const char* name, absl::Duration timeout, const std::function<void()>& body);
+  // The same for a shared-memory collective: turns its failure into a status
+  // naming `name`, marks the communicator unusable and aborts the segment.
+  absl::Status RunShm(const char* name, absl::Duration timeout,
+                      const std::function<absl::Status()>& body);
 
   // Ring reduce-scatter over `chunk_offset.size()` chunks of `input` (element
   // offsets/sizes per chunk). On return `out` (chunk_size[rank] elements,
@@ -156,6 +179,9 @@ class GlooCommunicator : public Communicator {
   const std::string tag_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+
+  std::unique_ptr<ShmExchange> shm_;  // null: TCP
+  std::string transport_note_;
 
   absl::Status broken_;  // OK while usable
 

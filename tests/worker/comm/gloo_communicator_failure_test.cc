@@ -185,5 +185,90 @@ TEST(GlooCommunicatorFailureTest, BarrierTimesOut) {
   EXPECT_LT(absl::Now() - start, kShortTimeout + kSlack);
 }
 
+// Shared memory: rank 1 never calls; rank 0 times out, and rank 1's late
+// call fails at once because rank 0 marked the segment failed.
+TEST(GlooCommunicatorShmFailureTest, TimesOutWhenPeerNeverCallsAndPeersFailFast) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 2, "gather", /*shared_memory=*/true);
+  ASSERT_NE(comms[0], nullptr);
+  ASSERT_NE(comms[1], nullptr);
+  std::vector<float> in(16, 1.0f), out(32);
+  const absl::Time start = absl::Now();
+  absl::Status status = comms[0]->AllGather(in.data(), out.data(), 16, DType::kF32, kShortTimeout);
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("all_gather timed out after 500ms (rank 0 of 2, tag 'gather', shared "
+                        "memory): rank 1 did not reach the collective"));
+  EXPECT_GE(elapsed, kShortTimeout - absl::Milliseconds(10));
+  EXPECT_LT(elapsed, kShortTimeout + kSlack);
+  status = comms[0]->AllGather(in.data(), out.data(), 16, DType::kF32, kShortTimeout);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("unusable"));
+
+  const absl::Time late_start = absl::Now();
+  status = comms[1]->AllGather(in.data(), out.data(), 16, DType::kF32, absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("all_gather failed: a peer is gone"));
+  EXPECT_LT(absl::Now() - late_start, kSlack);
+}
+
+// Shared memory: a rank closes its communicator (as its process would by
+// exiting) while the others wait in a reduce-scatter and an all-reduce: they
+// see it gone through its released lock, long before their timeout.
+TEST(GlooCommunicatorShmFailureTest, DestroyedPeerIsUnavailableBeforeTheTimeout) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 3, "gone", /*shared_memory=*/true);
+  for (const auto& comm : comms) ASSERT_NE(comm, nullptr);
+  std::vector<absl::Status> status(2);
+  std::vector<absl::Duration> elapsed(2);
+  RunThreads(3, [&](int r) {
+    if (r == 2) {
+      absl::SleepFor(absl::Milliseconds(200));  // let the others block first
+      comms[2].reset();
+      return;
+    }
+    std::vector<float> buf(3000, 1.0f), out(1000);
+    const absl::Time start = absl::Now();
+    status[r] = r == 0 ? comms[r]->ReduceScatter(buf.data(), out.data(), 1000, DType::kF32,
+                                                 ReduceOp::kSum, absl::Seconds(20))
+                       : comms[r]->AllReduce(buf.data(), 3000, DType::kF32, ReduceOp::kSum,
+                                             absl::Seconds(20));
+    elapsed[r] = absl::Now() - start;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kUnavailable) << "rank " << r << ": " << status[r];
+    EXPECT_THAT(std::string(status[r].message()), HasSubstr("failed: a peer is gone"));
+    EXPECT_LT(elapsed[r], absl::Milliseconds(200) + kSlack) << "rank " << r;
+  }
+}
+
+// Shared memory that cannot be had (a segment larger than /dev/shm can hold)
+// leaves every rank on TCP, saying why, and the collectives still work.
+TEST(GlooCommunicatorShmFailureTest, FallsBackToTcpWhenTheSegmentCannotBeMade) {
+  InMemoryKvStore store;
+  std::vector<std::unique_ptr<GlooCommunicator>> comms(2);
+  RunThreads(2, [&](int rank) {
+    GlooCommunicator::Options options;
+    options.connect_timeout = absl::Seconds(10);
+    options.shm_slot_bytes = int64_t{1} << 50;  // 4 PiB of segment
+    auto comm = GlooCommunicator::Create(&store, rank, 2, "big", options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    comms[rank] = *std::move(comm);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_NE(comms[r], nullptr);
+    EXPECT_EQ(comms[r]->transport(), "tcp");
+    EXPECT_THAT(comms[r]->transport_note(), HasSubstr("shared memory")) << comms[r]->transport_note();
+  }
+  std::vector<std::vector<float>> out(2, std::vector<float>(8));
+  RunThreads(2, [&](int r) {
+    std::vector<float> in(4, static_cast<float>(r + 1));
+    ASSERT_TRUE(comms[r]->AllGather(in.data(), out[r].data(), 4, DType::kF32, kShortTimeout).ok());
+  });
+  EXPECT_EQ(out[0], (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2}));
+  EXPECT_EQ(out[1], out[0]);
+}
+
 }  // namespace
 }  // namespace zeroshard

@@ -2,7 +2,10 @@
 // process, bootstrapped through one InMemoryKvStore, bound to 127.0.0.1.
 #include "worker/comm/gloo_communicator.h"
 
+#include <algorithm>
 #include <atomic>
+#include <random>
+#include <tuple>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -52,12 +55,18 @@ float BF16Tolerance(int world_size, float abs_sum) {
   return world_size * std::ldexp(1.0f, -8) * abs_sum + 1e-6f;
 }
 
-class GlooCommunicatorTest : public ::testing::TestWithParam<int> {
+// Every collective over both transports: loopback TCP and shared memory.
+class GlooCommunicatorTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
  protected:
-  int W() const { return GetParam(); }
+  int W() const { return std::get<0>(GetParam()); }
+  bool Shm() const { return std::get<1>(GetParam()); }
+
+  std::vector<std::unique_ptr<GlooCommunicator>> Create(const std::string& tag) {
+    return CreateCommunicators(&store_, W(), tag, Shm());
+  }
 
   void SetUp() override {
-    comms_ = CreateCommunicators(&store_, W(), "test");
+    comms_ = Create("test");
     for (const auto& comm : comms_) ASSERT_NE(comm, nullptr);
   }
 
@@ -460,8 +469,8 @@ TEST_P(GlooCommunicatorTest, BlockCollectivesRejectBadLayouts) {
 // One thread per rank runs gathers on a "gather" communicator while another
 // runs all-reduces on a "reduce" communicator, at the same time.
 TEST_P(GlooCommunicatorTest, TwoTagsConcurrently) {
-  auto gather = CreateCommunicators(&store_, W(), "gather");
-  auto reduce = CreateCommunicators(&store_, W(), "reduce");
+  auto gather = Create("gather");
+  auto reduce = Create("reduce");
   for (int r = 0; r < W(); ++r) {
     ASSERT_NE(gather[r], nullptr);
     ASSERT_NE(reduce[r], nullptr);
@@ -507,10 +516,69 @@ TEST_P(GlooCommunicatorTest, TwoTagsConcurrently) {
   DestroyCommunicators(&reduce);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, GlooCommunicatorTest, ::testing::Values(2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("W", info.param);
-                         });
+// Large buffers: many rounds through the shared-memory slots (and long
+// rings over TCP), with blocks that straddle round boundaries.
+TEST_P(GlooCommunicatorTest, LargeBuffersAcrossManyRounds) {
+  const int64_t count = 50001;  // per rank; not a multiple of any slot
+  std::vector<ShardBlock> blocks;
+  int64_t at = 0;
+  for (int r = 0; r < W(); ++r) {
+    // Three blocks per rank of uneven sizes, interleaved in the full buffer.
+    const int64_t sizes[3] = {count / 7, count / 2, count - count / 7 - count / 2};
+    for (int k = 0, shard_at = 0; k < 3; ++k) {
+      blocks.push_back({r, shard_at, at, sizes[k]});
+      shard_at += sizes[k];
+      at += sizes[k];
+    }
+  }
+  std::shuffle(blocks.begin(), blocks.end(), std::mt19937(7));
+  const int64_t full = at;
+  std::vector<std::vector<float>> gathered(W(), std::vector<float>(full));
+  std::vector<std::vector<float>> reduced(W(), std::vector<float>(count));
+  std::vector<std::vector<float>> all(W(), std::vector<float>(full));
+  RunThreads(W(), [&](int r) {
+    std::vector<float> shard(count);
+    for (const ShardBlock& b : blocks) {
+      if (b.rank != r) continue;
+      for (int64_t i = 0; i < b.count; ++i) shard[b.shard_offset + i] = ExactValue(r, b.full_offset + i);
+    }
+    absl::Status s = comms_[r]->AllGatherBlocks(shard.data(), gathered[r].data(), blocks,
+                                                DType::kF32, kTimeout);
+    ASSERT_TRUE(s.ok()) << s;
+    std::vector<float> in(full);
+    for (int64_t i = 0; i < full; ++i) in[i] = ExactValue(r, i);
+    s = comms_[r]->ReduceScatterBlocks(in.data(), reduced[r].data(), blocks, DType::kF32,
+                                       ReduceOp::kSum, kTimeout);
+    ASSERT_TRUE(s.ok()) << s;
+    for (int64_t i = 0; i < full; ++i) all[r][i] = ExactValue(r, i);
+    s = comms_[r]->AllReduce(all[r].data(), full, DType::kF32, ReduceOp::kAverage, kTimeout);
+    ASSERT_TRUE(s.ok()) << s;
+  });
+  for (int r = 0; r < W(); ++r) {
+    for (const ShardBlock& b : blocks) {
+      for (int64_t i = 0; i < b.count; ++i) {
+        ASSERT_EQ(gathered[r][b.full_offset + i], ExactValue(b.rank, b.full_offset + i))
+            << "rank " << r << " element " << b.full_offset + i;
+        if (b.rank != r) continue;
+        float sum = 0;
+        for (int src = 0; src < W(); ++src) sum += ExactValue(src, b.full_offset + i);
+        ASSERT_EQ(reduced[r][b.shard_offset + i], sum) << "rank " << r;
+      }
+    }
+    for (int64_t i = 0; i < full; i += 97) {
+      float sum = 0;
+      for (int src = 0; src < W(); ++src) sum += ExactValue(src, i);
+      ASSERT_FLOAT_EQ(all[r][i], sum / W()) << "rank " << r << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, GlooCommunicatorTest,
+    ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+      return absl::StrCat("W", std::get<0>(info.param), std::get<1>(info.param) ? "_shm" : "_tcp");
+    });
 
 TEST(GlooCommunicatorSingleRankTest, EverythingIsLocal) {
   InMemoryKvStore store;

@@ -1,0 +1,490 @@
+#include "worker/comm/shm_exchange.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+
+namespace zeroshard {
+
+struct ShmExchange::Header {
+  uint64_t magic;
+  uint32_t world_size;
+  uint32_t reserved;
+  int64_t slot_bytes;
+  std::atomic<uint32_t> failed;
+};
+
+struct alignas(64) ShmExchange::RankLine {
+  std::atomic<uint32_t> posted;    // the last round this rank published (futex word)
+  std::atomic<uint32_t> sleepers;  // ranks in FUTEX_WAIT on `posted`
+};
+
+namespace {
+
+constexpr uint64_t kMagic = 0x317865686d73737aULL;  // "zsshmex1"
+// Each rank's liveness lock: one byte at kLockBase + rank (beyond the data;
+// record locks need not lie inside the file).
+constexpr off_t kLockBase = off_t{1} << 40;
+constexpr absl::Duration kSleepSlice = absl::Milliseconds(50);
+constexpr absl::Duration kLivenessEvery = absl::Milliseconds(100);
+// Brief spinning before sleeping: ranks usually arrive within microseconds
+// of each other, but on an oversubscribed host a spinning waiter takes the
+// core from the rank it waits for, so the spin stays short.
+constexpr int kSpins = 64;
+// Reductions add this many elements at a time in an f32 scratch array.
+constexpr int64_t kReduceTile = 2048;
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// The header's cache line, one line per rank, rounded to a page.
+size_t HeaderBytes(int world_size) { return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096); }
+
+int ElementSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
+  struct timespec ts = absl::ToTimespec(timeout);
+  // Shared (not FUTEX_PRIVATE): the word lives in memory shared by processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+bool Reached(uint32_t posted, uint32_t round) {
+  return static_cast<int32_t>(posted - round) >= 0;
+}
+
+std::string HostIdentity(int rank) {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return absl::StrCat("?rank", rank);
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (!(boot >> boot_id) || boot_id.empty()) return absl::StrCat("?rank", rank);
+  return absl::StrCat(name, " ", boot_id);
+}
+
+// Calls fn(block, offset inside the block, packed offset, count) for the
+// parts of `rank`'s blocks that fall in packed elements [lo, hi).
+template <typename Fn>
+void ForEachPiece(const BlockGroups& g, int rank, int64_t lo, int64_t hi, Fn&& fn) {
+  const auto& blocks = g.blocks[rank];
+  const auto& packed = g.packed_offset[rank];
+  // First block ending after lo.
+  size_t i = std::upper_bound(packed.begin(), packed.end(), lo) - packed.begin();
+  if (i > 0) --i;
+  for (; i < blocks.size() && packed[i] < hi; ++i) {
+    const int64_t start = std::max(packed[i], lo);
+    const int64_t end = std::min(packed[i] + blocks[i]->count, hi);
+    if (start < end) fn(*blocks[i], start - packed[i], start, end - start);
+  }
+}
+
+// out[i] = (own[i] + sum over sources s[i]) / divisor, in f32, rounded once.
+void Reduce(DType dtype, const char* own, const std::vector<const char*>& sources, char* out,
+            int64_t n, float divisor) {
+  float acc[kReduceTile];
+  for (int64_t at = 0; at < n; at += kReduceTile) {
+    const int64_t m = std::min(kReduceTile, n - at);
+    if (dtype == DType::kF32 && sources.size() == 1) {
+      // Two ranks: one pass.
+      const float* a = reinterpret_cast<const float*>(own) + at;
+      const float* s = reinterpret_cast<const float*>(sources[0]) + at;
+      float* d = reinterpret_cast<float*>(out) + at;
+      if (divisor == 1.0f) {
+        for (int64_t i = 0; i < m; ++i) d[i] = a[i] + s[i];
+      } else {
+        for (int64_t i = 0; i < m; ++i) d[i] = (a[i] + s[i]) / divisor;
+      }
+    } else if (dtype == DType::kF32) {
+      const float* a = reinterpret_cast<const float*>(own) + at;
+      for (int64_t i = 0; i < m; ++i) acc[i] = a[i];
+      for (const char* src : sources) {
+        const float* s = reinterpret_cast<const float*>(src) + at;
+        for (int64_t i = 0; i < m; ++i) acc[i] += s[i];
+      }
+      float* d = reinterpret_cast<float*>(out) + at;
+      if (divisor == 1.0f) {
+        for (int64_t i = 0; i < m; ++i) d[i] = acc[i];
+      } else {
+        for (int64_t i = 0; i < m; ++i) d[i] = acc[i] / divisor;
+      }
+    } else {
+      const uint16_t* a = reinterpret_cast<const uint16_t*>(own) + at;
+      for (int64_t i = 0; i < m; ++i) acc[i] = BF16ToFloat(a[i]);
+      for (const char* src : sources) {
+        const uint16_t* s = reinterpret_cast<const uint16_t*>(src) + at;
+        for (int64_t i = 0; i < m; ++i) acc[i] += BF16ToFloat(s[i]);
+      }
+      uint16_t* d = reinterpret_cast<uint16_t*>(out) + at;
+      for (int64_t i = 0; i < m; ++i) d[i] = FloatToBF16(divisor == 1.0f ? acc[i] : acc[i] / divisor);
+    }
+  }
+}
+
+}  // namespace
+
+BlockGroups GroupBlocks(const std::vector<ShardBlock>& blocks, int world_size) {
+  BlockGroups g;
+  g.blocks.resize(world_size);
+  g.packed_offset.resize(world_size);
+  g.total.assign(world_size, 0);
+  g.shard_extent.assign(world_size, 0);
+  for (const ShardBlock& b : blocks) {
+    if (b.count == 0) continue;
+    g.blocks[b.rank].push_back(&b);
+    g.packed_offset[b.rank].push_back(g.total[b.rank]);
+    g.total[b.rank] += b.count;
+    g.full_extent = std::max(g.full_extent, b.full_offset + b.count);
+    g.shard_extent[b.rank] = std::max(g.shard_extent[b.rank], b.shard_offset + b.count);
+  }
+  return g;
+}
+
+absl::StatusOr<std::unique_ptr<ShmExchange>> ShmExchange::Create(
+    KeyValueStore* store, const std::string& prefix, int rank, int world_size,
+    int64_t slot_bytes, absl::Duration timeout, std::string* why_not) {
+  why_not->clear();
+  if (world_size < 2) {
+    *why_not = "a single rank has no peers";
+    return std::unique_ptr<ShmExchange>();
+  }
+  if (slot_bytes < 4096 * world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory slot of ", slot_bytes,
+                                                   " bytes is too small; at least ",
+                                                   4096 * world_size, " expected"));
+  }
+  slot_bytes = static_cast<int64_t>(RoundUp(slot_bytes, 4096));
+
+  // 1. Same host?
+  const std::string identity = HostIdentity(rank);
+  absl::Status status = store->Set(absl::StrCat(prefix, "host/", rank), identity);
+  if (!status.ok()) return status;
+  bool same_host = !absl::StartsWith(identity, "?");
+  for (int r = 0; r < world_size; ++r) {
+    if (r == rank) continue;
+    auto peer = store->Get(absl::StrCat(prefix, "host/", r), timeout);
+    if (!peer.ok()) return peer.status();
+    if (*peer != identity) same_host = false;
+  }
+
+  // 2. Rank 0 makes the segment (or says why not).
+  const size_t header_bytes = HeaderBytes(world_size);
+  const size_t total_bytes = header_bytes + 2 * static_cast<size_t>(world_size) * slot_bytes;
+  std::string name;
+  int fd = -1;
+  std::string local_failure;
+  if (rank == 0) {
+    std::string verdict;
+    if (!same_host) {
+      verdict = "no:the ranks are not all on one host";
+    } else {
+      std::random_device random;
+      name = absl::StrCat("/zeroshard-", getpid(), "-",
+                          (static_cast<uint64_t>(random()) << 32) | random());
+      fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        verdict = absl::StrCat("no:shm_open(", name, "): ", std::strerror(errno));
+      } else {
+        const int rc = posix_fallocate(fd, 0, static_cast<off_t>(total_bytes));
+        if (rc != 0) {
+          verdict = absl::StrCat("no:reserving ", total_bytes, " bytes of shared memory: ",
+                                 std::strerror(rc));
+          close(fd);
+          fd = -1;
+          shm_unlink(name.c_str());
+        } else {
+          verdict = absl::StrCat("ok:", name);
+        }
+      }
+    }
+    status = store->Set(absl::StrCat(prefix, "segment"), verdict);
+    if (!status.ok()) {
+      if (fd >= 0) {
+        close(fd);
+        shm_unlink(name.c_str());
+      }
+      return status;
+    }
+    if (fd < 0) local_failure = verdict.substr(3);
+  } else {
+    auto verdict = store->Get(absl::StrCat(prefix, "segment"), timeout);
+    if (!verdict.ok()) return verdict.status();
+    if (absl::StartsWith(*verdict, "ok:")) {
+      name = verdict->substr(3);
+      fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+      if (fd < 0) local_failure = absl::StrCat("shm_open(", name, "): ", std::strerror(errno));
+    } else {
+      local_failure = verdict->substr(3);
+    }
+  }
+
+  // 3. Map it, check it, take this rank's liveness lock.
+  void* base = MAP_FAILED;
+  if (fd >= 0) {
+    base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      local_failure = absl::StrCat("mmap of ", total_bytes, " bytes: ", std::strerror(errno));
+    } else {
+      struct flock lock;
+      std::memset(&lock, 0, sizeof(lock));
+      lock.l_type = F_WRLCK;
+      lock.l_whence = SEEK_SET;
+      lock.l_start = kLockBase + rank;
+      lock.l_len = 1;
+      if (fcntl(fd, F_OFD_SETLK, &lock) != 0) {
+        local_failure = absl::StrCat("locking the segment: ", std::strerror(errno));
+      }
+    }
+  }
+  if (local_failure.empty()) {
+    Header* header = static_cast<Header*>(base);
+    if (rank == 0) {
+      header->world_size = static_cast<uint32_t>(world_size);
+      header->slot_bytes = slot_bytes;
+      header->failed.store(0);
+      std::atomic_thread_fence(std::memory_order_release);
+      header->magic = kMagic;
+    }
+  }
+  status = store->Set(absl::StrCat(prefix, "mapped/", rank),
+                      local_failure.empty() ? "ok" : absl::StrCat("no:", local_failure));
+  if (!status.ok()) local_failure = "store";
+  std::string first_failure = local_failure;
+  absl::Status store_status = status;
+  for (int r = 0; r < world_size && store_status.ok(); ++r) {
+    if (r == rank) continue;
+    auto mapped = store->Get(absl::StrCat(prefix, "mapped/", r), timeout);
+    if (!mapped.ok()) {
+      store_status = mapped.status();
+    } else if (*mapped != "ok" && first_failure.empty()) {
+      first_failure = absl::StrCat("rank ", r, ": ", mapped->substr(3));
+    }
+  }
+  // Everyone has opened the object (or given up): the name is not needed.
+  if (rank == 0 && !name.empty() && fd >= 0) shm_unlink(name.c_str());
+
+  auto give_up = [&] {
+    if (base != MAP_FAILED) munmap(base, total_bytes);
+    if (fd >= 0) close(fd);
+  };
+  if (!store_status.ok()) {
+    give_up();
+    return store_status;
+  }
+  if (!first_failure.empty()) {
+    give_up();
+    *why_not = first_failure;
+    return std::unique_ptr<ShmExchange>();
+  }
+  Header* header = static_cast<Header*>(base);
+  if (header->magic != kMagic || header->world_size != static_cast<uint32_t>(world_size) ||
+      header->slot_bytes != slot_bytes) {
+    // Cannot differ on one rank only unless the segment was tampered with.
+    give_up();
+    *why_not = absl::StrCat("segment ", name, " does not hold what rank 0 wrote");
+    return std::unique_ptr<ShmExchange>();
+  }
+  return std::unique_ptr<ShmExchange>(
+      new ShmExchange(rank, world_size, fd, base, total_bytes, slot_bytes));
+}
+
+ShmExchange::ShmExchange(int rank, int world_size, int fd, void* base, size_t mapped_bytes,
+                         int64_t slot_bytes)
+    : rank_(rank),
+      world_size_(world_size),
+      fd_(fd),
+      base_(base),
+      mapped_bytes_(mapped_bytes),
+      slot_bytes_(slot_bytes) {
+  char* bytes = static_cast<char*>(base);
+  header_ = reinterpret_cast<Header*>(bytes);
+  lines_ = reinterpret_cast<RankLine*>(bytes + 64);
+  data_ = bytes + HeaderBytes(world_size);
+  static_assert(sizeof(Header) <= 64, "the header fits its cache line");
+  static_assert(sizeof(RankLine) == 64, "one cache line per rank");
+}
+
+ShmExchange::~ShmExchange() {
+  munmap(base_, mapped_bytes_);
+  close(fd_);  // releases the liveness lock: peers see this rank gone
+}
+
+char* ShmExchange::Slot(uint32_t round, int rank) const {
+  return data_ + (static_cast<size_t>(round % 2) * world_size_ + rank) * slot_bytes_;
+}
+
+void ShmExchange::Post(uint32_t round) {
+  RankLine& line = lines_[rank_];
+  line.posted.store(round, std::memory_order_seq_cst);
+  if (line.sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&line.posted);
+}
+
+bool ShmExchange::PeerGone(int peer) const {
+  struct flock lock;
+  std::memset(&lock, 0, sizeof(lock));
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = kLockBase + peer;
+  lock.l_len = 1;
+  if (fcntl(fd_, F_OFD_GETLK, &lock) != 0) return false;
+  return lock.l_type == F_UNLCK;
+}
+
+absl::Status ShmExchange::WaitAll(uint32_t round, absl::Time deadline) {
+  for (int q = 0; q < world_size_; ++q) {
+    if (q == rank_) continue;
+    RankLine& line = lines_[q];
+    if (Reached(line.posted.load(std::memory_order_acquire), round)) continue;
+    for (int i = 0; i < kSpins; ++i) {
+      CpuRelax();
+      if (Reached(line.posted.load(std::memory_order_acquire), round)) break;
+    }
+    absl::Time next_liveness_check = absl::Now() + kLivenessEvery;
+    while (true) {
+      const uint32_t seen = line.posted.load(std::memory_order_acquire);
+      if (Reached(seen, round)) break;
+      if (header_->failed.load(std::memory_order_acquire) != 0) {
+        return absl::UnavailableError(
+            absl::StrCat("a peer failed during this collective (waiting for rank ", q, ")"));
+      }
+      const absl::Time now = absl::Now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("rank ", q, " did not reach the collective over shared memory"));
+      }
+      if (now >= next_liveness_check) {
+        if (PeerGone(q)) {
+          return absl::UnavailableError(
+              absl::StrCat("rank ", q, " is gone (its process exited or closed the communicator)"));
+        }
+        next_liveness_check = now + kLivenessEvery;
+      }
+      line.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (!Reached(line.posted.load(std::memory_order_seq_cst), round)) {
+        FutexWait(&line.posted, seen, std::min(deadline - now, kSleepSlice));
+      }
+      line.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return absl::OkStatus();
+}
+
+void ShmExchange::Abort() {
+  header_->failed.store(1, std::memory_order_seq_cst);
+  for (int q = 0; q < world_size_; ++q) FutexWakeAll(&lines_[q].posted);
+}
+
+absl::Status ShmExchange::CheckUsable() {
+  if (failed_.ok() && header_->failed.load(std::memory_order_acquire) != 0) {
+    failed_ = absl::UnavailableError("a peer failed in an earlier collective");
+  }
+  return failed_;
+}
+
+absl::Status ShmExchange::AllGatherBlocks(const void* shard, void* full, const BlockGroups& g,
+                                          DType dtype, absl::Time deadline) {
+  if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
+  const size_t esize = ElementSize(dtype);
+  const char* in = static_cast<const char*>(shard);
+  char* out = static_cast<char*>(full);
+  const int64_t per_round = slot_bytes_ / static_cast<int64_t>(esize);
+  const int64_t max_total = *std::max_element(g.total.begin(), g.total.end());
+  for (const ShardBlock* b : g.blocks[rank_]) {
+    std::memmove(out + b->full_offset * esize, in + b->shard_offset * esize, b->count * esize);
+  }
+  for (int64_t lo = 0; lo < max_total; lo += per_round) {
+    const int64_t hi = lo + per_round;
+    const uint32_t round = ++round_;
+    char* mine = Slot(round, rank_);
+    ForEachPiece(g, rank_, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
+      std::memcpy(mine + (packed - lo) * esize, in + (b.shard_offset + off) * esize, n * esize);
+    });
+    Post(round);
+    absl::Status status = WaitAll(round, deadline);
+    if (!status.ok()) {
+      failed_ = status;
+      return status;
+    }
+    for (int q = 0; q < world_size_; ++q) {
+      if (q == rank_) continue;
+      const char* theirs = Slot(round, q);
+      ForEachPiece(g, q, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
+        std::memcpy(out + (b.full_offset + off) * esize, theirs + (packed - lo) * esize,
+                    n * esize);
+      });
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmExchange::ReduceScatterBlocks(const void* full, void* shard, const BlockGroups& g,
+                                              DType dtype, float divisor, absl::Time deadline) {
+  if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
+  const size_t esize = ElementSize(dtype);
+  const char* in = static_cast<const char*>(full);
+  char* out = static_cast<char*>(shard);
+  // Each slot holds one part per destination rank.
+  const int64_t part_bytes = slot_bytes_ / world_size_ / 64 * 64;
+  const int64_t per_round = part_bytes / static_cast<int64_t>(esize);
+  const int64_t max_total = *std::max_element(g.total.begin(), g.total.end());
+  std::vector<const char*> sources(world_size_ - 1);
+  for (int64_t lo = 0; lo < max_total; lo += per_round) {
+    const int64_t hi = lo + per_round;
+    const uint32_t round = ++round_;
+    char* mine = Slot(round, rank_);
+    for (int d = 0; d < world_size_; ++d) {
+      if (d == rank_) continue;
+      char* part = mine + d * part_bytes;
+      ForEachPiece(g, d, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
+        std::memcpy(part + (packed - lo) * esize, in + (b.full_offset + off) * esize, n * esize);
+      });
+    }
+    Post(round);
+    absl::Status status = WaitAll(round, deadline);
+    if (!status.ok()) {
+      failed_ = status;
+      return status;
+    }
+    ForEachPiece(g, rank_, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
+      int k = 0;
+      for (int q = 0; q < world_size_; ++q) {
+        if (q == rank_) continue;
+        sources[k++] = Slot(round, q) + rank_ * part_bytes + (packed - lo) * esize;
+      }
+      Reduce(dtype, in + (b.full_offset + off) * esize, sources,
+             out + (b.shard_offset + off) * esize, n, divisor);
+    });
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard
