@@ -418,9 +418,7 @@ absl::Status ShmExchange::AllGatherBlocks(const void* shard, void* full, const B
   char* out = static_cast<char*>(full);
   const int64_t per_round = slot_bytes_ / static_cast<int64_t>(esize);
   const int64_t max_total = *std::max_element(g.total.begin(), g.total.end());
-  for (const ShardBlock* b : g.blocks[rank_]) {
-    std::memmove(out + b->full_offset * esize, in + b->shard_offset * esize, b->count * esize);
-  }
+  bool own_copied = false;
   for (int64_t lo = 0; lo < max_total; lo += per_round) {
     const int64_t hi = lo + per_round;
     const uint32_t round = ++round_;
@@ -429,6 +427,14 @@ absl::Status ShmExchange::AllGatherBlocks(const void* shard, void* full, const B
       std::memcpy(mine + (packed - lo) * esize, in + (b.shard_offset + off) * esize, n * esize);
     });
     Post(round);
+    if (!own_copied) {
+      // This rank's own blocks, while the peers start on the first round.
+      for (const ShardBlock* b : g.blocks[rank_]) {
+        std::memmove(out + b->full_offset * esize, in + b->shard_offset * esize,
+                     b->count * esize);
+      }
+      own_copied = true;
+    }
     absl::Status status = WaitAll(round, deadline);
     if (!status.ok()) {
       failed_ = status;
