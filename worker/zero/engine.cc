@@ -404,15 +404,30 @@ absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position
   return slot.params.f32();
 }
 
-void ZeroEngine::ReleaseParams(int position) {
+void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
   auto& slots = slots_;
   auto it = slots.find(position);
   if (it == slots.end()) return;
-  if (options_.stage == 3 && position + 1 < static_cast<int>(positions_.size()) &&
-      positions_[position + 1] == positions_[position]) {
-    // The same unit is needed next: hand the buffer over instead of regathering.
-    slots[position + 1].params = std::move(it->second.params);
-    slots[position + 1].ticket = 0;
+  const int n = static_cast<int>(ops_.size());
+  const int end = backward_follows ? static_cast<int>(positions_.size()) : n;
+  if (options_.stage == 3) {
+    int next = -1;
+    if (position + 1 < end && positions_[position + 1] == positions_[position]) {
+      // The same unit is needed next: hand the buffer over instead of
+      // regathering (IssueGather left that position's slot empty for it).
+      next = position + 1;
+    } else if (backward_follows && position < n - 1 && position >= n - 1 - options_.prefetch) {
+      // One of the last `prefetch` forward positions: its backward mirror
+      // 2n - 1 - position is reached within the prefetch window, so keeping
+      // the unit costs no more memory than gathering it again would.
+      next = 2 * n - 1 - position;
+    }
+    // A mirror position is gathered only after this release, so its slot
+    // does not exist yet; never replace a slot with a gather in flight.
+    if (next == position + 1 || (next >= 0 && !slots.count(next))) {
+      slots[next].params = std::move(it->second.params);
+      slots[next].ticket = 0;
+    }
   }
   slots.erase(position);
 }
@@ -621,11 +636,7 @@ absl::StatusOr<double> ZeroEngine::Forward() {
     if (absl::Status s = model_->Forward(k, views); !s.ok()) return s;
     memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
     // The last forward position would hand its unit to the (absent) backward.
-    if (k == n - 1) {
-      slots_.erase(k);
-    } else {
-      ReleaseParams(k);
-    }
+    ReleaseParams(k, /*backward_follows=*/false);
   }
   slots_.clear();
   return model_->Loss();

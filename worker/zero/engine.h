@@ -196,7 +196,13 @@ class ZeroEngine {
   absl::Status IssueGather(int position);
   // Prefetches no further than `last_position`.
   absl::StatusOr<float*> AcquireParams(int position, int last_position);
-  void ReleaseParams(int position);
+  // Frees position's gathered unit, or hands it to the position that uses
+  // the same unit next when that needs no more than 1 + prefetch units
+  // resident: the next position (same unit twice in a row) or, at the turn
+  // from forward to backward, the backward position of the last `prefetch`
+  // forward units (kept instead of gathered again, as DeepSpeed's reuse
+  // distance does). `backward_follows` is false in evaluation passes.
+  void ReleaseParams(int position, bool backward_follows = true);
   absl::Status GatherUnit(int unit, TrackedBuffer* out);
   // Stages 2-3 reduce `grads_flat` (then free it); stages 0-1 the unit's
   // accumulated full gradient.

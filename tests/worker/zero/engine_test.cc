@@ -38,6 +38,7 @@ struct RankResult {
   int64_t model_state = 0;
   int64_t peak_gathered = 0;
   int64_t largest_unit_bytes = 0;
+  int64_t gather_bytes = 0;  // sent by the all-gathers of the whole run
   std::vector<double> losses;
 };
 
@@ -119,6 +120,7 @@ RunResult Train(const RunConfig& config) {
       result.ranks[rank].model_state = e.memory().model_state();
       result.ranks[rank].peak_gathered = e.memory().peak(MemoryCategory::kParamsGathered);
       result.ranks[rank].largest_unit_bytes = e.largest_unit_elements() * 4;
+      result.ranks[rank].gather_bytes = (*gather)->bytes_sent().all_gather;
       ASSERT_TRUE(e.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
                      auto& full = result.params[piece.tensor->name];
                      int64_t start = piece.row_begin * piece.tensor->RowElements();
@@ -244,6 +246,7 @@ TEST(EngineTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
           << "stage " << stage;
     }
     if (stage == 3) {
+      std::vector<int64_t> gather_bytes;
       for (int prefetch : {0, 1, 2}) {
         c.prefetch = prefetch;
         RunResult p = Train(c);
@@ -252,7 +255,12 @@ TEST(EngineTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
           EXPECT_LE(rr.peak_gathered, (1 + prefetch) * rr.largest_unit_bytes)
               << "prefetch " << prefetch;
         }
+        gather_bytes.push_back(p.ranks[0].gather_bytes);
       }
+      // The last `prefetch` forward units are kept for the backward pass
+      // instead of gathered again: deeper prefetch, fewer gathers.
+      EXPECT_LT(gather_bytes[1], gather_bytes[0]);
+      EXPECT_LT(gather_bytes[2], gather_bytes[1]);
     }
   }
 }
