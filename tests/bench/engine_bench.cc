@@ -2,7 +2,7 @@
 // activation, batch 20 per rank, Adam, W = 2, on this machine's CPUs with
 // Gloo over loopback. Runs a real shard_server and shard_worker processes.
 //
-//   bazel run -c opt //tests/bench:engine_bench -- [--json_out=FILE] [--steps=N] [--rounds=R]
+//   bazel run -c opt //tests/bench:engine_bench -- [--json_out=FILE] [--steps=N] [--rounds=R] [--shm=false]
 //
 // Per stage: median step time, model-state bytes beside the ZeRO formula,
 // peak bytes, communication bytes per step; stage 3 with prefetch 0 vs 1;
@@ -32,6 +32,8 @@ ABSL_FLAG(int, width, 2000, "Width");
 ABSL_FLAG(int, batch, 20, "Rows per rank");
 ABSL_FLAG(int, world, 2, "Ranks");
 ABSL_FLAG(int, rounds, 3, "Runs of every configuration, interleaved");
+ABSL_FLAG(bool, shm, true,
+          "Workers' --shm: the shared-memory data plane (false: Gloo over loopback TCP)");
 
 namespace zeroshard {
 namespace {
@@ -65,7 +67,8 @@ int Main() {
         "--optimizer=adam",
         "--lr=1e-4",
         "--threads=1",
-        "--collective_timeout=300s"};
+        "--collective_timeout=300s",
+        absl::StrCat("--shm=", absl::GetFlag(FLAGS_shm))};
     Result r;
     if (!cluster.Run(job, world, flags, absl::Minutes(20))) {
       std::fprintf(stderr, "run %s failed\n", job.c_str());
