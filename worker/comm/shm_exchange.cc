@@ -203,8 +203,13 @@ absl::StatusOr<std::unique_ptr<ShmExchange>> ShmExchange::Create(
   std::string local_failure;
   if (rank == 0) {
     std::string verdict;
+    const uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                              static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     if (!same_host) {
       verdict = "no:the ranks are not all on one host";
+    } else if (total_bytes > physical / 4) {
+      verdict = absl::StrCat("no:a segment of ", total_bytes,
+                             " bytes would take more than a quarter of this host's memory");
     } else {
       std::random_device random;
       name = absl::StrCat("/zeroshard-", getpid(), "-",
@@ -248,7 +253,11 @@ absl::StatusOr<std::unique_ptr<ShmExchange>> ShmExchange::Create(
 
   // 3. Map it, check it, take this rank's liveness lock.
   void* base = MAP_FAILED;
-  if (fd >= 0) {
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < total_bytes)) {
+    // Not the object rank 0 made (mapping it would fault past its end).
+    local_failure = absl::StrCat("segment ", name, " is smaller than ", total_bytes, " bytes");
+  } else if (fd >= 0) {
     base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
       local_failure = absl::StrCat("mmap of ", total_bytes, " bytes: ", std::strerror(errno));

@@ -243,7 +243,7 @@ TEST(GlooCommunicatorShmFailureTest, DestroyedPeerIsUnavailableBeforeTheTimeout)
   }
 }
 
-// Shared memory that cannot be had (a segment larger than /dev/shm can hold)
+// Shared memory that cannot be had (a segment larger than the host should give)
 // leaves every rank on TCP, saying why, and the collectives still work.
 TEST(GlooCommunicatorShmFailureTest, FallsBackToTcpWhenTheSegmentCannotBeMade) {
   InMemoryKvStore store;
@@ -259,7 +259,7 @@ TEST(GlooCommunicatorShmFailureTest, FallsBackToTcpWhenTheSegmentCannotBeMade) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_NE(comms[r], nullptr);
     EXPECT_EQ(comms[r]->transport(), "tcp");
-    EXPECT_THAT(comms[r]->transport_note(), HasSubstr("shared memory")) << comms[r]->transport_note();
+    EXPECT_THAT(comms[r]->transport_note(), HasSubstr("a segment of")) << comms[r]->transport_note();
   }
   std::vector<std::vector<float>> out(2, std::vector<float>(8));
   RunThreads(2, [&](int r) {
