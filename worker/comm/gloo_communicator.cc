@@ -261,14 +261,16 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
   }
   auto comm = std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(rank, world_size, tag, std::move(device), std::move(context)));
-  if (options.shared_memory && world_size > 1) {
+  if (world_size > 1) {
+    // Every rank takes part, even with shared memory off, so that all of
+    // them agree on the transport.
     auto shm = ShmExchange::Create(store, KvGlooStore::PrefixForTag(tag) + "shm/", rank,
-                                   world_size, options.shm_slot_bytes, options.connect_timeout,
-                                   &comm->transport_note_);
+                                   world_size, options.shared_memory, options.shm_slot_bytes,
+                                   options.connect_timeout, &comm->transport_note_);
     if (!shm.ok()) {
       return absl::Status(shm.status().code(),
                           absl::StrCat("GlooCommunicator ", where,
-                                       ": setting up shared memory: ", shm.status().message()));
+                                       ": agreeing on shared memory: ", shm.status().message()));
     }
     comm->shm_ = *std::move(shm);
     if (comm->shm_ != nullptr) {
@@ -276,7 +278,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
                                            " MiB shared-memory segment");
     }
   } else {
-    comm->transport_note_ = world_size > 1 ? "shared memory off" : "a single rank";
+    comm->transport_note_ = "a single rank";
   }
   return comm;
 }

@@ -2,8 +2,9 @@
 // shared-memory path for the bulk collectives when every rank runs on one
 // host (Options::shared_memory, shm_exchange.h): there, all-gathers,
 // reduce-scatters and all-reduces copy through one segment instead of
-// loopback sockets, with the same results up to the order of additions and
-// the same byte counters; broadcast and barrier stay on Gloo.
+// loopback sockets, with the same byte counters and the same results up to
+// the order of additions (and, in bf16, rounding once instead of per hop);
+// broadcast and barrier stay on Gloo.
 //
 // Each communicator owns one Gloo TCP device (one event-loop thread) and one
 // fully connected Gloo context, bootstrapped through a KeyValueStore under the
@@ -86,11 +87,13 @@ class GlooCommunicator : public Communicator {
     // 5x this (Gloo's own rule).
     absl::Duration connect_timeout = absl::Seconds(30);
     // Gathers and reductions through a shared-memory segment when every rank
-    // runs on this host (see shm_exchange.h); TCP otherwise, or when the
-    // segment cannot be made (the reason is in transport_note()).
+    // runs on this host (see shm_exchange.h); TCP otherwise, when any rank
+    // has it off, or when the segment cannot be made (the reason is in
+    // transport_note()). All ranks always end up on the same transport.
     bool shared_memory = true;
-    // Bytes each rank moves per round over shared memory; the segment holds
-    // 2 * world_size of them.
+    // Bytes each rank moves per round over shared memory, 4 KiB .. 1 GiB and
+    // at least 4 KiB per rank; the segment holds 2 * world_size of them.
+    // Ranks with different values use TCP.
     int64_t shm_slot_bytes = int64_t{4} << 20;
   };
 

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +49,8 @@ constexpr absl::Duration kLivenessEvery = absl::Milliseconds(100);
 // of each other, but on an oversubscribed host a spinning waiter takes the
 // core from the rank it waits for, so the spin stays short.
 constexpr int kSpins = 64;
+constexpr int64_t kMinSlotBytes = 4096;
+constexpr int64_t kMaxSlotBytes = int64_t{1} << 30;
 // Reductions add this many elements at a time in an f32 scratch array.
 constexpr int64_t kReduceTile = 2048;
 
@@ -56,7 +59,9 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be l
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // The header's cache line, one line per rank, rounded to a page.
-size_t HeaderBytes(int world_size) { return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096); }
+size_t HeaderBytes(int world_size) {
+  return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096);
+}
 
 int ElementSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
@@ -78,16 +83,15 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-bool Reached(uint32_t posted, uint32_t round) {
-  return static_cast<int32_t>(posted - round) >= 0;
-}
+bool Reached(uint32_t posted, uint32_t round) { return static_cast<int32_t>(posted - round) >= 0; }
 
-std::string HostIdentity(int rank) {
+// "<hostname> <boot id>", or "" if either cannot be read.
+std::string HostIdentity() {
   char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return absl::StrCat("?rank", rank);
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
-  if (!(boot >> boot_id) || boot_id.empty()) return absl::StrCat("?rank", rank);
+  if (!(boot >> boot_id) || boot_id.empty()) return "";
   return absl::StrCat(name, " ", boot_id);
 }
 
@@ -144,7 +148,8 @@ void Reduce(DType dtype, const char* own, const std::vector<const char*>& source
         for (int64_t i = 0; i < m; ++i) acc[i] += BF16ToFloat(s[i]);
       }
       uint16_t* d = reinterpret_cast<uint16_t*>(out) + at;
-      for (int64_t i = 0; i < m; ++i) d[i] = FloatToBF16(divisor == 1.0f ? acc[i] : acc[i] / divisor);
+      for (int64_t i = 0; i < m; ++i)
+        d[i] = FloatToBF16(divisor == 1.0f ? acc[i] : acc[i] / divisor);
     }
   }
 }
@@ -169,96 +174,130 @@ BlockGroups GroupBlocks(const std::vector<ShardBlock>& blocks, int world_size) {
 }
 
 absl::StatusOr<std::unique_ptr<ShmExchange>> ShmExchange::Create(
-    KeyValueStore* store, const std::string& prefix, int rank, int world_size,
+    KeyValueStore* store, const std::string& prefix, int rank, int world_size, bool enabled,
     int64_t slot_bytes, absl::Duration timeout, std::string* why_not) {
   why_not->clear();
   if (world_size < 2) {
     *why_not = "a single rank has no peers";
     return std::unique_ptr<ShmExchange>();
   }
-  if (slot_bytes < 4096 * world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("shared-memory slot of ", slot_bytes,
-                                                   " bytes is too small; at least ",
-                                                   4096 * world_size, " expected"));
-  }
-  slot_bytes = static_cast<int64_t>(RoundUp(slot_bytes, 4096));
+  // One deadline for the whole bootstrap.
+  const absl::Time deadline = absl::Now() + timeout;
+  auto remaining = [&] { return std::max(deadline - absl::Now(), absl::Milliseconds(1)); };
 
-  // 1. Same host?
-  const std::string identity = HostIdentity(rank);
-  absl::Status status = store->Set(absl::StrCat(prefix, "host/", rank), identity);
+  // 1. Every rank publishes what it offers: its host identity and the
+  // segment geometry it expects, or "no:" and why it cannot take part. Rank
+  // 0 decides for all, so the ranks never end up on different transports.
+  std::string offer;
+  if (!enabled) {
+    offer = "no:shared memory is off";
+  } else if (slot_bytes < kMinSlotBytes || slot_bytes > kMaxSlotBytes) {
+    offer = absl::StrCat("no:shared-memory slot of ", slot_bytes, " bytes is outside [",
+                         kMinSlotBytes, ", ", kMaxSlotBytes, "]");
+  } else if (slot_bytes / world_size < 4096) {
+    offer =
+        absl::StrCat("no:", world_size, " ranks are too many for slots of ", slot_bytes, " bytes");
+  } else {
+    const std::string host = HostIdentity();
+    offer = host.empty() ? "no:cannot read this host's name and boot id"
+                         : absl::StrCat("ok:", host, " world ", world_size, " slot ",
+                                        RoundUp(slot_bytes, 4096));
+  }
+  slot_bytes = static_cast<int64_t>(RoundUp(std::max<int64_t>(slot_bytes, 0), 4096));
+  absl::Status status = store->Set(absl::StrCat(prefix, "offer/", rank), offer);
   if (!status.ok()) return status;
-  bool same_host = !absl::StartsWith(identity, "?");
-  for (int r = 0; r < world_size; ++r) {
-    if (r == rank) continue;
-    auto peer = store->Get(absl::StrCat(prefix, "host/", r), timeout);
-    if (!peer.ok()) return peer.status();
-    if (*peer != identity) same_host = false;
-  }
 
-  // 2. Rank 0 makes the segment (or says why not).
+  // 2. Rank 0 makes the segment (or says why not): an anonymous memfd that
+  // peers open through /proc/<pid>/fd/<fd>. It has no name to leak: it
+  // lives as long as some rank holds it.
   const size_t header_bytes = HeaderBytes(world_size);
   const size_t total_bytes = header_bytes + 2 * static_cast<size_t>(world_size) * slot_bytes;
-  std::string name;
+  std::string path;
   int fd = -1;
+  void* base = MAP_FAILED;
   std::string local_failure;
   if (rank == 0) {
     std::string verdict;
-    const uint64_t physical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-                              static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    if (!same_host) {
-      verdict = "no:the ranks are not all on one host";
+    if (!absl::StartsWith(offer, "ok:")) verdict = offer;
+    for (int r = 1; r < world_size && verdict.empty(); ++r) {
+      auto peer = store->Get(absl::StrCat(prefix, "offer/", r), remaining());
+      if (!peer.ok()) return peer.status();
+      if (absl::StartsWith(*peer, "no:")) {
+        verdict = absl::StrCat("no:rank ", r, ": ", peer->substr(3));
+      } else if (*peer != offer) {
+        verdict =
+            absl::StrCat("no:the ranks are not all on one host with the same settings (rank ", r,
+                         " offers '", peer->substr(3), "', rank 0 '", offer.substr(3), "')");
+      }
+    }
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    const uint64_t physical =
+        pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
+    if (!verdict.empty()) {
+      // decided
     } else if (total_bytes > physical / 4) {
       verdict = absl::StrCat("no:a segment of ", total_bytes,
                              " bytes would take more than a quarter of this host's memory");
     } else {
-      std::random_device random;
-      name = absl::StrCat("/zeroshard-", getpid(), "-",
-                          (static_cast<uint64_t>(random()) << 32) | random());
-      fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      fd = memfd_create("zeroshard-collectives", MFD_CLOEXEC);
       if (fd < 0) {
-        verdict = absl::StrCat("no:shm_open(", name, "): ", std::strerror(errno));
+        verdict = absl::StrCat("no:memfd_create: ", std::strerror(errno));
       } else {
         const int rc = posix_fallocate(fd, 0, static_cast<off_t>(total_bytes));
         if (rc != 0) {
-          verdict = absl::StrCat("no:reserving ", total_bytes, " bytes of shared memory: ",
-                                 std::strerror(rc));
+          verdict = absl::StrCat("no:reserving ", total_bytes,
+                                 " bytes of shared memory: ", std::strerror(rc));
           close(fd);
           fd = -1;
-          shm_unlink(name.c_str());
         } else {
-          verdict = absl::StrCat("ok:", name);
+          base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+          if (base == MAP_FAILED) {
+            verdict = absl::StrCat("no:mmap of ", total_bytes, " bytes: ", std::strerror(errno));
+            close(fd);
+            fd = -1;
+          } else {
+            // Initialized before anyone is told where it is.
+            Header* header = static_cast<Header*>(base);
+            header->world_size = static_cast<uint32_t>(world_size);
+            header->slot_bytes = slot_bytes;
+            header->failed.store(0);
+            std::atomic_thread_fence(std::memory_order_release);
+            header->magic = kMagic;
+            path = absl::StrCat("/proc/", getpid(), "/fd/", fd);
+            verdict = absl::StrCat("ok:", path);
+          }
         }
       }
     }
     status = store->Set(absl::StrCat(prefix, "segment"), verdict);
     if (!status.ok()) {
-      if (fd >= 0) {
-        close(fd);
-        shm_unlink(name.c_str());
-      }
+      if (base != MAP_FAILED) munmap(base, total_bytes);
+      if (fd >= 0) close(fd);
       return status;
     }
     if (fd < 0) local_failure = verdict.substr(3);
   } else {
-    auto verdict = store->Get(absl::StrCat(prefix, "segment"), timeout);
+    auto verdict = store->Get(absl::StrCat(prefix, "segment"), remaining());
     if (!verdict.ok()) return verdict.status();
     if (absl::StartsWith(*verdict, "ok:")) {
-      name = verdict->substr(3);
-      fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-      if (fd < 0) local_failure = absl::StrCat("shm_open(", name, "): ", std::strerror(errno));
+      path = verdict->substr(3);
+      fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) local_failure = absl::StrCat("open(", path, "): ", std::strerror(errno));
     } else {
       local_failure = verdict->substr(3);
     }
   }
 
-  // 3. Map it, check it, take this rank's liveness lock.
-  void* base = MAP_FAILED;
+  // 3. Map it (rank 0 has), check it, take this rank's liveness lock.
   struct stat st;
-  if (fd >= 0 && (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < total_bytes)) {
-    // Not the object rank 0 made (mapping it would fault past its end).
-    local_failure = absl::StrCat("segment ", name, " is smaller than ", total_bytes, " bytes");
+  if (fd >= 0 && (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != total_bytes)) {
+    // Not the object rank 0 made for these settings.
+    local_failure = absl::StrCat("segment ", path, " is not ", total_bytes, " bytes");
   } else if (fd >= 0) {
-    base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
     if (base == MAP_FAILED) {
       local_failure = absl::StrCat("mmap of ", total_bytes, " bytes: ", std::strerror(errno));
     } else {
@@ -273,52 +312,33 @@ absl::StatusOr<std::unique_ptr<ShmExchange>> ShmExchange::Create(
       }
     }
   }
-  if (local_failure.empty()) {
+  if (local_failure.empty() && rank != 0) {
     Header* header = static_cast<Header*>(base);
-    if (rank == 0) {
-      header->world_size = static_cast<uint32_t>(world_size);
-      header->slot_bytes = slot_bytes;
-      header->failed.store(0);
-      std::atomic_thread_fence(std::memory_order_release);
-      header->magic = kMagic;
+    if (header->magic != kMagic || header->world_size != static_cast<uint32_t>(world_size) ||
+        header->slot_bytes != slot_bytes) {
+      // Rank 0 initialized it before publishing the verdict this rank read.
+      local_failure = absl::StrCat("segment ", path, " does not hold what rank 0 wrote");
     }
   }
+  // 4. Every rank reports, and every rank reads every report: all use the
+  // segment, or none does.
   status = store->Set(absl::StrCat(prefix, "mapped/", rank),
                       local_failure.empty() ? "ok" : absl::StrCat("no:", local_failure));
-  if (!status.ok()) local_failure = "store";
   std::string first_failure = local_failure;
-  absl::Status store_status = status;
-  for (int r = 0; r < world_size && store_status.ok(); ++r) {
+  for (int r = 0; r < world_size && status.ok(); ++r) {
     if (r == rank) continue;
-    auto mapped = store->Get(absl::StrCat(prefix, "mapped/", r), timeout);
+    auto mapped = store->Get(absl::StrCat(prefix, "mapped/", r), remaining());
     if (!mapped.ok()) {
-      store_status = mapped.status();
+      status = mapped.status();
     } else if (*mapped != "ok" && first_failure.empty()) {
       first_failure = absl::StrCat("rank ", r, ": ", mapped->substr(3));
     }
   }
-  // Everyone has opened the object (or given up): the name is not needed.
-  if (rank == 0 && !name.empty() && fd >= 0) shm_unlink(name.c_str());
-
-  auto give_up = [&] {
+  if (!status.ok() || !first_failure.empty()) {
     if (base != MAP_FAILED) munmap(base, total_bytes);
     if (fd >= 0) close(fd);
-  };
-  if (!store_status.ok()) {
-    give_up();
-    return store_status;
-  }
-  if (!first_failure.empty()) {
-    give_up();
+    if (!status.ok()) return status;
     *why_not = first_failure;
-    return std::unique_ptr<ShmExchange>();
-  }
-  Header* header = static_cast<Header*>(base);
-  if (header->magic != kMagic || header->world_size != static_cast<uint32_t>(world_size) ||
-      header->slot_bytes != slot_bytes) {
-    // Cannot differ on one rank only unless the segment was tampered with.
-    give_up();
-    *why_not = absl::StrCat("segment ", name, " does not hold what rank 0 wrote");
     return std::unique_ptr<ShmExchange>();
   }
   return std::unique_ptr<ShmExchange>(
@@ -397,7 +417,8 @@ absl::Status ShmExchange::WaitAll(uint32_t round, absl::Time deadline) {
         next_liveness_check = now + kLivenessEvery;
       }
       line.sleepers.fetch_add(1, std::memory_order_seq_cst);
-      if (!Reached(line.posted.load(std::memory_order_seq_cst), round)) {
+      if (!Reached(line.posted.load(std::memory_order_seq_cst), round) &&
+          header_->failed.load(std::memory_order_seq_cst) == 0) {
         FutexWait(&line.posted, seen, std::min(deadline - now, kSleepSlice));
       }
       line.sleepers.fetch_sub(1, std::memory_order_seq_cst);
@@ -408,6 +429,8 @@ absl::Status ShmExchange::WaitAll(uint32_t round, absl::Time deadline) {
 }
 
 void ShmExchange::Abort() {
+  // A waiter that checked `failed` just before this store sleeps at most one
+  // slice (50 ms) before it sees it.
   header_->failed.store(1, std::memory_order_seq_cst);
   for (int q = 0; q < world_size_; ++q) FutexWakeAll(&lines_[q].posted);
 }
@@ -432,15 +455,15 @@ absl::Status ShmExchange::AllGatherBlocks(const void* shard, void* full, const B
     const int64_t hi = lo + per_round;
     const uint32_t round = ++round_;
     char* mine = Slot(round, rank_);
-    ForEachPiece(g, rank_, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
-      std::memcpy(mine + (packed - lo) * esize, in + (b.shard_offset + off) * esize, n * esize);
-    });
+    ForEachPiece(
+        g, rank_, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
+          std::memcpy(mine + (packed - lo) * esize, in + (b.shard_offset + off) * esize, n * esize);
+        });
     Post(round);
     if (!own_copied) {
       // This rank's own blocks, while the peers start on the first round.
       for (const ShardBlock* b : g.blocks[rank_]) {
-        std::memmove(out + b->full_offset * esize, in + b->shard_offset * esize,
-                     b->count * esize);
+        std::memmove(out + b->full_offset * esize, in + b->shard_offset * esize, b->count * esize);
       }
       own_copied = true;
     }
@@ -453,8 +476,7 @@ absl::Status ShmExchange::AllGatherBlocks(const void* shard, void* full, const B
       if (q == rank_) continue;
       const char* theirs = Slot(round, q);
       ForEachPiece(g, q, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
-        std::memcpy(out + (b.full_offset + off) * esize, theirs + (packed - lo) * esize,
-                    n * esize);
+        std::memcpy(out + (b.full_offset + off) * esize, theirs + (packed - lo) * esize, n * esize);
       });
     }
   }
@@ -489,15 +511,16 @@ absl::Status ShmExchange::ReduceScatterBlocks(const void* full, void* shard, con
       failed_ = status;
       return status;
     }
-    ForEachPiece(g, rank_, lo, hi, [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
-      int k = 0;
-      for (int q = 0; q < world_size_; ++q) {
-        if (q == rank_) continue;
-        sources[k++] = Slot(round, q) + rank_ * part_bytes + (packed - lo) * esize;
-      }
-      Reduce(dtype, in + (b.full_offset + off) * esize, sources,
-             out + (b.shard_offset + off) * esize, n, divisor);
-    });
+    ForEachPiece(g, rank_, lo, hi,
+                 [&](const ShardBlock& b, int64_t off, int64_t packed, int64_t n) {
+                   int k = 0;
+                   for (int q = 0; q < world_size_; ++q) {
+                     if (q == rank_) continue;
+                     sources[k++] = Slot(round, q) + rank_ * part_bytes + (packed - lo) * esize;
+                   }
+                   Reduce(dtype, in + (b.full_offset + off) * esize, sources,
+                          out + (b.shard_offset + off) * esize, n, divisor);
+                 });
   }
   return absl::OkStatus();
 }

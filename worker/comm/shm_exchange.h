@@ -26,14 +26,18 @@
 // blocked in the same collective return UNAVAILABLE at once. After any
 // failure the exchange is unusable.
 //
-// Bootstrap (Create, collective): every rank publishes its host identity
-// (hostname and kernel boot id) under `prefix`; if all match, rank 0 creates
-// a POSIX shared-memory object named /zeroshard-<pid>-<random>, reserves its
-// memory (posix_fallocate, so a too small /dev/shm fails here rather than with
-// SIGBUS later) and publishes the name; every rank maps it and reports; rank 0
-// unlinks the name once all have reported, so nothing is left in /dev/shm when
-// the job ends however it ends. If any step fails on any rank, every rank gets
-// nullptr and the reason, and the communicator stays on TCP.
+// Bootstrap (Create, collective, within one deadline): every rank publishes
+// what it offers — its host identity (hostname and kernel boot id) and the
+// segment geometry, or why it cannot take part (shared memory off, bad
+// settings). Rank 0 decides for all: if every offer matches, it creates an
+// anonymous memfd, reserves its memory (posix_fallocate, so a lack of memory
+// fails here rather than with SIGBUS later) and publishes its
+// /proc/<pid>/fd/<n> path; every rank opens and maps it and reports; every
+// rank reads every report, so either all ranks use the segment or none does
+// (then every Create returns nullptr with the reason and the communicator
+// stays on TCP). A memfd has no name: nothing is left behind in /dev/shm
+// however the job ends, and it is not bounded by /dev/shm's size (a
+// container's 64 MiB default) but by the memory limits of the processes.
 #ifndef ZEROSHARD_WORKER_COMM_SHM_EXCHANGE_H_
 #define ZEROSHARD_WORKER_COMM_SHM_EXCHANGE_H_
 
@@ -69,16 +73,16 @@ BlockGroups GroupBlocks(const std::vector<ShardBlock>& blocks, int world_size);
 
 class ShmExchange {
  public:
-  // Collective over the `world_size` ranks, which call it with the same
-  // store, prefix and slot_bytes. Returns nullptr and sets *why_not when
-  // shared memory cannot be used by every rank (ranks on different hosts, no
-  // /dev/shm, not enough room in it, ...). Errors are for the store only
-  // (a peer that does not show up within `timeout`).
-  static absl::StatusOr<std::unique_ptr<ShmExchange>> Create(KeyValueStore* store,
-                                                             const std::string& prefix, int rank,
-                                                             int world_size, int64_t slot_bytes,
-                                                             absl::Duration timeout,
-                                                             std::string* why_not);
+  // Collective over the `world_size` ranks, which all call it with the same
+  // store and prefix (whether or not they are `enabled`). Returns nullptr
+  // and sets *why_not when shared memory cannot be used by every rank (one
+  // has it off, ranks on different hosts or with different slot sizes, no
+  // memory, slot_bytes outside [4 KiB, 1 GiB] or below 4 KiB per rank, ...).
+  // Errors are for the store only (a peer that does not show up within
+  // `timeout`, which bounds the whole call).
+  static absl::StatusOr<std::unique_ptr<ShmExchange>> Create(
+      KeyValueStore* store, const std::string& prefix, int rank, int world_size, bool enabled,
+      int64_t slot_bytes, absl::Duration timeout, std::string* why_not);
   ~ShmExchange();
 
   ShmExchange(const ShmExchange&) = delete;
@@ -93,8 +97,8 @@ class ShmExchange {
   // rank's value first, then the others' in rank order) and rounded once to
   // `dtype`. `shard` may alias `full` at the same
   // elements (in place).
-  absl::Status ReduceScatterBlocks(const void* full, void* shard, const BlockGroups& g,
-                                   DType dtype, float divisor, absl::Time deadline);
+  absl::Status ReduceScatterBlocks(const void* full, void* shard, const BlockGroups& g, DType dtype,
+                                   float divisor, absl::Time deadline);
 
   // Marks the segment failed and wakes every waiter: peers in a collective
   // return UNAVAILABLE. Called by the owner after a failure of its own.

@@ -243,31 +243,60 @@ TEST(GlooCommunicatorShmFailureTest, DestroyedPeerIsUnavailableBeforeTheTimeout)
   }
 }
 
-// Shared memory that cannot be had (a segment larger than the host should give)
-// leaves every rank on TCP, saying why, and the collectives still work.
-TEST(GlooCommunicatorShmFailureTest, FallsBackToTcpWhenTheSegmentCannotBeMade) {
-  InMemoryKvStore store;
+// Creates two ranks with per-rank options; returns them.
+std::vector<std::unique_ptr<GlooCommunicator>> CreatePair(
+    InMemoryKvStore* store, const std::string& tag,
+    const std::vector<GlooCommunicator::Options>& options) {
   std::vector<std::unique_ptr<GlooCommunicator>> comms(2);
   RunThreads(2, [&](int rank) {
-    GlooCommunicator::Options options;
-    options.connect_timeout = absl::Seconds(10);
-    options.shm_slot_bytes = int64_t{1} << 50;  // 4 PiB of segment
-    auto comm = GlooCommunicator::Create(&store, rank, 2, "big", options);
+    auto comm = GlooCommunicator::Create(store, rank, 2, tag, options[rank]);
     ASSERT_TRUE(comm.ok()) << comm.status();
     comms[rank] = *std::move(comm);
   });
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_NE(comms[r], nullptr);
-    EXPECT_EQ(comms[r]->transport(), "tcp");
-    EXPECT_THAT(comms[r]->transport_note(), HasSubstr("a segment of")) << comms[r]->transport_note();
+  return comms;
+}
+
+// Whenever shared memory cannot be used by every rank — one rank has it off,
+// the ranks expect different segments, the settings are out of range — all
+// ranks stay on TCP, say why, and the collectives work (no rank waits on a
+// transport the other does not use).
+TEST(GlooCommunicatorShmFailureTest, RanksThatCannotAllUseSharedMemoryAllUseTcp) {
+  GlooCommunicator::Options on;
+  on.connect_timeout = absl::Seconds(10);
+  GlooCommunicator::Options off = on;
+  off.shared_memory = false;
+  GlooCommunicator::Options other_slot = on;
+  other_slot.shm_slot_bytes = on.shm_slot_bytes * 2;
+  GlooCommunicator::Options huge = on;
+  huge.shm_slot_bytes = int64_t{1} << 50;
+  struct Case {
+    std::string name;
+    std::vector<GlooCommunicator::Options> options;
+    std::string why;  // in every rank's transport note
+  };
+  const std::vector<Case> cases = {
+      {"off", {on, off}, "shared memory is off"},
+      {"off0", {off, on}, "shared memory is off"},
+      {"slots", {on, other_slot}, "same settings"},
+      {"huge", {huge, huge}, "outside [4096, 1073741824]"},
+  };
+  for (const Case& c : cases) {
+    InMemoryKvStore store;
+    auto comms = CreatePair(&store, c.name, c.options);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_NE(comms[r], nullptr) << c.name;
+      EXPECT_EQ(comms[r]->transport(), "tcp") << c.name;
+      EXPECT_THAT(comms[r]->transport_note(), HasSubstr(c.why)) << c.name;
+    }
+    std::vector<std::vector<float>> out(2, std::vector<float>(8));
+    RunThreads(2, [&](int r) {
+      std::vector<float> in(4, static_cast<float>(r + 1));
+      absl::Status s = comms[r]->AllGather(in.data(), out[r].data(), 4, DType::kF32, kShortTimeout);
+      ASSERT_TRUE(s.ok()) << c.name << ": " << s;
+    });
+    EXPECT_EQ(out[0], (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2})) << c.name;
+    EXPECT_EQ(out[1], out[0]) << c.name;
   }
-  std::vector<std::vector<float>> out(2, std::vector<float>(8));
-  RunThreads(2, [&](int r) {
-    std::vector<float> in(4, static_cast<float>(r + 1));
-    ASSERT_TRUE(comms[r]->AllGather(in.data(), out[r].data(), 4, DType::kF32, kShortTimeout).ok());
-  });
-  EXPECT_EQ(out[0], (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2}));
-  EXPECT_EQ(out[1], out[0]);
 }
 
 }  // namespace
