@@ -637,7 +637,9 @@ int Main() {
                                   summary["loss_last"].get<double>())});
     table.AddRow({"validation loss", absl::StrFormat("%.4f", last_eval.loss)});
     if (last_eval.accuracy >= 0) {
-      table.AddRow({"accuracy (held-out sums)", absl::StrFormat("%.1f%%", 100 * last_eval.accuracy)});
+      // Greedy answers to held-out problems asked at the start of a sequence.
+      table.AddRow({"accuracy (held-out sums, as a first line)",
+                    absl::StrFormat("%.1f%%", 100 * last_eval.accuracy)});
     }
     table.AddRow({"step time (median)", absl::StrFormat("%.1f ms", Median(step_ms))});
     table.AddRow({task_options.model == "gpt" ? "tokens/s" : "rows/s",
