@@ -220,7 +220,16 @@ class GptTask : public TrainingTask {
   absl::StatusOr<int32_t> NextToken(ZeroEngine& engine, const std::vector<int32_t>& sequence,
                                     double temperature, std::mt19937_64* rng) {
     int t = static_cast<int>(std::min<size_t>(sequence.size(), options_.context));
-    if (static_cast<size_t>(t) < sequence.size()) {
+    if (dynamic_cast<AdditionTaskData*>(data_.get()) != nullptr) {
+      // Sums are line-level: each line is asked on its own, as the accuracy
+      // is measured (a small model learns to add at the start of a sequence
+      // long before it does after other lines).
+      auto newline = std::find(std::make_reverse_iterator(sequence.end() - 1),
+                               std::make_reverse_iterator(sequence.end() - t), int32_t{'\n'});
+      if (newline != std::make_reverse_iterator(sequence.end() - t)) {
+        t = static_cast<int>(newline - std::make_reverse_iterator(sequence.end()));
+      }
+    } else if (static_cast<size_t>(t) < sequence.size()) {
       // Training windows start at a line; so does a cropped one, if it can.
       auto begin = sequence.end() - t;
       auto newline = std::find(begin, sequence.end() - 1, int32_t{'\n'});
