@@ -479,9 +479,11 @@ int Main() {
     val_losses.push_back(eval->loss);
     if (rank == 0) {
       std::fprintf(stderr, "step %d  val_loss %.4f%s\n", completed, eval->loss,
-                   eval->accuracy >= 0 ? absl::StrFormat("  accuracy %.1f%%",
-                                                         100 * eval->accuracy).c_str()
-                                       : "");
+                   eval->accuracy >= 0
+                       ? absl::StrFormat("  accuracy %.1f%% (after another line %.1f%%)",
+                                         100 * eval->accuracy, 100 * eval->accuracy_in_context)
+                             .c_str()
+                       : "");
     }
   };
   CollectiveBytes comm_before = gather->bytes_sent();
@@ -614,6 +616,9 @@ int Main() {
     summary["val_loss"] = last_eval.loss;
     summary["accuracy"] = last_eval.accuracy >= 0 ? nlohmann::ordered_json(last_eval.accuracy)
                                                   : nlohmann::ordered_json();
+    summary["accuracy_in_context"] = last_eval.accuracy_in_context >= 0
+                                         ? nlohmann::ordered_json(last_eval.accuracy_in_context)
+                                         : nlohmann::ordered_json();
     summary["sample"] = sample;
     summary["step_time_ms_median"] = Median(step_ms);
     summary["items_per_second"] =
@@ -640,6 +645,8 @@ int Main() {
       // Greedy answers to held-out problems asked at the start of a sequence.
       table.AddRow({"accuracy (held-out sums, as a first line)",
                     absl::StrFormat("%.1f%%", 100 * last_eval.accuracy)});
+      table.AddRow({"accuracy (held-out sums, after another line)",
+                    absl::StrFormat("%.1f%%", 100 * last_eval.accuracy_in_context)});
     }
     table.AddRow({"step time (median)", absl::StrFormat("%.1f ms", Median(step_ms))});
     table.AddRow({task_options.model == "gpt" ? "tokens/s" : "rows/s",
@@ -712,6 +719,9 @@ int Main() {
     out["val_losses"] = val_losses;
     out["val_loss"] = last_eval.loss;
     if (last_eval.accuracy >= 0) out["accuracy"] = last_eval.accuracy;
+    if (last_eval.accuracy_in_context >= 0) {
+      out["accuracy_in_context"] = last_eval.accuracy_in_context;
+    }
     out["sample"] = sample;
     out["items_per_second"] =
         step_ms.empty() ? 0.0 : tokens_per_second_sum / static_cast<double>(step_ms.size());

@@ -158,9 +158,12 @@ class GptTask : public TrainingTask {
     if (!mean.ok()) return mean.status();
     result.loss = *mean;
     if (auto* addition = dynamic_cast<AdditionTaskData*>(data_.get())) {
-      absl::StatusOr<double> accuracy = AdditionAccuracy(engine, *addition, rank, world);
+      absl::StatusOr<double> accuracy = AdditionAccuracy(engine, *addition, rank, world, false);
       if (!accuracy.ok()) return accuracy.status();
       result.accuracy = *accuracy;
+      accuracy = AdditionAccuracy(engine, *addition, rank, world, true);
+      if (!accuracy.ok()) return accuracy.status();
+      result.accuracy_in_context = *accuracy;
     }
     return result;
   }
@@ -177,7 +180,8 @@ class GptTask : public TrainingTask {
     std::mt19937_64 rng(options_.seed ^ 0x5a4d91e3ULL);
     std::string out;
     for (int i = 0; i < bytes; ++i) {
-      absl::StatusOr<int32_t> next = NextToken(engine, sequence, /*temperature=*/0.5, &rng);
+      absl::StatusOr<int32_t> next =
+          NextToken(engine, sequence, /*temperature=*/0.5, &rng, /*line_only=*/true);
       if (!next.ok()) return next.status();
       sequence.push_back(*next);
       out.push_back(static_cast<char>(*next));
@@ -217,13 +221,16 @@ class GptTask : public TrainingTask {
  private:
   // The next token after `sequence` (its last n_ctx tokens): greedy when
   // temperature is 0, else sampled.
+  // `line_only` (addition): the window holds only the current line (or the
+  // previous one, before a line's first byte).
   absl::StatusOr<int32_t> NextToken(ZeroEngine& engine, const std::vector<int32_t>& sequence,
-                                    double temperature, std::mt19937_64* rng) {
+                                    double temperature, std::mt19937_64* rng,
+                                    bool line_only = false) {
     int t = static_cast<int>(std::min<size_t>(sequence.size(), options_.context));
-    if (dynamic_cast<AdditionTaskData*>(data_.get()) != nullptr) {
-      // Sums are line-level: each line is asked on its own, as the accuracy
-      // is measured (a small model learns to add at the start of a sequence
-      // long before it does after other lines).
+    if (line_only) {
+      // Sums are line-level: the sampler asks each line on its own, as the
+      // first-line accuracy does (a small model learns to add at the start
+      // of a sequence long before it does after other lines).
       auto newline = std::find(std::make_reverse_iterator(sequence.end() - 1),
                                std::make_reverse_iterator(sequence.end() - t), int32_t{'\n'});
       if (newline != std::make_reverse_iterator(sequence.end() - t)) {
@@ -257,15 +264,21 @@ class GptTask : public TrainingTask {
 
   // Greedy answers to held-out problems: every rank answers the same number
   // of problems with the same number of forwards (collectives line up).
+  // With `in_context`, each problem follows one solved line of another
+  // held-out problem.
   absl::StatusOr<double> AdditionAccuracy(ZeroEngine& engine, AdditionTaskData& data, int rank,
-                                          int world) {
+                                          int world, bool in_context) {
     constexpr int kProblemsPerRank = 16;
-    std::vector<AdditionProblem> problems = data.ValidationProblems(kProblemsPerRank * world);
+    std::vector<AdditionProblem> problems = data.ValidationProblems(2 * kProblemsPerRank * world);
     int correct = 0;
     const int answer_tokens = data.digits() + 2;  // digits, a carry, '\n'
     for (int i = 0; i < kProblemsPerRank; ++i) {
       const AdditionProblem& problem = problems[rank * kProblemsPerRank + i];
       std::vector<int32_t> sequence;
+      if (in_context) {
+        const AdditionProblem& before = problems[(world + rank) * kProblemsPerRank + i];
+        for (char c : before.Line()) sequence.push_back(static_cast<uint8_t>(c));
+      }
       for (char c : problem.prompt) sequence.push_back(static_cast<uint8_t>(c));
       std::string generated;
       for (int k = 0; k < answer_tokens; ++k) {

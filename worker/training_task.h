@@ -40,6 +40,9 @@ struct TaskOptions {
 struct Evaluation {
   double loss = 0;       // mean validation loss over ranks
   double accuracy = -1;  // the task's accuracy in [0, 1]; -1 if it has none
+  // Addition: the same held-out problems asked after one line of other
+  // (solved) text, as they appear inside training sequences.
+  double accuracy_in_context = -1;
 };
 
 class TrainingTask {
