@@ -348,12 +348,14 @@ int Main() {
   gloo.hostname = absl::GetFlag(FLAGS_host);
   gloo.connect_timeout = absl::GetFlag(FLAGS_collective_timeout);
   std::unique_ptr<Communicator> gather, reduce;
+  nlohmann::json data_plane = nlohmann::json::object();  // for the report
   auto connect = [&](const std::string& tag) -> std::unique_ptr<Communicator> {
 #ifdef ZEROSHARD_HAVE_CUDA
     if (cuda_backend != nullptr) {
       auto nccl = NcclCommunicator::Create(&store, rank, world, cuda_device, tag,
                                            absl::GetFlag(FLAGS_collective_timeout));
       DieIfError(nccl.status(), absl::StrCat("nccl bootstrap (", tag, ")"));
+      data_plane[tag] = {{"transport", "nccl"}};
       return std::move(*nccl);
     }
 #endif
@@ -361,6 +363,9 @@ int Main() {
     options.shared_memory = absl::GetFlag(FLAGS_shm);
     auto created = GlooCommunicator::Create(&store, rank, world, tag, options);
     DieIfError(created.status(), absl::StrCat("gloo bootstrap (", tag, ")"));
+    data_plane[tag] = {{"transport", (*created)->transport()},
+                       {"note", (*created)->transport_note()},
+                       {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
     if (rank == 0 && world > 1) {
       std::fprintf(stderr, "data plane (%s): %s, %s\n", tag.c_str(),
                    (*created)->transport() == "shm" ? "shared memory" : "TCP",
@@ -707,6 +712,7 @@ int Main() {
         {"all_reduce", (g.all_reduce - comm_before.all_reduce) + (r.all_reduce - reduce_before.all_reduce)},
         {"broadcast", (g.broadcast - comm_before.broadcast) + (r.broadcast - reduce_before.broadcast)}};
     out["plan_hash"] = plan.hash;
+    out["data_plane"] = data_plane;
     out["checkpoint_pause_ms"] = pause_ms;
     out["model"] = (*task)->Describe();
     if (task_options.model == "gpt") {

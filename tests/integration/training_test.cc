@@ -91,6 +91,18 @@ TEST_F(TrainingTest, TcpAndSharedMemoryDataPlanesAgree) {
     EXPECT_NE(log.find(shm ? "data plane (reduce): shared memory" : "data plane (reduce): TCP"),
               std::string::npos)
         << log;
+    for (int rank = 0; rank < 2; ++rank) {
+      nlohmann::json plane = cluster_.Report(job, rank)["data_plane"];
+      for (const char* tag : {"gather", "reduce"}) {
+        EXPECT_EQ(plane[tag]["transport"], shm ? "shm" : "tcp") << plane.dump();
+        if (shm) {
+          EXPECT_GT(plane[tag]["shm_segment_bytes"].get<int64_t>(), 0) << plane.dump();
+        } else {
+          EXPECT_EQ(plane[tag]["shm_segment_bytes"].get<int64_t>(), 0) << plane.dump();
+          EXPECT_EQ(plane[tag]["note"], "shared memory is off") << plane.dump();
+        }
+      }
+    }
     params[shm] = LoadParams(cluster_, job);
   }
   EXPECT_LE(MaxRelativeDifference(params[true], params[false]), 1e-5);

@@ -294,6 +294,10 @@ GlooCommunicator::GlooCommunicator(int rank, int world_size, std::string tag,
 
 std::string GlooCommunicator::transport() const { return shm_ != nullptr ? "shm" : "tcp"; }
 
+int64_t GlooCommunicator::shm_segment_bytes() const {
+  return shm_ != nullptr ? shm_->segment_bytes() : 0;
+}
+
 GlooCommunicator::~GlooCommunicator() {
   shm_.reset();
   // Destroying the context closes its sockets (peers read EOF); the device

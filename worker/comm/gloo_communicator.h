@@ -145,6 +145,9 @@ class GlooCommunicator : public Communicator {
   // transport_note() says why (or how big the segment is).
   std::string transport() const;
   const std::string& transport_note() const { return transport_note_; }
+  // Bytes of the shared-memory segment this rank maps (0 on TCP); not part
+  // of the engine's memory accounting.
+  int64_t shm_segment_bytes() const;
 
  private:
   GlooCommunicator(int rank, int world_size, std::string tag,
