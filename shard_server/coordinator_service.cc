@@ -121,6 +121,18 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
                           : nullptr),
       checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()) {}
 
+grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
+                                             const v1::MemberCredentials& member) const {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
+  return ToGrpcStatus(membership_->CheckMember(member));
+}
+
+grpc::Status CoordinatorService::CheckTimeout(int64_t timeout_ms) {
+  if (timeout_ms >= 0) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("timeout_ms ", timeout_ms, " is negative"));
+}
+
 grpc::Status CoordinatorService::Authenticate(grpc::CallbackServerContext* context) const {
   if (auth_token_.empty()) return grpc::Status::OK;
   const auto& metadata = context->client_metadata();
@@ -184,9 +196,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
                                                        const v1::StoreSetRequest* request,
                                                        v1::StoreSetResponse* /*response*/) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
-  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
-    return FinishNow(context, ToGrpcStatus(s));
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
   }
   const v1::MemberCredentials& m = request->member();
   return FinishNow(context,
@@ -197,15 +208,10 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* context,
                                                        const v1::StoreGetRequest* request,
                                                        v1::StoreGetResponse* response) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
-  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
-    return FinishNow(context, ToGrpcStatus(s));
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
   }
-  if (request->timeout_ms() < 0) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("timeout_ms ", request->timeout_ms(),
-                                                        " is negative")));
-  }
+  if (grpc::Status s = CheckTimeout(request->timeout_ms()); !s.ok()) return FinishNow(context, s);
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
   uint64_t id = kv_->Get(m.job_id(), m.generation(), request->key(),
@@ -221,9 +227,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerContext* context,
                                                        const v1::StoreAddRequest* request,
                                                        v1::StoreAddResponse* response) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
-  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
-    return FinishNow(context, ToGrpcStatus(s));
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
   }
   const v1::MemberCredentials& m = request->member();
   absl::StatusOr<int64_t> value =
@@ -235,15 +240,10 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* context,
                                                         const v1::StoreWaitRequest* request,
                                                         v1::StoreWaitResponse* /*response*/) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
-  if (absl::Status s = membership_->CheckMember(request->member()); !s.ok()) {
-    return FinishNow(context, ToGrpcStatus(s));
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
   }
-  if (request->timeout_ms() < 0) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("timeout_ms ", request->timeout_ms(),
-                                                        " is negative")));
-  }
+  if (grpc::Status s = CheckTimeout(request->timeout_ms()); !s.ok()) return FinishNow(context, s);
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());

@@ -65,6 +65,11 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context, const v1::ConsolidateRequest* request) override;
 
   // OK, or UNAUTHENTICATED saying what is missing.
+  // The bearer token, then the member's credentials (generation, token).
+  grpc::Status AdmitMember(grpc::CallbackServerContext* context,
+                           const v1::MemberCredentials& member) const;
+  // INVALID_ARGUMENT for a negative timeout.
+  static grpc::Status CheckTimeout(int64_t timeout_ms);
   grpc::Status Authenticate(grpc::CallbackServerContext* context) const;
 
  private:
