@@ -664,7 +664,9 @@ int Main() {
     }
     std::fprintf(stderr, "\nsummary\n%s", table.ToString().c_str());
     std::ofstream file(absl::GetFlag(FLAGS_summary_out));
-    file << summary.dump(2) << "\n";
+    // A sample may hold bytes that are not UTF-8: replaced, not fatal.
+    file << summary.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+         << "\n";
     if (!file) Die(absl::StrCat("cannot write --summary_out ", absl::GetFlag(FLAGS_summary_out)));
   }
 
@@ -741,7 +743,7 @@ int Main() {
     out["shard_elements"] = shard_elements;  // this rank's chunks: Ψ/W + padding
     out["prefetch"] = engine_options.prefetch;
     std::ofstream file(report);
-    file << out.dump(2) << "\n";
+    file << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!file) Die(absl::StrCat("cannot write --report ", report));
   }
   g_engine = nullptr;

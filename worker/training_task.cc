@@ -171,8 +171,9 @@ class GptTask : public TrainingTask {
   absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) override {
     // Every rank runs the same forwards (stage 3 gathers are collective) on
     // the same prompt with the same seeded sampler, so all agree.
+    const bool addition = dynamic_cast<AdditionTaskData*>(data_.get()) != nullptr;
     std::vector<int32_t> sequence;
-    if (dynamic_cast<AdditionTaskData*>(data_.get()) != nullptr) {
+    if (addition) {
       for (char c : std::string("12+34=")) sequence.push_back(static_cast<uint8_t>(c));
     } else {
       sequence.push_back('\n');
@@ -181,7 +182,7 @@ class GptTask : public TrainingTask {
     std::string out;
     for (int i = 0; i < bytes; ++i) {
       absl::StatusOr<int32_t> next =
-          NextToken(engine, sequence, /*temperature=*/0.5, &rng, /*line_only=*/true);
+          NextToken(engine, sequence, /*temperature=*/0.5, &rng, /*line_only=*/addition);
       if (!next.ok()) return next.status();
       sequence.push_back(*next);
       out.push_back(static_cast<char>(*next));

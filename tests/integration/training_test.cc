@@ -183,6 +183,23 @@ TEST_F(TrainingTest, GptStagesZeroAndThreeAgree) {
   EXPECT_LT(report["losses"].back().get<double>(), report["losses"].front().get<double>());
 }
 
+// An untrained GPT on a text file samples arbitrary bytes; the report and
+// summary (JSON) still get written, with invalid UTF-8 replaced.
+TEST_F(TrainingTest, GptSampleThatIsNotUtf8StillWritesTheReport) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::string text = testing::MakeTempDir("text") + "/corpus.txt";
+  std::string corpus;
+  for (int i = 0; i < 200; ++i) corpus += "the quick brown fox jumps over the lazy dog\n";
+  testing::WriteFile(text, corpus);
+  ASSERT_TRUE(cluster_.Run("text", 1,
+                           {"--model=gpt", "--layers=1", "--heads=2", "--d_model=32",
+                            "--context=32", absl::StrCat("--data=", text), "--steps=2",
+                            "--sample=60", "--seed=1"}));
+  nlohmann::json report = cluster_.Report("text", 0);
+  EXPECT_TRUE(report["sample"].is_string());
+  EXPECT_EQ(report["sample"].get<std::string>().empty(), false);
+}
+
 TEST_F(TrainingTest, AWorkerWhosePeerIsKilledExitsNamingTheCollective) {
   LocalCluster cluster(testing::MakeTempDir("killed"), {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1000"});
   ASSERT_TRUE(cluster.ok());

@@ -120,11 +120,11 @@ int64_t RingReduceScatterBytes(const BlockGroups& g, int rank, int w, size_t esi
   return sum * static_cast<int64_t>(esize);
 }
 
-// The layout of W equal chunks of `count` elements, chunk r at r * count of
-// the full buffer and at `shard_offset` of rank r's shard.
-std::vector<ShardBlock> ChunkBlocks(int world_size, int64_t count, int64_t shard_offset) {
+// The layout of W equal chunks of `count` elements: chunk r at r * count of
+// the full buffer, the whole of rank r's shard.
+std::vector<ShardBlock> ChunkBlocks(int world_size, int64_t count) {
   std::vector<ShardBlock> blocks(world_size);
-  for (int r = 0; r < world_size; ++r) blocks[r] = {r, shard_offset, r * count, count};
+  for (int r = 0; r < world_size; ++r) blocks[r] = {r, 0, r * count, count};
   return blocks;
 }
 
@@ -355,8 +355,21 @@ absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
     detail = e.what();
     code = absl::StatusCode::kInternal;
   }
-  const std::string where =
-      absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_, "')");
+  return Break(name, timeout, code, detail, /*over_shm=*/false);
+}
+
+absl::Status GlooCommunicator::RunShm(const char* name, absl::Duration timeout,
+                                      const std::function<absl::Status()>& body) {
+  absl::Status result = body();
+  if (result.ok()) return result;
+  return Break(name, timeout, result.code(), std::string(result.message()), /*over_shm=*/true);
+}
+
+absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
+                                     absl::StatusCode code, const std::string& detail,
+                                     bool over_shm) {
+  const std::string where = absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_,
+                                         over_shm ? "', shared memory)" : "')");
   std::string message;
   switch (code) {
     case absl::StatusCode::kDeadlineExceeded:
@@ -364,46 +377,23 @@ absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
                              ": ", detail);
       break;
     case absl::StatusCode::kUnavailable:
-      message = absl::StrCat(name, " failed: a peer is gone (connection closed or lost) ", where,
-                             ": ", detail);
+      message = absl::StrCat(name, " failed: a peer is gone",
+                             over_shm ? " " : " (connection closed or lost) ", where, ": ", detail);
       break;
     default:
-      message = absl::StrCat(name, " failed ", where, ": gloo: ", detail);
+      message = absl::StrCat(name, " failed ", where, ": ", over_shm ? "" : "gloo: ", detail);
       break;
   }
   absl::Status status(code, message);
   broken_ = status;
-  // The context is unusable now (see the header). Close every connection so
-  // that peers blocked in this collective fail now rather than at their
-  // timeout.
+  // The communicator is unusable now (see the header). Mark the segment
+  // failed and close every connection so that peers blocked in this
+  // collective fail now rather than at their timeout.
+  if (shm_ != nullptr) shm_->Abort();
   try {
     context_->closeConnections();
   } catch (const std::exception&) {
     // Already broken; nothing more to do.
-  }
-  return status;
-}
-
-absl::Status GlooCommunicator::RunShm(const char* name, absl::Duration timeout,
-                                      const std::function<absl::Status()>& body) {
-  absl::Status result = body();
-  if (result.ok()) return result;
-  const std::string where =
-      absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_, "', shared memory)");
-  std::string message;
-  if (result.code() == absl::StatusCode::kDeadlineExceeded) {
-    message = absl::StrCat(name, " timed out after ", absl::FormatDuration(timeout), " ", where,
-                           ": ", result.message());
-  } else {
-    message = absl::StrCat(name, " failed: a peer is gone ", where, ": ", result.message());
-  }
-  absl::Status status(result.code(), message);
-  broken_ = status;
-  // As in Run: make peers blocked in this collective (or a later one) fail now.
-  shm_->Abort();
-  try {
-    context_->closeConnections();
-  } catch (const std::exception&) {
   }
   return status;
 }
@@ -518,7 +508,7 @@ absl::Status GlooCommunicator::AllGather(const void* input, void* output, int64_
   }
   if (shm_ != nullptr) {
     // Rank r's shard is `in`; viewed from `out`'s own slot when in place.
-    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count, 0);
+    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count);
     const BlockGroups g = GroupBlocks(blocks, world_size_);
     const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
     return RunShm(kName, timeout, [&] {
@@ -555,7 +545,7 @@ absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, in
   for (int c = 0; c < world_size_; ++c) offset[c] = c * count;
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
   if (shm_ != nullptr) {
-    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count, 0);
+    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count);
     const BlockGroups g = GroupBlocks(blocks, world_size_);
     return RunShm(kName, timeout, [&] {
       absl::Status s = shm_->ReduceScatterBlocks(

@@ -166,6 +166,10 @@ class GlooCommunicator : public Communicator {
   // naming `name`, marks the communicator unusable and aborts the segment.
   absl::Status RunShm(const char* name, absl::Duration timeout,
                       const std::function<absl::Status()>& body);
+  // Both: records the failure of collective `name` as a status naming it
+  // and this rank, and makes the communicator (and its peers) fail fast.
+  absl::Status Break(const char* name, absl::Duration timeout, absl::StatusCode code,
+                     const std::string& detail, bool over_shm);
 
   // Ring reduce-scatter over `chunk_offset.size()` chunks of `input` (element
   // offsets/sizes per chunk). On return `out` (chunk_size[rank] elements,

@@ -58,6 +58,17 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be l
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// The write lock on rank `rank`'s liveness byte.
+struct flock LivenessLock(int rank) {
+  struct flock lock;
+  std::memset(&lock, 0, sizeof(lock));
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = kLockBase + rank;
+  lock.l_len = 1;
+  return lock;
+}
+
 // The header's cache line, one line per rank, rounded to a page.
 size_t HeaderBytes(int world_size) {
   return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096);
@@ -301,12 +312,7 @@ absl::StatusOr<std::unique_ptr<ShmExchange>> ShmExchange::Create(
     if (base == MAP_FAILED) {
       local_failure = absl::StrCat("mmap of ", total_bytes, " bytes: ", std::strerror(errno));
     } else {
-      struct flock lock;
-      std::memset(&lock, 0, sizeof(lock));
-      lock.l_type = F_WRLCK;
-      lock.l_whence = SEEK_SET;
-      lock.l_start = kLockBase + rank;
-      lock.l_len = 1;
+      struct flock lock = LivenessLock(rank);
       if (fcntl(fd, F_OFD_SETLK, &lock) != 0) {
         local_failure = absl::StrCat("locking the segment: ", std::strerror(errno));
       }
@@ -377,12 +383,7 @@ void ShmExchange::Post(uint32_t round) {
 }
 
 bool ShmExchange::PeerGone(int peer) const {
-  struct flock lock;
-  std::memset(&lock, 0, sizeof(lock));
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = kLockBase + peer;
-  lock.l_len = 1;
+  struct flock lock = LivenessLock(peer);
   if (fcntl(fd_, F_OFD_GETLK, &lock) != 0) return false;
   return lock.l_type == F_UNLCK;
 }
