@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
+#include "common/plan/plan_codec.h"
 #include "proto/health.grpc.pb.h"
 
 namespace zeroshard {
@@ -290,20 +291,30 @@ absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_i
   return response;
 }
 
-absl::StatusOr<v1::ShardPlan> Client::PlanShards(const v1::ModelSpec& spec,
-                                                 const v1::PlanOptions& options,
-                                                 int world_size) {
+absl::StatusOr<ShardPlan> Client::PlanShards(const ModelSpec& spec, const PlanOptions& options,
+                                             int world_size) {
   grpc::ClientContext context;
   Prepare(&context, options_.rpc_timeout);
   v1::PlanShardsRequest request;
   if (!info_.token.empty()) *request.mutable_member() = credentials();
-  *request.mutable_spec() = spec;
-  *request.mutable_options() = options;
+  *request.mutable_spec() = ModelSpecToProto(spec);
+  *request.mutable_options() = PlanOptionsToProto(options);
   request.set_world_size(world_size);
   v1::PlanShardsResponse response;
   absl::Status s = FromGrpcStatus(stub_->PlanShards(&context, request, &response));
   if (!s.ok()) return s;
-  return std::move(*response.mutable_plan());
+  ShardPlan plan = ShardPlanFromProto(response.plan());
+  absl::Status valid = ValidatePlan(spec, plan);
+  if (valid.ok() && plan.world_size != world_size) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("the plan is for world size ", plan.world_size, ", not ", world_size));
+  }
+  if (!valid.ok()) {
+    return absl::InternalError(absl::StrCat("the server at ", options_.server,
+                                            " returned a shard plan that fails validation: ",
+                                            valid.message()));
+  }
+  return plan;
 }
 
 absl::Status Client::HealthCheck() {

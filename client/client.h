@@ -19,6 +19,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/model_spec.h"
+#include "common/plan/planner.h"
+#include "common/plan/shard_plan.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 
@@ -108,9 +111,12 @@ class Client {
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
   // As a member (after Join): the job generation's plan. Before any Join: a
-  // one-off plan for `world_size`.
-  absl::StatusOr<v1::ShardPlan> PlanShards(const v1::ModelSpec& spec,
-                                           const v1::PlanOptions& options, int world_size);
+  // one-off plan for `world_size`. The plan crossed the wire (maybe from a
+  // server of another version), so it is checked before it is returned:
+  // ValidatePlan against `spec` and the world size asked for; INTERNAL naming
+  // the server and the failed check otherwise.
+  absl::StatusOr<ShardPlan> PlanShards(const ModelSpec& spec, const PlanOptions& options,
+                                       int world_size);
   // grpc.health.v1 Check of the whole server: OK when SERVING.
   absl::Status HealthCheck();
 

@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/shardctl_commands.h"
-#include "client/table.h"
+#include "common/table.h"
 #include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7070", "Shard server HOST:PORT");

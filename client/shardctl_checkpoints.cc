@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/shardctl_commands.h"
-#include "client/table.h"
+#include "common/table.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, step, "latest",

@@ -23,16 +23,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/shardctl_commands.h"
-#include "client/table.h"
+#include "common/table.h"
 #include "common/dtype.h"
 #include "common/file_util.h"
 #include "common/model_spec.h"
 #include "common/model_zoo.h"
-#include "common/shard_plan.h"
+#include "common/plan/shard_plan.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/memory_estimate.h"
-#include "shard_server/plan_codec.h"
-#include "shard_server/planner.h"
+#include "common/plan/memory_estimate.h"
+#include "common/plan/plan_codec.h"
+#include "common/plan/planner.h"
 
 // 0 and "" mean "not given": spec refuses flags of the other model and names
 // the missing ones, rather than building a model nobody asked for.
@@ -191,22 +191,9 @@ absl::StatusOr<ShardPlan> PlanOnServer(const PlanRequest& request) {
   if (!client.ok()) return client.status();
   // Never joined, so no member credentials: the server plans once and keeps
   // nothing.
-  absl::StatusOr<v1::ShardPlan> proto = (*client)->PlanShards(
-      ModelSpecToProto(request.spec), PlanOptionsToProto(request.options), request.world_size);
-  if (!proto.ok()) return proto.status();
-  ShardPlan plan = ShardPlanFromProto(*proto);
-  // The plan crossed the wire, maybe from a server of another version: the
-  // estimate and the tables rely on its pieces lying inside its chunks.
-  absl::Status valid = ValidatePlan(request.spec, plan);
-  if (valid.ok() && plan.world_size != request.world_size) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("plan is for world size ", plan.world_size, ", not ", request.world_size));
-  }
-  if (!valid.ok()) {
-    return absl::Status(valid.code(), absl::StrCat("the server at ", absl::GetFlag(FLAGS_server),
-                                                   " returned a bad plan: ", valid.message()));
-  }
-  return plan;
+  // The client validated the plan: the estimate and the tables rely on its
+  // pieces lying inside its chunks.
+  return (*client)->PlanShards(request.spec, request.options, request.world_size);
 }
 
 // 124439808 -> "124,439,808".

@@ -27,6 +27,8 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+}  // namespace
+
 absl::Status FsyncDirectory(const std::string& dir) {
   int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "open directory", dir);
@@ -35,8 +37,6 @@ absl::Status FsyncDirectory(const std::string& dir) {
   close(fd);
   return status;
 }
-
-}  // namespace
 
 absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
   return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));

@@ -99,6 +99,9 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 // The whole file. NOT_FOUND if missing; other errors name the path.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// fsync of directory `dir`: what makes a rename or a new file in it durable.
+absl::Status FsyncDirectory(const std::string& dir);
+
 // An absl::Status for a failed system call: errno mapped to a status code,
 // message "<what> <path>: <strerror>".
 absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path);

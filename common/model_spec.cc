@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -19,6 +20,10 @@ int64_t TensorSpec::RowElements() const {
 }
 
 int64_t TensorSpec::Elements() const { return Rows() * RowElements(); }
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 namespace {
 

@@ -23,6 +23,9 @@ struct TensorSpec {
   int64_t Elements() const;
 };
 
+// "[2000, 2000]"; "[]" for a 0-d shape. For messages.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 struct ModelSpec {
   std::vector<TensorSpec> tensors;
 };

@@ -1,5 +1,7 @@
 #include "common/safetensors.h"
 
+#include "common/model_spec.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -34,10 +36,6 @@ bool ShapeBytes(const std::vector<int64_t>& shape, int64_t element_size, int64_t
   }
   *bytes = n;
   return true;
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
 // A JSON integer that fits int64.

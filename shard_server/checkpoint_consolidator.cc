@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/file_util.h"
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -30,14 +31,6 @@ constexpr char kPlaceholderChecksum[] = "0000000000000000";
 // Progress is reported after at least this much work, bytes.
 constexpr int64_t kProgressEvery = int64_t{32} << 20;
 
-absl::Status FsyncDirectory(const std::string& dir) {
-  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open directory", dir);
-  absl::Status status;
-  if (fsync(fd) != 0) status = ErrnoStatus(errno, "cannot fsync directory", dir);
-  close(fd);
-  return status;
-}
 
 }  // namespace
 
@@ -161,9 +154,7 @@ absl::Status Consolidator::PlanOutputs() {
       const ManifestTensor& t = manifest_.tensors[i];
       OutputTensor out;
       out.kind = kind;
-      out.name = kind == ShardTensorKind::kParams ? t.name
-                 : kind == ShardTensorKind::kExpAvg ? absl::StrCat(kExpAvgPrefix, t.name)
-                                                    : absl::StrCat(kExpAvgSqPrefix, t.name);
+      out.name = absl::StrCat(ShardTensorPrefix(kind), t.name);
       out.model_tensor = static_cast<int>(i);
       out.dtype = dtype;
       const int64_t elements = t.Rows() * t.RowElements();
@@ -346,13 +337,13 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
       checksums[tensors_[i].name] =
           placeholder ? kPlaceholderChecksum : ChecksumToHex(tensors_[i].checksum);
     }
-    SafetensorsMetadata metadata = {{"format", "pt"},
-                                    {"job", manifest_.job},
-                                    {"step", absl::StrCat(manifest_.step)},
-                                    {"checksums", checksums.dump()}};
+    SafetensorsMetadata metadata = {{ShardMetadataKey::kFormat, "pt"},
+                                    {ShardMetadataKey::kJob, manifest_.job},
+                                    {ShardMetadataKey::kStep, absl::StrCat(manifest_.step)},
+                                    {ShardMetadataKey::kChecksums, checksums.dump()}};
     if (optimizer) {
-      metadata["optimizer"] = manifest_.optimizer;
-      metadata["optimizer_step"] = absl::StrCat(manifest_.optimizer_step);
+      metadata[ShardMetadataKey::kOptimizer] = manifest_.optimizer;
+      metadata[ShardMetadataKey::kOptimizerStep] = absl::StrCat(manifest_.optimizer_step);
     }
     return metadata;
   };

@@ -16,18 +16,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-absl::string_view KindPrefix(ShardTensorKind kind) {
-  switch (kind) {
-    case ShardTensorKind::kParams:
-      return "";
-    case ShardTensorKind::kExpAvg:
-      return kExpAvgPrefix;
-    case ShardTensorKind::kExpAvgSq:
-      return kExpAvgSqPrefix;
-  }
-  return "";
-}
-
 std::string BaseName(const std::string& path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -56,38 +44,6 @@ bool Get(const Json& object, const char* key, T* out, absl::Status* error) {
 }
 
 }  // namespace
-
-std::string ShardTensorName(ShardTensorKind kind, absl::string_view tensor, int64_t row_begin,
-                            int64_t row_end) {
-  return absl::StrCat(KindPrefix(kind), tensor, ":", row_begin, "-", row_end);
-}
-
-bool ParseShardTensorName(absl::string_view name, ParsedShardTensorName* out) {
-  ParsedShardTensorName parsed;
-  if (absl::ConsumePrefix(&name, kExpAvgSqPrefix)) {
-    parsed.kind = ShardTensorKind::kExpAvgSq;
-  } else if (absl::ConsumePrefix(&name, kExpAvgPrefix)) {
-    parsed.kind = ShardTensorKind::kExpAvg;
-  }
-  size_t colon = name.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) return false;
-  absl::string_view rows = name.substr(colon + 1);
-  size_t dash = rows.find('-');
-  if (dash == absl::string_view::npos) return false;
-  if (!absl::SimpleAtoi(rows.substr(0, dash), &parsed.row_begin) ||
-      !absl::SimpleAtoi(rows.substr(dash + 1), &parsed.row_end)) {
-    return false;
-  }
-  // SimpleAtoi accepts a sign and spaces; the canonical form has neither.
-  if (ShardTensorName(parsed.kind, name.substr(0, colon), parsed.row_begin, parsed.row_end) !=
-      absl::StrCat(KindPrefix(parsed.kind), name)) {
-    return false;
-  }
-  if (parsed.row_begin < 0 || parsed.row_end <= parsed.row_begin) return false;
-  parsed.tensor = std::string(name.substr(0, colon));
-  *out = std::move(parsed);
-  return true;
-}
 
 int64_t ManifestTensor::Rows() const { return shape.empty() ? 1 : shape[0]; }
 

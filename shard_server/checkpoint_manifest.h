@@ -29,31 +29,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/checkpoint_format.h"
 #include "proto/zeroshard.pb.h"
 
 namespace zeroshard {
-
-inline constexpr char kShardFormat[] = "zeroshard-shard-v1";
-inline constexpr char kManifestFormat[] = "zeroshard-manifest-v1";
-inline constexpr char kExpAvgPrefix[] = "optim.exp_avg.";
-inline constexpr char kExpAvgSqPrefix[] = "optim.exp_avg_sq.";
-
-// What a shard tensor holds.
-enum class ShardTensorKind { kParams, kExpAvg, kExpAvgSq };
-
-// "<prefix><name>:<row_begin>-<row_end>", the prefix "" for parameters.
-std::string ShardTensorName(ShardTensorKind kind, absl::string_view tensor, int64_t row_begin,
-                            int64_t row_end);
-
-struct ParsedShardTensorName {
-  ShardTensorKind kind = ShardTensorKind::kParams;
-  std::string tensor;  // the model tensor
-  int64_t row_begin = 0;
-  int64_t row_end = 0;
-};
-// Inverse of ShardTensorName; false unless the name has that form with
-// 0 <= row_begin < row_end.
-bool ParseShardTensorName(absl::string_view name, ParsedShardTensorName* out);
 
 struct ManifestTensor {
   std::string name;

@@ -17,8 +17,6 @@
 namespace zeroshard {
 namespace {
 
-constexpr size_t kMaxJobIdLength = 128;
-
 absl::StatusOr<std::string> RealPath(const std::string& path) {
   char* resolved = realpath(path.c_str(), nullptr);
   if (resolved == nullptr) return ErrnoStatus(errno, "cannot resolve", path);
@@ -35,45 +33,6 @@ std::string Parent(const std::string& path) {
 }
 
 }  // namespace
-
-std::string CheckpointStepDir(absl::string_view job, int64_t step) {
-  return absl::StrCat(job, "/step-", step);
-}
-
-std::string CheckpointShardFileName(int rank, int world_size) {
-  return absl::StrCat("rank-", rank, "-of-", world_size, ".safetensors");
-}
-
-std::string CheckpointShardPath(absl::string_view job, int64_t step, int rank, int world_size) {
-  return absl::StrCat(CheckpointStepDir(job, step), "/",
-                      CheckpointShardFileName(rank, world_size));
-}
-
-std::string ConsolidatedDir(absl::string_view job, int64_t step) {
-  return absl::StrCat(job, "/consolidated/step-", step);
-}
-
-absl::Status ValidateCheckpointJobId(absl::string_view job) {
-  if (job.empty()) return absl::InvalidArgumentError("job_id is empty");
-  if (job.size() > kMaxJobIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat("job_id is ", job.size(),
-                                                   " characters long; at most ", kMaxJobIdLength));
-  }
-  if (job[0] == '.' || job[0] == '-') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id '", job, "' must not start with '.' or '-'"));
-  }
-  for (char c : job) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_' || c == '.';
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job_id '", job, "' has character '", std::string(1, c),
-                       "'; expected letters, digits, '-', '_' or '.'"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::Status ValidateRelativePath(absl::string_view relative) {
   if (relative.empty()) return absl::InvalidArgumentError("file path is empty");

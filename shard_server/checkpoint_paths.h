@@ -1,9 +1,5 @@
-// Names under the checkpoint root, and the checks that keep every read and
-// write of the server below it.
-//
-//   <root>/<job>/step-<N>/rank-<R>-of-<W>.safetensors   a rank's shard file
-//   <root>/<job>/step-<N>/manifest.json                 written last, by the server
-//   <root>/<job>/consolidated/step-<N>/                 Consolidate(on_server)
+// The checks that keep every read and write of the server below its
+// checkpoint root (the names under it: common/checkpoint_format.h).
 //
 // Paths from the wire are relative to the root. They are refused when
 // absolute, when a component is empty, "." or "..", and when a file or a
@@ -17,24 +13,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/checkpoint_format.h"
+#include "common/job_id.h"
 
 namespace zeroshard {
-
-inline constexpr char kManifestFileName[] = "manifest.json";
-
-// "<job>/step-<N>"
-std::string CheckpointStepDir(absl::string_view job, int64_t step);
-// "rank-<R>-of-<W>.safetensors"
-std::string CheckpointShardFileName(int rank, int world_size);
-// "<job>/step-<N>/rank-<R>-of-<W>.safetensors"
-std::string CheckpointShardPath(absl::string_view job, int64_t step, int rank, int world_size);
-// "<job>/consolidated/step-<N>"
-std::string ConsolidatedDir(absl::string_view job, int64_t step);
-
-// OK when `job` is one path-safe name: letters, digits, '-', '_', '.', not
-// starting with '.' or '-' (what Membership accepts as a job id).
-// INVALID_ARGUMENT naming the value otherwise.
-absl::Status ValidateCheckpointJobId(absl::string_view job);
 
 // OK for a relative path whose components are neither empty, "." nor "..".
 // INVALID_ARGUMENT naming the value otherwise.

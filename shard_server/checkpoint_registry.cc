@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/checksum.h"
 #include "common/file_util.h"
+#include "common/model_spec.h"
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -133,12 +134,6 @@ bool ChecksumsFromJson(const std::string& text, std::map<std::string, std::strin
     (*out)[it.key()] = it.value().get<std::string>();
   }
   return true;
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&out, i ? "," : "", shape[i]);
-  return out + "]";
 }
 
 }  // namespace
@@ -261,12 +256,12 @@ absl::StatusOr<CommittedShard> CheckpointRegistry::VerifyShardFile(
     return it == meta.end() ? std::string("<missing>") : it->second;
   };
   const std::pair<std::string, std::string> expected_meta[] = {
-      {"format", kShardFormat},
-      {"job", member.job_id()},
-      {"step", absl::StrCat(request.step())},
-      {"rank", absl::StrCat(member.rank())},
-      {"world_size", absl::StrCat(world_size)},
-      {"plan_hash", plan.hash()},
+      {ShardMetadataKey::kFormat, kShardFormat},
+      {ShardMetadataKey::kJob, member.job_id()},
+      {ShardMetadataKey::kStep, absl::StrCat(request.step())},
+      {ShardMetadataKey::kRank, absl::StrCat(member.rank())},
+      {ShardMetadataKey::kWorldSize, absl::StrCat(world_size)},
+      {ShardMetadataKey::kPlanHash, plan.hash()},
   };
   for (const auto& [key, expected] : expected_meta) {
     if (meta_value(key) != expected) {
@@ -278,7 +273,7 @@ absl::StatusOr<CommittedShard> CheckpointRegistry::VerifyShardFile(
 
   // The commit's checksums must be the file's own, tensor for tensor.
   std::map<std::string, std::string> file_sums;
-  if (!ChecksumsFromJson(meta_value("checksums"), &file_sums)) {
+  if (!ChecksumsFromJson(meta_value(ShardMetadataKey::kChecksums), &file_sums)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "'", file, "': __metadata__ checksums is not a JSON object of tensor -> xxh64 hex"));
   }
@@ -379,9 +374,9 @@ absl::StatusOr<CommittedShard> CheckpointRegistry::VerifyShardFile(
   shard.file = file;
   shard.size_bytes = request.size_bytes();
   shard.checksums = std::move(sums);
-  auto optimizer = meta.find("optimizer");
+  auto optimizer = meta.find(ShardMetadataKey::kOptimizer);
   if (optimizer != meta.end()) shard.optimizer = optimizer->second;
-  auto optimizer_step = meta.find("optimizer_step");
+  auto optimizer_step = meta.find(ShardMetadataKey::kOptimizerStep);
   if (optimizer_step != meta.end() &&
       !absl::SimpleAtoi(optimizer_step->second, &shard.optimizer_step)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -405,7 +400,7 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
                                             {"error", s.ToString()}});
     return s;
   };
-  if (absl::Status s = ValidateCheckpointJobId(job); !s.ok()) return refuse(s);
+  if (absl::Status s = ValidateJobId(job); !s.ok()) return refuse(s);
   if (step < 0) {
     return refuse(absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative")));
   }
@@ -552,7 +547,7 @@ absl::Status CheckpointRegistry::CompleteStep(
       BuildManifest(job, step, row.generation, *plan, *commits, now);
   if (!manifest.ok()) return manifest.status();
   const std::string json = ManifestToJson(*manifest);
-  const std::string relative = absl::StrCat(CheckpointStepDir(job, step), "/", kManifestFileName);
+  const std::string relative = CheckpointManifestPath(job, step);
   if (absl::Status s = root_.MakeDirs(CheckpointStepDir(job, step)); !s.ok()) return s;
   // The manifest on disk is written before the registry marks the step
   // complete: a crash in between leaves a step that Recover() completes
@@ -712,7 +707,7 @@ absl::Status CheckpointRegistry::CheckWritable(const std::string& job, int64_t s
 
 absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::string& job) {
   if (!job.empty()) {
-    if (absl::Status s = ValidateCheckpointJobId(job); !s.ok()) return s;
+    if (absl::Status s = ValidateJobId(job); !s.ok()) return s;
   }
   absl::MutexLock lock(&mu_);
   absl::MutexLock db_lock(state_->mu());
@@ -745,7 +740,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::
     info->set_total_bytes(st.Int(8));
     if (info->complete()) {
       info->set_manifest(
-          absl::StrCat(CheckpointStepDir(info->job_id(), info->step()), "/", kManifestFileName));
+          CheckpointManifestPath(info->job_id(), info->step()));
       const std::string error = st.Text(10);
       if (!error.empty()) {
         info->set_verification("failed");
@@ -761,7 +756,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::
 
 absl::StatusOr<std::unique_ptr<PinnedCheckpoint>> CheckpointRegistry::Acquire(
     const std::string& job, int64_t step) {
-  if (absl::Status s = ValidateCheckpointJobId(job); !s.ok()) return s;
+  if (absl::Status s = ValidateJobId(job); !s.ok()) return s;
   if (step < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", step, " is not a step; expected N >= 0 or -1 (latest)"));

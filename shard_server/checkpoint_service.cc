@@ -95,7 +95,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
     if (absl::Status s = service_->membership_->CheckMember(m); !s.ok()) return s;
     absl::StatusOr<int> world = service_->membership_->WorldSize(m.job_id());
     if (!world.ok()) return world.status();
-    if (absl::Status s = ValidateCheckpointJobId(m.job_id()); !s.ok()) return s;
+    if (absl::Status s = ValidateJobId(m.job_id()); !s.ok()) return s;
     if (request_.step() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("step ", request_.step(), " is negative"));
     }

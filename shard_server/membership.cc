@@ -7,35 +7,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_id.h"
 
 namespace zeroshard {
 namespace {
 
 constexpr size_t kMaxIdLength = 256;
-
-// Job ids become directory names under the checkpoint root, so they are kept
-// to a portable, path-safe alphabet.
-absl::Status ValidateJobId(const std::string& job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
-  if (job_id.size() > kMaxIdLength) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id is ", job_id.size(), " characters long; at most ", kMaxIdLength));
-  }
-  if (job_id[0] == '.' || job_id[0] == '-') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id '", job_id, "' must not start with '.' or '-'"));
-  }
-  for (char c : job_id) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_' || c == '.';
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job_id '", job_id, "' has character '", std::string(1, c),
-          "'; expected letters, digits, '-', '_' or '.'"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::Status ValidateWorkerId(const std::string& worker_id) {
   if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is empty");

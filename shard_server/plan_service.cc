@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "shard_server/plan_codec.h"
-#include "shard_server/planner.h"
+#include "common/plan/plan_codec.h"
+#include "common/plan/planner.h"
 
 namespace zeroshard {
 namespace {

@@ -27,11 +27,11 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "client/client_kv_store.h"
-#include "client/table.h"
+#include "worker/comm/client_kv_store.h"
+#include "common/table.h"
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/plan_codec.h"
+#include "common/plan/plan_codec.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/training_task.h"
@@ -336,10 +336,9 @@ int Main() {
   // ---- Plan ----
   PlanOptions plan_options;
   plan_options.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
-  auto plan_proto = (*client)->PlanShards(ModelSpecToProto(m->Spec()),
-                                          PlanOptionsToProto(plan_options), world);
-  DieIfError(plan_proto.status(), "plan");
-  ShardPlan plan = ShardPlanFromProto(*plan_proto);
+  auto planned = (*client)->PlanShards(m->Spec(), plan_options, world);
+  DieIfError(planned.status(), "plan");
+  ShardPlan plan = *std::move(planned);
 
   // ---- Data plane: gathers, reductions (Gloo, or NCCL on GPUs) and a
   // small Gloo context for host-side metrics ----
@@ -407,13 +406,13 @@ int Main() {
     } else if (!absl::SimpleAtoi(resume, &step) || step < 0) {
       Die(absl::StrCat("--resume=", resume, ": expected 'latest' or a step number"), 2);
     }
-    std::string step_dir = absl::StrCat(checkpoint_dir, "/", StepDirName(job, step));
-    if (access((step_dir + "/manifest.json").c_str(), F_OK) != 0) {
+    std::string step_dir = absl::StrCat(checkpoint_dir, "/", CheckpointStepDir(job, step));
+    std::string manifest = absl::StrCat(checkpoint_dir, "/", CheckpointManifestPath(job, step));
+    if (access(manifest.c_str(), F_OK) != 0) {
       Die(absl::StrCat("--resume=", resume, ": step ", step, " of job '", job,
-                       "' is not a complete checkpoint (no ", step_dir, "/manifest.json)"));
+                       "' is not a complete checkpoint (no ", manifest, ")"));
     }
-    auto reader = CheckpointReader::OpenStep(
-        step_dir, absl::StrCat("rank-", rank, "-of-", world, ".safetensors"));
+    auto reader = CheckpointReader::OpenStep(step_dir, CheckpointShardFileName(rank, world));
     DieIfError(reader.status(), "--resume");
     restore = std::move(*reader);
   } else if (!absl::GetFlag(FLAGS_init_from).empty()) {

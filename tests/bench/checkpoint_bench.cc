@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "common/plan/plan_codec.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "client/table.h"
+#include "common/table.h"
 #include "common/checksum.h"
 #include "common/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -323,9 +324,9 @@ int Main() {
   }
   v1::ShardPlan plan;
   for (auto& m : members) {
-    auto p = m->PlanShards(spec, v1::PlanOptions(), world);
+    auto p = m->PlanShards(ModelSpecFromProto(spec), PlanOptions(), world);
     Check(p.status(), "plan");
-    plan = *p;
+    plan = ShardPlanToProto(*p);
   }
   std::fprintf(stderr, "writing %d shard files of %.2f GB in all under %s ...\n", world,
                checkpoint_bytes / 1e9, root.c_str());

@@ -21,7 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/table.h"
+#include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/cluster.h"
 

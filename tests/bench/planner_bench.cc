@@ -32,8 +32,8 @@
 #include "common/model_spec.h"
 #include "common/model_zoo.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/plan_codec.h"
-#include "shard_server/planner.h"
+#include "common/plan/plan_codec.h"
+#include "common/plan/planner.h"
 
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, repeats, 3, "Runs per measurement; the median is reported");

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shard_server/planner.h"
+#include "common/plan/planner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/plan/plan_codec.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -195,9 +196,9 @@ class CheckpointServerTest : public ::testing::Test {
     members_.resize(kWorld);
     for (auto& c : clients) members_[c->info().rank] = std::move(c);
     for (auto& m : members_) {
-      auto plan = m->PlanShards(TestSpec(), v1::PlanOptions(), kWorld);
+      auto plan = m->PlanShards(ModelSpecFromProto(TestSpec()), PlanOptions(), kWorld);
       ASSERT_TRUE(plan.ok()) << plan.status();
-      plan_ = *plan;
+      plan_ = ShardPlanToProto(*plan);
     }
   }
 

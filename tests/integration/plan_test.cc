@@ -11,13 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
-#include "client/table.h"
+#include "common/table.h"
 #include "common/model_zoo.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/plan_codec.h"
-#include "shard_server/planner.h"
+#include "common/plan/plan_codec.h"
+#include "common/plan/planner.h"
 #include "shard_server/shard_server.h"
 #include "tests/testing/process.h"
 
@@ -95,11 +95,11 @@ TEST(PlanShardsTest, MembersOfAGenerationShareOneStoredPlanThatSurvivesARestart)
   options.listen = server->address();
   constexpr int kWorld = 3;
   auto clients = JoinAll(*server, "planned", kWorld);
-  const v1::ModelSpec spec = ModelSpecToProto(SmallGpt2());
-  const v1::ModelSpec other = ModelSpecToProto(*MlpSpec(2, 64, "relu"));
-  const v1::PlanOptions defaults;
+  const ModelSpec spec = SmallGpt2();
+  const ModelSpec other = *MlpSpec(2, 64, "relu");
+  const PlanOptions defaults;
 
-  std::vector<absl::StatusOr<v1::ShardPlan>> plans(kWorld);
+  std::vector<absl::StatusOr<ShardPlan>> plans(kWorld);
   std::vector<std::thread> threads;
   for (int i = 0; i < kWorld; ++i) {
     threads.emplace_back([&, i] { plans[i] = clients[i]->PlanShards(spec, defaults, kWorld); });
@@ -107,24 +107,25 @@ TEST(PlanShardsTest, MembersOfAGenerationShareOneStoredPlanThatSurvivesARestart)
   for (auto& t : threads) t.join();
   for (int i = 0; i < kWorld; ++i) {
     ASSERT_TRUE(plans[i].ok()) << plans[i].status();
-    EXPECT_EQ(plans[i]->hash(), plans[0]->hash());
-    EXPECT_EQ(plans[i]->SerializeAsString(), plans[0]->SerializeAsString());
+    EXPECT_EQ(plans[i]->hash, plans[0]->hash);
+    EXPECT_EQ(ShardPlanToProto(*plans[i]).SerializeAsString(),
+              ShardPlanToProto(*plans[0]).SerializeAsString());
   }
-  EXPECT_EQ(plans[0]->world_size(), kWorld);
+  EXPECT_EQ(plans[0]->world_size, kWorld);
   // It is the planner's plan of the job's world size, and status shows it.
   absl::StatusOr<ShardPlan> local = Plan(SmallGpt2(), kWorld, PlanOptions());
   ASSERT_TRUE(local.ok()) << local.status();
-  EXPECT_EQ(plans[0]->hash(), local->hash);
+  EXPECT_EQ(plans[0]->hash, local->hash);
   absl::StatusOr<v1::GetStatusResponse> status = clients[0]->GetStatus("planned");
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->jobs(0).plan_hash(), local->hash);
 
   // Another spec, or the same spec with other options, in the same generation.
-  absl::StatusOr<v1::ShardPlan> refused = clients[1]->PlanShards(other, defaults, kWorld);
+  absl::StatusOr<ShardPlan> refused = clients[1]->PlanShards(other, defaults, kWorld);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr(local->hash));
-  v1::PlanOptions smaller_units;
-  smaller_units.set_max_unit_bytes(1 << 16);
+  PlanOptions smaller_units;
+  smaller_units.max_unit_bytes = 1 << 16;
   EXPECT_EQ(clients[2]->PlanShards(spec, smaller_units, kWorld).status().code(),
             absl::StatusCode::kFailedPrecondition);
 
@@ -137,9 +138,10 @@ TEST(PlanShardsTest, MembersOfAGenerationShareOneStoredPlanThatSurvivesARestart)
   refused = clients[2]->PlanShards(other, defaults, kWorld);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   for (int i = 0; i < kWorld; ++i) {
-    absl::StatusOr<v1::ShardPlan> again = clients[i]->PlanShards(spec, defaults, kWorld);
+    absl::StatusOr<ShardPlan> again = clients[i]->PlanShards(spec, defaults, kWorld);
     ASSERT_TRUE(again.ok()) << again.status();
-    EXPECT_EQ(again->SerializeAsString(), plans[0]->SerializeAsString());
+    EXPECT_EQ(ShardPlanToProto(*again).SerializeAsString(),
+              ShardPlanToProto(*plans[0]).SerializeAsString());
   }
   status = clients[0]->GetStatus("planned");
   ASSERT_TRUE(status.ok()) << status.status();
@@ -188,7 +190,8 @@ TEST(PlanShardsTest, InvalidSpecsAreRefusedNamingTheTensorAndTheServerStaysUp) {
   auto client = Connect(*server);  // never joins: one-off plans
   for (const InvalidCase& c : InvalidCases()) {
     SCOPED_TRACE(c.what);
-    absl::StatusOr<v1::ShardPlan> plan = client->PlanShards(c.spec, {}, c.world_size);
+    absl::StatusOr<ShardPlan> plan =
+        client->PlanShards(ModelSpecFromProto(c.spec), {}, c.world_size);
     ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
     for (const std::string& part : c.message_parts) {
       EXPECT_THAT(std::string(plan.status().message()), HasSubstr(part));
@@ -200,11 +203,11 @@ TEST(PlanShardsTest, InvalidSpecsAreRefusedNamingTheTensorAndTheServerStaysUp) {
   // spec still becomes its plan.
   auto members = JoinAll(*server, "typo", 2);
   const InvalidCase duplicate = InvalidCases()[1];
-  EXPECT_EQ(members[0]->PlanShards(duplicate.spec, {}, 2).status().code(),
+  EXPECT_EQ(members[0]->PlanShards(ModelSpecFromProto(duplicate.spec), {}, 2).status().code(),
             absl::StatusCode::kInvalidArgument);
-  absl::StatusOr<v1::ShardPlan> plan = members[1]->PlanShards(ModelSpecToProto(SmallGpt2()), {}, 2);
+  absl::StatusOr<ShardPlan> plan = members[1]->PlanShards(SmallGpt2(), {}, 2);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->world_size(), 2);
+  EXPECT_EQ(plan->world_size, 2);
   EXPECT_TRUE(client->HealthCheck().ok());
 }
 

@@ -68,7 +68,7 @@ TEST_F(ResumeTest, ADamagedShardIsNeverLoaded) {
   // One flipped byte inside rank 1's last tensor (after the header that
   // records the checksums).
   const std::string file = absl::StrCat(cluster_.checkpoint_root(), "/",
-                                        StepDirName("damaged", 2), "/rank-1-of-2.safetensors");
+                                        CheckpointStepDir("damaged", 2), "/rank-1-of-2.safetensors");
   std::string bytes = testing::ReadFileOrEmpty(file);
   ASSERT_GT(bytes.size(), 16u);
   bytes[bytes.size() - 5] ^= 0x40;
@@ -127,7 +127,7 @@ TEST_F(ResumeTest, AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete
   auto spec = MlpSpec(4, 512, "none");
   for (const v1::CheckpointInfo& info : listed->checkpoints()) {
     std::string step_dir = absl::StrCat(cluster_.checkpoint_root(), "/",
-                                        StepDirName("crash", info.step()));
+                                        CheckpointStepDir("crash", info.step()));
     bool has_manifest =
         !testing::ReadFileOrEmpty(step_dir + "/manifest.json").empty();
     EXPECT_EQ(has_manifest, info.complete()) << "step " << info.step();

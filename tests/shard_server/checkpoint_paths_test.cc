@@ -55,9 +55,9 @@ TEST(CheckpointNamesTest, RelativePathsWithDotDotOrAbsoluteAreRefused) {
 }
 
 TEST(CheckpointNamesTest, JobIdsArePathSafeNames) {
-  EXPECT_TRUE(ValidateCheckpointJobId("train-1_a.b").ok());
+  EXPECT_TRUE(ValidateJobId("train-1_a.b").ok());
   for (const char* bad : {"", "..", ".hidden", "-x", "a/b", "a b"}) {
-    EXPECT_TRUE(absl::IsInvalidArgument(ValidateCheckpointJobId(bad))) << bad;
+    EXPECT_TRUE(absl::IsInvalidArgument(ValidateJobId(bad))) << bad;
   }
 }
 

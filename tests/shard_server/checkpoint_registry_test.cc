@@ -29,8 +29,8 @@
 #include "shard_server/checkpoint_paths.h"
 #include "shard_server/checkpoint_registry.h"
 #include "shard_server/event_log.h"
-#include "shard_server/plan_codec.h"
-#include "shard_server/planner.h"
+#include "common/plan/plan_codec.h"
+#include "common/plan/planner.h"
 #include "shard_server/state_store.h"
 #include "tests/testing/process.h"
 

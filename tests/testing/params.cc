@@ -12,7 +12,7 @@ namespace zeroshard::testing {
 Params LoadCheckpointParams(const std::string& root, const std::string& job, int64_t step,
                             const ModelSpec& spec) {
   Params params;
-  auto reader = CheckpointReader::OpenStep(absl::StrCat(root, "/", StepDirName(job, step)));
+  auto reader = CheckpointReader::OpenStep(absl::StrCat(root, "/", CheckpointStepDir(job, step)));
   EXPECT_TRUE(reader.ok()) << reader.status();
   if (!reader.ok()) return params;
   for (const TensorSpec& t : spec.tensors) {

@@ -10,15 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
+#include "common/checkpoint_format.h"
 #include "common/checksum.h"
 #include "common/file_util.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
 namespace {
-
-constexpr char kExpAvgPrefix[] = "optim.exp_avg.";
-constexpr char kExpAvgSqPrefix[] = "optim.exp_avg_sq.";
 
 absl::Status MakeDirs(const std::string& path) {
   std::string partial;
@@ -32,28 +30,14 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
-// "<name>:<a>-<b>" -> (name, a, b).
-bool ParsePieceName(absl::string_view full, std::string* name, int64_t* a, int64_t* b) {
-  size_t colon = full.rfind(':');
-  if (colon == absl::string_view::npos) return false;
-  std::vector<absl::string_view> rows = absl::StrSplit(full.substr(colon + 1), '-');
-  if (rows.size() != 2 || !absl::SimpleAtoi(rows[0], a) || !absl::SimpleAtoi(rows[1], b)) {
-    return false;
-  }
-  *name = std::string(full.substr(0, colon));
-  return *b > *a;
+// The shape of a piece: the tensor's, with dim 0 cut to the piece's rows.
+std::vector<int64_t> PieceShape(const ZeroEngine::PieceView& piece) {
+  std::vector<int64_t> shape = piece.tensor->shape;
+  if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
+  return shape;
 }
 
 }  // namespace
-
-std::string StepDirName(const std::string& job, int64_t step) {
-  return absl::StrCat(job, "/step-", step);
-}
-
-std::string ShardFileName(const std::string& job, int64_t step, int rank, int world_size) {
-  return absl::StrCat(StepDirName(job, step), "/rank-", rank, "-of-", world_size,
-                      ".safetensors");
-}
 
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
                                             const std::string& optimizer_name,
@@ -64,10 +48,9 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
   snap.optimizer_step = engine.optimizer_step();
   std::vector<ZeroEngine::PieceView> moments;
   absl::Status s = engine.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
-    std::vector<int64_t> shape = piece.tensor->shape;
-    if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
-    std::string suffix = absl::StrCat(piece.tensor->name, ":", piece.row_begin, "-", piece.row_end);
-    snap.entries.push_back({suffix, DType::kF32, shape});
+    snap.entries.push_back({ShardTensorName(ShardTensorKind::kParams, piece.tensor->name,
+                                            piece.row_begin, piece.row_end),
+                            DType::kF32, PieceShape(piece)});
     snap.values.emplace_back(piece.params, piece.params + piece.elements);
     if (with_optimizer && piece.exp_avg != nullptr) moments.push_back(piece);
     return absl::OkStatus();
@@ -76,13 +59,14 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
   // Moments after all parameters, so a weights-only reader finds the
   // parameters at the front of the file.
   for (const auto& piece : moments) {
-    std::vector<int64_t> shape = piece.tensor->shape;
-    if (!shape.empty()) shape[0] = piece.row_end - piece.row_begin;
-    std::string suffix = absl::StrCat(piece.tensor->name, ":", piece.row_begin, "-", piece.row_end);
-    snap.entries.push_back({kExpAvgPrefix + suffix, DType::kF32, shape});
+    snap.entries.push_back({ShardTensorName(ShardTensorKind::kExpAvg, piece.tensor->name,
+                                            piece.row_begin, piece.row_end),
+                            DType::kF32, PieceShape(piece)});
     snap.values.emplace_back(piece.exp_avg, piece.exp_avg + piece.elements);
     if (piece.exp_avg_sq != nullptr) {
-      snap.entries.push_back({kExpAvgSqPrefix + suffix, DType::kF32, shape});
+      snap.entries.push_back({ShardTensorName(ShardTensorKind::kExpAvgSq, piece.tensor->name,
+                                              piece.row_begin, piece.row_end),
+                              DType::kF32, PieceShape(piece)});
       snap.values.emplace_back(piece.exp_avg_sq, piece.exp_avg_sq + piece.elements);
     }
   }
@@ -92,9 +76,11 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
 
 absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::string& root) {
   WrittenShard out;
-  out.relative_path = ShardFileName(snap.id.job, snap.id.step, snap.id.rank, snap.id.world_size);
+  out.relative_path =
+      CheckpointShardPath(snap.id.job, snap.id.step, snap.id.rank, snap.id.world_size);
   out.path = absl::StrCat(root, "/", out.relative_path);
-  if (absl::Status s = MakeDirs(absl::StrCat(root, "/", StepDirName(snap.id.job, snap.id.step)));
+  if (absl::Status s =
+          MakeDirs(absl::StrCat(root, "/", CheckpointStepDir(snap.id.job, snap.id.step)));
       !s.ok()) {
     return s;
   }
@@ -108,16 +94,16 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::st
     out.checksums[snap.entries[i].name] = hex;
   }
   SafetensorsMetadata metadata = {
-      {"format", "zeroshard-shard-v1"},
-      {"job", snap.id.job},
-      {"step", absl::StrCat(snap.id.step)},
-      {"rank", absl::StrCat(snap.id.rank)},
-      {"world_size", absl::StrCat(snap.id.world_size)},
-      {"generation", absl::StrCat(snap.id.generation)},
-      {"plan_hash", snap.id.plan_hash},
-      {"optimizer", snap.optimizer},
-      {"optimizer_step", absl::StrCat(snap.optimizer_step)},
-      {"checksums", checksums.dump()},
+      {ShardMetadataKey::kFormat, kShardFormat},
+      {ShardMetadataKey::kJob, snap.id.job},
+      {ShardMetadataKey::kStep, absl::StrCat(snap.id.step)},
+      {ShardMetadataKey::kRank, absl::StrCat(snap.id.rank)},
+      {ShardMetadataKey::kWorldSize, absl::StrCat(snap.id.world_size)},
+      {ShardMetadataKey::kGeneration, absl::StrCat(snap.id.generation)},
+      {ShardMetadataKey::kPlanHash, snap.id.plan_hash},
+      {ShardMetadataKey::kOptimizer, snap.optimizer},
+      {ShardMetadataKey::kOptimizerStep, absl::StrCat(snap.optimizer_step)},
+      {ShardMetadataKey::kChecksums, checksums.dump()},
   };
   auto writer = SafetensorsWriter::Create(out.path, snap.entries, metadata);
   if (!writer.ok()) return writer.status();
@@ -176,9 +162,9 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
     if (absl::StartsWith(t.name, kExpAvgPrefix)) reader->has_optimizer_ = true;
   }
   int64_t value = 0;
-  auto it = meta.find("optimizer_step");
+  auto it = meta.find(ShardMetadataKey::kOptimizerStep);
   if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) reader->optimizer_step_ = value;
-  it = meta.find("step");
+  it = meta.find(ShardMetadataKey::kStep);
   if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) reader->step_ = value;
   return reader;
 }
@@ -197,33 +183,27 @@ absl::Status CheckpointReader::IndexFile(int index) {
   auto file = File(index);
   if (!file.ok()) return file.status();
   for (const TensorInfo& t : (*file)->tensors()) {
-    int kind = static_cast<int>(Kind::kParams);
-    absl::string_view name = t.name;
-    if (absl::ConsumePrefix(&name, kExpAvgSqPrefix)) {
-      kind = static_cast<int>(Kind::kExpAvgSq);
-      has_optimizer_ = true;
-    } else if (absl::ConsumePrefix(&name, kExpAvgPrefix)) {
-      kind = static_cast<int>(Kind::kExpAvg);
-      has_optimizer_ = true;
-    }
-    Piece piece;
-    piece.file = index;
-    piece.shard_tensor = t.name;
-    std::string model_name;
-    if (!ParsePieceName(name, &model_name, &piece.row_begin, &piece.row_end)) {
+    ParsedShardTensorName parsed;
+    if (!ParseShardTensorName(t.name, &parsed)) {
       return absl::InvalidArgumentError(absl::StrCat(
           paths_[index], ": tensor '", t.name, "' is not named <tensor>:<row_begin>-<row_end>"));
     }
-    auto& list = pieces_[{kind, model_name}];
+    if (parsed.kind != ShardTensorKind::kParams) has_optimizer_ = true;
+    Piece piece;
+    piece.file = index;
+    piece.shard_tensor = t.name;
+    piece.row_begin = parsed.row_begin;
+    piece.row_end = parsed.row_end;
+    auto& list = pieces_[{static_cast<int>(parsed.kind), parsed.tensor}];
     list.push_back(piece);
     std::sort(list.begin(), list.end(),
               [](const Piece& a, const Piece& b) { return a.row_begin < b.row_begin; });
   }
   const SafetensorsMetadata& meta = (*file)->metadata();
   int64_t value = 0;
-  auto it = meta.find("optimizer_step");
+  auto it = meta.find(ShardMetadataKey::kOptimizerStep);
   if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) optimizer_step_ = value;
-  it = meta.find("step");
+  it = meta.find(ShardMetadataKey::kStep);
   if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) step_ = value;
   indexed_[index] = true;
   return absl::OkStatus();
@@ -234,7 +214,7 @@ absl::Status CheckpointReader::Verify(int index, const std::string& tensor) {
   auto file = File(index);
   if (!file.ok()) return file.status();
   const SafetensorsMetadata& meta = (*file)->metadata();
-  auto recorded = meta.find("checksums");
+  auto recorded = meta.find(ShardMetadataKey::kChecksums);
   if (recorded == meta.end()) {  // not one of ours: nothing to check against
     verified_.insert({index, tensor});
     return absl::OkStatus();
@@ -277,9 +257,7 @@ absl::Status CheckpointReader::IndexAll() {
 absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin,
                                         int64_t row_end, float* out) {
   if (consolidated_) {
-    std::string name = tensor.name;
-    if (kind == Kind::kExpAvg) name = kExpAvgPrefix + name;
-    if (kind == Kind::kExpAvgSq) name = kExpAvgSqPrefix + name;
+    const std::string name = absl::StrCat(ShardTensorPrefix(kind), tensor.name);
     auto file = File(0);
     if (!file.ok()) return file.status();
     const TensorInfo* info = (*file)->Find(name);
@@ -336,7 +314,7 @@ int64_t LatestCompleteStep(const std::string& root, const std::string& job) {
     int64_t step = 0;
     if (!absl::ConsumePrefix(&name, "step-") || !absl::SimpleAtoi(name, &step)) continue;
     struct stat st;
-    std::string manifest = absl::StrCat(job_dir, "/", entry->d_name, "/manifest.json");
+    std::string manifest = absl::StrCat(root, "/", CheckpointManifestPath(job, step));
     if (stat(manifest.c_str(), &st) == 0) latest = std::max(latest, step);
   }
   closedir(dir);

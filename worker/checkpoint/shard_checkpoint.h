@@ -2,12 +2,8 @@
 // of the engine (the only pause training takes), written as one safetensors
 // file with a checksum per tensor, and read back at any world size.
 //
-// Shard file: <dir>/<job>/step-<N>/rank-<R>-of-<W>.safetensors with tensors
-// "<name>:<a>-<b>" (rows [a, b) of model tensor <name>, f32) and, with the
-// optimizer state, "optim.exp_avg.<name>:<a>-<b>", "optim.exp_avg_sq...".
-// __metadata__ holds format "zeroshard-shard-v1", job, step, rank,
-// world_size, generation, plan_hash, optimizer, optimizer_step, and
-// "checksums" (a JSON object: tensor -> XXH64 hex of its bytes).
+// The file layout, tensor names and metadata keys are those of
+// common/checkpoint_format.h, which the server checks them against.
 #ifndef ZEROSHARD_WORKER_CHECKPOINT_SHARD_CHECKPOINT_H_
 #define ZEROSHARD_WORKER_CHECKPOINT_SHARD_CHECKPOINT_H_
 
@@ -19,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint_format.h"
 #include "common/safetensors.h"
 #include "worker/zero/engine.h"
 
@@ -32,10 +29,6 @@ struct ShardIdentity {
   int64_t generation = 0;
   std::string plan_hash;
 };
-
-// "<job>/step-<N>/rank-<R>-of-<W>.safetensors": relative to the checkpoint root.
-std::string ShardFileName(const std::string& job, int64_t step, int rank, int world_size);
-std::string StepDirName(const std::string& job, int64_t step);  // "<job>/step-<N>"
 
 // This rank's state, copied to host buffers: what the writer thread writes.
 struct ShardSnapshot {
@@ -54,7 +47,7 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
                                             bool with_optimizer);
 
 struct WrittenShard {
-  std::string relative_path;  // ShardFileName(...)
+  std::string relative_path;  // CheckpointShardPath(...)
   std::string path;           // full path
   int64_t size_bytes = 0;
   std::map<std::string, std::string> checksums;  // tensor -> xxh64 hex
@@ -71,7 +64,7 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snapshot, const std
 // only its own shard file.
 class CheckpointReader {
  public:
-  enum class Kind { kParams, kExpAvg, kExpAvgSq };
+  using Kind = ShardTensorKind;
   // `own_file`: the shard file to index first (a rank resuming at the same
   // world size); the others are indexed only if a row is not found in it.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenStep(

@@ -51,7 +51,6 @@ constexpr absl::Duration kMaxTimeout = absl::Hours(100);
 
 bool Supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
 
-int ElementSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 // Rounds up to whole milliseconds; at least 1 ms (Gloo treats 0 as "no
 // timeout" in places), at most kMaxTimeout.
@@ -398,62 +397,54 @@ absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
   return status;
 }
 
-void GlooCommunicator::RingReduceScatter(const void* input, void* out,
-                                         const std::vector<int64_t>& chunk_offset,
-                                         const std::vector<int64_t>& chunk_size, DType dtype,
-                                         ReduceOp op, uint64_t slot, absl::Time deadline,
-                                         std::atomic<int64_t>* counter) {
+void GlooCommunicator::RingReduceScatter(const char* in, char* out, const BlockGroups& g,
+                                         DType dtype, float divisor, uint64_t slot,
+                                         absl::Time deadline, std::atomic<int64_t>* counter) {
   const int w = world_size_;
   const int right = Mod(rank_ + 1, w);
   const int left = Mod(rank_ - 1, w);
-  const size_t esize = ElementSize(dtype);
-  const char* in = static_cast<const char*>(input);
-  const int64_t total = chunk_offset.back() + chunk_size.back();
-  const int64_t max_chunk = *std::max_element(chunk_size.begin(), chunk_size.end());
-  const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
-
-  // Step s sends the partial sum of chunk (rank - s - 1) to the right and
-  // receives the partial sum of chunk (rank - s - 2) from the left, adding
-  // this rank's contribution. Two staging buffers alternate: the one received
-  // into at step s is sent at step s + 1. Step 0 sends straight from `input`.
-  // The last step receives chunk `rank` and writes the total to `out`.
-  char* stage[2] = {Stage(0, max_chunk * esize), Stage(1, max_chunk * esize)};
+  const size_t esize = DTypeSize(dtype);
+  const int64_t max_group = *std::max_element(g.total.begin(), g.total.end());
+  // Step s sends the partial sums of rank (rank - s - 1)'s blocks to the
+  // right (step 0 straight from `in`) and receives those of rank
+  // (rank - s - 2)'s blocks from the left into packed staging, adding this
+  // rank's values. Two staging buffers alternate: the one received into at
+  // step s is sent at step s + 1. The last step receives this rank's own
+  // blocks and writes the totals into `out`. Block lists are known to both
+  // ends, so a rank with no blocks is skipped on both.
+  char* stage[2] = {Stage(0, max_group * esize), Stage(1, max_group * esize)};
   std::unique_ptr<UnboundBuffer> stage_buffer[2] = {
-      context_->createUnboundBuffer(stage[0], max_chunk * esize),
-      context_->createUnboundBuffer(stage[1], max_chunk * esize)};
+      context_->createUnboundBuffer(stage[0], max_group * esize),
+      context_->createUnboundBuffer(stage[1], max_group * esize)};
   // Gloo only reads from send buffers.
-  std::unique_ptr<UnboundBuffer> input_buffer =
-      context_->createUnboundBuffer(const_cast<char*>(in), total * esize);
-
+  std::unique_ptr<UnboundBuffer> full_buffer =
+      context_->createUnboundBuffer(const_cast<char*>(in), g.full_extent * esize);
   for (int s = 0; s < w - 1; ++s) {
-    const int send_chunk = Mod(rank_ - s - 1, w);
-    const int recv_chunk = Mod(rank_ - s - 2, w);
-    const size_t send_bytes = chunk_size[send_chunk] * esize;
-    const size_t recv_bytes = chunk_size[recv_chunk] * esize;
+    const int send_rank = Mod(rank_ - s - 1, w);
+    const int recv_rank = Mod(rank_ - s - 2, w);
     const int recv_index = (s + 1) % 2;
-    // Sizes are known to both ends, so empty chunks are skipped on both.
-    if (recv_bytes > 0) stage_buffer[recv_index]->recv(left, slot, 0, recv_bytes);
-    UnboundBuffer* send_buffer = nullptr;
-    if (send_bytes > 0) {
-      if (s == 0) {
-        send_buffer = input_buffer.get();
-        send_buffer->send(right, slot, chunk_offset[send_chunk] * esize, send_bytes);
-      } else {
-        send_buffer = stage_buffer[s % 2].get();
-        send_buffer->send(right, slot, 0, send_bytes);
-      }
+    const bool last = s == w - 2;
+    const auto& recv_blocks = g.blocks[recv_rank];
+    for (size_t k = 0; k < recv_blocks.size(); ++k) {
+      stage_buffer[recv_index]->recv(left, slot, g.packed_offset[recv_rank][k] * esize,
+                                     recv_blocks[k]->count * esize);
     }
-    if (recv_bytes > 0) {
+    UnboundBuffer* source = s == 0 ? full_buffer.get() : stage_buffer[s % 2].get();
+    const auto& send_blocks = g.blocks[send_rank];
+    for (size_t k = 0; k < send_blocks.size(); ++k) {
+      const int64_t offset = s == 0 ? send_blocks[k]->full_offset : g.packed_offset[send_rank][k];
+      source->send(right, slot, offset * esize, send_blocks[k]->count * esize);
+    }
+    // Blocks arrive in order; each is added as soon as it is in.
+    for (size_t k = 0; k < recv_blocks.size(); ++k) {
       WaitRecv(stage_buffer[recv_index].get(), deadline);
-      const bool last = s == w - 2;
-      Accumulate(dtype, stage[recv_index], in + chunk_offset[recv_chunk] * esize,
-                 last ? out : stage[recv_index], chunk_size[recv_chunk],
-                 last ? divisor : 1.0f);
+      const ShardBlock& b = *recv_blocks[k];
+      char* received = stage[recv_index] + g.packed_offset[recv_rank][k] * esize;
+      Accumulate(dtype, received, in + b.full_offset * esize,
+                 last ? out + b.shard_offset * esize : received, b.count, last ? divisor : 1.0f);
     }
-    if (send_buffer != nullptr) {
-      WaitSend(send_buffer, deadline);
-      counter->fetch_add(send_bytes);
-    }
+    for (size_t k = 0; k < send_blocks.size(); ++k) WaitSend(source, deadline);
+    counter->fetch_add(g.total[send_rank] * esize);
   }
 }
 
@@ -464,7 +455,7 @@ void GlooCommunicator::RingAllGatherInPlace(void* buffer, const std::vector<int6
   const int w = world_size_;
   const int right = Mod(rank_ + 1, w);
   const int left = Mod(rank_ - 1, w);
-  const size_t esize = ElementSize(dtype);
+  const size_t esize = DTypeSize(dtype);
   const int64_t total = chunk_offset.back() + chunk_size.back();
   // Separate buffer objects for the pending send and the pending recv.
   std::unique_ptr<UnboundBuffer> send_buffer = context_->createUnboundBuffer(buffer, total * esize);
@@ -499,7 +490,7 @@ absl::Status GlooCommunicator::AllGather(const void* input, void* output, int64_
   if (input == nullptr || output == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
   }
-  const size_t bytes = count * ElementSize(dtype);
+  const size_t bytes = count * DTypeSize(dtype);
   char* out = static_cast<char*>(output);
   char* in = const_cast<char*>(static_cast<const char*>(input));  // Gloo only reads it.
   if (world_size_ == 1) {
@@ -538,27 +529,27 @@ absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, in
     return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
   }
   if (world_size_ == 1) {
-    if (input != output) std::memmove(output, input, count * ElementSize(dtype));
+    if (input != output) std::memmove(output, input, count * DTypeSize(dtype));
     return absl::OkStatus();
   }
-  std::vector<int64_t> offset(world_size_), size(world_size_, count);
-  for (int c = 0; c < world_size_; ++c) offset[c] = c * count;
+  const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count);
+  const BlockGroups g = GroupBlocks(blocks, world_size_);
+  const float divisor = op == ReduceOp::kAverage ? static_cast<float>(world_size_) : 1.0f;
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
   if (shm_ != nullptr) {
-    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count);
-    const BlockGroups g = GroupBlocks(blocks, world_size_);
     return RunShm(kName, timeout, [&] {
-      absl::Status s = shm_->ReduceScatterBlocks(
-          input, output, g, dtype, op == ReduceOp::kAverage ? world_size_ : 1.0f, deadline);
+      absl::Status s = shm_->ReduceScatterBlocks(in, out, g, dtype, divisor, deadline);
       if (s.ok()) {
         reduce_scatter_bytes_.fetch_add(static_cast<int64_t>(world_size_ - 1) * count *
-                                        ElementSize(dtype));
+                                        DTypeSize(dtype));
       }
       return s;
     });
   }
   return Run(kName, timeout, [&] {
-    RingReduceScatter(input, output, offset, size, dtype, op, kReduceScatterSlot, deadline,
+    RingReduceScatter(in, out, g, dtype, divisor, kReduceScatterSlot, deadline,
                       &reduce_scatter_bytes_);
   });
 }
@@ -580,7 +571,7 @@ absl::Status GlooCommunicator::AllGatherBlocks(const void* shard, void* full,
   if (full == nullptr || (g.total[rank_] > 0 && shard == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
   }
-  const size_t esize = ElementSize(dtype);
+  const size_t esize = DTypeSize(dtype);
   const char* in = static_cast<const char*>(shard);
   char* out = static_cast<char*>(full);
   auto copy_own = [&] {
@@ -646,7 +637,7 @@ absl::Status GlooCommunicator::ReduceScatterBlocks(const void* full, void* shard
   if (full == nullptr || (g.total[rank_] > 0 && shard == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
   }
-  const size_t esize = ElementSize(dtype);
+  const size_t esize = DTypeSize(dtype);
   const char* in = static_cast<const char*>(full);
   char* out = static_cast<char*>(shard);
   const int w = world_size_;
@@ -656,10 +647,7 @@ absl::Status GlooCommunicator::ReduceScatterBlocks(const void* full, void* shard
     }
     return absl::OkStatus();
   }
-  const int right = Mod(rank_ + 1, w);
-  const int left = Mod(rank_ - 1, w);
   const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
-  const int64_t max_group = *std::max_element(g.total.begin(), g.total.end());
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
   if (shm_ != nullptr) {
     return RunShm(kName, timeout, [&] {
@@ -669,46 +657,8 @@ absl::Status GlooCommunicator::ReduceScatterBlocks(const void* full, void* shard
     });
   }
   return Run(kName, timeout, [&] {
-    // As RingReduceScatter, by rank groups of blocks: step s sends the
-    // partial sums of rank (rank - s - 1)'s blocks (step 0 straight from
-    // `full`) and receives those of rank (rank - s - 2)'s into packed
-    // staging, adding this rank's values; the last step receives this rank's
-    // own blocks and writes the totals into the shard.
-    char* stage[2] = {Stage(0, max_group * esize), Stage(1, max_group * esize)};
-    std::unique_ptr<UnboundBuffer> stage_buffer[2] = {
-        context_->createUnboundBuffer(stage[0], max_group * esize),
-        context_->createUnboundBuffer(stage[1], max_group * esize)};
-    std::unique_ptr<UnboundBuffer> full_buffer =
-        context_->createUnboundBuffer(const_cast<char*>(in), g.full_extent * esize);
-    for (int s = 0; s < w - 1; ++s) {
-      const int send_rank = Mod(rank_ - s - 1, w);
-      const int recv_rank = Mod(rank_ - s - 2, w);
-      const int recv_index = (s + 1) % 2;
-      const bool last = s == w - 2;
-      const auto& recv_blocks = g.blocks[recv_rank];
-      for (size_t k = 0; k < recv_blocks.size(); ++k) {
-        stage_buffer[recv_index]->recv(left, kReduceScatterBlocksSlot,
-                                       g.packed_offset[recv_rank][k] * esize,
-                                       recv_blocks[k]->count * esize);
-      }
-      UnboundBuffer* source = s == 0 ? full_buffer.get() : stage_buffer[s % 2].get();
-      const auto& send_blocks = g.blocks[send_rank];
-      for (size_t k = 0; k < send_blocks.size(); ++k) {
-        const int64_t offset = s == 0 ? send_blocks[k]->full_offset : g.packed_offset[send_rank][k];
-        source->send(right, kReduceScatterBlocksSlot, offset * esize, send_blocks[k]->count * esize);
-      }
-      // Blocks arrive in order; each is added as soon as it is in.
-      for (size_t k = 0; k < recv_blocks.size(); ++k) {
-        WaitRecv(stage_buffer[recv_index].get(), deadline);
-        const ShardBlock& b = *recv_blocks[k];
-        char* received = stage[recv_index] + g.packed_offset[recv_rank][k] * esize;
-        Accumulate(dtype, received, in + b.full_offset * esize,
-                   last ? out + b.shard_offset * esize : received, b.count,
-                   last ? divisor : 1.0f);
-      }
-      for (size_t k = 0; k < send_blocks.size(); ++k) WaitSend(source, deadline);
-      reduce_scatter_bytes_.fetch_add(g.total[send_rank] * esize);
-    }
+    RingReduceScatter(in, out, g, dtype, divisor, kReduceScatterBlocksSlot, deadline,
+                      &reduce_scatter_bytes_);
   });
 }
 
@@ -729,17 +679,17 @@ absl::Status GlooCommunicator::AllReduce(void* buffer, int64_t count, DType dtyp
     at += size[c];
   }
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
-  char* own = static_cast<char*>(buffer) + offset[rank_] * ElementSize(dtype);
+  // Reduce-scatter into this rank's chunk of the buffer, in place, then
+  // all-gather the chunks in place.
+  std::vector<ShardBlock> blocks(world_size_);
+  for (int c = 0; c < world_size_; ++c) blocks[c] = {c, offset[c], offset[c], size[c]};
+  const BlockGroups g = GroupBlocks(blocks, world_size_);
+  const float divisor = op == ReduceOp::kAverage ? static_cast<float>(world_size_) : 1.0f;
+  char* data = static_cast<char*>(buffer);
   if (shm_ != nullptr) {
-    // Reduce-scatter into this rank's chunk of the buffer, in place, then
-    // all-gather the chunks in place.
-    std::vector<ShardBlock> blocks(world_size_);
-    for (int c = 0; c < world_size_; ++c) blocks[c] = {c, offset[c], offset[c], size[c]};
-    const BlockGroups g = GroupBlocks(blocks, world_size_);
-    const size_t esize = ElementSize(dtype);
+    const size_t esize = DTypeSize(dtype);
     return RunShm(kName, timeout, [&] {
-      absl::Status s = shm_->ReduceScatterBlocks(
-          buffer, buffer, g, dtype, op == ReduceOp::kAverage ? world_size_ : 1.0f, deadline);
+      absl::Status s = shm_->ReduceScatterBlocks(buffer, buffer, g, dtype, divisor, deadline);
       if (s.ok()) s = shm_->AllGatherBlocks(buffer, buffer, g, dtype, deadline);
       if (s.ok()) {
         all_reduce_bytes_.fetch_add(RingReduceScatterBytes(g, rank_, world_size_, esize) +
@@ -749,7 +699,7 @@ absl::Status GlooCommunicator::AllReduce(void* buffer, int64_t count, DType dtyp
     });
   }
   return Run(kName, timeout, [&] {
-    RingReduceScatter(buffer, own, offset, size, dtype, op, kAllReduceScatterSlot, deadline,
+    RingReduceScatter(data, data, g, dtype, divisor, kAllReduceScatterSlot, deadline,
                       &all_reduce_bytes_);
     RingAllGatherInPlace(buffer, offset, size, dtype, kAllReduceGatherSlot, deadline,
                          &all_reduce_bytes_);
@@ -767,7 +717,7 @@ absl::Status GlooCommunicator::Broadcast(void* buffer, int64_t count, DType dtyp
   }
   if (count == 0 || world_size_ == 1) return absl::OkStatus();
   if (buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
-  const size_t bytes = count * ElementSize(dtype);
+  const size_t bytes = count * DTypeSize(dtype);
   return Run(kName, timeout, [&] {
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(static_cast<char*>(buffer), bytes);

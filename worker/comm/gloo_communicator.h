@@ -71,6 +71,7 @@ class Device;
 namespace zeroshard {
 
 class ShmExchange;
+struct BlockGroups;
 
 class GlooCommunicator : public Communicator {
  public:
@@ -171,13 +172,14 @@ class GlooCommunicator : public Communicator {
   absl::Status Break(const char* name, absl::Duration timeout, absl::StatusCode code,
                      const std::string& detail, bool over_shm);
 
-  // Ring reduce-scatter over `chunk_offset.size()` chunks of `input` (element
-  // offsets/sizes per chunk). On return `out` (chunk_size[rank] elements,
-  // may alias this rank's chunk of `input`) holds this rank's reduced chunk.
+  // Ring reduce-scatter of `in` (the full extent of `g`) by blocks: on
+  // return each of this rank's blocks holds, at its shard_offset in `out`,
+  // the sum over ranks of its full_offset range of `in`, divided by
+  // `divisor`. `out` may alias `in` where the ranges coincide (all-reduce).
   // Throws Gloo exceptions. Adds the bytes sent to `*counter`.
-  void RingReduceScatter(const void* input, void* out, const std::vector<int64_t>& chunk_offset,
-                         const std::vector<int64_t>& chunk_size, DType dtype, ReduceOp op,
-                         uint64_t slot, absl::Time deadline, std::atomic<int64_t>* counter);
+  void RingReduceScatter(const char* in, char* out, const BlockGroups& g, DType dtype,
+                         float divisor, uint64_t slot, absl::Time deadline,
+                         std::atomic<int64_t>* counter);
   // Ring all-gather in place over the chunks of `buffer`: chunk r comes from
   // rank r. Throws Gloo exceptions. Adds the bytes sent to `*counter`.
   void RingAllGatherInPlace(void* buffer, const std::vector<int64_t>& chunk_offset,

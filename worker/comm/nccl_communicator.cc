@@ -41,7 +41,6 @@ bool Supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF
 
 ncclDataType_t NcclType(DType dtype) { return dtype == DType::kF32 ? ncclFloat32 : ncclBfloat16; }
 
-int64_t ElementSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 // NCCL's error as a status: its generic string for the code and its detailed
 // last-error message (the text NCCL_DEBUG=WARN would print).
@@ -435,7 +434,7 @@ absl::Status NcclCommunicator::AllGather(const void* input, void* output, int64_
     absl::MutexLock lock(&mu_);
     comm = comm_;
   }
-  const int64_t bytes = count * ElementSize(dtype);
+  const int64_t bytes = count * DTypeSize(dtype);
   const ncclResult_t result = count == 0 ? ncclSuccess
                                          : ncclAllGather(input, output, static_cast<size_t>(count),
                                                          NcclType(dtype), comm, stream_);
@@ -451,7 +450,7 @@ absl::Status NcclCommunicator::ReduceScatter(const void* input, void* output, in
     absl::MutexLock lock(&mu_);
     comm = comm_;
   }
-  const int64_t bytes = count * ElementSize(dtype);
+  const int64_t bytes = count * DTypeSize(dtype);
   const ncclResult_t result =
       count == 0 ? ncclSuccess
                  : ncclReduceScatter(input, output, static_cast<size_t>(count), NcclType(dtype),
@@ -511,7 +510,7 @@ absl::Status NcclCommunicator::AllGatherBlocks(const void* shard, void* full,
   }
   if (absl::Status s = Begin(kName, chunk, dtype, timeout, {full}); !s.ok()) return s;
   if (chunk == 0) return Complete(absl::OkStatus(), nullptr, 0);
-  const int64_t esize = ElementSize(dtype);
+  const int64_t esize = DTypeSize(dtype);
   absl::StatusOr<char*> staging = Staging(kName, (world_size_ + 1) * chunk * esize);
   if (!staging.ok()) return Complete(staging.status(), nullptr, 0);
   char* send = *staging;
@@ -563,7 +562,7 @@ absl::Status NcclCommunicator::ReduceScatterBlocks(const void* full, void* shard
   }
   if (absl::Status s = Begin(kName, chunk, dtype, timeout, {full}); !s.ok()) return s;
   if (chunk == 0) return Complete(absl::OkStatus(), nullptr, 0);
-  const int64_t esize = ElementSize(dtype);
+  const int64_t esize = DTypeSize(dtype);
   absl::StatusOr<char*> staging = Staging(kName, (world_size_ + 1) * chunk * esize);
   if (!staging.ok()) return Complete(staging.status(), nullptr, 0);
   char* send = *staging;
@@ -617,7 +616,7 @@ absl::Status NcclCommunicator::AllReduce(void* buffer, int64_t count, DType dtyp
     absl::MutexLock lock(&mu_);
     comm = comm_;
   }
-  const int64_t bytes = count * ElementSize(dtype);
+  const int64_t bytes = count * DTypeSize(dtype);
   const ncclResult_t result =
       count == 0 ? ncclSuccess
                  : ncclAllReduce(buffer, buffer, static_cast<size_t>(count), NcclType(dtype),
@@ -639,7 +638,7 @@ absl::Status NcclCommunicator::Broadcast(void* buffer, int64_t count, DType dtyp
     absl::MutexLock lock(&mu_);
     comm = comm_;
   }
-  const int64_t bytes = count * ElementSize(dtype);
+  const int64_t bytes = count * DTypeSize(dtype);
   const ncclResult_t result = count == 0 ? ncclSuccess
                                          : ncclBroadcast(buffer, buffer, static_cast<size_t>(count),
                                                          NcclType(dtype), root, comm, stream_);

@@ -74,7 +74,6 @@ size_t HeaderBytes(int world_size) {
   return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096);
 }
 
-int ElementSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -446,7 +445,7 @@ absl::Status ShmExchange::CheckUsable() {
 absl::Status ShmExchange::AllGatherBlocks(const void* shard, void* full, const BlockGroups& g,
                                           DType dtype, absl::Time deadline) {
   if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
-  const size_t esize = ElementSize(dtype);
+  const size_t esize = DTypeSize(dtype);
   const char* in = static_cast<const char*>(shard);
   char* out = static_cast<char*>(full);
   const int64_t per_round = slot_bytes_ / static_cast<int64_t>(esize);
@@ -487,7 +486,7 @@ absl::Status ShmExchange::AllGatherBlocks(const void* shard, void* full, const B
 absl::Status ShmExchange::ReduceScatterBlocks(const void* full, void* shard, const BlockGroups& g,
                                               DType dtype, float divisor, absl::Time deadline) {
   if (absl::Status usable = CheckUsable(); !usable.ok()) return usable;
-  const size_t esize = ElementSize(dtype);
+  const size_t esize = DTypeSize(dtype);
   const char* in = static_cast<const char*>(full);
   char* out = static_cast<char*>(shard);
   // Each slot holds one part per destination rank.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/model_spec.h"
 #include "common/safetensors.h"
 #include "worker/model/init.h"
 
@@ -34,10 +35,6 @@ constexpr int kMaxTaps = 8;
 
 // Rows per chunk when writing a file: about 4 MiB of f32 per tensor.
 int64_t WriteChunkRows(int64_t width) { return std::max<int64_t>(1, (int64_t{1} << 20) / width); }
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // Finds tensor `name` and checks its dtype, rank and width.
 absl::StatusOr<const TensorInfo*> FindDataTensor(const SafetensorsReader& reader,

@@ -1,8 +1,12 @@
 #include "worker/model/gpt.h"
 
 #include <cmath>
+#include <limits>
+#include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/model_zoo.h"
 #include "worker/model/layers.h"
 
 namespace zeroshard {
@@ -28,44 +32,37 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
     return absl::InvalidArgumentError(
         absl::StrCat("n_embd ", config.n_embd, " is not divisible by n_head ", config.n_head));
   }
-  return std::unique_ptr<GptModel>(new GptModel(config));
+  constexpr int64_t kMaxSize = std::numeric_limits<int>::max();
+  if (config.n_embd > kMaxSize || config.vocab > kMaxSize || config.n_ctx > kMaxSize) {
+    return absl::InvalidArgumentError(absl::StrCat("GPT sizes must fit an int: n_embd=",
+                                                   config.n_embd, " vocab=", config.vocab,
+                                                   " n_ctx=", config.n_ctx));
+  }
+  // The tensors are the model zoo's, so that the spec shardctl plans is the
+  // one this model trains.
+  absl::StatusOr<ModelSpec> spec =
+      Gpt2Spec(config.n_layer, static_cast<int>(config.n_embd), config.n_head,
+               static_cast<int>(config.vocab), static_cast<int>(config.n_ctx));
+  if (!spec.ok()) return spec.status();
+  return std::unique_ptr<GptModel>(new GptModel(config, *std::move(spec)));
 }
 
-GptModel::GptModel(const GptConfig& config) : config_(config), sequencer_(config.n_layer + 2) {
-  const int64_t c = config.n_embd;
-  const int64_t v = config.vocab;
+GptModel::GptModel(const GptConfig& config, ModelSpec spec)
+    : config_(config), spec_(std::move(spec)), sequencer_(config.n_layer + 2) {
   // GPT-2 scales the init of the projections that write into the residual
   // stream by 1/sqrt(2 n_layer), so the stream's variance stays O(1) with depth.
   const float proj_std = kInitStd / std::sqrt(2.0f * static_cast<float>(config.n_layer));
-  auto add = [this](std::string name, std::vector<int64_t> shape, std::string unit, InitRule rule) {
-    spec_.tensors.push_back({std::move(name), std::move(shape), "F32", std::move(unit)});
-    init_rules_.push_back(rule);
-  };
-  const InitRule normal = InitRule::Normal(0.0f, kInitStd);
-  const InitRule zero = InitRule::Constant(0.0f);
-  const InitRule one = InitRule::Constant(1.0f);
-
-  add("transformer.wte.weight", {v, c}, "embed", normal);
-  add("transformer.wpe.weight", {config.n_ctx, c}, "embed", normal);
-  for (int i = 0; i < config.n_layer; ++i) {
-    const std::string unit = absl::StrCat("h.", i);
-    const std::string p = absl::StrCat("transformer.h.", i, ".");
-    add(p + "ln_1.weight", {c}, unit, one);
-    add(p + "ln_1.bias", {c}, unit, zero);
-    add(p + "attn.c_attn.weight", {c, 3 * c}, unit, normal);
-    add(p + "attn.c_attn.bias", {3 * c}, unit, zero);
-    add(p + "attn.c_proj.weight", {c, c}, unit, InitRule::Normal(0.0f, proj_std));
-    add(p + "attn.c_proj.bias", {c}, unit, zero);
-    add(p + "ln_2.weight", {c}, unit, one);
-    add(p + "ln_2.bias", {c}, unit, zero);
-    add(p + "mlp.c_fc.weight", {c, 4 * c}, unit, normal);
-    add(p + "mlp.c_fc.bias", {4 * c}, unit, zero);
-    add(p + "mlp.c_proj.weight", {4 * c, c}, unit, InitRule::Normal(0.0f, proj_std));
-    add(p + "mlp.c_proj.bias", {c}, unit, zero);
+  for (const TensorSpec& t : spec_.tensors) {
+    if (absl::EndsWith(t.name, ".bias")) {
+      init_rules_.push_back(InitRule::Constant(0.0f));
+    } else if (absl::StrContains(t.name, ".ln_")) {  // ln_1, ln_2, ln_f weights
+      init_rules_.push_back(InitRule::Constant(1.0f));
+    } else if (absl::EndsWith(t.name, ".c_proj.weight")) {
+      init_rules_.push_back(InitRule::Normal(0.0f, proj_std));
+    } else {  // wte, wpe, c_attn, c_fc
+      init_rules_.push_back(InitRule::Normal(0.0f, kInitStd));
+    }
   }
-  add("transformer.ln_f.weight", {c}, "embed", one);
-  add("transformer.ln_f.bias", {c}, "embed", zero);
-
   unit_tensors_ = TensorsByUnit(spec_);
   for (int op = 0; op <= config.n_layer; ++op) forward_ops_.push_back(op);
   forward_ops_.push_back(0);

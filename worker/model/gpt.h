@@ -100,7 +100,8 @@ class GptModel : public Model {
     std::vector<float> fch, fch_gelu;            // [N,4C] c_fc output, after GELU
   };
 
-  explicit GptModel(const GptConfig& config);
+  // `spec`: Gpt2Spec of `config` (the model zoo's tensor list).
+  GptModel(const GptConfig& config, ModelSpec spec);
 
   void EmbedForward(const UnitTensors& p);
   void BlockForward(int layer, const UnitTensors& p);

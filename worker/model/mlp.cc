@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_zoo.h"
 #include "worker/model/layers.h"
 
 namespace zeroshard {
@@ -26,20 +27,17 @@ absl::StatusOr<std::unique_ptr<MlpModel>> MlpModel::Create(const MlpConfig& conf
     return absl::InvalidArgumentError(
         absl::StrCat("MLP activation must be none, relu or gelu, got \"", config.activation, "\""));
   }
-  return std::unique_ptr<MlpModel>(new MlpModel(config, activation));
+  // The tensors are the model zoo's (nn.Sequential names: with an
+  // activation, Linear j is module 2j), so that the spec shardctl plans is
+  // the one this model trains.
+  absl::StatusOr<ModelSpec> spec = MlpSpec(config.layers, config.width, config.activation);
+  if (!spec.ok()) return spec.status();
+  return std::unique_ptr<MlpModel>(new MlpModel(config, activation, *std::move(spec)));
 }
 
-MlpModel::MlpModel(const MlpConfig& config, Activation activation)
-    : config_(config), activation_(activation), sequencer_(config.layers) {
-  const int64_t w = config.width;
-  // With an activation, nn.Sequential interleaves it: Linear j is module 2j.
-  const int module_stride = activation == Activation::kNone ? 1 : 2;
-  for (int j = 0; j < config.layers; ++j) {
-    const std::string unit = absl::StrCat(j * module_stride);
-    spec_.tensors.push_back({absl::StrCat(unit, ".weight"), {w, w}, "F32", unit});
-    spec_.tensors.push_back({absl::StrCat(unit, ".bias"), {w}, "F32", unit});
-    forward_ops_.push_back(j);
-  }
+MlpModel::MlpModel(const MlpConfig& config, Activation activation, ModelSpec spec)
+    : config_(config), activation_(activation), spec_(std::move(spec)), sequencer_(config.layers) {
+  for (int j = 0; j < config.layers; ++j) forward_ops_.push_back(j);
   unit_tensors_ = TensorsByUnit(spec_);
   z_.resize(config.layers);
   act_.resize(config.layers);

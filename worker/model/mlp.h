@@ -80,7 +80,8 @@ class MlpModel : public RegressionModel {
  private:
   enum class Activation { kNone, kRelu, kGelu };
 
-  MlpModel(const MlpConfig& config, Activation activation);
+  // `spec`: MlpSpec of `config` (the model zoo's tensor list).
+  MlpModel(const MlpConfig& config, Activation activation, ModelSpec spec);
 
   bool HasActivation(int layer) const {
     return activation_ != Activation::kNone && layer + 1 < config_.layers;

@@ -37,7 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
-#include "common/shard_plan.h"
+#include "common/plan/shard_plan.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/model.h"
 #include "worker/zero/backend.h"

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
-#include "shard_server/planner.h"
+#include "common/plan/planner.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/data/regression_data.h"

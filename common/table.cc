@@ -1,4 +1,4 @@
-#include "client/table.h"
+#include "common/table.h"
 
 #include <algorithm>
 

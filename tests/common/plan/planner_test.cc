@@ -1,4 +1,4 @@
-#include "shard_server/planner.h"
+#include "common/plan/planner.h"
 
 #include <algorithm>
 #include <cmath>

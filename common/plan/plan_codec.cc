@@ -1,4 +1,4 @@
-#include "shard_server/plan_codec.h"
+#include "common/plan/plan_codec.h"
 
 #include <utility>
 #include <vector>

@@ -3,8 +3,8 @@
 // Invariants (checked by ValidatePlan): every element of every tensor belongs
 // to exactly one piece, on exactly one rank, at exactly one offset; a rank's
 // pieces inside a unit are disjoint ranges of [0, chunk_elements).
-#ifndef ZEROSHARD_COMMON_SHARD_PLAN_H_
-#define ZEROSHARD_COMMON_SHARD_PLAN_H_
+#ifndef ZEROSHARD_COMMON_PLAN_SHARD_PLAN_H_
+#define ZEROSHARD_COMMON_PLAN_SHARD_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -47,4 +47,4 @@ struct ShardPlan {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_COMMON_SHARD_PLAN_H_
+#endif  // ZEROSHARD_COMMON_PLAN_SHARD_PLAN_H_

@@ -1,6 +1,6 @@
 // A plain text table for CLIs: columns sized to their widest cell.
-#ifndef ZEROSHARD_CLIENT_TABLE_H_
-#define ZEROSHARD_CLIENT_TABLE_H_
+#ifndef ZEROSHARD_COMMON_TABLE_H_
+#define ZEROSHARD_COMMON_TABLE_H_
 
 #include <string>
 #include <vector>
@@ -23,4 +23,4 @@ std::string HumanBytes(double bytes);
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_CLIENT_TABLE_H_
+#endif  // ZEROSHARD_COMMON_TABLE_H_

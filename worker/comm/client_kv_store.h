@@ -1,8 +1,8 @@
 // The shard server's KV store (this member's job generation) as the data
 // plane's KeyValueStore: what Gloo's rendezvous and NCCL's unique-id exchange
 // run over.
-#ifndef ZEROSHARD_CLIENT_CLIENT_KV_STORE_H_
-#define ZEROSHARD_CLIENT_CLIENT_KV_STORE_H_
+#ifndef ZEROSHARD_WORKER_COMM_CLIENT_KV_STORE_H_
+#define ZEROSHARD_WORKER_COMM_CLIENT_KV_STORE_H_
 
 #include "client/client.h"
 #include "worker/comm/kv_store.h"
@@ -32,4 +32,4 @@ class ClientKvStore : public KeyValueStore {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_CLIENT_CLIENT_KV_STORE_H_
+#endif  // ZEROSHARD_WORKER_COMM_CLIENT_KV_STORE_H_

@@ -1,16 +1,16 @@
 // Conversions between the planner's C++ types (common/model_spec.h,
-// common/shard_plan.h) and the wire messages of zeroshard.v1, plus the plan's
+// common/plan/shard_plan.h) and the wire messages of zeroshard.v1, plus the plan's
 // JSON form for people and scripts.
 //
 // The conversions copy fields one to one and check nothing: run ValidatePlan
-// (shard_server/planner.h) on a plan that came from the wire before using it.
-#ifndef ZEROSHARD_SHARD_SERVER_PLAN_CODEC_H_
-#define ZEROSHARD_SHARD_SERVER_PLAN_CODEC_H_
+// (common/plan/planner.h) on a plan that came from the wire before using it.
+#ifndef ZEROSHARD_COMMON_PLAN_PLAN_CODEC_H_
+#define ZEROSHARD_COMMON_PLAN_PLAN_CODEC_H_
 
 #include <string>
 
 #include "common/model_spec.h"
-#include "common/shard_plan.h"
+#include "common/plan/shard_plan.h"
 #include "nlohmann/json_fwd.hpp"
 #include "proto/zeroshard.pb.h"
 
@@ -43,4 +43,4 @@ std::string PlanToJson(const ShardPlan& plan, const nlohmann::ordered_json& extr
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_PLAN_CODEC_H_
+#endif  // ZEROSHARD_COMMON_PLAN_PLAN_CODEC_H_

@@ -1,4 +1,4 @@
-#include "shard_server/plan_codec.h"
+#include "common/plan/plan_codec.h"
 
 #include <string>
 #include <tuple>
@@ -7,7 +7,7 @@
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/planner.h"
+#include "common/plan/planner.h"
 
 namespace zeroshard {
 namespace {

@@ -27,15 +27,15 @@
 // averaged over ranks (ranks differ by the pieces they own). Activations,
 // communication buffers and the transient full-unit gradient of stage 2/3
 // reduce-scatters are not counted.
-#ifndef ZEROSHARD_SHARD_SERVER_MEMORY_ESTIMATE_H_
-#define ZEROSHARD_SHARD_SERVER_MEMORY_ESTIMATE_H_
+#ifndef ZEROSHARD_COMMON_PLAN_MEMORY_ESTIMATE_H_
+#define ZEROSHARD_COMMON_PLAN_MEMORY_ESTIMATE_H_
 
 #include <array>
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/shard_plan.h"
+#include "common/plan/shard_plan.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace zeroshard {
@@ -86,4 +86,4 @@ std::string MemoryEstimateToJson(const MemoryEstimate& estimate);
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_MEMORY_ESTIMATE_H_
+#endif  // ZEROSHARD_COMMON_PLAN_MEMORY_ESTIMATE_H_

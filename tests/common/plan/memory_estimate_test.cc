@@ -1,4 +1,4 @@
-#include "shard_server/memory_estimate.h"
+#include "common/plan/memory_estimate.h"
 
 #include <string>
 #include <vector>
@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/planner.h"
+#include "common/plan/planner.h"
 
 namespace zeroshard {
 namespace {

@@ -1,4 +1,4 @@
-#include "shard_server/planner.h"
+#include "common/plan/planner.h"
 
 #include <xxhash.h>
 
@@ -36,10 +36,6 @@ struct TensorSize {
 // "tensor 3 (\"h.0.attn.c_attn.weight\")": how messages name a tensor.
 std::string Describe(size_t index, const TensorSpec& tensor) {
   return absl::StrCat("tensor ", index, " (\"", tensor.name, "\")");
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 absl::Status CheckWorldSize(int world_size) {

@@ -48,8 +48,8 @@
 // identical plan and hash on every machine.
 //
 // Thread-safe (no shared state).
-#ifndef ZEROSHARD_SHARD_SERVER_PLANNER_H_
-#define ZEROSHARD_SHARD_SERVER_PLANNER_H_
+#ifndef ZEROSHARD_COMMON_PLAN_PLANNER_H_
+#define ZEROSHARD_COMMON_PLAN_PLANNER_H_
 
 #include <cstdint>
 #include <string>
@@ -57,7 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
-#include "common/shard_plan.h"
+#include "common/plan/shard_plan.h"
 
 namespace zeroshard {
 
@@ -125,4 +125,4 @@ std::string PlanHash(const ShardPlan& plan);
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_PLANNER_H_
+#endif  // ZEROSHARD_COMMON_PLAN_PLANNER_H_

@@ -1,4 +1,4 @@
-#include "shard_server/memory_estimate.h"
+#include "common/plan/memory_estimate.h"
 
 #include <algorithm>
 

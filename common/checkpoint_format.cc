@@ -1,0 +1,78 @@
+#include "common/checkpoint_format.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace zeroshard {
+
+std::string CheckpointStepDir(absl::string_view job, int64_t step) {
+  return absl::StrCat(job, "/step-", step);
+}
+
+std::string CheckpointShardFileName(int rank, int world_size) {
+  return absl::StrCat("rank-", rank, "-of-", world_size, ".safetensors");
+}
+
+std::string CheckpointShardPath(absl::string_view job, int64_t step, int rank, int world_size) {
+  return absl::StrCat(CheckpointStepDir(job, step), "/",
+                      CheckpointShardFileName(rank, world_size));
+}
+
+std::string CheckpointManifestPath(absl::string_view job, int64_t step) {
+  return absl::StrCat(CheckpointStepDir(job, step), "/", kManifestFileName);
+}
+
+std::string ConsolidatedDir(absl::string_view job, int64_t step) {
+  return absl::StrCat(job, "/consolidated/step-", step);
+}
+
+absl::string_view ShardTensorPrefix(ShardTensorKind kind) {
+  switch (kind) {
+    case ShardTensorKind::kParams:
+      return "";
+    case ShardTensorKind::kExpAvg:
+      return kExpAvgPrefix;
+    case ShardTensorKind::kExpAvgSq:
+      return kExpAvgSqPrefix;
+  }
+  return "";
+}
+
+std::string ShardTensorName(ShardTensorKind kind, absl::string_view tensor, int64_t row_begin,
+                            int64_t row_end) {
+  return absl::StrCat(ShardTensorPrefix(kind), tensor, ":", row_begin, "-", row_end);
+}
+
+bool ParseShardTensorName(absl::string_view name, ParsedShardTensorName* out) {
+  ParsedShardTensorName parsed;
+  const absl::string_view full = name;
+  // The longer prefix first: "optim.exp_avg." is a prefix of "optim.exp_avg_sq.".
+  if (absl::ConsumePrefix(&name, kExpAvgSqPrefix)) {
+    parsed.kind = ShardTensorKind::kExpAvgSq;
+  } else if (absl::ConsumePrefix(&name, kExpAvgPrefix)) {
+    parsed.kind = ShardTensorKind::kExpAvg;
+  }
+  size_t colon = name.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  absl::string_view rows = name.substr(colon + 1);
+  size_t dash = rows.find('-');
+  if (dash == absl::string_view::npos) return false;
+  if (!absl::SimpleAtoi(rows.substr(0, dash), &parsed.row_begin) ||
+      !absl::SimpleAtoi(rows.substr(dash + 1), &parsed.row_end)) {
+    return false;
+  }
+  // SimpleAtoi accepts a sign and spaces; the canonical form has neither.
+  if (ShardTensorName(parsed.kind, name.substr(0, colon), parsed.row_begin, parsed.row_end) !=
+      full) {
+    return false;
+  }
+  if (parsed.row_begin < 0 || parsed.row_end <= parsed.row_begin) return false;
+  parsed.tensor = std::string(name.substr(0, colon));
+  *out = std::move(parsed);
+  return true;
+}
+
+}  // namespace zeroshard
