@@ -17,8 +17,7 @@ std::string CheckpointShardFileName(int rank, int world_size) {
 }
 
 std::string CheckpointShardPath(absl::string_view job, int64_t step, int rank, int world_size) {
-  return absl::StrCat(CheckpointStepDir(job, step), "/",
-                      CheckpointShardFileName(rank, world_size));
+  return absl::StrCat(CheckpointStepDir(job, step), "/", CheckpointShardFileName(rank, world_size));
 }
 
 std::string CheckpointManifestPath(absl::string_view job, int64_t step) {

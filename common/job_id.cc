@@ -9,8 +9,8 @@ namespace zeroshard {
 absl::Status ValidateJobId(absl::string_view job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
   if (job_id.size() > kMaxJobIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job_id is ", job_id.size(), " characters long; at most ", kMaxJobIdLength));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id is ", job_id.size(), " characters long; at most ", kMaxJobIdLength));
   }
   if (job_id[0] == '.' || job_id[0] == '-') {
     return absl::InvalidArgumentError(

@@ -11,14 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
-#include "common/table.h"
+#include "common/model_spec.h"
 #include "common/model_zoo.h"
+#include "common/plan/plan_codec.h"
+#include "common/plan/planner.h"
+#include "common/table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "common/plan/plan_codec.h"
-#include "common/plan/planner.h"
 #include "shard_server/shard_server.h"
+#include "tests/testing/cluster.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard {
@@ -295,6 +297,44 @@ TEST_F(ShardctlPlanTest, SpecPrintsHuggingFaceGpt2WithItsParameterCount) {
   Output missing = Shardctl("spec --model=gpt2 --layers=12 --d_model=768");
   EXPECT_NE(missing.code, 0);
   EXPECT_THAT(missing.err, HasSubstr("--heads, --vocab, --context"));
+}
+
+// The model zoo is the only list of each model's tensors: what `shardctl
+// spec` prints for a model's flags is what shard_worker sends for the same
+// flags (the plan of either, and so its hash, covers every tensor's name,
+// shape, dtype and unit).
+TEST_F(ShardctlPlanTest, SpecThatShardctlPrintsIsTheSpecTheWorkerTrains) {
+  struct Case {
+    std::string shardctl;  // spec flags
+    std::vector<std::string> worker;
+  };
+  const std::vector<Case> cases = {
+      {"--model=mlp --layers=3 --width=16 --activation=relu",
+       {"--model=mlp", "--layers=3", "--width=16", "--activation=relu"}},
+      {"--model=mlp --layers=2 --width=8", {"--model=mlp", "--layers=2", "--width=8"}},
+      // The worker's GPT reads bytes: a vocabulary of 256.
+      {"--model=gpt2 --layers=2 --d_model=32 --heads=4 --vocab=256 --context=16",
+       {"--model=gpt", "--layers=2", "--d_model=32", "--heads=4", "--context=16"}},
+  };
+  testing::LocalCluster cluster(dir_);
+  ASSERT_TRUE(cluster.ok());
+  int job = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.shardctl);
+    Output printed = Shardctl(absl::StrCat("spec ", c.shardctl));
+    ASSERT_EQ(printed.code, 0) << printed.err;
+    absl::StatusOr<ModelSpec> spec = ParseModelSpecJson(printed.out);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<ShardPlan> expected = Plan(*spec, 1, PlanOptions());
+    ASSERT_TRUE(expected.ok()) << expected.status();
+
+    const std::string name = absl::StrCat("spec-", job++);
+    std::vector<std::string> flags = c.worker;
+    flags.push_back("--steps=1");
+    flags.push_back("--batch=2");
+    ASSERT_TRUE(cluster.Run(name, 1, flags));
+    EXPECT_EQ(cluster.Report(name, 0)["plan_hash"], expected->hash);
+  }
 }
 
 TEST_F(ShardctlPlanTest, LocalAndServerPlansAgreeAndReportPaddingAndMemory) {
