@@ -174,6 +174,11 @@ absl::Status AtomicFile::WriteAt(const char* data, size_t size, int64_t offset, 
 }
 
 absl::Status AtomicFile::Commit() {
+  if (absl::Status s = Sync(); !s.ok()) return s;
+  return Publish();
+}
+
+absl::Status AtomicFile::Sync() {
   if (committed_ || failed_ || fd_ < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("commit ", path_, ": file already committed or failed"));
@@ -218,6 +223,15 @@ absl::Status AtomicFile::Commit() {
     absl::Status status = ErrnoStatus(errno, "close", temp_path_);
     Abandon();
     return status;
+  }
+  synced_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFile::Publish() {
+  if (!synced_ || committed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("publish ", path_, ": file not synced, or already published"));
   }
   if (rename(temp_path_.c_str(), path_.c_str()) != 0) {
     absl::Status status = ErrnoStatus(errno, absl::StrCat("rename ", temp_path_, " to"), path_);

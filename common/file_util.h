@@ -61,7 +61,15 @@ class AtomicFile : public ByteSink {
 
   absl::Status Write(const void* data, size_t size) override;
   // Once only; FAILED_PRECONDITION after a failed Write or a second Commit.
+  // Sync() then Publish().
   absl::Status Commit();
+  // The two halves of Commit, for a caller that must decide, after the bytes
+  // are durable, whether they may replace `path` (and decide it atomically
+  // with the rename): Sync writes what is buffered, fsyncs and closes the
+  // temporary file; Publish renames it to `path` and fsyncs the directory.
+  // A file that is synced but never published is removed by the destructor.
+  absl::Status Sync();
+  absl::Status Publish();
 
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_path_; }
@@ -83,6 +91,7 @@ class AtomicFile : public ByteSink {
   int fd_;  // -1 once closed
   bool failed_ = false;
   bool committed_ = false;
+  bool synced_ = false;  // Sync succeeded: the temporary file is complete and closed
   // Direct mode (AtomicFileOptions::direct and O_DIRECT available).
   int direct_fd_ = -1;
   std::unique_ptr<char, void (*)(void*)> block_{nullptr, nullptr};

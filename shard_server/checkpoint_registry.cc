@@ -695,6 +695,19 @@ absl::Status CheckpointRegistry::ApplyRetention(const std::string& job) {
 
 absl::Status CheckpointRegistry::CheckWritable(const std::string& job, int64_t step) {
   absl::MutexLock lock(&mu_);
+  return CheckWritableLocked(job, step);
+}
+
+absl::Status CheckpointRegistry::PublishIfWritable(const std::string& job, int64_t step,
+                                                   const std::function<absl::Status()>& admit,
+                                                   const std::function<absl::Status()>& publish) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = admit(); !s.ok()) return s;
+  if (absl::Status s = CheckWritableLocked(job, step); !s.ok()) return s;
+  return publish();
+}
+
+absl::Status CheckpointRegistry::CheckWritableLocked(const std::string& job, int64_t step) {
   absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
   if (!row.ok()) return row.status();
   if (row->has_value() && (*row)->complete) {

@@ -113,6 +113,16 @@ class CheckpointRegistry {
   // FAILED_PRECONDITION if (job, step) is complete: its files must not change.
   absl::Status CheckWritable(const std::string& job, int64_t step);
 
+  // Runs `publish` (the rename that puts a shard file of (job, step) in
+  // place) only if `admit` (the writer's fencing: its generation and token)
+  // and CheckWritable still pass, all under the registry's lock. A step
+  // completes under the same lock, so no step changes after it is complete,
+  // and a writer fenced out while it was uploading never replaces a newer
+  // generation's file. Returns the first error; `publish` does not run then.
+  absl::Status PublishIfWritable(const std::string& job, int64_t step,
+                                 const std::function<absl::Status()>& admit,
+                                 const std::function<absl::Status()>& publish);
+
   // Every step of `job` (empty: every job), by job then step.
   absl::StatusOr<v1::ListCheckpointsResponse> List(const std::string& job);
 
@@ -142,6 +152,8 @@ class CheckpointRegistry {
   // this reads the file's header).
   absl::StatusOr<CommittedShard> VerifyShardFile(const v1::CommitShardRequest& request,
                                                  int world_size, const v1::ShardPlan& plan);
+  absl::Status CheckWritableLocked(const std::string& job, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::optional<StepRow>> LoadStep(const std::string& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::vector<CommittedShard>> LoadCommits(const std::string& job, int64_t step)

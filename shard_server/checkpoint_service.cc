@@ -112,6 +112,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
           absl::StrCat("size_bytes ", request_.size_bytes(), " is not positive"));
     }
     size_ = request_.size_bytes();
+    member_ = m;
     job_ = m.job_id();
     step_ = request_.step();
     if (absl::Status s = registry->CheckWritable(job_, step_); !s.ok()) return s;
@@ -138,8 +139,19 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
                                                    " bytes; nothing was kept")));
       return;
     }
-    if (absl::Status s = file_->Commit(); !s.ok()) {
+    // The member and the step were checked when the stream began, which may
+    // be long ago: the rename happens only if both still allow it, checked
+    // again under the registry's lock (see PublishIfWritable). A refused
+    // file is removed with file_.
+    if (absl::Status s = file_->Sync(); !s.ok()) {
       Fail(s);
+      return;
+    }
+    absl::Status published = service_->registry_->PublishIfWritable(
+        job_, step_, [this] { return service_->membership_->CheckMember(member_); },
+        [this] { return file_->Publish(); });
+    if (!published.ok()) {
+      Fail(published);
       return;
     }
     file_.reset();
@@ -162,6 +174,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
   v1::UploadShardResponse* const response_;
   v1::UploadShardRequest request_;
   std::unique_ptr<AtomicFile> file_;
+  v1::MemberCredentials member_;  // of the first message
   std::string relative_;
   std::string job_;
   int64_t step_ = 0;

@@ -15,14 +15,17 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "common/plan/plan_codec.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/checksum.h"
 #include "common/dtype.h"
+#include "common/file_util.h"
+#include "common/plan/plan_codec.h"
 #include "common/safetensors.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "shard_server/shard_server.h"
@@ -660,6 +663,124 @@ TEST_F(CheckpointServerTest, ConsolidateRefusesBadRequests) {
   request.set_step(-1);
   EXPECT_TRUE(absl::IsInvalidArgument(ctl_->Consolidate(request, out_ + "/a").status()));
   EXPECT_EQ(Listing(out_), "");
+}
+
+// An UploadShard stream driven by hand on its own channel: the first
+// message (which the server checks) now, the rest when the test says.
+class RawUpload {
+ public:
+  RawUpload(const std::string& address, const v1::MemberCredentials& member, int64_t step,
+            const std::string& file, std::string bytes)
+      : stub_(v1::Coordinator::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        bytes_(std::move(bytes)) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    stream_ = stub_->UploadShard(&context_, &response_);
+    v1::UploadShardRequest first;
+    *first.mutable_member() = member;
+    first.set_step(step);
+    first.set_file(file);
+    first.set_size_bytes(static_cast<int64_t>(bytes_.size()));
+    first.set_data(bytes_.substr(0, bytes_.size() / 2));
+    EXPECT_TRUE(stream_->Write(first));
+  }
+
+  // Sends the second half and ends the stream; the server's answer.
+  absl::Status Finish() {
+    v1::UploadShardRequest rest;
+    rest.set_data(bytes_.substr(bytes_.size() / 2));
+    stream_->Write(rest);
+    stream_->WritesDone();
+    return FromGrpcStatus(stream_->Finish());
+  }
+
+ private:
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::string bytes_;
+  grpc::ClientContext context_;
+  v1::UploadShardResponse response_;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadShardRequest>> stream_;
+};
+
+// True once the server has admitted an upload into `dir` (its temporary
+// file exists), within a 20-second deadline.
+bool WaitForTemporaryFile(const std::string& dir) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(Listing(dir), ".tmp")) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+std::string FileBytes(const std::string& path) {
+  absl::StatusOr<std::string> bytes = ReadFileToString(path);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? *bytes : "";
+}
+
+TEST_F(CheckpointServerTest, AnUploadThatEndsAfterItsStepCompletedReplacesNothing) {
+  StartServer(Options());
+  JoinAndPlan();
+  const std::string step_dir = root_ + "/ckpt/step-10";
+  const std::string rank0 = step_dir + "/rank-0-of-2.safetensors";
+  // Rank 0's upload begins while step 10 is incomplete...
+  RawUpload late(server_->address(), members_[0]->credentials(), 10,
+                 "ckpt/step-10/rank-0-of-2.safetensors", std::string(4096, 'z'));
+  ASSERT_TRUE(WaitForTemporaryFile(step_dir));
+  // ...the step completes through the shared filesystem meanwhile...
+  CompleteStep(10);
+  const std::string complete = FileBytes(rank0);
+  // ...and the upload's end finds it complete: refused, its temporary file gone.
+  absl::Status s = late.Finish();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "already complete")) << s;
+  EXPECT_EQ(FileBytes(rank0), complete);
+  EXPECT_EQ(Listing(step_dir),
+            "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
+  auto list = ctl_->ListCheckpoints(kJob);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->checkpoints_size(), 1);
+  EXPECT_TRUE(list->checkpoints(0).complete());
+  EXPECT_TRUE(Consolidate(10, out_).ok());
+}
+
+TEST_F(CheckpointServerTest, AnUploadFencedOutByANewGenerationReplacesNothing) {
+  ShardServerOptions options = Options();
+  options.membership.heartbeat_timeout = absl::Seconds(2);
+  StartServer(std::move(options));
+  JoinAndPlan();
+  const std::string step_dir = root_ + "/ckpt/step-10";
+  const std::string rank0 = step_dir + "/rank-0-of-2.safetensors";
+  const v1::MemberCredentials old_member = members_[0]->credentials();
+  RawUpload fenced(server_->address(), old_member, 10, "ckpt/step-10/rank-0-of-2.safetensors",
+                   std::string(4096, 'z'));
+  ASSERT_TRUE(WaitForTemporaryFile(step_dir));
+  // Generation 1 never heartbeats: both members are declared dead and the
+  // generation is bumped.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  int64_t generation = old_member.generation();
+  while (generation == old_member.generation() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+    auto status = ctl_->GetStatus(kJob);
+    ASSERT_TRUE(status.ok()) << status.status();
+    if (status->jobs_size() == 1) generation = status->jobs(0).generation();
+  }
+  ASSERT_GT(generation, old_member.generation()) << "no generation bump within 20 s";
+  // Generation 2 forms, beats, and completes step 10.
+  JoinAndPlan();
+  for (auto& m : members_) m->StartHeartbeats([](absl::StatusOr<v1::HeartbeatResponse>) {});
+  ASSERT_GT(members_[0]->info().generation, old_member.generation());
+  CompleteStep(10);
+  const std::string complete = FileBytes(rank0);
+  // The fenced-out writer's upload ends now: refused, nothing replaced.
+  absl::Status s = fenced.Finish();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_EQ(FileBytes(rank0), complete);
+  EXPECT_EQ(Listing(step_dir),
+            "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
+  EXPECT_TRUE(Consolidate(10, out_).ok());
+  for (auto& m : members_) m->StopHeartbeats();
 }
 
 }  // namespace
