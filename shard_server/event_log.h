@@ -1,6 +1,11 @@
 // One structured log line per control-plane event, in logfmt:
 //   ts=2026-11-22T08:00:00.123Z event=join job=train-1 worker=host/0 ...
-// Lines go to stderr (or a test's sink); values with spaces are quoted.
+// Lines go to stderr (or a test's sink). Values often come from the wire
+// (worker ids, hosts, file names, error messages), so every value is one
+// token of printable ASCII: quoted when it holds anything but plain
+// characters, with control and non-ASCII bytes written as \xHH and long
+// values cut, so that no value can end a line, fake a field or an event,
+// or send escape sequences to a terminal.
 #ifndef ZEROSHARD_SHARD_SERVER_EVENT_LOG_H_
 #define ZEROSHARD_SHARD_SERVER_EVENT_LOG_H_
 
@@ -14,6 +19,9 @@
 namespace zeroshard {
 
 using LogField = std::pair<absl::string_view, std::string>;
+
+// The most bytes of one value a line shows.
+inline constexpr size_t kMaxLogValueBytes = 512;
 
 // Thread-safe.
 class EventLog {

@@ -29,6 +29,24 @@ absl::Status ValidateWorkerId(const std::string& worker_id) {
   return absl::OkStatus();
 }
 
+// An address peers reach the worker at (a host name or an IP address): shown
+// to people and written to the log, so printable ASCII without spaces.
+absl::Status ValidateHost(const std::string& host) {
+  if (host.size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host is ", host.size(), " characters long; at most ", kMaxIdLength));
+  }
+  for (unsigned char c : host) {
+    if (c <= 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host '", absl::CEscape(host),
+                       "' has a space, a control character or a non-ASCII byte; expected a "
+                       "host name or an IP address"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool TokensEqual(const std::string& a, const std::string& b) {
   // Constant time in the token's length: no early exit on the first mismatch.
   if (a.size() != b.size()) return false;
@@ -113,10 +131,7 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
         absl::StrCat("world_size ", request.world_size(), " is out of range: expected 1..",
                      options_.max_world_size, " (the server's --max_world_size)"));
   }
-  if (invalid.ok() && request.host().size() > kMaxIdLength) {
-    invalid = absl::InvalidArgumentError(absl::StrCat("host is ", request.host().size(),
-                                                      " characters long; at most ", kMaxIdLength));
-  }
+  if (invalid.ok()) invalid = ValidateHost(request.host());
   if (!invalid.ok()) {
     done(invalid);
     return 0;

@@ -135,6 +135,37 @@ TEST_F(MembershipTest, RefusesPathUnsafeJobId) {
   EXPECT_EQ(membership_->Status("").jobs_size(), 0);
 }
 
+// A job id becomes a directory under the checkpoint root: one that can join
+// can also checkpoint (at most 128 characters for both).
+TEST_F(MembershipTest, RefusesAJobIdLongerThanACheckpointDirectoryMayBe) {
+  JoinResult r;
+  Join(std::string(129, 'j'), 1, "w0", &r);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument) << r->status();
+  EXPECT_NE(r->status().message().find("at most 128"), std::string::npos) << r->status();
+  EXPECT_EQ(membership_->Status("").jobs_size(), 0);
+  Join(std::string(128, 'j'), 1, "w0", &r);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->ok()) << r->status();
+}
+
+TEST_F(MembershipTest, RefusesAHostThatIsNotPrintableAsciiWithoutSpaces) {
+  for (const std::string host :
+       {std::string("a\rb"), std::string("x event=member_dead"), std::string("\x1b[31mred"),
+        std::string("nul\0byte", 8), std::string("h\xc3\xa9")}) {
+    v1::JoinRequest request = Request("job", 1, "w0");
+    request.set_host(host);
+    JoinResult r;
+    membership_->Join(request, clock_.Now() + absl::Hours(1),
+                      [&r](absl::StatusOr<v1::JoinResponse> result) { r = std::move(result); });
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status().code(), absl::StatusCode::kInvalidArgument) << r->status();
+    EXPECT_NE(r->status().message().find("host"), std::string::npos) << r->status();
+  }
+  EXPECT_EQ(membership_->Status("").jobs_size(), 0);
+  for (const std::string& line : lines_) EXPECT_EQ(line.find("member_dead"), std::string::npos);
+}
+
 TEST_F(MembershipTest, RefusesMismatchedWorldSize) {
   JoinResult first, second;
   Join("job", 3, "w0", &first);
