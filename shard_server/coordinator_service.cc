@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "shard_server/bearer_auth.h"
 
 namespace zeroshard {
 namespace {
@@ -134,24 +135,7 @@ grpc::Status CoordinatorService::CheckTimeout(int64_t timeout_ms) {
 }
 
 grpc::Status CoordinatorService::Authenticate(grpc::CallbackServerContext* context) const {
-  if (auth_token_.empty()) return grpc::Status::OK;
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer <token>' metadata; this server requires "
-                        "the token in its --auth_token_file (pass it with --token_file)");
-  }
-  std::string presented(it->second.data(), it->second.size());
-  std::string expected = "Bearer " + auth_token_;
-  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < presented.size() && i < expected.size(); ++i) {
-    diff |= static_cast<unsigned char>(presented[i] ^ expected[i]);
-  }
-  if (diff != 0) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
-  }
-  return grpc::Status::OK;
+  return CheckBearerToken(context->client_metadata(), auth_token_);
 }
 
 absl::Time CoordinatorService::Deadline(grpc::CallbackServerContext* context,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "shard_server/bearer_auth.h"
 
 namespace zeroshard {
 
@@ -96,6 +97,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(server->service_.get());
+  if (!options.auth_token.empty()) {
+    // Reflection describes every method and message: behind the token too.
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
+    guards.push_back(ReflectionAuthInterceptorFactory(options.auth_token));
+    builder.experimental().SetInterceptorCreators(std::move(guards));
+  }
   // Heartbeat streams are long-lived and many; raise the concurrent-stream
   // limit per connection above gRPC's default so that simulated clusters can
   // multiplex thousands of members on a few connections.
