@@ -2,6 +2,9 @@
 
 #include <xxhash.h>
 
+#include <optional>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/plan/plan_codec.h"
@@ -20,66 +23,140 @@ std::string RequestDigest(int world_size, const v1::ModelSpec& spec,
 
 }  // namespace
 
+PlanService::PlanService(StateStore* state, EventLog* log, PlanServiceOptions options)
+    : state_(state), log_(log), options_(std::move(options)) {}
+
+absl::StatusOr<v1::ShardPlan> PlanService::Compute(int world_size, const v1::ModelSpec& spec,
+                                                   const v1::PlanOptions& options) {
+  const ModelSpec model = ModelSpecFromProto(spec);
+  const PlanOptions plan_options = PlanOptionsFromProto(options);
+  absl::StatusOr<ShardPlan> plan = options_.planner
+                                       ? options_.planner(model, world_size, plan_options)
+                                       : zeroshard::Plan(model, world_size, plan_options);
+  if (!plan.ok()) return plan.status();
+  return ShardPlanToProto(*plan);
+}
+
 absl::StatusOr<v1::ShardPlan> PlanService::Plan(const std::string& job_id, int64_t generation,
                                                 int world_size, const v1::ModelSpec& spec,
                                                 const v1::PlanOptions& options) {
-  auto compute = [&]() -> absl::StatusOr<v1::ShardPlan> {
-    absl::StatusOr<ShardPlan> plan =
-        zeroshard::Plan(ModelSpecFromProto(spec), world_size, PlanOptionsFromProto(options));
-    if (!plan.ok()) return plan.status();
-    return ShardPlanToProto(*plan);
-  };
-  if (job_id.empty()) return compute();  // a one-off plan, not stored
+  if (job_id.empty()) return Compute(world_size, spec, options);  // one-off, not stored
 
   const std::string digest = RequestDigest(world_size, spec, options);
-  // Under the lock throughout: the W ranks of a generation ask at once, and
-  // exactly one of them computes the plan.
-  absl::MutexLock lock(&mu_);
-  auto key = std::make_pair(job_id, generation);
-  auto it = plans_.find(key);
-  if (it == plans_.end() && state_ != nullptr) {
-    absl::StatusOr<std::optional<StoredPlan>> stored = state_->LoadPlan(job_id, generation);
-    if (!stored.ok()) return stored.status();
-    if (stored->has_value()) {
-      v1::ShardPlan plan;
-      if (!plan.ParseFromString((*stored)->plan_bytes)) {
-        return absl::DataLossError(absl::StrCat("stored plan of job '", job_id,
-                                                "' generation ", generation, " is corrupt"));
+  const Key key(job_id, generation);
+  while (true) {
+    std::shared_ptr<Entry> entry;
+    bool fill = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = plans_.find(key);
+      if (it == plans_.end()) {
+        entry = std::make_shared<Entry>();
+        entry->digest = digest;
+        plans_.emplace(key, entry);
+        fill = true;
+      } else {
+        entry = it->second;
       }
-      // A restarted server learns the job's plan here: status shows it again.
-      latest_hash_[job_id] = plan.hash();
-      it = plans_.emplace(key, std::make_pair((*stored)->spec_hash, std::move(plan))).first;
+      entry->last_used = ++uses_;
     }
-  }
-  if (it != plans_.end()) {
-    if (it->second.first != digest) {
+    if (fill) {
+      // Outside the lock: reading, computing and storing a large plan takes
+      // seconds, and only this generation's ranks need to wait for it.
+      Fill(key, world_size, spec, options, entry.get());
+      absl::MutexLock lock(&mu_);
+      if (entry->status.ok()) {
+        latest_hash_[job_id] = entry->plan.hash();
+      } else {
+        // A refused spec stores nothing: the generation's next valid spec
+        // becomes its plan.
+        auto it = plans_.find(key);
+        if (it != plans_.end() && it->second == entry) plans_.erase(it);
+      }
+      entry->done.Notify();
+      EvictLocked();
+    } else {
+      entry->done.WaitForNotification();
+    }
+    if (!entry->status.ok()) {
+      if (entry->digest == digest) return entry->status;
+      continue;  // another request failed; this one may plan the generation
+    }
+    if (entry->digest != digest) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job_id, "' generation ", generation, " already has plan ",
-          it->second.second.hash(), " for a different model spec or options (request ", digest,
-          " vs ", it->second.first, "); every rank must send the same spec"));
+          "job '", job_id, "' generation ", generation, " already has plan ", entry->plan.hash(),
+          " for a different model spec or options (request ", digest, " vs ", entry->digest,
+          "); every rank must send the same spec"));
     }
-    return it->second.second;
+    return entry->plan;
   }
-  absl::StatusOr<v1::ShardPlan> plan = compute();
-  if (!plan.ok()) return plan.status();
+}
+
+void PlanService::Fill(const Key& key, int world_size, const v1::ModelSpec& spec,
+                       const v1::PlanOptions& options, Entry* entry) {
+  const auto& [job_id, generation] = key;
   if (state_ != nullptr) {
-    absl::Status s = state_->SavePlan(job_id, generation, {digest, plan->SerializeAsString()});
-    if (!s.ok()) return s;
+    absl::StatusOr<std::optional<StoredPlan>> stored = state_->LoadPlan(job_id, generation);
+    if (!stored.ok()) {
+      entry->status = stored.status();
+      return;
+    }
+    if (stored->has_value()) {
+      // A restarted server, or a plan dropped from memory, is read back.
+      if (!entry->plan.ParseFromString((*stored)->plan_bytes)) {
+        entry->status = absl::DataLossError(absl::StrCat(
+            "stored plan of job '", job_id, "' generation ", generation, " is corrupt"));
+        return;
+      }
+      entry->digest = (*stored)->spec_hash;
+      return;
+    }
+  }
+  absl::StatusOr<v1::ShardPlan> plan = Compute(world_size, spec, options);
+  if (!plan.ok()) {
+    entry->status = plan.status();
+    return;
+  }
+  if (state_ != nullptr) {
+    entry->status =
+        state_->SavePlan(job_id, generation, {entry->digest, plan->SerializeAsString()});
+    if (!entry->status.ok()) return;
   }
   log_->Log("plan_computed", {{"job", job_id},
                               {"generation", absl::StrCat(generation)},
                               {"world_size", absl::StrCat(world_size)},
                               {"units", absl::StrCat(plan->units_size())},
                               {"plan", plan->hash()}});
-  plans_[key] = {digest, *plan};
-  latest_hash_[job_id] = plan->hash();
-  return *plan;
+  entry->plan = *std::move(plan);
+}
+
+void PlanService::EvictLocked() {
+  // Only plans that are done (and so stored) may go; a linear scan is fine
+  // for a cache of tens of entries. Without a state store the cache is the
+  // only record of each generation's plan, so it stays.
+  if (state_ == nullptr) return;
+  while (plans_.size() > options_.max_cached_plans) {
+    auto oldest = plans_.end();
+    for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+      if (!it->second->done.HasBeenNotified()) continue;
+      if (oldest == plans_.end() || it->second->last_used < oldest->second->last_used) {
+        oldest = it;
+      }
+    }
+    if (oldest == plans_.end()) return;
+    plans_.erase(oldest);
+  }
 }
 
 std::string PlanService::PlanHash(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = latest_hash_.find(job_id);
   return it == latest_hash_.end() ? "" : it->second;
+}
+
+size_t PlanService::cached_plans() {
+  absl::MutexLock lock(&mu_);
+  return plans_.size();
 }
 
 }  // namespace zeroshard

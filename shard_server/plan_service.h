@@ -4,23 +4,40 @@
 #ifndef ZEROSHARD_SHARD_SERVER_PLAN_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_PLAN_SERVICE_H_
 
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/model_spec.h"
+#include "common/plan/shard_plan.h"
 #include "proto/zeroshard.pb.h"
 #include "shard_server/event_log.h"
 #include "shard_server/state_store.h"
 
 namespace zeroshard {
 
-// Thread-safe.
+struct PlanServiceOptions {
+  // Plans kept in memory (the state store has them all): the least recently
+  // used beyond this are dropped and read back from SQLite when asked for.
+  size_t max_cached_plans = 64;
+  // The planner; tests may put another in its place. Null: zeroshard::Plan.
+  std::function<absl::StatusOr<ShardPlan>(const ModelSpec&, int, const PlanOptions&)> planner;
+};
+
+// Thread-safe. A plan is computed and written outside the service's lock:
+// one job's large plan never holds up another job's calls, nor GetStatus.
+// The ranks of one generation that ask while its plan is being computed
+// wait for that one computation.
 class PlanService {
  public:
   // `state` may be null. Not owned.
-  PlanService(StateStore* state, EventLog* log) : state_(state), log_(log) {}
+  PlanService(StateStore* state, EventLog* log, PlanServiceOptions options = {});
 
   // REQUIRES: the caller authenticated `job_id`/`generation` as a live member.
   absl::StatusOr<v1::ShardPlan> Plan(const std::string& job_id, int64_t generation,
@@ -30,13 +47,34 @@ class PlanService {
   // The plan hash of the job's newest planned generation, or "".
   std::string PlanHash(const std::string& job_id);
 
+  // Plans in memory now (for tests): at most max_cached_plans once no plan
+  // is being computed.
+  size_t cached_plans();
+
  private:
+  // One generation's plan: being computed until `done` is notified.
+  struct Entry {
+    std::string digest;  // the request the plan answers (set before `done`)
+    absl::Status status;
+    v1::ShardPlan plan;
+    absl::Notification done;
+    uint64_t last_used = 0;  // guarded by mu_
+  };
+  using Key = std::pair<std::string, int64_t>;  // (job, generation)
+
+  // The stored plan of `key`, or a new one computed and stored.
+  void Fill(const Key& key, int world_size, const v1::ModelSpec& spec,
+            const v1::PlanOptions& options, Entry* entry);
+  absl::StatusOr<v1::ShardPlan> Compute(int world_size, const v1::ModelSpec& spec,
+                                        const v1::PlanOptions& options);
+  void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   StateStore* const state_;
   EventLog* const log_;
+  const PlanServiceOptions options_;
   absl::Mutex mu_;
-  // (job, generation) -> (request digest, plan). A cache of the state store.
-  std::map<std::pair<std::string, int64_t>, std::pair<std::string, v1::ShardPlan>> plans_
-      ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::shared_ptr<Entry>> plans_ ABSL_GUARDED_BY(mu_);
+  uint64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::string> latest_hash_ ABSL_GUARDED_BY(mu_);  // job -> plan hash
 };
 

@@ -1,0 +1,106 @@
+// The plan service: one plan per job generation, computed outside the
+// service's lock, kept in a bounded cache in front of the state store.
+#include "shard_server/plan_service.h"
+
+#include <future>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "common/model_zoo.h"
+#include "common/plan/plan_codec.h"
+#include "common/plan/planner.h"
+#include "gtest/gtest.h"
+#include "shard_server/state_store.h"
+
+namespace zeroshard {
+namespace {
+
+class PlanServiceTest : public ::testing::Test {
+ protected:
+  PlanServiceTest() : log_([](const std::string&) {}) {
+    state_ = *StateStore::Open(":memory:");
+  }
+
+  v1::ModelSpec Mlp(int layers) { return ModelSpecToProto(*MlpSpec(layers, 16, "none")); }
+
+  EventLog log_;
+  std::unique_ptr<StateStore> state_;
+};
+
+// Every wait in these tests has a deadline: a call that blocks where it must
+// not fails the test instead of hanging it.
+template <typename T>
+bool ReadyWithin(std::future<T>& f, int seconds = 20) {
+  return f.wait_for(std::chrono::seconds(seconds)) == std::future_status::ready;
+}
+
+TEST_F(PlanServiceTest, AJobWhosePlanIsBeingComputedBlocksNoOtherJobNorStatus) {
+  absl::Notification computing, release;
+  PlanServiceOptions options;
+  options.planner = [&](const ModelSpec& spec, int world, const PlanOptions& plan_options) {
+    if (spec.tensors.size() == 20) {  // job "big"'s model: held until released
+      computing.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+    return Plan(spec, world, plan_options);
+  };
+  PlanService plans(state_.get(), &log_, options);
+  auto big = std::async(std::launch::async,
+                        [&] { return plans.Plan("big", 1, 2, Mlp(10), v1::PlanOptions()); });
+  ASSERT_TRUE(computing.WaitForNotificationWithTimeout(absl::Seconds(20)));
+
+  // While "big" computes: status and another job are answered.
+  auto status = std::async(std::launch::async, [&] { return plans.PlanHash("big"); });
+  ASSERT_TRUE(ReadyWithin(status)) << "PlanHash waited for another job's plan";
+  EXPECT_EQ(status.get(), "");
+  auto small = std::async(std::launch::async,
+                          [&] { return plans.Plan("small", 1, 2, Mlp(2), v1::PlanOptions()); });
+  ASSERT_TRUE(ReadyWithin(small)) << "another job's Plan waited for this one";
+  EXPECT_TRUE(small.get().ok());
+  // A second rank of "big" waits for the one computation, and gets its plan.
+  auto second = std::async(std::launch::async,
+                           [&] { return plans.Plan("big", 1, 2, Mlp(10), v1::PlanOptions()); });
+  EXPECT_EQ(second.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+
+  release.Notify();
+  ASSERT_TRUE(ReadyWithin(big));
+  ASSERT_TRUE(ReadyWithin(second));
+  absl::StatusOr<v1::ShardPlan> first = big.get();
+  absl::StatusOr<v1::ShardPlan> other = second.get();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(first->SerializeAsString(), other->SerializeAsString());
+  EXPECT_EQ(plans.PlanHash("big"), first->hash());
+}
+
+TEST_F(PlanServiceTest, TheCacheIsBoundedAndADroppedPlanComesBackFromTheStore) {
+  PlanServiceOptions options;
+  options.max_cached_plans = 4;
+  PlanService plans(state_.get(), &log_, options);
+  absl::StatusOr<v1::ShardPlan> first = plans.Plan("job", 1, 2, Mlp(3), v1::PlanOptions());
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (int generation = 2; generation <= 40; ++generation) {
+    ASSERT_TRUE(plans.Plan("job", generation, 2, Mlp(3), v1::PlanOptions()).ok());
+    EXPECT_LE(plans.cached_plans(), 4u);
+  }
+  // Generation 1's plan was dropped from memory: read back, the same, and
+  // still bound to its spec.
+  absl::StatusOr<v1::ShardPlan> again = plans.Plan("job", 1, 2, Mlp(3), v1::PlanOptions());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), first->SerializeAsString());
+  EXPECT_EQ(plans.Plan("job", 1, 2, Mlp(4), v1::PlanOptions()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(PlanServiceTest, ARefusedSpecStoresNothing) {
+  PlanService plans(state_.get(), &log_);
+  v1::ModelSpec bad = Mlp(2);
+  bad.mutable_tensors(0)->set_dtype("F8");
+  EXPECT_EQ(plans.Plan("job", 1, 2, bad, v1::PlanOptions()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(plans.Plan("job", 1, 2, Mlp(2), v1::PlanOptions()).ok());
+}
+
+}  // namespace
+}  // namespace zeroshard
