@@ -191,9 +191,9 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
                            public ConsolidationOutput,
                            private ByteSink {
  public:
-  ConsolidateReactor(CheckpointService* service, const grpc::Status& auth,
-                     v1::ConsolidateRequest request, std::string peer)
-      : service_(service), request_(std::move(request)), peer_(std::move(peer)) {
+  ConsolidateReactor(CheckpointService* service, grpc::CallbackServerContext* context,
+                     const grpc::Status& auth, v1::ConsolidateRequest request, std::string peer)
+      : service_(service), context_(context), request_(std::move(request)), peer_(std::move(peer)) {
     grpc::Status status = auth.ok() ? service->Available() : auth;
     if (status.ok()) status = service->BeginConsolidation();
     if (!status.ok()) {
@@ -303,7 +303,17 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
       const absl::Time wait_start = absl::Now();
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !in_flight_ || cancelled_; };
-      mu_.Await(absl::Condition(&ready));
+      const absl::Duration stall = service_->options_.stall_timeout;
+      if (!mu_.AwaitWithTimeout(absl::Condition(&ready), stall)) {
+        // The caller has not taken the previous message for `stall`: end the
+        // call, which completes the write in flight (as failed) and frees the
+        // slot for others.
+        cancelled_ = true;
+        context_->TryCancel();
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the caller read nothing for ", absl::FormatDuration(stall),
+            " (the server's --consolidate_stall_timeout_s); consolidation cancelled"));
+      }
       send_wait_ += absl::Now() - wait_start;
       if (cancelled_) return absl::CancelledError("the caller went away");
       in_flight_ = true;
@@ -414,6 +424,7 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
   }
 
   CheckpointService* const service_;
+  grpc::CallbackServerContext* const context_;
   const v1::ConsolidateRequest request_;
   const std::string peer_;
   bool counted_ = false;  // holds a consolidation slot
@@ -507,7 +518,7 @@ grpc::ServerUnaryReactor* CheckpointService::ListCheckpoints(
 grpc::ServerWriteReactor<v1::ConsolidateResponse>* CheckpointService::Consolidate(
     grpc::CallbackServerContext* context, const grpc::Status& auth,
     const v1::ConsolidateRequest* request) {
-  return new ConsolidateReactor(this, auth, *request, context->peer());
+  return new ConsolidateReactor(this, context, auth, *request, context->peer());
 }
 
 }  // namespace zeroshard

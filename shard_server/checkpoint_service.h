@@ -24,6 +24,10 @@ struct CheckpointServiceOptions {
   // (each holds a thread, a read buffer and a few messages).
   int max_consolidations = 4;
   int64_t read_buffer_bytes = 4 << 20;  // per consolidation
+  // A streamed consolidation whose caller reads nothing for this long is
+  // cancelled (DEADLINE_EXCEEDED for the caller, if it is still there), so
+  // that a stalled reader cannot hold a slot forever.
+  absl::Duration stall_timeout = absl::Seconds(60);
 };
 
 // Thread-safe.

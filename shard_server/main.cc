@@ -36,6 +36,11 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
 ABSL_FLAG(int, join_timeout_ms, 600000,
           "A join still waiting for the rest of its job after this long gets DEADLINE_EXCEEDED");
 ABSL_FLAG(int, max_world_size, 65536, "Largest world size a job may ask for");
+ABSL_FLAG(int, max_consolidations, 4,
+          "Consolidations running at once; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
+          "A streamed consolidation whose caller reads nothing for this long is cancelled, "
+          "freeing its slot");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
@@ -90,6 +95,15 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.membership.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
   options.membership.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.checkpoint_service.max_consolidations = absl::GetFlag(FLAGS_max_consolidations);
+  if (options.checkpoint_service.max_consolidations < 1) {
+    return Fail("--max_consolidations must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_consolidate_stall_timeout_s) < 1) {
+    return Fail("--consolidate_stall_timeout_s must be >= 1");
+  }
+  options.checkpoint_service.stall_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     std::string token;
     if (!ReadFile(absl::GetFlag(FLAGS_auth_token_file), &token)) {

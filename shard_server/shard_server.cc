@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
     }
   }
   server->checkpoints_ = std::make_unique<CheckpointService>(
-      server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get());
+      server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get(),
+      options.checkpoint_service);
   server->service_ = std::make_unique<CoordinatorService>(
       &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
       server->checkpoints_.get());

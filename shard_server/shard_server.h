@@ -44,6 +44,7 @@ struct ShardServerOptions {
   // Read every complete step back in the background (CheckpointVerifier);
   // retention then waits for verified steps.
   bool verify_checkpoints = true;
+  CheckpointServiceOptions checkpoint_service;  // consolidation slots and their deadline
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
   EventLog::Sink log_sink;                       // empty: stderr
 };

@@ -183,7 +183,7 @@ class CheckpointServerTest : public ::testing::Test {
   }
 
   // Joins kWorld members and plans the test spec; members_ by rank.
-  void JoinAndPlan() {
+  void JoinAndPlan(const v1::ModelSpec& spec = TestSpec()) {
     std::vector<std::unique_ptr<Client>> clients(kWorld);
     std::vector<std::thread> threads;
     for (int i = 0; i < kWorld; ++i) {
@@ -199,7 +199,7 @@ class CheckpointServerTest : public ::testing::Test {
     members_.resize(kWorld);
     for (auto& c : clients) members_[c->info().rank] = std::move(c);
     for (auto& m : members_) {
-      auto plan = m->PlanShards(ModelSpecFromProto(TestSpec()), PlanOptions(), kWorld);
+      auto plan = m->PlanShards(ModelSpecFromProto(spec), PlanOptions(), kWorld);
       ASSERT_TRUE(plan.ok()) << plan.status();
       plan_ = ShardPlanToProto(*plan);
     }
@@ -781,6 +781,55 @@ TEST_F(CheckpointServerTest, AnUploadFencedOutByANewGenerationReplacesNothing) {
             "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
   EXPECT_TRUE(Consolidate(10, out_).ok());
   for (auto& m : members_) m->StopHeartbeats();
+}
+
+TEST_F(CheckpointServerTest, AConsolidationWhoseReaderStallsIsCancelledAndFreesItsSlot) {
+  ShardServerOptions options = Options();
+  options.checkpoint_service.max_consolidations = 1;
+  options.checkpoint_service.stall_timeout = absl::Seconds(1);
+  StartServer(std::move(options));
+  // 48 MiB with the optimizer state: more than gRPC buffers for a reader
+  // that stops reading.
+  v1::ModelSpec big;
+  for (int i = 0; i < 4; ++i) {
+    v1::TensorSpec* t = big.add_tensors();
+    t->set_name(absl::StrCat(i, ".weight"));
+    t->add_shape(1024);
+    t->add_shape(1024);
+    t->set_dtype("F32");
+  }
+  JoinAndPlan(big);
+  CompleteStep(10);
+
+  // A caller that takes the first message and then reads nothing more.
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext stalled;
+  stalled.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  v1::ConsolidateRequest request;
+  request.set_job_id(kJob);
+  request.set_step(10);
+  auto reader = stub->Consolidate(&stalled, request);
+  v1::ConsolidateResponse first;
+  ASSERT_TRUE(reader->Read(&first));
+
+  // Its slot is the only one; within the stall timeout it is freed and a
+  // consolidation that reads runs to the end.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::Status s;
+  do {
+    s = Consolidate(10, out_).status();
+    if (s.ok()) break;
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    absl::SleepFor(absl::Milliseconds(100));
+  } while (absl::Now() < deadline);
+  EXPECT_TRUE(s.ok()) << "the stalled consolidation still holds its slot: " << s;
+  EXPECT_TRUE(Logged("consolidate_failed"));
+  stalled.TryCancel();
+  v1::ConsolidateResponse rest;
+  while (reader->Read(&rest)) {
+  }
+  EXPECT_FALSE(reader->Finish().ok());
 }
 
 }  // namespace
