@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/file_util.h"
@@ -23,6 +24,36 @@ absl::StatusOr<std::string> RealPath(const std::string& path) {
   std::string out(resolved);
   free(resolved);
   return out;
+}
+
+// "<anything>.tmp-<16 lowercase hex digits>": AtomicFile's and
+// DirectoryOutput's temporary names.
+bool IsTemporaryName(absl::string_view name) {
+  const size_t at = name.rfind(".tmp-");
+  if (at == absl::string_view::npos || name.size() - at != 5 + 16) return false;
+  for (char c : name.substr(at + 5)) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// A directory itself, not a symlink to one.
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Names of the entries of `dir`, without "." and ".." (empty if unreadable).
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (struct dirent* entry = readdir(d)) {
+    std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(std::move(name));
+  }
+  closedir(d);
+  return names;
 }
 
 std::string Parent(const std::string& path) {
@@ -144,6 +175,55 @@ absl::Status CheckpointRoot::MakeDirs(absl::string_view relative) const {
     }
   }
   return CheckResolvesInside(Join(relative), relative);
+}
+
+CheckpointRoot::Swept CheckpointRoot::SweepLeftovers(absl::Time older_than) const {
+  Swept swept;
+  const int64_t cutoff = absl::ToUnixSeconds(older_than);
+  // lstat: a real directory or file (never a link) last changed before the cutoff.
+  auto stale = [cutoff](const std::string& path, bool directory) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) return false;
+    if (directory ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) return false;
+    return st.st_mtime < cutoff;
+  };
+  auto remove = [&swept](const absl::Status& s, int* counter) {
+    if (s.ok()) {
+      ++*counter;
+    } else {
+      ++swept.failed;
+    }
+  };
+  for (const std::string& job : Entries(path_)) {
+    if (!ValidateJobId(job).ok() || !IsDirectory(Join(job))) continue;
+    for (const std::string& entry : Entries(Join(job))) {
+      const std::string relative = absl::StrCat(job, "/", entry);
+      if (entry == "consolidated") {
+        for (const std::string& out : Entries(Join(relative))) {
+          const std::string temp = absl::StrCat(relative, "/", out);
+          if (out[0] == '.' && IsTemporaryName(out) && stale(Join(temp), true)) {
+            remove(RemoveDir(temp), &swept.directories);
+          }
+        }
+        continue;
+      }
+      if (!absl::StartsWith(entry, "step-") || !IsDirectory(Join(relative))) continue;
+      for (const std::string& file : Entries(Join(relative))) {
+        const std::string full = Join(absl::StrCat(relative, "/", file));
+        if (!IsTemporaryName(file) || !stale(full, false)) continue;
+        remove(unlink(full.c_str()) == 0 ? absl::OkStatus()
+                                         : ErrnoStatus(errno, "cannot remove", full),
+               &swept.files);
+      }
+      if (Entries(Join(relative)).empty() && stale(Join(relative), true)) {
+        remove(rmdir(Join(relative).c_str()) == 0
+                   ? absl::OkStatus()
+                   : ErrnoStatus(errno, "cannot remove directory", Join(relative)),
+               &swept.directories);
+      }
+    }
+  }
+  return swept;
 }
 
 absl::Status CheckpointRoot::RemoveDir(absl::string_view relative) const {

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/checkpoint_format.h"
 #include "common/job_id.h"
 
@@ -43,6 +44,19 @@ class CheckpointRoot {
   // existing component that is a symlink must resolve below the root
   // (FAILED_PRECONDITION otherwise), and nothing is created beyond it.
   absl::Status MakeDirs(absl::string_view relative) const;
+
+  // What a crash leaves behind below the root, last changed before
+  // `older_than`: temporary shard files ("<job>/step-<N>/*.tmp-<16 hex>"),
+  // consolidation outputs never renamed into place
+  // ("<job>/consolidated/.step-<N>.tmp-<16 hex>/"), and step directories left
+  // empty. Removed; symlinks are never followed (a symlinked entry is left
+  // alone). Best effort: what cannot be removed is left and counted.
+  struct Swept {
+    int files = 0;
+    int directories = 0;
+    int failed = 0;
+  };
+  Swept SweepLeftovers(absl::Time older_than) const;
 
   // Removes directory `relative` (which must resolve below the root): the
   // files and symlinks directly in it, then the directory itself. A

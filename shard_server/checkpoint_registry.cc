@@ -152,6 +152,18 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Open(
   std::unique_ptr<CheckpointRegistry> registry(
       new CheckpointRegistry(std::move(options), *std::move(root), state, log, std::move(plans)));
   if (absl::Status s = registry->Recover(); !s.ok()) return s;
+  // What a crash left: temporary files and directories no running process
+  // writes any more. Workers on a shared filesystem may be writing shard
+  // files right now, so only what was last changed a while before this
+  // start goes (the margin also covers clocks of a shared filesystem's
+  // server that run a little off).
+  const CheckpointRoot::Swept swept =
+      registry->root_.SweepLeftovers(absl::Now() - registry->options_.sweep_margin);
+  if (swept.files + swept.directories + swept.failed > 0) {
+    log->Log("checkpoint_leftovers_removed", {{"files", absl::StrCat(swept.files)},
+                                              {"directories", absl::StrCat(swept.directories)},
+                                              {"failed", absl::StrCat(swept.failed)}});
+  }
   return registry;
 }
 

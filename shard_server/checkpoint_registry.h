@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
 #include "shard_server/checkpoint_manifest.h"
 #include "shard_server/checkpoint_paths.h"
@@ -35,6 +36,9 @@ namespace zeroshard {
 struct CheckpointRegistryOptions {
   std::string root;   // the checkpoint root directory (created if missing)
   int keep_last = 0;  // complete steps kept per job; 0: all
+  // At Open, leftovers of a crash (temporary files, unfinished outputs,
+  // empty step directories) last changed this long before now are removed.
+  absl::Duration sweep_margin = absl::Seconds(60);
 };
 
 class CheckpointRegistry;

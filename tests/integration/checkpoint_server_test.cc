@@ -832,5 +832,51 @@ TEST_F(CheckpointServerTest, AConsolidationWhoseReaderStallsIsCancelledAndFreesI
   EXPECT_FALSE(reader->Finish().ok());
 }
 
+// Sets the modification time of `path` (not following a link) `age` ago.
+void Age(const std::string& path, absl::Duration age) {
+  const int64_t when = absl::ToUnixSeconds(absl::Now() - age);
+  struct timespec times[2] = {{when, 0}, {when, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW), 0) << path;
+}
+
+TEST_F(CheckpointServerTest, AStartingServerRemovesWhatACrashLeftAndNothingElse) {
+  const std::string job = root_ + "/ckpt";
+  ASSERT_EQ(testing::RunCommand(absl::StrCat("mkdir -p ", job, "/step-3 ", job, "/step-4 ", job,
+                                             "/step-5 ", job, "/consolidated/step-3 ", job,
+                                             "/consolidated/.step-3.tmp-0123456789abcdef ",
+                                             dir_, "/outside"))
+                .first,
+            0);
+  const std::string stale_upload = job + "/step-3/rank-0-of-2.safetensors.tmp-00000000deadbeef";
+  const std::string shard = job + "/step-3/rank-1-of-2.safetensors";
+  const std::string fresh_upload = job + "/step-5/rank-0-of-2.safetensors.tmp-0000000012345678";
+  const std::string output = job + "/consolidated/step-3/model.safetensors";
+  const std::string stale_output = job + "/consolidated/.step-3.tmp-0123456789abcdef/model.safetensors";
+  const std::string outside = dir_ + "/outside/keep.tmp-0123456789abcdef";
+  for (const std::string& f : {stale_upload, shard, fresh_upload, output, stale_output, outside}) {
+    testing::WriteFile(f, "bytes");
+  }
+  // A link named like a temporary file, into a directory outside the root.
+  const std::string link = job + "/step-3/link.tmp-00000000cafef00d";
+  ASSERT_EQ(symlink(outside.c_str(), link.c_str()), 0);
+  for (const std::string& p : {stale_upload, shard, output, stale_output, outside, link,
+                               job + "/step-3", job + "/step-4",
+                               job + "/consolidated/.step-3.tmp-0123456789abcdef"}) {
+    Age(p, absl::Hours(1));
+  }
+
+  StartServer(Options());
+  EXPECT_FALSE(Exists(stale_upload));
+  EXPECT_FALSE(Exists(stale_output));
+  EXPECT_FALSE(Exists(job + "/consolidated/.step-3.tmp-0123456789abcdef"));
+  EXPECT_FALSE(Exists(job + "/step-4")) << "an empty step directory";
+  EXPECT_TRUE(Exists(shard));
+  EXPECT_TRUE(Exists(output));
+  EXPECT_TRUE(Exists(fresh_upload)) << "a worker may be writing it now";
+  EXPECT_TRUE(Exists(link));
+  EXPECT_TRUE(Exists(outside));
+  EXPECT_TRUE(Logged("checkpoint_leftovers_removed"));
+}
+
 }  // namespace
 }  // namespace zeroshard
