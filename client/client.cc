@@ -69,9 +69,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetMaxReceiveMessageSize(64 << 20);
   // Find a restarted server quickly: a member must beat again within the
   // heartbeat timeout (3 s by default), and gRPC's default first reconnect
-  // backoff is already 1 s.
+  // backoff is already 1 s. Connection attempts start 100 ms apart and
+  // grow to at most 1 s apart (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is the
+  // timeout of one attempt, not a backoff).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (!options.tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -177,6 +179,13 @@ void Client::HeartbeatLoop(CommandHandler handler) {
   while (true) {
     grpc::ClientContext context;
     if (!options_.token.empty()) context.AddMetadata("authorization", "Bearer " + options_.token);
+    // While the server is away (restarting), the stream waits for the
+    // channel instead of failing at once. Waiting in the call is also what
+    // keeps the channel's connection attempts polled, so the stream is back
+    // within one reconnect backoff (<= 1 s) of the server's return; failing
+    // fast and sleeping would leave them to gRPC's 5-second backup poller,
+    // past a restarted server's heartbeat grace.
+    context.set_wait_for_ready(true);
     {
       absl::MutexLock lock(&mu_);
       if (stop_heartbeats_) return;

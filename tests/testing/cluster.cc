@@ -54,9 +54,11 @@ void LocalCluster::StartServer() {
   address_ = absl::StrCat("127.0.0.1:", port_);
 }
 
-void LocalCluster::RestartServer() {
-  server_->Signal(SIGTERM);
+void LocalCluster::RestartServer(int signal, absl::Duration gap) {
+  server_->Signal(signal);
   server_->Wait(absl::Seconds(10));
+  // The restart gap is the scenario under test, not a wait for a condition.
+  absl::SleepFor(gap);
   ++restarts_;
   StartServer();
 }

@@ -26,7 +26,9 @@ class LocalCluster {
   const std::string& dir() const { return dir_; }
   std::string checkpoint_root() const { return dir_ + "/checkpoints"; }
   ChildProcess* server() { return server_.get(); }
-  void RestartServer();
+  // Stops the server with `signal` (SIGKILL: a crash), waits `gap`, and
+  // starts it again on the same port and state directory.
+  void RestartServer(int signal = 15 /* SIGTERM */, absl::Duration gap = absl::ZeroDuration());
 
   // Starts W workers of `job` (worker ids w0..w{W-1}, --host=127.0.0.1,
   // --report=<dir>/<job>-{rank}.json, --checkpoint_dir=<checkpoint root>)
