@@ -30,7 +30,9 @@ KvStore::JobData& KvStore::Data(const std::string& job, int64_t generation, Defe
     }
     data.waiters.clear();
     data.values.clear();
+    total_bytes_ -= data.bytes + data.wait_bytes;
     data.bytes = 0;
+    data.wait_bytes = 0;
     data.generation = generation;
   }
   return data;
@@ -46,10 +48,17 @@ absl::Status KvStore::StoreValue(JobData& data, const std::string& job, const st
   size_t old = it == data.values.end() ? 0 : key.size() + it->second.size();
   size_t bytes = data.bytes - old + key.size() + value.size();
   if (bytes > limits_.max_job_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("job '", job, "' would hold ", bytes,
-                                                     " bytes in the store; at most ",
-                                                     limits_.max_job_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", job, "' would hold ", bytes, " bytes in the store; at most ",
+                     limits_.max_job_bytes, " (the server's --kv_max_job_bytes)"));
   }
+  if (bytes > data.bytes && total_bytes_ + (bytes - data.bytes) > limits_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the store would hold ", total_bytes_ + (bytes - data.bytes),
+        " bytes over all jobs; at most ", limits_.max_total_bytes,
+        " (the server's --kv_max_total_bytes)"));
+  }
+  total_bytes_ = total_bytes_ - data.bytes + bytes;
   data.bytes = bytes;
   data.values[key] = std::move(value);
   return absl::OkStatus();
@@ -65,6 +74,7 @@ void KvStore::WakeWaiters(JobData& data, Deferred& deferred) {
       continue;
     }
     waiter_job_.erase(w.id);
+    ReleaseWaiter(data, w);
     if (w.get_done) {
       deferred.push_back([d = std::move(w.get_done), v = data.values[w.keys[0]]] { d(v); });
     } else {
@@ -72,6 +82,35 @@ void KvStore::WakeWaiters(JobData& data, Deferred& deferred) {
     }
     it = data.waiters.erase(it);
   }
+}
+
+absl::Status KvStore::AddWaiter(JobData& data, const std::string& job, Waiter waiter) {
+  if (data.waiters.size() >= limits_.max_waiters_per_job) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", job, "' already has ", data.waiters.size(),
+                     " gets and waits held; at most ", limits_.max_waiters_per_job,
+                     " (the server's --kv_max_waiters_per_job)"));
+  }
+  // The keys' bytes and a share for the waiter's own bookkeeping.
+  waiter.bytes = 64;
+  for (const std::string& k : waiter.keys) waiter.bytes += k.size() + 32;
+  if (total_bytes_ + waiter.bytes > limits_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "holding this wait would take the store to ", total_bytes_ + waiter.bytes,
+        " bytes over all jobs; at most ", limits_.max_total_bytes,
+        " (the server's --kv_max_total_bytes)"));
+  }
+  data.wait_bytes += waiter.bytes;
+  total_bytes_ += waiter.bytes;
+  waiter_job_[waiter.id] = job;
+  const uint64_t id = waiter.id;
+  data.waiters.emplace(id, std::move(waiter));
+  return absl::OkStatus();
+}
+
+void KvStore::ReleaseWaiter(JobData& data, const Waiter& waiter) {
+  data.wait_bytes -= waiter.bytes;
+  total_bytes_ -= waiter.bytes;
 }
 
 absl::Status KvStore::Set(const std::string& job, int64_t generation, const std::string& key,
@@ -104,13 +143,17 @@ uint64_t KvStore::Get(const std::string& job, int64_t generation, const std::str
     if (it != data.values.end()) {
       deferred.push_back([done = std::move(done), v = it->second] { done(v); });
     } else {
-      id = next_id_++;
-      Waiter& w = data.waiters[id];
-      w.id = id;
+      const uint64_t waiter_id = next_id_++;
+      Waiter w;
+      w.id = waiter_id;
       w.keys = {key};
       w.deadline = deadline;
-      w.get_done = std::move(done);
-      waiter_job_[id] = job;
+      w.get_done = done;
+      if (absl::Status s = AddWaiter(data, job, std::move(w)); !s.ok()) {
+        deferred.push_back([done = std::move(done), s] { done(s); });
+      } else {
+        id = waiter_id;
+      }
     }
   }
   for (auto& f : deferred) f();
@@ -151,6 +194,12 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& job, int64_t generation,
 
 uint64_t KvStore::Wait(const std::string& job, int64_t generation, std::vector<std::string> keys,
                        absl::Time deadline, WaitDone done) {
+  if (keys.size() > limits_.max_wait_keys) {
+    done(absl::ResourceExhaustedError(
+        absl::StrCat("a wait for ", keys.size(), " keys; at most ", limits_.max_wait_keys,
+                     " per call (the server's --kv_max_wait_keys)")));
+    return 0;
+  }
   for (const std::string& k : keys) {
     if (absl::Status s = CheckKey(k); !s.ok()) {
       done(s);
@@ -167,13 +216,17 @@ uint64_t KvStore::Wait(const std::string& job, int64_t generation, std::vector<s
     if (ready) {
       deferred.push_back([done = std::move(done)] { done(absl::OkStatus()); });
     } else {
-      id = next_id_++;
-      Waiter& w = data.waiters[id];
-      w.id = id;
+      const uint64_t waiter_id = next_id_++;
+      Waiter w;
+      w.id = waiter_id;
       w.keys = std::move(keys);
       w.deadline = deadline;
-      w.wait_done = std::move(done);
-      waiter_job_[id] = job;
+      w.wait_done = done;
+      if (absl::Status s = AddWaiter(data, job, std::move(w)); !s.ok()) {
+        deferred.push_back([done = std::move(done), s] { done(s); });
+      } else {
+        id = waiter_id;
+      }
     }
   }
   for (auto& f : deferred) f();
@@ -191,6 +244,7 @@ void KvStore::Cancel(uint64_t id) {
     auto wi = data.waiters.find(id);
     if (wi == data.waiters.end()) return;
     w = std::move(wi->second);
+    ReleaseWaiter(data, w);
     data.waiters.erase(wi);
   }
   absl::Status cancelled = absl::CancelledError("cancelled by the caller");
@@ -203,7 +257,16 @@ void KvStore::DropJob(const std::string& job, int64_t new_generation) {
   {
     absl::MutexLock lock(&mu_);
     if (!jobs_.contains(job)) return;
-    Data(job, new_generation, deferred);
+    JobData& data = Data(job, new_generation, deferred);
+    // Data() emptied it if `new_generation` is newer; whatever is left
+    // (a job finished in its own generation) goes too.
+    for (auto& [id, w] : data.waiters) {
+      waiter_job_.erase(id);
+      absl::Status aborted = absl::AbortedError(absl::StrCat("job '", job, "' ended"));
+      if (w.get_done) deferred.push_back([d = std::move(w.get_done), aborted] { d(aborted); });
+      if (w.wait_done) deferred.push_back([d = std::move(w.wait_done), aborted] { d(aborted); });
+    }
+    total_bytes_ -= data.bytes + data.wait_bytes;
     jobs_.erase(job);
   }
   for (auto& f : deferred) f();
@@ -228,6 +291,7 @@ void KvStore::Tick() {
         absl::Status expired = absl::DeadlineExceededError(
             absl::StrCat("key(s) ", missing, " of job '", job, "' not set before the deadline"));
         waiter_job_.erase(w.id);
+        ReleaseWaiter(data, w);
         if (w.get_done) deferred.push_back([d = std::move(w.get_done), expired] { d(expired); });
         if (w.wait_done) deferred.push_back([d = std::move(w.wait_done), expired] { d(expired); });
         it = data.waiters.erase(it);
@@ -235,6 +299,11 @@ void KvStore::Tick() {
     }
   }
   for (auto& f : deferred) f();
+}
+
+size_t KvStore::TotalBytes() {
+  absl::MutexLock lock(&mu_);
+  return total_bytes_;
 }
 
 size_t KvStore::KeyCount(const std::string& job) {

@@ -21,10 +21,21 @@
 
 namespace zeroshard {
 
+// Every bound is on what a caller can make the server hold; a call beyond one
+// is refused with RESOURCE_EXHAUSTED (INVALID_ARGUMENT for a single key or
+// value too large) naming the bound and the shard_server flag that sets it.
 struct KvLimits {
   size_t max_key_bytes = 1024;
   size_t max_value_bytes = 4 << 20;
-  size_t max_job_bytes = 256 << 20;  // keys + values of one job
+  size_t max_job_bytes = 256 << 20;  // keys + values of one job (--kv_max_job_bytes)
+  // Keys one StoreWait may name (--kv_max_wait_keys): a rank waits for at
+  // most one key per rank, and a job has at most 65,536 ranks.
+  size_t max_wait_keys = 65536;
+  // Gets and waits held at once for one job (--kv_max_waiters_per_job).
+  size_t max_waiters_per_job = 1 << 17;
+  // Keys and values of every job, plus the keys held waiters wait for
+  // (--kv_max_total_bytes): what bounds the store's memory as a whole.
+  size_t max_total_bytes = size_t{1} << 30;
 };
 
 // Thread-safe. Callbacks are never run while the lock is held.
@@ -57,18 +68,22 @@ class KvStore {
 
   // Keys held for the job (0 when none): for tests and status.
   size_t KeyCount(const std::string& job);
+  // Bytes held now: keys, values and waiting keys of every job.
+  size_t TotalBytes();
 
  private:
   struct Waiter {
     uint64_t id = 0;
     std::vector<std::string> keys;
+    size_t bytes = 0;  // what the waiter counts against the limits
     absl::Time deadline;
     GetDone get_done;    // set for Get
     WaitDone wait_done;  // set for Wait
   };
   struct JobData {
     int64_t generation = 0;
-    size_t bytes = 0;
+    size_t bytes = 0;       // keys and values
+    size_t wait_bytes = 0;  // keys its waiters wait for
     absl::flat_hash_map<std::string, std::string> values;
     std::map<uint64_t, Waiter> waiters;
   };
@@ -79,6 +94,11 @@ class KvStore {
   JobData& Data(const std::string& job, int64_t generation, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaiters(JobData& data, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds `waiter` for the job, or refuses it at a limit (it is not kept).
+  absl::Status AddWaiter(JobData& data, const std::string& job, Waiter waiter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the waiter's bytes (the caller erases it).
+  void ReleaseWaiter(JobData& data, const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StoreValue(JobData& data, const std::string& job, const std::string& key,
                           std::string value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -88,6 +108,7 @@ class KvStore {
   absl::flat_hash_map<std::string, JobData> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::string> waiter_job_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of every job's bytes + wait_bytes
 };
 
 }  // namespace zeroshard

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -36,6 +37,11 @@ ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
 ABSL_FLAG(int, join_timeout_ms, 600000,
           "A join still waiting for the rest of its job after this long gets DEADLINE_EXCEEDED");
 ABSL_FLAG(int, max_world_size, 65536, "Largest world size a job may ask for");
+ABSL_FLAG(int64_t, kv_max_job_bytes, 256 << 20, "KV store: keys and values of one job, in bytes");
+ABSL_FLAG(int64_t, kv_max_wait_keys, 65536, "KV store: keys one StoreWait may name");
+ABSL_FLAG(int64_t, kv_max_waiters_per_job, 1 << 17, "KV store: gets and waits held for one job");
+ABSL_FLAG(int64_t, kv_max_total_bytes, int64_t{1} << 30,
+          "KV store: keys, values and waited-for keys of every job, in bytes");
 ABSL_FLAG(int, max_consolidations, 4,
           "Consolidations running at once; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
@@ -95,6 +101,19 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.membership.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
   options.membership.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  const std::pair<const char*, int64_t> kv_bounds[] = {
+      {"kv_max_job_bytes", absl::GetFlag(FLAGS_kv_max_job_bytes)},
+      {"kv_max_wait_keys", absl::GetFlag(FLAGS_kv_max_wait_keys)},
+      {"kv_max_waiters_per_job", absl::GetFlag(FLAGS_kv_max_waiters_per_job)},
+      {"kv_max_total_bytes", absl::GetFlag(FLAGS_kv_max_total_bytes)}};
+  for (const auto& [flag, value] : kv_bounds) {
+    if (value < 1) return Fail(absl::StrCat("--", flag, " must be >= 1, not ", value));
+  }
+  options.kv.max_job_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_job_bytes));
+  options.kv.max_wait_keys = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_wait_keys));
+  options.kv.max_waiters_per_job =
+      static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_waiters_per_job));
+  options.kv.max_total_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_total_bytes));
   options.checkpoint_service.max_consolidations = absl::GetFlag(FLAGS_max_consolidations);
   if (options.checkpoint_service.max_consolidations < 1) {
     return Fail("--max_consolidations must be >= 1");

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   server->membership_ = std::make_unique<Membership>(&server->clock_, server->log_.get(),
                                                      server->state_.get(), options.membership);
   if (absl::Status s = server->membership_->Restore(); !s.ok()) return s;
-  server->kv_ = std::make_unique<KvStore>(&server->clock_);
+  server->kv_ = std::make_unique<KvStore>(&server->clock_, options.kv);
   server->plans_ = std::make_unique<PlanService>(server->state_.get(), server->log_.get());
   KvStore* kv = server->kv_.get();
   server->membership_->SetGenerationListener(

@@ -30,6 +30,7 @@ struct ShardServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free port
   std::string state_dir;               // empty: no persistence
   MembershipOptions membership;
+  KvLimits kv;  // bounds of the KV store
   std::string auth_token;  // empty: no authentication
   // TLS (PEM contents, not paths). Client certificates are required when
   // tls_client_ca is set.

@@ -2,6 +2,10 @@
 #include "shard_server/kv_store.h"
 
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "gtest/gtest.h"
 
@@ -106,6 +110,74 @@ TEST(KvStoreLimitsTest, RefusesOversizedKeysValuesAndJobs) {
   EXPECT_EQ(kv.Set("job", 1, "k3", std::string(16, 'x')).code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(kv.KeyCount("job"), 2u);
+}
+
+TEST(KvStoreLimitsTest, AWaitForTooManyKeysIsRefusedNamingTheFlag) {
+  FakeClock clock;
+  KvLimits limits;
+  limits.max_wait_keys = 100;
+  KvStore kv(&clock, limits);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 101; ++i) keys.push_back(absl::StrCat("k", i));
+  std::optional<absl::Status> done;
+  EXPECT_EQ(kv.Wait("job", 1, keys, clock.Now() + absl::Seconds(10),
+                    [&](absl::Status s) { done = s; }),
+            0u);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(done->message().find("--kv_max_wait_keys"), std::string::npos) << *done;
+  EXPECT_EQ(kv.TotalBytes(), 0u);
+}
+
+TEST(KvStoreLimitsTest, WaitersPerJobAreBoundedAndOtherJobsStillWait) {
+  FakeClock clock;
+  KvLimits limits;
+  limits.max_waiters_per_job = 3;
+  KvStore kv(&clock, limits);
+  std::vector<std::optional<absl::Status>> done(4);
+  for (int i = 0; i < 4; ++i) {
+    kv.Wait("job", 1, {"never"}, clock.Now() + absl::Seconds(10),
+            [&done, i](absl::Status s) { done[i] = s; });
+  }
+  EXPECT_FALSE(done[0].has_value());
+  ASSERT_TRUE(done[3].has_value());
+  EXPECT_EQ(done[3]->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(done[3]->message().find("--kv_max_waiters_per_job"), std::string::npos) << *done[3];
+  std::optional<absl::Status> other;
+  EXPECT_NE(kv.Wait("other", 1, {"k"}, clock.Now() + absl::Seconds(10),
+                    [&](absl::Status s) { other = s; }),
+            0u);
+  EXPECT_FALSE(other.has_value());
+}
+
+TEST(KvStoreLimitsTest, TheServerWideBoundCoversValuesAndWaitsOfEveryJobAndIsReleased) {
+  FakeClock clock;
+  KvLimits limits;
+  limits.max_total_bytes = 4096;
+  KvStore kv(&clock, limits);
+  ASSERT_TRUE(kv.Set("a", 1, "k", std::string(3000, 'x')).ok());
+  // Another job: its value would pass its own job bound but not the server's.
+  absl::Status s = kv.Set("b", 1, "k", std::string(2000, 'x'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("--kv_max_total_bytes"), std::string::npos) << s;
+  // Waiting keys count too.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 20; ++i) keys.push_back(std::string(60, 'a' + i));
+  std::optional<absl::Status> done;
+  kv.Wait("b", 1, keys, clock.Now() + absl::Seconds(10), [&](absl::Status st) { done = st; });
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->code(), absl::StatusCode::kResourceExhausted);
+  // A new generation of "a" frees its bytes for everyone.
+  kv.DropJob("a", 2);
+  EXPECT_EQ(kv.TotalBytes(), 0u);
+  EXPECT_TRUE(kv.Set("b", 1, "k", std::string(2000, 'x')).ok());
+  std::optional<absl::Status> expired;
+  kv.Wait("b", 1, {"late"}, clock.Now() + absl::Seconds(1), [&](absl::Status st) { expired = st; });
+  const size_t holding = kv.TotalBytes();
+  clock.Advance(absl::Seconds(2));
+  kv.Tick();
+  ASSERT_TRUE(expired.has_value());
+  EXPECT_LT(kv.TotalBytes(), holding) << "an expired wait still counts";
 }
 
 }  // namespace
