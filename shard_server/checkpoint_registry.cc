@@ -1,7 +1,6 @@
 #include "shard_server/checkpoint_registry.h"
 
 #include <errno.h>
-#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,59 +65,6 @@ CREATE TABLE IF NOT EXISTS checkpoint_verify_failed (
 
 int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// A prepared statement on the state store's connection. REQUIRES: the
-// caller holds the store's mutex for the statement's whole life.
-class Sql {
- public:
-  Sql(sqlite3* db, const char* sql) : db_(db) {
-    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) stmt_ = nullptr;
-  }
-  ~Sql() { sqlite3_finalize(stmt_); }
-  Sql(const Sql&) = delete;
-  Sql& operator=(const Sql&) = delete;
-
-  absl::Status status(absl::string_view what) const {
-    return absl::InternalError(
-        absl::StrCat("checkpoint registry: ", what, ": ", sqlite3_errmsg(db_)));
-  }
-  bool ok() const { return stmt_ != nullptr; }
-  Sql& Bind(int i, const std::string& v) {
-    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  Sql& Bind(int i, int64_t v) {
-    sqlite3_bind_int64(stmt_, i, v);
-    return *this;
-  }
-  // SQLITE_ROW, SQLITE_DONE or an error code.
-  int Step() { return stmt_ == nullptr ? SQLITE_ERROR : sqlite3_step(stmt_); }
-  // Runs a statement that returns no rows.
-  absl::Status Run(absl::string_view what) {
-    return Step() == SQLITE_DONE ? absl::OkStatus() : status(what);
-  }
-  std::string Text(int col) {
-    const unsigned char* p = sqlite3_column_text(stmt_, col);
-    int n = sqlite3_column_bytes(stmt_, col);
-    return p == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(p), n);
-  }
-  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
-  bool IsNull(int col) { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-};
-
-absl::Status Exec(sqlite3* db, const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("checkpoint registry: ", msg));
-  }
-  return absl::OkStatus();
-}
-
 std::string ChecksumsToJson(const std::map<std::string, std::string>& checksums) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const auto& [tensor, hex] : checksums) j[tensor] = hex;
@@ -136,6 +82,21 @@ bool ChecksumsFromJson(const std::string& text, std::map<std::string, std::strin
   return true;
 }
 
+// Forgets (job, step): its commits and verification outcomes and, unless
+// `commits_only`, the step itself. Part of the caller's transaction.
+absl::Status DeleteStepRows(StateStore::Connection& db, const std::string& job, int64_t step,
+                            bool commits_only) {
+  std::vector<absl::string_view> tables = {"checkpoint_verify_failed", "checkpoint_commits",
+                                           "checkpoint_verified"};
+  if (!commits_only) tables.push_back("checkpoint_steps");
+  for (absl::string_view table : tables) {
+    const std::string sql = absl::StrCat("DELETE FROM ", table, " WHERE job_id = ? AND step = ?");
+    Statement st = db.Prepare(absl::StrCat("delete from ", table), sql.c_str());
+    if (absl::Status s = st.Bind(1, job).Bind(2, step).Run(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 PinnedCheckpoint::~PinnedCheckpoint() { registry_->Unpin(manifest_.job, manifest_.step); }
@@ -148,7 +109,9 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Open(
   }
   absl::StatusOr<CheckpointRoot> root = CheckpointRoot::Open(options.root);
   if (!root.ok()) return root.status();
-  if (absl::Status s = state->Execute(kSchema); !s.ok()) return s;
+  absl::Status schema = state->Transaction(
+      [](StateStore::Connection& db) { return db.Execute("create checkpoint tables", kSchema); });
+  if (!schema.ok()) return schema;
   std::unique_ptr<CheckpointRegistry> registry(
       new CheckpointRegistry(std::move(options), *std::move(root), state, log, std::move(plans)));
   if (absl::Status s = registry->Recover(); !s.ok()) return s;
@@ -170,15 +133,16 @@ absl::StatusOr<std::unique_ptr<CheckpointRegistry>> CheckpointRegistry::Open(
 absl::Status CheckpointRegistry::Recover() {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<std::string, int64_t>> pending;
-  {
-    absl::MutexLock db_lock(state_->mu());
-    Sql st(state_->db(),
-           "SELECT s.job_id, s.step FROM checkpoint_steps s WHERE s.complete = 0 AND "
-           "s.world_size = (SELECT COUNT(*) FROM checkpoint_commits c "
-           "WHERE c.job_id = s.job_id AND c.step = s.step)");
-    if (!st.ok()) return st.status("prepare recovery");
-    while (st.Step() == SQLITE_ROW) pending.emplace_back(st.Text(0), st.Int(1));
-  }
+  absl::Status found = state_->Read([&](StateStore::Connection& db) {
+    Statement st =
+        db.Prepare("find checkpoint steps to recover",
+                   "SELECT s.job_id, s.step FROM checkpoint_steps s WHERE s.complete = 0 AND "
+                   "s.world_size = (SELECT COUNT(*) FROM checkpoint_commits c "
+                   "WHERE c.job_id = s.job_id AND c.step = s.step)");
+    while (st.Next()) pending.emplace_back(st.Text(0), st.Int(1));
+    return st.status();
+  });
+  if (!found.ok()) return found;
   for (const auto& [job, step] : pending) {
     absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
     if (!row.ok()) return row.status();
@@ -192,46 +156,50 @@ absl::Status CheckpointRegistry::Recover() {
 
 absl::StatusOr<std::optional<CheckpointRegistry::StepRow>> CheckpointRegistry::LoadStep(
     const std::string& job, int64_t step) {
-  absl::MutexLock db_lock(state_->mu());
-  Sql st(state_->db(),
-         "SELECT world_size, generation, plan_hash, complete FROM checkpoint_steps "
-         "WHERE job_id = ? AND step = ?");
-  if (!st.ok()) return st.status("prepare load step");
-  st.Bind(1, job).Bind(2, step);
-  int rc = st.Step();
-  if (rc == SQLITE_DONE) return std::optional<StepRow>();
-  if (rc != SQLITE_ROW) return st.status("load step");
-  StepRow row;
-  row.world_size = static_cast<int>(st.Int(0));
-  row.generation = st.Int(1);
-  row.plan_hash = st.Text(2);
-  row.complete = st.Int(3) != 0;
-  return std::optional<StepRow>(std::move(row));
+  std::optional<StepRow> row;
+  absl::Status status = state_->Read([&](StateStore::Connection& db) {
+    Statement st = db.Prepare("load checkpoint step",
+                              "SELECT world_size, generation, plan_hash, complete "
+                              "FROM checkpoint_steps WHERE job_id = ? AND step = ?");
+    st.Bind(1, job).Bind(2, step);
+    if (st.Next()) {
+      row.emplace();
+      row->world_size = static_cast<int>(st.Int(0));
+      row->generation = st.Int(1);
+      row->plan_hash = st.Text(2);
+      row->complete = st.Int(3) != 0;
+    }
+    return st.status();
+  });
+  if (!status.ok()) return status;
+  return row;
 }
 
-absl::StatusOr<std::vector<CommittedShard>> CheckpointRegistry::LoadCommits(
-    const std::string& job, int64_t step) {
-  absl::MutexLock db_lock(state_->mu());
-  Sql st(state_->db(),
-         "SELECT rank, file, size_bytes, checksums, optimizer, optimizer_step "
-         "FROM checkpoint_commits WHERE job_id = ? AND step = ? ORDER BY rank");
-  if (!st.ok()) return st.status("prepare load commits");
-  st.Bind(1, job).Bind(2, step);
+absl::StatusOr<std::vector<CommittedShard>> CheckpointRegistry::LoadCommits(const std::string& job,
+                                                                            int64_t step) {
   std::vector<CommittedShard> commits;
-  while (st.Step() == SQLITE_ROW) {
-    CommittedShard c;
-    c.rank = static_cast<int>(st.Int(0));
-    c.file = st.Text(1);
-    c.size_bytes = st.Int(2);
-    if (!ChecksumsFromJson(st.Text(3), &c.checksums)) {
-      return absl::DataLossError(absl::StrCat("checkpoint registry: checksums of job '", job,
-                                              "' step ", step, " rank ", c.rank,
-                                              " are corrupt"));
+  absl::Status status = state_->Read([&](StateStore::Connection& db) -> absl::Status {
+    Statement st = db.Prepare("load checkpoint commits",
+                              "SELECT rank, file, size_bytes, checksums, optimizer, "
+                              "optimizer_step FROM checkpoint_commits "
+                              "WHERE job_id = ? AND step = ? ORDER BY rank");
+    st.Bind(1, job).Bind(2, step);
+    while (st.Next()) {
+      CommittedShard c;
+      c.rank = static_cast<int>(st.Int(0));
+      c.file = st.Text(1);
+      c.size_bytes = st.Int(2);
+      if (!ChecksumsFromJson(st.Text(3), &c.checksums)) {
+        return absl::DataLossError(absl::StrCat("checkpoint registry: checksums of job '", job,
+                                                "' step ", step, " rank ", c.rank, " are corrupt"));
+      }
+      c.optimizer = st.Text(4);
+      c.optimizer_step = st.Int(5);
+      commits.push_back(std::move(c));
     }
-    c.optimizer = st.Text(4);
-    c.optimizer_step = st.Int(5);
-    commits.push_back(std::move(c));
-  }
+    return st.status();
+  });
+  if (!status.ok()) return status;
   return commits;
 }
 
@@ -464,6 +432,9 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
   }
   const int64_t now = NowUnixMs();
   bool new_step = !row->has_value();
+  // A newer generation saves this step again: the old pieces are abandoned
+  // (in the transaction that records this commit).
+  bool restart = false;
   if (row->has_value() && ((*row)->generation != member.generation() ||
                            (*row)->world_size != world_size || (*row)->plan_hash != plan->hash())) {
     if ((*row)->generation > member.generation()) {
@@ -471,12 +442,7 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
           "step ", step, " of job '", job, "' is being written by generation ",
           (*row)->generation, "; this member is of generation ", member.generation())));
     }
-    // A newer generation saves this step again: the old pieces are abandoned.
-    if (absl::Status s = DeleteStepRows(job, step, /*commits_only=*/true); !s.ok()) return s;
-    log_->Log("checkpoint_step_restarted", {{"job", job},
-                                            {"step", absl::StrCat(step)},
-                                            {"old_generation", absl::StrCat((*row)->generation)},
-                                            {"generation", absl::StrCat(member.generation())}});
+    restart = true;
     new_step = true;
   }
   if (!new_step) {
@@ -493,41 +459,45 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
   }
   StepRow step_row{world_size, member.generation(), plan->hash(), false};
   int committed = 0;
-  {
-    absl::MutexLock db_lock(state_->mu());
-    sqlite3* db = state_->db();
-    if (absl::Status s = Exec(db, "BEGIN IMMEDIATE;"); !s.ok()) return s;
-    auto rollback = [&](absl::Status s) {
-      Exec(db, "ROLLBACK;").IgnoreError();
-      return s;
-    };
+  absl::Status saved = state_->Transaction([&](StateStore::Connection& db) -> absl::Status {
+    if (restart) {
+      if (absl::Status s = DeleteStepRows(db, job, step, /*commits_only=*/true); !s.ok()) {
+        return s;
+      }
+    }
     if (new_step) {
-      Sql st(db,
-             "INSERT OR REPLACE INTO checkpoint_steps(job_id, step, world_size, generation, "
-             "plan_hash, complete, manifest, created_unix_ms, completed_unix_ms) "
-             "VALUES (?, ?, ?, ?, ?, 0, '', ?, 0)");
-      st.Bind(1, job).Bind(2, step).Bind(3, int64_t{world_size}).Bind(4, member.generation());
+      Statement st = db.Prepare(
+          "save checkpoint step",
+          "INSERT OR REPLACE INTO checkpoint_steps(job_id, step, world_size, generation, "
+          "plan_hash, complete, manifest, created_unix_ms, completed_unix_ms) "
+          "VALUES (?, ?, ?, ?, ?, 0, '', ?, 0)");
+      st.Bind(1, job).Bind(2, step).Bind(3, world_size).Bind(4, member.generation());
       st.Bind(5, plan->hash()).Bind(6, now);
-      if (absl::Status s = st.Run("save step"); !s.ok()) return rollback(s);
+      if (absl::Status s = st.Run(); !s.ok()) return s;
     }
-    {
-      Sql st(db,
-             "INSERT OR REPLACE INTO checkpoint_commits(job_id, step, rank, file, size_bytes, "
-             "checksums, generation, optimizer, optimizer_step, committed_unix_ms) "
-             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-      st.Bind(1, job).Bind(2, step).Bind(3, int64_t{rank}).Bind(4, shard->file);
-      st.Bind(5, shard->size_bytes).Bind(6, ChecksumsToJson(shard->checksums));
-      st.Bind(7, member.generation()).Bind(8, shard->optimizer).Bind(9, shard->optimizer_step);
-      st.Bind(10, now);
-      if (absl::Status s = st.Run("save commit"); !s.ok()) return rollback(s);
-    }
-    {
-      Sql st(db, "SELECT COUNT(*) FROM checkpoint_commits WHERE job_id = ? AND step = ?");
-      st.Bind(1, job).Bind(2, step);
-      if (st.Step() != SQLITE_ROW) return rollback(st.status("count commits"));
-      committed = static_cast<int>(st.Int(0));
-    }
-    if (absl::Status s = Exec(db, "COMMIT;"); !s.ok()) return rollback(s);
+    Statement save = db.Prepare(
+        "save checkpoint commit",
+        "INSERT OR REPLACE INTO checkpoint_commits(job_id, step, rank, file, size_bytes, "
+        "checksums, generation, optimizer, optimizer_step, committed_unix_ms) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    save.Bind(1, job).Bind(2, step).Bind(3, rank).Bind(4, shard->file);
+    save.Bind(5, shard->size_bytes).Bind(6, ChecksumsToJson(shard->checksums));
+    save.Bind(7, member.generation()).Bind(8, shard->optimizer).Bind(9, shard->optimizer_step);
+    save.Bind(10, now);
+    if (absl::Status s = save.Run(); !s.ok()) return s;
+    Statement count =
+        db.Prepare("count checkpoint commits",
+                   "SELECT COUNT(*) FROM checkpoint_commits WHERE job_id = ? AND step = ?");
+    count.Bind(1, job).Bind(2, step);
+    if (count.Next()) committed = static_cast<int>(count.Int(0));
+    return count.status();
+  });
+  if (!saved.ok()) return saved;
+  if (restart) {
+    log_->Log("checkpoint_step_restarted", {{"job", job},
+                                            {"step", absl::StrCat(step)},
+                                            {"old_generation", absl::StrCat((*row)->generation)},
+                                            {"generation", absl::StrCat(member.generation())}});
   }
   log_->Log("checkpoint_commit", {{"job", job},
                                   {"step", absl::StrCat(step)},
@@ -565,14 +535,14 @@ absl::Status CheckpointRegistry::CompleteStep(
   // complete: a crash in between leaves a step that Recover() completes
   // again, never a "complete" step without its manifest.
   if (absl::Status s = WriteFileAtomically(root_.Join(relative), json); !s.ok()) return s;
-  {
-    absl::MutexLock db_lock(state_->mu());
-    Sql st(state_->db(),
-           "UPDATE checkpoint_steps SET complete = 1, manifest = ?, completed_unix_ms = ? "
-           "WHERE job_id = ? AND step = ?");
-    st.Bind(1, json).Bind(2, now).Bind(3, job).Bind(4, step);
-    if (absl::Status s = st.Run("mark step complete"); !s.ok()) return s;
-  }
+  absl::Status marked = state_->Transaction([&](StateStore::Connection& db) {
+    Statement st =
+        db.Prepare("mark checkpoint step complete",
+                   "UPDATE checkpoint_steps SET complete = 1, manifest = ?, completed_unix_ms = ? "
+                   "WHERE job_id = ? AND step = ?");
+    return st.Bind(1, json).Bind(2, now).Bind(3, job).Bind(4, step).Run();
+  });
+  if (!marked.ok()) return marked;
   log_->Log("checkpoint_complete",
             {{"job", job},
              {"step", absl::StrCat(step)},
@@ -595,14 +565,23 @@ void CheckpointRegistry::SetCompletionListener(CompletionListener listener) {
   listener_ = std::move(listener);
   // Complete steps that were never verified (the server stopped first).
   std::vector<std::pair<std::string, int64_t>> pending;
+  absl::Status found;
   {
     absl::MutexLock lock(&mu_);
-    absl::MutexLock db_lock(state_->mu());
-    Sql st(state_->db(),
-           "SELECT s.job_id, s.step FROM checkpoint_steps s LEFT JOIN checkpoint_verified v "
-           "ON v.job_id = s.job_id AND v.step = s.step "
-           "WHERE s.complete = 1 AND v.step IS NULL ORDER BY s.job_id, s.step");
-    while (st.Step() == SQLITE_ROW) pending.emplace_back(st.Text(0), st.Int(1));
+    found = state_->Read([&](StateStore::Connection& db) {
+      Statement st = db.Prepare(
+          "find unverified checkpoint steps",
+          "SELECT s.job_id, s.step FROM checkpoint_steps s LEFT JOIN checkpoint_verified v "
+          "ON v.job_id = s.job_id AND v.step = s.step "
+          "WHERE s.complete = 1 AND v.step IS NULL ORDER BY s.job_id, s.step");
+      while (st.Next()) pending.emplace_back(st.Text(0), st.Int(1));
+      return st.status();
+    });
+  }
+  if (!found.ok()) {
+    // Those found before the error are still verified; the rest wait for
+    // the next start.
+    log_->Log("checkpoint_registry_error", {{"error", found.ToString()}});
   }
   for (const auto& [job, step] : pending) listener_(job, step);
 }
@@ -610,64 +589,42 @@ void CheckpointRegistry::SetCompletionListener(CompletionListener listener) {
 absl::Status CheckpointRegistry::RecordVerified(
     const std::string& job, int64_t step, const std::map<std::string, std::string>& checksums) {
   absl::MutexLock lock(&mu_);
-  {
-    absl::MutexLock db_lock(state_->mu());
-    Sql st(state_->db(),
-           "INSERT OR REPLACE INTO checkpoint_verified(job_id, step, output_checksums, "
-           "verified_unix_ms) VALUES (?, ?, ?, ?)");
+  absl::Status saved = state_->Transaction([&](StateStore::Connection& db) {
+    Statement st = db.Prepare("save checkpoint verification",
+                              "INSERT OR REPLACE INTO checkpoint_verified(job_id, step, "
+                              "output_checksums, verified_unix_ms) VALUES (?, ?, ?, ?)");
     st.Bind(1, job).Bind(2, step).Bind(3, ChecksumsToJson(checksums)).Bind(4, NowUnixMs());
-    if (absl::Status s = st.Run("save verification"); !s.ok()) return s;
-  }
+    return st.Run();
+  });
+  if (!saved.ok()) return saved;
   return ApplyRetention(job);
 }
 
 absl::Status CheckpointRegistry::RecordVerifyFailed(const std::string& job, int64_t step,
                                                     const std::string& error) {
   absl::MutexLock lock(&mu_);
-  absl::MutexLock db_lock(state_->mu());
-  Sql st(state_->db(),
-         "INSERT OR REPLACE INTO checkpoint_verify_failed(job_id, step, error, failed_unix_ms) "
-         "VALUES (?, ?, ?, ?)");
-  st.Bind(1, job).Bind(2, step).Bind(3, error).Bind(4, NowUnixMs());
-  return st.Run("save failed verification");
-}
-
-absl::Status CheckpointRegistry::DeleteStepRows(const std::string& job, int64_t step,
-                                                bool commits_only) {
-  absl::MutexLock db_lock(state_->mu());
-  {
-    Sql st(state_->db(), "DELETE FROM checkpoint_verify_failed WHERE job_id = ? AND step = ?");
-    st.Bind(1, job).Bind(2, step);
-    if (absl::Status s = st.Run("delete failed verification"); !s.ok()) return s;
-  }
-  {
-    Sql st(state_->db(), "DELETE FROM checkpoint_commits WHERE job_id = ? AND step = ?");
-    st.Bind(1, job).Bind(2, step);
-    if (absl::Status s = st.Run("delete commits"); !s.ok()) return s;
-  }
-  {
-    Sql st(state_->db(), "DELETE FROM checkpoint_verified WHERE job_id = ? AND step = ?");
-    st.Bind(1, job).Bind(2, step);
-    if (absl::Status s = st.Run("delete verification"); !s.ok()) return s;
-  }
-  if (commits_only) return absl::OkStatus();
-  Sql st(state_->db(), "DELETE FROM checkpoint_steps WHERE job_id = ? AND step = ?");
-  st.Bind(1, job).Bind(2, step);
-  return st.Run("delete step");
+  return state_->Transaction([&](StateStore::Connection& db) {
+    Statement st = db.Prepare("save failed checkpoint verification",
+                              "INSERT OR REPLACE INTO checkpoint_verify_failed(job_id, step, "
+                              "error, failed_unix_ms) VALUES (?, ?, ?, ?)");
+    return st.Bind(1, job).Bind(2, step).Bind(3, error).Bind(4, NowUnixMs()).Run();
+  });
 }
 
 absl::Status CheckpointRegistry::ApplyRetention(const std::string& job) {
   if (options_.keep_last <= 0) return absl::OkStatus();
   std::vector<std::pair<int64_t, bool>> complete;  // (step, verified), newest first
-  {
-    absl::MutexLock db_lock(state_->mu());
-    Sql st(state_->db(),
-           "SELECT s.step, v.step IS NOT NULL FROM checkpoint_steps s "
-           "LEFT JOIN checkpoint_verified v ON v.job_id = s.job_id AND v.step = s.step "
-           "WHERE s.job_id = ? AND s.complete = 1 ORDER BY s.step DESC");
+  absl::Status found = state_->Read([&](StateStore::Connection& db) {
+    Statement st =
+        db.Prepare("list complete checkpoint steps",
+                   "SELECT s.step, v.step IS NOT NULL FROM checkpoint_steps s "
+                   "LEFT JOIN checkpoint_verified v ON v.job_id = s.job_id AND v.step = s.step "
+                   "WHERE s.job_id = ? AND s.complete = 1 ORDER BY s.step DESC");
     st.Bind(1, job);
-    while (st.Step() == SQLITE_ROW) complete.emplace_back(st.Int(0), st.Int(1) != 0);
-  }
+    while (st.Next()) complete.emplace_back(st.Int(0), st.Int(1) != 0);
+    return st.status();
+  });
+  if (!found.ok()) return found;
   // Only complete steps older than the newest keep_last complete (and, with
   // verification, verified) ones go: never the latest complete step
   // (keep_last >= 1), never an incomplete step (which may still be being
@@ -695,7 +652,10 @@ absl::Status CheckpointRegistry::ApplyRetention(const std::string& job) {
     if (unlink(manifest.c_str()) != 0 && errno != ENOENT) {
       return ErrnoStatus(errno, "cannot remove", manifest);
     }
-    if (absl::Status s = DeleteStepRows(job, step, /*commits_only=*/false); !s.ok()) return s;
+    absl::Status deleted = state_->Transaction([&](StateStore::Connection& db) {
+      return DeleteStepRows(db, job, step, /*commits_only=*/false);
+    });
+    if (!deleted.ok()) return deleted;
     absl::Status removed = root_.RemoveDir(dir);
     log_->Log("checkpoint_deleted", {{"job", job},
                                      {"step", absl::StrCat(step)},
@@ -734,48 +694,48 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::
   if (!job.empty()) {
     if (absl::Status s = ValidateJobId(job); !s.ok()) return s;
   }
-  absl::MutexLock lock(&mu_);
-  absl::MutexLock db_lock(state_->mu());
-  Sql st(state_->db(),
-         "SELECT s.job_id, s.step, s.world_size, s.complete, s.plan_hash, s.created_unix_ms, "
-         "s.completed_unix_ms, COUNT(c.rank), COALESCE(SUM(c.size_bytes), 0), "
-         "(SELECT COUNT(*) FROM checkpoint_verified v "
-         " WHERE v.job_id = s.job_id AND v.step = s.step), "
-         "(SELECT f.error FROM checkpoint_verify_failed f "
-         " WHERE f.job_id = s.job_id AND f.step = s.step) "
-         "FROM checkpoint_steps s LEFT JOIN checkpoint_commits c "
-         "ON c.job_id = s.job_id AND c.step = s.step "
-         "WHERE ?1 = '' OR s.job_id = ?1 "
-         "GROUP BY s.job_id, s.step ORDER BY s.job_id, s.step");
-  if (!st.ok()) return st.status("prepare list");
-  st.Bind(1, job);
   v1::ListCheckpointsResponse response;
-  int rc;
-  while ((rc = st.Step()) == SQLITE_ROW) {
-    v1::CheckpointInfo* info = response.add_checkpoints();
-    info->set_job_id(st.Text(0));
-    info->set_step(st.Int(1));
-    info->set_world_size(static_cast<int>(st.Int(2)));
-    info->set_complete(st.Int(3) != 0);
-    info->set_plan_hash(st.Text(4));
-    // A complete step dates from its manifest; an incomplete one from its
-    // first commit.
-    info->set_created_unix_ms(info->complete() ? st.Int(6) : st.Int(5));
-    info->set_committed(static_cast<int>(st.Int(7)));
-    info->set_total_bytes(st.Int(8));
-    if (info->complete()) {
-      info->set_manifest(
-          CheckpointManifestPath(info->job_id(), info->step()));
-      const std::string error = st.Text(10);
-      if (!error.empty()) {
-        info->set_verification("failed");
-        info->set_verification_error(error);
-      } else {
-        info->set_verification(st.Int(9) > 0 ? "verified" : "pending");
+  absl::MutexLock lock(&mu_);
+  absl::Status status = state_->Read([&](StateStore::Connection& db) {
+    Statement st = db.Prepare(
+        "list checkpoints",
+        "SELECT s.job_id, s.step, s.world_size, s.complete, s.plan_hash, s.created_unix_ms, "
+        "s.completed_unix_ms, COUNT(c.rank), COALESCE(SUM(c.size_bytes), 0), "
+        "(SELECT COUNT(*) FROM checkpoint_verified v "
+        " WHERE v.job_id = s.job_id AND v.step = s.step), "
+        "(SELECT f.error FROM checkpoint_verify_failed f "
+        " WHERE f.job_id = s.job_id AND f.step = s.step) "
+        "FROM checkpoint_steps s LEFT JOIN checkpoint_commits c "
+        "ON c.job_id = s.job_id AND c.step = s.step "
+        "WHERE ?1 = '' OR s.job_id = ?1 "
+        "GROUP BY s.job_id, s.step ORDER BY s.job_id, s.step");
+    st.Bind(1, job);
+    while (st.Next()) {
+      v1::CheckpointInfo* info = response.add_checkpoints();
+      info->set_job_id(st.Text(0));
+      info->set_step(st.Int(1));
+      info->set_world_size(static_cast<int>(st.Int(2)));
+      info->set_complete(st.Int(3) != 0);
+      info->set_plan_hash(st.Text(4));
+      // A complete step dates from its manifest; an incomplete one from its
+      // first commit.
+      info->set_created_unix_ms(info->complete() ? st.Int(6) : st.Int(5));
+      info->set_committed(static_cast<int>(st.Int(7)));
+      info->set_total_bytes(st.Int(8));
+      if (info->complete()) {
+        info->set_manifest(CheckpointManifestPath(info->job_id(), info->step()));
+        const std::string error = st.Text(10);
+        if (!error.empty()) {
+          info->set_verification("failed");
+          info->set_verification_error(error);
+        } else {
+          info->set_verification(st.Int(9) > 0 ? "verified" : "pending");
+        }
       }
     }
-  }
-  if (rc != SQLITE_DONE) return st.status("list");
+    return st.status();
+  });
+  if (!status.ok()) return status;
   return response;
 }
 
@@ -787,41 +747,51 @@ absl::StatusOr<std::unique_ptr<PinnedCheckpoint>> CheckpointRegistry::Acquire(
         absl::StrCat("step ", step, " is not a step; expected N >= 0 or -1 (latest)"));
   }
   absl::MutexLock lock(&mu_);
-  absl::MutexLock db_lock(state_->mu());
-  if (step == -1) {
-    Sql st(state_->db(),
-           "SELECT MAX(step) FROM checkpoint_steps s WHERE job_id = ? AND complete = 1 "
-           "AND NOT EXISTS (SELECT 1 FROM checkpoint_verify_failed f "
-           "WHERE f.job_id = s.job_id AND f.step = s.step)");
-    st.Bind(1, job);
-    if (st.Step() != SQLITE_ROW || st.IsNull(0)) {
-      return absl::NotFoundError(
-          absl::StrCat("job '", job, "' has no complete checkpoint on this server"));
-    }
-    step = st.Int(0);
-  }
-  Sql st(state_->db(),
-         "SELECT s.complete, s.manifest, s.world_size, "
-         "(SELECT COUNT(*) FROM checkpoint_commits c WHERE c.job_id = s.job_id AND "
-         "c.step = s.step) FROM checkpoint_steps s WHERE s.job_id = ? AND s.step = ?");
-  st.Bind(1, job).Bind(2, step);
-  if (st.Step() != SQLITE_ROW) {
-    return absl::NotFoundError(
-        absl::StrCat("job '", job, "' has no checkpoint at step ", step,
-                     " (shardctl checkpoints --job=", job, " lists them)"));
-  }
-  if (st.Int(0) == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", step, " of job '", job, "' is not complete: ", st.Int(3), " of ",
-                     st.Int(2), " ranks committed"));
-  }
-  absl::StatusOr<CheckpointManifest> manifest = ParseManifestJson(st.Text(1));
-  if (!manifest.ok()) return manifest.status();
+  std::optional<CheckpointManifest> manifest;
   std::map<std::string, std::string> verified;
-  Sql v(state_->db(),
+  absl::Status found = state_->Read([&](StateStore::Connection& db) -> absl::Status {
+    if (step == -1) {
+      Statement latest =
+          db.Prepare("find the latest checkpoint",
+                     "SELECT MAX(step) FROM checkpoint_steps s WHERE job_id = ? AND complete = 1 "
+                     "AND NOT EXISTS (SELECT 1 FROM checkpoint_verify_failed f "
+                     "WHERE f.job_id = s.job_id AND f.step = s.step)");
+      latest.Bind(1, job);
+      if (!latest.Next() || latest.IsNull(0)) {
+        if (!latest.status().ok()) return latest.status();
+        return absl::NotFoundError(
+            absl::StrCat("job '", job, "' has no complete checkpoint on this server"));
+      }
+      step = latest.Int(0);
+    }
+    Statement st =
+        db.Prepare("load checkpoint manifest",
+                   "SELECT s.complete, s.manifest, s.world_size, "
+                   "(SELECT COUNT(*) FROM checkpoint_commits c WHERE c.job_id = s.job_id AND "
+                   "c.step = s.step) FROM checkpoint_steps s WHERE s.job_id = ? AND s.step = ?");
+    st.Bind(1, job).Bind(2, step);
+    if (!st.Next()) {
+      if (!st.status().ok()) return st.status();
+      return absl::NotFoundError(absl::StrCat("job '", job, "' has no checkpoint at step ", step,
+                                              " (shardctl checkpoints --job=", job,
+                                              " lists them)"));
+    }
+    if (st.Int(0) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job '", job,
+                                                        "' is not complete: ", st.Int(3), " of ",
+                                                        st.Int(2), " ranks committed"));
+    }
+    absl::StatusOr<CheckpointManifest> parsed = ParseManifestJson(st.Text(1));
+    if (!parsed.ok()) return parsed.status();
+    manifest = *std::move(parsed);
+    Statement v = db.Prepare(
+        "load checkpoint verification",
         "SELECT output_checksums FROM checkpoint_verified WHERE job_id = ? AND step = ?");
-  v.Bind(1, job).Bind(2, step);
-  if (v.Step() == SQLITE_ROW && !ChecksumsFromJson(v.Text(0), &verified)) verified.clear();
+    v.Bind(1, job).Bind(2, step);
+    if (v.Next() && !ChecksumsFromJson(v.Text(0), &verified)) verified.clear();
+    return v.status();
+  });
+  if (!found.ok()) return found;
   ++pins_[{job, step}];
   return std::unique_ptr<PinnedCheckpoint>(
       new PinnedCheckpoint(this, *std::move(manifest), std::move(verified)));

@@ -168,8 +168,6 @@ class CheckpointRegistry {
                             std::vector<std::pair<std::string, int64_t>>* completed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyRetention(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status DeleteStepRows(const std::string& job, int64_t step, bool commits_only)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Recover();
   void Unpin(const std::string& job, int64_t step);
 
@@ -179,8 +177,9 @@ class CheckpointRegistry {
   EventLog* const log_;
   const PlanLookup plans_;
 
-  // Serializes changes to the tables (and the files they describe). Taken
-  // before state_->mu().
+  // Serializes changes to the tables (and the files they describe), so that
+  // what a query reads still holds when the transaction that follows writes.
+  // Held while calling the state store (whose own mutex comes after it).
   absl::Mutex mu_;
   // (job, step) -> live PinnedCheckpoints: consolidations in progress.
   std::map<std::pair<std::string, int64_t>, int> pins_ ABSL_GUARDED_BY(mu_);

@@ -13,7 +13,7 @@
 #include "common/file_util.h"
 #include "shard_server/checkpoint_consolidator.h"
 #include "shard_server/checkpoint_paths.h"
-#include "shard_server/coordinator_service.h"
+#include "shard_server/grpc_status.h"
 
 namespace zeroshard {
 namespace {

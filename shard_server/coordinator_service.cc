@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "shard_server/bearer_auth.h"
+#include "shard_server/grpc_status.h"
 
 namespace zeroshard {
 namespace {
@@ -103,11 +104,6 @@ class HeartbeatStream
 };
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, std::string auth_token,

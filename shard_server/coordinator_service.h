@@ -11,7 +11,6 @@
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint_service.h"
 #include "shard_server/clock.h"
-#include "shard_server/event_log.h"
 #include "shard_server/kv_store.h"
 #include "shard_server/membership.h"
 #include "shard_server/plan_service.h"
@@ -83,8 +82,6 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
 };
-
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace zeroshard
 

@@ -107,8 +107,8 @@ absl::Status Membership::Restore() {
   return absl::OkStatus();
 }
 
-void Membership::Persist(const Job& job) {
-  if (state_ == nullptr) return;
+absl::Status Membership::Persist(const Job& job) {
+  if (state_ == nullptr) return absl::OkStatus();
   StoredJob s;
   s.job_id = job.id;
   s.world_size = job.world_size;
@@ -118,8 +118,39 @@ void Membership::Persist(const Job& job) {
   for (const MemberState& m : job.members) {
     s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left});
   }
-  absl::Status status = state_->SaveJob(s);
-  if (!status.ok()) log_->Log("state_store_error", {{"job", job.id}, {"error", status.ToString()}});
+  return state_->SaveJob(s);
+}
+
+absl::Status Membership::SaveChange(const Job& job, absl::string_view failure) {
+  absl::Status saved = Persist(job);
+  if (saved.ok()) return saved;
+  absl::Status error(saved.code(), absl::StrCat(failure, ": ", saved.message()));
+  log_->Log("state_store_error", {{"job", job.id}, {"error", error.ToString()}});
+  return error;
+}
+
+void Membership::SaveOrMarkUnsaved(Job& job, absl::string_view change) {
+  absl::Status saved = Persist(job);
+  if (!saved.ok() && job.unsaved.ok()) {
+    // Logged once: the retries on every tick would repeat it 20 times a second.
+    log_->Log("state_store_error", {{"job", job.id},
+                                    {"change", std::string(change)},
+                                    {"error", saved.ToString()},
+                                    {"retry", "every tick, and before the job's member calls"}});
+  } else if (saved.ok() && !job.unsaved.ok()) {
+    log_->Log("state_saved", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+  }
+  job.unsaved = saved;
+}
+
+absl::Status Membership::SaveUnsaved(Job& job) {
+  if (job.unsaved.ok()) return absl::OkStatus();
+  SaveOrMarkUnsaved(job, "retry");
+  if (job.unsaved.ok()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("job '", job.id, "' has a membership change (generation ", job.generation,
+                   ") that the server could not save: ", job.unsaved.message(),
+                   "; the job's calls are refused until it is saved (retried every tick)"));
 }
 
 uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done) {
@@ -147,7 +178,10 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
     Job* job = it == jobs_.end() ? nullptr : it->second.get();
     bool restart = false;   // a finished job starts again
     bool rejoin = false;    // a member that left comes back: new generation
-    if (job != nullptr && job->state != v1::FINISHED) {
+    if (job != nullptr) refused = SaveUnsaved(*job);
+    if (!refused.ok()) {
+      // The job takes no join until its last change is saved.
+    } else if (job != nullptr && job->state != v1::FINISHED) {
       if (request.world_size() != job->world_size) {
         refused = absl::FailedPreconditionError(absl::StrCat(
             "world_size ", request.world_size(), " differs from job '", job->id,
@@ -185,18 +219,24 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
         created->world_size = request.world_size();
         created->generation = 1;
         created->state = v1::JOINING;
-        job = created.get();
-        jobs_[job->id] = std::move(created);
-        log_->Log("job_created", {{"job", job->id},
-                                  {"world_size", absl::StrCat(job->world_size)}});
-        Persist(*job);
+        refused =
+            SaveChange(*created, absl::StrCat("job '", created->id, "' could not be created"));
+        if (refused.ok()) {
+          job = created.get();
+          jobs_[job->id] = std::move(created);
+          log_->Log("job_created",
+                    {{"job", job->id}, {"world_size", absl::StrCat(job->world_size)}});
+        }
       } else if (restart) {
-        job->world_size = request.world_size();
-        BumpGeneration(*job, v1::JOINING, "job restarted after finishing", deferred);
+        refused = StartGeneration(*job, request.world_size(), v1::JOINING,
+                                  "job restarted after finishing", deferred);
       } else if (rejoin) {
-        BumpGeneration(*job, v1::DEGRADED,
-                       absl::StrCat("worker '", request.worker_id(), "' re-joined"), deferred);
+        refused =
+            StartGeneration(*job, job->world_size, v1::DEGRADED,
+                            absl::StrCat("worker '", request.worker_id(), "' re-joined"), deferred);
       }
+    }
+    if (refused.ok()) {
       id = next_join_id_++;
       PendingJoin& p = job->pending[request.worker_id()];
       p.id = id;
@@ -214,16 +254,19 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
       if (static_cast<int>(job->pending.size()) == job->world_size) FormGeneration(*job, deferred);
     }
   }
+  for (auto& f : deferred) f();
   if (!refused.ok()) {
     done(refused);
     return 0;
   }
-  for (auto& f : deferred) f();
   return id;
 }
 
 void Membership::FormGeneration(Job& job, Deferred& deferred) {
   absl::Time now = clock_->Now();
+  std::vector<MemberState> previous_members = std::move(job.members);
+  const int64_t previous_members_generation = job.members_generation;
+  const v1::JobState previous_state = job.state;
   job.members.clear();
   job.members.reserve(job.world_size);
   int rank = 0;
@@ -238,6 +281,19 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
   }
   job.members_generation = job.generation;
   job.state = v1::RUNNING;
+  absl::Status saved = SaveChange(
+      job, absl::StrCat("job '", job.id, "' generation ", job.generation, " could not be formed"));
+  if (!saved.ok()) {
+    job.members = std::move(previous_members);
+    job.members_generation = previous_members_generation;
+    job.state = previous_state;
+    for (auto& [worker_id, p] : job.pending) {
+      pending_by_id_.erase(p.id);
+      deferred.push_back([done = std::move(p.done), saved]() { done(saved); });
+    }
+    job.pending.clear();
+    return;
+  }
 
   v1::JoinResponse common;
   common.set_world_size(job.world_size);
@@ -268,17 +324,34 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     });
   }
   job.pending.clear();
-  Persist(job);
   log_->Log("ranks_assigned", {{"job", job.id},
                                {"generation", absl::StrCat(job.generation)},
                                {"world_size", absl::StrCat(job.world_size)}});
 }
 
-void Membership::BumpGeneration(Job& job, v1::JobState state, const std::string& reason,
-                                Deferred& deferred) {
-  int64_t old = job.generation;
+absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState state,
+                                         const std::string& reason, Deferred& deferred) {
+  const int previous_world_size = job.world_size;
+  const int64_t previous_generation = job.generation;
+  const v1::JobState previous_state = job.state;
+  job.world_size = world_size;
   job.generation++;
   job.state = state;
+  absl::Status saved =
+      SaveChange(job, absl::StrCat("job '", job.id, "' could not move to generation ",
+                                   job.generation, " (", reason, ")"));
+  if (!saved.ok()) {
+    job.world_size = previous_world_size;
+    job.generation = previous_generation;
+    job.state = previous_state;
+    return saved;
+  }
+  AnnounceGeneration(job, previous_generation, reason, deferred);
+  return absl::OkStatus();
+}
+
+void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& reason,
+                                    Deferred& deferred) {
   // Joins pending for the old generation can never complete it.
   for (auto& [worker_id, p] : job.pending) {
     pending_by_id_.erase(p.id);
@@ -288,7 +361,6 @@ void Membership::BumpGeneration(Job& job, v1::JobState state, const std::string&
     });
   }
   job.pending.clear();
-  Persist(job);
   log_->Log("generation_bumped", {{"job", job.id},
                                   {"from", absl::StrCat(old)},
                                   {"to", absl::StrCat(job.generation)},
@@ -346,6 +418,7 @@ absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> job = FindMemberJob(member, /*allow_stale=*/false);
   if (!job.ok()) return job.status();
+  if (absl::Status s = SaveUnsaved(**job); !s.ok()) return s;
   const MemberState& m = (*job)->members[member.rank()];
   if (m.left) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -370,6 +443,9 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
   m.loss = request.loss();
   m.memory_bytes = request.memory_bytes();
   m.collective_seq = request.collective_seq();
+  // The beat above counts (the member is alive); the answer waits for the
+  // job's unsaved change, which may be what the member must hear.
+  if (absl::Status s = SaveUnsaved(job); !s.ok()) return s;
   v1::HeartbeatResponse response;
   response.set_generation(job.generation);
   if (job.formed() && m.alive) {
@@ -392,17 +468,28 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
     Job& job = **found;
     MemberState& m = job.members[member.rank()];
     if (m.left) return absl::OkStatus();  // idempotent
+    if (absl::Status s = SaveUnsaved(job); !s.ok()) return s;
+    const bool was_alive = m.alive;
+    const v1::JobState previous_state = job.state;
     m.left = true;
     m.alive = false;
+    bool all_gone =
+        job.pending.empty() && std::all_of(job.members.begin(), job.members.end(),
+                                           [](const MemberState& x) { return x.left || !x.alive; });
+    if (all_gone) job.state = v1::FINISHED;
+    absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
+                                                      job.id, "' could not be saved"));
+    if (!saved.ok()) {
+      m.left = false;
+      m.alive = was_alive;
+      job.state = previous_state;
+      return saved;
+    }
     log_->Log("leave", {{"job", job.id},
                         {"worker", m.worker_id},
                         {"rank", absl::StrCat(m.rank)},
                         {"generation", absl::StrCat(member.generation())}});
-    bool all_gone = job.pending.empty() &&
-                    std::all_of(job.members.begin(), job.members.end(),
-                                [](const MemberState& x) { return x.left || !x.alive; });
     if (all_gone) {
-      job.state = v1::FINISHED;
       log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
       if (listener_) {
         deferred.push_back([listener = listener_, id = job.id, gen = job.generation]() {
@@ -410,7 +497,6 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
         });
       }
     }
-    Persist(job);
   }
   for (auto& f : deferred) f();
   return absl::OkStatus();
@@ -423,6 +509,7 @@ void Membership::Tick() {
     absl::Time now = clock_->Now();
     for (auto& [id, job_ptr] : jobs_) {
       Job& job = *job_ptr;
+      if (!job.unsaved.ok()) SaveUnsaved(job).IgnoreError();
       bool died = false;
       bool changed = false;
       for (MemberState& m : job.members) {
@@ -438,10 +525,16 @@ void Membership::Tick() {
                                   {"silent_ms", Ms(silent)}});
         died = died || job.formed();
       }
+      // A death stands whatever the disk says: applied now, saved when it can be.
       if (died) {
-        BumpGeneration(job, v1::DEGRADED, "a member stopped heartbeating", deferred);
+        const int64_t old = job.generation;
+        job.generation++;
+        job.state = v1::DEGRADED;
+        AnnounceGeneration(job, old, "a member stopped heartbeating", deferred);
+        SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after a death"));
       } else if (changed) {
-        Persist(job);  // survivors of an abandoned generation went silent
+        // Survivors of an abandoned generation went silent.
+        SaveOrMarkUnsaved(job, "members of an abandoned generation went silent");
       }
       for (auto p = job.pending.begin(); p != job.pending.end();) {
         if (p->second.deadline > now) {

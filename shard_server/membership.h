@@ -10,6 +10,18 @@
 // answered ABORT_GENERATION_CHANGED until they re-join the new generation.
 // When every member left cleanly the job is FINISHED; a later Join starts it
 // again with a new generation (and may change the world size).
+//
+// Durability: with a state store, a change is saved before anyone is told of
+// it. A join or leave whose change cannot be saved fails with the store's
+// error and leaves the job as it was; a generation that cannot be formed
+// answers every waiting join with the error. A death has no caller to fail
+// and cannot be undone (the member is silent whatever the disk says), so it
+// is applied in memory and the job is marked unsaved: the save is retried on
+// every Tick and before every call of the job's members (heartbeats, member
+// checks, leaves, joins), which are refused with UNAVAILABLE naming the
+// store's error until a save succeeds. So no member acts on a generation
+// change that a restarted server would not know (such a server gives the
+// members a full timeout and declares the silent one dead again).
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 
@@ -23,6 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
@@ -57,7 +70,8 @@ class Membership {
   void SetGenerationListener(GenerationListener listener);
 
   // Either calls `done` at once (a refusal, which changes no state) or holds
-  // the join until the barrier completes, `deadline` (capped at now +
+  // the join until the barrier completes (with a rank, or with the store's
+  // error when the generation cannot be saved), `deadline` (capped at now +
   // join_timeout) passes, or CancelJoin. Returns an id for CancelJoin.
   uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done);
   // The caller went away: forget its pending join and answer CANCELLED.
@@ -65,19 +79,23 @@ class Membership {
 
   // OK when `member` is a live member of the job's current, formed generation
   // presenting its token; FAILED_PRECONDITION (stale generation, wrong token,
-  // departed member) or NOT_FOUND (unknown job) otherwise.
+  // departed member), NOT_FOUND (unknown job) or UNAVAILABLE (the job has an
+  // unsaved change) otherwise.
   absl::Status CheckMember(const v1::MemberCredentials& member);
 
   // Records a beat and says what the member should do. A member of the last
   // formed generation after a bump gets ABORT_GENERATION_CHANGED; a wrong
-  // token or an older generation gets FAILED_PRECONDITION.
+  // token or an older generation gets FAILED_PRECONDITION; a job with an
+  // unsaved change UNAVAILABLE (the beat still counts).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
 
-  // A clean exit. When every member left, the job is FINISHED.
+  // A clean exit. When every member left, the job is FINISHED. A leave that
+  // cannot be saved returns the store's error and changes nothing.
   absl::Status Leave(const v1::MemberCredentials& member);
 
-  // Declares members dead whose heartbeats stopped and expires pending joins.
-  // Called by the server's timer every few tens of milliseconds.
+  // Declares members dead whose heartbeats stopped, expires pending joins and
+  // retries the saves of unsaved jobs. Called by the server's timer every few
+  // tens of milliseconds.
   void Tick();
 
   v1::GetStatusResponse Status(const std::string& job_id);
@@ -116,14 +134,37 @@ class Membership {
     v1::JobState state = v1::JOINING;
     std::map<std::string, PendingJoin> pending;  // by worker id: sorted = rank order
     std::vector<MemberState> members;            // by rank
+    // OK, or why the last save of a death (applied, not yet saved) failed.
+    absl::Status unsaved;
     bool formed() const { return members_generation == generation && !members.empty(); }
   };
   using Deferred = std::vector<std::function<void()>>;
 
+  // Assigns ranks to the pending joins and answers them. When the save
+  // fails, every pending join is answered with the error instead and the job
+  // is left as it was.
   void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BumpGeneration(Job& job, v1::JobState state, const std::string& reason, Deferred& deferred)
+  // Moves the job to a new generation (and world size) in `state`, saved
+  // first: on a failed save the job is left as it was and the error returned.
+  absl::Status StartGeneration(Job& job, int world_size, v1::JobState state,
+                               const std::string& reason, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What follows a generation change in memory: joins pending for
+  // `old_generation` are abandoned, the listener is told.
+  void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
+                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the job to the state store (OK without one).
+  absl::Status Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persist for a change a caller is told about: a failure is logged and
+  // returned as "<failure>: <the store's error>".
+  absl::Status SaveChange(const Job& job, absl::string_view failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persist for a change that stands whatever the disk says (a death): a
+  // failure marks the job unsaved.
+  void SaveOrMarkUnsaved(Job& job, absl::string_view change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when the job has no unsaved change or saving it now succeeds;
+  // otherwise UNAVAILABLE naming the store's error.
+  absl::Status SaveUnsaved(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewToken();

@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace zeroshard {
@@ -34,39 +36,135 @@ CREATE TABLE IF NOT EXISTS plans (
 );
 )sql";
 
-absl::Status SqliteError(sqlite3* db, absl::string_view what) {
-  return absl::InternalError(absl::StrCat("state store: ", what, ": ", sqlite3_errmsg(db)));
+// A full disk is RESOURCE_EXHAUSTED and a database another process holds
+// locked UNAVAILABLE (worth retrying); anything else is the server's fault.
+absl::StatusCode StatusCodeOf(int sqlite_code) {
+  switch (sqlite_code & 0xff) {
+    case SQLITE_FULL:
+      return absl::StatusCode::kResourceExhausted;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::StatusCode::kUnavailable;
+    default:
+      return absl::StatusCode::kInternal;
+  }
 }
 
-// Owns a prepared statement.
-class Statement {
- public:
-  Statement(sqlite3* db, const char* sql) : db_(db) {
-    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) stmt_ = nullptr;
-  }
-  ~Statement() { sqlite3_finalize(stmt_); }
-  bool ok() const { return stmt_ != nullptr; }
-  sqlite3_stmt* get() { return stmt_; }
-  void Bind(int i, const std::string& v) {
-    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-  }
-  void BindBlob(int i, const std::string& v) {
-    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-  }
-  void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
-  std::string Text(int col) {
-    const void* p = sqlite3_column_blob(stmt_, col);
-    int n = sqlite3_column_bytes(stmt_, col);
-    return p == nullptr ? std::string() : std::string(static_cast<const char*>(p), n);
-  }
-  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+absl::Status SqliteError(int code, absl::string_view what, absl::string_view message) {
+  return absl::Status(StatusCodeOf(code), absl::StrCat("state store: ", what, ": ", message));
+}
 
- private:
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-};
+// Runs `sql` (statements without results) on `db`.
+absl::Status ExecuteSql(sqlite3* db, absl::string_view what, const char* sql) {
+  char* error = nullptr;
+  int code = sqlite3_exec(db, sql, nullptr, nullptr, &error);
+  if (code == SQLITE_OK) return absl::OkStatus();
+  std::string message = error != nullptr ? error : sqlite3_errstr(code);
+  sqlite3_free(error);
+  return SqliteError(sqlite3_extended_errcode(db), what, message);
+}
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// Statement
+
+Statement::Statement(sqlite3* db, absl::string_view what, const char* sql, bool read_only)
+    : db_(db), what_(what) {
+  int code = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  if (code != SQLITE_OK) {
+    Fail(code);
+    sqlite3_finalize(stmt_);
+    stmt_ = nullptr;
+  } else if (read_only && !sqlite3_stmt_readonly(stmt_)) {
+    status_ = absl::InternalError(absl::StrCat(
+        "state store: ", what_, ": a statement that writes in Read(); use Transaction()"));
+  }
+}
+
+Statement::Statement(Statement&& other) noexcept
+    : db_(other.db_),
+      what_(std::move(other.what_)),
+      stmt_(std::exchange(other.stmt_, nullptr)),
+      status_(std::move(other.status_)) {}
+
+Statement::~Statement() { sqlite3_finalize(stmt_); }
+
+void Statement::Fail(int code) {
+  if (!status_.ok()) return;
+  status_ = SqliteError(code, what_, sqlite3_errmsg(db_));
+}
+
+Statement& Statement::Bind(int index, absl::string_view text) {
+  if (!status_.ok()) return *this;
+  int code =
+      sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+  if (code != SQLITE_OK) Fail(code);
+  return *this;
+}
+
+Statement& Statement::BindBlob(int index, absl::string_view bytes) {
+  if (!status_.ok()) return *this;
+  int code = sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()),
+                               SQLITE_TRANSIENT);
+  if (code != SQLITE_OK) Fail(code);
+  return *this;
+}
+
+Statement& Statement::Bind(int index, int64_t value) {
+  if (!status_.ok()) return *this;
+  int code = sqlite3_bind_int64(stmt_, index, value);
+  if (code != SQLITE_OK) Fail(code);
+  return *this;
+}
+
+bool Statement::Next() {
+  if (!status_.ok() || stmt_ == nullptr) return false;
+  int code = sqlite3_step(stmt_);
+  if (code == SQLITE_ROW) return true;
+  if (code != SQLITE_DONE) Fail(code);
+  return false;
+}
+
+absl::Status Statement::Run() {
+  while (Next()) {
+  }
+  return status_;
+}
+
+void Statement::Reset() {
+  // sqlite3_reset repeats the last step's error, which Next() has recorded.
+  if (stmt_ != nullptr) sqlite3_reset(stmt_);
+}
+
+std::string Statement::Text(int column) const {
+  // sqlite3_column_blob reads TEXT and BLOB columns alike, embedded NULs
+  // included.
+  const void* p = sqlite3_column_blob(stmt_, column);
+  int n = sqlite3_column_bytes(stmt_, column);
+  return p == nullptr ? std::string() : std::string(static_cast<const char*>(p), n);
+}
+
+int64_t Statement::Int(int column) const { return sqlite3_column_int64(stmt_, column); }
+
+bool Statement::IsNull(int column) const {
+  return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
+}
+
+// ---------------------------------------------------------------------------
+// StateStore
+
+Statement StateStore::Connection::Prepare(absl::string_view what, const char* sql) {
+  return Statement(db_, what, sql, read_only_);
+}
+
+absl::Status StateStore::Connection::Execute(absl::string_view what, const char* sql) {
+  if (read_only_) {
+    return absl::InternalError(
+        absl::StrCat("state store: ", what, ": Execute() in Read(); use Transaction()"));
+  }
+  return ExecuteSql(db_, what, sql);
+}
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
@@ -83,135 +181,130 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
   // WAL keeps readers and the writer apart; synchronous=FULL makes a commit
   // durable before the server answers the call that caused it.
   for (const char* sql : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;", kSchema}) {
-    absl::Status s = store->ExecuteLocked(sql);
+    absl::Status s = store->ExecuteLocked("open", sql);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
   }
   return store;
 }
 
-StateStore::~StateStore() { sqlite3_close(db_); }
-
-absl::Status StateStore::ExecuteLocked(const std::string& sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("state store: ", msg));
-  }
-  return absl::OkStatus();
+StateStore::~StateStore() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_close(db_);
 }
 
-absl::Status StateStore::Execute(const std::string& sql) {
+absl::Status StateStore::ExecuteLocked(absl::string_view what, const char* sql) {
+  return ExecuteSql(db_, what, sql);
+}
+
+absl::Status StateStore::Transaction(Body body) {
   absl::MutexLock lock(&mu_);
-  return ExecuteLocked(sql);
+  // IMMEDIATE takes the write lock now: a transaction never fails half-way
+  // because another connection started writing first.
+  absl::Status status = ExecuteLocked("begin transaction", "BEGIN IMMEDIATE;");
+  if (!status.ok()) return status;
+  Connection connection(db_, /*read_only=*/false);
+  status = body(connection);
+  if (status.ok()) status = ExecuteLocked("commit", "COMMIT;");
+  // After some errors (a full disk, an I/O error) SQLite has already rolled
+  // the transaction back; after the others it is still open.
+  if (!status.ok() && sqlite3_get_autocommit(db_) == 0) {
+    ExecuteLocked("rollback", "ROLLBACK;").IgnoreError();
+  }
+  return status;
+}
+
+absl::Status StateStore::Read(Body body) {
+  absl::MutexLock lock(&mu_);
+  Connection connection(db_, /*read_only=*/true);
+  return body(connection);
 }
 
 absl::Status StateStore::SaveJob(const StoredJob& job) {
-  absl::MutexLock lock(&mu_);
-  absl::Status s = ExecuteLocked("BEGIN IMMEDIATE;");
-  if (!s.ok()) return s;
-  auto fail = [&](absl::string_view what) {
-    absl::Status e = SqliteError(db_, what);
-    ExecuteLocked("ROLLBACK;").IgnoreError();
-    return e;
-  };
-  {
-    Statement st(db_,
-                 "INSERT OR REPLACE INTO jobs(job_id, world_size, generation, "
-                 "members_generation, state) VALUES (?, ?, ?, ?, ?)");
-    if (!st.ok()) return fail("prepare jobs");
-    st.Bind(1, job.job_id);
-    st.Bind(2, int64_t{job.world_size});
-    st.Bind(3, job.generation);
-    st.Bind(4, job.members_generation);
-    st.Bind(5, int64_t{job.state});
-    if (sqlite3_step(st.get()) != SQLITE_DONE) return fail("save job");
-  }
-  {
-    Statement st(db_, "DELETE FROM members WHERE job_id = ?");
-    if (!st.ok()) return fail("prepare members");
-    st.Bind(1, job.job_id);
-    if (sqlite3_step(st.get()) != SQLITE_DONE) return fail("delete members");
-  }
-  Statement st(db_,
-               "INSERT INTO members(job_id, rank, worker_id, host, token, left_job, dead) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?)");
-  if (!st.ok()) return fail("prepare members");
-  for (const StoredMember& m : job.members) {
-    sqlite3_reset(st.get());
-    st.Bind(1, job.job_id);
-    st.Bind(2, int64_t{m.rank});
-    st.Bind(3, m.worker_id);
-    st.Bind(4, m.host);
-    st.Bind(5, m.token);
-    st.Bind(6, int64_t{m.left});
-    st.Bind(7, int64_t{m.dead});
-    if (sqlite3_step(st.get()) != SQLITE_DONE) return fail("save member");
-  }
-  return ExecuteLocked("COMMIT;");
+  return Transaction([&](Connection& db) -> absl::Status {
+    Statement save = db.Prepare("save job",
+                                "INSERT OR REPLACE INTO jobs(job_id, world_size, generation, "
+                                "members_generation, state) VALUES (?, ?, ?, ?, ?)");
+    save.Bind(1, job.job_id).Bind(2, job.world_size).Bind(3, job.generation);
+    save.Bind(4, job.members_generation).Bind(5, job.state);
+    if (absl::Status s = save.Run(); !s.ok()) return s;
+    Statement clear = db.Prepare("save job members", "DELETE FROM members WHERE job_id = ?");
+    if (absl::Status s = clear.Bind(1, job.job_id).Run(); !s.ok()) return s;
+    Statement insert = db.Prepare("save job members",
+                                  "INSERT INTO members(job_id, rank, worker_id, host, token, "
+                                  "left_job, dead) VALUES (?, ?, ?, ?, ?, ?, ?)");
+    for (const StoredMember& m : job.members) {
+      insert.Reset();
+      insert.Bind(1, job.job_id).Bind(2, m.rank).Bind(3, m.worker_id).Bind(4, m.host);
+      insert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead);
+      if (absl::Status s = insert.Run(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
-  absl::MutexLock lock(&mu_);
   std::vector<StoredJob> jobs;
-  Statement st(db_,
-               "SELECT job_id, world_size, generation, members_generation, state FROM jobs "
-               "ORDER BY job_id");
-  if (!st.ok()) return SqliteError(db_, "prepare load jobs");
-  while (sqlite3_step(st.get()) == SQLITE_ROW) {
-    StoredJob job;
-    job.job_id = st.Text(0);
-    job.world_size = static_cast<int>(st.Int(1));
-    job.generation = st.Int(2);
-    job.members_generation = st.Int(3);
-    job.state = static_cast<int>(st.Int(4));
-    jobs.push_back(std::move(job));
-  }
-  Statement ms(db_,
-               "SELECT rank, worker_id, host, token, left_job, dead FROM members "
-               "WHERE job_id = ? ORDER BY rank");
-  if (!ms.ok()) return SqliteError(db_, "prepare load members");
-  for (StoredJob& job : jobs) {
-    sqlite3_reset(ms.get());
-    ms.Bind(1, job.job_id);
-    while (sqlite3_step(ms.get()) == SQLITE_ROW) {
-      StoredMember m;
-      m.rank = static_cast<int>(ms.Int(0));
-      m.worker_id = ms.Text(1);
-      m.host = ms.Text(2);
-      m.token = ms.Text(3);
-      m.left = ms.Int(4) != 0;
-      m.dead = ms.Int(5) != 0;
-      job.members.push_back(std::move(m));
+  absl::Status status = Read([&](Connection& db) -> absl::Status {
+    Statement load = db.Prepare("load jobs",
+                                "SELECT job_id, world_size, generation, members_generation, "
+                                "state FROM jobs ORDER BY job_id");
+    while (load.Next()) {
+      StoredJob job;
+      job.job_id = load.Text(0);
+      job.world_size = static_cast<int>(load.Int(1));
+      job.generation = load.Int(2);
+      job.members_generation = load.Int(3);
+      job.state = static_cast<int>(load.Int(4));
+      jobs.push_back(std::move(job));
     }
-  }
+    if (!load.status().ok()) return load.status();
+    Statement members = db.Prepare("load job members",
+                                   "SELECT rank, worker_id, host, token, left_job, dead "
+                                   "FROM members WHERE job_id = ? ORDER BY rank");
+    for (StoredJob& job : jobs) {
+      members.Reset();
+      members.Bind(1, job.job_id);
+      while (members.Next()) {
+        StoredMember m;
+        m.rank = static_cast<int>(members.Int(0));
+        m.worker_id = members.Text(1);
+        m.host = members.Text(2);
+        m.token = members.Text(3);
+        m.left = members.Int(4) != 0;
+        m.dead = members.Int(5) != 0;
+        job.members.push_back(std::move(m));
+      }
+      if (!members.status().ok()) return members.status();
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
   return jobs;
 }
 
 absl::Status StateStore::SavePlan(const std::string& job_id, int64_t generation,
                                   const StoredPlan& plan) {
-  absl::MutexLock lock(&mu_);
-  Statement st(db_,
-               "INSERT OR REPLACE INTO plans(job_id, generation, spec_hash, plan) "
-               "VALUES (?, ?, ?, ?)");
-  if (!st.ok()) return SqliteError(db_, "prepare save plan");
-  st.Bind(1, job_id);
-  st.Bind(2, generation);
-  st.Bind(3, plan.spec_hash);
-  st.BindBlob(4, plan.plan_bytes);
-  if (sqlite3_step(st.get()) != SQLITE_DONE) return SqliteError(db_, "save plan");
-  return absl::OkStatus();
+  return Transaction([&](Connection& db) {
+    Statement save = db.Prepare("save plan",
+                                "INSERT OR REPLACE INTO plans(job_id, generation, spec_hash, "
+                                "plan) VALUES (?, ?, ?, ?)");
+    save.Bind(1, job_id).Bind(2, generation).Bind(3, plan.spec_hash).BindBlob(4, plan.plan_bytes);
+    return save.Run();
+  });
 }
 
 absl::StatusOr<std::optional<StoredPlan>> StateStore::LoadPlan(const std::string& job_id,
                                                                int64_t generation) {
-  absl::MutexLock lock(&mu_);
-  Statement st(db_, "SELECT spec_hash, plan FROM plans WHERE job_id = ? AND generation = ?");
-  if (!st.ok()) return SqliteError(db_, "prepare load plan");
-  st.Bind(1, job_id);
-  st.Bind(2, generation);
-  if (sqlite3_step(st.get()) != SQLITE_ROW) return std::optional<StoredPlan>();
-  return std::optional<StoredPlan>(StoredPlan{st.Text(0), st.Text(1)});
+  std::optional<StoredPlan> plan;
+  absl::Status status = Read([&](Connection& db) {
+    Statement load = db.Prepare(
+        "load plan", "SELECT spec_hash, plan FROM plans WHERE job_id = ? AND generation = ?");
+    load.Bind(1, job_id).Bind(2, generation);
+    if (load.Next()) plan = StoredPlan{load.Text(0), load.Text(1)};
+    return load.status();
+  });
+  if (!status.ok()) return status;
+  return plan;
 }
 
 }  // namespace zeroshard

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "shard_server/shard_server.h"
 #include "tests/testing/process.h"
+#include "tests/testing/state_faults.h"
 
 namespace zeroshard {
 namespace {
@@ -182,6 +183,42 @@ TEST(ControlPlaneTest, MembersThatHeartbeatAgainAfterRestartStayAlive) {
   EXPECT_EQ(second->membership()->Status("resilient").jobs(0).state(), v1::RUNNING);
   EXPECT_EQ(commands.load(), 0);
   for (auto& c : clients) c->StopHeartbeats();
+}
+
+TEST(ControlPlaneTest, JoinAndLeaveThatCannotBeSavedFailWithTheStoreErrorAndTheServerServesOn) {
+  std::string dir = testing::MakeTempDir("unsaved");
+  ShardServerOptions options = FastOptions();
+  options.state_dir = dir;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string db = dir + "/zeroshard.db";
+  auto client = Connect(*server);
+
+  ASSERT_TRUE(testing::RefuseJobSaves(db).ok());
+  absl::Status joined = client->Join("job", 1, "w0", "127.0.0.1", absl::Seconds(5)).status();
+  EXPECT_FALSE(joined.ok());
+  EXPECT_NE(joined.message().find(testing::kRefusedSaveError), std::string::npos) << joined;
+  EXPECT_TRUE(client->HealthCheck().ok());
+  auto status = client->GetStatus("");
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->jobs_size(), 0);
+
+  ASSERT_TRUE(testing::AllowJobSaves(db).ok());
+  ASSERT_TRUE(client->Join("job", 1, "w0", "127.0.0.1", absl::Seconds(5)).ok());
+  ASSERT_TRUE(testing::RefuseJobSaves(db).ok());
+  absl::Status left = client->Leave();
+  EXPECT_FALSE(left.ok());
+  EXPECT_NE(left.message().find(testing::kRefusedSaveError), std::string::npos) << left;
+  status = client->GetStatus("job");
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->jobs(0).state(), v1::RUNNING);
+  EXPECT_FALSE(status->jobs(0).members(0).left());
+
+  ASSERT_TRUE(testing::AllowJobSaves(db).ok());
+  EXPECT_TRUE(client->Leave().ok());
+  status = client->GetStatus("job");
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
 }
 
 TEST(ControlPlaneTest, WrongOrMissingTokenGetsUnauthenticatedButHealthIsOpen) {

@@ -575,8 +575,11 @@ TEST_F(CheckpointRegistryTest, TheRegistrySurvivesARestartAndFinishesAnInterrupt
   // As if the server died after the last commit was recorded, before the
   // manifest: the step is incomplete and has no manifest.
   ASSERT_TRUE(state_
-                  ->Execute("UPDATE checkpoint_steps SET complete = 0, manifest = '' "
-                            "WHERE step = 20")
+                  ->Transaction([](StateStore::Connection& db) {
+                    return db.Execute("interrupt the completion",
+                                      "UPDATE checkpoint_steps SET complete = 0, manifest = '' "
+                                      "WHERE step = 20");
+                  })
                   .ok());
   ASSERT_EQ(unlink((StepDir(20) + "/manifest.json").c_str()), 0);
   Reopen(0);

@@ -1,0 +1,150 @@
+// StateStore: transactions are all or nothing, reads cannot write, and a
+// failed save names SQLite's error and keeps what was saved before. A real
+// SQLite file in a temporary directory.
+#include "shard_server/state_store.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/testing/process.h"
+#include "tests/testing/state_faults.h"
+
+namespace zeroshard {
+namespace {
+
+class StateStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = testing::MakeTempDir("state_store") + "/state.db";
+    auto store = StateStore::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    ASSERT_TRUE(store_
+                    ->Transaction([](StateStore::Connection& db) {
+                      return db.Execute("create table",
+                                        "CREATE TABLE t (x INTEGER NOT NULL, y TEXT)");
+                    })
+                    .ok());
+  }
+
+  absl::Status Insert(StateStore::Connection& db, int64_t x) {
+    return db.Prepare("insert", "INSERT INTO t(x) VALUES (?)").Bind(1, x).Run();
+  }
+
+  int64_t Rows() {
+    int64_t rows = -1;
+    absl::Status s = store_->Read([&](StateStore::Connection& db) {
+      Statement count = db.Prepare("count", "SELECT COUNT(*) FROM t");
+      if (count.Next()) rows = count.Int(0);
+      return count.status();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    return rows;
+  }
+
+  StoredJob Job(int64_t generation, int members) {
+    StoredJob job;
+    job.job_id = "job";
+    job.world_size = members;
+    job.generation = generation;
+    job.members_generation = generation;
+    for (int r = 0; r < members; ++r) {
+      job.members.push_back({r, absl::StrCat("w", r), "host", absl::StrCat("token", r)});
+    }
+    return job;
+  }
+
+  std::string path_;
+  std::unique_ptr<StateStore> store_;
+};
+
+TEST_F(StateStoreTest, TransactionCommitsEveryWriteOfItsBody) {
+  absl::Status s = store_->Transaction([&](StateStore::Connection& db) {
+    if (absl::Status s = Insert(db, 1); !s.ok()) return s;
+    return Insert(db, 2);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Rows(), 2);
+}
+
+TEST_F(StateStoreTest, TransactionWritesNothingWhenItsBodyFails) {
+  absl::Status s = store_->Transaction([&](StateStore::Connection& db) {
+    if (absl::Status s = Insert(db, 1); !s.ok()) return s;
+    return absl::FailedPreconditionError("the caller changed its mind");
+  });
+  EXPECT_EQ(s, absl::FailedPreconditionError("the caller changed its mind"));
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(StateStoreTest, TransactionWritesNothingWhenAStatementFailsAndNamesSqlitesError) {
+  absl::Status s = store_->Transaction([&](StateStore::Connection& db) {
+    if (absl::Status s = Insert(db, 1); !s.ok()) return s;
+    return db.Prepare("insert a row without x", "INSERT INTO t(y) VALUES ('no x')").Run();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("state store: insert a row without x: NOT NULL constraint failed"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(StateStoreTest, StatementThatDoesNotPrepareFailsWhenRun) {
+  absl::Status s = store_->Transaction([](StateStore::Connection& db) {
+    return db.Prepare("broken", "INSERT INTO no_such_table VALUES (1)").Bind(1, int64_t{1}).Run();
+  });
+  EXPECT_NE(s.message().find("state store: broken: no such table: no_such_table"),
+            std::string::npos)
+      << s;
+}
+
+TEST_F(StateStoreTest, ReadRefusesAStatementThatWrites) {
+  absl::Status s = store_->Read([&](StateStore::Connection& db) { return Insert(db, 1); });
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("use Transaction()"), std::string::npos) << s;
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(StateStoreTest, FullDatabaseIsResourceExhaustedNamingSqlitesError) {
+  // The database may not grow by a page: a 1 MiB value needs hundreds.
+  absl::Status limited = store_->Transaction([](StateStore::Connection& db) {
+    Statement pages = db.Prepare("page count", "PRAGMA page_count");
+    if (!pages.Next()) return pages.status();
+    const std::string limit = absl::StrCat("PRAGMA max_page_count = ", pages.Int(0));
+    return db.Prepare("limit", limit.c_str()).Run();
+  });
+  ASSERT_TRUE(limited.ok()) << limited;
+  absl::Status s = store_->Transaction([](StateStore::Connection& db) {
+    return db.Prepare("insert a large row", "INSERT INTO t(x, y) VALUES (1, ?)")
+        .Bind(1, std::string(1 << 20, 'y'))
+        .Run();
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("database or disk is full"), std::string::npos) << s;
+  EXPECT_EQ(Rows(), 0);
+}
+
+TEST_F(StateStoreTest, FailedSaveNamesSqlitesErrorAndKeepsTheJobSavedBefore) {
+  ASSERT_TRUE(store_->SaveJob(Job(1, 3)).ok());
+  ASSERT_TRUE(testing::RefuseJobSaves(path_).ok());
+  absl::Status s = store_->SaveJob(Job(2, 1));
+  EXPECT_NE(s.message().find(absl::StrCat("state store: save job: ", testing::kRefusedSaveError)),
+            std::string::npos)
+      << s;
+  auto jobs = store_->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].generation, 1);
+  EXPECT_EQ((*jobs)[0].members.size(), 3u);
+
+  ASSERT_TRUE(testing::AllowJobSaves(path_).ok());
+  ASSERT_TRUE(store_->SaveJob(Job(2, 1)).ok());
+  jobs = store_->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ((*jobs)[0].generation, 2);
+  EXPECT_EQ((*jobs)[0].members.size(), 1u);
+}
+
+}  // namespace
+}  // namespace zeroshard
