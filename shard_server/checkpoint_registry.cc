@@ -665,6 +665,20 @@ absl::Status CheckpointRegistry::ApplyRetention(const std::string& job) {
   return absl::OkStatus();
 }
 
+int64_t CheckpointRegistry::HighestGeneration(const std::string& job) {
+  int64_t highest = 0;
+  absl::Status s = state_->Read([&](StateStore::Connection& db) -> absl::Status {
+    Statement st = db.Prepare("highest checkpoint generation",
+                              "SELECT COALESCE(MAX(generation), 0) FROM checkpoint_steps "
+                              "WHERE job_id = ?");
+    st.Bind(1, job);
+    if (st.Next()) highest = st.Int(0);
+    return st.status();
+  });
+  if (!s.ok()) log_->Log("checkpoint_registry_error", {{"job", job}, {"error", s.ToString()}});
+  return highest;
+}
+
 absl::Status CheckpointRegistry::CheckWritable(const std::string& job, int64_t step) {
   absl::MutexLock lock(&mu_);
   return CheckWritableLocked(job, step);

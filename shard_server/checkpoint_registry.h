@@ -127,6 +127,11 @@ class CheckpointRegistry {
                                  const std::function<absl::Status()>& admit,
                                  const std::function<absl::Status()>& publish);
 
+  // The highest generation any checkpoint step of `job` was written by (0:
+  // none). Reads the state store only and never takes the registry's lock,
+  // so Membership may ask while holding its own.
+  int64_t HighestGeneration(const std::string& job);
+
   // Every step of `job` (empty: every job), by job then step.
   absl::StatusOr<v1::ListCheckpointsResponse> List(const std::string& job);
 

@@ -42,6 +42,11 @@ ABSL_FLAG(int64_t, kv_max_wait_keys, 65536, "KV store: keys one StoreWait may na
 ABSL_FLAG(int64_t, kv_max_waiters_per_job, 1 << 17, "KV store: gets and waits held for one job");
 ABSL_FLAG(int64_t, kv_max_total_bytes, int64_t{1} << 30,
           "KV store: keys, values and waited-for keys of every job, in bytes");
+ABSL_FLAG(int, max_jobs, 10000, "Jobs the server holds at once; more are refused");
+ABSL_FLAG(int, max_pending_joins, 1 << 18, "Joins held at once over every job");
+ABSL_FLAG(absl::Duration, job_ttl, absl::Hours(24),
+          "A job with no live member and no pending join is forgotten after this long (its "
+          "checkpoints stay); a job that never formed, once its last join expires");
 ABSL_FLAG(int, max_consolidations, 4,
           "Consolidations running at once; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
@@ -101,6 +106,13 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.membership.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
   options.membership.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.membership.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.membership.max_pending_joins = absl::GetFlag(FLAGS_max_pending_joins);
+  options.membership.job_ttl = absl::GetFlag(FLAGS_job_ttl);
+  if (options.membership.max_jobs < 1 || options.membership.max_pending_joins < 1) {
+    return Fail("--max_jobs and --max_pending_joins must be >= 1");
+  }
+  if (options.membership.job_ttl < absl::ZeroDuration()) return Fail("--job_ttl must be >= 0");
   const std::pair<const char*, int64_t> kv_bounds[] = {
       {"kv_max_job_bytes", absl::GetFlag(FLAGS_kv_max_job_bytes)},
       {"kv_max_wait_keys", absl::GetFlag(FLAGS_kv_max_wait_keys)},

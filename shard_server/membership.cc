@@ -67,6 +67,45 @@ void Membership::SetGenerationListener(GenerationListener listener) {
   listener_ = std::move(listener);
 }
 
+void Membership::SetForgetListener(ForgetListener listener) {
+  absl::MutexLock lock(&mu_);
+  forget_listener_ = std::move(listener);
+}
+
+void Membership::SetGenerationFloor(GenerationFloor floor) {
+  absl::MutexLock lock(&mu_);
+  generation_floor_ = std::move(floor);
+}
+
+bool Membership::MaybeForget(Job& job, absl::Time now, Deferred& deferred) {
+  bool live = !job.pending.empty();
+  for (const MemberState& m : job.members) live = live || (m.alive && !m.left);
+  if (live) {
+    job.idle_since = absl::InfiniteFuture();
+    return false;
+  }
+  if (job.idle_since == absl::InfiniteFuture()) job.idle_since = now;
+  const bool never_formed = job.members.empty();
+  if (!never_formed && now - job.idle_since < options_.job_ttl) return false;
+  if (state_ != nullptr) {
+    if (absl::Status s = state_->DeleteJob(job.id); !s.ok()) {
+      // Kept, and tried again at the next tick.
+      log_->Log("state_store_error", {{"job", job.id}, {"error", s.ToString()}});
+      return false;
+    }
+  }
+  log_->Log("job_forgotten",
+            {{"job", job.id},
+             {"generation", absl::StrCat(job.generation)},
+             {"reason", never_formed ? "no pending join left" : "idle for --job_ttl"}});
+  if (forget_listener_) {
+    deferred.push_back([listener = forget_listener_, id = job.id] { listener(id); });
+  }
+  const std::string id = job.id;
+  jobs_.erase(id);
+  return true;
+}
+
 std::string Membership::NewToken() {
   // 128 random bits from a cryptographically seeded generator.
   thread_local absl::BitGen gen;
@@ -212,12 +251,27 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
     } else if (job != nullptr) {
       restart = true;
     }
+    if (refused.ok() && static_cast<int>(pending_by_id_.size()) >= options_.max_pending_joins) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds ", pending_by_id_.size(), " pending joins; at most ",
+          options_.max_pending_joins, " (the server's --max_pending_joins)"));
+    }
+    if (refused.ok() && job == nullptr &&
+        static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds ", jobs_.size(), " jobs; at most ", options_.max_jobs,
+          " (the server's --max_jobs); a job with no live member is forgotten after "
+          "--job_ttl"));
+    }
     if (refused.ok()) {
       if (job == nullptr) {
         auto created = std::make_unique<Job>();
         created->id = request.job_id();
         created->world_size = request.world_size();
-        created->generation = 1;
+        // Above any generation its checkpoints recorded: a job id used
+        // again after it was forgotten never repeats a generation.
+        created->generation =
+            1 + std::max<int64_t>(0, generation_floor_ ? generation_floor_(created->id) : 0);
         created->state = v1::JOINING;
         refused =
             SaveChange(*created, absl::StrCat("job '", created->id, "' could not be created"));
@@ -374,6 +428,7 @@ void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& re
 
 void Membership::CancelJoin(uint64_t join_id) {
   JoinDone done;
+  Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_by_id_.find(join_id);
@@ -388,7 +443,10 @@ void Membership::CancelJoin(uint64_t join_id) {
         break;
       }
     }
+    // A job that never formed is gone with its last pending join.
+    if (job.members.empty()) MaybeForget(job, clock_->Now(), deferred);
   }
+  for (auto& f : deferred) f();
   if (done) done(absl::CancelledError("join cancelled by the caller"));
 }
 
@@ -507,8 +565,11 @@ void Membership::Tick() {
   {
     absl::MutexLock lock(&mu_);
     absl::Time now = clock_->Now();
-    for (auto& [id, job_ptr] : jobs_) {
-      Job& job = *job_ptr;
+    std::vector<std::string> ids;
+    ids.reserve(jobs_.size());
+    for (const auto& [id, job_ptr] : jobs_) ids.push_back(id);
+    for (const std::string& id : ids) {
+      Job& job = *jobs_.at(id);
       if (!job.unsaved.ok()) SaveUnsaved(job).IgnoreError();
       bool died = false;
       bool changed = false;
@@ -552,6 +613,7 @@ void Membership::Tick() {
         });
         p = job.pending.erase(p);
       }
+      if (job.unsaved.ok()) MaybeForget(job, now, deferred);
     }
   }
   for (auto& f : deferred) f();

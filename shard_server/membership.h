@@ -50,6 +50,17 @@ struct MembershipOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);  // advertised to members
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   absl::Duration join_timeout = absl::Minutes(10);
+  // Jobs the server holds at once (--max_jobs); a Join that would create one
+  // more is refused with RESOURCE_EXHAUSTED.
+  int max_jobs = 10000;
+  // Joins held at once over all jobs (--max_pending_joins). Within a job
+  // they are bounded by its world size (<= max_world_size).
+  int max_pending_joins = 1 << 18;
+  // A job with no live member and no pending join is forgotten (memory and
+  // state store; its checkpoints stay on disk and listed) after this long
+  // (--job_ttl). A job that never formed is forgotten as soon as its last
+  // pending join expires or is cancelled, which frees its id at once.
+  absl::Duration job_ttl = absl::Hours(24);
 };
 
 // Thread-safe. Callbacks are never run while an internal lock is held.
@@ -68,6 +79,15 @@ class Membership {
   absl::Status Restore();
 
   void SetGenerationListener(GenerationListener listener);
+  // Told when a job is forgotten (job_ttl), so that what other components
+  // keep for it can go too.
+  using ForgetListener = std::function<void(const std::string& job_id)>;
+  void SetForgetListener(ForgetListener listener);
+  // The highest generation anything durable outside Membership recorded for
+  // a job (checkpoints): a job created again after it was forgotten starts
+  // above it, so generation numbers of one job id never repeat.
+  using GenerationFloor = std::function<int64_t(const std::string& job_id)>;
+  void SetGenerationFloor(GenerationFloor floor);
 
   // Either calls `done` at once (a refusal, which changes no state) or holds
   // the join until the barrier completes (with a rank, or with the store's
@@ -136,6 +156,9 @@ class Membership {
     std::vector<MemberState> members;            // by rank
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
+    // Since when the job has had no live member and no pending join
+    // (InfiniteFuture while it has one).
+    absl::Time idle_since = absl::InfiniteFuture();
     bool formed() const { return members_generation == generation && !members.empty(); }
   };
   using Deferred = std::vector<std::function<void()>>;
@@ -153,6 +176,11 @@ class Membership {
   // `old_generation` are abandoned, the listener is told.
   void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
                           Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets `job` if it has no live member and no pending join and either
+  // never formed or has been idle for job_ttl; true if it was forgotten
+  // (the caller must not touch it, nor the iterator it came from, again).
+  bool MaybeForget(Job& job, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job to the state store (OK without one).
   absl::Status Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persist for a change a caller is told about: a failure is logged and
@@ -179,6 +207,8 @@ class Membership {
   absl::flat_hash_map<uint64_t, std::string> pending_by_id_ ABSL_GUARDED_BY(mu_);  // -> job id
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   GenerationListener listener_ ABSL_GUARDED_BY(mu_);
+  ForgetListener forget_listener_ ABSL_GUARDED_BY(mu_);
+  GenerationFloor generation_floor_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zeroshard

@@ -148,6 +148,19 @@ void PlanService::EvictLocked() {
   }
 }
 
+void PlanService::ForgetJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  latest_hash_.erase(job_id);
+  for (auto it = plans_.begin(); it != plans_.end();) {
+    // A plan still being computed stays with its waiters.
+    if (it->first.first == job_id && it->second->done.HasBeenNotified()) {
+      it = plans_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 std::string PlanService::PlanHash(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = latest_hash_.find(job_id);

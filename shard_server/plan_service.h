@@ -44,6 +44,10 @@ class PlanService {
                                      int world_size, const v1::ModelSpec& spec,
                                      const v1::PlanOptions& options);
 
+  // Drops what the service keeps in memory for a forgotten job (the state
+  // store forgets its plans with the job).
+  void ForgetJob(const std::string& job_id);
+
   // The plan hash of the job's newest planned generation, or "".
   std::string PlanHash(const std::string& job_id);
 

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -39,8 +40,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   server->kv_ = std::make_unique<KvStore>(&server->clock_, options.kv);
   server->plans_ = std::make_unique<PlanService>(server->state_.get(), server->log_.get());
   KvStore* kv = server->kv_.get();
+  PlanService* plans = server->plans_.get();
   server->membership_->SetGenerationListener(
       [kv](const std::string& job, int64_t generation) { kv->DropJob(job, generation); });
+  server->membership_->SetForgetListener([kv, plans](const std::string& job) {
+    kv->DropJob(job, std::numeric_limits<int64_t>::max());
+    plans->ForgetJob(job);
+  });
   if (!options.checkpoint_root.empty()) {
     StateStore* state = server->state_.get();
     auto plan_lookup = [state](const std::string& job,
@@ -62,6 +68,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
         {options.checkpoint_root, options.keep_last}, state, server->log_.get(), plan_lookup);
     if (!registry.ok()) return registry.status();
     server->checkpoint_registry_ = std::move(*registry);
+    CheckpointRegistry* checkpoints = server->checkpoint_registry_.get();
+    server->membership_->SetGenerationFloor(
+        [checkpoints](const std::string& job) { return checkpoints->HighestGeneration(job); });
     if (options.verify_checkpoints) {
       server->checkpoint_verifier_ = std::make_unique<CheckpointVerifier>(
           server->checkpoint_registry_.get(), server->log_.get());

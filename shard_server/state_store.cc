@@ -242,6 +242,18 @@ absl::Status StateStore::SaveJob(const StoredJob& job) {
   });
 }
 
+absl::Status StateStore::DeleteJob(const std::string& job_id) {
+  return Transaction([&](Connection& db) -> absl::Status {
+    for (const char* sql : {"DELETE FROM members WHERE job_id = ?",
+                            "DELETE FROM plans WHERE job_id = ?",
+                            "DELETE FROM jobs WHERE job_id = ?"}) {
+      Statement st = db.Prepare("forget job", sql);
+      if (absl::Status s = st.Bind(1, job_id).Run(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
   std::vector<StoredJob> jobs;
   absl::Status status = Read([&](Connection& db) -> absl::Status {

@@ -133,6 +133,8 @@ class StateStore {
   // Inserts or replaces the job row and its members, in one transaction.
   absl::Status SaveJob(const StoredJob& job) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<StoredJob>> LoadJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets the job: its row, its members and its plans, in one transaction.
+  absl::Status DeleteJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status SavePlan(const std::string& job_id, int64_t generation, const StoredPlan& plan)
       ABSL_LOCKS_EXCLUDED(mu_);

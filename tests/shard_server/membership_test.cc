@@ -325,7 +325,82 @@ TEST_F(MembershipTest, JoinTimesOutSayingHowManyJoined) {
   EXPECT_EQ(a->status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(a->status().message().find("2 of 4"), std::string::npos) << a->status();
   ASSERT_TRUE(b.has_value());
-  EXPECT_EQ(membership_->Status("job").jobs(0).joined(), 0);
+  // The job never formed: it is gone with its last join, and its id is free
+  // at once, for any world size.
+  EXPECT_EQ(membership_->Status("job").jobs_size(), 0);
+  Form("job", 2);
+}
+
+TEST_F(MembershipTest, ACancelledLastJoinFreesTheJobIdAtOnce) {
+  JoinResult first;
+  uint64_t id = membership_->Join(Request("squat", 8, "w0"), clock_.Now() + absl::Hours(1),
+                                  [&](absl::StatusOr<v1::JoinResponse> r) { first = r; });
+  membership_->CancelJoin(id);
+  EXPECT_EQ(membership_->Status("squat").jobs_size(), 0);
+  Form("squat", 1);  // another world size
+}
+
+TEST_F(MembershipTest, AJobWithoutLiveMembersIsForgottenAfterTheTtlAndNotBefore) {
+  options_.job_ttl = absl::Hours(2);
+  auto state = StateStore::Open(":memory:");
+  ASSERT_TRUE(state.ok());
+  membership_ = std::make_unique<Membership>(&clock_, &log_, state->get(), options_);
+  std::vector<std::string> forgotten;
+  membership_->SetForgetListener([&](const std::string& job) { forgotten.push_back(job); });
+  std::vector<v1::JoinResponse> members = Form("done", 1);
+  ASSERT_TRUE(membership_->Leave(Credentials("done", members[0])).ok());
+  membership_->Tick();
+  clock_.Advance(absl::Hours(2) - absl::Seconds(1));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("done").jobs_size(), 1) << "forgotten before the ttl";
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("done").jobs_size(), 0);
+  EXPECT_EQ(forgotten, std::vector<std::string>{"done"});
+  auto stored = (*state)->LoadJobs();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->empty()) << "the state store still has the job";
+  // A job used again starts above what its checkpoints recorded.
+  membership_->SetGenerationFloor([](const std::string&) { return int64_t{7}; });
+  EXPECT_EQ(Form("done", 2)[0].generation(), 8);
+}
+
+TEST_F(MembershipTest, ARunningJobIsNeverForgotten) {
+  options_.job_ttl = absl::Seconds(1);
+  membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+  std::vector<v1::JoinResponse> members = Form("busy", 1);
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(Credentials("busy", members[0])).ok());
+    membership_->Tick();
+  }
+  EXPECT_EQ(membership_->Status("busy").jobs_size(), 1);
+}
+
+TEST_F(MembershipTest, JobsAndPendingJoinsAreBoundedNamingTheFlags) {
+  options_.max_jobs = 2;
+  options_.max_pending_joins = 3;
+  membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+  JoinResult a, b, c;
+  Join("a", 2, "w0", &a);
+  Join("b", 2, "w0", &b);
+  Join("c", 2, "w0", &c);  // a third job
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c->status().message().find("--max_jobs"), std::string::npos) << c->status();
+  JoinResult e, f, g;
+  options_.max_jobs = 100;
+  membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+  Join("x", 4, "w0", &e);
+  Join("x", 4, "w1", &f);
+  Join("x", 4, "w2", &g);
+  JoinResult h;
+  Join("y", 4, "w0", &h);  // a fourth held join
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(h->status().message().find("--max_pending_joins"), std::string::npos)
+      << h->status();
+  EXPECT_FALSE(e.has_value());
 }
 
 TEST_F(MembershipTest, CancelledJoinFreesTheWorkerId) {
