@@ -284,10 +284,16 @@ void KvStore::Tick() {
           ++it;
           continue;
         }
+        // Named, up to a few: the message travels in a status, whose
+        // metadata a client limits to a few KiB.
+        constexpr int kNamed = 4;
         std::string missing;
+        int count = 0;
         for (const std::string& k : w.keys) {
-          if (!data.values.contains(k)) absl::StrAppend(&missing, missing.empty() ? "" : ", ", k);
+          if (data.values.contains(k)) continue;
+          if (count++ < kNamed) absl::StrAppend(&missing, missing.empty() ? "" : ", ", k);
         }
+        if (count > kNamed) absl::StrAppend(&missing, " and ", count - kNamed, " more");
         absl::Status expired = absl::DeadlineExceededError(
             absl::StrCat("key(s) ", missing, " of job '", job, "' not set before the deadline"));
         waiter_job_.erase(w.id);

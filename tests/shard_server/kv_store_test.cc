@@ -180,5 +180,20 @@ TEST(KvStoreLimitsTest, TheServerWideBoundCoversValuesAndWaitsOfEveryJobAndIsRel
   EXPECT_LT(kv.TotalBytes(), holding) << "an expired wait still counts";
 }
 
+TEST_F(KvStoreTest, AnExpiredWaitNamesAFewMissingKeysAndCountsTheRest) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10000; ++i) keys.push_back(absl::StrCat("key-", i));
+  std::optional<absl::Status> done;
+  kv_.Wait("job", 1, keys, clock_.Now() + absl::Seconds(1), [&](absl::Status s) { done = s; });
+  clock_.Advance(absl::Seconds(2));
+  kv_.Tick();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->code(), absl::StatusCode::kDeadlineExceeded);
+  // It travels in a status: small enough for a client's metadata limit.
+  EXPECT_LT(done->message().size(), 300u) << *done;
+  EXPECT_NE(done->message().find("key-0, key-1"), std::string::npos) << *done;
+  EXPECT_NE(done->message().find("9996 more"), std::string::npos) << *done;
+}
+
 }  // namespace
 }  // namespace zeroshard

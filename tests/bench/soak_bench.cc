@@ -1,0 +1,287 @@
+// Soak: a shard_server under a flood of what an attacker (or a broken
+// launcher) sends — one-member jobs that never beat, joins that never
+// complete, StoreWaits for thousands of keys, consolidations whose reader
+// stops — while a real training job runs, job after job, on the same server.
+// Reports the server's memory over time against a stated bound, what the
+// server refused, and whether every training run succeeded.
+//
+//   bazel run -c opt //tests/bench:soak_bench -- [--seconds=60] [--json_out=FILE]
+//
+// The server runs with small bounds so that a minute reaches them:
+// --max_jobs=2000, --job_ttl=10s, --kv_max_total_bytes=64 MiB,
+// --consolidate_stall_timeout_s=5 (defaults: 10,000, 24 h, 1 GiB, 60 s).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/table.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "proto/zeroshard.grpc.pb.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/process.h"
+
+ABSL_FLAG(int, seconds, 60, "Length of the flood");
+ABSL_FLAG(int, rss_bound_mib, 512,
+          "The server's peak resident memory must stay under this: the KV store's 64 MiB, the "
+          "requests in flight (16 waits of ~6 MB, parsed and copied) and what the allocator keeps");
+ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+
+namespace zeroshard {
+namespace {
+
+// Resident memory of `pid` in bytes (VmRSS, or VmHWM for the peak); -1 if unreadable.
+int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) != 0) continue;
+    int64_t kib = 0;
+    std::string digits;
+    for (char c : line) {
+      if (c >= '0' && c <= '9') digits.push_back(c);
+    }
+    if (absl::SimpleAtoi(digits, &kib)) return kib * 1024;
+  }
+  return -1;
+}
+
+std::unique_ptr<v1::Coordinator::Stub> Stub(const std::string& address, int channel) {
+  grpc::ChannelArguments args;
+  args.SetInt("zeroshard.soak.channel", channel);  // its own connection
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+void Deadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+struct Counts {
+  explicit Counts(const char* what) : what(what) {}
+  const char* what;
+  std::atomic<int64_t> ok{0};
+  std::atomic<int64_t> refused{0};  // RESOURCE_EXHAUSTED: a bound held
+  std::atomic<int64_t> other{0};    // any other error
+  void Count(const grpc::Status& s) {
+    if (s.ok()) {
+      ++ok;
+    } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      if (refused++ == 0) std::fprintf(stderr, "soak: %s: first refusal: %s\n", what,
+                                       s.error_message().c_str());
+    } else if (other++ == 0) {
+      std::fprintf(stderr, "soak: %s: first error: %s\n", what, s.error_message().c_str());
+    }
+  }
+};
+
+int Main() {
+  const absl::Duration flood = absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  testing::LocalCluster cluster(testing::MakeTempDir("soak"),
+                                {"--max_jobs=2000", "--job_ttl=10s",
+                                 absl::StrCat("--kv_max_total_bytes=", 64 << 20),
+                                 "--consolidate_stall_timeout_s=5"});
+  if (!cluster.ok()) return 1;
+  const pid_t server_pid = cluster.server()->pid();
+  const std::string address = cluster.address();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+
+  // One-member jobs that never beat (declared dead, then forgotten), and
+  // joins of four-member jobs that never complete (forgotten when they expire).
+  Counts jobs("one-member jobs"), squats("never-completing joins");
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = Stub(address, 100 + t);
+      for (int64_t i = 0; !stop; ++i) {
+        grpc::ClientContext context;
+        v1::JoinRequest request;
+        const bool squat = i % 4 == 3;
+        Deadline(&context, squat ? absl::Seconds(1) : absl::Seconds(5));
+        request.set_job_id(absl::StrCat(squat ? "squat-" : "flood-", t, "-", i));
+        request.set_world_size(squat ? 4 : 1);
+        request.set_worker_id("w0");
+        request.set_host("127.0.0.1");
+        request.set_skip_member_table(true);
+        v1::JoinResponse response;
+        grpc::Status s = stub->Join(&context, request, &response);
+        if (squat && s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+          ++squats.ok;  // held until it expired, as expected
+        } else if (squat) {
+          squats.Count(s);
+        } else {
+          jobs.Count(s);
+        }
+      }
+    });
+  }
+
+  // StoreWaits of 50,000 keys of 95 bytes (~6 MB each, 16 at a time: more
+  // than --kv_max_total_bytes) for keys nobody sets.
+  Counts waits("store waits");
+  ClientOptions kv_options;
+  kv_options.server = address;
+  auto kv_member = Client::Connect(kv_options);
+  if (!kv_member.ok() ||
+      !(*kv_member)->Join("flood-kv", 1, "w0", "127.0.0.1", absl::Seconds(20)).ok()) {
+    std::fprintf(stderr, "soak: the KV member could not join\n");
+    return 1;
+  }
+  (*kv_member)->StartHeartbeats([](absl::StatusOr<v1::HeartbeatResponse>) {});
+  const v1::MemberCredentials kv_credentials = (*kv_member)->credentials();
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = Stub(address, 200 + t);
+      v1::StoreWaitRequest request;
+      *request.mutable_member() = kv_credentials;
+      request.set_timeout_ms(3000);
+      for (int k = 0; k < 50000; ++k) {
+        request.add_keys(absl::StrFormat("%s-%06d-%06d", std::string(80, 'k'), t, k));
+      }
+      while (!stop) {
+        grpc::ClientContext context;
+        Deadline(&context, absl::Seconds(10));
+        v1::StoreWaitResponse response;
+        grpc::Status s = stub->StoreWait(&context, request, &response);
+        // Held to its deadline is what a wait for keys nobody sets does.
+        if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+          ++waits.ok;
+        } else {
+          waits.Count(s);
+        }
+      }
+    });
+  }
+
+  // Consolidations whose reader takes the first message and stops: each
+  // holds a slot until the server's stall timeout cancels it.
+  Counts abandoned("abandoned consolidations");
+  std::atomic<bool> checkpointed{false};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = Stub(address, 300 + t);
+      while (!stop) {
+        if (!checkpointed) {
+          absl::SleepFor(absl::Milliseconds(200));
+          continue;
+        }
+        grpc::ClientContext context;
+        Deadline(&context, absl::Seconds(30));
+        v1::ConsolidateRequest request;
+        request.set_job_id("train-0");
+        request.set_step(-1);
+        auto reader = stub->Consolidate(&context, request);
+        v1::ConsolidateResponse first;
+        if (reader->Read(&first)) {
+          ++abandoned.ok;
+          // Read nothing more until the server gives up on this reader.
+          const absl::Time until = absl::Now() + absl::Seconds(8);
+          while (!stop && absl::Now() < until) absl::SleepFor(absl::Milliseconds(100));
+          context.TryCancel();
+          while (reader->Read(&first)) {
+          }
+          reader->Finish().IgnoreError();
+        } else {
+          abandoned.Count(reader->Finish());
+        }
+      }
+    });
+  }
+
+  // Memory, sampled four times a second.
+  const int64_t rss_start = ProcStatusBytes(server_pid, "VmRSS");
+  int64_t rss_max = rss_start;  // the sampler's until it is joined
+  std::thread sampler([&] {
+    while (!stop) {
+      rss_max = std::max(rss_max, ProcStatusBytes(server_pid, "VmRSS"));
+      absl::SleepFor(absl::Milliseconds(250));
+    }
+  });
+
+  // The real job: two workers train an MLP with ZeRO-3 and checkpoint, run
+  // after run, for as long as the flood lasts.
+  const absl::Time start = absl::Now();
+  int runs_ok = 0, runs_failed = 0;
+  for (int run = 0; absl::Now() - start < flood; ++run) {
+    const std::string job = absl::StrCat("train-", run);
+    const bool ok = cluster.Run(job, 2,
+                                {"--model=mlp", "--layers=4", "--width=256", "--stage=3",
+                                 "--steps=40", "--batch=16", "--checkpoint_every=20",
+                                 "--checkpoint_transport=grpc"},
+                                absl::Seconds(120));
+    (ok ? runs_ok : runs_failed)++;
+    if (ok) checkpointed = true;
+    std::fprintf(stderr, "soak: %.0f s, training run %d %s, server RSS %.1f MiB\n",
+                 absl::ToDoubleSeconds(absl::Now() - start), run, ok ? "ok" : "FAILED",
+                 ProcStatusBytes(server_pid, "VmRSS") / 1048576.0);
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+  sampler.join();
+  (*kv_member)->StopHeartbeats();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const int64_t rss_end = ProcStatusBytes(server_pid, "VmRSS");
+  const int64_t hwm = ProcStatusBytes(server_pid, "VmHWM");
+  const int64_t bound = int64_t{absl::GetFlag(FLAGS_rss_bound_mib)} << 20;
+  const bool held = hwm >= 0 && hwm < bound && runs_failed == 0 && runs_ok > 0;
+
+  auto mib = [](int64_t b) { return absl::StrFormat("%.1f MiB", b / 1048576.0); };
+  Table table({"MEASURE", "VALUE"});
+  table.AddRow({"flood length", absl::StrFormat("%.0f s", seconds)});
+  table.AddRow({"one-member jobs joined / refused (--max_jobs)",
+                absl::StrCat(jobs.ok.load(), " / ", jobs.refused.load())});
+  table.AddRow({"never-completing joins held / refused",
+                absl::StrCat(squats.ok.load(), " / ", squats.refused.load())});
+  table.AddRow({"50,000-key StoreWaits held / refused (--kv_max_total_bytes)",
+                absl::StrCat(waits.ok.load(), " / ", waits.refused.load())});
+  table.AddRow({"abandoned consolidations / refused (slots)",
+                absl::StrCat(abandoned.ok.load(), " / ", abandoned.refused.load())});
+  table.AddRow({"other errors", absl::StrCat(jobs.other + squats.other + waits.other +
+                                             abandoned.other)});
+  table.AddRow({"training runs ok / failed", absl::StrCat(runs_ok, " / ", runs_failed)});
+  table.AddRow({"server RSS start / max / end", absl::StrCat(mib(rss_start), " / ", mib(rss_max),
+                                                             " / ", mib(rss_end))});
+  table.AddRow({"server peak RSS (VmHWM) vs bound",
+                absl::StrCat(mib(hwm), " vs ", mib(bound), held ? "  held" : "  NOT HELD")});
+  std::printf("%s", table.ToString().c_str());
+
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    nlohmann::ordered_json out;
+    out["seconds"] = seconds;
+    out["jobs"] = {{"ok", jobs.ok.load()}, {"refused", jobs.refused.load()}};
+    out["squat_joins"] = {{"held", squats.ok.load()}, {"refused", squats.refused.load()}};
+    out["store_waits"] = {{"held", waits.ok.load()}, {"refused", waits.refused.load()}};
+    out["abandoned_consolidations"] = {{"started", abandoned.ok.load()},
+                                       {"refused", abandoned.refused.load()}};
+    out["other_errors"] = jobs.other + squats.other + waits.other + abandoned.other;
+    out["training_runs"] = {{"ok", runs_ok}, {"failed", runs_failed}};
+    out["rss_bytes"] = {{"start", rss_start}, {"max", rss_max}, {"end", rss_end}, {"hwm", hwm}};
+    out["rss_bound_bytes"] = bound;
+    out["held"] = held;
+    std::ofstream(absl::GetFlag(FLAGS_json_out)) << out.dump(2) << "\n";
+  }
+  return held ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return zeroshard::Main();
+}
