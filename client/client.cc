@@ -345,11 +345,9 @@ absl::Status Client::HealthCheck() {
 
 absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
     int64_t step, const std::string& file, int64_t size_bytes,
-    const std::map<std::string, std::string>& checksums) {
+    const std::map<std::string, std::string>& checksums, absl::Duration timeout) {
   grpc::ClientContext context;
-  // The server reads the file's header and, for the last rank, writes and
-  // fsyncs the manifest: more than a plain call.
-  Prepare(&context, std::max(options_.rpc_timeout, absl::Minutes(2)));
+  Prepare(&context, std::max(options_.rpc_timeout, timeout));
   v1::CommitShardRequest request;
   *request.mutable_member() = credentials();
   request.set_step(step);
@@ -367,7 +365,8 @@ absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
 }
 
 absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& file,
-                                            const std::string& local_path) {
+                                            const std::string& local_path,
+                                            absl::Duration timeout) {
   int fd = open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "cannot open", local_path);
   struct stat st;
@@ -377,7 +376,7 @@ absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& fil
     return s;
   }
   grpc::ClientContext context;
-  Prepare(&context, absl::Hours(24));
+  Prepare(&context, timeout);
   v1::UploadShardResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::UploadShardRequest>> stream =
       stub_->UploadShard(&context, &response);

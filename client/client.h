@@ -39,7 +39,9 @@ struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);  // for calls that do not wait
 };
 
-// Reads the token and TLS files named by the common CLI flags into options.
+// Reads the token and TLS files (each optional: "" reads nothing) into
+// `options`: the token stripped of surrounding whitespace, the PEM files as
+// they are. client/connection_flags.h applies it to the connection flags.
 absl::Status LoadClientFiles(const std::string& token_file, const std::string& ca_file,
                              const std::string& cert_file, const std::string& key_file,
                              ClientOptions* options);
@@ -123,15 +125,21 @@ class Client {
   // ---- Checkpoints ----
   // As a member: commits this rank's shard file of `step`, `file` relative
   // to the server's checkpoint root ("<job>/step-<N>/rank-<R>-of-<W>.safetensors"),
-  // with its size in bytes and tensor -> XXH64 hex checksums.
+  // with its size in bytes and tensor -> XXH64 hex checksums. The call may
+  // take `timeout`, never less than rpc_timeout: the server reads the file's
+  // header and, for the last rank, writes and fsyncs the manifest. Errors
+  // name `file` ("commit of <file>: ...").
   absl::StatusOr<v1::CommitShardResponse> CommitShard(
       int64_t step, const std::string& file, int64_t size_bytes,
-      const std::map<std::string, std::string>& checksums);
+      const std::map<std::string, std::string>& checksums,
+      absl::Duration timeout = absl::Minutes(2));
   // As a member: streams the local file `local_path` to the server, which
-  // stores it as `file` below its root (1 MiB messages). Returns the bytes
-  // stored. CommitShard follows as usual.
+  // stores it as `file` below its root (1 MiB messages), within `timeout`
+  // for the whole stream. Returns the bytes stored. CommitShard follows as
+  // usual. Errors of the stream name `file` ("upload of <file>: ...").
   absl::StatusOr<int64_t> UploadShard(int64_t step, const std::string& file,
-                                      const std::string& local_path);
+                                      const std::string& local_path,
+                                      absl::Duration timeout = absl::Hours(24));
   // Checkpoints of `job_id` (empty: every job).
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
 
@@ -148,13 +156,10 @@ class Client {
                                                      const std::string& out_path,
                                                      ConsolidateProgressFn progress = nullptr);
 
-  v1::Coordinator::Stub* stub() { return stub_.get(); }
-  std::shared_ptr<grpc::Channel> channel() { return channel_; }
-  // Sets the bearer token and a deadline `timeout` from now.
-  void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
-
  private:
   Client() = default;
+  // Sets the bearer token and a deadline `timeout` from now.
+  void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
   void HeartbeatLoop(CommandHandler handler);
 
   ClientOptions options_;

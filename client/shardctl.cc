@@ -13,15 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "client/connection_flags.h"
 #include "client/shardctl_commands.h"
 #include "common/table.h"
 #include "google/protobuf/util/json_util.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:7070", "Shard server HOST:PORT");
-ABSL_FLAG(std::string, token_file, "", "File holding the server's bearer token");
-ABSL_FLAG(std::string, tls_ca, "", "PEM CA file: connect with TLS and verify the server");
-ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS)");
-ABSL_FLAG(std::string, tls_key, "", "PEM client key (mutual TLS)");
+// The connection flags (--server, --token_file, --tls_*) are
+// client/connection_flags.cc's; --tls_server_name is shardctl's alone.
 ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
 ABSL_FLAG(std::string, job, "", "Job id (status: empty lists every job)");
 ABSL_FLAG(bool, json, false, "Print JSON for programs instead of tables");
@@ -44,14 +42,10 @@ std::string ProtoJson(const google::protobuf::Message& message) {
 }
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
-  ClientOptions options;
-  options.server = absl::GetFlag(FLAGS_server);
-  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  absl::Status s = LoadClientFiles(absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_tls_ca),
-                                   absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                                   &options);
-  if (!s.ok()) return s;
-  return Client::Connect(options);
+  absl::StatusOr<ClientOptions> options = ClientOptionsFromFlags();
+  if (!options.ok()) return options.status();
+  options->tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  return Client::Connect(*options);
 }
 
 int StatusCommand() {

@@ -1,5 +1,6 @@
-// shardctl's commands, one file each, sharing the connection flags defined
-// in shardctl.cc.
+// shardctl's commands, one file each, sharing the flags defined in
+// shardctl.cc (--job, --json) and the connection flags
+// (client/connection_flags.h).
 #ifndef ZEROSHARD_CLIENT_SHARDCTL_COMMANDS_H_
 #define ZEROSHARD_CLIENT_SHARDCTL_COMMANDS_H_
 
@@ -12,13 +13,13 @@
 #include "client/client.h"
 #include "google/protobuf/message.h"
 
-ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(bool, json);
 
 namespace zeroshard {
 
-// A client for --server with the token and TLS flags applied.
+// A client for --server with the token and TLS flags (and
+// --tls_server_name) applied.
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags();
 // Prints "shardctl: <status>" to stderr; returns the exit code 1.
 int Fail(const absl::Status& status);

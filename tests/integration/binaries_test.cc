@@ -11,6 +11,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/coordinator_stub.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard {
@@ -63,10 +64,7 @@ TEST_F(BinariesTest, ServerPrintsListeningAndAnswersHealthChecks) {
 
 TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
   StartServer();
-  ClientOptions options;
-  options.server = address_;
-  auto client = Client::Connect(options);
-  ASSERT_TRUE(client.ok());
+  auto stub = testing::NewCoordinatorStub(address_);
   constexpr int kWorld = 64;
   std::vector<std::thread> threads;
   std::vector<grpc::Status> statuses(kWorld);
@@ -74,13 +72,13 @@ TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
   for (int i = 0; i < kWorld; ++i) {
     threads.emplace_back([&, i] {
       grpc::ClientContext context;
-      (*client)->Prepare(&context, absl::Seconds(30));
+      testing::PrepareContext(&context, absl::Seconds(30));
       v1::JoinRequest request;
       request.set_job_id("status-job");
       request.set_world_size(kWorld);
       request.set_worker_id(absl::StrFormat("host%02d/0", i));
       request.set_host(absl::StrFormat("host%02d", i));
-      statuses[i] = (*client)->stub()->Join(&context, request, &responses[i]);
+      statuses[i] = stub->Join(&context, request, &responses[i]);
     });
   }
   for (auto& t : threads) t.join();

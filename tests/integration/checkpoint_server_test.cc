@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "shard_server/shard_server.h"
+#include "tests/testing/coordinator_stub.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard {
@@ -486,9 +487,10 @@ TEST_F(CheckpointServerTest, AStaleMemberCannotCommit) {
   request.set_file(f0.relative);
   request.set_size_bytes(f0.size);
   grpc::ClientContext context;
-  ctl_->Prepare(&context, absl::Seconds(10));
+  testing::PrepareContext(&context, absl::Seconds(10));
   v1::CommitShardResponse response;
-  absl::Status s = FromGrpcStatus(ctl_->stub()->CommitShard(&context, request, &response));
+  absl::Status s = FromGrpcStatus(
+      testing::NewCoordinatorStub(server_->address())->CommitShard(&context, request, &response));
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
 }
 
@@ -538,9 +540,10 @@ TEST_F(CheckpointServerTest, AShortUploadKeepsNothing) {
   StartServer(Options());
   JoinAndPlan();
   grpc::ClientContext context;
-  members_[0]->Prepare(&context, absl::Seconds(10));
+  testing::PrepareContext(&context, absl::Seconds(10));
   v1::UploadShardResponse response;
-  auto stream = members_[0]->stub()->UploadShard(&context, &response);
+  auto stub = testing::NewCoordinatorStub(server_->address());
+  auto stream = stub->UploadShard(&context, &response);
   v1::UploadShardRequest first;
   *first.mutable_member() = members_[0]->credentials();
   first.set_step(10);

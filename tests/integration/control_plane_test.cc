@@ -12,6 +12,7 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "shard_server/shard_server.h"
+#include "tests/testing/coordinator_stub.h"
 #include "tests/testing/process.h"
 #include "tests/testing/state_faults.h"
 
@@ -73,7 +74,7 @@ std::vector<std::unique_ptr<Client>> JoinAll(const ShardServer& server, const st
 
 TEST(ControlPlaneTest, ConcurrentJoinsGetEveryRankExactlyOnceInWorkerIdOrder) {
   auto server = StartServer(FastOptions());
-  auto probe = Connect(*server);
+  auto probe = testing::NewCoordinatorStub(server->address());
   constexpr int kWorld = 64;
   std::vector<v1::JoinResponse> responses(kWorld);
   std::vector<grpc::Status> statuses(kWorld);
@@ -81,13 +82,13 @@ TEST(ControlPlaneTest, ConcurrentJoinsGetEveryRankExactlyOnceInWorkerIdOrder) {
   for (int i = 0; i < kWorld; ++i) {
     threads.emplace_back([&, i] {
       grpc::ClientContext context;
-      probe->Prepare(&context, absl::Seconds(20));
+      testing::PrepareContext(&context, absl::Seconds(20));
       v1::JoinRequest request;
       request.set_job_id("sixty-four");
       request.set_world_size(kWorld);
       request.set_worker_id(absl::StrFormat("node%02d/0", kWorld - 1 - i));
       request.set_host("127.0.0.1");
-      statuses[i] = probe->stub()->Join(&context, request, &responses[i]);
+      statuses[i] = probe->Join(&context, request, &responses[i]);
     });
   }
   for (auto& t : threads) t.join();
@@ -262,13 +263,15 @@ TEST(ControlPlaneTest, StaleGenerationAndWrongTokenAreFencedOverRpc) {
   auto server = StartServer(FastOptions(absl::Milliseconds(600)));
   auto clients = JoinAll(*server, "fence", 2);
   grpc::ClientContext context;
-  clients[0]->Prepare(&context, absl::Seconds(5));
+  testing::PrepareContext(&context, absl::Seconds(5));
   v1::StoreSetRequest request;
   *request.mutable_member() = clients[0]->credentials();
   request.mutable_member()->set_token("forged");
   request.set_key("k");
   v1::StoreSetResponse response;
-  EXPECT_EQ(clients[0]->stub()->StoreSet(&context, request, &response).error_code(),
+  EXPECT_EQ(testing::NewCoordinatorStub(server->address())
+                ->StoreSet(&context, request, &response)
+                .error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   // Rank 1 goes silent: generation bumps; rank 0's old credentials are fenced.
   ASSERT_TRUE(WaitFor(
@@ -292,7 +295,7 @@ TEST(ControlPlaneTest, RefusalsOverRpcNameTheValueAndChangeNothing) {
   auto server = StartServer(FastOptions());
   auto clients = JoinAll(*server, "full", 2);
   std::string before = server->membership()->Status("").DebugString();
-  auto other = Connect(*server);
+  auto other = testing::NewCoordinatorStub(server->address());
   struct Case {
     std::string job;
     int world;
@@ -310,27 +313,26 @@ TEST(ControlPlaneTest, RefusalsOverRpcNameTheValueAndChangeNothing) {
   };
   for (const Case& c : cases) {
     grpc::ClientContext context;
-    other->Prepare(&context, absl::Seconds(5));
+    testing::PrepareContext(&context, absl::Seconds(5));
     v1::JoinRequest request;
     request.set_job_id(c.job);
     request.set_world_size(c.world);
     request.set_worker_id(c.worker);
     v1::JoinResponse response;
-    grpc::Status status = other->stub()->Join(&context, request, &response);
+    grpc::Status status = other->Join(&context, request, &response);
     EXPECT_EQ(static_cast<int>(status.error_code()), static_cast<int>(c.code)) << c.mention;
     EXPECT_NE(status.error_message().find(c.mention), std::string::npos)
         << status.error_message();
   }
   // A live member's id: the client library retries ALREADY_EXISTS, so ask raw.
   grpc::ClientContext context;
-  other->Prepare(&context, absl::Seconds(5));
+  testing::PrepareContext(&context, absl::Seconds(5));
   v1::JoinRequest dup;
   dup.set_job_id("full");
   dup.set_world_size(2);
   dup.set_worker_id("w1");
   v1::JoinResponse response;
-  EXPECT_EQ(other->stub()->Join(&context, dup, &response).error_code(),
-            grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(other->Join(&context, dup, &response).error_code(), grpc::StatusCode::ALREADY_EXISTS);
   // Membership state is unchanged (heartbeat ages aside: nobody beats here).
   EXPECT_EQ(server->membership()->Status("").DebugString(), before);
 }

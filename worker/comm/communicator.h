@@ -6,7 +6,15 @@
 // are raw pointers to `count` elements of `dtype` (kF32 or kBF16) in the
 // backend's memory space. Calls on one Communicator are not thread-safe; use
 // one Communicator per thread/role (Create a second one with a different
-// `tag`) so that gathers and reductions run at once.
+// `tag`) so that gathers and reductions run at once. The exceptions are
+// bytes_sent() and Abort(), which any thread may call.
+//
+// Abort() is how a job generation that is over (the server aborted it, or
+// fenced this member) stops the data plane: a collective blocked in another
+// thread returns promptly with an error instead of waiting out its timeout
+// for peers that will never come, peers blocked on this rank fail promptly
+// too, and every later call fails. The communicator cannot be revived:
+// destroy it and Create a new one for the next generation.
 #ifndef ZEROSHARD_WORKER_COMM_COMMUNICATOR_H_
 #define ZEROSHARD_WORKER_COMM_COMMUNICATOR_H_
 
@@ -84,6 +92,12 @@ class Communicator {
 
   // Bytes sent by this rank so far, per collective.
   virtual CollectiveBytes bytes_sent() const = 0;
+
+  // Ends a collective waiting in another thread (it returns an error, ABORTED
+  // where the implementation can tell) and makes every later call fail with
+  // UNAVAILABLE. Returns promptly; idempotent. Any thread may call it at any
+  // time until the communicator is destroyed (not during destruction).
+  virtual void Abort() = 0;
 };
 
 }  // namespace zeroshard

@@ -17,7 +17,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "gloo/allgather.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -45,6 +44,8 @@ constexpr uint64_t kAllReduceScatterSlot = uint64_t{0x41} << 56;
 constexpr uint64_t kAllReduceGatherSlot = uint64_t{0x42} << 56;
 constexpr uint64_t kAllGatherBlocksSlot = uint64_t{0x43} << 56;
 constexpr uint64_t kReduceScatterBlocksSlot = uint64_t{0x44} << 56;
+// Never sent on: Abort() waits for a message here to make a wait time out.
+constexpr uint64_t kAbortSlot = uint64_t{0x45} << 56;
 
 // Gloo's own cap on timeouts (100 hours, gloo/transport/tcp/pair.h).
 constexpr absl::Duration kMaxTimeout = absl::Hours(100);
@@ -62,19 +63,6 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
 
 std::chrono::milliseconds Remaining(absl::Time deadline) {
   return ToMillis(deadline - absl::Now());
-}
-
-void WaitRecv(UnboundBuffer* buffer, absl::Time deadline) {
-  // Throws gloo::IoException on timeout or on an error of the pair.
-  if (!buffer->waitRecv(nullptr, Remaining(deadline))) {
-    throw gloo::IoException("recv was aborted");
-  }
-}
-
-void WaitSend(UnboundBuffer* buffer, absl::Time deadline) {
-  if (!buffer->waitSend(nullptr, Remaining(deadline))) {
-    throw gloo::IoException("send was aborted");
-  }
 }
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
@@ -314,8 +302,72 @@ CollectiveBytes GlooCommunicator::bytes_sent() const {
   return bytes;
 }
 
+void GlooCommunicator::Wait(UnboundBuffer* buffer, bool send, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&wait_mu_);
+    if (aborted_.load()) throw gloo::IoException("aborted before the wait");
+    waiting_ = buffer;
+    waiting_for_send_ = send;
+  }
+  struct Unregister {
+    GlooCommunicator* self;
+    ~Unregister() {
+      absl::MutexLock lock(&self->wait_mu_);
+      self->waiting_ = nullptr;
+    }
+  } unregister{this};
+  // Throws gloo::IoException on timeout or on an error of the pair.
+  const bool completed = send ? buffer->waitSend(nullptr, Remaining(deadline))
+                              : buffer->waitRecv(nullptr, Remaining(deadline));
+  if (!completed) throw gloo::IoException(send ? "send was aborted" : "recv was aborted");
+}
+
+void GlooCommunicator::Abort() {
+  if (aborted_.exchange(true)) return;
+  // Shared memory: waiters (here and on the peers) watch the segment's
+  // failed flag.
+  if (shm_ != nullptr) shm_->Abort();
+  if (world_size_ == 1) return;
+  // The rings here: end their wait directly. (Gloo ends a wait on a pair
+  // that an error already closed only at the wait's timeout.)
+  {
+    absl::MutexLock lock(&wait_mu_);
+    if (waiting_ != nullptr) {
+      if (waiting_for_send_) {
+        waiting_->abortWaitSend();
+      } else {
+        waiting_->abortWaitRecv();
+      }
+    }
+  }
+  // Gloo's own collectives (broadcast, barrier), and the peers: Gloo has no
+  // call that wakes another thread's wait on a context, but when one wait
+  // of a context times out, Gloo closes every pair of the context and hands
+  // each pending operation an exception ("Application timeout caused pair
+  // closure"), and the peers read EOF. So wait 1 ms for a message nobody
+  // sends. Operations on the context are thread-safe in Gloo's TCP
+  // transport (each pair has its own lock).
+  try {
+    char byte = 0;
+    std::unique_ptr<UnboundBuffer> probe = context_->createUnboundBuffer(&byte, 1);
+    probe->recv(Mod(rank_ + 1, world_size_), kAbortSlot, 0, 1);
+    probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+  } catch (const std::exception&) {
+    // The expected timeout, or pairs a failure closed already.
+  }
+  try {
+    context_->closeConnections();  // a no-op after the timeout above; cheap
+  } catch (const std::exception&) {
+  }
+}
+
 absl::Status GlooCommunicator::CheckCall(const char* name, int64_t count, DType dtype,
                                          absl::Duration timeout) const {
+  if (aborted_.load() && broken_.ok()) {
+    return absl::UnavailableError(absl::StrCat(name, ": communicator (rank ", rank_, " of ",
+                                               world_size_, ", tag '", tag_,
+                                               "') was aborted; create a new one"));
+  }
   if (!broken_.ok()) {
     return absl::UnavailableError(
         absl::StrCat(name, ": communicator (rank ", rank_, " of ", world_size_, ", tag '", tag_,
@@ -383,6 +435,12 @@ absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
       message = absl::StrCat(name, " failed ", where, ": ", over_shm ? "" : "gloo: ", detail);
       break;
   }
+  if (aborted_.load()) {
+    // Whatever the transport reported is the abort's doing.
+    code = absl::StatusCode::kAborted;
+    message = absl::StrCat(name, " aborted ", where, ": Abort() was called (the job generation ",
+                           "is over); the transport said: ", detail);
+  }
   absl::Status status(code, message);
   broken_ = status;
   // The communicator is unusable now (see the header). Mark the segment
@@ -437,13 +495,13 @@ void GlooCommunicator::RingReduceScatter(const char* in, char* out, const BlockG
     }
     // Blocks arrive in order; each is added as soon as it is in.
     for (size_t k = 0; k < recv_blocks.size(); ++k) {
-      WaitRecv(stage_buffer[recv_index].get(), deadline);
+      Wait(stage_buffer[recv_index].get(), /*send=*/false, deadline);
       const ShardBlock& b = *recv_blocks[k];
       char* received = stage[recv_index] + g.packed_offset[recv_rank][k] * esize;
       Accumulate(dtype, received, in + b.full_offset * esize,
                  last ? out + b.shard_offset * esize : received, b.count, last ? divisor : 1.0f);
     }
-    for (size_t k = 0; k < send_blocks.size(); ++k) WaitSend(source, deadline);
+    for (size_t k = 0; k < send_blocks.size(); ++k) Wait(source, /*send=*/true, deadline);
     counter->fetch_add(g.total[send_rank] * esize);
   }
 }
@@ -473,9 +531,9 @@ void GlooCommunicator::RingAllGatherInPlace(void* buffer, const std::vector<int6
     if (send_bytes > 0) {
       send_buffer->send(right, slot, chunk_offset[send_chunk] * esize, send_bytes);
     }
-    if (recv_bytes > 0) WaitRecv(recv_buffer.get(), deadline);
+    if (recv_bytes > 0) Wait(recv_buffer.get(), /*send=*/false, deadline);
     if (send_bytes > 0) {
-      WaitSend(send_buffer.get(), deadline);
+      Wait(send_buffer.get(), /*send=*/true, deadline);
       counter->fetch_add(send_bytes);
     }
   }
@@ -497,26 +555,10 @@ absl::Status GlooCommunicator::AllGather(const void* input, void* output, int64_
     if (in != out) std::memmove(out, in, bytes);
     return absl::OkStatus();
   }
-  if (shm_ != nullptr) {
-    // Rank r's shard is `in`; viewed from `out`'s own slot when in place.
-    const std::vector<ShardBlock> blocks = ChunkBlocks(world_size_, count);
-    const BlockGroups g = GroupBlocks(blocks, world_size_);
-    const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
-    return RunShm(kName, timeout, [&] {
-      absl::Status s = shm_->AllGatherBlocks(in, out, g, dtype, deadline);
-      if (s.ok()) all_gather_bytes_.fetch_add(static_cast<int64_t>(world_size_ - 1) * bytes);
-      return s;
-    });
-  }
-  return Run(kName, timeout, [&] {
-    gloo::AllgatherOptions opts(context_);
-    // Input already in place at this rank's slot of the output: in-place form.
-    if (in != out + rank_ * bytes) opts.setInput(in, bytes);
-    opts.setOutput(out, bytes * world_size_);
-    opts.setTimeout(ToMillis(timeout));
-    gloo::allgather(opts);
-    all_gather_bytes_.fetch_add(static_cast<int64_t>(world_size_ - 1) * bytes);
-  });
+  // The block all-gather over W equal chunks: rank r's shard is `in`, viewed
+  // from `out`'s own slot when in place. (Not Gloo's allgather, whose waits
+  // Abort() cannot end once an error closed a pair.)
+  return AllGatherBlocks(in, out, ChunkBlocks(world_size_, count), dtype, timeout);
 }
 
 absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, int64_t count,
@@ -617,8 +659,12 @@ absl::Status GlooCommunicator::AllGatherBlocks(const void* shard, void* full,
                      (s == 0 ? b->shard_offset : b->full_offset) * esize, b->count * esize);
       }
       if (s == 0) copy_own();  // while the first messages travel
-      for (size_t k = 0; k < g.blocks[recv_rank].size(); ++k) WaitRecv(recv_buffer.get(), deadline);
-      for (size_t k = 0; k < g.blocks[send_rank].size(); ++k) WaitSend(source, deadline);
+      for (size_t k = 0; k < g.blocks[recv_rank].size(); ++k) {
+        Wait(recv_buffer.get(), /*send=*/false, deadline);
+      }
+      for (size_t k = 0; k < g.blocks[send_rank].size(); ++k) {
+        Wait(source, /*send=*/true, deadline);
+      }
       all_gather_bytes_.fetch_add(g.total[send_rank] * esize);
     }
   });

@@ -14,7 +14,8 @@
 // rank per store (the store is scoped to the job generation).
 //
 // Algorithms and bytes this rank sends (n = count * element size, W = world):
-//   AllGather      Gloo's ring allgather                   (W-1) * n
+//   AllGather      ring all-gather (AllGatherBlocks over   (W-1) * n
+//                  W equal chunks)
 //   ReduceScatter  ring reduce-scatter on unbound buffers  (W-1) * n
 //   AllReduce      ring reduce-scatter + ring all-gather   2 * (total - own chunk)
 //                  over W chunks (sizes differ by at most one element when count
@@ -25,8 +26,8 @@
 // hop adds in f32 and rounds once, kAverage divides by W at the last hop.
 //
 // Timeouts and failures. Every wait is bounded: the ring algorithms hold a
-// deadline of `timeout` for the whole call; Gloo's own collectives (all-gather,
-// broadcast, barrier) apply `timeout` to each wait inside them. A timeout is
+// deadline of `timeout` for the whole call; Gloo's own collectives (broadcast,
+// barrier) apply `timeout` to each wait inside them. A timeout is
 // DEADLINE_EXCEEDED ("all_gather timed out after 5s (rank 1 of 2, tag
 // 'gather')"); a peer that closed its connection or whose connection failed is
 // UNAVAILABLE ("... a peer is gone ..."). After either, THE COMMUNICATOR IS
@@ -37,13 +38,22 @@
 // later call returns UNAVAILABLE; destroy it and Create a new one (with a new
 // tag or store generation).
 //
+// Abort() from another thread does the same on purpose: the collective in
+// flight returns ABORTED, the peers see this rank's connections close (or the
+// segment marked failed), and later calls return UNAVAILABLE. The ring
+// algorithms (every collective but broadcast and barrier) end at once, over
+// TCP or shared memory, whatever state the connections are in; Gloo's own
+// broadcast and barrier end at once while the connections are up (Abort()
+// makes one wait of the context time out, which ends all of them: see
+// gloo_communicator.cc), else at their timeout.
+//
 // Gloo writes to sockets without MSG_NOSIGNAL, so a write to a peer that is
 // gone raises SIGPIPE. Create therefore sets SIGPIPE to SIG_IGN if (and only if)
 // it is still SIG_DFL, so that a dead peer is an UNAVAILABLE status rather than
 // the death of this process.
 //
 // Not thread-safe per instance (see Communicator), except bytes_sent(), which
-// any thread may read.
+// any thread may read, and Abort().
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 
@@ -54,8 +64,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "worker/comm/communicator.h"
@@ -65,6 +77,7 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -138,6 +151,7 @@ class GlooCommunicator : public Communicator {
   absl::Status Barrier(absl::Duration timeout) override;
 
   CollectiveBytes bytes_sent() const override;
+  void Abort() override;
 
   // OK while usable; otherwise the status of the failure that broke it.
   absl::Status health() const { return broken_; }
@@ -172,6 +186,12 @@ class GlooCommunicator : public Communicator {
   absl::Status Break(const char* name, absl::Duration timeout, absl::StatusCode code,
                      const std::string& detail, bool over_shm);
 
+  // Waits for `buffer`'s pending send (or recv) until `deadline`, where
+  // Abort() can end the wait. Throws gloo::IoException on a timeout, an
+  // error of the pair, or an abort.
+  void Wait(gloo::transport::UnboundBuffer* buffer, bool send, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(wait_mu_);
+
   // Ring reduce-scatter of `in` (the full extent of `g`) by blocks: on
   // return each of this rank's blocks holds, at its shard_offset in `out`,
   // the sum over ranks of its full_offset range of `in`, divided by
@@ -195,7 +215,13 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<ShmExchange> shm_;  // null: TCP
   std::string transport_note_;
 
-  absl::Status broken_;  // OK while usable
+  // OK while usable; only the thread calling collectives touches it.
+  absl::Status broken_;
+  std::atomic<bool> aborted_{false};  // Abort() was called (any thread)
+  // The unbound buffer the calling thread waits on (in Wait), for Abort().
+  absl::Mutex wait_mu_;
+  gloo::transport::UnboundBuffer* waiting_ ABSL_GUARDED_BY(wait_mu_) = nullptr;
+  bool waiting_for_send_ ABSL_GUARDED_BY(wait_mu_) = false;
 
   std::atomic<int64_t> all_gather_bytes_{0};
   std::atomic<int64_t> reduce_scatter_bytes_{0};

@@ -141,7 +141,7 @@ class NcclCommunicator : public Communicator {
   // collective. A collective waiting in another thread returns ABORTED
   // promptly; every later call returns UNAVAILABLE. Returns once the NCCL
   // communicator is aborted. Idempotent.
-  void Abort();
+  void Abort() override;
 
   // OK while usable; otherwise the status of the failure (or Abort) that
   // broke it.

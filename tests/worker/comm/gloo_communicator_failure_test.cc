@@ -1,5 +1,6 @@
 // GlooCommunicator when peers do not show up, never call the collective, or
 // go away: every call returns a status within its timeout (plus slack).
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -297,6 +298,114 @@ TEST(GlooCommunicatorShmFailureTest, RanksThatCannotAllUseSharedMemoryAllUseTcp)
     EXPECT_EQ(out[0], (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2})) << c.name;
     EXPECT_EQ(out[1], out[0]) << c.name;
   }
+}
+
+// Abort() from another thread ends whatever collective rank 0 is blocked in
+// (rank 1 never calls it) long before its timeout, over TCP (Gloo's own
+// collectives and the rings here) and over shared memory; the peer's next
+// collective fails promptly, and so does every later call on rank 0.
+constexpr absl::Duration kLong = absl::Seconds(20);
+
+TEST(GlooCommunicatorAbortTest, EndsTheBlockedCollectiveOfEveryKind) {
+  struct Case {
+    std::string name;
+    bool shm;
+    std::function<absl::Status(GlooCommunicator*, std::vector<float>*)> call;
+  };
+  const std::vector<ShardBlock> blocks = {{0, 0, 0, 500}, {1, 0, 500, 500}};
+  const std::vector<Case> cases = {
+      {"all_gather", false,
+       [](GlooCommunicator* c, std::vector<float>* b) {
+         return c->AllGather(b->data(), b->data() + 1000, 1000, DType::kF32, kLong);
+       }},
+      {"reduce_scatter", false,
+       [](GlooCommunicator* c, std::vector<float>* b) {
+         return c->ReduceScatter(b->data(), b->data() + 2000, 1000, DType::kF32, ReduceOp::kSum,
+                                 kLong);
+       }},
+      {"all_reduce", false,
+       [](GlooCommunicator* c, std::vector<float>* b) {
+         return c->AllReduce(b->data(), 1000, DType::kF32, ReduceOp::kSum, kLong);
+       }},
+      {"all_gather", false,
+       [&blocks](GlooCommunicator* c, std::vector<float>* b) {
+         return c->AllGatherBlocks(b->data() + 2000, b->data(), blocks, DType::kF32, kLong);
+       }},
+      {"broadcast", false,
+       [](GlooCommunicator* c, std::vector<float>* b) {
+         return c->Broadcast(b->data(), 1000, DType::kF32, /*root=*/1, kLong);
+       }},
+      {"barrier", false,
+       [](GlooCommunicator* c, std::vector<float>*) { return c->Barrier(kLong); }},
+      {"all_gather", true,
+       [](GlooCommunicator* c, std::vector<float>* b) {
+         return c->AllGather(b->data(), b->data() + 1000, 1000, DType::kF32, kLong);
+       }},
+      {"reduce_scatter", true,
+       [&blocks](GlooCommunicator* c, std::vector<float>* b) {
+         return c->ReduceScatterBlocks(b->data(), b->data() + 2000, blocks, DType::kF32,
+                                       ReduceOp::kAverage, kLong);
+       }},
+  };
+  int index = 0;
+  for (const Case& c : cases) {
+    const std::string label = absl::StrCat(c.name, c.shm ? " (shm)" : " (tcp)");
+    InMemoryKvStore store;
+    auto comms = CreateCommunicators(&store, 2, absl::StrCat("abort", index++), c.shm);
+    ASSERT_NE(comms[0], nullptr);
+    ASSERT_NE(comms[1], nullptr);
+    std::vector<float> buffer(4000, 1.0f);
+    absl::Status status;
+    absl::Duration elapsed;
+    RunThreads(2, [&](int r) {
+      if (r == 1) {
+        absl::SleepFor(absl::Milliseconds(200));  // let rank 0 block first
+        comms[0]->Abort();
+        return;
+      }
+      const absl::Time start = absl::Now();
+      status = c.call(comms[0].get(), &buffer);
+      elapsed = absl::Now() - start;
+    });
+    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << label << ": " << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(absl::StrCat(c.name, " aborted (rank 0 of 2")))
+        << label;
+    EXPECT_LT(elapsed, absl::Milliseconds(200) + kSlack) << label;
+
+    // Later calls on the aborted communicator fail at once.
+    absl::Status later = comms[0]->Barrier(kLong);
+    EXPECT_EQ(later.code(), absl::StatusCode::kUnavailable) << label << ": " << later;
+    // The peer does not wait for its timeout either.
+    const absl::Time start = absl::Now();
+    absl::Status peer = c.call(comms[1].get(), &buffer);
+    EXPECT_FALSE(peer.ok()) << label;
+    EXPECT_LT(absl::Now() - start, kSlack) << label << ": " << peer;
+  }
+}
+
+TEST(GlooCommunicatorAbortTest, AbortBeforeACallIsIdempotentAndFailsTheCall) {
+  InMemoryKvStore store;
+  auto comms = CreateCommunicators(&store, 2, "early");
+  ASSERT_NE(comms[0], nullptr);
+  comms[0]->Abort();
+  comms[0]->Abort();
+  std::vector<float> in(8, 1.0f), out(16);
+  absl::Status status = comms[0]->AllGather(in.data(), out.data(), 8, DType::kF32, kShortTimeout);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("was aborted"));
+  const absl::Time start = absl::Now();
+  status = comms[1]->AllGather(in.data(), out.data(), 8, DType::kF32, absl::Seconds(20));
+  EXPECT_FALSE(status.ok());
+  EXPECT_LT(absl::Now() - start, kSlack) << status;
+}
+
+TEST(GlooCommunicatorAbortTest, SingleRankAbortFailsLaterCalls) {
+  InMemoryKvStore store;
+  auto comm = GlooCommunicator::Create(&store, 0, 1, "alone");
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  (*comm)->Abort();
+  EXPECT_EQ((*comm)->Barrier(kShortTimeout).code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -1,0 +1,184 @@
+// WorkerConfigFromFlags: every flag shard_worker checks before joining, with
+// the message that names the flag and what it takes.
+#include "worker/worker_config.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+ABSL_DECLARE_FLAG(std::string, job);
+ABSL_DECLARE_FLAG(int, world_size);
+ABSL_DECLARE_FLAG(std::string, worker_id);
+ABSL_DECLARE_FLAG(std::string, backend);
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(int, steps);
+ABSL_DECLARE_FLAG(int, batch);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(int, stage);
+ABSL_DECLARE_FLAG(int, grad_accum);
+ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(double, momentum);
+ABSL_DECLARE_FLAG(std::string, param_dtype);
+ABSL_DECLARE_FLAG(std::string, lr_schedule);
+ABSL_DECLARE_FLAG(double, lr);
+ABSL_DECLARE_FLAG(int, warmup_steps);
+ABSL_DECLARE_FLAG(double, min_lr);
+ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
+ABSL_DECLARE_FLAG(int, checkpoint_every);
+ABSL_DECLARE_FLAG(std::string, checkpoint_transport);
+ABSL_DECLARE_FLAG(std::string, resume);
+ABSL_DECLARE_FLAG(std::string, init_from);
+ABSL_DECLARE_FLAG(absl::Duration, collective_timeout);
+ABSL_DECLARE_FLAG(std::string, token_file);
+ABSL_DECLARE_FLAG(std::string, server);
+
+namespace zeroshard {
+namespace {
+
+// Each test starts from the defaults plus --job, and leaves them so.
+class WorkerConfigTest : public ::testing::Test {
+ protected:
+  WorkerConfigTest() { absl::SetFlag(&FLAGS_job, "job-1"); }
+
+  // The INVALID_ARGUMENT message of the current flags; "" when they pass.
+  std::string Refusal() {
+    absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
+    if (config.ok()) return "";
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+    return std::string(config.status().message());
+  }
+
+  absl::FlagSaver saver_;
+};
+
+TEST_F(WorkerConfigTest, DefaultsAreTheFlagsDefaults) {
+  absl::SetFlag(&FLAGS_server, "example.org:7070");
+  absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->job, "job-1");
+  EXPECT_EQ(config->client.server, "example.org:7070");
+  EXPECT_EQ(config->world_size, 1);
+  // No --worker_id: HOST/PID.
+  EXPECT_TRUE(absl::StrContains(config->worker_id, "/")) << config->worker_id;
+  EXPECT_EQ(config->data_plane.backend, DataPlaneBackend::kGloo);
+  EXPECT_TRUE(config->data_plane.shared_memory);
+  EXPECT_EQ(config->data_plane.timeout, absl::Seconds(60));
+  EXPECT_EQ(config->engine.collective_timeout, absl::Seconds(60));
+  EXPECT_EQ(config->engine.stage, 3);
+  EXPECT_EQ(config->engine.optimizer, "adam");
+  EXPECT_FALSE(config->engine.optimizer_options.weight_decay.has_value());
+  EXPECT_EQ(config->task.model, "mlp");
+  EXPECT_EQ(config->schedule.steps, 10);
+  EXPECT_EQ(config->schedule.kind, LrSchedule::kConstant);
+  EXPECT_EQ(config->initial.resume, InitialState::Resume::kOff);
+  EXPECT_FALSE(config->checkpoint.enabled());
+  EXPECT_EQ(config->checkpoint.transport, CheckpointTransport::kFs);
+}
+
+TEST_F(WorkerConfigTest, JobIsRequiredAndMustBeAValidId) {
+  absl::SetFlag(&FLAGS_job, "");
+  EXPECT_EQ(Refusal(), "--job is required");
+  absl::SetFlag(&FLAGS_job, "../escape");
+  EXPECT_TRUE(absl::StartsWith(Refusal(), "--job: ")) << Refusal();
+}
+
+TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
+  struct Case {
+    void (*set)();
+    std::string message;  // a part of it
+  };
+  const Case cases[] = {
+      {[] { absl::SetFlag(&FLAGS_world_size, 0); }, "--world_size=0: expected 1 or more"},
+      {[] { absl::SetFlag(&FLAGS_backend, "mpi"); },
+       "--backend=mpi is unknown: expected gloo or nccl"},
+      {[] { absl::SetFlag(&FLAGS_steps, -1); }, "--steps must be >= 0 and --batch >= 1"},
+      {[] { absl::SetFlag(&FLAGS_batch, 0); }, "--steps must be >= 0 and --batch >= 1"},
+      {[] { absl::SetFlag(&FLAGS_threads, 0); }, "--threads must be >= 1"},
+      {[] { absl::SetFlag(&FLAGS_stage, 4); }, "--stage=4: expected 0, 1, 2 or 3"},
+      {[] { absl::SetFlag(&FLAGS_grad_accum, 0); }, "--grad_accum=0: expected 1 or more"},
+      {[] { absl::SetFlag(&FLAGS_optimizer, "lamb"); },
+       "--optimizer=lamb: expected adam, adamw or sgd"},
+      {[] { absl::SetFlag(&FLAGS_momentum, 0.9); }, "--optimizer=adam --momentum=0.9: "},
+      {[] { absl::SetFlag(&FLAGS_param_dtype, "f16"); },
+       "--param_dtype=f16 is not a dtype: expected f32 or bf16"},
+      {[] { absl::SetFlag(&FLAGS_collective_timeout, absl::ZeroDuration()); },
+       "--collective_timeout=0: expected a positive duration"},
+      {[] { absl::SetFlag(&FLAGS_lr_schedule, "step"); },
+       "--lr_schedule=step: expected constant or cosine"},
+      {[] { absl::SetFlag(&FLAGS_checkpoint_every, 5); },
+       "--checkpoint_every / --checkpoint_at_end need --checkpoint_dir"},
+      {[] { absl::SetFlag(&FLAGS_checkpoint_transport, "nfs"); },
+       "--checkpoint_transport=nfs: expected fs or grpc"},
+      {[] { absl::SetFlag(&FLAGS_resume, "latest"); }, "--resume needs --checkpoint_dir"},
+      {[] {
+         absl::SetFlag(&FLAGS_resume, "latest");
+         absl::SetFlag(&FLAGS_init_from, "/m.safetensors");
+       },
+       "--resume and --init_from are exclusive"},
+      {[] {
+         absl::SetFlag(&FLAGS_resume, "-3");
+         absl::SetFlag(&FLAGS_checkpoint_dir, "/ck");
+       },
+       "--resume=-3: expected 'latest' or a step number"},
+      {[] {
+         absl::SetFlag(&FLAGS_backend, "nccl");
+         absl::SetFlag(&FLAGS_model, "gpt");
+       },
+       "--backend=gloo"},
+  };
+  for (const Case& c : cases) {
+    absl::FlagSaver restore;
+    c.set();
+    const std::string refusal = Refusal();
+    EXPECT_TRUE(absl::StrContains(refusal, c.message))
+        << "expected '" << c.message << "' in '" << refusal << "'";
+  }
+}
+
+TEST_F(WorkerConfigTest, ResumeTakesLatestOrAStep) {
+  absl::SetFlag(&FLAGS_checkpoint_dir, "/ck");
+  absl::SetFlag(&FLAGS_resume, "latest");
+  absl::StatusOr<WorkerConfig> latest = WorkerConfigFromFlags();
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->initial.resume, InitialState::Resume::kLatest);
+  absl::SetFlag(&FLAGS_resume, "40");
+  absl::StatusOr<WorkerConfig> step = WorkerConfigFromFlags();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->initial.resume, InitialState::Resume::kStep);
+  EXPECT_EQ(step->initial.resume_step, 40);
+  EXPECT_EQ(step->initial.resume_flag, "40");
+}
+
+TEST_F(WorkerConfigTest, AnUnreadableTokenFileIsRefusedBeforeJoining) {
+  absl::SetFlag(&FLAGS_token_file, "/nonexistent/token");
+  absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
+  ASSERT_FALSE(config.ok());
+  EXPECT_TRUE(absl::StartsWith(config.status().message(), "client files: NOT_FOUND"))
+      << config.status();
+  EXPECT_TRUE(absl::StrContains(config.status().message(), "/nonexistent/token"));
+}
+
+TEST(ScheduleTest, WarmupThenConstantOrCosineToMinLr) {
+  Schedule s;
+  s.steps = 10;
+  s.lr = 1.0;
+  s.warmup_steps = 2;
+  EXPECT_DOUBLE_EQ(s.LearningRate(0), 0.5);
+  EXPECT_DOUBLE_EQ(s.LearningRate(1), 1.0);
+  EXPECT_DOUBLE_EQ(s.LearningRate(5), 1.0);
+  s.kind = LrSchedule::kCosine;
+  s.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(s.LearningRate(2), 1.0);  // decay starts at the peak
+  EXPECT_NEAR(s.LearningRate(6), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);  // halfway
+  EXPECT_NEAR(s.LearningRate(10), 0.1, 1e-12);                                     // reaches min_lr
+  EXPECT_NEAR(s.LearningRate(20), 0.1, 1e-12);  // and stays there
+}
+
+}  // namespace
+}  // namespace zeroshard

@@ -1,0 +1,53 @@
+#include "worker/abort_latch.h"
+
+#include <utility>
+
+namespace zeroshard {
+
+AbortLatch::AbortLatch(absl::Duration grace, ExpiredFn expired)
+    : grace_(grace), expired_(std::move(expired)) {}
+
+AbortLatch::~AbortLatch() {
+  Disarm();
+  // Only Trip() (under mu_, once) starts the thread; by now no other thread
+  // may call Trip() (they are gone before their latch is).
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+bool AbortLatch::Trip(const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  if (tripped_) return false;
+  tripped_ = true;
+  message_ = message;
+  watchdog_ = std::thread([this] { Watch(); });
+  return true;
+}
+
+void AbortLatch::Disarm() {
+  absl::MutexLock lock(&mu_);
+  disarmed_ = true;
+}
+
+bool AbortLatch::tripped() const {
+  absl::MutexLock lock(&mu_);
+  return tripped_;
+}
+
+std::string AbortLatch::message() const {
+  absl::MutexLock lock(&mu_);
+  return message_;
+}
+
+void AbortLatch::Watch() {
+  std::string message;
+  {
+    absl::MutexLock lock(&mu_);
+    auto disarmed = [this] { return disarmed_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&disarmed), grace_)) return;
+    message = message_;
+  }
+  // Outside the lock: `expired_` usually never returns.
+  expired_(message);
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,65 @@
+// The data plane of one job generation: the communicators the ZeRO engine
+// moves parameters and gradients over, bootstrapped through the shard
+// server's KV store (which is scoped to the generation, so the next
+// generation bootstraps afresh with the same tags).
+//
+//   gather  all-gathers of parameters (Gloo: shared memory or TCP; or NCCL)
+//   reduce  reductions of gradients (the same transport, its own context, so
+//           that gathers and reductions run at once)
+//   aux     small collectives of host-side metrics (Gloo over TCP)
+#ifndef ZEROSHARD_WORKER_DATA_PLANE_H_
+#define ZEROSHARD_WORKER_DATA_PLANE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "nlohmann/json.hpp"
+#include "worker/comm/communicator.h"
+
+namespace zeroshard {
+
+enum class DataPlaneBackend { kGloo, kNccl };
+
+struct DataPlaneOptions {
+  // kNccl: gather and reduce over NCCL on `cuda_device`; aux stays on Gloo.
+  DataPlaneBackend backend = DataPlaneBackend::kGloo;
+  int cuda_device = 0;
+  // Gloo binds to this address and advertises it to the peers.
+  std::string host = "127.0.0.1";
+  // Gloo: gathers and reductions through shared memory when every rank runs
+  // on this host (GlooCommunicator::Options::shared_memory).
+  bool shared_memory = true;
+  // Bounds the rendezvous and every collective.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+struct DataPlane {
+  std::unique_ptr<Communicator> gather;
+  std::unique_ptr<Communicator> reduce;
+  std::unique_ptr<Communicator> aux;
+  // What each communicator runs on, by tag, for the run's report:
+  // {"transport": "shm"|"tcp"|"nccl"} (Gloo adds "note" and
+  // "shm_segment_bytes").
+  nlohmann::json description = nlohmann::json::object();
+
+  // Communicator::Abort on all three: a collective blocked in another thread
+  // fails promptly, and so do the peers blocked on this rank. Thread-safe;
+  // REQUIRES: the communicators are not being destroyed.
+  void Abort();
+};
+
+// Connects this rank's communicators with the `world_size` - 1 others of the
+// generation `client` joined, through its KV store. The KV store's or the
+// transport's error, naming the communicator ("gloo bootstrap (gather): ..."),
+// otherwise. Built without CUDA, kNccl is FAILED_PRECONDITION.
+// REQUIRES: `client` joined the generation; every rank calls this.
+absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int rank,
+                                                            int world_size,
+                                                            const DataPlaneOptions& options);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_DATA_PLANE_H_

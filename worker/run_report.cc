@@ -1,0 +1,179 @@
+#include "worker/run_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/table.h"
+#include "worker/zero/memory_tracker.h"
+
+namespace zeroshard {
+namespace {
+
+// The GPT's shape under the names Hugging Face's GPT2Config uses.
+template <typename Json>
+void AddGptShape(const TaskOptions& task, Json* out) {
+  if (task.model != "gpt") return;
+  (*out)["n_layer"] = task.layers;
+  (*out)["n_head"] = task.heads;
+  (*out)["n_embd"] = task.d_model;
+  (*out)["n_ctx"] = task.context;
+  (*out)["vocab_size"] = 256;
+}
+
+double ItemsPerSecond(const RunMetrics& m) {
+  return m.step_ms.empty() ? 0.0 : m.items_per_second_sum / static_cast<double>(m.step_ms.size());
+}
+
+int64_t Parameters(const ZeroEngine& engine) {
+  int64_t parameters = 0;
+  for (const UnitLayout& u : engine.units()) parameters += u.flat_elements;
+  return parameters;
+}
+
+// A sample may hold bytes that are not UTF-8: replaced, not fatal.
+template <typename Json>
+absl::Status WriteJson(const Json& json, const std::string& path, const char* flag) {
+  std::ofstream file(path);
+  file << json.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+  if (!file) return absl::InternalError(absl::StrCat("cannot write --", flag, " ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+absl::Status WriteSummary(const FinishedRun& run, const std::string& path) {
+  const WorkerConfig& config = *run.config;
+  const RunMetrics& m = *run.metrics;
+  const Evaluation& eval = m.last_eval;
+  const int world = config.world_size;
+  const int stage = config.engine.stage;
+  const int64_t parameters = Parameters(*run.engine);
+  nlohmann::ordered_json summary;
+  AddGptShape(config.task, &summary);
+  summary["model"] = run.model;
+  summary["parameters"] = parameters;
+  summary["world_size"] = world;
+  summary["stage"] = stage;
+  summary["steps"] = config.schedule.steps;
+  summary["loss_first"] = m.losses.empty() ? 0.0 : m.losses.front();
+  summary["loss_last"] = m.losses.empty() ? 0.0 : m.losses.back();
+  summary["val_loss"] = eval.loss;
+  summary["accuracy"] =
+      eval.accuracy >= 0 ? nlohmann::ordered_json(eval.accuracy) : nlohmann::ordered_json();
+  summary["accuracy_in_context"] = eval.accuracy_in_context >= 0
+                                       ? nlohmann::ordered_json(eval.accuracy_in_context)
+                                       : nlohmann::ordered_json();
+  summary["sample"] = m.sample;
+  summary["step_time_ms_median"] = Median(m.step_ms);
+  summary["items_per_second"] = ItemsPerSecond(m);
+  // Stage 0 keeps fp32 params, grads and Adam moments whole: 16 bytes per parameter.
+  summary["stage0_model_state_bytes"] = 16 * parameters;
+  nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
+  for (int r = 0; r < world; ++r) {
+    per_rank.push_back({{"rank", r},
+                        {"model_state_bytes", static_cast<int64_t>(run.model_state_bytes[r])},
+                        {"peak_bytes", static_cast<int64_t>(run.peak_bytes[r])}});
+  }
+  summary["memory_per_rank"] = per_rank;
+
+  // For people: the same as a table.
+  Table table({"", ""});
+  table.AddRow({"model", run.model});
+  table.AddRow({"parameters", absl::StrCat(parameters)});
+  table.AddRow({"ranks / ZeRO stage", absl::StrCat(world, " / ", stage)});
+  table.AddRow(
+      {"loss first -> last", absl::StrFormat("%.4f -> %.4f", summary["loss_first"].get<double>(),
+                                             summary["loss_last"].get<double>())});
+  table.AddRow({"validation loss", absl::StrFormat("%.4f", eval.loss)});
+  if (eval.accuracy >= 0) {
+    // Greedy answers to held-out problems asked at the start of a sequence.
+    table.AddRow({"accuracy (held-out sums, as a first line)",
+                  absl::StrFormat("%.1f%%", 100 * eval.accuracy)});
+    table.AddRow({"accuracy (held-out sums, after another line)",
+                  absl::StrFormat("%.1f%%", 100 * eval.accuracy_in_context)});
+  }
+  table.AddRow({"step time (median)", absl::StrFormat("%.1f ms", Median(m.step_ms))});
+  table.AddRow({config.task.model == "gpt" ? "tokens/s" : "rows/s",
+                absl::StrFormat("%.0f", summary["items_per_second"].get<double>())});
+  for (int r = 0; r < world; ++r) {
+    table.AddRow({absl::StrCat("rank ", r, " memory"),
+                  absl::StrCat(HumanBytes(run.model_state_bytes[r]),
+                               " model state (stage 0 would need ", HumanBytes(16.0 * parameters),
+                               "), ", HumanBytes(run.peak_bytes[r]), " peak")});
+  }
+  std::fprintf(stderr, "\nsummary\n%s", table.ToString().c_str());
+  return WriteJson(summary, path, "summary_out");
+}
+
+absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
+  const WorkerConfig& config = *run.config;
+  const RunMetrics& m = *run.metrics;
+  const ZeroEngine& e = *run.engine;
+  nlohmann::ordered_json out;
+  out["rank"] = run.rank;
+  out["world_size"] = config.world_size;
+  out["stage"] = config.engine.stage;
+  out["steps"] = config.schedule.steps;
+  out["losses"] = m.losses;
+  out["params_sum"] = run.params_sum;
+  out["step_time_ms_median"] = Median(m.step_ms);
+  // Medians over steps of where the compute thread's time went.
+  auto median_of = [&](double StepTimes::*field) {
+    std::vector<double> values;
+    for (const StepTimes& t : m.step_times) values.push_back(t.*field);
+    return Median(values);
+  };
+  out["step_breakdown_ms"] = {{"forward", median_of(&StepTimes::forward_ms)},
+                              {"backward", median_of(&StepTimes::backward_ms)},
+                              {"gather_wait", median_of(&StepTimes::gather_wait_ms)},
+                              {"reduce_wait", median_of(&StepTimes::reduce_wait_ms)},
+                              {"optimizer", median_of(&StepTimes::optimizer_ms)},
+                              {"param_sync", median_of(&StepTimes::param_sync_ms)}};
+  nlohmann::ordered_json memory;
+  const MemoryTracker& mt = e.memory();
+  for (int c = 0; c < static_cast<int>(MemoryCategory::kCount); ++c) {
+    auto category = static_cast<MemoryCategory>(c);
+    memory[MemoryCategoryName(category)] = mt.current(category);
+    memory[absl::StrCat(MemoryCategoryName(category), "_peak")] = mt.peak(category);
+  }
+  memory["model_state_bytes"] = mt.model_state();
+  memory["peak_bytes"] = mt.peak_total();
+  out["memory"] = memory;
+  const CollectiveBytes& bytes = m.training_bytes;
+  out["comm_bytes"] = {{"all_gather", bytes.all_gather},
+                       {"reduce_scatter", bytes.reduce_scatter},
+                       {"all_reduce", bytes.all_reduce},
+                       {"broadcast", bytes.broadcast}};
+  out["plan_hash"] = run.plan_hash;
+  out["data_plane"] = run.data_plane;
+  out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
+  out["model"] = run.model;
+  AddGptShape(config.task, &out);
+  out["val_losses"] = m.val_losses;
+  out["val_loss"] = m.last_eval.loss;
+  if (m.last_eval.accuracy >= 0) out["accuracy"] = m.last_eval.accuracy;
+  if (m.last_eval.accuracy_in_context >= 0) {
+    out["accuracy_in_context"] = m.last_eval.accuracy_in_context;
+  }
+  out["sample"] = m.sample;
+  out["items_per_second"] = ItemsPerSecond(m);
+  out["largest_unit_bytes"] = e.largest_unit_elements() * 4;
+  int64_t shard_elements = 0;
+  for (const UnitLayout& u : e.units()) shard_elements += u.chunk_elements;
+  out["parameters"] = Parameters(e);       // Ψ
+  out["shard_elements"] = shard_elements;  // this rank's chunks: Ψ/W + padding
+  out["prefetch"] = config.engine.prefetch;
+  return WriteJson(out, path, "report");
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,65 @@
+// What a finished run says about itself: rank 0's summary (--summary_out:
+// JSON, and the same as a table on stderr) and the per-run report
+// (--report: JSON, rank 0's or every rank's).
+#ifndef ZEROSHARD_WORKER_RUN_REPORT_H_
+#define ZEROSHARD_WORKER_RUN_REPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "nlohmann/json.hpp"
+#include "worker/comm/communicator.h"
+#include "worker/training_task.h"
+#include "worker/worker_config.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+
+// What the training loop measured, step by step, on this rank.
+struct RunMetrics {
+  std::vector<double> losses;   // the step's loss, averaged over ranks
+  std::vector<double> step_ms;  // wall time of each step
+  std::vector<StepTimes> step_times;
+  double items_per_second_sum = 0;  // tokens or rows per second of each step, summed
+  std::vector<double> val_losses;   // every evaluation's
+  Evaluation last_eval;
+  std::vector<double> checkpoint_pause_ms;  // the training thread's pause per checkpoint
+  // Bytes this rank sent during the training steps (gather and reduce
+  // communicators together; evaluation and sampling not counted).
+  CollectiveBytes training_bytes;
+  std::string sample;  // --sample's generated text
+};
+
+// Everything the summary and the report are made of. The pointers are not
+// owned and must outlive the calls below.
+struct FinishedRun {
+  const WorkerConfig* config = nullptr;
+  int rank = 0;
+  std::string model;  // TrainingTask::Describe()
+  const ZeroEngine* engine = nullptr;
+  const RunMetrics* metrics = nullptr;
+  std::string plan_hash;
+  nlohmann::json data_plane;  // DataPlane::description
+  double params_sum = 0;      // over the whole model
+  // By rank.
+  std::vector<double> model_state_bytes;
+  std::vector<double> peak_bytes;
+};
+
+// Median of `values`; 0 when empty.
+double Median(std::vector<double> values);
+
+// Writes the summary JSON to `path` and prints it as a table to stderr.
+// INTERNAL naming the file when it cannot be written ("cannot write
+// --summary_out <path>").
+absl::Status WriteSummary(const FinishedRun& run, const std::string& path);
+
+// Writes the report JSON to `path`: the run's losses, timings, memory,
+// traffic and model shape. INTERNAL naming the file when it cannot be
+// written ("cannot write --report <path>").
+absl::Status WriteReport(const FinishedRun& run, const std::string& path);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_RUN_REPORT_H_

@@ -1,0 +1,161 @@
+// Worker: one shard_worker process as a sequence of phases over explicit
+// state. main (shard_worker.cc) runs them in order:
+//
+//   OpenDevice          the CUDA device (--backend=nccl); nothing for gloo
+//   LoadTask            OpenBLAS threads, the model and its data
+//   Join                joins the job (waiting for the rest of it) and starts heartbeats
+//   Plan                the generation's shard plan, from the server
+//   BootstrapDataPlane  the communicators, through the server's KV store; the engine
+//   Restore             the initial parameters: the seed, --init_from or --resume
+//   Train               the steps, with checkpoints
+//   Report              final evaluation, sample, --eval_out, --summary_out, --report
+//   Leave               a clean exit from the job
+//
+// Each phase returns the error that ends the run, its message the line main
+// prints after "shard_worker rank R: ". None exits the process.
+//
+// State. What the process keeps across job generations — the config, the
+// device, the task (model and data), the client and the metrics — is the
+// Worker's. What belongs to one generation — the membership, the plan, the
+// data plane and the engine — is a Generation, which Join starts and
+// EndGeneration tears down, in the order the pointers between them need.
+// After EndGeneration, Join → Plan → BootstrapDataPlane → Restore → Train may
+// run again (a generation after a peer died resumes from a checkpoint).
+//
+// Abort. The server ends a generation through the heartbeat stream, on the
+// client's heartbeat thread. The handler trips the AbortLatch with what
+// shard_worker has always printed ("aborting during step N, in <collective>:
+// <reason>", or "heartbeats refused during step N...: <status>") and aborts
+// the data plane (Communicator::Abort), so the training thread's blocked
+// collective fails now; phases also check the latch between steps. The
+// error then travels up to main, which prints the latch's message and exits
+// 3. The data plane and the engine are registered with the handler under a
+// mutex from creation until just before destruction, so it never aborts
+// objects being destroyed.
+//
+// Not thread-safe: one thread runs the phases.
+#ifndef ZEROSHARD_WORKER_WORKER_H_
+#define ZEROSHARD_WORKER_WORKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "common/plan/shard_plan.h"
+#include "worker/abort_latch.h"
+#include "worker/data_plane.h"
+#include "worker/run_report.h"
+#include "worker/training_task.h"
+#include "worker/worker_config.h"
+#include "worker/zero/backend.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+
+// One job generation, as the phases build it.
+struct Generation {
+  JoinInfo membership;                    // Join
+  ShardPlan plan;                         // Plan
+  std::unique_ptr<DataPlane> data_plane;  // BootstrapDataPlane
+  std::unique_ptr<ZeroEngine> engine;     // BootstrapDataPlane; uses data_plane
+  int start_step = 0;                     // Restore: the first step Train runs
+};
+
+class Worker {
+ public:
+  // `abort` outlives the Worker.
+  Worker(WorkerConfig config, AbortLatch* abort);
+  // Ends the generation and stops heartbeats; does not Leave.
+  ~Worker();
+
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // ---- Before joining ----
+  // --backend=nccl: opens the CUDA device (FAILED_PRECONDITION when there is
+  // none, naming --backend=gloo as the way out). The engine and the MLP then
+  // live on it.
+  absl::Status OpenDevice();
+  // Sets the OpenBLAS threads and makes the model with its data ("model:
+  // ..." when the task's flags or data are wrong).
+  absl::Status LoadTask();
+
+  // ---- One job generation ----
+  // Connects (once) and joins; starts a Generation and the heartbeats.
+  absl::Status Join();
+  // REQUIRES: Join.
+  absl::Status Plan();
+  // Connects the data plane and creates the engine. REQUIRES: Plan.
+  absl::Status BootstrapDataPlane();
+  // Fills the engine from the seed, --init_from or --resume, and sets the
+  // step Train starts at. REQUIRES: BootstrapDataPlane.
+  absl::Status Restore();
+  // Trains to --steps, checkpointing as asked; waits for the last
+  // checkpoint's commit. REQUIRES: Restore.
+  absl::Status Train();
+  // Aborts and drops the generation's engine and data plane (and the
+  // generation). Idempotent.
+  void EndGeneration();
+
+  // ---- After training ----
+  // Collective (every rank runs it). REQUIRES: Train.
+  absl::Status Report();
+  // Stops heartbeats and leaves the job. REQUIRES: Join.
+  absl::Status Leave();
+
+  // This member's rank; -1 before Join.
+  int rank() const { return rank_; }
+
+ private:
+  // The heartbeat thread's handler: every command but CONTINUE ends the
+  // generation.
+  void OnServerCommand(const absl::StatusOr<v1::HeartbeatResponse>& reply)
+      ABSL_LOCKS_EXCLUDED(abort_mu_);
+  // ABORTED with the latch's message once the server ended the generation.
+  absl::Status CheckNotAborted() const;
+  // Registers the generation's data plane and engine with the heartbeat
+  // handler (null: unregisters). A data plane registered after the abort is
+  // aborted at once.
+  void ExposeToAbort(DataPlane* data_plane, const ZeroEngine* engine)
+      ABSL_LOCKS_EXCLUDED(abort_mu_);
+
+  // Train's parts: one optimizer step (its micro-batches); an evaluation
+  // after `completed_steps`.
+  absl::Status RunStep(int step);
+  absl::Status Evaluate(int completed_steps);
+
+  const WorkerConfig config_;
+  AbortLatch* const abort_;
+
+  // Process state.
+  std::unique_ptr<Backend> device_;  // --backend=nccl; null: the CPU
+  // config_'s, with the device filled in by OpenDevice.
+  TaskOptions task_options_;
+  EngineOptions engine_options_;
+  std::unique_ptr<TrainingTask> task_;
+  std::unique_ptr<Client> client_;
+  RunMetrics metrics_;
+  double params_sum_ = 0;  // Report
+  int rank_ = -1;
+  // The step being trained, for the abort message (the heartbeat thread
+  // reads it).
+  std::atomic<int64_t> step_{0};
+
+  // The current generation; null outside Join .. EndGeneration.
+  std::unique_ptr<Generation> generation_;
+
+  // What the heartbeat handler may touch.
+  mutable absl::Mutex abort_mu_;
+  DataPlane* abortable_data_plane_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
+  const ZeroEngine* abortable_engine_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_WORKER_H_

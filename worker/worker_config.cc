@@ -1,0 +1,301 @@
+#include "worker/worker_config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/connection_flags.h"
+#include "common/job_id.h"
+#include "worker/zero/optimizer.h"
+
+ABSL_FLAG(std::string, job, "", "Job id (letters, digits, '-', '_', '.')");
+ABSL_FLAG(int, world_size, 1, "Number of workers in the job");
+ABSL_FLAG(std::string, worker_id, "",
+          "Stable worker identity; ranks follow sorted worker ids (default: HOST/PID)");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address peers reach this worker at; the data plane binds to it");
+ABSL_FLAG(bool, shm, true,
+          "gloo: gathers and reductions through shared memory when every rank of the job runs "
+          "on this host (falls back to TCP otherwise, saying why)");
+ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
+ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder on bytes)");
+ABSL_FLAG(int, layers, 4, "Layers of the model (Linears of the MLP, blocks of the GPT)");
+ABSL_FLAG(int, width, 256, "MLP width (in = out features of every Linear)");
+ABSL_FLAG(std::string, activation, "none", "MLP activation between Linears: none|relu|gelu");
+ABSL_FLAG(int, heads, 4, "GPT attention heads");
+ABSL_FLAG(int, d_model, 128, "GPT embedding width (n_embd)");
+ABSL_FLAG(int, context, 64, "GPT sequence length (n_ctx)");
+ABSL_FLAG(std::string, task, "addition",
+          "GPT data without --data: 'addition' (synthetic multi-digit sums; accuracy shows "
+          "learning) or 'reversed-addition' (the sums written least-significant digit first)");
+ABSL_FLAG(int, digits, 2, "addition task: operands have up to this many digits (1-9)");
+ABSL_FLAG(double, validation_fraction, 0.1, "GPT --data: the tail of the file held out");
+ABSL_FLAG(int, val_every, 0, "Validation loss every N steps (0: only at the end)");
+ABSL_FLAG(int, val_batches, 4, "Validation batches per rank per evaluation");
+ABSL_FLAG(int, sample, 0, "GPT: print a generated text of N bytes at the end");
+ABSL_FLAG(int, warmup_steps, 0, "Linear learning-rate warmup steps");
+ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine (decay to --min_lr)");
+ABSL_FLAG(double, min_lr, 0, "Final learning rate of the cosine schedule");
+ABSL_FLAG(int, stage, 3, "ZeRO stage 0-3");
+ABSL_FLAG(int, steps, 10, "Optimizer steps (the total, counting resumed ones)");
+ABSL_FLAG(int, batch, 8, "Rows per rank per micro-batch");
+ABSL_FLAG(double, lr, 1e-3, "Learning rate");
+ABSL_FLAG(std::string, optimizer, "adam", "adam|adamw|sgd (PyTorch update rules and defaults)");
+ABSL_FLAG(double, weight_decay, -1, "Weight decay (default: the optimizer's own)");
+ABSL_FLAG(double, momentum, 0, "SGD momentum");
+ABSL_FLAG(int, prefetch, 1, "Stage 3: units gathered ahead of use");
+ABSL_FLAG(std::string, param_dtype, "f32", "Dtype parameters are gathered in: f32|bf16");
+ABSL_FLAG(std::string, reduce_dtype, "f32", "Dtype gradients are reduced in: f32|bf16");
+ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
+ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
+ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
+ABSL_FLAG(int, threads, 1, "OpenBLAS threads for this worker");
+ABSL_FLAG(std::string, init_from, "",
+          "Initialize from this safetensors file (each rank reads only its rows)");
+ABSL_FLAG(std::string, data, "",
+          "safetensors file with x [N, width] and y [N, width] (default: seeded synthetic)");
+ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs) | nccl (one GPU per process)");
+ABSL_FLAG(int, local_rank, -1,
+          "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
+ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
+          "Every collective gives up after this long");
+ABSL_FLAG(int64_t, max_unit_bytes, 0, "Plan: largest unit of unlabeled tensors (0: default)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Root of sharded checkpoints: DIR/<job>/step-<N>/rank-<R>-of-<W>.safetensors (shared "
+          "with the server's --checkpoint_root, or a local staging dir with "
+          "--checkpoint_transport=grpc)");
+ABSL_FLAG(int, checkpoint_every, 0, "Checkpoint every K steps (0: never)");
+ABSL_FLAG(bool, checkpoint_at_end, false, "Checkpoint after the last step");
+ABSL_FLAG(bool, save_optimizer, true, "Save the optimizer state (Adam moments, step)");
+ABSL_FLAG(std::string, checkpoint_transport, "fs",
+          "fs: the server reads the files on a shared filesystem; grpc: stream them to it");
+ABSL_FLAG(std::string, resume, "",
+          "Resume from this job's checkpoint 'latest' or step N (same world size)");
+ABSL_FLAG(std::string, summary_out, "",
+          "Rank 0 writes the run's summary here (JSON: model shape, loss first/last, "
+          "validation loss, accuracy, sample, memory per rank) and prints it as a table");
+ABSL_FLAG(std::string, eval_out, "",
+          "After training, rank 0 writes its first validation batch and what the model computed "
+          "on it (JSON), for checking the consolidated model in other tools");
+ABSL_FLAG(std::string, report, "",
+          "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
+          "rank 0 writes)");
+
+namespace zeroshard {
+namespace {
+
+absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+absl::StatusOr<DType> ParseComputeDType(const std::string& flag, const std::string& value) {
+  if (value == "f32") return DType::kF32;
+  if (value == "bf16") return DType::kBF16;
+  return Bad(absl::StrCat("--", flag, "=", value, " is not a dtype: expected f32 or bf16"));
+}
+
+std::string DefaultWorkerId() {
+  char hostname[256] = {0};
+  gethostname(hostname, sizeof(hostname) - 1);
+  return absl::StrCat(hostname, "/", getpid());
+}
+
+absl::Status ReadMembership(WorkerConfig* config) {
+  config->job = absl::GetFlag(FLAGS_job);
+  if (config->job.empty()) return Bad("--job is required");
+  if (absl::Status s = ValidateJobId(config->job); !s.ok()) {
+    return Bad(absl::StrCat("--job: ", s.message()));
+  }
+  config->world_size = absl::GetFlag(FLAGS_world_size);
+  if (config->world_size < 1) {
+    return Bad(absl::StrCat("--world_size=", config->world_size, ": expected 1 or more"));
+  }
+  config->worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (config->worker_id.empty()) config->worker_id = DefaultWorkerId();
+  config->host = absl::GetFlag(FLAGS_host);
+  config->join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
+  return absl::OkStatus();
+}
+
+absl::Status ReadCompute(WorkerConfig* config) {
+  DataPlaneOptions& plane = config->data_plane;
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (backend == "nccl") {
+#ifdef ZEROSHARD_HAVE_CUDA
+    if (model != "mlp") {
+      return Bad(
+          "--backend=nccl trains --model=mlp; the GPT's CUDA kernels are built "
+          "(worker/cuda/kernels.h) but no device GPT model drives them yet. Use --backend=gloo");
+    }
+    plane.backend = DataPlaneBackend::kNccl;
+#else
+    return Bad(
+        "--backend=nccl: this shard_worker was built without CUDA, so no CUDA device can be "
+        "used; --backend=gloo runs on CPUs");
+#endif
+  } else if (backend != "gloo") {
+    return Bad(absl::StrCat("--backend=", backend, " is unknown: expected gloo or nccl"));
+  }
+  plane.cuda_device = std::max(0, absl::GetFlag(FLAGS_local_rank));
+  plane.host = config->host;
+  plane.shared_memory = absl::GetFlag(FLAGS_shm);
+  plane.timeout = absl::GetFlag(FLAGS_collective_timeout);
+  if (plane.timeout <= absl::ZeroDuration()) {
+    return Bad(absl::StrCat("--collective_timeout=", absl::FormatDuration(plane.timeout),
+                            ": expected a positive duration"));
+  }
+  config->blas_threads = absl::GetFlag(FLAGS_threads);
+  if (config->blas_threads < 1) return Bad("--threads must be >= 1");
+
+  TaskOptions& task = config->task;
+  task.model = model;
+  task.layers = absl::GetFlag(FLAGS_layers);
+  task.width = absl::GetFlag(FLAGS_width);
+  task.activation = absl::GetFlag(FLAGS_activation);
+  task.heads = absl::GetFlag(FLAGS_heads);
+  task.d_model = absl::GetFlag(FLAGS_d_model);
+  task.context = absl::GetFlag(FLAGS_context);
+  task.task = absl::GetFlag(FLAGS_task);
+  task.digits = absl::GetFlag(FLAGS_digits);
+  task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
+  task.data = absl::GetFlag(FLAGS_data);
+  task.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  task.batch = absl::GetFlag(FLAGS_batch);
+  task.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  if (absl::GetFlag(FLAGS_steps) < 0 || task.batch < 1) {
+    return Bad("--steps must be >= 0 and --batch >= 1");
+  }
+
+  EngineOptions& engine = config->engine;
+  engine.stage = absl::GetFlag(FLAGS_stage);
+  if (engine.stage < 0 || engine.stage > 3) {
+    return Bad(absl::StrCat("--stage=", engine.stage, ": expected 0, 1, 2 or 3"));
+  }
+  engine.prefetch = absl::GetFlag(FLAGS_prefetch);
+  if (engine.prefetch < 0) {
+    return Bad(absl::StrCat("--prefetch=", engine.prefetch, ": expected 0 or more"));
+  }
+  engine.grad_accum = task.grad_accum;
+  if (engine.grad_accum < 1) {
+    return Bad(absl::StrCat("--grad_accum=", engine.grad_accum, ": expected 1 or more"));
+  }
+  engine.collective_timeout = plane.timeout;
+  engine.optimizer = absl::GetFlag(FLAGS_optimizer);
+  engine.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
+  if (absl::GetFlag(FLAGS_weight_decay) >= 0) {
+    engine.optimizer_options.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  }
+  engine.optimizer_options.momentum = absl::GetFlag(FLAGS_momentum);
+  if (engine.optimizer != "adam" && engine.optimizer != "adamw" && engine.optimizer != "sgd") {
+    return Bad(absl::StrCat("--optimizer=", engine.optimizer, ": expected adam, adamw or sgd"));
+  }
+  // The optimizer's own checks of the options it takes, on an empty shard:
+  // the rules the engine applies after joining.
+  if (absl::Status s = MakeOptimizer(engine.optimizer, 0, engine.optimizer_options).status();
+      !s.ok()) {
+    const double weight_decay = absl::GetFlag(FLAGS_weight_decay);
+    return Bad(absl::StrCat("--optimizer=", engine.optimizer,
+                            " --momentum=", engine.optimizer_options.momentum,
+                            weight_decay >= 0 ? absl::StrCat(" --weight_decay=", weight_decay) : "",
+                            ": ", s.message()));
+  }
+  absl::StatusOr<DType> param_dtype =
+      ParseComputeDType("param_dtype", absl::GetFlag(FLAGS_param_dtype));
+  if (!param_dtype.ok()) return param_dtype.status();
+  absl::StatusOr<DType> reduce_dtype =
+      ParseComputeDType("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype));
+  if (!reduce_dtype.ok()) return reduce_dtype.status();
+  engine.param_dtype = *param_dtype;
+  engine.reduce_dtype = *reduce_dtype;
+
+  config->plan.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ReadRun(WorkerConfig* config) {
+  Schedule& schedule = config->schedule;
+  schedule.steps = absl::GetFlag(FLAGS_steps);
+  schedule.lr = absl::GetFlag(FLAGS_lr);
+  schedule.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  schedule.min_lr = absl::GetFlag(FLAGS_min_lr);
+  const std::string kind = absl::GetFlag(FLAGS_lr_schedule);
+  if (kind == "constant") {
+    schedule.kind = LrSchedule::kConstant;
+  } else if (kind == "cosine") {
+    schedule.kind = LrSchedule::kCosine;
+  } else {
+    return Bad(absl::StrCat("--lr_schedule=", kind, ": expected constant or cosine"));
+  }
+  config->val_every = absl::GetFlag(FLAGS_val_every);
+  config->val_batches = absl::GetFlag(FLAGS_val_batches);
+  config->sample_bytes = absl::GetFlag(FLAGS_sample);
+
+  CheckpointConfig& checkpoint = config->checkpoint;
+  checkpoint.dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  checkpoint.every = absl::GetFlag(FLAGS_checkpoint_every);
+  checkpoint.at_end = absl::GetFlag(FLAGS_checkpoint_at_end);
+  checkpoint.save_optimizer = absl::GetFlag(FLAGS_save_optimizer);
+  if (checkpoint.enabled() && checkpoint.dir.empty()) {
+    return Bad("--checkpoint_every / --checkpoint_at_end need --checkpoint_dir");
+  }
+  const std::string transport = absl::GetFlag(FLAGS_checkpoint_transport);
+  if (transport == "fs") {
+    checkpoint.transport = CheckpointTransport::kFs;
+  } else if (transport == "grpc") {
+    checkpoint.transport = CheckpointTransport::kGrpc;
+  } else {
+    return Bad(absl::StrCat("--checkpoint_transport=", transport, ": expected fs or grpc"));
+  }
+
+  InitialState& initial = config->initial;
+  initial.init_from = absl::GetFlag(FLAGS_init_from);
+  initial.resume_flag = absl::GetFlag(FLAGS_resume);
+  if (!initial.resume_flag.empty()) {
+    if (!initial.init_from.empty()) return Bad("--resume and --init_from are exclusive");
+    if (checkpoint.dir.empty()) return Bad("--resume needs --checkpoint_dir");
+    if (initial.resume_flag == "latest") {
+      initial.resume = InitialState::Resume::kLatest;
+    } else if (absl::SimpleAtoi(initial.resume_flag, &initial.resume_step) &&
+               initial.resume_step >= 0) {
+      initial.resume = InitialState::Resume::kStep;
+    } else {
+      return Bad(
+          absl::StrCat("--resume=", initial.resume_flag, ": expected 'latest' or a step number"));
+    }
+  }
+
+  config->summary_out = absl::GetFlag(FLAGS_summary_out);
+  config->eval_out = absl::GetFlag(FLAGS_eval_out);
+  config->report = absl::GetFlag(FLAGS_report);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double Schedule::LearningRate(int step) const {
+  if (step < warmup_steps) return lr * (step + 1) / warmup_steps;
+  if (kind == LrSchedule::kConstant) return lr;
+  const double progress = double(step - warmup_steps) / std::max(1, steps - warmup_steps);
+  return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * std::min(1.0, progress)));
+}
+
+absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
+  WorkerConfig config;
+  if (absl::Status s = ReadMembership(&config); !s.ok()) return s;
+  if (absl::Status s = ReadCompute(&config); !s.ok()) return s;
+  if (absl::Status s = ReadRun(&config); !s.ok()) return s;
+  // Last: the only check that reads files.
+  absl::StatusOr<ClientOptions> client = ClientOptionsFromFlags();
+  if (!client.ok()) {
+    return absl::Status(client.status().code(),
+                        absl::StrCat("client files: ", client.status().ToString()));
+  }
+  config.client = *std::move(client);
+  return config;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,105 @@
+// WorkerConfig: everything shard_worker's flags say, read and checked once,
+// before the worker joins its job. A bad flag is found here, alone, instead of
+// failing a rank after every peer joined and bootstrapped.
+//
+// The flags are defined in worker_config.cc (the connection flags, shared
+// with shardctl, in client/connection_flags.cc); nothing else reads them.
+#ifndef ZEROSHARD_WORKER_WORKER_CONFIG_H_
+#define ZEROSHARD_WORKER_WORKER_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "common/plan/planner.h"
+#include "worker/data_plane.h"
+#include "worker/training_task.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+
+enum class LrSchedule { kConstant, kCosine };
+
+// The learning rate over the run: a linear warmup, then constant or a
+// cosine decay to min_lr at the last step.
+struct Schedule {
+  int steps = 10;  // optimizer steps in all, resumed ones included
+  double lr = 1e-3;
+  int warmup_steps = 0;
+  LrSchedule kind = LrSchedule::kConstant;
+  double min_lr = 0;
+
+  // The learning rate of (0-based) `step`.
+  double LearningRate(int step) const;
+};
+
+// Where the parameters come from before the first step.
+struct InitialState {
+  enum class Resume { kOff, kLatest, kStep };
+  Resume resume = Resume::kOff;
+  int64_t resume_step = -1;  // Resume::kStep
+  std::string resume_flag;   // --resume as given, for messages
+  std::string init_from;     // a consolidated safetensors file; "" for the seed
+};
+
+enum class CheckpointTransport { kFs, kGrpc };
+
+struct CheckpointConfig {
+  // The root of sharded checkpoints (read by --resume, written by saves).
+  std::string dir;
+  int every = 0;  // save every K steps; 0: never
+  bool at_end = false;
+  bool save_optimizer = true;
+  // kFs: the server reads the files on a shared filesystem; kGrpc: this
+  // worker streams them to it (UploadShard) before committing.
+  CheckpointTransport transport = CheckpointTransport::kFs;
+
+  bool enabled() const { return every > 0 || at_end; }
+};
+
+struct WorkerConfig {
+  // ---- The job and how to reach it ----
+  ClientOptions client;  // token and TLS files already read
+  std::string job;       // a valid job id (common/job_id.h)
+  int world_size = 1;
+  std::string worker_id;  // never empty: --worker_id, or HOST/PID
+  std::string host;       // where peers reach this worker
+  absl::Duration join_timeout = absl::Seconds(600);
+
+  // ---- Compute ----
+  DataPlaneOptions data_plane;
+  int blas_threads = 1;
+  // The model and its data; mlp_factory stays empty here (the CUDA device
+  // is opened later, by the worker).
+  TaskOptions task;
+  // The ZeRO engine; backend stays null here, like mlp_factory.
+  EngineOptions engine;
+  PlanOptions plan;
+
+  // ---- The run ----
+  Schedule schedule;
+  int val_every = 0;    // validation every N steps; 0: at the end only
+  int val_batches = 4;  // per rank per evaluation
+  int sample_bytes = 0;
+  InitialState initial;
+  CheckpointConfig checkpoint;
+
+  // ---- Outputs ("": not written) ----
+  std::string summary_out;  // rank 0
+  std::string eval_out;     // rank 0
+  std::string report;       // "{rank}" in it: every rank writes its own; else rank 0
+};
+
+// Reads every flag of shard_worker (the connection flags' token and TLS
+// files included) and checks them and how they combine. INVALID_ARGUMENT
+// naming the flag and the values it takes ("--lr_schedule=x: expected
+// constant or cosine"), or the error of reading a connection file. Not
+// checked here: what needs the model, its data or a device (the worker's
+// first phases).
+absl::StatusOr<WorkerConfig> WorkerConfigFromFlags();
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_WORKER_CONFIG_H_
