@@ -265,18 +265,8 @@ double DetectionSeconds(const std::string& address, int interval_ms) {
 
 int Main() {
   std::string binary = absl::GetFlag(FLAGS_server_binary);
-  if (binary.empty()) {
-    // `bazel run` starts the bench inside its runfiles tree without setting
-    // RUNFILES_DIR; from the workspace, bazel-bin has it.
-    const char* runfiles = getenv("RUNFILES_DIR");
-    if (runfiles != nullptr) {
-      binary = absl::StrCat(runfiles, "/zeroshard/shard_server/shard_server");
-    } else if (access("shard_server/shard_server", X_OK) == 0) {
-      binary = "shard_server/shard_server";
-    } else {
-      binary = "bazel-bin/shard_server/shard_server";
-    }
-  }
+  // `bazel run`, or the binary started by hand: its runfiles have the server.
+  if (binary.empty()) binary = testing::RunfilePath("shard_server/shard_server");
   nlohmann::ordered_json result;
   Table table({"MEASURE", "VALUE", "TARGET"});
   {
