@@ -3,6 +3,8 @@
 //   shard_server --listen=0.0.0.0:7070 --state_dir=/var/lib/zeroshard
 //
 // Prints "listening on HOST:PORT" once serving; SIGINT/SIGTERM stop it.
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -82,6 +84,14 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "zeroshard control plane: rendezvous, KV store, health, plans, checkpoints");
   absl::ParseCommandLine(argc, argv);
+  // Requests of a few megabytes (StoreWaits of many keys, plans of large
+  // specs) come and go; glibc's default raises its mmap threshold after the
+  // first such free and then serves them from arenas that do not shrink,
+  // one per thread that touched them, so the server's memory would keep the
+  // high-water mark of every burst. A fixed threshold returns large buffers
+  // to the system when freed, and few arenas bound the fragmentation.
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  mallopt(M_ARENA_MAX, 2);
 
   zeroshard::ShardServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

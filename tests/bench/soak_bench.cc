@@ -40,6 +40,8 @@ ABSL_FLAG(int, rss_bound_mib, 512,
           "The server's peak resident memory must stay under this: the KV store's 64 MiB, the "
           "requests in flight (16 waits of ~6 MB, parsed and copied) and what the allocator keeps");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+ABSL_FLAG(int, wait_threads, 16, "StoreWaits in flight at once");
+ABSL_FLAG(int, wait_keys, 50000, "Keys per StoreWait");
 
 namespace zeroshard {
 namespace {
@@ -144,13 +146,13 @@ int Main() {
   }
   (*kv_member)->StartHeartbeats([](absl::StatusOr<v1::HeartbeatResponse>) {});
   const v1::MemberCredentials kv_credentials = (*kv_member)->credentials();
-  for (int t = 0; t < 16; ++t) {
+  for (int t = 0; t < absl::GetFlag(FLAGS_wait_threads); ++t) {
     threads.emplace_back([&, t] {
       auto stub = Stub(address, 200 + t);
       v1::StoreWaitRequest request;
       *request.mutable_member() = kv_credentials;
       request.set_timeout_ms(3000);
-      for (int k = 0; k < 50000; ++k) {
+      for (int k = 0; k < absl::GetFlag(FLAGS_wait_keys); ++k) {
         request.add_keys(absl::StrFormat("%s-%06d-%06d", std::string(80, 'k'), t, k));
       }
       while (!stop) {
