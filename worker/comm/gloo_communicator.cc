@@ -601,18 +601,30 @@ char* GlooCommunicator::Stage(int index, size_t bytes) {
   return stage_[index].data();
 }
 
+absl::Status GlooCommunicator::CheckBlockCall(const char* name,
+                                              const std::vector<ShardBlock>& blocks, DType dtype,
+                                              absl::Duration timeout, const void* full,
+                                              const void* shard, BlockGroups* groups) {
+  absl::Status status = CheckCall(name, 0, dtype, timeout);
+  if (status.ok()) status = ValidateBlocks(name, blocks, world_size_);
+  if (!status.ok()) return status;
+  *groups = GroupBlocks(blocks, world_size_);
+  if (groups->full_extent > 0 &&
+      (full == nullptr || (groups->total[rank_] > 0 && shard == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": null buffer"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GlooCommunicator::AllGatherBlocks(const void* shard, void* full,
                                                const std::vector<ShardBlock>& blocks, DType dtype,
                                                absl::Duration timeout) {
   static constexpr char kName[] = "all_gather";
-  absl::Status status = CheckCall(kName, 0, dtype, timeout);
-  if (status.ok()) status = ValidateBlocks(kName, blocks, world_size_);
-  if (!status.ok()) return status;
-  const BlockGroups g = GroupBlocks(blocks, world_size_);
-  if (g.full_extent == 0) return absl::OkStatus();
-  if (full == nullptr || (g.total[rank_] > 0 && shard == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  BlockGroups g;
+  if (absl::Status s = CheckBlockCall(kName, blocks, dtype, timeout, full, shard, &g); !s.ok()) {
+    return s;
   }
+  if (g.full_extent == 0) return absl::OkStatus();
   const size_t esize = DTypeSize(dtype);
   const char* in = static_cast<const char*>(shard);
   char* out = static_cast<char*>(full);
@@ -675,14 +687,11 @@ absl::Status GlooCommunicator::ReduceScatterBlocks(const void* full, void* shard
                                                    DType dtype, ReduceOp op,
                                                    absl::Duration timeout) {
   static constexpr char kName[] = "reduce_scatter";
-  absl::Status status = CheckCall(kName, 0, dtype, timeout);
-  if (status.ok()) status = ValidateBlocks(kName, blocks, world_size_);
-  if (!status.ok()) return status;
-  const BlockGroups g = GroupBlocks(blocks, world_size_);
-  if (g.full_extent == 0) return absl::OkStatus();
-  if (full == nullptr || (g.total[rank_] > 0 && shard == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  BlockGroups g;
+  if (absl::Status s = CheckBlockCall(kName, blocks, dtype, timeout, full, shard, &g); !s.ok()) {
+    return s;
   }
+  if (g.full_extent == 0) return absl::OkStatus();
   const size_t esize = DTypeSize(dtype);
   const char* in = static_cast<const char*>(full);
   char* out = static_cast<char*>(shard);

@@ -192,6 +192,11 @@ class GlooCommunicator : public Communicator {
   void Wait(gloo::transport::UnboundBuffer* buffer, bool send, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(wait_mu_);
 
+  // The checks both block collectives start with: the call, the blocks and
+  // the buffers. Sets *groups; groups->full_extent == 0: nothing to move.
+  absl::Status CheckBlockCall(const char* name, const std::vector<ShardBlock>& blocks,
+                              DType dtype, absl::Duration timeout, const void* full,
+                              const void* shard, BlockGroups* groups);
   // Ring reduce-scatter of `in` (the full extent of `g`) by blocks: on
   // return each of this rank's blocks holds, at its shard_offset in `out`,
   // the sum over ranks of its full_offset range of `in`, divided by
