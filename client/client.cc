@@ -234,6 +234,9 @@ absl::Status Client::Leave() {
   StopHeartbeats();
   grpc::ClientContext context;
   Prepare(&context, options_.rpc_timeout);
+  // The job's last call: worth waiting for a restarting server rather than
+  // failing a finished job.
+  context.set_wait_for_ready(true);
   v1::LeaveRequest request;
   *request.mutable_member() = credentials();
   v1::LeaveResponse response;
@@ -348,6 +351,9 @@ absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
     const std::map<std::string, std::string>& checksums, absl::Duration timeout) {
   grpc::ClientContext context;
   Prepare(&context, std::max(options_.rpc_timeout, timeout));
+  // Training goes on without the server; a checkpoint made while it
+  // restarts is committed when it is back, within the deadline.
+  context.set_wait_for_ready(true);
   v1::CommitShardRequest request;
   *request.mutable_member() = credentials();
   request.set_step(step);
@@ -377,6 +383,7 @@ absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& fil
   }
   grpc::ClientContext context;
   Prepare(&context, timeout);
+  context.set_wait_for_ready(true);  // as CommitShard: the server may be restarting
   v1::UploadShardResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::UploadShardRequest>> stream =
       stub_->UploadShard(&context, &response);

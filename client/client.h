@@ -102,7 +102,8 @@ class Client {
   void StopHeartbeats();
   void ReportProgress(const Progress& progress);
 
-  // A clean exit from the job.
+  // A clean exit from the job. A server that is away (restarting) is waited
+  // for, up to the client's rpc_timeout.
   absl::Status Leave();
 
   // The KV store of this member's job generation.
@@ -127,8 +128,9 @@ class Client {
   // to the server's checkpoint root ("<job>/step-<N>/rank-<R>-of-<W>.safetensors"),
   // with its size in bytes and tensor -> XXH64 hex checksums. The call may
   // take `timeout`, never less than rpc_timeout: the server reads the file's
-  // header and, for the last rank, writes and fsyncs the manifest. Errors
-  // name `file` ("commit of <file>: ...").
+  // header and, for the last rank, writes and fsyncs the manifest. A server
+  // that is away (restarting) is waited for within the timeout, here and in
+  // UploadShard. Errors name `file` ("commit of <file>: ...").
   absl::StatusOr<v1::CommitShardResponse> CommitShard(
       int64_t step, const std::string& file, int64_t size_bytes,
       const std::map<std::string, std::string>& checksums,

@@ -463,7 +463,17 @@ absl::Status Worker::Leave() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   // No abort can arrive once heartbeats stop.
   client_->StopHeartbeats();
-  if (absl::Status s = client_->Leave(); !s.ok()) return Annotate(s, "leave");
+  if (absl::Status s = client_->Leave(); !s.ok()) {
+    // Training and its checkpoints are complete (Train drained the last
+    // commit): a server that cannot be reached to say goodbye does not make
+    // the run a failure. It declares the member dead later, which changes
+    // nothing for a job that is done.
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return Annotate(s, "leave");
+    std::fprintf(stderr,
+                 "shard_worker rank %d: warning: training finished, but leaving the job failed "
+                 "(%s); the server will see this member as dead\n",
+                 rank_, s.ToString().c_str());
+  }
   // Every collective completed: the communicators close as usual (no
   // Abort, which would fail a peer still finishing its last one).
   ExposeToAbort(nullptr, nullptr);
