@@ -67,6 +67,16 @@ void Membership::SetGenerationListener(GenerationListener listener) {
   listener_ = std::move(listener);
 }
 
+void Membership::StartGrace() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (auto& [id, job] : jobs_) {
+    for (MemberState& m : job->members) {
+      if (m.alive && !m.left) m.last_heartbeat = now;
+    }
+  }
+}
+
 void Membership::SetForgetListener(ForgetListener listener) {
   absl::MutexLock lock(&mu_);
   forget_listener_ = std::move(listener);

@@ -77,6 +77,10 @@ class Membership {
   // Loads jobs from the state store. Members of running jobs get a full
   // heartbeat timeout from now to beat again before they are declared dead.
   absl::Status Restore();
+  // Gives every live member a full heartbeat timeout from now: called when
+  // the server starts serving, so that the grace of restored members is not
+  // spent on the rest of the server's start (a checkpoint recovery, say).
+  void StartGrace();
 
   void SetGenerationListener(GenerationListener listener);
   // Told when a job is forgotten (job_ttl), so that what other components

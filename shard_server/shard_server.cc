@@ -127,6 +127,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   std::string host = options.listen.substr(0, options.listen.rfind(':'));
   server->address_ = absl::StrCat(host, ":", port);
   server->server_->GetHealthCheckService()->SetServingStatus(true);
+  // Restored members' grace counts from here, not from Restore().
+  server->membership_->StartGrace();
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
   server->log_->Log("serving", {{"address", server->address_},
                                 {"state_dir", options.state_dir},

@@ -443,6 +443,32 @@ TEST_F(MembershipTest, RestoredServerKnowsItsJobsAndDeclaresSilentMembersDead) {
   EXPECT_EQ(restored.Status("persisted").jobs(0).state(), v1::DEGRADED);
 }
 
+TEST_F(MembershipTest, RestoredMembersGetAFullTimeoutFromTheStartOfServing) {
+  std::string dir = testing::MakeTempDir("membership");
+  {
+    auto state = StateStore::Open(dir + "/state.db");
+    ASSERT_TRUE(state.ok()) << state.status();
+    Membership first(&clock_, &log_, state->get(), options_);
+    JoinResult a;
+    first.Join(Request("slow-start", 1, "w0"), clock_.Now() + absl::Hours(1),
+               [&](auto r) { a = r; });
+    ASSERT_TRUE(a && a->ok());
+  }
+  auto state = StateStore::Open(dir + "/state.db");
+  ASSERT_TRUE(state.ok());
+  Membership restored(&clock_, &log_, state->get(), options_);
+  ASSERT_TRUE(restored.Restore().ok());
+  // The rest of the server's start takes longer than a heartbeat timeout.
+  clock_.Advance(absl::Seconds(5));
+  restored.StartGrace();
+  clock_.Advance(absl::Seconds(2));
+  restored.Tick();
+  EXPECT_EQ(restored.Status("slow-start").jobs(0).state(), v1::RUNNING);
+  clock_.Advance(absl::Seconds(2));
+  restored.Tick();
+  EXPECT_EQ(restored.Status("slow-start").jobs(0).state(), v1::DEGRADED);
+}
+
 // ---- Changes that cannot be saved ----
 
 // A real state store whose job saves SQLite refuses on demand.
