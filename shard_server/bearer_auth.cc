@@ -29,8 +29,7 @@ class ReflectionAuthInterceptor final : public grpc::experimental::Interceptor {
   const std::string* const token_;  // owned by the factory, which outlives the server
 };
 
-class ReflectionAuthFactory final
-    : public grpc::experimental::ServerInterceptorFactoryInterface {
+class ReflectionAuthFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   explicit ReflectionAuthFactory(std::string token) : token_(std::move(token)) {}
 

@@ -16,8 +16,8 @@ namespace {
 // Identifies a request: the spec, the options and the world size.
 std::string RequestDigest(int world_size, const v1::ModelSpec& spec,
                           const v1::PlanOptions& options) {
-  std::string bytes = absl::StrCat(world_size, "|", spec.SerializeAsString(), "|",
-                                   options.SerializeAsString());
+  std::string bytes =
+      absl::StrCat(world_size, "|", spec.SerializeAsString(), "|", options.SerializeAsString());
   return absl::StrFormat("%016x", XXH64(bytes.data(), bytes.size(), 0));
 }
 
@@ -83,10 +83,10 @@ absl::StatusOr<v1::ShardPlan> PlanService::Plan(const std::string& job_id, int64
       continue;  // another request failed; this one may plan the generation
     }
     if (entry->digest != digest) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job_id, "' generation ", generation, " already has plan ", entry->plan.hash(),
-          " for a different model spec or options (request ", digest, " vs ", entry->digest,
-          "); every rank must send the same spec"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", job_id, "' generation ", generation, " already has plan ",
+                       entry->plan.hash(), " for a different model spec or options (request ",
+                       digest, " vs ", entry->digest, "); every rank must send the same spec"));
     }
     return entry->plan;
   }

@@ -40,9 +40,8 @@ class PlanService {
   PlanService(StateStore* state, EventLog* log, PlanServiceOptions options = {});
 
   // REQUIRES: the caller authenticated `job_id`/`generation` as a live member.
-  absl::StatusOr<v1::ShardPlan> Plan(const std::string& job_id, int64_t generation,
-                                     int world_size, const v1::ModelSpec& spec,
-                                     const v1::PlanOptions& options);
+  absl::StatusOr<v1::ShardPlan> Plan(const std::string& job_id, int64_t generation, int world_size,
+                                     const v1::ModelSpec& spec, const v1::PlanOptions& options);
 
   // Drops what the service keeps in memory for a forgotten job (the state
   // store forgets its plans with the job).

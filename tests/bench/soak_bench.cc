@@ -84,8 +84,8 @@ struct Counts {
     if (s.ok()) {
       ++ok;
     } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      if (refused++ == 0) std::fprintf(stderr, "soak: %s: first refusal: %s\n", what,
-                                       s.error_message().c_str());
+      if (refused++ == 0)
+        std::fprintf(stderr, "soak: %s: first refusal: %s\n", what, s.error_message().c_str());
     } else if (other++ == 0) {
       std::fprintf(stderr, "soak: %s: first error: %s\n", what, s.error_message().c_str());
     }
@@ -94,10 +94,10 @@ struct Counts {
 
 int Main() {
   const absl::Duration flood = absl::Seconds(absl::GetFlag(FLAGS_seconds));
-  testing::LocalCluster cluster(testing::MakeTempDir("soak"),
-                                {"--max_jobs=2000", "--job_ttl=10s",
-                                 absl::StrCat("--kv_max_total_bytes=", 64 << 20),
-                                 "--consolidate_stall_timeout_s=5"});
+  testing::LocalCluster cluster(
+      testing::MakeTempDir("soak"),
+      {"--max_jobs=2000", "--job_ttl=10s", absl::StrCat("--kv_max_total_bytes=", 64 << 20),
+       "--consolidate_stall_timeout_s=5"});
   if (!cluster.ok()) return 1;
   const pid_t server_pid = cluster.server()->pid();
   const std::string address = cluster.address();
@@ -221,11 +221,11 @@ int Main() {
   int runs_ok = 0, runs_failed = 0;
   for (int run = 0; absl::Now() - start < flood; ++run) {
     const std::string job = absl::StrCat("train-", run);
-    const bool ok = cluster.Run(job, 2,
-                                {"--model=mlp", "--layers=4", "--width=256", "--stage=3",
-                                 "--steps=40", "--batch=16", "--checkpoint_every=20",
-                                 "--checkpoint_transport=grpc"},
-                                absl::Seconds(120));
+    const bool ok =
+        cluster.Run(job, 2,
+                    {"--model=mlp", "--layers=4", "--width=256", "--stage=3", "--steps=40",
+                     "--batch=16", "--checkpoint_every=20", "--checkpoint_transport=grpc"},
+                    absl::Seconds(120));
     (ok ? runs_ok : runs_failed)++;
     if (ok) checkpointed = true;
     std::fprintf(stderr, "soak: %.0f s, training run %d %s, server RSS %.1f MiB\n",
@@ -253,11 +253,11 @@ int Main() {
                 absl::StrCat(waits.ok.load(), " / ", waits.refused.load())});
   table.AddRow({"abandoned consolidations / refused (slots)",
                 absl::StrCat(abandoned.ok.load(), " / ", abandoned.refused.load())});
-  table.AddRow({"other errors", absl::StrCat(jobs.other + squats.other + waits.other +
-                                             abandoned.other)});
+  table.AddRow(
+      {"other errors", absl::StrCat(jobs.other + squats.other + waits.other + abandoned.other)});
   table.AddRow({"training runs ok / failed", absl::StrCat(runs_ok, " / ", runs_failed)});
-  table.AddRow({"server RSS start / max / end", absl::StrCat(mib(rss_start), " / ", mib(rss_max),
-                                                             " / ", mib(rss_end))});
+  table.AddRow({"server RSS start / max / end",
+                absl::StrCat(mib(rss_start), " / ", mib(rss_max), " / ", mib(rss_end))});
   table.AddRow({"server peak RSS (VmHWM) vs bound",
                 absl::StrCat(mib(hwm), " vs ", mib(bound), held ? "  held" : "  NOT HELD")});
   std::printf("%s", table.ToString().c_str());

@@ -112,8 +112,7 @@ TEST_F(PlanValidationTest, APlanForAnotherSpecIsRefused) {
 }
 
 TEST_F(PlanValidationTest, APlanWhoseHashDoesNotMatchItsContentsIsRefused) {
-  std::unique_ptr<Client> client =
-      Serve([](ShardPlan* plan) { plan->hash = "0000000000000000"; });
+  std::unique_ptr<Client> client = Serve([](ShardPlan* plan) { plan->hash = "0000000000000000"; });
   ASSERT_NE(client, nullptr);
   absl::StatusOr<ShardPlan> plan = client->PlanShards(Spec(), PlanOptions(), 3);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kInternal) << plan.status();

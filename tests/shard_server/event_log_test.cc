@@ -50,8 +50,7 @@ class EventLogTest : public ::testing::Test {
 TEST_F(EventLogTest, PlainValuesStayBareAndOthersAreQuoted) {
   log_.Log("join", {{"job", "train-1"}, {"worker", "host/0"}, {"note", "two words"}});
   ASSERT_EQ(lines_.size(), 1u);
-  EXPECT_TRUE(absl::StrContains(lines_[0], " event=join job=train-1 worker=host/0 "))
-      << lines_[0];
+  EXPECT_TRUE(absl::StrContains(lines_[0], " event=join job=train-1 worker=host/0 ")) << lines_[0];
   EXPECT_TRUE(absl::EndsWith(lines_[0], " note=\"two words\"")) << lines_[0];
 }
 

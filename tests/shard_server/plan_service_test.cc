@@ -18,9 +18,7 @@ namespace {
 
 class PlanServiceTest : public ::testing::Test {
  protected:
-  PlanServiceTest() : log_([](const std::string&) {}) {
-    state_ = *StateStore::Open(":memory:");
-  }
+  PlanServiceTest() : log_([](const std::string&) {}) { state_ = *StateStore::Open(":memory:"); }
 
   v1::ModelSpec Mlp(int layers) { return ModelSpecToProto(*MlpSpec(layers, 16, "none")); }
 
