@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "client/connection_flags.h"
 #include "client/shardctl_commands.h"
@@ -74,8 +75,8 @@ int StatusCommand() {
     if (job.members().empty()) continue;
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
-    Table members(
-        {"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "MEMORY", "COLLECTIVES"});
+    Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "MEMORY",
+                   "COLLECTIVES", "REJOINS"});
     for (const v1::MemberStatus& m : job.members()) {
       std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
       if (m.rank() < 0) state = "joining";
@@ -85,9 +86,20 @@ int StatusCommand() {
                           : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
                       absl::StrCat(m.step()), absl::StrFormat("%.4f", m.loss()),
                       HumanBytes(static_cast<double>(m.memory_bytes())),
-                      absl::StrCat(m.collective_seq())});
+                      absl::StrCat(m.collective_seq()), absl::StrCat(m.rejoins())});
     }
     std::printf("%s", members.ToString().c_str());
+    if (job.history_size() > 0) {
+      Table history({"GENERATION", "SINCE", "WHY"});
+      for (const v1::GenerationChange& change : job.history()) {
+        history.AddRow({absl::StrCat(change.generation()),
+                        absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC",
+                                         absl::FromUnixMillis(change.unix_ms()),
+                                         absl::UTCTimeZone()),
+                        change.reason()});
+      }
+      std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
+    }
   }
   return 0;
 }

@@ -67,6 +67,12 @@ void Membership::SetGenerationListener(GenerationListener listener) {
   listener_ = std::move(listener);
 }
 
+void Membership::Remember(Job& job, const std::string& reason) {
+  constexpr size_t kMaxHistory = 32;
+  job.history.push_back({job.generation, reason, clock_->Now()});
+  while (job.history.size() > kMaxHistory) job.history.pop_front();
+}
+
 void Membership::StartGrace() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
@@ -287,6 +293,7 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
             SaveChange(*created, absl::StrCat("job '", created->id, "' could not be created"));
         if (refused.ok()) {
           job = created.get();
+          Remember(*job, "job created");
           jobs_[job->id] = std::move(created);
           log_->Log("job_created",
                     {{"job", job->id}, {"world_size", absl::StrCat(job->world_size)}});
@@ -388,6 +395,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     });
   }
   job.pending.clear();
+  for (const MemberState& m : job.members) ++job.joins[m.worker_id];
   log_->Log("ranks_assigned", {{"job", job.id},
                                {"generation", absl::StrCat(job.generation)},
                                {"world_size", absl::StrCat(job.world_size)}});
@@ -425,6 +433,7 @@ void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& re
     });
   }
   job.pending.clear();
+  Remember(job, reason);
   log_->Log("generation_bumped", {{"job", job.id},
                                   {"from", absl::StrCat(old)},
                                   {"to", absl::StrCat(job.generation)},
@@ -583,12 +592,15 @@ void Membership::Tick() {
       if (!job.unsaved.ok()) SaveUnsaved(job).IgnoreError();
       bool died = false;
       bool changed = false;
+      std::string dead;  // who, for the generation's history
       for (MemberState& m : job.members) {
         if (!m.alive || m.left) continue;
         absl::Duration silent = now - m.last_heartbeat;
         if (silent <= options_.heartbeat_timeout) continue;
         m.alive = false;
         changed = true;
+        absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ",
+                        m.rank, ")");
         log_->Log("member_dead", {{"job", job.id},
                                   {"worker", m.worker_id},
                                   {"rank", absl::StrCat(m.rank)},
@@ -601,7 +613,7 @@ void Membership::Tick() {
         const int64_t old = job.generation;
         job.generation++;
         job.state = v1::DEGRADED;
-        AnnounceGeneration(job, old, "a member stopped heartbeating", deferred);
+        AnnounceGeneration(job, old, absl::StrCat(dead, " stopped heartbeating"), deferred);
         SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after a death"));
       } else if (changed) {
         // Survivors of an abandoned generation went silent.
@@ -665,6 +677,14 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       ms->set_loss(m.loss);
       ms->set_memory_bytes(m.memory_bytes);
       ms->set_collective_seq(m.collective_seq);
+      auto joined = job->joins.find(m.worker_id);
+      ms->set_rejoins(joined == job->joins.end() ? 0 : std::max(0, joined->second - 1));
+    }
+    for (const Job::GenerationChange& change : job->history) {
+      v1::GenerationChange* h = out->add_history();
+      h->set_generation(change.generation);
+      h->set_reason(change.reason);
+      h->set_unix_ms(absl::ToUnixMillis(change.at));
     }
     if (job->members.empty()) {
       for (const auto& [worker_id, p] : job->pending) {

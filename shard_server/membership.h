@@ -26,6 +26,7 @@
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -163,6 +164,14 @@ class Membership {
     // Since when the job has had no live member and no pending join
     // (InfiniteFuture while it has one).
     absl::Time idle_since = absl::InfiniteFuture();
+    // Why each generation began, the last kMaxHistory of them, oldest first.
+    struct GenerationChange {
+      int64_t generation = 0;
+      std::string reason;
+      absl::Time at;
+    };
+    std::deque<GenerationChange> history;
+    std::map<std::string, int> joins;  // worker id -> generations it was a member of
     bool formed() const { return members_generation == generation && !members.empty(); }
   };
   using Deferred = std::vector<std::function<void()>>;
@@ -185,6 +194,8 @@ class Membership {
   // (the caller must not touch it, nor the iterator it came from, again).
   bool MaybeForget(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records why `job` is at its current generation (bounded history).
+  void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job to the state store (OK without one).
   absl::Status Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persist for a change a caller is told about: a failure is logged and

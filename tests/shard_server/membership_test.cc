@@ -443,6 +443,28 @@ TEST_F(MembershipTest, RestoredServerKnowsItsJobsAndDeclaresSilentMembersDead) {
   EXPECT_EQ(restored.Status("persisted").jobs(0).state(), v1::DEGRADED);
 }
 
+TEST_F(MembershipTest, StatusSaysWhyEachGenerationBeganAndCountsRejoins) {
+  std::vector<v1::JoinResponse> members = Form("hist", 2);
+  // w1 goes silent: declared dead, generation 2.
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Beat(Credentials("hist", members[0])).ok());
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();
+  // Both join generation 2 (w1 restarted with its id).
+  std::vector<v1::JoinResponse> again = Form("hist", 2);
+  ASSERT_EQ(again[0].generation(), 2);
+  v1::JobStatus job = membership_->Status("hist").jobs(0);
+  ASSERT_EQ(job.history_size(), 2) << job.DebugString();
+  EXPECT_EQ(job.history(0).generation(), 1);
+  EXPECT_EQ(job.history(0).reason(), "job created");
+  EXPECT_EQ(job.history(1).generation(), 2);
+  EXPECT_EQ(job.history(1).reason(), "worker 'w1' (rank 1) stopped heartbeating");
+  EXPECT_GT(job.history(1).unix_ms(), job.history(0).unix_ms());
+  ASSERT_EQ(job.members_size(), 2);
+  EXPECT_EQ(job.members(0).rejoins(), 1);
+  EXPECT_EQ(job.members(1).rejoins(), 1);
+}
+
 TEST_F(MembershipTest, RestoredMembersGetAFullTimeoutFromTheStartOfServing) {
   std::string dir = testing::MakeTempDir("membership");
   {
