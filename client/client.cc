@@ -202,6 +202,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
         request.set_loss(progress_.loss);
         request.set_memory_bytes(progress_.memory_bytes);
         request.set_collective_seq(progress_.collective_seq);
+        *request.mutable_last_step() = progress_.last_step;
       }
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;

@@ -71,6 +71,7 @@ struct Progress {
   double loss = 0;
   int64_t memory_bytes = 0;
   int64_t collective_seq = 0;
+  v1::StepTelemetry last_step;  // where the last step's time went
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -75,8 +75,8 @@ int StatusCommand() {
     if (job.members().empty()) continue;
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
-    Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "MEMORY",
-                   "COLLECTIVES", "REJOINS"});
+    Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "STEP TIME",
+                   "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "REJOINS"});
     for (const v1::MemberStatus& m : job.members()) {
       std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
       if (m.rank() < 0) state = "joining";
@@ -85,6 +85,13 @@ int StatusCommand() {
                           ? "-"
                           : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
                       absl::StrCat(m.step()), absl::StrFormat("%.4f", m.loss()),
+                      m.last_step().step_ms() > 0
+                          ? absl::StrFormat("%.1f ms", m.last_step().step_ms())
+                          : "-",
+                      m.last_step().step_ms() > 0
+                          ? absl::StrFormat("%.1f / %.1f ms", m.last_step().gather_wait_ms(),
+                                            m.last_step().reduce_wait_ms())
+                          : "-",
                       HumanBytes(static_cast<double>(m.memory_bytes())),
                       absl::StrCat(m.collective_seq()), absl::StrCat(m.rejoins())});
     }

@@ -142,6 +142,7 @@ class Membership {
     double loss = 0;
     int64_t memory_bytes = 0;
     int64_t collective_seq = 0;
+    v1::StepTelemetry last_step;
   };
   struct PendingJoin {
     uint64_t id = 0;

@@ -356,8 +356,13 @@ absl::Status Worker::RunStep(int step) {
   metrics_.losses.push_back(*mean);
   metrics_.step_ms.push_back(ms);
   metrics_.step_times.push_back(stats->times);
-  client_->ReportProgress(Progress{step + 1, *mean, e.memory().total(), e.collective_seq()});
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
+  Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
+  progress.last_step.set_step_ms(ms);
+  progress.last_step.set_items_per_second(items_per_second);
+  progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
+  progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
+  client_->ReportProgress(progress);
   metrics_.items_per_second_sum += items_per_second;
   if (rank_ == 0) {
     std::fprintf(stderr,

@@ -443,6 +443,28 @@ TEST_F(MembershipTest, RestoredServerKnowsItsJobsAndDeclaresSilentMembersDead) {
   EXPECT_EQ(restored.Status("persisted").jobs(0).state(), v1::DEGRADED);
 }
 
+TEST_F(MembershipTest, StatusShowsEachMembersLastStepAsItsHeartbeatReportedIt) {
+  std::vector<v1::JoinResponse> members = Form("tele", 2);
+  v1::HeartbeatRequest beat;
+  *beat.mutable_member() = Credentials("tele", members[1]);
+  beat.set_step(12);
+  beat.mutable_last_step()->set_step_ms(140.5);
+  beat.mutable_last_step()->set_items_per_second(3600);
+  beat.mutable_last_step()->set_gather_wait_ms(31);
+  beat.mutable_last_step()->set_reduce_wait_ms(4.5);
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  // What a heartbeat costs on the wire with the telemetry (a 128-bit token,
+  // a short job id): well under a hundred-odd bytes.
+  EXPECT_LT(beat.ByteSizeLong(), 120u) << beat.ByteSizeLong();
+  v1::JobStatus job = membership_->Status("tele").jobs(0);
+  EXPECT_EQ(job.members(1).step(), 12);
+  EXPECT_EQ(job.members(1).last_step().step_ms(), 140.5);
+  EXPECT_EQ(job.members(1).last_step().items_per_second(), 3600);
+  EXPECT_EQ(job.members(1).last_step().gather_wait_ms(), 31);
+  EXPECT_EQ(job.members(1).last_step().reduce_wait_ms(), 4.5);
+  EXPECT_EQ(job.members(0).last_step().step_ms(), 0) << "rank 0 has not reported a step";
+}
+
 TEST_F(MembershipTest, StatusSaysWhyEachGenerationBeganAndCountsRejoins) {
   std::vector<v1::JoinResponse> members = Form("hist", 2);
   // w1 goes silent: declared dead, generation 2.
