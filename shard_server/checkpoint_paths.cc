@@ -240,15 +240,8 @@ absl::Status CheckpointRoot::RemoveDir(absl::string_view relative) const {
     return absl::OkStatus();
   }
   if (absl::Status s = CheckResolvesInside(full, relative); !s.ok()) return s;
-  DIR* dir = opendir(full.c_str());
-  if (dir == nullptr) return ErrnoStatus(errno, "cannot open directory", full);
-  std::vector<std::string> names;
-  while (struct dirent* entry = readdir(dir)) {
-    std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(std::move(name));
-  }
-  closedir(dir);
-  for (const std::string& name : names) {
+  if (!S_ISDIR(st.st_mode)) return ErrnoStatus(ENOTDIR, "cannot open directory", full);
+  for (const std::string& name : Entries(full)) {
     std::string path = absl::StrCat(full, "/", name);
     if (lstat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
     if (unlink(path.c_str()) != 0 && errno != ENOENT) {

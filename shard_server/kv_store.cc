@@ -1,5 +1,6 @@
 #include "shard_server/kv_store.h"
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -21,21 +22,24 @@ absl::Status KvStore::CheckKey(const std::string& key) {
 KvStore::JobData& KvStore::Data(const std::string& job, int64_t generation, Deferred& deferred) {
   JobData& data = jobs_[job];
   if (data.generation < generation) {
-    for (auto& [id, w] : data.waiters) {
-      waiter_job_.erase(id);
-      absl::Status aborted = absl::AbortedError(
-          absl::StrCat("job '", job, "' moved to generation ", generation));
-      if (w.get_done) deferred.push_back([d = std::move(w.get_done), aborted] { d(aborted); });
-      if (w.wait_done) deferred.push_back([d = std::move(w.wait_done), aborted] { d(aborted); });
-    }
-    data.waiters.clear();
-    data.values.clear();
-    total_bytes_ -= data.bytes + data.wait_bytes;
-    data.bytes = 0;
-    data.wait_bytes = 0;
+    Clear(data, absl::AbortedError(absl::StrCat("job '", job, "' moved to generation ", generation)),
+          deferred);
     data.generation = generation;
   }
   return data;
+}
+
+void KvStore::Clear(JobData& data, const absl::Status& why, Deferred& deferred) {
+  for (auto& [id, w] : data.waiters) {
+    waiter_job_.erase(id);
+    if (w.get_done) deferred.push_back([d = std::move(w.get_done), why] { d(why); });
+    if (w.wait_done) deferred.push_back([d = std::move(w.wait_done), why] { d(why); });
+  }
+  data.waiters.clear();
+  data.values.clear();
+  total_bytes_ -= data.bytes + data.wait_bytes;
+  data.bytes = 0;
+  data.wait_bytes = 0;
 }
 
 absl::Status KvStore::StoreValue(JobData& data, const std::string& job, const std::string& key,
@@ -84,7 +88,7 @@ void KvStore::WakeWaiters(JobData& data, Deferred& deferred) {
   }
 }
 
-absl::Status KvStore::AddWaiter(JobData& data, const std::string& job, Waiter waiter) {
+absl::Status KvStore::AddWaiter(JobData& data, const std::string& job, Waiter& waiter) {
   if (data.waiters.size() >= limits_.max_waiters_per_job) {
     return absl::ResourceExhaustedError(
         absl::StrCat("job '", job, "' already has ", data.waiters.size(),
@@ -148,9 +152,9 @@ uint64_t KvStore::Get(const std::string& job, int64_t generation, const std::str
       w.id = waiter_id;
       w.keys = {key};
       w.deadline = deadline;
-      w.get_done = done;
-      if (absl::Status s = AddWaiter(data, job, std::move(w)); !s.ok()) {
-        deferred.push_back([done = std::move(done), s] { done(s); });
+      w.get_done = std::move(done);
+      if (absl::Status s = AddWaiter(data, job, w); !s.ok()) {
+        deferred.push_back([d = std::move(w.get_done), s] { d(s); });
       } else {
         id = waiter_id;
       }
@@ -221,9 +225,9 @@ uint64_t KvStore::Wait(const std::string& job, int64_t generation, std::vector<s
       w.id = waiter_id;
       w.keys = std::move(keys);
       w.deadline = deadline;
-      w.wait_done = done;
-      if (absl::Status s = AddWaiter(data, job, std::move(w)); !s.ok()) {
-        deferred.push_back([done = std::move(done), s] { done(s); });
+      w.wait_done = std::move(done);
+      if (absl::Status s = AddWaiter(data, job, w); !s.ok()) {
+        deferred.push_back([d = std::move(w.wait_done), s] { d(s); });
       } else {
         id = waiter_id;
       }
@@ -256,18 +260,15 @@ void KvStore::DropJob(const std::string& job, int64_t new_generation) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (!jobs_.contains(job)) return;
-    JobData& data = Data(job, new_generation, deferred);
-    // Data() emptied it if `new_generation` is newer; whatever is left
-    // (a job finished in its own generation) goes too.
-    for (auto& [id, w] : data.waiters) {
-      waiter_job_.erase(id);
-      absl::Status aborted = absl::AbortedError(absl::StrCat("job '", job, "' ended"));
-      if (w.get_done) deferred.push_back([d = std::move(w.get_done), aborted] { d(aborted); });
-      if (w.wait_done) deferred.push_back([d = std::move(w.wait_done), aborted] { d(aborted); });
-    }
-    total_bytes_ -= data.bytes + data.wait_bytes;
-    jobs_.erase(job);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return;
+    Clear(it->second,
+          absl::AbortedError(new_generation == std::numeric_limits<int64_t>::max()
+                                 ? absl::StrCat("job '", job, "' ended")
+                                 : absl::StrCat("job '", job, "' moved to generation ",
+                                                new_generation)),
+          deferred);
+    jobs_.erase(it);
   }
   for (auto& f : deferred) f();
 }

@@ -60,7 +60,8 @@ class KvStore {
   void Cancel(uint64_t id);
 
   // Drops the job's data; waiters are answered ABORTED. Called when the job's
-  // generation changes or the job finishes.
+  // generation changes, the job finishes, or (new_generation = INT64_MAX) it
+  // is forgotten.
   void DropJob(const std::string& job, int64_t new_generation);
 
   // Expires waiters whose deadline passed.
@@ -94,8 +95,12 @@ class KvStore {
   JobData& Data(const std::string& job, int64_t generation, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeWaiters(JobData& data, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Holds `waiter` for the job, or refuses it at a limit (it is not kept).
-  absl::Status AddWaiter(JobData& data, const std::string& job, Waiter waiter)
+  // Answers every waiter of `data` with `why` and empties it (bytes released).
+  void Clear(JobData& data, const absl::Status& why, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds `waiter` for the job (moving it in), or refuses it at a limit and
+  // leaves it untouched, for the caller to answer.
+  absl::Status AddWaiter(JobData& data, const std::string& job, Waiter& waiter)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the waiter's bytes (the caller erases it).
   void ReleaseWaiter(JobData& data, const Waiter& waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

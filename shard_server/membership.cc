@@ -93,7 +93,7 @@ void Membership::SetGenerationFloor(GenerationFloor floor) {
   generation_floor_ = std::move(floor);
 }
 
-bool Membership::MaybeForget(Job& job, absl::Time now, Deferred& deferred) {
+bool Membership::ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred) {
   bool live = !job.pending.empty();
   for (const MemberState& m : job.members) live = live || (m.alive && !m.left);
   if (live) {
@@ -117,8 +117,6 @@ bool Membership::MaybeForget(Job& job, absl::Time now, Deferred& deferred) {
   if (forget_listener_) {
     deferred.push_back([listener = forget_listener_, id = job.id] { listener(id); });
   }
-  const std::string id = job.id;
-  jobs_.erase(id);
   return true;
 }
 
@@ -463,7 +461,10 @@ void Membership::CancelJoin(uint64_t join_id) {
       }
     }
     // A job that never formed is gone with its last pending join.
-    if (job.members.empty()) MaybeForget(job, clock_->Now(), deferred);
+    if (job.members.empty() && ForgetIfIdle(job, clock_->Now(), deferred)) {
+      const std::string job_id = job.id;  // `job` goes with the erase
+      jobs_.erase(job_id);
+    }
   }
   for (auto& f : deferred) f();
   if (done) done(absl::CancelledError("join cancelled by the caller"));
@@ -585,11 +586,8 @@ void Membership::Tick() {
   {
     absl::MutexLock lock(&mu_);
     absl::Time now = clock_->Now();
-    std::vector<std::string> ids;
-    ids.reserve(jobs_.size());
-    for (const auto& [id, job_ptr] : jobs_) ids.push_back(id);
-    for (const std::string& id : ids) {
-      Job& job = *jobs_.at(id);
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      Job& job = *it->second;
       if (!job.unsaved.ok()) SaveUnsaved(job).IgnoreError();
       bool died = false;
       bool changed = false;
@@ -636,7 +634,11 @@ void Membership::Tick() {
         });
         p = job.pending.erase(p);
       }
-      if (job.unsaved.ok()) MaybeForget(job, now, deferred);
+      if (job.unsaved.ok() && ForgetIfIdle(job, now, deferred)) {
+        jobs_.erase(it++);
+      } else {
+        ++it;
+      }
     }
   }
   for (auto& f : deferred) f();

@@ -190,10 +190,10 @@ class Membership {
   // `old_generation` are abandoned, the listener is told.
   void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
                           Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets `job` if it has no live member and no pending join and either
-  // never formed or has been idle for job_ttl; true if it was forgotten
-  // (the caller must not touch it, nor the iterator it came from, again).
-  bool MaybeForget(Job& job, absl::Time now, Deferred& deferred)
+  // True when `job` has no live member and no pending join and either never
+  // formed or has been idle for job_ttl, and it is gone from the state store
+  // (the listener is told): the caller erases it from jobs_.
+  bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records why `job` is at its current generation (bounded history).
   void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

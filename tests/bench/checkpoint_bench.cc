@@ -182,22 +182,6 @@ Shard WriteShard(const std::string& root, const v1::ShardPlan& plan, int rank,
   return shard;
 }
 
-int64_t ProcStatusBytes(pid_t pid, const char* field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  const std::string prefix = absl::StrCat(field, ":");
-  while (std::getline(in, line)) {
-    if (line.compare(0, prefix.size(), prefix) != 0) continue;
-    int64_t kb = 0;
-    std::string digits;
-    for (char c : line.substr(prefix.size())) {
-      if (c >= '0' && c <= '9') digits.push_back(c);
-    }
-    if (absl::SimpleAtoi(digits, &kb)) return kb * 1024;
-  }
-  return -1;
-}
-
 double Seconds(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
 // CPU seconds (user + system) of process `pid`, all threads.
@@ -405,7 +389,7 @@ int Main() {
     std::atomic<int64_t> peak{0};
     std::thread sampler([&] {
       while (sampling.load()) {
-        int64_t rss = ProcStatusBytes(server->pid(), "VmRSS");
+        int64_t rss = testing::ProcStatusBytes(server->pid(), "VmRSS");
         if (rss > peak.load()) peak.store(rss);
         absl::SleepFor(absl::Milliseconds(5));
       }
@@ -451,7 +435,7 @@ int Main() {
                  cat_sync_s.back(), consolidate_s.back(), ratios.back(), on_server_s.back(),
                  cat_cpu.back(), consolidate_server_cpu.back(), consolidate_client_cpu.back());
   }
-  const int64_t vmhwm = ProcStatusBytes(server->pid(), "VmHWM");
+  const int64_t vmhwm = testing::ProcStatusBytes(server->pid(), "VmHWM");
 
   // ---- Pause estimate: one rank's shard copied into fresh host buffers ----
   const int64_t rank_floats = params * 3 / world;

@@ -46,22 +46,6 @@ ABSL_FLAG(int, wait_keys, 50000, "Keys per StoreWait");
 namespace zeroshard {
 namespace {
 
-// Resident memory of `pid` in bytes (VmRSS, or VmHWM for the peak); -1 if unreadable.
-int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) != 0) continue;
-    int64_t kib = 0;
-    std::string digits;
-    for (char c : line) {
-      if (c >= '0' && c <= '9') digits.push_back(c);
-    }
-    if (absl::SimpleAtoi(digits, &kib)) return kib * 1024;
-  }
-  return -1;
-}
-
 std::unique_ptr<v1::Coordinator::Stub> Stub(const std::string& address, int channel) {
   grpc::ChannelArguments args;
   args.SetInt("zeroshard.soak.channel", channel);  // its own connection
@@ -206,11 +190,11 @@ int Main() {
   }
 
   // Memory, sampled four times a second.
-  const int64_t rss_start = ProcStatusBytes(server_pid, "VmRSS");
+  const int64_t rss_start = testing::ProcStatusBytes(server_pid, "VmRSS");
   int64_t rss_max = rss_start;  // the sampler's until it is joined
   std::thread sampler([&] {
     while (!stop) {
-      rss_max = std::max(rss_max, ProcStatusBytes(server_pid, "VmRSS"));
+      rss_max = std::max(rss_max, testing::ProcStatusBytes(server_pid, "VmRSS"));
       absl::SleepFor(absl::Milliseconds(250));
     }
   });
@@ -230,15 +214,15 @@ int Main() {
     if (ok) checkpointed = true;
     std::fprintf(stderr, "soak: %.0f s, training run %d %s, server RSS %.1f MiB\n",
                  absl::ToDoubleSeconds(absl::Now() - start), run, ok ? "ok" : "FAILED",
-                 ProcStatusBytes(server_pid, "VmRSS") / 1048576.0);
+                 testing::ProcStatusBytes(server_pid, "VmRSS") / 1048576.0);
   }
   stop = true;
   for (auto& t : threads) t.join();
   sampler.join();
   (*kv_member)->StopHeartbeats();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const int64_t rss_end = ProcStatusBytes(server_pid, "VmRSS");
-  const int64_t hwm = ProcStatusBytes(server_pid, "VmHWM");
+  const int64_t rss_end = testing::ProcStatusBytes(server_pid, "VmRSS");
+  const int64_t hwm = testing::ProcStatusBytes(server_pid, "VmHWM");
   const int64_t bound = int64_t{absl::GetFlag(FLAGS_rss_bound_mib)} << 20;
   const bool held = hwm >= 0 && hwm < bound && runs_failed == 0 && runs_ok > 0;
 

@@ -674,8 +674,7 @@ class RawUpload {
  public:
   RawUpload(const std::string& address, const v1::MemberCredentials& member, int64_t step,
             const std::string& file, std::string bytes)
-      : stub_(v1::Coordinator::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+      : stub_(testing::NewCoordinatorStub(address)),
         bytes_(std::move(bytes)) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     stream_ = stub_->UploadShard(&context_, &response_);
@@ -805,8 +804,7 @@ TEST_F(CheckpointServerTest, AConsolidationWhoseReaderStallsIsCancelledAndFreesI
   CompleteStep(10);
 
   // A caller that takes the first message and then reads nothing more.
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  auto stub = testing::NewCoordinatorStub(server_->address());
   grpc::ClientContext stalled;
   stalled.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
   v1::ConsolidateRequest request;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -80,6 +81,22 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   return true;
+}
+
+int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  const std::string prefix = field + ":";
+  while (std::getline(in, line)) {
+    if (line.compare(0, prefix.size(), prefix) != 0) continue;
+    int64_t kb = 0;
+    std::string digits;
+    for (char c : line.substr(prefix.size())) {
+      if (c >= '0' && c <= '9') digits.push_back(c);
+    }
+    if (absl::SimpleAtoi(digits, &kb)) return kb * 1024;
+  }
+  return -1;
 }
 
 std::string MakeTempDir(const std::string& prefix) {

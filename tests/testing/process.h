@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -40,6 +41,10 @@ class ChildProcess {
 
 // Polls `condition` every 10 ms until it holds or `timeout` passes.
 bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout);
+
+// A byte figure of /proc/<pid>/status, e.g. "VmRSS" or "VmHWM" (reported in
+// kB there); -1 if the process or the field is not there.
+int64_t ProcStatusBytes(pid_t pid, const std::string& field);
 
 // A fresh directory under TEST_TMPDIR (or /tmp).
 std::string MakeTempDir(const std::string& prefix);
