@@ -30,8 +30,20 @@ zs_on_interrupt() {
 trap zs_cleanup EXIT
 trap zs_on_interrupt INT TERM
 
-# Installs what is missing and builds the three binaries.
+# Installs what is missing and builds the three binaries. With ZS_BIN_DIR set
+# (a directory holding shard_server, shard_worker and shardctl), uses those
+# instead and builds nothing.
 zs_build() {
+  if [[ -n "${ZS_BIN_DIR:-}" ]]; then
+    local b
+    for b in shard_server shard_worker shardctl; do
+      [[ -x "$ZS_BIN_DIR/$b" ]] || { echo "ZS_BIN_DIR=$ZS_BIN_DIR has no executable '$b'" >&2; exit 1; }
+    done
+    ZS_SERVER_BIN="$ZS_BIN_DIR/shard_server"
+    ZS_WORKER_BIN="$ZS_BIN_DIR/shard_worker"
+    ZS_SHARDCTL_BIN="$ZS_BIN_DIR/shardctl"
+    return 0
+  fi
   bash "$ZS_ROOT/tools/install_deps.sh"
   zs_log "building (bazel build //shard_server //worker:shard_worker //client:shardctl)"
   (cd "$ZS_ROOT" && bazel build --noshow_progress //shard_server //worker:shard_worker \
@@ -67,22 +79,40 @@ zs_start_server() {
   ZS_ADDRESS="127.0.0.1:$(cat "$out/port")"
 }
 
+# Restarts allowed over the whole run (zs_run_workers): a worker that dies is
+# started again with its worker id, and rejoins the job.
+ZS_MAX_RESTARTS="${ZS_MAX_RESTARTS:-0}"
+ZS_RESTARTS=0
+
+# zs_start_worker OUT_DIR JOB W RANK [worker flags...]: starts worker RANK
+# (worker id local/RANK) in the background, appending to its log; sets
+# ZS_PIDS[RANK].
+zs_start_worker() {
+  local out="$1" job="$2" world="$3" r="$4"
+  shift 4
+  "$ZS_WORKER_BIN" --server="$ZS_ADDRESS" --job="$job" --world_size="$world" \
+    --worker_id="local/$r" --host=127.0.0.1 --checkpoint_dir="$out/checkpoints" \
+    "$@" >>"$out/worker-$r.log" 2>&1 &
+  ZS_PIDS[$r]=$!
+}
+
 # zs_run_workers OUT_DIR JOB W [worker flags...]: starts W workers, streams
-# rank 0's progress, and waits. A worker that fails stops the run: its log
-# tail is shown and the others are stopped. Returns 0 when all succeeded.
+# rank 0's progress, and waits. A worker that fails is started again while
+# restarts are left (ZS_MAX_RESTARTS over the whole run; exit code 2, a bad
+# flag, is never retried); otherwise the run stops: its log tail is shown and
+# the others are stopped. Returns 0 when all succeeded.
 zs_run_workers() {
   local out="$1" job="$2" world="$3"
   shift 3
   local r
   ZS_PIDS=()
+  ZS_RESTARTS=0
   for ((r = 0; r < world; r++)); do
-    "$ZS_WORKER_BIN" --server="$ZS_ADDRESS" --job="$job" --world_size="$world" \
-      --worker_id="local/$r" --host=127.0.0.1 --checkpoint_dir="$out/checkpoints" \
-      "$@" >"$out/worker-$r.log" 2>&1 &
-    ZS_PIDS+=($!)
+    : >"$out/worker-$r.log"
+    zs_start_worker "$out" "$job" "$world" "$r" "$@"
   done
-  # Rank 0 (worker id local/0) prints the progress.
-  tail -n +1 -f "$out/worker-0.log" --pid="${ZS_PIDS[0]}" >&2 &
+  # Worker local/0 prints the progress; -F follows its log across restarts.
+  tail -n +1 -F "$out/worker-0.log" 2>/dev/null >&2 &
   local tail_pid=$!
   local remaining=$world failed=""
   while ((remaining > 0)); do
@@ -97,25 +127,37 @@ zs_run_workers() {
       local code=0
       wait "$pid" || code=$?
       ZS_PIDS[$r]=""
-      if ((code != 0)); then
-        failed="$r:$code"
-        break 2
+      if ((code == 0)); then continue; fi
+      if ((code != 2 && ZS_RESTARTS < ZS_MAX_RESTARTS)); then
+        ZS_RESTARTS=$((ZS_RESTARTS + 1))
+        zs_log "worker local/$r exited with code $code; restarting it" \
+          "(restart $ZS_RESTARTS of $ZS_MAX_RESTARTS)"
+        echo "==> restart $ZS_RESTARTS of $ZS_MAX_RESTARTS (previous exit code $code)" >>"$out/worker-$r.log"
+        zs_start_worker "$out" "$job" "$world" "$r" "$@"
+        remaining=$((remaining + 1))
+        continue
       fi
+      failed="$r:$code"
+      break 2
     done
     sleep 0.2
   done
+  sleep 0.3  # lets tail print the last lines of worker local/0's log
+  kill "$tail_pid" 2>/dev/null || true
+  wait "$tail_pid" 2>/dev/null || true
   if [[ -n "$failed" ]]; then
-    local rank=${failed%%:*} code=${failed##*:}
-    kill "$tail_pid" 2>/dev/null || true
+    local rank=${failed%%:*} code=${failed##*:} why=""
+    if ((code == 2)); then why=" (a bad flag: not restarted)";
+    elif ((ZS_MAX_RESTARTS > 0)); then why=" after $ZS_RESTARTS of $ZS_MAX_RESTARTS restarts"; fi
     echo >&2
-    echo "worker $rank exited with code $code; stopping the run. Last lines of its log ($out/worker-$rank.log):" >&2
+    echo "worker local/$rank exited with code $code$why; stopping the run. Last lines of its log ($out/worker-$rank.log):" >&2
     tail -n 15 "$out/worker-$rank.log" >&2
     local pid
     for pid in "${ZS_PIDS[@]}"; do [[ -n "$pid" ]] && kill "$pid" 2>/dev/null || true; done
     ZS_PIDS=()
     return 1
   fi
-  wait "$tail_pid" 2>/dev/null || true
+  if ((ZS_RESTARTS > 0)); then zs_log "$ZS_RESTARTS worker restart(s) during the run"; fi
   ZS_PIDS=()
   return 0
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs a custom zeroshard job on this machine: a shard server and W workers
-# (CPU, Gloo), any worker flags. Ctrl-C stops every process it started; a
-# worker that crashes stops the run and shows its log tail.
+# (CPU, Gloo), any worker flags. Ctrl-C stops every process it started. A
+# worker that dies is started again with its worker id while restarts are left
+# (--max_restarts over the whole run, default 0); otherwise the run stops and
+# shows its log tail. ZS_BIN_DIR=DIR uses prebuilt binaries from DIR.
 #
-#   deploy/local_cluster.sh [--workers=N] [--job=ID] [--out=DIR] [--server_flag=F ...] \
-#       -- [shard_worker flags...]
+#   deploy/local_cluster.sh [--workers=N] [--job=ID] [--out=DIR] [--max_restarts=N] \
+#       [--server_flag=F ...] -- [shard_worker flags...]
 #
 # Example: deploy/local_cluster.sh --workers=2 -- --model=mlp --layers=20 --width=2000 --stage=3
 set -euo pipefail
@@ -19,14 +21,16 @@ while [[ $# -gt 0 ]]; do
     --workers=*) workers="${1#*=}" ;;
     --job=*) job="${1#*=}" ;;
     --out=*) out="${1#*=}" ;;
+    --max_restarts=*) ZS_MAX_RESTARTS="${1#*=}" ;;
     --server_flag=*) server_flags+=("${1#*=}") ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "local_cluster.sh: unknown option '$1' (worker flags go after --)" >&2; exit 2 ;;
   esac
   shift
 done
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "--workers must be a positive integer" >&2; exit 2; }
+[[ "$ZS_MAX_RESTARTS" =~ ^[0-9]+$ ]] || { echo "--max_restarts must be a non-negative integer, not '$ZS_MAX_RESTARTS'" >&2; exit 2; }
 
 zs_build
 mkdir -p "$out"

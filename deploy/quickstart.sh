@@ -5,9 +5,10 @@
 # consolidates the final checkpoint into quickstart-out/model.safetensors
 # through `shardctl consolidate`, and prints a summary and a sample.
 #
-#   deploy/quickstart.sh [--workers=4] [--steps=1800] [--stage=3]
+#   deploy/quickstart.sh [--workers=4] [--steps=1800] [--stage=3] [--max_restarts=0]
 #
-# Ctrl-C stops every process it started.
+# A worker that dies is started again with its worker id while restarts are
+# left (--max_restarts over the whole run). Ctrl-C stops every process it started.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -19,14 +20,16 @@ while [[ $# -gt 0 ]]; do
     --workers=*) workers="${1#*=}" ;;
     --steps=*) steps="${1#*=}" ;;
     --stage=*) stage="${1#*=}" ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
-    *) echo "quickstart.sh: unknown option '$1' (expected --workers, --steps, --stage)" >&2; exit 2 ;;
+    --max_restarts=*) ZS_MAX_RESTARTS="${1#*=}" ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "quickstart.sh: unknown option '$1' (expected --workers, --steps, --stage, --max_restarts)" >&2; exit 2 ;;
   esac
   shift
 done
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "--workers must be a positive integer" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "--steps must be a positive integer" >&2; exit 2; }
 [[ "$stage" =~ ^[0-3]$ ]] || { echo "--stage must be 0, 1, 2 or 3" >&2; exit 2; }
+[[ "$ZS_MAX_RESTARTS" =~ ^[0-9]+$ ]] || { echo "--max_restarts must be a non-negative integer, not '$ZS_MAX_RESTARTS'" >&2; exit 2; }
 
 started=$(date +%s)
 out="$ZS_ROOT/quickstart-out"

@@ -15,6 +15,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/command_line.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -83,7 +84,7 @@ int Fail(const std::string& message) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "zeroshard control plane: rendezvous, KV store, health, plans, checkpoints");
-  absl::ParseCommandLine(argc, argv);
+  zeroshard::ParseCommandLineOrExit(argc, argv, /*bad_flag_exit_code=*/2);
   // Requests of a few megabytes (StoreWaits of many keys, plans of large
   // specs) come and go; glibc's default raises its mmap threshold after the
   // first such free and then serves them from arenas that do not shrink,

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/flags/parse.h"
+#include "common/command_line.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -109,6 +110,6 @@ int RunWorker() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("zeroshard worker: joins a job and trains with ZeRO stage 0-3");
-  absl::ParseCommandLine(argc, argv);
+  zeroshard::ParseCommandLineOrExit(argc, argv, /*bad_flag_exit_code=*/2);
   return zeroshard::RunWorker();
 }

@@ -837,6 +837,23 @@ def check_k8s(files, flagsets, report):
     if world is None or not world.isdigit() or int(world) != completions:
       report.error(source, "%s: shard_worker --world_size=%s must equal completions (%r)"
                    % (name, world, completions))
+    # A failed worker pod must come back with its completion index (and so its
+    # worker id and rank) so the job can re-form at W.
+    policy = pod.get("restartPolicy")
+    backoff = spec.get("backoffLimit", 6)
+    if policy not in ("Never", "OnFailure"):
+      report.error(source, "%s: restartPolicy must be Never or OnFailure, not %r" % (name, policy))
+    if not isinstance(backoff, int) or backoff < 1:
+      report.error(source, "%s: backoffLimit %r restarts no failed worker: give it >= 1"
+                   % (name, backoff))
+    if policy == "Never":
+      rules = (spec.get("podFailurePolicy") or {}).get("rules") or []
+      fails_on_bad_flag = any(
+          r.get("action") == "FailJob" and 2 in ((r.get("onExitCodes") or {}).get("values") or [])
+          and (r.get("onExitCodes") or {}).get("operator") == "In" for r in rules)
+      if not fails_on_bad_flag:
+        report.error(source, "%s: podFailurePolicy must fail the Job on exit code 2 (a bad flag: "
+                     "restarting cannot help)" % name)
     worker_id = inv.flag("worker_id") or ""
     refs = re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", worker_id)
     index_path = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
