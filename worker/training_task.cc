@@ -110,7 +110,12 @@ class GptTask : public TrainingTask {
     config.n_embd = o.d_model;
     config.vocab = 256;
     config.n_ctx = o.context;
-    auto model = GptModel::Create(config);
+    absl::StatusOr<std::unique_ptr<TokenModel>> model;
+    if (o.gpt_factory) {
+      model = o.gpt_factory(config, o.batch);
+    } else {
+      model = GptModel::Create(config);
+    }
     if (!model.ok()) return model.status();
     auto data = OpenTokenData(o.data, o.data.empty() ? o.task : "text", o.seed,
                               o.validation_fraction, o.digits);
@@ -250,7 +255,9 @@ class GptTask : public TrainingTask {
     if (!s.ok()) return s;
     absl::StatusOr<double> loss = engine.Forward();
     if (!loss.ok()) return loss.status();
-    const float* logits = model_->Logits() + static_cast<size_t>(t - 1) * 256;
+    std::vector<float> row(model_->config().vocab);
+    if (s = model_->LogitsRowToHost(t - 1, row.data()); !s.ok()) return s;
+    const float* logits = row.data();
     if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + 256) - logits);
     double max_logit = *std::max_element(logits, logits + 256);
     std::vector<double> p(256);
@@ -296,7 +303,7 @@ class GptTask : public TrainingTask {
   }
 
   TaskOptions options_;
-  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<TokenModel> model_;
   std::unique_ptr<TokenData> data_;
   std::vector<int32_t> tokens_, targets_;
 };

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
 #include "worker/model/model.h"
 #include "worker/zero/engine.h"
@@ -35,6 +36,10 @@ struct TaskOptions {
   int grad_accum = 1;
   // MLP on another device: makes the model (default: MlpModel, on the CPU).
   std::function<absl::StatusOr<std::unique_ptr<RegressionModel>>(const MlpConfig&)> mlp_factory;
+  // GPT on another device: makes the model for batches of up to `max_batch`
+  // sequences of up to config.n_ctx tokens (default: GptModel, on the CPU).
+  std::function<absl::StatusOr<std::unique_ptr<TokenModel>>(const GptConfig&, int max_batch)>
+      gpt_factory;
 };
 
 struct Evaluation {

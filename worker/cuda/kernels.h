@@ -186,13 +186,33 @@ class CublasLinear {
   absl::Status Backward(void* dx, void* dw, void* db, const void* dy, const void* x, const void* w,
                         int64_t n, int64_t in, int64_t out, DType dtype, Layout layout);
 
+  // Mixed precision (the device GPT with --param_dtype=bf16): the operands
+  // x, w and dy are BF16 (raw bits), the results y, dx and dw are F32 and
+  // are not rounded to bf16 (tensor-core products, f32 accumulation; dw
+  // accumulates in f32). The bias b [OUT] and its gradient db are F32, and
+  // db sums `dy_f32` (the f32 gradient dy was rounded from). Same shapes and
+  // conventions as Forward / Backward.
+  absl::Status ForwardMixed(float* y, const uint16_t* x, const uint16_t* w, const float* b,
+                            int64_t n, int64_t in, int64_t out, Layout layout);
+  absl::Status BackwardMixed(float* dx, float* dw, float* db, const uint16_t* dy,
+                             const float* dy_f32, const uint16_t* x, const uint16_t* w, int64_t n,
+                             int64_t in, int64_t out, Layout layout);
+
  private:
   CublasLinear(void* handle, void* stream) : handle_(handle), stream_(stream) {}
 
-  // cuBLAS's column-major c[m,n] = op(a) op(b) + beta c (alpha 1), f32 compute.
+  // cuBLAS's column-major c[m,n] = op(a) op(b) + beta c (alpha 1), f32
+  // compute; a and b in `dtype`, c in `c_dtype`.
   absl::Status Gemm(const char* what, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                     const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
-                    int64_t ldc, DType dtype);
+                    int64_t ldc, DType dtype, DType c_dtype);
+  // Forward / Backward's products, operands in `dtype`, results in `c_dtype`
+  // (no bias).
+  absl::Status ForwardProduct(const char* what, void* y, const void* x, const void* w, int64_t n,
+                              int64_t in, int64_t out, DType dtype, DType c_dtype, Layout layout);
+  absl::Status BackwardProducts(const char* what, void* dx, void* dw, const void* dy,
+                                const void* x, const void* w, int64_t n, int64_t in, int64_t out,
+                                DType dtype, DType c_dtype, Layout layout);
 
   void* handle_;  // cublasHandle_t
   void* stream_;  // cudaStream_t

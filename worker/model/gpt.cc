@@ -1,5 +1,6 @@
 #include "worker/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -157,6 +158,16 @@ absl::Status GptModel::Backward(int op, const UnitTensors& params, UnitTensors& 
     HeadBackward(params, grads);
   }
   sequencer_.MarkBackward(op);
+  return absl::OkStatus();
+}
+
+absl::Status GptModel::LogitsRowToHost(int64_t position, float* out) const {
+  if (position < 0 || position >= static_cast<int64_t>(b_) * t_ || logits_.empty()) {
+    return absl::OutOfRangeError(absl::StrCat("logits row ", position, " of a batch of ",
+                                              static_cast<int64_t>(b_) * t_, " positions"));
+  }
+  const float* row = logits_.data() + position * config_.vocab;
+  std::copy(row, row + config_.vocab, out);
   return absl::OkStatus();
 }
 

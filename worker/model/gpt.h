@@ -37,7 +37,21 @@ struct GptConfig {
   int64_t n_ctx = 128;  // maximum sequence length T (rows of wpe)
 };
 
-class GptModel : public Model {
+// A language model over tokens, on any device: what the GPT task needs
+// beyond Model (GptModel on the CPU, CudaGptModel on a GPU).
+class TokenModel : public Model {
+ public:
+  // The batch for the next pass: tokens and targets are [b, t] in host
+  // memory, each in [0, vocab), t <= n_ctx. Both are copied. Resets the op
+  // order (the next call must be Forward(0)).
+  virtual absl::Status SetBatch(const int32_t* tokens, const int32_t* targets, int b, int t) = 0;
+  // Copies the logits [vocab] of `position` (b * t + t) of the last forward
+  // pass into `out` (host memory). Valid once the last op ran forward.
+  virtual absl::Status LogitsRowToHost(int64_t position, float* out) const = 0;
+  virtual const GptConfig& config() const = 0;
+};
+
+class GptModel : public TokenModel {
  public:
   // INVALID_ARGUMENT for non-positive sizes or n_embd % n_head != 0.
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config);
@@ -46,14 +60,15 @@ class GptModel : public Model {
   // [0, vocab), t <= n_ctx. Both are copied. Resets the op order (the next
   // call must be Forward(0)). Activation buffers are sized here for b*t
   // positions and kept while b*t stays the same.
-  absl::Status SetBatch(const int32_t* tokens, const int32_t* targets, int b, int t);
+  absl::Status SetBatch(const int32_t* tokens, const int32_t* targets, int b, int t) override;
+  absl::Status LogitsRowToHost(int64_t position, float* out) const override;
 
   // The logits [b, t, vocab] of the last forward pass (valid once the last
   // op ran forward; e.g. for sampling or accuracy).
   const float* Logits() const { return logits_.data(); }
   int batch() const { return b_; }
   int seq_len() const { return t_; }
-  const GptConfig& config() const { return config_; }
+  const GptConfig& config() const override { return config_; }
 
   // Model.
   const ModelSpec& Spec() const override { return spec_; }
