@@ -20,6 +20,7 @@
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_gpt.h"
 #include "worker/cuda/cuda_mlp.h"
 #endif
 
@@ -125,7 +126,7 @@ Worker::~Worker() {
 // ---- Before joining ----
 
 // --backend=nccl: the engine's buffers on this process's GPU (CudaBackend),
-// gathers and reductions over NCCL, the MLP's kernels on the GPU. The
+// gathers and reductions over NCCL, the model's kernels on the GPU. The
 // schedule is the same ZeroEngine code as with gloo.
 absl::Status Worker::OpenDevice() {
   if (config_.data_plane.backend != DataPlaneBackend::kNccl) return absl::OkStatus();
@@ -144,6 +145,15 @@ absl::Status Worker::OpenDevice() {
     absl::StatusOr<std::unique_ptr<CudaMlpModel>> model = CudaMlpModel::Create(config, device);
     if (!model.ok()) return model.status();
     return std::unique_ptr<RegressionModel>(*std::move(model));
+  };
+  // The GPT's matrix products in the dtype parameters are gathered in.
+  const DType matmul_dtype = engine_options_.param_dtype;
+  task_options_.gpt_factory = [device, matmul_dtype](const GptConfig& config, int max_batch)
+      -> absl::StatusOr<std::unique_ptr<TokenModel>> {
+    absl::StatusOr<std::unique_ptr<CudaGptModel>> model =
+        CudaGptModel::Create(config, max_batch, matmul_dtype, device);
+    if (!model.ok()) return model.status();
+    return std::unique_ptr<TokenModel>(*std::move(model));
   };
   return absl::OkStatus();
 #else

@@ -126,11 +126,6 @@ absl::Status ReadCompute(WorkerConfig* config) {
   const std::string model = absl::GetFlag(FLAGS_model);
   if (backend == "nccl") {
 #ifdef ZEROSHARD_HAVE_CUDA
-    if (model != "mlp") {
-      return Bad(
-          "--backend=nccl trains --model=mlp; the GPT's CUDA kernels are built "
-          "(worker/cuda/kernels.h) but no device GPT model drives them yet. Use --backend=gloo");
-    }
     plane.backend = DataPlaneBackend::kNccl;
 #else
     return Bad(
