@@ -1,0 +1,387 @@
+// The device GPT (CudaGptModel) against the CPU GPT (GptModel), W = 1.
+// Needs a GPU (run by tests/gpu/run.sh); nothing here has run on one yet.
+//
+// 1. ModelParity: one forward and backward of the same batch with the same
+//    parameters (the model zoo's initialization, perturbed so that biases and
+//    LayerNorm weights are not 0 / 1 and an indexing bug cannot hide behind
+//    them), at t = n_ctx and t < n_ctx. Prints, per tensor, the largest
+//    absolute difference of the gradients and that difference relative to
+//    the tensor's largest CPU gradient, so a first GPU run points at the
+//    kernel at fault (a block's c_attn gradient: attention backward; wpe:
+//    embedding; ln_f: the head...). The gradient buffers start as NaN, so a
+//    kOverwrite that does not clear shows too.
+// 2. EngineParity: 5 Adam steps through the ZeRO engine (CPU backend + Gloo
+//    against CudaBackend + NCCL), stages 0 and 3: the loss of every step and
+//    every parameter after the last, per tensor.
+//
+// Tolerances (stated here and in the README):
+//   F32  (cuBLAS f32, no TF32): loss and logits to 1e-4 relative; gradients
+//        within 1e-3 of each tensor's largest gradient; after 5 steps
+//        (lr 1e-3) the 99th percentile of |param difference| <= 5e-5 (1 % of
+//        the largest possible movement, 5 lr) and the largest <= 10 lr.
+//   BF16 (operands of every product rounded to bf16 on the GPU; the CPU
+//        reference multiplies the same bf16-rounded parameters in f32):
+//        loss to 2e-2 relative, logits within 5e-2 of their largest value,
+//        gradients within 5e-2 of each tensor's largest; after 5 steps the
+//        99th percentile <= 1.25e-3 (25 % of 5 lr) and the largest <= 10 lr.
+// A wrong index makes whole tensors differ by O(1) of their scale, far
+// outside every bound; float rounding stays well inside.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/dtype.h"
+#include "common/plan/planner.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/in_memory_kv_store.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_gpt.h"
+#include "worker/model/gpt.h"
+#include "worker/model/model_util.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+namespace {
+
+using gpu_test::DeviceBuffer;
+
+struct Tolerance {
+  double loss_rel;        // |loss diff| / |cpu loss|
+  double logits_rel;      // max |diff| / max |cpu logit|
+  double grads_rel;       // per tensor: max |diff| / max |cpu grad|
+  double params_p99_abs;  // after the steps: 99th percentile of |diff|
+  double params_max_abs;  // after the steps: largest |diff|
+};
+
+constexpr double kLr = 1e-3;
+constexpr int kSteps = 5;
+
+Tolerance ToleranceFor(DType dtype) {
+  if (dtype == DType::kF32) return {1e-4, 1e-4, 1e-3, 0.01 * kLr * kSteps, 10 * kLr};
+  return {2e-2, 5e-2, 5e-2, 0.25 * kLr * kSteps, 10 * kLr};
+}
+
+GptConfig SmallGpt() {
+  GptConfig config;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_embd = 64;
+  config.vocab = 256;
+  config.n_ctx = 32;
+  return config;
+}
+constexpr int kBatch = 4;
+
+struct Diff {
+  double max_abs = 0;  // largest |got - want| (inf for a NaN on one side only)
+  double max_want = 0; // largest |want|
+  double p99 = 0;      // 99th percentile of |got - want|
+  double rel() const { return max_abs / std::max(max_want, 1e-30); }
+};
+
+Diff Compare(const float* got, const float* want, size_t n) {
+  Diff d;
+  std::vector<double> diffs(n);
+  for (size_t i = 0; i < n; ++i) {
+    double e = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (std::isnan(got[i]) != std::isnan(want[i]) || std::isnan(e)) e = INFINITY;
+    diffs[i] = e;
+    d.max_abs = std::max(d.max_abs, e);
+    d.max_want = std::max(d.max_want, std::fabs(static_cast<double>(want[i])));
+  }
+  if (n > 0) {
+    size_t k = std::min(n - 1, static_cast<size_t>(0.99 * static_cast<double>(n)));
+    std::nth_element(diffs.begin(), diffs.begin() + k, diffs.end());
+    d.p99 = diffs[k];
+  }
+  return d;
+}
+
+// Parameters of every unit, flat in the unit's tensor order: the model's
+// initialization plus a perturbation, rounded to bf16 values when the
+// products are bf16 (the engine hands bf16-rounded values to both models).
+std::vector<std::vector<float>> MakeParams(const GptModel& model, DType dtype) {
+  const ModelSpec& spec = model.Spec();
+  std::vector<std::vector<int>> units = TensorsByUnit(spec);
+  std::vector<std::vector<float>> out(units.size());
+  uint32_t seed = 11;
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (int ti : units[u]) {
+      const TensorSpec& t = spec.tensors[ti];
+      std::vector<float> values(t.Elements());
+      model.InitRows(t, 0, t.Rows(), /*seed=*/7, values.data());
+      std::vector<float> noise = gpu_test::RandomFloats(values.size(), seed++, -0.05f, 0.05f);
+      for (size_t i = 0; i < values.size(); ++i) {
+        float v = values[i] + noise[i];
+        if (dtype == DType::kBF16) v = BF16ToFloat(FloatToBF16(v));
+        values[i] = v;
+      }
+      out[u].insert(out[u].end(), values.begin(), values.end());
+    }
+  }
+  return out;
+}
+
+UnitTensors Views(const ModelSpec& spec, const std::vector<int>& unit, float* flat) {
+  UnitTensors views;
+  int64_t offset = 0;
+  for (int ti : unit) {
+    TensorView v;
+    v.data = flat + offset;
+    v.shape = spec.tensors[ti].shape;
+    offset += spec.tensors[ti].Elements();
+    views.push_back(v);
+  }
+  return views;
+}
+
+// Tokens and targets of `b` random sequences of t + 1 bytes.
+void MakeBatch(int b, int t, uint32_t seed, std::vector<int32_t>* tokens,
+               std::vector<int32_t>* targets) {
+  std::vector<int32_t> seq = gpu_test::RandomInts(static_cast<size_t>(b) * (t + 1), seed, 0, 255);
+  tokens->resize(static_cast<size_t>(b) * t);
+  targets->resize(tokens->size());
+  for (int i = 0; i < b; ++i) {
+    for (int j = 0; j < t; ++j) {
+      (*tokens)[i * t + j] = seq[i * (t + 1) + j];
+      (*targets)[i * t + j] = seq[i * (t + 1) + j + 1];
+    }
+  }
+}
+
+class ModelParityTest : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(ModelParityTest, OneForwardAndBackwardMatchTheCpuGpt) {
+  const auto [dtype, t] = GetParam();
+  const Tolerance tol = ToleranceFor(dtype);
+  const GptConfig config = SmallGpt();
+  auto cpu = GptModel::Create(config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto backend = CudaBackend::Create(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto gpu = CudaGptModel::Create(config, kBatch, dtype, backend->get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const ModelSpec& spec = (*cpu)->Spec();
+  ASSERT_EQ((*gpu)->Spec().tensors.size(), spec.tensors.size());
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    EXPECT_EQ((*gpu)->Spec().tensors[i].name, spec.tensors[i].name);
+    EXPECT_EQ((*gpu)->Spec().tensors[i].shape, spec.tensors[i].shape);
+  }
+  const std::vector<std::vector<int>> units = TensorsByUnit(spec);
+  const std::vector<int>& ops = (*cpu)->ForwardOps();
+  const int n_ops = static_cast<int>(ops.size());
+
+  std::vector<std::vector<float>> params = MakeParams(**cpu, dtype);
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> dparams, dgrads;
+  std::vector<std::vector<float>> grads(units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    dparams.push_back(std::make_unique<DeviceBuffer<float>>(params[u]));
+    dgrads.push_back(std::make_unique<DeviceBuffer<float>>(params[u].size()));
+    gpu_test::CudaOrDie(cudaMemset(dgrads[u]->get(), 0xff, params[u].size() * sizeof(float)),
+                        "cudaMemset");  // NaN: kOverwrite must clear it
+    grads[u].assign(params[u].size(), 0.0f);
+  }
+  gpu_test::CudaOrDie(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+
+  std::vector<int32_t> tokens, targets;
+  MakeBatch(kBatch, t, 21, &tokens, &targets);
+  ASSERT_TRUE((*cpu)->SetBatch(tokens.data(), targets.data(), kBatch, t).ok());
+  ASSERT_TRUE((*gpu)->SetBatch(tokens.data(), targets.data(), kBatch, t).ok());
+
+  for (int op = 0; op < n_ops; ++op) {
+    const int u = ops[op];
+    ASSERT_TRUE((*cpu)->Forward(op, Views(spec, units[u], params[u].data())).ok());
+    absl::Status s = (*gpu)->Forward(op, Views(spec, units[u], dparams[u]->get()));
+    ASSERT_TRUE(s.ok()) << "op " << op << ": " << s;
+  }
+  const double cpu_loss = (*cpu)->Loss();
+  const double gpu_loss = (*gpu)->Loss();
+  std::printf("[%s t=%d] loss: cpu %.8f gpu %.8f (rel diff %.3g)\n", DTypeName(dtype).c_str(), t,
+              cpu_loss, gpu_loss, std::fabs(gpu_loss - cpu_loss) / std::fabs(cpu_loss));
+  EXPECT_NEAR(gpu_loss, cpu_loss, tol.loss_rel * std::fabs(cpu_loss));
+
+  const int64_t n = int64_t{kBatch} * t;
+  std::vector<float> gpu_logits(n * config.vocab);
+  for (int64_t pos = 0; pos < n; ++pos) {
+    ASSERT_TRUE((*gpu)->LogitsRowToHost(pos, gpu_logits.data() + pos * config.vocab).ok());
+  }
+  const Diff logits = Compare(gpu_logits.data(), (*cpu)->Logits(), gpu_logits.size());
+  std::printf("[%s t=%d] logits: max |diff| %.3g, relative to max |logit| %.3g: %.3g\n",
+              DTypeName(dtype).c_str(), t, logits.max_abs, logits.max_want, logits.rel());
+  EXPECT_LE(logits.rel(), tol.logits_rel) << "logits";
+
+  std::vector<bool> seen(units.size(), false);
+  for (int op = n_ops - 1; op >= 0; --op) {
+    const int u = ops[op];
+    UnitTensors cg = Views(spec, units[u], grads[u].data());
+    ASSERT_TRUE((*cpu)->Backward(op, Views(spec, units[u], params[u].data()), cg).ok());
+    UnitTensors gg = Views(spec, units[u], dgrads[u]->get());
+    const Model::GradMode mode = seen[u] ? Model::GradMode::kAdd : Model::GradMode::kOverwrite;
+    seen[u] = true;
+    absl::Status s = (*gpu)->BackwardInto(op, Views(spec, units[u], dparams[u]->get()), gg, mode);
+    ASSERT_TRUE(s.ok()) << "op " << op << ": " << s;
+  }
+  ASSERT_TRUE((*backend)->Synchronize().ok());
+
+  std::printf("%-40s %12s %12s %12s %s\n", "gradient", "max|cpu|", "max|diff|", "relative",
+              "verdict");
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<float> got = dgrads[u]->Download();
+    int64_t offset = 0;
+    for (int ti : units[u]) {
+      const TensorSpec& ts = spec.tensors[ti];
+      const Diff d = Compare(got.data() + offset, grads[u].data() + offset, ts.Elements());
+      const bool ok = d.rel() <= tol.grads_rel;
+      std::printf("%-40s %12.4g %12.4g %12.4g %s\n", ts.name.c_str(), d.max_want, d.max_abs,
+                  d.rel(), ok ? "ok" : "FAIL");
+      EXPECT_TRUE(ok) << ts.name << ": max |diff| " << d.max_abs << " of max |cpu| "
+                      << d.max_want;
+      offset += ts.Elements();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DtypesAndLengths, ModelParityTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
+                       ::testing::Values(32, 25)),  // t = n_ctx, and t < n_ctx
+    [](const auto& info) {
+      return absl::StrFormat("%s_t%d", DTypeName(std::get<0>(info.param)),
+                             std::get<1>(info.param));
+    });
+
+TEST(CudaGptModelTest, RefusesBatchesLargerThanItsActivations) {
+  auto backend = CudaBackend::Create(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto gpu = CudaGptModel::Create(SmallGpt(), /*max_batch=*/2, DType::kF32, backend->get());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<int32_t> tokens(3 * 32, 1), targets(3 * 32, 2);
+  absl::Status s = (*gpu)->SetBatch(tokens.data(), targets.data(), 3, 32);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE((*gpu)->SetBatch(tokens.data(), targets.data(), 2, 32).ok());
+  EXPECT_TRUE((*gpu)->SetBatch(tokens.data(), targets.data(), 1, 5).ok());
+  tokens[3] = 256;
+  s = (*gpu)->SetBatch(tokens.data(), targets.data(), 1, 5);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(CudaGptModel::Create(SmallGpt(), 2, DType::kF16, backend->get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---- Through the ZeRO engine ----
+
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> params;  // by tensor name
+};
+
+Trained Train(TokenModel* model, Backend* backend, Communicator* gather, Communicator* reduce,
+              Communicator* aux, int stage, DType param_dtype) {
+  Trained out;
+  auto plan = Plan(model->Spec(), 1, PlanOptions());
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return out;
+  EngineOptions options;
+  options.stage = stage;
+  options.prefetch = 1;
+  options.param_dtype = param_dtype;
+  options.backend = backend;
+  options.optimizer = "adam";
+  auto engine = ZeroEngine::Create(model, *plan, gather, reduce, aux, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return out;
+  absl::Status s = (*engine)->Initialize([&](const TensorSpec& t, int64_t b, int64_t e, float* rows) {
+    model->InitRows(t, b, e, /*seed=*/5, rows);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  std::vector<int32_t> tokens, targets;
+  for (int step = 0; step < kSteps; ++step) {
+    MakeBatch(kBatch, SmallGpt().n_ctx, 100 + step, &tokens, &targets);
+    EXPECT_TRUE(model->SetBatch(tokens.data(), targets.data(), kBatch, SmallGpt().n_ctx).ok());
+    auto loss = (*engine)->ForwardBackward(/*last_micro=*/true);
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    auto stats = (*engine)->Step(kLr);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (loss.ok()) out.losses.push_back(*loss);
+  }
+  s = (*engine)->ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
+    std::vector<float>& all = out.params[piece.tensor->name];
+    all.resize(piece.tensor->Elements());
+    const int64_t row = piece.tensor->RowElements();
+    std::copy(piece.params, piece.params + piece.elements, all.begin() + piece.row_begin * row);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+class EngineParityTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+TEST_P(EngineParityTest, FiveStepsMatchTheCpuGpt) {
+  const auto [stage, dtype] = GetParam();
+  const Tolerance tol = ToleranceFor(dtype);
+  const GptConfig config = SmallGpt();
+
+  InMemoryKvStore cpu_store;
+  auto g = GlooCommunicator::Create(&cpu_store, 0, 1, "gather");
+  auto r = GlooCommunicator::Create(&cpu_store, 0, 1, "reduce");
+  auto a = GlooCommunicator::Create(&cpu_store, 0, 1, "aux");
+  ASSERT_TRUE(g.ok() && r.ok() && a.ok());
+  auto cpu_model = GptModel::Create(config);
+  ASSERT_TRUE(cpu_model.ok());
+  Trained cpu = Train(cpu_model->get(), nullptr, g->get(), r->get(), a->get(), stage, dtype);
+
+  auto backend = CudaBackend::Create(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  InMemoryKvStore gpu_store;
+  auto ng = NcclCommunicator::Create(&gpu_store, 0, 1, 0, "gather", absl::Seconds(60));
+  auto nr = NcclCommunicator::Create(&gpu_store, 0, 1, 0, "reduce", absl::Seconds(60));
+  auto ga = GlooCommunicator::Create(&gpu_store, 0, 1, "aux");
+  ASSERT_TRUE(ng.ok()) << ng.status();
+  ASSERT_TRUE(nr.ok()) << nr.status();
+  ASSERT_TRUE(ga.ok()) << ga.status();
+  auto gpu_model = CudaGptModel::Create(config, kBatch, dtype, backend->get());
+  ASSERT_TRUE(gpu_model.ok()) << gpu_model.status();
+  Trained gpu = Train(gpu_model->get(), backend->get(), ng->get(), nr->get(), ga->get(), stage,
+                      dtype);
+
+  ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i) {
+    std::printf("[stage %d %s] step %zu loss: cpu %.8f gpu %.8f\n", stage,
+                DTypeName(dtype).c_str(), i, cpu.losses[i], gpu.losses[i]);
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], tol.loss_rel * std::fabs(cpu.losses[i]))
+        << "step " << i;
+  }
+  ASSERT_EQ(gpu.params.size(), cpu.params.size());
+  std::printf("%-40s %12s %12s %s\n", "parameter after 5 steps", "max|diff|", "p99|diff|",
+              "verdict");
+  for (const auto& [name, want] : cpu.params) {
+    const std::vector<float>& got = gpu.params[name];
+    ASSERT_EQ(got.size(), want.size()) << name;
+    const Diff d = Compare(got.data(), want.data(), want.size());
+    const bool ok = d.p99 <= tol.params_p99_abs && d.max_abs <= tol.params_max_abs;
+    std::printf("%-40s %12.4g %12.4g %s\n", name.c_str(), d.max_abs, d.p99, ok ? "ok" : "FAIL");
+    EXPECT_TRUE(ok) << name << ": max |diff| " << d.max_abs << ", p99 " << d.p99;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndDtypes, EngineParityTest,
+                         ::testing::Combine(::testing::Values(0, 3),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return absl::StrFormat("stage%d_%s", std::get<0>(info.param),
+                                                  DTypeName(std::get<1>(info.param)));
+                         });
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) { return zeroshard::gpu_test::RunIfGpu(argc, argv); }
