@@ -149,6 +149,18 @@ TEST_F(BinariesTest, NcclBackendWithoutAGpuExitsBeforeJoiningAndPointsToGloo) {
   EXPECT_EQ(output.find("join"), std::string::npos) << output;
 }
 
+TEST_F(BinariesTest, NcclBackendWithTheGptWithoutAGpuExitsBeforeJoining) {
+  // The GPT is not refused by the flags any more: by the missing device.
+  auto [code, output] = testing::RunCommand(
+      absl::StrCat(testing::RunfilePath("worker/shard_worker"),
+                   " --server=127.0.0.1:1 --job=gpu --world_size=1 --backend=nccl --model=gpt"
+                   " --join_timeout_s=1"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_NE(output.find("--backend=gloo runs on CPUs"), std::string::npos) << output;
+  EXPECT_EQ(output.find("no device GPT"), std::string::npos) << output;
+  EXPECT_EQ(output.find("join"), std::string::npos) << output;
+}
+
 TEST_F(BinariesTest, ShardctlSaysWhenTheCommandIsUnknown) {
   StartServer();
   auto [code, output] = Shardctl("frobnicate");

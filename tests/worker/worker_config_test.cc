@@ -126,11 +126,6 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
          absl::SetFlag(&FLAGS_checkpoint_dir, "/ck");
        },
        "--resume=-3: expected 'latest' or a step number"},
-      {[] {
-         absl::SetFlag(&FLAGS_backend, "nccl");
-         absl::SetFlag(&FLAGS_model, "gpt");
-       },
-       "--backend=gloo"},
   };
   for (const Case& c : cases) {
     absl::FlagSaver restore;
@@ -139,6 +134,22 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
     EXPECT_TRUE(absl::StrContains(refusal, c.message))
         << "expected '" << c.message << "' in '" << refusal << "'";
   }
+}
+
+// --backend=nccl trains either model (CudaMlpModel, CudaGptModel) in a CUDA
+// build; without CUDA it is refused, pointing to gloo.
+TEST_F(WorkerConfigTest, NcclTakesTheGptWhenBuiltWithCuda) {
+  absl::SetFlag(&FLAGS_backend, "nccl");
+  absl::SetFlag(&FLAGS_model, "gpt");
+  absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
+#ifdef ZEROSHARD_HAVE_CUDA
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->data_plane.backend, DataPlaneBackend::kNccl);
+  EXPECT_EQ(config->task.model, "gpt");
+#else
+  ASSERT_FALSE(config.ok());
+  EXPECT_TRUE(absl::StrContains(config.status().message(), "--backend=gloo")) << config.status();
+#endif
 }
 
 TEST_F(WorkerConfigTest, ResumeTakesLatestOrAStep) {

@@ -25,7 +25,6 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
                                                                    int max_batch,
                                                                    DType matmul_dtype,
                                                                    CudaBackend* backend) {
-  if (backend == nullptr) return absl::InvalidArgumentError("CudaGptModel: null backend");
   if (max_batch < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaGptModel: max_batch must be >= 1, got ", max_batch));
@@ -37,6 +36,7 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
   }
   auto host = GptModel::Create(config);
   if (!host.ok()) return host.status();
+  if (backend == nullptr) return absl::InvalidArgumentError("CudaGptModel: null backend");
   auto linear = gpu::CublasLinear::Create(backend->StreamForThisThread());
   if (!linear.ok()) return linear.status();
   std::unique_ptr<CudaGptModel> model(new CudaGptModel(*std::move(host), max_batch, matmul_dtype,

@@ -124,6 +124,23 @@ TEST(GptModelTest, ZeroModelPredictsUniform) {
   for (int64_t i = 0; i < 2 * 5 * 16; ++i) EXPECT_EQ(model->Logits()[i], 0.0f);
 }
 
+TEST(GptModelTest, LogitsRowToHostCopiesOnePosition) {
+  auto model = MakeGpt({1, 2, 8, 16, 8});
+  ParamStore store(*model);
+  for (int i = 0; i < store.num_tensors(); ++i) {
+    store.param(i) = RandomVector(store.param(i).size(), -0.4f, 0.4f, 50 + i);
+  }
+  auto tokens = RandomTokens(2 * 5, 16, 3);
+  ASSERT_TRUE(model->SetBatch(tokens.data(), tokens.data(), 2, 5).ok());
+  store.ForwardAll(*model);
+  std::vector<float> row(16);
+  ASSERT_TRUE(model->LogitsRowToHost(7, row.data()).ok());
+  EXPECT_EQ(row, std::vector<float>(model->Logits() + 7 * 16, model->Logits() + 8 * 16));
+  EXPECT_NE(row, std::vector<float>(16, 0.0f));
+  EXPECT_EQ(model->LogitsRowToHost(10, row.data()).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(model->LogitsRowToHost(-1, row.data()).code(), absl::StatusCode::kOutOfRange);
+}
+
 // Sets every parameter to a random value of a size that makes every path
 // matter (the HF init's 0.02 would leave attention almost uniform and most
 // gradients near zero, a weak test).
