@@ -49,7 +49,9 @@ ABSL_FLAG(std::string, optimizer, "adam", "adam|adamw|sgd (PyTorch update rules 
 ABSL_FLAG(double, weight_decay, -1, "Weight decay (default: the optimizer's own)");
 ABSL_FLAG(double, momentum, 0, "SGD momentum");
 ABSL_FLAG(int, prefetch, 1, "Stage 3: units gathered ahead of use");
-ABSL_FLAG(std::string, param_dtype, "f32", "Dtype parameters are gathered in: f32|bf16");
+ABSL_FLAG(std::string, param_dtype, "f32",
+          "Dtype parameters are gathered in: f32|bf16 (with --backend=nccl also the GPT's "
+          "matrix-product operands, accumulated in f32)");
 ABSL_FLAG(std::string, reduce_dtype, "f32", "Dtype gradients are reduced in: f32|bf16");
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
