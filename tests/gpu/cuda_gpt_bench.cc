@@ -125,12 +125,12 @@ absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage, int r
     options.backend = backend->get();
     options.optimizer = "adamw";
     options.max_grad_norm = 1.0;
-    auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(), aux->get(),
-                                     options);
+    auto engine =
+        ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(), aux->get(), options);
     if (!engine.ok()) return engine.status();
     TokenModel* tm = model->get();
-    absl::Status s = (*engine)->Initialize(
-        [tm](const TensorSpec& t, int64_t b, int64_t e, float* rows) {
+    absl::Status s =
+        (*engine)->Initialize([tm](const TensorSpec& t, int64_t b, int64_t e, float* rows) {
           tm->InitRows(t, b, e, /*seed=*/1, rows);
           return absl::OkStatus();
         });

@@ -10,7 +10,9 @@
 //    kernel at fault (a block's c_attn gradient: attention backward; wpe:
 //    embedding; ln_f: the head...). The gradient buffers start as NaN, so a
 //    kOverwrite that does not clear shows too.
-// 2. EngineParity: 5 Adam steps through the ZeRO engine (CPU backend + Gloo
+// 2. MixedLinear: CublasLinear::ForwardMixed / BackwardMixed (bf16 operands,
+//    f32 results) against the CPU Linear / Conv1D on bf16-rounded operands.
+// 3. EngineParity: 5 Adam steps through the ZeRO engine (CPU backend + Gloo
 //    against CudaBackend + NCCL), stages 0 and 3: the loss of every step and
 //    every parameter after the last, per tensor.
 //
@@ -45,6 +47,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_gpt.h"
 #include "worker/model/gpt.h"
+#include "worker/model/layers.h"
 #include "worker/model/model_util.h"
 #include "worker/zero/engine.h"
 
@@ -81,9 +84,9 @@ GptConfig SmallGpt() {
 constexpr int kBatch = 4;
 
 struct Diff {
-  double max_abs = 0;  // largest |got - want| (inf for a NaN on one side only)
-  double max_want = 0; // largest |want|
-  double p99 = 0;      // 99th percentile of |got - want|
+  double max_abs = 0;   // largest |got - want| (inf for a NaN on one side only)
+  double max_want = 0;  // largest |want|
+  double p99 = 0;       // 99th percentile of |got - want|
   double rel() const { return max_abs / std::max(max_want, 1e-30); }
 };
 
@@ -242,21 +245,19 @@ TEST_P(ModelParityTest, OneForwardAndBackwardMatchTheCpuGpt) {
       const bool ok = d.rel() <= tol.grads_rel;
       std::printf("%-40s %12.4g %12.4g %12.4g %s\n", ts.name.c_str(), d.max_want, d.max_abs,
                   d.rel(), ok ? "ok" : "FAIL");
-      EXPECT_TRUE(ok) << ts.name << ": max |diff| " << d.max_abs << " of max |cpu| "
-                      << d.max_want;
+      EXPECT_TRUE(ok) << ts.name << ": max |diff| " << d.max_abs << " of max |cpu| " << d.max_want;
       offset += ts.Elements();
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DtypesAndLengths, ModelParityTest,
-    ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
-                       ::testing::Values(32, 25)),  // t = n_ctx, and t < n_ctx
-    [](const auto& info) {
-      return absl::StrFormat("%s_t%d", DTypeName(std::get<0>(info.param)),
-                             std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(DtypesAndLengths, ModelParityTest,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(32, 25)),  // t = n_ctx, and t < n_ctx
+                         [](const auto& info) {
+                           return absl::StrFormat("%s_t%d", DTypeName(std::get<0>(info.param)),
+                                                  std::get<1>(info.param));
+                         });
 
 TEST(CudaGptModelTest, RefusesBatchesLargerThanItsActivations) {
   auto backend = CudaBackend::Create(0);
@@ -274,6 +275,64 @@ TEST(CudaGptModelTest, RefusesBatchesLargerThanItsActivations) {
   EXPECT_EQ(CudaGptModel::Create(SmallGpt(), 2, DType::kF16, backend->get()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
+
+// ---- CublasLinear's mixed-precision products (the bf16 GPT's GEMMs) ----
+
+// Operands rounded to bf16 multiply exactly in f32, so with f32 accumulation
+// the GPU matches the CPU kernels on the rounded values to summation order.
+class MixedLinearTest : public ::testing::TestWithParam<gpu::CublasLinear::Layout> {};
+
+std::vector<float> RoundedBf16(std::vector<float> v) {
+  for (float& x : v) x = BF16ToFloat(FloatToBF16(x));
+  return v;
+}
+std::vector<uint16_t> Bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBF16(v[i]);
+  return out;
+}
+
+TEST_P(MixedLinearTest, MatchesTheCpuOnBf16RoundedOperands) {
+  const gpu::CublasLinear::Layout layout = GetParam();
+  const bool out_in = layout == gpu::CublasLinear::Layout::kOutIn;
+  const int64_t n = 37, in = 48, out = 80;
+  std::vector<float> x = RoundedBf16(gpu_test::RandomFloats(n * in, 1));
+  std::vector<float> w = RoundedBf16(gpu_test::RandomFloats(in * out, 2));
+  std::vector<float> b = gpu_test::RandomFloats(out, 3);
+  std::vector<float> dy = RoundedBf16(gpu_test::RandomFloats(n * out, 4));
+  std::vector<float> dw0 = gpu_test::RandomFloats(in * out, 5);  // accumulated into
+  std::vector<float> db0 = gpu_test::RandomFloats(out, 6);
+
+  std::vector<float> y(n * out), dx(n * in), dw = dw0, db = db0;
+  if (out_in) {
+    LinearForward(y.data(), x.data(), w.data(), b.data(), n, in, out);
+    LinearBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), n, in, out);
+  } else {
+    Conv1dForward(y.data(), x.data(), w.data(), b.data(), n, in, out);
+    Conv1dBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), n, in, out);
+  }
+
+  auto linear = gpu::CublasLinear::Create(nullptr);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  DeviceBuffer<uint16_t> dx16(Bits(x)), dw16(Bits(w)), ddy16(Bits(dy));
+  DeviceBuffer<float> db_(b), ddy(dy), dy_out(n * out), ddx(n * in), ddw(dw0), ddb(db0);
+  ASSERT_TRUE(
+      (*linear)
+          ->ForwardMixed(dy_out.get(), dx16.get(), dw16.get(), db_.get(), n, in, out, layout)
+          .ok());
+  ASSERT_TRUE((*linear)
+                  ->BackwardMixed(ddx.get(), ddw.get(), ddb.get(), ddy16.get(), ddy.get(),
+                                  dx16.get(), dw16.get(), n, in, out, layout)
+                  .ok());
+  EXPECT_TRUE(gpu_test::AllNear(dy_out.Download(), y, 1e-4f, 1e-4f)) << "y";
+  EXPECT_TRUE(gpu_test::AllNear(ddx.Download(), dx, 1e-4f, 1e-4f)) << "dx";
+  EXPECT_TRUE(gpu_test::AllNear(ddw.Download(), dw, 1e-4f, 1e-4f)) << "dw";
+  EXPECT_TRUE(gpu_test::AllNear(ddb.Download(), db, 1e-4f, 1e-4f)) << "db";
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MixedLinearTest,
+                         ::testing::Values(gpu::CublasLinear::Layout::kOutIn,
+                                           gpu::CublasLinear::Layout::kInOut));
 
 // ---- Through the ZeRO engine ----
 
@@ -297,10 +356,11 @@ Trained Train(TokenModel* model, Backend* backend, Communicator* gather, Communi
   auto engine = ZeroEngine::Create(model, *plan, gather, reduce, aux, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return out;
-  absl::Status s = (*engine)->Initialize([&](const TensorSpec& t, int64_t b, int64_t e, float* rows) {
-    model->InitRows(t, b, e, /*seed=*/5, rows);
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      (*engine)->Initialize([&](const TensorSpec& t, int64_t b, int64_t e, float* rows) {
+        model->InitRows(t, b, e, /*seed=*/5, rows);
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(s.ok()) << s;
   std::vector<int32_t> tokens, targets;
   for (int step = 0; step < kSteps; ++step) {
@@ -350,13 +410,13 @@ TEST_P(EngineParityTest, FiveStepsMatchTheCpuGpt) {
   ASSERT_TRUE(ga.ok()) << ga.status();
   auto gpu_model = CudaGptModel::Create(config, kBatch, dtype, backend->get());
   ASSERT_TRUE(gpu_model.ok()) << gpu_model.status();
-  Trained gpu = Train(gpu_model->get(), backend->get(), ng->get(), nr->get(), ga->get(), stage,
-                      dtype);
+  Trained gpu =
+      Train(gpu_model->get(), backend->get(), ng->get(), nr->get(), ga->get(), stage, dtype);
 
   ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
   for (size_t i = 0; i < cpu.losses.size(); ++i) {
-    std::printf("[stage %d %s] step %zu loss: cpu %.8f gpu %.8f\n", stage,
-                DTypeName(dtype).c_str(), i, cpu.losses[i], gpu.losses[i]);
+    std::printf("[stage %d %s] step %zu loss: cpu %.8f gpu %.8f\n", stage, DTypeName(dtype).c_str(),
+                i, cpu.losses[i], gpu.losses[i]);
     EXPECT_NEAR(gpu.losses[i], cpu.losses[i], tol.loss_rel * std::fabs(cpu.losses[i]))
         << "step " << i;
   }

@@ -130,9 +130,9 @@ absl::Status CublasLinear::BackwardProducts(const char* what, void* dx, void* dw
   if (dx != nullptr && in > 0) {
     absl::Status s;
     if (out == 0) {
-      s = CudaErrorToStatus(cudaMemsetAsync(dx, 0, n * in * DTypeSize(c_dtype),
-                                            static_cast<cudaStream_t>(stream_)),
-                            what);
+      s = CudaErrorToStatus(
+          cudaMemsetAsync(dx, 0, n * in * DTypeSize(c_dtype), static_cast<cudaStream_t>(stream_)),
+          what);
     } else if (layout == Layout::kOutIn) {
       // dx[N,IN] = dy[N,OUT] w[OUT,IN]: dx^T = w^T dy^T.
       s = Gemm(what, false, false, in, n, out, w, in, dy, out, 0.0f, dx, in, dtype, c_dtype);
@@ -191,16 +191,14 @@ absl::Status CublasLinear::ForwardMixed(float* y, const uint16_t* x, const uint1
   if (y == nullptr || (in > 0 && (x == nullptr || w == nullptr))) {
     return absl::InvalidArgumentError(absl::StrCat(kWhat, ": null buffer"));
   }
-  absl::Status s =
-      ForwardProduct(kWhat, y, x, w, n, in, out, DType::kBF16, DType::kF32, layout);
+  absl::Status s = ForwardProduct(kWhat, y, x, w, n, in, out, DType::kBF16, DType::kF32, layout);
   if (!s.ok() || b == nullptr) return s;
   return BiasAdd(y, b, n, out, DType::kF32, stream_);
 }
 
 absl::Status CublasLinear::BackwardMixed(float* dx, float* dw, float* db, const uint16_t* dy,
-                                         const float* dy_f32, const uint16_t* x,
-                                         const uint16_t* w, int64_t n, int64_t in, int64_t out,
-                                         Layout layout) {
+                                         const float* dy_f32, const uint16_t* x, const uint16_t* w,
+                                         int64_t n, int64_t in, int64_t out, Layout layout) {
   static constexpr char kWhat[] = "CublasLinear::BackwardMixed";
   if (absl::Status s = CheckShape(kWhat, n, in, out); !s.ok()) return s;
   if (n == 0) return absl::OkStatus();

@@ -14,11 +14,11 @@ namespace zeroshard {
 using Layout = gpu::CublasLinear::Layout;
 
 // Every CUDA call below returns a status; this returns it from the caller.
-#define ZS_RETURN_IF_ERROR(expr)             \
-  do {                                       \
+#define ZS_RETURN_IF_ERROR(expr)              \
+  do {                                        \
     if (absl::Status _s = (expr); !_s.ok()) { \
-      return _s;                             \
-    }                                        \
+      return _s;                              \
+    }                                         \
   } while (0)
 
 absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConfig& config,
@@ -39,8 +39,8 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
   if (backend == nullptr) return absl::InvalidArgumentError("CudaGptModel: null backend");
   auto linear = gpu::CublasLinear::Create(backend->StreamForThisThread());
   if (!linear.ok()) return linear.status();
-  std::unique_ptr<CudaGptModel> model(new CudaGptModel(*std::move(host), max_batch, matmul_dtype,
-                                                       backend, *std::move(linear)));
+  std::unique_ptr<CudaGptModel> model(
+      new CudaGptModel(*std::move(host), max_batch, matmul_dtype, backend, *std::move(linear)));
   if (absl::Status s = model->AllocateActivations(); !s.ok()) return s;
   return model;
 }
@@ -67,8 +67,8 @@ absl::Status CudaGptModel::Allocate(int64_t bytes, void** out) {
   void* p = nullptr;
   ZS_RETURN_IF_ERROR(CudaErrorToStatus(
       cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
-      absl::StrCat("CudaGptModel: allocating ", bytes, " bytes of activations (",
-                   allocated_bytes_, " allocated so far; a smaller --batch or --context needs "
+      absl::StrCat("CudaGptModel: allocating ", bytes, " bytes of activations (", allocated_bytes_,
+                   " allocated so far; a smaller --batch or --context needs "
                    "less)")));
   allocations_.push_back(p);
   allocated_bytes_ += bytes;
@@ -132,8 +132,7 @@ absl::Status CudaGptModel::SetBatch(const int32_t* tokens, const int32_t* target
   const int64_t n = static_cast<int64_t>(b) * t;
   // The buffers hold max_batch * n_ctx positions and max_batch * n_ctx^2
   // attention weights per head.
-  if (n > int64_t{max_batch_} * cfg.n_ctx ||
-      n * t > int64_t{max_batch_} * cfg.n_ctx * cfg.n_ctx) {
+  if (n > int64_t{max_batch_} * cfg.n_ctx || n * t > int64_t{max_batch_} * cfg.n_ctx * cfg.n_ctx) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch [", b, ",", t, "] does not fit the device GPT's activations, sized for up to ",
         max_batch_, " sequences of ", cfg.n_ctx, " tokens"));
@@ -194,10 +193,9 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
   ZS_RETURN_IF_ERROR(CheckUnitTensors(Spec(), unit_tensors_[unit], grads, "grads"));
   if (mode == GradMode::kOverwrite) {
     for (TensorView& g : grads) {
-      ZS_RETURN_IF_ERROR(CudaErrorToStatus(
-          cudaMemsetAsync(g.data, 0, g.elements() * sizeof(float),
-                          static_cast<cudaStream_t>(stream_)),
-          "CudaGptModel: clearing gradients"));
+      ZS_RETURN_IF_ERROR(CudaErrorToStatus(cudaMemsetAsync(g.data, 0, g.elements() * sizeof(float),
+                                                           static_cast<cudaStream_t>(stream_)),
+                                           "CudaGptModel: clearing gradients"));
     }
   }
   const int n_layer = host_->config().n_layer;
@@ -226,8 +224,8 @@ absl::Status CudaGptModel::Linear(float* y, const float* x, const float* w, cons
 }
 
 absl::Status CudaGptModel::LinearBackward(float* dx, float* dw, float* db, const float* dy,
-                                          const float* x, const float* w, int64_t in,
-                                          int64_t out, Layout layout) {
+                                          const float* x, const float* w, int64_t in, int64_t out,
+                                          Layout layout) {
   if (matmul_dtype_ == DType::kF32) {
     return linear_->Backward(dx, dw, db, dy, x, w, n_, in, out, DType::kF32, layout);
   }
@@ -270,19 +268,19 @@ absl::Status CudaGptModel::BlockForward(int layer, const UnitTensors& p) {
 
   ZS_RETURN_IF_ERROR(gpu::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p[kLn1W].data,
                                            p[kLn1B].data, n, c, stream_));
-  ZS_RETURN_IF_ERROR(Linear(a.qkv, a.ln1, p[kAttnW].data, p[kAttnB].data, c, 3 * c,
-                            Layout::kInOut));
+  ZS_RETURN_IF_ERROR(
+      Linear(a.qkv, a.ln1, p[kAttnW].data, p[kAttnB].data, c, 3 * c, Layout::kInOut));
   ZS_RETURN_IF_ERROR(gpu::AttentionForward(a.atty, a.att, a.qkv, b_, t_, c, nh, stream_));
-  ZS_RETURN_IF_ERROR(Linear(a.res2, a.atty, p[kAttnProjW].data, p[kAttnProjB].data, c, c,
-                            Layout::kInOut));
+  ZS_RETURN_IF_ERROR(
+      Linear(a.res2, a.atty, p[kAttnProjW].data, p[kAttnProjB].data, c, c, Layout::kInOut));
   ZS_RETURN_IF_ERROR(gpu::AddInto(a.res2, x, DType::kF32, n * c, stream_));  // + the skip path
 
   ZS_RETURN_IF_ERROR(gpu::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[kLn2W].data,
                                            p[kLn2B].data, n, c, stream_));
   ZS_RETURN_IF_ERROR(Linear(a.fch, a.ln2, p[kFcW].data, p[kFcB].data, c, 4 * c, Layout::kInOut));
   ZS_RETURN_IF_ERROR(gpu::GeluTanhForward(a.fch_gelu, a.fch, n * 4 * c, stream_));
-  ZS_RETURN_IF_ERROR(Linear(out, a.fch_gelu, p[kFcProjW].data, p[kFcProjB].data, 4 * c, c,
-                            Layout::kInOut));
+  ZS_RETURN_IF_ERROR(
+      Linear(out, a.fch_gelu, p[kFcProjW].data, p[kFcProjB].data, 4 * c, c, Layout::kInOut));
   return gpu::AddInto(out, a.res2, DType::kF32, n * c, stream_);  // + the skip path
 }
 
@@ -295,28 +293,26 @@ absl::Status CudaGptModel::BlockBackward(int layer, const UnitTensors& p, UnitTe
   // On entry dresid_ = d(loss)/d(out); on exit d(loss)/d(x).
 
   // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
-  ZS_RETURN_IF_ERROR(LinearBackward(dfch_, g[kFcProjW].data, g[kFcProjB].data, dresid_,
-                                    a.fch_gelu, p[kFcProjW].data, 4 * c, c, Layout::kInOut));
+  ZS_RETURN_IF_ERROR(LinearBackward(dfch_, g[kFcProjW].data, g[kFcProjB].data, dresid_, a.fch_gelu,
+                                    p[kFcProjW].data, 4 * c, c, Layout::kInOut));
   ZS_RETURN_IF_ERROR(gpu::GeluTanhBackward(dfch_, dfch_, a.fch, n * 4 * c, stream_));
-  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kFcW].data, g[kFcB].data, dfch_, a.ln2,
-                                    p[kFcW].data, c, 4 * c, Layout::kInOut));
+  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kFcW].data, g[kFcB].data, dfch_, a.ln2, p[kFcW].data,
+                                    c, 4 * c, Layout::kInOut));
   ZS_RETURN_IF_ERROR(gpu::LayerNormBackward(dres2_, g[kLn2W].data, g[kLn2B].data, dtmp_, a.res2,
-                                            p[kLn2W].data, a.ln2_mean, a.ln2_rstd, n, c,
-                                            stream_));
+                                            p[kLn2W].data, a.ln2_mean, a.ln2_rstd, n, c, stream_));
   // dres2 = d(loss)/d(res2): the LayerNorm path plus the skip path.
   ZS_RETURN_IF_ERROR(gpu::AddInto(dres2_, dresid_, DType::kF32, n * c, stream_));
 
   // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))).
-  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kAttnProjW].data, g[kAttnProjB].data, dres2_,
-                                    a.atty, p[kAttnProjW].data, c, c, Layout::kInOut));
+  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kAttnProjW].data, g[kAttnProjB].data, dres2_, a.atty,
+                                    p[kAttnProjW].data, c, c, Layout::kInOut));
   ZS_RETURN_IF_ERROR(gpu::AttentionBackward(dqkv_, dtmp_, a.qkv, a.att, b_, t_, c, nh, stream_));
   // dtmp_ (d atty) is read by the attention backward above, which runs
   // before this product on the same stream: it may be overwritten now.
   ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kAttnW].data, g[kAttnB].data, dqkv_, a.ln1,
                                     p[kAttnW].data, c, 3 * c, Layout::kInOut));
   ZS_RETURN_IF_ERROR(gpu::LayerNormBackward(dresid_, g[kLn1W].data, g[kLn1B].data, dtmp_, x,
-                                            p[kLn1W].data, a.ln1_mean, a.ln1_rstd, n, c,
-                                            stream_));
+                                            p[kLn1W].data, a.ln1_mean, a.ln1_rstd, n, c, stream_));
   // d(loss)/d(x): the LayerNorm path plus the skip path.
   return gpu::AddInto(dresid_, dres2_, DType::kF32, n * c, stream_);
 }
@@ -350,9 +346,8 @@ absl::Status CudaGptModel::HeadBackward(const UnitTensors& p, UnitTensors& g) {
   float* dlogits = probs_;  // in place: element i reads probs[i] only
   probs_valid_ = false;
   ZS_RETURN_IF_ERROR(gpu::CrossEntropyBackward(dlogits, probs_, targets_, n_, v, stream_));
-  ZS_RETURN_IF_ERROR(
-      LinearBackward(dtmp_, g[kWte].data, nullptr, dlogits, lnf_, p[kWte].data, c, v,
-                     Layout::kOutIn));
+  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kWte].data, nullptr, dlogits, lnf_, p[kWte].data, c, v,
+                                    Layout::kOutIn));
   return gpu::LayerNormBackward(dresid_, g[kLnfW].data, g[kLnfB].data, dtmp_, resid_[cfg.n_layer],
                                 p[kLnfW].data, lnf_mean_, lnf_rstd_, n_, c, stream_);
 }

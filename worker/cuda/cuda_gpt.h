@@ -43,8 +43,8 @@ class CudaGptModel : public TokenModel {
   // engine's compute thread, the one calling Create), whose stream the model
   // uses.
   static absl::StatusOr<std::unique_ptr<CudaGptModel>> Create(const GptConfig& config,
-                                                             int max_batch, DType matmul_dtype,
-                                                             CudaBackend* backend);
+                                                              int max_batch, DType matmul_dtype,
+                                                              CudaBackend* backend);
   ~CudaGptModel() override;
   CudaGptModel(const CudaGptModel&) = delete;
   CudaGptModel& operator=(const CudaGptModel&) = delete;
@@ -148,7 +148,7 @@ class CudaGptModel : public TokenModel {
 
   // The batch.
   int b_ = 0, t_ = 0;
-  int64_t n_ = 0;  // b_ * t_ positions
+  int64_t n_ = 0;                                   // b_ * t_ positions
   int32_t *tokens_ = nullptr, *targets_ = nullptr;  // [P]
 
   // Activations: resid_[l] is the residual stream entering block l.
@@ -160,7 +160,7 @@ class CudaGptModel : public TokenModel {
   // d(loss)/d(logits) (each element reads its own probability only).
   float* probs_ = nullptr;
   bool probs_valid_ = false;  // probs_ holds the last forward's probabilities
-  double* loss_ = nullptr;  // one device double
+  double* loss_ = nullptr;    // one device double
 
   // Backward scratch: dresid_ carries d(loss)/d(residual stream) between ops.
   float *dresid_ = nullptr, *dres2_ = nullptr, *dtmp_ = nullptr;  // [P,C]

@@ -1,9 +1,8 @@
 // CudaGptModel on any machine: arguments are checked before any device is
 // touched. (Its numerics against the CPU GPT need a GPU:
 // tests/gpu/cuda_gpt_parity_check, run by tests/gpu/run.sh.)
-#include "worker/cuda/cuda_gpt.h"
-
 #include "gtest/gtest.h"
+#include "worker/cuda/cuda_gpt.h"
 
 namespace zeroshard {
 namespace {
