@@ -65,8 +65,12 @@ CudaGptModel::~CudaGptModel() {
 absl::Status CudaGptModel::Allocate(int64_t bytes, void** out) {
   *out = nullptr;
   void* p = nullptr;
+  const cudaError_t error = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+  // Out of memory is not sticky, but cudaGetLastError would still return it
+  // and the next kernel launch anywhere on this thread would report it.
+  if (error != cudaSuccess) cudaGetLastError();
   ZS_RETURN_IF_ERROR(CudaErrorToStatus(
-      cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
+      error,
       absl::StrCat("CudaGptModel: allocating ", bytes, " bytes of activations (", allocated_bytes_,
                    " allocated so far; a smaller --batch or --context needs "
                    "less)")));
