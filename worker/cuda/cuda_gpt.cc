@@ -195,6 +195,13 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
   const int unit = ForwardOps()[op];
   ZS_RETURN_IF_ERROR(CheckUnitTensors(Spec(), unit_tensors_[unit], params, "params"));
   ZS_RETURN_IF_ERROR(CheckUnitTensors(Spec(), unit_tensors_[unit], grads, "grads"));
+  const int n_layer = host_->config().n_layer;
+  // Refused before kOverwrite clears anything (HeadBackward checks it too).
+  if (op > n_layer && !probs_valid_) {
+    return absl::FailedPreconditionError(
+        "CudaGptModel: the head's backward ran twice for one forward pass (its softmax "
+        "probabilities became the logits' gradient the first time)");
+  }
   if (mode == GradMode::kOverwrite) {
     for (TensorView& g : grads) {
       ZS_RETURN_IF_ERROR(CudaErrorToStatus(cudaMemsetAsync(g.data, 0, g.elements() * sizeof(float),
@@ -202,7 +209,6 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
                                            "CudaGptModel: clearing gradients"));
     }
   }
-  const int n_layer = host_->config().n_layer;
   if (op == 0) {
     ZS_RETURN_IF_ERROR(EmbedBackward(grads));
   } else if (op <= n_layer) {
