@@ -58,14 +58,19 @@ class RecoveryTest : public ::testing::Test {
   }
 
   std::vector<std::string> Flags(std::vector<std::string> extra) {
-    std::vector<std::string> flags = {
-        "--model=mlp",         absl::StrCat("--layers=", kLayers),
-        absl::StrCat("--width=", kWidth), "--activation=relu",
-        "--lr=0.01",           "--seed=9",
-        "--stage=3",           "--batch=4",
-        "--data=" + data_,     "--collective_timeout=20s",
-        "--checkpoint_at_end", "--rejoin_timeout=60s",
-        "--join_timeout_s=60"};
+    std::vector<std::string> flags = {"--model=mlp",
+                                      absl::StrCat("--layers=", kLayers),
+                                      absl::StrCat("--width=", kWidth),
+                                      "--activation=relu",
+                                      "--lr=0.01",
+                                      "--seed=9",
+                                      "--stage=3",
+                                      "--batch=4",
+                                      "--data=" + data_,
+                                      "--collective_timeout=20s",
+                                      "--checkpoint_at_end",
+                                      "--rejoin_timeout=60s",
+                                      "--join_timeout_s=60"};
     flags.insert(flags.end(), extra.begin(), extra.end());
     return flags;
   }
@@ -77,8 +82,8 @@ class RecoveryTest : public ::testing::Test {
 
   // The uninterrupted run, once per test.
   Params Reference(const std::vector<std::string>& extra = {}) {
-    EXPECT_TRUE(cluster_.Run("reference", 4,
-                             Flags(Concat({absl::StrCat("--steps=", kSteps)}, extra))));
+    EXPECT_TRUE(
+        cluster_.Run("reference", 4, Flags(Concat({absl::StrCat("--steps=", kSteps)}, extra))));
     return Final("reference");
   }
 
@@ -91,8 +96,8 @@ class RecoveryTest : public ::testing::Test {
   // Rank 0 (w0) printed step `step`.
   bool WaitForStep(int step, absl::Duration timeout = absl::Seconds(60)) {
     const std::string mark = absl::StrCat("step ", step, "/");
-    return testing::WaitFor(
-        [&] { return cluster_.WorkerLog(0).find(mark) != std::string::npos; }, timeout);
+    return testing::WaitFor([&] { return cluster_.WorkerLog(0).find(mark) != std::string::npos; },
+                            timeout);
   }
 
   void ExpectEqual(const Params& got, const Params& want, const std::string& what) {
@@ -125,7 +130,8 @@ class RecoveryTest : public ::testing::Test {
 TEST_F(RecoveryTest, ReplacedWorkerResumesFromItsBuddysSnapshot) {
   ASSERT_TRUE(cluster_.ok());
   Params reference = Reference({"--snapshot_every=10"});
-  cluster_.StartWorkers("replace", 4, Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=10"}));
+  cluster_.StartWorkers("replace", 4,
+                        Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=10"}));
   ASSERT_TRUE(WaitForStep(35)) << cluster_.WorkerLog(0);
   cluster_.worker(2)->Signal(SIGKILL);
   cluster_.RestartWorker(2);
@@ -158,9 +164,9 @@ TEST_F(RecoveryTest, ShrinksToThreeAfterTheGraceAndMatchesAFourThenThreeReferenc
   // Reference: W = 4 to `restored` (a disk checkpoint), then W = 3.
   ASSERT_TRUE(cluster_.Run("shrink-ref", 4,
                            Flags({absl::StrCat("--steps=", restored), "--snapshot_every=0"})));
-  ASSERT_TRUE(cluster_.Run("shrink-ref", 3,
-                           Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=0",
-                                  "--resume=latest"})));
+  ASSERT_TRUE(cluster_.Run(
+      "shrink-ref", 3,
+      Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=0", "--resume=latest"})));
   ExpectEqual(Final("shrink"), Final("shrink-ref"), "shrink");
 }
 
@@ -206,9 +212,9 @@ TEST_F(RecoveryTest, KillDuringADiskCheckpointWriteUsesThePreviousSnapshot) {
   ASSERT_TRUE(cluster_.ok());
   Params reference = Reference({"--snapshot_every=10"});
   setenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS", "1500", 1);
-  cluster_.StartWorkers("in-write", 4,
-                        Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=20",
-                               "--checkpoint_every=50"}));
+  cluster_.StartWorkers(
+      "in-write", 4,
+      Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=20", "--checkpoint_every=50"}));
   unsetenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS");
   ASSERT_TRUE(WaitForStep(51)) << cluster_.WorkerLog(0);
   cluster_.worker(3)->Signal(SIGKILL);
@@ -251,7 +257,8 @@ TEST_F(RecoveryTest, ChaosThreeKillsFixedSeed) {
         [&] {
           const std::string log = cluster_.WorkerLog(0);
           size_t count = 0;
-          for (size_t p = log.find(mark); p != std::string::npos; p = log.find(mark, p + 1)) ++count;
+          for (size_t p = log.find(mark); p != std::string::npos; p = log.find(mark, p + 1))
+            ++count;
           return count >= k + 1;
         },
         deadline - absl::Now()))

@@ -46,16 +46,16 @@ int BuddyShift(const std::vector<std::string>& hosts) {
 
 absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64) {
   if (Checksum(bytes) != xxh64) {
-    return absl::DataLossError(absl::StrCat("snapshot blob of ", bytes.size(),
-                                            " bytes: XXH64 ", ChecksumToHex(Checksum(bytes)),
-                                            ", expected ", ChecksumToHex(xxh64)));
+    return absl::DataLossError(absl::StrCat("snapshot blob of ", bytes.size(), " bytes: XXH64 ",
+                                            ChecksumToHex(Checksum(bytes)), ", expected ",
+                                            ChecksumToHex(xxh64)));
   }
   uint64_t header_size = 0;
   if (bytes.size() < 8) return absl::DataLossError("snapshot blob shorter than 8 bytes");
   std::memcpy(&header_size, bytes.data(), 8);  // little-endian hosts only, as the writer
   if (header_size > bytes.size() - 8) return absl::DataLossError("snapshot blob header too long");
-  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8,
-                                                bytes.begin() + 8 + header_size, nullptr, false);
+  nlohmann::json header =
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return absl::DataLossError("snapshot blob header is not JSON");
   }
@@ -121,8 +121,9 @@ void SnapshotKeeper::Start(ShardSnapshot snapshot, GlooCommunicator* comm, int s
     // Sizes and checksums first, then the blobs.
     uint64_t send_header[2] = {(*own)->bytes.size(), sum};
     uint64_t recv_header[2] = {0, 0};
-    absl::Status s = comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
-                                    {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
+    absl::Status s =
+        comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
+                       {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
     if (!s.ok()) return s;
     // Tests only: stretch the transfer so that a kill lands inside it.
     if (const char* delay = std::getenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS")) {
@@ -137,8 +138,8 @@ void SnapshotKeeper::Start(ShardSnapshot snapshot, GlooCommunicator* comm, int s
     absl::StatusOr<std::shared_ptr<SnapshotBlob>> theirs =
         BlobFromBytes(std::move(received), recv_header[1]);
     if (!theirs.ok()) {
-      return absl::DataLossError(absl::StrCat("snapshot of step ", step, " from rank ", from,
-                                              ": ", theirs.status().message()));
+      return absl::DataLossError(absl::StrCat("snapshot of step ", step, " from rank ", from, ": ",
+                                              theirs.status().message()));
     }
     if ((*theirs)->step != step) {
       return absl::DataLossError(absl::StrCat("snapshot from rank ", from, " is of step ",

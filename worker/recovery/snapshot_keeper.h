@@ -57,8 +57,8 @@ struct SnapshotBlob {
   int world_size = 0;
   std::string plan_hash;
   int64_t data_row = 0;
-  std::string bytes;  // a shard file's bytes
-  uint64_t xxh64 = 0;  // of `bytes`
+  std::string bytes;             // a shard file's bytes
+  uint64_t xxh64 = 0;            // of `bytes`
   std::vector<RowRange> pieces;  // the parameter pieces it holds
 
   // Everything but the bytes, for the recovery's agreement.
