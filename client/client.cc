@@ -118,6 +118,9 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_world_size(world_size);
   request.set_worker_id(worker_id);
   request.set_host(host);
+  request.set_min_world_size(join_extras_.min_world_size);
+  request.set_rejoin_grace_ms(absl::ToInt64Milliseconds(join_extras_.rejoin_grace));
+  request.set_incarnation(join_extras_.incarnation);
   while (true) {
     grpc::ClientContext context;
     Prepare(&context, deadline - absl::Now());
@@ -203,6 +206,8 @@ void Client::HeartbeatLoop(CommandHandler handler) {
         request.set_memory_bytes(progress_.memory_bytes);
         request.set_collective_seq(progress_.collective_seq);
         *request.mutable_last_step() = progress_.last_step;
+        request.set_snapshot_step(progress_.snapshot_step);
+        if (progress_.recovery.generation() > 0) *request.mutable_recovery() = progress_.recovery;
       }
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;

@@ -72,6 +72,16 @@ struct Progress {
   int64_t memory_bytes = 0;
   int64_t collective_seq = 0;
   v1::StepTelemetry last_step;  // where the last step's time went
+  int64_t snapshot_step = -1;   // the latest committed in-memory snapshot
+  v1::RecoveryRecord recovery;  // the latest recovery (generation 0: none)
+};
+
+// Fault-tolerance fields of a Join (shard_worker --min_world_size,
+// --rejoin_grace; the incarnation is random per process).
+struct JoinExtras {
+  int min_world_size = 0;
+  absl::Duration rejoin_grace = absl::ZeroDuration();
+  std::string incarnation;
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& status);
@@ -89,6 +99,8 @@ class Client {
   absl::StatusOr<JoinInfo> Join(const std::string& job_id, int world_size,
                                 const std::string& worker_id, const std::string& host,
                                 absl::Duration timeout);
+  // Sent with every later Join.
+  void set_join_extras(const JoinExtras& extras) { join_extras_ = extras; }
   // REQUIRES: a successful Join.
   const JoinInfo& info() const { return info_; }
   v1::MemberCredentials credentials() const;
@@ -169,6 +181,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   JoinInfo info_;
+  JoinExtras join_extras_;
 
   absl::Mutex mu_;
   Progress progress_ ABSL_GUARDED_BY(mu_);

@@ -107,6 +107,23 @@ int StatusCommand() {
       }
       std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
     }
+    std::printf("\n%s latest committed snapshot: %s\n", job.job_id().c_str(),
+                job.snapshot_step() >= 0 ? absl::StrCat("step ", job.snapshot_step()).c_str()
+                                         : "none");
+    if (job.recoveries_size() > 0) {
+      Table recoveries({"GENERATION", "SOURCE", "FAILED AT", "RESUMED AT", "W", "REJOIN",
+                        "RESTORE", "TRAINING AGAIN"});
+      for (const v1::RecoveryRecord& r : job.recoveries()) {
+        recoveries.AddRow({absl::StrCat(r.generation()), r.source(),
+                           r.failed_step() >= 0 ? absl::StrCat("step ", r.failed_step()) : "-",
+                           absl::StrCat("step ", r.restored_step()), absl::StrCat(r.world_size()),
+                           absl::StrFormat("%.0f ms", r.rejoin_ms()),
+                           absl::StrFormat("%.0f ms", r.restore_ms()),
+                           r.first_step_ms() > 0 ? absl::StrFormat("%.0f ms", r.first_step_ms())
+                                                 : "-"});
+      }
+      std::printf("\n%s recoveries\n%s", job.job_id().c_str(), recoveries.ToString().c_str());
+    }
   }
   return 0;
 }

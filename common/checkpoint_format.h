@@ -40,6 +40,9 @@ struct ShardMetadataKey {
   static constexpr char kOptimizer[] = "optimizer";
   static constexpr char kOptimizerStep[] = "optimizer_step";
   static constexpr char kChecksums[] = "checksums";
+  // The global data row the next step starts at (written since #13; a file
+  // without it was saved by a job whose world size never changed).
+  static constexpr char kDataRow[] = "data_row";
 };
 
 // "<job>/step-<N>"

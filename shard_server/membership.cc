@@ -137,9 +137,13 @@ absl::Status Membership::Restore() {
     auto job = std::make_unique<Job>();
     job->id = s.job_id;
     job->world_size = s.world_size;
+    // Not stored: a job that shrank takes its smaller size as its target
+    // after a server restart.
+    job->target_world_size = s.world_size;
     job->generation = s.generation;
     job->members_generation = s.members_generation;
     job->state = static_cast<v1::JobState>(s.state);
+    if (job->state == v1::DEGRADED) job->degraded_at = now;
     for (StoredMember& sm : s.members) {
       MemberState m;
       m.rank = sm.rank;
@@ -216,6 +220,21 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
                      options_.max_world_size, " (the server's --max_world_size)"));
   }
   if (invalid.ok()) invalid = ValidateHost(request.host());
+  if (invalid.ok() &&
+      (request.min_world_size() < 0 || request.min_world_size() > request.world_size())) {
+    invalid = absl::InvalidArgumentError(
+        absl::StrCat("min_world_size ", request.min_world_size(), " is out of range: expected 0..",
+                     request.world_size(), " (the world size; 0: no shrink)"));
+  }
+  if (invalid.ok() && request.rejoin_grace_ms() < 0) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "rejoin_grace_ms ", request.rejoin_grace_ms(), " is negative; expected >= 0"));
+  }
+  if (invalid.ok() && request.incarnation().size() > kMaxIdLength) {
+    invalid = absl::InvalidArgumentError(absl::StrCat("incarnation is ",
+                                                      request.incarnation().size(),
+                                                      " characters long; at most ", kMaxIdLength));
+  }
   if (!invalid.ok()) {
     done(invalid);
     return 0;
@@ -231,15 +250,25 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
     Job* job = it == jobs_.end() ? nullptr : it->second.get();
     bool restart = false;   // a finished job starts again
     bool rejoin = false;    // a member that left comes back: new generation
+    bool restarted = false;  // a live member's process was restarted
+    const absl::Duration grace = absl::Milliseconds(request.rejoin_grace_ms());
     if (job != nullptr) refused = SaveUnsaved(*job);
     if (!refused.ok()) {
       // The job takes no join until its last change is saved.
     } else if (job != nullptr && job->state != v1::FINISHED) {
-      if (request.world_size() != job->world_size) {
+      if (request.world_size() != job->target_world_size) {
         refused = absl::FailedPreconditionError(absl::StrCat(
             "world_size ", request.world_size(), " differs from job '", job->id,
-            "' world_size ", job->world_size, " (generation ", job->generation,
+            "' world_size ", job->target_world_size, " (generation ", job->generation,
             "); every worker of a job must pass the same world size"));
+      } else if (job->recovery_options_known &&
+                 (request.min_world_size() != job->min_world_size || grace != job->rejoin_grace)) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "worker '", request.worker_id(), "' joins with --min_world_size=",
+            request.min_world_size(), " --rejoin_grace=", absl::FormatDuration(grace),
+            " but job '", job->id, "' runs with --min_world_size=", job->min_world_size,
+            " --rejoin_grace=", absl::FormatDuration(job->rejoin_grace),
+            "; every worker of a job must pass the same values"));
       } else if (job->formed()) {
         auto member = std::find_if(job->members.begin(), job->members.end(), [&](auto& m) {
           return m.worker_id == request.worker_id();
@@ -248,6 +277,17 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
           refused = absl::ResourceExhaustedError(absl::StrCat(
               "job '", job->id, "' already has all ", job->world_size, " members in generation ",
               job->generation, "; worker '", request.worker_id(), "' cannot join"));
+        } else if (member->alive && !member->left && !request.incarnation().empty() &&
+                   !member->incarnation.empty() && member->incarnation != request.incarnation()) {
+          // The same worker id from another process: the member's process
+          // was restarted, so the one in the generation is gone.
+          restarted = true;
+          member->alive = false;
+          log_->Log("member_dead", {{"job", job->id},
+                                    {"worker", member->worker_id},
+                                    {"rank", absl::StrCat(member->rank)},
+                                    {"generation", absl::StrCat(job->members_generation)},
+                                    {"reason", "restarted (a join from a new incarnation)"}});
         } else if (member->alive && !member->left) {
           refused = absl::AlreadyExistsError(absl::StrCat(
               "worker '", request.worker_id(), "' is already a live member of job '", job->id,
@@ -287,6 +327,7 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
         created->generation =
             1 + std::max<int64_t>(0, generation_floor_ ? generation_floor_(created->id) : 0);
         created->state = v1::JOINING;
+        created->target_world_size = request.world_size();
         refused =
             SaveChange(*created, absl::StrCat("job '", created->id, "' could not be created"));
         if (refused.ok()) {
@@ -299,6 +340,23 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
       } else if (restart) {
         refused = StartGeneration(*job, request.world_size(), v1::JOINING,
                                   "job restarted after finishing", deferred);
+        if (refused.ok()) {
+          job->target_world_size = request.world_size();
+          job->recovery_options_known = false;
+        }
+      } else if (restarted) {
+        auto member = std::find_if(job->members.begin(), job->members.end(), [&](auto& m) {
+          return m.worker_id == request.worker_id();
+        });
+        refused = StartGeneration(*job, job->world_size, v1::DEGRADED,
+                                  absl::StrCat("worker '", request.worker_id(), "' (rank ",
+                                               member->rank, ") restarted"),
+                                  deferred);
+        if (refused.ok()) {
+          job->degraded_at = now;
+        } else {
+          member->alive = true;  // nothing changed
+        }
       } else if (rejoin) {
         refused =
             StartGeneration(*job, job->world_size, v1::DEGRADED,
@@ -306,11 +364,17 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
       }
     }
     if (refused.ok()) {
+      if (!job->recovery_options_known) {
+        job->recovery_options_known = true;
+        job->min_world_size = request.min_world_size();
+        job->rejoin_grace = grace;
+      }
       id = next_join_id_++;
       PendingJoin& p = job->pending[request.worker_id()];
       p.id = id;
       p.worker_id = request.worker_id();
       p.host = request.host();
+      p.incarnation = request.incarnation();
       p.skip_member_table = request.skip_member_table();
       p.deadline = std::min(deadline, now + options_.join_timeout);
       p.done = std::move(done);
@@ -344,6 +408,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     m.rank = rank++;
     m.worker_id = worker_id;
     m.host = p.host;
+    m.incarnation = p.incarnation;
     m.token = NewToken();
     m.last_heartbeat = now;
     job.members.push_back(std::move(m));
@@ -364,8 +429,19 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     return;
   }
 
+  if (previous_state == v1::DEGRADED) {
+    log_->Log("recovery_rejoined",
+              {{"job", job.id},
+               {"generation", absl::StrCat(job.generation)},
+               {"world_size", absl::StrCat(job.world_size, "/", job.target_world_size)},
+               {"since_failure_ms", job.degraded_at == absl::InfinitePast()
+                                        ? std::string("-1")
+                                        : Ms(now - job.degraded_at)}});
+  }
+  job.degraded_at = absl::InfinitePast();
   v1::JoinResponse common;
   common.set_world_size(job.world_size);
+  common.set_target_world_size(job.target_world_size);
   common.set_generation(job.generation);
   common.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   common.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
@@ -522,6 +598,30 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
   m.memory_bytes = request.memory_bytes();
   m.collective_seq = request.collective_seq();
   m.last_step = request.last_step();
+  m.snapshot_step = request.snapshot_step();
+  if (request.has_recovery()) {
+    const v1::RecoveryRecord& r = request.recovery();
+    bool fresh = job.recoveries.empty() || job.recoveries.back().generation() != r.generation() ||
+                 job.recoveries.back().phase() != r.phase();
+    if (fresh) {
+      if (!job.recoveries.empty() && job.recoveries.back().generation() == r.generation()) {
+        job.recoveries.back() = r;
+      } else {
+        job.recoveries.push_back(r);
+        while (job.recoveries.size() > 32) job.recoveries.pop_front();
+      }
+      log_->Log(absl::StrCat("recovery_", r.phase()),
+                {{"job", job.id},
+                 {"generation", absl::StrCat(r.generation())},
+                 {"source", r.source()},
+                 {"restored_step", absl::StrCat(r.restored_step())},
+                 {"failed_step", absl::StrCat(r.failed_step())},
+                 {"world_size", absl::StrCat(r.world_size())},
+                 {"rejoin_ms", absl::StrFormat("%.0f", r.rejoin_ms())},
+                 {"restore_ms", absl::StrFormat("%.0f", r.restore_ms())},
+                 {"first_step_ms", absl::StrFormat("%.0f", r.first_step_ms())}});
+    }
+  }
   // The beat above counts (the member is alive); the answer waits for the
   // job's unsaved change, which may be what the member must hear.
   if (absl::Status s = SaveUnsaved(job); !s.ok()) return s;
@@ -612,12 +712,14 @@ void Membership::Tick() {
         const int64_t old = job.generation;
         job.generation++;
         job.state = v1::DEGRADED;
+        job.degraded_at = now;
         AnnounceGeneration(job, old, absl::StrCat(dead, " stopped heartbeating"), deferred);
         SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after a death"));
       } else if (changed) {
         // Survivors of an abandoned generation went silent.
         SaveOrMarkUnsaved(job, "members of an abandoned generation went silent");
       }
+      MaybeShrink(job, now, deferred);
       for (auto p = job.pending.begin(); p != job.pending.end();) {
         if (p->second.deadline > now) {
           ++p;
@@ -642,6 +744,47 @@ void Membership::Tick() {
     }
   }
   for (auto& f : deferred) f();
+}
+
+void Membership::MaybeShrink(Job& job, absl::Time now, Deferred& deferred) {
+  if (job.state != v1::DEGRADED || job.formed() || job.min_world_size <= 0 ||
+      job.degraded_at == absl::InfinitePast() || now - job.degraded_at < job.rejoin_grace ||
+      job.pending.empty()) {
+    return;
+  }
+  const int in = static_cast<int>(job.pending.size());
+  if (in >= job.world_size) return;  // formed at the join
+  if (in < job.min_world_size) {
+    // The recovery cannot complete: say why to everyone waiting.
+    const std::string why = absl::StrCat(
+        "job '", job.id, "' generation ", job.generation, " cannot be formed: only ", in, " of ",
+        job.world_size, " workers re-joined within --rejoin_grace=",
+        absl::FormatDuration(job.rejoin_grace), " and --min_world_size=", job.min_world_size);
+    log_->Log("recovery_failed", {{"job", job.id}, {"reason", why}});
+    for (auto& [worker_id, p] : job.pending) {
+      pending_by_id_.erase(p.id);
+      deferred.push_back(
+          [done = std::move(p.done), why]() { done(absl::FailedPreconditionError(why)); });
+    }
+    job.pending.clear();
+    job.degraded_at = absl::InfinitePast();
+    return;
+  }
+  const int previous = job.world_size;
+  job.world_size = in;
+  const std::string reason =
+      absl::StrCat("shrunk from ", previous, " to ", in, " workers after --rejoin_grace=",
+                   absl::FormatDuration(job.rejoin_grace));
+  log_->Log("recovery_shrink", {{"job", job.id},
+                                {"generation", absl::StrCat(job.generation)},
+                                {"from", absl::StrCat(previous)},
+                                {"to", absl::StrCat(in)}});
+  FormGeneration(job, deferred);
+  if (!job.formed()) {
+    job.world_size = previous;  // the save failed; the joins got its error
+    return;
+  }
+  Remember(job, reason);
 }
 
 absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
@@ -684,6 +827,15 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       auto joined = job->joins.find(m.worker_id);
       ms->set_rejoins(joined == job->joins.end() ? 0 : std::max(0, joined->second - 1));
     }
+    int64_t snapshot_step = -1;
+    bool any = false;
+    for (const MemberState& m : job->members) {
+      if (!m.alive || m.left) continue;
+      snapshot_step = any ? std::min(snapshot_step, m.snapshot_step) : m.snapshot_step;
+      any = true;
+    }
+    out->set_snapshot_step(snapshot_step);
+    for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
     for (const Job::GenerationChange& change : job->history) {
       v1::GenerationChange* h = out->add_history();
       h->set_generation(change.generation);

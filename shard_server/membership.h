@@ -143,11 +143,14 @@ class Membership {
     int64_t memory_bytes = 0;
     int64_t collective_seq = 0;
     v1::StepTelemetry last_step;
+    std::string incarnation;     // JoinRequest.incarnation
+    int64_t snapshot_step = -1;  // the member's latest committed snapshot
   };
   struct PendingJoin {
     uint64_t id = 0;
     std::string worker_id;
     std::string host;
+    std::string incarnation;
     bool skip_member_table = false;
     absl::Time deadline;
     JoinDone done;
@@ -155,6 +158,17 @@ class Membership {
   struct Job {
     std::string id;
     int world_size = 0;
+    // The world size the workers were started with; world_size is smaller
+    // after a shrink.
+    int target_world_size = 0;
+    // From the members' joins (--min_world_size, --rejoin_grace); 0: no
+    // shrink. A restored job takes them from its next join.
+    int min_world_size = 0;
+    absl::Duration rejoin_grace = absl::ZeroDuration();
+    bool recovery_options_known = false;
+    // When the current generation was started by a death (shrink counts the
+    // grace from here); InfinitePast otherwise.
+    absl::Time degraded_at = absl::InfinitePast();
     int64_t generation = 0;          // current generation (forming or formed)
     int64_t members_generation = 0;  // generation of `members`; == generation once formed
     v1::JobState state = v1::JOINING;
@@ -173,6 +187,7 @@ class Membership {
     };
     std::deque<GenerationChange> history;
     std::map<std::string, int> joins;  // worker id -> generations it was a member of
+    std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
     bool formed() const { return members_generation == generation && !members.empty(); }
   };
   using Deferred = std::vector<std::function<void()>>;
@@ -194,6 +209,12 @@ class Membership {
   // formed or has been idle for job_ttl, and it is gone from the state store
   // (the listener is told): the caller erases it from jobs_.
   bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job in DEGRADED whose rejoin grace is over and that has at least
+  // min_world_size re-joined members forms a smaller generation.
+  void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Declares `m` dead and moves the job to a new generation (DEGRADED).
+  void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records why `job` is at its current generation (bounded history).
   void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -33,6 +33,21 @@ bool AbortLatch::tripped() const {
   return tripped_;
 }
 
+bool AbortLatch::WaitTripped(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto tripped = [this] { return tripped_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&tripped), timeout);
+}
+
+void AbortLatch::Reset() {
+  Disarm();
+  if (watchdog_.joinable()) watchdog_.join();
+  absl::MutexLock lock(&mu_);
+  tripped_ = false;
+  disarmed_ = false;
+  message_.clear();
+}
+
 std::string AbortLatch::message() const {
   absl::MutexLock lock(&mu_);
   return message_;

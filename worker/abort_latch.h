@@ -14,7 +14,7 @@
 // (shard_worker's exits the process).
 //
 // It latches once, for one generation: a process that goes on to join a
-// later generation needs a fresh latch.
+// later generation Reset()s it first.
 //
 // Thread-safe.
 #ifndef ZEROSHARD_WORKER_ABORT_LATCH_H_
@@ -49,6 +49,12 @@ class AbortLatch {
   void Disarm() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool tripped() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for a Trip(); returns tripped().
+  bool WaitTripped(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+  // For the next generation of a worker that re-joins: disarms and joins the
+  // watchdog, then clears the latch. REQUIRES: no thread calls Trip() now
+  // (heartbeats stopped).
+  void Reset() ABSL_LOCKS_EXCLUDED(mu_);
   // "" until tripped.
   std::string message() const ABSL_LOCKS_EXCLUDED(mu_);
 

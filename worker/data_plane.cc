@@ -60,7 +60,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
 }  // namespace
 
 void DataPlane::Abort() {
-  for (Communicator* c : {gather.get(), reduce.get(), aux.get()}) {
+  for (Communicator* c : {gather.get(), reduce.get(), aux.get(),
+                          static_cast<Communicator*>(snapshot.get())}) {
     if (c != nullptr) c->Abort();
   }
 }
@@ -85,6 +86,16 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
       ConnectGloo(&store, rank, world_size, "aux", options, /*shared_memory=*/false, nullptr);
   if (!aux.ok()) return aux.status();
   plane->aux = *std::move(aux);
+  if (options.snapshots) {
+    GlooCommunicator::Options gloo;
+    gloo.hostname = options.host;
+    gloo.connect_timeout = options.timeout;
+    gloo.shared_memory = false;
+    absl::StatusOr<std::unique_ptr<GlooCommunicator>> snapshot =
+        GlooCommunicator::Create(&store, rank, world_size, "snapshot", gloo);
+    if (!snapshot.ok()) return Failed("gloo bootstrap (snapshot)", snapshot.status());
+    plane->snapshot = *std::move(snapshot);
+  }
   return plane;
 }
 

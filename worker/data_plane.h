@@ -18,6 +18,7 @@
 #include "client/client.h"
 #include "nlohmann/json.hpp"
 #include "worker/comm/communicator.h"
+#include "worker/comm/gloo_communicator.h"
 
 namespace zeroshard {
 
@@ -34,12 +35,16 @@ struct DataPlaneOptions {
   bool shared_memory = true;
   // Bounds the rendezvous and every collective.
   absl::Duration timeout = absl::Seconds(60);
+  // A fourth context, "snapshot" (Gloo over TCP, point to point), for the
+  // in-memory snapshots' buddy copies and recovery transfers.
+  bool snapshots = false;
 };
 
 struct DataPlane {
   std::unique_ptr<Communicator> gather;
   std::unique_ptr<Communicator> reduce;
   std::unique_ptr<Communicator> aux;
+  std::unique_ptr<GlooCommunicator> snapshot;  // options.snapshots; else null
   // What each communicator runs on, by tag, for the run's report:
   // {"transport": "shm"|"tcp"|"nccl"} (Gloo adds "note" and
   // "shm_segment_bytes").

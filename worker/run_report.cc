@@ -148,6 +148,8 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   }
   memory["model_state_bytes"] = mt.model_state();
   memory["peak_bytes"] = mt.peak_total();
+  // Host memory outside the engine: in-memory snapshots (own + buddy's).
+  memory["snapshot_host_bytes_peak"] = m.snapshot_bytes_peak;
   out["memory"] = memory;
   const CollectiveBytes& bytes = m.training_bytes;
   out["comm_bytes"] = {{"all_gather", bytes.all_gather},
@@ -157,6 +159,9 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["plan_hash"] = run.plan_hash;
   out["data_plane"] = run.data_plane;
   out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
+  out["snapshot_pause_ms"] = m.snapshot_pause_ms;
+  out["snapshot_committed_step"] = m.snapshot_committed_step;
+  out["recoveries"] = m.recoveries;
   out["model"] = run.model;
   AddGptShape(config.task, &out);
   out["val_losses"] = m.val_losses;

@@ -29,6 +29,13 @@ struct RunMetrics {
   // communicators together; evaluation and sampling not counted).
   CollectiveBytes training_bytes;
   std::string sample;  // --sample's generated text
+  // Fault tolerance (#13): the pause of each in-memory snapshot, the host
+  // bytes snapshots held (own + buddy's; peak), and every recovery this
+  // process went through (JSON objects as RecoveryRecord's fields).
+  std::vector<double> snapshot_pause_ms;
+  int64_t snapshot_bytes_peak = 0;
+  int64_t snapshot_committed_step = -1;
+  nlohmann::json recoveries = nlohmann::json::array();
 };
 
 // Everything the summary and the report are made of. The pointers are not

@@ -21,6 +21,7 @@
 #include "common/command_line.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -53,12 +54,19 @@ void PrintFailure(int rank, absl::string_view message) {
 // follows the worker's, for the watchdog.
 absl::Status LifeCycle(Worker& worker, std::atomic<int>* rank) {
   absl::Status s = worker.LoadTask();
-  if (s.ok()) s = worker.Join();
-  rank->store(worker.rank());
-  if (s.ok()) s = worker.Plan();
-  if (s.ok()) s = worker.BootstrapDataPlane();
-  if (s.ok()) s = worker.Restore();
-  if (s.ok()) s = worker.Train();
+  if (!s.ok()) return s;
+  // A generation that ends under the worker (a peer died) is recovered from
+  // in this process: join the next one and resume (worker.h, "Recovery").
+  while (true) {
+    s = worker.Join();
+    rank->store(worker.rank());
+    if (s.ok()) s = worker.Plan();
+    if (s.ok()) s = worker.BootstrapDataPlane();
+    if (s.ok()) s = worker.Restore();
+    if (s.ok()) s = worker.Train();
+    if (s.ok()) break;
+    if (absl::Status why = worker.PrepareRecovery(s); !why.ok()) return why;
+  }
   if (s.ok()) s = worker.Report();
   if (s.ok()) s = worker.Leave();
   return s;
@@ -87,9 +95,11 @@ int RunWorker() {
   int code = 0;
   if (abort.tripped()) {
     // Whatever failed, the abort is why (the broken data plane's errors
-    // included).
+    // included); a recovery that was refused says why too.
     code = kExitAborted;
-    PrintFailure(rank.load(), abort.message());
+    PrintFailure(rank.load(), absl::StrContains(status.message(), "not recovering")
+                                  ? status.message()
+                                  : abort.message());
   } else if (!status.ok()) {
     code = kExitFailure;
     PrintFailure(rank.load(), status.message());

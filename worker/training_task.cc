@@ -41,8 +41,8 @@ class MlpTask : public TrainingTask {
   }
   Model* model() override { return model_.get(); }
   absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) override {
-    absl::Status s = data_->Fill(step, micro, rank, world, options_.batch, options_.grad_accum,
-                                 x_.data(), y_.data());
+    absl::Status s = data_->Fill(step - cursor_step_, micro, rank, world, options_.batch,
+                                 options_.grad_accum, x_.data(), y_.data(), cursor_row_);
     if (!s.ok()) return s;
     return model_->SetBatch(x_.data(), y_.data(), options_.batch);
   }
@@ -131,9 +131,9 @@ class GptTask : public TrainingTask {
   }
   Model* model() override { return model_.get(); }
   absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) override {
-    absl::Status s = data_->FillBatch(Split::kTrain, step, micro, rank, world,
+    absl::Status s = data_->FillBatch(Split::kTrain, step - cursor_step_, micro, rank, world,
                                       options_.batch, options_.grad_accum, options_.context,
-                                      tokens_.data(), targets_.data());
+                                      tokens_.data(), targets_.data(), cursor_row_);
     if (!s.ok()) return s;
     return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
   }

@@ -56,6 +56,15 @@ class TrainingTask {
   virtual Model* model() = 0;
   // Sets the model's batch for (step, micro) on `rank` of `world`.
   virtual absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) = 0;
+  // The data cursor: training step `step` starts at global row `row`, and
+  // later steps follow at the current world size (a job that shrank goes on
+  // from the row after the last one trained). Default: step 0 at row 0.
+  void SetDataCursor(int64_t step, int64_t row) {
+    cursor_step_ = step;
+    cursor_row_ = row;
+  }
+  int64_t cursor_step() const { return cursor_step_; }
+  int64_t cursor_row() const { return cursor_row_; }
   // Tokens (GPT) or rows (MLP) in one rank's micro-batch.
   virtual int64_t ItemsPerMicroBatch() const = 0;
   // Validation loss (and accuracy) with the engine's current parameters.
@@ -71,6 +80,9 @@ class TrainingTask {
   // "output" [rows][width], for the GPT "tokens" and "targets" [b][t]}. For
   // checking the consolidated model in other tools. Every rank must call it.
   virtual absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) = 0;
+ protected:
+  int64_t cursor_step_ = 0;
+  int64_t cursor_row_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<TrainingTask>> MakeTrainingTask(const TaskOptions& options);

@@ -1,6 +1,12 @@
 #include "worker/worker.h"
 
+#include <stdlib.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
 
 #include <cstdio>
 #include <fstream>
@@ -13,9 +19,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "absl/random/random.h"
 #include "absl/time/clock.h"
+#include "common/checksum.h"
+#include "common/file_util.h"
 #include "common/checkpoint_format.h"
 #include "worker/checkpoint/shard_checkpoint.h"
+#include "worker/comm/client_kv_store.h"
 #include "worker/zero/task_thread.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
@@ -77,6 +87,10 @@ class Checkpointer {
     pause_ms_->push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     auto shared = std::make_shared<ShardSnapshot>(*std::move(snapshot));
     thread_.Submit([shared, client = client_, config = config_]() -> absl::Status {
+      // Tests only: stretch the write so that a kill lands inside it.
+      if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
+        absl::SleepFor(absl::Milliseconds(atoi(delay)));
+      }
       absl::StatusOr<WrittenShard> written = WriteShard(*shared, config.dir);
       if (!written.ok()) return written.status();
       if (config.transport == CheckpointTransport::kGrpc) {
@@ -178,13 +192,25 @@ absl::Status Worker::Join() {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config_.client);
     if (!client.ok()) return Annotate(client.status(), "connect");
     client_ = *std::move(client);
+    absl::BitGen gen;
+    client_->set_join_extras({config_.recovery.min_world_size, config_.recovery.rejoin_grace,
+                              absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen))});
   }
-  absl::StatusOr<JoinInfo> joined = client_->Join(
-      config_.job, config_.world_size, config_.worker_id, config_.host, config_.join_timeout);
-  if (!joined.ok()) return Annotate(joined.status(), "join");
+  absl::StatusOr<JoinInfo> joined =
+      client_->Join(config_.job, config_.world_size, config_.worker_id, config_.host,
+                    recovering_ ? std::max(config_.recovery.rejoin_timeout,
+                                           config_.recovery.rejoin_grace + absl::Seconds(30))
+                                : config_.join_timeout);
+  if (!joined.ok()) {
+    return Annotate(joined.status(), recovering_ ? "recovery: re-join" : "join");
+  }
+  joined_time_ = absl::Now();
   generation_ = std::make_unique<Generation>();
   generation_->membership = *std::move(joined);
   rank_ = generation_->membership.rank;
+  std::vector<std::string> hosts;
+  for (const v1::Member& m : generation_->membership.members) hosts.push_back(m.host());
+  buddy_shift_ = hosts.size() == static_cast<size_t>(world()) ? BuddyShift(hosts) : 1;
   client_->StartHeartbeats(
       [this](absl::StatusOr<v1::HeartbeatResponse> reply) { OnServerCommand(reply); });
   return absl::OkStatus();
@@ -193,7 +219,7 @@ absl::Status Worker::Join() {
 absl::Status Worker::Plan() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   absl::StatusOr<ShardPlan> planned =
-      client_->PlanShards(task_->model()->Spec(), config_.plan, config_.world_size);
+      client_->PlanShards(task_->model()->Spec(), config_.plan, world());
   if (!planned.ok()) return Annotate(planned.status(), "plan");
   generation_->plan = *std::move(planned);
   return absl::OkStatus();
@@ -202,9 +228,11 @@ absl::Status Worker::Plan() {
 absl::Status Worker::BootstrapDataPlane() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   Generation& g = *generation_;
-  const int world = config_.world_size;
+  const int world = this->world();
+  DataPlaneOptions plane_options = config_.data_plane;
+  plane_options.snapshots = config_.recovery.snapshot_every > 0 && world > 1;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane =
-      ConnectDataPlane(client_.get(), rank_, world, config_.data_plane);
+      ConnectDataPlane(client_.get(), rank_, world, plane_options);
   if (!plane.ok()) return plane.status();
   g.data_plane = *std::move(plane);
   ExposeToAbort(g.data_plane.get(), nullptr);
@@ -230,6 +258,68 @@ absl::Status Worker::BootstrapDataPlane() {
 absl::Status Worker::Restore() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   Generation& g = *generation_;
+  g.start_step = 0;
+  task_->SetDataCursor(0, 0);
+  absl::StatusOr<nlohmann::json> decision = AgreeOnSource();
+  if (!decision.ok()) return Annotate(decision.status(), "recovery: agreeing on the state");
+  const std::string source = (*decision)["source"];
+  if (source != "initial") {
+    const int64_t step = (*decision)["step"];
+    absl::Status s;
+    if (source == "snapshot") {
+      s = RestoreFromSnapshots(*decision);
+    } else if (source == "disk") {
+      const std::string& root = config_.checkpoint.dir;
+      absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
+          absl::StrCat(root, "/", CheckpointStepDir(config_.job, step)),
+          CheckpointShardFileName(rank_, world()));
+      s = opened.ok() ? LoadFrom(opened->get()) : opened.status();
+      if (s.ok() && (*opened)->data_row() < 0) {
+        // Saved before data cursors were recorded: by a job whose world
+        // size never changed.
+        task_->SetDataCursor(0, 0);
+      }
+    } else {  // scratch
+      const uint64_t seed = config_.task.seed;
+      Model* const m = task_->model();
+      s = g.engine->Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
+        m->InitRows(t, begin, end, seed, out);
+        return absl::OkStatus();
+      });
+    }
+    if (!s.ok()) return Annotate(s, absl::StrCat("recovery from ", source, " (step ", step, ")"));
+    g.start_step = static_cast<int>(step);
+    if (recovering_ || rank_ == 0) {
+      const absl::Time now = absl::Now();
+      recovery_ = v1::RecoveryRecord();
+      recovery_.set_generation(g.membership.generation);
+      recovery_.set_source(source);
+      recovery_.set_restored_step(step);
+      recovery_.set_failed_step(recovering_ ? failed_step_ : -1);
+      recovery_.set_world_size(world());
+      if (recovering_) {
+        recovery_.set_rejoin_ms(absl::ToDoubleMilliseconds(joined_time_ - failure_time_));
+      }
+      recovery_.set_restore_ms(absl::ToDoubleMilliseconds(now - joined_time_));
+      recovery_.set_phase("restored");
+      recovering_ = true;  // a replacement too: its first step completes the record
+      if (rank_ == 0) {
+        Progress progress;
+        progress.step = step;
+        progress.snapshot_step = keeper_.committed_step();
+        progress.recovery = recovery_;
+        client_->ReportProgress(progress);
+      }
+    }
+    std::fprintf(stderr,
+                 "shard_worker rank %d: recovery: restored step %lld from %s at world size %d "
+                 "(generation %lld, %s)\n",
+                 rank_, static_cast<long long>(step), source.c_str(), world(),
+                 static_cast<long long>(g.membership.generation),
+                 (*decision).value("why", std::string()).c_str());
+    return absl::OkStatus();
+  }
+
   ZeroEngine& e = *g.engine;
   Model* const m = task_->model();
   const InitialState& initial = config_.initial;
@@ -253,7 +343,7 @@ absl::Status Worker::Restore() {
                        "' is not a complete checkpoint (no ", manifest, ")"));
     }
     absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
-        CheckpointReader::OpenStep(step_dir, CheckpointShardFileName(rank_, config_.world_size));
+        CheckpointReader::OpenStep(step_dir, CheckpointShardFileName(rank_, world()));
     if (!opened.ok()) return Annotate(opened.status(), "--resume");
     reader = *std::move(opened);
   } else if (!initial.init_from.empty()) {
@@ -263,7 +353,6 @@ absl::Status Worker::Restore() {
     reader = *std::move(opened);
   }
 
-  g.start_step = 0;
   if (reader == nullptr) {
     const uint64_t seed = config_.task.seed;
     absl::Status s = e.Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
@@ -272,7 +361,15 @@ absl::Status Worker::Restore() {
     });
     return s.ok() ? s : Annotate(s, "initialize");
   }
-  CheckpointReader* r = reader.get();
+  absl::Status s = LoadFrom(reader.get());
+  // --init_from starts the data at row 0 whatever the file says.
+  if (initial.resume == InitialState::Resume::kOff) task_->SetDataCursor(0, 0);
+  return s;
+}
+
+absl::Status Worker::LoadFrom(CheckpointReader* r) {
+  Generation& g = *generation_;
+  ZeroEngine& e = *g.engine;
   auto rows = [r](CheckpointReader::Kind kind) {
     return [r, kind](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
       return r->ReadRows(kind, t, begin, end, out);
@@ -298,10 +395,207 @@ absl::Status Worker::Restore() {
                  r->source().c_str());
   }
   if (r->step() > 0) g.start_step = static_cast<int>(r->step());
+  if (r->data_row() >= 0) task_->SetDataCursor(g.start_step, r->data_row());
   if (rank_ == 0) {
     std::fprintf(stderr, "restored %s (step %d)\n", r->source().c_str(), g.start_step);
   }
   return absl::OkStatus();
+}
+
+int64_t Worker::DataRow(int64_t step) const {
+  const int64_t per_step = int64_t{config_.task.batch} * config_.engine.grad_accum * world();
+  return task_->cursor_row() + (step - task_->cursor_step()) * per_step;
+}
+
+// The agreement: every rank publishes what it holds; rank 0 decides.
+absl::StatusOr<nlohmann::json> Worker::AgreeOnSource() {
+  ClientKvStore store(client_.get());
+  const absl::Duration timeout = config_.data_plane.timeout;
+  nlohmann::json mine = {{"survivor", trained_}, {"blobs", nlohmann::json::array()}};
+  for (const auto& blob : keeper_.Holdings()) mine["blobs"].push_back(blob->Describe());
+  if (absl::Status s = store.Set(absl::StrCat("recovery/holdings/", rank_), mine.dump()); !s.ok()) {
+    return s;
+  }
+  if (rank_ != 0) {
+    absl::StatusOr<std::string> decided = store.Get("recovery/decision", timeout);
+    if (!decided.ok()) return decided.status();
+    return nlohmann::json::parse(*decided);
+  }
+  const int w = world();
+  std::vector<nlohmann::json> holdings(w);
+  bool any_state = false;
+  for (int r = 0; r < w; ++r) {
+    absl::StatusOr<std::string> got = store.Get(absl::StrCat("recovery/holdings/", r), timeout);
+    if (!got.ok()) return got.status();
+    holdings[r] = nlohmann::json::parse(*got);
+    any_state = any_state || holdings[r]["survivor"].get<bool>() || !holdings[r]["blobs"].empty();
+  }
+  nlohmann::json decision;
+  if (!any_state) {
+    decision = {{"source", "initial"}};
+  } else {
+    // (step, world, plan) -> old rank -> new ranks holding it.
+    using Group = std::tuple<int64_t, int, std::string>;
+    std::map<Group, std::map<int, std::vector<int>>> groups;
+    std::map<Group, std::map<int, nlohmann::json>> described;
+    for (int r = 0; r < w; ++r) {
+      for (const nlohmann::json& b : holdings[r]["blobs"]) {
+        Group key{b["step"], b["world_size"], b["plan_hash"]};
+        groups[key][b["rank"].get<int>()].push_back(r);
+        described[key][b["rank"].get<int>()] = b;
+      }
+    }
+    const Group* best = nullptr;
+    for (const auto& [key, holders] : groups) {
+      if (static_cast<int>(holders.size()) != std::get<1>(key)) continue;
+      if (best == nullptr || std::get<0>(key) > std::get<0>(*best)) best = &key;
+    }
+    const int64_t disk =
+        config_.checkpoint.dir.empty() ? -1 : LatestCompleteStep(config_.checkpoint.dir, config_.job);
+    if (best != nullptr && std::get<0>(*best) >= disk) {
+      const auto& holders = groups[*best];
+      const auto& blobs = described[*best];
+      // Which old ranks' pieces each new rank's pieces overlap.
+      std::vector<std::set<int>> needs(w);
+      for (const ShardUnit& unit : generation_->plan.units) {
+        for (const Piece& p : unit.pieces) {
+          const std::string& name = unit.tensors[p.tensor].name;
+          for (const auto& [old_rank, b] : blobs) {
+            for (const nlohmann::json& q : b["pieces"]) {
+              if (q[0] == name && q[1].get<int64_t>() < p.row_end &&
+                  p.row_begin < q[2].get<int64_t>()) {
+                needs[p.rank].insert(old_rank);
+              }
+            }
+          }
+        }
+      }
+      nlohmann::json transfers = nlohmann::json::array();
+      nlohmann::json needs_json = nlohmann::json::array();
+      for (int r = 0; r < w; ++r) {
+        needs_json.push_back(std::vector<int>(needs[r].begin(), needs[r].end()));
+        for (int o : needs[r]) {
+          const std::vector<int>& h = holders.at(o);
+          if (std::find(h.begin(), h.end(), r) != h.end()) continue;
+          transfers.push_back({h[(r + o) % h.size()], r, o});
+        }
+      }
+      nlohmann::json sizes = nlohmann::json::object();
+      for (const auto& [old_rank, b] : blobs) {
+        sizes[absl::StrCat(old_rank)] = {b["bytes"], b["xxh64"]};
+      }
+      decision = {{"source", "snapshot"},
+                  {"step", std::get<0>(*best)},
+                  {"world_size", std::get<1>(*best)},
+                  {"plan_hash", std::get<2>(*best)},
+                  {"transfers", transfers},
+                  {"needs", needs_json},
+                  {"blobs", sizes},
+                  {"why", absl::StrCat("in-memory snapshot held for all ", std::get<1>(*best),
+                                       " old ranks; ", transfers.size(), " transfers")}};
+    } else if (disk >= 0) {
+      decision = {{"source", "disk"},
+                  {"step", disk},
+                  {"why", best == nullptr
+                              ? "no in-memory snapshot step is held for every old rank (a rank "
+                                "and its buddy lost?)"
+                              : "the disk checkpoint is newer than the snapshots"}};
+    } else {
+      decision = {{"source", "scratch"},
+                  {"step", 0},
+                  {"why", "neither an in-memory snapshot of every rank nor a complete disk "
+                          "checkpoint exists: starting again from the seed"}};
+    }
+  }
+  if (absl::Status s = store.Set("recovery/decision", decision.dump()); !s.ok()) return s;
+  return decision;
+}
+
+absl::Status Worker::RestoreFromSnapshots(const nlohmann::json& decision) {
+  const int64_t step = decision["step"];
+  const int old_world = decision["world_size"];
+  const std::string plan_hash = decision["plan_hash"];
+  // What this rank holds of the chosen step, by old rank.
+  std::map<int, std::shared_ptr<const SnapshotBlob>> have;
+  for (const auto& blob : keeper_.Holdings()) {
+    if (blob->step == step && blob->world_size == old_world && blob->plan_hash == plan_hash) {
+      have[blob->rank] = blob;
+    }
+  }
+  std::vector<GlooCommunicator::PointToPoint> sends, recvs;
+  std::map<int, std::string> received;
+  for (const nlohmann::json& t : decision["transfers"]) {
+    const int from = t[0], to = t[1], old_rank = t[2];
+    if (from == rank_) {
+      auto it = have.find(old_rank);
+      if (it == have.end()) {
+        return absl::InternalError(absl::StrCat("asked to send the snapshot of old rank ",
+                                                old_rank, " (step ", step, "), not held here"));
+      }
+      sends.push_back({to, static_cast<uint32_t>(old_rank), const_cast<char*>(it->second->bytes.data()),
+                       static_cast<int64_t>(it->second->bytes.size())});
+    }
+    if (to == rank_) {
+      const int64_t bytes = decision["blobs"][absl::StrCat(old_rank)][0];
+      received[old_rank].assign(bytes, '\0');
+      recvs.push_back({from, static_cast<uint32_t>(old_rank), received[old_rank].data(), bytes});
+    }
+  }
+  if (!sends.empty() || !recvs.empty()) {
+    GlooCommunicator* comm = generation_->data_plane->snapshot.get();
+    if (comm == nullptr) {
+      return absl::FailedPreconditionError(
+          "snapshot transfers need the snapshot context (--snapshot_every > 0 on every rank)");
+    }
+    if (absl::Status s = comm->SendRecv(sends, recvs, config_.data_plane.timeout); !s.ok()) {
+      return s;
+    }
+  }
+  for (auto& [old_rank, bytes] : received) {
+    absl::StatusOr<uint64_t> sum =
+        ParseChecksumHex(decision["blobs"][absl::StrCat(old_rank)][1].get<std::string>());
+    if (!sum.ok()) return sum.status();
+    absl::StatusOr<std::shared_ptr<SnapshotBlob>> blob = BlobFromBytes(std::move(bytes), *sum);
+    if (!blob.ok()) {
+      return absl::Status(blob.status().code(), absl::StrCat("snapshot of old rank ", old_rank,
+                                                             ": ", blob.status().message()));
+    }
+    keeper_.Keep(*blob);
+    have[old_rank] = *blob;
+  }
+  // The old pieces this rank needs, as shard files in a private directory
+  // in memory (tmpfs), read through the checkpoint reader.
+  const char* tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  std::string dir = absl::StrCat(tmp, "/zeroshard-restore-XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) return ErrnoStatus(errno, "cannot create", dir);
+  struct Cleanup {
+    std::string dir;
+    std::vector<std::string> files;
+    ~Cleanup() {
+      for (const auto& f : files) unlink(f.c_str());
+      rmdir(dir.c_str());
+    }
+  } cleanup{dir, {}};
+  for (int old_rank : decision["needs"][rank_]) {
+    auto it = have.find(old_rank);
+    if (it == have.end()) {
+      return absl::InternalError(absl::StrCat("the snapshot of old rank ", old_rank, " (step ",
+                                              step, ") did not arrive"));
+    }
+    const std::string path = absl::StrCat(dir, "/", CheckpointShardFileName(old_rank, old_world));
+    cleanup.files.push_back(path);
+    absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path);
+    if (!file.ok()) return file.status();
+    if (absl::Status s = (*file)->Write(it->second->bytes.data(), it->second->bytes.size());
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = (*file)->Commit(); !s.ok()) return s;
+  }
+  if (cleanup.files.empty()) return absl::OkStatus();  // a rank with no piece
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::OpenStep(dir);
+  if (!reader.ok()) return reader.status();
+  return LoadFrom(reader->get());
 }
 
 absl::Status Worker::Train() {
@@ -317,7 +611,7 @@ absl::Status Worker::Train() {
     int64_t parameters = 0;
     for (const auto& t : task_->model()->Spec().tensors) parameters += t.Elements();
     std::fprintf(stderr, "job %s: %d ranks, stage %d, %zu units, plan %s, model %lld parameters\n",
-                 config_.job.c_str(), config_.world_size, config_.engine.stage, g.plan.units.size(),
+                 config_.job.c_str(), world(), config_.engine.stage, g.plan.units.size(),
                  g.plan.hash.c_str(), static_cast<long long>(parameters));
   }
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
@@ -333,11 +627,16 @@ absl::Status Worker::Train() {
     }
     if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
         (checkpoints.at_end && completed == steps)) {
-      const ShardIdentity id{
-          config_.job, completed, rank_, config_.world_size, g.membership.generation, g.plan.hash};
+      const ShardIdentity id{config_.job,       completed, rank_, world(), g.membership.generation,
+                             g.plan.hash,       DataRow(completed)};
       if (absl::Status s = checkpointer.Save(e, id); !s.ok()) return s;
     }
+    const int every = config_.recovery.snapshot_every;
+    if (every > 0 && completed % every == 0 && completed < steps) {
+      if (absl::Status s = Snapshot(completed); !s.ok()) return s;
+    }
   }
+  if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
   if (absl::Status s = checkpointer.Drain(); !s.ok()) return s;
   // Training traffic only: evaluation and sampling move bytes too.
   metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
@@ -345,9 +644,34 @@ absl::Status Worker::Train() {
   return absl::OkStatus();
 }
 
+absl::Status Worker::Snapshot(int completed) {
+  Generation& g = *generation_;
+  ZeroEngine& e = *g.engine;
+  const absl::Time start = absl::Now();
+  // The previous snapshot's transfer (normally long done), then the commit:
+  // the step every rank has complete, own and buddy's copy.
+  if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
+  absl::StatusOr<std::vector<double>> complete =
+      e.GatherOverRanks(static_cast<double>(keeper_.complete_step()));
+  if (!complete.ok()) return Annotate(complete.status(), "snapshot commit");
+  const int64_t committed =
+      static_cast<int64_t>(*std::min_element(complete->begin(), complete->end()));
+  keeper_.Commit(committed);
+  metrics_.snapshot_committed_step = keeper_.committed_step();
+  const ShardIdentity id{config_.job, completed, rank_, world(), g.membership.generation,
+                         g.plan.hash, DataRow(completed)};
+  absl::StatusOr<ShardSnapshot> snapshot =
+      SnapshotShard(e, id, config_.engine.optimizer, /*with_optimizer=*/true);
+  if (!snapshot.ok()) return Annotate(snapshot.status(), "snapshot");
+  keeper_.Start(*std::move(snapshot), g.data_plane->snapshot.get(), buddy_shift_,
+                config_.data_plane.timeout);
+  metrics_.snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
 absl::Status Worker::RunStep(int step) {
   ZeroEngine& e = *generation_->engine;
-  const int world = config_.world_size;
+  const int world = this->world();
   const int grad_accum = config_.engine.grad_accum;
   const absl::Time start = absl::Now();
   for (int micro = 0; micro < grad_accum; ++micro) {
@@ -372,6 +696,34 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_items_per_second(items_per_second);
   progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
   progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
+  trained_ = true;
+  if (recovering_) {
+    recovering_ = false;
+    if (recovery_.generation() > 0) {
+      recovery_.set_first_step_ms(
+          absl::ToDoubleMilliseconds(absl::Now() - (recovery_.failed_step() >= 0
+                                                        ? failure_time_
+                                                        : joined_time_)));
+      recovery_.set_phase("training");
+      nlohmann::json record = {{"generation", recovery_.generation()},
+                               {"source", recovery_.source()},
+                               {"restored_step", recovery_.restored_step()},
+                               {"failed_step", recovery_.failed_step()},
+                               {"world_size", recovery_.world_size()},
+                               {"rejoin_ms", recovery_.rejoin_ms()},
+                               {"restore_ms", recovery_.restore_ms()},
+                               {"first_step_ms", recovery_.first_step_ms()}};
+      metrics_.recoveries.push_back(record);
+      std::fprintf(stderr,
+                   "shard_worker rank %d: recovery: training again at step %d (%.0f ms after "
+                   "the failure)\n",
+                   rank_, step + 1, recovery_.first_step_ms());
+    }
+  }
+  progress.snapshot_step = keeper_.committed_step();
+  if (rank_ == 0) progress.recovery = recovery_;
+  metrics_.snapshot_bytes_peak = keeper_.peak_bytes();
+  progress.memory_bytes += keeper_.bytes();
   client_->ReportProgress(progress);
   metrics_.items_per_second_sum += items_per_second;
   if (rank_ == 0) {
@@ -387,7 +739,7 @@ absl::Status Worker::RunStep(int step) {
 
 absl::Status Worker::Evaluate(int completed_steps) {
   absl::StatusOr<Evaluation> eval =
-      task_->Evaluate(*generation_->engine, rank_, config_.world_size, config_.val_batches);
+      task_->Evaluate(*generation_->engine, rank_, world(), config_.val_batches);
   if (!eval.ok()) return Annotate(eval.status(), "validation");
   metrics_.last_eval = *eval;
   metrics_.val_losses.push_back(eval->loss);
@@ -409,6 +761,9 @@ void Worker::EndGeneration() {
   // this rank (here in the engine's threads, or on the peers): abort them,
   // so that the engine's threads can be joined now and the peers fail now.
   if (generation_->data_plane != nullptr) generation_->data_plane->Abort();
+  // The snapshot transfer in flight uses the snapshot context: with it
+  // aborted, it ends now.
+  keeper_.Wait().IgnoreError();
   // The engine uses the communicators.
   generation_->engine.reset();
   generation_->data_plane.reset();
@@ -421,7 +776,7 @@ absl::Status Worker::Report() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   Generation& g = *generation_;
   ZeroEngine& e = *g.engine;
-  const int world = config_.world_size;
+  const int world = this->world();
   if (config_.task.model == "gpt" || config_.val_every > 0) {
     if (absl::Status s = Evaluate(config_.schedule.steps); !s.ok()) return s;
   }
@@ -495,6 +850,44 @@ absl::Status Worker::Leave() {
   generation_->engine.reset();
   generation_.reset();
   if (rank_ == 0) std::fprintf(stderr, "done: params_sum %.9g\n", params_sum_);
+  return absl::OkStatus();
+}
+
+// ---- Recovery ----
+
+absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
+  const absl::Time seen = absl::Now();
+  if (generation_ == nullptr || config_.recovery.max_recoveries == 0) return failure;
+  if (!abort_->tripped()) {
+    // A failed collective: a peer died, or is stuck. The server confirms a
+    // death by ending the generation within its heartbeat timeout.
+    if (!absl::IsUnavailable(failure) && !absl::IsDeadlineExceeded(failure) &&
+        !absl::IsAborted(failure) && !absl::IsDataLoss(failure)) {
+      return failure;
+    }
+    const JoinInfo& m = generation_->membership;
+    const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
+    if (!abort_->WaitTripped(wait)) {
+      return absl::Status(failure.code(),
+                          absl::StrCat(failure.message(), " (and the server did not end the ",
+                                       "generation within ", absl::FormatDuration(wait),
+                                       ", so no peer died: not recovering)"));
+    }
+  }
+  if (recoveries_ >= config_.recovery.max_recoveries) {
+    return absl::AbortedError(absl::StrCat(abort_->message(), "; not recovering: ",
+                                           recoveries_, " recoveries already (--max_recoveries=",
+                                           config_.recovery.max_recoveries, ")"));
+  }
+  failure_time_ = seen;
+  failed_step_ = step_.load();
+  std::fprintf(stderr, "shard_worker rank %d: %s; recovering (%d of at most %d)\n", rank_,
+               abort_->message().c_str(), recoveries_ + 1, config_.recovery.max_recoveries);
+  EndGeneration();
+  client_->StopHeartbeats();  // no late command may trip the cleared latch
+  abort_->Reset();
+  ++recoveries_;
+  recovering_ = true;
   return absl::OkStatus();
 }
 

@@ -23,6 +23,22 @@ ABSL_FLAG(bool, shm, true,
           "gloo: gathers and reductions through shared memory when every rank of the job runs "
           "on this host (falls back to TCP otherwise, saying why)");
 ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
+ABSL_FLAG(int, max_recoveries, 10,
+          "Fault tolerance: after a peer dies, re-join the job's next generation and resume "
+          "(from in-memory snapshots, else the latest disk checkpoint) up to this many times; "
+          "0: exit 3 as soon as the generation ends");
+ABSL_FLAG(absl::Duration, rejoin_timeout, absl::Minutes(5),
+          "Fault tolerance: how long a re-join waits for the next generation to form (the "
+          "replacement of a dead worker, or the shrink after --rejoin_grace)");
+ABSL_FLAG(int, min_world_size, 0,
+          "Fault tolerance: with no replacement within --rejoin_grace, go on with the survivors "
+          "when there are at least this many (0: never shrink; wait for a replacement)");
+ABSL_FLAG(absl::Duration, rejoin_grace, absl::Seconds(30),
+          "Fault tolerance: how long the server waits for a replacement before shrinking the "
+          "job to its survivors (with --min_world_size)");
+ABSL_FLAG(int, snapshot_every, 20,
+          "Fault tolerance: every N steps each rank copies its shard state to host memory and "
+          "to its buddy rank, in the background (0: off; recovery then uses disk checkpoints)");
 ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder on bytes)");
 ABSL_FLAG(int, layers, 4, "Layers of the model (Linears of the MLP, blocks of the GPT)");
 ABSL_FLAG(int, width, 256, "MLP width (in = out features of every Linear)");
@@ -119,6 +135,30 @@ absl::Status ReadMembership(WorkerConfig* config) {
   if (config->worker_id.empty()) config->worker_id = DefaultWorkerId();
   config->host = absl::GetFlag(FLAGS_host);
   config->join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
+  RecoveryConfig& r = config->recovery;
+  r.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
+  if (r.max_recoveries < 0) {
+    return Bad(absl::StrCat("--max_recoveries=", r.max_recoveries, ": expected 0 or more"));
+  }
+  r.rejoin_timeout = absl::GetFlag(FLAGS_rejoin_timeout);
+  if (r.rejoin_timeout <= absl::ZeroDuration()) {
+    return Bad(absl::StrCat("--rejoin_timeout=", absl::FormatDuration(r.rejoin_timeout),
+                            ": expected a positive duration"));
+  }
+  r.min_world_size = absl::GetFlag(FLAGS_min_world_size);
+  if (r.min_world_size < 0 || r.min_world_size > config->world_size) {
+    return Bad(absl::StrCat("--min_world_size=", r.min_world_size, ": expected 0..",
+                            config->world_size, " (--world_size; 0: never shrink)"));
+  }
+  r.rejoin_grace = absl::GetFlag(FLAGS_rejoin_grace);
+  if (r.rejoin_grace < absl::ZeroDuration()) {
+    return Bad(absl::StrCat("--rejoin_grace=", absl::FormatDuration(r.rejoin_grace),
+                            ": expected a duration >= 0"));
+  }
+  r.snapshot_every = absl::GetFlag(FLAGS_snapshot_every);
+  if (r.snapshot_every < 0) {
+    return Bad(absl::StrCat("--snapshot_every=", r.snapshot_every, ": expected 0 or more"));
+  }
   return absl::OkStatus();
 }
 

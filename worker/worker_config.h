@@ -59,6 +59,15 @@ struct CheckpointConfig {
   bool enabled() const { return every > 0 || at_end; }
 };
 
+// Fault tolerance (worker.h, "Recovery").
+struct RecoveryConfig {
+  int max_recoveries = 10;  // 0: exit when the generation ends
+  absl::Duration rejoin_timeout = absl::Minutes(5);
+  int min_world_size = 0;  // 0: never shrink
+  absl::Duration rejoin_grace = absl::Seconds(30);
+  int snapshot_every = 20;  // 0: no in-memory snapshots
+};
+
 struct WorkerConfig {
   // ---- The job and how to reach it ----
   ClientOptions client;  // token and TLS files already read
@@ -67,6 +76,7 @@ struct WorkerConfig {
   std::string worker_id;  // never empty: --worker_id, or HOST/PID
   std::string host;       // where peers reach this worker
   absl::Duration join_timeout = absl::Seconds(600);
+  RecoveryConfig recovery;
 
   // ---- Compute ----
   DataPlaneOptions data_plane;

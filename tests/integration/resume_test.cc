@@ -109,7 +109,7 @@ TEST_F(ResumeTest, AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete
   cluster_.StartWorkers("crash", 2,
                         {"--model=mlp", "--layers=4", "--width=512", "--steps=100000",
                          "--batch=4", "--stage=3", "--checkpoint_every=1",
-                         "--collective_timeout=20s"});
+                         "--collective_timeout=20s", "--max_recoveries=0"});
   ASSERT_TRUE(testing::WaitFor(
       [&] { return cluster_.WorkerLog(0).find("step 4/") != std::string::npos; },
       absl::Seconds(60)))

@@ -204,7 +204,7 @@ TEST_F(TrainingTest, AWorkerWhosePeerIsKilledExitsNamingTheCollective) {
   LocalCluster cluster(testing::MakeTempDir("killed"), {"--heartbeat_interval_ms=200", "--heartbeat_timeout_ms=1000"});
   ASSERT_TRUE(cluster.ok());
   cluster.StartWorkers("victim", 2,
-                       {"--model=mlp", "--layers=4", "--width=32", "--steps=1000000",
+                       {"--model=mlp", "--layers=4", "--width=32", "--steps=1000000", "--max_recoveries=0",
                         "--batch=4", "--stage=3", "--collective_timeout=20s"});
   ASSERT_TRUE(testing::WaitFor(
       [&] { return cluster.WorkerLog(0).find("step 3/") != std::string::npos; },

@@ -487,6 +487,150 @@ TEST_F(MembershipTest, StatusSaysWhyEachGenerationBeganAndCountsRejoins) {
   EXPECT_EQ(job.members(1).rejoins(), 1);
 }
 
+// ---- Fault tolerance (#13): shrink, agreement, restarted processes ----
+
+v1::JoinRequest Elastic(v1::JoinRequest r, int min_world, int64_t grace_ms) {
+  r.set_min_world_size(min_world);
+  r.set_rejoin_grace_ms(grace_ms);
+  return r;
+}
+
+TEST_F(MembershipTest, ShrinksToTheSurvivorsAfterTheRejoinGrace) {
+  std::vector<JoinResult> first(3);
+  for (int i = 0; i < 3; ++i) {
+    membership_->Join(Elastic(Request("el", 3, absl::StrCat("w", i)), 2, 5000),
+                      clock_.Now() + absl::Hours(1), [&first, i](auto r) { first[i] = r; });
+  }
+  for (auto& r : first) ASSERT_TRUE(r && r->ok());
+  // w2 goes silent and is declared dead: generation 2.
+  clock_.Advance(absl::Seconds(2));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Beat(Credentials("el", **first[i])).ok());
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();
+  std::vector<JoinResult> again(2);
+  for (int i = 0; i < 2; ++i) {
+    membership_->Join(Elastic(Request("el", 3, absl::StrCat("w", i)), 2, 5000),
+                      clock_.Now() + absl::Hours(1), [&again, i](auto r) { again[i] = r; });
+  }
+  clock_.Advance(absl::Seconds(4));
+  membership_->Tick();
+  EXPECT_FALSE(again[0].has_value()) << "formed before the grace was over";
+  clock_.Advance(absl::Seconds(1));
+  membership_->Tick();
+  for (auto& r : again) {
+    ASSERT_TRUE(r && r->ok()) << (r ? r->status().ToString() : "no answer");
+    EXPECT_EQ((*r)->world_size(), 2);
+    EXPECT_EQ((*r)->target_world_size(), 3);
+    EXPECT_EQ((*r)->generation(), 2);
+  }
+  EXPECT_EQ((*again[0])->rank(), 0);
+  EXPECT_EQ((*again[1])->rank(), 1);
+  v1::JobStatus job = membership_->Status("el").jobs(0);
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.world_size(), 2);
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+            "shrunk from 3 to 2 workers after --rejoin_grace=5s");
+}
+
+TEST_F(MembershipTest, RecoveryThatCannotReachTheMinimumEndsWithAReason) {
+  std::vector<JoinResult> first(3);
+  for (int i = 0; i < 3; ++i) {
+    membership_->Join(Elastic(Request("el", 3, absl::StrCat("w", i)), 3, 1000),
+                      clock_.Now() + absl::Hours(1), [&first, i](auto r) { first[i] = r; });
+  }
+  clock_.Advance(absl::Seconds(2));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Beat(Credentials("el", **first[i])).ok());
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();
+  JoinResult again;
+  membership_->Join(Elastic(Request("el", 3, "w0"), 3, 1000), clock_.Now() + absl::Hours(1),
+                    [&](auto r) { again = r; });
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again->status().message().find("only 1 of 3 workers re-joined"), std::string::npos)
+      << again->status();
+}
+
+TEST_F(MembershipTest, MembersMustAgreeOnMinWorldSizeAndGrace) {
+  JoinResult a, b;
+  membership_->Join(Elastic(Request("agree", 2, "w0"), 1, 30000), clock_.Now() + absl::Hours(1),
+                    [&](auto r) { a = r; });
+  std::string before = StatusText();
+  membership_->Join(Elastic(Request("agree", 2, "w1"), 1, 10000), clock_.Now() + absl::Hours(1),
+                    [&](auto r) { b = r; });
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(b->status().message().find("--rejoin_grace=10s"), std::string::npos) << b->status();
+  EXPECT_NE(b->status().message().find("--rejoin_grace=30s"), std::string::npos) << b->status();
+  EXPECT_EQ(StatusText(), before);
+  JoinResult bad;
+  membership_->Join(Elastic(Request("agree", 2, "w2"), 3, 0), clock_.Now() + absl::Hours(1),
+                    [&](auto r) { bad = r; });
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(MembershipTest, JoinFromANewIncarnationReplacesTheLiveMemberAtOnce) {
+  std::vector<JoinResult> first(2);
+  for (int i = 0; i < 2; ++i) {
+    v1::JoinRequest r = Request("inc", 2, absl::StrCat("w", i));
+    r.set_incarnation(absl::StrCat("a", i));
+    membership_->Join(r, clock_.Now() + absl::Hours(1), [&first, i](auto x) { first[i] = x; });
+  }
+  for (auto& r : first) ASSERT_TRUE(r && r->ok());
+  // The same process again: refused as before.
+  v1::JoinRequest same = Request("inc", 2, "w1");
+  same.set_incarnation("a1");
+  JoinResult dup;
+  membership_->Join(same, clock_.Now() + absl::Hours(1), [&](auto x) { dup = x; });
+  ASSERT_TRUE(dup.has_value());
+  EXPECT_EQ(dup->status().code(), absl::StatusCode::kAlreadyExists);
+  // w1 restarted: generation 2 at once, the survivor is told to abort.
+  v1::JoinRequest fresh = Request("inc", 2, "w1");
+  fresh.set_incarnation("b1");
+  JoinResult replacement;
+  membership_->Join(fresh, clock_.Now() + absl::Hours(1), [&](auto x) { replacement = x; });
+  EXPECT_FALSE(replacement.has_value());
+  absl::StatusOr<v1::HeartbeatResponse> beat = Beat(Credentials("inc", **first[0]));
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ(beat->command(), v1::ABORT_GENERATION_CHANGED);
+  v1::JobStatus job = membership_->Status("inc").jobs(0);
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(), "worker 'w1' (rank 1) restarted");
+  JoinResult survivor;
+  v1::JoinRequest s0 = Request("inc", 2, "w0");
+  s0.set_incarnation("a0");
+  membership_->Join(s0, clock_.Now() + absl::Hours(1), [&](auto x) { survivor = x; });
+  ASSERT_TRUE(survivor && survivor->ok());
+  ASSERT_TRUE(replacement && replacement->ok());
+  EXPECT_EQ((*replacement)->rank(), 1);
+  EXPECT_EQ((*replacement)->generation(), 2);
+}
+
+TEST_F(MembershipTest, StatusShowsTheSnapshotStepAndRecoveries) {
+  std::vector<v1::JoinResponse> members = Form("rec", 2);
+  for (int i = 0; i < 2; ++i) {
+    v1::HeartbeatRequest h;
+    *h.mutable_member() = Credentials("rec", members[i]);
+    h.set_snapshot_step(i == 0 ? 40 : 30);
+    if (i == 0) {
+      h.mutable_recovery()->set_generation(1);
+      h.mutable_recovery()->set_phase("training");
+      h.mutable_recovery()->set_source("snapshot");
+      h.mutable_recovery()->set_first_step_ms(900);
+    }
+    ASSERT_TRUE(membership_->Heartbeat(h).ok());
+  }
+  v1::JobStatus job = membership_->Status("rec").jobs(0);
+  EXPECT_EQ(job.snapshot_step(), 30);
+  ASSERT_EQ(job.recoveries_size(), 1);
+  EXPECT_EQ(job.recoveries(0).source(), "snapshot");
+  bool logged = false;
+  for (const auto& line : lines_) logged = logged || line.find("recovery_training") != std::string::npos;
+  EXPECT_TRUE(logged);
+}
+
 TEST_F(MembershipTest, RestoredMembersGetAFullTimeoutFromTheStartOfServing) {
   std::string dir = testing::MakeTempDir("membership");
   {

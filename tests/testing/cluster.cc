@@ -67,6 +67,7 @@ void LocalCluster::StartWorkers(const std::string& job, int world,
                                 const std::vector<std::string>& flags) {
   workers_.clear();
   worker_logs_.clear();
+  worker_args_.clear();
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> args = {"--server=" + address_,
                                      "--job=" + job,
@@ -85,9 +86,23 @@ void LocalCluster::StartWorkers(const std::string& job, int world,
     args.insert(args.end(), flags.begin(), flags.end());
     std::string log = absl::StrCat(dir_, "/", job, "-w", r, ".log");
     worker_logs_.push_back(log);
+    worker_args_.push_back(args);
     workers_.push_back(
         std::make_unique<ChildProcess>(RunfilePath("worker/shard_worker"), args, log));
   }
+}
+
+void LocalCluster::RestartWorker(int index, const std::vector<std::string>& extra,
+                                 absl::Duration timeout) {
+  if (workers_[index]->Wait(timeout) == -1) {
+    workers_[index]->Signal(SIGKILL);
+    workers_[index]->Wait(absl::Seconds(10));
+  }
+  std::vector<std::string> args = worker_args_[index];
+  args.insert(args.end(), extra.begin(), extra.end());
+  worker_logs_[index] = absl::StrCat(dir_, "/w", index, "-restart", ++worker_restarts_, ".log");
+  workers_[index] =
+      std::make_unique<ChildProcess>(RunfilePath("worker/shard_worker"), args, worker_logs_[index]);
 }
 
 std::vector<int> LocalCluster::WaitWorkers(absl::Duration timeout) {

@@ -42,6 +42,12 @@ class LocalCluster {
   // to stderr otherwise).
   bool Run(const std::string& job, int world, const std::vector<std::string>& flags,
            absl::Duration timeout = absl::Seconds(120));
+  // The launcher's restart of worker `index` (of the last StartWorkers):
+  // waits for the old process to be gone (killing it after `timeout`), then
+  // starts it again with the same arguments (its worker id) plus `extra`; its
+  // log goes to a new file, which WorkerLog(index) then reads.
+  void RestartWorker(int index, const std::vector<std::string>& extra = {},
+                     absl::Duration timeout = absl::Seconds(10));
   ChildProcess* worker(int rank) { return workers_[rank].get(); }
   std::string WorkerLog(int rank) const;
   nlohmann::json Report(const std::string& job, int rank) const;
@@ -57,6 +63,8 @@ class LocalCluster {
   int restarts_ = 0;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::vector<std::string> worker_logs_;
+  std::vector<std::vector<std::string>> worker_args_;
+  int worker_restarts_ = 0;
 };
 
 }  // namespace zeroshard::testing

@@ -74,24 +74,18 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
   return snap;
 }
 
-absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::string& root) {
-  WrittenShard out;
-  out.relative_path =
-      CheckpointShardPath(snap.id.job, snap.id.step, snap.id.rank, snap.id.world_size);
-  out.path = absl::StrCat(root, "/", out.relative_path);
-  if (absl::Status s =
-          MakeDirs(absl::StrCat(root, "/", CheckpointStepDir(snap.id.job, snap.id.step)));
-      !s.ok()) {
-    return s;
-  }
-  // The header carries the checksums, so they are computed first (XXH64 runs
-  // at memory speed; the write is what takes time).
+namespace {
+
+// The header's entries and metadata, with the checksums computed (XXH64
+// runs at memory speed).
+SafetensorsMetadata ShardMetadata(const ShardSnapshot& snap,
+                                  std::map<std::string, std::string>* checksums_out) {
   nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
   for (size_t i = 0; i < snap.entries.size(); ++i) {
     std::string hex = ChecksumToHex(
         Checksum(snap.values[i].data(), snap.values[i].size() * sizeof(float)));
     checksums[snap.entries[i].name] = hex;
-    out.checksums[snap.entries[i].name] = hex;
+    if (checksums_out != nullptr) (*checksums_out)[snap.entries[i].name] = hex;
   }
   SafetensorsMetadata metadata = {
       {ShardMetadataKey::kFormat, kShardFormat},
@@ -105,6 +99,40 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::st
       {ShardMetadataKey::kOptimizerStep, absl::StrCat(snap.optimizer_step)},
       {ShardMetadataKey::kChecksums, checksums.dump()},
   };
+  if (snap.id.data_row >= 0) {
+    metadata[ShardMetadataKey::kDataRow] = absl::StrCat(snap.id.data_row);
+  }
+  return metadata;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SerializeShard(const ShardSnapshot& snap,
+                                           std::map<std::string, std::string>* checksums) {
+  std::string bytes;
+  StringSink sink(&bytes);
+  auto writer = SafetensorsWriter::CreateToSink(&sink, snap.entries, ShardMetadata(snap, checksums));
+  if (!writer.ok()) return writer.status();
+  for (const auto& v : snap.values) {
+    if (absl::Status s = (*writer)->Append(v.data(), v.size() * sizeof(float)); !s.ok()) return s;
+  }
+  if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
+  return bytes;
+}
+
+absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::string& root) {
+  WrittenShard out;
+  out.relative_path =
+      CheckpointShardPath(snap.id.job, snap.id.step, snap.id.rank, snap.id.world_size);
+  out.path = absl::StrCat(root, "/", out.relative_path);
+  if (absl::Status s =
+          MakeDirs(absl::StrCat(root, "/", CheckpointStepDir(snap.id.job, snap.id.step)));
+      !s.ok()) {
+    return s;
+  }
+  // The header carries the checksums, so they are computed first (XXH64 runs
+  // at memory speed; the write is what takes time).
+  SafetensorsMetadata metadata = ShardMetadata(snap, &out.checksums);
   auto writer = SafetensorsWriter::Create(out.path, snap.entries, metadata);
   if (!writer.ok()) return writer.status();
   for (const auto& v : snap.values) {
@@ -205,6 +233,8 @@ absl::Status CheckpointReader::IndexFile(int index) {
   if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) optimizer_step_ = value;
   it = meta.find(ShardMetadataKey::kStep);
   if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) step_ = value;
+  it = meta.find(ShardMetadataKey::kDataRow);
+  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) data_row_ = value;
   indexed_[index] = true;
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@ struct ShardIdentity {
   int world_size = 1;
   int64_t generation = 0;
   std::string plan_hash;
+  int64_t data_row = -1;  // the data cursor after `step` (-1: not recorded)
 };
 
 // This rank's state, copied to host buffers: what the writer thread writes.
@@ -45,6 +46,12 @@ struct ShardSnapshot {
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
                                             const std::string& optimizer_name,
                                             bool with_optimizer);
+
+// The bytes WriteShard would write (checksums included), in memory: an
+// in-memory snapshot (worker/recovery). The tensor -> xxh64 hex map in
+// *checksums if not null.
+absl::StatusOr<std::string> SerializeShard(const ShardSnapshot& snapshot,
+                                           std::map<std::string, std::string>* checksums = nullptr);
 
 struct WrittenShard {
   std::string relative_path;  // CheckpointShardPath(...)
@@ -84,6 +91,8 @@ class CheckpointReader {
   // The optimizer's step count and the training step saved (-1 if unknown).
   int64_t optimizer_step() const { return optimizer_step_; }
   int64_t step() const { return step_; }
+  // The data cursor recorded with the step (-1: not recorded).
+  int64_t data_row() const { return data_row_; }
   const std::string& source() const { return source_; }
 
  private:
@@ -108,6 +117,7 @@ class CheckpointReader {
   bool has_optimizer_ = false;
   int64_t optimizer_step_ = -1;
   int64_t step_ = -1;
+  int64_t data_row_ = -1;
 };
 
 // The highest step under <root>/<job>/ that has a manifest.json (-1: none).

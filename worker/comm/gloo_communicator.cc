@@ -44,6 +44,8 @@ constexpr uint64_t kAllReduceScatterSlot = uint64_t{0x41} << 56;
 constexpr uint64_t kAllReduceGatherSlot = uint64_t{0x42} << 56;
 constexpr uint64_t kAllGatherBlocksSlot = uint64_t{0x43} << 56;
 constexpr uint64_t kReduceScatterBlocksSlot = uint64_t{0x44} << 56;
+// SendRecv: the top byte, and the caller's tag in the low bits.
+constexpr uint64_t kPointToPointSlot = uint64_t{0x46} << 56;
 // Never sent on: Abort() waits for a message here to make a wait time out.
 constexpr uint64_t kAbortSlot = uint64_t{0x45} << 56;
 
@@ -793,6 +795,41 @@ absl::Status GlooCommunicator::Barrier(absl::Duration timeout) {
     gloo::BarrierOptions opts(context_);
     opts.setTimeout(ToMillis(timeout));
     gloo::barrier(opts);
+  });
+}
+
+absl::Status GlooCommunicator::SendRecv(const std::vector<PointToPoint>& sends,
+                                        const std::vector<PointToPoint>& recvs,
+                                        absl::Duration timeout) {
+  static constexpr char kName[] = "send_recv";
+  absl::Status status = CheckCall(kName, 0, DType::kF32, timeout);
+  if (!status.ok()) return status;
+  for (const auto* list : {&sends, &recvs}) {
+    for (const PointToPoint& op : *list) {
+      if (op.peer < 0 || op.peer >= world_size_ || op.peer == rank_ || op.bytes < 0 ||
+          (op.bytes > 0 && op.data == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrCat(kName, ": bad operation (peer ", op.peer,
+                                                       ", ", op.bytes, " bytes) on rank ", rank_,
+                                                       " of ", world_size_));
+      }
+    }
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  return Run(kName, timeout, [&] {
+    std::vector<std::unique_ptr<UnboundBuffer>> send_buffers, recv_buffers;
+    for (const PointToPoint& op : recvs) {
+      if (op.bytes == 0) continue;
+      recv_buffers.push_back(context_->createUnboundBuffer(op.data, op.bytes));
+      recv_buffers.back()->recv(op.peer, kPointToPointSlot | op.tag, 0, op.bytes);
+    }
+    for (const PointToPoint& op : sends) {
+      if (op.bytes == 0) continue;
+      send_buffers.push_back(context_->createUnboundBuffer(op.data, op.bytes));
+      send_buffers.back()->send(op.peer, kPointToPointSlot | op.tag, 0, op.bytes);
+    }
+    for (auto& b : recv_buffers) Wait(b.get(), /*send=*/false, deadline);
+    for (auto& b : send_buffers) Wait(b.get(), /*send=*/true, deadline);
+    for (const PointToPoint& op : sends) p2p_bytes_.fetch_add(op.bytes);
   });
 }
 

@@ -153,6 +153,22 @@ class GlooCommunicator : public Communicator {
   CollectiveBytes bytes_sent() const override;
   void Abort() override;
 
+  // Point to point, bytes: posts every send and receive, then waits for all
+  // (one deadline of `timeout`). A message is matched by (peer, tag) in
+  // order; a receive must name the exact byte count its sender sends. Used
+  // for snapshots (worker/recovery), not by the engine. Failures as the
+  // collectives' ("send_recv ...").
+  struct PointToPoint {
+    int peer = 0;
+    uint32_t tag = 0;
+    void* data = nullptr;
+    int64_t bytes = 0;
+  };
+  absl::Status SendRecv(const std::vector<PointToPoint>& sends,
+                        const std::vector<PointToPoint>& recvs, absl::Duration timeout);
+  // Bytes SendRecv sent.
+  int64_t point_to_point_bytes() const { return p2p_bytes_.load(); }
+
   // OK while usable; otherwise the status of the failure that broke it.
   absl::Status health() const { return broken_; }
 
@@ -232,6 +248,7 @@ class GlooCommunicator : public Communicator {
   std::atomic<int64_t> reduce_scatter_bytes_{0};
   std::atomic<int64_t> all_reduce_bytes_{0};
   std::atomic<int64_t> broadcast_bytes_{0};
+  std::atomic<int64_t> p2p_bytes_{0};
 
   // Staging for the ring reduce-scatters, kept across calls (grow-only) so
   // that a call does not page-fault fresh memory in.

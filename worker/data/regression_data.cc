@@ -106,10 +106,10 @@ absl::Status RegressionData::CheckFillRows(int64_t first_row, int64_t count, con
 }
 
 absl::Status RegressionData::Fill(int64_t step, int micro, int rank, int world, int batch,
-                                  int grad_accum, float* x, float* y) const {
+                                  int grad_accum, float* x, float* y, int64_t row_offset) const {
   absl::StatusOr<int64_t> start = MicroBatchStartRow(step, micro, rank, world, batch, grad_accum);
   if (!start.ok()) return start.status();
-  return FillRows(*start, batch, x, y);
+  return FillRows(*start + row_offset, batch, x, y);
 }
 
 // ---------------------------------------------------------------------------

@@ -53,8 +53,10 @@ class RegressionData {
   // The micro-batch of (step, micro, rank) under `world` ranks: `batch` rows
   // from MicroBatchStartRow() on, into x [batch, in_width] and y [batch,
   // out_width]. Errors as MicroBatchStartRow() and FillRows().
+  // `row_offset` shifts every row (the data cursor of a job whose world
+  // size changed: worker.h, "Recovery").
   absl::Status Fill(int64_t step, int micro, int rank, int world, int batch, int grad_accum,
-                    float* x, float* y) const;
+                    float* x, float* y, int64_t row_offset = 0) const;
 
  protected:
   RegressionData(int64_t in_width, int64_t out_width)

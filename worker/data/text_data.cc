@@ -59,9 +59,10 @@ const char* SplitName(Split split) { return split == Split::kTrain ? "train" : "
 
 absl::Status TokenData::FillBatch(Split split, int64_t step, int micro, int rank, int world,
                                   int batch, int grad_accum, int context, int32_t* tokens,
-                                  int32_t* targets) const {
+                                  int32_t* targets, int64_t row_offset) const {
   absl::StatusOr<int64_t> first = MicroBatchStartRow(step, micro, rank, world, batch, grad_accum);
   if (!first.ok()) return first.status();
+  *first += row_offset;
   if (context < 1) {
     return absl::InvalidArgumentError(absl::StrCat("context must be >= 1, got ", context));
   }

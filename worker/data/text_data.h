@@ -58,8 +58,10 @@ class TokenData {
   // by one (the next token). INVALID_ARGUMENT for bad coordinates (as
   // MicroBatchStartRow()), context < 1 or null buffers; OUT_OF_RANGE if the
   // sample index overflows int64. Thread-safe.
+  // `row_offset` shifts every sample index (the data cursor).
   absl::Status FillBatch(Split split, int64_t step, int micro, int rank, int world, int batch,
-                         int grad_accum, int context, int32_t* tokens, int32_t* targets) const;
+                         int grad_accum, int context, int32_t* tokens, int32_t* targets,
+                         int64_t row_offset = 0) const;
 
  protected:
   TokenData() = default;
