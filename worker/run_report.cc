@@ -127,6 +127,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["losses"] = m.losses;
   out["params_sum"] = run.params_sum;
   out["step_time_ms_median"] = Median(m.step_ms);
+  out["step_ms"] = m.step_ms;  // every step's, in order (this process's)
   // Medians over steps of where the compute thread's time went.
   auto median_of = [&](double StepTimes::*field) {
     std::vector<double> values;
@@ -160,6 +161,9 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["data_plane"] = run.data_plane;
   out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
   out["snapshot_pause_ms"] = m.snapshot_pause_ms;
+  out["snapshot_copy_ms"] = m.snapshot_copy_ms;
+  out["snapshot_transfer_ms"] = m.snapshot_transfer_ms;
+  out["snapshots_skipped"] = m.snapshots_skipped;
   out["snapshot_committed_step"] = m.snapshot_committed_step;
   out["recoveries"] = m.recoveries;
   out["model"] = run.model;

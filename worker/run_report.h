@@ -29,10 +29,19 @@ struct RunMetrics {
   // communicators together; evaluation and sampling not counted).
   CollectiveBytes training_bytes;
   std::string sample;  // --sample's generated text
-  // Fault tolerance (#13): the pause of each in-memory snapshot, the host
+  // Fault tolerance (#13): the training thread's pause for each in-memory
+  // snapshot (the boundary's commit and launch, plus any wait for the
+  // background copy before the next optimizer step), the host
   // bytes snapshots held (own + buddy's; peak), and every recovery this
   // process went through (JSON objects as RecoveryRecord's fields).
   std::vector<double> snapshot_pause_ms;
+  // Background times of each completed snapshot: the copy out of the engine
+  // (with the tensors' checksums), and the whole transfer (copy, buddy swap,
+  // verification); the snapshots skipped because a transfer was still in
+  // flight.
+  std::vector<double> snapshot_copy_ms;
+  std::vector<double> snapshot_transfer_ms;
+  int snapshots_skipped = 0;
   int64_t snapshot_bytes_peak = 0;
   int64_t snapshot_committed_step = -1;
   nlohmann::json recoveries = nlohmann::json::array();

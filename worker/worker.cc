@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -17,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/random/random.h"
@@ -616,6 +618,15 @@ absl::Status Worker::Train() {
   }
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
+  const int every = config_.recovery.snapshot_every;
+  if (every > 0 && g.start_step + every < steps && device_ == nullptr) {
+    // The snapshot buffers, ready before the first snapshot: own and the
+    // buddy's, for the step being taken and the committed one.
+    absl::StatusOr<ShardView> view = ViewShard(e, {}, config_.engine.optimizer, true);
+    if (!view.ok()) return Annotate(view.status(), "snapshot");
+    constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
+    keeper_.Reserve(view->bytes + kHeaderBytes, world() > 1 ? 4 : 2);
+  }
   for (int step = g.start_step; step < steps; ++step) {
     // Between steps, the abort needs no collective to notice it.
     if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
@@ -631,7 +642,6 @@ absl::Status Worker::Train() {
                              g.plan.hash,       DataRow(completed)};
       if (absl::Status s = checkpointer.Save(e, id); !s.ok()) return s;
     }
-    const int every = config_.recovery.snapshot_every;
     if (every > 0 && completed % every == 0 && completed < steps) {
       if (absl::Status s = Snapshot(completed); !s.ok()) return s;
     }
@@ -648,23 +658,68 @@ absl::Status Worker::Snapshot(int completed) {
   Generation& g = *generation_;
   ZeroEngine& e = *g.engine;
   const absl::Time start = absl::Now();
-  // The previous snapshot's transfer (normally long done), then the commit:
-  // the step every rank has complete, own and buddy's copy.
-  if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
-  absl::StatusOr<std::vector<double>> complete =
-      e.GatherOverRanks(static_cast<double>(keeper_.complete_step()));
-  if (!complete.ok()) return Annotate(complete.status(), "snapshot commit");
-  const int64_t committed =
-      static_cast<int64_t>(*std::min_element(complete->begin(), complete->end()));
+  // One small collective decides two things: the commit (the latest step
+  // every rank has complete, own and buddy's copy) and whether to skip this
+  // snapshot because a rank's previous transfer is still in flight (then
+  // every rank skips: the buddy swap needs both sides). Each rank sends
+  // 2 * (complete_step + 1) + in_flight.
+  const bool busy = keeper_.in_flight();
+  if (!busy) {
+    if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
+    if (keeper_.last_transfer_ms() > 0 && keeper_.complete_step() > last_reported_transfer_) {
+      last_reported_transfer_ = keeper_.complete_step();
+      metrics_.snapshot_copy_ms.push_back(keeper_.last_copy_ms());
+      metrics_.snapshot_transfer_ms.push_back(keeper_.last_transfer_ms());
+    }
+  }
+  absl::StatusOr<std::vector<double>> votes = e.GatherOverRanks(
+      2.0 * static_cast<double>(keeper_.complete_step() + 1) + (busy ? 1 : 0), "snapshot commit");
+  if (!votes.ok()) return Annotate(votes.status(), "snapshot commit");
+  int64_t committed = std::numeric_limits<int64_t>::max();
+  std::vector<int> busy_ranks;
+  for (size_t r = 0; r < votes->size(); ++r) {
+    const int64_t vote = static_cast<int64_t>((*votes)[r]);
+    if (vote % 2 == 1) busy_ranks.push_back(static_cast<int>(r));
+    committed = std::min(committed, vote / 2 - 1);
+  }
   keeper_.Commit(committed);
   metrics_.snapshot_committed_step = keeper_.committed_step();
+  if (!busy_ranks.empty()) {
+    ++metrics_.snapshots_skipped;
+    if (rank_ == 0) {
+      std::fprintf(stderr,
+                   "shard_worker rank %d: snapshot of step %d skipped: the previous snapshot's "
+                   "transfer is still in flight on rank(s) %s (%d skipped so far; a larger "
+                   "--snapshot_every avoids this)\n",
+                   rank_, completed, absl::StrJoin(busy_ranks, ",").c_str(),
+                   metrics_.snapshots_skipped);
+    }
+    metrics_.snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    return absl::OkStatus();
+  }
   const ShardIdentity id{config_.job, completed, rank_, world(), g.membership.generation,
                          g.plan.hash, DataRow(completed)};
-  absl::StatusOr<ShardSnapshot> snapshot =
-      SnapshotShard(e, id, config_.engine.optimizer, /*with_optimizer=*/true);
-  if (!snapshot.ok()) return Annotate(snapshot.status(), "snapshot");
-  keeper_.Start(*std::move(snapshot), g.data_plane->snapshot.get(), buddy_shift_,
-                config_.data_plane.timeout);
+  ShardView view;
+  if (device_ == nullptr) {
+    // The engine's own host memory: the keeper's thread copies it while the
+    // next step's forward and backward run (RunStep waits for the copy
+    // before the optimizer changes it).
+    absl::StatusOr<ShardView> own = ViewShard(e, id, config_.engine.optimizer, true);
+    if (!own.ok()) return Annotate(own.status(), "snapshot");
+    view = *std::move(own);
+  } else {
+    // Device memory: copied to the host here (the pause).
+    absl::StatusOr<ShardSnapshot> copy =
+        SnapshotShard(e, id, config_.engine.optimizer, /*with_optimizer=*/true);
+    if (!copy.ok()) return Annotate(copy.status(), "snapshot");
+    view = ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
+  }
+  if (absl::Status s = keeper_.Start(std::move(view), g.data_plane->snapshot.get(), buddy_shift_,
+                                     config_.data_plane.timeout);
+      !s.ok()) {
+    return Annotate(s, "snapshot");
+  }
+  snapshot_copy_pending_ = true;
   metrics_.snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
   return absl::OkStatus();
 }
@@ -680,6 +735,16 @@ absl::Status Worker::RunStep(int step) {
     }
     absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == grad_accum);
     if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
+  }
+  if (snapshot_copy_pending_) {
+    // The optimizer is about to change the state a snapshot may still be
+    // copying: the rest of the snapshot's pause, normally nothing.
+    const absl::Time wait = absl::Now();
+    keeper_.WaitCopied();
+    snapshot_copy_pending_ = false;
+    if (!metrics_.snapshot_pause_ms.empty()) {
+      metrics_.snapshot_pause_ms.back() += absl::ToDoubleMilliseconds(absl::Now() - wait);
+    }
   }
   const double lr = config_.schedule.LearningRate(step);
   absl::StatusOr<StepStats> stats = e.Step(lr);
@@ -764,6 +829,7 @@ void Worker::EndGeneration() {
   // The snapshot transfer in flight uses the snapshot context: with it
   // aborted, it ends now.
   keeper_.Wait().IgnoreError();
+  snapshot_copy_pending_ = false;
   // The engine uses the communicators.
   generation_->engine.reset();
   generation_->data_plane.reset();

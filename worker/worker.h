@@ -199,6 +199,10 @@ class Worker {
   int recoveries_ = 0;
   bool trained_ = false;      // completed a step in some generation
   bool recovering_ = false;   // between PrepareRecovery and the first step after
+  // A snapshot started at the last boundary may still be copying the
+  // engine's state: RunStep waits for it before the optimizer step.
+  bool snapshot_copy_pending_ = false;
+  int64_t last_reported_transfer_ = -1;  // the snapshot step whose times metrics_ has
   absl::Time failure_time_;   // when this worker saw the failure
   absl::Time joined_time_;
   int64_t failed_step_ = 0;

@@ -39,6 +39,15 @@ std::vector<int64_t> PieceShape(const ZeroEngine::PieceView& piece) {
 
 }  // namespace
 
+namespace {
+
+TensorEntry PieceEntry(ShardTensorKind kind, const ZeroEngine::PieceView& piece) {
+  return {ShardTensorName(kind, piece.tensor->name, piece.row_begin, piece.row_end), DType::kF32,
+          PieceShape(piece)};
+}
+
+}  // namespace
+
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
                                             const std::string& optimizer_name,
                                             bool with_optimizer) {
@@ -46,66 +55,165 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
   snap.id = id;
   snap.optimizer = optimizer_name;
   snap.optimizer_step = engine.optimizer_step();
-  std::vector<ZeroEngine::PieceView> moments;
+  // Moments after all parameters, so a weights-only reader finds the
+  // parameters at the front of the file. They are copied during the visit:
+  // on a device backend the visit's host copies are gone after it.
+  std::vector<TensorEntry> moment_entries;
+  std::vector<std::vector<float>> moment_values;
   absl::Status s = engine.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
-    snap.entries.push_back({ShardTensorName(ShardTensorKind::kParams, piece.tensor->name,
-                                            piece.row_begin, piece.row_end),
-                            DType::kF32, PieceShape(piece)});
+    snap.entries.push_back(PieceEntry(ShardTensorKind::kParams, piece));
     snap.values.emplace_back(piece.params, piece.params + piece.elements);
-    if (with_optimizer && piece.exp_avg != nullptr) moments.push_back(piece);
+    if (with_optimizer && piece.exp_avg != nullptr) {
+      moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvg, piece));
+      moment_values.emplace_back(piece.exp_avg, piece.exp_avg + piece.elements);
+      if (piece.exp_avg_sq != nullptr) {
+        moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvgSq, piece));
+        moment_values.emplace_back(piece.exp_avg_sq, piece.exp_avg_sq + piece.elements);
+      }
+    }
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
-  // Moments after all parameters, so a weights-only reader finds the
-  // parameters at the front of the file.
-  for (const auto& piece : moments) {
-    snap.entries.push_back({ShardTensorName(ShardTensorKind::kExpAvg, piece.tensor->name,
-                                            piece.row_begin, piece.row_end),
-                            DType::kF32, PieceShape(piece)});
-    snap.values.emplace_back(piece.exp_avg, piece.exp_avg + piece.elements);
-    if (piece.exp_avg_sq != nullptr) {
-      snap.entries.push_back({ShardTensorName(ShardTensorKind::kExpAvgSq, piece.tensor->name,
-                                              piece.row_begin, piece.row_end),
-                              DType::kF32, PieceShape(piece)});
-      snap.values.emplace_back(piece.exp_avg_sq, piece.exp_avg_sq + piece.elements);
-    }
+  for (size_t i = 0; i < moment_entries.size(); ++i) {
+    snap.entries.push_back(std::move(moment_entries[i]));
+    snap.values.push_back(std::move(moment_values[i]));
   }
   for (const auto& v : snap.values) snap.bytes += v.size() * sizeof(float);
   return snap;
 }
 
+absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
+                                    const std::string& optimizer_name, bool with_optimizer) {
+  ShardView view;
+  view.id = id;
+  view.optimizer = optimizer_name;
+  view.optimizer_step = engine.optimizer_step();
+  auto add = [](ShardView* v, TensorEntry entry, const float* values, int64_t elements) {
+    v->entries.push_back(std::move(entry));
+    v->values.push_back(values);
+    v->elements.push_back(elements);
+    v->bytes += elements * static_cast<int64_t>(sizeof(float));
+  };
+  ShardView moments;  // appended after every parameter, as SnapshotShard does
+  absl::Status s = engine.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
+    add(&view, PieceEntry(ShardTensorKind::kParams, piece), piece.params, piece.elements);
+    if (with_optimizer && piece.exp_avg != nullptr) {
+      add(&moments, PieceEntry(ShardTensorKind::kExpAvg, piece), piece.exp_avg, piece.elements);
+      if (piece.exp_avg_sq != nullptr) {
+        add(&moments, PieceEntry(ShardTensorKind::kExpAvgSq, piece), piece.exp_avg_sq,
+            piece.elements);
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < moments.entries.size(); ++i) {
+    add(&view, std::move(moments.entries[i]), moments.values[i], moments.elements[i]);
+  }
+  return view;
+}
+
+ShardView ViewOf(std::shared_ptr<const ShardSnapshot> snapshot) {
+  ShardView view;
+  view.id = snapshot->id;
+  view.entries = snapshot->entries;
+  for (const auto& v : snapshot->values) {
+    view.values.push_back(v.data());
+    view.elements.push_back(static_cast<int64_t>(v.size()));
+  }
+  view.optimizer = snapshot->optimizer;
+  view.optimizer_step = snapshot->optimizer_step;
+  view.bytes = snapshot->bytes;
+  view.owner = std::move(snapshot);
+  return view;
+}
+
 namespace {
 
-// The header's entries and metadata, with the checksums computed (XXH64
-// runs at memory speed).
-SafetensorsMetadata ShardMetadata(const ShardSnapshot& snap,
-                                  std::map<std::string, std::string>* checksums_out) {
+// The header's metadata, with the tensors' checksums (hex, in entry order).
+SafetensorsMetadata ShardMetadata(const ShardIdentity& id, const std::string& optimizer,
+                                  int64_t optimizer_step, const std::vector<TensorEntry>& entries,
+                                  const std::vector<std::string>& hex) {
   nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < snap.entries.size(); ++i) {
-    std::string hex = ChecksumToHex(
-        Checksum(snap.values[i].data(), snap.values[i].size() * sizeof(float)));
-    checksums[snap.entries[i].name] = hex;
-    if (checksums_out != nullptr) (*checksums_out)[snap.entries[i].name] = hex;
-  }
+  for (size_t i = 0; i < entries.size(); ++i) checksums[entries[i].name] = hex[i];
   SafetensorsMetadata metadata = {
       {ShardMetadataKey::kFormat, kShardFormat},
-      {ShardMetadataKey::kJob, snap.id.job},
-      {ShardMetadataKey::kStep, absl::StrCat(snap.id.step)},
-      {ShardMetadataKey::kRank, absl::StrCat(snap.id.rank)},
-      {ShardMetadataKey::kWorldSize, absl::StrCat(snap.id.world_size)},
-      {ShardMetadataKey::kGeneration, absl::StrCat(snap.id.generation)},
-      {ShardMetadataKey::kPlanHash, snap.id.plan_hash},
-      {ShardMetadataKey::kOptimizer, snap.optimizer},
-      {ShardMetadataKey::kOptimizerStep, absl::StrCat(snap.optimizer_step)},
+      {ShardMetadataKey::kJob, id.job},
+      {ShardMetadataKey::kStep, absl::StrCat(id.step)},
+      {ShardMetadataKey::kRank, absl::StrCat(id.rank)},
+      {ShardMetadataKey::kWorldSize, absl::StrCat(id.world_size)},
+      {ShardMetadataKey::kGeneration, absl::StrCat(id.generation)},
+      {ShardMetadataKey::kPlanHash, id.plan_hash},
+      {ShardMetadataKey::kOptimizer, optimizer},
+      {ShardMetadataKey::kOptimizerStep, absl::StrCat(optimizer_step)},
       {ShardMetadataKey::kChecksums, checksums.dump()},
   };
-  if (snap.id.data_row >= 0) {
-    metadata[ShardMetadataKey::kDataRow] = absl::StrCat(snap.id.data_row);
-  }
+  if (id.data_row >= 0) metadata[ShardMetadataKey::kDataRow] = absl::StrCat(id.data_row);
   return metadata;
 }
 
+// The snapshot's metadata, with the checksums computed (XXH64 runs at memory
+// speed).
+SafetensorsMetadata ShardMetadata(const ShardSnapshot& snap,
+                                  std::map<std::string, std::string>* checksums_out) {
+  std::vector<std::string> hex;
+  for (size_t i = 0; i < snap.entries.size(); ++i) {
+    hex.push_back(ChecksumToHex(
+        Checksum(snap.values[i].data(), snap.values[i].size() * sizeof(float))));
+    if (checksums_out != nullptr) (*checksums_out)[snap.entries[i].name] = hex.back();
+  }
+  return ShardMetadata(snap.id, snap.optimizer, snap.optimizer_step, snap.entries, hex);
+}
+
 }  // namespace
+
+absl::Status SerializeShardInto(const ShardView& view, std::string* out) {
+  // The header holds the checksums, which are known only after the copy; but
+  // every checksum is 16 hex digits, so a header with placeholders has the
+  // final header's length and says where the data goes.
+  std::vector<std::string> hex(view.entries.size(), std::string(16, '0'));
+  std::vector<std::pair<int64_t, int64_t>> offsets;
+  int64_t file_size = 0;
+  absl::StatusOr<std::string> header = BuildSafetensorsHeader(
+      view.entries,
+      ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex), &offsets,
+      &file_size);
+  if (!header.ok()) return header.status();
+  // Same size: nothing moves, nothing is written twice.
+  if (static_cast<int64_t>(out->size()) != file_size) out->resize(file_size);
+  char* data = out->data() + header->size();
+  // Copy and checksum in slices that stay in the cache between the two.
+  constexpr int64_t kSlice = int64_t{1} << 20;  // bytes
+  for (size_t i = 0; i < view.entries.size(); ++i) {
+    const int64_t bytes = view.elements[i] * static_cast<int64_t>(sizeof(float));
+    if (offsets[i].second - offsets[i].first != bytes) {
+      return absl::InternalError(absl::StrCat("shard tensor ", view.entries[i].name, ": ",
+                                              bytes, " bytes of values for a ",
+                                              offsets[i].second - offsets[i].first,
+                                              "-byte entry"));
+    }
+    const char* from = reinterpret_cast<const char*>(view.values[i]);
+    char* to = data + offsets[i].first;
+    Hasher hasher;
+    for (int64_t done = 0; done < bytes; done += kSlice) {
+      const int64_t n = std::min(kSlice, bytes - done);
+      std::memcpy(to + done, from + done, n);
+      hasher.Update(to + done, n);
+    }
+    hex[i] = ChecksumToHex(hasher.Digest());
+  }
+  absl::StatusOr<std::string> final_header = BuildSafetensorsHeader(
+      view.entries,
+      ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex), nullptr);
+  if (!final_header.ok()) return final_header.status();
+  if (final_header->size() != header->size()) {
+    return absl::InternalError(absl::StrCat("shard header changed size with its checksums: ",
+                                            header->size(), " -> ", final_header->size(),
+                                            " bytes"));
+  }
+  std::memcpy(out->data(), final_header->data(), final_header->size());
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> SerializeShard(const ShardSnapshot& snap,
                                            std::map<std::string, std::string>* checksums) {

@@ -47,6 +47,37 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
                                             const std::string& optimizer_name,
                                             bool with_optimizer);
 
+// This rank's state as pointers to f32 values, in file order (every
+// parameter piece, then the moments): what SerializeShardInto copies from.
+struct ShardView {
+  ShardIdentity id;
+  std::vector<TensorEntry> entries;
+  std::vector<const float*> values;  // per entry; not owned
+  std::vector<int64_t> elements;     // per entry
+  std::string optimizer;
+  int64_t optimizer_step = 0;
+  int64_t bytes = 0;  // data bytes
+  // The values' owner when they are copies (a ShardSnapshot); null when they
+  // are the engine's own memory.
+  std::shared_ptr<const ShardSnapshot> owner;
+};
+
+// The engine's own master values and moments, without a copy. REQUIRES: the
+// engine's state lives in host memory (the CPU backend). The pointers stay
+// valid and their values unchanged until the engine's next optimizer step
+// (ZeroEngine::Step) or Initialize*, which the caller must hold back until
+// the last read.
+absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
+                                    const std::string& optimizer_name, bool with_optimizer);
+// A view of a snapshot's copies (any backend); keeps `snapshot` alive.
+ShardView ViewOf(std::shared_ptr<const ShardSnapshot> snapshot);
+
+// The bytes SerializeShard would make, built in `*out` with one copy of the
+// values (each tensor's XXH64 taken as it is copied). `*out`'s buffer is
+// reused: no allocation, and no page touched twice, once it has held a shard
+// of this size.
+absl::Status SerializeShardInto(const ShardView& view, std::string* out);
+
 // The bytes WriteShard would write (checksums included), in memory: an
 // in-memory snapshot (worker/recovery). The tensor -> xxh64 hex map in
 // *checksums if not null.

@@ -1,6 +1,7 @@
 #include "worker/recovery/snapshot_keeper.h"
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -44,18 +45,39 @@ int BuddyShift(const std::vector<std::string>& hosts) {
   return 1;
 }
 
+namespace {
+
+// The size field and JSON header's length (bytes), or -1 when `bytes` is too
+// short to hold them.
+int64_t HeaderLength(const std::string& bytes) {
+  uint64_t header_size = 0;
+  if (bytes.size() < 8) return -1;
+  std::memcpy(&header_size, bytes.data(), 8);  // little-endian hosts only, as the writer
+  if (header_size > bytes.size() - 8) return -1;
+  return 8 + static_cast<int64_t>(header_size);
+}
+
+}  // namespace
+
+uint64_t BlobChecksum(const std::string& bytes) {
+  const int64_t header = HeaderLength(bytes);
+  return Checksum(bytes.data(), header < 0 ? bytes.size() : static_cast<size_t>(header));
+}
+
 absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64) {
-  if (Checksum(bytes) != xxh64) {
-    return absl::DataLossError(absl::StrCat("snapshot blob of ", bytes.size(), " bytes: XXH64 ",
-                                            ChecksumToHex(Checksum(bytes)), ", expected ",
+  const int64_t header_length = HeaderLength(bytes);
+  if (header_length < 0) {
+    return absl::DataLossError(absl::StrCat("snapshot blob of ", bytes.size(),
+                                            " bytes: shorter than its header says"));
+  }
+  if (BlobChecksum(bytes) != xxh64) {
+    return absl::DataLossError(absl::StrCat("snapshot blob of ", bytes.size(),
+                                            " bytes: header XXH64 ",
+                                            ChecksumToHex(BlobChecksum(bytes)), ", expected ",
                                             ChecksumToHex(xxh64)));
   }
-  uint64_t header_size = 0;
-  if (bytes.size() < 8) return absl::DataLossError("snapshot blob shorter than 8 bytes");
-  std::memcpy(&header_size, bytes.data(), 8);  // little-endian hosts only, as the writer
-  if (header_size > bytes.size() - 8) return absl::DataLossError("snapshot blob header too long");
   nlohmann::json header =
-      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size, nullptr, false);
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + header_length, nullptr, false);
   if (header.is_discarded() || !header.is_object()) {
     return absl::DataLossError("snapshot blob header is not JSON");
   }
@@ -71,12 +93,35 @@ absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, u
       !number(ShardMetadataKey::kDataRow, &blob->data_row)) {
     return absl::DataLossError("snapshot blob metadata lacks step, rank, world_size or data_row");
   }
+  const nlohmann::json checksums = nlohmann::json::parse(
+      meta.value(ShardMetadataKey::kChecksums, std::string("{}")), nullptr, false);
+  if (!checksums.is_object()) return absl::DataLossError("snapshot blob checksums are not JSON");
   blob->rank = static_cast<int>(rank);
   blob->world_size = static_cast<int>(world);
   blob->plan_hash = meta.value(ShardMetadataKey::kPlanHash, "");
+  const int64_t data_bytes = static_cast<int64_t>(bytes.size()) - header_length;
   for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    // The data: every tensor against the XXH64 its header records (the
+    // header's own XXH64 was checked above).
+    const nlohmann::json& offsets = (*it)["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() ||
+        !offsets[1].is_number_integer() || offsets[0].get<int64_t>() < 0 ||
+        offsets[0].get<int64_t>() > offsets[1].get<int64_t>() ||
+        offsets[1].get<int64_t>() > data_bytes || !checksums.contains(it.key())) {
+      return absl::DataLossError(absl::StrCat("snapshot blob tensor ", it.key(),
+                                              ": bad data_offsets or no checksum"));
+    }
+    const int64_t begin = offsets[0].get<int64_t>(), end = offsets[1].get<int64_t>();
+    const std::string want = checksums[it.key()].get<std::string>();
+    const std::string got = ChecksumToHex(Checksum(bytes.data() + header_length + begin,
+                                                   static_cast<size_t>(end - begin)));
+    if (got != want) {
+      return absl::DataLossError(absl::StrCat("snapshot blob tensor ", it.key(), ": XXH64 ", got,
+                                              ", expected ", want));
+    }
     ParsedShardTensorName parsed;
-    if (it.key() == "__metadata__" || !ParseShardTensorName(it.key(), &parsed)) continue;
+    if (!ParseShardTensorName(it.key(), &parsed)) continue;
     if (parsed.kind != ShardTensorKind::kParams) continue;
     blob->pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
   }
@@ -87,70 +132,174 @@ absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, u
 
 SnapshotKeeper::~SnapshotKeeper() { thread_.reset(); }
 
-void SnapshotKeeper::AddLocked(std::shared_ptr<const SnapshotBlob> blob) {
-  auto [it, inserted] = blobs_.emplace(KeyOf(*blob), blob);
-  if (!inserted) {
-    bytes_ -= static_cast<int64_t>(it->second->bytes.size());
-    it->second = blob;
-  }
-  bytes_ += static_cast<int64_t>(blob->bytes.size());
+void SnapshotKeeper::UpdateBytesLocked() {
+  int64_t total = 0;
+  for (const auto& [key, blob] : blobs_) total += static_cast<int64_t>(blob->bytes.capacity());
+  for (const std::string& buffer : pool_) total += static_cast<int64_t>(buffer.capacity());
+  bytes_ = total;
   peak_bytes_ = std::max(peak_bytes_, bytes_);
 }
 
-void SnapshotKeeper::Start(ShardSnapshot snapshot, GlooCommunicator* comm, int shift,
-                           absl::Duration timeout) {
-  auto shared = std::make_shared<ShardSnapshot>(std::move(snapshot));
-  thread_->Submit([this, shared, comm, shift, timeout]() mutable -> absl::Status {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<std::string> bytes = SerializeShard(*shared);
-    if (!bytes.ok()) return bytes.status();
-    const uint64_t sum = Checksum(*bytes);
-    absl::StatusOr<std::shared_ptr<SnapshotBlob>> own = BlobFromBytes(*std::move(bytes), sum);
-    if (!own.ok()) return own.status();
-    const int64_t step = (*own)->step;
-    shared.reset();  // the copies: gone once serialized
+void SnapshotKeeper::AddLocked(std::shared_ptr<SnapshotBlob> blob) {
+  auto [it, inserted] = blobs_.emplace(KeyOf(*blob), blob);
+  if (!inserted) {
+    std::shared_ptr<SnapshotBlob> old = std::move(it->second);
+    it->second = std::move(blob);
+    DropLocked(std::move(old));
+  }
+  UpdateBytesLocked();
+}
+
+void SnapshotKeeper::DropLocked(std::shared_ptr<SnapshotBlob> blob) {
+  // Two steps' blobs (own + received) are held at most: four buffers in
+  // all; a shrink may leave more behind, which are freed.
+  constexpr size_t kMaxPool = 4;
+  if (blob.use_count() == 1 && pool_.size() < kMaxPool) pool_.push_back(std::move(blob->bytes));
+}
+
+std::string SnapshotKeeper::TakeBuffer() {
+  absl::MutexLock lock(&mu_);
+  if (pool_.empty()) return std::string();
+  auto largest = std::max_element(
+      pool_.begin(), pool_.end(),
+      [](const std::string& a, const std::string& b) { return a.capacity() < b.capacity(); });
+  std::string buffer = std::move(*largest);
+  pool_.erase(largest);
+  return buffer;
+}
+
+void SnapshotKeeper::Reserve(int64_t bytes, int count) {
+  thread_->Submit([this, bytes, count]() -> absl::Status {
+    int have = 0;
     {
       absl::MutexLock lock(&mu_);
-      AddLocked(*own);
-      complete_[step] = comm == nullptr || comm->world_size() == 1 ? 2 : 1;
+      for (const auto& [key, blob] : blobs_) {
+        have += static_cast<int64_t>(blob->bytes.capacity()) >= bytes ? 1 : 0;
+      }
+      for (const std::string& buffer : pool_) {
+        have += static_cast<int64_t>(buffer.capacity()) >= bytes ? 1 : 0;
+      }
     }
-    if (comm == nullptr || comm->world_size() == 1) return absl::OkStatus();
-    const int w = comm->world_size();
-    const int to = Mod(comm->rank() + shift, w);
-    const int from = Mod(comm->rank() - shift, w);
-    // Sizes and checksums first, then the blobs.
-    uint64_t send_header[2] = {(*own)->bytes.size(), sum};
-    uint64_t recv_header[2] = {0, 0};
-    absl::Status s =
-        comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
-                       {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
-    if (!s.ok()) return s;
-    // Tests only: stretch the transfer so that a kill lands inside it.
-    if (const char* delay = std::getenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS")) {
-      absl::SleepFor(absl::Milliseconds(std::atoi(delay)));
+    for (; have < count; ++have) {
+      std::string buffer(bytes, '\0');  // every page touched here, once
+      absl::MutexLock lock(&mu_);
+      // A buffer too small to use is replaced.
+      auto small = std::min_element(
+          pool_.begin(), pool_.end(),
+          [](const std::string& a, const std::string& b) { return a.capacity() < b.capacity(); });
+      if (small != pool_.end() && static_cast<int64_t>(small->capacity()) < bytes) {
+        *small = std::move(buffer);
+      } else {
+        pool_.push_back(std::move(buffer));
+      }
+      UpdateBytesLocked();
     }
-    std::string received(recv_header[0], '\0');
-    s = comm->SendRecv({{to, kBlobTag, const_cast<char*>((*own)->bytes.data()),
-                         static_cast<int64_t>((*own)->bytes.size())}},
-                       {{from, kBlobTag, received.data(), static_cast<int64_t>(received.size())}},
-                       timeout);
-    if (!s.ok()) return s;
-    absl::StatusOr<std::shared_ptr<SnapshotBlob>> theirs =
-        BlobFromBytes(std::move(received), recv_header[1]);
-    if (!theirs.ok()) {
-      return absl::DataLossError(absl::StrCat("snapshot of step ", step, " from rank ", from, ": ",
-                                              theirs.status().message()));
-    }
-    if ((*theirs)->step != step) {
-      return absl::DataLossError(absl::StrCat("snapshot from rank ", from, " is of step ",
-                                              (*theirs)->step, ", expected ", step));
-    }
-    absl::MutexLock lock(&mu_);
-    AddLocked(*theirs);
-    complete_[step] = 2;
-    last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
     return absl::OkStatus();
   });
+}
+
+absl::Status SnapshotKeeper::Start(ShardView view, GlooCommunicator* comm, int shift,
+                                   absl::Duration timeout) {
+  // Nothing in flight (REQUIRES): this returns at once, with the previous
+  // transfer's error if it failed (a failed TaskThread runs no later task).
+  if (absl::Status s = Wait(); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    copying_ = true;
+    in_flight_ = true;
+  }
+  auto shared = std::make_shared<ShardView>(std::move(view));
+  thread_->Submit([this, shared, comm, shift, timeout]() -> absl::Status {
+    absl::Status s = Transfer(*shared, comm, shift, timeout);
+    absl::MutexLock lock(&mu_);
+    copying_ = false;
+    in_flight_ = false;
+    return s;
+  });
+  return absl::OkStatus();
+}
+
+void SnapshotKeeper::WaitCopied() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](bool* copying) { return !*copying; }, &copying_));
+}
+
+bool SnapshotKeeper::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
+                                      absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  auto own = std::make_shared<SnapshotBlob>();
+  own->bytes = TakeBuffer();
+  absl::Status copied = SerializeShardInto(view, &own->bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    copying_ = false;  // the engine's state is free from here on
+    last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+  }
+  if (!copied.ok()) return copied;
+  own->step = view.id.step;
+  own->rank = view.id.rank;
+  own->world_size = view.id.world_size;
+  own->plan_hash = view.id.plan_hash;
+  own->data_row = view.id.data_row;
+  for (const TensorEntry& entry : view.entries) {
+    ParsedShardTensorName parsed;
+    if (!ParseShardTensorName(entry.name, &parsed) || parsed.kind != ShardTensorKind::kParams) {
+      continue;
+    }
+    own->pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
+  }
+  own->xxh64 = BlobChecksum(own->bytes);
+  const int64_t step = own->step;
+  const bool alone = comm == nullptr || comm->world_size() == 1;
+  {
+    absl::MutexLock lock(&mu_);
+    AddLocked(own);
+    complete_[step] = alone ? 2 : 1;
+    if (alone) last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+  }
+  if (alone) return absl::OkStatus();
+  const int w = comm->world_size();
+  const int to = Mod(comm->rank() + shift, w);
+  const int from = Mod(comm->rank() - shift, w);
+  // Sizes and checksums first, then the blobs.
+  uint64_t send_header[2] = {own->bytes.size(), own->xxh64};
+  uint64_t recv_header[2] = {0, 0};
+  absl::Status s =
+      comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
+                     {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
+  if (!s.ok()) return s;
+  // Tests only: stretch the transfer so that a kill lands inside it.
+  if (const char* delay = std::getenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS")) {
+    absl::SleepFor(absl::Milliseconds(std::atoi(delay)));
+  }
+  std::string received = TakeBuffer();
+  // Same size as the buffer's last use (the usual case): nothing written.
+  if (received.size() != recv_header[0]) received.resize(recv_header[0]);
+  s = comm->SendRecv({{to, kBlobTag, own->bytes.data(), static_cast<int64_t>(own->bytes.size())}},
+                     {{from, kBlobTag, received.data(), static_cast<int64_t>(received.size())}},
+                     timeout);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<SnapshotBlob>> theirs =
+      BlobFromBytes(std::move(received), recv_header[1]);
+  if (!theirs.ok()) {
+    return absl::DataLossError(absl::StrCat("snapshot of step ", step, " from rank ", from, ": ",
+                                            theirs.status().message()));
+  }
+  if ((*theirs)->step != step) {
+    return absl::DataLossError(absl::StrCat("snapshot from rank ", from, " is of step ",
+                                            (*theirs)->step, ", expected ", step));
+  }
+  absl::MutexLock lock(&mu_);
+  AddLocked(*theirs);
+  complete_[step] = 2;
+  last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+  return absl::OkStatus();
 }
 
 absl::Status SnapshotKeeper::Wait() {
@@ -177,13 +326,15 @@ void SnapshotKeeper::Commit(int64_t step) {
   committed_ = std::max(committed_, step);
   for (auto it = blobs_.begin(); it != blobs_.end();) {
     if (std::get<0>(it->first) < committed_) {
-      bytes_ -= static_cast<int64_t>(it->second->bytes.size());
+      std::shared_ptr<SnapshotBlob> blob = std::move(it->second);
       it = blobs_.erase(it);
+      DropLocked(std::move(blob));
     } else {
       ++it;
     }
   }
   complete_.erase(complete_.begin(), complete_.lower_bound(committed_));
+  UpdateBytesLocked();
 }
 
 int64_t SnapshotKeeper::committed_step() const {
@@ -198,7 +349,7 @@ std::vector<std::shared_ptr<const SnapshotBlob>> SnapshotKeeper::Holdings() cons
   return out;
 }
 
-void SnapshotKeeper::Keep(std::shared_ptr<const SnapshotBlob> blob) {
+void SnapshotKeeper::Keep(std::shared_ptr<SnapshotBlob> blob) {
   absl::MutexLock lock(&mu_);
   AddLocked(std::move(blob));
 }
@@ -208,8 +359,9 @@ void SnapshotKeeper::DropOtherPlans(int world_size, const std::string& plan_hash
   bool dropped = false;
   for (auto it = blobs_.begin(); it != blobs_.end();) {
     if (std::get<2>(it->first) != world_size || std::get<3>(it->first) != plan_hash) {
-      bytes_ -= static_cast<int64_t>(it->second->bytes.size());
+      std::shared_ptr<SnapshotBlob> blob = std::move(it->second);
       it = blobs_.erase(it);
+      DropLocked(std::move(blob));
       dropped = true;
     } else {
       ++it;
@@ -219,6 +371,7 @@ void SnapshotKeeper::DropOtherPlans(int world_size, const std::string& plan_hash
     complete_.clear();
     committed_ = -1;
   }
+  UpdateBytesLocked();
 }
 
 int64_t SnapshotKeeper::bytes() const {
@@ -229,6 +382,11 @@ int64_t SnapshotKeeper::bytes() const {
 int64_t SnapshotKeeper::peak_bytes() const {
   absl::MutexLock lock(&mu_);
   return peak_bytes_;
+}
+
+double SnapshotKeeper::last_copy_ms() const {
+  absl::MutexLock lock(&mu_);
+  return last_copy_ms_;
 }
 
 double SnapshotKeeper::last_transfer_ms() const {

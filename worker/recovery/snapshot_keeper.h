@@ -1,12 +1,23 @@
 // In-memory snapshots, kept twice (#13): every --snapshot_every steps each
-// rank copies its shard state out of the engine (the training thread's only
-// pause: SnapshotShard's copy), and a background thread serializes it in the
-// shard-file format (safetensors with an XXH64 per tensor, the data cursor
-// in the metadata), checksums the whole blob with XXH64, and swaps copies
-// with the buddies over the data plane's "snapshot" context: rank r sends
-// its blob to (r + k) mod W and keeps the blob of (r - k) mod W, where k is
-// the smallest shift that puts every rank's buddy on another host (1 when
-// the job runs on one host).
+// rank's shard state (master parameters, optimizer moments and step, the
+// data cursor in the metadata) goes into a host buffer in the shard-file
+// format (safetensors with an XXH64 per tensor), and the blob (with the
+// XXH64 of its header, which holds the tensors' XXH64s) is swapped with the buddies over the data plane's "snapshot"
+// context: rank r sends its blob to (r + k) mod W and keeps the blob of
+// (r - k) mod W, where k is the smallest shift that puts every rank's buddy
+// on another host (1 when the job runs on one host).
+//
+// Off the training thread. The shard state changes only in the optimizer
+// step, so the copy out of the engine runs on the keeper's thread while the
+// next step's forward and backward run; the training thread only waits
+// (WaitCopied) before the next optimizer update, normally long after the
+// copy ended. One copy, straight into the blob's buffer (SerializeShardInto),
+// and the buffers are reused: a blob dropped by a commit returns its buffer
+// to a pool that the next snapshot and the next received copy take from, so
+// after the first two snapshots nothing is allocated and no page is touched
+// for the first time. A snapshot whose predecessor's transfer is still in
+// flight on some rank is skipped by every rank (the Worker decides that
+// together with the commit), never waited for.
 //
 // Commit. A step counts as committed when every rank holds its own blob and
 // its buddy's verified copy of that step. Ranks agree with one small
@@ -58,7 +69,7 @@ struct SnapshotBlob {
   std::string plan_hash;
   int64_t data_row = 0;
   std::string bytes;             // a shard file's bytes
-  uint64_t xxh64 = 0;            // of `bytes`
+  uint64_t xxh64 = 0;            // BlobChecksum(bytes)
   std::vector<RowRange> pieces;  // the parameter pieces it holds
 
   // Everything but the bytes, for the recovery's agreement.
@@ -74,12 +85,25 @@ class SnapshotKeeper {
   SnapshotKeeper() = default;
   ~SnapshotKeeper();  // waits for the transfer in flight
 
-  // Starts the background half of a snapshot: serialize `snapshot` (with
-  // `data_row`), then send it to rank (rank + shift) % W and receive the
-  // blob of rank (rank - shift) % W of the same step over `comm`, verified.
-  // REQUIRES: no transfer in flight (Wait first); `comm` stays usable until
-  // Wait returns.
-  void Start(ShardSnapshot snapshot, GlooCommunicator* comm, int shift, absl::Duration timeout);
+  // Starts a snapshot in the background: copy `view` into a blob buffer,
+  // then send the blob to rank (rank + shift) % W and receive the blob of
+  // rank (rank - shift) % W of the same step over `comm`, verified.
+  // REQUIRES: !in_flight(); `view`'s values unchanged until WaitCopied
+  // returns; `comm` usable until Wait returns.
+  // The previous transfer's error, if it failed (nothing starts then).
+  absl::Status Start(ShardView view, GlooCommunicator* comm, int shift, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes the pool hold `count` buffers of at least `bytes` (counting the
+  // blobs held), allocated and touched on the keeper's thread in the
+  // background, so that the first snapshots neither allocate nor fault
+  // pages in. The training thread calls it once per generation.
+  void Reserve(int64_t bytes, int count) ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until the snapshot in flight no longer reads the engine's state
+  // (at once when none is in flight). The training thread calls it before
+  // every optimizer step.
+  void WaitCopied() ABSL_LOCKS_EXCLUDED(mu_);
+  // A snapshot's copy or transfer is still running.
+  bool in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the transfer in flight; its error (the collective's, or a
   // checksum mismatch).
   absl::Status Wait();
@@ -87,42 +111,65 @@ class SnapshotKeeper {
   // The latest step for which this rank has its own blob and its buddy's
   // received copy (-1: none).
   int64_t complete_step() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Every rank agreed `step` is complete: drop blobs of older steps.
+  // Every rank agreed `step` is complete: drop blobs of older steps (their
+  // buffers go back to the pool).
   void Commit(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   int64_t committed_step() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The blobs held, for a recovery (own and received).
   std::vector<std::shared_ptr<const SnapshotBlob>> Holdings() const ABSL_LOCKS_EXCLUDED(mu_);
   // A blob received during a recovery: kept as a holding.
-  void Keep(std::shared_ptr<const SnapshotBlob> blob) ABSL_LOCKS_EXCLUDED(mu_);
+  void Keep(std::shared_ptr<SnapshotBlob> blob) ABSL_LOCKS_EXCLUDED(mu_);
   // A new generation's first snapshot replaces what older generations left:
   // drops every blob whose (world_size, plan_hash) differs.
   void DropOtherPlans(int world_size, const std::string& plan_hash) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Host bytes of every blob held (own + buddies'), now and at the peak.
+  // Host bytes of every snapshot buffer (blobs held, own + buddies', and the
+  // pool's), now and at the peak.
   int64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t peak_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The background thread's time for the last transfer (serialize + swap).
+  // The background thread's times for the last snapshot: the copy out of
+  // the engine, and the whole (copy + checksum + swap).
+  double last_copy_ms() const ABSL_LOCKS_EXCLUDED(mu_);
   double last_transfer_ms() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using Key = std::tuple<int64_t, int, int, std::string>;  // step, rank, world, plan
   static Key KeyOf(const SnapshotBlob& b) { return {b.step, b.rank, b.world_size, b.plan_hash}; }
-  void AddLocked(std::shared_ptr<const SnapshotBlob> blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddLocked(std::shared_ptr<SnapshotBlob> blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a held blob; its buffer goes to the pool unless a Holdings() copy
+  // still refers to it.
+  void DropLocked(std::shared_ptr<SnapshotBlob> blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A buffer from the pool (the largest), or an empty one.
+  std::string TakeBuffer() ABSL_LOCKS_EXCLUDED(mu_);
+  void UpdateBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The background half of Start.
+  absl::Status Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
+                        absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
   mutable absl::Mutex mu_;
-  std::map<Key, std::shared_ptr<const SnapshotBlob>> blobs_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::shared_ptr<SnapshotBlob>> blobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> pool_ ABSL_GUARDED_BY(mu_);   // free buffers
   std::map<int64_t, int> complete_ ABSL_GUARDED_BY(mu_);  // step -> 2 when own + received
   int64_t committed_ ABSL_GUARDED_BY(mu_) = -1;
+  bool copying_ ABSL_GUARDED_BY(mu_) = false;    // the engine's state is being read
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;  // Start .. the transfer's end
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_copy_ms_ ABSL_GUARDED_BY(mu_) = 0;
   double last_transfer_ms_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<TaskThread> thread_ = std::make_unique<TaskThread>("snapshot");
 };
 
+// A blob's checksum: the XXH64 of its size field and header, which records
+// every tensor's XXH64, so it covers the data without another pass over it
+// on the sender.
+uint64_t BlobChecksum(const std::string& bytes);
+
 // Parses a blob's bytes back (the metadata and parameter pieces): for a
-// blob received whole. DATA_LOSS when `xxh64` does not match.
+// blob received whole. DATA_LOSS when `xxh64` (BlobChecksum) does not match
+// or a tensor's bytes do not match the XXH64 its header records.
 absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64);
 
 }  // namespace zeroshard
