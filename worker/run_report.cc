@@ -166,6 +166,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["snapshots_skipped"] = m.snapshots_skipped;
   out["snapshot_committed_step"] = m.snapshot_committed_step;
   out["recoveries"] = m.recoveries;
+  out["first_join_unix_ms"] = m.first_join_unix_ms;
   out["model"] = run.model;
   AddGptShape(config.task, &out);
   out["val_losses"] = m.val_losses;

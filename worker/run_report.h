@@ -43,6 +43,7 @@ struct RunMetrics {
   std::vector<double> snapshot_transfer_ms;
   int snapshots_skipped = 0;
   int64_t snapshot_bytes_peak = 0;
+  int64_t first_join_unix_ms = 0;  // when the process first asked to join (ms since the epoch)
   int64_t snapshot_committed_step = -1;
   nlohmann::json recoveries = nlohmann::json::array();
 };

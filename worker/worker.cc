@@ -190,6 +190,7 @@ absl::Status Worker::LoadTask() {
 
 absl::Status Worker::Join() {
   EndGeneration();  // a generation left over from a failed run
+  if (metrics_.first_join_unix_ms == 0) metrics_.first_join_unix_ms = absl::ToUnixMillis(absl::Now());
   if (client_ == nullptr) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config_.client);
     if (!client.ok()) return Annotate(client.status(), "connect");
@@ -777,7 +778,17 @@ absl::Status Worker::RunStep(int step) {
                                {"world_size", recovery_.world_size()},
                                {"rejoin_ms", recovery_.rejoin_ms()},
                                {"restore_ms", recovery_.restore_ms()},
-                               {"first_step_ms", recovery_.first_step_ms()}};
+                               {"first_step_ms", recovery_.first_step_ms()},
+                               // Wall-clock times, for benchmarks that kill from outside
+                               // (ms since the Unix epoch; 0: not this process's).
+                               {"failure_seen_unix_ms", recovery_.failed_step() >= 0
+                                                            ? absl::ToUnixMillis(failure_time_)
+                                                            : 0},
+                               {"confirmed_unix_ms", recovery_.failed_step() >= 0
+                                                         ? absl::ToUnixMillis(confirmed_time_)
+                                                         : 0},
+                               {"joined_unix_ms", absl::ToUnixMillis(joined_time_)},
+                               {"first_step_unix_ms", absl::ToUnixMillis(absl::Now())}};
       metrics_.recoveries.push_back(record);
       std::fprintf(stderr,
                    "shard_worker rank %d: recovery: training again at step %d (%.0f ms after "
@@ -946,6 +957,7 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
                                            config_.recovery.max_recoveries, ")"));
   }
   failure_time_ = seen;
+  confirmed_time_ = absl::Now();  // the server's abort (at once when it came first)
   failed_step_ = step_.load();
   std::fprintf(stderr, "shard_worker rank %d: %s; recovering (%d of at most %d)\n", rank_,
                abort_->message().c_str(), recoveries_ + 1, config_.recovery.max_recoveries);

@@ -204,6 +204,7 @@ class Worker {
   bool snapshot_copy_pending_ = false;
   int64_t last_reported_transfer_ = -1;  // the snapshot step whose times metrics_ has
   absl::Time failure_time_;   // when this worker saw the failure
+  absl::Time confirmed_time_; // when the server's abort confirmed it
   absl::Time joined_time_;
   int64_t failed_step_ = 0;
   v1::RecoveryRecord recovery_;  // the latest (generation 0: none)

@@ -194,11 +194,12 @@ TEST_F(RecoveryTest, RankAndBuddyLostFallsBackToTheDiskCheckpoint) {
 TEST_F(RecoveryTest, KillDuringASnapshotTransferUsesThePreviousSnapshot) {
   ASSERT_TRUE(cluster_.ok());
   Params reference = Reference({"--snapshot_every=10"});
-  setenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS", "1500", 1);
+  // Snapshot 40's transfer alone is held for 1.5 s (a delay on every
+  // transfer would make the next boundaries skip their snapshots).
+  setenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS", "1500@40", 1);
   cluster_.StartWorkers("in-transfer", 4,
                         Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=20"}));
   unsetenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS");
-  // Snapshot 40's transfer is held for 1.5 s from step 40 on.
   ASSERT_TRUE(WaitForStep(41)) << cluster_.WorkerLog(0);
   cluster_.worker(1)->Signal(SIGKILL);
   cluster_.RestartWorker(1);
@@ -238,12 +239,12 @@ TEST_F(RecoveryTest, ChaosThreeKillsFixedSeed) {
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;
     return static_cast<int>((state >> 33) % n);
   };
-  setenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS", "150", 1);
+  setenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS", "150@100", 1);
   cluster_.StartWorkers("chaos", 4,
                         Flags({absl::StrCat("--steps=", kChaosSteps), "--snapshot_every=25"}));
   unsetenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS");
   // Kill moments: two at random steps, one just after a snapshot boundary
-  // (inside its 150 ms transfer); victims ranks 1..3 at random.
+  // (inside the 150 ms transfer of step 100); victims ranks 1..3 at random.
   std::vector<int> at = {40 + next(30), 101, 170 + next(60)};
   const absl::Time deadline = absl::Now() + absl::Minutes(4);
   for (size_t k = 0; k < at.size(); ++k) {

@@ -274,9 +274,13 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
       comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
                      {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
   if (!s.ok()) return s;
-  // Tests only: stretch the transfer so that a kill lands inside it.
+  // Tests only: stretch the transfer so that a kill lands inside it:
+  // "MS" (every snapshot) or "MS@STEP" (the snapshot of STEP only).
   if (const char* delay = std::getenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS")) {
-    absl::SleepFor(absl::Milliseconds(std::atoi(delay)));
+    const char* at = std::strchr(delay, '@');
+    if (at == nullptr || std::atoll(at + 1) == step) {
+      absl::SleepFor(absl::Milliseconds(std::atoi(delay)));
+    }
   }
   std::string received = TakeBuffer();
   // Same size as the buffer's last use (the usual case): nothing written.
