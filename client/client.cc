@@ -153,11 +153,19 @@ void Client::ReportProgress(const Progress& progress) {
   progress_ = progress;
 }
 
+void Client::ReportPeerFailure() {
+  absl::MutexLock lock(&mu_);
+  peer_failure_ = true;
+  beat_now_ = true;
+}
+
 void Client::StartHeartbeats(CommandHandler handler) {
   StopHeartbeats();
   {
     absl::MutexLock lock(&mu_);
     stop_heartbeats_ = false;
+    peer_failure_ = false;
+    beat_now_ = false;
   }
   heartbeat_thread_ = std::thread([this, handler = std::move(handler)] { HeartbeatLoop(handler); });
 }
@@ -175,8 +183,9 @@ void Client::HeartbeatLoop(CommandHandler handler) {
   absl::Duration backoff = absl::Milliseconds(100);
   auto stopping = [this](absl::Duration wait) {
     absl::MutexLock lock(&mu_);
-    auto stop = [this] { return stop_heartbeats_; };
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_heartbeats_ || beat_now_; };
     mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
+    beat_now_ = false;
     return stop_heartbeats_;
   };
   while (true) {
@@ -208,6 +217,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
         *request.mutable_last_step() = progress_.last_step;
         request.set_snapshot_step(progress_.snapshot_step);
         if (progress_.recovery.generation() > 0) *request.mutable_recovery() = progress_.recovery;
+        request.set_peer_failure(peer_failure_);
       }
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;

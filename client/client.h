@@ -114,6 +114,9 @@ class Client {
   void StartHeartbeats(CommandHandler handler);
   void StopHeartbeats();
   void ReportProgress(const Progress& progress);
+  // A collective failed here: the next heartbeat, sent now, says so
+  // (HeartbeatRequest.peer_failure), until heartbeats are restarted.
+  void ReportPeerFailure();
 
   // A clean exit from the job. A server that is away (restarting) is waited
   // for, up to the client's rpc_timeout.
@@ -186,6 +189,8 @@ class Client {
   absl::Mutex mu_;
   Progress progress_ ABSL_GUARDED_BY(mu_);
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
+  bool peer_failure_ ABSL_GUARDED_BY(mu_) = false;  // ReportPeerFailure
+  bool beat_now_ ABSL_GUARDED_BY(mu_) = false;      // wakes the heartbeat loop
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread heartbeat_thread_;
 };

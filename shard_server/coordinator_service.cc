@@ -76,7 +76,8 @@ class HeartbeatStream
     StartRead(&request_);
   }
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the member closed its side
+    if (!ok) {  // the member closed its side, or its process is gone
+      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member());
       Finish(grpc::Status::OK);
       return;
     }
@@ -90,6 +91,7 @@ class HeartbeatStream
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
+      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member());
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat stream broken"));
       return;
     }

@@ -599,6 +599,14 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
   m.collective_seq = request.collective_seq();
   m.last_step = request.last_step();
   m.snapshot_step = request.snapshot_step();
+  if (request.peer_failure() && job.formed() && request.member().generation() == job.generation &&
+      job.suspect_generation != job.generation) {
+    job.suspect_generation = job.generation;
+    log_->Log("peer_failure_reported", {{"job", job.id},
+                                        {"worker", m.worker_id},
+                                        {"rank", absl::StrCat(m.rank)},
+                                        {"generation", absl::StrCat(job.generation)}});
+  }
   if (request.has_recovery()) {
     const v1::RecoveryRecord& r = request.recovery();
     bool fresh = job.recoveries.empty() || job.recoveries.back().generation() != r.generation() ||
@@ -636,6 +644,13 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
                                      ": abort collectives and join again"));
   }
   return response;
+}
+
+void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Job*> found = FindMemberJob(member, /*allow_stale=*/false);
+  if (!found.ok()) return;
+  (*found)->members[member.rank()].stream_closed = clock_->Now();
 }
 
 absl::Status Membership::Leave(const v1::MemberCredentials& member) {
@@ -692,10 +707,19 @@ void Membership::Tick() {
       bool died = false;
       bool changed = false;
       std::string dead;  // who, for the generation's history
+      // After a peer's collective failed, a live member is one that beat
+      // within 1.5 intervals (it beats every interval) and whose stream is
+      // open; a member whose stream closed gets a moment to re-open it (a
+      // client re-opens a broken stream within ~100 ms and beats at once).
+      const bool suspect = job.formed() && job.suspect_generation == job.generation;
+      constexpr absl::Duration kReopenGrace = absl::Milliseconds(300);
       for (MemberState& m : job.members) {
         if (!m.alive || m.left) continue;
         absl::Duration silent = now - m.last_heartbeat;
-        if (silent <= options_.heartbeat_timeout) continue;
+        const bool closed = suspect && m.stream_closed > m.last_heartbeat &&
+                            now - m.stream_closed > kReopenGrace;
+        const bool quiet = suspect && silent > options_.heartbeat_interval * 1.5;
+        if (silent <= options_.heartbeat_timeout && !closed && !quiet) continue;
         m.alive = false;
         changed = true;
         absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ",
@@ -704,7 +728,12 @@ void Membership::Tick() {
                                   {"worker", m.worker_id},
                                   {"rank", absl::StrCat(m.rank)},
                                   {"generation", absl::StrCat(job.members_generation)},
-                                  {"silent_ms", Ms(silent)}});
+                                  {"silent_ms", Ms(silent)},
+                                  {"why", closed  ? "heartbeat stream closed after a peer's "
+                                                    "collective failed"
+                                          : quiet ? "silent 1.5 heartbeat intervals after a "
+                                                    "peer's collective failed"
+                                                  : "heartbeat timeout"}});
         died = died || job.formed();
       }
       // A death stands whatever the disk says: applied now, saved when it can be.

@@ -113,6 +113,9 @@ class Membership {
   // token or an older generation gets FAILED_PRECONDITION; a job with an
   // unsaved change UNAVAILABLE (the beat still counts).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  // The member's heartbeat stream closed (the last beat on it named
+  // `member`): evidence of death once a peer reported a failed collective.
+  void HeartbeatStreamClosed(const v1::MemberCredentials& member);
 
   // A clean exit. When every member left, the job is FINISHED. A leave that
   // cannot be saved returns the store's error and changes nothing.
@@ -145,6 +148,9 @@ class Membership {
     v1::StepTelemetry last_step;
     std::string incarnation;     // JoinRequest.incarnation
     int64_t snapshot_step = -1;  // the member's latest committed snapshot
+    // When its heartbeat stream last closed (InfinitePast: not since the
+    // member formed). A kill -9 closes it at once, on one host at least.
+    absl::Time stream_closed = absl::InfinitePast();
   };
   struct PendingJoin {
     uint64_t id = 0;
@@ -188,6 +194,10 @@ class Membership {
     std::deque<GenerationChange> history;
     std::map<std::string, int> joins;  // worker id -> generations it was a member of
     std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
+    // The generation in which a member reported a failed collective
+    // (HeartbeatRequest.peer_failure; -1: none): its silent members are
+    // declared dead sooner (Tick).
+    int64_t suspect_generation = -1;
     bool formed() const { return members_generation == generation && !members.empty(); }
   };
   using Deferred = std::vector<std::function<void()>>;

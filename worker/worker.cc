@@ -937,11 +937,15 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   if (generation_ == nullptr || config_.recovery.max_recoveries == 0) return failure;
   if (!abort_->tripped()) {
     // A failed collective: a peer died, or is stuck. The server confirms a
-    // death by ending the generation within its heartbeat timeout.
+    // death by ending the generation.
     if (!absl::IsUnavailable(failure) && !absl::IsDeadlineExceeded(failure) &&
         !absl::IsAborted(failure) && !absl::IsDataLoss(failure)) {
       return failure;
     }
+    // Telling the server now lets it declare a silent peer dead within
+    // about one heartbeat interval (at once when the peer's heartbeat stream
+    // closed) instead of after the whole heartbeat timeout.
+    client_->ReportPeerFailure();
     const JoinInfo& m = generation_->membership;
     const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
     if (!abort_->WaitTripped(wait)) {

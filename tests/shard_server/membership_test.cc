@@ -272,6 +272,63 @@ TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::DEGRADED);
 }
 
+// A survivor whose collective failed says so (peer_failure): a member whose
+// heartbeat stream then closed is dead at once, without the timeout.
+TEST_F(MembershipTest, APeerFailureAndAClosedStreamDeclareTheMemberDeadAtOnce) {
+  auto members = Form("job", 3);
+  clock_.Advance(absl::Milliseconds(200));
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(Beat(Credentials("job", members[r])).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  membership_->HeartbeatStreamClosed(Credentials("job", members[1]));  // kill -9
+  v1::HeartbeatRequest report;
+  *report.mutable_member() = Credentials("job", members[0]);
+  report.set_peer_failure(true);
+  ASSERT_TRUE(membership_->Heartbeat(report).ok());
+  // Within the re-open grace a closed stream is not yet a death.
+  clock_.Advance(absl::Milliseconds(200));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+  clock_.Advance(absl::Milliseconds(200));
+  membership_->Tick();
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_TRUE(job.members(2).alive());
+}
+
+// The report alone shortens the silence that counts as death to 1.5
+// heartbeat intervals; members that keep beating stay alive.
+TEST_F(MembershipTest, APeerFailureReportShortensTheSilenceThatCountsAsDeath) {
+  auto members = Form("job", 3);
+  v1::HeartbeatRequest report;
+  *report.mutable_member() = Credentials("job", members[0]);
+  report.set_peer_failure(true);
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Milliseconds(400));
+    ASSERT_TRUE(membership_->Heartbeat(report).ok());
+    ASSERT_TRUE(Beat(Credentials("job", members[2])).ok());
+    membership_->Tick();
+    if (i < 3) {
+      EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING) << i;
+    }
+  }
+  // 1.6 s of silence from rank 1 (interval 1 s), well inside the 3-s timeout.
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_TRUE(job.members(0).alive());
+  EXPECT_TRUE(job.members(2).alive());
+}
+
+// Without a report, a closed stream is no death (a client re-opens it).
+TEST_F(MembershipTest, AClosedStreamAloneIsNoDeath) {
+  auto members = Form("job", 2);
+  membership_->HeartbeatStreamClosed(Credentials("job", members[1]));
+  clock_.Advance(absl::Milliseconds(2500));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+}
+
 TEST_F(MembershipTest, SurvivorsRejoinTheNewGenerationAndKeepTheirRanks) {
   auto members = Form("job", 2);
   clock_.Advance(absl::Seconds(4));
