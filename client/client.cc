@@ -227,7 +227,18 @@ void Client::HeartbeatLoop(CommandHandler handler) {
         delivered = true;
         break;
       }
-      if (stopping(info_.heartbeat_interval)) break;
+      // After a failed collective the abort is what this member waits for:
+      // beat often until it comes.
+      constexpr absl::Duration kAwaitingAbortInterval = absl::Milliseconds(50);
+      bool awaiting_abort = false;
+      {
+        absl::MutexLock lock(&mu_);
+        awaiting_abort = peer_failure_;
+      }
+      if (stopping(awaiting_abort ? std::min(info_.heartbeat_interval, kAwaitingAbortInterval)
+                                  : info_.heartbeat_interval)) {
+        break;
+      }
     }
     stream->WritesDone();
     grpc::Status status = stream->Finish();

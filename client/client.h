@@ -115,7 +115,9 @@ class Client {
   void StopHeartbeats();
   void ReportProgress(const Progress& progress);
   // A collective failed here: the next heartbeat, sent now, says so
-  // (HeartbeatRequest.peer_failure), until heartbeats are restarted.
+  // (HeartbeatRequest.peer_failure), and so does every later one, 50 ms
+  // apart, until heartbeats are restarted: the server's abort comes within
+  // 50 ms of its decision, not a heartbeat interval later.
   void ReportPeerFailure();
 
   // A clean exit from the job. A server that is away (restarting) is waited
