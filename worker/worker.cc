@@ -544,6 +544,7 @@ absl::Status Worker::RestoreFromSnapshots(const nlohmann::json& decision) {
       recvs.push_back({from, static_cast<uint32_t>(old_rank), received[old_rank].data(), bytes});
     }
   }
+  const absl::Time start = absl::Now();
   if (!sends.empty() || !recvs.empty()) {
     GlooCommunicator* comm = generation_->data_plane->snapshot.get();
     if (comm == nullptr) {
@@ -566,6 +567,7 @@ absl::Status Worker::RestoreFromSnapshots(const nlohmann::json& decision) {
     keeper_.Keep(*blob);
     have[old_rank] = *blob;
   }
+  const absl::Time moved = absl::Now();
   // The old pieces this rank needs, as shard files in a private directory
   // in memory (tmpfs), read through the checkpoint reader.
   const char* tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -598,7 +600,13 @@ absl::Status Worker::RestoreFromSnapshots(const nlohmann::json& decision) {
   if (cleanup.files.empty()) return absl::OkStatus();  // a rank with no piece
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::OpenStep(dir);
   if (!reader.ok()) return reader.status();
-  return LoadFrom(reader->get());
+  absl::Status loaded = LoadFrom(reader->get());
+  std::fprintf(stderr,
+               "shard_worker rank %d: recovery: snapshot blobs moved in %.0f ms (%zu received), "
+               "loaded in %.0f ms\n",
+               rank_, absl::ToDoubleMilliseconds(moved - start), received.size(),
+               absl::ToDoubleMilliseconds(absl::Now() - moved));
+  return loaded;
 }
 
 absl::Status Worker::Train() {
@@ -620,20 +628,22 @@ absl::Status Worker::Train() {
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
   const int every = config_.recovery.snapshot_every;
-  if (every > 0 && g.start_step + every < steps && device_ == nullptr) {
-    // The snapshot buffers, ready before the first snapshot: own and the
-    // buddy's, for the step being taken and the committed one.
-    absl::StatusOr<ShardView> view = ViewShard(e, {}, config_.engine.optimizer, true);
-    if (!view.ok()) return Annotate(view.status(), "snapshot");
-    constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
-    keeper_.Reserve(view->bytes + kHeaderBytes, world() > 1 ? 4 : 2);
-  }
   for (int step = g.start_step; step < steps; ++step) {
     // Between steps, the abort needs no collective to notice it.
     if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
     step_ = step;
     if (absl::Status s = RunStep(step); !s.ok()) return s;
     const int completed = step + 1;
+    if (step == g.start_step && every > 0 && completed < steps && device_ == nullptr) {
+      // The snapshot buffers, ready before the first snapshot: own and the
+      // buddy's, for the step being taken and the committed one. After the
+      // generation's first step, which a recovery waits for, rather than
+      // competing with it for the CPUs.
+      absl::StatusOr<ShardView> view = ViewShard(e, {}, config_.engine.optimizer, true);
+      if (!view.ok()) return Annotate(view.status(), "snapshot");
+      constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
+      keeper_.Reserve(view->bytes + kHeaderBytes, world() > 1 ? 4 : 2);
+    }
     if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
       if (absl::Status s = Evaluate(completed); !s.ok()) return s;
     }
