@@ -150,9 +150,28 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
   return reader;
 }
 
-SafetensorsReader::~SafetensorsReader() { close(fd_); }
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::OpenBuffer(
+    const std::string& name, absl::string_view bytes) {
+  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(name, -1));
+  reader->buffer_ = bytes;
+  absl::Status status = reader->ParseHeader();
+  if (!status.ok()) return status;
+  return reader;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) close(fd_);
+}
 
 absl::Status SafetensorsReader::PRead(int64_t offset, int64_t length, void* out) const {
+  if (fd_ < 0) {
+    if (offset < 0 || length < 0 || offset + length > static_cast<int64_t>(buffer_.size())) {
+      return absl::DataLossError(absl::StrCat(path_, ": unexpected end of data at byte ", offset,
+                                              " (", length, " more bytes expected)"));
+    }
+    std::memcpy(out, buffer_.data() + offset, static_cast<size_t>(length));
+    return absl::OkStatus();
+  }
   char* p = static_cast<char*>(out);
   while (length > 0) {
     ssize_t n = pread(fd_, p, static_cast<size_t>(length), offset);
@@ -172,9 +191,13 @@ absl::Status SafetensorsReader::PRead(int64_t offset, int64_t length, void* out)
 }
 
 absl::Status SafetensorsReader::ParseHeader() {
-  struct stat st;
-  if (fstat(fd_, &st) != 0) return ErrnoStatus(errno, "stat", path_);
-  file_size_ = st.st_size;
+  if (fd_ >= 0) {
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return ErrnoStatus(errno, "stat", path_);
+    file_size_ = st.st_size;
+  } else {
+    file_size_ = static_cast<int64_t>(buffer_.size());
+  }
   if (file_size_ < 8) {
     return absl::DataLossError(absl::StrCat(path_, ": file is ", file_size_,
                                             " bytes; expected at least the 8-byte header size"));

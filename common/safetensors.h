@@ -71,6 +71,10 @@ class SafetensorsReader {
   // no overlap, nothing after). INVALID_ARGUMENT names the file, the tensor
   // and the bad value; DATA_LOSS if the file is shorter than the header says.
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
+  // The same over bytes in memory (a file's contents), named `name` in
+  // errors. `bytes` must outlive the reader.
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> OpenBuffer(const std::string& name,
+                                                                       absl::string_view bytes);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
@@ -104,7 +108,8 @@ class SafetensorsReader {
   absl::Status PRead(int64_t offset, int64_t length, void* out) const;
 
   const std::string path_;
-  const int fd_;
+  const int fd_;              // -1: reading `buffer_`
+  absl::string_view buffer_;  // OpenBuffer's bytes
   int64_t file_size_ = 0;
   int64_t data_begin_ = 0;
   std::vector<TensorInfo> tensors_;

@@ -305,9 +305,26 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
   return reader;
 }
 
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenMemory(
+    const std::string& source, std::vector<MemoryFile> files, bool verified) {
+  if (files.empty()) return absl::NotFoundError(absl::StrCat("no shard files in ", source));
+  auto reader = std::unique_ptr<CheckpointReader>(new CheckpointReader());
+  reader->source_ = source;
+  reader->checksums_verified_ = verified;
+  for (const MemoryFile& f : files) {
+    reader->paths_.push_back(absl::StrCat(source, "/", f.name));
+    reader->buffers_.push_back(f.bytes);
+  }
+  reader->readers_.resize(files.size());
+  reader->indexed_.assign(files.size(), false);
+  if (absl::Status s = reader->IndexFile(0); !s.ok()) return s;
+  return reader;
+}
+
 absl::StatusOr<SafetensorsReader*> CheckpointReader::File(int index) {
   if (readers_[index] == nullptr) {
-    auto opened = SafetensorsReader::Open(paths_[index]);
+    auto opened = buffers_.empty() ? SafetensorsReader::Open(paths_[index])
+                                   : SafetensorsReader::OpenBuffer(paths_[index], buffers_[index]);
     if (!opened.ok()) return opened.status();
     readers_[index] = std::move(*opened);
   }
@@ -348,7 +365,7 @@ absl::Status CheckpointReader::IndexFile(int index) {
 }
 
 absl::Status CheckpointReader::Verify(int index, const std::string& tensor) {
-  if (verified_.count({index, tensor})) return absl::OkStatus();
+  if (checksums_verified_ || verified_.count({index, tensor})) return absl::OkStatus();
   auto file = File(index);
   if (!file.ok()) return file.status();
   const SafetensorsMetadata& meta = (*file)->metadata();

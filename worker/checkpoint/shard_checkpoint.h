@@ -108,6 +108,17 @@ class CheckpointReader {
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenStep(
       const std::string& step_dir, const std::string& own_file = "");
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenFile(const std::string& path);
+  // A step's shard files held in memory (in-memory snapshots), as OpenStep
+  // reads them from a directory: `files` are (name, bytes), the first
+  // indexed first; the bytes must outlive the reader. `source` names them in
+  // messages. `verified`: every tensor's XXH64 was checked already (a
+  // snapshot blob on receipt, or as it was made), so reads skip the check.
+  struct MemoryFile {
+    std::string name;
+    absl::string_view bytes;
+  };
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenMemory(
+      const std::string& source, std::vector<MemoryFile> files, bool verified);
 
   // Rows [row_begin, row_end) of `tensor` as f32; NOT_FOUND naming the tensor
   // and the checkpoint when a row is missing. Every file tensor read from is
@@ -139,6 +150,8 @@ class CheckpointReader {
 
   std::string source_;
   std::vector<std::string> paths_;
+  std::vector<absl::string_view> buffers_;  // OpenMemory: each file's bytes
+  bool checksums_verified_ = false;         // OpenMemory(verified = true)
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;  // lazily opened
   std::vector<bool> indexed_;
   // (kind, model tensor) -> pieces, by row_begin
