@@ -687,8 +687,8 @@ absl::Status Worker::Snapshot(int completed) {
     if (rank_ == 0) {
       std::fprintf(stderr,
                    "shard_worker rank %d: snapshot of step %d skipped: the previous snapshot's "
-                   "transfer is still in flight on rank(s) %s (%d skipped so far; a larger "
-                   "--snapshot_every avoids this)\n",
+                   "transfer (or the first touch of the snapshot buffers) is still in flight on "
+                   "rank(s) %s (%d skipped so far; a larger --snapshot_every avoids this)\n",
                    rank_, completed, absl::StrJoin(busy_ranks, ",").c_str(),
                    metrics_.snapshots_skipped);
     }

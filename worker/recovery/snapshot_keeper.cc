@@ -169,7 +169,20 @@ std::string SnapshotKeeper::TakeBuffer() {
 }
 
 void SnapshotKeeper::Reserve(int64_t bytes, int count) {
+  {
+    // Counts as in flight: a boundary that comes first skips its snapshot
+    // rather than wait behind the first touches of the buffers.
+    absl::MutexLock lock(&mu_);
+    in_flight_ = true;
+  }
   thread_->Submit([this, bytes, count]() -> absl::Status {
+    struct Done {
+      SnapshotKeeper* keeper;
+      ~Done() {
+        absl::MutexLock lock(&keeper->mu_);
+        keeper->in_flight_ = false;
+      }
+    } done{this};
     int have = 0;
     {
       absl::MutexLock lock(&mu_);

@@ -96,13 +96,14 @@ class SnapshotKeeper {
   // Makes the pool hold `count` buffers of at least `bytes` (counting the
   // blobs held), allocated and touched on the keeper's thread in the
   // background, so that the first snapshots neither allocate nor fault
-  // pages in. The training thread calls it once per generation.
+  // pages in. in_flight() until done. The training thread calls it once per
+  // generation.
   void Reserve(int64_t bytes, int count) ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until the snapshot in flight no longer reads the engine's state
   // (at once when none is in flight). The training thread calls it before
   // every optimizer step.
   void WaitCopied() ABSL_LOCKS_EXCLUDED(mu_);
-  // A snapshot's copy or transfer is still running.
+  // A snapshot's copy or transfer, or Reserve, is still running.
   bool in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the transfer in flight; its error (the collective's, or a
   // checksum mismatch).

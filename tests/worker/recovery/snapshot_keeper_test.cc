@@ -75,6 +75,15 @@ TEST(BlobFromBytesTest, ChecksTheHeaderAndEveryTensor) {
   EXPECT_EQ(BlobFromBytes("short", sum).status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(SnapshotKeeperTest, ReserveCountsAsInFlightUntilItsBuffersAreTouched) {
+  SnapshotKeeper keeper;
+  keeper.Reserve(int64_t{64} << 20, 2);
+  EXPECT_TRUE(keeper.in_flight());  // set before the background task runs
+  ASSERT_TRUE(keeper.Wait().ok());
+  EXPECT_FALSE(keeper.in_flight());
+  EXPECT_GE(keeper.bytes(), int64_t{128} << 20);
+}
+
 TEST(SnapshotKeeperTest, SnapshotsAloneCompleteAndCommitWithoutGrowing) {
   SnapshotKeeper keeper;
   const int64_t blob_bytes = [] {
@@ -86,8 +95,8 @@ TEST(SnapshotKeeperTest, SnapshotsAloneCompleteAndCommitWithoutGrowing) {
   int64_t bytes_after_two = 0;
   for (int64_t step = 10; step <= 60; step += 10) {
     // The boundary: commit what is complete, then start the next one.
+    ASSERT_TRUE(keeper.Wait().ok());  // the Reserve, the first time
     ASSERT_FALSE(keeper.in_flight());
-    ASSERT_TRUE(keeper.Wait().ok());
     keeper.Commit(keeper.complete_step());
     ASSERT_TRUE(keeper.Start(ViewOf(MakeSnapshot(step, step)), nullptr, 1, absl::Seconds(5)).ok());
     keeper.WaitCopied();
