@@ -137,9 +137,9 @@ absl::Status Membership::Restore() {
     auto job = std::make_unique<Job>();
     job->id = s.job_id;
     job->world_size = s.world_size;
-    // Not stored: a job that shrank takes its smaller size as its target
-    // after a server restart.
-    job->target_world_size = s.world_size;
+    // A job that shrank keeps its workers' --world_size as its target, so
+    // their re-joins and replacements are still accepted.
+    job->target_world_size = s.target_world_size > 0 ? s.target_world_size : s.world_size;
     job->generation = s.generation;
     job->members_generation = s.members_generation;
     job->state = static_cast<v1::JobState>(s.state);
@@ -169,6 +169,7 @@ absl::Status Membership::Persist(const Job& job) {
   StoredJob s;
   s.job_id = job.id;
   s.world_size = job.world_size;
+  s.target_world_size = job.target_world_size;
   s.generation = job.generation;
   s.members_generation = job.members_generation;
   s.state = job.state;

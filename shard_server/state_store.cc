@@ -2,6 +2,7 @@
 
 #include <sqlite3.h>
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +16,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   world_size INTEGER NOT NULL,
   generation INTEGER NOT NULL,
   members_generation INTEGER NOT NULL,
-  state INTEGER NOT NULL
+  state INTEGER NOT NULL,
+  target_world_size INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS members (
   job_id TEXT NOT NULL,
@@ -184,6 +186,27 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
     absl::Status s = store->ExecuteLocked("open", sql);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
   }
+  // A database from before jobs.target_world_size: the column is added
+  // (0: the job's world size, which it was before a shrink could happen).
+  bool has_target = false;
+  sqlite3_exec(
+      db, "PRAGMA table_info(jobs);",
+      [](void* found, int columns, char** values, char** names) {
+        for (int i = 0; i < columns; ++i) {
+          if (std::string(names[i]) == "name" && values[i] != nullptr &&
+              std::string(values[i]) == "target_world_size") {
+            *static_cast<bool*>(found) = true;
+          }
+        }
+        return 0;
+      },
+      &has_target, nullptr);
+  if (!has_target) {
+    absl::Status s = store->ExecuteLocked(
+        "add jobs.target_world_size",
+        "ALTER TABLE jobs ADD COLUMN target_world_size INTEGER NOT NULL DEFAULT 0;");
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  }
   return store;
 }
 
@@ -223,9 +246,10 @@ absl::Status StateStore::SaveJob(const StoredJob& job) {
   return Transaction([&](Connection& db) -> absl::Status {
     Statement save = db.Prepare("save job",
                                 "INSERT OR REPLACE INTO jobs(job_id, world_size, generation, "
-                                "members_generation, state) VALUES (?, ?, ?, ?, ?)");
+                                "members_generation, state, target_world_size) "
+                                "VALUES (?, ?, ?, ?, ?, ?)");
     save.Bind(1, job.job_id).Bind(2, job.world_size).Bind(3, job.generation);
-    save.Bind(4, job.members_generation).Bind(5, job.state);
+    save.Bind(4, job.members_generation).Bind(5, job.state).Bind(6, job.target_world_size);
     if (absl::Status s = save.Run(); !s.ok()) return s;
     Statement clear = db.Prepare("save job members", "DELETE FROM members WHERE job_id = ?");
     if (absl::Status s = clear.Bind(1, job.job_id).Run(); !s.ok()) return s;
@@ -259,7 +283,7 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
   absl::Status status = Read([&](Connection& db) -> absl::Status {
     Statement load = db.Prepare("load jobs",
                                 "SELECT job_id, world_size, generation, members_generation, "
-                                "state FROM jobs ORDER BY job_id");
+                                "state, target_world_size FROM jobs ORDER BY job_id");
     while (load.Next()) {
       StoredJob job;
       job.job_id = load.Text(0);
@@ -267,6 +291,7 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
       job.generation = load.Int(2);
       job.members_generation = load.Int(3);
       job.state = static_cast<int>(load.Int(4));
+      job.target_world_size = static_cast<int>(load.Int(5));
       jobs.push_back(std::move(job));
     }
     if (!load.status().ok()) return load.status();

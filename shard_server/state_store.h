@@ -44,6 +44,9 @@ struct StoredJob {
   int64_t generation = 0;          // the current (possibly forming) generation
   int64_t members_generation = 0;  // the generation `members` belong to (0: none yet)
   int state = 0;                   // zeroshard.v1.JobState
+  // The world size its workers were started with (world_size is smaller
+  // after a shrink); 0: not recorded (a database from before), world_size.
+  int target_world_size = 0;
   std::vector<StoredMember> members;
 };
 

@@ -500,6 +500,69 @@ TEST_F(MembershipTest, RestoredServerKnowsItsJobsAndDeclaresSilentMembersDead) {
   EXPECT_EQ(restored.Status("persisted").jobs(0).state(), v1::DEGRADED);
 }
 
+v1::JoinRequest Elastic(v1::JoinRequest r, int min_world, int64_t grace_ms) {
+  r.set_min_world_size(min_world);
+  r.set_rejoin_grace_ms(grace_ms);
+  return r;
+}
+
+// A job that shrank from 3 to 2 keeps 3 as its target across a server
+// restart: its workers' re-joins (--world_size=3) are still accepted.
+TEST_F(MembershipTest, ARestoredShrunkJobKeepsItsTargetWorldSize) {
+  std::string dir = testing::MakeTempDir("membership");
+  {
+    auto state = StateStore::Open(dir + "/state.db");
+    ASSERT_TRUE(state.ok()) << state.status();
+    Membership first(&clock_, &log_, state->get(), options_);
+    std::vector<JoinResult> joins(3);
+    for (int i = 0; i < 3; ++i) {
+      first.Join(Elastic(Request("el", 3, absl::StrCat("w", i)), 2, 1000),
+                 clock_.Now() + absl::Hours(1), [&joins, i](auto r) { joins[i] = r; });
+    }
+    for (auto& r : joins) ASSERT_TRUE(r && r->ok());
+    clock_.Advance(absl::Seconds(2));
+    for (int i = 0; i < 2; ++i) {
+      v1::HeartbeatRequest h;
+      *h.mutable_member() = Credentials("el", **joins[i]);
+      ASSERT_TRUE(first.Heartbeat(h).ok());
+    }
+    clock_.Advance(absl::Seconds(2));
+    first.Tick();  // w2 dead
+    std::vector<JoinResult> again(2);
+    for (int i = 0; i < 2; ++i) {
+      first.Join(Elastic(Request("el", 3, absl::StrCat("w", i)), 2, 1000),
+                 clock_.Now() + absl::Hours(1), [&again, i](auto r) { again[i] = r; });
+    }
+    clock_.Advance(absl::Seconds(2));
+    first.Tick();  // the grace is over: shrunk to 2
+    for (auto& r : again) ASSERT_TRUE(r && r->ok() && (*r)->world_size() == 2);
+  }
+  auto state = StateStore::Open(dir + "/state.db");
+  ASSERT_TRUE(state.ok());
+  Membership restored(&clock_, &log_, state->get(), options_);
+  ASSERT_TRUE(restored.Restore().ok());
+  v1::JobStatus job = restored.Status("el").jobs(0);
+  EXPECT_EQ(job.world_size(), 2);
+  // The server was away: the members are declared dead after a timeout,
+  // and re-join with their --world_size=3: accepted (before, the restored
+  // target was 2 and refused them as a mismatch), and formed again at 2
+  // after the grace.
+  clock_.Advance(absl::Seconds(4));
+  restored.Tick();
+  std::vector<JoinResult> rejoined(2);
+  for (int i = 0; i < 2; ++i) {
+    restored.Join(Elastic(Request("el", 3, absl::StrCat("w", i)), 2, 1000),
+                  clock_.Now() + absl::Hours(1), [&rejoined, i](auto r) { rejoined[i] = r; });
+  }
+  clock_.Advance(absl::Seconds(2));
+  restored.Tick();
+  for (auto& r : rejoined) {
+    ASSERT_TRUE(r && r->ok()) << (r ? r->status().ToString() : "no answer");
+    EXPECT_EQ((*r)->world_size(), 2);
+    EXPECT_EQ((*r)->target_world_size(), 3);
+  }
+}
+
 TEST_F(MembershipTest, StatusShowsEachMembersLastStepAsItsHeartbeatReportedIt) {
   std::vector<v1::JoinResponse> members = Form("tele", 2);
   v1::HeartbeatRequest beat;
@@ -545,12 +608,6 @@ TEST_F(MembershipTest, StatusSaysWhyEachGenerationBeganAndCountsRejoins) {
 }
 
 // ---- Fault tolerance (#13): shrink, agreement, restarted processes ----
-
-v1::JoinRequest Elastic(v1::JoinRequest r, int min_world, int64_t grace_ms) {
-  r.set_min_world_size(min_world);
-  r.set_rejoin_grace_ms(grace_ms);
-  return r;
-}
 
 TEST_F(MembershipTest, ShrinksToTheSurvivorsAfterTheRejoinGrace) {
   std::vector<JoinResult> first(3);

@@ -146,5 +146,48 @@ TEST_F(StateStoreTest, FailedSaveNamesSqlitesErrorAndKeepsTheJobSavedBefore) {
   EXPECT_EQ((*jobs)[0].members.size(), 1u);
 }
 
+TEST_F(StateStoreTest, SavesAndLoadsTheTargetWorldSizeOfAShrunkJob) {
+  StoredJob job = Job(3, 2);
+  job.target_world_size = 3;
+  ASSERT_TRUE(store_->SaveJob(job).ok());
+  auto loaded = store_->LoadJobs();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].world_size, 2);
+  EXPECT_EQ((*loaded)[0].target_world_size, 3);
+}
+
+TEST_F(StateStoreTest, OpensADatabaseFromBeforeTheTargetWorldSizeColumn) {
+  // The jobs table as it was, with one job in it.
+  ASSERT_TRUE(store_
+                  ->Transaction([](StateStore::Connection& db) {
+                    absl::Status s = db.Execute("old table", "DROP TABLE jobs");
+                    if (s.ok()) {
+                      s = db.Execute("old table",
+                                     "CREATE TABLE jobs (job_id TEXT PRIMARY KEY, world_size "
+                                     "INTEGER NOT NULL, generation INTEGER NOT NULL, "
+                                     "members_generation INTEGER NOT NULL, state INTEGER NOT "
+                                     "NULL)");
+                    }
+                    if (s.ok()) {
+                      s = db.Execute("old row",
+                                     "INSERT INTO jobs VALUES ('old', 4, 2, 2, 1)");
+                    }
+                    return s;
+                  })
+                  .ok());
+  store_.reset();
+  auto reopened = StateStore::Open(path_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto loaded = (*reopened)->LoadJobs();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].world_size, 4);
+  EXPECT_EQ((*loaded)[0].target_world_size, 0);  // not recorded: the world size
+  StoredJob job = Job(5, 3);
+  job.target_world_size = 4;
+  ASSERT_TRUE((*reopened)->SaveJob(job).ok());
+}
+
 }  // namespace
 }  // namespace zeroshard
