@@ -100,6 +100,7 @@ class Client:
                                       _read(tls_key_file, "TLS key"), tls_server_name,
                                       float(rpc_timeout))
         self._info: Optional[JoinInfo] = None
+        self._why_cache: Optional[tuple] = None
         self._lock = threading.Lock()
         self._progress: Dict[str, Any] = dict(step=0, loss=0.0, memory_bytes=-1,
                                               collective_seq=0, step_ms=0.0,
@@ -185,8 +186,44 @@ class Client:
         if event["command"] == "ABORT_GENERATION_CHANGED":
             return GenerationChanged(
                 f"job '{self.info.job}' moved to generation {event['generation']}: "
-                f"{event['message']}", 10, generation=event["generation"])
+                f"{self._why(event['generation']) or event['message']}", 10,
+                generation=event["generation"])
         return ZeroshardError(f"the server sent {event['command']}: {event['message']}")
+
+    def server_verdict(self) -> Optional[ZeroshardError]:
+        """Asks the server now (one GetStatus call) whether the job moved past this
+        member's generation: GenerationChanged naming why, or None. failure() learns the
+        same from the next heartbeat reply, up to a heartbeat interval later."""
+        error = self.failure()
+        if error is not None:
+            return error
+        try:
+            jobs = self.status(self.info.job)
+        except ZeroshardError:
+            return None
+        for job in jobs:
+            if job.get("generation", 0) > self.info.generation:
+                g = job["generation"]
+                return GenerationChanged(
+                    f"job '{self.info.job}' moved to generation {g}: {self._why(g)}", 10,
+                    generation=g)
+        return None
+
+    def _why(self, generation: int) -> str:
+        """The server's reason for `generation` ("worker 'w1' (rank 1) stopped
+        heartbeating"), from the job's history; "" if it cannot be had."""
+        if self._why_cache is not None and self._why_cache[0] == generation:
+            return self._why_cache[1]
+        try:
+            jobs = self.status(self.info.job)
+        except ZeroshardError:
+            return ""
+        for job in jobs:
+            for change in job.get("history", []):
+                if change.get("generation") == generation:
+                    self._why_cache = (generation, change.get("reason", ""))
+                    return self._why_cache[1]
+        return ""
 
     def stop_heartbeats(self) -> None:
         self._native.stop_heartbeats()

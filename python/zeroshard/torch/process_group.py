@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterator, Optional
@@ -158,10 +159,17 @@ def failure_guard(wait: Optional[float] = None) -> Iterator[None]:
     except Exception as error:  # noqa: BLE001 - collectives raise RuntimeError and others
         s._acknowledged.set()
         limit = s.info.heartbeat_timeout + s.info.heartbeat_interval if wait is None else wait
-        verdict = s.client.wait_for_failure(limit)
-        if verdict is not None:
-            raise verdict from error
-        raise
+        deadline = time.monotonic() + limit
+        # Polled (every 100 ms) rather than left to the next heartbeat reply, which may
+        # come a heartbeat interval after the server's verdict.
+        while True:
+            verdict = s.client.server_verdict()
+            if verdict is not None:
+                raise verdict from error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            s.client.wait_for_failure(min(0.1, left))
 
 
 def install_step_check(optimizer: Any) -> Any:
