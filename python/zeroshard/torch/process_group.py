@@ -61,7 +61,8 @@ def _default_worker_id() -> str:
     return f"{host}/{local}" if local is not None else f"{host}/{os.getpid()}"
 
 
-def init_process_group(server: str, job: str, world_size: int, backend: str = "gloo", *,
+def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
+                       world_size: Optional[int] = None, backend: str = "gloo", *,
                        worker_id: Optional[str] = None, token: Optional[str] = None,
                        token_file: Optional[str] = None, tls_ca_file: Optional[str] = None,
                        tls_cert_file: Optional[str] = None, tls_key_file: Optional[str] = None,
@@ -85,13 +86,42 @@ def init_process_group(server: str, job: str, world_size: int, backend: str = "g
     has not noticed (check(), failure_guard()) within `exit_if_blocked` seconds (default:
     the heartbeat timeout + 1 s; 0 disables). An elastic agent (torchrun) restarts it.
 
+    Under `python -m zeroshard.torchrun`, every argument may be left out: the server is
+    the rendezvous endpoint (ZEROSHARD_SERVER), the job "<rdzv_id>.workers", the world
+    size and the worker id come from torchrun (WORLD_SIZE, RANK), so the zeroshard rank
+    is torchrun's.
+
     Returns the Session (client, store, rank, world size, generation).
     """
     global _session
+    env = os.environ
+    expected_rank = None
+    if server is None:
+        server = env.get("ZEROSHARD_SERVER")
+        if not server:
+            raise ValueError("init_process_group: give server= (or run under "
+                             "python -m zeroshard.torchrun, which sets ZEROSHARD_SERVER)")
+    if token is None and token_file is None and env.get("ZEROSHARD_TOKEN_FILE"):
+        token_file = env["ZEROSHARD_TOKEN_FILE"]
+    if job is None:
+        if "TORCHELASTIC_RUN_ID" not in env:
+            raise ValueError("init_process_group: give job=")
+        job = env["TORCHELASTIC_RUN_ID"] + ".workers"
+    if world_size is None:
+        if "WORLD_SIZE" not in env:
+            raise ValueError("init_process_group: give world_size=")
+        world_size = int(env["WORLD_SIZE"])
+    if worker_id is None and "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+        # Zero-padded, so the sorted order of worker ids is torchrun's rank order.
+        expected_rank = int(env["RANK"])
+        worker_id = f"rank-{expected_rank:06d}"
     client = Client(server, token=token, token_file=token_file, tls_ca_file=tls_ca_file,
                     tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
                     tls_server_name=tls_server_name)
     info = client.join(job, world_size, worker_id or _default_worker_id(), timeout=join_timeout)
+    if expected_rank is not None and info.rank != expected_rank:
+        raise RuntimeError(f"zeroshard gave rank {info.rank} to torchrun's rank {expected_rank} "
+                           f"in job '{job}': another program joined it with other worker ids?")
     store = Store(client, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size,
                             timeout=timeout)
