@@ -137,8 +137,8 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
     }
     if (!Retryable(status) || absl::Now() + backoff >= deadline) {
       return absl::Status(status.code(),
-                          absl::StrCat("join of job '", job_id, "' as '", worker_id, "' at ",
-                                       options_.server, ": ", status.message()));
+                          absl::StrCat("join of job '", job_id, "' as '", worker_id,
+                                       "' at ", options_.server, ": ", status.message()));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -374,9 +374,9 @@ absl::StatusOr<ShardPlan> Client::PlanShards(const ModelSpec& spec, const PlanOp
         absl::StrCat("the plan is for world size ", plan.world_size, ", not ", world_size));
   }
   if (!valid.ok()) {
-    return absl::InternalError(
-        absl::StrCat("the server at ", options_.server,
-                     " returned a shard plan that fails validation: ", valid.message()));
+    return absl::InternalError(absl::StrCat("the server at ", options_.server,
+                                            " returned a shard plan that fails validation: ",
+                                            valid.message()));
   }
   return plan;
 }
@@ -390,9 +390,8 @@ absl::Status Client::HealthCheck() {
   absl::Status s = FromGrpcStatus(health->Check(&context, request, &response));
   if (!s.ok()) return s;
   if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-    return absl::UnavailableError(
-        absl::StrCat("server is ",
-                     grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+    return absl::UnavailableError(absl::StrCat(
+        "server is ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
   }
   return absl::OkStatus();
 }
@@ -424,7 +423,8 @@ absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
 }
 
 absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& file,
-                                            const std::string& local_path, absl::Duration timeout) {
+                                            const std::string& local_path,
+                                            absl::Duration timeout) {
   int fd = open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "cannot open", local_path);
   struct stat st;
@@ -505,9 +505,8 @@ absl::StatusOr<v1::ConsolidateSummary> Client::Consolidate(const v1::Consolidate
         return ErrnoStatus(errno, "cannot create output directory", out_path);
       }
       if (!IsDirectory(out_path)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("--out ", out_path,
-                         " is a file; sharded output (max_shard_bytes > 0) needs a directory"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--out ", out_path, " is a file; sharded output (max_shard_bytes > 0) needs a directory"));
       }
       out_dir = out_path;
     } else if (IsDirectory(out_path)) {
@@ -588,8 +587,8 @@ absl::StatusOr<v1::ConsolidateSummary> Client::Consolidate(const v1::Consolidate
   if (!s.ok()) return s;
   if (!summary.has_value()) return absl::DataLossError("the stream ended without a summary");
   if (file_received != file_size) {
-    return absl::DataLossError(
-        absl::StrCat(state.file, ": ", file_received, " of ", file_size, " bytes received"));
+    return absl::DataLossError(absl::StrCat(state.file, ": ", file_received, " of ", file_size,
+                                            " bytes received"));
   }
   if (streamed) {
     if (files.empty()) return absl::DataLossError("the server sent no file");

@@ -13,8 +13,8 @@ KvStore::KvStore(Clock* clock, KvLimits limits) : clock_(clock), limits_(limits)
 absl::Status KvStore::CheckKey(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("key is empty");
   if (key.size() > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key of ", key.size(), " bytes; at most ", limits_.max_key_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("key of ", key.size(), " bytes; at most ",
+                                                   limits_.max_key_bytes));
   }
   return absl::OkStatus();
 }
@@ -22,8 +22,7 @@ absl::Status KvStore::CheckKey(const std::string& key) {
 KvStore::JobData& KvStore::Data(const std::string& job, int64_t generation, Deferred& deferred) {
   JobData& data = jobs_[job];
   if (data.generation < generation) {
-    Clear(data,
-          absl::AbortedError(absl::StrCat("job '", job, "' moved to generation ", generation)),
+    Clear(data, absl::AbortedError(absl::StrCat("job '", job, "' moved to generation ", generation)),
           deferred);
     data.generation = generation;
   }
@@ -58,10 +57,10 @@ absl::Status KvStore::StoreValue(JobData& data, const std::string& job, const st
                      limits_.max_job_bytes, " (the server's --kv_max_job_bytes)"));
   }
   if (bytes > data.bytes && total_bytes_ + (bytes - data.bytes) > limits_.max_total_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the store would hold ", total_bytes_ + (bytes - data.bytes),
-                     " bytes over all jobs; at most ", limits_.max_total_bytes,
-                     " (the server's --kv_max_total_bytes)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the store would hold ", total_bytes_ + (bytes - data.bytes),
+        " bytes over all jobs; at most ", limits_.max_total_bytes,
+        " (the server's --kv_max_total_bytes)"));
   }
   total_bytes_ = total_bytes_ - data.bytes + bytes;
   data.bytes = bytes;
@@ -91,18 +90,19 @@ void KvStore::WakeWaiters(JobData& data, Deferred& deferred) {
 
 absl::Status KvStore::AddWaiter(JobData& data, const std::string& job, Waiter& waiter) {
   if (data.waiters.size() >= limits_.max_waiters_per_job) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job '", job, "' already has ", data.waiters.size(), " gets and waits held; at most ",
-        limits_.max_waiters_per_job, " (the server's --kv_max_waiters_per_job)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", job, "' already has ", data.waiters.size(),
+                     " gets and waits held; at most ", limits_.max_waiters_per_job,
+                     " (the server's --kv_max_waiters_per_job)"));
   }
   // The keys' bytes and a share for the waiter's own bookkeeping.
   waiter.bytes = 64;
   for (const std::string& k : waiter.keys) waiter.bytes += k.size() + 32;
   if (total_bytes_ + waiter.bytes > limits_.max_total_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("holding this wait would take the store to ", total_bytes_ + waiter.bytes,
-                     " bytes over all jobs; at most ", limits_.max_total_bytes,
-                     " (the server's --kv_max_total_bytes)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "holding this wait would take the store to ", total_bytes_ + waiter.bytes,
+        " bytes over all jobs; at most ", limits_.max_total_bytes,
+        " (the server's --kv_max_total_bytes)"));
   }
   data.wait_bytes += waiter.bytes;
   total_bytes_ += waiter.bytes;
@@ -199,9 +199,9 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& job, int64_t generation,
 uint64_t KvStore::Wait(const std::string& job, int64_t generation, std::vector<std::string> keys,
                        absl::Time deadline, WaitDone done) {
   if (keys.size() > limits_.max_wait_keys) {
-    done(absl::ResourceExhaustedError(absl::StrCat("a wait for ", keys.size(), " keys; at most ",
-                                                   limits_.max_wait_keys,
-                                                   " per call (the server's --kv_max_wait_keys)")));
+    done(absl::ResourceExhaustedError(
+        absl::StrCat("a wait for ", keys.size(), " keys; at most ", limits_.max_wait_keys,
+                     " per call (the server's --kv_max_wait_keys)")));
     return 0;
   }
   for (const std::string& k : keys) {
@@ -340,10 +340,10 @@ void KvStore::DropJob(const std::string& job, int64_t new_generation) {
     auto it = jobs_.find(job);
     if (it == jobs_.end()) return;
     Clear(it->second,
-          absl::AbortedError(
-              new_generation == std::numeric_limits<int64_t>::max()
-                  ? absl::StrCat("job '", job, "' ended")
-                  : absl::StrCat("job '", job, "' moved to generation ", new_generation)),
+          absl::AbortedError(new_generation == std::numeric_limits<int64_t>::max()
+                                 ? absl::StrCat("job '", job, "' ended")
+                                 : absl::StrCat("job '", job, "' moved to generation ",
+                                                new_generation)),
           deferred);
     jobs_.erase(it);
   }
