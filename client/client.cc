@@ -298,6 +298,57 @@ absl::Status Client::StoreWait(const std::vector<std::string>& keys, absl::Durat
   return FromGrpcStatus(stub_->StoreWait(&context, request, &response));
 }
 
+absl::StatusOr<std::string> Client::StoreCompareSet(const std::string& key,
+                                                    const std::string& expected,
+                                                    const std::string& desired) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreCompareSetRequest request;
+  *request.mutable_member() = credentials();
+  request.set_key(key);
+  request.set_expected(expected);
+  request.set_desired(desired);
+  v1::StoreCompareSetResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreCompareSet(&context, request, &response));
+  if (!s.ok()) return s;
+  return std::move(*response.mutable_value());
+}
+
+absl::StatusOr<bool> Client::StoreDelete(const std::string& key) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreDeleteRequest request;
+  *request.mutable_member() = credentials();
+  request.set_key(key);
+  v1::StoreDeleteResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreDelete(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.deleted();
+}
+
+absl::StatusOr<bool> Client::StoreCheck(const std::vector<std::string>& keys) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreCheckRequest request;
+  *request.mutable_member() = credentials();
+  for (const std::string& k : keys) request.add_keys(k);
+  v1::StoreCheckResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreCheck(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.all_exist();
+}
+
+absl::StatusOr<int64_t> Client::StoreNumKeys() {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreNumKeysRequest request;
+  *request.mutable_member() = credentials();
+  v1::StoreNumKeysResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreNumKeys(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.num_keys();
+}
+
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_id) {
   grpc::ClientContext context;
   Prepare(&context, options_.rpc_timeout);

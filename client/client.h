@@ -124,6 +124,12 @@ class Client {
   absl::StatusOr<std::string> StoreGet(const std::string& key, absl::Duration timeout);
   absl::StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
   absl::Status StoreWait(const std::vector<std::string>& keys, absl::Duration timeout);
+  // TCPStore's compare_set: the value the key holds afterwards.
+  absl::StatusOr<std::string> StoreCompareSet(const std::string& key, const std::string& expected,
+                                              const std::string& desired);
+  absl::StatusOr<bool> StoreDelete(const std::string& key);        // false: there was none
+  absl::StatusOr<bool> StoreCheck(const std::vector<std::string>& keys);  // never waits
+  absl::StatusOr<int64_t> StoreNumKeys();
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
   // As a member (after Join): the job generation's plan. Before any Join: a

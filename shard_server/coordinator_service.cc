@@ -235,6 +235,55 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   return call;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::StoreCompareSet(
+    grpc::CallbackServerContext* context, const v1::StoreCompareSetRequest* request,
+    v1::StoreCompareSetResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  absl::StatusOr<std::string> value = kv_->CompareSet(m.job_id(), m.generation(), request->key(),
+                                                      request->expected(), request->desired());
+  if (value.ok()) response->set_value(std::move(*value));
+  return FinishNow(context, ToGrpcStatus(value.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* context,
+                                                          const v1::StoreDeleteRequest* request,
+                                                          v1::StoreDeleteResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  absl::StatusOr<bool> deleted = kv_->Delete(m.job_id(), m.generation(), request->key());
+  if (deleted.ok()) response->set_deleted(*deleted);
+  return FinishNow(context, ToGrpcStatus(deleted.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* context,
+                                                         const v1::StoreCheckRequest* request,
+                                                         v1::StoreCheckResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  absl::StatusOr<bool> all = kv_->Check(m.job_id(), m.generation(), keys);
+  if (all.ok()) response->set_all_exist(*all);
+  return FinishNow(context, ToGrpcStatus(all.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreNumKeys(grpc::CallbackServerContext* context,
+                                                           const v1::StoreNumKeysRequest* request,
+                                                           v1::StoreNumKeysResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  response->set_num_keys(kv_->NumKeys(m.job_id(), m.generation()));
+  return FinishNow(context, grpc::Status::OK);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* context,
                                                         const v1::GetStatusRequest* request,
                                                         v1::GetStatusResponse* response) {

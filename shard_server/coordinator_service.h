@@ -44,6 +44,18 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
                                       const v1::StoreWaitRequest* request,
                                       v1::StoreWaitResponse* response) override;
+  grpc::ServerUnaryReactor* StoreCompareSet(grpc::CallbackServerContext* context,
+                                            const v1::StoreCompareSetRequest* request,
+                                            v1::StoreCompareSetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreDelete(grpc::CallbackServerContext* context,
+                                        const v1::StoreDeleteRequest* request,
+                                        v1::StoreDeleteResponse* response) override;
+  grpc::ServerUnaryReactor* StoreCheck(grpc::CallbackServerContext* context,
+                                       const v1::StoreCheckRequest* request,
+                                       v1::StoreCheckResponse* response) override;
+  grpc::ServerUnaryReactor* StoreNumKeys(grpc::CallbackServerContext* context,
+                                         const v1::StoreNumKeysRequest* request,
+                                         v1::StoreNumKeysResponse* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::GetStatusResponse* response) override;

@@ -15,6 +15,7 @@ PACKAGES=(
   nlohmann-json3-dev libxxhash-dev
   openssl                # test-time TLS certificates
   python3 python3-venv python3-torch python3-numpy python3-yaml  # interop tests
+  python3-dev pybind11-dev  # the Python package (python/zeroshard)
 )
 
 missing=()
