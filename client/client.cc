@@ -150,6 +150,11 @@ void Client::ReportProgress(const Progress& progress) {
   progress_ = progress;
 }
 
+void Client::SetTelemetrySource(TelemetrySource source) {
+  absl::MutexLock lock(&mu_);
+  telemetry_source_ = std::move(source);
+}
+
 void Client::StartHeartbeats(CommandHandler handler) {
   StopHeartbeats();
   {
@@ -195,6 +200,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
     bool delivered = false;
     while (true) {
       v1::HeartbeatRequest request;
+      TelemetrySource source;
       *request.mutable_member() = credentials();
       {
         absl::MutexLock lock(&mu_);
@@ -203,7 +209,10 @@ void Client::HeartbeatLoop(CommandHandler handler) {
         request.set_memory_bytes(progress_.memory_bytes);
         request.set_collective_seq(progress_.collective_seq);
         *request.mutable_last_step() = progress_.last_step;
+        *request.mutable_telemetry() = progress_.telemetry;
+        source = telemetry_source_;
       }
+      if (source) source(request.mutable_telemetry());
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;
       backoff = absl::Milliseconds(100);

@@ -72,6 +72,7 @@ struct Progress {
   int64_t memory_bytes = 0;
   int64_t collective_seq = 0;
   v1::StepTelemetry last_step;  // where the last step's time went
+  v1::RankTelemetry telemetry;  // the last step's arrival; live fields come from the source
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& status);
@@ -102,6 +103,11 @@ class Client {
   void StartHeartbeats(CommandHandler handler);
   void StopHeartbeats();
   void ReportProgress(const Progress& progress);
+  // Called on the heartbeat thread before every beat, without the client's
+  // lock, to fill what changes between steps (memory, the collective in
+  // flight) into the reported telemetry. Empty: none.
+  using TelemetrySource = std::function<void(v1::RankTelemetry*)>;
+  void SetTelemetrySource(TelemetrySource source);
 
   // A clean exit from the job. A server that is away (restarting) is waited
   // for, up to the client's rpc_timeout.
@@ -172,6 +178,7 @@ class Client {
 
   absl::Mutex mu_;
   Progress progress_ ABSL_GUARDED_BY(mu_);
+  TelemetrySource telemetry_source_ ABSL_GUARDED_BY(mu_);
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread heartbeat_thread_;

@@ -3,6 +3,7 @@
 //   shardctl --server=HOST:PORT status [--job=ID] [--json]
 //
 // Tables for people; --json for programs.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,8 +11,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/connection_flags.h"
@@ -49,6 +52,20 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   return Client::Connect(*options);
 }
 
+std::string InCollective(const v1::RankTelemetry& t) {
+  if (!t.has_in_progress()) return "-";
+  const v1::CollectiveInProgress& c = t.in_progress();
+  std::string op = absl::AsciiStrToLower(v1::CollectiveOp_Name(c.op()));
+  const double seconds =
+      absl::ToDoubleSeconds(absl::Now() - absl::FromUnixMillis(c.started_unix_ms()));
+  return absl::StrFormat("%s #%d %s %.1fs", op, c.seq(), c.unit(), std::max(0.0, seconds));
+}
+
+std::string MemberFlags(const v1::MemberStatus& m) {
+  if (m.hung()) return m.straggler() ? "HUNG,STRAGGLER" : "HUNG";
+  return m.straggler() ? "STRAGGLER" : "-";
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -76,7 +93,8 @@ int StatusCommand() {
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
     Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "STEP TIME",
-                   "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "REJOINS"});
+                   "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "IN COLLECTIVE", "REJOINS",
+                   "FLAGS"});
     for (const v1::MemberStatus& m : job.members()) {
       std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
       if (m.rank() < 0) state = "joining";
@@ -93,9 +111,14 @@ int StatusCommand() {
                                             m.last_step().reduce_wait_ms())
                           : "-",
                       HumanBytes(static_cast<double>(m.memory_bytes())),
-                      absl::StrCat(m.collective_seq()), absl::StrCat(m.rejoins())});
+                      absl::StrCat(m.collective_seq()), InCollective(m.telemetry()),
+                      absl::StrCat(m.rejoins()), MemberFlags(m)});
     }
     std::printf("%s", members.ToString().c_str());
+    for (const v1::Diagnosis& d : job.diagnoses()) {
+      std::printf("%s: %s\n", d.kind() == v1::Diagnosis::STRAGGLER ? "STRAGGLER" : "HANG",
+                  d.message().c_str());
+    }
     if (job.history_size() > 0) {
       Table history({"GENERATION", "SINCE", "WHY"});
       for (const v1::GenerationChange& change : job.history()) {

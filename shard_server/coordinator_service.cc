@@ -107,7 +107,8 @@ class HeartbeatStream
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, std::string auth_token,
-                                       CheckpointService* checkpoints)
+                                       CheckpointService* checkpoints,
+                                       const TelemetryAnalyzer* diagnosis)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
@@ -116,7 +117,8 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
       no_checkpoints_(checkpoints == nullptr
                           ? std::make_unique<CheckpointService>(nullptr, membership, nullptr)
                           : nullptr),
-      checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()) {}
+      checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()),
+      diagnosis_(diagnosis) {}
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
@@ -243,6 +245,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
   for (v1::JobStatus& job : *response->mutable_jobs()) {
     job.set_plan_hash(plans_->PlanHash(job.job_id()));
   }
+  if (diagnosis_ != nullptr) diagnosis_->Annotate(response);
   if (!request->job_id().empty() && response->jobs().empty()) {
     return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                            absl::StrCat("no job '", request->job_id(), "'")));

@@ -14,15 +14,18 @@
 #include "shard_server/kv_store.h"
 #include "shard_server/membership.h"
 #include "shard_server/plan_service.h"
+#include "shard_server/telemetry_analyzer.h"
 
 namespace zeroshard {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   // `auth_token` empty: no authentication. `checkpoints` null: the
-  // checkpoint RPCs answer FAILED_PRECONDITION. Pointers are not owned.
+  // checkpoint RPCs answer FAILED_PRECONDITION. `diagnosis` adds hang and
+  // straggler diagnoses to GetStatus. Pointers are not owned.
   CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
-                     std::string auth_token, CheckpointService* checkpoints = nullptr);
+                     std::string auth_token, CheckpointService* checkpoints = nullptr,
+                     const TelemetryAnalyzer* diagnosis = nullptr);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -81,6 +84,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   const std::string auth_token_;
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
+  const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
 };
 
 }  // namespace zeroshard

@@ -54,6 +54,10 @@ ABSL_FLAG(int, max_consolidations, 4,
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
           "A streamed consolidation whose caller reads nothing for this long is cancelled, "
           "freeing its slot");
+ABSL_FLAG(int, hang_report_ms, 10000,
+          "Ranks waiting this long in a collective that another rank has not entered (and that "
+          "rank not advancing) are reported as a hang naming that rank, in shardctl status, the "
+          "metrics and the log; keep it well under the workers' --collective_timeout");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
@@ -143,6 +147,11 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_consolidate_stall_timeout_s) < 1) {
     return Fail("--consolidate_stall_timeout_s must be >= 1");
   }
+  if (absl::GetFlag(FLAGS_hang_report_ms) < 1) {
+    return Fail(absl::StrCat("--hang_report_ms must be >= 1, not ",
+                             absl::GetFlag(FLAGS_hang_report_ms)));
+  }
+  options.telemetry.hang_report = absl::Milliseconds(absl::GetFlag(FLAGS_hang_report_ms));
   options.checkpoint_service.stall_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {

@@ -143,6 +143,7 @@ class Membership {
     int64_t memory_bytes = 0;
     int64_t collective_seq = 0;
     v1::StepTelemetry last_step;
+    v1::RankTelemetry telemetry;
   };
   struct PendingJoin {
     uint64_t id = 0;

@@ -82,9 +82,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   server->checkpoints_ = std::make_unique<CheckpointService>(
       server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get(),
       options.checkpoint_service);
+  server->diagnosis_ = std::make_unique<TelemetryAnalyzer>(&server->clock_, server->log_.get(),
+                                                           options.telemetry);
   server->service_ = std::make_unique<CoordinatorService>(
       &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
-      server->checkpoints_.get());
+      server->checkpoints_.get(), server->diagnosis_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -140,9 +142,17 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
 }
 
 void ShardServer::TickLoop() {
+  // Diagnosis looks at every member: twice a second is fine-grained enough
+  // for reports due after seconds.
+  constexpr absl::Duration kAnalyzeEvery = absl::Milliseconds(500);
+  absl::Time next_analysis = clock_.Now();
   while (!stop_.WaitForNotificationWithTimeout(options_.tick)) {
     membership_->Tick();
     kv_->Tick();
+    if (clock_.Now() >= next_analysis) {
+      diagnosis_->Analyze(membership_->Status(""));
+      next_analysis = clock_.Now() + kAnalyzeEvery;
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 #include "shard_server/membership.h"
 #include "shard_server/plan_service.h"
 #include "shard_server/state_store.h"
+#include "shard_server/telemetry_analyzer.h"
 
 namespace zeroshard {
 
@@ -48,6 +49,7 @@ struct ShardServerOptions {
   CheckpointServiceOptions checkpoint_service;  // consolidation slots and their deadline
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
   EventLog::Sink log_sink;                       // empty: stderr
+  TelemetryOptions telemetry;                    // hang and straggler diagnosis
 };
 
 class ShardServer {
@@ -81,6 +83,7 @@ class ShardServer {
   std::unique_ptr<CheckpointRegistry> checkpoint_registry_;  // null without a checkpoint root
   std::unique_ptr<CheckpointVerifier> checkpoint_verifier_;  // null: not verifying
   std::unique_ptr<CheckpointService> checkpoints_;
+  std::unique_ptr<TelemetryAnalyzer> diagnosis_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   RealClock clock_;

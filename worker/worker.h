@@ -50,6 +50,7 @@
 #include "common/plan/shard_plan.h"
 #include "worker/abort_latch.h"
 #include "worker/data_plane.h"
+#include "worker/rank_telemetry.h"
 #include "worker/run_report.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
@@ -146,6 +147,7 @@ class Worker {
   // The step being trained, for the abort message (the heartbeat thread
   // reads it).
   std::atomic<int64_t> step_{0};
+  ArrivalLag arrival_lag_;  // this generation's
 
   // The current generation; null outside Join .. EndGeneration.
   std::unique_ptr<Generation> generation_;

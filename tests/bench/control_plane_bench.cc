@@ -34,6 +34,9 @@ ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, members, 4096, "Members for the heartbeat-rate run");
 ABSL_FLAG(double, heartbeat_seconds, 5.0, "Length of the heartbeat-rate measurement");
 ABSL_FLAG(int, channels, 16, "Client connections the simulated members share");
+ABSL_FLAG(bool, telemetry, true,
+          "Beats carry a training rank's full telemetry (as shard_worker sends it), not just "
+          "the member's credentials");
 
 namespace zeroshard {
 namespace {
@@ -128,6 +131,19 @@ v1::MemberCredentials Credentials(const std::string& job, const v1::JoinResponse
   return c;
 }
 
+// What a ZeRO-3 rank of a GPT job sends in the middle of training: every
+// telemetry field set to a value of realistic size.
+void FillTelemetry(v1::HeartbeatRequest* request) {
+  request->set_loss(2.718281828);
+  request->set_memory_bytes(int64_t{3} << 30);
+  request->set_collective_seq(1234567);
+  v1::StepTelemetry* step = request->mutable_last_step();
+  step->set_step_ms(123.456);
+  step->set_items_per_second(81234.5);
+  step->set_gather_wait_ms(12.5);
+  step->set_reduce_wait_ms(3.25);
+}
+
 // One member's heartbeat stream, beating back to back: the next beat is
 // written once the previous beat's write and reply have both completed.
 class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
@@ -136,6 +152,7 @@ class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::Heartbea
          std::atomic<bool>* stop, std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
       : stop_(stop), replies_(replies), finished_(finished) {
     *request_.mutable_member() = member;
+    if (absl::GetFlag(FLAGS_telemetry)) FillTelemetry(&request_);
     stub->async()->Heartbeat(&context_, this);
     Round();
     StartCall();
@@ -290,6 +307,11 @@ int Main() {
     Joined hb = JoinAll(stubs, "heartbeats", members);
     double rate = HeartbeatRate(stubs, "heartbeats", hb, absl::GetFlag(FLAGS_heartbeat_seconds));
     result["heartbeats_per_second"] = rate;
+    v1::HeartbeatRequest sample;
+    *sample.mutable_member() = Credentials("heartbeats", hb.responses[0]);
+    if (absl::GetFlag(FLAGS_telemetry)) FillTelemetry(&sample);
+    result["heartbeat_bytes"] = sample.ByteSizeLong();
+    table.AddRow({"heartbeat message", absl::StrCat(sample.ByteSizeLong(), " bytes"), ""});
     table.AddRow({absl::StrCat("heartbeats/s, ", members, " streams"),
                   absl::StrFormat("%.0f", rate), ">= 25000"});
     server.process->Signal(SIGTERM);
