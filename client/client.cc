@@ -313,6 +313,18 @@ absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_i
   return response;
 }
 
+absl::StatusOr<v1::GetHistoryResponse> Client::GetHistory(const std::string& job_id, int rank) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::GetHistoryRequest request;
+  request.set_job_id(job_id);
+  request.set_rank(rank);
+  v1::GetHistoryResponse response;
+  absl::Status s = FromGrpcStatus(stub_->GetHistory(&context, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<ShardPlan> Client::PlanShards(const ModelSpec& spec, const PlanOptions& options,
                                              int world_size) {
   grpc::ClientContext context;

@@ -120,6 +120,8 @@ class Client {
   absl::Status StoreWait(const std::vector<std::string>& keys, absl::Duration timeout);
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
+  // The job's per-step history as the server keeps it (`rank` -1: all).
+  absl::StatusOr<v1::GetHistoryResponse> GetHistory(const std::string& job_id, int rank = -1);
   // As a member (after Join): the job generation's plan. Before any Join: a
   // one-off plan for `world_size`. The plan crossed the wire (maybe from a
   // server of another version), so it is checked before it is returned:

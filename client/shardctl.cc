@@ -25,7 +25,7 @@
 // The connection flags (--server, --token_file, --tls_*) are
 // client/connection_flags.cc's; --tls_server_name is shardctl's alone.
 ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
-ABSL_FLAG(std::string, job, "", "Job id (status: empty lists every job)");
+ABSL_FLAG(std::string, job, "", "Job id (status, top: empty shows every job)");
 ABSL_FLAG(bool, json, false, "Print JSON for programs instead of tables");
 
 namespace zeroshard {
@@ -145,9 +145,11 @@ int main(int argc, char** argv) {
       "  spec --model=mlp|gpt2 ...               print a model spec (JSON)\n"
       "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
-      "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n");
+      "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
+      "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
+      "  top [--job=ID]                          live view of jobs and ranks (q quits)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  const char* commands = "status, spec, plan, checkpoints, consolidate";
+  const char* commands = "status, spec, plan, checkpoints, consolidate, history, top";
   if (args.size() < 2) {
     std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
@@ -158,6 +160,8 @@ int main(int argc, char** argv) {
   if (command == "plan") return zeroshard::PlanCommand();
   if (command == "checkpoints") return zeroshard::CheckpointsCommand();
   if (command == "consolidate") return zeroshard::ConsolidateCommand();
+  if (command == "history") return zeroshard::HistoryCommand();
+  if (command == "top") return zeroshard::TopCommand();
   std::fprintf(stderr, "shardctl: unknown command '%s' (expected: %s)\n", command.c_str(),
                commands);
   return 2;

@@ -34,6 +34,8 @@ int SpecCommand();         // shardctl_plan.cc
 int PlanCommand();         // shardctl_plan.cc
 int CheckpointsCommand();  // shardctl_checkpoints.cc
 int ConsolidateCommand();  // shardctl_checkpoints.cc
+int HistoryCommand();      // shardctl_observe.cc
+int TopCommand();          // shardctl_observe.cc
 
 }  // namespace zeroshard
 

@@ -108,7 +108,7 @@ class HeartbeatStream
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, std::string auth_token,
                                        CheckpointService* checkpoints,
-                                       const TelemetryAnalyzer* diagnosis)
+                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
@@ -118,7 +118,8 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
                           ? std::make_unique<CheckpointService>(nullptr, membership, nullptr)
                           : nullptr),
       checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()),
-      diagnosis_(diagnosis) {}
+      diagnosis_(diagnosis),
+      history_(history) {}
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
@@ -250,6 +251,26 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
     return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                            absl::StrCat("no job '", request->job_id(), "'")));
   }
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetHistory(grpc::CallbackServerContext* context,
+                                                         const v1::GetHistoryRequest* request,
+                                                         v1::GetHistoryResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  absl::StatusOr<std::vector<v1::HistoryPoint>> points =
+      history_ == nullptr ? std::vector<v1::HistoryPoint>()
+                          : history_->Points(request->job_id(), request->rank());
+  if (!points.ok()) return FinishNow(context, ToGrpcStatus(points.status()));
+  if (points->empty()) {
+    return FinishNow(
+        context,
+        grpc::Status(
+            grpc::StatusCode::NOT_FOUND,
+            absl::StrCat("no history for job '", request->job_id(), "'",
+                         request->rank() >= 0 ? absl::StrCat(" rank ", request->rank()) : "")));
+  }
+  for (v1::HistoryPoint& p : *points) *response->add_points() = std::move(p);
   return FinishNow(context, grpc::Status::OK);
 }
 

@@ -11,6 +11,7 @@
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint_service.h"
 #include "shard_server/clock.h"
+#include "shard_server/history_store.h"
 #include "shard_server/kv_store.h"
 #include "shard_server/membership.h"
 #include "shard_server/plan_service.h"
@@ -25,7 +26,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // straggler diagnoses to GetStatus. Pointers are not owned.
   CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
                      std::string auth_token, CheckpointService* checkpoints = nullptr,
-                     const TelemetryAnalyzer* diagnosis = nullptr);
+                     const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -66,6 +67,11 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerWriteReactor<v1::ConsolidateResponse>* Consolidate(
       grpc::CallbackServerContext* context, const v1::ConsolidateRequest* request) override;
 
+  // The job's per-step history; NOT_FOUND when the server keeps none.
+  grpc::ServerUnaryReactor* GetHistory(grpc::CallbackServerContext* context,
+                                       const v1::GetHistoryRequest* request,
+                                       v1::GetHistoryResponse* response) override;
+
   // OK, or UNAUTHENTICATED saying what is missing.
   // The bearer token, then the member's credentials (generation, token).
   grpc::Status AdmitMember(grpc::CallbackServerContext* context,
@@ -85,6 +91,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
+  HistoryStore* const history_;               // may be null: GetHistory finds nothing
 };
 
 }  // namespace zeroshard

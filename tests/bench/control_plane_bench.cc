@@ -142,6 +142,25 @@ void FillTelemetry(v1::HeartbeatRequest* request) {
   step->set_items_per_second(81234.5);
   step->set_gather_wait_ms(12.5);
   step->set_reduce_wait_ms(3.25);
+  v1::RankTelemetry* t = request->mutable_telemetry();
+  v1::MemoryUsage* memory = t->mutable_memory();
+  memory->set_params(int64_t{1} << 30);
+  memory->set_grads(int64_t{1} << 29);
+  memory->set_optimizer_state(int64_t{2} << 30);
+  memory->set_activations(int64_t{3} << 28);
+  memory->set_comm_buffers(int64_t{1} << 26);
+  memory->set_cached(int64_t{1} << 27);
+  t->set_bytes_moved(int64_t{123} << 30);
+  t->set_gathers_entered(512345);
+  t->set_reductions_entered(256789);
+  t->set_first_collective_unix_us(1'790'000'000'123'456);
+  t->set_arrival_lag_ms(3.5f);
+  t->set_arrival_lag_median_ms(2.25f);
+  v1::CollectiveInProgress* c = t->mutable_in_progress();
+  c->set_op(v1::ALL_GATHER);
+  c->set_unit("transformer.h.17");
+  c->set_seq(512345);
+  c->set_started_unix_ms(1'790'000'000'456);
 }
 
 // One member's heartbeat stream, beating back to back: the next beat is
