@@ -188,7 +188,8 @@ int main(int argc, char** argv) {
       zeroshard::ShardServer::Start(options);
   if (!server.ok()) return Fail(server.status().ToString());
 
-  // Written through a temporary name, so that a reader never sees half.
+  // Written through a temporary name, so that a reader never sees half; the
+  // metrics port first, so that --port_file means everything is up.
   auto write_port = [](const std::string& path, int port) {
     if (path.empty()) return true;
     std::string tmp = path + ".tmp";
@@ -199,11 +200,11 @@ int main(int argc, char** argv) {
     }
     return std::rename(tmp.c_str(), path.c_str()) == 0;
   };
-  if (!write_port(absl::GetFlag(FLAGS_port_file), (*server)->port())) {
-    return Fail("cannot write --port_file " + absl::GetFlag(FLAGS_port_file));
-  }
   if (!write_port(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port())) {
     return Fail("cannot write --metrics_port_file " + absl::GetFlag(FLAGS_metrics_port_file));
+  }
+  if (!write_port(absl::GetFlag(FLAGS_port_file), (*server)->port())) {
+    return Fail("cannot write --port_file " + absl::GetFlag(FLAGS_port_file));
   }
   if ((*server)->metrics_port() != 0) {
     std::printf("metrics on port %d\n", (*server)->metrics_port());
