@@ -6,10 +6,12 @@
 // Measures: the time until N concurrent joins are all answered (N = 1024,
 // 4096); the heartbeat rate the server sustains with 4096 members each on its
 // own stream, beating as fast as they can; the time from a member's last
-// heartbeat to the server marking it dead.
+// heartbeat to the server marking it dead; the time to serve /metrics for a
+// job of 4096 ranks.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -19,8 +21,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -333,6 +338,48 @@ int Main() {
     table.AddRow({"heartbeat message", absl::StrCat(sample.ByteSizeLong(), " bytes"), ""});
     table.AddRow({absl::StrCat("heartbeats/s, ", members, " streams"),
                   absl::StrFormat("%.0f", rate), ">= 25000"});
+    server.process->Signal(SIGTERM);
+    server.process->Wait(absl::Seconds(10));
+  }
+  {
+    // /metrics of one job of `members` ranks, every rank with full
+    // telemetry: the time curl measures for the whole response (median of 9).
+    std::string dir = testing::MakeTempDir("cpbench-metrics");
+    Server server = StartServer(binary, {"--heartbeat_timeout_ms=600000",
+                                         "--metrics_listen=127.0.0.1:0",
+                                         "--metrics_port_file=" + dir + "/mport"});
+    std::string mport;
+    testing::WaitFor(
+        [&] {
+          mport = testing::ReadFileOrEmpty(dir + "/mport");
+          return !mport.empty() && mport.back() == '\n';
+        },
+        absl::Seconds(10));
+    auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
+    int members = absl::GetFlag(FLAGS_members);
+    Joined joined = JoinAll(stubs, "metrics", members);
+    HeartbeatRate(stubs, "metrics", joined, 1.0);  // every member has beaten
+    std::vector<double> times;
+    int64_t bytes = 0;
+    for (int i = 0; i < 9; ++i) {
+      auto [code, out] = testing::RunCommand(
+          absl::StrCat("curl -s -o ", dir, "/metrics.txt -w '%{time_total} %{size_download}' ",
+                       "http://127.0.0.1:", absl::StripAsciiWhitespace(mport), "/metrics"));
+      double seconds = 0;
+      std::vector<std::string> parts = absl::StrSplit(out, ' ');
+      if (code != 0 || parts.size() != 2 || !absl::SimpleAtod(parts[0], &seconds)) {
+        std::fprintf(stderr, "GET /metrics failed: %s\n", out.c_str());
+        break;
+      }
+      absl::SimpleAtoi(parts[1], &bytes);
+      times.push_back(seconds);
+    }
+    std::sort(times.begin(), times.end());
+    double median = times.empty() ? -1 : times[times.size() / 2];
+    result["metrics_seconds"] = median;
+    result["metrics_bytes"] = bytes;
+    table.AddRow({absl::StrCat("GET /metrics, ", members, " ranks (", bytes / 1000000.0, " MB)"),
+                  absl::StrFormat("%.1f ms", median * 1e3), "< 200 ms"});
     server.process->Signal(SIGTERM);
     server.process->Wait(absl::Seconds(10));
   }
