@@ -68,7 +68,8 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
 class HeartbeatStream
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  HeartbeatStream(Membership* membership, const grpc::Status& auth) : membership_(membership) {
+  HeartbeatStream(Membership* membership, ServerMetrics* metrics, const grpc::Status& auth)
+      : membership_(membership), metrics_(metrics) {
     if (!auth.ok()) {
       Finish(auth);
       return;
@@ -80,6 +81,7 @@ class HeartbeatStream
       Finish(grpc::Status::OK);
       return;
     }
+    if (metrics_ != nullptr) metrics_->AddHeartbeat();
     absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_);
     if (!response.ok()) {
       Finish(ToGrpcStatus(response.status()));
@@ -99,6 +101,7 @@ class HeartbeatStream
 
  private:
   Membership* const membership_;
+  ServerMetrics* const metrics_;  // may be null
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
 };
@@ -108,7 +111,8 @@ class HeartbeatStream
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, std::string auth_token,
                                        CheckpointService* checkpoints,
-                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history)
+                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history,
+                                       ServerMetrics* metrics)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
@@ -119,7 +123,8 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
                           : nullptr),
       checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()),
       diagnosis_(diagnosis),
-      history_(history) {}
+      history_(history),
+      metrics_(metrics) {}
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
@@ -166,7 +171,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
 CoordinatorService::Heartbeat(grpc::CallbackServerContext* context) {
-  return new HeartbeatStream(membership_, Authenticate(context));
+  return new HeartbeatStream(membership_, metrics_, Authenticate(context));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,

@@ -15,6 +15,7 @@
 #include "shard_server/kv_store.h"
 #include "shard_server/membership.h"
 #include "shard_server/plan_service.h"
+#include "shard_server/server_metrics.h"
 #include "shard_server/telemetry_analyzer.h"
 
 namespace zeroshard {
@@ -26,7 +27,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // straggler diagnoses to GetStatus. Pointers are not owned.
   CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
                      std::string auth_token, CheckpointService* checkpoints = nullptr,
-                     const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr);
+                     const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr,
+                     ServerMetrics* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -92,6 +94,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   CheckpointService* const checkpoints_;
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
   HistoryStore* const history_;               // may be null: GetHistory finds nothing
+  ServerMetrics* const metrics_;              // may be null: heartbeats not counted
 };
 
 }  // namespace zeroshard

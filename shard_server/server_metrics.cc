@@ -22,17 +22,12 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
   RpcMetricsInterceptor(grpc::experimental::ServerRpcInfo* info, ServerMetrics* metrics)
       : metrics_(metrics),
         method_(ShortMethod(info->method())),
-        heartbeat_(method_ == "Heartbeat"),
         start_(absl::Now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     using grpc::experimental::InterceptionHookPoints;
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE)) {
-      if (heartbeat_) {
-        metrics_->AddHeartbeat();  // as it arrives: a stream lives for a generation
-      } else {
-        ++received_;
-      }
+      ++received_;
       if (method_ == "CommitShard" && methods->GetRecvMessage() != nullptr) {
         commit_bytes_ =
             static_cast<const v1::CommitShardRequest*>(methods->GetRecvMessage())->size_bytes();
@@ -53,7 +48,6 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  private:
   ServerMetrics* const metrics_;
   const std::string method_;
-  const bool heartbeat_;
   const absl::Time start_;
   int64_t received_ = 0;  // since last counted
   int64_t commit_bytes_ = 0;
@@ -64,6 +58,10 @@ class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFact
   explicit RpcMetricsFactory(ServerMetrics* metrics) : metrics_(metrics) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
+    // An interceptor costs every message of its call a pass through the
+    // interception machinery: on heartbeat streams that was 40 % more
+    // server CPU per beat (control_plane_bench). The service counts beats.
+    if (ShortMethod(info->method()) == "Heartbeat") return nullptr;
     return new RpcMetricsInterceptor(info, metrics_);
   }
 

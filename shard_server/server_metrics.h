@@ -5,8 +5,9 @@
 //
 // RPCs are counted by a gRPC server interceptor (RpcMetricsInterceptorFactory)
 // so that no service needs to know: a unary call's latency is from its
-// arrival to its status; a stream's is its life. Heartbeats are counted as
-// they arrive, other streams' messages when the stream ends.
+// arrival to its status; a stream's is its life; a stream's messages are
+// counted when it ends. Heartbeat streams are left out (an interceptor costs
+// every beat): CoordinatorService counts each beat (AddHeartbeat).
 #ifndef ZEROSHARD_SHARD_SERVER_SERVER_METRICS_H_
 #define ZEROSHARD_SHARD_SERVER_SERVER_METRICS_H_
 

@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
       std::make_unique<TelemetryAnalyzer>(&server->clock_, server->log_.get(), options.telemetry);
   server->service_ = std::make_unique<CoordinatorService>(
       &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
-      server->checkpoints_.get(), server->diagnosis_.get(), server->history_.get());
+      server->checkpoints_.get(), server->diagnosis_.get(), server->history_.get(), metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
