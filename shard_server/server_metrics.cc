@@ -20,9 +20,7 @@ std::string ShortMethod(const char* method) {
 class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
   RpcMetricsInterceptor(grpc::experimental::ServerRpcInfo* info, ServerMetrics* metrics)
-      : metrics_(metrics),
-        method_(ShortMethod(info->method())),
-        start_(absl::Now()) {}
+      : metrics_(metrics), method_(ShortMethod(info->method())), start_(absl::Now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     using grpc::experimental::InterceptionHookPoints;
