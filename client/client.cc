@@ -153,6 +153,11 @@ void Client::ReportProgress(const Progress& progress) {
   progress_ = progress;
 }
 
+void Client::SetTelemetrySource(TelemetrySource source) {
+  absl::MutexLock lock(&mu_);
+  telemetry_source_ = std::move(source);
+}
+
 void Client::StartHeartbeats(CommandHandler handler) {
   StopHeartbeats();
   {
@@ -198,6 +203,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
     bool delivered = false;
     while (true) {
       v1::HeartbeatRequest request;
+      TelemetrySource source;
       *request.mutable_member() = credentials();
       {
         absl::MutexLock lock(&mu_);
@@ -208,7 +214,10 @@ void Client::HeartbeatLoop(CommandHandler handler) {
         *request.mutable_last_step() = progress_.last_step;
         request.set_snapshot_step(progress_.snapshot_step);
         if (progress_.recovery.generation() > 0) *request.mutable_recovery() = progress_.recovery;
+        *request.mutable_telemetry() = progress_.telemetry;
+        source = telemetry_source_;
       }
+      if (source) source(request.mutable_telemetry());
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;
       backoff = absl::Milliseconds(100);
@@ -356,6 +365,18 @@ absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_i
   request.set_job_id(job_id);
   v1::GetStatusResponse response;
   absl::Status s = FromGrpcStatus(stub_->GetStatus(&context, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::GetHistoryResponse> Client::GetHistory(const std::string& job_id, int rank) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::GetHistoryRequest request;
+  request.set_job_id(job_id);
+  request.set_rank(rank);
+  v1::GetHistoryResponse response;
+  absl::Status s = FromGrpcStatus(stub_->GetHistory(&context, request, &response));
   if (!s.ok()) return s;
   return response;
 }

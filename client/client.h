@@ -74,6 +74,7 @@ struct Progress {
   v1::StepTelemetry last_step;  // where the last step's time went
   int64_t snapshot_step = -1;   // the latest committed in-memory snapshot
   v1::RecoveryRecord recovery;  // the latest recovery (generation 0: none)
+  v1::RankTelemetry telemetry;  // the last step's arrival; live fields come from the source
 };
 
 // Fault-tolerance fields of a Join (shard_worker --min_world_size,
@@ -114,6 +115,11 @@ class Client {
   void StartHeartbeats(CommandHandler handler);
   void StopHeartbeats();
   void ReportProgress(const Progress& progress);
+  // Called on the heartbeat thread before every beat, without the client's
+  // lock, to fill what changes between steps (memory, the collective in
+  // flight) into the reported telemetry. Empty: none.
+  using TelemetrySource = std::function<void(v1::RankTelemetry*)>;
+  void SetTelemetrySource(TelemetrySource source);
 
   // A clean exit from the job. A server that is away (restarting) is waited
   // for, up to the client's rpc_timeout.
@@ -132,6 +138,8 @@ class Client {
   absl::StatusOr<int64_t> StoreNumKeys();
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
+  // The job's per-step history as the server keeps it (`rank` -1: all).
+  absl::StatusOr<v1::GetHistoryResponse> GetHistory(const std::string& job_id, int rank = -1);
   // As a member (after Join): the job generation's plan. Before any Join: a
   // one-off plan for `world_size`. The plan crossed the wire (maybe from a
   // server of another version), so it is checked before it is returned:
@@ -191,6 +199,7 @@ class Client {
 
   absl::Mutex mu_;
   Progress progress_ ABSL_GUARDED_BY(mu_);
+  TelemetrySource telemetry_source_ ABSL_GUARDED_BY(mu_);
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread heartbeat_thread_;

@@ -68,7 +68,8 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
 class HeartbeatStream
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  HeartbeatStream(Membership* membership, const grpc::Status& auth) : membership_(membership) {
+  HeartbeatStream(Membership* membership, ServerMetrics* metrics, const grpc::Status& auth)
+      : membership_(membership), metrics_(metrics) {
     if (!auth.ok()) {
       Finish(auth);
       return;
@@ -80,6 +81,7 @@ class HeartbeatStream
       Finish(grpc::Status::OK);
       return;
     }
+    if (metrics_ != nullptr) metrics_->AddHeartbeat();
     absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_);
     if (!response.ok()) {
       Finish(ToGrpcStatus(response.status()));
@@ -99,6 +101,7 @@ class HeartbeatStream
 
  private:
   Membership* const membership_;
+  ServerMetrics* const metrics_;  // may be null
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
 };
@@ -107,7 +110,9 @@ class HeartbeatStream
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, std::string auth_token,
-                                       CheckpointService* checkpoints)
+                                       CheckpointService* checkpoints,
+                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history,
+                                       ServerMetrics* metrics)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
@@ -116,7 +121,10 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
       no_checkpoints_(checkpoints == nullptr
                           ? std::make_unique<CheckpointService>(nullptr, membership, nullptr)
                           : nullptr),
-      checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()) {}
+      checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()),
+      diagnosis_(diagnosis),
+      history_(history),
+      metrics_(metrics) {}
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
@@ -163,7 +171,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
 CoordinatorService::Heartbeat(grpc::CallbackServerContext* context) {
-  return new HeartbeatStream(membership_, Authenticate(context));
+  return new HeartbeatStream(membership_, metrics_, Authenticate(context));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
@@ -292,10 +300,31 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
   for (v1::JobStatus& job : *response->mutable_jobs()) {
     job.set_plan_hash(plans_->PlanHash(job.job_id()));
   }
+  if (diagnosis_ != nullptr) diagnosis_->Annotate(response);
   if (!request->job_id().empty() && response->jobs().empty()) {
     return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                            absl::StrCat("no job '", request->job_id(), "'")));
   }
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetHistory(grpc::CallbackServerContext* context,
+                                                         const v1::GetHistoryRequest* request,
+                                                         v1::GetHistoryResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  absl::StatusOr<std::vector<v1::HistoryPoint>> points =
+      history_ == nullptr ? std::vector<v1::HistoryPoint>()
+                          : history_->Points(request->job_id(), request->rank());
+  if (!points.ok()) return FinishNow(context, ToGrpcStatus(points.status()));
+  if (points->empty()) {
+    return FinishNow(
+        context,
+        grpc::Status(
+            grpc::StatusCode::NOT_FOUND,
+            absl::StrCat("no history for job '", request->job_id(), "'",
+                         request->rank() >= 0 ? absl::StrCat(" rank ", request->rank()) : "")));
+  }
+  for (v1::HistoryPoint& p : *points) *response->add_points() = std::move(p);
   return FinishNow(context, grpc::Status::OK);
 }
 

@@ -145,6 +145,7 @@ class Membership {
     v1::StepTelemetry last_step;
     std::string incarnation;     // JoinRequest.incarnation
     int64_t snapshot_step = -1;  // the member's latest committed snapshot
+    v1::RankTelemetry telemetry;
   };
   struct PendingJoin {
     uint64_t id = 0;

@@ -14,6 +14,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev
   openssl                # test-time TLS certificates
+  libcivetweb-dev        # the metrics port's HTTP server (/metrics, the dashboard)
+  prometheus tmux chromium curl  # observability tests: promtool, shardctl top, the dashboard
   python3 python3-venv python3-torch python3-numpy python3-yaml  # interop tests
   python3-dev pybind11-dev  # the Python package (python/zeroshard)
 )

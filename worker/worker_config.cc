@@ -103,6 +103,11 @@ ABSL_FLAG(std::string, eval_out, "",
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
           "rank 0 writes)");
+ABSL_FLAG(int64_t, test_stall_before_gather, 0,
+          "Test-only: block before this worker's N-th all-gather of a generation, as a rank "
+          "stuck outside a collective (0: off)");
+ABSL_FLAG(int, test_step_delay_ms, 0,
+          "Test-only: sleep this long at the start of every step, as a straggler (0: off)");
 
 namespace zeroshard {
 namespace {
@@ -308,6 +313,11 @@ absl::Status ReadRun(WorkerConfig* config) {
   config->summary_out = absl::GetFlag(FLAGS_summary_out);
   config->eval_out = absl::GetFlag(FLAGS_eval_out);
   config->report = absl::GetFlag(FLAGS_report);
+  config->test_stall_before_gather = absl::GetFlag(FLAGS_test_stall_before_gather);
+  config->test_step_delay_ms = absl::GetFlag(FLAGS_test_step_delay_ms);
+  if (config->test_stall_before_gather < 0 || config->test_step_delay_ms < 0) {
+    return Bad("--test_stall_before_gather and --test_step_delay_ms must be >= 0");
+  }
   return absl::OkStatus();
 }
 

@@ -43,17 +43,53 @@ struct ZeroEngine::UnitState {
 };
 
 
-void ZeroEngine::SetActivity(std::string* slot, std::string activity) {
-  if (activity.empty()) collective_seq_.fetch_add(1);  // one finished
+void ZeroEngine::EnterCollective(Stream stream, const char* op, const std::string& unit) {
+  if (options_.before_collective) {
+    int64_t seq = 0;
+    {
+      absl::MutexLock lock(&activity_mu_);
+      seq = entered_[stream] + 1;
+    }
+    options_.before_collective(op, seq);
+  }
   absl::MutexLock lock(&activity_mu_);
-  *slot = std::move(activity);
+  const absl::Time now = absl::Now();
+  if (first_collective_start_ == absl::InfinitePast()) first_collective_start_ = now;
+  activity_[stream] = {op, unit, ++entered_[stream], now};
+}
+
+void ZeroEngine::LeaveCollective(Stream stream) {
+  collective_seq_.fetch_add(1);  // one finished
+  absl::MutexLock lock(&activity_mu_);
+  activity_[stream].op = nullptr;
+}
+
+ZeroEngine::CollectiveProgress ZeroEngine::Collectives() const {
+  absl::MutexLock lock(&activity_mu_);
+  CollectiveProgress progress;
+  progress.gathers_entered = entered_[kGatherStream];
+  progress.reductions_entered = entered_[kReduceStream];
+  for (const CollectiveActivity& a : activity_) {
+    if (a.op != nullptr && (progress.oldest.op == nullptr || a.started < progress.oldest.started)) {
+      progress.oldest = a;
+    }
+  }
+  return progress;
+}
+
+absl::Time ZeroEngine::TakeFirstCollectiveStart() {
+  absl::MutexLock lock(&activity_mu_);
+  return std::exchange(first_collective_start_, absl::InfinitePast());
 }
 
 std::string ZeroEngine::InFlight() const {
   absl::MutexLock lock(&activity_mu_);
-  if (gather_activity_.empty()) return reduce_activity_;
-  if (reduce_activity_.empty()) return gather_activity_;
-  return absl::StrCat(gather_activity_, " and ", reduce_activity_);
+  std::string out;
+  for (const CollectiveActivity& a : activity_) {
+    if (a.op == nullptr) continue;
+    absl::StrAppend(&out, out.empty() ? "" : " and ", a.op, " of unit '", a.unit, "'");
+  }
+  return out;
 }
 
 std::string ZeroEngine::Where(int unit) const {
@@ -337,10 +373,10 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
     output = received.data();
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   }
-  SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
+  EnterCollective(kGatherStream, "all_gather", layout.name);
   absl::Status s = gather_comm_->AllGatherBlocks(input, output, layout.blocks, dtype,
                                                  options_.collective_timeout);
-  SetActivity(&gather_activity_, "");
+  LeaveCollective(kGatherStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }
@@ -447,7 +483,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const int64_t flat = layout.flat_elements;
   if (options_.stage == 0) {
     // DDP: all-reduce the full gradient (average over ranks).
-    SetActivity(&reduce_activity_, absl::StrCat("all_reduce of unit '", layout.name, "'"));
+    EnterCollective(kReduceStream, "all_reduce", layout.name);
     absl::Status s;
     if (dtype == DType::kF32) {
       s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
@@ -463,7 +499,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
       }
       if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
     }
-    SetActivity(&reduce_activity_, "");
+    LeaveCollective(kReduceStream);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
     }
@@ -493,11 +529,11 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   // touches them.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   if (dtype != DType::kF32 && options_.stage >= 2) grads_flat_buffer->Reset();
-  SetActivity(&reduce_activity_, absl::StrCat("reduce_scatter of unit '", layout.name, "'"));
+  EnterCollective(kReduceStream, "reduce_scatter", layout.name);
   absl::Status s = reduce_comm_->ReduceScatterBlocks(
       input, direct ? state.grads.data() : received.data(), layout.blocks, dtype,
       ReduceOp::kAverage, options_.collective_timeout);
-  SetActivity(&reduce_activity_, "");
+  LeaveCollective(kReduceStream);
   if (options_.stage >= 2) grads_flat_buffer->Reset();
   narrowed.Reset();
   if (!s.ok()) {
@@ -657,10 +693,10 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
     input = send.data();
   }
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;  // the optimizer's update
-  SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
+  EnterCollective(kGatherStream, "all_gather", layout.name);
   absl::Status s = gather_comm_->AllGatherBlocks(input, state.replicated.data(), layout.blocks,
                                                  dtype, options_.collective_timeout);
-  SetActivity(&gather_activity_, "");
+  LeaveCollective(kGatherStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }
