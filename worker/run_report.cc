@@ -139,6 +139,15 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                               {"reduce_wait", median_of(&StepTimes::reduce_wait_ms)},
                               {"optimizer", median_of(&StepTimes::optimizer_ms)},
                               {"param_sync", median_of(&StepTimes::param_sync_ms)}};
+  // Means over the training steps of the model's kernels (kernel_profile.h);
+  // forward + backward less their sum is the engine's own work (copies,
+  // gradient adds) inside those phases.
+  nlohmann::ordered_json kernels;
+  const double steps = std::max<size_t>(m.step_ms.size(), 1);
+  for (int k = 0; k < static_cast<int>(Kernel::kCount); ++k) {
+    kernels[KernelName(static_cast<Kernel>(k))] = m.kernel_ms[k] / steps;
+  }
+  out["kernel_breakdown_ms"] = kernels;
   nlohmann::ordered_json memory;
   const MemoryTracker& mt = e.memory();
   for (int c = 0; c < static_cast<int>(MemoryCategory::kCount); ++c) {

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/comm/communicator.h"
+#include "worker/model/kernel_profile.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
 #include "worker/zero/engine.h"
@@ -21,6 +22,7 @@ struct RunMetrics {
   std::vector<double> losses;   // the step's loss, averaged over ranks
   std::vector<double> step_ms;  // wall time of each step
   std::vector<StepTimes> step_times;
+  KernelTimes kernel_ms{};  // the model's kernels over the training steps, summed
   double items_per_second_sum = 0;  // tokens or rows per second of each step, summed
   std::vector<double> val_losses;   // every evaluation's
   Evaluation last_eval;

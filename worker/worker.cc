@@ -340,6 +340,7 @@ absl::Status Worker::RunStep(int step) {
   const int world = config_.world_size;
   const int grad_accum = config_.engine.grad_accum;
   const absl::Time start = absl::Now();
+  const KernelTimes kernels_before = KernelTimesSnapshot();
   for (int micro = 0; micro < grad_accum; ++micro) {
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
       return Annotate(s, "data");
@@ -356,6 +357,10 @@ absl::Status Worker::RunStep(int step) {
   metrics_.losses.push_back(*mean);
   metrics_.step_ms.push_back(ms);
   metrics_.step_times.push_back(stats->times);
+  const KernelTimes kernels_after = KernelTimesSnapshot();
+  for (size_t k = 0; k < kernels_after.size(); ++k) {
+    metrics_.kernel_ms[k] += kernels_after[k] - kernels_before[k];
+  }
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);

@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 
+#include "worker/model/kernel_profile.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -43,15 +45,17 @@ void AddColumnSums(float* db, const float* dy, int64_t n, int64_t out) {
 // ----------------------------------------------------------------------------
 // Linear (PyTorch layout, w [OUT,IN])
 
-void LinearForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
-                   int64_t out) {
+namespace {
+
+void LinearForwardImpl(float* y, const float* x, const float* w, const float* b, int64_t n,
+                       int64_t in, int64_t out) {
   const float beta = BroadcastBias(y, b, n, out);
   // y[N,OUT] (+)= x[N,IN] . w^T[IN,OUT]
   Gemm(false, true, n, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
-void LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                    const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
+void LinearBackwardImpl(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
   // dx[N,IN] = dy[N,OUT] . w[OUT,IN]
   if (dx != nullptr) Gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
   // dw[OUT,IN] (+)= dy^T[OUT,N] . x[N,IN]
@@ -60,11 +64,26 @@ void LinearBackward(float* dx, float* dw, float* db, const float* dy, const floa
   AddColumnSums(db, dy, n, out);
 }
 
+}  // namespace
+
+void LinearForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
+                   int64_t out) {
+  KernelTimer timer(Kernel::kMatmul);
+  LinearForwardImpl(y, x, w, b, n, in, out);
+}
+
+void LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                    const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
+  KernelTimer timer(Kernel::kMatmul);
+  LinearBackwardImpl(dx, dw, db, dy, x, w, n, in, out, accumulate);
+}
+
 // ----------------------------------------------------------------------------
 // Conv1D (Hugging Face GPT-2 layout, w [IN,OUT])
 
 void Conv1dForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
                    int64_t out) {
+  KernelTimer timer(Kernel::kMatmul);
   const float beta = BroadcastBias(y, b, n, out);
   // y[N,OUT] (+)= x[N,IN] . w[IN,OUT]
   Gemm(false, false, n, out, in, 1.0f, x, in, w, out, beta, y, out);
@@ -72,6 +91,7 @@ void Conv1dForward(float* y, const float* x, const float* w, const float* b, int
 
 void Conv1dBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
                     const float* w, int64_t n, int64_t in, int64_t out) {
+  KernelTimer timer(Kernel::kMatmul);
   // dx[N,IN] = dy[N,OUT] . w^T[OUT,IN]
   if (dx != nullptr) Gemm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   // dw[IN,OUT] += x^T[IN,N] . dy[N,OUT]
@@ -83,10 +103,12 @@ void Conv1dBackward(float* dx, float* dw, float* db, const float* dy, const floa
 // ReLU
 
 void ReluForward(float* y, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 void ReluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   // The derivative at exactly 0 is taken as 0, as PyTorch does.
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
 }
@@ -102,6 +124,7 @@ constexpr float kGeluCubic = 0.044715f;
 }  // namespace
 
 void GeluForward(float* y, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
     y[i] = 0.5f * xi * (1.0f + std::erf(xi * kInvSqrt2));
@@ -109,6 +132,7 @@ void GeluForward(float* y, const float* x, int64_t n) {
 }
 
 void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
     // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density.
@@ -122,6 +146,7 @@ void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
 // GELU, tanh approximation
 
 void GeluTanhForward(float* y, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
     const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
@@ -130,6 +155,7 @@ void GeluTanhForward(float* y, const float* x, int64_t n) {
 }
 
 void GeluTanhBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
     const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
@@ -144,6 +170,7 @@ void GeluTanhBackward(float* dx, const float* dy, const float* x, int64_t n) {
 // MSE loss
 
 double MseForward(const float* pred, const float* target, int64_t n) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   if (n == 0) return 0.0;
   double sum = 0.0;  // double: the mean of many small squares
   for (int64_t i = 0; i < n; ++i) {
@@ -154,6 +181,7 @@ double MseForward(const float* pred, const float* target, int64_t n) {
 }
 
 void MseBackward(float* dpred, const float* pred, const float* target, int64_t n) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   const float scale = 2.0f / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i) dpred[i] = scale * (pred[i] - target[i]);
 }
@@ -163,6 +191,7 @@ void MseBackward(float* dpred, const float* pred, const float* target, int64_t n
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
                       const float* b, int64_t n, int64_t c) {
+  KernelTimer timer(Kernel::kLayerNorm);
   for (int64_t i = 0; i < n; ++i) {
     const float* x_i = x + i * c;
     // Two passes in double: the variance of activations with a large mean
@@ -187,6 +216,7 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* x, cons
 
 void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
                        const float* w, const float* mean, const float* rstd, int64_t n, int64_t c) {
+  KernelTimer timer(Kernel::kLayerNorm);
   for (int64_t i = 0; i < n; ++i) {
     const float* x_i = x + i * c;
     const float* dout_i = dout + i * c;
@@ -224,6 +254,7 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
 
 void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64_t t, int64_t c,
                       int64_t nh) {
+  KernelTimer timer(Kernel::kAttention);
   const int64_t hs = c / nh;  // head size
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t bi = 0; bi < b; ++bi) {
@@ -256,6 +287,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
                        int64_t b, int64_t t, int64_t c, int64_t nh) {
+  KernelTimer timer(Kernel::kAttention);
   const int64_t hs = c / nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
@@ -296,6 +328,7 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 
 void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                       int64_t b, int64_t t, int64_t c) {
+  KernelTimer timer(Kernel::kEmbedding);
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t ti = 0; ti < t; ++ti) {
       float* out_bt = out + (bi * t + ti) * c;
@@ -308,6 +341,7 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const
 
 void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                        int64_t b, int64_t t, int64_t c) {
+  KernelTimer timer(Kernel::kEmbedding);
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t ti = 0; ti < t; ++ti) {
       const float* dout_bt = dout + (bi * t + ti) * c;
@@ -326,12 +360,22 @@ void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_
 
 void LmHeadForward(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
                    int64_t v) {
-  LinearForward(logits, x, wte, nullptr, n, c, v);
+  KernelTimer timer(Kernel::kLmHead);
+  LinearForwardImpl(logits, x, wte, nullptr, n, c, v);
 }
 
 void LmHeadBackward(float* dx, float* dwte, const float* dlogits, const float* x, const float* wte,
                     int64_t n, int64_t c, int64_t v) {
-  LinearBackward(dx, dwte, nullptr, dlogits, x, wte, n, c, v);
+  KernelTimer timer(Kernel::kLmHead);
+  LinearBackwardImpl(dx, dwte, nullptr, dlogits, x, wte, n, c, v, true);
+}
+
+// ----------------------------------------------------------------------------
+// Residual add
+
+void ResidualAdd(float* dst, const float* a, const float* b, int64_t n) {
+  KernelTimer timer(Kernel::kResidual);
+  for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
 }
 
 // ----------------------------------------------------------------------------
@@ -339,6 +383,7 @@ void LmHeadBackward(float* dx, float* dwte, const float* dlogits, const float* x
 
 double CrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int64_t n,
                            int64_t v) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   if (n == 0) return 0.0;
   double loss_sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
@@ -362,6 +407,7 @@ double CrossEntropyForward(float* probs, const float* logits, const int32_t* tar
 
 void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets, int64_t n,
                           int64_t v) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i) {
     const float* p = probs + i * v;
