@@ -16,14 +16,13 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
 #include "worker/checkpoint/shard_checkpoint.h"
+#include "worker/model/parallel.h"
 #include "worker/zero/task_thread.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_mlp.h"
 #endif
-
-extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace zeroshard {
 namespace {
@@ -153,7 +152,7 @@ absl::Status Worker::OpenDevice() {
 }
 
 absl::Status Worker::LoadTask() {
-  openblas_set_num_threads(config_.blas_threads);
+  SetComputeThreads(config_.blas_threads);
   absl::StatusOr<std::unique_ptr<TrainingTask>> task = MakeTrainingTask(task_options_);
   if (!task.ok()) return Annotate(task.status(), "model");
   task_ = *std::move(task);
@@ -341,6 +340,7 @@ absl::Status Worker::RunStep(int step) {
   const int grad_accum = config_.engine.grad_accum;
   const absl::Time start = absl::Now();
   const KernelTimes kernels_before = KernelTimesSnapshot();
+  const double cpu_before = ProcessCpuMs();
   for (int micro = 0; micro < grad_accum; ++micro) {
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
       return Annotate(s, "data");
@@ -357,6 +357,7 @@ absl::Status Worker::RunStep(int step) {
   metrics_.losses.push_back(*mean);
   metrics_.step_ms.push_back(ms);
   metrics_.step_times.push_back(stats->times);
+  metrics_.step_cpu_ms.push_back(ProcessCpuMs() - cpu_before);
   const KernelTimes kernels_after = KernelTimesSnapshot();
   for (size_t k = 0; k < kernels_after.size(); ++k) {
     metrics_.kernel_ms[k] += kernels_after[k] - kernels_before[k];
