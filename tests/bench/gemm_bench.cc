@@ -119,8 +119,12 @@ int main(int argc, char** argv) {
   nlohmann::ordered_json json = nlohmann::ordered_json::array();
   // 6 blocks x 3 GEMMs (forward, dx, dw) x 2 flops x 512 rows x 12 C^2.
   const double linear_flops = 6.0 * 3 * 2 * 512 * 12.0 * 384 * 384;
-  for (const std::string& path : absl::StrSplit(absl::GetFlag(FLAGS_libs), ',')) {
-    for (const std::string& threads_text : absl::StrSplit(absl::GetFlag(FLAGS_threads), ',')) {
+  const std::vector<std::string> libs =
+      absl::StrSplit(absl::GetFlag(FLAGS_libs), ',', absl::SkipEmpty());
+  const std::vector<std::string> thread_counts =
+      absl::StrSplit(absl::GetFlag(FLAGS_threads), ',', absl::SkipEmpty());
+  for (const std::string& path : libs) {
+    for (const std::string& threads_text : thread_counts) {
       const int threads = std::stoi(threads_text);
       // Each (library, threads) in a child process: libraries and their
       // thread pools stay out of each other's way.
