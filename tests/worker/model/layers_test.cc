@@ -327,6 +327,38 @@ TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
   ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
 }
 
+// Sequences longer than the causal blocks (32 rows), with a ragged last block.
+TEST(AttentionTest, BlockedMatchesNaiveLoopOnLongSequences) {
+  const int64_t b = 2, t = 70, c = 12, nh = 3;
+  auto qkv = RandomVector(b * t * 3 * c, -1.5f, 1.5f, 26);
+  std::vector<float> out(b * t * c), att(b * nh * t * t, 7.0f);
+  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  auto want = NaiveAttention(qkv, b, t, c, nh);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5) << i;
+  for (int64_t r = 0; r < b * nh; ++r) {
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t s = i + 1; s < t; ++s) ASSERT_EQ(att[(r * t + i) * t + s], 0.0f);
+    }
+  }
+}
+
+TEST(AttentionTest, BlockedBackwardMatchesFiniteDifferences) {
+  const int64_t b = 1, t = 37, c = 8, nh = 2;
+  auto qkv = RandomVector(b * t * 3 * c, -1, 1, 27);
+  auto dout = RandomVector(b * t * c, -1, 1, 28);
+  std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(qkv.size());
+  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  auto loss = [&] {
+    std::vector<float> o(out.size()), a(att.size());
+    AttentionForward(o.data(), a.data(), qkv.data(), b, t, c, nh);
+    return Dot(dout.data(), o.data(), o.size());
+  };
+  FdOptions opt;
+  opt.eps = 1e-3f;
+  ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
+}
+
 // ---------------------------------------------------------------------------
 // Embedding, LM head, cross-entropy
 
