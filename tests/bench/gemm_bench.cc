@@ -114,8 +114,8 @@ Times TimeStep(const Lib& lib, int reps) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  zeroshard::Table table({"LIBRARY", "THREADS", "LINEARS ms", "GFLOP/s", "ATTENTION ms",
-                          "LM HEAD ms", "TOTAL ms"});
+  zeroshard::Table table(
+      {"LIBRARY", "THREADS", "LINEARS ms", "GFLOP/s", "ATTENTION ms", "LM HEAD ms", "TOTAL ms"});
   nlohmann::ordered_json json = nlohmann::ordered_json::array();
   // 6 blocks x 3 GEMMs (forward, dx, dw) x 2 flops x 512 rows x 12 C^2.
   const double linear_flops = 6.0 * 3 * 2 * 512 * 12.0 * 384 * 384;

@@ -16,14 +16,14 @@
 namespace zeroshard {
 
 enum class Kernel {
-  kMatmul = 0,      // Linear / Conv1D forward and backward (GEMMs, bias)
-  kAttention,       // causal self-attention (its GEMMs and softmax)
+  kMatmul = 0,  // Linear / Conv1D forward and backward (GEMMs, bias)
+  kAttention,   // causal self-attention (its GEMMs and softmax)
   kLayerNorm,
-  kActivation,      // GELU / ReLU
-  kLmHead,          // the tied LM head's GEMMs
-  kCrossEntropy,    // softmax + cross-entropy (and MSE)
-  kEmbedding,       // token + position embedding and its scatter-add
-  kResidual,        // residual adds
+  kActivation,    // GELU / ReLU
+  kLmHead,        // the tied LM head's GEMMs
+  kCrossEntropy,  // softmax + cross-entropy (and MSE)
+  kEmbedding,     // token + position embedding and its scatter-add
+  kResidual,      // residual adds
   kCount,
 };
 
@@ -44,8 +44,7 @@ extern std::array<std::atomic<int64_t>, static_cast<int>(Kernel::kCount)> kernel
 // Adds its lifetime to `kernel`'s total.
 class KernelTimer {
  public:
-  explicit KernelTimer(Kernel kernel)
-      : kernel_(kernel), start_(std::chrono::steady_clock::now()) {}
+  explicit KernelTimer(Kernel kernel) : kernel_(kernel), start_(std::chrono::steady_clock::now()) {}
   ~KernelTimer() {
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - start_)

@@ -80,7 +80,6 @@ ZS_VECTOR_CLONES void AddTo(float* __restrict dst, const float* __restrict a,
   for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
 }
 
-
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -303,8 +302,8 @@ ZS_VECTOR_CLONES void LayerNormForwardRows(float* __restrict out, float* __restr
 ZS_VECTOR_CLONES void LayerNormBackwardRows(float* __restrict dx, const float* __restrict dout,
                                             const float* __restrict x, const float* __restrict w,
                                             const float* __restrict mean,
-                                            const float* __restrict rstd, int64_t c,
-                                            int64_t begin, int64_t end) {
+                                            const float* __restrict rstd, int64_t c, int64_t begin,
+                                            int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const float* x_i = x + i * c;
     const float* dout_i = dout + i * c;

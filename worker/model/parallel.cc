@@ -20,8 +20,9 @@ void ParallelFor(int64_t n, int64_t grain, absl::FunctionRef<void(int64_t, int64
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t max_chunks = (n + grain - 1) / grain;
-  const int threads =
-      omp_in_parallel() ? 1 : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), max_chunks));
+  const int threads = omp_in_parallel()
+                          ? 1
+                          : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), max_chunks));
   if (threads <= 1) {
     f(0, n);
     return;
