@@ -44,18 +44,17 @@ int Main() {
     const int world = std::stoi(world_text);
     for (int stage = 0; stage <= 3; ++stage) {
       std::string job = absl::StrCat("gpt-w", world, "-s", stage);
-      std::vector<std::string> flags = {
-          "--model=gpt",
-          absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
-          absl::StrCat("--d_model=", absl::GetFlag(FLAGS_d_model)),
-          absl::StrCat("--heads=", absl::GetFlag(FLAGS_heads)),
-          absl::StrCat("--context=", absl::GetFlag(FLAGS_context)),
-          absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
-          absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
-          absl::StrCat("--stage=", stage),
-          "--lr=3e-4",
-          absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
-          "--collective_timeout=600s"};
+      std::vector<std::string> flags = {"--model=gpt",
+                                        absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
+                                        absl::StrCat("--d_model=", absl::GetFlag(FLAGS_d_model)),
+                                        absl::StrCat("--heads=", absl::GetFlag(FLAGS_heads)),
+                                        absl::StrCat("--context=", absl::GetFlag(FLAGS_context)),
+                                        absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
+                                        absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
+                                        absl::StrCat("--stage=", stage),
+                                        "--lr=3e-4",
+                                        absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+                                        "--collective_timeout=600s"};
       if (!cluster.Run(job, world, flags, absl::Minutes(30))) return 1;
       nlohmann::json report = cluster.Report(job, 0);
       double tokens = report["items_per_second"];
@@ -64,18 +63,14 @@ int Main() {
       int64_t state = report["memory"]["model_state_bytes"];
       int64_t peak = report["memory"]["peak_bytes"];
       int64_t params = report["parameters"];
-      json[absl::StrCat(world)][absl::StrCat(stage)] = {{"tokens_per_second", tokens},
-                                                         {"step_ms", step_ms},
-                                                         {"step_cpu_ms", cpu_ms},
-                                                         {"kernel_breakdown_ms",
-                                                          report["kernel_breakdown_ms"]},
-                                                         {"model_state_bytes", state},
-                                                         {"peak_bytes", peak},
-                                                         {"parameters", params}};
+      json[absl::StrCat(world)][absl::StrCat(stage)] = {
+          {"tokens_per_second", tokens}, {"step_ms", step_ms},
+          {"step_cpu_ms", cpu_ms},       {"kernel_breakdown_ms", report["kernel_breakdown_ms"]},
+          {"model_state_bytes", state},  {"peak_bytes", peak},
+          {"parameters", params}};
       table.AddRow({absl::StrCat(world), absl::StrCat(stage), absl::StrFormat("%.0f", tokens),
                     absl::StrFormat("%.0f", step_ms), absl::StrFormat("%.0f", cpu_ms),
-                    HumanBytes(state), HumanBytes(peak),
-                    absl::StrFormat("%.1fM", params / 1e6)});
+                    HumanBytes(state), HumanBytes(peak), absl::StrFormat("%.1fM", params / 1e6)});
       std::fprintf(stderr, "%s: %.0f tokens/s\n", job.c_str(), tokens);
     }
   }

@@ -42,12 +42,12 @@ F Resolve(const char* name) {
 }  // namespace
 
 // Each forwarder resolves its function once.
-#define ZS_FORWARD(ret, name, params, args, fallback)        \
-  extern "C" ret name params {                              \
-    using Fn = ret(*) params;                               \
-    static const Fn fn = Resolve<Fn>(#name);                \
-    if (fn == nullptr) return fallback;                     \
-    return fn args;                                         \
+#define ZS_FORWARD(ret, name, params, args, fallback) \
+  extern "C" ret name params {                        \
+    using Fn = ret(*) params;                         \
+    static const Fn fn = Resolve<Fn>(#name);          \
+    if (fn == nullptr) return fallback;               \
+    return fn args;                                   \
   }
 
 ZS_FORWARD(cublasStatus_t, cublasCreate_v2, (cublasHandle_t * handle), (handle),
@@ -63,10 +63,10 @@ ZS_FORWARD(const char*, cublasGetStatusName, (cublasStatus_t status), (status),
 ZS_FORWARD(const char*, cublasGetStatusString, (cublasStatus_t status), (status),
            "cuBLAS could not be loaded")
 ZS_FORWARD(cublasStatus_t, cublasGemmEx,
-           (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
-            int n, int k, const void* alpha, const void* A, cudaDataType Atype, int lda,
-            const void* B, cudaDataType Btype, int ldb, const void* beta, void* C,
-            cudaDataType Ctype, int ldc, cublasComputeType_t computeType, cublasGemmAlgo_t algo),
+           (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+            cublasComputeType_t computeType, cublasGemmAlgo_t algo),
            (handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype,
             ldc, computeType, algo),
            CUBLAS_STATUS_NOT_INITIALIZED)
