@@ -9,7 +9,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev            # Abseil (status, flags, synchronization, time)
   libgloo-dev            # CPU collectives
-  libopenblas-dev        # CPU matrix products
+  libopenblas-dev        # CPU matrix products (headers)
+  libopenblas0-openmp    # ... linked in its OpenMP build (third_party/system.BUILD)
   libsqlite3-dev         # durable server state
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev

@@ -25,6 +25,7 @@
 #include "common/checkpoint_format.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/comm/client_kv_store.h"
+#include "worker/model/parallel.h"
 #include "worker/zero/task_thread.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
@@ -32,8 +33,6 @@
 #include "worker/cuda/cuda_gpt.h"
 #include "worker/cuda/cuda_mlp.h"
 #endif
-
-extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace zeroshard {
 namespace {
@@ -181,7 +180,7 @@ absl::Status Worker::OpenDevice() {
 }
 
 absl::Status Worker::LoadTask() {
-  openblas_set_num_threads(config_.blas_threads);
+  SetComputeThreads(config_.blas_threads);
   absl::StatusOr<std::unique_ptr<TrainingTask>> task = MakeTrainingTask(task_options_);
   if (!task.ok()) return Annotate(task.status(), "model");
   task_ = *std::move(task);
@@ -687,6 +686,8 @@ absl::Status Worker::RunStep(int step) {
   const absl::Time start = absl::Now();
   e.TakeFirstCollectiveStart();  // from here on: this step's first collective
   if (config_.test_step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
+  const KernelTimes kernels_before = KernelTimesSnapshot();
+  const double cpu_before = ProcessCpuMs();
   for (int micro = 0; micro < grad_accum; ++micro) {
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
       return Annotate(s, "data");
@@ -703,6 +704,11 @@ absl::Status Worker::RunStep(int step) {
   metrics_.losses.push_back(*mean);
   metrics_.step_ms.push_back(ms);
   metrics_.step_times.push_back(stats->times);
+  metrics_.step_cpu_ms.push_back(ProcessCpuMs() - cpu_before);
+  const KernelTimes kernels_after = KernelTimesSnapshot();
+  for (size_t k = 0; k < kernels_after.size(); ++k) {
+    metrics_.kernel_ms[k] += kernels_after[k] - kernels_before[k];
+  }
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);

@@ -72,7 +72,8 @@ ABSL_FLAG(std::string, reduce_dtype, "f32", "Dtype gradients are reduced in: f32
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
 ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
-ABSL_FLAG(int, threads, 1, "OpenBLAS threads for this worker");
+ABSL_FLAG(int, threads, 1,
+          "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
 ABSL_FLAG(std::string, init_from, "",
           "Initialize from this safetensors file (each rank reads only its rows)");
 ABSL_FLAG(std::string, data, "",
