@@ -159,6 +159,11 @@ void Client::ReportPeerFailure() {
   beat_now_ = true;
 }
 
+void Client::SetTelemetrySource(TelemetrySource source) {
+  absl::MutexLock lock(&mu_);
+  telemetry_source_ = std::move(source);
+}
+
 void Client::StartHeartbeats(CommandHandler handler) {
   StopHeartbeats();
   {
@@ -207,6 +212,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
     bool delivered = false;
     while (true) {
       v1::HeartbeatRequest request;
+      TelemetrySource source;
       *request.mutable_member() = credentials();
       {
         absl::MutexLock lock(&mu_);
@@ -218,7 +224,10 @@ void Client::HeartbeatLoop(CommandHandler handler) {
         request.set_snapshot_step(progress_.snapshot_step);
         if (progress_.recovery.generation() > 0) *request.mutable_recovery() = progress_.recovery;
         request.set_peer_failure(peer_failure_);
+        *request.mutable_telemetry() = progress_.telemetry;
+        source = telemetry_source_;
       }
+      if (source) source(request.mutable_telemetry());
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;
       backoff = absl::Milliseconds(100);
@@ -319,6 +328,57 @@ absl::Status Client::StoreWait(const std::vector<std::string>& keys, absl::Durat
   return FromGrpcStatus(stub_->StoreWait(&context, request, &response));
 }
 
+absl::StatusOr<std::string> Client::StoreCompareSet(const std::string& key,
+                                                    const std::string& expected,
+                                                    const std::string& desired) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreCompareSetRequest request;
+  *request.mutable_member() = credentials();
+  request.set_key(key);
+  request.set_expected(expected);
+  request.set_desired(desired);
+  v1::StoreCompareSetResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreCompareSet(&context, request, &response));
+  if (!s.ok()) return s;
+  return std::move(*response.mutable_value());
+}
+
+absl::StatusOr<bool> Client::StoreDelete(const std::string& key) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreDeleteRequest request;
+  *request.mutable_member() = credentials();
+  request.set_key(key);
+  v1::StoreDeleteResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreDelete(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.deleted();
+}
+
+absl::StatusOr<bool> Client::StoreCheck(const std::vector<std::string>& keys) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreCheckRequest request;
+  *request.mutable_member() = credentials();
+  for (const std::string& k : keys) request.add_keys(k);
+  v1::StoreCheckResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreCheck(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.all_exist();
+}
+
+absl::StatusOr<int64_t> Client::StoreNumKeys() {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::StoreNumKeysRequest request;
+  *request.mutable_member() = credentials();
+  v1::StoreNumKeysResponse response;
+  absl::Status s = FromGrpcStatus(stub_->StoreNumKeys(&context, request, &response));
+  if (!s.ok()) return s;
+  return response.num_keys();
+}
+
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_id) {
   grpc::ClientContext context;
   Prepare(&context, options_.rpc_timeout);
@@ -326,6 +386,18 @@ absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_i
   request.set_job_id(job_id);
   v1::GetStatusResponse response;
   absl::Status s = FromGrpcStatus(stub_->GetStatus(&context, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::GetHistoryResponse> Client::GetHistory(const std::string& job_id, int rank) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.rpc_timeout);
+  v1::GetHistoryRequest request;
+  request.set_job_id(job_id);
+  request.set_rank(rank);
+  v1::GetHistoryResponse response;
+  absl::Status s = FromGrpcStatus(stub_->GetHistory(&context, request, &response));
   if (!s.ok()) return s;
   return response;
 }

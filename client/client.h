@@ -74,6 +74,7 @@ struct Progress {
   v1::StepTelemetry last_step;  // where the last step's time went
   int64_t snapshot_step = -1;   // the latest committed in-memory snapshot
   v1::RecoveryRecord recovery;  // the latest recovery (generation 0: none)
+  v1::RankTelemetry telemetry;  // the last step's arrival; live fields come from the source
 };
 
 // Fault-tolerance fields of a Join (shard_worker --min_world_size,
@@ -119,6 +120,11 @@ class Client {
   // apart, until heartbeats are restarted: the server's abort comes within
   // 50 ms of its decision, not a heartbeat interval later.
   void ReportPeerFailure();
+  // Called on the heartbeat thread before every beat, without the client's
+  // lock, to fill what changes between steps (memory, the collective in
+  // flight) into the reported telemetry. Empty: none.
+  using TelemetrySource = std::function<void(v1::RankTelemetry*)>;
+  void SetTelemetrySource(TelemetrySource source);
 
   // A clean exit from the job. A server that is away (restarting) is waited
   // for, up to the client's rpc_timeout.
@@ -129,8 +135,16 @@ class Client {
   absl::StatusOr<std::string> StoreGet(const std::string& key, absl::Duration timeout);
   absl::StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
   absl::Status StoreWait(const std::vector<std::string>& keys, absl::Duration timeout);
+  // TCPStore's compare_set: the value the key holds afterwards.
+  absl::StatusOr<std::string> StoreCompareSet(const std::string& key, const std::string& expected,
+                                              const std::string& desired);
+  absl::StatusOr<bool> StoreDelete(const std::string& key);        // false: there was none
+  absl::StatusOr<bool> StoreCheck(const std::vector<std::string>& keys);  // never waits
+  absl::StatusOr<int64_t> StoreNumKeys();
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
+  // The job's per-step history as the server keeps it (`rank` -1: all).
+  absl::StatusOr<v1::GetHistoryResponse> GetHistory(const std::string& job_id, int rank = -1);
   // As a member (after Join): the job generation's plan. Before any Join: a
   // one-off plan for `world_size`. The plan crossed the wire (maybe from a
   // server of another version), so it is checked before it is returned:
@@ -190,6 +204,7 @@ class Client {
 
   absl::Mutex mu_;
   Progress progress_ ABSL_GUARDED_BY(mu_);
+  TelemetrySource telemetry_source_ ABSL_GUARDED_BY(mu_);
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
   bool peer_failure_ ABSL_GUARDED_BY(mu_) = false;  // ReportPeerFailure
   bool beat_now_ ABSL_GUARDED_BY(mu_) = false;      // wakes the heartbeat loop

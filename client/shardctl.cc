@@ -3,6 +3,7 @@
 //   shardctl --server=HOST:PORT status [--job=ID] [--json]
 //
 // Tables for people; --json for programs.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,8 +11,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/connection_flags.h"
@@ -22,7 +25,7 @@
 // The connection flags (--server, --token_file, --tls_*) are
 // client/connection_flags.cc's; --tls_server_name is shardctl's alone.
 ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
-ABSL_FLAG(std::string, job, "", "Job id (status: empty lists every job)");
+ABSL_FLAG(std::string, job, "", "Job id (status, top: empty shows every job)");
 ABSL_FLAG(bool, json, false, "Print JSON for programs instead of tables");
 
 namespace zeroshard {
@@ -47,6 +50,20 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   if (!options.ok()) return options.status();
   options->tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   return Client::Connect(*options);
+}
+
+std::string InCollective(const v1::RankTelemetry& t) {
+  if (!t.has_in_progress()) return "-";
+  const v1::CollectiveInProgress& c = t.in_progress();
+  std::string op = absl::AsciiStrToLower(v1::CollectiveOp_Name(c.op()));
+  const double seconds =
+      absl::ToDoubleSeconds(absl::Now() - absl::FromUnixMillis(c.started_unix_ms()));
+  return absl::StrFormat("%s #%d %s %.1fs", op, c.seq(), c.unit(), std::max(0.0, seconds));
+}
+
+std::string MemberFlags(const v1::MemberStatus& m) {
+  if (m.hung()) return m.straggler() ? "HUNG,STRAGGLER" : "HUNG";
+  return m.straggler() ? "STRAGGLER" : "-";
 }
 
 int StatusCommand() {
@@ -76,7 +93,8 @@ int StatusCommand() {
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
     Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "STEP TIME",
-                   "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "REJOINS"});
+                   "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "IN COLLECTIVE", "REJOINS",
+                   "FLAGS"});
     for (const v1::MemberStatus& m : job.members()) {
       std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
       if (m.rank() < 0) state = "joining";
@@ -93,9 +111,14 @@ int StatusCommand() {
                                             m.last_step().reduce_wait_ms())
                           : "-",
                       HumanBytes(static_cast<double>(m.memory_bytes())),
-                      absl::StrCat(m.collective_seq()), absl::StrCat(m.rejoins())});
+                      absl::StrCat(m.collective_seq()), InCollective(m.telemetry()),
+                      absl::StrCat(m.rejoins()), MemberFlags(m)});
     }
     std::printf("%s", members.ToString().c_str());
+    for (const v1::Diagnosis& d : job.diagnoses()) {
+      std::printf("%s: %s\n", d.kind() == v1::Diagnosis::STRAGGLER ? "STRAGGLER" : "HANG",
+                  d.message().c_str());
+    }
     if (job.history_size() > 0) {
       Table history({"GENERATION", "SINCE", "WHY"});
       for (const v1::GenerationChange& change : job.history()) {
@@ -139,9 +162,11 @@ int main(int argc, char** argv) {
       "  spec --model=mlp|gpt2 ...               print a model spec (JSON)\n"
       "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
-      "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n");
+      "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
+      "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
+      "  top [--job=ID]                          live view of jobs and ranks (q quits)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  const char* commands = "status, spec, plan, checkpoints, consolidate";
+  const char* commands = "status, spec, plan, checkpoints, consolidate, history, top";
   if (args.size() < 2) {
     std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
@@ -152,6 +177,8 @@ int main(int argc, char** argv) {
   if (command == "plan") return zeroshard::PlanCommand();
   if (command == "checkpoints") return zeroshard::CheckpointsCommand();
   if (command == "consolidate") return zeroshard::ConsolidateCommand();
+  if (command == "history") return zeroshard::HistoryCommand();
+  if (command == "top") return zeroshard::TopCommand();
   std::fprintf(stderr, "shardctl: unknown command '%s' (expected: %s)\n", command.c_str(),
                commands);
   return 2;

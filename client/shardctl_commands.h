@@ -25,12 +25,17 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags();
 int Fail(const absl::Status& status);
 // Pretty JSON with proto field names and every primitive field.
 std::string ProtoJson(const google::protobuf::Message& message);
+// Status columns (shardctl.cc): "all_gather #12 h.3 4.1s" or "-"; "HUNG", "STRAGGLER" or "-".
+std::string InCollective(const v1::RankTelemetry& telemetry);
+std::string MemberFlags(const v1::MemberStatus& member);
 
 int StatusCommand();       // shardctl.cc
 int SpecCommand();         // shardctl_plan.cc
 int PlanCommand();         // shardctl_plan.cc
 int CheckpointsCommand();  // shardctl_checkpoints.cc
 int ConsolidateCommand();  // shardctl_checkpoints.cc
+int HistoryCommand();      // shardctl_observe.cc
+int TopCommand();          // shardctl_observe.cc
 
 }  // namespace zeroshard
 

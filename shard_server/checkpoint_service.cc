@@ -344,6 +344,9 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (summary.ok()) {
+      if (service_->options_.on_consolidated) {
+        service_->options_.on_consolidated(summary->total_bytes(), seconds);
+      }
       service_->log_->Log(
           "consolidate_done",
           {{"job", request_.job_id()},

@@ -10,6 +10,8 @@
 #ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
 
+#include <functional>
+
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
@@ -28,6 +30,9 @@ struct CheckpointServiceOptions {
   // cancelled (DEADLINE_EXCEEDED for the caller, if it is still there), so
   // that a stalled reader cannot hold a slot forever.
   absl::Duration stall_timeout = absl::Seconds(60);
+  // Told of every completed consolidation (bytes written, seconds): the
+  // metrics. Empty: no one.
+  std::function<void(int64_t bytes, double seconds)> on_consolidated;
 };
 
 // Thread-safe.

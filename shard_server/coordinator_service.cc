@@ -68,7 +68,8 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
 class HeartbeatStream
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  HeartbeatStream(Membership* membership, const grpc::Status& auth) : membership_(membership) {
+  HeartbeatStream(Membership* membership, ServerMetrics* metrics, const grpc::Status& auth)
+      : membership_(membership), metrics_(metrics) {
     if (!auth.ok()) {
       Finish(auth);
       return;
@@ -81,6 +82,7 @@ class HeartbeatStream
       Finish(grpc::Status::OK);
       return;
     }
+    if (metrics_ != nullptr) metrics_->AddHeartbeat();
     absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_);
     if (!response.ok()) {
       Finish(ToGrpcStatus(response.status()));
@@ -101,6 +103,7 @@ class HeartbeatStream
 
  private:
   Membership* const membership_;
+  ServerMetrics* const metrics_;  // may be null
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
 };
@@ -109,7 +112,9 @@ class HeartbeatStream
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, std::string auth_token,
-                                       CheckpointService* checkpoints)
+                                       CheckpointService* checkpoints,
+                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history,
+                                       ServerMetrics* metrics)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
@@ -118,7 +123,10 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
       no_checkpoints_(checkpoints == nullptr
                           ? std::make_unique<CheckpointService>(nullptr, membership, nullptr)
                           : nullptr),
-      checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()) {}
+      checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()),
+      diagnosis_(diagnosis),
+      history_(history),
+      metrics_(metrics) {}
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
@@ -165,7 +173,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
 CoordinatorService::Heartbeat(grpc::CallbackServerContext* context) {
-  return new HeartbeatStream(membership_, Authenticate(context));
+  return new HeartbeatStream(membership_, metrics_, Authenticate(context));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
@@ -237,6 +245,55 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   return call;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::StoreCompareSet(
+    grpc::CallbackServerContext* context, const v1::StoreCompareSetRequest* request,
+    v1::StoreCompareSetResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  absl::StatusOr<std::string> value = kv_->CompareSet(m.job_id(), m.generation(), request->key(),
+                                                      request->expected(), request->desired());
+  if (value.ok()) response->set_value(std::move(*value));
+  return FinishNow(context, ToGrpcStatus(value.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* context,
+                                                          const v1::StoreDeleteRequest* request,
+                                                          v1::StoreDeleteResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  absl::StatusOr<bool> deleted = kv_->Delete(m.job_id(), m.generation(), request->key());
+  if (deleted.ok()) response->set_deleted(*deleted);
+  return FinishNow(context, ToGrpcStatus(deleted.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* context,
+                                                         const v1::StoreCheckRequest* request,
+                                                         v1::StoreCheckResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  absl::StatusOr<bool> all = kv_->Check(m.job_id(), m.generation(), keys);
+  if (all.ok()) response->set_all_exist(*all);
+  return FinishNow(context, ToGrpcStatus(all.status()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreNumKeys(grpc::CallbackServerContext* context,
+                                                           const v1::StoreNumKeysRequest* request,
+                                                           v1::StoreNumKeysResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  const v1::MemberCredentials& m = request->member();
+  response->set_num_keys(kv_->NumKeys(m.job_id(), m.generation()));
+  return FinishNow(context, grpc::Status::OK);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* context,
                                                         const v1::GetStatusRequest* request,
                                                         v1::GetStatusResponse* response) {
@@ -245,10 +302,31 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
   for (v1::JobStatus& job : *response->mutable_jobs()) {
     job.set_plan_hash(plans_->PlanHash(job.job_id()));
   }
+  if (diagnosis_ != nullptr) diagnosis_->Annotate(response);
   if (!request->job_id().empty() && response->jobs().empty()) {
     return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                            absl::StrCat("no job '", request->job_id(), "'")));
   }
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetHistory(grpc::CallbackServerContext* context,
+                                                         const v1::GetHistoryRequest* request,
+                                                         v1::GetHistoryResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  absl::StatusOr<std::vector<v1::HistoryPoint>> points =
+      history_ == nullptr ? std::vector<v1::HistoryPoint>()
+                          : history_->Points(request->job_id(), request->rank());
+  if (!points.ok()) return FinishNow(context, ToGrpcStatus(points.status()));
+  if (points->empty()) {
+    return FinishNow(
+        context,
+        grpc::Status(
+            grpc::StatusCode::NOT_FOUND,
+            absl::StrCat("no history for job '", request->job_id(), "'",
+                         request->rank() >= 0 ? absl::StrCat(" rank ", request->rank()) : "")));
+  }
+  for (v1::HistoryPoint& p : *points) *response->add_points() = std::move(p);
   return FinishNow(context, grpc::Status::OK);
 }
 

@@ -11,18 +11,24 @@
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint_service.h"
 #include "shard_server/clock.h"
+#include "shard_server/history_store.h"
 #include "shard_server/kv_store.h"
 #include "shard_server/membership.h"
 #include "shard_server/plan_service.h"
+#include "shard_server/server_metrics.h"
+#include "shard_server/telemetry_analyzer.h"
 
 namespace zeroshard {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   // `auth_token` empty: no authentication. `checkpoints` null: the
-  // checkpoint RPCs answer FAILED_PRECONDITION. Pointers are not owned.
+  // checkpoint RPCs answer FAILED_PRECONDITION. `diagnosis` adds hang and
+  // straggler diagnoses to GetStatus. Pointers are not owned.
   CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
-                     std::string auth_token, CheckpointService* checkpoints = nullptr);
+                     std::string auth_token, CheckpointService* checkpoints = nullptr,
+                     const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr,
+                     ServerMetrics* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -44,6 +50,18 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
                                       const v1::StoreWaitRequest* request,
                                       v1::StoreWaitResponse* response) override;
+  grpc::ServerUnaryReactor* StoreCompareSet(grpc::CallbackServerContext* context,
+                                            const v1::StoreCompareSetRequest* request,
+                                            v1::StoreCompareSetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreDelete(grpc::CallbackServerContext* context,
+                                        const v1::StoreDeleteRequest* request,
+                                        v1::StoreDeleteResponse* response) override;
+  grpc::ServerUnaryReactor* StoreCheck(grpc::CallbackServerContext* context,
+                                       const v1::StoreCheckRequest* request,
+                                       v1::StoreCheckResponse* response) override;
+  grpc::ServerUnaryReactor* StoreNumKeys(grpc::CallbackServerContext* context,
+                                         const v1::StoreNumKeysRequest* request,
+                                         v1::StoreNumKeysResponse* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::GetStatusResponse* response) override;
@@ -63,6 +81,11 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerWriteReactor<v1::ConsolidateResponse>* Consolidate(
       grpc::CallbackServerContext* context, const v1::ConsolidateRequest* request) override;
 
+  // The job's per-step history; NOT_FOUND when the server keeps none.
+  grpc::ServerUnaryReactor* GetHistory(grpc::CallbackServerContext* context,
+                                       const v1::GetHistoryRequest* request,
+                                       v1::GetHistoryResponse* response) override;
+
   // OK, or UNAUTHENTICATED saying what is missing.
   // The bearer token, then the member's credentials (generation, token).
   grpc::Status AdmitMember(grpc::CallbackServerContext* context,
@@ -81,6 +104,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   const std::string auth_token_;
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
+  const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
+  HistoryStore* const history_;               // may be null: GetHistory finds nothing
+  ServerMetrics* const metrics_;              // may be null: heartbeats not counted
 };
 
 }  // namespace zeroshard

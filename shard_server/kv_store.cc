@@ -237,6 +237,83 @@ uint64_t KvStore::Wait(const std::string& job, int64_t generation, std::vector<s
   return id;
 }
 
+absl::StatusOr<std::string> KvStore::CompareSet(const std::string& job, int64_t generation,
+                                                const std::string& key, const std::string& expected,
+                                                std::string desired) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  Deferred deferred;
+  absl::StatusOr<std::string> result;
+  {
+    absl::MutexLock lock(&mu_);
+    JobData& data = Data(job, generation, deferred);
+    auto it = data.values.find(key);
+    const bool swap = it == data.values.end() ? expected.empty() : it->second == expected;
+    if (!swap) {
+      result = it == data.values.end() ? expected : it->second;
+    } else if (absl::Status s = StoreValue(data, job, key, desired); !s.ok()) {
+      result = s;
+    } else {
+      result = std::move(desired);
+      WakeWaiters(data, deferred);
+    }
+  }
+  for (auto& f : deferred) f();
+  return result;
+}
+
+absl::StatusOr<bool> KvStore::Delete(const std::string& job, int64_t generation,
+                                     const std::string& key) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  Deferred deferred;
+  bool deleted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    JobData& data = Data(job, generation, deferred);
+    auto it = data.values.find(key);
+    if (it != data.values.end()) {
+      const size_t bytes = it->first.size() + it->second.size();
+      data.bytes -= bytes;
+      total_bytes_ -= bytes;
+      data.values.erase(it);
+      deleted = true;
+    }
+  }
+  for (auto& f : deferred) f();
+  return deleted;
+}
+
+absl::StatusOr<bool> KvStore::Check(const std::string& job, int64_t generation,
+                                    const std::vector<std::string>& keys) {
+  if (keys.size() > limits_.max_wait_keys) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a check of ", keys.size(), " keys; at most ", limits_.max_wait_keys,
+                     " per call (the server's --kv_max_wait_keys)"));
+  }
+  for (const std::string& k : keys) {
+    if (absl::Status s = CheckKey(k); !s.ok()) return s;
+  }
+  Deferred deferred;
+  bool all = true;
+  {
+    absl::MutexLock lock(&mu_);
+    JobData& data = Data(job, generation, deferred);
+    for (const std::string& k : keys) all = all && data.values.contains(k);
+  }
+  for (auto& f : deferred) f();
+  return all;
+}
+
+int64_t KvStore::NumKeys(const std::string& job, int64_t generation) {
+  Deferred deferred;
+  int64_t n = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    n = static_cast<int64_t>(Data(job, generation, deferred).values.size());
+  }
+  for (auto& f : deferred) f();
+  return n;
+}
+
 void KvStore::Cancel(uint64_t id) {
   Waiter w;
   {

@@ -57,6 +57,20 @@ class KvStore {
                               int64_t delta);
   uint64_t Wait(const std::string& job, int64_t generation, std::vector<std::string> keys,
                 absl::Time deadline, WaitDone done);
+  // TCPStore's compare-and-set: when `key` holds `expected` (or is missing and
+  // `expected` is empty), it is set to `desired`. Returns the value the key
+  // holds afterwards (`expected` itself when the key is missing and
+  // `expected` is not empty, as TCPStore answers).
+  absl::StatusOr<std::string> CompareSet(const std::string& job, int64_t generation,
+                                         const std::string& key, const std::string& expected,
+                                         std::string desired);
+  // Removes `key`; false when it did not exist.
+  absl::StatusOr<bool> Delete(const std::string& job, int64_t generation, const std::string& key);
+  // Whether every key exists now (no waiting).
+  absl::StatusOr<bool> Check(const std::string& job, int64_t generation,
+                             const std::vector<std::string>& keys);
+  // Keys of the job's generation.
+  int64_t NumKeys(const std::string& job, int64_t generation);
   void Cancel(uint64_t id);
 
   // Drops the job's data; waiters are answered ABORTED. Called when the job's

@@ -55,6 +55,15 @@ ABSL_FLAG(int, max_consolidations, 4,
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
           "A streamed consolidation whose caller reads nothing for this long is cancelled, "
           "freeing its slot");
+ABSL_FLAG(int, hang_report_ms, 10000,
+          "Ranks waiting this long in a collective that another rank has not entered (and that "
+          "rank not advancing) are reported as a hang naming that rank, in shardctl status, the "
+          "metrics and the log; keep it well under the workers' --collective_timeout");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT of the metrics port: Prometheus text at /metrics and the dashboard at / "
+          "(empty: off); with --auth_token_file, /metrics and the dashboard's data need the token");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, the bound metrics port is written here once serving");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
@@ -144,6 +153,12 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_consolidate_stall_timeout_s) < 1) {
     return Fail("--consolidate_stall_timeout_s must be >= 1");
   }
+  if (absl::GetFlag(FLAGS_hang_report_ms) < 1) {
+    return Fail(absl::StrCat("--hang_report_ms must be >= 1, not ",
+                             absl::GetFlag(FLAGS_hang_report_ms)));
+  }
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.telemetry.hang_report = absl::Milliseconds(absl::GetFlag(FLAGS_hang_report_ms));
   options.checkpoint_service.stall_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
@@ -174,17 +189,26 @@ int main(int argc, char** argv) {
       zeroshard::ShardServer::Start(options);
   if (!server.ok()) return Fail(server.status().ToString());
 
-  std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    std::string tmp = port_file + ".tmp";
+  // Written through a temporary name, so that a reader never sees half; the
+  // metrics port first, so that --port_file means everything is up.
+  auto write_port = [](const std::string& path, int port) {
+    if (path.empty()) return true;
+    std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp);
-      out << (*server)->port() << "\n";
-      if (!out) return Fail("cannot write --port_file " + port_file);
+      out << port << "\n";
+      if (!out) return false;
     }
-    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      return Fail("cannot write --port_file " + port_file);
-    }
+    return std::rename(tmp.c_str(), path.c_str()) == 0;
+  };
+  if (!write_port(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port())) {
+    return Fail("cannot write --metrics_port_file " + absl::GetFlag(FLAGS_metrics_port_file));
+  }
+  if (!write_port(absl::GetFlag(FLAGS_port_file), (*server)->port())) {
+    return Fail("cannot write --port_file " + absl::GetFlag(FLAGS_port_file));
+  }
+  if ((*server)->metrics_port() != 0) {
+    std::printf("metrics on port %d\n", (*server)->metrics_port());
   }
   std::printf("listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);

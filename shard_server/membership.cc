@@ -631,6 +631,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
                  {"first_step_ms", absl::StrFormat("%.0f", r.first_step_ms())}});
     }
   }
+  m.telemetry = request.telemetry();
   // The beat above counts (the member is alive); the answer waits for the
   // job's unsaved change, which may be what the member must hear.
   if (absl::Status s = SaveUnsaved(job); !s.ok()) return s;
@@ -854,6 +855,7 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       ms->set_memory_bytes(m.memory_bytes);
       ms->set_collective_seq(m.collective_seq);
       *ms->mutable_last_step() = m.last_step;
+      *ms->mutable_telemetry() = m.telemetry;
       auto joined = job->joins.find(m.worker_id);
       ms->set_rejoins(joined == job->joins.end() ? 0 : std::max(0, joined->second - 1));
     }

@@ -151,6 +151,7 @@ class Membership {
     // When its heartbeat stream last closed (InfinitePast: not since the
     // member formed). A kill -9 closes it at once, on one host at least.
     absl::Time stream_closed = absl::InfinitePast();
+    v1::RankTelemetry telemetry;
   };
   struct PendingJoin {
     uint64_t id = 0;

@@ -11,6 +11,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
+#include "shard_server/observability_pages.h"
 
 namespace zeroshard {
 
@@ -43,9 +44,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   PlanService* plans = server->plans_.get();
   server->membership_->SetGenerationListener(
       [kv](const std::string& job, int64_t generation) { kv->DropJob(job, generation); });
-  server->membership_->SetForgetListener([kv, plans](const std::string& job) {
+  absl::StatusOr<std::unique_ptr<HistoryStore>> history = HistoryStore::Open(
+      options.state_dir.empty() ? ":memory:" : options.state_dir + "/history.db", options.history);
+  if (!history.ok()) return history.status();
+  server->history_ = *std::move(history);
+  HistoryStore* history_store = server->history_.get();
+  server->membership_->SetForgetListener([kv, plans, history_store](const std::string& job) {
     kv->DropJob(job, std::numeric_limits<int64_t>::max());
     plans->ForgetJob(job);
+    (void)history_store->ForgetJob(job);  // a leftover is thinned and forgotten with the id
   });
   if (!options.checkpoint_root.empty()) {
     StateStore* state = server->state_.get();
@@ -79,12 +86,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
           [verifier](const std::string& job, int64_t step) { verifier->Enqueue(job, step); });
     }
   }
+  server->metrics_ = std::make_unique<ServerMetrics>();
+  ServerMetrics* metrics = server->metrics_.get();
+  CheckpointServiceOptions checkpoint_service = options.checkpoint_service;
+  checkpoint_service.on_consolidated = [metrics](int64_t bytes, double seconds) {
+    metrics->AddConsolidation(bytes, seconds);
+  };
   server->checkpoints_ = std::make_unique<CheckpointService>(
       server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get(),
-      options.checkpoint_service);
+      checkpoint_service);
+  server->diagnosis_ =
+      std::make_unique<TelemetryAnalyzer>(&server->clock_, server->log_.get(), options.telemetry);
   server->service_ = std::make_unique<CoordinatorService>(
       &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
-      server->checkpoints_.get());
+      server->checkpoints_.get(), server->diagnosis_.get(), server->history_.get(), metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -107,12 +122,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   int port = 0;
   builder.AddListeningPort(options.listen, credentials, &port);
   builder.RegisterService(server->service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(RpcMetricsInterceptorFactory(metrics));
   if (!options.auth_token.empty()) {
     // Reflection describes every method and message: behind the token too.
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
-    guards.push_back(ReflectionAuthInterceptorFactory(options.auth_token));
-    builder.experimental().SetInterceptorCreators(std::move(guards));
+    interceptors.push_back(ReflectionAuthInterceptorFactory(options.auth_token));
   }
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // Heartbeat streams are long-lived and many; raise the concurrent-stream
   // limit per connection above gRPC's default so that simulated clusters can
   // multiplex thousands of members on a few connections.
@@ -126,6 +142,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   server->port_ = port;
   std::string host = options.listen.substr(0, options.listen.rfind(':'));
   server->address_ = absl::StrCat(host, ":", port);
+  if (!options.metrics_listen.empty()) {
+    ObservabilitySources sources;
+    sources.membership = server->membership_.get();
+    sources.diagnosis = server->diagnosis_.get();
+    sources.checkpoints = server->checkpoint_registry_.get();
+    sources.metrics = metrics;
+    sources.history = history_store;
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
+        options.metrics_listen, options.auth_token, ObservabilityPages(sources));
+    if (!http.ok()) return http.status();
+    server->http_ = *std::move(http);
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   // Restored members' grace counts from here, not from Restore().
   server->membership_->StartGrace();
@@ -135,14 +163,30 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
                                 {"checkpoint_root", options.checkpoint_root},
                                 {"keep_last", absl::StrCat(options.keep_last)},
                                 {"auth", options.auth_token.empty() ? "off" : "bearer"},
-                                {"tls", options.tls_cert.empty() ? "off" : "on"}});
+                                {"tls", options.tls_cert.empty() ? "off" : "on"},
+                                {"metrics_port", absl::StrCat(server->metrics_port())}});
   return server;
 }
 
 void ShardServer::TickLoop() {
+  // Diagnosis looks at every member: twice a second is fine-grained enough
+  // for reports due after seconds.
+  constexpr absl::Duration kAnalyzeEvery = absl::Milliseconds(500);
+  absl::Time next_analysis = clock_.Now();
+  bool history_ok = true;
   while (!stop_.WaitForNotificationWithTimeout(options_.tick)) {
     membership_->Tick();
     kv_->Tick();
+    if (clock_.Now() >= next_analysis) {
+      const v1::GetStatusResponse status = membership_->Status("");
+      diagnosis_->Analyze(status);
+      if (absl::Status s = history_->Record(status, clock_.Now()); !s.ok() && history_ok) {
+        log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
+      } else {
+        history_ok = s.ok();
+      }
+      next_analysis = clock_.Now() + kAnalyzeEvery;
+    }
   }
 }
 
@@ -156,6 +200,7 @@ void ShardServer::Shutdown() {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
+  http_.reset();                   // its pages read the components below
   if (server_ == nullptr) return;  // Start failed before serving
   // Held calls are answered by the shutdown's cancellation.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

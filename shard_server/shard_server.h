@@ -19,10 +19,14 @@
 #include "shard_server/clock.h"
 #include "shard_server/coordinator_service.h"
 #include "shard_server/event_log.h"
+#include "shard_server/history_store.h"
 #include "shard_server/kv_store.h"
 #include "shard_server/membership.h"
+#include "shard_server/metrics_http.h"
 #include "shard_server/plan_service.h"
+#include "shard_server/server_metrics.h"
 #include "shard_server/state_store.h"
+#include "shard_server/telemetry_analyzer.h"
 
 namespace zeroshard {
 
@@ -48,6 +52,10 @@ struct ShardServerOptions {
   CheckpointServiceOptions checkpoint_service;  // consolidation slots and their deadline
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
   EventLog::Sink log_sink;                       // empty: stderr
+  TelemetryOptions telemetry;                    // hang and straggler diagnosis
+  // HOST:PORT of the metrics port (/metrics, the dashboard); empty: none.
+  std::string metrics_listen;
+  HistoryOptions history;  // bounds of the per-step history
 };
 
 class ShardServer {
@@ -56,6 +64,7 @@ class ShardServer {
   ~ShardServer();  // Shutdown()
 
   int port() const { return port_; }
+  int metrics_port() const { return http_ != nullptr ? http_->port() : 0; }  // 0: none
   std::string address() const { return address_; }  // HOST:PORT actually bound
 
   // Blocks until Shutdown() is called from another thread (or a signal handler
@@ -81,8 +90,12 @@ class ShardServer {
   std::unique_ptr<CheckpointRegistry> checkpoint_registry_;  // null without a checkpoint root
   std::unique_ptr<CheckpointVerifier> checkpoint_verifier_;  // null: not verifying
   std::unique_ptr<CheckpointService> checkpoints_;
+  std::unique_ptr<TelemetryAnalyzer> diagnosis_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<HistoryStore> history_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
   RealClock clock_;
   int port_ = 0;
   std::string address_;

@@ -9,12 +9,16 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev            # Abseil (status, flags, synchronization, time)
   libgloo-dev            # CPU collectives
-  libopenblas-dev        # CPU matrix products
+  libopenblas-dev        # CPU matrix products (headers)
+  libopenblas0-openmp    # ... linked in its OpenMP build (third_party/system.BUILD)
   libsqlite3-dev         # durable server state
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev
   openssl                # test-time TLS certificates
+  libcivetweb-dev        # the metrics port's HTTP server (/metrics, the dashboard)
+  prometheus tmux chromium curl  # observability tests: promtool, shardctl top, the dashboard
   python3 python3-venv python3-torch python3-numpy python3-yaml  # interop tests
+  python3-dev pybind11-dev  # the Python package (python/zeroshard)
 )
 
 missing=()

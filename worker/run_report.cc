@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,12 @@ absl::Status WriteJson(const Json& json, const std::string& path, const char* fl
 }
 
 }  // namespace
+
+double ProcessCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -128,6 +135,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["params_sum"] = run.params_sum;
   out["step_time_ms_median"] = Median(m.step_ms);
   out["step_ms"] = m.step_ms;  // every step's, in order (this process's)
+  out["step_cpu_ms_median"] = Median(m.step_cpu_ms);
   // Medians over steps of where the compute thread's time went.
   auto median_of = [&](double StepTimes::*field) {
     std::vector<double> values;
@@ -140,6 +148,15 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                               {"reduce_wait", median_of(&StepTimes::reduce_wait_ms)},
                               {"optimizer", median_of(&StepTimes::optimizer_ms)},
                               {"param_sync", median_of(&StepTimes::param_sync_ms)}};
+  // Means over the training steps of the model's kernels (kernel_profile.h);
+  // forward + backward less their sum is the engine's own work (copies,
+  // gradient adds) inside those phases.
+  nlohmann::ordered_json kernels;
+  const double steps = std::max<size_t>(m.step_ms.size(), 1);
+  for (int k = 0; k < static_cast<int>(Kernel::kCount); ++k) {
+    kernels[KernelName(static_cast<Kernel>(k))] = m.kernel_ms[k] / steps;
+  }
+  out["kernel_breakdown_ms"] = kernels;
   nlohmann::ordered_json memory;
   const MemoryTracker& mt = e.memory();
   for (int c = 0; c < static_cast<int>(MemoryCategory::kCount); ++c) {

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/comm/communicator.h"
+#include "worker/model/kernel_profile.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
 #include "worker/zero/engine.h"
@@ -20,7 +21,11 @@ namespace zeroshard {
 struct RunMetrics {
   std::vector<double> losses;   // the step's loss, averaged over ranks
   std::vector<double> step_ms;  // wall time of each step
+  // CPU time of the whole process (every thread) in each step: on a busy
+  // machine, steadier than the wall time.
+  std::vector<double> step_cpu_ms;
   std::vector<StepTimes> step_times;
+  KernelTimes kernel_ms{};  // the model's kernels over the training steps, summed
   double items_per_second_sum = 0;  // tokens or rows per second of each step, summed
   std::vector<double> val_losses;   // every evaluation's
   Evaluation last_eval;
@@ -63,6 +68,9 @@ struct FinishedRun {
   std::vector<double> model_state_bytes;
   std::vector<double> peak_bytes;
 };
+
+// CPU time this process has used (all threads), in milliseconds.
+double ProcessCpuMs();
 
 // Median of `values`; 0 when empty.
 double Median(std::vector<double> values);

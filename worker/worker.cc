@@ -6,10 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <cstdio>
 #include <map>
 #include <set>
-
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -28,6 +27,7 @@
 #include "common/checkpoint_format.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/comm/client_kv_store.h"
+#include "worker/model/parallel.h"
 #include "worker/zero/task_thread.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
@@ -35,8 +35,6 @@
 #include "worker/cuda/cuda_gpt.h"
 #include "worker/cuda/cuda_mlp.h"
 #endif
-
-extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace zeroshard {
 namespace {
@@ -130,7 +128,12 @@ Worker::Worker(WorkerConfig config, AbortLatch* abort)
     : config_(std::move(config)),
       abort_(abort),
       task_options_(config_.task),
-      engine_options_(config_.engine) {}
+      engine_options_(config_.engine) {
+  if (config_.test_stall_before_gather > 0) {
+    engine_options_.before_collective = StallBeforeGather(
+        config_.test_stall_before_gather, [abort] { return abort->tripped(); });
+  }
+}
 
 Worker::~Worker() {
   EndGeneration();
@@ -179,7 +182,7 @@ absl::Status Worker::OpenDevice() {
 }
 
 absl::Status Worker::LoadTask() {
-  openblas_set_num_threads(config_.blas_threads);
+  SetComputeThreads(config_.blas_threads);
   absl::StatusOr<std::unique_ptr<TrainingTask>> task = MakeTrainingTask(task_options_);
   if (!task.ok()) return Annotate(task.status(), "model");
   task_ = *std::move(task);
@@ -214,6 +217,13 @@ absl::Status Worker::Join() {
   std::vector<std::string> hosts;
   for (const v1::Member& m : generation_->membership.members) hosts.push_back(m.host());
   buddy_shift_ = hosts.size() == static_cast<size_t>(world()) ? BuddyShift(hosts) : 1;
+  client_->SetTelemetrySource([this](v1::RankTelemetry* telemetry) {
+    absl::MutexLock lock(&abort_mu_);
+    if (abortable_engine_ != nullptr) {
+      FillLiveTelemetry(*abortable_engine_, abortable_data_plane_, telemetry);
+    }
+  });
+  arrival_lag_.Clear();
   client_->StartHeartbeats(
       [this](absl::StatusOr<v1::HeartbeatResponse> reply) { OnServerCommand(reply); });
   return absl::OkStatus();
@@ -727,6 +737,10 @@ absl::Status Worker::RunStep(int step) {
   const int world = this->world();
   const int grad_accum = config_.engine.grad_accum;
   const absl::Time start = absl::Now();
+  e.TakeFirstCollectiveStart();  // from here on: this step's first collective
+  if (config_.test_step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
+  const KernelTimes kernels_before = KernelTimesSnapshot();
+  const double cpu_before = ProcessCpuMs();
   for (int micro = 0; micro < grad_accum; ++micro) {
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
       return Annotate(s, "data");
@@ -753,6 +767,11 @@ absl::Status Worker::RunStep(int step) {
   metrics_.losses.push_back(*mean);
   metrics_.step_ms.push_back(ms);
   metrics_.step_times.push_back(stats->times);
+  metrics_.step_cpu_ms.push_back(ProcessCpuMs() - cpu_before);
+  const KernelTimes kernels_after = KernelTimesSnapshot();
+  for (size_t k = 0; k < kernels_after.size(); ++k) {
+    metrics_.kernel_ms[k] += kernels_after[k] - kernels_before[k];
+  }
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
@@ -797,6 +816,19 @@ absl::Status Worker::RunStep(int step) {
   if (rank_ == 0) progress.recovery = recovery_;
   metrics_.snapshot_bytes_peak = keeper_.peak_bytes();
   progress.memory_bytes += keeper_.bytes();
+  // Arrival at the step's first collective, against every rank's.
+  const absl::Time arrival = e.TakeFirstCollectiveStart();
+  if (arrival != absl::InfinitePast()) {
+    absl::StatusOr<std::vector<double>> arrivals =
+        e.GatherOverRanks(absl::ToUnixMicros(arrival) / 1e6, "arrival times");
+    if (!arrivals.ok()) return Annotate(arrivals.status(), "arrival times");
+    const double first = *std::min_element(arrivals->begin(), arrivals->end());
+    const double lag_ms = ((*arrivals)[rank_] - first) * 1e3;
+    arrival_lag_.Add(lag_ms);
+    progress.telemetry.set_first_collective_unix_us(absl::ToUnixMicros(arrival));
+    progress.telemetry.set_arrival_lag_ms(static_cast<float>(lag_ms));
+    progress.telemetry.set_arrival_lag_median_ms(static_cast<float>(arrival_lag_.Median()));
+  }
   client_->ReportProgress(progress);
   metrics_.items_per_second_sum += items_per_second;
   if (rank_ == 0) {

@@ -76,6 +76,7 @@
 #include "worker/abort_latch.h"
 #include "worker/data_plane.h"
 #include "worker/recovery/snapshot_keeper.h"
+#include "worker/rank_telemetry.h"
 #include "worker/run_report.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
@@ -189,6 +190,7 @@ class Worker {
   // The step being trained, for the abort message (the heartbeat thread
   // reads it).
   std::atomic<int64_t> step_{0};
+  ArrivalLag arrival_lag_;  // this generation's
 
   // The current generation; null outside Join .. EndGeneration.
   std::unique_ptr<Generation> generation_;

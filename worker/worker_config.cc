@@ -72,7 +72,8 @@ ABSL_FLAG(std::string, reduce_dtype, "f32", "Dtype gradients are reduced in: f32
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
 ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
-ABSL_FLAG(int, threads, 1, "OpenBLAS threads for this worker");
+ABSL_FLAG(int, threads, 1,
+          "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
 ABSL_FLAG(std::string, init_from, "",
           "Initialize from this safetensors file (each rank reads only its rows)");
 ABSL_FLAG(std::string, data, "",
@@ -103,6 +104,11 @@ ABSL_FLAG(std::string, eval_out, "",
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
           "rank 0 writes)");
+ABSL_FLAG(int64_t, test_stall_before_gather, 0,
+          "Test-only: block before this worker's N-th all-gather of a generation, as a rank "
+          "stuck outside a collective (0: off)");
+ABSL_FLAG(int, test_step_delay_ms, 0,
+          "Test-only: sleep this long at the start of every step, as a straggler (0: off)");
 
 namespace zeroshard {
 namespace {
@@ -308,6 +314,11 @@ absl::Status ReadRun(WorkerConfig* config) {
   config->summary_out = absl::GetFlag(FLAGS_summary_out);
   config->eval_out = absl::GetFlag(FLAGS_eval_out);
   config->report = absl::GetFlag(FLAGS_report);
+  config->test_stall_before_gather = absl::GetFlag(FLAGS_test_stall_before_gather);
+  config->test_step_delay_ms = absl::GetFlag(FLAGS_test_step_delay_ms);
+  if (config->test_stall_before_gather < 0 || config->test_step_delay_ms < 0) {
+    return Bad("--test_stall_before_gather and --test_step_delay_ms must be >= 0");
+  }
   return absl::OkStatus();
 }
 

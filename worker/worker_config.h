@@ -100,6 +100,13 @@ struct WorkerConfig {
   std::string summary_out;  // rank 0
   std::string eval_out;     // rank 0
   std::string report;       // "{rank}" in it: every rank writes its own; else rank 0
+
+  // ---- Test-only: faults the observability tests provoke (0: off) ----
+  // Blocks this worker before its N-th all-gather of a generation (until
+  // the generation is aborted), as a rank stuck outside a collective would.
+  int64_t test_stall_before_gather = 0;
+  // Sleeps this long at the start of every step: a straggler.
+  int test_step_delay_ms = 0;
 };
 
 // Reads every flag of shard_worker (the connection flags' token and TLS

@@ -6,10 +6,12 @@
 // Measures: the time until N concurrent joins are all answered (N = 1024,
 // 4096); the heartbeat rate the server sustains with 4096 members each on its
 // own stream, beating as fast as they can; the time from a member's last
-// heartbeat to the server marking it dead.
+// heartbeat to the server marking it dead; the time to serve /metrics for a
+// job of 4096 ranks.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -19,8 +21,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -34,6 +39,12 @@ ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, members, 4096, "Members for the heartbeat-rate run");
 ABSL_FLAG(double, heartbeat_seconds, 5.0, "Length of the heartbeat-rate measurement");
 ABSL_FLAG(int, channels, 16, "Client connections the simulated members share");
+ABSL_FLAG(bool, metrics, true, "Time GET /metrics (off: for a server without --metrics_listen)");
+ABSL_FLAG(bool, joins, true, "Measure the join barriers (off: heartbeats, /metrics, detection)");
+ABSL_FLAG(std::string, telemetry, "full",
+          "What beats carry besides the member's credentials: full (a training rank's telemetry, "
+          "as shard_worker sends it), step (the step fields that predate RankTelemetry: for a "
+          "before/after comparison against an older server) or none");
 
 namespace zeroshard {
 namespace {
@@ -128,6 +139,40 @@ v1::MemberCredentials Credentials(const std::string& job, const v1::JoinResponse
   return c;
 }
 
+// What a ZeRO-3 rank of a GPT job sends in the middle of training: every
+// telemetry field set to a value of realistic size.
+void FillTelemetry(v1::HeartbeatRequest* request) {
+  if (absl::GetFlag(FLAGS_telemetry) == "none") return;
+  request->set_loss(2.718281828);
+  request->set_memory_bytes(int64_t{3} << 30);
+  request->set_collective_seq(1234567);
+  v1::StepTelemetry* step = request->mutable_last_step();
+  step->set_step_ms(123.456);
+  step->set_items_per_second(81234.5);
+  step->set_gather_wait_ms(12.5);
+  step->set_reduce_wait_ms(3.25);
+  if (absl::GetFlag(FLAGS_telemetry) != "full") return;
+  v1::RankTelemetry* t = request->mutable_telemetry();
+  v1::MemoryUsage* memory = t->mutable_memory();
+  memory->set_params(int64_t{1} << 30);
+  memory->set_grads(int64_t{1} << 29);
+  memory->set_optimizer_state(int64_t{2} << 30);
+  memory->set_activations(int64_t{3} << 28);
+  memory->set_comm_buffers(int64_t{1} << 26);
+  memory->set_cached(int64_t{1} << 27);
+  t->set_bytes_moved(int64_t{123} << 30);
+  t->set_gathers_entered(512345);
+  t->set_reductions_entered(256789);
+  t->set_first_collective_unix_us(1'790'000'000'123'456);
+  t->set_arrival_lag_ms(3.5f);
+  t->set_arrival_lag_median_ms(2.25f);
+  v1::CollectiveInProgress* c = t->mutable_in_progress();
+  c->set_op(v1::ALL_GATHER);
+  c->set_unit("transformer.h.17");
+  c->set_seq(512345);
+  c->set_started_unix_ms(1'790'000'000'456);
+}
+
 // One member's heartbeat stream, beating back to back: the next beat is
 // written once the previous beat's write and reply have both completed.
 class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
@@ -136,6 +181,7 @@ class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::Heartbea
          std::atomic<bool>* stop, std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
       : stop_(stop), replies_(replies), finished_(finished) {
     *request_.mutable_member() = member;
+    FillTelemetry(&request_);
     stub->async()->Heartbeat(&context_, this);
     Round();
     StartCall();
@@ -189,8 +235,23 @@ class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::Heartbea
   grpc::Status status_;
 };
 
+// CPU seconds (user + system) the process has used; -1 if unreadable.
+double CpuSeconds(pid_t pid) {
+  std::string stat = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
+  size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+  double utime = 0, stime = 0;  // fields 14 and 15 of stat, 12 and 13 after the name
+  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime)) {
+    return -1;
+  }
+  return (utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
 double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
-                     const std::string& job, const Joined& joined, double seconds) {
+                     const std::string& job, const Joined& joined, double seconds,
+                     pid_t server = -1, double* server_cpu_us_per_beat = nullptr) {
   int members = static_cast<int>(joined.responses.size());
   std::atomic<bool> stop{false};
   std::atomic<int64_t> replies{0};
@@ -204,8 +265,15 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
   absl::SleepFor(absl::Seconds(1));  // warm-up: every stream open and beating
   int64_t start_count = replies.load();
   absl::Time start = absl::Now();
+  const double cpu_start = server > 0 ? CpuSeconds(server) : -1;
   absl::SleepFor(absl::Seconds(seconds));
   int64_t end_count = replies.load();
+  const double cpu_end = server > 0 ? CpuSeconds(server) : -1;
+  if (server_cpu_us_per_beat != nullptr) {
+    *server_cpu_us_per_beat = cpu_start < 0 || cpu_end < 0 || end_count == start_count
+                                  ? -1
+                                  : (cpu_end - cpu_start) * 1e6 / (end_count - start_count);
+  }
   double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   stop = true;
   finished.Wait();
@@ -273,6 +341,7 @@ int Main() {
     Server server = StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=65536"});
     auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
     for (int n : {1024, 4096}) {
+      if (!absl::GetFlag(FLAGS_joins)) break;
       Joined joined = JoinAll(stubs, absl::StrCat("join-", n), n);
       result["join_seconds"][absl::StrCat(n)] = joined.seconds;
       table.AddRow({absl::StrCat(n, " joins answered"), absl::StrFormat("%.3f s", joined.seconds),
@@ -281,6 +350,7 @@ int Main() {
     }
     // With the member table in every response: W² entries on the wire.
     for (int n : {1024, 4096}) {
+      if (!absl::GetFlag(FLAGS_joins)) break;
       Joined joined = JoinAll(stubs, absl::StrCat("join-table-", n), n, /*member_table=*/true);
       result["join_with_member_table_seconds"][absl::StrCat(n)] = joined.seconds;
       table.AddRow({absl::StrCat(n, " joins, full member tables"),
@@ -288,10 +358,61 @@ int Main() {
     }
     int members = absl::GetFlag(FLAGS_members);
     Joined hb = JoinAll(stubs, "heartbeats", members);
-    double rate = HeartbeatRate(stubs, "heartbeats", hb, absl::GetFlag(FLAGS_heartbeat_seconds));
+    double cpu_us = -1;
+    double rate = HeartbeatRate(stubs, "heartbeats", hb, absl::GetFlag(FLAGS_heartbeat_seconds),
+                                server.process->pid(), &cpu_us);
+    result["server_cpu_us_per_heartbeat"] = cpu_us;
     result["heartbeats_per_second"] = rate;
+    v1::HeartbeatRequest sample;
+    *sample.mutable_member() = Credentials("heartbeats", hb.responses[0]);
+    FillTelemetry(&sample);
+    result["heartbeat_bytes"] = sample.ByteSizeLong();
+    table.AddRow({"heartbeat message", absl::StrCat(sample.ByteSizeLong(), " bytes"), ""});
     table.AddRow({absl::StrCat("heartbeats/s, ", members, " streams"),
                   absl::StrFormat("%.0f", rate), ">= 25000"});
+    table.AddRow({"server CPU per heartbeat", absl::StrFormat("%.1f us", cpu_us), ""});
+    server.process->Signal(SIGTERM);
+    server.process->Wait(absl::Seconds(10));
+  }
+  if (absl::GetFlag(FLAGS_metrics)) {
+    // /metrics of one job of `members` ranks, every rank with full
+    // telemetry: the time curl measures for the whole response (median of 9).
+    std::string dir = testing::MakeTempDir("cpbench-metrics");
+    Server server = StartServer(binary, {"--heartbeat_timeout_ms=600000",
+                                         "--metrics_listen=127.0.0.1:0",
+                                         "--metrics_port_file=" + dir + "/mport"});
+    std::string mport;
+    testing::WaitFor(
+        [&] {
+          mport = testing::ReadFileOrEmpty(dir + "/mport");
+          return !mport.empty() && mport.back() == '\n';
+        },
+        absl::Seconds(10));
+    auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
+    int members = absl::GetFlag(FLAGS_members);
+    Joined joined = JoinAll(stubs, "metrics", members);
+    HeartbeatRate(stubs, "metrics", joined, 1.0);  // every member has beaten
+    std::vector<double> times;
+    int64_t bytes = 0;
+    for (int i = 0; i < 9; ++i) {
+      auto [code, out] = testing::RunCommand(
+          absl::StrCat("curl -s -o ", dir, "/metrics.txt -w '%{time_total} %{size_download}' ",
+                       "http://127.0.0.1:", absl::StripAsciiWhitespace(mport), "/metrics"));
+      double seconds = 0;
+      std::vector<std::string> parts = absl::StrSplit(out, ' ');
+      if (code != 0 || parts.size() != 2 || !absl::SimpleAtod(parts[0], &seconds)) {
+        std::fprintf(stderr, "GET /metrics failed: %s\n", out.c_str());
+        break;
+      }
+      absl::SimpleAtoi(parts[1], &bytes);
+      times.push_back(seconds);
+    }
+    std::sort(times.begin(), times.end());
+    double median = times.empty() ? -1 : times[times.size() / 2];
+    result["metrics_seconds"] = median;
+    result["metrics_bytes"] = bytes;
+    table.AddRow({absl::StrCat("GET /metrics, ", members, " ranks (", bytes / 1000000.0, " MB)"),
+                  absl::StrFormat("%.1f ms", median * 1e3), "< 200 ms"});
     server.process->Signal(SIGTERM);
     server.process->Wait(absl::Seconds(10));
   }

@@ -56,6 +56,45 @@ TEST_F(KvStoreTest, AddCountsAtomically) {
   EXPECT_EQ(kv_.Add("job", 1, "text", 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// TCPStore's compare_set: swap on a match (or a missing key and an empty
+// expectation); the answer is the value held afterwards.
+TEST_F(KvStoreTest, CompareSetSwapsOnlyOnAMatchAndAnswersTheValueHeld) {
+  ASSERT_TRUE(kv_.Set("job", 1, "k", "a").ok());
+  EXPECT_EQ(*kv_.CompareSet("job", 1, "k", "a", "b"), "b");
+  EXPECT_EQ(*kv_.CompareSet("job", 1, "k", "a", "c"), "b");
+  EXPECT_EQ(*kv_.CompareSet("job", 1, "missing", "x", "y"), "x");
+  EXPECT_FALSE(*kv_.Check("job", 1, {"missing"}));
+  EXPECT_EQ(*kv_.CompareSet("job", 1, "new", "", "v"), "v");
+  EXPECT_TRUE(*kv_.Check("job", 1, {"k", "new"}));
+}
+
+TEST_F(KvStoreTest, CompareSetWakesAGetOfTheKey) {
+  std::optional<absl::StatusOr<std::string>> got;
+  kv_.Get("job", 1, "k", Later(), [&](auto r) { got = r; });
+  EXPECT_EQ(*kv_.CompareSet("job", 1, "k", "", "set"), "set");
+  ASSERT_TRUE(got.has_value() && got->ok());
+  EXPECT_EQ(**got, "set");
+}
+
+TEST_F(KvStoreTest, DeleteRemovesTheKeyAndItsBytes) {
+  ASSERT_TRUE(kv_.Set("job", 1, "k", "value").ok());
+  ASSERT_TRUE(kv_.Set("job", 1, "other", "v").ok());
+  const size_t before = kv_.TotalBytes();
+  EXPECT_EQ(kv_.NumKeys("job", 1), 2);
+  EXPECT_TRUE(*kv_.Delete("job", 1, "k"));
+  EXPECT_FALSE(*kv_.Delete("job", 1, "k"));
+  EXPECT_EQ(kv_.NumKeys("job", 1), 1);
+  EXPECT_EQ(kv_.TotalBytes(), before - std::string("kvalue").size());
+  EXPECT_FALSE(*kv_.Check("job", 1, {"k"}));
+  EXPECT_EQ(kv_.Delete("job", 1, "").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(KvStoreTest, NumKeysCountsOnlyTheCurrentGeneration) {
+  ASSERT_TRUE(kv_.Set("job", 1, "k", "v").ok());
+  EXPECT_EQ(kv_.NumKeys("job", 1), 1);
+  EXPECT_EQ(kv_.NumKeys("job", 2), 0);
+}
+
 TEST_F(KvStoreTest, WaitReturnsWhenEveryKeyExists) {
   std::optional<absl::Status> done;
   kv_.Wait("job", 1, {"a", "b"}, Later(), [&](absl::Status s) { done = s; });

@@ -64,7 +64,8 @@ void LocalCluster::RestartServer(int signal, absl::Duration gap) {
 }
 
 void LocalCluster::StartWorkers(const std::string& job, int world,
-                                const std::vector<std::string>& flags) {
+                                const std::vector<std::string>& flags,
+                                const std::map<int, std::vector<std::string>>& rank_flags) {
   workers_.clear();
   worker_logs_.clear();
   worker_args_.clear();
@@ -84,6 +85,9 @@ void LocalCluster::StartWorkers(const std::string& job, int world,
       args.push_back(absl::StrCat("--local_rank=", r));
     }
     args.insert(args.end(), flags.begin(), flags.end());
+    if (auto own = rank_flags.find(r); own != rank_flags.end()) {
+      args.insert(args.end(), own->second.begin(), own->second.end());
+    }
     std::string log = absl::StrCat(dir_, "/", job, "-w", r, ".log");
     worker_logs_.push_back(log);
     worker_args_.push_back(args);

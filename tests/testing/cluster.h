@@ -3,6 +3,7 @@
 #ifndef ZEROSHARD_TESTS_TESTING_CLUSTER_H_
 #define ZEROSHARD_TESTS_TESTING_CLUSTER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +35,9 @@ class LocalCluster {
   // --report=<dir>/<job>-{rank}.json, --checkpoint_dir=<checkpoint root>)
   // with `flags`. With ZEROSHARD_BACKEND=nccl in the environment, worker r
   // also gets --backend=nccl --local_rank=r (the GPU procedure).
-  void StartWorkers(const std::string& job, int world, const std::vector<std::string>& flags);
+  // `rank_flags[r]`, when given, are added for worker r only.
+  void StartWorkers(const std::string& job, int world, const std::vector<std::string>& flags,
+                    const std::map<int, std::vector<std::string>>& rank_flags = {});
   // Waits for every started worker; their exit codes (-1: still running at
   // the deadline, then killed).
   std::vector<int> WaitWorkers(absl::Duration timeout);

@@ -15,11 +15,6 @@ namespace {
 
 constexpr float kInitStd = 0.02f;  // Hugging Face GPT2Config.initializer_range
 
-// dst[i] = a[i] + b[i] (dst may alias a or b).
-void Add(float* dst, const float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config) {
@@ -201,14 +196,14 @@ void GptModel::BlockForward(int layer, const UnitTensors& p) {
   Conv1dForward(a.qkv.data(), a.ln1.data(), p[kAttnW].data, p[kAttnB].data, n, c, 3 * c);
   AttentionForward(a.atty.data(), a.att.data(), a.qkv.data(), b_, t_, c, config_.n_head);
   Conv1dForward(a.res2.data(), a.atty.data(), p[kAttnProjW].data, p[kAttnProjB].data, n, c, c);
-  Add(a.res2.data(), a.res2.data(), x, n * c);
+  ResidualAdd(a.res2.data(), a.res2.data(), x, n * c);
 
   LayerNormForward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p[kLn2W].data,
                    p[kLn2B].data, n, c);
   Conv1dForward(a.fch.data(), a.ln2.data(), p[kFcW].data, p[kFcB].data, n, c, 4 * c);
   GeluTanhForward(a.fch_gelu.data(), a.fch.data(), n * 4 * c);
   Conv1dForward(out, a.fch_gelu.data(), p[kFcProjW].data, p[kFcProjB].data, n, 4 * c, c);
-  Add(out, out, a.res2.data(), n * c);
+  ResidualAdd(out, out, a.res2.data(), n * c);
 }
 
 void GptModel::BlockBackward(int layer, const UnitTensors& p, UnitTensors& g) {
@@ -226,7 +221,7 @@ void GptModel::BlockBackward(int layer, const UnitTensors& p, UnitTensors& g) {
                  n, c, 4 * c);
   LayerNormBackward(dtmp2_.data(), g[kLn2W].data, g[kLn2B].data, dtmp_.data(), a.res2.data(),
                     p[kLn2W].data, a.ln2_mean.data(), a.ln2_rstd.data(), n, c);
-  Add(dres2_.data(), dresid_.data(), dtmp2_.data(), n * c);  // + the skip path
+  ResidualAdd(dres2_.data(), dresid_.data(), dtmp2_.data(), n * c);  // + the skip path
 
   // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))).
   Conv1dBackward(dtmp_.data(), g[kAttnProjW].data, g[kAttnProjB].data, dres2_.data(), a.atty.data(),
@@ -237,7 +232,7 @@ void GptModel::BlockBackward(int layer, const UnitTensors& p, UnitTensors& g) {
                  p[kAttnW].data, n, c, 3 * c);
   LayerNormBackward(dtmp_.data(), g[kLn1W].data, g[kLn1B].data, dtmp2_.data(), x, p[kLn1W].data,
                     a.ln1_mean.data(), a.ln1_rstd.data(), n, c);
-  Add(dresid_.data(), dres2_.data(), dtmp_.data(), n * c);  // + the skip path
+  ResidualAdd(dresid_.data(), dres2_.data(), dtmp_.data(), n * c);  // + the skip path
 }
 
 // ----------------------------------------------------------------------------

@@ -4,10 +4,31 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
+
+#include "worker/model/fast_math.h"
+#include "worker/model/kernel_profile.h"
+#include "worker/model/parallel.h"
+
+// Loops marked ZS_VECTOR_CLONES are compiled twice, for AVX2 + FMA (x86-64-v3)
+// and for the baseline, and the loader picks the one the CPU runs (GCC's
+// target_clones). Both give the same results: contraction to FMA is off in
+// ISO C++ mode, so the AVX2 clone does the same roundings 8 lanes at a time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ZS_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ZS_VECTOR_CLONES
+#endif
 
 namespace zeroshard {
 namespace {
+
+// Rows (or columns, or elements) per parallel range: below this a loop stays
+// on the calling thread.
+constexpr int64_t kRowGrain = 16;
+constexpr int64_t kElementGrain = 1 << 14;
+constexpr int64_t kColumnGrain = 64;
 
 // Row-major single-precision GEMM, C[M,N] = alpha op(A)[M,K] op(B)[K,N] +
 // beta C. Sizes come in as int64_t and go to BLAS as blasint (32-bit here);
@@ -25,17 +46,38 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // the following GEMM should use: 1 to add onto the bias, 0 to overwrite.
 float BroadcastBias(float* y, const float* b, int64_t n, int64_t out) {
   if (b == nullptr) return 0.0f;
-  for (int64_t i = 0; i < n; ++i) std::copy(b, b + out, y + i * out);
+  ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) std::memcpy(y + i * out, b, out * sizeof(float));
+  });
   return 1.0f;
 }
 
-// db[o] += sum over rows of dy[i,o].
-void AddColumnSums(float* db, const float* dy, int64_t n, int64_t out) {
-  if (db == nullptr) return;
+// db[o] += sum over rows i of dy[i,o] for o in [begin, end), rows in order.
+ZS_VECTOR_CLONES void AddColumnSumsRange(float* __restrict db, const float* __restrict dy,
+                                         int64_t n, int64_t out, int64_t begin, int64_t end) {
   for (int64_t i = 0; i < n; ++i) {
     const float* dy_i = dy + i * out;
-    for (int64_t o = 0; o < out; ++o) db[o] += dy_i[o];
+    for (int64_t o = begin; o < end; ++o) db[o] += dy_i[o];
   }
+}
+
+// db[o] += sum over rows of dy[i,o]. Threads split the columns, so every
+// sum runs over the rows in order whatever their number.
+void AddColumnSums(float* db, const float* dy, int64_t n, int64_t out) {
+  if (db == nullptr) return;
+  ParallelFor(out, kColumnGrain,
+              [&](int64_t begin, int64_t end) { AddColumnSumsRange(db, dy, n, out, begin, end); });
+}
+
+// dst[i] += a[i].
+ZS_VECTOR_CLONES void AddInPlace(float* __restrict dst, const float* __restrict a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += a[i];
+}
+
+// dst[i] = a[i] + b[i].
+ZS_VECTOR_CLONES void AddTo(float* __restrict dst, const float* __restrict a,
+                            const float* __restrict b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
 }
 
 }  // namespace
@@ -43,15 +85,17 @@ void AddColumnSums(float* db, const float* dy, int64_t n, int64_t out) {
 // ----------------------------------------------------------------------------
 // Linear (PyTorch layout, w [OUT,IN])
 
-void LinearForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
-                   int64_t out) {
+namespace {
+
+void LinearForwardImpl(float* y, const float* x, const float* w, const float* b, int64_t n,
+                       int64_t in, int64_t out) {
   const float beta = BroadcastBias(y, b, n, out);
   // y[N,OUT] (+)= x[N,IN] . w^T[IN,OUT]
   Gemm(false, true, n, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
-void LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                    const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
+void LinearBackwardImpl(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
   // dx[N,IN] = dy[N,OUT] . w[OUT,IN]
   if (dx != nullptr) Gemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
   // dw[OUT,IN] (+)= dy^T[OUT,N] . x[N,IN]
@@ -60,11 +104,26 @@ void LinearBackward(float* dx, float* dw, float* db, const float* dy, const floa
   AddColumnSums(db, dy, n, out);
 }
 
+}  // namespace
+
+void LinearForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
+                   int64_t out) {
+  KernelTimer timer(Kernel::kMatmul);
+  LinearForwardImpl(y, x, w, b, n, in, out);
+}
+
+void LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                    const float* w, int64_t n, int64_t in, int64_t out, bool accumulate) {
+  KernelTimer timer(Kernel::kMatmul);
+  LinearBackwardImpl(dx, dw, db, dy, x, w, n, in, out, accumulate);
+}
+
 // ----------------------------------------------------------------------------
 // Conv1D (Hugging Face GPT-2 layout, w [IN,OUT])
 
 void Conv1dForward(float* y, const float* x, const float* w, const float* b, int64_t n, int64_t in,
                    int64_t out) {
+  KernelTimer timer(Kernel::kMatmul);
   const float beta = BroadcastBias(y, b, n, out);
   // y[N,OUT] (+)= x[N,IN] . w[IN,OUT]
   Gemm(false, false, n, out, in, 1.0f, x, in, w, out, beta, y, out);
@@ -72,6 +131,7 @@ void Conv1dForward(float* y, const float* x, const float* w, const float* b, int
 
 void Conv1dBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
                     const float* w, int64_t n, int64_t in, int64_t out) {
+  KernelTimer timer(Kernel::kMatmul);
   // dx[N,IN] = dy[N,OUT] . w^T[OUT,IN]
   if (dx != nullptr) Gemm(false, true, n, in, out, 1.0f, dy, out, w, out, 0.0f, dx, in);
   // dw[IN,OUT] += x^T[IN,N] . dy[N,OUT]
@@ -83,10 +143,12 @@ void Conv1dBackward(float* dx, float* dw, float* db, const float* dy, const floa
 // ReLU
 
 void ReluForward(float* y, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 void ReluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   // The derivative at exactly 0 is taken as 0, as PyTorch does.
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
 }
@@ -102,6 +164,7 @@ constexpr float kGeluCubic = 0.044715f;
 }  // namespace
 
 void GeluForward(float* y, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
     y[i] = 0.5f * xi * (1.0f + std::erf(xi * kInvSqrt2));
@@ -109,6 +172,7 @@ void GeluForward(float* y, const float* x, int64_t n) {
 }
 
 void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  KernelTimer timer(Kernel::kActivation);
   for (int64_t i = 0; i < n; ++i) {
     const float xi = x[i];
     // d/dx [x Phi(x)] = Phi(x) + x phi(x), phi the standard normal density.
@@ -121,29 +185,72 @@ void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
 // ----------------------------------------------------------------------------
 // GELU, tanh approximation
 
+namespace {
+
+// 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^(-2u)): the form without
+// cancellation where tanh(u) is near -1, and with FastExp it vectorizes.
+
+// d = dy * dy/dx, with y = x s, s = sigmoid(2u):
+// dy/dx = s + x s (1 - s) 2 du/dx.
+inline float GeluTanhGrad(float xi) {
+  const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
+  const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * xi * xi);
+  const float sg = 1.0f / (1.0f + FastExp(-2.0f * u));
+  return sg + 2.0f * xi * sg * (1.0f - sg) * du_dx;
+}
+
+inline float GeluTanhValue(float xi) {
+  const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
+  return xi / (1.0f + FastExp(-2.0f * u));
+}
+
+ZS_VECTOR_CLONES void GeluTanhForwardInPlace(float* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = GeluTanhValue(y[i]);
+}
+
+ZS_VECTOR_CLONES void GeluTanhForwardTo(float* __restrict y, const float* __restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = GeluTanhValue(x[i]);
+}
+
+ZS_VECTOR_CLONES void GeluTanhBackwardInPlace(float* __restrict d, const float* __restrict x,
+                                              int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = d[i] * GeluTanhGrad(x[i]);
+}
+
+ZS_VECTOR_CLONES void GeluTanhBackwardTo(float* __restrict dx, const float* __restrict dy,
+                                         const float* __restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * GeluTanhGrad(x[i]);
+}
+
+}  // namespace
+
 void GeluTanhForward(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
-    y[i] = 0.5f * xi * (1.0f + std::tanh(u));
-  }
+  KernelTimer timer(Kernel::kActivation);
+  ParallelFor(n, kElementGrain, [&](int64_t begin, int64_t end) {
+    if (y == x) {
+      GeluTanhForwardInPlace(y + begin, end - begin);
+    } else {
+      GeluTanhForwardTo(y + begin, x + begin, end - begin);
+    }
+  });
 }
 
 void GeluTanhBackward(float* dx, const float* dy, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    const float u = kSqrt2OverPi * (xi + kGeluCubic * xi * xi * xi);
-    const float t = std::tanh(u);
-    const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * xi * xi);
-    // y = 0.5 x (1 + t): dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx.
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * du_dx);
-  }
+  KernelTimer timer(Kernel::kActivation);
+  ParallelFor(n, kElementGrain, [&](int64_t begin, int64_t end) {
+    if (dx == dy) {
+      GeluTanhBackwardInPlace(dx + begin, x + begin, end - begin);
+    } else {
+      GeluTanhBackwardTo(dx + begin, dy + begin, x + begin, end - begin);
+    }
+  });
 }
 
 // ----------------------------------------------------------------------------
 // MSE loss
 
 double MseForward(const float* pred, const float* target, int64_t n) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   if (n == 0) return 0.0;
   double sum = 0.0;  // double: the mean of many small squares
   for (int64_t i = 0; i < n; ++i) {
@@ -154,6 +261,7 @@ double MseForward(const float* pred, const float* target, int64_t n) {
 }
 
 void MseBackward(float* dpred, const float* pred, const float* target, int64_t n) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   const float scale = 2.0f / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i) dpred[i] = scale * (pred[i] - target[i]);
 }
@@ -161,9 +269,13 @@ void MseBackward(float* dpred, const float* pred, const float* target, int64_t n
 // ----------------------------------------------------------------------------
 // LayerNorm
 
-void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                      const float* b, int64_t n, int64_t c) {
-  for (int64_t i = 0; i < n; ++i) {
+namespace {
+
+ZS_VECTOR_CLONES void LayerNormForwardRows(float* __restrict out, float* __restrict mean,
+                                           float* __restrict rstd, const float* __restrict x,
+                                           const float* __restrict w, const float* __restrict b,
+                                           int64_t c, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
     const float* x_i = x + i * c;
     // Two passes in double: the variance of activations with a large mean
     // loses everything to cancellation in a one-pass float sum.
@@ -185,33 +297,77 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* x, cons
   }
 }
 
-void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                       const float* w, const float* mean, const float* rstd, int64_t n, int64_t c) {
-  for (int64_t i = 0; i < n; ++i) {
+// dx for rows [begin, end). With xhat = (x - mean) rstd and g = dout * w (the
+// gradient at xhat): dx = rstd (g - mean(g) - xhat mean(g xhat)).
+ZS_VECTOR_CLONES void LayerNormBackwardRows(float* __restrict dx, const float* __restrict dout,
+                                            const float* __restrict x, const float* __restrict w,
+                                            const float* __restrict mean,
+                                            const float* __restrict rstd, int64_t c, int64_t begin,
+                                            int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
     const float* x_i = x + i * c;
     const float* dout_i = dout + i * c;
     const float m = mean[i];
     const float s = rstd[i];
-    // With xhat = (x - mean) rstd and g = dout * w (the gradient at xhat):
-    // dx = rstd (g - mean(g) - xhat mean(g xhat)).
     double g_sum = 0.0, g_xhat_sum = 0.0;
     for (int64_t j = 0; j < c; ++j) {
       const float xhat = (x_i[j] - m) * s;
       const float g = dout_i[j] * w[j];
       g_sum += g;
       g_xhat_sum += static_cast<double>(g) * xhat;
-      dw[j] += dout_i[j] * xhat;
-      db[j] += dout_i[j];
     }
     const float g_mean = static_cast<float>(g_sum / static_cast<double>(c));
     const float g_xhat_mean = static_cast<float>(g_xhat_sum / static_cast<double>(c));
-    if (dx == nullptr) continue;
     float* dx_i = dx + i * c;
     for (int64_t j = 0; j < c; ++j) {
       const float xhat = (x_i[j] - m) * s;
       dx_i[j] = s * (dout_i[j] * w[j] - g_mean - xhat * g_xhat_mean);
     }
   }
+}
+
+// dw[j] += sum over rows of dout * xhat, db[j] += sum of dout, for columns
+// [begin, end), rows in order.
+ZS_VECTOR_CLONES void LayerNormBackwardColumns(float* __restrict dw, float* __restrict db,
+                                               const float* __restrict dout,
+                                               const float* __restrict x,
+                                               const float* __restrict mean,
+                                               const float* __restrict rstd, int64_t n, int64_t c,
+                                               int64_t begin, int64_t end) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x_i = x + i * c;
+    const float* dout_i = dout + i * c;
+    const float m = mean[i];
+    const float s = rstd[i];
+    for (int64_t j = begin; j < end; ++j) {
+      const float xhat = (x_i[j] - m) * s;
+      dw[j] += dout_i[j] * xhat;
+      db[j] += dout_i[j];
+    }
+  }
+}
+
+}  // namespace
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                      const float* b, int64_t n, int64_t c) {
+  KernelTimer timer(Kernel::kLayerNorm);
+  ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    LayerNormForwardRows(out, mean, rstd, x, w, b, c, begin, end);
+  });
+}
+
+void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                       const float* w, const float* mean, const float* rstd, int64_t n, int64_t c) {
+  KernelTimer timer(Kernel::kLayerNorm);
+  if (dx != nullptr) {
+    ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+      LayerNormBackwardRows(dx, dout, x, w, mean, rstd, c, begin, end);
+    });
+  }
+  ParallelFor(c, kColumnGrain, [&](int64_t begin, int64_t end) {
+    LayerNormBackwardColumns(dw, db, dout, x, mean, rstd, n, c, begin, end);
+  });
 }
 
 // ----------------------------------------------------------------------------
@@ -222,73 +378,122 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
 // are computed for the full TxT square and the upper triangle is then
 // zeroed: twice the minimal work, but one GEMM instead of T small ones.
 
+namespace {
+
+// row[s] = e^(row[s] - max) for s < len; returns their sum (in order).
+ZS_VECTOR_CLONES float ExpShifted(float* __restrict row, int64_t len, float max) {
+  for (int64_t s = 0; s < len; ++s) row[s] = FastExp(row[s] - max);
+  float sum = 0.0f;
+  for (int64_t s = 0; s < len; ++s) sum += row[s];
+  return sum;
+}
+
+ZS_VECTOR_CLONES void Scale(float* __restrict row, int64_t len, float scale) {
+  for (int64_t s = 0; s < len; ++s) row[s] *= scale;
+}
+
+// d[s] = a[s] (d[s] - sum_r a[r] d[r]) for s < len.
+ZS_VECTOR_CLONES void SoftmaxBackwardRow(float* __restrict d, const float* __restrict a,
+                                         int64_t len) {
+  float dot = 0.0f;
+  for (int64_t s = 0; s < len; ++s) dot += a[s] * d[s];
+  for (int64_t s = 0; s < len; ++s) d[s] = a[s] * (d[s] - dot);
+}
+
+}  // namespace
+
+// Causal blocking: the rows (queries) go in blocks of kAttentionBlock, and a
+// block's GEMMs stop at its last row's position, so the zeros above the
+// diagonal are neither computed nor multiplied (5/8 of the full square's work
+// at T = 128); the backward's transposed products (dv, dk) go by column
+// blocks of keys, each starting at its first key's row.
+constexpr int64_t kAttentionBlock = 32;
+
 void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64_t t, int64_t c,
                       int64_t nh) {
+  KernelTimer timer(Kernel::kAttention);
   const int64_t hs = c / nh;  // head size
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t h = 0; h < nh; ++h) {
+  // Threads take (batch row, head) pairs; each pair's GEMMs run on its thread.
+  ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t bi = bh / nh;
+      const int64_t h = bh % nh;
       const float* q = qkv + bi * t * 3 * c + h * hs;
       const float* k = q + c;
       const float* v = q + 2 * c;
-      float* att_bh = att + (bi * nh + h) * t * t;
-      // scores[T,T] = scale q[T,HS] . k^T[HS,T]
-      Gemm(false, true, t, t, hs, scale, q, 3 * c, k, 3 * c, 0.0f, att_bh, t);
-      // Causal softmax of each row over s <= t (max-subtracted for stability).
-      for (int64_t ti = 0; ti < t; ++ti) {
-        float* row = att_bh + ti * t;
-        float max_score = row[0];
-        for (int64_t s = 1; s <= ti; ++s) max_score = std::max(max_score, row[s]);
-        float sum = 0.0f;
-        for (int64_t s = 0; s <= ti; ++s) {
-          row[s] = std::exp(row[s] - max_score);
-          sum += row[s];
+      float* att_bh = att + bh * t * t;
+      float* out_bh = out + bi * t * c + h * hs;
+      for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
+        const int64_t rows = std::min(kAttentionBlock, t - r0);
+        const int64_t keys = r0 + rows;  // positions these rows may attend to
+        // scores[rows,keys] = scale q[rows,HS] . k^T[HS,keys]
+        Gemm(false, true, rows, keys, hs, scale, q + r0 * 3 * c, 3 * c, k, 3 * c, 0.0f,
+             att_bh + r0 * t, t);
+        // Causal softmax of each row over s <= t (max-subtracted for stability).
+        for (int64_t ti = r0; ti < keys; ++ti) {
+          float* row = att_bh + ti * t;
+          float max_score = row[0];
+          for (int64_t s = 1; s <= ti; ++s) max_score = std::max(max_score, row[s]);
+          const float sum = ExpShifted(row, ti + 1, max_score);
+          Scale(row, ti + 1, 1.0f / sum);
+          std::fill(row + ti + 1, row + t, 0.0f);
         }
-        const float inv_sum = 1.0f / sum;
-        for (int64_t s = 0; s <= ti; ++s) row[s] *= inv_sum;
-        for (int64_t s = ti + 1; s < t; ++s) row[s] = 0.0f;
+        // out_h[rows,HS] = att[rows,keys] . v[keys,HS]
+        Gemm(false, false, rows, hs, keys, 1.0f, att_bh + r0 * t, t, v, 3 * c, 0.0f,
+             out_bh + r0 * c, c);
       }
-      // out_h[T,HS] = att[T,T] . v[T,HS]
-      Gemm(false, false, t, hs, t, 1.0f, att_bh, t, v, 3 * c, 0.0f, out + bi * t * c + h * hs, c);
     }
-  }
+  });
 }
 
 void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
                        int64_t b, int64_t t, int64_t c, int64_t nh) {
+  KernelTimer timer(Kernel::kAttention);
   const int64_t hs = c / nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t h = 0; h < nh; ++h) {
+  ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t bi = bh / nh;
+      const int64_t h = bh % nh;
       const float* q = qkv + bi * t * 3 * c + h * hs;
       const float* k = q + c;
       const float* v = q + 2 * c;
       float* dq = dqkv + bi * t * 3 * c + h * hs;
       float* dk = dq + c;
       float* dv = dq + 2 * c;
-      const float* att_bh = att + (bi * nh + h) * t * t;
+      const float* att_bh = att + bh * t * t;
       const float* dout_bh = dout + bi * t * c + h * hs;
-      // dv[T,HS] = att^T[T,T] . dout_h[T,HS]
-      Gemm(true, false, t, hs, t, 1.0f, att_bh, t, dout_bh, c, 0.0f, dv, 3 * c);
-      // datt[T,T] = dout_h[T,HS] . v^T[HS,T]
-      Gemm(false, true, t, t, hs, 1.0f, dout_bh, c, v, 3 * c, 0.0f, datt.data(), t);
-      // Softmax backward, in place: dscore_s = att_s (datt_s - sum_r att_r datt_r).
-      // Masked entries have att = 0 and so get dscore = 0.
-      for (int64_t ti = 0; ti < t; ++ti) {
-        const float* a = att_bh + ti * t;
-        float* d = datt.data() + ti * t;
-        float dot = 0.0f;
-        for (int64_t s = 0; s <= ti; ++s) dot += a[s] * d[s];
-        for (int64_t s = 0; s <= ti; ++s) d[s] = a[s] * (d[s] - dot);
-        for (int64_t s = ti + 1; s < t; ++s) d[s] = 0.0f;
+      for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
+        const int64_t rows = std::min(kAttentionBlock, t - r0);
+        const int64_t keys = r0 + rows;
+        // datt[rows,keys] = dout_h[rows,HS] . v^T[HS,keys]
+        Gemm(false, true, rows, keys, hs, 1.0f, dout_bh + r0 * c, c, v, 3 * c, 0.0f,
+             datt.data() + r0 * t, t);
+        // Softmax backward, in place: dscore_s = att_s (datt_s - sum_r att_r datt_r),
+        // and 0 above the diagonal.
+        for (int64_t ti = r0; ti < keys; ++ti) {
+          float* d = datt.data() + ti * t;
+          SoftmaxBackwardRow(d, att_bh + ti * t, ti + 1);
+          std::fill(d + ti + 1, d + t, 0.0f);
+        }
+        // scores = scale q k^T: dq[rows,HS] = scale dscore[rows,keys] . k[keys,HS]
+        Gemm(false, false, rows, hs, keys, scale, datt.data() + r0 * t, t, k, 3 * c, 0.0f,
+             dq + r0 * 3 * c, 3 * c);
       }
-      // scores = scale q k^T:
-      // dq[T,HS] = scale dscore[T,T] . k[T,HS]; dk[T,HS] = scale dscore^T . q.
-      Gemm(false, false, t, hs, t, scale, datt.data(), t, k, 3 * c, 0.0f, dq, 3 * c);
-      Gemm(true, false, t, hs, t, scale, datt.data(), t, q, 3 * c, 0.0f, dk, 3 * c);
+      // Keys s0..s0+cols are attended to by the rows from s0 on:
+      // dv[cols,HS] = att^T[cols,T-s0] . dout_h[T-s0,HS];
+      // dk[cols,HS] = scale dscore^T[cols,T-s0] . q[T-s0,HS].
+      for (int64_t s0 = 0; s0 < t; s0 += kAttentionBlock) {
+        const int64_t cols = std::min(kAttentionBlock, t - s0);
+        Gemm(true, false, cols, hs, t - s0, 1.0f, att_bh + s0 * t + s0, t, dout_bh + s0 * c, c,
+             0.0f, dv + s0 * 3 * c, 3 * c);
+        Gemm(true, false, cols, hs, t - s0, scale, datt.data() + s0 * t + s0, t, q + s0 * 3 * c,
+             3 * c, 0.0f, dk + s0 * 3 * c, 3 * c);
+      }
     }
-  }
+  });
 }
 
 // ----------------------------------------------------------------------------
@@ -296,6 +501,7 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 
 void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                       int64_t b, int64_t t, int64_t c) {
+  KernelTimer timer(Kernel::kEmbedding);
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t ti = 0; ti < t; ++ti) {
       float* out_bt = out + (bi * t + ti) * c;
@@ -308,6 +514,7 @@ void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const
 
 void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                        int64_t b, int64_t t, int64_t c) {
+  KernelTimer timer(Kernel::kEmbedding);
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t ti = 0; ti < t; ++ti) {
       const float* dout_bt = dout + (bi * t + ti) * c;
@@ -326,49 +533,87 @@ void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_
 
 void LmHeadForward(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
                    int64_t v) {
-  LinearForward(logits, x, wte, nullptr, n, c, v);
+  KernelTimer timer(Kernel::kLmHead);
+  LinearForwardImpl(logits, x, wte, nullptr, n, c, v);
 }
 
 void LmHeadBackward(float* dx, float* dwte, const float* dlogits, const float* x, const float* wte,
                     int64_t n, int64_t c, int64_t v) {
-  LinearBackward(dx, dwte, nullptr, dlogits, x, wte, n, c, v);
+  KernelTimer timer(Kernel::kLmHead);
+  LinearBackwardImpl(dx, dwte, nullptr, dlogits, x, wte, n, c, v, true);
+}
+
+// ----------------------------------------------------------------------------
+// Residual add
+
+void ResidualAdd(float* dst, const float* a, const float* b, int64_t n) {
+  KernelTimer timer(Kernel::kResidual);
+  ParallelFor(n, kElementGrain, [&](int64_t begin, int64_t end) {
+    if (dst == a) {
+      AddInPlace(dst + begin, b + begin, end - begin);
+    } else if (dst == b) {
+      AddInPlace(dst + begin, a + begin, end - begin);
+    } else {
+      AddTo(dst + begin, a + begin, b + begin, end - begin);
+    }
+  });
 }
 
 // ----------------------------------------------------------------------------
 // Softmax cross-entropy
 
+namespace {
+
+// p[j] = e^(z[j] - max) for j < v; returns their sum in double (in order).
+ZS_VECTOR_CLONES double ExpShiftedDouble(float* __restrict p, const float* __restrict z, int64_t v,
+                                         float max) {
+  for (int64_t j = 0; j < v; ++j) p[j] = FastExp(z[j] - max);
+  double sum = 0.0;
+  for (int64_t j = 0; j < v; ++j) sum += p[j];
+  return sum;
+}
+
+ZS_VECTOR_CLONES void ScaleTo(float* __restrict d, const float* __restrict p, int64_t v,
+                              float scale) {
+  for (int64_t j = 0; j < v; ++j) d[j] = p[j] * scale;
+}
+
+}  // namespace
+
 double CrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int64_t n,
                            int64_t v) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   if (n == 0) return 0.0;
-  double loss_sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float* z = logits + i * v;
-    float* p = probs + i * v;
-    float max_z = z[0];
-    for (int64_t j = 1; j < v; ++j) max_z = std::max(max_z, z[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < v; ++j) {
-      p[j] = std::exp(z[j] - max_z);
-      sum += p[j];
+  std::vector<double> losses(n);  // by row, summed in order below
+  ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* z = logits + i * v;
+      float* p = probs + i * v;
+      float max_z = z[0];
+      for (int64_t j = 1; j < v; ++j) max_z = std::max(max_z, z[j]);
+      const double sum = ExpShiftedDouble(p, z, v, max_z);
+      Scale(p, v, static_cast<float>(1.0 / sum));
+      // -log softmax(z)[y] = log sum_j exp(z_j - max) - (z_y - max): never
+      // log(0), even when the target's probability underflows.
+      losses[i] = std::log(sum) - (static_cast<double>(z[targets[i]]) - max_z);
     }
-    const float inv_sum = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < v; ++j) p[j] *= inv_sum;
-    // -log softmax(z)[y] = log sum_j exp(z_j - max) - (z_y - max): never
-    // log(0), even when the target's probability underflows.
-    loss_sum += std::log(sum) - (static_cast<double>(z[targets[i]]) - max_z);
-  }
+  });
+  double loss_sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) loss_sum += losses[i];
   return loss_sum / static_cast<double>(n);
 }
 
 void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets, int64_t n,
                           int64_t v) {
+  KernelTimer timer(Kernel::kCrossEntropy);
   const float inv_n = 1.0f / static_cast<float>(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* p = probs + i * v;
-    float* d = dlogits + i * v;
-    for (int64_t j = 0; j < v; ++j) d[j] = p[j] * inv_n;
-    d[targets[i]] -= inv_n;
-  }
+  ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* d = dlogits + i * v;
+      ScaleTo(d, probs + i * v, v, inv_n);
+      d[targets[i]] -= inv_n;
+    }
+  });
 }
 
 }  // namespace zeroshard

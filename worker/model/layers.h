@@ -114,6 +114,11 @@ void LmHeadBackward(float* dx, float* dwte, const float* dlogits, const float* x
                     int64_t n, int64_t c, int64_t v);
 
 // ----------------------------------------------------------------------------
+// dst[i] = a[i] + b[i] over n elements (dst may alias a or b): residual paths.
+
+void ResidualAdd(float* dst, const float* a, const float* b, int64_t n);
+
+// ----------------------------------------------------------------------------
 // Softmax cross-entropy over N positions with V classes; the loss is the mean
 // over positions of -log softmax(logits)[target]. probs [N,V] is written for
 // the backward pass. targets each in [0,V) (not checked here).

@@ -43,17 +43,53 @@ struct ZeroEngine::UnitState {
 };
 
 
-void ZeroEngine::SetActivity(std::string* slot, std::string activity) {
-  if (activity.empty()) collective_seq_.fetch_add(1);  // one finished
+void ZeroEngine::EnterCollective(Stream stream, const char* op, const std::string& unit) {
+  if (options_.before_collective) {
+    int64_t seq = 0;
+    {
+      absl::MutexLock lock(&activity_mu_);
+      seq = entered_[stream] + 1;
+    }
+    options_.before_collective(op, seq);
+  }
   absl::MutexLock lock(&activity_mu_);
-  *slot = std::move(activity);
+  const absl::Time now = absl::Now();
+  if (first_collective_start_ == absl::InfinitePast()) first_collective_start_ = now;
+  activity_[stream] = {op, unit, ++entered_[stream], now};
+}
+
+void ZeroEngine::LeaveCollective(Stream stream) {
+  collective_seq_.fetch_add(1);  // one finished
+  absl::MutexLock lock(&activity_mu_);
+  activity_[stream].op = nullptr;
+}
+
+ZeroEngine::CollectiveProgress ZeroEngine::Collectives() const {
+  absl::MutexLock lock(&activity_mu_);
+  CollectiveProgress progress;
+  progress.gathers_entered = entered_[kGatherStream];
+  progress.reductions_entered = entered_[kReduceStream];
+  for (const CollectiveActivity& a : activity_) {
+    if (a.op != nullptr && (progress.oldest.op == nullptr || a.started < progress.oldest.started)) {
+      progress.oldest = a;
+    }
+  }
+  return progress;
+}
+
+absl::Time ZeroEngine::TakeFirstCollectiveStart() {
+  absl::MutexLock lock(&activity_mu_);
+  return std::exchange(first_collective_start_, absl::InfinitePast());
 }
 
 std::string ZeroEngine::InFlight() const {
   absl::MutexLock lock(&activity_mu_);
-  if (gather_activity_.empty()) return reduce_activity_;
-  if (reduce_activity_.empty()) return gather_activity_;
-  return absl::StrCat(gather_activity_, " and ", reduce_activity_);
+  std::string out;
+  for (const CollectiveActivity& a : activity_) {
+    if (a.op == nullptr) continue;
+    absl::StrAppend(&out, out.empty() ? "" : " and ", a.op, " of unit '", a.unit, "'");
+  }
+  return out;
 }
 
 std::string ZeroEngine::Where(int unit) const {
@@ -96,6 +132,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
   engine->reduce_comm_ = reduce;
   engine->aux_comm_ = aux;
   engine->options_ = options;
+  engine->stage_ = StageTraits::Of(options.stage);
   engine->backend_ = options.backend != nullptr ? options.backend : CpuBackend();
   engine->memory_.set_backend(engine->backend_);
   engine->rank_ = gather->rank();
@@ -123,14 +160,14 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
   }
 
   // Buffers and optimizers, by stage.
-  const int stage = options.stage;
+  const StageTraits stage = engine->stage_;
   const bool bf16_params = options.param_dtype == DType::kBF16;
   MemoryTracker* m = &engine->memory_;
   for (int u = 0; u < units; ++u) {
     const UnitLayout& layout = engine->units_[u];
     auto state = std::make_unique<UnitState>();
     int64_t flat = layout.flat_elements, chunk = layout.chunk_elements;
-    if (stage == 3) {
+    if (stage.params_sharded) {
       state->master = TrackedBuffer(m, MemoryCategory::kParamsSharded, Bytes(chunk, DType::kF32));
       state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent, Bytes(chunk, DType::kF32));
     } else {
@@ -138,12 +175,12 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
                                         Bytes(flat, options.param_dtype));
       if (bf16_params) {
         state->master = TrackedBuffer(m, MemoryCategory::kParamsSharded,
-                                      Bytes(stage == 0 ? flat : chunk, DType::kF32));
+                                      Bytes(!stage.state_sharded ? flat : chunk, DType::kF32));
       }
       state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent,
-                                   Bytes(stage <= 1 ? flat : chunk, DType::kF32));
+                                   Bytes(!stage.grads_sharded ? flat : chunk, DType::kF32));
     }
-    auto optimizer = engine->backend_->MakeOptimizer(options.optimizer, stage == 0 ? flat : chunk,
+    auto optimizer = engine->backend_->MakeOptimizer(options.optimizer, !stage.state_sharded ? flat : chunk,
                                                      options.optimizer_options);
     if (!optimizer.ok()) return optimizer.status();
     state->optimizer = std::move(*optimizer);
@@ -256,7 +293,7 @@ absl::Status ZeroEngine::Initialize(const RowSource& fill) {
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = units_[u];
     UnitState& state = *state_[u];
-    if (options_.stage == 3) {
+    if (stage_.params_sharded) {
       for (int i : layout.own_segments) {
         const Segment& s = layout.segments[i];
         absl::Status st = FillRows(fill, layout.tensors[s.tensor], s.row_begin, s.row_end,
@@ -277,7 +314,7 @@ absl::Status ZeroEngine::Initialize(const RowSource& fill) {
     backend_->Convert(flat.data(), DType::kF32, state.replicated.data(), options_.param_dtype,
                       layout.flat_elements);
     if (bf16_params) {
-      if (options_.stage == 0) {
+      if (!stage_.state_sharded) {
         backend_->Copy(state.master.data(), flat.data(), flat.bytes());
       } else {
         PackOwn(layout, flat.f32(), state.master.f32());
@@ -297,7 +334,7 @@ absl::Status ZeroEngine::InitializeMoment(Moment moment, const RowSource& fill) 
           "optimizer '", opt.name(), "' keeps no ",
           moment == Moment::kExpAvg ? "exp_avg" : "exp_avg_sq", " state to load"));
     }
-    if (options_.stage == 0) {  // replicated: every row, flat layout
+    if (!stage_.state_sharded) {  // replicated: every row, flat layout
       for (size_t t = 0; t < layout.tensors.size(); ++t) {
         absl::Status st = FillRows(fill, layout.tensors[t], 0, layout.tensors[t].Rows(),
                                    target + layout.tensor_offsets[t]);
@@ -337,10 +374,10 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
     output = received.data();
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   }
-  SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
+  EnterCollective(kGatherStream, "all_gather", layout.name);
   absl::Status s = gather_comm_->AllGatherBlocks(input, output, layout.blocks, dtype,
                                                  options_.collective_timeout);
-  SetActivity(&gather_activity_, "");
+  LeaveCollective(kGatherStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }
@@ -377,7 +414,7 @@ absl::Status ZeroEngine::IssueGather(int position) {
 
 absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position) {
   int unit = positions_[position];
-  if (options_.stage < 3) {
+  if (!stage_.params_sharded) {
     UnitState& state = *state_[unit];
     if (options_.param_dtype == DType::kF32) return state.replicated.f32();
     auto& slots = slots_;
@@ -410,7 +447,7 @@ void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
   if (it == slots.end()) return;
   const int n = static_cast<int>(ops_.size());
   const int end = backward_follows ? static_cast<int>(positions_.size()) : n;
-  if (options_.stage == 3) {
+  if (stage_.params_sharded) {
     int next = -1;
     if (position + 1 < end && positions_[position + 1] == positions_[position]) {
       // The same unit is needed next: hand the buffer over instead of
@@ -445,9 +482,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const DType dtype = options_.reduce_dtype;
   const int64_t chunk = layout.chunk_elements;
   const int64_t flat = layout.flat_elements;
-  if (options_.stage == 0) {
+  if (!stage_.state_sharded) {
     // DDP: all-reduce the full gradient (average over ranks).
-    SetActivity(&reduce_activity_, absl::StrCat("all_reduce of unit '", layout.name, "'"));
+    EnterCollective(kReduceStream, "all_reduce", layout.name);
     absl::Status s;
     if (dtype == DType::kF32) {
       s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
@@ -463,7 +500,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
       }
       if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
     }
-    SetActivity(&reduce_activity_, "");
+    LeaveCollective(kReduceStream);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
     }
@@ -471,7 +508,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   }
   // Stages 1-3: reduce-scatter the flat gradient straight from the flat
   // layout (bf16: from a narrowed copy) into this rank's pieces.
-  const float* grads_flat = options_.stage == 1 ? state.grads.f32() : grads_flat_buffer->f32();
+  const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();
   const void* input = grads_flat;
   TrackedBuffer narrowed;
   if (dtype != DType::kF32) {
@@ -482,7 +519,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   }
   // Only this rank's pieces are written, and only they are read below. The
   // first f32 reduction of a step lands straight in the gradient shard.
-  const bool direct = options_.stage >= 2 && state.grads_stale && dtype == DType::kF32;
+  const bool direct = stage_.grads_sharded && state.grads_stale && dtype == DType::kF32;
   TrackedBuffer received;
   if (!direct) {
     received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
@@ -492,13 +529,13 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   // another stream's free), are done before the communicator's stream
   // touches them.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  if (dtype != DType::kF32 && options_.stage >= 2) grads_flat_buffer->Reset();
-  SetActivity(&reduce_activity_, absl::StrCat("reduce_scatter of unit '", layout.name, "'"));
+  if (dtype != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
+  EnterCollective(kReduceStream, "reduce_scatter", layout.name);
   absl::Status s = reduce_comm_->ReduceScatterBlocks(
       input, direct ? state.grads.data() : received.data(), layout.blocks, dtype,
       ReduceOp::kAverage, options_.collective_timeout);
-  SetActivity(&reduce_activity_, "");
-  if (options_.stage >= 2) grads_flat_buffer->Reset();
+  LeaveCollective(kReduceStream);
+  if (stage_.grads_sharded) grads_flat_buffer->Reset();
   narrowed.Reset();
   if (!s.ok()) {
     return absl::Status(s.code(),
@@ -509,7 +546,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   // unit, where it overlaps the backward of the units before it.
   auto norm_of_shard = [&]() -> absl::Status {
     state.grad_squares.reset();
-    if (options_.stage < 2 || !last_micro) return absl::OkStatus();
+    if (!stage_.grads_sharded || !last_micro) return absl::OkStatus();
     absl::StatusOr<double> squares = backend_->SquaredNorm(state.grads.f32(), chunk);
     if (!squares.ok()) return squares.status();
     state.grad_squares = *squares;
@@ -519,14 +556,14 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     state.grads_stale = false;
     return norm_of_shard();  // the collective returned with the data in place
   }
-  if (options_.stage == 1) {
+  if (stage_.reduce_at_step) {
     state.reduced = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
                                   Bytes(chunk, DType::kF32));
   }
   for (int i : layout.own_segments) {
     const Segment& seg = layout.segments[i];
     const void* from = At(received.data(), seg.chunk_offset, dtype);
-    if (options_.stage == 1) {
+    if (stage_.reduce_at_step) {
       backend_->Convert(from, dtype, state.reduced.f32() + seg.chunk_offset, DType::kF32,
                         seg.length);
     } else if (state.grads_stale) {
@@ -536,7 +573,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
       backend_->AddInto(from, dtype, state.grads.f32() + seg.chunk_offset, seg.length);
     }
   }
-  if (options_.stage >= 2) state.grads_stale = false;  // stage 1: the compute thread's
+  if (stage_.grads_sharded) state.grads_stale = false;  // stage 1: the compute thread's
   if (absl::Status s = norm_of_shard(); !s.ok()) return s;
   return backend_->Synchronize();
 }
@@ -574,7 +611,7 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
     // (no clearing pass) into a fresh buffer (stages 2-3) or, on the first
     // micro-batch, into the step's flat gradient (stages 0-1); later ones add.
     Model::GradMode mode = Model::GradMode::kAdd;
-    if (options_.stage >= 2) {
+    if (stage_.grads_sharded) {
       if (pos == first_backward_[unit]) {
         state.grads_flat = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
                                          Bytes(units_[unit].flat_elements, DType::kF32),
@@ -585,14 +622,14 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
     } else if (state.grads_stale && pos == first_backward_[unit]) {
       mode = Model::GradMode::kOverwrite;
     }
-    if (options_.stage <= 1) state.grads_stale = false;
+    if (!stage_.grads_sharded) state.grads_stale = false;
     UnitTensors grad_views = views(unit, grads);
     absl::Time start = absl::Now();
     absl::Status s = model_->BackwardInto(op, views(unit, *params), grad_views, mode);
     times_.backward_ms += MsSince(start);
     if (!s.ok()) return s;
     ReleaseParams(pos);
-    if (pos == last_backward_[unit] && (options_.stage >= 2 || last_micro)) {
+    if (pos == last_backward_[unit] && (stage_.grads_sharded || last_micro)) {
       // The task owns the flat gradient: the next micro-batch's backward of
       // this unit may start before the reduction has packed it.
       std::shared_ptr<Fence> computed = backend_->Record();
@@ -657,10 +694,10 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
     input = send.data();
   }
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;  // the optimizer's update
-  SetActivity(&gather_activity_, absl::StrCat("all_gather of unit '", layout.name, "'"));
+  EnterCollective(kGatherStream, "all_gather", layout.name);
   absl::Status s = gather_comm_->AllGatherBlocks(input, state.replicated.data(), layout.blocks,
                                                  dtype, options_.collective_timeout);
-  SetActivity(&gather_activity_, "");
+  LeaveCollective(kGatherStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
   }
@@ -674,7 +711,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   times_.reduce_wait_ms += MsSince(wait_start);
   absl::Time optimizer_start = absl::Now();
   double param_sync_ms = 0;
-  const int stage = options_.stage;
+  const StageTraits& stage = stage_;
   const bool bf16_params = options_.param_dtype == DType::kBF16;
   for (auto& st : state_) {
     if (st->grads_stale) {  // no reduction this step (Step without a backward)
@@ -684,8 +721,8 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   }
   auto grad_of = [&](int u) -> std::pair<float*, int64_t> {
     UnitState& st = *state_[u];
-    if (stage == 0) return {st.grads.f32(), units_[u].flat_elements};
-    if (stage == 1) return {st.reduced.f32(), units_[u].chunk_elements};
+    if (!stage.state_sharded) return {st.grads.f32(), units_[u].flat_elements};
+    if (stage.reduce_at_step) return {st.reduced.f32(), units_[u].chunk_elements};
     return {st.grads.f32(), units_[u].chunk_elements};
   };
   // Average over micro-batches; the global norm of that gradient.
@@ -707,7 +744,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     if (!unit_squares.ok()) return unit_squares.status();
     squares += *unit_squares;
   }
-  if (stage > 0) {  // shards: add up over ranks (padding holds zeros)
+  if (stage.state_sharded) {  // shards: add up over ranks (padding holds zeros)
     absl::StatusOr<double> mean = MeanOverRanks(squares, "the squared gradient norm");
     if (!mean.ok()) return mean.status();
     squares = *mean * world_;
@@ -726,7 +763,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     const UnitLayout& layout = units_[u];
     auto [g, n] = grad_of(u);
     if (clip != 1.0f) backend_->Scale(g, n, clip);
-    if (stage == 3) {
+    if (stage.params_sharded) {
       if (absl::Status s = st.optimizer->Step(st.master.f32(), g, n, lr); !s.ok()) return s;
       // The next pass's first positions can be gathered as soon as their
       // units are updated: the gathers overlap the rest of the optimizer.
@@ -735,7 +772,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
         if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
         if (absl::Status s = IssueGather(k); !s.ok()) return s;
       }
-    } else if (stage == 0) {
+    } else if (!stage.state_sharded) {
       float* p = bf16_params ? st.master.f32() : st.replicated.f32();
       if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
       if (bf16_params) {
@@ -822,8 +859,8 @@ absl::Status ZeroEngine::ForEachOwnPiece(
       view.row_end = seg.row_end;
       view.elements = seg.length;
       // Where the piece's master values and moments live.
-      int64_t state_offset = options_.stage == 0 ? seg.flat_offset : seg.chunk_offset;
-      if (options_.stage == 3 || bf16_params) {
+      int64_t state_offset = !stage_.state_sharded ? seg.flat_offset : seg.chunk_offset;
+      if (stage_.params_sharded || bf16_params) {
         view.params = st.master.f32() + state_offset;
       } else {
         view.params = st.replicated.f32() + seg.flat_offset;

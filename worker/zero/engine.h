@@ -54,12 +54,44 @@ struct EngineOptions {
   DType reduce_dtype = DType::kF32;  // dtype gradients are reduced in
   int grad_accum = 1;
   absl::Duration collective_timeout = absl::Seconds(60);
+  // Test-only (shard_worker's --test_* flags): runs on a collective's thread
+  // just before it enters collective number `seq` of its stream; `op` is
+  // "all_gather", "reduce_scatter" or "all_reduce".
+  std::function<void(const char* op, int64_t seq)> before_collective;
   std::string optimizer = "adam";
   OptimizerOptions optimizer_options;
   double max_grad_norm = 0;  // > 0: clip by global norm
   // Where buffers live and the non-model ops run; null: the CPU. The model's
   // views point into this backend's memory. Not owned.
   Backend* backend = nullptr;
+};
+
+// What a ZeRO stage decides, derived once from EngineOptions::stage so that
+// the schedule asks what it means rather than which number it is.
+struct StageTraits {
+  // Stage 3: parameters live only as this rank's chunk (the fp32 master) and
+  // are all-gathered per unit for each use. Stages 0-2: every rank holds the
+  // replicated parameters.
+  bool params_sharded = false;
+  // Stages 1-3: optimizer state (and a separate master, if any) cover this
+  // rank's chunk; the gradient norm adds up over ranks. Stage 0: every row.
+  bool state_sharded = false;
+  // Stages 2-3: gradients are reduce-scattered per unit during the backward
+  // into an accumulated chunk; the flat gradient lives only for one
+  // micro-batch. Stages 0-1: the flat gradient accumulates over the step.
+  bool grads_sharded = false;
+  // Stage 1: the step's flat gradient is reduce-scattered at the step into a
+  // separate chunk (`reduced`), and the updated chunks all-gathered back.
+  bool reduce_at_step = false;
+
+  static StageTraits Of(int stage) {
+    StageTraits t;
+    t.params_sharded = stage >= 3;
+    t.state_sharded = stage >= 1;
+    t.grads_sharded = stage >= 2;
+    t.reduce_at_step = stage == 1;
+    return t;
+  }
 };
 
 // A piece as a range copy between layouts (elements).
@@ -167,6 +199,26 @@ class ZeroEngine {
   // The collectives in flight right now, e.g. "all_gather of unit '3'", for
   // messages when a job is aborted from outside. Thread-safe.
   std::string InFlight() const;
+  // What the collective threads are doing, for heartbeat telemetry: how many
+  // collectives each stream entered (every rank issues a stream's
+  // collectives in the same order, so equal numbers name the same
+  // collective) and the one in flight longest. Thread-safe.
+  struct CollectiveActivity {
+    const char* op = nullptr;  // "all_gather", "reduce_scatter", "all_reduce"; null: none
+    std::string unit;
+    int64_t seq = 0;  // its number on its stream
+    absl::Time started;
+  };
+  struct CollectiveProgress {
+    int64_t gathers_entered = 0;
+    int64_t reductions_entered = 0;
+    CollectiveActivity oldest;  // op null: none in flight
+  };
+  CollectiveProgress Collectives() const;
+  // When the first collective entered since the previous call began
+  // (InfinitePast: none was), and starts watching for the next one: a step
+  // calls it first and last to learn when it reached its first collective.
+  absl::Time TakeFirstCollectiveStart();
   // Collectives completed so far (all threads): the sequence number members
   // report in heartbeats, so a stuck rank stands out in `shardctl status`.
   int64_t collective_seq() const { return collective_seq_.load(); }
@@ -213,7 +265,9 @@ class ZeroEngine {
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
-  void SetActivity(std::string* slot, std::string activity);
+  enum Stream { kGatherStream = 0, kReduceStream = 1 };
+  void EnterCollective(Stream stream, const char* op, const std::string& unit);
+  void LeaveCollective(Stream stream);
 
   // First: every TrackedBuffer below returns its memory here when destroyed.
   MemoryTracker memory_;
@@ -223,6 +277,7 @@ class ZeroEngine {
   Communicator* reduce_comm_ = nullptr;
   Communicator* aux_comm_ = nullptr;
   EngineOptions options_;
+  StageTraits stage_;  // from options_.stage
   int rank_ = 0;
   int world_ = 1;
   std::vector<UnitLayout> units_;
@@ -238,8 +293,9 @@ class ZeroEngine {
   std::unique_ptr<TaskThread> reduce_thread_;
   std::atomic<int64_t> collective_seq_{0};
   mutable absl::Mutex activity_mu_;
-  std::string gather_activity_ ABSL_GUARDED_BY(activity_mu_);
-  std::string reduce_activity_ ABSL_GUARDED_BY(activity_mu_);
+  CollectiveActivity activity_[2] ABSL_GUARDED_BY(activity_mu_);  // by Stream
+  int64_t entered_[2] ABSL_GUARDED_BY(activity_mu_) = {0, 0};
+  absl::Time first_collective_start_ ABSL_GUARDED_BY(activity_mu_) = absl::InfinitePast();
   double loss_sum_ = 0;
   int micro_batches_ = 0;
   StepTimes times_;  // of the step in progress

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "worker/model/parallel.h"
 
 // The inner loops below are written so GCC vectorizes them (the target builds
 // with -O3 -fno-math-errno): restrict-qualified pointers, no branches inside,
@@ -17,6 +18,9 @@
 
 namespace zeroshard {
 namespace {
+
+// Elements per thread's range, at least: smaller updates stay on the caller.
+constexpr int64_t kParallelGrain = 1 << 16;
 
 // d = g + wd * p (PyTorch: grad.add(param, alpha=weight_decay)).
 template <bool kDecay>
@@ -196,8 +200,13 @@ class AdamOptimizer : public Optimizer {
     const bool decay = weight_decay_ != 0.0;
     DispatchBool(decay && !decoupled_, [&](auto l2) {
       DispatchBool(decay && decoupled_, [&](auto decoupled) {
-        AdamUpdate<decltype(l2)::value, decltype(decoupled)::value>(params, grads, exp_avg_.data(),
-                                                                    exp_avg_sq_.data(), n, s);
+        // Elementwise, so split among the compute threads with the same
+        // results whatever their number.
+        ParallelFor(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+          AdamUpdate<decltype(l2)::value, decltype(decoupled)::value>(
+              params + begin, grads + begin, exp_avg_.data() + begin, exp_avg_sq_.data() + begin,
+              end - begin, s);
+        });
       });
     });
     step_ = t;

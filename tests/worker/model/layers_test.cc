@@ -2,10 +2,14 @@
 // and the forwards against naive reference loops.
 #include "worker/model/layers.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/model/fast_math.h"
+#include "worker/model/parallel.h"
 #include "tests/worker/model/test_util.h"
 
 namespace zeroshard {
@@ -323,6 +327,38 @@ TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
   ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
 }
 
+// Sequences longer than the causal blocks (32 rows), with a ragged last block.
+TEST(AttentionTest, BlockedMatchesNaiveLoopOnLongSequences) {
+  const int64_t b = 2, t = 70, c = 12, nh = 3;
+  auto qkv = RandomVector(b * t * 3 * c, -1.5f, 1.5f, 26);
+  std::vector<float> out(b * t * c), att(b * nh * t * t, 7.0f);
+  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  auto want = NaiveAttention(qkv, b, t, c, nh);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5) << i;
+  for (int64_t r = 0; r < b * nh; ++r) {
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t s = i + 1; s < t; ++s) ASSERT_EQ(att[(r * t + i) * t + s], 0.0f);
+    }
+  }
+}
+
+TEST(AttentionTest, BlockedBackwardMatchesFiniteDifferences) {
+  const int64_t b = 1, t = 37, c = 8, nh = 2;
+  auto qkv = RandomVector(b * t * 3 * c, -1, 1, 27);
+  auto dout = RandomVector(b * t * c, -1, 1, 28);
+  std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(qkv.size());
+  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  auto loss = [&] {
+    std::vector<float> o(out.size()), a(att.size());
+    AttentionForward(o.data(), a.data(), qkv.data(), b, t, c, nh);
+    return Dot(dout.data(), o.data(), o.size());
+  };
+  FdOptions opt;
+  opt.eps = 1e-3f;
+  ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
+}
+
 // ---------------------------------------------------------------------------
 // Embedding, LM head, cross-entropy
 
@@ -413,6 +449,94 @@ TEST(CrossEntropyTest, BackwardMatchesFiniteDifferences) {
   ExpectGradientMatches(
       [&] { return CrossEntropyForward(probs.data(), logits.data(), targets.data(), n, v); },
       logits.data(), dlogits.data(), logits.size(), opt, "dlogits");
+}
+
+// ---------------------------------------------------------------------------
+// Vectorized math and threads
+
+TEST(FastMathTest, ExpWithinOneMillionthOfLibm) {
+  double worst = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.00731f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(FastExp(x) / want - 1.0));
+  }
+  EXPECT_LT(worst, 2e-7);
+  // Clamped, never 0 or inf.
+  EXPECT_GT(FastExp(-1000.0f), 0.0f);
+  EXPECT_TRUE(std::isfinite(FastExp(1000.0f)));
+  EXPECT_TRUE(std::isnan(FastExp(NAN)));
+}
+
+TEST(ActivationTest, GeluTanhMatchesDoublePrecisionFormula) {
+  std::vector<float> x;
+  for (float v = -12.0f; v <= 12.0f; v += 0.0037f) x.push_back(v);
+  std::vector<float> y(x.size()), dx(x.size()), ones(x.size(), 1.0f);
+  GeluTanhForward(y.data(), x.data(), x.size());
+  GeluTanhBackward(dx.data(), ones.data(), x.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i];
+    const double u = std::sqrt(2.0 / M_PI) * (xi + 0.044715 * xi * xi * xi);
+    const double t = std::tanh(u);
+    const double want = 0.5 * xi * (1.0 + t);
+    const double dwant = 0.5 * (1.0 + t) + 0.5 * xi * (1.0 - t * t) * std::sqrt(2.0 / M_PI) *
+                                               (1.0 + 3.0 * 0.044715 * xi * xi);
+    ASSERT_NEAR(y[i], want, 1e-6 * std::max(1.0, std::fabs(want))) << "x=" << xi;
+    ASSERT_NEAR(dx[i], dwant, 2e-6 * std::max(1.0, std::fabs(dwant))) << "x=" << xi;
+  }
+}
+
+// Our kernels split rows or columns among threads, never a sum: the results
+// are the same bits whatever the number of threads (and in place or not).
+// Attention's GEMMs run one (batch row, head) per thread, so they are too; a
+// Linear's GEMM is OpenBLAS's to split, and its last bits may differ.
+TEST(ThreadsTest, KernelsGiveTheSameBitsWithOneAndTwoThreads) {
+  const int64_t b = 2, t = 64, c = 96, nh = 4, v = 80, n = b * t;
+  auto x = RandomVector(n * c, -2, 2, 40);
+  auto w = RandomVector(c, 0.5f, 1.5f, 41);
+  auto bias = RandomVector(c, -0.5f, 0.5f, 42);
+  auto qkv = RandomVector(n * 3 * c, -1, 1, 43);
+  auto dout = RandomVector(n * c, -1, 1, 44);
+  auto h = RandomVector(n * 4 * c, -4, 4, 45);
+  auto logits = RandomVector(n * v, -5, 5, 46);
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 7) % v);
+  auto dy2 = RandomVector(n * 4 * c, -1, 1, 48);
+
+  auto run = [&](int threads) {
+    SetComputeThreads(threads);
+    std::vector<std::vector<float>> out;
+    std::vector<float> ln(n * c), mean(n), rstd(n), dx(n * c), dw(c, 0.0f), db(c, 0.0f);
+    LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), n, c);
+    LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                      rstd.data(), n, c);
+    std::vector<float> y(n * c), att(b * nh * t * t), dqkv(n * 3 * c);
+    AttentionForward(y.data(), att.data(), qkv.data(), b, t, c, nh);
+    AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+    std::vector<float> g(h.size()), dg = dy2;
+    GeluTanhForward(g.data(), h.data(), h.size());
+    GeluTanhBackward(dg.data(), dg.data(), h.data(), h.size());  // in place
+    std::vector<float> probs(n * v), dlogits(n * v);
+    const double loss = CrossEntropyForward(probs.data(), logits.data(), targets.data(), n, v);
+    CrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), n, v);
+    std::vector<float> r(n * c);
+    ResidualAdd(r.data(), x.data(), dout.data(), n * c);
+    ResidualAdd(r.data(), r.data(), x.data(), n * c);
+    out = {ln, mean, rstd, dx, dw, db, y, att, dqkv, g, dg, probs, dlogits, {float(loss)}, r};
+    return out;
+  };
+  const auto one = run(1);
+  const auto two = run(2);
+  SetComputeThreads(1);
+  ASSERT_EQ(one.size(), two.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    ASSERT_EQ(one[i].size(), two[i].size());
+    EXPECT_EQ(0, std::memcmp(one[i].data(), two[i].data(), one[i].size() * sizeof(float)))
+        << "output " << i << " differs between 1 and 2 threads";
+  }
+  // Out of place GELU backward equals in place.
+  std::vector<float> dg(h.size());
+  GeluTanhBackward(dg.data(), dy2.data(), h.data(), h.size());
+  EXPECT_EQ(0, std::memcmp(dg.data(), one[10].data(), dg.size() * sizeof(float)));
 }
 
 }  // namespace

@@ -1,0 +1,228 @@
+"""Joining a job and bootstrapping torch.distributed through the shard server, and
+bringing the server's verdicts (a dead member, a new generation) to the training loop."""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator, Optional
+
+import torch.distributed as dist
+
+from zeroshard.client import Client, JoinInfo
+from zeroshard.errors import GenerationChanged, ZeroshardError
+from zeroshard.torch.store import Store
+
+# Exit status of a process that the watchdog ended because it stayed blocked after the
+# job's generation changed (EX_TEMPFAIL: an elastic agent restarts it).
+BLOCKED_EXIT_CODE = 75
+
+
+@dataclass
+class Session:
+    """A process's membership of a job: its client, store and join answer."""
+    client: Client
+    store: Store
+    info: JoinInfo
+    _acknowledged: threading.Event
+    _watchdog: Optional[threading.Thread] = None
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    @property
+    def generation(self) -> int:
+        return self.info.generation
+
+
+_session: Optional[Session] = None
+
+
+def session() -> Session:
+    """The session of init_process_group. RuntimeError before it."""
+    if _session is None:
+        raise RuntimeError("zeroshard.torch: call zeroshard.torch.init_process_group() first")
+    return _session
+
+
+def _default_worker_id() -> str:
+    host = socket.gethostname()
+    local = os.environ.get("LOCAL_RANK")
+    return f"{host}/{local}" if local is not None else f"{host}/{os.getpid()}"
+
+
+def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
+                       world_size: Optional[int] = None, backend: str = "gloo", *,
+                       worker_id: Optional[str] = None, token: Optional[str] = None,
+                       token_file: Optional[str] = None, tls_ca_file: Optional[str] = None,
+                       tls_cert_file: Optional[str] = None, tls_key_file: Optional[str] = None,
+                       tls_server_name: str = "", join_timeout: float = 600.0,
+                       timeout: timedelta = timedelta(minutes=30),
+                       exit_if_blocked: Optional[float] = None) -> Session:
+    """Joins `job` on the shard server at `server` and initializes torch.distributed's
+    default process group over the job's key-value store, in one call.
+
+    The rank is the position of `worker_id` (default "<hostname>/<LOCAL_RANK>", or
+    "<hostname>/<pid>" without LOCAL_RANK) among the job's sorted worker ids, so a
+    restarted worker keeps its rank. Heartbeats start at once; `check()` raises
+    GenerationChanged within the server's heartbeat timeout of a member's death.
+
+    A collective blocked on a dead peer: with Gloo, a peer process that died closes its
+    connections, the collective fails at once, and `failure_guard()` turns that into
+    GenerationChanged naming the dead member. A peer that hangs (or a host that vanished
+    without closing its sockets) leaves Gloo and NCCL waiting until `timeout`, and
+    torch 1.13 cannot abort either process group from another thread; so once the server
+    declared the generation over, a watchdog ends this process with exit status 75 if it
+    has not noticed (check(), failure_guard()) within `exit_if_blocked` seconds (default:
+    the heartbeat timeout + 1 s; 0 disables). An elastic agent (torchrun) restarts it.
+
+    Under `python -m zeroshard.torchrun`, every argument may be left out: the server is
+    the rendezvous endpoint (ZEROSHARD_SERVER), the job "<rdzv_id>.workers", the world
+    size and the worker id come from torchrun (WORLD_SIZE, RANK), so the zeroshard rank
+    is torchrun's.
+
+    Returns the Session (client, store, rank, world size, generation).
+    """
+    global _session
+    env = os.environ
+    expected_rank = None
+    if server is None:
+        server = env.get("ZEROSHARD_SERVER")
+        if not server:
+            raise ValueError("init_process_group: give server= (or run under "
+                             "python -m zeroshard.torchrun, which sets ZEROSHARD_SERVER)")
+    if token is None and token_file is None and env.get("ZEROSHARD_TOKEN_FILE"):
+        token_file = env["ZEROSHARD_TOKEN_FILE"]
+    if job is None:
+        if "TORCHELASTIC_RUN_ID" not in env:
+            raise ValueError("init_process_group: give job=")
+        job = env["TORCHELASTIC_RUN_ID"] + ".workers"
+    if world_size is None:
+        if "WORLD_SIZE" not in env:
+            raise ValueError("init_process_group: give world_size=")
+        world_size = int(env["WORLD_SIZE"])
+    if worker_id is None and "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+        # Zero-padded, so the sorted order of worker ids is torchrun's rank order.
+        expected_rank = int(env["RANK"])
+        worker_id = f"rank-{expected_rank:06d}"
+    client = Client(server, token=token, token_file=token_file, tls_ca_file=tls_ca_file,
+                    tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
+                    tls_server_name=tls_server_name)
+    info = client.join(job, world_size, worker_id or _default_worker_id(), timeout=join_timeout)
+    if expected_rank is not None and info.rank != expected_rank:
+        raise RuntimeError(f"zeroshard gave rank {info.rank} to torchrun's rank {expected_rank} "
+                           f"in job '{job}': another program joined it with other worker ids?")
+    store = Store(client, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size,
+                            timeout=timeout)
+    _session = Session(client=client, store=store, info=info,
+                       _acknowledged=threading.Event())
+    grace = info.heartbeat_timeout + 1.0 if exit_if_blocked is None else exit_if_blocked
+    if grace > 0:
+        _session._watchdog = threading.Thread(target=_watch, args=(_session, grace),
+                                              name="zeroshard-watchdog", daemon=True)
+        _session._watchdog.start()
+    return _session
+
+
+def _watch(s: Session, grace: float) -> None:
+    error = None
+    while error is None:
+        if s is not _session:
+            return
+        error = s.client.wait_for_failure(60.0)
+    if s._acknowledged.wait(grace) or s is not _session:
+        return
+    print(f"zeroshard: {error}; this process did not notice within {grace:.1f} s (blocked in "
+          f"a collective?): exiting with status {BLOCKED_EXIT_CODE}", file=sys.stderr,
+          flush=True)
+    os._exit(BLOCKED_EXIT_CODE)
+
+
+def check() -> None:
+    """Raises GenerationChanged once the server said the job moved on (a member died or
+    left uncleanly) or fenced this member. Cheap (no RPC): call it every step."""
+    s = session()
+    error = s.client.failure()
+    if error is not None:
+        s._acknowledged.set()
+        raise error
+
+
+def report(*, step: Optional[int] = None, loss: Optional[float] = None,
+           memory_bytes: Optional[int] = None, step_time: Optional[float] = None,
+           items_per_second: Optional[float] = None) -> None:
+    """What this rank's heartbeats carry (shardctl status shows it)."""
+    session().client.report(step=step, loss=loss, memory_bytes=memory_bytes,
+                            step_time=step_time, items_per_second=items_per_second)
+
+
+@contextlib.contextmanager
+def failure_guard(wait: Optional[float] = None) -> Iterator[None]:
+    """Turns a failed collective into the server's verdict.
+
+        with zeroshard.torch.failure_guard():
+            loss = loss_fn(ddp_model(x), y); loss.backward(); optimizer.step()
+
+    When the body raises (Gloo: "Connection closed by peer", a timeout, ...), waits up to
+    `wait` seconds (default: the heartbeat timeout + interval) for the server to declare
+    the member dead and raises GenerationChanged naming it, chained to the original
+    error; if the server says nothing in that time, the original error propagates.
+    """
+    s = session()
+    try:
+        check()
+        yield
+    except ZeroshardError:
+        s._acknowledged.set()
+        raise
+    except Exception as error:  # noqa: BLE001 - collectives raise RuntimeError and others
+        s._acknowledged.set()
+        limit = s.info.heartbeat_timeout + s.info.heartbeat_interval if wait is None else wait
+        deadline = time.monotonic() + limit
+        # Polled (every 100 ms) rather than left to the next heartbeat reply, which may
+        # come a heartbeat interval after the server's verdict.
+        while True:
+            verdict = s.client.server_verdict()
+            if verdict is not None:
+                raise verdict from error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            s.client.wait_for_failure(min(0.1, left))
+
+
+def install_step_check(optimizer: Any) -> Any:
+    """The optimizer hook: optimizer.step() first calls check(), so a step never runs in
+    a generation the server abandoned. Returns the optimizer."""
+    step = optimizer.step
+
+    def checked_step(*args: Any, **kwargs: Any) -> Any:
+        check()
+        return step(*args, **kwargs)
+
+    optimizer.step = checked_step
+    return optimizer
+
+
+def shutdown(leave: bool = True) -> None:
+    """Destroys the process group and, with `leave`, leaves the job cleanly."""
+    global _session
+    s, _session = _session, None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if s is not None:
+        if leave:
+            s.client.leave()
+        else:
+            s.client.close()

@@ -1,0 +1,249 @@
+// What people look at, against a real shard_server and a real 2-worker
+// ZeRO-3 job training on loopback: /metrics checked by Prometheus's own
+// promtool, shardctl history, shardctl top in a real terminal (tmux), and
+// the dashboard rendered by headless Chromium. The tools come from Debian
+// (tools/install_deps.sh: prometheus, tmux, chromium, curl).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/cluster.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::LocalCluster;
+using testing::RunCommand;
+
+std::string Tool(const std::string& name) {
+  auto [code, path] = RunCommand("command -v " + name);
+  if (code != 0) {
+    ADD_FAILURE() << name << " is not installed: run tools/install_deps.sh";
+    return "";
+  }
+  return std::string(absl::StripTrailingAsciiWhitespace(path));
+}
+
+std::string Shardctl(const LocalCluster& cluster) {
+  return absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=", cluster.address());
+}
+
+// GET http://127.0.0.1:port/path; (HTTP status, body).
+std::pair<int, std::string> Get(int port, const std::string& path, const std::string& file,
+                                const std::string& header = "") {
+  auto [code, status] = RunCommand(absl::StrCat("curl -s -o ", file, " -w '%{http_code}' ",
+                                                header.empty() ? "" : "-H '" + header + "' ",
+                                                "http://127.0.0.1:", port, path));
+  int http = 0;
+  if (code != 0 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(status), &http))
+    return {-1, status};
+  return {http, testing::ReadFileOrEmpty(file)};
+}
+
+int MetricsPort(const LocalCluster& cluster) {
+  std::string port = testing::ReadFileOrEmpty(cluster.dir() + "/mport");
+  int value = 0;
+  return absl::SimpleAtoi(absl::StripAsciiWhitespace(port), &value) ? value : 0;
+}
+
+class ObservabilityUiTest : public ::testing::Test {
+ protected:
+  ObservabilityUiTest()
+      : dir_(testing::MakeTempDir("obsui")),
+        cluster_(dir_, {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir_ + "/mport"}) {
+  }
+
+  // A 2-worker ZeRO-3 MLP job that checkpoints every 10 steps, trained until
+  // it has a complete checkpoint and 30 steps, then left training.
+  void StartJob() {
+    cluster_.StartWorkers(
+        "live", 2,
+        {"--model=mlp", "--layers=4", "--width=32", "--batch=8", "--stage=3", "--steps=100000",
+         "--lr=0.01", "--checkpoint_every=10", "--collective_timeout=120s"});
+    const std::string ctl = Shardctl(cluster_);
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          auto [code, out] = RunCommand(ctl + " --job=live status --json");
+          if (code != 0) return false;
+          nlohmann::json status = nlohmann::json::parse(out, nullptr, false);
+          if (status.is_discarded() || status["jobs"].empty()) return false;
+          for (const auto& m : status["jobs"][0]["members"]) {
+            if (std::stoll(m["step"].get<std::string>()) < 30) return false;
+          }
+          return RunCommand(ctl + " --job=live checkpoints").second.find("verified") !=
+                 std::string::npos;
+        },
+        absl::Seconds(120)))
+        << cluster_.server()->Log() << cluster_.WorkerLog(0);
+    absl::SleepFor(absl::Seconds(1));  // a history sample after the 30th step
+  }
+
+  std::string dir_;
+  LocalCluster cluster_;
+};
+
+TEST_F(ObservabilityUiTest, MetricsOfALiveJobPassPromtoolAndHoldTheSeries) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::string promtool = Tool("promtool");
+  StartJob();
+  auto [http, text] = Get(MetricsPort(cluster_), "/metrics", dir_ + "/metrics.txt");
+  ASSERT_EQ(http, 200) << text;
+  auto [code, out] = RunCommand(promtool + " check metrics < " + dir_ + "/metrics.txt");
+  EXPECT_EQ(code, 0) << out;
+  for (const char* series :
+       {"zeroshard_jobs{state=\"running\"} 1",
+        "zeroshard_members{state=\"alive\"} 2",
+        "zeroshard_job_generation{job=\"live\"} 1",
+        "zeroshard_joins_total 2",
+        "zeroshard_heartbeats_total ",
+        "zeroshard_rpcs_total{method=\"Join\",code=\"OK\"} 2",
+        "zeroshard_rpc_duration_seconds_bucket{method=\"Join\",code=\"OK\",le=\"+Inf\"} 2",
+        "zeroshard_kv_operations_total{op=\"set\"} ",
+        "zeroshard_checkpoint_commits_total ",
+        "zeroshard_checkpoint_committed_bytes_total ",
+        "zeroshard_consolidated_bytes_total 0",
+        "zeroshard_consolidation_seconds_total 0",
+        "zeroshard_checkpoints{job=\"live\",state=\"verified\"} ",
+        "zeroshard_checkpoints{job=\"live\",state=\"failed\"} 0",
+        "zeroshard_rank_step{job=\"live\",rank=\"0\",worker=\"w0\"} ",
+        "zeroshard_rank_loss{job=\"live\",rank=\"1\",worker=\"w1\"} ",
+        "zeroshard_rank_step_seconds{job=\"live\",rank=\"0\",worker=\"w0\"} ",
+        "zeroshard_rank_items_per_second{job=\"live\",rank=\"0\",worker=\"w0\"} ",
+        "zeroshard_rank_memory_bytes{job=\"live\",rank=\"0\",worker=\"w0\",category=\"params\"} ",
+        "zeroshard_rank_memory_bytes{job=\"live\",rank=\"1\",worker=\"w1\",category="
+        "\"optimizer_state\"} ",
+        "zeroshard_rank_collective_wait_seconds{job=\"live\",rank=\"0\",worker=\"w0\",op="
+        "\"all_gather\"} ",
+        "zeroshard_rank_collective_wait_seconds{job=\"live\",rank=\"0\",worker=\"w0\",op="
+        "\"reduce\"} ",
+        "zeroshard_rank_arrival_lag_seconds{job=\"live\",rank=\"1\",worker=\"w1\"} ",
+        "zeroshard_rank_heartbeat_age_seconds{job=\"live\",rank=\"1\",worker=\"w1\"} ",
+        "zeroshard_rank_straggler{job=\"live\",rank=\"0\",worker=\"w0\"} 0",
+        "zeroshard_rank_hung{job=\"live\",rank=\"1\",worker=\"w1\"} 0",
+        "zeroshard_rank_data_plane_sent_bytes_total{job=\"live\",rank=\"0\",worker=\"w0\"} "}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series;
+  }
+  // Commits were counted: a number above zero.
+  EXPECT_EQ(text.find("zeroshard_checkpoint_commits_total 0\n"), std::string::npos);
+}
+
+TEST_F(ObservabilityUiTest, HistoryOfALiveJobSurvivesAServerRestart) {
+  ASSERT_TRUE(cluster_.ok());
+  StartJob();
+  const std::string ctl = Shardctl(cluster_);
+  auto count_rows = [&](int rank) {
+    auto [code, csv] = RunCommand(ctl + " --job=live history --csv");
+    EXPECT_EQ(code, 0) << csv;
+    int rows = 0;
+    for (absl::string_view line : absl::StrSplit(csv, '\n')) {
+      rows += absl::StartsWith(line, absl::StrCat(rank, ","));
+    }
+    return rows;
+  };
+  EXPECT_GE(count_rows(0), 1);
+  EXPECT_GE(count_rows(1), 1);
+  auto [code, json] = RunCommand(ctl + " --job=live history --json");
+  ASSERT_EQ(code, 0) << json;
+  nlohmann::json parsed = nlohmann::json::parse(json);
+  ASSERT_FALSE(parsed["points"].empty());
+  EXPECT_GT(parsed["points"][0]["loss"].get<double>(), 0);
+  const int before = count_rows(0);
+  cluster_.RestartServer();
+  ASSERT_TRUE(cluster_.ok());
+  EXPECT_GE(count_rows(0), before);
+  EXPECT_NE(RunCommand(ctl + " --job=nosuchjob history").first, 0);
+}
+
+TEST_F(ObservabilityUiTest, TopShowsOneRowPerRankInATerminalAndQuitsOnQ) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::string tmux = Tool("tmux");
+  StartJob();
+  const std::string session = absl::StrCat("zstop", getpid());
+  // A socket path fits in 108 bytes; the test's temporary directory may not.
+  const std::string socket_path = absl::StrCat("/tmp/", session, ".sock");
+  const std::string socket = "-S " + socket_path;
+  auto [code, out] = RunCommand(absl::StrCat(tmux, " ", socket, " new-session -d -s ", session,
+                                             " -x 160 -y 40 '", Shardctl(cluster_), " top'"));
+  ASSERT_EQ(code, 0) << out;
+  std::string screen;
+  const bool rows = testing::WaitFor(
+      [&] {
+        screen =
+            RunCommand(absl::StrCat(tmux, " ", socket, " capture-pane -p -t ", session)).second;
+        return screen.find("job live") != std::string::npos &&
+               screen.find(" w0 ") != std::string::npos && screen.find(" w1 ") != std::string::npos;
+      },
+      absl::Seconds(20));
+  EXPECT_TRUE(rows) << screen;
+  EXPECT_NE(screen.find("RUNNING"), std::string::npos) << screen;
+  EXPECT_NE(screen.find("latest checkpoint step"), std::string::npos) << screen;
+  RunCommand(absl::StrCat(tmux, " ", socket, " send-keys -t ", session, " q"));
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        return RunCommand(absl::StrCat(tmux, " ", socket, " has-session -t ", session)).first != 0;
+      },
+      absl::Seconds(10)));
+  RunCommand(absl::StrCat(tmux, " ", socket, " kill-server"));
+  std::remove(socket_path.c_str());
+  // Not a terminal: plain text, no escape sequences.
+  auto [plain_code, plain] = RunCommand(Shardctl(cluster_) + " top --top_iterations=2 | cat");
+  EXPECT_EQ(plain_code, 0) << plain;
+  EXPECT_EQ(plain.find('\033'), std::string::npos);
+  EXPECT_NE(plain.find(" w1 "), std::string::npos) << plain;
+}
+
+TEST_F(ObservabilityUiTest, HeadlessChromiumRendersTheJobItsRanksAndPlots) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::string chromium = Tool("chromium");
+  StartJob();
+  const std::string url = absl::StrCat("http://127.0.0.1:", MetricsPort(cluster_), "/#live");
+  auto [code, dom] = RunCommand(
+      absl::StrCat(chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir_,
+                   "/chromium --virtual-time-budget=8000 --dump-dom '", url, "' 2>/dev/null"));
+  ASSERT_EQ(code, 0) << dom;
+  EXPECT_NE(dom.find("Job live"), std::string::npos) << dom;
+  EXPECT_NE(dom.find("class=\"member\" data-rank=\"0\""), std::string::npos) << dom;
+  EXPECT_NE(dom.find("class=\"member\" data-rank=\"1\""), std::string::npos) << dom;
+  // The loss plot has both ranks' polylines and its data points.
+  const size_t plot = dom.find("data-field=\"loss\"");
+  ASSERT_NE(plot, std::string::npos) << dom;
+  const size_t points = dom.find("data-points=\"", plot);
+  ASSERT_NE(points, std::string::npos);
+  EXPECT_GE(std::stoi(dom.substr(points + 13)), 2) << dom.substr(plot, 300);
+  EXPECT_NE(dom.find("<polyline", plot), std::string::npos);
+  EXPECT_NE(dom.find("verified"), std::string::npos) << "the checkpoints table";
+}
+
+TEST(ObservabilityTokenTest, ATokenProtectedServerRefusesMetricsWithoutIt) {
+  const std::string dir = testing::MakeTempDir("obstoken");
+  testing::WriteFile(dir + "/token", "s3cret\n");
+  LocalCluster cluster(dir,
+                       {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport",
+                        "--auth_token_file=" + dir + "/token"});
+  ASSERT_TRUE(cluster.ok());
+  const int port = MetricsPort(cluster);
+  EXPECT_EQ(Get(port, "/metrics", dir + "/a").first, 401);
+  EXPECT_EQ(Get(port, "/metrics", dir + "/b", "Authorization: Bearer wrong").first, 401);
+  EXPECT_EQ(Get(port, "/api/status", dir + "/c").first, 401);
+  auto [http, text] = Get(port, "/metrics", dir + "/d", "Authorization: Bearer s3cret");
+  EXPECT_EQ(http, 200);
+  EXPECT_NE(text.find("zeroshard_jobs{state=\"running\"} 0"), std::string::npos) << text;
+  // The page itself holds no data.
+  EXPECT_EQ(Get(port, "/", dir + "/e").first, 200);
+  EXPECT_EQ(Get(port, "/nothing", dir + "/f").first, 404);
+}
+
+}  // namespace
+}  // namespace zeroshard

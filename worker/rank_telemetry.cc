@@ -1,0 +1,74 @@
+#include "worker/rank_telemetry.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "worker/zero/memory_tracker.h"
+
+namespace zeroshard {
+namespace {
+
+v1::CollectiveOp OpOf(const char* op) {
+  if (std::strcmp(op, "all_gather") == 0) return v1::ALL_GATHER;
+  if (std::strcmp(op, "reduce_scatter") == 0) return v1::REDUCE_SCATTER;
+  if (std::strcmp(op, "all_reduce") == 0) return v1::ALL_REDUCE;
+  return v1::COLLECTIVE_OP_UNSPECIFIED;
+}
+
+int64_t Sum(const CollectiveBytes& b) {
+  return b.all_gather + b.reduce_scatter + b.all_reduce + b.broadcast;
+}
+
+}  // namespace
+
+void FillLiveTelemetry(const ZeroEngine& engine, const DataPlane* plane, v1::RankTelemetry* out) {
+  const MemoryTracker& m = engine.memory();
+  using C = MemoryCategory;
+  v1::MemoryUsage* memory = out->mutable_memory();
+  memory->set_params(m.current(C::kParamsSharded) + m.current(C::kParamsReplicated) +
+                     m.current(C::kParamsGathered));
+  memory->set_grads(m.current(C::kGradsPersistent) + m.current(C::kGradsTransient));
+  memory->set_optimizer_state(m.current(C::kOptimizerState));
+  memory->set_activations(m.current(C::kActivations));
+  memory->set_comm_buffers(m.current(C::kCommBuffers));
+  memory->set_cached(m.current(C::kPoolCached));
+  if (plane != nullptr && plane->gather != nullptr && plane->reduce != nullptr) {
+    out->set_bytes_moved(Sum(plane->gather->bytes_sent()) + Sum(plane->reduce->bytes_sent()));
+  }
+  const ZeroEngine::CollectiveProgress progress = engine.Collectives();
+  out->set_gathers_entered(progress.gathers_entered);
+  out->set_reductions_entered(progress.reductions_entered);
+  if (progress.oldest.op != nullptr) {
+    v1::CollectiveInProgress* c = out->mutable_in_progress();
+    c->set_op(OpOf(progress.oldest.op));
+    c->set_unit(progress.oldest.unit);
+    c->set_seq(progress.oldest.seq);
+    c->set_started_unix_ms(absl::ToUnixMillis(progress.oldest.started));
+  } else {
+    out->clear_in_progress();
+  }
+}
+
+void ArrivalLag::Add(double lag_ms) {
+  lags_.push_back(lag_ms);
+  if (lags_.size() > kWindow) lags_.pop_front();
+}
+
+double ArrivalLag::Median() const {
+  if (lags_.size() < kWindow) return -1;
+  std::vector<double> sorted(lags_.begin(), lags_.end());
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
+std::function<void(const char*, int64_t)> StallBeforeGather(int64_t n,
+                                                            std::function<bool()> aborted) {
+  return [n, aborted = std::move(aborted)](const char* op, int64_t seq) {
+    if (std::strcmp(op, "all_gather") != 0 || seq != n) return;
+    while (!aborted()) absl::SleepFor(absl::Milliseconds(50));
+  };
+}
+
+}  // namespace zeroshard
