@@ -193,7 +193,9 @@ absl::Status Worker::LoadTask() {
 
 absl::Status Worker::Join() {
   EndGeneration();  // a generation left over from a failed run
-  if (metrics_.first_join_unix_ms == 0) metrics_.first_join_unix_ms = absl::ToUnixMillis(absl::Now());
+  if (metrics_.first_join_unix_ms == 0) {
+    metrics_.first_join_unix_ms = absl::ToUnixMillis(absl::Now());
+  }
   if (client_ == nullptr) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config_.client);
     if (!client.ok()) return Annotate(client.status(), "connect");

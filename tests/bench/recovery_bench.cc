@@ -76,7 +76,7 @@ struct JobSpec {
   std::string name;
   int world = 0;
   std::vector<std::string> flags;
-  int interval = 0;  // --snapshot_every and --checkpoint_every
+  int interval = 0;    // --snapshot_every and --checkpoint_every
   int kill_after = 0;  // rank 0's completed steps when the kill comes
   int steps = 0;
 };
@@ -100,9 +100,11 @@ JobSpec Mlp() {
   JobSpec j;
   j.name = "mlp";
   j.world = 2;
-  j.flags = {"--model=mlp", "--layers=20",       "--width=2000", "--activation=none",
-             "--batch=20",  "--stage=3",         "--optimizer=adam", "--lr=1e-4",
-             "--threads=1", "--collective_timeout=300s"};
+  j.flags = {"--model=mlp",      "--layers=20",
+             "--width=2000",     "--activation=none",
+             "--batch=20",       "--stage=3",
+             "--optimizer=adam", "--lr=1e-4",
+             "--threads=1",      "--collective_timeout=300s"};
   j.interval = 10;
   j.kill_after = 15;
   j.steps = 22;
@@ -129,7 +131,8 @@ int CompletedSteps(const std::string& log) {
   int last = 0;
   for (size_t p = log.find("\nstep "); p != std::string::npos; p = log.find("\nstep ", p + 1)) {
     int n = 0;
-    if (std::sscanf(log.c_str() + p + 6, "%d/", &n) == 1 && log.find('/', p + 6) < log.find(' ', p + 6)) {
+    if (std::sscanf(log.c_str() + p + 6, "%d/", &n) == 1 &&
+        log.find('/', p + 6) < log.find(' ', p + 6)) {
       last = std::max(last, n);
     }
   }
@@ -142,8 +145,11 @@ class Bench {
 
   nlohmann::json Run(const JobSpec& job, const std::string& mode) {
     const std::string id = absl::StrCat(job.name, "-", mode);
-    nlohmann::json out = {{"job", job.name}, {"world_size", job.world}, {"mode", mode},
-                          {"interval", job.interval}, {"load_before", LoadAverage()}};
+    nlohmann::json out = {{"job", job.name},
+                          {"world_size", job.world},
+                          {"mode", mode},
+                          {"interval", job.interval},
+                          {"load_before", LoadAverage()}};
     std::vector<std::string> flags = job.flags;
     flags.push_back(absl::StrCat("--steps=", job.steps));
     // Disk checkpoints where the recovery needs them (replace and shrink
@@ -154,8 +160,8 @@ class Bench {
     flags.push_back("--rejoin_timeout=120s");
     flags.push_back("--join_timeout_s=120");
     const bool w2_disk = mode == "disk" && job.world == 2;
-    flags.push_back(absl::StrCat("--snapshot_every=",
-                                 mode == "restart_all" || w2_disk ? 0 : job.interval));
+    flags.push_back(
+        absl::StrCat("--snapshot_every=", mode == "restart_all" || w2_disk ? 0 : job.interval));
     if (mode == "restart_all") flags.push_back("--max_recoveries=0");
     if (mode == "shrink") {
       flags.push_back(absl::StrCat("--min_world_size=", job.world - 1));
@@ -186,7 +192,8 @@ class Bench {
     std::vector<int> codes = cluster_->WaitWorkers(absl::Minutes(15));
     for (size_t r = 0; r < codes.size(); ++r) {
       const bool gone = mode == "shrink" && static_cast<int>(r) == victims[0];
-      if (!gone && codes[r] != 0) return Failed(out, absl::StrCat("worker ", r, " exited ", codes[r]), job.world);
+      if (!gone && codes[r] != 0)
+        return Failed(out, absl::StrCat("worker ", r, " exited ", codes[r]), job.world);
     }
     nlohmann::json report = cluster_->Report(id, 0);
     if (report.is_discarded() || report["recoveries"].empty()) {
@@ -196,7 +203,8 @@ class Bench {
     out["source"] = rec["source"];
     out["new_world_size"] = rec["world_size"];
     out["detection_s"] = (rec["confirmed_unix_ms"].get<double>() - kill_ms) / 1000;
-    out["rejoin_s"] = (rec["joined_unix_ms"].get<double>() - rec["confirmed_unix_ms"].get<double>()) / 1000;
+    out["rejoin_s"] =
+        (rec["joined_unix_ms"].get<double>() - rec["confirmed_unix_ms"].get<double>()) / 1000;
     out["restore_s"] = rec["restore_ms"].get<double>() / 1000;
     out["first_step_after_s"] = (rec["first_step_unix_ms"].get<double>() - kill_ms) / 1000;
     out["lost_steps"] = rec["failed_step"].get<int64_t>() - rec["restored_step"].get<int64_t>();
@@ -288,7 +296,8 @@ class Bench {
         absl::Minutes(5));
     std::vector<int> codes = cluster_->WaitWorkers(absl::Minutes(15));
     for (size_t r = 0; r < codes.size(); ++r) {
-      if (codes[r] != 0) return Failed(out, absl::StrCat("worker ", r, " exited ", codes[r]), job.world);
+      if (codes[r] != 0)
+        return Failed(out, absl::StrCat("worker ", r, " exited ", codes[r]), job.world);
     }
     if (first_ms == 0 || restored_step < 0) return Failed(out, "no restored step seen", job.world);
     out["source"] = "disk (restart all)";

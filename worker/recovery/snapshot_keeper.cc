@@ -1,7 +1,7 @@
 #include "worker/recovery/snapshot_keeper.h"
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -67,14 +67,13 @@ uint64_t BlobChecksum(const std::string& bytes) {
 absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64) {
   const int64_t header_length = HeaderLength(bytes);
   if (header_length < 0) {
-    return absl::DataLossError(absl::StrCat("snapshot blob of ", bytes.size(),
-                                            " bytes: shorter than its header says"));
+    return absl::DataLossError(
+        absl::StrCat("snapshot blob of ", bytes.size(), " bytes: shorter than its header says"));
   }
   if (BlobChecksum(bytes) != xxh64) {
-    return absl::DataLossError(absl::StrCat("snapshot blob of ", bytes.size(),
-                                            " bytes: header XXH64 ",
-                                            ChecksumToHex(BlobChecksum(bytes)), ", expected ",
-                                            ChecksumToHex(xxh64)));
+    return absl::DataLossError(
+        absl::StrCat("snapshot blob of ", bytes.size(), " bytes: header XXH64 ",
+                     ChecksumToHex(BlobChecksum(bytes)), ", expected ", ChecksumToHex(xxh64)));
   }
   nlohmann::json header =
       nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + header_length, nullptr, false);
@@ -109,16 +108,16 @@ absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, u
         !offsets[1].is_number_integer() || offsets[0].get<int64_t>() < 0 ||
         offsets[0].get<int64_t>() > offsets[1].get<int64_t>() ||
         offsets[1].get<int64_t>() > data_bytes || !checksums.contains(it.key())) {
-      return absl::DataLossError(absl::StrCat("snapshot blob tensor ", it.key(),
-                                              ": bad data_offsets or no checksum"));
+      return absl::DataLossError(
+          absl::StrCat("snapshot blob tensor ", it.key(), ": bad data_offsets or no checksum"));
     }
     const int64_t begin = offsets[0].get<int64_t>(), end = offsets[1].get<int64_t>();
     const std::string want = checksums[it.key()].get<std::string>();
-    const std::string got = ChecksumToHex(Checksum(bytes.data() + header_length + begin,
-                                                   static_cast<size_t>(end - begin)));
+    const std::string got = ChecksumToHex(
+        Checksum(bytes.data() + header_length + begin, static_cast<size_t>(end - begin)));
     if (got != want) {
-      return absl::DataLossError(absl::StrCat("snapshot blob tensor ", it.key(), ": XXH64 ", got,
-                                              ", expected ", want));
+      return absl::DataLossError(
+          absl::StrCat("snapshot blob tensor ", it.key(), ": XXH64 ", got, ", expected ", want));
     }
     ParsedShardTensorName parsed;
     if (!ParseShardTensorName(it.key(), &parsed)) continue;
@@ -283,9 +282,8 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   // Sizes and checksums first, then the blobs.
   uint64_t send_header[2] = {own->bytes.size(), own->xxh64};
   uint64_t recv_header[2] = {0, 0};
-  absl::Status s =
-      comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
-                     {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
+  absl::Status s = comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
+                                  {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
   if (!s.ok()) return s;
   // Tests only: stretch the transfer so that a kill lands inside it:
   // "MS" (every snapshot) or "MS@STEP" (the snapshot of STEP only).

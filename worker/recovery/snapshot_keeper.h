@@ -2,10 +2,10 @@
 // rank's shard state (master parameters, optimizer moments and step, the
 // data cursor in the metadata) goes into a host buffer in the shard-file
 // format (safetensors with an XXH64 per tensor), and the blob (with the
-// XXH64 of its header, which holds the tensors' XXH64s) is swapped with the buddies over the data plane's "snapshot"
-// context: rank r sends its blob to (r + k) mod W and keeps the blob of
-// (r - k) mod W, where k is the smallest shift that puts every rank's buddy
-// on another host (1 when the job runs on one host).
+// XXH64 of its header, which holds the tensors' XXH64s) is swapped with the buddies over the data
+// plane's "snapshot" context: rank r sends its blob to (r + k) mod W and keeps the blob of (r - k)
+// mod W, where k is the smallest shift that puts every rank's buddy on another host (1 when the job
+// runs on one host).
 //
 // Off the training thread. The shard state changes only in the optimizer
 // step, so the copy out of the engine runs on the keeper's thread while the
@@ -151,7 +151,7 @@ class SnapshotKeeper {
 
   mutable absl::Mutex mu_;
   std::map<Key, std::shared_ptr<SnapshotBlob>> blobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> pool_ ABSL_GUARDED_BY(mu_);   // free buffers
+  std::vector<std::string> pool_ ABSL_GUARDED_BY(mu_);    // free buffers
   std::map<int64_t, int> complete_ ABSL_GUARDED_BY(mu_);  // step -> 2 when own + received
   int64_t committed_ ABSL_GUARDED_BY(mu_) = -1;
   bool copying_ ABSL_GUARDED_BY(mu_) = false;    // the engine's state is being read

@@ -20,9 +20,9 @@ std::shared_ptr<ShardSnapshot> MakeSnapshot(int64_t step, float fill) {
   snap->optimizer = "adam";
   snap->optimizer_step = step;
   const std::vector<std::pair<ShardTensorKind, std::string>> tensors = {
-      {ShardTensorKind::kParams, "a"},   {ShardTensorKind::kParams, "b"},
-      {ShardTensorKind::kExpAvg, "a"},   {ShardTensorKind::kExpAvgSq, "a"},
-      {ShardTensorKind::kExpAvg, "b"},   {ShardTensorKind::kExpAvgSq, "b"}};
+      {ShardTensorKind::kParams, "a"}, {ShardTensorKind::kParams, "b"},
+      {ShardTensorKind::kExpAvg, "a"}, {ShardTensorKind::kExpAvgSq, "a"},
+      {ShardTensorKind::kExpAvg, "b"}, {ShardTensorKind::kExpAvgSq, "b"}};
   float v = fill;
   for (const auto& [kind, name] : tensors) {
     snap->entries.push_back({ShardTensorName(kind, name, 0, 3), DType::kF32, {3, 5}});
