@@ -140,8 +140,8 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
     }
     if (!Retryable(status) || absl::Now() + backoff >= deadline) {
       return absl::Status(status.code(),
-                          absl::StrCat("join of job '", job_id, "' as '", worker_id,
-                                       "' at ", options_.server, ": ", status.message()));
+                          absl::StrCat("join of job '", job_id, "' as '", worker_id, "' at ",
+                                       options_.server, ": ", status.message()));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -188,7 +188,8 @@ void Client::HeartbeatLoop(CommandHandler handler) {
   absl::Duration backoff = absl::Milliseconds(100);
   auto stopping = [this](absl::Duration wait) {
     absl::MutexLock lock(&mu_);
-    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_heartbeats_ || beat_now_; };
+    auto stop = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_heartbeats_ || beat_now_; };
     mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
     beat_now_ = false;
     return stop_heartbeats_;
@@ -305,16 +306,14 @@ absl::StatusOr<std::string> Client::StoreGet(const std::string& key, absl::Durat
 }
 
 absl::StatusOr<int64_t> Client::StoreAdd(const std::string& key, int64_t delta) {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::StoreAddRequest request;
   *request.mutable_member() = credentials();
   request.set_key(key);
   request.set_delta(delta);
-  v1::StoreAddResponse response;
-  absl::Status s = FromGrpcStatus(stub_->StoreAdd(&context, request, &response));
-  if (!s.ok()) return s;
-  return response.value();
+  absl::StatusOr<v1::StoreAddResponse> response =
+      Call(&v1::Coordinator::Stub::StoreAdd, request, options_.rpc_timeout);
+  if (!response.ok()) return response.status();
+  return response->value();
 }
 
 absl::Status Client::StoreWait(const std::vector<std::string>& keys, absl::Duration timeout) {
@@ -331,75 +330,57 @@ absl::Status Client::StoreWait(const std::vector<std::string>& keys, absl::Durat
 absl::StatusOr<std::string> Client::StoreCompareSet(const std::string& key,
                                                     const std::string& expected,
                                                     const std::string& desired) {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::StoreCompareSetRequest request;
   *request.mutable_member() = credentials();
   request.set_key(key);
   request.set_expected(expected);
   request.set_desired(desired);
-  v1::StoreCompareSetResponse response;
-  absl::Status s = FromGrpcStatus(stub_->StoreCompareSet(&context, request, &response));
-  if (!s.ok()) return s;
-  return std::move(*response.mutable_value());
+  absl::StatusOr<v1::StoreCompareSetResponse> response =
+      Call(&v1::Coordinator::Stub::StoreCompareSet, request, options_.rpc_timeout);
+  if (!response.ok()) return response.status();
+  return std::move(*response->mutable_value());
 }
 
 absl::StatusOr<bool> Client::StoreDelete(const std::string& key) {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::StoreDeleteRequest request;
   *request.mutable_member() = credentials();
   request.set_key(key);
-  v1::StoreDeleteResponse response;
-  absl::Status s = FromGrpcStatus(stub_->StoreDelete(&context, request, &response));
-  if (!s.ok()) return s;
-  return response.deleted();
+  absl::StatusOr<v1::StoreDeleteResponse> response =
+      Call(&v1::Coordinator::Stub::StoreDelete, request, options_.rpc_timeout);
+  if (!response.ok()) return response.status();
+  return response->deleted();
 }
 
 absl::StatusOr<bool> Client::StoreCheck(const std::vector<std::string>& keys) {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::StoreCheckRequest request;
   *request.mutable_member() = credentials();
   for (const std::string& k : keys) request.add_keys(k);
-  v1::StoreCheckResponse response;
-  absl::Status s = FromGrpcStatus(stub_->StoreCheck(&context, request, &response));
-  if (!s.ok()) return s;
-  return response.all_exist();
+  absl::StatusOr<v1::StoreCheckResponse> response =
+      Call(&v1::Coordinator::Stub::StoreCheck, request, options_.rpc_timeout);
+  if (!response.ok()) return response.status();
+  return response->all_exist();
 }
 
 absl::StatusOr<int64_t> Client::StoreNumKeys() {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::StoreNumKeysRequest request;
   *request.mutable_member() = credentials();
-  v1::StoreNumKeysResponse response;
-  absl::Status s = FromGrpcStatus(stub_->StoreNumKeys(&context, request, &response));
-  if (!s.ok()) return s;
-  return response.num_keys();
+  absl::StatusOr<v1::StoreNumKeysResponse> response =
+      Call(&v1::Coordinator::Stub::StoreNumKeys, request, options_.rpc_timeout);
+  if (!response.ok()) return response.status();
+  return response->num_keys();
 }
 
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_id) {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::GetStatusRequest request;
   request.set_job_id(job_id);
-  v1::GetStatusResponse response;
-  absl::Status s = FromGrpcStatus(stub_->GetStatus(&context, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Call(&v1::Coordinator::Stub::GetStatus, request, options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::GetHistoryResponse> Client::GetHistory(const std::string& job_id, int rank) {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::GetHistoryRequest request;
   request.set_job_id(job_id);
   request.set_rank(rank);
-  v1::GetHistoryResponse response;
-  absl::Status s = FromGrpcStatus(stub_->GetHistory(&context, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Call(&v1::Coordinator::Stub::GetHistory, request, options_.rpc_timeout);
 }
 
 absl::StatusOr<ShardPlan> Client::PlanShards(const ModelSpec& spec, const PlanOptions& options,
@@ -421,9 +402,9 @@ absl::StatusOr<ShardPlan> Client::PlanShards(const ModelSpec& spec, const PlanOp
         absl::StrCat("the plan is for world size ", plan.world_size, ", not ", world_size));
   }
   if (!valid.ok()) {
-    return absl::InternalError(absl::StrCat("the server at ", options_.server,
-                                            " returned a shard plan that fails validation: ",
-                                            valid.message()));
+    return absl::InternalError(
+        absl::StrCat("the server at ", options_.server,
+                     " returned a shard plan that fails validation: ", valid.message()));
   }
   return plan;
 }
@@ -437,8 +418,9 @@ absl::Status Client::HealthCheck() {
   absl::Status s = FromGrpcStatus(health->Check(&context, request, &response));
   if (!s.ok()) return s;
   if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-    return absl::UnavailableError(absl::StrCat(
-        "server is ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+    return absl::UnavailableError(
+        absl::StrCat("server is ",
+                     grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
   }
   return absl::OkStatus();
 }
@@ -470,8 +452,7 @@ absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
 }
 
 absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& file,
-                                            const std::string& local_path,
-                                            absl::Duration timeout) {
+                                            const std::string& local_path, absl::Duration timeout) {
   int fd = open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "cannot open", local_path);
   struct stat st;
@@ -520,14 +501,9 @@ absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& fil
 }
 
 absl::StatusOr<v1::ListCheckpointsResponse> Client::ListCheckpoints(const std::string& job_id) {
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
   v1::ListCheckpointsRequest request;
   request.set_job_id(job_id);
-  v1::ListCheckpointsResponse response;
-  absl::Status s = FromGrpcStatus(stub_->ListCheckpoints(&context, request, &response));
-  if (!s.ok()) return s;
-  return response;
+  return Call(&v1::Coordinator::Stub::ListCheckpoints, request, options_.rpc_timeout);
 }
 
 namespace {
@@ -552,8 +528,9 @@ absl::StatusOr<v1::ConsolidateSummary> Client::Consolidate(const v1::Consolidate
         return ErrnoStatus(errno, "cannot create output directory", out_path);
       }
       if (!IsDirectory(out_path)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--out ", out_path, " is a file; sharded output (max_shard_bytes > 0) needs a directory"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("--out ", out_path,
+                         " is a file; sharded output (max_shard_bytes > 0) needs a directory"));
       }
       out_dir = out_path;
     } else if (IsDirectory(out_path)) {
@@ -634,8 +611,8 @@ absl::StatusOr<v1::ConsolidateSummary> Client::Consolidate(const v1::Consolidate
   if (!s.ok()) return s;
   if (!summary.has_value()) return absl::DataLossError("the stream ended without a summary");
   if (file_received != file_size) {
-    return absl::DataLossError(absl::StrCat(state.file, ": ", file_received, " of ", file_size,
-                                            " bytes received"));
+    return absl::DataLossError(
+        absl::StrCat(state.file, ": ", file_received, " of ", file_size, " bytes received"));
   }
   if (streamed) {
     if (files.empty()) return absl::DataLossError("the server sent no file");

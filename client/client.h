@@ -59,8 +59,8 @@ struct JoinInfo {
 
 // What a consolidation reports as it goes.
 struct ConsolidateProgress {
-  int64_t work_done = 0;   // the server's progress: bytes verified, then bytes written
-  int64_t work_total = 0;  // 0 until the server's first progress message
+  int64_t work_done = 0;       // the server's progress: bytes verified, then bytes written
+  int64_t work_total = 0;      // 0 until the server's first progress message
   int64_t bytes_received = 0;  // output bytes received so far (streamed mode)
   int64_t bytes_expected = 0;  // output bytes announced so far (streamed mode)
   std::string file;            // the file being received
@@ -138,7 +138,7 @@ class Client {
   // TCPStore's compare_set: the value the key holds afterwards.
   absl::StatusOr<std::string> StoreCompareSet(const std::string& key, const std::string& expected,
                                               const std::string& desired);
-  absl::StatusOr<bool> StoreDelete(const std::string& key);        // false: there was none
+  absl::StatusOr<bool> StoreDelete(const std::string& key);               // false: there was none
   absl::StatusOr<bool> StoreCheck(const std::vector<std::string>& keys);  // never waits
   absl::StatusOr<int64_t> StoreNumKeys();
 
@@ -194,6 +194,19 @@ class Client {
   Client() = default;
   // Sets the bearer token and a deadline `timeout` from now.
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
+  // One unary call of `method` with a deadline `timeout` from now.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                              const Request&,
+                                                                              Response*),
+                                const Request& request, absl::Duration timeout) const {
+    grpc::ClientContext context;
+    Prepare(&context, timeout);
+    Response response;
+    absl::Status s = FromGrpcStatus((stub_.get()->*method)(&context, request, &response));
+    if (!s.ok()) return s;
+    return response;
+  }
   void HeartbeatLoop(CommandHandler handler);
 
   ClientOptions options_;

@@ -19,11 +19,11 @@
 // files are written directly in the worker's format. Everything is deleted
 // afterwards. Both runs read shard files that are in the page cache (they
 // were just written); no cache is dropped, so the comparison is warm vs warm.
-#include <sys/resource.h>
-#include <sys/statvfs.h>
-#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,19 +39,20 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/plan/plan_codec.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "common/table.h"
 #include "common/checksum.h"
+#include "common/plan/plan_codec.h"
 #include "common/safetensors.h"
+#include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/bench_json.h"
 #include "tests/testing/process.h"
 
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
@@ -115,8 +116,7 @@ struct Shard {
 // Writes rank `rank`'s shard file as the worker does: parameters, then both
 // Adam moments; checksums in the header, so values are generated twice
 // (hashed, then written), 4 MiB at a time.
-Shard WriteShard(const std::string& root, const v1::ShardPlan& plan, int rank,
-                 int64_t generation) {
+Shard WriteShard(const std::string& root, const v1::ShardPlan& plan, int rank, int64_t generation) {
   const char* prefixes[] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
   std::map<std::string, int> index;
   for (const v1::Unit& unit : plan.units()) {
@@ -133,11 +133,11 @@ Shard WriteShard(const std::string& root, const v1::ShardPlan& plan, int rank,
         int64_t row = 1;
         for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
         if (!shape.empty()) shape[0] = p.row_end() - p.row_begin();
-        entries.push_back({absl::StrCat(prefixes[kind], spec.name(), ":", p.row_begin(), "-",
-                                        p.row_end()),
-                           DType::kF32, shape});
-        sources.push_back({kind, index[spec.name()], p.row_begin() * row,
-                           (p.row_end() - p.row_begin()) * row});
+        entries.push_back(
+            {absl::StrCat(prefixes[kind], spec.name(), ":", p.row_begin(), "-", p.row_end()),
+             DType::kF32, shape});
+        sources.push_back(
+            {kind, index[spec.name()], p.row_begin() * row, (p.row_end() - p.row_begin()) * row});
       }
     }
   }
@@ -167,8 +167,8 @@ Shard WriteShard(const std::string& root, const v1::ShardPlan& plan, int rank,
                                   {"optimizer", "adam"},
                                   {"optimizer_step", absl::StrCat(kStep)},
                                   {"checksums", checksums.dump()}};
-  auto writer = SafetensorsWriter::Create(absl::StrCat(root, "/", shard.relative), entries,
-                                          metadata);
+  auto writer =
+      SafetensorsWriter::Create(absl::StrCat(root, "/", shard.relative), entries, metadata);
   Check(writer.status(), "create shard file");
   for (const Source& s : sources) {
     for (int64_t done = 0; done < s.count; done += kChunkFloats) {
@@ -431,9 +431,9 @@ int Main() {
                  "round %d (%s first): cat %.2f s (+fsync %.2f s), consolidate %.2f s "
                  "(ratio %.2f), on_server %.2f s; CPU s: cat %.2f, consolidate %.2f server + "
                  "%.2f client\n",
-                 round + 1, round % 2 == 0 ? "cat" : "consolidate", cat_s.back(),
-                 cat_sync_s.back(), consolidate_s.back(), ratios.back(), on_server_s.back(),
-                 cat_cpu.back(), consolidate_server_cpu.back(), consolidate_client_cpu.back());
+                 round + 1, round % 2 == 0 ? "cat" : "consolidate", cat_s.back(), cat_sync_s.back(),
+                 consolidate_s.back(), ratios.back(), on_server_s.back(), cat_cpu.back(),
+                 consolidate_server_cpu.back(), consolidate_client_cpu.back());
   }
   const int64_t vmhwm = testing::ProcStatusBytes(server->pid(), "VmHWM");
 
@@ -467,7 +467,8 @@ int Main() {
   const double server_seconds = Median(server_s);
   const double on_server_gbps = output_bytes / 1e9 / Median(on_server_s);
   auto spread = [](int64_t bytes, const std::vector<double>& seconds) {
-    return absl::StrFormat("%.2f-%.2f", bytes / 1e9 / *std::max_element(seconds.begin(), seconds.end()),
+    return absl::StrFormat("%.2f-%.2f",
+                           bytes / 1e9 / *std::max_element(seconds.begin(), seconds.end()),
                            bytes / 1e9 / *std::min_element(seconds.begin(), seconds.end()));
   };
   std::printf("%d alternating rounds; medians, and the range over the rounds\n", rounds);
@@ -492,54 +493,53 @@ int Main() {
                 absl::StrFormat("%.2f", on_server_gbps), spread(output_bytes, on_server_s)});
   std::printf("%s\n", table.ToString().c_str());
   std::string ratio_list;
-  for (double r : ratios) absl::StrAppend(&ratio_list, ratio_list.empty() ? "" : " ",
-                                          absl::StrFormat("%.2f", r));
-  std::printf("consolidation / cat(+fsync): %.2f of the medians (target >= 0.70); per round: %s; "
-              "vs cat without fsync: %.2f\n",
-              consolidation_gbps / cat_gbps, ratio_list.c_str(),
-              consolidation_gbps / cat_nosync_gbps);
-  std::printf("CPU seconds (medians): cat %.2f; consolidation %.2f in the server + %.2f in the "
-              "client\n",
-              Median(cat_cpu), Median(consolidate_server_cpu), Median(consolidate_client_cpu));
-  std::printf("server peak RSS during consolidation: %s sampled VmRSS, %s VmHWM (target <= 128 "
-              "MiB)\n",
-              HumanBytes(peak_rss).c_str(), HumanBytes(vmhwm).c_str());
+  for (double r : ratios)
+    absl::StrAppend(&ratio_list, ratio_list.empty() ? "" : " ", absl::StrFormat("%.2f", r));
+  std::printf(
+      "consolidation / cat(+fsync): %.2f of the medians (target >= 0.70); per round: %s; "
+      "vs cat without fsync: %.2f\n",
+      consolidation_gbps / cat_gbps, ratio_list.c_str(), consolidation_gbps / cat_nosync_gbps);
+  std::printf(
+      "CPU seconds (medians): cat %.2f; consolidation %.2f in the server + %.2f in the "
+      "client\n",
+      Median(cat_cpu), Median(consolidate_server_cpu), Median(consolidate_client_cpu));
+  std::printf(
+      "server peak RSS during consolidation: %s sampled VmRSS, %s VmHWM (target <= 128 "
+      "MiB)\n",
+      HumanBytes(peak_rss).c_str(), HumanBytes(vmhwm).c_str());
   std::printf("pause estimate: %.0f ms to copy one rank's %s shard into fresh host buffers\n",
               pause_ms, HumanBytes(rank_floats * 4.0).c_str());
 
-  if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    nlohmann::ordered_json j;
-    j["consolidation_gbps"] = consolidation_gbps;
-    j["cat_gbps"] = cat_gbps;
-    j["server_peak_rss_bytes"] = std::max(peak_rss, vmhwm);
-    j["pause_ms"] = pause_ms;
-    j["pause_ms_note"] =
-        "estimate: host copy of one rank's shard (params + Adam moments) into fresh buffers; "
-        "shard_worker reports the measured pause";
-    j["cat_gbps_note"] = "cat of the shard files into one file followed by fsync of it";
-    j["cat_nosync_gbps"] = cat_nosync_gbps;
-    j["rounds"] = rounds;
-    j["cat_cpu_seconds"] = Median(cat_cpu);
-    j["consolidation_server_cpu_seconds"] = Median(consolidate_server_cpu);
-    j["consolidation_client_cpu_seconds"] = Median(consolidate_client_cpu);
-    j["ratio_of_medians"] = consolidation_gbps / cat_gbps;
-    j["ratio_per_round"] = ratios;
-    auto rates = [](int64_t bytes, const std::vector<double>& seconds) {
-      std::vector<double> r;
-      for (double s : seconds) r.push_back(bytes / 1e9 / s);
-      return r;
-    };
-    j["consolidation_gbps_per_round"] = rates(output_bytes, consolidate_s);
-    j["cat_gbps_per_round"] = rates(shard_bytes, cat_sync_s);
-    j["server_seconds"] = server_seconds;
-    j["background_verify_seconds"] = background_verify_seconds;
-    j["on_server_gbps"] = on_server_gbps;
-    j["checkpoint_bytes"] = shard_bytes;
-    j["output_bytes"] = output_bytes;
-    j["world_size"] = world;
-    std::ofstream(absl::GetFlag(FLAGS_json_out)) << j.dump(2) << "\n";
-  }
-  return 0;
+  nlohmann::ordered_json j;
+  j["consolidation_gbps"] = consolidation_gbps;
+  j["cat_gbps"] = cat_gbps;
+  j["server_peak_rss_bytes"] = std::max(peak_rss, vmhwm);
+  j["pause_ms"] = pause_ms;
+  j["pause_ms_note"] =
+      "estimate: host copy of one rank's shard (params + Adam moments) into fresh buffers; "
+      "shard_worker reports the measured pause";
+  j["cat_gbps_note"] = "cat of the shard files into one file followed by fsync of it";
+  j["cat_nosync_gbps"] = cat_nosync_gbps;
+  j["rounds"] = rounds;
+  j["cat_cpu_seconds"] = Median(cat_cpu);
+  j["consolidation_server_cpu_seconds"] = Median(consolidate_server_cpu);
+  j["consolidation_client_cpu_seconds"] = Median(consolidate_client_cpu);
+  j["ratio_of_medians"] = consolidation_gbps / cat_gbps;
+  j["ratio_per_round"] = ratios;
+  auto rates = [](int64_t bytes, const std::vector<double>& seconds) {
+    std::vector<double> r;
+    for (double s : seconds) r.push_back(bytes / 1e9 / s);
+    return r;
+  };
+  j["consolidation_gbps_per_round"] = rates(output_bytes, consolidate_s);
+  j["cat_gbps_per_round"] = rates(shard_bytes, cat_sync_s);
+  j["server_seconds"] = server_seconds;
+  j["background_verify_seconds"] = background_verify_seconds;
+  j["on_server_gbps"] = on_server_gbps;
+  j["checkpoint_bytes"] = shard_bytes;
+  j["output_bytes"] = output_bytes;
+  j["world_size"] = world;
+  return WriteBenchJson(j, absl::GetFlag(FLAGS_json_out));
 }
 
 }  // namespace

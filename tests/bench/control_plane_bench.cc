@@ -32,6 +32,7 @@
 #include "client/client.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/bench_json.h"
 #include "tests/testing/process.h"
 
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
@@ -113,16 +114,15 @@ Joined JoinAll(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs, const
     requests[i].set_worker_id(absl::StrFormat("node%05d/0", i));
     requests[i].set_host("127.0.0.1");
     requests[i].set_skip_member_table(!member_table);
-    stubs[i % stubs.size()]->async()->Join(contexts[i].get(), &requests[i], &out.responses[i],
-                                           [&](grpc::Status s) {
-                                             if (!s.ok()) {
-                                               if (failures++ == 0) {
-                                                 std::fprintf(stderr, "join failed: %s\n",
-                                                              s.error_message().c_str());
-                                               }
-                                             }
-                                             done.DecrementCount();
-                                           });
+    stubs[i % stubs.size()]->async()->Join(
+        contexts[i].get(), &requests[i], &out.responses[i], [&](grpc::Status s) {
+          if (!s.ok()) {
+            if (failures++ == 0) {
+              std::fprintf(stderr, "join failed: %s\n", s.error_message().c_str());
+            }
+          }
+          done.DecrementCount();
+        });
   }
   done.Wait();
   out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -177,8 +177,8 @@ void FillTelemetry(v1::HeartbeatRequest* request) {
 // written once the previous beat's write and reply have both completed.
 class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  Beater(v1::Coordinator::Stub* stub, const v1::MemberCredentials& member,
-         std::atomic<bool>* stop, std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
+  Beater(v1::Coordinator::Stub* stub, const v1::MemberCredentials& member, std::atomic<bool>* stop,
+         std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
       : stop_(stop), replies_(replies), finished_(finished) {
     *request_.mutable_member() = member;
     FillTelemetry(&request_);
@@ -338,7 +338,8 @@ int Main() {
   nlohmann::ordered_json result;
   Table table({"MEASURE", "VALUE", "TARGET"});
   {
-    Server server = StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=65536"});
+    Server server =
+        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=65536"});
     auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
     for (int n : {1024, 4096}) {
       if (!absl::GetFlag(FLAGS_joins)) break;
@@ -346,7 +347,8 @@ int Main() {
       result["join_seconds"][absl::StrCat(n)] = joined.seconds;
       table.AddRow({absl::StrCat(n, " joins answered"), absl::StrFormat("%.3f s", joined.seconds),
                     n == 4096 ? "< 2 s" : ""});
-      if (joined.failures > 0) table.AddRow({"  join failures", absl::StrCat(joined.failures), "0"});
+      if (joined.failures > 0)
+        table.AddRow({"  join failures", absl::StrCat(joined.failures), "0"});
     }
     // With the member table in every response: W² entries on the wire.
     for (int n : {1024, 4096}) {
@@ -378,9 +380,9 @@ int Main() {
     // /metrics of one job of `members` ranks, every rank with full
     // telemetry: the time curl measures for the whole response (median of 9).
     std::string dir = testing::MakeTempDir("cpbench-metrics");
-    Server server = StartServer(binary, {"--heartbeat_timeout_ms=600000",
-                                         "--metrics_listen=127.0.0.1:0",
-                                         "--metrics_port_file=" + dir + "/mport"});
+    Server server =
+        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--metrics_listen=127.0.0.1:0",
+                             "--metrics_port_file=" + dir + "/mport"});
     std::string mport;
     testing::WaitFor(
         [&] {
@@ -423,16 +425,13 @@ int Main() {
     double detection = DetectionSeconds(server.address, 100);
     result["detection_seconds"] = detection;
     result["heartbeat_timeout_seconds"] = kTimeoutMs / 1000.0;
-    table.AddRow({"failure detection (timeout 1 s)", absl::StrFormat("%.3f s", detection),
-                  "<= 1.5 s"});
+    table.AddRow(
+        {"failure detection (timeout 1 s)", absl::StrFormat("%.3f s", detection), "<= 1.5 s"});
     server.process->Signal(SIGTERM);
     server.process->Wait(absl::Seconds(10));
   }
   std::printf("%s", table.ToString().c_str());
-  if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_json_out)) << result.dump(2) << "\n";
-  }
-  return 0;
+  return WriteBenchJson(result, absl::GetFlag(FLAGS_json_out));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // activation, batch 20 per rank, Adam, W = 2, on this machine's CPUs with
 // Gloo over loopback. Runs a real shard_server and shard_worker processes.
 //
-//   bazel run -c opt //tests/bench:engine_bench -- [--json_out=FILE] [--steps=N] [--rounds=R] [--shm=false]
+//   bazel run -c opt //tests/bench:engine_bench -- [--json_out=FILE] [--steps=N] [--rounds=R]
+//   [--shm=false]
 //
 // Per stage: median step time, model-state bytes beside the ZeRO formula,
 // peak bytes, communication bytes per step; stage 3 with prefetch 0 vs 1;
@@ -23,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/bench_json.h"
 #include "tests/testing/cluster.h"
 
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
@@ -55,20 +57,19 @@ int Main() {
   if (!cluster.ok()) return 1;
   auto run = [&](int stage, int prefetch) -> Result {
     std::string job = absl::StrCat("stage", stage, "-prefetch", prefetch);
-    std::vector<std::string> flags = {
-        "--model=mlp",
-        absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
-        absl::StrCat("--width=", absl::GetFlag(FLAGS_width)),
-        "--activation=none",
-        absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
-        absl::StrCat("--steps=", steps),
-        absl::StrCat("--stage=", stage),
-        absl::StrCat("--prefetch=", prefetch),
-        "--optimizer=adam",
-        "--lr=1e-4",
-        "--threads=1",
-        "--collective_timeout=300s",
-        absl::StrCat("--shm=", absl::GetFlag(FLAGS_shm))};
+    std::vector<std::string> flags = {"--model=mlp",
+                                      absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
+                                      absl::StrCat("--width=", absl::GetFlag(FLAGS_width)),
+                                      "--activation=none",
+                                      absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
+                                      absl::StrCat("--steps=", steps),
+                                      absl::StrCat("--stage=", stage),
+                                      absl::StrCat("--prefetch=", prefetch),
+                                      "--optimizer=adam",
+                                      "--lr=1e-4",
+                                      "--threads=1",
+                                      "--collective_timeout=300s",
+                                      absl::StrCat("--shm=", absl::GetFlag(FLAGS_shm))};
     Result r;
     if (!cluster.Run(job, world, flags, absl::Minutes(20))) {
       std::fprintf(stderr, "run %s failed\n", job.c_str());
@@ -114,8 +115,8 @@ int Main() {
   };
 
   nlohmann::ordered_json json;
-  Table table({"STAGE", "PREFETCH", "STEP ms", "RANGE", "FWD", "BWD", "GATHER WAIT",
-               "REDUCE WAIT", "OPTIM", "MODEL STATE", "FORMULA", "PEAK", "COMM/STEP"});
+  Table table({"STAGE", "PREFETCH", "STEP ms", "RANGE", "FWD", "BWD", "GATHER WAIT", "REDUCE WAIT",
+               "OPTIM", "MODEL STATE", "FORMULA", "PEAK", "COMM/STEP"});
   Result stage0;
   for (int stage = 0; stage <= 3; ++stage) {
     Result r = results[stage];
@@ -151,10 +152,7 @@ int Main() {
   std::printf("stage 3 / stage 0 step time: %.3f (target <= 1.15); comm: %.3f (expected ~1.5)\n",
               json["stage3_vs_stage0_step_time"].get<double>(),
               json["stage3_vs_stage0_comm"].get<double>());
-  if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_json_out)) << json.dump(2) << "\n";
-  }
-  return 0;
+  return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }
 
 }  // namespace

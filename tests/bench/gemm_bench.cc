@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/bench_json.h"
 
 ABSL_FLAG(std::string, libs,
           "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0,"
@@ -174,8 +175,5 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("%s", table.ToString().c_str());
-  if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_json_out)) << json.dump(2) << "\n";
-  }
-  return 0;
+  return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/bench_json.h"
 #include "tests/testing/cluster.h"
 
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
@@ -75,10 +76,7 @@ int Main() {
     }
   }
   std::printf("%s", table.ToString().c_str());
-  if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_json_out)) << json.dump(2) << "\n";
-  }
-  return 0;
+  return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }
 
 }  // namespace

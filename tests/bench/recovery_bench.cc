@@ -59,6 +59,7 @@
 #include "absl/time/clock.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/bench_json.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/process.h"
 
@@ -384,10 +385,7 @@ int Main() {
                   target, r["load_before"]});
   }
   std::printf("%s", table.ToString().c_str());
-  if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_json_out)) << results.dump(2) << "\n";
-  }
-  return 0;
+  return WriteBenchJson(results, absl::GetFlag(FLAGS_json_out));
 }
 
 }  // namespace

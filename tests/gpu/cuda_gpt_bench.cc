@@ -32,6 +32,7 @@
 #include "common/plan/planner.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/bench_json.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/comm/nccl_communicator.h"
@@ -241,10 +242,7 @@ int Main() {
     }
   }
   std::printf("%s", table.ToString().c_str());
-  if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_json_out)) << json.dump(2) << "\n";
-  }
-  return 0;
+  return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }
 
 }  // namespace

@@ -73,7 +73,11 @@ class Ours:
             args = [os.path.join(self.bin_dir, "worker/shard_worker"), "--server=" + self.address,
                     "--job=" + job, f"--world_size={world}", f"--worker_id=w{r}",
                     "--host=127.0.0.1", f"--report={self.tmp}/{job}-{r}.json",
-                    "--collective_timeout=600s"] + flags
+                    "--collective_timeout=600s",
+                    # The peers keep no in-memory recovery snapshots; ours are off here too
+                    # (they hold 4 copies of the rank's shard state in host memory: README
+                    # "Recovery").
+                    "--snapshot_every=0"] + flags
             log = open(f"{self.tmp}/{job}-w{r}.log", "w")
             procs.append(subprocess.Popen(args, stdout=log, stderr=log))
         rss = []
