@@ -175,5 +175,5 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("%s", table.ToString().c_str());
-  return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
+  return zeroshard::WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }
