@@ -112,7 +112,7 @@ zs_run_workers() {
     zs_start_worker "$out" "$job" "$world" "$r" "$@"
   done
   # Worker local/0 prints the progress; -F follows its log across restarts.
-  tail -n +1 -F "$out/worker-0.log" 2>/dev/null >&2 &
+  tail -n +1 -F "$out/worker-0.log" >&2 2>/dev/null &
   local tail_pid=$!
   local remaining=$world failed=""
   while ((remaining > 0)); do
