@@ -79,22 +79,6 @@ class CudaGptModel : public TokenModel {
   DType matmul_dtype() const { return matmul_dtype_; }
 
  private:
-  // Unit 0's and a block's tensors, in Spec() order (as GptModel's).
-  enum EmbedParam { kWte, kWpe, kLnfW, kLnfB };
-  enum BlockParam {
-    kLn1W,
-    kLn1B,
-    kAttnW,
-    kAttnB,
-    kAttnProjW,
-    kAttnProjB,
-    kLn2W,
-    kLn2B,
-    kFcW,
-    kFcB,
-    kFcProjW,
-    kFcProjB,
-  };
   // What block l keeps from forward for backward (P = max positions).
   struct BlockActs {
     float *ln1, *ln1_mean, *ln1_rstd;  // [P,C], [P], [P]

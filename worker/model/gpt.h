@@ -49,6 +49,27 @@ class TokenModel : public Model {
   // pass into `out` (host memory). Valid once the last op ran forward.
   virtual absl::Status LogitsRowToHost(int64_t position, float* out) const = 0;
   virtual const GptConfig& config() const = 0;
+
+ protected:
+  // Positions of the tensors within unit 0 and within a block's unit (the
+  // order of Spec(), which is Hugging Face's state_dict order), the same in
+  // every implementation.
+  enum EmbedParam { kWte, kWpe, kLnfW, kLnfB, kNumEmbedParams };
+  enum BlockParam {
+    kLn1W,
+    kLn1B,
+    kAttnW,
+    kAttnB,
+    kAttnProjW,
+    kAttnProjB,
+    kLn2W,
+    kLn2B,
+    kFcW,
+    kFcB,
+    kFcProjW,
+    kFcProjB,
+    kNumBlockParams
+  };
 };
 
 class GptModel : public TokenModel {
@@ -85,25 +106,6 @@ class GptModel : public TokenModel {
                 float* out) const override;
 
  private:
-  // Positions of the tensors within unit 0 and within a block's unit (the
-  // order of Spec(), which is Hugging Face's state_dict order).
-  enum EmbedParam { kWte, kWpe, kLnfW, kLnfB, kNumEmbedParams };
-  enum BlockParam {
-    kLn1W,
-    kLn1B,
-    kAttnW,
-    kAttnB,
-    kAttnProjW,
-    kAttnProjB,
-    kLn2W,
-    kLn2B,
-    kFcW,
-    kFcB,
-    kFcProjW,
-    kFcProjB,
-    kNumBlockParams
-  };
-
   // What block l keeps from forward for backward (N = b*t positions).
   struct BlockActs {
     std::vector<float> ln1, ln1_mean, ln1_rstd;  // [N,C], [N], [N]
