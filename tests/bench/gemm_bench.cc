@@ -141,11 +141,12 @@ int main(int argc, char** argv) {
         lib.cblas = reinterpret_cast<CblasSgemm>(dlsym(h, "cblas_sgemm"));
         lib.dnnl = reinterpret_cast<DnnlSgemm>(dlsym(h, "dnnl_sgemm"));
         if (lib.cblas == nullptr && lib.dnnl == nullptr) _exit(3);
-        for (const char* name : {"openblas_set_num_threads", "bli_thread_set_num_threads"}) {
+        // dlsym on the library's handle also searches what it depends on: the
+        // OpenMP runtime it loaded (RTLD_LOCAL keeps that out of
+        // RTLD_DEFAULT's reach, so oneDNN used to run on every core).
+        for (const char* name :
+             {"openblas_set_num_threads", "bli_thread_set_num_threads", "omp_set_num_threads"}) {
           if (auto f = reinterpret_cast<void (*)(int)>(dlsym(h, name))) f(threads);
-        }
-        if (auto f = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) {
-          f(threads);
         }
         const Times t = TimeStep(lib, absl::GetFlag(FLAGS_reps));
         if (write(fds[1], &t, sizeof(t)) != sizeof(t)) _exit(4);
