@@ -271,6 +271,44 @@ void MseBackward(float* dpred, const float* pred, const float* target, int64_t n
 
 namespace {
 
+// LayerNorm's row sums run in double over kSumLanes interleaved partial sums
+// (element j goes to lane j % kSumLanes), combined pairwise at the end: the
+// same order on every CPU and thread count, and 8 independent additions the
+// compiler can put in vector registers (one running double sum was a chain of
+// dependent additions: most of LayerNorm's time).
+constexpr int kSumLanes = 8;
+
+inline double CombineLanes(const double* lane) {
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+inline __attribute__((always_inline)) double SumLanes(const float* __restrict x, int64_t c) {
+  double lane[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= c; j += kSumLanes) {
+    for (int k = 0; k < kSumLanes; ++k) lane[k] += x[j + k];
+  }
+  for (int k = 0; j < c; ++j, ++k) lane[k] += x[j];
+  return CombineLanes(lane);
+}
+
+inline __attribute__((always_inline)) double SquaredDeviationLanes(const float* __restrict x,
+                                                                    int64_t c, double m) {
+  double lane[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= c; j += kSumLanes) {
+    for (int k = 0; k < kSumLanes; ++k) {
+      const double d = x[j + k] - m;
+      lane[k] += d * d;
+    }
+  }
+  for (int k = 0; j < c; ++j, ++k) {
+    const double d = x[j] - m;
+    lane[k] += d * d;
+  }
+  return CombineLanes(lane);
+}
+
 ZS_VECTOR_CLONES void LayerNormForwardRows(float* __restrict out, float* __restrict mean,
                                            float* __restrict rstd, const float* __restrict x,
                                            const float* __restrict w, const float* __restrict b,
@@ -279,15 +317,8 @@ ZS_VECTOR_CLONES void LayerNormForwardRows(float* __restrict out, float* __restr
     const float* x_i = x + i * c;
     // Two passes in double: the variance of activations with a large mean
     // loses everything to cancellation in a one-pass float sum.
-    double sum = 0.0;
-    for (int64_t j = 0; j < c; ++j) sum += x_i[j];
-    const double m = sum / static_cast<double>(c);
-    double sq = 0.0;
-    for (int64_t j = 0; j < c; ++j) {
-      const double d = x_i[j] - m;
-      sq += d * d;
-    }
-    const double var = sq / static_cast<double>(c);  // biased, as PyTorch
+    const double m = SumLanes(x_i, c) / static_cast<double>(c);
+    const double var = SquaredDeviationLanes(x_i, c, m) / static_cast<double>(c);  // biased
     const float s = static_cast<float>(1.0 / std::sqrt(var + kLayerNormEps));
     const float mf = static_cast<float>(m);
     float* out_i = out + i * c;
@@ -309,13 +340,25 @@ ZS_VECTOR_CLONES void LayerNormBackwardRows(float* __restrict dx, const float* _
     const float* dout_i = dout + i * c;
     const float m = mean[i];
     const float s = rstd[i];
-    double g_sum = 0.0, g_xhat_sum = 0.0;
-    for (int64_t j = 0; j < c; ++j) {
+    // kSumLanes partial sums in a fixed order, as in the forward.
+    double g_lane[kSumLanes] = {}, gx_lane[kSumLanes] = {};
+    int64_t j = 0;
+    for (; j + kSumLanes <= c; j += kSumLanes) {
+      for (int k = 0; k < kSumLanes; ++k) {
+        const float xhat = (x_i[j + k] - m) * s;
+        const float g = dout_i[j + k] * w[j + k];
+        g_lane[k] += g;
+        gx_lane[k] += static_cast<double>(g) * xhat;
+      }
+    }
+    for (int k = 0; j < c; ++j, ++k) {
       const float xhat = (x_i[j] - m) * s;
       const float g = dout_i[j] * w[j];
-      g_sum += g;
-      g_xhat_sum += static_cast<double>(g) * xhat;
+      g_lane[k] += g;
+      gx_lane[k] += static_cast<double>(g) * xhat;
     }
+    const double g_sum = CombineLanes(g_lane);
+    const double g_xhat_sum = CombineLanes(gx_lane);
     const float g_mean = static_cast<float>(g_sum / static_cast<double>(c));
     const float g_xhat_mean = static_cast<float>(g_xhat_sum / static_cast<double>(c));
     float* dx_i = dx + i * c;
