@@ -28,6 +28,7 @@
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/kv_gloo_store.h"
 #include "worker/comm/shm_exchange.h"
+#include "worker/comm/shm_gather.h"
 
 namespace zeroshard {
 namespace {
@@ -284,10 +285,94 @@ GlooCommunicator::GlooCommunicator(int rank, int world_size, std::string tag,
 std::string GlooCommunicator::transport() const { return shm_ != nullptr ? "shm" : "tcp"; }
 
 int64_t GlooCommunicator::shm_segment_bytes() const {
-  return shm_ != nullptr ? shm_->segment_bytes() : 0;
+  return (shm_ != nullptr ? shm_->segment_bytes() : 0) +
+         (shm_gather_ != nullptr ? shm_gather_->segment_bytes() : 0);
+}
+
+// The SharedGather interface over this communicator's ShmGather: the
+// communicator's checks, failure handling and byte counters around it.
+class GlooCommunicator::SharedGatherImpl : public SharedGather {
+ public:
+  SharedGatherImpl(GlooCommunicator* comm, ShmGather* gather) : comm_(comm), gather_(gather) {}
+  int regions() const override { return gather_->regions(); }
+  int64_t region_bytes() const override { return gather_->region_bytes(); }
+
+  absl::StatusOr<Result> Gather(const void* shard, const std::vector<ShardBlock>& blocks,
+                                DType dtype, absl::Duration timeout) override {
+    static constexpr char kName[] = "all_gather";
+    BlockGroups g;
+    // `full` is the region: never null.
+    absl::Status s = comm_->CheckBlockCall(kName, blocks, dtype, timeout, /*full=*/this, shard, &g);
+    if (!s.ok()) return s;
+    const size_t esize = DTypeSize(dtype);
+    if (g.full_extent * static_cast<int64_t>(esize) > gather_->region_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kName, ": the blocks reach ", g.full_extent * esize,
+                       " bytes into the full buffer; the shared gather's regions hold ",
+                       gather_->region_bytes()));
+    }
+    const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+    Result result;
+    s = comm_->RunShm(kName, timeout, [&]() -> absl::Status {
+      absl::StatusOr<const void*> full = gather_->Gather(shard, g, dtype, deadline, &result.ticket);
+      if (!full.ok()) return full.status();
+      result.full = *full;
+      comm_->all_gather_bytes_.fetch_add(
+          RingAllGatherBytes(g, comm_->rank_, comm_->world_size_, esize));
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return result;
+  }
+
+  void Release(int64_t ticket) override { gather_->Release(ticket); }
+
+ private:
+  GlooCommunicator* const comm_;
+  ShmGather* const gather_;
+};
+
+absl::StatusOr<SharedGather*> GlooCommunicator::MakeSharedGather(int regions,
+                                                                 int64_t region_bytes,
+                                                                 absl::Duration timeout) {
+  static constexpr char kName[] = "make_shared_gather";
+  if (shm_ == nullptr) {
+    shared_gather_note_ = "not over shared memory";
+    return nullptr;
+  }
+  absl::Status status = CheckCall(kName, 0, DType::kF32, timeout);
+  if (!status.ok()) return status;
+  if (shm_gather_ != nullptr) {
+    // Every rank made the same one, so every rank answers alike.
+    if (regions <= shm_gather_->regions() && region_bytes <= shm_gather_->region_bytes()) {
+      return shared_gather_.get();
+    }
+    shared_gather_note_ = "a smaller shared gather exists already";
+    return nullptr;
+  }
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  std::unique_ptr<ShmGather> made;
+  status = RunShm(kName, timeout, [&]() -> absl::Status {
+    absl::StatusOr<std::unique_ptr<ShmGather>> created = ShmGather::Create(
+        shm_.get(), rank_, world_size_, regions, region_bytes, deadline, &shared_gather_note_);
+    if (!created.ok()) return created.status();
+    made = *std::move(created);
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  if (made == nullptr) return nullptr;
+  shared_gather_note_ = absl::StrCat(regions, " regions of ", made->region_bytes() >> 20,
+                                     " MiB in shared memory");
+  shm_gather_ = std::move(made);
+  shared_gather_ = std::make_unique<SharedGatherImpl>(this, shm_gather_.get());
+  shm_gather_for_abort_.store(shm_gather_.get());
+  return shared_gather_.get();
 }
 
 GlooCommunicator::~GlooCommunicator() {
+  shm_gather_for_abort_.store(nullptr);
+  shared_gather_.reset();
+  shm_gather_.reset();
   shm_.reset();
   // Destroying the context closes its sockets (peers read EOF); the device
   // (and its event-loop thread) goes after every context using it.
@@ -329,6 +414,7 @@ void GlooCommunicator::Abort() {
   // Shared memory: waiters (here and on the peers) watch the segment's
   // failed flag.
   if (shm_ != nullptr) shm_->Abort();
+  if (ShmGather* gather = shm_gather_for_abort_.load(); gather != nullptr) gather->Abort();
   if (world_size_ == 1) return;
   // The rings here: end their wait directly. (Gloo ends a wait on a pair
   // that an error already closed only at the wait's timeout.)
@@ -449,6 +535,7 @@ absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
   // failed and close every connection so that peers blocked in this
   // collective fail now rather than at their timeout.
   if (shm_ != nullptr) shm_->Abort();
+  if (shm_gather_ != nullptr) shm_gather_->Abort();
   try {
     context_->closeConnections();
   } catch (const std::exception&) {

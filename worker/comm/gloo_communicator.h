@@ -84,6 +84,7 @@ class UnboundBuffer;
 namespace zeroshard {
 
 class ShmExchange;
+class ShmGather;
 struct BlockGroups;
 
 class GlooCommunicator : public Communicator {
@@ -152,6 +153,16 @@ class GlooCommunicator : public Communicator {
 
   CollectiveBytes bytes_sent() const override;
   void Abort() override;
+
+  // Over shared memory: a SharedGather (shm_gather.h) whose segment is made
+  // here, collectively, through this communicator's exchange; counted in
+  // shm_segment_bytes(). nullptr on TCP or when some rank cannot map it
+  // (shared_gather_note() says why). Once made, a later call with a geometry
+  // that fits returns the same object, else nullptr. Call it from the
+  // thread that runs this communicator's collectives.
+  absl::StatusOr<SharedGather*> MakeSharedGather(int regions, int64_t region_bytes,
+                                                 absl::Duration timeout) override;
+  const std::string& shared_gather_note() const { return shared_gather_note_; }
 
   // Point to point, bytes: posts every send and receive, then waits for all
   // (one deadline of `timeout`). A message is matched by (peer, tag) in
@@ -235,6 +246,11 @@ class GlooCommunicator : public Communicator {
 
   std::unique_ptr<ShmExchange> shm_;  // null: TCP
   std::string transport_note_;
+  class SharedGatherImpl;
+  std::unique_ptr<ShmGather> shm_gather_;  // MakeSharedGather's
+  std::unique_ptr<SharedGatherImpl> shared_gather_;
+  std::atomic<ShmGather*> shm_gather_for_abort_{nullptr};
+  std::string shared_gather_note_;
 
   // OK while usable; only the thread calling collectives touches it.
   absl::Status broken_;
