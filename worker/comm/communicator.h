@@ -1,5 +1,7 @@
 // Collectives over the ranks of one job generation. Implementations:
-// GlooCommunicator (host memory, CPUs) and NcclCommunicator (device memory).
+// GlooCommunicator (TCP) and ShmCommunicator (shared memory on one host),
+// chosen by CreateHostCommunicator (host_communicator.h), for host memory;
+// NcclCommunicator for device memory.
 //
 // Every call has a timeout and returns DEADLINE_EXCEEDED (or UNAVAILABLE when
 // a peer is gone) naming the collective, instead of waiting forever. Buffers

@@ -1,4 +1,4 @@
-// ShmExchange: the bulk collectives of GlooCommunicator (all-gather and
+// ShmExchange: the bulk collectives of ShmCommunicator (all-gather and
 // reduce-scatter over block layouts) through one shared-memory segment, for
 // jobs whose ranks all run on one host.
 //

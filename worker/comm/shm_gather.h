@@ -1,4 +1,4 @@
-// ShmGather: the mechanics of GlooCommunicator's SharedGather
+// ShmGather: the mechanics of ShmCommunicator's SharedGather
 // (communicator.h) — all-gathers into buffers in host-shared memory that
 // every rank reads in place, for jobs whose ranks all run on one host and
 // already share a ShmExchange.

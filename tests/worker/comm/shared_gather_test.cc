@@ -71,13 +71,13 @@ std::vector<float> Expected(const std::vector<ShardBlock>& blocks, int64_t full)
   return out;
 }
 
-std::vector<SharedGather*> MakeAll(std::vector<std::unique_ptr<GlooCommunicator>>* comms,
+std::vector<SharedGather*> MakeAll(std::vector<std::unique_ptr<HostCommunicator>>* comms,
                                    int regions, int64_t region_bytes) {
   std::vector<SharedGather*> gathers(comms->size());
   RunThreads(static_cast<int>(comms->size()), [&](int r) {
     absl::StatusOr<SharedGather*> g = (*comms)[r]->MakeSharedGather(regions, region_bytes, kTimeout);
     ASSERT_TRUE(g.ok()) << g.status();
-    ASSERT_NE(*g, nullptr) << (*comms)[r]->shared_gather_note();
+    ASSERT_NE(*g, nullptr) << (*comms)[r]->transport_note();
     gathers[r] = *g;
   });
   return gathers;
@@ -321,11 +321,11 @@ std::string TempDir() {
   return made != nullptr ? std::string(made) : "";
 }
 
-std::unique_ptr<GlooCommunicator> Connect(KeyValueStore* store, int rank) {
+std::unique_ptr<HostCommunicator> Connect(KeyValueStore* store, int rank) {
   GlooCommunicator::Options options;
   options.connect_timeout = absl::Seconds(20);
   options.shm_slot_bytes = 8192;
-  auto comm = GlooCommunicator::Create(store, rank, 2, "gather", options);
+  auto comm = CreateHostCommunicator(store, rank, 2, "gather", options);
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     return nullptr;
@@ -348,7 +348,7 @@ void PeerKilledMidGather(bool holds) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     close(ready[0]);
-    std::unique_ptr<GlooCommunicator> comm = Connect(&store, 1);
+    std::unique_ptr<HostCommunicator> comm = Connect(&store, 1);
     if (comm == nullptr) _exit(2);
     absl::StatusOr<SharedGather*> g = comm->MakeSharedGather(1, 8000, kTimeout);
     if (!g.ok() || *g == nullptr) _exit(3);
@@ -369,11 +369,11 @@ void PeerKilledMidGather(bool holds) {
       waitpid(pid, nullptr, 0);
     }
   } reap{child};
-  std::unique_ptr<GlooCommunicator> comm = Connect(&store, 0);
+  std::unique_ptr<HostCommunicator> comm = Connect(&store, 0);
   ASSERT_NE(comm, nullptr);
   absl::StatusOr<SharedGather*> g = comm->MakeSharedGather(1, 8000, kTimeout);
   ASSERT_TRUE(g.ok()) << g.status();
-  ASSERT_NE(*g, nullptr) << comm->shared_gather_note();
+  ASSERT_NE(*g, nullptr) << comm->transport_note();
   std::vector<float> shard(1000, 1.0f);
   auto first = (*g)->Gather(shard.data(), blocks, DType::kF32, kTimeout);
   ASSERT_TRUE(first.ok()) << first.status();

@@ -75,9 +75,9 @@ RunResult Train(const RunConfig& config) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < config.world; ++rank) {
     threads.emplace_back([&, rank] {
-      auto gather = GlooCommunicator::Create(&store, rank, config.world, "gather");
-      auto reduce = GlooCommunicator::Create(&store, rank, config.world, "reduce");
-      auto aux = GlooCommunicator::Create(&store, rank, config.world, "aux");
+      auto gather = CreateHostCommunicator(&store, rank, config.world, "gather");
+      auto reduce = CreateHostCommunicator(&store, rank, config.world, "reduce");
+      auto aux = CreateHostCommunicator(&store, rank, config.world, "aux");
       ASSERT_TRUE(gather.ok() && reduce.ok() && aux.ok()) << gather.status();
       auto model = MlpModel::Create(mlp);
       ASSERT_TRUE(model.ok());
