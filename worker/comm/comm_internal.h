@@ -19,7 +19,6 @@ inline constexpr absl::Duration kMaxTimeout = absl::Hours(100);
 
 inline bool Supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
 
-
 inline int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Bytes rank `rank` sends in the ring all-gather (step s forwards group

@@ -26,18 +26,18 @@
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
-#include "worker/comm/kv_gloo_store.h"
 #include "worker/comm/comm_internal.h"
+#include "worker/comm/kv_gloo_store.h"
 #include "worker/comm/shm_exchange.h"
 
 namespace zeroshard {
 namespace {
 
-using gloo::transport::UnboundBuffer;
 using comm_internal::ChunkBlocks;
 using comm_internal::kMaxTimeout;
 using comm_internal::Mod;
 using comm_internal::Supported;
+using gloo::transport::UnboundBuffer;
 
 // Slots of the ring algorithms implemented here. Gloo's own collectives use
 // prefixes 0x01..0x08 in the top byte (gloo/types.h); these stay clear of
@@ -54,7 +54,6 @@ constexpr uint64_t kPointToPointSlot = uint64_t{0x46} << 56;
 // Never sent on: Abort() waits for a message here to make a wait time out.
 constexpr uint64_t kAbortSlot = uint64_t{0x45} << 56;
 
-
 // Rounds up to whole milliseconds; at least 1 ms (Gloo treats 0 as "no
 // timeout" in places), at most kMaxTimeout.
 std::chrono::milliseconds ToMillis(absl::Duration d) {
@@ -66,7 +65,6 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
 std::chrono::milliseconds Remaining(absl::Time deadline) {
   return ToMillis(deadline - absl::Now());
 }
-
 
 // dst[i] = (received[i] + own[i]) / divisor, added in f32 and rounded once to
 // `dtype`. dst may alias received or own.
@@ -92,7 +90,6 @@ void Accumulate(DType dtype, const void* received, const void* own, void* dst, i
     d[i] = FloatToBF16(sum);
   }
 }
-
 
 // Number of sends of rank `rank` in Gloo's binomial-tree broadcast from
 // `root` (mirrors gloo/broadcast.cc).
@@ -362,8 +359,8 @@ absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
 
 absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
                                      absl::StatusCode code, const std::string& detail) {
-  const std::string where = absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_,
-                                         "')");
+  const std::string where =
+      absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_, "')");
   std::string message;
   switch (code) {
     case absl::StatusCode::kDeadlineExceeded:
@@ -371,8 +368,8 @@ absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
                              ": ", detail);
       break;
     case absl::StatusCode::kUnavailable:
-      message = absl::StrCat(name, " failed: a peer is gone",
-                             " (connection closed or lost) ", where, ": ", detail);
+      message = absl::StrCat(name, " failed: a peer is gone", " (connection closed or lost) ",
+                             where, ": ", detail);
       break;
     default:
       message = absl::StrCat(name, " failed ", where, ": ", "gloo: ", detail);

@@ -30,22 +30,20 @@ absl::StatusOr<std::unique_ptr<HostCommunicator>> CreateHostCommunicator(
   // Every rank takes part, even with shared memory off, so that all of them
   // agree on the transport.
   std::string why_not;
-  absl::StatusOr<std::unique_ptr<ShmExchange>> shm =
-      ShmExchange::Create(store, KvGlooStore::PrefixForTag(tag) + "shm/", rank, world_size,
-                          options.shared_memory, options.shm_slot_bytes, options.connect_timeout,
-                          &why_not);
+  absl::StatusOr<std::unique_ptr<ShmExchange>> shm = ShmExchange::Create(
+      store, KvGlooStore::PrefixForTag(tag) + "shm/", rank, world_size, options.shared_memory,
+      options.shm_slot_bytes, options.connect_timeout, &why_not);
   if (!shm.ok()) {
-    return absl::Status(shm.status().code(),
-                        absl::StrCat("GlooCommunicator (rank ", rank, " of ", world_size,
-                                     ", tag '", tag,
-                                     "'): agreeing on shared memory: ", shm.status().message()));
+    return absl::Status(
+        shm.status().code(),
+        absl::StrCat("GlooCommunicator (rank ", rank, " of ", world_size, ", tag '", tag,
+                     "'): agreeing on shared memory: ", shm.status().message()));
   }
   if (*shm == nullptr) {
     (*tcp)->set_transport_note(why_not);
     return std::unique_ptr<HostCommunicator>(*std::move(tcp));
   }
-  return std::unique_ptr<HostCommunicator>(
-      new ShmCommunicator(*std::move(tcp), *std::move(shm)));
+  return std::unique_ptr<HostCommunicator>(new ShmCommunicator(*std::move(tcp), *std::move(shm)));
 }
 
 // The SharedGather interface over the ShmGather: the communicator's checks,
@@ -170,8 +168,8 @@ absl::Status ShmCommunicator::Run(const char* name, absl::Duration timeout,
                                   const std::function<absl::Status()>& body) {
   absl::Status result = body();
   if (result.ok()) return result;
-  const std::string where = absl::StrCat("(rank ", rank(), " of ", world_size(), ", tag '", tag(),
-                                         "', shared memory)");
+  const std::string where =
+      absl::StrCat("(rank ", rank(), " of ", world_size(), ", tag '", tag(), "', shared memory)");
   const std::string detail(result.message());
   absl::StatusCode code = result.code();
   std::string message;
@@ -207,8 +205,8 @@ void ShmCommunicator::Break(absl::Status status) {
   tcp_->CloseConnections();
 }
 
-absl::Status ShmCommunicator::AllGather(const void* input, void* output, int64_t count,
-                                        DType dtype, absl::Duration timeout) {
+absl::Status ShmCommunicator::AllGather(const void* input, void* output, int64_t count, DType dtype,
+                                        absl::Duration timeout) {
   static constexpr char kName[] = "all_gather";
   absl::Status status = CheckCall(kName, count, dtype, timeout);
   if (!status.ok()) return status;
@@ -332,8 +330,7 @@ absl::Status ShmCommunicator::Barrier(absl::Duration timeout) {
   return status;
 }
 
-absl::StatusOr<SharedGather*> ShmCommunicator::MakeSharedGather(int regions,
-                                                                int64_t region_bytes,
+absl::StatusOr<SharedGather*> ShmCommunicator::MakeSharedGather(int regions, int64_t region_bytes,
                                                                 absl::Duration timeout) {
   static constexpr char kName[] = "make_shared_gather";
   absl::Status status = CheckCall(kName, 0, DType::kF32, timeout);
@@ -357,8 +354,8 @@ absl::StatusOr<SharedGather*> ShmCommunicator::MakeSharedGather(int regions,
   });
   if (!status.ok()) return status;
   if (made == nullptr) return nullptr;
-  shared_gather_note_ = absl::StrCat(regions, " regions of ", made->region_bytes() >> 20,
-                                     " MiB in shared memory");
+  shared_gather_note_ =
+      absl::StrCat(regions, " regions of ", made->region_bytes() >> 20, " MiB in shared memory");
   gather_ = std::move(made);
   shared_gather_ = std::make_unique<SharedGatherImpl>(this, gather_.get());
   gather_for_abort_.store(gather_.get());

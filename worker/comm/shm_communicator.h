@@ -88,9 +88,9 @@ class ShmCommunicator : public HostCommunicator {
 
   absl::Status CheckCall(const char* name, int64_t count, DType dtype,
                          absl::Duration timeout) const;
-  absl::Status CheckBlockCall(const char* name, const std::vector<ShardBlock>& blocks,
-                              DType dtype, absl::Duration timeout, const void* full,
-                              const void* shard, BlockGroups* groups) const;
+  absl::Status CheckBlockCall(const char* name, const std::vector<ShardBlock>& blocks, DType dtype,
+                              absl::Duration timeout, const void* full, const void* shard,
+                              BlockGroups* groups) const;
   // Runs a shared-memory collective; its failure becomes a status naming
   // `name` and this rank, and breaks the communicator (see Break).
   absl::Status Run(const char* name, absl::Duration timeout,

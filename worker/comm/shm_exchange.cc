@@ -60,7 +60,6 @@ constexpr int64_t kMaxSlotBytes = int64_t{1} << 30;
 // Reductions add this many elements at a time in an f32 scratch array.
 constexpr int64_t kReduceTile = 2048;
 
-
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 // The write lock on rank `rank`'s liveness byte.
@@ -78,7 +77,6 @@ struct flock LivenessLock(int rank) {
 size_t HeaderBytes(int world_size) {
   return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096);
 }
-
 
 // "<hostname> <boot id>", or "" if either cannot be read.
 std::string HostIdentity() {

@@ -45,9 +45,8 @@ size_t HeaderBytes(int world_size) {
 
 // Every rank's `text` (at most kRecordBytes - 1 bytes), by rank, through an
 // all-gather on the exchange.
-absl::StatusOr<std::vector<std::string>> Exchange(ShmExchange* exchange, int rank,
-                                                  int world_size, const std::string& text,
-                                                  absl::Time deadline) {
+absl::StatusOr<std::vector<std::string>> Exchange(ShmExchange* exchange, int rank, int world_size,
+                                                  const std::string& text, absl::Time deadline) {
   const int64_t words = kRecordBytes / 4;
   std::vector<char> mine(kRecordBytes, 0);
   std::memcpy(mine.data(), text.data(), std::min<size_t>(text.size(), kRecordBytes - 1));
@@ -94,8 +93,8 @@ absl::StatusOr<std::unique_ptr<ShmGather>> ShmGather::Create(ShmExchange* exchan
     } else if ((fd = memfd_create("zeroshard-gather", MFD_CLOEXEC)) < 0) {
       verdict = absl::StrCat("no:memfd_create: ", std::strerror(errno));
     } else if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(total_bytes)); rc != 0) {
-      verdict = absl::StrCat("no:reserving ", total_bytes, " bytes of shared memory: ",
-                             std::strerror(rc));
+      verdict = absl::StrCat("no:reserving ", total_bytes,
+                             " bytes of shared memory: ", std::strerror(rc));
     } else if ((base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
                MAP_FAILED) {
       verdict = absl::StrCat("no:mmap of ", total_bytes, " bytes: ", std::strerror(errno));
@@ -147,9 +146,8 @@ absl::StatusOr<std::unique_ptr<ShmGather>> ShmGather::Create(ShmExchange* exchan
       return std::unique_ptr<ShmGather>();
     }
   }
-  return std::unique_ptr<ShmGather>(new ShmGather(exchange, rank, world_size, fd, base,
-                                                  total_bytes, regions,
-                                                  static_cast<int64_t>(region)));
+  return std::unique_ptr<ShmGather>(new ShmGather(exchange, rank, world_size, fd, base, total_bytes,
+                                                  regions, static_cast<int64_t>(region)));
 }
 
 ShmGather::ShmGather(ShmExchange* exchange, int rank, int world_size, int fd, void* base,
@@ -233,8 +231,8 @@ absl::Status ShmGather::WaitFor(int q, bool released, uint32_t target, absl::Tim
   return absl::OkStatus();
 }
 
-absl::StatusOr<const void*> ShmGather::Gather(const void* shard, const BlockGroups& g,
-                                              DType dtype, absl::Time deadline, int64_t* ticket) {
+absl::StatusOr<const void*> ShmGather::Gather(const void* shard, const BlockGroups& g, DType dtype,
+                                              absl::Time deadline, int64_t* ticket) {
   if (failed_.ok() && exchange_->SegmentFailed()) {
     failed_ = absl::UnavailableError("a peer failed in an earlier collective");
   }

@@ -66,7 +66,8 @@ std::vector<float> Shard(int rank, int64_t size) {
 std::vector<float> Expected(const std::vector<ShardBlock>& blocks, int64_t full) {
   std::vector<float> out(full);
   for (const ShardBlock& b : blocks) {
-    for (int64_t i = 0; i < b.count; ++i) out[b.full_offset + i] = Value(b.rank, b.shard_offset + i);
+    for (int64_t i = 0; i < b.count; ++i)
+      out[b.full_offset + i] = Value(b.rank, b.shard_offset + i);
   }
   return out;
 }
@@ -75,7 +76,8 @@ std::vector<SharedGather*> MakeAll(std::vector<std::unique_ptr<HostCommunicator>
                                    int regions, int64_t region_bytes) {
   std::vector<SharedGather*> gathers(comms->size());
   RunThreads(static_cast<int>(comms->size()), [&](int r) {
-    absl::StatusOr<SharedGather*> g = (*comms)[r]->MakeSharedGather(regions, region_bytes, kTimeout);
+    absl::StatusOr<SharedGather*> g =
+        (*comms)[r]->MakeSharedGather(regions, region_bytes, kTimeout);
     ASSERT_TRUE(g.ok()) << g.status();
     ASSERT_NE(*g, nullptr) << (*comms)[r]->transport_note();
     gathers[r] = *g;
@@ -100,7 +102,8 @@ TEST(SharedGatherTest, MatchesAllGatherBlocks) {
         std::vector<float> reference(full - seed * 7, -1.0f);
         const int64_t before = comms[r]->bytes_sent().all_gather;
         ASSERT_TRUE(
-            comms[r]->AllGatherBlocks(shard.data(), reference.data(), blocks, DType::kF32, kTimeout)
+            comms[r]
+                ->AllGatherBlocks(shard.data(), reference.data(), blocks, DType::kF32, kTimeout)
                 .ok());
         const int64_t ring_bytes = comms[r]->bytes_sent().all_gather - before;
         absl::StatusOr<SharedGather::Result> got =
@@ -184,8 +187,8 @@ TEST(SharedGatherTest, AGatherWaitsForTheRegionsRelease) {
     auto first = gathers[r]->Gather(shard.data(), blocks, DType::kF32, kTimeout);
     ASSERT_TRUE(first.ok()) << first.status();
     if (r == 0) gathers[r]->Release(first->ticket);  // rank 1 keeps it
-    second[r] = gathers[r]->Gather(shard.data(), blocks, DType::kF32, absl::Milliseconds(300))
-                    .status();
+    second[r] =
+        gathers[r]->Gather(shard.data(), blocks, DType::kF32, absl::Milliseconds(300)).status();
   });
   // The first to time out marks the segment failed; the other may see that
   // first (UNAVAILABLE).
@@ -297,7 +300,8 @@ class DirectoryKvStore : public KeyValueStore {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
     for (const std::string& key : keys) {
-      absl::StatusOr<std::string> v = Get(key, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      absl::StatusOr<std::string> v =
+          Get(key, std::max(deadline - absl::Now(), absl::ZeroDuration()));
       if (!v.ok()) return v.status();
     }
     return absl::OkStatus();
