@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/host_communicator.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/comm/nccl_communicator.h"
@@ -28,8 +29,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
   gloo.hostname = options.host;
   gloo.connect_timeout = options.timeout;
   gloo.shared_memory = shared_memory;
-  absl::StatusOr<std::unique_ptr<GlooCommunicator>> created =
-      GlooCommunicator::Create(store, rank, world_size, tag, gloo);
+  // Shared memory or TCP, the same for every rank (host_communicator.h).
+  absl::StatusOr<std::unique_ptr<HostCommunicator>> created =
+      CreateHostCommunicator(store, rank, world_size, tag, gloo);
   if (!created.ok()) return Failed(absl::StrCat("gloo bootstrap (", tag, ")"), created.status());
   if (description != nullptr) {
     (*description)[tag] = {{"transport", (*created)->transport()},

@@ -1,5 +1,7 @@
 // Collectives over the ranks of one job generation. Implementations:
-// GlooCommunicator (host memory, CPUs) and NcclCommunicator (device memory).
+// GlooCommunicator (TCP) and ShmCommunicator (shared memory on one host),
+// chosen by CreateHostCommunicator (host_communicator.h), for host memory;
+// NcclCommunicator for device memory.
 //
 // Every call has a timeout and returns DEADLINE_EXCEEDED (or UNAVAILABLE when
 // a peer is gone) naming the collective, instead of waiting forever. Buffers
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
 
@@ -53,6 +56,39 @@ struct CollectiveBytes {
 // not in [0, world_size) or an offset or count is negative.
 absl::Status ValidateBlocks(const char* collective, const std::vector<ShardBlock>& blocks,
                             int world_size);
+
+// Optional zero-copy all-gathers into memory every rank of one host reads in
+// place (Communicator::MakeSharedGather): each rank writes its blocks once
+// into one of `regions()` buffers in host-shared memory, and every rank
+// computes straight from that buffer (read-only) until it Releases it.
+//
+// Gather is collective: every rank calls it in the same order, from one
+// thread at a time (the communicator's collective thread). Gather number k
+// (counting from 1 on every rank) uses region (k - 1) % regions() and first
+// waits until every rank has released gather k - regions(), so at most
+// regions() gathers are held at once: a caller holding more deadlocks until
+// its deadline. Release may be called from any thread, in any order (a
+// region is reused once every gather up to it is released on every rank).
+// Failures as the communicator's collectives (DEADLINE_EXCEEDED, UNAVAILABLE
+// when a peer is gone, ABORTED after Abort()); after one, every later call
+// fails and the communicator is unusable. Valid as long as its communicator.
+class SharedGather {
+ public:
+  struct Result {
+    const void* full = nullptr;  // the gathered buffer (blocks' full offsets), read-only
+    int64_t ticket = 0;          // for Release
+  };
+  virtual ~SharedGather() = default;
+  virtual int regions() const = 0;
+  virtual int64_t region_bytes() const = 0;
+  // full[b.full_offset + i] = shard of rank b.rank [b.shard_offset + i] for
+  // every block b; the layout must fit region_bytes(). Elements in no block
+  // are unspecified.
+  virtual absl::StatusOr<Result> Gather(const void* shard, const std::vector<ShardBlock>& blocks,
+                                        DType dtype, absl::Duration timeout) = 0;
+  // The caller is done reading gather `ticket`. Thread-safe; idempotent.
+  virtual void Release(int64_t ticket) = 0;
+};
 
 class Communicator {
  public:
@@ -89,6 +125,18 @@ class Communicator {
   virtual absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
                                  absl::Duration timeout) = 0;
   virtual absl::Status Barrier(absl::Duration timeout) = 0;
+
+  // Collective: a SharedGather of `regions` buffers of `region_bytes` each,
+  // owned by this communicator, or nullptr when the transport cannot offer
+  // one (then every rank gets nullptr). Errors are the transport's. The
+  // default (NCCL, TCP): nullptr.
+  virtual absl::StatusOr<SharedGather*> MakeSharedGather(int regions, int64_t region_bytes,
+                                                         absl::Duration timeout) {
+    (void)regions;
+    (void)region_bytes;
+    (void)timeout;
+    return nullptr;
+  }
 
   // Bytes sent by this rank so far, per collective.
   virtual CollectiveBytes bytes_sent() const = 0;

@@ -26,12 +26,17 @@
 #include "gloo/transport/tcp/attr.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "worker/comm/comm_internal.h"
 #include "worker/comm/kv_gloo_store.h"
 #include "worker/comm/shm_exchange.h"
 
 namespace zeroshard {
 namespace {
 
+using comm_internal::ChunkBlocks;
+using comm_internal::kMaxTimeout;
+using comm_internal::Mod;
+using comm_internal::Supported;
 using gloo::transport::UnboundBuffer;
 
 // Slots of the ring algorithms implemented here. Gloo's own collectives use
@@ -49,12 +54,6 @@ constexpr uint64_t kPointToPointSlot = uint64_t{0x46} << 56;
 // Never sent on: Abort() waits for a message here to make a wait time out.
 constexpr uint64_t kAbortSlot = uint64_t{0x45} << 56;
 
-// Gloo's own cap on timeouts (100 hours, gloo/transport/tcp/pair.h).
-constexpr absl::Duration kMaxTimeout = absl::Hours(100);
-
-bool Supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
-
-
 // Rounds up to whole milliseconds; at least 1 ms (Gloo treats 0 as "no
 // timeout" in places), at most kMaxTimeout.
 std::chrono::milliseconds ToMillis(absl::Duration d) {
@@ -66,8 +65,6 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
 std::chrono::milliseconds Remaining(absl::Time deadline) {
   return ToMillis(deadline - absl::Now());
 }
-
-int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 // dst[i] = (received[i] + own[i]) / divisor, added in f32 and rounded once to
 // `dtype`. dst may alias received or own.
@@ -92,29 +89,6 @@ void Accumulate(DType dtype, const void* received, const void* own, void* dst, i
     if (divisor != 1.0f) sum /= divisor;
     d[i] = FloatToBF16(sum);
   }
-}
-
-// Bytes rank `rank` sends in the ring all-gather (step s forwards group
-// rank - s) and ring reduce-scatter (step s sends group rank - s - 1) of a
-// grouped layout. The shared-memory path counts the same, so the counters do
-// not depend on the transport.
-int64_t RingAllGatherBytes(const BlockGroups& g, int rank, int w, size_t esize) {
-  int64_t sum = 0;
-  for (int s = 0; s < w - 1; ++s) sum += g.total[Mod(rank - s, w)];
-  return sum * static_cast<int64_t>(esize);
-}
-int64_t RingReduceScatterBytes(const BlockGroups& g, int rank, int w, size_t esize) {
-  int64_t sum = 0;
-  for (int s = 0; s < w - 1; ++s) sum += g.total[Mod(rank - s - 1, w)];
-  return sum * static_cast<int64_t>(esize);
-}
-
-// The layout of W equal chunks of `count` elements: chunk r at r * count of
-// the full buffer, the whole of rank r's shard.
-std::vector<ShardBlock> ChunkBlocks(int world_size, int64_t count) {
-  std::vector<ShardBlock> blocks(world_size);
-  for (int r = 0; r < world_size; ++r) blocks[r] = {r, 0, r * count, count};
-  return blocks;
 }
 
 // Number of sends of rank `rank` in Gloo's binomial-tree broadcast from
@@ -250,25 +224,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
   }
   auto comm = std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(rank, world_size, tag, std::move(device), std::move(context)));
-  if (world_size > 1) {
-    // Every rank takes part, even with shared memory off, so that all of
-    // them agree on the transport.
-    auto shm = ShmExchange::Create(store, KvGlooStore::PrefixForTag(tag) + "shm/", rank,
-                                   world_size, options.shared_memory, options.shm_slot_bytes,
-                                   options.connect_timeout, &comm->transport_note_);
-    if (!shm.ok()) {
-      return absl::Status(shm.status().code(),
-                          absl::StrCat("GlooCommunicator ", where,
-                                       ": agreeing on shared memory: ", shm.status().message()));
-    }
-    comm->shm_ = *std::move(shm);
-    if (comm->shm_ != nullptr) {
-      comm->transport_note_ = absl::StrCat(comm->shm_->segment_bytes() >> 20,
-                                           " MiB shared-memory segment");
-    }
-  } else {
-    comm->transport_note_ = "a single rank";
-  }
+  comm->transport_note_ = world_size > 1 ? "TCP" : "a single rank";
   return comm;
 }
 
@@ -281,14 +237,7 @@ GlooCommunicator::GlooCommunicator(int rank, int world_size, std::string tag,
       device_(std::move(device)),
       context_(std::move(context)) {}
 
-std::string GlooCommunicator::transport() const { return shm_ != nullptr ? "shm" : "tcp"; }
-
-int64_t GlooCommunicator::shm_segment_bytes() const {
-  return shm_ != nullptr ? shm_->segment_bytes() : 0;
-}
-
 GlooCommunicator::~GlooCommunicator() {
-  shm_.reset();
   // Destroying the context closes its sockets (peers read EOF); the device
   // (and its event-loop thread) goes after every context using it.
   context_.reset();
@@ -326,9 +275,6 @@ void GlooCommunicator::Wait(UnboundBuffer* buffer, bool send, absl::Time deadlin
 
 void GlooCommunicator::Abort() {
   if (aborted_.exchange(true)) return;
-  // Shared memory: waiters (here and on the peers) watch the segment's
-  // failed flag.
-  if (shm_ != nullptr) shm_->Abort();
   if (world_size_ == 1) return;
   // The rings here: end their wait directly. (Gloo ends a wait on a pair
   // that an error already closed only at the wait's timeout.)
@@ -408,21 +354,13 @@ absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
     detail = e.what();
     code = absl::StatusCode::kInternal;
   }
-  return Break(name, timeout, code, detail, /*over_shm=*/false);
-}
-
-absl::Status GlooCommunicator::RunShm(const char* name, absl::Duration timeout,
-                                      const std::function<absl::Status()>& body) {
-  absl::Status result = body();
-  if (result.ok()) return result;
-  return Break(name, timeout, result.code(), std::string(result.message()), /*over_shm=*/true);
+  return Break(name, timeout, code, detail);
 }
 
 absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
-                                     absl::StatusCode code, const std::string& detail,
-                                     bool over_shm) {
-  const std::string where = absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_,
-                                         over_shm ? "', shared memory)" : "')");
+                                     absl::StatusCode code, const std::string& detail) {
+  const std::string where =
+      absl::StrCat("(rank ", rank_, " of ", world_size_, ", tag '", tag_, "')");
   std::string message;
   switch (code) {
     case absl::StatusCode::kDeadlineExceeded:
@@ -430,11 +368,11 @@ absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
                              ": ", detail);
       break;
     case absl::StatusCode::kUnavailable:
-      message = absl::StrCat(name, " failed: a peer is gone",
-                             over_shm ? " " : " (connection closed or lost) ", where, ": ", detail);
+      message = absl::StrCat(name, " failed: a peer is gone", " (connection closed or lost) ",
+                             where, ": ", detail);
       break;
     default:
-      message = absl::StrCat(name, " failed ", where, ": ", over_shm ? "" : "gloo: ", detail);
+      message = absl::StrCat(name, " failed ", where, ": ", "gloo: ", detail);
       break;
   }
   if (aborted_.load()) {
@@ -445,16 +383,19 @@ absl::Status GlooCommunicator::Break(const char* name, absl::Duration timeout,
   }
   absl::Status status(code, message);
   broken_ = status;
-  // The communicator is unusable now (see the header). Mark the segment
-  // failed and close every connection so that peers blocked in this
-  // collective fail now rather than at their timeout.
-  if (shm_ != nullptr) shm_->Abort();
+  // The communicator is unusable now (see the header). Close every
+  // connection so that peers blocked in this collective fail now rather
+  // than at their timeout.
+  CloseConnections();
+  return status;
+}
+
+void GlooCommunicator::CloseConnections() {
   try {
     context_->closeConnections();
   } catch (const std::exception&) {
     // Already broken; nothing more to do.
   }
-  return status;
 }
 
 void GlooCommunicator::RingReduceScatter(const char* in, char* out, const BlockGroups& g,
@@ -582,16 +523,6 @@ absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, in
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
   const char* in = static_cast<const char*>(input);
   char* out = static_cast<char*>(output);
-  if (shm_ != nullptr) {
-    return RunShm(kName, timeout, [&] {
-      absl::Status s = shm_->ReduceScatterBlocks(in, out, g, dtype, divisor, deadline);
-      if (s.ok()) {
-        reduce_scatter_bytes_.fetch_add(static_cast<int64_t>(world_size_ - 1) * count *
-                                        DTypeSize(dtype));
-      }
-      return s;
-    });
-  }
   return Run(kName, timeout, [&] {
     RingReduceScatter(in, out, g, dtype, divisor, kReduceScatterSlot, deadline,
                       &reduce_scatter_bytes_);
@@ -643,13 +574,6 @@ absl::Status GlooCommunicator::AllGatherBlocks(const void* shard, void* full,
   const int right = Mod(rank_ + 1, w);
   const int left = Mod(rank_ - 1, w);
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
-  if (shm_ != nullptr) {
-    return RunShm(kName, timeout, [&] {
-      absl::Status s = shm_->AllGatherBlocks(in, out, g, dtype, deadline);
-      if (s.ok()) all_gather_bytes_.fetch_add(RingAllGatherBytes(g, rank_, w, esize));
-      return s;
-    });
-  }
   return Run(kName, timeout, [&] {
     // Gloo only reads from send buffers.
     std::unique_ptr<UnboundBuffer> shard_buffer =
@@ -706,13 +630,6 @@ absl::Status GlooCommunicator::ReduceScatterBlocks(const void* full, void* shard
   }
   const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
-  if (shm_ != nullptr) {
-    return RunShm(kName, timeout, [&] {
-      absl::Status s = shm_->ReduceScatterBlocks(in, out, g, dtype, divisor, deadline);
-      if (s.ok()) reduce_scatter_bytes_.fetch_add(RingReduceScatterBytes(g, rank_, w, esize));
-      return s;
-    });
-  }
   return Run(kName, timeout, [&] {
     RingReduceScatter(in, out, g, dtype, divisor, kReduceScatterBlocksSlot, deadline,
                       &reduce_scatter_bytes_);
@@ -743,18 +660,6 @@ absl::Status GlooCommunicator::AllReduce(void* buffer, int64_t count, DType dtyp
   const BlockGroups g = GroupBlocks(blocks, world_size_);
   const float divisor = op == ReduceOp::kAverage ? static_cast<float>(world_size_) : 1.0f;
   char* data = static_cast<char*>(buffer);
-  if (shm_ != nullptr) {
-    const size_t esize = DTypeSize(dtype);
-    return RunShm(kName, timeout, [&] {
-      absl::Status s = shm_->ReduceScatterBlocks(buffer, buffer, g, dtype, divisor, deadline);
-      if (s.ok()) s = shm_->AllGatherBlocks(buffer, buffer, g, dtype, deadline);
-      if (s.ok()) {
-        all_reduce_bytes_.fetch_add(RingReduceScatterBytes(g, rank_, world_size_, esize) +
-                                    RingAllGatherBytes(g, rank_, world_size_, esize));
-      }
-      return s;
-    });
-  }
   return Run(kName, timeout, [&] {
     RingReduceScatter(data, data, g, dtype, divisor, kAllReduceScatterSlot, deadline,
                       &all_reduce_bytes_);

@@ -1,10 +1,7 @@
-// GlooCommunicator: the CPU Communicator, over Gloo's TCP transport, with a
-// shared-memory path for the bulk collectives when every rank runs on one
-// host (Options::shared_memory, shm_exchange.h): there, all-gathers,
-// reduce-scatters and all-reduces copy through one segment instead of
-// loopback sockets, with the same byte counters and the same results up to
-// the order of additions (and, in bf16, rounding once instead of per hop);
-// broadcast and barrier stay on Gloo.
+// GlooCommunicator: the CPU Communicator over Gloo's TCP transport. (When
+// every rank runs on one host, CreateHostCommunicator gives a
+// ShmCommunicator instead, which keeps one of these for broadcast and
+// barrier: host_communicator.h.)
 //
 // Each communicator owns one Gloo TCP device (one event-loop thread) and one
 // fully connected Gloo context, bootstrapped through a KeyValueStore under the
@@ -39,10 +36,9 @@
 // tag or store generation).
 //
 // Abort() from another thread does the same on purpose: the collective in
-// flight returns ABORTED, the peers see this rank's connections close (or the
-// segment marked failed), and later calls return UNAVAILABLE. The ring
-// algorithms (every collective but broadcast and barrier) end at once, over
-// TCP or shared memory, whatever state the connections are in; Gloo's own
+// flight returns ABORTED, the peers see this rank's connections close, and
+// later calls return UNAVAILABLE. The ring algorithms (every collective but
+// broadcast and barrier) end at once, whatever state the connections are in; Gloo's own
 // broadcast and barrier end at once while the connections are up (Abort()
 // makes one wait of the context time out, which ends all of them: see
 // gloo_communicator.cc), else at their timeout.
@@ -71,6 +67,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/host_communicator.h"
 #include "worker/comm/kv_store.h"
 
 namespace gloo {
@@ -83,33 +80,13 @@ class UnboundBuffer;
 
 namespace zeroshard {
 
-class ShmExchange;
 struct BlockGroups;
 
-class GlooCommunicator : public Communicator {
+class GlooCommunicator : public HostCommunicator {
  public:
-  struct Options {
-    // Address or hostname to bind the listening sockets to and to advertise
-    // to peers, e.g. "127.0.0.1" or this host's name ("" = gethostname()).
-    // Ignored if `iface` is set.
-    std::string hostname = "127.0.0.1";
-    // Alternatively, a network interface name (e.g. "eth0") whose address is
-    // used.
-    std::string iface;
-    // Bounds the rendezvous: waiting in the store for the peers' addresses.
-    // Gloo's TCP connect to a peer that has published its address waits up to
-    // 5x this (Gloo's own rule).
-    absl::Duration connect_timeout = absl::Seconds(30);
-    // Gathers and reductions through a shared-memory segment when every rank
-    // runs on this host (see shm_exchange.h); TCP otherwise, when any rank
-    // has it off, or when the segment cannot be made (the reason is in
-    // transport_note()). All ranks always end up on the same transport.
-    bool shared_memory = true;
-    // Bytes each rank moves per round over shared memory, 4 KiB .. 1 GiB and
-    // at least 4 KiB per rank; the segment holds 2 * world_size of them.
-    // Ranks with different values use TCP.
-    int64_t shm_slot_bytes = int64_t{4} << 20;
-  };
+  // shared_memory and shm_slot_bytes are CreateHostCommunicator's: this
+  // class is TCP only.
+  using Options = HostCommunicatorOptions;
 
   // Connects to the other `world_size - 1` ranks, which must call Create with
   // the same store, tag and world_size. `store` is only used during Create.
@@ -133,7 +110,7 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
-  const std::string& tag() const { return tag_; }
+  const std::string& tag() const override { return tag_; }
 
   absl::Status AllGather(const void* input, void* output, int64_t count, DType dtype,
                          absl::Duration timeout) override;
@@ -169,16 +146,14 @@ class GlooCommunicator : public Communicator {
   // Bytes SendRecv sent.
   int64_t point_to_point_bytes() const { return p2p_bytes_.load(); }
 
-  // OK while usable; otherwise the status of the failure that broke it.
-  absl::Status health() const { return broken_; }
-
-  // "shm" when gathers and reductions go through shared memory, else "tcp";
-  // transport_note() says why (or how big the segment is).
-  std::string transport() const;
-  const std::string& transport_note() const { return transport_note_; }
-  // Bytes of the shared-memory segment this rank maps (0 on TCP); not part
-  // of the engine's memory accounting.
-  int64_t shm_segment_bytes() const;
+  absl::Status health() const override { return broken_; }
+  std::string transport() const override { return "tcp"; }
+  const std::string& transport_note() const override { return transport_note_; }
+  int64_t shm_segment_bytes() const override { return 0; }
+  void set_transport_note(std::string note) { transport_note_ = std::move(note); }
+  // Closes every connection (peers blocked on this rank fail promptly)
+  // without marking this communicator aborted: ShmCommunicator's failure.
+  void CloseConnections();
 
  private:
   GlooCommunicator(int rank, int world_size, std::string tag,
@@ -193,14 +168,10 @@ class GlooCommunicator : public Communicator {
   // into a status naming `name`; on failure closes all connections and marks
   // the communicator unusable.
   absl::Status Run(const char* name, absl::Duration timeout, const std::function<void()>& body);
-  // The same for a shared-memory collective: turns its failure into a status
-  // naming `name`, marks the communicator unusable and aborts the segment.
-  absl::Status RunShm(const char* name, absl::Duration timeout,
-                      const std::function<absl::Status()>& body);
-  // Both: records the failure of collective `name` as a status naming it
+  // Records the failure of collective `name` as a status naming it
   // and this rank, and makes the communicator (and its peers) fail fast.
   absl::Status Break(const char* name, absl::Duration timeout, absl::StatusCode code,
-                     const std::string& detail, bool over_shm);
+                     const std::string& detail);
 
   // Waits for `buffer`'s pending send (or recv) until `deadline`, where
   // Abort() can end the wait. Throws gloo::IoException on a timeout, an
@@ -233,7 +204,6 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
 
-  std::unique_ptr<ShmExchange> shm_;  // null: TCP
   std::string transport_note_;
 
   // OK while usable; only the thread calling collectives touches it.

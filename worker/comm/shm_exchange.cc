@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "worker/comm/shm_futex.h"
 
 namespace zeroshard {
 
@@ -39,6 +40,11 @@ struct alignas(64) ShmExchange::RankLine {
 
 namespace {
 
+using shm::CpuRelax;
+using shm::FutexWait;
+using shm::FutexWakeAll;
+using shm::Reached;
+
 constexpr uint64_t kMagic = 0x317865686d73737aULL;  // "zsshmex1"
 // Each rank's liveness lock: one byte at kLockBase + rank (beyond the data;
 // record locks need not lie inside the file).
@@ -53,8 +59,6 @@ constexpr int64_t kMinSlotBytes = 4096;
 constexpr int64_t kMaxSlotBytes = int64_t{1} << 30;
 // Reductions add this many elements at a time in an f32 scratch array.
 constexpr int64_t kReduceTile = 2048;
-
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -73,27 +77,6 @@ struct flock LivenessLock(int rank) {
 size_t HeaderBytes(int world_size) {
   return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096);
 }
-
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
-  struct timespec ts = absl::ToTimespec(timeout);
-  // Shared (not FUTEX_PRIVATE): the word lives in memory shared by processes.
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-bool Reached(uint32_t posted, uint32_t round) { return static_cast<int32_t>(posted - round) >= 0; }
 
 // "<hostname> <boot id>", or "" if either cannot be read.
 std::string HostIdentity() {
@@ -426,6 +409,10 @@ absl::Status ShmExchange::WaitAll(uint32_t round, absl::Time deadline) {
   }
   std::atomic_thread_fence(std::memory_order_acquire);
   return absl::OkStatus();
+}
+
+bool ShmExchange::SegmentFailed() const {
+  return header_->failed.load(std::memory_order_acquire) != 0;
 }
 
 void ShmExchange::Abort() {

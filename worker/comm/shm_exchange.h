@@ -1,4 +1,4 @@
-// ShmExchange: the bulk collectives of GlooCommunicator (all-gather and
+// ShmExchange: the bulk collectives of ShmCommunicator (all-gather and
 // reduce-scatter over block layouts) through one shared-memory segment, for
 // jobs whose ranks all run on one host.
 //
@@ -106,6 +106,12 @@ class ShmExchange {
 
   int64_t segment_bytes() const { return static_cast<int64_t>(mapped_bytes_); }
 
+  // Whether `peer` has closed its exchange (or its process died): its
+  // liveness lock is free. A few microseconds (one fcntl).
+  bool PeerGone(int peer) const;
+  // Whether some rank marked the segment failed (Abort).
+  bool SegmentFailed() const;
+
  private:
   struct Header;
   struct RankLine;
@@ -119,7 +125,6 @@ class ShmExchange {
   void Post(uint32_t round);
   // Waits until every other rank has posted `round`.
   absl::Status WaitAll(uint32_t round, absl::Time deadline);
-  bool PeerGone(int peer) const;
 
   const int rank_;
   const int world_size_;

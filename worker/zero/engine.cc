@@ -42,6 +42,22 @@ struct ZeroEngine::UnitState {
   std::unique_ptr<Optimizer> optimizer;
 };
 
+// A unit gathered into a SharedGather region: released (and its bytes moved
+// back from params_gathered to comm buffers) when the last holder drops it
+// (a slot, or the gather task that fills it).
+struct ZeroEngine::SharedLease {
+  SharedGather* gather = nullptr;
+  MemoryTracker* memory = nullptr;
+  int64_t bytes = 0;
+  const float* data = nullptr;  // set by the gather task
+  int64_t ticket = 0;           // 0: not gathered
+  ~SharedLease() {
+    if (ticket == 0) return;
+    gather->Release(ticket);
+    memory->Sub(MemoryCategory::kParamsGathered, bytes);
+    memory->Add(MemoryCategory::kCommBuffers, bytes);
+  }
+};
 
 void ZeroEngine::EnterCollective(Stream stream, const char* op, const std::string& unit) {
   if (options_.before_collective) {
@@ -187,6 +203,27 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
     m->Add(MemoryCategory::kOptimizerState, state->optimizer->StateBytes());
     engine->state_.push_back(std::move(state));
   }
+  // Stage 3, f32 on the host: every rank writes its pieces once into a
+  // region all ranks read in place. Regions: the 1 + prefetch units of the
+  // window and one more, since a region is reused only once every gather
+  // before it has been released (units kept for the backward are released
+  // out of gather order).
+  if (stage.params_sharded && options.shared_gather && !bf16_params &&
+      engine->backend_->host_accessible()) {
+    const int regions = options.prefetch + 2;
+    const int64_t region_bytes = Bytes(engine->largest_unit_elements(), DType::kF32);
+    absl::StatusOr<SharedGather*> shared =
+        gather->MakeSharedGather(regions, region_bytes, options.collective_timeout);
+    if (!shared.ok()) {
+      return absl::Status(shared.status().code(),
+                          absl::StrCat("setting up shared gathers: ", shared.status().message()));
+    }
+    engine->shared_gather_ = *shared;
+    if (*shared != nullptr) {
+      engine->shared_gather_bytes_ = int64_t{(*shared)->regions()} * (*shared)->region_bytes();
+      m->Add(MemoryCategory::kCommBuffers, engine->shared_gather_bytes_);
+    }
+  }
   engine->gather_thread_ = std::make_unique<TaskThread>("gather");
   engine->reduce_thread_ = std::make_unique<TaskThread>("reduce");
   // Each engine thread binds to the backend's device before its first op.
@@ -204,6 +241,8 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
 ZeroEngine::~ZeroEngine() {
   gather_thread_.reset();
   reduce_thread_.reset();
+  slots_.clear();  // releases shared gathers
+  memory_.Sub(MemoryCategory::kCommBuffers, shared_gather_bytes_);
   for (auto& s : state_) {
     if (s && s->optimizer) memory_.Sub(MemoryCategory::kOptimizerState, s->optimizer->StateBytes());
   }
@@ -387,6 +426,23 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   return backend_->Synchronize();  // the compute thread reads it next
 }
 
+absl::Status ZeroEngine::GatherUnitShared(int unit, SharedLease* lease) {
+  const UnitLayout& layout = units_[unit];
+  EnterCollective(kGatherStream, "all_gather", layout.name);
+  absl::StatusOr<SharedGather::Result> r = shared_gather_->Gather(
+      state_[unit]->master.data(), layout.blocks, DType::kF32, options_.collective_timeout);
+  LeaveCollective(kGatherStream);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("all_gather of ", Where(unit), ": ", r.status().message()));
+  }
+  lease->data = static_cast<const float*>(r->full);
+  lease->ticket = r->ticket;
+  memory_.Sub(MemoryCategory::kCommBuffers, lease->bytes);
+  memory_.Add(MemoryCategory::kParamsGathered, lease->bytes);
+  return absl::OkStatus();
+}
+
 absl::Status ZeroEngine::IssueGather(int position) {
   auto& slots = slots_;
   if (slots.count(position)) return absl::OkStatus();
@@ -394,6 +450,16 @@ absl::Status ZeroEngine::IssueGather(int position) {
   GatherSlot& slot = slots[position];
   if (position > 0 && positions_[position - 1] == unit) {
     slot.ticket = 0;  // the previous position keeps its buffer for us
+    return absl::OkStatus();
+  }
+  if (shared_gather_ != nullptr) {
+    auto lease = std::make_shared<SharedLease>();
+    lease->gather = shared_gather_;
+    lease->memory = &memory_;
+    lease->bytes = Bytes(units_[unit].flat_elements, DType::kF32);
+    slot.shared = lease;
+    slot.ticket = gather_thread_->Submit(
+        [this, unit, lease]() { return GatherUnitShared(unit, lease.get()); });
     return absl::OkStatus();
   }
   // Every element is written by the unpacking (the pieces cover the unit).
@@ -438,6 +504,8 @@ absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position
     times_.gather_wait_ms += MsSince(start);
     if (!s.ok()) return s;
   }
+  // The model reads parameters only: a shared region is never written here.
+  if (slot.shared != nullptr) return const_cast<float*>(slot.shared->data);
   return slot.params.f32();
 }
 
@@ -463,6 +531,7 @@ void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
     // does not exist yet; never replace a slot with a gather in flight.
     if (next == position + 1 || (next >= 0 && !slots.count(next))) {
       slots[next].params = std::move(it->second.params);
+      slots[next].shared = std::move(it->second.shared);
       slots[next].ticket = 0;
     }
   }

@@ -61,6 +61,11 @@ struct EngineOptions {
   std::string optimizer = "adam";
   OptimizerOptions optimizer_options;
   double max_grad_norm = 0;  // > 0: clip by global norm
+  // Stage 3 with f32 parameters on the host: gather into buffers every rank
+  // of the host reads in place, when the gather communicator offers them
+  // (Communicator::MakeSharedGather: shared memory); else, or when false,
+  // into this rank's own buffers.
+  bool shared_gather = true;
   // Where buffers live and the non-model ops run; null: the CPU. The model's
   // views point into this backend's memory. Not owned.
   Backend* backend = nullptr;
@@ -232,10 +237,13 @@ class ZeroEngine {
 
  private:
   struct UnitState;
-  // Stage 3 (and bf16 compute copies): a pass position's unit, flat f32.
+  struct SharedLease;
+  // Stage 3 (and bf16 compute copies): a pass position's unit, flat f32,
+  // in `params` or, with a shared gather, in `shared`'s region.
   struct GatherSlot {
     int64_t ticket = 0;  // gather task; 0: none (handed over, or converted in place)
     TrackedBuffer params;
+    std::shared_ptr<SharedLease> shared;
   };
   ZeroEngine() = default;
 
@@ -256,6 +264,7 @@ class ZeroEngine {
   // distance does). `backward_follows` is false in evaluation passes.
   void ReleaseParams(int position, bool backward_follows = true);
   absl::Status GatherUnit(int unit, TrackedBuffer* out);
+  absl::Status GatherUnitShared(int unit, SharedLease* lease);
   // Stages 2-3 reduce `grads_flat` (then free it); stages 0-1 the unit's
   // accumulated full gradient.
   // `computed`: the compute thread's work on the gradient, waited for first.
@@ -276,6 +285,11 @@ class ZeroEngine {
   Communicator* gather_comm_ = nullptr;
   Communicator* reduce_comm_ = nullptr;
   Communicator* aux_comm_ = nullptr;
+  // Stage 3: gathers into host-shared regions (see EngineOptions); null:
+  // into slots' own buffers. Owned by gather_comm_. The regions count as
+  // comm buffers, the part holding gathered units as params_gathered.
+  SharedGather* shared_gather_ = nullptr;
+  int64_t shared_gather_bytes_ = 0;
   EngineOptions options_;
   StageTraits stage_;  // from options_.stage
   int rank_ = 0;

@@ -56,16 +56,16 @@ inline void RunThreads(int n, const std::function<void(int)>& fn,
 // connecting concurrently. With `shared_memory`, the gathers and reductions
 // go through shared memory with the smallest slots allowed (so that even
 // small collectives take several rounds); otherwise over TCP.
-inline std::vector<std::unique_ptr<GlooCommunicator>> CreateCommunicators(
+inline std::vector<std::unique_ptr<HostCommunicator>> CreateCommunicators(
     KeyValueStore* store, int world_size, const std::string& tag, bool shared_memory = false) {
-  std::vector<std::unique_ptr<GlooCommunicator>> comms(world_size);
+  std::vector<std::unique_ptr<HostCommunicator>> comms(world_size);
   RunThreads(world_size, [&](int rank) {
     GlooCommunicator::Options options;
     options.hostname = "127.0.0.1";
     options.connect_timeout = absl::Seconds(10);
     options.shared_memory = shared_memory;
     options.shm_slot_bytes = 4096 * world_size;
-    auto comm = GlooCommunicator::Create(store, rank, world_size, tag, options);
+    auto comm = CreateHostCommunicator(store, rank, world_size, tag, options);
     ASSERT_TRUE(comm.ok()) << comm.status();
     if (world_size > 1) {
       EXPECT_EQ((*comm)->transport(), shared_memory ? "shm" : "tcp") << (*comm)->transport_note();
@@ -80,7 +80,7 @@ inline std::vector<std::unique_ptr<GlooCommunicator>> CreateCommunicators(
 
 // Destroys communicators concurrently (each takes a few tens of ms to stop
 // its Gloo event loop).
-inline void DestroyCommunicators(std::vector<std::unique_ptr<GlooCommunicator>>* comms) {
+inline void DestroyCommunicators(std::vector<std::unique_ptr<HostCommunicator>>* comms) {
   RunThreads(static_cast<int>(comms->size()), [comms](int i) { (*comms)[i].reset(); });
   comms->clear();
 }

@@ -245,12 +245,12 @@ TEST(GlooCommunicatorShmFailureTest, DestroyedPeerIsUnavailableBeforeTheTimeout)
 }
 
 // Creates two ranks with per-rank options; returns them.
-std::vector<std::unique_ptr<GlooCommunicator>> CreatePair(
+std::vector<std::unique_ptr<HostCommunicator>> CreatePair(
     InMemoryKvStore* store, const std::string& tag,
     const std::vector<GlooCommunicator::Options>& options) {
-  std::vector<std::unique_ptr<GlooCommunicator>> comms(2);
+  std::vector<std::unique_ptr<HostCommunicator>> comms(2);
   RunThreads(2, [&](int rank) {
-    auto comm = GlooCommunicator::Create(store, rank, 2, tag, options[rank]);
+    auto comm = CreateHostCommunicator(store, rank, 2, tag, options[rank]);
     ASSERT_TRUE(comm.ok()) << comm.status();
     comms[rank] = *std::move(comm);
   });
@@ -310,39 +310,39 @@ TEST(GlooCommunicatorAbortTest, EndsTheBlockedCollectiveOfEveryKind) {
   struct Case {
     std::string name;
     bool shm;
-    std::function<absl::Status(GlooCommunicator*, std::vector<float>*)> call;
+    std::function<absl::Status(HostCommunicator*, std::vector<float>*)> call;
   };
   const std::vector<ShardBlock> blocks = {{0, 0, 0, 500}, {1, 0, 500, 500}};
   const std::vector<Case> cases = {
       {"all_gather", false,
-       [](GlooCommunicator* c, std::vector<float>* b) {
+       [](HostCommunicator* c, std::vector<float>* b) {
          return c->AllGather(b->data(), b->data() + 1000, 1000, DType::kF32, kLong);
        }},
       {"reduce_scatter", false,
-       [](GlooCommunicator* c, std::vector<float>* b) {
+       [](HostCommunicator* c, std::vector<float>* b) {
          return c->ReduceScatter(b->data(), b->data() + 2000, 1000, DType::kF32, ReduceOp::kSum,
                                  kLong);
        }},
       {"all_reduce", false,
-       [](GlooCommunicator* c, std::vector<float>* b) {
+       [](HostCommunicator* c, std::vector<float>* b) {
          return c->AllReduce(b->data(), 1000, DType::kF32, ReduceOp::kSum, kLong);
        }},
       {"all_gather", false,
-       [&blocks](GlooCommunicator* c, std::vector<float>* b) {
+       [&blocks](HostCommunicator* c, std::vector<float>* b) {
          return c->AllGatherBlocks(b->data() + 2000, b->data(), blocks, DType::kF32, kLong);
        }},
       {"broadcast", false,
-       [](GlooCommunicator* c, std::vector<float>* b) {
+       [](HostCommunicator* c, std::vector<float>* b) {
          return c->Broadcast(b->data(), 1000, DType::kF32, /*root=*/1, kLong);
        }},
       {"barrier", false,
-       [](GlooCommunicator* c, std::vector<float>*) { return c->Barrier(kLong); }},
+       [](HostCommunicator* c, std::vector<float>*) { return c->Barrier(kLong); }},
       {"all_gather", true,
-       [](GlooCommunicator* c, std::vector<float>* b) {
+       [](HostCommunicator* c, std::vector<float>* b) {
          return c->AllGather(b->data(), b->data() + 1000, 1000, DType::kF32, kLong);
        }},
       {"reduce_scatter", true,
-       [&blocks](GlooCommunicator* c, std::vector<float>* b) {
+       [&blocks](HostCommunicator* c, std::vector<float>* b) {
          return c->ReduceScatterBlocks(b->data(), b->data() + 2000, blocks, DType::kF32,
                                        ReduceOp::kAverage, kLong);
        }},

@@ -61,7 +61,7 @@ class GlooCommunicatorTest : public ::testing::TestWithParam<std::tuple<int, boo
   int W() const { return std::get<0>(GetParam()); }
   bool Shm() const { return std::get<1>(GetParam()); }
 
-  std::vector<std::unique_ptr<GlooCommunicator>> Create(const std::string& tag) {
+  std::vector<std::unique_ptr<HostCommunicator>> Create(const std::string& tag) {
     return CreateCommunicators(&store_, W(), tag, Shm());
   }
 
@@ -73,7 +73,7 @@ class GlooCommunicatorTest : public ::testing::TestWithParam<std::tuple<int, boo
   void TearDown() override { DestroyCommunicators(&comms_); }
 
   InMemoryKvStore store_;
-  std::vector<std::unique_ptr<GlooCommunicator>> comms_;
+  std::vector<std::unique_ptr<HostCommunicator>> comms_;
 };
 
 TEST_P(GlooCommunicatorTest, RankAndWorldSize) {
@@ -315,7 +315,7 @@ TEST_P(GlooCommunicatorTest, BarrierWaitsForEveryRank) {
 }
 
 TEST_P(GlooCommunicatorTest, RejectsBadArguments) {
-  GlooCommunicator& comm = *comms_[0];
+  HostCommunicator& comm = *comms_[0];
   float x[4] = {};
   EXPECT_EQ(comm.AllGather(x, x, -1, DType::kF32, kTimeout).code(),
             absl::StatusCode::kInvalidArgument);
@@ -453,7 +453,7 @@ TEST_P(GlooCommunicatorTest, ReduceScatterBlocksReducesEachRanksBlocks) {
 }
 
 TEST_P(GlooCommunicatorTest, BlockCollectivesRejectBadLayouts) {
-  GlooCommunicator& comm = *comms_[0];
+  HostCommunicator& comm = *comms_[0];
   float x[16] = {};
   std::vector<ShardBlock> bad_rank = {{W(), 0, 0, 4}};
   absl::Status s = comm.AllGatherBlocks(x, x, bad_rank, DType::kF32, kTimeout);

@@ -32,11 +32,13 @@ struct RunConfig {
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
   std::string optimizer = "adam";
+  bool shared_gather = true;  // EngineOptions::shared_gather (the communicators use shm)
 };
 
 struct RankResult {
   int64_t model_state = 0;
   int64_t peak_gathered = 0;
+  int64_t peak_comm_buffers = 0;
   int64_t largest_unit_bytes = 0;
   int64_t gather_bytes = 0;  // sent by the all-gathers of the whole run
   std::vector<double> losses;
@@ -73,9 +75,9 @@ RunResult Train(const RunConfig& config) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < config.world; ++rank) {
     threads.emplace_back([&, rank] {
-      auto gather = GlooCommunicator::Create(&store, rank, config.world, "gather");
-      auto reduce = GlooCommunicator::Create(&store, rank, config.world, "reduce");
-      auto aux = GlooCommunicator::Create(&store, rank, config.world, "aux");
+      auto gather = CreateHostCommunicator(&store, rank, config.world, "gather");
+      auto reduce = CreateHostCommunicator(&store, rank, config.world, "reduce");
+      auto aux = CreateHostCommunicator(&store, rank, config.world, "aux");
       ASSERT_TRUE(gather.ok() && reduce.ok() && aux.ok()) << gather.status();
       auto model = MlpModel::Create(mlp);
       ASSERT_TRUE(model.ok());
@@ -87,6 +89,7 @@ RunResult Train(const RunConfig& config) {
       options.reduce_dtype = config.reduce_dtype;
       options.optimizer = config.optimizer;
       options.collective_timeout = absl::Seconds(30);
+      options.shared_gather = config.shared_gather;
       auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
                                        aux->get(), options);
       ASSERT_TRUE(engine.ok()) << engine.status();
@@ -119,6 +122,7 @@ RunResult Train(const RunConfig& config) {
       if (rank == 0) result.params_sum = *sum;
       result.ranks[rank].model_state = e.memory().model_state();
       result.ranks[rank].peak_gathered = e.memory().peak(MemoryCategory::kParamsGathered);
+      result.ranks[rank].peak_comm_buffers = e.memory().peak(MemoryCategory::kCommBuffers);
       result.ranks[rank].largest_unit_bytes = e.largest_unit_elements() * 4;
       result.ranks[rank].gather_bytes = (*gather)->bytes_sent().all_gather;
       ASSERT_TRUE(e.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
@@ -182,6 +186,41 @@ TEST(EngineTest, PrefetchDepthDoesNotChangeTheResult) {
     RunConfig c = base;
     c.prefetch = prefetch;
     EXPECT_LE(MaxRelativeDifference(Train(c), reference), 1e-5) << "prefetch " << prefetch;
+  }
+}
+
+// Stage 3's gathers into host-shared regions (read in place) only move
+// bytes: the same bits as gathers into each rank's own buffers, at every
+// prefetch depth, with accumulation, and at 3 ranks.
+TEST(EngineTest, SharedGathersGiveTheSameBits) {
+  for (int prefetch : {0, 1, 2}) {
+    for (int world : {2, 3}) {
+      RunConfig c;
+      c.world = world;
+      c.prefetch = prefetch;
+      c.grad_accum = prefetch == 1 ? 2 : 1;
+      RunConfig own = c;
+      own.shared_gather = false;
+      RunResult shared = Train(c);
+      RunResult reference = Train(own);
+      const std::string label = absl::StrCat("prefetch ", prefetch, " world ", world);
+      EXPECT_EQ(shared.params, reference.params) << label;
+      EXPECT_EQ(shared.ranks[0].losses, reference.ranks[0].losses) << label;
+      for (int rank = 0; rank < world; ++rank) {
+        // The shared regions exist (and count as comm buffers); the window
+        // is bounded as before.
+        EXPECT_GE(shared.ranks[rank].peak_comm_buffers,
+                  (prefetch + 2) * shared.ranks[rank].largest_unit_bytes)
+            << label;
+        EXPECT_LT(reference.ranks[rank].peak_comm_buffers,
+                  (prefetch + 2) * reference.ranks[rank].largest_unit_bytes)
+            << label;
+        EXPECT_LE(shared.ranks[rank].peak_gathered,
+                  (1 + prefetch) * shared.ranks[rank].largest_unit_bytes)
+            << label;
+        EXPECT_EQ(shared.ranks[rank].model_state, reference.ranks[rank].model_state) << label;
+      }
+    }
   }
 }
 
