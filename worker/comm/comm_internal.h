@@ -4,8 +4,10 @@
 #define ZEROSHARD_WORKER_COMM_COMM_INTERNAL_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "worker/comm/communicator.h"
@@ -43,6 +45,34 @@ inline std::vector<ShardBlock> ChunkBlocks(int world_size, int64_t count) {
   for (int r = 0; r < world_size; ++r) blocks[r] = {r, 0, r * count, count};
   return blocks;
 }
+
+// The all-reduce's layout: W chunks in order whose sizes differ by at most
+// one element (the first count % W are one longer), chunk r at the same
+// offset of rank r's buffer and of the full one.
+inline std::vector<ShardBlock> EvenChunkBlocks(int world_size, int64_t count) {
+  std::vector<ShardBlock> blocks(world_size);
+  const int64_t base = count / world_size;
+  const int64_t extra = count % world_size;
+  int64_t at = 0;
+  for (int c = 0; c < world_size; ++c) {
+    const int64_t size = base + (c < extra ? 1 : 0);
+    blocks[c] = {c, at, at, size};
+    at += size;
+  }
+  return blocks;
+}
+
+// The checks every collective of a host communicator (rank `rank` of
+// `world_size`, tag `tag`) starts with: it is usable (not aborted, not
+// broken by an earlier failure: UNAVAILABLE naming it) and the count, dtype
+// and timeout are valid (INVALID_ARGUMENT naming the value).
+absl::Status CheckCall(const char* name, int rank, int world_size, const std::string& tag,
+                       bool aborted, const absl::Status& broken, int64_t count, DType dtype,
+                       absl::Duration timeout);
+// Then, for the block collectives: the blocks (ValidateBlocks), grouped into
+// *groups, and the buffers (non-null where the layout moves data).
+absl::Status CheckBlocks(const char* name, const std::vector<ShardBlock>& blocks, int rank,
+                         int world_size, const void* full, const void* shard, BlockGroups* groups);
 
 }  // namespace comm_internal
 }  // namespace zeroshard

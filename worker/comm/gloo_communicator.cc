@@ -311,29 +311,8 @@ void GlooCommunicator::Abort() {
 
 absl::Status GlooCommunicator::CheckCall(const char* name, int64_t count, DType dtype,
                                          absl::Duration timeout) const {
-  if (aborted_.load() && broken_.ok()) {
-    return absl::UnavailableError(absl::StrCat(name, ": communicator (rank ", rank_, " of ",
-                                               world_size_, ", tag '", tag_,
-                                               "') was aborted; create a new one"));
-  }
-  if (!broken_.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat(name, ": communicator (rank ", rank_, " of ", world_size_, ", tag '", tag_,
-                     "') is unusable after an earlier failure; create a new one. Earlier failure: ",
-                     broken_.message()));
-  }
-  if (count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": negative count ", count));
-  }
-  if (!Supported(dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": dtype ", DTypeName(dtype), " is not supported (F32 and BF16 are)"));
-  }
-  if (timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": timeout must be positive, got ", absl::FormatDuration(timeout)));
-  }
-  return absl::OkStatus();
+  return comm_internal::CheckCall(name, rank_, world_size_, tag_, aborted_.load(), broken_, count,
+                                  dtype, timeout);
 }
 
 absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
@@ -539,14 +518,8 @@ absl::Status GlooCommunicator::CheckBlockCall(const char* name,
                                               absl::Duration timeout, const void* full,
                                               const void* shard, BlockGroups* groups) {
   absl::Status status = CheckCall(name, 0, dtype, timeout);
-  if (status.ok()) status = ValidateBlocks(name, blocks, world_size_);
   if (!status.ok()) return status;
-  *groups = GroupBlocks(blocks, world_size_);
-  if (groups->full_extent > 0 &&
-      (full == nullptr || (groups->total[rank_] > 0 && shard == nullptr))) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": null buffer"));
-  }
-  return absl::OkStatus();
+  return comm_internal::CheckBlocks(name, blocks, rank_, world_size_, full, shard, groups);
 }
 
 absl::Status GlooCommunicator::AllGatherBlocks(const void* shard, void* full,
@@ -645,12 +618,9 @@ absl::Status GlooCommunicator::AllReduce(void* buffer, int64_t count, DType dtyp
   if (buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
   // W chunks whose sizes differ by at most one element.
   std::vector<int64_t> offset(world_size_), size(world_size_);
-  const int64_t base = count / world_size_;
-  const int64_t extra = count % world_size_;
-  for (int c = 0, at = 0; c < world_size_; ++c) {
-    offset[c] = at;
-    size[c] = base + (c < extra ? 1 : 0);
-    at += size[c];
+  for (const ShardBlock& b : comm_internal::EvenChunkBlocks(world_size_, count)) {
+    offset[b.rank] = b.full_offset;
+    size[b.rank] = b.count;
   }
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
   // Reduce-scatter into this rank's chunk of the buffer, in place, then

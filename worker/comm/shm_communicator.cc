@@ -124,29 +124,8 @@ void ShmCommunicator::Abort() {
 
 absl::Status ShmCommunicator::CheckCall(const char* name, int64_t count, DType dtype,
                                         absl::Duration timeout) const {
-  const std::string who =
-      absl::StrCat("communicator (rank ", rank(), " of ", world_size(), ", tag '", tag(), "')");
-  if (aborted_.load() && broken_.ok()) {
-    return absl::UnavailableError(absl::StrCat(name, ": ", who, " was aborted; create a new one"));
-  }
-  if (!broken_.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat(name, ": ", who,
-                     " is unusable after an earlier failure; create a new one. Earlier failure: ",
-                     broken_.message()));
-  }
-  if (count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": negative count ", count));
-  }
-  if (!Supported(dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": dtype ", DTypeName(dtype), " is not supported (F32 and BF16 are)"));
-  }
-  if (timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": timeout must be positive, got ", absl::FormatDuration(timeout)));
-  }
-  return absl::OkStatus();
+  return comm_internal::CheckCall(name, rank(), world_size(), tag(), aborted_.load(), broken_,
+                                  count, dtype, timeout);
 }
 
 absl::Status ShmCommunicator::CheckBlockCall(const char* name,
@@ -154,14 +133,8 @@ absl::Status ShmCommunicator::CheckBlockCall(const char* name,
                                              absl::Duration timeout, const void* full,
                                              const void* shard, BlockGroups* groups) const {
   absl::Status status = CheckCall(name, 0, dtype, timeout);
-  if (status.ok()) status = ValidateBlocks(name, blocks, world_size());
   if (!status.ok()) return status;
-  *groups = GroupBlocks(blocks, world_size());
-  if (groups->full_extent > 0 &&
-      (full == nullptr || (groups->total[rank()] > 0 && shard == nullptr))) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": null buffer"));
-  }
-  return absl::OkStatus();
+  return comm_internal::CheckBlocks(name, blocks, rank(), world_size(), full, shard, groups);
 }
 
 absl::Status ShmCommunicator::Run(const char* name, absl::Duration timeout,
@@ -289,14 +262,7 @@ absl::Status ShmCommunicator::AllReduce(void* buffer, int64_t count, DType dtype
   const int w = world_size();
   // W chunks whose sizes differ by at most one element; reduce-scatter into
   // this rank's chunk in place, then all-gather the chunks in place.
-  std::vector<ShardBlock> blocks(w);
-  const int64_t base = count / w;
-  const int64_t extra = count % w;
-  for (int c = 0, at = 0; c < w; ++c) {
-    const int64_t size = base + (c < extra ? 1 : 0);
-    blocks[c] = {c, at, at, size};
-    at += size;
-  }
+  const std::vector<ShardBlock> blocks = comm_internal::EvenChunkBlocks(w, count);
   const BlockGroups g = GroupBlocks(blocks, w);
   const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
   const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
