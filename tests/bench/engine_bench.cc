@@ -27,6 +27,9 @@
 #include "tests/testing/bench_json.h"
 #include "tests/testing/cluster.h"
 
+ABSL_FLAG(int, snapshot_every, 0,
+          "Workers' --snapshot_every (0: no in-memory recovery snapshots, like the peer "
+          "benchmark; their cost is measured by recovery_bench)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, steps, 8, "Steps per configuration (the first is not timed)");
 ABSL_FLAG(int, layers, 20, "Linear layers");
@@ -69,7 +72,8 @@ int Main() {
                                       "--lr=1e-4",
                                       "--threads=1",
                                       "--collective_timeout=300s",
-                                      absl::StrCat("--shm=", absl::GetFlag(FLAGS_shm))};
+                                      absl::StrCat("--shm=", absl::GetFlag(FLAGS_shm)),
+                                      absl::StrCat("--snapshot_every=", absl::GetFlag(FLAGS_snapshot_every))};
     Result r;
     if (!cluster.Run(job, world, flags, absl::Minutes(20))) {
       std::fprintf(stderr, "run %s failed\n", job.c_str());
@@ -149,7 +153,7 @@ int Main() {
                 HumanBytes(no_prefetch.formula), HumanBytes(no_prefetch.peak),
                 HumanBytes(no_prefetch.comm_per_step)});
   std::printf("%s", table.ToString().c_str());
-  std::printf("stage 3 / stage 0 step time: %.3f (target <= 1.15); comm: %.3f (expected ~1.5)\n",
+  std::printf("stage 3 / stage 0 step time: %.3f (target <= 1.05); comm: %.3f (expected ~1.5)\n",
               json["stage3_vs_stage0_step_time"].get<double>(),
               json["stage3_vs_stage0_comm"].get<double>());
   return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));

@@ -21,6 +21,9 @@
 #include "tests/testing/bench_json.h"
 #include "tests/testing/cluster.h"
 
+ABSL_FLAG(int, snapshot_every, 0,
+          "Workers' --snapshot_every (0: no in-memory recovery snapshots, like the peer "
+          "benchmark; their cost is measured by recovery_bench)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, steps, 4, "Steps per configuration");
 ABSL_FLAG(int, layers, 6, "Blocks");
@@ -55,7 +58,8 @@ int Main() {
                                         absl::StrCat("--stage=", stage),
                                         "--lr=3e-4",
                                         absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
-                                        "--collective_timeout=600s"};
+                                        "--collective_timeout=600s",
+                                        absl::StrCat("--snapshot_every=", absl::GetFlag(FLAGS_snapshot_every))};
       if (!cluster.Run(job, world, flags, absl::Minutes(30))) return 1;
       nlohmann::json report = cluster.Report(job, 0);
       double tokens = report["items_per_second"];
