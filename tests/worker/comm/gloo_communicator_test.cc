@@ -424,7 +424,9 @@ TEST_P(GlooCommunicatorTest, ReduceScatterBlocksReducesEachRanksBlocks) {
         }
       }
       for (int64_t i = 0; i < 4096; ++i) {
-        if (!written[i]) ASSERT_EQ(shard[r][i], -7.0f) << "rank " << r << " padding " << i;
+        if (!written[i]) {
+          ASSERT_EQ(shard[r][i], -7.0f) << "rank " << r << " padding " << i;
+        }
       }
     }
   }
