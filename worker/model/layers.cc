@@ -445,20 +445,138 @@ ZS_VECTOR_CLONES void SoftmaxBackwardRow(float* __restrict d, const float* __res
 
 }  // namespace
 
-// Causal blocking: the rows (queries) go in blocks of kAttentionBlock, and a
-// block's GEMMs stop at its last row's position, so the zeros above the
-// diagonal are neither computed nor multiplied (5/8 of the full square's work
-// at T = 128); the backward's transposed products (dv, dk) go by column
-// blocks of keys, each starting at its first key's row.
-constexpr int64_t kAttentionBlock = 32;
+// The products of one (batch row, head) go through a register-tiled kernel:
+// OpenBLAS's packing and its zero fill of C (beta = 0) cost as much as its
+// arithmetic at these sizes (head size 64, T = 128: 2/3 of attention's time
+// went outside sgemm's kernel). A tile is R <= 4 rows x 16 columns of C,
+// its 2R vectors of 8 accumulators stay in registers while the contraction
+// index p runs: per p, one row of B (2 vectors, contiguous) and R
+// broadcasts of A. A is addressed with two strides, so A^T (the backward's
+// att^T and dscore^T) needs no copy; B must be contiguous along the
+// columns, so k (forward scores) and v (backward datt) are transposed once
+// per head into scratch. Every output element is one sum over p in order,
+// computed by one thread: results do not depend on --threads. The x86-64-v3
+// clone contracts a * b + c into FMAs here (as OpenBLAS's kernels did for
+// these products on such CPUs; the baseline clone rounds the product).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+
+namespace {
+
+typedef float V8 __attribute__((vector_size(32)));
+constexpr int64_t kTileRows = 4;
+constexpr int64_t kTileCols = 16;
+
+inline V8 LoadV8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void StoreV8(float* p, V8 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// c[r*ldc + j] = alpha sum_{p<k} a[r*ars + p*acs] b[p*ldb + j] for r < R,
+// j < 16.
+template <int R>
+inline __attribute__((always_inline)) void Tile(float* __restrict c, int64_t ldc,
+                                                const float* __restrict a, int64_t ars,
+                                                int64_t acs, const float* __restrict b,
+                                                int64_t ldb, int64_t k, float alpha) {
+  V8 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V8{};
+  for (int64_t p = 0; p < k; ++p) {
+    const V8 b0 = LoadV8(b + p * ldb);
+    const V8 b1 = LoadV8(b + p * ldb + 8);
+    for (int r = 0; r < R; ++r) {
+      const V8 ar = a[r * ars + p * acs] - V8{};  // broadcast
+      acc[r][0] += ar * b0;
+      acc[r][1] += ar * b1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    StoreV8(c + r * ldc, alpha * acc[r][0]);
+    StoreV8(c + r * ldc + 8, alpha * acc[r][1]);
+  }
+}
+
+// The same for any rows <= kTileRows and cols <= kTileCols (edges).
+inline __attribute__((always_inline)) void TileAny(float* __restrict c, int64_t ldc, int64_t rows,
+                                                   int64_t cols, const float* __restrict a,
+                                                   int64_t ars, int64_t acs,
+                                                   const float* __restrict b, int64_t ldb,
+                                                   int64_t k, float alpha) {
+  if (cols == kTileCols) {
+    switch (rows) {
+      case 4: return Tile<4>(c, ldc, a, ars, acs, b, ldb, k, alpha);
+      case 3: return Tile<3>(c, ldc, a, ars, acs, b, ldb, k, alpha);
+      case 2: return Tile<2>(c, ldc, a, ars, acs, b, ldb, k, alpha);
+      default: return Tile<1>(c, ldc, a, ars, acs, b, ldb, k, alpha);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc[kTileCols] = {};
+    for (int64_t p = 0; p < k; ++p) {
+      const float ar = a[r * ars + p * acs];
+      for (int64_t j = 0; j < cols; ++j) acc[j] += ar * b[p * ldb + j];
+    }
+    for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = alpha * acc[j];
+  }
+}
+
+// C[m,n] = alpha A[m,k] B[k,n] with A's element (i,p) at a[i*ars + p*acs]
+// and B row-major (ldb). When causal, row block i0 only runs p < i0 + rows
+// (A is 0 beyond: the rows' diagonal), and with causal_t the p range starts
+// at the block's first row (A^T of a lower-triangular matrix).
+enum class Causal { kNone, kRowsEnd, kRowsBegin };
+ZS_VECTOR_CLONES void TiledProduct(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
+                                   const float* __restrict a, int64_t ars, int64_t acs,
+                                   const float* __restrict b, int64_t ldb, int64_t k, float alpha,
+                                   Causal causal) {
+  for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+    const int64_t rows = std::min(kTileRows, m - i0);
+    int64_t p0 = 0, p1 = k;
+    if (causal == Causal::kRowsEnd) p1 = std::min(k, i0 + rows);
+    if (causal == Causal::kRowsBegin) p0 = i0;
+    for (int64_t j0 = 0; j0 < n; j0 += kTileCols) {
+      TileAny(c + i0 * ldc + j0, ldc, rows, std::min(kTileCols, n - j0), a + i0 * ars + p0 * acs,
+              ars, acs, b + p0 * ldb + j0, ldb, p1 - p0, alpha);
+    }
+  }
+}
+
+// Scores of query rows i0..i0+rows against keys < i0 + rows (rounded up to
+// whole tiles; the extra entries are above the diagonal).
+ZS_VECTOR_CLONES void ScoreRows(float* __restrict s, int64_t lds, int64_t i0, int64_t rows,
+                                int64_t t, const float* __restrict q, int64_t ldq,
+                                const float* __restrict kt, int64_t hs, float alpha) {
+  const int64_t keys = i0 + rows;
+  for (int64_t j0 = 0; j0 < keys; j0 += kTileCols) {
+    TileAny(s + i0 * lds + j0, lds, rows, std::min(kTileCols, t - j0), q + i0 * ldq, ldq, 1,
+            kt + j0, t, hs, alpha);
+  }
+}
+
+// dst[d*t + s] = src[s*ld + d] for s < t, d < hs.
+void TransposeHead(float* __restrict dst, const float* __restrict src, int64_t ld, int64_t t,
+                   int64_t hs) {
+  for (int64_t s = 0; s < t; ++s) {
+    const float* row = src + s * ld;
+    for (int64_t d = 0; d < hs; ++d) dst[d * t + s] = row[d];
+  }
+}
+
+}  // namespace
+
+#pragma GCC pop_options
 
 void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64_t t, int64_t c,
                       int64_t nh) {
   KernelTimer timer(Kernel::kAttention);
   const int64_t hs = c / nh;  // head size
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // Threads take (batch row, head) pairs; each pair's GEMMs run on its thread.
+  // Threads take (batch row, head) pairs; each pair runs on its thread.
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt(static_cast<size_t>(hs * t));  // k^T of one head
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t bi = bh / nh;
       const int64_t h = bh % nh;
@@ -467,12 +585,12 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
       const float* v = q + 2 * c;
       float* att_bh = att + bh * t * t;
       float* out_bh = out + bi * t * c + h * hs;
-      for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
-        const int64_t rows = std::min(kAttentionBlock, t - r0);
+      TransposeHead(kt.data(), k, 3 * c, t, hs);
+      for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
+        const int64_t rows = std::min(kTileRows, t - r0);
         const int64_t keys = r0 + rows;  // positions these rows may attend to
         // scores[rows,keys] = scale q[rows,HS] . k^T[HS,keys]
-        Gemm(false, true, rows, keys, hs, scale, q + r0 * 3 * c, 3 * c, k, 3 * c, 0.0f,
-             att_bh + r0 * t, t);
+        ScoreRows(att_bh, t, r0, rows, t, q, 3 * c, kt.data(), hs, scale);
         // Causal softmax of each row over s <= t (max-subtracted for stability).
         for (int64_t ti = r0; ti < keys; ++ti) {
           float* row = att_bh + ti * t;
@@ -482,10 +600,9 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
           Scale(row, ti + 1, 1.0f / sum);
           std::fill(row + ti + 1, row + t, 0.0f);
         }
-        // out_h[rows,HS] = att[rows,keys] . v[keys,HS]
-        Gemm(false, false, rows, hs, keys, 1.0f, att_bh + r0 * t, t, v, 3 * c, 0.0f,
-             out_bh + r0 * c, c);
       }
+      // out_h[T,HS] = att[T,T] . v[T,HS], row block i over keys < i + rows.
+      TiledProduct(out_bh, c, t, hs, att_bh, t, 1, v, 3 * c, t, 1.0f, Causal::kRowsEnd);
     }
   });
 }
@@ -497,6 +614,7 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
+    std::vector<float> vt(static_cast<size_t>(hs * t));   // v^T of one head
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t bi = bh / nh;
       const int64_t h = bh % nh;
@@ -508,12 +626,12 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
       float* dv = dq + 2 * c;
       const float* att_bh = att + bh * t * t;
       const float* dout_bh = dout + bi * t * c + h * hs;
-      for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
-        const int64_t rows = std::min(kAttentionBlock, t - r0);
+      TransposeHead(vt.data(), v, 3 * c, t, hs);
+      for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
+        const int64_t rows = std::min(kTileRows, t - r0);
         const int64_t keys = r0 + rows;
         // datt[rows,keys] = dout_h[rows,HS] . v^T[HS,keys]
-        Gemm(false, true, rows, keys, hs, 1.0f, dout_bh + r0 * c, c, v, 3 * c, 0.0f,
-             datt.data() + r0 * t, t);
+        ScoreRows(datt.data(), t, r0, rows, t, dout_bh, c, vt.data(), hs, 1.0f);
         // Softmax backward, in place: dscore_s = att_s (datt_s - sum_r att_r datt_r),
         // and 0 above the diagonal.
         for (int64_t ti = r0; ti < keys; ++ti) {
@@ -521,20 +639,13 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
           SoftmaxBackwardRow(d, att_bh + ti * t, ti + 1);
           std::fill(d + ti + 1, d + t, 0.0f);
         }
-        // scores = scale q k^T: dq[rows,HS] = scale dscore[rows,keys] . k[keys,HS]
-        Gemm(false, false, rows, hs, keys, scale, datt.data() + r0 * t, t, k, 3 * c, 0.0f,
-             dq + r0 * 3 * c, 3 * c);
       }
-      // Keys s0..s0+cols are attended to by the rows from s0 on:
-      // dv[cols,HS] = att^T[cols,T-s0] . dout_h[T-s0,HS];
-      // dk[cols,HS] = scale dscore^T[cols,T-s0] . q[T-s0,HS].
-      for (int64_t s0 = 0; s0 < t; s0 += kAttentionBlock) {
-        const int64_t cols = std::min(kAttentionBlock, t - s0);
-        Gemm(true, false, cols, hs, t - s0, 1.0f, att_bh + s0 * t + s0, t, dout_bh + s0 * c, c,
-             0.0f, dv + s0 * 3 * c, 3 * c);
-        Gemm(true, false, cols, hs, t - s0, scale, datt.data() + s0 * t + s0, t, q + s0 * 3 * c,
-             3 * c, 0.0f, dk + s0 * 3 * c, 3 * c);
-      }
+      // scores = scale q k^T: dq[T,HS] = scale dscore[T,T] . k[T,HS]
+      TiledProduct(dq, 3 * c, t, hs, datt.data(), t, 1, k, 3 * c, t, scale, Causal::kRowsEnd);
+      // Key s is attended to by the rows from s on:
+      // dv[T,HS] = att^T[T,T] . dout_h[T,HS]; dk[T,HS] = scale dscore^T[T,T] . q[T,HS].
+      TiledProduct(dv, 3 * c, t, hs, att_bh, 1, t, dout_bh, c, t, 1.0f, Causal::kRowsBegin);
+      TiledProduct(dk, 3 * c, t, hs, datt.data(), 1, t, q, 3 * c, t, scale, Causal::kRowsBegin);
     }
   });
 }
