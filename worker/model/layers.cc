@@ -475,20 +475,20 @@ inline V8 LoadV8(const float* p) {
 
 inline void StoreV8(float* p, V8 v) { std::memcpy(p, &v, sizeof(v)); }
 
-// c[r*ldc + j] = alpha sum_{p<k} a[r*ars + p*acs] b[p*ldb + j] for r < R,
-// j < 16.
-template <int R>
+// c[r*ldc + j] = alpha sum_{p<k} A(r,p) b[p*ldb + j] for r < R, j < 16,
+// with A(r,p) = a[r*lda + p], or a[p*lda + r] when kAT (A stored transposed).
+template <int R, bool kAT>
 inline __attribute__((always_inline)) void Tile(float* __restrict c, int64_t ldc,
-                                                const float* __restrict a, int64_t ars,
-                                                int64_t acs, const float* __restrict b,
-                                                int64_t ldb, int64_t k, float alpha) {
+                                                const float* __restrict a, int64_t lda,
+                                                const float* __restrict b, int64_t ldb, int64_t k,
+                                                float alpha) {
   V8 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V8{};
   for (int64_t p = 0; p < k; ++p) {
     const V8 b0 = LoadV8(b + p * ldb);
     const V8 b1 = LoadV8(b + p * ldb + 8);
     for (int r = 0; r < R; ++r) {
-      const V8 ar = a[r * ars + p * acs] - V8{};  // broadcast
+      const V8 ar = (kAT ? a[p * lda + r] : a[r * lda + p]) - V8{};  // broadcast
       acc[r][0] += ar * b0;
       acc[r][1] += ar * b1;
     }
@@ -500,70 +500,100 @@ inline __attribute__((always_inline)) void Tile(float* __restrict c, int64_t ldc
 }
 
 // The same for any rows <= kTileRows and cols <= kTileCols (edges).
+template <bool kAT>
 inline __attribute__((always_inline)) void TileAny(float* __restrict c, int64_t ldc, int64_t rows,
                                                    int64_t cols, const float* __restrict a,
-                                                   int64_t ars, int64_t acs,
-                                                   const float* __restrict b, int64_t ldb,
-                                                   int64_t k, float alpha) {
+                                                   int64_t lda, const float* __restrict b,
+                                                   int64_t ldb, int64_t k, float alpha) {
   if (cols == kTileCols) {
     switch (rows) {
-      case 4: return Tile<4>(c, ldc, a, ars, acs, b, ldb, k, alpha);
-      case 3: return Tile<3>(c, ldc, a, ars, acs, b, ldb, k, alpha);
-      case 2: return Tile<2>(c, ldc, a, ars, acs, b, ldb, k, alpha);
-      default: return Tile<1>(c, ldc, a, ars, acs, b, ldb, k, alpha);
+      case 4: return Tile<4, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
+      case 3: return Tile<3, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
+      case 2: return Tile<2, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
+      default: return Tile<1, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
     float acc[kTileCols] = {};
     for (int64_t p = 0; p < k; ++p) {
-      const float ar = a[r * ars + p * acs];
+      const float ar = kAT ? a[p * lda + r] : a[r * lda + p];
       for (int64_t j = 0; j < cols; ++j) acc[j] += ar * b[p * ldb + j];
     }
     for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = alpha * acc[j];
   }
 }
 
-// C[m,n] = alpha A[m,k] B[k,n] with A's element (i,p) at a[i*ars + p*acs]
-// and B row-major (ldb). When causal, row block i0 only runs p < i0 + rows
-// (A is 0 beyond: the rows' diagonal), and with causal_t the p range starts
-// at the block's first row (A^T of a lower-triangular matrix).
-enum class Causal { kNone, kRowsEnd, kRowsBegin };
-ZS_VECTOR_CLONES void TiledProduct(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
-                                   const float* __restrict a, int64_t ars, int64_t acs,
-                                   const float* __restrict b, int64_t ldb, int64_t k, float alpha,
-                                   Causal causal) {
+// C[m,n] = alpha A[m,k] B[k,n], B row-major (ldb), A row-major (lda) or,
+// when kAT, stored transposed. With causal, the rows' A is lower triangular
+// (0 at p > row): row block i0 runs p < i0 + rows; with kAT, A^T is lower
+// triangular (A is 0 at p < row): block i0 runs p >= i0.
+template <bool kAT>
+inline __attribute__((always_inline)) void Product(float* __restrict c, int64_t ldc, int64_t m,
+                                                   int64_t n, const float* __restrict a,
+                                                   int64_t lda, const float* __restrict b,
+                                                   int64_t ldb, int64_t k, float alpha) {
   for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
     const int64_t rows = std::min(kTileRows, m - i0);
-    int64_t p0 = 0, p1 = k;
-    if (causal == Causal::kRowsEnd) p1 = std::min(k, i0 + rows);
-    if (causal == Causal::kRowsBegin) p0 = i0;
+    const int64_t p0 = kAT ? i0 : 0;
+    const int64_t p1 = kAT ? k : std::min(k, i0 + rows);
+    const float* a_i0 = kAT ? a + p0 * lda + i0 : a + i0 * lda;
     for (int64_t j0 = 0; j0 < n; j0 += kTileCols) {
-      TileAny(c + i0 * ldc + j0, ldc, rows, std::min(kTileCols, n - j0), a + i0 * ars + p0 * acs,
-              ars, acs, b + p0 * ldb + j0, ldb, p1 - p0, alpha);
+      TileAny<kAT>(c + i0 * ldc + j0, ldc, rows, std::min(kTileCols, n - j0), a_i0, lda,
+                   b + p0 * ldb + j0, ldb, p1 - p0, alpha);
     }
   }
 }
 
+ZS_VECTOR_CLONES void CausalProduct(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
+                                    const float* __restrict a, int64_t lda,
+                                    const float* __restrict b, int64_t ldb, int64_t k,
+                                    float alpha) {
+  Product<false>(c, ldc, m, n, a, lda, b, ldb, k, alpha);
+}
+
+ZS_VECTOR_CLONES void CausalProductAT(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
+                                      const float* __restrict a, int64_t lda,
+                                      const float* __restrict b, int64_t ldb, int64_t k,
+                                      float alpha) {
+  Product<true>(c, ldc, m, n, a, lda, b, ldb, k, alpha);
+}
+
 // Scores of query rows i0..i0+rows against keys < i0 + rows (rounded up to
-// whole tiles; the extra entries are above the diagonal).
+// whole tiles; the extra entries are above the diagonal). kt: [hs, ldkt].
 ZS_VECTOR_CLONES void ScoreRows(float* __restrict s, int64_t lds, int64_t i0, int64_t rows,
                                 int64_t t, const float* __restrict q, int64_t ldq,
-                                const float* __restrict kt, int64_t hs, float alpha) {
+                                const float* __restrict kt, int64_t ldkt, int64_t hs,
+                                float alpha) {
   const int64_t keys = i0 + rows;
   for (int64_t j0 = 0; j0 < keys; j0 += kTileCols) {
-    TileAny(s + i0 * lds + j0, lds, rows, std::min(kTileCols, t - j0), q + i0 * ldq, ldq, 1,
-            kt + j0, t, hs, alpha);
+    TileAny<false>(s + i0 * lds + j0, lds, rows, std::min(kTileCols, t - j0), q + i0 * ldq, ldq,
+                   kt + j0, ldkt, hs, alpha);
   }
 }
 
-// dst[d*t + s] = src[s*ld + d] for s < t, d < hs.
-void TransposeHead(float* __restrict dst, const float* __restrict src, int64_t ld, int64_t t,
-                   int64_t hs) {
-  for (int64_t s = 0; s < t; ++s) {
-    const float* row = src + s * ld;
-    for (int64_t d = 0; d < hs; ++d) dst[d * t + s] = row[d];
+// dst[s*hs + d] = src[s*ld + d] (contiguous copy of a head's view).
+void CopyHead(float* __restrict dst, const float* __restrict src, int64_t ld, int64_t t,
+              int64_t hs) {
+  for (int64_t s = 0; s < t; ++s) std::memcpy(dst + s * hs, src + s * ld, hs * sizeof(float));
+}
+
+// dst[d*ldt + s] = src[s*hs + d] for s < t, d < hs, in blocks of 8 x 8.
+ZS_VECTOR_CLONES void TransposeHead(float* __restrict dst, int64_t ldt,
+                                    const float* __restrict src, int64_t t, int64_t hs) {
+  for (int64_t s0 = 0; s0 < t; s0 += 8) {
+    const int64_t s1 = std::min(t, s0 + 8);
+    for (int64_t d0 = 0; d0 < hs; d0 += 8) {
+      const int64_t d1 = std::min(hs, d0 + 8);
+      for (int64_t d = d0; d < d1; ++d) {
+        for (int64_t s = s0; s < s1; ++s) dst[d * ldt + s] = src[s * hs + d];
+      }
+    }
   }
 }
+
+// Leading dimension of a head's transposed copy: t rounded up to whole
+// tiles, plus 8 so that its rows do not all fall in the same cache sets.
+int64_t TransposedLd(int64_t t) { return (t + kTileCols - 1) / kTileCols * kTileCols + 8; }
 
 }  // namespace
 
@@ -576,7 +606,10 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // Threads take (batch row, head) pairs; each pair runs on its thread.
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(static_cast<size_t>(hs * t));  // k^T of one head
+    // Contiguous copies of one head's k (and its transpose) and v.
+    const int64_t ldkt = TransposedLd(t);
+    std::vector<float> kc(static_cast<size_t>(t * hs)), kt(static_cast<size_t>(hs * ldkt));
+    std::vector<float> vc(static_cast<size_t>(t * hs));
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t bi = bh / nh;
       const int64_t h = bh % nh;
@@ -585,12 +618,14 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
       const float* v = q + 2 * c;
       float* att_bh = att + bh * t * t;
       float* out_bh = out + bi * t * c + h * hs;
-      TransposeHead(kt.data(), k, 3 * c, t, hs);
+      CopyHead(kc.data(), k, 3 * c, t, hs);
+      TransposeHead(kt.data(), ldkt, kc.data(), t, hs);
+      CopyHead(vc.data(), v, 3 * c, t, hs);
       for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, t - r0);
         const int64_t keys = r0 + rows;  // positions these rows may attend to
         // scores[rows,keys] = scale q[rows,HS] . k^T[HS,keys]
-        ScoreRows(att_bh, t, r0, rows, t, q, 3 * c, kt.data(), hs, scale);
+        ScoreRows(att_bh, t, r0, rows, t, q, 3 * c, kt.data(), ldkt, hs, scale);
         // Causal softmax of each row over s <= t (max-subtracted for stability).
         for (int64_t ti = r0; ti < keys; ++ti) {
           float* row = att_bh + ti * t;
@@ -602,7 +637,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
         }
       }
       // out_h[T,HS] = att[T,T] . v[T,HS], row block i over keys < i + rows.
-      TiledProduct(out_bh, c, t, hs, att_bh, t, 1, v, 3 * c, t, 1.0f, Causal::kRowsEnd);
+      CausalProduct(out_bh, c, t, hs, att_bh, t, vc.data(), hs, t, 1.0f);
     }
   });
 }
@@ -614,7 +649,10 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
-    std::vector<float> vt(static_cast<size_t>(hs * t));   // v^T of one head
+    // Contiguous copies of one head's q, k, v (and v's transpose) and dout.
+    const int64_t ldvt = TransposedLd(t);
+    std::vector<float> qc(static_cast<size_t>(t * hs)), kc(qc.size()), vc(qc.size());
+    std::vector<float> doc(qc.size()), vt(static_cast<size_t>(hs * ldvt));
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t bi = bh / nh;
       const int64_t h = bh % nh;
@@ -626,12 +664,16 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
       float* dv = dq + 2 * c;
       const float* att_bh = att + bh * t * t;
       const float* dout_bh = dout + bi * t * c + h * hs;
-      TransposeHead(vt.data(), v, 3 * c, t, hs);
+      CopyHead(qc.data(), q, 3 * c, t, hs);
+      CopyHead(kc.data(), k, 3 * c, t, hs);
+      CopyHead(vc.data(), v, 3 * c, t, hs);
+      CopyHead(doc.data(), dout_bh, c, t, hs);
+      TransposeHead(vt.data(), ldvt, vc.data(), t, hs);
       for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, t - r0);
         const int64_t keys = r0 + rows;
         // datt[rows,keys] = dout_h[rows,HS] . v^T[HS,keys]
-        ScoreRows(datt.data(), t, r0, rows, t, dout_bh, c, vt.data(), hs, 1.0f);
+        ScoreRows(datt.data(), t, r0, rows, t, doc.data(), hs, vt.data(), ldvt, hs, 1.0f);
         // Softmax backward, in place: dscore_s = att_s (datt_s - sum_r att_r datt_r),
         // and 0 above the diagonal.
         for (int64_t ti = r0; ti < keys; ++ti) {
@@ -641,11 +683,11 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
         }
       }
       // scores = scale q k^T: dq[T,HS] = scale dscore[T,T] . k[T,HS]
-      TiledProduct(dq, 3 * c, t, hs, datt.data(), t, 1, k, 3 * c, t, scale, Causal::kRowsEnd);
+      CausalProduct(dq, 3 * c, t, hs, datt.data(), t, kc.data(), hs, t, scale);
       // Key s is attended to by the rows from s on:
       // dv[T,HS] = att^T[T,T] . dout_h[T,HS]; dk[T,HS] = scale dscore^T[T,T] . q[T,HS].
-      TiledProduct(dv, 3 * c, t, hs, att_bh, 1, t, dout_bh, c, t, 1.0f, Causal::kRowsBegin);
-      TiledProduct(dk, 3 * c, t, hs, datt.data(), 1, t, q, 3 * c, t, scale, Causal::kRowsBegin);
+      CausalProductAT(dv, 3 * c, t, hs, att_bh, t, doc.data(), hs, t, 1.0f);
+      CausalProductAT(dk, 3 * c, t, hs, datt.data(), t, qc.data(), hs, t, scale);
     }
   });
 }
