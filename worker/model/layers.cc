@@ -423,12 +423,40 @@ void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const
 
 namespace {
 
-// row[s] = e^(row[s] - max) for s < len; returns their sum (in order).
+// Sums and maxima over a row go in 8 lanes (lane l takes s = l mod 8, in
+// order), then the lanes combine pairwise: a fixed order, so the same bits
+// whatever the thread count, and the lane loop vectorizes (a single running
+// sum would be one dependent add per element).
+constexpr int kLanes = 8;
+
+inline float CombineLanes(const float* p) {
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+// The maximum of row[0..len), len >= 1.
+ZS_VECTOR_CLONES float RowMax(const float* __restrict row, int64_t len) {
+  float m[kLanes];
+  for (int l = 0; l < kLanes; ++l) m[l] = row[0];
+  int64_t s = 0;
+  for (; s + kLanes <= len; s += kLanes) {
+    for (int l = 0; l < kLanes; ++l) m[l] = m[l] > row[s + l] ? m[l] : row[s + l];
+  }
+  for (; s < len; ++s) m[0] = m[0] > row[s] ? m[0] : row[s];
+  float max = m[0];
+  for (int l = 1; l < kLanes; ++l) max = max > m[l] ? max : m[l];
+  return max;
+}
+
+// row[s] = e^(row[s] - max) for s < len; returns their sum.
 ZS_VECTOR_CLONES float ExpShifted(float* __restrict row, int64_t len, float max) {
   for (int64_t s = 0; s < len; ++s) row[s] = FastExp(row[s] - max);
-  float sum = 0.0f;
-  for (int64_t s = 0; s < len; ++s) sum += row[s];
-  return sum;
+  float part[kLanes] = {};
+  int64_t s = 0;
+  for (; s + kLanes <= len; s += kLanes) {
+    for (int l = 0; l < kLanes; ++l) part[l] += row[s + l];
+  }
+  for (int l = 0; s < len; ++s, ++l) part[l] += row[s];
+  return CombineLanes(part);
 }
 
 ZS_VECTOR_CLONES void Scale(float* __restrict row, int64_t len, float scale) {
@@ -438,8 +466,13 @@ ZS_VECTOR_CLONES void Scale(float* __restrict row, int64_t len, float scale) {
 // d[s] = a[s] (d[s] - sum_r a[r] d[r]) for s < len.
 ZS_VECTOR_CLONES void SoftmaxBackwardRow(float* __restrict d, const float* __restrict a,
                                          int64_t len) {
-  float dot = 0.0f;
-  for (int64_t s = 0; s < len; ++s) dot += a[s] * d[s];
+  float part[kLanes] = {};
+  int64_t s = 0;
+  for (; s + kLanes <= len; s += kLanes) {
+    for (int l = 0; l < kLanes; ++l) part[l] += a[s + l] * d[s + l];
+  }
+  for (int l = 0; s < len; ++s, ++l) part[l] += a[s] * d[s];
+  const float dot = CombineLanes(part);
   for (int64_t s = 0; s < len; ++s) d[s] = a[s] * (d[s] - dot);
 }
 
@@ -577,17 +610,45 @@ void CopyHead(float* __restrict dst, const float* __restrict src, int64_t ld, in
   for (int64_t s = 0; s < t; ++s) std::memcpy(dst + s * hs, src + s * ld, hs * sizeof(float));
 }
 
-// dst[d*ldt + s] = src[s*hs + d] for s < t, d < hs, in blocks of 8 x 8.
+typedef int32_t I8 __attribute__((vector_size(32)));
+
+// The transpose of 8 x 8 floats: dst[j*ldd + i] = src[i*lds + j].
+inline __attribute__((always_inline)) void Transpose8x8(float* __restrict dst, int64_t ldd,
+                                                        const float* __restrict src,
+                                                        int64_t lds) {
+  V8 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = LoadV8(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], I8{0, 8, 1, 9, 4, 12, 5, 13});
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], I8{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = __builtin_shuffle(t[i], t[i + 2], I8{0, 1, 8, 9, 4, 5, 12, 13});
+    u[i + 1] = __builtin_shuffle(t[i], t[i + 2], I8{2, 3, 10, 11, 6, 7, 14, 15});
+    u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], I8{0, 1, 8, 9, 4, 5, 12, 13});
+    u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], I8{2, 3, 10, 11, 6, 7, 14, 15});
+  }
+  for (int j = 0; j < 4; ++j) {
+    StoreV8(dst + j * ldd, __builtin_shuffle(u[j], u[j + 4], I8{0, 1, 2, 3, 8, 9, 10, 11}));
+    StoreV8(dst + (j + 4) * ldd,
+            __builtin_shuffle(u[j], u[j + 4], I8{4, 5, 6, 7, 12, 13, 14, 15}));
+  }
+}
+
+// dst[d*ldt + s] = src[s*ld + d] for s < t, d < hs, in blocks of 8 x 8.
 ZS_VECTOR_CLONES void TransposeHead(float* __restrict dst, int64_t ldt,
-                                    const float* __restrict src, int64_t t, int64_t hs) {
-  for (int64_t s0 = 0; s0 < t; s0 += 8) {
-    const int64_t s1 = std::min(t, s0 + 8);
-    for (int64_t d0 = 0; d0 < hs; d0 += 8) {
-      const int64_t d1 = std::min(hs, d0 + 8);
-      for (int64_t d = d0; d < d1; ++d) {
-        for (int64_t s = s0; s < s1; ++s) dst[d * ldt + s] = src[s * hs + d];
-      }
+                                    const float* __restrict src, int64_t ld, int64_t t,
+                                    int64_t hs) {
+  int64_t s0 = 0;
+  for (; s0 + 8 <= t; s0 += 8) {
+    int64_t d0 = 0;
+    for (; d0 + 8 <= hs; d0 += 8) Transpose8x8(dst + d0 * ldt + s0, ldt, src + s0 * ld + d0, ld);
+    for (int64_t d = d0; d < hs; ++d) {
+      for (int64_t s = s0; s < s0 + 8; ++s) dst[d * ldt + s] = src[s * ld + d];
     }
+  }
+  for (int64_t s = s0; s < t; ++s) {
+    for (int64_t d = 0; d < hs; ++d) dst[d * ldt + s] = src[s * ld + d];
   }
 }
 
@@ -606,10 +667,9 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // Threads take (batch row, head) pairs; each pair runs on its thread.
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
-    // Contiguous copies of one head's k (and its transpose) and v.
+    // One head's k transposed and a contiguous copy of its v.
     const int64_t ldkt = TransposedLd(t);
-    std::vector<float> kc(static_cast<size_t>(t * hs)), kt(static_cast<size_t>(hs * ldkt));
-    std::vector<float> vc(static_cast<size_t>(t * hs));
+    std::vector<float> kt(static_cast<size_t>(hs * ldkt)), vc(static_cast<size_t>(t * hs));
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t bi = bh / nh;
       const int64_t h = bh % nh;
@@ -618,8 +678,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
       const float* v = q + 2 * c;
       float* att_bh = att + bh * t * t;
       float* out_bh = out + bi * t * c + h * hs;
-      CopyHead(kc.data(), k, 3 * c, t, hs);
-      TransposeHead(kt.data(), ldkt, kc.data(), t, hs);
+      TransposeHead(kt.data(), ldkt, k, 3 * c, t, hs);
       CopyHead(vc.data(), v, 3 * c, t, hs);
       for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, t - r0);
@@ -629,9 +688,7 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
         // Causal softmax of each row over s <= t (max-subtracted for stability).
         for (int64_t ti = r0; ti < keys; ++ti) {
           float* row = att_bh + ti * t;
-          float max_score = row[0];
-          for (int64_t s = 1; s <= ti; ++s) max_score = std::max(max_score, row[s]);
-          const float sum = ExpShifted(row, ti + 1, max_score);
+          const float sum = ExpShifted(row, ti + 1, RowMax(row, ti + 1));
           Scale(row, ti + 1, 1.0f / sum);
           std::fill(row + ti + 1, row + t, 0.0f);
         }
@@ -649,10 +706,10 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
-    // Contiguous copies of one head's q, k, v (and v's transpose) and dout.
+    // Contiguous copies of one head's q, k and dout, and v transposed.
     const int64_t ldvt = TransposedLd(t);
-    std::vector<float> qc(static_cast<size_t>(t * hs)), kc(qc.size()), vc(qc.size());
-    std::vector<float> doc(qc.size()), vt(static_cast<size_t>(hs * ldvt));
+    std::vector<float> qc(static_cast<size_t>(t * hs)), kc(qc.size()), doc(qc.size());
+    std::vector<float> vt(static_cast<size_t>(hs * ldvt));
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t bi = bh / nh;
       const int64_t h = bh % nh;
@@ -666,9 +723,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
       const float* dout_bh = dout + bi * t * c + h * hs;
       CopyHead(qc.data(), q, 3 * c, t, hs);
       CopyHead(kc.data(), k, 3 * c, t, hs);
-      CopyHead(vc.data(), v, 3 * c, t, hs);
       CopyHead(doc.data(), dout_bh, c, t, hs);
-      TransposeHead(vt.data(), ldvt, vc.data(), t, hs);
+      TransposeHead(vt.data(), ldvt, v, 3 * c, t, hs);
       for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, t - r0);
         const int64_t keys = r0 + rows;
