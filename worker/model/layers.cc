@@ -485,9 +485,11 @@ ZS_VECTOR_CLONES void SoftmaxBackwardRow(float* __restrict d, const float* __res
 // its 2R vectors of 8 accumulators stay in registers while the contraction
 // index p runs: per p, one row of B (2 vectors, contiguous) and R
 // broadcasts of A. A is addressed with two strides, so A^T (the backward's
-// att^T and dscore^T) needs no copy; B must be contiguous along the
-// columns, so k (forward scores) and v (backward datt) are transposed once
-// per head into scratch. Every output element is one sum over p in order,
+// att^T and dscore^T) needs no copy. B is read from per-head scratch: k
+// (forward scores) and v (backward datt) transposed, v, k, q and dout
+// copied contiguous (rows 3C floats apart fall in few L1 sets and thrash).
+// Tiles of 4 rows: 6 rows (12 accumulators) spill one under GCC, 5 gain
+// nothing (the loop is near the FMA peak). Every output element is one sum over p in order,
 // computed by one thread: results do not depend on --threads. The x86-64-v3
 // clone contracts a * b + c into FMAs here (as OpenBLAS's kernels did for
 // these products on such CPUs; the baseline clone rounds the product).
