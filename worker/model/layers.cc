@@ -489,10 +489,15 @@ ZS_VECTOR_CLONES void SoftmaxBackwardRow(float* __restrict d, const float* __res
 // (forward scores) and v (backward datt) transposed, v, k, q and dout
 // copied contiguous (rows 3C floats apart fall in few L1 sets and thrash).
 // Tiles of 4 rows: 6 rows (12 accumulators) spill one under GCC, 5 gain
-// nothing (the loop is near the FMA peak). Every output element is one sum over p in order,
-// computed by one thread: results do not depend on --threads. The x86-64-v3
-// clone contracts a * b + c into FMAs here (as OpenBLAS's kernels did for
-// these products on such CPUs; the baseline clone rounds the product).
+// nothing (the loop is near the FMA peak). Every output element is one sum
+// over p in order, computed by one thread: results do not depend on
+// --threads. These kernels
+// are compiled for x86-64-v3 only and contract a * b + c into FMAs (as
+// OpenBLAS's kernels do for these products on such CPUs); without AVX2 and
+// FMA (checked at run time), or off x86-64 GCC, attention keeps OpenBLAS.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ZS_TILED_ATTENTION 1
+#define ZS_V3 __attribute__((target("arch=x86-64-v3")))
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 
@@ -502,13 +507,15 @@ typedef float V8 __attribute__((vector_size(32)));
 constexpr int64_t kTileRows = 4;
 constexpr int64_t kTileCols = 16;
 
-inline V8 LoadV8(const float* p) {
+inline __attribute__((always_inline)) V8 LoadV8(const float* p) {
   V8 v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline void StoreV8(float* p, V8 v) { std::memcpy(p, &v, sizeof(v)); }
+inline __attribute__((always_inline)) void StoreV8(float* p, V8 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
 // c[r*ldc + j] = alpha sum_{p<k} A(r,p) b[p*ldb + j] for r < R, j < 16,
 // with A(r,p) = a[r*lda + p], or a[p*lda + r] when kAT (A stored transposed).
@@ -542,10 +549,14 @@ inline __attribute__((always_inline)) void TileAny(float* __restrict c, int64_t 
                                                    int64_t ldb, int64_t k, float alpha) {
   if (cols == kTileCols) {
     switch (rows) {
-      case 4: return Tile<4, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
-      case 3: return Tile<3, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
-      case 2: return Tile<2, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
-      default: return Tile<1, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
+      case 4:
+        return Tile<4, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
+      case 3:
+        return Tile<3, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
+      case 2:
+        return Tile<2, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
+      default:
+        return Tile<1, kAT>(c, ldc, a, lda, b, ldb, k, alpha);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -579,26 +590,23 @@ inline __attribute__((always_inline)) void Product(float* __restrict c, int64_t 
   }
 }
 
-ZS_VECTOR_CLONES void CausalProduct(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
-                                    const float* __restrict a, int64_t lda,
-                                    const float* __restrict b, int64_t ldb, int64_t k,
-                                    float alpha) {
+ZS_V3 void CausalProduct(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
+                         const float* __restrict a, int64_t lda, const float* __restrict b,
+                         int64_t ldb, int64_t k, float alpha) {
   Product<false>(c, ldc, m, n, a, lda, b, ldb, k, alpha);
 }
 
-ZS_VECTOR_CLONES void CausalProductAT(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
-                                      const float* __restrict a, int64_t lda,
-                                      const float* __restrict b, int64_t ldb, int64_t k,
-                                      float alpha) {
+ZS_V3 void CausalProductAT(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
+                           const float* __restrict a, int64_t lda, const float* __restrict b,
+                           int64_t ldb, int64_t k, float alpha) {
   Product<true>(c, ldc, m, n, a, lda, b, ldb, k, alpha);
 }
 
 // Scores of query rows i0..i0+rows against keys < i0 + rows (rounded up to
 // whole tiles; the extra entries are above the diagonal). kt: [hs, ldkt].
-ZS_VECTOR_CLONES void ScoreRows(float* __restrict s, int64_t lds, int64_t i0, int64_t rows,
-                                int64_t t, const float* __restrict q, int64_t ldq,
-                                const float* __restrict kt, int64_t ldkt, int64_t hs,
-                                float alpha) {
+ZS_V3 void ScoreRows(float* __restrict s, int64_t lds, int64_t i0, int64_t rows, int64_t t,
+                     const float* __restrict q, int64_t ldq, const float* __restrict kt,
+                     int64_t ldkt, int64_t hs, float alpha) {
   const int64_t keys = i0 + rows;
   for (int64_t j0 = 0; j0 < keys; j0 += kTileCols) {
     TileAny<false>(s + i0 * lds + j0, lds, rows, std::min(kTileCols, t - j0), q + i0 * ldq, ldq,
@@ -616,8 +624,7 @@ typedef int32_t I8 __attribute__((vector_size(32)));
 
 // The transpose of 8 x 8 floats: dst[j*ldd + i] = src[i*lds + j].
 inline __attribute__((always_inline)) void Transpose8x8(float* __restrict dst, int64_t ldd,
-                                                        const float* __restrict src,
-                                                        int64_t lds) {
+                                                        const float* __restrict src, int64_t lds) {
   V8 r[8], t[8], u[8];
   for (int i = 0; i < 8; ++i) r[i] = LoadV8(src + i * lds);
   for (int i = 0; i < 8; i += 2) {
@@ -632,15 +639,13 @@ inline __attribute__((always_inline)) void Transpose8x8(float* __restrict dst, i
   }
   for (int j = 0; j < 4; ++j) {
     StoreV8(dst + j * ldd, __builtin_shuffle(u[j], u[j + 4], I8{0, 1, 2, 3, 8, 9, 10, 11}));
-    StoreV8(dst + (j + 4) * ldd,
-            __builtin_shuffle(u[j], u[j + 4], I8{4, 5, 6, 7, 12, 13, 14, 15}));
+    StoreV8(dst + (j + 4) * ldd, __builtin_shuffle(u[j], u[j + 4], I8{4, 5, 6, 7, 12, 13, 14, 15}));
   }
 }
 
 // dst[d*ldt + s] = src[s*ld + d] for s < t, d < hs, in blocks of 8 x 8.
-ZS_VECTOR_CLONES void TransposeHead(float* __restrict dst, int64_t ldt,
-                                    const float* __restrict src, int64_t ld, int64_t t,
-                                    int64_t hs) {
+ZS_V3 void TransposeHead(float* __restrict dst, int64_t ldt, const float* __restrict src,
+                         int64_t ld, int64_t t, int64_t hs) {
   int64_t s0 = 0;
   for (; s0 + 8 <= t; s0 += 8) {
     int64_t d0 = 0;
@@ -662,9 +667,17 @@ int64_t TransposedLd(int64_t t) { return (t + kTileCols - 1) / kTileCols * kTile
 
 #pragma GCC pop_options
 
-void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64_t t, int64_t c,
-                      int64_t nh) {
-  KernelTimer timer(Kernel::kAttention);
+namespace {
+
+// The tiled kernels are compiled for x86-64-v3 only: in the baseline's SSE2
+// the 8-lane vectors are lowered piecewise (20x slower than OpenBLAS).
+bool TiledAttention() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+void AttentionForwardTiled(float* out, float* att, const float* qkv, int64_t b, int64_t t,
+                           int64_t c, int64_t nh) {
   const int64_t hs = c / nh;  // head size
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // Threads take (batch row, head) pairs; each pair runs on its thread.
@@ -701,9 +714,8 @@ void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64
   });
 }
 
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                       int64_t b, int64_t t, int64_t c, int64_t nh) {
-  KernelTimer timer(Kernel::kAttention);
+void AttentionBackwardTiled(float* dqkv, const float* dout, const float* qkv, const float* att,
+                            int64_t b, int64_t t, int64_t c, int64_t nh) {
   const int64_t hs = c / nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
@@ -748,6 +760,123 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
       CausalProductAT(dk, 3 * c, t, hs, datt.data(), t, qc.data(), hs, t, scale);
     }
   });
+}
+
+}  // namespace
+
+#endif  // ZS_TILED_ATTENTION
+
+namespace {
+
+// Without AVX2 + FMA (or off x86-64 with GCC): OpenBLAS per head. Causal
+// blocking: the rows (queries) go in blocks of kAttentionBlock, and a
+// block's GEMMs stop at its last row's position, so the zeros above the
+// diagonal are neither computed nor multiplied (5/8 of the full square's work
+// at T = 128); the backward's transposed products (dv, dk) go by column
+// blocks of keys, each starting at its first key's row.
+constexpr int64_t kAttentionBlock = 32;
+
+void AttentionForwardBlas(float* out, float* att, const float* qkv, int64_t b, int64_t t, int64_t c,
+                          int64_t nh) {
+  const int64_t hs = c / nh;  // head size
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // Threads take (batch row, head) pairs; each pair's GEMMs run on its thread.
+  ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t bi = bh / nh;
+      const int64_t h = bh % nh;
+      const float* q = qkv + bi * t * 3 * c + h * hs;
+      const float* k = q + c;
+      const float* v = q + 2 * c;
+      float* att_bh = att + bh * t * t;
+      float* out_bh = out + bi * t * c + h * hs;
+      for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
+        const int64_t rows = std::min(kAttentionBlock, t - r0);
+        const int64_t keys = r0 + rows;  // positions these rows may attend to
+        // scores[rows,keys] = scale q[rows,HS] . k^T[HS,keys]
+        Gemm(false, true, rows, keys, hs, scale, q + r0 * 3 * c, 3 * c, k, 3 * c, 0.0f,
+             att_bh + r0 * t, t);
+        // Causal softmax of each row over s <= t (max-subtracted for stability).
+        for (int64_t ti = r0; ti < keys; ++ti) {
+          float* row = att_bh + ti * t;
+          const float sum = ExpShifted(row, ti + 1, RowMax(row, ti + 1));
+          Scale(row, ti + 1, 1.0f / sum);
+          std::fill(row + ti + 1, row + t, 0.0f);
+        }
+        // out_h[rows,HS] = att[rows,keys] . v[keys,HS]
+        Gemm(false, false, rows, hs, keys, 1.0f, att_bh + r0 * t, t, v, 3 * c, 0.0f,
+             out_bh + r0 * c, c);
+      }
+    }
+  });
+}
+
+void AttentionBackwardBlas(float* dqkv, const float* dout, const float* qkv, const float* att,
+                           int64_t b, int64_t t, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t bi = bh / nh;
+      const int64_t h = bh % nh;
+      const float* q = qkv + bi * t * 3 * c + h * hs;
+      const float* k = q + c;
+      const float* v = q + 2 * c;
+      float* dq = dqkv + bi * t * 3 * c + h * hs;
+      float* dk = dq + c;
+      float* dv = dq + 2 * c;
+      const float* att_bh = att + bh * t * t;
+      const float* dout_bh = dout + bi * t * c + h * hs;
+      for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
+        const int64_t rows = std::min(kAttentionBlock, t - r0);
+        const int64_t keys = r0 + rows;
+        // datt[rows,keys] = dout_h[rows,HS] . v^T[HS,keys]
+        Gemm(false, true, rows, keys, hs, 1.0f, dout_bh + r0 * c, c, v, 3 * c, 0.0f,
+             datt.data() + r0 * t, t);
+        // Softmax backward, in place: dscore_s = att_s (datt_s - sum_r att_r datt_r),
+        // and 0 above the diagonal.
+        for (int64_t ti = r0; ti < keys; ++ti) {
+          float* d = datt.data() + ti * t;
+          SoftmaxBackwardRow(d, att_bh + ti * t, ti + 1);
+          std::fill(d + ti + 1, d + t, 0.0f);
+        }
+        // scores = scale q k^T: dq[rows,HS] = scale dscore[rows,keys] . k[keys,HS]
+        Gemm(false, false, rows, hs, keys, scale, datt.data() + r0 * t, t, k, 3 * c, 0.0f,
+             dq + r0 * 3 * c, 3 * c);
+      }
+      // Keys s0..s0+cols are attended to by the rows from s0 on:
+      // dv[cols,HS] = att^T[cols,T-s0] . dout_h[T-s0,HS];
+      // dk[cols,HS] = scale dscore^T[cols,T-s0] . q[T-s0,HS].
+      for (int64_t s0 = 0; s0 < t; s0 += kAttentionBlock) {
+        const int64_t cols = std::min(kAttentionBlock, t - s0);
+        Gemm(true, false, cols, hs, t - s0, 1.0f, att_bh + s0 * t + s0, t, dout_bh + s0 * c, c,
+             0.0f, dv + s0 * 3 * c, 3 * c);
+        Gemm(true, false, cols, hs, t - s0, scale, datt.data() + s0 * t + s0, t, q + s0 * 3 * c,
+             3 * c, 0.0f, dk + s0 * 3 * c, 3 * c);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64_t t, int64_t c,
+                      int64_t nh) {
+  KernelTimer timer(Kernel::kAttention);
+#ifdef ZS_TILED_ATTENTION
+  if (TiledAttention()) return AttentionForwardTiled(out, att, qkv, b, t, c, nh);
+#endif
+  AttentionForwardBlas(out, att, qkv, b, t, c, nh);
+}
+
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                       int64_t b, int64_t t, int64_t c, int64_t nh) {
+  KernelTimer timer(Kernel::kAttention);
+#ifdef ZS_TILED_ATTENTION
+  if (TiledAttention()) return AttentionBackwardTiled(dqkv, dout, qkv, att, b, t, c, nh);
+#endif
+  AttentionBackwardBlas(dqkv, dout, qkv, att, b, t, c, nh);
 }
 
 // ----------------------------------------------------------------------------
