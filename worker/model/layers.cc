@@ -497,8 +497,8 @@ ZS_VECTOR_CLONES void SoftmaxBackwardRow(float* __restrict d, const float* __res
 // FMA (checked at run time), or off x86-64 GCC, attention keeps OpenBLAS.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ZS_TILED_ATTENTION 1
-#define ZS_V3 __attribute__((target("arch=x86-64-v3")))
 #pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
 #pragma GCC optimize("fp-contract=fast")
 
 namespace {
@@ -590,23 +590,23 @@ inline __attribute__((always_inline)) void Product(float* __restrict c, int64_t 
   }
 }
 
-ZS_V3 void CausalProduct(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
-                         const float* __restrict a, int64_t lda, const float* __restrict b,
-                         int64_t ldb, int64_t k, float alpha) {
+void CausalProduct(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
+                   const float* __restrict a, int64_t lda, const float* __restrict b, int64_t ldb,
+                   int64_t k, float alpha) {
   Product<false>(c, ldc, m, n, a, lda, b, ldb, k, alpha);
 }
 
-ZS_V3 void CausalProductAT(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
-                           const float* __restrict a, int64_t lda, const float* __restrict b,
-                           int64_t ldb, int64_t k, float alpha) {
+void CausalProductAT(float* __restrict c, int64_t ldc, int64_t m, int64_t n,
+                     const float* __restrict a, int64_t lda, const float* __restrict b, int64_t ldb,
+                     int64_t k, float alpha) {
   Product<true>(c, ldc, m, n, a, lda, b, ldb, k, alpha);
 }
 
 // Scores of query rows i0..i0+rows against keys < i0 + rows (rounded up to
 // whole tiles; the extra entries are above the diagonal). kt: [hs, ldkt].
-ZS_V3 void ScoreRows(float* __restrict s, int64_t lds, int64_t i0, int64_t rows, int64_t t,
-                     const float* __restrict q, int64_t ldq, const float* __restrict kt,
-                     int64_t ldkt, int64_t hs, float alpha) {
+void ScoreRows(float* __restrict s, int64_t lds, int64_t i0, int64_t rows, int64_t t,
+               const float* __restrict q, int64_t ldq, const float* __restrict kt, int64_t ldkt,
+               int64_t hs, float alpha) {
   const int64_t keys = i0 + rows;
   for (int64_t j0 = 0; j0 < keys; j0 += kTileCols) {
     TileAny<false>(s + i0 * lds + j0, lds, rows, std::min(kTileCols, t - j0), q + i0 * ldq, ldq,
@@ -644,8 +644,8 @@ inline __attribute__((always_inline)) void Transpose8x8(float* __restrict dst, i
 }
 
 // dst[d*ldt + s] = src[s*ld + d] for s < t, d < hs, in blocks of 8 x 8.
-ZS_V3 void TransposeHead(float* __restrict dst, int64_t ldt, const float* __restrict src,
-                         int64_t ld, int64_t t, int64_t hs) {
+void TransposeHead(float* __restrict dst, int64_t ldt, const float* __restrict src, int64_t ld,
+                   int64_t t, int64_t hs) {
   int64_t s0 = 0;
   for (; s0 + 8 <= t; s0 += 8) {
     int64_t d0 = 0;
