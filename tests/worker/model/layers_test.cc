@@ -359,6 +359,33 @@ TEST(AttentionTest, BlockedBackwardMatchesFiniteDifferences) {
   ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
 }
 
+// Heads of 20 (one full 16-column tile and an edge of 4; 8 x 8 transposes
+// and a remainder) and t = 37 (row tiles of 4 and an edge of 1): the
+// register-tiled paths of every product, forward and backward.
+TEST(AttentionTest, WideHeadsMatchNaiveLoopAndFiniteDifferences) {
+  const int64_t b = 1, t = 37, c = 40, nh = 2;
+  auto qkv = RandomVector(b * t * 3 * c, -1, 1, 29);
+  auto dout = RandomVector(b * t * c, -1, 1, 30);
+  std::vector<float> out(b * t * c), att(b * nh * t * t, 7.0f), dqkv(qkv.size());
+  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  auto want = NaiveAttention(qkv, b, t, c, nh);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5) << i;
+  for (int64_t r = 0; r < b * nh; ++r) {
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t s = i + 1; s < t; ++s) ASSERT_EQ(att[(r * t + i) * t + s], 0.0f);
+    }
+  }
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+  auto loss = [&] {
+    std::vector<float> o(out.size()), a(att.size());
+    AttentionForward(o.data(), a.data(), qkv.data(), b, t, c, nh);
+    return Dot(dout.data(), o.data(), o.size());
+  };
+  FdOptions opt;
+  opt.eps = 1e-3f;
+  ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
+}
+
 // ---------------------------------------------------------------------------
 // Embedding, LM head, cross-entropy
 
