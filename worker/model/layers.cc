@@ -495,6 +495,41 @@ ZS_VECTOR_CLONES void SoftmaxBackwardRow(float* __restrict d, const float* __res
 // are compiled for x86-64-v3 only and contract a * b + c into FMAs (as
 // OpenBLAS's kernels do for these products on such CPUs); without AVX2 and
 // FMA (checked at run time), or off x86-64 GCC, attention keeps OpenBLAS.
+namespace {
+
+// One (batch row, head)'s views: q, k, v (and their gradients) are strided
+// views into qkv / dqkv (rows 3C apart), out and dout rows C apart, att and
+// its gradient a T x T block. Shared by both attention implementations.
+struct HeadViews {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* dq;  // null in the forward
+  float* dk;
+  float* dv;
+  int64_t att;  // offset of the head's T x T block
+  int64_t out;  // offset of the head's columns in out / dout
+};
+
+inline HeadViews Head(const float* qkv, float* dqkv, int64_t bh, int64_t nh, int64_t t,
+                      int64_t c) {
+  const int64_t bi = bh / nh;
+  const int64_t hs = c / nh;
+  const int64_t at = bi * t * 3 * c + (bh % nh) * hs;
+  HeadViews v;
+  v.q = qkv + at;
+  v.k = v.q + c;
+  v.v = v.q + 2 * c;
+  v.dq = dqkv == nullptr ? nullptr : dqkv + at;
+  v.dk = dqkv == nullptr ? nullptr : v.dq + c;
+  v.dv = dqkv == nullptr ? nullptr : v.dq + 2 * c;
+  v.att = bh * t * t;
+  v.out = bi * t * c + (bh % nh) * hs;
+  return v;
+}
+
+}  // namespace
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ZS_TILED_ATTENTION 1
 #pragma GCC push_options
@@ -686,13 +721,12 @@ void AttentionForwardTiled(float* out, float* att, const float* qkv, int64_t b, 
     const int64_t ldkt = TransposedLd(t);
     std::vector<float> kt(static_cast<size_t>(hs * ldkt)), vc(static_cast<size_t>(t * hs));
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t bi = bh / nh;
-      const int64_t h = bh % nh;
-      const float* q = qkv + bi * t * 3 * c + h * hs;
-      const float* k = q + c;
-      const float* v = q + 2 * c;
-      float* att_bh = att + bh * t * t;
-      float* out_bh = out + bi * t * c + h * hs;
+      const HeadViews head = Head(qkv, nullptr, bh, nh, t, c);
+      const float* q = head.q;
+      const float* k = head.k;
+      const float* v = head.v;
+      float* att_bh = att + head.att;
+      float* out_bh = out + head.out;
       TransposeHead(kt.data(), ldkt, k, 3 * c, t, hs);
       CopyHead(vc.data(), v, 3 * c, t, hs);
       for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
@@ -725,16 +759,15 @@ void AttentionBackwardTiled(float* dqkv, const float* dout, const float* qkv, co
     std::vector<float> qc(static_cast<size_t>(t * hs)), kc(qc.size()), doc(qc.size());
     std::vector<float> vt(static_cast<size_t>(hs * ldvt));
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t bi = bh / nh;
-      const int64_t h = bh % nh;
-      const float* q = qkv + bi * t * 3 * c + h * hs;
-      const float* k = q + c;
-      const float* v = q + 2 * c;
-      float* dq = dqkv + bi * t * 3 * c + h * hs;
-      float* dk = dq + c;
-      float* dv = dq + 2 * c;
-      const float* att_bh = att + bh * t * t;
-      const float* dout_bh = dout + bi * t * c + h * hs;
+      const HeadViews head = Head(qkv, dqkv, bh, nh, t, c);
+      const float* q = head.q;
+      const float* k = head.k;
+      const float* v = head.v;
+      float* dq = head.dq;
+      float* dk = head.dk;
+      float* dv = head.dv;
+      const float* att_bh = att + head.att;
+      const float* dout_bh = dout + head.out;
       CopyHead(qc.data(), q, 3 * c, t, hs);
       CopyHead(kc.data(), k, 3 * c, t, hs);
       CopyHead(doc.data(), dout_bh, c, t, hs);
@@ -783,13 +816,12 @@ void AttentionForwardBlas(float* out, float* att, const float* qkv, int64_t b, i
   // Threads take (batch row, head) pairs; each pair's GEMMs run on its thread.
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t bi = bh / nh;
-      const int64_t h = bh % nh;
-      const float* q = qkv + bi * t * 3 * c + h * hs;
-      const float* k = q + c;
-      const float* v = q + 2 * c;
-      float* att_bh = att + bh * t * t;
-      float* out_bh = out + bi * t * c + h * hs;
+      const HeadViews head = Head(qkv, nullptr, bh, nh, t, c);
+      const float* q = head.q;
+      const float* k = head.k;
+      const float* v = head.v;
+      float* att_bh = att + head.att;
+      float* out_bh = out + head.out;
       for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
         const int64_t rows = std::min(kAttentionBlock, t - r0);
         const int64_t keys = r0 + rows;  // positions these rows may attend to
@@ -818,16 +850,15 @@ void AttentionBackwardBlas(float* dqkv, const float* dout, const float* qkv, con
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t bi = bh / nh;
-      const int64_t h = bh % nh;
-      const float* q = qkv + bi * t * 3 * c + h * hs;
-      const float* k = q + c;
-      const float* v = q + 2 * c;
-      float* dq = dqkv + bi * t * 3 * c + h * hs;
-      float* dk = dq + c;
-      float* dv = dq + 2 * c;
-      const float* att_bh = att + bh * t * t;
-      const float* dout_bh = dout + bi * t * c + h * hs;
+      const HeadViews head = Head(qkv, dqkv, bh, nh, t, c);
+      const float* q = head.q;
+      const float* k = head.k;
+      const float* v = head.v;
+      float* dq = head.dq;
+      float* dk = head.dk;
+      float* dv = head.dv;
+      const float* att_bh = att + head.att;
+      const float* dout_bh = dout + head.out;
       for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
         const int64_t rows = std::min(kAttentionBlock, t - r0);
         const int64_t keys = r0 + rows;
