@@ -310,27 +310,10 @@ TEST(AttentionTest, IsCausal) {
   }
 }
 
-TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
-  const int64_t b = 2, t = 5, c = 8, nh = 2;
-  auto qkv = RandomVector(b * t * 3 * c, -1, 1, 22);
-  auto dout = RandomVector(b * t * c, -1, 1, 23);
-  std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(qkv.size());
-  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
-  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
-  auto loss = [&] {
-    std::vector<float> o(out.size()), a(att.size());
-    AttentionForward(o.data(), a.data(), qkv.data(), b, t, c, nh);
-    return Dot(dout.data(), o.data(), o.size());
-  };
-  FdOptions opt;
-  opt.eps = 1e-3f;
-  ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
-}
-
-// Sequences longer than the causal blocks (32 rows), with a ragged last block.
-TEST(AttentionTest, BlockedMatchesNaiveLoopOnLongSequences) {
-  const int64_t b = 2, t = 70, c = 12, nh = 3;
-  auto qkv = RandomVector(b * t * 3 * c, -1.5f, 1.5f, 26);
+// The forward equals the naive loop and the weights above the diagonal are
+// exactly 0 (att starts at 7 so that an unwritten weight shows).
+void ExpectForwardMatchesNaive(int64_t b, int64_t t, int64_t c, int64_t nh, uint32_t seed) {
+  auto qkv = RandomVector(b * t * 3 * c, -1.5f, 1.5f, seed);
   std::vector<float> out(b * t * c), att(b * nh * t * t, 7.0f);
   AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   auto want = NaiveAttention(qkv, b, t, c, nh);
@@ -342,10 +325,11 @@ TEST(AttentionTest, BlockedMatchesNaiveLoopOnLongSequences) {
   }
 }
 
-TEST(AttentionTest, BlockedBackwardMatchesFiniteDifferences) {
-  const int64_t b = 1, t = 37, c = 8, nh = 2;
-  auto qkv = RandomVector(b * t * 3 * c, -1, 1, 27);
-  auto dout = RandomVector(b * t * c, -1, 1, 28);
+// d(dout . out)/d(qkv) from the backward equals finite differences.
+void ExpectBackwardMatchesFiniteDifferences(int64_t b, int64_t t, int64_t c, int64_t nh,
+                                            uint32_t seed) {
+  auto qkv = RandomVector(b * t * 3 * c, -1, 1, seed);
+  auto dout = RandomVector(b * t * c, -1, 1, seed + 1);
   std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(qkv.size());
   AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
@@ -359,31 +343,25 @@ TEST(AttentionTest, BlockedBackwardMatchesFiniteDifferences) {
   ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
 }
 
+TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
+  ExpectBackwardMatchesFiniteDifferences(2, 5, 8, 2, 22);
+}
+
+// Sequences longer than the causal blocks (32 rows), with a ragged last block.
+TEST(AttentionTest, BlockedMatchesNaiveLoopOnLongSequences) {
+  ExpectForwardMatchesNaive(2, 70, 12, 3, 26);
+}
+
+TEST(AttentionTest, BlockedBackwardMatchesFiniteDifferences) {
+  ExpectBackwardMatchesFiniteDifferences(1, 37, 8, 2, 27);
+}
+
 // Heads of 20 (one full 16-column tile and an edge of 4; 8 x 8 transposes
 // and a remainder) and t = 37 (row tiles of 4 and an edge of 1): the
 // register-tiled paths of every product, forward and backward.
 TEST(AttentionTest, WideHeadsMatchNaiveLoopAndFiniteDifferences) {
-  const int64_t b = 1, t = 37, c = 40, nh = 2;
-  auto qkv = RandomVector(b * t * 3 * c, -1, 1, 29);
-  auto dout = RandomVector(b * t * c, -1, 1, 30);
-  std::vector<float> out(b * t * c), att(b * nh * t * t, 7.0f), dqkv(qkv.size());
-  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
-  auto want = NaiveAttention(qkv, b, t, c, nh);
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5) << i;
-  for (int64_t r = 0; r < b * nh; ++r) {
-    for (int64_t i = 0; i < t; ++i) {
-      for (int64_t s = i + 1; s < t; ++s) ASSERT_EQ(att[(r * t + i) * t + s], 0.0f);
-    }
-  }
-  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
-  auto loss = [&] {
-    std::vector<float> o(out.size()), a(att.size());
-    AttentionForward(o.data(), a.data(), qkv.data(), b, t, c, nh);
-    return Dot(dout.data(), o.data(), o.size());
-  };
-  FdOptions opt;
-  opt.eps = 1e-3f;
-  ExpectGradientMatches(loss, qkv.data(), dqkv.data(), qkv.size(), opt, "dqkv");
+  ExpectForwardMatchesNaive(1, 37, 40, 2, 29);
+  ExpectBackwardMatchesFiniteDifferences(1, 37, 40, 2, 30);
 }
 
 // ---------------------------------------------------------------------------
