@@ -721,12 +721,10 @@ void AttentionForwardTiled(float* out, float* att, const float* qkv, int64_t b, 
     const int64_t ldkt = TransposedLd(t);
     std::vector<float> kt(static_cast<size_t>(hs * ldkt)), vc(static_cast<size_t>(t * hs));
     for (int64_t bh = begin; bh < end; ++bh) {
-      const HeadViews head = Head(qkv, nullptr, bh, nh, t, c);
-      const float* q = head.q;
-      const float* k = head.k;
-      const float* v = head.v;
-      float* att_bh = att + head.att;
-      float* out_bh = out + head.out;
+      const auto [q, k, v, dq_unused, dk_unused, dv_unused, att_at, out_at] =
+          Head(qkv, nullptr, bh, nh, t, c);
+      float* att_bh = att + att_at;
+      float* out_bh = out + out_at;
       TransposeHead(kt.data(), ldkt, k, 3 * c, t, hs);
       CopyHead(vc.data(), v, 3 * c, t, hs);
       for (int64_t r0 = 0; r0 < t; r0 += kTileRows) {
@@ -759,15 +757,9 @@ void AttentionBackwardTiled(float* dqkv, const float* dout, const float* qkv, co
     std::vector<float> qc(static_cast<size_t>(t * hs)), kc(qc.size()), doc(qc.size());
     std::vector<float> vt(static_cast<size_t>(hs * ldvt));
     for (int64_t bh = begin; bh < end; ++bh) {
-      const HeadViews head = Head(qkv, dqkv, bh, nh, t, c);
-      const float* q = head.q;
-      const float* k = head.k;
-      const float* v = head.v;
-      float* dq = head.dq;
-      float* dk = head.dk;
-      float* dv = head.dv;
-      const float* att_bh = att + head.att;
-      const float* dout_bh = dout + head.out;
+      const auto [q, k, v, dq, dk, dv, att_at, out_at] = Head(qkv, dqkv, bh, nh, t, c);
+      const float* att_bh = att + att_at;
+      const float* dout_bh = dout + out_at;
       CopyHead(qc.data(), q, 3 * c, t, hs);
       CopyHead(kc.data(), k, 3 * c, t, hs);
       CopyHead(doc.data(), dout_bh, c, t, hs);
@@ -816,12 +808,10 @@ void AttentionForwardBlas(float* out, float* att, const float* qkv, int64_t b, i
   // Threads take (batch row, head) pairs; each pair's GEMMs run on its thread.
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
-      const HeadViews head = Head(qkv, nullptr, bh, nh, t, c);
-      const float* q = head.q;
-      const float* k = head.k;
-      const float* v = head.v;
-      float* att_bh = att + head.att;
-      float* out_bh = out + head.out;
+      const auto [q, k, v, dq_unused, dk_unused, dv_unused, att_at, out_at] =
+          Head(qkv, nullptr, bh, nh, t, c);
+      float* att_bh = att + att_at;
+      float* out_bh = out + out_at;
       for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
         const int64_t rows = std::min(kAttentionBlock, t - r0);
         const int64_t keys = r0 + rows;  // positions these rows may attend to
@@ -850,15 +840,9 @@ void AttentionBackwardBlas(float* dqkv, const float* dout, const float* qkv, con
   ParallelFor(b * nh, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> datt(static_cast<size_t>(t * t));  // d(loss)/d(att) of one head
     for (int64_t bh = begin; bh < end; ++bh) {
-      const HeadViews head = Head(qkv, dqkv, bh, nh, t, c);
-      const float* q = head.q;
-      const float* k = head.k;
-      const float* v = head.v;
-      float* dq = head.dq;
-      float* dk = head.dk;
-      float* dv = head.dv;
-      const float* att_bh = att + head.att;
-      const float* dout_bh = dout + head.out;
+      const auto [q, k, v, dq, dk, dv, att_at, out_at] = Head(qkv, dqkv, bh, nh, t, c);
+      const float* att_bh = att + att_at;
+      const float* dout_bh = dout + out_at;
       for (int64_t r0 = 0; r0 < t; r0 += kAttentionBlock) {
         const int64_t rows = std::min(kAttentionBlock, t - r0);
         const int64_t keys = r0 + rows;
