@@ -39,7 +39,7 @@ ABSL_FLAG(absl::Duration, rejoin_grace, absl::Seconds(30),
 ABSL_FLAG(int, snapshot_every, 20,
           "Fault tolerance: every N steps each rank copies its shard state to host memory and "
           "to its buddy rank, in the background (0: off; recovery then uses disk checkpoints)");
-ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder on bytes)");
+ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder)");
 ABSL_FLAG(int, layers, 4, "Layers of the model (Linears of the MLP, blocks of the GPT)");
 ABSL_FLAG(int, width, 256, "MLP width (in = out features of every Linear)");
 ABSL_FLAG(std::string, activation, "none", "MLP activation between Linears: none|relu|gelu");
@@ -77,7 +77,18 @@ ABSL_FLAG(int, threads, 1,
 ABSL_FLAG(std::string, init_from, "",
           "Initialize from this safetensors file (each rank reads only its rows)");
 ABSL_FLAG(std::string, data, "",
-          "safetensors file with x [N, width] and y [N, width] (default: seeded synthetic)");
+          "MLP: safetensors file with x [N, width] and y [N, width] (default: seeded synthetic). "
+          "GPT: llm.c token shards (a glob, or a path ending in .bin; with --val_data) or a text "
+          "file's bytes (default: the --task)");
+ABSL_FLAG(std::string, val_data, "",
+          "GPT token shards: the validation shards (a glob); the validation loss is the mean "
+          "over consecutive windows of --context + 1 tokens (stride --context) from their start");
+ABSL_FLAG(int64_t, val_tokens, 0,
+          "GPT token shards: validation tokens the validation loss covers (0: every whole window "
+          "of --val_data)");
+ABSL_FLAG(int64_t, vocab, 0,
+          "GPT vocabulary: rows of the embedding and the tied LM head (at most 65536 with token "
+          "shards; 0: 256 for bytes, 50257 for token shards, or the --init_from config's)");
 ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs) | nccl (one GPU per process)");
 ABSL_FLAG(int, local_rank, -1,
           "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
@@ -99,8 +110,9 @@ ABSL_FLAG(std::string, summary_out, "",
           "Rank 0 writes the run's summary here (JSON: model shape, loss first/last, "
           "validation loss, accuracy, sample, memory per rank) and prints it as a table");
 ABSL_FLAG(std::string, eval_out, "",
-          "After training, rank 0 writes its first validation batch and what the model computed "
-          "on it (JSON), for checking the consolidated model in other tools");
+          "After training, rank 0 writes JSON for checking the consolidated model in other tools: "
+          "with token shards the validation loss and its windows; otherwise its first validation "
+          "batch and what the model computed on it");
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
           "rank 0 writes)");
@@ -206,6 +218,10 @@ absl::Status ReadCompute(WorkerConfig* config) {
   task.digits = absl::GetFlag(FLAGS_digits);
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);
+  task.val_data = absl::GetFlag(FLAGS_val_data);
+  task.val_tokens = absl::GetFlag(FLAGS_val_tokens);
+  task.vocab = absl::GetFlag(FLAGS_vocab);
+  if (task.vocab < 0) return Bad(absl::StrCat("--vocab=", task.vocab, ": expected 1 or more"));
   task.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   task.batch = absl::GetFlag(FLAGS_batch);
   task.grad_accum = absl::GetFlag(FLAGS_grad_accum);
