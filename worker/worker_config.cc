@@ -1,5 +1,6 @@
 #include "worker/worker_config.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,9 +8,12 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/connection_flags.h"
+#include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
 #include "worker/zero/optimizer.h"
 
@@ -75,7 +79,10 @@ ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic dat
 ABSL_FLAG(int, threads, 1,
           "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
 ABSL_FLAG(std::string, init_from, "",
-          "Initialize from this safetensors file (each rank reads only its rows)");
+          "Initialize from this safetensors file, or (GPT) a Hugging Face GPT-2 directory: "
+          "config.json (which sets --layers, --heads, --d_model, --vocab and the positions; "
+          "flags that disagree are an error) and model.safetensors or shards with "
+          "model.safetensors.index.json. Each rank reads only its rows");
 ABSL_FLAG(std::string, data, "",
           "MLP: safetensors file with x [N, width] and y [N, width] (default: seeded synthetic). "
           "GPT: llm.c token shards (a glob, or a path ending in .bin; with --val_data) or a text "
@@ -338,6 +345,59 @@ absl::Status ReadRun(WorkerConfig* config) {
   return absl::OkStatus();
 }
 
+// Whether the command line named `flag` (a value equal to the default
+// included). Debian's Abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine
+// private; the parser's own record is the same answer.
+bool GivenOnCommandLine(absl::string_view flag) {
+  return absl::flags_internal::WasPresentOnCommandLine(flag);
+}
+
+// The value of a model flag against the checkpoint's: a flag left out takes
+// the config's value; one given must agree.
+absl::Status Agree(const char* flag, int64_t given, int64_t config_value, const char* key,
+                   const std::string& dir) {
+  if (!GivenOnCommandLine(flag) || given == config_value) return absl::OkStatus();
+  return Bad(absl::StrCat("--", flag, "=", given, " disagrees with --init_from=", dir,
+                          ": its config.json has ", key, " ", config_value,
+                          "; leave --", flag, " out (the checkpoint sets it) or start from "
+                          "another checkpoint"));
+}
+
+// --init_from=DIR (a Hugging Face GPT-2 directory): its config.json shapes
+// the model. --context may be shorter than n_positions (the training window).
+absl::Status ApplyHuggingFaceConfig(WorkerConfig* config) {
+  const std::string& dir = config->initial.init_from;
+  struct stat st;
+  if (dir.empty() || stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::OkStatus();
+  }
+  TaskOptions& task = config->task;
+  if (GivenOnCommandLine("model") && task.model != "gpt") {
+    return Bad(absl::StrCat("--init_from=", dir, " is a Hugging Face GPT-2 directory, but --model=",
+                            task.model, "; use --model=gpt (or leave it out)"));
+  }
+  absl::StatusOr<HfGpt2Config> hf = ReadHfGpt2Config(dir);
+  if (!hf.ok()) return Bad(absl::StrCat("--init_from: ", hf.status().message()));
+  for (absl::Status s : {Agree("layers", task.layers, hf->n_layer, "n_layer", dir),
+                         Agree("heads", task.heads, hf->n_head, "n_head", dir),
+                         Agree("d_model", task.d_model, hf->n_embd, "n_embd", dir),
+                         Agree("vocab", task.vocab, hf->vocab_size, "vocab_size", dir)}) {
+    if (!s.ok()) return s;
+  }
+  if (GivenOnCommandLine("context") && task.context > hf->n_positions) {
+    return Bad(absl::StrCat("--context=", task.context, " is longer than the n_positions ",
+                            hf->n_positions, " of --init_from=", dir, "/config.json"));
+  }
+  task.model = "gpt";
+  task.layers = hf->n_layer;
+  task.heads = hf->n_head;
+  task.d_model = static_cast<int>(hf->n_embd);
+  task.vocab = hf->vocab_size;
+  task.positions = hf->n_positions;
+  if (!GivenOnCommandLine("context")) task.context = static_cast<int>(hf->n_positions);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 double Schedule::LearningRate(int step) const {
@@ -352,6 +412,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   if (absl::Status s = ReadMembership(&config); !s.ok()) return s;
   if (absl::Status s = ReadCompute(&config); !s.ok()) return s;
   if (absl::Status s = ReadRun(&config); !s.ok()) return s;
+  if (absl::Status s = ApplyHuggingFaceConfig(&config); !s.ok()) return s;
   // Last: the only check that reads files.
   absl::StatusOr<ClientOptions> client = ClientOptionsFromFlags();
   if (!client.ok()) {
