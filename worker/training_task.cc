@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/hf_gpt2_config.h"
 #include "worker/data/regression_data.h"
 #include "worker/data/text_data.h"
 #include "worker/data/token_shards.h"
@@ -254,6 +255,11 @@ class GptTask : public TrainingTask {
           std::vector<int32_t>(targets_.begin() + b * t, targets_.begin() + (b + 1) * t));
     }
     return out.dump();
+  }
+
+  std::string HuggingFaceConfig() const override {
+    const GptConfig& c = model_->config();
+    return HfGpt2ConfigJson({c.n_layer, c.n_head, c.n_embd, c.n_ctx, c.vocab});
   }
 
   std::string Describe() const override {

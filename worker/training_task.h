@@ -87,6 +87,9 @@ class TrainingTask {
   virtual absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) = 0;
   // A description for people.
   virtual std::string Describe() const = 0;
+  // The model's Hugging Face config.json, recorded in checkpoints for
+  // `consolidate --format=hf`; "" for models Hugging Face has no class for.
+  virtual std::string HuggingFaceConfig() const { return ""; }
   // Runs the first validation batch of `rank` forward and returns it with
   // what the model computed, as JSON: {"loss", and for the MLP "x" and
   // "output" [rows][width], for the GPT "tokens" and "targets" [b][t]}. For

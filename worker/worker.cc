@@ -627,6 +627,13 @@ absl::Status Worker::Train() {
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
   const int every = config_.recovery.snapshot_every;
+  if (steps == 0 && checkpoints.at_end) {
+    // A run of 0 steps checkpoints the state it starts from: how an
+    // --init_from file becomes a checkpoint (and a consolidated model).
+    const ShardIdentity id{config_.job, 0, rank_, world(), g.membership.generation,
+                           g.plan.hash, DataRow(0), task_->HuggingFaceConfig()};
+    if (absl::Status s = checkpointer.Save(e, id); !s.ok()) return s;
+  }
   for (int step = g.start_step; step < steps; ++step) {
     // Between steps, the abort needs no collective to notice it.
     if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
@@ -649,7 +656,7 @@ absl::Status Worker::Train() {
     if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
         (checkpoints.at_end && completed == steps)) {
       const ShardIdentity id{config_.job,       completed, rank_, world(), g.membership.generation,
-                             g.plan.hash,       DataRow(completed)};
+                             g.plan.hash,       DataRow(completed), task_->HuggingFaceConfig()};
       if (absl::Status s = checkpointer.Save(e, id); !s.ok()) return s;
     }
     if (every > 0 && completed % every == 0 && completed < steps) {
@@ -708,7 +715,7 @@ absl::Status Worker::Snapshot(int completed) {
     return absl::OkStatus();
   }
   const ShardIdentity id{config_.job, completed, rank_, world(), g.membership.generation,
-                         g.plan.hash, DataRow(completed)};
+                         g.plan.hash, DataRow(completed), task_->HuggingFaceConfig()};
   ShardView view;
   if (device_ == nullptr) {
     // The engine's own host memory: the keeper's thread copies it while the

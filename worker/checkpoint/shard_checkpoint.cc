@@ -149,6 +149,7 @@ SafetensorsMetadata ShardMetadata(const ShardIdentity& id, const std::string& op
       {ShardMetadataKey::kChecksums, checksums.dump()},
   };
   if (id.data_row >= 0) metadata[ShardMetadataKey::kDataRow] = absl::StrCat(id.data_row);
+  if (!id.hf_config.empty()) metadata[ShardMetadataKey::kHfConfig] = id.hf_config;
   return metadata;
 }
 

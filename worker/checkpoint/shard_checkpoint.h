@@ -29,6 +29,7 @@ struct ShardIdentity {
   int64_t generation = 0;
   std::string plan_hash;
   int64_t data_row = -1;  // the data cursor after `step` (-1: not recorded)
+  std::string hf_config;  // the model's config.json ("": none)
 };
 
 // This rank's state, copied to host buffers: what the writer thread writes.
