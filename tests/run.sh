@@ -12,9 +12,9 @@ bash tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 # Python interop tests run in a venv that sees Debian's python3-torch and
 # takes safetensors and numpy from PyPI.
 VENV="${ZEROSHARD_VENV:-$HOME/.cache/zeroshard/venv}"
-if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c "import safetensors, torch, numpy" 2>/dev/null; then
+if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c "import safetensors, torch, numpy, transformers" 2>/dev/null; then
   /usr/bin/python3 -m venv --system-site-packages "$VENV" &&
-    "$VENV/bin/pip" install -q safetensors numpy || { echo "0 passed, 1 failed"; exit 1; }
+    "$VENV/bin/pip" install -q safetensors numpy "transformers>=4.40,<4.46" || { echo "0 passed, 1 failed"; exit 1; }
 fi
 
 JOBS_FLAGS=()
