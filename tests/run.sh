@@ -40,6 +40,9 @@ NUMERICAL_TARGETS=(
   //tests/interop:interop_test
 )
 FORCED_KERNELS=(Haswell Sandybridge)
+# Cases of those targets that compute nothing numerical and take long (a
+# damaged shard: the survivor waits out its rejoin timeout, ~2 min).
+NOT_NUMERICAL=-ResumeTest.ADamagedShardIsNeverLoaded:ResumeTest.AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete
 
 LOG=/tmp/zeroshard-test.log
 : >"$LOG"
@@ -103,7 +106,7 @@ PY
 run_tests "all tests (OpenBLAS's own choice of kernel)" //... "$@"
 for kernel in "${FORCED_KERNELS[@]}"; do
   run_tests "numerical tests under OPENBLAS_CORETYPE=$kernel" "${NUMERICAL_TARGETS[@]}" \
-    --test_env=OPENBLAS_CORETYPE="$kernel" "$@"
+    --test_env=OPENBLAS_CORETYPE="$kernel" --test_filter="$NOT_NUMERICAL" "$@"
 done
 
 echo "$passed passed, $failed failed"
