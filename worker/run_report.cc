@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/table.h"
+#include "worker/model/parallel.h"
 #include "worker/zero/memory_tracker.h"
 
 namespace zeroshard {
@@ -176,6 +177,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                        {"broadcast", bytes.broadcast}};
   out["plan_hash"] = run.plan_hash;
   out["data_plane"] = run.data_plane;
+  out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};
   out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
   out["snapshot_pause_ms"] = m.snapshot_pause_ms;
   out["snapshot_copy_ms"] = m.snapshot_copy_ms;
