@@ -18,12 +18,13 @@ Error model of the parameter check. The reference runs in float64 (exact for
 this purpose). The workers compute in float32 (unit roundoff u = 2^-24); a
 gradient is made of sums of at most K = WORLD * BATCH * CONTEXT products
 (weight gradients sum over every position, and K exceeds the inner widths
-C = 128 and 4C), so its relative error is at most about K * u. Adam divides
+C = 128 and 4C), so its relative error is at most about gamma(K) = K u / (1 - K u)
+(error_model.py). Adam divides
 each element's moments by the element's own RMS: the update carries the
 gradient's relative error, amplified at most 1 / (1 - beta1) = 10 times by
 the first moment. Per tensor, over the change of the parameters Delta:
 
-  ||Delta_workers - Delta_torch|| / ||Delta_torch||  <=  10 * K * u  (6.1e-4)
+  ||Delta_workers - Delta_torch|| / ||Delta_torch||  <=  10 * gamma(K)  (6.1e-4)
 
 One exception: the key third of each c_attn.bias has a gradient of exactly
 zero in exact arithmetic (adding a constant to every key's score leaves the
@@ -47,7 +48,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
-U = 2.0 ** -24
+from error_model import gamma
+
 MAGIC, VERSION = 20240520, 1
 
 
@@ -126,7 +128,7 @@ def train(hf_dir, out_dir, eval_json, data_glob, world, batch, context, steps, l
         print(f"torch step {step + 1} loss {loss.item():.6f}")
     ours = load_checked(out_dir).double().state_dict()
     ref = model.state_dict()
-    tol = 10 * k_terms * U
+    tol = 10 * gamma(k_terms)
     worst = 0.0
     for name, _ in model.named_parameters():
         d_ref = ref[name] - start[name]
