@@ -26,8 +26,11 @@
 #include "common/file_util.h"
 #include "common/checkpoint_format.h"
 #include "worker/checkpoint/shard_checkpoint.h"
+#include "worker/checkpointer.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/model/parallel.h"
+#include "worker/recovery/recovery_agreement.h"
+#include "worker/recovery/snapshot_restore.h"
 #include "worker/zero/task_thread.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
@@ -38,13 +41,6 @@
 
 namespace zeroshard {
 namespace {
-
-// A checkpoint's commit: the server reads the file's header and, for the
-// last rank, writes and fsyncs the manifest, on a shared filesystem that may
-// be slow.
-constexpr absl::Duration kCommitTimeout = absl::Minutes(5);
-// An upload (--checkpoint_transport=grpc) moves the whole shard.
-constexpr absl::Duration kUploadTimeout = absl::Hours(1);
 
 // "<what>: <CODE>: <message>" with the code kept: the text shard_worker
 // prints for a failure of `what`.
@@ -64,63 +60,6 @@ CollectiveBytes& operator+=(CollectiveBytes& a, const CollectiveBytes& b) {
   a.broadcast += b.broadcast;
   return a;
 }
-
-// Saves this rank's shard. The snapshot is the training thread's pause; the
-// write, the upload (--checkpoint_transport=grpc) and the commit run on a
-// thread of their own, one checkpoint in flight at a time. Destroying it
-// waits for the checkpoint in flight.
-class Checkpointer {
- public:
-  // `client` and `pause_ms` outlive it.
-  Checkpointer(Client* client, const CheckpointConfig& config, const std::string& optimizer,
-               std::vector<double>* pause_ms)
-      : client_(client), config_(config), optimizer_(optimizer), pause_ms_(pause_ms) {}
-
-  // Waits for the previous checkpoint ("previous checkpoint: ..."), then
-  // snapshots `engine` as `id` and queues the rest.
-  absl::Status Save(ZeroEngine& engine, const ShardIdentity& id) {
-    const absl::Time start = absl::Now();
-    if (absl::Status s = thread_.Drain(); !s.ok()) return Annotate(s, "previous checkpoint");
-    absl::StatusOr<ShardSnapshot> snapshot =
-        SnapshotShard(engine, id, optimizer_, config_.save_optimizer);
-    if (!snapshot.ok()) return Annotate(snapshot.status(), "checkpoint snapshot");
-    pause_ms_->push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-    auto shared = std::make_shared<ShardSnapshot>(*std::move(snapshot));
-    thread_.Submit([shared, client = client_, config = config_]() -> absl::Status {
-      // Tests only: stretch the write so that a kill lands inside it.
-      if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
-        absl::SleepFor(absl::Milliseconds(atoi(delay)));
-      }
-      absl::StatusOr<WrittenShard> written = WriteShard(*shared, config.dir);
-      if (!written.ok()) return written.status();
-      if (config.transport == CheckpointTransport::kGrpc) {
-        absl::Status uploaded = client
-                                    ->UploadShard(shared->id.step, written->relative_path,
-                                                  written->path, kUploadTimeout)
-                                    .status();
-        if (!uploaded.ok()) return uploaded;
-      }
-      return client
-          ->CommitShard(shared->id.step, written->relative_path, written->size_bytes,
-                        written->checksums, kCommitTimeout)
-          .status();
-    });
-    return absl::OkStatus();
-  }
-
-  // Waits for the last checkpoint ("checkpoint: ...").
-  absl::Status Drain() {
-    absl::Status s = thread_.Drain();
-    return s.ok() ? s : Annotate(s, "checkpoint");
-  }
-
- private:
-  Client* const client_;
-  const CheckpointConfig config_;
-  const std::string optimizer_;
-  std::vector<double>* const pause_ms_;
-  TaskThread thread_{"checkpoint"};
-};
 
 }  // namespace
 
@@ -206,13 +145,13 @@ absl::Status Worker::Join() {
   }
   absl::StatusOr<JoinInfo> joined =
       client_->Join(config_.job, config_.world_size, config_.worker_id, config_.host,
-                    recovering_ ? std::max(config_.recovery.rejoin_timeout,
+                    timeline_.recovering() ? std::max(config_.recovery.rejoin_timeout,
                                            config_.recovery.rejoin_grace + absl::Seconds(30))
                                 : config_.join_timeout);
   if (!joined.ok()) {
-    return Annotate(joined.status(), recovering_ ? "recovery: re-join" : "join");
+    return Annotate(joined.status(), timeline_.recovering() ? "recovery: re-join" : "join");
   }
-  joined_time_ = absl::Now();
+  timeline_.Joined(absl::Now());
   generation_ = std::make_unique<Generation>();
   generation_->membership = *std::move(joined);
   rank_ = generation_->membership.rank;
@@ -272,114 +211,145 @@ absl::Status Worker::BootstrapDataPlane() {
 
 absl::Status Worker::Restore() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
-  Generation& g = *generation_;
-  g.start_step = 0;
+  generation_->start_step = 0;
   task_->SetDataCursor(0, 0);
-  absl::StatusOr<nlohmann::json> decision = AgreeOnSource();
+  absl::StatusOr<RecoveryDecision> decision = AgreeOnSource();
   if (!decision.ok()) return Annotate(decision.status(), "recovery: agreeing on the state");
-  const std::string source = (*decision)["source"];
-  if (source != "initial") {
-    const int64_t step = (*decision)["step"];
-    absl::Status s;
-    if (source == "snapshot") {
-      s = RestoreFromSnapshots(*decision);
-    } else if (source == "disk") {
-      const std::string& root = config_.checkpoint.dir;
-      absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
-          absl::StrCat(root, "/", CheckpointStepDir(config_.job, step)),
-          CheckpointShardFileName(rank_, world()));
-      s = opened.ok() ? LoadFrom(opened->get()) : opened.status();
-      if (s.ok() && (*opened)->data_row() < 0) {
-        // Saved before data cursors were recorded: by a job whose world
-        // size never changed.
-        task_->SetDataCursor(0, 0);
-      }
-    } else {  // scratch
-      const uint64_t seed = config_.task.seed;
-      Model* const m = task_->model();
-      s = g.engine->Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
+  if (decision->source == RecoverySource::kInitial) return RestoreInitialState();
+  return RecoverFrom(*decision);
+}
+
+absl::StatusOr<RecoveryDecision> Worker::AgreeOnSource() {
+  ClientKvStore store(client_.get());
+  const std::string& root = config_.checkpoint.dir;
+  return AgreeOnRecoverySource(
+      &store, rank_, world(), HoldingsOf(keeper_, trained_), generation_->plan,
+      [&] { return root.empty() ? int64_t{-1} : LatestCompleteStep(root, config_.job); },
+      config_.data_plane.timeout);
+}
+
+absl::Status Worker::RecoverFrom(const RecoveryDecision& decision) {
+  const std::string source(RecoverySourceName(decision.source));
+  if (absl::Status s = LoadRecoverySource(decision); !s.ok()) {
+    return Annotate(s, absl::StrCat("recovery from ", source, " (step ", decision.step, ")"));
+  }
+  Generation& g = *generation_;
+  g.start_step = static_cast<int>(decision.step);
+  if (timeline_.recovering() || rank_ == 0) {
+    timeline_.Restored(g.membership.generation, decision.source, decision.step, world(),
+                       absl::Now());
+    if (rank_ == 0) {
+      Progress progress;
+      progress.step = decision.step;
+      progress.snapshot_step = keeper_.committed_step();
+      progress.recovery = timeline_.record();
+      client_->ReportProgress(progress);
+    }
+  }
+  std::fprintf(stderr,
+               "shard_worker rank %d: recovery: restored step %lld from %s at world size %d "
+               "(generation %lld, %s)\n",
+               rank_, static_cast<long long>(decision.step), source.c_str(), world(),
+               static_cast<long long>(g.membership.generation), decision.why.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Worker::LoadRecoverySource(const RecoveryDecision& decision) {
+  switch (decision.source) {
+    case RecoverySource::kSnapshot:
+      return RestoreFromSnapshots(decision);
+    case RecoverySource::kDisk:
+      return RestoreFromDisk(decision.step);
+    case RecoverySource::kScratch:
+      return InitializeFromSeed();
+    case RecoverySource::kInitial:
+      break;
+  }
+  return absl::InternalError("a recovery with nothing to recover from");
+}
+
+absl::Status Worker::RestoreFromDisk(int64_t step) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
+      absl::StrCat(config_.checkpoint.dir, "/", CheckpointStepDir(config_.job, step)),
+      CheckpointShardFileName(rank_, world()));
+  if (!opened.ok()) return opened.status();
+  absl::Status s = LoadFrom(opened->get());
+  // Saved before data cursors were recorded: by a job whose world size never
+  // changed.
+  if (s.ok() && (*opened)->data_row() < 0) task_->SetDataCursor(0, 0);
+  return s;
+}
+
+absl::Status Worker::RestoreFromSnapshots(const RecoveryDecision& decision) {
+  absl::StatusOr<SnapshotPieces> pieces =
+      GatherSnapshotPieces(decision, rank_, &keeper_, generation_->data_plane->snapshot.get(),
+                           config_.data_plane.timeout);
+  if (!pieces.ok()) return pieces.status();
+  if (pieces->reader == nullptr) return absl::OkStatus();  // a rank with no piece
+  const absl::Time start = absl::Now();
+  absl::Status loaded = LoadFrom(pieces->reader.get());
+  std::fprintf(stderr,
+               "shard_worker rank %d: recovery: snapshot blobs moved in %.0f ms (%d received), "
+               "loaded in %.0f ms\n",
+               rank_, pieces->moved_ms, pieces->received,
+               absl::ToDoubleMilliseconds(absl::Now() - start));
+  return loaded;
+}
+
+absl::Status Worker::InitializeFromSeed() {
+  const uint64_t seed = config_.task.seed;
+  Model* const m = task_->model();
+  return generation_->engine->Initialize(
+      [&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
         m->InitRows(t, begin, end, seed, out);
         return absl::OkStatus();
       });
-    }
-    if (!s.ok()) return Annotate(s, absl::StrCat("recovery from ", source, " (step ", step, ")"));
-    g.start_step = static_cast<int>(step);
-    if (recovering_ || rank_ == 0) {
-      const absl::Time now = absl::Now();
-      recovery_ = v1::RecoveryRecord();
-      recovery_.set_generation(g.membership.generation);
-      recovery_.set_source(source);
-      recovery_.set_restored_step(step);
-      recovery_.set_failed_step(recovering_ ? failed_step_ : -1);
-      recovery_.set_world_size(world());
-      if (recovering_) {
-        recovery_.set_rejoin_ms(absl::ToDoubleMilliseconds(joined_time_ - failure_time_));
-      }
-      recovery_.set_restore_ms(absl::ToDoubleMilliseconds(now - joined_time_));
-      recovery_.set_phase("restored");
-      recovering_ = true;  // a replacement too: its first step completes the record
-      if (rank_ == 0) {
-        Progress progress;
-        progress.step = step;
-        progress.snapshot_step = keeper_.committed_step();
-        progress.recovery = recovery_;
-        client_->ReportProgress(progress);
-      }
-    }
-    std::fprintf(stderr,
-                 "shard_worker rank %d: recovery: restored step %lld from %s at world size %d "
-                 "(generation %lld, %s)\n",
-                 rank_, static_cast<long long>(step), source.c_str(), world(),
-                 static_cast<long long>(g.membership.generation),
-                 (*decision).value("why", std::string()).c_str());
-    return absl::OkStatus();
-  }
+}
 
-  ZeroEngine& e = *g.engine;
-  Model* const m = task_->model();
+// A fresh job: --resume, --init_from or the seed.
+absl::Status Worker::RestoreInitialState() {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenInitialState();
+  if (!reader.ok()) return reader.status();
+  if (*reader == nullptr) {
+    absl::Status s = InitializeFromSeed();
+    return s.ok() ? s : Annotate(s, "initialize");
+  }
+  absl::Status s = LoadFrom(reader->get());
+  // --init_from starts the data at row 0 whatever the file says.
+  if (config_.initial.resume == InitialState::Resume::kOff) task_->SetDataCursor(0, 0);
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> Worker::OpenInitialState() const {
   const InitialState& initial = config_.initial;
-  const std::string& root = config_.checkpoint.dir;
-  const std::string& job = config_.job;
-  std::unique_ptr<CheckpointReader> reader;
-  if (initial.resume != InitialState::Resume::kOff) {
-    int64_t step = initial.resume_step;
-    if (initial.resume == InitialState::Resume::kLatest) {
-      step = LatestCompleteStep(root, job);
-      if (step < 0) {
-        return absl::NotFoundError(absl::StrCat("--resume=latest: no complete checkpoint of job '",
-                                                job, "' under ", root));
-      }
-    }
-    const std::string step_dir = absl::StrCat(root, "/", CheckpointStepDir(job, step));
-    const std::string manifest = absl::StrCat(root, "/", CheckpointManifestPath(job, step));
-    if (access(manifest.c_str(), F_OK) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--resume=", initial.resume_flag, ": step ", step, " of job '", job,
-                       "' is not a complete checkpoint (no ", manifest, ")"));
-    }
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
-        CheckpointReader::OpenStep(step_dir, CheckpointShardFileName(rank_, world()));
-    if (!opened.ok()) return Annotate(opened.status(), "--resume");
-    reader = *std::move(opened);
-  } else if (!initial.init_from.empty()) {
+  if (initial.resume == InitialState::Resume::kOff) {
+    if (initial.init_from.empty()) return nullptr;
     absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
         CheckpointReader::OpenFile(initial.init_from);
     if (!opened.ok()) return Annotate(opened.status(), "--init_from");
-    reader = *std::move(opened);
+    return opened;
   }
-
-  if (reader == nullptr) {
-    const uint64_t seed = config_.task.seed;
-    absl::Status s = e.Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
-      m->InitRows(t, begin, end, seed, out);
-      return absl::OkStatus();
-    });
-    return s.ok() ? s : Annotate(s, "initialize");
+  const std::string& root = config_.checkpoint.dir;
+  const std::string& job = config_.job;
+  int64_t step = initial.resume_step;
+  if (initial.resume == InitialState::Resume::kLatest) {
+    step = LatestCompleteStep(root, job);
+    if (step < 0) {
+      return absl::NotFoundError(absl::StrCat("--resume=latest: no complete checkpoint of job '",
+                                              job, "' under ", root));
+    }
   }
-  absl::Status s = LoadFrom(reader.get());
-  // --init_from starts the data at row 0 whatever the file says.
-  if (initial.resume == InitialState::Resume::kOff) task_->SetDataCursor(0, 0);
-  return s;
+  const std::string manifest = absl::StrCat(root, "/", CheckpointManifestPath(job, step));
+  if (access(manifest.c_str(), F_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--resume=", initial.resume_flag, ": step ", step, " of job '", job,
+                     "' is not a complete checkpoint (no ", manifest, ")"));
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
+      absl::StrCat(root, "/", CheckpointStepDir(job, step)),
+      CheckpointShardFileName(rank_, world()));
+  if (!opened.ok()) return Annotate(opened.status(), "--resume");
+  return opened;
 }
 
 absl::Status Worker::LoadFrom(CheckpointReader* r) {
@@ -420,192 +390,6 @@ absl::Status Worker::LoadFrom(CheckpointReader* r) {
 int64_t Worker::DataRow(int64_t step) const {
   const int64_t per_step = int64_t{config_.task.batch} * config_.engine.grad_accum * world();
   return task_->cursor_row() + (step - task_->cursor_step()) * per_step;
-}
-
-// The agreement: every rank publishes what it holds; rank 0 decides.
-absl::StatusOr<nlohmann::json> Worker::AgreeOnSource() {
-  ClientKvStore store(client_.get());
-  const absl::Duration timeout = config_.data_plane.timeout;
-  nlohmann::json mine = {{"survivor", trained_}, {"blobs", nlohmann::json::array()}};
-  for (const auto& blob : keeper_.Holdings()) mine["blobs"].push_back(blob->Describe());
-  if (absl::Status s = store.Set(absl::StrCat("recovery/holdings/", rank_), mine.dump()); !s.ok()) {
-    return s;
-  }
-  if (rank_ != 0) {
-    absl::StatusOr<std::string> decided = store.Get("recovery/decision", timeout);
-    if (!decided.ok()) return decided.status();
-    return nlohmann::json::parse(*decided);
-  }
-  const int w = world();
-  std::vector<nlohmann::json> holdings(w);
-  bool any_state = false;
-  for (int r = 0; r < w; ++r) {
-    absl::StatusOr<std::string> got = store.Get(absl::StrCat("recovery/holdings/", r), timeout);
-    if (!got.ok()) return got.status();
-    holdings[r] = nlohmann::json::parse(*got);
-    any_state = any_state || holdings[r]["survivor"].get<bool>() || !holdings[r]["blobs"].empty();
-  }
-  nlohmann::json decision;
-  if (!any_state) {
-    decision = {{"source", "initial"}};
-  } else {
-    // (step, world, plan) -> old rank -> new ranks holding it.
-    using Group = std::tuple<int64_t, int, std::string>;
-    std::map<Group, std::map<int, std::vector<int>>> groups;
-    std::map<Group, std::map<int, nlohmann::json>> described;
-    for (int r = 0; r < w; ++r) {
-      for (const nlohmann::json& b : holdings[r]["blobs"]) {
-        Group key{b["step"], b["world_size"], b["plan_hash"]};
-        groups[key][b["rank"].get<int>()].push_back(r);
-        described[key][b["rank"].get<int>()] = b;
-      }
-    }
-    const Group* best = nullptr;
-    for (const auto& [key, holders] : groups) {
-      if (static_cast<int>(holders.size()) != std::get<1>(key)) continue;
-      if (best == nullptr || std::get<0>(key) > std::get<0>(*best)) best = &key;
-    }
-    const int64_t disk =
-        config_.checkpoint.dir.empty() ? -1 : LatestCompleteStep(config_.checkpoint.dir, config_.job);
-    if (best != nullptr && std::get<0>(*best) >= disk) {
-      const auto& holders = groups[*best];
-      const auto& blobs = described[*best];
-      // Which old ranks' pieces each new rank's pieces overlap.
-      std::vector<std::set<int>> needs(w);
-      for (const ShardUnit& unit : generation_->plan.units) {
-        for (const Piece& p : unit.pieces) {
-          const std::string& name = unit.tensors[p.tensor].name;
-          for (const auto& [old_rank, b] : blobs) {
-            for (const nlohmann::json& q : b["pieces"]) {
-              if (q[0] == name && q[1].get<int64_t>() < p.row_end &&
-                  p.row_begin < q[2].get<int64_t>()) {
-                needs[p.rank].insert(old_rank);
-              }
-            }
-          }
-        }
-      }
-      nlohmann::json transfers = nlohmann::json::array();
-      nlohmann::json needs_json = nlohmann::json::array();
-      for (int r = 0; r < w; ++r) {
-        needs_json.push_back(std::vector<int>(needs[r].begin(), needs[r].end()));
-        for (int o : needs[r]) {
-          const std::vector<int>& h = holders.at(o);
-          if (std::find(h.begin(), h.end(), r) != h.end()) continue;
-          transfers.push_back({h[(r + o) % h.size()], r, o});
-        }
-      }
-      nlohmann::json sizes = nlohmann::json::object();
-      for (const auto& [old_rank, b] : blobs) {
-        sizes[absl::StrCat(old_rank)] = {b["bytes"], b["xxh64"]};
-      }
-      decision = {{"source", "snapshot"},
-                  {"step", std::get<0>(*best)},
-                  {"world_size", std::get<1>(*best)},
-                  {"plan_hash", std::get<2>(*best)},
-                  {"transfers", transfers},
-                  {"needs", needs_json},
-                  {"blobs", sizes},
-                  {"why", absl::StrCat("in-memory snapshot held for all ", std::get<1>(*best),
-                                       " old ranks; ", transfers.size(), " transfers")}};
-    } else if (disk >= 0) {
-      decision = {{"source", "disk"},
-                  {"step", disk},
-                  {"why", best == nullptr
-                              ? "no in-memory snapshot step is held for every old rank (a rank "
-                                "and its buddy lost?)"
-                              : "the disk checkpoint is newer than the snapshots"}};
-    } else {
-      decision = {{"source", "scratch"},
-                  {"step", 0},
-                  {"why", "neither an in-memory snapshot of every rank nor a complete disk "
-                          "checkpoint exists: starting again from the seed"}};
-    }
-  }
-  if (absl::Status s = store.Set("recovery/decision", decision.dump()); !s.ok()) return s;
-  return decision;
-}
-
-absl::Status Worker::RestoreFromSnapshots(const nlohmann::json& decision) {
-  const int64_t step = decision["step"];
-  const int old_world = decision["world_size"];
-  const std::string plan_hash = decision["plan_hash"];
-  // What this rank holds of the chosen step, by old rank.
-  std::map<int, std::shared_ptr<const SnapshotBlob>> have;
-  for (const auto& blob : keeper_.Holdings()) {
-    if (blob->step == step && blob->world_size == old_world && blob->plan_hash == plan_hash) {
-      have[blob->rank] = blob;
-    }
-  }
-  std::vector<GlooCommunicator::PointToPoint> sends, recvs;
-  std::map<int, std::string> received;
-  for (const nlohmann::json& t : decision["transfers"]) {
-    const int from = t[0], to = t[1], old_rank = t[2];
-    if (from == rank_) {
-      auto it = have.find(old_rank);
-      if (it == have.end()) {
-        return absl::InternalError(absl::StrCat("asked to send the snapshot of old rank ",
-                                                old_rank, " (step ", step, "), not held here"));
-      }
-      sends.push_back({to, static_cast<uint32_t>(old_rank), const_cast<char*>(it->second->bytes.data()),
-                       static_cast<int64_t>(it->second->bytes.size())});
-    }
-    if (to == rank_) {
-      const int64_t bytes = decision["blobs"][absl::StrCat(old_rank)][0];
-      received[old_rank].assign(bytes, '\0');
-      recvs.push_back({from, static_cast<uint32_t>(old_rank), received[old_rank].data(), bytes});
-    }
-  }
-  const absl::Time start = absl::Now();
-  if (!sends.empty() || !recvs.empty()) {
-    GlooCommunicator* comm = generation_->data_plane->snapshot.get();
-    if (comm == nullptr) {
-      return absl::FailedPreconditionError(
-          "snapshot transfers need the snapshot context (--snapshot_every > 0 on every rank)");
-    }
-    if (absl::Status s = comm->SendRecv(sends, recvs, config_.data_plane.timeout); !s.ok()) {
-      return s;
-    }
-  }
-  for (auto& [old_rank, bytes] : received) {
-    absl::StatusOr<uint64_t> sum =
-        ParseChecksumHex(decision["blobs"][absl::StrCat(old_rank)][1].get<std::string>());
-    if (!sum.ok()) return sum.status();
-    absl::StatusOr<std::shared_ptr<SnapshotBlob>> blob = BlobFromBytes(std::move(bytes), *sum);
-    if (!blob.ok()) {
-      return absl::Status(blob.status().code(), absl::StrCat("snapshot of old rank ", old_rank,
-                                                             ": ", blob.status().message()));
-    }
-    keeper_.Keep(*blob);
-    have[old_rank] = *blob;
-  }
-  const absl::Time moved = absl::Now();
-  // The old pieces this rank needs, read from the blobs in memory through
-  // the checkpoint reader (the arithmetic of resharding a checkpoint), its
-  // own old rank's blob first. Every tensor's XXH64 was checked already: as
-  // the blob was made (SerializeShardInto) or on receipt (BlobFromBytes).
-  std::vector<CheckpointReader::MemoryFile> files;
-  for (int old_rank : decision["needs"][rank_]) {
-    auto it = have.find(old_rank);
-    if (it == have.end()) {
-      return absl::InternalError(absl::StrCat("the snapshot of old rank ", old_rank, " (step ",
-                                              step, ") did not arrive"));
-    }
-    files.push_back({CheckpointShardFileName(old_rank, old_world), it->second->bytes});
-    if (old_rank == rank_) std::swap(files.front(), files.back());
-  }
-  if (files.empty()) return absl::OkStatus();  // a rank with no piece
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::OpenMemory(
-      absl::StrCat("snapshot of step ", step, " at world size ", old_world), std::move(files),
-      /*verified=*/true);
-  if (!reader.ok()) return reader.status();
-  absl::Status loaded = LoadFrom(reader->get());
-  std::fprintf(stderr,
-               "shard_worker rank %d: recovery: snapshot blobs moved in %.0f ms (%zu received), "
-               "loaded in %.0f ms\n",
-               rank_, absl::ToDoubleMilliseconds(moved - start), received.size(),
-               absl::ToDoubleMilliseconds(absl::Now() - moved));
-  return loaded;
 }
 
 absl::Status Worker::Train() {
@@ -781,41 +565,15 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
   progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
   trained_ = true;
-  if (recovering_) {
-    recovering_ = false;
-    if (recovery_.generation() > 0) {
-      recovery_.set_first_step_ms(
-          absl::ToDoubleMilliseconds(absl::Now() - (recovery_.failed_step() >= 0
-                                                        ? failure_time_
-                                                        : joined_time_)));
-      recovery_.set_phase("training");
-      nlohmann::json record = {{"generation", recovery_.generation()},
-                               {"source", recovery_.source()},
-                               {"restored_step", recovery_.restored_step()},
-                               {"failed_step", recovery_.failed_step()},
-                               {"world_size", recovery_.world_size()},
-                               {"rejoin_ms", recovery_.rejoin_ms()},
-                               {"restore_ms", recovery_.restore_ms()},
-                               {"first_step_ms", recovery_.first_step_ms()},
-                               // Wall-clock times, for benchmarks that kill from outside
-                               // (ms since the Unix epoch; 0: not this process's).
-                               {"failure_seen_unix_ms", recovery_.failed_step() >= 0
-                                                            ? absl::ToUnixMillis(failure_time_)
-                                                            : 0},
-                               {"confirmed_unix_ms", recovery_.failed_step() >= 0
-                                                         ? absl::ToUnixMillis(confirmed_time_)
-                                                         : 0},
-                               {"joined_unix_ms", absl::ToUnixMillis(joined_time_)},
-                               {"first_step_unix_ms", absl::ToUnixMillis(absl::Now())}};
-      metrics_.recoveries.push_back(record);
-      std::fprintf(stderr,
-                   "shard_worker rank %d: recovery: training again at step %d (%.0f ms after "
-                   "the failure)\n",
-                   rank_, step + 1, recovery_.first_step_ms());
-    }
+  if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
+    metrics_.recoveries.push_back(*record);
+    std::fprintf(stderr,
+                 "shard_worker rank %d: recovery: training again at step %d (%.0f ms after "
+                 "the failure)\n",
+                 rank_, step + 1, timeline_.record().first_step_ms());
   }
   progress.snapshot_step = keeper_.committed_step();
-  if (rank_ == 0) progress.recovery = recovery_;
+  if (rank_ == 0) progress.recovery = timeline_.record();
   metrics_.snapshot_bytes_peak = keeper_.peak_bytes();
   progress.memory_bytes += keeper_.bytes();
   // Arrival at the step's first collective, against every rank's.
@@ -991,16 +749,14 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
                                            recoveries_, " recoveries already (--max_recoveries=",
                                            config_.recovery.max_recoveries, ")"));
   }
-  failure_time_ = seen;
-  confirmed_time_ = absl::Now();  // the server's abort (at once when it came first)
-  failed_step_ = step_.load();
+  // Confirmed: the server's abort (at once when it came first).
+  timeline_.FailureSeen(seen, absl::Now(), step_.load());
   std::fprintf(stderr, "shard_worker rank %d: %s; recovering (%d of at most %d)\n", rank_,
                abort_->message().c_str(), recoveries_ + 1, config_.recovery.max_recoveries);
   EndGeneration();
   client_->StopHeartbeats();  // no late command may trip the cleared latch
   abort_->Reset();
   ++recoveries_;
-  recovering_ = true;
   return absl::OkStatus();
 }
 
