@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_context.h"
 
 namespace zeroshard {
 namespace {
@@ -17,11 +18,6 @@ namespace {
 constexpr absl::Duration kCommitTimeout = absl::Minutes(5);
 // An upload (--checkpoint_transport=grpc) moves the whole shard.
 constexpr absl::Duration kUploadTimeout = absl::Hours(1);
-
-// "<what>: <CODE>: <message>", the code kept.
-absl::Status InContext(const absl::Status& status, absl::string_view what) {
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.ToString()));
-}
 
 // The background half of a save: write, upload if asked, commit.
 absl::Status WriteAndCommit(const ShardSnapshot& snapshot, Client* client,
@@ -52,10 +48,10 @@ Checkpointer::Checkpointer(Client* client, const CheckpointConfig& config,
 
 absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id) {
   const absl::Time start = absl::Now();
-  if (absl::Status s = thread_.Drain(); !s.ok()) return InContext(s, "previous checkpoint");
+  if (absl::Status s = thread_.Drain(); !s.ok()) return Annotate(s, "previous checkpoint");
   absl::StatusOr<ShardSnapshot> snapshot =
       SnapshotShard(engine, id, optimizer_, config_.save_optimizer);
-  if (!snapshot.ok()) return InContext(snapshot.status(), "checkpoint snapshot");
+  if (!snapshot.ok()) return Annotate(snapshot.status(), "checkpoint snapshot");
   pause_ms_->push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
   auto shared = std::make_shared<ShardSnapshot>(*std::move(snapshot));
   thread_.Submit([shared, client = client_, config = config_]() {
@@ -66,7 +62,7 @@ absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id) {
 
 absl::Status Checkpointer::Drain() {
   absl::Status s = thread_.Drain();
-  return s.ok() ? s : InContext(s, "checkpoint");
+  return s.ok() ? s : Annotate(s, "checkpoint");
 }
 
 }  // namespace zeroshard

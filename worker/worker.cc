@@ -1,37 +1,27 @@
 #include "worker/worker.h"
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <cstdio>
-#include <map>
-#include <set>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
-#include "absl/random/random.h"
 #include "absl/time/clock.h"
-#include "common/checksum.h"
-#include "common/file_util.h"
 #include "common/checkpoint_format.h"
-#include "worker/checkpoint/shard_checkpoint.h"
+#include "common/status_context.h"
+#include "worker/checkpoint_loading.h"
 #include "worker/checkpointer.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/model/parallel.h"
 #include "worker/recovery/recovery_agreement.h"
 #include "worker/recovery/snapshot_restore.h"
-#include "worker/zero/task_thread.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
@@ -40,28 +30,7 @@
 #endif
 
 namespace zeroshard {
-namespace {
-
-// "<what>: <CODE>: <message>" with the code kept: the text shard_worker
-// prints for a failure of `what`.
-absl::Status Annotate(const absl::Status& status, absl::string_view what) {
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.ToString()));
-}
-
-CollectiveBytes operator-(const CollectiveBytes& a, const CollectiveBytes& b) {
-  return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter,
-          a.all_reduce - b.all_reduce, a.broadcast - b.broadcast};
-}
-
-CollectiveBytes& operator+=(CollectiveBytes& a, const CollectiveBytes& b) {
-  a.all_gather += b.all_gather;
-  a.reduce_scatter += b.reduce_scatter;
-  a.all_reduce += b.all_reduce;
-  a.broadcast += b.broadcast;
-  return a;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 Worker::Worker(WorkerConfig config, AbortLatch* abort)
     : config_(std::move(config)),
@@ -69,8 +38,8 @@ Worker::Worker(WorkerConfig config, AbortLatch* abort)
       task_options_(config_.task),
       engine_options_(config_.engine) {
   if (config_.test_stall_before_gather > 0) {
-    engine_options_.before_collective = StallBeforeGather(
-        config_.test_stall_before_gather, [abort] { return abort->tripped(); });
+    engine_options_.before_collective =
+        StallBeforeGather(config_.test_stall_before_gather, [abort] { return abort->tripped(); });
   }
 }
 
@@ -106,8 +75,9 @@ absl::Status Worker::OpenDevice() {
   };
   // The GPT's matrix products in the dtype parameters are gathered in.
   const DType matmul_dtype = engine_options_.param_dtype;
-  task_options_.gpt_factory = [device, matmul_dtype](const GptConfig& config, int max_batch)
-      -> absl::StatusOr<std::unique_ptr<TokenModel>> {
+  task_options_.gpt_factory = [device, matmul_dtype](
+                                  const GptConfig& config,
+                                  int max_batch) -> absl::StatusOr<std::unique_ptr<TokenModel>> {
     absl::StatusOr<std::unique_ptr<CudaGptModel>> model =
         CudaGptModel::Create(config, max_batch, matmul_dtype, device);
     if (!model.ok()) return model.status();
@@ -143,11 +113,11 @@ absl::Status Worker::Join() {
     client_->set_join_extras({config_.recovery.min_world_size, config_.recovery.rejoin_grace,
                               absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen))});
   }
-  absl::StatusOr<JoinInfo> joined =
-      client_->Join(config_.job, config_.world_size, config_.worker_id, config_.host,
-                    timeline_.recovering() ? std::max(config_.recovery.rejoin_timeout,
-                                           config_.recovery.rejoin_grace + absl::Seconds(30))
-                                : config_.join_timeout);
+  absl::StatusOr<JoinInfo> joined = client_->Join(
+      config_.job, config_.world_size, config_.worker_id, config_.host,
+      timeline_.recovering() ? std::max(config_.recovery.rejoin_timeout,
+                                        config_.recovery.rejoin_grace + absl::Seconds(30))
+                             : config_.join_timeout);
   if (!joined.ok()) {
     return Annotate(joined.status(), timeline_.recovering() ? "recovery: re-join" : "join");
   }
@@ -190,16 +160,7 @@ absl::Status Worker::BootstrapDataPlane() {
   if (!plane.ok()) return plane.status();
   g.data_plane = *std::move(plane);
   ExposeToAbort(g.data_plane.get(), nullptr);
-  if (rank_ == 0 && world > 1) {
-    for (const char* tag : {"gather", "reduce"}) {
-      const nlohmann::json& d = g.data_plane->description.at(tag);
-      const std::string transport = d["transport"];
-      if (transport == "nccl") continue;
-      std::fprintf(stderr, "data plane (%s): %s, %s\n", tag,
-                   transport == "shm" ? "shared memory" : "TCP",
-                   d["note"].get<std::string>().c_str());
-    }
-  }
+  if (rank_ == 0 && world > 1) LogHostTransports(*g.data_plane);
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine =
       ZeroEngine::Create(task_->model(), g.plan, g.data_plane->gather.get(),
                          g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options_);
@@ -223,7 +184,7 @@ absl::StatusOr<RecoveryDecision> Worker::AgreeOnSource() {
   ClientKvStore store(client_.get());
   const std::string& root = config_.checkpoint.dir;
   return AgreeOnRecoverySource(
-      &store, rank_, world(), HoldingsOf(keeper_, trained_), generation_->plan,
+      &store, rank_, world(), HoldingsOf(snapshots_.keeper(), trained_), generation_->plan,
       [&] { return root.empty() ? int64_t{-1} : LatestCompleteStep(root, config_.job); },
       config_.data_plane.timeout);
 }
@@ -241,7 +202,7 @@ absl::Status Worker::RecoverFrom(const RecoveryDecision& decision) {
     if (rank_ == 0) {
       Progress progress;
       progress.step = decision.step;
-      progress.snapshot_step = keeper_.committed_step();
+      progress.snapshot_step = snapshots_.keeper().committed_step();
       progress.recovery = timeline_.record();
       client_->ReportProgress(progress);
     }
@@ -282,8 +243,8 @@ absl::Status Worker::RestoreFromDisk(int64_t step) {
 
 absl::Status Worker::RestoreFromSnapshots(const RecoveryDecision& decision) {
   absl::StatusOr<SnapshotPieces> pieces =
-      GatherSnapshotPieces(decision, rank_, &keeper_, generation_->data_plane->snapshot.get(),
-                           config_.data_plane.timeout);
+      GatherSnapshotPieces(decision, rank_, &snapshots_.keeper(),
+                           generation_->data_plane->snapshot.get(), config_.data_plane.timeout);
   if (!pieces.ok()) return pieces.status();
   if (pieces->reader == nullptr) return absl::OkStatus();  // a rank with no piece
   const absl::Time start = absl::Now();
@@ -308,7 +269,8 @@ absl::Status Worker::InitializeFromSeed() {
 
 // A fresh job: --resume, --init_from or the seed.
 absl::Status Worker::RestoreInitialState() {
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenInitialState();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      OpenInitialCheckpoint(config_.initial, config_.checkpoint.dir, config_.job, rank_, world());
   if (!reader.ok()) return reader.status();
   if (*reader == nullptr) {
     absl::Status s = InitializeFromSeed();
@@ -320,69 +282,15 @@ absl::Status Worker::RestoreInitialState() {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<CheckpointReader>> Worker::OpenInitialState() const {
-  const InitialState& initial = config_.initial;
-  if (initial.resume == InitialState::Resume::kOff) {
-    if (initial.init_from.empty()) return nullptr;
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
-        CheckpointReader::OpenFile(initial.init_from);
-    if (!opened.ok()) return Annotate(opened.status(), "--init_from");
-    return opened;
-  }
-  const std::string& root = config_.checkpoint.dir;
-  const std::string& job = config_.job;
-  int64_t step = initial.resume_step;
-  if (initial.resume == InitialState::Resume::kLatest) {
-    step = LatestCompleteStep(root, job);
-    if (step < 0) {
-      return absl::NotFoundError(absl::StrCat("--resume=latest: no complete checkpoint of job '",
-                                              job, "' under ", root));
-    }
-  }
-  const std::string manifest = absl::StrCat(root, "/", CheckpointManifestPath(job, step));
-  if (access(manifest.c_str(), F_OK) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--resume=", initial.resume_flag, ": step ", step, " of job '", job,
-                     "' is not a complete checkpoint (no ", manifest, ")"));
-  }
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
-      absl::StrCat(root, "/", CheckpointStepDir(job, step)),
-      CheckpointShardFileName(rank_, world()));
-  if (!opened.ok()) return Annotate(opened.status(), "--resume");
-  return opened;
-}
-
-absl::Status Worker::LoadFrom(CheckpointReader* r) {
+absl::Status Worker::LoadFrom(CheckpointReader* reader) {
   Generation& g = *generation_;
-  ZeroEngine& e = *g.engine;
-  auto rows = [r](CheckpointReader::Kind kind) {
-    return [r, kind](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
-      return r->ReadRows(kind, t, begin, end, out);
-    };
-  };
-  if (absl::Status s = e.Initialize(rows(CheckpointReader::Kind::kParams)); !s.ok()) {
-    return Annotate(s, absl::StrCat("load parameters from ", r->source()));
-  }
-  const EngineOptions& options = config_.engine;
-  const bool has_moments = options.optimizer != "sgd" || options.optimizer_options.momentum > 0;
-  if (r->has_optimizer_state() && has_moments) {
-    absl::Status s =
-        e.InitializeMoment(ZeroEngine::Moment::kExpAvg, rows(CheckpointReader::Kind::kExpAvg));
-    if (!s.ok()) return Annotate(s, absl::StrCat("load exp_avg from ", r->source()));
-    if (options.optimizer != "sgd") {
-      s = e.InitializeMoment(ZeroEngine::Moment::kExpAvgSq,
-                             rows(CheckpointReader::Kind::kExpAvgSq));
-      if (!s.ok()) return Annotate(s, absl::StrCat("load exp_avg_sq from ", r->source()));
-    }
-    if (r->optimizer_step() >= 0) e.set_optimizer_step(r->optimizer_step());
-  } else if (rank_ == 0) {
-    std::fprintf(stderr, "note: %s has no optimizer state; moments start at zero\n",
-                 r->source().c_str());
-  }
-  if (r->step() > 0) g.start_step = static_cast<int>(r->step());
-  if (r->data_row() >= 0) task_->SetDataCursor(g.start_step, r->data_row());
+  absl::StatusOr<LoadedPosition> loaded =
+      LoadEngineState(reader, *g.engine, config_.engine, /*log_notes=*/rank_ == 0);
+  if (!loaded.ok()) return loaded.status();
+  if (loaded->step > 0) g.start_step = static_cast<int>(loaded->step);
+  if (loaded->data_row >= 0) task_->SetDataCursor(g.start_step, loaded->data_row);
   if (rank_ == 0) {
-    std::fprintf(stderr, "restored %s (step %d)\n", r->source().c_str(), g.start_step);
+    std::fprintf(stderr, "restored %s (step %d)\n", reader->source().c_str(), g.start_step);
   }
   return absl::OkStatus();
 }
@@ -418,29 +326,22 @@ absl::Status Worker::Train() {
     if (absl::Status s = RunStep(step); !s.ok()) return s;
     const int completed = step + 1;
     if (step == g.start_step && every > 0 && completed < steps && device_ == nullptr) {
-      // The snapshot buffers, ready before the first snapshot: own and the
-      // buddy's, for the step being taken and the committed one. After the
-      // generation's first step, which a recovery waits for, rather than
-      // competing with it for the CPUs.
-      absl::StatusOr<ShardView> view = ViewShard(e, {}, config_.engine.optimizer, true);
-      if (!view.ok()) return Annotate(view.status(), "snapshot");
-      constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
-      keeper_.Reserve(view->bytes + kHeaderBytes, world() > 1 ? 4 : 2);
+      if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
     }
     if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
       if (absl::Status s = Evaluate(completed); !s.ok()) return s;
     }
     if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
         (checkpoints.at_end && completed == steps)) {
-      const ShardIdentity id{config_.job,       completed, rank_, world(), g.membership.generation,
-                             g.plan.hash,       DataRow(completed)};
-      if (absl::Status s = checkpointer.Save(e, id); !s.ok()) return s;
+      if (absl::Status s = checkpointer.Save(e, IdentityAt(completed)); !s.ok()) return s;
     }
     if (every > 0 && completed % every == 0 && completed < steps) {
-      if (absl::Status s = Snapshot(completed); !s.ok()) return s;
+      absl::Status s = snapshots_.Take(e, IdentityAt(completed), g.data_plane->snapshot.get(),
+                                       buddy_shift_, /*on_device=*/device_ != nullptr);
+      if (!s.ok()) return s;
     }
   }
-  if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
+  if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
   if (absl::Status s = checkpointer.Drain(); !s.ok()) return s;
   // Training traffic only: evaluation and sampling move bytes too.
   metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
@@ -448,74 +349,10 @@ absl::Status Worker::Train() {
   return absl::OkStatus();
 }
 
-absl::Status Worker::Snapshot(int completed) {
-  Generation& g = *generation_;
-  ZeroEngine& e = *g.engine;
-  const absl::Time start = absl::Now();
-  // One small collective decides two things: the commit (the latest step
-  // every rank has complete, own and buddy's copy) and whether to skip this
-  // snapshot because a rank's previous transfer is still in flight (then
-  // every rank skips: the buddy swap needs both sides). Each rank sends
-  // 2 * (complete_step + 1) + in_flight.
-  const bool busy = keeper_.in_flight();
-  if (!busy) {
-    if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
-    if (keeper_.last_transfer_ms() > 0 && keeper_.complete_step() > last_reported_transfer_) {
-      last_reported_transfer_ = keeper_.complete_step();
-      metrics_.snapshot_copy_ms.push_back(keeper_.last_copy_ms());
-      metrics_.snapshot_transfer_ms.push_back(keeper_.last_transfer_ms());
-    }
-  }
-  absl::StatusOr<std::vector<double>> votes = e.GatherOverRanks(
-      2.0 * static_cast<double>(keeper_.complete_step() + 1) + (busy ? 1 : 0), "snapshot commit");
-  if (!votes.ok()) return Annotate(votes.status(), "snapshot commit");
-  int64_t committed = std::numeric_limits<int64_t>::max();
-  std::vector<int> busy_ranks;
-  for (size_t r = 0; r < votes->size(); ++r) {
-    const int64_t vote = static_cast<int64_t>((*votes)[r]);
-    if (vote % 2 == 1) busy_ranks.push_back(static_cast<int>(r));
-    committed = std::min(committed, vote / 2 - 1);
-  }
-  keeper_.Commit(committed);
-  metrics_.snapshot_committed_step = keeper_.committed_step();
-  if (!busy_ranks.empty()) {
-    ++metrics_.snapshots_skipped;
-    if (rank_ == 0) {
-      std::fprintf(stderr,
-                   "shard_worker rank %d: snapshot of step %d skipped: the previous snapshot's "
-                   "transfer (or the first touch of the snapshot buffers) is still in flight on "
-                   "rank(s) %s (%d skipped so far; a larger --snapshot_every avoids this)\n",
-                   rank_, completed, absl::StrJoin(busy_ranks, ",").c_str(),
-                   metrics_.snapshots_skipped);
-    }
-    metrics_.snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-    return absl::OkStatus();
-  }
-  const ShardIdentity id{config_.job, completed, rank_, world(), g.membership.generation,
-                         g.plan.hash, DataRow(completed)};
-  ShardView view;
-  if (device_ == nullptr) {
-    // The engine's own host memory: the keeper's thread copies it while the
-    // next step's forward and backward run (RunStep waits for the copy
-    // before the optimizer changes it).
-    absl::StatusOr<ShardView> own = ViewShard(e, id, config_.engine.optimizer, true);
-    if (!own.ok()) return Annotate(own.status(), "snapshot");
-    view = *std::move(own);
-  } else {
-    // Device memory: copied to the host here (the pause).
-    absl::StatusOr<ShardSnapshot> copy =
-        SnapshotShard(e, id, config_.engine.optimizer, /*with_optimizer=*/true);
-    if (!copy.ok()) return Annotate(copy.status(), "snapshot");
-    view = ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
-  }
-  if (absl::Status s = keeper_.Start(std::move(view), g.data_plane->snapshot.get(), buddy_shift_,
-                                     config_.data_plane.timeout);
-      !s.ok()) {
-    return Annotate(s, "snapshot");
-  }
-  snapshot_copy_pending_ = true;
-  metrics_.snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-  return absl::OkStatus();
+ShardIdentity Worker::IdentityAt(int completed) const {
+  const Generation& g = *generation_;
+  return {config_.job, completed,         rank_, world(), g.membership.generation,
+          g.plan.hash, DataRow(completed)};
 }
 
 absl::Status Worker::RunStep(int step) {
@@ -524,7 +361,8 @@ absl::Status Worker::RunStep(int step) {
   const int grad_accum = config_.engine.grad_accum;
   const absl::Time start = absl::Now();
   e.TakeFirstCollectiveStart();  // from here on: this step's first collective
-  if (config_.test_step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
+  if (config_.test_step_delay_ms > 0)
+    absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
   for (int micro = 0; micro < grad_accum; ++micro) {
@@ -534,30 +372,15 @@ absl::Status Worker::RunStep(int step) {
     absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == grad_accum);
     if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
   }
-  if (snapshot_copy_pending_) {
-    // The optimizer is about to change the state a snapshot may still be
-    // copying: the rest of the snapshot's pause, normally nothing.
-    const absl::Time wait = absl::Now();
-    keeper_.WaitCopied();
-    snapshot_copy_pending_ = false;
-    if (!metrics_.snapshot_pause_ms.empty()) {
-      metrics_.snapshot_pause_ms.back() += absl::ToDoubleMilliseconds(absl::Now() - wait);
-    }
-  }
+  snapshots_.WaitCopied();
   const double lr = config_.schedule.LearningRate(step);
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   absl::StatusOr<double> mean = e.MeanOverRanks(stats->loss, "the step's loss");
   if (!mean.ok()) return Annotate(mean.status(), "loss");
-  metrics_.losses.push_back(*mean);
-  metrics_.step_ms.push_back(ms);
-  metrics_.step_times.push_back(stats->times);
-  metrics_.step_cpu_ms.push_back(ProcessCpuMs() - cpu_before);
-  const KernelTimes kernels_after = KernelTimesSnapshot();
-  for (size_t k = 0; k < kernels_after.size(); ++k) {
-    metrics_.kernel_ms[k] += kernels_after[k] - kernels_before[k];
-  }
+  metrics_.RecordStep(*mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
+                      KernelTimesSnapshot());
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
@@ -572,22 +395,15 @@ absl::Status Worker::RunStep(int step) {
                  "the failure)\n",
                  rank_, step + 1, timeline_.record().first_step_ms());
   }
-  progress.snapshot_step = keeper_.committed_step();
+  progress.snapshot_step = snapshots_.keeper().committed_step();
   if (rank_ == 0) progress.recovery = timeline_.record();
-  metrics_.snapshot_bytes_peak = keeper_.peak_bytes();
-  progress.memory_bytes += keeper_.bytes();
+  metrics_.snapshot_bytes_peak = snapshots_.keeper().peak_bytes();
+  progress.memory_bytes += snapshots_.keeper().bytes();
   // Arrival at the step's first collective, against every rank's.
   const absl::Time arrival = e.TakeFirstCollectiveStart();
   if (arrival != absl::InfinitePast()) {
-    absl::StatusOr<std::vector<double>> arrivals =
-        e.GatherOverRanks(absl::ToUnixMicros(arrival) / 1e6, "arrival times");
-    if (!arrivals.ok()) return Annotate(arrivals.status(), "arrival times");
-    const double first = *std::min_element(arrivals->begin(), arrivals->end());
-    const double lag_ms = ((*arrivals)[rank_] - first) * 1e3;
-    arrival_lag_.Add(lag_ms);
-    progress.telemetry.set_first_collective_unix_us(absl::ToUnixMicros(arrival));
-    progress.telemetry.set_arrival_lag_ms(static_cast<float>(lag_ms));
-    progress.telemetry.set_arrival_lag_median_ms(static_cast<float>(arrival_lag_.Median()));
+    absl::Status s = ShareArrival(e, arrival, rank_, &arrival_lag_, &progress.telemetry);
+    if (!s.ok()) return Annotate(s, "arrival times");
   }
   client_->ReportProgress(progress);
   metrics_.items_per_second_sum += items_per_second;
@@ -628,8 +444,7 @@ void Worker::EndGeneration() {
   if (generation_->data_plane != nullptr) generation_->data_plane->Abort();
   // The snapshot transfer in flight uses the snapshot context: with it
   // aborted, it ends now.
-  keeper_.Wait().IgnoreError();
-  snapshot_copy_pending_ = false;
+  snapshots_.EndGeneration();
   // The engine uses the communicators.
   generation_->engine.reset();
   generation_->data_plane.reset();
@@ -656,11 +471,7 @@ absl::Status Worker::Report() {
     absl::StatusOr<std::string> record = task_->EvalRecord(e, rank_, world);
     if (!record.ok()) return Annotate(record.status(), "--eval_out");
     if (rank_ == 0) {
-      std::ofstream file(config_.eval_out);
-      file << *record << "\n";
-      if (!file) {
-        return absl::InternalError(absl::StrCat("cannot write --eval_out ", config_.eval_out));
-      }
+      if (absl::Status s = WriteEvalOut(*record, config_.eval_out); !s.ok()) return s;
     }
   }
   absl::StatusOr<double> params_sum = e.ParamsSum();
@@ -684,15 +495,7 @@ absl::Status Worker::Report() {
   run.params_sum = params_sum_;
   run.model_state_bytes = *std::move(states);
   run.peak_bytes = *std::move(peaks);
-  if (rank_ == 0 && !config_.summary_out.empty()) {
-    if (absl::Status s = WriteSummary(run, config_.summary_out); !s.ok()) return s;
-  }
-  const bool per_rank = config_.report.find("{rank}") != std::string::npos;
-  if (!config_.report.empty() && (per_rank || rank_ == 0)) {
-    const std::string path = absl::StrReplaceAll(config_.report, {{"{rank}", absl::StrCat(rank_)}});
-    if (absl::Status s = WriteReport(run, path); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return WriteRunOutputs(run);
 }
 
 absl::Status Worker::Leave() {
@@ -738,16 +541,16 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
     const JoinInfo& m = generation_->membership;
     const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
     if (!abort_->WaitTripped(wait)) {
-      return absl::Status(failure.code(),
-                          absl::StrCat(failure.message(), " (and the server did not end the ",
-                                       "generation within ", absl::FormatDuration(wait),
-                                       ", so no peer died: not recovering)"));
+      return absl::Status(
+          failure.code(),
+          absl::StrCat(failure.message(), " (and the server did not end the ", "generation within ",
+                       absl::FormatDuration(wait), ", so no peer died: not recovering)"));
     }
   }
   if (recoveries_ >= config_.recovery.max_recoveries) {
-    return absl::AbortedError(absl::StrCat(abort_->message(), "; not recovering: ",
-                                           recoveries_, " recoveries already (--max_recoveries=",
-                                           config_.recovery.max_recoveries, ")"));
+    return absl::AbortedError(absl::StrCat(
+        abort_->message(), "; not recovering: ", recoveries_,
+        " recoveries already (--max_recoveries=", config_.recovery.max_recoveries, ")"));
   }
   // Confirmed: the server's abort (at once when it came first).
   timeline_.FailureSeen(seen, absl::Now(), step_.load());

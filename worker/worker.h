@@ -64,13 +64,14 @@
 #include "client/client.h"
 #include "common/plan/shard_plan.h"
 #include "worker/abort_latch.h"
-#include "worker/data_plane.h"
 #include "worker/checkpoint/shard_checkpoint.h"
+#include "worker/data_plane.h"
+#include "worker/rank_telemetry.h"
 #include "worker/recovery/recovery_decision.h"
 #include "worker/recovery/recovery_timeline.h"
 #include "worker/recovery/snapshot_keeper.h"
-#include "worker/rank_telemetry.h"
 #include "worker/run_report.h"
+#include "worker/snapshot_schedule.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
 #include "worker/zero/backend.h"
@@ -167,14 +168,13 @@ class Worker {
   absl::Status RestoreFromSnapshots(const RecoveryDecision& decision);
   absl::Status RestoreFromDisk(int64_t step);
   absl::Status RestoreInitialState();
-  // The reader --resume or --init_from name; null: start from the seed.
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenInitialState() const;
   absl::Status InitializeFromSeed();
   absl::Status LoadFrom(CheckpointReader* reader);
   // The global data row of training step `step` under the current world.
   int64_t DataRow(int64_t step) const;
-  // An in-memory snapshot after `completed` steps (Train).
-  absl::Status Snapshot(int completed);
+  // This rank's shard after `completed` steps, as checkpoints and snapshots
+  // name it.
+  ShardIdentity IdentityAt(int completed) const;
 
   const WorkerConfig config_;
   AbortLatch* const abort_;
@@ -198,15 +198,11 @@ class Worker {
   std::unique_ptr<Generation> generation_;
 
   // Recovery state (process-wide).
-  SnapshotKeeper keeper_;
+  SnapshotSchedule snapshots_{config_.engine.optimizer, config_.data_plane.timeout, &metrics_};
   int buddy_shift_ = 1;
   int recoveries_ = 0;
   bool trained_ = false;  // completed a step in some generation
   RecoveryTimeline timeline_;
-  // A snapshot started at the last boundary may still be copying the
-  // engine's state: RunStep waits for it before the optimizer step.
-  bool snapshot_copy_pending_ = false;
-  int64_t last_reported_transfer_ = -1;  // the snapshot step whose times metrics_ has
 
   // What the heartbeat handler may touch.
   mutable absl::Mutex abort_mu_;

@@ -15,7 +15,7 @@ constexpr char kDecisionKey[] = "recovery/decision";
 std::string HoldingsKey(int rank) { return absl::StrCat("recovery/holdings/", rank); }
 
 absl::StatusOr<std::vector<RankHoldings>> ReadEveryRanksHoldings(KeyValueStore* store, int world,
-                                                                  absl::Duration timeout) {
+                                                                 absl::Duration timeout) {
   std::vector<RankHoldings> holdings;
   for (int r = 0; r < world; ++r) {
     absl::StatusOr<std::string> got = store->Get(HoldingsKey(r), timeout);

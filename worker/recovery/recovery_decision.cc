@@ -162,7 +162,8 @@ template <typename T, typename Read>
 absl::StatusOr<T> ParseGuarded(absl::string_view text, absl::string_view what, Read read) {
   const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": not a JSON object: ", text.substr(0, 80)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not a JSON object: ", text.substr(0, 80)));
   }
   try {
     return read(j);
@@ -178,10 +179,14 @@ absl::StatusOr<uint64_t> ChecksumField(const json& j) {
 json BlobToJson(const BlobDescription& b) {
   json pieces = json::array();
   for (const RowRange& p : b.pieces) pieces.push_back({p.tensor, p.row_begin, p.row_end});
-  return {{"step", b.step},          {"rank", b.rank},
-          {"world_size", b.world_size}, {"plan_hash", b.plan_hash},
-          {"data_row", b.data_row},  {"bytes", b.bytes},
-          {"xxh64", ChecksumToHex(b.xxh64)}, {"pieces", pieces}};
+  return {{"step", b.step},
+          {"rank", b.rank},
+          {"world_size", b.world_size},
+          {"plan_hash", b.plan_hash},
+          {"data_row", b.data_row},
+          {"bytes", b.bytes},
+          {"xxh64", ChecksumToHex(b.xxh64)},
+          {"pieces", pieces}};
 }
 
 absl::StatusOr<BlobDescription> BlobFromJson(const json& j) {
@@ -196,7 +201,8 @@ absl::StatusOr<BlobDescription> BlobFromJson(const json& j) {
   if (!sum.ok()) return sum.status();
   b.xxh64 = *sum;
   for (const json& p : j.at("pieces")) {
-    b.pieces.push_back({p.at(0).get<std::string>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>()});
+    b.pieces.push_back(
+        {p.at(0).get<std::string>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>()});
   }
   return b;
 }
@@ -218,17 +224,17 @@ std::string RankHoldingsToJson(const RankHoldings& holdings) {
 }
 
 absl::StatusOr<RankHoldings> RankHoldingsFromJson(absl::string_view text) {
-  return ParseGuarded<RankHoldings>(
-      text, "recovery holdings", [](const json& j) -> absl::StatusOr<RankHoldings> {
-        RankHoldings h;
-        h.survivor = j.at("survivor").get<bool>();
-        for (const json& b : j.at("blobs")) {
-          absl::StatusOr<BlobDescription> blob = BlobFromJson(b);
-          if (!blob.ok()) return blob.status();
-          h.blobs.push_back(*std::move(blob));
-        }
-        return h;
-      });
+  return ParseGuarded<RankHoldings>(text, "recovery holdings",
+                                    [](const json& j) -> absl::StatusOr<RankHoldings> {
+                                      RankHoldings h;
+                                      h.survivor = j.at("survivor").get<bool>();
+                                      for (const json& b : j.at("blobs")) {
+                                        absl::StatusOr<BlobDescription> blob = BlobFromJson(b);
+                                        if (!blob.ok()) return blob.status();
+                                        h.blobs.push_back(*std::move(blob));
+                                      }
+                                      return h;
+                                    });
 }
 
 std::string RecoveryDecisionToJson(const RecoveryDecision& d) {
@@ -271,8 +277,8 @@ absl::StatusOr<RecoveryDecision> RecoveryDecisionFromJson(absl::string_view text
         for (const auto& [key, size] : j.at("blobs").items()) {
           int old_rank = 0;
           if (!absl::SimpleAtoi(key, &old_rank)) {
-            return absl::InvalidArgumentError(absl::StrCat("recovery decision: blob key '", key,
-                                                           "' is not a rank"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("recovery decision: blob key '", key, "' is not a rank"));
           }
           absl::StatusOr<uint64_t> sum = ChecksumField(size.at(1));
           if (!sum.ok()) return sum.status();

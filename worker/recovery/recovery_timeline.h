@@ -31,8 +31,7 @@ class RecoveryTimeline {
   // State came back from `source` at `step` in `generation` of `world` ranks.
   // Starts a new record; a replacement too is recovering() until its first
   // step.
-  void Restored(int64_t generation, RecoverySource source, int64_t step, int world,
-                absl::Time now);
+  void Restored(int64_t generation, RecoverySource source, int64_t step, int world, absl::Time now);
   // The first step after a restore completed: ends recovering() and, for a
   // generation after the first, returns the run report's record of it.
   std::optional<nlohmann::json> FirstStepDone(absl::Time now);

@@ -23,8 +23,8 @@ struct SnapshotPieces {
   std::vector<std::shared_ptr<const SnapshotBlob>> blobs;
   // Null when this rank has no piece in the new plan.
   std::unique_ptr<CheckpointReader> reader;
-  int received = 0;       // blobs received from other ranks
-  double moved_ms = 0;    // the transfers' wall time
+  int received = 0;     // blobs received from other ranks
+  double moved_ms = 0;  // the transfers' wall time
 };
 
 // Runs `decision`'s transfers that involve `rank` over `comm` (null when the
