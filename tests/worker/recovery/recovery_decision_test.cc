@@ -57,40 +57,78 @@ struct Case {
 
 std::vector<Case> Cases() {
   return {
-      {"NobodyHasStateIsAFreshJob", {Holds(false, {}), Holds(false, {})}, 7,
-       RecoverySource::kInitial, 0, -1},
-      {"SurvivorsWithoutBlobsOrDiskStartFromTheSeed", {Holds(true, {}), Holds(false, {})}, -1,
-       RecoverySource::kScratch, 0, -1},
-      {"SurvivorsWithoutBlobsTakeTheDisk", {Holds(true, {}), Holds(false, {})}, 4,
-       RecoverySource::kDisk, 4, -1},
+      {"NobodyHasStateIsAFreshJob",
+       {Holds(false, {}), Holds(false, {})},
+       7,
+       RecoverySource::kInitial,
+       0,
+       -1},
+      {"SurvivorsWithoutBlobsOrDiskStartFromTheSeed",
+       {Holds(true, {}), Holds(false, {})},
+       -1,
+       RecoverySource::kScratch,
+       0,
+       -1},
+      {"SurvivorsWithoutBlobsTakeTheDisk",
+       {Holds(true, {}), Holds(false, {})},
+       4,
+       RecoverySource::kDisk,
+       4,
+       -1},
       // Rank 0 holds its own and its buddy's blob; the replacement (rank 1)
       // holds nothing: one transfer, 0 -> 1, of old rank 1.
       {"ReplacementTakesItsBuddysCopy",
-       {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}), Holds(false, {})}, -1,
-       RecoverySource::kSnapshot, 6, 1},
+       {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}), Holds(false, {})},
+       -1,
+       RecoverySource::kSnapshot,
+       6,
+       1},
       {"EveryRankHoldsItsOwnNoTransfers",
        {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}), Holds(true, {Blob(6, 1, 2), Blob(6, 0, 2)})},
-       -1, RecoverySource::kSnapshot, 6, 0},
+       -1,
+       RecoverySource::kSnapshot,
+       6,
+       0},
       {"ASnapshotAsNewAsTheDiskWins",
-       {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}), Holds(false, {})}, 6,
-       RecoverySource::kSnapshot, 6, 1},
+       {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}), Holds(false, {})},
+       6,
+       RecoverySource::kSnapshot,
+       6,
+       1},
       {"ANewerDiskCheckpointWins",
-       {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}), Holds(false, {})}, 8, RecoverySource::kDisk,
-       8, -1},
+       {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}), Holds(false, {})},
+       8,
+       RecoverySource::kDisk,
+       8,
+       -1},
       // Old rank 1's blob is held by nobody (it and its buddy were lost).
-      {"ARankAndItsBuddyLostTakesTheDisk", {Holds(true, {Blob(6, 0, 2)}), Holds(false, {})}, 3,
-       RecoverySource::kDisk, 3, -1},
+      {"ARankAndItsBuddyLostTakesTheDisk",
+       {Holds(true, {Blob(6, 0, 2)}), Holds(false, {})},
+       3,
+       RecoverySource::kDisk,
+       3,
+       -1},
       {"ARankAndItsBuddyLostWithoutDiskStartsFromTheSeed",
-       {Holds(true, {Blob(6, 0, 2)}), Holds(false, {})}, -1, RecoverySource::kScratch, 0, -1},
+       {Holds(true, {Blob(6, 0, 2)}), Holds(false, {})},
+       -1,
+       RecoverySource::kScratch,
+       0,
+       -1},
       // Step 9 is incomplete; step 6 is complete: 6 is taken.
       {"TheLatestCompleteStepWins",
        {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2), Blob(9, 0, 2)}), Holds(true, {Blob(6, 1, 2)})},
-       -1, RecoverySource::kSnapshot, 6, 0},
+       -1,
+       RecoverySource::kSnapshot,
+       6,
+       0},
       // A shrink: three old ranks' blobs held by two survivors; the new plan
       // cuts "w" in two, so each new rank needs two old ranks' pieces.
       {"AShrinkReadsOldPiecesAcrossRanks",
        {Holds(true, {Blob(5, 0, 3), Blob(5, 2, 3)}), Holds(true, {Blob(5, 1, 3), Blob(5, 0, 3)})},
-       -1, RecoverySource::kSnapshot, 5, 2},
+       -1,
+       RecoverySource::kSnapshot,
+       5,
+       2},
   };
 }
 
@@ -130,8 +168,8 @@ INSTANTIATE_TEST_SUITE_P(EveryCase, DecideSourceTest, testing::ValuesIn(Cases())
 TEST(DecideSourceTest, AShrinkNeedsTheOldRanksItsRowsOverlap) {
   // Old: 3 ranks x 4 rows. New: 2 ranks x 6 rows. New rank 0 (rows 0-5)
   // overlaps old 0 (0-3) and old 1 (4-7); new rank 1 (6-11), old 1 and old 2.
-  const std::vector<RankHoldings> holdings = {
-      Holds(true, {Blob(5, 0, 3), Blob(5, 2, 3)}), Holds(true, {Blob(5, 1, 3), Blob(5, 0, 3)})};
+  const std::vector<RankHoldings> holdings = {Holds(true, {Blob(5, 0, 3), Blob(5, 2, 3)}),
+                                              Holds(true, {Blob(5, 1, 3), Blob(5, 0, 3)})};
   const RecoveryDecision d = DecideSource(holdings, RowBlockPlan(2, 12), -1);
   ASSERT_EQ(d.source, RecoverySource::kSnapshot);
   EXPECT_EQ(d.needs, (std::vector<std::vector<int>>{{0, 1}, {1, 2}}));
@@ -143,8 +181,8 @@ TEST(DecideSourceTest, AShrinkNeedsTheOldRanksItsRowsOverlap) {
 }
 
 TEST(RecoveryCodecTest, ADecisionSurvivesTheKvStore) {
-  const std::vector<RankHoldings> holdings = {
-      Holds(true, {Blob(5, 0, 3), Blob(5, 2, 3)}), Holds(true, {Blob(5, 1, 3), Blob(5, 0, 3)})};
+  const std::vector<RankHoldings> holdings = {Holds(true, {Blob(5, 0, 3), Blob(5, 2, 3)}),
+                                              Holds(true, {Blob(5, 1, 3), Blob(5, 0, 3)})};
   const RecoveryDecision d = DecideSource(holdings, RowBlockPlan(2, 12), -1);
   absl::StatusOr<RecoveryDecision> back = RecoveryDecisionFromJson(RecoveryDecisionToJson(d));
   ASSERT_TRUE(back.ok()) << back.status();
@@ -183,17 +221,17 @@ TEST(RecoveryCodecTest, HoldingsSurviveTheKvStore) {
 }
 
 TEST(RecoveryCodecTest, MalformedTextIsAClearErrorNotACrash) {
-  for (const char* text : {"", "not json", "[1,2]", R"({"survivor": "yes", "blobs": []})",
-                           R"({"survivor": true})", R"({"survivor": true, "blobs": [{"step": 1}]})"}) {
+  for (const char* text :
+       {"", "not json", "[1,2]", R"({"survivor": "yes", "blobs": []})", R"({"survivor": true})",
+        R"({"survivor": true, "blobs": [{"step": 1}]})"}) {
     absl::StatusOr<RankHoldings> h = RankHoldingsFromJson(text);
     EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(h.status().message().find("recovery holdings"), absl::string_view::npos) << text;
   }
-  for (const char* text : {"{}", R"({"source": "tape", "step": 1})",
-                           R"({"source": "snapshot", "step": 1})",
-                           R"({"source": "disk", "step": "x"})"}) {
-    EXPECT_EQ(RecoveryDecisionFromJson(text).status().code(),
-              absl::StatusCode::kInvalidArgument)
+  for (const char* text :
+       {"{}", R"({"source": "tape", "step": 1})", R"({"source": "snapshot", "step": 1})",
+        R"({"source": "disk", "step": "x"})"}) {
+    EXPECT_EQ(RecoveryDecisionFromJson(text).status().code(), absl::StatusCode::kInvalidArgument)
         << text;
   }
 }
