@@ -61,6 +61,11 @@ class ZeroshardRendezvousHandler(RendezvousHandler):
         self._token_file = params.get("token_file")
         self._join_timeout = float(params.get("join_timeout", 600))
         self._client = Client(self._endpoint, token_file=self._token_file)
+        # The workers inherit the agent's environment: init_process_group() there finds
+        # the server (and the token) without arguments.
+        os.environ["ZEROSHARD_SERVER"] = self._endpoint
+        if self._token_file:
+            os.environ["ZEROSHARD_TOKEN_FILE"] = self._token_file
         self._joined = False
         self._closed = False
 

@@ -24,6 +24,10 @@ WIDTH, LAYERS, BATCH, LR, SAVE_AT = 40, 3, 12, 0.01, 5
 
 
 class Fsdp2CheckpointTest(ClusterTest):
+    # Not about failure detection: a slow start on a loaded 2-core machine (3-4 processes
+    # importing torch) must not end a generation.
+    server_flags = ["--heartbeat_timeout_ms=20000"]
+
     def train(self, job, world, *flags, mesh=""):
         out = os.path.join(self.dir, job)
         os.makedirs(out)
@@ -36,7 +40,8 @@ class Fsdp2CheckpointTest(ClusterTest):
                               *flags], f"{job}-{r}")
         codes = [p.wait(240) for p in self.procs.procs[first:]]
         self.assertEqual(codes, [0] * world, "\n".join(
-            self.procs.output(i)[-3000:] for i in range(first, len(self.procs.procs))))
+            self.procs.output(i)[-3000:] for i in range(first, len(self.procs.procs))) +
+            "\n--- server ---\n" + self.server.server_log())
         return out
 
     def full(self, out, step):
