@@ -112,7 +112,7 @@ PY
   if [[ $status -ne 0 ]]; then rc=1; fi
 }
 
-run_tests "all tests (OpenBLAS's own choice of kernel)" //... "$@"
+run_tests "all tests (OpenBLAS kernel: ${OPENBLAS_CORETYPE:-its own choice for this CPU})" //... "$@"
 for kernel in "${FORCED_KERNELS[@]}"; do
   run_tests "numerical tests under OPENBLAS_CORETYPE=$kernel" "${NUMERICAL_TARGETS[@]}" \
     --test_env=OPENBLAS_CORETYPE="$kernel" --test_filter="$NOT_NUMERICAL" "$@"

@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hf_gpt2_config.h"
+#include "nlohmann/json.hpp"
 #include "worker/data/regression_data.h"
 #include "worker/data/text_data.h"
 #include "worker/data/token_shards.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
-#include "nlohmann/json.hpp"
 
 namespace zeroshard {
 namespace {
@@ -70,8 +70,8 @@ class MlpTask : public TrainingTask {
     return absl::FailedPreconditionError("--sample needs --model=gpt");
   }
   absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) override {
-    absl::Status s = data_->Fill(int64_t{1} << 40, 0, rank, world, options_.batch, 1,
-                                 x_.data(), y_.data());
+    absl::Status s =
+        data_->Fill(int64_t{1} << 40, 0, rank, world, options_.batch, 1, x_.data(), y_.data());
     if (!s.ok()) return s;
     if (s = model_->SetBatch(x_.data(), y_.data(), options_.batch); !s.ok()) return s;
     absl::StatusOr<double> loss = engine.Forward();
@@ -166,9 +166,7 @@ class GptTask : public TrainingTask {
     if (!s.ok()) return s;
     return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
   }
-  int64_t ItemsPerMicroBatch() const override {
-    return int64_t{options_.batch} * options_.context;
-  }
+  int64_t ItemsPerMicroBatch() const override { return int64_t{options_.batch} * options_.context; }
 
   absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
                                       int batches) override {
@@ -181,12 +179,10 @@ class GptTask : public TrainingTask {
     }
     double sum = 0;
     for (int b = 0; b < batches; ++b) {
-      absl::Status s = data_->FillBatch(Split::kValidation, b, 0, rank, world,
-                                        options_.batch, 1, options_.context, tokens_.data(),
-                                        targets_.data());
+      absl::Status s = data_->FillBatch(Split::kValidation, b, 0, rank, world, options_.batch, 1,
+                                        options_.context, tokens_.data(), targets_.data());
       if (!s.ok()) return s;
-      if (s = model_->SetBatch(tokens_.data(), targets_.data(), options_.batch,
-                               options_.context);
+      if (s = model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
           !s.ok()) {
         return s;
       }

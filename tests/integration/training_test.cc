@@ -185,7 +185,7 @@ TEST_F(TrainingTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
       const int64_t psi = report["parameters"];
       const int64_t shard = report["shard_elements"];  // Ψ/W + this rank's padding
       const int64_t measured = report["memory"]["model_state_bytes"];
-      // fp32 Adam: params 4, grads 4, moments 8 bytes per element (DESIGN.md).
+      // fp32 Adam: params 4, grads 4, moments 8 bytes per element (docs/design.md, "ZeRO engine").
       const int64_t formula[] = {16 * psi, 8 * psi + 8 * shard, 4 * psi + 12 * shard, 16 * shard};
       EXPECT_EQ(measured, formula[stage]) << "stage " << stage << " rank " << rank;
       // Against the padding-free formula: off by at most the plan's padding.
