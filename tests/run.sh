@@ -10,7 +10,7 @@ ROOT=$(pwd)
 bash tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 
 # Python tests (tests/python, tests/interop) run in a venv with PyTorch 2 from
-# PyPI (the CUDA wheel: it runs on CPUs; ~5 GB and 1-2 minutes on first use),
+# PyPI (the CUDA wheel: it runs on CPUs; ~5 GB and 1-4 minutes on first use),
 # safetensors, numpy and transformers. Not Debian's python3-torch (1.13): no
 # FSDP2, DTensor or torch.distributed.checkpoint there. The pins are checked on
 # every run; a venv that does not match them is brought up to date.
