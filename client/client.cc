@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
+#include "common/keepalive.h"
 #include "common/plan/plan_codec.h"
 #include "proto/health.grpc.pb.h"
 
@@ -75,6 +76,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A silently dead connection is closed within a few seconds
+  // (common/keepalive.h), so the capped backoff above also bounds how long
+  // after a network outage heartbeats resume.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // keep pinging an idle channel
   if (!options.tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options.tls_ca;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/keepalive.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
@@ -134,6 +135,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   // multiplex thousands of members on a few connections.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 1 << 16);
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // The clients' keepalive pings are welcome (common/keepalive.h), and the
+  // server pings too, to close the streams of clients that vanished.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kServerMinPingIntervalMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);  // 0: never GOAWAY for pings
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kServerKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kServerKeepaliveTimeoutMs);
+  // One server per address: without SO_REUSEPORT a second server on an
+  // address in use fails to start instead of splitting the clients with the
+  // first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
