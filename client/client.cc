@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -119,7 +120,11 @@ v1::MemberCredentials Client::credentials() const {
 absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
                                       const std::string& worker_id, const std::string& host,
                                       absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
+  const absl::Time started = absl::Now();
+  const absl::Time deadline = started + timeout;
+  // How often a join that keeps failing says so.
+  constexpr absl::Duration kJoinRetryReport = absl::Seconds(5);
+  absl::Time last_said = started;
   absl::Duration backoff = absl::Milliseconds(100);
   v1::JoinRequest request;
   request.set_job_id(job_id);
@@ -149,7 +154,24 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
     if (!Retryable(status) || absl::Now() + backoff >= deadline) {
       return absl::Status(status.code(),
                           absl::StrCat("join of job '", job_id, "' as '", worker_id, "' at ",
-                                       options_.server, ": ", status.message()));
+                                       options_.server, ": ", status.message(), " (tried for ",
+                                       absl::FormatDuration(absl::Trunc(
+                                           absl::Now() - started, absl::Seconds(1))),
+                                       ")"));
+    }
+    // Say so every few seconds: an unreachable server (a wrong address, a
+    // firewall, a server listening on 127.0.0.1) is otherwise a silent wait.
+    if (absl::Now() - last_said >= kJoinRetryReport) {
+      last_said = absl::Now();
+      std::fprintf(stderr,
+                   "join of job '%s' as '%s': the server at %s has not accepted it for %s "
+                   "(last error: %s); still trying for %s\n",
+                   job_id.c_str(), worker_id.c_str(), options_.server.c_str(),
+                   absl::FormatDuration(absl::Trunc(absl::Now() - started, absl::Seconds(1)))
+                       .c_str(),
+                   status.ToString().c_str(),
+                   absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1)))
+                       .c_str());
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));

@@ -1,6 +1,9 @@
 #include "shard_server/shard_server.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -16,6 +19,38 @@
 
 namespace zeroshard {
 
+namespace {
+
+// Takes <dir>/lock (flock, released when the process ends however it ends)
+// and writes this process's id into it; FAILED_PRECONDITION naming the
+// holder when another server has it. Two servers on one state directory
+// would each believe their own view of the jobs.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
+  const std::string path = dir + "/lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    const ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir ", dir, " is in use by another shard_server (process ",
+        n > 0 ? std::string(holder, strcspn(holder, "\n")) : "?",
+        "): two servers cannot share a state directory; stop that one or pick another "
+        "--state_dir"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without the note of who holds it.
+  }
+  return fd;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptions options) {
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
@@ -25,6 +60,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot create --state_dir ", options.state_dir, ": ", std::strerror(errno)));
     }
+    absl::StatusOr<int> lock = LockStateDir(options.state_dir);
+    if (!lock.ok()) return lock.status();
+    server->state_dir_lock_ = *lock;
     absl::StatusOr<std::unique_ptr<StateStore>> state =
         StateStore::Open(options.state_dir + "/zeroshard.db");
     if (!state.ok()) return state.status();
@@ -223,6 +261,9 @@ void ShardServer::Shutdown() {
   if (checkpoint_verifier_ != nullptr) checkpoint_verifier_->Stop();
 }
 
-ShardServer::~ShardServer() { Shutdown(); }
+ShardServer::~ShardServer() {
+  Shutdown();
+  if (state_dir_lock_ >= 0) close(state_dir_lock_);
+}
 
 }  // namespace zeroshard

@@ -98,6 +98,9 @@ class ShardServer {
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
   RealClock clock_;
   int port_ = 0;
+  // <state_dir>/lock, held (flock) while the server lives: one server per
+  // state directory. -1: no state directory.
+  int state_dir_lock_ = -1;
   std::string address_;
   absl::Notification stop_;
   std::thread ticker_;
