@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
       "  shardctl [--server=HOST:PORT] [--token_file=F] [TLS flags] COMMAND [flags]\n\n"
       "Commands:\n"
       "  status [--job=ID] [--json]              jobs, generations and members\n"
-      "  spec --model=mlp|gpt2 ...               print a model spec (JSON)\n"
+      "  spec --model=mlp|gpt2 ... [--preset=124M] print a model spec (JSON)\n"
       "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"

@@ -2,12 +2,16 @@
 //
 //   shardctl checkpoints --job=ID [--json]
 //   shardctl consolidate --job=ID --step=N|latest --out=PATH [--weights_only]
-//       [--dtype=f32|bf16|f16] [--max_shard_bytes=B] [--on_server] [--json]
+//       [--dtype=f32|bf16|f16] [--max_shard_bytes=B] [--format=safetensors|hf]
+//       [--on_server] [--json]
 //
 // consolidate streams the merged bytes to this machine by default (--out is
 // a file, or a directory for Hugging Face shards); --on_server leaves them
 // under the server's checkpoint root instead.
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <string>
@@ -19,6 +23,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/shardctl_commands.h"
+#include "common/file_util.h"
+#include "common/hf_gpt2_config.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 
@@ -34,6 +40,10 @@ ABSL_FLAG(std::string, dtype, "f32",
 ABSL_FLAG(int64_t, max_shard_bytes, 0,
           "consolidate: > 0 writes Hugging Face shards of at most this many tensor bytes each "
           "(a larger tensor gets its own file) plus model.safetensors.index.json");
+ABSL_FLAG(std::string, format, "safetensors",
+          "consolidate: safetensors (--out is a file, or a directory with --max_shard_bytes) or "
+          "hf: --out is a Hugging Face model directory that GPT2LMHeadModel.from_pretrained "
+          "loads (config.json, generation_config.json, model.safetensors or shards + index)");
 ABSL_FLAG(bool, on_server, false,
           "consolidate: write under the server's <checkpoint_root>/<job>/consolidated/step-<N>/ "
           "instead of streaming the bytes here");
@@ -96,6 +106,22 @@ class ProgressBar {
   absl::Time last_draw_ = absl::InfinitePast();
   bool drawn_ = false;
 };
+
+// config.json and generation_config.json for `hf_config` (the GPT2Config
+// the workers recorded) in `dir`, each written atomically; their paths.
+absl::StatusOr<std::vector<std::string>> WriteHfConfigFiles(const std::string& dir,
+                                                            const std::string& hf_config) {
+  const std::string path = absl::StrCat(dir, "/config.json");
+  absl::StatusOr<HfGpt2Config> config = ParseHfGpt2Config(hf_config, "the recorded model config");
+  if (!config.ok()) return config.status();
+  std::vector<std::string> paths = {path, absl::StrCat(dir, "/generation_config.json")};
+  if (absl::Status s = WriteFileAtomically(paths[0], HfGpt2ConfigJson(*config)); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(paths[1], HfGpt2GenerationConfigJson(*config));
+      !s.ok()) {
+    return s;
+  }
+  return paths;
+}
 
 }  // namespace
 
@@ -170,14 +196,50 @@ int ConsolidateCommand() {
         "--on_server to write under the server's checkpoint root"));
   }
 
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "safetensors" && format != "hf") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--format=", format, " is not an output format; expected safetensors or hf")));
+  }
+  const bool hf = format == "hf";
+  if (hf && request.on_server()) {
+    return Fail(absl::InvalidArgumentError(
+        "--format=hf writes a model directory on this machine; leave out --on_server"));
+  }
+  if (hf && !request.weights_only()) {
+    // from_pretrained wants exactly the model's tensors.
+    request.set_weights_only(true);
+  }
+  request.set_require_hf_config(hf);
+
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
+  // A Hugging Face directory is made here, and removed again (while still
+  // empty) if the consolidation fails: nothing is left half-written.
+  bool made_dir = false;
+  if (hf) {
+    if (mkdir(out.c_str(), 0755) == 0) {
+      made_dir = true;
+    } else if (errno != EEXIST) {
+      return Fail(ErrnoStatus(errno, "cannot create the output directory", out));
+    }
+  }
   ProgressBar bar(!request.on_server());
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::ConsolidateSummary> summary = (*client)->Consolidate(
       request, out, [&bar](const ConsolidateProgress& p) { bar.Update(p); });
   bar.Done();
-  if (!summary.ok()) return Fail(summary.status());
+  if (summary.ok() && hf) {
+    absl::StatusOr<std::vector<std::string>> written = WriteHfConfigFiles(out, summary->hf_config());
+    if (!written.ok()) summary = written.status();
+    for (const std::string& path : written.ok() ? *written : std::vector<std::string>{}) {
+      summary->add_files(path);
+    }
+  }
+  if (!summary.ok()) {
+    if (made_dir) rmdir(out.c_str());
+    return Fail(summary.status());
+  }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const double gbps = summary->total_bytes() / 1e9 / std::max(seconds, 1e-9);
   if (absl::GetFlag(FLAGS_json)) {

@@ -2,6 +2,7 @@
 // per-rank memory a job of that model would get, known before the job starts.
 //
 //   shardctl spec --model=gpt2 --layers=12 --d_model=768 --heads=12 --vocab=50257
+//   shardctl spec --model=gpt2 --preset=124M [--context=256]
 //       --context=1024 > gpt2.json
 //   shardctl plan --spec=gpt2.json --world=8 [--stage=3] [--local] [--json]
 //
@@ -45,6 +46,9 @@ ABSL_FLAG(int, d_model, 0, "spec --model=gpt2: embedding width");
 ABSL_FLAG(int, heads, 0, "spec --model=gpt2: attention heads (must divide --d_model)");
 ABSL_FLAG(int, vocab, 0, "spec --model=gpt2: vocabulary size");
 ABSL_FLAG(int, context, 0, "spec --model=gpt2: context length (positions)");
+ABSL_FLAG(std::string, preset, "",
+          "spec --model=gpt2: a GPT-2 release's shape, 124M, 355M, 774M or 1.5B (vocabulary "
+          "50257, context 1024); --layers, --d_model, --heads, --vocab, --context override it");
 
 ABSL_FLAG(std::string, spec, "", "plan: model spec JSON file, as shardctl spec prints it");
 ABSL_FLAG(int, world, 0, "plan: world size (ranks), 1 to 65536");
@@ -99,7 +103,8 @@ absl::StatusOr<ModelSpec> SpecFromFlags() {
   const int vocab = absl::GetFlag(FLAGS_vocab);
   const int context = absl::GetFlag(FLAGS_context);
   if (model == "mlp") {
-    absl::Status s = RefuseFlags(model, {{"d_model", d_model != 0},
+    absl::Status s = RefuseFlags(model, {{"preset", !absl::GetFlag(FLAGS_preset).empty()},
+                                         {"d_model", d_model != 0},
                                          {"heads", heads != 0},
                                          {"vocab", vocab != 0},
                                          {"context", context != 0}});
@@ -110,7 +115,16 @@ absl::StatusOr<ModelSpec> SpecFromFlags() {
   if (model == "gpt2") {
     absl::Status s =
         RefuseFlags(model, {{"width", width != 0}, {"activation", !activation.empty()}});
-    if (s.ok()) {
+    if (!s.ok()) return s;
+    const std::string preset_name = absl::GetFlag(FLAGS_preset);
+    if (!preset_name.empty()) {
+      absl::StatusOr<Gpt2Shape> preset = Gpt2Preset(preset_name);
+      if (!preset.ok()) return preset.status();
+      return Gpt2Spec(layers != 0 ? layers : preset->layers,
+                      d_model != 0 ? d_model : preset->d_model, heads != 0 ? heads : preset->heads,
+                      vocab != 0 ? vocab : preset->vocab, context != 0 ? context : preset->context);
+    }
+    {
       s = RequireFlags(model, {{"layers", layers != 0},
                                {"d_model", d_model != 0},
                                {"heads", heads != 0},

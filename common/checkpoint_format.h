@@ -43,6 +43,9 @@ struct ShardMetadataKey {
   // The global data row the next step starts at (written since #13; a file
   // without it was saved by a job whose world size never changed).
   static constexpr char kDataRow[] = "data_row";
+  // The model's Hugging Face config.json text (GPT-2 jobs), which
+  // `consolidate --format=hf` writes beside the weights.
+  static constexpr char kHfConfig[] = "hf_config";
 };
 
 // "<job>/step-<N>"

@@ -83,4 +83,13 @@ absl::StatusOr<ModelSpec> Gpt2Spec(int layers, int d_model, int heads, int vocab
   return spec;
 }
 
+absl::StatusOr<Gpt2Shape> Gpt2Preset(const std::string& name) {
+  if (name == "124M") return Gpt2Shape{12, 768, 12};
+  if (name == "355M") return Gpt2Shape{24, 1024, 16};
+  if (name == "774M") return Gpt2Shape{36, 1280, 20};
+  if (name == "1.5B") return Gpt2Shape{48, 1600, 25};
+  return absl::InvalidArgumentError(
+      absl::StrCat("GPT-2 preset \"", name, "\" is unknown; expected 124M, 355M, 774M or 1.5B"));
+}
+
 }  // namespace zeroshard

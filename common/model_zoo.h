@@ -25,6 +25,20 @@ absl::StatusOr<ModelSpec> MlpSpec(int layers, int64_t width, const std::string& 
 // INVALID_ARGUMENT for non-positive values or d_model % heads != 0.
 absl::StatusOr<ModelSpec> Gpt2Spec(int layers, int d_model, int heads, int vocab, int context);
 
+// The shapes of OpenAI's GPT-2 releases (vocabulary 50,257, 1,024 positions).
+struct Gpt2Shape {
+  int layers = 0;
+  int d_model = 0;
+  int heads = 0;
+  int vocab = 50257;
+  int context = 1024;
+};
+
+// "124M" (12 layers, width 768, 12 heads), "355M" (24, 1024, 16), "774M"
+// (36, 1280, 20) or "1.5B" (48, 1600, 25); INVALID_ARGUMENT naming them
+// otherwise.
+absl::StatusOr<Gpt2Shape> Gpt2Preset(const std::string& name);
+
 }  // namespace zeroshard
 
 #endif  // ZEROSHARD_COMMON_MODEL_ZOO_H_

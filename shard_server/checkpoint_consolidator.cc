@@ -331,6 +331,19 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
   if (options_.dtype != DType::kF32) converted_.resize(buffer_.size() / 2);
 
   const bool optimizer = !options_.weights_only && manifest_.has_exp_avg;
+  ConsolidationResult result;
+  if (!manifest_.files.empty()) {
+    absl::StatusOr<const SafetensorsReader*> first = shards_->Get(0);
+    if (!first.ok()) return first.status();
+    auto hf_config = (*first)->metadata().find(ShardMetadataKey::kHfConfig);
+    if (hf_config != (*first)->metadata().end()) result.hf_config = hf_config->second;
+  }
+  if (options_.require_hf_config && result.hf_config.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", manifest_.step, " of job ", manifest_.job,
+        " records no Hugging Face model config (hf_config): only GPT jobs saved by this version "
+        "of shard_worker have one; consolidate it without --format=hf"));
+  }
   auto metadata_of = [&](const OutputFile& f, bool placeholder) {
     nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
     for (int i : f.tensors) {
@@ -345,6 +358,7 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
       metadata[ShardMetadataKey::kOptimizer] = manifest_.optimizer;
       metadata[ShardMetadataKey::kOptimizerStep] = absl::StrCat(manifest_.optimizer_step);
     }
+    if (!result.hf_config.empty()) metadata[ShardMetadataKey::kHfConfig] = result.hf_config;
     return metadata;
   };
   for (OutputFile& f : files_) {
@@ -364,7 +378,6 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
   if (absl::Status s = output->Progress(work_done_, work_total_); !s.ok()) return s;
 
   // Pass 2: write.
-  ConsolidationResult result;
   const absl::Time write_start = absl::Now();
   result.verify_seconds = absl::ToDoubleSeconds(write_start - verify_start);
   for (const OutputFile& f : files_) {

@@ -54,6 +54,9 @@ struct ConsolidationOptions {
   DType dtype = DType::kF32;          // of the parameters: F32, BF16 or F16
   int64_t max_shard_bytes = 0;        // 0: one file; else Hugging Face shards of tensor data
   int64_t buffer_bytes = 4 << 20;     // the read buffer, bytes
+  // FAILED_PRECONDITION before any output when the shard files record no
+  // Hugging Face config (a job of a model without one, or an older worker).
+  bool require_hf_config = false;
   // Output tensor name -> XXH64 hex of its F32 bytes, from an earlier
   // Verify() of the same step: pass 1 skips these tensors when they are
   // written as F32 (pass 2 still checks every piece it copies).
@@ -92,6 +95,9 @@ struct ConsolidationResult {
   double verify_seconds = 0;       // pass 1
   double write_seconds = 0;        // pass 2
   double read_seconds = 0;         // of pass 2: reading and checking shard bytes
+  // The model's config.json as the first shard file records it ("": none);
+  // also in every output file's __metadata__ as "hf_config".
+  std::string hf_config;
 };
 
 class Consolidator {

@@ -373,6 +373,7 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
     ConsolidationOptions options;
     options.weights_only = request_.weights_only();
     options.max_shard_bytes = request_.max_shard_bytes();
+    options.require_hf_config = request_.require_hf_config();
     options.buffer_bytes = service_->options_.read_buffer_bytes;
     absl::StatusOr<DType> dtype = ParseConsolidationDType(request_.dtype());
     if (!dtype.ok()) return dtype.status();
@@ -409,6 +410,7 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
       keep_timings(*result);
       for (const std::string& f : result->files) summary.add_files(f);
       summary.set_total_bytes(result->total_bytes);
+      summary.set_hf_config(result->hf_config);
       return summary;
     }
     const std::string dir = ConsolidatedDir(manifest.job, manifest.step);
@@ -423,6 +425,7 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
     if (absl::Status s = (*output)->Commit(); !s.ok()) return s;
     for (const std::string& f : result->files) summary.add_files(absl::StrCat(dir, "/", f));
     summary.set_total_bytes(result->total_bytes);
+    summary.set_hf_config(result->hf_config);
     return summary;
   }
 

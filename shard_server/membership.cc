@@ -1,6 +1,7 @@
 #include "shard_server/membership.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -216,189 +217,243 @@ absl::Status Membership::SaveUnsaved(Job& job) {
                    "; the job's calls are refused until it is saved (retried every tick)"));
 }
 
-uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done) {
-  absl::Status invalid = ValidateJobId(request.job_id());
-  if (invalid.ok()) invalid = ValidateWorkerId(request.worker_id());
-  if (invalid.ok() &&
-      (request.world_size() < 1 || request.world_size() > options_.max_world_size)) {
-    invalid = absl::InvalidArgumentError(
+Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) {
+  for (MemberState& m : members) {
+    if (m.worker_id == worker_id) return &m;
+  }
+  return nullptr;
+}
+
+const Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) const {
+  return const_cast<Job*>(this)->FindMember(worker_id);
+}
+
+absl::Status Membership::ValidateJoinRequest(const v1::JoinRequest& request) const {
+  if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
+  if (absl::Status s = ValidateWorkerId(request.worker_id()); !s.ok()) return s;
+  if (request.world_size() < 1 || request.world_size() > options_.max_world_size) {
+    return absl::InvalidArgumentError(
         absl::StrCat("world_size ", request.world_size(), " is out of range: expected 1..",
                      options_.max_world_size, " (the server's --max_world_size)"));
   }
-  if (invalid.ok()) invalid = ValidateHost(request.host());
-  if (invalid.ok() &&
-      (request.min_world_size() < 0 || request.min_world_size() > request.world_size())) {
-    invalid = absl::InvalidArgumentError(
+  if (absl::Status s = ValidateHost(request.host()); !s.ok()) return s;
+  if (request.min_world_size() < 0 || request.min_world_size() > request.world_size()) {
+    return absl::InvalidArgumentError(
         absl::StrCat("min_world_size ", request.min_world_size(), " is out of range: expected 0..",
                      request.world_size(), " (the world size; 0: no shrink)"));
   }
-  if (invalid.ok() && request.rejoin_grace_ms() < 0) {
-    invalid = absl::InvalidArgumentError(absl::StrCat(
+  if (request.rejoin_grace_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
         "rejoin_grace_ms ", request.rejoin_grace_ms(), " is negative; expected >= 0"));
   }
-  if (invalid.ok() && request.incarnation().size() > kMaxIdLength) {
-    invalid = absl::InvalidArgumentError(absl::StrCat("incarnation is ",
-                                                      request.incarnation().size(),
-                                                      " characters long; at most ", kMaxIdLength));
+  if (request.incarnation().size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat("incarnation is ", request.incarnation().size(),
+                                                   " characters long; at most ", kMaxIdLength));
   }
-  if (!invalid.ok()) {
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoin(const v1::JoinRequest& request,
+                                                              Job* job) {
+  absl::StatusOr<JoinKind> kind = ClassifyJoinToJob(request, job);
+  if (!kind.ok()) return kind;
+  if (static_cast<int>(pending_by_id_.size()) >= options_.max_pending_joins) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server holds ", pending_by_id_.size(), " pending joins; at most ",
+        options_.max_pending_joins, " (the server's --max_pending_joins)"));
+  }
+  if (*kind == JoinKind::kNewJob && static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server holds ", jobs_.size(), " jobs; at most ", options_.max_jobs,
+        " (the server's --max_jobs); a job with no live member is forgotten after "
+        "--job_ttl"));
+  }
+  return kind;
+}
+
+absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToJob(const v1::JoinRequest& request,
+                                                                   Job* job) {
+  if (job == nullptr) return JoinKind::kNewJob;
+  // The job takes no join until its last change is saved.
+  if (absl::Status s = SaveUnsaved(*job); !s.ok()) return s;
+  if (job->state == v1::FINISHED) return JoinKind::kRestartFinished;
+  if (absl::Status s = CheckSameJobOptions(request, *job); !s.ok()) return s;
+  if (job->formed()) return ClassifyJoinToFormedJob(request, *job);
+  if (job->pending.count(request.worker_id()) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("worker '", request.worker_id(),
+                                                 "' already has a join pending for job '", job->id,
+                                                 "' generation ", job->generation));
+  }
+  return JoinKind::kJoinForming;
+}
+
+absl::Status Membership::CheckSameJobOptions(const v1::JoinRequest& request, const Job& job) const {
+  const absl::Duration grace = absl::Milliseconds(request.rejoin_grace_ms());
+  if (request.world_size() != job.target_world_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "world_size ", request.world_size(), " differs from job '", job.id, "' world_size ",
+        job.target_world_size, " (generation ", job.generation,
+        "); every worker of a job must pass the same world size"));
+  }
+  if (job.recovery_options_known &&
+      (request.min_world_size() != job.min_world_size || grace != job.rejoin_grace)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", request.worker_id(), "' joins with --min_world_size=",
+        request.min_world_size(), " --rejoin_grace=", absl::FormatDuration(grace), " but job '",
+        job.id, "' runs with --min_world_size=", job.min_world_size,
+        " --rejoin_grace=", absl::FormatDuration(job.rejoin_grace),
+        "; every worker of a job must pass the same values"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
+    const v1::JoinRequest& request, const Job& job) const {
+  const MemberState* member = job.FindMember(request.worker_id());
+  if (member == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job.id, "' already has all ", job.world_size, " members in generation ",
+        job.generation, "; worker '", request.worker_id(), "' cannot join"));
+  }
+  if (!member->alive || member->left) return JoinKind::kRejoin;
+  if (!request.incarnation().empty() && !member->incarnation.empty() &&
+      member->incarnation != request.incarnation()) {
+    // The same worker id from another process: the member's process was
+    // restarted, so the one in the generation is gone.
+    return JoinKind::kReplaceRestartedProcess;
+  }
+  return absl::AlreadyExistsError(absl::StrCat(
+      "worker '", request.worker_id(), "' is already a live member of job '", job.id, "' (rank ",
+      member->rank, ", generation ", job.generation,
+      "); it can join again once it has left or was declared dead (no heartbeat for ",
+      Ms(options_.heartbeat_timeout), " ms)"));
+}
+
+absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
+                                                       const v1::JoinRequest& request, Job* job,
+                                                       absl::Time now, Deferred& deferred) {
+  switch (kind) {
+    case JoinKind::kNewJob:
+      return CreateJob(request);
+    case JoinKind::kJoinForming:
+      return job;
+    case JoinKind::kRestartFinished: {
+      absl::Status s = StartGeneration(*job, request.world_size(), v1::JOINING,
+                                       "job restarted after finishing", deferred);
+      if (!s.ok()) return s;
+      job->target_world_size = request.world_size();
+      job->recovery_options_known = false;
+      return job;
+    }
+    case JoinKind::kReplaceRestartedProcess: {
+      absl::Status s = ReplaceRestartedMember(*job, request.worker_id(), now, deferred);
+      if (!s.ok()) return s;
+      return job;
+    }
+    case JoinKind::kRejoin: {
+      absl::Status s =
+          StartGeneration(*job, job->world_size, v1::DEGRADED,
+                          absl::StrCat("worker '", request.worker_id(), "' re-joined"), deferred);
+      if (!s.ok()) return s;
+      return job;
+    }
+  }
+  return absl::InternalError("unknown join kind");
+}
+
+absl::StatusOr<Membership::Job*> Membership::CreateJob(const v1::JoinRequest& request) {
+  auto created = std::make_unique<Job>();
+  created->id = request.job_id();
+  created->world_size = request.world_size();
+  // Above any generation its checkpoints recorded: a job id used again after
+  // it was forgotten never repeats a generation.
+  created->generation =
+      1 + std::max<int64_t>(0, generation_floor_ ? generation_floor_(created->id) : 0);
+  created->state = v1::JOINING;
+  created->target_world_size = request.world_size();
+  if (absl::Status s =
+          SaveChange(*created, absl::StrCat("job '", created->id, "' could not be created"));
+      !s.ok()) {
+    return s;
+  }
+  Job* job = created.get();
+  Remember(*job, "job created");
+  jobs_[job->id] = std::move(created);
+  log_->Log("job_created", {{"job", job->id}, {"world_size", absl::StrCat(job->world_size)}});
+  return job;
+}
+
+absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& worker_id,
+                                                absl::Time now, Deferred& deferred) {
+  MemberState* member = job.FindMember(worker_id);
+  assert(member != nullptr && member->alive && !member->left);
+  member->alive = false;
+  log_->Log("member_dead", {{"job", job.id},
+                            {"worker", member->worker_id},
+                            {"rank", absl::StrCat(member->rank)},
+                            {"generation", absl::StrCat(job.members_generation)},
+                            {"reason", "restarted (a join from a new incarnation)"}});
+  absl::Status s = StartGeneration(
+      job, job.world_size, v1::DEGRADED,
+      absl::StrCat("worker '", worker_id, "' (rank ", member->rank, ") restarted"), deferred);
+  if (!s.ok()) {
+    member->alive = true;  // nothing changed
+    return s;
+  }
+  job.degraded_at = now;
+  return absl::OkStatus();
+}
+
+uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, absl::Time deadline,
+                                    absl::Time now, JoinDone done, Deferred& deferred) {
+  if (!job.recovery_options_known) {
+    job.recovery_options_known = true;
+    job.min_world_size = request.min_world_size();
+    job.rejoin_grace = absl::Milliseconds(request.rejoin_grace_ms());
+  }
+  const uint64_t id = next_join_id_++;
+  PendingJoin& p = job.pending[request.worker_id()];
+  p.id = id;
+  p.worker_id = request.worker_id();
+  p.host = request.host();
+  p.incarnation = request.incarnation();
+  p.skip_member_table = request.skip_member_table();
+  p.deadline = std::min(deadline, now + options_.join_timeout);
+  p.done = std::move(done);
+  pending_by_id_[id] = job.id;
+  log_->Log("join", {{"job", job.id},
+                     {"worker", request.worker_id()},
+                     {"host", request.host()},
+                     {"generation", absl::StrCat(job.generation)},
+                     {"joined", absl::StrCat(job.pending.size(), "/", job.world_size)}});
+  if (static_cast<int>(job.pending.size()) == job.world_size) FormGeneration(job, deferred);
+  return id;
+}
+
+uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done) {
+  if (absl::Status invalid = ValidateJoinRequest(request); !invalid.ok()) {
     done(invalid);
     return 0;
   }
-
   Deferred deferred;
-  uint64_t id = 0;
-  absl::Status refused;
+  absl::StatusOr<uint64_t> id;
   {
     absl::MutexLock lock(&mu_);
-    absl::Time now = clock_->Now();
+    const absl::Time now = clock_->Now();
     auto it = jobs_.find(request.job_id());
     Job* job = it == jobs_.end() ? nullptr : it->second.get();
-    bool restart = false;   // a finished job starts again
-    bool rejoin = false;    // a member that left comes back: new generation
-    bool restarted = false;  // a live member's process was restarted
-    const absl::Duration grace = absl::Milliseconds(request.rejoin_grace_ms());
-    if (job != nullptr) refused = SaveUnsaved(*job);
-    if (!refused.ok()) {
-      // The job takes no join until its last change is saved.
-    } else if (job != nullptr && job->state != v1::FINISHED) {
-      if (request.world_size() != job->target_world_size) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "world_size ", request.world_size(), " differs from job '", job->id,
-            "' world_size ", job->target_world_size, " (generation ", job->generation,
-            "); every worker of a job must pass the same world size"));
-      } else if (job->recovery_options_known &&
-                 (request.min_world_size() != job->min_world_size || grace != job->rejoin_grace)) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "worker '", request.worker_id(), "' joins with --min_world_size=",
-            request.min_world_size(), " --rejoin_grace=", absl::FormatDuration(grace),
-            " but job '", job->id, "' runs with --min_world_size=", job->min_world_size,
-            " --rejoin_grace=", absl::FormatDuration(job->rejoin_grace),
-            "; every worker of a job must pass the same values"));
-      } else if (job->formed()) {
-        auto member = std::find_if(job->members.begin(), job->members.end(), [&](auto& m) {
-          return m.worker_id == request.worker_id();
-        });
-        if (member == job->members.end()) {
-          refused = absl::ResourceExhaustedError(absl::StrCat(
-              "job '", job->id, "' already has all ", job->world_size, " members in generation ",
-              job->generation, "; worker '", request.worker_id(), "' cannot join"));
-        } else if (member->alive && !member->left && !request.incarnation().empty() &&
-                   !member->incarnation.empty() && member->incarnation != request.incarnation()) {
-          // The same worker id from another process: the member's process
-          // was restarted, so the one in the generation is gone.
-          restarted = true;
-          member->alive = false;
-          log_->Log("member_dead", {{"job", job->id},
-                                    {"worker", member->worker_id},
-                                    {"rank", absl::StrCat(member->rank)},
-                                    {"generation", absl::StrCat(job->members_generation)},
-                                    {"reason", "restarted (a join from a new incarnation)"}});
-        } else if (member->alive && !member->left) {
-          refused = absl::AlreadyExistsError(absl::StrCat(
-              "worker '", request.worker_id(), "' is already a live member of job '", job->id,
-              "' (rank ", member->rank, ", generation ", job->generation,
-              "); it can join again once it has left or was declared dead (no heartbeat for ",
-              Ms(options_.heartbeat_timeout), " ms)"));
-        } else {
-          rejoin = true;
-        }
-      } else if (job->pending.count(request.worker_id()) > 0) {
-        refused = absl::AlreadyExistsError(absl::StrCat(
-            "worker '", request.worker_id(), "' already has a join pending for job '", job->id,
-            "' generation ", job->generation));
-      }
-    } else if (job != nullptr) {
-      restart = true;
-    }
-    if (refused.ok() && static_cast<int>(pending_by_id_.size()) >= options_.max_pending_joins) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds ", pending_by_id_.size(), " pending joins; at most ",
-          options_.max_pending_joins, " (the server's --max_pending_joins)"));
-    }
-    if (refused.ok() && job == nullptr &&
-        static_cast<int>(jobs_.size()) >= options_.max_jobs) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds ", jobs_.size(), " jobs; at most ", options_.max_jobs,
-          " (the server's --max_jobs); a job with no live member is forgotten after "
-          "--job_ttl"));
-    }
-    if (refused.ok()) {
-      if (job == nullptr) {
-        auto created = std::make_unique<Job>();
-        created->id = request.job_id();
-        created->world_size = request.world_size();
-        // Above any generation its checkpoints recorded: a job id used
-        // again after it was forgotten never repeats a generation.
-        created->generation =
-            1 + std::max<int64_t>(0, generation_floor_ ? generation_floor_(created->id) : 0);
-        created->state = v1::JOINING;
-        created->target_world_size = request.world_size();
-        refused =
-            SaveChange(*created, absl::StrCat("job '", created->id, "' could not be created"));
-        if (refused.ok()) {
-          job = created.get();
-          Remember(*job, "job created");
-          jobs_[job->id] = std::move(created);
-          log_->Log("job_created",
-                    {{"job", job->id}, {"world_size", absl::StrCat(job->world_size)}});
-        }
-      } else if (restart) {
-        refused = StartGeneration(*job, request.world_size(), v1::JOINING,
-                                  "job restarted after finishing", deferred);
-        if (refused.ok()) {
-          job->target_world_size = request.world_size();
-          job->recovery_options_known = false;
-        }
-      } else if (restarted) {
-        auto member = std::find_if(job->members.begin(), job->members.end(), [&](auto& m) {
-          return m.worker_id == request.worker_id();
-        });
-        refused = StartGeneration(*job, job->world_size, v1::DEGRADED,
-                                  absl::StrCat("worker '", request.worker_id(), "' (rank ",
-                                               member->rank, ") restarted"),
-                                  deferred);
-        if (refused.ok()) {
-          job->degraded_at = now;
-        } else {
-          member->alive = true;  // nothing changed
-        }
-      } else if (rejoin) {
-        refused =
-            StartGeneration(*job, job->world_size, v1::DEGRADED,
-                            absl::StrCat("worker '", request.worker_id(), "' re-joined"), deferred);
-      }
-    }
-    if (refused.ok()) {
-      if (!job->recovery_options_known) {
-        job->recovery_options_known = true;
-        job->min_world_size = request.min_world_size();
-        job->rejoin_grace = grace;
-      }
-      id = next_join_id_++;
-      PendingJoin& p = job->pending[request.worker_id()];
-      p.id = id;
-      p.worker_id = request.worker_id();
-      p.host = request.host();
-      p.incarnation = request.incarnation();
-      p.skip_member_table = request.skip_member_table();
-      p.deadline = std::min(deadline, now + options_.join_timeout);
-      p.done = std::move(done);
-      pending_by_id_[id] = job->id;
-      log_->Log("join", {{"job", job->id},
-                         {"worker", request.worker_id()},
-                         {"host", request.host()},
-                         {"generation", absl::StrCat(job->generation)},
-                         {"joined", absl::StrCat(job->pending.size(), "/", job->world_size)}});
-      if (static_cast<int>(job->pending.size()) == job->world_size) FormGeneration(*job, deferred);
-    }
+    absl::StatusOr<JoinKind> kind = ClassifyJoin(request, job);
+    absl::StatusOr<Job*> joined =
+        kind.ok() ? ApplyJoin(*kind, request, job, now, deferred) : kind.status();
+    id = joined.ok() ? AddPendingJoin(**joined, request, deadline, now, std::move(done), deferred)
+                     : absl::StatusOr<uint64_t>(joined.status());
   }
   for (auto& f : deferred) f();
-  if (!refused.ok()) {
-    done(refused);
+  if (!id.ok()) {
+    done(id.status());
     return 0;
   }
-  return id;
+  return *id;
 }
 
 void Membership::FormGeneration(Job& job, Deferred& deferred) {

@@ -213,8 +213,50 @@ class Membership {
     bool isolation_suspected = false;
     bool seen_by_peers = false;
     bool formed() const { return members_generation == generation && !members.empty(); }
+    // The member with `worker_id`; null: none.
+    MemberState* FindMember(const std::string& worker_id);
+    const MemberState* FindMember(const std::string& worker_id) const;
   };
   using Deferred = std::vector<std::function<void()>>;
+
+  // ---- Join: validate -> classify -> apply ----
+  // What a valid join does to the server's state.
+  enum class JoinKind {
+    kNewJob,                   // no such job: create it (generation 1, JOINING)
+    kJoinForming,              // a generation is forming: wait in it
+    kRestartFinished,          // the job finished: a new generation, JOINING
+    kRejoin,                   // a member that left or died: a new generation, DEGRADED
+    kReplaceRestartedProcess,  // a live member's id from a new incarnation: it
+                               // died, a new generation, DEGRADED
+  };
+  // INVALID_ARGUMENT naming the field; needs no state.
+  absl::Status ValidateJoinRequest(const v1::JoinRequest& request) const;
+  // The join's kind against `job` (null: none by that id), or why it is
+  // refused; changes nothing but saving the job's unsaved change.
+  absl::StatusOr<JoinKind> ClassifyJoin(const v1::JoinRequest& request, Job* job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JoinKind> ClassifyJoinToJob(const v1::JoinRequest& request, Job* job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JoinKind> ClassifyJoinToFormedJob(const v1::JoinRequest& request,
+                                                   const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION when the request's world size or recovery options
+  // differ from the job's.
+  absl::Status CheckSameJobOptions(const v1::JoinRequest& request, const Job& job) const;
+  // Makes the change `kind` names; the job the join then waits in. On an
+  // error (a failed save) nothing changed.
+  absl::StatusOr<Job*> ApplyJoin(JoinKind kind, const v1::JoinRequest& request, Job* job,
+                                 absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> CreateJob(const v1::JoinRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: `worker_id` is a live member of `job`.
+  absl::Status ReplaceRestartedMember(Job& job, const std::string& worker_id, absl::Time now,
+                                      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds the join in `job` (forming the generation when it is the last);
+  // its id for CancelJoin.
+  uint64_t AddPendingJoin(Job& job, const v1::JoinRequest& request, absl::Time deadline,
+                          absl::Time now, JoinDone done, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Assigns ranks to the pending joins and answers them. When the save
   // fails, every pending join is answered with the error instead and the job

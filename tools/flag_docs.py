@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Prints Markdown tables of every binary's flags, read from the binaries'
-own --helpfull, so README's flag reference stays true.
+"""Writes docs/flags.md: Markdown tables of every binary's flags, read from the
+binaries' own --helpfull, so the flag reference stays true.
 
-usage: tools/flag_docs.py  (after bazel build //shard_server //worker:shard_worker //client:shardctl)
+usage:
+  tools/flag_docs.py > docs/flags.md
+      (after bazel build //shard_server //worker:shard_worker //client:shardctl)
+  tools/flag_docs.py --check docs/flags.md [--binary NAME=PATH ...]
+      exits 1 naming the first difference when the file is not what the
+      binaries say (//tests/docs:flags_doc_test runs this)
 """
+import argparse
+import difflib
 import os
 import re
 import subprocess
@@ -17,9 +24,16 @@ BINARIES = [
 ]
 
 
+HEADER = """# Flags
+
+Every flag of the three binaries, generated from their `--helpfull` by `tools/flag_docs.py`
+(`tools/flag_docs.py > docs/flags.md` after building them); `//tests/docs:flags_doc_test` fails
+when this file is stale.
+"""
+
+
 def flags_of(path):
-    out = subprocess.run([os.path.join(ROOT, path), "--helpfull"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run([path, "--helpfull"], capture_output=True, text=True).stdout
     flags, section_ours = [], False
     entry = None
     for line in out.splitlines():
@@ -43,14 +57,46 @@ def flags_of(path):
     return sorted(rows)
 
 
-def main():
-    for name, path in BINARIES:
-        print(f"#### `{name}`\n")
-        print("| flag | default | meaning |")
-        print("|---|---|---|")
+def render(binaries):
+    lines = [HEADER]
+    for name, path in binaries:
+        lines.append(f"## `{name}`\n")
+        lines.append("| flag | default | meaning |")
+        lines.append("|---|---|---|")
         for flag, default, meaning in flags_of(path):
-            print(f"| `--{flag}` | `{default}` | {meaning} |")
-        print()
+            lines.append(f"| `--{flag}` | `{default}` | {meaning} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", help="compare with this file instead of printing")
+    parser.add_argument("--binary", action="append", default=[],
+                        help="NAME=PATH of a binary (default: the bazel-bin ones)")
+    args = parser.parse_args()
+    paths = dict(b.split("=", 1) for b in args.binary)
+    binaries = [(name, paths.get(name, os.path.join(ROOT, path))) for name, path in BINARIES]
+    for name, path in binaries:
+        if not os.access(path, os.X_OK):
+            print(f"flag_docs: {name} not found at {path}; build it first "
+                  "(bazel build //shard_server //worker:shard_worker //client:shardctl)",
+                  file=sys.stderr)
+            return 2
+    text = render(binaries)
+    if args.check is None:
+        sys.stdout.write(text)
+        return 0
+    with open(args.check) as f:
+        current = f.read()
+    if current == text:
+        return 0
+    diff = difflib.unified_diff(current.splitlines(), text.splitlines(), args.check,
+                                "what the binaries say", lineterm="", n=1)
+    print(f"{args.check} is stale: regenerate it with tools/flag_docs.py > {args.check}",
+          file=sys.stderr)
+    print("\n".join(list(diff)[:40]), file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #include "worker/data_plane.h"
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -62,8 +63,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
 }  // namespace
 
 void DataPlane::Abort() {
-  for (Communicator* c : {gather.get(), reduce.get(), aux.get(),
-                          static_cast<Communicator*>(snapshot.get())}) {
+  for (Communicator* c :
+       {gather.get(), reduce.get(), aux.get(), static_cast<Communicator*>(snapshot.get())}) {
     if (c != nullptr) c->Abort();
   }
 }
@@ -99,6 +100,17 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
     plane->snapshot = *std::move(snapshot);
   }
   return plane;
+}
+
+void LogHostTransports(const DataPlane& plane) {
+  for (const char* tag : {"gather", "reduce"}) {
+    const nlohmann::json& d = plane.description.at(tag);
+    const std::string transport = d["transport"];
+    if (transport == "nccl") continue;
+    std::fprintf(stderr, "data plane (%s): %s, %s\n", tag,
+                 transport == "shm" ? "shared memory" : "TCP",
+                 d["note"].get<std::string>().c_str());
+  }
 }
 
 }  // namespace zeroshard

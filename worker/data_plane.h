@@ -56,6 +56,10 @@ struct DataPlane {
   void Abort();
 };
 
+// Says on stderr what the host communicators run on and why (shared memory
+// or TCP); nothing for NCCL.
+void LogHostTransports(const DataPlane& plane);
+
 // Connects this rank's communicators with the `world_size` - 1 others of the
 // generation `client` joined, through its KV store. The KV store's or the
 // transport's error, naming the communicator ("gloo bootstrap (gather): ..."),

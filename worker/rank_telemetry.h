@@ -8,6 +8,8 @@
 #include <deque>
 #include <functional>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
 #include "worker/data_plane.h"
 #include "worker/zero/engine.h"
@@ -32,6 +34,13 @@ class ArrivalLag {
  private:
   std::deque<double> lags_;  // newest last
 };
+
+// Shares this rank's arrival at the step's first collective (`arrival`,
+// from ZeroEngine::TakeFirstCollectiveStart) with every rank, adds its lag
+// behind the first to `lag` and fills the arrival fields of `out`.
+// Collective: every rank calls it after every step.
+absl::Status ShareArrival(ZeroEngine& engine, absl::Time arrival, int rank, ArrivalLag* lag,
+                          v1::RankTelemetry* out);
 
 // The engine's before_collective hook of --test_stall_before_gather: blocks
 // the all-gather number `n` until `aborted()` holds (polled every 50 ms).

@@ -7,10 +7,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "common/table.h"
+#include "worker/model/parallel.h"
 #include "worker/zero/memory_tracker.h"
 
 namespace zeroshard {
+
+void RunMetrics::RecordStep(double loss, double ms, double cpu_ms, const StepTimes& times,
+                            const KernelTimes& kernels_before, const KernelTimes& kernels_after) {
+  losses.push_back(loss);
+  step_ms.push_back(ms);
+  step_times.push_back(times);
+  step_cpu_ms.push_back(cpu_ms);
+  for (size_t k = 0; k < kernels_after.size(); ++k) {
+    kernel_ms[k] += kernels_after[k] - kernels_before[k];
+  }
+}
 namespace {
 
 // The GPT's shape under the names Hugging Face's GPT2Config uses.
@@ -176,6 +189,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                        {"broadcast", bytes.broadcast}};
   out["plan_hash"] = run.plan_hash;
   out["data_plane"] = run.data_plane;
+  out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};
   out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
   out["snapshot_pause_ms"] = m.snapshot_pause_ms;
   out["snapshot_copy_ms"] = m.snapshot_copy_ms;
@@ -201,6 +215,23 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["shard_elements"] = shard_elements;  // this rank's chunks: Ψ/W + padding
   out["prefetch"] = config.engine.prefetch;
   return WriteJson(out, path, "report");
+}
+
+absl::Status WriteRunOutputs(const FinishedRun& run) {
+  const WorkerConfig& config = *run.config;
+  if (run.rank == 0 && !config.summary_out.empty()) {
+    if (absl::Status s = WriteSummary(run, config.summary_out); !s.ok()) return s;
+  }
+  const bool per_rank = config.report.find("{rank}") != std::string::npos;
+  if (config.report.empty() || (!per_rank && run.rank != 0)) return absl::OkStatus();
+  return WriteReport(run, absl::StrReplaceAll(config.report, {{"{rank}", absl::StrCat(run.rank)}}));
+}
+
+absl::Status WriteEvalOut(const std::string& record, const std::string& path) {
+  std::ofstream file(path);
+  file << record << "\n";
+  if (!file) return absl::InternalError(absl::StrCat("cannot write --eval_out ", path));
+  return absl::OkStatus();
 }
 
 }  // namespace zeroshard

@@ -25,7 +25,7 @@ struct RunMetrics {
   // machine, steadier than the wall time.
   std::vector<double> step_cpu_ms;
   std::vector<StepTimes> step_times;
-  KernelTimes kernel_ms{};  // the model's kernels over the training steps, summed
+  KernelTimes kernel_ms{};          // the model's kernels over the training steps, summed
   double items_per_second_sum = 0;  // tokens or rows per second of each step, summed
   std::vector<double> val_losses;   // every evaluation's
   Evaluation last_eval;
@@ -51,6 +51,11 @@ struct RunMetrics {
   int64_t first_join_unix_ms = 0;  // when the process first asked to join (ms since the epoch)
   int64_t snapshot_committed_step = -1;
   nlohmann::json recoveries = nlohmann::json::array();
+
+  // One training step: its loss (mean over ranks), wall and CPU time (ms),
+  // the engine's times and the kernels' times during it.
+  void RecordStep(double loss, double ms, double cpu_ms, const StepTimes& times,
+                  const KernelTimes& kernels_before, const KernelTimes& kernels_after);
 };
 
 // Everything the summary and the report are made of. The pointers are not
@@ -84,6 +89,14 @@ absl::Status WriteSummary(const FinishedRun& run, const std::string& path);
 // traffic and model shape. INTERNAL naming the file when it cannot be
 // written ("cannot write --report <path>").
 absl::Status WriteReport(const FinishedRun& run, const std::string& path);
+
+// Writes --eval_out's `record` (one JSON line) to `path`; INTERNAL naming the
+// file when it cannot be written.
+absl::Status WriteEvalOut(const std::string& record, const std::string& path);
+
+// What --summary_out (rank 0) and --report (rank 0, or every rank when the
+// path has "{rank}") ask of `run`.
+absl::Status WriteRunOutputs(const FinishedRun& run);
 
 }  // namespace zeroshard
 

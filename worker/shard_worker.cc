@@ -18,7 +18,6 @@
 #include <thread>
 
 #include "absl/flags/parse.h"
-#include "common/command_line.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -26,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/command_line.h"
 #include "worker/abort_latch.h"
 #include "worker/worker.h"
 #include "worker/worker_config.h"

@@ -7,11 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/hf_gpt2_config.h"
+#include "nlohmann/json.hpp"
 #include "worker/data/regression_data.h"
 #include "worker/data/text_data.h"
+#include "worker/data/token_shards.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
-#include "nlohmann/json.hpp"
 
 namespace zeroshard {
 namespace {
@@ -68,8 +70,8 @@ class MlpTask : public TrainingTask {
     return absl::FailedPreconditionError("--sample needs --model=gpt");
   }
   absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) override {
-    absl::Status s = data_->Fill(int64_t{1} << 40, 0, rank, world, options_.batch, 1,
-                                 x_.data(), y_.data());
+    absl::Status s =
+        data_->Fill(int64_t{1} << 40, 0, rank, world, options_.batch, 1, x_.data(), y_.data());
     if (!s.ok()) return s;
     if (s = model_->SetBatch(x_.data(), y_.data(), options_.batch); !s.ok()) return s;
     absl::StatusOr<double> loss = engine.Forward();
@@ -99,7 +101,28 @@ class MlpTask : public TrainingTask {
   std::vector<float> x_, y_;
 };
 
-// ---- GPT on bytes: a text file or the built-in addition task ----
+// ---- GPT: token shards, a text file's bytes, or the built-in addition task ----
+
+// The token source of the GPT task, and the vocabulary it needs.
+absl::StatusOr<std::unique_ptr<TokenData>> OpenGptData(const TaskOptions& o, int64_t vocab) {
+  if (LooksLikeTokenShards(o.data)) {
+    absl::StatusOr<std::unique_ptr<TokenShardData>> shards =
+        TokenShardData::Open(o.data, o.val_data, vocab, o.val_tokens);
+    if (!shards.ok()) return shards.status();
+    return std::unique_ptr<TokenData>(*std::move(shards));
+  }
+  if (!o.val_data.empty() || o.val_tokens != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--val_data and --val_tokens apply to token shards (--data=GLOB or a .bin file), not to ",
+        o.data.empty() ? absl::StrCat("the ", o.task, " task") : absl::StrCat("text ", o.data)));
+  }
+  if (vocab < TokenData::kVocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--vocab=", vocab, ": byte data needs a vocabulary of at least ", TokenData::kVocab));
+  }
+  return OpenTokenData(o.data, o.data.empty() ? o.task : "text", o.seed, o.validation_fraction,
+                       o.digits);
+}
 
 class GptTask : public TrainingTask {
  public:
@@ -108,8 +131,17 @@ class GptTask : public TrainingTask {
     config.n_layer = o.layers;
     config.n_head = o.heads;
     config.n_embd = o.d_model;
-    config.vocab = 256;
-    config.n_ctx = o.context;
+    config.vocab = o.vocab > 0                      ? o.vocab
+                   : LooksLikeTokenShards(o.data) ? kGpt2Vocab
+                                                  : TokenData::kVocab;
+    config.n_ctx = o.positions > 0 ? o.positions : o.context;
+    if (o.context > config.n_ctx) {
+      return absl::InvalidArgumentError(absl::StrCat("--context=", o.context, " is longer than the ",
+                                                     config.n_ctx, " positions of the model"));
+    }
+    auto data = OpenGptData(o, config.vocab);
+    if (!data.ok()) return data.status();
+    if (absl::Status s = (*data)->CheckContext(o.context); !s.ok()) return s;
     absl::StatusOr<std::unique_ptr<TokenModel>> model;
     if (o.gpt_factory) {
       model = o.gpt_factory(config, o.batch);
@@ -117,14 +149,11 @@ class GptTask : public TrainingTask {
       model = GptModel::Create(config);
     }
     if (!model.ok()) return model.status();
-    auto data = OpenTokenData(o.data, o.data.empty() ? o.task : "text", o.seed,
-                              o.validation_fraction, o.digits);
-    if (!data.ok()) return data.status();
-    if (absl::Status s = (*data)->CheckContext(o.context); !s.ok()) return s;
     auto task = std::unique_ptr<GptTask>(new GptTask());
     task->options_ = o;
     task->model_ = std::move(*model);
     task->data_ = std::move(*data);
+    task->shards_ = dynamic_cast<TokenShardData*>(task->data_.get());
     task->tokens_.resize(static_cast<size_t>(o.batch) * o.context);
     task->targets_.resize(task->tokens_.size());
     return std::unique_ptr<TrainingTask>(std::move(task));
@@ -137,20 +166,23 @@ class GptTask : public TrainingTask {
     if (!s.ok()) return s;
     return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
   }
-  int64_t ItemsPerMicroBatch() const override {
-    return int64_t{options_.batch} * options_.context;
-  }
+  int64_t ItemsPerMicroBatch() const override { return int64_t{options_.batch} * options_.context; }
 
   absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
                                       int batches) override {
+    if (shards_ != nullptr) {
+      absl::StatusOr<double> loss = ShardValidationLoss(engine, rank, world);
+      if (!loss.ok()) return loss.status();
+      Evaluation result;
+      result.loss = *loss;
+      return result;
+    }
     double sum = 0;
     for (int b = 0; b < batches; ++b) {
-      absl::Status s = data_->FillBatch(Split::kValidation, b, 0, rank, world,
-                                        options_.batch, 1, options_.context, tokens_.data(),
-                                        targets_.data());
+      absl::Status s = data_->FillBatch(Split::kValidation, b, 0, rank, world, options_.batch, 1,
+                                        options_.context, tokens_.data(), targets_.data());
       if (!s.ok()) return s;
-      if (s = model_->SetBatch(tokens_.data(), targets_.data(), options_.batch,
-                               options_.context);
+      if (s = model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
           !s.ok()) {
         return s;
       }
@@ -176,6 +208,7 @@ class GptTask : public TrainingTask {
   absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) override {
     // Every rank runs the same forwards (stage 3 gathers are collective) on
     // the same prompt with the same seeded sampler, so all agree.
+    if (shards_ != nullptr) return SampleTokenIds(engine, bytes);
     const bool addition = dynamic_cast<AdditionTaskData*>(data_.get()) != nullptr;
     std::vector<int32_t> sequence;
     if (addition) {
@@ -200,6 +233,7 @@ class GptTask : public TrainingTask {
   }
 
   absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) override {
+    if (shards_ != nullptr) return ShardEvalRecord(engine, rank, world);
     absl::Status s = data_->FillBatch(Split::kValidation, 0, 0, rank, world, options_.batch, 1,
                                       options_.context, tokens_.data(), targets_.data());
     if (!s.ok()) return s;
@@ -219,12 +253,96 @@ class GptTask : public TrainingTask {
     return out.dump();
   }
 
+  std::string HuggingFaceConfig() const override {
+    const GptConfig& c = model_->config();
+    return HfGpt2ConfigJson({c.n_layer, c.n_head, c.n_embd, c.n_ctx, c.vocab});
+  }
+
   std::string Describe() const override {
-    return absl::StrFormat("gpt: %d layers, %d heads, d_model %d, context %d, bytes (vocab 256)",
-                           options_.layers, options_.heads, options_.d_model, options_.context);
+    const GptConfig& c = model_->config();
+    return absl::StrFormat("gpt: %d layers, %d heads, d_model %d, context %d of %d positions, "
+                           "vocabulary %d; data: %s",
+                           c.n_layer, c.n_head, c.n_embd, options_.context, c.n_ctx, c.vocab,
+                           data_->Describe());
   }
 
  private:
+  // The validation loss of token shards as token_shards.h defines it: the
+  // mean over every position of validation windows [0, n). Rank r takes the
+  // contiguous windows [r * ceil(n / W), ...), `batch` at a time; every rank
+  // runs the same number of forwards (stage 3's gathers are collective), a
+  // rank out of windows running window 0 with weight 0. Sums of nats over
+  // positions are added over ranks in float64.
+  absl::StatusOr<double> ShardValidationLoss(ZeroEngine& engine, int rank, int world) {
+    const int t = options_.context;
+    const int64_t windows = shards_->ValidationWindows(t);
+    const int64_t per_rank = (windows + world - 1) / world;
+    const int64_t begin = std::min(windows, rank * per_rank);
+    const int64_t end = std::min(windows, begin + per_rank);
+    const int64_t rounds = (per_rank + options_.batch - 1) / options_.batch;
+    std::vector<int32_t> window(static_cast<size_t>(t) + 1);
+    double nats = 0;
+    for (int64_t round = 0; round < rounds; ++round) {
+      const int64_t first = begin + round * options_.batch;
+      const int rows = static_cast<int>(std::clamp<int64_t>(end - first, 0, options_.batch));
+      const int run_rows = std::max(rows, 1);
+      for (int i = 0; i < run_rows; ++i) {
+        absl::Status s = shards_->FillSample(Split::kValidation, rows > 0 ? first + i : 0, t,
+                                             window.data());
+        if (!s.ok()) return s;
+        std::copy(window.begin(), window.end() - 1, tokens_.begin() + int64_t{i} * t);
+        std::copy(window.begin() + 1, window.end(), targets_.begin() + int64_t{i} * t);
+      }
+      absl::Status s = model_->SetBatch(tokens_.data(), targets_.data(), run_rows, t);
+      if (!s.ok()) return s;
+      absl::StatusOr<double> loss = engine.Forward();
+      if (!loss.ok()) return loss.status();
+      if (rows > 0) nats += *loss * rows * t;
+    }
+    absl::StatusOr<std::vector<double>> sums = engine.GatherOverRanks(nats, "validation nats");
+    if (!sums.ok()) return sums.status();
+    double total = 0;
+    for (double v : *sums) total += v;
+    return total / (static_cast<double>(windows) * t);
+  }
+
+  // --eval_out for token shards: the validation loss and what defines it.
+  absl::StatusOr<std::string> ShardEvalRecord(ZeroEngine& engine, int rank, int world) {
+    absl::StatusOr<double> loss = ShardValidationLoss(engine, rank, world);
+    if (!loss.ok()) return loss.status();
+    nlohmann::ordered_json out;
+    out["loss"] = *loss;
+    out["definition"] =
+        "mean cross-entropy (nats) over every position of windows k = 0..windows-1 of "
+        "context + 1 tokens starting at token k * context of the validation shards "
+        "concatenated in sorted order";
+    out["windows"] = shards_->ValidationWindows(options_.context);
+    out["context"] = options_.context;
+    out["val_data"] = shards_->ValidationPaths();
+    return out.dump();
+  }
+
+  // Generated token ids after the first validation token, space-separated:
+  // the worker has no tokenizer.
+  absl::StatusOr<std::string> SampleTokenIds(ZeroEngine& engine, int count) {
+    std::vector<int32_t> window(static_cast<size_t>(options_.context) + 1);
+    if (absl::Status s = shards_->FillSample(Split::kValidation, 0, options_.context,
+                                             window.data());
+        !s.ok()) {
+      return s;
+    }
+    std::vector<int32_t> sequence = {window[0]};
+    std::mt19937_64 rng(options_.seed ^ 0x5a4d91e3ULL);
+    std::string out = absl::StrCat("token ids: ", window[0], " |");
+    for (int i = 0; i < count; ++i) {
+      absl::StatusOr<int32_t> next = NextToken(engine, sequence, /*temperature=*/0.8, &rng);
+      if (!next.ok()) return next.status();
+      sequence.push_back(*next);
+      absl::StrAppend(&out, " ", *next);
+    }
+    return out;
+  }
+
   // The next token after `sequence` (its last n_ctx tokens): greedy when
   // temperature is 0, else sampled.
   // `line_only` (addition): the window holds only the current line (or the
@@ -258,16 +376,22 @@ class GptTask : public TrainingTask {
     std::vector<float> row(model_->config().vocab);
     if (s = model_->LogitsRowToHost(t - 1, row.data()); !s.ok()) return s;
     const float* logits = row.data();
-    if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + 256) - logits);
-    double max_logit = *std::max_element(logits, logits + 256);
-    std::vector<double> p(256);
+    // Only the data's tokens: byte tasks leave the rows above 255 unused.
+    const int choices = data_->vocab();
+    if (temperature <= 0) {
+      return static_cast<int32_t>(std::max_element(logits, logits + choices) - logits);
+    }
+    double max_logit = *std::max_element(logits, logits + choices);
+    std::vector<double> p(choices);
     double total = 0;
-    for (int v = 0; v < 256; ++v) total += p[v] = std::exp((logits[v] - max_logit) / temperature);
+    for (int v = 0; v < choices; ++v) {
+      total += p[v] = std::exp((logits[v] - max_logit) / temperature);
+    }
     double u = std::uniform_real_distribution<double>(0, total)(*rng);
-    for (int v = 0; v < 256; ++v) {
+    for (int v = 0; v < choices; ++v) {
       if ((u -= p[v]) <= 0) return v;
     }
-    return 255;
+    return choices - 1;
   }
 
   // Greedy answers to held-out problems: every rank answers the same number
@@ -305,6 +429,7 @@ class GptTask : public TrainingTask {
   TaskOptions options_;
   std::unique_ptr<TokenModel> model_;
   std::unique_ptr<TokenData> data_;
+  TokenShardData* shards_ = nullptr;  // data_, when it is token shards
   std::vector<int32_t> tokens_, targets_;
 };
 

@@ -29,8 +29,20 @@ struct TaskOptions {
   std::string task = "addition";  // addition | text (with data)
   int digits = 2;                 // addition: operands below 10^digits
   double validation_fraction = 0.1;
+  // Vocabulary (rows of wte and of the tied LM head); 0: 256 for bytes and
+  // the addition task, 50,257 (GPT-2's BPE) for token shards.
+  int64_t vocab = 0;
+  // Positions (rows of wpe), >= context; 0: context. A Hugging Face
+  // checkpoint's n_positions.
+  int64_t positions = 0;
+  // Token shards (data/token_shards.h): the validation glob, and how many
+  // validation tokens the validation loss covers (0: all).
+  std::string val_data;
+  int64_t val_tokens = 0;
   // Both
-  std::string data;  // file (safetensors for the MLP, text for the GPT), or "" for synthetic
+  // File (safetensors for the MLP; for the GPT a text file, or a glob / .bin
+  // path of llm.c token shards), or "" for synthetic data.
+  std::string data;
   uint64_t seed = 0;
   int batch = 8;  // samples per rank per micro-batch
   int grad_accum = 1;
@@ -75,6 +87,9 @@ class TrainingTask {
   virtual absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) = 0;
   // A description for people.
   virtual std::string Describe() const = 0;
+  // The model's Hugging Face config.json, recorded in checkpoints for
+  // `consolidate --format=hf`; "" for models Hugging Face has no class for.
+  virtual std::string HuggingFaceConfig() const { return ""; }
   // Runs the first validation batch of `rank` forward and returns it with
   // what the model computed, as JSON: {"loss", and for the MLP "x" and
   // "output" [rows][width], for the GPT "tokens" and "targets" [b][t]}. For

@@ -1,34 +1,27 @@
 #include "worker/worker.h"
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <cstdio>
-#include <map>
-#include <set>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
-#include "absl/random/random.h"
 #include "absl/time/clock.h"
-#include "common/checksum.h"
-#include "common/file_util.h"
 #include "common/checkpoint_format.h"
-#include "worker/checkpoint/shard_checkpoint.h"
+#include "common/status_context.h"
+#include "worker/checkpoint_loading.h"
+#include "worker/checkpointer.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/model/parallel.h"
-#include "worker/zero/task_thread.h"
+#include "worker/recovery/recovery_agreement.h"
+#include "worker/recovery/snapshot_restore.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
@@ -37,92 +30,7 @@
 #endif
 
 namespace zeroshard {
-namespace {
-
-// A checkpoint's commit: the server reads the file's header and, for the
-// last rank, writes and fsyncs the manifest, on a shared filesystem that may
-// be slow.
-constexpr absl::Duration kCommitTimeout = absl::Minutes(5);
-// An upload (--checkpoint_transport=grpc) moves the whole shard.
-constexpr absl::Duration kUploadTimeout = absl::Hours(1);
-
-// "<what>: <CODE>: <message>" with the code kept: the text shard_worker
-// prints for a failure of `what`.
-absl::Status Annotate(const absl::Status& status, absl::string_view what) {
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.ToString()));
-}
-
-CollectiveBytes operator-(const CollectiveBytes& a, const CollectiveBytes& b) {
-  return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter,
-          a.all_reduce - b.all_reduce, a.broadcast - b.broadcast};
-}
-
-CollectiveBytes& operator+=(CollectiveBytes& a, const CollectiveBytes& b) {
-  a.all_gather += b.all_gather;
-  a.reduce_scatter += b.reduce_scatter;
-  a.all_reduce += b.all_reduce;
-  a.broadcast += b.broadcast;
-  return a;
-}
-
-// Saves this rank's shard. The snapshot is the training thread's pause; the
-// write, the upload (--checkpoint_transport=grpc) and the commit run on a
-// thread of their own, one checkpoint in flight at a time. Destroying it
-// waits for the checkpoint in flight.
-class Checkpointer {
- public:
-  // `client` and `pause_ms` outlive it.
-  Checkpointer(Client* client, const CheckpointConfig& config, const std::string& optimizer,
-               std::vector<double>* pause_ms)
-      : client_(client), config_(config), optimizer_(optimizer), pause_ms_(pause_ms) {}
-
-  // Waits for the previous checkpoint ("previous checkpoint: ..."), then
-  // snapshots `engine` as `id` and queues the rest.
-  absl::Status Save(ZeroEngine& engine, const ShardIdentity& id) {
-    const absl::Time start = absl::Now();
-    if (absl::Status s = thread_.Drain(); !s.ok()) return Annotate(s, "previous checkpoint");
-    absl::StatusOr<ShardSnapshot> snapshot =
-        SnapshotShard(engine, id, optimizer_, config_.save_optimizer);
-    if (!snapshot.ok()) return Annotate(snapshot.status(), "checkpoint snapshot");
-    pause_ms_->push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-    auto shared = std::make_shared<ShardSnapshot>(*std::move(snapshot));
-    thread_.Submit([shared, client = client_, config = config_]() -> absl::Status {
-      // Tests only: stretch the write so that a kill lands inside it.
-      if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
-        absl::SleepFor(absl::Milliseconds(atoi(delay)));
-      }
-      absl::StatusOr<WrittenShard> written = WriteShard(*shared, config.dir);
-      if (!written.ok()) return written.status();
-      if (config.transport == CheckpointTransport::kGrpc) {
-        absl::Status uploaded = client
-                                    ->UploadShard(shared->id.step, written->relative_path,
-                                                  written->path, kUploadTimeout)
-                                    .status();
-        if (!uploaded.ok()) return uploaded;
-      }
-      return client
-          ->CommitShard(shared->id.step, written->relative_path, written->size_bytes,
-                        written->checksums, kCommitTimeout)
-          .status();
-    });
-    return absl::OkStatus();
-  }
-
-  // Waits for the last checkpoint ("checkpoint: ...").
-  absl::Status Drain() {
-    absl::Status s = thread_.Drain();
-    return s.ok() ? s : Annotate(s, "checkpoint");
-  }
-
- private:
-  Client* const client_;
-  const CheckpointConfig config_;
-  const std::string optimizer_;
-  std::vector<double>* const pause_ms_;
-  TaskThread thread_{"checkpoint"};
-};
-
-}  // namespace
+namespace {}  // namespace
 
 Worker::Worker(WorkerConfig config, AbortLatch* abort)
     : config_(std::move(config)),
@@ -130,8 +38,8 @@ Worker::Worker(WorkerConfig config, AbortLatch* abort)
       task_options_(config_.task),
       engine_options_(config_.engine) {
   if (config_.test_stall_before_gather > 0) {
-    engine_options_.before_collective = StallBeforeGather(
-        config_.test_stall_before_gather, [abort] { return abort->tripped(); });
+    engine_options_.before_collective =
+        StallBeforeGather(config_.test_stall_before_gather, [abort] { return abort->tripped(); });
   }
 }
 
@@ -167,8 +75,9 @@ absl::Status Worker::OpenDevice() {
   };
   // The GPT's matrix products in the dtype parameters are gathered in.
   const DType matmul_dtype = engine_options_.param_dtype;
-  task_options_.gpt_factory = [device, matmul_dtype](const GptConfig& config, int max_batch)
-      -> absl::StatusOr<std::unique_ptr<TokenModel>> {
+  task_options_.gpt_factory = [device, matmul_dtype](
+                                  const GptConfig& config,
+                                  int max_batch) -> absl::StatusOr<std::unique_ptr<TokenModel>> {
     absl::StatusOr<std::unique_ptr<CudaGptModel>> model =
         CudaGptModel::Create(config, max_batch, matmul_dtype, device);
     if (!model.ok()) return model.status();
@@ -204,15 +113,15 @@ absl::Status Worker::Join() {
     client_->set_join_extras({config_.recovery.min_world_size, config_.recovery.rejoin_grace,
                               absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen))});
   }
-  absl::StatusOr<JoinInfo> joined =
-      client_->Join(config_.job, config_.world_size, config_.worker_id, config_.host,
-                    recovering_ ? std::max(config_.recovery.rejoin_timeout,
-                                           config_.recovery.rejoin_grace + absl::Seconds(30))
-                                : config_.join_timeout);
+  absl::StatusOr<JoinInfo> joined = client_->Join(
+      config_.job, config_.world_size, config_.worker_id, config_.host,
+      timeline_.recovering() ? std::max(config_.recovery.rejoin_timeout,
+                                        config_.recovery.rejoin_grace + absl::Seconds(30))
+                             : config_.join_timeout);
   if (!joined.ok()) {
-    return Annotate(joined.status(), recovering_ ? "recovery: re-join" : "join");
+    return Annotate(joined.status(), timeline_.recovering() ? "recovery: re-join" : "join");
   }
-  joined_time_ = absl::Now();
+  timeline_.Joined(absl::Now());
   generation_ = std::make_unique<Generation>();
   generation_->membership = *std::move(joined);
   rank_ = generation_->membership.rank;
@@ -251,16 +160,7 @@ absl::Status Worker::BootstrapDataPlane() {
   if (!plane.ok()) return plane.status();
   g.data_plane = *std::move(plane);
   ExposeToAbort(g.data_plane.get(), nullptr);
-  if (rank_ == 0 && world > 1) {
-    for (const char* tag : {"gather", "reduce"}) {
-      const nlohmann::json& d = g.data_plane->description.at(tag);
-      const std::string transport = d["transport"];
-      if (transport == "nccl") continue;
-      std::fprintf(stderr, "data plane (%s): %s, %s\n", tag,
-                   transport == "shm" ? "shared memory" : "TCP",
-                   d["note"].get<std::string>().c_str());
-    }
-  }
+  if (rank_ == 0 && world > 1) LogHostTransports(*g.data_plane);
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine =
       ZeroEngine::Create(task_->model(), g.plan, g.data_plane->gather.get(),
                          g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options_);
@@ -272,147 +172,125 @@ absl::Status Worker::BootstrapDataPlane() {
 
 absl::Status Worker::Restore() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
-  Generation& g = *generation_;
-  g.start_step = 0;
+  generation_->start_step = 0;
   task_->SetDataCursor(0, 0);
-  absl::StatusOr<nlohmann::json> decision = AgreeOnSource();
+  absl::StatusOr<RecoveryDecision> decision = AgreeOnSource();
   if (!decision.ok()) return Annotate(decision.status(), "recovery: agreeing on the state");
-  const std::string source = (*decision)["source"];
-  if (source != "initial") {
-    const int64_t step = (*decision)["step"];
-    absl::Status s;
-    if (source == "snapshot") {
-      s = RestoreFromSnapshots(*decision);
-    } else if (source == "disk") {
-      const std::string& root = config_.checkpoint.dir;
-      absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
-          absl::StrCat(root, "/", CheckpointStepDir(config_.job, step)),
-          CheckpointShardFileName(rank_, world()));
-      s = opened.ok() ? LoadFrom(opened->get()) : opened.status();
-      if (s.ok() && (*opened)->data_row() < 0) {
-        // Saved before data cursors were recorded: by a job whose world
-        // size never changed.
-        task_->SetDataCursor(0, 0);
-      }
-    } else {  // scratch
-      const uint64_t seed = config_.task.seed;
-      Model* const m = task_->model();
-      s = g.engine->Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
-        m->InitRows(t, begin, end, seed, out);
-        return absl::OkStatus();
-      });
-    }
-    if (!s.ok()) return Annotate(s, absl::StrCat("recovery from ", source, " (step ", step, ")"));
-    g.start_step = static_cast<int>(step);
-    if (recovering_ || rank_ == 0) {
-      const absl::Time now = absl::Now();
-      recovery_ = v1::RecoveryRecord();
-      recovery_.set_generation(g.membership.generation);
-      recovery_.set_source(source);
-      recovery_.set_restored_step(step);
-      recovery_.set_failed_step(recovering_ ? failed_step_ : -1);
-      recovery_.set_world_size(world());
-      if (recovering_) {
-        recovery_.set_rejoin_ms(absl::ToDoubleMilliseconds(joined_time_ - failure_time_));
-      }
-      recovery_.set_restore_ms(absl::ToDoubleMilliseconds(now - joined_time_));
-      recovery_.set_phase("restored");
-      recovering_ = true;  // a replacement too: its first step completes the record
-      if (rank_ == 0) {
-        Progress progress;
-        progress.step = step;
-        progress.snapshot_step = keeper_.committed_step();
-        progress.recovery = recovery_;
-        client_->ReportProgress(progress);
-      }
-    }
-    std::fprintf(stderr,
-                 "shard_worker rank %d: recovery: restored step %lld from %s at world size %d "
-                 "(generation %lld, %s)\n",
-                 rank_, static_cast<long long>(step), source.c_str(), world(),
-                 static_cast<long long>(g.membership.generation),
-                 (*decision).value("why", std::string()).c_str());
-    return absl::OkStatus();
-  }
+  if (decision->source == RecoverySource::kInitial) return RestoreInitialState();
+  return RecoverFrom(*decision);
+}
 
-  ZeroEngine& e = *g.engine;
-  Model* const m = task_->model();
-  const InitialState& initial = config_.initial;
+absl::StatusOr<RecoveryDecision> Worker::AgreeOnSource() {
+  ClientKvStore store(client_.get());
   const std::string& root = config_.checkpoint.dir;
-  const std::string& job = config_.job;
-  std::unique_ptr<CheckpointReader> reader;
-  if (initial.resume != InitialState::Resume::kOff) {
-    int64_t step = initial.resume_step;
-    if (initial.resume == InitialState::Resume::kLatest) {
-      step = LatestCompleteStep(root, job);
-      if (step < 0) {
-        return absl::NotFoundError(absl::StrCat("--resume=latest: no complete checkpoint of job '",
-                                                job, "' under ", root));
-      }
-    }
-    const std::string step_dir = absl::StrCat(root, "/", CheckpointStepDir(job, step));
-    const std::string manifest = absl::StrCat(root, "/", CheckpointManifestPath(job, step));
-    if (access(manifest.c_str(), F_OK) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--resume=", initial.resume_flag, ": step ", step, " of job '", job,
-                       "' is not a complete checkpoint (no ", manifest, ")"));
-    }
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
-        CheckpointReader::OpenStep(step_dir, CheckpointShardFileName(rank_, world()));
-    if (!opened.ok()) return Annotate(opened.status(), "--resume");
-    reader = *std::move(opened);
-  } else if (!initial.init_from.empty()) {
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
-        CheckpointReader::OpenFile(initial.init_from);
-    if (!opened.ok()) return Annotate(opened.status(), "--init_from");
-    reader = *std::move(opened);
-  }
+  return AgreeOnRecoverySource(
+      &store, rank_, world(), HoldingsOf(snapshots_.keeper(), trained_), generation_->plan,
+      [&] { return root.empty() ? int64_t{-1} : LatestCompleteStep(root, config_.job); },
+      config_.data_plane.timeout);
+}
 
-  if (reader == nullptr) {
-    const uint64_t seed = config_.task.seed;
-    absl::Status s = e.Initialize([&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
-      m->InitRows(t, begin, end, seed, out);
-      return absl::OkStatus();
-    });
-    return s.ok() ? s : Annotate(s, "initialize");
+absl::Status Worker::RecoverFrom(const RecoveryDecision& decision) {
+  const std::string source(RecoverySourceName(decision.source));
+  if (absl::Status s = LoadRecoverySource(decision); !s.ok()) {
+    return Annotate(s, absl::StrCat("recovery from ", source, " (step ", decision.step, ")"));
   }
-  absl::Status s = LoadFrom(reader.get());
-  // --init_from starts the data at row 0 whatever the file says.
-  if (initial.resume == InitialState::Resume::kOff) task_->SetDataCursor(0, 0);
+  Generation& g = *generation_;
+  g.start_step = static_cast<int>(decision.step);
+  if (timeline_.recovering() || rank_ == 0) {
+    timeline_.Restored(g.membership.generation, decision.source, decision.step, world(),
+                       absl::Now());
+    if (rank_ == 0) {
+      Progress progress;
+      progress.step = decision.step;
+      progress.snapshot_step = snapshots_.keeper().committed_step();
+      progress.recovery = timeline_.record();
+      client_->ReportProgress(progress);
+    }
+  }
+  std::fprintf(stderr,
+               "shard_worker rank %d: recovery: restored step %lld from %s at world size %d "
+               "(generation %lld, %s)\n",
+               rank_, static_cast<long long>(decision.step), source.c_str(), world(),
+               static_cast<long long>(g.membership.generation), decision.why.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Worker::LoadRecoverySource(const RecoveryDecision& decision) {
+  switch (decision.source) {
+    case RecoverySource::kSnapshot:
+      return RestoreFromSnapshots(decision);
+    case RecoverySource::kDisk:
+      return RestoreFromDisk(decision.step);
+    case RecoverySource::kScratch:
+      return InitializeFromSeed();
+    case RecoverySource::kInitial:
+      break;
+  }
+  return absl::InternalError("a recovery with nothing to recover from");
+}
+
+absl::Status Worker::RestoreFromDisk(int64_t step) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
+      absl::StrCat(config_.checkpoint.dir, "/", CheckpointStepDir(config_.job, step)),
+      CheckpointShardFileName(rank_, world()));
+  if (!opened.ok()) return opened.status();
+  absl::Status s = LoadFrom(opened->get());
+  // Saved before data cursors were recorded: by a job whose world size never
+  // changed.
+  if (s.ok() && (*opened)->data_row() < 0) task_->SetDataCursor(0, 0);
   return s;
 }
 
-absl::Status Worker::LoadFrom(CheckpointReader* r) {
+absl::Status Worker::RestoreFromSnapshots(const RecoveryDecision& decision) {
+  absl::StatusOr<SnapshotPieces> pieces =
+      GatherSnapshotPieces(decision, rank_, &snapshots_.keeper(),
+                           generation_->data_plane->snapshot.get(), config_.data_plane.timeout);
+  if (!pieces.ok()) return pieces.status();
+  if (pieces->reader == nullptr) return absl::OkStatus();  // a rank with no piece
+  const absl::Time start = absl::Now();
+  absl::Status loaded = LoadFrom(pieces->reader.get());
+  std::fprintf(stderr,
+               "shard_worker rank %d: recovery: snapshot blobs moved in %.0f ms (%d received), "
+               "loaded in %.0f ms\n",
+               rank_, pieces->moved_ms, pieces->received,
+               absl::ToDoubleMilliseconds(absl::Now() - start));
+  return loaded;
+}
+
+absl::Status Worker::InitializeFromSeed() {
+  const uint64_t seed = config_.task.seed;
+  Model* const m = task_->model();
+  return generation_->engine->Initialize(
+      [&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
+        m->InitRows(t, begin, end, seed, out);
+        return absl::OkStatus();
+      });
+}
+
+// A fresh job: --resume, --init_from or the seed.
+absl::Status Worker::RestoreInitialState() {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      OpenInitialCheckpoint(config_.initial, config_.checkpoint.dir, config_.job, rank_, world());
+  if (!reader.ok()) return reader.status();
+  if (*reader == nullptr) {
+    absl::Status s = InitializeFromSeed();
+    return s.ok() ? s : Annotate(s, "initialize");
+  }
+  absl::Status s = LoadFrom(reader->get());
+  // --init_from starts the data at row 0 whatever the file says.
+  if (config_.initial.resume == InitialState::Resume::kOff) task_->SetDataCursor(0, 0);
+  return s;
+}
+
+absl::Status Worker::LoadFrom(CheckpointReader* reader) {
   Generation& g = *generation_;
-  ZeroEngine& e = *g.engine;
-  auto rows = [r](CheckpointReader::Kind kind) {
-    return [r, kind](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
-      return r->ReadRows(kind, t, begin, end, out);
-    };
-  };
-  if (absl::Status s = e.Initialize(rows(CheckpointReader::Kind::kParams)); !s.ok()) {
-    return Annotate(s, absl::StrCat("load parameters from ", r->source()));
-  }
-  const EngineOptions& options = config_.engine;
-  const bool has_moments = options.optimizer != "sgd" || options.optimizer_options.momentum > 0;
-  if (r->has_optimizer_state() && has_moments) {
-    absl::Status s =
-        e.InitializeMoment(ZeroEngine::Moment::kExpAvg, rows(CheckpointReader::Kind::kExpAvg));
-    if (!s.ok()) return Annotate(s, absl::StrCat("load exp_avg from ", r->source()));
-    if (options.optimizer != "sgd") {
-      s = e.InitializeMoment(ZeroEngine::Moment::kExpAvgSq,
-                             rows(CheckpointReader::Kind::kExpAvgSq));
-      if (!s.ok()) return Annotate(s, absl::StrCat("load exp_avg_sq from ", r->source()));
-    }
-    if (r->optimizer_step() >= 0) e.set_optimizer_step(r->optimizer_step());
-  } else if (rank_ == 0) {
-    std::fprintf(stderr, "note: %s has no optimizer state; moments start at zero\n",
-                 r->source().c_str());
-  }
-  if (r->step() > 0) g.start_step = static_cast<int>(r->step());
-  if (r->data_row() >= 0) task_->SetDataCursor(g.start_step, r->data_row());
+  absl::StatusOr<LoadedPosition> loaded =
+      LoadEngineState(reader, *g.engine, config_.engine, /*log_notes=*/rank_ == 0);
+  if (!loaded.ok()) return loaded.status();
+  if (loaded->step > 0) g.start_step = static_cast<int>(loaded->step);
+  if (loaded->data_row >= 0) task_->SetDataCursor(g.start_step, loaded->data_row);
   if (rank_ == 0) {
-    std::fprintf(stderr, "restored %s (step %d)\n", r->source().c_str(), g.start_step);
+    std::fprintf(stderr, "restored %s (step %d)\n", reader->source().c_str(), g.start_step);
   }
   return absl::OkStatus();
 }
@@ -420,192 +298,6 @@ absl::Status Worker::LoadFrom(CheckpointReader* r) {
 int64_t Worker::DataRow(int64_t step) const {
   const int64_t per_step = int64_t{config_.task.batch} * config_.engine.grad_accum * world();
   return task_->cursor_row() + (step - task_->cursor_step()) * per_step;
-}
-
-// The agreement: every rank publishes what it holds; rank 0 decides.
-absl::StatusOr<nlohmann::json> Worker::AgreeOnSource() {
-  ClientKvStore store(client_.get());
-  const absl::Duration timeout = config_.data_plane.timeout;
-  nlohmann::json mine = {{"survivor", trained_}, {"blobs", nlohmann::json::array()}};
-  for (const auto& blob : keeper_.Holdings()) mine["blobs"].push_back(blob->Describe());
-  if (absl::Status s = store.Set(absl::StrCat("recovery/holdings/", rank_), mine.dump()); !s.ok()) {
-    return s;
-  }
-  if (rank_ != 0) {
-    absl::StatusOr<std::string> decided = store.Get("recovery/decision", timeout);
-    if (!decided.ok()) return decided.status();
-    return nlohmann::json::parse(*decided);
-  }
-  const int w = world();
-  std::vector<nlohmann::json> holdings(w);
-  bool any_state = false;
-  for (int r = 0; r < w; ++r) {
-    absl::StatusOr<std::string> got = store.Get(absl::StrCat("recovery/holdings/", r), timeout);
-    if (!got.ok()) return got.status();
-    holdings[r] = nlohmann::json::parse(*got);
-    any_state = any_state || holdings[r]["survivor"].get<bool>() || !holdings[r]["blobs"].empty();
-  }
-  nlohmann::json decision;
-  if (!any_state) {
-    decision = {{"source", "initial"}};
-  } else {
-    // (step, world, plan) -> old rank -> new ranks holding it.
-    using Group = std::tuple<int64_t, int, std::string>;
-    std::map<Group, std::map<int, std::vector<int>>> groups;
-    std::map<Group, std::map<int, nlohmann::json>> described;
-    for (int r = 0; r < w; ++r) {
-      for (const nlohmann::json& b : holdings[r]["blobs"]) {
-        Group key{b["step"], b["world_size"], b["plan_hash"]};
-        groups[key][b["rank"].get<int>()].push_back(r);
-        described[key][b["rank"].get<int>()] = b;
-      }
-    }
-    const Group* best = nullptr;
-    for (const auto& [key, holders] : groups) {
-      if (static_cast<int>(holders.size()) != std::get<1>(key)) continue;
-      if (best == nullptr || std::get<0>(key) > std::get<0>(*best)) best = &key;
-    }
-    const int64_t disk =
-        config_.checkpoint.dir.empty() ? -1 : LatestCompleteStep(config_.checkpoint.dir, config_.job);
-    if (best != nullptr && std::get<0>(*best) >= disk) {
-      const auto& holders = groups[*best];
-      const auto& blobs = described[*best];
-      // Which old ranks' pieces each new rank's pieces overlap.
-      std::vector<std::set<int>> needs(w);
-      for (const ShardUnit& unit : generation_->plan.units) {
-        for (const Piece& p : unit.pieces) {
-          const std::string& name = unit.tensors[p.tensor].name;
-          for (const auto& [old_rank, b] : blobs) {
-            for (const nlohmann::json& q : b["pieces"]) {
-              if (q[0] == name && q[1].get<int64_t>() < p.row_end &&
-                  p.row_begin < q[2].get<int64_t>()) {
-                needs[p.rank].insert(old_rank);
-              }
-            }
-          }
-        }
-      }
-      nlohmann::json transfers = nlohmann::json::array();
-      nlohmann::json needs_json = nlohmann::json::array();
-      for (int r = 0; r < w; ++r) {
-        needs_json.push_back(std::vector<int>(needs[r].begin(), needs[r].end()));
-        for (int o : needs[r]) {
-          const std::vector<int>& h = holders.at(o);
-          if (std::find(h.begin(), h.end(), r) != h.end()) continue;
-          transfers.push_back({h[(r + o) % h.size()], r, o});
-        }
-      }
-      nlohmann::json sizes = nlohmann::json::object();
-      for (const auto& [old_rank, b] : blobs) {
-        sizes[absl::StrCat(old_rank)] = {b["bytes"], b["xxh64"]};
-      }
-      decision = {{"source", "snapshot"},
-                  {"step", std::get<0>(*best)},
-                  {"world_size", std::get<1>(*best)},
-                  {"plan_hash", std::get<2>(*best)},
-                  {"transfers", transfers},
-                  {"needs", needs_json},
-                  {"blobs", sizes},
-                  {"why", absl::StrCat("in-memory snapshot held for all ", std::get<1>(*best),
-                                       " old ranks; ", transfers.size(), " transfers")}};
-    } else if (disk >= 0) {
-      decision = {{"source", "disk"},
-                  {"step", disk},
-                  {"why", best == nullptr
-                              ? "no in-memory snapshot step is held for every old rank (a rank "
-                                "and its buddy lost?)"
-                              : "the disk checkpoint is newer than the snapshots"}};
-    } else {
-      decision = {{"source", "scratch"},
-                  {"step", 0},
-                  {"why", "neither an in-memory snapshot of every rank nor a complete disk "
-                          "checkpoint exists: starting again from the seed"}};
-    }
-  }
-  if (absl::Status s = store.Set("recovery/decision", decision.dump()); !s.ok()) return s;
-  return decision;
-}
-
-absl::Status Worker::RestoreFromSnapshots(const nlohmann::json& decision) {
-  const int64_t step = decision["step"];
-  const int old_world = decision["world_size"];
-  const std::string plan_hash = decision["plan_hash"];
-  // What this rank holds of the chosen step, by old rank.
-  std::map<int, std::shared_ptr<const SnapshotBlob>> have;
-  for (const auto& blob : keeper_.Holdings()) {
-    if (blob->step == step && blob->world_size == old_world && blob->plan_hash == plan_hash) {
-      have[blob->rank] = blob;
-    }
-  }
-  std::vector<GlooCommunicator::PointToPoint> sends, recvs;
-  std::map<int, std::string> received;
-  for (const nlohmann::json& t : decision["transfers"]) {
-    const int from = t[0], to = t[1], old_rank = t[2];
-    if (from == rank_) {
-      auto it = have.find(old_rank);
-      if (it == have.end()) {
-        return absl::InternalError(absl::StrCat("asked to send the snapshot of old rank ",
-                                                old_rank, " (step ", step, "), not held here"));
-      }
-      sends.push_back({to, static_cast<uint32_t>(old_rank), const_cast<char*>(it->second->bytes.data()),
-                       static_cast<int64_t>(it->second->bytes.size())});
-    }
-    if (to == rank_) {
-      const int64_t bytes = decision["blobs"][absl::StrCat(old_rank)][0];
-      received[old_rank].assign(bytes, '\0');
-      recvs.push_back({from, static_cast<uint32_t>(old_rank), received[old_rank].data(), bytes});
-    }
-  }
-  const absl::Time start = absl::Now();
-  if (!sends.empty() || !recvs.empty()) {
-    GlooCommunicator* comm = generation_->data_plane->snapshot.get();
-    if (comm == nullptr) {
-      return absl::FailedPreconditionError(
-          "snapshot transfers need the snapshot context (--snapshot_every > 0 on every rank)");
-    }
-    if (absl::Status s = comm->SendRecv(sends, recvs, config_.data_plane.timeout); !s.ok()) {
-      return s;
-    }
-  }
-  for (auto& [old_rank, bytes] : received) {
-    absl::StatusOr<uint64_t> sum =
-        ParseChecksumHex(decision["blobs"][absl::StrCat(old_rank)][1].get<std::string>());
-    if (!sum.ok()) return sum.status();
-    absl::StatusOr<std::shared_ptr<SnapshotBlob>> blob = BlobFromBytes(std::move(bytes), *sum);
-    if (!blob.ok()) {
-      return absl::Status(blob.status().code(), absl::StrCat("snapshot of old rank ", old_rank,
-                                                             ": ", blob.status().message()));
-    }
-    keeper_.Keep(*blob);
-    have[old_rank] = *blob;
-  }
-  const absl::Time moved = absl::Now();
-  // The old pieces this rank needs, read from the blobs in memory through
-  // the checkpoint reader (the arithmetic of resharding a checkpoint), its
-  // own old rank's blob first. Every tensor's XXH64 was checked already: as
-  // the blob was made (SerializeShardInto) or on receipt (BlobFromBytes).
-  std::vector<CheckpointReader::MemoryFile> files;
-  for (int old_rank : decision["needs"][rank_]) {
-    auto it = have.find(old_rank);
-    if (it == have.end()) {
-      return absl::InternalError(absl::StrCat("the snapshot of old rank ", old_rank, " (step ",
-                                              step, ") did not arrive"));
-    }
-    files.push_back({CheckpointShardFileName(old_rank, old_world), it->second->bytes});
-    if (old_rank == rank_) std::swap(files.front(), files.back());
-  }
-  if (files.empty()) return absl::OkStatus();  // a rank with no piece
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::OpenMemory(
-      absl::StrCat("snapshot of step ", step, " at world size ", old_world), std::move(files),
-      /*verified=*/true);
-  if (!reader.ok()) return reader.status();
-  absl::Status loaded = LoadFrom(reader->get());
-  std::fprintf(stderr,
-               "shard_worker rank %d: recovery: snapshot blobs moved in %.0f ms (%zu received), "
-               "loaded in %.0f ms\n",
-               rank_, absl::ToDoubleMilliseconds(moved - start), received.size(),
-               absl::ToDoubleMilliseconds(absl::Now() - moved));
-  return loaded;
 }
 
 absl::Status Worker::Train() {
@@ -627,6 +319,11 @@ absl::Status Worker::Train() {
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
   const int every = config_.recovery.snapshot_every;
+  if (steps == 0 && checkpoints.at_end) {
+    // A run of 0 steps checkpoints the state it starts from: how an
+    // --init_from file becomes a checkpoint (and a consolidated model).
+    if (absl::Status s = checkpointer.Save(e, IdentityAt(0)); !s.ok()) return s;
+  }
   for (int step = g.start_step; step < steps; ++step) {
     // Between steps, the abort needs no collective to notice it.
     if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
@@ -634,29 +331,22 @@ absl::Status Worker::Train() {
     if (absl::Status s = RunStep(step); !s.ok()) return s;
     const int completed = step + 1;
     if (step == g.start_step && every > 0 && completed < steps && device_ == nullptr) {
-      // The snapshot buffers, ready before the first snapshot: own and the
-      // buddy's, for the step being taken and the committed one. After the
-      // generation's first step, which a recovery waits for, rather than
-      // competing with it for the CPUs.
-      absl::StatusOr<ShardView> view = ViewShard(e, {}, config_.engine.optimizer, true);
-      if (!view.ok()) return Annotate(view.status(), "snapshot");
-      constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
-      keeper_.Reserve(view->bytes + kHeaderBytes, world() > 1 ? 4 : 2);
+      if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
     }
     if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
       if (absl::Status s = Evaluate(completed); !s.ok()) return s;
     }
     if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
         (checkpoints.at_end && completed == steps)) {
-      const ShardIdentity id{config_.job,       completed, rank_, world(), g.membership.generation,
-                             g.plan.hash,       DataRow(completed)};
-      if (absl::Status s = checkpointer.Save(e, id); !s.ok()) return s;
+      if (absl::Status s = checkpointer.Save(e, IdentityAt(completed)); !s.ok()) return s;
     }
     if (every > 0 && completed % every == 0 && completed < steps) {
-      if (absl::Status s = Snapshot(completed); !s.ok()) return s;
+      absl::Status s = snapshots_.Take(e, IdentityAt(completed), g.data_plane->snapshot.get(),
+                                       buddy_shift_, /*on_device=*/device_ != nullptr);
+      if (!s.ok()) return s;
     }
   }
-  if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
+  if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
   if (absl::Status s = checkpointer.Drain(); !s.ok()) return s;
   // Training traffic only: evaluation and sampling move bytes too.
   metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
@@ -664,74 +354,10 @@ absl::Status Worker::Train() {
   return absl::OkStatus();
 }
 
-absl::Status Worker::Snapshot(int completed) {
-  Generation& g = *generation_;
-  ZeroEngine& e = *g.engine;
-  const absl::Time start = absl::Now();
-  // One small collective decides two things: the commit (the latest step
-  // every rank has complete, own and buddy's copy) and whether to skip this
-  // snapshot because a rank's previous transfer is still in flight (then
-  // every rank skips: the buddy swap needs both sides). Each rank sends
-  // 2 * (complete_step + 1) + in_flight.
-  const bool busy = keeper_.in_flight();
-  if (!busy) {
-    if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
-    if (keeper_.last_transfer_ms() > 0 && keeper_.complete_step() > last_reported_transfer_) {
-      last_reported_transfer_ = keeper_.complete_step();
-      metrics_.snapshot_copy_ms.push_back(keeper_.last_copy_ms());
-      metrics_.snapshot_transfer_ms.push_back(keeper_.last_transfer_ms());
-    }
-  }
-  absl::StatusOr<std::vector<double>> votes = e.GatherOverRanks(
-      2.0 * static_cast<double>(keeper_.complete_step() + 1) + (busy ? 1 : 0), "snapshot commit");
-  if (!votes.ok()) return Annotate(votes.status(), "snapshot commit");
-  int64_t committed = std::numeric_limits<int64_t>::max();
-  std::vector<int> busy_ranks;
-  for (size_t r = 0; r < votes->size(); ++r) {
-    const int64_t vote = static_cast<int64_t>((*votes)[r]);
-    if (vote % 2 == 1) busy_ranks.push_back(static_cast<int>(r));
-    committed = std::min(committed, vote / 2 - 1);
-  }
-  keeper_.Commit(committed);
-  metrics_.snapshot_committed_step = keeper_.committed_step();
-  if (!busy_ranks.empty()) {
-    ++metrics_.snapshots_skipped;
-    if (rank_ == 0) {
-      std::fprintf(stderr,
-                   "shard_worker rank %d: snapshot of step %d skipped: the previous snapshot's "
-                   "transfer (or the first touch of the snapshot buffers) is still in flight on "
-                   "rank(s) %s (%d skipped so far; a larger --snapshot_every avoids this)\n",
-                   rank_, completed, absl::StrJoin(busy_ranks, ",").c_str(),
-                   metrics_.snapshots_skipped);
-    }
-    metrics_.snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-    return absl::OkStatus();
-  }
-  const ShardIdentity id{config_.job, completed, rank_, world(), g.membership.generation,
-                         g.plan.hash, DataRow(completed)};
-  ShardView view;
-  if (device_ == nullptr) {
-    // The engine's own host memory: the keeper's thread copies it while the
-    // next step's forward and backward run (RunStep waits for the copy
-    // before the optimizer changes it).
-    absl::StatusOr<ShardView> own = ViewShard(e, id, config_.engine.optimizer, true);
-    if (!own.ok()) return Annotate(own.status(), "snapshot");
-    view = *std::move(own);
-  } else {
-    // Device memory: copied to the host here (the pause).
-    absl::StatusOr<ShardSnapshot> copy =
-        SnapshotShard(e, id, config_.engine.optimizer, /*with_optimizer=*/true);
-    if (!copy.ok()) return Annotate(copy.status(), "snapshot");
-    view = ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
-  }
-  if (absl::Status s = keeper_.Start(std::move(view), g.data_plane->snapshot.get(), buddy_shift_,
-                                     config_.data_plane.timeout);
-      !s.ok()) {
-    return Annotate(s, "snapshot");
-  }
-  snapshot_copy_pending_ = true;
-  metrics_.snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-  return absl::OkStatus();
+ShardIdentity Worker::IdentityAt(int completed) const {
+  const Generation& g = *generation_;
+  return {config_.job, completed,         rank_, world(), g.membership.generation,
+          g.plan.hash, DataRow(completed), task_->HuggingFaceConfig()};
 }
 
 absl::Status Worker::RunStep(int step) {
@@ -740,7 +366,8 @@ absl::Status Worker::RunStep(int step) {
   const int grad_accum = config_.engine.grad_accum;
   const absl::Time start = absl::Now();
   e.TakeFirstCollectiveStart();  // from here on: this step's first collective
-  if (config_.test_step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
+  if (config_.test_step_delay_ms > 0)
+    absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
   for (int micro = 0; micro < grad_accum; ++micro) {
@@ -750,30 +377,15 @@ absl::Status Worker::RunStep(int step) {
     absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == grad_accum);
     if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
   }
-  if (snapshot_copy_pending_) {
-    // The optimizer is about to change the state a snapshot may still be
-    // copying: the rest of the snapshot's pause, normally nothing.
-    const absl::Time wait = absl::Now();
-    keeper_.WaitCopied();
-    snapshot_copy_pending_ = false;
-    if (!metrics_.snapshot_pause_ms.empty()) {
-      metrics_.snapshot_pause_ms.back() += absl::ToDoubleMilliseconds(absl::Now() - wait);
-    }
-  }
+  snapshots_.WaitCopied();
   const double lr = config_.schedule.LearningRate(step);
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   absl::StatusOr<double> mean = e.MeanOverRanks(stats->loss, "the step's loss");
   if (!mean.ok()) return Annotate(mean.status(), "loss");
-  metrics_.losses.push_back(*mean);
-  metrics_.step_ms.push_back(ms);
-  metrics_.step_times.push_back(stats->times);
-  metrics_.step_cpu_ms.push_back(ProcessCpuMs() - cpu_before);
-  const KernelTimes kernels_after = KernelTimesSnapshot();
-  for (size_t k = 0; k < kernels_after.size(); ++k) {
-    metrics_.kernel_ms[k] += kernels_after[k] - kernels_before[k];
-  }
+  metrics_.RecordStep(*mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
+                      KernelTimesSnapshot());
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
@@ -781,55 +393,22 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
   progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
   trained_ = true;
-  if (recovering_) {
-    recovering_ = false;
-    if (recovery_.generation() > 0) {
-      recovery_.set_first_step_ms(
-          absl::ToDoubleMilliseconds(absl::Now() - (recovery_.failed_step() >= 0
-                                                        ? failure_time_
-                                                        : joined_time_)));
-      recovery_.set_phase("training");
-      nlohmann::json record = {{"generation", recovery_.generation()},
-                               {"source", recovery_.source()},
-                               {"restored_step", recovery_.restored_step()},
-                               {"failed_step", recovery_.failed_step()},
-                               {"world_size", recovery_.world_size()},
-                               {"rejoin_ms", recovery_.rejoin_ms()},
-                               {"restore_ms", recovery_.restore_ms()},
-                               {"first_step_ms", recovery_.first_step_ms()},
-                               // Wall-clock times, for benchmarks that kill from outside
-                               // (ms since the Unix epoch; 0: not this process's).
-                               {"failure_seen_unix_ms", recovery_.failed_step() >= 0
-                                                            ? absl::ToUnixMillis(failure_time_)
-                                                            : 0},
-                               {"confirmed_unix_ms", recovery_.failed_step() >= 0
-                                                         ? absl::ToUnixMillis(confirmed_time_)
-                                                         : 0},
-                               {"joined_unix_ms", absl::ToUnixMillis(joined_time_)},
-                               {"first_step_unix_ms", absl::ToUnixMillis(absl::Now())}};
-      metrics_.recoveries.push_back(record);
-      std::fprintf(stderr,
-                   "shard_worker rank %d: recovery: training again at step %d (%.0f ms after "
-                   "the failure)\n",
-                   rank_, step + 1, recovery_.first_step_ms());
-    }
+  if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
+    metrics_.recoveries.push_back(*record);
+    std::fprintf(stderr,
+                 "shard_worker rank %d: recovery: training again at step %d (%.0f ms after "
+                 "the failure)\n",
+                 rank_, step + 1, timeline_.record().first_step_ms());
   }
-  progress.snapshot_step = keeper_.committed_step();
-  if (rank_ == 0) progress.recovery = recovery_;
-  metrics_.snapshot_bytes_peak = keeper_.peak_bytes();
-  progress.memory_bytes += keeper_.bytes();
+  progress.snapshot_step = snapshots_.keeper().committed_step();
+  if (rank_ == 0) progress.recovery = timeline_.record();
+  metrics_.snapshot_bytes_peak = snapshots_.keeper().peak_bytes();
+  progress.memory_bytes += snapshots_.keeper().bytes();
   // Arrival at the step's first collective, against every rank's.
   const absl::Time arrival = e.TakeFirstCollectiveStart();
   if (arrival != absl::InfinitePast()) {
-    absl::StatusOr<std::vector<double>> arrivals =
-        e.GatherOverRanks(absl::ToUnixMicros(arrival) / 1e6, "arrival times");
-    if (!arrivals.ok()) return Annotate(arrivals.status(), "arrival times");
-    const double first = *std::min_element(arrivals->begin(), arrivals->end());
-    const double lag_ms = ((*arrivals)[rank_] - first) * 1e3;
-    arrival_lag_.Add(lag_ms);
-    progress.telemetry.set_first_collective_unix_us(absl::ToUnixMicros(arrival));
-    progress.telemetry.set_arrival_lag_ms(static_cast<float>(lag_ms));
-    progress.telemetry.set_arrival_lag_median_ms(static_cast<float>(arrival_lag_.Median()));
+    absl::Status s = ShareArrival(e, arrival, rank_, &arrival_lag_, &progress.telemetry);
+    if (!s.ok()) return Annotate(s, "arrival times");
   }
   client_->ReportProgress(progress);
   metrics_.items_per_second_sum += items_per_second;
@@ -870,8 +449,7 @@ void Worker::EndGeneration() {
   if (generation_->data_plane != nullptr) generation_->data_plane->Abort();
   // The snapshot transfer in flight uses the snapshot context: with it
   // aborted, it ends now.
-  keeper_.Wait().IgnoreError();
-  snapshot_copy_pending_ = false;
+  snapshots_.EndGeneration();
   // The engine uses the communicators.
   generation_->engine.reset();
   generation_->data_plane.reset();
@@ -898,11 +476,7 @@ absl::Status Worker::Report() {
     absl::StatusOr<std::string> record = task_->EvalRecord(e, rank_, world);
     if (!record.ok()) return Annotate(record.status(), "--eval_out");
     if (rank_ == 0) {
-      std::ofstream file(config_.eval_out);
-      file << *record << "\n";
-      if (!file) {
-        return absl::InternalError(absl::StrCat("cannot write --eval_out ", config_.eval_out));
-      }
+      if (absl::Status s = WriteEvalOut(*record, config_.eval_out); !s.ok()) return s;
     }
   }
   absl::StatusOr<double> params_sum = e.ParamsSum();
@@ -926,15 +500,7 @@ absl::Status Worker::Report() {
   run.params_sum = params_sum_;
   run.model_state_bytes = *std::move(states);
   run.peak_bytes = *std::move(peaks);
-  if (rank_ == 0 && !config_.summary_out.empty()) {
-    if (absl::Status s = WriteSummary(run, config_.summary_out); !s.ok()) return s;
-  }
-  const bool per_rank = config_.report.find("{rank}") != std::string::npos;
-  if (!config_.report.empty() && (per_rank || rank_ == 0)) {
-    const std::string path = absl::StrReplaceAll(config_.report, {{"{rank}", absl::StrCat(rank_)}});
-    if (absl::Status s = WriteReport(run, path); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return WriteRunOutputs(run);
 }
 
 absl::Status Worker::Leave() {
@@ -980,27 +546,25 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
     const JoinInfo& m = generation_->membership;
     const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
     if (!abort_->WaitTripped(wait)) {
-      return absl::Status(failure.code(),
-                          absl::StrCat(failure.message(), " (and the server did not end the ",
-                                       "generation within ", absl::FormatDuration(wait),
-                                       ", so no peer died: not recovering)"));
+      return absl::Status(
+          failure.code(),
+          absl::StrCat(failure.message(), " (and the server did not end the ", "generation within ",
+                       absl::FormatDuration(wait), ", so no peer died: not recovering)"));
     }
   }
   if (recoveries_ >= config_.recovery.max_recoveries) {
-    return absl::AbortedError(absl::StrCat(abort_->message(), "; not recovering: ",
-                                           recoveries_, " recoveries already (--max_recoveries=",
-                                           config_.recovery.max_recoveries, ")"));
+    return absl::AbortedError(absl::StrCat(
+        abort_->message(), "; not recovering: ", recoveries_,
+        " recoveries already (--max_recoveries=", config_.recovery.max_recoveries, ")"));
   }
-  failure_time_ = seen;
-  confirmed_time_ = absl::Now();  // the server's abort (at once when it came first)
-  failed_step_ = step_.load();
+  // Confirmed: the server's abort (at once when it came first).
+  timeline_.FailureSeen(seen, absl::Now(), step_.load());
   std::fprintf(stderr, "shard_worker rank %d: %s; recovering (%d of at most %d)\n", rank_,
                abort_->message().c_str(), recoveries_ + 1, config_.recovery.max_recoveries);
   EndGeneration();
   client_->StopHeartbeats();  // no late command may trip the cleared latch
   abort_->Reset();
   ++recoveries_;
-  recovering_ = true;
   return absl::OkStatus();
 }
 

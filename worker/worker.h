@@ -33,30 +33,20 @@
 // mutex from creation until just before destruction, so it never aborts
 // objects being destroyed.
 //
-// Recovery (#13). When a generation ends under a worker (the server's abort,
-// or a failed collective that the server confirms by ending the generation
-// within its heartbeat timeout), PrepareRecovery tears the generation down
-// and clears the latch, and main runs Join .. Train again in this process
-// (same worker id: same rank when W is unchanged), up to --max_recoveries
-// times. Restore then starts with an agreement through the new generation's
-// KV store: every rank publishes which snapshot blobs it holds
-// (SnapshotKeeper) and whether it trained before; rank 0 picks the source
-// and publishes it:
-//   snapshot  the latest step whose blobs of every old rank are held by some
-//             member (survivors' own copies, the buddies' copies); missing
-//             blobs move between ranks on the data plane's snapshot
-//             context, and each rank loads its new plan's rows from the old
-//             pieces through CheckpointReader (the arithmetic of resharding
-//             a checkpoint, every tensor's XXH64 checked);
-//   disk      the latest complete checkpoint, when it is newer or a rank and
-//             its buddy were both lost;
-//   scratch   the seed, step 0, when neither exists;
-//   initial   nobody has state: a fresh job (--resume, --init_from, seed).
-// The data cursor (the global row the next step starts at) travels with the
-// state, so a job that shrank goes on from the next untrained row: the
-// per-rank batch is kept and the global batch shrinks with W (keeping it
-// would change the optimizer's trajectory less, but needs a batch that W'
-// divides; we prefer exact row accounting and say so).
+// Recovery (#13, docs/recovery.md). When a generation ends under a worker
+// (the server's abort, or a failed collective that the server confirms by
+// ending the generation within its heartbeat timeout), PrepareRecovery tears
+// the generation down and clears the latch, and main runs Join .. Train again
+// in this process (same worker id: same rank when W is unchanged), up to
+// --max_recoveries times. Restore then starts with the agreement
+// (worker/recovery/recovery_agreement.h): every rank publishes what it holds,
+// rank 0 decides the source (worker/recovery/recovery_decision.h: snapshot,
+// disk, scratch or initial) and every rank loads from it. The data cursor
+// (the global row the next step starts at) travels with the state, so a job
+// that shrank goes on from the next untrained row: the per-rank batch is kept
+// and the global batch shrinks with W (keeping it would change the
+// optimizer's trajectory less, but needs a batch that W' divides; we prefer
+// exact row accounting and say so).
 //
 // Not thread-safe: one thread runs the phases.
 #ifndef ZEROSHARD_WORKER_WORKER_H_
@@ -74,10 +64,14 @@
 #include "client/client.h"
 #include "common/plan/shard_plan.h"
 #include "worker/abort_latch.h"
+#include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/data_plane.h"
-#include "worker/recovery/snapshot_keeper.h"
 #include "worker/rank_telemetry.h"
+#include "worker/recovery/recovery_decision.h"
+#include "worker/recovery/recovery_timeline.h"
+#include "worker/recovery/snapshot_keeper.h"
 #include "worker/run_report.h"
+#include "worker/snapshot_schedule.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
 #include "worker/zero/backend.h"
@@ -164,15 +158,23 @@ class Worker {
   absl::Status Evaluate(int completed_steps);
   // The generation's world size (smaller than --world_size after a shrink).
   int world() const { return generation_->membership.world_size; }
-  // Restore's parts: the agreement (see "Recovery"), and loading the engine
-  // from a reader (parameters, moments, step).
-  absl::StatusOr<nlohmann::json> AgreeOnSource();
-  absl::Status RestoreFromSnapshots(const nlohmann::json& decision);
+  // Restore's parts. A generation with state (a recovery) agrees on its
+  // source (worker/recovery/) and loads from it; a fresh job starts from
+  // --resume, --init_from or the seed. LoadFrom fills the engine from a
+  // reader (parameters, moments, step, data cursor).
+  absl::StatusOr<RecoveryDecision> AgreeOnSource();
+  absl::Status RecoverFrom(const RecoveryDecision& decision);
+  absl::Status LoadRecoverySource(const RecoveryDecision& decision);
+  absl::Status RestoreFromSnapshots(const RecoveryDecision& decision);
+  absl::Status RestoreFromDisk(int64_t step);
+  absl::Status RestoreInitialState();
+  absl::Status InitializeFromSeed();
   absl::Status LoadFrom(CheckpointReader* reader);
   // The global data row of training step `step` under the current world.
   int64_t DataRow(int64_t step) const;
-  // An in-memory snapshot after `completed` steps (Train).
-  absl::Status Snapshot(int completed);
+  // This rank's shard after `completed` steps, as checkpoints and snapshots
+  // name it.
+  ShardIdentity IdentityAt(int completed) const;
 
   const WorkerConfig config_;
   AbortLatch* const abort_;
@@ -196,20 +198,11 @@ class Worker {
   std::unique_ptr<Generation> generation_;
 
   // Recovery state (process-wide).
-  SnapshotKeeper keeper_;
+  SnapshotSchedule snapshots_{config_.engine.optimizer, config_.data_plane.timeout, &metrics_};
   int buddy_shift_ = 1;
   int recoveries_ = 0;
-  bool trained_ = false;      // completed a step in some generation
-  bool recovering_ = false;   // between PrepareRecovery and the first step after
-  // A snapshot started at the last boundary may still be copying the
-  // engine's state: RunStep waits for it before the optimizer step.
-  bool snapshot_copy_pending_ = false;
-  int64_t last_reported_transfer_ = -1;  // the snapshot step whose times metrics_ has
-  absl::Time failure_time_;   // when this worker saw the failure
-  absl::Time confirmed_time_; // when the server's abort confirmed it
-  absl::Time joined_time_;
-  int64_t failed_step_ = 0;
-  v1::RecoveryRecord recovery_;  // the latest (generation 0: none)
+  bool trained_ = false;  // completed a step in some generation
+  RecoveryTimeline timeline_;
 
   // What the heartbeat handler may touch.
   mutable absl::Mutex abort_mu_;

@@ -1,5 +1,6 @@
 #include "worker/worker_config.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,9 +8,12 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/connection_flags.h"
+#include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
 #include "common/local_address.h"
 #include "worker/zero/optimizer.h"
@@ -41,7 +45,7 @@ ABSL_FLAG(absl::Duration, rejoin_grace, absl::Seconds(30),
 ABSL_FLAG(int, snapshot_every, 20,
           "Fault tolerance: every N steps each rank copies its shard state to host memory and "
           "to its buddy rank, in the background (0: off; recovery then uses disk checkpoints)");
-ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder on bytes)");
+ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder)");
 ABSL_FLAG(int, layers, 4, "Layers of the model (Linears of the MLP, blocks of the GPT)");
 ABSL_FLAG(int, width, 256, "MLP width (in = out features of every Linear)");
 ABSL_FLAG(std::string, activation, "none", "MLP activation between Linears: none|relu|gelu");
@@ -77,9 +81,23 @@ ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic dat
 ABSL_FLAG(int, threads, 1,
           "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
 ABSL_FLAG(std::string, init_from, "",
-          "Initialize from this safetensors file (each rank reads only its rows)");
+          "Initialize from this safetensors file, or (GPT) a Hugging Face GPT-2 directory: "
+          "config.json (which sets --layers, --heads, --d_model, --vocab and the positions; "
+          "flags that disagree are an error) and model.safetensors or shards with "
+          "model.safetensors.index.json. Each rank reads only its rows");
 ABSL_FLAG(std::string, data, "",
-          "safetensors file with x [N, width] and y [N, width] (default: seeded synthetic)");
+          "MLP: safetensors file with x [N, width] and y [N, width] (default: seeded synthetic). "
+          "GPT: llm.c token shards (a glob, or a path ending in .bin; with --val_data) or a text "
+          "file's bytes (default: the --task)");
+ABSL_FLAG(std::string, val_data, "",
+          "GPT token shards: the validation shards (a glob); the validation loss is the mean "
+          "over consecutive windows of --context + 1 tokens (stride --context) from their start");
+ABSL_FLAG(int64_t, val_tokens, 0,
+          "GPT token shards: validation tokens the validation loss covers (0: every whole window "
+          "of --val_data)");
+ABSL_FLAG(int64_t, vocab, 0,
+          "GPT vocabulary: rows of the embedding and the tied LM head (at most 65536 with token "
+          "shards; 0: 256 for bytes, 50257 for token shards, or the --init_from config's)");
 ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs) | nccl (one GPU per process)");
 ABSL_FLAG(int, local_rank, -1,
           "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
@@ -101,8 +119,9 @@ ABSL_FLAG(std::string, summary_out, "",
           "Rank 0 writes the run's summary here (JSON: model shape, loss first/last, "
           "validation loss, accuracy, sample, memory per rank) and prints it as a table");
 ABSL_FLAG(std::string, eval_out, "",
-          "After training, rank 0 writes its first validation batch and what the model computed "
-          "on it (JSON), for checking the consolidated model in other tools");
+          "After training, rank 0 writes JSON for checking the consolidated model in other tools: "
+          "with token shards the validation loss and its windows; otherwise its first validation "
+          "batch and what the model computed on it");
 ABSL_FLAG(std::string, report, "",
           "Write a JSON report here when done; '{rank}' is replaced by the rank (without it, "
           "rank 0 writes)");
@@ -208,6 +227,10 @@ absl::Status ReadCompute(WorkerConfig* config) {
   task.digits = absl::GetFlag(FLAGS_digits);
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);
+  task.val_data = absl::GetFlag(FLAGS_val_data);
+  task.val_tokens = absl::GetFlag(FLAGS_val_tokens);
+  task.vocab = absl::GetFlag(FLAGS_vocab);
+  if (task.vocab < 0) return Bad(absl::StrCat("--vocab=", task.vocab, ": expected 1 or more"));
   task.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   task.batch = absl::GetFlag(FLAGS_batch);
   task.grad_accum = absl::GetFlag(FLAGS_grad_accum);
@@ -324,6 +347,59 @@ absl::Status ReadRun(WorkerConfig* config) {
   return absl::OkStatus();
 }
 
+// Whether the command line named `flag` (a value equal to the default
+// included). Debian's Abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine
+// private; the parser's own record is the same answer.
+bool GivenOnCommandLine(absl::string_view flag) {
+  return absl::flags_internal::WasPresentOnCommandLine(flag);
+}
+
+// The value of a model flag against the checkpoint's: a flag left out takes
+// the config's value; one given must agree.
+absl::Status Agree(const char* flag, int64_t given, int64_t config_value, const char* key,
+                   const std::string& dir) {
+  if (!GivenOnCommandLine(flag) || given == config_value) return absl::OkStatus();
+  return Bad(absl::StrCat("--", flag, "=", given, " disagrees with --init_from=", dir,
+                          ": its config.json has ", key, " ", config_value,
+                          "; leave --", flag, " out (the checkpoint sets it) or start from "
+                          "another checkpoint"));
+}
+
+// --init_from=DIR (a Hugging Face GPT-2 directory): its config.json shapes
+// the model. --context may be shorter than n_positions (the training window).
+absl::Status ApplyHuggingFaceConfig(WorkerConfig* config) {
+  const std::string& dir = config->initial.init_from;
+  struct stat st;
+  if (dir.empty() || stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::OkStatus();
+  }
+  TaskOptions& task = config->task;
+  if (GivenOnCommandLine("model") && task.model != "gpt") {
+    return Bad(absl::StrCat("--init_from=", dir, " is a Hugging Face GPT-2 directory, but --model=",
+                            task.model, "; use --model=gpt (or leave it out)"));
+  }
+  absl::StatusOr<HfGpt2Config> hf = ReadHfGpt2Config(dir);
+  if (!hf.ok()) return Bad(absl::StrCat("--init_from: ", hf.status().message()));
+  for (absl::Status s : {Agree("layers", task.layers, hf->n_layer, "n_layer", dir),
+                         Agree("heads", task.heads, hf->n_head, "n_head", dir),
+                         Agree("d_model", task.d_model, hf->n_embd, "n_embd", dir),
+                         Agree("vocab", task.vocab, hf->vocab_size, "vocab_size", dir)}) {
+    if (!s.ok()) return s;
+  }
+  if (GivenOnCommandLine("context") && task.context > hf->n_positions) {
+    return Bad(absl::StrCat("--context=", task.context, " is longer than the n_positions ",
+                            hf->n_positions, " of --init_from=", dir, "/config.json"));
+  }
+  task.model = "gpt";
+  task.layers = hf->n_layer;
+  task.heads = hf->n_head;
+  task.d_model = static_cast<int>(hf->n_embd);
+  task.vocab = hf->vocab_size;
+  task.positions = hf->n_positions;
+  if (!GivenOnCommandLine("context")) task.context = static_cast<int>(hf->n_positions);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 double Schedule::LearningRate(int step) const {
@@ -338,6 +414,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   if (absl::Status s = ReadMembership(&config); !s.ok()) return s;
   if (absl::Status s = ReadCompute(&config); !s.ok()) return s;
   if (absl::Status s = ReadRun(&config); !s.ok()) return s;
+  if (absl::Status s = ApplyHuggingFaceConfig(&config); !s.ok()) return s;
   // Last: the only check that reads files.
   absl::StatusOr<ClientOptions> client = ClientOptionsFromFlags();
   if (!client.ok()) {

@@ -84,7 +84,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
   // exceed int64 for absurd plans even when each rank's bytes fit.
   const __int128 padding_all_ranks = static_cast<__int128>(w) * s - psi;
 
-  // Which state is sharded at each stage (DESIGN.md): 1 the optimizer,
+  // Which state is sharded at each stage (docs/design.md, "ZeRO engine"): 1 the optimizer,
   // 2 + gradients, 3 + parameters.
   for (int stage = 0; stage < 4; ++stage) {
     const int64_t param_count = stage >= 3 ? s : psi;

@@ -1,5 +1,5 @@
 // Model-state memory per rank implied by a shard plan, for ZeRO stages 0-3
-// with Adam and fp32 master weights (DESIGN.md, "ZeRO engine").
+// with Adam and fp32 master weights (docs/design.md, "ZeRO engine").
 //
 // Notation: psi = parameters (elements of every tensor in the plan); S = the
 // elements of one rank's shards, the sum over units of chunk_elements (so S

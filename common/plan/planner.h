@@ -3,7 +3,7 @@
 //
 //   absl::StatusOr<ShardPlan> plan = Plan(spec, /*world_size=*/64, PlanOptions());
 //
-// Algorithm (DESIGN.md, "Shard plan"), all sizes in elements unless named
+// Algorithm (docs/design.md, "Shard plan"), all sizes in elements unless named
 // bytes:
 //
 //  1. Units. Tensors with a unit label are grouped by label; a label may

@@ -25,6 +25,7 @@
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
+#include "tests/testing/bench_machine.h"
 #include "tests/testing/cluster.h"
 
 ABSL_FLAG(int, snapshot_every, 0,
@@ -44,6 +45,7 @@ namespace zeroshard {
 namespace {
 
 struct Result {
+  std::string blas_kernel;  // the workers' OpenBLAS kernel (their run report)
   double step_ms = 0;
   std::vector<double> round_ms;  // each round's median step time
   nlohmann::json breakdown;      // of the median round
@@ -80,6 +82,7 @@ int Main() {
       return r;
     }
     nlohmann::json report = cluster.Report(job, 0);
+    r.blas_kernel = report["compute"]["blas_kernel"];
     r.step_ms = report["step_time_ms_median"];
     r.breakdown = report["step_breakdown_ms"];
     r.model_state = report["memory"]["model_state_bytes"];
@@ -119,6 +122,9 @@ int Main() {
   };
 
   nlohmann::ordered_json json;
+  const BenchMachine machine = DescribeBenchMachine(results[0].blas_kernel);
+  std::printf("%s\n", machine.Line().c_str());
+  json["machine"] = machine.Json();
   Table table({"STAGE", "PREFETCH", "STEP ms", "RANGE", "FWD", "BWD", "GATHER WAIT", "REDUCE WAIT",
                "OPTIM", "MODEL STATE", "FORMULA", "PEAK", "COMM/STEP"});
   Result stage0;

@@ -27,6 +27,7 @@
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
+#include "tests/testing/bench_machine.h"
 
 ABSL_FLAG(std::string, libs,
           "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0,"
@@ -65,6 +66,7 @@ struct Lib {
 
 struct Times {
   double linears_ms = 1e30, attention_ms = 1e30, head_ms = 1e30;
+  char kernel[32] = "-";  // openblas_get_corename() where the library has it
 };
 
 // One step's GEMMs with the GPT's shapes.
@@ -116,7 +118,7 @@ Times TimeStep(const Lib& lib, int reps) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   zeroshard::Table table(
-      {"LIBRARY", "THREADS", "LINEARS ms", "GFLOP/s", "ATTENTION ms", "LM HEAD ms", "TOTAL ms"});
+      {"LIBRARY", "KERNEL", "THREADS", "LINEARS ms", "GFLOP/s", "ATTENTION ms", "LM HEAD ms", "TOTAL ms"});
   nlohmann::ordered_json json = nlohmann::ordered_json::array();
   // 6 blocks x 3 GEMMs (forward, dx, dw) x 2 flops x 512 rows x 12 C^2.
   const double linear_flops = 6.0 * 3 * 2 * 512 * 12.0 * 384 * 384;
@@ -148,7 +150,10 @@ int main(int argc, char** argv) {
              {"openblas_set_num_threads", "bli_thread_set_num_threads", "omp_set_num_threads"}) {
           if (auto f = reinterpret_cast<void (*)(int)>(dlsym(h, name))) f(threads);
         }
-        const Times t = TimeStep(lib, absl::GetFlag(FLAGS_reps));
+        Times t = TimeStep(lib, absl::GetFlag(FLAGS_reps));
+        if (auto corename = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"))) {
+          std::snprintf(t.kernel, sizeof(t.kernel), "%s", corename());
+        }
         if (write(fds[1], &t, sizeof(t)) != sizeof(t)) _exit(4);
         _exit(0);
       }
@@ -163,11 +168,12 @@ int main(int argc, char** argv) {
         break;
       }
       const double total = t.linears_ms + t.attention_ms + t.head_ms;
-      table.AddRow({path, threads_text, absl::StrFormat("%.1f", t.linears_ms),
+      table.AddRow({path, t.kernel, threads_text, absl::StrFormat("%.1f", t.linears_ms),
                     absl::StrFormat("%.0f", linear_flops / t.linears_ms / 1e6),
                     absl::StrFormat("%.1f", t.attention_ms), absl::StrFormat("%.1f", t.head_ms),
                     absl::StrFormat("%.1f", total)});
       json.push_back({{"library", path},
+                      {"blas_kernel", t.kernel},
                       {"threads", threads},
                       {"linears_ms", t.linears_ms},
                       {"attention_ms", t.attention_ms},
@@ -175,6 +181,8 @@ int main(int argc, char** argv) {
                       {"total_ms", total}});
     }
   }
-  std::printf("%s", table.ToString().c_str());
+  // Each library reports its own kernel (column KERNEL); the CPU is common.
+  std::printf("%s\n%s", zeroshard::DescribeBenchMachine("see KERNEL").Line().c_str(),
+              table.ToString().c_str());
   return zeroshard::WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }

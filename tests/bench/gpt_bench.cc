@@ -19,6 +19,7 @@
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
+#include "tests/testing/bench_machine.h"
 #include "tests/testing/cluster.h"
 
 ABSL_FLAG(int, snapshot_every, 0,
@@ -42,6 +43,7 @@ int Main() {
   testing::LocalCluster cluster(testing::MakeTempDir("gpt-bench"));
   if (!cluster.ok()) return 1;
   nlohmann::ordered_json json;
+  std::string blas_kernel;  // the workers' (their run report)
   Table table({"W", "STAGE", "TOKENS/s", "STEP ms", "CPU ms/RANK", "MODEL STATE/RANK", "PEAK/RANK",
                "PARAMS"});
   for (const std::string& world_text : absl::GetFlag(FLAGS_worlds)) {
@@ -62,6 +64,7 @@ int Main() {
                                         absl::StrCat("--snapshot_every=", absl::GetFlag(FLAGS_snapshot_every))};
       if (!cluster.Run(job, world, flags, absl::Minutes(30))) return 1;
       nlohmann::json report = cluster.Report(job, 0);
+      blas_kernel = report["compute"]["blas_kernel"];
       double tokens = report["items_per_second"];
       double step_ms = report["step_time_ms_median"];
       double cpu_ms = report.value("step_cpu_ms_median", 0.0);
@@ -79,7 +82,9 @@ int Main() {
       std::fprintf(stderr, "%s: %.0f tokens/s\n", job.c_str(), tokens);
     }
   }
-  std::printf("%s", table.ToString().c_str());
+  const BenchMachine machine = DescribeBenchMachine(blas_kernel);
+  std::printf("%s\n%s", machine.Line().c_str(), table.ToString().c_str());
+  json["machine"] = machine.Json();
   return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }
 

@@ -2,6 +2,8 @@
 
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -69,6 +71,27 @@ TEST(Gpt2SpecTest, Gpt2SmallHas124MParameters) {
     EXPECT_TRUE(names.insert(t.name).second) << "duplicate " << t.name;
     EXPECT_EQ(t.dtype, "F32");
   }
+}
+
+// Hugging Face's parameter counts of the four releases (num_parameters(), LM
+// head tied).
+TEST(Gpt2PresetTest, PresetsHaveTheReleasesParameterCounts) {
+  const std::vector<std::pair<std::string, int64_t>> releases = {
+      {"124M", 124439808}, {"355M", 354823168}, {"774M", 774030080}, {"1.5B", 1557611200}};
+  for (const auto& [name, parameters] : releases) {
+    absl::StatusOr<Gpt2Shape> shape = Gpt2Preset(name);
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    absl::StatusOr<ModelSpec> spec =
+        Gpt2Spec(shape->layers, shape->d_model, shape->heads, shape->vocab, shape->context);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(TotalElements(*spec), parameters) << name;
+  }
+}
+
+TEST(Gpt2PresetTest, AnUnknownPresetNamesTheKnownOnes) {
+  absl::Status bad = Gpt2Preset("2B").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("124M, 355M, 774M or 1.5B"), std::string::npos) << bad;
 }
 
 TEST(Gpt2SpecTest, NamesShapesAndUnits) {

@@ -16,7 +16,7 @@
 //    against CudaBackend + NCCL), stages 0 and 3: the loss of every step and
 //    every parameter after the last, per tensor.
 //
-// Tolerances (stated here and in the README):
+// Tolerances (stated here and in docs/gpu.md):
 //   F32  (cuBLAS f32, no TF32): loss and logits to 1e-4 relative; gradients
 //        within 1e-3 of each tensor's largest gradient; after 5 steps
 //        (lr 1e-3) the 99th percentile of |param difference| <= 5e-5 (1 % of

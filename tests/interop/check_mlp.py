@@ -10,6 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+import error_model
+
 
 def main():
     path, eval_path, layers, width, activation = sys.argv[1:6]
@@ -35,18 +37,24 @@ def main():
     model.load_state_dict(weights, strict=True)
 
     record = json.load(open(eval_path))
-    x = torch.tensor(record["x"], dtype=torch.float32)
-    y = torch.tensor(record["y"], dtype=torch.float32)
-    engine_out = torch.tensor(record["output"], dtype=torch.float32)
+    x = torch.tensor(record["x"], dtype=torch.float64)
+    y = torch.tensor(record["y"], dtype=torch.float64)
+    engine_out = torch.tensor(record["output"], dtype=torch.float64)
     with torch.no_grad():
+        # The loaded model in float64: the exact reference, with the bound of
+        # the engine's float32 rounding around it.
+        model = model.double()
         out = model(x)
+        linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+        bound = error_model.mlp_output_bound(linears, x, activation)
         loss = torch.nn.functional.mse_loss(out, y).item()
-    diff = (out - engine_out).abs().max().item()
-    scale = engine_out.abs().max().item()
-    print(f"max |torch - engine| = {diff:.3e} (scale {scale:.3e}); "
-          f"loss torch {loss:.8f} engine {record['loss']:.8f}")
-    assert diff <= 1e-5 * max(scale, 1.0), "outputs differ"
-    assert abs(loss - record["loss"]) <= 1e-5 * max(abs(loss), 1e-3), "losses differ"
+        loss_bound = error_model.mse_loss_bound(out, y, bound)
+    excess = ((engine_out - out).abs() - bound).max().item()
+    diff = (engine_out - out).abs().max().item()
+    print(f"max |engine - exact| = {diff:.3e}, bound {bound.max().item():.3e}; "
+          f"loss exact {loss:.8f} engine {record['loss']:.8f} (bound {loss_bound:.3e})")
+    assert excess <= 0, f"outputs differ by up to {excess:.3e} beyond the error bound"
+    assert abs(loss - record["loss"]) <= loss_bound, "losses differ beyond the error bound"
     print("OK")
 
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -40,6 +41,22 @@ double MaxRelativeDifference(const Params& a, const Params& b) {
     worst = std::max(worst, diff / std::max(scale, 1e-12));
   }
   return worst;
+}
+
+double SmallestTensorScale(const Params& params) {
+  double smallest = INFINITY;
+  for (const auto& [name, values] : params) {
+    double scale = 0;
+    for (float v : values) scale = std::max(scale, std::fabs(double{v}));
+    smallest = std::min(smallest, scale);
+  }
+  return smallest;
+}
+
+void ExpectWithinBound(double measured, double bound, const std::string& what) {
+  std::fprintf(stderr, "%s: %.3g (bound %.3g, %.0f%% of it)\n", what.c_str(), measured, bound,
+               100 * measured / bound);
+  EXPECT_LE(measured, bound) << what;
 }
 
 }  // namespace zeroshard::testing

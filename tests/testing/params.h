@@ -23,6 +23,14 @@ Params LoadCheckpointParams(const std::string& root, const std::string& job, int
 // for entries that cross zero.
 double MaxRelativeDifference(const Params& a, const Params& b);
 
+// The smallest max|p| over the tensors of `params`: the denominator that makes
+// an absolute error bound a bound on MaxRelativeDifference for every tensor.
+double SmallestTensorScale(const Params& params);
+
+// EXPECT_LE(measured, bound), and both printed to the test log: the margin
+// under each CPU's kernels is what says whether an error model is tight.
+void ExpectWithinBound(double measured, double bound, const std::string& what);
+
 }  // namespace zeroshard::testing
 
 #endif  // ZEROSHARD_TESTS_TESTING_PARAMS_H_

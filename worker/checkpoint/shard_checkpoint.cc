@@ -149,6 +149,7 @@ SafetensorsMetadata ShardMetadata(const ShardIdentity& id, const std::string& op
       {ShardMetadataKey::kChecksums, checksums.dump()},
   };
   if (id.data_row >= 0) metadata[ShardMetadataKey::kDataRow] = absl::StrCat(id.data_row);
+  if (!id.hf_config.empty()) metadata[ShardMetadataKey::kHfConfig] = id.hf_config;
   return metadata;
 }
 
@@ -283,14 +284,65 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenStep(
   return reader;
 }
 
+namespace {
+
+// The files of a Hugging Face model directory: model.safetensors.index.json's
+// weight_map (tensor -> file; files in sorted order), or model.safetensors.
+absl::Status ListHuggingFaceFiles(const std::string& dir, std::vector<std::string>* paths,
+                                  std::map<std::string, int>* file_of) {
+  const std::string index_path = absl::StrCat(dir, "/model.safetensors.index.json");
+  absl::StatusOr<std::string> index = ReadFileToString(index_path);
+  if (absl::IsNotFound(index.status())) {
+    const std::string single = absl::StrCat(dir, "/model.safetensors");
+    struct stat st;
+    if (stat(single.c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat(
+          dir, " holds neither model.safetensors nor model.safetensors.index.json"));
+    }
+    paths->push_back(single);
+    return absl::OkStatus();
+  }
+  if (!index.ok()) return index.status();
+  nlohmann::json j = nlohmann::json::parse(*index, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_path, ": expected a JSON object with a \"weight_map\" object"));
+  }
+  std::map<std::string, int> file_index;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          index_path, ": the file of tensor '", tensor, "' is not a plain file name"));
+    }
+    file_index.emplace(file.get<std::string>(), 0);
+  }
+  for (auto& [file, index_of_file] : file_index) {
+    index_of_file = static_cast<int>(paths->size());
+    paths->push_back(absl::StrCat(dir, "/", file));
+  }
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    (*file_of)[tensor] = file_index[file.get<std::string>()];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
     const std::string& path) {
   auto reader = std::unique_ptr<CheckpointReader>(new CheckpointReader());
   reader->source_ = path;
   reader->consolidated_ = true;
-  reader->paths_.push_back(path);
-  reader->readers_.resize(1);
-  reader->indexed_.assign(1, true);
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (absl::Status s = ListHuggingFaceFiles(path, &reader->paths_, &reader->file_of_); !s.ok()) {
+      return s;
+    }
+  } else {
+    reader->paths_.push_back(path);
+  }
+  reader->readers_.resize(reader->paths_.size());
+  reader->indexed_.assign(reader->paths_.size(), true);
   auto file = reader->File(0);
   if (!file.ok()) return file.status();
   const SafetensorsMetadata& meta = (*file)->metadata();
@@ -412,18 +464,40 @@ absl::Status CheckpointReader::IndexAll() {
 absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin,
                                         int64_t row_end, float* out) {
   if (consolidated_) {
-    const std::string name = absl::StrCat(ShardTensorPrefix(kind), tensor.name);
-    auto file = File(0);
-    if (!file.ok()) return file.status();
-    const TensorInfo* info = (*file)->Find(name);
+    // Hugging Face's own GPT-2 files are saved from GPT2Model: the names
+    // may lack the "transformer." in front.
+    std::vector<std::string> names = {absl::StrCat(ShardTensorPrefix(kind), tensor.name)};
+    if (kind == Kind::kParams && absl::StartsWith(tensor.name, "transformer.")) {
+      names.push_back(tensor.name.substr(std::strlen("transformer.")));
+    }
+    std::string name = names[0];
+    int index = 0;
+    const TensorInfo* info = nullptr;
+    for (const std::string& candidate : names) {
+      auto in = file_of_.find(candidate);
+      if (!file_of_.empty() && in == file_of_.end()) continue;
+      index = in == file_of_.end() ? 0 : in->second;
+      auto file = File(index);
+      if (!file.ok()) return file.status();
+      info = (*file)->Find(candidate);
+      if (info != nullptr) {
+        name = candidate;
+        break;
+      }
+    }
     if (info == nullptr) {
-      return absl::NotFoundError(absl::StrCat(source_, " has no tensor '", name, "'"));
+      return absl::NotFoundError(absl::StrCat(
+          paths_[index], " has no tensor '", tensor.name, "' (shape ",
+          ShapeString(tensor.shape), "); is it a checkpoint of this model?"));
     }
     if (info->shape != tensor.shape && !(info->shape.empty() && tensor.shape.empty())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          source_, ": tensor '", name, "' has a different shape than the model's"));
+          paths_[index], ": tensor '", name, "' is ", ShapeString(info->shape),
+          ", but the model's is ", ShapeString(tensor.shape)));
     }
-    if (absl::Status s = Verify(0, name); !s.ok()) return s;
+    if (absl::Status s = Verify(index, name); !s.ok()) return s;
+    auto file = File(index);
+    if (!file.ok()) return file.status();
     return (*file)->ReadRowsAsF32(name, row_begin, row_end, out);
   }
   const int64_t row_elements = tensor.RowElements();

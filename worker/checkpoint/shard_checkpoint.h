@@ -29,6 +29,7 @@ struct ShardIdentity {
   int64_t generation = 0;
   std::string plan_hash;
   int64_t data_row = -1;  // the data cursor after `step` (-1: not recorded)
+  std::string hf_config;  // the model's config.json ("": none)
 };
 
 // This rank's state, copied to host buffers: what the writer thread writes.
@@ -107,6 +108,10 @@ class CheckpointReader {
   // world size); the others are indexed only if a row is not found in it.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenStep(
       const std::string& step_dir, const std::string& own_file = "");
+  // One consolidated safetensors file, or a Hugging Face model directory
+  // (model.safetensors, or the shards model.safetensors.index.json maps
+  // tensors to; GPT-2 names with or without "transformer."). NOT_FOUND for a
+  // directory with neither.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenFile(const std::string& path);
   // A step's shard files held in memory (in-memory snapshots), as OpenStep
   // reads them from a directory: `files` are (name, bytes), the first
@@ -158,6 +163,9 @@ class CheckpointReader {
   std::map<std::pair<int, std::string>, std::vector<Piece>> pieces_;
   std::set<std::pair<int, std::string>> verified_;  // (file, tensor) checked
   bool consolidated_ = false;
+  // Consolidated sets of several files (a Hugging Face index): tensor ->
+  // index into paths_. Empty: every tensor is in paths_[0].
+  std::map<std::string, int> file_of_;
   bool has_optimizer_ = false;
   int64_t optimizer_step_ = -1;
   int64_t step_ = -1;

@@ -52,6 +52,19 @@ struct CollectiveBytes {
   int64_t broadcast = 0;
 };
 
+inline CollectiveBytes operator-(const CollectiveBytes& a, const CollectiveBytes& b) {
+  return {a.all_gather - b.all_gather, a.reduce_scatter - b.reduce_scatter,
+          a.all_reduce - b.all_reduce, a.broadcast - b.broadcast};
+}
+
+inline CollectiveBytes& operator+=(CollectiveBytes& a, const CollectiveBytes& b) {
+  a.all_gather += b.all_gather;
+  a.reduce_scatter += b.reduce_scatter;
+  a.all_reduce += b.all_reduce;
+  a.broadcast += b.broadcast;
+  return a;
+}
+
 // INVALID_ARGUMENT naming `collective` and the block if a block's rank is
 // not in [0, world_size) or an offset or count is negative.
 absl::Status ValidateBlocks(const char* collective, const std::vector<ShardBlock>& blocks,

@@ -36,7 +36,8 @@ class TokenData {
   TokenData(const TokenData&) = delete;
   TokenData& operator=(const TokenData&) = delete;
 
-  int vocab() const { return kVocab; }
+  // Tokens are in [0, vocab()): kVocab for bytes and the addition task.
+  virtual int vocab() const { return kVocab; }
 
   // One line for logs: the source and its sizes.
   virtual std::string Describe() const = 0;

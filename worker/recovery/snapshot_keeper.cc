@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
 #include "common/checksum.h"
+#include "nlohmann/json.hpp"
 
 namespace zeroshard {
 namespace {
@@ -22,17 +23,9 @@ int Mod(int a, int b) { return ((a % b) + b) % b; }
 
 }  // namespace
 
-nlohmann::json SnapshotBlob::Describe() const {
-  nlohmann::json pieces_json = nlohmann::json::array();
-  for (const RowRange& p : pieces) pieces_json.push_back({p.tensor, p.row_begin, p.row_end});
-  return {{"step", step},
-          {"rank", rank},
-          {"world_size", world_size},
-          {"plan_hash", plan_hash},
-          {"data_row", data_row},
-          {"bytes", static_cast<int64_t>(bytes.size())},
-          {"xxh64", ChecksumToHex(xxh64)},
-          {"pieces", pieces_json}};
+BlobDescription SnapshotBlob::Describe() const {
+  return {step, rank, world_size, plan_hash, data_row, static_cast<int64_t>(bytes.size()), xxh64,
+          pieces};
 }
 
 int BuddyShift(const std::vector<std::string>& hosts) {

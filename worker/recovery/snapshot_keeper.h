@@ -47,19 +47,12 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "nlohmann/json.hpp"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/recovery/recovery_decision.h"
 #include "worker/zero/task_thread.h"
 
 namespace zeroshard {
-
-// Rows [row_begin, row_end) of a model tensor.
-struct RowRange {
-  std::string tensor;
-  int64_t row_begin = 0;
-  int64_t row_end = 0;
-};
 
 // One rank's shard state at a step.
 struct SnapshotBlob {
@@ -73,7 +66,7 @@ struct SnapshotBlob {
   std::vector<RowRange> pieces;  // the parameter pieces it holds
 
   // Everything but the bytes, for the recovery's agreement.
-  nlohmann::json Describe() const;
+  BlobDescription Describe() const;
 };
 
 // The buddy shift for ranks on `hosts` (by rank): the smallest k >= 1 with

@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -143,6 +144,15 @@ def worker(rank, args, port, queue):
     dist.destroy_process_group()
 
 
+def torch_blas():
+    """PyTorch's BLAS and the vector extension its kernels use, from its build config."""
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    capability = re.search(r"CPU capability usage: (\w+)", config)
+    return (f"torch {blas.group(1) if blas else 'unknown BLAS'} "
+            f"({capability.group(1) if capability else 'unknown ISA'})")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=["mlp", "gpt"], required=True)
@@ -203,6 +213,7 @@ def main():
     items = args.world * args.batch * (args.context if args.model == "gpt" else 1)
     print(json.dumps({
         "torch": torch.__version__,
+        "blas_kernel": torch_blas(),
         "model": args.model,
         "mode": args.mode,
         "world": args.world,

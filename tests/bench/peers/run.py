@@ -99,6 +99,7 @@ class Ours:
             "model_state_bytes": report["memory"]["model_state_bytes"],
             "step_breakdown_ms": report["step_breakdown_ms"],
             "kernel_breakdown_ms": report.get("kernel_breakdown_ms"),
+            "blas_kernel": report.get("compute", {}).get("blas_kernel"),
         }
 
 
@@ -188,6 +189,7 @@ def main():
                     "runs": rs,
                 }
             results["suites"][suite] = summary
+            print_machine(results, summary)
             print_suite(suite, summary)
     finally:
         cluster.close()
@@ -195,6 +197,23 @@ def main():
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=2)
         print(f"wrote {args.json_out}")
+
+
+def cpu_model():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def print_machine(results, summary):
+    """The CPU and the BLAS kernels each side ran on (ours: OpenBLAS's corename from the
+    workers' run report; PyTorch's: its build's BLAS and CPU capability)."""
+    kernels = sorted({r["blas_kernel"] for s in summary.values() for r in s["runs"]
+                      if r.get("blas_kernel")})
+    results["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "blas_kernel": kernels}
+    print(f"CPU {results['machine']['cpu']} ({os.cpu_count()} cores); BLAS kernels: "
+          f"{', '.join(kernels) or 'unknown'}")
 
 
 def print_suite(suite, s):

@@ -8,12 +8,27 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/error_model.h"
+#include "tests/worker/model/test_util.h"
 #include "worker/model/fast_math.h"
 #include "worker/model/parallel.h"
-#include "tests/worker/model/test_util.h"
 
 namespace zeroshard {
 namespace {
+
+using ::zeroshard::testing::kFloat32Unit;
+using ::zeroshard::testing::SumErrorBound;
+
+// A float32 product whose output elements are sums of `n` terms a_k b_k with
+// |a_k|, |b_k| <= 1 (and a bias <= 1 as one more term), against the same sum
+// in double: gamma_n * sum|terms| <= gamma_n * n (tests/testing/error_model.h),
+// whichever OpenBLAS kernel or tile does it; plus the result's own rounding.
+double ProductTolerance(int64_t n) { return SumErrorBound(n) * n + kFloat32Unit * n; }
+
+// The element functions (exp, erf, tanh in float32: a handful of roundings,
+// and FastExp's <= 2e-7 relative) against double formulas or PyTorch's
+// float32 values (themselves within u / 2): 16 u of max(1, |y|) covers them.
+double ElementTolerance(double want) { return 16 * kFloat32Unit * std::max(1.0, std::fabs(want)); }
 
 using ::zeroshard::testing::Dot;
 using ::zeroshard::testing::ExpectGradientMatches;
@@ -45,8 +60,8 @@ TEST(LinearTest, ForwardMatchesNaiveLoop) {
     for (int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
       for (int64_t k = 0; k < in; ++k) acc += double{x[i * in + k]} * w[o * in + k];
-      EXPECT_NEAR(y_nobias[i * out + o], acc, 1e-5);
-      EXPECT_NEAR(y[i * out + o], acc + b[o], 1e-5);
+      EXPECT_NEAR(y_nobias[i * out + o], acc, ProductTolerance(in));
+      EXPECT_NEAR(y[i * out + o], acc + b[o], ProductTolerance(in + 1));
     }
   }
 }
@@ -81,7 +96,7 @@ TEST(Conv1dTest, ForwardMatchesNaiveLoop) {
     for (int64_t o = 0; o < out; ++o) {
       double acc = b[o];
       for (int64_t k = 0; k < in; ++k) acc += double{x[i * in + k]} * w[k * out + o];
-      EXPECT_NEAR(y[i * out + o], acc, 1e-5);
+      EXPECT_NEAR(y[i * out + o], acc, ProductTolerance(in + 1));
     }
   }
 }
@@ -144,9 +159,9 @@ TEST(ActivationTest, GeluExact) {
   std::vector<float> y(x.size());
   GeluForward(y.data(), x.data(), x.size());
   // torch.nn.functional.gelu(torch.tensor([-1., 1., 2.5]))
-  EXPECT_NEAR(y[2], -0.15865525f, 1e-6);
-  EXPECT_NEAR(y[6], 0.84134475f, 1e-6);
-  EXPECT_NEAR(y[7], 2.48447584f, 1e-5);
+  EXPECT_NEAR(y[2], -0.15865525f, ElementTolerance(-0.15865525));
+  EXPECT_NEAR(y[6], 0.84134475f, ElementTolerance(0.84134475));
+  EXPECT_NEAR(y[7], 2.48447584f, ElementTolerance(2.48447584));
   CheckActivation(GeluForward, GeluBackward, x, "gelu");
 }
 
@@ -155,8 +170,8 @@ TEST(ActivationTest, GeluTanh) {
   std::vector<float> y(x.size());
   GeluTanhForward(y.data(), x.data(), x.size());
   // torch.nn.functional.gelu(torch.tensor([-1., 1.]), approximate="tanh")
-  EXPECT_NEAR(y[2], -0.15880801f, 1e-6);
-  EXPECT_NEAR(y[6], 0.84119199f, 1e-6);
+  EXPECT_NEAR(y[2], -0.15880801f, ElementTolerance(-0.15880801));
+  EXPECT_NEAR(y[6], 0.84119199f, ElementTolerance(0.84119199));
   CheckActivation(GeluTanhForward, GeluTanhBackward, x, "gelu_tanh");
 }
 
@@ -195,10 +210,20 @@ TEST(LayerNormTest, ForwardNormalizesRows) {
     m /= c;
     for (int64_t j = 0; j < c; ++j) v += (x[i * c + j] - m) * (x[i * c + j] - m);
     v /= c;  // biased, as PyTorch
-    EXPECT_NEAR(mean[i], m, 1e-5);
-    EXPECT_NEAR(rstd[i], 1.0 / std::sqrt(v + 1e-5), 1e-5);
+    // Our kernel, float32: the mean is a sum of c terms |x| <= 5 (gamma_c 5);
+    // the variance a sum of c squares, relative gamma_c plus twice the mean's
+    // relative error carried into x - m; rstd halves that, and each output is
+    // (x - m) rstd: its terms' errors add, plus a few roundings.
+    const double rstd_want = 1.0 / std::sqrt(v + 1e-5);
+    const double mean_tol = SumErrorBound(c) * 5;
+    const double rstd_rel = SumErrorBound(c) + 2 * mean_tol * 8 / v + 4 * kFloat32Unit;
+    EXPECT_NEAR(mean[i], m, mean_tol);
+    EXPECT_NEAR(rstd[i], rstd_want, rstd_rel * rstd_want);
     for (int64_t j = 0; j < c; ++j) {
-      EXPECT_NEAR(out[i * c + j], (x[i * c + j] - m) / std::sqrt(v + 1e-5), 1e-5);
+      const double centered = x[i * c + j] - m;
+      EXPECT_NEAR(
+          out[i * c + j], centered * rstd_want,
+          mean_tol * rstd_want + std::fabs(centered) * rstd_want * (rstd_rel + 2 * kFloat32Unit));
     }
   }
 }
@@ -257,13 +282,26 @@ std::vector<double> NaiveAttention(const std::vector<float>& qkv, int64_t b, int
   return out;
 }
 
+// Attention against the naive loop in double (|q|, |k|, |v| <= 1.5): scores
+// are sums of hs terms <= 2.25 (gamma_hs 2.25 hs, scaled by 1/sqrt(hs));
+// softmax turns an absolute score error d into a relative weight error <= 2d
+// (plus a few u for exp and the sum of t weights, gamma_t); the output is a
+// weighted sum of t values <= 1.5 with weights summing to 1. OpenBLAS per head
+// or our tiled kernel: either within this.
+double AttentionTolerance(int64_t t, int64_t hs) {
+  const double score = SumErrorBound(hs) * 2.25 * hs / std::sqrt(double(hs));
+  const double weight = 2 * score + SumErrorBound(t) + 4 * kFloat32Unit;
+  return 1.5 * (weight + SumErrorBound(t));
+}
+
 TEST(AttentionTest, ForwardMatchesNaiveLoop) {
   const int64_t b = 2, t = 6, c = 12, nh = 3;
   auto qkv = RandomVector(b * t * 3 * c, -1.5f, 1.5f, 20);
   std::vector<float> out(b * t * c), att(b * nh * t * t);
   AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   auto want = NaiveAttention(qkv, b, t, c, nh);
-  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-5) << i;
+  const double tolerance = AttentionTolerance(t, c / nh);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], tolerance) << i;
   // Rows of att sum to 1 over s <= t and are 0 above the diagonal.
   for (int64_t r = 0; r < b * nh; ++r) {
     for (int64_t i = 0; i < t; ++i) {
@@ -275,7 +313,8 @@ TEST(AttentionTest, ForwardMatchesNaiveLoop) {
         }
         sum += a;
       }
-      EXPECT_NEAR(sum, 1.0, 1e-5);
+      // t weights, each its exp and the normalising sum of t terms apart.
+      EXPECT_NEAR(sum, 1.0, SumErrorBound(t) + 4 * t * kFloat32Unit);
     }
   }
 }
@@ -317,7 +356,8 @@ void ExpectForwardMatchesNaive(int64_t b, int64_t t, int64_t c, int64_t nh, uint
   std::vector<float> out(b * t * c), att(b * nh * t * t, 7.0f);
   AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   auto want = NaiveAttention(qkv, b, t, c, nh);
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5) << i;
+  const double tolerance = AttentionTolerance(t, c / nh);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], tolerance) << i;
   for (int64_t r = 0; r < b * nh; ++r) {
     for (int64_t i = 0; i < t; ++i) {
       for (int64_t s = i + 1; s < t; ++s) ASSERT_EQ(att[(r * t + i) * t + s], 0.0f);
@@ -403,7 +443,7 @@ TEST(LmHeadTest, BackwardMatchesFiniteDifferences) {
     for (int64_t k = 0; k < v; ++k) {
       double acc = 0;
       for (int64_t j = 0; j < c; ++j) acc += double{x[i * c + j]} * wte[k * c + j];
-      EXPECT_NEAR(logits[i * v + k], acc, 1e-5);
+      EXPECT_NEAR(logits[i * v + k], acc, ProductTolerance(c));
     }
   }
   LmHeadBackward(dx.data(), dwte.data(), dlogits.data(), x.data(), wte.data(), n, c, v);
@@ -427,9 +467,11 @@ TEST(CrossEntropyTest, ForwardMatchesDefinition) {
     for (int64_t j = 0; j < v; ++j) z += std::exp(double{logits[i * v + j]});
     want += -std::log(std::exp(double{logits[i * v + targets[i]]}) / z);
   }
+  // Per row: the max-shifted exp of v logits (|z| <= 6, each ~1 ulp), their
+  // sum (gamma_v), its log and the mean over n rows: a few u of each term.
   EXPECT_NEAR(CrossEntropyForward(probs.data(), logits.data(), targets.data(), n, v), want / n,
-              1e-6);
-  EXPECT_NEAR(probs[4], 0.25f, 1e-7);
+              (SumErrorBound(v) + SumErrorBound(n) + 8 * kFloat32Unit) * std::max(1.0, want / n));
+  EXPECT_NEAR(probs[4], 0.25f, 4 * kFloat32Unit);  // exp(0) / 4: exact but for the division
 }
 
 TEST(CrossEntropyTest, StableForHugeLogits) {
@@ -437,7 +479,8 @@ TEST(CrossEntropyTest, StableForHugeLogits) {
   std::vector<int32_t> target = {1};
   std::vector<float> probs(3);
   const double loss = CrossEntropyForward(probs.data(), logits.data(), target.data(), 1, 3);
-  EXPECT_NEAR(loss, 2000.0, 1e-3);  // finite, not inf or nan
+  // Finite, not inf or nan: the logit gap 2000, within a few u of it.
+  EXPECT_NEAR(loss, 2000.0, 8 * kFloat32Unit * 2000);
   EXPECT_FLOAT_EQ(probs[0], 1.0f);
 }
 
@@ -485,8 +528,15 @@ TEST(ActivationTest, GeluTanhMatchesDoublePrecisionFormula) {
     const double want = 0.5 * xi * (1.0 + t);
     const double dwant = 0.5 * (1.0 + t) + 0.5 * xi * (1.0 - t * t) * std::sqrt(2.0 / M_PI) *
                                                (1.0 + 3.0 * 0.044715 * xi * xi);
-    ASSERT_NEAR(y[i], want, 1e-6 * std::max(1.0, std::fabs(want))) << "x=" << xi;
-    ASSERT_NEAR(dx[i], dwant, 2e-6 * std::max(1.0, std::fabs(dwant))) << "x=" << xi;
+    // A polynomial, FastExp (<= 2e-7 relative) inside tanh and a few
+    // products: 16 u. The derivative has twice the operations, and its
+    // 1 - t^2 cancels where t -> 1: tanh's absolute error (<= 4 u) comes out
+    // doubled and multiplied by 0.5 x sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+    const double amplification =
+        0.5 * std::fabs(xi) * std::sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * xi * xi);
+    ASSERT_NEAR(y[i], want, ElementTolerance(want)) << "x=" << xi;
+    ASSERT_NEAR(dx[i], dwant, 2 * ElementTolerance(dwant) + amplification * 8 * kFloat32Unit)
+        << "x=" << xi;
   }
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
+#include "tests/testing/error_model.h"
 #include "tests/worker/model/test_util.h"
 
 namespace zeroshard {
@@ -102,22 +103,39 @@ TEST(MlpModelTest, ForwardMatchesReference) {
   const auto& b0 = store.param(1);
   const auto& w1 = store.param(2);
   const auto& b1 = store.param(3);
-  double want_loss = 0;
+  // The error model (tests/testing/error_model.h): each float32 output of a
+  // layer is within gamma_{w+1} of the sum of its terms' magnitudes, and an
+  // error e in its input h (ReLU passes it on, 1-Lipschitz) adds |w1| e.
+  const double gamma = testing::SumErrorBound(w + 1);
+  double want_loss = 0, loss_tolerance = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    std::vector<double> h(w);
+    std::vector<double> h(w), h_error(w);
     for (int64_t o = 0; o < w; ++o) {
-      double z = b0[o];
-      for (int64_t i = 0; i < w; ++i) z += double{w0[o * w + i]} * x[r * w + i];
+      double z = b0[o], terms = std::fabs(b0[o]);
+      for (int64_t i = 0; i < w; ++i) {
+        z += double{w0[o * w + i]} * x[r * w + i];
+        terms += std::fabs(double{w0[o * w + i]} * x[r * w + i]);
+      }
       h[o] = std::max(z, 0.0);
+      h_error[o] = gamma * terms;
     }
     for (int64_t o = 0; o < w; ++o) {
-      double z = b1[o];
-      for (int64_t i = 0; i < w; ++i) z += w1[o * w + i] * h[i];
-      EXPECT_NEAR(model->Output()[r * w + o], z, 1e-5);
-      want_loss += (z - y[r * w + o]) * (z - y[r * w + o]);
+      double z = b1[o], terms = std::fabs(b1[o]), carried = 0;
+      for (int64_t i = 0; i < w; ++i) {
+        z += w1[o * w + i] * h[i];
+        terms += std::fabs(w1[o * w + i] * h[i]);
+        carried += std::fabs(w1[o * w + i]) * h_error[i];
+      }
+      const double error = gamma * terms + carried;
+      EXPECT_NEAR(model->Output()[r * w + o], z, error);
+      const double residual = z - y[r * w + o];
+      want_loss += residual * residual;
+      loss_tolerance += 2 * std::fabs(residual) * error + error * error;
     }
   }
-  EXPECT_NEAR(loss, want_loss / (rows * w), 1e-5);
+  // The mean of rows * w squared residuals: their errors, and the sum's own.
+  EXPECT_NEAR(loss, want_loss / (rows * w),
+              (loss_tolerance + testing::SumErrorBound(rows * w) * want_loss) / (rows * w));
 }
 
 class MlpGradientTest : public ::testing::TestWithParam<const char*> {};
@@ -167,7 +185,12 @@ TEST(MlpModelTest, BackwardAddsIntoGradients) {
   }
   for (int i = 0; i < store.num_tensors(); ++i) {
     for (size_t k = 0; k < once[i].size(); ++k) {
-      EXPECT_NEAR(store.grad(i)[k], 2 * once[i][k], 1e-6 + 1e-5 * std::fabs(once[i][k]));
+      // The second pass adds its products into the first's sums (OpenBLAS's
+      // beta = 1 may do it block by block): the same terms in another order,
+      // within 2 gamma_n of their scale; with |x|, |y| <= 1 and these widths
+      // that scale is below |g| + 0.1, and 2 gamma_32 < 4e-6.
+      EXPECT_NEAR(store.grad(i)[k], 2 * once[i][k],
+                  2 * testing::SumErrorBound(32) * (std::fabs(once[i][k]) + 0.1));
     }
   }
 }
@@ -189,8 +212,7 @@ TEST(MlpModelTest, OverwriteModeWritesWhatAddModeAddsToZeros) {
   for (int op = 1; op >= 0; --op) {
     UnitTensors grads = store.Grads(op);
     for (TensorView& g : grads) std::fill(g.data, g.data + g.elements(), NAN);
-    ASSERT_TRUE(
-        model->BackwardInto(op, store.Params(op), grads, Model::GradMode::kOverwrite).ok());
+    ASSERT_TRUE(model->BackwardInto(op, store.Params(op), grads, Model::GradMode::kOverwrite).ok());
   }
   for (int i = 0; i < store.num_tensors(); ++i) {
     ASSERT_EQ(store.grad(i), want[i]) << model->Spec().tensors[i].name;

@@ -1,0 +1,51 @@
+#include "worker/recovery/recovery_timeline.h"
+
+#include <string>
+
+namespace zeroshard {
+
+void RecoveryTimeline::FailureSeen(absl::Time seen, absl::Time confirmed, int64_t failed_step) {
+  failure_ = seen;
+  confirmed_ = confirmed;
+  failed_step_ = failed_step;
+  recovering_ = true;
+}
+
+void RecoveryTimeline::Restored(int64_t generation, RecoverySource source, int64_t step, int world,
+                                absl::Time now) {
+  record_ = v1::RecoveryRecord();
+  record_.set_generation(generation);
+  record_.set_source(std::string(RecoverySourceName(source)));
+  record_.set_restored_step(step);
+  record_.set_failed_step(recovering_ ? failed_step_ : -1);
+  record_.set_world_size(world);
+  if (recovering_) record_.set_rejoin_ms(absl::ToDoubleMilliseconds(joined_ - failure_));
+  record_.set_restore_ms(absl::ToDoubleMilliseconds(now - joined_));
+  record_.set_phase("restored");
+  recovering_ = true;  // a replacement too: its first step completes the record
+}
+
+std::optional<nlohmann::json> RecoveryTimeline::FirstStepDone(absl::Time now) {
+  if (!recovering_) return std::nullopt;
+  recovering_ = false;
+  if (record_.generation() <= 0) return std::nullopt;
+  const bool saw_failure = record_.failed_step() >= 0;
+  record_.set_first_step_ms(absl::ToDoubleMilliseconds(now - (saw_failure ? failure_ : joined_)));
+  record_.set_phase("training");
+  return nlohmann::json{{"generation", record_.generation()},
+                        {"source", record_.source()},
+                        {"restored_step", record_.restored_step()},
+                        {"failed_step", record_.failed_step()},
+                        {"world_size", record_.world_size()},
+                        {"rejoin_ms", record_.rejoin_ms()},
+                        {"restore_ms", record_.restore_ms()},
+                        {"first_step_ms", record_.first_step_ms()},
+                        // Wall-clock times, for benchmarks that kill from outside (ms since the
+                        // Unix epoch; 0: not this process's).
+                        {"failure_seen_unix_ms", saw_failure ? absl::ToUnixMillis(failure_) : 0},
+                        {"confirmed_unix_ms", saw_failure ? absl::ToUnixMillis(confirmed_) : 0},
+                        {"joined_unix_ms", absl::ToUnixMillis(joined_)},
+                        {"first_step_unix_ms", absl::ToUnixMillis(now)}};
+}
+
+}  // namespace zeroshard

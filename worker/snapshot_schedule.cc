@@ -1,0 +1,125 @@
+#include "worker/snapshot_schedule.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status_context.h"
+
+namespace zeroshard {
+namespace {
+
+// What the training thread copies, or lends the keeper's thread to copy.
+absl::StatusOr<ShardView> ViewForSnapshot(ZeroEngine& engine, const ShardIdentity& id,
+                                          const std::string& optimizer, bool on_device) {
+  if (!on_device) {
+    // The engine's own host memory: the keeper's thread copies it while the
+    // next step's forward and backward run (WaitCopied before the optimizer
+    // changes it).
+    return ViewShard(engine, id, optimizer, true);
+  }
+  // Device memory: copied to the host here (the pause).
+  absl::StatusOr<ShardSnapshot> copy =
+      SnapshotShard(engine, id, optimizer, /*with_optimizer=*/true);
+  if (!copy.ok()) return copy.status();
+  return ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
+}
+
+}  // namespace
+
+absl::Status SnapshotSchedule::Reserve(ZeroEngine& engine, int world) {
+  absl::StatusOr<ShardView> view = ViewShard(engine, {}, optimizer_, true);
+  if (!view.ok()) return Annotate(view.status(), "snapshot");
+  constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
+  keeper_.Reserve(view->bytes + kHeaderBytes, world > 1 ? 4 : 2);
+  return absl::OkStatus();
+}
+
+void SnapshotSchedule::RecordLastTransfer() {
+  if (keeper_.last_transfer_ms() > 0 && keeper_.complete_step() > last_reported_transfer_) {
+    last_reported_transfer_ = keeper_.complete_step();
+    metrics_->snapshot_copy_ms.push_back(keeper_.last_copy_ms());
+    metrics_->snapshot_transfer_ms.push_back(keeper_.last_transfer_ms());
+  }
+}
+
+// One small collective decides two things: the commit (the latest step every
+// rank has complete, own and buddy's copy) and whether to skip this snapshot
+// because a rank's previous transfer is still in flight (then every rank
+// skips: the buddy swap needs both sides). Each rank sends
+// 2 * (complete_step + 1) + in_flight.
+absl::StatusOr<std::vector<int>> SnapshotSchedule::VoteAndCommit(ZeroEngine& engine, bool busy) {
+  absl::StatusOr<std::vector<double>> votes = engine.GatherOverRanks(
+      2.0 * static_cast<double>(keeper_.complete_step() + 1) + (busy ? 1 : 0), "snapshot commit");
+  if (!votes.ok()) {
+    return Annotate(votes.status(), "snapshot commit");
+  }
+  int64_t committed = std::numeric_limits<int64_t>::max();
+  std::vector<int> busy_ranks;
+  for (size_t r = 0; r < votes->size(); ++r) {
+    const int64_t vote = static_cast<int64_t>((*votes)[r]);
+    if (vote % 2 == 1) busy_ranks.push_back(static_cast<int>(r));
+    committed = std::min(committed, vote / 2 - 1);
+  }
+  keeper_.Commit(committed);
+  metrics_->snapshot_committed_step = keeper_.committed_step();
+  return busy_ranks;
+}
+
+absl::Status SnapshotSchedule::Take(ZeroEngine& engine, const ShardIdentity& id,
+                                    GlooCommunicator* comm, int buddy_shift, bool on_device) {
+  const absl::Time start = absl::Now();
+  const bool busy = keeper_.in_flight();
+  if (!busy) {
+    if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
+    RecordLastTransfer();
+  }
+  absl::StatusOr<std::vector<int>> busy_ranks = VoteAndCommit(engine, busy);
+  if (!busy_ranks.ok()) return busy_ranks.status();
+  if (!busy_ranks->empty()) {
+    ++metrics_->snapshots_skipped;
+    if (id.rank == 0) {
+      std::fprintf(stderr,
+                   "shard_worker rank %d: snapshot of step %lld skipped: the previous snapshot's "
+                   "transfer (or the first touch of the snapshot buffers) is still in flight on "
+                   "rank(s) %s (%d skipped so far; a larger --snapshot_every avoids this)\n",
+                   id.rank, static_cast<long long>(id.step),
+                   absl::StrJoin(*busy_ranks, ",").c_str(), metrics_->snapshots_skipped);
+    }
+    metrics_->snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ShardView> view = ViewForSnapshot(engine, id, optimizer_, on_device);
+  if (!view.ok()) return Annotate(view.status(), "snapshot");
+  if (absl::Status s = keeper_.Start(*std::move(view), comm, buddy_shift, timeout_); !s.ok()) {
+    return Annotate(s, "snapshot");
+  }
+  copy_pending_ = true;
+  metrics_->snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+void SnapshotSchedule::WaitCopied() {
+  if (!copy_pending_) return;
+  // The optimizer is about to change the state a snapshot may still be
+  // copying: the rest of the snapshot's pause, normally nothing.
+  const absl::Time wait = absl::Now();
+  keeper_.WaitCopied();
+  copy_pending_ = false;
+  if (!metrics_->snapshot_pause_ms.empty()) {
+    metrics_->snapshot_pause_ms.back() += absl::ToDoubleMilliseconds(absl::Now() - wait);
+  }
+}
+
+void SnapshotSchedule::EndGeneration() {
+  keeper_.Wait().IgnoreError();
+  copy_pending_ = false;
+}
+
+}  // namespace zeroshard
