@@ -134,6 +134,7 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_min_world_size(join_extras_.min_world_size);
   request.set_rejoin_grace_ms(absl::ToInt64Milliseconds(join_extras_.rejoin_grace));
   request.set_incarnation(join_extras_.incarnation);
+  request.set_node(join_extras_.node);
   while (true) {
     grpc::ClientContext context;
     Prepare(&context, deadline - absl::Now());
@@ -201,8 +202,14 @@ void Client::StartHeartbeats(CommandHandler handler) {
     stop_heartbeats_ = false;
     peer_failure_ = false;
     beat_now_ = false;
+    last_answer_ = absl::Now();
   }
   heartbeat_thread_ = std::thread([this, handler = std::move(handler)] { HeartbeatLoop(handler); });
+}
+
+absl::Duration Client::SinceHeartbeatAnswer() {
+  absl::MutexLock lock(&mu_);
+  return absl::Now() - last_answer_;
 }
 
 void Client::StopHeartbeats() {
@@ -262,6 +269,10 @@ void Client::HeartbeatLoop(CommandHandler handler) {
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;
       backoff = absl::Milliseconds(100);
+      {
+        absl::MutexLock lock(&mu_);
+        last_answer_ = absl::Now();
+      }
       if (response.command() != v1::CONTINUE) {
         handler(response);
         delivered = true;

@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstring>
+#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +60,15 @@ absl::StatusOr<std::string> LocalAddressTowards(const std::string& server) {
   }
   freeaddrinfo(found);
   return fail(why);
+}
+
+std::string HostIdentity() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (!(boot >> boot_id) || boot_id.empty()) return "";
+  return absl::StrCat(name, " ", boot_id);
 }
 
 bool IsLoopback(const std::string& host) {

@@ -16,6 +16,11 @@ namespace zeroshard {
 // route for a connected UDP socket. Errors name the server and what to do.
 absl::StatusOr<std::string> LocalAddressTowards(const std::string& server);
 
+// "<hostname> <boot id>": which machine this process runs on (a container or
+// an emulated host with its own hostname counts as its own), or "" if either
+// cannot be read.
+std::string HostIdentity();
+
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopback(const std::string& host);
 

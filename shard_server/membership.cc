@@ -1,6 +1,7 @@
 #include "shard_server/membership.h"
 
 #include <algorithm>
+#include <set>
 #include <cassert>
 #include <utility>
 
@@ -8,7 +9,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/job_id.h"
+#include "common/local_address.h"
 
 namespace zeroshard {
 namespace {
@@ -417,6 +420,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   p.worker_id = request.worker_id();
   p.host = request.host();
   p.incarnation = request.incarnation();
+  p.node = request.node();
   p.skip_member_table = request.skip_member_table();
   p.deadline = std::min(deadline, now + options_.join_timeout);
   p.done = std::move(done);
@@ -456,8 +460,33 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
   return *id;
 }
 
+absl::Status Membership::CheckHostsReachable(const Job& job) {
+  std::set<std::string> nodes;
+  std::vector<std::string> loopback;
+  for (const auto& [worker_id, p] : job.pending) {
+    if (!p.node.empty()) nodes.insert(p.node);
+    if (IsLoopback(p.host)) loopback.push_back(absl::StrCat(worker_id, " (", p.host, ")"));
+  }
+  if (nodes.size() < 2 || loopback.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job '", job.id, "' cannot form: its workers run on ", nodes.size(),
+      " machines but ", absl::StrJoin(loopback, ", "),
+      " advertise a loopback address, which peers on the other machines cannot reach; start "
+      "them with --host=<an address the other machines reach>, or without --host (the "
+      "address of the route to the server)"));
+}
+
 void Membership::FormGeneration(Job& job, Deferred& deferred) {
   absl::Time now = clock_->Now();
+  if (absl::Status unreachable = CheckHostsReachable(job); !unreachable.ok()) {
+    log_->Log("join_refused", {{"job", job.id}, {"reason", unreachable.ToString()}});
+    for (auto& [worker_id, p] : job.pending) {
+      pending_by_id_.erase(p.id);
+      deferred.push_back([done = std::move(p.done), unreachable]() { done(unreachable); });
+    }
+    job.pending.clear();
+    return;
+  }
   std::vector<MemberState> previous_members = std::move(job.members);
   const int64_t previous_members_generation = job.members_generation;
   const v1::JobState previous_state = job.state;

@@ -163,6 +163,7 @@ class Membership {
     std::string worker_id;
     std::string host;
     std::string incarnation;
+    std::string node;  // JoinRequest.node
     bool skip_member_table = false;
     absl::Time deadline;
     JoinDone done;
@@ -286,6 +287,9 @@ class Membership {
   // (its rules 3 and 4) for `job`.
   void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
                  const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK unless the pending joins come from several machines and some
+  // advertise loopback hosts: FAILED_PRECONDITION naming them.
+  static absl::Status CheckHostsReachable(const Job& job);
   // Records why `job` is at its current generation (bounded history).
   void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job to the state store (OK without one).

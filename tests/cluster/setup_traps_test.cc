@@ -48,6 +48,21 @@ TEST_F(SetupTrapsTest, TheDefaultHostIsTheAddressOfTheRouteToTheServer) {
   EXPECT_EQ(log.find("host=127.0.0.1"), std::string::npos) << log;
 }
 
+TEST_F(SetupTrapsTest, LoopbackAddressesAcrossHostsAreRefusedNamingThem) {
+  ASSERT_TRUE(StartCluster());
+  cluster_->StartWorkers("loopback", 4, Flags({"--steps=5", "--host=127.0.0.1"}));
+  const std::vector<int> codes = cluster_->WaitWorkers(kWithin);
+  for (size_t r = 0; r < codes.size(); ++r) {
+    const std::string log = cluster_->WorkerLog(r);
+    EXPECT_NE(codes[r], 0) << log;
+    EXPECT_EQ(codes[r] == -1, false) << "still waiting after 10 s:\n" << log;
+    EXPECT_NE(log.find("run on 2 machines but w0 (127.0.0.1), w1 (127.0.0.1), w2 (127.0.0.1), "
+                       "w3 (127.0.0.1) advertise a loopback address"),
+              std::string::npos)
+        << log;
+  }
+}
+
 TEST_F(SetupTrapsTest, AWorkerThatCannotReachTheServerSaysSoEveryFewSeconds) {
   ASSERT_TRUE(MakeHosts());
   // A server that remote workers cannot reach: listening on its loopback.
