@@ -17,8 +17,8 @@ namespace zeroshard {
 absl::StatusOr<std::string> LocalAddressTowards(const std::string& server) {
   const size_t colon = server.rfind(':');
   if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("server address '", server,
-                                                   "' is not HOST:PORT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("server address '", server, "' is not HOST:PORT"));
   }
   std::string host = server.substr(0, colon);
   const std::string port = server.substr(colon + 1);
@@ -26,9 +26,9 @@ absl::StatusOr<std::string> LocalAddressTowards(const std::string& server) {
     host = host.substr(1, host.size() - 2);
   }
   auto fail = [&](const std::string& why) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot tell this machine's address towards the server ", server, " (", why,
-        "): pass --host=<the address peers reach this worker at>"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot tell this machine's address towards the server ", server, " (", why,
+                     "): pass --host=<the address peers reach this worker at>"));
   };
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -51,9 +51,10 @@ absl::StatusOr<std::string> LocalAddressTowards(const std::string& server) {
     }
     close(fd);
     char text[INET6_ADDRSTRLEN] = {0};
-    const void* raw = local.ss_family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    const void* raw =
+        local.ss_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
     if (inet_ntop(local.ss_family, raw, text, sizeof(text)) == nullptr) continue;
     freeaddrinfo(found);
     return std::string(text);
