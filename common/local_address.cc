@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -37,8 +38,17 @@ absl::StatusOr<std::string> LocalAddressTowards(const std::string& server) {
   if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
     return fail(gai_strerror(rc));
   }
-  std::string why = "no address";
+  // IPv4 first: a name like "localhost" may resolve to ::1 before
+  // 127.0.0.1, and the data plane's peers are usually reached over IPv4.
+  std::vector<addrinfo*> candidates;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) candidates.push_back(a);
+  }
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family != AF_INET) candidates.push_back(a);
+  }
+  std::string why = "no address";
+  for (addrinfo* a : candidates) {
     const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     sockaddr_storage local{};
