@@ -34,12 +34,11 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
     if (silent <= options.heartbeat_timeout) {
       verdicts.push_back({Verdict::kAlive, ""});
     } else if (peers_see_them && !job.peer_failure_reported) {
-      verdicts.push_back(
-          {Verdict::kSeenByPeers,
-           absl::StrCat("silent ", absl::ToInt64Milliseconds(silent),
-                        " ms, but its peers' collectives advanced ",
-                        absl::ToInt64Milliseconds(now - job.data_plane_advanced),
-                        " ms ago: it lost the server, not its peers")});
+      verdicts.push_back({Verdict::kSeenByPeers,
+                          absl::StrCat("silent ", absl::ToInt64Milliseconds(silent),
+                                       " ms, but its peers' collectives advanced ",
+                                       absl::ToInt64Milliseconds(now - job.data_plane_advanced),
+                                       " ms ago: it lost the server, not its peers")});
     } else if (nobody_beats && options.isolation_grace > absl::ZeroDuration() &&
                now - last_heard <= options.heartbeat_timeout + options.isolation_grace) {
       verdicts.push_back(

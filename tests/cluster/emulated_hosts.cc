@@ -38,9 +38,8 @@ std::string ShellQuote(const std::string& s) {
 absl::Status Must(const std::string& what, const std::string& command) {
   auto [code, output] = RunCommand(command);
   if (code == 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, ": `", command, "` exited ", code, ": ",
-                   absl::StripTrailingAsciiWhitespace(output)));
+  return absl::FailedPreconditionError(absl::StrCat(what, ": `", command, "` exited ", code, ": ",
+                                                    absl::StripTrailingAsciiWhitespace(output)));
 }
 
 std::vector<std::string> ListNetns() {
@@ -177,9 +176,9 @@ std::unique_ptr<ChildProcess> EmulatedHosts::Start(int k, const std::string& bin
 }
 
 std::pair<int, std::string> EmulatedHosts::Run(int k, const std::string& command) {
-  return RunCommand(absl::StrCat(Tool("ip"), " netns exec ", netns(k), " ", Tool("unshare"),
-                                 " --uts /bin/sh -c ",
-                                 ShellQuote(absl::StrCat("hostname ", hostname(k), "; ", command))));
+  return RunCommand(
+      absl::StrCat(Tool("ip"), " netns exec ", netns(k), " ", Tool("unshare"), " --uts /bin/sh -c ",
+                   ShellQuote(absl::StrCat("hostname ", hostname(k), "; ", command))));
 }
 
 absl::Status EmulatedHosts::RateLimit(int k, int64_t bits_per_second) {
@@ -196,10 +195,10 @@ absl::Status EmulatedHosts::RateLimit(int k, int64_t bits_per_second) {
     }
     // 10 ms of traffic per burst, at least a few full frames.
     const int64_t burst = std::max<int64_t>(bits_per_second / 8 / 100, 16 * 1024);
-    absl::Status s = Must(absl::StrCat("rate limit of host ", k),
-                          absl::StrCat(tc, " -n ", ns, " qdisc replace dev ", dev,
-                                       " root tbf rate ", bits_per_second, "bit burst ", burst,
-                                       " latency 200ms"));
+    absl::Status s =
+        Must(absl::StrCat("rate limit of host ", k),
+             absl::StrCat(tc, " -n ", ns, " qdisc replace dev ", dev, " root tbf rate ",
+                          bits_per_second, "bit burst ", burst, " latency 200ms"));
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -234,15 +233,16 @@ absl::Status EmulatedHosts::HealAll() {
 
 absl::Status EmulatedHosts::ApplyCuts() {
   std::vector<std::string> pairs;
-  for (const auto& [from, to] : cut_) pairs.push_back(absl::StrCat(address(from), " . ", address(to)));
+  for (const auto& [from, to] : cut_)
+    pairs.push_back(absl::StrCat(address(from), " . ", address(to)));
   std::string script = "flush set bridge zeroshard cut\n";
   if (!pairs.empty()) {
     absl::StrAppend(&script, "add element bridge zeroshard cut { ", absl::StrJoin(pairs, ", "),
                     " }\n");
   }
-  return Must("the bridge's drops", absl::StrCat("printf %s ", ShellQuote(script), " | ",
-                                                 Tool("ip"), " netns exec ", bridge_netns(), " ",
-                                                 Tool("nft"), " -f -"));
+  return Must("the bridge's drops",
+              absl::StrCat("printf %s ", ShellQuote(script), " | ", Tool("ip"), " netns exec ",
+                           bridge_netns(), " ", Tool("nft"), " -f -"));
 }
 
 }  // namespace zeroshard::testing

@@ -89,8 +89,8 @@ class EmulatedHosts {
 
   const std::string prefix_;
   const int count_;
-  std::vector<int> netns_fds_;               // by host
-  std::set<std::pair<int, int>> cut_;        // (from, to) host pairs dropped
+  std::vector<int> netns_fds_;         // by host
+  std::set<std::pair<int, int>> cut_;  // (from, to) host pairs dropped
 };
 
 }  // namespace zeroshard::testing

@@ -40,10 +40,10 @@ std::string Connect(EmulatedHosts& hosts, int from, int to, double seconds = 1.5
 
 // Starts the probe server on host k and waits until it answers there.
 std::unique_ptr<ChildProcess> Serve(EmulatedHosts& hosts, int k) {
-  auto server = hosts.Start(k, "/usr/bin/python3",
-                            {RunfilePath("tests/cluster/net_probe.py"), "serve",
-                             absl::StrCat(kPort)},
-                            MakeTempDir("probe") + "/serve.log");
+  auto server =
+      hosts.Start(k, "/usr/bin/python3",
+                  {RunfilePath("tests/cluster/net_probe.py"), "serve", absl::StrCat(kPort)},
+                  MakeTempDir("probe") + "/serve.log");
   EXPECT_TRUE(WaitFor([&] { return Connect(hosts, k, k) == "ok"; }, absl::Seconds(10)))
       << server->Log();
   return server;
@@ -111,8 +111,8 @@ TEST(EmulatedHostsTest, ARateLimitBoundsWhatCrossesTheLink) {
   constexpr int64_t kRate = 4'000'000;  // bits/s
   constexpr int64_t kBytes = 1 << 19;
   ASSERT_TRUE(hosts->RateLimit(1, kRate).ok());
-  auto [code, output] = hosts->Run(
-      0, absl::StrCat(Probe(), " send ", hosts->address(1), " ", kPort, " ", kBytes));
+  auto [code, output] =
+      hosts->Run(0, absl::StrCat(Probe(), " send ", hosts->address(1), " ", kPort, " ", kBytes));
   ASSERT_EQ(code, 0) << output;
   double seconds = 0;
   ASSERT_TRUE(absl::SimpleAtod(absl::StripAsciiWhitespace(output), &seconds)) << output;

@@ -43,7 +43,8 @@ TEST_F(HostCutTest, AHostCutOffForTwentySecondsRejoinsAndTheJobKeepsEveryRank) {
     const std::string log = cluster_->WorkerLog(r);
     EXPECT_NE(log.find("has not answered a heartbeat"), std::string::npos) << log;
     EXPECT_NE(log.find("has not accepted it"), std::string::npos)
-        << "no periodic message while re-joining:\n" << log;
+        << "no periodic message while re-joining:\n"
+        << log;
   }
   const std::string w0 = cluster_->WorkerLog(0);
   EXPECT_NE(w0.find("at world size 4"), std::string::npos) << w0;

@@ -45,8 +45,8 @@ TEST_F(PartitionTest, AHostThatLosesOnlyTheServerForTwentySecondsKeepsItsRanks) 
       absl::Seconds(30)))
       << cluster_->server()->Log();
   for (const auto& [worker, at] : resumed) {
-    std::fprintf(stderr, "%s: heartbeats back %.2f s after the partition healed\n",
-                 worker.c_str(), absl::ToDoubleSeconds(at - healed));
+    std::fprintf(stderr, "%s: heartbeats back %.2f s after the partition healed\n", worker.c_str(),
+                 absl::ToDoubleSeconds(at - healed));
   }
   EXPECT_TRUE(AllExitZero(absl::Seconds(120)));
   const std::string server_log = cluster_->server()->Log();

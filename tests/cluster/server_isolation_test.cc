@@ -56,8 +56,7 @@ TEST_P(ServerIsolationTest, NoGenerationChangeAndHeartbeatsBackWithinTwoSeconds)
       << cluster_->server()->Log();
   for (const auto& [worker, at] : resumed) {
     const double after_s = absl::ToDoubleSeconds(at - healed);
-    std::fprintf(stderr, "%s: heartbeats back %.2f s after the network\n", worker.c_str(),
-                 after_s);
+    std::fprintf(stderr, "%s: heartbeats back %.2f s after the network\n", worker.c_str(), after_s);
     EXPECT_LE(after_s, 2.0) << worker;
   }
   EXPECT_TRUE(AllExitZero(absl::Seconds(120)));

@@ -78,16 +78,16 @@ TEST_F(SetupTrapsTest, AWorkerThatCannotReachTheServerSaysSoEveryFewSeconds) {
   EXPECT_TRUE(Says(*worker, "last error: UNAVAILABLE")) << worker->Log();
   // And again a few seconds later, while it keeps trying.
   const size_t first = worker->Log().find("has not accepted it");
-  EXPECT_TRUE(WaitFor([&] { return worker->Log().find("has not accepted it", first + 1) !=
-                                   std::string::npos; },
-                      kWithin))
+  EXPECT_TRUE(WaitFor(
+      [&] { return worker->Log().find("has not accepted it", first + 1) != std::string::npos; },
+      kWithin))
       << worker->Log();
 }
 
 TEST_F(SetupTrapsTest, ASilentlyDroppedServerIsReportedToo) {
   ASSERT_TRUE(MakeHosts());
-  auto server = StartServer({absl::StrCat("--listen=", hosts_->address(kServerHost), ":7070")},
-                            "server");
+  auto server =
+      StartServer({absl::StrCat("--listen=", hosts_->address(kServerHost), ":7070")}, "server");
   ASSERT_TRUE(hosts_->CutOff(kServerHost).ok());
   auto worker = hosts_->Start(
       1, RunfilePath("worker/shard_worker"),
@@ -112,13 +112,11 @@ TEST_F(SetupTrapsTest, ASecondServerOnAnAddressInUseFailsToStart) {
 TEST_F(SetupTrapsTest, TwoServersCannotShareAStateDirectory) {
   ASSERT_TRUE(MakeHosts());
   const std::string state = "--state_dir=" + dir_ + "/state";
-  auto first = StartServer({absl::StrCat("--listen=", hosts_->address(kServerHost), ":7070"),
-                            state},
-                           "first");
+  auto first = StartServer(
+      {absl::StrCat("--listen=", hosts_->address(kServerHost), ":7070"), state}, "first");
   ASSERT_TRUE(Says(*first, "listening")) << first->Log();
-  auto second = StartServer({absl::StrCat("--listen=", hosts_->address(kServerHost), ":7071"),
-                             state},
-                            "second");
+  auto second = StartServer(
+      {absl::StrCat("--listen=", hosts_->address(kServerHost), ":7071"), state}, "second");
   EXPECT_NE(second->Wait(kWithin), 0) << second->Log();
   EXPECT_NE(second->Log().find(absl::StrCat("is in use by another shard_server (process ")),
             std::string::npos)

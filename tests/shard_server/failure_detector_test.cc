@@ -15,11 +15,11 @@ constexpr double kNever = -1e9;
 
 struct Case {
   std::string name;
-  std::vector<double> last_beats;      // per member, s
-  std::vector<double> stream_closed;   // per member, s (kNever: open)
+  std::vector<double> last_beats;     // per member, s
+  std::vector<double> stream_closed;  // per member, s (kNever: open)
   bool peer_failure;
-  double data_plane_advanced;          // s (kNever: not in this generation)
-  double now;                          // s
+  double data_plane_advanced;  // s (kNever: not in this generation)
+  double now;                  // s
   std::vector<Verdict> want;
 };
 
@@ -51,29 +51,83 @@ constexpr Verdict kDead = Verdict::kDead;
 
 TEST(FailureDetectorTest, EachRuleDecidesItsCase) {
   const std::vector<Case> cases = {
-      {"everyone beats", {9, 9.5, 9.8}, {kNever, kNever, kNever}, false, kNever, 10,
+      {"everyone beats",
+       {9, 9.5, 9.8},
+       {kNever, kNever, kNever},
+       false,
+       kNever,
+       10,
        {kAlive, kAlive, kAlive}},
       {"one silent past the timeout while the others beat: dead",
-       {5, 9.5, 9.8}, {kNever, kNever, kNever}, false, 6, 10, {kDead, kAlive, kAlive}},
+       {5, 9.5, 9.8},
+       {kNever, kNever, kNever},
+       false,
+       6,
+       10,
+       {kDead, kAlive, kAlive}},
       {"one silent, but the data plane advanced within the timeout: seen by its peers",
-       {5, 9.5, 9.8}, {kNever, kNever, kNever}, false, 9.7, 10, {kSeen, kAlive, kAlive}},
+       {5, 9.5, 9.8},
+       {kNever, kNever, kNever},
+       false,
+       9.7,
+       10,
+       {kSeen, kAlive, kAlive}},
       {"seen by peers ends one timeout after the data plane stopped",
-       {5, 12.5, 12.8}, {kNever, kNever, kNever}, false, 9.7, 13, {kDead, kAlive, kAlive}},
+       {5, 12.5, 12.8},
+       {kNever, kNever, kNever},
+       false,
+       9.7,
+       13,
+       {kDead, kAlive, kAlive}},
       {"everyone silent: the server suspects itself",
-       {5, 5.2, 5.1}, {kNever, kNever, kNever}, false, 5, 20, {kSuspect, kSuspect, kSuspect}},
+       {5, 5.2, 5.1},
+       {kNever, kNever, kNever},
+       false,
+       5,
+       20,
+       {kSuspect, kSuspect, kSuspect}},
       {"everyone silent past timeout + grace: dead",
-       {5, 5.2, 5.1}, {kNever, kNever, kNever}, false, 5, 5.2 + 3 + 60.1, {kDead, kDead, kDead}},
+       {5, 5.2, 5.1},
+       {kNever, kNever, kNever},
+       false,
+       5,
+       5.2 + 3 + 60.1,
+       {kDead, kDead, kDead}},
       {"everyone silent, still within timeout + grace of the last beat heard",
-       {5, 5.2, 5.1}, {kNever, kNever, kNever}, false, 5, 5.2 + 3 + 59.9,
+       {5, 5.2, 5.1},
+       {kNever, kNever, kNever},
+       false,
+       5,
+       5.2 + 3 + 59.9,
        {kSuspect, kSuspect, kSuspect}},
       {"after a peer's failure: 1.5 intervals of silence is death",
-       {8.4, 9.9, 9.9}, {kNever, kNever, kNever}, true, 9.5, 10, {kDead, kAlive, kAlive}},
+       {8.4, 9.9, 9.9},
+       {kNever, kNever, kNever},
+       true,
+       9.5,
+       10,
+       {kDead, kAlive, kAlive}},
       {"after a peer's failure: a closed stream past the reopen grace is death",
-       {9.5, 9.9, 9.9}, {9.6, kNever, kNever}, true, kNever, 10, {kDead, kAlive, kAlive}},
+       {9.5, 9.9, 9.9},
+       {9.6, kNever, kNever},
+       true,
+       kNever,
+       10,
+       {kDead, kAlive, kAlive}},
       {"after a peer's failure: a stream closed just now gets its reopen grace",
-       {9.5, 9.9, 9.9}, {9.8, kNever, kNever}, true, kNever, 10, {kAlive, kAlive, kAlive}},
+       {9.5, 9.9, 9.9},
+       {9.8, kNever, kNever},
+       true,
+       kNever,
+       10,
+       {kAlive, kAlive, kAlive}},
       {"after a peer's failure the data plane vouches for nobody",
-       {5, 9.9, 9.9}, {kNever, kNever, kNever}, true, 9.9, 10, {kDead, kAlive, kAlive}},
+       {5, 9.9, 9.9},
+       {kNever, kNever, kNever},
+       true,
+       9.9,
+       10,
+       {kDead, kAlive, kAlive}},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(Judge(c, Options()), c.want) << c.name;
