@@ -1,7 +1,5 @@
 #include "common/safetensors.h"
 
-#include "common/model_spec.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
