@@ -1,7 +1,5 @@
 #include "common/safetensors.h"
 
-#include "common/model_spec.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model_spec.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -57,6 +56,88 @@ std::string Describe(const OrderedJson& value) {
   std::string text = value.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
   if (text.size() > 80) text = absl::StrCat(text.substr(0, 77), "...");
   return text;
+}
+
+// __metadata__: null, or an object of strings, into `*out`.
+absl::Status ParseMetadata(const std::string& path, const OrderedJson& value,
+                           SafetensorsMetadata* out) {
+  if (value.is_null()) return absl::OkStatus();
+  if (!value.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__ is ", Describe(value),
+                                                   "; expected an object of strings"));
+  }
+  for (auto m = value.begin(); m != value.end(); ++m) {
+    if (!m.value().is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__[\"", m.key(), "\"] is ",
+                                                     Describe(m.value()), "; expected a string"));
+    }
+    (*out)[m.key()] = m.value().get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// One tensor entry {"dtype", "shape", "data_offsets"}, its offsets relative
+// to the data section and checked against its dtype and shape.
+absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& path, const std::string& name,
+                                            const OrderedJson& value) {
+  const std::string where = absl::StrCat(path, ": tensor \"", name, "\"");
+  if (!value.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is ", Describe(value), "; expected an object"));
+  }
+  TensorInfo info;
+  info.name = name;
+
+  auto dtype_it = value.find("dtype");
+  if (dtype_it == value.end() || !dtype_it->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": dtype is ", dtype_it == value.end() ? "missing" : Describe(*dtype_it),
+        "; expected a string such as \"F32\""));
+  }
+  absl::StatusOr<DType> dtype = ParseDType(dtype_it->get<std::string>());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", dtype.status().message()));
+  }
+  info.dtype = *dtype;
+
+  auto shape_it = value.find("shape");
+  if (shape_it == value.end() || !shape_it->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": shape is ", shape_it == value.end() ? "missing" : Describe(*shape_it),
+        "; expected an array of non-negative integers"));
+  }
+  for (const OrderedJson& dim : *shape_it) {
+    int64_t d;
+    if (!GetInt64(dim, &d) || d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": shape ", Describe(*shape_it),
+                                                     " has dim ", Describe(dim),
+                                                     "; expected non-negative integers"));
+    }
+    info.shape.push_back(d);
+  }
+  int64_t bytes;
+  if (!ShapeBytes(info.shape, DTypeSize(info.dtype), &bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": shape ", ShapeString(info.shape), " is larger than 2^63 bytes"));
+  }
+
+  auto off_it = value.find("data_offsets");
+  int64_t begin = 0, end = 0;
+  if (off_it == value.end() || !off_it->is_array() || off_it->size() != 2 ||
+      !GetInt64((*off_it)[0], &begin) || !GetInt64((*off_it)[1], &end) || begin < 0 ||
+      end < begin) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": data_offsets is ", off_it == value.end() ? "missing" : Describe(*off_it),
+        "; expected [begin, end] with 0 <= begin <= end"));
+  }
+  if (end - begin != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": data_offsets [", begin, ",", end, "] span ", end - begin, " bytes; expected ",
+        bytes, " (", DTypeName(info.dtype), " ", ShapeString(info.shape), ")"));
+  }
+  info.begin = begin;  // relative to the data section until CheckTensorsTileTheData
+  info.end = end;
+  return info;
 }
 
 }  // namespace
@@ -190,7 +271,7 @@ absl::Status SafetensorsReader::PRead(int64_t offset, int64_t length, void* out)
   return absl::OkStatus();
 }
 
-absl::Status SafetensorsReader::ParseHeader() {
+absl::StatusOr<std::string> SafetensorsReader::ReadHeaderText() {
   if (fd_ >= 0) {
     struct stat st;
     if (fstat(fd_, &st) != 0) return ErrnoStatus(errno, "stat", path_);
@@ -221,10 +302,15 @@ absl::Status SafetensorsReader::ParseHeader() {
   std::string text(n, '\0');
   status = PRead(8, static_cast<int64_t>(n), text.data());
   if (!status.ok()) return status;
+  return text;
+}
 
+absl::Status SafetensorsReader::ParseHeader() {
+  absl::StatusOr<std::string> text = ReadHeaderText();
+  if (!text.ok()) return text.status();
   OrderedJson header;
   try {
-    header = OrderedJson::parse(text);
+    header = OrderedJson::parse(*text);
   } catch (const OrderedJson::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(path_, ": header is not valid JSON: ", e.what()));
@@ -233,87 +319,20 @@ absl::Status SafetensorsReader::ParseHeader() {
     return absl::InvalidArgumentError(
         absl::StrCat(path_, ": header is a JSON ", header.type_name(), "; expected an object"));
   }
-
   for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const OrderedJson& value = it.value();
-    if (name == kMetadataKey) {
-      if (value.is_null()) continue;
-      if (!value.is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat(path_, ": __metadata__ is ", Describe(value),
-                                                       "; expected an object of strings"));
-      }
-      for (auto m = value.begin(); m != value.end(); ++m) {
-        if (!m.value().is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(path_, ": __metadata__[\"", m.key(),
-                                                         "\"] is ", Describe(m.value()),
-                                                         "; expected a string"));
-        }
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
+    if (it.key() == kMetadataKey) {
+      if (absl::Status s = ParseMetadata(path_, it.value(), &metadata_); !s.ok()) return s;
       continue;
     }
-    const std::string where = absl::StrCat(path_, ": tensor \"", name, "\"");
-    if (!value.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " is ", Describe(value), "; expected an object"));
-    }
-    TensorInfo info;
-    info.name = name;
-
-    auto dtype_it = value.find("dtype");
-    if (dtype_it == value.end() || !dtype_it->is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": dtype is ", dtype_it == value.end() ? "missing" : Describe(*dtype_it),
-          "; expected a string such as \"F32\""));
-    }
-    absl::StatusOr<DType> dtype = ParseDType(dtype_it->get<std::string>());
-    if (!dtype.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", dtype.status().message()));
-    }
-    info.dtype = *dtype;
-
-    auto shape_it = value.find("shape");
-    if (shape_it == value.end() || !shape_it->is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": shape is ", shape_it == value.end() ? "missing" : Describe(*shape_it),
-          "; expected an array of non-negative integers"));
-    }
-    for (const OrderedJson& dim : *shape_it) {
-      int64_t d;
-      if (!GetInt64(dim, &d) || d < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": shape ", Describe(*shape_it),
-                                                       " has dim ", Describe(dim),
-                                                       "; expected non-negative integers"));
-      }
-      info.shape.push_back(d);
-    }
-    int64_t bytes;
-    if (!ShapeBytes(info.shape, DTypeSize(info.dtype), &bytes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": shape ", ShapeString(info.shape), " is larger than 2^63 bytes"));
-    }
-
-    auto off_it = value.find("data_offsets");
-    int64_t begin = 0, end = 0;
-    if (off_it == value.end() || !off_it->is_array() || off_it->size() != 2 ||
-        !GetInt64((*off_it)[0], &begin) || !GetInt64((*off_it)[1], &end) || begin < 0 ||
-        end < begin) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": data_offsets is ", off_it == value.end() ? "missing" : Describe(*off_it),
-          "; expected [begin, end] with 0 <= begin <= end"));
-    }
-    if (end - begin != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": data_offsets [", begin, ",", end, "] span ", end - begin, " bytes; expected ",
-          bytes, " (", DTypeName(info.dtype), " ", ShapeString(info.shape), ")"));
-    }
-    info.begin = begin;  // relative for now
-    info.end = end;
-    index_.emplace(name, tensors_.size());
-    tensors_.push_back(std::move(info));
+    absl::StatusOr<TensorInfo> info = ParseTensorEntry(path_, it.key(), it.value());
+    if (!info.ok()) return info.status();
+    index_.emplace(it.key(), tensors_.size());
+    tensors_.push_back(*std::move(info));
   }
+  return CheckTensorsTileTheData();
+}
 
+absl::Status SafetensorsReader::CheckTensorsTileTheData() {
   // The tensors must tile [0, data size) exactly. Sort by offset rather than
   // trusting header order, which JSON does not guarantee.
   std::vector<const TensorInfo*> by_offset;

@@ -104,7 +104,13 @@ class SafetensorsReader {
 
  private:
   SafetensorsReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  // Fills tensors_, index_ and metadata_ from the header, checked.
   absl::Status ParseHeader();
+  // The header's JSON text; sets file_size_ and data_begin_.
+  absl::StatusOr<std::string> ReadHeaderText();
+  // The tensors tile the data section exactly; rebases their offsets to the
+  // file.
+  absl::Status CheckTensorsTileTheData();
   absl::Status PRead(int64_t offset, int64_t length, void* out) const;
 
   const std::string path_;

@@ -57,9 +57,8 @@ absl::Status HistoryStore::Record(const v1::GetStatusResponse& status, absl::Tim
   if (!anything_new) return absl::OkStatus();
   // The counts change only with the transaction that changed the file.
   RankStates ranks = ranks_;
-  absl::Status recorded = db_->Transaction([&](SqlDatabase::Connection& db) {
-    return RecordNewPoints(db, status, now, &ranks);
-  });
+  absl::Status recorded = db_->Transaction(
+      [&](SqlDatabase::Connection& db) { return RecordNewPoints(db, status, now, &ranks); });
   if (recorded.ok()) ranks_ = std::move(ranks);
   return recorded;
 }
@@ -67,9 +66,10 @@ absl::Status HistoryStore::Record(const v1::GetStatusResponse& status, absl::Tim
 absl::Status HistoryStore::RecordNewPoints(SqlDatabase::Connection& db,
                                            const v1::GetStatusResponse& status, absl::Time now,
                                            RankStates* ranks) const {
-  Statement insert = db.Prepare(
-      "insert", "INSERT OR REPLACE INTO history (job, rank, step, unix_ms, loss, step_ms, "
-                "items_per_second, memory_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  Statement insert =
+      db.Prepare("insert",
+                 "INSERT OR REPLACE INTO history (job, rank, step, unix_ms, loss, step_ms, "
+                 "items_per_second, memory_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
   for (const v1::JobStatus& job : status.jobs()) {
     const int64_t cap = PointsPerRank(job.world_size());
     std::vector<int> over;
@@ -98,10 +98,11 @@ absl::Status HistoryStore::RecordNewPoints(SqlDatabase::Connection& db,
 
 absl::Status HistoryStore::Thin(SqlDatabase::Connection& db, const std::string& job, int rank,
                                 int64_t keep_recent, RankState* state) {
-  Statement thin = db.Prepare(
-      "thin", "DELETE FROM history WHERE job = ?1 AND rank = ?2 AND step IN ("
-              " SELECT step FROM (SELECT step, ROW_NUMBER() OVER (ORDER BY step DESC) AS n"
-              "  FROM history WHERE job = ?1 AND rank = ?2) WHERE n > ?3 AND n % 2 = 0)");
+  Statement thin =
+      db.Prepare("thin",
+                 "DELETE FROM history WHERE job = ?1 AND rank = ?2 AND step IN ("
+                 " SELECT step FROM (SELECT step, ROW_NUMBER() OVER (ORDER BY step DESC) AS n"
+                 "  FROM history WHERE job = ?1 AND rank = ?2) WHERE n > ?3 AND n % 2 = 0)");
   thin.Bind(1, job).Bind(2, rank).Bind(3, keep_recent);
   if (absl::Status s = thin.Run(); !s.ok()) return s;
   state->points -= thin.Changes();
@@ -112,9 +113,10 @@ absl::StatusOr<std::vector<v1::HistoryPoint>> HistoryStore::Points(const std::st
                                                                    int rank) {
   std::vector<v1::HistoryPoint> points;
   absl::Status read = db_->Read([&](SqlDatabase::Connection& db) {
-    Statement select = db.Prepare(
-        "select", "SELECT rank, step, unix_ms, loss, step_ms, items_per_second, memory_bytes "
-                  "FROM history WHERE job = ?1 AND (?2 < 0 OR rank = ?2) ORDER BY rank, step");
+    Statement select =
+        db.Prepare("select",
+                   "SELECT rank, step, unix_ms, loss, step_ms, items_per_second, memory_bytes "
+                   "FROM history WHERE job = ?1 AND (?2 < 0 OR rank = ?2) ORDER BY rank, step");
     select.Bind(1, job).Bind(2, rank);
     while (select.Next()) {
       v1::HistoryPoint& p = points.emplace_back();

@@ -218,13 +218,10 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcMetric
   return std::make_unique<RpcMetricsFactory>(metrics);
 }
 
-std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusResponse& status,
-                              const std::map<std::string, CheckpointCounts>& checkpoints) {
-  std::string out;
-  out.reserve(4096 + static_cast<size_t>(status.jobs_size()) * 512);
-  server.Write(&out);
+namespace {
 
-  // Jobs and members by state.
+// zeroshard_jobs and zeroshard_members: how many are in each state.
+void WriteStateCounts(const v1::GetStatusResponse& status, std::string* out) {
   std::map<std::string, int> job_states = {
       {"joining", 0}, {"running", 0}, {"degraded", 0}, {"finished", 0}};
   std::map<std::string, int> member_states = {
@@ -235,25 +232,25 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
       member_states[m.rank() < 0 ? "joining" : m.left() ? "left" : m.alive() ? "alive" : "dead"]++;
     }
   }
-  Family(&out, "zeroshard_jobs", "gauge", "Jobs the server holds, by state.");
+  Family(out, "zeroshard_jobs", "gauge", "Jobs the server holds, by state.");
   for (const auto& [state, n] : job_states) {
-    absl::StrAppend(&out, "zeroshard_jobs{state=\"", state, "\"} ", n, "\n");
+    absl::StrAppend(out, "zeroshard_jobs{state=\"", state, "\"} ", n, "\n");
   }
-  Family(&out, "zeroshard_members", "gauge", "Members of every job, by state.");
+  Family(out, "zeroshard_members", "gauge", "Members of every job, by state.");
   for (const auto& [state, n] : member_states) {
-    absl::StrAppend(&out, "zeroshard_members{state=\"", state, "\"} ", n, "\n");
+    absl::StrAppend(out, "zeroshard_members{state=\"", state, "\"} ", n, "\n");
   }
+}
 
-  // Per job.
-  std::vector<std::string> job_labels;
-  for (const v1::JobStatus& job : status.jobs()) {
-    job_labels.push_back(absl::StrCat("job=\"", EscapeLabelValue(job.job_id()), "\""));
-  }
+// The families with one series per job (label job="...").
+void WriteJobFamilies(const v1::GetStatusResponse& status,
+                      const std::map<std::string, CheckpointCounts>& checkpoints,
+                      const std::vector<std::string>& job_labels, std::string* out) {
   auto per_job = [&](const char* name, const char* type, const char* help,
                      const std::function<std::string(const v1::JobStatus&)>& value) {
-    Family(&out, name, type, help);
+    Family(out, name, type, help);
     for (int j = 0; j < status.jobs_size(); ++j) {
-      absl::StrAppend(&out, name, "{", job_labels[j], "} ", value(status.jobs(j)), "\n");
+      absl::StrAppend(out, name, "{", job_labels[j], "} ", value(status.jobs(j)), "\n");
     }
   };
   per_job("zeroshard_job_generation", "gauge", "The job's current generation.",
@@ -277,7 +274,7 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
             for (const v1::MemberStatus& m : j.members()) n += m.straggler();
             return absl::StrCat(n);
           });
-  Family(&out, "zeroshard_checkpoints", "gauge",
+  Family(out, "zeroshard_checkpoints", "gauge",
          "Checkpoint steps of the job, by state (verified, pending, failed: verification found "
          "damage; incomplete: not every rank committed).");
   for (int j = 0; j < status.jobs_size(); ++j) {
@@ -288,19 +285,22 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
                                                   {"pending", c.pending},
                                                   {"failed", c.failed},
                                                   {"incomplete", c.incomplete}}) {
-      absl::StrAppend(&out, "zeroshard_checkpoints{", job_labels[j], ",state=\"", state, "\"} ", n,
+      absl::StrAppend(out, "zeroshard_checkpoints{", job_labels[j], ",state=\"", state, "\"} ", n,
                       "\n");
     }
   }
-  Family(&out, "zeroshard_checkpoint_latest_step", "gauge",
+  Family(out, "zeroshard_checkpoint_latest_step", "gauge",
          "Step of the job's latest complete checkpoint (-1: none).");
   for (int j = 0; j < status.jobs_size(); ++j) {
     auto it = checkpoints.find(status.jobs(j).job_id());
-    absl::StrAppend(&out, "zeroshard_checkpoint_latest_step{", job_labels[j], "} ",
+    absl::StrAppend(out, "zeroshard_checkpoint_latest_step{", job_labels[j], "} ",
                     it == checkpoints.end() ? -1 : it->second.latest_step, "\n");
   }
+}
 
-  // Per rank: labels job, rank, worker.
+// The families with one series per rank (labels job, rank, worker).
+void WriteRankFamilies(const v1::GetStatusResponse& status,
+                       const std::vector<std::string>& job_labels, std::string* out) {
   struct Rank {
     std::string labels;
     const v1::MemberStatus* m;
@@ -314,14 +314,14 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
                        &m});
     }
   }
-  out.reserve(out.size() + ranks.size() * 2600);
+  out->reserve(out->size() + ranks.size() * 2600);
   auto per_rank = [&](const char* name, const char* type, const char* help,
                       const std::function<void(const v1::MemberStatus&, std::string*)>& value) {
-    Family(&out, name, type, help);
+    Family(out, name, type, help);
     for (const Rank& r : ranks) {
-      absl::StrAppend(&out, name, "{", r.labels, "} ");
-      value(*r.m, &out);
-      out += '\n';
+      absl::StrAppend(out, name, "{", r.labels, "} ");
+      value(*r.m, out);
+      *out += '\n';
     }
   };
   per_rank("zeroshard_rank_alive", "gauge", "1 while the member is alive (not dead, not left).",
@@ -341,7 +341,7 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.last_step().items_per_second());
            });
-  Family(&out, "zeroshard_rank_memory_bytes", "gauge",
+  Family(out, "zeroshard_rank_memory_bytes", "gauge",
          "Bytes the rank's ZeRO engine holds, by category.");
   for (const Rank& r : ranks) {
     const v1::MemoryUsage& mem = r.m->telemetry().memory();
@@ -353,17 +353,17 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
         {"comm_buffers", mem.comm_buffers()},
         {"cached", mem.cached()}};
     for (const auto& [category, bytes] : categories) {
-      absl::StrAppend(&out, "zeroshard_rank_memory_bytes{", r.labels, ",category=\"", category,
+      absl::StrAppend(out, "zeroshard_rank_memory_bytes{", r.labels, ",category=\"", category,
                       "\"} ", bytes, "\n");
     }
   }
-  Family(&out, "zeroshard_rank_collective_wait_seconds", "gauge",
+  Family(out, "zeroshard_rank_collective_wait_seconds", "gauge",
          "Time the rank's last step waited for collectives, by op (all_gather: parameter "
          "gathers; reduce: gradient reductions).");
   for (const Rank& r : ranks) {
-    absl::StrAppend(&out, "zeroshard_rank_collective_wait_seconds{", r.labels,
+    absl::StrAppend(out, "zeroshard_rank_collective_wait_seconds{", r.labels,
                     ",op=\"all_gather\"} ", r.m->last_step().gather_wait_ms() / 1e3, "\n");
-    absl::StrAppend(&out, "zeroshard_rank_collective_wait_seconds{", r.labels, ",op=\"reduce\"} ",
+    absl::StrAppend(out, "zeroshard_rank_collective_wait_seconds{", r.labels, ",op=\"reduce\"} ",
                     r.m->last_step().reduce_wait_ms() / 1e3, "\n");
   }
   per_rank("zeroshard_rank_arrival_lag_seconds", "gauge",
@@ -396,6 +396,22 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.telemetry().bytes_moved());
            });
+}
+
+}  // namespace
+
+std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusResponse& status,
+                              const std::map<std::string, CheckpointCounts>& checkpoints) {
+  std::string out;
+  out.reserve(4096 + static_cast<size_t>(status.jobs_size()) * 512);
+  server.Write(&out);
+  WriteStateCounts(status, &out);
+  std::vector<std::string> job_labels;
+  for (const v1::JobStatus& job : status.jobs()) {
+    job_labels.push_back(absl::StrCat("job=\"", EscapeLabelValue(job.job_id()), "\""));
+  }
+  WriteJobFamilies(status, checkpoints, job_labels, &out);
+  WriteRankFamilies(status, job_labels, &out);
   return out;
 }
 

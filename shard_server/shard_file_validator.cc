@@ -86,8 +86,8 @@ absl::StatusOr<Checksums> ChecksumsOfCommit(const v1::CommitShardRequest& reques
   for (const v1::TensorChecksum& c : request.checksums()) {
     absl::StatusOr<uint64_t> value = ParseChecksumHex(c.xxh64());
     if (!value.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("checksum of tensor \"", c.tensor(), "\": ",
-                                                     value.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checksum of tensor \"", c.tensor(), "\": ", value.status().message()));
     }
     if (!sums.emplace(c.tensor(), ChecksumToHex(*value)).second) {
       return absl::InvalidArgumentError(
@@ -102,8 +102,9 @@ absl::StatusOr<Checksums> ChecksumsOfTheFile(const SafetensorsMetadata& meta,
                                              const std::string& file) {
   Checksums file_sums;
   if (!ChecksumsFromJson(MetadataValue(meta, ShardMetadataKey::kChecksums), &file_sums)) {
-    return NotAsCommitted(file, "__metadata__ checksums is not a JSON object of tensor -> "
-                                "xxh64 hex");
+    return NotAsCommitted(file,
+                          "__metadata__ checksums is not a JSON object of tensor -> "
+                          "xxh64 hex");
   }
   for (auto& [tensor, hex] : file_sums) hex = absl::AsciiStrToLower(hex);
   return file_sums;
@@ -119,9 +120,9 @@ absl::Status CheckChecksumsMatch(const Checksums& file_sums, const Checksums& su
           file, absl::StrCat("the commit has a checksum for \"", tensor, "\", the file does not"));
     }
     if (it->second != hex) {
-      return NotAsCommitted(file, absl::StrCat("checksum of \"", tensor, "\" is ", hex,
-                                               " in the commit but ", it->second,
-                                               " in the file's metadata"));
+      return NotAsCommitted(
+          file, absl::StrCat("checksum of \"", tensor, "\" is ", hex, " in the commit but ",
+                             it->second, " in the file's metadata"));
     }
   }
   for (const auto& [tensor, hex] : file_sums) {
@@ -147,8 +148,8 @@ ExpectedPieces PiecesOfRank(const v1::ShardPlan& plan, int rank) {
     for (const v1::Piece& p : unit.pieces()) {
       if (p.rank() != rank || p.tensor() < 0 || p.tensor() >= unit.tensors_size()) continue;
       const v1::TensorSpec& spec = unit.tensors(p.tensor());
-      expected[ShardTensorName(ShardTensorKind::kParams, spec.name(), p.row_begin(),
-                               p.row_end())] = {&spec, p.row_end() - p.row_begin(), false};
+      expected[ShardTensorName(ShardTensorKind::kParams, spec.name(), p.row_begin(), p.row_end())] =
+          {&spec, p.row_end() - p.row_begin(), false};
     }
   }
   return expected;
@@ -189,21 +190,21 @@ absl::Status CheckPiecesOfThePlan(const SafetensorsReader& reader, const std::st
     std::vector<int64_t> shape(it->second.spec->shape().begin(), it->second.spec->shape().end());
     if (!shape.empty()) shape[0] = it->second.rows;
     if (t.dtype != DType::kF32 || t.shape != shape) {
-      return NotAsCommitted(file, absl::StrCat("tensor \"", t.name, "\" is ", DTypeName(t.dtype),
-                                               " ", ShapeString(t.shape), "; expected F32 ",
-                                               ShapeString(shape)));
+      return NotAsCommitted(
+          file, absl::StrCat("tensor \"", t.name, "\" is ", DTypeName(t.dtype), " ",
+                             ShapeString(t.shape), "; expected F32 ", ShapeString(shape)));
     }
     if (params_name == t.name) it->second.seen = true;
   }
   for (const auto& [name, e] : expected) {
     if (!e.seen) {
-      return NotAsCommitted(
-          file, absl::StrCat("piece \"", name, "\" of rank ", rank, " is missing"));
+      return NotAsCommitted(file,
+                            absl::StrCat("piece \"", name, "\" of rank ", rank, " is missing"));
     }
   }
   if (sums.size() != reader.tensors().size()) {
-    return NotAsCommitted(file, absl::StrCat(sums.size(), " checksums for ",
-                                             reader.tensors().size(), " tensors"));
+    return NotAsCommitted(
+        file, absl::StrCat(sums.size(), " checksums for ", reader.tensors().size(), " tensors"));
   }
   return absl::OkStatus();
 }

@@ -9,7 +9,7 @@
 #include "worker/comm/host_communicator.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
-#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/nccl_communicator.h"
 #endif
 
 namespace zeroshard {

@@ -35,7 +35,7 @@
 #include "tests/testing/bench_json.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
-#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/nccl_communicator.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/cuda_gpt.h"

@@ -43,7 +43,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
-#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/nccl_communicator.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_gpt.h"
 #include "worker/model/gpt.h"

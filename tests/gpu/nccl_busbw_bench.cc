@@ -34,7 +34,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "worker/comm/in_memory_kv_store.h"
-#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/nccl_communicator.h"
 #include "worker/cuda/cuda_device.h"
 
 ABSL_FLAG(int64_t, min_bytes, int64_t{1} << 20, "Smallest size (bytes of the full buffer)");

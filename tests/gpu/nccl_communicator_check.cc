@@ -26,7 +26,7 @@
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/comm/in_memory_kv_store.h"
-#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/nccl_communicator.h"
 
 namespace zeroshard {
 namespace {

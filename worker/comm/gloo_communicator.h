@@ -10,7 +10,8 @@
 // reductions on a "reduce" communicator. A tag may be used for one Create per
 // rank per store (the store is scoped to the job generation).
 //
-// Algorithms and bytes this rank sends (n = count * element size, W = world):
+// Algorithms (the rings: gloo_ring.h) and bytes this rank sends (n = count *
+// element size, W = world):
 //   AllGather      ring all-gather (AllGatherBlocks over   (W-1) * n
 //                  W equal chunks)
 //   ReduceScatter  ring reduce-scatter on unbound buffers  (W-1) * n
@@ -68,6 +69,7 @@
 #include "common/dtype.h"
 #include "worker/comm/comm_internal.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/gloo_ring.h"
 #include "worker/comm/host_communicator.h"
 #include "worker/comm/kv_store.h"
 
@@ -185,23 +187,9 @@ class GlooCommunicator : public HostCommunicator {
 
   // The checks both block collectives start with: the call, the blocks and
   // the buffers. Sets *groups; groups->full_extent == 0: nothing to move.
-  absl::Status CheckBlockCall(const char* name, const std::vector<ShardBlock>& blocks,
-                              DType dtype, absl::Duration timeout, const void* full,
-                              const void* shard, BlockGroups* groups);
-  // Ring reduce-scatter of `in` (the full extent of `g`) by blocks: on
-  // return each of this rank's blocks holds, at its shard_offset in `out`,
-  // the sum over ranks of its full_offset range of `in`, divided by
-  // `divisor`. `out` may alias `in` where the ranges coincide (all-reduce).
-  // Throws Gloo exceptions. Adds the bytes sent to `*counter`.
-  void RingReduceScatter(const char* in, char* out, const BlockGroups& g, DType dtype,
-                         float divisor, uint64_t slot, absl::Time deadline,
-                         std::atomic<int64_t>* counter);
-  // Ring all-gather in place over the chunks of `buffer`: chunk r comes from
-  // rank r. Throws Gloo exceptions. Adds the bytes sent to `*counter`.
-  void RingAllGatherInPlace(void* buffer, const std::vector<int64_t>& chunk_offset,
-                            const std::vector<int64_t>& chunk_size, DType dtype, uint64_t slot,
-                            absl::Time deadline, std::atomic<int64_t>* counter);
-
+  absl::Status CheckBlockCall(const char* name, const std::vector<ShardBlock>& blocks, DType dtype,
+                              absl::Duration timeout, const void* full, const void* shard,
+                              BlockGroups* groups);
   const int rank_;
   const int world_size_;
   const std::string tag_;
@@ -225,10 +213,7 @@ class GlooCommunicator : public HostCommunicator {
   std::atomic<int64_t> broadcast_bytes_{0};
   std::atomic<int64_t> p2p_bytes_{0};
 
-  // Staging for the ring reduce-scatters, kept across calls (grow-only) so
-  // that a call does not page-fault fresh memory in.
-  std::vector<char> stage_[2];
-  char* Stage(int index, size_t bytes);
+  GlooRing ring_;  // the ring algorithms, over context_, waiting with Wait()
 };
 
 }  // namespace zeroshard

@@ -14,7 +14,9 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -26,13 +28,21 @@
 
 namespace zeroshard {
 
-struct ShmExchange::Header {
+namespace {
+
+// The segment's first cache line. (ShmExchange::Header is this layout; the
+// bootstrap below fills and checks it.)
+struct SegmentHeader {
   uint64_t magic;
   uint32_t world_size;
   uint32_t reserved;
   int64_t slot_bytes;
   std::atomic<uint32_t> failed;
 };
+
+}  // namespace
+
+struct ShmExchange::Header : SegmentHeader {};
 
 struct alignas(64) ShmExchange::RankLine {
   std::atomic<uint32_t> posted;    // the last round this rank published (futex word)
@@ -77,6 +87,160 @@ struct flock LivenessLock(int rank) {
 // The header's cache line, one line per rank, rounded to a page.
 size_t HeaderBytes(int world_size) {
   return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096);
+}
+
+// A segment being set up: unmapped and closed on destruction unless
+// released to the ShmExchange that keeps it.
+struct Segment {
+  int fd = -1;
+  void* base = MAP_FAILED;
+  size_t bytes = 0;
+  std::string path;  // /proc/<pid of rank 0>/fd/<fd>
+
+  ~Segment() {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    if (fd >= 0) close(fd);
+  }
+  int ReleaseFd() { return std::exchange(fd, -1); }
+  void* ReleaseBase() { return std::exchange(base, MAP_FAILED); }
+};
+
+// What this rank offers: "ok:<host identity> world <W> slot <bytes>", or
+// "no:" and why it cannot take part.
+std::string OfferOf(bool enabled, int64_t slot_bytes, int world_size) {
+  if (!enabled) return "no:shared memory is off";
+  if (slot_bytes < kMinSlotBytes || slot_bytes > kMaxSlotBytes) {
+    return absl::StrCat("no:shared-memory slot of ", slot_bytes, " bytes is outside [",
+                        kMinSlotBytes, ", ", kMaxSlotBytes, "]");
+  }
+  if (slot_bytes / world_size < 4096) {
+    return absl::StrCat("no:", world_size, " ranks are too many for slots of ", slot_bytes,
+                        " bytes");
+  }
+  const std::string host = HostIdentity();
+  if (host.empty()) return "no:cannot read this host's name and boot id";
+  return absl::StrCat("ok:", host, " world ", world_size, " slot ", RoundUp(slot_bytes, 4096));
+}
+
+// Rank 0: "" when every rank offers what rank 0 does, else "no:" and the
+// first difference. Errors are the store's.
+absl::StatusOr<std::string> CollectOffers(KeyValueStore* store, const std::string& prefix,
+                                          const std::string& offer, int world_size,
+                                          const std::function<absl::Duration()>& remaining) {
+  if (!absl::StartsWith(offer, "ok:")) return offer;
+  for (int r = 1; r < world_size; ++r) {
+    absl::StatusOr<std::string> peer = store->Get(absl::StrCat(prefix, "offer/", r), remaining());
+    if (!peer.ok()) return peer.status();
+    if (absl::StartsWith(*peer, "no:")) return absl::StrCat("no:rank ", r, ": ", peer->substr(3));
+    if (*peer != offer) {
+      return absl::StrCat("no:the ranks are not all on one host with the same settings (rank ", r,
+                          " offers '", peer->substr(3), "', rank 0 '", offer.substr(3), "')");
+    }
+  }
+  return std::string();
+}
+
+// Rank 0: an anonymous memfd of segment->bytes that peers open through
+// /proc/<pid>/fd/<fd> (no name to leak: it lives as long as some rank holds
+// it), mapped, its header written before anyone is told where it is.
+// Returns the verdict to publish: "ok:<path>" or "no:" and why.
+std::string MakeSegment(Segment* segment, int world_size, int64_t slot_bytes) {
+  const size_t total = segment->bytes;
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const uint64_t physical =
+      pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
+  if (total > physical / 4) {
+    return absl::StrCat("no:a segment of ", total,
+                        " bytes would take more than a quarter of this host's memory");
+  }
+  const int fd = memfd_create("zeroshard-collectives", MFD_CLOEXEC);
+  if (fd < 0) return absl::StrCat("no:memfd_create: ", std::strerror(errno));
+  const int rc = posix_fallocate(fd, 0, static_cast<off_t>(total));
+  if (rc != 0) {
+    close(fd);
+    return absl::StrCat("no:reserving ", total, " bytes of shared memory: ", std::strerror(rc));
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int error = errno;
+    close(fd);
+    return absl::StrCat("no:mmap of ", total, " bytes: ", std::strerror(error));
+  }
+  SegmentHeader* header = static_cast<SegmentHeader*>(base);
+  header->world_size = static_cast<uint32_t>(world_size);
+  header->slot_bytes = slot_bytes;
+  header->failed.store(0);
+  std::atomic_thread_fence(std::memory_order_release);
+  header->magic = kMagic;
+  segment->fd = fd;
+  segment->base = base;
+  segment->path = absl::StrCat("/proc/", getpid(), "/fd/", fd);
+  return absl::StrCat("ok:", segment->path);
+}
+
+// Ranks but 0: opens the segment rank 0 published; "" or why not.
+std::string OpenPublishedSegment(const std::string& verdict, Segment* segment) {
+  if (!absl::StartsWith(verdict, "ok:")) return verdict.substr(3);
+  segment->path = verdict.substr(3);
+  segment->fd = open(segment->path.c_str(), O_RDWR | O_CLOEXEC);
+  if (segment->fd < 0) return absl::StrCat("open(", segment->path, "): ", std::strerror(errno));
+  return "";
+}
+
+// Checks the segment's size, maps it (rank 0 has already) and takes this
+// rank's liveness lock; "" or why not.
+std::string MapAndLock(Segment* segment, int rank) {
+  struct stat st;
+  if (fstat(segment->fd, &st) != 0 || static_cast<size_t>(st.st_size) != segment->bytes) {
+    // Not the object rank 0 made for these settings.
+    return absl::StrCat("segment ", segment->path, " is not ", segment->bytes, " bytes");
+  }
+  if (segment->base == MAP_FAILED) {
+    segment->base =
+        mmap(nullptr, segment->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, segment->fd, 0);
+  }
+  if (segment->base == MAP_FAILED) {
+    return absl::StrCat("mmap of ", segment->bytes, " bytes: ", std::strerror(errno));
+  }
+  struct flock lock = LivenessLock(rank);
+  if (fcntl(segment->fd, F_OFD_SETLK, &lock) != 0) {
+    return absl::StrCat("locking the segment: ", std::strerror(errno));
+  }
+  return "";
+}
+
+// Ranks but 0: the header holds what rank 0 wrote for these settings (it
+// wrote it before publishing the verdict this rank read); "" or why not.
+std::string CheckHeaderRankZeroWrote(const Segment& segment, int world_size, int64_t slot_bytes) {
+  const SegmentHeader* header = static_cast<const SegmentHeader*>(segment.base);
+  if (header->magic != kMagic || header->world_size != static_cast<uint32_t>(world_size) ||
+      header->slot_bytes != slot_bytes) {
+    return absl::StrCat("segment ", segment.path, " does not hold what rank 0 wrote");
+  }
+  return "";
+}
+
+// Publishes this rank's outcome (*first_failure: "" or why not) and reads
+// every other rank's; *first_failure becomes the first failure of any rank.
+// Errors are the store's.
+absl::Status AgreeOnMapping(KeyValueStore* store, const std::string& prefix, int rank,
+                            int world_size, const std::function<absl::Duration()>& remaining,
+                            std::string* first_failure) {
+  absl::Status status =
+      store->Set(absl::StrCat(prefix, "mapped/", rank),
+                 first_failure->empty() ? "ok" : absl::StrCat("no:", *first_failure));
+  for (int r = 0; r < world_size && status.ok(); ++r) {
+    if (r == rank) continue;
+    absl::StatusOr<std::string> mapped =
+        store->Get(absl::StrCat(prefix, "mapped/", r), remaining());
+    if (!mapped.ok()) {
+      status = mapped.status();
+    } else if (*mapped != "ok" && first_failure->empty()) {
+      *first_failure = absl::StrCat("rank ", r, ": ", mapped->substr(3));
+    }
+  }
+  return status;
 }
 
 // Calls fn(block, offset inside the block, packed offset, count) for the
@@ -169,159 +333,48 @@ absl::StatusOr<std::unique_ptr<ShmExchange>> ShmExchange::Create(
   const absl::Time deadline = absl::Now() + timeout;
   auto remaining = [&] { return std::max(deadline - absl::Now(), absl::Milliseconds(1)); };
 
-  // 1. Every rank publishes what it offers: its host identity and the
-  // segment geometry it expects, or "no:" and why it cannot take part. Rank
-  // 0 decides for all, so the ranks never end up on different transports.
-  std::string offer;
-  if (!enabled) {
-    offer = "no:shared memory is off";
-  } else if (slot_bytes < kMinSlotBytes || slot_bytes > kMaxSlotBytes) {
-    offer = absl::StrCat("no:shared-memory slot of ", slot_bytes, " bytes is outside [",
-                         kMinSlotBytes, ", ", kMaxSlotBytes, "]");
-  } else if (slot_bytes / world_size < 4096) {
-    offer =
-        absl::StrCat("no:", world_size, " ranks are too many for slots of ", slot_bytes, " bytes");
-  } else {
-    const std::string host = HostIdentity();
-    offer = host.empty() ? "no:cannot read this host's name and boot id"
-                         : absl::StrCat("ok:", host, " world ", world_size, " slot ",
-                                        RoundUp(slot_bytes, 4096));
-  }
+  // 1. Every rank publishes what it offers. Rank 0 decides for all, so the
+  // ranks never end up on different transports.
+  const std::string offer = OfferOf(enabled, slot_bytes, world_size);
   slot_bytes = static_cast<int64_t>(RoundUp(std::max<int64_t>(slot_bytes, 0), 4096));
   absl::Status status = store->Set(absl::StrCat(prefix, "offer/", rank), offer);
   if (!status.ok()) return status;
 
-  // 2. Rank 0 makes the segment (or says why not): an anonymous memfd that
-  // peers open through /proc/<pid>/fd/<fd>. It has no name to leak: it
-  // lives as long as some rank holds it.
-  const size_t header_bytes = HeaderBytes(world_size);
-  const size_t total_bytes = header_bytes + 2 * static_cast<size_t>(world_size) * slot_bytes;
-  std::string path;
-  int fd = -1;
-  void* base = MAP_FAILED;
+  // 2. Rank 0 makes the segment (or says why not); the others open it.
+  Segment segment;
+  segment.bytes = HeaderBytes(world_size) + 2 * static_cast<size_t>(world_size) * slot_bytes;
   std::string local_failure;
   if (rank == 0) {
-    std::string verdict;
-    if (!absl::StartsWith(offer, "ok:")) verdict = offer;
-    for (int r = 1; r < world_size && verdict.empty(); ++r) {
-      auto peer = store->Get(absl::StrCat(prefix, "offer/", r), remaining());
-      if (!peer.ok()) return peer.status();
-      if (absl::StartsWith(*peer, "no:")) {
-        verdict = absl::StrCat("no:rank ", r, ": ", peer->substr(3));
-      } else if (*peer != offer) {
-        verdict =
-            absl::StrCat("no:the ranks are not all on one host with the same settings (rank ", r,
-                         " offers '", peer->substr(3), "', rank 0 '", offer.substr(3), "')");
-      }
-    }
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGESIZE);
-    const uint64_t physical =
-        pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
-    if (!verdict.empty()) {
-      // decided
-    } else if (total_bytes > physical / 4) {
-      verdict = absl::StrCat("no:a segment of ", total_bytes,
-                             " bytes would take more than a quarter of this host's memory");
-    } else {
-      fd = memfd_create("zeroshard-collectives", MFD_CLOEXEC);
-      if (fd < 0) {
-        verdict = absl::StrCat("no:memfd_create: ", std::strerror(errno));
-      } else {
-        const int rc = posix_fallocate(fd, 0, static_cast<off_t>(total_bytes));
-        if (rc != 0) {
-          verdict = absl::StrCat("no:reserving ", total_bytes,
-                                 " bytes of shared memory: ", std::strerror(rc));
-          close(fd);
-          fd = -1;
-        } else {
-          base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-          if (base == MAP_FAILED) {
-            verdict = absl::StrCat("no:mmap of ", total_bytes, " bytes: ", std::strerror(errno));
-            close(fd);
-            fd = -1;
-          } else {
-            // Initialized before anyone is told where it is.
-            Header* header = static_cast<Header*>(base);
-            header->world_size = static_cast<uint32_t>(world_size);
-            header->slot_bytes = slot_bytes;
-            header->failed.store(0);
-            std::atomic_thread_fence(std::memory_order_release);
-            header->magic = kMagic;
-            path = absl::StrCat("/proc/", getpid(), "/fd/", fd);
-            verdict = absl::StrCat("ok:", path);
-          }
-        }
-      }
-    }
-    status = store->Set(absl::StrCat(prefix, "segment"), verdict);
-    if (!status.ok()) {
-      if (base != MAP_FAILED) munmap(base, total_bytes);
-      if (fd >= 0) close(fd);
-      return status;
-    }
-    if (fd < 0) local_failure = verdict.substr(3);
-  } else {
-    auto verdict = store->Get(absl::StrCat(prefix, "segment"), remaining());
+    absl::StatusOr<std::string> verdict =
+        CollectOffers(store, prefix, offer, world_size, remaining);
     if (!verdict.ok()) return verdict.status();
-    if (absl::StartsWith(*verdict, "ok:")) {
-      path = verdict->substr(3);
-      fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) local_failure = absl::StrCat("open(", path, "): ", std::strerror(errno));
-    } else {
-      local_failure = verdict->substr(3);
-    }
+    if (verdict->empty()) *verdict = MakeSegment(&segment, world_size, slot_bytes);
+    status = store->Set(absl::StrCat(prefix, "segment"), *verdict);
+    if (!status.ok()) return status;  // `segment` unmaps and closes
+    if (segment.fd < 0) local_failure = verdict->substr(3);
+  } else {
+    absl::StatusOr<std::string> verdict = store->Get(absl::StrCat(prefix, "segment"), remaining());
+    if (!verdict.ok()) return verdict.status();
+    local_failure = OpenPublishedSegment(*verdict, &segment);
   }
 
   // 3. Map it (rank 0 has), check it, take this rank's liveness lock.
-  struct stat st;
-  if (fd >= 0 && (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != total_bytes)) {
-    // Not the object rank 0 made for these settings.
-    local_failure = absl::StrCat("segment ", path, " is not ", total_bytes, " bytes");
-  } else if (fd >= 0) {
-    if (base == MAP_FAILED) {
-      base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    }
-    if (base == MAP_FAILED) {
-      local_failure = absl::StrCat("mmap of ", total_bytes, " bytes: ", std::strerror(errno));
-    } else {
-      struct flock lock = LivenessLock(rank);
-      if (fcntl(fd, F_OFD_SETLK, &lock) != 0) {
-        local_failure = absl::StrCat("locking the segment: ", std::strerror(errno));
-      }
-    }
-  }
+  if (local_failure.empty()) local_failure = MapAndLock(&segment, rank);
   if (local_failure.empty() && rank != 0) {
-    Header* header = static_cast<Header*>(base);
-    if (header->magic != kMagic || header->world_size != static_cast<uint32_t>(world_size) ||
-        header->slot_bytes != slot_bytes) {
-      // Rank 0 initialized it before publishing the verdict this rank read.
-      local_failure = absl::StrCat("segment ", path, " does not hold what rank 0 wrote");
-    }
+    local_failure = CheckHeaderRankZeroWrote(segment, world_size, slot_bytes);
   }
   // 4. Every rank reports, and every rank reads every report: all use the
   // segment, or none does.
-  status = store->Set(absl::StrCat(prefix, "mapped/", rank),
-                      local_failure.empty() ? "ok" : absl::StrCat("no:", local_failure));
   std::string first_failure = local_failure;
-  for (int r = 0; r < world_size && status.ok(); ++r) {
-    if (r == rank) continue;
-    auto mapped = store->Get(absl::StrCat(prefix, "mapped/", r), remaining());
-    if (!mapped.ok()) {
-      status = mapped.status();
-    } else if (*mapped != "ok" && first_failure.empty()) {
-      first_failure = absl::StrCat("rank ", r, ": ", mapped->substr(3));
-    }
-  }
-  if (!status.ok() || !first_failure.empty()) {
-    if (base != MAP_FAILED) munmap(base, total_bytes);
-    if (fd >= 0) close(fd);
-    if (!status.ok()) return status;
+  status = AgreeOnMapping(store, prefix, rank, world_size, remaining, &first_failure);
+  if (!status.ok()) return status;
+  if (!first_failure.empty()) {
     *why_not = first_failure;
     return std::unique_ptr<ShmExchange>();
   }
-  return std::unique_ptr<ShmExchange>(
-      new ShmExchange(rank, world_size, fd, base, total_bytes, slot_bytes));
+  const size_t bytes = segment.bytes;
+  return std::unique_ptr<ShmExchange>(new ShmExchange(rank, world_size, segment.ReleaseFd(),
+                                                      segment.ReleaseBase(), bytes, slot_bytes));
 }
 
 ShmExchange::ShmExchange(int rank, int world_size, int fd, void* base, size_t mapped_bytes,

@@ -51,8 +51,8 @@
 // Thread safety. Calls on one instance are not thread-safe (see
 // Communicator), except bytes_sent() and Abort(), which any thread may call at
 // any time.
-#ifndef ZEROSHARD_WORKER_COMM_NCCL_COMMUNICATOR_H_
-#define ZEROSHARD_WORKER_COMM_NCCL_COMMUNICATOR_H_
+#ifndef ZEROSHARD_WORKER_CUDA_NCCL_COMMUNICATOR_H_
+#define ZEROSHARD_WORKER_CUDA_NCCL_COMMUNICATOR_H_
 
 #include <cuda_runtime_api.h>
 
@@ -202,4 +202,4 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_WORKER_COMM_NCCL_COMMUNICATOR_H_
+#endif  // ZEROSHARD_WORKER_CUDA_NCCL_COMMUNICATOR_H_

@@ -1,4 +1,4 @@
-#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/nccl_communicator.h"
 
 #include <nccl.h>
 

@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/in_memory_kv_store.h"
-#include "worker/comm/nccl_communicator.h"
+#include "worker/cuda/nccl_communicator.h"
 #include "worker/cuda/cuda_device.h"
 
 namespace zeroshard {
