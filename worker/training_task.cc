@@ -198,9 +198,13 @@ class GptTask : public TrainingTask {
       absl::StatusOr<double> accuracy = AdditionAccuracy(engine, *addition, rank, world, false);
       if (!accuracy.ok()) return accuracy.status();
       result.accuracy = *accuracy;
-      accuracy = AdditionAccuracy(engine, *addition, rank, world, true);
-      if (!accuracy.ok()) return accuracy.status();
-      result.accuracy_in_context = *accuracy;
+      // After another line only where the window holds that line whole
+      // before the prompt and its answer (a shorter one crops it away).
+      if (options_.context >= 2 * addition->MaxLineBytes()) {
+        accuracy = AdditionAccuracy(engine, *addition, rank, world, true);
+        if (!accuracy.ok()) return accuracy.status();
+        result.accuracy_in_context = *accuracy;
+      }
     }
     return result;
   }

@@ -425,6 +425,22 @@ TEST(AdditionTaskData, TrainingOperandLengthsAreEquallyLikely) {
   }
 }
 
+TEST(AdditionTaskData, MaxLineBytesBoundsEveryLine) {
+  for (bool reversed : {false, true}) {
+    for (int digits : {1, 2, 3}) {
+      const AdditionTaskData data(4, digits, reversed);
+      size_t longest = 0;
+      for (Split split : {Split::kTrain, Split::kValidation}) {
+        for (int64_t k = 0; k < 3000; ++k) {
+          longest = std::max(longest, data.Problem(split, k).Line().size());
+        }
+      }
+      // Reversed lines all have the longest length; "99+99=198\n" reaches it.
+      EXPECT_EQ(longest, static_cast<size_t>(data.MaxLineBytes())) << digits << reversed;
+    }
+  }
+}
+
 TEST(AdditionTaskData, ValidationProblemsAreHeldOutOfTraining) {
   // With 2 digits the whole space is 10^4 pairs: exactly a tenth are
   // validation pairs, one last digit of b per a.
