@@ -268,12 +268,15 @@ class PyClient {
     return ToJson(Value(std::move(r)));
   }
 
-  // spec_json: {"tensors": [...]} as shardctl spec writes it. Returns the
-  // plan as JSON (the wire message's fields).
-  std::string Plan(const std::string& spec_json, int world_size, int64_t max_unit_bytes) {
+  // spec_json: {"tensors": [...]} as shardctl spec writes it;
+  // row_chunk_ranks: PlanOptions' (0: the balanced planner). Returns the plan
+  // as JSON (the wire message's fields).
+  std::string Plan(const std::string& spec_json, int world_size, int64_t max_unit_bytes,
+                   int row_chunk_ranks) {
     ModelSpec spec = Value(ParseModelSpecJson(spec_json));
     PlanOptions options;
     if (max_unit_bytes > 0) options.max_unit_bytes = max_unit_bytes;
+    options.row_chunk_ranks = row_chunk_ranks;
     absl::StatusOr<ShardPlan> plan;
     {
       py::gil_scoped_release release;

@@ -301,4 +301,20 @@ absl::StatusOr<CheckpointManifest> ParseManifestJson(absl::string_view text) {
   return m;
 }
 
+std::string ChecksumsToJson(const std::map<std::string, std::string>& checksums) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [tensor, hex] : checksums) j[tensor] = hex;
+  return j.dump();
+}
+
+bool ChecksumsFromJson(const std::string& text, std::map<std::string, std::string>* out) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it.value().is_string()) return false;
+    (*out)[it.key()] = it.value().get<std::string>();
+  }
+  return true;
+}
+
 }  // namespace zeroshard

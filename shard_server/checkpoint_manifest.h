@@ -84,6 +84,13 @@ struct CommittedShard {
   int64_t optimizer_step = 0;
 };
 
+// CommittedShard::checksums as the registry stores them and a shard file's
+// __metadata__ "checksums" holds them: a JSON object of tensor -> xxh64 hex.
+std::string ChecksumsToJson(const std::map<std::string, std::string>& checksums);
+// Adds the entries of such an object to `*out`; false if `text` is anything
+// else (not JSON, not an object, a value that is not a string).
+bool ChecksumsFromJson(const std::string& text, std::map<std::string, std::string>* out);
+
 // The manifest of a step from the plan of the generation that wrote it and
 // one commit per rank (`commits[r].rank == r`). Tensors are in plan order:
 // units by their first tensor, tensors in spec order inside a unit (spec

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cassert>
 #include <cstring>
 #include <vector>
 
@@ -109,6 +110,7 @@ absl::StatusOr<CheckpointRoot> CheckpointRoot::Open(const std::string& root) {
 }
 
 std::string CheckpointRoot::Join(absl::string_view relative) const {
+  assert(ValidateRelativePath(relative).ok());
   return absl::StrCat(path_, "/", relative);
 }
 

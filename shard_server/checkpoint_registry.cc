@@ -1,22 +1,16 @@
 #include "shard_server/checkpoint_registry.h"
 
 #include <errno.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <set>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/checksum.h"
 #include "common/file_util.h"
-#include "common/model_spec.h"
-#include "common/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "shard_server/shard_file_validator.h"
 
 namespace zeroshard {
 namespace {
@@ -64,23 +58,6 @@ CREATE TABLE IF NOT EXISTS checkpoint_verify_failed (
 )sql";
 
 int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
-
-std::string ChecksumsToJson(const std::map<std::string, std::string>& checksums) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  for (const auto& [tensor, hex] : checksums) j[tensor] = hex;
-  return j.dump();
-}
-
-// A JSON object of strings; false if `text` is anything else.
-bool ChecksumsFromJson(const std::string& text, std::map<std::string, std::string>* out) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return false;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!it.value().is_string()) return false;
-    (*out)[it.key()] = it.value().get<std::string>();
-  }
-  return true;
-}
 
 // Forgets (job, step): its commits and verification outcomes and, unless
 // `commits_only`, the step itself. Part of the caller's transaction.
@@ -203,169 +180,6 @@ absl::StatusOr<std::vector<CommittedShard>> CheckpointRegistry::LoadCommits(cons
   return commits;
 }
 
-absl::StatusOr<CommittedShard> CheckpointRegistry::VerifyShardFile(
-    const v1::CommitShardRequest& request, int world_size, const v1::ShardPlan& plan) {
-  const v1::MemberCredentials& member = request.member();
-  const std::string& file = request.file();
-  absl::Status inside = root_.CheckInside(file);
-  if (absl::IsNotFound(inside)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot commit '", file, "': ", inside.message(),
-                     "; write it (or UploadShard it) before committing"));
-  }
-  if (!inside.ok()) return inside;
-  const std::string path = root_.Join(file);
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", path);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat("'", file, "' is not a regular file"));
-  }
-  if (st.st_size != request.size_bytes()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", file, "' is ", st.st_size, " bytes; the commit says ",
-                     request.size_bytes(), " (not completely written?)"));
-  }
-  absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader = SafetensorsReader::Open(path);
-  if (!reader.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "'", file, "' is not a readable safetensors shard: ", reader.status().message()));
-  }
-  const SafetensorsMetadata& meta = (*reader)->metadata();
-  auto meta_value = [&](const std::string& key) {
-    auto it = meta.find(key);
-    return it == meta.end() ? std::string("<missing>") : it->second;
-  };
-  const std::pair<std::string, std::string> expected_meta[] = {
-      {ShardMetadataKey::kFormat, kShardFormat},
-      {ShardMetadataKey::kJob, member.job_id()},
-      {ShardMetadataKey::kStep, absl::StrCat(request.step())},
-      {ShardMetadataKey::kRank, absl::StrCat(member.rank())},
-      {ShardMetadataKey::kWorldSize, absl::StrCat(world_size)},
-      {ShardMetadataKey::kPlanHash, plan.hash()},
-  };
-  for (const auto& [key, expected] : expected_meta) {
-    if (meta_value(key) != expected) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", file, "': __metadata__ ", key, " is \"", meta_value(key),
-                       "\"; expected \"", expected, "\""));
-    }
-  }
-
-  // The commit's checksums must be the file's own, tensor for tensor.
-  std::map<std::string, std::string> file_sums;
-  if (!ChecksumsFromJson(meta_value(ShardMetadataKey::kChecksums), &file_sums)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "'", file, "': __metadata__ checksums is not a JSON object of tensor -> xxh64 hex"));
-  }
-  std::map<std::string, std::string> sums;
-  for (const v1::TensorChecksum& c : request.checksums()) {
-    absl::StatusOr<uint64_t> value = ParseChecksumHex(c.xxh64());
-    if (!value.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("checksum of tensor \"", c.tensor(), "\": ",
-                                                     value.status().message()));
-    }
-    if (!sums.emplace(c.tensor(), ChecksumToHex(*value)).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the commit lists tensor \"", c.tensor(), "\" twice"));
-    }
-  }
-  for (auto& [tensor, hex] : file_sums) hex = absl::AsciiStrToLower(hex);
-  for (const auto& [tensor, hex] : sums) {
-    auto it = file_sums.find(tensor);
-    if (it == file_sums.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", file, "': the commit has a checksum for \"", tensor, "\", the file does not"));
-    }
-    if (it->second != hex) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", file, "': checksum of \"", tensor, "\" is ", hex,
-                       " in the commit but ", it->second, " in the file's metadata"));
-    }
-  }
-  for (const auto& [tensor, hex] : file_sums) {
-    if (sums.count(tensor) == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", file, "': the file has a checksum for \"", tensor, "\", the commit does not"));
-    }
-  }
-
-  // The file holds exactly this rank's pieces of the plan.
-  struct Expected {
-    const v1::TensorSpec* spec;
-    int64_t rows;
-    bool seen;
-  };
-  absl::flat_hash_map<std::string, Expected> expected;
-  for (const v1::Unit& unit : plan.units()) {
-    for (const v1::Piece& p : unit.pieces()) {
-      if (p.rank() != member.rank() || p.tensor() < 0 || p.tensor() >= unit.tensors_size()) {
-        continue;
-      }
-      const v1::TensorSpec& spec = unit.tensors(p.tensor());
-      expected[ShardTensorName(ShardTensorKind::kParams, spec.name(), p.row_begin(),
-                               p.row_end())] = {&spec, p.row_end() - p.row_begin(), false};
-    }
-  }
-  for (const TensorInfo& t : (*reader)->tensors()) {
-    if (sums.count(t.name) == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", file, "': tensor \"", t.name, "\" has no checksum"));
-    }
-    // A parameter piece by its full name first: a model tensor may itself
-    // be called "optim.exp_avg.<...>".
-    std::string params_name = t.name;
-    auto it = expected.find(params_name);
-    if (it == expected.end()) {
-      ParsedShardTensorName parsed;
-      if (ParseShardTensorName(t.name, &parsed) && parsed.kind != ShardTensorKind::kParams) {
-        params_name = ShardTensorName(ShardTensorKind::kParams, parsed.tensor, parsed.row_begin,
-                                      parsed.row_end);
-        it = expected.find(params_name);
-      }
-    }
-    if (it == expected.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", file, "': tensor \"", t.name, "\" is not a piece of rank ",
-                       member.rank(), " in plan ", plan.hash()));
-    }
-    std::vector<int64_t> shape(it->second.spec->shape().begin(), it->second.spec->shape().end());
-    if (!shape.empty()) shape[0] = it->second.rows;
-    if (t.dtype != DType::kF32 || t.shape != shape) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", file, "': tensor \"", t.name, "\" is ", DTypeName(t.dtype), " ",
-          ShapeString(t.shape), "; expected F32 ", ShapeString(shape)));
-    }
-    if (params_name == t.name) it->second.seen = true;
-  }
-  for (const auto& [name, e] : expected) {
-    if (!e.seen) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "'", file, "': piece \"", name, "\" of rank ", member.rank(), " is missing"));
-    }
-  }
-  if (sums.size() != (*reader)->tensors().size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", file, "': ", sums.size(), " checksums for ",
-                     (*reader)->tensors().size(), " tensors"));
-  }
-
-  CommittedShard shard;
-  shard.rank = member.rank();
-  shard.file = file;
-  shard.size_bytes = request.size_bytes();
-  shard.checksums = std::move(sums);
-  auto optimizer = meta.find(ShardMetadataKey::kOptimizer);
-  if (optimizer != meta.end()) shard.optimizer = optimizer->second;
-  auto optimizer_step = meta.find(ShardMetadataKey::kOptimizerStep);
-  if (optimizer_step != meta.end() &&
-      !absl::SimpleAtoi(optimizer_step->second, &shard.optimizer_step)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "'", file, "': __metadata__ optimizer_step \"", optimizer_step->second,
-        "\" is not an integer"));
-  }
-  return shard;
-}
-
 absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
     const v1::CommitShardRequest& request, int world_size) {
   const v1::MemberCredentials& member = request.member();
@@ -408,7 +222,7 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
         absl::StrCat("the plan of job '", job, "' generation ", member.generation(), " is for ",
                      plan->world_size(), " ranks; the job has ", world_size)));
   }
-  absl::StatusOr<CommittedShard> shard = VerifyShardFile(request, world_size, *plan);
+  absl::StatusOr<CommittedShard> shard = ValidateShardFile(root_, request, world_size, *plan);
   if (!shard.ok()) return refuse(shard.status());
 
   absl::ReleasableMutexLock lock(&mu_);

@@ -157,10 +157,6 @@ class CheckpointRegistry {
         log_(log),
         plans_(std::move(plans)) {}
 
-  // Checks the shard file against the request and the plan (no lock held:
-  // this reads the file's header).
-  absl::StatusOr<CommittedShard> VerifyShardFile(const v1::CommitShardRequest& request,
-                                                 int world_size, const v1::ShardPlan& plan);
   absl::Status CheckWritableLocked(const std::string& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::optional<StepRow>> LoadStep(const std::string& job, int64_t step)

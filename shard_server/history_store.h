@@ -26,8 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
-
-struct sqlite3;
+#include "shard_server/sql_database.h"
 
 namespace zeroshard {
 
@@ -42,7 +41,6 @@ class HistoryStore {
   // `path` ":memory:" keeps it in memory.
   static absl::StatusOr<std::unique_ptr<HistoryStore>> Open(const std::string& path,
                                                             HistoryOptions options = {});
-  ~HistoryStore();
 
   // Records every live rank's latest completed step that is not recorded
   // yet, received at `now`.
@@ -54,19 +52,29 @@ class HistoryStore {
   int64_t PointsPerRank(int world_size) const;
 
  private:
-  HistoryStore() = default;
-  absl::Status Thin(const std::string& job, int rank, int64_t keep_recent)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  HistoryOptions options_;
-  absl::Mutex mu_;
-  sqlite3* db_ ABSL_GUARDED_BY(mu_) = nullptr;
   // (job, rank) -> last step recorded and points held.
   struct RankState {
     int64_t last_step = -1;
     int64_t points = 0;
   };
-  std::map<std::pair<std::string, int>, RankState> ranks_ ABSL_GUARDED_BY(mu_);
+  using RankStates = std::map<std::pair<std::string, int>, RankState>;
+
+  HistoryStore(std::unique_ptr<SqlDatabase> db, HistoryOptions options)
+      : options_(options), db_(std::move(db)) {}
+  // Inserts the points of `status` not recorded yet and thins the ranks
+  // that went over their bound, counting in `*ranks`.
+  absl::Status RecordNewPoints(SqlDatabase::Connection& db, const v1::GetStatusResponse& status,
+                               absl::Time now, RankStates* ranks) const;
+  // Deletes every other point of the rank older than its newest
+  // `keep_recent` (history_store.h's rule); counts the deleted in `*state`.
+  static absl::Status Thin(SqlDatabase::Connection& db, const std::string& job, int rank,
+                           int64_t keep_recent, RankState* state);
+
+  const HistoryOptions options_;
+  const std::unique_ptr<SqlDatabase> db_;
+  // Held across a Record so that `ranks_` matches what the file holds.
+  absl::Mutex mu_;
+  RankStates ranks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zeroshard

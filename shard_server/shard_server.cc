@@ -18,6 +18,7 @@ namespace zeroshard {
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptions options) {
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
+  if (options.clock != nullptr) server->clock_ = options.clock;
   server->log_ = std::make_unique<EventLog>(options.log_sink);
   if (!options.state_dir.empty()) {
     if (mkdir(options.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -35,10 +36,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
     if (!state.ok()) return state.status();
     server->state_ = std::move(*state);
   }
-  server->membership_ = std::make_unique<Membership>(&server->clock_, server->log_.get(),
+  server->membership_ = std::make_unique<Membership>(server->clock_, server->log_.get(),
                                                      server->state_.get(), options.membership);
   if (absl::Status s = server->membership_->Restore(); !s.ok()) return s;
-  server->kv_ = std::make_unique<KvStore>(&server->clock_, options.kv);
+  server->kv_ = std::make_unique<KvStore>(server->clock_, options.kv);
   server->plans_ = std::make_unique<PlanService>(server->state_.get(), server->log_.get());
   KvStore* kv = server->kv_.get();
   PlanService* plans = server->plans_.get();
@@ -96,9 +97,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
       server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get(),
       checkpoint_service);
   server->diagnosis_ =
-      std::make_unique<TelemetryAnalyzer>(&server->clock_, server->log_.get(), options.telemetry);
+      std::make_unique<TelemetryAnalyzer>(server->clock_, server->log_.get(), options.telemetry);
   server->service_ = std::make_unique<CoordinatorService>(
-      &server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
+      server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
       server->checkpoints_.get(), server->diagnosis_.get(), server->history_.get(), metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -172,20 +173,20 @@ void ShardServer::TickLoop() {
   // Diagnosis looks at every member: twice a second is fine-grained enough
   // for reports due after seconds.
   constexpr absl::Duration kAnalyzeEvery = absl::Milliseconds(500);
-  absl::Time next_analysis = clock_.Now();
+  absl::Time next_analysis = clock_->Now();
   bool history_ok = true;
   while (!stop_.WaitForNotificationWithTimeout(options_.tick)) {
     membership_->Tick();
     kv_->Tick();
-    if (clock_.Now() >= next_analysis) {
+    if (clock_->Now() >= next_analysis) {
       const v1::GetStatusResponse status = membership_->Status("");
       diagnosis_->Analyze(status);
-      if (absl::Status s = history_->Record(status, clock_.Now()); !s.ok() && history_ok) {
+      if (absl::Status s = history_->Record(status, clock_->Now()); !s.ok() && history_ok) {
         log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
       } else {
         history_ok = s.ok();
       }
-      next_analysis = clock_.Now() + kAnalyzeEvery;
+      next_analysis = clock_->Now() + kAnalyzeEvery;
     }
   }
 }

@@ -51,6 +51,10 @@ struct ShardServerOptions {
   bool verify_checkpoints = true;
   CheckpointServiceOptions checkpoint_service;  // consolidation slots and their deadline
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
+  // The time every timer of the server reads (heartbeat ages, KV deadlines,
+  // diagnosis); null: the real clock. Tests pass a FakeClock to check that
+  // nothing happens while time passes. Not owned; outlives the server.
+  Clock* clock = nullptr;
   EventLog::Sink log_sink;                       // empty: stderr
   TelemetryOptions telemetry;                    // hang and straggler diagnosis
   // HOST:PORT of the metrics port (/metrics, the dashboard); empty: none.
@@ -96,7 +100,8 @@ class ShardServer {
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
-  RealClock clock_;
+  RealClock real_clock_;
+  Clock* clock_ = &real_clock_;  // options_.clock when given
   int port_ = 0;
   std::string address_;
   absl::Notification stop_;

@@ -9,12 +9,21 @@ ROOT=$(pwd)
 
 bash tools/install_deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 
-# Python interop tests run in a venv that sees Debian's python3-torch and
-# takes safetensors and numpy from PyPI.
-VENV="${ZEROSHARD_VENV:-$HOME/.cache/zeroshard/venv}"
-if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c "import safetensors, torch, numpy, transformers" 2>/dev/null; then
-  /usr/bin/python3 -m venv --system-site-packages "$VENV" &&
-    "$VENV/bin/pip" install -q safetensors numpy "transformers>=4.40,<4.46" || { echo "0 passed, 1 failed"; exit 1; }
+# Python tests (tests/python, tests/interop) run in a venv with PyTorch 2 from
+# PyPI (the CUDA wheel: it runs on CPUs; ~5 GB and 1-4 minutes on first use),
+# safetensors, numpy and transformers. Not Debian's python3-torch (1.13): no
+# FSDP2, DTensor or torch.distributed.checkpoint there. The pins are checked on
+# every run; a venv that does not match them is brought up to date.
+VENV="${ZEROSHARD_VENV:-$HOME/.cache/zeroshard/venv-torch2}"
+PY_PINS=("torch==2.15.*" "transformers==4.57.*" safetensors numpy)
+if ! "$VENV/bin/python" - 2>/dev/null <<'PY'
+import safetensors, numpy, torch, transformers
+assert torch.__version__.startswith("2.15.") and transformers.__version__.startswith("4.57.")
+PY
+then
+  echo "creating $VENV: ${PY_PINS[*]} from PyPI" >&2
+  /usr/bin/python3 -m venv "$VENV" &&
+    "$VENV/bin/pip" install -q "${PY_PINS[@]}" || { echo "0 passed, 1 failed"; exit 1; }
 fi
 
 JOBS_FLAGS=()

@@ -19,6 +19,7 @@ bool AbortLatch::Trip(const std::string& message) {
   if (tripped_) return false;
   tripped_ = true;
   message_ = message;
+  watchdog_state_ = Watchdog::kWatching;
   watchdog_ = std::thread([this] { Watch(); });
   return true;
 }
@@ -46,6 +47,7 @@ void AbortLatch::Reset() {
   tripped_ = false;
   disarmed_ = false;
   message_.clear();
+  watchdog_state_ = Watchdog::kNone;
 }
 
 std::string AbortLatch::message() const {
@@ -53,16 +55,30 @@ std::string AbortLatch::message() const {
   return message_;
 }
 
+AbortLatch::Watchdog AbortLatch::AwaitWatchdogSettled(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return watchdog_state_ != Watchdog::kWatching;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
+  return watchdog_state_;
+}
+
 void AbortLatch::Watch() {
   std::string message;
   {
     absl::MutexLock lock(&mu_);
     auto disarmed = [this] { return disarmed_; };
-    if (mu_.AwaitWithTimeout(absl::Condition(&disarmed), grace_)) return;
+    if (mu_.AwaitWithTimeout(absl::Condition(&disarmed), grace_)) {
+      watchdog_state_ = Watchdog::kStoodDown;
+      return;
+    }
     message = message_;
   }
   // Outside the lock: `expired_` usually never returns.
   expired_(message);
+  absl::MutexLock lock(&mu_);
+  watchdog_state_ = Watchdog::kFired;
 }
 
 }  // namespace zeroshard

@@ -33,6 +33,9 @@ namespace zeroshard {
 class AbortLatch {
  public:
   using ExpiredFn = std::function<void(const std::string& message)>;
+  // The watchdog's life: none until the first Trip(), then watching until it
+  // either stands down (Disarm) or fires (`expired` called).
+  enum class Watchdog { kNone, kWatching, kStoodDown, kFired };
 
   AbortLatch(absl::Duration grace, ExpiredFn expired);
   // Stands the watchdog down (without calling `expired`) and joins it.
@@ -57,6 +60,9 @@ class AbortLatch {
   void Reset() ABSL_LOCKS_EXCLUDED(mu_);
   // "" until tripped.
   std::string message() const ABSL_LOCKS_EXCLUDED(mu_);
+  // For tests: waits up to `timeout` while the watchdog is kWatching, then
+  // returns its state (kFired once `expired` has been called).
+  Watchdog AwaitWatchdogSettled(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Watch() ABSL_LOCKS_EXCLUDED(mu_);
@@ -68,6 +74,7 @@ class AbortLatch {
   bool tripped_ ABSL_GUARDED_BY(mu_) = false;
   bool disarmed_ ABSL_GUARDED_BY(mu_) = false;
   std::string message_ ABSL_GUARDED_BY(mu_);
+  Watchdog watchdog_state_ ABSL_GUARDED_BY(mu_) = Watchdog::kNone;
   std::thread watchdog_;  // started by the first Trip(); joined by the destructor
 };
 

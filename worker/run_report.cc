@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/table.h"
+#include "worker/model/blas_kernel.h"
 #include "worker/model/parallel.h"
 #include "worker/zero/memory_tracker.h"
 

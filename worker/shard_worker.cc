@@ -11,12 +11,17 @@
 // machine cannot use), found before joining; 3 the server aborted the job
 // generation or fenced this member. Every failure is one line on stderr,
 // "shard_worker rank R: <message>" ("shard_worker: ..." before joining).
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
@@ -27,8 +32,15 @@
 #include "absl/time/time.h"
 #include "common/command_line.h"
 #include "worker/abort_latch.h"
+#include "worker/model/blas_kernel.h"
 #include "worker/worker.h"
 #include "worker/worker_config.h"
+
+ABSL_FLAG(std::string, blas_kernel, "auto",
+          "OpenBLAS kernel set: auto (OpenBLAS's choice unless it is below what this CPU runs, "
+          "e.g. Prescott on a CPU newer than that OpenBLAS; then SkylakeX, Haswell or Sandybridge "
+          "by the CPU's widest extension), openblas (its choice, always), or a name such as "
+          "SkylakeX or Haswell. OPENBLAS_CORETYPE in the environment wins over this flag");
 
 namespace zeroshard {
 namespace {
@@ -115,11 +127,46 @@ int RunWorker() {
   return code;
 }
 
+// OpenBLAS reads OPENBLAS_CORETYPE only when it loads: to change its pick,
+// set it and execute this binary again (same arguments; the environment then
+// holds the choice, so this happens at most once). Exits 2 on a bad value.
+void UseBlasKernelOrExit(char** argv) {
+  const std::string flag = absl::GetFlag(FLAGS_blas_kernel);
+  const char* loaded = BlasKernel();
+  const char* environment = std::getenv("OPENBLAS_CORETYPE");
+  absl::StatusOr<std::string> kernel = KernelToSet(flag, loaded, KernelForThisCpu(), environment);
+  if (!kernel.ok()) {
+    std::fprintf(stderr, "shard_worker: %s\n", std::string(kernel.status().message()).c_str());
+    std::exit(2);
+  }
+  if (kernel->empty()) {
+    if (environment != nullptr && KernelLevel(environment) >= 0 &&
+        !absl::EqualsIgnoreCase(environment, loaded)) {
+      std::fprintf(stderr,
+                   "shard_worker: OPENBLAS_CORETYPE=%s, but this OpenBLAS loaded its %s kernels "
+                   "(it was built without %s)\n",
+                   environment, loaded, environment);
+    }
+    return;
+  }
+  std::fprintf(stderr, "shard_worker: OpenBLAS chose its %s kernels%s; running again with "
+                       "OPENBLAS_CORETYPE=%s (--blas_kernel=openblas keeps its choice)\n",
+               loaded,
+               flag == "auto" ? ", below what this CPU runs (that OpenBLAS does not know this CPU)"
+                              : "",
+               kernel->c_str());
+  setenv("OPENBLAS_CORETYPE", kernel->c_str(), /*overwrite=*/1);
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "shard_worker: cannot execute /proc/self/exe again (%s); going on with %s\n",
+               std::strerror(errno), loaded);
+}
+
 }  // namespace
 }  // namespace zeroshard
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("zeroshard worker: joins a job and trains with ZeRO stage 0-3");
   zeroshard::ParseCommandLineOrExit(argc, argv, /*bad_flag_exit_code=*/2);
+  zeroshard::UseBlasKernelOrExit(argv);
   return zeroshard::RunWorker();
 }

@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -141,6 +142,7 @@ absl::Status Worker::Join() {
 }
 
 absl::Status Worker::Plan() {
+  assert(client_ != nullptr && generation_ != nullptr && "Plan before Join");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   absl::StatusOr<ShardPlan> planned =
       client_->PlanShards(task_->model()->Spec(), config_.plan, world());
@@ -150,6 +152,9 @@ absl::Status Worker::Plan() {
 }
 
 absl::Status Worker::BootstrapDataPlane() {
+  assert(generation_ != nullptr && generation_->plan.world_size == world() &&
+         "BootstrapDataPlane before Plan");
+  assert(generation_->data_plane == nullptr && "BootstrapDataPlane twice in a generation");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   Generation& g = *generation_;
   const int world = this->world();
@@ -171,6 +176,8 @@ absl::Status Worker::BootstrapDataPlane() {
 }
 
 absl::Status Worker::Restore() {
+  assert(generation_ != nullptr && generation_->engine != nullptr &&
+         "Restore before BootstrapDataPlane");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   generation_->start_step = 0;
   task_->SetDataCursor(0, 0);
@@ -301,6 +308,8 @@ int64_t Worker::DataRow(int64_t step) const {
 }
 
 absl::Status Worker::Train() {
+  assert(generation_ != nullptr && generation_->engine != nullptr &&
+         generation_->data_plane != nullptr && "Train before Restore");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   Generation& g = *generation_;
   ZeroEngine& e = *g.engine;
@@ -463,6 +472,7 @@ void Worker::EndGeneration() {
 // ---- After training ----
 
 absl::Status Worker::Report() {
+  assert(generation_ != nullptr && generation_->engine != nullptr && "Report before Train");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   Generation& g = *generation_;
   ZeroEngine& e = *g.engine;
@@ -508,6 +518,7 @@ absl::Status Worker::Report() {
 }
 
 absl::Status Worker::Leave() {
+  assert(client_ != nullptr && generation_ != nullptr && "Leave before Join");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   // No abort can arrive once heartbeats stop.
   client_->StopHeartbeats();

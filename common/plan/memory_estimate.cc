@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "common/plan/stage_traits.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -84,12 +85,12 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
   // exceed int64 for absurd plans even when each rank's bytes fit.
   const __int128 padding_all_ranks = static_cast<__int128>(w) * s - psi;
 
-  // Which state is sharded at each stage (docs/design.md, "ZeRO engine"): 1 the optimizer,
-  // 2 + gradients, 3 + parameters.
+  // Which state each stage shards: StageTraits, the engine's own rules.
   for (int stage = 0; stage < 4; ++stage) {
-    const int64_t param_count = stage >= 3 ? s : psi;
-    const int64_t grad_count = stage >= 2 ? s : psi;
-    const int64_t optimizer_count = stage >= 1 ? s : psi;
+    const StageTraits traits = StageTraits::Of(stage);
+    const int64_t param_count = traits.params_sharded ? s : psi;
+    const int64_t grad_count = traits.grads_sharded ? s : psi;
+    const int64_t optimizer_count = traits.state_sharded ? s : psi;
     StageMemory& m = estimate.stages[stage];
     m.stage = stage;
     absl::StatusOr<int64_t> params = Multiply(param_count, *p, "parameter bytes");
@@ -101,9 +102,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
     m.parameter_bytes = *params;
     m.gradient_bytes = *grads;
     m.optimizer_bytes = *optimizer;
-    m.unsharded_window_bytes = stage == 3 ? *window : 0;
-    const int64_t sharded_bytes_per_element =
-        (stage >= 1 ? k : 0) + (stage >= 2 ? *g : 0) + (stage >= 3 ? *p : 0);
+    m.unsharded_window_bytes = traits.params_sharded ? *window : 0;
+    const int64_t sharded_bytes_per_element = (traits.state_sharded ? k : 0) +
+                                              (traits.grads_sharded ? *g : 0) +
+                                              (traits.params_sharded ? *p : 0);
     const __int128 padding = padding_all_ranks * sharded_bytes_per_element;
     m.padding_bytes = static_cast<int64_t>((padding + w - 1) / w);  // mean, rounded up
     const __int128 total = static_cast<__int128>(m.parameter_bytes) + m.gradient_bytes +

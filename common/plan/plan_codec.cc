@@ -57,6 +57,7 @@ v1::PlanOptions PlanOptionsToProto(const PlanOptions& options) {
   proto.set_max_unit_bytes(options.max_unit_bytes);
   proto.set_alignment_elements(options.alignment_elements);
   proto.set_split_fraction(options.split_fraction);
+  proto.set_row_chunk_ranks(options.row_chunk_ranks);
   return proto;
 }
 
@@ -65,6 +66,7 @@ PlanOptions PlanOptionsFromProto(const v1::PlanOptions& proto) {
   options.max_unit_bytes = proto.max_unit_bytes();
   options.alignment_elements = proto.alignment_elements();
   options.split_fraction = proto.split_fraction();
+  options.row_chunk_ranks = proto.row_chunk_ranks();
   return options;
 }
 

@@ -70,6 +70,11 @@ absl::StatusOr<PlanOptions> ResolveOptions(const PlanOptions& options) {
                      " is out of range; expected (0, 1] (0: default)"));
   }
   if (options.split_fraction == 0) resolved.split_fraction = kDefaultSplitFraction;
+  if (options.row_chunk_ranks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row_chunk_ranks ", options.row_chunk_ranks,
+        " is negative; expected 0 (the balanced planner) or the ranks of an FSDP2 shard group"));
+  }
   return resolved;
 }
 
@@ -318,6 +323,12 @@ class UnitAssigner {
   // fit no rank, and `out` is partial.
   int64_t FillToCapacity(int64_t cap, std::vector<Placement>* out);
 
+  // FSDP2's layout (PlanOptions::row_chunk_ranks = S): tensor by tensor in
+  // spec order, rows [k c, (k + 1) c) with c = ceil(rows / S) on rank k, as
+  // torch.chunk cuts them (trailing ranks get nothing when rows < S c - c).
+  void AssignRowChunks(const std::vector<int32_t>& members, const std::vector<TensorSize>& sizes,
+                       ShardUnit* unit);
+
   void EmitSortedByRank(ShardUnit* unit);
 
   const int world_size_;
@@ -360,8 +371,33 @@ int64_t UnitAssigner::FillToCapacity(int64_t cap, std::vector<Placement>* out) {
   return 0;
 }
 
+void UnitAssigner::AssignRowChunks(const std::vector<int32_t>& members,
+                                   const std::vector<TensorSize>& sizes, ShardUnit* unit) {
+  const int32_t s = options_.row_chunk_ranks;
+  assert(s >= 1 && s <= world_size_);
+  std::vector<int64_t> load(s, 0);  // elements
+  best_.clear();
+  for (size_t i = 0; i < members.size(); ++i) {
+    const TensorSize& size = sizes[members[i]];
+    const int64_t rows_per_rank = (size.rows + s - 1) / s;
+    for (int32_t k = 0; k < s && k * rows_per_rank < size.rows; ++k) {
+      const int64_t begin = k * rows_per_rank;
+      const int64_t end = std::min(size.rows, begin + rows_per_rank);
+      best_.push_back(Placement{begin, end, load[k], static_cast<int32_t>(i), k});
+      load[k] += (end - begin) * size.row_elements;
+    }
+  }
+  // Rank 0 holds the first chunk of every tensor: the most of any rank.
+  unit->chunk_elements = AlignUp(load[0], options_.alignment_elements);
+  EmitSortedByRank(unit);
+}
+
 void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector<TensorSize>& sizes,
                           ShardUnit* unit) {
+  if (options_.row_chunk_ranks > 0) {
+    AssignRowChunks(members, sizes, unit);
+    return;
+  }
   const int64_t w = world_size_;
   unit_elements_ = 0;
   for (int32_t spec_index : members) unit_elements_ += sizes[spec_index].elements;
@@ -620,6 +656,11 @@ absl::StatusOr<ShardPlan> Plan(const ModelSpec& spec, int world_size, const Plan
   if (absl::Status status = CheckWorldSize(world_size); !status.ok()) return status;
   absl::StatusOr<PlanOptions> resolved = ResolveOptions(options);
   if (!resolved.ok()) return resolved.status();
+  if (resolved->row_chunk_ranks > world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_chunk_ranks ", resolved->row_chunk_ranks, " exceeds the world size ",
+                     world_size, "; an FSDP2 shard group has at most every rank"));
+  }
   absl::StatusOr<std::vector<TensorSize>> sizes = MeasureTensors(spec);
   if (!sizes.ok()) return sizes.status();
 
@@ -650,6 +691,8 @@ std::string PlanHash(const ShardPlan& plan) {
   hasher.Int(plan.options.max_unit_bytes);
   hasher.Int(plan.options.alignment_elements);
   hasher.Double(plan.options.split_fraction);
+  // Hashed only when set, so plans of the balanced planner keep their hashes.
+  if (plan.options.row_chunk_ranks != 0) hasher.Int(plan.options.row_chunk_ranks);
   hasher.Int(static_cast<int64_t>(plan.units.size()));
   for (const ShardUnit& unit : plan.units) {
     hasher.String(unit.name);

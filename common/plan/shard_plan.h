@@ -35,6 +35,9 @@ struct PlanOptions {
   int64_t max_unit_bytes = 0;      // 0: default
   int64_t alignment_elements = 0;  // 0: default
   double split_fraction = 0;       // 0: default
+  // 0: the balanced planner. S > 0: FSDP2's layout, every tensor cut as
+  // torch.chunk(tensor, S, dim=0) cuts it, chunk k on rank k (planner.h).
+  int32_t row_chunk_ranks = 0;
 };
 
 struct ShardPlan {

@@ -281,14 +281,17 @@ class Client:
         return _wire(json.loads(self._native.get_status(job))).get("jobs", [])
 
     def plan(self, spec: Union[Mapping[str, Any], str], world_size: Optional[int] = None,
-             *, max_unit_bytes: int = 0) -> Dict[str, Any]:
+             *, max_unit_bytes: int = 0, row_chunk_ranks: int = 0) -> Dict[str, Any]:
         """The shard plan for `spec` ({"tensors": [{"name", "shape", "dtype", "unit"}]}, or
         its JSON). As a member: the job generation's plan (computed once, identical for
-        every rank). Before join: a one-off plan for `world_size`."""
+        every rank). Before join: a one-off plan for `world_size`. row_chunk_ranks=S > 0
+        asks for FSDP2's layout (every tensor cut as torch.chunk(t, S, dim=0) cuts it,
+        chunk k on rank k) instead of the balanced planner."""
         if world_size is None:
             world_size = self.info.world_size
         text = spec if isinstance(spec, str) else json.dumps(spec)
-        return _wire(json.loads(self._native.plan(text, int(world_size), int(max_unit_bytes))))
+        return _wire(json.loads(self._native.plan(text, int(world_size), int(max_unit_bytes),
+                                                  int(row_chunk_ranks))))
 
     def checkpoints(self, job: str = "") -> List[Dict[str, Any]]:
         """Checkpoints of `job` (every job when empty), by job then step."""

@@ -1,13 +1,15 @@
-"""`python -m zeroshard.torchrun`: torch's elastic agent (torchrun) with a zeroshard
-rendezvous handler.
+"""The zeroshard rendezvous handler for torch's elastic agent (torchrun).
 
-    python -m zeroshard.torchrun --nnodes=2 --nproc_per_node=4 \\
-        --rdzv_endpoint=10.0.0.1:7070 --rdzv_id=run-7 \\
-        [--rdzv_conf=node_id=host-a,token_file=/etc/zeroshard/token] train.py ...
+With the zeroshard wheel installed (torch 2), torchrun finds it through the
+`torchrun.handlers` entry point:
 
-Every flag is torchrun's (torch 1.13 spells them with underscores; the dashed forms
---rdzv-endpoint, --rdzv-id, --nproc-per-node are accepted too); --rdzv_backend is
-zeroshard. The agents (one per node) join the job <rdzv_id> on the shard server:
+    torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=zeroshard \\
+        --rdzv-endpoint=10.0.0.1:7070 --rdzv-id=run-7 \\
+        [--rdzv-conf=node_id=host-a,token_file=/etc/zeroshard/token] train.py ...
+
+`python -m zeroshard.torchrun ...` does the same without the wheel (and on torch 1.13,
+which has no entry points for handlers; it spells the flags with underscores, the
+dashed forms are accepted too); --rdzv_backend defaults to zeroshard there. The agents (one per node) join the job <rdzv_id> on the shard server:
 node ranks are the sorted order of node ids (rdzv_conf node_id, default
 "<hostname>/<agent pid>"), the rendezvous store is that generation's key-value store
 (authenticated, fenced). When the server declares a node dead, the job's generation
@@ -32,6 +34,13 @@ from zeroshard.client import Client
 from zeroshard.errors import GenerationChanged, ZeroshardError
 from zeroshard.torch.store import Store
 
+try:  # torch >= 2.4: next_rendezvous returns a RendezvousInfo
+    from torch.distributed.elastic.rendezvous.api import RendezvousInfo as _RendezvousInfo
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousStoreInfo as _RendezvousStoreInfo)
+except ImportError:
+    _RendezvousInfo = _RendezvousStoreInfo = None
+
 _CLOSED_KEY = "zeroshard/rdzv_closed"
 
 
@@ -52,6 +61,11 @@ class ZeroshardRendezvousHandler(RendezvousHandler):
         self._token_file = params.get("token_file")
         self._join_timeout = float(params.get("join_timeout", 600))
         self._client = Client(self._endpoint, token_file=self._token_file)
+        # The workers inherit the agent's environment: init_process_group() there finds
+        # the server (and the token) without arguments.
+        os.environ["ZEROSHARD_SERVER"] = self._endpoint
+        if self._token_file:
+            os.environ["ZEROSHARD_TOKEN_FILE"] = self._token_file
         self._joined = False
         self._closed = False
 
@@ -71,7 +85,13 @@ class ZeroshardRendezvousHandler(RendezvousHandler):
         info = self._client.join(self._run_id, self._nodes, self._node_id,
                                  timeout=self._join_timeout)
         self._joined = True
-        return Store(self._client), info.rank, info.world_size
+        store = Store(self._client)
+        if _RendezvousInfo is None:  # torch 1.13: a tuple
+            return store, info.rank, info.world_size
+        # torch 2: MASTER_ADDR/MASTER_PORT for the workers, agreed through the store
+        # (workers that use zeroshard.torch.init_process_group do not need them).
+        bootstrap = _RendezvousStoreInfo.build(info.rank, store, local_addr=None)
+        return _RendezvousInfo(store, info.rank, info.world_size, bootstrap)
 
     def is_closed(self) -> bool:
         if self._closed:
@@ -114,6 +134,13 @@ class ZeroshardRendezvousHandler(RendezvousHandler):
 
 def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     return ZeroshardRendezvousHandler(params)
+
+
+def handler_factory():
+    """The `torchrun.handlers` entry point (the wheel's "zeroshard"): torch calls it and
+    registers what it returns, the function that makes a handler from torchrun's
+    rendezvous parameters."""
+    return _create_handler
 
 
 def register() -> None:
@@ -170,7 +197,8 @@ def _fix_std_from_str() -> None:
     None and the agent fails starting its workers. Parsed here by value instead."""
     import re
     from torch.distributed.elastic.multiprocessing import api
-    if sys.version_info < (3, 11) or getattr(api.Std, "_zeroshard_fixed", False):
+    if (sys.version_info < (3, 11) or _RendezvousInfo is not None
+            or getattr(api.Std, "_zeroshard_fixed", False)):
         return
 
     def from_str(cls, vm: str):

@@ -149,6 +149,16 @@ TEST_F(BinariesTest, NcclBackendWithoutAGpuExitsBeforeJoiningAndPointsToGloo) {
   EXPECT_EQ(output.find("join"), std::string::npos) << output;
 }
 
+TEST_F(BinariesTest, AnUnknownBlasKernelIsRefusedBeforeJoining) {
+  auto [code, output] = testing::RunCommand(absl::StrCat(
+      testing::RunfilePath("worker/shard_worker"),
+      " --server=127.0.0.1:1 --job=blas --world_size=1 --blas_kernel=Pentium5 --join_timeout_s=1"));
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_NE(output.find("--blas_kernel=Pentium5: expected auto, openblas or"), std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("join"), std::string::npos) << output;
+}
+
 TEST_F(BinariesTest, NcclBackendWithTheGptWithoutAGpuExitsBeforeJoining) {
   // The GPT is not refused by the flags any more: by the missing device.
   auto [code, output] = testing::RunCommand(

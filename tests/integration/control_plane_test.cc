@@ -33,6 +33,25 @@ ShardServerOptions FastOptions(absl::Duration heartbeat_timeout = absl::Seconds(
   return o;
 }
 
+// Moves `clock` on by `step` (less than the heartbeat timeout), waits until
+// each of `ranks` of `job` has beaten at the new time, then has the server
+// check for silent members at that time.
+void AdvanceWhileBeating(FakeClock* clock, ShardServer* server, const std::string& job,
+                         const std::vector<int>& ranks, absl::Duration step) {
+  clock->Advance(step);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::JobStatus status = server->membership()->Status(job).jobs(0);
+        for (int r : ranks) {
+          if (status.members(r).last_heartbeat_age_ms() != 0) return false;
+        }
+        return true;
+      },
+      absl::Seconds(10)))
+      << "a member did not beat after the clock moved on";
+  server->membership()->Tick();
+}
+
 std::unique_ptr<ShardServer> StartServer(ShardServerOptions options) {
   auto server = ShardServer::Start(std::move(options));
   EXPECT_TRUE(server.ok()) << server.status();
@@ -107,7 +126,10 @@ TEST(ControlPlaneTest, ConcurrentJoinsGetEveryRankExactlyOnceInWorkerIdOrder) {
 }
 
 TEST(ControlPlaneTest, SilentMemberIsDeclaredDeadAndSurvivorsAreToldToAbort) {
-  auto server = StartServer(FastOptions(absl::Milliseconds(600)));
+  FakeClock clock;
+  ShardServerOptions options = FastOptions(absl::Milliseconds(600));
+  options.clock = &clock;
+  auto server = StartServer(options);
   auto clients = JoinAll(*server, "beats", 3);
   absl::Mutex mu;
   std::vector<v1::Command> commands(3, v1::COMMAND_UNSPECIFIED);
@@ -117,10 +139,17 @@ TEST(ControlPlaneTest, SilentMemberIsDeclaredDeadAndSurvivorsAreToldToAbort) {
       commands[r] = reply.ok() ? reply->command() : v1::COMMAND_UNSPECIFIED;
     });
   }
-  // All alive for a while.
-  absl::SleepFor(absl::Milliseconds(300));
+  // All alive past the 600 ms timeout, in steps shorter than it.
+  for (int i = 0; i < 3; ++i) {
+    AdvanceWhileBeating(&clock, server.get(), "beats", {0, 1, 2}, absl::Milliseconds(400));
+  }
   EXPECT_EQ(server->membership()->Status("beats").jobs(0).state(), v1::RUNNING);
   clients[1]->StopHeartbeats();  // rank 1 "crashes"
+  // 400 ms on, the others beat and rank 1 is still within its timeout; 400
+  // more, it has been silent for 800 ms.
+  AdvanceWhileBeating(&clock, server.get(), "beats", {0, 2}, absl::Milliseconds(400));
+  EXPECT_TRUE(server->membership()->Status("beats").jobs(0).members(1).alive());
+  clock.Advance(absl::Milliseconds(400));
   ASSERT_TRUE(WaitFor(
       [&] {
         absl::MutexLock lock(&mu);
@@ -159,8 +188,10 @@ TEST(ControlPlaneTest, RestartedServerStillListsTheJob) {
 
 TEST(ControlPlaneTest, MembersThatHeartbeatAgainAfterRestartStayAlive) {
   std::string dir = testing::MakeTempDir("restart-beat");
+  FakeClock clock;
   ShardServerOptions options = FastOptions(absl::Milliseconds(1500));
   options.state_dir = dir;
+  options.clock = &clock;
   // A fixed port, so the clients' channels find the restarted server.
   auto first = StartServer(options);
   options.listen = first->address();
@@ -180,7 +211,9 @@ TEST(ControlPlaneTest, MembersThatHeartbeatAgainAfterRestartStayAlive) {
       },
       absl::Seconds(10)));
   // ...and keep beating past the 1.5 s timeout.
-  absl::SleepFor(absl::Milliseconds(2000));
+  for (int i = 0; i < 4; ++i) {
+    AdvanceWhileBeating(&clock, second.get(), "resilient", {0, 1}, absl::Milliseconds(500));
+  }
   EXPECT_EQ(second->membership()->Status("resilient").jobs(0).state(), v1::RUNNING);
   EXPECT_EQ(commands.load(), 0);
   for (auto& c : clients) c->StopHeartbeats();
@@ -244,8 +277,10 @@ TEST(ControlPlaneTest, KeyValueStoreHoldsGetsUntilSetAndScopesToTheGeneration) {
   auto server = StartServer(FastOptions());
   auto clients = JoinAll(*server, "kv", 2);
   absl::StatusOr<std::string> got;
+  const size_t held = server->kv()->TotalBytes();
   std::thread waiter([&] { got = clients[1]->StoreGet("addr/0", absl::Seconds(10)); });
-  absl::SleepFor(absl::Milliseconds(100));
+  // The server holds the Get (its waiting key counts in the store's bytes).
+  ASSERT_TRUE(WaitFor([&] { return server->kv()->TotalBytes() > held; }, absl::Seconds(10)));
   ASSERT_TRUE(clients[0]->StoreSet("addr/0", "10.0.0.1:1234").ok());
   waiter.join();
   ASSERT_TRUE(got.ok()) << got.status();

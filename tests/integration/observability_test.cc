@@ -155,9 +155,24 @@ TEST(ObservabilityTest, AHealthyJobHasNoDiagnosisAndFullTelemetry) {
       },
       absl::Seconds(90)))
       << cluster.server()->Log();
-  absl::SleepFor(absl::Milliseconds(kHangReportMs + 1500));
-  status = JobStatusOf(cluster.address(), "healthy");
-  ASSERT_TRUE(status.has_value());
+  // Then until every rank has completed a step that began more than
+  // --hang_report_ms (plus the analyzer's 500 ms period and slack) after
+  // that: the server watched a progressing job for a whole hang window.
+  // (Ranks run on this host: their clock is the test's.)
+  const int64_t window_end_us =
+      absl::ToUnixMicros(absl::Now() + absl::Milliseconds(kHangReportMs + 1500));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        status = JobStatusOf(cluster.address(), "healthy");
+        bool past = status.has_value() && status->members_size() == 2;
+        for (int r = 0; past && r < 2; ++r) {
+          past = status->members(r).telemetry().first_collective_unix_us() > window_end_us;
+        }
+        if (!past) absl::SleepFor(absl::Milliseconds(100));
+        return past;
+      },
+      absl::Seconds(90)))
+      << cluster.server()->Log();
   for (const v1::Diagnosis& d : status->diagnoses()) ADD_FAILURE() << d.message();
   for (const v1::MemberStatus& m : status->members()) {
     const v1::RankTelemetry& t = m.telemetry();

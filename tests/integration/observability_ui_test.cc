@@ -87,7 +87,25 @@ class ObservabilityUiTest : public ::testing::Test {
         },
         absl::Seconds(120)))
         << cluster_.server()->Log() << cluster_.WorkerLog(0);
-    absl::SleepFor(absl::Seconds(1));  // a history sample after the 30th step
+    // The server's history holds a sample after the 30th step of each rank
+    // (it samples twice a second).
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          auto [code, out] = RunCommand(ctl + " --job=live history --json");
+          if (code != 0) return false;
+          nlohmann::json history = nlohmann::json::parse(out, nullptr, false);
+          if (history.is_discarded() || !history.contains("points")) return false;
+          bool sampled[2] = {false, false};
+          for (const auto& point : history["points"]) {
+            // int64 fields are strings in proto JSON.
+            const int rank = point.value("rank", -1);
+            const int64_t step = std::stoll(point.value("step", std::string("0")));
+            if (rank >= 0 && rank < 2 && step >= 30) sampled[rank] = true;
+          }
+          return sampled[0] && sampled[1];
+        },
+        absl::Seconds(60)))
+        << cluster_.server()->Log();
   }
 
   std::string dir_;

@@ -203,6 +203,24 @@ TEST_F(TrainingTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
   }
 }
 
+// --blas_kernel=NAME: the worker executes itself again with
+// OPENBLAS_CORETYPE=NAME (OpenBLAS reads it only when it loads), says so, and
+// its report names the kernel it computed with; the environment wins.
+TEST_F(TrainingTest, TheWorkerRunsTheOpenBlasKernelItIsAskedFor) {
+  ASSERT_TRUE(cluster_.ok());
+  // tests/run.sh also runs this target under a fixed OPENBLAS_CORETYPE.
+  const char* environment = std::getenv("OPENBLAS_CORETYPE");
+  for (const std::string kernel : {"Haswell", "Sandybridge"}) {
+    ASSERT_TRUE(cluster_.Run(kernel, 1, MlpFlags({"--stage=0", "--blas_kernel=" + kernel})));
+    EXPECT_EQ(cluster_.Report(kernel, 0)["compute"]["blas_kernel"],
+              environment != nullptr ? environment : kernel);
+    EXPECT_EQ(cluster_.WorkerLog(0).find("running again with OPENBLAS_CORETYPE=" + kernel) !=
+                  std::string::npos,
+              environment == nullptr)
+        << cluster_.WorkerLog(0);
+  }
+}
+
 TEST_F(TrainingTest, GptStagesZeroAndThreeAgree) {
   ASSERT_TRUE(cluster_.ok());
   std::vector<std::string> gpt = {"--model=gpt",    "--layers=2",     "--heads=2",

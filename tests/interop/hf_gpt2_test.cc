@@ -28,7 +28,8 @@ std::string Python() {
   const char* python = std::getenv("ZEROSHARD_PYTHON");
   if (python != nullptr && *python) return python;
   const char* home = std::getenv("HOME");
-  std::string venv = absl::StrCat(home ? home : "/root", "/.cache/zeroshard/venv/bin/python");
+  std::string venv =
+      absl::StrCat(home ? home : "/root", "/.cache/zeroshard/venv-torch2/bin/python");
   return access(venv.c_str(), X_OK) == 0 ? venv : "/usr/bin/python3";
 }
 

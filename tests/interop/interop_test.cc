@@ -14,13 +14,14 @@
 namespace zeroshard {
 namespace {
 
-// tests/run.sh passes its venv's python (Debian's torch + PyPI's
-// safetensors); without it, the same venv at its default place.
+// tests/run.sh passes its venv's python (PyTorch 2 and safetensors from
+// PyPI); without it, the same venv at its default place.
 std::string Python() {
   const char* python = std::getenv("ZEROSHARD_PYTHON");
   if (python != nullptr && *python) return python;
   const char* home = std::getenv("HOME");
-  std::string venv = absl::StrCat(home ? home : "/root", "/.cache/zeroshard/venv/bin/python");
+  std::string venv =
+      absl::StrCat(home ? home : "/root", "/.cache/zeroshard/venv-torch2/bin/python");
   return access(venv.c_str(), X_OK) == 0 ? venv : "/usr/bin/python3";
 }
 

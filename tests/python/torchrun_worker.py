@@ -16,5 +16,6 @@ dist.all_reduce(t)
 with open(os.path.join(sys.argv[1], f"rank-{s.rank}.json"), "w") as f:
     json.dump({"rank": s.rank, "world_size": s.world_size, "sum": float(t),
                "torch_rank": int(os.environ["RANK"]), "group_rank": int(os.environ["GROUP_RANK"]),
-               "local_rank": int(os.environ["LOCAL_RANK"]), "job": s.info.job}, f)
+               "local_rank": int(os.environ["LOCAL_RANK"]), "job": s.info.job,
+               "zeroshard_file": zt.__file__}, f)
 zt.shutdown()

@@ -39,16 +39,18 @@ TEST(AbortLatchTest, TheWatchdogFiresWhenNotDisarmedInTime) {
   ASSERT_TRUE(fired.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
   EXPECT_EQ(seen, "stuck");
+  EXPECT_EQ(latch.AwaitWatchdogSettled(absl::Seconds(10)), AbortLatch::Watchdog::kFired);
 }
 
-TEST(AbortLatchTest, ADisarmedWatchdogNeverFires) {
+TEST(AbortLatchTest, ADisarmedWatchdogStandsDownWithoutFiring) {
   std::atomic<bool> fired{false};
-  {
-    AbortLatch latch(absl::Milliseconds(100), [&](const std::string&) { fired = true; });
-    latch.Trip("handled");
-    latch.Disarm();
-    absl::SleepFor(absl::Milliseconds(300));
-  }
+  // The grace is an hour: a watchdog that settles within the test's deadline
+  // did so because Disarm() reached it, not because the grace ran out.
+  AbortLatch latch(absl::Hours(1), [&](const std::string&) { fired = true; });
+  latch.Trip("handled");
+  EXPECT_EQ(latch.AwaitWatchdogSettled(absl::ZeroDuration()), AbortLatch::Watchdog::kWatching);
+  latch.Disarm();
+  EXPECT_EQ(latch.AwaitWatchdogSettled(absl::Seconds(10)), AbortLatch::Watchdog::kStoodDown);
   EXPECT_FALSE(fired.load());
 }
 
@@ -58,6 +60,7 @@ TEST(AbortLatchTest, DestroyingAnArmedLatchStandsTheWatchdogDown) {
   {
     AbortLatch latch(absl::Hours(1), [&](const std::string&) { fired = true; });
     latch.Trip("exiting anyway");
+    EXPECT_EQ(latch.AwaitWatchdogSettled(absl::ZeroDuration()), AbortLatch::Watchdog::kWatching);
   }
   EXPECT_FALSE(fired.load());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -65,7 +68,7 @@ TEST(AbortLatchTest, DestroyingAnArmedLatchStandsTheWatchdogDown) {
 
 TEST(AbortLatchTest, AnUntrippedLatchHasNoWatchdog) {
   AbortLatch latch(absl::Milliseconds(1), [](const std::string&) { FAIL() << "fired"; });
-  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(latch.AwaitWatchdogSettled(absl::ZeroDuration()), AbortLatch::Watchdog::kNone);
   EXPECT_FALSE(latch.tripped());
 }
 

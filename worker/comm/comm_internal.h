@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "worker/comm/communicator.h"
@@ -73,6 +75,41 @@ absl::Status CheckCall(const char* name, int rank, int world_size, const std::st
 // *groups, and the buffers (non-null where the layout moves data).
 absl::Status CheckBlocks(const char* name, const std::vector<ShardBlock>& blocks, int rank,
                          int world_size, const void* full, const void* shard, BlockGroups* groups);
+
+// How many collectives of one communicator are in progress (past their
+// checks, not yet returned), for HostCommunicator::AwaitCollectiveInFlight.
+// Thread-safe.
+class CollectiveInFlight {
+ public:
+  // Marks a collective in progress for its lifetime.
+  class Scope {
+   public:
+    explicit Scope(CollectiveInFlight* owner) : owner_(owner) { owner_->Add(1); }
+    ~Scope() { owner_->Add(-1); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    CollectiveInFlight* const owner_;
+  };
+
+  // Waits up to `timeout` for a collective to be in progress; returns whether
+  // one is.
+  bool Await(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto in_flight = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ > 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&in_flight), timeout);
+  }
+
+ private:
+  void Add(int delta) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    count_ += delta;
+  }
+
+  mutable absl::Mutex mu_;
+  int count_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace comm_internal
 }  // namespace zeroshard

@@ -317,6 +317,7 @@ absl::Status GlooCommunicator::CheckCall(const char* name, int64_t count, DType 
 
 absl::Status GlooCommunicator::Run(const char* name, absl::Duration timeout,
                                    const std::function<void()>& body) {
+  comm_internal::CollectiveInFlight::Scope in_flight(&in_flight_);
   std::string detail;
   absl::StatusCode code;
   try {

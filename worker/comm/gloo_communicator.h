@@ -66,6 +66,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "worker/comm/comm_internal.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/host_communicator.h"
 #include "worker/comm/kv_store.h"
@@ -147,6 +148,9 @@ class GlooCommunicator : public HostCommunicator {
   int64_t point_to_point_bytes() const { return p2p_bytes_.load(); }
 
   absl::Status health() const override { return broken_; }
+  bool AwaitCollectiveInFlight(absl::Duration timeout) const override {
+    return in_flight_.Await(timeout);
+  }
   std::string transport() const override { return "tcp"; }
   const std::string& transport_note() const override { return transport_note_; }
   int64_t shm_segment_bytes() const override { return 0; }
@@ -209,6 +213,7 @@ class GlooCommunicator : public HostCommunicator {
   // OK while usable; only the thread calling collectives touches it.
   absl::Status broken_;
   std::atomic<bool> aborted_{false};  // Abort() was called (any thread)
+  comm_internal::CollectiveInFlight in_flight_;
   // The unbound buffer the calling thread waits on (in Wait), for Abort().
   absl::Mutex wait_mu_;
   gloo::transport::UnboundBuffer* waiting_ ABSL_GUARDED_BY(wait_mu_) = nullptr;

@@ -62,6 +62,11 @@ class HostCommunicator : public Communicator {
   virtual int64_t shm_segment_bytes() const = 0;
   // OK while usable; otherwise the status of the failure that broke it.
   virtual absl::Status health() const = 0;
+  // For tests that must act while a rank is inside a collective (abort it,
+  // take its peer away) rather than sleep and hope: waits up to `timeout`
+  // until a collective of this communicator has passed its checks and not
+  // yet returned; returns whether one has. Any thread may call it.
+  virtual bool AwaitCollectiveInFlight(absl::Duration timeout) const = 0;
 };
 
 // Connects to the other `world_size - 1` ranks, which must call it with the

@@ -52,6 +52,12 @@ size_t InMemoryKvStore::size() const {
   return values_.size();
 }
 
+bool InMemoryKvStore::AwaitReaderBlocks(int64_t n, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reader_blocks_ >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
 std::optional<std::string> InMemoryKvStore::AwaitKeys(const std::vector<std::string>& keys,
                                                       absl::Time deadline) {
   while (true) {
@@ -65,6 +71,7 @@ std::optional<std::string> InMemoryKvStore::AwaitKeys(const std::vector<std::str
     if (missing == nullptr) return std::nullopt;
     // WaitWithDeadline returns true on timeout; check the keys once more so
     // that a write racing with the deadline still counts.
+    ++reader_blocks_;
     if (changed_.WaitWithDeadline(&mu_, deadline)) {
       for (const std::string& key : keys) {
         if (values_.count(key) == 0) return key;

@@ -34,6 +34,11 @@ class InMemoryKvStore : public KeyValueStore {
 
   // Number of keys stored (for tests).
   size_t size() const;
+  // For tests that must know a reader is blocked before they write: waits up
+  // to `timeout` until Get/Wait calls have begun blocking on a missing key `n`
+  // times in all (a reader woken by a write that still misses a key blocks
+  // again and counts again); returns whether they have.
+  bool AwaitReaderBlocks(int64_t n, absl::Duration timeout) const;
 
  private:
   // Waits until every key exists or `deadline` passes; returns the first
@@ -44,6 +49,7 @@ class InMemoryKvStore : public KeyValueStore {
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  int64_t reader_blocks_ ABSL_GUARDED_BY(mu_) = 0;  // times AwaitKeys began waiting
 };
 
 }  // namespace zeroshard

@@ -279,6 +279,12 @@ absl::Status NcclCommunicator::health() const {
   return broken_;
 }
 
+bool NcclCommunicator::AwaitCollectiveInFlight(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto in_call = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_call_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&in_call), timeout);
+}
+
 absl::Status NcclCommunicator::Begin(const char* name, int64_t count, DType dtype,
                                      absl::Duration timeout,
                                      std::initializer_list<const void*> buffers) {

@@ -146,6 +146,10 @@ class NcclCommunicator : public Communicator {
   // OK while usable; otherwise the status of the failure (or Abort) that
   // broke it.
   absl::Status health() const;
+  // For tests that must abort while a collective is in progress rather than
+  // sleep and hope: waits up to `timeout` until a call is inside NCCL (or
+  // waiting for its stream); returns whether one is.
+  bool AwaitCollectiveInFlight(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   NcclCommunicator(int rank, int world_size, int device, std::string tag, ncclComm* comm,

@@ -139,6 +139,7 @@ absl::Status ShmCommunicator::CheckBlockCall(const char* name,
 
 absl::Status ShmCommunicator::Run(const char* name, absl::Duration timeout,
                                   const std::function<absl::Status()>& body) {
+  comm_internal::CollectiveInFlight::Scope in_flight(&in_flight_);
   absl::Status result = body();
   if (result.ok()) return result;
   const std::string where =
@@ -282,6 +283,7 @@ absl::Status ShmCommunicator::Broadcast(void* buffer, int64_t count, DType dtype
                                         absl::Duration timeout) {
   absl::Status status = CheckCall("broadcast", count, dtype, timeout);
   if (!status.ok()) return status;
+  comm_internal::CollectiveInFlight::Scope in_flight(&in_flight_);
   status = tcp_->Broadcast(buffer, count, dtype, root, timeout);
   // A failure over TCP breaks this communicator too (not a bad argument).
   if (!status.ok() && !tcp_->health().ok()) Break(status);
@@ -291,6 +293,7 @@ absl::Status ShmCommunicator::Broadcast(void* buffer, int64_t count, DType dtype
 absl::Status ShmCommunicator::Barrier(absl::Duration timeout) {
   absl::Status status = CheckCall("barrier", 0, DType::kF32, timeout);
   if (!status.ok()) return status;
+  comm_internal::CollectiveInFlight::Scope in_flight(&in_flight_);
   status = tcp_->Barrier(timeout);
   if (!status.ok() && !tcp_->health().ok()) Break(status);
   return status;

@@ -82,6 +82,9 @@ class ShmCommunicator : public HostCommunicator {
   const std::string& transport_note() const override { return transport_note_; }
   int64_t shm_segment_bytes() const override;
   absl::Status health() const override { return broken_; }
+  bool AwaitCollectiveInFlight(absl::Duration timeout) const override {
+    return in_flight_.Await(timeout);
+  }
 
  private:
   class SharedGatherImpl;
@@ -109,6 +112,7 @@ class ShmCommunicator : public HostCommunicator {
 
   absl::Status broken_;  // only the thread calling collectives touches it
   std::atomic<bool> aborted_{false};
+  comm_internal::CollectiveInFlight in_flight_;
   std::atomic<int64_t> all_gather_bytes_{0};
   std::atomic<int64_t> reduce_scatter_bytes_{0};
   std::atomic<int64_t> all_reduce_bytes_{0};

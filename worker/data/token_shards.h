@@ -26,6 +26,7 @@
 #ifndef ZEROSHARD_WORKER_DATA_TOKEN_SHARDS_H_
 #define ZEROSHARD_WORKER_DATA_TOKEN_SHARDS_H_
 
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -62,7 +63,10 @@ class TokenShard {
   const std::string& path() const { return path_; }
   int64_t size() const { return count_; }  // tokens
   // REQUIRES: 0 <= i < size().
-  int32_t token(int64_t i) const { return tokens_[i]; }
+  int32_t token(int64_t i) const {
+    assert(i >= 0 && i < count_);
+    return tokens_[i];
+  }
 
  private:
   TokenShard(std::string path, void* map, size_t map_bytes, int64_t count);

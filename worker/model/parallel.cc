@@ -5,7 +5,6 @@
 #include <algorithm>
 
 extern "C" void openblas_set_num_threads(int num_threads);
-extern "C" char* openblas_get_corename(void);
 
 namespace zeroshard {
 
@@ -16,8 +15,6 @@ void SetComputeThreads(int n) {
 }
 
 int ComputeThreads() { return omp_get_max_threads(); }
-
-const char* BlasKernel() { return openblas_get_corename(); }
 
 void ParallelFor(int64_t n, int64_t grain, absl::FunctionRef<void(int64_t, int64_t)> f) {
   if (n <= 0) return;

@@ -19,12 +19,6 @@ namespace zeroshard {
 void SetComputeThreads(int n);
 int ComputeThreads();
 
-// The OpenBLAS kernel set its dispatcher chose for this CPU at load time
-// ("SkylakeX" on AVX-512, "Haswell" on AVX2 + FMA, "Sandybridge" on AVX, ...;
-// OPENBLAS_CORETYPE in the environment overrides it). Kernels block and round
-// differently: runs that are compared numerically say which one they used.
-const char* BlasKernel();
-
 // Calls f(begin, end) over a partition of [0, n) into contiguous ranges, in
 // parallel on the compute threads. Ranges hold at least `grain` items (but
 // the last), so small loops stay on the calling thread. Nested calls (from

@@ -1,6 +1,7 @@
 #include "worker/recovery/snapshot_keeper.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -207,6 +208,7 @@ absl::Status SnapshotKeeper::Start(ShardView view, GlooCommunicator* comm, int s
                                    absl::Duration timeout) {
   // Nothing in flight (REQUIRES): this returns at once, with the previous
   // transfer's error if it failed (a failed TaskThread runs no later task).
+  assert(!in_flight() && "SnapshotKeeper::Start while a snapshot is in flight");
   if (absl::Status s = Wait(); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);

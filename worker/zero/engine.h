@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/plan/shard_plan.h"
+#include "common/plan/stage_traits.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/model.h"
 #include "worker/zero/backend.h"
@@ -69,34 +70,6 @@ struct EngineOptions {
   // Where buffers live and the non-model ops run; null: the CPU. The model's
   // views point into this backend's memory. Not owned.
   Backend* backend = nullptr;
-};
-
-// What a ZeRO stage decides, derived once from EngineOptions::stage so that
-// the schedule asks what it means rather than which number it is.
-struct StageTraits {
-  // Stage 3: parameters live only as this rank's chunk (the fp32 master) and
-  // are all-gathered per unit for each use. Stages 0-2: every rank holds the
-  // replicated parameters.
-  bool params_sharded = false;
-  // Stages 1-3: optimizer state (and a separate master, if any) cover this
-  // rank's chunk; the gradient norm adds up over ranks. Stage 0: every row.
-  bool state_sharded = false;
-  // Stages 2-3: gradients are reduce-scattered per unit during the backward
-  // into an accumulated chunk; the flat gradient lives only for one
-  // micro-batch. Stages 0-1: the flat gradient accumulates over the step.
-  bool grads_sharded = false;
-  // Stage 1: the step's flat gradient is reduce-scattered at the step into a
-  // separate chunk (`reduced`), and the updated chunks all-gathered back.
-  bool reduce_at_step = false;
-
-  static StageTraits Of(int stage) {
-    StageTraits t;
-    t.params_sharded = stage >= 3;
-    t.state_sharded = stage >= 1;
-    t.grads_sharded = stage >= 2;
-    t.reduce_at_step = stage == 1;
-    return t;
-  }
 };
 
 // A piece as a range copy between layouts (elements).

@@ -9,9 +9,16 @@ point-to-point sends, one piece at a time, so no rank holds more than its own st
 plus its pieces. `shardctl consolidate` then merges parameters and moments into one
 safetensors file on the server, in bounded memory.
 
+FSDP2 (torch 2, `fully_shard`, 1-D or 2-D HSDP mesh): the state dict's tensors are
+DTensors sharded on dim 0. The plan is then FSDP2's own layout (PlanOptions'
+row_chunk_ranks = the shard group's size: every tensor cut as torch.chunk cuts it), so
+each rank of the first replica writes exactly its local shards and their Adam moments,
+the other replicas write empty files, and nothing is gathered.
+
 load(): a consolidated file, or a sharded step directory at any world size, into a
 model and (optionally) an optimizer (Adam, AdamW, or a ZeroRedundancyOptimizer over
-one: each rank then loads only the moments of the parameters it owns).
+one: each rank then loads only the moments of the parameters it owns). An FSDP2 module
+of any mesh reads only the rows of its local shards.
 """
 from __future__ import annotations
 
@@ -31,6 +38,74 @@ SHARD_FORMAT = "zeroshard-shard-v1"
 EXP_AVG = "optim.exp_avg."
 EXP_AVG_SQ = "optim.exp_avg_sq."
 _MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _dtensor_class() -> Optional[type]:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.4
+        return None
+    return DTensor
+
+
+def _is_dtensor(t: Any) -> bool:
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
+
+
+def _local_rows(t: torch.Tensor) -> Tuple[int, int]:
+    """[begin, end): the dim-0 rows of the global tensor this rank holds of DTensor `t`
+    (all of them when it is replicated)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    if t.dim() == 0:
+        return 0, 1
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return offset[0], offset[0] + shape[0]
+
+
+def _shard_dim(t: torch.Tensor, name: str) -> Optional[int]:
+    """The mesh dimension that shards DTensor `t` on dim 0 (None when it is replicated).
+    ValueError for layouts zeroshard does not write (other dims, several shardings)."""
+    from torch.distributed.tensor import Replicate, Shard
+    dims = []
+    for d, p in enumerate(t.placements):
+        if isinstance(p, Shard) and p.dim == 0:
+            dims.append(d)
+        elif not isinstance(p, Replicate):
+            raise ValueError(f"tensor '{name}' is a DTensor placed {list(t.placements)}; "
+                             f"zeroshard checkpoints take FSDP2's Shard(0) (with Replicate on "
+                             f"HSDP's other mesh dimension)")
+    if len(dims) > 1:
+        raise ValueError(f"tensor '{name}' is sharded on dim 0 over mesh dimensions {dims}; "
+                         f"expected one")
+    return dims[0] if dims else None
+
+
+def _row_chunk_ranks(state: Mapping[str, torch.Tensor]) -> int:
+    """FSDP2's shard group size S when the state dict holds DTensors sharded on dim 0
+    (the plan then cuts every tensor as torch.chunk(t, S) does), else 0 (the balanced
+    plan). Chunk k of replica 0 must live on global rank k, as init_device_mesh lays
+    out (replicate, shard) meshes; ValueError otherwise."""
+    groups = set()
+    for name, t in state.items():
+        if not _is_dtensor(t):
+            continue
+        d = _shard_dim(t, name)
+        if d is None:
+            continue
+        mesh = t.device_mesh.mesh
+        first_replica = mesh[tuple(0 if i != d else slice(None) for i in range(mesh.dim()))]
+        ranks = [int(r) for r in first_replica.reshape(-1)]
+        if ranks != list(range(len(ranks))):
+            raise ValueError(
+                f"tensor '{name}': its first replica's shards live on ranks {ranks}; "
+                f"zeroshard's FSDP2 layout needs ranks 0..{len(ranks) - 1} in order "
+                f"(build the mesh with init_device_mesh(..., (replicas, shards)))")
+        groups.add(len(ranks))
+    if len(groups) > 1:
+        raise ValueError(f"the model's DTensors are sharded over groups of sizes "
+                         f"{sorted(groups)}; zeroshard writes one layout per checkpoint")
+    return groups.pop() if groups else 0
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -61,7 +136,17 @@ def _optimizer_parts(optimizer: Any) -> Tuple[Any, Optional[Dict[torch.Tensor, i
     return optimizer, None
 
 
-def _rows(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
+def _rows(t: torch.Tensor, a: int, b: int, name: str = "") -> torch.Tensor:
+    """Rows [a, b) of `t` as float32 on the CPU; of a DTensor, from its local shard
+    (ValueError when this rank does not hold them)."""
+    if _is_dtensor(t):
+        begin, end = _local_rows(t)
+        if not (begin <= a and b <= end):
+            raise ValueError(f"tensor '{name}': the plan gives this rank rows [{a}, {b}) but "
+                             f"its shard holds [{begin}, {end})")
+        local = t.to_local()
+        return (local[a - begin:b - begin] if t.dim() > 0 else local.reshape(1)).detach().to(
+            "cpu", torch.float32)
     return (t[a:b] if t.dim() > 0 else t.reshape(1)).detach().to("cpu", torch.float32)
 
 
@@ -85,7 +170,7 @@ def save(step: int, model: torch.nn.Module, optimizer: Any = None, *,
     client, info = s.client, s.info
     rank, world = info.rank, info.world_size
     state = _float_state(model)
-    plan = client.plan(model_spec(model))
+    plan = client.plan(model_spec(model), row_chunk_ranks=_row_chunk_ranks(state))
     params = dict(_unwrap(model).named_parameters())
 
     inner, owner = (None, None) if optimizer is None else _optimizer_parts(optimizer)
@@ -118,14 +203,14 @@ def save(step: int, model: torch.nn.Module, optimizer: Any = None, *,
             name, a, b, r = spec["name"], piece["row_begin"], piece["row_end"], piece["rank"]
             if r == rank:
                 names.append(_shard_name("", name, a, b))
-                arrays.append(_rows(state[name], a, b).contiguous().numpy())
+                arrays.append(_rows(state[name], a, b, name).contiguous().numpy())
             if not moments or name not in params:
                 continue
             p = params[name]
             src = r if owner is None else owner[p]
             if src == r:
                 if rank == r:
-                    got = [_rows(inner.state[p][m], a, b) for m in _MOMENTS]
+                    got = [_rows(inner.state[p][m], a, b, name) for m in _MOMENTS]
                 else:
                     continue
             elif rank == src:
@@ -187,18 +272,30 @@ class _SafetensorsFile:
         self.metadata: Dict[str, str] = header.pop("__metadata__", {}) or {}
         self.tensors: Dict[str, Dict[str, Any]] = header
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, rows: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """Tensor `name` as float32, or only its dim-0 rows [a, b) (a 0-d tensor is one
+        row)."""
         t = self.tensors[name]
         begin, end = t["data_offsets"]
         if t["dtype"] not in _DTYPES:
             raise ValueError(f"{self.path}: tensor '{name}' is {t['dtype']}; expected a float")
+        shape = list(t["shape"])
+        if rows is not None:
+            total = shape[0] if shape else 1
+            a, b = rows
+            if not 0 <= a <= b <= total:
+                raise ValueError(f"{self.path}: rows [{a}, {b}) of tensor '{name}', which has "
+                                 f"{total}")
+            row_bytes = (end - begin) // total if total else 0
+            begin, end = begin + a * row_bytes, begin + b * row_bytes
+            shape = [b - a] + shape[1:] if shape else [b - a]
         with open(self.path, "rb") as f:
             f.seek(self.data_start + begin)
             raw = bytearray(f.read(end - begin))
         if len(raw) != end - begin:
             raise ValueError(f"{self.path}: tensor '{name}' is cut short")
-        return torch.frombuffer(raw, dtype=_DTYPES[t["dtype"]]).reshape(t["shape"]).float() \
-            if raw else torch.empty(t["shape"])
+        return torch.frombuffer(raw, dtype=_DTYPES[t["dtype"]]).reshape(shape).float() \
+            if raw else torch.empty(shape)
 
 
 class _Checkpoint:
@@ -235,6 +332,35 @@ class _Checkpoint:
             return (prefix, name) in self.pieces
         return prefix + name in self.files[0].tensors
 
+    def get_rows(self, prefix: str, name: str, like: torch.Tensor, a: int,
+                 b: int) -> torch.Tensor:
+        """Rows [a, b) of tensor `prefix + name`, which has `like`'s (global) shape,
+        reading only the pieces (or the part of the consolidated tensor) that hold them."""
+        rows = like.shape[0] if like.dim() > 0 else 1
+        out_shape = [b - a] + list(like.shape[1:]) if like.dim() > 0 else [b - a]
+        if not self.sharded:
+            sf = self.files[0]
+            t = sf.tensors.get(prefix + name)
+            if t is None:
+                raise ValueError(f"{sf.path} has no tensor '{prefix}{name}'")
+            if list(t["shape"]) != list(like.shape):
+                raise ValueError(f"tensor '{prefix}{name}' is {list(t['shape'])}; the model "
+                                 f"has {list(like.shape)}")
+            return sf.read(prefix + name, (a, b)).reshape(out_shape)
+        out = torch.empty(out_shape, dtype=torch.float32)
+        covered = 0
+        for pa, pb, i, n in sorted(self.pieces[(prefix, name)]):
+            if pa != covered:
+                raise ValueError(f"tensor '{prefix}{name}': rows {covered}..{pa} missing")
+            covered = pb
+            lo, hi = max(a, pa), min(b, pb)
+            if lo < hi:
+                out[lo - a:hi - a] = self.files[i].read(n, (lo - pa, hi - pa)).reshape(
+                    [hi - lo] + out_shape[1:])
+        if covered != rows:
+            raise ValueError(f"tensor '{prefix}{name}': {covered} rows of {rows}")
+        return out
+
     def get(self, prefix: str, name: str, like: torch.Tensor) -> torch.Tensor:
         if not self.sharded:
             t = self.files[0].read(prefix + name)
@@ -258,6 +384,20 @@ class _Checkpoint:
         return t
 
 
+def _read_like(ckpt: _Checkpoint, prefix: str, name: str, like: torch.Tensor) -> torch.Tensor:
+    """Tensor `prefix + name` shaped and placed as `like`: of a DTensor, only its local
+    rows, made a DTensor of the same mesh and placements."""
+    if not _is_dtensor(like):
+        return ckpt.get(prefix, name, like).to(like.dtype)
+    a, b = _local_rows(like)
+    local = ckpt.get_rows(prefix, name, like, a, b)
+    if like.dim() == 0:
+        local = local.reshape(())
+    local = local.to(dtype=like.dtype, device=like.to_local().device)
+    return _dtensor_class().from_local(local, like.device_mesh, like.placements,
+                                       run_check=False, shape=like.shape, stride=like.stride())
+
+
 def load(source: str, model: torch.nn.Module, optimizer: Any = None) -> int:
     """Loads a checkpoint into `model` (and `optimizer`): `source` is a consolidated
     safetensors file (`shardctl consolidate`) or a sharded step directory
@@ -271,7 +411,7 @@ def load(source: str, model: torch.nn.Module, optimizer: Any = None) -> int:
     loaded = {}
     for name, t in current.items():
         if t.is_floating_point():
-            loaded[name] = ckpt.get("", name, t).to(t.dtype)
+            loaded[name] = _read_like(ckpt, "", name, t)
         else:
             loaded[name] = t
     target.load_state_dict(loaded)
@@ -290,8 +430,8 @@ def load(source: str, model: torch.nn.Module, optimizer: Any = None) -> int:
             if ckpt.has(EXP_AVG, name):
                 state[index] = {
                     "step": torch.tensor(float(ckpt.optimizer_step)),
-                    "exp_avg": ckpt.get(EXP_AVG, name, p),
-                    "exp_avg_sq": ckpt.get(EXP_AVG_SQ, name, p),
+                    "exp_avg": _read_like(ckpt, EXP_AVG, name, p),
+                    "exp_avg_sq": _read_like(ckpt, EXP_AVG_SQ, name, p),
                 }
             index += 1
     if not state:

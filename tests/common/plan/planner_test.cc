@@ -299,6 +299,57 @@ TEST(Planner, ZeroDimensionalTensorIsOneRowOfOneElement) {
   EXPECT_EQ(plan->units[0].chunk_elements, kDefaultAlignmentElements);
 }
 
+// FSDP2's layout: torch.chunk(t, S, dim=0) gives chunks of ceil(rows / S)
+// rows, the last shorter and trailing ones missing when rows run out.
+TEST(PlannerRowChunks, EveryTensorIsCutAsTorchChunkCutsIt) {
+  ModelSpec spec{{Tensor("w", {10, 3}, "layer"), Tensor("b", {5}, "layer"),
+                  Tensor("scale", {}, "layer")}};
+  PlanOptions options;
+  options.row_chunk_ranks = 4;
+  options.alignment_elements = 1;
+  absl::StatusOr<ShardPlan> plan = Plan(spec, 4, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(ValidatePlan(spec, *plan).ok()) << ValidatePlan(spec, *plan);
+  ASSERT_EQ(plan->units.size(), 1u);
+  std::vector<std::tuple<std::string, int64_t, int64_t, int>> got;
+  for (const Piece& p : plan->units[0].pieces) {
+    got.emplace_back(plan->units[0].tensors[p.tensor].name, p.row_begin, p.row_end, p.rank);
+  }
+  std::sort(got.begin(), got.end());
+  using T = std::tuple<std::string, int64_t, int64_t, int>;
+  EXPECT_EQ(got, (std::vector<T>{T{"b", 0, 2, 0}, T{"b", 2, 4, 1}, T{"b", 4, 5, 2},
+                                 T{"scale", 0, 1, 0}, T{"w", 0, 3, 0}, T{"w", 3, 6, 1},
+                                 T{"w", 6, 9, 2}, T{"w", 9, 10, 3}}));
+  EXPECT_EQ(plan->units[0].chunk_elements, 9 + 2 + 1);  // rank 0: 3 rows of 3, 2, 1
+}
+
+TEST(PlannerRowChunks, RanksPastTheShardGroupHoldNothing) {
+  ModelSpec spec{{Tensor("w", {8, 2})}};
+  PlanOptions options;
+  options.row_chunk_ranks = 2;  // HSDP: 2 replicas of a 2-rank shard group
+  absl::StatusOr<ShardPlan> plan = Plan(spec, 4, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(ValidatePlan(spec, *plan).ok()) << ValidatePlan(spec, *plan);
+  for (const Piece& p : plan->units[0].pieces) EXPECT_LT(p.rank, 2);
+  EXPECT_EQ(plan->options.row_chunk_ranks, 2);
+}
+
+TEST(PlannerRowChunks, MoreChunkRanksThanTheWorldIsRefused) {
+  PlanOptions options;
+  options.row_chunk_ranks = 5;
+  absl::StatusOr<ShardPlan> plan = Plan(ModelSpec{{Tensor("w", {8})}}, 4, options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("row_chunk_ranks 5 exceeds the world size 4"));
+}
+
+TEST(PlannerRowChunks, TheLayoutIsPartOfTheHash) {
+  ModelSpec spec{{Tensor("w", {8, 2})}};
+  PlanOptions chunks;
+  chunks.row_chunk_ranks = 1;
+  // At W = 1 both layouts put everything on rank 0; the hashes still differ.
+  EXPECT_NE(Plan(spec, 1, chunks)->hash, Plan(spec, 1, PlanOptions())->hash);
+}
+
 TEST(Planner, OneDimensionalTensorIsCutIntoElementRanges) {
   ModelSpec spec{{Tensor("bias", {1000})}};
   PlanOptions options;

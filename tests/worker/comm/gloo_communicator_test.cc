@@ -305,8 +305,13 @@ TEST_P(GlooCommunicatorTest, BarrierWaitsForEveryRank) {
   std::atomic<int> arrived{0};
   std::vector<int> seen(W(), -1);
   RunThreads(W(), [&](int r) {
-    // The last rank arrives late; nobody may leave before it arrived.
-    if (r == W() - 1) absl::SleepFor(absl::Milliseconds(100));
+    // The last rank arrives once every other rank is inside the barrier;
+    // nobody may leave before it arrived.
+    if (r == W() - 1) {
+      for (int other = 0; other < W() - 1; ++other) {
+        ASSERT_TRUE(comms_[other]->AwaitCollectiveInFlight(kTimeout)) << "rank " << other;
+      }
+    }
     arrived.fetch_add(1);
     EXPECT_TRUE(comms_[r]->Barrier(kTimeout).ok());
     seen[r] = arrived.load();

@@ -39,7 +39,8 @@ TEST(InMemoryKvStoreTest, GetTimesOutNamingTheKey) {
 TEST(InMemoryKvStoreTest, GetWaitsForAWriter) {
   InMemoryKvStore store;
   std::thread writer([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    // Write only once the reader is blocked on the missing key.
+    ASSERT_TRUE(store.AwaitReaderBlocks(1, absl::Seconds(10)));
     ASSERT_TRUE(store.Set("late", "v").ok());
   });
   auto value = store.Get("late", absl::Seconds(10));
@@ -70,7 +71,7 @@ TEST(InMemoryKvStoreTest, AddFromManyThreads) {
   EXPECT_EQ(*store.Add("c", 0), 400);
 }
 
-TEST(InMemoryKvStoreTest, WaitForSeveralKeys) {
+TEST(InMemoryKvStoreTest, WaitForSeveralKeysNamesTheMissingOne) {
   InMemoryKvStore store;
   ASSERT_TRUE(store.Set("k1", "").ok());
   EXPECT_TRUE(store.Wait({"k1"}, absl::Milliseconds(1)).ok());
@@ -78,11 +79,17 @@ TEST(InMemoryKvStoreTest, WaitForSeveralKeys) {
   absl::Status status = store.Wait({"k1", "k2"}, absl::Milliseconds(50));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(status.message()), HasSubstr("'k2'"));
+}
 
+TEST(InMemoryKvStoreTest, WaitForSeveralKeysOutlastsAPartialWrite) {
+  InMemoryKvStore store;
+  ASSERT_TRUE(store.Set("k1", "").ok());
   std::thread writer([&] {
-    absl::SleepFor(absl::Milliseconds(30));
+    // Each write lands while the reader is blocked: k2 must not end the wait,
+    // the reader blocks again on k3.
+    ASSERT_TRUE(store.AwaitReaderBlocks(1, absl::Seconds(10)));
     ASSERT_TRUE(store.Set("k2", "").ok());
-    absl::SleepFor(absl::Milliseconds(30));
+    ASSERT_TRUE(store.AwaitReaderBlocks(2, absl::Seconds(10)));
     ASSERT_TRUE(store.Set("k3", "").ok());
   });
   EXPECT_TRUE(store.Wait({"k1", "k2", "k3"}, absl::Seconds(10)).ok());

@@ -42,7 +42,7 @@ TEST(KvGlooStoreTest, GetBlocksUntilSetThenTimesOut) {
   InMemoryKvStore kv;
   KvGlooStore store(&kv, "p/", absl::Milliseconds(200));
   std::thread writer([&] {
-    absl::SleepFor(absl::Milliseconds(30));
+    ASSERT_TRUE(kv.AwaitReaderBlocks(1, absl::Seconds(10)));  // the get below is waiting
     KvGlooStore other(&kv, "p/");
     other.set("k", Bytes("v"));
   });

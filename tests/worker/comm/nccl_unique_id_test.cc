@@ -41,10 +41,13 @@ TEST(NcclUniqueIdTest, RankZeroPublishesAndEveryRankGetsTheSameId) {
   constexpr int kWorld = 4;
   std::vector<absl::StatusOr<std::string>> ids(kWorld, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
-  // Ranks 1..3 start first and must wait for rank 0's publication.
+  // Ranks 1..3 start first and must wait for rank 0's publication: rank 0
+  // publishes once all three are blocked on the key.
   for (int rank = kWorld - 1; rank >= 0; --rank) {
     threads.emplace_back([&ids, &store, rank] {
-      if (rank == 0) absl::SleepFor(absl::Milliseconds(100));
+      if (rank == 0 && !store.AwaitReaderBlocks(kWorld - 1, absl::Seconds(20))) {
+        ADD_FAILURE() << "ranks 1.." << kWorld - 1 << " did not all block on the id";
+      }
       ids[rank] = PublishOrFetchNcclUniqueId(&store, rank, "gather", absl::Seconds(20));
     });
   }

@@ -246,7 +246,7 @@ TEST(SharedGatherTest, AbortEndsAWaitingGather) {
   absl::Status status;
   RunThreads(2, [&](int r) {
     if (r == 1) {
-      absl::SleepFor(absl::Milliseconds(100));  // let rank 0 block first
+      ASSERT_TRUE(comms[0]->AwaitCollectiveInFlight(absl::Seconds(10)));
       comms[0]->Abort();
       return;
     }
@@ -388,9 +388,9 @@ void PeerKilledMidGather(bool holds) {
   char byte = 0;
   ASSERT_EQ(read(ready[0], &byte, 1), 1);
   close(ready[0]);
-  // Killed while rank 0 waits (or just before: the same answer).
-  std::thread killer([child] {
-    absl::SleepFor(absl::Milliseconds(100));
+  // Killed while rank 0 is inside the gather.
+  std::thread killer([child, &comm] {
+    if (!comm->AwaitCollectiveInFlight(absl::Seconds(10))) ADD_FAILURE() << "no gather began";
     kill(child, SIGKILL);
   });
   absl::Status second = (*g)->Gather(shard.data(), blocks, DType::kF32, kTimeout).status();

@@ -1,0 +1,140 @@
+// SqlDatabase: the one SQLite layer of the server. A database file and its
+// one connection, lent out under a mutex: SQL is reached only through
+// Transaction() (writes, all or nothing) and Read() (queries), which lend
+// the connection to a callback while the mutex is held. The state store
+// (jobs, plans, the checkpoint registry's tables) and the history store
+// (per-step curves, in another file) are both built on it.
+//
+// Errors name the database, the operation and SQLite's own message, e.g.
+// "state store: save job: database or disk is full": a full disk is
+// RESOURCE_EXHAUSTED, a database another process holds locked UNAVAILABLE
+// (worth retrying), anything else INTERNAL.
+#ifndef ZEROSHARD_SHARD_SERVER_SQL_DATABASE_H_
+#define ZEROSHARD_SHARD_SERVER_SQL_DATABASE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace zeroshard {
+
+// A prepared statement. Made only by SqlDatabase::Connection::Prepare, and so
+// used only inside a Transaction() or Read() body; it must not outlive it.
+// Errors (preparing, binding, stepping) are kept, as a LevelDB iterator
+// keeps them: the first one is status(), and Next() then returns false.
+class Statement {
+ public:
+  Statement(Statement&& other) noexcept;
+  Statement& operator=(Statement&&) = delete;
+  ~Statement();
+
+  // Parameters are numbered from 1, as in SQL ("?1", or the N-th "?").
+  Statement& Bind(int index, absl::string_view text);
+  Statement& BindBlob(int index, absl::string_view bytes);
+  Statement& Bind(int index, int64_t value);
+  Statement& BindDouble(int index, double value);
+
+  // Steps to the next result row; false after the last row or on an error.
+  bool Next();
+  // Runs a statement that returns no rows; status().
+  absl::Status Run();
+  // Rewinds the statement to run it again; the bindings are kept.
+  void Reset();
+  // OK, or the first error.
+  const absl::Status& status() const { return status_; }
+  // Rows the last Run() changed (inserted, updated or deleted).
+  int64_t Changes() const;
+
+  // Columns of the current row, numbered from 0. NULL reads as "" and 0.
+  std::string Text(int column) const;
+  int64_t Int(int column) const;
+  double Double(int column) const;
+  bool IsNull(int column) const;
+
+ private:
+  friend class SqlDatabase;
+  Statement(sqlite3* db, absl::string_view name, absl::string_view what, const char* sql,
+            bool read_only);
+  // Records SQLite's error for `code` unless an earlier one is recorded.
+  void Fail(int code);
+
+  sqlite3* db_;
+  std::string where_;  // "<database>: <operation>", for error messages
+  sqlite3_stmt* stmt_ = nullptr;
+  absl::Status status_;
+};
+
+// Thread-safe.
+class SqlDatabase {
+ public:
+  // The connection, lent to a Transaction() or Read() body while the
+  // database's mutex is held. Not copyable; invalid once the body returns.
+  class Connection {
+   public:
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    // `what` names the operation in error messages ("save job"). In a
+    // Read(), a statement that would write fails (status()).
+    Statement Prepare(absl::string_view what, const char* sql);
+    // Runs statements that return no rows (a schema). Transaction() only.
+    absl::Status Execute(absl::string_view what, const char* sql);
+
+   private:
+    friend class SqlDatabase;
+    Connection(sqlite3* db, absl::string_view name, bool read_only)
+        : db_(db), name_(name), read_only_(read_only) {}
+    sqlite3* const db_;
+    const absl::string_view name_;  // the database's, for error messages
+    const bool read_only_;
+  };
+  using Body = absl::FunctionRef<absl::Status(Connection& db)>;
+
+  // kFull: a commit is durable before Transaction() returns (the server's
+  // state). kOff: not fsynced; a crash may lose the last commits, never
+  // corrupt the file (history).
+  enum class Durability { kFull, kOff };
+
+  // Opens or creates `path` (":memory:" keeps it in memory) in WAL mode.
+  // `name` ("state store") starts every error message. UNAVAILABLE when the
+  // file cannot be opened.
+  static absl::StatusOr<std::unique_ptr<SqlDatabase>> Open(const std::string& path,
+                                                           absl::string_view name,
+                                                           Durability durability);
+  ~SqlDatabase();
+
+  SqlDatabase(const SqlDatabase&) = delete;
+  SqlDatabase& operator=(const SqlDatabase&) = delete;
+
+  // Runs `body` as one SQLite transaction: every write of it is committed
+  // or, when `body` or the commit fails, none is; that error is returned.
+  // `body` must not call the database (its mutex is held).
+  absl::Status Transaction(Body body) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `body`'s queries, which see what the last transaction committed.
+  // A statement that would write fails: writes need Transaction().
+  absl::Status Read(Body body) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  SqlDatabase(sqlite3* db, std::string name) : db_(db), name_(std::move(name)) {}
+  absl::Status ExecuteLocked(absl::string_view what, const char* sql)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
+  const std::string name_;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_SQL_DATABASE_H_
