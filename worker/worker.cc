@@ -442,11 +442,15 @@ absl::Status Worker::Evaluate(int completed_steps) {
   metrics_.val_losses.push_back(eval->loss);
   if (rank_ == 0) {
     std::fprintf(stderr, "step %d  val_loss %.4f%s\n", completed_steps, eval->loss,
-                 eval->accuracy >= 0
-                     ? absl::StrFormat("  accuracy %.1f%% (after another line %.1f%%)",
-                                       100 * eval->accuracy, 100 * eval->accuracy_in_context)
-                           .c_str()
-                     : "");
+                 eval->accuracy >= 0 ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%",
+                                                                    100 * eval->accuracy),
+                                                    eval->accuracy_in_context >= 0
+                                                        ? absl::StrFormat(
+                                                              " (after another line %.1f%%)",
+                                                              100 * eval->accuracy_in_context)
+                                                        : "")
+                                           .c_str()
+                                     : "");
   }
   return absl::OkStatus();
 }
