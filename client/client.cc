@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
+#include "common/keepalive.h"
 #include "common/plan/plan_codec.h"
 #include "proto/health.grpc.pb.h"
 
@@ -75,6 +77,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A silently dead connection is closed within a few seconds
+  // (common/keepalive.h), so the capped backoff above also bounds how long
+  // after a network outage heartbeats resume.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // keep pinging an idle channel
   if (!options.tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options.tls_ca;
@@ -111,7 +120,11 @@ v1::MemberCredentials Client::credentials() const {
 absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
                                       const std::string& worker_id, const std::string& host,
                                       absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
+  const absl::Time started = absl::Now();
+  const absl::Time deadline = started + timeout;
+  // How often a join that keeps failing says so.
+  constexpr absl::Duration kJoinRetryReport = absl::Seconds(5);
+  absl::Time last_said = started;
   absl::Duration backoff = absl::Milliseconds(100);
   v1::JoinRequest request;
   request.set_job_id(job_id);
@@ -121,6 +134,7 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_min_world_size(join_extras_.min_world_size);
   request.set_rejoin_grace_ms(absl::ToInt64Milliseconds(join_extras_.rejoin_grace));
   request.set_incarnation(join_extras_.incarnation);
+  request.set_node(join_extras_.node);
   while (true) {
     grpc::ClientContext context;
     Prepare(&context, deadline - absl::Now());
@@ -141,7 +155,24 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
     if (!Retryable(status) || absl::Now() + backoff >= deadline) {
       return absl::Status(status.code(),
                           absl::StrCat("join of job '", job_id, "' as '", worker_id, "' at ",
-                                       options_.server, ": ", status.message()));
+                                       options_.server, ": ", status.message(), " (tried for ",
+                                       absl::FormatDuration(absl::Trunc(
+                                           absl::Now() - started, absl::Seconds(1))),
+                                       ")"));
+    }
+    // Say so every few seconds: an unreachable server (a wrong address, a
+    // firewall, a server listening on 127.0.0.1) is otherwise a silent wait.
+    if (absl::Now() - last_said >= kJoinRetryReport) {
+      last_said = absl::Now();
+      std::fprintf(stderr,
+                   "join of job '%s' as '%s': the server at %s has not accepted it for %s "
+                   "(last error: %s); still trying for %s\n",
+                   job_id.c_str(), worker_id.c_str(), options_.server.c_str(),
+                   absl::FormatDuration(absl::Trunc(absl::Now() - started, absl::Seconds(1)))
+                       .c_str(),
+                   status.ToString().c_str(),
+                   absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1)))
+                       .c_str());
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
@@ -171,8 +202,14 @@ void Client::StartHeartbeats(CommandHandler handler) {
     stop_heartbeats_ = false;
     peer_failure_ = false;
     beat_now_ = false;
+    last_answer_ = absl::Now();
   }
   heartbeat_thread_ = std::thread([this, handler = std::move(handler)] { HeartbeatLoop(handler); });
+}
+
+absl::Duration Client::SinceHeartbeatAnswer() {
+  absl::MutexLock lock(&mu_);
+  return absl::Now() - last_answer_;
 }
 
 void Client::StopHeartbeats() {
@@ -232,6 +269,10 @@ void Client::HeartbeatLoop(CommandHandler handler) {
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;
       backoff = absl::Milliseconds(100);
+      {
+        absl::MutexLock lock(&mu_);
+        last_answer_ = absl::Now();
+      }
       if (response.command() != v1::CONTINUE) {
         handler(response);
         delivered = true;

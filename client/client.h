@@ -83,6 +83,7 @@ struct JoinExtras {
   int min_world_size = 0;
   absl::Duration rejoin_grace = absl::ZeroDuration();
   std::string incarnation;
+  std::string node;  // "<hostname> <boot id>" (common/local_address.h)
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& status);
@@ -114,6 +115,10 @@ class Client {
   // the first non-CONTINUE command or error is handed to `handler`.
   void StartHeartbeats(CommandHandler handler);
   void StopHeartbeats();
+  // How long since the server last answered a heartbeat (since
+  // StartHeartbeats when it has not yet): a long one means the server is
+  // unreachable from here.
+  absl::Duration SinceHeartbeatAnswer();
   void ReportProgress(const Progress& progress);
   // A collective failed here: the next heartbeat, sent now, says so
   // (HeartbeatRequest.peer_failure), and so does every later one, 50 ms
@@ -221,6 +226,7 @@ class Client {
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
   bool peer_failure_ ABSL_GUARDED_BY(mu_) = false;  // ReportPeerFailure
   bool beat_now_ ABSL_GUARDED_BY(mu_) = false;      // wakes the heartbeat loop
+  absl::Time last_answer_ ABSL_GUARDED_BY(mu_);     // SinceHeartbeatAnswer
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread heartbeat_thread_;
 };

@@ -5,7 +5,7 @@
 # consolidates the final checkpoint into quickstart-out/model.safetensors
 # through `shardctl consolidate`, and prints a summary and a sample.
 #
-#   deploy/quickstart.sh [--workers=4] [--steps=1800] [--stage=3] [--max_restarts=0]
+#   deploy/quickstart.sh [--workers=4] [--steps=1800] [--stage=3] [--seed=1] [--max_restarts=0]
 #
 # A worker that dies is started again with its worker id while restarts are
 # left (--max_restarts over the whole run). Ctrl-C stops every process it started.
@@ -15,20 +15,23 @@ source "$(dirname "$0")/lib.sh"
 workers=4
 steps=1800
 stage=3
+seed=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --workers=*) workers="${1#*=}" ;;
     --steps=*) steps="${1#*=}" ;;
     --stage=*) stage="${1#*=}" ;;
+    --seed=*) seed="${1#*=}" ;;
     --max_restarts=*) ZS_MAX_RESTARTS="${1#*=}" ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "quickstart.sh: unknown option '$1' (expected --workers, --steps, --stage, --max_restarts)" >&2; exit 2 ;;
+    *) echo "quickstart.sh: unknown option '$1' (expected --workers, --steps, --stage, --seed, --max_restarts)" >&2; exit 2 ;;
   esac
   shift
 done
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "--workers must be a positive integer" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "--steps must be a positive integer" >&2; exit 2; }
 [[ "$stage" =~ ^[0-3]$ ]] || { echo "--stage must be 0, 1, 2 or 3" >&2; exit 2; }
+[[ "$seed" =~ ^[0-9]+$ ]] || { echo "--seed must be a non-negative integer, not '$seed'" >&2; exit 2; }
 [[ "$ZS_MAX_RESTARTS" =~ ^[0-9]+$ ]] || { echo "--max_restarts must be a non-negative integer, not '$ZS_MAX_RESTARTS'" >&2; exit 2; }
 
 started=$(date +%s)
@@ -40,14 +43,14 @@ zs_build
 zs_start_server "$run"
 job="quickstart-$(date +%Y%m%d-%H%M%S)"
 zs_log "shard server on $ZS_ADDRESS (logs in $run)"
-zs_log "training job '$job': GPT (3 layers, 4 heads, d_model 96, context 32) on 2-digit sums (written least-significant digit first), $workers workers, ZeRO stage $stage, $steps steps"
+zs_log "training job '$job': GPT (3 layers, 4 heads, d_model 96, context 10) on 2-digit sums (written least-significant digit first), $workers workers, ZeRO stage $stage, $steps steps"
 
 # 2 cores shared by all workers: one BLAS thread each.
 if ! zs_run_workers "$run" "$job" "$workers" \
-    --model=gpt --layers=3 --heads=4 --d_model=96 --context=32 --task=reversed-addition --digits=2 \
-    --batch=16 --steps="$steps" --stage="$stage" --prefetch=1 \
+    --model=gpt --layers=3 --heads=4 --d_model=96 --context=10 --task=reversed-addition --digits=2 \
+    --batch=48 --steps="$steps" --stage="$stage" --prefetch=1 \
     --optimizer=adamw --lr=1e-2 --min_lr=3e-4 --lr_schedule=cosine --warmup_steps=100 --max_grad_norm=1.0 \
-    --val_every=$((steps / 5 > 0 ? steps / 5 : 1)) --sample=120 --seed=3 --threads=1 \
+    --val_every=$((steps / 5 > 0 ? steps / 5 : 1)) --sample=120 --seed="$seed" --threads=1 \
     --checkpoint_every=$((steps / 2 > 0 ? steps / 2 : 1)) --checkpoint_at_end \
     --summary_out="$out/summary.json" --report="$run/report-{rank}.json"; then
   echo "quickstart: training failed (logs in $run)" >&2

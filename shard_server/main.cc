@@ -37,6 +37,10 @@ ABSL_FLAG(int, keep_last, 0,
 ABSL_FLAG(int, heartbeat_interval_ms, 1000, "Heartbeat interval advertised to workers");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "A member silent this long is declared dead and its job's generation bumped");
+ABSL_FLAG(absl::Duration, isolation_grace, absl::Seconds(90),
+          "When every member of a job falls silent at once, the likelier cause is the server's "
+          "own network: wait this long before declaring them dead (0: no wait; "
+          "docs/multihost.md)");
 ABSL_FLAG(int, join_timeout_ms, 600000,
           "A join still waiting for the rest of its job after this long gets DEADLINE_EXCEEDED");
 ABSL_FLAG(int, max_world_size, 65536, "Largest world size a job may ask for");
@@ -124,6 +128,10 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.membership.heartbeat_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.membership.isolation_grace = absl::GetFlag(FLAGS_isolation_grace);
+  if (options.membership.isolation_grace < absl::ZeroDuration()) {
+    return Fail("--isolation_grace must be >= 0");
+  }
   options.membership.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
   options.membership.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   options.membership.max_jobs = absl::GetFlag(FLAGS_max_jobs);

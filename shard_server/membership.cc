@@ -1,6 +1,7 @@
 #include "shard_server/membership.h"
 
 #include <algorithm>
+#include <set>
 #include <cassert>
 #include <utility>
 
@@ -8,7 +9,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/job_id.h"
+#include "common/local_address.h"
 
 namespace zeroshard {
 namespace {
@@ -61,7 +64,12 @@ std::string Ms(absl::Duration d) { return absl::StrCat(absl::ToInt64Milliseconds
 }  // namespace
 
 Membership::Membership(Clock* clock, EventLog* log, StateStore* state, MembershipOptions options)
-    : clock_(clock), log_(log), state_(state), options_(options) {}
+    : clock_(clock),
+      log_(log),
+      state_(state),
+      options_(options),
+      detector_options_{options.heartbeat_interval, options.heartbeat_timeout,
+                        options.isolation_grace} {}
 
 void Membership::SetGenerationListener(GenerationListener listener) {
   absl::MutexLock lock(&mu_);
@@ -412,6 +420,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   p.worker_id = request.worker_id();
   p.host = request.host();
   p.incarnation = request.incarnation();
+  p.node = request.node();
   p.skip_member_table = request.skip_member_table();
   p.deadline = std::min(deadline, now + options_.join_timeout);
   p.done = std::move(done);
@@ -451,8 +460,33 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
   return *id;
 }
 
+absl::Status Membership::CheckHostsReachable(const Job& job) {
+  std::set<std::string> nodes;
+  std::vector<std::string> loopback;
+  for (const auto& [worker_id, p] : job.pending) {
+    if (!p.node.empty()) nodes.insert(p.node);
+    if (IsLoopback(p.host)) loopback.push_back(absl::StrCat(worker_id, " (", p.host, ")"));
+  }
+  if (nodes.size() < 2 || loopback.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job '", job.id, "' cannot form: its workers run on ", nodes.size(),
+      " machines but ", absl::StrJoin(loopback, ", "),
+      " advertise a loopback address, which peers on the other machines cannot reach; start "
+      "them with --host=<an address the other machines reach>, or without --host (the "
+      "address of the route to the server)"));
+}
+
 void Membership::FormGeneration(Job& job, Deferred& deferred) {
   absl::Time now = clock_->Now();
+  if (absl::Status unreachable = CheckHostsReachable(job); !unreachable.ok()) {
+    log_->Log("join_refused", {{"job", job.id}, {"reason", unreachable.ToString()}});
+    for (auto& [worker_id, p] : job.pending) {
+      pending_by_id_.erase(p.id);
+      deferred.push_back([done = std::move(p.done), unreachable]() { done(unreachable); });
+    }
+    job.pending.clear();
+    return;
+  }
   std::vector<MemberState> previous_members = std::move(job.members);
   const int64_t previous_members_generation = job.members_generation;
   const v1::JobState previous_state = job.state;
@@ -471,6 +505,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
   }
   job.members_generation = job.generation;
   job.state = v1::RUNNING;
+  job.data_plane_advanced = absl::InfinitePast();
   absl::Status saved = SaveChange(
       job, absl::StrCat("job '", job.id, "' generation ", job.generation, " could not be formed"));
   if (!saved.ok()) {
@@ -647,7 +682,21 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", m.rank, " of job '", job.id, "' has left; join again"));
   }
-  m.last_heartbeat = clock_->Now();
+  const absl::Time now = clock_->Now();
+  if (m.heartbeat_seen && now - m.last_heartbeat > 2 * options_.heartbeat_interval) {
+    // A member back from a silence (its network, or the server's): the time
+    // its heartbeats took to resume shows here.
+    log_->Log("heartbeat_resumed", {{"job", job.id},
+                                    {"worker", m.worker_id},
+                                    {"rank", absl::StrCat(m.rank)},
+                                    {"alive", m.alive ? "true" : "false"},
+                                    {"silent_ms", Ms(now - m.last_heartbeat)}});
+  }
+  if (job.formed() && request.member().generation() == job.generation &&
+      request.collective_seq() > m.collective_seq) {
+    job.data_plane_advanced = now;
+  }
+  m.last_heartbeat = now;
   m.heartbeat_seen = true;
   m.step = request.step();
   m.loss = request.loss();
@@ -764,19 +813,26 @@ void Membership::Tick() {
       bool died = false;
       bool changed = false;
       std::string dead;  // who, for the generation's history
-      // After a peer's collective failed, a live member is one that beat
-      // within 1.5 intervals (it beats every interval) and whose stream is
-      // open; a member whose stream closed gets a moment to re-open it (a
-      // client re-opens a broken stream within ~100 ms and beats at once).
+      // Who is dead: shard_server/failure_detector.h has the rules.
       const bool suspect = job.formed() && job.suspect_generation == job.generation;
-      constexpr absl::Duration kReopenGrace = absl::Milliseconds(300);
+      std::vector<MemberState*> live;
+      std::vector<const MemberState*> judged;
+      std::vector<MemberSignals> signals;
       for (MemberState& m : job.members) {
         if (!m.alive || m.left) continue;
-        absl::Duration silent = now - m.last_heartbeat;
-        const bool closed = suspect && m.stream_closed > m.last_heartbeat &&
-                            now - m.stream_closed > kReopenGrace;
-        const bool quiet = suspect && silent > options_.heartbeat_interval * 1.5;
-        if (silent <= options_.heartbeat_timeout && !closed && !quiet) continue;
+        live.push_back(&m);
+        judged.push_back(&m);
+        signals.push_back({m.last_heartbeat, m.stream_closed});
+      }
+      const JobSignals job_signals{
+          suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast()};
+      const std::vector<MemberVerdict> verdicts =
+          JudgeMembers(signals, job_signals, now, detector_options_);
+      LogDoubts(job, judged, verdicts);
+      for (size_t i = 0; i < live.size(); ++i) {
+        if (verdicts[i].verdict != Verdict::kDead) continue;
+        MemberState& m = *live[i];
+        const absl::Duration silent = now - m.last_heartbeat;
         m.alive = false;
         changed = true;
         absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ",
@@ -786,11 +842,7 @@ void Membership::Tick() {
                                   {"rank", absl::StrCat(m.rank)},
                                   {"generation", absl::StrCat(job.members_generation)},
                                   {"silent_ms", Ms(silent)},
-                                  {"why", closed  ? "heartbeat stream closed after a peer's "
-                                                    "collective failed"
-                                          : quiet ? "silent 1.5 heartbeat intervals after a "
-                                                    "peer's collective failed"
-                                                  : "heartbeat timeout"}});
+                                  {"why", verdicts[i].why}});
         died = died || job.formed();
       }
       // A death stands whatever the disk says: applied now, saved when it can be.
@@ -830,6 +882,40 @@ void Membership::Tick() {
     }
   }
   for (auto& f : deferred) f();
+}
+
+void Membership::LogDoubts(Job& job, const std::vector<const MemberState*>& live,
+                           const std::vector<MemberVerdict>& verdicts) {
+  auto first = [&](Verdict v) {
+    for (size_t i = 0; i < verdicts.size(); ++i) {
+      if (verdicts[i].verdict == v) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  const int isolated = first(Verdict::kIsolationSuspected);
+  if ((isolated >= 0) != job.isolation_suspected) {
+    job.isolation_suspected = isolated >= 0;
+    if (isolated >= 0) {
+      log_->Log("isolation_suspected", {{"job", job.id},
+                                        {"generation", absl::StrCat(job.generation)},
+                                        {"members", absl::StrCat(live.size())},
+                                        {"why", verdicts[isolated].why}});
+    } else {
+      log_->Log("isolation_over", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+    }
+  }
+  const int seen = first(Verdict::kSeenByPeers);
+  if ((seen >= 0) != job.seen_by_peers) {
+    job.seen_by_peers = seen >= 0;
+    if (seen >= 0) {
+      log_->Log("member_seen_by_peers", {{"job", job.id},
+                                         {"worker", live[seen]->worker_id},
+                                         {"rank", absl::StrCat(live[seen]->rank)},
+                                         {"why", verdicts[seen].why}});
+    } else {
+      log_->Log("members_seen_by_peers_over", {{"job", job.id}});
+    }
+  }
 }
 
 void Membership::MaybeShrink(Job& job, absl::Time now, Deferred& deferred) {

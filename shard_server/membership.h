@@ -42,6 +42,7 @@
 #include "proto/zeroshard.pb.h"
 #include "shard_server/clock.h"
 #include "shard_server/event_log.h"
+#include "shard_server/failure_detector.h"
 #include "shard_server/state_store.h"
 
 namespace zeroshard {
@@ -50,6 +51,10 @@ struct MembershipOptions {
   int max_world_size = 65536;
   absl::Duration heartbeat_interval = absl::Seconds(1);  // advertised to members
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // When every member of a job is silent, how long the server suspects its
+  // own network before it declares them dead (shard_server/failure_detector.h,
+  // rule 4). Zero: no suspicion.
+  absl::Duration isolation_grace = absl::ZeroDuration();
   absl::Duration join_timeout = absl::Minutes(10);
   // Jobs the server holds at once (--max_jobs); a Join that would create one
   // more is refused with RESOURCE_EXHAUSTED.
@@ -158,6 +163,7 @@ class Membership {
     std::string worker_id;
     std::string host;
     std::string incarnation;
+    std::string node;  // JoinRequest.node
     bool skip_member_table = false;
     absl::Time deadline;
     JoinDone done;
@@ -199,6 +205,14 @@ class Membership {
     // (HeartbeatRequest.peer_failure; -1: none): its silent members are
     // declared dead sooner (Tick).
     int64_t suspect_generation = -1;
+    // When a beating member of the formed generation last reported a larger
+    // collective_seq (InfinitePast: not in this generation): its silent peers
+    // are seen by it (failure_detector.h, rule 3).
+    absl::Time data_plane_advanced = absl::InfinitePast();
+    // The server suspects its own isolation from this job, or members are
+    // silent but seen by their peers (each logged once per episode).
+    bool isolation_suspected = false;
+    bool seen_by_peers = false;
     bool formed() const { return members_generation == generation && !members.empty(); }
     // The member with `worker_id`; null: none.
     MemberState* FindMember(const std::string& worker_id);
@@ -269,6 +283,13 @@ class Membership {
   // Declares `m` dead and moves the job to a new generation (DEGRADED).
   void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs the start and end of the failure detector's doubts about `live`
+  // (its rules 3 and 4) for `job`.
+  void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
+                 const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK unless the pending joins come from several machines and some
+  // advertise loopback hosts: FAILED_PRECONDITION naming them.
+  static absl::Status CheckHostsReachable(const Job& job);
   // Records why `job` is at its current generation (bounded history).
   void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the job to the state store (OK without one).
@@ -291,6 +312,7 @@ class Membership {
   EventLog* const log_;
   StateStore* const state_;
   const MembershipOptions options_;
+  const FailureDetectorOptions detector_options_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,9 @@
 #include "shard_server/shard_server.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -8,12 +11,45 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/keepalive.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
 #include "shard_server/observability_pages.h"
 
 namespace zeroshard {
+
+namespace {
+
+// Takes <dir>/lock (flock, released when the process ends however it ends)
+// and writes this process's id into it; FAILED_PRECONDITION naming the
+// holder when another server has it. Two servers on one state directory
+// would each believe their own view of the jobs.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
+  const std::string path = dir + "/lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    const ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir ", dir, " is in use by another shard_server (process ",
+        n > 0 ? std::string(holder, strcspn(holder, "\n")) : "?",
+        "): two servers cannot share a state directory; stop that one or pick another "
+        "--state_dir"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without the note of who holds it.
+  }
+  return fd;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptions options) {
   std::unique_ptr<ShardServer> server(new ShardServer());
@@ -25,6 +61,9 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot create --state_dir ", options.state_dir, ": ", std::strerror(errno)));
     }
+    absl::StatusOr<int> lock = LockStateDir(options.state_dir);
+    if (!lock.ok()) return lock.status();
+    server->state_dir_lock_ = *lock;
     absl::StatusOr<std::unique_ptr<StateStore>> state =
         StateStore::Open(options.state_dir + "/zeroshard.db");
     if (!state.ok()) return state.status();
@@ -135,6 +174,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   // multiplex thousands of members on a few connections.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 1 << 16);
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // The clients' keepalive pings are welcome (common/keepalive.h), and the
+  // server pings too, to close the streams of clients that vanished.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kServerMinPingIntervalMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);  // 0: never GOAWAY for pings
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kServerKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kServerKeepaliveTimeoutMs);
+  // One server per address: without SO_REUSEPORT a second server on an
+  // address in use fails to start instead of splitting the clients with the
+  // first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
@@ -211,6 +262,9 @@ void ShardServer::Shutdown() {
   if (checkpoint_verifier_ != nullptr) checkpoint_verifier_->Stop();
 }
 
-ShardServer::~ShardServer() { Shutdown(); }
+ShardServer::~ShardServer() {
+  Shutdown();
+  if (state_dir_lock_ >= 0) close(state_dir_lock_);
+}
 
 }  // namespace zeroshard

@@ -103,6 +103,9 @@ class ShardServer {
   RealClock real_clock_;
   Clock* clock_ = &real_clock_;  // options_.clock when given
   int port_ = 0;
+  // <state_dir>/lock, held (flock) while the server lives: one server per
+  // state directory. -1: no state directory.
+  int state_dir_lock_ = -1;
   std::string address_;
   absl::Notification stop_;
   std::thread ticker_;

@@ -19,6 +19,7 @@ PACKAGES=(
   prometheus tmux chromium curl  # observability tests: promtool, shardctl top, the dashboard
   python3 python3-venv python3-torch python3-numpy python3-yaml  # interop tests
   python3-dev pybind11-dev  # the Python package (python/zeroshard)
+  iproute2 nftables      # emulated hosts (tests/cluster): namespaces, tc, silent drops
 )
 
 missing=()

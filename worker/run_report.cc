@@ -120,8 +120,10 @@ absl::Status WriteSummary(const FinishedRun& run, const std::string& path) {
     // Greedy answers to held-out problems asked at the start of a sequence.
     table.AddRow({"accuracy (held-out sums, as a first line)",
                   absl::StrFormat("%.1f%%", 100 * eval.accuracy)});
-    table.AddRow({"accuracy (held-out sums, after another line)",
-                  absl::StrFormat("%.1f%%", 100 * eval.accuracy_in_context)});
+    if (eval.accuracy_in_context >= 0) {
+      table.AddRow({"accuracy (held-out sums, after another line)",
+                    absl::StrFormat("%.1f%%", 100 * eval.accuracy_in_context)});
+    }
   }
   table.AddRow({"step time (median)", absl::StrFormat("%.1f ms", Median(m.step_ms))});
   table.AddRow({config.task.model == "gpt" ? "tokens/s" : "rows/s",

@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
+#include "common/local_address.h"
 #include "common/status_context.h"
 #include "worker/checkpoint_loading.h"
 #include "worker/checkpointer.h"
@@ -112,7 +113,8 @@ absl::Status Worker::Join() {
     client_ = *std::move(client);
     absl::BitGen gen;
     client_->set_join_extras({config_.recovery.min_world_size, config_.recovery.rejoin_grace,
-                              absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen))});
+                              absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen)),
+                              HostIdentity()});
   }
   absl::StatusOr<JoinInfo> joined = client_->Join(
       config_.job, config_.world_size, config_.worker_id, config_.host,
@@ -440,11 +442,15 @@ absl::Status Worker::Evaluate(int completed_steps) {
   metrics_.val_losses.push_back(eval->loss);
   if (rank_ == 0) {
     std::fprintf(stderr, "step %d  val_loss %.4f%s\n", completed_steps, eval->loss,
-                 eval->accuracy >= 0
-                     ? absl::StrFormat("  accuracy %.1f%% (after another line %.1f%%)",
-                                       100 * eval->accuracy, 100 * eval->accuracy_in_context)
-                           .c_str()
-                     : "");
+                 eval->accuracy >= 0 ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%",
+                                                                    100 * eval->accuracy),
+                                                    eval->accuracy_in_context >= 0
+                                                        ? absl::StrFormat(
+                                                              " (after another line %.1f%%)",
+                                                              100 * eval->accuracy_in_context)
+                                                        : "")
+                                           .c_str()
+                                     : "");
   }
   return absl::OkStatus();
 }
@@ -556,7 +562,19 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
     client_->ReportPeerFailure();
     const JoinInfo& m = generation_->membership;
     const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
-    if (!abort_->WaitTripped(wait)) {
+    if (!abort_->WaitTripped(wait) && client_->SinceHeartbeatAnswer() > m.heartbeat_timeout) {
+      // The server cannot be reached from here either: this host is cut off
+      // (from its peers and the server), and the server has most likely
+      // ended the generation without being able to say so. Re-join like a
+      // survivor: a cut that heals within --rejoin_timeout heals.
+      abort_->Trip(absl::StrCat(
+          "during step ", step_.load(), ": ", failure.message(), ", and the server at ",
+          config_.client.server, " has not answered a heartbeat for ",
+          absl::FormatDuration(absl::Trunc(client_->SinceHeartbeatAnswer(), absl::Seconds(1))),
+          " (this host is cut off?); re-joining within --rejoin_timeout=",
+          absl::FormatDuration(config_.recovery.rejoin_timeout)));
+    }
+    if (!abort_->tripped()) {
       return absl::Status(
           failure.code(),
           absl::StrCat(failure.message(), " (and the server did not end the ", "generation within ",

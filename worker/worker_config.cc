@@ -15,14 +15,16 @@
 #include "client/connection_flags.h"
 #include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
+#include "common/local_address.h"
 #include "worker/zero/optimizer.h"
 
 ABSL_FLAG(std::string, job, "", "Job id (letters, digits, '-', '_', '.')");
 ABSL_FLAG(int, world_size, 1, "Number of workers in the job");
 ABSL_FLAG(std::string, worker_id, "",
           "Stable worker identity; ranks follow sorted worker ids (default: HOST/PID)");
-ABSL_FLAG(std::string, host, "127.0.0.1",
-          "Address peers reach this worker at; the data plane binds to it");
+ABSL_FLAG(std::string, host, "",
+          "Address peers reach this worker at; the data plane binds to it (default: this "
+          "machine's address on its route to --server)");
 ABSL_FLAG(bool, shm, true,
           "gloo: gathers and reductions through shared memory when every rank of the job runs "
           "on this host (falls back to TCP otherwise, saying why)");
@@ -420,6 +422,12 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
                         absl::StrCat("client files: ", client.status().ToString()));
   }
   config.client = *std::move(client);
+  if (config.host.empty()) {
+    absl::StatusOr<std::string> local = LocalAddressTowards(config.client.server);
+    if (!local.ok()) return local.status();
+    config.host = *local;
+    config.data_plane.host = *local;
+  }
   return config;
 }
 

@@ -9,11 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/cluster/emulated_hosts.h"
 
 namespace zeroshard::testing {
 
-LocalCluster::LocalCluster(const std::string& dir, const std::vector<std::string>& server_flags)
-    : dir_(dir), server_flags_(server_flags) {
+LocalCluster::LocalCluster(const std::string& dir, const std::vector<std::string>& server_flags,
+                           HostLayout layout)
+    : dir_(dir), layout_(std::move(layout)), server_flags_(server_flags) {
   mkdir(dir_.c_str(), 0755);
   mkdir(checkpoint_root().c_str(), 0755);
   StartServer();
@@ -27,16 +29,34 @@ LocalCluster::~LocalCluster() {
   }
 }
 
+std::unique_ptr<ChildProcess> LocalCluster::Launch(int host, const std::string& binary,
+                                                  const std::vector<std::string>& args,
+                                                  const std::string& log) {
+  if (host < 0) return std::make_unique<ChildProcess>(binary, args, log);
+  return layout_.hosts->Start(host, binary, args, log);
+}
+
+int LocalCluster::WorkerHost(int index) const {
+  if (layout_.hosts == nullptr) return -1;
+  return layout_.worker_hosts.at(index);
+}
+
+std::string LocalCluster::Loopback(int host) const {
+  return host < 0 ? "127.0.0.1" : layout_.hosts->address(host);
+}
+
 void LocalCluster::StartServer() {
   std::string port_file = absl::StrCat(dir_, "/port");
   std::remove(port_file.c_str());
+  const int host = layout_.hosts == nullptr ? -1 : layout_.server_host;
+  const std::string ip = Loopback(host);
   std::vector<std::string> args = {
-      port_ == 0 ? "--listen=127.0.0.1:0" : absl::StrCat("--listen=127.0.0.1:", port_),
+      absl::StrCat("--listen=", ip, ":", port_),
       "--port_file=" + port_file, "--state_dir=" + dir_ + "/state",
       "--checkpoint_root=" + checkpoint_root()};
   args.insert(args.end(), server_flags_.begin(), server_flags_.end());
-  server_ = std::make_unique<ChildProcess>(RunfilePath("shard_server/shard_server"), args,
-                                           absl::StrCat(dir_, "/server-", restarts_, ".log"));
+  server_ = Launch(host, RunfilePath("shard_server/shard_server"), args,
+                   absl::StrCat(dir_, "/server-", restarts_, ".log"));
   std::string port;
   bool started = WaitFor(
       [&] {
@@ -51,7 +71,7 @@ void LocalCluster::StartServer() {
   }
   port.pop_back();
   port_ = std::stoi(port);
-  address_ = absl::StrCat("127.0.0.1:", port_);
+  address_ = absl::StrCat(ip, ":", port_);
 }
 
 void LocalCluster::RestartServer(int signal, absl::Duration gap) {
@@ -74,7 +94,7 @@ void LocalCluster::StartWorkers(const std::string& job, int world,
                                      "--job=" + job,
                                      absl::StrCat("--world_size=", world),
                                      absl::StrCat("--worker_id=w", r),
-                                     "--host=127.0.0.1",
+                                     "--host=" + Loopback(WorkerHost(r)),
                                      absl::StrCat("--report=", dir_, "/", job, "-{rank}.json"),
                                      "--checkpoint_dir=" + checkpoint_root()};
     // ZEROSHARD_BACKEND=nccl (tests/gpu/run.sh): the same tests on GPUs, one
@@ -91,8 +111,7 @@ void LocalCluster::StartWorkers(const std::string& job, int world,
     std::string log = absl::StrCat(dir_, "/", job, "-w", r, ".log");
     worker_logs_.push_back(log);
     worker_args_.push_back(args);
-    workers_.push_back(
-        std::make_unique<ChildProcess>(RunfilePath("worker/shard_worker"), args, log));
+    workers_.push_back(Launch(WorkerHost(r), RunfilePath("worker/shard_worker"), args, log));
   }
 }
 
@@ -106,7 +125,7 @@ void LocalCluster::RestartWorker(int index, const std::vector<std::string>& extr
   args.insert(args.end(), extra.begin(), extra.end());
   worker_logs_[index] = absl::StrCat(dir_, "/w", index, "-restart", ++worker_restarts_, ".log");
   workers_[index] =
-      std::make_unique<ChildProcess>(RunfilePath("worker/shard_worker"), args, worker_logs_[index]);
+      Launch(WorkerHost(index), RunfilePath("worker/shard_worker"), args, worker_logs_[index]);
 }
 
 std::vector<int> LocalCluster::WaitWorkers(absl::Duration timeout) {

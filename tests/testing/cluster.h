@@ -14,12 +14,25 @@
 
 namespace zeroshard::testing {
 
+class EmulatedHosts;
+
+// Where the processes run on emulated hosts (tests/cluster/emulated_hosts.h):
+// the server on `server_host`, worker r on worker_hosts[r], each listening
+// and advertising its host's address.
+struct HostLayout {
+  EmulatedHosts* hosts = nullptr;  // not owned; null: everything on loopback
+  int server_host = 0;
+  std::vector<int> worker_hosts;
+};
+
 class LocalCluster {
  public:
   // Starts the server (binary from runfiles unless given) with
-  // --listen=127.0.0.1:0, a port file, --state_dir and --checkpoint_root
-  // under `dir`, plus `server_flags`. Fails the calling test on error.
-  LocalCluster(const std::string& dir, const std::vector<std::string>& server_flags = {});
+  // --listen=127.0.0.1:0 (or its host's address), a port file, --state_dir
+  // and --checkpoint_root under `dir`, plus `server_flags`. Fails the calling
+  // test on error.
+  LocalCluster(const std::string& dir, const std::vector<std::string>& server_flags = {},
+               HostLayout layout = {});
   ~LocalCluster();
 
   bool ok() const { return !address_.empty(); }
@@ -31,7 +44,8 @@ class LocalCluster {
   // starts it again on the same port and state directory.
   void RestartServer(int signal = 15 /* SIGTERM */, absl::Duration gap = absl::ZeroDuration());
 
-  // Starts W workers of `job` (worker ids w0..w{W-1}, --host=127.0.0.1,
+  // Starts W workers of `job` (worker ids w0..w{W-1}, --host=127.0.0.1 or
+  // their host's address,
   // --report=<dir>/<job>-{rank}.json, --checkpoint_dir=<checkpoint root>)
   // with `flags`. With ZEROSHARD_BACKEND=nccl in the environment, worker r
   // also gets --backend=nccl --local_rank=r (the GPU procedure).
@@ -57,8 +71,16 @@ class LocalCluster {
 
  private:
   void StartServer();
+  // A process on the host of the layout (`host` -1: the caller's).
+  std::unique_ptr<ChildProcess> Launch(int host, const std::string& binary,
+                                       const std::vector<std::string>& args,
+                                       const std::string& log);
+  // The layout's host of worker `index`, or -1.
+  int WorkerHost(int index) const;
+  std::string Loopback(int host) const;
 
   std::string dir_;
+  HostLayout layout_;
   std::vector<std::string> server_flags_;
   std::unique_ptr<ChildProcess> server_;
   std::string address_;

@@ -1,6 +1,7 @@
 #include "tests/testing/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -17,7 +18,7 @@
 namespace zeroshard::testing {
 
 ChildProcess::ChildProcess(const std::string& binary, const std::vector<std::string>& args,
-                           const std::string& log_path)
+                           const std::string& log_path, const Placement& placement)
     : log_path_(log_path) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(binary.c_str()));
@@ -32,6 +33,17 @@ ChildProcess::ChildProcess(const std::string& binary, const std::vector<std::str
     }
     // Die with the test runner, so that no child outlives a crashed test.
     setpgid(0, 0);
+    // Only system calls between fork and exec (the parent may have threads).
+    if (placement.netns_fd >= 0 && setns(placement.netns_fd, CLONE_NEWNET) != 0) {
+      std::perror("setns(CLONE_NEWNET)");
+      _exit(126);
+    }
+    if (!placement.hostname.empty() &&
+        (unshare(CLONE_NEWUTS) != 0 ||
+         sethostname(placement.hostname.data(), placement.hostname.size()) != 0)) {
+      std::perror("unshare(CLONE_NEWUTS)/sethostname");
+      _exit(126);
+    }
     execv(binary.c_str(), argv.data());
     std::perror("execv");
     _exit(127);

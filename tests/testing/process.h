@@ -14,12 +14,20 @@
 
 namespace zeroshard::testing {
 
+// Where a child runs: in the network namespace open as `netns_fd` (-1: the
+// caller's) and, when `hostname` is set, in a UTS namespace of its own under
+// that name. tests/cluster/emulated_hosts.h makes these for emulated hosts.
+struct Placement {
+  int netns_fd = -1;
+  std::string hostname;
+};
+
 // A child process with stdout+stderr captured to a file. Killed (SIGKILL) and
 // reaped on destruction if still running.
 class ChildProcess {
  public:
   ChildProcess(const std::string& binary, const std::vector<std::string>& args,
-               const std::string& log_path);
+               const std::string& log_path, const Placement& placement = {});
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;

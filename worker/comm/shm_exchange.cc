@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/local_address.h"
 #include "worker/comm/shm_futex.h"
 
 namespace zeroshard {
@@ -86,16 +87,6 @@ struct flock LivenessLock(int rank) {
 // The header's cache line, one line per rank, rounded to a page.
 size_t HeaderBytes(int world_size) {
   return RoundUp(64 + static_cast<size_t>(world_size) * 64, 4096);
-}
-
-// "<hostname> <boot id>", or "" if either cannot be read.
-std::string HostIdentity() {
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "";
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  if (!(boot >> boot_id) || boot_id.empty()) return "";
-  return absl::StrCat(name, " ", boot_id);
 }
 
 // A segment being set up: unmapped and closed on destruction unless

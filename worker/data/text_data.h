@@ -162,6 +162,9 @@ class AdditionTaskData : public TokenData {
   // Lines per sample for `context`: enough that even the shortest lines
   // ("0+0=0\n", 6 bytes) fill context + 1 tokens.
   static int64_t LinesPerSample(int context);
+  // The longest line in bytes: "99+99=198\n" for 2 digits (digits + 1 for
+  // the sum, with or without `reversed`'s padding).
+  int MaxLineBytes() const { return 3 * digits_ + 4; }
 
  private:
   absl::Status CheckDigits() const;

@@ -1,0 +1,60 @@
+// A partition: host 2 (w2, w3) loses the server but not its peers for 20 s
+// while training goes on. The server sees host 1's collectives advance, so
+// host 2's silent ranks are seen by their peers and not declared dead
+// (failure_detector.h rule 3); when the partition heals their heartbeats
+// resume, the job continues with every rank, every worker exits 0 and the
+// final parameters equal an uninterrupted run's.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/across_hosts.h"
+
+namespace zeroshard::testing {
+namespace {
+
+using PartitionTest = AcrossHostsTest;
+
+TEST_F(PartitionTest, AHostThatLosesOnlyTheServerForTwentySecondsKeepsItsRanks) {
+  ASSERT_TRUE(StartCluster());
+  const int steps = 225;  // 200 ms a step: the 20-s partition and 25 s more
+  const Params reference = Reference(steps);
+  ASSERT_FALSE(reference.empty());
+  cluster_->StartWorkers("partition", 4,
+                         Flags({absl::StrCat("--steps=", steps), "--test_step_delay_ms=200"}));
+  ASSERT_TRUE(WaitForStep(10));
+  ASSERT_TRUE(hosts_->CutPair(kServerHost, 2).ok());
+  const absl::Time cut_at = absl::Now();
+  const int step_at_cut = LatestStep();
+  absl::SleepFor(absl::Seconds(20));  // the partition is the scenario
+  const int step_at_heal = LatestStep();
+  ASSERT_TRUE(hosts_->HealAll().ok());
+  const absl::Time healed = absl::Now();
+  std::fprintf(stderr, "partition: rank 0 trained steps %d..%d meanwhile\n", step_at_cut,
+               step_at_heal);
+  EXPECT_GT(step_at_heal, step_at_cut);
+  std::map<std::string, absl::Time> resumed;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        resumed = ServerEvents("heartbeat_resumed", cut_at);
+        return resumed.count("w2") == 1 && resumed.count("w3") == 1;
+      },
+      absl::Seconds(30)))
+      << cluster_->server()->Log();
+  for (const auto& [worker, at] : resumed) {
+    std::fprintf(stderr, "%s: heartbeats back %.2f s after the partition healed\n", worker.c_str(),
+                 absl::ToDoubleSeconds(at - healed));
+  }
+  EXPECT_TRUE(AllExitZero(absl::Seconds(120)));
+  const std::string server_log = cluster_->server()->Log();
+  EXPECT_NE(server_log.find("event=member_seen_by_peers"), std::string::npos) << server_log;
+  EXPECT_EQ(server_log.find("event=member_dead"), std::string::npos) << server_log;
+  EXPECT_EQ(server_log.find("event=generation_bumped"), std::string::npos) << server_log;
+  ExpectEqual(Final("partition", steps), reference, "partition healed after 20 s");
+}
+
+}  // namespace
+}  // namespace zeroshard::testing

@@ -1,0 +1,150 @@
+// The failure detector's rules (shard_server/failure_detector.h), one case a
+// row: heartbeat interval 1 s, timeout 3 s, isolation grace 60 s; times in
+// seconds since the generation formed.
+#include "shard_server/failure_detector.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace zeroshard {
+namespace {
+
+constexpr double kNever = -1e9;
+
+struct Case {
+  std::string name;
+  std::vector<double> last_beats;     // per member, s
+  std::vector<double> stream_closed;  // per member, s (kNever: open)
+  bool peer_failure;
+  double data_plane_advanced;  // s (kNever: not in this generation)
+  double now;                  // s
+  std::vector<Verdict> want;
+};
+
+absl::Time At(double s) {
+  return s == kNever ? absl::InfinitePast() : absl::UnixEpoch() + absl::Seconds(s);
+}
+
+FailureDetectorOptions Options(absl::Duration grace = absl::Seconds(60)) {
+  return {absl::Seconds(1), absl::Seconds(3), grace};
+}
+
+std::vector<Verdict> Judge(const Case& c, const FailureDetectorOptions& options) {
+  std::vector<MemberSignals> members;
+  for (size_t i = 0; i < c.last_beats.size(); ++i) {
+    members.push_back({At(c.last_beats[i]), At(c.stream_closed[i])});
+  }
+  std::vector<Verdict> got;
+  for (const MemberVerdict& v :
+       JudgeMembers(members, {c.peer_failure, At(c.data_plane_advanced)}, At(c.now), options)) {
+    got.push_back(v.verdict);
+  }
+  return got;
+}
+
+constexpr Verdict kAlive = Verdict::kAlive;
+constexpr Verdict kSeen = Verdict::kSeenByPeers;
+constexpr Verdict kSuspect = Verdict::kIsolationSuspected;
+constexpr Verdict kDead = Verdict::kDead;
+
+TEST(FailureDetectorTest, EachRuleDecidesItsCase) {
+  const std::vector<Case> cases = {
+      {"everyone beats",
+       {9, 9.5, 9.8},
+       {kNever, kNever, kNever},
+       false,
+       kNever,
+       10,
+       {kAlive, kAlive, kAlive}},
+      {"one silent past the timeout while the others beat: dead",
+       {5, 9.5, 9.8},
+       {kNever, kNever, kNever},
+       false,
+       6,
+       10,
+       {kDead, kAlive, kAlive}},
+      {"one silent, but the data plane advanced within the timeout: seen by its peers",
+       {5, 9.5, 9.8},
+       {kNever, kNever, kNever},
+       false,
+       9.7,
+       10,
+       {kSeen, kAlive, kAlive}},
+      {"seen by peers ends one timeout after the data plane stopped",
+       {5, 12.5, 12.8},
+       {kNever, kNever, kNever},
+       false,
+       9.7,
+       13,
+       {kDead, kAlive, kAlive}},
+      {"everyone silent: the server suspects itself",
+       {5, 5.2, 5.1},
+       {kNever, kNever, kNever},
+       false,
+       5,
+       20,
+       {kSuspect, kSuspect, kSuspect}},
+      {"everyone silent past timeout + grace: dead",
+       {5, 5.2, 5.1},
+       {kNever, kNever, kNever},
+       false,
+       5,
+       5.2 + 3 + 60.1,
+       {kDead, kDead, kDead}},
+      {"everyone silent, still within timeout + grace of the last beat heard",
+       {5, 5.2, 5.1},
+       {kNever, kNever, kNever},
+       false,
+       5,
+       5.2 + 3 + 59.9,
+       {kSuspect, kSuspect, kSuspect}},
+      {"after a peer's failure: 1.5 intervals of silence is death",
+       {8.4, 9.9, 9.9},
+       {kNever, kNever, kNever},
+       true,
+       9.5,
+       10,
+       {kDead, kAlive, kAlive}},
+      {"after a peer's failure: a closed stream past the reopen grace is death",
+       {9.5, 9.9, 9.9},
+       {9.6, kNever, kNever},
+       true,
+       kNever,
+       10,
+       {kDead, kAlive, kAlive}},
+      {"after a peer's failure: a stream closed just now gets its reopen grace",
+       {9.5, 9.9, 9.9},
+       {9.8, kNever, kNever},
+       true,
+       kNever,
+       10,
+       {kAlive, kAlive, kAlive}},
+      {"after a peer's failure the data plane vouches for nobody",
+       {5, 9.9, 9.9},
+       {kNever, kNever, kNever},
+       true,
+       9.9,
+       10,
+       {kDead, kAlive, kAlive}},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(Judge(c, Options()), c.want) << c.name;
+  }
+}
+
+TEST(FailureDetectorTest, WithoutAGraceEveryoneSilentIsDeadAtTheTimeout) {
+  const Case c{"", {5, 5.2}, {kNever, kNever}, false, kNever, 8.3, {}};
+  EXPECT_EQ(Judge(c, Options(absl::ZeroDuration())), (std::vector<Verdict>{kDead, kDead}));
+}
+
+TEST(FailureDetectorTest, VerdictsOtherThanAliveSayWhy) {
+  std::vector<MemberVerdict> v = JudgeMembers({{At(5), At(kNever)}, {At(5.1), At(kNever)}},
+                                              {false, At(kNever)}, At(20), Options());
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_NE(v[0].why.find("--isolation_grace=1m"), std::string::npos) << v[0].why;
+}
+
+}  // namespace
+}  // namespace zeroshard
