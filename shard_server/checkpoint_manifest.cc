@@ -5,9 +5,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "shard_server/checkpoint_paths.h"
 
@@ -71,9 +71,8 @@ absl::StatusOr<CheckpointManifest> BuildManifest(const std::string& job, int64_t
   m.plan_hash = plan.hash();
   m.created_unix_ms = created_unix_ms;
   if (static_cast<int>(commits.size()) != m.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest of step ", step, ": ",
-                                                   commits.size(), " commits for world size ",
-                                                   m.world_size));
+    return absl::InvalidArgumentError(absl::StrCat("manifest of step ", step, ": ", commits.size(),
+                                                   " commits for world size ", m.world_size));
   }
   for (int r = 0; r < m.world_size; ++r) {
     const CommittedShard& c = commits[r];
@@ -104,9 +103,9 @@ absl::StatusOr<CheckpointManifest> BuildManifest(const std::string& job, int64_t
     for (const v1::Piece& p : unit.pieces()) {
       if (p.tensor() < 0 || p.tensor() >= unit.tensors_size() || p.rank() < 0 ||
           p.rank() >= m.world_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("plan ", plan.hash(), ": a piece of unit \"", unit.name(),
-                         "\" has tensor ", p.tensor(), " rank ", p.rank()));
+        return absl::InvalidArgumentError(absl::StrCat("plan ", plan.hash(), ": a piece of unit \"",
+                                                       unit.name(), "\" has tensor ", p.tensor(),
+                                                       " rank ", p.rank()));
       }
       const std::string& name = unit.tensors(p.tensor()).name();
       const auto& checksums = m.files[p.rank()].checksums;
@@ -176,6 +175,125 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   return j.dump(1) + "\n";
 }
 
+namespace {
+
+// The manifest's scalar fields: format, job, step, world size, generation,
+// plan, times and optimizer.
+absl::Status ParseManifestFields(const Json& j, CheckpointManifest* m) {
+  absl::Status error;
+  std::string format;
+  if (!Get(j, "format", &format, &error)) return error;
+  if (format != kManifestFormat) {
+    return Corrupt(absl::StrCat("format is \"", format, "\"; expected ", kManifestFormat));
+  }
+  Json optimizer_state;
+  if (!Get(j, "job", &m->job, &error) || !Get(j, "step", &m->step, &error) ||
+      !Get(j, "world_size", &m->world_size, &error) ||
+      !Get(j, "generation", &m->generation, &error) ||
+      !Get(j, "plan_hash", &m->plan_hash, &error) ||
+      !Get(j, "created_unix_ms", &m->created_unix_ms, &error) ||
+      !Get(j, "optimizer", &m->optimizer, &error) ||
+      !Get(j, "optimizer_step", &m->optimizer_step, &error) ||
+      !Get(j, "optimizer_state", &optimizer_state, &error) ||
+      !Get(optimizer_state, "exp_avg", &m->has_exp_avg, &error) ||
+      !Get(optimizer_state, "exp_avg_sq", &m->has_exp_avg_sq, &error)) {
+    return error;
+  }
+  if (m->world_size < 1) return Corrupt(absl::StrCat("world_size is ", m->world_size));
+  return absl::OkStatus();
+}
+
+// "files": one plain rank file per rank, in rank order, with its checksums;
+// *file_index maps each name to its rank.
+absl::Status ParseManifestFiles(const Json& j, CheckpointManifest* m,
+                                absl::flat_hash_map<std::string, int>* file_index) {
+  absl::Status error;
+  Json files;
+  if (!Get(j, "files", &files, &error)) return error;
+  if (!files.is_array() || static_cast<int>(files.size()) != m->world_size) {
+    return Corrupt(absl::StrCat("\"files\" should list ", m->world_size, " files"));
+  }
+  for (const Json& f : files) {
+    ManifestFile file;
+    Json checksums;
+    if (!Get(f, "file", &file.name, &error) || !Get(f, "rank", &file.rank, &error) ||
+        !Get(f, "size_bytes", &file.size_bytes, &error) ||
+        !Get(f, "checksums", &checksums, &error)) {
+      return error;
+    }
+    const int expected_rank = static_cast<int>(m->files.size());
+    if (file.rank != expected_rank ||
+        file.name != CheckpointShardFileName(expected_rank, m->world_size)) {
+      return Corrupt(absl::StrCat("file ", expected_rank, " is \"", file.name, "\" of rank ",
+                                  file.rank, "; expected ",
+                                  CheckpointShardFileName(expected_rank, m->world_size)));
+    }
+    if (!checksums.is_object()) return Corrupt(absl::StrCat(file.name, ": checksums"));
+    for (auto it = checksums.begin(); it != checksums.end(); ++it) {
+      if (!it.value().is_string()) return Corrupt(absl::StrCat(file.name, ": checksums"));
+      file.checksums[it.key()] = it.value().get<std::string>();
+    }
+    (*file_index)[file.name] = expected_rank;
+    m->files.push_back(std::move(file));
+  }
+  return absl::OkStatus();
+}
+
+// The pieces of `tensor` (the JSON array `list`): each names a known file
+// whose checksums include the piece's shard tensors (and their moments when
+// the manifest has them), and together they tile rows [0, Rows()) in order.
+absl::StatusOr<std::vector<ManifestPiece>> ParseTensorPieces(
+    const ManifestTensor& tensor, const Json& list, const CheckpointManifest& m,
+    const absl::flat_hash_map<std::string, int>& file_index) {
+  absl::Status error;
+  std::vector<ManifestPiece> tensor_pieces;
+  int64_t next_row = 0;
+  for (const Json& p : list) {
+    std::string file_name, shard_tensor;
+    ManifestPiece piece;
+    if (!Get(p, "file", &file_name, &error) || !Get(p, "tensor", &shard_tensor, &error) ||
+        !Get(p, "row_begin", &piece.row_begin, &error) ||
+        !Get(p, "row_end", &piece.row_end, &error)) {
+      return error;
+    }
+    auto f = file_index.find(file_name);
+    if (f == file_index.end()) {
+      return Corrupt(
+          absl::StrCat("a piece of \"", tensor.name, "\" names unknown file \"", file_name, "\""));
+    }
+    piece.file = f->second;
+    if (piece.row_begin != next_row || piece.row_end <= piece.row_begin ||
+        piece.row_end > tensor.Rows()) {
+      return Corrupt(absl::StrCat("pieces of \"", tensor.name, "\" do not tile rows [0, ",
+                                  tensor.Rows(), "): [", piece.row_begin, ", ", piece.row_end,
+                                  ") after row ", next_row));
+    }
+    next_row = piece.row_end;
+    const auto& checksums = m.files[piece.file].checksums;
+    for (ShardTensorKind kind :
+         {ShardTensorKind::kParams, ShardTensorKind::kExpAvg, ShardTensorKind::kExpAvgSq}) {
+      if (kind == ShardTensorKind::kExpAvg && !m.has_exp_avg) continue;
+      if (kind == ShardTensorKind::kExpAvgSq && !m.has_exp_avg_sq) continue;
+      std::string name = ShardTensorName(kind, tensor.name, piece.row_begin, piece.row_end);
+      if (kind == ShardTensorKind::kParams && name != shard_tensor) {
+        return Corrupt(absl::StrCat("piece \"", shard_tensor, "\" of \"", tensor.name,
+                                    "\" should be named \"", name, "\""));
+      }
+      if (checksums.count(name) == 0) {
+        return Corrupt(absl::StrCat("file ", file_name, " has no checksum for \"", name, "\""));
+      }
+    }
+    tensor_pieces.push_back(piece);
+  }
+  if (next_row != tensor.Rows()) {
+    return Corrupt(absl::StrCat("pieces of \"", tensor.name, "\" cover rows [0, ", next_row,
+                                ") of ", tensor.Rows()));
+  }
+  return tensor_pieces;
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointManifest> ParseManifestJson(absl::string_view text) {
   Json j;
   try {
@@ -185,57 +303,11 @@ absl::StatusOr<CheckpointManifest> ParseManifestJson(absl::string_view text) {
   }
   if (!j.is_object()) return Corrupt("not a JSON object");
   CheckpointManifest m;
-  absl::Status error;
-  std::string format;
-  if (!Get(j, "format", &format, &error)) return error;
-  if (format != kManifestFormat) {
-    return Corrupt(absl::StrCat("format is \"", format, "\"; expected ", kManifestFormat));
-  }
-  Json optimizer_state;
-  if (!Get(j, "job", &m.job, &error) || !Get(j, "step", &m.step, &error) ||
-      !Get(j, "world_size", &m.world_size, &error) ||
-      !Get(j, "generation", &m.generation, &error) ||
-      !Get(j, "plan_hash", &m.plan_hash, &error) ||
-      !Get(j, "created_unix_ms", &m.created_unix_ms, &error) ||
-      !Get(j, "optimizer", &m.optimizer, &error) ||
-      !Get(j, "optimizer_step", &m.optimizer_step, &error) ||
-      !Get(j, "optimizer_state", &optimizer_state, &error) ||
-      !Get(optimizer_state, "exp_avg", &m.has_exp_avg, &error) ||
-      !Get(optimizer_state, "exp_avg_sq", &m.has_exp_avg_sq, &error)) {
-    return error;
-  }
-  if (m.world_size < 1) return Corrupt(absl::StrCat("world_size is ", m.world_size));
-
-  Json files;
-  if (!Get(j, "files", &files, &error)) return error;
-  if (!files.is_array() || static_cast<int>(files.size()) != m.world_size) {
-    return Corrupt(absl::StrCat("\"files\" should list ", m.world_size, " files"));
-  }
+  if (absl::Status s = ParseManifestFields(j, &m); !s.ok()) return s;
   absl::flat_hash_map<std::string, int> file_index;
-  for (const Json& f : files) {
-    ManifestFile file;
-    Json checksums;
-    if (!Get(f, "file", &file.name, &error) || !Get(f, "rank", &file.rank, &error) ||
-        !Get(f, "size_bytes", &file.size_bytes, &error) ||
-        !Get(f, "checksums", &checksums, &error)) {
-      return error;
-    }
-    const int expected_rank = static_cast<int>(m.files.size());
-    if (file.rank != expected_rank ||
-        file.name != CheckpointShardFileName(expected_rank, m.world_size)) {
-      return Corrupt(absl::StrCat("file ", expected_rank, " is \"", file.name, "\" of rank ",
-                                  file.rank, "; expected ",
-                                  CheckpointShardFileName(expected_rank, m.world_size)));
-    }
-    if (!checksums.is_object()) return Corrupt(absl::StrCat(file.name, ": checksums"));
-    for (auto it = checksums.begin(); it != checksums.end(); ++it) {
-      if (!it.value().is_string()) return Corrupt(absl::StrCat(file.name, ": checksums"));
-      file.checksums[it.key()] = it.value().get<std::string>();
-    }
-    file_index[file.name] = expected_rank;
-    m.files.push_back(std::move(file));
-  }
+  if (absl::Status s = ParseManifestFiles(j, &m, &file_index); !s.ok()) return s;
 
+  absl::Status error;
   Json tensors, pieces;
   if (!Get(j, "tensors", &tensors, &error) || !Get(j, "pieces", &pieces, &error)) return error;
   if (!tensors.is_array() || !pieces.is_object()) return Corrupt("tensors / pieces");
@@ -252,51 +324,11 @@ absl::StatusOr<CheckpointManifest> ParseManifestJson(absl::string_view text) {
     if (list == pieces.end() || !list->is_array()) {
       return Corrupt(absl::StrCat("tensor \"", tensor.name, "\" has no pieces"));
     }
-    std::vector<ManifestPiece> tensor_pieces;
-    int64_t next_row = 0;
-    for (const Json& p : *list) {
-      std::string file_name, shard_tensor;
-      ManifestPiece piece;
-      if (!Get(p, "file", &file_name, &error) || !Get(p, "tensor", &shard_tensor, &error) ||
-          !Get(p, "row_begin", &piece.row_begin, &error) ||
-          !Get(p, "row_end", &piece.row_end, &error)) {
-        return error;
-      }
-      auto f = file_index.find(file_name);
-      if (f == file_index.end()) {
-        return Corrupt(absl::StrCat("a piece of \"", tensor.name, "\" names unknown file \"",
-                                    file_name, "\""));
-      }
-      piece.file = f->second;
-      if (piece.row_begin != next_row || piece.row_end <= piece.row_begin ||
-          piece.row_end > tensor.Rows()) {
-        return Corrupt(absl::StrCat("pieces of \"", tensor.name, "\" do not tile rows [0, ",
-                                    tensor.Rows(), "): [", piece.row_begin, ", ", piece.row_end,
-                                    ") after row ", next_row));
-      }
-      next_row = piece.row_end;
-      const auto& checksums = m.files[piece.file].checksums;
-      for (ShardTensorKind kind : {ShardTensorKind::kParams, ShardTensorKind::kExpAvg,
-                                   ShardTensorKind::kExpAvgSq}) {
-        if (kind == ShardTensorKind::kExpAvg && !m.has_exp_avg) continue;
-        if (kind == ShardTensorKind::kExpAvgSq && !m.has_exp_avg_sq) continue;
-        std::string name = ShardTensorName(kind, tensor.name, piece.row_begin, piece.row_end);
-        if (kind == ShardTensorKind::kParams && name != shard_tensor) {
-          return Corrupt(absl::StrCat("piece \"", shard_tensor, "\" of \"", tensor.name,
-                                      "\" should be named \"", name, "\""));
-        }
-        if (checksums.count(name) == 0) {
-          return Corrupt(absl::StrCat("file ", file_name, " has no checksum for \"", name, "\""));
-        }
-      }
-      tensor_pieces.push_back(piece);
-    }
-    if (next_row != tensor.Rows()) {
-      return Corrupt(absl::StrCat("pieces of \"", tensor.name, "\" cover rows [0, ", next_row,
-                                  ") of ", tensor.Rows()));
-    }
+    absl::StatusOr<std::vector<ManifestPiece>> tensor_pieces =
+        ParseTensorPieces(tensor, *list, m, file_index);
+    if (!tensor_pieces.ok()) return tensor_pieces.status();
     m.tensors.push_back(std::move(tensor));
-    m.pieces.push_back(std::move(tensor_pieces));
+    m.pieces.push_back(*std::move(tensor_pieces));
   }
   return m;
 }

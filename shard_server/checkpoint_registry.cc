@@ -182,96 +182,161 @@ absl::StatusOr<std::vector<CommittedShard>> CheckpointRegistry::LoadCommits(cons
 
 absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
     const v1::CommitShardRequest& request, int world_size) {
-  const v1::MemberCredentials& member = request.member();
-  const std::string& job = member.job_id();
-  const int64_t step = request.step();
-  const int rank = member.rank();
   auto refuse = [&](const absl::Status& s) {
-    log_->Log("checkpoint_commit_refused", {{"job", job},
-                                            {"step", absl::StrCat(step)},
-                                            {"rank", absl::StrCat(rank)},
+    log_->Log("checkpoint_commit_refused", {{"job", request.member().job_id()},
+                                            {"step", absl::StrCat(request.step())},
+                                            {"rank", absl::StrCat(request.member().rank())},
                                             {"file", request.file()},
                                             {"error", s.ToString()}});
     return s;
   };
-  if (absl::Status s = ValidateJobId(job); !s.ok()) return refuse(s);
-  if (step < 0) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative")));
-  }
-  if (absl::Status s = ValidateRelativePath(request.file()); !s.ok()) return refuse(s);
-  const std::string expected_file = CheckpointShardPath(job, step, rank, world_size);
-  if (request.file() != expected_file) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("file '", request.file(), "' is not the shard file of rank ", rank, " of ",
-                     world_size, " for step ", step, "; expected '", expected_file, "'")));
-  }
-  if (request.size_bytes() <= 0) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("size_bytes ", request.size_bytes(), " of '", request.file(),
-                     "' is not positive")));
-  }
-  absl::StatusOr<v1::ShardPlan> plan = plans_(job, member.generation());
-  if (!plan.ok()) {
-    if (!absl::IsNotFound(plan.status())) return refuse(plan.status());
-    return refuse(absl::FailedPreconditionError(absl::StrCat(
-        "job '", job, "' generation ", member.generation(),
-        " has no shard plan; call PlanShards before committing checkpoints")));
-  }
-  if (plan->world_size() != world_size) {
-    return refuse(absl::FailedPreconditionError(
-        absl::StrCat("the plan of job '", job, "' generation ", member.generation(), " is for ",
-                     plan->world_size(), " ranks; the job has ", world_size)));
-  }
+  if (absl::Status s = CheckCommitRequest(request, world_size); !s.ok()) return refuse(s);
+  absl::StatusOr<v1::ShardPlan> plan = PlanOfCommit(request.member(), world_size);
+  if (!plan.ok()) return refuse(plan.status());
+  // No lock held: this reads the file's header.
   absl::StatusOr<CommittedShard> shard = ValidateShardFile(root_, request, world_size, *plan);
   if (!shard.ok()) return refuse(shard.status());
+  return RecordCommit(request.member(), request.step(), world_size, *plan, *shard, refuse);
+}
 
+absl::Status CheckpointRegistry::CheckCommitRequest(const v1::CommitShardRequest& request,
+                                                    int world_size) {
+  const v1::MemberCredentials& member = request.member();
+  const int64_t step = request.step();
+  if (absl::Status s = ValidateJobId(member.job_id()); !s.ok()) return s;
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
+  if (absl::Status s = ValidateRelativePath(request.file()); !s.ok()) return s;
+  const std::string expected_file =
+      CheckpointShardPath(member.job_id(), step, member.rank(), world_size);
+  if (request.file() != expected_file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("file '", request.file(), "' is not the shard file of rank ", member.rank(),
+                     " of ", world_size, " for step ", step, "; expected '", expected_file, "'"));
+  }
+  if (request.size_bytes() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("size_bytes ", request.size_bytes(), " of '",
+                                                   request.file(), "' is not positive"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ShardPlan> CheckpointRegistry::PlanOfCommit(const v1::MemberCredentials& member,
+                                                               int world_size) {
+  const std::string& job = member.job_id();
+  absl::StatusOr<v1::ShardPlan> plan = plans_(job, member.generation());
+  if (!plan.ok()) {
+    if (!absl::IsNotFound(plan.status())) return plan.status();
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job, "' generation ", member.generation(),
+                     " has no shard plan; call PlanShards before committing checkpoints"));
+  }
+  if (plan->world_size() != world_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plan of job '", job, "' generation ", member.generation(), " is for ",
+                     plan->world_size(), " ranks; the job has ", world_size));
+  }
+  return plan;
+}
+
+absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::RecordCommit(
+    const v1::MemberCredentials& member, int64_t step, int world_size, const v1::ShardPlan& plan,
+    const CommittedShard& shard, const std::function<absl::Status(const absl::Status&)>& refuse) {
+  const std::string& job = member.job_id();
+  const int rank = member.rank();
   absl::ReleasableMutexLock lock(&mu_);
   absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
   if (!row.ok()) return row.status();
   v1::CommitShardResponse response;
   if (row->has_value() && (*row)->complete) {
-    absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
-    if (!commits.ok()) return commits.status();
-    for (const CommittedShard& c : *commits) {
-      if (c.rank == rank && c.file == shard->file && c.size_bytes == shard->size_bytes &&
-          c.checksums == shard->checksums) {
-        // The same commit again (its answer was lost): nothing changes.
-        response.set_committed(static_cast<int>(commits->size()));
-        return response;
-      }
+    absl::StatusOr<int> again = CountOfRepeatedCommit(job, step, shard);
+    if (!again.ok()) return again.status();
+    if (*again == 0) {
+      return refuse(absl::FailedPreconditionError(
+          absl::StrCat("step ", step, " of job '", job,
+                       "' is already complete; a complete "
+                       "checkpoint's files must not change (save under a new step)")));
     }
-    return refuse(absl::FailedPreconditionError(
-        absl::StrCat("step ", step, " of job '", job, "' is already complete; a complete "
-                     "checkpoint's files must not change (save under a new step)")));
+    // The same commit again (its answer was lost): nothing changes.
+    response.set_committed(*again);
+    return response;
   }
-  const int64_t now = NowUnixMs();
   bool new_step = !row->has_value();
   // A newer generation saves this step again: the old pieces are abandoned
   // (in the transaction that records this commit).
   bool restart = false;
   if (row->has_value() && ((*row)->generation != member.generation() ||
-                           (*row)->world_size != world_size || (*row)->plan_hash != plan->hash())) {
+                           (*row)->world_size != world_size || (*row)->plan_hash != plan.hash())) {
     if ((*row)->generation > member.generation()) {
       return refuse(absl::FailedPreconditionError(absl::StrCat(
-          "step ", step, " of job '", job, "' is being written by generation ",
-          (*row)->generation, "; this member is of generation ", member.generation())));
+          "step ", step, " of job '", job, "' is being written by generation ", (*row)->generation,
+          "; this member is of generation ", member.generation())));
     }
     restart = true;
     new_step = true;
   }
   if (!new_step) {
-    // Every rank of a step must save the same optimizer step count.
     absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
     if (!commits.ok()) return commits.status();
-    for (const CommittedShard& c : *commits) {
-      if (c.rank != rank && c.optimizer_step != shard->optimizer_step) {
-        return refuse(absl::FailedPreconditionError(absl::StrCat(
-            "'", shard->file, "' has optimizer_step ", shard->optimizer_step, "; rank ", c.rank,
-            " committed ", c.optimizer_step, " for the same step")));
-      }
+    if (absl::Status s = CheckSameOptimizerStep(*commits, shard); !s.ok()) return refuse(s);
+  }
+  const StepRow step_row{world_size, member.generation(), plan.hash(), false};
+  absl::StatusOr<int> committed = SaveCommit(member, step, step_row, shard, new_step, restart);
+  if (!committed.ok()) return committed.status();
+  if (restart) {
+    log_->Log("checkpoint_step_restarted", {{"job", job},
+                                            {"step", absl::StrCat(step)},
+                                            {"old_generation", absl::StrCat((*row)->generation)},
+                                            {"generation", absl::StrCat(member.generation())}});
+  }
+  log_->Log("checkpoint_commit", {{"job", job},
+                                  {"step", absl::StrCat(step)},
+                                  {"rank", absl::StrCat(rank)},
+                                  {"file", shard.file},
+                                  {"bytes", absl::StrCat(shard.size_bytes)},
+                                  {"tensors", absl::StrCat(shard.checksums.size())},
+                                  {"committed", absl::StrCat(*committed, "/", world_size)}});
+  response.set_committed(*committed);
+  if (*committed == world_size) {
+    std::vector<std::pair<std::string, int64_t>> completed;
+    if (absl::Status s = CompleteStep(job, step, step_row, &completed); !s.ok()) return s;
+    response.set_step_complete(true);
+    lock.Release();
+    for (const auto& [j, n] : completed) listener_(j, n);
+  }
+  return response;
+}
+
+absl::StatusOr<int> CheckpointRegistry::CountOfRepeatedCommit(const std::string& job, int64_t step,
+                                                              const CommittedShard& shard) {
+  absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
+  if (!commits.ok()) return commits.status();
+  for (const CommittedShard& c : *commits) {
+    if (c.rank == shard.rank && c.file == shard.file && c.size_bytes == shard.size_bytes &&
+        c.checksums == shard.checksums) {
+      return static_cast<int>(commits->size());
     }
   }
-  StepRow step_row{world_size, member.generation(), plan->hash(), false};
+  return 0;
+}
+
+absl::Status CheckpointRegistry::CheckSameOptimizerStep(const std::vector<CommittedShard>& commits,
+                                                        const CommittedShard& shard) {
+  for (const CommittedShard& c : commits) {
+    if (c.rank != shard.rank && c.optimizer_step != shard.optimizer_step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", shard.file, "' has optimizer_step ", shard.optimizer_step, "; rank ",
+                       c.rank, " committed ", c.optimizer_step, " for the same step"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CheckpointRegistry::SaveCommit(const v1::MemberCredentials& member,
+                                                   int64_t step, const StepRow& step_row,
+                                                   const CommittedShard& shard, bool new_step,
+                                                   bool restart) {
+  const std::string& job = member.job_id();
+  const int64_t now = NowUnixMs();
   int committed = 0;
   absl::Status saved = state_->Transaction([&](StateStore::Connection& db) -> absl::Status {
     if (restart) {
@@ -285,8 +350,8 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
           "INSERT OR REPLACE INTO checkpoint_steps(job_id, step, world_size, generation, "
           "plan_hash, complete, manifest, created_unix_ms, completed_unix_ms) "
           "VALUES (?, ?, ?, ?, ?, 0, '', ?, 0)");
-      st.Bind(1, job).Bind(2, step).Bind(3, world_size).Bind(4, member.generation());
-      st.Bind(5, plan->hash()).Bind(6, now);
+      st.Bind(1, job).Bind(2, step).Bind(3, step_row.world_size).Bind(4, member.generation());
+      st.Bind(5, step_row.plan_hash).Bind(6, now);
       if (absl::Status s = st.Run(); !s.ok()) return s;
     }
     Statement save = db.Prepare(
@@ -294,9 +359,9 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
         "INSERT OR REPLACE INTO checkpoint_commits(job_id, step, rank, file, size_bytes, "
         "checksums, generation, optimizer, optimizer_step, committed_unix_ms) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    save.Bind(1, job).Bind(2, step).Bind(3, rank).Bind(4, shard->file);
-    save.Bind(5, shard->size_bytes).Bind(6, ChecksumsToJson(shard->checksums));
-    save.Bind(7, member.generation()).Bind(8, shard->optimizer).Bind(9, shard->optimizer_step);
+    save.Bind(1, job).Bind(2, step).Bind(3, shard.rank).Bind(4, shard.file);
+    save.Bind(5, shard.size_bytes).Bind(6, ChecksumsToJson(shard.checksums));
+    save.Bind(7, member.generation()).Bind(8, shard.optimizer).Bind(9, shard.optimizer_step);
     save.Bind(10, now);
     if (absl::Status s = save.Run(); !s.ok()) return s;
     Statement count =
@@ -307,28 +372,7 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
     return count.status();
   });
   if (!saved.ok()) return saved;
-  if (restart) {
-    log_->Log("checkpoint_step_restarted", {{"job", job},
-                                            {"step", absl::StrCat(step)},
-                                            {"old_generation", absl::StrCat((*row)->generation)},
-                                            {"generation", absl::StrCat(member.generation())}});
-  }
-  log_->Log("checkpoint_commit", {{"job", job},
-                                  {"step", absl::StrCat(step)},
-                                  {"rank", absl::StrCat(rank)},
-                                  {"file", shard->file},
-                                  {"bytes", absl::StrCat(shard->size_bytes)},
-                                  {"tensors", absl::StrCat(shard->checksums.size())},
-                                  {"committed", absl::StrCat(committed, "/", world_size)}});
-  response.set_committed(committed);
-  if (committed == world_size) {
-    std::vector<std::pair<std::string, int64_t>> completed;
-    if (absl::Status s = CompleteStep(job, step, step_row, &completed); !s.ok()) return s;
-    response.set_step_complete(true);
-    lock.Release();
-    for (const auto& [j, n] : completed) listener_(j, n);
-  }
-  return response;
+  return committed;
 }
 
 absl::Status CheckpointRegistry::CompleteStep(
@@ -357,14 +401,13 @@ absl::Status CheckpointRegistry::CompleteStep(
     return st.Bind(1, json).Bind(2, now).Bind(3, job).Bind(4, step).Run();
   });
   if (!marked.ok()) return marked;
-  log_->Log("checkpoint_complete",
-            {{"job", job},
-             {"step", absl::StrCat(step)},
-             {"world_size", absl::StrCat(manifest->world_size)},
-             {"tensors", absl::StrCat(manifest->tensors.size())},
-             {"bytes", absl::StrCat(manifest->TotalBytes())},
-             {"optimizer_state", manifest->has_exp_avg ? "yes" : "no"},
-             {"manifest", relative}});
+  log_->Log("checkpoint_complete", {{"job", job},
+                                    {"step", absl::StrCat(step)},
+                                    {"world_size", absl::StrCat(manifest->world_size)},
+                                    {"tensors", absl::StrCat(manifest->tensors.size())},
+                                    {"bytes", absl::StrCat(manifest->TotalBytes())},
+                                    {"optimizer_state", manifest->has_exp_avg ? "yes" : "no"},
+                                    {"manifest", relative}});
   if (listener_) {
     if (completed != nullptr) completed->emplace_back(job, step);
     return absl::OkStatus();  // retention follows the verification
@@ -511,9 +554,9 @@ absl::Status CheckpointRegistry::CheckWritableLocked(const std::string& job, int
   absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
   if (!row.ok()) return row.status();
   if (row->has_value() && (*row)->complete) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", step, " of job '", job, "' is already complete; a complete "
-                     "checkpoint's files must not change"));
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job '", job,
+                                                      "' is already complete; a complete "
+                                                      "checkpoint's files must not change"));
   }
   return absl::OkStatus();
 }

@@ -76,8 +76,9 @@ class CheckpointRegistry {
   // `state` and `log` are not owned and must outlive the registry. Creates
   // the tables and completes steps whose last commit was recorded but whose
   // manifest was not (a crash in between).
-  static absl::StatusOr<std::unique_ptr<CheckpointRegistry>> Open(
-      CheckpointRegistryOptions options, StateStore* state, EventLog* log, PlanLookup plans);
+  static absl::StatusOr<std::unique_ptr<CheckpointRegistry>> Open(CheckpointRegistryOptions options,
+                                                                  StateStore* state, EventLog* log,
+                                                                  PlanLookup plans);
   // REQUIRES: no PinnedCheckpoint of this registry is alive.
   ~CheckpointRegistry() = default;
 
@@ -157,6 +158,29 @@ class CheckpointRegistry {
         log_(log),
         plans_(std::move(plans)) {}
 
+  // Commit's parts: the request's own checks (INVALID_ARGUMENT), the plan
+  // of the member's generation, then, under the lock, the record.
+  static absl::Status CheckCommitRequest(const v1::CommitShardRequest& request, int world_size);
+  absl::StatusOr<v1::ShardPlan> PlanOfCommit(const v1::MemberCredentials& member, int world_size);
+  absl::StatusOr<v1::CommitShardResponse> RecordCommit(
+      const v1::MemberCredentials& member, int64_t step, int world_size, const v1::ShardPlan& plan,
+      const CommittedShard& shard, const std::function<absl::Status(const absl::Status&)>& refuse)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The number of commits of the complete step when `shard` is one of them
+  // (the same commit again), else 0.
+  absl::StatusOr<int> CountOfRepeatedCommit(const std::string& job, int64_t step,
+                                            const CommittedShard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank of a step must save the same optimizer step count: `shard`'s
+  // against the step's other `commits`.
+  static absl::Status CheckSameOptimizerStep(const std::vector<CommittedShard>& commits,
+                                             const CommittedShard& shard);
+  // Records the commit (and the step row when `new_step`, after dropping the
+  // abandoned pieces when `restart`) in one transaction; the step's number
+  // of commits then.
+  absl::StatusOr<int> SaveCommit(const v1::MemberCredentials& member, int64_t step,
+                                 const StepRow& step_row, const CommittedShard& shard,
+                                 bool new_step, bool restart) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWritableLocked(const std::string& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::optional<StepRow>> LoadStep(const std::string& job, int64_t step)
