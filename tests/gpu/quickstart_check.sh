@@ -43,9 +43,9 @@ done
 address="127.0.0.1:$(cat "$OUT/port")"
 
 # The quickstart's model and schedule (deploy/quickstart.sh), with its global
-# batch of 4 workers x 48 in one worker.
-common=(--model=gpt --layers=3 --heads=4 --d_model=96 --context=10 --task=reversed-addition
-  --digits=2 --batch=192 --seed=1 --threads=1 --host=127.0.0.1 --world_size=1
+# batch of 4 workers x 16 in one worker.
+common=(--model=gpt --layers=3 --heads=4 --d_model=96 --context=32 --task=reversed-addition
+  --digits=2 --batch=64 --seed=1 --threads=1 --host=127.0.0.1 --world_size=1
   --checkpoint_dir="$OUT/checkpoints")
 device_flags=(--backend="$backend")
 [[ "$backend" == nccl ]] && device_flags+=(--local_rank=0)

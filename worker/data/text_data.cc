@@ -219,31 +219,17 @@ bool AdditionTaskData::IsValidationPair(int64_t a, int64_t b) const {
 AdditionProblem AdditionTaskData::Problem(Split split, int64_t line) const {
   AdditionProblem p;
   if (modulus_ == 0 || line < 0) return p;  // callers check CheckDigits()
-  // Five draws per line: the operands' lengths (training only), a, b's
-  // leading digits, and (training only) b's last digit among the nine that
-  // are not held out for this a.
+  // Three draws per line: a, b's leading digits, and (train only) b's last
+  // digit among the nine that are not held out for this a.
   const uint64_t key = split == Split::kValidation ? validation_key_ : train_key_;
-  const uint64_t counter = static_cast<uint64_t>(line) * 5;
-  const bool train = split == Split::kTrain;
-  // Training operands have 1..digits digits, each length equally likely
-  // (validation ones are uniform over [0, 10^digits)). Why: each answer digit
-  // depends on two operand digits at fixed positions, and an untrained model,
-  // whose attention is still uniform, sees only the bag of a line's digits;
-  // the bag determines the sum of one-digit operands but not of longer ones.
-  // So one-digit problems teach the digit sums first, after which attending
-  // to the right positions pays off at once, and every seed leaves the
-  // plateau early instead of at a step left to chance.
-  const int64_t a_range =
-      train ? PowerOfTen(1 + static_cast<int>(InitBits(key, counter) % digits_)) : modulus_;
-  const int64_t b_range =
-      train ? PowerOfTen(1 + static_cast<int>(InitBits(key, counter + 1) % digits_)) : modulus_;
-  p.a = static_cast<int64_t>(InitBits(key, counter + 2) % static_cast<uint64_t>(a_range));
+  const uint64_t counter = static_cast<uint64_t>(line) * 3;
+  p.a = static_cast<int64_t>(InitBits(key, counter) % static_cast<uint64_t>(modulus_));
   const int64_t high =
-      static_cast<int64_t>(InitBits(key, counter + 3) % static_cast<uint64_t>(b_range / 10));
+      static_cast<int64_t>(InitBits(key, counter + 1) % static_cast<uint64_t>(modulus_ / 10));
   const int held = HeldOutDigit(p.a);
   int last = held;
-  if (train) {
-    last = static_cast<int>(InitBits(key, counter + 4) % (kValidationShareInverse - 1));
+  if (split == Split::kTrain) {
+    last = static_cast<int>(InitBits(key, counter + 2) % (kValidationShareInverse - 1));
     if (last >= held) ++last;
   }
   p.b = high * 10 + last;
