@@ -143,13 +143,13 @@ void UseBlasKernelOrExit(char** argv) {
     if (environment != nullptr && KernelLevel(environment) >= 0 &&
         !absl::EqualsIgnoreCase(environment, loaded)) {
       std::fprintf(stderr,
-                   "shard_worker: OPENBLAS_CORETYPE=%s, but this OpenBLAS loaded its %s kernels "
+                   "note: OPENBLAS_CORETYPE=%s, but this OpenBLAS loaded its %s kernels "
                    "(it was built without %s)\n",
                    environment, loaded, environment);
     }
     return;
   }
-  std::fprintf(stderr, "shard_worker: OpenBLAS chose its %s kernels%s; running again with "
+  std::fprintf(stderr, "note: OpenBLAS chose its %s kernels%s; running again with "
                        "OPENBLAS_CORETYPE=%s (--blas_kernel=openblas keeps its choice)\n",
                loaded,
                flag == "auto" ? ", below what this CPU runs (that OpenBLAS does not know this CPU)"
