@@ -568,6 +568,36 @@ void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
 
 // ---- Reductions ----
 
+// Stage 0: all-reduce the unit's full gradient (average over ranks), in
+// place (bf16: through a narrowed copy).
+absl::Status ZeroEngine::AllReduceUnit(int unit) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType dtype = options_.reduce_dtype;
+  const int64_t flat = layout.flat_elements;
+  EnterCollective(kReduceStream, "all_reduce", layout.name);
+  absl::Status s;
+  if (dtype == DType::kF32) {
+    s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
+                                options_.collective_timeout);
+  } else {
+    TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
+                         /*zero=*/false);
+    backend_->Convert(state.grads.data(), DType::kF32, buffer.data(), dtype, flat);
+    s = backend_->Synchronize();
+    if (s.ok()) {
+      s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
+                                  options_.collective_timeout);
+    }
+    if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
+  }
+  LeaveCollective(kReduceStream);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
+  }
+  return backend_->Synchronize();
+}
+
 absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, Fence* computed,
                                     bool last_micro) {
   // The compute thread's backward of this unit must be done.
@@ -579,30 +609,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const DType dtype = options_.reduce_dtype;
   const int64_t chunk = layout.chunk_elements;
   const int64_t flat = layout.flat_elements;
-  if (!stage_.state_sharded) {
-    // DDP: all-reduce the full gradient (average over ranks).
-    EnterCollective(kReduceStream, "all_reduce", layout.name);
-    absl::Status s;
-    if (dtype == DType::kF32) {
-      s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
-                                  options_.collective_timeout);
-    } else {
-      TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
-                           /*zero=*/false);
-      backend_->Convert(state.grads.data(), DType::kF32, buffer.data(), dtype, flat);
-      s = backend_->Synchronize();
-      if (s.ok()) {
-        s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
-                                    options_.collective_timeout);
-      }
-      if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
-    }
-    LeaveCollective(kReduceStream);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
-    }
-    return backend_->Synchronize();
-  }
+  if (!stage_.state_sharded) return AllReduceUnit(unit);
   // Stages 1-3: reduce-scatter the flat gradient straight from the flat
   // layout (bf16: from a narrowed copy) into this rank's pieces.
   const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();

@@ -257,6 +257,7 @@ class ZeroEngine {
   // `last_micro`: the step's last reduction of this unit (stages 2-3 then
   // also take the squared norm of its gradient shard, off the compute thread).
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
+  absl::Status AllReduceUnit(int unit);
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
