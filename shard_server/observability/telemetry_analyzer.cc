@@ -1,4 +1,4 @@
-#include "shard_server/telemetry_analyzer.h"
+#include "shard_server/observability/telemetry_analyzer.h"
 
 #include <algorithm>
 #include <optional>

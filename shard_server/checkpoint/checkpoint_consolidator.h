@@ -41,8 +41,8 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/file_util.h"
-#include "shard_server/checkpoint_manifest.h"
-#include "shard_server/checkpoint_paths.h"
+#include "shard_server/checkpoint/checkpoint_manifest.h"
+#include "shard_server/checkpoint/checkpoint_paths.h"
 
 namespace zeroshard {
 

@@ -1,4 +1,4 @@
-#include "shard_server/membership.h"
+#include "shard_server/membership/membership.h"
 
 #include <algorithm>
 #include <set>
@@ -813,7 +813,7 @@ void Membership::Tick() {
       bool died = false;
       bool changed = false;
       std::string dead;  // who, for the generation's history
-      // Who is dead: shard_server/failure_detector.h has the rules.
+      // Who is dead: shard_server/membership/failure_detector.h has the rules.
       const bool suspect = job.formed() && job.suspect_generation == job.generation;
       std::vector<MemberState*> live;
       std::vector<const MemberState*> judged;

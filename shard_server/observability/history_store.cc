@@ -1,4 +1,4 @@
-#include "shard_server/history_store.h"
+#include "shard_server/observability/history_store.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "shard_server/event_log.h"
+#include "shard_server/observability/event_log.h"
 
 #include <cstdio>
 

@@ -33,7 +33,7 @@
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
 #include "shard_server/clock.h"
-#include "shard_server/event_log.h"
+#include "shard_server/observability/event_log.h"
 
 namespace zeroshard {
 

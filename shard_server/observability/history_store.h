@@ -26,7 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
-#include "shard_server/sql_database.h"
+#include "shard_server/state/sql_database.h"
 
 namespace zeroshard {
 

@@ -18,8 +18,8 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
-#include "shard_server/checkpoint_registry.h"
-#include "shard_server/event_log.h"
+#include "shard_server/checkpoint/checkpoint_registry.h"
+#include "shard_server/observability/event_log.h"
 
 namespace zeroshard {
 

@@ -1,4 +1,4 @@
-#include "shard_server/failure_detector.h"
+#include "shard_server/membership/failure_detector.h"
 
 #include <algorithm>
 

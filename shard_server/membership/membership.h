@@ -41,9 +41,9 @@
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
 #include "shard_server/clock.h"
-#include "shard_server/event_log.h"
-#include "shard_server/failure_detector.h"
-#include "shard_server/state_store.h"
+#include "shard_server/observability/event_log.h"
+#include "shard_server/membership/failure_detector.h"
+#include "shard_server/state/state_store.h"
 
 namespace zeroshard {
 
@@ -52,7 +52,7 @@ struct MembershipOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);  // advertised to members
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // When every member of a job is silent, how long the server suspects its
-  // own network before it declares them dead (shard_server/failure_detector.h,
+  // own network before it declares them dead (shard_server/membership/failure_detector.h,
   // rule 4). Zero: no suspicion.
   absl::Duration isolation_grace = absl::ZeroDuration();
   absl::Duration join_timeout = absl::Minutes(10);

@@ -1,4 +1,4 @@
-#include "shard_server/shard_file_validator.h"
+#include "shard_server/checkpoint/shard_file_validator.h"
 
 #include <errno.h>
 #include <sys/stat.h>

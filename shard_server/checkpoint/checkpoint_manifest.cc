@@ -1,4 +1,4 @@
-#include "shard_server/checkpoint_manifest.h"
+#include "shard_server/checkpoint/checkpoint_manifest.h"
 
 #include <algorithm>
 #include <utility>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/checkpoint_paths.h"
+#include "shard_server/checkpoint/checkpoint_paths.h"
 
 namespace zeroshard {
 namespace {

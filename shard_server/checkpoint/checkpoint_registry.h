@@ -26,10 +26,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
-#include "shard_server/checkpoint_manifest.h"
-#include "shard_server/checkpoint_paths.h"
-#include "shard_server/event_log.h"
-#include "shard_server/state_store.h"
+#include "shard_server/checkpoint/checkpoint_manifest.h"
+#include "shard_server/checkpoint/checkpoint_paths.h"
+#include "shard_server/observability/event_log.h"
+#include "shard_server/state/state_store.h"
 
 namespace zeroshard {
 

@@ -9,12 +9,12 @@
 #include <map>
 #include <string>
 
-#include "shard_server/checkpoint_registry.h"
-#include "shard_server/history_store.h"
-#include "shard_server/membership.h"
-#include "shard_server/metrics_http.h"
-#include "shard_server/server_metrics.h"
-#include "shard_server/telemetry_analyzer.h"
+#include "shard_server/checkpoint/checkpoint_registry.h"
+#include "shard_server/observability/history_store.h"
+#include "shard_server/membership/membership.h"
+#include "shard_server/observability/metrics_http.h"
+#include "shard_server/observability/server_metrics.h"
+#include "shard_server/observability/telemetry_analyzer.h"
 
 namespace zeroshard {
 

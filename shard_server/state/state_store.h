@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "shard_server/sql_database.h"
+#include "shard_server/state/sql_database.h"
 
 namespace zeroshard {
 

@@ -1,4 +1,4 @@
-#include "shard_server/checkpoint_service.h"
+#include "shard_server/checkpoint/checkpoint_service.h"
 
 #include <cstring>
 #include <memory>
@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/file_util.h"
-#include "shard_server/checkpoint_consolidator.h"
-#include "shard_server/checkpoint_paths.h"
+#include "shard_server/checkpoint/checkpoint_consolidator.h"
+#include "shard_server/checkpoint/checkpoint_paths.h"
 #include "shard_server/grpc_status.h"
 
 namespace zeroshard {

@@ -1,4 +1,4 @@
-#include "shard_server/kv_store.h"
+#include "shard_server/kv/kv_store.h"
 
 #include <limits>
 #include <utility>

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "proto/zeroshard.pb.h"
-#include "shard_server/checkpoint_manifest.h"
-#include "shard_server/checkpoint_paths.h"
+#include "shard_server/checkpoint/checkpoint_manifest.h"
+#include "shard_server/checkpoint/checkpoint_paths.h"
 
 namespace zeroshard {
 

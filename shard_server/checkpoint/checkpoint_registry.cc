@@ -1,4 +1,4 @@
-#include "shard_server/checkpoint_registry.h"
+#include "shard_server/checkpoint/checkpoint_registry.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/shard_file_validator.h"
+#include "shard_server/checkpoint/shard_file_validator.h"
 
 namespace zeroshard {
 namespace {

@@ -1,4 +1,4 @@
-#include "shard_server/sql_database.h"
+#include "shard_server/state/sql_database.h"
 
 #include <sqlite3.h>
 

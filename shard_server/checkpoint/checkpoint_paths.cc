@@ -1,4 +1,4 @@
-#include "shard_server/checkpoint_paths.h"
+#include "shard_server/checkpoint/checkpoint_paths.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -15,9 +15,9 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
-#include "shard_server/checkpoint_registry.h"
-#include "shard_server/event_log.h"
-#include "shard_server/membership.h"
+#include "shard_server/checkpoint/checkpoint_registry.h"
+#include "shard_server/observability/event_log.h"
+#include "shard_server/membership/membership.h"
 
 namespace zeroshard {
 

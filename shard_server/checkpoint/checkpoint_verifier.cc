@@ -1,9 +1,9 @@
-#include "shard_server/checkpoint_verifier.h"
+#include "shard_server/checkpoint/checkpoint_verifier.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "shard_server/checkpoint_consolidator.h"
+#include "shard_server/checkpoint/checkpoint_consolidator.h"
 
 namespace zeroshard {
 namespace {

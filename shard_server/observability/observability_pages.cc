@@ -1,4 +1,4 @@
-#include "shard_server/observability_pages.h"
+#include "shard_server/observability/observability_pages.h"
 
 #include <utility>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "shard_server/checkpoint_consolidator.h"
+#include "shard_server/checkpoint/checkpoint_consolidator.h"
 
 #include <errno.h>
 #include <fcntl.h>

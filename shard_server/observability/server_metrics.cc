@@ -1,4 +1,4 @@
-#include "shard_server/server_metrics.h"
+#include "shard_server/observability/server_metrics.h"
 
 #include <functional>
 #include <vector>

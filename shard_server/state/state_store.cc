@@ -1,4 +1,4 @@
-#include "shard_server/state_store.h"
+#include "shard_server/state/state_store.h"
 
 #include <string>
 #include <utility>

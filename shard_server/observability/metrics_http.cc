@@ -1,4 +1,4 @@
-#include "shard_server/metrics_http.h"
+#include "shard_server/observability/metrics_http.h"
 
 #include <civetweb.h>
 
