@@ -42,6 +42,7 @@ import base64
 import io
 import json
 import os
+import pickle
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -253,7 +254,7 @@ class _ClientSession:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.info = client.info()
+        self.info = client.info
 
 
 def save_flat(step: int, state: Mapping[str, Any],
@@ -403,7 +404,16 @@ class _Step:
             raw = base64.b64decode(e["data"])
             if _native.checksum_hex(raw) != e["xxh64"].lower():
                 raise ValueError(f"{self.directory}: entry '{e['key']}' does not match its XXH64")
-            value = torch.load(io.BytesIO(raw), weights_only=True)
+            try:
+                value = torch.load(io.BytesIO(raw), weights_only=True)
+            except pickle.UnpicklingError as err:
+                first = next((line.strip() for line in str(err).splitlines()
+                              if "Unsupported global" in line), str(err).splitlines()[0])
+                raise ValueError(
+                    f"{self.directory}: entry '{e['key']}' is a pickled object that the "
+                    f"restricted unpickler (torch.load(weights_only=True)) refuses: {first}. "
+                    f"Save it as JSON-like values (numbers, strings, lists, dicts) or tensors, "
+                    f"or load it yourself under torch.serialization.safe_globals") from None
         else:
             raise ValueError(f"{self.directory}: entry '{e['key']}' is a {e['kind']}, "
                              f"not an object")
@@ -440,7 +450,7 @@ class StorageReader(_DcpReader):
         if client is None:
             from zeroshard.torch.process_group import session
             client = (self._session or session()).client
-        job = self._job or client.info().job
+        job = self._job or client.info.job
         if src == "latest":
             complete = [c for c in client.checkpoints(job) if c.get("complete")]
             if not complete:
