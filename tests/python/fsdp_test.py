@@ -94,6 +94,32 @@ class FsdpRuns(ClusterTest):
             self.assertTrue(torch.equal(consolidated["optim.exp_avg_sq." + k], st["exp_avg_sq"]))
 
     def assert_local_shards_only(self, job, ref5):
+        step_dir = os.path.join(self.server.checkpoint_root, job, f"step-{SAVE_AT}")
+        sizes = sorted(os.path.getsize(os.path.join(step_dir, f))
+                       for f in os.listdir(step_dir) if f.startswith("rank-"))
+        # Local shards only: each file holds half of the weights and moments (the shard
+        # group has 2 ranks; + its header), never the gathered 3 * model bytes.
+        model_bytes = 4 * sum(v.numel() for v in ref5["model"].values())
+        self.assertLess(sizes[-1], 3 * model_bytes // 2 + 8192)
+        return step_dir
+
+    def resume_and_check(self, job, new_world, source, ref5, ref6, *flags):
+        got = self.train(f"{job}-at-{new_world}", new_world, "--resume", source,
+                         "--first_step", str(SAVE_AT + 1), "--steps", str(SAVE_AT + 1),
+                         "--dump_at", str(SAVE_AT), "--dump_at", str(SAVE_AT + 1), *flags)
+        self.assert_same_state(self.full(got, SAVE_AT), ref5)
+        self.assert_next_step_within_bound(self.full(got, SAVE_AT + 1), ref5, ref6, new_world)
+
+    def reference(self, job, world, mesh, *flags):
+        ref = self.train(job, world, "--steps", str(SAVE_AT + 1), "--save_at", str(SAVE_AT),
+                         "--dump_at", str(SAVE_AT), "--dump_at", str(SAVE_AT + 1), *flags,
+                         mesh=mesh)
+        return self.full(ref, SAVE_AT), self.full(ref, SAVE_AT + 1)
+
+
+class Fsdp2CheckpointTest(FsdpRuns):
+    def check_mesh(self, job, world, mesh):
+        ref5, ref6 = self.reference(job, world, mesh)
         step_dir = self.assert_local_shards_only(job, ref5)
         self.assert_consolidated_is_the_full_state(load_file(self.consolidate(job)), ref5)
         for new_world, source in ((1, step_dir), (3, os.path.join(self.dir, f"{job}.safetensors"))):
