@@ -100,7 +100,8 @@ def rank_main(args):
     seconds = time.time() - start
     peak = status_kib("self", "VmHWM")
     dist.barrier()
-    print(json.dumps({"rank": rank, "seconds": seconds, "rss_before_mib": rss / 1024,
+    print(json.dumps({"rank": rank, "torch": torch.__version__, "seconds": seconds,
+                      "rss_before_mib": rss / 1024,
                       "peak_mib": peak / 1024, "growth_mib": (peak - rss) / 1024}), flush=True)
     os._exit(0)
 
@@ -182,7 +183,7 @@ def main():
     if args.rank >= 0:
         return rank_main(args)
 
-    import torch
+    # No torch in this process: a child's ru_maxrss starts from its parent's RSS at fork.
     d = tempfile.mkdtemp(prefix="dcp-bench-", dir=args.dir or None)
     server = Server(d, ["--heartbeat_timeout_ms=60000"])
     results = {}
@@ -193,27 +194,34 @@ def main():
     finally:
         server.stop()
         shutil.rmtree(d, ignore_errors=True)
+    # What a consolidating Python process costs before it reads a byte.
+    import_seconds, import_peak, _ = run_child([PYTHON, "-c", "import torch.distributed.checkpoint"])
     params = args.width * args.width * args.layers + args.width * args.layers
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-               "load_after": os.getloadavg()[0]}
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(),
+               "torch": results["torch DCP"]["ranks"][0]["torch"],
+               "load_after": os.getloadavg()[0], "torch_import_seconds": import_seconds,
+               "torch_import_peak_mib": import_peak}
     print(f"\nCPU {machine['cpu']} ({machine['cores']} cores), torch {machine['torch']}; "
           f"no GEMM is timed here, so the BLAS kernel does not matter; load average "
           f"{machine['load_after']:.1f} at the end")
     print(f"Seed 001's model under FSDP2, W = 2: {args.layers} x Linear({args.width}, "
           f"{args.width}) = {params / 1e6:.1f} M parameters ({params * 4 / 2**20:.0f} MiB, "
           f"Adam moments {params * 8 / 2**20:.0f} MiB)")
-    print(f"{'path':14} {'save s':>7} {'merge s':>8} {'total s':>8} {'rank0 peak':>11} "
-          f"{'rank1 peak':>11} {'server +save':>13} {'server +merge':>14} "
+    print(f"{'path':14} {'save s':>7} {'merge s':>8} {'total s':>8} {'rank 0 peak MiB':>16} "
+          f"{'rank 1 peak MiB':>16} {'server +save':>12} {'server +merge':>13} "
           f"{'merger peak':>12} {'file MiB':>9}")
     for mode, r in results.items():
+        ranks = [f"{x['peak_mib']:.0f} (+{x['growth_mib']:.0f})" for x in r["ranks"]]
         print(f"{mode:14} {r['save_seconds']:7.1f} {r['consolidate_seconds']:8.1f} "
-              f"{r['save_seconds'] + r['consolidate_seconds']:8.1f} "
-              f"{r['ranks'][0]['peak_mib']:7.0f} MiB {r['ranks'][1]['peak_mib']:7.0f} MiB "
-              f"{fmt(r['server_save_growth_mib'], '9.0f'):>9} MiB "
-              f"{fmt(r['server_merge_growth_mib'], '10.0f'):>10} MiB "
+              f"{r['save_seconds'] + r['consolidate_seconds']:8.1f} {ranks[0]:>16} "
+              f"{ranks[1]:>16} {fmt(r['server_save_growth_mib'], '8.0f'):>8} MiB "
+              f"{fmt(r['server_merge_growth_mib'], '9.0f'):>9} MiB "
               f"{r['consolidator_peak_mib']:8.0f} MiB {r['out_mib']:9.0f}")
-    print("(rank peaks are VmHWM during the save; +: growth of the server's peak over its "
-          "RSS before; merger: the consolidating process, dcp_to_torch_save or shardctl)")
+    print(f"rank peaks: VmHWM during the save (+ its growth over the RSS before); server +: "
+          f"growth of its peak over its RSS before; merger: the consolidating process's "
+          f"peak (dcp_to_torch_save in Python, or shardctl receiving the server's stream); "
+          f"a Python process importing torch.distributed.checkpoint alone takes "
+          f"{import_seconds:.1f} s and {import_peak:.0f} MiB here")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"machine": machine, "width": args.width, "layers": args.layers,
