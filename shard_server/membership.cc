@@ -672,7 +672,8 @@ absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request) {
+absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request,
+                                                             uint64_t stream) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> found = FindMemberJob(request.member(), /*allow_stale=*/true);
   if (!found.ok()) return found.status();
@@ -697,6 +698,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
     job.data_plane_advanced = now;
   }
   m.last_heartbeat = now;
+  m.beating_stream = stream;
   m.heartbeat_seen = true;
   m.step = request.step();
   m.loss = request.loss();
@@ -752,11 +754,15 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
   return response;
 }
 
-void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member) {
+void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member, uint64_t stream) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> found = FindMemberJob(member, /*allow_stale=*/false);
   if (!found.ok()) return;
-  (*found)->members[member.rank()].stream_closed = clock_->Now();
+  MemberState& m = (*found)->members[member.rank()];
+  // A connection the member already replaced (its network was out, and the
+  // server's keepalive or a RST closes the old one late) says nothing.
+  if (stream != m.beating_stream) return;
+  m.stream_closed = clock_->Now();
 }
 
 absl::Status Membership::Leave(const v1::MemberCredentials& member) {
@@ -825,7 +831,7 @@ void Membership::Tick() {
         signals.push_back({m.last_heartbeat, m.stream_closed});
       }
       const JobSignals job_signals{
-          suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast()};
+          suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed()};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);

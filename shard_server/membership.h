@@ -117,10 +117,13 @@ class Membership {
   // formed generation after a bump gets ABORT_GENERATION_CHANGED; a wrong
   // token or an older generation gets FAILED_PRECONDITION; a job with an
   // unsaved change UNAVAILABLE (the beat still counts).
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
-  // The member's heartbeat stream closed (the last beat on it named
-  // `member`): evidence of death once a peer reported a failed collective.
-  void HeartbeatStreamClosed(const v1::MemberCredentials& member);
+  // `stream` names the heartbeat stream it came on (0: unknown).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                                  uint64_t stream = 0);
+  // Heartbeat stream `stream` closed (the last beat on it named `member`):
+  // when it carried the member's latest beat, evidence of death
+  // (failure_detector.h, rules 0 and 1). An older stream closing is not.
+  void HeartbeatStreamClosed(const v1::MemberCredentials& member, uint64_t stream = 0);
 
   // A clean exit. When every member left, the job is FINISHED. A leave that
   // cannot be saved returns the store's error and changes nothing.
@@ -153,9 +156,10 @@ class Membership {
     v1::StepTelemetry last_step;
     std::string incarnation;     // JoinRequest.incarnation
     int64_t snapshot_step = -1;  // the member's latest committed snapshot
-    // When its heartbeat stream last closed (InfinitePast: not since the
-    // member formed). A kill -9 closes it at once, on one host at least.
+    // When the stream of its latest beat closed (InfinitePast: not since the
+    // member formed). A kill -9 closes it at once: the kernel sends FIN.
     absl::Time stream_closed = absl::InfinitePast();
+    uint64_t beating_stream = 0;  // the stream of its latest beat
     v1::RankTelemetry telemetry;
   };
   struct PendingJoin {

@@ -320,11 +320,48 @@ TEST_F(MembershipTest, APeerFailureReportShortensTheSilenceThatCountsAsDeath) {
   EXPECT_TRUE(job.members(2).alive());
 }
 
-// Without a report, a closed stream is no death (a client re-opens it).
-TEST_F(MembershipTest, AClosedStreamAloneIsNoDeath) {
+absl::StatusOr<v1::HeartbeatResponse> BeatOn(Membership& m, const v1::MemberCredentials& c,
+                                              uint64_t stream) {
+  v1::HeartbeatRequest h;
+  *h.mutable_member() = c;
+  return m.Heartbeat(h, stream);
+}
+
+// Without a peer's report, the stream of a member's latest beat closing
+// while it beats is its process going away (kill -9): dead once it was not
+// re-opened within an interval (1 s), well before the 3-s timeout.
+TEST_F(MembershipTest, AStreamClosedByItsEndIsDeathUnlessReopenedWithinAnInterval) {
+  auto members = Form("job", 3);
+  clock_.Advance(absl::Milliseconds(200));
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[r]), 10 + r).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  membership_->HeartbeatStreamClosed(Credentials("job", members[1]), 11);  // kill -9
+  membership_->HeartbeatStreamClosed(Credentials("job", members[2]), 12);  // a reset connection
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[2]), 13).ok());  // re-opened
+  clock_.Advance(absl::Milliseconds(700));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);  // within the interval
+  clock_.Advance(absl::Milliseconds(200));
+  membership_->Tick();
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_TRUE(job.members(2).alive());
+}
+
+// A connection the member already replaced closing late (its network was
+// out; the old connection's RST or keepalive comes after the new stream's
+// beats) says nothing: only the stream of its latest beat counts.
+TEST_F(MembershipTest, AnOlderStreamClosingIsNoDeath) {
   auto members = Form("job", 2);
-  membership_->HeartbeatStreamClosed(Credentials("job", members[1]));
-  clock_.Advance(absl::Milliseconds(2500));
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[1]), 7).ok());
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[1]), 8).ok());  // a new stream
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[0]), 9).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  membership_->HeartbeatStreamClosed(Credentials("job", members[1]), 7);
+  clock_.Advance(absl::Milliseconds(1500));
   membership_->Tick();
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
 }
