@@ -189,7 +189,15 @@ class Membership {
     int64_t generation = 0;          // current generation (forming or formed)
     int64_t members_generation = 0;  // generation of `members`; == generation once formed
     v1::JobState state = v1::JOINING;
-    std::map<std::string, PendingJoin> pending;  // by worker id: sorted = rank order
+    // By worker id: sorted = rank order. While the job is formed, only
+    // workers growing a shrunk job back (kGrowBack) wait here.
+    std::map<std::string, PendingJoin> pending;
+    // Grow back: the snapshot step every live member had committed when the
+    // first waiting grower came (-1: none), and when it came (InfinitePast:
+    // nobody waits). The generation ends once every member committed a later
+    // one (Tick).
+    int64_t grow_mark = -1;
+    absl::Time grow_since = absl::InfinitePast();
     std::vector<MemberState> members;            // by rank
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
@@ -233,6 +241,9 @@ class Membership {
     kRejoin,                   // a member that left or died: a new generation, DEGRADED
     kReplaceRestartedProcess,  // a live member's id from a new incarnation: it
                                // died, a new generation, DEGRADED
+    kGrowBack,                 // a worker id missing from a shrunk job: waits
+                               // for the next snapshot boundary (formed job) or
+                               // widens the forming generation
   };
   // INVALID_ARGUMENT naming the field; needs no state.
   absl::Status ValidateJoinRequest(const v1::JoinRequest& request) const;
@@ -286,6 +297,16 @@ class Membership {
   void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Declares `m` dead and moves the job to a new generation (DEGRADED).
   void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The latest snapshot step every live member committed (-1: none).
+  static int64_t CommittedSnapshot(const Job& job);
+  // `world_size` plus the growers waiting in a formed job, at most its
+  // target world size.
+  static int WithGrowers(const Job& job, int world_size);
+  // Ends a formed generation that growers wait on once its members
+  // committed the snapshot after the first grower came (or kGrowBoundaryWait
+  // passed without one): they all join the next, larger generation.
+  void MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs the start and end of the failure detector's doubts about `live`
   // (its rules 3 and 4) for `job`.

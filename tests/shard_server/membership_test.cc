@@ -683,6 +683,72 @@ TEST_F(MembershipTest, ShrinksToTheSurvivorsAfterTheRejoinGrace) {
             "shrunk from 3 to 2 workers after --rejoin_grace=5s");
 }
 
+// After a shrink, the lost worker id is admitted again, not refused: it waits
+// while the members train, and the generation ends at the members' next
+// committed snapshot; members and grower form the next one at the target
+// world size. A further id is refused once the job is back at it.
+TEST_F(MembershipTest, GrowsBackAtTheNextSnapshotAfterAShrink) {
+  auto elastic_join = [&](const std::string& worker, JoinResult* out) {
+    membership_->Join(Elastic(Request("el", 3, worker), 2, 1000), clock_.Now() + absl::Hours(1),
+                      [out](auto r) { *out = r; });
+  };
+  std::vector<JoinResult> first(3);
+  for (int i = 0; i < 3; ++i) elastic_join(absl::StrCat("w", i), &first[i]);
+  for (auto& r : first) ASSERT_TRUE(r && r->ok());
+  clock_.Advance(absl::Seconds(2));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Beat(Credentials("el", **first[i])).ok());
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();  // w2 dead: generation 2
+  std::vector<JoinResult> shrunk(2);
+  for (int i = 0; i < 2; ++i) elastic_join(absl::StrCat("w", i), &shrunk[i]);
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();  // shrunk to 2
+  for (auto& r : shrunk) ASSERT_TRUE(r && r->ok() && (*r)->world_size() == 2);
+
+  auto beat = [&](int i, int64_t snapshot_step) {
+    v1::HeartbeatRequest h;
+    *h.mutable_member() = Credentials("el", **shrunk[i]);
+    h.set_snapshot_step(snapshot_step);
+    return membership_->Heartbeat(h);
+  };
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(beat(i, 20).ok());
+  JoinResult grower;
+  elastic_join("w2", &grower);
+  EXPECT_FALSE(grower.has_value()) << grower->status();
+  JoinResult another;
+  elastic_join("w9", &another);
+  ASSERT_TRUE(another.has_value());
+  EXPECT_EQ(another->status().code(), absl::StatusCode::kResourceExhausted) << another->status();
+  // No new snapshot yet: the members train on at W = 2.
+  clock_.Advance(absl::Milliseconds(500));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(beat(i, 20).ok());
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("el").jobs(0).state(), v1::RUNNING);
+  // One member committed step 30, the other not yet: still the same generation.
+  ASSERT_EQ(beat(0, 30)->command(), v1::CONTINUE);
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("el").jobs(0).generation(), 2);
+  ASSERT_EQ(beat(1, 30)->command(), v1::CONTINUE);
+  membership_->Tick();
+  v1::JobStatus job = membership_->Status("el").jobs(0);
+  EXPECT_EQ(job.generation(), 3);
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+            "grow back from 2 to 3 of 3 workers ('w2') at the snapshot of step 30");
+  EXPECT_EQ(beat(0, 30)->command(), v1::ABORT_GENERATION_CHANGED);
+  std::vector<JoinResult> grown(2);
+  for (int i = 0; i < 2; ++i) elastic_join(absl::StrCat("w", i), &grown[i]);
+  ASSERT_TRUE(grower && grower->ok()) << (grower ? grower->status().ToString() : "no answer");
+  EXPECT_EQ((*grower)->world_size(), 3);
+  EXPECT_EQ((*grower)->rank(), 2);
+  EXPECT_EQ((*grower)->generation(), 3);
+  for (auto& r : grown) ASSERT_TRUE(r && r->ok() && (*r)->world_size() == 3);
+  EXPECT_EQ(membership_->Status("el").jobs(0).world_size(), 3);
+  JoinResult refused;
+  elastic_join("w9", &refused);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status().code(), absl::StatusCode::kResourceExhausted);
+}
+
 TEST_F(MembershipTest, RecoveryThatCannotReachTheMinimumEndsWithAReason) {
   std::vector<JoinResult> first(3);
   for (int i = 0; i < 3; ++i) {
