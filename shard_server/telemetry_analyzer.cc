@@ -1,6 +1,7 @@
 #include "shard_server/telemetry_analyzer.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -68,6 +69,147 @@ std::string Key(const v1::Diagnosis& d) {
   return absl::StrCat(d.kind(), ":", absl::StrJoin(d.ranks(), ","));
 }
 
+
+// Members with a rank that are alive, have not left and have heartbeated.
+std::vector<const v1::MemberStatus*> LiveMembers(const v1::JobStatus& job) {
+  std::vector<const v1::MemberStatus*> live;
+  for (const v1::MemberStatus& m : job.members()) {
+    if (m.rank() >= 0 && m.alive() && !m.left() && m.last_heartbeat_age_ms() >= 0) {
+      live.push_back(&m);
+    }
+  }
+  return live;
+}
+
+using Waiting = std::map<std::pair<int, int64_t>, std::vector<const v1::MemberStatus*>>;
+
+// Ranks in flight, by the collective (stream, number) they wait in.
+Waiting WaitingByCollective(const std::vector<const v1::MemberStatus*>& live) {
+  Waiting waiting;
+  for (const v1::MemberStatus* m : live) {
+    const v1::RankTelemetry& t = m->telemetry();
+    if (!t.has_in_progress() || t.in_progress().op() == v1::COLLECTIVE_OP_UNSPECIFIED) continue;
+    waiting[{StreamOf(t.in_progress().op()), t.in_progress().seq()}].push_back(m);
+  }
+  return waiting;
+}
+
+struct HangCandidate {
+  absl::Time started;  // when the first waiter entered the collective
+  v1::Diagnosis diagnosis;
+};
+
+// Waiters under one collective number that are in different collectives:
+// the ranks' schedules differ. Empty when they all wait in the same one.
+std::optional<v1::Diagnosis> MixedCollectives(Stream stream, int64_t seq, double seconds,
+                                              const std::vector<const v1::MemberStatus*>& waiters) {
+  std::map<std::pair<int, std::string>, std::vector<const v1::MemberStatus*>> kinds;
+  for (const v1::MemberStatus* w : waiters) {
+    kinds[{w->telemetry().in_progress().op(), w->telemetry().in_progress().unit()}].push_back(w);
+  }
+  if (kinds.size() <= 1) return std::nullopt;
+  std::vector<std::string> parts;
+  for (const auto& [kind, ranks] : kinds) {
+    parts.push_back(absl::StrCat(RanksOnly(ranks), " in ",
+                                 OpName(static_cast<v1::CollectiveOp>(kind.first)), " (unit ",
+                                 kind.second, ")"));
+  }
+  return Make(v1::Diagnosis::SCHEDULE_MISMATCH,
+              absl::StrFormat("ranks disagree on the collective schedule: at %s #%d for %.1f s: %s",
+                              stream == kGathers ? "all_gather" : "reduction", seq, seconds,
+                              absl::StrJoin(parts, "; ")),
+              waiters);
+}
+
+// Laggards that themselves wait in a collective the waiters have not
+// entered: each side waits for the other.
+std::vector<const v1::MemberStatus*> CrossedLaggards(
+    const std::vector<const v1::MemberStatus*>& laggards,
+    const std::vector<const v1::MemberStatus*>& waiters) {
+  std::vector<const v1::MemberStatus*> crossed;
+  for (const v1::MemberStatus* l : laggards) {
+    const v1::RankTelemetry& t = l->telemetry();
+    if (!t.has_in_progress()) continue;
+    for (const v1::MemberStatus* w : waiters) {
+      if (Entered(w->telemetry(), StreamOf(t.in_progress().op())) < t.in_progress().seq()) {
+        crossed.push_back(l);
+        break;
+      }
+    }
+  }
+  return crossed;
+}
+
+// What keeps the collective (stream, seq) from finishing, once it has been
+// waited in for hang_report: ranks that disagree on the schedule, or the
+// stalled ranks that have not entered it. Empty while nothing explains it.
+std::optional<HangCandidate> DiagnoseCollective(
+    Stream stream, int64_t seq, const std::vector<const v1::MemberStatus*>& waiters,
+    const std::vector<const v1::MemberStatus*>& live,
+    const std::map<int, absl::Time>& progressed_at, absl::Time now,
+    const TelemetryOptions& options) {
+  absl::Time started = absl::InfiniteFuture();
+  for (const v1::MemberStatus* w : waiters) {
+    started = std::min(started, absl::FromUnixMillis(w->telemetry().in_progress().started_unix_ms()));
+  }
+  if (now - started < options.hang_report) return std::nullopt;
+  const double seconds = absl::ToDoubleSeconds(now - started);
+  if (std::optional<v1::Diagnosis> mixed = MixedCollectives(stream, seq, seconds, waiters)) {
+    return HangCandidate{started, *std::move(mixed)};
+  }
+  auto stalled = [&](const v1::MemberStatus* m) {
+    auto it = progressed_at.find(m->rank());
+    return it != progressed_at.end() && now - it->second >= options.hang_report;
+  };
+  std::vector<const v1::MemberStatus*> laggards;
+  for (const v1::MemberStatus* m : live) {
+    if (Entered(m->telemetry(), stream) < seq && stalled(m)) laggards.push_back(m);
+  }
+  if (laggards.empty()) return std::nullopt;
+  const v1::CollectiveInProgress& c = waiters.front()->telemetry().in_progress();
+  const std::vector<const v1::MemberStatus*> crossed = CrossedLaggards(laggards, waiters);
+  if (!crossed.empty()) {
+    std::vector<const v1::MemberStatus*> named = crossed;
+    named.insert(named.end(), waiters.begin(), waiters.end());
+    return HangCandidate{
+        started, Make(v1::Diagnosis::SCHEDULE_MISMATCH,
+                      absl::StrFormat("ranks disagree on the collective schedule: %s %s in %s for "
+                                      "%.1f s, which %s has not entered, while %s waits in %s",
+                                      RanksOnly(waiters), waiters.size() == 1 ? "waits" : "wait",
+                                      Describe(c), seconds, RanksOnly(crossed), RanksOnly(crossed),
+                                      Describe(crossed.front()->telemetry().in_progress())),
+                      named)};
+  }
+  return HangCandidate{
+      started, Make(v1::Diagnosis::HANG,
+                    absl::StrFormat("%s %s not entered %s for %.1f s; %s %s waiting in it",
+                                    NameRanks(laggards), laggards.size() == 1 ? "has" : "have",
+                                    Describe(c), seconds, RanksOnly(waiters),
+                                    waiters.size() == 1 ? "is" : "are"),
+                    laggards)};
+}
+
+// Ranks whose median lag to each step's first collective is over the
+// straggler threshold (a fraction of their step time, with a floor).
+std::vector<v1::Diagnosis> Stragglers(const std::vector<const v1::MemberStatus*>& live,
+                                      const TelemetryOptions& options) {
+  std::vector<v1::Diagnosis> out;
+  for (const v1::MemberStatus* m : live) {
+    const double median = m->telemetry().arrival_lag_median_ms();
+    const double step_ms = m->last_step().step_ms();
+    const double threshold = std::max(options.straggler_fraction * step_ms,
+                                      absl::ToDoubleMilliseconds(options.straggler_floor));
+    if (median < 0 || median <= threshold) continue;
+    out.push_back(Make(v1::Diagnosis::STRAGGLER,
+                       absl::StrFormat("rank %d (%s) is a straggler: it reaches each step's first "
+                                       "collective %.0f ms after the first rank (median of the "
+                                       "last 20 steps; its step takes %.0f ms)",
+                                       m->rank(), m->worker_id(), median, step_ms),
+                       {m}));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FormatRanks(std::vector<int> ranks, int max_runs) {
@@ -99,124 +241,18 @@ std::vector<v1::Diagnosis> TelemetryAnalyzer::Diagnose(
     const TelemetryOptions& options) {
   std::vector<v1::Diagnosis> out;
   if (job.state() != v1::RUNNING) return out;
-  std::vector<const v1::MemberStatus*> live;
-  for (const v1::MemberStatus& m : job.members()) {
-    if (m.rank() >= 0 && m.alive() && !m.left() && m.last_heartbeat_age_ms() >= 0) {
-      live.push_back(&m);
-    }
-  }
-  auto stalled = [&](const v1::MemberStatus* m) {
-    auto it = progressed_at.find(m->rank());
-    return it != progressed_at.end() && now - it->second >= options.hang_report;
-  };
-
-  // Ranks in flight, by the collective (stream, number) they wait in.
-  std::map<std::pair<int, int64_t>, std::vector<const v1::MemberStatus*>> waiting;
-  for (const v1::MemberStatus* m : live) {
-    const v1::RankTelemetry& t = m->telemetry();
-    if (!t.has_in_progress() || t.in_progress().op() == v1::COLLECTIVE_OP_UNSPECIFIED) continue;
-    waiting[{StreamOf(t.in_progress().op()), t.in_progress().seq()}].push_back(m);
-  }
+  const std::vector<const v1::MemberStatus*> live = LiveMembers(job);
   // The collective waited in longest that has been waited in for
   // hang_report and explains itself: one hang diagnosis per job (the others
   // are usually its consequences).
-  struct Candidate {
-    absl::Time started;
-    v1::Diagnosis diagnosis;
-  };
-  std::vector<Candidate> candidates;
-  for (const auto& [key, waiters] : waiting) {
-    const Stream stream = static_cast<Stream>(key.first);
-    const int64_t seq = key.second;
-    absl::Time started = absl::InfiniteFuture();
-    for (const v1::MemberStatus* w : waiters) {
-      started =
-          std::min(started, absl::FromUnixMillis(w->telemetry().in_progress().started_unix_ms()));
-    }
-    if (now - started < options.hang_report) continue;
-    const double seconds = absl::ToDoubleSeconds(now - started);
-    // Different collectives under one number: the schedules differ.
-    std::map<std::pair<int, std::string>, std::vector<const v1::MemberStatus*>> kinds;
-    for (const v1::MemberStatus* w : waiters) {
-      kinds[{w->telemetry().in_progress().op(), w->telemetry().in_progress().unit()}].push_back(w);
-    }
-    if (kinds.size() > 1) {
-      std::vector<std::string> parts;
-      for (const auto& [kind, ranks] : kinds) {
-        parts.push_back(absl::StrCat(RanksOnly(ranks), " in ",
-                                     OpName(static_cast<v1::CollectiveOp>(kind.first)), " (unit ",
-                                     kind.second, ")"));
-      }
-      candidates.push_back(
-          {started, Make(v1::Diagnosis::SCHEDULE_MISMATCH,
-                         absl::StrFormat("ranks disagree on the collective schedule: at %s #%d "
-                                         "for %.1f s: %s",
-                                         stream == kGathers ? "all_gather" : "reduction", seq,
-                                         seconds, absl::StrJoin(parts, "; ")),
-                         waiters)});
-      continue;
-    }
-    const v1::CollectiveInProgress& c = waiters.front()->telemetry().in_progress();
-    std::vector<const v1::MemberStatus*> laggards;
-    for (const v1::MemberStatus* m : live) {
-      if (Entered(m->telemetry(), stream) < seq && stalled(m)) laggards.push_back(m);
-    }
-    if (laggards.empty()) continue;
-    // A laggard waiting in a collective that waiters have not entered: each
-    // side waits for the other.
-    std::vector<const v1::MemberStatus*> crossed;
-    for (const v1::MemberStatus* l : laggards) {
-      const v1::RankTelemetry& t = l->telemetry();
-      if (!t.has_in_progress()) continue;
-      for (const v1::MemberStatus* w : waiters) {
-        if (Entered(w->telemetry(), StreamOf(t.in_progress().op())) < t.in_progress().seq()) {
-          crossed.push_back(l);
-          break;
-        }
-      }
-    }
-    if (!crossed.empty()) {
-      std::vector<const v1::MemberStatus*> named = crossed;
-      named.insert(named.end(), waiters.begin(), waiters.end());
-      candidates.push_back(
-          {started,
-           Make(v1::Diagnosis::SCHEDULE_MISMATCH,
-                absl::StrFormat("ranks disagree on the collective schedule: %s %s in %s for "
-                                "%.1f s, which %s has not entered, while %s waits in %s",
-                                RanksOnly(waiters), waiters.size() == 1 ? "waits" : "wait",
-                                Describe(c), seconds, RanksOnly(crossed), RanksOnly(crossed),
-                                Describe(crossed.front()->telemetry().in_progress())),
-                named)});
-      continue;
-    }
-    candidates.push_back(
-        {started, Make(v1::Diagnosis::HANG,
-                       absl::StrFormat("%s %s not entered %s for %.1f s; %s %s waiting in it",
-                                       NameRanks(laggards), laggards.size() == 1 ? "has" : "have",
-                                       Describe(c), seconds, RanksOnly(waiters),
-                                       waiters.size() == 1 ? "is" : "are"),
-                       laggards)});
+  std::optional<HangCandidate> oldest;
+  for (const auto& [key, waiters] : WaitingByCollective(live)) {
+    std::optional<HangCandidate> c = DiagnoseCollective(static_cast<Stream>(key.first), key.second,
+                                                        waiters, live, progressed_at, now, options);
+    if (c.has_value() && (!oldest.has_value() || c->started < oldest->started)) oldest = c;
   }
-  if (!candidates.empty()) {
-    auto oldest = std::min_element(
-        candidates.begin(), candidates.end(),
-        [](const Candidate& a, const Candidate& b) { return a.started < b.started; });
-    out.push_back(oldest->diagnosis);
-  }
-
-  for (const v1::MemberStatus* m : live) {
-    const double median = m->telemetry().arrival_lag_median_ms();
-    const double step_ms = m->last_step().step_ms();
-    const double threshold = std::max(options.straggler_fraction * step_ms,
-                                      absl::ToDoubleMilliseconds(options.straggler_floor));
-    if (median < 0 || median <= threshold) continue;
-    out.push_back(Make(v1::Diagnosis::STRAGGLER,
-                       absl::StrFormat("rank %d (%s) is a straggler: it reaches each step's first "
-                                       "collective %.0f ms after the first rank (median of the "
-                                       "last 20 steps; its step takes %.0f ms)",
-                                       m->rank(), m->worker_id(), median, step_ms),
-                       {m}));
-  }
+  if (oldest.has_value()) out.push_back(oldest->diagnosis);
+  for (v1::Diagnosis& d : Stragglers(live, options)) out.push_back(std::move(d));
   return out;
 }
 
