@@ -5,6 +5,19 @@
 #include "absl/strings/str_cat.h"
 
 namespace zeroshard {
+namespace {
+
+// Rule 0's evidence: the stream of the member's latest beat closed soon after
+// that beat, and the member has not re-opened it within one interval.
+bool ClosedByItsEnd(const MemberSignals& m, absl::Time now,
+                    const FailureDetectorOptions& options) {
+  const absl::Duration window = std::min(options.heartbeat_interval * 1.5, kAbruptCloseCap);
+  const absl::Duration reopen = std::max(kReopenGrace, options.heartbeat_interval);
+  return m.stream_closed > m.last_heartbeat && m.stream_closed - m.last_heartbeat <= window &&
+         now - m.stream_closed > reopen;
+}
+
+}  // namespace
 
 std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& members,
                                         const JobSignals& job, absl::Time now,
@@ -19,6 +32,16 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
   verdicts.reserve(members.size());
   for (const MemberSignals& m : members) {
     const absl::Duration silent = now - m.last_heartbeat;
+    if (job.formed && ClosedByItsEnd(m, now, options)) {
+      verdicts.push_back(
+          {Verdict::kDead,
+           absl::StrCat("heartbeat stream closed by its end ",
+                        absl::ToInt64Milliseconds(m.stream_closed - m.last_heartbeat),
+                        " ms after its last beat and not re-opened for ",
+                        absl::ToInt64Milliseconds(now - m.stream_closed),
+                        " ms: the process is gone")});
+      continue;
+    }
     if (job.peer_failure_reported) {
       if (m.stream_closed > m.last_heartbeat && now - m.stream_closed > kReopenGrace) {
         verdicts.push_back(

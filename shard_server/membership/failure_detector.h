@@ -5,8 +5,17 @@
 // causes a cluster's network makes common: the member died; the member is cut
 // off from the server but not from its peers (a partition); the server itself
 // is cut off (its host's link, its switch port). Only the first is a death.
-// The rules, in order, for each live member:
+// A death the server sees directly comes first: a process that is gone
+// closes its connection (the kernel sends FIN or RST), a silent network does
+// not. The rules, in order, for each live member:
 //
+//   0. In a formed generation, a member whose latest heartbeat stream closed
+//      while it was beating (within kAbruptCloseWindow of its last beat: a
+//      keepalive timeout of a silent connection closes it only seconds after
+//      the last bytes) and that has not beaten since within one heartbeat
+//      interval (its client re-opens a broken stream within ~100 ms and beats
+//      at once) is dead: its process is gone. A killed member is declared
+//      dead about one interval after the kill, whatever its peers report.
 //   1. After a peer reported a failed collective in this generation (the
 //      data plane stopped, so someone is gone), a member is dead when its
 //      heartbeat stream closed more than kReopenGrace ago without a beat
@@ -45,6 +54,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/keepalive.h"
 
 namespace zeroshard {
 
@@ -59,10 +69,19 @@ struct FailureDetectorOptions {
 // once (rule 1).
 inline constexpr absl::Duration kReopenGrace = absl::Milliseconds(300);
 
+// Rule 0: a stream that closed less than this after the member's last beat
+// was closed by the member's end (its process exited, or its connection was
+// reset), not by a keepalive timeout: the server's keepalive closes a silent
+// connection kServerKeepaliveTimeoutMs (5 s) after its last bytes at the
+// earliest. The window is 1.5 heartbeat intervals (a beating member's last
+// beat is at most one interval old), capped at half that timeout.
+inline constexpr absl::Duration kAbruptCloseCap = absl::Milliseconds(kServerKeepaliveTimeoutMs / 2);
+
 // What the server knows of one live member (alive, not left).
 struct MemberSignals {
   absl::Time last_heartbeat;  // formation time until the first beat
-  // When its heartbeat stream last closed; InfinitePast: not since it formed.
+  // When the stream of its latest beat closed; InfinitePast: not since it
+  // formed (an older stream closing later does not count).
   absl::Time stream_closed = absl::InfinitePast();
 };
 
@@ -72,13 +91,16 @@ struct JobSignals {
   // When a beating member last reported a larger collective_seq;
   // InfinitePast: not in this generation.
   absl::Time data_plane_advanced = absl::InfinitePast();
+  // The members belong to the job's current generation (rule 0 judges only
+  // those: members of an abandoned generation close their streams on purpose).
+  bool formed = true;
 };
 
 enum class Verdict {
   kAlive,               // rule 2
   kSeenByPeers,         // rule 3
   kIsolationSuspected,  // rule 4
-  kDead,                // rules 1 and 5
+  kDead,                // rules 0, 1 and 5
 };
 
 struct MemberVerdict {

@@ -17,6 +17,11 @@ namespace zeroshard {
 namespace {
 
 constexpr size_t kMaxIdLength = 256;
+// Grow back: how long growers wait for the members' next committed snapshot
+// before they are admitted anyway (the job then restores its latest snapshot
+// or disk checkpoint, as after a death): a job that takes no snapshots
+// (--snapshot_every=0) still grows back.
+constexpr absl::Duration kGrowBoundaryWait = absl::Seconds(60);
 
 absl::Status ValidateWorkerId(const std::string& worker_id) {
   if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is empty");
@@ -287,6 +292,12 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToJob(const v1::Joi
                                                  "' already has a join pending for job '", job->id,
                                                  "' generation ", job->generation));
   }
+  // A shrunk job recovering: a worker id it lost widens the generation that
+  // is forming (a recovery is a boundary already).
+  if (job->state == v1::DEGRADED && job->FindMember(request.worker_id()) == nullptr &&
+      job->world_size < job->target_world_size) {
+    return JoinKind::kGrowBack;
+  }
   return JoinKind::kJoinForming;
 }
 
@@ -314,9 +325,23 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
     const v1::JoinRequest& request, const Job& job) const {
   const MemberState* member = job.FindMember(request.worker_id());
   if (member == nullptr) {
+    if (job.pending.count(request.worker_id()) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker '", request.worker_id(), "' already waits to grow job '", job.id,
+          "' back at its next snapshot"));
+    }
+    // A shrunk job takes missing workers back, up to the world size it was
+    // started with.
+    if (job.world_size + static_cast<int>(job.pending.size()) < job.target_world_size) {
+      return JoinKind::kGrowBack;
+    }
     return absl::ResourceExhaustedError(absl::StrCat(
         "job '", job.id, "' already has all ", job.world_size, " members in generation ",
-        job.generation, "; worker '", request.worker_id(), "' cannot join"));
+        job.generation,
+        job.pending.empty() ? ""
+                            : absl::StrCat(" and ", job.pending.size(), " waiting to grow back"),
+        " (started with ", job.target_world_size, "); worker '", request.worker_id(),
+        "' cannot join"));
   }
   if (!member->alive || member->left) return JoinKind::kRejoin;
   if (!request.incarnation().empty() && !member->incarnation.empty() &&
@@ -360,6 +385,26 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
       if (!s.ok()) return s;
       return job;
     }
+    case JoinKind::kGrowBack:
+      if (job->formed()) {
+        if (job->pending.empty()) {
+          job->grow_since = now;
+          job->grow_mark = CommittedSnapshot(*job);
+        }
+        log_->Log("grow_back_waiting", {{"job", job->id},
+                                        {"worker", request.worker_id()},
+                                        {"world_size", absl::StrCat(job->world_size, "/",
+                                                                    job->target_world_size)},
+                                        {"after_snapshot", absl::StrCat(job->grow_mark)}});
+      } else {
+        ++job->world_size;
+        log_->Log("grow_back", {{"job", job->id},
+                                {"worker", request.worker_id()},
+                                {"generation", absl::StrCat(job->generation)},
+                                {"world_size", absl::StrCat(job->world_size, "/",
+                                                            job->target_world_size)}});
+      }
+      return job;
   }
   return absl::InternalError("unknown join kind");
 }
@@ -430,7 +475,10 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
                      {"host", request.host()},
                      {"generation", absl::StrCat(job.generation)},
                      {"joined", absl::StrCat(job.pending.size(), "/", job.world_size)}});
-  if (static_cast<int>(job.pending.size()) == job.world_size) FormGeneration(job, deferred);
+  // A formed job's pending joins are growers: they wait for MaybeGrowBack.
+  if (!job.formed() && static_cast<int>(job.pending.size()) == job.world_size) {
+    FormGeneration(job, deferred);
+  }
   return id;
 }
 
@@ -571,7 +619,9 @@ absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState 
   const int previous_world_size = job.world_size;
   const int64_t previous_generation = job.generation;
   const v1::JobState previous_state = job.state;
-  job.world_size = world_size;
+  // A formed job's pending joins are growers: the next generation has room.
+  job.world_size =
+      job.formed() && !job.pending.empty() ? WithGrowers(job, world_size) : world_size;
   job.generation++;
   job.state = state;
   absl::Status saved =
@@ -589,15 +639,19 @@ absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState 
 
 void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& reason,
                                     Deferred& deferred) {
-  // Joins pending for the old generation can never complete it.
+  // Joins pending for the old generation can never complete it. When the old
+  // generation was formed, its pending joins are growers that join the next
+  // one (world_size has room for them).
+  const bool old_was_formed = job.members_generation == old && !job.members.empty();
   for (auto& [worker_id, p] : job.pending) {
+    if (old_was_formed) break;
     pending_by_id_.erase(p.id);
     deferred.push_back([done = std::move(p.done), id = job.id, old, reason]() {
       done(absl::AbortedError(absl::StrCat("job '", id, "' generation ", old,
                                            " was abandoned (", reason, "); join again")));
     });
   }
-  job.pending.clear();
+  if (!old_was_formed) job.pending.clear();
   Remember(job, reason);
   log_->Log("generation_bumped", {{"job", job.id},
                                   {"from", absl::StrCat(old)},
@@ -672,7 +726,8 @@ absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request) {
+absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request,
+                                                             uint64_t stream) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> found = FindMemberJob(request.member(), /*allow_stale=*/true);
   if (!found.ok()) return found.status();
@@ -697,6 +752,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
     job.data_plane_advanced = now;
   }
   m.last_heartbeat = now;
+  m.beating_stream = stream;
   m.heartbeat_seen = true;
   m.step = request.step();
   m.loss = request.loss();
@@ -752,11 +808,15 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
   return response;
 }
 
-void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member) {
+void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member, uint64_t stream) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> found = FindMemberJob(member, /*allow_stale=*/false);
   if (!found.ok()) return;
-  (*found)->members[member.rank()].stream_closed = clock_->Now();
+  MemberState& m = (*found)->members[member.rank()];
+  // A connection the member already replaced (its network was out, and the
+  // server's keepalive or a RST closes the old one late) says nothing.
+  if (stream != m.beating_stream) return;
+  m.stream_closed = clock_->Now();
 }
 
 absl::Status Membership::Leave(const v1::MemberCredentials& member) {
@@ -825,7 +885,7 @@ void Membership::Tick() {
         signals.push_back({m.last_heartbeat, m.stream_closed});
       }
       const JobSignals job_signals{
-          suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast()};
+          suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed()};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);
@@ -848,6 +908,7 @@ void Membership::Tick() {
       // A death stands whatever the disk says: applied now, saved when it can be.
       if (died) {
         const int64_t old = job.generation;
+        job.world_size = WithGrowers(job, job.world_size);
         job.generation++;
         job.state = v1::DEGRADED;
         job.degraded_at = now;
@@ -858,6 +919,7 @@ void Membership::Tick() {
         SaveOrMarkUnsaved(job, "members of an abandoned generation went silent");
       }
       MaybeShrink(job, now, deferred);
+      if (!died) MaybeGrowBack(job, now, deferred);
       for (auto p = job.pending.begin(); p != job.pending.end();) {
         if (p->second.deadline > now) {
           ++p;
@@ -915,6 +977,49 @@ void Membership::LogDoubts(Job& job, const std::vector<const MemberState*>& live
     } else {
       log_->Log("members_seen_by_peers_over", {{"job", job.id}});
     }
+  }
+}
+
+int64_t Membership::CommittedSnapshot(const Job& job) {
+  int64_t snapshot_step = -1;
+  bool any = false;
+  for (const MemberState& m : job.members) {
+    if (!m.alive || m.left) continue;
+    snapshot_step = any ? std::min(snapshot_step, m.snapshot_step) : m.snapshot_step;
+    any = true;
+  }
+  return snapshot_step;
+}
+
+int Membership::WithGrowers(const Job& job, int world_size) {
+  return std::min(job.target_world_size, world_size + static_cast<int>(job.pending.size()));
+}
+
+void Membership::MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred) {
+  if (!job.formed() || job.pending.empty()) {
+    job.grow_since = absl::InfinitePast();
+    return;
+  }
+  const int64_t committed = CommittedSnapshot(job);
+  const bool boundary = committed > job.grow_mark;
+  if (!boundary && now - job.grow_since < kGrowBoundaryWait) return;
+  std::string who;
+  for (const auto& [worker_id, p] : job.pending) {
+    absl::StrAppend(&who, who.empty() ? "" : ", ", "'", worker_id, "'");
+  }
+  const int from = job.world_size;
+  const std::string reason = absl::StrCat(
+      "grow back from ", from, " to ", WithGrowers(job, from), " of ", job.target_world_size,
+      " workers (", who, ") ",
+      boundary ? absl::StrCat("at the snapshot of step ", committed)
+               : absl::StrCat("after ", absl::FormatDuration(kGrowBoundaryWait),
+                              " without a new snapshot"));
+  if (StartGeneration(job, from, v1::DEGRADED, reason, deferred).ok()) {
+    log_->Log("grow_back", {{"job", job.id},
+                            {"generation", absl::StrCat(job.generation)},
+                            {"from", absl::StrCat(from)},
+                            {"to", absl::StrCat(job.world_size)},
+                            {"snapshot_step", absl::StrCat(committed)}});
   }
 }
 
@@ -1000,14 +1105,7 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       auto joined = job->joins.find(m.worker_id);
       ms->set_rejoins(joined == job->joins.end() ? 0 : std::max(0, joined->second - 1));
     }
-    int64_t snapshot_step = -1;
-    bool any = false;
-    for (const MemberState& m : job->members) {
-      if (!m.alive || m.left) continue;
-      snapshot_step = any ? std::min(snapshot_step, m.snapshot_step) : m.snapshot_step;
-      any = true;
-    }
-    out->set_snapshot_step(snapshot_step);
+    out->set_snapshot_step(CommittedSnapshot(*job));
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
     for (const Job::GenerationChange& change : job->history) {
       v1::GenerationChange* h = out->add_history();

@@ -117,10 +117,13 @@ class Membership {
   // formed generation after a bump gets ABORT_GENERATION_CHANGED; a wrong
   // token or an older generation gets FAILED_PRECONDITION; a job with an
   // unsaved change UNAVAILABLE (the beat still counts).
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
-  // The member's heartbeat stream closed (the last beat on it named
-  // `member`): evidence of death once a peer reported a failed collective.
-  void HeartbeatStreamClosed(const v1::MemberCredentials& member);
+  // `stream` names the heartbeat stream it came on (0: unknown).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                                  uint64_t stream = 0);
+  // Heartbeat stream `stream` closed (the last beat on it named `member`):
+  // when it carried the member's latest beat, evidence of death
+  // (failure_detector.h, rules 0 and 1). An older stream closing is not.
+  void HeartbeatStreamClosed(const v1::MemberCredentials& member, uint64_t stream = 0);
 
   // A clean exit. When every member left, the job is FINISHED. A leave that
   // cannot be saved returns the store's error and changes nothing.
@@ -153,9 +156,10 @@ class Membership {
     v1::StepTelemetry last_step;
     std::string incarnation;     // JoinRequest.incarnation
     int64_t snapshot_step = -1;  // the member's latest committed snapshot
-    // When its heartbeat stream last closed (InfinitePast: not since the
-    // member formed). A kill -9 closes it at once, on one host at least.
+    // When the stream of its latest beat closed (InfinitePast: not since the
+    // member formed). A kill -9 closes it at once: the kernel sends FIN.
     absl::Time stream_closed = absl::InfinitePast();
+    uint64_t beating_stream = 0;  // the stream of its latest beat
     v1::RankTelemetry telemetry;
   };
   struct PendingJoin {
@@ -185,7 +189,15 @@ class Membership {
     int64_t generation = 0;          // current generation (forming or formed)
     int64_t members_generation = 0;  // generation of `members`; == generation once formed
     v1::JobState state = v1::JOINING;
-    std::map<std::string, PendingJoin> pending;  // by worker id: sorted = rank order
+    // By worker id: sorted = rank order. While the job is formed, only
+    // workers growing a shrunk job back (kGrowBack) wait here.
+    std::map<std::string, PendingJoin> pending;
+    // Grow back: the snapshot step every live member had committed when the
+    // first waiting grower came (-1: none), and when it came (InfinitePast:
+    // nobody waits). The generation ends once every member committed a later
+    // one (Tick).
+    int64_t grow_mark = -1;
+    absl::Time grow_since = absl::InfinitePast();
     std::vector<MemberState> members;            // by rank
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
@@ -229,6 +241,9 @@ class Membership {
     kRejoin,                   // a member that left or died: a new generation, DEGRADED
     kReplaceRestartedProcess,  // a live member's id from a new incarnation: it
                                // died, a new generation, DEGRADED
+    kGrowBack,                 // a worker id missing from a shrunk job: waits
+                               // for the next snapshot boundary (formed job) or
+                               // widens the forming generation
   };
   // INVALID_ARGUMENT naming the field; needs no state.
   absl::Status ValidateJoinRequest(const v1::JoinRequest& request) const;
@@ -282,6 +297,16 @@ class Membership {
   void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Declares `m` dead and moves the job to a new generation (DEGRADED).
   void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The latest snapshot step every live member committed (-1: none).
+  static int64_t CommittedSnapshot(const Job& job);
+  // `world_size` plus the growers waiting in a formed job, at most its
+  // target world size.
+  static int WithGrowers(const Job& job, int world_size);
+  // Ends a formed generation that growers wait on once its members
+  // committed the snapshot after the first grower came (or kGrowBoundaryWait
+  // passed without one): they all join the next, larger generation.
+  void MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs the start and end of the failure detector's doubts about `live`
   // (its rules 3 and 4) for `job`.
