@@ -230,6 +230,9 @@ class GptTask : public TrainingTask {
       if (!next.ok()) return next.status();
       sequence.push_back(*next);
       out.push_back(static_cast<char>(*next));
+      // Trained on the answers alone, the model has no operands to invent:
+      // the sample ends with the prompt's answer.
+      if (addition && options_.loss_on == "answers" && *next == '\n') break;
     }
     std::string prompt;
     for (size_t i = 0; i + out.size() < sequence.size(); ++i) {

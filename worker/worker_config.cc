@@ -62,7 +62,9 @@ ABSL_FLAG(std::string, loss_on, "all",
 ABSL_FLAG(double, validation_fraction, 0.1, "GPT --data: the tail of the file held out");
 ABSL_FLAG(int, val_every, 0, "Validation loss every N steps (0: only at the end)");
 ABSL_FLAG(int, val_batches, 4, "Validation batches per rank per evaluation");
-ABSL_FLAG(int, sample, 0, "GPT: print a generated text of N bytes at the end");
+ABSL_FLAG(int, sample, 0,
+          "GPT: print a generated text of N bytes at the end (--loss_on=answers: up to the "
+          "end of the answer to its prompt)");
 ABSL_FLAG(int, warmup_steps, 0, "Linear learning-rate warmup steps");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine (decay to --min_lr)");
 ABSL_FLAG(double, min_lr, 0, "Final learning rate of the cosine schedule");
