@@ -62,10 +62,15 @@ ABSL_FLAG(std::string, task, "addition",
           "GPT data without --data: 'addition' (synthetic multi-digit sums; accuracy shows "
           "learning) or 'reversed-addition' (the sums written least-significant digit first)");
 ABSL_FLAG(int, digits, 2, "addition task: operands have up to this many digits (1-9)");
+ABSL_FLAG(std::string, loss_on, "all",
+          "GPT: the tokens the loss (training and validation) covers: all | answers (addition "
+          "tasks: only each line's answer, the text after '=' and its newline)");
 ABSL_FLAG(double, validation_fraction, 0.1, "GPT --data: the tail of the file held out");
 ABSL_FLAG(int, val_every, 0, "Validation loss every N steps (0: only at the end)");
 ABSL_FLAG(int, val_batches, 4, "Validation batches per rank per evaluation");
-ABSL_FLAG(int, sample, 0, "GPT: print a generated text of N bytes at the end");
+ABSL_FLAG(int, sample, 0,
+          "GPT: print a generated text of N bytes at the end (--loss_on=answers: up to the "
+          "end of the answer to its prompt)");
 ABSL_FLAG(int, warmup_steps, 0, "Linear learning-rate warmup steps");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine (decay to --min_lr)");
 ABSL_FLAG(double, min_lr, 0, "Final learning rate of the cosine schedule");
@@ -234,6 +239,20 @@ absl::Status ReadCompute(WorkerConfig* config) {
   task.context = absl::GetFlag(FLAGS_context);
   task.task = absl::GetFlag(FLAGS_task);
   task.digits = absl::GetFlag(FLAGS_digits);
+  task.loss_on = absl::GetFlag(FLAGS_loss_on);
+  if (task.loss_on != "all" && task.loss_on != "answers") {
+    return Bad(absl::StrCat("--loss_on=", task.loss_on, ": expected all or answers"));
+  }
+  if (task.loss_on == "answers" &&
+      (model != "gpt" || !absl::GetFlag(FLAGS_data).empty() ||
+       (task.task != "addition" && task.task != "reversed-addition"))) {
+    return Bad("--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
+               "reversed-addition, no --data): only its lines have answers");
+  }
+  if (task.loss_on == "answers" && backend == "nccl") {
+    return Bad("--loss_on=answers runs on CPUs (--backend=gloo); the GPU cross-entropy scores "
+               "every target");
+  }
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);
   task.val_data = absl::GetFlag(FLAGS_val_data);
