@@ -109,10 +109,25 @@ def _index_after(steps: List[int], step: Optional[int]) -> int:
     return next((i for i, s in enumerate(steps) if s > step), len(steps))
 
 
+def _check_watchdog(s: Any) -> None:
+    """The watchdog must not end a survivor that is still waiting for its collective to
+    time out (the only way out of a Gloo collective blocked on another survivor)."""
+    grace = s.info.heartbeat_timeout + 1.0 if s.exit_if_blocked is None else s.exit_if_blocked
+    timeout = s.timeout.total_seconds()
+    if 0 < grace <= timeout + s.info.heartbeat_timeout:
+        raise ValueError(
+            f"zt.elastic: the watchdog would end this process {grace:.0f} s after a member's "
+            f"death, before a collective blocked on a survivor times out ({timeout:.0f} s, "
+            f"the process group's timeout) and recovers; pass init_process_group("
+            f"timeout=<seconds, short>, exit_if_blocked=<more than timeout + "
+            f"{s.info.heartbeat_timeout:.0f} s>)")
+
+
 def elastic(steps: Iterable[int], *, state: ElasticState) -> Iterator[int]:
     """Yields the steps to run, in order; resumes from the latest complete checkpoint at
     the start and after every recovery (see the module). Call zt.init_process_group
     first (with min_world_size and rejoin_grace to let the job shrink)."""
+    _check_watchdog(session())
     order = list(steps)
     i = _index_after(order, state.restore())
     while i < len(order):
