@@ -19,8 +19,10 @@ import signal
 import time
 import unittest
 
+from datetime import timedelta
+
 import harness  # noqa: F401 (puts the built package on sys.path)
-from harness import PYTHON
+from harness import PYTHON, ClusterTest
 
 import torch
 
@@ -122,6 +124,21 @@ class ElasticTest(FsdpRuns):
         self.assertEqual([r["world_size"] for r in records], [3, 3, 3])
         self.assert_same_state(final, self.resumed_reference("shrink", 3))
         self.report("shrink", records, killed_at)
+
+
+class ElasticArgumentsTest(ClusterTest):
+    def test_a_watchdog_that_would_fire_before_the_collective_timeout_is_refused(self):
+        import zeroshard.torch as zt
+        zt.init_process_group(server=self.server.address, job="w", world_size=1,
+                              worker_id="w0", timeout=timedelta(seconds=60))
+        try:
+            state = zt.ElasticState(lambda s: (None, None), root=self.dir, save_every=1)
+            with self.assertRaises(ValueError) as e:
+                next(zt.elastic(range(3), state=state))
+            self.assertIn("before a collective blocked on a survivor times out (60 s, the "
+                          "process group's timeout)", str(e.exception))
+        finally:
+            zt.shutdown()
 
 
 if __name__ == "__main__":
