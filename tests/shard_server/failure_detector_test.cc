@@ -1,7 +1,7 @@
-// The failure detector's rules (shard_server/failure_detector.h), one case a
+// The failure detector's rules (shard_server/membership/failure_detector.h), one case a
 // row: heartbeat interval 1 s, timeout 3 s, isolation grace 60 s; times in
 // seconds since the generation formed.
-#include "shard_server/failure_detector.h"
+#include "shard_server/membership/failure_detector.h"
 
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
 // Membership: the join barrier, refusals, fencing, failure detection, leave
 // and persistence (and changes that cannot be saved), driven directly with a
 // FakeClock.
-#include "shard_server/membership.h"
+#include "shard_server/membership/membership.h"
 
 #include <optional>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "shard_server/state_store.h"
+#include "shard_server/state/state_store.h"
 #include "tests/testing/process.h"
 #include "tests/testing/state_faults.h"
 
