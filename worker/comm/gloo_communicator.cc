@@ -213,6 +213,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
   }
 
   KvGlooStore gloo_store(store, KvGlooStore::PrefixForTag(tag), options.connect_timeout);
+  gloo_store.set_min_wait(options.connect_timeout);  // the context's timeout is for its pairs
   std::shared_ptr<gloo::rendezvous::Context> context;
   try {
     context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
