@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
   GlooCommunicator::Options gloo;
   gloo.hostname = options.host;
   gloo.connect_timeout = options.timeout;
+  gloo.ports = options.ports;
   gloo.shared_memory = shared_memory;
   // Shared memory or TCP, the same for every rank (host_communicator.h).
   absl::StatusOr<std::unique_ptr<HostCommunicator>> created =
@@ -93,6 +94,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
     GlooCommunicator::Options gloo;
     gloo.hostname = options.host;
     gloo.connect_timeout = options.timeout;
+    gloo.ports = options.ports;
     gloo.shared_memory = false;
     absl::StatusOr<std::unique_ptr<GlooCommunicator>> snapshot =
         GlooCommunicator::Create(&store, rank, world_size, "snapshot", gloo);

@@ -16,6 +16,7 @@
 #include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
 #include "common/local_address.h"
+#include "worker/comm/gloo_port_range.h"
 #include "worker/zero/optimizer.h"
 
 ABSL_FLAG(std::string, job, "", "Job id (letters, digits, '-', '_', '.')");
@@ -25,6 +26,11 @@ ABSL_FLAG(std::string, worker_id, "",
 ABSL_FLAG(std::string, host, "",
           "Address peers reach this worker at; the data plane binds to it (default: this "
           "machine's address on its route to --server)");
+ABSL_FLAG(std::string, data_plane_ports, "",
+          "LO-HI: the data plane's TCP connections are made to ports of this range of each "
+          "worker's --host (for a firewall between hosts; each rank needs world_size - 1 free "
+          "ports of it while it connects, shared by the ranks of a host); empty: ephemeral "
+          "ports");
 ABSL_FLAG(bool, shm, true,
           "gloo: gathers and reductions through shared memory when every rank of the job runs "
           "on this host (falls back to TCP otherwise, saying why)");
@@ -212,6 +218,9 @@ absl::Status ReadCompute(WorkerConfig* config) {
   plane.cuda_device = std::max(0, absl::GetFlag(FLAGS_local_rank));
   plane.host = config->host;
   plane.shared_memory = absl::GetFlag(FLAGS_shm);
+  absl::StatusOr<PortRange> ports = ParsePortRange(absl::GetFlag(FLAGS_data_plane_ports));
+  if (!ports.ok()) return Bad(std::string(ports.status().message()));
+  plane.ports = *ports;
   plane.timeout = absl::GetFlag(FLAGS_collective_timeout);
   if (plane.timeout <= absl::ZeroDuration()) {
     return Bad(absl::StrCat("--collective_timeout=", absl::FormatDuration(plane.timeout),

@@ -52,7 +52,15 @@
 # Exit status: 0 when every step passed; 1 when any failed; 2 when none
 # failed but some were skipped (the acceptance is incomplete).
 #
+# Without Bazel on the GPU machine: build a bundle where Bazel is
+# (tools/gpu_bundle.sh: the binaries above plus the shared libraries they need
+# beside glibc, CUDA and NCCL), unpack it there, and run with
+# ZEROSHARD_GPU_BIN=<bundle>/bin. Steps 1b-4 need Bazel and are then reported
+# SKIP (the bundle's machine built them and ran the host-side tests).
+#
 # Environment: BAZEL (default: bazel), OUT (default: /tmp/zeroshard-gpu),
+# ZEROSHARD_GPU_BIN (default: unset = build with Bazel), STEP_TIMEOUT
+# (seconds per step, default 900),
 # MIN_BUSBW_GBPS (default: unset), BAZEL_FLAGS (extra flags for every build),
 # QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset).
 set -uo pipefail
@@ -109,6 +117,14 @@ if ((GPUS < 2)); then
   echo "note: with one GPU the multi-rank checks are skipped and busbw is 0 by definition"
 fi
 
+STEP_TIMEOUT="${STEP_TIMEOUT:-900}"
+if [[ -n "${ZEROSHARD_GPU_BIN:-}" ]]; then
+  BIN="$ZEROSHARD_GPU_BIN"
+  for name in "@local_cuda configured" "build GPU targets" "host-side GPU tests" \
+    "integration tests, --backend=nccl"; do
+    step "$name" SKIP "prebuilt binaries from $BIN"
+  done
+else  # --- 1b-4 need Bazel ---
 if ! "$BAZEL" build "${EXTRA[@]}" @local_cuda//:cudart >"$OUT/configure.log" 2>&1; then
   step "@local_cuda configured" FAIL "see $OUT/configure.log"
   finish
@@ -158,22 +174,24 @@ else
   step "integration tests, --backend=nccl" FAIL "see $OUT/integration.log"
 fi
 
+fi  # Bazel steps
+
 # --- 5. GPU-versus-CPU parity ----------------------------------------------------
-if "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/parity.log" 2>&1; then
+if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/parity.log" 2>&1; then
   step "CUDA kernels vs CPU kernels" PASS
 else
   step "CUDA kernels vs CPU kernels" FAIL "see $OUT/parity.log"
 fi
 
 # --- 5b. The ZeRO engine on the GPU vs the CPU --------------------------------------
-if "$BIN/tests/gpu/cuda_engine_parity_check" >"$OUT/engine_parity.log" 2>&1; then
+if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_engine_parity_check" >"$OUT/engine_parity.log" 2>&1; then
   step "ZeRO engine on GPU vs CPU (stages 0, 3)" PASS
 else
   step "ZeRO engine on GPU vs CPU (stages 0, 3)" FAIL "see $OUT/engine_parity.log"
 fi
 
 # --- 5c. The device GPT vs the CPU GPT ---------------------------------------------
-if "$BIN/tests/gpu/cuda_gpt_parity_check" >"$OUT/gpt_parity.log" 2>&1; then
+if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_parity_check" >"$OUT/gpt_parity.log" 2>&1; then
   step "device GPT vs CPU GPT" PASS "per-tensor figures in $OUT/gpt_parity.log"
 else
   step "device GPT vs CPU GPT" FAIL "see $OUT/gpt_parity.log"
@@ -188,7 +206,7 @@ else
 fi
 
 # --- 7. NcclCommunicator on all GPUs ----------------------------------------------
-if "$BIN/tests/gpu/nccl_communicator_check" >"$OUT/nccl_check.log" 2>&1; then
+if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/nccl_communicator_check" >"$OUT/nccl_check.log" 2>&1; then
   if grep -q '\[  SKIPPED \]' "$OUT/nccl_check.log"; then
     step "NcclCommunicator on all GPUs" SKIP "some cases need 2 GPUs; see $OUT/nccl_check.log"
   else
@@ -201,7 +219,7 @@ fi
 # --- 8. Bus bandwidth -------------------------------------------------------------
 for dtype in F32 BF16; do
   table="$OUT/busbw_${dtype}.txt"
-  if "$BIN/tests/gpu/nccl_busbw_bench" --dtype="$dtype" --min_bytes=$((1 << 20)) \
+  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/nccl_busbw_bench" --dtype="$dtype" --min_bytes=$((1 << 20)) \
     --max_bytes=$((1 << 30)) >"$table" 2>&1; then
     cat "$table"
     # The last row is the largest size; its fields 6 and 10 are the busbw of
@@ -220,7 +238,7 @@ for dtype in F32 BF16; do
 done
 
 # --- 9. Device GPT throughput ---------------------------------------------------------
-if "$BIN/tests/gpu/cuda_gpt_bench" --json_out="$OUT/gpt_bench.json" >"$OUT/gpt_bench.txt" \
+if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --json_out="$OUT/gpt_bench.json" >"$OUT/gpt_bench.txt" \
   2>"$OUT/gpt_bench.log"; then
   cat "$OUT/gpt_bench.txt"
   step "device GPT throughput (W = 1)" PASS "$OUT/gpt_bench.json"
@@ -250,7 +268,7 @@ fi
 if [[ -z "$torch_python" ]]; then
   step "PyTorch FSDP2 GPT beside it" SKIP "$torch_note"
 else
-  "$torch_python" tests/gpu/torch_fsdp_gpt2.py --json_out="$OUT/torch_fsdp.json" \
+  timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --json_out="$OUT/torch_fsdp.json" \
     >"$OUT/torch_fsdp.txt" 2>"$OUT/torch_fsdp.log"
   code=$?
   cat "$OUT/torch_fsdp.txt"

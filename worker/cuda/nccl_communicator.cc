@@ -13,6 +13,16 @@
 namespace zeroshard {
 namespace {
 
+// NCCL's reduction for `op` over `world_size` ranks. Over one rank the
+// average is the sum, and asking for the sum keeps NCCL on its one-rank copy:
+// its one-rank average kernel (before NCCL 2.29.7) leaves the last elements
+// of a buffer unwritten when the count is not a multiple of its block count
+// (NCCL issue #1950; seen here as a ZeRO-3 reduce-scatter that lost the last
+// 12 gradient elements of every unit on one GPU).
+ncclRedOp_t NcclOp(ReduceOp op, int world_size) {
+  return op == ReduceOp::kAverage && world_size > 1 ? ncclAvg : ncclSum;
+}
+
 // How long the destructor lets a healthy communicator finalize (flush its
 // work and free its resources with the peers) before aborting it instead.
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
@@ -460,7 +470,7 @@ absl::Status NcclCommunicator::ReduceScatter(const void* input, void* output, in
   const ncclResult_t result =
       count == 0 ? ncclSuccess
                  : ncclReduceScatter(input, output, static_cast<size_t>(count), NcclType(dtype),
-                                     op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm, stream_);
+                                     NcclOp(op, world_size_), comm, stream_);
   return Finish(kName, result, timeout, &reduce_scatter_bytes_, (world_size_ - 1) * bytes);
 }
 
@@ -597,7 +607,7 @@ absl::Status NcclCommunicator::ReduceScatterBlocks(const void* full, void* shard
   if (!status.ok()) return Complete(status, nullptr, 0);
   const ncclResult_t result =
       ncclReduceScatter(send, received, static_cast<size_t>(chunk), NcclType(dtype),
-                        op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm, stream_);
+                        NcclOp(op, world_size_), comm, stream_);
   status = Wait(kName, result, timeout);
   for (const ShardBlock& b : blocks) {
     if (!status.ok() || b.count == 0 || b.rank != rank_) continue;
@@ -626,7 +636,7 @@ absl::Status NcclCommunicator::AllReduce(void* buffer, int64_t count, DType dtyp
   const ncclResult_t result =
       count == 0 ? ncclSuccess
                  : ncclAllReduce(buffer, buffer, static_cast<size_t>(count), NcclType(dtype),
-                                 op == ReduceOp::kAverage ? ncclAvg : ncclSum, comm, stream_);
+                                 NcclOp(op, world_size_), comm, stream_);
   return Finish(kName, result, timeout, &all_reduce_bytes_,
                 2 * (world_size_ - 1) * bytes / world_size_);
 }
