@@ -49,7 +49,7 @@ zs_log "training job '$job': GPT (3 layers, 4 heads, d_model 96, context 32) on 
 if ! zs_run_workers "$run" "$job" "$workers" \
     --model=gpt --layers=3 --heads=4 --d_model=96 --context=32 --task=reversed-addition --digits=2 \
     --loss_on=answers --batch=16 --steps="$steps" --stage="$stage" --prefetch=1 \
-    --optimizer=adamw --lr=5e-3 --min_lr=3e-4 --lr_schedule=cosine --warmup_steps=100 --max_grad_norm=1.0 \
+    --optimizer=adamw --lr=3e-3 --min_lr=3e-4 --lr_schedule=cosine --warmup_steps=100 --max_grad_norm=1.0 \
     --val_every=$((steps / 5 > 0 ? steps / 5 : 1)) --sample=120 --seed="$seed" --threads=1 \
     --checkpoint_every=$((steps / 2 > 0 ? steps / 2 : 1)) --checkpoint_at_end \
     --summary_out="$out/summary.json" --report="$run/report-{rank}.json"; then
