@@ -33,6 +33,9 @@ struct DataPlaneOptions {
   // Gloo: gathers and reductions through shared memory when every rank runs
   // on this host (GlooCommunicator::Options::shared_memory).
   bool shared_memory = true;
+  // Gloo: gathers and reductions in two levels (two_level_communicator.h)
+  // when the ranks share hosts, the same number on each of several hosts.
+  bool two_level = false;
   // Bounds the rendezvous, each connect to a peer and every collective.
   absl::Duration timeout = absl::Seconds(60);
   // Gloo's TCP pairs listen on these ports (--data_plane_ports); empty:

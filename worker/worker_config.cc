@@ -34,6 +34,12 @@ ABSL_FLAG(std::string, data_plane_ports, "",
 ABSL_FLAG(bool, shm, true,
           "gloo: gathers and reductions through shared memory when every rank of the job runs "
           "on this host (falls back to TCP otherwise, saying why)");
+ABSL_FLAG(bool, two_level, false,
+          "Gathers and reductions in two levels when the job's ranks share hosts: inside each "
+          "host (shared memory), then across hosts along one TCP ring per local rank, so each "
+          "byte crosses the network once per host (needs the same number of ranks on every "
+          "host; otherwise, and on one host, the usual flat transport). Results equal the flat "
+          "ring's up to the order of additions");
 ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
 ABSL_FLAG(int, max_recoveries, 10,
           "Fault tolerance: after a peer dies, re-join the job's next generation and resume "
@@ -218,6 +224,7 @@ absl::Status ReadCompute(WorkerConfig* config) {
   plane.cuda_device = std::max(0, absl::GetFlag(FLAGS_local_rank));
   plane.host = config->host;
   plane.shared_memory = absl::GetFlag(FLAGS_shm);
+  plane.two_level = absl::GetFlag(FLAGS_two_level);
   absl::StatusOr<PortRange> ports = ParsePortRange(absl::GetFlag(FLAGS_data_plane_ports));
   if (!ports.ok()) return Bad(std::string(ports.status().message()));
   plane.ports = *ports;
