@@ -196,7 +196,8 @@ void Client::SetTelemetrySource(TelemetrySource source) {
 }
 
 void Client::StartHeartbeats(CommandHandler handler) {
-  StopHeartbeats();
+  absl::MutexLock threads(&heartbeat_threads_mu_);
+  StopHeartbeatThreads();
   {
     absl::MutexLock lock(&mu_);
     stop_heartbeats_ = false;
@@ -250,6 +251,11 @@ absl::Duration Client::SinceHeartbeatAnswer() {
 }
 
 void Client::StopHeartbeats() {
+  absl::MutexLock threads(&heartbeat_threads_mu_);
+  StopHeartbeatThreads();
+}
+
+void Client::StopHeartbeatThreads() {
   {
     absl::MutexLock lock(&mu_);
     stop_heartbeats_ = true;

@@ -114,7 +114,7 @@ class Client {
   // stream is re-opened (the server may have restarted). Heartbeats stop after
   // the first non-CONTINUE command or error is handed to `handler`.
   void StartHeartbeats(CommandHandler handler);
-  void StopHeartbeats();
+  void StopHeartbeats() ABSL_LOCKS_EXCLUDED(heartbeat_threads_mu_);
   // How long since the server last answered a heartbeat (since
   // StartHeartbeats when it has not yet): a long one means the server is
   // unreachable from here.
@@ -234,8 +234,12 @@ class Client {
   bool heartbeats_ended_ ABSL_GUARDED_BY(mu_) = false;  // HeartbeatLoop returned
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_);     // SinceHeartbeatAnswer
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::thread heartbeat_thread_;
-  std::thread silence_thread_;  // ReportSilences
+  void StopHeartbeatThreads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_threads_mu_);
+  // Serializes StartHeartbeats and StopHeartbeats: callers on several threads
+  // (the Python bridge releases the GIL) must not assign a running thread.
+  absl::Mutex heartbeat_threads_mu_;
+  std::thread heartbeat_thread_ ABSL_GUARDED_BY(heartbeat_threads_mu_);
+  std::thread silence_thread_ ABSL_GUARDED_BY(heartbeat_threads_mu_);  // ReportSilences
 };
 
 }  // namespace zeroshard

@@ -20,6 +20,38 @@ PROGRAM = os.path.join(HERE, "zero_program.py")
 WIDTH, LAYERS, STEPS, SAVE_AT = "48", "3", 6, 3
 
 
+class GlooInterfaceTest(unittest.TestCase):
+    """Gloo advertises the interface of the route to the server (not what the hostname
+    resolves to, 127.0.1.1 on Debian), unless GLOO_SOCKET_IFNAME says otherwise."""
+
+    def test_the_route_to_a_loopback_server_is_lo(self):
+        from zeroshard.torch.process_group import gloo_interface_towards
+        self.assertEqual(gloo_interface_towards("127.0.0.1:7070"), "lo")
+        self.assertEqual(gloo_interface_towards("[::1]:7070"), None)  # IPv4 only
+        self.assertEqual(gloo_interface_towards("no-port"), None)
+
+    def test_the_users_choice_is_kept(self):
+        from zeroshard.torch import process_group as pg
+
+        class FakeClient:
+            server = "127.0.0.1:7070"
+
+        session = pg.Session.__new__(pg.Session)
+        session.backend, session.client = "gloo", FakeClient()
+        saved = os.environ.get("GLOO_SOCKET_IFNAME")
+        try:
+            os.environ["GLOO_SOCKET_IFNAME"] = "eth7"
+            pg._choose_gloo_interface(session)
+            self.assertEqual(os.environ["GLOO_SOCKET_IFNAME"], "eth7")
+            del os.environ["GLOO_SOCKET_IFNAME"]
+            pg._choose_gloo_interface(session)
+            self.assertEqual(os.environ["GLOO_SOCKET_IFNAME"], "lo")
+        finally:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            if saved is not None:
+                os.environ["GLOO_SOCKET_IFNAME"] = saved
+
+
 class Seed001Test(ClusterTest):
     def program(self, name, *flags, env=None):
         return self.procs.start([PYTHON, PROGRAM, "--width", WIDTH, "--layers", LAYERS,

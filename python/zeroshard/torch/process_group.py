@@ -143,10 +143,55 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
         min_world_size=min_world_size, rejoin_grace=rejoin_grace))
 
 
+def _interface_with_address(address: str) -> Optional[str]:
+    """The name of this host's network interface that holds IPv4 `address`."""
+    import fcntl
+    import struct
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                request = struct.pack("256s", name.encode()[:15])
+                reply = fcntl.ioctl(s.fileno(), siocgifaddr, request)
+            except OSError:
+                continue  # no IPv4 address
+            if socket.inet_ntoa(reply[20:24]) == address:
+                return name
+    return None
+
+
+def gloo_interface_towards(server: str) -> Optional[str]:
+    """The interface of the route from this host to `server` ("HOST:PORT"): the one Gloo
+    must use so that peers on other hosts can reach this rank. None when it cannot be told
+    (no route, an IPv6 server, no interface holding the address)."""
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port)))  # UDP: picks the route, sends nothing
+            address = s.getsockname()[0]
+    except (OSError, ValueError):
+        return None
+    return _interface_with_address(address)
+
+
+def _choose_gloo_interface(s: Session) -> None:
+    """Gloo advertises the address of GLOO_SOCKET_IFNAME's interface, else the one its
+    hostname resolves to, which on many hosts (Debian's /etc/hosts) is 127.0.1.1: peers
+    on other hosts then cannot connect. Unless the user chose, use the interface of the
+    route to the server, as shard_worker's --host does."""
+    if s.backend != "gloo" or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    name = gloo_interface_towards(s.client.server)
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
 def _open_session(s: Session) -> Session:
     """Initializes torch.distributed's default group over `s`'s Store, makes `s` the
     current session and starts its watchdog."""
     global _session
+    _choose_gloo_interface(s)
     dist.init_process_group(s.backend, store=s.store, rank=s.info.rank,
                             world_size=s.info.world_size, timeout=s.timeout)
     _session = s
