@@ -321,12 +321,15 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
   if (!member->alive || member->left) return JoinKind::kRejoin;
   // A join with the id of a live member replaces it only once that member
   // is gone from the server's view: its heartbeat stream closed after its
-  // last beat (a killed process's closes at once), or it has been silent for
-  // a heartbeat interval. A beating member is never evicted, so holding the
-  // server's token is not enough to end a job by joining with its ids.
+  // last beat (a killed process's closes at once), or it missed a beat (no
+  // beat for 1.5 heartbeat intervals: members beat every interval, so plain
+  // "one interval" would catch a beating member between two beats). A
+  // beating member is never evicted, so holding the server's token is not
+  // enough to end a job by joining with its ids.
   const absl::Time now = clock_->Now();
+  const absl::Duration missed_beat = options_.heartbeat_interval * 1.5;
   const bool gone = member->stream_closed > member->last_heartbeat ||
-                    now - member->last_heartbeat >= options_.heartbeat_interval;
+                    now - member->last_heartbeat >= missed_beat;
   if (!request.incarnation().empty() && !member->incarnation.empty() && gone) {
     // Another process with the member's id (it was restarted), or the
     // member's own process giving its generation up (its data plane could
@@ -339,7 +342,7 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
       Ms(now - member->last_heartbeat),
       " ms ago on an open stream); it can join again once its heartbeat stream closes, it is "
       "silent for ",
-      Ms(options_.heartbeat_interval), " ms, it has left, or it was declared dead (no heartbeat for ",
+      Ms(missed_beat), " ms, it has left, or it was declared dead (no heartbeat for ",
       Ms(options_.heartbeat_timeout), " ms)"));
 }
 

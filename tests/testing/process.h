@@ -54,6 +54,10 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout);
 // kB there); -1 if the process or the field is not there.
 int64_t ProcStatusBytes(pid_t pid, const std::string& field);
 
+// The TCP ports (IPv4 and IPv6) process `pid` listens on, from /proc (its
+// sockets' inodes against /proc/net/tcp{,6} in this network namespace).
+std::vector<int> ListeningPorts(pid_t pid);
+
 // A fresh directory under TEST_TMPDIR (or /tmp).
 std::string MakeTempDir(const std::string& prefix);
 

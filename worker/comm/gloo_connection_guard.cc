@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/random.h>
@@ -30,7 +31,12 @@ struct ListenGuard::Entry {
   absl::Time deadline;
   std::function<bool()> cancelled;
   std::atomic<int> dropped{0};
-  std::atomic<bool> gone{false};  // the guard was destroyed
+  std::atomic<bool> gone{false};            // the guard was destroyed
+  sockaddr_storage peer;                    // ConnectingOut()'s, set before the flag
+  std::atomic<bool> connecting_out{false};  // ConnectingOut()
+  // The far end of a placeholder handed to Gloo: open while the guard
+  // lives, so Gloo reads no EOF on it before its connect() closes it.
+  std::atomic<int> placeholder_far_end{-1};
 };
 
 struct ConnectGuard::Armed {
@@ -132,6 +138,80 @@ int SliceMs(absl::Time deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, kPollSliceMs));
 }
 
+// An address of `own`'s family and IP with port `raw_port` (network order).
+sockaddr_storage WithPort(const sockaddr_storage& own, uint16_t raw_port) {
+  sockaddr_storage address = own;
+  if (own.ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&address)->sin_port = raw_port;
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&address)->sin6_port = raw_port;
+  }
+  return address;
+}
+
+socklen_t LengthOf(const sockaddr_storage& address) {
+  return address.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+}
+
+// A socket bound to `own`'s IP at a port that Gloo orders above `peer`
+// (GlooConnectsOut), so that Gloo's connect() still takes the connecting
+// role when this end's address is the placeholder's; -1 if none.
+int BindAbove(const sockaddr_storage& own, const sockaddr_storage& peer) {
+  const uint16_t peer_port = own.ss_family == AF_INET
+                                 ? reinterpret_cast<const sockaddr_in*>(&peer)->sin_port
+                                 : reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_port;
+  // An ephemeral port first; the kernel's pick is above the peer's about
+  // half the time. Then the ports just above it, in Gloo's order.
+  for (int attempt = 0; attempt < 1100; ++attempt) {
+    uint16_t raw = 0;
+    if (attempt >= 100) {
+      const int above = peer_port + (attempt - 99);
+      if (above > 0xFFFF) break;
+      raw = static_cast<uint16_t>(above);
+    }
+    const int fd = socket(own.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    const sockaddr_storage wanted = WithPort(own, raw);
+    sockaddr_storage bound;
+    socklen_t length = sizeof(bound);
+    if (bind(fd, reinterpret_cast<const sockaddr*>(&wanted), LengthOf(wanted)) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0 &&
+        GlooConnectsOut(bound, peer)) {
+      return fd;
+    }
+    close(fd);
+  }
+  errno = EADDRINUSE;
+  return -1;
+}
+
+// A connected TCP socket on `own`'s IP, ordered above `peer`, whose far end
+// goes to `*far_end`; -1 (errno set) when one cannot be made.
+int MakePlaceholder(const sockaddr_storage& own, const sockaddr_storage& peer, int* far_end) {
+  const int listener = socket(own.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) return -1;
+  sockaddr_storage address = WithPort(own, 0);
+  socklen_t length = sizeof(address);
+  int near_end = -1;
+  if (bind(listener, reinterpret_cast<const sockaddr*>(&address), LengthOf(address)) == 0 &&
+      listen(listener, 1) == 0 &&
+      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    near_end = BindAbove(own, peer);
+    if (near_end >= 0 &&
+        LibcConnect()(near_end, reinterpret_cast<const sockaddr*>(&address), length) == 0) {
+      *far_end = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    }
+    if (*far_end < 0 && near_end >= 0) {
+      close(near_end);
+      near_end = -1;
+    }
+  }
+  const int saved = errno;
+  close(listener);
+  errno = saved;
+  return near_end;
+}
+
 struct Candidate {
   int fd;
   std::string got;  // the hello's bytes read so far
@@ -170,6 +250,15 @@ int GuardedAccept(int fd, ListenGuard::Entry& guard, sockaddr* address, socklen_
       return finish(-1, ECONNABORTED);
     }
     if (absl::Now() >= guard.deadline) return finish(-1, ETIMEDOUT);
+    if (guard.connecting_out.load()) {
+      int far_end = -1;
+      const int placeholder = MakePlaceholder(guard.address, guard.peer, &far_end);
+      if (placeholder < 0) return finish(-1, errno);
+      const int previous = guard.placeholder_far_end.exchange(far_end);
+      if (previous >= 0) close(previous);
+      if (address != nullptr && length != nullptr) getpeername(placeholder, address, length);
+      return finish(placeholder, 0);
+    }
     std::vector<pollfd> polled(1 + candidates.size());
     polled[0] = {fd, POLLIN, 0};
     for (size_t i = 0; i < candidates.size(); ++i) polled[1 + i] = {candidates[i].fd, POLLIN, 0};
@@ -315,11 +404,36 @@ ListenGuard::ListenGuard(const sockaddr_storage& address, std::string hello, abs
 
 ListenGuard::~ListenGuard() {
   entry_->gone = true;
-  absl::MutexLock lock(&registry_mu);
-  Registry().erase(entry_.get());
+  {
+    absl::MutexLock lock(&registry_mu);
+    Registry().erase(entry_.get());
+  }
+  const int far_end = entry_->placeholder_far_end.exchange(-1);
+  if (far_end >= 0) close(far_end);
 }
 
 int ListenGuard::dropped() const { return entry_->dropped.load(); }
+
+void ListenGuard::ConnectingOut(const sockaddr_storage& peer) {
+  entry_->peer = peer;
+  entry_->connecting_out = true;
+}
+
+bool GlooConnectsOut(const sockaddr_storage& self, const sockaddr_storage& peer) {
+  int order = 0;
+  if (self.ss_family == AF_INET && peer.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&self);
+    const auto* b = reinterpret_cast<const sockaddr_in*>(&peer);
+    order = std::memcmp(&a->sin_addr, &b->sin_addr, sizeof(a->sin_addr));
+    if (order == 0) order = static_cast<int>(a->sin_port) - static_cast<int>(b->sin_port);
+  } else if (self.ss_family == AF_INET6 && peer.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&self);
+    const auto* b = reinterpret_cast<const sockaddr_in6*>(&peer);
+    order = std::memcmp(&a->sin6_addr, &b->sin6_addr, sizeof(a->sin6_addr));
+    if (order == 0) order = static_cast<int>(a->sin6_port) - static_cast<int>(b->sin6_port);
+  }
+  return order > 0;
+}
 
 ConnectGuard::ConnectGuard(const sockaddr_storage& peer, std::string hello, absl::Time deadline,
                            std::function<bool()> cancelled)

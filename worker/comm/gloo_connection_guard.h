@@ -32,6 +32,16 @@
 //                 so Gloo's own bytes follow it.
 // CheckConnectionGuardActive says whether the interposition holds in this
 // process (a binary that loads the library with dlopen would not have it).
+//
+// Limits. A guarded accept() runs on Gloo's event thread, which serves every
+// pair of the communicator: while a stray that says nothing (or too little)
+// sits ahead of the real peer, that thread waits for the peer's hello, and
+// the rank's own connects wait for a tick of it. One rank's strays delay
+// nothing for long (its peers send their hellos regardless); strays at
+// several ranks of a W >= 3 job can make ranks wait on each other around a
+// cycle until the deadline, and the setup then fails like any other: the
+// worker joins again (worker.h, "Recovery"). Gloo gives no way to vet a
+// connection off its thread.
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_CONNECTION_GUARD_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_CONNECTION_GUARD_H_
 
@@ -58,6 +68,11 @@ constexpr int kPairSecretBytes = 32;
 // the two ranks, and `secret` (kPairSecretBytes).
 std::string PairHello(const std::string& secret, int from, int to);
 
+// Whether Gloo gives the end of a pair listening at `self` the connecting
+// role towards `peer` (tcp::Pair::connect: the larger address connects,
+// comparing the IP's bytes, then the port as stored).
+bool GlooConnectsOut(const sockaddr_storage& self, const sockaddr_storage& peer);
+
 // kPairSecretBytes from the kernel's random source.
 absl::StatusOr<std::string> NewPairSecret();
 
@@ -79,6 +94,15 @@ class ListenGuard {
 
   // Connections closed because they did not present the hello.
   int dropped() const;
+
+  // This end of the pair is about to connect out to `peer` (Gloo gives the
+  // lower address the listening role: GlooConnectsOut). An accept() that
+  // Gloo's event thread is in (a stray came) then returns a placeholder
+  // connection at once instead of waiting for a hello: Gloo's connect()
+  // replaces it, and would otherwise wait for the pair's lock that Gloo's
+  // thread holds while in accept(). The placeholder's local address is
+  // ordered above `peer` too, since Gloo decides the role from it then.
+  void ConnectingOut(const sockaddr_storage& peer);
 
   struct Entry;
 

@@ -1,8 +1,14 @@
 #include "worker/comm/gloo_mesh.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <exception>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +37,9 @@ class MeshContext : public gloo::Context {
     transportContext_ = std::move(transport);
   }
 };
+
+// Threads that connect a rank's pairs (at most; fewer for a smaller world).
+constexpr int kMaxConnectThreads = 64;
 
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(
@@ -87,6 +96,7 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
   // Declared after `transport`: a guard goes (and ends an accept() waiting
   // on Gloo's thread) before the pairs it guards.
   std::vector<std::unique_ptr<ListenGuard>> listening(size);
+  std::vector<sockaddr_storage> own(size);  // each pair's listening address
   const absl::Time connect_deadline = absl::Now() + 2 * o.timeout;
   std::string addresses;
   size_t address_bytes = 0;
@@ -95,8 +105,9 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
       if (peer == rank) continue;
       std::vector<char> bytes = transport->createPair(peer)->address().bytes();
       address_bytes = bytes.size();
-      listening[peer] = std::make_unique<ListenGuard>(
-          SockaddrOf(bytes), PairHello(*secret, peer, rank), connect_deadline, o.cancelled);
+      own[peer] = SockaddrOf(bytes);
+      listening[peer] = std::make_unique<ListenGuard>(own[peer], PairHello(*secret, peer, rank),
+                                                      connect_deadline, o.cancelled);
       addresses.append(bytes.begin(), bytes.end());
     }
   } catch (const std::exception& e) {
@@ -105,6 +116,8 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
   if (absl::Status s = store->Set(absl::StrCat(o.prefix, rank), addresses); !s.ok()) return s;
   if (o.before_connecting) o.before_connecting();
 
+  // Every peer's end of its pair with this rank, and which end connects.
+  std::vector<std::vector<char>> peer_ends(size);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     absl::StatusOr<std::string> theirs = store->Get(absl::StrCat(o.prefix, peer), o.timeout);
@@ -117,19 +130,41 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
     // Peers do not list themselves: this rank's address sits one earlier
     // in the list of a lower rank.
     const size_t slot = static_cast<size_t>(rank > peer ? rank - 1 : rank);
-    std::vector<char> mine(theirs->begin() + slot * address_bytes,
+    peer_ends[peer].assign(theirs->begin() + slot * address_bytes,
                            theirs->begin() + (slot + 1) * address_bytes);
-    try {
-      ConnectGuard guard(SockaddrOf(mine), PairHello(*secret, rank, peer), connect_deadline,
-                         o.cancelled);
-      transport->getPair(peer)->connect(mine);
-    } catch (const std::exception& e) {
-      const std::string message = e.what();
-      const std::string what = absl::StrCat("connecting to rank ", peer, ": ", message);
-      if (o.cancelled && o.cancelled()) return absl::AbortedError(what);
-      return IsTimeout(message) ? absl::DeadlineExceededError(what)
-                                : absl::UnavailableError(what);
+    const sockaddr_storage peer_address = SockaddrOf(peer_ends[peer]);
+    if (GlooConnectsOut(own[peer], peer_address)) listening[peer]->ConnectingOut(peer_address);
+  }
+  // All pairs at once: a pair's connect waits on Gloo's event thread, which
+  // a stray can hold in a guarded accept() until that pair's peer sends its
+  // hello; connecting in rank order could make ranks wait on each other
+  // around a cycle until the deadline.
+  std::vector<absl::Status> connected(size);
+  std::atomic<int> next_peer{0};
+  auto connect_pairs = [&] {
+    for (int peer = next_peer.fetch_add(1); peer < size; peer = next_peer.fetch_add(1)) {
+      if (peer == rank) continue;
+      try {
+        ConnectGuard guard(SockaddrOf(peer_ends[peer]), PairHello(*secret, rank, peer),
+                           connect_deadline, o.cancelled);
+        transport->getPair(peer)->connect(peer_ends[peer]);
+      } catch (const std::exception& e) {
+        const std::string message = e.what();
+        const std::string what = absl::StrCat("connecting to rank ", peer, ": ", message);
+        connected[peer] = o.cancelled && o.cancelled() ? absl::AbortedError(what)
+                          : IsTimeout(message)         ? absl::DeadlineExceededError(what)
+                                                       : absl::UnavailableError(what);
+      }
     }
+  };
+  {
+    std::vector<std::thread> threads;
+    for (int t = 1; t < std::min(size - 1, kMaxConnectThreads); ++t) threads.emplace_back(connect_pairs);
+    connect_pairs();
+    for (std::thread& t : threads) t.join();
+  }
+  for (const absl::Status& s : connected) {
+    if (!s.ok()) return s;
   }
   for (const auto& guard : listening) {
     if (guard != nullptr) mesh.dropped += guard->dropped();
