@@ -237,6 +237,7 @@ TEST_F(SetupFaultsTest, ThePingPongJoinCannotEvictABeatingMember) {
     join.set_worker_id(i % 2 == 0 ? "w0" : "w1");
     join.set_host("127.0.0.1");
     join.set_incarnation(absl::StrCat("pingpong-", i));
+    join.set_rejoin_grace_ms(30000);  // the workers' --rejoin_grace, as a real process sends
     v1::JoinResponse response;
     const grpc::Status status = stub->Join(&context, join, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << status.error_message();
