@@ -102,7 +102,7 @@ int StatusCommand() {
                       m.last_heartbeat_age_ms() < 0
                           ? "-"
                           : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
-                      absl::StrCat(m.step()), absl::StrFormat("%.4f", m.loss()),
+                      absl::StrCat(m.step()), FormatLoss(m.loss()),
                       m.last_step().step_ms() > 0
                           ? absl::StrFormat("%.1f ms", m.last_step().step_ms())
                           : "-",

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -164,6 +165,11 @@ std::string ReadFileOrEmpty(const std::string& path) {
 void WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary);
   out << contents;
+}
+
+void WriteSecretFile(const std::string& path, const std::string& contents) {
+  WriteFile(path, contents);
+  chmod(path.c_str(), 0600);
 }
 
 std::string RunfilePath(const std::string& workspace_relative) {

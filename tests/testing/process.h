@@ -63,6 +63,9 @@ std::string MakeTempDir(const std::string& prefix);
 
 std::string ReadFileOrEmpty(const std::string& path);
 void WriteFile(const std::string& path, const std::string& contents);
+// WriteFile, then mode 0600: a token file the server and clients accept
+// (common/secret_file.h).
+void WriteSecretFile(const std::string& path, const std::string& contents);
 
 // Path of a binary built by Bazel, from the test's runfiles (e.g.
 // "shard_server/shard_server").
