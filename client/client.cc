@@ -200,9 +200,46 @@ void Client::StartHeartbeats(CommandHandler handler) {
     stop_heartbeats_ = false;
     peer_failure_ = false;
     beat_now_ = false;
+    heartbeats_ended_ = false;
     last_answer_ = absl::Now();
   }
-  heartbeat_thread_ = std::thread([this, handler = std::move(handler)] { HeartbeatLoop(handler); });
+  heartbeat_thread_ = std::thread([this, handler = std::move(handler)] {
+    HeartbeatLoop(handler);
+    absl::MutexLock lock(&mu_);
+    heartbeats_ended_ = true;  // a command or an error ended them: silence is expected
+  });
+  silence_thread_ = std::thread([this] { ReportSilences(); });
+}
+
+void Client::ReportSilences() {
+  // Often enough to be seen in a log that is being watched, rarely enough
+  // not to flood one.
+  constexpr absl::Duration kSilenceReport = absl::Seconds(5);
+  absl::Time last_said = absl::InfinitePast();
+  absl::Duration said_silence = absl::ZeroDuration();  // > 0: a silence was reported
+  absl::MutexLock lock(&mu_);
+  auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_heartbeats_ || heartbeats_ended_;
+  };
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Seconds(1))) {
+    const absl::Time now = absl::Now();
+    const absl::Duration silent = now - last_answer_;
+    if (silent > info_.heartbeat_timeout && now - last_said >= kSilenceReport) {
+      last_said = now;
+      said_silence = silent;
+      std::fprintf(stderr,
+                   "job '%s' rank %d: the server at %s has not answered a heartbeat for %s "
+                   "(this host cannot reach it: cut off, or a partition between it and the "
+                   "server; training goes on while the peers' collectives do, and what needs "
+                   "the server - checkpoints, recovery, leaving - waits for it)\n",
+                   info_.job_id.c_str(), info_.rank, options_.server.c_str(),
+                   absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))).c_str());
+    } else if (said_silence > absl::ZeroDuration() && silent <= info_.heartbeat_timeout) {
+      std::fprintf(stderr, "job '%s' rank %d: the server at %s answers heartbeats again\n",
+                   info_.job_id.c_str(), info_.rank, options_.server.c_str());
+      said_silence = absl::ZeroDuration();
+    }
+  }
 }
 
 absl::Duration Client::SinceHeartbeatAnswer() {
@@ -217,6 +254,7 @@ void Client::StopHeartbeats() {
     if (heartbeat_context_ != nullptr) heartbeat_context_->TryCancel();
   }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (silence_thread_.joinable()) silence_thread_.join();
 }
 
 void Client::HeartbeatLoop(CommandHandler handler) {

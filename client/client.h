@@ -217,6 +217,11 @@ class Client {
     return response;
   }
   void HeartbeatLoop(CommandHandler handler);
+  // While heartbeats run: says on stderr every kSilenceReport that the server
+  // has not answered a heartbeat for longer than the heartbeat timeout, and
+  // once when it answers again. The heartbeat thread itself may be blocked
+  // in a call while the server is unreachable; this one is not.
+  void ReportSilences();
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -230,9 +235,11 @@ class Client {
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
   bool peer_failure_ ABSL_GUARDED_BY(mu_) = false;  // ReportPeerFailure
   bool beat_now_ ABSL_GUARDED_BY(mu_) = false;      // wakes the heartbeat loop
+  bool heartbeats_ended_ ABSL_GUARDED_BY(mu_) = false;  // HeartbeatLoop returned
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_);     // SinceHeartbeatAnswer
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread heartbeat_thread_;
+  std::thread silence_thread_;  // ReportSilences
 };
 
 }  // namespace zeroshard

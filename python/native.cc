@@ -128,6 +128,16 @@ class PyClient {
     return out;
   }
 
+  // The fault-tolerance fields sent with every later Join (JoinRequest's
+  // min_world_size, rejoin_grace_ms, incarnation).
+  void SetJoinExtras(int min_world_size, double rejoin_grace_s, const std::string& incarnation) {
+    JoinExtras extras;
+    extras.min_world_size = min_world_size;
+    extras.rejoin_grace = Seconds(rejoin_grace_s);
+    extras.incarnation = incarnation;
+    client_->set_join_extras(extras);
+  }
+
   void StartHeartbeats() {
     py::gil_scoped_release release;
     {
@@ -443,6 +453,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("server"), py::arg("token"), py::arg("tls_ca"), py::arg("tls_cert"),
            py::arg("tls_key"), py::arg("tls_server_name"), py::arg("rpc_timeout_s"))
       .def("join", &PyClient::Join)
+      .def("set_join_extras", &PyClient::SetJoinExtras)
       .def("start_heartbeats", &PyClient::StartHeartbeats)
       .def("stop_heartbeats", &PyClient::StopHeartbeats)
       .def("poll_event", &PyClient::PollEvent)

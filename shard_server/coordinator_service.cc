@@ -78,12 +78,12 @@ class HeartbeatStream
   }
   void OnReadDone(bool ok) override {
     if (!ok) {  // the member closed its side, or its process is gone
-      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member());
+      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member(), id_);
       Finish(grpc::Status::OK);
       return;
     }
     if (metrics_ != nullptr) metrics_->AddHeartbeat();
-    absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_);
+    absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_, id_);
     if (!response.ok()) {
       Finish(ToGrpcStatus(response.status()));
       return;
@@ -93,7 +93,7 @@ class HeartbeatStream
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member());
+      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member(), id_);
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat stream broken"));
       return;
     }
@@ -102,6 +102,9 @@ class HeartbeatStream
   void OnDone() override { delete this; }
 
  private:
+  // Tells this stream from the member's earlier and later ones (never 0).
+  static inline std::atomic<uint64_t> next_id_{1};
+  const uint64_t id_ = next_id_.fetch_add(1, std::memory_order_relaxed);
   Membership* const membership_;
   ServerMetrics* const metrics_;  // may be null
   v1::HeartbeatRequest request_;

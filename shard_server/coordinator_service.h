@@ -9,14 +9,14 @@
 #include <string>
 
 #include "proto/zeroshard.grpc.pb.h"
-#include "shard_server/checkpoint_service.h"
+#include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/clock.h"
-#include "shard_server/history_store.h"
-#include "shard_server/kv_store.h"
-#include "shard_server/membership.h"
+#include "shard_server/observability/history_store.h"
+#include "shard_server/kv/kv_store.h"
+#include "shard_server/membership/membership.h"
 #include "shard_server/plan_service.h"
-#include "shard_server/server_metrics.h"
-#include "shard_server/telemetry_analyzer.h"
+#include "shard_server/observability/server_metrics.h"
+#include "shard_server/observability/telemetry_analyzer.h"
 
 namespace zeroshard {
 

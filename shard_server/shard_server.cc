@@ -15,7 +15,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
-#include "shard_server/observability_pages.h"
+#include "shard_server/observability/observability_pages.h"
 
 namespace zeroshard {
 

@@ -11,6 +11,7 @@
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/host_communicator.h"
+#include "worker/comm/two_level_communicator.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/nccl_communicator.h"
@@ -50,6 +51,7 @@ GlooCommunicator::Options GlooOptions(const DataPlaneOptions& options, bool shar
   GlooCommunicator::Options gloo;
   gloo.hostname = options.host;
   gloo.connect_timeout = options.timeout;
+  gloo.ports = options.ports;
   gloo.shared_memory = shared_memory;
   gloo.cancelled = cancelled;
   gloo.before_connecting = HoldUntilFileExists(options.test_hold_file, options.timeout, cancelled);
@@ -75,6 +77,33 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
   return std::unique_ptr<Communicator>(*std::move(created));
 }
 
+// Two levels when the ranks share hosts (every rank reads the same host
+// identities, so all agree); nullptr when they do not, and the flat
+// transport serves.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(KeyValueStore* store, int rank,
+                                                              int world_size,
+                                                              const std::string& tag,
+                                                              const DataPlaneOptions& options,
+                                                              const std::function<bool()>& cancelled,
+                                                              nlohmann::json* description) {
+  TwoLevelCommunicator::Options two_level;
+  two_level.host = GlooOptions(options, options.shared_memory, cancelled);
+  std::string why_not;
+  absl::StatusOr<std::unique_ptr<TwoLevelCommunicator>> created =
+      TwoLevelCommunicator::Create(store, rank, world_size, tag, two_level, &why_not);
+  if (!created.ok()) {
+    return Failed(absl::StrCat("two-level bootstrap (", tag, ")"), created.status());
+  }
+  if (*created == nullptr) {
+    if (rank == 0) std::fprintf(stderr, "data plane (%s): flat: %s\n", tag.c_str(), why_not.c_str());
+    return nullptr;
+  }
+  (*description)[tag] = {{"transport", (*created)->transport()},
+                         {"note", (*created)->transport_note()},
+                         {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
+  return std::unique_ptr<Communicator>(*std::move(created));
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, int rank,
                                                           int world_size, const std::string& tag,
                                                           const DataPlaneOptions& options,
@@ -90,6 +119,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
 #else
     return absl::FailedPreconditionError("nccl: this shard_worker was built without CUDA");
 #endif
+  }
+  if (options.two_level) {
+    absl::StatusOr<std::unique_ptr<Communicator>> two_level =
+        ConnectTwoLevel(store, rank, world_size, tag, options, cancelled, description);
+    if (!two_level.ok() || *two_level != nullptr) return two_level;
   }
   return ConnectGloo(store, rank, world_size, tag, options, options.shared_memory, cancelled,
                      description);
@@ -141,7 +175,9 @@ void LogHostTransports(const DataPlane& plane) {
     const std::string transport = d["transport"];
     if (transport == "nccl") continue;
     std::fprintf(stderr, "data plane (%s): %s, %s\n", tag,
-                 transport == "shm" ? "shared memory" : "TCP",
+                 transport == "shm"         ? "shared memory"
+                 : transport == "two-level" ? "two levels"
+                                            : "TCP",
                  d["note"].get<std::string>().c_str());
   }
 }

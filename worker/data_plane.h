@@ -34,8 +34,14 @@ struct DataPlaneOptions {
   // Gloo: gathers and reductions through shared memory when every rank runs
   // on this host (GlooCommunicator::Options::shared_memory).
   bool shared_memory = true;
-  // Bounds the rendezvous and every collective.
+  // Gloo: gathers and reductions in two levels (two_level_communicator.h)
+  // when the ranks share hosts, the same number on each of several hosts.
+  bool two_level = false;
+  // Bounds the rendezvous, each connect to a peer and every collective.
   absl::Duration timeout = absl::Seconds(60);
+  // Gloo's TCP pairs listen on these ports (--data_plane_ports); empty:
+  // ephemeral ports.
+  PortRange ports;
   // A fourth context, "snapshot" (Gloo over TCP, point to point), for the
   // in-memory snapshots' buddy copies and recovery transfers.
   bool snapshots = false;

@@ -164,6 +164,7 @@ class GptTask : public TrainingTask {
                                       options_.batch, options_.grad_accum, options_.context,
                                       tokens_.data(), targets_.data(), cursor_row_);
     if (!s.ok()) return s;
+    ScoreAsAsked();
     return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
   }
   int64_t ItemsPerMicroBatch() const override { return int64_t{options_.batch} * options_.context; }
@@ -182,6 +183,7 @@ class GptTask : public TrainingTask {
       absl::Status s = data_->FillBatch(Split::kValidation, b, 0, rank, world, options_.batch, 1,
                                         options_.context, tokens_.data(), targets_.data());
       if (!s.ok()) return s;
+      ScoreAsAsked();
       if (s = model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
           !s.ok()) {
         return s;
@@ -228,6 +230,9 @@ class GptTask : public TrainingTask {
       if (!next.ok()) return next.status();
       sequence.push_back(*next);
       out.push_back(static_cast<char>(*next));
+      // Trained on the answers alone, the model has no operands to invent:
+      // the sample ends with the prompt's answer.
+      if (addition && options_.loss_on == "answers" && *next == '\n') break;
     }
     std::string prompt;
     for (size_t i = 0; i + out.size() < sequence.size(); ++i) {
@@ -271,6 +276,14 @@ class GptTask : public TrainingTask {
   }
 
  private:
+  // --loss_on=answers: only the answers' targets count (checked against the
+  // task when the flags were read).
+  void ScoreAsAsked() {
+    if (options_.loss_on == "answers") {
+      ScoreOnlyAnswers(tokens_.data(), targets_.data(), options_.batch, options_.context);
+    }
+  }
+
   // The validation loss of token shards as token_shards.h defines it: the
   // mean over every position of validation windows [0, n). Rank r takes the
   // contiguous windows [r * ceil(n / W), ...), `batch` at a time; every rank

@@ -28,6 +28,9 @@ struct TaskOptions {
   int context = 64;
   std::string task = "addition";  // addition | text (with data)
   int digits = 2;                 // addition: operands below 10^digits
+  // The targets the loss covers: "all", or "answers" (addition tasks: only
+  // each line's answer; ScoreOnlyAnswers() in data/text_data.h).
+  std::string loss_on = "all";
   double validation_fraction = 0.1;
   // Vocabulary (rows of wte and of the tied LM head); 0: 256 for bytes and
   // the addition task, 50,257 (GPT-2's BPE) for token shards.

@@ -16,6 +16,7 @@
 #include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
 #include "common/local_address.h"
+#include "worker/comm/gloo_port_range.h"
 #include "worker/zero/optimizer.h"
 
 ABSL_FLAG(std::string, job, "", "Job id (letters, digits, '-', '_', '.')");
@@ -25,9 +26,20 @@ ABSL_FLAG(std::string, worker_id, "",
 ABSL_FLAG(std::string, host, "",
           "Address peers reach this worker at; the data plane binds to it (default: this "
           "machine's address on its route to --server)");
+ABSL_FLAG(std::string, data_plane_ports, "",
+          "LO-HI: the data plane's TCP connections are made to ports of this range of each "
+          "worker's --host (for a firewall between hosts; each rank needs world_size - 1 free "
+          "ports of it while it connects, shared by the ranks of a host); empty: ephemeral "
+          "ports");
 ABSL_FLAG(bool, shm, true,
           "gloo: gathers and reductions through shared memory when every rank of the job runs "
           "on this host (falls back to TCP otherwise, saying why)");
+ABSL_FLAG(bool, two_level, false,
+          "Gathers and reductions in two levels when the job's ranks share hosts: inside each "
+          "host (shared memory), then across hosts along one TCP ring per local rank, so each "
+          "byte crosses the network once per host (needs the same number of ranks on every "
+          "host; otherwise, and on one host, the usual flat transport). Results equal the flat "
+          "ring's up to the order of additions");
 ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
 ABSL_FLAG(int, max_recoveries, 10,
           "Fault tolerance: after a peer dies, re-join the job's next generation and resume "
@@ -56,10 +68,15 @@ ABSL_FLAG(std::string, task, "addition",
           "GPT data without --data: 'addition' (synthetic multi-digit sums; accuracy shows "
           "learning) or 'reversed-addition' (the sums written least-significant digit first)");
 ABSL_FLAG(int, digits, 2, "addition task: operands have up to this many digits (1-9)");
+ABSL_FLAG(std::string, loss_on, "all",
+          "GPT: the tokens the loss (training and validation) covers: all | answers (addition "
+          "tasks: only each line's answer, the text after '=' and its newline)");
 ABSL_FLAG(double, validation_fraction, 0.1, "GPT --data: the tail of the file held out");
 ABSL_FLAG(int, val_every, 0, "Validation loss every N steps (0: only at the end)");
 ABSL_FLAG(int, val_batches, 4, "Validation batches per rank per evaluation");
-ABSL_FLAG(int, sample, 0, "GPT: print a generated text of N bytes at the end");
+ABSL_FLAG(int, sample, 0,
+          "GPT: print a generated text of N bytes at the end (--loss_on=answers: up to the "
+          "end of the answer to its prompt)");
 ABSL_FLAG(int, warmup_steps, 0, "Linear learning-rate warmup steps");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine (decay to --min_lr)");
 ABSL_FLAG(double, min_lr, 0, "Final learning rate of the cosine schedule");
@@ -211,6 +228,10 @@ absl::Status ReadCompute(WorkerConfig* config) {
   plane.cuda_device = std::max(0, absl::GetFlag(FLAGS_local_rank));
   plane.host = config->host;
   plane.shared_memory = absl::GetFlag(FLAGS_shm);
+  plane.two_level = absl::GetFlag(FLAGS_two_level);
+  absl::StatusOr<PortRange> ports = ParsePortRange(absl::GetFlag(FLAGS_data_plane_ports));
+  if (!ports.ok()) return Bad(std::string(ports.status().message()));
+  plane.ports = *ports;
   plane.timeout = absl::GetFlag(FLAGS_collective_timeout);
   if (plane.timeout <= absl::ZeroDuration()) {
     return Bad(absl::StrCat("--collective_timeout=", absl::FormatDuration(plane.timeout),
@@ -229,6 +250,20 @@ absl::Status ReadCompute(WorkerConfig* config) {
   task.context = absl::GetFlag(FLAGS_context);
   task.task = absl::GetFlag(FLAGS_task);
   task.digits = absl::GetFlag(FLAGS_digits);
+  task.loss_on = absl::GetFlag(FLAGS_loss_on);
+  if (task.loss_on != "all" && task.loss_on != "answers") {
+    return Bad(absl::StrCat("--loss_on=", task.loss_on, ": expected all or answers"));
+  }
+  if (task.loss_on == "answers" &&
+      (model != "gpt" || !absl::GetFlag(FLAGS_data).empty() ||
+       (task.task != "addition" && task.task != "reversed-addition"))) {
+    return Bad("--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
+               "reversed-addition, no --data): only its lines have answers");
+  }
+  if (task.loss_on == "answers" && backend == "nccl") {
+    return Bad("--loss_on=answers runs on CPUs (--backend=gloo); the GPU cross-entropy scores "
+               "every target");
+  }
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);
   task.val_data = absl::GetFlag(FLAGS_val_data);

@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -100,6 +101,7 @@ class Client:
                                       _read(tls_key_file, "TLS key"), tls_server_name,
                                       float(rpc_timeout))
         self._info: Optional[JoinInfo] = None
+        self._incarnation = uuid.uuid4().hex
         self._why_cache: Optional[tuple] = None
         self._lock = threading.Lock()
         self._progress: Dict[str, Any] = dict(step=0, loss=0.0, memory_bytes=-1,
@@ -109,7 +111,8 @@ class Client:
     # ---- Membership ----
 
     def join(self, job: str, world_size: int, worker_id: str, *, host: Optional[str] = None,
-             timeout: float = 600.0, heartbeats: bool = True) -> JoinInfo:
+             timeout: float = 600.0, heartbeats: bool = True, min_world_size: int = 0,
+             rejoin_grace: float = 0.0) -> JoinInfo:
         """Joins `job` as `worker_id` and waits until `world_size` workers joined.
 
         Ranks are the sorted order of worker ids, so a worker that joins again with its
@@ -118,7 +121,17 @@ class Client:
         With `heartbeats`, beats on a background thread from now on (carrying what
         `report()` was last told); `check()` raises once the server says the generation
         changed.
+
+        min_world_size, rejoin_grace (seconds): after a member died, the server forms the
+        next generation with the members that re-joined within `rejoin_grace` when there
+        are at least `min_world_size` of them (the job shrinks), or at once when a
+        replacement takes the dead worker's id. Every member must send the same values;
+        with either set, the join also carries this Client's incarnation (random), so a
+        restarted process's join ends its old incarnation's membership at once.
         """
+        if min_world_size or rejoin_grace:
+            self._native.set_join_extras(int(min_world_size), float(rejoin_grace),
+                                         self._incarnation)
         info = self._native.join(job, int(world_size), worker_id, host or socket.gethostname(),
                                  float(timeout))
         self._info = JoinInfo(

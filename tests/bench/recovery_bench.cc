@@ -5,8 +5,8 @@
 //
 //   bazel run //tests/bench:recovery_bench -- [--quick] [--json_out=FILE]
 //
-// Jobs: the quickstart GPT at W = 4 (deploy/quickstart.sh's model and
-// optimizer) and seed 001's model (20 x Linear(2000, 2000), batch 20, Adam)
+// Jobs: the quickstart GPT at W = 4 (deploy/quickstart.sh's model, with
+// the all-token loss and learning rate it had before --loss_on=answers) and seed 001's model (20 x Linear(2000, 2000), batch 20, Adam)
 // at W = 2, both at stage 3. Ways a job comes back, each from one kill in
 // the middle of a snapshot interval:
 //   replace      rank 1 killed; the launcher starts it again at once

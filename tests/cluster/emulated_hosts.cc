@@ -181,6 +181,26 @@ std::pair<int, std::string> EmulatedHosts::Run(int k, const std::string& command
                    ShellQuote(absl::StrCat("hostname ", hostname(k), "; ", command))));
 }
 
+absl::Status EmulatedHosts::AcceptTcpOnly(int k, int first, int last) {
+  const std::string ruleset = absl::StrCat(
+      "table inet zeroshard_firewall {\n"
+      "  chain input {\n"
+      "    type filter hook input priority 0; policy accept;\n"
+      "    iif lo accept\n"
+      "    ct state new tcp dport != ",
+      first, "-", last,
+      " drop\n"
+      "  }\n"
+      "}\n");
+  auto [code, output] = Run(k, absl::StrCat("printf %s ", ShellQuote(ruleset), " | ", Tool("nft"),
+                                            " -f -"));
+  if (code != 0) {
+    return absl::InternalError(
+        absl::StrCat("the firewall of ", hostname(k), " (nft) failed: ", output));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EmulatedHosts::RateLimit(int k, int64_t bits_per_second) {
   const std::string tc = Tool("tc");
   // Both ends: eth0 shapes what the host sends, the bridge's port what it

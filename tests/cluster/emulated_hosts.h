@@ -73,6 +73,11 @@ class EmulatedHosts {
   // combined output).
   std::pair<int, std::string> Run(int k, const std::string& command);
 
+  // A firewall on host k: new TCP connections from other hosts are accepted
+  // on ports first..last only (dropped silently otherwise, as a firewall
+  // does); connections within the host pass.
+  absl::Status AcceptTcpOnly(int k, int first, int last);
+
   // Limits host k's link to `bits_per_second` each way (0: no limit).
   absl::Status RateLimit(int k, int64_t bits_per_second);
   absl::Status CutOff(int k);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -54,6 +55,35 @@ TEST_F(PartitionTest, AHostThatLosesOnlyTheServerForTwentySecondsKeepsItsRanks) 
   EXPECT_EQ(server_log.find("event=member_dead"), std::string::npos) << server_log;
   EXPECT_EQ(server_log.find("event=generation_bumped"), std::string::npos) << server_log;
   ExpectEqual(Final("partition", steps), reference, "partition healed after 20 s");
+}
+
+// Unhealed, the cut-off side says so every few seconds while it trains on
+// (its peers' collectives keep it alive at the server); the other side is
+// silent about it. (What happens at the end: docs/multihost.md.)
+TEST_F(PartitionTest, APartitionThatDoesNotHealSaysSoOnTheCutOffSide) {
+  ASSERT_TRUE(StartCluster());
+  cluster_->StartWorkers("unhealed", 4,
+                         Flags({"--steps=400", "--test_step_delay_ms=100"}));
+  ASSERT_TRUE(WaitForStep(10));
+  ASSERT_TRUE(hosts_->CutPair(kServerHost, 2).ok());
+  const absl::Time cut_at = absl::Now();
+  const std::string says =
+      absl::StrCat("the server at ", cluster_->address(), " has not answered a heartbeat for ");
+  for (int r : {2, 3}) {
+    ASSERT_TRUE(WaitFor(
+        [&] { return cluster_->WorkerLog(r).find(says) != std::string::npos; },
+        absl::Seconds(10)))
+        << "no message on the cut-off side within 10 s:\n"
+        << cluster_->WorkerLog(r);
+    std::fprintf(stderr, "w%d said it %.1f s after the cut\n", r,
+                 absl::ToDoubleSeconds(absl::Now() - cut_at));
+  }
+  const int step_then = LatestStep();
+  ASSERT_TRUE(WaitForStep(step_then + 5)) << "training stopped";
+  for (int r : {0, 1}) {
+    EXPECT_EQ(cluster_->WorkerLog(r).find(says), std::string::npos) << cluster_->WorkerLog(r);
+  }
+  EXPECT_NE(cluster_->server()->Log().find("event=member_seen_by_peers"), std::string::npos);
 }
 
 }  // namespace

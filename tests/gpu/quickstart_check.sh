@@ -42,8 +42,9 @@ done
 [[ -s "$OUT/port" ]] || { echo "shard_server wrote no port within 10 s" >&2; exit 1; }
 address="127.0.0.1:$(cat "$OUT/port")"
 
-# The quickstart's model and schedule (deploy/quickstart.sh), with its global
-# batch of 4 workers x 16 in one worker.
+# The quickstart's model (deploy/quickstart.sh), with its global batch of 4
+# workers x 16 in one worker, and the all-token loss and schedule it had
+# before --loss_on=answers (which the GPU cross-entropy does not take).
 common=(--model=gpt --layers=3 --heads=4 --d_model=96 --context=32 --task=reversed-addition
   --digits=2 --batch=64 --seed=1 --threads=1 --host=127.0.0.1 --world_size=1
   --checkpoint_dir="$OUT/checkpoints")

@@ -5,8 +5,10 @@ zeroshard.torch. Deterministic data: step i's global batch of --batch samples is
 from seed i, and rank r of W takes rows [r B / W, (r + 1) B / W), so every world size
 takes the same optimizer steps (up to rounding).
 
---save_at N: zt.save after step N (the step files on the server).
---resume PATH: zt.load a consolidated file or a step directory before --first_step.
+--save_at N: zt.save after step N (the step files on the server); with --dcp,
+dcp.save of get_state_dict(model, optimizer) through zt.dcp.StorageWriter instead.
+--resume PATH: zt.load a consolidated file or a step directory before --first_step;
+with --dcp, dcp.load through zt.dcp.StorageReader(PATH) and set_state_dict.
 --dump_at N (repeatable): rank 0 writes <--dump_dir>/full-<N>.pt, the full model and
 optimizer state dicts (get_model_state_dict / get_optimizer_state_dict with
 full_state_dict=True) after step N; N = first_step - 1 dumps what was loaded."""
@@ -17,8 +19,10 @@ from datetime import timedelta
 
 import torch
 import torch.nn as nn
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict)
+                                                     get_optimizer_state_dict, get_state_dict,
+                                                     set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -55,6 +59,29 @@ def dump(model, optimizer, path: str, rank: int) -> None:
         torch.save(state, path)
 
 
+def save(step: int, model, optimizer, use_dcp: bool) -> None:
+    import zeroshard.torch as zt
+    if not use_dcp:
+        print(f"saved {zt.save(step, model, optimizer)}", flush=True)
+        return
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    writer = zt.dcp.StorageWriter(step)
+    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+    print(f"saved {writer.result}", flush=True)
+
+
+def resume(path: str, model, optimizer, use_dcp: bool) -> None:
+    import zeroshard.torch as zt
+    if not use_dcp:
+        zt.load(path, model, optimizer)
+        return
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, storage_reader=zt.dcp.StorageReader(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True)
@@ -70,6 +97,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)  # last step
     ap.add_argument("--save_at", type=int, default=0)
     ap.add_argument("--resume", default="")
+    ap.add_argument("--dcp", action="store_true")
     ap.add_argument("--dump_at", type=int, action="append", default=[])
     ap.add_argument("--dump_dir", default="")
     args = ap.parse_args()
@@ -83,7 +111,7 @@ def main() -> int:
     shard(model, args.mesh or str(world), world)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     if args.resume:
-        zt.load(args.resume, model, optimizer)
+        resume(args.resume, model, optimizer, args.dcp)
     if args.first_step - 1 in args.dump_at:
         dump(model, optimizer, os.path.join(args.dump_dir, f"full-{args.first_step - 1}.pt"), rank)
     loss_fn = nn.MSELoss()
@@ -95,7 +123,7 @@ def main() -> int:
         optimizer.step()
         print(f"step {step} loss {float(loss):.6f}", flush=True)
         if step == args.save_at:
-            print(f"saved {zt.save(step, model, optimizer)}", flush=True)
+            save(step, model, optimizer, args.dcp)
         if step in args.dump_at:
             dump(model, optimizer, os.path.join(args.dump_dir, f"full-{step}.pt"), rank)
     zt.shutdown()

@@ -6,6 +6,7 @@ full_state_dict=True); loaded at W = 1 (from the step's shard files) and W = 3 (
 the consolidated file) the state is bitwise what was saved, and step 6 is the
 uninterrupted run's within fsdp_error_model's bound."""
 import os
+import struct
 import subprocess
 import unittest
 
@@ -23,7 +24,9 @@ PROGRAM = os.path.join(HERE, "fsdp_program.py")
 WIDTH, LAYERS, BATCH, LR, SAVE_AT = 40, 3, 12, 0.01, 5
 
 
-class Fsdp2CheckpointTest(ClusterTest):
+class FsdpRuns(ClusterTest):
+    """Runs of fsdp_program.py and the checks on them (no tests of its own: dcp_test
+    uses it too)."""
     # Not about failure detection: a slow start on a loaded 2-core machine (3-4 processes
     # importing torch) must not end a generation.
     server_flags = ["--heartbeat_timeout_ms=20000"]
@@ -76,40 +79,56 @@ class Fsdp2CheckpointTest(ClusterTest):
                 worst = max(worst, float((diff / bound).max()))
         print(f"step 6 at W={world}: largest |difference| / bound = {worst:.3g}")
 
-    def consolidate(self, job):
-        out = os.path.join(self.dir, f"{job}.safetensors")
+    def consolidate(self, job, *flags, name=""):
+        out = os.path.join(self.dir, name or f"{job}.safetensors")
         r = subprocess.run([binary("client/shardctl"), f"--server={self.server.address}",
-                            "consolidate", f"--job={job}", f"--step={SAVE_AT}", f"--out={out}"],
-                           capture_output=True, text=True, timeout=60)
+                            "consolidate", f"--job={job}", f"--step={SAVE_AT}", f"--out={out}",
+                            *flags], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         return out
 
-    def check_mesh(self, job, world, mesh):
-        ref = self.train(job, world, "--steps", str(SAVE_AT + 1), "--save_at", str(SAVE_AT),
-                         "--dump_at", str(SAVE_AT), "--dump_at", str(SAVE_AT + 1), mesh=mesh)
-        ref5, ref6 = self.full(ref, SAVE_AT), self.full(ref, SAVE_AT + 1)
-        step_dir = os.path.join(self.server.checkpoint_root, job, f"step-{SAVE_AT}")
-        sizes = sorted(os.path.getsize(os.path.join(step_dir, f))
-                       for f in os.listdir(step_dir) if f.startswith("rank-"))
-        # Local shards only: each file holds half of the weights and moments (the shard
-        # group has 2 ranks; + its header), never the gathered 3 * model bytes.
-        model_bytes = 4 * sum(v.numel() for v in ref5["model"].values())
-        self.assertLess(sizes[-1], 3 * model_bytes // 2 + 8192)
-
-        consolidated = load_file(self.consolidate(job))
+    def assert_consolidated_is_the_full_state(self, consolidated, ref5):
         for k, v in ref5["model"].items():
             self.assertTrue(torch.equal(consolidated[k], v), k)
         for k, st in ref5["optim"]["state"].items():
             self.assertTrue(torch.equal(consolidated["optim.exp_avg." + k], st["exp_avg"]), k)
             self.assertTrue(torch.equal(consolidated["optim.exp_avg_sq." + k], st["exp_avg_sq"]))
 
+    def assert_local_shards_only(self, job, ref5):
+        step_dir = os.path.join(self.server.checkpoint_root, job, f"step-{SAVE_AT}")
+        data = []  # tensor bytes of each file: its size less the safetensors header
+        for f in os.listdir(step_dir):
+            if f.startswith("rank-"):
+                with open(os.path.join(step_dir, f), "rb") as fh:
+                    header = 8 + struct.unpack("<Q", fh.read(8))[0]
+                data.append(os.path.getsize(os.path.join(step_dir, f)) - header)
+        # Local shards only: each file holds half of the weights and moments (the shard
+        # group has 2 ranks: 20 of 40 rows each), never the gathered 3 * model bytes.
+        model_bytes = 4 * sum(v.numel() for v in ref5["model"].values())
+        self.assertLessEqual(max(data), 3 * model_bytes // 2)
+        return step_dir
+
+    def resume_and_check(self, job, new_world, source, ref5, ref6, *flags):
+        got = self.train(f"{job}-at-{new_world}", new_world, "--resume", source,
+                         "--first_step", str(SAVE_AT + 1), "--steps", str(SAVE_AT + 1),
+                         "--dump_at", str(SAVE_AT), "--dump_at", str(SAVE_AT + 1), *flags)
+        self.assert_same_state(self.full(got, SAVE_AT), ref5)
+        self.assert_next_step_within_bound(self.full(got, SAVE_AT + 1), ref5, ref6, new_world)
+
+    def reference(self, job, world, mesh, *flags):
+        ref = self.train(job, world, "--steps", str(SAVE_AT + 1), "--save_at", str(SAVE_AT),
+                         "--dump_at", str(SAVE_AT), "--dump_at", str(SAVE_AT + 1), *flags,
+                         mesh=mesh)
+        return self.full(ref, SAVE_AT), self.full(ref, SAVE_AT + 1)
+
+
+class Fsdp2CheckpointTest(FsdpRuns):
+    def check_mesh(self, job, world, mesh):
+        ref5, ref6 = self.reference(job, world, mesh)
+        step_dir = self.assert_local_shards_only(job, ref5)
+        self.assert_consolidated_is_the_full_state(load_file(self.consolidate(job)), ref5)
         for new_world, source in ((1, step_dir), (3, os.path.join(self.dir, f"{job}.safetensors"))):
-            got = self.train(f"{job}-at-{new_world}", new_world, "--resume", source,
-                             "--first_step", str(SAVE_AT + 1), "--steps", str(SAVE_AT + 1),
-                             "--dump_at", str(SAVE_AT), "--dump_at", str(SAVE_AT + 1))
-            self.assert_same_state(self.full(got, SAVE_AT), ref5)
-            self.assert_next_step_within_bound(self.full(got, SAVE_AT + 1), ref5, ref6,
-                                               new_world)
+            self.resume_and_check(job, new_world, source, ref5, ref6)
 
     def test_fsdp2_on_a_1d_mesh_of_2_saves_local_shards_and_resumes_at_1_and_3(self):
         self.check_mesh("fsdp", 2, "")

@@ -138,16 +138,22 @@ class FailureTest(ClusterTest):
             time.sleep(0.05)
         killed_at = time.time()
         os.killpg(self.procs.procs[1].pid, signal.SIGKILL)
-        code = self.procs.procs[0].wait(30)
+        # The documented bound (docs/recovery.md, docs/multihost.md): the survivor hears
+        # of a killed peer within the heartbeat timeout (2 s) + 2 s. The server sees the
+        # killed process's heartbeat stream close, so it is usually much sooner.
+        bound = 2.0 + 2.0
+        try:
+            code = self.procs.procs[0].wait(max(0.0, killed_at + bound - time.time()))
+        except subprocess.TimeoutExpired:
+            self.fail(f"the survivor did not raise GenerationChanged within {bound} s of the "
+                      f"kill:\n{self.procs.output(0)}")
         out = self.procs.output(0)
         self.assertEqual(code, 3, out)
         report = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
         self.assertEqual(report["error"], "GenerationChanged")
         self.assertIn("w1", report["message"])  # names the dead peer
-        elapsed = report["unix_time"] - killed_at
-        print(f"survivor raised GenerationChanged {elapsed:.2f} s after the kill "
-              f"(heartbeat timeout 2 s): {report['message']}")
-        self.assertLess(elapsed, 2.0 + 1.0)
+        print(f"survivor raised GenerationChanged {report['unix_time'] - killed_at:.2f} s "
+              f"after the kill (bound {bound} s): {report['message']}")
 
 
     def test_a_peer_that_hangs_ends_the_blocked_survivor_instead_of_a_30_minute_wait(self):

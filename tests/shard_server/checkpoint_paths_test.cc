@@ -1,5 +1,5 @@
 // The checkpoint root's path rules, on real directories and symlinks.
-#include "shard_server/checkpoint_paths.h"
+#include "shard_server/checkpoint/checkpoint_paths.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

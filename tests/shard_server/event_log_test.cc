@@ -1,6 +1,6 @@
 // The event log: one line per event whatever the values hold, since many of
 // them (worker ids, hosts, files, error messages) come from the wire.
-#include "shard_server/event_log.h"
+#include "shard_server/observability/event_log.h"
 
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
-// The failure detector's rules (shard_server/failure_detector.h), one case a
+// The failure detector's rules (shard_server/membership/failure_detector.h), one case a
 // row: heartbeat interval 1 s, timeout 3 s, isolation grace 60 s; times in
 // seconds since the generation formed.
-#include "shard_server/failure_detector.h"
+#include "shard_server/membership/failure_detector.h"
 
 #include <string>
 #include <vector>
@@ -21,6 +21,7 @@ struct Case {
   double data_plane_advanced;  // s (kNever: not in this generation)
   double now;                  // s
   std::vector<Verdict> want;
+  bool formed = true;  // the members belong to the job's current generation
 };
 
 absl::Time At(double s) {
@@ -38,7 +39,8 @@ std::vector<Verdict> Judge(const Case& c, const FailureDetectorOptions& options)
   }
   std::vector<Verdict> got;
   for (const MemberVerdict& v :
-       JudgeMembers(members, {c.peer_failure, At(c.data_plane_advanced)}, At(c.now), options)) {
+       JudgeMembers(members, {c.peer_failure, At(c.data_plane_advanced), c.formed}, At(c.now),
+                    options)) {
     got.push_back(v.verdict);
   }
   return got;
@@ -121,6 +123,44 @@ TEST(FailureDetectorTest, EachRuleDecidesItsCase) {
        kNever,
        10,
        {kAlive, kAlive, kAlive}},
+      {"a stream closed by its end while beating, not re-opened for an interval: dead, "
+       "though the data plane advanced (a killed process)",
+       {9.5, 9.9, 9.9},
+       {9.6, kNever, kNever},
+       false,
+       9.9,
+       10.7,
+       {kDead, kAlive, kAlive}},
+      {"a stream closed by its end gets one interval to be re-opened",
+       {9.5, 9.9, 9.9},
+       {9.6, kNever, kNever},
+       false,
+       9.9,
+       10.5,
+       {kAlive, kAlive, kAlive}},
+      {"a stream closed and re-opened (a later beat) is alive",
+       {10.65, 10.6, 10.6},
+       {9.6, kNever, kNever},
+       false,
+       10.6,
+       10.7,
+       {kAlive, kAlive, kAlive}},
+      {"a stream closed by a keepalive timeout, seconds after the last beat, is silence: "
+       "seen by its peers",
+       {5, 11.5, 11.8},
+       {10.5, kNever, kNever},
+       false,
+       11.8,
+       12,
+       {kSeen, kAlive, kAlive}},
+      {"members of an abandoned generation close their streams on purpose",
+       {9.5, 9.9},
+       {9.6, kNever},
+       false,
+       kNever,
+       10.7,
+       {kAlive, kAlive},
+       /*formed=*/false},
       {"after a peer's failure the data plane vouches for nobody",
        {5, 9.9, 9.9},
        {kNever, kNever, kNever},

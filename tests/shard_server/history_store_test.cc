@@ -1,6 +1,6 @@
 // HistoryStore: what it records, how it thins a rank over its bound (the rule
 // in history_store.h), and that a reopened file goes on where it stopped.
-#include "shard_server/history_store.h"
+#include "shard_server/observability/history_store.h"
 
 #include <cmath>
 #include <cstdint>

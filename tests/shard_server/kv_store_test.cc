@@ -1,5 +1,5 @@
 // KvStore: set/get/add/wait, held gets, deadlines, generation scoping, limits.
-#include "shard_server/kv_store.h"
+#include "shard_server/kv/kv_store.h"
 
 #include <optional>
 #include <string>

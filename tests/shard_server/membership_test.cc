@@ -1,7 +1,7 @@
 // Membership: the join barrier, refusals, fencing, failure detection, leave
 // and persistence (and changes that cannot be saved), driven directly with a
 // FakeClock.
-#include "shard_server/membership.h"
+#include "shard_server/membership/membership.h"
 
 #include <optional>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "shard_server/state_store.h"
+#include "shard_server/state/state_store.h"
 #include "tests/testing/process.h"
 #include "tests/testing/state_faults.h"
 
@@ -320,11 +320,48 @@ TEST_F(MembershipTest, APeerFailureReportShortensTheSilenceThatCountsAsDeath) {
   EXPECT_TRUE(job.members(2).alive());
 }
 
-// Without a report, a closed stream is no death (a client re-opens it).
-TEST_F(MembershipTest, AClosedStreamAloneIsNoDeath) {
+absl::StatusOr<v1::HeartbeatResponse> BeatOn(Membership& m, const v1::MemberCredentials& c,
+                                              uint64_t stream) {
+  v1::HeartbeatRequest h;
+  *h.mutable_member() = c;
+  return m.Heartbeat(h, stream);
+}
+
+// Without a peer's report, the stream of a member's latest beat closing
+// while it beats is its process going away (kill -9): dead once it was not
+// re-opened within an interval (1 s), well before the 3-s timeout.
+TEST_F(MembershipTest, AStreamClosedByItsEndIsDeathUnlessReopenedWithinAnInterval) {
+  auto members = Form("job", 3);
+  clock_.Advance(absl::Milliseconds(200));
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[r]), 10 + r).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  membership_->HeartbeatStreamClosed(Credentials("job", members[1]), 11);  // kill -9
+  membership_->HeartbeatStreamClosed(Credentials("job", members[2]), 12);  // a reset connection
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[2]), 13).ok());  // re-opened
+  clock_.Advance(absl::Milliseconds(700));
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);  // within the interval
+  clock_.Advance(absl::Milliseconds(200));
+  membership_->Tick();
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_TRUE(job.members(2).alive());
+}
+
+// A connection the member already replaced closing late (its network was
+// out; the old connection's RST or keepalive comes after the new stream's
+// beats) says nothing: only the stream of its latest beat counts.
+TEST_F(MembershipTest, AnOlderStreamClosingIsNoDeath) {
   auto members = Form("job", 2);
-  membership_->HeartbeatStreamClosed(Credentials("job", members[1]));
-  clock_.Advance(absl::Milliseconds(2500));
+  clock_.Advance(absl::Milliseconds(200));
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[1]), 7).ok());
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[1]), 8).ok());  // a new stream
+  ASSERT_TRUE(BeatOn(*membership_, Credentials("job", members[0]), 9).ok());
+  clock_.Advance(absl::Milliseconds(100));
+  membership_->HeartbeatStreamClosed(Credentials("job", members[1]), 7);
+  clock_.Advance(absl::Milliseconds(1500));
   membership_->Tick();
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
 }
@@ -644,6 +681,72 @@ TEST_F(MembershipTest, ShrinksToTheSurvivorsAfterTheRejoinGrace) {
   EXPECT_EQ(job.world_size(), 2);
   EXPECT_EQ(job.history(job.history_size() - 1).reason(),
             "shrunk from 3 to 2 workers after --rejoin_grace=5s");
+}
+
+// After a shrink, the lost worker id is admitted again, not refused: it waits
+// while the members train, and the generation ends at the members' next
+// committed snapshot; members and grower form the next one at the target
+// world size. A further id is refused once the job is back at it.
+TEST_F(MembershipTest, GrowsBackAtTheNextSnapshotAfterAShrink) {
+  auto elastic_join = [&](const std::string& worker, JoinResult* out) {
+    membership_->Join(Elastic(Request("el", 3, worker), 2, 1000), clock_.Now() + absl::Hours(1),
+                      [out](auto r) { *out = r; });
+  };
+  std::vector<JoinResult> first(3);
+  for (int i = 0; i < 3; ++i) elastic_join(absl::StrCat("w", i), &first[i]);
+  for (auto& r : first) ASSERT_TRUE(r && r->ok());
+  clock_.Advance(absl::Seconds(2));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Beat(Credentials("el", **first[i])).ok());
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();  // w2 dead: generation 2
+  std::vector<JoinResult> shrunk(2);
+  for (int i = 0; i < 2; ++i) elastic_join(absl::StrCat("w", i), &shrunk[i]);
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();  // shrunk to 2
+  for (auto& r : shrunk) ASSERT_TRUE(r && r->ok() && (*r)->world_size() == 2);
+
+  auto beat = [&](int i, int64_t snapshot_step) {
+    v1::HeartbeatRequest h;
+    *h.mutable_member() = Credentials("el", **shrunk[i]);
+    h.set_snapshot_step(snapshot_step);
+    return membership_->Heartbeat(h);
+  };
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(beat(i, 20).ok());
+  JoinResult grower;
+  elastic_join("w2", &grower);
+  EXPECT_FALSE(grower.has_value()) << grower->status();
+  JoinResult another;
+  elastic_join("w9", &another);
+  ASSERT_TRUE(another.has_value());
+  EXPECT_EQ(another->status().code(), absl::StatusCode::kResourceExhausted) << another->status();
+  // No new snapshot yet: the members train on at W = 2.
+  clock_.Advance(absl::Milliseconds(500));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(beat(i, 20).ok());
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("el").jobs(0).state(), v1::RUNNING);
+  // One member committed step 30, the other not yet: still the same generation.
+  ASSERT_EQ(beat(0, 30)->command(), v1::CONTINUE);
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("el").jobs(0).generation(), 2);
+  ASSERT_EQ(beat(1, 30)->command(), v1::CONTINUE);
+  membership_->Tick();
+  v1::JobStatus job = membership_->Status("el").jobs(0);
+  EXPECT_EQ(job.generation(), 3);
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+            "grow back from 2 to 3 of 3 workers ('w2') at the snapshot of step 30");
+  EXPECT_EQ(beat(0, 30)->command(), v1::ABORT_GENERATION_CHANGED);
+  std::vector<JoinResult> grown(2);
+  for (int i = 0; i < 2; ++i) elastic_join(absl::StrCat("w", i), &grown[i]);
+  ASSERT_TRUE(grower && grower->ok()) << (grower ? grower->status().ToString() : "no answer");
+  EXPECT_EQ((*grower)->world_size(), 3);
+  EXPECT_EQ((*grower)->rank(), 2);
+  EXPECT_EQ((*grower)->generation(), 3);
+  for (auto& r : grown) ASSERT_TRUE(r && r->ok() && (*r)->world_size() == 3);
+  EXPECT_EQ(membership_->Status("el").jobs(0).world_size(), 3);
+  JoinResult refused;
+  elastic_join("w9", &refused);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(MembershipTest, RecoveryThatCannotReachTheMinimumEndsWithAReason) {

@@ -11,7 +11,7 @@
 #include "common/plan/plan_codec.h"
 #include "common/plan/planner.h"
 #include "gtest/gtest.h"
-#include "shard_server/state_store.h"
+#include "shard_server/state/state_store.h"
 
 namespace zeroshard {
 namespace {

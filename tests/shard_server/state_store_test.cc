@@ -1,7 +1,7 @@
 // StateStore: transactions are all or nothing, reads cannot write, and a
 // failed save names SQLite's error and keeps what was saved before. A real
 // SQLite file in a temporary directory.
-#include "shard_server/state_store.h"
+#include "shard_server/state/state_store.h"
 
 #include <memory>
 #include <string>

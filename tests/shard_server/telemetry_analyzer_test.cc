@@ -1,6 +1,6 @@
 // TelemetryAnalyzer::Diagnose on hand-made job snapshots: what is a hang,
 // a schedule disagreement, a straggler, and what is not.
-#include "shard_server/telemetry_analyzer.h"
+#include "shard_server/observability/telemetry_analyzer.h"
 
 #include <map>
 #include <string>

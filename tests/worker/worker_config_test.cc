@@ -37,6 +37,8 @@ ABSL_DECLARE_FLAG(std::string, init_from);
 ABSL_DECLARE_FLAG(absl::Duration, collective_timeout);
 ABSL_DECLARE_FLAG(std::string, token_file);
 ABSL_DECLARE_FLAG(std::string, server);
+ABSL_DECLARE_FLAG(std::string, loss_on);
+ABSL_DECLARE_FLAG(std::string, task);
 
 namespace zeroshard {
 namespace {
@@ -119,6 +121,15 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
       {[] { absl::SetFlag(&FLAGS_checkpoint_transport, "nfs"); },
        "--checkpoint_transport=nfs: expected fs or grpc"},
       {[] { absl::SetFlag(&FLAGS_resume, "latest"); }, "--resume needs --checkpoint_dir"},
+      {[] { absl::SetFlag(&FLAGS_loss_on, "digits"); }, "--loss_on=digits: expected all or answers"},
+      {[] { absl::SetFlag(&FLAGS_loss_on, "answers"); },  // the default model is the MLP
+       "--loss_on=answers needs --model=gpt on an addition task"},
+      {[] {
+         absl::SetFlag(&FLAGS_model, "gpt");
+         absl::SetFlag(&FLAGS_task, "text");
+         absl::SetFlag(&FLAGS_loss_on, "answers");
+       },
+       "--loss_on=answers needs --model=gpt on an addition task"},
       {[] {
          absl::SetFlag(&FLAGS_resume, "latest");
          absl::SetFlag(&FLAGS_init_from, "/m.safetensors");

@@ -24,6 +24,7 @@
 #include "gloo/common/logging.h"
 #include "gloo/context.h"
 #include "gloo/transport/tcp/attr.h"
+#include "worker/comm/gloo_port_range.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/comm_internal.h"
@@ -54,6 +55,9 @@ constexpr uint64_t kReduceScatterBlocksSlot = uint64_t{0x44} << 56;
 constexpr uint64_t kPointToPointSlot = uint64_t{0x46} << 56;
 // Never sent on: Abort() waits for a message here to make a wait time out.
 constexpr uint64_t kAbortSlot = uint64_t{0x45} << 56;
+
+// Gloo waits this many times a context's timeout for a pair's first connect.
+constexpr int kGlooConnectWaits = 5;
 
 // Rounds up to whole milliseconds; at least 1 ms (Gloo treats 0 as "no
 // timeout" in places), at most kMaxTimeout.
@@ -125,6 +129,37 @@ std::string LocalHostname() {
   return name;
 }
 
+// Gloo's own words for a pair that could not listen or connect, said first
+// in ours: a connect that timed out ("... Connect timeout
+// [198.18.0.3]:41873") names the peer's address and what to check; a bind
+// that found the port range full names the range.
+std::string DescribeGlooFailure(const std::string& message,
+                                const GlooCommunicator::Options& options) {
+  const std::string ports = options.ports.empty()
+                                ? std::string("ephemeral ports")
+                                : absl::StrCat("ports ", options.ports.first, "-",
+                                               options.ports.last, " (--data_plane_ports)");
+  static constexpr char kMark[] = "Connect timeout ";
+  const size_t at = message.find(kMark);
+  if (at != std::string::npos) {
+    std::string peer = message.substr(at + sizeof(kMark) - 1);
+    peer = peer.substr(0, peer.find_first_of(" \n"));
+    return absl::StrCat("no connection to the peer's data plane at ", peer, " within ",
+                        absl::FormatDuration(options.connect_timeout),
+                        " (dropped: a firewall or a cut network between the hosts? the data "
+                        "plane listens on ",
+                        ports, " of each worker's --host) [gloo: ", message, "]");
+  }
+  if (!options.ports.empty() && absl::StrContains(message, "Address already in use")) {
+    return absl::StrCat("no free port in --data_plane_ports=", options.ports.first, "-",
+                        options.ports.last, " (", options.ports.size(),
+                        " ports; each rank needs world_size - 1 of them while it connects, and "
+                        "the ranks of a host share them) [gloo: ",
+                        message, "]");
+  }
+  return message;
+}
+
 bool IsTimeoutMessage(const std::string& message) {
   // "Timed out waiting 500ms for recv operation to complete" (unbound
   // buffers), "Read timeout", "Write timeout", "Connect timeout" (pairs).
@@ -183,13 +218,23 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
   mesh_options.world_size = world_size;
   mesh_options.prefix = KvGlooStore::PrefixForTag(tag);
   mesh_options.timeout = options.connect_timeout;
+  // Gloo waits kGlooConnectWaits x a pair's timeout for its first connect
+  // (tcp::Pair::waitUntilConnected): so a connect that a firewall or a cut
+  // network drops fails within connect_timeout (not after TCP's SYN retries,
+  // minutes), naming the peer's address. Collectives pass their own timeouts.
+  mesh_options.pair_timeout = options.connect_timeout / kGlooConnectWaits;
   mesh_options.cancelled = options.cancelled;
   mesh_options.before_connecting = options.before_connecting;
-  absl::StatusOr<Mesh> mesh = ConnectMesh(store, device, mesh_options);
+  absl::StatusOr<Mesh> mesh;
+  {
+    ListenPortRange ports(options.ports);  // the pairs' listening sockets
+    mesh = ConnectMesh(store, device, mesh_options);
+  }
   if (!mesh.ok()) {
     return absl::Status(mesh.status().code(),
                         absl::StrCat("GlooCommunicator ", where, " from ", bind, ": ",
-                                     mesh.status().message()));
+                                     DescribeGlooFailure(std::string(mesh.status().message()),
+                                                         options)));
   }
   if (mesh->dropped > 0) {
     // Said where the operator looks: someone connected to the data plane's

@@ -83,11 +83,11 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
   const int rank = o.rank;
   const int size = o.world_size;
   std::shared_ptr<gloo::transport::Context> transport = device->createContext(rank, size);
-  transport->setTimeout(Millis(o.timeout));
+  transport->setTimeout(Millis(o.pair_timeout));
   Mesh mesh;
   if (size == 1) {
     mesh.context = std::make_shared<MeshContext>(rank, size, device, std::move(transport));
-    mesh.context->setTimeout(Millis(o.timeout));
+    mesh.context->setTimeout(Millis(o.pair_timeout));
     return mesh;
   }
   absl::StatusOr<std::string> secret = ShareSecret(store, o);
@@ -171,7 +171,7 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
   }
   listening.clear();
   mesh.context = std::make_shared<MeshContext>(rank, size, device, std::move(transport));
-  mesh.context->setTimeout(Millis(o.timeout));
+  mesh.context->setTimeout(Millis(o.pair_timeout));
   return mesh;
 }
 

@@ -37,6 +37,8 @@ struct MeshOptions {
   // Bounds each wait in the store, and then connecting the pairs: Connect
   // takes at most about twice this.
   absl::Duration timeout = absl::Seconds(30);
+  // Gloo's timeout of each pair (its first connect waits 5 x this).
+  absl::Duration pair_timeout = absl::Seconds(30);
   // Polled while waiting for a peer's connection: true ends the wait
   // (ABORTED). May be empty.
   std::function<bool()> cancelled;

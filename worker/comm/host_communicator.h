@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/gloo_port_range.h"
 #include "worker/comm/kv_store.h"
 
 namespace zeroshard {
@@ -36,10 +37,11 @@ struct HostCommunicatorOptions {
   // Alternatively, a network interface name (e.g. "eth0") whose address is
   // used.
   std::string iface;
-  // Bounds the rendezvous: waiting in the store for the peers' addresses.
-  // Gloo's TCP connect to a peer that has published its address waits up to
-  // 5x this (Gloo's own rule).
+  // Bounds the rendezvous (waiting in the store for the peers' addresses)
+  // and each TCP connect to a peer that published its address.
   absl::Duration connect_timeout = absl::Seconds(30);
+  // The ports the TCP pairs listen on (--data_plane_ports); empty: ephemeral.
+  PortRange ports;
   // CreateHostCommunicator: a ShmCommunicator when every rank runs on this
   // host (see shm_exchange.h); a GlooCommunicator (TCP) otherwise, when any
   // rank has it off, or when the segment cannot be made (the reason is in

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "worker/data/regression_data.h"
 #include "worker/model/init.h"
+#include "worker/model/layers.h"
 
 namespace zeroshard {
 namespace {
@@ -320,6 +321,21 @@ absl::StatusOr<std::unique_ptr<TokenData>> OpenTokenData(const std::string& data
   return absl::InvalidArgumentError(absl::StrCat("unknown data task \"", task,
                                                  "\"; expected \"text\" (with a data file) or "
                                                  "\"addition\" (built-in synthetic task)"));
+}
+
+void ScoreOnlyAnswers(const int32_t* tokens, int32_t* targets, int rows, int context) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* row_tokens = tokens + r * context;
+    int32_t* row_targets = targets + r * context;
+    bool in_answer = false;  // rows start at a line's first token
+    for (int j = 0; j < context; ++j) {
+      // Target j follows token j: an answer token iff the last '=' or '\n'
+      // up to token j is '='.
+      if (row_tokens[j] == '=') in_answer = true;
+      if (row_tokens[j] == '\n') in_answer = false;
+      if (!in_answer) row_targets[j] = kUnscoredTarget;
+    }
+  }
 }
 
 std::string TokensToText(const int32_t* tokens, int n) {

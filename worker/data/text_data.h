@@ -198,6 +198,13 @@ absl::StatusOr<std::unique_ptr<TokenData>> OpenTokenData(
     double validation_fraction = TextFileData::kDefaultValidationFraction,
     int addition_digits = AdditionTaskData::kDefaultDigits);
 
+// Scores only the answers of addition lines: every target of the `rows` rows
+// of [rows, context] tokens/targets (as FillBatch() writes them: each row
+// starts at a line) that is not part of an answer -- the text after '=' up
+// to and including the '\n' -- becomes kUnscoredTarget (worker/model/layers.h),
+// so the loss and its gradient cover only what the task asks for.
+void ScoreOnlyAnswers(const int32_t* tokens, int32_t* targets, int rows, int context);
+
 // Tokens as text for logs: printable ASCII as is; '\n', '\t', '\r' and '\\'
 // as C escapes; other bytes as \xNN; tokens outside [0, 256) as <N>. Empty for
 // n <= 0 or null tokens.

@@ -71,11 +71,11 @@ absl::Status GptModel::SetBatch(const int32_t* tokens, const int32_t* targets, i
   }
   const int64_t n = static_cast<int64_t>(b) * t;
   for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab || targets[i] < 0 ||
-        targets[i] >= config_.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("position ", i, ": token ", tokens[i],
-                                                     " / target ", targets[i], " not in [0, ",
-                                                     config_.vocab, ")"));
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab ||
+        (targets[i] != kUnscoredTarget && (targets[i] < 0 || targets[i] >= config_.vocab))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "position ", i, ": token ", tokens[i], " / target ", targets[i], " not in [0, ",
+          config_.vocab, ") (a target may also be ", kUnscoredTarget, ": not scored)"));
     }
   }
   tokens_.assign(tokens, tokens + n);

@@ -78,7 +78,7 @@ class GptModel : public TokenModel {
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config);
 
   // The batch for the next pass: tokens and targets are [b, t], each in
-  // [0, vocab), t <= n_ctx. Both are copied. Resets the op order (the next
+  // [0, vocab) (a target may be kUnscoredTarget: layers.h), t <= n_ctx. Both are copied. Resets the op order (the next
   // call must be Forward(0)). Activation buffers are sized here for b*t
   // positions and kept while b*t stays the same.
   absl::Status SetBatch(const int32_t* tokens, const int32_t* targets, int b, int t) override;
@@ -96,7 +96,7 @@ class GptModel : public TokenModel {
   const std::vector<int>& ForwardOps() const override { return forward_ops_; }
   absl::Status Forward(int op, const UnitTensors& params) override;
   absl::Status Backward(int op, const UnitTensors& params, UnitTensors& grads) override;
-  // Mean cross-entropy over the b*t positions, in nats.
+  // Mean cross-entropy over the b*t positions' scored targets (layers.h), in nats.
   double Loss() const override { return loss_; }
   int64_t ActivationBytes() const override;
   // Hugging Face GPT-2 init: weights and embeddings normal(0, 0.02), the two

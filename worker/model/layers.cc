@@ -978,10 +978,17 @@ ZS_VECTOR_CLONES void ScaleTo(float* __restrict d, const float* __restrict p, in
 
 }  // namespace
 
+int64_t ScoredPositions(const int32_t* targets, int64_t n) {
+  int64_t scored = 0;
+  for (int64_t i = 0; i < n; ++i) scored += targets[i] != kUnscoredTarget;
+  return scored;
+}
+
 double CrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int64_t n,
                            int64_t v) {
   KernelTimer timer(Kernel::kCrossEntropy);
-  if (n == 0) return 0.0;
+  const int64_t scored = ScoredPositions(targets, n);
+  if (scored == 0) return 0.0;
   std::vector<double> losses(n);  // by row, summed in order below
   ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -993,21 +1000,28 @@ double CrossEntropyForward(float* probs, const float* logits, const int32_t* tar
       Scale(p, v, static_cast<float>(1.0 / sum));
       // -log softmax(z)[y] = log sum_j exp(z_j - max) - (z_y - max): never
       // log(0), even when the target's probability underflows.
-      losses[i] = std::log(sum) - (static_cast<double>(z[targets[i]]) - max_z);
+      losses[i] = targets[i] == kUnscoredTarget
+                      ? 0.0
+                      : std::log(sum) - (static_cast<double>(z[targets[i]]) - max_z);
     }
   });
   double loss_sum = 0.0;
   for (int64_t i = 0; i < n; ++i) loss_sum += losses[i];
-  return loss_sum / static_cast<double>(n);
+  return loss_sum / static_cast<double>(scored);
 }
 
 void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets, int64_t n,
                           int64_t v) {
   KernelTimer timer(Kernel::kCrossEntropy);
-  const float inv_n = 1.0f / static_cast<float>(n);
+  const int64_t scored = ScoredPositions(targets, n);
+  const float inv_n = scored == 0 ? 0.0f : 1.0f / static_cast<float>(scored);
   ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float* d = dlogits + i * v;
+      if (targets[i] == kUnscoredTarget) {
+        std::fill(d, d + v, 0.0f);
+        continue;
+      }
       ScaleTo(d, probs + i * v, v, inv_n);
       d[targets[i]] -= inv_n;
     }

@@ -120,12 +120,19 @@ void ResidualAdd(float* dst, const float* a, const float* b, int64_t n);
 
 // ----------------------------------------------------------------------------
 // Softmax cross-entropy over N positions with V classes; the loss is the mean
-// over positions of -log softmax(logits)[target]. probs [N,V] is written for
-// the backward pass. targets each in [0,V) (not checked here).
+// over scored positions of -log softmax(logits)[target]. probs [N,V] is
+// written for the backward pass. targets each in [0,V), or kUnscoredTarget
+// for a position that adds nothing to the loss or its gradient (PyTorch's
+// ignore_index); not checked here. No scored position: loss 0.
+inline constexpr int32_t kUnscoredTarget = -1;
+
+// Positions among targets[0, n) that are not kUnscoredTarget.
+int64_t ScoredPositions(const int32_t* targets, int64_t n);
 
 double CrossEntropyForward(float* probs, const float* logits, const int32_t* targets, int64_t n,
                            int64_t v);
-// dlogits = (probs - onehot(target)) / N (written).
+// dlogits = (probs - onehot(target)) / (scored positions) (written); 0 on the
+// rows of unscored positions.
 void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets, int64_t n,
                           int64_t v);
 

@@ -112,12 +112,11 @@ std::string ZeroEngine::Where(int unit) const {
   return absl::StrCat("unit '", units_[unit].name, "' (rank ", rank_, " of ", world_, ")");
 }
 
-absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
-                                                               const ShardPlan& plan,
-                                                               Communicator* gather,
-                                                               Communicator* reduce,
-                                                               Communicator* aux,
-                                                               const EngineOptions& options) {
+namespace {
+
+absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan,
+                             const Communicator* gather, const Communicator* reduce,
+                             const Communicator* aux) {
   if (options.stage < 0 || options.stage > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("stage ", options.stage, " is not a ZeRO stage: expected 0, 1, 2 or 3"));
@@ -142,6 +141,18 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
                                                    plan.world_size, " but the communicators have ",
                                                    gather->world_size()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
+                                                               const ShardPlan& plan,
+                                                               Communicator* gather,
+                                                               Communicator* reduce,
+                                                               Communicator* aux,
+                                                               const EngineOptions& options) {
+  if (absl::Status s = ValidateOptions(options, plan, gather, reduce, aux); !s.ok()) return s;
   std::unique_ptr<ZeroEngine> engine(new ZeroEngine());
   engine->model_ = model;
   engine->gather_comm_ = gather;
@@ -154,41 +165,50 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
   engine->rank_ = gather->rank();
   engine->world_ = gather->world_size();
   if (absl::Status s = engine->BuildLayouts(plan); !s.ok()) return s;
+  if (absl::Status s = engine->BuildSchedule(); !s.ok()) return s;
+  if (absl::Status s = engine->AllocateUnitStates(); !s.ok()) return s;
+  if (absl::Status s = engine->SetUpSharedGather(); !s.ok()) return s;
+  engine->StartThreads();
+  return engine;
+}
 
+absl::Status ZeroEngine::BuildSchedule() {
   // The pass: forward ops, then backward ops in reverse.
-  engine->ops_ = model->ForwardOps();
-  int n = static_cast<int>(engine->ops_.size());
-  int units = static_cast<int>(engine->units_.size());
-  for (int op : engine->ops_) {
+  ops_ = model_->ForwardOps();
+  const int n = static_cast<int>(ops_.size());
+  const int units = static_cast<int>(units_.size());
+  for (int op : ops_) {
     if (op < 0 || op >= units) {
       return absl::InvalidArgumentError(absl::StrCat("model op uses unit ", op, "; the plan has ",
                                                      units, " units"));
     }
   }
-  engine->positions_ = engine->ops_;
-  for (int k = n - 1; k >= 0; --k) engine->positions_.push_back(engine->ops_[k]);
-  engine->first_backward_.assign(units, -1);
-  engine->last_backward_.assign(units, -1);
+  positions_ = ops_;
+  for (int k = n - 1; k >= 0; --k) positions_.push_back(ops_[k]);
+  first_backward_.assign(units, -1);
+  last_backward_.assign(units, -1);
   for (int pos = n; pos < 2 * n; ++pos) {
-    int u = engine->positions_[pos];
-    if (engine->first_backward_[u] < 0) engine->first_backward_[u] = pos;
-    engine->last_backward_[u] = pos;
+    const int u = positions_[pos];
+    if (first_backward_[u] < 0) first_backward_[u] = pos;
+    last_backward_[u] = pos;
   }
+  return absl::OkStatus();
+}
 
-  // Buffers and optimizers, by stage.
-  const StageTraits stage = engine->stage_;
-  const bool bf16_params = options.param_dtype == DType::kBF16;
-  MemoryTracker* m = &engine->memory_;
-  for (int u = 0; u < units; ++u) {
-    const UnitLayout& layout = engine->units_[u];
+// Buffers and optimizers, by stage.
+absl::Status ZeroEngine::AllocateUnitStates() {
+  const StageTraits stage = stage_;
+  const bool bf16_params = options_.param_dtype == DType::kBF16;
+  MemoryTracker* m = &memory_;
+  for (const UnitLayout& layout : units_) {
     auto state = std::make_unique<UnitState>();
-    int64_t flat = layout.flat_elements, chunk = layout.chunk_elements;
+    const int64_t flat = layout.flat_elements, chunk = layout.chunk_elements;
     if (stage.params_sharded) {
       state->master = TrackedBuffer(m, MemoryCategory::kParamsSharded, Bytes(chunk, DType::kF32));
       state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent, Bytes(chunk, DType::kF32));
     } else {
       state->replicated = TrackedBuffer(m, MemoryCategory::kParamsReplicated,
-                                        Bytes(flat, options.param_dtype));
+                                        Bytes(flat, options_.param_dtype));
       if (bf16_params) {
         state->master = TrackedBuffer(m, MemoryCategory::kParamsSharded,
                                       Bytes(!stage.state_sharded ? flat : chunk, DType::kF32));
@@ -196,46 +216,54 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
       state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent,
                                    Bytes(!stage.grads_sharded ? flat : chunk, DType::kF32));
     }
-    auto optimizer = engine->backend_->MakeOptimizer(options.optimizer, !stage.state_sharded ? flat : chunk,
-                                                     options.optimizer_options);
+    auto optimizer = backend_->MakeOptimizer(
+        options_.optimizer, !stage.state_sharded ? flat : chunk, options_.optimizer_options);
     if (!optimizer.ok()) return optimizer.status();
     state->optimizer = std::move(*optimizer);
     m->Add(MemoryCategory::kOptimizerState, state->optimizer->StateBytes());
-    engine->state_.push_back(std::move(state));
+    state_.push_back(std::move(state));
   }
-  // Stage 3, f32 on the host: every rank writes its pieces once into a
-  // region all ranks read in place. Regions: the 1 + prefetch units of the
-  // window and one more, since a region is reused only once every gather
-  // before it has been released (units kept for the backward are released
-  // out of gather order).
-  if (stage.params_sharded && options.shared_gather && !bf16_params &&
-      engine->backend_->host_accessible()) {
-    const int regions = options.prefetch + 2;
-    const int64_t region_bytes = Bytes(engine->largest_unit_elements(), DType::kF32);
-    absl::StatusOr<SharedGather*> shared =
-        gather->MakeSharedGather(regions, region_bytes, options.collective_timeout);
-    if (!shared.ok()) {
-      return absl::Status(shared.status().code(),
-                          absl::StrCat("setting up shared gathers: ", shared.status().message()));
-    }
-    engine->shared_gather_ = *shared;
-    if (*shared != nullptr) {
-      engine->shared_gather_bytes_ = int64_t{(*shared)->regions()} * (*shared)->region_bytes();
-      m->Add(MemoryCategory::kCommBuffers, engine->shared_gather_bytes_);
-    }
+  return absl::OkStatus();
+}
+
+// Stage 3, f32 on the host: every rank writes its pieces once into a region
+// all ranks read in place. Regions: the 1 + prefetch units of the window and
+// one more, since a region is reused only once every gather before it has
+// been released (units kept for the backward are released out of gather
+// order).
+absl::Status ZeroEngine::SetUpSharedGather() {
+  if (!stage_.params_sharded || !options_.shared_gather ||
+      options_.param_dtype == DType::kBF16 || !backend_->host_accessible()) {
+    return absl::OkStatus();
   }
-  engine->gather_thread_ = std::make_unique<TaskThread>("gather");
-  engine->reduce_thread_ = std::make_unique<TaskThread>("reduce");
-  // Each engine thread binds to the backend's device before its first op.
-  Backend* backend = engine->backend_;
+  const int regions = options_.prefetch + 2;
+  const int64_t region_bytes = Bytes(largest_unit_elements(), DType::kF32);
+  absl::StatusOr<SharedGather*> shared =
+      gather_comm_->MakeSharedGather(regions, region_bytes, options_.collective_timeout);
+  if (!shared.ok()) {
+    return absl::Status(shared.status().code(),
+                        absl::StrCat("setting up shared gathers: ", shared.status().message()));
+  }
+  shared_gather_ = *shared;
+  if (*shared != nullptr) {
+    shared_gather_bytes_ = int64_t{(*shared)->regions()} * (*shared)->region_bytes();
+    memory_.Add(MemoryCategory::kCommBuffers, shared_gather_bytes_);
+  }
+  return absl::OkStatus();
+}
+
+// Each engine thread binds to the backend's device before its first op.
+void ZeroEngine::StartThreads() {
+  gather_thread_ = std::make_unique<TaskThread>("gather");
+  reduce_thread_ = std::make_unique<TaskThread>("reduce");
+  Backend* backend = backend_;
   backend->BindThread();
-  for (TaskThread* t : {engine->gather_thread_.get(), engine->reduce_thread_.get()}) {
+  for (TaskThread* t : {gather_thread_.get(), reduce_thread_.get()}) {
     t->Submit([backend] {
       backend->BindThread();
       return absl::OkStatus();
     });
   }
-  return engine;
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -540,6 +568,36 @@ void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
 
 // ---- Reductions ----
 
+// Stage 0: all-reduce the unit's full gradient (average over ranks), in
+// place (bf16: through a narrowed copy).
+absl::Status ZeroEngine::AllReduceUnit(int unit) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType dtype = options_.reduce_dtype;
+  const int64_t flat = layout.flat_elements;
+  EnterCollective(kReduceStream, "all_reduce", layout.name);
+  absl::Status s;
+  if (dtype == DType::kF32) {
+    s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
+                                options_.collective_timeout);
+  } else {
+    TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
+                         /*zero=*/false);
+    backend_->Convert(state.grads.data(), DType::kF32, buffer.data(), dtype, flat);
+    s = backend_->Synchronize();
+    if (s.ok()) {
+      s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
+                                  options_.collective_timeout);
+    }
+    if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
+  }
+  LeaveCollective(kReduceStream);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
+  }
+  return backend_->Synchronize();
+}
+
 absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, Fence* computed,
                                     bool last_micro) {
   // The compute thread's backward of this unit must be done.
@@ -551,30 +609,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const DType dtype = options_.reduce_dtype;
   const int64_t chunk = layout.chunk_elements;
   const int64_t flat = layout.flat_elements;
-  if (!stage_.state_sharded) {
-    // DDP: all-reduce the full gradient (average over ranks).
-    EnterCollective(kReduceStream, "all_reduce", layout.name);
-    absl::Status s;
-    if (dtype == DType::kF32) {
-      s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
-                                  options_.collective_timeout);
-    } else {
-      TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
-                           /*zero=*/false);
-      backend_->Convert(state.grads.data(), DType::kF32, buffer.data(), dtype, flat);
-      s = backend_->Synchronize();
-      if (s.ok()) {
-        s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
-                                    options_.collective_timeout);
-      }
-      if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
-    }
-    LeaveCollective(kReduceStream);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("all_reduce of ", Where(unit), ": ", s.message()));
-    }
-    return backend_->Synchronize();
-  }
+  if (!stage_.state_sharded) return AllReduceUnit(unit);
   // Stages 1-3: reduce-scatter the flat gradient straight from the flat
   // layout (bf16: from a narrowed copy) into this rank's pieces.
   const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();
@@ -773,32 +808,25 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
-  absl::Time wait_start = absl::Now();
-  if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
-  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
-  times_.reduce_wait_ms += MsSince(wait_start);
-  absl::Time optimizer_start = absl::Now();
-  double param_sync_ms = 0;
-  const StageTraits& stage = stage_;
-  const bool bf16_params = options_.param_dtype == DType::kBF16;
+std::pair<float*, int64_t> ZeroEngine::StepGradient(int u) {
+  UnitState& st = *state_[u];
+  if (!stage_.state_sharded) return {st.grads.f32(), units_[u].flat_elements};
+  if (stage_.reduce_at_step) return {st.reduced.f32(), units_[u].chunk_elements};
+  return {st.grads.f32(), units_[u].chunk_elements};
+}
+
+absl::StatusOr<double> ZeroEngine::AveragedGradientNorm() {
   for (auto& st : state_) {
     if (st->grads_stale) {  // no reduction this step (Step without a backward)
       backend_->Zero(st->grads.data(), st->grads.bytes());
       st->grads_stale = false;
     }
   }
-  auto grad_of = [&](int u) -> std::pair<float*, int64_t> {
-    UnitState& st = *state_[u];
-    if (!stage.state_sharded) return {st.grads.f32(), units_[u].flat_elements};
-    if (stage.reduce_at_step) return {st.reduced.f32(), units_[u].chunk_elements};
-    return {st.grads.f32(), units_[u].chunk_elements};
-  };
   // Average over micro-batches; the global norm of that gradient.
   const float scale = 1.0f / static_cast<float>(options_.grad_accum);
   double squares = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
-    auto [g, n] = grad_of(u);
+    auto [g, n] = StepGradient(u);
     if (g == nullptr) return absl::InternalError(absl::StrCat("no gradient for ", Where(u)));
     if (scale != 1.0f) backend_->Scale(g, n, scale);
     std::optional<double>& known = state_[u]->grad_squares;
@@ -813,60 +841,77 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     if (!unit_squares.ok()) return unit_squares.status();
     squares += *unit_squares;
   }
-  if (stage.state_sharded) {  // shards: add up over ranks (padding holds zeros)
+  if (stage_.state_sharded) {  // shards: add up over ranks (padding holds zeros)
     absl::StatusOr<double> mean = MeanOverRanks(squares, "the squared gradient norm");
     if (!mean.ok()) return mean.status();
     squares = *mean * world_;
   }
-  StepStats stats;
-  stats.grad_norm = std::sqrt(squares);
-  // Stage 3: positions 0..prefetch_limit are gathered early (see below).
-  const int prefetch_limit =
-      std::min(options_.prefetch, static_cast<int>(ops_.size()) - 1);
-  float clip = 1.0f;
-  if (options_.max_grad_norm > 0 && stats.grad_norm > options_.max_grad_norm) {
-    clip = static_cast<float>(options_.max_grad_norm / (stats.grad_norm + 1e-6));
-  }
-  for (size_t u = 0; u < units_.size(); ++u) {
-    UnitState& st = *state_[u];
-    const UnitLayout& layout = units_[u];
-    auto [g, n] = grad_of(u);
-    if (clip != 1.0f) backend_->Scale(g, n, clip);
-    if (stage.params_sharded) {
-      if (absl::Status s = st.optimizer->Step(st.master.f32(), g, n, lr); !s.ok()) return s;
-      // The next pass's first positions can be gathered as soon as their
-      // units are updated: the gathers overlap the rest of the optimizer.
-      for (int k = 0; k <= prefetch_limit; ++k) {
-        if (positions_[k] != static_cast<int>(u)) continue;
-        if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-        if (absl::Status s = IssueGather(k); !s.ok()) return s;
-      }
-    } else if (!stage.state_sharded) {
-      float* p = bf16_params ? st.master.f32() : st.replicated.f32();
-      if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
-      if (bf16_params) {
-        backend_->Convert(p, DType::kF32, st.replicated.data(), options_.param_dtype, n);
-      }
-    } else {
-      TrackedBuffer packed;
-      float* p = st.master.f32();
-      if (!bf16_params) {  // fp32: the replicated parameters are their own master
-        packed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(n, DType::kF32),
-                               /*zero=*/false);
-        PackOwn(layout, st.replicated.f32(), packed.f32());
-        p = packed.f32();
-      }
-      if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
-      absl::Time sync_start = absl::Now();
-      absl::Status s = AllGatherReplicated(u, p);
-      param_sync_ms += MsSince(sync_start);
-      if (!s.ok()) return s;
+  return std::sqrt(squares);
+}
+
+absl::Status ZeroEngine::UpdateUnit(int u, double lr, double* param_sync_ms) {
+  UnitState& st = *state_[u];
+  auto [g, n] = StepGradient(u);
+  const bool bf16_params = options_.param_dtype == DType::kBF16;
+  if (stage_.params_sharded) {
+    if (absl::Status s = st.optimizer->Step(st.master.f32(), g, n, lr); !s.ok()) return s;
+    // The next pass's first positions (0..prefetch) can be gathered as soon
+    // as their units are updated: the gathers overlap the rest of the
+    // optimizer.
+    const int prefetch_limit = std::min(options_.prefetch, static_cast<int>(ops_.size()) - 1);
+    for (int k = 0; k <= prefetch_limit; ++k) {
+      if (positions_[k] != u) continue;
+      if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+      if (absl::Status s = IssueGather(k); !s.ok()) return s;
     }
-    // The next step's first backward (stages 0-1) or first reduction
-    // (stages 2-3) writes the gradient instead of adding to it: no clearing
-    // pass here.
-    st.grads_stale = true;
-    st.reduced.Reset();
+  } else if (!stage_.state_sharded) {
+    float* p = bf16_params ? st.master.f32() : st.replicated.f32();
+    if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
+    if (bf16_params) {
+      backend_->Convert(p, DType::kF32, st.replicated.data(), options_.param_dtype, n);
+    }
+  } else {
+    TrackedBuffer packed;
+    float* p = st.master.f32();
+    if (!bf16_params) {  // fp32: the replicated parameters are their own master
+      packed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(n, DType::kF32),
+                             /*zero=*/false);
+      PackOwn(units_[u], st.replicated.f32(), packed.f32());
+      p = packed.f32();
+    }
+    if (absl::Status s = st.optimizer->Step(p, g, n, lr); !s.ok()) return s;
+    absl::Time sync_start = absl::Now();
+    absl::Status s = AllGatherReplicated(u, p);
+    *param_sync_ms += MsSince(sync_start);
+    if (!s.ok()) return s;
+  }
+  // The next step's first backward (stages 0-1) or first reduction (stages
+  // 2-3) writes the gradient instead of adding to it: no clearing pass here.
+  st.grads_stale = true;
+  st.reduced.Reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
+  absl::Time wait_start = absl::Now();
+  if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
+  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
+  times_.reduce_wait_ms += MsSince(wait_start);
+  absl::Time optimizer_start = absl::Now();
+  StepStats stats;
+  absl::StatusOr<double> norm = AveragedGradientNorm();
+  if (!norm.ok()) return norm.status();
+  stats.grad_norm = *norm;
+  if (options_.max_grad_norm > 0 && stats.grad_norm > options_.max_grad_norm) {
+    const float clip = static_cast<float>(options_.max_grad_norm / (stats.grad_norm + 1e-6));
+    for (size_t u = 0; u < units_.size(); ++u) {
+      auto [g, n] = StepGradient(u);
+      backend_->Scale(g, n, clip);
+    }
+  }
+  double param_sync_ms = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (absl::Status s = UpdateUnit(static_cast<int>(u), lr, &param_sync_ms); !s.ok()) return s;
   }
   // The gather thread reads the updated shards next.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;

@@ -221,6 +221,19 @@ class ZeroEngine {
   ZeroEngine() = default;
 
   absl::Status BuildLayouts(const ShardPlan& plan);
+  // Create's steps after the layouts: the pass's positions, each unit's
+  // buffers and optimizer, the shared gather regions, the engine threads.
+  absl::Status BuildSchedule();
+  absl::Status AllocateUnitStates();
+  absl::Status SetUpSharedGather();
+  void StartThreads();
+  // Step's parts: the unit's gradient the optimizer reads (pointer and
+  // elements); the global norm of the micro-batch-averaged gradient (stale
+  // gradients cleared first); the optimizer update of one unit and its
+  // parameter sync (stages 1-2) or early gathers (stage 3).
+  std::pair<float*, int64_t> StepGradient(int unit);
+  absl::StatusOr<double> AveragedGradientNorm();
+  absl::Status UpdateUnit(int unit, double lr, double* param_sync_ms);
   // fill(tensor, rows) into `target` (backend memory), through a host
   // staging buffer when the backend's memory is not host memory.
   absl::Status FillRows(const RowSource& fill, const TensorSpec& tensor, int64_t row_begin,
@@ -244,6 +257,7 @@ class ZeroEngine {
   // `last_micro`: the step's last reduction of this unit (stages 2-3 then
   // also take the squared norm of its gradient shard, off the compute thread).
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
+  absl::Status AllReduceUnit(int unit);
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;

@@ -8,6 +8,8 @@
         zt.check()
         ...
     zt.save(step, model, optimizer)      # sharded, committed; `shardctl consolidate` merges
+    # or, with torch.distributed.checkpoint:
+    dcp.save(state_dict, storage_writer=zt.dcp.StorageWriter(step))
     zt.shutdown()
 """
 from zeroshard.errors import GenerationChanged
@@ -16,9 +18,11 @@ from zeroshard.torch.process_group import (BLOCKED_EXIT_CODE, Session, check, fa
                                            init_process_group, install_step_check, report,
                                            session, shutdown)
 from zeroshard.torch.checkpoint import load, model_spec, save
+from zeroshard.torch import dcp
+from zeroshard.torch.dcp import StorageReader, StorageWriter
 
 __all__ = [
     "Store", "Session", "init_process_group", "session", "check", "failure_guard",
     "install_step_check", "report", "shutdown", "save", "load", "model_spec",
-    "GenerationChanged", "BLOCKED_EXIT_CODE",
+    "GenerationChanged", "BLOCKED_EXIT_CODE", "dcp", "StorageWriter", "StorageReader",
 ]

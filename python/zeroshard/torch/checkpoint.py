@@ -117,14 +117,25 @@ def _float_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return {k: v for k, v in _unwrap(model).state_dict().items() if v.is_floating_point()}
 
 
-def model_spec(model: torch.nn.Module) -> Dict[str, Any]:
-    """The model spec the server plans: every floating-point tensor of the state dict,
-    F32, unit = its module (so a layer is a unit)."""
+def spec_of(state: Mapping[str, torch.Tensor]) -> Dict[str, Any]:
+    """The model spec the server plans for `state` (name -> floating-point tensor, in
+    order): F32, unit = the name's module (so a layer is a unit)."""
     tensors = []
-    for name, t in _float_state(model).items():
+    for name, t in state.items():
         tensors.append({"name": name, "shape": list(t.shape), "dtype": "F32",
                         "unit": name.rsplit(".", 1)[0] if "." in name else name})
     return {"tensors": tensors}
+
+
+def model_spec(model: torch.nn.Module) -> Dict[str, Any]:
+    """The model spec the server plans: every floating-point tensor of the state dict."""
+    return spec_of(_float_state(model))
+
+
+def plan_for(client: Any, state: Mapping[str, torch.Tensor]) -> Dict[str, Any]:
+    """The server's shard plan for `state`: FSDP2's own layout when it holds DTensors
+    sharded on dim 0, else the balanced plan."""
+    return client.plan(spec_of(state), row_chunk_ranks=_row_chunk_ranks(state))
 
 
 def _optimizer_parts(optimizer: Any) -> Tuple[Any, Optional[Dict[torch.Tensor, int]]]:
@@ -170,7 +181,7 @@ def save(step: int, model: torch.nn.Module, optimizer: Any = None, *,
     client, info = s.client, s.info
     rank, world = info.rank, info.world_size
     state = _float_state(model)
-    plan = client.plan(model_spec(model), row_chunk_ranks=_row_chunk_ranks(state))
+    plan = plan_for(client, state)
     params = dict(_unwrap(model).named_parameters())
 
     inner, owner = (None, None) if optimizer is None else _optimizer_parts(optimizer)
@@ -230,14 +241,25 @@ def save(step: int, model: torch.nn.Module, optimizer: Any = None, *,
     names += moment_names
     arrays += moment_arrays
 
-    relative = f"{info.job}/step-{step}/rank-{rank}-of-{world}.safetensors"
+    return write_shard(step, names, arrays, session=s, plan_hash=plan["hash"],
+                       optimizer=type(inner).__name__.lower() if moments else "",
+                       optimizer_step=optimizer_step, root=root, timeout=timeout)
+
+
+def write_shard(step: int, names: List[str], arrays: List[Any], *, session: Any,
+                plan_hash: str, optimizer: str, optimizer_step: int,
+                extra_metadata: Optional[Mapping[str, str]] = None,
+                root: Optional[str] = None, timeout: float = 600.0) -> Dict[str, Any]:
+    """Writes this rank's shard file of step `step` (tensors `names` = float32 `arrays`,
+    with their XXH64 checksums), under `root` or uploaded, and commits it."""
+    client, info = session.client, session.info
+    relative = f"{info.job}/step-{step}/rank-{info.rank}-of-{info.world_size}.safetensors"
     metadata = {
-        "format": SHARD_FORMAT, "job": info.job, "step": str(step), "rank": str(rank),
-        "world_size": str(world), "generation": str(info.generation),
-        "plan_hash": plan["hash"],
-        "optimizer": type(inner).__name__.lower() if moments else "",
-        "optimizer_step": str(optimizer_step),
+        "format": SHARD_FORMAT, "job": info.job, "step": str(step), "rank": str(info.rank),
+        "world_size": str(info.world_size), "generation": str(info.generation),
+        "plan_hash": plan_hash, "optimizer": optimizer, "optimizer_step": str(optimizer_step),
     }
+    metadata.update(extra_metadata or {})
     shapes = [list(a.shape) for a in arrays]
     if root is not None:
         path = os.path.join(root, relative)

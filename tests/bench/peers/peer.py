@@ -1,7 +1,7 @@
 """PyTorch's own data-parallel tools on the models of zeroshard's benchmarks,
 for tests/bench/peers/run.py to run beside ours with the same shapes.
 
-  python peer.py --model gpt|mlp --mode ddp|zero|fsdp2 --world 2 --threads 1 --steps 8
+  python peer.py --model gpt|gpt2|mlp --mode ddp|zero|fsdp2 --world 2 --threads 1 --steps 8
 
 Starts --world processes (gloo over loopback, like our shard_worker), each with
 --threads intra-op threads, trains --steps steps on synthetic data and prints
@@ -15,6 +15,12 @@ Models, as zeroshard builds them:
   gpt: the gpt_bench GPT-2 (pre-LayerNorm blocks, GELU tanh, causal attention,
        LM head tied to the token embedding, vocab 256), Adam lr 3e-4,
        --batch sequences of --context bytes per rank.
+  gpt2: transformers' GPT2LMHeadModel (GPT2Config with --layers, --heads,
+       --d_model, n_positions --context, --vocab; dropout 0), AdamW lr 3e-4,
+       --batch windows per rank read from the llm.c token shard --data
+       exactly as shard_worker reads them (worker/data/token_shards.h):
+       rank r's row i at step s is window (s * world + r) * batch + i (mod
+       the windows), tokens [k * context, k * context + context].
 Modes:
   ddp:   DistributedDataParallel + torch.optim.Adam (every rank the whole state).
   zero:  DDP + ZeroRedundancyOptimizer(Adam) (optimizer state sharded: ZeRO-1).
@@ -79,6 +85,47 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def read_token_windows(path, context):
+    """The llm.c shard's tokens as a tensor, checked as shard_worker checks them."""
+    import array
+    import struct
+    with open(path, "rb") as f:
+        header = f.read(1024)
+        magic, version, count = struct.unpack("<3i", header[:12])
+        if magic != 20240520 or version != 1:
+            sys.exit(f"{path}: not an llm.c token shard (magic {magic}, version {version})")
+        tokens = array.array("H")
+        tokens.frombytes(f.read(2 * count))
+    windows = (count - 1) // context
+    if windows < 1:
+        sys.exit(f"{path}: {count} tokens hold no window of {context} + 1")
+    return torch.tensor(tokens, dtype=torch.long), windows
+
+
+def shard_batch(tokens, windows, context, first, batch):
+    """Rows first .. first + batch - 1 (mod windows): tokens and next-token targets."""
+    rows = [tokens[(k % windows) * context:(k % windows) * context + context + 1]
+            for k in range(first, first + batch)]
+    w = torch.stack(rows)
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+class HfGpt2(nn.Module):
+    """GPT2LMHeadModel with the loss over our targets (not its own label shift)."""
+
+    def __init__(self, args):
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+        config = GPT2Config(n_layer=args.layers, n_head=args.heads, n_embd=args.d_model,
+                            n_positions=args.context, vocab_size=args.vocab, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)
+        self.lm = GPT2LMHeadModel(config)
+
+    def forward(self, tokens, targets):
+        logits = self.lm(input_ids=tokens).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def peak_rss_bytes():
     with open("/proc/self/status") as f:
         for line in f:
@@ -97,10 +144,16 @@ def worker(rank, args, port, queue):
         model = nn.Sequential(*[nn.Linear(args.width, args.width) for _ in range(args.layers)])
         lr = 1e-4
         units = list(model)
+    elif args.model == "gpt2":
+        model = HfGpt2(args)
+        lr = 3e-4
+        units = list(model.lm.transformer.h)
+        tokens, windows = read_token_windows(args.data, args.context)
     else:
         model = Gpt(args.layers, args.d_model, args.heads, 256, args.context)
         lr = 3e-4
         units = list(model.h)
+    optimizer_class = torch.optim.AdamW if args.model == "gpt2" else torch.optim.Adam
     if args.mode == "fsdp2":
         try:
             from torch.distributed.fsdp import fully_shard
@@ -109,19 +162,22 @@ def worker(rank, args, port, queue):
         for unit in units:
             fully_shard(unit)
         fully_shard(model)
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        opt = optimizer_class(model.parameters(), lr=lr)
         step_model = model
     else:
         step_model = nn.parallel.DistributedDataParallel(model)
         if args.mode == "zero":
             from torch.distributed.optim import ZeroRedundancyOptimizer
-            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class, lr=lr)
         else:
-            opt = torch.optim.Adam(model.parameters(), lr=lr)
+            opt = optimizer_class(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(1000 + rank)
     times, cpu_times = [], []
-    for _ in range(args.steps):
-        if args.model == "mlp":
+    for step in range(args.steps):
+        if args.model == "gpt2":
+            x, y = shard_batch(tokens, windows, args.context,
+                               (step * args.world + rank) * args.batch, args.batch)
+        elif args.model == "mlp":
             x = torch.randn(args.batch, args.width, generator=g)
             y = torch.randn(args.batch, args.width, generator=g)
         else:
@@ -155,7 +211,7 @@ def torch_blas():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["mlp", "gpt"], required=True)
+    p.add_argument("--model", choices=["mlp", "gpt", "gpt2"], required=True)
     p.add_argument("--mode", choices=["ddp", "zero", "fsdp2"], required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
@@ -166,6 +222,8 @@ def main():
     p.add_argument("--d_model", type=int, default=384)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--context", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=50257, help="gpt2")
+    p.add_argument("--data", default="", help="gpt2: an llm.c token shard")
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args()
     if args.layers is None:
@@ -210,7 +268,7 @@ def main():
     # A step ends when the slowest rank ends it: the max over ranks, per step.
     step_s = [max(r[1][i] for r in results) for i in range(len(results[0][1]))]
     median = statistics.median(step_s)
-    items = args.world * args.batch * (args.context if args.model == "gpt" else 1)
+    items = args.world * args.batch * (1 if args.model == "mlp" else args.context)
     print(json.dumps({
         "torch": torch.__version__,
         "blas_kernel": torch_blas(),

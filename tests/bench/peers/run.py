@@ -14,6 +14,14 @@ the figure reported is the median over rounds. Suites:
            W = 2, one thread per rank: ours at stages 0-3, DDP, ZeRO-1, FSDP2
            (fully_shard per Linear). Step time and peak RSS per rank (/proc).
   threads: the GPT at W = 1, ours with --threads=1 and --threads=2.
+  gpt2:    GPT-2 124M (12 blocks, d_model 768, 12 heads, vocabulary 50,257;
+           --gpt2_layers for fewer blocks) at context 256, batch 4 per rank,
+           W = 2, one thread per rank, AdamW: ours at stage 3 and
+           transformers' GPT2LMHeadModel under DDP and FSDP2, all reading the
+           same windows of one llm.c token shard this script writes (seeded
+           uniform tokens). Ours also gives the time of its step's GEMMs (the
+           matmul and LM-head kernels, from the run report): the step's
+           distance from what the matrix products alone take.
 Each row also gives the CPU time per step of one rank's process (all its
 threads): on a machine others are using, a steadier figure than wall time.
 
@@ -91,7 +99,9 @@ class Ours:
                 raise RuntimeError(f"{job} rank {r} exited {p.returncode}; see "
                                    f"{self.tmp}/{job}-w{r}.log")
         report = json.load(open(f"{self.tmp}/{job}-0.json"))
+        kernels = report.get("kernel_breakdown_ms") or {}
         return {
+            "gemm_ms": kernels.get("matmul", 0) + kernels.get("lm_head", 0),
             "step_ms": report["step_time_ms_median"],
             "step_cpu_ms": report.get("step_cpu_ms_median"),
             "items_per_second": report["items_per_second"],
@@ -103,10 +113,10 @@ class Ours:
         }
 
 
-def theirs(python, model, mode, world, threads, steps):
+def theirs(python, model, mode, world, threads, steps, extra=()):
     out = subprocess.run([python, os.path.join(HERE, "peer.py"), "--model", model, "--mode", mode,
-                          "--world", str(world), "--threads", str(threads), "--steps", str(steps)],
-                         capture_output=True, text=True, timeout=1800)
+                          "--world", str(world), "--threads", str(threads), "--steps", str(steps)]
+                         + list(extra), capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"peer.py {model} {mode} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -118,9 +128,43 @@ MLP = ["--model=mlp", "--layers=20", "--width=2000", "--activation=none", "--bat
        "--optimizer=adam", "--lr=1e-4"]
 
 
-def configs(suite, steps):
+GPT2_CONTEXT = 256
+GPT2_BATCH = 4
+
+
+def write_token_shard(path, count, vocab=50257, seed=124):
+    """An llm.c token shard (worker/data/token_shards.h) of seeded uniform tokens."""
+    import array
+    import random
+    import struct
+    rng = random.Random(seed)
+    header = struct.pack("<3i", 20240520, 1, count) + bytes(1024 - 12)
+    tokens = array.array("H", (rng.randrange(vocab) for _ in range(count)))
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(tokens.tobytes())
+
+
+def gpt2_flags(layers, shard):
+    return ["--model=gpt", f"--layers={layers}", "--d_model=768", "--heads=12",
+            f"--context={GPT2_CONTEXT}", f"--batch={GPT2_BATCH}", "--vocab=50257",
+            f"--data={shard}", f"--val_data={shard}", f"--val_tokens={GPT2_CONTEXT}",
+            "--optimizer=adamw", "--lr=3e-4"]
+
+
+def gpt2_peer_args(layers, shard):
+    return ["--layers", str(layers), "--d_model", "768", "--heads", "12", "--context",
+            str(GPT2_CONTEXT), "--batch", str(GPT2_BATCH), "--vocab", "50257", "--data", shard]
+
+
+def configs(suite, steps, gpt2_layers=12, shard=""):
     """(name, kind, spec): kind 'ours' with worker flags, or 'theirs' with a mode."""
-    if suite == "gpt":
+    if suite == "gpt2":
+        rows = [("ours stage 3", "ours", (2, gpt2_flags(gpt2_layers, shard) +
+                                          ["--stage=3", "--threads=1"]))]
+        rows += [(f"torch {m}", "theirs", ("gpt2", m, 2, 1, gpt2_peer_args(gpt2_layers, shard)))
+                 for m in ("ddp", "fsdp2")]
+    elif suite == "gpt":
         rows = [(f"ours stage {s}", "ours", (2, GPT + [f"--stage={s}", "--threads=1"]))
                 for s in range(4)]
         rows += [(f"torch {m}", "theirs", ("gpt", m, 2, 1)) for m in ("ddp", "zero", "fsdp2")]
@@ -152,13 +196,19 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--suite", default="gpt,mlp,threads")
     p.add_argument("--json_out", default="")
+    p.add_argument("--gpt2_layers", type=int, default=12, help="gpt2 suite: blocks (124M: 12)")
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="zeroshard-peers-")
+    shard = os.path.join(tmp, "gpt2_tokens.bin")
+    if "gpt2" in args.suite.split(","):
+        # Every row of every step a distinct window: steps x 2 ranks x batch.
+        write_token_shard(shard, args.steps * 2 * GPT2_BATCH * GPT2_CONTEXT + 1)
     cluster = Ours(args.bin_dir, tmp)
-    results = {"date": datetime.date.today().isoformat(), "host_cpus": os.cpu_count(), "suites": {}}
+    results = {"date": datetime.date.today().isoformat(), "host_cpus": os.cpu_count(), "suites": {},
+               "gpt2_layers": args.gpt2_layers}
     try:
         for suite in args.suite.split(","):
-            rows = configs(suite, args.steps)
+            rows = configs(suite, args.steps, args.gpt2_layers, shard)
             runs = {name: [] for name, _, _ in rows}
             for rnd in range(args.rounds):
                 for i, (name, kind, spec) in enumerate(rows):
@@ -167,7 +217,7 @@ def main():
                         world, flags = spec
                         r = cluster.run(f"{suite}-{rnd}-{i}", world, flags + [f"--steps={args.steps}"])
                     else:
-                        r = theirs(args.peers_python, *spec, args.steps)
+                        r = theirs(args.peers_python, *spec[:4], args.steps, *spec[4:])
                         if "skipped" in r:
                             print(f"  {name}: {r['skipped']}", file=sys.stderr)
                             continue
@@ -185,6 +235,7 @@ def main():
                     "step_cpu_ms": statistics.median(r.get("step_cpu_ms") or 0 for r in rs),
                     "items_per_second": statistics.median(r["items_per_second"] for r in rs),
                     "peak_rss_bytes": max(max(r["peak_rss_bytes"]) for r in rs),
+                    "gemm_ms": statistics.median(r.get("gemm_ms", 0) for r in rs),
                     "load": [round(r["load_before"], 2) for r in rs],
                     "runs": rs,
                 }
@@ -217,12 +268,14 @@ def print_machine(results, summary):
 
 
 def print_suite(suite, s):
-    unit = "tokens/s" if suite in ("gpt", "threads") else "rows/s"
+    unit = "rows/s" if suite == "mlp" else "tokens/s"
     print(f"\n{suite}: median of rounds (load before each run: see --json_out)")
-    print(f"{'CONFIG':<22} {'STEP ms':>8} {'CPU ms':>7} {unit:>9} {'PEAK RSS/RANK':>14}  LOAD")
+    print(f"{'CONFIG':<22} {'STEP ms':>8} {'CPU ms':>7} {'GEMM ms':>8} {unit:>9} "
+          f"{'PEAK RSS/RANK':>14}  LOAD")
     for name, r in s.items():
-        print(f"{name:<22} {r['step_ms']:>8.0f} {r['step_cpu_ms']:>7.0f} "
-              f"{r['items_per_second']:>9.0f} {human(r['peak_rss_bytes']):>14}  "
+        gemm = f"{r['gemm_ms']:.0f}" if r.get("gemm_ms") else "-"
+        print(f"{name:<22} {r['step_ms']:>8.0f} {r['step_cpu_ms']:>7.0f} {gemm:>8} "
+              f"{r['items_per_second']:>9.1f} {human(r['peak_rss_bytes']):>14}  "
               f"{','.join(f'{x:.1f}' for x in r['load'])}")
     def ratio(a, b, field="step_ms"):
         if a in s and b in s and s[a][field] > 0:
@@ -234,6 +287,14 @@ def print_suite(suite, s):
                   ("ours stage 3 vs torch ddp (tokens/s, >= 1.3)", ratio("ours stage 3", "torch ddp")),
                   ("same by CPU time vs fsdp2", ratio("ours stage 3", "torch fsdp2", "step_cpu_ms")),
                   ("same by CPU time vs ddp", ratio("ours stage 3", "torch ddp", "step_cpu_ms"))]
+    elif suite == "gpt2":
+        checks = [("ours stage 3 vs torch ddp (tokens/s)", ratio("ours stage 3", "torch ddp")),
+                  ("ours stage 3 vs torch fsdp2 (tokens/s)", ratio("ours stage 3", "torch fsdp2")),
+                  ("same by CPU time vs ddp", ratio("ours stage 3", "torch ddp", "step_cpu_ms")),
+                  ("same by CPU time vs fsdp2", ratio("ours stage 3", "torch fsdp2", "step_cpu_ms"))]
+        if s.get("ours stage 3", {}).get("gemm_ms"):
+            checks.append(("ours stage 3 step / its GEMMs' time",
+                           s["ours stage 3"]["step_ms"] / s["ours stage 3"]["gemm_ms"]))
     elif suite == "mlp":
         r1 = ratio("torch fsdp2", "ours stage 3")
         r2 = ratio("ours stage 0", "ours stage 3")

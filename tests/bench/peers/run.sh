@@ -4,17 +4,18 @@
 # creates a venv with PyTorch 2.x from PyPI for the peers (large: a few GB;
 # never used by CI or the tests).
 #
-#   tests/bench/peers/run.sh [--rounds 3] [--steps 8] [--suite gpt,mlp,threads] [--json_out FILE]
+#   tests/bench/peers/run.sh [--rounds 3] [--steps 8] [--suite gpt,mlp,threads,gpt2]
+#                            [--gpt2_layers 12] [--json_out FILE]
 #
 # PEERS_VENV (default ~/.cache/zeroshard/peers-venv) picks the venv.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 VENV=${PEERS_VENV:-$HOME/.cache/zeroshard/peers-venv}
-if ! "$VENV/bin/python" -c "import torch, numpy" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, numpy, transformers" 2>/dev/null; then
   echo "peers: creating $VENV with PyTorch from PyPI (first use; several GB)" >&2
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q torch numpy
+  "$VENV/bin/pip" install -q torch numpy transformers
 fi
 bazel build --jobs=2 //worker:shard_worker //shard_server >&2
 BIN=$(bazel info bazel-bin 2>/dev/null)

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/model/layers.h"
 
 namespace zeroshard {
 namespace {
@@ -504,6 +505,42 @@ TEST(AdditionTaskData, SamplesDoNotShareLines) {
   std::vector<int32_t> window(kContext + 1);
   ASSERT_TRUE(data.FillSample(Split::kTrain, 3, kContext, window.data()).ok());
   EXPECT_EQ(WindowText(window).rfind(data.Problem(Split::kTrain, 12).prompt, 0), 0u);
+}
+
+TEST(ScoreOnlyAnswers, KeepsTheAnswersAndTheirNewlines) {
+  // Two rows of "47+35=280\n05+07=210\n" cut to 12 tokens plus a target: each
+  // line scores its 3 answer digits and '\n'; operands, '+' and '=' are not.
+  const std::string text = "47+35=280\n05+07=210\n";
+  constexpr int kContext = 12;
+  std::vector<int32_t> tokens, targets;
+  for (int r = 0; r < 2; ++r) {
+    for (int j = 0; j < kContext; ++j) {
+      tokens.push_back(static_cast<unsigned char>(text[j]));
+      targets.push_back(static_cast<unsigned char>(text[j + 1]));
+    }
+  }
+  ScoreOnlyAnswers(tokens.data(), targets.data(), 2, kContext);
+  std::string kept;
+  for (int32_t t : targets) kept += t == kUnscoredTarget ? '.' : static_cast<char>(t);
+  EXPECT_EQ(kept.substr(0, kContext), ".....280\n...");
+  EXPECT_EQ(kept.substr(kContext), kept.substr(0, kContext));  // each row from its own start
+}
+
+TEST(ScoreOnlyAnswers, ScoresFourTargetsPerReversedLine) {
+  // Fixed-width lines: every window of the quickstart's shape scores the same
+  // number of targets, so the mean over ranks is the mean over all of them.
+  const AdditionTaskData data(5, 2, /*reversed=*/true);
+  constexpr int kContext = 32, kBatch = 8;
+  std::vector<int32_t> tokens(kBatch * kContext), targets(kBatch * kContext);
+  ASSERT_TRUE(data.FillBatch(Split::kTrain, 3, 0, 1, 2, kBatch, 1, kContext, tokens.data(),
+                             targets.data())
+                  .ok());
+  ScoreOnlyAnswers(tokens.data(), targets.data(), kBatch, kContext);
+  for (int r = 0; r < kBatch; ++r) {
+    // 33 tokens hold lines at 0, 10, 20 and 30: three whole answers (4
+    // targets each) and none of the fourth line's.
+    EXPECT_EQ(ScoredPositions(targets.data() + r * kContext, kContext), 12) << r;
+  }
 }
 
 TEST(AdditionTaskData, BadDigits) {

@@ -499,6 +499,41 @@ TEST(CrossEntropyTest, BackwardMatchesFiniteDifferences) {
       logits.data(), dlogits.data(), logits.size(), opt, "dlogits");
 }
 
+TEST(CrossEntropyTest, UnscoredTargetsAddNothing) {
+  // Rows 1 and 3 unscored: loss and gradient equal those of rows 0 and 2
+  // alone -- the same row computations, the mean over 2 rows either way, so
+  // bitwise equal.
+  const int64_t n = 4, v = 5;
+  auto logits = RandomVector(n * v, -3, 3, 31);
+  std::vector<int32_t> targets = {4, kUnscoredTarget, 1, kUnscoredTarget};
+  EXPECT_EQ(ScoredPositions(targets.data(), n), 2);
+  std::vector<float> probs(n * v), dlogits(n * v, 7.0f);
+  const double loss = CrossEntropyForward(probs.data(), logits.data(), targets.data(), n, v);
+  CrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), n, v);
+
+  std::vector<float> kept_logits;
+  for (int64_t i : {0, 2}) {
+    kept_logits.insert(kept_logits.end(), logits.begin() + i * v, logits.begin() + (i + 1) * v);
+  }
+  std::vector<int32_t> kept_targets = {4, 1};
+  std::vector<float> kept_probs(2 * v), kept_dlogits(2 * v);
+  EXPECT_EQ(loss, CrossEntropyForward(kept_probs.data(), kept_logits.data(),
+                                      kept_targets.data(), 2, v));
+  CrossEntropyBackward(kept_dlogits.data(), kept_probs.data(), kept_targets.data(), 2, v);
+  for (int64_t j = 0; j < v; ++j) {
+    EXPECT_EQ(dlogits[0 * v + j], kept_dlogits[0 * v + j]) << j;
+    EXPECT_EQ(dlogits[2 * v + j], kept_dlogits[1 * v + j]) << j;
+    EXPECT_EQ(dlogits[1 * v + j], 0.0f) << j;
+    EXPECT_EQ(dlogits[3 * v + j], 0.0f) << j;
+  }
+
+  // Nothing scored: loss 0 and no gradient.
+  std::vector<int32_t> none(n, kUnscoredTarget);
+  EXPECT_EQ(CrossEntropyForward(probs.data(), logits.data(), none.data(), n, v), 0.0);
+  CrossEntropyBackward(dlogits.data(), probs.data(), none.data(), n, v);
+  for (float d : dlogits) EXPECT_EQ(d, 0.0f);
+}
+
 // ---------------------------------------------------------------------------
 // Vectorized math and threads
 

@@ -1,0 +1,88 @@
+// The checkpoint RPCs of zeroshard.v1.Coordinator (CommitShard, UploadShard,
+// ListCheckpoints, Consolidate) over the CheckpointRegistry and the
+// Consolidator. CoordinatorService authenticates each call and hands it here.
+//
+// Threads: commits, uploads and listings run on gRPC's callback threads
+// (short file and SQLite operations). A consolidation runs on a thread of
+// its own that feeds a ServerWriteReactor one message at a time (the next
+// message is built while the previous one is on the wire), so a slow reader
+// holds the producer back instead of filling memory.
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
+
+#include <functional>
+
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/zeroshard.grpc.pb.h"
+#include "shard_server/checkpoint/checkpoint_registry.h"
+#include "shard_server/observability/event_log.h"
+#include "shard_server/membership/membership.h"
+
+namespace zeroshard {
+
+struct CheckpointServiceOptions {
+  // Consolidations running at once; more are refused with RESOURCE_EXHAUSTED
+  // (each holds a thread, a read buffer and a few messages).
+  int max_consolidations = 4;
+  int64_t read_buffer_bytes = 4 << 20;  // per consolidation
+  // A streamed consolidation whose caller reads nothing for this long is
+  // cancelled (DEADLINE_EXCEEDED for the caller, if it is still there), so
+  // that a stalled reader cannot hold a slot forever.
+  absl::Duration stall_timeout = absl::Seconds(60);
+  // Told of every completed consolidation (bytes written, seconds): the
+  // metrics. Empty: no one.
+  std::function<void(int64_t bytes, double seconds)> on_consolidated;
+};
+
+// Thread-safe.
+class CheckpointService {
+ public:
+  // `registry` null: the server has no checkpoint root and every call is
+  // answered FAILED_PRECONDITION. Pointers are not owned.
+  CheckpointService(CheckpointRegistry* registry, Membership* membership, EventLog* log,
+                    CheckpointServiceOptions options = {});
+  // Waits for running consolidations (cancel their calls first: shut the
+  // gRPC server down).
+  ~CheckpointService();
+
+  // `auth` is the result of authenticating the call; not OK finishes it.
+  grpc::ServerUnaryReactor* CommitShard(grpc::CallbackServerContext* context,
+                                        const grpc::Status& auth,
+                                        const v1::CommitShardRequest* request,
+                                        v1::CommitShardResponse* response);
+  grpc::ServerReadReactor<v1::UploadShardRequest>* UploadShard(
+      grpc::CallbackServerContext* context, const grpc::Status& auth,
+      v1::UploadShardResponse* response);
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
+                                            const grpc::Status& auth,
+                                            const v1::ListCheckpointsRequest* request,
+                                            v1::ListCheckpointsResponse* response);
+  grpc::ServerWriteReactor<v1::ConsolidateResponse>* Consolidate(
+      grpc::CallbackServerContext* context, const grpc::Status& auth,
+      const v1::ConsolidateRequest* request);
+
+  // Blocks until no consolidation is running.
+  void WaitIdle();
+
+ private:
+  friend class UploadReactor;
+  friend class ConsolidateReactor;
+
+  // OK when the server has a checkpoint root.
+  grpc::Status Available() const;
+  // Reserves a consolidation slot; RESOURCE_EXHAUSTED when all are taken.
+  grpc::Status BeginConsolidation();
+  void EndConsolidation();
+
+  CheckpointRegistry* const registry_;
+  Membership* const membership_;
+  EventLog* const log_;
+  const CheckpointServiceOptions options_;
+  absl::Mutex mu_;
+  int consolidations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_

@@ -1,0 +1,119 @@
+// Which silent members of a job are dead, as far as the server can tell. Pure:
+// Membership::Tick gathers the signals and applies the verdicts.
+//
+// The server sees a member only through its heartbeats, and silence has three
+// causes a cluster's network makes common: the member died; the member is cut
+// off from the server but not from its peers (a partition); the server itself
+// is cut off (its host's link, its switch port). Only the first is a death.
+// A death the server sees directly comes first: a process that is gone
+// closes its connection (the kernel sends FIN or RST), a silent network does
+// not. The rules, in order, for each live member:
+//
+//   0. In a formed generation, a member whose latest heartbeat stream closed
+//      while it was beating (within kAbruptCloseWindow of its last beat: a
+//      keepalive timeout of a silent connection closes it only seconds after
+//      the last bytes) and that has not beaten since within one heartbeat
+//      interval (its client re-opens a broken stream within ~100 ms and beats
+//      at once) is dead: its process is gone. A killed member is declared
+//      dead about one interval after the kill, whatever its peers report.
+//   1. After a peer reported a failed collective in this generation (the
+//      data plane stopped, so someone is gone), a member is dead when its
+//      heartbeat stream closed more than kReopenGrace ago without a beat
+//      since, or when it missed 1.5 heartbeat intervals. Fast, and safe: the
+//      data plane already stopped.
+//   2. A member that beat within the heartbeat timeout is alive.
+//   3. Seen by its peers: while members that do beat report the data plane
+//      advancing (their collective_seq grew within the heartbeat timeout), a
+//      silent member is alive. Every collective of a ZeRO step involves every
+//      rank, so it cannot advance without the silent member; the member only
+//      lost the server.
+//   4. The server suspects itself: when no live member of the job beat
+//      within the timeout (all fell silent within one timeout of each other,
+//      or rule 5 would have caught the earlier ones), the likelier cause is
+//      the server's own network. Nobody is declared dead until
+//      isolation_grace after the last beat the server heard.
+//   5. Otherwise the member is dead (heartbeat timeout).
+//
+// Worst cases, written where they are relied on (docs/multihost.md):
+//   - A whole job dying at once (every host down) is declared dead
+//     isolation_grace later than the heartbeat timeout. Nobody waits on that:
+//     there is no survivor to recover, and a restarted worker (a new
+//     incarnation) is admitted at once.
+//   - A server isolated for longer than timeout + isolation_grace declares
+//     everyone dead: one recovery when the network returns, as before.
+//   - A server cut off together with some ranks (it shares their host) hears
+//     those ranks, whose collectives stall: the others are declared dead
+//     after the timeout and the job recovers when the network returns.
+//   - A member that dies while partitioned from the server is declared dead
+//     one heartbeat timeout after the data plane last advanced, i.e. later by
+//     at most one step and one heartbeat interval.
+#ifndef ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_
+#define ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/keepalive.h"
+
+namespace zeroshard {
+
+struct FailureDetectorOptions {
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // Rule 4's wait (the server's --isolation_grace); zero: rule 4 is off.
+  absl::Duration isolation_grace = absl::ZeroDuration();
+};
+
+// A client re-opens a broken heartbeat stream within ~100 ms and beats at
+// once (rule 1).
+inline constexpr absl::Duration kReopenGrace = absl::Milliseconds(300);
+
+// Rule 0: a stream that closed less than this after the member's last beat
+// was closed by the member's end (its process exited, or its connection was
+// reset), not by a keepalive timeout: the server's keepalive closes a silent
+// connection kServerKeepaliveTimeoutMs (5 s) after its last bytes at the
+// earliest. The window is 1.5 heartbeat intervals (a beating member's last
+// beat is at most one interval old), capped at half that timeout.
+inline constexpr absl::Duration kAbruptCloseCap = absl::Milliseconds(kServerKeepaliveTimeoutMs / 2);
+
+// What the server knows of one live member (alive, not left).
+struct MemberSignals {
+  absl::Time last_heartbeat;  // formation time until the first beat
+  // When the stream of its latest beat closed; InfinitePast: not since it
+  // formed (an older stream closing later does not count).
+  absl::Time stream_closed = absl::InfinitePast();
+};
+
+// What the server knows of the job's current, formed generation.
+struct JobSignals {
+  bool peer_failure_reported = false;
+  // When a beating member last reported a larger collective_seq;
+  // InfinitePast: not in this generation.
+  absl::Time data_plane_advanced = absl::InfinitePast();
+  // The members belong to the job's current generation (rule 0 judges only
+  // those: members of an abandoned generation close their streams on purpose).
+  bool formed = true;
+};
+
+enum class Verdict {
+  kAlive,               // rule 2
+  kSeenByPeers,         // rule 3
+  kIsolationSuspected,  // rule 4
+  kDead,                // rules 0, 1 and 5
+};
+
+struct MemberVerdict {
+  Verdict verdict = Verdict::kAlive;
+  // Why, for the log: the rule that decided, in words. Empty for kAlive.
+  std::string why;
+};
+
+// One verdict per member of `members` (the job's live members), at `now`.
+std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& members,
+                                        const JobSignals& job, absl::Time now,
+                                        const FailureDetectorOptions& options);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_

@@ -1,0 +1,356 @@
+// Jobs, generations and members: the join barrier, fencing, heartbeats and
+// failure detection. No gRPC in here: the service adapts calls to it, and
+// tests drive it directly with a FakeClock.
+//
+// A job's life: the first Join creates it (generation 1, JOINING). Joins wait
+// until `world_size` distinct worker ids are in; then all are answered at once
+// with ranks in sorted worker-id order and fresh tokens (RUNNING). A member
+// whose heartbeats stop for `heartbeat_timeout` is declared dead: the job
+// turns DEGRADED, the generation is bumped, and survivors' heartbeats are
+// answered ABORT_GENERATION_CHANGED until they re-join the new generation.
+// When every member left cleanly the job is FINISHED; a later Join starts it
+// again with a new generation (and may change the world size).
+//
+// Durability: with a state store, a change is saved before anyone is told of
+// it. A join or leave whose change cannot be saved fails with the store's
+// error and leaves the job as it was; a generation that cannot be formed
+// answers every waiting join with the error. A death has no caller to fail
+// and cannot be undone (the member is silent whatever the disk says), so it
+// is applied in memory and the job is marked unsaved: the save is retried on
+// every Tick and before every call of the job's members (heartbeats, member
+// checks, leaves, joins), which are refused with UNAVAILABLE naming the
+// store's error until a save succeeds. So no member acts on a generation
+// change that a restarted server would not know (such a server gives the
+// members a full timeout and declares the silent one dead again).
+#ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
+#define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/zeroshard.pb.h"
+#include "shard_server/clock.h"
+#include "shard_server/observability/event_log.h"
+#include "shard_server/membership/failure_detector.h"
+#include "shard_server/state/state_store.h"
+
+namespace zeroshard {
+
+struct MembershipOptions {
+  int max_world_size = 65536;
+  absl::Duration heartbeat_interval = absl::Seconds(1);  // advertised to members
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // When every member of a job is silent, how long the server suspects its
+  // own network before it declares them dead (shard_server/membership/failure_detector.h,
+  // rule 4). Zero: no suspicion.
+  absl::Duration isolation_grace = absl::ZeroDuration();
+  absl::Duration join_timeout = absl::Minutes(10);
+  // Jobs the server holds at once (--max_jobs); a Join that would create one
+  // more is refused with RESOURCE_EXHAUSTED.
+  int max_jobs = 10000;
+  // Joins held at once over all jobs (--max_pending_joins). Within a job
+  // they are bounded by its world size (<= max_world_size).
+  int max_pending_joins = 1 << 18;
+  // A job with no live member and no pending join is forgotten (memory and
+  // state store; its checkpoints stay on disk and listed) after this long
+  // (--job_ttl). A job that never formed is forgotten as soon as its last
+  // pending join expires or is cancelled, which frees its id at once.
+  absl::Duration job_ttl = absl::Hours(24);
+};
+
+// Thread-safe. Callbacks are never run while an internal lock is held.
+class Membership {
+ public:
+  using JoinDone = std::function<void(absl::StatusOr<v1::JoinResponse>)>;
+  // Told when a job's generation changes or the job finishes, so that data
+  // scoped to the old generation (the KV store) can be dropped.
+  using GenerationListener = std::function<void(const std::string& job_id, int64_t generation)>;
+
+  // `state` may be null (no persistence). Not owned.
+  Membership(Clock* clock, EventLog* log, StateStore* state, MembershipOptions options);
+
+  // Loads jobs from the state store. Members of running jobs get a full
+  // heartbeat timeout from now to beat again before they are declared dead.
+  absl::Status Restore();
+  // Gives every live member a full heartbeat timeout from now: called when
+  // the server starts serving, so that the grace of restored members is not
+  // spent on the rest of the server's start (a checkpoint recovery, say).
+  void StartGrace();
+
+  void SetGenerationListener(GenerationListener listener);
+  // Told when a job is forgotten (job_ttl), so that what other components
+  // keep for it can go too.
+  using ForgetListener = std::function<void(const std::string& job_id)>;
+  void SetForgetListener(ForgetListener listener);
+  // The highest generation anything durable outside Membership recorded for
+  // a job (checkpoints): a job created again after it was forgotten starts
+  // above it, so generation numbers of one job id never repeat.
+  using GenerationFloor = std::function<int64_t(const std::string& job_id)>;
+  void SetGenerationFloor(GenerationFloor floor);
+
+  // Either calls `done` at once (a refusal, which changes no state) or holds
+  // the join until the barrier completes (with a rank, or with the store's
+  // error when the generation cannot be saved), `deadline` (capped at now +
+  // join_timeout) passes, or CancelJoin. Returns an id for CancelJoin.
+  uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done);
+  // The caller went away: forget its pending join and answer CANCELLED.
+  void CancelJoin(uint64_t join_id);
+
+  // OK when `member` is a live member of the job's current, formed generation
+  // presenting its token; FAILED_PRECONDITION (stale generation, wrong token,
+  // departed member), NOT_FOUND (unknown job) or UNAVAILABLE (the job has an
+  // unsaved change) otherwise.
+  absl::Status CheckMember(const v1::MemberCredentials& member);
+
+  // Records a beat and says what the member should do. A member of the last
+  // formed generation after a bump gets ABORT_GENERATION_CHANGED; a wrong
+  // token or an older generation gets FAILED_PRECONDITION; a job with an
+  // unsaved change UNAVAILABLE (the beat still counts).
+  // `stream` names the heartbeat stream it came on (0: unknown).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
+                                                  uint64_t stream = 0);
+  // Heartbeat stream `stream` closed (the last beat on it named `member`):
+  // when it carried the member's latest beat, evidence of death
+  // (failure_detector.h, rules 0 and 1). An older stream closing is not.
+  void HeartbeatStreamClosed(const v1::MemberCredentials& member, uint64_t stream = 0);
+
+  // A clean exit. When every member left, the job is FINISHED. A leave that
+  // cannot be saved returns the store's error and changes nothing.
+  absl::Status Leave(const v1::MemberCredentials& member);
+
+  // Declares members dead whose heartbeats stopped, expires pending joins and
+  // retries the saves of unsaved jobs. Called by the server's timer every few
+  // tens of milliseconds.
+  void Tick();
+
+  v1::GetStatusResponse Status(const std::string& job_id);
+
+  // The job's world size, or NOT_FOUND.
+  absl::StatusOr<int> WorldSize(const std::string& job_id);
+
+ private:
+  struct MemberState {
+    int rank = 0;
+    std::string worker_id;
+    std::string host;
+    std::string token;
+    bool alive = true;
+    bool left = false;
+    absl::Time last_heartbeat;  // formation time until the first beat
+    bool heartbeat_seen = false;
+    int64_t step = 0;
+    double loss = 0;
+    int64_t memory_bytes = 0;
+    int64_t collective_seq = 0;
+    v1::StepTelemetry last_step;
+    std::string incarnation;     // JoinRequest.incarnation
+    int64_t snapshot_step = -1;  // the member's latest committed snapshot
+    // When the stream of its latest beat closed (InfinitePast: not since the
+    // member formed). A kill -9 closes it at once: the kernel sends FIN.
+    absl::Time stream_closed = absl::InfinitePast();
+    uint64_t beating_stream = 0;  // the stream of its latest beat
+    v1::RankTelemetry telemetry;
+  };
+  struct PendingJoin {
+    uint64_t id = 0;
+    std::string worker_id;
+    std::string host;
+    std::string incarnation;
+    std::string node;  // JoinRequest.node
+    bool skip_member_table = false;
+    absl::Time deadline;
+    JoinDone done;
+  };
+  struct Job {
+    std::string id;
+    int world_size = 0;
+    // The world size the workers were started with; world_size is smaller
+    // after a shrink.
+    int target_world_size = 0;
+    // From the members' joins (--min_world_size, --rejoin_grace); 0: no
+    // shrink. A restored job takes them from its next join.
+    int min_world_size = 0;
+    absl::Duration rejoin_grace = absl::ZeroDuration();
+    bool recovery_options_known = false;
+    // When the current generation was started by a death (shrink counts the
+    // grace from here); InfinitePast otherwise.
+    absl::Time degraded_at = absl::InfinitePast();
+    int64_t generation = 0;          // current generation (forming or formed)
+    int64_t members_generation = 0;  // generation of `members`; == generation once formed
+    v1::JobState state = v1::JOINING;
+    // By worker id: sorted = rank order. While the job is formed, only
+    // workers growing a shrunk job back (kGrowBack) wait here.
+    std::map<std::string, PendingJoin> pending;
+    // Grow back: the snapshot step every live member had committed when the
+    // first waiting grower came (-1: none), and when it came (InfinitePast:
+    // nobody waits). The generation ends once every member committed a later
+    // one (Tick).
+    int64_t grow_mark = -1;
+    absl::Time grow_since = absl::InfinitePast();
+    std::vector<MemberState> members;            // by rank
+    // OK, or why the last save of a death (applied, not yet saved) failed.
+    absl::Status unsaved;
+    // Since when the job has had no live member and no pending join
+    // (InfiniteFuture while it has one).
+    absl::Time idle_since = absl::InfiniteFuture();
+    // Why each generation began, the last kMaxHistory of them, oldest first.
+    struct GenerationChange {
+      int64_t generation = 0;
+      std::string reason;
+      absl::Time at;
+    };
+    std::deque<GenerationChange> history;
+    std::map<std::string, int> joins;  // worker id -> generations it was a member of
+    std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
+    // The generation in which a member reported a failed collective
+    // (HeartbeatRequest.peer_failure; -1: none): its silent members are
+    // declared dead sooner (Tick).
+    int64_t suspect_generation = -1;
+    // When a beating member of the formed generation last reported a larger
+    // collective_seq (InfinitePast: not in this generation): its silent peers
+    // are seen by it (failure_detector.h, rule 3).
+    absl::Time data_plane_advanced = absl::InfinitePast();
+    // The server suspects its own isolation from this job, or members are
+    // silent but seen by their peers (each logged once per episode).
+    bool isolation_suspected = false;
+    bool seen_by_peers = false;
+    bool formed() const { return members_generation == generation && !members.empty(); }
+    // The member with `worker_id`; null: none.
+    MemberState* FindMember(const std::string& worker_id);
+    const MemberState* FindMember(const std::string& worker_id) const;
+  };
+  using Deferred = std::vector<std::function<void()>>;
+
+  // ---- Join: validate -> classify -> apply ----
+  // What a valid join does to the server's state.
+  enum class JoinKind {
+    kNewJob,                   // no such job: create it (generation 1, JOINING)
+    kJoinForming,              // a generation is forming: wait in it
+    kRestartFinished,          // the job finished: a new generation, JOINING
+    kRejoin,                   // a member that left or died: a new generation, DEGRADED
+    kReplaceRestartedProcess,  // a live member's id whose heartbeat stream
+                               // closed or went silent for an interval: it is
+                               // gone, a new generation, DEGRADED
+    kGrowBack,                 // a worker id missing from a shrunk job: waits
+                               // for the next snapshot boundary (formed job) or
+                               // widens the forming generation
+  };
+  // INVALID_ARGUMENT naming the field; needs no state.
+  absl::Status ValidateJoinRequest(const v1::JoinRequest& request) const;
+  // The join's kind against `job` (null: none by that id), or why it is
+  // refused; changes nothing but saving the job's unsaved change.
+  absl::StatusOr<JoinKind> ClassifyJoin(const v1::JoinRequest& request, Job* job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JoinKind> ClassifyJoinToJob(const v1::JoinRequest& request, Job* job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JoinKind> ClassifyJoinToFormedJob(const v1::JoinRequest& request,
+                                                   const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION when the request's world size or recovery options
+  // differ from the job's.
+  absl::Status CheckSameJobOptions(const v1::JoinRequest& request, const Job& job) const;
+  // Makes the change `kind` names; the job the join then waits in. On an
+  // error (a failed save) nothing changed.
+  absl::StatusOr<Job*> ApplyJoin(JoinKind kind, const v1::JoinRequest& request, Job* job,
+                                 absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> CreateJob(const v1::JoinRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // REQUIRES: `worker_id` is a live member of `job`; `incarnation` is the
+  // joining process's.
+  absl::Status ReplaceRestartedMember(Job& job, const std::string& worker_id,
+                                      const std::string& incarnation, absl::Time now,
+                                      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds the join in `job` (forming the generation when it is the last);
+  // its id for CancelJoin.
+  uint64_t AddPendingJoin(Job& job, const v1::JoinRequest& request, absl::Time deadline,
+                          absl::Time now, JoinDone done, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Assigns ranks to the pending joins and answers them. When the save
+  // fails, every pending join is answered with the error instead and the job
+  // is left as it was.
+  void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the job to a new generation (and world size) in `state`, saved
+  // first: on a failed save the job is left as it was and the error returned.
+  absl::Status StartGeneration(Job& job, int world_size, v1::JobState state,
+                               const std::string& reason, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What follows a generation change in memory: joins pending for
+  // `old_generation` are abandoned, the listener is told.
+  void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
+                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when `job` has no live member and no pending join and either never
+  // formed or has been idle for job_ttl, and it is gone from the state store
+  // (the listener is told): the caller erases it from jobs_.
+  bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job in DEGRADED whose rejoin grace is over and that has at least
+  // min_world_size re-joined members forms a smaller generation.
+  void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Declares `m` dead and moves the job to a new generation (DEGRADED).
+  void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The latest snapshot step every live member committed (-1: none).
+  static int64_t CommittedSnapshot(const Job& job);
+  // `world_size` plus the growers waiting in a formed job, at most its
+  // target world size.
+  static int WithGrowers(const Job& job, int world_size);
+  // Ends a formed generation that growers wait on once its members
+  // committed the snapshot after the first grower came (or kGrowBoundaryWait
+  // passed without one): they all join the next, larger generation.
+  void MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs the start and end of the failure detector's doubts about `live`
+  // (its rules 3 and 4) for `job`.
+  void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
+                 const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK unless the pending joins come from several machines and some
+  // advertise loopback hosts: FAILED_PRECONDITION naming them.
+  static absl::Status CheckHostsReachable(const Job& job);
+  // Records why `job` is at its current generation (bounded history).
+  void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the job to the state store (OK without one).
+  absl::Status Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persist for a change a caller is told about: a failure is logged and
+  // returned as "<failure>: <the store's error>".
+  absl::Status SaveChange(const Job& job, absl::string_view failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persist for a change that stands whatever the disk says (a death): a
+  // failure marks the job unsaved.
+  void SaveOrMarkUnsaved(Job& job, absl::string_view change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when the job has no unsaved change or saving it now succeeds;
+  // otherwise UNAVAILABLE naming the store's error.
+  absl::Status SaveUnsaved(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewToken();
+
+  Clock* const clock_;
+  EventLog* const log_;
+  StateStore* const state_;
+  const MembershipOptions options_;
+  const FailureDetectorOptions detector_options_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::string> pending_by_id_ ABSL_GUARDED_BY(mu_);  // -> job id
+  uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
+  GenerationListener listener_ ABSL_GUARDED_BY(mu_);
+  ForgetListener forget_listener_ ABSL_GUARDED_BY(mu_);
+  GenerationFloor generation_floor_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_

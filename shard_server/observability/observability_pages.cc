@@ -1,0 +1,99 @@
+#include "shard_server/observability/observability_pages.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+
+// The dashboard, compiled in (dashboard.html through a genrule).
+extern const char kDashboardHtml[];
+
+namespace zeroshard {
+namespace {
+
+std::string Json(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+HttpResponse JsonResponse(std::string body) { return {200, "application/json", std::move(body)}; }
+
+HttpResponse Failure(int status, const absl::Status& error) {
+  return {status, "text/plain; charset=utf-8", absl::StrCat(error.ToString(), "\n")};
+}
+
+v1::GetStatusResponse AnnotatedStatus(const ObservabilitySources& s, const std::string& job) {
+  v1::GetStatusResponse status = s.membership->Status(job);
+  if (s.diagnosis != nullptr) s.diagnosis->Annotate(&status);
+  return status;
+}
+
+}  // namespace
+
+std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& sources) {
+  const ObservabilitySources s = sources;
+  std::map<std::string, HttpPage> pages;
+  pages["/metrics"].render = [s](const std::map<std::string, std::string>&) {
+    v1::GetStatusResponse status = AnnotatedStatus(s, "");
+    std::map<std::string, CheckpointCounts> counts;
+    if (s.checkpoints != nullptr) {
+      absl::StatusOr<v1::ListCheckpointsResponse> listed = s.checkpoints->List("");
+      if (listed.ok()) {
+        for (const v1::CheckpointInfo& c : listed->checkpoints()) {
+          CheckpointCounts& n = counts[c.job_id()];
+          if (!c.complete()) {
+            n.incomplete++;
+            continue;
+          }
+          n.complete++;
+          if (c.verification() == "verified") n.verified++;
+          if (c.verification() == "pending") n.pending++;
+          if (c.verification() == "failed") n.failed++;
+          if (c.step() > n.latest_step) {
+            n.latest_step = c.step();
+            n.latest_bytes = c.total_bytes();
+          }
+        }
+      }
+    }
+    return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
+                        MetricsExposition(*s.metrics, status, counts)};
+  };
+  pages["/"] = {[](const std::map<std::string, std::string>&) {
+                  return HttpResponse{200, "text/html; charset=utf-8", kDashboardHtml};
+                },
+                /*needs_token=*/false};
+  pages["/api/status"].render = [s](const std::map<std::string, std::string>& query) {
+    auto job = query.find("job");
+    v1::GetStatusResponse status = AnnotatedStatus(s, job == query.end() ? "" : job->second);
+    v1::ListCheckpointsResponse checkpoints;
+    if (s.checkpoints != nullptr && job != query.end() && !job->second.empty()) {
+      absl::StatusOr<v1::ListCheckpointsResponse> listed = s.checkpoints->List(job->second);
+      if (listed.ok()) checkpoints = *std::move(listed);
+    }
+    return JsonResponse(
+        absl::StrCat("{\"status\":", Json(status), ",\"checkpoints\":", Json(checkpoints), "}"));
+  };
+  pages["/api/history"].render = [s](const std::map<std::string, std::string>& query) {
+    auto job = query.find("job");
+    if (job == query.end() || job->second.empty()) {
+      return Failure(400, absl::InvalidArgumentError("/api/history needs ?job=ID"));
+    }
+    v1::GetHistoryResponse response;
+    if (s.history != nullptr) {
+      absl::StatusOr<std::vector<v1::HistoryPoint>> points = s.history->Points(job->second);
+      if (!points.ok()) return Failure(500, points.status());
+      for (v1::HistoryPoint& p : *points) *response.add_points() = std::move(p);
+    }
+    return JsonResponse(Json(response));
+  };
+  return pages;
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,213 @@
+#include "shard_server/state/sql_database.h"
+
+#include <sqlite3.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zeroshard {
+namespace {
+
+// A full disk is RESOURCE_EXHAUSTED and a database another process holds
+// locked UNAVAILABLE (worth retrying); anything else is the server's fault.
+absl::StatusCode StatusCodeOf(int sqlite_code) {
+  switch (sqlite_code & 0xff) {
+    case SQLITE_FULL:
+      return absl::StatusCode::kResourceExhausted;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::StatusCode::kUnavailable;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+absl::Status SqliteError(int code, absl::string_view where, absl::string_view message) {
+  return absl::Status(StatusCodeOf(code), absl::StrCat(where, ": ", message));
+}
+
+// Runs `sql` (statements without results) on `db`.
+absl::Status ExecuteSql(sqlite3* db, absl::string_view name, absl::string_view what,
+                        const char* sql) {
+  char* error = nullptr;
+  int code = sqlite3_exec(db, sql, nullptr, nullptr, &error);
+  if (code == SQLITE_OK) return absl::OkStatus();
+  std::string message = error != nullptr ? error : sqlite3_errstr(code);
+  sqlite3_free(error);
+  return SqliteError(sqlite3_extended_errcode(db), absl::StrCat(name, ": ", what), message);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Statement
+
+Statement::Statement(sqlite3* db, absl::string_view name, absl::string_view what, const char* sql,
+                     bool read_only)
+    : db_(db), where_(absl::StrCat(name, ": ", what)) {
+  int code = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  if (code != SQLITE_OK) {
+    Fail(code);
+    sqlite3_finalize(stmt_);
+    stmt_ = nullptr;
+  } else if (read_only && !sqlite3_stmt_readonly(stmt_)) {
+    status_ = absl::InternalError(
+        absl::StrCat(where_, ": a statement that writes in Read(); use Transaction()"));
+  }
+}
+
+Statement::Statement(Statement&& other) noexcept
+    : db_(other.db_),
+      where_(std::move(other.where_)),
+      stmt_(std::exchange(other.stmt_, nullptr)),
+      status_(std::move(other.status_)) {}
+
+Statement::~Statement() { sqlite3_finalize(stmt_); }
+
+void Statement::Fail(int code) {
+  if (!status_.ok()) return;
+  status_ = SqliteError(code, where_, sqlite3_errmsg(db_));
+}
+
+Statement& Statement::Bind(int index, absl::string_view text) {
+  if (!status_.ok()) return *this;
+  int code =
+      sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+  if (code != SQLITE_OK) Fail(code);
+  return *this;
+}
+
+Statement& Statement::BindBlob(int index, absl::string_view bytes) {
+  if (!status_.ok()) return *this;
+  int code = sqlite3_bind_blob(stmt_, index, bytes.data(), static_cast<int>(bytes.size()),
+                               SQLITE_TRANSIENT);
+  if (code != SQLITE_OK) Fail(code);
+  return *this;
+}
+
+Statement& Statement::Bind(int index, int64_t value) {
+  if (!status_.ok()) return *this;
+  int code = sqlite3_bind_int64(stmt_, index, value);
+  if (code != SQLITE_OK) Fail(code);
+  return *this;
+}
+
+Statement& Statement::BindDouble(int index, double value) {
+  if (!status_.ok()) return *this;
+  int code = sqlite3_bind_double(stmt_, index, value);
+  if (code != SQLITE_OK) Fail(code);
+  return *this;
+}
+
+bool Statement::Next() {
+  if (!status_.ok() || stmt_ == nullptr) return false;
+  int code = sqlite3_step(stmt_);
+  if (code == SQLITE_ROW) return true;
+  if (code != SQLITE_DONE) Fail(code);
+  return false;
+}
+
+absl::Status Statement::Run() {
+  while (Next()) {
+  }
+  return status_;
+}
+
+void Statement::Reset() {
+  // sqlite3_reset repeats the last step's error, which Next() has recorded.
+  if (stmt_ != nullptr) sqlite3_reset(stmt_);
+}
+
+int64_t Statement::Changes() const { return sqlite3_changes(db_); }
+
+std::string Statement::Text(int column) const {
+  // sqlite3_column_blob reads TEXT and BLOB columns alike, embedded NULs
+  // included.
+  const void* p = sqlite3_column_blob(stmt_, column);
+  int n = sqlite3_column_bytes(stmt_, column);
+  return p == nullptr ? std::string() : std::string(static_cast<const char*>(p), n);
+}
+
+int64_t Statement::Int(int column) const { return sqlite3_column_int64(stmt_, column); }
+
+double Statement::Double(int column) const { return sqlite3_column_double(stmt_, column); }
+
+bool Statement::IsNull(int column) const {
+  return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
+}
+
+// ---------------------------------------------------------------------------
+// SqlDatabase
+
+Statement SqlDatabase::Connection::Prepare(absl::string_view what, const char* sql) {
+  return Statement(db_, name_, what, sql, read_only_);
+}
+
+absl::Status SqlDatabase::Connection::Execute(absl::string_view what, const char* sql) {
+  if (read_only_) {
+    return absl::InternalError(
+        absl::StrCat(name_, ": ", what, ": Execute() in Read(); use Transaction()"));
+  }
+  return ExecuteSql(db_, name_, what, sql);
+}
+
+absl::StatusOr<std::unique_ptr<SqlDatabase>> SqlDatabase::Open(const std::string& path,
+                                                               absl::string_view name,
+                                                               Durability durability) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat(name, ": cannot open ", path, ": ", msg));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<SqlDatabase> database(new SqlDatabase(db, std::string(name)));
+  absl::MutexLock lock(&database->mu_);
+  // WAL keeps readers and the writer apart; synchronous=FULL makes a commit
+  // durable before the server answers the call that caused it.
+  const char* synchronous =
+      durability == Durability::kFull ? "PRAGMA synchronous=FULL;" : "PRAGMA synchronous=OFF;";
+  for (const char* sql : {"PRAGMA journal_mode=WAL;", synchronous}) {
+    absl::Status s = database->ExecuteLocked("open", sql);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  }
+  return database;
+}
+
+SqlDatabase::~SqlDatabase() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_close(db_);
+}
+
+absl::Status SqlDatabase::ExecuteLocked(absl::string_view what, const char* sql) {
+  return ExecuteSql(db_, name_, what, sql);
+}
+
+absl::Status SqlDatabase::Transaction(Body body) {
+  absl::MutexLock lock(&mu_);
+  // IMMEDIATE takes the write lock now: a transaction never fails half-way
+  // because another connection started writing first.
+  absl::Status status = ExecuteLocked("begin transaction", "BEGIN IMMEDIATE;");
+  if (!status.ok()) return status;
+  Connection connection(db_, name_, /*read_only=*/false);
+  status = body(connection);
+  if (status.ok()) status = ExecuteLocked("commit", "COMMIT;");
+  // After some errors (a full disk, an I/O error) SQLite has already rolled
+  // the transaction back; after the others it is still open.
+  if (!status.ok() && sqlite3_get_autocommit(db_) == 0) {
+    ExecuteLocked("rollback", "ROLLBACK;").IgnoreError();
+  }
+  return status;
+}
+
+absl::Status SqlDatabase::Read(Body body) {
+  absl::MutexLock lock(&mu_);
+  Connection connection(db_, name_, /*read_only=*/true);
+  return body(connection);
+}
+
+}  // namespace zeroshard

@@ -1,0 +1,169 @@
+#include "shard_server/state/state_store.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zeroshard {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  job_id TEXT PRIMARY KEY,
+  world_size INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  members_generation INTEGER NOT NULL,
+  state INTEGER NOT NULL,
+  target_world_size INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS members (
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  worker_id TEXT NOT NULL,
+  host TEXT NOT NULL,
+  token TEXT NOT NULL,
+  left_job INTEGER NOT NULL,
+  dead INTEGER NOT NULL,
+  PRIMARY KEY (job_id, rank)
+);
+CREATE TABLE IF NOT EXISTS plans (
+  job_id TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  spec_hash TEXT NOT NULL,
+  plan BLOB NOT NULL,
+  PRIMARY KEY (job_id, generation)
+);
+)sql";
+
+// A database from before jobs.target_world_size: the column is added (0:
+// the job's world size, which it was before a shrink could happen).
+absl::Status AddTargetWorldSizeIfMissing(StateStore::Connection& db) {
+  Statement columns =
+      db.Prepare("read the jobs columns", "SELECT name FROM pragma_table_info('jobs')");
+  bool has_target = false;
+  while (columns.Next()) has_target = has_target || columns.Text(0) == "target_world_size";
+  if (!columns.status().ok()) return columns.status();
+  if (has_target) return absl::OkStatus();
+  return db.Execute("add jobs.target_world_size",
+                    "ALTER TABLE jobs ADD COLUMN target_world_size INTEGER NOT NULL DEFAULT 0;");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<SqlDatabase>> db =
+      SqlDatabase::Open(path, "state store", SqlDatabase::Durability::kFull);
+  if (!db.ok()) return db.status();
+  std::unique_ptr<StateStore> store(new StateStore(*std::move(db)));
+  absl::Status schema = store->Transaction([](Connection& db) -> absl::Status {
+    if (absl::Status s = db.Execute("open", kSchema); !s.ok()) return s;
+    return AddTargetWorldSizeIfMissing(db);
+  });
+  if (!schema.ok()) return absl::Status(schema.code(), absl::StrCat(path, ": ", schema.message()));
+  return store;
+}
+
+absl::Status StateStore::SaveJob(const StoredJob& job) {
+  return Transaction([&](Connection& db) -> absl::Status {
+    Statement save = db.Prepare("save job",
+                                "INSERT OR REPLACE INTO jobs(job_id, world_size, generation, "
+                                "members_generation, state, target_world_size) "
+                                "VALUES (?, ?, ?, ?, ?, ?)");
+    save.Bind(1, job.job_id).Bind(2, job.world_size).Bind(3, job.generation);
+    save.Bind(4, job.members_generation).Bind(5, job.state).Bind(6, job.target_world_size);
+    if (absl::Status s = save.Run(); !s.ok()) return s;
+    Statement clear = db.Prepare("save job members", "DELETE FROM members WHERE job_id = ?");
+    if (absl::Status s = clear.Bind(1, job.job_id).Run(); !s.ok()) return s;
+    Statement insert = db.Prepare("save job members",
+                                  "INSERT INTO members(job_id, rank, worker_id, host, token, "
+                                  "left_job, dead) VALUES (?, ?, ?, ?, ?, ?, ?)");
+    for (const StoredMember& m : job.members) {
+      insert.Reset();
+      insert.Bind(1, job.job_id).Bind(2, m.rank).Bind(3, m.worker_id).Bind(4, m.host);
+      insert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead);
+      if (absl::Status s = insert.Run(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status StateStore::DeleteJob(const std::string& job_id) {
+  return Transaction([&](Connection& db) -> absl::Status {
+    for (const char* sql : {"DELETE FROM members WHERE job_id = ?",
+                            "DELETE FROM plans WHERE job_id = ?",
+                            "DELETE FROM jobs WHERE job_id = ?"}) {
+      Statement st = db.Prepare("forget job", sql);
+      if (absl::Status s = st.Bind(1, job_id).Run(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
+  std::vector<StoredJob> jobs;
+  absl::Status status = Read([&](Connection& db) -> absl::Status {
+    Statement load = db.Prepare("load jobs",
+                                "SELECT job_id, world_size, generation, members_generation, "
+                                "state, target_world_size FROM jobs ORDER BY job_id");
+    while (load.Next()) {
+      StoredJob job;
+      job.job_id = load.Text(0);
+      job.world_size = static_cast<int>(load.Int(1));
+      job.generation = load.Int(2);
+      job.members_generation = load.Int(3);
+      job.state = static_cast<int>(load.Int(4));
+      job.target_world_size = static_cast<int>(load.Int(5));
+      jobs.push_back(std::move(job));
+    }
+    if (!load.status().ok()) return load.status();
+    Statement members = db.Prepare("load job members",
+                                   "SELECT rank, worker_id, host, token, left_job, dead "
+                                   "FROM members WHERE job_id = ? ORDER BY rank");
+    for (StoredJob& job : jobs) {
+      members.Reset();
+      members.Bind(1, job.job_id);
+      while (members.Next()) {
+        StoredMember m;
+        m.rank = static_cast<int>(members.Int(0));
+        m.worker_id = members.Text(1);
+        m.host = members.Text(2);
+        m.token = members.Text(3);
+        m.left = members.Int(4) != 0;
+        m.dead = members.Int(5) != 0;
+        job.members.push_back(std::move(m));
+      }
+      if (!members.status().ok()) return members.status();
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  return jobs;
+}
+
+absl::Status StateStore::SavePlan(const std::string& job_id, int64_t generation,
+                                  const StoredPlan& plan) {
+  return Transaction([&](Connection& db) {
+    Statement save = db.Prepare("save plan",
+                                "INSERT OR REPLACE INTO plans(job_id, generation, spec_hash, "
+                                "plan) VALUES (?, ?, ?, ?)");
+    save.Bind(1, job_id).Bind(2, generation).Bind(3, plan.spec_hash).BindBlob(4, plan.plan_bytes);
+    return save.Run();
+  });
+}
+
+absl::StatusOr<std::optional<StoredPlan>> StateStore::LoadPlan(const std::string& job_id,
+                                                               int64_t generation) {
+  std::optional<StoredPlan> plan;
+  absl::Status status = Read([&](Connection& db) {
+    Statement load = db.Prepare(
+        "load plan", "SELECT spec_hash, plan FROM plans WHERE job_id = ? AND generation = ?");
+    load.Bind(1, job_id).Bind(2, generation);
+    if (load.Next()) plan = StoredPlan{load.Text(0), load.Text(1)};
+    return load.status();
+  });
+  if (!status.ok()) return status;
+  return plan;
+}
+
+}  // namespace zeroshard

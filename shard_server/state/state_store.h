@@ -1,0 +1,90 @@
+// Durable server state in one SQLite file: jobs, their current generation and
+// the members of the last formed generation, and shard plans. Other
+// components (the checkpoint registry) keep their own tables in the same
+// file. A restarted server loads it and still knows its jobs.
+//
+// The store is a SqlDatabase (sql_database.h) with this schema: SQL is
+// reached only through Transaction() (writes, all or nothing, durable) and
+// Read() (queries). Errors name the operation and SQLite's own message, e.g.
+// "state store: save job: database or disk is full".
+#ifndef ZEROSHARD_SHARD_SERVER_STATE_STORE_H_
+#define ZEROSHARD_SHARD_SERVER_STATE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "shard_server/state/sql_database.h"
+
+namespace zeroshard {
+
+struct StoredMember {
+  int rank = 0;
+  std::string worker_id;
+  std::string host;
+  std::string token;
+  bool left = false;
+  bool dead = false;
+};
+
+struct StoredJob {
+  std::string job_id;
+  int world_size = 0;
+  int64_t generation = 0;          // the current (possibly forming) generation
+  int64_t members_generation = 0;  // the generation `members` belong to (0: none yet)
+  int state = 0;                   // zeroshard.v1.JobState
+  // The world size its workers were started with (world_size is smaller
+  // after a shrink); 0: not recorded (a database from before), world_size.
+  int target_world_size = 0;
+  std::vector<StoredMember> members;
+};
+
+struct StoredPlan {
+  std::string spec_hash;   // identifies the request (spec + options)
+  std::string plan_bytes;  // serialized zeroshard.v1.ShardPlan
+};
+
+// Thread-safe.
+class StateStore {
+ public:
+  // The store's connection, lent to a Transaction() or Read() body while the
+  // store's mutex is held (sql_database.h).
+  using Connection = SqlDatabase::Connection;
+  using Body = SqlDatabase::Body;
+
+  // Opens or creates `path` and its schema.
+  static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& path);
+  ~StateStore() = default;
+
+  // Runs `body` as one SQLite transaction: every write of it is committed,
+  // durably, or, when `body` or the commit fails, none is; that error is
+  // returned. `body` must not call the store (its mutex is held).
+  absl::Status Transaction(Body body) { return db_->Transaction(body); }
+  // Runs `body`'s queries, which see what the last transaction committed.
+  // A statement that would write fails: writes need Transaction().
+  absl::Status Read(Body body) { return db_->Read(body); }
+
+  // Inserts or replaces the job row and its members, in one transaction.
+  absl::Status SaveJob(const StoredJob& job);
+  absl::StatusOr<std::vector<StoredJob>> LoadJobs();
+  // Forgets the job: its row, its members and its plans, in one transaction.
+  absl::Status DeleteJob(const std::string& job_id);
+
+  absl::Status SavePlan(const std::string& job_id, int64_t generation, const StoredPlan& plan);
+  absl::StatusOr<std::optional<StoredPlan>> LoadPlan(const std::string& job_id,
+                                                     int64_t generation);
+
+ private:
+  explicit StateStore(std::unique_ptr<SqlDatabase> db) : db_(std::move(db)) {}
+
+  const std::unique_ptr<SqlDatabase> db_;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_STATE_STORE_H_

@@ -1,0 +1,167 @@
+// What crosses the node boundary, measured on emulated hosts (needs root):
+// W = 4 as 2 hosts x 2 ranks (the server on a third host), seed 001's MLP
+// shape at ZeRO stage 3, with today's flat data plane and with two-level
+// collectives (--two_level), at each link rate, in interleaved rounds.
+// "crossing/host/step" is what each worker host's eth0 sent (its kernel's
+// tx_bytes: every byte that left the host, heartbeats and bootstrap
+// included) over the run, divided by the steps.
+//
+//   bazel run -c opt //tests/bench:multihost_bench -- [--rates=0,1000000000]
+//       [--steps=20] [--rounds=2] [--layers=8] [--width=1024] [--batch=8]
+//       [--json_out=FILE]
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/table.h"
+#include "nlohmann/json.hpp"
+#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/bench_json.h"
+#include "tests/testing/bench_machine.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/process.h"
+
+ABSL_FLAG(std::string, rates, "0,1000000000", "Link rates to run, bits/s each way (0: none)");
+ABSL_FLAG(int, steps, 20, "Steps per run");
+ABSL_FLAG(int, rounds, 2, "Runs of every configuration, interleaved");
+ABSL_FLAG(int, layers, 8, "MLP layers");
+ABSL_FLAG(int, width, 1024, "MLP width");
+ABSL_FLAG(int, batch, 8, "Rows per rank");
+ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+
+namespace zeroshard::testing {
+namespace {
+
+struct Result {
+  int64_t rate = 0;
+  std::string mode;
+  int round = 0;
+  double step_ms = 0;          // rank 0's median step
+  double crossing_bytes = 0;   // per worker host per step
+  std::string transport;
+  std::string blas_kernel;
+};
+
+int64_t TxBytes(EmulatedHosts& hosts, int k) {
+  auto [code, out] = hosts.Run(k, "cat /sys/class/net/eth0/statistics/tx_bytes");
+  int64_t bytes = -1;
+  if (code != 0 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(out), &bytes)) {
+    std::fprintf(stderr, "multihost_bench: reading host %d's tx_bytes: %s\n", k, out.c_str());
+    return -1;
+  }
+  return bytes;
+}
+
+bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode, int64_t rate,
+            int round, Result* r) {
+  const int steps = absl::GetFlag(FLAGS_steps);
+  std::vector<std::string> flags = {"--model=mlp",
+                                    absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
+                                    absl::StrCat("--width=", absl::GetFlag(FLAGS_width)),
+                                    "--activation=gelu",
+                                    "--stage=3",
+                                    absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
+                                    "--threads=1",
+                                    "--lr=0.01",
+                                    "--seed=9",
+                                    absl::StrCat("--steps=", steps),
+                                    "--collective_timeout=120s"};
+  if (mode == "two-level") flags.push_back("--two_level");
+  const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
+  const std::string job = absl::StrCat(mode, "-", rate, "-", round);
+  if (!cluster.Run(job, 4, flags, absl::Seconds(600))) return false;
+  const int64_t after[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
+  const nlohmann::json report = cluster.Report(job, 0);
+  r->rate = rate;
+  r->mode = mode;
+  r->round = round;
+  r->step_ms = report["step_time_ms_median"];
+  r->crossing_bytes = (after[0] - before[0] + after[1] - before[1]) / 2.0 / steps;
+  r->transport = report["data_plane"]["gather"]["transport"];
+  r->blas_kernel = report["compute"]["blas_kernel"];
+  return true;
+}
+
+int Main() {
+  std::vector<int64_t> rates;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_rates), ',')) {
+    int64_t rate = 0;
+    if (!absl::SimpleAtoi(s, &rate) || rate < 0) {
+      std::fprintf(stderr, "--rates: '%s' is not a rate in bits/s\n", std::string(s).c_str());
+      return 2;
+    }
+    rates.push_back(rate);
+  }
+  absl::StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(3);
+  if (!hosts.ok()) {
+    std::fprintf(stderr, "multihost_bench: %s\n", hosts.status().ToString().c_str());
+    return 1;
+  }
+  LocalCluster cluster(MakeTempDir("multihost-bench"), {},
+                       HostLayout{hosts->get(), 0, {1, 1, 2, 2}});
+  if (!cluster.ok()) return 1;
+  std::vector<Result> results;
+  for (int64_t rate : rates) {
+    for (int k : {1, 2}) {
+      if (absl::Status s = (*hosts)->RateLimit(k, rate); !s.ok()) {
+        std::fprintf(stderr, "multihost_bench: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+    for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+      for (const char* mode : {"flat", "two-level"}) {
+        Result r;
+        if (!RunOne(**hosts, cluster, mode, rate, round, &r)) return 1;
+        std::fprintf(stderr, "%s at %lld bit/s, round %d: %.0f ms/step, %s crossing/host/step\n",
+                     mode, static_cast<long long>(rate), round, r.step_ms,
+                     HumanBytes(r.crossing_bytes).c_str());
+        results.push_back(r);
+      }
+    }
+  }
+  const BenchMachine machine = DescribeBenchMachine(results.empty() ? "" : results[0].blas_kernel);
+  std::printf("%s\n", machine.Line().c_str());
+  Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)", "CROSSING/HOST/STEP"});
+  nlohmann::json json = {{"machine", machine.Line()}, {"results", nlohmann::json::array()}};
+  for (int64_t rate : rates) {
+    for (const char* mode : {"flat", "two-level"}) {
+      std::vector<double> ms, bytes;
+      std::string transport;
+      for (const Result& r : results) {
+        if (r.rate != rate || r.mode != mode) continue;
+        ms.push_back(r.step_ms);
+        bytes.push_back(r.crossing_bytes);
+        transport = r.transport;
+        json["results"].push_back({{"rate_bits_per_s", r.rate}, {"mode", r.mode},
+                                   {"round", r.round}, {"step_ms", r.step_ms},
+                                   {"crossing_bytes_per_host_per_step", r.crossing_bytes},
+                                   {"transport", r.transport}});
+      }
+      if (ms.empty()) continue;
+      std::sort(ms.begin(), ms.end());
+      std::sort(bytes.begin(), bytes.end());
+      table.AddRow({rate == 0 ? "unlimited" : absl::StrFormat("%.0f Mbit/s", rate / 1e6), mode,
+                    transport,
+                    absl::StrFormat("%.0f (%.0f-%.0f)", ms[ms.size() / 2], ms.front(), ms.back()),
+                    HumanBytes(bytes[bytes.size() / 2])});
+    }
+  }
+  std::printf("%s", table.ToString().c_str());
+  return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return zeroshard::testing::Main();
+}
