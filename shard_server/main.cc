@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
   options.checkpoint_service.stall_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(
+    absl::StatusOr<std::string> token = zeroshard::ReadTokenFile(
         absl::GetFlag(FLAGS_auth_token_file), "--auth_token_file", absl::GetFlag(FLAGS_insecure));
     if (!token.ok()) return Fail(std::string(token.status().message()));
     options.auth_token = *std::move(token);
