@@ -14,8 +14,8 @@
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "common/keepalive.h"
-#include "common/secret_file.h"
 #include "common/plan/plan_codec.h"
+#include "common/secret_file.h"
 #include "proto/health.grpc.pb.h"
 
 namespace zeroshard {
@@ -46,7 +46,8 @@ absl::Status LoadClientFiles(const std::string& token_file, const std::string& c
                              const std::string& cert_file, const std::string& key_file,
                              ClientOptions* options) {
   if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(token_file, "--token_file", options->insecure);
+    absl::StatusOr<std::string> token =
+        ReadTokenFile(token_file, "--token_file", options->insecure);
     if (!token.ok()) return token.status();
     options->token = *std::move(token);
   }

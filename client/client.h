@@ -45,7 +45,8 @@ struct ClientOptions {
 // Reads the token and TLS files (each optional: "" reads nothing) into
 // `options`: the token stripped of surrounding whitespace (a token file any
 // user may read or write, or a token under 16 characters, is refused unless
-// options->insecure: common/secret_file.h), the PEM files as they are. client/connection_flags.h applies it to the connection flags.
+// options->insecure: common/secret_file.h), the PEM files as they are.
+// client/connection_flags.h applies it to the connection flags.
 absl::Status LoadClientFiles(const std::string& token_file, const std::string& ca_file,
                              const std::string& cert_file, const std::string& key_file,
                              ClientOptions* options);

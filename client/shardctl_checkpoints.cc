@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdio>
 #include <string>
 
@@ -186,9 +185,10 @@ static absl::Status CheckOutput(const std::string& out, bool force) {
       closedir(dir);
     }
     if (empty || force) return absl::OkStatus();
-    return absl::AlreadyExistsError(absl::StrCat(
-        "--out=", out, " is a directory that is not empty; pass --force to write into it "
-        "(files of the same names are replaced), or give a new path"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("--out=", out,
+                     " is a directory that is not empty; pass --force to write into it "
+                     "(files of the same names are replaced), or give a new path"));
   }
   if (absl::Status s = CheckReplaceable(out); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("--out=", s.message()));

@@ -16,14 +16,11 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::st
                                           bool insecure) {
   const std::string named = absl::StrCat(flag, "=", path);
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", named, ": ", std::strerror(errno)));
-  }
+  // A file that is not there or cannot be read keeps errno's code
+  // (NOT_FOUND, PERMISSION_DENIED).
+  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot read " + flag, path);
   absl::StatusOr<std::string> contents = ReadFileToString(path);
-  if (!contents.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", named, ": ",
-                                                   contents.status().message()));
-  }
+  if (!contents.ok()) return contents.status();
   const std::string token(absl::StripAsciiWhitespace(*contents));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(named, " is empty"));
   if (insecure) return token;

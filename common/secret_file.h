@@ -13,10 +13,11 @@ namespace zeroshard {
 // 64 bits, beyond guessing over RPC.
 inline constexpr int kMinTokenLength = 16;
 
-// The token in `path` without surrounding whitespace. INVALID_ARGUMENT
-// naming `flag` ("--auth_token_file") when the file cannot be read or is
-// empty, and, unless `insecure`, when any user may read or write it (mode
-// o+r or o+w) or the token is shorter than kMinTokenLength.
+// The token in `path` without surrounding whitespace. errno's code (NOT_FOUND,
+// PERMISSION_DENIED) when the file cannot be read; INVALID_ARGUMENT naming
+// `flag` ("--auth_token_file") when it is empty, and, unless `insecure`, when
+// any user may read or write it (mode o+r or o+w) or the token is shorter
+// than kMinTokenLength.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag,
                                           bool insecure);
 

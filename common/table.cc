@@ -1,8 +1,7 @@
 #include "common/table.h"
 
-#include <cmath>
-
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_format.h"
 

@@ -15,10 +15,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "common/command_line.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/command_line.h"
 #include "common/secret_file.h"
 #include "shard_server/shard_server.h"
 

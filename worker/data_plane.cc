@@ -37,8 +37,10 @@ std::function<void()> HoldUntilFileExists(const std::string& file, absl::Duratio
     while (access(file.c_str(), F_OK) != 0 && absl::Now() < deadline &&
            !(cancelled && cancelled())) {
       if (!said) {
-        std::fprintf(stderr, "shard_worker: test: holding the data plane's connections until %s "
-                             "exists\n", file.c_str());
+        std::fprintf(stderr,
+                     "shard_worker: test: holding the data plane's connections until %s "
+                     "exists\n",
+                     file.c_str());
         said = true;
       }
       absl::SleepFor(absl::Milliseconds(10));
@@ -80,12 +82,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
 // Two levels when the ranks share hosts (every rank reads the same host
 // identities, so all agree); nullptr when they do not, and the flat
 // transport serves.
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(KeyValueStore* store, int rank,
-                                                              int world_size,
-                                                              const std::string& tag,
-                                                              const DataPlaneOptions& options,
-                                                              const std::function<bool()>& cancelled,
-                                                              nlohmann::json* description) {
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
+    KeyValueStore* store, int rank, int world_size, const std::string& tag,
+    const DataPlaneOptions& options, const std::function<bool()>& cancelled,
+    nlohmann::json* description) {
   TwoLevelCommunicator::Options two_level;
   two_level.host = GlooOptions(options, options.shared_memory, cancelled);
   std::string why_not;
@@ -155,9 +155,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
   plane->reduce = *std::move(reduce);
   // Host-side metrics only: a few bytes, so TCP (no segment to map), and not
   // in the report.
-  absl::StatusOr<std::unique_ptr<Communicator>> aux =
-      ConnectGloo(&store, rank, world_size, "aux", options, /*shared_memory=*/false,
-                  cancelled, nullptr);
+  absl::StatusOr<std::unique_ptr<Communicator>> aux = ConnectGloo(
+      &store, rank, world_size, "aux", options, /*shared_memory=*/false, cancelled, nullptr);
   if (!aux.ok()) return aux.status();
   plane->aux = *std::move(aux);
   if (options.snapshots) {

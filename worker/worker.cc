@@ -591,14 +591,14 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   }
   const std::string why =
       give_up_generation
-          ? absl::StrCat("setting up generation ", generation_->membership.generation,
-                         " failed (", failure.message(),
+          ? absl::StrCat("setting up generation ", generation_->membership.generation, " failed (",
+                         failure.message(),
                          ") and no peer died; giving the generation up to join again")
           : abort_->message();
   if (recoveries_ >= config_.recovery.max_recoveries) {
-    return absl::AbortedError(absl::StrCat(why, "; not recovering: ", recoveries_,
-                                           " recoveries already (--max_recoveries=",
-                                           config_.recovery.max_recoveries, ")"));
+    return absl::AbortedError(absl::StrCat(
+        why, "; not recovering: ", recoveries_,
+        " recoveries already (--max_recoveries=", config_.recovery.max_recoveries, ")"));
   }
   // Confirmed: the server's abort (at once when it came first), or a setup
   // given up.

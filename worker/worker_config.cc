@@ -257,12 +257,14 @@ absl::Status ReadCompute(WorkerConfig* config) {
   if (task.loss_on == "answers" &&
       (model != "gpt" || !absl::GetFlag(FLAGS_data).empty() ||
        (task.task != "addition" && task.task != "reversed-addition"))) {
-    return Bad("--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
-               "reversed-addition, no --data): only its lines have answers");
+    return Bad(
+        "--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
+        "reversed-addition, no --data): only its lines have answers");
   }
   if (task.loss_on == "answers" && backend == "nccl") {
-    return Bad("--loss_on=answers runs on CPUs (--backend=gloo); the GPU cross-entropy scores "
-               "every target");
+    return Bad(
+        "--loss_on=answers runs on CPUs (--backend=gloo); the GPU cross-entropy scores "
+        "every target");
   }
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);

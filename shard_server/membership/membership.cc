@@ -353,8 +353,8 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
   // enough to end a job by joining with its ids.
   const absl::Time now = clock_->Now();
   const absl::Duration missed_beat = options_.heartbeat_interval * 1.5;
-  const bool gone = member->stream_closed > member->last_heartbeat ||
-                    now - member->last_heartbeat >= missed_beat;
+  const bool gone =
+      member->stream_closed > member->last_heartbeat || now - member->last_heartbeat >= missed_beat;
   if (!request.incarnation().empty() && !member->incarnation.empty() && gone) {
     // Another process with the member's id (it was restarted), or the
     // member's own process giving its generation up (its data plane could
@@ -460,11 +460,11 @@ absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& wor
              {"generation", absl::StrCat(job.members_generation)},
              {"reason", restarted ? "restarted (a join from a new incarnation)"
                                   : "gave its generation up (its own process joined again)"}});
-  absl::Status s = StartGeneration(
-      job, job.world_size, v1::DEGRADED,
-      absl::StrCat("worker '", worker_id, "' (rank ", member->rank, ") ",
-                   restarted ? "restarted" : "joined again (its setup failed)"),
-      deferred);
+  absl::Status s =
+      StartGeneration(job, job.world_size, v1::DEGRADED,
+                      absl::StrCat("worker '", worker_id, "' (rank ", member->rank, ") ",
+                                   restarted ? "restarted" : "joined again (its setup failed)"),
+                      deferred);
   if (!s.ok()) {
     member->alive = true;  // nothing changed
     return s;

@@ -1,8 +1,7 @@
 #include "shard_server/observability/history_store.h"
 
-#include <limits>
-
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -123,8 +122,8 @@ absl::StatusOr<int64_t> HistoryStore::CountPoints(SqlDatabase::Connection& db,
 
 absl::StatusOr<bool> HistoryStore::HasPoint(SqlDatabase::Connection& db, const std::string& job,
                                             int rank, int64_t step) {
-  Statement has = db.Prepare(
-      "has", "SELECT 1 FROM history WHERE job = ?1 AND rank = ?2 AND step = ?3");
+  Statement has =
+      db.Prepare("has", "SELECT 1 FROM history WHERE job = ?1 AND rank = ?2 AND step = ?3");
   has.Bind(1, job).Bind(2, rank).Bind(3, step);
   const bool found = has.Next();
   if (absl::Status s = has.status(); !s.ok()) return s;

@@ -38,9 +38,9 @@ bool IsFifo(const std::string& path) {
 TEST(ConsolidateOutputTest, AFifoIsRefusedAndAnExistingFileNeedsForce) {
   LocalCluster cluster(testing::MakeTempDir("consolidate-out"));
   ASSERT_TRUE(cluster.ok());
-  ASSERT_TRUE(cluster.Run("small", 1,
-                          {"--model=mlp", "--layers=2", "--width=8", "--steps=2", "--seed=1",
-                           "--checkpoint_at_end"}));
+  ASSERT_TRUE(cluster.Run(
+      "small", 1,
+      {"--model=mlp", "--layers=2", "--width=8", "--steps=2", "--seed=1", "--checkpoint_at_end"}));
   const std::string consolidate = "consolidate --job=small --step=latest --out=";
 
   const std::string fifo = cluster.dir() + "/fifo";
@@ -77,20 +77,19 @@ TEST(TokenFileTest, WorldReadableOrShortTokensAreRefusedUnlessInsecure) {
   const std::string server = testing::RunfilePath("shard_server/shard_server");
   const std::string refused_flags = " --listen=127.0.0.1:0 --state_dir=" + dir + "/state";
 
-  auto [open_code, open_output] = testing::RunCommand(
-      absl::StrCat("timeout 20 ", server, refused_flags, " --auth_token_file=", open_file, " 2>&1"));
+  auto [open_code, open_output] = testing::RunCommand(absl::StrCat(
+      "timeout 20 ", server, refused_flags, " --auth_token_file=", open_file, " 2>&1"));
   EXPECT_NE(open_code, 0) << open_output;
   EXPECT_NE(open_output.find("readable by every user"), std::string::npos) << open_output;
-  auto [short_code, short_output] = testing::RunCommand(
-      absl::StrCat("timeout 20 ", server, refused_flags, " --auth_token_file=", short_file, " 2>&1"));
+  auto [short_code, short_output] = testing::RunCommand(absl::StrCat(
+      "timeout 20 ", server, refused_flags, " --auth_token_file=", short_file, " 2>&1"));
   EXPECT_NE(short_code, 0) << short_output;
   EXPECT_NE(short_output.find("6-character token"), std::string::npos) << short_output;
 
   // With --insecure the server starts, and so does a client.
   LocalCluster cluster(dir + "/cluster", {"--auth_token_file=" + short_file, "--insecure"});
   ASSERT_TRUE(cluster.ok());
-  auto [client_code, client_output] =
-      Shardctl(cluster, "--token_file=" + open_file + " status");
+  auto [client_code, client_output] = Shardctl(cluster, "--token_file=" + open_file + " status");
   EXPECT_NE(client_code, 0) << client_output;
   EXPECT_NE(client_output.find("readable by every user"), std::string::npos) << client_output;
   auto [insecure_code, insecure_output] =
@@ -143,7 +142,8 @@ bool StillOpen(int fd) {
 // while they are all still held open.
 TEST(MetricsPortTest, SlowConnectionsDoNotBlockAScrape) {
   const std::string dir = testing::MakeTempDir("slow-metrics");
-  LocalCluster cluster(dir, {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport"});
+  LocalCluster cluster(dir,
+                       {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport"});
   ASSERT_TRUE(cluster.ok());
   int port = 0;
   ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(dir + "/mport")),

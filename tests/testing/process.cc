@@ -15,9 +15,9 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace zeroshard::testing {

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -24,11 +24,11 @@
 #include "gloo/common/logging.h"
 #include "gloo/context.h"
 #include "gloo/transport/tcp/attr.h"
-#include "worker/comm/gloo_port_range.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/comm_internal.h"
 #include "worker/comm/gloo_mesh.h"
+#include "worker/comm/gloo_port_range.h"
 #include "worker/comm/kv_gloo_store.h"
 #include "worker/comm/shm_exchange.h"
 
@@ -231,10 +231,10 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
     mesh = ConnectMesh(store, device, mesh_options);
   }
   if (!mesh.ok()) {
-    return absl::Status(mesh.status().code(),
-                        absl::StrCat("GlooCommunicator ", where, " from ", bind, ": ",
-                                     DescribeGlooFailure(std::string(mesh.status().message()),
-                                                         options)));
+    return absl::Status(
+        mesh.status().code(),
+        absl::StrCat("GlooCommunicator ", where, " from ", bind, ": ",
+                     DescribeGlooFailure(std::string(mesh.status().message()), options)));
   }
   if (mesh->dropped > 0) {
     // Said where the operator looks: someone connected to the data plane's

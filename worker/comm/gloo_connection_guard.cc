@@ -1,9 +1,9 @@
 #include "worker/comm/gloo_connection_guard.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/random.h>
@@ -133,8 +133,8 @@ void SetBlocking(int fd, bool blocking) {
 }
 
 int SliceMs(absl::Time deadline) {
-  const int64_t left = absl::ToInt64Milliseconds(absl::Ceil(deadline - absl::Now(),
-                                                            absl::Milliseconds(1)));
+  const int64_t left =
+      absl::ToInt64Milliseconds(absl::Ceil(deadline - absl::Now(), absl::Milliseconds(1)));
   return static_cast<int>(std::clamp<int64_t>(left, 0, kPollSliceMs));
 }
 
@@ -294,9 +294,7 @@ int GuardedAccept(int fd, ListenGuard::Entry& guard, sockaddr* address, socklen_
   }
 }
 
-bool Cancelled(const ConnectGuard::Armed& armed) {
-  return armed.cancelled && armed.cancelled();
-}
+bool Cancelled(const ConnectGuard::Armed& armed) { return armed.cancelled && armed.cancelled(); }
 
 // Waits until `fd` polls `events` (false at the deadline or cancellation,
 // errno set).
@@ -334,8 +332,8 @@ int GuardedConnect(int fd, const sockaddr* address, socklen_t length,
   }
   size_t sent = 0;
   while (sent < armed.hello.size()) {
-    const ssize_t n = send(fd, armed.hello.data() + sent, armed.hello.size() - sent,
-                           MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n =
+        send(fd, armed.hello.data() + sent, armed.hello.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       sent += static_cast<size_t>(n);
     } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -384,11 +382,11 @@ absl::Status CheckConnectionGuardActive() {
   }
   dlclose(libc);
   if (libc_ones.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "this process's ", libc_ones,
-      " are libc's, so the data plane's connections cannot be authenticated: link "
-      "//worker/comm:gloo_communicator into the executable (statically) so that its "
-      "accept() and connect() come first (worker/comm/gloo_connection_guard.h)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("this process's ", libc_ones,
+                   " are libc's, so the data plane's connections cannot be authenticated: link "
+                   "//worker/comm:gloo_communicator into the executable (statically) so that its "
+                   "accept() and connect() come first (worker/comm/gloo_connection_guard.h)"));
 }
 
 ListenGuard::ListenGuard(const sockaddr_storage& address, std::string hello, absl::Time deadline,

@@ -159,7 +159,8 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
   };
   {
     std::vector<std::thread> threads;
-    for (int t = 1; t < std::min(size - 1, kMaxConnectThreads); ++t) threads.emplace_back(connect_pairs);
+    for (int t = 1; t < std::min(size - 1, kMaxConnectThreads); ++t)
+      threads.emplace_back(connect_pairs);
     connect_pairs();
     for (std::thread& t : threads) t.join();
   }

@@ -74,8 +74,9 @@ TEST_P(GuardTest, StraysDuringSetupAreDroppedAndTheContextWorks) {
     auto comm = GlooCommunicator::Create(&store, rank, kWorld, "guard", options);
     ASSERT_TRUE(comm.ok()) << comm.status();
     std::vector<float> x(8, static_cast<float>(rank + 1));
-    ASSERT_TRUE((*comm)->AllReduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum,
-                                   absl::Seconds(10)).ok());
+    ASSERT_TRUE((*comm)
+                    ->AllReduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum, absl::Seconds(10))
+                    .ok());
     EXPECT_EQ(x[0], 3.0f);
   });
   EXPECT_GE(strays.size(), static_cast<size_t>(kWorld * (kWorld - 1)));
