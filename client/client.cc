@@ -347,15 +347,25 @@ void Client::HeartbeatLoop(CommandHandler handler) {
 
 absl::Status Client::Leave() {
   StopHeartbeats();
-  grpc::ClientContext context;
-  Prepare(&context, options_.rpc_timeout);
-  // The job's last call: worth waiting for a restarting server rather than
-  // failing a finished job.
-  context.set_wait_for_ready(true);
   v1::LeaveRequest request;
   *request.mutable_member() = credentials();
-  v1::LeaveResponse response;
-  return FromGrpcStatus(stub_->Leave(&context, request, &response));
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  while (true) {
+    grpc::ClientContext context;
+    Prepare(&context, deadline - absl::Now());
+    // The job's last call: worth waiting for a restarting server rather than
+    // failing a finished job.
+    context.set_wait_for_ready(true);
+    v1::LeaveResponse response;
+    absl::Status s = FromGrpcStatus(stub_->Leave(&context, request, &response));
+    // A connection that broke under the call (a keepalive that timed out on
+    // a starved machine, a reset) fails it with UNAVAILABLE although the
+    // server is there: leaving again is harmless (the server's Leave is
+    // idempotent), on a new connection.
+    constexpr absl::Duration kRetryPause = absl::Milliseconds(100);
+    if (!absl::IsUnavailable(s) || absl::Now() + kRetryPause >= deadline) return s;
+    absl::SleepFor(kRetryPause);
+  }
 }
 
 absl::Status Client::StoreSet(const std::string& key, const std::string& value) {

@@ -8,11 +8,11 @@ namespace zeroshard {
 namespace {
 
 // Rule 0's evidence: the stream of the member's latest beat closed soon after
-// that beat, and the member has not re-opened it within one interval.
+// that beat, and the member has not re-opened it within the reconnect wait.
 bool ClosedByItsEnd(const MemberSignals& m, absl::Time now,
                     const FailureDetectorOptions& options) {
   const absl::Duration window = std::min(options.heartbeat_interval * 1.5, kAbruptCloseCap);
-  const absl::Duration reopen = std::max(kReopenGrace, options.heartbeat_interval);
+  const absl::Duration reopen = std::max(kClosedStreamReopenWait, options.heartbeat_interval * 2);
   return m.stream_closed > m.last_heartbeat && m.stream_closed - m.last_heartbeat <= window &&
          now - m.stream_closed > reopen;
 }

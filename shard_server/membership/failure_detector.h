@@ -12,10 +12,11 @@
 //   0. In a formed generation, a member whose latest heartbeat stream closed
 //      while it was beating (within kAbruptCloseWindow of its last beat: a
 //      keepalive timeout of a silent connection closes it only seconds after
-//      the last bytes) and that has not beaten since within one heartbeat
-//      interval (its client re-opens a broken stream within ~100 ms and beats
-//      at once) is dead: its process is gone. A killed member is declared
-//      dead about one interval after the kill, whatever its peers report.
+//      the last bytes) and that has not beaten since within
+//      max(kClosedStreamReopenWait, 2 intervals) (a live client whose own
+//      keepalive dropped the connection reconnects and beats within that) is
+//      dead: its process is gone. A killed member is declared dead about two
+//      seconds after the kill, whatever its peers report.
 //   1. After a peer reported a failed collective in this generation (the
 //      data plane stopped, so someone is gone), a member is dead when its
 //      heartbeat stream closed more than kReopenGrace ago without a beat
@@ -68,6 +69,16 @@ struct FailureDetectorOptions {
 // A client re-opens a broken heartbeat stream within ~100 ms and beats at
 // once (rule 1).
 inline constexpr absl::Duration kReopenGrace = absl::Milliseconds(300);
+
+// Rule 0's wait for a re-opened stream. A stream also closes while its member
+// lives when the client's own keepalive gives up on a connection whose pings
+// went unanswered for kClientKeepaliveTimeoutMs (a starved server host, or a
+// starved client), and the client then reconnects on the channel's backoff
+// (at most 1 s apart) before it beats again: seen at load 15 on 2 cores, a
+// 300-ms wait declared such a member dead at step 0. Two seconds, or two
+// intervals if longer, cover that reconnect; a killed member is declared
+// dead about that long after the kill.
+inline constexpr absl::Duration kClosedStreamReopenWait = absl::Seconds(2);
 
 // Rule 0: a stream that closed less than this after the member's last beat
 // was closed by the member's end (its process exited, or its connection was

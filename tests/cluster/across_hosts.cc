@@ -44,6 +44,14 @@ std::vector<std::string> AcrossHostsTest::Flags(const std::vector<std::string>& 
   return flags;
 }
 
+std::vector<std::string> AcrossHostsTest::Recoverable(int steps,
+                                                      const std::vector<std::string>& extra) {
+  std::vector<std::string> flags = {absl::StrCat("--steps=", steps), "--snapshot_every=10",
+                                    "--collective_timeout=8s", "--test_step_delay_ms=100"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
 Params AcrossHostsTest::Reference(int steps) {
   EXPECT_TRUE(cluster_->Run("reference", 4, Flags({absl::StrCat("--steps=", steps)})));
   return Final("reference", steps);

@@ -31,6 +31,9 @@ class AcrossHostsTest : public ::testing::Test {
   bool StartCluster(const std::vector<std::string>& server_flags = {});
   // The workers' flags: the model and recovery settings, then `extra`.
   std::vector<std::string> Flags(const std::vector<std::string>& extra) const;
+  // `steps` steps that recover: snapshots every 10 steps, collectives time
+  // out after 8 s, 100 ms a step (faults land mid-run); then `extra`.
+  static std::vector<std::string> Recoverable(int steps, const std::vector<std::string>& extra);
   // An uninterrupted run of `steps` (job "reference"): its final parameters.
   Params Reference(int steps);
   // The final checkpoint of `job` (--checkpoint_at_end).

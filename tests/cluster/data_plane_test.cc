@@ -61,21 +61,19 @@ TEST_F(DataPlaneTest, ADroppedConnectFailsWithinTheCollectiveTimeoutNamingThePee
   // the deadline is the timeout plus the processes' start and join.
   const std::vector<int> codes = cluster_->WaitWorkers(timeout + absl::Seconds(14));
   std::fprintf(stderr, "workers ended %.1f s after they started (collective timeout %s)\n",
-               absl::ToDoubleSeconds(absl::Now() - started),
-               absl::FormatDuration(timeout).c_str());
+               absl::ToDoubleSeconds(absl::Now() - started), absl::FormatDuration(timeout).c_str());
   int named = 0;
   for (size_t r = 0; r < codes.size(); ++r) {
     const std::string log = cluster_->WorkerLog(r);
     EXPECT_NE(codes[r], 0) << log;
     EXPECT_NE(codes[r], -1) << "still running at the deadline:\n" << log;
-    const bool says = log.find("no connection to the peer's data plane at [198.18.0.") !=
-                          std::string::npos &&
-                      log.find("within 4s") != std::string::npos;
+    const bool says =
+        log.find("no connection to the peer's data plane at [198.18.0.") != std::string::npos &&
+        log.find("within 4s") != std::string::npos;
     if (says && named == 0) {
       const size_t at = log.rfind('\n', log.find("no connection to the peer's data plane"));
       const size_t end = log.find('\n', at + 1);
-      std::fprintf(stderr, "worker %zu says: %s\n", r,
-                   log.substr(at + 1, end - at - 1).c_str());
+      std::fprintf(stderr, "worker %zu says: %s\n", r, log.substr(at + 1, end - at - 1).c_str());
     }
     named += says;
     if (!says) std::fprintf(stderr, "worker %zu:\n%s\n", r, log.c_str());

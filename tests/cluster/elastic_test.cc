@@ -27,13 +27,6 @@ using ElasticTest = AcrossHostsTest;
 
 constexpr int kSteps = 100;
 
-std::vector<std::string> Recoverable(std::vector<std::string> extra) {
-  std::vector<std::string> flags = {absl::StrCat("--steps=", kSteps), "--snapshot_every=10",
-                                    "--collective_timeout=8s", "--test_step_delay_ms=100"};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  return flags;
-}
-
 // Host 2 (w2, w3) vanishes; its processes are killed where they stand (they
 // cannot say goodbye) and the network comes back for their replacements.
 void CutHostTwoAndKillItsRanks(EmulatedHosts& hosts, LocalCluster& cluster) {
@@ -47,14 +40,15 @@ TEST_F(ElasticTest, ACutOffHostReplacedByTheLauncherKeepsWorldSizeFour) {
   ASSERT_TRUE(StartCluster());
   const Params reference = Reference(kSteps);
   ASSERT_FALSE(reference.empty());
-  cluster_->StartWorkers("replace", 4, Flags(Recoverable({})));
+  cluster_->StartWorkers("replace", 4, Flags(Recoverable(kSteps, {})));
   ASSERT_TRUE(WaitForStep(25));
   const int64_t cut_ms = absl::ToUnixMillis(absl::Now());
   CutHostTwoAndKillItsRanks(*hosts_, *cluster_);
   // The server declares them dead by their silence (heartbeat timeout
   // 1.5 s); the replacements start once it did, as a launcher's would.
-  ASSERT_TRUE(WaitFor([&] { return !ServerEvents("member_dead", absl::FromUnixMillis(cut_ms)).empty(); },
-                      absl::Seconds(30)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ServerEvents("member_dead", absl::FromUnixMillis(cut_ms)).empty(); },
+              absl::Seconds(30)))
       << cluster_->server()->Log();
   ASSERT_TRUE(hosts_->HealAll().ok());
   cluster_->RestartWorker(2);
@@ -76,14 +70,14 @@ TEST_F(ElasticTest, ACutOffHostReplacedByTheLauncherKeepsWorldSizeFour) {
 TEST_F(ElasticTest, ShrinksWithoutTheCutOffHostThenGrowsBackToFour) {
   ASSERT_TRUE(StartCluster());
   const std::vector<std::string> elastic = {"--min_world_size=2", "--rejoin_grace=2s"};
-  cluster_->StartWorkers("grow", 4, Flags(Recoverable(elastic)));
+  cluster_->StartWorkers("grow", 4, Flags(Recoverable(kSteps, elastic)));
   ASSERT_TRUE(WaitForStep(25));
   const int64_t cut_ms = absl::ToUnixMillis(absl::Now());
   CutHostTwoAndKillItsRanks(*hosts_, *cluster_);
   // Shrunk: rank 0 trains again at W = 2.
-  ASSERT_TRUE(WaitFor(
-      [&] { return cluster_->WorkerLog(0).find("at world size 2") != std::string::npos; },
-      absl::Seconds(60)))
+  ASSERT_TRUE(
+      WaitFor([&] { return cluster_->WorkerLog(0).find("at world size 2") != std::string::npos; },
+              absl::Seconds(60)))
       << cluster_->WorkerLog(0) << cluster_->server()->Log();
   const int shrunk_at = LatestStep();
   ASSERT_TRUE(WaitForStep(shrunk_at + 5));  // some steps at W = 2
@@ -113,18 +107,18 @@ TEST_F(ElasticTest, ShrinksWithoutTheCutOffHostThenGrowsBackToFour) {
   std::fprintf(stderr,
                "shrink: restored step %d, rank 0 trained again %.2f s after the cut (grace 2 s); "
                "grow back: restored step %d, at W = 4 %.2f s after the replacements started\n",
-               shrink_step, SecondsBetweenUnixMs(cut_ms, shrink["first_step_unix_ms"]),
-               grow_step, SecondsBetweenUnixMs(growers_ms, grow["first_step_unix_ms"]));
+               shrink_step, SecondsBetweenUnixMs(cut_ms, shrink["first_step_unix_ms"]), grow_step,
+               SecondsBetweenUnixMs(growers_ms, grow["first_step_unix_ms"]));
 
   // Reference: the same world sizes over the same steps, without failures.
   ASSERT_TRUE(cluster_->Run("grow-ref", 4,
                             Flags({absl::StrCat("--steps=", shrink_step), "--snapshot_every=0"})));
-  ASSERT_TRUE(cluster_->Run("grow-ref", 2,
-                            Flags({absl::StrCat("--steps=", grow_step), "--snapshot_every=0",
-                                   "--resume=latest"})));
-  ASSERT_TRUE(cluster_->Run("grow-ref", 4,
-                            Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=0",
-                                   "--resume=latest"})));
+  ASSERT_TRUE(cluster_->Run(
+      "grow-ref", 2,
+      Flags({absl::StrCat("--steps=", grow_step), "--snapshot_every=0", "--resume=latest"})));
+  ASSERT_TRUE(cluster_->Run(
+      "grow-ref", 4,
+      Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=0", "--resume=latest"})));
   ExpectEqual(Final("grow", kSteps), Final("grow-ref", kSteps), "shrunk to 2, grown back to 4");
 }
 

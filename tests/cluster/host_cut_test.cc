@@ -22,18 +22,11 @@ using HostCutTest = AcrossHostsTest;
 
 constexpr int kSteps = 100;
 
-std::vector<std::string> Recoverable(std::vector<std::string> extra) {
-  std::vector<std::string> flags = {absl::StrCat("--steps=", kSteps), "--snapshot_every=10",
-                                    "--collective_timeout=8s", "--test_step_delay_ms=100"};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  return flags;
-}
-
 TEST_F(HostCutTest, AHostCutOffForTwentySecondsRejoinsAndTheJobKeepsEveryRank) {
   ASSERT_TRUE(StartCluster());
   const Params reference = Reference(kSteps);
   ASSERT_FALSE(reference.empty());
-  cluster_->StartWorkers("host-cut", 4, Flags(Recoverable({})));
+  cluster_->StartWorkers("host-cut", 4, Flags(Recoverable(kSteps, {})));
   ASSERT_TRUE(WaitForStep(25));
   ASSERT_TRUE(hosts_->CutOff(2).ok());
   absl::SleepFor(absl::Seconds(20));  // the cut is the scenario
@@ -54,7 +47,7 @@ TEST_F(HostCutTest, AHostCutOffForTwentySecondsRejoinsAndTheJobKeepsEveryRank) {
 TEST_F(HostCutTest, AHostCutOffForGoodSaysWhatItCouldNotReach) {
   ASSERT_TRUE(StartCluster());
   cluster_->StartWorkers("cut-for-good", 4,
-                         Flags(Recoverable({"--rejoin_timeout=15s", "--rejoin_grace=1s"})));
+                         Flags(Recoverable(kSteps, {"--rejoin_timeout=15s", "--rejoin_grace=1s"})));
   ASSERT_TRUE(WaitForStep(25));
   ASSERT_TRUE(hosts_->CutOff(2).ok());
   const std::vector<int> codes = cluster_->WaitWorkers(absl::Seconds(90));

@@ -121,7 +121,8 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
       {[] { absl::SetFlag(&FLAGS_checkpoint_transport, "nfs"); },
        "--checkpoint_transport=nfs: expected fs or grpc"},
       {[] { absl::SetFlag(&FLAGS_resume, "latest"); }, "--resume needs --checkpoint_dir"},
-      {[] { absl::SetFlag(&FLAGS_loss_on, "digits"); }, "--loss_on=digits: expected all or answers"},
+      {[] { absl::SetFlag(&FLAGS_loss_on, "digits"); },
+       "--loss_on=digits: expected all or answers"},
       {[] { absl::SetFlag(&FLAGS_loss_on, "answers"); },  // the default model is the MLP
        "--loss_on=answers needs --model=gpt on an addition task"},
       {[] {

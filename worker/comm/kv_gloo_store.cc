@@ -38,11 +38,9 @@ void KvGlooStore::wait(const std::vector<std::string>& keys,
   full_keys.reserve(keys.size());
   for (const std::string& key : keys) full_keys.push_back(FullKey(key));
   // Gloo passes kNoTimeout (zero) to mean "no timeout"; we still bound the
-  // wait, by the default timeout. A shorter timeout is the Gloo context's,
-  // which GlooCommunicator sizes for its pairs' connect (a fifth of the
-  // default): the rendezvous waits for slow peers as long as the default.
+  // wait, by the default timeout.
   absl::Duration limit =
-      timeout.count() > 0 ? std::max(absl::FromChrono(timeout), default_timeout_) : default_timeout_;
+      timeout.count() > 0 ? std::max(absl::FromChrono(timeout), min_wait_) : default_timeout_;
   absl::Status status = store_->Wait(full_keys, limit);
   if (!status.ok()) Fail(status);
 }

@@ -48,6 +48,11 @@ class KvGlooStore : public gloo::rendezvous::Store {
 
   const std::string& prefix() const { return prefix_; }
 
+  // Waits last at least `wait` whatever timeout Gloo passes: GlooCommunicator
+  // sizes the Gloo context's timeout for its pairs' connect (a fifth of the
+  // rendezvous's bound), which is also what Gloo passes to wait().
+  void set_min_wait(absl::Duration wait) { min_wait_ = wait; }
+
   // The status behind the most recent exception thrown (OK if none).
   absl::Status last_error() const;
 
@@ -59,6 +64,7 @@ class KvGlooStore : public gloo::rendezvous::Store {
   KeyValueStore* const store_;
   const std::string prefix_;
   const absl::Duration default_timeout_;
+  absl::Duration min_wait_ = absl::ZeroDuration();
 
   mutable absl::Mutex mu_;
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);

@@ -78,9 +78,10 @@ class GptModel : public TokenModel {
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config);
 
   // The batch for the next pass: tokens and targets are [b, t], each in
-  // [0, vocab) (a target may be kUnscoredTarget: layers.h), t <= n_ctx. Both are copied. Resets the op order (the next
-  // call must be Forward(0)). Activation buffers are sized here for b*t
-  // positions and kept while b*t stays the same.
+  // [0, vocab) (a target may be kUnscoredTarget: layers.h), t <= n_ctx.
+  // Both are copied. Resets the op order (the next call must be
+  // Forward(0)). Activation buffers are sized here for b*t positions and
+  // kept while b*t stays the same.
   absl::Status SetBatch(const int32_t* tokens, const int32_t* targets, int b, int t) override;
   absl::Status LogitsRowToHost(int64_t position, float* out) const override;
 

@@ -15,14 +15,16 @@
 from zeroshard.errors import GenerationChanged
 from zeroshard.torch.store import Store
 from zeroshard.torch.process_group import (BLOCKED_EXIT_CODE, Session, check, failure_guard,
-                                           init_process_group, install_step_check, report,
-                                           session, shutdown)
+                                           init_process_group, install_step_check, rejoin,
+                                           report, session, shutdown)
 from zeroshard.torch.checkpoint import load, model_spec, save
 from zeroshard.torch import dcp
 from zeroshard.torch.dcp import StorageReader, StorageWriter
+from zeroshard.torch.elastic import ElasticState, elastic
 
 __all__ = [
     "Store", "Session", "init_process_group", "session", "check", "failure_guard",
     "install_step_check", "report", "shutdown", "save", "load", "model_spec",
     "GenerationChanged", "BLOCKED_EXIT_CODE", "dcp", "StorageWriter", "StorageReader",
+    "rejoin", "elastic", "ElasticState",
 ]

@@ -31,6 +31,14 @@ class Session:
     info: JoinInfo
     _acknowledged: threading.Event
     _watchdog: Optional[threading.Thread] = None
+    # What rejoin() needs to join the next generation as this member again.
+    worker_id: str = ""
+    target_world_size: int = 0
+    backend: str = "gloo"
+    timeout: timedelta = timedelta(minutes=30)
+    exit_if_blocked: Optional[float] = None
+    min_world_size: int = 0
+    rejoin_grace: float = 0.0
 
     @property
     def rank(self) -> int:
@@ -68,7 +76,8 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
                        tls_cert_file: Optional[str] = None, tls_key_file: Optional[str] = None,
                        tls_server_name: str = "", join_timeout: float = 600.0,
                        timeout: timedelta = timedelta(minutes=30),
-                       exit_if_blocked: Optional[float] = None) -> Session:
+                       exit_if_blocked: Optional[float] = None, min_world_size: int = 0,
+                       rejoin_grace: float = 0.0) -> Session:
     """Joins `job` on the shard server at `server` and initializes torch.distributed's
     default process group over the job's key-value store, in one call.
 
@@ -90,6 +99,9 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
     the rendezvous endpoint (ZEROSHARD_SERVER), the job "<rdzv_id>.workers", the world
     size and the worker id come from torchrun (WORLD_SIZE, RANK), so the zeroshard rank
     is torchrun's.
+
+    min_world_size, rejoin_grace (seconds): how the job forms its next generation after a
+    member died (Client.join): zt.elastic re-joins in this process through rejoin().
 
     Returns the Session (client, store, rank, world size, generation).
     """
@@ -118,21 +130,57 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
     client = Client(server, token=token, token_file=token_file, tls_ca_file=tls_ca_file,
                     tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
                     tls_server_name=tls_server_name)
-    info = client.join(job, world_size, worker_id or _default_worker_id(), timeout=join_timeout)
+    worker_id = worker_id or _default_worker_id()
+    info = client.join(job, world_size, worker_id, timeout=join_timeout,
+                       min_world_size=min_world_size, rejoin_grace=rejoin_grace)
     if expected_rank is not None and info.rank != expected_rank:
         raise RuntimeError(f"zeroshard gave rank {info.rank} to torchrun's rank {expected_rank} "
                            f"in job '{job}': another program joined it with other worker ids?")
-    store = Store(client, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size,
-                            timeout=timeout)
-    _session = Session(client=client, store=store, info=info,
-                       _acknowledged=threading.Event())
-    grace = info.heartbeat_timeout + 1.0 if exit_if_blocked is None else exit_if_blocked
+    return _open_session(Session(
+        client=client, store=Store(client, timeout=timeout), info=info,
+        _acknowledged=threading.Event(), worker_id=worker_id, target_world_size=world_size,
+        backend=backend, timeout=timeout, exit_if_blocked=exit_if_blocked,
+        min_world_size=min_world_size, rejoin_grace=rejoin_grace))
+
+
+def _open_session(s: Session) -> Session:
+    """Initializes torch.distributed's default group over `s`'s Store, makes `s` the
+    current session and starts its watchdog."""
+    global _session
+    dist.init_process_group(s.backend, store=s.store, rank=s.info.rank,
+                            world_size=s.info.world_size, timeout=s.timeout)
+    _session = s
+    grace = s.info.heartbeat_timeout + 1.0 if s.exit_if_blocked is None else s.exit_if_blocked
     if grace > 0:
-        _session._watchdog = threading.Thread(target=_watch, args=(_session, grace),
-                                              name="zeroshard-watchdog", daemon=True)
-        _session._watchdog.start()
-    return _session
+        s._watchdog = threading.Thread(target=_watch, args=(s, grace),
+                                       name="zeroshard-watchdog", daemon=True)
+        s._watchdog.start()
+    return s
+
+
+def rejoin(join_timeout: float = 600.0) -> Session:
+    """After GenerationChanged, in this process: destroys the process group, joins the
+    job's next generation with the same worker id (a shrunk job gives a new rank and
+    world size) and initializes a new default group over that generation's Store.
+    Returns the new Session. Survivors of a dead peer's Gloo group get errors at once
+    (its sockets closed); a peer that hangs still blocks a collective (torch 2.15's Gloo
+    abort() does not interrupt one), which the watchdog ends with exit status 75."""
+    global _session
+    old = session()
+    old._acknowledged.set()  # this generation's watchdog must not end the process
+    _session = None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    client = old.client
+    info = client.join(old.info.job, old.target_world_size, old.worker_id,
+                       timeout=join_timeout, min_world_size=old.min_world_size,
+                       rejoin_grace=old.rejoin_grace)
+    return _open_session(Session(
+        client=client, store=Store(client, timeout=old.timeout), info=info,
+        _acknowledged=threading.Event(), worker_id=old.worker_id,
+        target_world_size=old.target_world_size, backend=old.backend, timeout=old.timeout,
+        exit_if_blocked=old.exit_if_blocked, min_world_size=old.min_world_size,
+        rejoin_grace=old.rejoin_grace))
 
 
 def _watch(s: Session, grace: float) -> None:

@@ -119,7 +119,8 @@ TEST(GlooPortRangeTest, EveryPairListensInTheRangeAndTheRanksTrain) {
   EXPECT_GE(in_range, kWorld * (kWorld - 1) / 2);
   comm_test::RunThreads(kWorld, [&](int rank) {
     float value = static_cast<float>(rank + 1);
-    ASSERT_TRUE(comms[rank]->AllReduce(&value, 1, DType::kF32, ReduceOp::kSum, absl::Seconds(10)).ok());
+    ASSERT_TRUE(
+        comms[rank]->AllReduce(&value, 1, DType::kF32, ReduceOp::kSum, absl::Seconds(10)).ok());
     EXPECT_EQ(value, 6.0f);
   });
 }

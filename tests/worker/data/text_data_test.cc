@@ -532,9 +532,9 @@ TEST(ScoreOnlyAnswers, ScoresFourTargetsPerReversedLine) {
   const AdditionTaskData data(5, 2, /*reversed=*/true);
   constexpr int kContext = 32, kBatch = 8;
   std::vector<int32_t> tokens(kBatch * kContext), targets(kBatch * kContext);
-  ASSERT_TRUE(data.FillBatch(Split::kTrain, 3, 0, 1, 2, kBatch, 1, kContext, tokens.data(),
-                             targets.data())
-                  .ok());
+  ASSERT_TRUE(
+      data.FillBatch(Split::kTrain, 3, 0, 1, 2, kBatch, 1, kContext, tokens.data(), targets.data())
+          .ok());
   ScoreOnlyAnswers(tokens.data(), targets.data(), kBatch, kContext);
   for (int r = 0; r < kBatch; ++r) {
     // 33 tokens hold lines at 0, 10, 20 and 30: three whole answers (4

@@ -517,8 +517,8 @@ TEST(CrossEntropyTest, UnscoredTargetsAddNothing) {
   }
   std::vector<int32_t> kept_targets = {4, 1};
   std::vector<float> kept_probs(2 * v), kept_dlogits(2 * v);
-  EXPECT_EQ(loss, CrossEntropyForward(kept_probs.data(), kept_logits.data(),
-                                      kept_targets.data(), 2, v));
+  EXPECT_EQ(loss,
+            CrossEntropyForward(kept_probs.data(), kept_logits.data(), kept_targets.data(), 2, v));
   CrossEntropyBackward(kept_dlogits.data(), kept_probs.data(), kept_targets.data(), 2, v);
   for (int64_t j = 0; j < v; ++j) {
     EXPECT_EQ(dlogits[0 * v + j], kept_dlogits[0 * v + j]) << j;

@@ -1,0 +1,150 @@
+"""Recovery inside the process (torch 2): a training loop that survives a member's death
+without restarting the survivors.
+
+    def build(session):                      # called in every generation
+        model = make_model(); fully_shard(...)  # on this generation's world
+        return model, torch.optim.Adam(model.parameters(), lr=...)
+
+    state = zt.ElasticState(build, root="/shared/checkpoints", save_every=10)
+    for step in zt.elastic(range(1, 1001), state=state):
+        with state.guard():                   # the whole step, its collectives included
+            loss = train_step(state.model, state.optimizer, step)
+
+Every `save_every` steps the loop saves the model and optimizer through DCP into the
+server (zt.dcp.StorageWriter). When a member dies, the survivors' collectives fail, the
+guard turns that into the server's verdict (GenerationChanged) and swallows it, and the
+next iteration recovers in place: it destroys the process group, re-joins the job with
+the same worker id (rejoin()), builds a new process group from the new generation's
+Store, calls `build` for the new world, loads the latest complete step (DCP through
+zt.dcp.StorageReader, resharded onto the new world size) and goes on with the step
+after it. A replacement process (the dead worker's id) joins the same generation and
+starts from the same step; without one, a job started with min_world_size shrinks after
+rejoin_grace. No process exits with status 75 for a dead peer.
+
+The state comes from the latest committed checkpoint only; an in-memory snapshot with a
+buddy's copy (as the C++ workers keep) is not built.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from zeroshard.errors import GenerationChanged
+from zeroshard.torch import dcp as zdcp
+from zeroshard.torch.process_group import failure_guard, rejoin, session
+
+
+class ElasticState:
+    """What zt.elastic keeps: how to build the model and optimizer for a generation, where
+    checkpoints go, and the current model, optimizer and recovery records."""
+
+    def __init__(self, build: Callable[[Any], Tuple[torch.nn.Module, Any]], *, root: str,
+                 save_every: int, join_timeout: float = 600.0) -> None:
+        if save_every <= 0:
+            raise ValueError(f"save_every {save_every}: expected a positive number of steps")
+        self.build, self.root, self.save_every = build, root, save_every
+        self.join_timeout = join_timeout
+        self.model: Optional[torch.nn.Module] = None
+        self.optimizer: Any = None
+        self.failure: Optional[GenerationChanged] = None
+        # One per recovery: {"generation", "world_size", "rank", "from_step",
+        # "failed_at", "recovered_at"} (time.time() seconds).
+        self.recoveries: List[Dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Runs a step's body; a member's death inside it (GenerationChanged, or a failed
+        collective the server explains as one) is kept for the loop to recover from, not
+        raised. Other errors propagate."""
+        try:
+            with failure_guard():
+                yield
+        except GenerationChanged as error:
+            self.failure = error
+            self.failed_at = time.time()
+
+    def _state_dict(self) -> Dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        dcp.save(self._state_dict(), storage_writer=zdcp.StorageWriter(step, root=self.root))
+
+    def restore(self) -> Optional[int]:
+        """Builds the model and optimizer for the current generation and loads the latest
+        complete step (the one rank 0 finds, so every rank loads the same); its number,
+        or None without one."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        s = session()
+        self.model, self.optimizer = self.build(s)
+        latest = torch.tensor([-1], dtype=torch.int64)
+        if s.rank == 0:
+            complete = [int(c["step"]) for c in s.client.checkpoints(s.info.job)
+                        if c.get("complete")]
+            latest[0] = max(complete, default=-1)
+        dist.broadcast(latest, src=0)
+        step = int(latest[0])
+        if step < 0:
+            return None
+        state = self._state_dict()
+        dcp.load(state, storage_reader=zdcp.StorageReader(
+            os.path.join(self.root, s.info.job, f"step-{step}")))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        return step
+
+
+def _index_after(steps: List[int], step: Optional[int]) -> int:
+    """The index of the first step after `step` (0 when None)."""
+    if step is None:
+        return 0
+    return next((i for i, s in enumerate(steps) if s > step), len(steps))
+
+
+def _check_watchdog(s: Any) -> None:
+    """The watchdog must not end a survivor that is still waiting for its collective to
+    time out (the only way out of a Gloo collective blocked on another survivor)."""
+    grace = s.info.heartbeat_timeout + 1.0 if s.exit_if_blocked is None else s.exit_if_blocked
+    timeout = s.timeout.total_seconds()
+    if 0 < grace <= timeout + s.info.heartbeat_timeout:
+        raise ValueError(
+            f"zt.elastic: the watchdog would end this process {grace:.0f} s after a member's "
+            f"death, before a collective blocked on a survivor times out ({timeout:.0f} s, "
+            f"the process group's timeout) and recovers; pass init_process_group("
+            f"timeout=<seconds, short>, exit_if_blocked=<more than timeout + "
+            f"{s.info.heartbeat_timeout:.0f} s>)")
+
+
+def elastic(steps: Iterable[int], *, state: ElasticState) -> Iterator[int]:
+    """Yields the steps to run, in order; resumes from the latest complete checkpoint at
+    the start and after every recovery (see the module). Call zt.init_process_group
+    first (with min_world_size and rejoin_grace to let the job shrink)."""
+    _check_watchdog(session())
+    order = list(steps)
+    i = _index_after(order, state.restore())
+    while i < len(order):
+        step = order[i]
+        yield step
+        if state.failure is None and step % state.save_every == 0:
+            with state.guard():
+                state.save(step)
+        if state.failure is None:
+            i += 1
+            continue
+        error, failed_at = state.failure, state.failed_at
+        state.failure = None
+        state.model = state.optimizer = None
+        s = rejoin(state.join_timeout)
+        from_step = state.restore()
+        state.recoveries.append({"generation": s.generation, "world_size": s.world_size,
+                                 "rank": s.rank, "from_step": from_step, "error": str(error),
+                                 "failed_at": failed_at, "recovered_at": time.time()})
+        i = _index_after(order, from_step)
