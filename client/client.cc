@@ -15,6 +15,7 @@
 #include "common/file_util.h"
 #include "common/keepalive.h"
 #include "common/plan/plan_codec.h"
+#include "common/secret_file.h"
 #include "proto/health.grpc.pb.h"
 
 namespace zeroshard {
@@ -44,13 +45,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 absl::Status LoadClientFiles(const std::string& token_file, const std::string& ca_file,
                              const std::string& cert_file, const std::string& key_file,
                              ClientOptions* options) {
-  std::string token;
-  if (absl::Status s = ReadFileTo(token_file, "token", &token); !s.ok()) return s;
   if (!token_file.empty()) {
-    options->token = std::string(absl::StripAsciiWhitespace(token));
-    if (options->token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("token file ", token_file, " is empty"));
-    }
+    absl::StatusOr<std::string> token =
+        ReadTokenFile(token_file, "--token_file", options->insecure);
+    if (!token.ok()) return token.status();
+    options->token = *std::move(token);
   }
   if (absl::Status s = ReadFileTo(ca_file, "TLS CA", &options->tls_ca); !s.ok()) return s;
   if (absl::Status s = ReadFileTo(cert_file, "TLS certificate", &options->tls_cert); !s.ok()) {

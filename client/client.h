@@ -30,6 +30,9 @@ namespace zeroshard {
 struct ClientOptions {
   std::string server;  // HOST:PORT
   std::string token;   // bearer token; empty: none
+  // LoadClientFiles accepts a token file any user may read or write, or a
+  // short token (shard_worker and shardctl --insecure).
+  bool insecure = false;
   // TLS (PEM contents). tls_ca set: TLS on, server verified against it;
   // tls_cert/tls_key: the client certificate for mutual TLS.
   std::string tls_ca;
@@ -40,8 +43,10 @@ struct ClientOptions {
 };
 
 // Reads the token and TLS files (each optional: "" reads nothing) into
-// `options`: the token stripped of surrounding whitespace, the PEM files as
-// they are. client/connection_flags.h applies it to the connection flags.
+// `options`: the token stripped of surrounding whitespace (a token file any
+// user may read or write, or a token under 16 characters, is refused unless
+// options->insecure: common/secret_file.h), the PEM files as they are.
+// client/connection_flags.h applies it to the connection flags.
 absl::Status LoadClientFiles(const std::string& token_file, const std::string& ca_file,
                              const std::string& cert_file, const std::string& key_file,
                              ClientOptions* options);

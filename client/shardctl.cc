@@ -98,21 +98,19 @@ int StatusCommand() {
     for (const v1::MemberStatus& m : job.members()) {
       std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
       if (m.rank() < 0) state = "joining";
-      members.AddRow({m.rank() < 0 ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(), state,
-                      m.last_heartbeat_age_ms() < 0
-                          ? "-"
-                          : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
-                      absl::StrCat(m.step()), absl::StrFormat("%.4f", m.loss()),
-                      m.last_step().step_ms() > 0
-                          ? absl::StrFormat("%.1f ms", m.last_step().step_ms())
-                          : "-",
-                      m.last_step().step_ms() > 0
-                          ? absl::StrFormat("%.1f / %.1f ms", m.last_step().gather_wait_ms(),
-                                            m.last_step().reduce_wait_ms())
-                          : "-",
-                      HumanBytes(static_cast<double>(m.memory_bytes())),
-                      absl::StrCat(m.collective_seq()), InCollective(m.telemetry()),
-                      absl::StrCat(m.rejoins()), MemberFlags(m)});
+      members.AddRow(
+          {m.rank() < 0 ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(), state,
+           m.last_heartbeat_age_ms() < 0
+               ? "-"
+               : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
+           absl::StrCat(m.step()), FormatLoss(m.loss()),
+           m.last_step().step_ms() > 0 ? absl::StrFormat("%.1f ms", m.last_step().step_ms()) : "-",
+           m.last_step().step_ms() > 0
+               ? absl::StrFormat("%.1f / %.1f ms", m.last_step().gather_wait_ms(),
+                                 m.last_step().reduce_wait_ms())
+               : "-",
+           HumanBytes(static_cast<double>(m.memory_bytes())), absl::StrCat(m.collective_seq()),
+           InCollective(m.telemetry()), absl::StrCat(m.rejoins()), MemberFlags(m)});
     }
     std::printf("%s", members.ToString().c_str());
     for (const v1::Diagnosis& d : job.diagnoses()) {

@@ -8,11 +8,11 @@
 // consolidate streams the merged bytes to this machine by default (--out is
 // a file, or a directory for Hugging Face shards); --on_server leaves them
 // under the server's checkpoint root instead.
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdio>
 #include <string>
 
@@ -34,6 +34,9 @@ ABSL_FLAG(std::string, out, "",
           "consolidate: where the merged bytes go on this machine: the output file, or a "
           "directory with --max_shard_bytes");
 ABSL_FLAG(bool, weights_only, false, "consolidate: leave out the optimizer state");
+ABSL_FLAG(bool, force, false,
+          "consolidate: replace an existing --out file (or write into a non-empty --out "
+          "directory); without it, an existing output is refused");
 ABSL_FLAG(std::string, dtype, "f32",
           "consolidate: parameter dtype in the output: f32, bf16 or f16 (the optimizer state "
           "stays f32)");
@@ -165,6 +168,37 @@ int CheckpointsCommand() {
   return 0;
 }
 
+// --out before anything is asked of the server: a regular file or a
+// directory may be replaced or written into only with --force; anything
+// else (a device, a FIFO) never.
+static absl::Status CheckOutput(const std::string& out, bool force) {
+  struct stat st;
+  if (stat(out.c_str(), &st) != 0) return absl::OkStatus();  // new: the usual case
+  if (S_ISDIR(st.st_mode)) {
+    DIR* dir = opendir(out.c_str());
+    bool empty = true;
+    if (dir != nullptr) {
+      while (dirent* entry = readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") empty = false;
+      }
+      closedir(dir);
+    }
+    if (empty || force) return absl::OkStatus();
+    return absl::AlreadyExistsError(
+        absl::StrCat("--out=", out,
+                     " is a directory that is not empty; pass --force to write into it "
+                     "(files of the same names are replaced), or give a new path"));
+  }
+  if (absl::Status s = CheckReplaceable(out); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--out=", s.message()));
+  }
+  if (force) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat("--out=", out,
+                                               " exists; pass --force to replace it, or give "
+                                               "a new path"));
+}
+
 int ConsolidateCommand() {
   const std::string job = absl::GetFlag(FLAGS_job);
   if (job.empty()) return Fail(absl::InvalidArgumentError("consolidate needs --job=ID"));
@@ -194,6 +228,10 @@ int ConsolidateCommand() {
     return Fail(absl::InvalidArgumentError(
         "consolidate needs --out=PATH (a file, or a directory with --max_shard_bytes), or "
         "--on_server to write under the server's checkpoint root"));
+  }
+
+  if (!request.on_server()) {
+    if (absl::Status s = CheckOutput(out, absl::GetFlag(FLAGS_force)); !s.ok()) return Fail(s);
   }
 
   const std::string format = absl::GetFlag(FLAGS_format);

@@ -104,7 +104,7 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
       if (m.rank() < 0) continue;
       const v1::StepTelemetry& s = m.last_step();
       table.AddRow({absl::StrCat(m.rank()), m.worker_id(), absl::StrCat(m.step()), Ms(s.step_ms()),
-                    absl::StrFormat("%.4f", m.loss()),
+                    FormatLoss(m.loss()),
                     s.items_per_second() > 0 ? absl::StrFormat("%.0f", s.items_per_second()) : "-",
                     HumanBytes(static_cast<double>(m.memory_bytes())),
                     s.step_ms() > 0
@@ -163,7 +163,7 @@ int HistoryCommand() {
     table.AddRow({absl::StrCat(p.rank()), absl::StrCat(p.step()),
                   absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(p.unix_ms()),
                                    absl::LocalTimeZone()),
-                  absl::StrFormat("%.4f", p.loss()), Ms(p.step_ms()),
+                  FormatLoss(p.loss()), Ms(p.step_ms()),
                   absl::StrFormat("%.0f", p.items_per_second()),
                   HumanBytes(static_cast<double>(p.memory_bytes()))});
   }

@@ -27,7 +27,30 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// What the file at `st` is, for a person.
+const char* FileKind(const struct stat& st) {
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISCHR(st.st_mode)) return "a character device";
+  if (S_ISBLK(st.st_mode)) return "a block device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
 }  // namespace
+
+absl::Status CheckReplaceable(const std::string& path) {
+  struct stat st;
+  // stat, not lstat: a link to a regular file is fine (the rename replaces
+  // the link), a link to a device is not.
+  if (stat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? absl::OkStatus() : ErrnoStatus(errno, "stat", path);
+  }
+  if (S_ISREG(st.st_mode)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(path, " is ", FileKind(st),
+                   "; only a regular file is replaced: give the path of a new or regular file"));
+}
 
 absl::Status FsyncDirectory(const std::string& dir) {
   int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -45,6 +68,7 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
 absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string& path,
                                                                const AtomicFileOptions& options) {
   if (path.empty()) return absl::InvalidArgumentError("AtomicFile: empty path");
+  if (absl::Status s = CheckReplaceable(path); !s.ok()) return s;
   absl::BitGen gen;
   for (int attempt = 0; attempt < 16; ++attempt) {
     std::string temp_path =

@@ -51,6 +51,12 @@ struct AtomicFileOptions {
   size_t block_bytes = size_t{8} << 20;  // a multiple of 4096
 };
 
+// OK when nothing is at `path` or a regular file is (through a symlink
+// too); FAILED_PRECONDITION naming what is there otherwise (a device, a FIFO,
+// a directory, a socket): a rename over it would replace it, and as root
+// that replaced /dev/full.
+absl::Status CheckReplaceable(const std::string& path);
+
 class AtomicFile : public ByteSink {
  public:
   static absl::StatusOr<std::unique_ptr<AtomicFile>> Create(const std::string& path,

@@ -1,6 +1,7 @@
 #include "common/table.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_format.h"
 
@@ -39,6 +40,12 @@ std::string HumanBytes(double bytes) {
     ++u;
   }
   return u == 0 ? absl::StrFormat("%.0f B", bytes) : absl::StrFormat("%.1f %s", bytes, units[u]);
+}
+
+std::string FormatLoss(double loss) {
+  if (std::isnan(loss)) return "NaN";
+  if (std::isinf(loss)) return loss > 0 ? "inf" : "-inf";
+  return absl::StrFormat("%.4f", loss);
 }
 
 }  // namespace zeroshard

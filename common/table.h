@@ -20,6 +20,9 @@ class Table {
 
 // 1536 -> "1.5 KiB".
 std::string HumanBytes(double bytes);
+// A loss for a table: "%.4f", or "NaN" / "inf" / "-inf" (a diverged step
+// must not read as a number).
+std::string FormatLoss(double loss);
 
 }  // namespace zeroshard
 

@@ -15,10 +15,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "common/command_line.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/command_line.h"
+#include "common/secret_file.h"
 #include "shard_server/shard_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
@@ -68,6 +69,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "(empty: off); with --auth_token_file, /metrics and the dashboard's data need the token");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the bound metrics port is written here once serving");
+ABSL_FLAG(bool, insecure, false,
+          "Accept an --auth_token_file that every user may read or write, or a token shorter "
+          "than 16 characters (both refused otherwise)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
@@ -170,12 +174,10 @@ int main(int argc, char** argv) {
   options.checkpoint_service.stall_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    std::string token;
-    if (!ReadFile(absl::GetFlag(FLAGS_auth_token_file), &token)) {
-      return Fail("cannot read --auth_token_file " + absl::GetFlag(FLAGS_auth_token_file));
-    }
-    options.auth_token = std::string(absl::StripAsciiWhitespace(token));
-    if (options.auth_token.empty()) return Fail("--auth_token_file is empty");
+    absl::StatusOr<std::string> token = zeroshard::ReadTokenFile(
+        absl::GetFlag(FLAGS_auth_token_file), "--auth_token_file", absl::GetFlag(FLAGS_insecure));
+    if (!token.ok()) return Fail(std::string(token.status().message()));
+    options.auth_token = *std::move(token);
   }
   const std::pair<std::string, std::string*> tls_files[] = {
       {absl::GetFlag(FLAGS_tls_cert), &options.tls_cert},

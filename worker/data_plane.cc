@@ -1,9 +1,13 @@
 #include "worker/data_plane.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/host_communicator.h"
@@ -22,16 +26,47 @@ absl::Status Failed(const std::string& what, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.ToString()));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, int rank,
-                                                          int world_size, const std::string& tag,
-                                                          const DataPlaneOptions& options,
-                                                          bool shared_memory,
-                                                          nlohmann::json* description) {
+// --test_hold_data_plane: waits until `file` exists (or `cancelled`, or
+// `timeout`), saying so once.
+std::function<void()> HoldUntilFileExists(const std::string& file, absl::Duration timeout,
+                                          std::function<bool()> cancelled) {
+  if (file.empty()) return {};
+  return [file, timeout, cancelled] {
+    const absl::Time deadline = absl::Now() + timeout;
+    bool said = false;
+    while (access(file.c_str(), F_OK) != 0 && absl::Now() < deadline &&
+           !(cancelled && cancelled())) {
+      if (!said) {
+        std::fprintf(stderr,
+                     "shard_worker: test: holding the data plane's connections until %s "
+                     "exists\n",
+                     file.c_str());
+        said = true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  };
+}
+
+GlooCommunicator::Options GlooOptions(const DataPlaneOptions& options, bool shared_memory,
+                                      const std::function<bool()>& cancelled) {
   GlooCommunicator::Options gloo;
   gloo.hostname = options.host;
   gloo.connect_timeout = options.timeout;
   gloo.ports = options.ports;
   gloo.shared_memory = shared_memory;
+  gloo.cancelled = cancelled;
+  gloo.before_connecting = HoldUntilFileExists(options.test_hold_file, options.timeout, cancelled);
+  return gloo;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, int rank,
+                                                          int world_size, const std::string& tag,
+                                                          const DataPlaneOptions& options,
+                                                          bool shared_memory,
+                                                          const std::function<bool()>& cancelled,
+                                                          nlohmann::json* description) {
+  const GlooCommunicator::Options gloo = GlooOptions(options, shared_memory, cancelled);
   // Shared memory or TCP, the same for every rank (host_communicator.h).
   absl::StatusOr<std::unique_ptr<HostCommunicator>> created =
       CreateHostCommunicator(store, rank, world_size, tag, gloo);
@@ -47,16 +82,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
 // Two levels when the ranks share hosts (every rank reads the same host
 // identities, so all agree); nullptr when they do not, and the flat
 // transport serves.
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(KeyValueStore* store, int rank,
-                                                              int world_size,
-                                                              const std::string& tag,
-                                                              const DataPlaneOptions& options,
-                                                              nlohmann::json* description) {
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
+    KeyValueStore* store, int rank, int world_size, const std::string& tag,
+    const DataPlaneOptions& options, const std::function<bool()>& cancelled,
+    nlohmann::json* description) {
   TwoLevelCommunicator::Options two_level;
-  two_level.host.hostname = options.host;
-  two_level.host.connect_timeout = options.timeout;
-  two_level.host.ports = options.ports;
-  two_level.host.shared_memory = options.shared_memory;
+  two_level.host = GlooOptions(options, options.shared_memory, cancelled);
   std::string why_not;
   absl::StatusOr<std::unique_ptr<TwoLevelCommunicator>> created =
       TwoLevelCommunicator::Create(store, rank, world_size, tag, two_level, &why_not);
@@ -76,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(KeyValueStore* sto
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, int rank,
                                                           int world_size, const std::string& tag,
                                                           const DataPlaneOptions& options,
+                                                          const std::function<bool()>& cancelled,
                                                           nlohmann::json* description) {
   if (options.backend == DataPlaneBackend::kNccl) {
 #ifdef ZEROSHARD_HAVE_CUDA
@@ -90,10 +122,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
   }
   if (options.two_level) {
     absl::StatusOr<std::unique_ptr<Communicator>> two_level =
-        ConnectTwoLevel(store, rank, world_size, tag, options, description);
+        ConnectTwoLevel(store, rank, world_size, tag, options, cancelled, description);
     if (!two_level.ok() || *two_level != nullptr) return two_level;
   }
-  return ConnectGloo(store, rank, world_size, tag, options, options.shared_memory, description);
+  return ConnectGloo(store, rank, world_size, tag, options, options.shared_memory, cancelled,
+                     description);
 }
 
 }  // namespace
@@ -107,32 +140,28 @@ void DataPlane::Abort() {
 
 absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int rank,
                                                             int world_size,
-                                                            const DataPlaneOptions& options) {
+                                                            const DataPlaneOptions& options,
+                                                            std::function<bool()> cancelled) {
   // Only the rendezvous uses the store; the communicators do not keep it.
   ClientKvStore store(client);
   auto plane = std::make_unique<DataPlane>();
   absl::StatusOr<std::unique_ptr<Communicator>> gather =
-      ConnectBulk(&store, rank, world_size, "gather", options, &plane->description);
+      ConnectBulk(&store, rank, world_size, "gather", options, cancelled, &plane->description);
   if (!gather.ok()) return gather.status();
   plane->gather = *std::move(gather);
   absl::StatusOr<std::unique_ptr<Communicator>> reduce =
-      ConnectBulk(&store, rank, world_size, "reduce", options, &plane->description);
+      ConnectBulk(&store, rank, world_size, "reduce", options, cancelled, &plane->description);
   if (!reduce.ok()) return reduce.status();
   plane->reduce = *std::move(reduce);
   // Host-side metrics only: a few bytes, so TCP (no segment to map), and not
   // in the report.
-  absl::StatusOr<std::unique_ptr<Communicator>> aux =
-      ConnectGloo(&store, rank, world_size, "aux", options, /*shared_memory=*/false, nullptr);
+  absl::StatusOr<std::unique_ptr<Communicator>> aux = ConnectGloo(
+      &store, rank, world_size, "aux", options, /*shared_memory=*/false, cancelled, nullptr);
   if (!aux.ok()) return aux.status();
   plane->aux = *std::move(aux);
   if (options.snapshots) {
-    GlooCommunicator::Options gloo;
-    gloo.hostname = options.host;
-    gloo.connect_timeout = options.timeout;
-    gloo.ports = options.ports;
-    gloo.shared_memory = false;
-    absl::StatusOr<std::unique_ptr<GlooCommunicator>> snapshot =
-        GlooCommunicator::Create(&store, rank, world_size, "snapshot", gloo);
+    absl::StatusOr<std::unique_ptr<GlooCommunicator>> snapshot = GlooCommunicator::Create(
+        &store, rank, world_size, "snapshot", GlooOptions(options, false, cancelled));
     if (!snapshot.ok()) return Failed("gloo bootstrap (snapshot)", snapshot.status());
     plane->snapshot = *std::move(snapshot);
   }

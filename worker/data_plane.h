@@ -10,6 +10,7 @@
 #ifndef ZEROSHARD_WORKER_DATA_PLANE_H_
 #define ZEROSHARD_WORKER_DATA_PLANE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,10 @@ struct DataPlaneOptions {
   // A fourth context, "snapshot" (Gloo over TCP, point to point), for the
   // in-memory snapshots' buddy copies and recovery transfers.
   bool snapshots = false;
+  // Tests only (--test_hold_data_plane): after publishing its addresses,
+  // each communicator waits until this file exists (at most `timeout`)
+  // before connecting.
+  std::string test_hold_file;
 };
 
 struct DataPlane {
@@ -69,11 +74,13 @@ void LogHostTransports(const DataPlane& plane);
 // Connects this rank's communicators with the `world_size` - 1 others of the
 // generation `client` joined, through its KV store. The KV store's or the
 // transport's error, naming the communicator ("gloo bootstrap (gather): ..."),
-// otherwise. Built without CUDA, kNccl is FAILED_PRECONDITION.
+// otherwise; ABORTED soon after `cancelled` (polled from any thread; may be
+// empty) turns true. Built without CUDA, kNccl is FAILED_PRECONDITION.
 // REQUIRES: `client` joined the generation; every rank calls this.
 absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int rank,
                                                             int world_size,
-                                                            const DataPlaneOptions& options);
+                                                            const DataPlaneOptions& options,
+                                                            std::function<bool()> cancelled = {});
 
 }  // namespace zeroshard
 

@@ -162,8 +162,9 @@ absl::Status Worker::BootstrapDataPlane() {
   const int world = this->world();
   DataPlaneOptions plane_options = config_.data_plane;
   plane_options.snapshots = config_.recovery.snapshot_every > 0 && world > 1;
-  absl::StatusOr<std::unique_ptr<DataPlane>> plane =
-      ConnectDataPlane(client_.get(), rank_, world, plane_options);
+  AbortLatch* const abort = abort_;
+  absl::StatusOr<std::unique_ptr<DataPlane>> plane = ConnectDataPlane(
+      client_.get(), rank_, world, plane_options, [abort] { return abort->tripped(); });
   if (!plane.ok()) return plane.status();
   g.data_plane = *std::move(plane);
   ExposeToAbort(g.data_plane.get(), nullptr);
@@ -314,6 +315,7 @@ absl::Status Worker::Train() {
          generation_->data_plane != nullptr && "Train before Restore");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   Generation& g = *generation_;
+  g.training = true;
   ZeroEngine& e = *g.engine;
   const DataPlane& plane = *g.data_plane;
   const int steps = config_.schedule.steps;
@@ -549,13 +551,18 @@ absl::Status Worker::Leave() {
 absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   const absl::Time seen = absl::Now();
   if (generation_ == nullptr || config_.recovery.max_recoveries == 0) return failure;
+  const bool in_setup = !generation_->training;
+  // The generation stands (no peer died) but its setup failed here.
+  bool give_up_generation = false;
   if (!abort_->tripped()) {
     // A failed collective: a peer died, or is stuck. The server confirms a
-    // death by ending the generation.
-    if (!absl::IsUnavailable(failure) && !absl::IsDeadlineExceeded(failure) &&
-        !absl::IsAborted(failure) && !absl::IsDataLoss(failure)) {
-      return failure;
-    }
+    // death by ending the generation. In setup, any failure but this
+    // worker's own configuration (INVALID_ARGUMENT) is worth a re-join.
+    const bool recoverable = in_setup ? !absl::IsInvalidArgument(failure)
+                                      : absl::IsUnavailable(failure) ||
+                                            absl::IsDeadlineExceeded(failure) ||
+                                            absl::IsAborted(failure) || absl::IsDataLoss(failure);
+    if (!recoverable) return failure;
     // Telling the server now lets it declare a silent peer dead within
     // about one heartbeat interval (at once when the peer's heartbeat stream
     // closed) instead of after the whole heartbeat timeout.
@@ -574,24 +581,34 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
           " (this host is cut off?); re-joining within --rejoin_timeout=",
           absl::FormatDuration(config_.recovery.rejoin_timeout)));
     }
-    if (!abort_->tripped()) {
+    if (!abort_->tripped() && !in_setup) {
       return absl::Status(
           failure.code(),
           absl::StrCat(failure.message(), " (and the server did not end the ", "generation within ",
                        absl::FormatDuration(wait), ", so no peer died: not recovering)"));
     }
+    give_up_generation = !abort_->tripped();
   }
+  const std::string why =
+      give_up_generation
+          ? absl::StrCat("setting up generation ", generation_->membership.generation, " failed (",
+                         failure.message(),
+                         ") and no peer died; giving the generation up to join again")
+          : abort_->message();
   if (recoveries_ >= config_.recovery.max_recoveries) {
     return absl::AbortedError(absl::StrCat(
-        abort_->message(), "; not recovering: ", recoveries_,
+        why, "; not recovering: ", recoveries_,
         " recoveries already (--max_recoveries=", config_.recovery.max_recoveries, ")"));
   }
-  // Confirmed: the server's abort (at once when it came first).
+  // Confirmed: the server's abort (at once when it came first), or a setup
+  // given up.
   timeline_.FailureSeen(seen, absl::Now(), step_.load());
   std::fprintf(stderr, "shard_worker rank %d: %s; recovering (%d of at most %d)\n", rank_,
-               abort_->message().c_str(), recoveries_ + 1, config_.recovery.max_recoveries);
+               why.c_str(), recoveries_ + 1, config_.recovery.max_recoveries);
   EndGeneration();
-  client_->StopHeartbeats();  // no late command may trip the cleared latch
+  // No late command may trip the cleared latch; and a closed heartbeat
+  // stream is what lets the server replace this member with its next join.
+  client_->StopHeartbeats();
   abort_->Reset();
   ++recoveries_;
   return absl::OkStatus();

@@ -86,6 +86,10 @@ struct Generation {
   std::unique_ptr<DataPlane> data_plane;  // BootstrapDataPlane
   std::unique_ptr<ZeroEngine> engine;     // BootstrapDataPlane; uses data_plane
   int start_step = 0;                     // Restore: the first step Train runs
+  // Train began. Before it, the generation is being set up (the data plane,
+  // the agreement on the state, the snapshot transfers): a failure there is
+  // always recovered from by joining again (PrepareRecovery).
+  bool training = false;
 };
 
 class Worker {
@@ -133,7 +137,12 @@ class Worker {
   // ---- Recovery ----
   // After `failure` ended a phase between Join and Train: OK when the worker
   // should go around again (the generation is torn down, heartbeats stopped,
-  // the latch cleared); otherwise the error that ends the process.
+  // the latch cleared); otherwise the error that ends the process. A failure
+  // while the generation is set up (before Train) is recovered from even
+  // when no peer died: the worker gives the generation up and joins again,
+  // which starts a new one for every member (a stray connection, a peer's
+  // trouble, a generation that moved on are no reason to end the job).
+  // --max_recoveries bounds both.
   absl::Status PrepareRecovery(const absl::Status& failure);
 
   // This member's rank; -1 before Join.

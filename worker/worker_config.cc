@@ -147,6 +147,10 @@ ABSL_FLAG(int64_t, test_stall_before_gather, 0,
           "stuck outside a collective (0: off)");
 ABSL_FLAG(int, test_step_delay_ms, 0,
           "Test-only: sleep this long at the start of every step, as a straggler (0: off)");
+ABSL_FLAG(std::string, test_hold_data_plane, "",
+          "Test-only: after publishing its data-plane addresses, wait until this file exists "
+          "(at most --collective_timeout) before connecting to the peers, which keeps the "
+          "listening sockets open for a test to connect to ('': off)");
 
 namespace zeroshard {
 namespace {
@@ -378,6 +382,7 @@ absl::Status ReadRun(WorkerConfig* config) {
   config->report = absl::GetFlag(FLAGS_report);
   config->test_stall_before_gather = absl::GetFlag(FLAGS_test_stall_before_gather);
   config->test_step_delay_ms = absl::GetFlag(FLAGS_test_step_delay_ms);
+  config->data_plane.test_hold_file = absl::GetFlag(FLAGS_test_hold_data_plane);
   if (config->test_stall_before_gather < 0 || config->test_step_delay_ms < 0) {
     return Bad("--test_stall_before_gather and --test_step_delay_ms must be >= 0");
   }

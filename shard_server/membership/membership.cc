@@ -344,16 +344,30 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
         "' cannot join"));
   }
   if (!member->alive || member->left) return JoinKind::kRejoin;
-  if (!request.incarnation().empty() && !member->incarnation.empty() &&
-      member->incarnation != request.incarnation()) {
-    // The same worker id from another process: the member's process was
-    // restarted, so the one in the generation is gone.
+  // A join with the id of a live member replaces it only once that member
+  // is gone from the server's view: its heartbeat stream closed after its
+  // last beat (a killed process's closes at once), or it missed a beat (no
+  // beat for 1.5 heartbeat intervals: members beat every interval, so plain
+  // "one interval" would catch a beating member between two beats). A
+  // beating member is never evicted, so holding the server's token is not
+  // enough to end a job by joining with its ids.
+  const absl::Time now = clock_->Now();
+  const absl::Duration missed_beat = options_.heartbeat_interval * 1.5;
+  const bool gone =
+      member->stream_closed > member->last_heartbeat || now - member->last_heartbeat >= missed_beat;
+  if (!request.incarnation().empty() && !member->incarnation.empty() && gone) {
+    // Another process with the member's id (it was restarted), or the
+    // member's own process giving its generation up (its data plane could
+    // not be set up): the member in the generation is gone.
     return JoinKind::kReplaceRestartedProcess;
   }
   return absl::AlreadyExistsError(absl::StrCat(
       "worker '", request.worker_id(), "' is already a live member of job '", job.id, "' (rank ",
-      member->rank, ", generation ", job.generation,
-      "); it can join again once it has left or was declared dead (no heartbeat for ",
+      member->rank, ", generation ", job.generation, ", last heartbeat ",
+      Ms(now - member->last_heartbeat),
+      " ms ago on an open stream); it can join again once its heartbeat stream closes, it is "
+      "silent for ",
+      Ms(missed_beat), " ms, it has left, or it was declared dead (no heartbeat for ",
       Ms(options_.heartbeat_timeout), " ms)"));
 }
 
@@ -374,7 +388,8 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
       return job;
     }
     case JoinKind::kReplaceRestartedProcess: {
-      absl::Status s = ReplaceRestartedMember(*job, request.worker_id(), now, deferred);
+      absl::Status s =
+          ReplaceRestartedMember(*job, request.worker_id(), request.incarnation(), now, deferred);
       if (!s.ok()) return s;
       return job;
     }
@@ -432,18 +447,24 @@ absl::StatusOr<Membership::Job*> Membership::CreateJob(const v1::JoinRequest& re
 }
 
 absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& worker_id,
-                                                absl::Time now, Deferred& deferred) {
+                                                const std::string& incarnation, absl::Time now,
+                                                Deferred& deferred) {
   MemberState* member = job.FindMember(worker_id);
   assert(member != nullptr && member->alive && !member->left);
+  const bool restarted = member->incarnation != incarnation;
   member->alive = false;
-  log_->Log("member_dead", {{"job", job.id},
-                            {"worker", member->worker_id},
-                            {"rank", absl::StrCat(member->rank)},
-                            {"generation", absl::StrCat(job.members_generation)},
-                            {"reason", "restarted (a join from a new incarnation)"}});
-  absl::Status s = StartGeneration(
-      job, job.world_size, v1::DEGRADED,
-      absl::StrCat("worker '", worker_id, "' (rank ", member->rank, ") restarted"), deferred);
+  log_->Log("member_dead",
+            {{"job", job.id},
+             {"worker", member->worker_id},
+             {"rank", absl::StrCat(member->rank)},
+             {"generation", absl::StrCat(job.members_generation)},
+             {"reason", restarted ? "restarted (a join from a new incarnation)"
+                                  : "gave its generation up (its own process joined again)"}});
+  absl::Status s =
+      StartGeneration(job, job.world_size, v1::DEGRADED,
+                      absl::StrCat("worker '", worker_id, "' (rank ", member->rank, ") ",
+                                   restarted ? "restarted" : "joined again (its setup failed)"),
+                      deferred);
   if (!s.ok()) {
     member->alive = true;  // nothing changed
     return s;

@@ -239,8 +239,9 @@ class Membership {
     kJoinForming,              // a generation is forming: wait in it
     kRestartFinished,          // the job finished: a new generation, JOINING
     kRejoin,                   // a member that left or died: a new generation, DEGRADED
-    kReplaceRestartedProcess,  // a live member's id from a new incarnation: it
-                               // died, a new generation, DEGRADED
+    kReplaceRestartedProcess,  // a live member's id whose heartbeat stream
+                               // closed or went silent for an interval: it is
+                               // gone, a new generation, DEGRADED
     kGrowBack,                 // a worker id missing from a shrunk job: waits
                                // for the next snapshot boundary (formed job) or
                                // widens the forming generation
@@ -265,8 +266,10 @@ class Membership {
                                  absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> CreateJob(const v1::JoinRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // REQUIRES: `worker_id` is a live member of `job`.
-  absl::Status ReplaceRestartedMember(Job& job, const std::string& worker_id, absl::Time now,
+  // REQUIRES: `worker_id` is a live member of `job`; `incarnation` is the
+  // joining process's.
+  absl::Status ReplaceRestartedMember(Job& job, const std::string& worker_id,
+                                      const std::string& incarnation, absl::Time now,
                                       Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holds the join in `job` (forming the generation when it is the last);
   // its id for CancelJoin.

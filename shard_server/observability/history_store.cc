@@ -1,6 +1,7 @@
 #include "shard_server/observability/history_store.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -75,8 +76,21 @@ absl::Status HistoryStore::RecordNewPoints(SqlDatabase::Connection& db,
     std::vector<int> over;
     for (const v1::MemberStatus& m : job.members()) {
       if (m.rank() < 0 || m.step() <= 0 || m.last_heartbeat_age_ms() < 0) continue;
-      RankState& rank = (*ranks)[{job.job_id(), m.rank()}];
+      auto [found, fresh] = ranks->try_emplace({job.job_id(), m.rank()});
+      RankState& rank = found->second;
+      if (fresh) {
+        // First seen by this process (a restarted server): count what the
+        // file holds.
+        absl::StatusOr<int64_t> held = CountPoints(db, job.job_id(), m.rank());
+        if (!held.ok()) return held.status();
+        rank.points = *held;
+      }
       if (rank.last_step == m.step()) continue;
+      // Counted by what the file holds, whatever the step does: a step that
+      // goes down (a rank resumed from an older checkpoint, or a forged
+      // report) inserts a point as surely as one that goes up.
+      absl::StatusOr<bool> held = HasPoint(db, job.job_id(), m.rank(), m.step());
+      if (!held.ok()) return held.status();
       insert.Reset();
       insert.Bind(1, job.job_id()).Bind(2, m.rank()).Bind(3, m.step());
       insert.Bind(4, absl::ToUnixMillis(now)).BindDouble(5, m.loss());
@@ -84,7 +98,7 @@ absl::Status HistoryStore::RecordNewPoints(SqlDatabase::Connection& db,
       insert.BindDouble(7, m.last_step().items_per_second()).Bind(8, m.memory_bytes());
       if (absl::Status s = insert.Run(); !s.ok()) return s;
       // A step seen again (a resumed generation) replaces its point.
-      if (m.step() > rank.last_step) rank.points++;
+      if (!*held) rank.points++;
       rank.last_step = m.step();
       if (rank.points > cap) over.push_back(m.rank());
     }
@@ -94,6 +108,26 @@ absl::Status HistoryStore::RecordNewPoints(SqlDatabase::Connection& db,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> HistoryStore::CountPoints(SqlDatabase::Connection& db,
+                                                  const std::string& job, int rank) {
+  Statement count =
+      db.Prepare("count", "SELECT COUNT(*) FROM history WHERE job = ?1 AND rank = ?2");
+  count.Bind(1, job).Bind(2, rank);
+  const int64_t n = count.Next() ? count.Int(0) : 0;
+  if (absl::Status s = count.status(); !s.ok()) return s;
+  return n;
+}
+
+absl::StatusOr<bool> HistoryStore::HasPoint(SqlDatabase::Connection& db, const std::string& job,
+                                            int rank, int64_t step) {
+  Statement has =
+      db.Prepare("has", "SELECT 1 FROM history WHERE job = ?1 AND rank = ?2 AND step = ?3");
+  has.Bind(1, job).Bind(2, rank).Bind(3, step);
+  const bool found = has.Next();
+  if (absl::Status s = has.status(); !s.ok()) return s;
+  return found;
 }
 
 absl::Status HistoryStore::Thin(SqlDatabase::Connection& db, const std::string& job, int rank,
@@ -123,7 +157,8 @@ absl::StatusOr<std::vector<v1::HistoryPoint>> HistoryStore::Points(const std::st
       p.set_rank(static_cast<int>(select.Int(0)));
       p.set_step(select.Int(1));
       p.set_unix_ms(select.Int(2));
-      p.set_loss(select.Double(3));
+      // SQLite stores a NaN as NULL: a diverged step reads back as NaN, not 0.
+      p.set_loss(select.IsNull(3) ? std::numeric_limits<double>::quiet_NaN() : select.Double(3));
       p.set_step_ms(select.Double(4));
       p.set_items_per_second(select.Double(5));
       p.set_memory_bytes(select.Int(6));

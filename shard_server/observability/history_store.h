@@ -8,7 +8,9 @@
 // max(64, max_points_per_job / world_size). When a rank goes over, its
 // points older than the newest half are thinned by two (every other one
 // goes), so resolution falls with age — a long run keeps its whole curve,
-// the recent steps at full resolution. Writes are not fsynced
+// the recent steps at full resolution. The count is what the file holds,
+// whatever order the steps come in (a step that goes down adds a point like
+// one that goes up). A NaN loss reads back as NaN. Writes are not fsynced
 // (synchronous=OFF): a crash may lose the last seconds of history, never
 // the server's state, which lives in another file.
 #ifndef ZEROSHARD_SHARD_SERVER_HISTORY_STORE_H_
@@ -65,6 +67,11 @@ class HistoryStore {
   // that went over their bound, counting in `*ranks`.
   absl::Status RecordNewPoints(SqlDatabase::Connection& db, const v1::GetStatusResponse& status,
                                absl::Time now, RankStates* ranks) const;
+  // Points the file holds for the rank; whether it holds `step`.
+  static absl::StatusOr<int64_t> CountPoints(SqlDatabase::Connection& db, const std::string& job,
+                                             int rank);
+  static absl::StatusOr<bool> HasPoint(SqlDatabase::Connection& db, const std::string& job,
+                                       int rank, int64_t step);
   // Deletes every other point of the rank older than its newest
   // `keep_recent` (history_store.h's rule); counts the deleted in `*state`.
   static absl::Status Thin(SqlDatabase::Connection& db, const std::string& job, int rank,

@@ -55,8 +55,31 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->auth_token_ = std::move(auth_token);
   server->pages_ = std::move(pages);
-  const char* options[] = {"listening_ports",    listen.c_str(), "num_threads", "4",
-                           "request_timeout_ms", "10000",        nullptr};
+  // civetweb gives each connection a thread until its request is read and
+  // answered. With 4 threads and 10 s to send a request, six clients that
+  // open a connection and say nothing held /metrics for ~15 s and a few
+  // hundred held it for good (#29). So: enough threads for the scrapers and
+  // dashboards a cluster has, a request must arrive within 2 s (a scraper's
+  // GET takes milliseconds), idle keep-alives go after 1 s, at most 64
+  // connections wait for a thread (more are refused at once, not queued
+  // without end), and the request line and headers fit in 16 KiB.
+  const char* options[] = {"listening_ports",
+                           listen.c_str(),
+                           "num_threads",
+                           "32",
+                           "connection_queue",
+                           "64",
+                           "listen_backlog",
+                           "64",
+                           "request_timeout_ms",
+                           "2000",
+                           "keep_alive_timeout_ms",
+                           "1000",
+                           "linger_timeout_ms",
+                           "0",
+                           "max_request_size",
+                           "16384",
+                           nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof(callbacks));
   mg_init_data init_data{&callbacks, server.get(), options};

@@ -111,8 +111,8 @@ TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
 
 TEST_F(BinariesTest, ShardctlReportsAWrongTokenAndExitsNonZero) {
   std::string token_dir = testing::MakeTempDir("token");
-  testing::WriteFile(token_dir + "/server", "right-token\n");
-  testing::WriteFile(token_dir + "/client", "wrong-token\n");
+  testing::WriteSecretFile(token_dir + "/server", "right-token-0123456789\n");
+  testing::WriteSecretFile(token_dir + "/client", "wrong-token-0123456789\n");
   StartServer({"--auth_token_file=" + token_dir + "/server"});
   auto [code, output] = Shardctl("--token_file=" + token_dir + "/client status");
   EXPECT_NE(code, 0);

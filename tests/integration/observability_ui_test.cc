@@ -246,7 +246,7 @@ TEST_F(ObservabilityUiTest, HeadlessChromiumRendersTheJobItsRanksAndPlots) {
 
 TEST(ObservabilityTokenTest, ATokenProtectedServerRefusesMetricsWithoutIt) {
   const std::string dir = testing::MakeTempDir("obstoken");
-  testing::WriteFile(dir + "/token", "s3cret\n");
+  testing::WriteSecretFile(dir + "/token", "s3cret-token-0123456789\n");
   LocalCluster cluster(dir,
                        {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport",
                         "--auth_token_file=" + dir + "/token"});
@@ -255,7 +255,8 @@ TEST(ObservabilityTokenTest, ATokenProtectedServerRefusesMetricsWithoutIt) {
   EXPECT_EQ(Get(port, "/metrics", dir + "/a").first, 401);
   EXPECT_EQ(Get(port, "/metrics", dir + "/b", "Authorization: Bearer wrong").first, 401);
   EXPECT_EQ(Get(port, "/api/status", dir + "/c").first, 401);
-  auto [http, text] = Get(port, "/metrics", dir + "/d", "Authorization: Bearer s3cret");
+  auto [http, text] =
+      Get(port, "/metrics", dir + "/d", "Authorization: Bearer s3cret-token-0123456789");
   EXPECT_EQ(http, 200);
   EXPECT_NE(text.find("zeroshard_jobs{state=\"running\"} 0"), std::string::npos) << text;
   // The page itself holds no data.

@@ -29,7 +29,7 @@ std::unique_ptr<testing::LocalCluster> Start(const std::string& token) {
   const std::string dir = testing::MakeTempDir("reflection");
   std::vector<std::string> flags;
   if (!token.empty()) {
-    testing::WriteFile(dir + "/token", token + "\n");
+    testing::WriteSecretFile(dir + "/token", token + "\n");
     flags.push_back("--auth_token_file=" + dir + "/token");
   }
   auto cluster = std::make_unique<testing::LocalCluster>(dir, flags);
@@ -80,7 +80,7 @@ bool Has(const std::vector<std::string>& names, const std::string& name) {
 }
 
 TEST(ReflectionAuthTest, WithATokenReflectionIsServedOnlyToCallersThatPresentIt) {
-  std::unique_ptr<testing::LocalCluster> server = Start("s3cret");
+  std::unique_ptr<testing::LocalCluster> server = Start("s3cret-token-0123456789");
   ASSERT_TRUE(server->ok());
   for (const std::string bearer : {std::string(), std::string("wrong")}) {
     SCOPED_TRACE(bearer);
@@ -88,7 +88,7 @@ TEST(ReflectionAuthTest, WithATokenReflectionIsServedOnlyToCallersThatPresentIt)
     EXPECT_FALSE(refused.status.ok());
     EXPECT_TRUE(refused.services.empty());
   }
-  Listing served = ListServices(*server, "s3cret");
+  Listing served = ListServices(*server, "s3cret-token-0123456789");
   EXPECT_TRUE(served.status.ok()) << served.status.error_message();
   EXPECT_TRUE(Has(served.services, "zeroshard.v1.Coordinator"));
 }

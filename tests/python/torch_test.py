@@ -212,10 +212,13 @@ class AuthTest(ClusterTest):
     def setUp(self):
         import tempfile
         self.token_dir = tempfile.mkdtemp()
-        with open(os.path.join(self.token_dir, "token"), "w") as f:
-            f.write("right-token\n")
-        with open(os.path.join(self.token_dir, "wrong"), "w") as f:
-            f.write("wrong-token\n")
+        # Token files only their owner reads, with long tokens: the server
+        # refuses others without --insecure (common/secret_file.h).
+        for name, token in (("token", "right-token-0123456789"), ("wrong", "wrong-token-0123456789")):
+            path = os.path.join(self.token_dir, name)
+            with open(path, "w") as f:
+                f.write(token + "\n")
+            os.chmod(path, 0o600)
         self.server_flags = [f"--auth_token_file={self.token_dir}/token"]
         super().setUp()
 

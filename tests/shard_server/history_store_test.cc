@@ -2,6 +2,7 @@
 // in history_store.h), and that a reopened file goes on where it stopped.
 #include "shard_server/observability/history_store.h"
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -119,6 +120,41 @@ TEST(HistoryStoreTest, TheBoundIsSharedByTheRanksAndHoldsOverALongRun) {
     // an even one out: the first step stays.
     EXPECT_EQ(steps.front(), 1) << "rank " << r;
   }
+}
+
+// #29 finding 5: a rank whose reported step goes down (1000, 999, ...)
+// inserted a point every time without counting it, past any bound.
+TEST(HistoryStoreTest, TheBoundHoldsWhenTheStepGoesDown) {
+  HistoryOptions options;
+  options.max_points_per_job = 64;
+  options.min_points_per_rank = 8;
+  auto store = HistoryStore::Open(":memory:", options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const int64_t cap = (*store)->PointsPerRank(2);
+  for (int64_t step = 1000; step >= 1; --step) {
+    ASSERT_TRUE((*store)->Record(StatusAt("job", 2, step), kStart).ok());
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_LE(static_cast<int64_t>(Steps(**store, "job", r).size()), cap) << "step " << step;
+    }
+  }
+  // Up and down by turns: the same.
+  for (int64_t i = 0; i < 1000; ++i) {
+    const int64_t step = i % 2 == 0 ? 5000 + i : 4000 - i;
+    ASSERT_TRUE((*store)->Record(StatusAt("job", 2, step), kStart).ok());
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_LE(static_cast<int64_t>(Steps(**store, "job", r).size()), cap);
+}
+
+TEST(HistoryStoreTest, ANaNLossReadsBackAsNaN) {
+  auto store = HistoryStore::Open(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::GetStatusResponse status = StatusAt("job", 1, 7);
+  status.mutable_jobs(0)->mutable_members(0)->set_loss(std::nan(""));
+  ASSERT_TRUE((*store)->Record(status, kStart).ok());
+  absl::StatusOr<std::vector<v1::HistoryPoint>> points = (*store)->Points("job");
+  ASSERT_TRUE(points.ok()) << points.status();
+  ASSERT_EQ(points->size(), 1u);
+  EXPECT_TRUE(std::isnan((*points)[0].loss())) << (*points)[0].loss();
 }
 
 TEST(HistoryStoreTest, AStepSeenAgainReplacesItsPoint) {

@@ -790,14 +790,51 @@ TEST_F(MembershipTest, MembersMustAgreeOnMinWorldSizeAndGrace) {
   EXPECT_EQ(bad->status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(MembershipTest, JoinFromANewIncarnationReplacesTheLiveMemberAtOnce) {
-  std::vector<JoinResult> first(2);
+// Two members of job "inc" (incarnations a0, a1), beating.
+std::vector<v1::JoinResponse> FormWithIncarnations(Membership* membership, FakeClock* clock) {
+  std::vector<std::optional<absl::StatusOr<v1::JoinResponse>>> first(2);
   for (int i = 0; i < 2; ++i) {
-    v1::JoinRequest r = Request("inc", 2, absl::StrCat("w", i));
+    v1::JoinRequest r;
+    r.set_job_id("inc");
+    r.set_world_size(2);
+    r.set_worker_id(absl::StrCat("w", i));
+    r.set_host("127.0.0.1");
     r.set_incarnation(absl::StrCat("a", i));
-    membership_->Join(r, clock_.Now() + absl::Hours(1), [&first, i](auto x) { first[i] = x; });
+    membership->Join(r, clock->Now() + absl::Hours(1), [&first, i](auto x) { first[i] = x; });
   }
-  for (auto& r : first) ASSERT_TRUE(r && r->ok());
+  std::vector<v1::JoinResponse> members;
+  for (auto& r : first) {
+    EXPECT_TRUE(r && r->ok());
+    if (r && r->ok()) members.push_back(**r);
+  }
+  return members;
+}
+
+TEST_F(MembershipTest, JoinFromANewIncarnationCannotEvictABeatingMember) {
+  std::vector<v1::JoinResponse> members = FormWithIncarnations(membership_.get(), &clock_);
+  ASSERT_EQ(members.size(), 2u);
+  // The ping-pong: a new process with w1's id, nine times, while w1 beats
+  // every half interval.
+  for (int i = 0; i < 9; ++i) {
+    clock_.Advance(absl::Milliseconds(500));
+    ASSERT_TRUE(Beat(Credentials("inc", members[1])).ok());
+    ASSERT_TRUE(Beat(Credentials("inc", members[0])).ok());
+    v1::JoinRequest fresh = Request("inc", 2, "w1");
+    fresh.set_incarnation(absl::StrCat("evil", i));
+    JoinResult refused;
+    membership_->Join(fresh, clock_.Now() + absl::Hours(1), [&](auto x) { refused = x; });
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_EQ(refused->status().code(), absl::StatusCode::kAlreadyExists) << refused->status();
+  }
+  v1::JobStatus job = membership_->Status("inc").jobs(0);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(Beat(Credentials("inc", members[1]))->command(), v1::CONTINUE);
+}
+
+TEST_F(MembershipTest, JoinFromANewIncarnationReplacesAMemberWhoseStreamClosedAtOnce) {
+  std::vector<v1::JoinResponse> members = FormWithIncarnations(membership_.get(), &clock_);
+  ASSERT_EQ(members.size(), 2u);
+  ASSERT_TRUE(Beat(Credentials("inc", members[1])).ok());
   // The same process again: refused as before.
   v1::JoinRequest same = Request("inc", 2, "w1");
   same.set_incarnation("a1");
@@ -805,13 +842,16 @@ TEST_F(MembershipTest, JoinFromANewIncarnationReplacesTheLiveMemberAtOnce) {
   membership_->Join(same, clock_.Now() + absl::Hours(1), [&](auto x) { dup = x; });
   ASSERT_TRUE(dup.has_value());
   EXPECT_EQ(dup->status().code(), absl::StatusCode::kAlreadyExists);
-  // w1 restarted: generation 2 at once, the survivor is told to abort.
+  // w1 was killed: its stream closed. Generation 2 at once, the survivor is
+  // told to abort.
+  clock_.Advance(absl::Milliseconds(1));
+  membership_->HeartbeatStreamClosed(Credentials("inc", members[1]));
   v1::JoinRequest fresh = Request("inc", 2, "w1");
   fresh.set_incarnation("b1");
   JoinResult replacement;
   membership_->Join(fresh, clock_.Now() + absl::Hours(1), [&](auto x) { replacement = x; });
   EXPECT_FALSE(replacement.has_value());
-  absl::StatusOr<v1::HeartbeatResponse> beat = Beat(Credentials("inc", **first[0]));
+  absl::StatusOr<v1::HeartbeatResponse> beat = Beat(Credentials("inc", members[0]));
   ASSERT_TRUE(beat.ok());
   EXPECT_EQ(beat->command(), v1::ABORT_GENERATION_CHANGED);
   v1::JobStatus job = membership_->Status("inc").jobs(0);
@@ -824,6 +864,41 @@ TEST_F(MembershipTest, JoinFromANewIncarnationReplacesTheLiveMemberAtOnce) {
   ASSERT_TRUE(replacement && replacement->ok());
   EXPECT_EQ((*replacement)->rank(), 1);
   EXPECT_EQ((*replacement)->generation(), 2);
+}
+
+TEST_F(MembershipTest, JoinFromANewIncarnationReplacesAMemberThatMissedABeat) {
+  std::vector<v1::JoinResponse> members = FormWithIncarnations(membership_.get(), &clock_);
+  ASSERT_EQ(members.size(), 2u);
+  ASSERT_TRUE(Beat(Credentials("inc", members[1])).ok());
+  clock_.Advance(absl::Milliseconds(1499));
+  v1::JoinRequest fresh = Request("inc", 2, "w1");
+  fresh.set_incarnation("b1");
+  JoinResult early;
+  membership_->Join(fresh, clock_.Now() + absl::Hours(1), [&](auto x) { early = x; });
+  ASSERT_TRUE(early.has_value());
+  EXPECT_EQ(early->status().code(), absl::StatusCode::kAlreadyExists);
+  clock_.Advance(absl::Milliseconds(1));  // 1.5 heartbeat intervals (1 s): a beat missed
+  JoinResult replacement;
+  membership_->Join(fresh, clock_.Now() + absl::Hours(1), [&](auto x) { replacement = x; });
+  EXPECT_FALSE(replacement.has_value());  // waits in generation 2
+  EXPECT_EQ(membership_->Status("inc").jobs(0).generation(), 2);
+}
+
+TEST_F(MembershipTest, ItsOwnProcessJoiningAgainAfterClosingItsStreamStartsANewGeneration) {
+  std::vector<v1::JoinResponse> members = FormWithIncarnations(membership_.get(), &clock_);
+  ASSERT_EQ(members.size(), 2u);
+  ASSERT_TRUE(Beat(Credentials("inc", members[1])).ok());
+  clock_.Advance(absl::Milliseconds(1));
+  membership_->HeartbeatStreamClosed(Credentials("inc", members[1]));
+  v1::JoinRequest again = Request("inc", 2, "w1");
+  again.set_incarnation("a1");
+  JoinResult rejoined;
+  membership_->Join(again, clock_.Now() + absl::Hours(1), [&](auto x) { rejoined = x; });
+  EXPECT_FALSE(rejoined.has_value());
+  v1::JobStatus job = membership_->Status("inc").jobs(0);
+  EXPECT_EQ(job.generation(), 2);
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+            "worker 'w1' (rank 1) joined again (its setup failed)");
 }
 
 TEST_F(MembershipTest, StatusShowsTheSnapshotStepAndRecoveries) {

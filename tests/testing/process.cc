@@ -1,18 +1,23 @@
 #include "tests/testing/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 namespace zeroshard::testing {
@@ -111,6 +116,36 @@ int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
   return -1;
 }
 
+std::vector<int> ListeningPorts(pid_t pid) {
+  std::set<std::string> inodes;  // of the process's sockets
+  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
+  if (DIR* dir = opendir(fd_dir.c_str())) {
+    while (dirent* entry = readdir(dir)) {
+      char target[256] = {};
+      const std::string link = fd_dir + "/" + entry->d_name;
+      const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      absl::string_view t(target, static_cast<size_t>(n));
+      if (absl::ConsumePrefix(&t, "socket:[")) inodes.insert(std::string(t.substr(0, t.find(']'))));
+    }
+    closedir(dir);
+  }
+  std::vector<int> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() < 10 || f[3] != "0A" || inodes.count(f[9]) == 0) continue;
+      const std::string port_hex = f[1].substr(f[1].rfind(':') + 1);
+      ports.push_back(static_cast<int>(std::stoul(port_hex, nullptr, 16)));
+    }
+  }
+  return ports;
+}
+
 std::string MakeTempDir(const std::string& prefix) {
   const char* base = getenv("TEST_TMPDIR");
   std::string templ = absl::StrCat(base ? base : "/tmp", "/", prefix, "-XXXXXX");
@@ -130,6 +165,11 @@ std::string ReadFileOrEmpty(const std::string& path) {
 void WriteFile(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary);
   out << contents;
+}
+
+void WriteSecretFile(const std::string& path, const std::string& contents) {
+  WriteFile(path, contents);
+  chmod(path.c_str(), 0600);
 }
 
 std::string RunfilePath(const std::string& workspace_relative) {

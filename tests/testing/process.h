@@ -54,11 +54,18 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout);
 // kB there); -1 if the process or the field is not there.
 int64_t ProcStatusBytes(pid_t pid, const std::string& field);
 
+// The TCP ports (IPv4 and IPv6) process `pid` listens on, from /proc (its
+// sockets' inodes against /proc/net/tcp{,6} in this network namespace).
+std::vector<int> ListeningPorts(pid_t pid);
+
 // A fresh directory under TEST_TMPDIR (or /tmp).
 std::string MakeTempDir(const std::string& prefix);
 
 std::string ReadFileOrEmpty(const std::string& path);
 void WriteFile(const std::string& path, const std::string& contents);
+// WriteFile, then mode 0600: a token file the server and clients accept
+// (common/secret_file.h).
+void WriteSecretFile(const std::string& path, const std::string& contents);
 
 // Path of a binary built by Bazel, from the test's runfiles (e.g.
 // "shard_server/shard_server").

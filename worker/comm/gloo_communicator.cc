@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -22,12 +23,12 @@
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/context.h"
-#include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/attr.h"
-#include "worker/comm/gloo_port_range.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/comm_internal.h"
+#include "worker/comm/gloo_mesh.h"
+#include "worker/comm/gloo_port_range.h"
 #include "worker/comm/kv_gloo_store.h"
 #include "worker/comm/shm_exchange.h"
 
@@ -212,35 +213,38 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(KeyVa
         absl::StrCat("GlooCommunicator ", where, ": cannot use ", bind, ": ", e.what()));
   }
 
-  KvGlooStore gloo_store(store, KvGlooStore::PrefixForTag(tag), options.connect_timeout);
-  gloo_store.set_min_wait(options.connect_timeout);  // the context's timeout is for its pairs
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  try {
-    context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
-    // Gloo waits kGlooConnectWaits x the context's timeout for a pair's first
-    // connect (tcp::Pair::waitUntilConnected): so a connect that a firewall
-    // or a cut network drops fails within connect_timeout (not after TCP's
-    // SYN retries, minutes), naming the peer's address. The rendezvous's
-    // store waits keep connect_timeout (KvGlooStore); collectives pass their
-    // own timeouts.
-    context->setTimeout(ToMillis(options.connect_timeout / kGlooConnectWaits));
+  MeshOptions mesh_options;
+  mesh_options.rank = rank;
+  mesh_options.world_size = world_size;
+  mesh_options.prefix = KvGlooStore::PrefixForTag(tag);
+  mesh_options.timeout = options.connect_timeout;
+  // Gloo waits kGlooConnectWaits x a pair's timeout for its first connect
+  // (tcp::Pair::waitUntilConnected): so a connect that a firewall or a cut
+  // network drops fails within connect_timeout (not after TCP's SYN retries,
+  // minutes), naming the peer's address. Collectives pass their own timeouts.
+  mesh_options.pair_timeout = options.connect_timeout / kGlooConnectWaits;
+  mesh_options.cancelled = options.cancelled;
+  mesh_options.before_connecting = options.before_connecting;
+  absl::StatusOr<Mesh> mesh;
+  {
     ListenPortRange ports(options.ports);  // the pairs' listening sockets
-    context->connectFullMesh(gloo_store, device);
-  } catch (const std::exception& e) {
-    absl::Status store_error = gloo_store.last_error();
-    if (!store_error.ok()) {
-      return absl::Status(
-          store_error.code(),
-          absl::StrCat("GlooCommunicator ", where,
-                       ": rendezvous through the store failed: ", store_error.message()));
-    }
-    std::string message = e.what();
-    absl::StatusCode code = IsTimeoutMessage(message) ? absl::StatusCode::kDeadlineExceeded
-                                                      : absl::StatusCode::kUnavailable;
-    return absl::Status(code, absl::StrCat("GlooCommunicator ", where, ": connecting to peers ",
-                                           "from ", bind, " failed: ",
-                                           DescribeGlooFailure(message, options)));
+    mesh = ConnectMesh(store, device, mesh_options);
   }
+  if (!mesh.ok()) {
+    return absl::Status(
+        mesh.status().code(),
+        absl::StrCat("GlooCommunicator ", where, " from ", bind, ": ",
+                     DescribeGlooFailure(std::string(mesh.status().message()), options)));
+  }
+  if (mesh->dropped > 0) {
+    // Said where the operator looks: someone connected to the data plane's
+    // ports without the generation's secret.
+    std::fprintf(stderr,
+                 "GlooCommunicator %s: dropped %d connection(s) that did not present the "
+                 "generation's secret\n",
+                 where.c_str(), mesh->dropped);
+  }
+  std::shared_ptr<gloo::Context> context = std::move(mesh->context);
   auto comm = std::unique_ptr<GlooCommunicator>(
       new GlooCommunicator(rank, world_size, tag, std::move(device), std::move(context)));
   comm->transport_note_ = world_size > 1 ? "TCP" : "a single rank";

@@ -16,6 +16,7 @@
 #define ZEROSHARD_WORKER_COMM_HOST_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -50,6 +51,12 @@ struct HostCommunicatorOptions {
   // at least 4 KiB per rank; the segment holds 2 * world_size of them.
   // Ranks with different values use TCP.
   int64_t shm_slot_bytes = int64_t{4} << 20;
+  // Polled (from any thread) while connecting to peers: true ends the setup
+  // with ABORTED (the job's generation ended under it). May be empty.
+  std::function<bool()> cancelled;
+  // Tests only: run after this rank published its addresses, before it
+  // connects to its peers.
+  std::function<void()> before_connecting;
 };
 
 // What the CPU communicators have beyond Communicator.

@@ -1,0 +1,41 @@
+#include "common/secret_file.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/file_util.h"
+
+namespace zeroshard {
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag,
+                                          bool insecure) {
+  const std::string named = absl::StrCat(flag, "=", path);
+  struct stat st;
+  // A file that is not there or cannot be read keeps errno's code
+  // (NOT_FOUND, PERMISSION_DENIED).
+  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot read " + flag, path);
+  absl::StatusOr<std::string> contents = ReadFileToString(path);
+  if (!contents.ok()) return contents.status();
+  const std::string token(absl::StripAsciiWhitespace(*contents));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(named, " is empty"));
+  if (insecure) return token;
+  if ((st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is %s by every user (mode %04o): chmod 600 it (640 to share it with a group), or "
+        "pass --insecure",
+        named, (st.st_mode & S_IWOTH) != 0 ? "writable" : "readable", st.st_mode & 07777));
+  }
+  if (static_cast<int>(token.size()) < kMinTokenLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        named, " holds a ", token.size(), "-character token; at least ", kMinTokenLength,
+        " are needed (e.g. `openssl rand -hex 32`), or pass --insecure"));
+  }
+  return token;
+}
+
+}  // namespace zeroshard

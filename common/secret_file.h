@@ -1,0 +1,26 @@
+// Reading a bearer token from a file, refusing the files that leak it or
+// the tokens that are easy to guess (#29, finding 8).
+#ifndef ZEROSHARD_COMMON_SECRET_FILE_H_
+#define ZEROSHARD_COMMON_SECRET_FILE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace zeroshard {
+
+// Shorter tokens are refused: 16 characters of `openssl rand -hex 32` are
+// 64 bits, beyond guessing over RPC.
+inline constexpr int kMinTokenLength = 16;
+
+// The token in `path` without surrounding whitespace. errno's code (NOT_FOUND,
+// PERMISSION_DENIED) when the file cannot be read; INVALID_ARGUMENT naming
+// `flag` ("--auth_token_file") when it is empty, and, unless `insecure`, when
+// any user may read or write it (mode o+r or o+w) or the token is shorter
+// than kMinTokenLength.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag,
+                                          bool insecure);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_COMMON_SECRET_FILE_H_

@@ -1,0 +1,167 @@
+// #29's small findings with real processes: shardctl consolidate's output
+// (a FIFO, an existing file), token files (world-readable, short), and slow
+// connections to the metrics port.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::LocalCluster;
+
+std::pair<int, std::string> Shardctl(const LocalCluster& cluster, const std::string& args) {
+  return testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
+                                          " --server=", cluster.address(), " ", args, " 2>&1"));
+}
+
+bool IsFifo(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+TEST(ConsolidateOutputTest, AFifoIsRefusedAndAnExistingFileNeedsForce) {
+  LocalCluster cluster(testing::MakeTempDir("consolidate-out"));
+  ASSERT_TRUE(cluster.ok());
+  ASSERT_TRUE(cluster.Run(
+      "small", 1,
+      {"--model=mlp", "--layers=2", "--width=8", "--steps=2", "--seed=1", "--checkpoint_at_end"}));
+  const std::string consolidate = "consolidate --job=small --step=latest --out=";
+
+  const std::string fifo = cluster.dir() + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto [fifo_code, fifo_output] = Shardctl(cluster, consolidate + fifo);
+  EXPECT_NE(fifo_code, 0) << fifo_output;
+  EXPECT_NE(fifo_output.find("is a FIFO"), std::string::npos) << fifo_output;
+  EXPECT_TRUE(IsFifo(fifo)) << "the FIFO was replaced";
+  // --force does not make a FIFO replaceable.
+  auto [forced_code, forced_output] = Shardctl(cluster, consolidate + fifo + " --force");
+  EXPECT_NE(forced_code, 0) << forced_output;
+  EXPECT_TRUE(IsFifo(fifo)) << "the FIFO was replaced with --force";
+
+  const std::string existing = cluster.dir() + "/model.safetensors";
+  testing::WriteFile(existing, "keep me");
+  auto [code, output] = Shardctl(cluster, consolidate + existing);
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(output.find("--force"), std::string::npos) << output;
+  EXPECT_EQ(testing::ReadFileOrEmpty(existing), "keep me");
+  auto [replaced_code, replaced_output] = Shardctl(cluster, consolidate + existing + " --force");
+  EXPECT_EQ(replaced_code, 0) << replaced_output;
+  EXPECT_GT(testing::ReadFileOrEmpty(existing).size(), 100u);
+}
+
+// The server's and shardctl's token files: one any user may read, or a short
+// token, is refused unless --insecure.
+TEST(TokenFileTest, WorldReadableOrShortTokensAreRefusedUnlessInsecure) {
+  const std::string dir = testing::MakeTempDir("tokens");
+  const std::string open_file = dir + "/open";
+  testing::WriteFile(open_file, "a-long-enough-token-0123456789\n");
+  chmod(open_file.c_str(), 0644);
+  const std::string short_file = dir + "/short";
+  testing::WriteSecretFile(short_file, "s3cret\n");
+  const std::string server = testing::RunfilePath("shard_server/shard_server");
+  const std::string refused_flags = " --listen=127.0.0.1:0 --state_dir=" + dir + "/state";
+
+  auto [open_code, open_output] = testing::RunCommand(absl::StrCat(
+      "timeout 20 ", server, refused_flags, " --auth_token_file=", open_file, " 2>&1"));
+  EXPECT_NE(open_code, 0) << open_output;
+  EXPECT_NE(open_output.find("readable by every user"), std::string::npos) << open_output;
+  auto [short_code, short_output] = testing::RunCommand(absl::StrCat(
+      "timeout 20 ", server, refused_flags, " --auth_token_file=", short_file, " 2>&1"));
+  EXPECT_NE(short_code, 0) << short_output;
+  EXPECT_NE(short_output.find("6-character token"), std::string::npos) << short_output;
+
+  // With --insecure the server starts, and so does a client.
+  LocalCluster cluster(dir + "/cluster", {"--auth_token_file=" + short_file, "--insecure"});
+  ASSERT_TRUE(cluster.ok());
+  auto [client_code, client_output] = Shardctl(cluster, "--token_file=" + open_file + " status");
+  EXPECT_NE(client_code, 0) << client_output;
+  EXPECT_NE(client_output.find("readable by every user"), std::string::npos) << client_output;
+  auto [insecure_code, insecure_output] =
+      Shardctl(cluster, "--token_file=" + short_file + " --insecure status");
+  EXPECT_EQ(insecure_code, 0) << insecure_output;
+}
+
+// A TCP connection to 127.0.0.1:port; -1 on failure.
+int ConnectTo(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GET /metrics on a fresh connection: the status line, or "" (a 60 s
+// bound, far above the seconds a blocked port took).
+std::string StatusLineOfGet(int port) {
+  const int fd = ConnectTo(port);
+  if (fd < 0) return "";
+  timeval limit = {60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string reply;
+  char buffer[4096];
+  ssize_t n;
+  while (reply.find("\r\n") == std::string::npos && (n = recv(fd, buffer, sizeof(buffer), 0)) > 0) {
+    reply.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return reply.substr(0, reply.find("\r\n"));
+}
+
+// Still open from the server's side: nothing to read yet, no EOF or reset.
+bool StillOpen(int fd) {
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+// #29 finding 7: six connections that send half a request held /metrics
+// until civetweb's request timeout freed a thread. Now a GET is answered
+// while they are all still held open.
+TEST(MetricsPortTest, SlowConnectionsDoNotBlockAScrape) {
+  const std::string dir = testing::MakeTempDir("slow-metrics");
+  LocalCluster cluster(dir,
+                       {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport"});
+  ASSERT_TRUE(cluster.ok());
+  int port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(dir + "/mport")),
+                               &port));
+  std::vector<int> slow;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = ConnectTo(port);
+    ASSERT_GE(fd, 0);
+    const std::string half = "GET /metrics HTTP/1.1\r\nHost: ";
+    send(fd, half.data(), half.size(), MSG_NOSIGNAL);
+    slow.push_back(fd);
+  }
+  EXPECT_EQ(StatusLineOfGet(port), "HTTP/1.1 200 OK");
+  int open = 0;
+  for (int fd : slow) open += StillOpen(fd) ? 1 : 0;
+  EXPECT_EQ(open, 8) << "the scrape was answered only after slow connections were dropped";
+  for (int fd : slow) close(fd);
+}
+
+}  // namespace
+}  // namespace zeroshard
