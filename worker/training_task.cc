@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hf_gpt2_config.h"
@@ -213,7 +214,11 @@ class GptTask : public TrainingTask {
 
   absl::StatusOr<std::string> Sample(ZeroEngine& engine, int bytes) override {
     // Every rank runs the same forwards (stage 3 gathers are collective) on
-    // the same prompt with the same seeded sampler, so all agree.
+    // the same prompt with the same seeded sampler, so all agree. Stage 3
+    // gathers the parameters once for the whole sample, not once per token
+    // (across hosts each gather crosses the network).
+    if (absl::Status s = engine.HoldGatheredParameters(); !s.ok()) return s;
+    absl::Cleanup release = [&engine] { engine.ReleaseHeldParameters(); };
     if (shards_ != nullptr) return SampleTokenIds(engine, bytes);
     const bool addition = dynamic_cast<AdditionTaskData*>(data_.get()) != nullptr;
     std::vector<int32_t> sequence;

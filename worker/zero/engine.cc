@@ -353,6 +353,7 @@ absl::Status ZeroEngine::FillRows(const RowSource& fill, const TensorSpec& tenso
 }
 
 absl::Status ZeroEngine::Initialize(const RowSource& fill) {
+  ReleaseHeldParameters();
   const bool bf16_params = options_.param_dtype == DType::kBF16;
   // Gathers a Step issued early would read the values about to be replaced.
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
@@ -506,8 +507,26 @@ absl::Status ZeroEngine::IssueGather(int position) {
   return absl::OkStatus();
 }
 
+absl::Status ZeroEngine::HoldGatheredParameters() {
+  if (!stage_.params_sharded || !held_.empty()) return absl::OkStatus();
+  // Gathers a Step issued early may be in flight: they finish first.
+  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
+  slots_.clear();
+  std::vector<TrackedBuffer> held;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    held.emplace_back(&memory_, MemoryCategory::kParamsGathered,
+                      Bytes(units_[u].flat_elements, DType::kF32), /*zero=*/false);
+    if (absl::Status s = GatherUnit(static_cast<int>(u), &held.back()); !s.ok()) return s;
+  }
+  held_ = std::move(held);
+  return absl::OkStatus();
+}
+
+void ZeroEngine::ReleaseHeldParameters() { held_.clear(); }
+
 absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position) {
   int unit = positions_[position];
+  if (!held_.empty()) return held_[unit].f32();
   if (!stage_.params_sharded) {
     UnitState& state = *state_[unit];
     if (options_.param_dtype == DType::kF32) return state.replicated.f32();
@@ -893,6 +912,7 @@ absl::Status ZeroEngine::UpdateUnit(int u, double lr, double* param_sync_ms) {
 }
 
 absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
+  ReleaseHeldParameters();  // the parameters are about to change
   absl::Time wait_start = absl::Now();
   if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;

@@ -146,6 +146,15 @@ class ZeroEngine {
   // Returns the loss of the batch set on the model.
   absl::StatusOr<double> Forward();
 
+  // Stage 3, for many forwards in a row (generation): gathers every unit once
+  // and keeps the full parameters until ReleaseHeldParameters, so each
+  // Forward() reads them instead of gathering again (the job's collectives:
+  // every rank calls both, in the same order). Holds the whole model's
+  // parameters meanwhile (Ψ f32). A no-op at stages 0-2, whose parameters are
+  // replicated already.
+  absl::Status HoldGatheredParameters();
+  void ReleaseHeldParameters();
+
   // The optimizer step after grad_accum micro-batches: waits for the
   // reductions, averages over micro-batches, clips, steps the shard.
   absl::StatusOr<StepStats> Step(double lr);
@@ -290,6 +299,7 @@ class ZeroEngine {
   // Owned by the compute thread; a gather task writes only into the bytes of
   // its slot's buffer, which the compute thread reads after Wait(ticket).
   std::map<int, GatherSlot> slots_;
+  std::vector<TrackedBuffer> held_;  // by unit: HoldGatheredParameters
   std::unique_ptr<TaskThread> gather_thread_;
   std::unique_ptr<TaskThread> reduce_thread_;
   std::atomic<int64_t> collective_seq_{0};
