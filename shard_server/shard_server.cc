@@ -56,46 +56,82 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   server->options_ = options;
   if (options.clock != nullptr) server->clock_ = options.clock;
   server->log_ = std::make_unique<EventLog>(options.log_sink);
-  if (!options.state_dir.empty()) {
-    if (mkdir(options.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+  if (absl::Status s = server->OpenState(); !s.ok()) return s;
+  if (absl::Status s = server->MakeMembershipAndStores(); !s.ok()) return s;
+  if (absl::Status s = server->OpenCheckpoints(); !s.ok()) return s;
+  server->MakeServices();
+  if (absl::Status s = server->StartGrpc(); !s.ok()) return s;
+  if (absl::Status s = server->StartHttp(); !s.ok()) return s;
+  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  // Restored members' grace counts from here, not from Restore().
+  server->membership_->StartGrace();
+  server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
+  server->log_->Log("serving", {{"address", server->address_},
+                                {"state_dir", options.state_dir},
+                                {"checkpoint_root", options.checkpoint_root},
+                                {"keep_last", absl::StrCat(options.keep_last)},
+                                {"auth", options.auth_token.empty() ? "off" : "bearer"},
+                                {"tls", options.tls_cert.empty() ? "off" : "on"},
+                                {"metrics_port", absl::StrCat(server->metrics_port())}});
+  return server;
+}
+
+
+// The durable state (SQLite under --state_dir, locked against a second
+// server), or an in-memory one when only checkpoints need it.
+absl::Status ShardServer::OpenState() {
+  if (!options_.state_dir.empty()) {
+    if (mkdir(options_.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot create --state_dir ", options.state_dir, ": ", std::strerror(errno)));
+          "cannot create --state_dir ", options_.state_dir, ": ", std::strerror(errno)));
     }
-    absl::StatusOr<int> lock = LockStateDir(options.state_dir);
+    absl::StatusOr<int> lock = LockStateDir(options_.state_dir);
     if (!lock.ok()) return lock.status();
-    server->state_dir_lock_ = *lock;
+    state_dir_lock_ = *lock;
     absl::StatusOr<std::unique_ptr<StateStore>> state =
-        StateStore::Open(options.state_dir + "/zeroshard.db");
+        StateStore::Open(options_.state_dir + "/zeroshard.db");
     if (!state.ok()) return state.status();
-    server->state_ = std::move(*state);
-  } else if (!options.checkpoint_root.empty()) {
+    state_ = std::move(*state);
+  } else if (!options_.checkpoint_root.empty()) {
     // The checkpoint registry and the plans it reads need SQLite; without
     // a state directory they live in memory for the life of the process.
     absl::StatusOr<std::unique_ptr<StateStore>> state = StateStore::Open(":memory:");
     if (!state.ok()) return state.status();
-    server->state_ = std::move(*state);
+    state_ = std::move(*state);
   }
-  server->membership_ = std::make_unique<Membership>(server->clock_, server->log_.get(),
-                                                     server->state_.get(), options.membership);
-  if (absl::Status s = server->membership_->Restore(); !s.ok()) return s;
-  server->kv_ = std::make_unique<KvStore>(server->clock_, options.kv);
-  server->plans_ = std::make_unique<PlanService>(server->state_.get(), server->log_.get());
-  KvStore* kv = server->kv_.get();
-  PlanService* plans = server->plans_.get();
-  server->membership_->SetGenerationListener(
+  return absl::OkStatus();
+}
+
+// Membership, the KV store, plans and history, and what each tells the
+// others (a new generation drops the old one's keys; a forgotten job its
+// keys, plans and history).
+absl::Status ShardServer::MakeMembershipAndStores() {
+  membership_ = std::make_unique<Membership>(clock_, log_.get(),
+                                                     state_.get(), options_.membership);
+  if (absl::Status s = membership_->Restore(); !s.ok()) return s;
+  kv_ = std::make_unique<KvStore>(clock_, options_.kv);
+  plans_ = std::make_unique<PlanService>(state_.get(), log_.get());
+  KvStore* kv = kv_.get();
+  PlanService* plans = plans_.get();
+  membership_->SetGenerationListener(
       [kv](const std::string& job, int64_t generation) { kv->DropJob(job, generation); });
   absl::StatusOr<std::unique_ptr<HistoryStore>> history = HistoryStore::Open(
-      options.state_dir.empty() ? ":memory:" : options.state_dir + "/history.db", options.history);
+      options_.state_dir.empty() ? ":memory:" : options_.state_dir + "/history.db", options_.history);
   if (!history.ok()) return history.status();
-  server->history_ = *std::move(history);
-  HistoryStore* history_store = server->history_.get();
-  server->membership_->SetForgetListener([kv, plans, history_store](const std::string& job) {
+  history_ = *std::move(history);
+  HistoryStore* history_store = history_.get();
+  membership_->SetForgetListener([kv, plans, history_store](const std::string& job) {
     kv->DropJob(job, std::numeric_limits<int64_t>::max());
     plans->ForgetJob(job);
     (void)history_store->ForgetJob(job);  // a leftover is thinned and forgotten with the id
   });
-  if (!options.checkpoint_root.empty()) {
-    StateStore* state = server->state_.get();
+  return absl::OkStatus();
+}
+
+// The checkpoint registry (its plans from the state store) and verifier.
+absl::Status ShardServer::OpenCheckpoints() {
+  if (!options_.checkpoint_root.empty()) {
+    StateStore* state = state_.get();
     auto plan_lookup = [state](const std::string& job,
                                int64_t generation) -> absl::StatusOr<v1::ShardPlan> {
       absl::StatusOr<std::optional<StoredPlan>> stored = state->LoadPlan(job, generation);
@@ -112,61 +148,69 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
       return plan;
     };
     absl::StatusOr<std::unique_ptr<CheckpointRegistry>> registry = CheckpointRegistry::Open(
-        {options.checkpoint_root, options.keep_last}, state, server->log_.get(), plan_lookup);
+        {options_.checkpoint_root, options_.keep_last}, state, log_.get(), plan_lookup);
     if (!registry.ok()) return registry.status();
-    server->checkpoint_registry_ = std::move(*registry);
-    CheckpointRegistry* checkpoints = server->checkpoint_registry_.get();
-    server->membership_->SetGenerationFloor(
+    checkpoint_registry_ = std::move(*registry);
+    CheckpointRegistry* checkpoints = checkpoint_registry_.get();
+    membership_->SetGenerationFloor(
         [checkpoints](const std::string& job) { return checkpoints->HighestGeneration(job); });
-    if (options.verify_checkpoints) {
-      server->checkpoint_verifier_ = std::make_unique<CheckpointVerifier>(
-          server->checkpoint_registry_.get(), server->log_.get());
-      CheckpointVerifier* verifier = server->checkpoint_verifier_.get();
-      server->checkpoint_registry_->SetCompletionListener(
+    if (options_.verify_checkpoints) {
+      checkpoint_verifier_ = std::make_unique<CheckpointVerifier>(
+          checkpoint_registry_.get(), log_.get());
+      CheckpointVerifier* verifier = checkpoint_verifier_.get();
+      checkpoint_registry_->SetCompletionListener(
           [verifier](const std::string& job, int64_t step) { verifier->Enqueue(job, step); });
     }
   }
-  server->metrics_ = std::make_unique<ServerMetrics>();
-  ServerMetrics* metrics = server->metrics_.get();
-  CheckpointServiceOptions checkpoint_service = options.checkpoint_service;
+  return absl::OkStatus();
+}
+
+// Metrics, the checkpoint and coordinator services, the telemetry analyzer.
+void ShardServer::MakeServices() {
+  metrics_ = std::make_unique<ServerMetrics>();
+  ServerMetrics* metrics = metrics_.get();
+  CheckpointServiceOptions checkpoint_service = options_.checkpoint_service;
   checkpoint_service.on_consolidated = [metrics](int64_t bytes, double seconds) {
     metrics->AddConsolidation(bytes, seconds);
   };
-  server->checkpoints_ = std::make_unique<CheckpointService>(
-      server->checkpoint_registry_.get(), server->membership_.get(), server->log_.get(),
+  checkpoints_ = std::make_unique<CheckpointService>(
+      checkpoint_registry_.get(), membership_.get(), log_.get(),
       checkpoint_service);
-  server->diagnosis_ =
-      std::make_unique<TelemetryAnalyzer>(server->clock_, server->log_.get(), options.telemetry);
-  server->service_ = std::make_unique<CoordinatorService>(
-      server->clock_, server->membership_.get(), kv, server->plans_.get(), options.auth_token,
-      server->checkpoints_.get(), server->diagnosis_.get(), server->history_.get(), metrics);
+  diagnosis_ =
+      std::make_unique<TelemetryAnalyzer>(clock_, log_.get(), options_.telemetry);
+  service_ = std::make_unique<CoordinatorService>(
+      clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token,
+      checkpoints_.get(), diagnosis_.get(), history_.get(), metrics);
+}
 
+// The gRPC server: TLS, interceptors, keepalive, one server per address.
+absl::Status ShardServer::StartGrpc() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
-  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
-    if (options.tls_cert.empty() || options.tls_key.empty()) {
+  if (!options_.tls_cert.empty() || !options_.tls_key.empty()) {
+    if (options_.tls_cert.empty() || options_.tls_key.empty()) {
       return absl::InvalidArgumentError("TLS needs both --tls_cert and --tls_key");
     }
     grpc::SslServerCredentialsOptions ssl(
-        options.tls_client_ca.empty()
+        options_.tls_client_ca.empty()
             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
             : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ssl.pem_root_certs = options.tls_client_ca;
-    ssl.pem_key_cert_pairs.push_back({options.tls_key, options.tls_cert});
+    ssl.pem_root_certs = options_.tls_client_ca;
+    ssl.pem_key_cert_pairs.push_back({options_.tls_key, options_.tls_cert});
     credentials = grpc::SslServerCredentials(ssl);
-  } else if (!options.tls_client_ca.empty()) {
+  } else if (!options_.tls_client_ca.empty()) {
     return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
   }
   int port = 0;
-  builder.AddListeningPort(options.listen, credentials, &port);
-  builder.RegisterService(server->service_.get());
+  builder.AddListeningPort(options_.listen, credentials, &port);
+  builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(RpcMetricsInterceptorFactory(metrics));
-  if (!options.auth_token.empty()) {
+  interceptors.push_back(RpcMetricsInterceptorFactory(metrics_.get()));
+  if (!options_.auth_token.empty()) {
     // Reflection describes every method and message: behind the token too.
-    interceptors.push_back(ReflectionAuthInterceptorFactory(options.auth_token));
+    interceptors.push_back(ReflectionAuthInterceptorFactory(options_.auth_token));
   }
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // Heartbeat streams are long-lived and many; raise the concurrent-stream
@@ -186,38 +230,32 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   // address in use fails to start instead of splitting the clients with the
   // first.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen,
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen,
                                                " (address in use, or a bad --listen value?)"));
   }
-  server->port_ = port;
-  std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  server->address_ = absl::StrCat(host, ":", port);
-  if (!options.metrics_listen.empty()) {
+  port_ = port;
+  std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
+  address_ = absl::StrCat(host, ":", port);
+  return absl::OkStatus();
+}
+
+// The metrics port (/metrics, the dashboard), when asked for.
+absl::Status ShardServer::StartHttp() {
+  if (!options_.metrics_listen.empty()) {
     ObservabilitySources sources;
-    sources.membership = server->membership_.get();
-    sources.diagnosis = server->diagnosis_.get();
-    sources.checkpoints = server->checkpoint_registry_.get();
-    sources.metrics = metrics;
-    sources.history = history_store;
+    sources.membership = membership_.get();
+    sources.diagnosis = diagnosis_.get();
+    sources.checkpoints = checkpoint_registry_.get();
+    sources.metrics = metrics_.get();
+    sources.history = history_.get();
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
-        options.metrics_listen, options.auth_token, ObservabilityPages(sources));
+        options_.metrics_listen, options_.auth_token, ObservabilityPages(sources));
     if (!http.ok()) return http.status();
-    server->http_ = *std::move(http);
+    http_ = *std::move(http);
   }
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
-  // Restored members' grace counts from here, not from Restore().
-  server->membership_->StartGrace();
-  server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
-  server->log_->Log("serving", {{"address", server->address_},
-                                {"state_dir", options.state_dir},
-                                {"checkpoint_root", options.checkpoint_root},
-                                {"keep_last", absl::StrCat(options.keep_last)},
-                                {"auth", options.auth_token.empty() ? "off" : "bearer"},
-                                {"tls", options.tls_cert.empty() ? "off" : "on"},
-                                {"metrics_port", absl::StrCat(server->metrics_port())}});
-  return server;
+  return absl::OkStatus();
 }
 
 void ShardServer::TickLoop() {

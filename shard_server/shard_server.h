@@ -84,6 +84,13 @@ class ShardServer {
  private:
   ShardServer() = default;
   void TickLoop();
+  // Start's steps, in order.
+  absl::Status OpenState();
+  absl::Status MakeMembershipAndStores();
+  absl::Status OpenCheckpoints();
+  void MakeServices();
+  absl::Status StartGrpc();
+  absl::Status StartHttp();
 
   ShardServerOptions options_;
   std::unique_ptr<EventLog> log_;
