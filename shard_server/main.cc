@@ -22,8 +22,7 @@
 #include "common/secret_file.h"
 #include "shard_server/shard_server.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
-          "HOST:PORT to serve on; port 0 picks a free port");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on; port 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written here once serving");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the SQLite database and server files (empty: state is not kept "
@@ -96,6 +95,127 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+// Each returns INVALID_ARGUMENT with the message shard_server prints when a
+// flag's value is refused.
+absl::Status ReadMembershipFlags(zeroshard::ShardServerOptions& options) {
+  if (absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0 ||
+      absl::GetFlag(FLAGS_heartbeat_timeout_ms) <= absl::GetFlag(FLAGS_heartbeat_interval_ms)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_timeout_ms (", absl::GetFlag(FLAGS_heartbeat_timeout_ms),
+                     ") must exceed --heartbeat_interval_ms (",
+                     absl::GetFlag(FLAGS_heartbeat_interval_ms), ") and both be > 0"));
+  }
+  if (absl::GetFlag(FLAGS_join_timeout_ms) <= 0)
+    return absl::InvalidArgumentError("--join_timeout_ms must be > 0");
+  if (absl::GetFlag(FLAGS_max_world_size) < 1)
+    return absl::InvalidArgumentError("--max_world_size must be >= 1");
+  options.membership.heartbeat_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.membership.heartbeat_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.membership.isolation_grace = absl::GetFlag(FLAGS_isolation_grace);
+  if (options.membership.isolation_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--isolation_grace must be >= 0");
+  }
+  options.membership.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
+  options.membership.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.membership.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.membership.max_pending_joins = absl::GetFlag(FLAGS_max_pending_joins);
+  options.membership.job_ttl = absl::GetFlag(FLAGS_job_ttl);
+  if (options.membership.max_jobs < 1 || options.membership.max_pending_joins < 1) {
+    return absl::InvalidArgumentError("--max_jobs and --max_pending_joins must be >= 1");
+  }
+  if (options.membership.job_ttl < absl::ZeroDuration())
+    return absl::InvalidArgumentError("--job_ttl must be >= 0");
+  return absl::OkStatus();
+}
+
+absl::Status ReadKvFlags(zeroshard::ShardServerOptions& options) {
+  const std::pair<const char*, int64_t> kv_bounds[] = {
+      {"kv_max_job_bytes", absl::GetFlag(FLAGS_kv_max_job_bytes)},
+      {"kv_max_wait_keys", absl::GetFlag(FLAGS_kv_max_wait_keys)},
+      {"kv_max_waiters_per_job", absl::GetFlag(FLAGS_kv_max_waiters_per_job)},
+      {"kv_max_total_bytes", absl::GetFlag(FLAGS_kv_max_total_bytes)}};
+  for (const auto& [flag, value] : kv_bounds) {
+    if (value < 1)
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, not ", value));
+  }
+  options.kv.max_job_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_job_bytes));
+  options.kv.max_wait_keys = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_wait_keys));
+  options.kv.max_waiters_per_job = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_waiters_per_job));
+  options.kv.max_total_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_total_bytes));
+  return absl::OkStatus();
+}
+
+absl::Status ReadCheckpointAndTelemetryFlags(zeroshard::ShardServerOptions& options) {
+  options.checkpoint_service.max_consolidations = absl::GetFlag(FLAGS_max_consolidations);
+  if (options.checkpoint_service.max_consolidations < 1) {
+    return absl::InvalidArgumentError("--max_consolidations must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_consolidate_stall_timeout_s) < 1) {
+    return absl::InvalidArgumentError("--consolidate_stall_timeout_s must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_hang_report_ms) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hang_report_ms must be >= 1, not ", absl::GetFlag(FLAGS_hang_report_ms)));
+  }
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.telemetry.hang_report = absl::Milliseconds(absl::GetFlag(FLAGS_hang_report_ms));
+  options.checkpoint_service.stall_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
+  return absl::OkStatus();
+}
+
+absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    absl::StatusOr<std::string> token = zeroshard::ReadTokenFile(
+        absl::GetFlag(FLAGS_auth_token_file), "--auth_token_file", absl::GetFlag(FLAGS_insecure));
+    if (!token.ok()) return absl::InvalidArgumentError(std::string(token.status().message()));
+    options.auth_token = *std::move(token);
+  }
+  const std::pair<std::string, std::string*> tls_files[] = {
+      {absl::GetFlag(FLAGS_tls_cert), &options.tls_cert},
+      {absl::GetFlag(FLAGS_tls_key), &options.tls_key},
+      {absl::GetFlag(FLAGS_tls_client_ca), &options.tls_client_ca}};
+  for (const auto& [path, field] : tls_files) {
+    if (!path.empty() && !ReadFile(path, field))
+      return absl::InvalidArgumentError("cannot read " + path);
+  }
+
+  return absl::OkStatus();
+}
+
+// The server's options from the flags.
+absl::StatusOr<zeroshard::ShardServerOptions> OptionsFromFlags() {
+  zeroshard::ShardServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  options.keep_last = absl::GetFlag(FLAGS_keep_last);
+  if (options.keep_last < 0)
+    return absl::InvalidArgumentError("--keep_last must be >= 0 (0 keeps every checkpoint)");
+  if (options.keep_last > 0 && options.checkpoint_root.empty()) {
+    return absl::InvalidArgumentError("--keep_last needs --checkpoint_root");
+  }
+  for (auto read :
+       {ReadMembershipFlags, ReadKvFlags, ReadCheckpointAndTelemetryFlags, ReadSecurityFiles}) {
+    if (absl::Status s = read(options); !s.ok()) return s;
+  }
+  return options;
+}
+
+// Written through a temporary name, so that a reader never sees half.
+bool WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return true;
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,81 +231,9 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
   mallopt(M_ARENA_MAX, 2);
 
-  zeroshard::ShardServerOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.state_dir = absl::GetFlag(FLAGS_state_dir);
-  options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
-  options.keep_last = absl::GetFlag(FLAGS_keep_last);
-  if (options.keep_last < 0) return Fail("--keep_last must be >= 0 (0 keeps every checkpoint)");
-  if (options.keep_last > 0 && options.checkpoint_root.empty()) {
-    return Fail("--keep_last needs --checkpoint_root");
-  }
-  if (absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0 ||
-      absl::GetFlag(FLAGS_heartbeat_timeout_ms) <= absl::GetFlag(FLAGS_heartbeat_interval_ms)) {
-    return Fail(absl::StrCat("--heartbeat_timeout_ms (", absl::GetFlag(FLAGS_heartbeat_timeout_ms),
-                             ") must exceed --heartbeat_interval_ms (",
-                             absl::GetFlag(FLAGS_heartbeat_interval_ms), ") and both be > 0"));
-  }
-  if (absl::GetFlag(FLAGS_join_timeout_ms) <= 0) return Fail("--join_timeout_ms must be > 0");
-  if (absl::GetFlag(FLAGS_max_world_size) < 1) return Fail("--max_world_size must be >= 1");
-  options.membership.heartbeat_interval =
-      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
-  options.membership.heartbeat_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
-  options.membership.isolation_grace = absl::GetFlag(FLAGS_isolation_grace);
-  if (options.membership.isolation_grace < absl::ZeroDuration()) {
-    return Fail("--isolation_grace must be >= 0");
-  }
-  options.membership.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
-  options.membership.max_world_size = absl::GetFlag(FLAGS_max_world_size);
-  options.membership.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  options.membership.max_pending_joins = absl::GetFlag(FLAGS_max_pending_joins);
-  options.membership.job_ttl = absl::GetFlag(FLAGS_job_ttl);
-  if (options.membership.max_jobs < 1 || options.membership.max_pending_joins < 1) {
-    return Fail("--max_jobs and --max_pending_joins must be >= 1");
-  }
-  if (options.membership.job_ttl < absl::ZeroDuration()) return Fail("--job_ttl must be >= 0");
-  const std::pair<const char*, int64_t> kv_bounds[] = {
-      {"kv_max_job_bytes", absl::GetFlag(FLAGS_kv_max_job_bytes)},
-      {"kv_max_wait_keys", absl::GetFlag(FLAGS_kv_max_wait_keys)},
-      {"kv_max_waiters_per_job", absl::GetFlag(FLAGS_kv_max_waiters_per_job)},
-      {"kv_max_total_bytes", absl::GetFlag(FLAGS_kv_max_total_bytes)}};
-  for (const auto& [flag, value] : kv_bounds) {
-    if (value < 1) return Fail(absl::StrCat("--", flag, " must be >= 1, not ", value));
-  }
-  options.kv.max_job_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_job_bytes));
-  options.kv.max_wait_keys = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_wait_keys));
-  options.kv.max_waiters_per_job =
-      static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_waiters_per_job));
-  options.kv.max_total_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_total_bytes));
-  options.checkpoint_service.max_consolidations = absl::GetFlag(FLAGS_max_consolidations);
-  if (options.checkpoint_service.max_consolidations < 1) {
-    return Fail("--max_consolidations must be >= 1");
-  }
-  if (absl::GetFlag(FLAGS_consolidate_stall_timeout_s) < 1) {
-    return Fail("--consolidate_stall_timeout_s must be >= 1");
-  }
-  if (absl::GetFlag(FLAGS_hang_report_ms) < 1) {
-    return Fail(absl::StrCat("--hang_report_ms must be >= 1, not ",
-                             absl::GetFlag(FLAGS_hang_report_ms)));
-  }
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.telemetry.hang_report = absl::Milliseconds(absl::GetFlag(FLAGS_hang_report_ms));
-  options.checkpoint_service.stall_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
-  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    absl::StatusOr<std::string> token = zeroshard::ReadTokenFile(
-        absl::GetFlag(FLAGS_auth_token_file), "--auth_token_file", absl::GetFlag(FLAGS_insecure));
-    if (!token.ok()) return Fail(std::string(token.status().message()));
-    options.auth_token = *std::move(token);
-  }
-  const std::pair<std::string, std::string*> tls_files[] = {
-      {absl::GetFlag(FLAGS_tls_cert), &options.tls_cert},
-      {absl::GetFlag(FLAGS_tls_key), &options.tls_key},
-      {absl::GetFlag(FLAGS_tls_client_ca), &options.tls_client_ca}};
-  for (const auto& [path, field] : tls_files) {
-    if (!path.empty() && !ReadFile(path, field)) return Fail("cannot read " + path);
-  }
+  absl::StatusOr<zeroshard::ShardServerOptions> read = OptionsFromFlags();
+  if (!read.ok()) return Fail(std::string(read.status().message()));
+  const zeroshard::ShardServerOptions& options = *read;
 
   // Signals are taken by one thread with sigwait, so every other thread
   // (gRPC's included) must start with them blocked.
@@ -199,22 +247,11 @@ int main(int argc, char** argv) {
       zeroshard::ShardServer::Start(options);
   if (!server.ok()) return Fail(server.status().ToString());
 
-  // Written through a temporary name, so that a reader never sees half; the
-  // metrics port first, so that --port_file means everything is up.
-  auto write_port = [](const std::string& path, int port) {
-    if (path.empty()) return true;
-    std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << port << "\n";
-      if (!out) return false;
-    }
-    return std::rename(tmp.c_str(), path.c_str()) == 0;
-  };
-  if (!write_port(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port())) {
+  // The metrics port first, so that --port_file means everything is up.
+  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port())) {
     return Fail("cannot write --metrics_port_file " + absl::GetFlag(FLAGS_metrics_port_file));
   }
-  if (!write_port(absl::GetFlag(FLAGS_port_file), (*server)->port())) {
+  if (!WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port())) {
     return Fail("cannot write --port_file " + absl::GetFlag(FLAGS_port_file));
   }
   if ((*server)->metrics_port() != 0) {

@@ -36,11 +36,11 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
     char holder[32] = {0};
     const ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
     close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--state_dir ", dir, " is in use by another shard_server (process ",
-        n > 0 ? std::string(holder, strcspn(holder, "\n")) : "?",
-        "): two servers cannot share a state directory; stop that one or pick another "
-        "--state_dir"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir ", dir, " is in use by another shard_server (process ",
+                     n > 0 ? std::string(holder, strcspn(holder, "\n")) : "?",
+                     "): two servers cannot share a state directory; stop that one or pick another "
+                     "--state_dir"));
   }
   const std::string pid = absl::StrCat(getpid(), "\n");
   if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
@@ -76,7 +76,6 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   return server;
 }
 
-
 // The durable state (SQLite under --state_dir, locked against a second
 // server), or an in-memory one when only checkpoints need it.
 absl::Status ShardServer::OpenState() {
@@ -106,8 +105,7 @@ absl::Status ShardServer::OpenState() {
 // others (a new generation drops the old one's keys; a forgotten job its
 // keys, plans and history).
 absl::Status ShardServer::MakeMembershipAndStores() {
-  membership_ = std::make_unique<Membership>(clock_, log_.get(),
-                                                     state_.get(), options_.membership);
+  membership_ = std::make_unique<Membership>(clock_, log_.get(), state_.get(), options_.membership);
   if (absl::Status s = membership_->Restore(); !s.ok()) return s;
   kv_ = std::make_unique<KvStore>(clock_, options_.kv);
   plans_ = std::make_unique<PlanService>(state_.get(), log_.get());
@@ -116,7 +114,8 @@ absl::Status ShardServer::MakeMembershipAndStores() {
   membership_->SetGenerationListener(
       [kv](const std::string& job, int64_t generation) { kv->DropJob(job, generation); });
   absl::StatusOr<std::unique_ptr<HistoryStore>> history = HistoryStore::Open(
-      options_.state_dir.empty() ? ":memory:" : options_.state_dir + "/history.db", options_.history);
+      options_.state_dir.empty() ? ":memory:" : options_.state_dir + "/history.db",
+      options_.history);
   if (!history.ok()) return history.status();
   history_ = *std::move(history);
   HistoryStore* history_store = history_.get();
@@ -142,8 +141,8 @@ absl::Status ShardServer::OpenCheckpoints() {
       }
       v1::ShardPlan plan;
       if (!plan.ParseFromString((*stored)->plan_bytes)) {
-        return absl::DataLossError(absl::StrCat("stored plan of job '", job, "' generation ",
-                                                generation, " is corrupt"));
+        return absl::DataLossError(
+            absl::StrCat("stored plan of job '", job, "' generation ", generation, " is corrupt"));
       }
       return plan;
     };
@@ -155,8 +154,8 @@ absl::Status ShardServer::OpenCheckpoints() {
     membership_->SetGenerationFloor(
         [checkpoints](const std::string& job) { return checkpoints->HighestGeneration(job); });
     if (options_.verify_checkpoints) {
-      checkpoint_verifier_ = std::make_unique<CheckpointVerifier>(
-          checkpoint_registry_.get(), log_.get());
+      checkpoint_verifier_ =
+          std::make_unique<CheckpointVerifier>(checkpoint_registry_.get(), log_.get());
       CheckpointVerifier* verifier = checkpoint_verifier_.get();
       checkpoint_registry_->SetCompletionListener(
           [verifier](const std::string& job, int64_t step) { verifier->Enqueue(job, step); });
@@ -173,14 +172,12 @@ void ShardServer::MakeServices() {
   checkpoint_service.on_consolidated = [metrics](int64_t bytes, double seconds) {
     metrics->AddConsolidation(bytes, seconds);
   };
-  checkpoints_ = std::make_unique<CheckpointService>(
-      checkpoint_registry_.get(), membership_.get(), log_.get(),
-      checkpoint_service);
-  diagnosis_ =
-      std::make_unique<TelemetryAnalyzer>(clock_, log_.get(), options_.telemetry);
+  checkpoints_ = std::make_unique<CheckpointService>(checkpoint_registry_.get(), membership_.get(),
+                                                     log_.get(), checkpoint_service);
+  diagnosis_ = std::make_unique<TelemetryAnalyzer>(clock_, log_.get(), options_.telemetry);
   service_ = std::make_unique<CoordinatorService>(
-      clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token,
-      checkpoints_.get(), diagnosis_.get(), history_.get(), metrics);
+      clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token, checkpoints_.get(),
+      diagnosis_.get(), history_.get(), metrics);
 }
 
 // The gRPC server: TLS, interceptors, keepalive, one server per address.
