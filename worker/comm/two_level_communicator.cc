@@ -25,11 +25,13 @@ absl::StatusOr<std::vector<std::string>> ExchangeHostKeys(KeyValueStore* store, 
                                                           absl::Duration timeout) {
   const std::string prefix = KvGlooStore::PrefixForTag(tag) + "two_level/host/";
   if (absl::Status s = store->Set(absl::StrCat(prefix, rank), key); !s.ok()) return s;
+  std::vector<std::string> names(world_size);
+  for (int r = 0; r < world_size; ++r) names[r] = absl::StrCat(prefix, r);
+  // One deadline for all of them; then every key is there to read.
+  if (absl::Status s = store->Wait(names, timeout); !s.ok()) return s;
   std::vector<std::string> keys(world_size);
-  const absl::Time deadline = absl::Now() + timeout;
   for (int r = 0; r < world_size; ++r) {
-    absl::StatusOr<std::string> k =
-        store->Get(absl::StrCat(prefix, r), std::max(deadline - absl::Now(), absl::Seconds(1)));
+    absl::StatusOr<std::string> k = store->Get(names[r], absl::Seconds(1));
     if (!k.ok()) return k.status();
     keys[r] = *std::move(k);
   }

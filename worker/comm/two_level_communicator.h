@@ -117,7 +117,9 @@ class TwoLevelCommunicator : public HostCommunicator {
                        std::unique_ptr<HostCommunicator> intra,
                        std::unique_ptr<HostCommunicator> inter,
                        std::unique_ptr<HostCommunicator> flat);
-  // The rail buffer, grown as needed (one collective at a time).
+  // The rail buffer, grown as needed (one collective at a time) and kept:
+  // host memory of about 1/L of the largest collective's buffer, outside
+  // the engine's memory accounting.
   char* RailBuffer(int64_t bytes);
 
   const int rank_;
