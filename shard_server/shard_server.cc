@@ -76,9 +76,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   return server;
 }
 
-// The durable state (SQLite under --state_dir, locked against a second
-// server), or an in-memory one when only checkpoints need it.
+// The durable state: replicated (etcd), SQLite under --state_dir (locked
+// against a second server), or an in-memory one when only checkpoints need it.
 absl::Status ShardServer::OpenState() {
+  if (options_.state_replica != nullptr) {
+    absl::StatusOr<std::unique_ptr<StateStore>> state =
+        StateStore::OpenReplicated(options_.state_replica);
+    if (!state.ok()) return state.status();
+    state_ = std::move(*state);
+  }
   if (!options_.state_dir.empty()) {
     if (mkdir(options_.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -87,11 +93,12 @@ absl::Status ShardServer::OpenState() {
     absl::StatusOr<int> lock = LockStateDir(options_.state_dir);
     if (!lock.ok()) return lock.status();
     state_dir_lock_ = *lock;
+    if (state_ != nullptr) return absl::OkStatus();  // replicated: the directory keeps history
     absl::StatusOr<std::unique_ptr<StateStore>> state =
         StateStore::Open(options_.state_dir + "/zeroshard.db");
     if (!state.ok()) return state.status();
     state_ = std::move(*state);
-  } else if (!options_.checkpoint_root.empty()) {
+  } else if (state_ == nullptr && !options_.checkpoint_root.empty()) {
     // The checkpoint registry and the plans it reads need SQLite; without
     // a state directory they live in memory for the life of the process.
     absl::StatusOr<std::unique_ptr<StateStore>> state = StateStore::Open(":memory:");

@@ -164,7 +164,7 @@ def gloo_interface_towards(server: str) -> Optional[str]:
     """The interface of the route from this host to `server` ("HOST:PORT"): the one Gloo
     must use so that peers on other hosts can reach this rank. None when it cannot be told
     (no route, an IPv6 server, no interface holding the address)."""
-    host, _, port = server.rpartition(":")
+    host, _, port = server.split(",")[0].strip().rpartition(":")  # a list: the first server
     host = host.strip("[]")
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
