@@ -162,9 +162,9 @@ std::string ReplicatedServers::addresses() const {
   return absl::StrJoin(out, ",");
 }
 
-int ReplicatedServers::Leader() {
+int ReplicatedServers::Leader(int other_than) {
   for (int i = 0; i < count(); ++i) {
-    if (!servers_[i]->running()) continue;
+    if (i == other_than || !servers_[i]->running()) continue;
     std::vector<int> listening = ListeningPorts(servers_[i]->pid());
     if (std::find(listening.begin(), listening.end(), ports_[i]) != listening.end()) return i;
   }
@@ -175,11 +175,11 @@ int ReplicatedServers::WaitLeader(absl::Duration timeout, int other_than) {
   int leader = -1;
   WaitFor(
       [&] {
-        leader = Leader();
-        return leader >= 0 && leader != other_than;
+        leader = Leader(other_than);
+        return leader >= 0;
       },
       timeout);
-  return leader != other_than ? leader : -1;
+  return leader;
 }
 
 void ReplicatedServers::Restart(int index) {

@@ -56,8 +56,9 @@ class ReplicatedServers {
   std::string address(int index) const;
   ChildProcess* server(int index) { return servers_[index].get(); }
   int count() const { return static_cast<int>(servers_.size()); }
-  // The index of the server that listens on its port (leads), or -1.
-  int Leader();
+  // The index of a server that listens on its port (leads), or -1; server
+  // `other_than` is not asked (a paused one still has its socket).
+  int Leader(int other_than = -1);
   // Waits until a server other than `other_than` leads; its index or -1.
   int WaitLeader(absl::Duration timeout, int other_than = -1);
   // Starts server `index` again (after it was killed), same arguments.
