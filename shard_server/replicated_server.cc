@@ -77,9 +77,11 @@ void ReplicatedServer::Lead(EtcdSession& session) {
   Say(absl::StrCat("leading ", etcd_.prefix, " (state restored from etcd and serving in ",
                    absl::FormatDuration(absl::Now() - elected), ")"));
   on_serving_(**server);
-  std::string why;
   std::thread watcher([&] {
-    why = session.WaitLost();
+    const std::string why = session.WaitLost();
+    if (!Stopping() && why != EtcdSession::kCancelled) {
+      Say(absl::StrCat("lost leadership: ", why, "; stopping serving and campaigning again"));
+    }
     (*server)->Shutdown();
   });
   (*server)->Wait();
@@ -93,8 +95,6 @@ void ReplicatedServer::Lead(EtcdSession& session) {
   if (Stopping()) {
     session.Resign();  // the next leader need not wait out the lease
     Say("resigned leadership: stopping");
-  } else {
-    Say(absl::StrCat("lost leadership: ", why, "; campaigning again"));
   }
   server->reset();  // before the replica it writes to
 }

@@ -169,7 +169,7 @@ absl::Status EtcdSession::Campaign(const std::string& value) {
   grpc::ClientContext context;  // no deadline: waiting for the leader to go is the point
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_) return absl::CancelledError("the etcd session was cancelled");
+    if (cancelled_) return absl::CancelledError(kCancelled);
     if (!lost_.empty()) return absl::UnavailableError(lost_);
     request.set_lease(lease_);
     campaign_ = &context;
@@ -178,7 +178,7 @@ absl::Status EtcdSession::Campaign(const std::string& value) {
   grpc::Status status = election_->Campaign(&context, request, &response);
   absl::MutexLock lock(&mu_);
   campaign_ = nullptr;
-  if (cancelled_) return absl::CancelledError("the etcd session was cancelled");
+  if (cancelled_) return absl::CancelledError(kCancelled);
   if (!lost_.empty()) return absl::UnavailableError(lost_);
   if (!status.ok()) return Unavailable("campaign for leadership", status);
   leader_key_ = response.leader();
@@ -190,7 +190,7 @@ std::string EtcdSession::WaitLost() {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return cancelled_ || !lost_.empty(); };
   mu_.Await(absl::Condition(&done));
-  return lost_.empty() ? "the session was cancelled" : lost_;
+  return lost_.empty() ? kCancelled : lost_;
 }
 
 void EtcdSession::Cancel() {

@@ -55,8 +55,10 @@ class EtcdSession {
   // Blocks until this session leads, `value` (the server's address) being
   // the leader's value, or until Cancel() (CANCELLED) or the lease is lost.
   absl::Status Campaign(const std::string& value) ABSL_LOCKS_EXCLUDED(mu_);
-  // Blocks until the lease is lost or Cancel(); returns why.
+  // Blocks until the lease is lost or Cancel(); returns why (kCancelled
+  // after Cancel()).
   std::string WaitLost() ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr char kCancelled[] = "the etcd session was cancelled";
   // Ends Campaign and WaitLost; the session is then spent.
   void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
   // Gives the leadership up at once (a clean shutdown: no TTL to wait).

@@ -15,7 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/model_zoo.h"
@@ -33,11 +35,22 @@ constexpr int kLayers = 3;
 constexpr int kWidth = 64;
 constexpr int kSteps = 400;
 
-std::vector<std::string> Flags() {
-  return {"--model=mlp",   absl::StrCat("--layers=", kLayers), absl::StrCat("--width=", kWidth),
-          "--seed=5",      "--stage=3",                        absl::StrCat("--steps=", kSteps),
-          "--batch=8",     "--checkpoint_every=100",           "--checkpoint_at_end",
-          "--collective_timeout=30s"};
+std::vector<std::string> Flags(int steps = kSteps, bool periodic_checkpoints = true) {
+  std::vector<std::string> flags = {
+      "--model=mlp", absl::StrCat("--layers=", kLayers), absl::StrCat("--width=", kWidth),
+      "--seed=5",    "--stage=3",                        absl::StrCat("--steps=", steps),
+      "--batch=8",   "--checkpoint_at_end",              "--collective_timeout=30s"};
+  if (periodic_checkpoints) flags.push_back("--checkpoint_every=100");
+  return flags;
+}
+
+// Steps worker 0 has logged ("step N/M ...").
+int LoggedSteps(const testing::LocalCluster& workers) {
+  int steps = 0;
+  for (absl::string_view line : absl::StrSplit(workers.WorkerLog(0), '\n')) {
+    steps += absl::StartsWith(line, "step ");
+  }
+  return steps;
 }
 
 std::string MakeDir(const std::string& path) {
@@ -125,6 +138,45 @@ TEST_F(FailoverTest, TrainingOutlivesAnEtcdMemberAndTheLeaderKilled) {
   EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
   // The same arithmetic in the same order: the same bits.
   EXPECT_EQ(Final("storm"), Final("calm"));
+}
+
+TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
+  ASSERT_TRUE(etcd_.ok());
+  const int leader = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(leader, 0) << servers_.Log(0);
+  // Long enough to outlast the outage; no periodic checkpoint (a commit
+  // would wait for a leader).
+  workers_.StartWorkers("quorum", kWorld, Flags(/*steps=*/1500, /*periodic_checkpoints=*/false));
+  std::unique_ptr<Client> observer = Observer();
+  ASSERT_NE(observer, nullptr);
+  ASSERT_TRUE(testing::WaitFor([&] { return Step(*observer, "quorum") > 0; }, absl::Seconds(60)));
+
+  // Two etcd members of three stop: no quorum. The leader cannot renew its
+  // lease and stops serving; no other server can be elected.
+  etcd_.member(1)->Signal(SIGSTOP);
+  etcd_.member(2)->Signal(SIGSTOP);
+  ASSERT_TRUE(testing::WaitFor([&] { return servers_.Leader() < 0; }, absl::Seconds(30)))
+      << "a server still leads without an etcd quorum:\n" << servers_.Log(leader);
+  EXPECT_NE(servers_.Log(leader).find("is a quorum of etcd members up?"), std::string::npos)
+      << servers_.Log(leader);
+  // The data plane does not need the control plane: steps go on.
+  const int logged = LoggedSteps(workers_);
+  EXPECT_TRUE(testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; },
+                               absl::Seconds(30)));
+  EXPECT_LT(servers_.Leader(), 0) << "etcd has no quorum, yet a server leads";
+
+  etcd_.member(1)->Signal(SIGCONT);
+  etcd_.member(2)->Signal(SIGCONT);
+  ASSERT_GE(servers_.WaitLeader(absl::Seconds(30)), 0);
+  std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
+  }
+  auto status = observer->GetStatus("quorum");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
+  EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
 }
 
 TEST_F(FailoverTest, ALeaderPausedPastItsLeaseHasItsWriteRefused) {
