@@ -116,16 +116,27 @@ std::string EtcdCluster::Get(const std::string& key) const {
   return std::string(absl::StripSuffix(out, "\n"));
 }
 
-int64_t EtcdCluster::ModRevision(const std::string& key) const {
-  auto [code, out] = Etcdctl("get -w fields " + key);
-  if (code != 0) return 0;
+// The integer field `name` of `etcdctl -w fields` output (0: none).
+static int64_t FieldOf(const std::string& out, absl::string_view name) {
+  const std::string prefix = absl::StrCat("\"", name, "\" : ");
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (absl::ConsumePrefix(&line, "\"ModRevision\" : ")) {
+    if (absl::ConsumePrefix(&line, prefix)) {
       int64_t revision = 0;
       if (absl::SimpleAtoi(line, &revision)) return revision;
     }
   }
   return 0;
+}
+
+int64_t EtcdCluster::ModRevision(const std::string& key) const {
+  auto [code, out] = Etcdctl("get -w fields " + key);
+  return code == 0 ? FieldOf(out, "ModRevision") : 0;
+}
+
+int64_t EtcdCluster::Revision() const {
+  // Any key's read reports the store's revision in its header.
+  auto [code, out] = Etcdctl("get -w fields /");
+  return code == 0 ? FieldOf(out, "Revision") : 0;
 }
 
 ReplicatedServers::ReplicatedServers(const std::string& dir, const std::string& etcd_endpoints,

@@ -32,6 +32,8 @@ class EtcdCluster {
   std::pair<int, std::string> Etcdctl(const std::string& arguments) const;
   // The value of `key` ("" when absent or etcd cannot answer).
   std::string Get(const std::string& key) const;
+  // Etcd's current revision: it grows by one with every write (0: no answer).
+  int64_t Revision() const;
   // Etcd's revision of `key`'s last change (0: absent or no answer).
   int64_t ModRevision(const std::string& key) const;
 
