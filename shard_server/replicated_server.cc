@@ -44,10 +44,16 @@ absl::Status ReplicatedServer::Run() {
       if (stopping_) break;
       session_ = session->get();
     }
-    Say(absl::StrCat("campaigning for leadership of ", etcd_.prefix, " as ", advertise_));
+    if (absl::Status s = (*session)->Register(advertise_); !s.ok()) {
+      Say(absl::StrCat("cannot register in etcd (shardctl status will not list this server): ",
+                       s.message()));
+    }
+    absl::StatusOr<std::string> previous = (*session)->Leader();
+    Say(absl::StrCat("campaigning for leadership of ", etcd_.prefix, " as ", advertise_,
+                     previous.ok() && !previous->empty() ? " (leader: " + *previous + ")" : ""));
     absl::Status won = (*session)->Campaign(advertise_);
     if (won.ok()) {
-      Lead(**session);
+      Lead(**session, previous.ok() && *previous != advertise_ ? *previous : "");
     } else if (!absl::IsCancelled(won)) {
       Say(absl::StrCat("campaign ended: ", won.message()));
     }
@@ -57,11 +63,47 @@ absl::Status ReplicatedServer::Run() {
   return absl::OkStatus();
 }
 
-void ReplicatedServer::Lead(EtcdSession& session) {
-  const absl::Time elected = absl::Now();
+// The control plane's part of GetStatus and /metrics while leading.
+void ReplicatedServer::Describe(EtcdSession& session, const Term& term,
+                                v1::ControlPlaneStatus* out) {
+  out->set_leader(advertise_);
+  out->set_etcd_endpoints(etcd_.endpoints);
+  out->set_etcd_lease_ttl_seconds(absl::ToDoubleSeconds(etcd_.lease_ttl));
+  out->set_etcd_lease_renewed_seconds_ago(
+      absl::ToDoubleSeconds(absl::Now() - session.last_renewal()));
+  out->set_elected_unix_ms(absl::ToUnixMillis(term.elected));
+  out->set_previous_leader(term.previous_leader);
+  out->set_terms(term.number);
+  absl::MutexLock lock(&mu_);
+  out->set_restore_seconds(absl::ToDoubleSeconds(term.restore));  // written under mu_
+  // An etcd read, at most once a second however often status is asked.
+  if (absl::Now() - servers_read_at_ >= absl::Seconds(1)) {
+    absl::StatusOr<std::vector<std::string>> servers = session.Servers();
+    if (servers.ok()) servers_ = *std::move(servers);
+    servers_read_at_ = absl::Now();
+  }
+  for (const std::string& s : servers_) {
+    if (s != advertise_) out->add_followers(s);
+  }
+}
+
+void ReplicatedServer::Lead(EtcdSession& session, const std::string& previous_leader) {
+  Term term;
+  term.elected = absl::Now();
+  term.previous_leader = previous_leader;
+  {
+    absl::MutexLock lock(&mu_);
+    term.number = ++terms_;
+    servers_read_at_ = absl::InfinitePast();
+  }
   EtcdStateReplica replica(&session);
   ShardServerOptions options = options_;
   options.state_replica = &replica;
+  // Filled once the server serves (below); read by status calls after that.
+  auto shared_term = std::make_shared<Term>(term);
+  options.control_plane = [this, &session, shared_term](v1::ControlPlaneStatus* out) {
+    Describe(session, *shared_term, out);
+  };
   absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(options);
   if (!server.ok()) {
     Say(absl::StrCat("elected but cannot serve, resigning: ", server.status().ToString()));
@@ -74,8 +116,14 @@ void ReplicatedServer::Lead(EtcdSession& session) {
     server_ = server->get();
     if (stopping_) server_->Shutdown();
   }
-  Say(absl::StrCat("leading ", etcd_.prefix, " (state restored from etcd and serving in ",
-                   absl::FormatDuration(absl::Now() - elected), ")"));
+  {
+    absl::MutexLock lock(&mu_);
+    shared_term->restore = absl::Now() - term.elected;
+  }
+  Say(absl::StrCat("leading ", etcd_.prefix, " (term ", term.number,
+                   previous_leader.empty() ? "" : ", after " + previous_leader,
+                   "; state restored from etcd and serving in ",
+                   absl::FormatDuration(absl::Now() - term.elected), ")"));
   on_serving_(**server);
   std::thread watcher([&] {
     const std::string why = session.WaitLost();

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -37,8 +38,16 @@ class ReplicatedServer {
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  struct Term {
+    int64_t number = 0;  // this process's leaderships so far, this one included
+    absl::Time elected;
+    absl::Duration restore;  // election to serving
+    std::string previous_leader;
+  };
   // One term: from the won campaign to the lost lease (or Stop).
-  void Lead(EtcdSession& session) ABSL_LOCKS_EXCLUDED(mu_);
+  void Lead(EtcdSession& session, const std::string& previous_leader) ABSL_LOCKS_EXCLUDED(mu_);
+  void Describe(EtcdSession& session, const Term& term, v1::ControlPlaneStatus* out)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
   void Say(const std::string& what);
 
@@ -51,6 +60,9 @@ class ReplicatedServer {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   EtcdSession* session_ ABSL_GUARDED_BY(mu_) = nullptr;  // campaigning or leading
   ShardServer* server_ ABSL_GUARDED_BY(mu_) = nullptr;   // while leading
+  int64_t terms_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);  // registered in etcd
+  absl::Time servers_read_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace zeroshard

@@ -185,6 +185,7 @@ void ShardServer::MakeServices() {
   service_ = std::make_unique<CoordinatorService>(
       clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token, checkpoints_.get(),
       diagnosis_.get(), history_.get(), metrics);
+  if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
 }
 
 // The gRPC server: TLS, interceptors, keepalive, one server per address.
@@ -254,6 +255,7 @@ absl::Status ShardServer::StartHttp() {
     sources.checkpoints = checkpoint_registry_.get();
     sources.metrics = metrics_.get();
     sources.history = history_.get();
+    sources.control_plane = options_.control_plane;
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
         options_.metrics_listen, options_.auth_token, ObservabilityPages(sources));
     if (!http.ok()) return http.status();

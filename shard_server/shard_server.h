@@ -37,6 +37,9 @@ struct ShardServerOptions {
   // (the leader on etcd: state/etcd_state.h); state_dir then holds only the
   // history. Not owned; outlives the server.
   DatabaseReplica* state_replica = nullptr;
+  // Fills GetStatus's and /metrics' control-plane part (the leadership on
+  // etcd: replicated_server.h); empty: a single server.
+  std::function<void(v1::ControlPlaneStatus*)> control_plane;
   MembershipOptions membership;
   KvLimits kv;  // bounds of the KV store
   std::string auth_token;  // empty: no authentication

@@ -104,6 +104,7 @@ absl::Status EtcdSession::StartLease() {
   }
   absl::MutexLock lock(&mu_);
   lease_ = response.id();
+  renewed_at_ = absl::Now();
   renewer_ = std::thread([this, lease = response.id()] { RenewLoop(lease); });
   return absl::OkStatus();
 }
@@ -141,6 +142,8 @@ void EtcdSession::RenewLoop(int64_t lease) {
     absl::StatusOr<int64_t> ttl = RenewOnce(lease);
     if (ttl.ok() && *ttl > 0) {
       renewed_at = sent;
+      absl::MutexLock lock(&mu_);
+      renewed_at_ = sent;
       continue;
     }
     if (ttl.ok()) {
@@ -214,6 +217,51 @@ void EtcdSession::Resign() {
 int64_t EtcdSession::lease_id() const {
   absl::MutexLock lock(&mu_);
   return lease_;
+}
+
+absl::Time EtcdSession::last_renewal() const {
+  absl::MutexLock lock(&mu_);
+  return renewed_at_;
+}
+
+absl::Status EtcdSession::Register(const std::string& value) {
+  etcdserverpb::PutRequest request;
+  request.set_key(options_.prefix + "/servers/" + value);
+  request.set_value(value);
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_lease(lease_);
+  }
+  etcdserverpb::PutResponse response;
+  grpc::Status status = kv_->Put(CallContext().get(), request, &response);
+  if (!status.ok()) return Unavailable("register this server", status);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdSession::Servers() {
+  etcdserverpb::RangeRequest request;
+  const std::string prefix = options_.prefix + "/servers/";
+  request.set_key(prefix);
+  std::string end = prefix;
+  end.back() = static_cast<char>(end.back() + 1);  // every key with the prefix
+  request.set_range_end(end);
+  etcdserverpb::RangeResponse response;
+  grpc::Status status = kv_->Range(CallContext().get(), request, &response);
+  if (!status.ok()) return Unavailable("list the servers", status);
+  std::vector<std::string> servers;
+  for (const auto& kv : response.kvs()) servers.push_back(kv.value());
+  return servers;
+}
+
+absl::StatusOr<std::string> EtcdSession::Leader() {
+  v3electionpb::LeaderRequest request;
+  request.set_name(options_.prefix + "/leader");
+  v3electionpb::LeaderResponse response;
+  grpc::Status status = election_->Leader(CallContext().get(), request, &response);
+  // etcd answers "election: no leader" (UNKNOWN) when nobody leads.
+  if (!status.ok() && status.error_message().find("no leader") != std::string::npos) return "";
+  if (!status.ok()) return Unavailable("read the leader", status);
+  return response.kv().value();
 }
 
 absl::StatusOr<std::string> EtcdSession::Get(const std::string& key) {

@@ -64,6 +64,16 @@ class EtcdSession {
   // Gives the leadership up at once (a clean shutdown: no TTL to wait).
   void Resign() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Records this server (`value`: its address) under "<prefix>/servers/"
+  // for as long as its lease lives: one write per session.
+  absl::Status Register(const std::string& value) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every registered server's address.
+  absl::StatusOr<std::vector<std::string>> Servers();
+  // The current leader's value ("" : none).
+  absl::StatusOr<std::string> Leader();
+  // When the lease was last renewed (its grant, before the first renewal).
+  absl::Time last_renewal() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // `key`'s value; "" when there is none.
   absl::StatusOr<std::string> Get(const std::string& key);
   // Puts key = value only while this session's leadership key exists as it
@@ -92,6 +102,7 @@ class EtcdSession {
 
   mutable absl::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time renewed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool have_leader_key_ ABSL_GUARDED_BY(mu_) = false;
   v3electionpb::LeaderKey leader_key_ ABSL_GUARDED_BY(mu_);
   std::string lost_ ABSL_GUARDED_BY(mu_);  // why the lease was lost; "": not lost

@@ -136,6 +136,21 @@ TEST_F(FailoverTest, TrainingOutlivesAnEtcdMemberAndTheLeaderKilled) {
   ASSERT_EQ(status->jobs_size(), 1);
   EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
   EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
+  // Status names the new leader, whom it took over from, and the one server
+  // left to follow (the killed one's registration went with its lease).
+  const v1::ControlPlaneStatus& cp = status->control_plane();
+  EXPECT_EQ(cp.leader(), servers_.address(next));
+  EXPECT_EQ(cp.previous_leader(), servers_.address(leader));
+  EXPECT_EQ(cp.etcd_endpoints(), etcd_.endpoints());
+  EXPECT_LT(cp.etcd_lease_renewed_seconds_ago(), cp.etcd_lease_ttl_seconds());
+  const int third = 3 - leader - next;
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        auto s = observer->GetStatus("");
+        return s.ok() && s->control_plane().followers_size() == 1 &&
+               s->control_plane().followers(0) == servers_.address(third);
+      },
+      absl::Seconds(10)));
   // The same arithmetic in the same order: the same bits.
   EXPECT_EQ(Final("storm"), Final("calm"));
 }
