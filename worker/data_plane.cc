@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/local_address.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/host_communicator.h"
@@ -60,12 +61,35 @@ GlooCommunicator::Options GlooOptions(const DataPlaneOptions& options, bool shar
   return gloo;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, int rank,
-                                                          int world_size, const std::string& tag,
-                                                          const DataPlaneOptions& options,
-                                                          bool shared_memory,
-                                                          const std::function<bool()>& cancelled,
-                                                          nlohmann::json* description) {
+// Where a flat ring's bytes go: all to its successor.
+std::function<HostBytes()> RingBytes(const Communicator* comm, bool successor_elsewhere) {
+  return [comm, successor_elsewhere] {
+    const CollectiveBytes b = comm->bytes_sent();
+    const int64_t sum = b.all_gather + b.reduce_scatter + b.all_reduce + b.broadcast;
+    return successor_elsewhere ? HostBytes{0, sum} : HostBytes{sum, 0};
+  };
+}
+
+// Publishes this rank's host identity and reads its ring successor's (the
+// flat rings send to rank + 1): whether that one runs on another host. One
+// store write and one read per rank, whatever the world size.
+absl::StatusOr<bool> SuccessorRunsElsewhere(KeyValueStore* store, int rank, int world_size,
+                                            absl::Duration timeout) {
+  constexpr char kPrefix[] = "data_plane/host/";
+  const std::string mine = HostIdentity();
+  if (absl::Status s = store->Set(absl::StrCat(kPrefix, rank), mine); !s.ok()) return s;
+  if (world_size == 1) return false;
+  absl::StatusOr<std::string> next =
+      store->Get(absl::StrCat(kPrefix, (rank + 1) % world_size), timeout);
+  if (!next.ok()) return Failed("data plane: the ring successor's host", next.status());
+  return *next != mine;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
+    KeyValueStore* store, int rank, int world_size, const std::string& tag,
+    const DataPlaneOptions& options, bool shared_memory, const std::function<bool()>& cancelled,
+    nlohmann::json* description, bool successor_elsewhere = false,
+    std::function<HostBytes()>* host_bytes = nullptr) {
   const GlooCommunicator::Options gloo = GlooOptions(options, shared_memory, cancelled);
   // Shared memory or TCP, the same for every rank (host_communicator.h).
   absl::StatusOr<std::unique_ptr<HostCommunicator>> created =
@@ -76,6 +100,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
                            {"note", (*created)->transport_note()},
                            {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
   }
+  if (host_bytes != nullptr) {
+    // Shared memory never leaves the host.
+    *host_bytes =
+        RingBytes(created->get(), successor_elsewhere && (*created)->transport() != "shm");
+  }
   return std::unique_ptr<Communicator>(*std::move(created));
 }
 
@@ -85,7 +114,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
     KeyValueStore* store, int rank, int world_size, const std::string& tag,
     const DataPlaneOptions& options, const std::function<bool()>& cancelled,
-    nlohmann::json* description) {
+    nlohmann::json* description, std::function<HostBytes()>* host_bytes) {
   TwoLevelCommunicator::Options two_level;
   two_level.host = GlooOptions(options, options.shared_memory, cancelled);
   std::string why_not;
@@ -95,26 +124,38 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
     return Failed(absl::StrCat("two-level bootstrap (", tag, ")"), created.status());
   }
   if (*created == nullptr) {
-    if (rank == 0) std::fprintf(stderr, "data plane (%s): flat: %s\n", tag.c_str(), why_not.c_str());
+    if (rank == 0)
+      std::fprintf(stderr, "data plane (%s): flat: %s\n", tag.c_str(), why_not.c_str());
     return nullptr;
   }
   (*description)[tag] = {{"transport", (*created)->transport()},
                          {"note", (*created)->transport_note()},
                          {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
+  // The communicator knows which of its levels crossed the network.
+  const TwoLevelCommunicator* levels = created->get();
+  *host_bytes = [levels] {
+    const CollectiveBytes all = levels->bytes_sent();
+    const CollectiveBytes inter = levels->inter_host_bytes_sent();
+    const int64_t sum = all.all_gather + all.reduce_scatter + all.all_reduce + all.broadcast;
+    const int64_t across =
+        inter.all_gather + inter.reduce_scatter + inter.all_reduce + inter.broadcast;
+    return HostBytes{sum - across, across};
+  };
   return std::unique_ptr<Communicator>(*std::move(created));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, int rank,
-                                                          int world_size, const std::string& tag,
-                                                          const DataPlaneOptions& options,
-                                                          const std::function<bool()>& cancelled,
-                                                          nlohmann::json* description) {
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(
+    KeyValueStore* store, int rank, int world_size, const std::string& tag,
+    const DataPlaneOptions& options, const std::function<bool()>& cancelled,
+    bool successor_elsewhere, nlohmann::json* description, std::function<HostBytes()>* host_bytes) {
   if (options.backend == DataPlaneBackend::kNccl) {
 #ifdef ZEROSHARD_HAVE_CUDA
     absl::StatusOr<std::unique_ptr<NcclCommunicator>> nccl = NcclCommunicator::Create(
         store, rank, world_size, options.cuda_device, tag, options.timeout);
     if (!nccl.ok()) return Failed(absl::StrCat("nccl bootstrap (", tag, ")"), nccl.status());
     (*description)[tag] = {{"transport", "nccl"}};
+    // Taken as a ring (NCCL may pick trees; the split is then approximate).
+    *host_bytes = RingBytes(nccl->get(), successor_elsewhere);
     return std::unique_ptr<Communicator>(*std::move(nccl));
 #else
     return absl::FailedPreconditionError("nccl: this shard_worker was built without CUDA");
@@ -122,14 +163,24 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
   }
   if (options.two_level) {
     absl::StatusOr<std::unique_ptr<Communicator>> two_level =
-        ConnectTwoLevel(store, rank, world_size, tag, options, cancelled, description);
+        ConnectTwoLevel(store, rank, world_size, tag, options, cancelled, description, host_bytes);
     if (!two_level.ok() || *two_level != nullptr) return two_level;
   }
   return ConnectGloo(store, rank, world_size, tag, options, options.shared_memory, cancelled,
-                     description);
+                     description, successor_elsewhere, host_bytes);
 }
 
 }  // namespace
+
+HostBytes DataPlane::BytesByHost() const {
+  HostBytes sum;
+  for (const auto& bytes : host_bytes) {
+    const HostBytes b = bytes();
+    sum.intra_host += b.intra_host;
+    sum.inter_host += b.inter_host;
+  }
+  return sum;
+}
 
 void DataPlane::Abort() {
   for (Communicator* c :
@@ -145,12 +196,18 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
   // Only the rendezvous uses the store; the communicators do not keep it.
   ClientKvStore store(client);
   auto plane = std::make_unique<DataPlane>();
+  absl::StatusOr<bool> successor_elsewhere =
+      SuccessorRunsElsewhere(&store, rank, world_size, options.timeout);
+  if (!successor_elsewhere.ok()) return successor_elsewhere.status();
+  plane->host_bytes.resize(2);
   absl::StatusOr<std::unique_ptr<Communicator>> gather =
-      ConnectBulk(&store, rank, world_size, "gather", options, cancelled, &plane->description);
+      ConnectBulk(&store, rank, world_size, "gather", options, cancelled, *successor_elsewhere,
+                  &plane->description, &plane->host_bytes[0]);
   if (!gather.ok()) return gather.status();
   plane->gather = *std::move(gather);
   absl::StatusOr<std::unique_ptr<Communicator>> reduce =
-      ConnectBulk(&store, rank, world_size, "reduce", options, cancelled, &plane->description);
+      ConnectBulk(&store, rank, world_size, "reduce", options, cancelled, *successor_elsewhere,
+                  &plane->description, &plane->host_bytes[1]);
   if (!reduce.ok()) return reduce.status();
   plane->reduce = *std::move(reduce);
   // Host-side metrics only: a few bytes, so TCP (no segment to map), and not

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -51,6 +52,17 @@ struct DataPlaneOptions {
   std::string test_hold_file;
 };
 
+// Bytes sent, by where they went: to a rank on this host (shared memory or
+// loopback TCP) or across the network to another host.
+struct HostBytes {
+  int64_t intra_host = 0;
+  int64_t inter_host = 0;
+};
+
+inline HostBytes operator-(const HostBytes& a, const HostBytes& b) {
+  return {a.intra_host - b.intra_host, a.inter_host - b.inter_host};
+}
+
 struct DataPlane {
   std::unique_ptr<Communicator> gather;
   std::unique_ptr<Communicator> reduce;
@@ -65,6 +77,15 @@ struct DataPlane {
   // fails promptly, and so do the peers blocked on this rank. Thread-safe;
   // REQUIRES: the communicators are not being destroyed.
   void Abort();
+
+  // What the bulk communicators (gather and reduce) sent so far, by where it
+  // went. Two-level communicators count their levels; a flat ring (Gloo TCP,
+  // NCCL) sends everything to its successor, so its bytes are intra-host
+  // when the successor runs on this host and inter-host otherwise; shared
+  // memory is intra-host. Thread-safe as bytes_sent() is.
+  HostBytes BytesByHost() const;
+  // One per bulk communicator, set by ConnectDataPlane: its bytes split.
+  std::vector<std::function<HostBytes()>> host_bytes;
 };
 
 // Says on stderr what the host communicators run on and why (shared memory

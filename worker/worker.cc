@@ -369,8 +369,14 @@ absl::Status Worker::Train() {
 
 ShardIdentity Worker::IdentityAt(int completed) const {
   const Generation& g = *generation_;
-  return {config_.job, completed,         rank_, world(), g.membership.generation,
-          g.plan.hash, DataRow(completed), task_->HuggingFaceConfig()};
+  return {config_.job,
+          completed,
+          rank_,
+          world(),
+          g.membership.generation,
+          g.plan.hash,
+          DataRow(completed),
+          task_->HuggingFaceConfig()};
 }
 
 absl::Status Worker::RunStep(int step) {
@@ -383,6 +389,7 @@ absl::Status Worker::RunStep(int step) {
     absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
+  const HostBytes bytes_before = generation_->data_plane->BytesByHost();
   for (int micro = 0; micro < grad_accum; ++micro) {
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
       return Annotate(s, "data");
@@ -399,6 +406,11 @@ absl::Status Worker::RunStep(int step) {
   if (!mean.ok()) return Annotate(mean.status(), "loss");
   metrics_.RecordStep(*mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
                       KernelTimesSnapshot());
+  // Read after the loss's collective: the next step's early gathers (issued
+  // inside Step) are this step's traffic.
+  const HostBytes step_bytes = generation_->data_plane->BytesByHost() - bytes_before;
+  metrics_.step_bytes_intra_host.push_back(step_bytes.intra_host);
+  metrics_.step_bytes_inter_host.push_back(step_bytes.inter_host);
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
@@ -444,15 +456,14 @@ absl::Status Worker::Evaluate(int completed_steps) {
   metrics_.val_losses.push_back(eval->loss);
   if (rank_ == 0) {
     std::fprintf(stderr, "step %d  val_loss %.4f%s\n", completed_steps, eval->loss,
-                 eval->accuracy >= 0 ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%",
-                                                                    100 * eval->accuracy),
-                                                    eval->accuracy_in_context >= 0
-                                                        ? absl::StrFormat(
-                                                              " (after another line %.1f%%)",
-                                                              100 * eval->accuracy_in_context)
-                                                        : "")
-                                           .c_str()
-                                     : "");
+                 eval->accuracy >= 0
+                     ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%", 100 * eval->accuracy),
+                                    eval->accuracy_in_context >= 0
+                                        ? absl::StrFormat(" (after another line %.1f%%)",
+                                                          100 * eval->accuracy_in_context)
+                                        : "")
+                           .c_str()
+                     : "");
   }
   return absl::OkStatus();
 }

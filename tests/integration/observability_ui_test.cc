@@ -121,17 +121,12 @@ TEST_F(ObservabilityUiTest, MetricsOfALiveJobPassPromtoolAndHoldTheSeries) {
   auto [code, out] = RunCommand(promtool + " check metrics < " + dir_ + "/metrics.txt");
   EXPECT_EQ(code, 0) << out;
   for (const char* series :
-       {"zeroshard_jobs{state=\"running\"} 1",
-        "zeroshard_members{state=\"alive\"} 2",
-        "zeroshard_job_generation{job=\"live\"} 1",
-        "zeroshard_joins_total 2",
-        "zeroshard_heartbeats_total ",
-        "zeroshard_rpcs_total{method=\"Join\",code=\"OK\"} 2",
+       {"zeroshard_jobs{state=\"running\"} 1", "zeroshard_members{state=\"alive\"} 2",
+        "zeroshard_job_generation{job=\"live\"} 1", "zeroshard_joins_total 2",
+        "zeroshard_heartbeats_total ", "zeroshard_rpcs_total{method=\"Join\",code=\"OK\"} 2",
         "zeroshard_rpc_duration_seconds_bucket{method=\"Join\",code=\"OK\",le=\"+Inf\"} 2",
-        "zeroshard_kv_operations_total{op=\"set\"} ",
-        "zeroshard_checkpoint_commits_total ",
-        "zeroshard_checkpoint_committed_bytes_total ",
-        "zeroshard_consolidated_bytes_total 0",
+        "zeroshard_kv_operations_total{op=\"set\"} ", "zeroshard_checkpoint_commits_total ",
+        "zeroshard_checkpoint_committed_bytes_total ", "zeroshard_consolidated_bytes_total 0",
         "zeroshard_consolidation_seconds_total 0",
         "zeroshard_checkpoints{job=\"live\",state=\"verified\"} ",
         "zeroshard_checkpoints{job=\"live\",state=\"failed\"} 0",
@@ -150,7 +145,11 @@ TEST_F(ObservabilityUiTest, MetricsOfALiveJobPassPromtoolAndHoldTheSeries) {
         "zeroshard_rank_heartbeat_age_seconds{job=\"live\",rank=\"1\",worker=\"w1\"} ",
         "zeroshard_rank_straggler{job=\"live\",rank=\"0\",worker=\"w0\"} 0",
         "zeroshard_rank_hung{job=\"live\",rank=\"1\",worker=\"w1\"} 0",
-        "zeroshard_rank_data_plane_sent_bytes_total{job=\"live\",rank=\"0\",worker=\"w0\"} "}) {
+        "zeroshard_rank_data_plane_sent_bytes_total{job=\"live\",rank=\"0\",worker=\"w0\"} ",
+        "zeroshard_rank_comm_bytes_intra_host_total{job=\"live\",rank=\"0\",worker=\"w0\"} ",
+        // One host: nothing crosses a network.
+        "zeroshard_rank_comm_bytes_inter_host_total{job=\"live\",rank=\"1\",worker=\"w1\"} "
+        "0\n"}) {
     EXPECT_NE(text.find(series), std::string::npos) << series;
   }
   // Commits were counted: a number above zero.
