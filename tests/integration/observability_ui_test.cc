@@ -121,12 +121,17 @@ TEST_F(ObservabilityUiTest, MetricsOfALiveJobPassPromtoolAndHoldTheSeries) {
   auto [code, out] = RunCommand(promtool + " check metrics < " + dir_ + "/metrics.txt");
   EXPECT_EQ(code, 0) << out;
   for (const char* series :
-       {"zeroshard_jobs{state=\"running\"} 1", "zeroshard_members{state=\"alive\"} 2",
-        "zeroshard_job_generation{job=\"live\"} 1", "zeroshard_joins_total 2",
-        "zeroshard_heartbeats_total ", "zeroshard_rpcs_total{method=\"Join\",code=\"OK\"} 2",
+       {"zeroshard_jobs{state=\"running\"} 1",
+        "zeroshard_members{state=\"alive\"} 2",
+        "zeroshard_job_generation{job=\"live\"} 1",
+        "zeroshard_joins_total 2",
+        "zeroshard_heartbeats_total ",
+        "zeroshard_rpcs_total{method=\"Join\",code=\"OK\"} 2",
         "zeroshard_rpc_duration_seconds_bucket{method=\"Join\",code=\"OK\",le=\"+Inf\"} 2",
-        "zeroshard_kv_operations_total{op=\"set\"} ", "zeroshard_checkpoint_commits_total ",
-        "zeroshard_checkpoint_committed_bytes_total ", "zeroshard_consolidated_bytes_total 0",
+        "zeroshard_kv_operations_total{op=\"set\"} ",
+        "zeroshard_checkpoint_commits_total ",
+        "zeroshard_checkpoint_committed_bytes_total ",
+        "zeroshard_consolidated_bytes_total 0",
         "zeroshard_consolidation_seconds_total 0",
         "zeroshard_checkpoints{job=\"live\",state=\"verified\"} ",
         "zeroshard_checkpoints{job=\"live\",state=\"failed\"} 0",
