@@ -210,10 +210,10 @@ absl::Status ReadMembership(WorkerConfig* config) {
   return absl::OkStatus();
 }
 
-absl::Status ReadCompute(WorkerConfig* config) {
+// --backend and the data plane's ports, timeout and threads.
+absl::Status ReadDataPlane(WorkerConfig* config) {
   DataPlaneOptions& plane = config->data_plane;
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  const std::string model = absl::GetFlag(FLAGS_model);
   if (backend == "nccl") {
 #ifdef ZEROSHARD_HAVE_CUDA
     plane.backend = DataPlaneBackend::kNccl;
@@ -239,7 +239,13 @@ absl::Status ReadCompute(WorkerConfig* config) {
   }
   config->blas_threads = absl::GetFlag(FLAGS_threads);
   if (config->blas_threads < 1) return Bad("--threads must be >= 1");
+  return absl::OkStatus();
+}
 
+// The model and its data.
+absl::Status ReadTask(WorkerConfig* config) {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::string model = absl::GetFlag(FLAGS_model);
   TaskOptions& task = config->task;
   task.model = model;
   task.layers = absl::GetFlag(FLAGS_layers);
@@ -278,7 +284,12 @@ absl::Status ReadCompute(WorkerConfig* config) {
   if (absl::GetFlag(FLAGS_steps) < 0 || task.batch < 1) {
     return Bad("--steps must be >= 0 and --batch >= 1");
   }
+  return absl::OkStatus();
+}
 
+// The ZeRO stage, the optimizer and the compute types.
+absl::Status ReadEngine(WorkerConfig* config) {
+  const TaskOptions& task = config->task;
   EngineOptions& engine = config->engine;
   engine.stage = absl::GetFlag(FLAGS_stage);
   if (engine.stage < 0 || engine.stage > 3) {
@@ -292,7 +303,7 @@ absl::Status ReadCompute(WorkerConfig* config) {
   if (engine.grad_accum < 1) {
     return Bad(absl::StrCat("--grad_accum=", engine.grad_accum, ": expected 1 or more"));
   }
-  engine.collective_timeout = plane.timeout;
+  engine.collective_timeout = config->data_plane.timeout;
   engine.optimizer = absl::GetFlag(FLAGS_optimizer);
   engine.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   if (absl::GetFlag(FLAGS_weight_decay) >= 0) {
@@ -323,6 +334,12 @@ absl::Status ReadCompute(WorkerConfig* config) {
 
   config->plan.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
   return absl::OkStatus();
+}
+
+absl::Status ReadCompute(WorkerConfig* config) {
+  if (absl::Status s = ReadDataPlane(config); !s.ok()) return s;
+  if (absl::Status s = ReadTask(config); !s.ok()) return s;
+  return ReadEngine(config);
 }
 
 absl::Status ReadRun(WorkerConfig* config) {
