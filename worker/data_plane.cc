@@ -70,19 +70,20 @@ std::function<HostBytes()> RingBytes(const Communicator* comm, bool successor_el
   };
 }
 
-// Publishes this rank's host identity and reads its ring successor's (the
-// flat rings send to rank + 1): whether that one runs on another host. One
-// store write and one read per rank, whatever the world size.
-absl::StatusOr<bool> SuccessorRunsElsewhere(KeyValueStore* store, int rank, int world_size,
-                                            absl::Duration timeout) {
-  constexpr char kPrefix[] = "data_plane/host/";
-  const std::string mine = HostIdentity();
-  if (absl::Status s = store->Set(absl::StrCat(kPrefix, rank), mine); !s.ok()) return s;
-  if (world_size == 1) return false;
-  absl::StatusOr<std::string> next =
-      store->Get(absl::StrCat(kPrefix, (rank + 1) % world_size), timeout);
-  if (!next.ok()) return Failed("data plane: the ring successor's host", next.status());
-  return *next != mine;
+// Host identities in the store, one per rank, so that each ring can tell
+// whether its successor runs on another host: one write and one read per
+// ring, whatever the world size.
+constexpr char kHostKeyPrefix[] = "data_plane/host/";
+
+absl::Status PublishHost(KeyValueStore* store, int rank) {
+  return store->Set(absl::StrCat(kHostKeyPrefix, rank), HostIdentity());
+}
+
+// Whether job rank `other` (which published its host) runs on another host.
+absl::StatusOr<bool> RunsElsewhere(KeyValueStore* store, int other, absl::Duration timeout) {
+  absl::StatusOr<std::string> host = store->Get(absl::StrCat(kHostKeyPrefix, other), timeout);
+  if (!host.ok()) return Failed("data plane: the ring successor's host", host.status());
+  return *host != HostIdentity();
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
@@ -183,8 +184,8 @@ HostBytes DataPlane::BytesByHost() const {
 }
 
 void DataPlane::Abort() {
-  for (Communicator* c :
-       {gather.get(), reduce.get(), aux.get(), static_cast<Communicator*>(snapshot.get())}) {
+  for (Communicator* c : {gather.get(), reduce.get(), replicas.get(), aux.get(),
+                         static_cast<Communicator*>(snapshot.get())}) {
     if (c != nullptr) c->Abort();
   }
 }
@@ -196,20 +197,50 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
   // Only the rendezvous uses the store; the communicators do not keep it.
   ClientKvStore store(client);
   auto plane = std::make_unique<DataPlane>();
-  absl::StatusOr<bool> successor_elsewhere =
-      SuccessorRunsElsewhere(&store, rank, world_size, options.timeout);
-  if (!successor_elsewhere.ok()) return successor_elsewhere.status();
-  plane->host_bytes.resize(2);
-  absl::StatusOr<std::unique_ptr<Communicator>> gather =
-      ConnectBulk(&store, rank, world_size, "gather", options, cancelled, *successor_elsewhere,
-                  &plane->description, &plane->host_bytes[0]);
-  if (!gather.ok()) return gather.status();
-  plane->gather = *std::move(gather);
-  absl::StatusOr<std::unique_ptr<Communicator>> reduce =
-      ConnectBulk(&store, rank, world_size, "reduce", options, cancelled, *successor_elsewhere,
-                  &plane->description, &plane->host_bytes[1]);
-  if (!reduce.ok()) return reduce.status();
-  plane->reduce = *std::move(reduce);
+  if (absl::Status s = PublishHost(&store, rank); !s.ok()) return s;
+  // Shard groups of G consecutive ranks (G = W: none): this rank is member
+  // `member` of group `group`; its replicas are the members `member` of the
+  // other groups.
+  const int g = options.shard_group_size > 0 && options.shard_group_size < world_size
+                    ? options.shard_group_size
+                    : world_size;
+  const int member = rank % g, group = rank / g, replicas = world_size / g;
+  // One bulk communicator: `role` over the `size` ranks listed by
+  // job_rank(i), this rank at index `index`.
+  auto connect = [&](const std::string& role, const std::string& tag, int index, int size,
+                     const std::function<int(int)>& job_rank) -> absl::StatusOr<Communicator*> {
+    absl::StatusOr<bool> elsewhere =
+        size > 1 ? RunsElsewhere(&store, job_rank((index + 1) % size), options.timeout) : false;
+    if (!elsewhere.ok()) return elsewhere.status();
+    plane->host_bytes.emplace_back();
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        ConnectBulk(&store, index, size, tag, options, cancelled, *elsewhere,
+                    &plane->description, &plane->host_bytes.back());
+    if (!comm.ok()) return comm.status();
+    if (tag != role) {  // described by role, with the group's tag
+      plane->description[role] = plane->description[tag];
+      plane->description[role]["tag"] = tag;
+      plane->description.erase(tag);
+    }
+    std::unique_ptr<Communicator>& slot = role == "gather"   ? plane->gather
+                                          : role == "reduce" ? plane->reduce
+                                                             : plane->replicas;
+    slot = *std::move(comm);
+    return slot.get();
+  };
+  const std::string in_group = g < world_size ? absl::StrCat("/group", group) : "";
+  auto group_rank = [&](int i) { return group * g + i; };
+  for (const char* role : {"gather", "reduce"}) {
+    absl::StatusOr<Communicator*> c =
+        connect(role, absl::StrCat(role, in_group), member, g, group_rank);
+    if (!c.ok()) return c.status();
+  }
+  if (replicas > 1) {
+    absl::StatusOr<Communicator*> c =
+        connect("replicas", absl::StrCat("replicas/member", member), group, replicas,
+                [&](int k) { return k * g + member; });
+    if (!c.ok()) return c.status();
+  }
   // Host-side metrics only: a few bytes, so TCP (no segment to map), and not
   // in the report.
   absl::StatusOr<std::unique_ptr<Communicator>> aux = ConnectGloo(
@@ -226,7 +257,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
 }
 
 void LogHostTransports(const DataPlane& plane) {
-  for (const char* tag : {"gather", "reduce"}) {
+  for (const char* tag : {"gather", "reduce", "replicas"}) {
+    if (!plane.description.contains(tag)) continue;  // replicas: only with shard groups
     const nlohmann::json& d = plane.description.at(tag);
     const std::string transport = d["transport"];
     if (transport == "nccl") continue;
