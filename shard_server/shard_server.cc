@@ -279,6 +279,10 @@ void ShardServer::TickLoop() {
 
 void ShardServer::Wait() { stop_.WaitForNotification(); }
 
+std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
 void ShardServer::Shutdown() {
   // Held throughout, so that a second caller returns only once the first
   // caller's shutdown is complete.

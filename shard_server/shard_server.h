@@ -70,6 +70,9 @@ class ShardServer {
   int port() const { return port_; }
   int metrics_port() const { return http_ != nullptr ? http_->port() : 0; }  // 0: none
   std::string address() const { return address_; }  // HOST:PORT actually bound
+  // A channel to this server inside the process (no socket), through the
+  // same services and interceptors as the network (tests/fuzz).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // Blocks until Shutdown() is called from another thread (or a signal handler
   // thread).
