@@ -74,6 +74,10 @@ ABSL_FLAG(bool, insecure, false,
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, job_tokens_dir, "",
+          "Directory of job tokens, one file <job>.token each (shardctl job create writes one): a "
+          "job token acts on its own job only; --auth_token_file's token stays the admin's. Read "
+          "again whenever the directory changes (remove a file to revoke its token)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file: serve TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -173,6 +177,8 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
     if (!token.ok()) return absl::InvalidArgumentError(std::string(token.status().message()));
     options.auth_token = *std::move(token);
   }
+  options.job_tokens_dir = absl::GetFlag(FLAGS_job_tokens_dir);
+  options.insecure_job_tokens = absl::GetFlag(FLAGS_insecure);
   const std::pair<std::string, std::string*> tls_files[] = {
       {absl::GetFlag(FLAGS_tls_cert), &options.tls_cert},
       {absl::GetFlag(FLAGS_tls_key), &options.tls_key},

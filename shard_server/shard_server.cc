@@ -55,6 +55,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
   if (options.clock != nullptr) server->clock_ = options.clock;
+  if (!options.job_tokens_dir.empty() && options.auth_token.empty()) {
+    return absl::InvalidArgumentError(
+        "--job_tokens_dir needs --auth_token_file: job tokens narrow an authenticated server");
+  }
   server->log_ = std::make_unique<EventLog>(options.log_sink);
   if (absl::Status s = server->OpenState(); !s.ok()) return s;
   if (absl::Status s = server->MakeMembershipAndStores(); !s.ok()) return s;
@@ -175,8 +179,10 @@ void ShardServer::MakeServices() {
   checkpoints_ = std::make_unique<CheckpointService>(checkpoint_registry_.get(), membership_.get(),
                                                      log_.get(), checkpoint_service);
   diagnosis_ = std::make_unique<TelemetryAnalyzer>(clock_, log_.get(), options_.telemetry);
+  credentials_ = std::make_unique<JobCredentials>(options_.auth_token, options_.job_tokens_dir,
+                                                  options_.insecure_job_tokens);
   service_ = std::make_unique<CoordinatorService>(
-      clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token, checkpoints_.get(),
+      clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get(), metrics);
 }
 

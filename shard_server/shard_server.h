@@ -20,6 +20,7 @@
 #include "shard_server/coordinator_service.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/observability/history_store.h"
+#include "shard_server/job_credentials.h"
 #include "shard_server/kv/kv_store.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/metrics_http.h"
@@ -35,7 +36,11 @@ struct ShardServerOptions {
   std::string state_dir;               // empty: no persistence
   MembershipOptions membership;
   KvLimits kv;  // bounds of the KV store
-  std::string auth_token;  // empty: no authentication
+  std::string auth_token;  // the admin token; empty: no authentication
+  // Job tokens, <job>.token files (job_credentials.h); empty: none. Needs
+  // auth_token.
+  std::string job_tokens_dir;
+  bool insecure_job_tokens = false;  // accept world-readable or short job token files
   // TLS (PEM contents, not paths). Client certificates are required when
   // tls_client_ca is set.
   std::string tls_cert;
@@ -107,6 +112,7 @@ class ShardServer {
   std::unique_ptr<TelemetryAnalyzer> diagnosis_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<HistoryStore> history_;
+  std::unique_ptr<JobCredentials> credentials_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
