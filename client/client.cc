@@ -63,6 +63,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("server address '", options.server, "' is not HOST:PORT"));
   }
+  if (absl::Status s = CheckTokenTransport(!options.token.empty(), !options.tls_ca.empty(),
+                                          options.server, options.insecure, "--tls_ca");
+      !s.ok()) {
+    return s;
+  }
   std::unique_ptr<Client> client(new Client());
   client->options_ = options;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();

@@ -69,8 +69,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the bound metrics port is written here once serving");
 ABSL_FLAG(bool, insecure, false,
-          "Accept an --auth_token_file that every user may read or write, or a token shorter "
-          "than 16 characters (both refused otherwise)");
+          "Accept an --auth_token_file (or job token file) that every user may read or write, a "
+          "token shorter than 16 characters, or a token over plaintext on a non-loopback "
+          "--listen address (all refused otherwise)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
@@ -187,8 +188,9 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
     if (!path.empty() && !ReadFile(path, field))
       return absl::InvalidArgumentError("cannot read " + path);
   }
-
-  return absl::OkStatus();
+  return zeroshard::CheckTokenTransport(!options.auth_token.empty(), !options.tls_cert.empty(),
+                                       absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_insecure),
+                                       "--tls_cert and --tls_key");
 }
 
 // The server's options from the flags.

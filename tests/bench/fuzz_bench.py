@@ -70,7 +70,7 @@ def parse_output(text):
     return result
 
 
-def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus):
+def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus, extra_corpus):
     binary = os.path.join(bin_dir, name)
     seeds = os.path.join(ROOT, "tests", "fuzz", "corpus", name)
     corpus = os.path.join(work, "corpus", name)
@@ -80,6 +80,8 @@ def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus):
     cmd = [binary, f"-max_total_time={seconds}", "-print_final_stats=1", "-timeout=10",
            "-rss_limit_mb=2048", "-malloc_limit_mb=2048", f"-artifact_prefix={artifacts}",
            corpus, seeds]
+    if extra_corpus and os.path.isdir(os.path.join(extra_corpus, name)):
+        cmd.append(os.path.join(extra_corpus, name))
     start = time.time()
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, errors="replace",
                           timeout=seconds + 120)
@@ -113,7 +115,9 @@ def main():
     p.add_argument("--targets", default=",".join(TARGETS))
     p.add_argument("--bin_dir", default="", help="default: bazel info --config=fuzz bazel-bin")
     p.add_argument("--json_out", default="")
-    p.add_argument("--keep_corpus", default="")
+    p.add_argument("--keep_corpus", default="", help="copy the grown corpora to DIR/<target>")
+    p.add_argument("--extra_corpus", default="",
+                   help="also start from DIR/<target> (e.g. an earlier --keep_corpus)")
     p.add_argument("--findings_dir", default="/tmp/zeroshard-fuzz-findings")
     args = p.parse_args()
     seconds = args.seconds or int(args.minutes * 60) or 60
@@ -124,7 +128,8 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory(prefix="zeroshard-fuzz-") as work:
         for name in targets:
-            row = run_target(name, bin_dir, seconds, work, args.findings_dir, args.keep_corpus)
+            row = run_target(name, bin_dir, seconds, work, args.findings_dir, args.keep_corpus,
+                             args.extra_corpus)
             rows.append(row)
             print(f"  {name}: {row['executions']:,} executions, cov {row['cov']}, "
                   f"{len(row['findings'])} findings", flush=True)
