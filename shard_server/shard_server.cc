@@ -55,6 +55,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
   if (options.clock != nullptr) server->clock_ = options.clock;
+  if (!options.job_tokens_dir.empty() && options.auth_token.empty()) {
+    return absl::InvalidArgumentError(
+        "--job_tokens_dir needs --auth_token_file: job tokens narrow an authenticated server");
+  }
   server->log_ = std::make_unique<EventLog>(options.log_sink);
   if (absl::Status s = server->OpenState(); !s.ok()) return s;
   if (absl::Status s = server->MakeMembershipAndStores(); !s.ok()) return s;
@@ -182,8 +186,10 @@ void ShardServer::MakeServices() {
   checkpoints_ = std::make_unique<CheckpointService>(checkpoint_registry_.get(), membership_.get(),
                                                      log_.get(), checkpoint_service);
   diagnosis_ = std::make_unique<TelemetryAnalyzer>(clock_, log_.get(), options_.telemetry);
+  credentials_ = std::make_unique<JobCredentials>(options_.auth_token, options_.job_tokens_dir,
+                                                  options_.insecure_job_tokens);
   service_ = std::make_unique<CoordinatorService>(
-      clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token, checkpoints_.get(),
+      clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get(), metrics);
   if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
 }
@@ -287,6 +293,10 @@ void ShardServer::TickLoop() {
 }
 
 void ShardServer::Wait() { stop_.WaitForNotification(); }
+
+std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
 
 void ShardServer::Shutdown() {
   // Held throughout, so that a second caller returns only once the first
