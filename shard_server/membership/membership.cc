@@ -632,7 +632,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     });
   }
   job.pending.clear();
-  for (const MemberState& m : job.members) ++job.joins[m.worker_id];
+  for (MemberState& m : job.members) m.rejoins = std::max(0, ++job.joins[m.worker_id] - 1);
   log_->Log("ranks_assigned", {{"job", job.id},
                                {"generation", absl::StrCat(job.generation)},
                                {"world_size", absl::StrCat(job.world_size)}});
@@ -1153,6 +1153,12 @@ absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
 
 v1::GetStatusResponse Membership::Status(const std::string& job_id) {
   v1::GetStatusResponse response;
+  FillStatus(job_id, &response);
+  return response;
+}
+
+void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* response) {
+  response->Clear();
   absl::MutexLock lock(&mu_);
   absl::Time now = clock_->Now();
   std::vector<const Job*> jobs;
@@ -1161,7 +1167,8 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
   }
   std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->id < b->id; });
   for (const Job* job : jobs) {
-    v1::JobStatus* out = response.add_jobs();
+    v1::JobStatus* out = response->add_jobs();
+    out->mutable_members()->Reserve(static_cast<int>(job->members.size()));
     out->set_job_id(job->id);
     out->set_state(job->state);
     out->set_generation(job->generation);
@@ -1182,8 +1189,7 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       ms->set_collective_seq(m.collective_seq);
       *ms->mutable_last_step() = m.last_step;
       *ms->mutable_telemetry() = m.telemetry;
-      auto joined = job->joins.find(m.worker_id);
-      ms->set_rejoins(joined == job->joins.end() ? 0 : std::max(0, joined->second - 1));
+      ms->set_rejoins(m.rejoins);
     }
     out->set_snapshot_step(CommittedSnapshot(*job));
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
@@ -1204,7 +1210,6 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       }
     }
   }
-  return response;
 }
 
 }  // namespace zeroshard

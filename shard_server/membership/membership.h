@@ -137,6 +137,9 @@ class Membership {
   void Tick();
 
   v1::GetStatusResponse Status(const std::string& job_id);
+  // The same into `*out` (cleared first): a message on an arena makes the
+  // copy of a large job's members cheap (the server's timer, twice a second).
+  void FillStatus(const std::string& job_id, v1::GetStatusResponse* out);
 
   // The job's world size, or NOT_FOUND.
   absl::StatusOr<int> WorldSize(const std::string& job_id);
@@ -157,6 +160,7 @@ class Membership {
     int64_t collective_seq = 0;
     v1::StepTelemetry last_step;
     std::string incarnation;     // JoinRequest.incarnation
+    int rejoins = 0;             // generations it was a member of, less one
     int64_t snapshot_step = -1;  // the member's latest committed snapshot
     // When the stream of its latest beat closed (InfinitePast: not since the
     // member formed). A kill -9 closes it at once: the kernel sends FIN.
