@@ -89,6 +89,9 @@ absl::Status HistoryStore::RecordPicks(SqlDatabase::Connection& db, std::vector<
       db.Prepare("insert",
                  "INSERT OR REPLACE INTO history (job, rank, step, unix_ms, loss, step_ms, "
                  "items_per_second, memory_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  // Prepared once for the whole pass: parsing SQL per point cost more than
+  // running it.
+  Statement has = PrepareHasPoint(db);
   for (Pick& p : picks) {
     const v1::JobStatus& job = *p.job;
     const v1::MemberStatus& m = *p.member;
@@ -103,7 +106,7 @@ absl::Status HistoryStore::RecordPicks(SqlDatabase::Connection& db, std::vector<
     // Counted by what the file holds, whatever the step does: a step that
     // goes down (a rank resumed from an older checkpoint, or a forged
     // report) inserts a point as surely as one that goes up.
-    absl::StatusOr<bool> held = HasPoint(db, job.job_id(), m.rank(), m.step());
+    absl::StatusOr<bool> held = HasPoint(has, job.job_id(), m.rank(), m.step());
     if (!held.ok()) return held.status();
     insert.Reset();
     insert.Bind(1, job.job_id()).Bind(2, m.rank()).Bind(3, m.step());
@@ -132,10 +135,13 @@ absl::StatusOr<int64_t> HistoryStore::CountPoints(SqlDatabase::Connection& db,
   return n;
 }
 
-absl::StatusOr<bool> HistoryStore::HasPoint(SqlDatabase::Connection& db, const std::string& job,
-                                            int rank, int64_t step) {
-  Statement has =
-      db.Prepare("has", "SELECT 1 FROM history WHERE job = ?1 AND rank = ?2 AND step = ?3");
+Statement HistoryStore::PrepareHasPoint(SqlDatabase::Connection& db) {
+  return db.Prepare("has", "SELECT 1 FROM history WHERE job = ?1 AND rank = ?2 AND step = ?3");
+}
+
+absl::StatusOr<bool> HistoryStore::HasPoint(Statement& has, const std::string& job, int rank,
+                                            int64_t step) {
+  has.Reset();
   has.Bind(1, job).Bind(2, rank).Bind(3, step);
   const bool found = has.Next();
   if (absl::Status s = has.status(); !s.ok()) return s;

@@ -14,11 +14,11 @@
 // (synchronous=OFF): a crash may lose the last seconds of history, never
 // the server's state, which lives in another file.
 //
-// Cost: a Record writes at most max_points_per_record points per job (4,096
+// Cost: a Record writes at most max_points_per_record points per job (1,024
 // by default), taking the ranks with a new step in turn from where the last
 // Record stopped. A job of up to that many ranks gets every rank's every
 // step seen by the timer; a job of W ranks gets each rank's point every
-// W / 4,096 Records, which its per-rank bound thins to anyway (at W = 100K a
+// W / 1,024 Records, which its per-rank bound thins to anyway (at W = 100K a
 // rank keeps 64 points). So the server's time for history is bounded per
 // pass, not proportional to the job (issue #31).
 #ifndef ZEROSHARD_SHARD_SERVER_HISTORY_STORE_H_
@@ -43,7 +43,7 @@ namespace zeroshard {
 struct HistoryOptions {
   int64_t max_points_per_job = 1 << 18;
   int64_t min_points_per_rank = 64;
-  int64_t max_points_per_record = 4096;
+  int64_t max_points_per_record = 1024;
 };
 
 // Thread-safe.
@@ -94,8 +94,10 @@ class HistoryStore {
   // Points the file holds for the rank; whether it holds `step`.
   static absl::StatusOr<int64_t> CountPoints(SqlDatabase::Connection& db, const std::string& job,
                                              int rank);
-  static absl::StatusOr<bool> HasPoint(SqlDatabase::Connection& db, const std::string& job,
-                                       int rank, int64_t step);
+  // `has` is PrepareHasPoint's statement, reset and bound here.
+  static Statement PrepareHasPoint(SqlDatabase::Connection& db);
+  static absl::StatusOr<bool> HasPoint(Statement& has, const std::string& job, int rank,
+                                       int64_t step);
   // Deletes every other point of the rank older than its newest
   // `keep_recent` (history_store.h's rule); counts the deleted in `*state`.
   static absl::Status Thin(SqlDatabase::Connection& db, const std::string& job, int rank,
