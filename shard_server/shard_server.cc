@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/keepalive.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
@@ -280,9 +281,12 @@ void ShardServer::TickLoop() {
     membership_->Tick();
     kv_->Tick();
     if (clock_->Now() >= next_analysis) {
-      const v1::GetStatusResponse status = membership_->Status("");
-      diagnosis_->Analyze(status);
-      if (absl::Status s = history_->Record(status, clock_->Now()); !s.ok() && history_ok) {
+      // On an arena: every member's telemetry is copied, and freed at once.
+      google::protobuf::Arena arena;
+      auto* status = google::protobuf::Arena::CreateMessage<v1::GetStatusResponse>(&arena);
+      membership_->FillStatus("", status);
+      diagnosis_->Analyze(*status);
+      if (absl::Status s = history_->Record(*status, clock_->Now()); !s.ok() && history_ok) {
         log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
       } else {
         history_ok = s.ok();
