@@ -11,15 +11,18 @@ without restarting the survivors.
             loss = train_step(state.model, state.optimizer, step)
 
 Every `save_every` steps the loop saves the model and optimizer through DCP into the
-server (zt.dcp.StorageWriter). When a member dies, the survivors' collectives fail, the
-guard turns that into the server's verdict (GenerationChanged) and swallows it, and the
-next iteration recovers in place: it destroys the process group, re-joins the job with
-the same worker id (rejoin()), builds a new process group from the new generation's
-Store, calls `build` for the new world, loads the latest complete step (DCP through
-zt.dcp.StorageReader, resharded onto the new world size) and goes on with the step
-after it. A replacement process (the dead worker's id) joins the same generation and
-starts from the same step; without one, a job started with min_world_size shrinks after
-rejoin_grace. No process exits with status 75 for a dead peer.
+server (zt.dcp.StorageWriter). When a member dies, the survivors' collectives fail (with
+Gloo, at the server's verdict at the latest: the bridge shuts the group's connections
+down, see abort.py), the guard turns that into the server's verdict (GenerationChanged)
+and swallows it, and the next iteration recovers in place: it destroys the process
+group, re-joins the job with the same worker id (rejoin()), builds a new process group
+from the new generation's Store, calls `build` for the new world, loads the latest
+complete step (DCP through zt.dcp.StorageReader, resharded onto the new world size) and
+goes on with the step after it. A replacement process (the dead worker's id) joins the
+same generation and starts from the same step; without one, a job started with
+min_world_size shrinks after rejoin_grace. A member that dies during a recovery ends
+that generation too: the loop re-joins again, up to `max_recoveries` re-joins in all.
+No process exits with status 75 for a dead peer.
 
 The state comes from the latest committed checkpoint only; an in-memory snapshot with a
 buddy's copy (as the C++ workers keep) is not built.
@@ -36,7 +39,7 @@ import torch.distributed as dist
 
 from zeroshard.errors import GenerationChanged
 from zeroshard.torch import dcp as zdcp
-from zeroshard.torch.process_group import failure_guard, rejoin, session
+from zeroshard.torch.process_group import exit_grace, failure_guard, rejoin, session
 
 
 class ElasticState:
@@ -44,16 +47,22 @@ class ElasticState:
     checkpoints go, and the current model, optimizer and recovery records."""
 
     def __init__(self, build: Callable[[Any], Tuple[torch.nn.Module, Any]], *, root: str,
-                 save_every: int, join_timeout: float = 600.0) -> None:
+                 save_every: int, join_timeout: float = 600.0,
+                 max_recoveries: int = 10) -> None:
         if save_every <= 0:
             raise ValueError(f"save_every {save_every}: expected a positive number of steps")
+        if max_recoveries < 0:
+            raise ValueError(f"max_recoveries {max_recoveries}: expected 0 or more re-joins")
         self.build, self.root, self.save_every = build, root, save_every
-        self.join_timeout = join_timeout
+        self.join_timeout, self.max_recoveries = join_timeout, max_recoveries
         self.model: Optional[torch.nn.Module] = None
         self.optimizer: Any = None
         self.failure: Optional[GenerationChanged] = None
-        # One per recovery: {"generation", "world_size", "rank", "from_step",
-        # "failed_at", "recovered_at"} (time.time() seconds).
+        self.failed_at = 0.0
+        # One per re-join: {"generation", "world_size", "rank", "error" (what ended the
+        # generation before), "failed_at", "from_step", "recovered_at"} (time.time()
+        # seconds). A member that died during the recovery leaves from_step and
+        # recovered_at None, and the next record's error names it.
         self.recoveries: List[Dict[str, Any]] = []
 
     @contextlib.contextmanager
@@ -110,11 +119,12 @@ def _index_after(steps: List[int], step: Optional[int]) -> int:
 
 
 def _check_watchdog(s: Any) -> None:
-    """The watchdog must not end a survivor that is still waiting for its collective to
-    time out (the only way out of a Gloo collective blocked on another survivor)."""
-    grace = s.info.heartbeat_timeout + 1.0 if s.exit_if_blocked is None else s.exit_if_blocked
+    """Without an abort (NCCL), the watchdog must not end a survivor that is still waiting
+    for its collective to time out (the only way out of a collective blocked on another
+    survivor). Gloo's groups are aborted at the server's verdict: nothing to check."""
+    grace = exit_grace(s)
     timeout = s.timeout.total_seconds()
-    if 0 < grace <= timeout + s.info.heartbeat_timeout:
+    if s.connections is None and 0 < grace <= timeout + s.info.heartbeat_timeout:
         raise ValueError(
             f"zt.elastic: the watchdog would end this process {grace:.0f} s after a member's "
             f"death, before a collective blocked on a survivor times out ({timeout:.0f} s, "
@@ -123,13 +133,44 @@ def _check_watchdog(s: Any) -> None:
             f"{s.info.heartbeat_timeout:.0f} s>)")
 
 
+def _restore_through_failures(state: ElasticState) -> Optional[int]:
+    """Restores the state in the current generation; when a member dies on the way (or
+    died before: state.failure), re-joins and tries again, up to state.max_recoveries
+    re-joins in all (then raises the last failure). Returns restore()'s step."""
+    while True:
+        error = state.failure
+        if error is not None:
+            if len(state.recoveries) >= state.max_recoveries:
+                raise error
+            failed_at = state.failed_at
+            state.failure = None
+            state.model = state.optimizer = None
+            try:
+                rejoin(state.join_timeout)
+            except GenerationChanged as died:  # a member died while the new group formed
+                state.failure, state.failed_at = died, time.time()
+            s = session()
+            record = {"generation": s.generation, "world_size": s.world_size, "rank": s.rank,
+                      "error": str(error), "failed_at": failed_at, "from_step": None,
+                      "recovered_at": None}
+            state.recoveries.append(record)
+            if state.failure is not None:
+                continue
+        with state.guard():
+            from_step = state.restore()
+        if state.failure is None:
+            if error is not None:
+                record.update(from_step=from_step, recovered_at=time.time())
+            return from_step
+
+
 def elastic(steps: Iterable[int], *, state: ElasticState) -> Iterator[int]:
     """Yields the steps to run, in order; resumes from the latest complete checkpoint at
     the start and after every recovery (see the module). Call zt.init_process_group
     first (with min_world_size and rejoin_grace to let the job shrink)."""
     _check_watchdog(session())
     order = list(steps)
-    i = _index_after(order, state.restore())
+    i = _index_after(order, _restore_through_failures(state))
     while i < len(order):
         step = order[i]
         yield step
@@ -139,12 +180,4 @@ def elastic(steps: Iterable[int], *, state: ElasticState) -> Iterator[int]:
         if state.failure is None:
             i += 1
             continue
-        error, failed_at = state.failure, state.failed_at
-        state.failure = None
-        state.model = state.optimizer = None
-        s = rejoin(state.join_timeout)
-        from_step = state.restore()
-        state.recoveries.append({"generation": s.generation, "world_size": s.world_size,
-                                 "rank": s.rank, "from_step": from_step, "error": str(error),
-                                 "failed_at": failed_at, "recovered_at": time.time()})
-        i = _index_after(order, from_step)
+        i = _index_after(order, _restore_through_failures(state))
