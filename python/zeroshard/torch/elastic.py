@@ -24,8 +24,12 @@ min_world_size shrinks after rejoin_grace. A member that dies during a recovery 
 that generation too: the loop re-joins again, up to `max_recoveries` re-joins in all.
 No process exits with status 75 for a dead peer.
 
-The state comes from the latest committed checkpoint only; an in-memory snapshot with a
-buddy's copy (as the C++ workers keep) is not built.
+With snapshot_every, the state also comes from memory (zt.Snapshot: each rank's own copy
+and its neighbour's, taken every snapshot_every steps): a recovery at the same world size
+(a replacement with the dead worker's id) restores the newest snapshot that every member
+can get from itself or from the holder of its copy, without the disk; a shrunk job, or a
+member whose both copies died, loads the latest checkpoint (so does one newer than the
+snapshot).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import torch.distributed as dist
 from zeroshard.errors import GenerationChanged
 from zeroshard.torch import dcp as zdcp
 from zeroshard.torch.process_group import exit_grace, failure_guard, rejoin, session
+from zeroshard.torch.snapshot import Snapshot
 
 
 class ElasticState:
@@ -47,20 +52,27 @@ class ElasticState:
     checkpoints go, and the current model, optimizer and recovery records."""
 
     def __init__(self, build: Callable[[Any], Tuple[torch.nn.Module, Any]], *, root: str,
-                 save_every: int, join_timeout: float = 600.0,
+                 save_every: int, snapshot_every: int = 0, join_timeout: float = 600.0,
                  max_recoveries: int = 10) -> None:
         if save_every <= 0:
             raise ValueError(f"save_every {save_every}: expected a positive number of steps")
+        if snapshot_every < 0:
+            raise ValueError(f"snapshot_every {snapshot_every}: expected a number of steps "
+                             f"(0: no in-memory snapshots)")
         if max_recoveries < 0:
             raise ValueError(f"max_recoveries {max_recoveries}: expected 0 or more re-joins")
         self.build, self.root, self.save_every = build, root, save_every
         self.join_timeout, self.max_recoveries = join_timeout, max_recoveries
+        self.snapshot_every = snapshot_every
+        self.snapshot: Optional[Snapshot] = Snapshot() if snapshot_every else None
+        self.restored_from = ""  # "memory" or "disk": where restore()'s step came from
         self.model: Optional[torch.nn.Module] = None
         self.optimizer: Any = None
         self.failure: Optional[GenerationChanged] = None
         self.failed_at = 0.0
         # One per re-join: {"generation", "world_size", "rank", "error" (what ended the
-        # generation before), "failed_at", "from_step", "recovered_at"} (time.time()
+        # generation before), "failed_at", "from_step", "tier" (restored_from),
+        # "recovered_at"} (time.time()
         # seconds). A member that died during the recovery leaves from_step and
         # recovered_at None, and the next record's error names it.
         self.recoveries: List[Dict[str, Any]] = []
@@ -86,10 +98,15 @@ class ElasticState:
         import torch.distributed.checkpoint as dcp
         dcp.save(self._state_dict(), storage_writer=zdcp.StorageWriter(step, root=self.root))
 
+    def take_snapshot(self, step: int) -> None:
+        """Collective: the in-memory snapshot of `step` (see zt.Snapshot)."""
+        self.snapshot.take(step, self._state_dict(), session())
+
     def restore(self) -> Optional[int]:
-        """Builds the model and optimizer for the current generation and loads the latest
-        complete step (the one rank 0 finds, so every rank loads the same); its number,
-        or None without one."""
+        """Builds the model and optimizer for the current generation and loads the newest
+        state: the in-memory snapshot when every member can get it and no checkpoint is
+        newer, else the latest complete step (the one rank 0 finds, so every rank loads
+        the same); its number, or None without one."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
         s = session()
@@ -101,6 +118,15 @@ class ElasticState:
             latest[0] = max(complete, default=-1)
         dist.broadcast(latest, src=0)
         step = int(latest[0])
+        if self.snapshot is not None:
+            memory = self.snapshot.recover(self._state_dict(), s)
+            if memory is not None and memory[0] >= step:
+                state = memory[1]
+                set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                               optim_state_dict=state["optim"])
+                self.restored_from = "memory"
+                return memory[0]
+        self.restored_from = "disk"
         if step < 0:
             return None
         state = self._state_dict()
@@ -160,7 +186,8 @@ def _restore_through_failures(state: ElasticState) -> Optional[int]:
             from_step = state.restore()
         if state.failure is None:
             if error is not None:
-                record.update(from_step=from_step, recovered_at=time.time())
+                record.update(from_step=from_step, tier=state.restored_from,
+                              recovered_at=time.time())
             return from_step
 
 
@@ -177,6 +204,9 @@ def elastic(steps: Iterable[int], *, state: ElasticState) -> Iterator[int]:
         if state.failure is None and step % state.save_every == 0:
             with state.guard():
                 state.save(step)
+        if state.failure is None and state.snapshot_every and step % state.snapshot_every == 0:
+            with state.guard():
+                state.take_snapshot(step)
         if state.failure is None:
             i += 1
             continue
