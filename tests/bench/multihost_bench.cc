@@ -40,7 +40,8 @@ ABSL_FLAG(int, layers, 8, "MLP layers");
 ABSL_FLAG(int, width, 1024, "MLP width");
 ABSL_FLAG(int, batch, 8, "Rows per rank");
 ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
-          "Modes to run: flat, two-level (--two_level), hsdp (--shard_group_size=host)");
+          "Modes to run: flat, two-level (--two_level), hsdp (--shard_group_size=host), "
+          "hsdp-bf16 (and --reduce_dtype=bf16)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 
 namespace zeroshard::testing {
@@ -82,7 +83,8 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
                                     absl::StrCat("--steps=", steps),
                                     "--collective_timeout=120s"};
   if (mode == "two-level") flags.push_back("--two_level");
-  if (mode == "hsdp") flags.push_back("--shard_group_size=host");
+  if (mode == "hsdp" || mode == "hsdp-bf16") flags.push_back("--shard_group_size=host");
+  if (mode == "hsdp-bf16") flags.push_back("--reduce_dtype=bf16");
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   const std::string job = absl::StrCat(mode, "-", rate, "-", round);
   if (!cluster.Run(job, 4, flags, absl::Seconds(600))) return false;
@@ -124,8 +126,9 @@ int Main() {
   if (!cluster.ok()) return 1;
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
-    if (mode != "flat" && mode != "two-level" && mode != "hsdp") {
-      std::fprintf(stderr, "--modes: '%s' is not flat, two-level or hsdp\n", mode.c_str());
+    if (mode != "flat" && mode != "two-level" && mode != "hsdp" && mode != "hsdp-bf16") {
+      std::fprintf(stderr, "--modes: '%s' is not flat, two-level, hsdp or hsdp-bf16\n",
+                   mode.c_str());
       return 2;
     }
   }
