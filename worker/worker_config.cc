@@ -16,6 +16,7 @@
 #include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
 #include "common/local_address.h"
+#include "common/server_list.h"
 #include "worker/comm/gloo_port_range.h"
 #include "worker/zero/optimizer.h"
 
@@ -499,7 +500,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   }
   config.client = *std::move(client);
   if (config.host.empty()) {
-    absl::StatusOr<std::string> local = LocalAddressTowards(config.client.server);
+    absl::StatusOr<std::string> local = LocalAddressTowards(FirstServer(config.client.server));
     if (!local.ok()) return local.status();
     config.host = *local;
     config.data_plane.host = *local;
