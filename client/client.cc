@@ -64,6 +64,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // them, which connects to the one that listens, the leader.
   absl::StatusOr<std::string> target = GrpcTargetForServers(options.server);
   if (!target.ok()) return target.status();
+  if (absl::Status s = CheckTokenTransport(!options.token.empty(), !options.tls_ca.empty(),
+                                          options.server, options.insecure, "--tls_ca");
+      !s.ok()) {
+    return s;
+  }
   std::unique_ptr<Client> client(new Client());
   client->options_ = options;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();

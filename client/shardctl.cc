@@ -182,9 +182,10 @@ int main(int argc, char** argv) {
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
       "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
-      "  top [--job=ID]                          live view of jobs and ranks (q quits)\n");
+      "  top [--job=ID]                          live view of jobs and ranks (q quits)\n"
+      "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  const char* commands = "status, spec, plan, checkpoints, consolidate, history, top";
+  const char* commands = "status, spec, plan, checkpoints, consolidate, history, top, job";
   if (args.size() < 2) {
     std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
@@ -197,6 +198,7 @@ int main(int argc, char** argv) {
   if (command == "consolidate") return zeroshard::ConsolidateCommand();
   if (command == "history") return zeroshard::HistoryCommand();
   if (command == "top") return zeroshard::TopCommand();
+  if (command == "job") return zeroshard::JobCommand(args.size() > 2 ? args[2] : "");
   std::fprintf(stderr, "shardctl: unknown command '%s' (expected: %s)\n", command.c_str(),
                commands);
   return 2;

@@ -85,11 +85,16 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the bound metrics port is written here once serving");
 ABSL_FLAG(bool, insecure, false,
-          "Accept an --auth_token_file that every user may read or write, or a token shorter "
-          "than 16 characters (both refused otherwise)");
+          "Accept an --auth_token_file (or job token file) that every user may read or write, a "
+          "token shorter than 16 characters, or a token over plaintext on a non-loopback "
+          "--listen address (all refused otherwise)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, job_tokens_dir, "",
+          "Directory of job tokens, one file <job>.token each (shardctl job create writes one): a "
+          "job token acts on its own job only; --auth_token_file's token stays the admin's. Read "
+          "again whenever the directory changes (remove a file to revoke its token)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file: serve TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -189,6 +194,8 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
     if (!token.ok()) return absl::InvalidArgumentError(std::string(token.status().message()));
     options.auth_token = *std::move(token);
   }
+  options.job_tokens_dir = absl::GetFlag(FLAGS_job_tokens_dir);
+  options.insecure_job_tokens = absl::GetFlag(FLAGS_insecure);
   const std::pair<std::string, std::string*> tls_files[] = {
       {absl::GetFlag(FLAGS_tls_cert), &options.tls_cert},
       {absl::GetFlag(FLAGS_tls_key), &options.tls_key},
@@ -197,8 +204,9 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
     if (!path.empty() && !ReadFile(path, field))
       return absl::InvalidArgumentError("cannot read " + path);
   }
-
-  return absl::OkStatus();
+  return zeroshard::CheckTokenTransport(!options.auth_token.empty(), !options.tls_cert.empty(),
+                                       absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_insecure),
+                                       "--tls_cert and --tls_key");
 }
 
 // The server's options from the flags.

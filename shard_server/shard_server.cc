@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/keepalive.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
@@ -55,6 +56,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
   if (options.clock != nullptr) server->clock_ = options.clock;
+  if (!options.job_tokens_dir.empty() && options.auth_token.empty()) {
+    return absl::InvalidArgumentError(
+        "--job_tokens_dir needs --auth_token_file: job tokens narrow an authenticated server");
+  }
   server->log_ = std::make_unique<EventLog>(options.log_sink);
   if (absl::Status s = server->OpenState(); !s.ok()) return s;
   if (absl::Status s = server->MakeMembershipAndStores(); !s.ok()) return s;
@@ -182,8 +187,10 @@ void ShardServer::MakeServices() {
   checkpoints_ = std::make_unique<CheckpointService>(checkpoint_registry_.get(), membership_.get(),
                                                      log_.get(), checkpoint_service);
   diagnosis_ = std::make_unique<TelemetryAnalyzer>(clock_, log_.get(), options_.telemetry);
+  credentials_ = std::make_unique<JobCredentials>(options_.auth_token, options_.job_tokens_dir,
+                                                  options_.insecure_job_tokens);
   service_ = std::make_unique<CoordinatorService>(
-      clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token, checkpoints_.get(),
+      clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get(), metrics);
   if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
 }
@@ -274,9 +281,12 @@ void ShardServer::TickLoop() {
     membership_->Tick();
     kv_->Tick();
     if (clock_->Now() >= next_analysis) {
-      const v1::GetStatusResponse status = membership_->Status("");
-      diagnosis_->Analyze(status);
-      if (absl::Status s = history_->Record(status, clock_->Now()); !s.ok() && history_ok) {
+      // On an arena: every member's telemetry is copied, and freed at once.
+      google::protobuf::Arena arena;
+      auto* status = google::protobuf::Arena::CreateMessage<v1::GetStatusResponse>(&arena);
+      membership_->FillStatus("", status);
+      diagnosis_->Analyze(*status);
+      if (absl::Status s = history_->Record(*status, clock_->Now()); !s.ok() && history_ok) {
         log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
       } else {
         history_ok = s.ok();
@@ -287,6 +297,10 @@ void ShardServer::TickLoop() {
 }
 
 void ShardServer::Wait() { stop_.WaitForNotification(); }
+
+std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
 
 void ShardServer::Shutdown() {
   // Held throughout, so that a second caller returns only once the first

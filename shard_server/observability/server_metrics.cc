@@ -425,6 +425,17 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.telemetry().bytes_moved());
            });
+  per_rank("zeroshard_rank_comm_bytes_intra_host_total", "counter",
+           "Of the data-plane bytes, those sent to ranks on the rank's own host (shared memory, "
+           "loopback).",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().comm_bytes_intra_host());
+           });
+  per_rank("zeroshard_rank_comm_bytes_inter_host_total", "counter",
+           "Of the data-plane bytes, those sent across the network to ranks on other hosts.",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().comm_bytes_inter_host());
+           });
 }
 
 }  // namespace
