@@ -534,14 +534,13 @@ namespace {
 // when its leader died) fails so even with wait_for_ready, and the server
 // takes a repeated commit or upload as the same one (its answer was lost).
 template <typename T>
-absl::StatusOr<T> RetryWhileUnavailable(absl::Duration timeout,
-                                        const std::function<absl::StatusOr<T>(absl::Duration)>& attempt) {
+absl::StatusOr<T> RetryWhileUnavailable(
+    absl::Duration timeout, const std::function<absl::StatusOr<T>(absl::Duration)>& attempt) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(100);
   for (;;) {
     absl::StatusOr<T> result = attempt(deadline - absl::Now());
-    if (result.ok() || !absl::IsUnavailable(result.status()) ||
-        absl::Now() + backoff >= deadline) {
+    if (result.ok() || !absl::IsUnavailable(result.status()) || absl::Now() + backoff >= deadline) {
       return result;
     }
     absl::SleepFor(backoff);
@@ -555,8 +554,9 @@ absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
     int64_t step, const std::string& file, int64_t size_bytes,
     const std::map<std::string, std::string>& checksums, absl::Duration timeout) {
   return RetryWhileUnavailable<v1::CommitShardResponse>(
-      std::max(options_.rpc_timeout, timeout),
-      [&](absl::Duration left) { return CommitShardOnce(step, file, size_bytes, checksums, left); });
+      std::max(options_.rpc_timeout, timeout), [&](absl::Duration left) {
+        return CommitShardOnce(step, file, size_bytes, checksums, left);
+      });
 }
 
 absl::StatusOr<v1::CommitShardResponse> Client::CommitShardOnce(
