@@ -23,9 +23,10 @@ import ipaddress
 import os
 import socket
 import threading
-from typing import FrozenSet, Iterable, Iterator, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, Optional, Set, Tuple, Union
 
-Endpoint = Tuple[ipaddress._BaseAddress, int]  # (address, port)
+Address = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+Endpoint = Tuple[Address, int]  # (address, port)
 
 _TCP_ESTABLISHED = "01"  # the state column of /proc/net/tcp
 
@@ -48,7 +49,7 @@ def _open_descriptors() -> Iterator[int]:
     return (int(n) for n in names if n.isdigit())
 
 
-def _socket_inode(fd: int) -> "int | None":
+def _socket_inode(fd: int) -> Optional[int]:
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
@@ -58,7 +59,7 @@ def _socket_inode(fd: int) -> "int | None":
     return int(target[len("socket:["):-1])
 
 
-def _hex_address(text: str) -> ipaddress._BaseAddress:
+def _hex_address(text: str) -> Address:
     """/proc/net/tcp{,6}'s address: 32-bit words in host (little-endian) byte order."""
     raw = bytes.fromhex(text)
     swapped = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
@@ -68,7 +69,7 @@ def _hex_address(text: str) -> ipaddress._BaseAddress:
     return address
 
 
-def established_remotes() -> "dict[int, Endpoint]":
+def established_remotes() -> Dict[int, Endpoint]:
     """inode -> remote endpoint of every established TCP connection in this process's
     network namespace."""
     remotes = {}
