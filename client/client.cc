@@ -16,6 +16,7 @@
 #include "common/keepalive.h"
 #include "common/plan/plan_codec.h"
 #include "common/secret_file.h"
+#include "common/server_list.h"
 #include "proto/health.grpc.pb.h"
 
 namespace zeroshard {
@@ -59,9 +60,14 @@ absl::Status LoadClientFiles(const std::string& token_file, const std::string& c
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  if (options.server.empty() || options.server.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("server address '", options.server, "' is not HOST:PORT"));
+  // Several servers (a replicated control plane): one channel over all of
+  // them, which connects to the one that listens, the leader.
+  absl::StatusOr<std::string> target = GrpcTargetForServers(options.server);
+  if (!target.ok()) return target.status();
+  if (absl::Status s = CheckTokenTransport(!options.token.empty(), !options.tls_ca.empty(),
+                                          options.server, options.insecure, "--tls_ca");
+      !s.ok()) {
+    return s;
   }
   std::unique_ptr<Client> client(new Client());
   client->options_ = options;
@@ -95,7 +101,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   } else if (!options.tls_cert.empty() || !options.tls_key.empty()) {
     return absl::InvalidArgumentError("a TLS client certificate needs the server's CA (--tls_ca)");
   }
-  client->channel_ = grpc::CreateCustomChannel(options.server, credentials, args);
+  client->channel_ = grpc::CreateCustomChannel(*target, credentials, args);
   client->stub_ = v1::Coordinator::NewStub(client->channel_);
   return client;
 }

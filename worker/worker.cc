@@ -19,6 +19,8 @@
 #include "common/local_address.h"
 #include "common/status_context.h"
 #include "worker/checkpointer.h"
+#include "worker/comm/client_kv_store.h"
+#include "worker/comm/two_level_communicator.h"
 #include "worker/model/parallel.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
@@ -138,11 +140,38 @@ absl::Status Worker::Join() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> Worker::ShardGroupSize() {
+  if (!config_.shard_group_by_host) return config_.plan.shard_group_size;
+  ClientKvStore store(client_.get());
+  absl::StatusOr<std::vector<std::string>> keys = ExchangeHostKeys(
+      &store, rank_, world(), "shard_groups", HostIdentity(), config_.data_plane.timeout);
+  if (!keys.ok()) return Annotate(keys.status(), "--shard_group_size=host: exchanging hosts");
+  absl::StatusOr<HostLayout> layout = HostLayout::Of(*keys);
+  if (!layout.ok()) return Annotate(layout.status(), "--shard_group_size=host");
+  // Groups are consecutive ranks: host h must hold ranks h*L .. h*L + L - 1.
+  for (int h = 0; h < layout->hosts; ++h) {
+    for (int i = 0; i < layout->local_size; ++i) {
+      if (layout->ranks_on[h][i] != h * layout->local_size + i) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--shard_group_size=host: the ranks of a host must be consecutive, but rank ",
+            layout->ranks_on[h][i], " runs on host ", h, " with rank ", layout->ranks_on[h][0],
+            " (ranks follow the sorted worker ids: name workers host first, e.g. "
+            "'<host>/<local rank>'), or give --shard_group_size=G"));
+      }
+    }
+  }
+  return layout->local_size;
+}
+
 absl::Status Worker::Plan() {
   assert(client_ != nullptr && generation_ != nullptr && "Plan before Join");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
+  PlanOptions options = config_.plan;
+  absl::StatusOr<int> group = ShardGroupSize();
+  if (!group.ok()) return group.status();
+  options.shard_group_size = *group;
   absl::StatusOr<ShardPlan> planned =
-      client_->PlanShards(task_->model()->Spec(), config_.plan, world());
+      client_->PlanShards(task_->model()->Spec(), options, world());
   if (!planned.ok()) return Annotate(planned.status(), "plan");
   generation_->plan = *std::move(planned);
   return absl::OkStatus();
@@ -157,6 +186,7 @@ absl::Status Worker::BootstrapDataPlane() {
   const int world = this->world();
   DataPlaneOptions plane_options = config_.data_plane;
   plane_options.snapshots = config_.recovery.snapshot_every > 0 && world > 1;
+  plane_options.shard_group_size = g.plan.options.shard_group_size;
   AbortLatch* const abort = abort_;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = ConnectDataPlane(
       client_.get(), rank_, world, plane_options, [abort] { return abort->tripped(); });
@@ -164,9 +194,11 @@ absl::Status Worker::BootstrapDataPlane() {
   g.data_plane = *std::move(plane);
   ExposeToAbort(g.data_plane.get(), nullptr);
   if (rank_ == 0 && world > 1) LogHostTransports(*g.data_plane);
+  EngineOptions engine_options = engine_options_;
+  engine_options.replicas = g.data_plane->replicas.get();
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine =
       ZeroEngine::Create(task_->model(), g.plan, g.data_plane->gather.get(),
-                         g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options_);
+                         g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options);
   if (!engine.ok()) return Annotate(engine.status(), "engine");
   g.engine = *std::move(engine);
   ExposeToAbort(g.data_plane.get(), g.engine.get());
@@ -190,6 +222,8 @@ absl::Status Worker::Train() {
   const CheckpointConfig& checkpoints = config_.checkpoint;
   const CollectiveBytes gather_before = plane.gather->bytes_sent();
   const CollectiveBytes reduce_before = plane.reduce->bytes_sent();
+  const CollectiveBytes replicas_before =
+      plane.replicas != nullptr ? plane.replicas->bytes_sent() : CollectiveBytes();
   if (rank_ == 0) {
     int64_t parameters = 0;
     for (const auto& t : task_->model()->Spec().tensors) parameters += t.Elements();
@@ -232,6 +266,9 @@ absl::Status Worker::Train() {
   // Training traffic only: evaluation and sampling move bytes too.
   metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
   metrics_.training_bytes += plane.reduce->bytes_sent() - reduce_before;
+  if (plane.replicas != nullptr) {
+    metrics_.training_bytes += plane.replicas->bytes_sent() - replicas_before;
+  }
   return absl::OkStatus();
 }
 
@@ -251,6 +288,7 @@ absl::Status Worker::RunStep(int step) {
     absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
+  const HostBytes bytes_before = generation_->data_plane->BytesByHost();
   for (int micro = 0; micro < grad_accum; ++micro) {
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
       return Annotate(s, "data");
@@ -267,6 +305,11 @@ absl::Status Worker::RunStep(int step) {
   if (!mean.ok()) return Annotate(mean.status(), "loss");
   metrics_.RecordStep(*mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
                       KernelTimesSnapshot());
+  // Read after the loss's collective: the next step's early gathers (issued
+  // inside Step) are this step's traffic.
+  const HostBytes step_bytes = generation_->data_plane->BytesByHost() - bytes_before;
+  metrics_.step_bytes_intra_host.push_back(step_bytes.intra_host);
+  metrics_.step_bytes_inter_host.push_back(step_bytes.inter_host);
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);

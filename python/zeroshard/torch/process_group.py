@@ -81,7 +81,7 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
                        tls_server_name: str = "", join_timeout: float = 600.0,
                        timeout: timedelta = timedelta(minutes=30),
                        exit_if_blocked: Optional[float] = None, min_world_size: int = 0,
-                       rejoin_grace: float = 0.0) -> Session:
+                       rejoin_grace: float = 0.0, insecure: bool = False) -> Session:
     """Joins `job` on the shard server at `server` and initializes torch.distributed's
     default process group over the job's key-value store, in one call.
 
@@ -137,7 +137,7 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
         worker_id = f"rank-{expected_rank:06d}"
     client = Client(server, token=token, token_file=token_file, tls_ca_file=tls_ca_file,
                     tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
-                    tls_server_name=tls_server_name)
+                    tls_server_name=tls_server_name, insecure=insecure)
     worker_id = worker_id or _default_worker_id()
     info = client.join(job, world_size, worker_id, timeout=join_timeout,
                        min_world_size=min_world_size, rejoin_grace=rejoin_grace)
@@ -172,7 +172,7 @@ def gloo_interface_towards(server: str) -> Optional[str]:
     """The interface of the route from this host to `server` ("HOST:PORT"): the one Gloo
     must use so that peers on other hosts can reach this rank. None when it cannot be told
     (no route, an IPv6 server, no interface holding the address)."""
-    host, _, port = server.rpartition(":")
+    host, _, port = server.split(",")[0].strip().rpartition(":")  # a list: the first server
     host = host.strip("[]")
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
