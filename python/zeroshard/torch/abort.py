@@ -11,10 +11,11 @@ peers' reads on the other ends see end-of-file and fail too. shutdown, never clo
 pairs still own the descriptors and close them when the group is destroyed.
 
 Which sockets: the process's established TCP connections that did not exist when the
-session began (before its init_process_group), except those to the shard server (the
-gRPC channel may reconnect at any time). That covers the default group, groups made
-later (new_group, HSDP's mesh dimensions) and Gloo's lazy connections. A connection
-the program itself opened to another service after init_process_group is shut down too.
+session began (before its init_process_group), except those to the shard servers (the
+gRPC channel may reconnect at any time, to any server of a list). That covers the
+default group, groups made later (new_group, HSDP's mesh dimensions) and Gloo's lazy
+connections. A connection the program itself opened to another service after
+init_process_group is shut down too.
 Linux only (/proc); elsewhere nothing is shut down.
 """
 from __future__ import annotations
@@ -88,20 +89,22 @@ def established_remotes() -> Dict[int, Endpoint]:
     return remotes
 
 
-def server_endpoints(server: str) -> FrozenSet[Endpoint]:
-    """What "HOST:PORT" resolves to (every address)."""
-    host, _, port = server.rpartition(":")
-    host = host.strip("[]")
-    try:
-        infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
-    except (OSError, ValueError):
-        return frozenset()
+def server_endpoints(servers: str) -> FrozenSet[Endpoint]:
+    """What "HOST:PORT" (or a comma-separated list of them: every server the client may
+    use) resolves to, every address."""
     endpoints = set()
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        endpoints.add((address, int(port)))
+    for server in servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        host = host.strip("[]")
+        try:
+            infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
+        except (OSError, ValueError):
+            continue
+        for info in infos:
+            address = ipaddress.ip_address(info[4][0].split("%")[0])
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+                address = address.ipv4_mapped
+            endpoints.add((address, int(port)))
     return frozenset(endpoints)
 
 
