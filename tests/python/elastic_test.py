@@ -137,15 +137,21 @@ class ElasticTest(FsdpRuns):
 
     def report(self, what, records, killed_at):
         """Prints, per kill, the time to the survivors' failed step (the verdict, and the
-        abort of their blocked collectives) and to the last generation's first step."""
+        abort of their blocked collectives) and to their new group; then from the last
+        group to its first step (the restore) and from the last kill to it."""
+        def span(values):
+            return f"{min(values):.1f}-{max(values):.1f} s"
         for k, at in enumerate(killed_at):
-            stopped = [r["recoveries"][k]["failed_at"] - at for r in records]
-            print(f"{what}: kill {k + 1}: survivors' step failed after {min(stopped):.1f}-"
-                  f"{max(stopped):.1f} s")
-        seconds = [r["time"] - killed_at[-1] for r in records]
-        print(f"{what}: last kill to generation {1 + len(killed_at)}'s first step "
-              f"{min(seconds):.1f}-{max(seconds):.1f} s (heartbeat timeout "
-              f"{HEARTBEAT_TIMEOUT_S} s, rejoin grace {REJOIN_GRACE_S if 'shrink' in what else 0} s)")
+            failed = [r["recoveries"][k]["failed_at"] - at for r in records]
+            joined = [r["recoveries"][k]["joined_at"] - at for r in records]
+            print(f"{what}: kill {k + 1}: survivors' step failed after {span(failed)}, "
+                  f"their new group formed after {span(joined)}")
+        restore = [r["time"] - r["recoveries"][-1]["joined_at"] for r in records]
+        total = [r["time"] - killed_at[-1] for r in records]
+        print(f"{what}: generation {1 + len(killed_at)}: group to first step {span(restore)} "
+              f"(restore from {records[0]['recoveries'][-1]['tier']}); last kill to first "
+              f"step {span(total)} (heartbeat timeout {HEARTBEAT_TIMEOUT_S} s, rejoin grace "
+              f"{REJOIN_GRACE_S if 'shrink' in what else 0} s)")
 
     def test_kill_9_of_4_fsdp2_ranks_and_another_in_the_recovery_replaced_from_memory(self):
         final, records, killed_at = self.kill_one_of_four(

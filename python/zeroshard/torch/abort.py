@@ -11,10 +11,11 @@ peers' reads on the other ends see end-of-file and fail too. shutdown, never clo
 pairs still own the descriptors and close them when the group is destroyed.
 
 Which sockets: the process's established TCP connections that did not exist when the
-session began (before its init_process_group), except those to the shard server (the
-gRPC channel may reconnect at any time). That covers the default group, groups made
-later (new_group, HSDP's mesh dimensions) and Gloo's lazy connections. A connection
-the program itself opened to another service after init_process_group is shut down too.
+session began (before its init_process_group), except those to the shard servers (the
+gRPC channel may reconnect at any time, to any server of a list). That covers the
+default group, groups made later (new_group, HSDP's mesh dimensions) and Gloo's lazy
+connections. A connection the program itself opened to another service after
+init_process_group is shut down too.
 Linux only (/proc); elsewhere nothing is shut down.
 """
 from __future__ import annotations
@@ -23,9 +24,10 @@ import ipaddress
 import os
 import socket
 import threading
-from typing import FrozenSet, Iterable, Iterator, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, Optional, Set, Tuple, Union
 
-Endpoint = Tuple[ipaddress._BaseAddress, int]  # (address, port)
+Address = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+Endpoint = Tuple[Address, int]  # (address, port)
 
 _TCP_ESTABLISHED = "01"  # the state column of /proc/net/tcp
 
@@ -48,7 +50,7 @@ def _open_descriptors() -> Iterator[int]:
     return (int(n) for n in names if n.isdigit())
 
 
-def _socket_inode(fd: int) -> "int | None":
+def _socket_inode(fd: int) -> Optional[int]:
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
@@ -58,7 +60,7 @@ def _socket_inode(fd: int) -> "int | None":
     return int(target[len("socket:["):-1])
 
 
-def _hex_address(text: str) -> ipaddress._BaseAddress:
+def _hex_address(text: str) -> Address:
     """/proc/net/tcp{,6}'s address: 32-bit words in host (little-endian) byte order."""
     raw = bytes.fromhex(text)
     swapped = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
@@ -68,7 +70,7 @@ def _hex_address(text: str) -> ipaddress._BaseAddress:
     return address
 
 
-def established_remotes() -> "dict[int, Endpoint]":
+def established_remotes() -> Dict[int, Endpoint]:
     """inode -> remote endpoint of every established TCP connection in this process's
     network namespace."""
     remotes = {}
@@ -87,20 +89,22 @@ def established_remotes() -> "dict[int, Endpoint]":
     return remotes
 
 
-def server_endpoints(server: str) -> FrozenSet[Endpoint]:
-    """What "HOST:PORT" resolves to (every address)."""
-    host, _, port = server.rpartition(":")
-    host = host.strip("[]")
-    try:
-        infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
-    except (OSError, ValueError):
-        return frozenset()
+def server_endpoints(servers: str) -> FrozenSet[Endpoint]:
+    """What "HOST:PORT" (or a comma-separated list of them: every server the client may
+    use) resolves to, every address."""
     endpoints = set()
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        endpoints.add((address, int(port)))
+    for server in servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        host = host.strip("[]")
+        try:
+            infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
+        except (OSError, ValueError):
+            continue
+        for info in infos:
+            address = ipaddress.ip_address(info[4][0].split("%")[0])
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+                address = address.ipv4_mapped
+            endpoints.add((address, int(port)))
     return frozenset(endpoints)
 
 

@@ -71,8 +71,8 @@ class ElasticState:
         self.failure: Optional[GenerationChanged] = None
         self.failed_at = 0.0
         # One per re-join: {"generation", "world_size", "rank", "error" (what ended the
-        # generation before), "failed_at", "from_step", "tier" (restored_from),
-        # "recovered_at"} (time.time()
+        # generation before), "failed_at", "joined_at" (the new group formed), "from_step",
+        # "tier" (restored_from), "recovered_at"} (time.time()
         # seconds). A member that died during the recovery leaves from_step and
         # recovered_at None, and the next record's error names it.
         self.recoveries: List[Dict[str, Any]] = []
@@ -177,8 +177,8 @@ def _restore_through_failures(state: ElasticState) -> Optional[int]:
                 state.failure, state.failed_at = died, time.time()
             s = session()
             record = {"generation": s.generation, "world_size": s.world_size, "rank": s.rank,
-                      "error": str(error), "failed_at": failed_at, "from_step": None,
-                      "recovered_at": None}
+                      "error": str(error), "failed_at": failed_at, "joined_at": time.time(),
+                      "from_step": None, "recovered_at": None}
             state.recoveries.append(record)
             if state.failure is not None:
                 continue

@@ -279,7 +279,10 @@ def _watch(s: Session, grace: float) -> None:
         error = s.client.wait_for_failure(_WATCH_POLL_S)
     if not _watching(s):
         return  # a later session's verdict: its own watcher acts on it
-    abort(s)
+    if isinstance(error, GenerationChanged):
+        # The generation ended (a member died, or this one was fenced): its groups are
+        # dead. Other events (the server unreachable, another command) leave them be.
+        abort(s)
     if grace <= 0:
         return
     deadline = time.monotonic() + grace
