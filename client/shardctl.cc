@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -66,6 +67,24 @@ std::string MemberFlags(const v1::MemberStatus& m) {
   return m.straggler() ? "STRAGGLER" : "-";
 }
 
+// The replicated control plane's leadership, one line each (nothing for a
+// single server).
+void PrintControlPlane(const v1::ControlPlaneStatus& cp) {
+  if (cp.etcd_endpoints().empty()) return;
+  const double renewed = cp.etcd_lease_renewed_seconds_ago();
+  std::printf("control plane: leader %s, followers %s\n", cp.leader().c_str(),
+              cp.followers().empty() ? "none" : absl::StrJoin(cp.followers(), ", ").c_str());
+  std::printf("etcd %s: %s (lease renewed %.1f s ago, TTL %.0f s)\n", cp.etcd_endpoints().c_str(),
+              renewed < cp.etcd_lease_ttl_seconds() / 2 ? "healthy" : "SLOW OR UNREACHABLE",
+              renewed, cp.etcd_lease_ttl_seconds());
+  std::printf("elected %s%s, serving %.0f ms later (term %lld of this server)\n\n",
+              absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(cp.elected_unix_ms()),
+                               absl::UTCTimeZone())
+                  .c_str(),
+              cp.previous_leader().empty() ? "" : (" after " + cp.previous_leader()).c_str(),
+              cp.restore_seconds() * 1000, static_cast<long long>(cp.terms()));
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -75,6 +94,7 @@ int StatusCommand() {
     std::printf("%s\n", ProtoJson(*status).c_str());
     return 0;
   }
+  PrintControlPlane(status->control_plane());
   if (status->jobs().empty()) {
     std::printf("no jobs\n");
     return 0;

@@ -330,6 +330,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
     job.set_plan_hash(plans_->PlanHash(job.job_id()));
   }
   if (diagnosis_ != nullptr) diagnosis_->Annotate(response);
+  if (control_plane_) control_plane_(response->mutable_control_plane());
   if (!job.empty() && response->jobs().empty()) {
     return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                            absl::StrCat("no job '", job, "'")));

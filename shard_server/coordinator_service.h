@@ -5,6 +5,7 @@
 #ifndef ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                      JobCredentials* credentials, CheckpointService* checkpoints = nullptr,
                      const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr,
                      ServerMetrics* metrics = nullptr);
+
+  // GetStatus's control_plane (replicated_server.h); unset: a single server.
+  // Call before serving.
+  void SetControlPlaneSource(std::function<void(v1::ControlPlaneStatus*)> source) {
+    control_plane_ = std::move(source);
+  }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -109,6 +116,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   JobCredentials* const credentials_;
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
+  std::function<void(v1::ControlPlaneStatus*)> control_plane_;
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
   HistoryStore* const history_;               // may be null: GetHistory finds nothing
   ServerMetrics* const metrics_;              // may be null: heartbeats not counted

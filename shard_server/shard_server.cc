@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/keepalive.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
@@ -80,9 +81,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   return server;
 }
 
-// The durable state (SQLite under --state_dir, locked against a second
-// server), or an in-memory one when only checkpoints need it.
+// The durable state: replicated (etcd), SQLite under --state_dir (locked
+// against a second server), or an in-memory one when only checkpoints need it.
 absl::Status ShardServer::OpenState() {
+  if (options_.state_replica != nullptr) {
+    absl::StatusOr<std::unique_ptr<StateStore>> state =
+        StateStore::OpenReplicated(options_.state_replica);
+    if (!state.ok()) return state.status();
+    state_ = std::move(*state);
+  }
   if (!options_.state_dir.empty()) {
     if (mkdir(options_.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -91,11 +98,12 @@ absl::Status ShardServer::OpenState() {
     absl::StatusOr<int> lock = LockStateDir(options_.state_dir);
     if (!lock.ok()) return lock.status();
     state_dir_lock_ = *lock;
+    if (state_ != nullptr) return absl::OkStatus();  // replicated: the directory keeps history
     absl::StatusOr<std::unique_ptr<StateStore>> state =
         StateStore::Open(options_.state_dir + "/zeroshard.db");
     if (!state.ok()) return state.status();
     state_ = std::move(*state);
-  } else if (!options_.checkpoint_root.empty()) {
+  } else if (state_ == nullptr && !options_.checkpoint_root.empty()) {
     // The checkpoint registry and the plans it reads need SQLite; without
     // a state directory they live in memory for the life of the process.
     absl::StatusOr<std::unique_ptr<StateStore>> state = StateStore::Open(":memory:");
@@ -184,6 +192,7 @@ void ShardServer::MakeServices() {
   service_ = std::make_unique<CoordinatorService>(
       clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get(), metrics);
+  if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
 }
 
 // The gRPC server: TLS, interceptors, keepalive, one server per address.
@@ -253,6 +262,7 @@ absl::Status ShardServer::StartHttp() {
     sources.checkpoints = checkpoint_registry_.get();
     sources.metrics = metrics_.get();
     sources.history = history_.get();
+    sources.control_plane = options_.control_plane;
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
         options_.metrics_listen, options_.auth_token, ObservabilityPages(sources));
     if (!http.ok()) return http.status();
@@ -271,9 +281,12 @@ void ShardServer::TickLoop() {
     membership_->Tick();
     kv_->Tick();
     if (clock_->Now() >= next_analysis) {
-      const v1::GetStatusResponse status = membership_->Status("");
-      diagnosis_->Analyze(status);
-      if (absl::Status s = history_->Record(status, clock_->Now()); !s.ok() && history_ok) {
+      // On an arena: every member's telemetry is copied, and freed at once.
+      google::protobuf::Arena arena;
+      auto* status = google::protobuf::Arena::CreateMessage<v1::GetStatusResponse>(&arena);
+      membership_->FillStatus("", status);
+      diagnosis_->Analyze(*status);
+      if (absl::Status s = history_->Record(*status, clock_->Now()); !s.ok() && history_ok) {
         log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
       } else {
         history_ok = s.ok();

@@ -34,6 +34,13 @@ namespace zeroshard {
 struct ShardServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free port
   std::string state_dir;               // empty: no persistence
+  // Set: the durable state lives in memory and every commit is saved to it
+  // (the leader on etcd: state/etcd_state.h); state_dir then holds only the
+  // history. Not owned; outlives the server.
+  DatabaseReplica* state_replica = nullptr;
+  // Fills GetStatus's and /metrics' control-plane part (the leadership on
+  // etcd: replicated_server.h); empty: a single server.
+  std::function<void(v1::ControlPlaneStatus*)> control_plane;
   MembershipOptions membership;
   KvLimits kv;  // bounds of the KV store
   std::string auth_token;  // the admin token; empty: no authentication

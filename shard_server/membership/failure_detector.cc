@@ -23,7 +23,7 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
                                         const JobSignals& job, absl::Time now,
                                         const FailureDetectorOptions& options) {
   // The last beat the server heard from anyone in the job (rule 4).
-  absl::Time last_heard = absl::InfinitePast();
+  absl::Time last_heard = job.last_heard;
   for (const MemberSignals& m : members) last_heard = std::max(last_heard, m.last_heartbeat);
   const bool nobody_beats = now - last_heard > options.heartbeat_timeout;
   const bool peers_see_them = now - job.data_plane_advanced <= options.heartbeat_timeout;

@@ -105,6 +105,10 @@ struct JobSignals {
   // The members belong to the job's current generation (rule 0 judges only
   // those: members of an abandoned generation close their streams on purpose).
   bool formed = true;
+  // The latest beat of any live member of the job, when the caller passes
+  // only some of them (the silent ones, shard_server/membership/silence_order.h);
+  // rule 4 takes the later of this and the members' own.
+  absl::Time last_heard = absl::InfinitePast();
 };
 
 enum class Verdict {
@@ -120,7 +124,10 @@ struct MemberVerdict {
   std::string why;
 };
 
-// One verdict per member of `members` (the job's live members), at `now`.
+// One verdict per member of `members` (the job's live members, or any of
+// them with the others' latest beat in `job.last_heard`), at `now`. A member
+// left out that beat within the heartbeat timeout (within 1.5 intervals
+// after a peer failure) and whose stream did not close since is kAlive.
 std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& members,
                                         const JobSignals& job, absl::Time now,
                                         const FailureDetectorOptions& options);

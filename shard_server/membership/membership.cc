@@ -94,6 +94,7 @@ void Membership::StartGrace() {
     for (MemberState& m : job->members) {
       if (m.alive && !m.left) m.last_heartbeat = now;
     }
+    RebuildSilenceOrder(*job);
   }
 }
 
@@ -108,8 +109,7 @@ void Membership::SetGenerationFloor(GenerationFloor floor) {
 }
 
 bool Membership::ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred) {
-  bool live = !job.pending.empty();
-  for (const MemberState& m : job.members) live = live || (m.alive && !m.left);
+  const bool live = !job.pending.empty() || job.silence.size() > 0;
   if (live) {
     job.idle_since = absl::InfiniteFuture();
     return false;
@@ -169,6 +169,7 @@ absl::Status Membership::Restore() {
       m.last_heartbeat = now;  // a full timeout to beat again
       job->members.push_back(std::move(m));
     }
+    RebuildSilenceOrder(*job);
     log_->Log("job_restored", {{"job", job->id},
                                {"generation", absl::StrCat(job->generation)},
                                {"state", v1::JobState_Name(job->state)},
@@ -469,6 +470,7 @@ absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& wor
     member->alive = true;  // nothing changed
     return s;
   }
+  StopWatching(job, member->rank);
   job.degraded_at = now;
   return absl::OkStatus();
 }
@@ -588,6 +590,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     job.pending.clear();
     return;
   }
+  RebuildSilenceOrder(job);
 
   if (previous_state == v1::DEGRADED) {
     log_->Log("recovery_rejoined",
@@ -629,7 +632,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     });
   }
   job.pending.clear();
-  for (const MemberState& m : job.members) ++job.joins[m.worker_id];
+  for (MemberState& m : job.members) m.rejoins = std::max(0, ++job.joins[m.worker_id] - 1);
   log_->Log("ranks_assigned", {{"job", job.id},
                                {"generation", absl::StrCat(job.generation)},
                                {"world_size", absl::StrCat(job.world_size)}});
@@ -773,6 +776,8 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
     job.data_plane_advanced = now;
   }
   m.last_heartbeat = now;
+  if (m.alive) job.silence.MoveToBack(m.rank);
+  job.closed_streams.erase(m.rank);
   m.beating_stream = stream;
   m.heartbeat_seen = true;
   m.step = request.step();
@@ -838,6 +843,7 @@ void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member, uint
   // server's keepalive or a RST closes the old one late) says nothing.
   if (stream != m.beating_stream) return;
   m.stream_closed = clock_->Now();
+  (*found)->closed_streams.insert(m.rank);
 }
 
 absl::Status Membership::Leave(const v1::MemberCredentials& member) {
@@ -854,9 +860,9 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
     const v1::JobState previous_state = job.state;
     m.left = true;
     m.alive = false;
-    bool all_gone =
-        job.pending.empty() && std::all_of(job.members.begin(), job.members.end(),
-                                           [](const MemberState& x) { return x.left || !x.alive; });
+    // `job.silence` holds the live members: was `m` the last of them?
+    const int live_others = job.silence.size() - (job.silence.Contains(m.rank) ? 1 : 0);
+    const bool all_gone = job.pending.empty() && live_others == 0;
     if (all_gone) job.state = v1::FINISHED;
     absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
                                                       job.id, "' could not be saved"));
@@ -866,6 +872,7 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
       job.state = previous_state;
       return saved;
     }
+    StopWatching(job, m.rank);
     log_->Log("leave", {{"job", job.id},
                         {"worker", m.worker_id},
                         {"rank", absl::StrCat(m.rank)},
@@ -896,17 +903,17 @@ void Membership::Tick() {
       std::string dead;  // who, for the generation's history
       // Who is dead: shard_server/membership/failure_detector.h has the rules.
       const bool suspect = job.formed() && job.suspect_generation == job.generation;
-      std::vector<MemberState*> live;
-      std::vector<const MemberState*> judged;
+      // Only those that may be dead: every other live member is alive
+      // (failure_detector.h, JudgeMembers).
+      const std::vector<MemberState*> live = MembersToJudge(job, now);
+      const std::vector<const MemberState*> judged(live.begin(), live.end());
       std::vector<MemberSignals> signals;
-      for (MemberState& m : job.members) {
-        if (!m.alive || m.left) continue;
-        live.push_back(&m);
-        judged.push_back(&m);
-        signals.push_back({m.last_heartbeat, m.stream_closed});
-      }
+      signals.reserve(live.size());
+      for (const MemberState* m : live) signals.push_back({m->last_heartbeat, m->stream_closed});
       const JobSignals job_signals{
-          suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed()};
+          suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
+          job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
+                                 : absl::InfinitePast()};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);
@@ -915,6 +922,7 @@ void Membership::Tick() {
         MemberState& m = *live[i];
         const absl::Duration silent = now - m.last_heartbeat;
         m.alive = false;
+        StopWatching(job, m.rank);
         changed = true;
         absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ",
                         m.rank, ")");
@@ -999,6 +1007,57 @@ void Membership::LogDoubts(Job& job, const std::vector<const MemberState*>& live
       log_->Log("members_seen_by_peers_over", {{"job", job.id}});
     }
   }
+}
+
+void Membership::RebuildSilenceOrder(Job& job) {
+  std::vector<int> live;
+  live.reserve(job.members.size());
+  for (const MemberState& m : job.members) {
+    if (m.alive && !m.left) live.push_back(m.rank);
+  }
+  std::stable_sort(live.begin(), live.end(), [&](int a, int b) {
+    return job.members[a].last_heartbeat < job.members[b].last_heartbeat;
+  });
+  job.silence.Reset(static_cast<int>(job.members.size()));
+  for (int rank : live) job.silence.MoveToBack(rank);
+  job.closed_streams.clear();
+  for (const MemberState& m : job.members) {
+    if (m.alive && !m.left && m.stream_closed > m.last_heartbeat) job.closed_streams.insert(m.rank);
+  }
+}
+
+void Membership::StopWatching(Job& job, int rank) {
+  job.silence.Remove(rank);
+  job.closed_streams.erase(rank);
+}
+
+std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now) const {
+  // Beyond this silence a member may be dead (rules 1 and 5); within it, a
+  // member is alive unless its stream closed.
+  absl::Duration may_be_dead = options_.heartbeat_timeout;
+  if (job.formed() && job.suspect_generation == job.generation) {
+    may_be_dead = std::min(may_be_dead, options_.heartbeat_interval * 1.5);
+  }
+  std::vector<int> ranks;
+  for (int r = job.silence.Oldest(); r != -1; r = job.silence.Next(r)) {
+    if (now - job.members[r].last_heartbeat <= may_be_dead) break;
+    ranks.push_back(r);
+  }
+  for (auto it = job.closed_streams.begin(); it != job.closed_streams.end();) {
+    const MemberState& m = job.members[*it];
+    if (!m.alive || m.left || m.stream_closed <= m.last_heartbeat) {
+      job.closed_streams.erase(it++);  // beat again, or no longer judged
+      continue;
+    }
+    ranks.push_back(*it);
+    ++it;
+  }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::vector<MemberState*> members;
+  members.reserve(ranks.size());
+  for (int r : ranks) members.push_back(&job.members[r]);
+  return members;
 }
 
 int64_t Membership::CommittedSnapshot(const Job& job) {
@@ -1094,6 +1153,12 @@ absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
 
 v1::GetStatusResponse Membership::Status(const std::string& job_id) {
   v1::GetStatusResponse response;
+  FillStatus(job_id, &response);
+  return response;
+}
+
+void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* response) {
+  response->Clear();
   absl::MutexLock lock(&mu_);
   absl::Time now = clock_->Now();
   std::vector<const Job*> jobs;
@@ -1102,7 +1167,8 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
   }
   std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->id < b->id; });
   for (const Job* job : jobs) {
-    v1::JobStatus* out = response.add_jobs();
+    v1::JobStatus* out = response->add_jobs();
+    out->mutable_members()->Reserve(static_cast<int>(job->members.size()));
     out->set_job_id(job->id);
     out->set_state(job->state);
     out->set_generation(job->generation);
@@ -1123,8 +1189,7 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       ms->set_collective_seq(m.collective_seq);
       *ms->mutable_last_step() = m.last_step;
       *ms->mutable_telemetry() = m.telemetry;
-      auto joined = job->joins.find(m.worker_id);
-      ms->set_rejoins(joined == job->joins.end() ? 0 : std::max(0, joined->second - 1));
+      ms->set_rejoins(m.rejoins);
     }
     out->set_snapshot_step(CommittedSnapshot(*job));
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
@@ -1145,7 +1210,6 @@ v1::GetStatusResponse Membership::Status(const std::string& job_id) {
       }
     }
   }
-  return response;
 }
 
 }  // namespace zeroshard

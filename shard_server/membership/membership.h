@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -43,6 +44,7 @@
 #include "shard_server/clock.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/membership/failure_detector.h"
+#include "shard_server/membership/silence_order.h"
 #include "shard_server/state/state_store.h"
 
 namespace zeroshard {
@@ -135,6 +137,9 @@ class Membership {
   void Tick();
 
   v1::GetStatusResponse Status(const std::string& job_id);
+  // The same into `*out` (cleared first): a message on an arena makes the
+  // copy of a large job's members cheap (the server's timer, twice a second).
+  void FillStatus(const std::string& job_id, v1::GetStatusResponse* out);
 
   // The job's world size, or NOT_FOUND.
   absl::StatusOr<int> WorldSize(const std::string& job_id);
@@ -155,6 +160,7 @@ class Membership {
     int64_t collective_seq = 0;
     v1::StepTelemetry last_step;
     std::string incarnation;     // JoinRequest.incarnation
+    int rejoins = 0;             // generations it was a member of, less one
     int64_t snapshot_step = -1;  // the member's latest committed snapshot
     // When the stream of its latest beat closed (InfinitePast: not since the
     // member formed). A kill -9 closes it at once: the kernel sends FIN.
@@ -199,6 +205,12 @@ class Membership {
     int64_t grow_mark = -1;
     absl::Time grow_since = absl::InfinitePast();
     std::vector<MemberState> members;            // by rank
+    // The live members of `members` by their last beat (RebuildSilenceOrder
+    // after `members` changes wholesale), and the ranks whose latest stream
+    // closed since their last beat: what Tick judges, so a tick costs what
+    // the silent members cost, not the job.
+    SilenceOrder silence;
+    absl::flat_hash_set<int> closed_streams;
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
     // Since when the job has had no live member and no pending join
@@ -298,6 +310,16 @@ class Membership {
   // A job in DEGRADED whose rejoin grace is over and that has at least
   // min_world_size re-joined members forms a smaller generation.
   void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sorts the job's live members by their last beat into `job.silence` and
+  // forgets closed streams: after `members` changed wholesale (a formation,
+  // a restore, a grace). O(W log W).
+  static void RebuildSilenceOrder(Job& job);
+  // A member stopped being live (dead, left): out of the timer's sight.
+  static void StopWatching(Job& job, int rank);
+  // The live members Tick must judge at `now`: those silent longer than a
+  // beating member can be (the front of `job.silence`) and those whose
+  // stream closed; by rank.
+  std::vector<MemberState*> MembersToJudge(Job& job, absl::Time now) const;
   // Declares `m` dead and moves the job to a new generation (DEGRADED).
   void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

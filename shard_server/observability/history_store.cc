@@ -30,8 +30,11 @@ absl::StatusOr<std::unique_ptr<HistoryStore>> HistoryStore::Open(const std::stri
     Statement counts = db.Prepare(
         "count points", "SELECT job, rank, MAX(step), COUNT(*) FROM history GROUP BY job, rank");
     while (counts.Next()) {
-      store->ranks_[{counts.Text(0), static_cast<int>(counts.Int(1))}] = {counts.Int(2),
-                                                                          counts.Int(3)};
+      const int rank = static_cast<int>(counts.Int(1));
+      std::vector<RankState>& ranks = store->jobs_[counts.Text(0)].ranks;
+      if (rank < 0) continue;
+      if (static_cast<int>(ranks.size()) <= rank) ranks.resize(rank + 1);
+      ranks[rank] = {counts.Int(2), counts.Int(3)};
     }
     return counts.status();
   });
@@ -46,65 +49,77 @@ int64_t HistoryStore::PointsPerRank(int world_size) const {
 
 absl::Status HistoryStore::Record(const v1::GetStatusResponse& status, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  std::vector<Pick> picks = PickNewPoints(status);
   // Nothing new (the common case between two steps): no transaction.
-  bool anything_new = false;
-  for (const v1::JobStatus& job : status.jobs()) {
-    for (const v1::MemberStatus& m : job.members()) {
-      if (m.rank() < 0 || m.step() <= 0 || m.last_heartbeat_age_ms() < 0) continue;
-      auto it = ranks_.find({job.job_id(), m.rank()});
-      anything_new = anything_new || it == ranks_.end() || it->second.last_step != m.step();
-    }
-  }
-  if (!anything_new) return absl::OkStatus();
-  // The counts change only with the transaction that changed the file.
-  RankStates ranks = ranks_;
+  if (picks.empty()) return absl::OkStatus();
   absl::Status recorded = db_->Transaction(
-      [&](SqlDatabase::Connection& db) { return RecordNewPoints(db, status, now, &ranks); });
-  if (recorded.ok()) ranks_ = std::move(ranks);
-  return recorded;
+      [&](SqlDatabase::Connection& db) { return RecordPicks(db, picks, now); });
+  if (!recorded.ok()) return recorded;
+  // The counts change only with the transaction that changed the file.
+  for (const Pick& p : picks) jobs_[p.job->job_id()].ranks[p.member->rank()] = p.state;
+  return absl::OkStatus();
 }
 
-absl::Status HistoryStore::RecordNewPoints(SqlDatabase::Connection& db,
-                                           const v1::GetStatusResponse& status, absl::Time now,
-                                           RankStates* ranks) const {
+std::vector<HistoryStore::Pick> HistoryStore::PickNewPoints(const v1::GetStatusResponse& status) {
+  std::vector<Pick> picks;
+  for (const v1::JobStatus& job : status.jobs()) {
+    const int n = job.members_size();
+    if (n == 0) continue;
+    JobHistory& history = jobs_[job.job_id()];
+    const int first = history.next % n;
+    int64_t budget = options_.max_points_per_record;
+    int looked = 0;
+    for (; looked < n && budget > 0; ++looked) {
+      const v1::MemberStatus& m = job.members((first + looked) % n);
+      if (m.rank() < 0 || m.step() <= 0 || m.last_heartbeat_age_ms() < 0) continue;
+      if (static_cast<int>(history.ranks.size()) <= m.rank()) history.ranks.resize(m.rank() + 1);
+      const RankState& state = history.ranks[m.rank()];
+      if (state.points >= 0 && state.last_step == m.step()) continue;
+      picks.push_back({&job, &m, state});
+      --budget;
+    }
+    history.next = (first + looked) % n;
+  }
+  return picks;
+}
+
+absl::Status HistoryStore::RecordPicks(SqlDatabase::Connection& db, std::vector<Pick>& picks,
+                                       absl::Time now) const {
   Statement insert =
       db.Prepare("insert",
                  "INSERT OR REPLACE INTO history (job, rank, step, unix_ms, loss, step_ms, "
                  "items_per_second, memory_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
-  for (const v1::JobStatus& job : status.jobs()) {
-    const int64_t cap = PointsPerRank(job.world_size());
-    std::vector<int> over;
-    for (const v1::MemberStatus& m : job.members()) {
-      if (m.rank() < 0 || m.step() <= 0 || m.last_heartbeat_age_ms() < 0) continue;
-      auto [found, fresh] = ranks->try_emplace({job.job_id(), m.rank()});
-      RankState& rank = found->second;
-      if (fresh) {
-        // First seen by this process (a restarted server): count what the
-        // file holds.
-        absl::StatusOr<int64_t> held = CountPoints(db, job.job_id(), m.rank());
-        if (!held.ok()) return held.status();
-        rank.points = *held;
-      }
-      if (rank.last_step == m.step()) continue;
-      // Counted by what the file holds, whatever the step does: a step that
-      // goes down (a rank resumed from an older checkpoint, or a forged
-      // report) inserts a point as surely as one that goes up.
-      absl::StatusOr<bool> held = HasPoint(db, job.job_id(), m.rank(), m.step());
+  // Prepared once for the whole pass: parsing SQL per point cost more than
+  // running it.
+  Statement has = PrepareHasPoint(db);
+  for (Pick& p : picks) {
+    const v1::JobStatus& job = *p.job;
+    const v1::MemberStatus& m = *p.member;
+    RankState& rank = p.state;
+    if (rank.points < 0) {
+      // First seen by this process (a restarted server): count what the
+      // file holds.
+      absl::StatusOr<int64_t> held = CountPoints(db, job.job_id(), m.rank());
       if (!held.ok()) return held.status();
-      insert.Reset();
-      insert.Bind(1, job.job_id()).Bind(2, m.rank()).Bind(3, m.step());
-      insert.Bind(4, absl::ToUnixMillis(now)).BindDouble(5, m.loss());
-      insert.BindDouble(6, m.last_step().step_ms());
-      insert.BindDouble(7, m.last_step().items_per_second()).Bind(8, m.memory_bytes());
-      if (absl::Status s = insert.Run(); !s.ok()) return s;
-      // A step seen again (a resumed generation) replaces its point.
-      if (!*held) rank.points++;
-      rank.last_step = m.step();
-      if (rank.points > cap) over.push_back(m.rank());
+      rank.points = *held;
     }
-    for (int r : over) {
-      RankState* state = &(*ranks)[{job.job_id(), r}];
-      if (absl::Status s = Thin(db, job.job_id(), r, cap / 2, state); !s.ok()) return s;
+    // Counted by what the file holds, whatever the step does: a step that
+    // goes down (a rank resumed from an older checkpoint, or a forged
+    // report) inserts a point as surely as one that goes up.
+    absl::StatusOr<bool> held = HasPoint(has, job.job_id(), m.rank(), m.step());
+    if (!held.ok()) return held.status();
+    insert.Reset();
+    insert.Bind(1, job.job_id()).Bind(2, m.rank()).Bind(3, m.step());
+    insert.Bind(4, absl::ToUnixMillis(now)).BindDouble(5, m.loss());
+    insert.BindDouble(6, m.last_step().step_ms());
+    insert.BindDouble(7, m.last_step().items_per_second()).Bind(8, m.memory_bytes());
+    if (absl::Status s = insert.Run(); !s.ok()) return s;
+    // A step seen again (a resumed generation) replaces its point.
+    if (!*held) rank.points++;
+    rank.last_step = m.step();
+    const int64_t cap = PointsPerRank(job.world_size());
+    if (rank.points > cap) {
+      if (absl::Status s = Thin(db, job.job_id(), m.rank(), cap / 2, &rank); !s.ok()) return s;
     }
   }
   return absl::OkStatus();
@@ -120,10 +135,13 @@ absl::StatusOr<int64_t> HistoryStore::CountPoints(SqlDatabase::Connection& db,
   return n;
 }
 
-absl::StatusOr<bool> HistoryStore::HasPoint(SqlDatabase::Connection& db, const std::string& job,
-                                            int rank, int64_t step) {
-  Statement has =
-      db.Prepare("has", "SELECT 1 FROM history WHERE job = ?1 AND rank = ?2 AND step = ?3");
+Statement HistoryStore::PrepareHasPoint(SqlDatabase::Connection& db) {
+  return db.Prepare("has", "SELECT 1 FROM history WHERE job = ?1 AND rank = ?2 AND step = ?3");
+}
+
+absl::StatusOr<bool> HistoryStore::HasPoint(Statement& has, const std::string& job, int rank,
+                                            int64_t step) {
+  has.Reset();
   has.Bind(1, job).Bind(2, rank).Bind(3, step);
   const bool found = has.Next();
   if (absl::Status s = has.status(); !s.ok()) return s;
@@ -175,9 +193,7 @@ absl::Status HistoryStore::ForgetJob(const std::string& job) {
     return db.Prepare("delete", "DELETE FROM history WHERE job = ?1").Bind(1, job).Run();
   });
   if (!erased.ok()) return erased;
-  for (auto it = ranks_.begin(); it != ranks_.end();) {
-    it = it->first.first == job ? ranks_.erase(it) : std::next(it);
-  }
+  jobs_.erase(job);
   return absl::OkStatus();
 }
 

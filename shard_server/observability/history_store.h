@@ -13,6 +13,14 @@
 // one that goes up). A NaN loss reads back as NaN. Writes are not fsynced
 // (synchronous=OFF): a crash may lose the last seconds of history, never
 // the server's state, which lives in another file.
+//
+// Cost: a Record writes at most max_points_per_record points per job (1,024
+// by default), taking the ranks with a new step in turn from where the last
+// Record stopped. A job of up to that many ranks gets every rank's every
+// step seen by the timer; a job of W ranks gets each rank's point every
+// W / 1,024 Records, which its per-rank bound thins to anyway (at W = 100K a
+// rank keeps 64 points). So the server's time for history is bounded per
+// pass, not proportional to the job (issue #31).
 #ifndef ZEROSHARD_SHARD_SERVER_HISTORY_STORE_H_
 #define ZEROSHARD_SHARD_SERVER_HISTORY_STORE_H_
 
@@ -35,6 +43,7 @@ namespace zeroshard {
 struct HistoryOptions {
   int64_t max_points_per_job = 1 << 18;
   int64_t min_points_per_rank = 64;
+  int64_t max_points_per_record = 1024;
 };
 
 // Thread-safe.
@@ -54,24 +63,41 @@ class HistoryStore {
   int64_t PointsPerRank(int world_size) const;
 
  private:
-  // (job, rank) -> last step recorded and points held.
+  // One rank's last step recorded and the points the file holds for it
+  // (-1: not counted by this process yet).
   struct RankState {
     int64_t last_step = -1;
-    int64_t points = 0;
+    int64_t points = -1;
   };
-  using RankStates = std::map<std::pair<std::string, int>, RankState>;
+  struct JobHistory {
+    std::vector<RankState> ranks;  // by rank
+    int next = 0;                  // the member a Record looks at first
+  };
+  // A rank chosen for this Record: the member's status and its state,
+  // changed in the transaction and kept only when it commits.
+  struct Pick {
+    const v1::JobStatus* job;
+    const v1::MemberStatus* member;
+    RankState state;
+  };
 
   HistoryStore(std::unique_ptr<SqlDatabase> db, HistoryOptions options)
       : options_(options), db_(std::move(db)) {}
-  // Inserts the points of `status` not recorded yet and thins the ranks
-  // that went over their bound, counting in `*ranks`.
-  absl::Status RecordNewPoints(SqlDatabase::Connection& db, const v1::GetStatusResponse& status,
-                               absl::Time now, RankStates* ranks) const;
+  // Chooses, per job, up to max_points_per_record members with a step not
+  // recorded yet, from the job's `next` on; moves `next` past them.
+  std::vector<Pick> PickNewPoints(const v1::GetStatusResponse& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Inserts the picked points and thins the ranks that went over their
+  // bound, counting in each pick's state.
+  absl::Status RecordPicks(SqlDatabase::Connection& db, std::vector<Pick>& picks,
+                           absl::Time now) const;
   // Points the file holds for the rank; whether it holds `step`.
   static absl::StatusOr<int64_t> CountPoints(SqlDatabase::Connection& db, const std::string& job,
                                              int rank);
-  static absl::StatusOr<bool> HasPoint(SqlDatabase::Connection& db, const std::string& job,
-                                       int rank, int64_t step);
+  // `has` is PrepareHasPoint's statement, reset and bound here.
+  static Statement PrepareHasPoint(SqlDatabase::Connection& db);
+  static absl::StatusOr<bool> HasPoint(Statement& has, const std::string& job, int rank,
+                                       int64_t step);
   // Deletes every other point of the rank older than its newest
   // `keep_recent` (history_store.h's rule); counts the deleted in `*state`.
   static absl::Status Thin(SqlDatabase::Connection& db, const std::string& job, int rank,
@@ -81,7 +107,7 @@ class HistoryStore {
   const std::unique_ptr<SqlDatabase> db_;
   // Held across a Record so that `ranks_` matches what the file holds.
   absl::Mutex mu_;
-  RankStates ranks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobHistory> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zeroshard

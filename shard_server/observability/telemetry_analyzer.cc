@@ -146,7 +146,7 @@ std::vector<const v1::MemberStatus*> CrossedLaggards(
 std::optional<HangCandidate> DiagnoseCollective(
     Stream stream, int64_t seq, const std::vector<const v1::MemberStatus*>& waiters,
     const std::vector<const v1::MemberStatus*>& live,
-    const std::map<int, absl::Time>& progressed_at, absl::Time now,
+    const std::vector<absl::Time>& progressed_at, absl::Time now,
     const TelemetryOptions& options) {
   absl::Time started = absl::InfiniteFuture();
   for (const v1::MemberStatus* w : waiters) {
@@ -158,8 +158,8 @@ std::optional<HangCandidate> DiagnoseCollective(
     return HangCandidate{started, *std::move(mixed)};
   }
   auto stalled = [&](const v1::MemberStatus* m) {
-    auto it = progressed_at.find(m->rank());
-    return it != progressed_at.end() && now - it->second >= options.hang_report;
+    return m->rank() < static_cast<int>(progressed_at.size()) &&
+           now - progressed_at[m->rank()] >= options.hang_report;
   };
   std::vector<const v1::MemberStatus*> laggards;
   for (const v1::MemberStatus* m : live) {
@@ -237,7 +237,7 @@ std::string FormatRanks(std::vector<int> ranks, int max_runs) {
 }
 
 std::vector<v1::Diagnosis> TelemetryAnalyzer::Diagnose(
-    const v1::JobStatus& job, const std::map<int, absl::Time>& progressed_at, absl::Time now,
+    const v1::JobStatus& job, const std::vector<absl::Time>& progressed_at, absl::Time now,
     const TelemetryOptions& options) {
   std::vector<v1::Diagnosis> out;
   if (job.state() != v1::RUNNING) return out;
@@ -270,9 +270,11 @@ void TelemetryAnalyzer::Analyze(const v1::GetStatusResponse& status) {
       state = JobState();
       state.generation = job.generation();
     }
-    std::map<int, absl::Time> progressed_at;
+    std::vector<absl::Time> progressed_at(job.members_size(), now);
     for (const v1::MemberStatus& m : job.members()) {
       if (m.rank() < 0) continue;
+      if (static_cast<int>(state.ranks.size()) <= m.rank()) state.ranks.resize(m.rank() + 1);
+      if (static_cast<int>(progressed_at.size()) <= m.rank()) progressed_at.resize(m.rank() + 1, now);
       RankProgress& p = state.ranks[m.rank()];
       const v1::RankTelemetry& t = m.telemetry();
       if (p.gathers != t.gathers_entered() || p.reductions != t.reductions_entered()) {

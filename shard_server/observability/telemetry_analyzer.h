@@ -63,9 +63,10 @@ class TelemetryAnalyzer {
   void Annotate(v1::GetStatusResponse* status) const;
 
   // Pure: the diagnoses of one job's members at `now` given when each
-  // rank's progress last changed (by rank; absent: now). For tests.
+  // rank's progress last changed (indexed by rank; beyond its end: now).
+  // For tests.
   static std::vector<v1::Diagnosis> Diagnose(const v1::JobStatus& job,
-                                             const std::map<int, absl::Time>& progressed_at,
+                                             const std::vector<absl::Time>& progressed_at,
                                              absl::Time now, const TelemetryOptions& options);
 
  private:
@@ -76,7 +77,7 @@ class TelemetryAnalyzer {
   };
   struct JobState {
     int64_t generation = 0;
-    std::map<int, RankProgress> ranks;
+    std::vector<RankProgress> ranks;  // by rank
     std::vector<v1::Diagnosis> diagnoses;
   };
 

@@ -278,13 +278,17 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
   stop = true;
   finished.Wait();
   int bad = 0, broken = 0;
+  std::string first_broken;
   for (auto& b : beaters) {
     bad += b->bad_commands();
     broken += !b->status().ok();
+    if (!b->status().ok() && first_broken.empty()) {
+      first_broken = absl::StrCat(b->status().error_code(), " ", b->status().error_message());
+    }
   }
   if (bad > 0 || broken > 0) {
-    std::fprintf(stderr, "heartbeat run: %d non-CONTINUE replies, %d broken streams\n", bad,
-                 broken);
+    std::fprintf(stderr, "heartbeat run: %d non-CONTINUE replies, %d broken streams (%s)\n", bad,
+                 broken, first_broken.c_str());
   }
   return (end_count - start_count) / elapsed;
 }
@@ -316,7 +320,14 @@ double DetectionSeconds(const std::string& address, int interval_ms) {
   }
   beat(victim);
   absl::Time last = absl::Now();  // after the reply: the server saw it before now
+  absl::Time survivor_beat = last;
   while (absl::Now() - last < absl::Seconds(30)) {
+    // The survivor keeps beating: were both silent, the server would suspect
+    // its own network (--isolation_grace) rather than declare a death.
+    if (absl::Now() - survivor_beat >= absl::Milliseconds(interval_ms)) {
+      beat(survivor);
+      survivor_beat = absl::Now();
+    }
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     v1::GetStatusRequest request;

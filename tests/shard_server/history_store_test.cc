@@ -65,6 +65,34 @@ TEST(HistoryStoreTest, RecordsEachNewStepOfEveryRankOnce) {
   EXPECT_EQ(Steps(**store, "job", 1), (std::vector<int64_t>{1, 2}));
 }
 
+// A Record writes at most max_points_per_record points of a job, taking the
+// ranks in turn: a large job's ranks are all recorded, over several passes.
+TEST(HistoryStoreTest, ARecordWritesAtMostItsBudgetTakingTheRanksInTurn) {
+  HistoryOptions options;
+  options.max_points_per_record = 2;
+  auto store = HistoryStore::Open(":memory:", options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto ranks_with_points = [&] {
+    std::vector<int> ranks;
+    absl::StatusOr<std::vector<v1::HistoryPoint>> points = (*store)->Points("job");
+    EXPECT_TRUE(points.ok()) << points.status();
+    for (const v1::HistoryPoint& p : *points) ranks.push_back(p.rank());
+    return ranks;
+  };
+  ASSERT_TRUE((*store)->Record(StatusAt("job", 5, 1), kStart).ok());
+  EXPECT_EQ(ranks_with_points(), (std::vector<int>{0, 1}));
+  ASSERT_TRUE((*store)->Record(StatusAt("job", 5, 1), kStart).ok());
+  EXPECT_EQ(ranks_with_points(), (std::vector<int>{0, 1, 2, 3}));
+  // Rank 4 is next; ranks 0 and 1 have nothing new and are passed over.
+  ASSERT_TRUE((*store)->Record(StatusAt("job", 5, 1), kStart).ok());
+  EXPECT_EQ(ranks_with_points(), (std::vector<int>{0, 1, 2, 3, 4}));
+  // A new step: the turn goes on from rank 4 (the last pass went round).
+  ASSERT_TRUE((*store)->Record(StatusAt("job", 5, 2), kStart).ok());
+  EXPECT_EQ(Steps(**store, "job", 4), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(Steps(**store, "job", 0), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(Steps(**store, "job", 1), (std::vector<int64_t>{1}));
+}
+
 TEST(HistoryStoreTest, RanksNotYetHeardFromOrBeforeTheirFirstStepAreSkipped) {
   auto store = HistoryStore::Open(":memory:");
   ASSERT_TRUE(store.ok()) << store.status();

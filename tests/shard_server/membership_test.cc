@@ -262,6 +262,35 @@ TEST_F(MembershipTest, SilentMemberIsDeclaredDeadAndSurvivorsToldToAbort) {
   EXPECT_TRUE(logged);
 }
 
+// The tick looks only at the members that beat longest ago (the front of
+// the job's silence order): a member that beat last and then fell silent
+// must still come to the front and be found, and nobody else.
+TEST_F(MembershipTest, TheOneMemberThatFallsSilentAmongManyIsTheOneDeclaredDead) {
+  constexpr int kWorld = 64;
+  constexpr int kSilent = 37;
+  auto members = Form("job", kWorld);
+  // Beats in an order unlike the ranks', the silent member last of all.
+  for (int i = 0; i < kWorld; ++i) {
+    const int rank = (i * 5 + 3) % kWorld;
+    if (rank != kSilent) ASSERT_TRUE(Beat(Credentials("job", members[rank])).ok());
+  }
+  clock_.Advance(absl::Milliseconds(500));
+  ASSERT_TRUE(Beat(Credentials("job", members[kSilent])).ok());
+  for (int second = 0; second < 4; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    for (int rank = kWorld - 1; rank >= 0; --rank) {
+      if (rank != kSilent) ASSERT_TRUE(Beat(Credentials("job", members[rank])).ok());
+    }
+    membership_->Tick();
+    if (second < 2) ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING) << second;
+  }
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_EQ(job.members(rank).alive(), rank != kSilent) << rank;
+  }
+}
+
 TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
   auto members = Form("job", 2);
   clock_.Advance(absl::Milliseconds(2900));

@@ -42,10 +42,8 @@ void Waiting(v1::MemberStatus* m, v1::CollectiveOp op, int64_t seq, const std::s
   c->set_started_unix_ms(absl::ToUnixMillis(kNow - for_how_long));
 }
 
-std::map<int, absl::Time> StalledSince(int world, absl::Duration ago) {
-  std::map<int, absl::Time> at;
-  for (int r = 0; r < world; ++r) at[r] = kNow - ago;
-  return at;
+std::vector<absl::Time> StalledSince(int world, absl::Duration ago) {
+  return std::vector<absl::Time>(world, kNow - ago);
 }
 
 TEST(TelemetryAnalyzerTest, NamesTheRankThatHasNotEnteredTheCollectiveOthersWaitIn) {
@@ -77,7 +75,7 @@ TEST(TelemetryAnalyzerTest, ALaggardThatStillAdvancesIsNotHung) {
   v1::JobStatus job = Job(2);
   job.mutable_members(1)->mutable_telemetry()->set_gathers_entered(5122);
   Waiting(job.mutable_members(0), v1::ALL_GATHER, 5123, "u", absl::Seconds(30));
-  std::map<int, absl::Time> progressed = StalledSince(2, absl::Seconds(30));
+  std::vector<absl::Time> progressed = StalledSince(2, absl::Seconds(30));
   progressed[1] = kNow - absl::Seconds(1);
   EXPECT_TRUE(TelemetryAnalyzer::Diagnose(job, progressed, kNow, {}).empty());
 }
