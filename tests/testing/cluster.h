@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -28,6 +29,8 @@ struct HostLayout {
 // Servers the test started itself (a replicated control plane on etcd:
 // tests/testing/etcd_cluster.h), reached at `address` ("a:P,b:P,c:P").
 struct ExternalServers {
+  // Explicit, so that a braced list of server flags never reads as one.
+  explicit ExternalServers(std::string a) : address(std::move(a)) {}
   std::string address;
 };
 
