@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   absl::StatusOr<std::string> target = GrpcTargetForServers(options.server);
   if (!target.ok()) return target.status();
   if (absl::Status s = CheckTokenTransport(!options.token.empty(), !options.tls_ca.empty(),
-                                          options.server, options.insecure, "--tls_ca");
+                                           options.server, options.insecure, "--tls_ca");
       !s.ok()) {
     return s;
   }

@@ -2,14 +2,17 @@
 
 #include "absl/flags/flag.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:7070", "Shard server HOST:PORT, or several comma-separated (a replicated control plane on etcd: the one leading is used)");
+ABSL_FLAG(std::string, server, "127.0.0.1:7070",
+          "Shard server HOST:PORT, or several comma-separated (a replicated control plane on etcd: "
+          "the one leading is used)");
 ABSL_FLAG(std::string, token_file, "", "File holding the server's bearer token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA file: connect with TLS and verify the server");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS)");
 ABSL_FLAG(std::string, tls_key, "", "PEM client key (mutual TLS)");
 ABSL_FLAG(bool, insecure, false,
-          "Accept a --token_file that every user may read or write, or a token shorter than 16 "
-          "characters (both refused otherwise)");
+          "Accept a --token_file that every user may read or write, a token shorter than 16 "
+          "characters, or sending the token without TLS to a server that is not on loopback "
+          "(all refused otherwise)");
 
 namespace zeroshard {
 

@@ -48,10 +48,10 @@ absl::Status CheckTokenTransport(bool has_token, bool tls, const std::string& ad
     host = host.substr(1, host.size() - 2);
   }
   if (IsLoopback(host)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "a bearer token over plaintext to or from ", address,
-      " can be read by anyone on the network: turn TLS on (", tls_flag,
-      "), or pass --insecure to send it anyway (loopback addresses need neither)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("a bearer token over plaintext to or from ", address,
+                   " can be read by anyone on the network: turn TLS on (", tls_flag,
+                   "), or pass --insecure to send it anyway (loopback addresses need neither)"));
 }
 
 }  // namespace zeroshard

@@ -89,7 +89,8 @@ class PyClient {
     ClientOptions options;
     options.server = server;
     options.insecure = insecure;
-    options.token = token_file.empty() ? token : Value(ReadTokenFile(token_file, "token_file", insecure));
+    options.token =
+        token_file.empty() ? token : Value(ReadTokenFile(token_file, "token_file", insecure));
     options.tls_ca = tls_ca;
     options.tls_cert = tls_cert;
     options.tls_key = tls_key;

@@ -332,8 +332,8 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
   if (diagnosis_ != nullptr) diagnosis_->Annotate(response);
   if (control_plane_) control_plane_(response->mutable_control_plane());
   if (!job.empty() && response->jobs().empty()) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                           absl::StrCat("no job '", job, "'")));
+    return FinishNow(context,
+                     grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job '", job, "'")));
   }
   return FinishNow(context, grpc::Status::OK);
 }
@@ -365,7 +365,8 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
                                                          v1::PlanShardsResponse* response) {
   const v1::MemberCredentials& m = request->member();
   // A one-off plan (no member) touches no job: any valid token may ask.
-  if (grpc::Status auth = m.job_id().empty() ? Authenticate(context) : Authorize(context, m.job_id());
+  if (grpc::Status auth =
+          m.job_id().empty() ? Authenticate(context) : Authorize(context, m.job_id());
       !auth.ok()) {
     return FinishNow(context, auth);
   }
@@ -389,8 +390,8 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::CommitShard(grpc::CallbackServerContext* context,
                                                           const v1::CommitShardRequest* request,
                                                           v1::CommitShardResponse* response) {
-  return checkpoints_->CommitShard(context, Authorize(context, request->member().job_id()),
-                                   request, response);
+  return checkpoints_->CommitShard(context, Authorize(context, request->member().job_id()), request,
+                                   response);
 }
 
 grpc::ServerReadReactor<v1::UploadShardRequest>* CoordinatorService::UploadShard(

@@ -12,13 +12,13 @@
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/clock.h"
-#include "shard_server/observability/history_store.h"
 #include "shard_server/job_credentials.h"
 #include "shard_server/kv/kv_store.h"
 #include "shard_server/membership/membership.h"
-#include "shard_server/plan_service.h"
+#include "shard_server/observability/history_store.h"
 #include "shard_server/observability/server_metrics.h"
 #include "shard_server/observability/telemetry_analyzer.h"
+#include "shard_server/plan_service.h"
 
 namespace zeroshard {
 

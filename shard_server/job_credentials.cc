@@ -10,8 +10,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/file_util.h"
 #include "common/job_id.h"
 #include "common/secret_file.h"
@@ -48,8 +48,7 @@ grpc::Status Caller::MayActOn(absl::string_view target) const {
                                    target, "' (the admin token can)"));
 }
 
-JobCredentials::JobCredentials(std::string admin_token, std::string job_tokens_dir,
-                               bool insecure)
+JobCredentials::JobCredentials(std::string admin_token, std::string job_tokens_dir, bool insecure)
     : admin_token_(std::move(admin_token)), dir_(std::move(job_tokens_dir)), insecure_(insecure) {}
 
 absl::StatusOr<Caller> JobCredentials::Identify(const ClientMetadata& metadata) {
@@ -135,16 +134,16 @@ absl::StatusOr<std::string> CreateJobTokenFile(const std::string& dir, const std
   const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus(errno, "cannot create", temp);
   const std::string line = token + "\n";
-  const bool written = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
-                       fsync(fd) == 0;
+  const bool written =
+      write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && fsync(fd) == 0;
   close(fd);
   // link() fails when the job has a token already: never replaced silently.
   if (!written || link(temp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     unlink(temp.c_str());
     if (err == EEXIST) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "job '", job, "' has a token already (", path, "); remove the file to revoke it"));
+      return absl::AlreadyExistsError(absl::StrCat("job '", job, "' has a token already (", path,
+                                                   "); remove the file to revoke it"));
     }
     return ErrnoStatus(err, "cannot write", path);
   }

@@ -205,8 +205,8 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
       return absl::InvalidArgumentError("cannot read " + path);
   }
   return zeroshard::CheckTokenTransport(!options.auth_token.empty(), !options.tls_cert.empty(),
-                                       absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_insecure),
-                                       "--tls_cert and --tls_key");
+                                        absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_insecure),
+                                        "--tls_cert and --tls_key");
 }
 
 // The server's options from the flags.

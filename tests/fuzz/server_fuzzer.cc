@@ -5,15 +5,16 @@
 //
 // Input: up to kMaxCalls records of [method byte][size: u16 little-endian]
 // [size bytes: the serialized request].
-// ZEROSHARD_FUZZ_WRITE_SEED=DIR writes the seed corpus to DIR and exits. A request whose MemberCredentials
-// token is "$" gets the credentials of the last successful Join instead, so
-// the fuzzer reaches what lies behind authentication (heartbeats, the KV
-// store, checkpoints of a live member). Every call has a 5 ms deadline:
-// held calls (a Join waiting for its barrier, a StoreWait) end by it.
-#include <cstdint>
-#include <cstdlib>
+// ZEROSHARD_FUZZ_WRITE_SEED=DIR writes the seed corpus to DIR and exits. A request whose
+// MemberCredentials token is "$" gets the credentials of the last successful Join instead, so the
+// fuzzer reaches what lies behind authentication (heartbeats, the KV store, checkpoints of a live
+// member). Every call has a 5 ms deadline: held calls (a Join waiting for its barrier, a StoreWait)
+// end by it.
 #include <sys/stat.h>
+
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -62,8 +63,8 @@ void FillCredentials(google::protobuf::Message* request, const v1::MemberCredent
   const google::protobuf::FieldDescriptor* field =
       request->GetDescriptor()->FindFieldByName("member");
   if (field == nullptr || field->message_type() != v1::MemberCredentials::descriptor()) return;
-  auto* credentials = static_cast<v1::MemberCredentials*>(
-      request->GetReflection()->MutableMessage(request, field));
+  auto* credentials =
+      static_cast<v1::MemberCredentials*>(request->GetReflection()->MutableMessage(request, field));
   if (credentials->token() == "$") *credentials = member;
 }
 
@@ -147,25 +148,58 @@ void Consolidate(Harness& h, absl::string_view bytes) {
 
 void Call(Harness& h, uint8_t method, absl::string_view bytes) {
   switch (method % 19) {
-    case 0: return Join(h, bytes);
-    case 1: return Heartbeat(h, bytes);
-    case 2: return Unary<v1::LeaveRequest, v1::LeaveResponse>(h, bytes, &Coordinator::Stub::Leave);
-    case 3: return Unary<v1::StoreSetRequest, v1::StoreSetResponse>(h, bytes, &Coordinator::Stub::StoreSet);
-    case 4: return Unary<v1::StoreGetRequest, v1::StoreGetResponse>(h, bytes, &Coordinator::Stub::StoreGet);
-    case 5: return Unary<v1::StoreAddRequest, v1::StoreAddResponse>(h, bytes, &Coordinator::Stub::StoreAdd);
-    case 6: return Unary<v1::StoreWaitRequest, v1::StoreWaitResponse>(h, bytes, &Coordinator::Stub::StoreWait);
-    case 7: return Unary<v1::StoreCompareSetRequest, v1::StoreCompareSetResponse>(h, bytes, &Coordinator::Stub::StoreCompareSet);
-    case 8: return Unary<v1::StoreDeleteRequest, v1::StoreDeleteResponse>(h, bytes, &Coordinator::Stub::StoreDelete);
-    case 9: return Unary<v1::StoreCheckRequest, v1::StoreCheckResponse>(h, bytes, &Coordinator::Stub::StoreCheck);
-    case 10: return Unary<v1::StoreNumKeysRequest, v1::StoreNumKeysResponse>(h, bytes, &Coordinator::Stub::StoreNumKeys);
-    case 11: return Unary<v1::GetStatusRequest, v1::GetStatusResponse>(h, bytes, &Coordinator::Stub::GetStatus);
-    case 12: return Unary<v1::PlanShardsRequest, v1::PlanShardsResponse>(h, bytes, &Coordinator::Stub::PlanShards);
-    case 13: return Unary<v1::CommitShardRequest, v1::CommitShardResponse>(h, bytes, &Coordinator::Stub::CommitShard);
-    case 14: return Upload(h, bytes);
-    case 15: return Unary<v1::ListCheckpointsRequest, v1::ListCheckpointsResponse>(h, bytes, &Coordinator::Stub::ListCheckpoints);
-    case 16: return Consolidate(h, bytes);
-    case 17: return Unary<v1::GetHistoryRequest, v1::GetHistoryResponse>(h, bytes, &Coordinator::Stub::GetHistory);
-    default: return Unary<v1::StoreSetRequest, v1::StoreSetResponse>(h, bytes, &Coordinator::Stub::StoreSet);
+    case 0:
+      return Join(h, bytes);
+    case 1:
+      return Heartbeat(h, bytes);
+    case 2:
+      return Unary<v1::LeaveRequest, v1::LeaveResponse>(h, bytes, &Coordinator::Stub::Leave);
+    case 3:
+      return Unary<v1::StoreSetRequest, v1::StoreSetResponse>(h, bytes,
+                                                              &Coordinator::Stub::StoreSet);
+    case 4:
+      return Unary<v1::StoreGetRequest, v1::StoreGetResponse>(h, bytes,
+                                                              &Coordinator::Stub::StoreGet);
+    case 5:
+      return Unary<v1::StoreAddRequest, v1::StoreAddResponse>(h, bytes,
+                                                              &Coordinator::Stub::StoreAdd);
+    case 6:
+      return Unary<v1::StoreWaitRequest, v1::StoreWaitResponse>(h, bytes,
+                                                                &Coordinator::Stub::StoreWait);
+    case 7:
+      return Unary<v1::StoreCompareSetRequest, v1::StoreCompareSetResponse>(
+          h, bytes, &Coordinator::Stub::StoreCompareSet);
+    case 8:
+      return Unary<v1::StoreDeleteRequest, v1::StoreDeleteResponse>(
+          h, bytes, &Coordinator::Stub::StoreDelete);
+    case 9:
+      return Unary<v1::StoreCheckRequest, v1::StoreCheckResponse>(h, bytes,
+                                                                  &Coordinator::Stub::StoreCheck);
+    case 10:
+      return Unary<v1::StoreNumKeysRequest, v1::StoreNumKeysResponse>(
+          h, bytes, &Coordinator::Stub::StoreNumKeys);
+    case 11:
+      return Unary<v1::GetStatusRequest, v1::GetStatusResponse>(h, bytes,
+                                                                &Coordinator::Stub::GetStatus);
+    case 12:
+      return Unary<v1::PlanShardsRequest, v1::PlanShardsResponse>(h, bytes,
+                                                                  &Coordinator::Stub::PlanShards);
+    case 13:
+      return Unary<v1::CommitShardRequest, v1::CommitShardResponse>(
+          h, bytes, &Coordinator::Stub::CommitShard);
+    case 14:
+      return Upload(h, bytes);
+    case 15:
+      return Unary<v1::ListCheckpointsRequest, v1::ListCheckpointsResponse>(
+          h, bytes, &Coordinator::Stub::ListCheckpoints);
+    case 16:
+      return Consolidate(h, bytes);
+    case 17:
+      return Unary<v1::GetHistoryRequest, v1::GetHistoryResponse>(h, bytes,
+                                                                  &Coordinator::Stub::GetHistory);
+    default:
+      return Unary<v1::StoreSetRequest, v1::StoreSetResponse>(h, bytes,
+                                                              &Coordinator::Stub::StoreSet);
   }
 }
 

@@ -116,13 +116,12 @@ TEST(TokenFileTest, ATokenWithoutTlsOffLoopbackIsRefusedUnlessInsecure) {
 
   // shardctl to an address that is not loopback: refused before connecting.
   const std::string shardctl = testing::RunfilePath("client/shardctl");
-  auto [remote_code, remote_output] = testing::RunCommand(absl::StrCat(
-      shardctl, " --server=10.255.255.1:7070 --token_file=", token, " status 2>&1"));
+  auto [remote_code, remote_output] = testing::RunCommand(
+      absl::StrCat(shardctl, " --server=10.255.255.1:7070 --token_file=", token, " status 2>&1"));
   EXPECT_NE(remote_code, 0) << remote_output;
   EXPECT_NE(remote_output.find("turn TLS on (--tls_ca)"), std::string::npos) << remote_output;
-  auto [local_code, local_output] = testing::RunCommand(
-      absl::StrCat(shardctl, " --server=", cluster.address(), " --token_file=", token,
-                   " status 2>&1"));
+  auto [local_code, local_output] = testing::RunCommand(absl::StrCat(
+      shardctl, " --server=", cluster.address(), " --token_file=", token, " status 2>&1"));
   EXPECT_EQ(local_code, 0) << local_output;
 }
 

@@ -49,7 +49,7 @@ class JobTokensTest : public ::testing::Test {
 };
 
 const std::vector<std::string> kSmallJob = {"--model=mlp", "--layers=2", "--width=8",
-                                            "--steps=4", "--seed=1", "--checkpoint_at_end"};
+                                            "--steps=4",   "--seed=1",   "--checkpoint_at_end"};
 
 std::vector<std::string> With(std::vector<std::string> flags, const std::string& more) {
   flags.push_back(more);
@@ -95,7 +95,8 @@ TEST_F(JobTokensTest, AJobTokenActsOnItsOwnJobAndCannotJoinReadOrConsolidateAnot
   EXPECT_NE(hidden.find("no job 'alpha'"), std::string::npos) << hidden;
   for (const std::string& command :
        {std::string("checkpoints --job=alpha"), std::string("history --job=alpha"),
-        absl::StrCat("consolidate --job=alpha --step=latest --out=", dir_, "/stolen.safetensors")}) {
+        absl::StrCat("consolidate --job=alpha --step=latest --out=", dir_,
+                     "/stolen.safetensors")}) {
     auto [code, output] = Shardctl(cluster.address(), beta, command);
     EXPECT_NE(code, 0) << command << ": " << output;
     EXPECT_NE(output.find("cannot act on job 'alpha'"), std::string::npos)
