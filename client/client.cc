@@ -16,6 +16,7 @@
 #include "common/keepalive.h"
 #include "common/plan/plan_codec.h"
 #include "common/secret_file.h"
+#include "common/server_list.h"
 #include "proto/health.grpc.pb.h"
 
 namespace zeroshard {
@@ -59,9 +60,14 @@ absl::Status LoadClientFiles(const std::string& token_file, const std::string& c
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  if (options.server.empty() || options.server.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("server address '", options.server, "' is not HOST:PORT"));
+  // Several servers (a replicated control plane): one channel over all of
+  // them, which connects to the one that listens, the leader.
+  absl::StatusOr<std::string> target = GrpcTargetForServers(options.server);
+  if (!target.ok()) return target.status();
+  if (absl::Status s = CheckTokenTransport(!options.token.empty(), !options.tls_ca.empty(),
+                                          options.server, options.insecure, "--tls_ca");
+      !s.ok()) {
+    return s;
   }
   std::unique_ptr<Client> client(new Client());
   client->options_ = options;
@@ -95,7 +101,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   } else if (!options.tls_cert.empty() || !options.tls_key.empty()) {
     return absl::InvalidArgumentError("a TLS client certificate needs the server's CA (--tls_ca)");
   }
-  client->channel_ = grpc::CreateCustomChannel(options.server, credentials, args);
+  client->channel_ = grpc::CreateCustomChannel(*target, credentials, args);
   client->stub_ = v1::Coordinator::NewStub(client->channel_);
   return client;
 }
@@ -607,90 +613,127 @@ bool IsDirectory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// Where streamed files go: a directory (made for sharded output), or ""
+// when `out_path` is the single file itself.
+absl::StatusOr<std::string> StreamedOutputDir(const std::string& out_path, bool sharded) {
+  if (out_path.empty()) return absl::InvalidArgumentError("no output path for consolidation");
+  if (!sharded) return IsDirectory(out_path) ? out_path : std::string();
+  if (mkdir(out_path.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, "cannot create output directory", out_path);
+  }
+  if (!IsDirectory(out_path)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--out ", out_path, " is a file; sharded output (max_shard_bytes > 0) needs a directory"));
+  }
+  return out_path;
+}
+
+// The files of a Consolidate stream, written as they arrive. Every file stays
+// at its temporary name until Commit (after the summary arrived), so a stream
+// that breaks leaves nothing that looks complete.
+class ConsolidationReceiver {
+ public:
+  ConsolidationReceiver(std::string out_path, std::string out_dir)
+      : out_path_(std::move(out_path)), out_dir_(std::move(out_dir)) {}
+
+  absl::Status StartFile(const v1::ConsolidateFile& file) {
+    const std::string& name = file.name();
+    if (file_received_ != file_size_) {
+      return absl::DataLossError(absl::StrCat("unexpected file '", name, "' in the stream"));
+    }
+    // The server names files; they must not climb out of --out.
+    if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos ||
+        (out_dir_.empty() && !files_.empty())) {
+      return absl::DataLossError(absl::StrCat("the server sent file name '", name, "'"));
+    }
+    std::string path = out_dir_.empty() ? out_path_ : absl::StrCat(out_dir_, "/", name);
+    // O_DIRECT: the multi-GB output goes to disk without a page-cache copy
+    // (on this project's VM that copy cost 2-5x the CPU of the DMA).
+    AtomicFileOptions direct;
+    direct.direct = true;
+    absl::StatusOr<std::unique_ptr<AtomicFile>> opened = AtomicFile::Create(path, direct);
+    if (!opened.ok()) return opened.status();
+    files_.push_back(*std::move(opened));
+    paths_.push_back(path);
+    file_size_ = file.size_bytes();
+    file_received_ = 0;
+    progress_.file = path;
+    progress_.bytes_expected += file_size_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Append(const std::string& data) {
+    const auto n = static_cast<int64_t>(data.size());
+    if (files_.empty() || file_received_ + n > file_size_) {
+      return absl::DataLossError("the server sent more bytes than it announced");
+    }
+    if (absl::Status s = files_.back()->Write(data.data(), data.size()); !s.ok()) return s;
+    file_received_ += n;
+    progress_.bytes_received += n;
+    return absl::OkStatus();
+  }
+
+  // Every announced byte arrived: the files take their names.
+  absl::Status Commit(v1::ConsolidateSummary* summary) {
+    if (file_received_ != file_size_) {
+      return absl::DataLossError(absl::StrCat(progress_.file, ": ", file_received_, " of ",
+                                              file_size_, " bytes received"));
+    }
+    if (files_.empty()) return absl::DataLossError("the server sent no file");
+    for (auto& f : files_) {
+      if (absl::Status c = f->Commit(); !c.ok()) return c;
+    }
+    summary->clear_files();
+    for (const std::string& p : paths_) summary->add_files(p);
+    return absl::OkStatus();
+  }
+
+  ConsolidateProgress& progress() { return progress_; }
+
+ private:
+  const std::string out_path_;
+  const std::string out_dir_;
+  std::vector<std::unique_ptr<AtomicFile>> files_;
+  std::vector<std::string> paths_;
+  int64_t file_size_ = 0, file_received_ = 0;
+  ConsolidateProgress progress_;
+};
+
 }  // namespace
 
 absl::StatusOr<v1::ConsolidateSummary> Client::Consolidate(const v1::ConsolidateRequest& request,
                                                            const std::string& out_path,
                                                            ConsolidateProgressFn progress) {
   const bool streamed = !request.on_server();
-  const bool sharded = request.max_shard_bytes() > 0;
-  std::string out_dir;  // where streamed files go; empty: `out_path` is the single file
+  std::string out_dir;
   if (streamed) {
-    if (out_path.empty()) return absl::InvalidArgumentError("no output path for consolidation");
-    if (sharded) {
-      if (mkdir(out_path.c_str(), 0755) != 0 && errno != EEXIST) {
-        return ErrnoStatus(errno, "cannot create output directory", out_path);
-      }
-      if (!IsDirectory(out_path)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("--out ", out_path,
-                         " is a file; sharded output (max_shard_bytes > 0) needs a directory"));
-      }
-      out_dir = out_path;
-    } else if (IsDirectory(out_path)) {
-      out_dir = out_path;
-    }
+    absl::StatusOr<std::string> dir = StreamedOutputDir(out_path, request.max_shard_bytes() > 0);
+    if (!dir.ok()) return dir.status();
+    out_dir = *std::move(dir);
   }
   grpc::ClientContext context;
   Prepare(&context, absl::Hours(24));
   std::unique_ptr<grpc::ClientReader<v1::ConsolidateResponse>> stream =
       stub_->Consolidate(&context, request);
-
-  // Every file stays at its temporary name until the summary arrived.
-  std::vector<std::unique_ptr<AtomicFile>> files;
-  std::vector<std::string> local_paths;
-  int64_t file_size = 0, file_received = 0;
-  ConsolidateProgress state;
+  ConsolidationReceiver receiver(out_path, out_dir);
   v1::ConsolidateResponse message;
   std::optional<v1::ConsolidateSummary> summary;
   absl::Status local;
   while (local.ok() && stream->Read(&message)) {
     switch (message.kind_case()) {
-      case v1::ConsolidateResponse::kFile: {
-        const std::string& name = message.file().name();
-        if (!streamed || summary.has_value() || file_received != file_size) {
-          local = absl::DataLossError(absl::StrCat("unexpected file '", name, "' in the stream"));
-          break;
-        }
-        // The server names files; they must not climb out of --out.
-        if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos ||
-            (out_dir.empty() && !files.empty())) {
-          local = absl::DataLossError(absl::StrCat("the server sent file name '", name, "'"));
-          break;
-        }
-        std::string path = out_dir.empty() ? out_path : absl::StrCat(out_dir, "/", name);
-        // O_DIRECT: the multi-GB output goes to disk without a page-cache
-        // copy (on this project's VM that copy cost 2-5x the CPU of the DMA).
-        AtomicFileOptions direct;
-        direct.direct = true;
-        absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(path, direct);
-        if (!file.ok()) {
-          local = file.status();
-          break;
-        }
-        files.push_back(*std::move(file));
-        local_paths.push_back(path);
-        file_size = message.file().size_bytes();
-        file_received = 0;
-        state.file = path;
-        state.bytes_expected += file_size;
+      case v1::ConsolidateResponse::kFile:
+        local = !streamed || summary.has_value()
+                    ? absl::DataLossError(absl::StrCat("unexpected file '", message.file().name(),
+                                                       "' in the stream"))
+                    : receiver.StartFile(message.file());
         break;
-      }
-      case v1::ConsolidateResponse::kData: {
-        const std::string& data = message.data();
-        if (files.empty() || file_received + static_cast<int64_t>(data.size()) > file_size) {
-          local = absl::DataLossError("the server sent more bytes than it announced");
-          break;
-        }
-        local = files.back()->Write(data.data(), data.size());
-        file_received += static_cast<int64_t>(data.size());
-        state.bytes_received += static_cast<int64_t>(data.size());
+      case v1::ConsolidateResponse::kData:
+        local = receiver.Append(message.data());
         break;
-      }
       case v1::ConsolidateResponse::kProgress:
-        state.work_done = message.progress().bytes_done();
-        state.work_total = message.progress().bytes_total();
-        if (progress) progress(state);
+        receiver.progress().work_done = message.progress().bytes_done();
+        receiver.progress().work_total = message.progress().bytes_total();
+        if (progress) progress(receiver.progress());
         break;
       case v1::ConsolidateResponse::kDone:
         summary = message.done();
@@ -701,20 +744,11 @@ absl::StatusOr<v1::ConsolidateSummary> Client::Consolidate(const v1::Consolidate
   }
   if (!local.ok()) context.TryCancel();
   absl::Status s = FromGrpcStatus(stream->Finish());
-  if (!local.ok()) return local;  // `files` go with their temporary names
+  if (!local.ok()) return local;  // the files go with their temporary names
   if (!s.ok()) return s;
   if (!summary.has_value()) return absl::DataLossError("the stream ended without a summary");
-  if (file_received != file_size) {
-    return absl::DataLossError(
-        absl::StrCat(state.file, ": ", file_received, " of ", file_size, " bytes received"));
-  }
   if (streamed) {
-    if (files.empty()) return absl::DataLossError("the server sent no file");
-    for (auto& f : files) {
-      if (absl::Status c = f->Commit(); !c.ok()) return c;
-    }
-    summary->clear_files();
-    for (const std::string& p : local_paths) summary->add_files(p);
+    if (absl::Status c = receiver.Commit(&*summary); !c.ok()) return c;
   }
   return *std::move(summary);
 }

@@ -28,7 +28,7 @@
 namespace zeroshard {
 
 struct ClientOptions {
-  std::string server;  // HOST:PORT
+  std::string server;  // HOST:PORT, or HOST:PORT,HOST:PORT,... (common/server_list.h)
   std::string token;   // bearer token; empty: none
   // LoadClientFiles accepts a token file any user may read or write, or a
   // short token (shard_worker and shardctl --insecure).

@@ -2,7 +2,7 @@
 
 #include "absl/flags/flag.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:7070", "Shard server HOST:PORT");
+ABSL_FLAG(std::string, server, "127.0.0.1:7070", "Shard server HOST:PORT, or several comma-separated (a replicated control plane on etcd: the one leading is used)");
 ABSL_FLAG(std::string, token_file, "", "File holding the server's bearer token");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA file: connect with TLS and verify the server");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS)");

@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -66,6 +67,24 @@ std::string MemberFlags(const v1::MemberStatus& m) {
   return m.straggler() ? "STRAGGLER" : "-";
 }
 
+// The replicated control plane's leadership, one line each (nothing for a
+// single server).
+void PrintControlPlane(const v1::ControlPlaneStatus& cp) {
+  if (cp.etcd_endpoints().empty()) return;
+  const double renewed = cp.etcd_lease_renewed_seconds_ago();
+  std::printf("control plane: leader %s, followers %s\n", cp.leader().c_str(),
+              cp.followers().empty() ? "none" : absl::StrJoin(cp.followers(), ", ").c_str());
+  std::printf("etcd %s: %s (lease renewed %.1f s ago, TTL %.0f s)\n", cp.etcd_endpoints().c_str(),
+              renewed < cp.etcd_lease_ttl_seconds() / 2 ? "healthy" : "SLOW OR UNREACHABLE",
+              renewed, cp.etcd_lease_ttl_seconds());
+  std::printf("elected %s%s, serving %.0f ms later (term %lld of this server)\n\n",
+              absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(cp.elected_unix_ms()),
+                               absl::UTCTimeZone())
+                  .c_str(),
+              cp.previous_leader().empty() ? "" : (" after " + cp.previous_leader()).c_str(),
+              cp.restore_seconds() * 1000, static_cast<long long>(cp.terms()));
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -75,6 +94,7 @@ int StatusCommand() {
     std::printf("%s\n", ProtoJson(*status).c_str());
     return 0;
   }
+  PrintControlPlane(status->control_plane());
   if (status->jobs().empty()) {
     std::printf("no jobs\n");
     return 0;
@@ -162,9 +182,10 @@ int main(int argc, char** argv) {
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
       "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
-      "  top [--job=ID]                          live view of jobs and ranks (q quits)\n");
+      "  top [--job=ID]                          live view of jobs and ranks (q quits)\n"
+      "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  const char* commands = "status, spec, plan, checkpoints, consolidate, history, top";
+  const char* commands = "status, spec, plan, checkpoints, consolidate, history, top, job";
   if (args.size() < 2) {
     std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
@@ -177,6 +198,7 @@ int main(int argc, char** argv) {
   if (command == "consolidate") return zeroshard::ConsolidateCommand();
   if (command == "history") return zeroshard::HistoryCommand();
   if (command == "top") return zeroshard::TopCommand();
+  if (command == "job") return zeroshard::JobCommand(args.size() > 2 ? args[2] : "");
   std::fprintf(stderr, "shardctl: unknown command '%s' (expected: %s)\n", command.c_str(),
                commands);
   return 2;

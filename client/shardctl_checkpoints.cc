@@ -199,57 +199,84 @@ static absl::Status CheckOutput(const std::string& out, bool force) {
                                                "a new path"));
 }
 
-int ConsolidateCommand() {
-  const std::string job = absl::GetFlag(FLAGS_job);
-  if (job.empty()) return Fail(absl::InvalidArgumentError("consolidate needs --job=ID"));
+// The request the flags describe, every flag checked before the server is
+// asked anything (--out included).
+static absl::StatusOr<v1::ConsolidateRequest> ConsolidateRequestFromFlags() {
   v1::ConsolidateRequest request;
-  request.set_job_id(job);
+  request.set_job_id(absl::GetFlag(FLAGS_job));
+  if (request.job_id().empty()) return absl::InvalidArgumentError("consolidate needs --job=ID");
   const std::string step = absl::GetFlag(FLAGS_step);
   int64_t step_number = -1;
   if (step != "latest" && (!absl::SimpleAtoi(step, &step_number) || step_number < 0)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--step=", step, " is not a step; expected N >= 0 or 'latest'")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--step=", step, " is not a step; expected N >= 0 or 'latest'"));
   }
   request.set_step(step_number);
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   if (dtype != "f32" && dtype != "bf16" && dtype != "f16") {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--dtype=", dtype, " is not an output dtype; expected f32, bf16 or f16")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype=", dtype, " is not an output dtype; expected f32, bf16 or f16"));
   }
   request.set_dtype(dtype);
   request.set_weights_only(absl::GetFlag(FLAGS_weights_only));
   if (absl::GetFlag(FLAGS_max_shard_bytes) < 0) {
-    return Fail(absl::InvalidArgumentError("--max_shard_bytes must be >= 0 (0: one file)"));
+    return absl::InvalidArgumentError("--max_shard_bytes must be >= 0 (0: one file)");
   }
   request.set_max_shard_bytes(absl::GetFlag(FLAGS_max_shard_bytes));
   request.set_on_server(absl::GetFlag(FLAGS_on_server));
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty() && !request.on_server()) {
-    return Fail(absl::InvalidArgumentError(
+    return absl::InvalidArgumentError(
         "consolidate needs --out=PATH (a file, or a directory with --max_shard_bytes), or "
-        "--on_server to write under the server's checkpoint root"));
+        "--on_server to write under the server's checkpoint root");
   }
-
   if (!request.on_server()) {
-    if (absl::Status s = CheckOutput(out, absl::GetFlag(FLAGS_force)); !s.ok()) return Fail(s);
+    if (absl::Status s = CheckOutput(out, absl::GetFlag(FLAGS_force)); !s.ok()) return s;
   }
-
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "safetensors" && format != "hf") {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--format=", format, " is not an output format; expected safetensors or hf")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format=", format, " is not an output format; expected safetensors or hf"));
   }
   const bool hf = format == "hf";
   if (hf && request.on_server()) {
-    return Fail(absl::InvalidArgumentError(
-        "--format=hf writes a model directory on this machine; leave out --on_server"));
+    return absl::InvalidArgumentError(
+        "--format=hf writes a model directory on this machine; leave out --on_server");
   }
-  if (hf && !request.weights_only()) {
-    // from_pretrained wants exactly the model's tensors.
-    request.set_weights_only(true);
-  }
+  // from_pretrained wants exactly the model's tensors.
+  if (hf) request.set_weights_only(true);
   request.set_require_hf_config(hf);
+  return request;
+}
 
+static void PrintConsolidateSummary(const v1::ConsolidateRequest& request,
+                                    const v1::ConsolidateSummary& summary, double seconds) {
+  const double gbps = summary.total_bytes() / 1e9 / std::max(seconds, 1e-9);
+  if (absl::GetFlag(FLAGS_json)) {
+    nlohmann::ordered_json j;
+    j["job"] = request.job_id();
+    j["step"] = summary.step();
+    j["files"] = std::vector<std::string>(summary.files().begin(), summary.files().end());
+    j["total_bytes"] = summary.total_bytes();
+    j["seconds"] = seconds;
+    j["gbps"] = gbps;
+    j["on_server"] = request.on_server();
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("consolidated step %lld of job %s%s: %d file%s, %s in %.2f s (%.2f GB/s)\n",
+              static_cast<long long>(summary.step()), request.job_id().c_str(),
+              request.on_server() ? " on the server" : "", summary.files_size(),
+              summary.files_size() == 1 ? "" : "s",
+              HumanBytes(static_cast<double>(summary.total_bytes())).c_str(), seconds, gbps);
+  for (const std::string& f : summary.files()) std::printf("  %s\n", f.c_str());
+}
+
+int ConsolidateCommand() {
+  absl::StatusOr<v1::ConsolidateRequest> request = ConsolidateRequestFromFlags();
+  if (!request.ok()) return Fail(request.status());
+  const std::string out = absl::GetFlag(FLAGS_out);
+  const bool hf = request->require_hf_config();
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
   // A Hugging Face directory is made here, and removed again (while still
@@ -262,10 +289,10 @@ int ConsolidateCommand() {
       return Fail(ErrnoStatus(errno, "cannot create the output directory", out));
     }
   }
-  ProgressBar bar(!request.on_server());
+  ProgressBar bar(!request->on_server());
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::ConsolidateSummary> summary = (*client)->Consolidate(
-      request, out, [&bar](const ConsolidateProgress& p) { bar.Update(p); });
+      *request, out, [&bar](const ConsolidateProgress& p) { bar.Update(p); });
   bar.Done();
   if (summary.ok() && hf) {
     absl::StatusOr<std::vector<std::string>> written = WriteHfConfigFiles(out, summary->hf_config());
@@ -278,26 +305,7 @@ int ConsolidateCommand() {
     if (made_dir) rmdir(out.c_str());
     return Fail(summary.status());
   }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const double gbps = summary->total_bytes() / 1e9 / std::max(seconds, 1e-9);
-  if (absl::GetFlag(FLAGS_json)) {
-    nlohmann::ordered_json j;
-    j["job"] = job;
-    j["step"] = summary->step();
-    j["files"] = std::vector<std::string>(summary->files().begin(), summary->files().end());
-    j["total_bytes"] = summary->total_bytes();
-    j["seconds"] = seconds;
-    j["gbps"] = gbps;
-    j["on_server"] = request.on_server();
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
-  std::printf("consolidated step %lld of job %s%s: %d file%s, %s in %.2f s (%.2f GB/s)\n",
-              static_cast<long long>(summary->step()), job.c_str(),
-              request.on_server() ? " on the server" : "", summary->files_size(),
-              summary->files_size() == 1 ? "" : "s",
-              HumanBytes(static_cast<double>(summary->total_bytes())).c_str(), seconds, gbps);
-  for (const std::string& f : summary->files()) std::printf("  %s\n", f.c_str());
+  PrintConsolidateSummary(*request, *summary, absl::ToDoubleSeconds(absl::Now() - start));
   return 0;
 }
 

@@ -36,6 +36,7 @@ int CheckpointsCommand();  // shardctl_checkpoints.cc
 int ConsolidateCommand();  // shardctl_checkpoints.cc
 int HistoryCommand();      // shardctl_observe.cc
 int TopCommand();          // shardctl_observe.cc
+int JobCommand(const std::string& verb);  // shardctl_job.cc: "create"
 
 }  // namespace zeroshard
 

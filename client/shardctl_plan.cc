@@ -24,16 +24,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/shardctl_commands.h"
-#include "common/table.h"
 #include "common/dtype.h"
 #include "common/file_util.h"
 #include "common/model_spec.h"
 #include "common/model_zoo.h"
-#include "common/plan/shard_plan.h"
-#include "nlohmann/json.hpp"
 #include "common/plan/memory_estimate.h"
 #include "common/plan/plan_codec.h"
 #include "common/plan/planner.h"
+#include "common/plan/shard_plan.h"
+#include "common/table.h"
+#include "nlohmann/json.hpp"
 
 // 0 and "" mean "not given": spec refuses flags of the other model and names
 // the missing ones, rather than building a model nobody asked for.
@@ -56,6 +56,9 @@ ABSL_FLAG(int, stage, 3, "plan: the ZeRO stage (0-3) to mark in the memory estim
 ABSL_FLAG(int64_t, max_unit_bytes, 0,
           "plan: bytes per packed unit of unlabeled tensors (0: the planner's 256 MiB)");
 ABSL_FLAG(int, prefetch, 1, "plan: units gathered ahead of use at stage 3");
+ABSL_FLAG(int, shard_group_size, 0,
+          "plan: hybrid sharding, shards spread over groups of this many consecutive ranks and "
+          "replicated across the --world / G groups (0: over every rank)");
 ABSL_FLAG(bool, local, false, "plan: plan in-process instead of asking --server");
 ABSL_FLAG(std::string, param_dtype, "f32", "plan: parameter (compute) dtype: f32, bf16 or f16");
 ABSL_FLAG(std::string, reduce_dtype, "", "plan: gradient reduce dtype (empty: --param_dtype)");
@@ -183,6 +186,7 @@ absl::StatusOr<PlanRequest> PlanRequestFromFlags() {
         absl::StrCat("--stage is ", request.stage, "; expected a ZeRO stage 0 to 3"));
   }
   request.options.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
+  request.options.shard_group_size = absl::GetFlag(FLAGS_shard_group_size);
   // Dtype names are F32/BF16/F16 in specs and plans; people type f32.
   request.estimate.param_dtype = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_param_dtype));
   request.estimate.reduce_dtype = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_reduce_dtype));
@@ -251,6 +255,13 @@ std::string SummaryText(const ShardPlan& plan, const MemoryEstimate& estimate) {
   absl::StrAppendFormat(&out, "  units         %d (max_unit_bytes %s, alignment %d elements)\n",
                         plan.units.size(), HumanBytes(plan.options.max_unit_bytes),
                         plan.options.alignment_elements);
+  const int group = plan.options.ShardGroupSize(plan.world_size);
+  if (group < plan.world_size) {
+    absl::StrAppendFormat(&out,
+                          "  shard groups  %d groups of %d consecutive ranks, each holding the "
+                          "model sharded %d ways (per-rank figures below are a %d-rank job's)\n",
+                          plan.world_size / group, group, group, group);
+  }
   absl::StrAppendFormat(&out, "  pieces        %s\n", Count(pieces));
   absl::StrAppendFormat(&out, "  padding       %s\n", Percent(PaddingOverhead(plan)));
   if (largest != nullptr) {
@@ -266,7 +277,8 @@ std::string UnitTable(const ShardPlan& plan) {
   Table table({"UNIT", "TENSORS", "ELEMENTS", "CHUNK", "PIECES", "PADDING"});
   for (const ShardUnit& unit : plan.units) {
     const int64_t elements = UnitElements(unit);
-    const double allocated = static_cast<double>(plan.world_size) * unit.chunk_elements;
+    const double allocated =
+        static_cast<double>(plan.options.ShardGroupSize(plan.world_size)) * unit.chunk_elements;
     table.AddRow({unit.name, absl::StrCat(unit.tensors.size()), Count(elements),
                   Count(unit.chunk_elements), Count(unit.pieces.size()),
                   Percent(elements > 0 ? allocated / elements - 1 : 0)});

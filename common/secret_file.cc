@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
+#include "common/local_address.h"
 
 namespace zeroshard {
 
@@ -36,6 +37,21 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::st
         " are needed (e.g. `openssl rand -hex 32`), or pass --insecure"));
   }
   return token;
+}
+
+absl::Status CheckTokenTransport(bool has_token, bool tls, const std::string& address,
+                                 bool insecure, const std::string& tls_flag) {
+  if (!has_token || tls || insecure) return absl::OkStatus();
+  // The host of HOST:PORT or [IPV6]:PORT.
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (IsLoopback(host)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a bearer token over plaintext to or from ", address,
+      " can be read by anyone on the network: turn TLS on (", tls_flag,
+      "), or pass --insecure to send it anyway (loopback addresses need neither)"));
 }
 
 }  // namespace zeroshard

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace zeroshard {
@@ -20,6 +21,14 @@ inline constexpr int kMinTokenLength = 16;
 // than kMinTokenLength.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::string& flag,
                                           bool insecure);
+
+// A bearer token sent or accepted without TLS is readable by anyone on the
+// path: OK when there is no token, TLS is on, `address` (HOST:PORT or
+// [IPV6]:PORT: where the client connects, or where the server listens) is a
+// loopback address (the token never leaves the machine), or `insecure`;
+// otherwise INVALID_ARGUMENT saying to use TLS (`tls_flag`) or --insecure.
+absl::Status CheckTokenTransport(bool has_token, bool tls, const std::string& address,
+                                 bool insecure, const std::string& tls_flag);
 
 }  // namespace zeroshard
 

@@ -5,19 +5,21 @@
 ZS_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ZS_PIDS=()
 ZS_SERVER_PID=""
+ZS_EXTRA_PIDS=()  # etcd members and the servers of a replicated control plane
 
 zs_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 zs_cleanup() {
   local pid
-  for pid in "${ZS_PIDS[@]}" $ZS_SERVER_PID; do
+  for pid in "${ZS_PIDS[@]}" $ZS_SERVER_PID "${ZS_EXTRA_PIDS[@]}"; do
     kill "$pid" 2>/dev/null || true
   done
-  for pid in "${ZS_PIDS[@]}" $ZS_SERVER_PID; do
+  for pid in "${ZS_PIDS[@]}" $ZS_SERVER_PID "${ZS_EXTRA_PIDS[@]}"; do
     wait "$pid" 2>/dev/null || true
   done
   ZS_PIDS=()
   ZS_SERVER_PID=""
+  ZS_EXTRA_PIDS=()
 }
 
 zs_on_interrupt() {
@@ -77,6 +79,59 @@ zs_start_server() {
   done
   [[ -s "$out/port" ]] || { echo "shard_server did not write its port within 10 s" >&2; exit 1; }
   ZS_ADDRESS="127.0.0.1:$(cat "$out/port")"
+}
+
+# zs_free_port: a TCP port on 127.0.0.1 that was free a moment ago.
+zs_free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# zs_start_replicated OUT_DIR N [server flags...]: a three-member etcd cluster
+# (Debian's etcd-server; data under OUT_DIR/etcd) and N shard servers on it
+# (docs/deploy.md); sets ZS_ADDRESS to every server's address, comma-separated,
+# once one of them leads.
+zs_start_replicated() {
+  local out="$1" n="$2"
+  shift 2
+  command -v etcd >/dev/null || { echo "etcd is not installed: run tools/install_deps.sh" >&2; exit 1; }
+  mkdir -p "$out/etcd" "$out/checkpoints"
+  rm -f "$out"/port-*
+  local i cluster="" endpoints="" clients=() peers=() servers=()
+  for i in 0 1 2; do
+    clients+=("$(zs_free_port)")
+    peers+=("$(zs_free_port)")
+    cluster+="${cluster:+,}e$i=http://127.0.0.1:${peers[i]}"
+    endpoints+="${endpoints:+,}127.0.0.1:${clients[i]}"
+  done
+  for i in 0 1 2; do
+    etcd --name="e$i" --data-dir="$out/etcd/e$i" --log-level=warn \
+      --listen-client-urls="http://127.0.0.1:${clients[i]}" \
+      --advertise-client-urls="http://127.0.0.1:${clients[i]}" \
+      --listen-peer-urls="http://127.0.0.1:${peers[i]}" \
+      --initial-advertise-peer-urls="http://127.0.0.1:${peers[i]}" \
+      --initial-cluster="$cluster" --initial-cluster-state=new \
+      --initial-cluster-token="zeroshard-$$" >"$out/etcd-e$i.log" 2>&1 &
+    ZS_EXTRA_PIDS+=($!)
+  done
+  for ((i = 0; i < n; i++)); do
+    local port
+    port="$(zs_free_port)"
+    "$ZS_SERVER_BIN" --listen="127.0.0.1:$port" --etcd_endpoints="$endpoints" \
+      --port_file="$out/port-$i" --checkpoint_root="$out/checkpoints" "$@" >"$out/server-$i.log" 2>&1 &
+    ZS_EXTRA_PIDS+=($!)
+    servers+=("127.0.0.1:$port")
+  done
+  for i in $(seq 1 600); do
+    if compgen -G "$out/port-*" >/dev/null; then break; fi
+    sleep 0.05
+  done
+  compgen -G "$out/port-*" >/dev/null || {
+    echo "no shard server leads within 30 s; logs: $out/server-*.log, $out/etcd-e*.log" >&2
+    tail -n 5 "$out/server-0.log" >&2
+    exit 1
+  }
+  ZS_ADDRESS="$(IFS=,; echo "${servers[*]}")"
+  zs_log "etcd on $endpoints; $n shard servers on it, one leading (kill it: another takes over)"
 }
 
 # Restarts allowed over the whole run (zs_run_workers): a worker that dies is

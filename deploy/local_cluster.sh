@@ -6,7 +6,10 @@
 # shows its log tail. ZS_BIN_DIR=DIR uses prebuilt binaries from DIR.
 #
 #   deploy/local_cluster.sh [--workers=N] [--job=ID] [--out=DIR] [--max_restarts=N] \
-#       [--server_flag=F ...] -- [shard_worker flags...]
+#       [--servers=N --etcd] [--server_flag=F ...] -- [shard_worker flags...]
+#
+# --etcd: a replicated control plane instead of one server: a three-member
+# etcd cluster and --servers shard servers (default 3) on it (docs/deploy.md).
 #
 # Example: deploy/local_cluster.sh --workers=2 -- --model=mlp --layers=20 --width=2000 --stage=3
 set -euo pipefail
@@ -16,6 +19,8 @@ workers=2
 job="local-$(date +%Y%m%d-%H%M%S)"
 out="$ZS_ROOT/local-cluster-out"
 server_flags=()
+servers=""
+etcd=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --workers=*) workers="${1#*=}" ;;
@@ -23,8 +28,10 @@ while [[ $# -gt 0 ]]; do
     --out=*) out="${1#*=}" ;;
     --max_restarts=*) ZS_MAX_RESTARTS="${1#*=}" ;;
     --server_flag=*) server_flags+=("${1#*=}") ;;
+    --servers=*) servers="${1#*=}" ;;
+    --etcd) etcd=1 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "local_cluster.sh: unknown option '$1' (worker flags go after --)" >&2; exit 2 ;;
   esac
   shift
@@ -32,9 +39,21 @@ done
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "--workers must be a positive integer" >&2; exit 2; }
 [[ "$ZS_MAX_RESTARTS" =~ ^[0-9]+$ ]] || { echo "--max_restarts must be a non-negative integer, not '$ZS_MAX_RESTARTS'" >&2; exit 2; }
 
+if ((etcd)); then
+  servers="${servers:-3}"
+  [[ "$servers" =~ ^[1-9][0-9]*$ ]] || { echo "--servers must be a positive integer" >&2; exit 2; }
+elif [[ -n "$servers" && "$servers" != 1 ]]; then
+  echo "--servers=$servers needs --etcd (several servers share their state through etcd)" >&2
+  exit 2
+fi
+
 zs_build
 mkdir -p "$out"
-zs_start_server "$out" "${server_flags[@]+"${server_flags[@]}"}"
+if ((etcd)); then
+  zs_start_replicated "$out" "$servers" "${server_flags[@]+"${server_flags[@]}"}"
+else
+  zs_start_server "$out" "${server_flags[@]+"${server_flags[@]}"}"
+fi
 zs_log "shard server on $ZS_ADDRESS; job '$job' with $workers workers; logs in $out"
 if zs_run_workers "$out" "$job" "$workers" --report="$out/report-{rank}.json" "$@"; then
   zs_log "job '$job' finished; reports: $out/report-*.json"

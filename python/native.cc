@@ -30,6 +30,7 @@
 #include "common/model_spec.h"
 #include "common/plan/plan_codec.h"
 #include "common/safetensors.h"
+#include "common/secret_file.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 
@@ -78,12 +79,17 @@ struct HeartbeatEvent {
 
 class PyClient {
  public:
-  PyClient(const std::string& server, const std::string& token, const std::string& tls_ca,
-           const std::string& tls_cert, const std::string& tls_key,
-           const std::string& tls_server_name, double rpc_timeout_s) {
+  // `token_file` (when not empty) is read as shard_worker reads --token_file:
+  // a file every user may read or a short token is refused unless
+  // `insecure`, which also lets a token travel without TLS to a server that
+  // is not on loopback (common/secret_file.h).
+  PyClient(const std::string& server, const std::string& token, const std::string& token_file,
+           const std::string& tls_ca, const std::string& tls_cert, const std::string& tls_key,
+           const std::string& tls_server_name, double rpc_timeout_s, bool insecure) {
     ClientOptions options;
     options.server = server;
-    options.token = token;
+    options.insecure = insecure;
+    options.token = token_file.empty() ? token : Value(ReadTokenFile(token_file, "token_file", insecure));
     options.tls_ca = tls_ca;
     options.tls_cert = tls_cert;
     options.tls_key = tls_key;
@@ -449,9 +455,10 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "zeroshard's C++ client, bound for Python (use the zeroshard package, not this)";
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, const std::string&, const std::string&,
-                    const std::string&, const std::string&, double>(),
-           py::arg("server"), py::arg("token"), py::arg("tls_ca"), py::arg("tls_cert"),
-           py::arg("tls_key"), py::arg("tls_server_name"), py::arg("rpc_timeout_s"))
+                    const std::string&, const std::string&, const std::string&, double, bool>(),
+           py::arg("server"), py::arg("token"), py::arg("token_file"), py::arg("tls_ca"),
+           py::arg("tls_cert"), py::arg("tls_key"), py::arg("tls_server_name"),
+           py::arg("rpc_timeout_s"), py::arg("insecure"))
       .def("join", &PyClient::Join)
       .def("set_join_extras", &PyClient::SetJoinExtras)
       .def("start_heartbeats", &PyClient::StartHeartbeats)

@@ -68,10 +68,12 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
 class HeartbeatStream
     : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  HeartbeatStream(Membership* membership, ServerMetrics* metrics, const grpc::Status& auth)
-      : membership_(membership), metrics_(metrics) {
-    if (!auth.ok()) {
-      Finish(auth);
+  // `caller`: who the stream's bearer token proved; an error finishes it.
+  HeartbeatStream(Membership* membership, ServerMetrics* metrics,
+                  const absl::StatusOr<Caller>& caller)
+      : membership_(membership), metrics_(metrics), caller_(caller.value_or(Caller())) {
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
       return;
     }
     StartRead(&request_);
@@ -80,6 +82,10 @@ class HeartbeatStream
     if (!ok) {  // the member closed its side, or its process is gone
       if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member(), id_);
       Finish(grpc::Status::OK);
+      return;
+    }
+    if (grpc::Status allowed = caller_.MayActOn(request_.member().job_id()); !allowed.ok()) {
+      Finish(allowed);  // before anything of the member is touched
       return;
     }
     if (metrics_ != nullptr) metrics_->AddHeartbeat();
@@ -107,6 +113,7 @@ class HeartbeatStream
   const uint64_t id_ = next_id_.fetch_add(1, std::memory_order_relaxed);
   Membership* const membership_;
   ServerMetrics* const metrics_;  // may be null
+  const Caller caller_;
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
 };
@@ -114,7 +121,7 @@ class HeartbeatStream
 }  // namespace
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
-                                       PlanService* plans, std::string auth_token,
+                                       PlanService* plans, JobCredentials* credentials,
                                        CheckpointService* checkpoints,
                                        const TelemetryAnalyzer* diagnosis, HistoryStore* history,
                                        ServerMetrics* metrics)
@@ -122,7 +129,7 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
       membership_(membership),
       kv_(kv),
       plans_(plans),
-      auth_token_(std::move(auth_token)),
+      credentials_(credentials),
       no_checkpoints_(checkpoints == nullptr
                           ? std::make_unique<CheckpointService>(nullptr, membership, nullptr)
                           : nullptr),
@@ -133,7 +140,7 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
+  if (grpc::Status auth = Authorize(context, member.job_id()); !auth.ok()) return auth;
   return ToGrpcStatus(membership_->CheckMember(member));
 }
 
@@ -144,7 +151,12 @@ grpc::Status CoordinatorService::CheckTimeout(int64_t timeout_ms) {
 }
 
 grpc::Status CoordinatorService::Authenticate(grpc::CallbackServerContext* context) const {
-  return CheckBearerToken(context->client_metadata(), auth_token_);
+  return ToGrpcStatus(credentials_->Identify(context->client_metadata()).status());
+}
+
+grpc::Status CoordinatorService::Authorize(grpc::CallbackServerContext* context,
+                                           absl::string_view job) const {
+  return credentials_->Authorize(context->client_metadata(), job);
 }
 
 absl::Time CoordinatorService::Deadline(grpc::CallbackServerContext* context,
@@ -162,7 +174,9 @@ absl::Time CoordinatorService::Deadline(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* context,
                                                    const v1::JoinRequest* request,
                                                    v1::JoinResponse* response) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  if (grpc::Status auth = Authorize(context, request->job_id()); !auth.ok()) {
+    return FinishNow(context, auth);
+  }
   auto* call = new HeldCall([this](uint64_t id) { membership_->CancelJoin(id); });
   absl::Time deadline = Deadline(context, /*timeout_ms=*/int64_t{1} << 50);
   uint64_t id = membership_->Join(
@@ -176,13 +190,16 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
 CoordinatorService::Heartbeat(grpc::CallbackServerContext* context) {
-  return new HeartbeatStream(membership_, metrics_, Authenticate(context));
+  absl::StatusOr<Caller> caller = credentials_->Identify(context->client_metadata());
+  return new HeartbeatStream(membership_, metrics_, caller);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
                                                     const v1::LeaveRequest* request,
                                                     v1::LeaveResponse* /*response*/) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  if (grpc::Status auth = Authorize(context, request->member().job_id()); !auth.ok()) {
+    return FinishNow(context, auth);
+  }
   return FinishNow(context, ToGrpcStatus(membership_->Leave(request->member())));
 }
 
@@ -300,15 +317,23 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreNumKeys(grpc::CallbackServerC
 grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* context,
                                                         const v1::GetStatusRequest* request,
                                                         v1::GetStatusResponse* response) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
-  *response = membership_->Status(request->job_id());
+  absl::StatusOr<Caller> caller = credentials_->Identify(context->client_metadata());
+  if (!caller.ok()) return FinishNow(context, ToGrpcStatus(caller.status()));
+  // A job token sees its own job only; another job reads as absent.
+  const std::string job = caller->admin ? request->job_id() : caller->job;
+  if (!caller->admin && !request->job_id().empty() && request->job_id() != caller->job) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                           absl::StrCat("no job '", request->job_id(), "'")));
+  }
+  *response = membership_->Status(job);
   for (v1::JobStatus& job : *response->mutable_jobs()) {
     job.set_plan_hash(plans_->PlanHash(job.job_id()));
   }
   if (diagnosis_ != nullptr) diagnosis_->Annotate(response);
-  if (!request->job_id().empty() && response->jobs().empty()) {
+  if (control_plane_) control_plane_(response->mutable_control_plane());
+  if (!job.empty() && response->jobs().empty()) {
     return FinishNow(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                           absl::StrCat("no job '", request->job_id(), "'")));
+                                           absl::StrCat("no job '", job, "'")));
   }
   return FinishNow(context, grpc::Status::OK);
 }
@@ -316,7 +341,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::GetHistory(grpc::CallbackServerContext* context,
                                                          const v1::GetHistoryRequest* request,
                                                          v1::GetHistoryResponse* response) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
+  if (grpc::Status auth = Authorize(context, request->job_id()); !auth.ok()) {
+    return FinishNow(context, auth);
+  }
   absl::StatusOr<std::vector<v1::HistoryPoint>> points =
       history_ == nullptr ? std::vector<v1::HistoryPoint>()
                           : history_->Points(request->job_id(), request->rank());
@@ -336,8 +363,12 @@ grpc::ServerUnaryReactor* CoordinatorService::GetHistory(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerContext* context,
                                                          const v1::PlanShardsRequest* request,
                                                          v1::PlanShardsResponse* response) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return FinishNow(context, auth);
   const v1::MemberCredentials& m = request->member();
+  // A one-off plan (no member) touches no job: any valid token may ask.
+  if (grpc::Status auth = m.job_id().empty() ? Authenticate(context) : Authorize(context, m.job_id());
+      !auth.ok()) {
+    return FinishNow(context, auth);
+  }
   absl::StatusOr<v1::ShardPlan> plan;
   if (m.job_id().empty()) {
     // Not a member: a one-off plan (shardctl plan), nothing stored.
@@ -358,23 +389,26 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::CommitShard(grpc::CallbackServerContext* context,
                                                           const v1::CommitShardRequest* request,
                                                           v1::CommitShardResponse* response) {
-  return checkpoints_->CommitShard(context, Authenticate(context), request, response);
+  return checkpoints_->CommitShard(context, Authorize(context, request->member().job_id()),
+                                   request, response);
 }
 
 grpc::ServerReadReactor<v1::UploadShardRequest>* CoordinatorService::UploadShard(
     grpc::CallbackServerContext* context, v1::UploadShardResponse* response) {
-  return checkpoints_->UploadShard(context, Authenticate(context), response);
+  return checkpoints_->UploadShard(context, credentials_->Identify(context->client_metadata()),
+                                   response);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
     grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  return checkpoints_->ListCheckpoints(context, Authenticate(context), request, response);
+  return checkpoints_->ListCheckpoints(context, Authorize(context, request->job_id()), request,
+                                       response);
 }
 
 grpc::ServerWriteReactor<v1::ConsolidateResponse>* CoordinatorService::Consolidate(
     grpc::CallbackServerContext* context, const v1::ConsolidateRequest* request) {
-  return checkpoints_->Consolidate(context, Authenticate(context), request);
+  return checkpoints_->Consolidate(context, Authorize(context, request->job_id()), request);
 }
 
 }  // namespace zeroshard

@@ -5,6 +5,7 @@
 #ifndef ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -12,6 +13,7 @@
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/clock.h"
 #include "shard_server/observability/history_store.h"
+#include "shard_server/job_credentials.h"
 #include "shard_server/kv/kv_store.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/plan_service.h"
@@ -22,13 +24,19 @@ namespace zeroshard {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // `auth_token` empty: no authentication. `checkpoints` null: the
+  // `credentials`: who may act on which job (not owned). `checkpoints` null: the
   // checkpoint RPCs answer FAILED_PRECONDITION. `diagnosis` adds hang and
   // straggler diagnoses to GetStatus. Pointers are not owned.
   CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
-                     std::string auth_token, CheckpointService* checkpoints = nullptr,
+                     JobCredentials* credentials, CheckpointService* checkpoints = nullptr,
                      const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr,
                      ServerMetrics* metrics = nullptr);
+
+  // GetStatus's control_plane (replicated_server.h); unset: a single server.
+  // Call before serving.
+  void SetControlPlaneSource(std::function<void(v1::ControlPlaneStatus*)> source) {
+    control_plane_ = std::move(source);
+  }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -86,13 +94,17 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                        const v1::GetHistoryRequest* request,
                                        v1::GetHistoryResponse* response) override;
 
-  // OK, or UNAUTHENTICATED saying what is missing.
-  // The bearer token, then the member's credentials (generation, token).
+  // OK, or UNAUTHENTICATED / PERMISSION_DENIED saying what is missing.
+  // The bearer token (admin, or the member's job's), then the member's
+  // credentials (generation, token).
   grpc::Status AdmitMember(grpc::CallbackServerContext* context,
                            const v1::MemberCredentials& member) const;
   // INVALID_ARGUMENT for a negative timeout.
   static grpc::Status CheckTimeout(int64_t timeout_ms);
+  // A valid token, admin or any job's.
   grpc::Status Authenticate(grpc::CallbackServerContext* context) const;
+  // A token that may act on `job`: the admin's or that job's.
+  grpc::Status Authorize(grpc::CallbackServerContext* context, absl::string_view job) const;
 
  private:
   absl::Time Deadline(grpc::CallbackServerContext* context, int64_t timeout_ms) const;
@@ -101,9 +113,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   Membership* const membership_;
   KvStore* const kv_;
   PlanService* const plans_;
-  const std::string auth_token_;
+  JobCredentials* const credentials_;
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
+  std::function<void(v1::ControlPlaneStatus*)> control_plane_;
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
   HistoryStore* const history_;               // may be null: GetHistory finds nothing
   ServerMetrics* const metrics_;              // may be null: heartbeats not counted

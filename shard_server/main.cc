@@ -1,6 +1,10 @@
 // shard_server: the zeroshard control plane.
 //
 //   shard_server --listen=0.0.0.0:7070 --state_dir=/var/lib/zeroshard
+//   shard_server --listen=10.0.0.1:7070 --etcd_endpoints=e1:2379,e2:2379,e3:2379
+//
+// With --etcd_endpoints several servers share one durable state in etcd; one
+// leads and serves, the others wait to take over (replicated_server.h).
 //
 // Prints "listening on HOST:PORT" once serving; SIGINT/SIGTERM stop it.
 #include <malloc.h>
@@ -20,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "common/command_line.h"
 #include "common/secret_file.h"
+#include "shard_server/replicated_server.h"
 #include "shard_server/shard_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on; port 0 picks a free port");
@@ -27,6 +32,17 @@ ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written here on
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the SQLite database and server files (empty: state is not kept "
           "across restarts)");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "HOST:PORT,... of an etcd v3 cluster's client URLs: the durable state lives there and "
+          "several servers with the same endpoints and --etcd_prefix elect one leader that serves "
+          "(the others take over within seconds when it fails); empty: SQLite under --state_dir");
+ABSL_FLAG(std::string, etcd_prefix, "/zeroshard",
+          "Every etcd key of this control plane starts with it (one prefix per control plane)");
+ABSL_FLAG(absl::Duration, etcd_lease_ttl, absl::Seconds(2),
+          "The leader's etcd lease: a leader that cannot renew it for this long stops serving, "
+          "and a failed leader is replaced this long after its last renewal (whole seconds, >= 1s)");
+ABSL_FLAG(std::string, advertise, "",
+          "HOST:PORT this server is reached at, recorded in etcd while it leads (empty: --listen)");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory below which workers' shard files are committed (or uploaded) and "
           "consolidated; the server reads and writes nothing outside it (empty: no checkpoint "
@@ -69,11 +85,16 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the bound metrics port is written here once serving");
 ABSL_FLAG(bool, insecure, false,
-          "Accept an --auth_token_file that every user may read or write, or a token shorter "
-          "than 16 characters (both refused otherwise)");
+          "Accept an --auth_token_file (or job token file) that every user may read or write, a "
+          "token shorter than 16 characters, or a token over plaintext on a non-loopback "
+          "--listen address (all refused otherwise)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
+ABSL_FLAG(std::string, job_tokens_dir, "",
+          "Directory of job tokens, one file <job>.token each (shardctl job create writes one): a "
+          "job token acts on its own job only; --auth_token_file's token stays the admin's. Read "
+          "again whenever the directory changes (remove a file to revoke its token)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file: serve TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -173,6 +194,8 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
     if (!token.ok()) return absl::InvalidArgumentError(std::string(token.status().message()));
     options.auth_token = *std::move(token);
   }
+  options.job_tokens_dir = absl::GetFlag(FLAGS_job_tokens_dir);
+  options.insecure_job_tokens = absl::GetFlag(FLAGS_insecure);
   const std::pair<std::string, std::string*> tls_files[] = {
       {absl::GetFlag(FLAGS_tls_cert), &options.tls_cert},
       {absl::GetFlag(FLAGS_tls_key), &options.tls_key},
@@ -181,8 +204,9 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
     if (!path.empty() && !ReadFile(path, field))
       return absl::InvalidArgumentError("cannot read " + path);
   }
-
-  return absl::OkStatus();
+  return zeroshard::CheckTokenTransport(!options.auth_token.empty(), !options.tls_cert.empty(),
+                                       absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_insecure),
+                                       "--tls_cert and --tls_key");
 }
 
 // The server's options from the flags.
@@ -216,6 +240,54 @@ bool WritePortFile(const std::string& path, int port) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
+// The port files and the "listening on" line; "" or what went wrong.
+std::string AnnounceServing(zeroshard::ShardServer& server) {
+  // The metrics port first, so that --port_file means everything is up.
+  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), server.metrics_port())) {
+    return "cannot write --metrics_port_file " + absl::GetFlag(FLAGS_metrics_port_file);
+  }
+  if (!WritePortFile(absl::GetFlag(FLAGS_port_file), server.port())) {
+    return "cannot write --port_file " + absl::GetFlag(FLAGS_port_file);
+  }
+  if (server.metrics_port() != 0) {
+    std::printf("metrics on port %d\n", server.metrics_port());
+  }
+  std::printf("listening on %s\n", server.address().c_str());
+  std::fflush(stdout);
+  return "";
+}
+
+// One of several servers on etcd: serves while it leads, until a signal.
+int RunReplicated(const zeroshard::ShardServerOptions& options, sigset_t signals) {
+  zeroshard::EtcdOptions etcd;
+  etcd.endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  etcd.prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  etcd.lease_ttl = absl::GetFlag(FLAGS_etcd_lease_ttl);
+  if (etcd.prefix.empty() || etcd.prefix[0] != '/') {
+    return Fail("--etcd_prefix must start with '/' (it is '" + etcd.prefix + "')");
+  }
+  if (etcd.lease_ttl < absl::Seconds(1) || etcd.lease_ttl != absl::Trunc(etcd.lease_ttl, absl::Seconds(1))) {
+    return Fail("--etcd_lease_ttl must be whole seconds, at least 1s (it is " +
+                absl::FormatDuration(etcd.lease_ttl) + ")");
+  }
+  std::string advertise = absl::GetFlag(FLAGS_advertise);
+  if (advertise.empty()) advertise = options.listen;
+  zeroshard::ReplicatedServer server(options, etcd, advertise, [](zeroshard::ShardServer& s) {
+    if (std::string error = AnnounceServing(s); !error.empty()) {
+      std::fprintf(stderr, "shard_server: %s\n", error.c_str());
+    }
+  });
+  std::thread signal_thread([&server, signals]() {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "shard_server: signal %d, shutting down\n", sig);
+    server.Stop();
+  });
+  signal_thread.detach();
+  if (absl::Status s = server.Run(); !s.ok()) return Fail(std::string(s.message()));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -243,22 +315,11 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  if (!absl::GetFlag(FLAGS_etcd_endpoints).empty()) return RunReplicated(options, signals);
   absl::StatusOr<std::unique_ptr<zeroshard::ShardServer>> server =
       zeroshard::ShardServer::Start(options);
   if (!server.ok()) return Fail(server.status().ToString());
-
-  // The metrics port first, so that --port_file means everything is up.
-  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*server)->metrics_port())) {
-    return Fail("cannot write --metrics_port_file " + absl::GetFlag(FLAGS_metrics_port_file));
-  }
-  if (!WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port())) {
-    return Fail("cannot write --port_file " + absl::GetFlag(FLAGS_port_file));
-  }
-  if ((*server)->metrics_port() != 0) {
-    std::printf("metrics on port %d\n", (*server)->metrics_port());
-  }
-  std::printf("listening on %s\n", (*server)->address().c_str());
-  std::fflush(stdout);
+  if (std::string error = AnnounceServing(**server); !error.empty()) return Fail(error);
 
   std::thread signal_thread([s = server->get(), signals]() {
     int sig = 0;

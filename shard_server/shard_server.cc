@@ -56,6 +56,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
   if (options.clock != nullptr) server->clock_ = options.clock;
+  if (!options.job_tokens_dir.empty() && options.auth_token.empty()) {
+    return absl::InvalidArgumentError(
+        "--job_tokens_dir needs --auth_token_file: job tokens narrow an authenticated server");
+  }
   server->log_ = std::make_unique<EventLog>(options.log_sink);
   if (absl::Status s = server->OpenState(); !s.ok()) return s;
   if (absl::Status s = server->MakeMembershipAndStores(); !s.ok()) return s;
@@ -77,9 +81,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   return server;
 }
 
-// The durable state (SQLite under --state_dir, locked against a second
-// server), or an in-memory one when only checkpoints need it.
+// The durable state: replicated (etcd), SQLite under --state_dir (locked
+// against a second server), or an in-memory one when only checkpoints need it.
 absl::Status ShardServer::OpenState() {
+  if (options_.state_replica != nullptr) {
+    absl::StatusOr<std::unique_ptr<StateStore>> state =
+        StateStore::OpenReplicated(options_.state_replica);
+    if (!state.ok()) return state.status();
+    state_ = std::move(*state);
+  }
   if (!options_.state_dir.empty()) {
     if (mkdir(options_.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -88,11 +98,12 @@ absl::Status ShardServer::OpenState() {
     absl::StatusOr<int> lock = LockStateDir(options_.state_dir);
     if (!lock.ok()) return lock.status();
     state_dir_lock_ = *lock;
+    if (state_ != nullptr) return absl::OkStatus();  // replicated: the directory keeps history
     absl::StatusOr<std::unique_ptr<StateStore>> state =
         StateStore::Open(options_.state_dir + "/zeroshard.db");
     if (!state.ok()) return state.status();
     state_ = std::move(*state);
-  } else if (!options_.checkpoint_root.empty()) {
+  } else if (state_ == nullptr && !options_.checkpoint_root.empty()) {
     // The checkpoint registry and the plans it reads need SQLite; without
     // a state directory they live in memory for the life of the process.
     absl::StatusOr<std::unique_ptr<StateStore>> state = StateStore::Open(":memory:");
@@ -176,9 +187,12 @@ void ShardServer::MakeServices() {
   checkpoints_ = std::make_unique<CheckpointService>(checkpoint_registry_.get(), membership_.get(),
                                                      log_.get(), checkpoint_service);
   diagnosis_ = std::make_unique<TelemetryAnalyzer>(clock_, log_.get(), options_.telemetry);
+  credentials_ = std::make_unique<JobCredentials>(options_.auth_token, options_.job_tokens_dir,
+                                                  options_.insecure_job_tokens);
   service_ = std::make_unique<CoordinatorService>(
-      clock_, membership_.get(), kv_.get(), plans_.get(), options_.auth_token, checkpoints_.get(),
+      clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get(), metrics);
+  if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
 }
 
 // The gRPC server: TLS, interceptors, keepalive, one server per address.
@@ -248,6 +262,7 @@ absl::Status ShardServer::StartHttp() {
     sources.checkpoints = checkpoint_registry_.get();
     sources.metrics = metrics_.get();
     sources.history = history_.get();
+    sources.control_plane = options_.control_plane;
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
         options_.metrics_listen, options_.auth_token, ObservabilityPages(sources));
     if (!http.ok()) return http.status();
@@ -282,6 +297,10 @@ void ShardServer::TickLoop() {
 }
 
 void ShardServer::Wait() { stop_.WaitForNotification(); }
+
+std::shared_ptr<grpc::Channel> ShardServer::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
 
 void ShardServer::Shutdown() {
   // Held throughout, so that a second caller returns only once the first

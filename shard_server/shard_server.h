@@ -20,6 +20,7 @@
 #include "shard_server/coordinator_service.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/observability/history_store.h"
+#include "shard_server/job_credentials.h"
 #include "shard_server/kv/kv_store.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/metrics_http.h"
@@ -33,9 +34,20 @@ namespace zeroshard {
 struct ShardServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free port
   std::string state_dir;               // empty: no persistence
+  // Set: the durable state lives in memory and every commit is saved to it
+  // (the leader on etcd: state/etcd_state.h); state_dir then holds only the
+  // history. Not owned; outlives the server.
+  DatabaseReplica* state_replica = nullptr;
+  // Fills GetStatus's and /metrics' control-plane part (the leadership on
+  // etcd: replicated_server.h); empty: a single server.
+  std::function<void(v1::ControlPlaneStatus*)> control_plane;
   MembershipOptions membership;
   KvLimits kv;  // bounds of the KV store
-  std::string auth_token;  // empty: no authentication
+  std::string auth_token;  // the admin token; empty: no authentication
+  // Job tokens, <job>.token files (job_credentials.h); empty: none. Needs
+  // auth_token.
+  std::string job_tokens_dir;
+  bool insecure_job_tokens = false;  // accept world-readable or short job token files
   // TLS (PEM contents, not paths). Client certificates are required when
   // tls_client_ca is set.
   std::string tls_cert;
@@ -70,6 +82,9 @@ class ShardServer {
   int port() const { return port_; }
   int metrics_port() const { return http_ != nullptr ? http_->port() : 0; }  // 0: none
   std::string address() const { return address_; }  // HOST:PORT actually bound
+  // A channel to this server inside the process (no socket), through the
+  // same services and interceptors as the network (tests/fuzz).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // Blocks until Shutdown() is called from another thread (or a signal handler
   // thread).
@@ -104,6 +119,7 @@ class ShardServer {
   std::unique_ptr<TelemetryAnalyzer> diagnosis_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<HistoryStore> history_;
+  std::unique_ptr<JobCredentials> credentials_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen

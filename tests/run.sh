@@ -118,6 +118,28 @@ for kernel in "${FORCED_KERNELS[@]}"; do
     --test_env=OPENBLAS_CORETYPE="$kernel" --test_filter="$NOT_NUMERICAL" "$@"
 done
 
+# Fuzzing smoke: every libFuzzer target (tests/fuzz, ASan + UBSan, clang) runs
+# 15 s from its seed corpus, one after the other (~2 minutes). A target counts
+# as one test: passed when it built, ran and found nothing. Last, because the
+# fuzz configuration re-points bazel-testlogs. (The corpus replays, built by
+# the default compiler, already ran above as //tests/fuzz:*_fuzzer.)
+FUZZ_JSON=/tmp/zeroshard-fuzz-smoke.json
+rm -f "$FUZZ_JSON"
+if bazel build "${JOBS_FLAGS[@]}" --config=fuzz //tests/fuzz:all >>"$LOG" 2>&1; then
+  python3 tests/bench/fuzz_bench.py --seconds="${FUZZ_SECONDS:-15}" --json_out="$FUZZ_JSON" 2>&1 |
+    tee -a "$LOG"
+  counts=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["targets"]; b=sum(1 for r in t if r["findings"]); print(len(t)-b, b)' "$FUZZ_JSON" 2>/dev/null || echo "0 1")
+  read -r p f <<<"$counts"
+else
+  echo "fuzz targets failed to build (see $LOG)"
+  p=0
+  f=1
+fi
+echo "fuzzing smoke: $p passed, $f failed"
+passed=$((passed + p))
+failed=$((failed + f))
+if [[ $f -ne 0 ]]; then rc=1; fi
+
 echo "$passed passed, $failed failed"
 if [[ $rc -ne 0 || $failed -ne 0 ]]; then exit 1; fi
 exit 0

@@ -20,6 +20,8 @@ PACKAGES=(
   python3 python3-venv python3-torch python3-numpy python3-yaml  # interop tests
   python3-dev pybind11-dev  # the Python package (python/zeroshard)
   iproute2 nftables      # emulated hosts (tests/cluster): namespaces, tc, silent drops
+  etcd-server etcd-client  # replicated control plane (--etcd_endpoints): etcd v3 and its tests
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-gogo-googleapis-dev  # etcd's v3 .proto files
 )
 
 missing=()

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/local_address.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/host_communicator.h"
@@ -60,12 +61,36 @@ GlooCommunicator::Options GlooOptions(const DataPlaneOptions& options, bool shar
   return gloo;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, int rank,
-                                                          int world_size, const std::string& tag,
-                                                          const DataPlaneOptions& options,
-                                                          bool shared_memory,
-                                                          const std::function<bool()>& cancelled,
-                                                          nlohmann::json* description) {
+// Where a flat ring's bytes go: all to its successor.
+std::function<HostBytes()> RingBytes(const Communicator* comm, bool successor_elsewhere) {
+  return [comm, successor_elsewhere] {
+    const CollectiveBytes b = comm->bytes_sent();
+    const int64_t sum = b.all_gather + b.reduce_scatter + b.all_reduce + b.broadcast;
+    return successor_elsewhere ? HostBytes{0, sum} : HostBytes{sum, 0};
+  };
+}
+
+// Host identities in the store, one per rank, so that each ring can tell
+// whether its successor runs on another host: one write and one read per
+// ring, whatever the world size.
+constexpr char kHostKeyPrefix[] = "data_plane/host/";
+
+absl::Status PublishHost(KeyValueStore* store, int rank) {
+  return store->Set(absl::StrCat(kHostKeyPrefix, rank), HostIdentity());
+}
+
+// Whether job rank `other` (which published its host) runs on another host.
+absl::StatusOr<bool> RunsElsewhere(KeyValueStore* store, int other, absl::Duration timeout) {
+  absl::StatusOr<std::string> host = store->Get(absl::StrCat(kHostKeyPrefix, other), timeout);
+  if (!host.ok()) return Failed("data plane: the ring successor's host", host.status());
+  return *host != HostIdentity();
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
+    KeyValueStore* store, int rank, int world_size, const std::string& tag,
+    const DataPlaneOptions& options, bool shared_memory, const std::function<bool()>& cancelled,
+    nlohmann::json* description, bool successor_elsewhere = false,
+    std::function<HostBytes()>* host_bytes = nullptr) {
   const GlooCommunicator::Options gloo = GlooOptions(options, shared_memory, cancelled);
   // Shared memory or TCP, the same for every rank (host_communicator.h).
   absl::StatusOr<std::unique_ptr<HostCommunicator>> created =
@@ -76,6 +101,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
                            {"note", (*created)->transport_note()},
                            {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
   }
+  if (host_bytes != nullptr) {
+    // Shared memory never leaves the host.
+    *host_bytes =
+        RingBytes(created->get(), successor_elsewhere && (*created)->transport() != "shm");
+  }
   return std::unique_ptr<Communicator>(*std::move(created));
 }
 
@@ -85,7 +115,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(KeyValueStore* store, 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
     KeyValueStore* store, int rank, int world_size, const std::string& tag,
     const DataPlaneOptions& options, const std::function<bool()>& cancelled,
-    nlohmann::json* description) {
+    nlohmann::json* description, std::function<HostBytes()>* host_bytes) {
   TwoLevelCommunicator::Options two_level;
   two_level.host = GlooOptions(options, options.shared_memory, cancelled);
   std::string why_not;
@@ -95,26 +125,38 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
     return Failed(absl::StrCat("two-level bootstrap (", tag, ")"), created.status());
   }
   if (*created == nullptr) {
-    if (rank == 0) std::fprintf(stderr, "data plane (%s): flat: %s\n", tag.c_str(), why_not.c_str());
+    if (rank == 0)
+      std::fprintf(stderr, "data plane (%s): flat: %s\n", tag.c_str(), why_not.c_str());
     return nullptr;
   }
   (*description)[tag] = {{"transport", (*created)->transport()},
                          {"note", (*created)->transport_note()},
                          {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
+  // The communicator knows which of its levels crossed the network.
+  const TwoLevelCommunicator* levels = created->get();
+  *host_bytes = [levels] {
+    const CollectiveBytes all = levels->bytes_sent();
+    const CollectiveBytes inter = levels->inter_host_bytes_sent();
+    const int64_t sum = all.all_gather + all.reduce_scatter + all.all_reduce + all.broadcast;
+    const int64_t across =
+        inter.all_gather + inter.reduce_scatter + inter.all_reduce + inter.broadcast;
+    return HostBytes{sum - across, across};
+  };
   return std::unique_ptr<Communicator>(*std::move(created));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, int rank,
-                                                          int world_size, const std::string& tag,
-                                                          const DataPlaneOptions& options,
-                                                          const std::function<bool()>& cancelled,
-                                                          nlohmann::json* description) {
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(
+    KeyValueStore* store, int rank, int world_size, const std::string& tag,
+    const DataPlaneOptions& options, const std::function<bool()>& cancelled,
+    bool successor_elsewhere, nlohmann::json* description, std::function<HostBytes()>* host_bytes) {
   if (options.backend == DataPlaneBackend::kNccl) {
 #ifdef ZEROSHARD_HAVE_CUDA
     absl::StatusOr<std::unique_ptr<NcclCommunicator>> nccl = NcclCommunicator::Create(
         store, rank, world_size, options.cuda_device, tag, options.timeout);
     if (!nccl.ok()) return Failed(absl::StrCat("nccl bootstrap (", tag, ")"), nccl.status());
     (*description)[tag] = {{"transport", "nccl"}};
+    // Taken as a ring (NCCL may pick trees; the split is then approximate).
+    *host_bytes = RingBytes(nccl->get(), successor_elsewhere);
     return std::unique_ptr<Communicator>(*std::move(nccl));
 #else
     return absl::FailedPreconditionError("nccl: this shard_worker was built without CUDA");
@@ -122,18 +164,28 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
   }
   if (options.two_level) {
     absl::StatusOr<std::unique_ptr<Communicator>> two_level =
-        ConnectTwoLevel(store, rank, world_size, tag, options, cancelled, description);
+        ConnectTwoLevel(store, rank, world_size, tag, options, cancelled, description, host_bytes);
     if (!two_level.ok() || *two_level != nullptr) return two_level;
   }
   return ConnectGloo(store, rank, world_size, tag, options, options.shared_memory, cancelled,
-                     description);
+                     description, successor_elsewhere, host_bytes);
 }
 
 }  // namespace
 
+HostBytes DataPlane::BytesByHost() const {
+  HostBytes sum;
+  for (const auto& bytes : host_bytes) {
+    const HostBytes b = bytes();
+    sum.intra_host += b.intra_host;
+    sum.inter_host += b.inter_host;
+  }
+  return sum;
+}
+
 void DataPlane::Abort() {
-  for (Communicator* c :
-       {gather.get(), reduce.get(), aux.get(), static_cast<Communicator*>(snapshot.get())}) {
+  for (Communicator* c : {gather.get(), reduce.get(), replicas.get(), aux.get(),
+                         static_cast<Communicator*>(snapshot.get())}) {
     if (c != nullptr) c->Abort();
   }
 }
@@ -145,14 +197,50 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
   // Only the rendezvous uses the store; the communicators do not keep it.
   ClientKvStore store(client);
   auto plane = std::make_unique<DataPlane>();
-  absl::StatusOr<std::unique_ptr<Communicator>> gather =
-      ConnectBulk(&store, rank, world_size, "gather", options, cancelled, &plane->description);
-  if (!gather.ok()) return gather.status();
-  plane->gather = *std::move(gather);
-  absl::StatusOr<std::unique_ptr<Communicator>> reduce =
-      ConnectBulk(&store, rank, world_size, "reduce", options, cancelled, &plane->description);
-  if (!reduce.ok()) return reduce.status();
-  plane->reduce = *std::move(reduce);
+  if (absl::Status s = PublishHost(&store, rank); !s.ok()) return s;
+  // Shard groups of G consecutive ranks (G = W: none): this rank is member
+  // `member` of group `group`; its replicas are the members `member` of the
+  // other groups.
+  const int g = options.shard_group_size > 0 && options.shard_group_size < world_size
+                    ? options.shard_group_size
+                    : world_size;
+  const int member = rank % g, group = rank / g, replicas = world_size / g;
+  // One bulk communicator: `role` over the `size` ranks listed by
+  // job_rank(i), this rank at index `index`.
+  auto connect = [&](const std::string& role, const std::string& tag, int index, int size,
+                     const std::function<int(int)>& job_rank) -> absl::StatusOr<Communicator*> {
+    absl::StatusOr<bool> elsewhere =
+        size > 1 ? RunsElsewhere(&store, job_rank((index + 1) % size), options.timeout) : false;
+    if (!elsewhere.ok()) return elsewhere.status();
+    plane->host_bytes.emplace_back();
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        ConnectBulk(&store, index, size, tag, options, cancelled, *elsewhere,
+                    &plane->description, &plane->host_bytes.back());
+    if (!comm.ok()) return comm.status();
+    if (tag != role) {  // described by role, with the group's tag
+      plane->description[role] = plane->description[tag];
+      plane->description[role]["tag"] = tag;
+      plane->description.erase(tag);
+    }
+    std::unique_ptr<Communicator>& slot = role == "gather"   ? plane->gather
+                                          : role == "reduce" ? plane->reduce
+                                                             : plane->replicas;
+    slot = *std::move(comm);
+    return slot.get();
+  };
+  const std::string in_group = g < world_size ? absl::StrCat("/group", group) : "";
+  auto group_rank = [&](int i) { return group * g + i; };
+  for (const char* role : {"gather", "reduce"}) {
+    absl::StatusOr<Communicator*> c =
+        connect(role, absl::StrCat(role, in_group), member, g, group_rank);
+    if (!c.ok()) return c.status();
+  }
+  if (replicas > 1) {
+    absl::StatusOr<Communicator*> c =
+        connect("replicas", absl::StrCat("replicas/member", member), group, replicas,
+                [&](int k) { return k * g + member; });
+    if (!c.ok()) return c.status();
+  }
   // Host-side metrics only: a few bytes, so TCP (no segment to map), and not
   // in the report.
   absl::StatusOr<std::unique_ptr<Communicator>> aux = ConnectGloo(
@@ -169,7 +257,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
 }
 
 void LogHostTransports(const DataPlane& plane) {
-  for (const char* tag : {"gather", "reduce"}) {
+  for (const char* tag : {"gather", "reduce", "replicas"}) {
+    if (!plane.description.contains(tag)) continue;  // replicas: only with shard groups
     const nlohmann::json& d = plane.description.at(tag);
     const std::string transport = d["transport"];
     if (transport == "nccl") continue;

@@ -6,6 +6,8 @@
 //   gather  all-gathers of parameters (Gloo: shared memory or TCP; or NCCL)
 //   reduce  reductions of gradients (the same transport, its own context, so
 //           that gathers and reductions run at once)
+//   replicas  with shard groups (HSDP): averages gradient shards over the
+//           groups holding the same shard
 //   aux     small collectives of host-side metrics (Gloo over TCP)
 #ifndef ZEROSHARD_WORKER_DATA_PLANE_H_
 #define ZEROSHARD_WORKER_DATA_PLANE_H_
@@ -13,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -37,6 +40,10 @@ struct DataPlaneOptions {
   // Gloo: gathers and reductions in two levels (two_level_communicator.h)
   // when the ranks share hosts, the same number on each of several hosts.
   bool two_level = false;
+  // Hybrid sharding: G > 0 and < W puts gather and reduce over groups of G
+  // consecutive ranks and adds the replicas' communicator (DataPlane). G
+  // divides W; 0 or W: no groups.
+  int shard_group_size = 0;
   // Bounds the rendezvous, each connect to a peer and every collective.
   absl::Duration timeout = absl::Seconds(60);
   // Gloo's TCP pairs listen on these ports (--data_plane_ports); empty:
@@ -51,9 +58,24 @@ struct DataPlaneOptions {
   std::string test_hold_file;
 };
 
+// Bytes sent, by where they went: to a rank on this host (shared memory or
+// loopback TCP) or across the network to another host.
+struct HostBytes {
+  int64_t intra_host = 0;
+  int64_t inter_host = 0;
+};
+
+inline HostBytes operator-(const HostBytes& a, const HostBytes& b) {
+  return {a.intra_host - b.intra_host, a.inter_host - b.inter_host};
+}
+
 struct DataPlane {
   std::unique_ptr<Communicator> gather;
   std::unique_ptr<Communicator> reduce;
+  // With shard groups (options.shard_group_size < W) gather and reduce run
+  // over this rank's group, and `replicas` over the ranks holding the same
+  // shard in the other groups; null without groups.
+  std::unique_ptr<Communicator> replicas;
   std::unique_ptr<Communicator> aux;
   std::unique_ptr<GlooCommunicator> snapshot;  // options.snapshots; else null
   // What each communicator runs on, by tag, for the run's report:
@@ -65,6 +87,15 @@ struct DataPlane {
   // fails promptly, and so do the peers blocked on this rank. Thread-safe;
   // REQUIRES: the communicators are not being destroyed.
   void Abort();
+
+  // What the bulk communicators (gather, reduce, replicas) sent so far, by where it
+  // went. Two-level communicators count their levels; a flat ring (Gloo TCP,
+  // NCCL) sends everything to its successor, so its bytes are intra-host
+  // when the successor runs on this host and inter-host otherwise; shared
+  // memory is intra-host. Thread-safe as bytes_sent() is.
+  HostBytes BytesByHost() const;
+  // One per bulk communicator, set by ConnectDataPlane: its bytes split.
+  std::vector<std::function<HostBytes()>> host_bytes;
 };
 
 // Says on stderr what the host communicators run on and why (shared memory

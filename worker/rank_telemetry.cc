@@ -17,10 +17,6 @@ v1::CollectiveOp OpOf(const char* op) {
   return v1::COLLECTIVE_OP_UNSPECIFIED;
 }
 
-int64_t Sum(const CollectiveBytes& b) {
-  return b.all_gather + b.reduce_scatter + b.all_reduce + b.broadcast;
-}
-
 }  // namespace
 
 void FillLiveTelemetry(const ZeroEngine& engine, const DataPlane* plane, v1::RankTelemetry* out) {
@@ -35,7 +31,10 @@ void FillLiveTelemetry(const ZeroEngine& engine, const DataPlane* plane, v1::Ran
   memory->set_comm_buffers(m.current(C::kCommBuffers));
   memory->set_cached(m.current(C::kPoolCached));
   if (plane != nullptr && plane->gather != nullptr && plane->reduce != nullptr) {
-    out->set_bytes_moved(Sum(plane->gather->bytes_sent()) + Sum(plane->reduce->bytes_sent()));
+    const HostBytes by_host = plane->BytesByHost();
+    out->set_bytes_moved(by_host.intra_host + by_host.inter_host);
+    out->set_comm_bytes_intra_host(by_host.intra_host);
+    out->set_comm_bytes_inter_host(by_host.inter_host);
   }
   const ZeroEngine::CollectiveProgress progress = engine.Collectives();
   out->set_gathers_entered(progress.gathers_entered);

@@ -190,6 +190,15 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                        {"reduce_scatter", bytes.reduce_scatter},
                        {"all_reduce", bytes.all_reduce},
                        {"broadcast", bytes.broadcast}};
+  // Per step, and the median step: what stayed on this rank's host and what
+  // crossed the network (the figure a slow link between hosts multiplies).
+  out["comm_bytes_intra_host"] = m.step_bytes_intra_host;
+  out["comm_bytes_inter_host"] = m.step_bytes_inter_host;
+  auto median_bytes = [](const std::vector<int64_t>& v) {
+    return static_cast<int64_t>(Median(std::vector<double>(v.begin(), v.end())));
+  };
+  out["comm_bytes_per_step"] = {{"intra_host", median_bytes(m.step_bytes_intra_host)},
+                                {"inter_host", median_bytes(m.step_bytes_inter_host)}};
   out["plan_hash"] = run.plan_hash;
   out["data_plane"] = run.data_plane;
   out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};

@@ -33,6 +33,10 @@ struct RunMetrics {
   // Bytes this rank sent during the training steps (gather and reduce
   // communicators together; evaluation and sampling not counted).
   CollectiveBytes training_bytes;
+  // The same bytes, each step's, by where they went (DataPlane::BytesByHost):
+  // to ranks on this host, or across the network.
+  std::vector<int64_t> step_bytes_intra_host;
+  std::vector<int64_t> step_bytes_inter_host;
   std::string sample;  // --sample's generated text
   // Fault tolerance (#13): the training thread's pause for each in-memory
   // snapshot (the boundary's commit and launch, plus any wait for the

@@ -18,12 +18,10 @@
 #include "common/checkpoint_format.h"
 #include "common/local_address.h"
 #include "common/status_context.h"
-#include "worker/checkpoint_loading.h"
 #include "worker/checkpointer.h"
 #include "worker/comm/client_kv_store.h"
+#include "worker/comm/two_level_communicator.h"
 #include "worker/model/parallel.h"
-#include "worker/recovery/recovery_agreement.h"
-#include "worker/recovery/snapshot_restore.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
@@ -32,7 +30,6 @@
 #endif
 
 namespace zeroshard {
-namespace {}  // namespace
 
 Worker::Worker(WorkerConfig config, AbortLatch* abort)
     : config_(std::move(config)),
@@ -143,11 +140,38 @@ absl::Status Worker::Join() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> Worker::ShardGroupSize() {
+  if (!config_.shard_group_by_host) return config_.plan.shard_group_size;
+  ClientKvStore store(client_.get());
+  absl::StatusOr<std::vector<std::string>> keys = ExchangeHostKeys(
+      &store, rank_, world(), "shard_groups", HostIdentity(), config_.data_plane.timeout);
+  if (!keys.ok()) return Annotate(keys.status(), "--shard_group_size=host: exchanging hosts");
+  absl::StatusOr<HostLayout> layout = HostLayout::Of(*keys);
+  if (!layout.ok()) return Annotate(layout.status(), "--shard_group_size=host");
+  // Groups are consecutive ranks: host h must hold ranks h*L .. h*L + L - 1.
+  for (int h = 0; h < layout->hosts; ++h) {
+    for (int i = 0; i < layout->local_size; ++i) {
+      if (layout->ranks_on[h][i] != h * layout->local_size + i) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--shard_group_size=host: the ranks of a host must be consecutive, but rank ",
+            layout->ranks_on[h][i], " runs on host ", h, " with rank ", layout->ranks_on[h][0],
+            " (ranks follow the sorted worker ids: name workers host first, e.g. "
+            "'<host>/<local rank>'), or give --shard_group_size=G"));
+      }
+    }
+  }
+  return layout->local_size;
+}
+
 absl::Status Worker::Plan() {
   assert(client_ != nullptr && generation_ != nullptr && "Plan before Join");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
+  PlanOptions options = config_.plan;
+  absl::StatusOr<int> group = ShardGroupSize();
+  if (!group.ok()) return group.status();
+  options.shard_group_size = *group;
   absl::StatusOr<ShardPlan> planned =
-      client_->PlanShards(task_->model()->Spec(), config_.plan, world());
+      client_->PlanShards(task_->model()->Spec(), options, world());
   if (!planned.ok()) return Annotate(planned.status(), "plan");
   generation_->plan = *std::move(planned);
   return absl::OkStatus();
@@ -162,6 +186,7 @@ absl::Status Worker::BootstrapDataPlane() {
   const int world = this->world();
   DataPlaneOptions plane_options = config_.data_plane;
   plane_options.snapshots = config_.recovery.snapshot_every > 0 && world > 1;
+  plane_options.shard_group_size = g.plan.options.shard_group_size;
   AbortLatch* const abort = abort_;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = ConnectDataPlane(
       client_.get(), rank_, world, plane_options, [abort] { return abort->tripped(); });
@@ -169,140 +194,15 @@ absl::Status Worker::BootstrapDataPlane() {
   g.data_plane = *std::move(plane);
   ExposeToAbort(g.data_plane.get(), nullptr);
   if (rank_ == 0 && world > 1) LogHostTransports(*g.data_plane);
+  EngineOptions engine_options = engine_options_;
+  engine_options.replicas = g.data_plane->replicas.get();
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine =
       ZeroEngine::Create(task_->model(), g.plan, g.data_plane->gather.get(),
-                         g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options_);
+                         g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options);
   if (!engine.ok()) return Annotate(engine.status(), "engine");
   g.engine = *std::move(engine);
   ExposeToAbort(g.data_plane.get(), g.engine.get());
   return CheckNotAborted();
-}
-
-absl::Status Worker::Restore() {
-  assert(generation_ != nullptr && generation_->engine != nullptr &&
-         "Restore before BootstrapDataPlane");
-  if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
-  generation_->start_step = 0;
-  task_->SetDataCursor(0, 0);
-  absl::StatusOr<RecoveryDecision> decision = AgreeOnSource();
-  if (!decision.ok()) return Annotate(decision.status(), "recovery: agreeing on the state");
-  if (decision->source == RecoverySource::kInitial) return RestoreInitialState();
-  return RecoverFrom(*decision);
-}
-
-absl::StatusOr<RecoveryDecision> Worker::AgreeOnSource() {
-  ClientKvStore store(client_.get());
-  const std::string& root = config_.checkpoint.dir;
-  return AgreeOnRecoverySource(
-      &store, rank_, world(), HoldingsOf(snapshots_.keeper(), trained_), generation_->plan,
-      [&] { return root.empty() ? int64_t{-1} : LatestCompleteStep(root, config_.job); },
-      config_.data_plane.timeout);
-}
-
-absl::Status Worker::RecoverFrom(const RecoveryDecision& decision) {
-  const std::string source(RecoverySourceName(decision.source));
-  if (absl::Status s = LoadRecoverySource(decision); !s.ok()) {
-    return Annotate(s, absl::StrCat("recovery from ", source, " (step ", decision.step, ")"));
-  }
-  Generation& g = *generation_;
-  g.start_step = static_cast<int>(decision.step);
-  if (timeline_.recovering() || rank_ == 0) {
-    timeline_.Restored(g.membership.generation, decision.source, decision.step, world(),
-                       absl::Now());
-    if (rank_ == 0) {
-      Progress progress;
-      progress.step = decision.step;
-      progress.snapshot_step = snapshots_.keeper().committed_step();
-      progress.recovery = timeline_.record();
-      client_->ReportProgress(progress);
-    }
-  }
-  std::fprintf(stderr,
-               "shard_worker rank %d: recovery: restored step %lld from %s at world size %d "
-               "(generation %lld, %s)\n",
-               rank_, static_cast<long long>(decision.step), source.c_str(), world(),
-               static_cast<long long>(g.membership.generation), decision.why.c_str());
-  return absl::OkStatus();
-}
-
-absl::Status Worker::LoadRecoverySource(const RecoveryDecision& decision) {
-  switch (decision.source) {
-    case RecoverySource::kSnapshot:
-      return RestoreFromSnapshots(decision);
-    case RecoverySource::kDisk:
-      return RestoreFromDisk(decision.step);
-    case RecoverySource::kScratch:
-      return InitializeFromSeed();
-    case RecoverySource::kInitial:
-      break;
-  }
-  return absl::InternalError("a recovery with nothing to recover from");
-}
-
-absl::Status Worker::RestoreFromDisk(int64_t step) {
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> opened = CheckpointReader::OpenStep(
-      absl::StrCat(config_.checkpoint.dir, "/", CheckpointStepDir(config_.job, step)),
-      CheckpointShardFileName(rank_, world()));
-  if (!opened.ok()) return opened.status();
-  absl::Status s = LoadFrom(opened->get());
-  // Saved before data cursors were recorded: by a job whose world size never
-  // changed.
-  if (s.ok() && (*opened)->data_row() < 0) task_->SetDataCursor(0, 0);
-  return s;
-}
-
-absl::Status Worker::RestoreFromSnapshots(const RecoveryDecision& decision) {
-  absl::StatusOr<SnapshotPieces> pieces =
-      GatherSnapshotPieces(decision, rank_, &snapshots_.keeper(),
-                           generation_->data_plane->snapshot.get(), config_.data_plane.timeout);
-  if (!pieces.ok()) return pieces.status();
-  if (pieces->reader == nullptr) return absl::OkStatus();  // a rank with no piece
-  const absl::Time start = absl::Now();
-  absl::Status loaded = LoadFrom(pieces->reader.get());
-  std::fprintf(stderr,
-               "shard_worker rank %d: recovery: snapshot blobs moved in %.0f ms (%d received), "
-               "loaded in %.0f ms\n",
-               rank_, pieces->moved_ms, pieces->received,
-               absl::ToDoubleMilliseconds(absl::Now() - start));
-  return loaded;
-}
-
-absl::Status Worker::InitializeFromSeed() {
-  const uint64_t seed = config_.task.seed;
-  Model* const m = task_->model();
-  return generation_->engine->Initialize(
-      [&](const TensorSpec& t, int64_t begin, int64_t end, float* out) {
-        m->InitRows(t, begin, end, seed, out);
-        return absl::OkStatus();
-      });
-}
-
-// A fresh job: --resume, --init_from or the seed.
-absl::Status Worker::RestoreInitialState() {
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      OpenInitialCheckpoint(config_.initial, config_.checkpoint.dir, config_.job, rank_, world());
-  if (!reader.ok()) return reader.status();
-  if (*reader == nullptr) {
-    absl::Status s = InitializeFromSeed();
-    return s.ok() ? s : Annotate(s, "initialize");
-  }
-  absl::Status s = LoadFrom(reader->get());
-  // --init_from starts the data at row 0 whatever the file says.
-  if (config_.initial.resume == InitialState::Resume::kOff) task_->SetDataCursor(0, 0);
-  return s;
-}
-
-absl::Status Worker::LoadFrom(CheckpointReader* reader) {
-  Generation& g = *generation_;
-  absl::StatusOr<LoadedPosition> loaded =
-      LoadEngineState(reader, *g.engine, config_.engine, /*log_notes=*/rank_ == 0);
-  if (!loaded.ok()) return loaded.status();
-  if (loaded->step > 0) g.start_step = static_cast<int>(loaded->step);
-  if (loaded->data_row >= 0) task_->SetDataCursor(g.start_step, loaded->data_row);
-  if (rank_ == 0) {
-    std::fprintf(stderr, "restored %s (step %d)\n", reader->source().c_str(), g.start_step);
-  }
-  return absl::OkStatus();
 }
 
 int64_t Worker::DataRow(int64_t step) const {
@@ -322,6 +222,8 @@ absl::Status Worker::Train() {
   const CheckpointConfig& checkpoints = config_.checkpoint;
   const CollectiveBytes gather_before = plane.gather->bytes_sent();
   const CollectiveBytes reduce_before = plane.reduce->bytes_sent();
+  const CollectiveBytes replicas_before =
+      plane.replicas != nullptr ? plane.replicas->bytes_sent() : CollectiveBytes();
   if (rank_ == 0) {
     int64_t parameters = 0;
     for (const auto& t : task_->model()->Spec().tensors) parameters += t.Elements();
@@ -364,6 +266,9 @@ absl::Status Worker::Train() {
   // Training traffic only: evaluation and sampling move bytes too.
   metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
   metrics_.training_bytes += plane.reduce->bytes_sent() - reduce_before;
+  if (plane.replicas != nullptr) {
+    metrics_.training_bytes += plane.replicas->bytes_sent() - replicas_before;
+  }
   return absl::OkStatus();
 }
 
@@ -383,6 +288,7 @@ absl::Status Worker::RunStep(int step) {
     absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
+  const HostBytes bytes_before = generation_->data_plane->BytesByHost();
   for (int micro = 0; micro < grad_accum; ++micro) {
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
       return Annotate(s, "data");
@@ -399,6 +305,11 @@ absl::Status Worker::RunStep(int step) {
   if (!mean.ok()) return Annotate(mean.status(), "loss");
   metrics_.RecordStep(*mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
                       KernelTimesSnapshot());
+  // Read after the loss's collective: the next step's early gathers (issued
+  // inside Step) are this step's traffic.
+  const HostBytes step_bytes = generation_->data_plane->BytesByHost() - bytes_before;
+  metrics_.step_bytes_intra_host.push_back(step_bytes.intra_host);
+  metrics_.step_bytes_inter_host.push_back(step_bytes.inter_host);
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
   Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
@@ -543,74 +454,6 @@ absl::Status Worker::Leave() {
   generation_->engine.reset();
   generation_.reset();
   if (rank_ == 0) std::fprintf(stderr, "done: params_sum %.9g\n", params_sum_);
-  return absl::OkStatus();
-}
-
-// ---- Recovery ----
-
-absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
-  const absl::Time seen = absl::Now();
-  if (generation_ == nullptr || config_.recovery.max_recoveries == 0) return failure;
-  const bool in_setup = !generation_->training;
-  // The generation stands (no peer died) but its setup failed here.
-  bool give_up_generation = false;
-  if (!abort_->tripped()) {
-    // A failed collective: a peer died, or is stuck. The server confirms a
-    // death by ending the generation. In setup, any failure but this
-    // worker's own configuration (INVALID_ARGUMENT) is worth a re-join.
-    const bool recoverable = in_setup ? !absl::IsInvalidArgument(failure)
-                                      : absl::IsUnavailable(failure) ||
-                                            absl::IsDeadlineExceeded(failure) ||
-                                            absl::IsAborted(failure) || absl::IsDataLoss(failure);
-    if (!recoverable) return failure;
-    // Telling the server now lets it declare a silent peer dead within
-    // about one heartbeat interval (at once when the peer's heartbeat stream
-    // closed) instead of after the whole heartbeat timeout.
-    client_->ReportPeerFailure();
-    const JoinInfo& m = generation_->membership;
-    const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
-    if (!abort_->WaitTripped(wait) && client_->SinceHeartbeatAnswer() > m.heartbeat_timeout) {
-      // The server cannot be reached from here either: this host is cut off
-      // (from its peers and the server), and the server has most likely
-      // ended the generation without being able to say so. Re-join like a
-      // survivor: a cut that heals within --rejoin_timeout heals.
-      abort_->Trip(absl::StrCat(
-          "during step ", step_.load(), ": ", failure.message(), ", and the server at ",
-          config_.client.server, " has not answered a heartbeat for ",
-          absl::FormatDuration(absl::Trunc(client_->SinceHeartbeatAnswer(), absl::Seconds(1))),
-          " (this host is cut off?); re-joining within --rejoin_timeout=",
-          absl::FormatDuration(config_.recovery.rejoin_timeout)));
-    }
-    if (!abort_->tripped() && !in_setup) {
-      return absl::Status(
-          failure.code(),
-          absl::StrCat(failure.message(), " (and the server did not end the ", "generation within ",
-                       absl::FormatDuration(wait), ", so no peer died: not recovering)"));
-    }
-    give_up_generation = !abort_->tripped();
-  }
-  const std::string why =
-      give_up_generation
-          ? absl::StrCat("setting up generation ", generation_->membership.generation, " failed (",
-                         failure.message(),
-                         ") and no peer died; giving the generation up to join again")
-          : abort_->message();
-  if (recoveries_ >= config_.recovery.max_recoveries) {
-    return absl::AbortedError(absl::StrCat(
-        why, "; not recovering: ", recoveries_,
-        " recoveries already (--max_recoveries=", config_.recovery.max_recoveries, ")"));
-  }
-  // Confirmed: the server's abort (at once when it came first), or a setup
-  // given up.
-  timeline_.FailureSeen(seen, absl::Now(), step_.load());
-  std::fprintf(stderr, "shard_worker rank %d: %s; recovering (%d of at most %d)\n", rank_,
-               why.c_str(), recoveries_ + 1, config_.recovery.max_recoveries);
-  EndGeneration();
-  // No late command may trip the cleared latch; and a closed heartbeat
-  // stream is what lets the server replace this member with its next join.
-  client_->StopHeartbeats();
-  abort_->Reset();
-  ++recoveries_;
   return absl::OkStatus();
 }
 

@@ -149,6 +149,9 @@ class Worker {
   int rank() const { return rank_; }
 
  private:
+  // --shard_group_size's G for this generation (0: none); with 'host', the
+  // ranks per host, agreed through the KV store.
+  absl::StatusOr<int> ShardGroupSize();
   // The heartbeat thread's handler: every command but CONTINUE ends the
   // generation.
   void OnServerCommand(const absl::StatusOr<v1::HeartbeatResponse>& reply)

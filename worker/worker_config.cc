@@ -16,6 +16,7 @@
 #include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
 #include "common/local_address.h"
+#include "common/server_list.h"
 #include "worker/comm/gloo_port_range.h"
 #include "worker/zero/optimizer.h"
 
@@ -40,6 +41,12 @@ ABSL_FLAG(bool, two_level, false,
           "byte crosses the network once per host (needs the same number of ranks on every "
           "host; otherwise, and on one host, the usual flat transport). Results equal the flat "
           "ring's up to the order of additions");
+ABSL_FLAG(std::string, shard_group_size, "",
+          "Hybrid sharding (HSDP): parameters, gradients and optimizer state sharded inside "
+          "groups of G consecutive ranks and replicated across the W / G groups; gradients "
+          "reduce-scattered in the group, then averaged over the replicas. G (dividing the "
+          "world size), or 'host': the ranks of one host (each host's ranks consecutive). "
+          "Empty or 0: shard over every rank. Stages 1-3");
 ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
 ABSL_FLAG(int, max_recoveries, 10,
           "Fault tolerance: after a peer dies, re-join the job's next generation and resume "
@@ -210,10 +217,10 @@ absl::Status ReadMembership(WorkerConfig* config) {
   return absl::OkStatus();
 }
 
-absl::Status ReadCompute(WorkerConfig* config) {
+// --backend and the data plane's ports, timeout and threads.
+absl::Status ReadDataPlane(WorkerConfig* config) {
   DataPlaneOptions& plane = config->data_plane;
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  const std::string model = absl::GetFlag(FLAGS_model);
   if (backend == "nccl") {
 #ifdef ZEROSHARD_HAVE_CUDA
     plane.backend = DataPlaneBackend::kNccl;
@@ -239,7 +246,13 @@ absl::Status ReadCompute(WorkerConfig* config) {
   }
   config->blas_threads = absl::GetFlag(FLAGS_threads);
   if (config->blas_threads < 1) return Bad("--threads must be >= 1");
+  return absl::OkStatus();
+}
 
+// The model and its data.
+absl::Status ReadTask(WorkerConfig* config) {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::string model = absl::GetFlag(FLAGS_model);
   TaskOptions& task = config->task;
   task.model = model;
   task.layers = absl::GetFlag(FLAGS_layers);
@@ -278,7 +291,12 @@ absl::Status ReadCompute(WorkerConfig* config) {
   if (absl::GetFlag(FLAGS_steps) < 0 || task.batch < 1) {
     return Bad("--steps must be >= 0 and --batch >= 1");
   }
+  return absl::OkStatus();
+}
 
+// The ZeRO stage, the optimizer and the compute types.
+absl::Status ReadEngine(WorkerConfig* config) {
+  const TaskOptions& task = config->task;
   EngineOptions& engine = config->engine;
   engine.stage = absl::GetFlag(FLAGS_stage);
   if (engine.stage < 0 || engine.stage > 3) {
@@ -292,7 +310,7 @@ absl::Status ReadCompute(WorkerConfig* config) {
   if (engine.grad_accum < 1) {
     return Bad(absl::StrCat("--grad_accum=", engine.grad_accum, ": expected 1 or more"));
   }
-  engine.collective_timeout = plane.timeout;
+  engine.collective_timeout = config->data_plane.timeout;
   engine.optimizer = absl::GetFlag(FLAGS_optimizer);
   engine.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   if (absl::GetFlag(FLAGS_weight_decay) >= 0) {
@@ -322,7 +340,24 @@ absl::Status ReadCompute(WorkerConfig* config) {
   engine.reduce_dtype = *reduce_dtype;
 
   config->plan.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
+  const std::string group = absl::GetFlag(FLAGS_shard_group_size);
+  if (group == "host") {
+    config->shard_group_by_host = true;
+  } else if (!group.empty() && (!absl::SimpleAtoi(group, &config->plan.shard_group_size) ||
+                                config->plan.shard_group_size < 0)) {
+    return Bad(absl::StrCat("--shard_group_size=", group,
+                            " is neither a number of ranks (>= 0) nor 'host'"));
+  }
+  if ((config->shard_group_by_host || config->plan.shard_group_size > 0) && engine.stage == 0) {
+    return Bad("--shard_group_size needs --stage=1, 2 or 3 (stage 0 replicates every state)");
+  }
   return absl::OkStatus();
+}
+
+absl::Status ReadCompute(WorkerConfig* config) {
+  if (absl::Status s = ReadDataPlane(config); !s.ok()) return s;
+  if (absl::Status s = ReadTask(config); !s.ok()) return s;
+  return ReadEngine(config);
 }
 
 absl::Status ReadRun(WorkerConfig* config) {
@@ -465,7 +500,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   }
   config.client = *std::move(client);
   if (config.host.empty()) {
-    absl::StatusOr<std::string> local = LocalAddressTowards(config.client.server);
+    absl::StatusOr<std::string> local = LocalAddressTowards(FirstServer(config.client.server));
     if (!local.ok()) return local.status();
     config.host = *local;
     config.data_plane.host = *local;

@@ -86,7 +86,10 @@ struct WorkerConfig {
   TaskOptions task;
   // The ZeRO engine; backend stays null here, like mlp_factory.
   EngineOptions engine;
-  PlanOptions plan;
+  PlanOptions plan;  // shard_group_size: --shard_group_size=G
+  // --shard_group_size=host: G is the number of ranks per host, found when
+  // the job forms (Worker::Plan).
+  bool shard_group_by_host = false;
 
   // ---- The run ----
   Schedule schedule;

@@ -61,7 +61,10 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
   const int64_t k = options.param_dtype == "F32" ? 8 : 12;
   estimate.optimizer_bytes_per_parameter = k;
 
-  const int64_t w = plan.world_size;
+  // A shard is spread over the ranks of one shard group (all W without
+  // groups): a gathered unit is G chunks, and padding is per group.
+  const int64_t w = plan.options.ShardGroupSize(plan.world_size);
+  estimate.shard_group_size = static_cast<int>(w);
   int64_t largest_chunk = 0;
   for (const ShardUnit& unit : plan.units) {
     for (const TensorSpec& tensor : unit.tensors) estimate.parameters += tensor.Elements();
@@ -134,6 +137,7 @@ nlohmann::ordered_json MemoryEstimateJson(const MemoryEstimate& estimate) {
   }
   nlohmann::ordered_json out;
   out["world_size"] = estimate.world_size;
+  out["shard_group_size"] = estimate.shard_group_size;
   out["param_dtype"] = estimate.param_dtype;
   out["reduce_dtype"] = estimate.reduce_dtype;
   out["prefetch"] = estimate.prefetch;

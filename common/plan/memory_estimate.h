@@ -14,9 +14,10 @@
 //   stage 2:  params p*psi  grads g*S    optimizer K*S
 //   stage 3:  params p*S    grads g*S    optimizer K*S  + window
 //
-//   window = min(1 + prefetch, units) * p * W * max_u chunk_elements(u):
+//   window = min(1 + prefetch, units) * p * G * max_u chunk_elements(u):
 //   the gather buffers of the at most (1 + prefetch) units unsharded at once
-//   (a gathered unit occupies W chunks, its padding included).
+//   (a gathered unit occupies G chunks, its padding included; G = W unless
+//   the plan has shard groups).
 //
 // F32 (p = g = 4, K = 8): 16 psi, 8 psi + 8 S, 4 psi + 12 S, 16 S (+ window).
 // BF16 params and grads (p = g = 2, K = 12): 16 psi, 4 psi + 12 S,
@@ -59,12 +60,15 @@ struct StageMemory {
 
 struct MemoryEstimate {
   int world_size = 0;
+  // G: the ranks one shard is spread over (W without hybrid sharding). The
+  // figures are per rank, so with groups they are those of a G-rank job.
+  int shard_group_size = 0;
   std::string param_dtype;
   std::string reduce_dtype;
   int prefetch = 0;
   int64_t parameters = 0;                     // psi, elements
   int64_t shard_elements = 0;                 // S, elements per rank incl. padding
-  int64_t largest_unit_elements = 0;          // W * the largest chunk: one gathered unit
+  int64_t largest_unit_elements = 0;          // G * the largest chunk: one gathered unit
   int64_t optimizer_bytes_per_parameter = 0;  // K
   std::array<StageMemory, 4> stages;          // stages[s].stage == s
 };
@@ -75,7 +79,8 @@ struct MemoryEstimate {
 absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
                                               const MemoryEstimateOptions& options);
 
-// {"world_size": W, "param_dtype": "BF16", "reduce_dtype": "BF16", "prefetch": 1,
+// {"world_size": W, "shard_group_size": G, "param_dtype": "BF16", "reduce_dtype": "BF16",
+// "prefetch": 1,
 //  "parameters": n, "shard_elements": n, "largest_unit_elements": n,
 //  "optimizer_bytes_per_parameter": K,
 //  "stages": [{"stage": 0, "parameter_bytes": n, "gradient_bytes": n,

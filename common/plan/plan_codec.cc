@@ -58,6 +58,7 @@ v1::PlanOptions PlanOptionsToProto(const PlanOptions& options) {
   proto.set_alignment_elements(options.alignment_elements);
   proto.set_split_fraction(options.split_fraction);
   proto.set_row_chunk_ranks(options.row_chunk_ranks);
+  proto.set_shard_group_size(options.shard_group_size);
   return proto;
 }
 
@@ -67,6 +68,7 @@ PlanOptions PlanOptionsFromProto(const v1::PlanOptions& proto) {
   options.alignment_elements = proto.alignment_elements();
   options.split_fraction = proto.split_fraction();
   options.row_chunk_ranks = proto.row_chunk_ranks();
+  options.shard_group_size = proto.shard_group_size();
   return options;
 }
 
@@ -126,7 +128,9 @@ double PaddingOverhead(const ShardPlan& plan) {
   double allocated = 0;
   double elements = 0;
   for (const ShardUnit& unit : plan.units) {
-    allocated += static_cast<double>(plan.world_size) * static_cast<double>(unit.chunk_elements);
+    // One shard group holds the model once (all W ranks without groups).
+    allocated += static_cast<double>(plan.options.ShardGroupSize(plan.world_size)) *
+                 static_cast<double>(unit.chunk_elements);
     for (const TensorSpec& tensor : unit.tensors)
       elements += static_cast<double>(tensor.Elements());
   }
@@ -140,7 +144,9 @@ std::string PlanToJson(const ShardPlan& plan, const nlohmann::ordered_json& extr
   for (const ShardUnit& unit : plan.units) pieces += unit.pieces.size();
   std::string out;
   out.reserve(256 + 80 * pieces);
-  absl::StrAppend(&out, "{\"world_size\":", plan.world_size, ",\"plan_hash\":", Quote(plan.hash),
+  absl::StrAppend(&out, "{\"world_size\":", plan.world_size,
+                  ",\"shard_group_size\":", plan.options.ShardGroupSize(plan.world_size),
+                  ",\"plan_hash\":", Quote(plan.hash),
                   ",\"padding_overhead\":", nlohmann::json(PaddingOverhead(plan)).dump(),
                   ",\"units\":[");
   std::vector<std::string> quoted_names;  // the unit's tensor names, escaped once

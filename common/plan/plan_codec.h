@@ -30,7 +30,7 @@ ShardPlan ShardPlanFromProto(const v1::ShardPlan& proto);
 // without elements.
 double PaddingOverhead(const ShardPlan& plan);
 
-// {"world_size": W, "plan_hash": "...", "padding_overhead": f,
+// {"world_size": W, "shard_group_size": G, "plan_hash": "...", "padding_overhead": f,
 //  "units": [{"name": "...", "chunk_elements": n,
 //             "pieces": [{"tensor": "<tensor name>", "row_begin": a,
 //                         "row_end": b, "rank": r, "offset": o}, ...]}, ...]}

@@ -652,10 +652,57 @@ absl::Status ValidateUnitPieces(const ShardUnit& unit, const std::vector<TensorS
 
 }  // namespace
 
+// Shard groups (planner.h, step 4): the G-rank plan's pieces, each split by
+// rows over the R replicas of its group member. Returns the W-rank plan.
+ShardPlan SpreadOverReplicas(ShardPlan group_plan, int world_size) {
+  const int g = group_plan.world_size;
+  const int replicas = world_size / g;
+  for (ShardUnit& unit : group_plan.units) {
+    std::vector<Piece> pieces;
+    pieces.reserve(unit.pieces.size() * replicas);
+    for (const Piece& p : unit.pieces) {
+      const int64_t rows = p.row_end - p.row_begin;
+      const int64_t row_elements = unit.tensors[p.tensor].RowElements();
+      for (int k = 0; k < replicas; ++k) {
+        const int64_t begin = rows * k / replicas, end = rows * (k + 1) / replicas;
+        if (begin == end) continue;  // fewer rows than replicas
+        pieces.push_back(Piece{p.tensor, p.row_begin + begin, p.row_begin + end, k * g + p.rank,
+                               p.offset + begin * row_elements});
+      }
+    }
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+      return a.rank != b.rank ? a.rank < b.rank : a.offset < b.offset;
+    });
+    unit.pieces = std::move(pieces);
+  }
+  group_plan.world_size = world_size;
+  group_plan.hash = PlanHash(group_plan);
+  return group_plan;
+}
+
 absl::StatusOr<ShardPlan> Plan(const ModelSpec& spec, int world_size, const PlanOptions& options) {
   if (absl::Status status = CheckWorldSize(world_size); !status.ok()) return status;
   absl::StatusOr<PlanOptions> resolved = ResolveOptions(options);
   if (!resolved.ok()) return resolved.status();
+  const int group = options.shard_group_size;
+  if (group < 0 || (group > 0 && world_size % group != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_group_size ", group, " does not divide the world size ", world_size,
+                     "; expected a divisor of it (or 0: shard over every rank)"));
+  }
+  if (group > 0 && group < world_size) {
+    if (resolved->row_chunk_ranks != 0) {
+      return absl::InvalidArgumentError(
+          "shard_group_size and row_chunk_ranks cannot be combined: choose one layout");
+    }
+    PlanOptions inner = *resolved;
+    inner.shard_group_size = 0;
+    absl::StatusOr<ShardPlan> group_plan = Plan(spec, group, inner);
+    if (!group_plan.ok()) return group_plan.status();
+    group_plan->options.shard_group_size = group;
+    return SpreadOverReplicas(*std::move(group_plan), world_size);
+  }
+  resolved->shard_group_size = 0;  // W itself means no groups
   if (resolved->row_chunk_ranks > world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("row_chunk_ranks ", resolved->row_chunk_ranks, " exceeds the world size ",
@@ -693,6 +740,7 @@ std::string PlanHash(const ShardPlan& plan) {
   hasher.Double(plan.options.split_fraction);
   // Hashed only when set, so plans of the balanced planner keep their hashes.
   if (plan.options.row_chunk_ranks != 0) hasher.Int(plan.options.row_chunk_ranks);
+  if (plan.options.shard_group_size != 0) hasher.Int(plan.options.shard_group_size);
   hasher.Int(static_cast<int64_t>(plan.units.size()));
   for (const ShardUnit& unit : plan.units) {
     hasher.String(unit.name);

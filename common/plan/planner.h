@@ -41,6 +41,17 @@
 //  3. The plan records the resolved options (defaults filled in), the plan
 //     version, and an xxhash64 of its canonical serialization.
 //
+//  4. Shard groups (hybrid sharding, options.shard_group_size = G < W): the
+//     unit is planned over G ranks as above, and that shard is held by each
+//     of the R = W / G groups of G consecutive ranks (rank r is member r % G
+//     of group r / G). So that the plan still gives every element to exactly
+//     one rank (what checkpoints, consolidation and resharding rely on), each
+//     group-member piece's rows are split in R nearly equal runs, run k on
+//     replica k (rank k * G + member) at the offset those rows have in the
+//     member's chunk: a rank saves its run, and computes on the union of its
+//     replicas' runs, which is its member's shard. Chunks are the G-rank
+//     plan's (per-rank memory 16 psi / G at stage 3).
+//
 // Pieces of a unit are stored sorted by (rank, offset): a rank's pieces are
 // contiguous in ShardUnit::pieces and in its chunk order.
 //
@@ -102,8 +113,9 @@ inline constexpr int64_t kMaxTotalElements = int64_t{1} << 53;
 // that is not a safetensors name (F32, BF16, F16, F64, I64, I32, I16, I8, U8,
 // BOOL); world_size outside [1, kMaxWorldSize]; options out of range
 // (max_unit_bytes < 0, alignment_elements outside [0, kMaxAlignmentElements],
-// split_fraction outside [0, 1] or not finite). A zero option means its
-// default.
+// split_fraction outside [0, 1] or not finite; a shard_group_size that is
+// negative or does not divide world_size, or is combined with
+// row_chunk_ranks). A zero option means its default.
 absl::StatusOr<ShardPlan> Plan(const ModelSpec& spec, int world_size, const PlanOptions& options);
 
 // OK iff `plan` is a well-formed plan of `spec`: the spec is valid (as Plan

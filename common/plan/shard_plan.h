@@ -38,6 +38,14 @@ struct PlanOptions {
   // 0: the balanced planner. S > 0: FSDP2's layout, every tensor cut as
   // torch.chunk(tensor, S, dim=0) cuts it, chunk k on rank k (planner.h).
   int32_t row_chunk_ranks = 0;
+  // 0 or W: every rank holds a distinct shard. 0 < G < W (G divides W):
+  // hybrid sharding (planner.h, "Shard groups").
+  int32_t shard_group_size = 0;
+
+  // The ranks one shard is spread over: G, or W for plain sharding.
+  int ShardGroupSize(int world_size) const {
+    return shard_group_size > 0 && shard_group_size < world_size ? shard_group_size : world_size;
+  }
 };
 
 struct ShardPlan {

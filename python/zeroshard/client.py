@@ -76,11 +76,14 @@ class Client:
 
     Args:
         server: "HOST:PORT" of the shard server.
-        token: the bearer token (or token_file: a file holding it).
+        token: the bearer token (or token_file: a file holding it; refused when every user
+            may read it or the token is shorter than 16 characters, unless insecure).
         tls_ca_file: the CA (PEM) to verify the server against; turns TLS on.
         tls_cert_file, tls_key_file: this client's certificate and key, for mutual TLS.
         tls_server_name: the name expected in the server's certificate, if not the host.
         rpc_timeout: seconds for calls that do not wait.
+        insecure: accept a weak token file, and send a token without TLS to a server that is
+            not on loopback (refused otherwise), as shard_worker's --insecure.
 
     Thread-safe: store calls may come from several threads (torch.distributed does).
     """
@@ -88,18 +91,16 @@ class Client:
     def __init__(self, server: str, *, token: Optional[str] = None,
                  token_file: Optional[str] = None, tls_ca_file: Optional[str] = None,
                  tls_cert_file: Optional[str] = None, tls_key_file: Optional[str] = None,
-                 tls_server_name: str = "", rpc_timeout: float = 30.0) -> None:
+                 tls_server_name: str = "", rpc_timeout: float = 30.0,
+                 insecure: bool = False) -> None:
         if token is not None and token_file is not None:
             raise ValueError("give token or token_file, not both")
-        if token_file is not None:
-            token = _read(token_file, "token").strip()
-            if not token:
-                raise ValueError(f"token file {token_file} is empty")
         self.server = server
-        self._native = _native.Client(server, token or "", _read(tls_ca_file, "TLS CA"),
+        self._native = _native.Client(server, token or "", token_file or "",
+                                      _read(tls_ca_file, "TLS CA"),
                                       _read(tls_cert_file, "TLS certificate"),
                                       _read(tls_key_file, "TLS key"), tls_server_name,
-                                      float(rpc_timeout))
+                                      float(rpc_timeout), bool(insecure))
         self._info: Optional[JoinInfo] = None
         self._incarnation = uuid.uuid4().hex
         self._why_cache: Optional[tuple] = None

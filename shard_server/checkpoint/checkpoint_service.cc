@@ -46,10 +46,10 @@ grpc::Status Error(absl::StatusCode code, const std::string& message) {
 
 class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
  public:
-  UploadReactor(CheckpointService* service, const grpc::Status& auth,
+  UploadReactor(CheckpointService* service, const absl::StatusOr<Caller>& caller,
                 v1::UploadShardResponse* response)
-      : service_(service), response_(response) {
-    grpc::Status status = auth.ok() ? service->Available() : auth;
+      : service_(service), response_(response), caller_(caller.value_or(Caller())) {
+    grpc::Status status = caller.ok() ? service->Available() : ToGrpcStatus(caller.status());
     if (!status.ok()) {
       Finish(status);
       return;
@@ -92,6 +92,9 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
   absl::Status Begin() {
     const v1::MemberCredentials& m = request_.member();
     CheckpointRegistry* registry = service_->registry_;
+    if (grpc::Status allowed = caller_.MayActOn(m.job_id()); !allowed.ok()) {
+      return absl::PermissionDeniedError(allowed.error_message());
+    }
     if (absl::Status s = service_->membership_->CheckMember(m); !s.ok()) return s;
     absl::StatusOr<int> world = service_->membership_->WorldSize(m.job_id());
     if (!world.ok()) return world.status();
@@ -172,6 +175,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
 
   CheckpointService* const service_;
   v1::UploadShardResponse* const response_;
+  const Caller caller_;  // who the bearer token proved
   v1::UploadShardRequest request_;
   std::unique_ptr<AtomicFile> file_;
   v1::MemberCredentials member_;  // of the first message
@@ -506,9 +510,9 @@ grpc::ServerUnaryReactor* CheckpointService::CommitShard(grpc::CallbackServerCon
 }
 
 grpc::ServerReadReactor<v1::UploadShardRequest>* CheckpointService::UploadShard(
-    grpc::CallbackServerContext* /*context*/, const grpc::Status& auth,
+    grpc::CallbackServerContext* /*context*/, const absl::StatusOr<Caller>& caller,
     v1::UploadShardResponse* response) {
-  return new UploadReactor(this, auth, response);
+  return new UploadReactor(this, caller, response);
 }
 
 grpc::ServerUnaryReactor* CheckpointService::ListCheckpoints(

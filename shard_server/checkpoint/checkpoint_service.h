@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint/checkpoint_registry.h"
+#include "shard_server/job_credentials.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/membership/membership.h"
 
@@ -51,8 +52,10 @@ class CheckpointService {
                                         const grpc::Status& auth,
                                         const v1::CommitShardRequest* request,
                                         v1::CommitShardResponse* response);
+  // `caller`: who the call's token proved; the upload's job (in its first
+  // message) must be one the caller may act on.
   grpc::ServerReadReactor<v1::UploadShardRequest>* UploadShard(
-      grpc::CallbackServerContext* context, const grpc::Status& auth,
+      grpc::CallbackServerContext* context, const absl::StatusOr<Caller>& caller,
       v1::UploadShardResponse* response);
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
                                             const grpc::Status& auth,

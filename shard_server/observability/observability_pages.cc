@@ -31,6 +31,7 @@ HttpResponse Failure(int status, const absl::Status& error) {
 v1::GetStatusResponse AnnotatedStatus(const ObservabilitySources& s, const std::string& job) {
   v1::GetStatusResponse status = s.membership->Status(job);
   if (s.diagnosis != nullptr) s.diagnosis->Annotate(&status);
+  if (s.control_plane) s.control_plane(status.mutable_control_plane());
   return status;
 }
 

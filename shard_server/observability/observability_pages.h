@@ -6,6 +6,7 @@
 #ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_PAGES_H_
 #define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_PAGES_H_
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -25,6 +26,8 @@ struct ObservabilitySources {
   CheckpointRegistry* checkpoints = nullptr;
   const ServerMetrics* metrics = nullptr;
   HistoryStore* history = nullptr;
+  // The control plane's leadership (replicated_server.h); empty: a single server.
+  std::function<void(v1::ControlPlaneStatus*)> control_plane;
 };
 
 std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& sources);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "shard_server/observability/rank_views.h"
 
@@ -243,6 +244,34 @@ void WriteStateCounts(const v1::GetStatusResponse& status, std::string* out) {
   for (const auto& [state, n] : member_states) {
     absl::StrAppend(out, "zeroshard_members{state=\"", state, "\"} ", n, "\n");
   }
+}
+
+// The replicated control plane's leadership (only the leader serves
+// /metrics, so leader is 1 wherever it is scraped); nothing for a single
+// server.
+void WriteControlPlane(const v1::ControlPlaneStatus& cp, std::string* out) {
+  if (cp.etcd_endpoints().empty()) return;
+  Family(out, "zeroshard_control_plane_leader", "gauge",
+         "1 on the server that leads the replicated control plane (label: its address).");
+  absl::StrAppend(out, "zeroshard_control_plane_leader{address=\"", EscapeLabelValue(cp.leader()),
+                  "\"} 1\n");
+  Family(out, "zeroshard_control_plane_followers", "gauge",
+         "Other servers registered in etcd, waiting to take over.");
+  absl::StrAppend(out, "zeroshard_control_plane_followers ", cp.followers_size(), "\n");
+  Family(out, "zeroshard_control_plane_etcd_lease_renewed_seconds_ago", "gauge",
+         "Since the leader last renewed its etcd lease; at the lease TTL it steps down.");
+  absl::StrAppend(out, "zeroshard_control_plane_etcd_lease_renewed_seconds_ago ",
+                  cp.etcd_lease_renewed_seconds_ago(), "\n");
+  Family(out, "zeroshard_control_plane_elected_timestamp_seconds", "gauge",
+         "When the leader won its election (Unix seconds): a change is a failover.");
+  absl::StrAppend(out, "zeroshard_control_plane_elected_timestamp_seconds ",
+                  absl::StrFormat("%.3f", cp.elected_unix_ms() / 1000.0), "\n");
+  Family(out, "zeroshard_control_plane_restore_seconds", "gauge",
+         "From the leader's election to serving: loading the state from etcd.");
+  absl::StrAppend(out, "zeroshard_control_plane_restore_seconds ", cp.restore_seconds(), "\n");
+  Family(out, "zeroshard_control_plane_terms_total", "counter",
+         "Leaderships the leading server process has held.");
+  absl::StrAppend(out, "zeroshard_control_plane_terms_total ", cp.terms(), "\n");
 }
 
 // The families with one series per job (label job="...").
@@ -508,6 +537,17 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.telemetry().bytes_moved());
            });
+  per_rank("zeroshard_rank_comm_bytes_intra_host_total", "counter",
+           "Of the data-plane bytes, those sent to ranks on the rank's own host (shared memory, "
+           "loopback).",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().comm_bytes_intra_host());
+           });
+  per_rank("zeroshard_rank_comm_bytes_inter_host_total", "counter",
+           "Of the data-plane bytes, those sent across the network to ranks on other hosts.",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().comm_bytes_inter_host());
+           });
 }
 
 }  // namespace
@@ -518,6 +558,7 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
   std::string out;
   out.reserve(4096 + static_cast<size_t>(status.jobs_size()) * 512);
   server.Write(&out);
+  WriteControlPlane(status.control_plane(), &out);
   WriteStateCounts(status, &out);
   std::vector<std::string> job_labels;
   for (const v1::JobStatus& job : status.jobs()) {

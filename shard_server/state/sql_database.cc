@@ -2,6 +2,10 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -196,12 +200,70 @@ absl::Status SqlDatabase::Transaction(Body body) {
   Connection connection(db_, name_, /*read_only=*/false);
   status = body(connection);
   if (status.ok()) status = ExecuteLocked("commit", "COMMIT;");
+  if (status.ok() && replica_ != nullptr) return ReplicateLocked();
   // After some errors (a full disk, an I/O error) SQLite has already rolled
   // the transaction back; after the others it is still open.
   if (!status.ok() && sqlite3_get_autocommit(db_) == 0) {
     ExecuteLocked("rollback", "ROLLBACK;").IgnoreError();
   }
   return status;
+}
+
+absl::StatusOr<std::unique_ptr<SqlDatabase>> SqlDatabase::OpenReplicated(
+    DatabaseReplica* replica, absl::string_view name) {
+  absl::StatusOr<std::string> image = replica->Load();
+  if (!image.ok()) {
+    return absl::Status(image.status().code(),
+                        absl::StrCat(name, ": load: ", image.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<SqlDatabase>> database =
+      Open(":memory:", name, Durability::kOff);  // durability is the replica's
+  if (!database.ok()) return database.status();
+  SqlDatabase& db = **database;
+  absl::MutexLock lock(&db.mu_);
+  if (absl::Status s = db.DeserializeLocked(*image); !s.ok()) return s;
+  db.saved_image_ = *std::move(image);
+  db.replica_ = replica;
+  return database;
+}
+
+std::string SqlDatabase::SerializeLocked() {
+  sqlite3_int64 size = 0;
+  unsigned char* bytes = sqlite3_serialize(db_, "main", &size, 0);
+  std::string image(reinterpret_cast<const char*>(bytes), bytes != nullptr ? size : 0);
+  sqlite3_free(bytes);
+  return image;
+}
+
+absl::Status SqlDatabase::DeserializeLocked(absl::string_view image) {
+  // SQLite owns (and may grow) the buffer from here on.
+  auto* bytes = static_cast<unsigned char*>(sqlite3_malloc64(std::max<size_t>(image.size(), 1)));
+  if (bytes == nullptr) return absl::ResourceExhaustedError(absl::StrCat(name_, ": out of memory"));
+  std::memcpy(bytes, image.data(), image.size());
+  int code = sqlite3_deserialize(db_, "main", bytes, image.size(), std::max<size_t>(image.size(), 1),
+                                 SQLITE_DESERIALIZE_FREEONCLOSE | SQLITE_DESERIALIZE_RESIZEABLE);
+  if (code != SQLITE_OK) {
+    return SqliteError(code, absl::StrCat(name_, ": load image"), sqlite3_errmsg(db_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqlDatabase::ReplicateLocked() {
+  std::string image = SerializeLocked();
+  if (image == saved_image_) return absl::OkStatus();  // nothing changed: no write
+  absl::Status saved = replica_->Save(image);
+  if (saved.ok()) {
+    saved_image_ = std::move(image);
+    return saved;
+  }
+  // Nothing of the transaction may stay: what is not saved did not happen.
+  absl::Status undone = DeserializeLocked(saved_image_);
+  if (!undone.ok()) {
+    std::fprintf(stderr, "%s: cannot undo an unsaved transaction: %s\n", name_.c_str(),
+                 undone.ToString().c_str());
+    std::abort();  // serving state that was never saved would be worse
+  }
+  return absl::Status(saved.code(), absl::StrCat(name_, ": not saved: ", saved.message()));
 }
 
 absl::Status SqlDatabase::Read(Body body) {

@@ -75,6 +75,20 @@ class Statement {
   absl::Status status_;
 };
 
+// Where a replicated database (SqlDatabase::OpenReplicated) keeps its
+// committed state beside this process: the whole database image
+// (sqlite3_serialize) after every transaction. The etcd implementation
+// (etcd_state.h) writes it only while this server leads.
+class DatabaseReplica {
+ public:
+  virtual ~DatabaseReplica() = default;
+  // The last image saved; "" when none was (a new cluster).
+  virtual absl::StatusOr<std::string> Load() = 0;
+  // Saves `image` durably, or fails (then the transaction that made it is
+  // undone here too).
+  virtual absl::Status Save(absl::string_view image) = 0;
+};
+
 // Thread-safe.
 class SqlDatabase {
  public:
@@ -112,6 +126,12 @@ class SqlDatabase {
   static absl::StatusOr<std::unique_ptr<SqlDatabase>> Open(const std::string& path,
                                                            absl::string_view name,
                                                            Durability durability);
+  // An in-memory database that starts as `replica`'s last image and saves
+  // its image to `replica` after every commit; a transaction whose image is
+  // not saved is undone (the database goes back to the last saved image)
+  // and returns the replica's error. `replica` outlives the database.
+  static absl::StatusOr<std::unique_ptr<SqlDatabase>> OpenReplicated(DatabaseReplica* replica,
+                                                                     absl::string_view name);
   ~SqlDatabase();
 
   SqlDatabase(const SqlDatabase&) = delete;
@@ -129,10 +149,18 @@ class SqlDatabase {
   SqlDatabase(sqlite3* db, std::string name) : db_(db), name_(std::move(name)) {}
   absl::Status ExecuteLocked(absl::string_view what, const char* sql)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The whole database, as sqlite3_serialize writes it.
+  std::string SerializeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces the database's content with `image` ("" : empty).
+  absl::Status DeserializeLocked(absl::string_view image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a commit: saves the image to replica_, or undoes the commit.
+  absl::Status ReplicateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
   const std::string name_;
+  DatabaseReplica* replica_ = nullptr;  // null: not replicated
+  std::string saved_image_ ABSL_GUARDED_BY(mu_);  // the replica's last image
 };
 
 }  // namespace zeroshard

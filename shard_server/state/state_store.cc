@@ -52,15 +52,22 @@ absl::Status AddTargetWorldSizeIfMissing(StateStore::Connection& db) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<SqlDatabase>> db =
-      SqlDatabase::Open(path, "state store", SqlDatabase::Durability::kFull);
+  return WithSchema(SqlDatabase::Open(path, "state store", SqlDatabase::Durability::kFull), path);
+}
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::OpenReplicated(DatabaseReplica* replica) {
+  return WithSchema(SqlDatabase::OpenReplicated(replica, "state store"), "replicated state");
+}
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::WithSchema(
+    absl::StatusOr<std::unique_ptr<SqlDatabase>> db, absl::string_view where) {
   if (!db.ok()) return db.status();
   std::unique_ptr<StateStore> store(new StateStore(*std::move(db)));
   absl::Status schema = store->Transaction([](Connection& db) -> absl::Status {
     if (absl::Status s = db.Execute("open", kSchema); !s.ok()) return s;
     return AddTargetWorldSizeIfMissing(db);
   });
-  if (!schema.ok()) return absl::Status(schema.code(), absl::StrCat(path, ": ", schema.message()));
+  if (!schema.ok()) return absl::Status(schema.code(), absl::StrCat(where, ": ", schema.message()));
   return store;
 }
 

@@ -1,4 +1,5 @@
-// Durable server state in one SQLite file: jobs, their current generation and
+// Durable server state in one SQLite file (or, with --etcd_endpoints, an
+// in-memory SQLite database whose image etcd keeps: OpenReplicated): jobs, their current generation and
 // the members of the last formed generation, and shard plans. Other
 // components (the checkpoint registry) keep their own tables in the same
 // file. A restarted server loads it and still knows its jobs.
@@ -59,6 +60,10 @@ class StateStore {
 
   // Opens or creates `path` and its schema.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& path);
+  // In memory, starting from `replica`'s last image and saving every commit
+  // to it (SqlDatabase::OpenReplicated): the etcd-backed store of a leading
+  // server. `replica` outlives the store.
+  static absl::StatusOr<std::unique_ptr<StateStore>> OpenReplicated(DatabaseReplica* replica);
   ~StateStore() = default;
 
   // Runs `body` as one SQLite transaction: every write of it is committed,
@@ -81,6 +86,8 @@ class StateStore {
 
  private:
   explicit StateStore(std::unique_ptr<SqlDatabase> db) : db_(std::move(db)) {}
+  static absl::StatusOr<std::unique_ptr<StateStore>> WithSchema(
+      absl::StatusOr<std::unique_ptr<SqlDatabase>> db, absl::string_view where);
 
   const std::unique_ptr<SqlDatabase> db_;
 };

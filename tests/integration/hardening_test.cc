@@ -97,6 +97,35 @@ TEST(TokenFileTest, WorldReadableOrShortTokensAreRefusedUnlessInsecure) {
   EXPECT_EQ(insecure_code, 0) << insecure_output;
 }
 
+// A token over plaintext off loopback: the server refuses to listen on a
+// non-loopback address with a token and no TLS, shardctl refuses to send one
+// to such a server, unless --insecure (#29 finding 8's second half).
+TEST(TokenFileTest, ATokenWithoutTlsOffLoopbackIsRefusedUnlessInsecure) {
+  const std::string dir = testing::MakeTempDir("plaintext");
+  const std::string token = dir + "/token";
+  testing::WriteSecretFile(token, "a-long-enough-token-0123456789\n");
+  const std::string server = testing::RunfilePath("shard_server/shard_server");
+  auto [code, output] = testing::RunCommand(
+      absl::StrCat("timeout 20 ", server, " --listen=0.0.0.0:0 --state_dir=", dir,
+                   "/state --auth_token_file=", token, " 2>&1"));
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(output.find("turn TLS on (--tls_cert and --tls_key)"), std::string::npos) << output;
+  // With --insecure it serves (on every address, loopback included).
+  LocalCluster cluster(dir + "/cluster", {"--auth_token_file=" + token, "--insecure"});
+  ASSERT_TRUE(cluster.ok());
+
+  // shardctl to an address that is not loopback: refused before connecting.
+  const std::string shardctl = testing::RunfilePath("client/shardctl");
+  auto [remote_code, remote_output] = testing::RunCommand(absl::StrCat(
+      shardctl, " --server=10.255.255.1:7070 --token_file=", token, " status 2>&1"));
+  EXPECT_NE(remote_code, 0) << remote_output;
+  EXPECT_NE(remote_output.find("turn TLS on (--tls_ca)"), std::string::npos) << remote_output;
+  auto [local_code, local_output] = testing::RunCommand(
+      absl::StrCat(shardctl, " --server=", cluster.address(), " --token_file=", token,
+                   " status 2>&1"));
+  EXPECT_EQ(local_code, 0) << local_output;
+}
+
 // A TCP connection to 127.0.0.1:port; -1 on failure.
 int ConnectTo(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -179,6 +179,9 @@ TEST(ObservabilityTest, AHealthyJobHasNoDiagnosisAndFullTelemetry) {
     EXPECT_GT(t.memory().params(), 0);
     EXPECT_GT(t.memory().optimizer_state(), 0);
     EXPECT_GT(t.bytes_moved(), 0);
+    // Both ranks on this host: every byte stayed on it.
+    EXPECT_EQ(t.comm_bytes_intra_host(), t.bytes_moved());
+    EXPECT_EQ(t.comm_bytes_inter_host(), 0);
     EXPECT_GT(t.gathers_entered(), 20);
     EXPECT_GT(t.reductions_entered(), 20);
     EXPECT_GT(t.first_collective_unix_us(), 0);

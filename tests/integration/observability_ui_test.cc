@@ -150,7 +150,11 @@ TEST_F(ObservabilityUiTest, MetricsOfALiveJobPassPromtoolAndHoldTheSeries) {
         "zeroshard_rank_heartbeat_age_seconds{job=\"live\",rank=\"1\",worker=\"w1\"} ",
         "zeroshard_rank_straggler{job=\"live\",rank=\"0\",worker=\"w0\"} 0",
         "zeroshard_rank_hung{job=\"live\",rank=\"1\",worker=\"w1\"} 0",
-        "zeroshard_rank_data_plane_sent_bytes_total{job=\"live\",rank=\"0\",worker=\"w0\"} "}) {
+        "zeroshard_rank_data_plane_sent_bytes_total{job=\"live\",rank=\"0\",worker=\"w0\"} ",
+        "zeroshard_rank_comm_bytes_intra_host_total{job=\"live\",rank=\"0\",worker=\"w0\"} ",
+        // One host: nothing crosses a network.
+        "zeroshard_rank_comm_bytes_inter_host_total{job=\"live\",rank=\"1\",worker=\"w1\"} "
+        "0\n"}) {
     EXPECT_NE(text.find(series), std::string::npos) << series;
   }
   // Commits were counted: a number above zero.

@@ -21,6 +21,12 @@ LocalCluster::LocalCluster(const std::string& dir, const std::vector<std::string
   StartServer();
 }
 
+LocalCluster::LocalCluster(const std::string& dir, ExternalServers servers)
+    : dir_(dir), address_(std::move(servers.address)) {
+  mkdir(dir_.c_str(), 0755);
+  mkdir(checkpoint_root().c_str(), 0755);
+}
+
 LocalCluster::~LocalCluster() {
   workers_.clear();
   if (server_) {

@@ -25,8 +25,17 @@ struct HostLayout {
   std::vector<int> worker_hosts;
 };
 
+// Servers the test started itself (a replicated control plane on etcd:
+// tests/testing/etcd_cluster.h), reached at `address` ("a:P,b:P,c:P").
+struct ExternalServers {
+  std::string address;
+};
+
 class LocalCluster {
  public:
+  // Workers only, for `servers` (no server of its own: server() is null,
+  // RestartServer must not be called).
+  LocalCluster(const std::string& dir, ExternalServers servers);
   // Starts the server (binary from runfiles unless given) with
   // --listen=127.0.0.1:0 (or its host's address), a port file, --state_dir
   // and --checkpoint_root under `dir`, plus `server_flags`. Fails the calling

@@ -17,8 +17,8 @@ namespace {
 using comm_internal::ChunkBlocks;
 using comm_internal::EvenChunkBlocks;
 
-// Every rank's host key, published under the tag and read back in rank
-// order (a collective: each rank waits for all W keys).
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> ExchangeHostKeys(KeyValueStore* store, int rank,
                                                           int world_size, const std::string& tag,
                                                           const std::string& key,
@@ -38,7 +38,6 @@ absl::StatusOr<std::vector<std::string>> ExchangeHostKeys(KeyValueStore* store, 
   return keys;
 }
 
-}  // namespace
 
 absl::StatusOr<HostLayout> HostLayout::Of(const std::vector<std::string>& host_keys) {
   HostLayout layout;

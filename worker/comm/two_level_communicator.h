@@ -50,6 +50,14 @@ struct HostLayout {
   static absl::StatusOr<HostLayout> Of(const std::vector<std::string>& host_keys);
 };
 
+// Every rank's host key (`key` is this rank's), published under `tag` and
+// read back in rank order: a collective, each rank waits up to `timeout` for
+// all `world_size` keys. The store's errors.
+absl::StatusOr<std::vector<std::string>> ExchangeHostKeys(KeyValueStore* store, int rank,
+                                                          int world_size, const std::string& tag,
+                                                          const std::string& key,
+                                                          absl::Duration timeout);
+
 // The two steps' block layouts for one block layout of the whole job (see
 // above): `intra` over the L local ranks (shard = a rail buffer), `inter`
 // over the H hosts of one rail (full = the rail buffer). Rail buffers pack

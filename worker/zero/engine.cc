@@ -135,11 +135,26 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
           absl::StrCat("dtype ", DTypeName(d), " is not supported: expected f32 or bf16"));
     }
   }
-  if (gather->world_size() != plan.world_size || reduce->world_size() != plan.world_size ||
+  const int group = plan.options.ShardGroupSize(plan.world_size);
+  if (gather->world_size() != group || reduce->world_size() != group ||
       aux->world_size() != plan.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("the plan is for world size ",
-                                                   plan.world_size, " but the communicators have ",
-                                                   gather->world_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the plan is for world size ", plan.world_size, " in shard groups of ", group,
+        " but the communicators have ", gather->world_size(), " (gather), ",
+        reduce->world_size(), " (reduce) and ", aux->world_size(), " (aux)"));
+  }
+  const int replicas = plan.world_size / group;
+  if (replicas > 1) {
+    if (options.replicas == nullptr || options.replicas->world_size() != replicas) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the plan has ", replicas, " replicas of each shard (groups of ", group,
+          ") but the replicas' communicator has ",
+          options.replicas == nullptr ? 0 : options.replicas->world_size(), " ranks"));
+    }
+    if (options.stage == 0) {
+      return absl::InvalidArgumentError(
+          "stage 0 replicates every state already: shard groups need stage 1, 2 or 3");
+    }
   }
   return absl::OkStatus();
 }
@@ -162,8 +177,10 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
   engine->stage_ = StageTraits::Of(options.stage);
   engine->backend_ = options.backend != nullptr ? options.backend : CpuBackend();
   engine->memory_.set_backend(engine->backend_);
-  engine->rank_ = gather->rank();
-  engine->world_ = gather->world_size();
+  engine->rank_ = aux->rank();
+  engine->world_ = aux->world_size();
+  engine->group_size_ = gather->world_size();
+  if (engine->group_size_ < engine->world_) engine->replica_comm_ = options.replicas;
   if (absl::Status s = engine->BuildLayouts(plan); !s.ok()) return s;
   if (absl::Status s = engine->BuildSchedule(); !s.ok()) return s;
   if (absl::Status s = engine->AllocateUnitStates(); !s.ok()) return s;
@@ -276,6 +293,33 @@ ZeroEngine::~ZeroEngine() {
   }
 }
 
+namespace {
+
+// Shard groups: the replicas' runs of one group-plan piece lie back to back
+// in the member's chunk and in the tensor's rows; joined again they are
+// that piece (one block per piece in the group's collectives).
+std::vector<Segment> JoinReplicaRuns(std::vector<Segment> runs) {
+  std::sort(runs.begin(), runs.end(), [](const Segment& a, const Segment& b) {
+    return a.rank != b.rank ? a.rank < b.rank : a.chunk_offset < b.chunk_offset;
+  });
+  std::vector<Segment> joined;
+  for (const Segment& s : runs) {
+    if (!joined.empty()) {
+      Segment& last = joined.back();
+      if (last.rank == s.rank && last.tensor == s.tensor && last.row_end == s.row_begin &&
+          last.chunk_offset + last.length == s.chunk_offset) {
+        last.row_end = s.row_end;
+        last.length += s.length;
+        continue;
+      }
+    }
+    joined.push_back(s);
+  }
+  return joined;
+}
+
+}  // namespace
+
 absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
   const ModelSpec& spec = model_->Spec();
   // Units by name, as the model labels them, in first-appearance order.
@@ -311,17 +355,26 @@ absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
       layout.tensor_offsets.push_back(layout.flat_elements);
       layout.flat_elements += tensors[t]->Elements();
     }
+    // Segments by group member (the rank itself without groups).
+    std::vector<Segment> segments;
     for (const Piece& p : pu.pieces) {
       const TensorSpec& t = layout.tensors[p.tensor];
       Segment s;
-      s.rank = p.rank;
+      s.rank = p.rank % group_size_;
       s.chunk_offset = p.offset;
       s.tensor = p.tensor;
       s.row_begin = p.row_begin;
       s.row_end = p.row_end;
       s.flat_offset = layout.tensor_offsets[p.tensor] + p.row_begin * t.RowElements();
       s.length = (p.row_end - p.row_begin) * t.RowElements();
-      if (p.rank == rank_) layout.own_segments.push_back(static_cast<int>(layout.segments.size()));
+      if (p.rank == rank_) layout.saved.push_back(s);
+      segments.push_back(s);
+    }
+    if (group_size_ < world_) segments = JoinReplicaRuns(std::move(segments));
+    for (const Segment& s : segments) {
+      if (s.rank == rank_ % group_size_) {
+        layout.own_segments.push_back(static_cast<int>(layout.segments.size()));
+      }
       layout.segments.push_back(s);
       layout.blocks.push_back(ShardBlock{s.rank, s.chunk_offset, s.flat_offset, s.length});
     }
@@ -617,6 +670,23 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
   return backend_->Synchronize();
 }
 
+// Shard groups: the group's average of this member's gradient shard,
+// averaged again over the replicas (in place, whole chunk; padding is zero):
+// the average over all W ranks. Ring all-reduce leaves every replica the
+// same bits, so the replicas' optimizer steps stay equal.
+absl::Status ZeroEngine::AverageOverReplicas(int unit, void* chunk, DType dtype) {
+  const UnitLayout& layout = units_[unit];
+  EnterCollective(kReduceStream, "all_reduce", layout.name);
+  absl::Status s = replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype,
+                                            ReduceOp::kAverage, options_.collective_timeout);
+  LeaveCollective(kReduceStream);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_reduce over the replicas of ", Where(unit),
+                                               ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, Fence* computed,
                                     bool last_micro) {
   // The compute thread's backward of this unit must be done.
@@ -645,8 +715,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const bool direct = stage_.grads_sharded && state.grads_stale && dtype == DType::kF32;
   TrackedBuffer received;
   if (!direct) {
+    // The replicas' all-reduce adds whole chunks: padding must hold zeros.
     received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
-                             /*zero=*/false);
+                             /*zero=*/replica_comm_ != nullptr);
   }
   // The conversion, and the allocations (a device block may come back from
   // another stream's free), are done before the communicator's stream
@@ -663,6 +734,13 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
+  }
+  if (replica_comm_ != nullptr) {
+    if (absl::Status s = AverageOverReplicas(unit, direct ? state.grads.data() : received.data(),
+                                             dtype);
+        !s.ok()) {
+      return s;
+    }
   }
   // Padding is never written, so it stays zero: the squared norm sums whole
   // chunks. Stages 2-3 take it here, after the step's last reduction of the
@@ -863,7 +941,9 @@ absl::StatusOr<double> ZeroEngine::AveragedGradientNorm() {
   if (stage_.state_sharded) {  // shards: add up over ranks (padding holds zeros)
     absl::StatusOr<double> mean = MeanOverRanks(squares, "the squared gradient norm");
     if (!mean.ok()) return mean.status();
-    squares = *mean * world_;
+    // Every shard is held by W / G replicas (bitwise equal after their
+    // all-reduce): the sum over ranks counts it that often.
+    squares = *mean * group_size_;
   }
   return std::sqrt(squares);
 }
@@ -985,8 +1065,7 @@ absl::Status ZeroEngine::ForEachOwnPiece(
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = units_[u];
     UnitState& st = *state_[u];
-    for (int i : layout.own_segments) {
-      const Segment& seg = layout.segments[i];
+    for (const Segment& seg : layout.saved) {
       PieceView view;
       view.tensor = &layout.tensors[seg.tensor];
       view.row_begin = seg.row_begin;

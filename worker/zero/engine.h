@@ -12,6 +12,10 @@
 //   1: + optimizer state sharded; grads reduce-scattered at the step.    8Ψ + 8Ψ/W
 //   2: + gradient shards, reduce-scattered per unit during backward.     4Ψ + 12Ψ/W
 //   3: + parameter shards, gathered per unit just in time, then freed.   16Ψ/W
+// With shard groups of G ranks (hybrid sharding, planner.h) read G for W:
+// gathers and reduce-scatters run inside the group (`gather`, `reduce`), and
+// each reduced gradient shard is then averaged over the W / G replicas
+// (EngineOptions::replicas), on the reduce thread, overlapping the backward.
 // Stage 3's window: before computing op position k, gathers for the next
 // `prefetch` positions (forward) or the previous one (backward) are in
 // flight, so at most 1 + prefetch units are unsharded at once. The next
@@ -70,6 +74,12 @@ struct EngineOptions {
   // Where buffers live and the non-model ops run; null: the CPU. The model's
   // views point into this backend's memory. Not owned.
   Backend* backend = nullptr;
+  // Hybrid sharding (the plan has shard groups of G < W ranks): the
+  // communicator over this rank's W / G replicas (the ranks holding the same
+  // shard in the other groups), over which each reduced gradient shard is
+  // averaged after the group's reduce-scatter. Null without groups. Not
+  // owned; used by the reduce thread only.
+  Communicator* replicas = nullptr;
 };
 
 // A piece as a range copy between layouts (elements).
@@ -90,7 +100,11 @@ struct UnitLayout {
   int64_t flat_elements = 0;
   int64_t chunk_elements = 0;
   std::vector<Segment> segments;  // every rank's pieces
-  std::vector<int> own_segments;  // indices of this rank's
+  std::vector<int> own_segments;  // indices of this rank's (its group member's)
+  // The pieces this rank saves in checkpoints and snapshots: its own plan
+  // pieces. Without shard groups, the own segments; with them, this rank's
+  // run of its member's shard (the replicas save disjoint runs of it).
+  std::vector<Segment> saved;
   // The segments as the communicators' block layout (shard = chunk, full =
   // flat): gathers and reductions move data straight between the two.
   std::vector<ShardBlock> blocks;
@@ -116,8 +130,10 @@ struct StepStats {
 
 class ZeroEngine {
  public:
-  // `gather` and `reduce` are distinct communicators over the same ranks
-  // (`aux` too: small collectives of the compute thread). Not owned.
+  // `gather` and `reduce` are distinct communicators over the same ranks:
+  // all W, or this rank's shard group when the plan has groups. `aux` is
+  // over all W ranks (small collectives of the compute thread; its rank is
+  // this rank's). Not owned.
   static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(Model* model, const ShardPlan& plan,
                                                             Communicator* gather,
                                                             Communicator* reduce,
@@ -267,6 +283,7 @@ class ZeroEngine {
   // also take the squared norm of its gradient shard, off the compute thread).
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
   absl::Status AllReduceUnit(int unit);
+  absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype);
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
@@ -288,8 +305,10 @@ class ZeroEngine {
   int64_t shared_gather_bytes_ = 0;
   EngineOptions options_;
   StageTraits stage_;  // from options_.stage
-  int rank_ = 0;
-  int world_ = 1;
+  int rank_ = 0;   // in the job (aux)
+  int world_ = 1;  // W
+  int group_size_ = 1;  // G: ranks one shard is spread over (W without groups)
+  Communicator* replica_comm_ = nullptr;  // EngineOptions::replicas
   std::vector<UnitLayout> units_;
   std::vector<std::unique_ptr<UnitState>> state_;
   std::vector<int> ops_;             // unit of each forward op

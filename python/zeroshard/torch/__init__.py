@@ -21,10 +21,11 @@ from zeroshard.torch.checkpoint import load, model_spec, save
 from zeroshard.torch import dcp
 from zeroshard.torch.dcp import StorageReader, StorageWriter
 from zeroshard.torch.elastic import ElasticState, elastic
+from zeroshard.torch.snapshot import Snapshot
 
 __all__ = [
     "Store", "Session", "init_process_group", "session", "check", "failure_guard",
     "install_step_check", "report", "shutdown", "save", "load", "model_spec",
     "GenerationChanged", "BLOCKED_EXIT_CODE", "dcp", "StorageWriter", "StorageReader",
-    "rejoin", "elastic", "ElasticState",
+    "rejoin", "elastic", "ElasticState", "Snapshot",
 ]

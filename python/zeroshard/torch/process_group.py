@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from zeroshard.client import Client, JoinInfo
 from zeroshard.errors import GenerationChanged, ZeroshardError
+from zeroshard.torch.abort import DataPlaneConnections, server_endpoints
 from zeroshard.torch.store import Store
 
 # Exit status of a process that the watchdog ended because it stayed blocked after the
@@ -39,6 +40,9 @@ class Session:
     exit_if_blocked: Optional[float] = None
     min_world_size: int = 0
     rejoin_grace: float = 0.0
+    # Gloo: the connections the process group makes, shut down when the server ends the
+    # generation (abort.py). None for other backends.
+    connections: Optional[DataPlaneConnections] = None
 
     @property
     def rank(self) -> int:
@@ -77,7 +81,7 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
                        tls_server_name: str = "", join_timeout: float = 600.0,
                        timeout: timedelta = timedelta(minutes=30),
                        exit_if_blocked: Optional[float] = None, min_world_size: int = 0,
-                       rejoin_grace: float = 0.0) -> Session:
+                       rejoin_grace: float = 0.0, insecure: bool = False) -> Session:
     """Joins `job` on the shard server at `server` and initializes torch.distributed's
     default process group over the job's key-value store, in one call.
 
@@ -89,11 +93,15 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
     A collective blocked on a dead peer: with Gloo, a peer process that died closes its
     connections, the collective fails at once, and `failure_guard()` turns that into
     GenerationChanged naming the dead member. A peer that hangs (or a host that vanished
-    without closing its sockets) leaves Gloo and NCCL waiting until `timeout`, and
-    torch 1.13 cannot abort either process group from another thread; so once the server
-    declared the generation over, a watchdog ends this process with exit status 75 if it
-    has not noticed (check(), failure_guard()) within `exit_if_blocked` seconds (default:
-    the heartbeat timeout + 1 s; 0 disables). An elastic agent (torchrun) restarts it.
+    without closing its sockets) would leave the collective waiting until `timeout`, and
+    torch cannot abort a Gloo group in place (abort.py); so when the server declares the
+    generation over, a watcher thread shuts down the Gloo group's connections: every
+    blocked collective of this process (and of its peers) fails at once, and
+    failure_guard() raises GenerationChanged. NCCL's group is not aborted: once the
+    server declared the generation over, the watcher ends this process with exit status
+    75 if it has not noticed (check(), failure_guard()) within `exit_if_blocked` seconds
+    (default: the heartbeat timeout + 1 s; 0 disables), and an elastic agent (torchrun)
+    restarts it. With Gloo that exit is off unless `exit_if_blocked` is given.
 
     Under `python -m zeroshard.torchrun`, every argument may be left out: the server is
     the rendezvous endpoint (ZEROSHARD_SERVER), the job "<rdzv_id>.workers", the world
@@ -129,7 +137,7 @@ def init_process_group(server: Optional[str] = None, job: Optional[str] = None,
         worker_id = f"rank-{expected_rank:06d}"
     client = Client(server, token=token, token_file=token_file, tls_ca_file=tls_ca_file,
                     tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
-                    tls_server_name=tls_server_name)
+                    tls_server_name=tls_server_name, insecure=insecure)
     worker_id = worker_id or _default_worker_id()
     info = client.join(job, world_size, worker_id, timeout=join_timeout,
                        min_world_size=min_world_size, rejoin_grace=rejoin_grace)
@@ -164,7 +172,7 @@ def gloo_interface_towards(server: str) -> Optional[str]:
     """The interface of the route from this host to `server` ("HOST:PORT"): the one Gloo
     must use so that peers on other hosts can reach this rank. None when it cannot be told
     (no route, an IPv6 server, no interface holding the address)."""
-    host, _, port = server.rpartition(":")
+    host, _, port = server.split(",")[0].strip().rpartition(":")  # a list: the first server
     host = host.strip("[]")
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -188,32 +196,51 @@ def _choose_gloo_interface(s: Session) -> None:
 
 
 def _open_session(s: Session) -> Session:
-    """Initializes torch.distributed's default group over `s`'s Store, makes `s` the
-    current session and starts its watchdog."""
+    """Makes `s` the current session, starts its watcher and initializes
+    torch.distributed's default group over `s`'s Store. GenerationChanged when a member
+    died while the group formed (`s` stays current, without a group, for rejoin())."""
     global _session
     _choose_gloo_interface(s)
-    dist.init_process_group(s.backend, store=s.store, rank=s.info.rank,
-                            world_size=s.info.world_size, timeout=s.timeout)
+    if s.backend == "gloo":
+        s.connections = DataPlaneConnections(server_endpoints(s.client.server))
     _session = s
-    grace = s.info.heartbeat_timeout + 1.0 if s.exit_if_blocked is None else s.exit_if_blocked
-    if grace > 0:
-        s._watchdog = threading.Thread(target=_watch, args=(s, grace),
-                                       name="zeroshard-watchdog", daemon=True)
-        s._watchdog.start()
+    s._watchdog = threading.Thread(target=_watch, args=(s, exit_grace(s)),
+                                   name="zeroshard-watchdog", daemon=False)
+    s._watchdog.start()
+    with failure_guard():
+        dist.init_process_group(s.backend, store=s.store, rank=s.info.rank,
+                                world_size=s.info.world_size, timeout=s.timeout)
     return s
+
+
+def exit_grace(s: Session) -> float:
+    """Seconds the watcher waits, after the server's verdict, for this process to notice
+    before it exits with status 75; 0: never."""
+    if s.exit_if_blocked is not None:
+        return s.exit_if_blocked
+    return 0.0 if s.connections is not None else s.info.heartbeat_timeout + 1.0
+
+
+def abort(s: Session, retire: bool = False) -> int:
+    """Makes every collective of `s`'s Gloo groups, blocked or to come, fail at once here
+    and at the peers (shuts down their connections); how many. 0 for other backends.
+    With `retire` (the session is over), later calls do nothing."""
+    return s.connections.shutdown(retire) if s.connections is not None else 0
 
 
 def rejoin(join_timeout: float = 600.0) -> Session:
     """After GenerationChanged, in this process: destroys the process group, joins the
     job's next generation with the same worker id (a shrunk job gives a new rank and
     world size) and initializes a new default group over that generation's Store.
-    Returns the new Session. Survivors of a dead peer's Gloo group get errors at once
-    (its sockets closed); a peer that hangs still blocks a collective (torch 2.15's Gloo
-    abort() does not interrupt one), which the watchdog ends with exit status 75."""
+    Returns the new Session. The old Gloo groups' connections are shut down first (the
+    watcher did so at the server's verdict already), so no peer stays blocked on this
+    process. GenerationChanged when a member of the new generation died before its group
+    formed: call rejoin() again."""
     global _session
     old = session()
     old._acknowledged.set()  # this generation's watchdog must not end the process
     _session = None
+    abort(old, retire=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     client = old.client
@@ -228,18 +255,42 @@ def rejoin(join_timeout: float = 600.0) -> Session:
         rejoin_grace=old.rejoin_grace))
 
 
+# How often (seconds) the watcher looks whether its session or the main thread ended.
+_WATCH_POLL_S = 0.5
+
+
+def _watching(s: Session) -> bool:
+    """Whether `s`'s watcher goes on: its session is current and the main thread runs.
+    The watcher is not a daemon thread: one that woke in native code while the
+    interpreter finalizes is ended by pthread_exit inside pybind11's noexcept GIL
+    guard, and std::terminate aborts the process ("terminate called without an active
+    exception", status -6 after a clean run). So it ends within _WATCH_POLL_S of the
+    main thread, before finalization."""
+    return s is _session and threading.main_thread().is_alive()
+
+
 def _watch(s: Session, grace: float) -> None:
+    """The watcher thread of session `s`: at the server's verdict, aborts `s`'s Gloo
+    groups; then, with a grace, ends a process that did not notice in time."""
     error = None
     while error is None:
-        if s is not _session:
+        if not _watching(s):
             return
-        error = s.client.wait_for_failure(60.0)
-    if s._acknowledged.wait(grace) or s is not _session:
+        error = s.client.wait_for_failure(_WATCH_POLL_S)
+    if not _watching(s):
+        return  # a later session's verdict: its own watcher acts on it
+    abort(s)
+    if grace <= 0:
         return
-    print(f"zeroshard: {error}; this process did not notice within {grace:.1f} s (blocked in "
-          f"a collective?): exiting with status {BLOCKED_EXIT_CODE}", file=sys.stderr,
-          flush=True)
-    os._exit(BLOCKED_EXIT_CODE)
+    deadline = time.monotonic() + grace
+    while not s._acknowledged.wait(min(_WATCH_POLL_S, max(0.0, deadline - time.monotonic()))):
+        if not _watching(s):
+            return
+        if time.monotonic() >= deadline:
+            print(f"zeroshard: {error}; this process did not notice within {grace:.1f} s "
+                  f"(blocked in a collective?): exiting with status {BLOCKED_EXIT_CODE}",
+                  file=sys.stderr, flush=True)
+            os._exit(BLOCKED_EXIT_CODE)
 
 
 def check() -> None:

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <tuple>
@@ -302,8 +303,8 @@ TEST(Planner, ZeroDimensionalTensorIsOneRowOfOneElement) {
 // FSDP2's layout: torch.chunk(t, S, dim=0) gives chunks of ceil(rows / S)
 // rows, the last shorter and trailing ones missing when rows run out.
 TEST(PlannerRowChunks, EveryTensorIsCutAsTorchChunkCutsIt) {
-  ModelSpec spec{{Tensor("w", {10, 3}, "layer"), Tensor("b", {5}, "layer"),
-                  Tensor("scale", {}, "layer")}};
+  ModelSpec spec{
+      {Tensor("w", {10, 3}, "layer"), Tensor("b", {5}, "layer"), Tensor("scale", {}, "layer")}};
   PlanOptions options;
   options.row_chunk_ranks = 4;
   options.alignment_elements = 1;
@@ -317,9 +318,9 @@ TEST(PlannerRowChunks, EveryTensorIsCutAsTorchChunkCutsIt) {
   }
   std::sort(got.begin(), got.end());
   using T = std::tuple<std::string, int64_t, int64_t, int>;
-  EXPECT_EQ(got, (std::vector<T>{T{"b", 0, 2, 0}, T{"b", 2, 4, 1}, T{"b", 4, 5, 2},
-                                 T{"scale", 0, 1, 0}, T{"w", 0, 3, 0}, T{"w", 3, 6, 1},
-                                 T{"w", 6, 9, 2}, T{"w", 9, 10, 3}}));
+  EXPECT_EQ(got,
+            (std::vector<T>{T{"b", 0, 2, 0}, T{"b", 2, 4, 1}, T{"b", 4, 5, 2}, T{"scale", 0, 1, 0},
+                            T{"w", 0, 3, 0}, T{"w", 3, 6, 1}, T{"w", 6, 9, 2}, T{"w", 9, 10, 3}}));
   EXPECT_EQ(plan->units[0].chunk_elements, 9 + 2 + 1);  // rank 0: 3 rows of 3, 2, 1
 }
 
@@ -348,6 +349,60 @@ TEST(PlannerRowChunks, TheLayoutIsPartOfTheHash) {
   chunks.row_chunk_ranks = 1;
   // At W = 1 both layouts put everything on rank 0; the hashes still differ.
   EXPECT_NE(Plan(spec, 1, chunks)->hash, Plan(spec, 1, PlanOptions())->hash);
+}
+
+// Hybrid sharding: the G-rank plan's shard of member m is held by every
+// rank r with r % G == m, and each of them saves a disjoint run of it.
+TEST(PlannerShardGroups, EachGroupHoldsTheGroupPlansShardsSplitOverReplicas) {
+  const ModelSpec spec = Gpt2(2, 64, 4);
+  PlanOptions grouped;
+  grouped.shard_group_size = 2;
+  absl::StatusOr<ShardPlan> plan = Plan(spec, 6, grouped);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(ValidatePlan(spec, *plan).ok()) << ValidatePlan(spec, *plan);
+  absl::StatusOr<ShardPlan> group_plan = Plan(spec, 2, PlanOptions());
+  ASSERT_TRUE(group_plan.ok());
+  ASSERT_EQ(plan->units.size(), group_plan->units.size());
+  for (size_t u = 0; u < plan->units.size(); ++u) {
+    const ShardUnit& unit = plan->units[u];
+    EXPECT_EQ(unit.chunk_elements, group_plan->units[u].chunk_elements);
+    // Every element of member m's chunk, by (tensor, row): where it sits.
+    std::map<std::tuple<int, int, int64_t>, int64_t> want;  // (member, tensor, row) -> offset
+    for (const Piece& p : group_plan->units[u].pieces) {
+      for (int64_t row = p.row_begin; row < p.row_end; ++row) {
+        want[{p.rank, p.tensor, row}] =
+            p.offset + (row - p.row_begin) * unit.tensors[p.tensor].RowElements();
+      }
+    }
+    std::map<std::tuple<int, int, int64_t>, int64_t> got;
+    for (const Piece& p : unit.pieces) {
+      for (int64_t row = p.row_begin; row < p.row_end; ++row) {
+        const auto key = std::make_tuple(p.rank % 2, p.tensor, row);
+        EXPECT_FALSE(got.count(key))
+            << "row " << row << " saved twice in group member " << p.rank % 2;
+        got[key] = p.offset + (row - p.row_begin) * unit.tensors[p.tensor].RowElements();
+      }
+    }
+    EXPECT_EQ(got, want) << unit.name;
+  }
+}
+
+TEST(PlannerShardGroups, AGroupSizeThatDoesNotDivideTheWorldIsRefused) {
+  PlanOptions options;
+  options.shard_group_size = 3;
+  absl::StatusOr<ShardPlan> plan = Plan(ModelSpec{{Tensor("w", {8})}}, 4, options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("shard_group_size 3 does not divide the world size 4"));
+}
+
+TEST(PlannerShardGroups, GroupsArePartOfTheHashAndAGroupOfAllIsNone) {
+  ModelSpec spec{{Tensor("w", {8, 2})}};
+  PlanOptions halves, all;
+  halves.shard_group_size = 2;
+  all.shard_group_size = 4;
+  EXPECT_NE(Plan(spec, 4, halves)->hash, Plan(spec, 4, PlanOptions())->hash);
+  EXPECT_EQ(Plan(spec, 4, all)->hash, Plan(spec, 4, PlanOptions())->hash);
 }
 
 TEST(Planner, OneDimensionalTensorIsCutIntoElementRanges) {

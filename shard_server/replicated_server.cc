@@ -1,0 +1,150 @@
+#include "shard_server/replicated_server.h"
+
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace zeroshard {
+namespace {
+// Between attempts while etcd cannot be reached (or the server cannot start).
+constexpr absl::Duration kRetryPause = absl::Milliseconds(500);
+}  // namespace
+
+void ReplicatedServer::Say(const std::string& what) {
+  std::fprintf(stderr, "shard_server: %s\n", what.c_str());
+  std::fflush(stderr);
+}
+
+bool ReplicatedServer::Stopping() {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+void ReplicatedServer::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  if (session_ != nullptr) session_->Cancel();
+  if (server_ != nullptr) server_->Shutdown();
+}
+
+absl::Status ReplicatedServer::Run() {
+  while (!Stopping()) {
+    absl::StatusOr<std::unique_ptr<EtcdSession>> session = EtcdSession::Connect(etcd_);
+    if (!session.ok()) return session.status();
+    if (absl::Status s = (*session)->StartLease(); !s.ok()) {
+      Say(absl::StrCat("cannot start an etcd session, retrying: ", s.message()));
+      absl::SleepFor(kRetryPause);
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) break;
+      session_ = session->get();
+    }
+    if (absl::Status s = (*session)->Register(advertise_); !s.ok()) {
+      Say(absl::StrCat("cannot register in etcd (shardctl status will not list this server): ",
+                       s.message()));
+    }
+    absl::StatusOr<std::string> previous = (*session)->Leader();
+    Say(absl::StrCat("campaigning for leadership of ", etcd_.prefix, " as ", advertise_,
+                     previous.ok() && !previous->empty() ? " (leader: " + *previous + ")" : ""));
+    absl::Status won = (*session)->Campaign(advertise_);
+    if (won.ok()) {
+      Lead(**session, previous.ok() && *previous != advertise_ ? *previous : "");
+    } else if (!absl::IsCancelled(won)) {
+      Say(absl::StrCat("campaign ended: ", won.message()));
+    }
+    absl::MutexLock lock(&mu_);
+    session_ = nullptr;
+  }
+  return absl::OkStatus();
+}
+
+// The control plane's part of GetStatus and /metrics while leading.
+void ReplicatedServer::Describe(EtcdSession& session, const Term& term,
+                                v1::ControlPlaneStatus* out) {
+  out->set_leader(advertise_);
+  out->set_etcd_endpoints(etcd_.endpoints);
+  out->set_etcd_lease_ttl_seconds(absl::ToDoubleSeconds(etcd_.lease_ttl));
+  out->set_etcd_lease_renewed_seconds_ago(
+      absl::ToDoubleSeconds(absl::Now() - session.last_renewal()));
+  out->set_elected_unix_ms(absl::ToUnixMillis(term.elected));
+  out->set_previous_leader(term.previous_leader);
+  out->set_terms(term.number);
+  absl::MutexLock lock(&mu_);
+  out->set_restore_seconds(absl::ToDoubleSeconds(term.restore));  // written under mu_
+  // An etcd read, at most once a second however often status is asked.
+  if (absl::Now() - servers_read_at_ >= absl::Seconds(1)) {
+    absl::StatusOr<std::vector<std::string>> servers = session.Servers();
+    if (servers.ok()) servers_ = *std::move(servers);
+    servers_read_at_ = absl::Now();
+  }
+  for (const std::string& s : servers_) {
+    if (s != advertise_) out->add_followers(s);
+  }
+}
+
+void ReplicatedServer::Lead(EtcdSession& session, const std::string& previous_leader) {
+  Term term;
+  term.elected = absl::Now();
+  term.previous_leader = previous_leader;
+  {
+    absl::MutexLock lock(&mu_);
+    term.number = ++terms_;
+    servers_read_at_ = absl::InfinitePast();
+  }
+  EtcdStateReplica replica(&session);
+  ShardServerOptions options = options_;
+  options.state_replica = &replica;
+  // Filled once the server serves (below); read by status calls after that.
+  auto shared_term = std::make_shared<Term>(term);
+  options.control_plane = [this, &session, shared_term](v1::ControlPlaneStatus* out) {
+    Describe(session, *shared_term, out);
+  };
+  absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(options);
+  if (!server.ok()) {
+    Say(absl::StrCat("elected but cannot serve, resigning: ", server.status().ToString()));
+    session.Resign();
+    absl::SleepFor(kRetryPause);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    server_ = server->get();
+    if (stopping_) server_->Shutdown();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    shared_term->restore = absl::Now() - term.elected;
+  }
+  Say(absl::StrCat("leading ", etcd_.prefix, " (term ", term.number,
+                   previous_leader.empty() ? "" : ", after " + previous_leader,
+                   "; state restored from etcd and serving in ",
+                   absl::FormatDuration(absl::Now() - term.elected), ")"));
+  on_serving_(**server);
+  std::thread watcher([&] {
+    const std::string why = session.WaitLost();
+    if (!Stopping() && why != EtcdSession::kCancelled) {
+      Say(absl::StrCat("lost leadership: ", why, "; stopping serving and campaigning again"));
+    }
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  (*server)->Shutdown();
+  session.Cancel();  // wakes the watcher when the server stopped for another reason
+  watcher.join();
+  {
+    absl::MutexLock lock(&mu_);
+    server_ = nullptr;
+  }
+  if (Stopping()) {
+    session.Resign();  // the next leader need not wait out the lease
+    Say("resigned leadership: stopping");
+  }
+  server->reset();  // before the replica it writes to
+}
+
+}  // namespace zeroshard

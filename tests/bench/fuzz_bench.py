@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Runs every libFuzzer target (tests/fuzz) for a while and reports, per target:
+executions, executions per second, coverage (libFuzzer's cov: edges and ft:
+features at the end), the corpus it grew to, and findings (crash, leak,
+timeout or out-of-memory inputs libFuzzer saved).
+
+  bazel build --config=fuzz //tests/fuzz:all
+  python3 tests/bench/fuzz_bench.py --minutes=10 [--targets=a,b] [--json_out=FILE]
+
+One process per target, one after the other (-jobs is not used: the machine
+is shared). Each target starts from its seed corpus (tests/fuzz/corpus/NAME)
+and grows a copy in a temporary directory; --keep_corpus=DIR keeps the grown
+corpora. The CI smoke (tests/run.sh) runs it with --seconds=15. Exits 1 when
+any target has a finding; the inputs are copied to --findings_dir (default
+/tmp/zeroshard-fuzz-findings) so they can be added to the seed corpus as
+regression inputs once fixed.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TARGETS = [
+    "safetensors_fuzzer",
+    "shard_file_fuzzer",
+    "manifest_fuzzer",
+    "model_spec_fuzzer",
+    "token_shard_fuzzer",
+    "hf_config_fuzzer",
+    "server_fuzzer",
+]
+FINDING_PREFIXES = ("crash-", "leak-", "timeout-", "oom-", "slow-unit-")
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def fuzz_bin_dir():
+    out = subprocess.run(["bazel", "info", "--config=fuzz", "bazel-bin"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return os.path.join(out, "tests", "fuzz")
+
+
+def parse_output(text):
+    """The last status line's cov/ft/corp and the final stats."""
+    result = {"cov": 0, "ft": 0, "corpus_units": 0, "executions": 0}
+    for m in re.finditer(r"^#(\d+)\s+\S+\s+cov: (\d+) ft: (\d+) corp: (\d+)", text, re.M):
+        result.update(executions=int(m.group(1)), cov=int(m.group(2)), ft=int(m.group(3)),
+                      corpus_units=int(m.group(4)))
+    m = re.search(r"stat::number_of_executed_units: (\d+)", text)
+    if m:
+        result["executions"] = int(m.group(1))
+    m = re.search(r"stat::peak_rss_mb:\s+(\d+)", text)
+    if m:
+        result["peak_rss_mb"] = int(m.group(1))
+    return result
+
+
+def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus, extra_corpus):
+    binary = os.path.join(bin_dir, name)
+    seeds = os.path.join(ROOT, "tests", "fuzz", "corpus", name)
+    corpus = os.path.join(work, "corpus", name)
+    artifacts = os.path.join(work, "artifacts", name) + "/"
+    os.makedirs(corpus)
+    os.makedirs(artifacts)
+    cmd = [binary, f"-max_total_time={seconds}", "-print_final_stats=1", "-timeout=10",
+           "-rss_limit_mb=2048", "-malloc_limit_mb=2048", f"-artifact_prefix={artifacts}",
+           corpus, seeds]
+    if extra_corpus and os.path.isdir(os.path.join(extra_corpus, name)):
+        cmd.append(os.path.join(extra_corpus, name))
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, errors="replace",
+                          timeout=seconds + 120)
+    wall = time.time() - start
+    result = parse_output(proc.stderr)
+    found = sorted(f for f in os.listdir(artifacts) if f.startswith(FINDING_PREFIXES))
+    saved = []
+    for f in found:
+        os.makedirs(findings_dir, exist_ok=True)
+        dest = os.path.join(findings_dir, f"{name}-{f}")
+        shutil.copy(os.path.join(artifacts, f), dest)
+        saved.append(dest)
+    if proc.returncode != 0 and not saved:
+        saved.append(f"exit {proc.returncode} without an artifact")
+    if saved:
+        tail = "\n".join(proc.stderr.splitlines()[-40:])
+        print(f"--- {name}: libFuzzer's last lines\n{tail}", file=sys.stderr)
+    if keep_corpus:
+        dest = os.path.join(keep_corpus, name)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(corpus, dest)
+    result.update(target=name, seconds=round(wall, 1), findings=saved,
+                  exec_per_s=round(result["executions"] / wall) if wall > 0 else 0)
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=0, help="per target")
+    p.add_argument("--seconds", type=int, default=0, help="per target (overrides --minutes)")
+    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--bin_dir", default="", help="default: bazel info --config=fuzz bazel-bin")
+    p.add_argument("--json_out", default="")
+    p.add_argument("--keep_corpus", default="", help="copy the grown corpora to DIR/<target>")
+    p.add_argument("--extra_corpus", default="",
+                   help="also start from DIR/<target> (e.g. an earlier --keep_corpus)")
+    p.add_argument("--findings_dir", default="/tmp/zeroshard-fuzz-findings")
+    args = p.parse_args()
+    seconds = args.seconds or int(args.minutes * 60) or 60
+    bin_dir = args.bin_dir or fuzz_bin_dir()
+    targets = [t for t in args.targets.split(",") if t]
+    print(f"fuzz_bench: {len(targets)} targets x {seconds} s, 1 job each, on {cpu_name()} "
+          f"({os.cpu_count()} CPUs)", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zeroshard-fuzz-") as work:
+        for name in targets:
+            row = run_target(name, bin_dir, seconds, work, args.findings_dir, args.keep_corpus,
+                             args.extra_corpus)
+            rows.append(row)
+            print(f"  {name}: {row['executions']:,} executions, cov {row['cov']}, "
+                  f"{len(row['findings'])} findings", flush=True)
+    header = f"{'target':<20} {'seconds':>8} {'executions':>12} {'exec/s':>8} {'cov':>6} " \
+             f"{'ft':>7} {'corpus':>7} {'findings':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['target']:<20} {r['seconds']:>8} {r['executions']:>12,} {r['exec_per_s']:>8,} "
+              f"{r['cov']:>6} {r['ft']:>7} {r['corpus_units']:>7} {len(r['findings']):>8}")
+    total = sum(r["executions"] for r in rows)
+    bad = [f for r in rows for f in r["findings"]]
+    print(f"total: {total:,} executions, {len(bad)} findings" +
+          (f" (inputs in {args.findings_dir})" if bad else ""))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"cpu": cpu_name(), "seconds_per_target": seconds, "targets": rows}, f,
+                      indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+// The replicated control plane with real processes: a three-member etcd
+// cluster (Debian's etcd-server) and three shard servers on it, all on
+// loopback ports. A 4-worker job with checkpoints outlives the kill of an
+// etcd member and then a kill -9 of the leading shard server: another server
+// leads within seconds (measured and printed), no member is declared dead
+// (the generation stays 1), every worker exits 0, and the final checkpoint
+// equals, bit for bit, that of the same job run undisturbed. A leader paused
+// (SIGSTOP) past its lease and resumed has its write refused and steps down.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/model_zoo.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/etcd_cluster.h"
+#include "tests/testing/params.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard {
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int kLayers = 3;
+constexpr int kWidth = 64;
+constexpr int kSteps = 400;
+
+std::vector<std::string> Flags(int steps = kSteps, bool periodic_checkpoints = true) {
+  std::vector<std::string> flags = {
+      "--model=mlp", absl::StrCat("--layers=", kLayers), absl::StrCat("--width=", kWidth),
+      "--seed=5",    "--stage=3",                        absl::StrCat("--steps=", steps),
+      "--batch=8",   "--checkpoint_at_end",              "--collective_timeout=30s"};
+  if (periodic_checkpoints) flags.push_back("--checkpoint_every=100");
+  return flags;
+}
+
+// Steps worker 0 has logged ("step N/M ...").
+int LoggedSteps(const testing::LocalCluster& workers) {
+  int steps = 0;
+  for (absl::string_view line : absl::StrSplit(workers.WorkerLog(0), '\n')) {
+    steps += absl::StartsWith(line, "step ");
+  }
+  return steps;
+}
+
+std::string MakeDir(const std::string& path) {
+  testing::RunCommand("mkdir -p " + path);
+  return path;
+}
+
+class FailoverTest : public ::testing::Test {
+ protected:
+  FailoverTest()
+      : dir_(testing::MakeTempDir("failover")),
+        checkpoints_(MakeDir(dir_ + "/workers/checkpoints")),
+        etcd_(dir_ + "/etcd"),
+        servers_(dir_ + "/servers", etcd_.endpoints(),
+                 {"--checkpoint_root=" + checkpoints_, "--heartbeat_interval_ms=1000",
+                  "--heartbeat_timeout_ms=3000"}),
+        workers_(dir_ + "/workers", testing::ExternalServers{servers_.addresses()}) {}
+
+  std::unique_ptr<Client> Observer() {
+    ClientOptions options;
+    options.server = servers_.addresses();
+    options.rpc_timeout = absl::Seconds(2);
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // The highest step a member of `job` reported (-1: none yet or no answer).
+  static int64_t Step(Client& observer, const std::string& job) {
+    auto status = observer.GetStatus(job);
+    if (!status.ok() || status->jobs_size() != 1) return -1;
+    int64_t step = -1;
+    for (const auto& m : status->jobs(0).members()) step = std::max<int64_t>(step, m.step());
+    return step;
+  }
+
+  testing::Params Final(const std::string& job) {
+    return testing::LoadCheckpointParams(checkpoints_, job, kSteps,
+                                         *MlpSpec(kLayers, kWidth, "none"));
+  }
+
+  std::string dir_;
+  std::string checkpoints_;
+  testing::EtcdCluster etcd_;
+  testing::ReplicatedServers servers_;
+  testing::LocalCluster workers_;
+};
+
+TEST_F(FailoverTest, TrainingOutlivesAnEtcdMemberAndTheLeaderKilled) {
+  ASSERT_TRUE(etcd_.ok());
+  const int leader = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(leader, 0) << servers_.Log(0);
+  ASSERT_TRUE(workers_.Run("calm", kWorld, Flags()));
+
+  workers_.StartWorkers("storm", kWorld, Flags());
+  std::unique_ptr<Client> observer = Observer();
+  ASSERT_NE(observer, nullptr);
+  ASSERT_TRUE(testing::WaitFor([&] { return Step(*observer, "storm") > 0; }, absl::Seconds(60)));
+
+  // One etcd member of three gone: a quorum is left and nothing changes;
+  // training goes on and the same server leads.
+  etcd_.member(2)->Signal(SIGKILL);
+  const int64_t step = Step(*observer, "storm");
+  ASSERT_TRUE(testing::WaitFor([&] { return Step(*observer, "storm") > step; }, absl::Seconds(30)));
+  EXPECT_EQ(servers_.Leader(), leader);
+
+  // The leader dies mid-training.
+  servers_.server(leader)->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  const int next = servers_.WaitLeader(absl::Seconds(30), leader);
+  const absl::Duration failover = absl::Now() - killed;
+  ASSERT_GE(next, 0) << servers_.Log((leader + 1) % 3);
+  std::printf("failover: server %d killed, server %d leads after %.2f s\n", leader, next,
+              absl::ToDoubleSeconds(failover));
+  RecordProperty("failover_ms", static_cast<int>(absl::ToInt64Milliseconds(failover)));
+
+  std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
+  }
+  auto status = observer->GetStatus("storm");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
+  EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
+  // Status names the new leader, whom it took over from, and the one server
+  // left to follow (the killed one's registration went with its lease).
+  const v1::ControlPlaneStatus& cp = status->control_plane();
+  EXPECT_EQ(cp.leader(), servers_.address(next));
+  EXPECT_EQ(cp.previous_leader(), servers_.address(leader));
+  EXPECT_EQ(cp.etcd_endpoints(), etcd_.endpoints());
+  EXPECT_LT(cp.etcd_lease_renewed_seconds_ago(), cp.etcd_lease_ttl_seconds());
+  const int third = 3 - leader - next;
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        auto s = observer->GetStatus("");
+        return s.ok() && s->control_plane().followers_size() == 1 &&
+               s->control_plane().followers(0) == servers_.address(third);
+      },
+      absl::Seconds(10)));
+  // The same arithmetic in the same order: the same bits.
+  EXPECT_EQ(Final("storm"), Final("calm"));
+}
+
+TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
+  ASSERT_TRUE(etcd_.ok());
+  const int leader = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(leader, 0) << servers_.Log(0);
+  // Long enough to outlast the outage; no periodic checkpoint (a commit
+  // would wait for a leader).
+  workers_.StartWorkers("quorum", kWorld, Flags(/*steps=*/1500, /*periodic_checkpoints=*/false));
+  std::unique_ptr<Client> observer = Observer();
+  ASSERT_NE(observer, nullptr);
+  ASSERT_TRUE(testing::WaitFor([&] { return Step(*observer, "quorum") > 0; }, absl::Seconds(60)));
+
+  // Two etcd members of three stop: no quorum. The leader cannot renew its
+  // lease and stops serving; no other server can be elected.
+  etcd_.member(1)->Signal(SIGSTOP);
+  etcd_.member(2)->Signal(SIGSTOP);
+  ASSERT_TRUE(testing::WaitFor([&] { return servers_.Leader() < 0; }, absl::Seconds(30)))
+      << "a server still leads without an etcd quorum:\n" << servers_.Log(leader);
+  EXPECT_NE(servers_.Log(leader).find("is a quorum of etcd members up?"), std::string::npos)
+      << servers_.Log(leader);
+  // The data plane does not need the control plane: steps go on.
+  const int logged = LoggedSteps(workers_);
+  EXPECT_TRUE(testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; },
+                               absl::Seconds(30)));
+  EXPECT_LT(servers_.Leader(), 0) << "etcd has no quorum, yet a server leads";
+
+  etcd_.member(1)->Signal(SIGCONT);
+  etcd_.member(2)->Signal(SIGCONT);
+  ASSERT_GE(servers_.WaitLeader(absl::Seconds(30)), 0);
+  std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
+  }
+  auto status = observer->GetStatus("quorum");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
+  EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
+}
+
+TEST_F(FailoverTest, ALeaderPausedPastItsLeaseHasItsWriteRefused) {
+  ASSERT_TRUE(etcd_.ok());
+  const int leader = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(leader, 0) << servers_.Log(0);
+  servers_.server(leader)->Signal(SIGSTOP);
+  const int next = servers_.WaitLeader(absl::Seconds(30), leader);
+  ASSERT_GE(next, 0);
+  const int64_t state_revision = etcd_.ModRevision("/zeroshard/state");
+
+  // A join sent to the paused server (the kernel takes the connection), which
+  // would form a one-worker job and save it: it meets the server as it wakes.
+  ClientOptions direct;
+  direct.server = servers_.address(leader);
+  direct.rpc_timeout = absl::Seconds(5);
+  auto client = Client::Connect(direct);
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<JoinInfo> joined;
+  std::thread join([&] {
+    joined = (*client)->Join("late", 1, "w0", "127.0.0.1", absl::Seconds(3));
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // the scenario: the join waits on a paused server
+  servers_.server(leader)->Signal(SIGCONT);
+  join.join();
+  EXPECT_FALSE(joined.ok()) << "the deposed leader took a join";
+  // It stepped down, and the state in etcd is the new leader's alone.
+  EXPECT_TRUE(testing::WaitFor([&] { return servers_.Leader() == next; }, absl::Seconds(10)));
+  EXPECT_EQ(etcd_.ModRevision("/zeroshard/state"), state_revision);
+  std::unique_ptr<Client> observer = Observer();
+  ASSERT_NE(observer, nullptr);
+  auto status = observer->GetStatus("");
+  ASSERT_TRUE(status.ok()) << status.status();
+  for (const auto& job : status->jobs()) EXPECT_NE(job.job_id(), "late");
+}
+
+}  // namespace
+}  // namespace zeroshard

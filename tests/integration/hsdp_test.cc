@@ -1,0 +1,153 @@
+// Hybrid sharding (--shard_group_size): W = 4 ranks as 2 shard groups of 2
+// train to the parameters one process reaches on the global batch, within
+// the error model of a change of summation order; a group of one is
+// bitwise the flat run at W = 2; HSDP checkpoints consolidate and resume at
+// another world size and group size. Real server and worker processes on
+// loopback (one host: the groups' collectives run over shared memory, the
+// replicas' over TCP).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_zoo.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/error_model.h"
+#include "tests/testing/params.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::ExpectWithinBound;
+using testing::LocalCluster;
+using testing::MaxRelativeDifference;
+using testing::Params;
+
+constexpr int kLayers = 3;
+constexpr int kWidth = 32;
+constexpr double kLr = 0.01;
+// GELU: the error model assumes no unit within rounding of a kink.
+constexpr char kActivation[] = "gelu";
+
+std::vector<std::string> MlpFlags(int steps, std::vector<std::string> extra) {
+  std::vector<std::string> flags = {"--model=mlp",
+                                    absl::StrCat("--layers=", kLayers),
+                                    absl::StrCat("--width=", kWidth),
+                                    absl::StrCat("--activation=", kActivation),
+                                    absl::StrCat("--steps=", steps),
+                                    absl::StrCat("--lr=", kLr),
+                                    "--seed=3",
+                                    "--checkpoint_at_end",
+                                    "--collective_timeout=30s"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+Params MlpParams(const LocalCluster& cluster, const std::string& job, int step) {
+  return testing::LoadCheckpointParams(cluster.checkpoint_root(), job, step,
+                                       *MlpSpec(kLayers, kWidth, kActivation));
+}
+
+// tests/testing/error_model.h's Adam bound for `steps` steps of the MLP on
+// `rows` rows per step: HSDP sums each gradient in another order (a group's
+// average, then the replicas') than one process does (one GEMM over all
+// rows), and than the flat ring does.
+double MlpBound(int steps, int rows, const Params& reference) {
+  testing::TrainingErrorModel m;
+  m.layers = kLayers;
+  m.sum_length = std::max(kWidth, rows);
+  m.steps = steps;
+  m.lr = kLr;
+  m.param_scale = testing::SmallestTensorScale(reference);
+  return testing::AdamRelativeParamBound(m);
+}
+
+class HsdpTest : public ::testing::Test {
+ protected:
+  HsdpTest() : cluster_(testing::MakeTempDir("hsdp")) {}
+  LocalCluster cluster_;
+};
+
+TEST_F(HsdpTest, TwoGroupsOfTwoTrainTheMlpToOneProcesssParameters) {
+  ASSERT_TRUE(cluster_.ok());
+  constexpr int kSteps = 5;
+  ASSERT_TRUE(cluster_.Run("single", 1, MlpFlags(kSteps, {"--stage=3", "--batch=8"})));
+  const Params reference = MlpParams(cluster_, "single", kSteps);
+  for (int stage : {2, 3}) {
+    const std::string job = absl::StrCat("hsdp-stage", stage);
+    ASSERT_TRUE(cluster_.Run(
+        job, 4,
+        MlpFlags(kSteps, {absl::StrCat("--stage=", stage), "--batch=2", "--shard_group_size=2"})));
+    ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, job, kSteps), reference),
+                      MlpBound(kSteps, 8, reference), absl::StrCat("HSDP stage ", stage));
+    const std::string log = cluster_.WorkerLog(0);
+    EXPECT_NE(log.find("data plane (replicas)"), std::string::npos) << log;
+  }
+  // Per-rank state is a 2-rank job's: 16 bytes (f32 master, gradient, two
+  // Adam moments) per element of the rank's chunks, which hold half the
+  // model (and the plan's padding: at most 63 elements per unit).
+  const nlohmann::json report = cluster_.Report("hsdp-stage3", 1);
+  const int64_t parameters = report["parameters"];
+  const int64_t shard = report["shard_elements"];
+  EXPECT_GE(shard, parameters / 2);
+  EXPECT_LE(shard, parameters / 2 + kLayers * 63);
+  EXPECT_EQ(report["memory"]["model_state_bytes"].get<int64_t>(), 16 * shard);
+}
+
+// Groups of one rank: each rank holds the whole model and the replicas'
+// all-reduce is the only reduction. At W = 2 it adds the same two numbers
+// as the flat reduce-scatter (a + b == b + a) and every rank runs the same
+// products: the same bits as the flat stage-3 run.
+TEST_F(HsdpTest, GroupsOfOneAreBitwiseTheFlatRunForTheGpt) {
+  ASSERT_TRUE(cluster_.ok());
+  std::vector<std::string> gpt = {
+      "--model=gpt",  "--layers=2", "--heads=2",           "--d_model=32",
+      "--context=16", "--batch=4",  "--steps=4",           "--lr=3e-3",
+      "--seed=5",     "--stage=3",  "--checkpoint_at_end", "--collective_timeout=30s"};
+  ASSERT_TRUE(cluster_.Run("gpt-flat", 2, gpt));
+  gpt.push_back("--shard_group_size=1");
+  ASSERT_TRUE(cluster_.Run("gpt-hsdp", 2, gpt));
+  auto spec = Gpt2Spec(2, 32, 2, 256, 16);
+  ASSERT_TRUE(spec.ok());
+  const Params flat =
+      testing::LoadCheckpointParams(cluster_.checkpoint_root(), "gpt-flat", 4, *spec);
+  const Params hsdp =
+      testing::LoadCheckpointParams(cluster_.checkpoint_root(), "gpt-hsdp", 4, *spec);
+  EXPECT_EQ(hsdp.size(), spec->tensors.size());
+  EXPECT_EQ(hsdp, flat);
+  const nlohmann::json report = cluster_.Report("gpt-hsdp", 0);
+  EXPECT_LT(report["losses"].back().get<double>(), report["losses"].front().get<double>());
+}
+
+TEST_F(HsdpTest, CheckpointsConsolidateAndResumeAtAnotherWorldAndGroupSize) {
+  ASSERT_TRUE(cluster_.ok());
+  // Global batch 12 rows at every world size: W × batch.
+  ASSERT_TRUE(cluster_.Run("uninterrupted", 1, MlpFlags(6, {"--stage=3", "--batch=12"})));
+  ASSERT_TRUE(
+      cluster_.Run("resumed", 4, MlpFlags(3, {"--stage=3", "--batch=3", "--shard_group_size=2"})));
+  // The server accepted every rank's piece and merges them.
+  const std::string consolidated = cluster_.dir() + "/hsdp.safetensors";
+  auto [code, output] = testing::RunCommand(
+      absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
+                   " consolidate --job=resumed --step=latest --out=", consolidated));
+  ASSERT_EQ(code, 0) << output;
+  // Resumed from the shard files at W = 2 in groups of 1 (every rank a
+  // replica) for 3 more steps; and from the consolidated file at W = 3
+  // without groups.
+  ASSERT_TRUE(cluster_.Run(
+      "resumed", 2,
+      MlpFlags(6, {"--stage=3", "--batch=6", "--shard_group_size=1", "--resume=latest"})));
+  ASSERT_TRUE(cluster_.Run("from-file", 3,
+                           MlpFlags(6, {"--stage=3", "--batch=4", "--init_from=" + consolidated})));
+  const Params reference = MlpParams(cluster_, "uninterrupted", 6);
+  const double bound = MlpBound(6, 12, reference);
+  ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, "resumed", 6), reference), bound,
+                    "HSDP W=4 G=2, resumed at W=2 G=1");
+  ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, "from-file", 6), reference), bound,
+                    "HSDP W=4 G=2, consolidated, continued at W=3");
+}
+
+}  // namespace
+}  // namespace zeroshard

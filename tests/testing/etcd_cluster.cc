@@ -1,0 +1,202 @@
+#include "tests/testing/etcd_cluster.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+
+namespace zeroshard::testing {
+namespace {
+constexpr char kEtcd[] = "/usr/bin/etcd";
+constexpr char kEtcdctl[] = "/usr/bin/etcdctl";
+}  // namespace
+
+
+
+int FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// etcd's data: in memory (/dev/shm) when it can be. etcd fsyncs every
+// write, and on a shared machine whose disk is busy (CI, parallel builds) one
+// fsync can take seconds: opening the backend alone took 16 s here, and lease
+// renewals would time out. The tests are about the shard servers, not disks.
+static std::string EtcdDataDir(const std::string& fallback) {
+  char pattern[] = "/dev/shm/zeroshard-etcd-XXXXXX";
+  if (mkdtemp(pattern) != nullptr) return pattern;
+  return fallback;
+}
+
+EtcdCluster::EtcdCluster(const std::string& dir, int members)
+    : dir_(dir), data_dir_(EtcdDataDir(dir + "/data")) {
+  mkdir(dir_.c_str(), 0755);
+  if (access(kEtcd, X_OK) != 0) {
+    ADD_FAILURE() << kEtcd << " is missing: run tools/install_deps.sh (etcd-server)";
+    return;
+  }
+  std::vector<int> peer_ports;
+  std::vector<std::string> initial;
+  for (int i = 0; i < members; ++i) {
+    client_ports_.push_back(FreeLoopbackPort());
+    peer_ports.push_back(FreeLoopbackPort());
+    initial.push_back(absl::StrCat("e", i, "=http://127.0.0.1:", peer_ports[i]));
+  }
+  for (int i = 0; i < members; ++i) {
+    const std::string client = absl::StrCat("http://127.0.0.1:", client_ports_[i]);
+    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports[i]);
+    std::vector<std::string> args = {
+        absl::StrCat("--name=e", i),
+        absl::StrCat("--data-dir=", data_dir_, "/e", i),
+        "--listen-client-urls=" + client,
+        "--advertise-client-urls=" + client,
+        "--listen-peer-urls=" + peer,
+        "--initial-advertise-peer-urls=" + peer,
+        "--initial-cluster=" + absl::StrJoin(initial, ","),
+        "--initial-cluster-state=new",
+        "--initial-cluster-token=" + dir_,
+        // Loopback: etcd's own elections within about half a second.
+        "--heartbeat-interval=50",
+        "--election-timeout=500",
+        "--log-level=warn"};
+    members_.push_back(std::make_unique<ChildProcess>(
+        kEtcd, args, absl::StrCat(dir_, "/etcd-e", i, ".log")));
+  }
+  ok_ = WaitFor([&] { return Etcdctl("endpoint health").first == 0; }, absl::Seconds(30));
+  if (!ok_) ADD_FAILURE() << "etcd did not become healthy:\n" << members_[0]->Log();
+}
+
+EtcdCluster::~EtcdCluster() {
+  for (auto& m : members_) {
+    m->Signal(SIGCONT);  // a member a test left stopped
+    m->Signal(SIGKILL);
+    m->Wait(absl::Seconds(10));
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(data_dir_, ignored);
+}
+
+std::string EtcdCluster::endpoints() const {
+  std::vector<std::string> out;
+  for (int port : client_ports_) out.push_back(absl::StrCat("127.0.0.1:", port));
+  return absl::StrJoin(out, ",");
+}
+
+std::pair<int, std::string> EtcdCluster::Etcdctl(const std::string& arguments) const {
+  return RunCommand(absl::StrCat("ETCDCTL_API=3 ", kEtcdctl, " --endpoints=", endpoints(),
+                                 " --command-timeout=2s --dial-timeout=1s ", arguments, " 2>&1"));
+}
+
+std::string EtcdCluster::Get(const std::string& key) const {
+  auto [code, out] = Etcdctl("get --print-value-only " + key);
+  if (code != 0) return "";
+  return std::string(absl::StripSuffix(out, "\n"));
+}
+
+// The integer field `name` of `etcdctl -w fields` output (0: none).
+static int64_t FieldOf(const std::string& out, absl::string_view name) {
+  const std::string prefix = absl::StrCat("\"", name, "\" : ");
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (absl::ConsumePrefix(&line, prefix)) {
+      int64_t revision = 0;
+      if (absl::SimpleAtoi(line, &revision)) return revision;
+    }
+  }
+  return 0;
+}
+
+int64_t EtcdCluster::ModRevision(const std::string& key) const {
+  auto [code, out] = Etcdctl("get -w fields " + key);
+  return code == 0 ? FieldOf(out, "ModRevision") : 0;
+}
+
+int64_t EtcdCluster::Revision() const {
+  // Any key's read reports the store's revision in its header.
+  auto [code, out] = Etcdctl("get -w fields /");
+  return code == 0 ? FieldOf(out, "Revision") : 0;
+}
+
+ReplicatedServers::ReplicatedServers(const std::string& dir, const std::string& etcd_endpoints,
+                                     const std::vector<std::string>& flags, int count)
+    : dir_(dir) {
+  mkdir(dir_.c_str(), 0755);
+  for (int i = 0; i < count; ++i) {
+    ports_.push_back(FreeLoopbackPort());
+    std::vector<std::string> args = {absl::StrCat("--listen=127.0.0.1:", ports_[i]),
+                                     "--etcd_endpoints=" + etcd_endpoints,
+                                     absl::StrCat("--port_file=", dir_, "/port-", i)};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args_.push_back(args);
+    servers_.push_back(std::make_unique<ChildProcess>(RunfilePath("shard_server/shard_server"),
+                                                      args, absl::StrCat(dir_, "/server-", i, ".log")));
+  }
+}
+
+ReplicatedServers::~ReplicatedServers() {
+  for (auto& s : servers_) {
+    s->Signal(SIGCONT);  // a server a test left stopped
+    s->Signal(SIGKILL);
+    s->Wait(absl::Seconds(10));
+  }
+}
+
+std::string ReplicatedServers::address(int index) const {
+  return absl::StrCat("127.0.0.1:", ports_[index]);
+}
+
+std::string ReplicatedServers::addresses() const {
+  std::vector<std::string> out;
+  for (int i = 0; i < count(); ++i) out.push_back(address(i));
+  return absl::StrJoin(out, ",");
+}
+
+int ReplicatedServers::Leader(int other_than) {
+  for (int i = 0; i < count(); ++i) {
+    if (i == other_than || !servers_[i]->running()) continue;
+    std::vector<int> listening = ListeningPorts(servers_[i]->pid());
+    if (std::find(listening.begin(), listening.end(), ports_[i]) != listening.end()) return i;
+  }
+  return -1;
+}
+
+int ReplicatedServers::WaitLeader(absl::Duration timeout, int other_than) {
+  int leader = -1;
+  WaitFor(
+      [&] {
+        leader = Leader(other_than);
+        return leader >= 0;
+      },
+      timeout);
+  return leader;
+}
+
+void ReplicatedServers::Restart(int index) {
+  servers_[index] = std::make_unique<ChildProcess>(
+      RunfilePath("shard_server/shard_server"), args_[index],
+      absl::StrCat(dir_, "/server-", index, "-restart", ++restarts_, ".log"));
+}
+
+}  // namespace zeroshard::testing
