@@ -527,11 +527,43 @@ absl::Status Client::HealthCheck() {
 
 // ---- Checkpoints ----
 
+namespace {
+
+// Runs `attempt` (given the time left) again while it fails with UNAVAILABLE
+// and time is left: a call in flight when the server died (or, replicated,
+// when its leader died) fails so even with wait_for_ready, and the server
+// takes a repeated commit or upload as the same one (its answer was lost).
+template <typename T>
+absl::StatusOr<T> RetryWhileUnavailable(
+    absl::Duration timeout, const std::function<absl::StatusOr<T>(absl::Duration)>& attempt) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (;;) {
+    absl::StatusOr<T> result = attempt(deadline - absl::Now());
+    if (result.ok() || !absl::IsUnavailable(result.status()) || absl::Now() + backoff >= deadline) {
+      return result;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
     int64_t step, const std::string& file, int64_t size_bytes,
     const std::map<std::string, std::string>& checksums, absl::Duration timeout) {
+  return RetryWhileUnavailable<v1::CommitShardResponse>(
+      std::max(options_.rpc_timeout, timeout), [&](absl::Duration left) {
+        return CommitShardOnce(step, file, size_bytes, checksums, left);
+      });
+}
+
+absl::StatusOr<v1::CommitShardResponse> Client::CommitShardOnce(
+    int64_t step, const std::string& file, int64_t size_bytes,
+    const std::map<std::string, std::string>& checksums, absl::Duration timeout) {
   grpc::ClientContext context;
-  Prepare(&context, std::max(options_.rpc_timeout, timeout));
+  Prepare(&context, timeout);
   // Training goes on without the server; a checkpoint made while it
   // restarts is committed when it is back, within the deadline.
   context.set_wait_for_ready(true);
@@ -553,6 +585,14 @@ absl::StatusOr<v1::CommitShardResponse> Client::CommitShard(
 
 absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& file,
                                             const std::string& local_path, absl::Duration timeout) {
+  return RetryWhileUnavailable<int64_t>(timeout, [&](absl::Duration left) {
+    return UploadShardOnce(step, file, local_path, left);
+  });
+}
+
+absl::StatusOr<int64_t> Client::UploadShardOnce(int64_t step, const std::string& file,
+                                                const std::string& local_path,
+                                                absl::Duration timeout) {
   int fd = open(local_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "cannot open", local_path);
   struct stat st;

@@ -171,7 +171,8 @@ class Client {
   // with its size in bytes and tensor -> XXH64 hex checksums. The call may
   // take `timeout`, never less than rpc_timeout: the server reads the file's
   // header and, for the last rank, writes and fsyncs the manifest. A server
-  // that is away (restarting) is waited for within the timeout, here and in
+  // that is away (restarting, or its leader failing over) is waited for within
+  // the timeout, and a call it dropped is made again, here and in
   // UploadShard. Errors name `file` ("commit of <file>: ...").
   absl::StatusOr<v1::CommitShardResponse> CommitShard(
       int64_t step, const std::string& file, int64_t size_bytes,
@@ -201,6 +202,12 @@ class Client {
                                                      ConsolidateProgressFn progress = nullptr);
 
  private:
+  // One attempt of CommitShard / UploadShard within `timeout`.
+  absl::StatusOr<v1::CommitShardResponse> CommitShardOnce(
+      int64_t step, const std::string& file, int64_t size_bytes,
+      const std::map<std::string, std::string>& checksums, absl::Duration timeout);
+  absl::StatusOr<int64_t> UploadShardOnce(int64_t step, const std::string& file,
+                                          const std::string& local_path, absl::Duration timeout);
   Client() = default;
   // Sets the bearer token and a deadline `timeout` from now.
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;

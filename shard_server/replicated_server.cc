@@ -5,12 +5,15 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace zeroshard {
 namespace {
 // Between attempts while etcd cannot be reached (or the server cannot start).
 constexpr absl::Duration kRetryPause = absl::Milliseconds(500);
+// How often a follower reads who leads.
+constexpr absl::Duration kLeaderReadPeriod = absl::Milliseconds(500);
 }  // namespace
 
 void ReplicatedServer::Say(const std::string& what) {
@@ -48,12 +51,25 @@ absl::Status ReplicatedServer::Run() {
       Say(absl::StrCat("cannot register in etcd (shardctl status will not list this server): ",
                        s.message()));
     }
-    absl::StatusOr<std::string> previous = (*session)->Leader();
+    absl::StatusOr<std::string> leader = (*session)->Leader();
     Say(absl::StrCat("campaigning for leadership of ", etcd_.prefix, " as ", advertise_,
-                     previous.ok() && !previous->empty() ? " (leader: " + *previous + ")" : ""));
+                     leader.ok() && !leader->empty() ? " (leader: " + *leader + ")" : ""));
+    // Who leads is read again while waiting (a read, never a write), so
+    // that a new leader names the one it took over from.
+    std::string previous = leader.ok() ? *leader : "";
+    absl::Notification campaign_over;
+    std::thread watch([&] {
+      while (!campaign_over.WaitForNotificationWithTimeout(kLeaderReadPeriod)) {
+        absl::StatusOr<std::string> now = (*session)->Leader();
+        absl::MutexLock lock(&mu_);
+        if (now.ok() && !now->empty() && *now != advertise_) previous = *now;
+      }
+    });
     absl::Status won = (*session)->Campaign(advertise_);
+    campaign_over.Notify();
+    watch.join();
     if (won.ok()) {
-      Lead(**session, previous.ok() && *previous != advertise_ ? *previous : "");
+      Lead(**session, previous);
     } else if (!absl::IsCancelled(won)) {
       Say(absl::StrCat("campaign ended: ", won.message()));
     }

@@ -46,6 +46,7 @@ NUMERICAL_TARGETS=(
   //tests/integration:training_test
   //tests/integration:resume_test
   //tests/integration:recovery_test
+  //tests/integration:hsdp_test
   //tests/interop:interop_test
 )
 FORCED_KERNELS=(Haswell Sandybridge)

@@ -68,8 +68,7 @@ absl::StatusOr<std::unique_ptr<EtcdSession>> EtcdSession::Connect(const EtcdOpti
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  session->channel_ =
-      grpc::CreateCustomChannel(*target, grpc::InsecureChannelCredentials(), args);
+  session->channel_ = grpc::CreateCustomChannel(*target, grpc::InsecureChannelCredentials(), args);
   session->kv_ = etcdserverpb::KV::NewStub(session->channel_);
   session->lease_stub_ = etcdserverpb::Lease::NewStub(session->channel_);
   session->election_ = v3electionpb::Election::NewStub(session->channel_);
@@ -152,8 +151,8 @@ void EtcdSession::RenewLoop(int64_t lease) {
     }
     last_error = std::string(ttl.status().message());
     if (absl::Now() - renewed_at >= options_.lease_ttl) {
-      MarkLost(absl::StrCat("the lease was not renewed for ", absl::FormatDuration(options_.lease_ttl),
-                            ": ", last_error));
+      MarkLost(absl::StrCat("the lease was not renewed for ",
+                            absl::FormatDuration(options_.lease_ttl), ": ", last_error));
       return;
     }
   }

@@ -1,6 +1,7 @@
 // Durable server state in one SQLite file (or, with --etcd_endpoints, an
-// in-memory SQLite database whose image etcd keeps: OpenReplicated): jobs, their current generation and
-// the members of the last formed generation, and shard plans. Other
+// in-memory SQLite database whose image etcd keeps: OpenReplicated): jobs,
+// their current generation and the members of the last formed generation,
+// and shard plans. Other
 // components (the checkpoint registry) keep their own tables in the same
 // file. A restarted server loads it and still knows its jobs.
 //

@@ -123,15 +123,15 @@ std::vector<double> MeasureJoins(const std::string& servers, const std::string& 
 }
 
 // etcd revisions (writes) while `members` members of one job heartbeat.
-int64_t WritesWhileHeartbeating(testing::EtcdCluster& etcd, const std::string& servers,
-                                int members, absl::Duration window) {
+int64_t WritesWhileHeartbeating(testing::EtcdCluster& etcd, const std::string& servers, int members,
+                                absl::Duration window) {
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < members; ++i) clients.push_back(Connect(servers));
   std::vector<std::thread> joins;
   for (int i = 0; i < members; ++i) {
     joins.emplace_back([&, i] {
-      auto joined = clients[i]->Join("beats", members, absl::StrCat("w", i), "127.0.0.1",
-                                     absl::Seconds(60));
+      auto joined =
+          clients[i]->Join("beats", members, absl::StrCat("w", i), "127.0.0.1", absl::Seconds(60));
       if (!joined.ok()) std::fprintf(stderr, "join: %s\n", joined.status().ToString().c_str());
     });
   }
@@ -151,8 +151,9 @@ int Run() {
   const std::string dir = testing::MakeTempDir("failover-bench");
   testing::EtcdCluster etcd(dir + "/etcd");
   if (!etcd.ok()) return 1;
-  testing::ReplicatedServers servers(dir + "/servers", etcd.endpoints(),
-                                     {"--heartbeat_interval_ms=1000", "--heartbeat_timeout_ms=3000"});
+  testing::ReplicatedServers servers(
+      dir + "/servers", etcd.endpoints(),
+      {"--heartbeat_interval_ms=1000", "--heartbeat_timeout_ms=3000"});
   std::printf("failover: %d kills of the leader (lease TTL 2 s)\n", absl::GetFlag(FLAGS_kills));
   auto [serving, answered] = MeasureFailovers(servers, absl::GetFlag(FLAGS_kills));
 
@@ -164,8 +165,12 @@ int Run() {
       {"--listen=127.0.0.1:0", "--port_file=" + sqlite_port, "--state_dir=" + dir + "/sqlite"},
       dir + "/sqlite-server.log");
   std::string port;
-  WaitFor([&] { port = testing::ReadFileOrEmpty(sqlite_port); return !port.empty() && port.back() == '\n'; },
-          absl::Seconds(20));
+  WaitFor(
+      [&] {
+        port = testing::ReadFileOrEmpty(sqlite_port);
+        return !port.empty() && port.back() == '\n';
+      },
+      absl::Seconds(20));
   if (!port.empty()) port.pop_back();
   std::vector<double> sqlite_joins = MeasureJoins("127.0.0.1:" + port, "sqlite", joins);
 

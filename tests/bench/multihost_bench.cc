@@ -1,14 +1,18 @@
 // What crosses the node boundary, measured on emulated hosts (needs root):
 // W = 4 as 2 hosts x 2 ranks (the server on a third host), seed 001's MLP
-// shape at ZeRO stage 3, with today's flat data plane and with two-level
-// collectives (--two_level), at each link rate, in interleaved rounds.
+// shape at ZeRO stage 3, with today's flat data plane, with two-level
+// collectives (--two_level) and with hybrid sharding in host groups
+// (--shard_group_size=host: "hsdp"), at each link rate, in interleaved
+// rounds.
 // "crossing/host/step" is what each worker host's eth0 sent (its kernel's
 // tx_bytes: every byte that left the host, heartbeats and bootstrap
-// included) over the run, divided by the steps.
+// included) over the run, divided by the steps; "counted" is what the
+// workers' reports say their data plane sent across hosts (host 1's ranks,
+// mean over steps).
 //
 //   bazel run -c opt //tests/bench:multihost_bench -- [--rates=0,1000000000]
 //       [--steps=20] [--rounds=2] [--layers=8] [--width=1024] [--batch=8]
-//       [--json_out=FILE]
+//       [--modes=flat,two-level,hsdp] [--json_out=FILE]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -35,6 +39,9 @@ ABSL_FLAG(int, rounds, 2, "Runs of every configuration, interleaved");
 ABSL_FLAG(int, layers, 8, "MLP layers");
 ABSL_FLAG(int, width, 1024, "MLP width");
 ABSL_FLAG(int, batch, 8, "Rows per rank");
+ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
+          "Modes to run: flat, two-level (--two_level), hsdp (--shard_group_size=host), "
+          "hsdp-bf16 (and --reduce_dtype=bf16)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 
 namespace zeroshard::testing {
@@ -46,6 +53,7 @@ struct Result {
   int round = 0;
   double step_ms = 0;          // rank 0's median step
   double crossing_bytes = 0;   // per worker host per step
+  double counted_bytes = 0;    // the reports' inter-host bytes, host 1 per step
   std::string transport;
   std::string blas_kernel;
 };
@@ -75,6 +83,8 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
                                     absl::StrCat("--steps=", steps),
                                     "--collective_timeout=120s"};
   if (mode == "two-level") flags.push_back("--two_level");
+  if (mode == "hsdp" || mode == "hsdp-bf16") flags.push_back("--shard_group_size=host");
+  if (mode == "hsdp-bf16") flags.push_back("--reduce_dtype=bf16");
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   const std::string job = absl::StrCat(mode, "-", rate, "-", round);
   if (!cluster.Run(job, 4, flags, absl::Seconds(600))) return false;
@@ -85,6 +95,12 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
   r->round = round;
   r->step_ms = report["step_time_ms_median"];
   r->crossing_bytes = (after[0] - before[0] + after[1] - before[1]) / 2.0 / steps;
+  for (int rank : {0, 1}) {
+    const nlohmann::json rank_report = cluster.Report(job, rank);
+    for (const auto& b : rank_report["comm_bytes_inter_host"]) {
+      r->counted_bytes += b.get<double>() / steps;
+    }
+  }
   r->transport = report["data_plane"]["gather"]["transport"];
   r->blas_kernel = report["compute"]["blas_kernel"];
   return true;
@@ -108,6 +124,14 @@ int Main() {
   LocalCluster cluster(MakeTempDir("multihost-bench"), {},
                        HostLayout{hosts->get(), 0, {1, 1, 2, 2}});
   if (!cluster.ok()) return 1;
+  const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  for (const std::string& mode : modes) {
+    if (mode != "flat" && mode != "two-level" && mode != "hsdp" && mode != "hsdp-bf16") {
+      std::fprintf(stderr, "--modes: '%s' is not flat, two-level, hsdp or hsdp-bf16\n",
+                   mode.c_str());
+      return 2;
+    }
+  }
   std::vector<Result> results;
   for (int64_t rate : rates) {
     for (int k : {1, 2}) {
@@ -117,11 +141,11 @@ int Main() {
       }
     }
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-      for (const char* mode : {"flat", "two-level"}) {
+      for (const std::string& mode : modes) {
         Result r;
         if (!RunOne(**hosts, cluster, mode, rate, round, &r)) return 1;
         std::fprintf(stderr, "%s at %lld bit/s, round %d: %.0f ms/step, %s crossing/host/step\n",
-                     mode, static_cast<long long>(rate), round, r.step_ms,
+                     mode.c_str(), static_cast<long long>(rate), round, r.step_ms,
                      HumanBytes(r.crossing_bytes).c_str());
         results.push_back(r);
       }
@@ -129,29 +153,33 @@ int Main() {
   }
   const BenchMachine machine = DescribeBenchMachine(results.empty() ? "" : results[0].blas_kernel);
   std::printf("%s\n", machine.Line().c_str());
-  Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)", "CROSSING/HOST/STEP"});
+  Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)", "CROSSING/HOST/STEP",
+               "COUNTED"});
   nlohmann::json json = {{"machine", machine.Line()}, {"results", nlohmann::json::array()}};
   for (int64_t rate : rates) {
-    for (const char* mode : {"flat", "two-level"}) {
-      std::vector<double> ms, bytes;
+    for (const std::string& mode : modes) {
+      std::vector<double> ms, bytes, counted;
       std::string transport;
       for (const Result& r : results) {
         if (r.rate != rate || r.mode != mode) continue;
         ms.push_back(r.step_ms);
         bytes.push_back(r.crossing_bytes);
+        counted.push_back(r.counted_bytes);
         transport = r.transport;
         json["results"].push_back({{"rate_bits_per_s", r.rate}, {"mode", r.mode},
                                    {"round", r.round}, {"step_ms", r.step_ms},
                                    {"crossing_bytes_per_host_per_step", r.crossing_bytes},
+                                   {"counted_inter_host_bytes_per_step", r.counted_bytes},
                                    {"transport", r.transport}});
       }
       if (ms.empty()) continue;
       std::sort(ms.begin(), ms.end());
       std::sort(bytes.begin(), bytes.end());
+      std::sort(counted.begin(), counted.end());
       table.AddRow({rate == 0 ? "unlimited" : absl::StrFormat("%.0f Mbit/s", rate / 1e6), mode,
                     transport,
                     absl::StrFormat("%.0f (%.0f-%.0f)", ms[ms.size() / 2], ms.front(), ms.back()),
-                    HumanBytes(bytes[bytes.size() / 2])});
+                    HumanBytes(bytes[bytes.size() / 2]), HumanBytes(counted[counted.size() / 2])});
     }
   }
   std::printf("%s", table.ToString().c_str());

@@ -2,12 +2,13 @@
 // what one leader commits the next one loads, a write of a leader whose
 // leadership key is gone is refused and leaves etcd unchanged, and a
 // transaction etcd did not take is undone in the leader's memory too.
+#include "shard_server/state/etcd_state.h"
+
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "shard_server/state/etcd_state.h"
 #include "shard_server/state/state_store.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/process.h"
@@ -82,7 +83,8 @@ TEST_F(EtcdStateTest, ADeposedLeadersWriteIsRefusedAndUndone) {
 
   // Its lease ends behind its back (as when it was paused past its TTL), and
   // another server is elected.
-  auto [code, out] = etcd_.Etcdctl(absl::StrCat("lease revoke ", absl::Hex(old_leader->lease_id())));
+  auto [code, out] =
+      etcd_.Etcdctl(absl::StrCat("lease revoke ", absl::Hex(old_leader->lease_id())));
   ASSERT_EQ(code, 0) << out;
   std::unique_ptr<EtcdSession> new_leader = Leader("b:1");
   ASSERT_NE(new_leader, nullptr);

@@ -67,7 +67,7 @@ class FailoverTest : public ::testing::Test {
         servers_(dir_ + "/servers", etcd_.endpoints(),
                  {"--checkpoint_root=" + checkpoints_, "--heartbeat_interval_ms=1000",
                   "--heartbeat_timeout_ms=3000"}),
-        workers_(dir_ + "/workers", testing::ExternalServers{servers_.addresses()}) {}
+        workers_(testing::ExternalServers(servers_.addresses()), dir_ + "/workers") {}
 
   std::unique_ptr<Client> Observer() {
     ClientOptions options;

@@ -144,6 +144,25 @@ TEST_F(RecoveryTest, ReplacedWorkerResumesFromItsBuddysSnapshot) {
   ExpectEqual(Final("replace"), reference, "replace");
 }
 
+// (a) in HSDP (--shard_group_size=2: 2 groups of 2): the replacement's
+// rank computes on its group member's shard, whose runs the snapshot
+// decision brings from every replica's blob, its own from its buddy's copy.
+TEST_F(RecoveryTest, ReplacedWorkerInShardGroupsResumesFromTheSnapshots) {
+  ASSERT_TRUE(cluster_.ok());
+  Params reference = Reference({"--snapshot_every=10", "--shard_group_size=2"});
+  cluster_.StartWorkers("replace-hsdp", 4,
+                        Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=10",
+                               "--shard_group_size=2"}));
+  ASSERT_TRUE(WaitForStep(35)) << cluster_.WorkerLog(0);
+  cluster_.worker(2)->Signal(SIGKILL);
+  cluster_.RestartWorker(2);
+  ASSERT_TRUE(AllExitZero());
+  nlohmann::json report = cluster_.Report("replace-hsdp", 0);
+  ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
+  EXPECT_EQ(report["recoveries"][0]["source"], "snapshot");
+  ExpectEqual(Final("replace-hsdp"), reference, "replace in HSDP");
+}
+
 // (b) no restart, --min_world_size=3: shrinks after the grace. The
 // reference trains to the same snapshot step at W = 4, then at W = 3.
 TEST_F(RecoveryTest, ShrinksToThreeAfterTheGraceAndMatchesAFourThenThreeReference) {

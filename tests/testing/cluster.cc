@@ -21,7 +21,7 @@ LocalCluster::LocalCluster(const std::string& dir, const std::vector<std::string
   StartServer();
 }
 
-LocalCluster::LocalCluster(const std::string& dir, ExternalServers servers)
+LocalCluster::LocalCluster(ExternalServers servers, const std::string& dir)
     : dir_(dir), address_(std::move(servers.address)) {
   mkdir(dir_.c_str(), 0755);
   mkdir(checkpoint_root().c_str(), 0755);

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -28,6 +29,7 @@ struct HostLayout {
 // Servers the test started itself (a replicated control plane on etcd:
 // tests/testing/etcd_cluster.h), reached at `address` ("a:P,b:P,c:P").
 struct ExternalServers {
+  explicit ExternalServers(std::string servers) : address(std::move(servers)) {}
   std::string address;
 };
 
@@ -35,7 +37,7 @@ class LocalCluster {
  public:
   // Workers only, for `servers` (no server of its own: server() is null,
   // RestartServer must not be called).
-  LocalCluster(const std::string& dir, ExternalServers servers);
+  LocalCluster(ExternalServers servers, const std::string& dir);
   // Starts the server (binary from runfiles unless given) with
   // --listen=127.0.0.1:0 (or its host's address), a port file, --state_dir
   // and --checkpoint_root under `dir`, plus `server_flags`. Fails the calling

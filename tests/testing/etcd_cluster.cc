@@ -23,8 +23,6 @@ constexpr char kEtcd[] = "/usr/bin/etcd";
 constexpr char kEtcdctl[] = "/usr/bin/etcdctl";
 }  // namespace
 
-
-
 int FreeLoopbackPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -69,21 +67,15 @@ EtcdCluster::EtcdCluster(const std::string& dir, int members)
     const std::string client = absl::StrCat("http://127.0.0.1:", client_ports_[i]);
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports[i]);
     std::vector<std::string> args = {
-        absl::StrCat("--name=e", i),
-        absl::StrCat("--data-dir=", data_dir_, "/e", i),
-        "--listen-client-urls=" + client,
-        "--advertise-client-urls=" + client,
-        "--listen-peer-urls=" + peer,
-        "--initial-advertise-peer-urls=" + peer,
-        "--initial-cluster=" + absl::StrJoin(initial, ","),
-        "--initial-cluster-state=new",
+        absl::StrCat("--name=e", i), absl::StrCat("--data-dir=", data_dir_, "/e", i),
+        "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
+        "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
+        "--initial-cluster=" + absl::StrJoin(initial, ","), "--initial-cluster-state=new",
         "--initial-cluster-token=" + dir_,
         // Loopback: etcd's own elections within about half a second.
-        "--heartbeat-interval=50",
-        "--election-timeout=500",
-        "--log-level=warn"};
-    members_.push_back(std::make_unique<ChildProcess>(
-        kEtcd, args, absl::StrCat(dir_, "/etcd-e", i, ".log")));
+        "--heartbeat-interval=50", "--election-timeout=500", "--log-level=warn"};
+    members_.push_back(
+        std::make_unique<ChildProcess>(kEtcd, args, absl::StrCat(dir_, "/etcd-e", i, ".log")));
   }
   ok_ = WaitFor([&] { return Etcdctl("endpoint health").first == 0; }, absl::Seconds(30));
   if (!ok_) ADD_FAILURE() << "etcd did not become healthy:\n" << members_[0]->Log();
@@ -150,8 +142,8 @@ ReplicatedServers::ReplicatedServers(const std::string& dir, const std::string& 
                                      absl::StrCat("--port_file=", dir_, "/port-", i)};
     args.insert(args.end(), flags.begin(), flags.end());
     args_.push_back(args);
-    servers_.push_back(std::make_unique<ChildProcess>(RunfilePath("shard_server/shard_server"),
-                                                      args, absl::StrCat(dir_, "/server-", i, ".log")));
+    servers_.push_back(std::make_unique<ChildProcess>(
+        RunfilePath("shard_server/shard_server"), args, absl::StrCat(dir_, "/server-", i, ".log")));
   }
 }
 

@@ -53,17 +53,21 @@ bool Overlap(const Piece& p, const std::string& name, const RowRange& old) {
   return old.tensor == name && old.row_begin < p.row_end && p.row_begin < old.row_end;
 }
 
-// By new rank: the old ranks whose pieces overlap its pieces of `plan`.
+// By new rank: the old ranks whose pieces overlap its pieces of `plan`. With
+// shard groups of G (planner.h) a rank computes on its member's whole shard,
+// so a piece of rank r is needed by every replica of it (k G + r % G).
 std::vector<std::set<int>> OldRanksEachRankNeeds(const ShardPlan& plan, const HeldByOldRank& held,
                                                  int world) {
   std::vector<std::set<int>> needs(world);
+  const int group = plan.options.ShardGroupSize(world);
   for (const ShardUnit& unit : plan.units) {
     for (const Piece& p : unit.pieces) {
       assert(p.rank >= 0 && p.rank < world);
       const std::string& name = unit.tensors[p.tensor].name;
       for (const auto& [old_rank, h] : held) {
         for (const RowRange& old : h.blob->pieces) {
-          if (Overlap(p, name, old)) needs[p.rank].insert(old_rank);
+          if (!Overlap(p, name, old)) continue;
+          for (int r = p.rank % group; r < world; r += group) needs[r].insert(old_rank);
         }
       }
     }

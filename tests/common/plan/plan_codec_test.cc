@@ -111,7 +111,9 @@ TEST(PlanCodec, JsonNamesTensorsAndCarriesEveryPiece) {
   const std::string text = PlanToJson(*plan);
   // Keys in the documented order.
   EXPECT_EQ(
-      text.rfind("{\"world_size\":4,\"plan_hash\":\"" + plan->hash + "\",\"padding_overhead\":", 0),
+      text.rfind("{\"world_size\":4,\"shard_group_size\":4,\"plan_hash\":\"" + plan->hash +
+                     "\",\"padding_overhead\":",
+                 0),
       0u)
       << text.substr(0, 80);
   const nlohmann::json json = nlohmann::json::parse(text);
