@@ -51,7 +51,7 @@ ABSL_FLAG(std::string, preset, "",
           "50257, context 1024); --layers, --d_model, --heads, --vocab, --context override it");
 
 ABSL_FLAG(std::string, spec, "", "plan: model spec JSON file, as shardctl spec prints it");
-ABSL_FLAG(int, world, 0, "plan: world size (ranks), 1 to 65536");
+ABSL_FLAG(int, world, 0, "plan: world size (ranks), 1 to 131072");
 ABSL_FLAG(int, stage, 3, "plan: the ZeRO stage (0-3) to mark in the memory estimate");
 ABSL_FLAG(int64_t, max_unit_bytes, 0,
           "plan: bytes per packed unit of unlabeled tensors (0: the planner's 256 MiB)");

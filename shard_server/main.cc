@@ -59,9 +59,9 @@ ABSL_FLAG(absl::Duration, isolation_grace, absl::Seconds(90),
           "docs/multihost.md)");
 ABSL_FLAG(int, join_timeout_ms, 600000,
           "A join still waiting for the rest of its job after this long gets DEADLINE_EXCEEDED");
-ABSL_FLAG(int, max_world_size, 65536, "Largest world size a job may ask for");
+ABSL_FLAG(int, max_world_size, 131072, "Largest world size a job may ask for");
 ABSL_FLAG(int64_t, kv_max_job_bytes, 256 << 20, "KV store: keys and values of one job, in bytes");
-ABSL_FLAG(int64_t, kv_max_wait_keys, 65536, "KV store: keys one StoreWait may name");
+ABSL_FLAG(int64_t, kv_max_wait_keys, 131072, "KV store: keys one StoreWait may name");
 ABSL_FLAG(int64_t, kv_max_waiters_per_job, 1 << 17, "KV store: gets and waits held for one job");
 ABSL_FLAG(int64_t, kv_max_total_bytes, int64_t{1} << 30,
           "KV store: keys, values and waited-for keys of every job, in bytes");

@@ -76,7 +76,7 @@ namespace zeroshard {
 // stored plan is never mistaken for one computed by other rules.
 inline constexpr int kPlanVersion = 1;
 
-inline constexpr int kMaxWorldSize = 65536;
+inline constexpr int kMaxWorldSize = 131072;
 
 // 256 MiB per packed unit: the most parameter bytes one unlabeled unit adds to
 // the stage-3 unsharded window; small enough that (1 + prefetch) gathered

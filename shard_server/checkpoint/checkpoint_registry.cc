@@ -275,9 +275,9 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::RecordCommit(
     new_step = true;
   }
   if (!new_step) {
-    absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
-    if (!commits.ok()) return commits.status();
-    if (absl::Status s = CheckSameOptimizerStep(*commits, shard); !s.ok()) return refuse(s);
+    if (absl::Status s = CheckSameOptimizerStep(job, step, shard); !s.ok()) {
+      return s.code() == absl::StatusCode::kFailedPrecondition ? refuse(s) : s;
+    }
   }
   const StepRow step_row{world_size, member.generation(), plan.hash(), false};
   absl::StatusOr<int> committed = SaveCommit(member, step, step_row, shard, new_step, restart);
@@ -319,16 +319,23 @@ absl::StatusOr<int> CheckpointRegistry::CountOfRepeatedCommit(const std::string&
   return 0;
 }
 
-absl::Status CheckpointRegistry::CheckSameOptimizerStep(const std::vector<CommittedShard>& commits,
+absl::Status CheckpointRegistry::CheckSameOptimizerStep(const std::string& job, int64_t step,
                                                         const CommittedShard& shard) {
-  for (const CommittedShard& c : commits) {
-    if (c.rank != shard.rank && c.optimizer_step != shard.optimizer_step) {
+  // Every row of the step passed this check when it was saved, so they all
+  // hold one optimizer step: one other rank's row says it. One indexed row,
+  // not the step's W rows (a job of 131,072 ranks commits W times a step).
+  return state_->Read([&](StateStore::Connection& db) -> absl::Status {
+    Statement st = db.Prepare("load another rank's optimizer step",
+                              "SELECT rank, optimizer_step FROM checkpoint_commits "
+                              "WHERE job_id = ? AND step = ? AND rank != ? LIMIT 1");
+    st.Bind(1, job).Bind(2, step).Bind(3, shard.rank);
+    if (st.Next() && st.Int(1) != shard.optimizer_step) {
       return absl::FailedPreconditionError(
           absl::StrCat("'", shard.file, "' has optimizer_step ", shard.optimizer_step, "; rank ",
-                       c.rank, " committed ", c.optimizer_step, " for the same step"));
+                       st.Int(0), " committed ", st.Int(1), " for the same step"));
     }
-  }
-  return absl::OkStatus();
+    return st.status();
+  });
 }
 
 absl::StatusOr<int> CheckpointRegistry::SaveCommit(const v1::MemberCredentials& member,

@@ -172,9 +172,10 @@ class CheckpointRegistry {
                                             const CommittedShard& shard)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank of a step must save the same optimizer step count: `shard`'s
-  // against the step's other `commits`.
-  static absl::Status CheckSameOptimizerStep(const std::vector<CommittedShard>& commits,
-                                             const CommittedShard& shard);
+  // against another rank's commit of the step (FAILED_PRECONDITION when they
+  // differ; the store's error when it cannot be read).
+  absl::Status CheckSameOptimizerStep(const std::string& job, int64_t step,
+                                      const CommittedShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the commit (and the step row when `new_step`, after dropping the
   // abandoned pieces when `restart`) in one transaction; the step's number
   // of commits then.

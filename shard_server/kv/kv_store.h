@@ -30,7 +30,7 @@ struct KvLimits {
   size_t max_job_bytes = 256 << 20;  // keys + values of one job (--kv_max_job_bytes)
   // Keys one StoreWait may name (--kv_max_wait_keys): a rank waits for at
   // most one key per rank, and a job has at most 65,536 ranks.
-  size_t max_wait_keys = 65536;
+  size_t max_wait_keys = 131072;
   // Gets and waits held at once for one job (--kv_max_waiters_per_job).
   size_t max_waiters_per_job = 1 << 17;
   // Keys and values of every job, plus the keys held waiters wait for

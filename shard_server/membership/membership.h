@@ -50,7 +50,7 @@
 namespace zeroshard {
 
 struct MembershipOptions {
-  int max_world_size = 65536;
+  int max_world_size = 131072;
   absl::Duration heartbeat_interval = absl::Seconds(1);  // advertised to members
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // When every member of a job is silent, how long the server suspects its

@@ -40,7 +40,18 @@ v1::GetStatusResponse AnnotatedStatus(const ObservabilitySources& s, const std::
 std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& sources) {
   const ObservabilitySources s = sources;
   std::map<std::string, HttpPage> pages;
-  pages["/metrics"].render = [s](const std::map<std::string, std::string>&) {
+  pages["/metrics"].render = [s](const std::map<std::string, std::string>& query) {
+    MetricsView view;
+    if (auto all = query.find("all"); all != query.end()) view.all_ranks = all->second != "0";
+    if (auto rank = query.find("rank"); rank != query.end()) {
+      auto job = query.find("job");
+      if (job == query.end() || !absl::SimpleAtoi(rank->second, &view.rank) || view.rank < 0) {
+        return Failure(400, absl::InvalidArgumentError(absl::StrCat(
+                                "/metrics?rank=", rank->second,
+                                ": expected a rank >= 0 and ?job=ID (/metrics?job=J&rank=R)")));
+      }
+      view.job = job->second;
+    }
     v1::GetStatusResponse status = AnnotatedStatus(s, "");
     std::map<std::string, CheckpointCounts> counts;
     if (s.checkpoints != nullptr) {
@@ -64,7 +75,7 @@ std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& s
       }
     }
     return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                        MetricsExposition(*s.metrics, status, counts)};
+                        MetricsExposition(*s.metrics, status, counts, view)};
   };
   pages["/"] = {[](const std::map<std::string, std::string>&) {
                   return HttpResponse{200, "text/html; charset=utf-8", kDashboardHtml};

@@ -1,12 +1,15 @@
 #include "shard_server/observability/server_metrics.h"
 
+#include <algorithm>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "shard_server/observability/rank_views.h"
 
 namespace zeroshard {
 namespace {
@@ -327,20 +330,129 @@ void WriteJobFamilies(const v1::GetStatusResponse& status,
   }
 }
 
-// The families with one series per rank (labels job, rank, worker).
-void WriteRankFamilies(const v1::GetStatusResponse& status,
+// The members of `job` whose series `view` lists.
+std::vector<const v1::MemberStatus*> ListedRanks(const v1::JobStatus& job,
+                                                 const MetricsView& view) {
+  std::vector<const v1::MemberStatus*> listed;
+  if (view.rank >= 0) {
+    if (job.job_id() != view.job) return listed;
+    for (const v1::MemberStatus& m : job.members()) {
+      if (m.rank() == view.rank) listed.push_back(&m);
+    }
+    return listed;
+  }
+  if (!view.all_ranks && job.members_size() > view.max_rank_series) {
+    listed = WorstRanks(job, view.worst_ranks);
+    std::sort(listed.begin(), listed.end(),
+              [](const v1::MemberStatus* a, const v1::MemberStatus* b) {
+                return a->rank() < b->rank();
+              });
+    return listed;
+  }
+  for (const v1::MemberStatus& m : job.members()) {
+    if (m.rank() >= 0) listed.push_back(&m);
+  }
+  return listed;
+}
+
+// Per host of each job (labels job, host): what stands for the ranks a large
+// job does not list.
+void WriteHostFamilies(const v1::GetStatusResponse& status,
                        const std::vector<std::string>& job_labels, std::string* out) {
+  std::vector<std::pair<std::string, HostSummary>> hosts;  // labels, summary
+  for (int j = 0; j < status.jobs_size(); ++j) {
+    for (HostSummary& h : SummarizeHosts(status.jobs(j))) {
+      std::string labels = absl::StrCat(job_labels[j], ",host=\"", EscapeLabelValue(h.host), "\"");
+      hosts.emplace_back(std::move(labels), std::move(h));
+    }
+  }
+  auto per_host = [&](const char* name, const char* help, auto value) {
+    Family(out, name, "gauge", help);
+    for (const auto& [labels, h] : hosts) absl::StrAppend(out, name, "{", labels, "} ", value(h), "\n");
+  };
+  per_host("zeroshard_host_ranks", "Ranks of the job on the host.",
+           [](const HostSummary& h) { return h.ranks; });
+  per_host("zeroshard_host_alive_ranks", "Ranks of the job on the host that are alive.",
+           [](const HostSummary& h) { return h.alive; });
+  per_host("zeroshard_host_stragglers", "Ranks of the job on the host flagged as stragglers.",
+           [](const HostSummary& h) { return h.stragglers; });
+  per_host("zeroshard_host_heartbeat_age_max_seconds",
+           "The oldest last heartbeat among the host's ranks (-1: none yet).",
+           [](const HostSummary& h) { return h.heartbeat_age_max; });
+  per_host("zeroshard_host_step_max_seconds",
+           "The slowest last step among the host's ranks (-1: none yet).",
+           [](const HostSummary& h) { return h.step_seconds_max; });
+  per_host("zeroshard_host_step_min", "Steps the host's slowest rank completed.",
+           [](const HostSummary& h) { return h.step_min; });
+}
+
+// Histograms over each job's ranks (label job).
+void WriteRankHistograms(const v1::GetStatusResponse& status,
+                         const std::vector<std::string>& job_labels, std::string* out) {
+  struct Spec {
+    const char* name;
+    const char* help;
+    std::vector<double> bounds;
+    std::function<double(const v1::MemberStatus&)> value;  // < 0: none yet
+  };
+  const std::vector<Spec> specs = {
+      {"zeroshard_job_rank_step_seconds", "The ranks' last step times.",
+       {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+       [](const v1::MemberStatus& m) {
+         return m.last_step().step_ms() > 0 ? m.last_step().step_ms() / 1e3 : -1.0;
+       }},
+      {"zeroshard_job_rank_heartbeat_age_seconds", "Time since each rank's last heartbeat.",
+       {0.25, 0.5, 1, 2, 3, 5, 10, 30, 60},
+       [](const v1::MemberStatus& m) {
+         return m.last_heartbeat_age_ms() < 0 ? -1.0 : m.last_heartbeat_age_ms() / 1e3;
+       }},
+      {"zeroshard_job_rank_arrival_lag_median_seconds",
+       "The ranks' median arrival lag at each step's first collective (last 20 steps).",
+       {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5},
+       [](const v1::MemberStatus& m) {
+         const double median = m.telemetry().arrival_lag_median_ms();
+         return median < 0 ? -1.0 : median / 1e3;
+       }},
+  };
+  for (const Spec& spec : specs) {
+    Family(out, spec.name, "histogram", spec.help);
+    for (int j = 0; j < status.jobs_size(); ++j) {
+      RankHistogram h = MakeRankHistogram(spec.bounds);
+      for (const v1::MemberStatus& m : status.jobs(j).members()) {
+        if (m.rank() >= 0 && m.alive() && !m.left()) h.Add(spec.value(m));
+      }
+      int64_t cumulative = 0;
+      for (size_t b = 0; b <= h.bounds.size(); ++b) {
+        cumulative += h.counts[b];
+        absl::StrAppend(out, spec.name, "_bucket{", job_labels[j], ",le=\"",
+                        b < h.bounds.size() ? Num(h.bounds[b]) : "+Inf", "\"} ", cumulative,
+                        "\n");
+      }
+      absl::StrAppend(out, spec.name, "_sum{", job_labels[j], "} ", h.sum, "\n");
+      absl::StrAppend(out, spec.name, "_count{", job_labels[j], "} ", h.count, "\n");
+    }
+  }
+}
+
+// The families with one series per listed rank (labels job, rank, worker).
+void WriteRankFamilies(const v1::GetStatusResponse& status,
+                       const std::vector<std::string>& job_labels, const MetricsView& view,
+                       std::string* out) {
   struct Rank {
     std::string labels;
     const v1::MemberStatus* m;
   };
   std::vector<Rank> ranks;
+  Family(out, "zeroshard_job_ranks_listed", "gauge",
+         "Ranks of the job whose zeroshard_rank_* series this page lists (a large job lists "
+         "its worst; /metrics?all=1 lists every rank, ?job=J&rank=R one).");
   for (int j = 0; j < status.jobs_size(); ++j) {
-    for (const v1::MemberStatus& m : status.jobs(j).members()) {
-      if (m.rank() < 0) continue;
-      ranks.push_back({absl::StrCat(job_labels[j], ",rank=\"", m.rank(), "\",worker=\"",
-                                    EscapeLabelValue(m.worker_id()), "\""),
-                       &m});
+    const std::vector<const v1::MemberStatus*> listed = ListedRanks(status.jobs(j), view);
+    absl::StrAppend(out, "zeroshard_job_ranks_listed{", job_labels[j], "} ", listed.size(), "\n");
+    for (const v1::MemberStatus* m : listed) {
+      ranks.push_back({absl::StrCat(job_labels[j], ",rank=\"", m->rank(), "\",worker=\"",
+                                    EscapeLabelValue(m->worker_id()), "\""),
+                       m});
     }
   }
   out->reserve(out->size() + ranks.size() * 2600);
@@ -441,7 +553,8 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
 }  // namespace
 
 std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusResponse& status,
-                              const std::map<std::string, CheckpointCounts>& checkpoints) {
+                              const std::map<std::string, CheckpointCounts>& checkpoints,
+                              const MetricsView& view) {
   std::string out;
   out.reserve(4096 + static_cast<size_t>(status.jobs_size()) * 512);
   server.Write(&out);
@@ -452,7 +565,9 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
     job_labels.push_back(absl::StrCat("job=\"", EscapeLabelValue(job.job_id()), "\""));
   }
   WriteJobFamilies(status, checkpoints, job_labels, &out);
-  WriteRankFamilies(status, job_labels, &out);
+  WriteHostFamilies(status, job_labels, &out);
+  WriteRankHistograms(status, job_labels, &out);
+  WriteRankFamilies(status, job_labels, view, &out);
   return out;
 }
 

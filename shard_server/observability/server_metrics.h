@@ -77,11 +77,26 @@ struct CheckpointCounts {
   int64_t latest_bytes = 0;
 };
 
+// Which ranks /metrics lists one by one (its query: ?all=1, ?job=J&rank=R).
+struct MetricsView {
+  // A job of more ranks lists only its `worst_ranks` (rank_views.h); its
+  // hosts and histograms stand for the rest. So a scrape of a 100,000-rank
+  // job is megabytes, not the ~2.6 KB per rank of the full listing.
+  int max_rank_series = 1024;
+  int worst_ranks = 32;
+  bool all_ranks = false;  // every rank of every job, whatever its size
+  // >= 0: only this rank's series (of job `job`), besides the job series.
+  int rank = -1;
+  std::string job;
+};
+
 // The whole /metrics page: server series, then jobs (by state, generation,
-// diagnoses, checkpoints) and every rank's series. `status` is annotated
+// diagnoses, checkpoints), each job's hosts and histograms over its ranks,
+// and the ranks' series that `view` selects. `status` is annotated
 // (TelemetryAnalyzer::Annotate).
 std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusResponse& status,
-                              const std::map<std::string, CheckpointCounts>& checkpoints);
+                              const std::map<std::string, CheckpointCounts>& checkpoints,
+                              const MetricsView& view = {});
 
 // A label value escaped for the text format (backslash, quote, newline).
 std::string EscapeLabelValue(const std::string& value);

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -235,6 +236,19 @@ class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::Heartbea
   grpc::Status status_;
 };
 
+// The process's resident memory in bytes (VmRSS); -1 if unreadable.
+int64_t RssBytes(pid_t pid) {
+  std::string status = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status"));
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    if (!absl::ConsumePrefix(&line, "VmRSS:")) continue;
+    int64_t kib = 0;
+    line = absl::StripAsciiWhitespace(line);
+    absl::ConsumeSuffix(&line, " kB");
+    return absl::SimpleAtoi(line, &kib) ? kib * 1024 : -1;
+  }
+  return -1;
+}
+
 // CPU seconds (user + system) the process has used; -1 if unreadable.
 double CpuSeconds(pid_t pid) {
   std::string stat = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
@@ -350,7 +364,7 @@ int Main() {
   Table table({"MEASURE", "VALUE", "TARGET"});
   {
     Server server =
-        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=65536"});
+        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=131072"});
     auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
     for (int n : {1024, 4096}) {
       if (!absl::GetFlag(FLAGS_joins)) break;
@@ -370,11 +384,18 @@ int Main() {
                     absl::StrFormat("%.3f s", joined.seconds), ""});
     }
     int members = absl::GetFlag(FLAGS_members);
+    const int64_t rss_before = RssBytes(server.process->pid());
     Joined hb = JoinAll(stubs, "heartbeats", members);
     double cpu_us = -1;
     double rate = HeartbeatRate(stubs, "heartbeats", hb, absl::GetFlag(FLAGS_heartbeat_seconds),
                                 server.process->pid(), &cpu_us);
     result["server_cpu_us_per_heartbeat"] = cpu_us;
+    // What the members cost the server while they beat (streams, member
+    // state, telemetry): the growth of its RSS over the run, per member.
+    const int64_t rss_after = RssBytes(server.process->pid());
+    result["server_rss_bytes"] = rss_after;
+    result["server_rss_bytes_per_member"] =
+        rss_before < 0 || rss_after < 0 ? -1.0 : double(rss_after - rss_before) / members;
     result["heartbeats_per_second"] = rate;
     v1::HeartbeatRequest sample;
     *sample.mutable_member() = Credentials("heartbeats", hb.responses[0]);
@@ -384,6 +405,10 @@ int Main() {
     table.AddRow({absl::StrCat("heartbeats/s, ", members, " streams"),
                   absl::StrFormat("%.0f", rate), ">= 25000"});
     table.AddRow({"server CPU per heartbeat", absl::StrFormat("%.1f us", cpu_us), ""});
+    table.AddRow({absl::StrCat("server RSS, ", members, " members beating"),
+                  absl::StrFormat("%.1f MiB (%.1f KiB per member)", rss_after / 1048576.0,
+                                  double(rss_after - rss_before) / members / 1024),
+                  ""});
     server.process->Signal(SIGTERM);
     server.process->Wait(absl::Seconds(10));
   }

@@ -181,7 +181,7 @@ std::vector<InvalidCase> InvalidCases() {
   AddTensor(add("unknown dtype", {"\"q.weight\"", "\"F8\""}), "q.weight", {4, 4}, "F8");
   AddTensor(add("world size 0", {"world size 0"}), "w", {4});
   cases.back().world_size = 0;
-  AddTensor(add("world size 65537", {"world size 65537", "65536"}), "w", {4});
+  AddTensor(add("world size 131073", {"world size 131073", "131072"}), "w", {4});
   cases.back().world_size = kMaxWorldSize + 1;
   return cases;
 }
