@@ -434,15 +434,18 @@ void WriteRankHistograms(const v1::GetStatusResponse& status,
   }
 }
 
-// The families with one series per listed rank (labels job, rank, worker).
-void WriteRankFamilies(const v1::GetStatusResponse& status,
-                       const std::vector<std::string>& job_labels, const MetricsView& view,
-                       std::string* out) {
-  struct Rank {
-    std::string labels;
-    const v1::MemberStatus* m;
-  };
-  std::vector<Rank> ranks;
+// A rank this page lists, with its series' labels (job, rank, worker).
+struct ListedRank {
+  std::string labels;
+  const v1::MemberStatus* m;
+};
+
+// The ranks this page lists, each job's count written as
+// zeroshard_job_ranks_listed.
+std::vector<ListedRank> ListRanksOfPage(const v1::GetStatusResponse& status,
+                                        const std::vector<std::string>& job_labels,
+                                        const MetricsView& view, std::string* out) {
+  std::vector<ListedRank> ranks;
   Family(out, "zeroshard_job_ranks_listed", "gauge",
          "Ranks of the job whose zeroshard_rank_* series this page lists (a large job lists "
          "its worst; /metrics?all=1 lists every rank, ?job=J&rank=R one).");
@@ -455,11 +458,49 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
                        m});
     }
   }
+  return ranks;
+}
+
+// The families with two labels per rank: memory by category, collective
+// waits by op.
+void WriteRankBreakdowns(const std::vector<ListedRank>& ranks, std::string* out) {
+  Family(out, "zeroshard_rank_memory_bytes", "gauge",
+         "Bytes the rank's ZeRO engine holds, by category.");
+  for (const ListedRank& r : ranks) {
+    const v1::MemoryUsage& mem = r.m->telemetry().memory();
+    const std::pair<const char*, int64_t> categories[] = {
+        {"params", mem.params()},
+        {"grads", mem.grads()},
+        {"optimizer_state", mem.optimizer_state()},
+        {"activations", mem.activations()},
+        {"comm_buffers", mem.comm_buffers()},
+        {"cached", mem.cached()}};
+    for (const auto& [category, bytes] : categories) {
+      absl::StrAppend(out, "zeroshard_rank_memory_bytes{", r.labels, ",category=\"", category,
+                      "\"} ", bytes, "\n");
+    }
+  }
+  Family(out, "zeroshard_rank_collective_wait_seconds", "gauge",
+         "Time the rank's last step waited for collectives, by op (all_gather: parameter "
+         "gathers; reduce: gradient reductions).");
+  for (const ListedRank& r : ranks) {
+    absl::StrAppend(out, "zeroshard_rank_collective_wait_seconds{", r.labels,
+                    ",op=\"all_gather\"} ", r.m->last_step().gather_wait_ms() / 1e3, "\n");
+    absl::StrAppend(out, "zeroshard_rank_collective_wait_seconds{", r.labels, ",op=\"reduce\"} ",
+                    r.m->last_step().reduce_wait_ms() / 1e3, "\n");
+  }
+}
+
+// The families with one series per listed rank (labels job, rank, worker).
+void WriteRankFamilies(const v1::GetStatusResponse& status,
+                       const std::vector<std::string>& job_labels, const MetricsView& view,
+                       std::string* out) {
+  const std::vector<ListedRank> ranks = ListRanksOfPage(status, job_labels, view, out);
   out->reserve(out->size() + ranks.size() * 2600);
   auto per_rank = [&](const char* name, const char* type, const char* help,
                       const std::function<void(const v1::MemberStatus&, std::string*)>& value) {
     Family(out, name, type, help);
-    for (const Rank& r : ranks) {
+    for (const ListedRank& r : ranks) {
       absl::StrAppend(out, name, "{", r.labels, "} ");
       value(*r.m, out);
       *out += '\n';
@@ -482,31 +523,7 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.last_step().items_per_second());
            });
-  Family(out, "zeroshard_rank_memory_bytes", "gauge",
-         "Bytes the rank's ZeRO engine holds, by category.");
-  for (const Rank& r : ranks) {
-    const v1::MemoryUsage& mem = r.m->telemetry().memory();
-    const std::pair<const char*, int64_t> categories[] = {
-        {"params", mem.params()},
-        {"grads", mem.grads()},
-        {"optimizer_state", mem.optimizer_state()},
-        {"activations", mem.activations()},
-        {"comm_buffers", mem.comm_buffers()},
-        {"cached", mem.cached()}};
-    for (const auto& [category, bytes] : categories) {
-      absl::StrAppend(out, "zeroshard_rank_memory_bytes{", r.labels, ",category=\"", category,
-                      "\"} ", bytes, "\n");
-    }
-  }
-  Family(out, "zeroshard_rank_collective_wait_seconds", "gauge",
-         "Time the rank's last step waited for collectives, by op (all_gather: parameter "
-         "gathers; reduce: gradient reductions).");
-  for (const Rank& r : ranks) {
-    absl::StrAppend(out, "zeroshard_rank_collective_wait_seconds{", r.labels,
-                    ",op=\"all_gather\"} ", r.m->last_step().gather_wait_ms() / 1e3, "\n");
-    absl::StrAppend(out, "zeroshard_rank_collective_wait_seconds{", r.labels, ",op=\"reduce\"} ",
-                    r.m->last_step().reduce_wait_ms() / 1e3, "\n");
-  }
+  WriteRankBreakdowns(ranks, out);
   per_rank("zeroshard_rank_arrival_lag_seconds", "gauge",
            "How far behind the first rank this rank entered its last step's first collective.",
            [](const v1::MemberStatus& m, std::string* o) {
