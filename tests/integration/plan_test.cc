@@ -356,9 +356,10 @@ TEST_F(ShardctlPlanTest, LocalAndServerPlansAgreeAndReportPaddingAndMemory) {
   EXPECT_EQ(served.out, local.out);
   std::vector<std::string> keys;
   for (auto it = plan.begin(); it != plan.end(); ++it) keys.push_back(it.key());
-  EXPECT_EQ(keys, std::vector<std::string>(
-                      {"world_size", "plan_hash", "padding_overhead", "units", "memory_estimate"}));
+  EXPECT_EQ(keys, std::vector<std::string>({"world_size", "shard_group_size", "plan_hash",
+                                            "padding_overhead", "units", "memory_estimate"}));
   EXPECT_EQ(plan["world_size"], 8);
+  EXPECT_EQ(plan["shard_group_size"], 8);  // no --shard_group_size: one group of all ranks
 
   // padding_overhead = (sum over units of W * chunk_elements) / (sum of tensor
   // elements) - 1, and the pieces cover every element once.
