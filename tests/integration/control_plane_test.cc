@@ -342,7 +342,7 @@ TEST(ControlPlaneTest, RefusalsOverRpcNameTheValueAndChangeNothing) {
       {"", 2, "w", absl::StatusCode::kInvalidArgument, "job_id"},
       {"full", 2, "", absl::StatusCode::kInvalidArgument, "worker_id"},
       {"full", 0, "w", absl::StatusCode::kInvalidArgument, "world_size 0"},
-      {"full", 70000, "w", absl::StatusCode::kInvalidArgument, "world_size 70000"},
+      {"full", 200000, "w", absl::StatusCode::kInvalidArgument, "world_size 200000"},
       {"full", 3, "w9", absl::StatusCode::kFailedPrecondition, "world_size 3"},
       {"full", 2, "w9", absl::StatusCode::kResourceExhausted, "w9"},
   };
