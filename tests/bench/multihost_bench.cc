@@ -15,6 +15,7 @@
 //       [--modes=flat,two-level,hsdp] [--json_out=FILE]
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "absl/strings/strip.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/multihost_torch.h"
 #include "tests/cluster/emulated_hosts.h"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/bench_machine.h"
@@ -41,7 +43,11 @@ ABSL_FLAG(int, width, 1024, "MLP width");
 ABSL_FLAG(int, batch, 8, "Rows per rank");
 ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
           "Modes to run: flat, two-level (--two_level), hsdp (--shard_group_size=host), "
-          "hsdp-bf16 (and --reduce_dtype=bf16)");
+          "hsdp-bf16 (and --reduce_dtype=bf16); PyTorch 2 beside them: fsdp2 (fully_shard), "
+          "fsdp2-hsdp (fully_shard on a 2-D DeviceMesh: shard in a host, replicate across)");
+ABSL_FLAG(std::string, torch_python, "",
+          "Python with torch 2.x for the fsdp2 modes (default: $ZEROSHARD_PYTHON, else "
+          "~/.cache/zeroshard/venv-torch2/bin/python)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 
 namespace zeroshard::testing {
@@ -68,8 +74,43 @@ int64_t TxBytes(EmulatedHosts& hosts, int k) {
   return bytes;
 }
 
+std::string TorchPython() {
+  if (!absl::GetFlag(FLAGS_torch_python).empty()) return absl::GetFlag(FLAGS_torch_python);
+  if (const char* p = std::getenv("ZEROSHARD_PYTHON"); p != nullptr && *p != '\0') return p;
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home == nullptr ? "/root" : home,
+                      "/.cache/zeroshard/venv-torch2/bin/python");
+}
+
+// One PyTorch job of the same shape on the same hosts (ranks 0, 1 on host 1,
+// ranks 2, 3 on host 2).
+bool RunTorchOne(EmulatedHosts& hosts, const std::string& mode, int64_t rate, int round,
+                 Result* r) {
+  static int next_port = 29611;  // a fresh port per run: the last one may linger in TIME_WAIT
+  TorchShape shape{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_width),
+                   absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_steps)};
+  const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
+  absl::StatusOr<TorchRun> run = RunTorchPeers(hosts, {1, 1, 2, 2}, mode, shape, TorchPython(),
+                                               next_port++, MakeTempDir("multihost-torch"));
+  if (!run.ok()) {
+    std::fprintf(stderr, "multihost_bench: %s\n", run.status().ToString().c_str());
+    return false;
+  }
+  const int64_t after[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
+  r->rate = rate;
+  r->mode = mode;
+  r->round = round;
+  r->step_ms = run->step_ms;
+  r->crossing_bytes = (after[0] - before[0] + after[1] - before[1]) / 2.0 / shape.steps;
+  r->counted_bytes = 0;  // PyTorch does not count them
+  r->transport = "torch gloo";
+  r->blas_kernel = run->blas_kernel;
+  return true;
+}
+
 bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode, int64_t rate,
             int round, Result* r) {
+  if (IsTorchMode(mode)) return RunTorchOne(hosts, mode, rate, round, r);
   const int steps = absl::GetFlag(FLAGS_steps);
   std::vector<std::string> flags = {"--model=mlp",
                                     absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
@@ -126,8 +167,10 @@ int Main() {
   if (!cluster.ok()) return 1;
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
-    if (mode != "flat" && mode != "two-level" && mode != "hsdp" && mode != "hsdp-bf16") {
-      std::fprintf(stderr, "--modes: '%s' is not flat, two-level, hsdp or hsdp-bf16\n",
+    if (mode != "flat" && mode != "two-level" && mode != "hsdp" && mode != "hsdp-bf16" &&
+        !IsTorchMode(mode)) {
+      std::fprintf(stderr,
+                   "--modes: '%s' is not flat, two-level, hsdp, hsdp-bf16, fsdp2 or fsdp2-hsdp\n",
                    mode.c_str());
       return 2;
     }
@@ -151,8 +194,17 @@ int Main() {
       }
     }
   }
-  const BenchMachine machine = DescribeBenchMachine(results.empty() ? "" : results[0].blas_kernel);
+  std::string our_kernel;
+  for (const Result& r : results) {
+    if (!IsTorchMode(r.mode)) our_kernel = r.blas_kernel;
+  }
+  const BenchMachine machine = DescribeBenchMachine(our_kernel);
   std::printf("%s\n", machine.Line().c_str());
+  for (const Result& r : results) {
+    if (!IsTorchMode(r.mode)) continue;
+    std::printf("PyTorch modes: %s\n", r.blas_kernel.c_str());
+    break;
+  }
   Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)", "CROSSING/HOST/STEP",
                "COUNTED"});
   nlohmann::json json = {{"machine", machine.Line()}, {"results", nlohmann::json::array()}};
