@@ -108,9 +108,11 @@ int64_t ShmCommunicator::shm_segment_bytes() const {
 CollectiveBytes ShmCommunicator::bytes_sent() const {
   CollectiveBytes bytes;
   bytes.all_gather = all_gather_bytes_.load();
-  bytes.reduce_scatter = reduce_scatter_bytes_.load();
+  // AllToAll runs over TCP: the only reduce-scatter bytes tcp_ counts.
+  const CollectiveBytes tcp = tcp_->bytes_sent();
+  bytes.reduce_scatter = reduce_scatter_bytes_.load() + tcp.reduce_scatter;
   bytes.all_reduce = all_reduce_bytes_.load();
-  bytes.broadcast = tcp_->bytes_sent().broadcast;
+  bytes.broadcast = tcp.broadcast;
   return bytes;
 }
 

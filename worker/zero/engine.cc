@@ -9,6 +9,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "worker/comm/quantized.h"
 
 namespace zeroshard {
 
@@ -129,11 +130,32 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
     return absl::InvalidArgumentError(
         absl::StrCat("grad_accum ", options.grad_accum, " must be >= 1"));
   }
-  for (DType d : {options.param_dtype, options.reduce_dtype}) {
-    if (d != DType::kF32 && d != DType::kBF16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", DTypeName(d), " is not supported: expected f32 or bf16"));
-    }
+  if (options.param_dtype != DType::kF32 && options.param_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param dtype ", DTypeName(options.param_dtype), " is not supported: expected f32 or bf16"));
+  }
+  if (options.reduce_dtype != DType::kF32 && options.reduce_dtype != DType::kBF16 &&
+      options.reduce_dtype != DType::kI8) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce dtype ",
+                                                   DTypeName(options.reduce_dtype),
+                                                   " is not supported: expected f32, bf16 or int8"));
+  }
+  if (options.gather_dtype != DType::kF32 && options.gather_dtype != DType::kI8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather dtype ", DTypeName(options.gather_dtype), " is not supported: expected f32 or int8"));
+  }
+  if (options.gather_dtype == DType::kI8 &&
+      (options.stage != 3 || options.param_dtype != DType::kF32)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "int8 gathers quantize stage 3's f32 parameter gathers; this run has stage ",
+        options.stage, " and param dtype ", DTypeName(options.param_dtype),
+        ": use --stage=3 --param_dtype=f32, or --gather_dtype=f32"));
+  }
+  const bool int8 = options.gather_dtype == DType::kI8 || options.reduce_dtype == DType::kI8;
+  if (int8 && options.backend != nullptr && !options.backend->host_accessible()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("int8 gathers and reductions run on host memory; backend '",
+                     options.backend->name(), "' is not: use f32 or bf16 there"));
   }
   const int group = plan.options.ShardGroupSize(plan.world_size);
   if (gather->world_size() != group || reduce->world_size() != group ||
@@ -250,7 +272,8 @@ absl::Status ZeroEngine::AllocateUnitStates() {
 // order).
 absl::Status ZeroEngine::SetUpSharedGather() {
   if (!stage_.params_sharded || !options_.shared_gather ||
-      options_.param_dtype == DType::kBF16 || !backend_->host_accessible()) {
+      options_.param_dtype == DType::kBF16 || options_.gather_dtype == DType::kI8 ||
+      !backend_->host_accessible()) {
     return absl::OkStatus();
   }
   const int regions = options_.prefetch + 2;
@@ -480,6 +503,17 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   UnitState& state = *state_[unit];
   const DType dtype = options_.param_dtype;
   const int64_t chunk = layout.chunk_elements;
+  if (options_.gather_dtype == DType::kI8) {
+    EnterCollective(kGatherStream, "all_gather", layout.name);
+    absl::Status s = QuantizedAllGatherBlocks(gather_comm_, state.master.f32(), out->f32(),
+                                              layout.blocks, options_.collective_timeout);
+    LeaveCollective(kGatherStream);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("all_gather (int8) of ", Where(unit), ": ", s.message()));
+    }
+    return absl::OkStatus();
+  }
   // f32: the pieces land straight in the unit's flat buffer. bf16: they
   // travel as bf16 and are widened once.
   TrackedBuffer send, received;
@@ -652,6 +686,9 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
   if (dtype == DType::kF32) {
     s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
                                 options_.collective_timeout);
+  } else if (dtype == DType::kI8) {
+    s = QuantizedAllReduce(reduce_comm_, state.grads.f32(), flat, ReduceOp::kAverage,
+                           options_.collective_timeout);
   } else {
     TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
                          /*zero=*/false);
@@ -672,13 +709,18 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
 
 // Shard groups: the group's average of this member's gradient shard,
 // averaged again over the replicas (in place, whole chunk; padding is zero):
-// the average over all W ranks. Ring all-reduce leaves every replica the
-// same bits, so the replicas' optimizer steps stay equal.
+// the average over all W ranks. Ring all-reduce (and int8's all-gather,
+// summed in rank order) leaves every replica the same bits, so the
+// replicas' optimizer steps stay equal. `chunk` holds `dtype`, f32 for int8.
 absl::Status ZeroEngine::AverageOverReplicas(int unit, void* chunk, DType dtype) {
   const UnitLayout& layout = units_[unit];
   EnterCollective(kReduceStream, "all_reduce", layout.name);
-  absl::Status s = replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype,
-                                            ReduceOp::kAverage, options_.collective_timeout);
+  absl::Status s =
+      dtype == DType::kI8
+          ? QuantizedAllReduce(replica_comm_, static_cast<float*>(chunk), layout.chunk_elements,
+                               ReduceOp::kAverage, options_.collective_timeout)
+          : replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype, ReduceOp::kAverage,
+                                     options_.collective_timeout);
   LeaveCollective(kReduceStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_reduce over the replicas of ", Where(unit),
@@ -695,7 +737,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   }
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
-  const DType dtype = options_.reduce_dtype;
+  const DType dtype = options_.reduce_dtype;  // on the wire
+  // In the buffers: int8 reductions take and give f32.
+  const DType held = dtype == DType::kI8 ? DType::kF32 : dtype;
   const int64_t chunk = layout.chunk_elements;
   const int64_t flat = layout.flat_elements;
   if (!stage_.state_sharded) return AllReduceUnit(unit);
@@ -704,30 +748,35 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();
   const void* input = grads_flat;
   TrackedBuffer narrowed;
-  if (dtype != DType::kF32) {
-    narrowed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
+  if (held != DType::kF32) {
+    narrowed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, held),
                              /*zero=*/false);
-    backend_->Convert(grads_flat, DType::kF32, narrowed.data(), dtype, flat);
+    backend_->Convert(grads_flat, DType::kF32, narrowed.data(), held, flat);
     input = narrowed.data();
   }
   // Only this rank's pieces are written, and only they are read below. The
   // first f32 reduction of a step lands straight in the gradient shard.
-  const bool direct = stage_.grads_sharded && state.grads_stale && dtype == DType::kF32;
+  const bool direct = stage_.grads_sharded && state.grads_stale && held == DType::kF32;
   TrackedBuffer received;
   if (!direct) {
     // The replicas' all-reduce adds whole chunks: padding must hold zeros.
-    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
+    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, held),
                              /*zero=*/replica_comm_ != nullptr);
   }
   // The conversion, and the allocations (a device block may come back from
   // another stream's free), are done before the communicator's stream
   // touches them.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  if (dtype != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
+  if (held != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
   EnterCollective(kReduceStream, "reduce_scatter", layout.name);
-  absl::Status s = reduce_comm_->ReduceScatterBlocks(
-      input, direct ? state.grads.data() : received.data(), layout.blocks, dtype,
-      ReduceOp::kAverage, options_.collective_timeout);
+  void* output = direct ? state.grads.data() : received.data();
+  absl::Status s =
+      dtype == DType::kI8
+          ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
+                                         static_cast<float*>(output), layout.blocks,
+                                         ReduceOp::kAverage, options_.collective_timeout)
+          : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
+                                              ReduceOp::kAverage, options_.collective_timeout);
   LeaveCollective(kReduceStream);
   if (stage_.grads_sharded) grads_flat_buffer->Reset();
   narrowed.Reset();
@@ -736,8 +785,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
   }
   if (replica_comm_ != nullptr) {
-    if (absl::Status s = AverageOverReplicas(unit, direct ? state.grads.data() : received.data(),
-                                             dtype);
+    if (absl::Status s = AverageOverReplicas(unit, output, dtype);
         !s.ok()) {
       return s;
     }
@@ -763,15 +811,15 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   }
   for (int i : layout.own_segments) {
     const Segment& seg = layout.segments[i];
-    const void* from = At(received.data(), seg.chunk_offset, dtype);
+    const void* from = At(received.data(), seg.chunk_offset, held);
     if (stage_.reduce_at_step) {
-      backend_->Convert(from, dtype, state.reduced.f32() + seg.chunk_offset, DType::kF32,
+      backend_->Convert(from, held, state.reduced.f32() + seg.chunk_offset, DType::kF32,
                         seg.length);
     } else if (state.grads_stale) {
-      backend_->Convert(from, dtype, state.grads.f32() + seg.chunk_offset, DType::kF32,
+      backend_->Convert(from, held, state.grads.f32() + seg.chunk_offset, DType::kF32,
                         seg.length);
     } else {
-      backend_->AddInto(from, dtype, state.grads.f32() + seg.chunk_offset, seg.length);
+      backend_->AddInto(from, held, state.grads.f32() + seg.chunk_offset, seg.length);
     }
   }
   if (stage_.grads_sharded) state.grads_stale = false;  // stage 1: the compute thread's

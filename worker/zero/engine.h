@@ -57,6 +57,15 @@ struct EngineOptions {
   int prefetch = 1;
   DType param_dtype = DType::kF32;   // dtype of gathered / replicated parameters
   DType reduce_dtype = DType::kF32;  // dtype gradients are reduced in
+  // kI8 (--reduce_dtype=int8): gradients stay f32 in memory and travel
+  // int8 block-quantized (worker/comm/quantized.h: the reduce-scatter
+  // through an all-to-all, the replicas' and stage 0's all-reduce through an
+  // all-gather), each value quantized once per collective. Host memory only.
+  // gather_dtype kI8 (--gather_dtype=int8, stage 3 with f32 parameters):
+  // each owner quantizes its f32 master shard once per gather and every
+  // rank computes on the dequantized unit; the master stays f32. Otherwise
+  // (kF32) gathers travel in param_dtype.
+  DType gather_dtype = DType::kF32;
   int grad_accum = 1;
   absl::Duration collective_timeout = absl::Seconds(60);
   // Test-only (shard_worker's --test_* flags): runs on a collective's thread
