@@ -101,6 +101,10 @@ ABSL_FLAG(std::string, param_dtype, "f32",
 ABSL_FLAG(std::string, reduce_dtype, "f32",
           "Dtype gradients are reduced in: f32|bf16|int8 (int8: block-quantized on the wire, "
           "summed in f32; docs/quantized_comm.md)");
+ABSL_FLAG(bool, replica_thread, true,
+          "With --shard_group_size: the replicas' all-reduce on a thread of its own, "
+          "overlapping the group's next reduce-scatters (false: after each, on the reduce "
+          "thread; for comparisons)");
 ABSL_FLAG(std::string, gather_dtype, "f32",
           "Stage 3: dtype parameter gathers travel in: f32 (i.e. --param_dtype)|int8 "
           "(block-quantized, dequantized after the gather; the master shard stays f32)");
@@ -354,6 +358,7 @@ absl::Status ReadEngine(WorkerConfig* config) {
   engine.param_dtype = *param_dtype;
   engine.reduce_dtype = *reduce_dtype;
   engine.gather_dtype = gather_flag == "int8" ? DType::kI8 : DType::kF32;
+  engine.replica_thread = absl::GetFlag(FLAGS_replica_thread);
   if (engine.gather_dtype == DType::kI8 &&
       (absl::GetFlag(FLAGS_stage) != 3 || engine.param_dtype != DType::kF32)) {
     return Bad(absl::StrCat("--gather_dtype=int8 quantizes stage 3's f32 gathers; got --stage=",

@@ -69,31 +69,60 @@ void QuantizeInt8(const float* x, int64_t n, void* packed) {
       continue;
     }
     scales[block] = static_cast<float>(static_cast<double>(amax) / 127.0);
-    // In double: x * 127 / amax neither overflows nor divides by a scale
-    // that underflowed; |ratio| <= 127 exactly, so no clamping is needed.
-    const double ratio = 127.0 / static_cast<double>(amax);
+    const float ratio = static_cast<float>(127.0 / static_cast<double>(amax));
+    if (!std::isfinite(ratio)) {
+      // amax below ~3e-37: x * 127 / amax in double (no overflow).
+      const double exact = 127.0 / static_cast<double>(amax);
+      for (int64_t i = begin; i < end; ++i) {
+        q[i] = static_cast<int8_t>(std::nearbyint(static_cast<double>(x[i]) * exact));
+      }
+      continue;
+    }
+    // Rounds half away from zero by truncation (vectorizes; nearbyint is a
+    // library call per element here). |x * ratio| <= 127 (1 + 2u), so the
+    // result stays in [-127, 127].
     for (int64_t i = begin; i < end; ++i) {
-      q[i] = static_cast<int8_t>(std::nearbyint(static_cast<double>(x[i]) * ratio));
+      const float r = x[i] * ratio;
+      q[i] = static_cast<int8_t>(static_cast<int32_t>(r + (r < 0 ? -0.5f : 0.5f)));
     }
   }
 }
 
-void DequantizeInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* out) {
+namespace {
+
+// out[i] (= or +=) element begin + i, block by block so that the inner
+// loops vectorize.
+template <bool kAdd>
+void Dequantize(const void* packed, int64_t n, int64_t begin, int64_t count, float* out) {
   const float* scales = ScalesOf(packed);
   const int8_t* q = ValuesOf(packed, n);
-  for (int64_t i = 0; i < count; ++i) {
+  int64_t i = 0;
+  while (i < count) {
     const int64_t k = begin + i;
-    out[i] = static_cast<float>(q[k]) * scales[k / kInt8Block];
+    const int64_t block = k / kInt8Block;
+    const int64_t run = std::min(count - i, (block + 1) * kInt8Block - k);
+    const float scale = scales[block];
+    const int8_t* from = q + k;
+    float* to = out + i;
+    for (int64_t j = 0; j < run; ++j) {
+      if (kAdd) {
+        to[j] += static_cast<float>(from[j]) * scale;
+      } else {
+        to[j] = static_cast<float>(from[j]) * scale;
+      }
+    }
+    i += run;
   }
 }
 
+}  // namespace
+
+void DequantizeInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* out) {
+  Dequantize<false>(packed, n, begin, count, out);
+}
+
 void AddDequantizedInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* acc) {
-  const float* scales = ScalesOf(packed);
-  const int8_t* q = ValuesOf(packed, n);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t k = begin + i;
-    acc[i] += static_cast<float>(q[k]) * scales[k / kInt8Block];
-  }
+  Dequantize<true>(packed, n, begin, count, acc);
 }
 
 absl::Status QuantizedAllGatherBlocks(Communicator* comm, const float* shard, float* full,

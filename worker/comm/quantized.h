@@ -6,8 +6,9 @@
 //
 // Quantization (per block of at most 256 elements, max-abs scaling):
 //   scale = max|x| / 127;  q = round(x / scale) in [-127, 127];  x' = q * scale
-// so |x - x'| <= scale / 2 = max|x| / 254 per element (plus a few f32 ulps of
-// max|x| from the division), and a block of zeros is exact (scale 0).
+// so |x - x'| <= scale / 2 = max|x| / 254 per element, plus the f32
+// roundings of the ratio, the scale and the product (4u max|x|, u = 2^-24):
+// |x - x'| <= max|x| / 254 * (1 + 1016 u). A block of zeros is exact.
 // A block holding NaN or ±Inf gets scale NaN: every element of it comes back
 // NaN, so a non-finite gradient still shows as a NaN norm (the step fails as
 // it would in f32) instead of being clipped to ±127 silently.

@@ -85,7 +85,9 @@ ZeroEngine::CollectiveProgress ZeroEngine::Collectives() const {
   absl::MutexLock lock(&activity_mu_);
   CollectiveProgress progress;
   progress.gathers_entered = entered_[kGatherStream];
-  progress.reductions_entered = entered_[kReduceStream];
+  // The group's reductions and the replicas' all-reduces: each stream's
+  // collectives are issued in the same order on every rank.
+  progress.reductions_entered = entered_[kReduceStream] + entered_[kReplicaStream];
   for (const CollectiveActivity& a : activity_) {
     if (a.op != nullptr && (progress.oldest.op == nullptr || a.started < progress.oldest.started)) {
       progress.oldest = a;
@@ -296,9 +298,13 @@ absl::Status ZeroEngine::SetUpSharedGather() {
 void ZeroEngine::StartThreads() {
   gather_thread_ = std::make_unique<TaskThread>("gather");
   reduce_thread_ = std::make_unique<TaskThread>("reduce");
+  if (replica_comm_ != nullptr && options_.replica_thread) {
+    replica_thread_ = std::make_unique<TaskThread>("replicas");
+  }
   Backend* backend = backend_;
   backend->BindThread();
-  for (TaskThread* t : {gather_thread_.get(), reduce_thread_.get()}) {
+  for (TaskThread* t : {gather_thread_.get(), reduce_thread_.get(), replica_thread_.get()}) {
+    if (t == nullptr) continue;
     t->Submit([backend] {
       backend->BindThread();
       return absl::OkStatus();
@@ -308,7 +314,8 @@ void ZeroEngine::StartThreads() {
 
 ZeroEngine::~ZeroEngine() {
   gather_thread_.reset();
-  reduce_thread_.reset();
+  reduce_thread_.reset();  // its tasks may queue work on the replica thread
+  replica_thread_.reset();
   slots_.clear();  // releases shared gathers
   memory_.Sub(MemoryCategory::kCommBuffers, shared_gather_bytes_);
   for (auto& s : state_) {
@@ -714,14 +721,14 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
 // replicas' optimizer steps stay equal. `chunk` holds `dtype`, f32 for int8.
 absl::Status ZeroEngine::AverageOverReplicas(int unit, void* chunk, DType dtype) {
   const UnitLayout& layout = units_[unit];
-  EnterCollective(kReduceStream, "all_reduce", layout.name);
+  EnterCollective(kReplicaStream, "all_reduce", layout.name);
   absl::Status s =
       dtype == DType::kI8
           ? QuantizedAllReduce(replica_comm_, static_cast<float*>(chunk), layout.chunk_elements,
                                ReduceOp::kAverage, options_.collective_timeout)
           : replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype, ReduceOp::kAverage,
                                      options_.collective_timeout);
-  LeaveCollective(kReduceStream);
+  LeaveCollective(kReplicaStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_reduce over the replicas of ", Where(unit),
                                                ": ", s.message()));
@@ -784,12 +791,36 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
   }
-  if (replica_comm_ != nullptr) {
-    if (absl::Status s = AverageOverReplicas(unit, output, dtype);
-        !s.ok()) {
+  // Decided here, on the reduce thread, before the next micro-batch's
+  // reduction of this unit looks at it.
+  const bool stale = state.grads_stale;
+  if (stage_.grads_sharded) state.grads_stale = false;  // stage 1: the compute thread's
+  if (replica_comm_ == nullptr) {
+    return FinishReduction(unit, &received, direct, stale, last_micro);
+  }
+  if (replica_thread_ == nullptr) {
+    if (absl::Status s = AverageOverReplicas(unit, output, dtype); !s.ok()) return s;
+    return FinishReduction(unit, &received, direct, stale, last_micro);
+  }
+  // The replicas' average and the rest on the replica thread, in order; the
+  // reduce thread goes on with the next unit inside the group meanwhile.
+  auto held_chunk = std::make_shared<TrackedBuffer>(std::move(received));
+  replica_thread_->Submit([this, unit, held_chunk, direct, stale, last_micro]() -> absl::Status {
+    void* data = direct ? state_[unit]->grads.data() : held_chunk->data();
+    if (absl::Status s = AverageOverReplicas(unit, data, options_.reduce_dtype); !s.ok()) {
       return s;
     }
-  }
+    return FinishReduction(unit, held_chunk.get(), direct, stale, last_micro);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::FinishReduction(int unit, TrackedBuffer* received, bool direct,
+                                         bool stale, bool last_micro) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType held = options_.reduce_dtype == DType::kI8 ? DType::kF32 : options_.reduce_dtype;
+  const int64_t chunk = layout.chunk_elements;
   // Padding is never written, so it stays zero: the squared norm sums whole
   // chunks. Stages 2-3 take it here, after the step's last reduction of the
   // unit, where it overlaps the backward of the units before it.
@@ -801,28 +832,24 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     state.grad_squares = *squares;
     return absl::OkStatus();
   };
-  if (direct) {
-    state.grads_stale = false;
-    return norm_of_shard();  // the collective returned with the data in place
-  }
+  if (direct) return norm_of_shard();  // the collective returned with the data in place
   if (stage_.reduce_at_step) {
     state.reduced = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
                                   Bytes(chunk, DType::kF32));
   }
   for (int i : layout.own_segments) {
     const Segment& seg = layout.segments[i];
-    const void* from = At(received.data(), seg.chunk_offset, held);
+    const void* from = At(received->data(), seg.chunk_offset, held);
     if (stage_.reduce_at_step) {
       backend_->Convert(from, held, state.reduced.f32() + seg.chunk_offset, DType::kF32,
                         seg.length);
-    } else if (state.grads_stale) {
+    } else if (stale) {
       backend_->Convert(from, held, state.grads.f32() + seg.chunk_offset, DType::kF32,
                         seg.length);
     } else {
       backend_->AddInto(from, held, state.grads.f32() + seg.chunk_offset, seg.length);
     }
   }
-  if (stage_.grads_sharded) state.grads_stale = false;  // stage 1: the compute thread's
   if (absl::Status s = norm_of_shard(); !s.ok()) return s;
   return backend_->Synchronize();
 }
@@ -1043,6 +1070,9 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   ReleaseHeldParameters();  // the parameters are about to change
   absl::Time wait_start = absl::Now();
   if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
+  if (replica_thread_ != nullptr) {
+    if (absl::Status s = replica_thread_->Drain(); !s.ok()) return s;
+  }
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
   times_.reduce_wait_ms += MsSince(wait_start);
   absl::Time optimizer_start = absl::Now();
