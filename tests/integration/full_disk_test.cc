@@ -13,10 +13,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
@@ -32,12 +34,27 @@ using testing::LocalCluster;
 
 constexpr int kLayers = 2;
 constexpr int kWidth = 16;
-constexpr int kSteps = 20;
+// Checkpoints at 5, 10, ..., 30: the first one lands, the disk fills, and
+// the test frees it as soon as a failure shows; under a loaded machine the
+// test may be late by a few intervals and a later checkpoint still lands.
+constexpr int kSteps = 30;
 constexpr int kEvery = 5;
-// Long enough that the test fills the disk between the checkpoint of step
-// kEvery and the one of 2 * kEvery (kEvery steps of this), and frees it
-// before a later one.
 constexpr int kStepDelayMs = 150;
+
+// The step of the first "checkpoint step N failed on rank" in `log` (0: none).
+int64_t FirstFailedStep(const std::string& log) {
+  const std::string marker = "checkpoint step ";
+  for (size_t at = log.find(marker); at != std::string::npos; at = log.find(marker, at + 1)) {
+    const size_t end = log.find(' ', at + marker.size());
+    int64_t step = 0;
+    if (end == std::string::npos ||
+        !absl::SimpleAtoi(log.substr(at + marker.size(), end - at - marker.size()), &step)) {
+      continue;
+    }
+    if (log.compare(end, 16, " failed on rank ") == 0) return step;
+  }
+  return 0;
+}
 
 std::vector<std::string> MlpFlags(std::vector<std::string> extra) {
   std::vector<std::string> flags = {
@@ -122,9 +139,20 @@ void ExpectCheckpointRetriedAfterAFullDisk(const std::vector<std::string>& trans
     const std::string filler = root + "/filler";
     ASSERT_TRUE(FillUntilFull(filler));
 
-    // Every rank learns of the failure and goes on; the failure names the
-    // error and the retry.
-    const std::string failed = absl::StrCat("checkpoint step ", 2 * kEvery, " failed on rank ");
+    // The first failure frees the disk at once; then every rank must have
+    // learnt of it and gone on, and the failure names the error and the retry.
+    int64_t failed_step = 0;
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          failed_step = std::max(FirstFailedStep(cluster.WorkerLog(0)),
+                                 FirstFailedStep(cluster.WorkerLog(1)));
+          return failed_step > 0;
+        },
+        absl::Seconds(60)))
+        << cluster.WorkerLog(0) << cluster.WorkerLog(1);
+    ASSERT_EQ(unlink(filler.c_str()), 0);
+    ASSERT_LT(failed_step, kSteps) << "the disk filled too late for a retry";
+    const std::string failed = absl::StrCat("checkpoint step ", failed_step, " failed on rank ");
     ASSERT_TRUE(testing::WaitFor(
         [&] {
           return absl::StrContains(cluster.WorkerLog(0), failed) &&
@@ -139,24 +167,23 @@ void ExpectCheckpointRetriedAfterAFullDisk(const std::vector<std::string>& trans
     for (const nlohmann::json& c : list["checkpoints"]) {
       // int64 fields are JSON strings in proto3's mapping.
       const int64_t step = std::stoll(c.value("step", std::string("0")));
-      if (step == 2 * kEvery) {
+      if (step == failed_step) {
         EXPECT_FALSE(c.value("complete", false)) << c.dump();
         const std::string failure = c.value("failure", "");
         EXPECT_TRUE(absl::StrContains(failure, "No space left on device")) << c.dump();
-        EXPECT_TRUE(absl::StrContains(failure, absl::StrCat("retrying at step ", 3 * kEvery)))
+        EXPECT_TRUE(absl::StrContains(failure, absl::StrCat("retrying at step ", failed_step + kEvery)))
             << c.dump();
         listed_failure = true;
       }
     }
     EXPECT_TRUE(listed_failure) << list.dump();
-    EXPECT_FALSE(Exists(absl::StrCat(root, "/full/step-", 2 * kEvery, "/manifest.json")));
-    ASSERT_EQ(unlink(filler.c_str()), 0);
+    EXPECT_FALSE(Exists(absl::StrCat(root, "/full/step-", failed_step, "/manifest.json")));
 
     const std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(120));
     ASSERT_EQ(codes, std::vector<int>({0, 0})) << cluster.WorkerLog(0) << cluster.WorkerLog(1);
     // The run report says what was abandoned.
     EXPECT_FALSE(cluster.Report("full", 0)["checkpoint_failures"].empty());
-    EXPECT_FALSE(Exists(absl::StrCat(root, "/full/step-", 2 * kEvery, "/rank-0-of-2.safetensors")));
+    EXPECT_FALSE(Exists(absl::StrCat(root, "/full/step-", failed_step, "/rank-0-of-2.safetensors")));
     EXPECT_TRUE(Exists(absl::StrCat(root, "/full/step-", kSteps, "/manifest.json")));
 
     // The failure changed no computation: the same float operations in the
