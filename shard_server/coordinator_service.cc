@@ -57,6 +57,14 @@ class HeldCall : public grpc::ServerUnaryReactor {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// What a held StoreGet or StoreWait keeps alive until it is answered: the
+// parsed request (its keys: a wait may name 131,072) and the reactor. The KV
+// store counts it against the job's and the server's bounds. gRPC's own
+// per-call state is not in it.
+size_t HeldCallBytes(const google::protobuf::Message& request) {
+  return request.SpaceUsedLong() + sizeof(HeldCall);
+}
+
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
                                     const grpc::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -229,7 +237,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
                          [call, response](absl::StatusOr<std::string> value) {
                            if (value.ok()) response->set_value(std::move(*value));
                            call->Complete(ToGrpcStatus(value.status()));
-                         });
+                         },
+                         HeldCallBytes(*request));
   call->Hold(id);
   return call;
 }
@@ -260,7 +269,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   uint64_t id =
       kv_->Wait(m.job_id(), m.generation(), std::move(keys),
                 Deadline(context, request->timeout_ms()),
-                [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); });
+                [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); },
+                HeldCallBytes(*request));
   call->Hold(id);
   return call;
 }
