@@ -36,10 +36,15 @@ constexpr int kWidth = 64;
 constexpr int kSteps = 400;
 
 std::vector<std::string> Flags(int steps = kSteps, bool periodic_checkpoints = true) {
-  std::vector<std::string> flags = {
-      "--model=mlp", absl::StrCat("--layers=", kLayers), absl::StrCat("--width=", kWidth),
-      "--seed=5",    "--stage=3",                        absl::StrCat("--steps=", steps),
-      "--batch=8",   "--checkpoint_at_end",              "--collective_timeout=30s"};
+  std::vector<std::string> flags = {"--model=mlp",
+                                    absl::StrCat("--layers=", kLayers),
+                                    absl::StrCat("--width=", kWidth),
+                                    "--seed=5",
+                                    "--stage=3",
+                                    absl::StrCat("--steps=", steps),
+                                    "--batch=8",
+                                    "--checkpoint_at_end",
+                                    "--collective_timeout=30s"};
   if (periodic_checkpoints) flags.push_back("--checkpoint_every=100");
   return flags;
 }
@@ -87,9 +92,26 @@ class FailoverTest : public ::testing::Test {
     return step;
   }
 
-  testing::Params Final(const std::string& job) {
-    return testing::LoadCheckpointParams(checkpoints_, job, kSteps,
+  testing::Params Final(const std::string& job, int64_t step = kSteps) {
+    return testing::LoadCheckpointParams(checkpoints_, job, step,
                                          *MlpSpec(kLayers, kWidth, "none"));
+  }
+
+  // Status of `job` as server `index` alone sees it (a fresh channel to it).
+  absl::StatusOr<v1::GetStatusResponse> StatusFrom(int index, const std::string& job) {
+    ClientOptions options;
+    options.server = servers_.address(index);
+    options.rpc_timeout = absl::Seconds(2);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    return (*client)->GetStatus(job);
+  }
+
+  // How many workers server `index` holds in the join barrier of `job` (-1: no answer).
+  int Joined(int index, const std::string& job) {
+    absl::StatusOr<v1::GetStatusResponse> status = StatusFrom(index, job);
+    if (!status.ok() || status->jobs_size() != 1) return -1;
+    return status->jobs(0).state() == v1::JOINING ? status->jobs(0).joined() : -1;
   }
 
   std::string dir_;
@@ -171,13 +193,14 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
   etcd_.member(1)->Signal(SIGSTOP);
   etcd_.member(2)->Signal(SIGSTOP);
   ASSERT_TRUE(testing::WaitFor([&] { return servers_.Leader() < 0; }, absl::Seconds(30)))
-      << "a server still leads without an etcd quorum:\n" << servers_.Log(leader);
+      << "a server still leads without an etcd quorum:\n"
+      << servers_.Log(leader);
   EXPECT_NE(servers_.Log(leader).find("is a quorum of etcd members up?"), std::string::npos)
       << servers_.Log(leader);
   // The data plane does not need the control plane: steps go on.
   const int logged = LoggedSteps(workers_);
-  EXPECT_TRUE(testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; },
-                               absl::Seconds(30)));
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; }, absl::Seconds(30)));
   EXPECT_LT(servers_.Leader(), 0) << "etcd has no quorum, yet a server leads";
 
   etcd_.member(1)->Signal(SIGCONT);
@@ -211,9 +234,8 @@ TEST_F(FailoverTest, ALeaderPausedPastItsLeaseHasItsWriteRefused) {
   auto client = Client::Connect(direct);
   ASSERT_TRUE(client.ok());
   absl::StatusOr<JoinInfo> joined;
-  std::thread join([&] {
-    joined = (*client)->Join("late", 1, "w0", "127.0.0.1", absl::Seconds(3));
-  });
+  std::thread join(
+      [&] { joined = (*client)->Join("late", 1, "w0", "127.0.0.1", absl::Seconds(3)); });
   absl::SleepFor(absl::Milliseconds(300));  // the scenario: the join waits on a paused server
   servers_.server(leader)->Signal(SIGCONT);
   join.join();
@@ -226,6 +248,51 @@ TEST_F(FailoverTest, ALeaderPausedPastItsLeaseHasItsWriteRefused) {
   auto status = observer->GetStatus("");
   ASSERT_TRUE(status.ok()) << status.status();
   for (const auto& job : status->jobs()) EXPECT_NE(job.job_id(), "late");
+}
+
+TEST_F(FailoverTest, AJoinBarrierOutlivesTheLeaderKilled) {
+  ASSERT_TRUE(etcd_.ok());
+  const int leader = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(leader, 0) << servers_.Log(0);
+  constexpr int kJoinSteps = 100;
+  ASSERT_TRUE(workers_.Run("calm", kWorld, Flags(kJoinSteps, false)));
+
+  // Worker 3 starts pointed at a port nobody serves: three workers wait in
+  // the barrier until it is restarted with the real servers.
+  const std::string nowhere = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
+  workers_.StartWorkers("join", kWorld, Flags(kJoinSteps, false),
+                        {{kWorld - 1, {"--server=" + nowhere}}});
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return Joined(leader, "join") == kWorld - 1; }, absl::Seconds(60)));
+
+  servers_.server(leader)->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  const int next = servers_.WaitLeader(absl::Seconds(30), leader);
+  const absl::Time serving = absl::Now();
+  ASSERT_GE(next, 0) << servers_.Log((leader + 1) % 3);
+  // The waiting workers' join calls failed with the leader; each retries
+  // on its own channel and must find the new leader within a retry.
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return Joined(next, "join") == kWorld - 1; }, absl::Seconds(30)))
+      << workers_.WorkerLog(0);
+  const absl::Time rejoined = absl::Now();
+  std::printf(
+      "join failover: server %d killed with %d workers in the barrier; server %d leads "
+      "after %.2f s; the workers joined it %.2f s after it served\n",
+      leader, kWorld - 1, next, absl::ToDoubleSeconds(serving - killed),
+      absl::ToDoubleSeconds(rejoined - serving));
+  workers_.RestartWorker(kWorld - 1, {"--server=" + servers_.addresses()}, absl::ZeroDuration());
+
+  std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
+  }
+  auto status = StatusFrom(next, "join");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(status->jobs(0).generation(), 1);
+  EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
+  EXPECT_EQ(Final("join", kJoinSteps), Final("calm", kJoinSteps));
 }
 
 }  // namespace
