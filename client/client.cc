@@ -125,6 +125,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 Client::~Client() { StopHeartbeats(); }
 
 void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
+  constexpr absl::Duration kOneReconnect = absl::Milliseconds(1500);  // backoff <= 1 s + connect
+  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+    channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + std::min(timeout, kOneReconnect)));
+  }
   if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }

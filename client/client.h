@@ -214,7 +214,11 @@ class Client {
   absl::StatusOr<int64_t> UploadShardOnce(int64_t step, const std::string& file,
                                           const std::string& local_path, absl::Duration timeout);
   Client() = default;
-  // Sets the bearer token and a deadline `timeout` from now.
+  // Sets the bearer token and a deadline `timeout` from now. A channel not
+  // connected is first given up to one reconnect (1.5 s, within `timeout`)
+  // with this thread polling it: after a failover, a long-lived client's
+  // channel would otherwise fail fast until gRPC's 5-s backup poller happened
+  // to complete a connection attempt (see AwaitConnection).
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
   // One unary call of `method` with a deadline `timeout` from now.
   template <typename Request, typename Response>
