@@ -121,6 +121,46 @@ TEST_F(HsdpTest, GroupsOfOneAreBitwiseTheFlatRunForTheGpt) {
   EXPECT_LT(report["losses"].back().get<double>(), report["losses"].front().get<double>());
 }
 
+// The GPT (attention, LayerNorm, GELU, a tied head) at W = 4 as two groups
+// of two, one sequence per rank, against one process with all four: the
+// same samples (text_data.h's layout does not depend on W), summed in
+// another order. The MLP's Adam bound with the GPT's depth: per block a
+// forward + backward chains the QKV, attention scores, attention-weighted
+// values, output projection and the two MLP GEMMs (6 sums), plus the head;
+// the longest sum is the MLP's 4 * d_model inner dimension (128 > 64 tokens).
+TEST_F(HsdpTest, TwoGroupsOfTwoTrainTheGptToOneProcesssParameters) {
+  ASSERT_TRUE(cluster_.ok());
+  constexpr int kSteps = 4;
+  constexpr double kGptLr = 3e-3;
+  std::vector<std::string> gpt = {
+      "--model=gpt",  "--layers=2", "--heads=2",           "--d_model=32",
+      "--context=16", "--steps=4",  "--lr=3e-3",           "--seed=5",
+      "--stage=3",    "--checkpoint_at_end", "--collective_timeout=30s"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> flags = gpt;
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return flags;
+  };
+  ASSERT_TRUE(cluster_.Run("gpt-single", 1, with({"--batch=4"})));
+  ASSERT_TRUE(cluster_.Run("gpt-groups", 4, with({"--batch=1", "--shard_group_size=2"})));
+  auto spec = Gpt2Spec(2, 32, 2, 256, 16);
+  ASSERT_TRUE(spec.ok());
+  const Params reference =
+      testing::LoadCheckpointParams(cluster_.checkpoint_root(), "gpt-single", kSteps, *spec);
+  const Params groups =
+      testing::LoadCheckpointParams(cluster_.checkpoint_root(), "gpt-groups", kSteps, *spec);
+  ASSERT_EQ(groups.size(), spec->tensors.size());
+  testing::TrainingErrorModel m;
+  m.layers = 2 * 6 + 1;
+  m.sum_length = 4 * 32;
+  m.steps = kSteps;
+  m.lr = kGptLr;
+  m.param_scale = testing::SmallestTensorScale(reference);
+  ExpectWithinBound(MaxRelativeDifference(groups, reference), testing::AdamRelativeParamBound(m),
+                    "GPT, 2 groups of 2 against one process");
+  EXPECT_NE(cluster_.WorkerLog(0).find("data plane (replicas)"), std::string::npos);
+}
+
 TEST_F(HsdpTest, CheckpointsConsolidateAndResumeAtAnotherWorldAndGroupSize) {
   ASSERT_TRUE(cluster_.ok());
   // Global batch 12 rows at every world size: W × batch.

@@ -188,7 +188,7 @@ std::string RunfilePath(const std::string& workspace_relative) {
   if (n > 0) {
     self[n] = '\0';
     std::string candidate = absl::StrCat(self, ".runfiles/zeroshard/", workspace_relative);
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (access(candidate.c_str(), F_OK) == 0) return candidate;
   }
   return absl::StrCat("bazel-bin/", workspace_relative);
 }

@@ -3,6 +3,11 @@ for tests/bench/peers/run.py to run beside ours with the same shapes.
 
   python peer.py --model gpt|gpt2|mlp --mode ddp|zero|fsdp2 --world 2 --threads 1 --steps 8
 
+or one rank of a job whose ranks another program starts (tests/bench/multihost_bench
+starts them on emulated hosts):
+
+  python peer.py ... --rank R --master ADDR:PORT
+
 Starts --world processes (gloo over loopback, like our shard_worker), each with
 --threads intra-op threads, trains --steps steps on synthetic data and prints
 one JSON line: the median step time (the first step not counted), items per
@@ -26,6 +31,9 @@ Modes:
   zero:  DDP + ZeroRedundancyOptimizer(Adam) (optimizer state sharded: ZeRO-1).
   fsdp2: fully_shard on every Linear / block and on the root (ZeRO-3), where
          the installed torch has it.
+  fsdp2_hsdp: the same on a 2-D DeviceMesh (replicate x shard): sharded inside
+         groups of --shard_group_size consecutive ranks, replicated across
+         them (FSDP2's HSDP).
 """
 import argparse
 import json
@@ -134,16 +142,35 @@ def peak_rss_bytes():
     return 0
 
 
-def worker(rank, args, port, queue):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def fsdp2_mesh(args):
+    """None (the default 1-D mesh of every rank) or fsdp2_hsdp's 2-D mesh."""
+    if args.mode != "fsdp2_hsdp":
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+    g = args.shard_group_size
+    if g < 1 or args.world % g:
+        sys.exit(f"--shard_group_size={g} does not divide --world={args.world}")
+    return init_device_mesh("cpu", (args.world // g, g), mesh_dim_names=("replicate", "shard"))
+
+
+def mlp(args):
+    layers = []
+    for _ in range(args.layers):
+        layers.append(nn.Linear(args.width, args.width))
+        if args.activation == "gelu":
+            layers.append(nn.GELU(approximate="tanh"))
+    return nn.Sequential(*layers)
+
+
+def worker(rank, args, master, queue):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master.rsplit(":", 1)
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=args.world)
     torch.manual_seed(0)
     if args.model == "mlp":
-        model = nn.Sequential(*[nn.Linear(args.width, args.width) for _ in range(args.layers)])
+        model = mlp(args)
         lr = 1e-4
-        units = list(model)
+        units = [m for m in model if isinstance(m, nn.Linear)]
     elif args.model == "gpt2":
         model = HfGpt2(args)
         lr = 3e-4
@@ -154,14 +181,15 @@ def worker(rank, args, port, queue):
         lr = 3e-4
         units = list(model.h)
     optimizer_class = torch.optim.AdamW if args.model == "gpt2" else torch.optim.Adam
-    if args.mode == "fsdp2":
+    if args.mode in ("fsdp2", "fsdp2_hsdp"):
         try:
             from torch.distributed.fsdp import fully_shard
         except ImportError:
             from torch.distributed._composable.fsdp import fully_shard
+        mesh = fsdp2_mesh(args)
         for unit in units:
-            fully_shard(unit)
-        fully_shard(model)
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         opt = optimizer_class(model.parameters(), lr=lr)
         step_model = model
     else:
@@ -196,7 +224,13 @@ def worker(rank, args, port, queue):
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
     dist.barrier()
-    queue.put((rank, times[1:], peak_rss_bytes(), cpu_times[1:]))
+    result = (rank, times[1:], peak_rss_bytes(), cpu_times[1:])
+    if queue is None:  # one rank of a job started by another program
+        print(json.dumps({"rank": rank, "step_s": result[1], "peak_rss_bytes": result[2],
+                          "step_cpu_s": result[3], "torch": torch.__version__,
+                          "blas_kernel": torch_blas()}), flush=True)
+    else:
+        queue.put(result)
     dist.destroy_process_group()
 
 
@@ -212,7 +246,9 @@ def torch_blas():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=["mlp", "gpt", "gpt2"], required=True)
-    p.add_argument("--mode", choices=["ddp", "zero", "fsdp2"], required=True)
+    p.add_argument("--mode", choices=["ddp", "zero", "fsdp2", "fsdp2_hsdp"], required=True)
+    p.add_argument("--shard_group_size", type=int, default=2, help="fsdp2_hsdp: ranks per group")
+    p.add_argument("--activation", choices=["none", "gelu"], default="none", help="mlp")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=8)
@@ -225,12 +261,15 @@ def main():
     p.add_argument("--vocab", type=int, default=50257, help="gpt2")
     p.add_argument("--data", default="", help="gpt2: an llm.c token shard")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--rank", type=int, default=-1,
+                   help="run this one rank here (with --master) and print its JSON line")
+    p.add_argument("--master", default="", help="with --rank: rank 0's ADDR:PORT")
     args = p.parse_args()
     if args.layers is None:
         args.layers = 20 if args.model == "mlp" else 6
     if args.batch is None:
         args.batch = 20 if args.model == "mlp" else 4
-    if args.mode == "fsdp2":
+    if args.mode in ("fsdp2", "fsdp2_hsdp"):
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401
         except ImportError:
@@ -239,6 +278,11 @@ def main():
             except ImportError:
                 print(json.dumps({"skipped": f"torch {torch.__version__} has no fully_shard"}))
                 return
+    if args.rank >= 0:
+        if not args.master or not 0 <= args.rank < args.world:
+            sys.exit(f"--rank={args.rank} needs --master=ADDR:PORT and a rank below --world")
+        worker(args.rank, args, args.master, None)
+        return
     port = args.port
     if port == 0:
         import socket
@@ -247,7 +291,8 @@ def main():
             port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, args, port, queue)) for r in range(args.world)]
+    master = f"127.0.0.1:{port}"
+    procs = [ctx.Process(target=worker, args=(r, args, master, queue)) for r in range(args.world)]
     for proc in procs:
         proc.start()
     results = []
