@@ -32,6 +32,22 @@ absl::Status ReadFileTo(const std::string& path, const char* what, std::string* 
   return absl::OkStatus();
 }
 
+const char* ChannelStateName(grpc_connectivity_state state) {
+  switch (state) {
+    case GRPC_CHANNEL_IDLE:
+      return "idle";
+    case GRPC_CHANNEL_CONNECTING:
+      return "connecting";
+    case GRPC_CHANNEL_READY:
+      return "ready";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return "failing to connect";
+    case GRPC_CHANNEL_SHUTDOWN:
+      return "shut down";
+  }
+  return "in an unknown state";
+}
+
 bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsAlreadyExists(s) || absl::IsAborted(s);
 }
@@ -109,6 +125,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 Client::~Client() { StopHeartbeats(); }
 
 void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
+  constexpr absl::Duration kOneReconnect = absl::Milliseconds(1500);  // backoff <= 1 s + connect
+  if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+    channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + std::min(timeout, kOneReconnect)));
+  }
   if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
@@ -141,10 +161,16 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_incarnation(join_extras_.incarnation);
   request.set_node(join_extras_.node);
   while (true) {
-    grpc::ClientContext context;
-    Prepare(&context, deadline - absl::Now());
     v1::JoinResponse response;
-    absl::Status status = FromGrpcStatus(stub_->Join(&context, request, &response));
+    absl::Status status = AwaitConnection(std::min(deadline, absl::Now() + kJoinRetryReport));
+    if (status.ok()) {
+      grpc::ClientContext context;
+      Prepare(&context, deadline - absl::Now());
+      // Connected a moment ago; if the connection breaks before the call
+      // leaves, the call waits (polling) for the next one, as above.
+      context.set_wait_for_ready(true);
+      status = FromGrpcStatus(stub_->Join(&context, request, &response));
+    }
     if (status.ok()) {
       info_ = JoinInfo();
       info_.rank = response.rank();
@@ -158,30 +184,42 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
       return info_;
     }
     if (!Retryable(status) || absl::Now() + backoff >= deadline) {
-      return absl::Status(status.code(),
-                          absl::StrCat("join of job '", job_id, "' as '", worker_id, "' at ",
-                                       options_.server, ": ", status.message(), " (tried for ",
-                                       absl::FormatDuration(absl::Trunc(
-                                           absl::Now() - started, absl::Seconds(1))),
-                                       ")"));
+      return absl::Status(
+          status.code(),
+          absl::StrCat("join of job '", job_id, "' as '", worker_id, "' at ", options_.server, ": ",
+                       status.message(), " (tried for ",
+                       absl::FormatDuration(absl::Trunc(absl::Now() - started, absl::Seconds(1))),
+                       ")"));
     }
     // Say so every few seconds: an unreachable server (a wrong address, a
     // firewall, a server listening on 127.0.0.1) is otherwise a silent wait.
     if (absl::Now() - last_said >= kJoinRetryReport) {
       last_said = absl::Now();
-      std::fprintf(stderr,
-                   "join of job '%s' as '%s': the server at %s has not accepted it for %s "
-                   "(last error: %s); still trying for %s\n",
-                   job_id.c_str(), worker_id.c_str(), options_.server.c_str(),
-                   absl::FormatDuration(absl::Trunc(absl::Now() - started, absl::Seconds(1)))
-                       .c_str(),
-                   status.ToString().c_str(),
-                   absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1)))
-                       .c_str());
+      std::fprintf(
+          stderr,
+          "join of job '%s' as '%s': the server at %s has not accepted it for %s "
+          "(last error: %s); still trying for %s\n",
+          job_id.c_str(), worker_id.c_str(), options_.server.c_str(),
+          absl::FormatDuration(absl::Trunc(absl::Now() - started, absl::Seconds(1))).c_str(),
+          status.ToString().c_str(),
+          absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1))).c_str());
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+}
+
+absl::Status Client::AwaitConnection(absl::Time until) {
+  // WaitForConnected polls the channel while it waits: a connection attempt
+  // completes (and a new leader is found) within gRPC's reconnect backoff
+  // (<= 1 s here) of a server accepting. A call that fails fast followed by a
+  // sleep would leave the attempt's completion unpolled until gRPC's 5-s
+  // backup poller ran: workers waiting in a join barrier when the leader
+  // died took 7-25 s to reach a new leader that had served for 2 s.
+  if (channel_->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("no server of ", options_.server, " accepts a connection (channel ",
+                   ChannelStateName(channel_->GetState(/*try_to_connect=*/true)), ")"));
 }
 
 void Client::ReportProgress(const Progress& progress) {
@@ -610,9 +648,8 @@ absl::Status Client::AbandonCheckpointStep(int64_t step, const std::string& fail
 
 absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& file,
                                             const std::string& local_path, absl::Duration timeout) {
-  return RetryWhileUnavailable<int64_t>(timeout, [&](absl::Duration left) {
-    return UploadShardOnce(step, file, local_path, left);
-  });
+  return RetryWhileUnavailable<int64_t>(
+      timeout, [&](absl::Duration left) { return UploadShardOnce(step, file, local_path, left); });
 }
 
 absl::StatusOr<int64_t> Client::UploadShardOnce(int64_t step, const std::string& file,

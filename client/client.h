@@ -98,8 +98,10 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();  // stops heartbeats; does not Leave
 
-  // Joins `job_id`, waiting for the rest of the job. Retries with backoff
-  // (100 ms doubling to 2 s) while the server is unreachable, or the worker id
+  // Joins `job_id`, waiting for the rest of the job. While no server accepts
+  // a connection it waits for one (within a reconnect backoff, <= 1 s, of a
+  // new leader serving); it retries with backoff (100 ms doubling to 2 s)
+  // when the call fails (the leader died in the barrier), or the worker id
   // is still a live member of the job (ALREADY_EXISTS: an earlier incarnation
   // not yet declared dead), or its generation was abandoned (ABORTED), until
   // `timeout`. Other refusals are returned at once.
@@ -208,6 +210,9 @@ class Client {
                                                      ConsolidateProgressFn progress = nullptr);
 
  private:
+  // OK once the channel is connected to a server, polling it meanwhile;
+  // UNAVAILABLE naming the servers when none accepted by `until`.
+  absl::Status AwaitConnection(absl::Time until);
   // One attempt of CommitShard / UploadShard within `timeout`.
   absl::StatusOr<v1::CommitShardResponse> CommitShardOnce(
       int64_t step, const std::string& file, int64_t size_bytes,
@@ -215,7 +220,11 @@ class Client {
   absl::StatusOr<int64_t> UploadShardOnce(int64_t step, const std::string& file,
                                           const std::string& local_path, absl::Duration timeout);
   Client() = default;
-  // Sets the bearer token and a deadline `timeout` from now.
+  // Sets the bearer token and a deadline `timeout` from now. A channel not
+  // connected is first given up to one reconnect (1.5 s, within `timeout`)
+  // with this thread polling it: after a failover, a long-lived client's
+  // channel would otherwise fail fast until gRPC's 5-s backup poller happened
+  // to complete a connection attempt (see AwaitConnection).
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
   // One unary call of `method` with a deadline `timeout` from now.
   template <typename Request, typename Response>
@@ -247,10 +256,10 @@ class Client {
   Progress progress_ ABSL_GUARDED_BY(mu_);
   TelemetrySource telemetry_source_ ABSL_GUARDED_BY(mu_);
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
-  bool peer_failure_ ABSL_GUARDED_BY(mu_) = false;  // ReportPeerFailure
-  bool beat_now_ ABSL_GUARDED_BY(mu_) = false;      // wakes the heartbeat loop
+  bool peer_failure_ ABSL_GUARDED_BY(mu_) = false;      // ReportPeerFailure
+  bool beat_now_ ABSL_GUARDED_BY(mu_) = false;          // wakes the heartbeat loop
   bool heartbeats_ended_ ABSL_GUARDED_BY(mu_) = false;  // HeartbeatLoop returned
-  absl::Time last_answer_ ABSL_GUARDED_BY(mu_);     // SinceHeartbeatAnswer
+  absl::Time last_answer_ ABSL_GUARDED_BY(mu_);         // SinceHeartbeatAnswer
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   void StopHeartbeatThreads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_threads_mu_);
   // Serializes StartHeartbeats and StopHeartbeats: callers on several threads

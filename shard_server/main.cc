@@ -38,9 +38,10 @@ ABSL_FLAG(std::string, etcd_endpoints, "",
           "(the others take over within seconds when it fails); empty: SQLite under --state_dir");
 ABSL_FLAG(std::string, etcd_prefix, "/zeroshard",
           "Every etcd key of this control plane starts with it (one prefix per control plane)");
-ABSL_FLAG(absl::Duration, etcd_lease_ttl, absl::Seconds(2),
-          "The leader's etcd lease: a leader that cannot renew it for this long stops serving, "
-          "and a failed leader is replaced this long after its last renewal (whole seconds, >= 1s)");
+ABSL_FLAG(
+    absl::Duration, etcd_lease_ttl, absl::Seconds(2),
+    "The leader's etcd lease: a leader that cannot renew it for this long stops serving, "
+    "and a failed leader is replaced this long after its last renewal (whole seconds, >= 1s)");
 ABSL_FLAG(std::string, advertise, "",
           "HOST:PORT this server is reached at, recorded in etcd while it leads (empty: --listen)");
 ABSL_FLAG(std::string, checkpoint_root, "",
@@ -75,6 +76,11 @@ ABSL_FLAG(int, max_consolidations, 4,
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
           "A streamed consolidation whose caller reads nothing for this long is cancelled, "
           "freeing its slot");
+ABSL_FLAG(int, testing_hold_commit_of_rank, -1,
+          "Tests only: this rank's checkpoint commits wait --testing_commit_hold before they "
+          "are recorded (a window to kill the server in); -1: none");
+ABSL_FLAG(absl::Duration, testing_commit_hold, absl::Seconds(2),
+          "Tests only: see --testing_hold_commit_of_rank");
 ABSL_FLAG(int, hang_report_ms, 10000,
           "Ranks waiting this long in a collective that another rank has not entered (and that "
           "rank not advancing) are reported as a hang naming that rank, in shardctl status, the "
@@ -184,6 +190,9 @@ absl::Status ReadCheckpointAndTelemetryFlags(zeroshard::ShardServerOptions& opti
   options.telemetry.hang_report = absl::Milliseconds(absl::GetFlag(FLAGS_hang_report_ms));
   options.checkpoint_service.stall_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_consolidate_stall_timeout_s));
+  options.checkpoint_service.testing_hold_commit_of_rank =
+      absl::GetFlag(FLAGS_testing_hold_commit_of_rank);
+  options.checkpoint_service.testing_commit_hold = absl::GetFlag(FLAGS_testing_commit_hold);
   return absl::OkStatus();
 }
 
@@ -266,7 +275,8 @@ int RunReplicated(const zeroshard::ShardServerOptions& options, sigset_t signals
   if (etcd.prefix.empty() || etcd.prefix[0] != '/') {
     return Fail("--etcd_prefix must start with '/' (it is '" + etcd.prefix + "')");
   }
-  if (etcd.lease_ttl < absl::Seconds(1) || etcd.lease_ttl != absl::Trunc(etcd.lease_ttl, absl::Seconds(1))) {
+  if (etcd.lease_ttl < absl::Seconds(1) ||
+      etcd.lease_ttl != absl::Trunc(etcd.lease_ttl, absl::Seconds(1))) {
     return Fail("--etcd_lease_ttl must be whole seconds, at least 1s (it is " +
                 absl::FormatDuration(etcd.lease_ttl) + ")");
   }

@@ -1,12 +1,14 @@
 #include "shard_server/replicated_server.h"
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "shard_server/observability/server_metrics.h"
 
 namespace zeroshard {
 namespace {
@@ -33,11 +35,62 @@ void ReplicatedServer::Stop() {
   if (server_ != nullptr) server_->Shutdown();
 }
 
+void ReplicatedServer::NoteFollowing(const std::string& leader, const std::string& etcd_error) {
+  absl::MutexLock lock(&mu_);
+  if (!leader.empty()) seen_leader_ = leader;
+  etcd_error_ = etcd_error;
+}
+
+std::string ReplicatedServer::FollowerMetrics() {
+  absl::MutexLock lock(&mu_);
+  std::string out;
+  absl::StrAppend(&out,
+                  "# HELP zeroshard_control_plane_leader 1 on the server that leads the replicated "
+                  "control plane (label: its address).\n"
+                  "# TYPE zeroshard_control_plane_leader gauge\n"
+                  "zeroshard_control_plane_leader{address=\"",
+                  EscapeLabelValue(advertise_), "\"} 0\n");
+  absl::StrAppend(&out,
+                  "# HELP zeroshard_control_plane_seen_leader_info The leader this follower last "
+                  "read from etcd.\n# TYPE zeroshard_control_plane_seen_leader_info gauge\n"
+                  "zeroshard_control_plane_seen_leader_info{leader=\"",
+                  EscapeLabelValue(seen_leader_), "\"} 1\n");
+  absl::StrAppend(&out,
+                  "# HELP zeroshard_control_plane_etcd_session 1 while this server holds an etcd "
+                  "lease (it can be elected); 0: etcd is out of reach (label: why).\n"
+                  "# TYPE zeroshard_control_plane_etcd_session gauge\n"
+                  "zeroshard_control_plane_etcd_session{error=\"",
+                  EscapeLabelValue(etcd_error_), "\"} ", etcd_error_.empty() ? 1 : 0, "\n");
+  return out;
+}
+
+void ReplicatedServer::ServeFollowerMetrics() {
+  if (options_.metrics_listen.empty() || follower_http_ != nullptr) return;
+  std::map<std::string, HttpPage> pages;
+  pages["/metrics"].render = [this](const std::map<std::string, std::string>&) {
+    HttpResponse response;
+    response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    response.body = FollowerMetrics();
+    return response;
+  };
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+      MetricsHttpServer::Start(options_.metrics_listen, options_.auth_token, std::move(pages));
+  if (!http.ok()) {
+    Say(absl::StrCat("cannot serve a follower's /metrics: ", http.status().message()));
+    return;
+  }
+  follower_http_ = *std::move(http);
+}
+
+void ReplicatedServer::StopFollowerMetrics() { follower_http_.reset(); }
+
 absl::Status ReplicatedServer::Run() {
   while (!Stopping()) {
+    ServeFollowerMetrics();
     absl::StatusOr<std::unique_ptr<EtcdSession>> session = EtcdSession::Connect(etcd_);
     if (!session.ok()) return session.status();
     if (absl::Status s = (*session)->StartLease(); !s.ok()) {
+      NoteFollowing("", std::string(s.message()));
       Say(absl::StrCat("cannot start an etcd session, retrying: ", s.message()));
       absl::SleepFor(kRetryPause);
       continue;
@@ -52,6 +105,7 @@ absl::Status ReplicatedServer::Run() {
                        s.message()));
     }
     absl::StatusOr<std::string> leader = (*session)->Leader();
+    NoteFollowing(leader.ok() ? *leader : "", "");
     Say(absl::StrCat("campaigning for leadership of ", etcd_.prefix, " as ", advertise_,
                      leader.ok() && !leader->empty() ? " (leader: " + *leader + ")" : ""));
     // Who leads is read again while waiting (a read, never a write), so
@@ -63,19 +117,23 @@ absl::Status ReplicatedServer::Run() {
         absl::StatusOr<std::string> now = (*session)->Leader();
         absl::MutexLock lock(&mu_);
         if (now.ok() && !now->empty() && *now != advertise_) previous = *now;
+        if (now.ok() && !now->empty()) seen_leader_ = *now;
       }
     });
     absl::Status won = (*session)->Campaign(advertise_);
     campaign_over.Notify();
     watch.join();
     if (won.ok()) {
+      StopFollowerMetrics();  // the leader's ShardServer serves the port
       Lead(**session, previous);
     } else if (!absl::IsCancelled(won)) {
+      NoteFollowing("", std::string(won.message()));
       Say(absl::StrCat("campaign ended: ", won.message()));
     }
     absl::MutexLock lock(&mu_);
     session_ = nullptr;
   }
+  StopFollowerMetrics();
   return absl::OkStatus();
 }
 
@@ -104,6 +162,7 @@ void ReplicatedServer::Describe(EtcdSession& session, const Term& term,
 }
 
 void ReplicatedServer::Lead(EtcdSession& session, const std::string& previous_leader) {
+  NoteFollowing(advertise_, "");  // what its follower /metrics says after this term
   Term term;
   term.elected = absl::Now();
   term.previous_leader = previous_leader;

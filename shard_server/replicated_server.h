@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "shard_server/observability/metrics_http.h"
 #include "shard_server/shard_server.h"
 #include "shard_server/state/etcd_state.h"
 
@@ -50,6 +51,14 @@ class ReplicatedServer {
       ABSL_LOCKS_EXCLUDED(mu_);
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
   void Say(const std::string& what);
+  // While not leading, --metrics_listen serves a /metrics of its own: this
+  // server follows (leader 0), whom it saw lead, and why it cannot lead when
+  // etcd is out of reach. The leader's ShardServer takes the port over.
+  void ServeFollowerMetrics() ABSL_LOCKS_EXCLUDED(mu_);
+  void StopFollowerMetrics() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string FollowerMetrics() ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteFollowing(const std::string& leader, const std::string& etcd_error)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   ShardServerOptions options_;
   const EtcdOptions etcd_;
@@ -63,6 +72,11 @@ class ReplicatedServer {
   int64_t terms_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);  // registered in etcd
   absl::Time servers_read_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // What a follower's /metrics says: the leader it last read ("" none) and
+  // etcd's last error ("" while it holds an etcd session).
+  std::string seen_leader_ ABSL_GUARDED_BY(mu_);
+  std::string etcd_error_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<MetricsHttpServer> follower_http_;  // Run()'s thread only
 };
 
 }  // namespace zeroshard

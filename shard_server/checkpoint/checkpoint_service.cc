@@ -70,9 +70,9 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
     }
     const std::string& data = request_.data();
     if (written_ + static_cast<int64_t>(data.size()) > size_) {
-      Fail(absl::InvalidArgumentError(
-          absl::StrCat("upload of '", relative_, "' sent more than the announced size_bytes ",
-                       size_, "; nothing was kept")));
+      Fail(absl::InvalidArgumentError(absl::StrCat("upload of '", relative_,
+                                                   "' sent more than the announced size_bytes ",
+                                                   size_, "; nothing was kept")));
       return;
     }
     if (!data.empty()) {
@@ -306,7 +306,8 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
     {
       const absl::Time wait_start = absl::Now();
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !in_flight_ || cancelled_; };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !in_flight_ || cancelled_; };
       const absl::Duration stall = service_->options_.stall_timeout;
       if (!mu_.AwaitWithTimeout(absl::Condition(&ready), stall)) {
         // The caller has not taken the previous message for `stall`: end the
@@ -314,9 +315,9 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
         // slot for others.
         cancelled_ = true;
         context_->TryCancel();
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the caller read nothing for ", absl::FormatDuration(stall),
-            " (the server's --consolidate_stall_timeout_s); consolidation cancelled"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("the caller read nothing for ", absl::FormatDuration(stall),
+                         " (the server's --consolidate_stall_timeout_s); consolidation cancelled"));
       }
       send_wait_ += absl::Now() - wait_start;
       if (cancelled_) return absl::CancelledError("the caller went away");
@@ -362,7 +363,8 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
            {"write_seconds", absl::StrFormat("%.3f", write_seconds_)},
            {"read_seconds", absl::StrFormat("%.3f", read_seconds_)},
            {"send_wait_seconds", absl::StrFormat("%.3f", absl::ToDoubleSeconds(send_wait_))},
-           {"gbps", absl::StrFormat("%.3f", summary->total_bytes() / 1e9 / std::max(seconds, 1e-9))}});
+           {"gbps",
+            absl::StrFormat("%.3f", summary->total_bytes() / 1e9 / std::max(seconds, 1e-9))}});
     } else {
       service_->log_->Log("consolidate_failed", {{"job", request_.job_id()},
                                                  {"step", absl::StrCat(request_.step())},
@@ -383,8 +385,8 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
     if (!dtype.ok()) return dtype.status();
     options.dtype = *dtype;
     if (request_.max_shard_bytes() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "max_shard_bytes ", request_.max_shard_bytes(), " is negative; 0 writes one file"));
+      return absl::InvalidArgumentError(absl::StrCat("max_shard_bytes ", request_.max_shard_bytes(),
+                                                     " is negative; 0 writes one file"));
     }
     absl::StatusOr<std::unique_ptr<PinnedCheckpoint>> pinned =
         registry->Acquire(request_.job_id(), request_.step());
@@ -441,13 +443,13 @@ class ConsolidateReactor : public grpc::ServerWriteReactor<v1::ConsolidateRespon
   std::thread producer_;
   // Producer thread only.
   v1::ConsolidateResponse pending_;
-  size_t pending_used_ = 0;  // bytes of pending_.data() that belong to the file
+  size_t pending_used_ = 0;             // bytes of pending_.data() that belong to the file
   std::unique_ptr<std::string> spare_;  // a written message's buffer, for reuse
   absl::Time last_progress_ = absl::InfinitePast();
   double verify_seconds_ = 0;  // of the last successful run, for the log
   double write_seconds_ = 0;
-  double read_seconds_ = 0;     // of write_seconds_: reading and checking shard bytes
-  absl::Duration send_wait_;    // waiting for the previous message to be written
+  double read_seconds_ = 0;   // of write_seconds_: reading and checking shard bytes
+  absl::Duration send_wait_;  // waiting for the previous message to be written
 
   absl::Mutex mu_;
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
@@ -475,7 +477,8 @@ grpc::Status CheckpointService::BeginConsolidation() {
   absl::MutexLock lock(&mu_);
   if (consolidations_ >= options_.max_consolidations) {
     return Error(absl::StatusCode::kResourceExhausted,
-                 absl::StrCat(consolidations_, " consolidations are running (the server's "
+                 absl::StrCat(consolidations_,
+                              " consolidations are running (the server's "
                               "limit); try again when one finished"));
   }
   ++consolidations_;
@@ -504,6 +507,9 @@ grpc::ServerUnaryReactor* CheckpointService::CommitShard(grpc::CallbackServerCon
   }
   absl::StatusOr<int> world = membership_->WorldSize(request->member().job_id());
   if (!world.ok()) return FinishNow(context, ToGrpcStatus(world.status()));
+  if (request->member().rank() == options_.testing_hold_commit_of_rank) {
+    absl::SleepFor(options_.testing_commit_hold);  // a test's window; blocks one callback thread
+  }
   absl::StatusOr<v1::CommitShardResponse> result = registry_->Commit(*request, *world);
   if (result.ok()) *response = *std::move(result);
   return FinishNow(context, ToGrpcStatus(result.status()));

@@ -34,6 +34,12 @@ struct CheckpointServiceOptions {
   // Told of every completed consolidation (bytes written, seconds): the
   // metrics. Empty: no one.
   std::function<void(int64_t bytes, double seconds)> on_consolidated;
+  // Tests only (shard_server --testing_hold_commit_of_rank): this rank's
+  // CommitShard waits `testing_commit_hold` before it is recorded, so that a
+  // test can kill the server while the commit is in flight, the other ranks'
+  // commits of the step already saved. -1: none.
+  int testing_hold_commit_of_rank = -1;
+  absl::Duration testing_commit_hold = absl::ZeroDuration();
 };
 
 // Thread-safe.

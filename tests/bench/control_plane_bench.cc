@@ -35,6 +35,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/process.h"
+#include "tests/testing/simulated_members.h"
 
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
@@ -51,7 +52,12 @@ ABSL_FLAG(std::string, telemetry, "full",
 namespace zeroshard {
 namespace {
 
+using testing::Beater;
 using testing::ChildProcess;
+using testing::Credentials;
+using testing::JoinAll;
+using testing::Joined;
+using testing::MakeStubs;
 
 struct Server {
   std::unique_ptr<ChildProcess> process;
@@ -78,163 +84,6 @@ Server StartServer(const std::string& binary, const std::vector<std::string>& ex
   s.address = "127.0.0.1:" + port;
   return s;
 }
-
-// Distinct channel arguments give each channel its own TCP connection.
-std::vector<std::unique_ptr<v1::Coordinator::Stub>> MakeStubs(const std::string& address,
-                                                              int count) {
-  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
-  for (int i = 0; i < count; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt("zeroshard.bench.channel", i);
-    stubs.push_back(v1::Coordinator::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
-  }
-  return stubs;
-}
-
-struct Joined {
-  std::vector<v1::JoinResponse> responses;
-  double seconds = 0;
-  int failures = 0;
-};
-
-Joined JoinAll(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs, const std::string& job,
-               int world, bool member_table = false) {
-  Joined out;
-  out.responses.resize(world);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world);
-  std::vector<v1::JoinRequest> requests(world);
-  absl::BlockingCounter done(world);
-  std::atomic<int> failures{0};
-  absl::Time start = absl::Now();
-  for (int i = 0; i < world; ++i) {
-    contexts[i] = std::make_unique<grpc::ClientContext>();
-    contexts[i]->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-    requests[i].set_job_id(job);
-    requests[i].set_world_size(world);
-    requests[i].set_worker_id(absl::StrFormat("node%05d/0", i));
-    requests[i].set_host("127.0.0.1");
-    requests[i].set_skip_member_table(!member_table);
-    stubs[i % stubs.size()]->async()->Join(
-        contexts[i].get(), &requests[i], &out.responses[i], [&](grpc::Status s) {
-          if (!s.ok()) {
-            if (failures++ == 0) {
-              std::fprintf(stderr, "join failed: %s\n", s.error_message().c_str());
-            }
-          }
-          done.DecrementCount();
-        });
-  }
-  done.Wait();
-  out.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  out.failures = failures.load();
-  return out;
-}
-
-v1::MemberCredentials Credentials(const std::string& job, const v1::JoinResponse& r) {
-  v1::MemberCredentials c;
-  c.set_job_id(job);
-  c.set_generation(r.generation());
-  c.set_rank(r.rank());
-  c.set_token(r.token());
-  return c;
-}
-
-// What a ZeRO-3 rank of a GPT job sends in the middle of training: every
-// telemetry field set to a value of realistic size.
-void FillTelemetry(v1::HeartbeatRequest* request) {
-  if (absl::GetFlag(FLAGS_telemetry) == "none") return;
-  request->set_loss(2.718281828);
-  request->set_memory_bytes(int64_t{3} << 30);
-  request->set_collective_seq(1234567);
-  v1::StepTelemetry* step = request->mutable_last_step();
-  step->set_step_ms(123.456);
-  step->set_items_per_second(81234.5);
-  step->set_gather_wait_ms(12.5);
-  step->set_reduce_wait_ms(3.25);
-  if (absl::GetFlag(FLAGS_telemetry) != "full") return;
-  v1::RankTelemetry* t = request->mutable_telemetry();
-  v1::MemoryUsage* memory = t->mutable_memory();
-  memory->set_params(int64_t{1} << 30);
-  memory->set_grads(int64_t{1} << 29);
-  memory->set_optimizer_state(int64_t{2} << 30);
-  memory->set_activations(int64_t{3} << 28);
-  memory->set_comm_buffers(int64_t{1} << 26);
-  memory->set_cached(int64_t{1} << 27);
-  t->set_bytes_moved(int64_t{123} << 30);
-  t->set_gathers_entered(512345);
-  t->set_reductions_entered(256789);
-  t->set_first_collective_unix_us(1'790'000'000'123'456);
-  t->set_arrival_lag_ms(3.5f);
-  t->set_arrival_lag_median_ms(2.25f);
-  v1::CollectiveInProgress* c = t->mutable_in_progress();
-  c->set_op(v1::ALL_GATHER);
-  c->set_unit("transformer.h.17");
-  c->set_seq(512345);
-  c->set_started_unix_ms(1'790'000'000'456);
-}
-
-// One member's heartbeat stream, beating back to back: the next beat is
-// written once the previous beat's write and reply have both completed.
-class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
- public:
-  Beater(v1::Coordinator::Stub* stub, const v1::MemberCredentials& member, std::atomic<bool>* stop,
-         std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
-      : stop_(stop), replies_(replies), finished_(finished) {
-    *request_.mutable_member() = member;
-    FillTelemetry(&request_);
-    stub->async()->Heartbeat(&context_, this);
-    Round();
-    StartCall();
-  }
-  void OnWriteDone(bool ok) override { Step(ok); }
-  void OnReadDone(bool ok) override {
-    if (ok) {
-      if (response_.command() != v1::CONTINUE) bad_commands_++;
-      replies_->fetch_add(1, std::memory_order_relaxed);
-    }
-    Step(ok);
-  }
-  void OnWritesDoneDone(bool) override {}
-  void OnDone(const grpc::Status& status) override {
-    status_ = status;
-    finished_->DecrementCount();
-  }
-  int bad_commands() const { return bad_commands_; }
-  const grpc::Status& status() const { return status_; }
-
- private:
-  void Round() {
-    pending_.store(2);
-    request_.set_step(request_.step() + 1);
-    StartWrite(&request_);
-    StartRead(&response_);
-  }
-  void Step(bool ok) {
-    if (pending_.fetch_sub(1) != 1) return;  // the other half of the round is still out
-    if (!ok || failed_) {
-      failed_ = true;
-      return;
-    }
-    if (stop_->load()) {
-      StartWritesDone();
-      StartRead(&response_);  // drains the server's end of the stream
-      return;
-    }
-    Round();
-  }
-
-  grpc::ClientContext context_;
-  v1::HeartbeatRequest request_;
-  v1::HeartbeatResponse response_;
-  std::atomic<int> pending_{0};
-  bool failed_ = false;
-  int bad_commands_ = 0;
-  std::atomic<bool>* stop_;
-  std::atomic<int64_t>* replies_;
-  absl::BlockingCounter* finished_;
-  grpc::Status status_;
-};
 
 // The process's resident memory in bytes (VmRSS); -1 if unreadable.
 int64_t RssBytes(pid_t pid) {
@@ -272,9 +121,9 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
   absl::BlockingCounter finished(members);
   std::vector<std::unique_ptr<Beater>> beaters;
   for (int i = 0; i < members; ++i) {
-    beaters.push_back(std::make_unique<Beater>(stubs[i % stubs.size()].get(),
-                                               Credentials(job, joined.responses[i]), &stop,
-                                               &replies, &finished));
+    beaters.push_back(std::make_unique<Beater>(
+        stubs[i % stubs.size()].get(), Credentials(job, joined.responses[i]),
+        absl::GetFlag(FLAGS_telemetry), &stop, &replies, &finished));
   }
   absl::SleepFor(absl::Seconds(1));  // warm-up: every stream open and beating
   int64_t start_count = replies.load();
@@ -399,7 +248,7 @@ int Main() {
     result["heartbeats_per_second"] = rate;
     v1::HeartbeatRequest sample;
     *sample.mutable_member() = Credentials("heartbeats", hb.responses[0]);
-    FillTelemetry(&sample);
+    testing::FillTelemetry(absl::GetFlag(FLAGS_telemetry), &sample);
     result["heartbeat_bytes"] = sample.ByteSizeLong();
     table.AddRow({"heartbeat message", absl::StrCat(sample.ByteSizeLong(), " bytes"), ""});
     table.AddRow({absl::StrCat("heartbeats/s, ", members, " streams"),

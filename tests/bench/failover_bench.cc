@@ -7,10 +7,12 @@
 //  - failover: kill -9 of the leading server until another one listens
 //    (serving) and until a client given every server's address is answered,
 //    over --kills kills (the killed server is started again each time);
-//  - Join latency (a one-worker job formed and saved) with the state in etcd
-//    vs SQLite (a lone server with --state_dir);
-//  - etcd's write rate while a job's members only heartbeat (--members
-//    clients in this process): it must be 0, heartbeats never write.
+//  - Join latency (a one-worker job formed and saved) and CommitShard latency
+//    (a one-rank step recorded and its manifest written) with the state in
+//    etcd vs SQLite (a lone server with --state_dir);
+//  - etcd's write rate while a job's members heartbeat (simulated members, as
+//    control_plane_bench's, every --beat_interval, at 256 and --members
+//    members): it must be 0 and not grow with members, heartbeats never write.
 #include <signal.h>
 
 #include <algorithm>
@@ -24,19 +26,29 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/model_zoo.h"
+#include "common/plan/plan_codec.h"
+#include "common/server_list.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/bench_machine.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/process.h"
+#include "tests/testing/shard_files.h"
+#include "tests/testing/simulated_members.h"
 
 ABSL_FLAG(int, kills, 20, "Leader kills for the failover figures");
 ABSL_FLAG(int, joins, 50, "Joins timed per backend");
-ABSL_FLAG(int, members, 256, "Members heartbeating during the etcd write-rate window");
+ABSL_FLAG(int, commits, 50, "Checkpoint commits timed per backend");
+ABSL_FLAG(int, members, 4096,
+          "Members of the larger job heartbeating during the write-rate window");
 ABSL_FLAG(double, heartbeat_seconds, 5.0, "Length of the write-rate window");
+ABSL_FLAG(absl::Duration, beat_interval, absl::Seconds(1),
+          "Each simulated member's heartbeat interval (the workers' default; 0: back to back)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 
 namespace zeroshard {
@@ -122,27 +134,82 @@ std::vector<double> MeasureJoins(const std::string& servers, const std::string& 
   return ms;
 }
 
-// etcd revisions (writes) while `members` members of one job heartbeat.
-int64_t WritesWhileHeartbeating(testing::EtcdCluster& etcd, const std::string& servers, int members,
-                                absl::Duration window) {
-  std::vector<std::unique_ptr<Client>> clients;
-  for (int i = 0; i < members; ++i) clients.push_back(Connect(servers));
-  std::vector<std::thread> joins;
-  for (int i = 0; i < members; ++i) {
-    joins.emplace_back([&, i] {
-      auto joined =
-          clients[i]->Join("beats", members, absl::StrCat("w", i), "127.0.0.1", absl::Seconds(60));
-      if (!joined.ok()) std::fprintf(stderr, "join: %s\n", joined.status().ToString().c_str());
-    });
+// ms of each of `count` checkpoint commits of a one-rank job: the shard file
+// is written first (not timed), the commit records it and writes the step's
+// manifest.
+std::vector<double> MeasureCommits(const std::string& servers, const std::string& root,
+                                   const std::string& tag, int count) {
+  std::unique_ptr<Client> client = Connect(servers);
+  const std::string job = tag + "-commits";
+  auto joined = client->Join(job, 1, "w0", "127.0.0.1", absl::Seconds(10));
+  absl::StatusOr<ModelSpec> spec = MlpSpec(2, 16, "none");
+  absl::StatusOr<ShardPlan> plan =
+      joined.ok() ? client->PlanShards(*spec, PlanOptions(), 1) : joined.status();
+  if (!plan.ok()) {
+    std::fprintf(stderr, "commit setup: %s\n", plan.status().ToString().c_str());
+    std::exit(1);
   }
-  for (std::thread& t : joins) t.join();
-  for (auto& c : clients) c->StartHeartbeats([](auto) {});
-  absl::SleepFor(absl::Seconds(2));  // the formation's writes are done
+  const v1::ShardPlan proto = ShardPlanToProto(*plan);
+  std::vector<double> ms;
+  for (int step = 1; step <= count; ++step) {
+    absl::StatusOr<testing::ShardFile> file =
+        testing::WriteShardFile(root, job, proto, step, 0, joined->generation);
+    if (!file.ok()) {
+      std::fprintf(stderr, "shard file: %s\n", file.status().ToString().c_str());
+      std::exit(1);
+    }
+    const absl::Time start = absl::Now();
+    auto committed = client->CommitShard(step, file->relative, file->size, file->checksums);
+    if (!committed.ok()) {
+      std::fprintf(stderr, "commit: %s\n", committed.status().ToString().c_str());
+      std::exit(1);
+    }
+    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  }
+  (void)client->Leave();
+  return ms;
+}
+
+struct WriteRate {
+  int members = 0;
+  double heartbeats_per_second = 0;
+  double etcd_writes_per_second = 0;
+};
+
+// etcd's writes per second (revisions) while the `members` members of one
+// job heartbeat every --beat_interval over 16 shared channels, after the job
+// formed. (Back to back, 4,096 members saturate a 2-core machine that also
+// runs etcd and this process, and the leader's lease renewals starve.)
+WriteRate WritesWhileHeartbeating(testing::EtcdCluster& etcd, const std::string& servers,
+                                  int members, absl::Duration window) {
+  absl::StatusOr<std::string> target = GrpcTargetForServers(servers);
+  auto stubs = testing::MakeStubs(*target, 16);
+  const std::string job = absl::StrCat("beats-", members);
+  testing::Joined joined = testing::JoinAll(stubs, job, members);
+  if (joined.failures > 0) std::exit(1);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> replies{0};
+  absl::BlockingCounter finished(members);
+  std::vector<std::unique_ptr<testing::Beater>> beaters;
+  for (int i = 0; i < members; ++i) {
+    beaters.push_back(std::make_unique<testing::Beater>(
+        stubs[i % stubs.size()].get(), testing::Credentials(job, joined.responses[i]), "full",
+        &stop, &replies, &finished, absl::GetFlag(FLAGS_beat_interval)));
+  }
+  absl::SleepFor(absl::Seconds(2));  // every stream open; the formation's writes are done
   const int64_t before = etcd.Revision();
+  const int64_t beats_before = replies.load();
+  const absl::Time start = absl::Now();
   absl::SleepFor(window);  // the measurement window itself
   const int64_t after = etcd.Revision();
-  for (auto& c : clients) c->StopHeartbeats();
-  return after - before;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  WriteRate rate;
+  rate.members = members;
+  rate.heartbeats_per_second = (replies.load() - beats_before) / seconds;
+  rate.etcd_writes_per_second = (after - before) / seconds;
+  stop = true;
+  finished.Wait();
+  return rate;
 }
 
 int Run() {
@@ -151,18 +218,22 @@ int Run() {
   const std::string dir = testing::MakeTempDir("failover-bench");
   testing::EtcdCluster etcd(dir + "/etcd");
   if (!etcd.ok()) return 1;
-  testing::ReplicatedServers servers(
-      dir + "/servers", etcd.endpoints(),
-      {"--heartbeat_interval_ms=1000", "--heartbeat_timeout_ms=3000"});
+  testing::ReplicatedServers servers(dir + "/servers", etcd.endpoints(),
+                                     {"--heartbeat_interval_ms=1000", "--heartbeat_timeout_ms=3000",
+                                      "--checkpoint_root=" + dir + "/etcd-checkpoints"});
   std::printf("failover: %d kills of the leader (lease TTL 2 s)\n", absl::GetFlag(FLAGS_kills));
   auto [serving, answered] = MeasureFailovers(servers, absl::GetFlag(FLAGS_kills));
 
   const int joins = absl::GetFlag(FLAGS_joins);
   std::vector<double> etcd_joins = MeasureJoins(servers.addresses(), "etcd", joins);
+  const int commits = absl::GetFlag(FLAGS_commits);
+  std::vector<double> etcd_commits =
+      MeasureCommits(servers.addresses(), dir + "/etcd-checkpoints", "etcd", commits);
   std::string sqlite_port = dir + "/sqlite-port";
   testing::ChildProcess sqlite_server(
       testing::RunfilePath("shard_server/shard_server"),
-      {"--listen=127.0.0.1:0", "--port_file=" + sqlite_port, "--state_dir=" + dir + "/sqlite"},
+      {"--listen=127.0.0.1:0", "--port_file=" + sqlite_port, "--state_dir=" + dir + "/sqlite",
+       "--checkpoint_root=" + dir + "/sqlite-checkpoints"},
       dir + "/sqlite-server.log");
   std::string port;
   WaitFor(
@@ -173,13 +244,18 @@ int Run() {
       absl::Seconds(20));
   if (!port.empty()) port.pop_back();
   std::vector<double> sqlite_joins = MeasureJoins("127.0.0.1:" + port, "sqlite", joins);
+  std::vector<double> sqlite_commits =
+      MeasureCommits("127.0.0.1:" + port, dir + "/sqlite-checkpoints", "sqlite", commits);
 
-  const int members = absl::GetFlag(FLAGS_members);
   const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
-  const int64_t writes = WritesWhileHeartbeating(etcd, servers.addresses(), members, window);
+  std::vector<WriteRate> rates;
+  for (int members : {256, absl::GetFlag(FLAGS_members)}) {
+    rates.push_back(WritesWhileHeartbeating(etcd, servers.addresses(), members, window));
+  }
 
   Summary s = Summarize(serving), a = Summarize(answered);
   Summary je = Summarize(etcd_joins), js = Summarize(sqlite_joins);
+  Summary ce = Summarize(etcd_commits), cs = Summarize(sqlite_commits);
   Table table({"measure", "median ms", "p90 ms", "max ms", "n"});
   auto row = [&](const std::string& name, const Summary& x, size_t n) {
     table.AddRow({name, absl::StrFormat("%.0f", x.median_ms), absl::StrFormat("%.0f", x.p90_ms),
@@ -189,9 +265,17 @@ int Run() {
   row("failover: kill -9 -> client answered", a, answered.size());
   row("join (1 worker), state in etcd", je, etcd_joins.size());
   row("join (1 worker), state in SQLite", js, sqlite_joins.size());
+  row("commit (1 rank, step complete), state in etcd", ce, etcd_commits.size());
+  row("commit (1 rank, step complete), state in SQLite", cs, sqlite_commits.size());
   std::printf("\n%s", table.ToString().c_str());
-  std::printf("etcd writes while %d members heartbeat for %.0f s: %lld\n", members,
-              absl::ToDoubleSeconds(window), static_cast<long long>(writes));
+  Table writes({"members", "heartbeats/s", "etcd writes/s"});
+  for (const WriteRate& r : rates) {
+    writes.AddRow({absl::StrCat(r.members), absl::StrFormat("%.0f", r.heartbeats_per_second),
+                   absl::StrFormat("%.2f", r.etcd_writes_per_second)});
+  }
+  std::printf("\netcd writes while every member heartbeats every %s for %.0f s:\n%s",
+              absl::FormatDuration(absl::GetFlag(FLAGS_beat_interval)).c_str(),
+              absl::ToDoubleSeconds(window), writes.ToString().c_str());
 
   nlohmann::json json;
   json["machine"] = machine.Json();
@@ -203,9 +287,14 @@ int Run() {
   json["kills"] = serving.size();
   json["join_etcd"] = summary(je);
   json["join_sqlite"] = summary(js);
-  json["heartbeat_members"] = members;
+  json["commit_etcd"] = summary(ce);
+  json["commit_sqlite"] = summary(cs);
   json["heartbeat_window_s"] = absl::ToDoubleSeconds(window);
-  json["etcd_writes_while_heartbeating"] = writes;
+  for (const WriteRate& r : rates) {
+    json["write_rate"].push_back({{"members", r.members},
+                                  {"heartbeats_per_second", r.heartbeats_per_second},
+                                  {"etcd_writes_per_second", r.etcd_writes_per_second}});
+  }
   return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }
 

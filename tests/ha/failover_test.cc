@@ -36,10 +36,15 @@ constexpr int kWidth = 64;
 constexpr int kSteps = 400;
 
 std::vector<std::string> Flags(int steps = kSteps, bool periodic_checkpoints = true) {
-  std::vector<std::string> flags = {
-      "--model=mlp", absl::StrCat("--layers=", kLayers), absl::StrCat("--width=", kWidth),
-      "--seed=5",    "--stage=3",                        absl::StrCat("--steps=", steps),
-      "--batch=8",   "--checkpoint_at_end",              "--collective_timeout=30s"};
+  std::vector<std::string> flags = {"--model=mlp",
+                                    absl::StrCat("--layers=", kLayers),
+                                    absl::StrCat("--width=", kWidth),
+                                    "--seed=5",
+                                    "--stage=3",
+                                    absl::StrCat("--steps=", steps),
+                                    "--batch=8",
+                                    "--checkpoint_at_end",
+                                    "--collective_timeout=30s"};
   if (periodic_checkpoints) flags.push_back("--checkpoint_every=100");
   return flags;
 }
@@ -53,6 +58,11 @@ int LoggedSteps(const testing::LocalCluster& workers) {
   return steps;
 }
 
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 std::string MakeDir(const std::string& path) {
   testing::RunCommand("mkdir -p " + path);
   return path;
@@ -60,13 +70,14 @@ std::string MakeDir(const std::string& path) {
 
 class FailoverTest : public ::testing::Test {
  protected:
-  FailoverTest()
+  explicit FailoverTest(const std::vector<std::string>& extra_server_flags = {})
       : dir_(testing::MakeTempDir("failover")),
         checkpoints_(MakeDir(dir_ + "/workers/checkpoints")),
         etcd_(dir_ + "/etcd"),
         servers_(dir_ + "/servers", etcd_.endpoints(),
-                 {"--checkpoint_root=" + checkpoints_, "--heartbeat_interval_ms=1000",
-                  "--heartbeat_timeout_ms=3000"}),
+                 Concat({"--checkpoint_root=" + checkpoints_, "--heartbeat_interval_ms=1000",
+                         "--heartbeat_timeout_ms=3000"},
+                        extra_server_flags)),
         workers_(testing::ExternalServers(servers_.addresses()), dir_ + "/workers") {}
 
   std::unique_ptr<Client> Observer() {
@@ -87,9 +98,26 @@ class FailoverTest : public ::testing::Test {
     return step;
   }
 
-  testing::Params Final(const std::string& job) {
-    return testing::LoadCheckpointParams(checkpoints_, job, kSteps,
+  testing::Params Final(const std::string& job, int64_t step = kSteps) {
+    return testing::LoadCheckpointParams(checkpoints_, job, step,
                                          *MlpSpec(kLayers, kWidth, "none"));
+  }
+
+  // Status of `job` as server `index` alone sees it (a fresh channel to it).
+  absl::StatusOr<v1::GetStatusResponse> StatusFrom(int index, const std::string& job) {
+    ClientOptions options;
+    options.server = servers_.address(index);
+    options.rpc_timeout = absl::Seconds(2);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    return (*client)->GetStatus(job);
+  }
+
+  // How many workers server `index` holds in the join barrier of `job` (-1: no answer).
+  int Joined(int index, const std::string& job) {
+    absl::StatusOr<v1::GetStatusResponse> status = StatusFrom(index, job);
+    if (!status.ok() || status->jobs_size() != 1) return -1;
+    return status->jobs(0).state() == v1::JOINING ? status->jobs(0).joined() : -1;
   }
 
   std::string dir_;
@@ -171,18 +199,48 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
   etcd_.member(1)->Signal(SIGSTOP);
   etcd_.member(2)->Signal(SIGSTOP);
   ASSERT_TRUE(testing::WaitFor([&] { return servers_.Leader() < 0; }, absl::Seconds(30)))
-      << "a server still leads without an etcd quorum:\n" << servers_.Log(leader);
+      << "a server still leads without an etcd quorum:\n"
+      << servers_.Log(leader);
   EXPECT_NE(servers_.Log(leader).find("is a quorum of etcd members up?"), std::string::npos)
       << servers_.Log(leader);
   // The data plane does not need the control plane: steps go on.
   const int logged = LoggedSteps(workers_);
-  EXPECT_TRUE(testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; },
-                               absl::Seconds(30)));
+  EXPECT_TRUE(
+      testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; }, absl::Seconds(30)));
   EXPECT_LT(servers_.Leader(), 0) << "etcd has no quorum, yet a server leads";
+  // The stepped-down leader's metrics port says it follows and why it
+  // cannot lead.
+  std::string metrics;
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        metrics =
+            testing::RunCommand("curl -s http://" + servers_.metrics_address(leader) + "/metrics")
+                .second;
+        return absl::StrContains(metrics, "zeroshard_control_plane_etcd_session{error=\"etcd") &&
+               absl::StrContains(metrics, "quorum of etcd members up?)\"} 0");
+      },
+      absl::Seconds(30)))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "zeroshard_control_plane_leader{address=\"" + servers_.address(leader) + "\"} 0"))
+      << metrics;
 
   etcd_.member(1)->Signal(SIGCONT);
   etcd_.member(2)->Signal(SIGCONT);
-  ASSERT_GE(servers_.WaitLeader(absl::Seconds(30)), 0);
+  const int back = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(back, 0);
+  // The new leader's ShardServer took its metrics port over from its
+  // follower page.
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        metrics =
+            testing::RunCommand("curl -s http://" + servers_.metrics_address(back) + "/metrics")
+                .second;
+        return absl::StrContains(metrics, "zeroshard_control_plane_leader{address=\"" +
+                                              servers_.address(back) + "\"} 1");
+      },
+      absl::Seconds(10)))
+      << metrics;
   std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
@@ -211,9 +269,8 @@ TEST_F(FailoverTest, ALeaderPausedPastItsLeaseHasItsWriteRefused) {
   auto client = Client::Connect(direct);
   ASSERT_TRUE(client.ok());
   absl::StatusOr<JoinInfo> joined;
-  std::thread join([&] {
-    joined = (*client)->Join("late", 1, "w0", "127.0.0.1", absl::Seconds(3));
-  });
+  std::thread join(
+      [&] { joined = (*client)->Join("late", 1, "w0", "127.0.0.1", absl::Seconds(3)); });
   absl::SleepFor(absl::Milliseconds(300));  // the scenario: the join waits on a paused server
   servers_.server(leader)->Signal(SIGCONT);
   join.join();
@@ -226,6 +283,118 @@ TEST_F(FailoverTest, ALeaderPausedPastItsLeaseHasItsWriteRefused) {
   auto status = observer->GetStatus("");
   ASSERT_TRUE(status.ok()) << status.status();
   for (const auto& job : status->jobs()) EXPECT_NE(job.job_id(), "late");
+}
+
+// Rank 3's checkpoint commits wait 1.5 s in the server before they are
+// recorded: the window in which the test kills the leader, the other three
+// ranks' commits of the step already saved in etcd.
+class KillDuringJoinAndCommitTest : public FailoverTest {
+ protected:
+  static constexpr int kHeldRank = kWorld - 1;
+  KillDuringJoinAndCommitTest()
+      : FailoverTest({absl::StrCat("--testing_hold_commit_of_rank=", kHeldRank),
+                      "--testing_commit_hold=1.5s"}) {}
+
+  absl::StatusOr<v1::CheckpointInfo> CheckpointFrom(int index, const std::string& job,
+                                                    int64_t step) {
+    ClientOptions options;
+    options.server = servers_.address(index);
+    options.rpc_timeout = absl::Seconds(2);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<v1::ListCheckpointsResponse> list = (*client)->ListCheckpoints(job);
+    if (!list.ok()) return list.status();
+    for (const v1::CheckpointInfo& info : list->checkpoints()) {
+      if (info.step() == step) return info;
+    }
+    return absl::NotFoundError(absl::StrCat("no step ", step));
+  }
+
+  // Kills server `victim` and waits for another to lead: its index (-1: none
+  // within 30 s); `failover` gets the time from the kill to its serving.
+  int KillLeader(int victim, absl::Duration* failover) {
+    servers_.server(victim)->Signal(SIGKILL);
+    const absl::Time killed = absl::Now();
+    const int next = servers_.WaitLeader(absl::Seconds(30), victim);
+    *failover = absl::Now() - killed;
+    return next;
+  }
+};
+
+TEST_F(KillDuringJoinAndCommitTest, AJobOutlivesItsLeaderKilledInTheJoinBarrierAndInACommit) {
+  ASSERT_TRUE(etcd_.ok());
+  const int first = servers_.WaitLeader(absl::Seconds(30));
+  ASSERT_GE(first, 0) << servers_.Log(0);
+  constexpr int kShortSteps = 100;
+  constexpr int kCommitStep = 50;
+  const std::vector<std::string> flags =
+      Concat(Flags(kShortSteps, false), {"--checkpoint_every=50"});
+  ASSERT_TRUE(workers_.Run("calm", kWorld, flags));
+
+  // 1. The join. Worker 3 starts pointed at a port nobody serves: three
+  // workers wait in the barrier until it is restarted with the real servers.
+  const std::string nowhere = absl::StrCat("127.0.0.1:", testing::FreeLoopbackPort());
+  workers_.StartWorkers("storm", kWorld, flags, {{kHeldRank, {"--server=" + nowhere}}});
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return Joined(first, "storm") == kWorld - 1; }, absl::Seconds(60)));
+  absl::Duration failover;
+  const int second = KillLeader(first, &failover);
+  ASSERT_GE(second, 0) << servers_.Log((first + 1) % 3);
+  const absl::Time serving = absl::Now();
+  // The waiting workers' joins failed with the leader; each must find the
+  // new leader on its own channel within a reconnect (<= 1 s).
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return Joined(second, "storm") == kWorld - 1; }, absl::Seconds(30)))
+      << workers_.WorkerLog(0);
+  std::printf(
+      "join: server %d killed with %d workers in the barrier; server %d leads after "
+      "%.2f s; the workers joined it %.2f s after it served\n",
+      first, kWorld - 1, second, absl::ToDoubleSeconds(failover),
+      absl::ToDoubleSeconds(absl::Now() - serving));
+  RecordProperty("join_failover_ms", static_cast<int>(absl::ToInt64Milliseconds(failover)));
+  workers_.RestartWorker(kHeldRank, {"--server=" + servers_.addresses()}, absl::ZeroDuration());
+
+  // 2. The commit of step 50: ranks 0-2 committed (saved in etcd), rank 3's
+  // commit held inside the leader, which is killed.
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto info = CheckpointFrom(second, "storm", kCommitStep);
+        return info.ok() && info->committed() == kWorld - 1 && !info->complete();
+      },
+      absl::Seconds(60)))
+      << workers_.WorkerLog(0);
+  const int third = KillLeader(second, &failover);
+  ASSERT_GE(third, 0) << servers_.Log(3 - first - second);
+  std::printf(
+      "commit: server %d killed with rank %d's commit of step %d in flight; server %d "
+      "leads after %.2f s\n",
+      second, kHeldRank, kCommitStep, third, absl::ToDoubleSeconds(failover));
+  RecordProperty("commit_failover_ms", static_cast<int>(absl::ToInt64Milliseconds(failover)));
+
+  std::vector<int> codes = workers_.WaitWorkers(absl::Seconds(120));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
+  }
+  auto status = StatusFrom(third, "storm");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
+  EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
+  // The step was committed once, by the last leader: every rank counted
+  // once, complete, and it consolidates into the calm run's parameters.
+  auto info = CheckpointFrom(third, "storm", kCommitStep);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->complete());
+  EXPECT_EQ(info->committed(), kWorld);
+  const std::string merged = dir_ + "/storm-50.safetensors";
+  auto [code, output] = testing::RunCommand(absl::StrCat(
+      testing::RunfilePath("client/shardctl"), " --server=", servers_.addresses(),
+      " consolidate --job=storm --step=", kCommitStep, " --weights_only --out=", merged, " 2>&1"));
+  EXPECT_EQ(code, 0) << output;
+  const testing::Params calm = Final("calm", kCommitStep);
+  EXPECT_EQ(Final("storm", kCommitStep), calm);
+  EXPECT_EQ(testing::LoadSafetensorsParams(merged), calm);
+  EXPECT_EQ(Final("storm", kShortSteps), Final("calm", kShortSteps));
 }
 
 }  // namespace

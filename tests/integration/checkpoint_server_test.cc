@@ -31,6 +31,7 @@
 #include "shard_server/shard_server.h"
 #include "tests/testing/coordinator_stub.h"
 #include "tests/testing/process.h"
+#include "tests/testing/shard_files.h"
 
 namespace zeroshard {
 namespace {
@@ -54,79 +55,18 @@ v1::ModelSpec TestSpec() {
   return spec;
 }
 
+using testing::kPrefix;
+using testing::ShardFile;
+using testing::Value;
 enum Kind { kParams = 0, kExpAvg = 1, kExpAvgSq = 2 };
-const char* const kPrefix[] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
-
-// Element `element` of model tensor `tensor` (spec index) for one kind.
-float Value(int kind, int tensor, int64_t element) {
-  uint64_t x = (static_cast<uint64_t>(tensor) * 1000003u + static_cast<uint64_t>(element) * 7919u +
-                static_cast<uint64_t>(kind) * 104729u) %
-               2003u;
-  return (static_cast<float>(x) - 1001.0f) / 997.0f;
-}
-
-struct ShardFile {
-  std::string relative;
-  std::string path;
-  int64_t size = 0;
-  std::map<std::string, std::string> checksums;
-};
 
 // Rank `rank`'s shard file of `step` in the worker's format, under `dir`.
 ShardFile WriteShard(const std::string& dir, const v1::ShardPlan& plan, int64_t step, int rank,
                      int64_t generation, bool optimizer = true) {
-  std::map<std::string, int> index;
-  for (const v1::Unit& unit : plan.units()) {
-    for (const v1::TensorSpec& t : unit.tensors()) index.emplace(t.name(), index.size());
-  }
-  std::vector<TensorEntry> entries;
-  std::vector<std::vector<float>> values;
-  for (int kind = 0; kind < (optimizer ? 3 : 1); ++kind) {
-    for (const v1::Unit& unit : plan.units()) {
-      for (const v1::Piece& p : unit.pieces()) {
-        if (p.rank() != rank) continue;
-        const v1::TensorSpec& spec = unit.tensors(p.tensor());
-        std::vector<int64_t> shape(spec.shape().begin(), spec.shape().end());
-        int64_t row_elements = 1;
-        for (size_t d = 1; d < shape.size(); ++d) row_elements *= shape[d];
-        if (!shape.empty()) shape[0] = p.row_end() - p.row_begin();
-        entries.push_back({absl::StrCat(kPrefix[kind], spec.name(), ":", p.row_begin(), "-",
-                                        p.row_end()),
-                           DType::kF32, shape});
-        values.emplace_back();
-        for (int64_t e = p.row_begin() * row_elements; e < p.row_end() * row_elements; ++e) {
-          values.back().push_back(Value(kind, index[spec.name()], e));
-        }
-      }
-    }
-  }
-  ShardFile out;
-  out.relative = absl::StrCat(kJob, "/step-", step, "/rank-", rank, "-of-", plan.world_size(),
-                              ".safetensors");
-  out.path = absl::StrCat(dir, "/", out.relative);
-  nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
-  for (size_t i = 0; i < entries.size(); ++i) {
-    std::string hex = ChecksumToHex(Checksum(values[i].data(), values[i].size() * 4));
-    checksums[entries[i].name] = hex;
-    out.checksums[entries[i].name] = hex;
-  }
-  testing::RunCommand(absl::StrCat("mkdir -p ", dir, "/", kJob, "/step-", step));
-  SafetensorsMetadata metadata = {{"format", "zeroshard-shard-v1"},
-                                  {"job", kJob},
-                                  {"step", absl::StrCat(step)},
-                                  {"rank", absl::StrCat(rank)},
-                                  {"world_size", absl::StrCat(plan.world_size())},
-                                  {"generation", absl::StrCat(generation)},
-                                  {"plan_hash", plan.hash()},
-                                  {"optimizer", "adam"},
-                                  {"optimizer_step", absl::StrCat(step)},
-                                  {"checksums", checksums.dump()}};
-  auto writer = SafetensorsWriter::Create(out.path, entries, metadata);
-  EXPECT_TRUE(writer.ok()) << writer.status();
-  for (const auto& v : values) EXPECT_TRUE((*writer)->Append(v.data(), v.size() * 4).ok());
-  EXPECT_TRUE((*writer)->Finish().ok());
-  out.size = (*writer)->file_size();
-  return out;
+  absl::StatusOr<ShardFile> file =
+      testing::WriteShardFile(dir, kJob, plan, step, rank, generation, optimizer);
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? *std::move(file) : ShardFile();
 }
 
 bool Exists(const std::string& path) {
@@ -190,8 +130,8 @@ class CheckpointServerTest : public ::testing::Test {
     for (int i = 0; i < kWorld; ++i) {
       clients[i] = Connect();
       threads.emplace_back([&, i] {
-        auto info = clients[i]->Join(kJob, kWorld, absl::StrCat("w", i), "127.0.0.1",
-                                     absl::Seconds(20));
+        auto info =
+            clients[i]->Join(kJob, kWorld, absl::StrCat("w", i), "127.0.0.1", absl::Seconds(20));
         EXPECT_TRUE(info.ok()) << info.status();
       });
     }
@@ -236,8 +176,8 @@ class CheckpointServerTest : public ::testing::Test {
   }
 
   // Every element of output tensor `name` equals the pieces' values.
-  void ExpectTensor(const SafetensorsReader& reader, const std::string& name, int kind,
-                    int tensor, DType dtype) {
+  void ExpectTensor(const SafetensorsReader& reader, const std::string& name, int kind, int tensor,
+                    DType dtype) {
     const TensorInfo* info = reader.Find(name);
     ASSERT_NE(info, nullptr) << name;
     EXPECT_EQ(info->dtype, dtype);
@@ -532,8 +472,8 @@ TEST_F(CheckpointServerTest, UploadedShardsCommitLikeSharedFilesystemOnes) {
   ASSERT_TRUE(Consolidate(10, out_).ok());
   // A complete step's files cannot be uploaded again.
   ShardFile f = WriteShard(staging, plan_, 10, 0, members_[0]->info().generation);
-  EXPECT_TRUE(absl::IsFailedPrecondition(
-      members_[0]->UploadShard(10, f.relative, f.path).status()));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(members_[0]->UploadShard(10, f.relative, f.path).status()));
 }
 
 TEST_F(CheckpointServerTest, AShortUploadKeepsNothing) {
@@ -674,8 +614,7 @@ class RawUpload {
  public:
   RawUpload(const std::string& address, const v1::MemberCredentials& member, int64_t step,
             const std::string& file, std::string bytes)
-      : stub_(testing::NewCoordinatorStub(address)),
-        bytes_(std::move(bytes)) {
+      : stub_(testing::NewCoordinatorStub(address)), bytes_(std::move(bytes)) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     stream_ = stub_->UploadShard(&context_, &response_);
     v1::UploadShardRequest first;
@@ -738,8 +677,7 @@ TEST_F(CheckpointServerTest, AnUploadThatEndsAfterItsStepCompletedReplacesNothin
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "already complete")) << s;
   EXPECT_EQ(FileBytes(rank0), complete);
-  EXPECT_EQ(Listing(step_dir),
-            "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
+  EXPECT_EQ(Listing(step_dir), "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
   auto list = ctl_->ListCheckpoints(kJob);
   ASSERT_TRUE(list.ok()) << list.status();
   ASSERT_EQ(list->checkpoints_size(), 1);
@@ -779,8 +717,7 @@ TEST_F(CheckpointServerTest, AnUploadFencedOutByANewGenerationReplacesNothing) {
   absl::Status s = fenced.Finish();
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_EQ(FileBytes(rank0), complete);
-  EXPECT_EQ(Listing(step_dir),
-            "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
+  EXPECT_EQ(Listing(step_dir), "manifest.json\nrank-0-of-2.safetensors\nrank-1-of-2.safetensors\n");
   EXPECT_TRUE(Consolidate(10, out_).ok());
   for (auto& m : members_) m->StopHeartbeats();
 }
@@ -844,15 +781,16 @@ TEST_F(CheckpointServerTest, AStartingServerRemovesWhatACrashLeftAndNothingElse)
   const std::string job = root_ + "/ckpt";
   ASSERT_EQ(testing::RunCommand(absl::StrCat("mkdir -p ", job, "/step-3 ", job, "/step-4 ", job,
                                              "/step-5 ", job, "/consolidated/step-3 ", job,
-                                             "/consolidated/.step-3.tmp-0123456789abcdef ",
-                                             dir_, "/outside"))
+                                             "/consolidated/.step-3.tmp-0123456789abcdef ", dir_,
+                                             "/outside"))
                 .first,
             0);
   const std::string stale_upload = job + "/step-3/rank-0-of-2.safetensors.tmp-00000000deadbeef";
   const std::string shard = job + "/step-3/rank-1-of-2.safetensors";
   const std::string fresh_upload = job + "/step-5/rank-0-of-2.safetensors.tmp-0000000012345678";
   const std::string output = job + "/consolidated/step-3/model.safetensors";
-  const std::string stale_output = job + "/consolidated/.step-3.tmp-0123456789abcdef/model.safetensors";
+  const std::string stale_output =
+      job + "/consolidated/.step-3.tmp-0123456789abcdef/model.safetensors";
   const std::string outside = dir_ + "/outside/keep.tmp-0123456789abcdef";
   for (const std::string& f : {stale_upload, shard, fresh_upload, output, stale_output, outside}) {
     testing::WriteFile(f, "bytes");
@@ -860,9 +798,9 @@ TEST_F(CheckpointServerTest, AStartingServerRemovesWhatACrashLeftAndNothingElse)
   // A link named like a temporary file, into a directory outside the root.
   const std::string link = job + "/step-3/link.tmp-00000000cafef00d";
   ASSERT_EQ(symlink(outside.c_str(), link.c_str()), 0);
-  for (const std::string& p : {stale_upload, shard, output, stale_output, outside, link,
-                               job + "/step-3", job + "/step-4",
-                               job + "/consolidated/.step-3.tmp-0123456789abcdef"}) {
+  for (const std::string& p :
+       {stale_upload, shard, output, stale_output, outside, link, job + "/step-3", job + "/step-4",
+        job + "/consolidated/.step-3.tmp-0123456789abcdef"}) {
     Age(p, absl::Hours(1));
   }
 

@@ -137,7 +137,9 @@ ReplicatedServers::ReplicatedServers(const std::string& dir, const std::string& 
   mkdir(dir_.c_str(), 0755);
   for (int i = 0; i < count; ++i) {
     ports_.push_back(FreeLoopbackPort());
+    metrics_ports_.push_back(FreeLoopbackPort());
     std::vector<std::string> args = {absl::StrCat("--listen=127.0.0.1:", ports_[i]),
+                                     absl::StrCat("--metrics_listen=127.0.0.1:", metrics_ports_[i]),
                                      "--etcd_endpoints=" + etcd_endpoints,
                                      absl::StrCat("--port_file=", dir_, "/port-", i)};
     args.insert(args.end(), flags.begin(), flags.end());
@@ -157,6 +159,10 @@ ReplicatedServers::~ReplicatedServers() {
 
 std::string ReplicatedServers::address(int index) const {
   return absl::StrCat("127.0.0.1:", ports_[index]);
+}
+
+std::string ReplicatedServers::metrics_address(int index) const {
+  return absl::StrCat("127.0.0.1:", metrics_ports_[index]);
 }
 
 std::string ReplicatedServers::addresses() const {

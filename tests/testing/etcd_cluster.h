@@ -56,6 +56,9 @@ class ReplicatedServers {
   // Every server's address, comma-separated: what clients are given.
   std::string addresses() const;
   std::string address(int index) const;
+  // HOST:PORT of server `index`'s metrics port (--metrics_listen): the
+  // leader's /metrics, or a follower's own.
+  std::string metrics_address(int index) const;
   ChildProcess* server(int index) { return servers_[index].get(); }
   int count() const { return static_cast<int>(servers_.size()); }
   // The index of a server that listens on its port (leads), or -1; server
@@ -70,6 +73,7 @@ class ReplicatedServers {
  private:
   std::string dir_;
   std::vector<int> ports_;
+  std::vector<int> metrics_ports_;
   std::vector<std::vector<std::string>> args_;
   std::vector<std::unique_ptr<ChildProcess>> servers_;
   int restarts_ = 0;

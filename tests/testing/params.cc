@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 
@@ -20,6 +21,20 @@ Params LoadCheckpointParams(const std::string& root, const std::string& job, int
     std::vector<float> values(t.Elements());
     absl::Status s =
         (*reader)->ReadRows(CheckpointReader::Kind::kParams, t, 0, t.Rows(), values.data());
+    EXPECT_TRUE(s.ok()) << s;
+    params[t.name] = std::move(values);
+  }
+  return params;
+}
+
+Params LoadSafetensorsParams(const std::string& path) {
+  Params params;
+  auto reader = SafetensorsReader::Open(path);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return params;
+  for (const TensorInfo& t : (*reader)->tensors()) {
+    std::vector<float> values(t.Elements());
+    absl::Status s = (*reader)->ReadRowsAsF32(t.name, 0, t.Rows(), values.data());
     EXPECT_TRUE(s.ok()) << s;
     params[t.name] = std::move(values);
   }

@@ -18,6 +18,10 @@ using Params = std::map<std::string, std::vector<float>>;
 Params LoadCheckpointParams(const std::string& root, const std::string& job, int64_t step,
                             const ModelSpec& spec);
 
+// Every tensor of a safetensors file (a consolidated checkpoint), as f32.
+// Fails the calling test (and returns what it could read) on error.
+Params LoadSafetensorsParams(const std::string& path);
+
 // Per tensor max |a - b| / max |b| (the tensor's scale), worst over tensors;
 // infinity when the tensor sets differ. Elementwise ratios are meaningless
 // for entries that cross zero.
