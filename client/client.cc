@@ -103,7 +103,39 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   client->channel_ = grpc::CreateCustomChannel(*target, credentials, args);
   client->stub_ = v1::Coordinator::NewStub(client->channel_);
+  if (!options.agent.empty()) {
+    // The agent is on this host (a unix socket or loopback): no TLS, and a
+    // restarted agent is found within 100 ms to 1 s.
+    grpc::ChannelArguments local;
+    local.SetMaxReceiveMessageSize(64 << 20);
+    local.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    local.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+    local.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    client->agent_channel_ =
+        grpc::CreateCustomChannel(options.agent, grpc::InsecureChannelCredentials(), local);
+    client->agent_stub_ = v1::Coordinator::NewStub(client->agent_channel_);
+  }
   return client;
+}
+
+v1::Coordinator::Stub* Client::AgentOrServer() {
+  if (agent_stub_ == nullptr) return stub_.get();
+  // The agent is local: it accepts a connection at once or is not there.
+  constexpr absl::Duration kAgentConnectWait = absl::Milliseconds(500);
+  if (agent_channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kAgentConnectWait))) {
+    if (said_no_agent_.exchange(false)) {
+      std::fprintf(stderr, "the node agent at %s answers again: heartbeats and joins go through it\n",
+                   options_.agent.c_str());
+    }
+    return agent_stub_.get();
+  }
+  if (!said_no_agent_.exchange(true)) {
+    std::fprintf(stderr,
+                 "no node agent answers at %s: heartbeats and joins go straight to the server "
+                 "at %s\n",
+                 options_.agent.c_str(), options_.server.c_str());
+  }
+  return stub_.get();
 }
 
 Client::~Client() { StopHeartbeats(); }
@@ -144,7 +176,7 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
     grpc::ClientContext context;
     Prepare(&context, deadline - absl::Now());
     v1::JoinResponse response;
-    absl::Status status = FromGrpcStatus(stub_->Join(&context, request, &response));
+    absl::Status status = FromGrpcStatus(AgentOrServer()->Join(&context, request, &response));
     if (status.ok()) {
       info_ = JoinInfo();
       info_.rank = response.rank();
@@ -295,7 +327,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
       if (stop_heartbeats_) return;
       heartbeat_context_ = &context;
     }
-    auto stream = stub_->Heartbeat(&context);
+    auto stream = AgentOrServer()->Heartbeat(&context);
     bool delivered = false;
     while (true) {
       v1::HeartbeatRequest request;
