@@ -120,9 +120,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 v1::Coordinator::Stub* Client::AgentOrServer() {
   if (agent_stub_ == nullptr) return stub_.get();
-  // The agent is local: it accepts a connection at once or is not there.
-  constexpr absl::Duration kAgentConnectWait = absl::Milliseconds(500);
-  if (agent_channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kAgentConnectWait))) {
+  // An agent that is not there fails the connection at once (no socket
+  // file, connection refused: TRANSIENT_FAILURE); one that is there may take
+  // a while to accept on a loaded host, and is waited for.
+  constexpr absl::Duration kAgentConnectWait = absl::Seconds(5);
+  const absl::Time deadline = absl::Now() + kAgentConnectWait;
+  grpc_connectivity_state state = agent_channel_->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+         state != GRPC_CHANNEL_SHUTDOWN &&
+         agent_channel_->WaitForStateChange(state, absl::ToChronoTime(deadline))) {
+    state = agent_channel_->GetState(/*try_to_connect=*/true);
+  }
+  if (state == GRPC_CHANNEL_READY) {
     if (said_no_agent_.exchange(false)) {
       std::fprintf(stderr, "the node agent at %s answers again: heartbeats and joins go through it\n",
                    options_.agent.c_str());

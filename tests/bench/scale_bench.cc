@@ -117,6 +117,9 @@ class Child;
 class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse> {
  public:
   SimHost(Child* child, int host, int ranks, const std::string& server, const std::string& telemetry);
+  // Its connection to the server is up (a real agent's is long before its
+  // ranks join); false at `deadline`.
+  bool Connect(absl::Time deadline);
   void Join();
   // Sends the host's beats unless a round is out, the host is joining or silent.
   void Tick();
@@ -141,6 +144,7 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
   Child* const child_;
   const int host_;
   const int ranks_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::HostAgent::Stub> stub_;
   v1::HeartbeatRequest template_;  // the telemetry every beat carries
   grpc::ClientContext context_;
@@ -168,7 +172,15 @@ class Child {
   }
 
   int Run() {
-    // Wait for the parent's go: every process has made its channels.
+    // Every host's connection up, then the parent's go (every process ready).
+    const absl::Time deadline = absl::Now() + absl::Minutes(5);
+    for (auto& h : hosts_) {
+      if (!h->Connect(deadline)) {
+        std::fprintf(stderr, "a simulated host could not connect to the server\n");
+        return 1;
+      }
+    }
+    std::ofstream(absl::StrCat(dir_, "/ready-", index_)) << "ready\n";
     testing::WaitFor([&] { return !testing::ReadFileOrEmpty(dir_ + "/go").empty(); },
                      absl::Minutes(10));
     for (auto& h : hosts_) h->Join();
@@ -281,9 +293,17 @@ SimHost::SimHost(Child* child, int host, int ranks, const std::string& server,
   // One connection per agent, as real agents have.
   grpc::ChannelArguments args;
   args.SetInt("zeroshard.bench.host", host);
-  stub_ = v1::HostAgent::NewStub(
-      grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+  channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::HostAgent::NewStub(channel_);
   testing::FillTelemetry(telemetry, &template_);
+  // No collective progress: a rank's peers never vouch for a silent rank
+  // (failure_detector.h, rule 3), so a death is judged by the timeout alone,
+  // as when a job's data plane stopped with the dead rank.
+  template_.set_collective_seq(0);
+}
+
+bool SimHost::Connect(absl::Time deadline) {
+  return channel_->WaitForConnected(absl::ToChronoTime(deadline));
 }
 
 void SimHost::Join() {
@@ -511,7 +531,15 @@ int RunParent(const std::string& self) {
   Table table({"MEASURE", "VALUE", "TARGET"});
 
   // ---- Join barrier: every agent sends its ranks' joins in one call ----
-  absl::SleepFor(absl::Seconds(2));  // the children's channels are made
+  // Every child's hosts connected (a real agent's connection is up long
+  // before its ranks join).
+  auto all_ready = [&] {
+    for (int i = 0; i < processes; ++i) {
+      if (testing::ReadFileOrEmpty(absl::StrCat(dir, "/ready-", i)).empty()) return false;
+    }
+    return true;
+  };
+  if (!testing::WaitFor(all_ready, absl::Minutes(5))) return fail("the children did not connect");
   const int64_t go = NowUs();
   std::ofstream(dir + "/go") << go << "\n";
   Totals t;
