@@ -38,6 +38,10 @@
 ABSL_FLAG(std::string, rates, "0,1000000000", "Link rates to run, bits/s each way (0: none)");
 ABSL_FLAG(int, steps, 20, "Steps per run");
 ABSL_FLAG(int, rounds, 2, "Runs of every configuration, interleaved");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp (--layers x Linear(--width, --width), GELU, --batch rows per rank) or gpt "
+          "(gpt_bench's GPT: 6 blocks, d_model 384, 6 heads, context 128, vocab 256, 4 "
+          "sequences per rank)");
 ABSL_FLAG(int, layers, 8, "MLP layers");
 ABSL_FLAG(int, width, 1024, "MLP width");
 ABSL_FLAG(int, batch, 8, "Rows per rank");
@@ -74,6 +78,43 @@ int64_t TxBytes(EmulatedHosts& hosts, int k) {
   return bytes;
 }
 
+// The model both sides train (--model and its shape flags).
+TorchShape Shape() {
+  TorchShape shape;
+  shape.model = absl::GetFlag(FLAGS_model);
+  shape.steps = absl::GetFlag(FLAGS_steps);
+  if (shape.model == "gpt") {
+    shape.layers = 6;
+    shape.batch = 4;
+  } else {
+    shape.layers = absl::GetFlag(FLAGS_layers);
+    shape.width = absl::GetFlag(FLAGS_width);
+    shape.batch = absl::GetFlag(FLAGS_batch);
+  }
+  return shape;
+}
+
+// shard_worker's flags for that model.
+std::vector<std::string> ModelFlags(const TorchShape& shape) {
+  std::vector<std::string> flags = {absl::StrCat("--model=", shape.model),
+                                    absl::StrCat("--layers=", shape.layers),
+                                    absl::StrCat("--batch=", shape.batch)};
+  if (shape.model == "gpt") {
+    flags.insert(flags.end(), {absl::StrCat("--d_model=", shape.d_model),
+                               absl::StrCat("--heads=", shape.heads),
+                               absl::StrCat("--context=", shape.context)});
+  } else {
+    flags.insert(flags.end(), {absl::StrCat("--width=", shape.width), "--activation=gelu"});
+  }
+  return flags;
+}
+
+// Rows (mlp) or tokens (gpt) per second over the 4 ranks.
+double ItemsPerSecond(const TorchShape& shape, double step_ms) {
+  const double per_step = 4.0 * shape.batch * (shape.model == "gpt" ? shape.context : 1);
+  return step_ms > 0 ? per_step / (step_ms / 1e3) : 0;
+}
+
 std::string TorchPython() {
   if (!absl::GetFlag(FLAGS_torch_python).empty()) return absl::GetFlag(FLAGS_torch_python);
   if (const char* p = std::getenv("ZEROSHARD_PYTHON"); p != nullptr && *p != '\0') return p;
@@ -87,8 +128,7 @@ std::string TorchPython() {
 bool RunTorchOne(EmulatedHosts& hosts, const std::string& mode, int64_t rate, int round,
                  Result* r) {
   static int next_port = 29611;  // a fresh port per run: the last one may linger in TIME_WAIT
-  TorchShape shape{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_width),
-                   absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_steps)};
+  const TorchShape shape = Shape();
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   absl::StatusOr<TorchRun> run = RunTorchPeers(hosts, {1, 1, 2, 2}, mode, shape, TorchPython(),
                                                next_port++, MakeTempDir("multihost-torch"));
@@ -112,17 +152,11 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
             int round, Result* r) {
   if (IsTorchMode(mode)) return RunTorchOne(hosts, mode, rate, round, r);
   const int steps = absl::GetFlag(FLAGS_steps);
-  std::vector<std::string> flags = {"--model=mlp",
-                                    absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
-                                    absl::StrCat("--width=", absl::GetFlag(FLAGS_width)),
-                                    "--activation=gelu",
-                                    "--stage=3",
-                                    absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
-                                    "--threads=1",
-                                    "--lr=0.01",
-                                    "--seed=9",
-                                    absl::StrCat("--steps=", steps),
-                                    "--collective_timeout=120s"};
+  const TorchShape shape = Shape();
+  std::vector<std::string> flags = ModelFlags(shape);
+  // One validation batch: the crossing bytes are divided by the steps.
+  flags.insert(flags.end(), {"--stage=3", "--threads=1", "--lr=0.01", "--seed=9", "--val_batches=1",
+                             absl::StrCat("--steps=", steps), "--collective_timeout=120s"});
   if (mode == "two-level") flags.push_back("--two_level");
   if (mode == "hsdp" || mode == "hsdp-bf16") flags.push_back("--shard_group_size=host");
   if (mode == "hsdp-bf16") flags.push_back("--reduce_dtype=bf16");
@@ -156,6 +190,10 @@ int Main() {
       return 2;
     }
     rates.push_back(rate);
+  }
+  if (absl::GetFlag(FLAGS_model) != "mlp" && absl::GetFlag(FLAGS_model) != "gpt") {
+    std::fprintf(stderr, "--model: '%s' is not mlp or gpt\n", absl::GetFlag(FLAGS_model).c_str());
+    return 2;
   }
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(3);
   if (!hosts.ok()) {
@@ -205,9 +243,12 @@ int Main() {
     std::printf("PyTorch modes: %s\n", r.blas_kernel.c_str());
     break;
   }
-  Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)", "CROSSING/HOST/STEP",
-               "COUNTED"});
-  nlohmann::json json = {{"machine", machine.Line()}, {"results", nlohmann::json::array()}};
+  const TorchShape shape = Shape();
+  Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)",
+               shape.model == "gpt" ? "TOKENS/s" : "ROWS/s", "CROSSING/HOST/STEP", "COUNTED"});
+  nlohmann::json json = {{"machine", machine.Line()},
+                         {"model", shape.model},
+                         {"results", nlohmann::json::array()}};
   for (int64_t rate : rates) {
     for (const std::string& mode : modes) {
       std::vector<double> ms, bytes, counted;
@@ -220,6 +261,7 @@ int Main() {
         transport = r.transport;
         json["results"].push_back({{"rate_bits_per_s", r.rate}, {"mode", r.mode},
                                    {"round", r.round}, {"step_ms", r.step_ms},
+                                   {"items_per_second", ItemsPerSecond(shape, r.step_ms)},
                                    {"crossing_bytes_per_host_per_step", r.crossing_bytes},
                                    {"counted_inter_host_bytes_per_step", r.counted_bytes},
                                    {"transport", r.transport}});
@@ -231,6 +273,7 @@ int Main() {
       table.AddRow({rate == 0 ? "unlimited" : absl::StrFormat("%.0f Mbit/s", rate / 1e6), mode,
                     transport,
                     absl::StrFormat("%.0f (%.0f-%.0f)", ms[ms.size() / 2], ms.front(), ms.back()),
+                    absl::StrFormat("%.0f", ItemsPerSecond(shape, ms[ms.size() / 2])),
                     HumanBytes(bytes[bytes.size() / 2]), HumanBytes(counted[counted.size() / 2])});
     }
   }
