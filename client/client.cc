@@ -119,7 +119,48 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   client->channel_ = grpc::CreateCustomChannel(*target, credentials, args);
   client->stub_ = v1::Coordinator::NewStub(client->channel_);
+  if (!options.agent.empty()) {
+    // The agent is on this host (a unix socket or loopback): no TLS, and a
+    // restarted agent is found within 100 ms to 1 s.
+    grpc::ChannelArguments local;
+    local.SetMaxReceiveMessageSize(64 << 20);
+    local.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    local.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+    local.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    client->agent_channel_ =
+        grpc::CreateCustomChannel(options.agent, grpc::InsecureChannelCredentials(), local);
+    client->agent_stub_ = v1::Coordinator::NewStub(client->agent_channel_);
+  }
   return client;
+}
+
+v1::Coordinator::Stub* Client::AgentOrServer() {
+  if (agent_stub_ == nullptr) return stub_.get();
+  // An agent that is not there fails the connection at once (no socket
+  // file, connection refused: TRANSIENT_FAILURE); one that is there may take
+  // a while to accept on a loaded host, and is waited for.
+  constexpr absl::Duration kAgentConnectWait = absl::Seconds(5);
+  const absl::Time deadline = absl::Now() + kAgentConnectWait;
+  grpc_connectivity_state state = agent_channel_->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+         state != GRPC_CHANNEL_SHUTDOWN &&
+         agent_channel_->WaitForStateChange(state, absl::ToChronoTime(deadline))) {
+    state = agent_channel_->GetState(/*try_to_connect=*/true);
+  }
+  if (state == GRPC_CHANNEL_READY) {
+    if (said_no_agent_.exchange(false)) {
+      std::fprintf(stderr, "the node agent at %s answers again: heartbeats and joins go through it\n",
+                   options_.agent.c_str());
+    }
+    return agent_stub_.get();
+  }
+  if (!said_no_agent_.exchange(true)) {
+    std::fprintf(stderr,
+                 "no node agent answers at %s: heartbeats and joins go straight to the server "
+                 "at %s\n",
+                 options_.agent.c_str(), options_.server.c_str());
+  }
+  return stub_.get();
 }
 
 Client::~Client() { StopHeartbeats(); }
@@ -162,14 +203,20 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_node(join_extras_.node);
   while (true) {
     v1::JoinResponse response;
-    absl::Status status = AwaitConnection(std::min(deadline, absl::Now() + kJoinRetryReport));
+    // Through the node agent when one answers (it forwards the join), else
+    // straight to the server, waiting for a connection to one of its
+    // addresses first.
+    v1::Coordinator::Stub* via = AgentOrServer();
+    absl::Status status =
+        via == stub_.get() ? AwaitConnection(std::min(deadline, absl::Now() + kJoinRetryReport))
+                           : absl::OkStatus();
     if (status.ok()) {
       grpc::ClientContext context;
       Prepare(&context, deadline - absl::Now());
       // Connected a moment ago; if the connection breaks before the call
       // leaves, the call waits (polling) for the next one, as above.
       context.set_wait_for_ready(true);
-      status = FromGrpcStatus(stub_->Join(&context, request, &response));
+      status = FromGrpcStatus(via->Join(&context, request, &response));
     }
     if (status.ok()) {
       info_ = JoinInfo();
@@ -333,7 +380,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
       if (stop_heartbeats_) return;
       heartbeat_context_ = &context;
     }
-    auto stream = stub_->Heartbeat(&context);
+    auto stream = AgentOrServer()->Heartbeat(&context);
     bool delivered = false;
     while (true) {
       v1::HeartbeatRequest request;

@@ -40,6 +40,10 @@ struct ClientOptions {
   std::string tls_key;
   std::string tls_server_name;  // expected name in the server certificate, if not the host
   absl::Duration rpc_timeout = absl::Seconds(30);  // for calls that do not wait
+  // The node agent of this host (shard_agent --listen, docs/scale.md), e.g.
+  // "unix:/run/zeroshard/agent.sock": heartbeats and joins go through it while
+  // it answers, straight to the server when it does not. Empty: no agent.
+  std::string agent;
 };
 
 // Reads the token and TLS files (each optional: "" reads nothing) into
@@ -166,6 +170,9 @@ class Client {
                                        int world_size);
   // grpc.health.v1 Check of the whole server: OK when SERVING.
   absl::Status HealthCheck();
+  // The channel to the server (TLS, keepalive and reconnection as configured):
+  // what shard_agent speaks its own RPCs on.
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
   // ---- Checkpoints ----
   // As a member: commits this rank's shard file of `step`, `file` relative
@@ -240,6 +247,9 @@ class Client {
     return response;
   }
   void HeartbeatLoop(CommandHandler handler);
+  // Where heartbeats and joins go now: the node agent when one is configured
+  // and answers, the server otherwise (said once on stderr).
+  v1::Coordinator::Stub* AgentOrServer();
   // While heartbeats run: says on stderr every kSilenceReport that the server
   // has not answered a heartbeat for longer than the heartbeat timeout, and
   // once when it answers again. The heartbeat thread itself may be blocked
@@ -249,6 +259,9 @@ class Client {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::shared_ptr<grpc::Channel> agent_channel_;  // null: no --agent
+  std::unique_ptr<v1::Coordinator::Stub> agent_stub_;
+  std::atomic<bool> said_no_agent_{false};
   JoinInfo info_;
   JoinExtras join_extras_;
 

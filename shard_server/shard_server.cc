@@ -193,6 +193,8 @@ void ShardServer::MakeServices() {
       clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get(), metrics);
   if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
+  agent_service_ = std::make_unique<HostAgentService>(clock_, membership_.get(), credentials_.get(),
+                                                      metrics, log_.get());
 }
 
 // The gRPC server: TLS, interceptors, keepalive, one server per address.
@@ -218,6 +220,7 @@ absl::Status ShardServer::StartGrpc() {
   int port = 0;
   builder.AddListeningPort(options_.listen, credentials, &port);
   builder.RegisterService(service_.get());
+  builder.RegisterService(agent_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(RpcMetricsInterceptorFactory(metrics_.get()));
   if (!options_.auth_token.empty()) {

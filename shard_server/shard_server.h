@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "shard_server/agent_service.h"
 #include "shard_server/checkpoint/checkpoint_registry.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/checkpoint/checkpoint_verifier.h"
@@ -121,6 +122,7 @@ class ShardServer {
   std::unique_ptr<HistoryStore> history_;
   std::unique_ptr<JobCredentials> credentials_;
   std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<HostAgentService> agent_service_;  // node agents (docs/scale.md)
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
   RealClock real_clock_;

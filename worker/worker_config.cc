@@ -27,6 +27,10 @@ ABSL_FLAG(std::string, worker_id, "",
 ABSL_FLAG(std::string, host, "",
           "Address peers reach this worker at; the data plane binds to it (default: this "
           "machine's address on its route to --server)");
+ABSL_FLAG(std::string, agent, "",
+          "The node agent of this host (shard_agent --listen), e.g. "
+          "unix:/run/zeroshard/agent.sock: heartbeats and joins go through it, one stream per "
+          "host to the server; straight to the server while it does not answer. Empty: none");
 ABSL_FLAG(std::string, data_plane_ports, "",
           "LO-HI: the data plane's TCP connections are made to ports of this range of each "
           "worker's --host (for a firewall between hosts; each rank needs world_size - 1 free "
@@ -527,6 +531,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
                         absl::StrCat("client files: ", client.status().ToString()));
   }
   config.client = *std::move(client);
+  config.client.agent = absl::GetFlag(FLAGS_agent);
   if (config.host.empty()) {
     absl::StatusOr<std::string> local = LocalAddressTowards(FirstServer(config.client.server));
     if (!local.ok()) return local.status();

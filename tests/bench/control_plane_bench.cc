@@ -34,6 +34,7 @@
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
+#include "tests/testing/control_plane_sim.h"
 #include "tests/testing/process.h"
 #include "tests/testing/simulated_members.h"
 
@@ -55,61 +56,15 @@ namespace {
 using testing::Beater;
 using testing::ChildProcess;
 using testing::Credentials;
+using testing::CpuSeconds;
 using testing::JoinAll;
 using testing::Joined;
 using testing::MakeStubs;
-
-struct Server {
-  std::unique_ptr<ChildProcess> process;
-  std::string address;
-};
+using testing::RssBytes;
+using Server = testing::ServerProcess;
 
 Server StartServer(const std::string& binary, const std::vector<std::string>& extra) {
-  std::string dir = testing::MakeTempDir("cpbench");
-  std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + dir + "/port"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  Server s;
-  s.process = std::make_unique<ChildProcess>(binary, args, dir + "/server.log");
-  std::string port;
-  if (!testing::WaitFor(
-          [&] {
-            port = testing::ReadFileOrEmpty(dir + "/port");
-            return !port.empty() && port.back() == '\n';
-          },
-          absl::Seconds(20))) {
-    std::fprintf(stderr, "server did not start:\n%s\n", s.process->Log().c_str());
-    std::exit(1);
-  }
-  port.pop_back();
-  s.address = "127.0.0.1:" + port;
-  return s;
-}
-
-// The process's resident memory in bytes (VmRSS); -1 if unreadable.
-int64_t RssBytes(pid_t pid) {
-  std::string status = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/status"));
-  for (absl::string_view line : absl::StrSplit(status, '\n')) {
-    if (!absl::ConsumePrefix(&line, "VmRSS:")) continue;
-    int64_t kib = 0;
-    line = absl::StripAsciiWhitespace(line);
-    absl::ConsumeSuffix(&line, " kB");
-    return absl::SimpleAtoi(line, &kib) ? kib * 1024 : -1;
-  }
-  return -1;
-}
-
-// CPU seconds (user + system) the process has used; -1 if unreadable.
-double CpuSeconds(pid_t pid) {
-  std::string stat = testing::ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
-  size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return -1;
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
-  double utime = 0, stime = 0;  // fields 14 and 15 of stat, 12 and 13 after the name
-  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
-      !absl::SimpleAtod(fields[12], &stime)) {
-    return -1;
-  }
-  return (utime + stime) / sysconf(_SC_CLK_TCK);
+  return testing::StartServerProcess(binary, extra);
 }
 
 double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,

@@ -1,0 +1,66 @@
+// The node agent (shard_agent): one per host, between the host's ranks and the
+// shard server. The ranks speak today's Coordinator.Heartbeat and Join to it
+// (shard_worker --agent); it speaks HostAgent to the server (proto: one
+// HostHeartbeat stream per host, joins in batches), so the server holds one
+// stream per host instead of one per rank (docs/scale.md).
+//
+// What it adds is only transport: every beat and join is the rank's own
+// (credentials, incarnation, telemetry), each answer goes back to the rank it
+// belongs to, and a rank's stream closing is reported to the server at once,
+// where it counts as that rank's own stream closing. It holds no token of its
+// own: it forwards the bearer token its ranks present, one upstream stream
+// per token.
+//
+// Thread-safe. Threads: gRPC's for the local service; one per upstream stream
+// (its writer) and one reading it; one per join batch in flight.
+#ifndef ZEROSHARD_AGENT_HOST_AGENT_H_
+#define ZEROSHARD_AGENT_HOST_AGENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+
+namespace zeroshard {
+
+struct HostAgentOptions {
+  ClientOptions server;  // how to reach the server (address, TLS; the token is unused)
+  // Where the ranks reach the agent: "unix:PATH" or "127.0.0.1:PORT"
+  // (port 0 picks one).
+  std::string listen;
+  // "<hostname> <boot id>" (common/local_address.h HostIdentity); sent to
+  // the server with every request, for its log.
+  std::string node;
+  // Beats that arrive within this of the first queued one go in one request
+  // (a rank's failed-collective beat and stream closes go at once).
+  absl::Duration batch_window = absl::Milliseconds(20);
+  // Joins likewise: the ranks of a host join within a few milliseconds of
+  // each other at start and after a failure.
+  absl::Duration join_window = absl::Milliseconds(50);
+};
+
+class HostAgent {
+ public:
+  // Listens on options.listen and connects to the server lazily (the first
+  // rank's beat or join).
+  static absl::StatusOr<std::unique_ptr<HostAgent>> Start(HostAgentOptions options);
+  // Ends every rank's stream and call (UNAVAILABLE), then the upstream ones.
+  ~HostAgent();
+  HostAgent(const HostAgent&) = delete;
+  HostAgent& operator=(const HostAgent&) = delete;
+
+  // The address ranks reach it at (the bound port for "HOST:0").
+  const std::string& address() const;
+
+  class Impl;
+
+ private:
+  explicit HostAgent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_AGENT_HOST_AGENT_H_

@@ -1,0 +1,718 @@
+// A simulated job of 100,000 ranks on one machine: 12,500 simulated node
+// agents of 8 ranks each, in a few processes, against a real shard_server.
+// A simulated agent is what shard_agent is to the server: one HostHeartbeat
+// stream carrying its 8 ranks' beats (each with a training rank's full
+// telemetry) every second, and its ranks' joins in one HostJoin call. No
+// worker processes.
+//
+//   bazel run -c opt //tests/bench:scale_bench -- [--hosts=12500] [--json_out=FILE]
+//
+// Measures: the join barrier (every rank's join answered, from the moment
+// the agents send them); the server's CPU and RSS while every rank beats
+// once a second; GET /metrics (size, time); a rank that falls silent and a
+// host whose agent falls silent: the time the server took to declare them
+// dead after their last beat, and the generation change end to end (every
+// survivor told, every rank re-joined and the next generation formed).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/table.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "proto/zeroshard.grpc.pb.h"
+#include "tests/testing/bench_json.h"
+#include "tests/testing/bench_machine.h"
+#include "tests/testing/control_plane_sim.h"
+#include "tests/testing/process.h"
+
+ABSL_FLAG(int, hosts, 12500, "Simulated hosts (node agents)");
+ABSL_FLAG(int, ranks_per_host, 8, "Ranks per host");
+ABSL_FLAG(int, processes, 16, "Processes the simulated agents are spread over");
+ABSL_FLAG(int, heartbeat_timeout_ms, 3000, "The server's --heartbeat_timeout_ms");
+ABSL_FLAG(double, measure_seconds, 10, "Length of the CPU measurement while every rank beats");
+ABSL_FLAG(std::string, telemetry, "full", "What each beat carries: full, step or none");
+ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
+ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+// 16 processes of ~780 agents: Debian's libgrpc is built without NDEBUG, and
+// its completion queues then scan every outstanding call on every event, so a
+// process's cost grows with the square of its streams.
+// A child process's part (set by the parent).
+ABSL_FLAG(int, child, -1, "internal: this process's index among the simulating processes");
+ABSL_FLAG(std::string, dir, "", "internal: the run's directory");
+ABSL_FLAG(std::string, server, "", "internal: the server's address");
+ABSL_FLAG(int, first_host, 0, "internal: this process's first host");
+ABSL_FLAG(int, host_count, 0, "internal: this process's hosts");
+
+namespace zeroshard {
+namespace {
+
+constexpr char kJob[] = "scale";
+
+std::string WorkerId(int host, int slot) { return absl::StrFormat("h%05d/%d", host, slot); }
+
+int64_t NowUs() { return absl::ToUnixMicros(absl::Now()); }
+
+// ---------------------------------------------------------------- child --
+
+// One HostJoin call: its answers, then `done`.
+class JoinCall : public grpc::ClientReadReactor<v1::HostJoinResponse> {
+ public:
+  using Done = std::function<void(std::vector<v1::HostJoinResponse>, grpc::Status)>;
+  JoinCall(v1::HostAgent::Stub* stub, v1::HostJoinRequest request, Done done)
+      : request_(std::move(request)), done_(std::move(done)) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(300)));
+    stub->async()->HostJoin(&context_, &request_, this);
+    StartRead(&answer_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    answers_.push_back(answer_);
+    StartRead(&answer_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    done_(std::move(answers_), status);
+    delete this;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  v1::HostJoinRequest request_;
+  v1::HostJoinResponse answer_;
+  std::vector<v1::HostJoinResponse> answers_;
+  Done done_;
+};
+
+// What a child reports per join round (round 0: the first join; each
+// generation change starts the next).
+struct Round {
+  int joined = 0;
+  int64_t joined_last_us = 0;
+  int aborted = 0;  // hosts told of the generation change that ended the round
+  int64_t aborted_last_us = 0;
+  int join_errors = 0;
+  std::string first_join_error;
+};
+
+class Child;
+
+// One simulated node agent.
+class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse> {
+ public:
+  SimHost(Child* child, int host, int ranks, const std::string& server, const std::string& telemetry);
+  // Its connection to the server is up (a real agent's is long before its
+  // ranks join); false at `deadline`.
+  bool Connect(absl::Time deadline);
+  void Join();
+  // Sends the host's beats unless a round is out, the host is joining or silent.
+  void Tick();
+  void SilenceRank(int slot) {
+    absl::MutexLock lock(&mu_);
+    silent_slot_ = slot;
+  }
+  void SilenceHost() {
+    absl::MutexLock lock(&mu_);
+    silent_ = true;
+  }
+  void OnWriteDone(bool ok) override { RoundPart(ok); }
+  void OnReadDone(bool ok) override { RoundPart(ok); }
+  void OnDone(const grpc::Status& status) override {
+    if (!status.ok()) std::fprintf(stderr, "host %d: stream ended: %s\n", host_, status.error_message().c_str());
+  }
+
+ private:
+  void Joined(std::vector<v1::HostJoinResponse> answers, const grpc::Status& status);
+  void RoundPart(bool ok);
+
+  Child* const child_;
+  const int host_;
+  const int ranks_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::HostAgent::Stub> stub_;
+  v1::HeartbeatRequest template_;  // the telemetry every beat carries
+  grpc::ClientContext context_;
+  v1::HostHeartbeatRequest request_;
+  v1::HostHeartbeatResponse response_;
+  std::atomic<int> pending_{0};
+  absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool beating_ ABSL_GUARDED_BY(mu_) = false;  // joined, not yet aborted
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool silent_ ABSL_GUARDED_BY(mu_) = false;
+  int silent_slot_ ABSL_GUARDED_BY(mu_) = -1;
+  int round_ ABSL_GUARDED_BY(mu_) = 0;  // joins completed
+  absl::Time retry_join_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::vector<v1::MemberCredentials> members_ ABSL_GUARDED_BY(mu_);  // by slot
+};
+
+class Child {
+ public:
+  Child(int index, std::string dir, std::string server, int first_host, int hosts, int ranks)
+      : index_(index), dir_(std::move(dir)), first_host_(first_host) {
+    for (int h = 0; h < hosts; ++h) {
+      hosts_.push_back(std::make_unique<SimHost>(this, first_host + h, ranks, server,
+                                                 absl::GetFlag(FLAGS_telemetry)));
+    }
+  }
+
+  int Run() {
+    // Every host's connection up, then the parent's go (every process ready).
+    const absl::Time deadline = absl::Now() + absl::Minutes(5);
+    for (auto& h : hosts_) {
+      if (!h->Connect(deadline)) {
+        std::fprintf(stderr, "a simulated host could not connect to the server\n");
+        return 1;
+      }
+    }
+    std::ofstream(absl::StrCat(dir_, "/ready-", index_)) << "ready\n";
+    testing::WaitFor([&] { return !testing::ReadFileOrEmpty(dir_ + "/go").empty(); },
+                     absl::Minutes(10));
+    for (auto& h : hosts_) h->Join();
+    std::thread ticker([this] { Tick(); });
+    size_t commands_done = 0;
+    while (testing::ReadFileOrEmpty(dir_ + "/stop").empty()) {
+      std::vector<std::string> commands = absl::StrSplit(
+          testing::ReadFileOrEmpty(absl::StrCat(dir_, "/cmd-", index_)), '\n', absl::SkipEmpty());
+      for (; commands_done < commands.size(); ++commands_done) Apply(commands[commands_done]);
+      WriteStatus();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    stop_ = true;
+    ticker.join();
+    WriteStatus();
+    std::_Exit(0);  // the streams stay open: the server sees the process go
+  }
+
+  void RecordJoined(int round, int64_t at, int errors, const std::string& error) {
+    absl::MutexLock lock(&mu_);
+    Round& r = RoundLocked(round);
+    r.joined++;
+    r.joined_last_us = std::max(r.joined_last_us, at);
+    r.join_errors += errors;
+    if (r.first_join_error.empty()) r.first_join_error = error;
+  }
+  void RecordAborted(int round, int64_t at) {
+    absl::MutexLock lock(&mu_);
+    Round& r = RoundLocked(round);
+    r.aborted++;
+    r.aborted_last_us = std::max(r.aborted_last_us, at);
+  }
+  void RecordJoinRetry() { join_retries_++; }
+  void RecordAnswers(int answers, int errors, const std::string& error) {
+    answers_ += answers;
+    errors_ += errors;
+    if (errors > 0) {
+      absl::MutexLock lock(&mu_);
+      if (first_error_.empty()) first_error_ = error;
+    }
+  }
+
+ private:
+  Round& RoundLocked(int round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (static_cast<int>(rounds_.size()) <= round) rounds_.resize(round + 1);
+    return rounds_[round];
+  }
+
+  // Each host beats once a second, in its own 10-ms slot.
+  void Tick() {
+    constexpr int kSlots = 100;
+    absl::Time next = absl::Now();
+    for (int64_t tick = 0; !stop_; ++tick) {
+      const int slot = tick % kSlots;
+      for (size_t h = slot; h < hosts_.size(); h += kSlots) hosts_[h]->Tick();
+      next += absl::Milliseconds(10);
+      absl::SleepFor(next - absl::Now());
+    }
+  }
+
+  void Apply(const std::string& command) {
+    std::vector<std::string> words = absl::StrSplit(command, ' ');
+    int host = 0, slot = 0;
+    if (words.size() < 2 || !absl::SimpleAtoi(words[1], &host)) return;
+    SimHost* h = hosts_.at(host - first_host_).get();
+    if (words[0] == "silence-rank" && words.size() == 3 && absl::SimpleAtoi(words[2], &slot)) {
+      h->SilenceRank(slot);
+    } else if (words[0] == "silence-host") {
+      h->SilenceHost();
+    } else if (words[0] == "replace-host") {
+      h->Join();  // a new agent on the host's replacement, its ranks restarted
+    }
+  }
+
+  void WriteStatus() {
+    nlohmann::json status;
+    status["answers"] = answers_.load();
+    status["errors"] = errors_.load();
+    status["join_retries"] = join_retries_.load();
+    {
+      absl::MutexLock lock(&mu_);
+      status["first_error"] = first_error_;
+      for (const Round& r : rounds_) {
+        status["rounds"].push_back({{"joined", r.joined},
+                                    {"joined_last_us", r.joined_last_us},
+                                    {"aborted", r.aborted},
+                                    {"aborted_last_us", r.aborted_last_us},
+                                    {"join_errors", r.join_errors},
+                                    {"first_join_error", r.first_join_error}});
+      }
+    }
+    const std::string path = absl::StrCat(dir_, "/status-", index_);
+    std::ofstream(path + ".tmp") << status.dump();
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+
+  const int index_;
+  const std::string dir_;
+  const int first_host_;
+  std::vector<std::unique_ptr<SimHost>> hosts_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> answers_{0};
+  std::atomic<int64_t> errors_{0};
+  std::atomic<int64_t> join_retries_{0};
+  absl::Mutex mu_;
+  std::vector<Round> rounds_ ABSL_GUARDED_BY(mu_);
+  std::string first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+SimHost::SimHost(Child* child, int host, int ranks, const std::string& server,
+                 const std::string& telemetry)
+    : child_(child), host_(host), ranks_(ranks) {
+  // One connection per agent, as real agents have.
+  grpc::ChannelArguments args;
+  args.SetInt("zeroshard.bench.host", host);
+  channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::HostAgent::NewStub(channel_);
+  testing::FillTelemetry(telemetry, &template_);
+  // No collective progress: a rank's peers never vouch for a silent rank
+  // (failure_detector.h, rule 3), so a death is judged by the timeout alone,
+  // as when a job's data plane stopped with the dead rank.
+  template_.set_collective_seq(0);
+}
+
+bool SimHost::Connect(absl::Time deadline) {
+  return channel_->WaitForConnected(absl::ToChronoTime(deadline));
+}
+
+void SimHost::Join() {
+  v1::HostJoinRequest request;
+  request.set_node(absl::StrCat("host", host_, " boot-sim"));
+  for (int slot = 0; slot < ranks_; ++slot) {
+    v1::JoinRequest* join = request.add_joins();
+    join->set_job_id(kJob);
+    join->set_world_size(absl::GetFlag(FLAGS_hosts) * ranks_);
+    join->set_worker_id(WorkerId(host_, slot));
+    join->set_host(absl::StrCat("10.", host_ / 250, ".", host_ % 250, ".1"));
+    join->set_node(request.node());
+    join->set_skip_member_table(true);
+  }
+  new JoinCall(stub_.get(), std::move(request),
+               [this](std::vector<v1::HostJoinResponse> answers, grpc::Status status) {
+                 Joined(std::move(answers), status);
+               });
+}
+
+void SimHost::Joined(std::vector<v1::HostJoinResponse> answers, const grpc::Status& status) {
+  const int64_t at = NowUs();
+  int errors = 0;
+  std::string error = status.ok() ? "" : status.error_message();
+  std::vector<v1::MemberCredentials> members(ranks_);
+  for (const v1::HostJoinResponse& a : answers) {
+    if (a.error_code() != 0) {
+      ++errors;
+      if (error.empty()) error = a.error_message();
+      continue;
+    }
+    v1::MemberCredentials& m = members.at(a.index());
+    m.set_job_id(kJob);
+    m.set_generation(a.response().generation());
+    m.set_rank(a.response().rank());
+    m.set_token(a.response().token());
+  }
+  if (static_cast<int>(answers.size()) < ranks_ && errors == 0) {
+    // The call broke (a connection the starved machine let time out): its
+    // joins were withdrawn by the server; join again, as an agent's ranks do.
+    child_->RecordJoinRetry();
+    absl::MutexLock lock(&mu_);
+    retry_join_at_ = absl::Now() + absl::Milliseconds(200);
+    return;
+  }
+  int round = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    round = round_++;
+    members_ = std::move(members);
+    beating_ = errors == 0;
+    silent_ = false;
+    silent_slot_ = -1;
+  }
+  child_->RecordJoined(round, at, errors, error);
+}
+
+void SimHost::Tick() {
+  bool start = false;
+  bool join_again = false;
+  {
+    absl::MutexLock lock(&mu_);
+    join_again = retry_join_at_ < absl::Now();
+    if (join_again) retry_join_at_ = absl::InfiniteFuture();
+  }
+  if (join_again) {
+    Join();
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!beating_ || in_flight_ || silent_) return;
+    in_flight_ = true;
+    start = !started_;
+    started_ = true;
+    request_.Clear();
+    for (int slot = 0; slot < ranks_; ++slot) {
+      if (slot == silent_slot_) continue;
+      v1::RankBeat* beat = request_.add_beats();
+      beat->set_local_stream(slot + 1);
+      *beat->mutable_beat() = template_;
+      *beat->mutable_beat()->mutable_member() = members_[slot];
+    }
+  }
+  if (start) stub_->async()->HostHeartbeat(&context_, this);
+  pending_ = 2;
+  StartWrite(&request_);
+  StartRead(&response_);
+  if (start) StartCall();
+}
+
+void SimHost::RoundPart(bool ok) {
+  if (pending_.fetch_sub(1) != 1) return;
+  if (!ok) return;  // the stream broke: this host stays out (OnDone says why)
+  int errors = 0, aborts = 0;
+  std::string error;
+  for (const v1::RankAnswer& a : response_.answers()) {
+    if (a.error_code() != 0) {
+      ++errors;
+      if (error.empty()) error = a.error_message();
+    } else if (a.response().command() == v1::ABORT_GENERATION_CHANGED) {
+      ++aborts;
+    }
+  }
+  child_->RecordAnswers(response_.answers_size(), errors, error);
+  int round = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_ = false;
+    if (aborts == 0) return;
+    beating_ = false;  // as a worker does: stop beating, re-join
+    round = round_ - 1;
+  }
+  child_->RecordAborted(round, NowUs());
+  Join();
+}
+
+int RunChild() {
+  Child child(absl::GetFlag(FLAGS_child), absl::GetFlag(FLAGS_dir), absl::GetFlag(FLAGS_server),
+              absl::GetFlag(FLAGS_first_host), absl::GetFlag(FLAGS_host_count),
+              absl::GetFlag(FLAGS_ranks_per_host));
+  return child.Run();
+}
+
+// --------------------------------------------------------------- parent --
+
+struct Totals {
+  Round round;
+  int64_t answers = 0;
+  int64_t errors = 0;
+  int64_t join_retries = 0;
+  std::string first_error;
+};
+
+// The children's reports of `round`, added up.
+Totals Collect(const std::string& dir, int processes, int round) {
+  Totals t;
+  for (int i = 0; i < processes; ++i) {
+    std::string text = testing::ReadFileOrEmpty(absl::StrCat(dir, "/status-", i));
+    if (text.empty()) continue;
+    nlohmann::json s = nlohmann::json::parse(text, nullptr, false);
+    if (s.is_discarded()) continue;
+    t.answers += s.value("answers", int64_t{0});
+    t.errors += s.value("errors", int64_t{0});
+    t.join_retries += s.value("join_retries", int64_t{0});
+    if (t.first_error.empty()) t.first_error = s.value("first_error", "");
+    if (!s.contains("rounds") || static_cast<int>(s["rounds"].size()) <= round) continue;
+    const nlohmann::json& r = s["rounds"][round];
+    t.round.joined += r["joined"].get<int>();
+    t.round.joined_last_us = std::max(t.round.joined_last_us, r["joined_last_us"].get<int64_t>());
+    t.round.aborted += r["aborted"].get<int>();
+    t.round.aborted_last_us =
+        std::max(t.round.aborted_last_us, r["aborted_last_us"].get<int64_t>());
+    t.round.join_errors += r["join_errors"].get<int>();
+    if (t.round.first_join_error.empty()) t.round.first_join_error = r["first_join_error"];
+  }
+  return t;
+}
+
+// The server's member_dead events since `since`, by worker id: when, and
+// how long the member had been silent then.
+struct Death {
+  absl::Time at;
+  double silent_s = 0;
+};
+std::map<std::string, Death> Deaths(const std::string& log) {
+  std::map<std::string, Death> deaths;
+  std::istringstream lines(log);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.find(" event=member_dead ") == std::string::npos) continue;
+    Death d;
+    std::string worker;
+    for (absl::string_view field : absl::StrSplit(line, ' ')) {
+      if (absl::ConsumePrefix(&field, "ts=")) {
+        std::string error;
+        absl::ParseTime("%Y-%m-%dT%H:%M:%E3SZ", field, absl::UTCTimeZone(), &d.at, &error);
+      } else if (absl::ConsumePrefix(&field, "worker=")) {
+        worker = std::string(field);
+      } else if (absl::ConsumePrefix(&field, "silent_ms=")) {
+        double ms = 0;
+        absl::SimpleAtod(field, &ms);
+        d.silent_s = ms / 1000;
+      }
+    }
+    deaths[worker] = d;
+  }
+  return deaths;
+}
+
+void Command(const std::string& dir, int process, const std::string& command) {
+  std::ofstream(absl::StrCat(dir, "/cmd-", process), std::ios::app) << command << "\n";
+}
+
+int RunParent(const std::string& self) {
+  const int hosts = absl::GetFlag(FLAGS_hosts);
+  const int per_host = absl::GetFlag(FLAGS_ranks_per_host);
+  const int processes = std::min(absl::GetFlag(FLAGS_processes), hosts);
+  const int world = hosts * per_host;
+  const int timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
+  BenchMachine machine = DescribeBenchMachine("");
+  std::printf("%s\n", machine.Line().c_str());
+  std::string binary = absl::GetFlag(FLAGS_server_binary);
+  if (binary.empty()) binary = testing::RunfilePath("shard_server/shard_server");
+  const std::string dir = testing::MakeTempDir("scale-bench");
+  testing::ServerProcess server = testing::StartServerProcess(
+      binary, {"--max_world_size=131072", "--heartbeat_interval_ms=1000",
+               absl::StrCat("--heartbeat_timeout_ms=", timeout_ms),
+               "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport"});
+  const pid_t pid = server.process->pid();
+  const int64_t rss_idle = testing::RssBytes(pid);
+
+  std::vector<std::unique_ptr<testing::ChildProcess>> children;
+  std::vector<int> first_host(processes + 1);
+  for (int i = 0; i <= processes; ++i) first_host[i] = int64_t{hosts} * i / processes;
+  auto process_of = [&](int host) {
+    return static_cast<int>(std::upper_bound(first_host.begin(), first_host.end(), host) -
+                            first_host.begin()) - 1;
+  };
+  for (int i = 0; i < processes; ++i) {
+    children.push_back(std::make_unique<testing::ChildProcess>(
+        self,
+        std::vector<std::string>{absl::StrCat("--child=", i), "--dir=" + dir,
+                                 "--server=" + server.address,
+                                 absl::StrCat("--first_host=", first_host[i]),
+                                 absl::StrCat("--host_count=", first_host[i + 1] - first_host[i]),
+                                 absl::StrCat("--hosts=", hosts),
+                                 absl::StrCat("--ranks_per_host=", per_host),
+                                 "--telemetry=" + absl::GetFlag(FLAGS_telemetry)},
+        absl::StrCat(dir, "/child-", i, ".log")));
+  }
+  Table table({"MEASURE", "VALUE", "TARGET"});
+  // What was measured before the failure, then why.
+  auto fail = [&](const std::string& what) {
+    std::printf("%s", table.ToString().c_str());
+    std::fprintf(stderr, "%s\nserver log tail:\n%s\nchild 0:\n%s\n", what.c_str(),
+                 server.process->Log().substr(std::max<int64_t>(0, server.process->Log().size() - 3000)).c_str(),
+                 children[0]->Log().c_str());
+    std::ofstream(dir + "/stop") << "stop\n";
+    return 1;
+  };
+  nlohmann::ordered_json result;
+  result["machine"] = machine.Json();
+  result["hosts"] = hosts;
+  result["ranks"] = world;
+  result["heartbeat_timeout_s"] = timeout_ms / 1000.0;
+
+  // ---- Join barrier: every agent sends its ranks' joins in one call ----
+  // Every child's hosts connected (a real agent's connection is up long
+  // before its ranks join).
+  auto all_ready = [&] {
+    for (int i = 0; i < processes; ++i) {
+      if (testing::ReadFileOrEmpty(absl::StrCat(dir, "/ready-", i)).empty()) return false;
+    }
+    return true;
+  };
+  if (!testing::WaitFor(all_ready, absl::Minutes(5))) return fail("the children did not connect");
+  const int64_t go = NowUs();
+  std::ofstream(dir + "/go") << go << "\n";
+  Totals t;
+  if (!testing::WaitFor([&] { return (t = Collect(dir, processes, 0)).round.joined == hosts; },
+                        absl::Minutes(5))) {
+    return fail(absl::StrCat("join barrier: ", t.round.joined, " of ", hosts, " hosts joined"));
+  }
+  const double join_s = (t.round.joined_last_us - go) / 1e6;
+  result["join_barrier_seconds"] = join_s;
+  result["join_errors"] = t.round.join_errors;
+  result["join_calls_retried"] = t.join_retries;
+  table.AddRow({absl::StrCat("join barrier, ", world, " ranks (", hosts, " HostJoin calls)"),
+                absl::StrFormat("%.2f s", join_s), "<= 10 s"});
+  if (t.join_retries > 0) {
+    table.AddRow({"  HostJoin calls broken and sent again", absl::StrCat(t.join_retries), "0"});
+  }
+  if (t.round.join_errors > 0) return fail("join errors: " + t.round.first_join_error);
+
+  // ---- Every rank beats once a second ----
+  absl::SleepFor(absl::Seconds(3));  // every host through its first beats
+  const int64_t answers_start = Collect(dir, processes, 0).answers;
+  const double cpu_start = testing::CpuSeconds(pid);
+  const absl::Time measure_start = absl::Now();
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_measure_seconds)));
+  const double cpu_end = testing::CpuSeconds(pid);
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - measure_start);
+  t = Collect(dir, processes, 0);
+  const double beats_per_s = (t.answers - answers_start) / elapsed;
+  const double cores = (cpu_end - cpu_start) / elapsed;
+  const int64_t rss = testing::RssBytes(pid);
+  result["beats_per_second"] = beats_per_s;
+  result["server_cores"] = cores;
+  result["server_cpu_us_per_beat"] = cores * 1e6 / beats_per_s;
+  result["server_rss_bytes"] = rss;
+  result["server_rss_bytes_per_rank"] = double(rss - rss_idle) / world;
+  result["beat_errors"] = t.errors;
+  table.AddRow({"rank beats answered per second", absl::StrFormat("%.0f", beats_per_s),
+                absl::StrCat(world)});
+  table.AddRow({"server CPU at 1-s heartbeats",
+                absl::StrFormat("%.2f cores (%.2f us per rank beat)", cores, cores * 1e6 / beats_per_s),
+                "<= 1 core"});
+  table.AddRow({"server RSS",
+                absl::StrFormat("%.0f MiB (%.1f KiB per rank)", rss / 1048576.0,
+                                double(rss - rss_idle) / world / 1024),
+                "<= 2048 MiB"});
+  if (t.errors > 0) return fail("beats refused: " + t.first_error);
+
+  // ---- GET /metrics ----
+  std::string mport = std::string(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(dir + "/mport")));
+  std::vector<double> times;
+  int64_t bytes = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto [code, out] = testing::RunCommand(
+        absl::StrCat("curl -s -o ", dir, "/metrics.txt -w '%{time_total} %{size_download}' ",
+                     "http://127.0.0.1:", mport, "/metrics"));
+    double seconds = 0;
+    std::vector<std::string> parts = absl::StrSplit(out, ' ');
+    if (code != 0 || parts.size() != 2 || !absl::SimpleAtod(parts[0], &seconds)) break;
+    absl::SimpleAtoi(parts[1], &bytes);
+    times.push_back(seconds);
+  }
+  std::sort(times.begin(), times.end());
+  const double metrics_s = times.empty() ? -1 : times[times.size() / 2];
+  result["metrics_seconds"] = metrics_s;
+  result["metrics_bytes"] = bytes;
+  table.AddRow({"GET /metrics (median of 5)",
+                absl::StrFormat("%.3f s, %.2f MB", metrics_s, bytes / 1e6), "<= 1 s, <= 20 MB"});
+
+  // ---- A rank falls silent, then a host ----
+  // Each: the server's time from the last beat to the death (its own
+  // member_dead event's silent_ms), every survivor told (their agents'
+  // next beats answered ABORT_GENERATION_CHANGED), every rank re-joined and
+  // the next generation formed (the silent ones come back as restarted
+  // processes at once).
+  struct Fault {
+    std::string name;
+    int host;
+    std::vector<std::string> workers;
+  };
+  const int rank_host = hosts / 3, lost_host = 2 * hosts / 3;
+  std::vector<Fault> faults = {{"a silent rank", rank_host, {WorkerId(rank_host, 3)}},
+                               {"a silent host (its agent)", lost_host, {}}};
+  for (int s = 0; s < per_host; ++s) faults[1].workers.push_back(WorkerId(lost_host, s));
+  for (size_t f = 0; f < faults.size(); ++f) {
+    const Fault& fault = faults[f];
+    const int round = static_cast<int>(f);
+    const absl::Time since = absl::Now();
+    Command(dir, process_of(fault.host),
+            f == 0 ? absl::StrCat("silence-rank ", fault.host, " 3")
+                   : absl::StrCat("silence-host ", fault.host));
+    std::map<std::string, Death> deaths;
+    auto all_dead = [&] {
+      deaths = Deaths(server.process->Log());
+      for (const std::string& w : fault.workers) {
+        if (deaths.count(w) == 0 || deaths[w].at < since - absl::Seconds(1)) return false;
+      }
+      return true;
+    };
+    if (!testing::WaitFor(all_dead, absl::Seconds(60))) {
+      return fail(fault.name + ": not declared dead within 60 s");
+    }
+    double silent_s = 0;
+    absl::Time last_beat = absl::InfiniteFuture();
+    for (const std::string& w : fault.workers) {
+      silent_s = std::max(silent_s, deaths[w].silent_s);
+      last_beat = std::min(last_beat, deaths[w].at - absl::Seconds(deaths[w].silent_s));
+    }
+    if (f == 1) Command(dir, process_of(fault.host), absl::StrCat("replace-host ", fault.host));
+    // Every host re-joins: those told, and the silent one (replaced).
+    if (!testing::WaitFor([&] { return (t = Collect(dir, processes, round + 1)).round.joined == hosts; },
+                          absl::Minutes(3))) {
+      return fail(absl::StrCat(fault.name, ": ", t.round.joined, " of ", hosts, " hosts re-joined"));
+    }
+    const Round told = Collect(dir, processes, round).round;
+    const double told_s = (told.aborted_last_us - absl::ToUnixMicros(last_beat)) / 1e6;
+    const double formed_s = (t.round.joined_last_us - absl::ToUnixMicros(last_beat)) / 1e6;
+    const std::string key = f == 0 ? "dead_rank" : "dead_host";
+    result[key] = {{"detected_seconds", silent_s},
+                   {"survivors_told_seconds", told_s},
+                   {"hosts_told", told.aborted},
+                   {"next_generation_formed_seconds", formed_s},
+                   {"rejoin_errors", t.round.join_errors}};
+    table.AddRow({absl::StrCat(fault.name, ": declared dead after its last beat"),
+                  absl::StrFormat("%.2f s", silent_s),
+                  absl::StrFormat("<= %.1f s", timeout_ms / 1000.0 + 1)});
+    table.AddRow({"  every survivor told (generation bumped)", absl::StrFormat("%.2f s", told_s), ""});
+    table.AddRow({"  every rank re-joined, next generation formed", absl::StrFormat("%.2f s", formed_s), ""});
+  }
+  std::ofstream(dir + "/stop") << "stop\n";
+  for (auto& c : children) c->Wait(absl::Seconds(30));
+  server.process->Signal(SIGTERM);
+  server.process->Wait(absl::Seconds(20));
+  std::printf("%s", table.ToString().c_str());
+  return WriteBenchJson(result, absl::GetFlag(FLAGS_json_out));
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_child) >= 0) return zeroshard::RunChild();
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return 1;
+  self[n] = '\0';
+  return zeroshard::RunParent(self);
+}

@@ -1,0 +1,127 @@
+// A real job through node agents: W = 4 as 2 hosts x 2 ranks, one shard_agent
+// per worker host, every worker with --agent. The recoveries that direct
+// streams go through go the same way through agents: a rank killed (the
+// launcher restarts it; its agent reports the death at once) and a worker
+// host cut off silently and healed (its agent goes silent with it; its ranks
+// are declared dead by the timeout). The job keeps W = 4, so its final
+// parameters equal the uninterrupted run's (direct streams) bitwise.
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/across_hosts.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard::testing {
+namespace {
+
+class AgentTest : public AcrossHostsTest {
+ protected:
+  // Under /tmp: a unix socket's path has at most 107 characters, and test
+  // directories under Bazel's output base are longer.
+  std::string Socket(int host) {
+    if (socket_dir_.empty()) {
+      char dir[] = "/tmp/zs-agents-XXXXXX";
+      EXPECT_NE(mkdtemp(dir), nullptr);
+      socket_dir_ = dir;
+    }
+    return absl::StrCat(socket_dir_, "/agent-", host, ".sock");
+  }
+
+  // One shard_agent on each worker host; false when one did not come up.
+  bool StartAgents() {
+    for (int host : {1, 2}) {
+      agents_.push_back(hosts_->Start(
+          host, RunfilePath("agent/shard_agent"),
+          {"--server=" + cluster_->address(), "--listen=unix:" + Socket(host)},
+          absl::StrCat(cluster_->dir(), "/agent-", host, ".log")));
+      if (!WaitFor([&] { return FileExists(Socket(host)) || !agents_.back()->running(); },
+                   absl::Seconds(20)) ||
+          !agents_.back()->running()) {
+        ADD_FAILURE() << "shard_agent on host " << host << " did not start:\n"
+                      << agents_.back()->Log();
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // --agent for each worker: its host's agent (w0, w1 on host 1; w2, w3 on 2).
+  std::map<int, std::vector<std::string>> AgentFlags() {
+    std::map<int, std::vector<std::string>> flags;
+    for (int r = 0; r < 4; ++r) flags[r] = {"--agent=unix:" + Socket(r < 2 ? 1 : 2)};
+    return flags;
+  }
+
+  static bool FileExists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+  std::string socket_dir_;
+  std::vector<std::unique_ptr<ChildProcess>> agents_;
+};
+
+constexpr int kSteps = 80;
+
+TEST_F(AgentTest, AKilledRankAndACutHostRecoverThroughAgentsAsThroughDirectStreams) {
+  ASSERT_TRUE(StartCluster());
+  const Params reference = Reference(kSteps);  // direct streams, uninterrupted
+  ASSERT_FALSE(reference.empty());
+  ASSERT_TRUE(StartAgents());
+  cluster_->StartWorkers("via-agents", 4, Flags(Recoverable(kSteps, {"--collective_timeout=4s"})),
+                         AgentFlags());
+
+  // A rank killed: its agent reports its stream closed, the server declares
+  // it dead, the launcher's restart joins through the agent.
+  ASSERT_TRUE(WaitForStep(15)) << cluster_->WorkerLog(0);
+  const absl::Time killed = absl::Now();
+  cluster_->worker(1)->Signal(SIGKILL);
+  cluster_->RestartWorker(1);
+  ASSERT_TRUE(WaitFor([&] { return ServerEvents("member_dead", killed).count("w1") == 1; },
+                      absl::Seconds(30)))
+      << cluster_->server()->Log();
+  std::fprintf(stderr, "rank 1 killed: declared dead %.1f s later\n",
+               absl::ToDoubleSeconds(ServerEvents("member_dead", killed)["w1"] - killed));
+  const int resume_from = LatestStep();
+  ASSERT_TRUE(WaitForStep(resume_from + 3)) << cluster_->WorkerLog(0);
+
+  // Host 2 cut off (its agent and ranks silent) until the server declared
+  // its ranks dead, then healed.
+  ASSERT_LT(LatestStep(), kSteps - 30) << "the faults ran into the end of training";
+  const absl::Time cut = absl::Now();
+  ASSERT_TRUE(hosts_->CutOff(2).ok());
+  const bool detected = WaitFor(
+      [&] {
+        std::map<std::string, absl::Time> dead = ServerEvents("member_dead", cut);
+        return dead.count("w2") == 1 && dead.count("w3") == 1;
+      },
+      absl::Seconds(20));
+  ASSERT_TRUE(hosts_->HealAll().ok());
+  ASSERT_TRUE(detected) << cluster_->server()->Log();
+  std::map<std::string, absl::Time> dead = ServerEvents("member_dead", cut);
+  std::fprintf(stderr, "host 2 cut: w2, w3 declared dead %.1f s, %.1f s later\n",
+               absl::ToDoubleSeconds(dead["w2"] - cut), absl::ToDoubleSeconds(dead["w3"] - cut));
+
+  EXPECT_TRUE(AllExitZero(absl::Seconds(90)));
+  const std::string server_log = cluster_->server()->Log();
+  EXPECT_NE(server_log.find("event=agent_stream_opened node=\"host1 "), std::string::npos)
+      << server_log;
+  EXPECT_NE(server_log.find("event=agent_stream_opened node=\"host2 "), std::string::npos)
+      << server_log;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(cluster_->WorkerLog(r).find("no node agent answers"), std::string::npos)
+        << "rank " << r << " went around its agent:\n"
+        << cluster_->WorkerLog(r);
+  }
+  ExpectEqual(Final("via-agents", kSteps), reference, "a killed rank and a cut host, via agents");
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
