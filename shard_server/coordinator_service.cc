@@ -64,67 +64,12 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-// One heartbeat stream: read a beat, answer it, read the next.
-class HeartbeatStream
-    : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
- public:
-  // `caller`: who the stream's bearer token proved; an error finishes it.
-  HeartbeatStream(Membership* membership, ServerMetrics* metrics,
-                  const absl::StatusOr<Caller>& caller)
-      : membership_(membership), metrics_(metrics), caller_(caller.value_or(Caller())) {
-    if (!caller.ok()) {
-      Finish(ToGrpcStatus(caller.status()));
-      return;
-    }
-    StartRead(&request_);
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the member closed its side, or its process is gone
-      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member(), id_);
-      Finish(grpc::Status::OK);
-      return;
-    }
-    if (grpc::Status allowed = caller_.MayActOn(request_.member().job_id()); !allowed.ok()) {
-      Finish(allowed);  // before anything of the member is touched
-      return;
-    }
-    if (metrics_ != nullptr) metrics_->AddHeartbeat();
-    absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_, id_);
-    if (!response.ok()) {
-      Finish(ToGrpcStatus(response.status()));
-      return;
-    }
-    response_ = std::move(*response);
-    StartWrite(&response_);
-  }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member(), id_);
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat stream broken"));
-      return;
-    }
-    StartRead(&request_);
-  }
-  void OnDone() override { delete this; }
-
- private:
-  // Tells this stream from the member's earlier and later ones (never 0).
-  static inline std::atomic<uint64_t> next_id_{1};
-  const uint64_t id_ = next_id_.fetch_add(1, std::memory_order_relaxed);
-  Membership* const membership_;
-  ServerMetrics* const metrics_;  // may be null
-  const Caller caller_;
-  v1::HeartbeatRequest request_;
-  v1::HeartbeatResponse response_;
-};
-
 }  // namespace
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, JobCredentials* credentials,
                                        CheckpointService* checkpoints,
-                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history,
-                                       ServerMetrics* metrics)
+                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
@@ -135,8 +80,7 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
                           : nullptr),
       checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()),
       diagnosis_(diagnosis),
-      history_(history),
-      metrics_(metrics) {}
+      history_(history) {}
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
@@ -179,19 +123,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   }
   auto* call = new HeldCall([this](uint64_t id) { membership_->CancelJoin(id); });
   absl::Time deadline = Deadline(context, /*timeout_ms=*/int64_t{1} << 50);
-  uint64_t id = membership_->Join(
-      *request, deadline, [call, response](absl::StatusOr<v1::JoinResponse> result) {
-        if (result.ok()) *response = std::move(*result);
-        call->Complete(ToGrpcStatus(result.status()));
-      });
+  uint64_t id = membership_->Join(*request, deadline,
+                                  [call, response](absl::StatusOr<v1::JoinResponse> result) {
+                                    if (result.ok()) *response = std::move(*result);
+                                    call->Complete(ToGrpcStatus(result.status()));
+                                  });
   call->Hold(id);
   return call;
-}
-
-grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
-CoordinatorService::Heartbeat(grpc::CallbackServerContext* context) {
-  absl::StatusOr<Caller> caller = credentials_->Identify(context->client_metadata());
-  return new HeartbeatStream(membership_, metrics_, caller);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
@@ -210,9 +148,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerConte
     return FinishNow(context, s);
   }
   const v1::MemberCredentials& m = request->member();
-  return FinishNow(context,
-                   ToGrpcStatus(kv_->Set(m.job_id(), m.generation(), request->key(),
-                                         request->value())));
+  return FinishNow(context, ToGrpcStatus(kv_->Set(m.job_id(), m.generation(), request->key(),
+                                                  request->value())));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* context,
@@ -224,12 +161,12 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
   if (grpc::Status s = CheckTimeout(request->timeout_ms()); !s.ok()) return FinishNow(context, s);
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
-  uint64_t id = kv_->Get(m.job_id(), m.generation(), request->key(),
-                         Deadline(context, request->timeout_ms()),
-                         [call, response](absl::StatusOr<std::string> value) {
-                           if (value.ok()) response->set_value(std::move(*value));
-                           call->Complete(ToGrpcStatus(value.status()));
-                         });
+  uint64_t id =
+      kv_->Get(m.job_id(), m.generation(), request->key(), Deadline(context, request->timeout_ms()),
+               [call, response](absl::StatusOr<std::string> value) {
+                 if (value.ok()) response->set_value(std::move(*value));
+                 call->Complete(ToGrpcStatus(value.status()));
+               });
   call->Hold(id);
   return call;
 }
@@ -257,10 +194,9 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  uint64_t id =
-      kv_->Wait(m.job_id(), m.generation(), std::move(keys),
-                Deadline(context, request->timeout_ms()),
-                [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); });
+  uint64_t id = kv_->Wait(m.job_id(), m.generation(), std::move(keys),
+                          Deadline(context, request->timeout_ms()),
+                          [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); });
   call->Hold(id);
   return call;
 }
@@ -380,8 +316,8 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
     }
     absl::StatusOr<int> world_size = membership_->WorldSize(m.job_id());
     if (!world_size.ok()) return FinishNow(context, ToGrpcStatus(world_size.status()));
-    plan = plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(),
-                        request->options());
+    plan =
+        plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(), request->options());
   }
   if (plan.ok()) *response->mutable_plan() = std::move(*plan);
   return FinishNow(context, ToGrpcStatus(plan.status()));

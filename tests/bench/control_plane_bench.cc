@@ -17,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -41,6 +42,11 @@ ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, members, 4096, "Members for the heartbeat-rate run");
 ABSL_FLAG(double, heartbeat_seconds, 5.0, "Length of the heartbeat-rate measurement");
 ABSL_FLAG(int, channels, 16, "Client connections the simulated members share");
+ABSL_FLAG(int, client_queues, 16,
+          "Completion queues (one thread each) the simulated members' streams are spread over");
+ABSL_FLAG(std::string, server_flags, "",
+          "Extra shard_server flags for the heartbeat-rate run, comma-separated "
+          "(e.g. --heartbeat_queues=4)");
 ABSL_FLAG(bool, metrics, true, "Time GET /metrics (off: for a server without --metrics_listen)");
 ABSL_FLAG(bool, joins, true, "Measure the join barriers (off: heartbeats, /metrics, detection)");
 ABSL_FLAG(std::string, telemetry, "full",
@@ -175,65 +181,115 @@ void FillTelemetry(v1::HeartbeatRequest* request) {
 }
 
 // One member's heartbeat stream, beating back to back: the next beat is
-// written once the previous beat's write and reply have both completed.
-class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+// written once the previous beat's write and reply have both completed. On
+// gRPC's async API over the bench's client queues (ClientQueues): with the
+// callback API every stream's pending read would sit in one process-wide
+// queue, whose cost per event grows with the streams in Debian's libgrpc
+// (shard_server/heartbeat_streams.h), and the client, not the server, would
+// set the rate.
+class Beater {
  public:
-  Beater(v1::Coordinator::Stub* stub, const v1::MemberCredentials& member, std::atomic<bool>* stop,
+  // What a queue event names: the beater and which of its operations completed.
+  enum class Step { kStarted, kWritten, kRead, kWritesDone, kFinished };
+  struct Tag {
+    Beater* beater;
+    Step step;
+  };
+
+  Beater(v1::Coordinator::Stub* stub, grpc::CompletionQueue* queue,
+         const v1::MemberCredentials& member, std::atomic<bool>* stop,
          std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
       : stop_(stop), replies_(replies), finished_(finished) {
     *request_.mutable_member() = member;
     FillTelemetry(&request_);
-    stub->async()->Heartbeat(&context_, this);
-    Round();
-    StartCall();
+    stream_ = stub->PrepareAsyncHeartbeat(&context_, queue);
+    stream_->StartCall(&started_);
   }
-  void OnWriteDone(bool ok) override { Step(ok); }
-  void OnReadDone(bool ok) override {
-    if (ok) {
-      if (response_.command() != v1::CONTINUE) bad_commands_++;
-      replies_->fetch_add(1, std::memory_order_relaxed);
+  // Runs on the beater's queue thread, one event at a time.
+  void Proceed(Step step, bool ok) {
+    switch (step) {
+      case Step::kStarted:
+        if (!ok) return Fail();
+        return Round();
+      case Step::kWritten:
+        return HalfDone(ok);
+      case Step::kRead:
+        if (ok) {
+          if (response_.command() != v1::CONTINUE) bad_commands_++;
+          replies_->fetch_add(1, std::memory_order_relaxed);
+        }
+        return HalfDone(ok);
+      case Step::kWritesDone:
+        return stream_->Finish(&status_, &finished_tag_);
+      case Step::kFinished:
+        finished_->DecrementCount();
+        return;
     }
-    Step(ok);
-  }
-  void OnWritesDoneDone(bool) override {}
-  void OnDone(const grpc::Status& status) override {
-    status_ = status;
-    finished_->DecrementCount();
   }
   int bad_commands() const { return bad_commands_; }
   const grpc::Status& status() const { return status_; }
 
  private:
   void Round() {
-    pending_.store(2);
+    pending_ = 2;
     request_.set_step(request_.step() + 1);
-    StartWrite(&request_);
-    StartRead(&response_);
+    stream_->Write(request_, &written_);
+    stream_->Read(&response_, &read_);
   }
-  void Step(bool ok) {
-    if (pending_.fetch_sub(1) != 1) return;  // the other half of the round is still out
-    if (!ok || failed_) {
-      failed_ = true;
-      return;
-    }
-    if (stop_->load()) {
-      StartWritesDone();
-      StartRead(&response_);  // drains the server's end of the stream
-      return;
-    }
+  void HalfDone(bool ok) {
+    failed_ |= !ok;
+    if (--pending_ != 0) return;  // the other half of the round is still out
+    if (failed_) return Fail();
+    if (stop_->load()) return stream_->WritesDone(&writes_done_);
     Round();
   }
+  void Fail() { stream_->Finish(&status_, &finished_tag_); }
 
   grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>>
+      stream_;
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
-  std::atomic<int> pending_{0};
+  int pending_ = 0;
   bool failed_ = false;
   int bad_commands_ = 0;
   std::atomic<bool>* stop_;
   std::atomic<int64_t>* replies_;
   absl::BlockingCounter* finished_;
   grpc::Status status_;
+  Tag started_{this, Step::kStarted};
+  Tag written_{this, Step::kWritten};
+  Tag read_{this, Step::kRead};
+  Tag writes_done_{this, Step::kWritesDone};
+  Tag finished_tag_{this, Step::kFinished};
+};
+
+// The client's completion queues, one polling thread each.
+class ClientQueues {
+ public:
+  explicit ClientQueues(int count) {
+    for (int i = 0; i < count; ++i) queues_.push_back(std::make_unique<grpc::CompletionQueue>());
+    for (auto& queue : queues_) {
+      threads_.emplace_back([q = queue.get()] {
+        void* tag = nullptr;
+        bool ok = false;
+        while (q->Next(&tag, &ok)) {
+          auto* event = static_cast<Beater::Tag*>(tag);
+          event->beater->Proceed(event->step, ok);
+        }
+      });
+    }
+  }
+  // REQUIRES: every beater on the queues finished.
+  ~ClientQueues() {
+    for (auto& queue : queues_) queue->Shutdown();
+    for (std::thread& thread : threads_) thread.join();
+  }
+  grpc::CompletionQueue* queue(int i) { return queues_[i % queues_.size()].get(); }
+
+ private:
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
+  std::vector<std::thread> threads_;
 };
 
 // The process's resident memory in bytes (VmRSS); -1 if unreadable.
@@ -270,9 +326,10 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
   std::atomic<bool> stop{false};
   std::atomic<int64_t> replies{0};
   absl::BlockingCounter finished(members);
+  ClientQueues queues(absl::GetFlag(FLAGS_client_queues));
   std::vector<std::unique_ptr<Beater>> beaters;
   for (int i = 0; i < members; ++i) {
-    beaters.push_back(std::make_unique<Beater>(stubs[i % stubs.size()].get(),
+    beaters.push_back(std::make_unique<Beater>(stubs[i % stubs.size()].get(), queues.queue(i),
                                                Credentials(job, joined.responses[i]), &stop,
                                                &replies, &finished));
   }
@@ -363,8 +420,13 @@ int Main() {
   nlohmann::ordered_json result;
   Table table({"MEASURE", "VALUE", "TARGET"});
   {
-    Server server =
-        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=131072"});
+    std::vector<std::string> server_flags = {"--heartbeat_timeout_ms=600000",
+                                             "--max_world_size=131072"};
+    for (absl::string_view flag :
+         absl::StrSplit(absl::GetFlag(FLAGS_server_flags), ',', absl::SkipEmpty())) {
+      server_flags.emplace_back(flag);
+    }
+    Server server = StartServer(binary, server_flags);
     auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
     for (int n : {1024, 4096}) {
       if (!absl::GetFlag(FLAGS_joins)) break;
