@@ -32,7 +32,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/rank_rows.h"
 #include "common/table.h"
+#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/process.h"
@@ -92,6 +94,7 @@ std::vector<std::unique_ptr<v1::Coordinator::Stub>> MakeStubs(const std::string&
   for (int i = 0; i < count; ++i) {
     grpc::ChannelArguments args;
     args.SetInt("zeroshard.bench.channel", i);
+    args.SetMaxReceiveMessageSize(64 << 20);  // as shardctl's: GetStatus of 32K ranks is 6.6 MB
     stubs.push_back(v1::Coordinator::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
@@ -364,6 +367,49 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
   return (end_count - start_count) / elapsed;
 }
 
+// GetStatus of one job of W ranks, as `shardctl status` asks for it: the
+// response's size, its JSON (--json) size, the RPC's time and the time to
+// pick the summary's rows (worst ranks, hosts, histograms); medians of 5.
+struct StatusCost {
+  int64_t bytes = 0;
+  int64_t json_bytes = 0;
+  double rpc_seconds = -1;
+  double summary_seconds = -1;
+};
+StatusCost MeasureStatus(v1::Coordinator::Stub* stub, const std::string& job) {
+  StatusCost cost;
+  std::vector<double> rpc, summary;
+  for (int i = 0; i < 5; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    v1::GetStatusRequest request;
+    request.set_job_id(job);
+    v1::GetStatusResponse response;
+    absl::Time start = absl::Now();
+    grpc::Status s = stub->GetStatus(&context, request, &response);
+    rpc.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    if (!s.ok() || response.jobs().empty()) {
+      std::fprintf(stderr, "GetStatus failed: %s\n", s.error_message().c_str());
+      return cost;
+    }
+    start = absl::Now();
+    RankRows rows = SelectRankRows(response.jobs(0), /*rank=*/-1, /*all=*/false);
+    std::string hosts = HostsAndHistograms(response.jobs(0), /*rank=*/-1, /*all=*/false);
+    summary.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    cost.bytes = response.ByteSizeLong();
+    if (i == 0) {
+      std::string json;
+      (void)google::protobuf::util::MessageToJsonString(response, &json);
+      cost.json_bytes = json.size();
+    }
+  }
+  std::sort(rpc.begin(), rpc.end());
+  std::sort(summary.begin(), summary.end());
+  cost.rpc_seconds = rpc[rpc.size() / 2];
+  cost.summary_seconds = summary[summary.size() / 2];
+  return cost;
+}
+
 // A 2-member job; member 1 stops beating; time from its last acknowledged
 // beat until GetStatus shows it dead.
 double DetectionSeconds(const std::string& address, int interval_ms) {
@@ -471,6 +517,17 @@ int Main() {
                   absl::StrFormat("%.1f MiB (%.1f KiB per member)", rss_after / 1048576.0,
                                   double(rss_after - rss_before) / members / 1024),
                   ""});
+    StatusCost status = MeasureStatus(stubs[0].get(), "heartbeats");
+    result["get_status_bytes"] = status.bytes;
+    result["get_status_json_bytes"] = status.json_bytes;
+    result["get_status_seconds"] = status.rpc_seconds;
+    result["status_summary_seconds"] = status.summary_seconds;
+    table.AddRow({absl::StrCat("GetStatus, ", members, " ranks"),
+                  absl::StrFormat("%.1f ms, %.1f MB (JSON %.1f MB)", status.rpc_seconds * 1e3,
+                                  status.bytes / 1e6, status.json_bytes / 1e6),
+                  ""});
+    table.AddRow({"  shardctl's summary rows (worst ranks, hosts, histograms)",
+                  absl::StrFormat("%.1f ms", status.summary_seconds * 1e3), ""});
     server.process->Signal(SIGTERM);
     server.process->Wait(absl::Seconds(10));
   }
