@@ -583,6 +583,31 @@ absl::StatusOr<v1::CommitShardResponse> Client::CommitShardOnce(
   return response;
 }
 
+absl::Status Client::AbandonCheckpointStep(int64_t step, const std::string& failure,
+                                           int64_t retry_step, absl::Duration timeout) {
+  return RetryWhileUnavailable<v1::CommitShardResponse>(
+             std::max(options_.rpc_timeout, timeout),
+             [&](absl::Duration left) -> absl::StatusOr<v1::CommitShardResponse> {
+               grpc::ClientContext context;
+               Prepare(&context, left);
+               context.set_wait_for_ready(true);
+               v1::CommitShardRequest request;
+               *request.mutable_member() = credentials();
+               request.set_step(step);
+               request.set_failure(failure);
+               request.set_retry_step(retry_step);
+               v1::CommitShardResponse response;
+               absl::Status s = FromGrpcStatus(stub_->CommitShard(&context, request, &response));
+               if (!s.ok()) {
+                 return absl::Status(s.code(),
+                                     absl::StrCat("abandoning checkpoint step ", step, ": ",
+                                                  s.message()));
+               }
+               return response;
+             })
+      .status();
+}
+
 absl::StatusOr<int64_t> Client::UploadShard(int64_t step, const std::string& file,
                                             const std::string& local_path, absl::Duration timeout) {
   return RetryWhileUnavailable<int64_t>(timeout, [&](absl::Duration left) {

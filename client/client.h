@@ -185,6 +185,12 @@ class Client {
   absl::StatusOr<int64_t> UploadShard(int64_t step, const std::string& file,
                                       const std::string& local_path,
                                       absl::Duration timeout = absl::Hours(24));
+  // As a member: this rank could not save its piece of `step` (`failure`
+  // says why, e.g. "No space left on device"); the server abandons the step
+  // for every rank (CommitShardRequest.failure). `retry_step`: the step the
+  // job checkpoints next (0: none).
+  absl::Status AbandonCheckpointStep(int64_t step, const std::string& failure, int64_t retry_step,
+                                     absl::Duration timeout = absl::Minutes(2));
   // Checkpoints of `job_id` (empty: every job).
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints(const std::string& job_id);
 

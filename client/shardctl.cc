@@ -90,6 +90,19 @@ void PrintControlPlane(const v1::ControlPlaneStatus& cp) {
               cp.restore_seconds() * 1000, static_cast<long long>(cp.terms()));
 }
 
+// The job's latest abandoned checkpoint, when no complete one came after it
+// (a server without a checkpoint root has neither).
+void PrintCheckpointFailure(Client& client, const std::string& job) {
+  absl::StatusOr<v1::ListCheckpointsResponse> list = client.ListCheckpoints(job);
+  if (!list.ok()) return;
+  const v1::CheckpointInfo* failed = nullptr;
+  for (const v1::CheckpointInfo& c : list->checkpoints()) {  // by step
+    if (!c.failure().empty()) failed = &c;
+    if (c.complete() && failed != nullptr && c.step() > failed->step()) failed = nullptr;
+  }
+  if (failed != nullptr) std::printf("CHECKPOINT: %s\n", failed->failure().c_str());
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -148,6 +161,7 @@ int StatusCommand() {
       std::printf("%s: %s\n", d.kind() == v1::Diagnosis::STRAGGLER ? "STRAGGLER" : "HANG",
                   d.message().c_str());
     }
+    PrintCheckpointFailure(**client, job.job_id());
     if (job.history_size() > 0) {
       Table history({"GENERATION", "SINCE", "WHY"});
       for (const v1::GenerationChange& change : job.history()) {

@@ -148,7 +148,7 @@ int CheckpointsCommand() {
   Table table(header);
   for (const v1::CheckpointInfo& c : list->checkpoints()) {
     std::vector<std::string> row = {absl::StrCat(c.step()),
-                                    c.complete() ? "yes" : "no",
+                                    c.complete() ? "yes" : (c.failure().empty() ? "no" : "failed"),
                                     c.verification().empty() ? "-" : c.verification(),
                                     absl::StrCat(c.committed(), "/", c.world_size()),
                                     HumanBytes(static_cast<double>(c.total_bytes())),
@@ -164,6 +164,7 @@ int CheckpointsCommand() {
                   static_cast<long long>(c.step()), c.job_id().c_str(),
                   c.verification_error().c_str());
     }
+    if (!c.failure().empty()) std::printf("job %s: %s\n", c.job_id().c_str(), c.failure().c_str());
   }
   return 0;
 }

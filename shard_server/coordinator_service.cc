@@ -57,6 +57,14 @@ class HeldCall : public grpc::ServerUnaryReactor {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// What a held StoreGet or StoreWait keeps alive until it is answered: the
+// parsed request (its keys: a wait may name 131,072) and the reactor. The KV
+// store counts it against the job's and the server's bounds. gRPC's own
+// per-call state is not in it.
+size_t HeldCallBytes(const google::protobuf::Message& request) {
+  return request.SpaceUsedLong() + sizeof(HeldCall);
+}
+
 grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
                                     const grpc::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -123,11 +131,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   }
   auto* call = new HeldCall([this](uint64_t id) { membership_->CancelJoin(id); });
   absl::Time deadline = Deadline(context, /*timeout_ms=*/int64_t{1} << 50);
-  uint64_t id = membership_->Join(*request, deadline,
-                                  [call, response](absl::StatusOr<v1::JoinResponse> result) {
-                                    if (result.ok()) *response = std::move(*result);
-                                    call->Complete(ToGrpcStatus(result.status()));
-                                  });
+  uint64_t id = membership_->Join(
+      *request, deadline, [call, response](absl::StatusOr<v1::JoinResponse> result) {
+        if (result.ok()) *response = std::move(*result);
+        call->Complete(ToGrpcStatus(result.status()));
+      });
   call->Hold(id);
   return call;
 }
@@ -148,8 +156,9 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerConte
     return FinishNow(context, s);
   }
   const v1::MemberCredentials& m = request->member();
-  return FinishNow(context, ToGrpcStatus(kv_->Set(m.job_id(), m.generation(), request->key(),
-                                                  request->value())));
+  return FinishNow(context,
+                   ToGrpcStatus(kv_->Set(m.job_id(), m.generation(), request->key(),
+                                         request->value())));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* context,
@@ -161,12 +170,13 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
   if (grpc::Status s = CheckTimeout(request->timeout_ms()); !s.ok()) return FinishNow(context, s);
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
-  uint64_t id =
-      kv_->Get(m.job_id(), m.generation(), request->key(), Deadline(context, request->timeout_ms()),
-               [call, response](absl::StatusOr<std::string> value) {
-                 if (value.ok()) response->set_value(std::move(*value));
-                 call->Complete(ToGrpcStatus(value.status()));
-               });
+  uint64_t id = kv_->Get(m.job_id(), m.generation(), request->key(),
+                         Deadline(context, request->timeout_ms()),
+                         [call, response](absl::StatusOr<std::string> value) {
+                           if (value.ok()) response->set_value(std::move(*value));
+                           call->Complete(ToGrpcStatus(value.status()));
+                         },
+                         HeldCallBytes(*request));
   call->Hold(id);
   return call;
 }
@@ -194,9 +204,11 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  uint64_t id = kv_->Wait(m.job_id(), m.generation(), std::move(keys),
-                          Deadline(context, request->timeout_ms()),
-                          [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); });
+  uint64_t id =
+      kv_->Wait(m.job_id(), m.generation(), std::move(keys),
+                Deadline(context, request->timeout_ms()),
+                [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); },
+                HeldCallBytes(*request));
   call->Hold(id);
   return call;
 }
@@ -316,8 +328,8 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
     }
     absl::StatusOr<int> world_size = membership_->WorldSize(m.job_id());
     if (!world_size.ok()) return FinishNow(context, ToGrpcStatus(world_size.status()));
-    plan =
-        plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(), request->options());
+    plan = plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(),
+                        request->options());
   }
   if (plan.ok()) *response->mutable_plan() = std::move(*plan);
   return FinishNow(context, ToGrpcStatus(plan.status()));

@@ -38,6 +38,20 @@ void AddGptShape(const TaskOptions& task, Json* out) {
   (*out)["vocab_size"] = 256;
 }
 
+// This process's peak resident set (VmHWM of /proc/self/status), bytes;
+// -1 where it cannot be read. Counts what the engine's memory tracker does
+// not: communication scratch, the shared-memory segment's touched pages,
+// libraries.
+int64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kib) == 1) return kib * 1024;
+  }
+  return -1;
+}
+
 double ItemsPerSecond(const RunMetrics& m) {
   return m.step_ms.empty() ? 0.0 : m.items_per_second_sum / static_cast<double>(m.step_ms.size());
 }
@@ -203,6 +217,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["data_plane"] = run.data_plane;
   out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};
   out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
+  out["checkpoint_failures"] = m.checkpoint_failures;
   out["snapshot_pause_ms"] = m.snapshot_pause_ms;
   out["snapshot_copy_ms"] = m.snapshot_copy_ms;
   out["snapshot_transfer_ms"] = m.snapshot_transfer_ms;
@@ -220,6 +235,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   }
   out["sample"] = m.sample;
   out["items_per_second"] = ItemsPerSecond(m);
+  out["peak_rss_bytes"] = PeakRssBytes();
   out["largest_unit_bytes"] = e.largest_unit_elements() * 4;
   int64_t shard_elements = 0;
   for (const UnitLayout& u : e.units()) shard_elements += u.chunk_elements;

@@ -30,6 +30,8 @@ struct RunMetrics {
   std::vector<double> val_losses;   // every evaluation's
   Evaluation last_eval;
   std::vector<double> checkpoint_pause_ms;  // the training thread's pause per checkpoint
+  // Checkpoints abandoned while training went on (Checkpointer::failures).
+  std::vector<std::string> checkpoint_failures;
   // Bytes this rank sent during the training steps (gather and reduce
   // communicators together; evaluation and sampling not counted).
   CollectiveBytes training_bytes;

@@ -425,6 +425,11 @@ class GptTask : public TrainingTask {
     // 64 per rank: 256 problems at the quickstart's W = 4, so that "99 %" means at
     // most 2 wrong answers rather than none of 64.
     constexpr int kProblemsPerRank = 64;
+    // 64 x (digits + 2) forwards: at stage 3 each would gather every unit
+    // again (across hosts, 512 gathers of the whole model crossed the network
+    // per evaluation of a 2-digit task); gather once, as Sample does.
+    if (absl::Status s = engine.HoldGatheredParameters(); !s.ok()) return s;
+    absl::Cleanup release = [&engine] { engine.ReleaseHeldParameters(); };
     std::vector<AdditionProblem> problems = data.ValidationProblems(2 * kProblemsPerRank * world);
     int correct = 0;
     const int answer_tokens = data.digits() + 2;  // digits, a carry, '\n'

@@ -237,7 +237,7 @@ absl::Status Worker::Train() {
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an
     // --init_from file becomes a checkpoint (and a consolidated model).
-    if (absl::Status s = checkpointer.Save(e, IdentityAt(0)); !s.ok()) return s;
+    if (absl::Status s = checkpointer.Save(e, IdentityAt(0), 0); !s.ok()) return s;
   }
   for (int step = g.start_step; step < steps; ++step) {
     // Between steps, the abort needs no collective to notice it.
@@ -253,7 +253,9 @@ absl::Status Worker::Train() {
     }
     if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
         (checkpoints.at_end && completed == steps)) {
-      if (absl::Status s = checkpointer.Save(e, IdentityAt(completed)); !s.ok()) return s;
+      absl::Status s =
+          checkpointer.Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints));
+      if (!s.ok()) return s;
     }
     if (every > 0 && completed % every == 0 && completed < steps) {
       absl::Status s = snapshots_.Take(e, IdentityAt(completed), g.data_plane->snapshot.get(),
@@ -262,7 +264,11 @@ absl::Status Worker::Train() {
     }
   }
   if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
-  if (absl::Status s = checkpointer.Drain(); !s.ok()) return s;
+  absl::Status drained = checkpointer.Drain();
+  for (std::string& failure : checkpointer.failures()) {
+    metrics_.checkpoint_failures.push_back(std::move(failure));
+  }
+  if (!drained.ok()) return drained;
   // Training traffic only: evaluation and sampling move bytes too.
   metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
   metrics_.training_bytes += plane.reduce->bytes_sent() - reduce_before;
@@ -270,6 +276,15 @@ absl::Status Worker::Train() {
     metrics_.training_bytes += plane.replicas->bytes_sent() - replicas_before;
   }
   return absl::OkStatus();
+}
+
+int64_t Worker::NextCheckpointStep(int completed, const CheckpointConfig& checkpoints) const {
+  const int steps = config_.schedule.steps;
+  if (checkpoints.every > 0) {
+    const int64_t next = (completed / checkpoints.every + 1) * int64_t{checkpoints.every};
+    if (next <= steps) return next;
+  }
+  return checkpoints.at_end && completed < steps ? steps : 0;
 }
 
 ShardIdentity Worker::IdentityAt(int completed) const {

@@ -186,6 +186,8 @@ class Worker {
   int64_t DataRow(int64_t step) const;
   // This rank's shard after `completed` steps, as checkpoints and snapshots
   // name it.
+  // The step after `completed` at which a checkpoint is due (0: none).
+  int64_t NextCheckpointStep(int completed, const CheckpointConfig& checkpoints) const;
   ShardIdentity IdentityAt(int completed) const;
 
   const WorkerConfig config_;

@@ -98,7 +98,16 @@ ABSL_FLAG(int, prefetch, 1, "Stage 3: units gathered ahead of use");
 ABSL_FLAG(std::string, param_dtype, "f32",
           "Dtype parameters are gathered in: f32|bf16 (with --backend=nccl also the GPT's "
           "matrix-product operands, accumulated in f32)");
-ABSL_FLAG(std::string, reduce_dtype, "f32", "Dtype gradients are reduced in: f32|bf16");
+ABSL_FLAG(std::string, reduce_dtype, "f32",
+          "Dtype gradients are reduced in: f32|bf16|int8 (int8: block-quantized on the wire, "
+          "summed in f32; docs/quantized_comm.md)");
+ABSL_FLAG(bool, replica_thread, true,
+          "With --shard_group_size: the replicas' all-reduce on a thread of its own, "
+          "overlapping the group's next reduce-scatters (false: after each, on the reduce "
+          "thread; for comparisons)");
+ABSL_FLAG(std::string, gather_dtype, "f32",
+          "Stage 3: dtype parameter gathers travel in: f32 (i.e. --param_dtype)|int8 "
+          "(block-quantized, dequantized after the gather; the master shard stays f32)");
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
 ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
@@ -333,11 +342,30 @@ absl::Status ReadEngine(WorkerConfig* config) {
   absl::StatusOr<DType> param_dtype =
       ParseComputeDType("param_dtype", absl::GetFlag(FLAGS_param_dtype));
   if (!param_dtype.ok()) return param_dtype.status();
+  const std::string reduce_flag = absl::GetFlag(FLAGS_reduce_dtype);
   absl::StatusOr<DType> reduce_dtype =
-      ParseComputeDType("reduce_dtype", absl::GetFlag(FLAGS_reduce_dtype));
-  if (!reduce_dtype.ok()) return reduce_dtype.status();
+      reduce_flag == "int8" ? DType::kI8 : ParseComputeDType("reduce_dtype", reduce_flag);
+  if (!reduce_dtype.ok()) {
+    return Bad(absl::StrCat("--reduce_dtype=", reduce_flag,
+                            " is not a dtype: expected f32, bf16 or int8"));
+  }
+  const std::string gather_flag = absl::GetFlag(FLAGS_gather_dtype);
+  if (gather_flag != "f32" && gather_flag != "int8") {
+    return Bad(absl::StrCat("--gather_dtype=", gather_flag,
+                            " is not a gather dtype: expected f32 (gathers travel in "
+                            "--param_dtype) or int8"));
+  }
   engine.param_dtype = *param_dtype;
   engine.reduce_dtype = *reduce_dtype;
+  engine.gather_dtype = gather_flag == "int8" ? DType::kI8 : DType::kF32;
+  engine.replica_thread = absl::GetFlag(FLAGS_replica_thread);
+  if (engine.gather_dtype == DType::kI8 &&
+      (absl::GetFlag(FLAGS_stage) != 3 || engine.param_dtype != DType::kF32)) {
+    return Bad(absl::StrCat("--gather_dtype=int8 quantizes stage 3's f32 gathers; got --stage=",
+                            absl::GetFlag(FLAGS_stage), " --param_dtype=",
+                            absl::GetFlag(FLAGS_param_dtype),
+                            ": use --stage=3 --param_dtype=f32, or drop --gather_dtype"));
+  }
 
   config->plan.max_unit_bytes = absl::GetFlag(FLAGS_max_unit_bytes);
   const std::string group = absl::GetFlag(FLAGS_shard_group_size);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -55,6 +56,15 @@ CREATE TABLE IF NOT EXISTS checkpoint_verify_failed (
   failed_unix_ms INTEGER NOT NULL,
   PRIMARY KEY (job_id, step)
 );
+CREATE TABLE IF NOT EXISTS checkpoint_abandoned (
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  rank INTEGER NOT NULL,
+  message TEXT NOT NULL,
+  abandoned_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, step)
+);
 )sql";
 
 int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -72,6 +82,23 @@ absl::Status DeleteStepRows(StateStore::Connection& db, const std::string& job, 
     if (absl::Status s = st.Bind(1, job).Bind(2, step).Run(); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// Appends the abandoned steps of `job` (empty: every job) to `response`.
+absl::Status ListAbandoned(StateStore::Connection& db, const std::string& job,
+                           v1::ListCheckpointsResponse* response) {
+  Statement st = db.Prepare("list abandoned checkpoints",
+                            "SELECT job_id, step, message, abandoned_unix_ms "
+                            "FROM checkpoint_abandoned WHERE ?1 = '' OR job_id = ?1");
+  st.Bind(1, job);
+  while (st.Next()) {
+    v1::CheckpointInfo* info = response->add_checkpoints();
+    info->set_job_id(st.Text(0));
+    info->set_step(st.Int(1));
+    info->set_failure(st.Text(2));
+    info->set_created_unix_ms(st.Int(3));
+  }
+  return st.status();
 }
 
 }  // namespace
@@ -190,6 +217,7 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Commit(
                                             {"error", s.ToString()}});
     return s;
   };
+  if (!request.failure().empty()) return Abandon(request, world_size);
   if (absl::Status s = CheckCommitRequest(request, world_size); !s.ok()) return refuse(s);
   absl::StatusOr<v1::ShardPlan> plan = PlanOfCommit(request.member(), world_size);
   if (!plan.ok()) return refuse(plan.status());
@@ -259,6 +287,9 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::RecordCommit(
     // The same commit again (its answer was lost): nothing changes.
     response.set_committed(*again);
     return response;
+  }
+  if (absl::Status s = CheckNotAbandoned(job, step, member.generation()); !s.ok()) {
+    return refuse(s);
   }
   bool new_step = !row->has_value();
   // A newer generation saves this step again: the old pieces are abandoned
@@ -352,6 +383,12 @@ absl::StatusOr<int> CheckpointRegistry::SaveCommit(const v1::MemberCredentials& 
       }
     }
     if (new_step) {
+      // A newer generation saves an abandoned step again: it starts clean.
+      Statement forget = db.Prepare("forget older checkpoint abandonment",
+                                    "DELETE FROM checkpoint_abandoned WHERE job_id = ? AND "
+                                    "step = ? AND generation < ?");
+      forget.Bind(1, job).Bind(2, step).Bind(3, member.generation());
+      if (absl::Status s = forget.Run(); !s.ok()) return s;
       Statement st = db.Prepare(
           "save checkpoint step",
           "INSERT OR REPLACE INTO checkpoint_steps(job_id, step, world_size, generation, "
@@ -543,21 +580,24 @@ int64_t CheckpointRegistry::HighestGeneration(const std::string& job) {
   return highest;
 }
 
-absl::Status CheckpointRegistry::CheckWritable(const std::string& job, int64_t step) {
+absl::Status CheckpointRegistry::CheckWritable(const std::string& job, int64_t step,
+                                               int64_t writer_generation) {
   absl::MutexLock lock(&mu_);
-  return CheckWritableLocked(job, step);
+  return CheckWritableLocked(job, step, writer_generation);
 }
 
 absl::Status CheckpointRegistry::PublishIfWritable(const std::string& job, int64_t step,
+                                                   int64_t writer_generation,
                                                    const std::function<absl::Status()>& admit,
                                                    const std::function<absl::Status()>& publish) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = admit(); !s.ok()) return s;
-  if (absl::Status s = CheckWritableLocked(job, step); !s.ok()) return s;
+  if (absl::Status s = CheckWritableLocked(job, step, writer_generation); !s.ok()) return s;
   return publish();
 }
 
-absl::Status CheckpointRegistry::CheckWritableLocked(const std::string& job, int64_t step) {
+absl::Status CheckpointRegistry::CheckWritableLocked(const std::string& job, int64_t step,
+                                                     int64_t writer_generation) {
   absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
   if (!row.ok()) return row.status();
   if (row->has_value() && (*row)->complete) {
@@ -565,7 +605,100 @@ absl::Status CheckpointRegistry::CheckWritableLocked(const std::string& job, int
                                                       "' is already complete; a complete "
                                                       "checkpoint's files must not change"));
   }
-  return absl::OkStatus();
+  // An upload of an abandoned step would leave a file no commit ever claims.
+  return CheckNotAbandoned(job, step, writer_generation);
+}
+
+absl::Status CheckpointRegistry::CheckNotAbandoned(const std::string& job, int64_t step,
+                                                   int64_t generation) {
+  std::string message;
+  absl::Status read = state_->Read([&](StateStore::Connection& db) {
+    Statement st = db.Prepare("find checkpoint abandonment",
+                              "SELECT message FROM checkpoint_abandoned "
+                              "WHERE job_id = ? AND step = ? AND generation >= ?");
+    st.Bind(1, job).Bind(2, step).Bind(3, generation);
+    if (st.Next()) message = st.Text(0);
+    return st.status();
+  });
+  if (!read.ok()) return read;
+  if (message.empty()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("step ", step, " of job '", job,
+                                         "' was abandoned (", message,
+                                         "); nothing of it is kept"));
+}
+
+absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Abandon(
+    const v1::CommitShardRequest& request, int world_size) {
+  const v1::MemberCredentials& member = request.member();
+  const std::string& job = member.job_id();
+  const int64_t step = request.step();
+  if (absl::Status s = ValidateJobId(job); !s.ok()) return s;
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step ", step, " is negative"));
+  if (request.retry_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retry_step ", request.retry_step(), " is negative; expected 0 (none) or a step"));
+  }
+  // Bounded like any other text the server keeps and shows.
+  constexpr size_t kMaxFailureBytes = 1024;
+  const std::string failure = request.failure().substr(0, kMaxFailureBytes);
+  const std::string message = absl::StrCat(
+      "checkpoint step ", step, " failed on rank ", member.rank(), ": ", failure,
+      request.retry_step() > 0 ? absl::StrCat("; retrying at step ", request.retry_step())
+                               : std::string("; no later checkpoint is scheduled"));
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::optional<StepRow>> row = LoadStep(job, step);
+  if (!row.ok()) return row.status();
+  if (row->has_value() && (*row)->complete) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " of job '", job, "' is already complete; it cannot be abandoned"));
+  }
+  if (row->has_value() && (*row)->generation > member.generation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " of job '", job, "' is being written by generation ", (*row)->generation,
+        "; this member is of generation ", member.generation()));
+  }
+  v1::CommitShardResponse response;
+  if (!CheckNotAbandoned(job, step, member.generation()).ok()) return response;  // known
+  RemoveCommittedFiles(job, step);
+  absl::Status saved = state_->Transaction([&](StateStore::Connection& db) -> absl::Status {
+    if (absl::Status s = DeleteStepRows(db, job, step, /*commits_only=*/false); !s.ok()) return s;
+    Statement st = db.Prepare("save checkpoint abandonment",
+                              "INSERT OR REPLACE INTO checkpoint_abandoned(job_id, step, "
+                              "generation, rank, message, abandoned_unix_ms) "
+                              "VALUES (?, ?, ?, ?, ?, ?)");
+    st.Bind(1, job).Bind(2, step).Bind(3, member.generation()).Bind(4, member.rank());
+    if (absl::Status s = st.Bind(5, message).Bind(6, NowUnixMs()).Run(); !s.ok()) return s;
+    // What status shows is the latest failures; older ones stay in the
+    // event log only, so a disk full for days keeps this table small.
+    Statement prune = db.Prepare("prune checkpoint abandonments",
+                                 "DELETE FROM checkpoint_abandoned WHERE job_id = ?1 AND step NOT "
+                                 "IN (SELECT step FROM checkpoint_abandoned WHERE job_id = ?1 "
+                                 "ORDER BY step DESC LIMIT 8)");
+    return prune.Bind(1, job).Run();
+  });
+  if (!saved.ok()) return saved;
+  log_->Log("checkpoint_step_failed", {{"job", job},
+                                       {"step", absl::StrCat(step)},
+                                       {"rank", absl::StrCat(member.rank())},
+                                       {"world_size", absl::StrCat(world_size)},
+                                       {"retry_step", absl::StrCat(request.retry_step())},
+                                       {"message", message}});
+  return response;
+}
+
+void CheckpointRegistry::RemoveCommittedFiles(const std::string& job, int64_t step) {
+  absl::StatusOr<std::vector<CommittedShard>> commits = LoadCommits(job, step);
+  if (!commits.ok()) {
+    log_->Log("checkpoint_registry_error", {{"job", job}, {"error", commits.status().ToString()}});
+    return;
+  }
+  for (const CommittedShard& c : *commits) {
+    const std::string path = root_.Join(c.file);
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      log_->Log("checkpoint_registry_error",
+                {{"job", job}, {"error", ErrnoStatus(errno, "cannot remove", path).ToString()}});
+    }
+  }
 }
 
 absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::string& job) {
@@ -611,9 +744,16 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointRegistry::List(const std::
         }
       }
     }
-    return st.status();
+    if (!st.status().ok()) return st.status();
+    return ListAbandoned(db, job, &response);
   });
   if (!status.ok()) return status;
+  // By job, then step, whichever table a step came from.
+  std::stable_sort(response.mutable_checkpoints()->begin(), response.mutable_checkpoints()->end(),
+                   [](const v1::CheckpointInfo& a, const v1::CheckpointInfo& b) {
+                     return std::forward_as_tuple(a.job_id(), a.step()) <
+                            std::forward_as_tuple(b.job_id(), b.step());
+                   });
   return response;
 }
 

@@ -115,8 +115,21 @@ class CheckpointRegistry {
   absl::StatusOr<v1::CommitShardResponse> Commit(const v1::CommitShardRequest& request,
                                                  int world_size);
 
-  // FAILED_PRECONDITION if (job, step) is complete: its files must not change.
-  absl::Status CheckWritable(const std::string& job, int64_t step);
+  // A rank that could not save its piece (request.failure() set, e.g. a
+  // full disk): abandons the step for every rank. Its committed pieces are
+  // removed, the step is listed with CheckpointInfo.failure, and later
+  // commits and uploads of it by its generation (or an older one) are
+  // refused with ABORTED naming the failure, so no rank waits on it and
+  // nothing half-written looks complete. The first failure of a step is
+  // kept; reporting it again is answered OK. FAILED_PRECONDITION for a step
+  // that is already complete. REQUIRES: as Commit.
+  absl::StatusOr<v1::CommitShardResponse> Abandon(const v1::CommitShardRequest& request,
+                                                  int world_size);
+
+  // FAILED_PRECONDITION if (job, step) is complete: its files must not change;
+  // ABORTED if `writer_generation` or a newer one abandoned it (0: any
+  // abandonment counts).
+  absl::Status CheckWritable(const std::string& job, int64_t step, int64_t writer_generation = 0);
 
   // Runs `publish` (the rename that puts a shard file of (job, step) in
   // place) only if `admit` (the writer's fencing: its generation and token)
@@ -124,7 +137,7 @@ class CheckpointRegistry {
   // completes under the same lock, so no step changes after it is complete,
   // and a writer fenced out while it was uploading never replaces a newer
   // generation's file. Returns the first error; `publish` does not run then.
-  absl::Status PublishIfWritable(const std::string& job, int64_t step,
+  absl::Status PublishIfWritable(const std::string& job, int64_t step, int64_t writer_generation,
                                  const std::function<absl::Status()>& admit,
                                  const std::function<absl::Status()>& publish);
 
@@ -182,7 +195,15 @@ class CheckpointRegistry {
   absl::StatusOr<int> SaveCommit(const v1::MemberCredentials& member, int64_t step,
                                  const StepRow& step_row, const CommittedShard& shard,
                                  bool new_step, bool restart) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckWritableLocked(const std::string& job, int64_t step)
+  absl::Status CheckWritableLocked(const std::string& job, int64_t step, int64_t writer_generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ABORTED naming the failure when `generation` (or a newer one) abandoned
+  // (job, step); OK otherwise.
+  absl::Status CheckNotAbandoned(const std::string& job, int64_t step, int64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the files of the step's committed pieces (not the directory:
+  // other ranks of a shared filesystem may be writing into it).
+  void RemoveCommittedFiles(const std::string& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::optional<StepRow>> LoadStep(const std::string& job, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

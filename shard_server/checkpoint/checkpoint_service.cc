@@ -118,7 +118,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
     member_ = m;
     job_ = m.job_id();
     step_ = request_.step();
-    if (absl::Status s = registry->CheckWritable(job_, step_); !s.ok()) return s;
+    if (absl::Status s = registry->CheckWritable(job_, step_, m.generation()); !s.ok()) return s;
     if (absl::Status s = registry->root().MakeDirs(CheckpointStepDir(job_, step_)); !s.ok()) {
       return s;
     }
@@ -151,7 +151,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
       return;
     }
     absl::Status published = service_->registry_->PublishIfWritable(
-        job_, step_, [this] { return service_->membership_->CheckMember(member_); },
+        job_, step_, member_.generation(), [this] { return service_->membership_->CheckMember(member_); },
         [this] { return file_->Publish(); });
     if (!published.ok()) {
       Fail(published);

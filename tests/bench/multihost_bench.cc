@@ -13,14 +13,22 @@
 //   bazel run -c opt //tests/bench:multihost_bench -- [--rates=0,1000000000]
 //       [--steps=20] [--rounds=2] [--layers=8] [--width=1024] [--batch=8]
 //       [--modes=flat,two-level,hsdp] [--json_out=FILE]
+//
+// The int8 modes (flat-int8, two-level-int8: --gather_dtype=int8
+// --reduce_dtype=int8; hsdp-int8: --reduce_dtype=int8, whose gathers stay
+// inside the host) quantize what travels (worker/comm/quantized.h).
+// "peak RSS/rank" is the largest VmHWM over the ranks (the reports'
+// peak_rss_bytes).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -38,12 +46,18 @@
 ABSL_FLAG(std::string, rates, "0,1000000000", "Link rates to run, bits/s each way (0: none)");
 ABSL_FLAG(int, steps, 20, "Steps per run");
 ABSL_FLAG(int, rounds, 2, "Runs of every configuration, interleaved");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp (--layers x Linear(--width, --width), GELU, --batch rows per rank) or gpt "
+          "(gpt_bench's GPT: 6 blocks, d_model 384, 6 heads, context 128, vocab 256, 4 "
+          "sequences per rank)");
 ABSL_FLAG(int, layers, 8, "MLP layers");
 ABSL_FLAG(int, width, 1024, "MLP width");
 ABSL_FLAG(int, batch, 8, "Rows per rank");
 ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
           "Modes to run: flat, two-level (--two_level), hsdp (--shard_group_size=host), "
-          "hsdp-bf16 (and --reduce_dtype=bf16); PyTorch 2 beside them: fsdp2 (fully_shard), "
+          "hsdp-serial (hsdp, the replicas' all-reduce on the reduce thread: "
+          "--replica_thread=false), hsdp-bf16 (and --reduce_dtype=bf16), flat-int8, two-level-int8 (--gather_dtype=int8 "
+          "--reduce_dtype=int8), hsdp-int8 (--reduce_dtype=int8); PyTorch 2 beside them: fsdp2 (fully_shard), "
           "fsdp2-hsdp (fully_shard on a 2-D DeviceMesh: shard in a host, replicate across)");
 ABSL_FLAG(std::string, torch_python, "",
           "Python with torch 2.x for the fsdp2 modes (default: $ZEROSHARD_PYTHON, else "
@@ -60,6 +74,7 @@ struct Result {
   double step_ms = 0;          // rank 0's median step
   double crossing_bytes = 0;   // per worker host per step
   double counted_bytes = 0;    // the reports' inter-host bytes, host 1 per step
+  double peak_rss = 0;         // the largest rank's, bytes
   std::string transport;
   std::string blas_kernel;
 };
@@ -72,6 +87,43 @@ int64_t TxBytes(EmulatedHosts& hosts, int k) {
     return -1;
   }
   return bytes;
+}
+
+// The model both sides train (--model and its shape flags).
+TorchShape Shape() {
+  TorchShape shape;
+  shape.model = absl::GetFlag(FLAGS_model);
+  shape.steps = absl::GetFlag(FLAGS_steps);
+  if (shape.model == "gpt") {
+    shape.layers = 6;
+    shape.batch = 4;
+  } else {
+    shape.layers = absl::GetFlag(FLAGS_layers);
+    shape.width = absl::GetFlag(FLAGS_width);
+    shape.batch = absl::GetFlag(FLAGS_batch);
+  }
+  return shape;
+}
+
+// shard_worker's flags for that model.
+std::vector<std::string> ModelFlags(const TorchShape& shape) {
+  std::vector<std::string> flags = {absl::StrCat("--model=", shape.model),
+                                    absl::StrCat("--layers=", shape.layers),
+                                    absl::StrCat("--batch=", shape.batch)};
+  if (shape.model == "gpt") {
+    flags.insert(flags.end(), {absl::StrCat("--d_model=", shape.d_model),
+                               absl::StrCat("--heads=", shape.heads),
+                               absl::StrCat("--context=", shape.context)});
+  } else {
+    flags.insert(flags.end(), {absl::StrCat("--width=", shape.width), "--activation=gelu"});
+  }
+  return flags;
+}
+
+// Rows (mlp) or tokens (gpt) per second over the 4 ranks.
+double ItemsPerSecond(const TorchShape& shape, double step_ms) {
+  const double per_step = 4.0 * shape.batch * (shape.model == "gpt" ? shape.context : 1);
+  return step_ms > 0 ? per_step / (step_ms / 1e3) : 0;
 }
 
 std::string TorchPython() {
@@ -87,8 +139,7 @@ std::string TorchPython() {
 bool RunTorchOne(EmulatedHosts& hosts, const std::string& mode, int64_t rate, int round,
                  Result* r) {
   static int next_port = 29611;  // a fresh port per run: the last one may linger in TIME_WAIT
-  TorchShape shape{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_width),
-                   absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_steps)};
+  const TorchShape shape = Shape();
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   absl::StatusOr<TorchRun> run = RunTorchPeers(hosts, {1, 1, 2, 2}, mode, shape, TorchPython(),
                                                next_port++, MakeTempDir("multihost-torch"));
@@ -103,6 +154,7 @@ bool RunTorchOne(EmulatedHosts& hosts, const std::string& mode, int64_t rate, in
   r->step_ms = run->step_ms;
   r->crossing_bytes = (after[0] - before[0] + after[1] - before[1]) / 2.0 / shape.steps;
   r->counted_bytes = 0;  // PyTorch does not count them
+  for (int64_t rss : run->peak_rss) r->peak_rss = std::max<double>(r->peak_rss, rss);
   r->transport = "torch gloo";
   r->blas_kernel = run->blas_kernel;
   return true;
@@ -112,20 +164,17 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
             int round, Result* r) {
   if (IsTorchMode(mode)) return RunTorchOne(hosts, mode, rate, round, r);
   const int steps = absl::GetFlag(FLAGS_steps);
-  std::vector<std::string> flags = {"--model=mlp",
-                                    absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
-                                    absl::StrCat("--width=", absl::GetFlag(FLAGS_width)),
-                                    "--activation=gelu",
-                                    "--stage=3",
-                                    absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
-                                    "--threads=1",
-                                    "--lr=0.01",
-                                    "--seed=9",
-                                    absl::StrCat("--steps=", steps),
-                                    "--collective_timeout=120s"};
-  if (mode == "two-level") flags.push_back("--two_level");
-  if (mode == "hsdp" || mode == "hsdp-bf16") flags.push_back("--shard_group_size=host");
+  const TorchShape shape = Shape();
+  std::vector<std::string> flags = ModelFlags(shape);
+  // One validation batch: the crossing bytes are divided by the steps.
+  flags.insert(flags.end(), {"--stage=3", "--threads=1", "--lr=0.01", "--seed=9", "--val_batches=1",
+                             absl::StrCat("--steps=", steps), "--collective_timeout=120s"});
+  if (mode == "two-level" || mode == "two-level-int8") flags.push_back("--two_level");
+  if (absl::StartsWith(mode, "hsdp")) flags.push_back("--shard_group_size=host");
+  if (mode == "hsdp-serial") flags.push_back("--replica_thread=false");
   if (mode == "hsdp-bf16") flags.push_back("--reduce_dtype=bf16");
+  if (absl::EndsWith(mode, "-int8")) flags.push_back("--reduce_dtype=int8");
+  if (mode == "flat-int8" || mode == "two-level-int8") flags.push_back("--gather_dtype=int8");
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   const std::string job = absl::StrCat(mode, "-", rate, "-", round);
   if (!cluster.Run(job, 4, flags, absl::Seconds(600))) return false;
@@ -142,6 +191,9 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
       r->counted_bytes += b.get<double>() / steps;
     }
   }
+  for (int rank = 0; rank < 4; ++rank) {
+    r->peak_rss = std::max(r->peak_rss, cluster.Report(job, rank)["peak_rss_bytes"].get<double>());
+  }
   r->transport = report["data_plane"]["gather"]["transport"];
   r->blas_kernel = report["compute"]["blas_kernel"];
   return true;
@@ -157,6 +209,10 @@ int Main() {
     }
     rates.push_back(rate);
   }
+  if (absl::GetFlag(FLAGS_model) != "mlp" && absl::GetFlag(FLAGS_model) != "gpt") {
+    std::fprintf(stderr, "--model: '%s' is not mlp or gpt\n", absl::GetFlag(FLAGS_model).c_str());
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(3);
   if (!hosts.ok()) {
     std::fprintf(stderr, "multihost_bench: %s\n", hosts.status().ToString().c_str());
@@ -167,10 +223,14 @@ int Main() {
   if (!cluster.ok()) return 1;
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
-    if (mode != "flat" && mode != "two-level" && mode != "hsdp" && mode != "hsdp-bf16" &&
+    static const char* const kOurs[] = {"flat",      "two-level",  "hsdp",          "hsdp-bf16",
+                                        "flat-int8", "hsdp-int8", "two-level-int8",
+                                        "hsdp-serial"};
+    if (std::find(std::begin(kOurs), std::end(kOurs), mode) == std::end(kOurs) &&
         !IsTorchMode(mode)) {
       std::fprintf(stderr,
-                   "--modes: '%s' is not flat, two-level, hsdp, hsdp-bf16, fsdp2 or fsdp2-hsdp\n",
+                   "--modes: '%s' is not flat, two-level, hsdp, hsdp-serial, hsdp-bf16, "
+                   "flat-int8, two-level-int8, hsdp-int8, fsdp2 or fsdp2-hsdp\n",
                    mode.c_str());
       return 2;
     }
@@ -205,23 +265,30 @@ int Main() {
     std::printf("PyTorch modes: %s\n", r.blas_kernel.c_str());
     break;
   }
-  Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)", "CROSSING/HOST/STEP",
-               "COUNTED"});
-  nlohmann::json json = {{"machine", machine.Line()}, {"results", nlohmann::json::array()}};
+  const TorchShape shape = Shape();
+  Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)",
+               shape.model == "gpt" ? "TOKENS/s" : "ROWS/s", "CROSSING/HOST/STEP", "COUNTED",
+               "PEAK RSS/RANK"});
+  nlohmann::json json = {{"machine", machine.Line()},
+                         {"model", shape.model},
+                         {"results", nlohmann::json::array()}};
   for (int64_t rate : rates) {
     for (const std::string& mode : modes) {
-      std::vector<double> ms, bytes, counted;
+      std::vector<double> ms, bytes, counted, rss;
       std::string transport;
       for (const Result& r : results) {
         if (r.rate != rate || r.mode != mode) continue;
         ms.push_back(r.step_ms);
         bytes.push_back(r.crossing_bytes);
         counted.push_back(r.counted_bytes);
+        rss.push_back(r.peak_rss);
         transport = r.transport;
         json["results"].push_back({{"rate_bits_per_s", r.rate}, {"mode", r.mode},
                                    {"round", r.round}, {"step_ms", r.step_ms},
+                                   {"items_per_second", ItemsPerSecond(shape, r.step_ms)},
                                    {"crossing_bytes_per_host_per_step", r.crossing_bytes},
                                    {"counted_inter_host_bytes_per_step", r.counted_bytes},
+                                   {"peak_rss_bytes_per_rank", r.peak_rss},
                                    {"transport", r.transport}});
       }
       if (ms.empty()) continue;
@@ -231,7 +298,9 @@ int Main() {
       table.AddRow({rate == 0 ? "unlimited" : absl::StrFormat("%.0f Mbit/s", rate / 1e6), mode,
                     transport,
                     absl::StrFormat("%.0f (%.0f-%.0f)", ms[ms.size() / 2], ms.front(), ms.back()),
-                    HumanBytes(bytes[bytes.size() / 2]), HumanBytes(counted[counted.size() / 2])});
+                    absl::StrFormat("%.0f", ItemsPerSecond(shape, ms[ms.size() / 2])),
+                    HumanBytes(bytes[bytes.size() / 2]), HumanBytes(counted[counted.size() / 2]),
+                    HumanBytes(*std::max_element(rss.begin(), rss.end()))});
     }
   }
   std::printf("%s", table.ToString().c_str());

@@ -29,10 +29,12 @@ std::vector<std::string> PeerArgs(const std::string& python, const std::string& 
                                   const std::string& master) {
   return {// Gloo picks the interface the hostname resolves to unless told.
           "GLOO_SOCKET_IFNAME=eth0", "OMP_NUM_THREADS=1", python,
-          RunfilePath("tests/bench/peers/peer.py"), "--model=mlp",
+          RunfilePath("tests/bench/peers/peer.py"), absl::StrCat("--model=", shape.model),
           mode == "fsdp2-hsdp" ? "--mode=fsdp2_hsdp" : "--mode=fsdp2",
           absl::StrCat("--shard_group_size=", world / 2), "--activation=gelu",
           absl::StrCat("--layers=", shape.layers), absl::StrCat("--width=", shape.width),
+          absl::StrCat("--d_model=", shape.d_model), absl::StrCat("--heads=", shape.heads),
+          absl::StrCat("--context=", shape.context),
           absl::StrCat("--batch=", shape.batch), absl::StrCat("--steps=", shape.steps),
           "--threads=1", absl::StrCat("--world=", world), absl::StrCat("--rank=", rank),
           absl::StrCat("--master=", master)};

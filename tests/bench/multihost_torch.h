@@ -20,9 +20,13 @@ namespace zeroshard::testing {
 bool IsTorchMode(const std::string& mode);
 
 struct TorchShape {
+  std::string model = "mlp";  // or "gpt": peer.py's gpt_bench GPT (vocab 256)
   int layers = 8;
-  int width = 1024;
-  int batch = 8;  // rows per rank
+  int width = 1024;     // mlp
+  int d_model = 384;    // gpt
+  int heads = 6;        // gpt
+  int context = 128;    // gpt
+  int batch = 8;        // rows (mlp) or sequences (gpt) per rank
   int steps = 10;
 };
 

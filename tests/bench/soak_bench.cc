@@ -7,12 +7,22 @@
 //
 //   bazel run -c opt //tests/bench:soak_bench -- [--seconds=60] [--json_out=FILE]
 //
+// --mode=isolation (#29 item 3): four training jobs (2 workers each) train
+// first alone, then while one flooding tenant fills every bounded resource —
+// KV waits of many keys, KV values, checkpoint uploads, joins — for
+// --seconds. Reports, per job, the median step time alone and under the
+// flood, the largest heartbeat age the server saw, and whether the job's
+// generation changed; and the server's peak RSS against its bound.
+//
+//   bazel run -c opt //tests/bench:soak_bench -- --mode=isolation --seconds=120
+//
 // The server runs with small bounds so that a minute reaches them:
 // --max_jobs=2000, --job_ttl=10s, --kv_max_total_bytes=64 MiB,
 // --consolidate_stall_timeout_s=5 (defaults: 10,000, 24 h, 1 GiB, 60 s).
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -42,6 +52,11 @@ ABSL_FLAG(int, rss_bound_mib, 512,
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, wait_threads, 16, "StoreWaits in flight at once");
 ABSL_FLAG(int, wait_keys, 50000, "Keys per StoreWait");
+ABSL_FLAG(std::string, mode, "flood",
+          "flood: jobs after jobs under a flood; isolation: four jobs alone, then under a flood");
+ABSL_FLAG(int, step_delay_ms, 20,
+          "isolation: each training step sleeps this long first, so that eight workers leave "
+          "the CPUs room for the server and the flood");
 
 namespace zeroshard {
 namespace {
@@ -264,10 +279,257 @@ int Main() {
   return held ? 0 : 1;
 }
 
+// ---- --mode=isolation ----
+
+constexpr int kTrainingJobs = 4;
+
+struct JobResult {
+  double median_step_ms = 0;
+  int64_t max_heartbeat_age_ms = 0;
+  int64_t generation = 0;
+  bool ok = false;
+};
+
+double MedianStepMs(const nlohmann::json& report) {
+  std::vector<double> ms;
+  if (report.contains("step_ms")) ms = report["step_ms"].get<std::vector<double>>();
+  if (ms.empty()) return 0;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Runs the four jobs at once for `steps` steps, sampling their members'
+// heartbeat age on the server four times a second.
+std::vector<JobResult> TrainFourJobs(testing::LocalCluster& cluster, Client& observer,
+                                     const std::string& prefix, int steps) {
+  std::vector<JobResult> results(kTrainingJobs);
+  std::vector<std::string> flags = {"--model=mlp",
+                                    "--layers=4",
+                                    "--width=128",
+                                    "--stage=3",
+                                    "--batch=16",
+                                    absl::StrCat("--steps=", steps),
+                                    absl::StrCat("--test_step_delay_ms=",
+                                                 absl::GetFlag(FLAGS_step_delay_ms)),
+                                    "--checkpoint_every=50",
+                                    "--checkpoint_transport=grpc"};
+  // LocalCluster starts one set of workers at a time: one cluster object
+  // per job, all on the same server.
+  std::vector<std::unique_ptr<testing::LocalCluster>> jobs;
+  for (int j = 0; j < kTrainingJobs; ++j) {
+    jobs.push_back(std::make_unique<testing::LocalCluster>(
+        testing::ExternalServers(cluster.address()), cluster.dir() + "/" + prefix + std::to_string(j)));
+    jobs.back()->StartWorkers(absl::StrCat(prefix, j), 2, flags);
+  }
+  std::atomic<bool> done{false};
+  std::thread sampler([&] {
+    while (!done) {
+      for (int j = 0; j < kTrainingJobs; ++j) {
+        absl::StatusOr<v1::GetStatusResponse> status = observer.GetStatus(absl::StrCat(prefix, j));
+        if (!status.ok()) continue;
+        for (const v1::JobStatus& job : status->jobs()) {
+          for (const v1::MemberStatus& m : job.members()) {
+            if (m.left() || m.rank() < 0) continue;
+            results[j].max_heartbeat_age_ms =
+                std::max(results[j].max_heartbeat_age_ms, m.last_heartbeat_age_ms());
+          }
+          results[j].generation = std::max(results[j].generation, job.generation());
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(250));
+    }
+  });
+  for (int j = 0; j < kTrainingJobs; ++j) {
+    std::vector<int> codes = jobs[j]->WaitWorkers(absl::Minutes(10));
+    results[j].ok = codes == std::vector<int>({0, 0});
+    if (!results[j].ok) {
+      std::fprintf(stderr, "soak: job %s%d failed:\n%s\n%s\n", prefix.c_str(), j,
+                   jobs[j]->WorkerLog(0).c_str(), jobs[j]->WorkerLog(1).c_str());
+    }
+    results[j].median_step_ms = MedianStepMs(jobs[j]->Report(absl::StrCat(prefix, j), 0));
+  }
+  done = true;
+  sampler.join();
+  return results;
+}
+
+int IsolationMain() {
+  const absl::Duration flood_length = absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  const int64_t job_bound = int64_t{64} << 20, total_bound = int64_t{256} << 20;
+  testing::LocalCluster cluster(
+      testing::MakeTempDir("isolation"),
+      {"--max_jobs=200", "--job_ttl=10s", absl::StrCat("--kv_max_job_bytes=", job_bound),
+       absl::StrCat("--kv_max_total_bytes=", total_bound)});
+  if (!cluster.ok()) return 1;
+  const pid_t server_pid = cluster.server()->pid();
+  const std::string address = cluster.address();
+  ClientOptions options;
+  options.server = address;
+  auto observer = Client::Connect(options);
+  if (!observer.ok()) return 1;
+
+  // The steps that make the flooded run last --seconds, from a run alone.
+  const int probe_steps = 100;
+  std::vector<JobResult> probe = TrainFourJobs(cluster, **observer, "probe-", probe_steps);
+  const double probe_ms = std::max(1.0, probe[0].median_step_ms);
+  const int steps = std::max(probe_steps, static_cast<int>(absl::ToDoubleMilliseconds(flood_length) /
+                                                           (probe_ms * 1.15)));
+  std::fprintf(stderr, "soak: %.1f ms a step alone: %d steps for the flooded run\n", probe_ms,
+               steps);
+  std::vector<JobResult> alone = TrainFourJobs(cluster, **observer, "alone-", steps / 2);
+
+  // The flooding tenant: one member of job "flood" for the KV store and
+  // uploads, and joins of new jobs.
+  auto flooder = Client::Connect(options);
+  if (!flooder.ok() || !(*flooder)->Join("flood", 1, "w0", "127.0.0.1", absl::Seconds(20)).ok()) {
+    std::fprintf(stderr, "soak: the flooding member could not join\n");
+    return 1;
+  }
+  (*flooder)->StartHeartbeats([](absl::StatusOr<v1::HeartbeatResponse>) {});
+  const v1::MemberCredentials member = (*flooder)->credentials();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  Counts waits("store waits"), values("store values"), uploads("checkpoint uploads"),
+      joins("joins");
+  for (int t = 0; t < absl::GetFlag(FLAGS_wait_threads); ++t) {
+    threads.emplace_back([&, t] {
+      auto stub = Stub(address, 200 + t);
+      v1::StoreWaitRequest request;
+      *request.mutable_member() = member;
+      request.set_timeout_ms(3000);
+      for (int k = 0; k < absl::GetFlag(FLAGS_wait_keys); ++k) {
+        request.add_keys(absl::StrFormat("%s-%06d-%06d", std::string(80, 'k'), t, k));
+      }
+      while (!stop) {
+        grpc::ClientContext context;
+        Deadline(&context, absl::Seconds(10));
+        v1::StoreWaitResponse response;
+        grpc::Status s = stub->StoreWait(&context, request, &response);
+        if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+          ++waits.ok;
+        } else {
+          waits.Count(s);
+          if (!s.ok()) absl::SleepFor(absl::Milliseconds(10));
+        }
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    auto stub = Stub(address, 400);
+    const std::string value(1 << 20, 'v');
+    for (int64_t i = 0; !stop; ++i) {
+      grpc::ClientContext context;
+      Deadline(&context, absl::Seconds(10));
+      v1::StoreSetRequest request;
+      *request.mutable_member() = member;
+      request.set_key(absl::StrCat("value-", i % 4096));
+      request.set_value(value);
+      v1::StoreSetResponse response;
+      grpc::Status s = stub->StoreSet(&context, request, &response);
+      values.Count(s);
+      if (!s.ok()) absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
+  const std::string upload_file = cluster.dir() + "/flood-upload";
+  testing::WriteFile(upload_file, std::string(16 << 20, 'u'));
+  threads.emplace_back([&] {
+    for (int64_t i = 0; !stop; ++i) {
+      absl::StatusOr<int64_t> sent = (*flooder)->UploadShard(
+          1, "flood/step-1/rank-0-of-1.safetensors", upload_file, absl::Seconds(30));
+      if (sent.ok()) {
+        ++uploads.ok;
+      } else if (absl::IsResourceExhausted(sent.status())) {
+        ++uploads.refused;
+      } else if (uploads.other++ == 0) {
+        std::fprintf(stderr, "soak: uploads: first error: %s\n", sent.status().ToString().c_str());
+      }
+    }
+  });
+  threads.emplace_back([&] {
+    auto stub = Stub(address, 500);
+    for (int64_t i = 0; !stop; ++i) {
+      grpc::ClientContext context;
+      Deadline(&context, absl::Seconds(2));
+      v1::JoinRequest request;
+      request.set_job_id(absl::StrCat("flood-join-", i));
+      request.set_world_size(i % 2 == 0 ? 1 : 4);  // every other one never completes
+      request.set_worker_id("w0");
+      request.set_host("127.0.0.1");
+      request.set_skip_member_table(true);
+      v1::JoinResponse response;
+      grpc::Status s = stub->Join(&context, request, &response);
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        ++joins.ok;
+      } else {
+        joins.Count(s);
+      }
+    }
+  });
+  const int64_t rss_before_flood = testing::ProcStatusBytes(server_pid, "VmRSS");
+  const absl::Time flood_start = absl::Now();
+  std::vector<JobResult> flooded = TrainFourJobs(cluster, **observer, "flooded-", steps);
+  const double flooded_seconds = absl::ToDoubleSeconds(absl::Now() - flood_start);
+  stop = true;
+  for (auto& t : threads) t.join();
+  (*flooder)->StopHeartbeats();
+  const int64_t hwm = testing::ProcStatusBytes(server_pid, "VmHWM");
+  const int64_t bound = int64_t{absl::GetFlag(FLAGS_rss_bound_mib)} << 20;
+
+  Table table({"JOB", "ALONE ms/step", "FLOODED ms/step", "CHANGE", "MAX HEARTBEAT AGE",
+               "GENERATION", "RESULT"});
+  bool held = hwm >= 0 && hwm < bound;
+  for (int j = 0; j < kTrainingJobs; ++j) {
+    const JobResult& a = alone[j];
+    const JobResult& f = flooded[j];
+    const double change = a.median_step_ms > 0 ? f.median_step_ms / a.median_step_ms - 1 : 0;
+    // A missed heartbeat: older than two intervals (1 s each) on the server.
+    const bool job_held = a.ok && f.ok && f.generation == 1 && f.max_heartbeat_age_ms < 2000 &&
+                          change <= 0.10;
+    held = held && job_held;
+    table.AddRow({absl::StrCat("job ", j), absl::StrFormat("%.1f", a.median_step_ms),
+                  absl::StrFormat("%.1f", f.median_step_ms),
+                  absl::StrFormat("%+.1f %%", 100 * change),
+                  absl::StrFormat("%.2f s", f.max_heartbeat_age_ms / 1000.0),
+                  absl::StrCat(f.generation), job_held ? "held" : "NOT HELD"});
+  }
+  std::printf("%s", table.ToString().c_str());
+  auto mib = [](int64_t b) { return absl::StrFormat("%.1f MiB", b / 1048576.0); };
+  Table flood({"FLOOD", "HELD OR DONE / REFUSED / OTHER ERRORS"});
+  for (const Counts* c : {&waits, &values, &uploads, &joins}) {
+    flood.AddRow({c->what, absl::StrCat(c->ok.load(), " / ", c->refused.load(), " / ",
+                                        c->other.load())});
+  }
+  flood.AddRow({"flood length", absl::StrFormat("%.0f s", flooded_seconds)});
+  flood.AddRow({"server RSS before the flood / peak (VmHWM) vs bound",
+                absl::StrCat(mib(rss_before_flood), " / ", mib(hwm), " vs ", mib(bound))});
+  flood.AddRow({"bounds", absl::StrCat("--kv_max_job_bytes=", mib(job_bound),
+                                       " --kv_max_total_bytes=", mib(total_bound))});
+  std::printf("%s%s\n", flood.ToString().c_str(), held ? "ISOLATION HELD" : "ISOLATION NOT HELD");
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    nlohmann::ordered_json out;
+    out["mode"] = "isolation";
+    out["flood_seconds"] = flooded_seconds;
+    out["jobs"] = nlohmann::json::array();
+    for (int j = 0; j < kTrainingJobs; ++j) {
+      out["jobs"].push_back({{"alone_step_ms", alone[j].median_step_ms},
+                             {"flooded_step_ms", flooded[j].median_step_ms},
+                             {"max_heartbeat_age_ms", flooded[j].max_heartbeat_age_ms},
+                             {"generation", flooded[j].generation},
+                             {"ok", alone[j].ok && flooded[j].ok}});
+    }
+    out["rss_hwm_bytes"] = hwm;
+    out["rss_bound_bytes"] = bound;
+    out["held"] = held;
+    std::ofstream(absl::GetFlag(FLAGS_json_out)) << out.dump(2) << "\n";
+  }
+  return held ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace zeroshard
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_mode) == "isolation") return zeroshard::IsolationMain();
   return zeroshard::Main();
 }

@@ -61,8 +61,10 @@ int64_t HostBytesPerStep(const LocalCluster& cluster, const std::string& job,
 
 TEST_F(TwoLevelTest, TheReportCountsTheBytesThatCrossHosts) {
   ASSERT_TRUE(StartCluster());
-  // Wide enough that the plan's padding (64-element chunks) is small.
-  const std::vector<std::string> common = {"--steps=3", "--width=256"};
+  // Wide enough that the plan's padding (64-element chunks) and the step's
+  // small collectives (loss, gradient norm: the same on both) are small: at
+  // width 256 they took the ratio below from 0.625 to 0.696.
+  const std::vector<std::string> common = {"--steps=3", "--width=512"};
   std::vector<std::string> two_level = common;
   two_level.push_back("--two_level");
   ASSERT_TRUE(cluster_->Run("flat", 4, Flags(common)));
@@ -83,7 +85,7 @@ TEST_F(TwoLevelTest, TheReportCountsTheBytesThatCrossHosts) {
   // Two levels: every rank sends inside its host (shared memory) and along
   // its rail; each host sends (H - 1)/H = 1/2 of a buffer across, where the
   // flat ring sends (W - 1)/W = 3/4 over host 1's link (rank 1): about 2/3
-  // of it (0.625 seen at width 256; the target is <= 0.7).
+  // of it (0.619 seen at width 512; the target is <= 0.7).
   for (int r = 0; r < 4; ++r) {
     const nlohmann::json report = cluster_->Report("two-level", r);
     EXPECT_GT(report["comm_bytes_per_step"]["intra_host"].get<int64_t>(), 0) << r;

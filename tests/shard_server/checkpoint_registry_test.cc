@@ -488,6 +488,55 @@ TEST_F(CheckpointRegistryTest, ANewerGenerationRestartsAnIncompleteStep) {
   EXPECT_TRUE(r->step_complete());
 }
 
+// A rank that could not save its piece (a full disk) abandons the step for
+// every rank: the piece already committed is removed, later commits and
+// uploads of the step are ABORTED naming the failure, the step never
+// completes, and the list says why; a newer generation may save it again.
+TEST_F(CheckpointRegistryTest, AFailedRankAbandonsTheStepForEveryRank) {
+  CompleteStep(5);
+  ShardFile f0 = WriteShard(root_, kJob, 10, 0, plan_);
+  ASSERT_TRUE(Commit(Request(f0, 0, 10)).ok());
+  v1::CommitShardRequest failed;
+  *failed.mutable_member() = Request(f0, 1, 10).member();
+  failed.set_step(10);
+  failed.set_failure("write x: No space left on device");
+  failed.set_retry_step(15);
+  ASSERT_TRUE(Commit(failed).ok());
+  ASSERT_TRUE(Commit(failed).ok()) << "reporting the same failure again is harmless";
+  EXPECT_TRUE(Logged("checkpoint_step_failed"));
+  EXPECT_FALSE(Exists(root_ + "/" + f0.relative)) << "the committed piece was not removed";
+
+  ShardFile f1 = WriteShard(root_, kJob, 10, 1, plan_);
+  absl::Status late = Commit(Request(f1, 1, 10)).status();
+  EXPECT_TRUE(absl::IsAborted(late)) << late;
+  EXPECT_TRUE(absl::StrContains(late.message(), "No space left on device")) << late;
+  EXPECT_TRUE(absl::IsAborted(registry_->CheckWritable(kJob, 10, /*writer_generation=*/1)));
+
+  auto list = registry_->List(kJob);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->checkpoints_size(), 2);
+  EXPECT_TRUE(list->checkpoints(0).complete());
+  const v1::CheckpointInfo& info = list->checkpoints(1);
+  EXPECT_EQ(info.step(), 10);
+  EXPECT_FALSE(info.complete());
+  EXPECT_EQ(info.failure(),
+            "checkpoint step 10 failed on rank 1: write x: No space left on device; retrying at "
+            "step 15");
+  auto latest = registry_->Acquire(kJob, -1);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ((*latest)->manifest().step, 5) << "the previous step stays the latest";
+  latest->reset();
+
+  // A later generation (after a recovery) saves step 10 afresh.
+  plans_[{kJob, 2}] = plan_;
+  EXPECT_TRUE(registry_->CheckWritable(kJob, 10, /*writer_generation=*/2).ok());
+  f0 = WriteShard(root_, kJob, 10, 0, plan_);
+  ASSERT_TRUE(Commit(Request(f0, 0, 10, 2)).ok());
+  auto r = Commit(Request(f1, 1, 10, 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->step_complete());
+}
+
 TEST_F(CheckpointRegistryTest, KeepLastDeletesOlderCompleteStepsButNeverANewerIncompleteOne) {
   Reopen(/*keep_last=*/1);
   CompleteStep(10);

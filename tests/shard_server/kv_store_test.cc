@@ -1,6 +1,8 @@
 // KvStore: set/get/add/wait, held gets, deadlines, generation scoping, limits.
 #include "shard_server/kv/kv_store.h"
 
+#include <malloc.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,14 +79,14 @@ TEST_F(KvStoreTest, CompareSetWakesAGetOfTheKey) {
 }
 
 TEST_F(KvStoreTest, DeleteRemovesTheKeyAndItsBytes) {
-  ASSERT_TRUE(kv_.Set("job", 1, "k", "value").ok());
   ASSERT_TRUE(kv_.Set("job", 1, "other", "v").ok());
-  const size_t before = kv_.TotalBytes();
+  const size_t without_k = kv_.TotalBytes();
+  ASSERT_TRUE(kv_.Set("job", 1, "k", std::string(100, 'v')).ok());
   EXPECT_EQ(kv_.NumKeys("job", 1), 2);
   EXPECT_TRUE(*kv_.Delete("job", 1, "k"));
   EXPECT_FALSE(*kv_.Delete("job", 1, "k"));
   EXPECT_EQ(kv_.NumKeys("job", 1), 1);
-  EXPECT_EQ(kv_.TotalBytes(), before - std::string("kvalue").size());
+  EXPECT_EQ(kv_.TotalBytes(), without_k);
   EXPECT_FALSE(*kv_.Check("job", 1, {"k"}));
   EXPECT_EQ(kv_.Delete("job", 1, "").status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -138,7 +140,14 @@ TEST(KvStoreLimitsTest, RefusesOversizedKeysValuesAndJobs) {
   KvLimits limits;
   limits.max_key_bytes = 8;
   limits.max_value_bytes = 16;
-  limits.max_job_bytes = 40;
+  // Room for two such entries, as the store counts them, not three.
+  size_t entry = 0;
+  {
+    KvStore measure(&clock);
+    ASSERT_TRUE(measure.Set("job", 1, "k1", std::string(16, 'x')).ok());
+    entry = measure.JobBytes("job");
+  }
+  limits.max_job_bytes = 2 * entry + entry / 2;
   KvStore kv(&clock, limits);
   EXPECT_EQ(kv.Set("job", 1, "", "v").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(kv.Set("job", 1, "123456789", "v").code(), absl::StatusCode::kInvalidArgument);
@@ -232,6 +241,105 @@ TEST_F(KvStoreTest, AnExpiredWaitNamesAFewMissingKeysAndCountsTheRest) {
   EXPECT_LT(done->message().size(), 300u) << *done;
   EXPECT_NE(done->message().find("key-0, key-1"), std::string::npos) << *done;
   EXPECT_NE(done->message().find("9996 more"), std::string::npos) << *done;
+}
+
+// The attack of #29 (finding 3) in miniature: a job holds many waits of many
+// keys; a Set of another job, and a Tick with nothing due, look at none of
+// them.
+TEST_F(KvStoreTest, ASetLooksOnlyAtTheWaitersOfItsKey) {
+  for (int w = 0; w < 200; ++w) {
+    std::vector<std::string> keys;
+    for (int k = 0; k < 500; ++k) keys.push_back(absl::StrCat("flood-key-", k));
+    kv_.Wait("flood", 1, std::move(keys), Later(), [](absl::Status) {});
+  }
+  std::optional<absl::Status> done;
+  ASSERT_NE(kv_.Wait("calm", 1, {"rank0", "rank1"}, Later(), [&](absl::Status s) { done = s; }),
+            0u);
+  const uint64_t before = kv_.WaiterVisits();
+  ASSERT_TRUE(kv_.Set("calm", 1, "rank0", "addr").ok());
+  EXPECT_FALSE(done.has_value());
+  ASSERT_TRUE(kv_.Set("calm", 1, "rank1", "addr").ok());
+  ASSERT_TRUE(done.has_value() && done->ok());
+  EXPECT_EQ(kv_.WaiterVisits() - before, 2u) << "a Set looked at waiters of other keys";
+  kv_.Tick();
+  EXPECT_EQ(kv_.WaiterVisits() - before, 2u) << "a Tick looked at waiters not due";
+  // The flood's own Set looks at the flood's waiters of that key: 200.
+  ASSERT_TRUE(kv_.Set("flood", 1, "flood-key-7", "v").ok());
+  EXPECT_EQ(kv_.WaiterVisits() - before, 202u);
+}
+
+TEST_F(KvStoreTest, AWaitCountsEachMissingKeyOnceWhateverTheOrder) {
+  ASSERT_TRUE(kv_.Set("job", 1, "there", "v").ok());
+  std::optional<absl::Status> done;
+  kv_.Wait("job", 1, {"b", "a", "b", "there", "c"}, Later(), [&](absl::Status s) { done = s; });
+  ASSERT_TRUE(kv_.Set("job", 1, "c", "1").ok());
+  ASSERT_TRUE(kv_.Set("job", 1, "c", "2").ok());  // overwriting does not count twice
+  ASSERT_TRUE(kv_.Set("job", 1, "b", "1").ok());
+  EXPECT_FALSE(done.has_value());
+  ASSERT_TRUE(kv_.Add("job", 1, "a", 1).ok());
+  ASSERT_TRUE(done.has_value() && done->ok());
+  EXPECT_EQ(kv_.JobBytes("job"), kv_.TotalBytes());
+}
+
+TEST_F(KvStoreTest, CancelledAndExpiredWaitsLeaveNoIndexOrBytes) {
+  ASSERT_TRUE(kv_.Set("job", 1, "k", "v").ok());
+  const size_t values = kv_.TotalBytes();
+  uint64_t id = kv_.Wait("job", 1, {"x", "y"}, Later(), [](absl::Status) {});
+  kv_.Wait("job", 1, {"x"}, clock_.Now() + absl::Seconds(1), [](absl::Status) {});
+  kv_.Cancel(id);
+  clock_.Advance(absl::Seconds(2));
+  kv_.Tick();
+  EXPECT_EQ(kv_.TotalBytes(), values);
+  const uint64_t before = kv_.WaiterVisits();
+  ASSERT_TRUE(kv_.Set("job", 1, "x", "v").ok());
+  EXPECT_EQ(kv_.WaiterVisits(), before) << "a gone waiter stayed in the key index";
+}
+
+// The store counts at least what it makes malloc hold (and not wildly more):
+// the bound is on memory, not on bookkeeping.
+TEST(KvStoreAccountingTest, TheCountedBytesCoverWhatMallocHolds) {
+  FakeClock clock;
+  auto store = std::make_unique<KvStore>(&clock);
+  const size_t before = mallinfo2().uordblks;
+  for (int w = 0; w < 100; ++w) {
+    std::vector<std::string> keys;
+    for (int k = 0; k < 1000; ++k) keys.push_back(absl::StrCat("job-key-of-some-length-", w, "-", k));
+    store->Wait("job", 1, std::move(keys), clock.Now() + absl::Seconds(10), [](absl::Status) {});
+  }
+  for (int k = 0; k < 2000; ++k) {
+    ASSERT_TRUE(store->Set("job", 1, absl::StrCat("value-", k), std::string(100 + k % 50, 'v')).ok());
+  }
+  const size_t held = mallinfo2().uordblks - before;
+  const size_t counted = store->TotalBytes();
+  std::printf("malloc holds %zu bytes, the store counts %zu (%.2fx)\n", held, counted,
+              static_cast<double>(counted) / held);
+  EXPECT_GE(counted, held);
+  EXPECT_LE(counted, 3 * held);
+}
+
+TEST(KvStoreLimitsTest, AJobAtItsBoundIsRefusedNamingItWhileAnotherJobGoesOn) {
+  FakeClock clock;
+  KvLimits limits;
+  limits.max_job_bytes = 1 << 20;
+  KvStore kv(&clock, limits);
+  std::optional<absl::Status> refused;
+  for (int w = 0; w < 100 && !refused.has_value(); ++w) {
+    std::vector<std::string> keys;
+    for (int k = 0; k < 1000; ++k) keys.push_back(absl::StrCat("flood-", w, "-", k));
+    kv.Wait("flood", 1, std::move(keys), clock.Now() + absl::Seconds(10),
+            [&](absl::Status s) { refused = s; });
+  }
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused->message().find("job 'flood'"), std::string::npos) << *refused;
+  EXPECT_NE(refused->message().find("--kv_max_job_bytes"), std::string::npos) << *refused;
+  EXPECT_NE(refused->message().find(absl::StrCat(limits.max_job_bytes)), std::string::npos)
+      << *refused;
+  EXPECT_LE(kv.JobBytes("flood"), limits.max_job_bytes);
+  EXPECT_TRUE(kv.Set("calm", 1, "k", "v").ok());
+  std::optional<absl::Status> calm;
+  kv.Wait("calm", 1, {"k"}, clock.Now() + absl::Seconds(10), [&](absl::Status s) { calm = s; });
+  ASSERT_TRUE(calm.has_value() && calm->ok());
 }
 
 }  // namespace

@@ -138,6 +138,18 @@ class Communicator {
   virtual absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
                                  absl::Duration timeout) = 0;
   virtual absl::Status Barrier(absl::Duration timeout) = 0;
+  // Bytes, every rank to every rank: output[r * bytes_per_rank + i] =
+  // input of rank r [rank * bytes_per_rank + i]; both hold world_size *
+  // bytes_per_rank bytes. The int8 reduce-scatter's exchange (quantized.h);
+  // counted as reduce_scatter bytes. The default (NCCL): UNIMPLEMENTED.
+  virtual absl::Status AllToAll(const void* input, void* output, int64_t bytes_per_rank,
+                                absl::Duration timeout) {
+    (void)input;
+    (void)output;
+    (void)bytes_per_rank;
+    (void)timeout;
+    return absl::UnimplementedError("all_to_all: not offered by this communicator");
+  }
 
   // Collective: a SharedGather of `regions` buffers of `region_bytes` each,
   // owned by this communicator, or nullptr when the transport cannot offer

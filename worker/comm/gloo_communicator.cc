@@ -53,6 +53,7 @@ constexpr uint64_t kAllGatherBlocksSlot = uint64_t{0x43} << 56;
 constexpr uint64_t kReduceScatterBlocksSlot = uint64_t{0x44} << 56;
 // SendRecv: the top byte, and the caller's tag in the low bits.
 constexpr uint64_t kPointToPointSlot = uint64_t{0x46} << 56;
+constexpr uint64_t kAllToAllSlot = uint64_t{0x47} << 56;
 // Never sent on: Abort() waits for a message here to make a wait time out.
 constexpr uint64_t kAbortSlot = uint64_t{0x45} << 56;
 
@@ -613,6 +614,41 @@ absl::Status GlooCommunicator::SendRecv(const std::vector<PointToPoint>& sends,
     for (auto& b : recv_buffers) Wait(b.get(), /*send=*/false, deadline);
     for (auto& b : send_buffers) Wait(b.get(), /*send=*/true, deadline);
     for (const PointToPoint& op : sends) p2p_bytes_.fetch_add(op.bytes);
+  });
+}
+
+absl::Status GlooCommunicator::AllToAll(const void* input, void* output, int64_t bytes_per_rank,
+                                        absl::Duration timeout) {
+  static constexpr char kName[] = "all_to_all";
+  absl::Status status = CheckCall(kName, bytes_per_rank, DType::kF32, timeout);
+  if (!status.ok()) return status;
+  if (bytes_per_rank == 0) return absl::OkStatus();
+  if (input == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(kName, ": null buffer"));
+  }
+  const int w = world_size_;
+  const size_t piece = static_cast<size_t>(bytes_per_rank);
+  char* in = const_cast<char*>(static_cast<const char*>(input));  // Gloo only reads it.
+  char* out = static_cast<char*>(output);
+  std::memmove(out + rank_ * piece, in + rank_ * piece, piece);
+  if (w == 1) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + std::min(timeout, kMaxTimeout);
+  return Run(kName, timeout, [&] {
+    std::unique_ptr<UnboundBuffer> send = context_->createUnboundBuffer(in, w * piece);
+    std::unique_ptr<UnboundBuffer> recv = context_->createUnboundBuffer(out, w * piece);
+    // Peers in ring order from this rank, so that no peer gets every first
+    // message at once.
+    for (int s = 1; s < w; ++s) {
+      const int from = (rank_ - s + w) % w;
+      recv->recv(from, kAllToAllSlot, from * piece, piece);
+    }
+    for (int s = 1; s < w; ++s) {
+      const int to = (rank_ + s) % w;
+      send->send(to, kAllToAllSlot, to * piece, piece);
+    }
+    for (int s = 1; s < w; ++s) Wait(recv.get(), /*send=*/false, deadline);
+    for (int s = 1; s < w; ++s) Wait(send.get(), /*send=*/true, deadline);
+    reduce_scatter_bytes_.fetch_add(static_cast<int64_t>(w - 1) * bytes_per_rank);
   });
 }
 

@@ -65,6 +65,8 @@ class ShmCommunicator : public HostCommunicator {
   absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
                          absl::Duration timeout) override;
   absl::Status Barrier(absl::Duration timeout) override;
+  absl::Status AllToAll(const void* input, void* output, int64_t bytes_per_rank,
+                        absl::Duration timeout) override;
 
   CollectiveBytes bytes_sent() const override;
   void Abort() override;

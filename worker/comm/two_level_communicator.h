@@ -113,6 +113,8 @@ class TwoLevelCommunicator : public HostCommunicator {
   absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
                          absl::Duration timeout) override;
   absl::Status Barrier(absl::Duration timeout) override;
+  absl::Status AllToAll(const void* input, void* output, int64_t bytes_per_rank,
+                        absl::Duration timeout) override;
   // Inside the host plus across hosts plus the flat context's.
   CollectiveBytes bytes_sent() const override;
   // What crossed the network: the rail's (across hosts) and the flat

@@ -9,6 +9,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "worker/comm/quantized.h"
 
 namespace zeroshard {
 
@@ -84,7 +85,9 @@ ZeroEngine::CollectiveProgress ZeroEngine::Collectives() const {
   absl::MutexLock lock(&activity_mu_);
   CollectiveProgress progress;
   progress.gathers_entered = entered_[kGatherStream];
-  progress.reductions_entered = entered_[kReduceStream];
+  // The group's reductions and the replicas' all-reduces: each stream's
+  // collectives are issued in the same order on every rank.
+  progress.reductions_entered = entered_[kReduceStream] + entered_[kReplicaStream];
   for (const CollectiveActivity& a : activity_) {
     if (a.op != nullptr && (progress.oldest.op == nullptr || a.started < progress.oldest.started)) {
       progress.oldest = a;
@@ -129,11 +132,32 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
     return absl::InvalidArgumentError(
         absl::StrCat("grad_accum ", options.grad_accum, " must be >= 1"));
   }
-  for (DType d : {options.param_dtype, options.reduce_dtype}) {
-    if (d != DType::kF32 && d != DType::kBF16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", DTypeName(d), " is not supported: expected f32 or bf16"));
-    }
+  if (options.param_dtype != DType::kF32 && options.param_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param dtype ", DTypeName(options.param_dtype), " is not supported: expected f32 or bf16"));
+  }
+  if (options.reduce_dtype != DType::kF32 && options.reduce_dtype != DType::kBF16 &&
+      options.reduce_dtype != DType::kI8) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce dtype ",
+                                                   DTypeName(options.reduce_dtype),
+                                                   " is not supported: expected f32, bf16 or int8"));
+  }
+  if (options.gather_dtype != DType::kF32 && options.gather_dtype != DType::kI8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather dtype ", DTypeName(options.gather_dtype), " is not supported: expected f32 or int8"));
+  }
+  if (options.gather_dtype == DType::kI8 &&
+      (options.stage != 3 || options.param_dtype != DType::kF32)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "int8 gathers quantize stage 3's f32 parameter gathers; this run has stage ",
+        options.stage, " and param dtype ", DTypeName(options.param_dtype),
+        ": use --stage=3 --param_dtype=f32, or --gather_dtype=f32"));
+  }
+  const bool int8 = options.gather_dtype == DType::kI8 || options.reduce_dtype == DType::kI8;
+  if (int8 && options.backend != nullptr && !options.backend->host_accessible()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("int8 gathers and reductions run on host memory; backend '",
+                     options.backend->name(), "' is not: use f32 or bf16 there"));
   }
   const int group = plan.options.ShardGroupSize(plan.world_size);
   if (gather->world_size() != group || reduce->world_size() != group ||
@@ -250,7 +274,8 @@ absl::Status ZeroEngine::AllocateUnitStates() {
 // order).
 absl::Status ZeroEngine::SetUpSharedGather() {
   if (!stage_.params_sharded || !options_.shared_gather ||
-      options_.param_dtype == DType::kBF16 || !backend_->host_accessible()) {
+      options_.param_dtype == DType::kBF16 || options_.gather_dtype == DType::kI8 ||
+      !backend_->host_accessible()) {
     return absl::OkStatus();
   }
   const int regions = options_.prefetch + 2;
@@ -273,9 +298,13 @@ absl::Status ZeroEngine::SetUpSharedGather() {
 void ZeroEngine::StartThreads() {
   gather_thread_ = std::make_unique<TaskThread>("gather");
   reduce_thread_ = std::make_unique<TaskThread>("reduce");
+  if (replica_comm_ != nullptr && options_.replica_thread) {
+    replica_thread_ = std::make_unique<TaskThread>("replicas");
+  }
   Backend* backend = backend_;
   backend->BindThread();
-  for (TaskThread* t : {gather_thread_.get(), reduce_thread_.get()}) {
+  for (TaskThread* t : {gather_thread_.get(), reduce_thread_.get(), replica_thread_.get()}) {
+    if (t == nullptr) continue;
     t->Submit([backend] {
       backend->BindThread();
       return absl::OkStatus();
@@ -285,7 +314,8 @@ void ZeroEngine::StartThreads() {
 
 ZeroEngine::~ZeroEngine() {
   gather_thread_.reset();
-  reduce_thread_.reset();
+  reduce_thread_.reset();  // its tasks may queue work on the replica thread
+  replica_thread_.reset();
   slots_.clear();  // releases shared gathers
   memory_.Sub(MemoryCategory::kCommBuffers, shared_gather_bytes_);
   for (auto& s : state_) {
@@ -480,6 +510,17 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   UnitState& state = *state_[unit];
   const DType dtype = options_.param_dtype;
   const int64_t chunk = layout.chunk_elements;
+  if (options_.gather_dtype == DType::kI8) {
+    EnterCollective(kGatherStream, "all_gather", layout.name);
+    absl::Status s = QuantizedAllGatherBlocks(gather_comm_, state.master.f32(), out->f32(),
+                                              layout.blocks, options_.collective_timeout);
+    LeaveCollective(kGatherStream);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("all_gather (int8) of ", Where(unit), ": ", s.message()));
+    }
+    return absl::OkStatus();
+  }
   // f32: the pieces land straight in the unit's flat buffer. bf16: they
   // travel as bf16 and are widened once.
   TrackedBuffer send, received;
@@ -652,6 +693,9 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
   if (dtype == DType::kF32) {
     s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
                                 options_.collective_timeout);
+  } else if (dtype == DType::kI8) {
+    s = QuantizedAllReduce(reduce_comm_, state.grads.f32(), flat, ReduceOp::kAverage,
+                           options_.collective_timeout);
   } else {
     TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
                          /*zero=*/false);
@@ -672,14 +716,19 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
 
 // Shard groups: the group's average of this member's gradient shard,
 // averaged again over the replicas (in place, whole chunk; padding is zero):
-// the average over all W ranks. Ring all-reduce leaves every replica the
-// same bits, so the replicas' optimizer steps stay equal.
+// the average over all W ranks. Ring all-reduce (and int8's all-gather,
+// summed in rank order) leaves every replica the same bits, so the
+// replicas' optimizer steps stay equal. `chunk` holds `dtype`, f32 for int8.
 absl::Status ZeroEngine::AverageOverReplicas(int unit, void* chunk, DType dtype) {
   const UnitLayout& layout = units_[unit];
-  EnterCollective(kReduceStream, "all_reduce", layout.name);
-  absl::Status s = replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype,
-                                            ReduceOp::kAverage, options_.collective_timeout);
-  LeaveCollective(kReduceStream);
+  EnterCollective(kReplicaStream, "all_reduce", layout.name);
+  absl::Status s =
+      dtype == DType::kI8
+          ? QuantizedAllReduce(replica_comm_, static_cast<float*>(chunk), layout.chunk_elements,
+                               ReduceOp::kAverage, options_.collective_timeout)
+          : replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype, ReduceOp::kAverage,
+                                     options_.collective_timeout);
+  LeaveCollective(kReplicaStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_reduce over the replicas of ", Where(unit),
                                                ": ", s.message()));
@@ -695,7 +744,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   }
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
-  const DType dtype = options_.reduce_dtype;
+  const DType dtype = options_.reduce_dtype;  // on the wire
+  // In the buffers: int8 reductions take and give f32.
+  const DType held = dtype == DType::kI8 ? DType::kF32 : dtype;
   const int64_t chunk = layout.chunk_elements;
   const int64_t flat = layout.flat_elements;
   if (!stage_.state_sharded) return AllReduceUnit(unit);
@@ -704,30 +755,35 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();
   const void* input = grads_flat;
   TrackedBuffer narrowed;
-  if (dtype != DType::kF32) {
-    narrowed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
+  if (held != DType::kF32) {
+    narrowed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, held),
                              /*zero=*/false);
-    backend_->Convert(grads_flat, DType::kF32, narrowed.data(), dtype, flat);
+    backend_->Convert(grads_flat, DType::kF32, narrowed.data(), held, flat);
     input = narrowed.data();
   }
   // Only this rank's pieces are written, and only they are read below. The
   // first f32 reduction of a step lands straight in the gradient shard.
-  const bool direct = stage_.grads_sharded && state.grads_stale && dtype == DType::kF32;
+  const bool direct = stage_.grads_sharded && state.grads_stale && held == DType::kF32;
   TrackedBuffer received;
   if (!direct) {
     // The replicas' all-reduce adds whole chunks: padding must hold zeros.
-    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
+    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, held),
                              /*zero=*/replica_comm_ != nullptr);
   }
   // The conversion, and the allocations (a device block may come back from
   // another stream's free), are done before the communicator's stream
   // touches them.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  if (dtype != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
+  if (held != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
   EnterCollective(kReduceStream, "reduce_scatter", layout.name);
-  absl::Status s = reduce_comm_->ReduceScatterBlocks(
-      input, direct ? state.grads.data() : received.data(), layout.blocks, dtype,
-      ReduceOp::kAverage, options_.collective_timeout);
+  void* output = direct ? state.grads.data() : received.data();
+  absl::Status s =
+      dtype == DType::kI8
+          ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
+                                         static_cast<float*>(output), layout.blocks,
+                                         ReduceOp::kAverage, options_.collective_timeout)
+          : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
+                                              ReduceOp::kAverage, options_.collective_timeout);
   LeaveCollective(kReduceStream);
   if (stage_.grads_sharded) grads_flat_buffer->Reset();
   narrowed.Reset();
@@ -735,13 +791,36 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
   }
-  if (replica_comm_ != nullptr) {
-    if (absl::Status s = AverageOverReplicas(unit, direct ? state.grads.data() : received.data(),
-                                             dtype);
-        !s.ok()) {
+  // Decided here, on the reduce thread, before the next micro-batch's
+  // reduction of this unit looks at it.
+  const bool stale = state.grads_stale;
+  if (stage_.grads_sharded) state.grads_stale = false;  // stage 1: the compute thread's
+  if (replica_comm_ == nullptr) {
+    return FinishReduction(unit, &received, direct, stale, last_micro);
+  }
+  if (replica_thread_ == nullptr) {
+    if (absl::Status s = AverageOverReplicas(unit, output, dtype); !s.ok()) return s;
+    return FinishReduction(unit, &received, direct, stale, last_micro);
+  }
+  // The replicas' average and the rest on the replica thread, in order; the
+  // reduce thread goes on with the next unit inside the group meanwhile.
+  auto held_chunk = std::make_shared<TrackedBuffer>(std::move(received));
+  replica_thread_->Submit([this, unit, held_chunk, direct, stale, last_micro]() -> absl::Status {
+    void* data = direct ? state_[unit]->grads.data() : held_chunk->data();
+    if (absl::Status s = AverageOverReplicas(unit, data, options_.reduce_dtype); !s.ok()) {
       return s;
     }
-  }
+    return FinishReduction(unit, held_chunk.get(), direct, stale, last_micro);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::FinishReduction(int unit, TrackedBuffer* received, bool direct,
+                                         bool stale, bool last_micro) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType held = options_.reduce_dtype == DType::kI8 ? DType::kF32 : options_.reduce_dtype;
+  const int64_t chunk = layout.chunk_elements;
   // Padding is never written, so it stays zero: the squared norm sums whole
   // chunks. Stages 2-3 take it here, after the step's last reduction of the
   // unit, where it overlaps the backward of the units before it.
@@ -753,28 +832,24 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     state.grad_squares = *squares;
     return absl::OkStatus();
   };
-  if (direct) {
-    state.grads_stale = false;
-    return norm_of_shard();  // the collective returned with the data in place
-  }
+  if (direct) return norm_of_shard();  // the collective returned with the data in place
   if (stage_.reduce_at_step) {
     state.reduced = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
                                   Bytes(chunk, DType::kF32));
   }
   for (int i : layout.own_segments) {
     const Segment& seg = layout.segments[i];
-    const void* from = At(received.data(), seg.chunk_offset, dtype);
+    const void* from = At(received->data(), seg.chunk_offset, held);
     if (stage_.reduce_at_step) {
-      backend_->Convert(from, dtype, state.reduced.f32() + seg.chunk_offset, DType::kF32,
+      backend_->Convert(from, held, state.reduced.f32() + seg.chunk_offset, DType::kF32,
                         seg.length);
-    } else if (state.grads_stale) {
-      backend_->Convert(from, dtype, state.grads.f32() + seg.chunk_offset, DType::kF32,
+    } else if (stale) {
+      backend_->Convert(from, held, state.grads.f32() + seg.chunk_offset, DType::kF32,
                         seg.length);
     } else {
-      backend_->AddInto(from, dtype, state.grads.f32() + seg.chunk_offset, seg.length);
+      backend_->AddInto(from, held, state.grads.f32() + seg.chunk_offset, seg.length);
     }
   }
-  if (stage_.grads_sharded) state.grads_stale = false;  // stage 1: the compute thread's
   if (absl::Status s = norm_of_shard(); !s.ok()) return s;
   return backend_->Synchronize();
 }
@@ -995,6 +1070,9 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   ReleaseHeldParameters();  // the parameters are about to change
   absl::Time wait_start = absl::Now();
   if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
+  if (replica_thread_ != nullptr) {
+    if (absl::Status s = replica_thread_->Drain(); !s.ok()) return s;
+  }
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
   times_.reduce_wait_ms += MsSince(wait_start);
   absl::Time optimizer_start = absl::Now();

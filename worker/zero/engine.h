@@ -15,7 +15,8 @@
 // With shard groups of G ranks (hybrid sharding, planner.h) read G for W:
 // gathers and reduce-scatters run inside the group (`gather`, `reduce`), and
 // each reduced gradient shard is then averaged over the W / G replicas
-// (EngineOptions::replicas), on the reduce thread, overlapping the backward.
+// (EngineOptions::replicas), on a replica thread of its own, overlapping the
+// backward and the group's next reduce-scatters.
 // Stage 3's window: before computing op position k, gathers for the next
 // `prefetch` positions (forward) or the previous one (backward) are in
 // flight, so at most 1 + prefetch units are unsharded at once. The next
@@ -23,7 +24,11 @@
 // units are updated, overlapping the rest of the optimizer.
 //
 // Threads: the caller's (compute), a gather thread and a reduce thread, each
-// with its own communicator, so gathers, reductions and compute overlap.
+// with its own communicator, so gathers, reductions and compute overlap;
+// with shard groups also a replica thread (the replicas' communicator), so
+// that a unit's all-reduce across the groups (across hosts, with groups by
+// host) runs while the reduce thread goes on with the next unit's
+// reduce-scatter inside the group.
 // Collectives are issued in the same order on every rank.
 #ifndef ZEROSHARD_WORKER_ZERO_ENGINE_H_
 #define ZEROSHARD_WORKER_ZERO_ENGINE_H_
@@ -57,6 +62,15 @@ struct EngineOptions {
   int prefetch = 1;
   DType param_dtype = DType::kF32;   // dtype of gathered / replicated parameters
   DType reduce_dtype = DType::kF32;  // dtype gradients are reduced in
+  // kI8 (--reduce_dtype=int8): gradients stay f32 in memory and travel
+  // int8 block-quantized (worker/comm/quantized.h: the reduce-scatter
+  // through an all-to-all, the replicas' and stage 0's all-reduce through an
+  // all-gather), each value quantized once per collective. Host memory only.
+  // gather_dtype kI8 (--gather_dtype=int8, stage 3 with f32 parameters):
+  // each owner quantizes its f32 master shard once per gather and every
+  // rank computes on the dequantized unit; the master stays f32. Otherwise
+  // (kF32) gathers travel in param_dtype.
+  DType gather_dtype = DType::kF32;
   int grad_accum = 1;
   absl::Duration collective_timeout = absl::Seconds(60);
   // Test-only (shard_worker's --test_* flags): runs on a collective's thread
@@ -80,6 +94,10 @@ struct EngineOptions {
   // averaged after the group's reduce-scatter. Null without groups. Not
   // owned; used by the reduce thread only.
   Communicator* replicas = nullptr;
+  // Shard groups: the replicas' all-reduce on a thread of its own (see
+  // Threads above); false: on the reduce thread after each reduce-scatter,
+  // as before (for comparisons: multihost_bench's hsdp-serial mode).
+  bool replica_thread = true;
 };
 
 // A piece as a range copy between layouts (elements).
@@ -225,6 +243,8 @@ class ZeroEngine {
   // Collectives completed so far (all threads): the sequence number members
   // report in heartbeats, so a stuck rank stands out in `shardctl status`.
   int64_t collective_seq() const { return collective_seq_.load(); }
+  // Reductions' received chunks waiting for, or in, the replicas' all-reduce
+  // count as comm buffers meanwhile (at most every unit's chunk, Ψ/G f32).
 
   const MemoryTracker& memory() const { return memory_; }
   const std::vector<UnitLayout>& units() const { return units_; }
@@ -284,10 +304,15 @@ class ZeroEngine {
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
   absl::Status AllReduceUnit(int unit);
   absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype);
+  // ReduceUnit's end, after the group's reduce-scatter (and the replicas'
+  // average): this rank's pieces into the gradient shard (`direct`: already
+  // there; `stale`: written, not added), then the shard's squared norm.
+  absl::Status FinishReduction(int unit, TrackedBuffer* received, bool direct, bool stale,
+                               bool last_micro);
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
-  enum Stream { kGatherStream = 0, kReduceStream = 1 };
+  enum Stream { kGatherStream = 0, kReduceStream = 1, kReplicaStream = 2 };
   void EnterCollective(Stream stream, const char* op, const std::string& unit);
   void LeaveCollective(Stream stream);
 
@@ -321,10 +346,11 @@ class ZeroEngine {
   std::vector<TrackedBuffer> held_;  // by unit: HoldGatheredParameters
   std::unique_ptr<TaskThread> gather_thread_;
   std::unique_ptr<TaskThread> reduce_thread_;
+  std::unique_ptr<TaskThread> replica_thread_;  // shard groups only
   std::atomic<int64_t> collective_seq_{0};
   mutable absl::Mutex activity_mu_;
-  CollectiveActivity activity_[2] ABSL_GUARDED_BY(activity_mu_);  // by Stream
-  int64_t entered_[2] ABSL_GUARDED_BY(activity_mu_) = {0, 0};
+  CollectiveActivity activity_[3] ABSL_GUARDED_BY(activity_mu_);  // by Stream
+  int64_t entered_[3] ABSL_GUARDED_BY(activity_mu_) = {0, 0, 0};
   absl::Time first_collective_start_ ABSL_GUARDED_BY(activity_mu_) = absl::InfinitePast();
   double loss_sum_ = 0;
   int micro_batches_ = 0;

@@ -1,0 +1,290 @@
+// The int8 block quantization and the quantized collectives (quantized.h):
+// the per-element error bound holds, zeros are exact, non-finite blocks come
+// back NaN, and all-gather, reduce-scatter and all-reduce over TCP (W = 3),
+// shared memory (W = 3) and two levels (W = 4 on 2 hosts) equal an f64
+// reference within the bound.
+//
+// Error model (stated in quantized.h): one quantization of a block with
+// max-abs m errs by at most m / 254 per element, plus the f32 roundings of
+// the ratio 127 / m, the scale and the product: 4 u m, u = 2^-24, i.e.
+// m / 254 * (1 + 1016 u). A
+// reduction quantizes each rank's contribution once: |error| <= sum over
+// ranks r of m_r / 254 * (1 + 508 u), plus the f32 sum of W terms
+// (W u * sum |x_r|), divided by W for an average (exact for W = 4, one more
+// rounding, u, otherwise).
+#include "worker/comm/quantized.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/worker/comm/comm_test_util.h"
+#include "worker/comm/in_memory_kv_store.h"
+#include "worker/comm/two_level_communicator.h"
+
+namespace zeroshard {
+namespace {
+
+using comm_test::RunThreads;
+
+constexpr absl::Duration kTimeout = absl::Seconds(20);
+constexpr double kU = 1.0 / (1 << 24);
+constexpr double kQuantRelSlack = 1 + 1016 * kU;
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// max|x| over the quantization block holding element i of x.
+double BlockMax(const std::vector<float>& x, int64_t i) {
+  const int64_t begin = i / kInt8Block * kInt8Block;
+  const int64_t end = std::min<int64_t>(x.size(), begin + kInt8Block);
+  double m = 0;
+  for (int64_t k = begin; k < end; ++k) m = std::max(m, std::fabs(double{x[k]}));
+  return m;
+}
+
+std::vector<float> RoundTrip(const std::vector<float>& x) {
+  const int64_t n = x.size();
+  std::vector<char> packed(Int8PackedBytes(n));
+  QuantizeInt8(x.data(), n, packed.data());
+  std::vector<float> out(n);
+  DequantizeInt8(packed.data(), n, 0, n, out.data());
+  return out;
+}
+
+TEST(QuantizeInt8Test, PackedBytesAreScalesThenValuesInWords) {
+  EXPECT_EQ(Int8PackedBytes(0), 0);
+  EXPECT_EQ(Int8PackedBytes(1), 8);        // 4 (scale) + 1, to a word
+  EXPECT_EQ(Int8PackedBytes(256), 260);
+  EXPECT_EQ(Int8PackedBytes(257), 4 * 2 + 260);
+}
+
+TEST(QuantizeInt8Test, ErrorIsAtMostTheBlockMaxOver254) {
+  // Blocks of very different magnitudes, and a partial last block.
+  std::vector<float> x = Random(5 * 256 + 37, 1);
+  for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
+    x[i] *= std::pow(10.0f, static_cast<float>(i / 256) - 2);
+  }
+  const std::vector<float> y = RoundTrip(x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double bound = BlockMax(x, i) / 254 * kQuantRelSlack;
+    ASSERT_LE(std::fabs(double{y[i]} - x[i]), bound) << "element " << i << " x " << x[i];
+  }
+  // The block max itself is exact (q = ±127).
+  EXPECT_EQ(RoundTrip({3.5f, -1.0f})[0], 3.5f);
+}
+
+TEST(QuantizeInt8Test, ZerosAreExact) {
+  std::vector<float> x(600, 0.0f);
+  x[300] = 1.0f;  // the second block is not zero; the first and third are
+  const std::vector<float> y = RoundTrip(x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (i / 256 != 1) EXPECT_EQ(y[i], 0.0f) << i;
+  }
+  EXPECT_EQ(y[300], 1.0f);
+  EXPECT_EQ(y[301], 0.0f);  // zero in a non-zero block: q = 0
+}
+
+TEST(QuantizeInt8Test, ANonFiniteValueMakesItsWholeBlockNaNAndOnlyIt) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = Random(3 * 256, 2);
+    x[256 + 5] = bad;
+    const std::vector<float> y = RoundTrip(x);
+    for (size_t i = 256; i < 512; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;
+    for (size_t i : {size_t{0}, size_t{255}, size_t{512}, size_t{767}}) {
+      EXPECT_TRUE(std::isfinite(y[i])) << i;
+    }
+  }
+}
+
+TEST(QuantizeInt8Test, HugeAndTinyValuesKeepTheBound) {
+  std::vector<float> x = {3e38f, -1e38f, 1.0f, 1e-30f, -2e-38f, 1e-39f};
+  const std::vector<float> y = RoundTrip(x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_LE(std::fabs(double{y[i]} - x[i]), 3e38 / 254 * kQuantRelSlack) << i;
+  }
+  std::vector<float> tiny = {1e-30f, -3e-31f, 0.0f};
+  const std::vector<float> t = RoundTrip(tiny);
+  for (size_t i = 0; i < tiny.size(); ++i) {
+    EXPECT_LE(std::fabs(double{t[i]} - tiny[i]), 1e-30 / 254 * kQuantRelSlack) << i;
+  }
+}
+
+// ---- Collectives ----
+
+enum class Transport { kTcp, kShm, kTwoLevel };
+
+std::vector<std::unique_ptr<Communicator>> Connect(Transport transport, int w,
+                                                   KeyValueStore* store) {
+  std::vector<std::unique_ptr<Communicator>> comms(w);
+  if (transport != Transport::kTwoLevel) {
+    auto host = comm_test::CreateCommunicators(store, w, "q", transport == Transport::kShm);
+    for (int r = 0; r < w; ++r) comms[r] = std::move(host[r]);
+    return comms;
+  }
+  RunThreads(w, [&](int rank) {
+    TwoLevelCommunicator::Options options;
+    options.host.hostname = "127.0.0.1";
+    options.host.connect_timeout = absl::Seconds(10);
+    options.host.shm_slot_bytes = 4096 * w;
+    options.host_key = rank % 2 == 0 ? "hostA" : "hostB";
+    std::string why_not;
+    auto comm = TwoLevelCommunicator::Create(store, rank, w, "q", options, &why_not);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    ASSERT_NE(*comm, nullptr) << why_not;
+    comms[rank] = *std::move(comm);
+  });
+  return comms;
+}
+
+class QuantizedCollectiveTest : public ::testing::TestWithParam<std::pair<Transport, int>> {
+ protected:
+  void SetUp() override {
+    w_ = GetParam().second;
+    comms_ = Connect(GetParam().first, w_, &store_);
+    ASSERT_EQ(static_cast<int>(comms_.size()), w_);
+    for (const auto& c : comms_) ASSERT_NE(c, nullptr);
+  }
+  void TearDown() override {
+    RunThreads(w_, [this](int r) { comms_[r].reset(); });
+  }
+  // An uneven layout over 3 blocks per rank crossing quantization blocks:
+  // rank r holds counts 300 + 7r, 5 and 260 - r (at most 583 elements),
+  // in a different rank order each round in the full buffer.
+  std::vector<ShardBlock> Layout(int64_t* full_elements) const {
+    std::vector<ShardBlock> blocks;
+    int64_t full = 0;
+    std::vector<int64_t> at(w_, 0);
+    for (int round = 0; round < 3; ++round) {
+      for (int k = 0; k < w_; ++k) {
+        const int r = round == 0 ? k : round == 1 ? w_ - 1 - k : (k + 1) % w_;
+        const int64_t count = round == 0 ? 300 + 7 * r : round == 1 ? 5 : 260 - r;
+        blocks.push_back({r, at[r], full, count});
+        at[r] += count;
+        full += count;
+      }
+    }
+    *full_elements = full;
+    return blocks;
+  }
+
+  int w_ = 0;
+  InMemoryKvStore store_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+TEST_P(QuantizedCollectiveTest, AllGatherIsEachShardQuantizedOnce) {
+  int64_t full = 0;
+  const std::vector<ShardBlock> blocks = Layout(&full);
+  const int64_t shard_elements = 600;  // >= every rank's extent
+  std::vector<std::vector<float>> shards(w_), out(w_, std::vector<float>(full, -1.0f));
+  for (int r = 0; r < w_; ++r) shards[r] = Random(shard_elements, 10 + r, 1.0f + r);
+  RunThreads(w_, [&](int r) {
+    ASSERT_TRUE(QuantizedAllGatherBlocks(comms_[r].get(), shards[r].data(), out[r].data(), blocks,
+                                         kTimeout)
+                    .ok());
+  });
+  for (const ShardBlock& b : blocks) {
+    for (int64_t i = 0; i < b.count; ++i) {
+      const double want = shards[b.rank][b.shard_offset + i];
+      const double bound = BlockMax(shards[b.rank], b.shard_offset + i) / 254 * kQuantRelSlack;
+      for (int r = 0; r < w_; ++r) {
+        const float got = out[r][b.full_offset + i];
+        ASSERT_LE(std::fabs(got - want), bound) << "rank " << r << " block of " << b.rank;
+        ASSERT_EQ(got, out[0][b.full_offset + i]) << "every rank sees the same values";
+      }
+    }
+  }
+}
+
+TEST_P(QuantizedCollectiveTest, ReduceScatterAveragesWithinOneQuantizationPerRank) {
+  int64_t full = 0;
+  const std::vector<ShardBlock> blocks = Layout(&full);
+  std::vector<std::vector<float>> in(w_), shard(w_, std::vector<float>(600, 7.0f));
+  for (int r = 0; r < w_; ++r) in[r] = Random(full, 20 + r, 1.0f + r);
+  RunThreads(w_, [&](int r) {
+    ASSERT_TRUE(QuantizedReduceScatterBlocks(comms_[r].get(), in[r].data(), shard[r].data(),
+                                             blocks, ReduceOp::kAverage, kTimeout)
+                    .ok());
+  });
+  std::vector<bool> written(600);
+  for (const ShardBlock& b : blocks) {
+    for (int64_t i = 0; i < b.count; ++i) {
+      double sum = 0, bound = 0, abs_sum = 0;
+      for (int r = 0; r < w_; ++r) {
+        const double x = in[r][b.full_offset + i];
+        sum += x;
+        abs_sum += std::fabs(x);
+        // The contribution was quantized in r's packing for b.rank: its
+        // quantization block is that of b.rank's shard, which holds this
+        // rank's elements of every block of b.rank; bound by the max over
+        // every block of the layout owned by b.rank.
+        double m = 0;
+        for (const ShardBlock& o : blocks) {
+          if (o.rank != b.rank) continue;
+          const int64_t lo = std::max(o.shard_offset, (b.shard_offset + i) / kInt8Block * kInt8Block);
+          const int64_t hi =
+              std::min(o.shard_offset + o.count, (b.shard_offset + i) / kInt8Block * kInt8Block + kInt8Block);
+          for (int64_t k = lo; k < hi; ++k) {
+            m = std::max(m, std::fabs(double{in[r][o.full_offset + k - o.shard_offset]}));
+          }
+        }
+        bound += m / 254 * kQuantRelSlack;
+      }
+      bound = (bound + w_ * kU * abs_sum) / w_ * (1 + kU);
+      const float got = shard[b.rank][b.shard_offset + i];
+      ASSERT_LE(std::fabs(got - sum / w_), bound) << "rank " << b.rank << " at " << i;
+    }
+  }
+  // Elements of no block are left alone.
+  for (int r = 0; r < w_; ++r) EXPECT_EQ(shard[r][599], 7.0f);
+}
+
+TEST_P(QuantizedCollectiveTest, AllReduceLeavesEveryRankTheSameBitsWithinTheBound) {
+  const int64_t n = 1000;
+  std::vector<std::vector<float>> buf(w_);
+  for (int r = 0; r < w_; ++r) buf[r] = Random(n, 30 + r, 1.0f + r);
+  const std::vector<std::vector<float>> in = buf;
+  RunThreads(w_, [&](int r) {
+    ASSERT_TRUE(
+        QuantizedAllReduce(comms_[r].get(), buf[r].data(), n, ReduceOp::kSum, kTimeout).ok());
+  });
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0, bound = 0, abs_sum = 0;
+    for (int r = 0; r < w_; ++r) {
+      sum += in[r][i];
+      abs_sum += std::fabs(in[r][i]);
+      bound += BlockMax(in[r], i) / 254 * kQuantRelSlack;
+    }
+    bound += w_ * kU * abs_sum;
+    for (int r = 0; r < w_; ++r) {
+      ASSERT_EQ(buf[r][i], buf[0][i]) << "replicas must stay equal";
+    }
+    ASSERT_LE(std::fabs(buf[0][i] - sum), bound) << i;
+  }
+}
+
+std::string TransportName(const ::testing::TestParamInfo<std::pair<Transport, int>>& info) {
+  static const char* const kNames[] = {"Tcp", "Shm", "TwoLevel"};
+  return kNames[static_cast<int>(info.param.first)] + std::to_string(info.param.second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, QuantizedCollectiveTest,
+                         ::testing::Values(std::make_pair(Transport::kTcp, 3),
+                                           std::make_pair(Transport::kShm, 3),
+                                           std::make_pair(Transport::kTwoLevel, 4)),
+                         TransportName);
+
+}  // namespace
+}  // namespace zeroshard

@@ -1,0 +1,226 @@
+#include "worker/comm/quantized.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace zeroshard {
+namespace {
+
+int64_t BlocksOf(int64_t n) { return (n + kInt8Block - 1) / kInt8Block; }
+
+const float* ScalesOf(const void* packed) { return static_cast<const float*>(packed); }
+
+const int8_t* ValuesOf(const void* packed, int64_t n) {
+  return reinterpret_cast<const int8_t*>(static_cast<const char*>(packed) + 4 * BlocksOf(n));
+}
+
+// Staging kept per thread (grow-only, each engine stream has its own
+// thread) so that a collective does not page-fault fresh memory in. Host
+// memory of about a quarter of the largest unit's f32 bytes (times W for
+// the receive side), outside the engine's memory accounting.
+char* Scratch(int index, int64_t bytes) {
+  thread_local std::vector<char> scratch[3];
+  if (static_cast<int64_t>(scratch[index].size()) < bytes) scratch[index].resize(bytes);
+  return scratch[index].data();
+}
+
+// Per rank: the end of its blocks in its shard (elements).
+std::vector<int64_t> ShardExtents(const std::vector<ShardBlock>& blocks, int world_size) {
+  std::vector<int64_t> extent(world_size, 0);
+  for (const ShardBlock& b : blocks) {
+    extent[b.rank] = std::max(extent[b.rank], b.shard_offset + b.count);
+  }
+  return extent;
+}
+
+int64_t MaxPackedBytes(const std::vector<int64_t>& extents) {
+  int64_t bytes = 0;
+  for (int64_t e : extents) bytes = std::max(bytes, Int8PackedBytes(e));
+  return bytes;
+}
+
+}  // namespace
+
+int64_t Int8PackedBytes(int64_t n) {
+  const int64_t bytes = 4 * BlocksOf(n) + n;
+  return (bytes + 3) / 4 * 4;
+}
+
+void QuantizeInt8(const float* x, int64_t n, void* packed) {
+  float* scales = static_cast<float*>(packed);
+  int8_t* q = const_cast<int8_t*>(ValuesOf(packed, n));
+  for (int64_t block = 0; block < BlocksOf(n); ++block) {
+    const int64_t begin = block * kInt8Block;
+    const int64_t end = std::min(n, begin + kInt8Block);
+    float amax = 0;
+    bool finite = true;
+    for (int64_t i = begin; i < end; ++i) {
+      finite = finite && std::isfinite(x[i]);
+      amax = std::max(amax, std::fabs(x[i]));
+    }
+    if (!finite || amax == 0) {
+      // Zeros are exact; a non-finite block dequantizes to NaN (see header).
+      scales[block] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      std::memset(q + begin, 0, end - begin);
+      continue;
+    }
+    scales[block] = static_cast<float>(static_cast<double>(amax) / 127.0);
+    const float ratio = static_cast<float>(127.0 / static_cast<double>(amax));
+    if (!std::isfinite(ratio)) {
+      // amax below ~3e-37: x * 127 / amax in double (no overflow).
+      const double exact = 127.0 / static_cast<double>(amax);
+      for (int64_t i = begin; i < end; ++i) {
+        q[i] = static_cast<int8_t>(std::nearbyint(static_cast<double>(x[i]) * exact));
+      }
+      continue;
+    }
+    // Rounds half away from zero by truncation (vectorizes; nearbyint is a
+    // library call per element here). |x * ratio| <= 127 (1 + 2u), so the
+    // result stays in [-127, 127].
+    for (int64_t i = begin; i < end; ++i) {
+      const float r = x[i] * ratio;
+      q[i] = static_cast<int8_t>(static_cast<int32_t>(r + (r < 0 ? -0.5f : 0.5f)));
+    }
+  }
+}
+
+namespace {
+
+// out[i] (= or +=) element begin + i, block by block so that the inner
+// loops vectorize.
+template <bool kAdd>
+void Dequantize(const void* packed, int64_t n, int64_t begin, int64_t count, float* out) {
+  const float* scales = ScalesOf(packed);
+  const int8_t* q = ValuesOf(packed, n);
+  int64_t i = 0;
+  while (i < count) {
+    const int64_t k = begin + i;
+    const int64_t block = k / kInt8Block;
+    const int64_t run = std::min(count - i, (block + 1) * kInt8Block - k);
+    const float scale = scales[block];
+    const int8_t* from = q + k;
+    float* to = out + i;
+    for (int64_t j = 0; j < run; ++j) {
+      if (kAdd) {
+        to[j] += static_cast<float>(from[j]) * scale;
+      } else {
+        to[j] = static_cast<float>(from[j]) * scale;
+      }
+    }
+    i += run;
+  }
+}
+
+}  // namespace
+
+void DequantizeInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* out) {
+  Dequantize<false>(packed, n, begin, count, out);
+}
+
+void AddDequantizedInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* acc) {
+  Dequantize<true>(packed, n, begin, count, acc);
+}
+
+absl::Status QuantizedAllGatherBlocks(Communicator* comm, const float* shard, float* full,
+                                      const std::vector<ShardBlock>& blocks,
+                                      absl::Duration timeout) {
+  const int w = comm->world_size();
+  const int rank = comm->rank();
+  if (absl::Status s = ValidateBlocks("all_gather (int8)", blocks, w); !s.ok()) return s;
+  if (w == 1) {  // nothing travels: an exact copy
+    for (const ShardBlock& b : blocks) {
+      std::memmove(full + b.full_offset, shard + b.shard_offset, b.count * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+  const std::vector<int64_t> extent = ShardExtents(blocks, w);
+  const int64_t packed = MaxPackedBytes(extent);
+  if (packed == 0) return absl::OkStatus();
+  char* send = Scratch(0, packed);
+  char* recv = Scratch(1, packed * w);
+  QuantizeInt8(shard, extent[rank], send);
+  // Words of 4 bytes (nothing is added, so the dtype only sizes them).
+  if (absl::Status s = comm->AllGather(send, recv, packed / 4, DType::kF32, timeout); !s.ok()) {
+    return s;
+  }
+  // Own blocks too: every rank computes on the same (dequantized) values.
+  for (const ShardBlock& b : blocks) {
+    DequantizeInt8(recv + b.rank * packed, extent[b.rank], b.shard_offset, b.count,
+                   full + b.full_offset);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full, float* shard,
+                                          const std::vector<ShardBlock>& blocks, ReduceOp op,
+                                          absl::Duration timeout) {
+  const int w = comm->world_size();
+  const int rank = comm->rank();
+  if (absl::Status s = ValidateBlocks("reduce_scatter (int8)", blocks, w); !s.ok()) return s;
+  if (w == 1) {
+    for (const ShardBlock& b : blocks) {
+      std::memmove(shard + b.shard_offset, full + b.full_offset, b.count * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+  const std::vector<int64_t> extent = ShardExtents(blocks, w);
+  const int64_t packed = MaxPackedBytes(extent);
+  if (packed == 0) return absl::OkStatus();
+  const int64_t max_extent = *std::max_element(extent.begin(), extent.end());
+  float* stage = reinterpret_cast<float*>(Scratch(2, max_extent * sizeof(float)));
+  char* send = Scratch(0, packed * w);
+  char* recv = Scratch(1, packed * w);
+  // Rank r's contribution, in r's shard layout, quantized once.
+  for (int r = 0; r < w; ++r) {
+    std::fill(stage, stage + extent[r], 0.0f);
+    for (const ShardBlock& b : blocks) {
+      if (b.rank != r) continue;
+      std::memcpy(stage + b.shard_offset, full + b.full_offset, b.count * sizeof(float));
+    }
+    QuantizeInt8(stage, extent[r], send + r * packed);
+  }
+  if (absl::Status s = comm->AllToAll(send, recv, packed, timeout); !s.ok()) return s;
+  const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
+  for (const ShardBlock& b : blocks) {
+    if (b.rank != rank) continue;
+    float* out = shard + b.shard_offset;
+    DequantizeInt8(recv, extent[rank], b.shard_offset, b.count, out);
+    for (int r = 1; r < w; ++r) {
+      AddDequantizedInt8(recv + r * packed, extent[rank], b.shard_offset, b.count, out);
+    }
+    if (divisor != 1.0f) {
+      for (int64_t i = 0; i < b.count; ++i) out[i] /= divisor;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantizedAllReduce(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
+                                absl::Duration timeout) {
+  const int w = comm->world_size();
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("all_reduce (int8): negative count ", count));
+  }
+  if (w == 1 || count == 0) return absl::OkStatus();
+  const int64_t packed = Int8PackedBytes(count);
+  char* send = Scratch(0, packed);
+  char* recv = Scratch(1, packed * w);
+  QuantizeInt8(buffer, count, send);
+  if (absl::Status s = comm->AllGather(send, recv, packed / 4, DType::kF32, timeout); !s.ok()) {
+    return s;
+  }
+  // Every rank sums the same quantized values in the same order.
+  DequantizeInt8(recv, count, 0, count, buffer);
+  for (int r = 1; r < w; ++r) AddDequantizedInt8(recv + r * packed, count, 0, count, buffer);
+  if (op == ReduceOp::kAverage) {
+    const float divisor = static_cast<float>(w);
+    for (int64_t i = 0; i < count; ++i) buffer[i] /= divisor;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard

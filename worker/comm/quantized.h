@@ -1,0 +1,72 @@
+// Int8 block-quantized collectives (--gather_dtype=int8, --reduce_dtype=int8),
+// after ZeRO++'s qwZ (quantized weight all-gather) and qgZ (quantized
+// gradient reduce-scatter through an all-to-all), written here over any
+// Communicator: f32 buffers in and out, int8 plus one f32 scale per block of
+// kInt8Block elements on the wire.
+//
+// Quantization (per block of at most 256 elements, max-abs scaling):
+//   scale = max|x| / 127;  q = round(x / scale) in [-127, 127];  x' = q * scale
+// so |x - x'| <= scale / 2 = max|x| / 254 per element, plus the f32
+// roundings of the ratio, the scale and the product (4u max|x|, u = 2^-24):
+// |x - x'| <= max|x| / 254 * (1 + 1016 u). A block of zeros is exact.
+// A block holding NaN or ±Inf gets scale NaN: every element of it comes back
+// NaN, so a non-finite gradient still shows as a NaN norm (the step fails as
+// it would in f32) instead of being clipped to ±127 silently.
+//
+// No value is quantized more than once on its way, so the error does not
+// grow with the ring's length:
+//   all-gather      each shard is quantized once by its owner, dequantized
+//                   by every receiver (bound: max|x|/254 per element).
+//   reduce-scatter  each rank packs its contribution for every destination
+//                   and quantizes it once, an all-to-all delivers them, and
+//                   the destination dequantizes and sums in f32 in rank
+//                   order (bound: sum over ranks of their block's
+//                   max|x_r|/254, before dividing by W for an average).
+//   all-reduce      each rank quantizes its buffer once, an all-gather
+//                   delivers every rank's to every rank, and each sums them
+//                   in f32 in rank order: every rank ends with the same bits
+//                   (replicas stay equal), same bound as the reduce-scatter.
+// Elements outside this rank's blocks are left as they are, as in the f32
+// collectives. Errors are the communicator's.
+#ifndef ZEROSHARD_WORKER_COMM_QUANTIZED_H_
+#define ZEROSHARD_WORKER_COMM_QUANTIZED_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "worker/comm/communicator.h"
+
+namespace zeroshard {
+
+inline constexpr int64_t kInt8Block = 256;  // elements per scale
+
+// Bytes of `n` quantized elements: ceil(n / 256) f32 scales, then n int8
+// values, rounded up to a multiple of 4 (the collectives move 4-byte words).
+int64_t Int8PackedBytes(int64_t n);
+
+// Quantizes x[0, n) into `packed` (Int8PackedBytes(n) bytes).
+void QuantizeInt8(const float* x, int64_t n, void* packed);
+// out[i] = element begin + i of `packed` (n elements), for i in [0, count).
+void DequantizeInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* out);
+// acc[i] += element begin + i of `packed`, for i in [0, count).
+void AddDequantizedInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* acc);
+
+// As Communicator::AllGatherBlocks (f32), the shards travelling quantized.
+absl::Status QuantizedAllGatherBlocks(Communicator* comm, const float* shard, float* full,
+                                      const std::vector<ShardBlock>& blocks,
+                                      absl::Duration timeout);
+// As Communicator::ReduceScatterBlocks (f32), through one quantization of
+// every contribution and Communicator::AllToAll.
+absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full, float* shard,
+                                          const std::vector<ShardBlock>& blocks, ReduceOp op,
+                                          absl::Duration timeout);
+// As Communicator::AllReduce (f32, in place), through one quantization of
+// every rank's buffer and an all-gather.
+absl::Status QuantizedAllReduce(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
+                                absl::Duration timeout);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_COMM_QUANTIZED_H_
