@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/connection_flags.h"
+#include "client/rank_rows.h"
 #include "client/shardctl_commands.h"
 #include "common/table.h"
 #include "google/protobuf/util/json_util.h"
@@ -27,7 +28,11 @@
 // client/connection_flags.cc's; --tls_server_name is shardctl's alone.
 ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
 ABSL_FLAG(std::string, job, "", "Job id (status, top: empty shows every job)");
-ABSL_FLAG(bool, json, false, "Print JSON for programs instead of tables");
+ABSL_FLAG(bool, json, false,
+          "Print JSON for programs instead of tables (status: every rank of every job, always)");
+ABSL_FLAG(bool, all, false,
+          "status, top: list every rank (a job of more than 64 ranks shows its worst 32, its worst "
+          "hosts and histograms)");
 
 namespace zeroshard {
 
@@ -125,10 +130,16 @@ int StatusCommand() {
     if (job.members().empty()) continue;
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
+    const int rank = absl::GetFlag(FLAGS_rank);
+    const bool all = absl::GetFlag(FLAGS_all);
+    std::printf("%s", HostsAndHistograms(job, rank, all).c_str());
+    const RankRows rows = SelectRankRows(job, rank, all);
+    if (!rows.caption.empty()) std::printf("%s\n", rows.caption.c_str());
     Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "STEP TIME",
                    "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "IN COLLECTIVE", "REJOINS",
                    "FLAGS"});
-    for (const v1::MemberStatus& m : job.members()) {
+    for (const v1::MemberStatus* row : rows.members) {
+      const v1::MemberStatus& m = *row;
       std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
       if (m.rank() < 0) state = "joining";
       members.AddRow(
@@ -190,13 +201,13 @@ int main(int argc, char** argv) {
       "zeroshard command line.\n\n"
       "  shardctl [--server=HOST:PORT] [--token_file=F] [TLS flags] COMMAND [flags]\n\n"
       "Commands:\n"
-      "  status [--job=ID] [--json]              jobs, generations and members\n"
+      "  status [--job=ID] [--rank=R|--all] [--json]  jobs, generations and members\n"
       "  spec --model=mlp|gpt2 ... [--preset=124M] print a model spec (JSON)\n"
       "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
       "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
-      "  top [--job=ID]                          live view of jobs and ranks (q quits)\n"
+      "  top [--job=ID] [--rank=R|--all]         live view of jobs and ranks (q quits)\n"
       "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const char* commands = "status, spec, plan, checkpoints, consolidate, history, top, job";

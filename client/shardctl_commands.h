@@ -15,6 +15,8 @@
 
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(int, rank);  // shardctl_observe.cc
+ABSL_DECLARE_FLAG(bool, all);
 
 namespace zeroshard {
 

@@ -18,11 +18,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/rank_rows.h"
 #include "client/shardctl_commands.h"
 #include "common/table.h"
 
 ABSL_FLAG(bool, csv, false, "history: print CSV");
-ABSL_FLAG(int, rank, -1, "history: only this rank (-1: every rank)");
+ABSL_FLAG(int, rank, -1,
+          "history, status, top: only this rank (-1: every rank, or a large job's worst)");
 ABSL_FLAG(int, top_iterations, 0, "top: refresh this many times, then exit (0: until q or Ctrl-C)");
 ABSL_FLAG(absl::Duration, top_interval, absl::Seconds(1), "top: time between refreshes");
 
@@ -97,10 +99,16 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
       absl::StrAppend(&out, straggler ? yellow : red,
                       straggler ? "STRAGGLER: " : "HANG: ", d.message(), reset, "\n");
     }
+    const int rank = absl::GetFlag(FLAGS_rank);
+    const bool all = absl::GetFlag(FLAGS_all);
+    absl::StrAppend(&out, HostsAndHistograms(job, rank, all));
+    const RankRows rows = SelectRankRows(job, rank, all);
+    if (!rows.caption.empty()) absl::StrAppend(&out, rows.caption, "\n");
     Table table({"RANK", "WORKER", "STEP", "STEP TIME", "LOSS", "ITEMS/S", "MEMORY",
                  "WAIT GATHER/REDUCE", "LAG", "HEARTBEAT", "FLAGS"});
     std::vector<int> flagged_rows;
-    for (const v1::MemberStatus& m : job.members()) {
+    for (const v1::MemberStatus* row : rows.members) {
+      const v1::MemberStatus& m = *row;
       if (m.rank() < 0) continue;
       const v1::StepTelemetry& s = m.last_step();
       table.AddRow({absl::StrCat(m.rank()), m.worker_id(), absl::StrCat(m.step()), Ms(s.step_ms()),

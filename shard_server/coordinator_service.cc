@@ -72,67 +72,12 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-// One heartbeat stream: read a beat, answer it, read the next.
-class HeartbeatStream
-    : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
- public:
-  // `caller`: who the stream's bearer token proved; an error finishes it.
-  HeartbeatStream(Membership* membership, ServerMetrics* metrics,
-                  const absl::StatusOr<Caller>& caller)
-      : membership_(membership), metrics_(metrics), caller_(caller.value_or(Caller())) {
-    if (!caller.ok()) {
-      Finish(ToGrpcStatus(caller.status()));
-      return;
-    }
-    StartRead(&request_);
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the member closed its side, or its process is gone
-      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member(), id_);
-      Finish(grpc::Status::OK);
-      return;
-    }
-    if (grpc::Status allowed = caller_.MayActOn(request_.member().job_id()); !allowed.ok()) {
-      Finish(allowed);  // before anything of the member is touched
-      return;
-    }
-    if (metrics_ != nullptr) metrics_->AddHeartbeat();
-    absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(request_, id_);
-    if (!response.ok()) {
-      Finish(ToGrpcStatus(response.status()));
-      return;
-    }
-    response_ = std::move(*response);
-    StartWrite(&response_);
-  }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      if (request_.has_member()) membership_->HeartbeatStreamClosed(request_.member(), id_);
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat stream broken"));
-      return;
-    }
-    StartRead(&request_);
-  }
-  void OnDone() override { delete this; }
-
- private:
-  // Tells this stream from the member's earlier and later ones (never 0).
-  static inline std::atomic<uint64_t> next_id_{1};
-  const uint64_t id_ = next_id_.fetch_add(1, std::memory_order_relaxed);
-  Membership* const membership_;
-  ServerMetrics* const metrics_;  // may be null
-  const Caller caller_;
-  v1::HeartbeatRequest request_;
-  v1::HeartbeatResponse response_;
-};
-
 }  // namespace
 
 CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvStore* kv,
                                        PlanService* plans, JobCredentials* credentials,
                                        CheckpointService* checkpoints,
-                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history,
-                                       ServerMetrics* metrics)
+                                       const TelemetryAnalyzer* diagnosis, HistoryStore* history)
     : clock_(clock),
       membership_(membership),
       kv_(kv),
@@ -143,8 +88,7 @@ CoordinatorService::CoordinatorService(Clock* clock, Membership* membership, KvS
                           : nullptr),
       checkpoints_(checkpoints != nullptr ? checkpoints : no_checkpoints_.get()),
       diagnosis_(diagnosis),
-      history_(history),
-      metrics_(metrics) {}
+      history_(history) {}
 
 grpc::Status CoordinatorService::AdmitMember(grpc::CallbackServerContext* context,
                                              const v1::MemberCredentials& member) const {
@@ -194,12 +138,6 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
       });
   call->Hold(id);
   return call;
-}
-
-grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
-CoordinatorService::Heartbeat(grpc::CallbackServerContext* context) {
-  absl::StatusOr<Caller> caller = credentials_->Identify(context->client_metadata());
-  return new HeartbeatStream(membership_, metrics_, caller);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,

@@ -1,7 +1,9 @@
 // The zeroshard.v1.Coordinator gRPC service: adapts calls to Membership,
 // KvStore and the planner, with the callback API so that held calls (joins
-// waiting for the barrier, gets waiting for a key) and heartbeat streams cost
-// no thread. Authentication (a bearer token) is checked here, at the edge.
+// waiting for the barrier, gets waiting for a key) cost no thread.
+// Authentication (a bearer token) is checked here, at the edge. Heartbeat
+// streams are served by HeartbeatStreams (heartbeat_streams.h) on the async
+// API: their cost per beat must not grow with the open streams.
 #ifndef ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 
@@ -12,25 +14,24 @@
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/clock.h"
+#include "shard_server/heartbeat_streams.h"
 #include "shard_server/job_credentials.h"
 #include "shard_server/kv/kv_store.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/history_store.h"
-#include "shard_server/observability/server_metrics.h"
 #include "shard_server/observability/telemetry_analyzer.h"
 #include "shard_server/plan_service.h"
 
 namespace zeroshard {
 
-class CoordinatorService final : public v1::Coordinator::CallbackService {
+class CoordinatorService final : public HeartbeatAsyncService {
  public:
   // `credentials`: who may act on which job (not owned). `checkpoints` null: the
   // checkpoint RPCs answer FAILED_PRECONDITION. `diagnosis` adds hang and
   // straggler diagnoses to GetStatus. Pointers are not owned.
   CoordinatorService(Clock* clock, Membership* membership, KvStore* kv, PlanService* plans,
                      JobCredentials* credentials, CheckpointService* checkpoints = nullptr,
-                     const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr,
-                     ServerMetrics* metrics = nullptr);
+                     const TelemetryAnalyzer* diagnosis = nullptr, HistoryStore* history = nullptr);
 
   // GetStatus's control_plane (replicated_server.h); unset: a single server.
   // Call before serving.
@@ -41,8 +42,6 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
-  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Heartbeat(
-      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override;
@@ -119,7 +118,6 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   std::function<void(v1::ControlPlaneStatus*)> control_plane_;
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
   HistoryStore* const history_;               // may be null: GetHistory finds nothing
-  ServerMetrics* const metrics_;              // may be null: heartbeats not counted
 };
 
 }  // namespace zeroshard

@@ -60,6 +60,9 @@ ABSL_FLAG(absl::Duration, isolation_grace, absl::Seconds(90),
           "docs/multihost.md)");
 ABSL_FLAG(int, join_timeout_ms, 600000,
           "A join still waiting for the rest of its job after this long gets DEADLINE_EXCEEDED");
+ABSL_FLAG(int, heartbeat_queues, 16,
+          "Completion queues (one thread each) serving heartbeat streams; a beat's cost grows "
+          "with the streams per queue (docs/scale.md)");
 ABSL_FLAG(int, max_world_size, 131072, "Largest world size a job may ask for");
 ABSL_FLAG(int64_t, kv_max_job_bytes, 256 << 20, "KV store: keys and values of one job, in bytes");
 ABSL_FLAG(int64_t, kv_max_wait_keys, 131072, "KV store: keys one StoreWait may name");
@@ -136,6 +139,12 @@ absl::Status ReadMembershipFlags(zeroshard::ShardServerOptions& options) {
     return absl::InvalidArgumentError("--join_timeout_ms must be > 0");
   if (absl::GetFlag(FLAGS_max_world_size) < 1)
     return absl::InvalidArgumentError("--max_world_size must be >= 1");
+  if (absl::GetFlag(FLAGS_heartbeat_queues) < 1 || absl::GetFlag(FLAGS_heartbeat_queues) > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--heartbeat_queues ",
+                                                   absl::GetFlag(FLAGS_heartbeat_queues),
+                                                   " must be between 1 and 1024"));
+  }
+  options.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
   options.membership.heartbeat_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.membership.heartbeat_timeout =

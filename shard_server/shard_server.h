@@ -19,6 +19,7 @@
 #include "shard_server/checkpoint/checkpoint_verifier.h"
 #include "shard_server/clock.h"
 #include "shard_server/coordinator_service.h"
+#include "shard_server/heartbeat_streams.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/observability/history_store.h"
 #include "shard_server/job_credentials.h"
@@ -64,6 +65,11 @@ struct ShardServerOptions {
   bool verify_checkpoints = true;
   CheckpointServiceOptions checkpoint_service;  // consolidation slots and their deadline
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
+  // Completion queues (one polling thread each) that serve heartbeat
+  // streams; a queue's cost per event grows with the streams on it
+  // (heartbeat_streams.h), so more queues keep a beat's cost flat to more
+  // ranks.
+  int heartbeat_queues = 16;
   // The time every timer of the server reads (heartbeat ages, KV deadlines,
   // diagnosis); null: the real clock. Tests pass a FakeClock to check that
   // nothing happens while time passes. Not owned; outlives the server.
@@ -123,6 +129,8 @@ class ShardServer {
   std::unique_ptr<JobCredentials> credentials_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<HostAgentService> agent_service_;  // node agents (docs/scale.md)
+  // Declared before server_: its completion queues outlive the server.
+  std::unique_ptr<HeartbeatStreams> heartbeats_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
   RealClock real_clock_;

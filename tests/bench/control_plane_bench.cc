@@ -17,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -31,7 +32,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/rank_rows.h"
 #include "common/table.h"
+#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/control_plane_sim.h"
@@ -43,6 +46,11 @@ ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, members, 4096, "Members for the heartbeat-rate run");
 ABSL_FLAG(double, heartbeat_seconds, 5.0, "Length of the heartbeat-rate measurement");
 ABSL_FLAG(int, channels, 16, "Client connections the simulated members share");
+ABSL_FLAG(int, client_queues, 16,
+          "Completion queues (one thread each) the simulated members' streams are spread over");
+ABSL_FLAG(std::string, server_flags, "",
+          "Extra shard_server flags for the heartbeat-rate run, comma-separated "
+          "(e.g. --heartbeat_queues=4)");
 ABSL_FLAG(bool, metrics, true, "Time GET /metrics (off: for a server without --metrics_listen)");
 ABSL_FLAG(bool, joins, true, "Measure the join barriers (off: heartbeats, /metrics, detection)");
 ABSL_FLAG(std::string, telemetry, "full",
@@ -53,10 +61,9 @@ ABSL_FLAG(std::string, telemetry, "full",
 namespace zeroshard {
 namespace {
 
-using testing::Beater;
 using testing::ChildProcess;
-using testing::Credentials;
 using testing::CpuSeconds;
+using testing::Credentials;
 using testing::JoinAll;
 using testing::Joined;
 using testing::MakeStubs;
@@ -67,6 +74,126 @@ Server StartServer(const std::string& binary, const std::vector<std::string>& ex
   return testing::StartServerProcess(binary, extra);
 }
 
+
+
+// A training rank's beat (tests/testing/simulated_members.h), as --telemetry says.
+void FillTelemetry(v1::HeartbeatRequest* request) {
+  testing::FillTelemetry(absl::GetFlag(FLAGS_telemetry), request);
+}
+
+// One member's heartbeat stream, beating back to back: the next beat is
+// written once the previous beat's write and reply have both completed. On
+// gRPC's async API over the bench's client queues (ClientQueues): with the
+// callback API every stream's pending read would sit in one process-wide
+// queue, whose cost per event grows with the streams in Debian's libgrpc
+// (shard_server/heartbeat_streams.h), and the client, not the server, would
+// set the rate.
+class Beater {
+ public:
+  // What a queue event names: the beater and which of its operations completed.
+  enum class Step { kStarted, kWritten, kRead, kWritesDone, kFinished };
+  struct Tag {
+    Beater* beater;
+    Step step;
+  };
+
+  Beater(v1::Coordinator::Stub* stub, grpc::CompletionQueue* queue,
+         const v1::MemberCredentials& member, std::atomic<bool>* stop,
+         std::atomic<int64_t>* replies, absl::BlockingCounter* finished)
+      : stop_(stop), replies_(replies), finished_(finished) {
+    *request_.mutable_member() = member;
+    FillTelemetry(&request_);
+    stream_ = stub->PrepareAsyncHeartbeat(&context_, queue);
+    stream_->StartCall(&started_);
+  }
+  // Runs on the beater's queue thread, one event at a time.
+  void Proceed(Step step, bool ok) {
+    switch (step) {
+      case Step::kStarted:
+        if (!ok) return Fail();
+        return Round();
+      case Step::kWritten:
+        return HalfDone(ok);
+      case Step::kRead:
+        if (ok) {
+          if (response_.command() != v1::CONTINUE) bad_commands_++;
+          replies_->fetch_add(1, std::memory_order_relaxed);
+        }
+        return HalfDone(ok);
+      case Step::kWritesDone:
+        return stream_->Finish(&status_, &finished_tag_);
+      case Step::kFinished:
+        finished_->DecrementCount();
+        return;
+    }
+  }
+  int bad_commands() const { return bad_commands_; }
+  const grpc::Status& status() const { return status_; }
+
+ private:
+  void Round() {
+    pending_ = 2;
+    request_.set_step(request_.step() + 1);
+    stream_->Write(request_, &written_);
+    stream_->Read(&response_, &read_);
+  }
+  void HalfDone(bool ok) {
+    failed_ |= !ok;
+    if (--pending_ != 0) return;  // the other half of the round is still out
+    if (failed_) return Fail();
+    if (stop_->load()) return stream_->WritesDone(&writes_done_);
+    Round();
+  }
+  void Fail() { stream_->Finish(&status_, &finished_tag_); }
+
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>>
+      stream_;
+  v1::HeartbeatRequest request_;
+  v1::HeartbeatResponse response_;
+  int pending_ = 0;
+  bool failed_ = false;
+  int bad_commands_ = 0;
+  std::atomic<bool>* stop_;
+  std::atomic<int64_t>* replies_;
+  absl::BlockingCounter* finished_;
+  grpc::Status status_;
+  Tag started_{this, Step::kStarted};
+  Tag written_{this, Step::kWritten};
+  Tag read_{this, Step::kRead};
+  Tag writes_done_{this, Step::kWritesDone};
+  Tag finished_tag_{this, Step::kFinished};
+};
+
+// The client's completion queues, one polling thread each.
+class ClientQueues {
+ public:
+  explicit ClientQueues(int count) {
+    for (int i = 0; i < count; ++i) queues_.push_back(std::make_unique<grpc::CompletionQueue>());
+    for (auto& queue : queues_) {
+      threads_.emplace_back([q = queue.get()] {
+        void* tag = nullptr;
+        bool ok = false;
+        while (q->Next(&tag, &ok)) {
+          auto* event = static_cast<Beater::Tag*>(tag);
+          event->beater->Proceed(event->step, ok);
+        }
+      });
+    }
+  }
+  // REQUIRES: every beater on the queues finished.
+  ~ClientQueues() {
+    for (auto& queue : queues_) queue->Shutdown();
+    for (std::thread& thread : threads_) thread.join();
+  }
+  grpc::CompletionQueue* queue(int i) { return queues_[i % queues_.size()].get(); }
+
+ private:
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
+  std::vector<std::thread> threads_;
+};
+
+
 double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
                      const std::string& job, const Joined& joined, double seconds,
                      pid_t server = -1, double* server_cpu_us_per_beat = nullptr) {
@@ -74,11 +201,12 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
   std::atomic<bool> stop{false};
   std::atomic<int64_t> replies{0};
   absl::BlockingCounter finished(members);
+  ClientQueues queues(absl::GetFlag(FLAGS_client_queues));
   std::vector<std::unique_ptr<Beater>> beaters;
   for (int i = 0; i < members; ++i) {
-    beaters.push_back(std::make_unique<Beater>(
-        stubs[i % stubs.size()].get(), Credentials(job, joined.responses[i]),
-        absl::GetFlag(FLAGS_telemetry), &stop, &replies, &finished));
+    beaters.push_back(std::make_unique<Beater>(stubs[i % stubs.size()].get(), queues.queue(i),
+                                               Credentials(job, joined.responses[i]), &stop,
+                                               &replies, &finished));
   }
   absl::SleepFor(absl::Seconds(1));  // warm-up: every stream open and beating
   int64_t start_count = replies.load();
@@ -109,6 +237,49 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
                  broken, first_broken.c_str());
   }
   return (end_count - start_count) / elapsed;
+}
+
+// GetStatus of one job of W ranks, as `shardctl status` asks for it: the
+// response's size, its JSON (--json) size, the RPC's time and the time to
+// pick the summary's rows (worst ranks, hosts, histograms); medians of 5.
+struct StatusCost {
+  int64_t bytes = 0;
+  int64_t json_bytes = 0;
+  double rpc_seconds = -1;
+  double summary_seconds = -1;
+};
+StatusCost MeasureStatus(v1::Coordinator::Stub* stub, const std::string& job) {
+  StatusCost cost;
+  std::vector<double> rpc, summary;
+  for (int i = 0; i < 5; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    v1::GetStatusRequest request;
+    request.set_job_id(job);
+    v1::GetStatusResponse response;
+    absl::Time start = absl::Now();
+    grpc::Status s = stub->GetStatus(&context, request, &response);
+    rpc.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    if (!s.ok() || response.jobs().empty()) {
+      std::fprintf(stderr, "GetStatus failed: %s\n", s.error_message().c_str());
+      return cost;
+    }
+    start = absl::Now();
+    RankRows rows = SelectRankRows(response.jobs(0), /*rank=*/-1, /*all=*/false);
+    std::string hosts = HostsAndHistograms(response.jobs(0), /*rank=*/-1, /*all=*/false);
+    summary.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    cost.bytes = response.ByteSizeLong();
+    if (i == 0) {
+      std::string json;
+      (void)google::protobuf::util::MessageToJsonString(response, &json);
+      cost.json_bytes = json.size();
+    }
+  }
+  std::sort(rpc.begin(), rpc.end());
+  std::sort(summary.begin(), summary.end());
+  cost.rpc_seconds = rpc[rpc.size() / 2];
+  cost.summary_seconds = summary[summary.size() / 2];
+  return cost;
 }
 
 // A 2-member job; member 1 stops beating; time from its last acknowledged
@@ -167,8 +338,13 @@ int Main() {
   nlohmann::ordered_json result;
   Table table({"MEASURE", "VALUE", "TARGET"});
   {
-    Server server =
-        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=131072"});
+    std::vector<std::string> server_flags = {"--heartbeat_timeout_ms=600000",
+                                             "--max_world_size=131072"};
+    for (absl::string_view flag :
+         absl::StrSplit(absl::GetFlag(FLAGS_server_flags), ',', absl::SkipEmpty())) {
+      server_flags.emplace_back(flag);
+    }
+    Server server = StartServer(binary, server_flags);
     auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
     for (int n : {1024, 4096}) {
       if (!absl::GetFlag(FLAGS_joins)) break;
@@ -203,7 +379,7 @@ int Main() {
     result["heartbeats_per_second"] = rate;
     v1::HeartbeatRequest sample;
     *sample.mutable_member() = Credentials("heartbeats", hb.responses[0]);
-    testing::FillTelemetry(absl::GetFlag(FLAGS_telemetry), &sample);
+    FillTelemetry(&sample);
     result["heartbeat_bytes"] = sample.ByteSizeLong();
     table.AddRow({"heartbeat message", absl::StrCat(sample.ByteSizeLong(), " bytes"), ""});
     table.AddRow({absl::StrCat("heartbeats/s, ", members, " streams"),
@@ -213,6 +389,17 @@ int Main() {
                   absl::StrFormat("%.1f MiB (%.1f KiB per member)", rss_after / 1048576.0,
                                   double(rss_after - rss_before) / members / 1024),
                   ""});
+    StatusCost status = MeasureStatus(stubs[0].get(), "heartbeats");
+    result["get_status_bytes"] = status.bytes;
+    result["get_status_json_bytes"] = status.json_bytes;
+    result["get_status_seconds"] = status.rpc_seconds;
+    result["status_summary_seconds"] = status.summary_seconds;
+    table.AddRow({absl::StrCat("GetStatus, ", members, " ranks"),
+                  absl::StrFormat("%.1f ms, %.1f MB (JSON %.1f MB)", status.rpc_seconds * 1e3,
+                                  status.bytes / 1e6, status.json_bytes / 1e6),
+                  ""});
+    table.AddRow({"  shardctl's summary rows (worst ranks, hosts, histograms)",
+                  absl::StrFormat("%.1f ms", status.summary_seconds * 1e3), ""});
     server.process->Signal(SIGTERM);
     server.process->Wait(absl::Seconds(10));
   }

@@ -109,6 +109,87 @@ TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
   EXPECT_NE(table.find("host63/0"), std::string::npos);
 }
 
+// Lines of `text` that contain `needle`.
+int CountLines(const std::string& text, const std::string& needle) {
+  int count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// A job of more than 64 ranks is summarized (issue #31: 100,000 ranks are not
+// 100,000 rows): its worst 32 ranks, worst hosts and histograms; --rank=R
+// and --all reach every rank, and --json stays whole.
+TEST_F(BinariesTest, ShardctlSummarizesAJobOfMoreThanSixtyFourRanks) {
+  StartServer();
+  auto stub = testing::NewCoordinatorStub(address_);
+  constexpr int kWorld = 100;
+  std::vector<std::thread> threads;
+  std::vector<grpc::Status> statuses(kWorld);
+  std::vector<v1::JoinResponse> responses(kWorld);
+  for (int i = 0; i < kWorld; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext context;
+      testing::PrepareContext(&context, absl::Seconds(30));
+      v1::JoinRequest request;
+      request.set_job_id("big-job");
+      request.set_world_size(kWorld);
+      request.set_worker_id(absl::StrFormat("host%02d/0", i));
+      request.set_host(absl::StrFormat("host%02d", i));
+      statuses[i] = stub->Join(&context, request, &responses[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kWorld; ++i) ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+  // Rank 73 leaves: the worst rank, listed although 32 healthier ranks
+  // have lower numbers.
+  int leaver = -1;
+  for (int i = 0; i < kWorld; ++i) leaver = responses[i].rank() == 73 ? i : leaver;
+  ASSERT_GE(leaver, 0);
+  {
+    grpc::ClientContext context;
+    testing::PrepareContext(&context, absl::Seconds(10));
+    v1::LeaveRequest request;
+    v1::MemberCredentials* m = request.mutable_member();
+    m->set_job_id("big-job");
+    m->set_generation(responses[leaver].generation());
+    m->set_rank(73);
+    m->set_token(responses[leaver].token());
+    v1::LeaveResponse response;
+    ASSERT_TRUE(stub->Leave(&context, request, &response).ok());
+  }
+  const std::string leaver_worker = absl::StrFormat("host%02d/0", leaver);
+
+  auto [code, summary] = Shardctl("status --job=big-job");
+  ASSERT_EQ(code, 0) << summary;
+  EXPECT_NE(summary.find("worst 32 of 100 ranks"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("worst 16 of 100 hosts"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("heartbeat age over ranks:"), std::string::npos) << summary;
+  EXPECT_EQ(CountLines(summary, "/0 "), 32) << summary;  // one row per listed rank
+  EXPECT_NE(summary.find(leaver_worker), std::string::npos) << summary;
+
+  auto [one_code, one] = Shardctl("status --job=big-job --rank=57");
+  ASSERT_EQ(one_code, 0) << one;
+  EXPECT_EQ(CountLines(one, "/0 "), 1) << one;
+  EXPECT_NE(one.find("rank 57 of 100"), std::string::npos) << one;
+
+  auto [all_code, all] = Shardctl("status --job=big-job --all");
+  ASSERT_EQ(all_code, 0) << all;
+  EXPECT_EQ(CountLines(all, "/0 "), kWorld) << all;
+
+  auto [json_code, json] = Shardctl("status --job=big-job --json");
+  ASSERT_EQ(json_code, 0) << json;
+  EXPECT_EQ(nlohmann::json::parse(json)["jobs"][0]["members"].size(),
+            static_cast<size_t>(kWorld));
+
+  auto [top_code, top] = Shardctl("top --job=big-job --top_iterations=1");
+  ASSERT_EQ(top_code, 0) << top;
+  EXPECT_NE(top.find("worst 32 of 100 ranks"), std::string::npos) << top;
+  EXPECT_EQ(CountLines(top, "/0 "), 32) << top;
+  EXPECT_NE(top.find(leaver_worker), std::string::npos) << top;
+}
+
 TEST_F(BinariesTest, ShardctlReportsAWrongTokenAndExitsNonZero) {
   std::string token_dir = testing::MakeTempDir("token");
   testing::WriteSecretFile(token_dir + "/server", "right-token-0123456789\n");

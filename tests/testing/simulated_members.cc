@@ -15,6 +15,7 @@ std::vector<std::unique_ptr<v1::Coordinator::Stub>> MakeStubs(const std::string&
   for (int i = 0; i < count; ++i) {
     grpc::ChannelArguments args;
     args.SetInt("zeroshard.bench.channel", i);
+    args.SetMaxReceiveMessageSize(64 << 20);  // as shardctl's: GetStatus of 32K ranks is 6.6 MB
     stubs.push_back(v1::Coordinator::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
