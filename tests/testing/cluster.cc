@@ -21,8 +21,8 @@ LocalCluster::LocalCluster(const std::string& dir, const std::vector<std::string
   StartServer();
 }
 
-LocalCluster::LocalCluster(ExternalServers servers, const std::string& dir)
-    : dir_(dir), address_(std::move(servers.address)) {
+LocalCluster::LocalCluster(ExternalServers servers, const std::string& dir, HostLayout layout)
+    : dir_(dir), layout_(std::move(layout)), address_(std::move(servers.address)) {
   mkdir(dir_.c_str(), 0755);
   mkdir(checkpoint_root().c_str(), 0755);
 }

@@ -37,7 +37,7 @@ class LocalCluster {
  public:
   // Workers only, for `servers` (no server of its own: server() is null,
   // RestartServer must not be called).
-  LocalCluster(ExternalServers servers, const std::string& dir);
+  LocalCluster(ExternalServers servers, const std::string& dir, HostLayout layout = {});
   // Starts the server (binary from runfiles unless given) with
   // --listen=127.0.0.1:0 (or its host's address), a port file, --state_dir
   // and --checkpoint_root under `dir`, plus `server_flags`. Fails the calling

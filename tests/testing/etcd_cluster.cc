@@ -49,8 +49,21 @@ static std::string EtcdDataDir(const std::string& fallback) {
   return fallback;
 }
 
-EtcdCluster::EtcdCluster(const std::string& dir, int members)
-    : dir_(dir), data_dir_(EtcdDataDir(dir + "/data")) {
+std::string EtcdCluster::Url(int i, int port) const {
+  const std::string host =
+      placement_.hosts == nullptr ? "127.0.0.1" : placement_.hosts->address(placement_.on_hosts[i]);
+  return absl::StrCat("http://", host, ":", port);
+}
+
+std::unique_ptr<ChildProcess> EtcdCluster::Launch(int i, const std::string& binary,
+                                                  const std::vector<std::string>& args,
+                                                  const std::string& log) {
+  if (placement_.hosts == nullptr) return std::make_unique<ChildProcess>(binary, args, log);
+  return placement_.hosts->Start(placement_.on_hosts[i], binary, args, log);
+}
+
+EtcdCluster::EtcdCluster(const std::string& dir, int members, OnHosts placement)
+    : dir_(dir), data_dir_(EtcdDataDir(dir + "/data")), placement_(std::move(placement)) {
   mkdir(dir_.c_str(), 0755);
   if (access(kEtcd, X_OK) != 0) {
     ADD_FAILURE() << kEtcd << " is missing: run tools/install_deps.sh (etcd-server)";
@@ -59,13 +72,14 @@ EtcdCluster::EtcdCluster(const std::string& dir, int members)
   std::vector<int> peer_ports;
   std::vector<std::string> initial;
   for (int i = 0; i < members; ++i) {
-    client_ports_.push_back(FreeLoopbackPort());
-    peer_ports.push_back(FreeLoopbackPort());
-    initial.push_back(absl::StrCat("e", i, "=http://127.0.0.1:", peer_ports[i]));
+    // On an emulated host of its own, etcd's standard ports.
+    client_ports_.push_back(placement_.hosts == nullptr ? FreeLoopbackPort() : 2379);
+    peer_ports.push_back(placement_.hosts == nullptr ? FreeLoopbackPort() : 2380);
+    initial.push_back(absl::StrCat("e", i, "=", Url(i, peer_ports[i])));
   }
   for (int i = 0; i < members; ++i) {
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_ports_[i]);
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports[i]);
+    const std::string client = Url(i, client_ports_[i]);
+    const std::string peer = Url(i, peer_ports[i]);
     std::vector<std::string> args = {
         absl::StrCat("--name=e", i), absl::StrCat("--data-dir=", data_dir_, "/e", i),
         "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
@@ -74,8 +88,7 @@ EtcdCluster::EtcdCluster(const std::string& dir, int members)
         "--initial-cluster-token=" + dir_,
         // Loopback: etcd's own elections within about half a second.
         "--heartbeat-interval=50", "--election-timeout=500", "--log-level=warn"};
-    members_.push_back(
-        std::make_unique<ChildProcess>(kEtcd, args, absl::StrCat(dir_, "/etcd-e", i, ".log")));
+    members_.push_back(Launch(i, kEtcd, args, absl::StrCat(dir_, "/etcd-e", i, ".log")));
   }
   ok_ = WaitFor([&] { return Etcdctl("endpoint health").first == 0; }, absl::Seconds(30));
   if (!ok_) ADD_FAILURE() << "etcd did not become healthy:\n" << members_[0]->Log();
@@ -93,13 +106,25 @@ EtcdCluster::~EtcdCluster() {
 
 std::string EtcdCluster::endpoints() const {
   std::vector<std::string> out;
-  for (int port : client_ports_) out.push_back(absl::StrCat("127.0.0.1:", port));
+  for (int i = 0; i < static_cast<int>(client_ports_.size()); ++i) {
+    out.push_back(std::string(absl::StripPrefix(Url(i, client_ports_[i]), "http://")));
+  }
   return absl::StrJoin(out, ",");
 }
 
 std::pair<int, std::string> EtcdCluster::Etcdctl(const std::string& arguments) const {
-  return RunCommand(absl::StrCat("ETCDCTL_API=3 ", kEtcdctl, " --endpoints=", endpoints(),
-                                 " --command-timeout=2s --dial-timeout=1s ", arguments, " 2>&1"));
+  const std::string command =
+      absl::StrCat("ETCDCTL_API=3 ", kEtcdctl, " --endpoints=", endpoints(),
+                   " --command-timeout=2s --dial-timeout=1s ", arguments, " 2>&1");
+  if (placement_.hosts == nullptr) return RunCommand(command);
+  // The emulated hosts' addresses exist only in their namespaces: ask from
+  // a member's host, the first that answers (a test may have cut one off).
+  std::pair<int, std::string> result = {-1, "no member host"};
+  for (int k : placement_.on_hosts) {
+    result = placement_.hosts->Run(k, command);
+    if (result.first == 0) break;
+  }
+  return result;
 }
 
 std::string EtcdCluster::Get(const std::string& key) const {
@@ -131,21 +156,33 @@ int64_t EtcdCluster::Revision() const {
   return code == 0 ? FieldOf(out, "Revision") : 0;
 }
 
+std::string ReplicatedServers::Host(int index) const {
+  return placement_.hosts == nullptr ? "127.0.0.1"
+                                     : placement_.hosts->address(placement_.on_hosts[index]);
+}
+
+std::unique_ptr<ChildProcess> ReplicatedServers::Launch(int index, const std::string& log) {
+  const std::string binary = RunfilePath("shard_server/shard_server");
+  if (placement_.hosts == nullptr) return std::make_unique<ChildProcess>(binary, args_[index], log);
+  return placement_.hosts->Start(placement_.on_hosts[index], binary, args_[index], log);
+}
+
 ReplicatedServers::ReplicatedServers(const std::string& dir, const std::string& etcd_endpoints,
-                                     const std::vector<std::string>& flags, int count)
-    : dir_(dir) {
+                                     const std::vector<std::string>& flags, int count,
+                                     OnHosts placement)
+    : dir_(dir), placement_(std::move(placement)) {
   mkdir(dir_.c_str(), 0755);
   for (int i = 0; i < count; ++i) {
-    ports_.push_back(FreeLoopbackPort());
-    metrics_ports_.push_back(FreeLoopbackPort());
-    std::vector<std::string> args = {absl::StrCat("--listen=127.0.0.1:", ports_[i]),
-                                     absl::StrCat("--metrics_listen=127.0.0.1:", metrics_ports_[i]),
+    // On an emulated host of its own: fixed ports.
+    ports_.push_back(placement_.hosts == nullptr ? FreeLoopbackPort() : 7070);
+    metrics_ports_.push_back(placement_.hosts == nullptr ? FreeLoopbackPort() : 9090);
+    std::vector<std::string> args = {absl::StrCat("--listen=", Host(i), ":", ports_[i]),
+                                     absl::StrCat("--metrics_listen=", Host(i), ":", metrics_ports_[i]),
                                      "--etcd_endpoints=" + etcd_endpoints,
                                      absl::StrCat("--port_file=", dir_, "/port-", i)};
     args.insert(args.end(), flags.begin(), flags.end());
     args_.push_back(args);
-    servers_.push_back(std::make_unique<ChildProcess>(
-        RunfilePath("shard_server/shard_server"), args, absl::StrCat(dir_, "/server-", i, ".log")));
+    servers_.push_back(Launch(i, absl::StrCat(dir_, "/server-", i, ".log")));
   }
 }
 
@@ -158,11 +195,11 @@ ReplicatedServers::~ReplicatedServers() {
 }
 
 std::string ReplicatedServers::address(int index) const {
-  return absl::StrCat("127.0.0.1:", ports_[index]);
+  return absl::StrCat(Host(index), ":", ports_[index]);
 }
 
 std::string ReplicatedServers::metrics_address(int index) const {
-  return absl::StrCat("127.0.0.1:", metrics_ports_[index]);
+  return absl::StrCat(Host(index), ":", metrics_ports_[index]);
 }
 
 std::string ReplicatedServers::addresses() const {
@@ -192,9 +229,8 @@ int ReplicatedServers::WaitLeader(absl::Duration timeout, int other_than) {
 }
 
 void ReplicatedServers::Restart(int index) {
-  servers_[index] = std::make_unique<ChildProcess>(
-      RunfilePath("shard_server/shard_server"), args_[index],
-      absl::StrCat(dir_, "/server-", index, "-restart", ++restarts_, ".log"));
+  servers_[index] =
+      Launch(index, absl::StrCat(dir_, "/server-", index, "-restart", ++restarts_, ".log"));
 }
 
 }  // namespace zeroshard::testing

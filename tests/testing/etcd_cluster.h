@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "tests/cluster/emulated_hosts.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard::testing {
@@ -17,11 +18,19 @@ namespace zeroshard::testing {
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreeLoopbackPort();
 
+// Where processes run: on loopback (hosts null), or member/server i on
+// emulated host on_hosts[i] (its address, etcd's and the servers' standard
+// ports).
+struct OnHosts {
+  EmulatedHosts* hosts = nullptr;  // not owned
+  std::vector<int> on_hosts;
+};
+
 class EtcdCluster {
  public:
   // Starts `members` etcd processes forming one cluster and waits until it
   // serves (fails the calling test otherwise).
-  explicit EtcdCluster(const std::string& dir, int members = 3);
+  explicit EtcdCluster(const std::string& dir, int members = 3, OnHosts placement = {});
   ~EtcdCluster();
 
   bool ok() const { return ok_; }
@@ -38,8 +47,15 @@ class EtcdCluster {
   int64_t ModRevision(const std::string& key) const;
 
  private:
+  // "http://HOST:PORT" of member i's client or peer side.
+  std::string Url(int i, int port) const;
+  std::unique_ptr<ChildProcess> Launch(int i, const std::string& binary,
+                                       const std::vector<std::string>& args,
+                                       const std::string& log);
+
   std::string dir_;       // logs
   std::string data_dir_;  // the members' data (removed on destruction)
+  OnHosts placement_;
   std::vector<int> client_ports_;
   std::vector<std::unique_ptr<ChildProcess>> members_;
   bool ok_ = false;
@@ -50,7 +66,8 @@ class EtcdCluster {
 class ReplicatedServers {
  public:
   ReplicatedServers(const std::string& dir, const std::string& etcd_endpoints,
-                    const std::vector<std::string>& flags, int count = 3);
+                    const std::vector<std::string>& flags, int count = 3,
+                    OnHosts placement = {});
   ~ReplicatedServers();
 
   // Every server's address, comma-separated: what clients are given.
@@ -71,7 +88,11 @@ class ReplicatedServers {
   std::string Log(int index) const { return servers_[index]->Log(); }
 
  private:
+  std::string Host(int index) const;
+  std::unique_ptr<ChildProcess> Launch(int index, const std::string& log);
+
   std::string dir_;
+  OnHosts placement_;
   std::vector<int> ports_;
   std::vector<int> metrics_ports_;
   std::vector<std::vector<std::string>> args_;

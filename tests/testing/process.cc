@@ -131,8 +131,9 @@ std::vector<int> ListeningPorts(pid_t pid) {
     closedir(dir);
   }
   std::vector<int> ports;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
+  // The process's own network namespace's tables (an emulated host's).
+  for (const char* table : {"tcp", "tcp6"}) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/net/", table));
     std::string line;
     std::getline(in, line);  // the header
     while (std::getline(in, line)) {

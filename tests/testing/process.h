@@ -55,7 +55,8 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout);
 int64_t ProcStatusBytes(pid_t pid, const std::string& field);
 
 // The TCP ports (IPv4 and IPv6) process `pid` listens on, from /proc (its
-// sockets' inodes against /proc/net/tcp{,6} in this network namespace).
+// sockets' inodes against /proc/<pid>/net/tcp{,6}: its own network
+// namespace's, an emulated host's included).
 std::vector<int> ListeningPorts(pid_t pid);
 
 // A fresh directory under TEST_TMPDIR (or /tmp).
