@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/file_util.h"
@@ -264,9 +265,15 @@ absl::Status Client::AwaitConnection(absl::Time until) {
   // backup poller ran: workers waiting in a join barrier when the leader
   // died took 7-25 s to reach a new leader that had served for 2 s.
   if (channel_->WaitForConnected(absl::ToChronoTime(until))) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat("no server of ", options_.server, " accepts a connection (channel ",
-                   ChannelStateName(channel_->GetState(/*try_to_connect=*/true)), ")"));
+  // Several servers: a replicated control plane, where only the leader
+  // listens and a server that cannot reach an etcd quorum stops listening.
+  const bool replicated = absl::StrContains(options_.server, ',');
+  return absl::UnavailableError(absl::StrCat(
+      "no server of ", options_.server, " accepts a connection (channel ",
+      ChannelStateName(channel_->GetState(/*try_to_connect=*/true)), ")",
+      replicated ? "; none leads: is a quorum of their etcd members up? (each server's "
+                   "/metrics says why it does not lead: zeroshard_control_plane_etcd_session)"
+                 : ""));
 }
 
 void Client::ReportProgress(const Progress& progress) {

@@ -208,6 +208,20 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
   EXPECT_TRUE(
       testing::WaitFor([&] { return LoggedSteps(workers_) > logged + 10; }, absl::Seconds(30)));
   EXPECT_LT(servers_.Leader(), 0) << "etcd has no quorum, yet a server leads";
+  // A write meanwhile (a new job's join) is refused, saying where to look.
+  {
+    ClientOptions options;
+    options.server = servers_.addresses();
+    options.rpc_timeout = absl::Seconds(2);
+    auto late = Client::Connect(options);
+    ASSERT_TRUE(late.ok()) << late.status();
+    absl::StatusOr<JoinInfo> refused =
+        (*late)->Join("during-outage", 1, "x0", "127.0.0.1", absl::Seconds(2));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+    EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                  "is a quorum of their etcd members up?"))
+        << refused.status();
+  }
   // The stepped-down leader's metrics port says it follows and why it
   // cannot lead.
   std::string metrics;
