@@ -565,6 +565,10 @@ absl::StatusOr<int64_t> Client::StoreNumKeys() {
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_id) {
   v1::GetStatusRequest request;
   request.set_job_id(job_id);
+  return GetStatus(request);
+}
+
+absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const v1::GetStatusRequest& request) {
   return Call(&v1::Coordinator::Stub::GetStatus, request, options_.rpc_timeout);
 }
 

@@ -159,6 +159,9 @@ class Client {
   absl::StatusOr<int64_t> StoreNumKeys();
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
+  // With a view of large jobs (GetStatusRequest.max_members: their summary
+  // and worst ranks instead of every member, and rank or host look-ups).
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(const v1::GetStatusRequest& request);
   // The job's per-step history as the server keeps it (`rank` -1: all).
   absl::StatusOr<v1::GetHistoryResponse> GetHistory(const std::string& job_id, int rank = -1);
   // As a member (after Join): the job generation's plan. Before any Join: a

@@ -29,7 +29,8 @@
 ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
 ABSL_FLAG(std::string, job, "", "Job id (status, top: empty shows every job)");
 ABSL_FLAG(bool, json, false,
-          "Print JSON for programs instead of tables (status: every rank of every job, always)");
+          "Print JSON for programs instead of tables (status: what the table shows, with a large "
+          "job's summary; --all: every rank of every job)");
 ABSL_FLAG(bool, all, false,
           "status, top: list every rank (a job of more than 64 ranks shows its worst 32, its worst "
           "hosts and histograms)");
@@ -106,7 +107,10 @@ void PrintCheckpointFailure(Client& client, const std::string& job) {
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
-  absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(absl::GetFlag(FLAGS_job));
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const std::string host = absl::GetFlag(FLAGS_host);
+  absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(
+      StatusRequest(absl::GetFlag(FLAGS_job), rank, host, absl::GetFlag(FLAGS_all)));
   if (!status.ok()) return Fail(status.status());
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", ProtoJson(*status).c_str());
@@ -119,10 +123,9 @@ int StatusCommand() {
   }
   Table jobs({"JOB", "STATE", "GENERATION", "WORLD", "JOINED", "ALIVE", "PLAN"});
   for (const v1::JobStatus& job : status->jobs()) {
-    int alive = 0;
-    for (const auto& m : job.members()) alive += m.alive() && m.rank() >= 0;
     jobs.AddRow({job.job_id(), v1::JobState_Name(job.state()), absl::StrCat(job.generation()),
-                 absl::StrCat(job.world_size()), absl::StrCat(job.joined()), absl::StrCat(alive),
+                 absl::StrCat(job.world_size()), absl::StrCat(job.joined()),
+                 absl::StrCat(AliveRanks(job)),
                  job.plan_hash().empty() ? "-" : job.plan_hash()});
   }
   std::printf("%s", jobs.ToString().c_str());
@@ -130,10 +133,8 @@ int StatusCommand() {
     if (job.members().empty()) continue;
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
-    const int rank = absl::GetFlag(FLAGS_rank);
-    const bool all = absl::GetFlag(FLAGS_all);
-    std::printf("%s", HostsAndHistograms(job, rank, all).c_str());
-    const RankRows rows = SelectRankRows(job, rank, all);
+    std::printf("%s", HostsAndHistograms(job, rank, host).c_str());
+    const RankRows rows = SelectRankRows(job, rank, host);
     if (!rows.caption.empty()) std::printf("%s\n", rows.caption.c_str());
     Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "STEP TIME",
                    "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "IN COLLECTIVE", "REJOINS",
@@ -201,13 +202,13 @@ int main(int argc, char** argv) {
       "zeroshard command line.\n\n"
       "  shardctl [--server=HOST:PORT] [--token_file=F] [TLS flags] COMMAND [flags]\n\n"
       "Commands:\n"
-      "  status [--job=ID] [--rank=R|--all] [--json]  jobs, generations and members\n"
+      "  status [--job=ID] [--rank=R|--host=H|--all] [--json]  jobs, generations and members\n"
       "  spec --model=mlp|gpt2 ... [--preset=124M] print a model spec (JSON)\n"
       "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
       "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
-      "  top [--job=ID] [--rank=R|--all]         live view of jobs and ranks (q quits)\n"
+      "  top [--job=ID] [--rank=R|--host=H|--all]  live view of jobs and ranks (q quits)\n"
       "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const char* commands = "status, spec, plan, checkpoints, consolidate, history, top, job";

@@ -17,6 +17,7 @@ ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(int, rank);  // shardctl_observe.cc
 ABSL_DECLARE_FLAG(bool, all);
+ABSL_DECLARE_FLAG(std::string, host);  // shardctl_observe.cc
 
 namespace zeroshard {
 

@@ -25,6 +25,8 @@
 ABSL_FLAG(bool, csv, false, "history: print CSV");
 ABSL_FLAG(int, rank, -1,
           "history, status, top: only this rank (-1: every rank, or a large job's worst)");
+ABSL_FLAG(std::string, host, "",
+          "status, top: only this host's ranks (a job of more than 64 ranks: look them up)");
 ABSL_FLAG(int, top_iterations, 0, "top: refresh this many times, then exit (0: until q or Ctrl-C)");
 ABSL_FLAG(absl::Duration, top_interval, absl::Seconds(1), "top: time between refreshes");
 
@@ -87,9 +89,7 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
         if (c.complete()) latest = absl::StrCat("step ", c.step(), " (", c.verification(), ")");
       }
     }
-    int alive = 0;
-    for (const v1::MemberStatus& m : job.members())
-      alive += m.rank() >= 0 && m.alive() && !m.left();
+    const int alive = AliveRanks(job);
     absl::StrAppend(&out, "\n", bold, "job ", job.job_id(), reset, "  ",
                     v1::JobState_Name(job.state()), "  generation ", job.generation(),
                     "  recoveries ", std::max(0, job.history_size() - 1), "  ranks ", alive, "/",
@@ -100,9 +100,9 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
                       straggler ? "STRAGGLER: " : "HANG: ", d.message(), reset, "\n");
     }
     const int rank = absl::GetFlag(FLAGS_rank);
-    const bool all = absl::GetFlag(FLAGS_all);
-    absl::StrAppend(&out, HostsAndHistograms(job, rank, all));
-    const RankRows rows = SelectRankRows(job, rank, all);
+    const std::string host = absl::GetFlag(FLAGS_host);
+    absl::StrAppend(&out, HostsAndHistograms(job, rank, host));
+    const RankRows rows = SelectRankRows(job, rank, host);
     if (!rows.caption.empty()) absl::StrAppend(&out, rows.caption, "\n");
     Table table({"RANK", "WORKER", "STEP", "STEP TIME", "LOSS", "ITEMS/S", "MEMORY",
                  "WAIT GATHER/REDUCE", "LAG", "HEARTBEAT", "FLAGS"});
@@ -192,7 +192,9 @@ int TopCommand() {
   if (tty) std::printf("\033[?1049h");  // the alternate screen: the shell's comes back on exit
   int status_code = 0;
   for (int i = 0; (iterations == 0 || i < iterations) && !interrupted; ++i) {
-    absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(absl::GetFlag(FLAGS_job));
+    absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(
+        StatusRequest(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_rank),
+                      absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_all)));
     std::string screen = status.ok()
                              ? Render(**client, *status, tty)
                              : absl::StrCat("shardctl top: ", status.status().ToString(), "\n");

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "shard_server/bearer_auth.h"
 #include "shard_server/grpc_status.h"
+#include "shard_server/observability/rank_views.h"
 
 namespace zeroshard {
 namespace {
@@ -278,6 +279,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
     job.set_plan_hash(plans_->PlanHash(job.job_id()));
   }
   if (diagnosis_ != nullptr) diagnosis_->Annotate(response);
+  SummarizeLargeJobs(*request, response);
   if (control_plane_) control_plane_(response->mutable_control_plane());
   if (!job.empty() && response->jobs().empty()) {
     return FinishNow(context,

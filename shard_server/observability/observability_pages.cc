@@ -5,7 +5,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
+#include "shard_server/observability/rank_views.h"
 
 // The dashboard, compiled in (dashboard.html through a genrule).
 extern const char kDashboardHtml[];
@@ -33,6 +35,42 @@ v1::GetStatusResponse AnnotatedStatus(const ObservabilitySources& s, const std::
   if (s.diagnosis != nullptr) s.diagnosis->Annotate(&status);
   if (s.control_plane) s.control_plane(status.mutable_control_plane());
   return status;
+}
+
+// /api/status's view of large jobs, as GetStatusRequest has it:
+// ?max_members=N&worst_ranks=N&worst_hosts=N&rank=R,R&host=H,H.
+absl::StatusOr<v1::GetStatusRequest> StatusViewOf(const std::map<std::string, std::string>& query) {
+  v1::GetStatusRequest view;
+  const std::pair<const char*, void (v1::GetStatusRequest::*)(int32_t)> counts[] = {
+      {"max_members", &v1::GetStatusRequest::set_max_members},
+      {"worst_ranks", &v1::GetStatusRequest::set_worst_ranks},
+      {"worst_hosts", &v1::GetStatusRequest::set_worst_hosts}};
+  for (const auto& [name, set] : counts) {
+    auto it = query.find(name);
+    if (it == query.end()) continue;
+    int value = 0;
+    if (!absl::SimpleAtoi(it->second, &value) || value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("/api/status?", name, "=", it->second,
+                                                     ": expected a count >= 0"));
+    }
+    (view.*set)(value);
+  }
+  if (auto it = query.find("rank"); it != query.end()) {
+    for (absl::string_view text : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
+      int rank = 0;
+      if (!absl::SimpleAtoi(text, &rank) || rank < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "/api/status?rank=", it->second, ": expected ranks >= 0, comma-separated"));
+      }
+      view.add_ranks(rank);
+    }
+  }
+  if (auto it = query.find("host"); it != query.end()) {
+    for (absl::string_view host : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
+      view.add_hosts(std::string(host));
+    }
+  }
+  return view;
 }
 
 }  // namespace
@@ -82,8 +120,11 @@ std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& s
                 },
                 /*needs_token=*/false};
   pages["/api/status"].render = [s](const std::map<std::string, std::string>& query) {
+    absl::StatusOr<v1::GetStatusRequest> view = StatusViewOf(query);
+    if (!view.ok()) return Failure(400, view.status());
     auto job = query.find("job");
     v1::GetStatusResponse status = AnnotatedStatus(s, job == query.end() ? "" : job->second);
+    SummarizeLargeJobs(*view, &status);
     v1::ListCheckpointsResponse checkpoints;
     if (s.checkpoints != nullptr && job != query.end() && !job->second.empty()) {
       absl::StatusOr<v1::ListCheckpointsResponse> listed = s.checkpoints->List(job->second);
@@ -97,9 +138,24 @@ std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& s
     if (job == query.end() || job->second.empty()) {
       return Failure(400, absl::InvalidArgumentError("/api/history needs ?job=ID"));
     }
+    // ?rank=R,R: those ranks only (a large job's history is every rank's).
+    std::vector<int> ranks;
+    if (auto rank = query.find("rank"); rank != query.end()) {
+      for (absl::string_view text : absl::StrSplit(rank->second, ',', absl::SkipEmpty())) {
+        int r = 0;
+        if (!absl::SimpleAtoi(text, &r) || r < 0) {
+          return Failure(400, absl::InvalidArgumentError(absl::StrCat(
+                                  "/api/history?rank=", rank->second,
+                                  ": expected ranks >= 0, comma-separated")));
+        }
+        ranks.push_back(r);
+      }
+    }
+    if (ranks.empty()) ranks.push_back(-1);  // every rank
     v1::GetHistoryResponse response;
-    if (s.history != nullptr) {
-      absl::StatusOr<std::vector<v1::HistoryPoint>> points = s.history->Points(job->second);
+    for (int rank : ranks) {
+      if (s.history == nullptr) break;
+      absl::StatusOr<std::vector<v1::HistoryPoint>> points = s.history->Points(job->second, rank);
       if (!points.ok()) return Failure(500, points.status());
       for (v1::HistoryPoint& p : *points) *response.add_points() = std::move(p);
     }

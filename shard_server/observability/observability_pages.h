@@ -2,7 +2,10 @@
 //   /metrics      Prometheus text (server, jobs, ranks)     token
 //   /             the dashboard (static HTML, JS and CSS)   no token: it holds no data
 //   /api/status   jobs, members, diagnoses, checkpoints     token
+//                 (?max_members=N: a larger job's summary and worst ranks,
+//                 &rank=R,R / &host=H,H look ranks up; GetStatusRequest)
 //   /api/history  ?job=ID: the job's per-step history       token
+//                 (&rank=R,R: those ranks')
 #ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_PAGES_H_
 #define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_PAGES_H_
 

@@ -2,7 +2,9 @@
 // job of 100,000 ranks): its worst ranks, one summary per host, and
 // histograms over the ranks. /metrics uses them above
 // MetricsView::max_rank_series ranks; every rank stays reachable on request
-// (/metrics?all=1, /metrics?job=J&rank=R).
+// (/metrics?all=1, /metrics?job=J&rank=R). GetStatus and /api/status send
+// them instead of every member when asked (GetStatusRequest.max_members;
+// SummarizeLargeJobs).
 #ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_RANK_VIEWS_H_
 #define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_RANK_VIEWS_H_
 
@@ -45,6 +47,33 @@ struct RankHistogram {
   void Add(double value);
 };
 RankHistogram MakeRankHistogram(std::vector<double> bounds);
+
+// The histograms every view draws over a job's alive ranks, one definition
+// for /metrics (zeroshard_job_rank_<name>) and GetStatus (JobSummary).
+struct RankHistogramSpec {
+  const char* name;  // "heartbeat_age_seconds"
+  const char* help;
+  std::vector<double> bounds;
+  double (*value)(const v1::MemberStatus&);  // < 0: none yet
+};
+const std::vector<RankHistogramSpec>& RankHistogramSpecs();
+// `spec` over the ranks of `job` that are alive and not left.
+RankHistogram HistogramOverRanks(const v1::JobStatus& job, const RankHistogramSpec& spec);
+
+// `hosts` with the `n` worst first (most ranks down, then stragglers, oldest
+// heartbeat, slowest step), cut to `n`.
+void KeepWorstHosts(std::vector<HostSummary>* hosts, int n);
+
+// Defaults of GetStatusRequest's summary fields (0 there).
+inline constexpr int kDefaultWorstRanks = 32;
+inline constexpr int kDefaultWorstHosts = 16;
+
+// Applies `request`'s view to `status` (annotated already: the worst ranks
+// need the straggler and hang flags): each job of more than
+// request.max_members() members gets a JobSummary, and its members become
+// its worst ranks, worst first, then the ranks and hosts `request` looks up,
+// by rank. max_members 0: nothing changes. O(W log n) per job.
+void SummarizeLargeJobs(const v1::GetStatusRequest& request, v1::GetStatusResponse* status);
 
 }  // namespace zeroshard
 

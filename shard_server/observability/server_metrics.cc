@@ -389,47 +389,20 @@ void WriteHostFamilies(const v1::GetStatusResponse& status,
 // Histograms over each job's ranks (label job).
 void WriteRankHistograms(const v1::GetStatusResponse& status,
                          const std::vector<std::string>& job_labels, std::string* out) {
-  struct Spec {
-    const char* name;
-    const char* help;
-    std::vector<double> bounds;
-    std::function<double(const v1::MemberStatus&)> value;  // < 0: none yet
-  };
-  const std::vector<Spec> specs = {
-      {"zeroshard_job_rank_step_seconds", "The ranks' last step times.",
-       {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
-       [](const v1::MemberStatus& m) {
-         return m.last_step().step_ms() > 0 ? m.last_step().step_ms() / 1e3 : -1.0;
-       }},
-      {"zeroshard_job_rank_heartbeat_age_seconds", "Time since each rank's last heartbeat.",
-       {0.25, 0.5, 1, 2, 3, 5, 10, 30, 60},
-       [](const v1::MemberStatus& m) {
-         return m.last_heartbeat_age_ms() < 0 ? -1.0 : m.last_heartbeat_age_ms() / 1e3;
-       }},
-      {"zeroshard_job_rank_arrival_lag_median_seconds",
-       "The ranks' median arrival lag at each step's first collective (last 20 steps).",
-       {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5},
-       [](const v1::MemberStatus& m) {
-         const double median = m.telemetry().arrival_lag_median_ms();
-         return median < 0 ? -1.0 : median / 1e3;
-       }},
-  };
-  for (const Spec& spec : specs) {
-    Family(out, spec.name, "histogram", spec.help);
+  for (const RankHistogramSpec& spec : RankHistogramSpecs()) {
+    const std::string name = absl::StrCat("zeroshard_job_rank_", spec.name);
+    Family(out, name.c_str(), "histogram", spec.help);
     for (int j = 0; j < status.jobs_size(); ++j) {
-      RankHistogram h = MakeRankHistogram(spec.bounds);
-      for (const v1::MemberStatus& m : status.jobs(j).members()) {
-        if (m.rank() >= 0 && m.alive() && !m.left()) h.Add(spec.value(m));
-      }
+      const RankHistogram h = HistogramOverRanks(status.jobs(j), spec);
       int64_t cumulative = 0;
       for (size_t b = 0; b <= h.bounds.size(); ++b) {
         cumulative += h.counts[b];
-        absl::StrAppend(out, spec.name, "_bucket{", job_labels[j], ",le=\"",
+        absl::StrAppend(out, name, "_bucket{", job_labels[j], ",le=\"",
                         b < h.bounds.size() ? Num(h.bounds[b]) : "+Inf", "\"} ", cumulative,
                         "\n");
       }
-      absl::StrAppend(out, spec.name, "_sum{", job_labels[j], "} ", h.sum, "\n");
-      absl::StrAppend(out, spec.name, "_count{", job_labels[j], "} ", h.count, "\n");
+      absl::StrAppend(out, name, "_sum{", job_labels[j], "} ", h.sum, "\n");
+      absl::StrAppend(out, name, "_count{", job_labels[j], "} ", h.count, "\n");
     }
   }
 }

@@ -45,6 +45,8 @@ ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from ru
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(int, members, 4096, "Members for the heartbeat-rate run");
 ABSL_FLAG(double, heartbeat_seconds, 5.0, "Length of the heartbeat-rate measurement");
+ABSL_FLAG(int, ranks_per_host, 8,
+          "Simulated members per host name (the host summaries of GetStatus and /metrics)");
 ABSL_FLAG(int, channels, 16, "Client connections the simulated members share");
 ABSL_FLAG(int, client_queues, 16,
           "Completion queues (one thread each) the simulated members' streams are spread over");
@@ -239,35 +241,29 @@ double HeartbeatRate(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs,
   return (end_count - start_count) / elapsed;
 }
 
-// GetStatus of one job of W ranks, as `shardctl status` asks for it: the
-// response's size, its JSON (--json) size, the RPC's time and the time to
-// pick the summary's rows (worst ranks, hosts, histograms); medians of 5.
+// GetStatus of one job of W ranks: the response's size, its JSON (--json)
+// size and the RPC's time, medians of 5. `view`: every member (max_members
+// 0, `shardctl status --all`) or shardctl's summary (its worst ranks, hosts
+// and histograms; rank_rows.h).
 struct StatusCost {
   int64_t bytes = 0;
   int64_t json_bytes = 0;
   double rpc_seconds = -1;
-  double summary_seconds = -1;
 };
-StatusCost MeasureStatus(v1::Coordinator::Stub* stub, const std::string& job) {
+StatusCost MeasureStatus(v1::Coordinator::Stub* stub, const v1::GetStatusRequest& view) {
   StatusCost cost;
-  std::vector<double> rpc, summary;
+  std::vector<double> rpc;
   for (int i = 0; i < 5; ++i) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    v1::GetStatusRequest request;
-    request.set_job_id(job);
     v1::GetStatusResponse response;
     absl::Time start = absl::Now();
-    grpc::Status s = stub->GetStatus(&context, request, &response);
+    grpc::Status s = stub->GetStatus(&context, view, &response);
     rpc.push_back(absl::ToDoubleSeconds(absl::Now() - start));
     if (!s.ok() || response.jobs().empty()) {
       std::fprintf(stderr, "GetStatus failed: %s\n", s.error_message().c_str());
       return cost;
     }
-    start = absl::Now();
-    RankRows rows = SelectRankRows(response.jobs(0), /*rank=*/-1, /*all=*/false);
-    std::string hosts = HostsAndHistograms(response.jobs(0), /*rank=*/-1, /*all=*/false);
-    summary.push_back(absl::ToDoubleSeconds(absl::Now() - start));
     cost.bytes = response.ByteSizeLong();
     if (i == 0) {
       std::string json;
@@ -276,9 +272,7 @@ StatusCost MeasureStatus(v1::Coordinator::Stub* stub, const std::string& job) {
     }
   }
   std::sort(rpc.begin(), rpc.end());
-  std::sort(summary.begin(), summary.end());
   cost.rpc_seconds = rpc[rpc.size() / 2];
-  cost.summary_seconds = summary[summary.size() / 2];
   return cost;
 }
 
@@ -365,7 +359,8 @@ int Main() {
     }
     int members = absl::GetFlag(FLAGS_members);
     const int64_t rss_before = RssBytes(server.process->pid());
-    Joined hb = JoinAll(stubs, "heartbeats", members);
+    Joined hb = JoinAll(stubs, "heartbeats", members, /*member_table=*/false,
+                        absl::GetFlag(FLAGS_ranks_per_host));
     double cpu_us = -1;
     double rate = HeartbeatRate(stubs, "heartbeats", hb, absl::GetFlag(FLAGS_heartbeat_seconds),
                                 server.process->pid(), &cpu_us);
@@ -389,17 +384,19 @@ int Main() {
                   absl::StrFormat("%.1f MiB (%.1f KiB per member)", rss_after / 1048576.0,
                                   double(rss_after - rss_before) / members / 1024),
                   ""});
-    StatusCost status = MeasureStatus(stubs[0].get(), "heartbeats");
-    result["get_status_bytes"] = status.bytes;
-    result["get_status_json_bytes"] = status.json_bytes;
-    result["get_status_seconds"] = status.rpc_seconds;
-    result["status_summary_seconds"] = status.summary_seconds;
-    table.AddRow({absl::StrCat("GetStatus, ", members, " ranks"),
-                  absl::StrFormat("%.1f ms, %.1f MB (JSON %.1f MB)", status.rpc_seconds * 1e3,
-                                  status.bytes / 1e6, status.json_bytes / 1e6),
-                  ""});
-    table.AddRow({"  shardctl's summary rows (worst ranks, hosts, histograms)",
-                  absl::StrFormat("%.1f ms", status.summary_seconds * 1e3), ""});
+    for (const bool all : {true, false}) {
+      const StatusCost status = MeasureStatus(
+          stubs[0].get(), StatusRequest("heartbeats", /*rank=*/-1, /*host=*/"", all));
+      const char* key = all ? "get_status" : "get_status_summary";
+      result[absl::StrCat(key, "_bytes")] = status.bytes;
+      result[absl::StrCat(key, "_json_bytes")] = status.json_bytes;
+      result[absl::StrCat(key, "_seconds")] = status.rpc_seconds;
+      table.AddRow({absl::StrCat(all ? "GetStatus, every one of " : "GetStatus summary of ",
+                                 members, " ranks"),
+                    absl::StrFormat("%.1f ms, %.3f MB (JSON %.3f MB)", status.rpc_seconds * 1e3,
+                                    status.bytes / 1e6, status.json_bytes / 1e6),
+                    ""});
+    }
     server.process->Signal(SIGTERM);
     server.process->Wait(absl::Seconds(10));
   }
@@ -408,7 +405,8 @@ int Main() {
     // telemetry: the time curl measures for the whole response (median of 9).
     std::string dir = testing::MakeTempDir("cpbench-metrics");
     Server server =
-        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--metrics_listen=127.0.0.1:0",
+        StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=131072",
+                             "--metrics_listen=127.0.0.1:0",
                              "--metrics_port_file=" + dir + "/mport"});
     std::string mport;
     testing::WaitFor(
@@ -419,7 +417,8 @@ int Main() {
         absl::Seconds(10));
     auto stubs = MakeStubs(server.address, absl::GetFlag(FLAGS_channels));
     int members = absl::GetFlag(FLAGS_members);
-    Joined joined = JoinAll(stubs, "metrics", members);
+    Joined joined = JoinAll(stubs, "metrics", members, /*member_table=*/false,
+                            absl::GetFlag(FLAGS_ranks_per_host));
     HeartbeatRate(stubs, "metrics", joined, 1.0);  // every member has beaten
     std::vector<double> times;
     int64_t bytes = 0;

@@ -3,8 +3,10 @@
 // streams go through go the same way through agents: a rank killed (the
 // launcher restarts it; its agent reports the death at once) and a worker
 // host cut off silently and healed (its agent goes silent with it; its ranks
-// are declared dead by the timeout). The job keeps W = 4, so its final
-// parameters equal the uninterrupted run's (direct streams) bitwise.
+// are declared dead by the timeout), then a rank and its buddy killed at once
+// (two agents report a death each; the snapshot is lost with the buddy, so
+// the job falls back to its disk checkpoint). The job keeps W = 4, so its
+// final parameters equal the uninterrupted run's (direct streams) bitwise.
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -68,15 +70,17 @@ class AgentTest : public AcrossHostsTest {
   std::vector<std::unique_ptr<ChildProcess>> agents_;
 };
 
-constexpr int kSteps = 80;
+constexpr int kSteps = 120;
 
-TEST_F(AgentTest, AKilledRankAndACutHostRecoverThroughAgentsAsThroughDirectStreams) {
+TEST_F(AgentTest, KilledRanksAndACutHostRecoverThroughAgentsAsThroughDirectStreams) {
   ASSERT_TRUE(StartCluster());
   const Params reference = Reference(kSteps);  // direct streams, uninterrupted
   ASSERT_FALSE(reference.empty());
   ASSERT_TRUE(StartAgents());
-  cluster_->StartWorkers("via-agents", 4, Flags(Recoverable(kSteps, {"--collective_timeout=4s"})),
-                         AgentFlags());
+  cluster_->StartWorkers(
+      "via-agents", 4,
+      Flags(Recoverable(kSteps, {"--collective_timeout=4s", "--checkpoint_every=20"})),
+      AgentFlags());
 
   // A rank killed: its agent reports its stream closed, the server declares
   // it dead, the launcher's restart joins through the agent.
@@ -94,7 +98,7 @@ TEST_F(AgentTest, AKilledRankAndACutHostRecoverThroughAgentsAsThroughDirectStrea
 
   // Host 2 cut off (its agent and ranks silent) until the server declared
   // its ranks dead, then healed.
-  ASSERT_LT(LatestStep(), kSteps - 30) << "the faults ran into the end of training";
+  ASSERT_LT(LatestStep(), kSteps - 70) << "the faults ran into the end of training";
   const absl::Time cut = absl::Now();
   ASSERT_TRUE(hosts_->CutOff(2).ok());
   const bool detected = WaitFor(
@@ -109,7 +113,28 @@ TEST_F(AgentTest, AKilledRankAndACutHostRecoverThroughAgentsAsThroughDirectStrea
   std::fprintf(stderr, "host 2 cut: w2, w3 declared dead %.1f s, %.1f s later\n",
                absl::ToDoubleSeconds(dead["w2"] - cut), absl::ToDoubleSeconds(dead["w3"] - cut));
 
+  // Rank 1 and its buddy rank 3 (on the other host: shift 2) killed at once
+  // after a disk checkpoint: rank 1's snapshot went with rank 3, so the job
+  // restores the checkpoint (recovery_test's direct-stream case, via agents).
+  ASSERT_TRUE(WaitForStep(LatestStep() + 3)) << cluster_->WorkerLog(0);
+  const int checkpointed = (LatestStep() / 20 + 1) * 20;
+  ASSERT_LT(checkpointed, kSteps - 15) << "the faults ran into the end of training";
+  ASSERT_TRUE(WaitForStep(checkpointed + 2)) << cluster_->WorkerLog(0);
+  const absl::Time pair_killed = absl::Now();
+  cluster_->worker(1)->Signal(SIGKILL);
+  cluster_->worker(3)->Signal(SIGKILL);
+  cluster_->RestartWorker(1);
+  cluster_->RestartWorker(3);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::map<std::string, absl::Time> dead = ServerEvents("member_dead", pair_killed);
+        return dead.count("w1") == 1 && dead.count("w3") == 1;
+      },
+      absl::Seconds(30)))
+      << cluster_->server()->Log();
+
   EXPECT_TRUE(AllExitZero(absl::Seconds(90)));
+  EXPECT_NE(cluster_->WorkerLog(0).find("from disk"), std::string::npos) << cluster_->WorkerLog(0);
   const std::string server_log = cluster_->server()->Log();
   EXPECT_NE(server_log.find("event=agent_stream_opened node=\"host1 "), std::string::npos)
       << server_log;

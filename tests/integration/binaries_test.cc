@@ -118,9 +118,10 @@ int CountLines(const std::string& text, const std::string& needle) {
   return count;
 }
 
-// A job of more than 64 ranks is summarized (issue #31: 100,000 ranks are not
-// 100,000 rows): its worst 32 ranks, worst hosts and histograms; --rank=R
-// and --all reach every rank, and --json stays whole.
+// A job of more than 64 ranks is summarized by the server (issue #31:
+// 100,000 ranks are not 100,000 rows, nor a 20 MB reply per refresh): its
+// worst 32 ranks, worst hosts and histograms; --rank=R, --host=H and --all
+// reach every rank, and --json is the same view (--all --json: whole).
 TEST_F(BinariesTest, ShardctlSummarizesAJobOfMoreThanSixtyFourRanks) {
   StartServer();
   auto stub = testing::NewCoordinatorStub(address_);
@@ -174,13 +175,27 @@ TEST_F(BinariesTest, ShardctlSummarizesAJobOfMoreThanSixtyFourRanks) {
   EXPECT_EQ(CountLines(one, "/0 "), 1) << one;
   EXPECT_NE(one.find("rank 57 of 100"), std::string::npos) << one;
 
+  auto [host_code, host] = Shardctl("status --job=big-job --host=host07");
+  ASSERT_EQ(host_code, 0) << host;
+  EXPECT_EQ(CountLines(host, "host07/0 "), 1) << host;
+  EXPECT_EQ(CountLines(host, "/0 "), 1) << host;
+  EXPECT_NE(host.find("host host07: 1 of 100 ranks"), std::string::npos) << host;
+
   auto [all_code, all] = Shardctl("status --job=big-job --all");
   ASSERT_EQ(all_code, 0) << all;
   EXPECT_EQ(CountLines(all, "/0 "), kWorld) << all;
 
   auto [json_code, json] = Shardctl("status --job=big-job --json");
   ASSERT_EQ(json_code, 0) << json;
-  EXPECT_EQ(nlohmann::json::parse(json)["jobs"][0]["members"].size(),
+  const nlohmann::json summarized = nlohmann::json::parse(json)["jobs"][0];
+  EXPECT_EQ(summarized["members"].size(), 32u) << json;
+  EXPECT_EQ(summarized["summary"]["ranks"], kWorld) << json;
+  EXPECT_EQ(summarized["summary"]["alive"], kWorld - 1) << json;
+  EXPECT_EQ(summarized["members"][0]["worker_id"], leaver_worker) << "the worst rank first";
+
+  auto [whole_code, whole] = Shardctl("status --job=big-job --all --json");
+  ASSERT_EQ(whole_code, 0) << whole;
+  EXPECT_EQ(nlohmann::json::parse(whole)["jobs"][0]["members"].size(),
             static_cast<size_t>(kWorld));
 
   auto [top_code, top] = Shardctl("top --job=big-job --top_iterations=1");

@@ -1,12 +1,15 @@
 // What people look at, against a real shard_server and a real 2-worker
 // ZeRO-3 job training on loopback: /metrics checked by Prometheus's own
 // promtool, shardctl history, shardctl top in a real terminal (tmux), and
-// the dashboard rendered by headless Chromium. The tools come from Debian
+// the dashboard rendered by headless Chromium, also for a simulated job of
+// 2,048 ranks (summarized, with look-ups). The tools come from Debian
 // (tools/install_deps.sh: prometheus, tmux, chromium, curl).
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,12 +17,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/cluster.h"
 #include "tests/testing/process.h"
+#include "tests/testing/simulated_members.h"
 
 namespace zeroshard {
 namespace {
@@ -246,6 +252,100 @@ TEST_F(ObservabilityUiTest, HeadlessChromiumRendersTheJobItsRanksAndPlots) {
   EXPECT_GE(std::stoi(dom.substr(points + 13)), 2) << dom.substr(plot, 300);
   EXPECT_NE(dom.find("<polyline", plot), std::string::npos);
   EXPECT_NE(dom.find("verified"), std::string::npos) << "the checkpoints table";
+}
+
+// The number of times `what` occurs in `text`.
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The table element with id `id` in `dom` ("" when absent).
+std::string TableOf(const std::string& dom, const std::string& id) {
+  const size_t start = dom.find(absl::StrCat("<table id=\"", id, "\""));
+  if (start == std::string::npos) return "";
+  return dom.substr(start, dom.find("</table>", start) - start);
+}
+
+// A job of 2,048 simulated ranks, 8 to a host (issue #31: the dashboard of a
+// 100,000-rank job): the page shows its counts, worst hosts, histograms and
+// worst 32 ranks, not 2,048 rows, and finds any rank or host on request.
+// The heartbeat timeout is long: the one rank that is not alive is the one
+// that left, whatever the machine's load.
+TEST(ObservabilityLargeJobTest, HeadlessChromiumSummarizesALargeJobAndLooksUpRanksAndHosts) {
+  const std::string dir = testing::MakeTempDir("obsbig");
+  LocalCluster cluster(dir, {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport",
+                             "--heartbeat_timeout_ms=600000"});
+  ASSERT_TRUE(cluster.ok());
+  const std::string chromium = Tool("chromium");
+  constexpr int kWorld = 2048, kRanksPerHost = 8, kLeaving = 1234;
+  auto stubs = testing::MakeStubs(cluster.address(), 4);
+  testing::Joined joined =
+      testing::JoinAll(stubs, "big", kWorld, /*member_table=*/false, kRanksPerHost);
+  ASSERT_EQ(joined.failures, 0);
+  int leaver = -1;
+  for (int i = 0; i < kWorld; ++i) leaver = joined.responses[i].rank() == kLeaving ? i : leaver;
+  ASSERT_GE(leaver, 0);
+  const std::string leaver_host = absl::StrFormat("node%05d", leaver / kRanksPerHost);
+  // Every other rank beats once a second with a step's telemetry; rank 1234
+  // leaves, the worst rank (and its host the worst host).
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> replies{0};
+  absl::BlockingCounter finished(kWorld - 1);
+  std::vector<std::unique_ptr<testing::Beater>> beaters;
+  for (int i = 0; i < kWorld; ++i) {
+    if (i == leaver) continue;
+    beaters.push_back(std::make_unique<testing::Beater>(
+        stubs[i % stubs.size()].get(), testing::Credentials("big", joined.responses[i]), "step",
+        &stop, &replies, &finished, absl::Seconds(1)));
+  }
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::LeaveRequest request;
+    *request.mutable_member() = testing::Credentials("big", joined.responses[leaver]);
+    v1::LeaveResponse response;
+    ASSERT_TRUE(stubs[0]->Leave(&context, request, &response).ok());
+  }
+  ASSERT_TRUE(testing::WaitFor([&] { return replies.load() >= kWorld; }, absl::Seconds(30)));
+  auto render = [&](const std::string& hash) {
+    auto [code, dom] = RunCommand(absl::StrCat(
+        chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir,
+        "/chromium --virtual-time-budget=3000 --dump-dom 'http://127.0.0.1:", MetricsPort(cluster),
+        "/#", hash, "' 2>/dev/null"));
+    EXPECT_EQ(code, 0) << dom;
+    return dom;
+  };
+
+  const std::string dom = render("big");
+  EXPECT_NE(dom.find("2048 ranks on 256 hosts: 2047 alive, 0 stragglers, 0 hung"),
+            std::string::npos)
+      << dom.substr(0, 4000);
+  const std::string worst = TableOf(dom, "members");
+  EXPECT_EQ(Count(worst, "class=\"member\""), 32) << "the worst 32 ranks, not 2,048 rows";
+  EXPECT_NE(worst.find("class=\"member\" data-rank=\"1234\""), std::string::npos) << worst;
+  EXPECT_EQ(worst.find("data-rank="), worst.find("data-rank=\"1234\""))
+      << "the rank that left is listed first";
+  const std::string hosts = TableOf(dom, "hosts");
+  EXPECT_EQ(Count(hosts, "<tr class=\"host"), 16) << hosts;
+  EXPECT_NE(hosts.find(absl::StrCat("data-host=\"", leaver_host, "\"")), std::string::npos)
+      << hosts;
+  EXPECT_NE(dom.find("data-name=\"heartbeat_age_seconds\" data-count=\"2047\""),
+            std::string::npos);
+  EXPECT_NE(dom.find("data-name=\"step_seconds\" data-count=\"2047\""), std::string::npos);
+  EXPECT_EQ(Count(dom, "class=\"member\""), 32) << "no other rank rows on the page";
+
+  // Any rank on request, and a host's ranks.
+  const std::string rank = TableOf(render("big&rank=77"), "lookup");
+  EXPECT_EQ(Count(rank, "class=\"member\""), 1) << rank;
+  EXPECT_NE(rank.find("data-rank=\"77\""), std::string::npos) << rank;
+  const std::string host = TableOf(render("big&host=node00100"), "lookup");
+  EXPECT_EQ(Count(host, "class=\"member\""), kRanksPerHost) << host;
+  EXPECT_EQ(Count(host, "node00100/"), kRanksPerHost) << host;
+
+  stop = true;
+  finished.Wait();
 }
 
 TEST(ObservabilityTokenTest, ATokenProtectedServerRefusesMetricsWithoutIt) {

@@ -113,5 +113,63 @@ TEST(RankViewsTest, MetricsOfALargeJobListItsWorstRanksAndSummarizeTheRest) {
   EXPECT_NE(single.find("zeroshard_rank_step{job=\"big\",rank=\"777\","), std::string::npos);
 }
 
+TEST(RankViewsTest, AStatusViewLeavesJobsOfUpToMaxMembersWhole) {
+  v1::GetStatusResponse status = Job(64);
+  v1::GetStatusRequest view;
+  view.set_max_members(64);
+  SummarizeLargeJobs(view, &status);
+  EXPECT_EQ(status.jobs(0).members_size(), 64);
+  EXPECT_FALSE(status.jobs(0).has_summary());
+  view.set_max_members(0);  // the default: every member of every job
+  v1::GetStatusResponse large = Job(4096);
+  SummarizeLargeJobs(view, &large);
+  EXPECT_EQ(large.jobs(0).members_size(), 4096);
+}
+
+TEST(RankViewsTest, AStatusViewOfALargeJobSendsItsSummaryWorstRanksAndLookUps) {
+  constexpr int kWorld = 4096;
+  v1::GetStatusResponse status = Job(kWorld);
+  v1::JobStatus* job = status.mutable_jobs(0);
+  job->mutable_members(1234)->set_alive(false);  // host node00154
+  job->mutable_members(99)->set_straggler(true);
+  job->mutable_members(3000)->set_last_heartbeat_age_ms(4000);
+  v1::GetStatusRequest view;
+  view.set_max_members(64);
+  view.set_worst_ranks(3);
+  view.set_worst_hosts(2);
+  view.add_ranks(5);
+  view.add_ranks(1234);  // already among the worst: listed once
+  view.add_hosts("node00400");
+  SummarizeLargeJobs(view, &status);
+  job = status.mutable_jobs(0);
+  ASSERT_TRUE(job->has_summary());
+  const v1::JobSummary& summary = job->summary();
+  EXPECT_EQ(summary.ranks(), kWorld);
+  EXPECT_EQ(summary.alive(), kWorld - 1);
+  EXPECT_EQ(summary.stragglers(), 1);
+  EXPECT_EQ(summary.hosts(), kWorld / 8);
+  EXPECT_EQ(summary.worst_listed(), 3);
+  std::vector<int> ranks;
+  for (const v1::MemberStatus& m : job->members()) ranks.push_back(m.rank());
+  // The worst three, worst first; then rank 5 and host node00400's 8 ranks, by rank.
+  EXPECT_EQ(ranks, (std::vector<int>{1234, 99, 3000, 5, 3200, 3201, 3202, 3203, 3204, 3205, 3206,
+                                     3207}));
+  ASSERT_EQ(summary.worst_hosts_size(), 2);
+  EXPECT_EQ(summary.worst_hosts(0).host(), "node00154");  // a rank down
+  EXPECT_EQ(summary.worst_hosts(0).alive(), 7);
+  EXPECT_EQ(summary.worst_hosts(1).host(), "node00012");  // a straggler
+  // The histograms are /metrics's, over the alive ranks.
+  ASSERT_EQ(summary.histograms_size(), static_cast<int>(RankHistogramSpecs().size()));
+  const v1::RankHistogram* age = nullptr;
+  for (const v1::RankHistogram& h : summary.histograms()) {
+    if (h.name() == "heartbeat_age_seconds") age = &h;
+  }
+  ASSERT_NE(age, nullptr);
+  ASSERT_EQ(age->counts_size(), age->bounds_size() + 1);
+  EXPECT_EQ(age->count(), kWorld - 1);
+  EXPECT_EQ(age->counts(0), kWorld - 2);  // 0.2 s <= 0.25 s
+  EXPECT_EQ(age->counts(5), 1);           // 4 s: (3, 5]
+}
+
 }  // namespace
 }  // namespace zeroshard

@@ -23,7 +23,7 @@ std::vector<std::unique_ptr<v1::Coordinator::Stub>> MakeStubs(const std::string&
 }
 
 Joined JoinAll(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs, const std::string& job,
-               int world, bool member_table) {
+               int world, bool member_table, int ranks_per_host) {
   Joined out;
   out.responses.resize(world);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world);
@@ -36,8 +36,14 @@ Joined JoinAll(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs, const
     contexts[i]->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
     requests[i].set_job_id(job);
     requests[i].set_world_size(world);
-    requests[i].set_worker_id(absl::StrFormat("node%05d/0", i));
-    requests[i].set_host("127.0.0.1");
+    if (ranks_per_host > 0) {
+      requests[i].set_worker_id(
+          absl::StrFormat("node%05d/%d", i / ranks_per_host, i % ranks_per_host));
+      requests[i].set_host(absl::StrFormat("node%05d", i / ranks_per_host));
+    } else {
+      requests[i].set_worker_id(absl::StrFormat("node%05d/0", i));
+      requests[i].set_host("127.0.0.1");
+    }
     requests[i].set_skip_member_table(!member_table);
     stubs[i % stubs.size()]->async()->Join(
         contexts[i].get(), &requests[i], &out.responses[i], [&](grpc::Status s) {

@@ -30,9 +30,11 @@ struct Joined {
 };
 
 // `world` concurrent joins of `job` (worker ids node00000/0, ...), spread
-// over `stubs`; returns when every one was answered.
+// over `stubs`; returns when every one was answered. `ranks_per_host` > 0:
+// that many on each host node00000, node00001, ... (worker ids
+// node00000/0..k-1); 0: every member on host 127.0.0.1.
 Joined JoinAll(std::vector<std::unique_ptr<v1::Coordinator::Stub>>& stubs, const std::string& job,
-               int world, bool member_table = false);
+               int world, bool member_table = false, int ranks_per_host = 0);
 
 v1::MemberCredentials Credentials(const std::string& job, const v1::JoinResponse& r);
 
