@@ -8,8 +8,6 @@
 // the job falls back to its disk checkpoint). The job keeps W = 4, so its
 // final parameters equal the uninterrupted run's (direct streams) bitwise.
 #include <signal.h>
-#include <stdlib.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <map>
@@ -20,55 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "tests/cluster/across_hosts.h"
+#include "tests/cluster/agent_hosts.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard::testing {
 namespace {
 
-class AgentTest : public AcrossHostsTest {
- protected:
-  // Under /tmp: a unix socket's path has at most 107 characters, and test
-  // directories under Bazel's output base are longer.
-  std::string Socket(int host) {
-    if (socket_dir_.empty()) {
-      char dir[] = "/tmp/zs-agents-XXXXXX";
-      EXPECT_NE(mkdtemp(dir), nullptr);
-      socket_dir_ = dir;
-    }
-    return absl::StrCat(socket_dir_, "/agent-", host, ".sock");
-  }
-
-  // One shard_agent on each worker host; false when one did not come up.
-  bool StartAgents() {
-    for (int host : {1, 2}) {
-      agents_.push_back(hosts_->Start(
-          host, RunfilePath("agent/shard_agent"),
-          {"--server=" + cluster_->address(), "--listen=unix:" + Socket(host)},
-          absl::StrCat(cluster_->dir(), "/agent-", host, ".log")));
-      if (!WaitFor([&] { return FileExists(Socket(host)) || !agents_.back()->running(); },
-                   absl::Seconds(20)) ||
-          !agents_.back()->running()) {
-        ADD_FAILURE() << "shard_agent on host " << host << " did not start:\n"
-                      << agents_.back()->Log();
-        return false;
-      }
-    }
-    return true;
-  }
-
-  // --agent for each worker: its host's agent (w0, w1 on host 1; w2, w3 on 2).
-  std::map<int, std::vector<std::string>> AgentFlags() {
-    std::map<int, std::vector<std::string>> flags;
-    for (int r = 0; r < 4; ++r) flags[r] = {"--agent=unix:" + Socket(r < 2 ? 1 : 2)};
-    return flags;
-  }
-
-  static bool FileExists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
-
-  std::string socket_dir_;
-  std::vector<std::unique_ptr<ChildProcess>> agents_;
-};
+using AgentTest = AgentHostsTest;
 
 constexpr int kSteps = 120;
 
@@ -135,16 +91,7 @@ TEST_F(AgentTest, KilledRanksAndACutHostRecoverThroughAgentsAsThroughDirectStrea
 
   EXPECT_TRUE(AllExitZero(absl::Seconds(90)));
   EXPECT_NE(cluster_->WorkerLog(0).find("from disk"), std::string::npos) << cluster_->WorkerLog(0);
-  const std::string server_log = cluster_->server()->Log();
-  EXPECT_NE(server_log.find("event=agent_stream_opened node=\"host1 "), std::string::npos)
-      << server_log;
-  EXPECT_NE(server_log.find("event=agent_stream_opened node=\"host2 "), std::string::npos)
-      << server_log;
-  for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(cluster_->WorkerLog(r).find("no node agent answers"), std::string::npos)
-        << "rank " << r << " went around its agent:\n"
-        << cluster_->WorkerLog(r);
-  }
+  ExpectEveryRankWentThroughItsAgent();
   ExpectEqual(Final("via-agents", kSteps), reference, "a killed rank and a cut host, via agents");
 }
 

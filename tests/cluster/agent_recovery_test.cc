@@ -1,0 +1,105 @@
+// The long direct-stream recovery scenarios, through node agents (issue #31:
+// "a real 4-rank job on emulated hosts through agents behaves like today's
+// direct streams in every recovery test"): partition_test's host that loses
+// only the server for 20 s, and server_isolation_test's server host cut off
+// for 20 s, with the same expectations as there. ~1 minute each, so not in
+// CI (tags = ["manual"]): bazel test //tests/cluster:agent_recovery_test.
+// The scenarios short enough for CI are in agent_test.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/agent_hosts.h"
+#include "tests/testing/process.h"
+
+namespace zeroshard::testing {
+namespace {
+
+using AgentRecoveryTest = AgentHostsTest;
+
+TEST_F(AgentRecoveryTest, AHostThatLosesOnlyTheServerForTwentySecondsKeepsItsRanks) {
+  ASSERT_TRUE(StartCluster());
+  const int steps = 225;  // 200 ms a step: the 20-s partition and 25 s more
+  const Params reference = Reference(steps);
+  ASSERT_FALSE(reference.empty());
+  ASSERT_TRUE(StartAgents());
+  cluster_->StartWorkers("partition", 4,
+                         Flags({absl::StrCat("--steps=", steps), "--test_step_delay_ms=200"}),
+                         AgentFlags());
+  ASSERT_TRUE(WaitForStep(10));
+  ASSERT_TRUE(hosts_->CutPair(kServerHost, 2).ok());
+  const absl::Time cut_at = absl::Now();
+  const int step_at_cut = LatestStep();
+  absl::SleepFor(absl::Seconds(20));  // the partition is the scenario
+  const int step_at_heal = LatestStep();
+  ASSERT_TRUE(hosts_->HealAll().ok());
+  const absl::Time healed = absl::Now();
+  std::fprintf(stderr, "partition via agents: rank 0 trained steps %d..%d meanwhile\n",
+               step_at_cut, step_at_heal);
+  EXPECT_GT(step_at_heal, step_at_cut);
+  std::map<std::string, absl::Time> resumed;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        resumed = ServerEvents("heartbeat_resumed", cut_at);
+        return resumed.count("w2") == 1 && resumed.count("w3") == 1;
+      },
+      absl::Seconds(30)))
+      << cluster_->server()->Log();
+  for (const auto& [worker, at] : resumed) {
+    std::fprintf(stderr, "%s: heartbeats back %.2f s after the partition healed\n",
+                 worker.c_str(), absl::ToDoubleSeconds(at - healed));
+  }
+  EXPECT_TRUE(AllExitZero(absl::Seconds(120)));
+  const std::string server_log = cluster_->server()->Log();
+  EXPECT_EQ(server_log.find("event=member_dead"), std::string::npos) << server_log;
+  EXPECT_EQ(server_log.find("event=generation_bumped"), std::string::npos) << server_log;
+  ExpectEveryRankWentThroughItsAgent();
+  ExpectEqual(Final("partition", steps), reference, "partition healed after 20 s, via agents");
+}
+
+TEST_F(AgentRecoveryTest, TheServersHostCutOffForTwentySecondsChangesNoGeneration) {
+  ASSERT_TRUE(StartCluster());
+  const int steps = 225;  // 200 ms a step: the 20-s cut and 25 s more
+  const Params reference = Reference(steps);
+  ASSERT_FALSE(reference.empty());
+  ASSERT_TRUE(StartAgents());
+  cluster_->StartWorkers("isolated", 4,
+                         Flags({absl::StrCat("--steps=", steps), "--test_step_delay_ms=200"}),
+                         AgentFlags());
+  ASSERT_TRUE(WaitForStep(10));
+  ASSERT_TRUE(hosts_->CutOff(kServerHost).ok());
+  const absl::Time cut_at = absl::Now();
+  const int step_at_cut = LatestStep();
+  absl::SleepFor(absl::Seconds(20));  // the cut is the scenario
+  const int step_at_heal = LatestStep();
+  ASSERT_TRUE(hosts_->HealAll().ok());
+  const absl::Time healed = absl::Now();
+  std::fprintf(stderr, "server cut via agents: rank 0 trained steps %d..%d meanwhile\n",
+               step_at_cut, step_at_heal);
+  EXPECT_GT(step_at_heal, step_at_cut);
+  std::map<std::string, absl::Time> resumed;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        resumed = ServerEvents("heartbeat_resumed", cut_at);
+        return resumed.size() == 4;
+      },
+      absl::Seconds(30)))
+      << resumed.size() << " of 4 members beat again:\n"
+      << cluster_->server()->Log();
+  for (const auto& [worker, at] : resumed) {
+    std::fprintf(stderr, "%s: heartbeats back %.2f s after the network\n", worker.c_str(),
+                 absl::ToDoubleSeconds(at - healed));
+  }
+  EXPECT_TRUE(AllExitZero(absl::Seconds(120)));
+  const std::string server_log = cluster_->server()->Log();
+  EXPECT_EQ(server_log.find("event=generation_bumped"), std::string::npos) << server_log;
+  EXPECT_EQ(server_log.find("event=member_dead"), std::string::npos) << server_log;
+  ExpectEveryRankWentThroughItsAgent();
+  ExpectEqual(Final("isolated", steps), reference, "server host cut for 20 s, via agents");
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
