@@ -5,6 +5,12 @@
 // for 20 s, with the same expectations as there. ~1 minute each, so not in
 // CI (tags = ["manual"]): bazel test //tests/cluster:agent_recovery_test.
 // The scenarios short enough for CI are in agent_test.
+//
+// As of its first run (2026-11-26, a starved 2-core machine) the partition
+// case fails: ~12 s into the cut the cut host's agent stream closes, and its
+// ranks are declared dead and the generation bumped, where direct streams
+// keep them (their peers vouch for them); docs/scale.md. The server-cut case
+// passes.
 #include <cstdio>
 #include <map>
 #include <string>
