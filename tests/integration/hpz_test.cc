@@ -14,12 +14,16 @@
 #include <string>
 #include <vector>
 
+#include <csignal>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/error_model.h"
 #include "tests/testing/params.h"
+#include "tests/testing/process.h"
 
 namespace zeroshard {
 namespace {
@@ -195,6 +199,35 @@ TEST_F(HpzTest, CheckpointsResumeAndConsolidateAtAnotherWorldAndGroupSize) {
   const Params reference = MlpParams(cluster_, "single", 6);
   ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, "from-file", 6), reference),
                     MlpBound(6, 12, reference), "hpZ W=4 H=2, consolidated, continued at W=2 G=1");
+}
+
+// A rank killed mid-run and replaced (DeepSpeed's hpZ gave wrong losses
+// after such restarts): the next generation's engine starts with every
+// slice stale, the snapshot's state is loaded (Initialize marks them stale
+// too) and the first forward rebuilds them, so the run ends bit-equal to the
+// uninterrupted one.
+TEST(HpzRecoveryTest, AReplacedRankRebuildsTheSecondaryShardsAfterARecovery) {
+  LocalCluster cluster(testing::MakeTempDir("hpz-recovery"),
+                       {"--heartbeat_interval_ms=300", "--heartbeat_timeout_ms=1500"});
+  ASSERT_TRUE(cluster.ok());
+  constexpr int kSteps = 40;
+  const std::vector<std::string> flags =
+      MlpFlags(kSteps, {"--batch=2", "--secondary_shard_group_size=2", "--snapshot_every=10",
+                        "--test_step_delay_ms=50", "--rejoin_timeout=60s", "--join_timeout_s=60"});
+  ASSERT_TRUE(cluster.Run("reference", 4, flags));
+  cluster.StartWorkers("replace", 4, flags);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return cluster.WorkerLog(0).find("step 15/") != std::string::npos; },
+      absl::Seconds(60)))
+      << cluster.WorkerLog(0);
+  cluster.worker(2)->Signal(SIGKILL);
+  cluster.RestartWorker(2);
+  const std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(120));
+  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << cluster.WorkerLog(r);
+  const nlohmann::json report = cluster.Report("replace", 0);
+  ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
+  EXPECT_EQ(report["recoveries"][0]["source"], "snapshot");
+  EXPECT_EQ(MlpParams(cluster, "replace", kSteps), MlpParams(cluster, "reference", kSteps));
 }
 
 // H must divide W and be smaller than the shard groups; the job says so.
