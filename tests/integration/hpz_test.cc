@@ -8,13 +8,12 @@
 // (DeepSpeed #7164, #7606) would feed the backward old parameters and break
 // the bit equality from that step on. Real server and worker processes on
 // loopback (one host: every group over shared memory); the bytes that cross
-// hosts are measured on emulated hosts by tests/bench/multihost_bench.
+// hosts: tests/cluster:hpz_test and tests/bench/multihost_bench.
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <csignal>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
