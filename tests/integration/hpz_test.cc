@@ -22,6 +22,7 @@
 #include "tests/testing/cluster.h"
 #include "tests/testing/error_model.h"
 #include "tests/testing/params.h"
+#include "tests/testing/small_mlp.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard {
@@ -36,44 +37,11 @@ using testing::Params;
 // the first layer's backward does not read its weight (its input needs no
 // gradient): 5 layers leave layers 1 and 2 whose backward reads weights
 // gathered from the secondary shards.
-constexpr int kLayers = 5;
-constexpr int kWidth = 32;
-constexpr double kLr = 0.01;
-// GELU: the error model assumes no unit within rounding of a kink.
-constexpr char kActivation[] = "gelu";
-
-std::vector<std::string> MlpFlags(int steps, std::vector<std::string> extra) {
-  std::vector<std::string> flags = {"--model=mlp",
-                                    absl::StrCat("--layers=", kLayers),
-                                    absl::StrCat("--width=", kWidth),
-                                    absl::StrCat("--activation=", kActivation),
-                                    absl::StrCat("--steps=", steps),
-                                    absl::StrCat("--lr=", kLr),
-                                    "--seed=3",
-                                    "--stage=3",
-                                    "--checkpoint_at_end",
-                                    "--collective_timeout=30s"};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  return flags;
-}
-
-Params MlpParams(const LocalCluster& cluster, const std::string& job, int step) {
-  return testing::LoadCheckpointParams(cluster.checkpoint_root(), job, step,
-                                       *MlpSpec(kLayers, kWidth, kActivation));
-}
-
-// tests/testing/error_model.h's Adam bound for `steps` steps of the MLP on
-// `rows` rows per step (as hsdp_test: sharded runs sum each gradient in
-// another order than one process's single GEMM over all rows).
-double MlpBound(int steps, int rows, const Params& reference) {
-  testing::TrainingErrorModel m;
-  m.layers = kLayers;
-  m.sum_length = std::max(kWidth, rows);
-  m.steps = steps;
-  m.lr = kLr;
-  m.param_scale = testing::SmallestTensorScale(reference);
-  return testing::AdamRelativeParamBound(m);
-}
+const testing::SmallMlp kMlp = [] {
+  testing::SmallMlp mlp;  // 32 wide, GELU
+  mlp.layers = 5;
+  return mlp;
+}();
 
 int64_t Bytes(const nlohmann::json& report, const char* op) {
   return report["comm_bytes"][op].get<int64_t>();
@@ -92,8 +60,8 @@ class HpzTest : public ::testing::Test {
 TEST_F(HpzTest, SecondaryShardsTrainTheMlpToTheSameBitsAsWithout) {
   ASSERT_TRUE(cluster_.ok());
   constexpr int kSteps = 5;
-  ASSERT_TRUE(cluster_.Run("single", 1, MlpFlags(kSteps, {"--batch=8"})));
-  const Params reference = MlpParams(cluster_, "single", kSteps);
+  ASSERT_TRUE(cluster_.Run("single", 1, kMlp.Flags(kSteps, {"--batch=8"})));
+  const Params reference = kMlp.Load(cluster_.checkpoint_root(), "single", kSteps);
   struct Layout {
     std::string name;
     std::vector<std::string> flags;
@@ -102,14 +70,14 @@ TEST_F(HpzTest, SecondaryShardsTrainTheMlpToTheSameBitsAsWithout) {
   for (const Layout& layout : {Layout{"flat", {}, "2"}, Layout{"hsdp", {"--shard_group_size=2"}, "1"}}) {
     std::vector<std::string> flags = layout.flags;
     flags.push_back("--batch=2");
-    ASSERT_TRUE(cluster_.Run(layout.name, 4, MlpFlags(kSteps, flags)));
+    ASSERT_TRUE(cluster_.Run(layout.name, 4, kMlp.Flags(kSteps, flags)));
     flags.push_back("--secondary_shard_group_size=" + layout.secondary);
     const std::string job = layout.name + "-hpz";
-    ASSERT_TRUE(cluster_.Run(job, 4, MlpFlags(kSteps, flags)));
-    const Params hpz = MlpParams(cluster_, job, kSteps);
+    ASSERT_TRUE(cluster_.Run(job, 4, kMlp.Flags(kSteps, flags)));
+    const Params hpz = kMlp.Load(cluster_.checkpoint_root(), job, kSteps);
     ASSERT_EQ(hpz.size(), reference.size());
-    EXPECT_EQ(hpz, MlpParams(cluster_, layout.name, kSteps)) << layout.name;
-    ExpectWithinBound(MaxRelativeDifference(hpz, reference), MlpBound(kSteps, 8, reference),
+    EXPECT_EQ(hpz, kMlp.Load(cluster_.checkpoint_root(), layout.name, kSteps)) << layout.name;
+    ExpectWithinBound(MaxRelativeDifference(hpz, reference), kMlp.Bound(kSteps, 8, reference),
                       absl::StrCat(job, " against one process"));
     // The backward gathered from the secondary shards: their bytes show,
     // and the primary gathers sent fewer bytes than the run without hpZ.
@@ -129,7 +97,7 @@ TEST_F(HpzTest, SecondaryShardsTrainTheMlpToTheSameBitsAsWithout) {
   const int64_t parameters = report["parameters"];
   const int64_t secondary = report["memory"]["params_secondary"];
   EXPECT_GE(secondary, 4 * (parameters / 2));
-  EXPECT_LE(secondary, 4 * (parameters / 2 + 2 * kLayers));
+  EXPECT_LE(secondary, 4 * (parameters / 2 + 2 * kMlp.layers));
   EXPECT_NE(cluster_.WorkerLog(0).find("data plane (secondary)"), std::string::npos);
 }
 
@@ -180,8 +148,8 @@ TEST_F(HpzTest, SecondaryShardsTrainTheGptToOneProcesssParameters) {
 TEST_F(HpzTest, CheckpointsResumeAndConsolidateAtAnotherWorldAndGroupSize) {
   ASSERT_TRUE(cluster_.ok());
   const std::vector<std::string> hpz = {"--batch=3", "--secondary_shard_group_size=2"};
-  ASSERT_TRUE(cluster_.Run("uninterrupted", 4, MlpFlags(6, hpz)));
-  ASSERT_TRUE(cluster_.Run("resumed", 4, MlpFlags(3, hpz)));
+  ASSERT_TRUE(cluster_.Run("uninterrupted", 4, kMlp.Flags(6, hpz)));
+  ASSERT_TRUE(cluster_.Run("resumed", 4, kMlp.Flags(3, hpz)));
   const std::string consolidated = cluster_.dir() + "/hpz.safetensors";
   auto [code, output] = testing::RunCommand(
       absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
@@ -189,15 +157,15 @@ TEST_F(HpzTest, CheckpointsResumeAndConsolidateAtAnotherWorldAndGroupSize) {
   ASSERT_EQ(code, 0) << output;
   std::vector<std::string> resume = hpz;
   resume.push_back("--resume=latest");
-  ASSERT_TRUE(cluster_.Run("resumed", 4, MlpFlags(6, resume)));
-  EXPECT_EQ(MlpParams(cluster_, "resumed", 6), MlpParams(cluster_, "uninterrupted", 6));
-  ASSERT_TRUE(cluster_.Run("single", 1, MlpFlags(6, {"--batch=12"})));
+  ASSERT_TRUE(cluster_.Run("resumed", 4, kMlp.Flags(6, resume)));
+  EXPECT_EQ(kMlp.Load(cluster_.checkpoint_root(), "resumed", 6), kMlp.Load(cluster_.checkpoint_root(), "uninterrupted", 6));
+  ASSERT_TRUE(cluster_.Run("single", 1, kMlp.Flags(6, {"--batch=12"})));
   ASSERT_TRUE(cluster_.Run(
       "from-file", 2,
-      MlpFlags(6, {"--batch=6", "--shard_group_size=1", "--init_from=" + consolidated})));
-  const Params reference = MlpParams(cluster_, "single", 6);
-  ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, "from-file", 6), reference),
-                    MlpBound(6, 12, reference), "hpZ W=4 H=2, consolidated, continued at W=2 G=1");
+      kMlp.Flags(6, {"--batch=6", "--shard_group_size=1", "--init_from=" + consolidated})));
+  const Params reference = kMlp.Load(cluster_.checkpoint_root(), "single", 6);
+  ExpectWithinBound(MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "from-file", 6), reference),
+                    kMlp.Bound(6, 12, reference), "hpZ W=4 H=2, consolidated, continued at W=2 G=1");
 }
 
 // A rank killed mid-run and replaced (DeepSpeed's hpZ gave wrong losses
@@ -211,7 +179,7 @@ TEST(HpzRecoveryTest, AReplacedRankRebuildsTheSecondaryShardsAfterARecovery) {
   ASSERT_TRUE(cluster.ok());
   constexpr int kSteps = 40;
   const std::vector<std::string> flags =
-      MlpFlags(kSteps, {"--batch=2", "--secondary_shard_group_size=2", "--snapshot_every=10",
+      kMlp.Flags(kSteps, {"--batch=2", "--secondary_shard_group_size=2", "--snapshot_every=10",
                         "--test_step_delay_ms=50", "--rejoin_timeout=60s", "--join_timeout_s=60"});
   ASSERT_TRUE(cluster.Run("reference", 4, flags));
   cluster.StartWorkers("replace", 4, flags);
@@ -226,13 +194,13 @@ TEST(HpzRecoveryTest, AReplacedRankRebuildsTheSecondaryShardsAfterARecovery) {
   const nlohmann::json report = cluster.Report("replace", 0);
   ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
   EXPECT_EQ(report["recoveries"][0]["source"], "snapshot");
-  EXPECT_EQ(MlpParams(cluster, "replace", kSteps), MlpParams(cluster, "reference", kSteps));
+  EXPECT_EQ(kMlp.Load(cluster.checkpoint_root(), "replace", kSteps), kMlp.Load(cluster.checkpoint_root(), "reference", kSteps));
 }
 
 // H must divide W and be smaller than the shard groups; the job says so.
 TEST_F(HpzTest, SecondaryGroupsAsLargeAsTheShardGroupsAreRefused) {
   ASSERT_TRUE(cluster_.ok());
-  EXPECT_FALSE(cluster_.Run("refused", 2, MlpFlags(1, {"--secondary_shard_group_size=2"})));
+  EXPECT_FALSE(cluster_.Run("refused", 2, kMlp.Flags(1, {"--secondary_shard_group_size=2"})));
   const std::string log = cluster_.WorkerLog(0);
   EXPECT_NE(log.find("must divide the world size 2 and be smaller than the shard groups of 2"),
             std::string::npos)
