@@ -214,6 +214,16 @@ absl::Status Worker::BootstrapDataPlane() {
   plane_options.snapshots = config_.recovery.snapshot_every > 0 && world > 1;
   plane_options.shard_group_size = g.plan.options.shard_group_size;
   absl::StatusOr<int> secondary = SecondaryGroupSize(g.plan.options.shard_group_size);
+  if (!secondary.ok() && recoveries_ > 0) {
+    // A generation re-formed at another size (a shrink) may not fit the
+    // secondary groups; hpZ is an optimization, so the survivors go on
+    // without it (they all see the same sizes and hosts, so all agree). A
+    // fresh process in such a generation (a replacement) still refuses.
+    std::fprintf(stderr, "shard_worker rank %d: hpZ off in generation %lld: %s\n", rank_,
+                 static_cast<long long>(g.membership.generation),
+                 std::string(secondary.status().message()).c_str());
+    secondary = 0;
+  }
   if (!secondary.ok()) return secondary.status();
   plane_options.secondary_group_size = *secondary;
   AbortLatch* const abort = abort_;
