@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -29,6 +30,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,6 +52,9 @@ ABSL_FLAG(int, ranks_per_host, 8, "Ranks per host");
 ABSL_FLAG(int, processes, 16, "Processes the simulated agents are spread over");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000, "The server's --heartbeat_timeout_ms");
 ABSL_FLAG(double, measure_seconds, 10, "Length of the CPU measurement while every rank beats");
+ABSL_FLAG(int, connections_per_process, 0,
+          "TCP connections each simulating process opens to the server, its agents' streams "
+          "spread over them; 0: one per agent, as real agents have");
 ABSL_FLAG(std::string, telemetry, "full", "What each beat carries: full, step or none");
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
@@ -119,7 +124,11 @@ class Child;
 // One simulated node agent.
 class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse> {
  public:
-  SimHost(Child* child, int host, int ranks, const std::string& server, const std::string& telemetry);
+  SimHost(Child* child, int host, int ranks, std::shared_ptr<grpc::Channel> channel,
+          const std::string& telemetry);
+  // Starts connecting to the server (every host at once, not one after the
+  // other: a handshake with a busy server takes a round of its event loop).
+  void StartConnecting() { channel_->GetState(/*try_to_connect=*/true); }
   // Its connection to the server is up (a real agent's is long before its
   // ranks join); false at `deadline`.
   bool Connect(absl::Time deadline);
@@ -169,8 +178,19 @@ class Child {
  public:
   Child(int index, std::string dir, std::string server, int first_host, int hosts, int ranks)
       : index_(index), dir_(std::move(dir)), first_host_(first_host) {
+    const int connections = absl::GetFlag(FLAGS_connections_per_process);
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    for (int c = 0; c < (connections > 0 ? std::min(connections, hosts) : hosts); ++c) {
+      // A channel argument of its own: gRPC shares one connection among
+      // channels with equal arguments.
+      grpc::ChannelArguments args;
+      args.SetInt("zeroshard.bench.connection", first_host + c);
+      args.SetMaxReceiveMessageSize(64 << 20);
+      channels.push_back(grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+    }
     for (int h = 0; h < hosts; ++h) {
-      hosts_.push_back(std::make_unique<SimHost>(this, first_host + h, ranks, server,
+      hosts_.push_back(std::make_unique<SimHost>(this, first_host + h, ranks,
+                                                 channels[h % channels.size()],
                                                  absl::GetFlag(FLAGS_telemetry)));
     }
   }
@@ -178,6 +198,7 @@ class Child {
   int Run() {
     // Every host's connection up, then the parent's go (every process ready).
     const absl::Time deadline = absl::Now() + absl::Minutes(5);
+    for (auto& h : hosts_) h->StartConnecting();
     for (auto& h : hosts_) {
       if (!h->Connect(deadline)) {
         std::fprintf(stderr, "a simulated host could not connect to the server\n");
@@ -294,13 +315,9 @@ class Child {
   std::string first_error_ ABSL_GUARDED_BY(mu_);
 };
 
-SimHost::SimHost(Child* child, int host, int ranks, const std::string& server,
+SimHost::SimHost(Child* child, int host, int ranks, std::shared_ptr<grpc::Channel> channel,
                  const std::string& telemetry)
-    : child_(child), host_(host), ranks_(ranks) {
-  // One connection per agent, as real agents have.
-  grpc::ChannelArguments args;
-  args.SetInt("zeroshard.bench.host", host);
-  channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
+    : child_(child), host_(host), ranks_(ranks), channel_(std::move(channel)) {
   stub_ = v1::HostAgent::NewStub(channel_);
   testing::FillTelemetry(telemetry, &template_);
   // No collective progress: a rank's peers never vouch for a silent rank
@@ -501,6 +518,19 @@ std::map<std::string, Death> Deaths(const std::string& log) {
   return deaths;
 }
 
+// The sockets process `pid` holds open (its connections and listeners).
+int SocketsOpen(pid_t pid) {
+  int sockets = 0;
+  std::error_code error;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), error)) {
+    std::error_code link_error;
+    std::string target = std::filesystem::read_symlink(entry.path(), link_error).string();
+    if (!link_error && absl::StartsWith(target, "socket:")) ++sockets;
+  }
+  return sockets;
+}
+
 void Command(const std::string& dir, int process, const std::string& command) {
   std::ofstream(absl::StrCat(dir, "/cmd-", process), std::ios::app) << command << "\n";
 }
@@ -539,6 +569,8 @@ int RunParent(const std::string& self) {
                                  absl::StrCat("--host_count=", first_host[i + 1] - first_host[i]),
                                  absl::StrCat("--hosts=", hosts),
                                  absl::StrCat("--ranks_per_host=", per_host),
+                                 absl::StrCat("--connections_per_process=",
+                                              absl::GetFlag(FLAGS_connections_per_process)),
                                  "--telemetry=" + absl::GetFlag(FLAGS_telemetry)},
         absl::StrCat(dir, "/child-", i, ".log")));
   }
@@ -604,6 +636,10 @@ int RunParent(const std::string& self) {
   result["server_rss_bytes"] = rss;
   result["server_rss_bytes_per_rank"] = double(rss - rss_idle) / world;
   result["beat_errors"] = t.errors;
+  const int sockets = SocketsOpen(pid);
+  result["server_sockets"] = sockets;
+  table.AddRow({"server's open sockets (agents' TCP connections + its listeners)",
+                absl::StrCat(sockets), ""});
   table.AddRow({"rank beats answered per second", absl::StrFormat("%.0f", beats_per_s),
                 absl::StrCat(world)});
   table.AddRow({"server CPU at 1-s heartbeats",
