@@ -6,6 +6,11 @@
 // worker processes.
 //
 //   bazel run -c opt //tests/bench:scale_bench -- [--hosts=12500] [--json_out=FILE]
+//       [--connections_per_process=C]
+//
+// With C > 0 a process's agents share C TCP connections (HTTP/2 streams), so
+// the server holds processes x C connections instead of one per agent: on a
+// small machine 12,500 connections take minutes to come up (docs/scale.md).
 //
 // Measures: the join barrier (every rank's join answered, from the moment
 // the agents send them); the server's CPU and RSS while every rank beats
@@ -21,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -59,8 +65,7 @@ ABSL_FLAG(std::string, telemetry, "full", "What each beat carries: full, step or
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 // 16 processes of ~780 agents: Debian's libgrpc is built without NDEBUG, and
-// its completion queues then scan every outstanding call on every event, so a
-// process's cost grows with the square of its streams.
+// its completion queues then scan every outstanding call on every event.
 // A child process's part (set by the parent).
 ABSL_FLAG(int, child, -1, "internal: this process's index among the simulating processes");
 ABSL_FLAG(std::string, dir, "", "internal: the run's directory");
@@ -487,18 +492,38 @@ Totals Collect(const std::string& dir, int processes, int round) {
   return t;
 }
 
-// The server's member_dead events since `since`, by worker id: when, and
-// how long the member had been silent then.
+// The server's member_dead events, by worker id: when, and how long the
+// member had been silent then.
 struct Death {
   absl::Time at;
   double silent_s = 0;
 };
-std::map<std::string, Death> Deaths(const std::string& log) {
-  std::map<std::string, Death> deaths;
-  std::istringstream lines(log);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.find(" event=member_dead ") == std::string::npos) continue;
+
+// Reads the server's log as it grows, from where it stopped last time: at
+// 100K ranks the log holds a line per join (tens of MB), and reading it
+// whole every 10 ms would take the CPU the server is measured on.
+class DeathsInLog {
+ public:
+  explicit DeathsInLog(std::string path) : path_(std::move(path)) {}
+
+  // The deaths logged so far (the latest per worker).
+  const std::map<std::string, Death>& Update() {
+    std::ifstream in(path_, std::ios::binary);
+    in.seekg(offset_);
+    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    offset_ += static_cast<int64_t>(chunk.size());
+    partial_ += chunk;
+    size_t start = 0;
+    for (size_t end; (end = partial_.find('\n', start)) != std::string::npos; start = end + 1) {
+      ReadLine(absl::string_view(partial_).substr(start, end - start));
+    }
+    partial_.erase(0, start);
+    return deaths_;
+  }
+
+ private:
+  void ReadLine(absl::string_view line) {
+    if (!absl::StrContains(line, " event=member_dead ")) return;
     Death d;
     std::string worker;
     for (absl::string_view field : absl::StrSplit(line, ' ')) {
@@ -513,10 +538,14 @@ std::map<std::string, Death> Deaths(const std::string& log) {
         d.silent_s = ms / 1000;
       }
     }
-    deaths[worker] = d;
+    deaths_[worker] = d;
   }
-  return deaths;
-}
+
+  const std::string path_;
+  int64_t offset_ = 0;   // bytes of the log read so far
+  std::string partial_;  // a line not yet complete
+  std::map<std::string, Death> deaths_;
+};
 
 // The sockets process `pid` holds open (its connections and listeners).
 int SocketsOpen(pid_t pid) {
@@ -687,6 +716,7 @@ int RunParent(const std::string& self) {
   std::vector<Fault> faults = {{"a silent rank", rank_host, {WorkerId(rank_host, 3)}},
                                {"a silent host (its agent)", lost_host, {}}};
   for (int s = 0; s < per_host; ++s) faults[1].workers.push_back(WorkerId(lost_host, s));
+  DeathsInLog server_deaths(server.dir + "/server.log");
   for (size_t f = 0; f < faults.size(); ++f) {
     const Fault& fault = faults[f];
     const int round = static_cast<int>(f);
@@ -696,7 +726,7 @@ int RunParent(const std::string& self) {
                    : absl::StrCat("silence-host ", fault.host));
     std::map<std::string, Death> deaths;
     auto all_dead = [&] {
-      deaths = Deaths(server.process->Log());
+      deaths = server_deaths.Update();
       for (const std::string& w : fault.workers) {
         if (deaths.count(w) == 0 || deaths[w].at < since - absl::Seconds(1)) return false;
       }
