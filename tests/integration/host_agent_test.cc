@@ -88,18 +88,26 @@ class HandAgent {
 
   // Joins all of `joins` in one call; the answers by index.
   std::vector<v1::HostJoinResponse> Join(const std::vector<v1::JoinRequest>& joins) {
+    std::vector<v1::HostJoinResponse> answers;
+    EXPECT_TRUE(JoinWithin(joins, absl::Seconds(30), &answers).ok());
+    return answers;
+  }
+
+  // The same in a call the agent gives up after `timeout`: the answers that
+  // came, by index, and the call's status.
+  grpc::Status JoinWithin(const std::vector<v1::JoinRequest>& joins, absl::Duration timeout,
+                          std::vector<v1::HostJoinResponse>* answers) {
     grpc::ClientContext context;
     Authorize(&context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     v1::HostJoinRequest request;
     request.set_node("hand-host boot-1");
     for (const v1::JoinRequest& join : joins) *request.add_joins() = join;
     auto reader = stub_->HostJoin(&context, request);
-    std::vector<v1::HostJoinResponse> answers(joins.size());
+    answers->assign(joins.size(), v1::HostJoinResponse());
     v1::HostJoinResponse answer;
-    while (reader->Read(&answer)) answers.at(answer.index()) = answer;
-    EXPECT_TRUE(reader->Finish().ok());
-    return answers;
+    while (reader->Read(&answer)) answers->at(answer.index()) = answer;
+    return reader->Finish();
   }
 
   // One request on the agent's stream (opened on first use): a beat of each
@@ -199,6 +207,24 @@ TEST(HostAgentServiceTest, AHostsJoinsInOneCallFormTheGenerationAndItsBeatsAreAn
   const v1::JobStatus job = server->membership()->Status("two-hosts").jobs(0);
   EXPECT_GE(job.members(0).last_heartbeat_age_ms(), 0);
   EXPECT_EQ(job.members(1).last_heartbeat_age_ms(), -1) << "rank 1 never beat";
+}
+
+// The server is told of the agent giving up its call (gRPC's done
+// notification on the async queues) and withdraws the call's held joins, so
+// its ranks may join again instead of being refused as already pending.
+TEST(HostAgentServiceTest, AJoinCallTheAgentGivesUpIsWithdrawnAndItsRanksJoinAgain) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  HandAgent a(server->address()), b(server->address());
+  std::vector<v1::HostJoinResponse> answers;
+  grpc::Status gave_up = a.JoinWithin({JoinOf("withdrawn", 4, "w0"), JoinOf("withdrawn", 4, "w2")},
+                                      absl::Milliseconds(300), &answers);
+  EXPECT_EQ(gave_up.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << gave_up.error_message();
+  ASSERT_TRUE(WaitFor([&] { return events.Count("join_cancelled") == 2; }, absl::Seconds(10)))
+      << events.Count("join_cancelled") << " of 2 joins withdrawn";
+  std::vector<v1::MemberCredentials> m = JoinThroughAgents({&a, &b}, "withdrawn", 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(m[r].generation(), 1) << "rank " << r;
 }
 
 TEST(HostAgentServiceTest, ARanksDeathReportedByTheAgentChangesTheGeneration) {
