@@ -501,7 +501,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   p.skip_member_table = request.skip_member_table();
   p.deadline = std::min(deadline, now + options_.join_timeout);
   p.done = std::move(done);
-  pending_by_id_[id] = job.id;
+  pending_by_id_[id] = PendingPlace{job.id, request.worker_id()};
   log_->Log("join", {{"job", job.id},
                      {"worker", request.worker_id()},
                      {"host", request.host()},
@@ -706,15 +706,13 @@ void Membership::CancelJoin(uint64_t join_id) {
     absl::MutexLock lock(&mu_);
     auto it = pending_by_id_.find(join_id);
     if (it == pending_by_id_.end()) return;
-    Job& job = *jobs_[it->second];
+    Job& job = *jobs_[it->second.job_id];
+    auto p = job.pending.find(it->second.worker_id);
     pending_by_id_.erase(it);
-    for (auto p = job.pending.begin(); p != job.pending.end(); ++p) {
-      if (p->second.id == join_id) {
-        log_->Log("join_cancelled", {{"job", job.id}, {"worker", p->first}});
-        done = std::move(p->second.done);
-        job.pending.erase(p);
-        break;
-      }
+    if (p != job.pending.end() && p->second.id == join_id) {
+      log_->Log("join_cancelled", {{"job", job.id}, {"worker", p->first}});
+      done = std::move(p->second.done);
+      job.pending.erase(p);
     }
     // A job that never formed is gone with its last pending join.
     if (job.members.empty() && ForgetIfIdle(job, clock_->Now(), deferred)) {

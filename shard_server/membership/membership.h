@@ -372,7 +372,13 @@ class Membership {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::string> pending_by_id_ ABSL_GUARDED_BY(mu_);  // -> job id
+  // Where each pending join is held: CancelJoin in O(1), not a scan of the
+  // job's pending joins (a withdrawn 100,000-rank barrier cancels them all).
+  struct PendingPlace {
+    std::string job_id;
+    std::string worker_id;  // its key in the job's `pending`
+  };
+  absl::flat_hash_map<uint64_t, PendingPlace> pending_by_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   GenerationListener listener_ ABSL_GUARDED_BY(mu_);
   ForgetListener forget_listener_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 // server.
 #include <stdlib.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -88,25 +89,27 @@ class HandAgent {
 
   // Joins all of `joins` in one call; the answers by index.
   std::vector<v1::HostJoinResponse> Join(const std::vector<v1::JoinRequest>& joins) {
-    std::vector<v1::HostJoinResponse> answers;
-    EXPECT_TRUE(JoinWithin(joins, absl::Seconds(30), &answers).ok());
+    grpc::ClientContext context;
+    auto reader = StartJoins(joins, &context);
+    std::vector<v1::HostJoinResponse> answers(joins.size());
+    v1::HostJoinResponse answer;
+    while (reader->Read(&answer)) answers.at(answer.index()) = answer;
+    EXPECT_TRUE(reader->Finish().ok());
     return answers;
   }
 
-  // The same in a call the agent gives up after `timeout`: the answers that
-  // came, by index, and the call's status.
-  grpc::Status JoinWithin(const std::vector<v1::JoinRequest>& joins, absl::Duration timeout,
-                          std::vector<v1::HostJoinResponse>* answers) {
+  // Sends all of `joins` in one call, waits until `held` (the server holds
+  // them), then gives the call up (as an agent whose ranks went away); the
+  // call's status.
+  grpc::Status JoinThenGiveUp(const std::vector<v1::JoinRequest>& joins,
+                              const std::function<bool()>& held) {
     grpc::ClientContext context;
-    Authorize(&context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    v1::HostJoinRequest request;
-    request.set_node("hand-host boot-1");
-    for (const v1::JoinRequest& join : joins) *request.add_joins() = join;
-    auto reader = stub_->HostJoin(&context, request);
-    answers->assign(joins.size(), v1::HostJoinResponse());
+    auto reader = StartJoins(joins, &context);
+    EXPECT_TRUE(WaitFor(held, absl::Seconds(10))) << "the server never held the joins";
+    context.TryCancel();
     v1::HostJoinResponse answer;
-    while (reader->Read(&answer)) answers->at(answer.index()) = answer;
+    while (reader->Read(&answer)) {
+    }
     return reader->Finish();
   }
 
@@ -147,6 +150,16 @@ class HandAgent {
   }
 
  private:
+  std::unique_ptr<grpc::ClientReader<v1::HostJoinResponse>> StartJoins(
+      const std::vector<v1::JoinRequest>& joins, grpc::ClientContext* context) {
+    Authorize(context);
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::HostJoinRequest request;
+    request.set_node("hand-host boot-1");
+    for (const v1::JoinRequest& join : joins) *request.add_joins() = join;
+    return stub_->HostJoin(context, request);
+  }
+
   void Authorize(grpc::ClientContext* context) {
     if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
   }
@@ -210,17 +223,17 @@ TEST(HostAgentServiceTest, AHostsJoinsInOneCallFormTheGenerationAndItsBeatsAreAn
 }
 
 // The server is told of the agent giving up its call (gRPC's done
-// notification on the async queues) and withdraws the call's held joins, so
+// notification on the async queues; the joins' own deadline is 30 s away) and withdraws the call's held joins, so
 // its ranks may join again instead of being refused as already pending.
 TEST(HostAgentServiceTest, AJoinCallTheAgentGivesUpIsWithdrawnAndItsRanksJoinAgain) {
   Events events;
   auto server = StartServer(&events);
   ASSERT_NE(server, nullptr);
   HandAgent a(server->address()), b(server->address());
-  std::vector<v1::HostJoinResponse> answers;
-  grpc::Status gave_up = a.JoinWithin({JoinOf("withdrawn", 4, "w0"), JoinOf("withdrawn", 4, "w2")},
-                                      absl::Milliseconds(300), &answers);
-  EXPECT_EQ(gave_up.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << gave_up.error_message();
+  grpc::Status gave_up =
+      a.JoinThenGiveUp({JoinOf("withdrawn", 4, "w0"), JoinOf("withdrawn", 4, "w2")},
+                       [&] { return events.Count("join") == 2; });
+  EXPECT_EQ(gave_up.error_code(), grpc::StatusCode::CANCELLED) << gave_up.error_message();
   ASSERT_TRUE(WaitFor([&] { return events.Count("join_cancelled") == 2; }, absl::Seconds(10)))
       << events.Count("join_cancelled") << " of 2 joins withdrawn";
   std::vector<v1::MemberCredentials> m = JoinThroughAgents({&a, &b}, "withdrawn", 4);
