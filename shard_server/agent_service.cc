@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -141,8 +143,10 @@ class HostJoinCall : public grpc::ServerWriteReactor<v1::HostJoinResponse> {
 
   // Starts every join of `request`; a join the caller may not make is
   // answered with why at once.
+  // `bound`: OK when the call's client certificate may join as the worker id
+  // (worker_id_binding.h).
   void Start(const v1::HostJoinRequest& request, const absl::StatusOr<Caller>& caller,
-             absl::Time deadline) {
+             const std::function<absl::Status(const std::string&)>& bound, absl::Time deadline) {
     {
       absl::MutexLock lock(&mu_);
       // One more than the joins until this loop is over: the call cannot
@@ -158,6 +162,10 @@ class HostJoinCall : public grpc::ServerWriteReactor<v1::HostJoinResponse> {
       if (!allowed.ok()) {
         Answered(i, absl::Status(static_cast<absl::StatusCode>(allowed.error_code()),
                                  allowed.error_message()));
+        continue;
+      }
+      if (absl::Status s = bound(join.worker_id()); !s.ok()) {
+        Answered(i, s);
         continue;
       }
       uint64_t id = membership_->Join(
@@ -289,7 +297,14 @@ grpc::ServerWriteReactor<v1::HostJoinResponse>* HostAgentService::HostJoin(
   if (call_deadline < absl::Now() + absl::Hours(24 * 365)) {
     deadline = clock_->Now() + (call_deadline - absl::Now());
   }
-  call->Start(*request, credentials_->Identify(context->client_metadata()), deadline);
+  std::vector<std::string> identities;
+  if (worker_ids_ != nullptr) identities = CertificateIdentities(*context->auth_context());
+  call->Start(
+      *request, credentials_->Identify(context->client_metadata()),
+      [&](const std::string& worker_id) {
+        return worker_ids_ == nullptr ? absl::OkStatus() : worker_ids_->Check(identities, worker_id);
+      },
+      deadline);
   return call;
 }
 

@@ -21,6 +21,7 @@
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/observability/server_metrics.h"
+#include "shard_server/worker_id_binding.h"
 
 namespace zeroshard {
 
@@ -32,6 +33,10 @@ class HostAgentService final : public v1::HostAgent::CallbackService {
 
   grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse>* HostHeartbeat(
       grpc::CallbackServerContext* context) override;
+  // With mutual TLS: the worker ids each client certificate may join as
+  // (null: any). Not owned; call before serving.
+  void SetWorkerIdBinding(const WorkerIdBinding* binding) { worker_ids_ = binding; }
+
   grpc::ServerWriteReactor<v1::HostJoinResponse>* HostJoin(
       grpc::CallbackServerContext* context, const v1::HostJoinRequest* request) override;
 
@@ -41,6 +46,7 @@ class HostAgentService final : public v1::HostAgent::CallbackService {
   JobCredentials* const credentials_;
   ServerMetrics* const metrics_;  // may be null
   EventLog* const log_;           // may be null
+  const WorkerIdBinding* worker_ids_ = nullptr;
 };
 
 }  // namespace zeroshard

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "shard_server/grpc_status.h"
 
 namespace zeroshard {
@@ -58,8 +59,12 @@ class HeartbeatStreams::Call {
     if (grpc::Status allowed = caller_.MayActOn(request_.member().job_id()); !allowed.ok()) {
       return Finish(allowed);  // before anything of the member is touched
     }
-    if (owner_->metrics_ != nullptr) owner_->metrics_->AddHeartbeat();
+    const absl::Time read = absl::Now();
     absl::StatusOr<v1::HeartbeatResponse> response = owner_->membership_->Heartbeat(request_, id_);
+    if (owner_->metrics_ != nullptr) {
+      owner_->metrics_->AddHeartbeat();
+      owner_->metrics_->AddHeartbeatHandling(absl::Now() - read);
+    }
     if (!response.ok()) return Finish(ToGrpcStatus(response.status()));
     response_ = *std::move(response);
     stream_.Write(response_, &written_);

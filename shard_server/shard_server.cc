@@ -217,6 +217,18 @@ absl::Status ShardServer::StartGrpc() {
   } else if (!options_.tls_client_ca.empty()) {
     return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
   }
+  if (options_.tls_bind_worker_ids || !options_.tls_worker_id_map.empty()) {
+    if (options_.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_bind_worker_ids and --tls_worker_id_map need client certificates: give "
+          "--tls_client_ca (with --tls_cert and --tls_key)");
+    }
+    absl::StatusOr<WorkerIdBinding> binding = WorkerIdBinding::Parse(options_.tls_worker_id_map);
+    if (!binding.ok()) return binding.status();
+    worker_ids_ = *std::move(binding);
+    service_->SetWorkerIdBinding(&*worker_ids_);
+    agent_service_->SetWorkerIdBinding(&*worker_ids_);
+  }
   int port = 0;
   builder.AddListeningPort(options_.listen, credentials, &port);
   builder.RegisterService(service_.get());
