@@ -214,9 +214,12 @@ absl::Status SqlDatabase::TransactionSyncedLater(Body body) {
 }
 
 absl::Status SqlDatabase::Sync(int64_t commit) {
-  if (wal_path_.empty()) return absl::OkStatus();
+  if (wal_path_.empty() || synced_.load(std::memory_order_acquire) >= commit) {
+    return absl::OkStatus();
+  }
   absl::MutexLock lock(&sync_mu_);
-  if (synced_ >= commit) return absl::OkStatus();  // a sync while we waited covered it
+  // A sync while we waited may have covered it.
+  if (synced_.load(std::memory_order_acquire) >= commit) return absl::OkStatus();
   // Every commit counted so far is in the WAL's pages: this sync covers them.
   const int64_t covered = LastCommit();
   if (wal_fd_ < 0) wal_fd_ = open(wal_path_.c_str(), O_RDONLY | O_CLOEXEC);
@@ -226,7 +229,7 @@ absl::Status SqlDatabase::Sync(int64_t commit) {
                                                std::strerror(error),
                                                "; the last changes may not survive a crash"));
   }
-  synced_ = covered;
+  synced_.store(covered, std::memory_order_release);
   return absl::OkStatus();
 }
 

@@ -184,7 +184,9 @@ class SqlDatabase {
   std::string wal_path_;
   std::atomic<int64_t> committed_{0};  // commits so far (written under mu_)
   absl::Mutex sync_mu_;                // one fdatasync at a time
-  int64_t synced_ ABSL_GUARDED_BY(sync_mu_) = 0;  // commits a sync covered
+  // Commits a sync covered; written under sync_mu_, read without it so that
+  // a caller whose commit is durable never waits behind a running sync.
+  std::atomic<int64_t> synced_{0};
   int wal_fd_ ABSL_GUARDED_BY(sync_mu_) = -1;     // opened at the first Sync
 };
 
