@@ -728,7 +728,12 @@ TEST_F(CheckpointServerTest, UploadsPastTheirBytesInFlightAreRefusedUntilOneEnds
   // lifted, past the server's).
   for (const bool job_bound : {true, false}) {
     SCOPED_TRACE(job_bound ? "per job" : "in total");
+    // A server of its own each time: its own state and checkpoint root.
+    const std::string run = dir_ + (job_bound ? "/per-job" : "/in-total");
+    ASSERT_EQ(mkdir(run.c_str(), 0755), 0);
+    root_ = run + "/checkpoints";
     ShardServerOptions options = Options();
+    options.state_dir = run + "/state";
     options.checkpoint_service.max_upload_job_bytes = job_bound ? 6000 : int64_t{1} << 40;
     options.checkpoint_service.max_upload_total_bytes = job_bound ? int64_t{1} << 40 : 6000;
     StartServer(std::move(options));
