@@ -3,6 +3,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -201,12 +202,17 @@ class HostJoinCall final : public CallQueues::Call {
     if (call_deadline < absl::Now() + absl::Hours(24 * 365)) {
       deadline = services_.clock->Now() + (call_deadline - absl::Now());
     }
-    StartJoins(services_.credentials->Identify(context_.client_metadata()), deadline);
+    std::vector<std::string> identities;
+    if (services_.worker_ids != nullptr) identities = CertificateIdentities(*context_.auth_context());
+    StartJoins(services_.credentials->Identify(context_.client_metadata()), identities, deadline);
   }
 
   // Starts every join of the request; a join the caller may not make is
   // answered with why at once.
-  void StartJoins(const absl::StatusOr<Caller>& caller, absl::Time deadline) {
+  // `identities`: the client certificate's, checked against each worker id
+  // when services_.worker_ids binds them (worker_id_binding.h).
+  void StartJoins(const absl::StatusOr<Caller>& caller, const std::vector<std::string>& identities,
+                  absl::Time deadline) {
     {
       absl::MutexLock lock(&mu_);
       // One more than the joins until this loop is over: the call cannot
@@ -223,6 +229,12 @@ class HostJoinCall final : public CallQueues::Call {
         Answered(i, absl::Status(static_cast<absl::StatusCode>(allowed.error_code()),
                                  allowed.error_message()));
         continue;
+      }
+      if (services_.worker_ids != nullptr) {
+        if (absl::Status s = services_.worker_ids->Check(identities, join.worker_id()); !s.ok()) {
+          Answered(i, s);
+          continue;
+        }
       }
       uint64_t id = services_.membership->Join(
           join, deadline, [this, i](absl::StatusOr<v1::JoinResponse> r) { Answered(i, std::move(r)); });

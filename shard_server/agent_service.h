@@ -23,6 +23,7 @@
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/observability/server_metrics.h"
+#include "shard_server/worker_id_binding.h"
 
 namespace zeroshard {
 
@@ -35,6 +36,9 @@ struct HostAgentServices {
   JobCredentials* credentials = nullptr;
   ServerMetrics* metrics = nullptr;
   EventLog* log = nullptr;
+  // With mutual TLS: the worker ids each client certificate may join as
+  // (null: any).
+  const WorkerIdBinding* worker_ids = nullptr;
 };
 
 // The acceptors of HostHeartbeat streams and HostJoin calls for

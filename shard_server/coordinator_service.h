@@ -21,6 +21,7 @@
 #include "shard_server/observability/history_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
 #include "shard_server/plan_service.h"
+#include "shard_server/worker_id_binding.h"
 
 namespace zeroshard {
 
@@ -38,6 +39,10 @@ class CoordinatorService final : public HeartbeatAsyncService {
   void SetControlPlaneSource(std::function<void(v1::ControlPlaneStatus*)> source) {
     control_plane_ = std::move(source);
   }
+
+  // With mutual TLS: the worker ids each client certificate may join as
+  // (null: any). Not owned; call before serving.
+  void SetWorkerIdBinding(const WorkerIdBinding* binding) { worker_ids_ = binding; }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -116,6 +121,7 @@ class CoordinatorService final : public HeartbeatAsyncService {
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
   std::function<void(v1::ControlPlaneStatus*)> control_plane_;
+  const WorkerIdBinding* worker_ids_ = nullptr;  // null: any worker id
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
   HistoryStore* const history_;               // may be null: GetHistory finds nothing
 };

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "shard_server/grpc_status.h"
 
 namespace zeroshard {
@@ -52,9 +53,13 @@ class HeartbeatCall final : public CallQueues::Call {
     if (grpc::Status allowed = caller_.MayActOn(request_.member().job_id()); !allowed.ok()) {
       return Finish(allowed);  // before anything of the member is touched
     }
-    if (services_.metrics != nullptr) services_.metrics->AddHeartbeat();
+    const absl::Time read = absl::Now();
     absl::StatusOr<v1::HeartbeatResponse> response =
         services_.membership->Heartbeat(request_, id_);
+    if (services_.metrics != nullptr) {
+      services_.metrics->AddHeartbeat();
+      services_.metrics->AddHeartbeatHandling(absl::Now() - read);
+    }
     if (!response.ok()) return Finish(ToGrpcStatus(response.status()));
     response_ = *std::move(response);
     stream_.Write(response_, &written_);

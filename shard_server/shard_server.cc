@@ -216,6 +216,17 @@ absl::Status ShardServer::StartGrpc() {
   } else if (!options_.tls_client_ca.empty()) {
     return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
   }
+  if (options_.tls_bind_worker_ids || !options_.tls_worker_id_map.empty()) {
+    if (options_.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_bind_worker_ids and --tls_worker_id_map need client certificates: give "
+          "--tls_client_ca (with --tls_cert and --tls_key)");
+    }
+    absl::StatusOr<WorkerIdBinding> binding = WorkerIdBinding::Parse(options_.tls_worker_id_map);
+    if (!binding.ok()) return binding.status();
+    worker_ids_ = *std::move(binding);
+    service_->SetWorkerIdBinding(&*worker_ids_);  // the agents' joins: HostAgentServices below
+  }
   int port = 0;
   builder.AddListeningPort(options_.listen, credentials, &port);
   builder.RegisterService(service_.get());
@@ -255,7 +266,8 @@ absl::Status ShardServer::StartGrpc() {
                                                " (address in use, or a bad --listen value?)"));
   }
   HostAgentServices agents{agent_service_.get(), clock_,           membership_.get(),
-                           credentials_.get(),   metrics_.get(), log_.get()};
+                           credentials_.get(),   metrics_.get(), log_.get(),
+                           worker_ids_.has_value() ? &*worker_ids_ : nullptr};
   call_queues_->Start({AcceptHeartbeatStreams(call_queues_.get(), {service_.get(), membership_.get(),
                                                                    metrics_.get(), credentials_.get()}),
                        AcceptHostHeartbeats(call_queues_.get(), agents),

@@ -5,6 +5,7 @@
 #define ZEROSHARD_SHARD_SERVER_SHARD_SERVER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -31,6 +32,7 @@
 #include "shard_server/observability/server_metrics.h"
 #include "shard_server/state/state_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
+#include "shard_server/worker_id_binding.h"
 
 namespace zeroshard {
 
@@ -56,6 +58,11 @@ struct ShardServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  // With tls_client_ca: a join's worker id must be bound to its client
+  // certificate (worker_id_binding.h); tls_worker_id_map is the map's text
+  // (set: binding on).
+  bool tls_bind_worker_ids = false;
+  std::string tls_worker_id_map;
   // Checkpoints are committed, listed and consolidated below this directory
   // (empty: the checkpoint RPCs answer FAILED_PRECONDITION). Without
   // state_dir the registry lives in memory and is lost on restart.
@@ -128,6 +135,7 @@ class ShardServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<HistoryStore> history_;
   std::unique_ptr<JobCredentials> credentials_;
+  std::optional<WorkerIdBinding> worker_ids_;  // unset: any certificate, any worker id
   std::unique_ptr<CoordinatorService> service_;
   // Node agents (docs/scale.md); served on call_queues_.
   std::unique_ptr<v1::HostAgent::AsyncService> agent_service_;

@@ -192,7 +192,16 @@ absl::Status Membership::Persist(const Job& job) {
   for (const MemberState& m : job.members) {
     s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left});
   }
-  return state_->SaveJob(s);
+  absl::Status saved = state_->SaveJob(s);
+  if (saved.ok()) job.commit = state_->LastCommit();
+  return saved;
+}
+
+absl::Status Membership::SyncState(int64_t commit) {
+  if (state_ == nullptr || commit == 0) return absl::OkStatus();
+  absl::Status synced = state_->Sync(commit);
+  if (!synced.ok()) log_->Log("state_store_error", {{"error", synced.ToString()}});
+  return synced;
 }
 
 absl::Status Membership::SaveChange(const Job& job, absl::string_view failure) {
@@ -532,6 +541,9 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
     id = joined.ok() ? AddPendingJoin(**joined, request, deadline, now, std::move(done), deferred)
                      : absl::StatusOr<uint64_t>(joined.status());
   }
+  // Answers go out below: what they tell is durable first. (A failed sync is
+  // logged; the answers stand, as the change stands in memory and in the file.)
+  SyncState(LastCommit()).IgnoreError();
   for (auto& f : deferred) f();
   if (!id.ok()) {
     done(id.status());
@@ -720,6 +732,7 @@ void Membership::CancelJoin(uint64_t join_id) {
       jobs_.erase(job_id);
     }
   }
+  SyncState(LastCommit()).IgnoreError();
   for (auto& f : deferred) f();
   if (done) done(absl::CancelledError("join cancelled by the caller"));
 }
@@ -747,20 +760,32 @@ absl::StatusOr<Membership::Job*> Membership::FindMemberJob(const v1::MemberCrede
 }
 
 absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Job*> job = FindMemberJob(member, /*allow_stale=*/false);
-  if (!job.ok()) return job.status();
-  if (absl::Status s = SaveUnsaved(**job); !s.ok()) return s;
-  const MemberState& m = (*job)->members[member.rank()];
-  if (m.left) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", m.rank, " of job '", (*job)->id, "' has left; join again"));
+  int64_t commit = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job*> job = FindMemberJob(member, /*allow_stale=*/false);
+    if (!job.ok()) return job.status();
+    if (absl::Status s = SaveUnsaved(**job); !s.ok()) return s;
+    const MemberState& m = (*job)->members[member.rank()];
+    if (m.left) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", m.rank, " of job '", (*job)->id, "' has left; join again"));
+    }
+    commit = (*job)->commit;
   }
-  return absl::OkStatus();
+  return SyncState(commit);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request,
                                                              uint64_t stream) {
+  int64_t commit = 0;
+  absl::StatusOr<v1::HeartbeatResponse> response = RecordHeartbeat(request, stream, &commit);
+  if (absl::Status s = SyncState(commit); !s.ok() && response.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
+    const v1::HeartbeatRequest& request, uint64_t stream, int64_t* commit) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> found = FindMemberJob(request.member(), /*allow_stale=*/true);
   if (!found.ok()) return found.status();
@@ -840,6 +865,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
                                      request.member().generation(), " to ", job.generation,
                                      ": abort collectives and join again"));
   }
+  *commit = job.commit;
   return response;
 }
 
@@ -895,8 +921,9 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
       }
     }
   }
+  absl::Status synced = SyncState(LastCommit());
   for (auto& f : deferred) f();
-  return absl::OkStatus();
+  return synced;
 }
 
 void Membership::Tick() {
@@ -981,6 +1008,7 @@ void Membership::Tick() {
       }
     }
   }
+  SyncState(LastCommit()).IgnoreError();
   for (auto& f : deferred) f();
 }
 

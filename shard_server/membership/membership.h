@@ -213,6 +213,10 @@ class Membership {
     absl::flat_hash_set<int> closed_streams;
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
+    // The state store's commit that holds the job's last saved change: what
+    // must be durable (SyncState) before a member hears of it. Set by
+    // Persist, which sees the job const.
+    mutable int64_t commit = 0;
     // Since when the job has had no live member and no pending join
     // (InfiniteFuture while it has one).
     absl::Time idle_since = absl::InfiniteFuture();
@@ -360,6 +364,18 @@ class Membership {
   // OK when the job has no unsaved change or saving it now succeeds;
   // otherwise UNAVAILABLE naming the store's error.
   absl::Status SaveUnsaved(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the state store's commits up to `commit` durable; called after mu_
+  // is released and before anyone hears of them, so that no call waiting for
+  // mu_ (a heartbeat) waits for the disk, and callers syncing at once share
+  // one fsync. A failure is logged and returned.
+  absl::Status SyncState(int64_t commit) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every commit so far (0 without a store).
+  int64_t LastCommit() const { return state_ == nullptr ? 0 : state_->LastCommit(); }
+  // Heartbeat under mu_; `*commit`: the job's last commit, which the answer
+  // may reveal.
+  absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
+                                                        uint64_t stream, int64_t* commit)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewToken();
