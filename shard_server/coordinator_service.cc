@@ -130,6 +130,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   if (grpc::Status auth = Authorize(context, request->job_id()); !auth.ok()) {
     return FinishNow(context, auth);
   }
+  if (worker_ids_ != nullptr) {
+    absl::Status bound =
+        worker_ids_->Check(CertificateIdentities(*context->auth_context()), request->worker_id());
+    if (!bound.ok()) return FinishNow(context, ToGrpcStatus(bound));
+  }
   auto* call = new HeldCall([this](uint64_t id) { membership_->CancelJoin(id); });
   absl::Time deadline = Deadline(context, /*timeout_ms=*/int64_t{1} << 50);
   uint64_t id = membership_->Join(

@@ -2,7 +2,7 @@
 // KvStore and the planner, with the callback API so that held calls (joins
 // waiting for the barrier, gets waiting for a key) cost no thread.
 // Authentication (a bearer token) is checked here, at the edge. Heartbeat
-// streams are served by HeartbeatStreams (heartbeat_streams.h) on the async
+// streams are served on the server's call queues (heartbeat_streams.h) with the async
 // API: their cost per beat must not grow with the open streams.
 #ifndef ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
@@ -21,6 +21,7 @@
 #include "shard_server/observability/history_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
 #include "shard_server/plan_service.h"
+#include "shard_server/worker_id_binding.h"
 
 namespace zeroshard {
 
@@ -38,6 +39,10 @@ class CoordinatorService final : public HeartbeatAsyncService {
   void SetControlPlaneSource(std::function<void(v1::ControlPlaneStatus*)> source) {
     control_plane_ = std::move(source);
   }
+
+  // With mutual TLS: the worker ids each client certificate may join as
+  // (null: any). Not owned; call before serving.
+  void SetWorkerIdBinding(const WorkerIdBinding* binding) { worker_ids_ = binding; }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -116,6 +121,7 @@ class CoordinatorService final : public HeartbeatAsyncService {
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
   std::function<void(v1::ControlPlaneStatus*)> control_plane_;
+  const WorkerIdBinding* worker_ids_ = nullptr;  // null: any worker id
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
   HistoryStore* const history_;               // may be null: GetHistory finds nothing
 };

@@ -79,6 +79,12 @@ ABSL_FLAG(int, max_consolidations, 4,
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
           "A streamed consolidation whose caller reads nothing for this long is cancelled, "
           "freeing its slot");
+ABSL_FLAG(int64_t, checkpoint_upload_max_job_bytes, int64_t{64} << 30,
+          "Checkpoint uploads (--checkpoint_transport=grpc) of one job in flight, in bytes of "
+          "the sizes they announce; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, checkpoint_upload_max_total_bytes, int64_t{256} << 30,
+          "Checkpoint uploads of every job in flight, in bytes; keep it under the free space "
+          "of --checkpoint_root");
 ABSL_FLAG(int, testing_hold_commit_of_rank, -1,
           "Tests only: this rank's checkpoint commits wait --testing_commit_hold before they "
           "are recorded (a window to kill the server in); -1: none");
@@ -108,6 +114,15 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file: serve TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA file: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(bool, tls_bind_worker_ids, false,
+          "With --tls_client_ca: a join's worker id must be bound to its client certificate: the "
+          "id's host part (before the first '/') is one of the certificate's subject "
+          "alternative names or its common name, or --tls_worker_id_map pairs them; other joins "
+          "are refused with PERMISSION_DENIED");
+ABSL_FLAG(std::string, tls_worker_id_map, "",
+          "File of 'IDENTITY HOST_PART' lines ('*': any host part; '#' comments): certificate "
+          "identities that may join as worker ids of other host parts. Implies "
+          "--tls_bind_worker_ids");
 
 namespace {
 
@@ -191,6 +206,18 @@ absl::Status ReadCheckpointAndTelemetryFlags(zeroshard::ShardServerOptions& opti
   if (absl::GetFlag(FLAGS_consolidate_stall_timeout_s) < 1) {
     return absl::InvalidArgumentError("--consolidate_stall_timeout_s must be >= 1");
   }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"checkpoint_upload_max_job_bytes",
+                                        absl::GetFlag(FLAGS_checkpoint_upload_max_job_bytes)},
+        {"checkpoint_upload_max_total_bytes",
+         absl::GetFlag(FLAGS_checkpoint_upload_max_total_bytes)}}) {
+    if (value < 1)
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, not ", value));
+  }
+  options.checkpoint_service.max_upload_job_bytes =
+      absl::GetFlag(FLAGS_checkpoint_upload_max_job_bytes);
+  options.checkpoint_service.max_upload_total_bytes =
+      absl::GetFlag(FLAGS_checkpoint_upload_max_total_bytes);
   if (absl::GetFlag(FLAGS_hang_report_ms) < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--hang_report_ms must be >= 1, not ", absl::GetFlag(FLAGS_hang_report_ms)));
@@ -221,6 +248,13 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
   for (const auto& [path, field] : tls_files) {
     if (!path.empty() && !ReadFile(path, field))
       return absl::InvalidArgumentError("cannot read " + path);
+  }
+  options.tls_bind_worker_ids = absl::GetFlag(FLAGS_tls_bind_worker_ids);
+  if (const std::string map = absl::GetFlag(FLAGS_tls_worker_id_map); !map.empty()) {
+    if (!ReadFile(map, &options.tls_worker_id_map)) {
+      return absl::InvalidArgumentError("cannot read --tls_worker_id_map " + map);
+    }
+    options.tls_bind_worker_ids = true;
   }
   return zeroshard::CheckTokenTransport(!options.auth_token.empty(), !options.tls_cert.empty(),
                                         absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_insecure),

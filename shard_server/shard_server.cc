@@ -193,8 +193,7 @@ void ShardServer::MakeServices() {
       clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get());
   if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
-  agent_service_ = std::make_unique<HostAgentService>(clock_, membership_.get(), credentials_.get(),
-                                                      metrics, log_.get());
+  agent_service_ = std::make_unique<v1::HostAgent::AsyncService>();
 }
 
 // The gRPC server: TLS, interceptors, keepalive, one server per address.
@@ -217,6 +216,17 @@ absl::Status ShardServer::StartGrpc() {
   } else if (!options_.tls_client_ca.empty()) {
     return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
   }
+  if (options_.tls_bind_worker_ids || !options_.tls_worker_id_map.empty()) {
+    if (options_.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_bind_worker_ids and --tls_worker_id_map need client certificates: give "
+          "--tls_client_ca (with --tls_cert and --tls_key)");
+    }
+    absl::StatusOr<WorkerIdBinding> binding = WorkerIdBinding::Parse(options_.tls_worker_id_map);
+    if (!binding.ok()) return binding.status();
+    worker_ids_ = *std::move(binding);
+    service_->SetWorkerIdBinding(&*worker_ids_);  // the agents' joins: HostAgentServices below
+  }
   int port = 0;
   builder.AddListeningPort(options_.listen, credentials, &port);
   builder.RegisterService(service_.get());
@@ -225,9 +235,7 @@ absl::Status ShardServer::StartGrpc() {
     return absl::InvalidArgumentError(
         absl::StrCat("--heartbeat_queues ", options_.heartbeat_queues, " must be at least 1"));
   }
-  heartbeats_ =
-      std::make_unique<HeartbeatStreams>(service_.get(), membership_.get(), metrics_.get(),
-                                         credentials_.get(), &builder, options_.heartbeat_queues);
+  call_queues_ = std::make_unique<CallQueues>(&builder, options_.heartbeat_queues);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(RpcMetricsInterceptorFactory(metrics_.get()));
   if (!options_.auth_token.empty()) {
@@ -257,7 +265,13 @@ absl::Status ShardServer::StartGrpc() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen,
                                                " (address in use, or a bad --listen value?)"));
   }
-  heartbeats_->Start();
+  HostAgentServices agents{agent_service_.get(), clock_,           membership_.get(),
+                           credentials_.get(),   metrics_.get(), log_.get(),
+                           worker_ids_.has_value() ? &*worker_ids_ : nullptr};
+  call_queues_->Start({AcceptHeartbeatStreams(call_queues_.get(), {service_.get(), membership_.get(),
+                                                                   metrics_.get(), credentials_.get()}),
+                       AcceptHostHeartbeats(call_queues_.get(), agents),
+                       AcceptHostJoins(call_queues_.get(), agents)});
   port_ = port;
   std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
   address_ = absl::StrCat(host, ":", port);
@@ -326,7 +340,7 @@ void ShardServer::Shutdown() {
   // Held calls are answered by the shutdown's cancellation.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
-  heartbeats_->Stop();  // every stream is cancelled: their last events drain
+  call_queues_->Stop();  // every stream is cancelled: their last events drain
   // Consolidation threads see their calls cancelled and stop.
   if (checkpoints_ != nullptr) checkpoints_->WaitIdle();
   if (checkpoint_verifier_ != nullptr) checkpoint_verifier_->Stop();

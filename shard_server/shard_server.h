@@ -5,6 +5,7 @@
 #define ZEROSHARD_SHARD_SERVER_SHARD_SERVER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "shard_server/agent_service.h"
+#include "shard_server/call_queues.h"
 #include "shard_server/checkpoint/checkpoint_registry.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/checkpoint/checkpoint_verifier.h"
@@ -30,6 +32,7 @@
 #include "shard_server/observability/server_metrics.h"
 #include "shard_server/state/state_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
+#include "shard_server/worker_id_binding.h"
 
 namespace zeroshard {
 
@@ -55,6 +58,11 @@ struct ShardServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  // With tls_client_ca: a join's worker id must be bound to its client
+  // certificate (worker_id_binding.h); tls_worker_id_map is the map's text
+  // (set: binding on).
+  bool tls_bind_worker_ids = false;
+  std::string tls_worker_id_map;
   // Checkpoints are committed, listed and consolidated below this directory
   // (empty: the checkpoint RPCs answer FAILED_PRECONDITION). Without
   // state_dir the registry lives in memory and is lost on restart.
@@ -66,9 +74,9 @@ struct ShardServerOptions {
   CheckpointServiceOptions checkpoint_service;  // consolidation slots and their deadline
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
   // Completion queues (one polling thread each) that serve heartbeat
-  // streams; a queue's cost per event grows with the streams on it
-  // (heartbeat_streams.h), so more queues keep a beat's cost flat to more
-  // ranks.
+  // streams and the node agents' calls; a queue's cost per event grows with
+  // the calls on it (call_queues.h), so more queues keep a beat's cost flat
+  // to more ranks.
   int heartbeat_queues = 16;
   // The time every timer of the server reads (heartbeat ages, KV deadlines,
   // diagnosis); null: the real clock. Tests pass a FakeClock to check that
@@ -127,10 +135,12 @@ class ShardServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<HistoryStore> history_;
   std::unique_ptr<JobCredentials> credentials_;
+  std::optional<WorkerIdBinding> worker_ids_;  // unset: any certificate, any worker id
   std::unique_ptr<CoordinatorService> service_;
-  std::unique_ptr<HostAgentService> agent_service_;  // node agents (docs/scale.md)
+  // Node agents (docs/scale.md); served on call_queues_.
+  std::unique_ptr<v1::HostAgent::AsyncService> agent_service_;
   // Declared before server_: its completion queues outlive the server.
-  std::unique_ptr<HeartbeatStreams> heartbeats_;
+  std::unique_ptr<CallQueues> call_queues_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
   RealClock real_clock_;

@@ -1,5 +1,6 @@
 #include "shard_server/checkpoint/checkpoint_service.h"
 
+#include <cassert>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -85,7 +86,14 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
     StartRead(&request_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    // Released once the temporary file is published or removed (file_).
+    CheckpointService* service = service_;
+    const std::string job = job_;
+    const int64_t reserved = reserved_;
+    delete this;
+    if (reserved > 0) service->ReleaseUpload(job, reserved);
+  }
 
  private:
   // Checks the first message and opens the temporary file.
@@ -119,6 +127,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
     job_ = m.job_id();
     step_ = request_.step();
     if (absl::Status s = registry->CheckWritable(job_, step_, m.generation()); !s.ok()) return s;
+    if (absl::Status s = service_->ReserveUpload(job_, size_); !s.ok()) return s;
+    reserved_ = size_;
     if (absl::Status s = registry->root().MakeDirs(CheckpointStepDir(job_, step_)); !s.ok()) {
       return s;
     }
@@ -184,6 +194,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
   int64_t step_ = 0;
   int64_t size_ = 0;
   int64_t written_ = 0;
+  int64_t reserved_ = 0;  // bytes of the service's upload bounds this upload holds
 };
 
 // ---------------------------------------------------------------------------
@@ -471,6 +482,38 @@ grpc::Status CheckpointService::Available() const {
   return Error(absl::StatusCode::kFailedPrecondition,
                "this server has no checkpoint root; start shard_server with "
                "--checkpoint_root=DIR to commit, list and consolidate checkpoints");
+}
+
+absl::Status CheckpointService::ReserveUpload(const std::string& job, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto it = upload_bytes_.find(job);
+  const int64_t job_bytes = (it == upload_bytes_.end() ? 0 : it->second) + bytes;
+  if (job_bytes > options_.max_upload_job_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "an upload of ", bytes, " bytes would take job '", job, "' to ", job_bytes,
+        " bytes of checkpoint uploads in flight; at most ", options_.max_upload_job_bytes,
+        " per job (the server's --checkpoint_upload_max_job_bytes); the step is retried at the "
+        "next checkpoint interval"));
+  }
+  if (upload_total_bytes_ + bytes > options_.max_upload_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "an upload of ", bytes, " bytes of job '", job, "' would take the server to ",
+        upload_total_bytes_ + bytes, " bytes of checkpoint uploads in flight over all jobs; at most ",
+        options_.max_upload_total_bytes,
+        " (the server's --checkpoint_upload_max_total_bytes); the step is retried at the next "
+        "checkpoint interval"));
+  }
+  upload_bytes_[job] = job_bytes;
+  upload_total_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void CheckpointService::ReleaseUpload(const std::string& job, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto it = upload_bytes_.find(job);
+  assert(it != upload_bytes_.end() && it->second >= bytes && upload_total_bytes_ >= bytes);
+  upload_total_bytes_ -= bytes;
+  if ((it->second -= bytes) == 0) upload_bytes_.erase(it);
 }
 
 grpc::Status CheckpointService::BeginConsolidation() {

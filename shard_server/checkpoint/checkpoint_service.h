@@ -10,7 +10,11 @@
 #ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
 
+#include <cstdint>
 #include <functional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
@@ -31,6 +35,14 @@ struct CheckpointServiceOptions {
   // cancelled (DEADLINE_EXCEEDED for the caller, if it is still there), so
   // that a stalled reader cannot hold a slot forever.
   absl::Duration stall_timeout = absl::Seconds(60);
+  // Bytes of checkpoint uploads in flight: an upload reserves the size_bytes
+  // its first message announces (its temporary file under the root grows to
+  // it) until it is published or removed. One job's uploads may reserve
+  // max_upload_job_bytes, all jobs' max_upload_total_bytes; an upload past
+  // either is refused with RESOURCE_EXHAUSTED before it writes a byte (the
+  // worker abandons that checkpoint step and retries at its next interval).
+  int64_t max_upload_job_bytes = int64_t{64} << 30;
+  int64_t max_upload_total_bytes = int64_t{256} << 30;
   // Told of every completed consolidation (bytes written, seconds): the
   // metrics. Empty: no one.
   std::function<void(int64_t bytes, double seconds)> on_consolidated;
@@ -83,6 +95,10 @@ class CheckpointService {
   // Reserves a consolidation slot; RESOURCE_EXHAUSTED when all are taken.
   grpc::Status BeginConsolidation();
   void EndConsolidation();
+  // Reserves `bytes` of uploads in flight for `job`; RESOURCE_EXHAUSTED
+  // naming the job, the bound and its flag when that passes a bound.
+  absl::Status ReserveUpload(const std::string& job, int64_t bytes);
+  void ReleaseUpload(const std::string& job, int64_t bytes);
 
   CheckpointRegistry* const registry_;
   Membership* const membership_;
@@ -90,6 +106,9 @@ class CheckpointService {
   const CheckpointServiceOptions options_;
   absl::Mutex mu_;
   int consolidations_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes reserved by uploads in flight, per job (no entry: 0) and in all.
+  absl::flat_hash_map<std::string, int64_t> upload_bytes_ ABSL_GUARDED_BY(mu_);
+  int64_t upload_total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zeroshard

@@ -169,6 +169,7 @@ absl::Status Membership::Restore() {
       m.last_heartbeat = now;  // a full timeout to beat again
       job->members.push_back(std::move(m));
     }
+    job->IndexMembers();
     RebuildSilenceOrder(*job);
     log_->Log("job_restored", {{"job", job->id},
                                {"generation", absl::StrCat(job->generation)},
@@ -191,7 +192,16 @@ absl::Status Membership::Persist(const Job& job) {
   for (const MemberState& m : job.members) {
     s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left});
   }
-  return state_->SaveJob(s);
+  absl::Status saved = state_->SaveJob(s);
+  if (saved.ok()) job.commit = state_->LastCommit();
+  return saved;
+}
+
+absl::Status Membership::SyncState(int64_t commit) {
+  if (state_ == nullptr || commit == 0) return absl::OkStatus();
+  absl::Status synced = state_->Sync(commit);
+  if (!synced.ok()) log_->Log("state_store_error", {{"error", synced.ToString()}});
+  return synced;
 }
 
 absl::Status Membership::SaveChange(const Job& job, absl::string_view failure) {
@@ -227,10 +237,18 @@ absl::Status Membership::SaveUnsaved(Job& job) {
 }
 
 Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) {
-  for (MemberState& m : members) {
-    if (m.worker_id == worker_id) return &m;
-  }
-  return nullptr;
+  assert(rank_by_worker.size() == members.size());  // IndexMembers after every change
+  auto it = rank_by_worker.find(worker_id);
+  if (it == rank_by_worker.end()) return nullptr;
+  MemberState& m = members[it->second];
+  assert(m.worker_id == worker_id);
+  return &m;
+}
+
+void Membership::Job::IndexMembers() {
+  rank_by_worker.clear();
+  rank_by_worker.reserve(members.size());
+  for (const MemberState& m : members) rank_by_worker[m.worker_id] = m.rank;
 }
 
 const Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) const {
@@ -492,7 +510,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   p.skip_member_table = request.skip_member_table();
   p.deadline = std::min(deadline, now + options_.join_timeout);
   p.done = std::move(done);
-  pending_by_id_[id] = job.id;
+  pending_by_id_[id] = PendingPlace{job.id, request.worker_id()};
   log_->Log("join", {{"job", job.id},
                      {"worker", request.worker_id()},
                      {"host", request.host()},
@@ -523,6 +541,9 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
     id = joined.ok() ? AddPendingJoin(**joined, request, deadline, now, std::move(done), deferred)
                      : absl::StatusOr<uint64_t>(joined.status());
   }
+  // Answers go out below: what they tell is durable first. (A failed sync is
+  // logged; the answers stand, as the change stands in memory and in the file.)
+  SyncState(LastCommit()).IgnoreError();
   for (auto& f : deferred) f();
   if (!id.ok()) {
     done(id.status());
@@ -574,6 +595,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     m.last_heartbeat = now;
     job.members.push_back(std::move(m));
   }
+  job.IndexMembers();
   job.members_generation = job.generation;
   job.state = v1::RUNNING;
   job.data_plane_advanced = absl::InfinitePast();
@@ -581,6 +603,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
       job, absl::StrCat("job '", job.id, "' generation ", job.generation, " could not be formed"));
   if (!saved.ok()) {
     job.members = std::move(previous_members);
+    job.IndexMembers();
     job.members_generation = previous_members_generation;
     job.state = previous_state;
     for (auto& [worker_id, p] : job.pending) {
@@ -695,15 +718,13 @@ void Membership::CancelJoin(uint64_t join_id) {
     absl::MutexLock lock(&mu_);
     auto it = pending_by_id_.find(join_id);
     if (it == pending_by_id_.end()) return;
-    Job& job = *jobs_[it->second];
+    Job& job = *jobs_[it->second.job_id];
+    auto p = job.pending.find(it->second.worker_id);
     pending_by_id_.erase(it);
-    for (auto p = job.pending.begin(); p != job.pending.end(); ++p) {
-      if (p->second.id == join_id) {
-        log_->Log("join_cancelled", {{"job", job.id}, {"worker", p->first}});
-        done = std::move(p->second.done);
-        job.pending.erase(p);
-        break;
-      }
+    if (p != job.pending.end() && p->second.id == join_id) {
+      log_->Log("join_cancelled", {{"job", job.id}, {"worker", p->first}});
+      done = std::move(p->second.done);
+      job.pending.erase(p);
     }
     // A job that never formed is gone with its last pending join.
     if (job.members.empty() && ForgetIfIdle(job, clock_->Now(), deferred)) {
@@ -711,6 +732,7 @@ void Membership::CancelJoin(uint64_t join_id) {
       jobs_.erase(job_id);
     }
   }
+  SyncState(LastCommit()).IgnoreError();
   for (auto& f : deferred) f();
   if (done) done(absl::CancelledError("join cancelled by the caller"));
 }
@@ -738,20 +760,32 @@ absl::StatusOr<Membership::Job*> Membership::FindMemberJob(const v1::MemberCrede
 }
 
 absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Job*> job = FindMemberJob(member, /*allow_stale=*/false);
-  if (!job.ok()) return job.status();
-  if (absl::Status s = SaveUnsaved(**job); !s.ok()) return s;
-  const MemberState& m = (*job)->members[member.rank()];
-  if (m.left) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", m.rank, " of job '", (*job)->id, "' has left; join again"));
+  int64_t commit = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job*> job = FindMemberJob(member, /*allow_stale=*/false);
+    if (!job.ok()) return job.status();
+    if (absl::Status s = SaveUnsaved(**job); !s.ok()) return s;
+    const MemberState& m = (*job)->members[member.rank()];
+    if (m.left) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", m.rank, " of job '", (*job)->id, "' has left; join again"));
+    }
+    commit = (*job)->commit;
   }
-  return absl::OkStatus();
+  return SyncState(commit);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request,
                                                              uint64_t stream) {
+  int64_t commit = 0;
+  absl::StatusOr<v1::HeartbeatResponse> response = RecordHeartbeat(request, stream, &commit);
+  if (absl::Status s = SyncState(commit); !s.ok() && response.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
+    const v1::HeartbeatRequest& request, uint64_t stream, int64_t* commit) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> found = FindMemberJob(request.member(), /*allow_stale=*/true);
   if (!found.ok()) return found.status();
@@ -831,6 +865,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
                                      request.member().generation(), " to ", job.generation,
                                      ": abort collectives and join again"));
   }
+  *commit = job.commit;
   return response;
 }
 
@@ -886,8 +921,9 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
       }
     }
   }
+  absl::Status synced = SyncState(LastCommit());
   for (auto& f : deferred) f();
-  return absl::OkStatus();
+  return synced;
 }
 
 void Membership::Tick() {
@@ -972,6 +1008,7 @@ void Membership::Tick() {
       }
     }
   }
+  SyncState(LastCommit()).IgnoreError();
   for (auto& f : deferred) f();
 }
 

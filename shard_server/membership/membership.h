@@ -213,6 +213,10 @@ class Membership {
     absl::flat_hash_set<int> closed_streams;
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
+    // The state store's commit that holds the job's last saved change: what
+    // must be durable (SyncState) before a member hears of it. Set by
+    // Persist, which sees the job const.
+    mutable int64_t commit = 0;
     // Since when the job has had no live member and no pending join
     // (InfiniteFuture while it has one).
     absl::Time idle_since = absl::InfiniteFuture();
@@ -238,9 +242,15 @@ class Membership {
     bool isolation_suspected = false;
     bool seen_by_peers = false;
     bool formed() const { return members_generation == generation && !members.empty(); }
-    // The member with `worker_id`; null: none.
+    // The member with `worker_id`; null: none. O(1): a 100,000-rank job's
+    // rejoins after a failure look up every member once each.
     MemberState* FindMember(const std::string& worker_id);
     const MemberState* FindMember(const std::string& worker_id) const;
+    // Call whenever `members` is replaced or filled (restore, FormGeneration).
+    void IndexMembers();
+    // Invariant: rank_by_worker[m.worker_id] == m.rank for every m of
+    // `members`, and nothing else (IndexMembers).
+    absl::flat_hash_map<std::string, int> rank_by_worker;
   };
   using Deferred = std::vector<std::function<void()>>;
 
@@ -354,6 +364,18 @@ class Membership {
   // OK when the job has no unsaved change or saving it now succeeds;
   // otherwise UNAVAILABLE naming the store's error.
   absl::Status SaveUnsaved(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the state store's commits up to `commit` durable; called after mu_
+  // is released and before anyone hears of them, so that no call waiting for
+  // mu_ (a heartbeat) waits for the disk, and callers syncing at once share
+  // one fsync. A failure is logged and returned.
+  absl::Status SyncState(int64_t commit) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every commit so far (0 without a store).
+  int64_t LastCommit() const { return state_ == nullptr ? 0 : state_->LastCommit(); }
+  // Heartbeat under mu_; `*commit`: the job's last commit, which the answer
+  // may reveal.
+  absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
+                                                        uint64_t stream, int64_t* commit)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewToken();
@@ -366,7 +388,13 @@ class Membership {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::string> pending_by_id_ ABSL_GUARDED_BY(mu_);  // -> job id
+  // Where each pending join is held: CancelJoin in O(1), not a scan of the
+  // job's pending joins (a withdrawn 100,000-rank barrier cancels them all).
+  struct PendingPlace {
+    std::string job_id;
+    std::string worker_id;  // its key in the job's `pending`
+  };
+  absl::flat_hash_map<uint64_t, PendingPlace> pending_by_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   GenerationListener listener_ ABSL_GUARDED_BY(mu_);
   ForgetListener forget_listener_ ABSL_GUARDED_BY(mu_);

@@ -152,6 +152,22 @@ void ServerMetrics::AddConsolidation(int64_t bytes, double seconds) {
   }
 }
 
+void ServerMetrics::AddHeartbeatHandling(absl::Duration handling) {
+  const double seconds = absl::ToDoubleSeconds(handling);
+  const int64_t ns = absl::ToInt64Nanoseconds(handling);
+  for (size_t i = 0; i < kLatencyBuckets.size(); ++i) {
+    if (seconds <= kLatencyBuckets[i]) {
+      beat_buckets_[i].fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+  }
+  beat_handled_.fetch_add(1, std::memory_order_relaxed);
+  beat_handling_ns_.fetch_add(ns, std::memory_order_relaxed);
+  int64_t max = beat_handling_max_ns_.load(std::memory_order_relaxed);
+  while (ns > max && !beat_handling_max_ns_.compare_exchange_weak(max, ns)) {
+  }
+}
+
 void ServerMetrics::Write(std::string* out) const {
   absl::MutexLock lock(&mu_);
   Family(out, "zeroshard_rpcs_total", "counter", "RPCs answered, by method and status code.");
@@ -192,6 +208,24 @@ void ServerMetrics::Write(std::string* out) const {
   };
   Family(out, "zeroshard_heartbeats_total", "counter", "Heartbeats received.");
   absl::StrAppend(out, "zeroshard_heartbeats_total ", heartbeats_.load(), "\n");
+  Family(out, "zeroshard_heartbeat_handling_seconds", "histogram",
+         "Time the server took to answer a beat once read (a wait for Membership's lock "
+         "included).");
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < kLatencyBuckets.size(); ++i) {
+    cumulative += beat_buckets_[i].load();
+    absl::StrAppend(out, "zeroshard_heartbeat_handling_seconds_bucket{le=\"",
+                    Num(kLatencyBuckets[i]), "\"} ", cumulative, "\n");
+  }
+  absl::StrAppend(out, "zeroshard_heartbeat_handling_seconds_bucket{le=\"+Inf\"} ",
+                  beat_handled_.load(), "\n");
+  absl::StrAppend(out, "zeroshard_heartbeat_handling_seconds_sum ",
+                  Num(beat_handling_ns_.load() / 1e9), "\n");
+  absl::StrAppend(out, "zeroshard_heartbeat_handling_seconds_count ", beat_handled_.load(), "\n");
+  Family(out, "zeroshard_heartbeat_handling_max_seconds", "gauge",
+         "The longest a beat's answer took since the server started.");
+  absl::StrAppend(out, "zeroshard_heartbeat_handling_max_seconds ",
+                  Num(beat_handling_max_ns_.load() / 1e9), "\n");
   Family(out, "zeroshard_joins_total", "counter", "Joins answered with a rank.");
   absl::StrAppend(out, "zeroshard_joins_total ", answered("Join", true), "\n");
   Family(out, "zeroshard_kv_operations_total", "counter",

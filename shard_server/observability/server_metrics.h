@@ -39,6 +39,10 @@ class ServerMetrics {
   void RecordRpc(const std::string& method, grpc::StatusCode code, absl::Duration latency);
   void AddMessagesReceived(const std::string& method, int64_t count);
   void AddHeartbeat() { heartbeats_.fetch_add(1, std::memory_order_relaxed); }
+  // How long the server took to answer one beat once it was read: Membership's
+  // work and any wait for its lock (what KV, checkpoint or join work could
+  // delay). Lock-free: it runs on every beat.
+  void AddHeartbeatHandling(absl::Duration handling);
   void AddCheckpointCommit(int64_t bytes);
   void AddConsolidation(int64_t bytes, double seconds);
 
@@ -55,6 +59,10 @@ class ServerMetrics {
   std::map<std::pair<std::string, int>, Rpc> rpcs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> messages_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> heartbeats_{0};
+  std::array<std::atomic<int64_t>, kLatencyBuckets.size()> beat_buckets_{};  // not cumulative
+  std::atomic<int64_t> beat_handled_{0};
+  std::atomic<int64_t> beat_handling_ns_{0};      // sum
+  std::atomic<int64_t> beat_handling_max_ns_{0};  // since the server started
   std::atomic<int64_t> commits_{0};
   std::atomic<int64_t> commit_bytes_{0};
   std::atomic<int64_t> consolidations_{0};

@@ -13,6 +13,7 @@
 #define ZEROSHARD_SHARD_SERVER_SQL_DATABASE_H_
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -139,14 +140,31 @@ class SqlDatabase {
 
   // Runs `body` as one SQLite transaction: every write of it is committed
   // or, when `body` or the commit fails, none is; that error is returned.
-  // `body` must not call the database (its mutex is held).
-  absl::Status Transaction(Body body) ABSL_LOCKS_EXCLUDED(mu_);
+  // `body` must not call the database (its mutex is held). Durable on return
+  // (TransactionSyncedLater, then Sync).
+  absl::Status Transaction(Body body) ABSL_LOCKS_EXCLUDED(mu_, sync_mu_);
+  // As Transaction(), but with kFull the commit is only written (to the WAL
+  // in the page cache, ~0.1 ms), not yet durable: it is once Sync(n) returns
+  // for an n >= LastCommit() read after it. A caller that commits under a
+  // lock of its own syncs after releasing that lock, so that nothing waiting
+  // for the lock waits for the disk, and the callers syncing at once share
+  // one fsync (group commit). The data is in the file either way: a crash of
+  // the process loses nothing; a crash of the machine may lose what no Sync
+  // covered, and nobody was told of it.
+  absl::Status TransactionSyncedLater(Body body) ABSL_LOCKS_EXCLUDED(mu_);
+  // The sequence number of the last commit (0: none yet).
+  int64_t LastCommit() const { return committed_.load(std::memory_order_acquire); }
+  // Makes every commit up to `commit` durable (fdatasync of the WAL file);
+  // returns at once when a Sync already covered it, and for kOff and
+  // replicated databases. UNAVAILABLE when the disk refuses.
+  absl::Status Sync(int64_t commit) ABSL_LOCKS_EXCLUDED(sync_mu_);
   // Runs `body`'s queries, which see what the last transaction committed.
   // A statement that would write fails: writes need Transaction().
   absl::Status Read(Body body) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   SqlDatabase(sqlite3* db, std::string name) : db_(db), name_(std::move(name)) {}
+  absl::Status TransactionLocked(Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ExecuteLocked(absl::string_view what, const char* sql)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The whole database, as sqlite3_serialize writes it.
@@ -161,6 +179,15 @@ class SqlDatabase {
   const std::string name_;
   DatabaseReplica* replica_ = nullptr;  // null: not replicated
   std::string saved_image_ ABSL_GUARDED_BY(mu_);  // the replica's last image
+  // Group commit (kFull on a file): the WAL file whose fdatasync makes
+  // commits durable; "" when commits need no sync.
+  std::string wal_path_;
+  std::atomic<int64_t> committed_{0};  // commits so far (written under mu_)
+  absl::Mutex sync_mu_;                // one fdatasync at a time
+  // Commits a sync covered; written under sync_mu_, read without it so that
+  // a caller whose commit is durable never waits behind a running sync.
+  std::atomic<int64_t> synced_{0};
+  int wal_fd_ ABSL_GUARDED_BY(sync_mu_) = -1;     // opened at the first Sync
 };
 
 }  // namespace zeroshard

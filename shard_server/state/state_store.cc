@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::WithSchema(
 }
 
 absl::Status StateStore::SaveJob(const StoredJob& job) {
-  return Transaction([&](Connection& db) -> absl::Status {
+  return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
     Statement save = db.Prepare("save job",
                                 "INSERT OR REPLACE INTO jobs(job_id, world_size, generation, "
                                 "members_generation, state, target_world_size) "
@@ -96,7 +96,7 @@ absl::Status StateStore::SaveJob(const StoredJob& job) {
 }
 
 absl::Status StateStore::DeleteJob(const std::string& job_id) {
-  return Transaction([&](Connection& db) -> absl::Status {
+  return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
     for (const char* sql : {"DELETE FROM members WHERE job_id = ?",
                             "DELETE FROM plans WHERE job_id = ?",
                             "DELETE FROM jobs WHERE job_id = ?"}) {

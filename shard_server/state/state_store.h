@@ -71,11 +71,16 @@ class StateStore {
   // durably, or, when `body` or the commit fails, none is; that error is
   // returned. `body` must not call the store (its mutex is held).
   absl::Status Transaction(Body body) { return db_->Transaction(body); }
+  int64_t LastCommit() const { return db_->LastCommit(); }
+  absl::Status Sync(int64_t commit) { return db_->Sync(commit); }
   // Runs `body`'s queries, which see what the last transaction committed.
   // A statement that would write fails: writes need Transaction().
   absl::Status Read(Body body) { return db_->Read(body); }
 
   // Inserts or replaces the job row and its members, in one transaction.
+  // SaveJob and DeleteJob commit without waiting for the disk: durable once
+  // Sync(LastCommit()) returns (Membership commits under its lock and syncs
+  // after releasing it, before it answers anyone: sql_database.h).
   absl::Status SaveJob(const StoredJob& job);
   absl::StatusOr<std::vector<StoredJob>> LoadJobs();
   // Forgets the job: its row, its members and its plans, in one transaction.

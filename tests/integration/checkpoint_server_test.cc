@@ -722,6 +722,47 @@ TEST_F(CheckpointServerTest, AnUploadFencedOutByANewGenerationReplacesNothing) {
   for (auto& m : members_) m->StopHeartbeats();
 }
 
+TEST_F(CheckpointServerTest, UploadsPastTheirBytesInFlightAreRefusedUntilOneEnds) {
+  // Rank 0's 4,096-byte upload is in flight; rank 1's would take the job to
+  // 8,192 bytes, past the job's bound of 6,000 (and then, with the job's bound
+  // lifted, past the server's).
+  for (const bool job_bound : {true, false}) {
+    SCOPED_TRACE(job_bound ? "per job" : "in total");
+    // A server of its own each time: its own state and checkpoint root.
+    const std::string run = dir_ + (job_bound ? "/per-job" : "/in-total");
+    ASSERT_EQ(mkdir(run.c_str(), 0755), 0);
+    root_ = run + "/checkpoints";
+    ShardServerOptions options = Options();
+    options.state_dir = run + "/state";
+    options.checkpoint_service.max_upload_job_bytes = job_bound ? 6000 : int64_t{1} << 40;
+    options.checkpoint_service.max_upload_total_bytes = job_bound ? int64_t{1} << 40 : 6000;
+    StartServer(std::move(options));
+    JoinAndPlan();
+    const std::string step_dir = root_ + "/ckpt/step-10";
+    RawUpload first(server_->address(), members_[0]->credentials(), 10,
+                    "ckpt/step-10/rank-0-of-2.safetensors", std::string(4096, 'a'));
+    ASSERT_TRUE(WaitForTemporaryFile(step_dir));
+    const std::string second_path = dir_ + "/rank-1-upload";
+    testing::WriteFile(second_path, std::string(4096, 'b'));
+    absl::Status refused =
+        members_[1]->UploadShard(10, "ckpt/step-10/rank-1-of-2.safetensors", second_path).status();
+    EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+    for (const char* part :
+         {"job 'ckpt'", "8192 bytes", "6000",
+          job_bound ? "--checkpoint_upload_max_job_bytes" : "--checkpoint_upload_max_total_bytes"}) {
+      EXPECT_TRUE(absl::StrContains(refused.message(), part)) << part << " in " << refused;
+    }
+    EXPECT_FALSE(Exists(step_dir + "/rank-1-of-2.safetensors"));
+    // The first ends (published), which frees its bytes: the second goes through.
+    ASSERT_TRUE(first.Finish().ok());
+    absl::StatusOr<int64_t> sent =
+        members_[1]->UploadShard(10, "ckpt/step-10/rank-1-of-2.safetensors", second_path);
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    EXPECT_EQ(*sent, 4096);
+    EXPECT_EQ(FileBytes(step_dir + "/rank-1-of-2.safetensors"), std::string(4096, 'b'));
+  }
+}
+
 TEST_F(CheckpointServerTest, AConsolidationWhoseReaderStallsIsCancelledAndFreesItsSlot) {
   ShardServerOptions options = Options();
   options.checkpoint_service.max_consolidations = 1;

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -441,6 +442,76 @@ TEST(ControlPlaneTest, TlsWithClientCertificates) {
   plaintext.rpc_timeout = absl::Seconds(3);
   auto insecure = Client::Connect(plaintext);
   EXPECT_FALSE((*insecure)->GetStatus("").ok());
+}
+
+// A CA, a server certificate for localhost and one client certificate per
+// name (CN and DNS subject alternative name both the name), as files in `dir`:
+// ca.crt, server.{crt,key}, <name>.{crt,key}. EC keys: quick to make.
+void MakeCertificates(const std::string& dir, const std::vector<std::string>& clients) {
+  const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  std::string script = absl::StrCat(
+      "set -e; cd ", dir, "; openssl req -x509 ", key,
+      " -days 1 -subj /CN=test-ca -keyout ca.key -out ca.crt; ", "openssl req ", key,
+      " -subj /CN=localhost -keyout server.key -out server.csr; ",
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > server.ext; ",
+      "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile server.ext -out server.crt; ");
+  for (const std::string& name : clients) {
+    absl::StrAppend(&script, "openssl req ", key, " -subj /CN=", name, " -keyout ", name,
+                    ".key -out ", name, ".csr; printf 'subjectAltName=DNS:", name, "\\n' > ", name,
+                    ".ext; openssl x509 -req -in ", name,
+                    ".csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 -extfile ", name,
+                    ".ext -out ", name, ".crt; ");
+  }
+  auto [code, output] = testing::RunCommand(script);
+  ASSERT_EQ(code, 0) << output;
+}
+
+TEST(ControlPlaneTest, WithBoundWorkerIdsACertificateJoinsOnlyAsItsOwnHosts) {
+  const std::string dir = testing::MakeTempDir("tls-bind");
+  ASSERT_NO_FATAL_FAILURE(MakeCertificates(dir, {"node-a", "launcher"}));
+  auto read = [&](const std::string& name) { return testing::ReadFileOrEmpty(dir + "/" + name); };
+  ShardServerOptions options = FastOptions();
+  options.tls_cert = read("server.crt");
+  options.tls_key = read("server.key");
+  options.tls_client_ca = read("ca.crt");
+  options.tls_bind_worker_ids = true;
+  options.tls_worker_id_map = "# the launcher joins for every host\nlauncher *\n";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto connect = [&](const std::string& name) {
+    ClientOptions o;
+    o.server = server->address();
+    o.tls_ca = read("ca.crt");
+    o.tls_cert = read(name + ".crt");
+    o.tls_key = read(name + ".key");
+    o.rpc_timeout = absl::Seconds(10);
+    auto client = Client::Connect(o);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::move(*client);
+  };
+  // node-a's certificate joins as its own host...
+  auto node_a = connect("node-a");
+  auto own = node_a->Join("bind-own", 1, "node-a/0", "127.0.0.1", absl::Seconds(10));
+  EXPECT_TRUE(own.ok()) << own.status();
+  // ...but not as another host's worker: refused, naming the id and the identity.
+  auto other = node_a->Join("bind-other", 1, "node-b/0", "127.0.0.1", absl::Seconds(10));
+  EXPECT_TRUE(absl::IsPermissionDenied(other.status())) << other.status();
+  for (const char* part : {"'node-b/0'", "node-a", "--tls_bind_worker_ids"}) {
+    EXPECT_TRUE(absl::StrContains(other.status().message(), part)) << part << ": " << other.status();
+  }
+  EXPECT_EQ(server->membership()->Status("bind-other").jobs_size(), 0);
+  // The map lets the launcher's certificate join as any host.
+  auto launcher = connect("launcher");
+  auto mapped = launcher->Join("bind-mapped", 1, "node-c/0", "127.0.0.1", absl::Seconds(10));
+  EXPECT_TRUE(mapped.ok()) << mapped.status();
+  // Binding without client certificates is a configuration error.
+  ShardServerOptions no_ca = FastOptions();
+  no_ca.tls_cert = read("server.crt");
+  no_ca.tls_key = read("server.key");
+  no_ca.tls_bind_worker_ids = true;
+  auto refused = ShardServer::Start(std::move(no_ca));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
 }
 
 }  // namespace
