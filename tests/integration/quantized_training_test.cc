@@ -7,8 +7,9 @@
 // Tolerance. Each value a step communicates is quantized once per
 // collective (worker/comm/quantized.h): a parameter errs by at most
 // max|block| / 254 in the forward and backward, a gradient contribution by
-// its block's max / 254 in each of the two reductions. That is noise of up
-// to 0.4 % of a block's largest value per element on every step, which does
+// less than its block's max / 127 in each of the two reductions (stochastic
+// rounding: unbiased). That is noise of up to 0.8 % of a block's largest
+// value per element on every step, which does
 // not shrink with steps; there is no bound of it on a loss after training
 // short of the f64 propagation the unit tests do. The check is the issue's
 // acceptance criterion instead: the final validation loss within 1 % of the

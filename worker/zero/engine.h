@@ -57,6 +57,8 @@
 
 namespace zeroshard {
 
+struct Int8Rounding;  // worker/comm/quantized.h
+
 struct EngineOptions {
   int stage = 3;
   int prefetch = 1;
@@ -71,6 +73,12 @@ struct EngineOptions {
   // rank computes on the dequantized unit; the master stays f32. Otherwise
   // (kF32) gathers travel in param_dtype.
   DType gather_dtype = DType::kF32;
+  // Int8 reductions (--int8_reduce_rounding): true, stochastic rounding,
+  // unbiased, so gradients below half a block's quantum are not lost every
+  // step (docs/quantized_comm.md); false, to nearest, for comparisons.
+  // Gathers always round to nearest: the master weights stay f32, only
+  // their copy is rounded.
+  bool int8_stochastic_reduce = true;
   int grad_accum = 1;
   absl::Duration collective_timeout = absl::Seconds(60);
   // Test-only (shard_worker's --test_* flags): runs on a collective's thread
@@ -303,7 +311,8 @@ class ZeroEngine {
   // also take the squared norm of its gradient shard, off the compute thread).
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
   absl::Status AllReduceUnit(int unit);
-  absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype);
+  absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype, Int8Rounding rounding);
+  Int8Rounding QuantizedReduceRounding(int unit);
   // ReduceUnit's end, after the group's reduce-scatter (and the replicas'
   // average): this rank's pieces into the gradient shard (`direct`: already
   // there; `stale`: written, not added), then the shard's squared norm.
