@@ -105,10 +105,10 @@ ABSL_FLAG(std::string, param_dtype, "f32",
 ABSL_FLAG(std::string, reduce_dtype, "f32",
           "Dtype gradients are reduced in: f32|bf16|int8 (int8: block-quantized on the wire, "
           "summed in f32; docs/quantized_comm.md)");
-ABSL_FLAG(std::string, int8_reduce_rounding, "stochastic",
-          "--reduce_dtype=int8: how gradients round to the int8 grid: stochastic (unbiased: a "
-          "gradient below half its block's quantum still counts on average) | nearest (it "
-          "becomes 0; for comparisons). docs/quantized_comm.md");
+ABSL_FLAG(std::string, int8_reduce_rounding, "nearest",
+          "--reduce_dtype=int8: how gradients round to the int8 grid: nearest (a gradient "
+          "below half its block's quantum becomes 0) | stochastic (unbiased: it counts on "
+          "average; costs CPU). docs/quantized_comm.md");
 ABSL_FLAG(bool, replica_thread, true,
           "With --shard_group_size: the replicas' all-reduce on a thread of its own, "
           "overlapping the group's next reduce-scatters (false: after each, on the reduce "

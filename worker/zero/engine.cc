@@ -684,9 +684,9 @@ void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
 
 // ---- Reductions ----
 
-// The rounding of this unit's next int8 reduction: stochastic (unless
-// EngineOptions says nearest) with a seed of its own, (unit, count), the
-// same on every rank; the quantizers mix in the rank and destination.
+// The rounding of this unit's next int8 reduction: to nearest, or
+// stochastic (EngineOptions::int8_stochastic_reduce) with a seed of its
+// own, (unit, count), the same on every rank; the quantizers mix in the rank and destination.
 // Reduce thread only.
 Int8Rounding ZeroEngine::QuantizedReduceRounding(int unit) {
   const int64_t count = state_[unit]->quantized_reductions++;
@@ -758,7 +758,12 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   }
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
-  const DType dtype = options_.reduce_dtype;  // on the wire
+  // On the wire inside the group (int8 inside a host's shared memory: f32,
+  // EngineOptions::int8_group_reduce_in_f32); the replicas' all-reduce
+  // travels in options_.reduce_dtype.
+  const DType dtype = options_.reduce_dtype == DType::kI8 && options_.int8_group_reduce_in_f32
+                          ? DType::kF32
+                          : options_.reduce_dtype;
   // In the buffers: int8 reductions take and give f32.
   const DType held = dtype == DType::kI8 ? DType::kF32 : dtype;
   const int64_t chunk = layout.chunk_elements;
@@ -793,7 +798,8 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   void* output = direct ? state.grads.data() : received.data();
   // Int8: the group's reduce-scatter and the replicas' all-reduce draw
   // from two streams of this reduction's seed.
-  const Int8Rounding rounding = dtype == DType::kI8 ? QuantizedReduceRounding(unit) : Int8Rounding{};
+  const Int8Rounding rounding =
+      options_.reduce_dtype == DType::kI8 ? QuantizedReduceRounding(unit) : Int8Rounding{};
   Int8Rounding replica_rounding = rounding;
   replica_rounding.seed ^= uint64_t{1} << 63;
   absl::Status s =
@@ -818,7 +824,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     return FinishReduction(unit, &received, direct, stale, last_micro);
   }
   if (replica_thread_ == nullptr) {
-    if (absl::Status s = AverageOverReplicas(unit, output, dtype, replica_rounding); !s.ok()) {
+    if (absl::Status s =
+            AverageOverReplicas(unit, output, options_.reduce_dtype, replica_rounding);
+        !s.ok()) {
       return s;
     }
     return FinishReduction(unit, &received, direct, stale, last_micro);
