@@ -59,6 +59,9 @@ ABSL_FLAG(int, prefetch, 1, "plan: units gathered ahead of use at stage 3");
 ABSL_FLAG(int, shard_group_size, 0,
           "plan: hybrid sharding, shards spread over groups of this many consecutive ranks and "
           "replicated across the --world / G groups (0: over every rank)");
+ABSL_FLAG(int, secondary_shard_group_size, 0,
+          "plan: hpZ's secondary groups of H ranks (0: none; H divides --world and is smaller "
+          "than the shard groups): adds each rank's f32 secondary slice to the stage-3 memory");
 ABSL_FLAG(bool, local, false, "plan: plan in-process instead of asking --server");
 ABSL_FLAG(std::string, param_dtype, "f32", "plan: parameter (compute) dtype: f32, bf16 or f16");
 ABSL_FLAG(std::string, reduce_dtype, "", "plan: gradient reduce dtype (empty: --param_dtype)");
@@ -191,6 +194,7 @@ absl::StatusOr<PlanRequest> PlanRequestFromFlags() {
   request.estimate.param_dtype = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_param_dtype));
   request.estimate.reduce_dtype = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_reduce_dtype));
   request.estimate.prefetch = absl::GetFlag(FLAGS_prefetch);
+  request.estimate.secondary_shard_group_size = absl::GetFlag(FLAGS_secondary_shard_group_size);
   // The estimate's own rules decide which dtypes and prefetch values are
   // valid; an empty plan lets them run now instead of after planning.
   ShardPlan empty;
@@ -320,14 +324,25 @@ std::string MemoryText(const MemoryEstimate& estimate, int selected_stage) {
       "parameter, prefetch %d\n",
       estimate.param_dtype, estimate.reduce_dtype, estimate.optimizer_bytes_per_parameter,
       estimate.prefetch);
-  Table table({"STAGE", "PARAMS", "GRADS", "OPTIMIZER", "WINDOW", "PADDING", "TOTAL"});
+  // hpZ adds a column: each rank's secondary slice (stage 3).
+  const bool hpz = estimate.secondary_shard_group_size > 0;
+  std::vector<std::string> columns = {"STAGE", "PARAMS", "GRADS", "OPTIMIZER", "WINDOW"};
+  if (hpz) columns.push_back("SECONDARY");
+  columns.insert(columns.end(), {"PADDING", "TOTAL"});
+  Table table(columns);
   for (const StageMemory& stage : estimate.stages) {
-    table.AddRow({absl::StrCat(stage.stage, stage.stage == selected_stage ? " *" : ""),
-                  HumanBytes(stage.parameter_bytes), HumanBytes(stage.gradient_bytes),
-                  HumanBytes(stage.optimizer_bytes), HumanBytes(stage.unsharded_window_bytes),
-                  HumanBytes(stage.padding_bytes), HumanBytes(stage.total_bytes)});
+    std::vector<std::string> row = {
+        absl::StrCat(stage.stage, stage.stage == selected_stage ? " *" : ""),
+        HumanBytes(stage.parameter_bytes), HumanBytes(stage.gradient_bytes),
+        HumanBytes(stage.optimizer_bytes), HumanBytes(stage.unsharded_window_bytes)};
+    if (hpz) row.push_back(HumanBytes(stage.secondary_bytes));
+    row.insert(row.end(), {HumanBytes(stage.padding_bytes), HumanBytes(stage.total_bytes)});
+    table.AddRow(row);
   }
   absl::StrAppend(&out, table.ToString(), "* --stage=", selected_stage,
+                  hpz ? absl::StrCat("; SECONDARY: hpZ's f32 slices, secondary groups of ",
+                                     estimate.secondary_shard_group_size)
+                      : "",
                   "; activations and communication buffers not included\n");
   return out;
 }

@@ -184,7 +184,7 @@ HostBytes DataPlane::BytesByHost() const {
 }
 
 void DataPlane::Abort() {
-  for (Communicator* c : {gather.get(), reduce.get(), replicas.get(), aux.get(),
+  for (Communicator* c : {gather.get(), reduce.get(), replicas.get(), secondary.get(), aux.get(),
                          static_cast<Communicator*>(snapshot.get())}) {
     if (c != nullptr) c->Abort();
   }
@@ -222,9 +222,10 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
       plane->description[role]["tag"] = tag;
       plane->description.erase(tag);
     }
-    std::unique_ptr<Communicator>& slot = role == "gather"   ? plane->gather
-                                          : role == "reduce" ? plane->reduce
-                                                             : plane->replicas;
+    std::unique_ptr<Communicator>& slot = role == "gather"      ? plane->gather
+                                          : role == "reduce"    ? plane->reduce
+                                          : role == "secondary" ? plane->secondary
+                                                                : plane->replicas;
     slot = *std::move(comm);
     return slot.get();
   };
@@ -239,6 +240,14 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
     absl::StatusOr<Communicator*> c =
         connect("replicas", absl::StrCat("replicas/member", member), group, replicas,
                 [&](int k) { return k * g + member; });
+    if (!c.ok()) return c.status();
+  }
+  if (options.secondary_group_size > 0) {
+    // hpZ: groups of H consecutive ranks (a host's, with H = ranks per host).
+    const int h = options.secondary_group_size, base = rank / h * h;
+    absl::StatusOr<Communicator*> c =
+        connect("secondary", absl::StrCat("secondary/group", rank / h), rank - base, h,
+                [&](int i) { return base + i; });
     if (!c.ok()) return c.status();
   }
   // Host-side metrics only: a few bytes, so TCP (no segment to map), and not
@@ -257,7 +266,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
 }
 
 void LogHostTransports(const DataPlane& plane) {
-  for (const char* tag : {"gather", "reduce", "replicas"}) {
+  for (const char* tag : {"gather", "reduce", "replicas", "secondary"}) {
     if (!plane.description.contains(tag)) continue;  // replicas: only with shard groups
     const nlohmann::json& d = plane.description.at(tag);
     const std::string transport = d["transport"];

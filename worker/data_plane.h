@@ -8,6 +8,8 @@
 //           that gathers and reductions run at once)
 //   replicas  with shard groups (HSDP): averages gradient shards over the
 //           groups holding the same shard
+//   secondary  with hpZ: the backward's gathers from the secondary shards,
+//           over groups of H consecutive ranks (those of a host)
 //   aux     small collectives of host-side metrics (Gloo over TCP)
 #ifndef ZEROSHARD_WORKER_DATA_PLANE_H_
 #define ZEROSHARD_WORKER_DATA_PLANE_H_
@@ -44,6 +46,9 @@ struct DataPlaneOptions {
   // consecutive ranks and adds the replicas' communicator (DataPlane). G
   // divides W; 0 or W: no groups.
   int shard_group_size = 0;
+  // hpZ: H > 0 adds the `secondary` communicator over groups of H
+  // consecutive ranks. H divides W; 0: none.
+  int secondary_group_size = 0;
   // Bounds the rendezvous, each connect to a peer and every collective.
   absl::Duration timeout = absl::Seconds(60);
   // Gloo's TCP pairs listen on these ports (--data_plane_ports); empty:
@@ -76,6 +81,8 @@ struct DataPlane {
   // over this rank's group, and `replicas` over the ranks holding the same
   // shard in the other groups; null without groups.
   std::unique_ptr<Communicator> replicas;
+  // hpZ (options.secondary_group_size > 0): over this rank's secondary group.
+  std::unique_ptr<Communicator> secondary;
   std::unique_ptr<Communicator> aux;
   std::unique_ptr<GlooCommunicator> snapshot;  // options.snapshots; else null
   // What each communicator runs on, by tag, for the run's report:
@@ -88,7 +95,7 @@ struct DataPlane {
   // REQUIRES: the communicators are not being destroyed.
   void Abort();
 
-  // What the bulk communicators (gather, reduce, replicas) sent so far, by where it
+  // What the bulk communicators (gather, reduce, replicas, secondary) sent so far, by where it
   // went. Two-level communicators count their levels; a flat ring (Gloo TCP,
   // NCCL) sends everything to its successor, so its bytes are intra-host
   // when the successor runs on this host and inter-host otherwise; shared

@@ -24,7 +24,7 @@ void FillLiveTelemetry(const ZeroEngine& engine, const DataPlane* plane, v1::Ran
   using C = MemoryCategory;
   v1::MemoryUsage* memory = out->mutable_memory();
   memory->set_params(m.current(C::kParamsSharded) + m.current(C::kParamsReplicated) +
-                     m.current(C::kParamsGathered));
+                     m.current(C::kParamsGathered) + m.current(C::kParamsSecondary));
   memory->set_grads(m.current(C::kGradsPersistent) + m.current(C::kGradsTransient));
   memory->set_optimizer_state(m.current(C::kOptimizerState));
   memory->set_activations(m.current(C::kActivations));

@@ -203,7 +203,8 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["comm_bytes"] = {{"all_gather", bytes.all_gather},
                        {"reduce_scatter", bytes.reduce_scatter},
                        {"all_reduce", bytes.all_reduce},
-                       {"broadcast", bytes.broadcast}};
+                       {"broadcast", bytes.broadcast},
+                       {"secondary_all_gather", m.secondary_gather_bytes}};
   // Per step, and the median step: what stayed on this rank's host and what
   // crossed the network (the figure a slow link between hosts multiplies).
   out["comm_bytes_intra_host"] = m.step_bytes_intra_host;

@@ -35,6 +35,9 @@ struct RunMetrics {
   // Bytes this rank sent during the training steps (gather and reduce
   // communicators together; evaluation and sampling not counted).
   CollectiveBytes training_bytes;
+  // hpZ: the part of training_bytes.all_gather the backward's gathers from
+  // the secondary shards sent (inside the secondary groups).
+  int64_t secondary_gather_bytes = 0;
   // The same bytes, each step's, by where they went (DataPlane::BytesByHost):
   // to ranks on this host, or across the network.
   std::vector<int64_t> step_bytes_intra_host;

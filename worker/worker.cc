@@ -142,21 +142,47 @@ absl::Status Worker::Join() {
 
 absl::StatusOr<int> Worker::ShardGroupSize() {
   if (!config_.shard_group_by_host) return config_.plan.shard_group_size;
+  return ConsecutiveRanksPerHost("--shard_group_size", "shard_groups");
+}
+
+absl::StatusOr<int> Worker::SecondaryGroupSize(int shard_group_size) {
+  int h = config_.secondary_group_size;
+  if (config_.secondary_group_by_host) {
+    absl::StatusOr<int> per_host =
+        ConsecutiveRanksPerHost("--secondary_shard_group_size", "secondary_groups");
+    if (!per_host.ok()) return per_host.status();
+    h = *per_host;
+  }
+  if (h == 0) return 0;
+  const int g = shard_group_size > 0 && shard_group_size < world() ? shard_group_size : world();
+  if (world() % h != 0 || h >= g) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--secondary_shard_group_size: secondary groups of ", h, " ranks",
+        config_.secondary_group_by_host ? " (the ranks per host)" : "",
+        " must divide the world size ", world(), " and be smaller than the shard groups of ", g,
+        " ranks (hpZ keeps the backward's gathers inside a host when the shard groups span "
+        "hosts); drop the flag for this layout"));
+  }
+  return h;
+}
+
+absl::StatusOr<int> Worker::ConsecutiveRanksPerHost(const char* flag, const char* key) {
+  const std::string what = absl::StrCat(flag, "=host");
   ClientKvStore store(client_.get());
-  absl::StatusOr<std::vector<std::string>> keys = ExchangeHostKeys(
-      &store, rank_, world(), "shard_groups", HostIdentity(), config_.data_plane.timeout);
-  if (!keys.ok()) return Annotate(keys.status(), "--shard_group_size=host: exchanging hosts");
+  absl::StatusOr<std::vector<std::string>> keys =
+      ExchangeHostKeys(&store, rank_, world(), key, HostIdentity(), config_.data_plane.timeout);
+  if (!keys.ok()) return Annotate(keys.status(), absl::StrCat(what, ": exchanging hosts"));
   absl::StatusOr<HostLayout> layout = HostLayout::Of(*keys);
-  if (!layout.ok()) return Annotate(layout.status(), "--shard_group_size=host");
+  if (!layout.ok()) return Annotate(layout.status(), what);
   // Groups are consecutive ranks: host h must hold ranks h*L .. h*L + L - 1.
   for (int h = 0; h < layout->hosts; ++h) {
     for (int i = 0; i < layout->local_size; ++i) {
       if (layout->ranks_on[h][i] != h * layout->local_size + i) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "--shard_group_size=host: the ranks of a host must be consecutive, but rank ",
+            what, ": the ranks of a host must be consecutive, but rank ",
             layout->ranks_on[h][i], " runs on host ", h, " with rank ", layout->ranks_on[h][0],
             " (ranks follow the sorted worker ids: name workers host first, e.g. "
-            "'<host>/<local rank>'), or give --shard_group_size=G"));
+            "'<host>/<local rank>'), or give ", flag, "=G"));
       }
     }
   }
@@ -187,6 +213,19 @@ absl::Status Worker::BootstrapDataPlane() {
   DataPlaneOptions plane_options = config_.data_plane;
   plane_options.snapshots = config_.recovery.snapshot_every > 0 && world > 1;
   plane_options.shard_group_size = g.plan.options.shard_group_size;
+  absl::StatusOr<int> secondary = SecondaryGroupSize(g.plan.options.shard_group_size);
+  if (!secondary.ok() && recoveries_ > 0) {
+    // A generation re-formed at another size (a shrink) may not fit the
+    // secondary groups; hpZ is an optimization, so the survivors go on
+    // without it (they all see the same sizes and hosts, so all agree). A
+    // fresh process in such a generation (a replacement) still refuses.
+    std::fprintf(stderr, "shard_worker rank %d: hpZ off in generation %lld: %s\n", rank_,
+                 static_cast<long long>(g.membership.generation),
+                 std::string(secondary.status().message()).c_str());
+    secondary = 0;
+  }
+  if (!secondary.ok()) return secondary.status();
+  plane_options.secondary_group_size = *secondary;
   AbortLatch* const abort = abort_;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = ConnectDataPlane(
       client_.get(), rank_, world, plane_options, [abort] { return abort->tripped(); });
@@ -196,6 +235,7 @@ absl::Status Worker::BootstrapDataPlane() {
   if (rank_ == 0 && world > 1) LogHostTransports(*g.data_plane);
   EngineOptions engine_options = engine_options_;
   engine_options.replicas = g.data_plane->replicas.get();
+  engine_options.secondary = g.data_plane->secondary.get();
   // HSDP with a group inside one host (shared memory): its reduce-scatter
   // crosses no link, so only the replicas' all-reduce is quantized.
   const nlohmann::json& described = g.data_plane->description;
@@ -230,6 +270,8 @@ absl::Status Worker::Train() {
   const CollectiveBytes reduce_before = plane.reduce->bytes_sent();
   const CollectiveBytes replicas_before =
       plane.replicas != nullptr ? plane.replicas->bytes_sent() : CollectiveBytes();
+  const CollectiveBytes secondary_before =
+      plane.secondary != nullptr ? plane.secondary->bytes_sent() : CollectiveBytes();
   if (rank_ == 0) {
     int64_t parameters = 0;
     for (const auto& t : task_->model()->Spec().tensors) parameters += t.Elements();
@@ -280,6 +322,11 @@ absl::Status Worker::Train() {
   metrics_.training_bytes += plane.reduce->bytes_sent() - reduce_before;
   if (plane.replicas != nullptr) {
     metrics_.training_bytes += plane.replicas->bytes_sent() - replicas_before;
+  }
+  if (plane.secondary != nullptr) {
+    const CollectiveBytes secondary = plane.secondary->bytes_sent() - secondary_before;
+    metrics_.training_bytes += secondary;
+    metrics_.secondary_gather_bytes += secondary.all_gather;
   }
   return absl::OkStatus();
 }

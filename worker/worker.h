@@ -152,6 +152,12 @@ class Worker {
   // --shard_group_size's G for this generation (0: none); with 'host', the
   // ranks per host, agreed through the KV store.
   absl::StatusOr<int> ShardGroupSize();
+  // --secondary_shard_group_size's H (hpZ) for this generation (0: off),
+  // checked against the world size and the shard groups of G ranks.
+  absl::StatusOr<int> SecondaryGroupSize(int shard_group_size);
+  // The ranks per host, agreed through the KV store under `key`;
+  // FAILED_PRECONDITION naming `flag` when a host's ranks are not consecutive.
+  absl::StatusOr<int> ConsecutiveRanksPerHost(const char* flag, const char* key);
   // The heartbeat thread's handler: every command but CONTINUE ends the
   // generation.
   void OnServerCommand(const absl::StatusOr<v1::HeartbeatResponse>& reply)

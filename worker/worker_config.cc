@@ -51,6 +51,12 @@ ABSL_FLAG(std::string, shard_group_size, "",
           "reduce-scattered in the group, then averaged over the replicas. G (dividing the "
           "world size), or 'host': the ranks of one host (each host's ranks consecutive). "
           "Empty or 0: shard over every rank. Stages 1-3");
+ABSL_FLAG(std::string, secondary_shard_group_size, "",
+          "hpZ (ZeRO++): keep a secondary copy of the parameters sharded over groups of H "
+          "consecutive ranks, taken from each forward gather and refreshed after every step, "
+          "and gather the backward's parameters from it inside the group only. H (dividing "
+          "the world size, smaller than the shard groups), or 'host': the ranks of one host. "
+          "Costs params/H f32 per rank. Stage 3");
 ABSL_FLAG(int, join_timeout_s, 600, "Give up joining after this many seconds");
 ABSL_FLAG(int, max_recoveries, 10,
           "Fault tolerance: after a peer dies, re-join the job's next generation and resume "
@@ -392,6 +398,19 @@ absl::Status ReadEngine(WorkerConfig* config) {
   }
   if ((config->shard_group_by_host || config->plan.shard_group_size > 0) && engine.stage == 0) {
     return Bad("--shard_group_size needs --stage=1, 2 or 3 (stage 0 replicates every state)");
+  }
+  const std::string secondary = absl::GetFlag(FLAGS_secondary_shard_group_size);
+  if (secondary == "host") {
+    config->secondary_group_by_host = true;
+  } else if (!secondary.empty() && (!absl::SimpleAtoi(secondary, &config->secondary_group_size) ||
+                                    config->secondary_group_size < 0)) {
+    return Bad(absl::StrCat("--secondary_shard_group_size=", secondary,
+                            " is neither a number of ranks (>= 0) nor 'host'"));
+  }
+  if ((config->secondary_group_by_host || config->secondary_group_size > 0) && engine.stage != 3) {
+    return Bad(absl::StrCat("--secondary_shard_group_size (hpZ) serves stage 3's backward "
+                            "gathers; got --stage=",
+                            engine.stage, ": use --stage=3 or drop the flag"));
   }
   return absl::OkStatus();
 }

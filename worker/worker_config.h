@@ -90,6 +90,10 @@ struct WorkerConfig {
   // --shard_group_size=host: G is the number of ranks per host, found when
   // the job forms (Worker::Plan).
   bool shard_group_by_host = false;
+  // hpZ: --secondary_shard_group_size=H (0: off), or 'host' (the ranks per
+  // host, found when the job forms, like shard_group_by_host).
+  int secondary_group_size = 0;
+  bool secondary_group_by_host = false;
 
   // ---- The run ----
   Schedule schedule;

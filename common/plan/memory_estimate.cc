@@ -51,12 +51,21 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
     return absl::InvalidArgumentError(
         absl::StrCat("plan world size ", plan.world_size, " is invalid"));
   }
+  const int h = options.secondary_shard_group_size;
+  const int group = plan.options.ShardGroupSize(plan.world_size);
+  // An empty plan (a check of the options alone) has no groups to compare.
+  if (h < 0 || (h > 0 && !plan.units.empty() && (plan.world_size % h != 0 || h >= group))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "secondary_shard_group_size ", h, " must be 0 (no hpZ) or divide the world size ",
+        plan.world_size, " and be smaller than the shard groups of ", group, " ranks"));
+  }
 
   MemoryEstimate estimate;
   estimate.world_size = plan.world_size;
   estimate.param_dtype = options.param_dtype;
   estimate.reduce_dtype = reduce_dtype;
   estimate.prefetch = options.prefetch;
+  estimate.secondary_shard_group_size = h;
   // Adam's two fp32 moments, plus an fp32 master unless the parameter is one.
   const int64_t k = options.param_dtype == "F32" ? 8 : 12;
   estimate.optimizer_bytes_per_parameter = k;
@@ -66,8 +75,12 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
   const int64_t w = plan.options.ShardGroupSize(plan.world_size);
   estimate.shard_group_size = static_cast<int>(w);
   int64_t largest_chunk = 0;
+  int64_t secondary_elements = 0;  // hpZ: sum over units of ceil(unit / H)
   for (const ShardUnit& unit : plan.units) {
-    for (const TensorSpec& tensor : unit.tensors) estimate.parameters += tensor.Elements();
+    int64_t unit_elements = 0;
+    for (const TensorSpec& tensor : unit.tensors) unit_elements += tensor.Elements();
+    estimate.parameters += unit_elements;
+    if (h > 0) secondary_elements += (unit_elements + h - 1) / h;
     estimate.shard_elements += unit.chunk_elements;
     largest_chunk = std::max(largest_chunk, unit.chunk_elements);
   }
@@ -106,13 +119,14 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
     m.gradient_bytes = *grads;
     m.optimizer_bytes = *optimizer;
     m.unsharded_window_bytes = traits.params_sharded ? *window : 0;
+    m.secondary_bytes = traits.params_sharded ? 4 * secondary_elements : 0;  // f32
     const int64_t sharded_bytes_per_element = (traits.state_sharded ? k : 0) +
                                               (traits.grads_sharded ? *g : 0) +
                                               (traits.params_sharded ? *p : 0);
     const __int128 padding = padding_all_ranks * sharded_bytes_per_element;
     m.padding_bytes = static_cast<int64_t>((padding + w - 1) / w);  // mean, rounded up
     const __int128 total = static_cast<__int128>(m.parameter_bytes) + m.gradient_bytes +
-                           m.optimizer_bytes + m.unsharded_window_bytes;
+                           m.optimizer_bytes + m.unsharded_window_bytes + m.secondary_bytes;
     if (total > INT64_MAX) {
       return absl::InvalidArgumentError(
           absl::StrCat("stage ", stage, " total overflows int64 bytes"));
@@ -131,6 +145,7 @@ nlohmann::ordered_json MemoryEstimateJson(const MemoryEstimate& estimate) {
     stage["gradient_bytes"] = m.gradient_bytes;
     stage["optimizer_bytes"] = m.optimizer_bytes;
     stage["unsharded_window_bytes"] = m.unsharded_window_bytes;
+    stage["secondary_bytes"] = m.secondary_bytes;
     stage["padding_bytes"] = m.padding_bytes;
     stage["total_bytes"] = m.total_bytes;
     stages.push_back(std::move(stage));
@@ -141,6 +156,7 @@ nlohmann::ordered_json MemoryEstimateJson(const MemoryEstimate& estimate) {
   out["param_dtype"] = estimate.param_dtype;
   out["reduce_dtype"] = estimate.reduce_dtype;
   out["prefetch"] = estimate.prefetch;
+  out["secondary_shard_group_size"] = estimate.secondary_shard_group_size;
   out["parameters"] = estimate.parameters;
   out["shard_elements"] = estimate.shard_elements;
   out["largest_unit_elements"] = estimate.largest_unit_elements;

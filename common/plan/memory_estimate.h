@@ -19,6 +19,10 @@
 //   (a gathered unit occupies G chunks, its padding included; G = W unless
 //   the plan has shard groups).
 //
+// hpZ (secondary_shard_group_size = H > 0, stage 3): + secondary, each
+// rank's f32 slice of every unit, 4 * sum over units of ceil(unit / H) (the
+// engine splits each unit's flat elements evenly over the H ranks).
+//
 // F32 (p = g = 4, K = 8): 16 psi, 8 psi + 8 S, 4 psi + 12 S, 16 S (+ window).
 // BF16 params and grads (p = g = 2, K = 12): 16 psi, 4 psi + 12 S,
 // 2 psi + 14 S, 16 S (+ window) — the ZeRO paper's mixed-precision case.
@@ -45,6 +49,8 @@ struct MemoryEstimateOptions {
   std::string param_dtype = "F32";  // F32, BF16 or F16: the gathered/compute copy
   std::string reduce_dtype;         // F32, BF16 or F16; empty: param_dtype
   int prefetch = 1;                 // units gathered ahead at stage 3, 0 to 1024
+  // hpZ's H (0: none). With a plan of units: H divides W and H < G.
+  int secondary_shard_group_size = 0;
 };
 
 // Bytes per rank for one ZeRO stage.
@@ -54,8 +60,9 @@ struct StageMemory {
   int64_t gradient_bytes = 0;
   int64_t optimizer_bytes = 0;         // Adam moments (+ fp32 master)
   int64_t unsharded_window_bytes = 0;  // stage 3 only
+  int64_t secondary_bytes = 0;         // stage 3 with hpZ only
   int64_t padding_bytes = 0;           // part of the three above; mean over ranks
-  int64_t total_bytes = 0;             // parameter + gradient + optimizer + window
+  int64_t total_bytes = 0;             // parameter + gradient + optimizer + window + secondary
 };
 
 struct MemoryEstimate {
@@ -66,6 +73,7 @@ struct MemoryEstimate {
   std::string param_dtype;
   std::string reduce_dtype;
   int prefetch = 0;
+  int secondary_shard_group_size = 0;  // H; 0: no hpZ
   int64_t parameters = 0;                     // psi, elements
   int64_t shard_elements = 0;                 // S, elements per rank incl. padding
   int64_t largest_unit_elements = 0;          // G * the largest chunk: one gathered unit
@@ -80,11 +88,11 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
                                               const MemoryEstimateOptions& options);
 
 // {"world_size": W, "shard_group_size": G, "param_dtype": "BF16", "reduce_dtype": "BF16",
-// "prefetch": 1,
+// "prefetch": 1, "secondary_shard_group_size": H,
 //  "parameters": n, "shard_elements": n, "largest_unit_elements": n,
 //  "optimizer_bytes_per_parameter": K,
 //  "stages": [{"stage": 0, "parameter_bytes": n, "gradient_bytes": n,
-//              "optimizer_bytes": n, "unsharded_window_bytes": n,
+//              "optimizer_bytes": n, "unsharded_window_bytes": n, "secondary_bytes": n,
 //              "padding_bytes": n, "total_bytes": n}, ...]}
 nlohmann::ordered_json MemoryEstimateJson(const MemoryEstimate& estimate);
 std::string MemoryEstimateToJson(const MemoryEstimate& estimate);

@@ -17,6 +17,9 @@
 // The int8 modes (flat-int8, two-level-int8: --gather_dtype=int8
 // --reduce_dtype=int8; hsdp-int8: --reduce_dtype=int8, whose gathers stay
 // inside the host) quantize what travels (worker/comm/quantized.h).
+// The hpZ modes (hpz, two-level-hpz, hpz-int8: flat, two-level and
+// flat-int8 with --secondary_shard_group_size=host) gather the backward's
+// parameters from the host's secondary shards (engine.h, hpZ).
 // "peak RSS/rank" is the largest VmHWM over the ranks (the reports'
 // peak_rss_bytes).
 #include <algorithm>
@@ -58,7 +61,9 @@ ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
           "Modes to run: flat, two-level (--two_level), hsdp (--shard_group_size=host), "
           "hsdp-serial (hsdp, the replicas' all-reduce on the reduce thread: "
           "--replica_thread=false), hsdp-bf16 (and --reduce_dtype=bf16), flat-int8, two-level-int8 (--gather_dtype=int8 "
-          "--reduce_dtype=int8), hsdp-int8 (--reduce_dtype=int8); PyTorch 2 beside them: fsdp2 (fully_shard), "
+          "--reduce_dtype=int8), hsdp-int8 (--reduce_dtype=int8), hpz, two-level-hpz, hpz-int8 "
+          "(flat, two-level, flat-int8 with --secondary_shard_group_size=host); PyTorch 2 beside "
+          "them: fsdp2 (fully_shard), "
           "fsdp2-hsdp (fully_shard on a 2-D DeviceMesh: shard in a host, replicate across)");
 ABSL_FLAG(std::string, torch_python, "",
           "Python with torch 2.x for the fsdp2 modes (default: $ZEROSHARD_PYTHON, else "
@@ -170,12 +175,15 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
   // One validation batch: the crossing bytes are divided by the steps.
   flags.insert(flags.end(), {"--stage=3", "--threads=1", "--lr=0.01", "--seed=9", "--val_batches=1",
                              absl::StrCat("--steps=", steps), "--collective_timeout=120s"});
-  if (mode == "two-level" || mode == "two-level-int8") flags.push_back("--two_level");
+  if (absl::StartsWith(mode, "two-level")) flags.push_back("--two_level");
   if (absl::StartsWith(mode, "hsdp")) flags.push_back("--shard_group_size=host");
   if (mode == "hsdp-serial") flags.push_back("--replica_thread=false");
   if (mode == "hsdp-bf16") flags.push_back("--reduce_dtype=bf16");
   if (absl::EndsWith(mode, "-int8")) flags.push_back("--reduce_dtype=int8");
-  if (mode == "flat-int8" || mode == "two-level-int8") flags.push_back("--gather_dtype=int8");
+  if (mode == "flat-int8" || mode == "two-level-int8" || mode == "hpz-int8") {
+    flags.push_back("--gather_dtype=int8");
+  }
+  if (absl::StrContains(mode, "hpz")) flags.push_back("--secondary_shard_group_size=host");
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   const std::string job = absl::StrCat(mode, "-", rate, "-", round);
   if (!cluster.Run(job, 4, flags, absl::Seconds(600))) return false;
@@ -226,12 +234,14 @@ int Main() {
   for (const std::string& mode : modes) {
     static const char* const kOurs[] = {"flat",      "two-level",  "hsdp",          "hsdp-bf16",
                                         "flat-int8", "hsdp-int8", "two-level-int8",
-                                        "hsdp-serial"};
+                                        "hsdp-serial", "hpz",       "two-level-hpz",
+                                        "hpz-int8"};
     if (std::find(std::begin(kOurs), std::end(kOurs), mode) == std::end(kOurs) &&
         !IsTorchMode(mode)) {
       std::fprintf(stderr,
                    "--modes: '%s' is not flat, two-level, hsdp, hsdp-serial, hsdp-bf16, "
-                   "flat-int8, two-level-int8, hsdp-int8, fsdp2 or fsdp2-hsdp\n",
+                   "flat-int8, two-level-int8, hsdp-int8, hpz, two-level-hpz, hpz-int8, fsdp2 or "
+                   "fsdp2-hsdp\n",
                    mode.c_str());
       return 2;
     }

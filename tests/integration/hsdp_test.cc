@@ -16,6 +16,7 @@
 #include "tests/testing/cluster.h"
 #include "tests/testing/error_model.h"
 #include "tests/testing/params.h"
+#include "tests/testing/small_mlp.h"
 
 namespace zeroshard {
 namespace {
@@ -25,44 +26,7 @@ using testing::LocalCluster;
 using testing::MaxRelativeDifference;
 using testing::Params;
 
-constexpr int kLayers = 3;
-constexpr int kWidth = 32;
-constexpr double kLr = 0.01;
-// GELU: the error model assumes no unit within rounding of a kink.
-constexpr char kActivation[] = "gelu";
-
-std::vector<std::string> MlpFlags(int steps, std::vector<std::string> extra) {
-  std::vector<std::string> flags = {"--model=mlp",
-                                    absl::StrCat("--layers=", kLayers),
-                                    absl::StrCat("--width=", kWidth),
-                                    absl::StrCat("--activation=", kActivation),
-                                    absl::StrCat("--steps=", steps),
-                                    absl::StrCat("--lr=", kLr),
-                                    "--seed=3",
-                                    "--checkpoint_at_end",
-                                    "--collective_timeout=30s"};
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  return flags;
-}
-
-Params MlpParams(const LocalCluster& cluster, const std::string& job, int step) {
-  return testing::LoadCheckpointParams(cluster.checkpoint_root(), job, step,
-                                       *MlpSpec(kLayers, kWidth, kActivation));
-}
-
-// tests/testing/error_model.h's Adam bound for `steps` steps of the MLP on
-// `rows` rows per step: HSDP sums each gradient in another order (a group's
-// average, then the replicas') than one process does (one GEMM over all
-// rows), and than the flat ring does.
-double MlpBound(int steps, int rows, const Params& reference) {
-  testing::TrainingErrorModel m;
-  m.layers = kLayers;
-  m.sum_length = std::max(kWidth, rows);
-  m.steps = steps;
-  m.lr = kLr;
-  m.param_scale = testing::SmallestTensorScale(reference);
-  return testing::AdamRelativeParamBound(m);
-}
+const testing::SmallMlp kMlp;  // 3 x 32, GELU
 
 class HsdpTest : public ::testing::Test {
  protected:
@@ -73,15 +37,15 @@ class HsdpTest : public ::testing::Test {
 TEST_F(HsdpTest, TwoGroupsOfTwoTrainTheMlpToOneProcesssParameters) {
   ASSERT_TRUE(cluster_.ok());
   constexpr int kSteps = 5;
-  ASSERT_TRUE(cluster_.Run("single", 1, MlpFlags(kSteps, {"--stage=3", "--batch=8"})));
-  const Params reference = MlpParams(cluster_, "single", kSteps);
+  ASSERT_TRUE(cluster_.Run("single", 1, kMlp.Flags(kSteps, {"--stage=3", "--batch=8"})));
+  const Params reference = kMlp.Load(cluster_.checkpoint_root(), "single", kSteps);
   for (int stage : {2, 3}) {
     const std::string job = absl::StrCat("hsdp-stage", stage);
     ASSERT_TRUE(cluster_.Run(
         job, 4,
-        MlpFlags(kSteps, {absl::StrCat("--stage=", stage), "--batch=2", "--shard_group_size=2"})));
-    ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, job, kSteps), reference),
-                      MlpBound(kSteps, 8, reference), absl::StrCat("HSDP stage ", stage));
+        kMlp.Flags(kSteps, {absl::StrCat("--stage=", stage), "--batch=2", "--shard_group_size=2"})));
+    ExpectWithinBound(MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), job, kSteps), reference),
+                      kMlp.Bound(kSteps, 8, reference), absl::StrCat("HSDP stage ", stage));
     const std::string log = cluster_.WorkerLog(0);
     EXPECT_NE(log.find("data plane (replicas)"), std::string::npos) << log;
   }
@@ -92,7 +56,7 @@ TEST_F(HsdpTest, TwoGroupsOfTwoTrainTheMlpToOneProcesssParameters) {
   const int64_t parameters = report["parameters"];
   const int64_t shard = report["shard_elements"];
   EXPECT_GE(shard, parameters / 2);
-  EXPECT_LE(shard, parameters / 2 + kLayers * 63);
+  EXPECT_LE(shard, parameters / 2 + kMlp.layers * 63);
   EXPECT_EQ(report["memory"]["model_state_bytes"].get<int64_t>(), 16 * shard);
 }
 
@@ -164,9 +128,9 @@ TEST_F(HsdpTest, TwoGroupsOfTwoTrainTheGptToOneProcesssParameters) {
 TEST_F(HsdpTest, CheckpointsConsolidateAndResumeAtAnotherWorldAndGroupSize) {
   ASSERT_TRUE(cluster_.ok());
   // Global batch 12 rows at every world size: W × batch.
-  ASSERT_TRUE(cluster_.Run("uninterrupted", 1, MlpFlags(6, {"--stage=3", "--batch=12"})));
+  ASSERT_TRUE(cluster_.Run("uninterrupted", 1, kMlp.Flags(6, {"--stage=3", "--batch=12"})));
   ASSERT_TRUE(
-      cluster_.Run("resumed", 4, MlpFlags(3, {"--stage=3", "--batch=3", "--shard_group_size=2"})));
+      cluster_.Run("resumed", 4, kMlp.Flags(3, {"--stage=3", "--batch=3", "--shard_group_size=2"})));
   // The server accepted every rank's piece and merges them.
   const std::string consolidated = cluster_.dir() + "/hsdp.safetensors";
   auto [code, output] = testing::RunCommand(
@@ -178,14 +142,14 @@ TEST_F(HsdpTest, CheckpointsConsolidateAndResumeAtAnotherWorldAndGroupSize) {
   // without groups.
   ASSERT_TRUE(cluster_.Run(
       "resumed", 2,
-      MlpFlags(6, {"--stage=3", "--batch=6", "--shard_group_size=1", "--resume=latest"})));
+      kMlp.Flags(6, {"--stage=3", "--batch=6", "--shard_group_size=1", "--resume=latest"})));
   ASSERT_TRUE(cluster_.Run("from-file", 3,
-                           MlpFlags(6, {"--stage=3", "--batch=4", "--init_from=" + consolidated})));
-  const Params reference = MlpParams(cluster_, "uninterrupted", 6);
-  const double bound = MlpBound(6, 12, reference);
-  ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, "resumed", 6), reference), bound,
+                           kMlp.Flags(6, {"--stage=3", "--batch=4", "--init_from=" + consolidated})));
+  const Params reference = kMlp.Load(cluster_.checkpoint_root(), "uninterrupted", 6);
+  const double bound = kMlp.Bound(6, 12, reference);
+  ExpectWithinBound(MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "resumed", 6), reference), bound,
                     "HSDP W=4 G=2, resumed at W=2 G=1");
-  ExpectWithinBound(MaxRelativeDifference(MlpParams(cluster_, "from-file", 6), reference), bound,
+  ExpectWithinBound(MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "from-file", 6), reference), bound,
                     "HSDP W=4 G=2, consolidated, continued at W=3");
 }
 

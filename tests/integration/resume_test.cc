@@ -87,6 +87,26 @@ TEST_F(ResumeTest, ADamagedShardIsNeverLoaded) {
   EXPECT_NE(logs.find("rank-1-of-2.safetensors"), std::string::npos) << logs;
 }
 
+// Read with another model's shapes, a sharded step is refused, naming the
+// file and both shapes; before, the reader copied the file's rows into a
+// buffer sized for the model's and wrote past it.
+TEST_F(ResumeTest, AStepReadAsAnotherShapeIsRefusedNamingBoth) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("shape", 2, Flags({"--steps=1", "--batch=4", "--checkpoint_at_end"})));
+  auto reader = CheckpointReader::OpenStep(
+      absl::StrCat(cluster_.checkpoint_root(), "/", CheckpointStepDir("shape", 1)));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto wider = MlpSpec(kLayers, 2 * kWidth, kActivation);
+  ASSERT_TRUE(wider.ok());
+  const TensorSpec& weight = wider->tensors[0];
+  std::vector<float> values(weight.Elements());
+  absl::Status s = (*reader)->ReadRows(CheckpointReader::Kind::kParams, weight, 0, weight.Rows(),
+                                       values.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("is it a checkpoint of this model?"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(".safetensors"), std::string::npos) << s;
+}
+
 TEST_F(ResumeTest, ConsolidatedCheckpointContinuesAtOtherWorldSizes) {
   ASSERT_TRUE(cluster_.ok());
   // Global batch 12 rows at every world size: W × batch.

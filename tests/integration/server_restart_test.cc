@@ -28,8 +28,12 @@ TEST_P(ServerRestartTest, ATrainingJobOutlivesAKilledAndRestartedServer) {
   ASSERT_TRUE(cluster.ok());
   const std::string job = "outlives";
   cluster.StartWorkers(job, 2,
-                       {"--model=mlp", "--layers=4", "--width=512", "--stage=3", "--steps=2500",
-                        "--batch=8", "--checkpoint_every=1000"});
+                       // >= 100 ms a step (--test_step_delay_ms): training outlasts
+                       // the longest gap by >= 8 s whatever the machine's speed, and
+                       // the test waits rather than computes (2,500 plain steps
+                       // took 28 s of CPU and overran on a loaded machine).
+                       {"--model=mlp", "--layers=4", "--width=512", "--stage=3", "--steps=150",
+                        "--batch=8", "--checkpoint_every=50", "--test_step_delay_ms=100"});
   ClientOptions options;
   options.server = cluster.address();
   options.rpc_timeout = absl::Seconds(2);

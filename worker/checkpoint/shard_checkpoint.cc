@@ -524,6 +524,16 @@ absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int
     if (absl::Status s = Verify(found->file, found->shard_tensor); !s.ok()) return s;
     auto file = File(found->file);
     if (!file.ok()) return file.status();
+    // A piece's rows must be the model's rows: a checkpoint of another shape
+    // would otherwise write past `out` (sized by the model's tensor).
+    const TensorInfo* info = (*file)->Find(found->shard_tensor);
+    if (info == nullptr || info->RowElements() != row_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          paths_[found->file], ": tensor '", found->shard_tensor, "' has rows of ",
+          info == nullptr ? 0 : info->RowElements(), " elements, but the model's '", tensor.name,
+          "' (shape ", ShapeString(tensor.shape), ") has ", row_elements,
+          "; is it a checkpoint of this model?"));
+    }
     absl::Status s = (*file)->ReadRowsAsF32(found->shard_tensor, row - found->row_begin,
                                             end - found->row_begin,
                                             out + (row - row_begin) * row_elements);

@@ -44,6 +44,15 @@ struct ZeroEngine::UnitState {
   // rounding, each reduction's dither stream (QuantizedReduceRounding).
   int64_t quantized_reductions = 0;
   std::unique_ptr<Optimizer> optimizer;
+  // hpZ: this rank's slice of the unit (UnitLayout::secondary_blocks), f32.
+  // Written by gather tasks that keep it, read by the secondary gathers
+  // (both on the gather thread, in issue order).
+  TrackedBuffer secondary;
+  // hpZ: a gather task issued so far writes `secondary` from the unit's
+  // current parameters, so a gather task issued later may read it. Owned by
+  // the compute thread: set when it issues such a gather, cleared when the
+  // parameters change (UpdateUnit, Initialize).
+  bool secondary_fresh = false;
 };
 
 // A unit gathered into a SharedGather region: released (and its bytes moved
@@ -170,6 +179,19 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
         " but the communicators have ", gather->world_size(), " (gather), ",
         reduce->world_size(), " (reduce) and ", aux->world_size(), " (aux)"));
   }
+  if (options.secondary != nullptr) {
+    const int h = options.secondary->world_size();
+    if (options.stage != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "secondary shards (hpZ) serve stage 3's backward gathers; this run has stage ",
+          options.stage, ": use --stage=3 or drop --secondary_shard_group_size"));
+    }
+    if (h >= group) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "secondary groups of ", h, " ranks (hpZ) must be smaller than the shard groups of ",
+          group, " ranks the gathers run over; with groups that small hpZ saves nothing"));
+    }
+  }
   const int replicas = plan.world_size / group;
   if (replicas > 1) {
     if (options.replicas == nullptr || options.replicas->world_size() != replicas) {
@@ -208,7 +230,9 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model,
   engine->world_ = aux->world_size();
   engine->group_size_ = gather->world_size();
   if (engine->group_size_ < engine->world_) engine->replica_comm_ = options.replicas;
+  engine->secondary_comm_ = options.secondary;
   if (absl::Status s = engine->BuildLayouts(plan); !s.ok()) return s;
+  engine->BuildSecondaryLayouts();
   if (absl::Status s = engine->BuildSchedule(); !s.ok()) return s;
   if (absl::Status s = engine->AllocateUnitStates(); !s.ok()) return s;
   if (absl::Status s = engine->SetUpSharedGather(); !s.ok()) return s;
@@ -259,6 +283,10 @@ absl::Status ZeroEngine::AllocateUnitStates() {
       }
       state->grads = TrackedBuffer(m, MemoryCategory::kGradsPersistent,
                                    Bytes(!stage.grads_sharded ? flat : chunk, DType::kF32));
+    }
+    if (secondary_comm_ != nullptr) {
+      state->secondary = TrackedBuffer(m, MemoryCategory::kParamsSecondary,
+                                       Bytes(layout.secondary_elements, DType::kF32));
     }
     auto optimizer = backend_->MakeOptimizer(
         options_.optimizer, !stage.state_sharded ? flat : chunk, options_.optimizer_options);
@@ -416,6 +444,21 @@ absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
   return absl::OkStatus();
 }
 
+// An even split of the flat layout: the slices are contiguous ranges, cut
+// from the gathered unit with one copy and gathered back with one block each.
+void ZeroEngine::BuildSecondaryLayouts() {
+  if (secondary_comm_ == nullptr) return;
+  const int h = secondary_comm_->world_size();
+  for (UnitLayout& u : units_) {
+    u.secondary_elements = (u.flat_elements + h - 1) / h;
+    for (int m = 0; m < h; ++m) {
+      const int64_t begin = m * u.secondary_elements;
+      const int64_t count = std::min(u.secondary_elements, u.flat_elements - begin);
+      if (count > 0) u.secondary_blocks.push_back(ShardBlock{m, 0, begin, count});
+    }
+  }
+}
+
 int64_t ZeroEngine::largest_unit_elements() const {
   int64_t largest = 0;
   for (const UnitLayout& u : units_) largest = std::max(largest, u.flat_elements);
@@ -447,6 +490,7 @@ absl::Status ZeroEngine::Initialize(const RowSource& fill) {
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = units_[u];
     UnitState& state = *state_[u];
+    state.secondary_fresh = false;  // rebuilt by the next forward's gather
     if (stage_.params_sharded) {
       for (int i : layout.own_segments) {
         const Segment& s = layout.segments[i];
@@ -508,7 +552,7 @@ absl::Status ZeroEngine::InitializeMoment(Moment moment, const RowSource& fill) 
 
 // ---- Stage 3 gathers ----
 
-absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
+absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out, bool keep_secondary) {
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
   const DType dtype = options_.param_dtype;
@@ -522,6 +566,7 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
       return absl::Status(s.code(),
                           absl::StrCat("all_gather (int8) of ", Where(unit), ": ", s.message()));
     }
+    if (keep_secondary) KeepSecondarySlice(unit, out->f32());
     return absl::OkStatus();
   }
   // f32: the pieces land straight in the unit's flat buffer. bf16: they
@@ -549,10 +594,35 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out) {
   if (dtype != DType::kF32) {
     backend_->Convert(received.data(), dtype, out->data(), DType::kF32, layout.flat_elements);
   }
+  if (keep_secondary) KeepSecondarySlice(unit, out->f32());
   return backend_->Synchronize();  // the compute thread reads it next
 }
 
-absl::Status ZeroEngine::GatherUnitShared(int unit, SharedLease* lease) {
+void ZeroEngine::KeepSecondarySlice(int unit, const float* flat) {
+  const UnitLayout& layout = units_[unit];
+  const int member = secondary_comm_->rank();
+  for (const ShardBlock& b : layout.secondary_blocks) {
+    if (b.rank != member) continue;
+    backend_->Copy(state_[unit]->secondary.f32() + b.shard_offset, flat + b.full_offset,
+                   b.count * sizeof(float));
+  }
+}
+
+absl::Status ZeroEngine::GatherUnitFromSecondary(int unit, TrackedBuffer* out) {
+  const UnitLayout& layout = units_[unit];
+  EnterCollective(kGatherStream, "all_gather", layout.name);
+  absl::Status s = secondary_comm_->AllGatherBlocks(state_[unit]->secondary.data(), out->data(),
+                                                    layout.secondary_blocks, DType::kF32,
+                                                    options_.collective_timeout);
+  LeaveCollective(kGatherStream);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_gather from the secondary shards (hpZ) of ",
+                                               Where(unit), ": ", s.message()));
+  }
+  return backend_->Synchronize();
+}
+
+absl::Status ZeroEngine::GatherUnitShared(int unit, SharedLease* lease, bool keep_secondary) {
   const UnitLayout& layout = units_[unit];
   EnterCollective(kGatherStream, "all_gather", layout.name);
   absl::StatusOr<SharedGather::Result> r = shared_gather_->Gather(
@@ -564,6 +634,7 @@ absl::Status ZeroEngine::GatherUnitShared(int unit, SharedLease* lease) {
   }
   lease->data = static_cast<const float*>(r->full);
   lease->ticket = r->ticket;
+  if (keep_secondary) KeepSecondarySlice(unit, lease->data);
   memory_.Sub(MemoryCategory::kCommBuffers, lease->bytes);
   memory_.Add(MemoryCategory::kParamsGathered, lease->bytes);
   return absl::OkStatus();
@@ -578,14 +649,24 @@ absl::Status ZeroEngine::IssueGather(int position) {
     slot.ticket = 0;  // the previous position keeps its buffer for us
     return absl::OkStatus();
   }
-  if (shared_gather_ != nullptr) {
+  // hpZ: the backward reads the secondary slices when they hold the unit's
+  // current parameters; every other gather refreshes them (the gather
+  // thread runs tasks in issue order, so later tasks see the slice).
+  UnitState& state = *state_[unit];
+  const bool from_secondary =
+      secondary_comm_ != nullptr && position >= static_cast<int>(ops_.size()) &&
+      state.secondary_fresh;
+  const bool keep_secondary = secondary_comm_ != nullptr && !from_secondary;
+  if (keep_secondary) state.secondary_fresh = true;
+  if (shared_gather_ != nullptr && !from_secondary) {
     auto lease = std::make_shared<SharedLease>();
     lease->gather = shared_gather_;
     lease->memory = &memory_;
     lease->bytes = Bytes(units_[unit].flat_elements, DType::kF32);
     slot.shared = lease;
-    slot.ticket = gather_thread_->Submit(
-        [this, unit, lease]() { return GatherUnitShared(unit, lease.get()); });
+    slot.ticket = gather_thread_->Submit([this, unit, lease, keep_secondary]() {
+      return GatherUnitShared(unit, lease.get(), keep_secondary);
+    });
     return absl::OkStatus();
   }
   // Every element is written by the unpacking (the pieces cover the unit).
@@ -595,12 +676,14 @@ absl::Status ZeroEngine::IssueGather(int position) {
   // On a device the block may still be read by this thread's queued work
   // (a released unit); the gather writes it only after that.
   std::shared_ptr<Fence> free_to_write = backend_->Record();
-  slot.ticket = gather_thread_->Submit([this, unit, out, free_to_write]() -> absl::Status {
-    if (free_to_write != nullptr) {
-      if (absl::Status s = free_to_write->Wait(); !s.ok()) return s;
-    }
-    return GatherUnit(unit, out);
-  });
+  slot.ticket = gather_thread_->Submit(
+      [this, unit, out, free_to_write, from_secondary, keep_secondary]() -> absl::Status {
+        if (free_to_write != nullptr) {
+          if (absl::Status s = free_to_write->Wait(); !s.ok()) return s;
+        }
+        if (from_secondary) return GatherUnitFromSecondary(unit, out);
+        return GatherUnit(unit, out, keep_secondary);
+      });
   return absl::OkStatus();
 }
 
@@ -1061,6 +1144,7 @@ absl::Status ZeroEngine::UpdateUnit(int u, double lr, double* param_sync_ms) {
   const bool bf16_params = options_.param_dtype == DType::kBF16;
   if (stage_.params_sharded) {
     if (absl::Status s = st.optimizer->Step(st.master.f32(), g, n, lr); !s.ok()) return s;
+    st.secondary_fresh = false;  // hpZ: until the next primary gather of the unit
     // The next pass's first positions (0..prefetch) can be gathered as soon
     // as their units are updated: the gathers overlap the rest of the
     // optimizer.

@@ -23,6 +23,19 @@
 // pass's first 1 + prefetch gathers start inside Step, as soon as their
 // units are updated, overlapping the rest of the optimizer.
 //
+// hpZ (ZeRO++'s secondary shards, EngineOptions::secondary, stage 3): the
+// forward's gather of a unit (over the gather group) yields the full unit;
+// each rank keeps its 1/H slice of it (an even split of the flat layout
+// over the H ranks of its secondary group, the ranks of a host) and the
+// backward gathers the unit from those slices over the secondary group only,
+// so the backward's gathers never leave the host. A unit's slice is stale
+// from its optimizer update (or Initialize: a resume or a recovery) until
+// the next primary gather of it, which rebuilds it; a backward position
+// whose unit's slice is stale gathers from the primary shards instead. The
+// slices are bit copies of what the primary gather delivered, so hpZ runs
+// compute on the same bits as runs without it. Costs Psi/H f32 per rank
+// (params_secondary).
+//
 // Threads: the caller's (compute), a gather thread and a reduce thread, each
 // with its own communicator, so gathers, reductions and compute overlap;
 // with shard groups also a replica thread (the replicas' communicator), so
@@ -111,6 +124,11 @@ struct EngineOptions {
   // Threads above); false: on the reduce thread after each reduce-scatter,
   // as before (for comparisons: multihost_bench's hsdp-serial mode).
   bool replica_thread = true;
+  // hpZ (stage 3): the communicator over this rank's secondary group of H
+  // ranks (consecutive ranks, those of a host), over which the backward's
+  // gathers run (see hpZ above); null: off. Not owned; used by the gather
+  // thread only.
+  Communicator* secondary = nullptr;
 };
 
 // A piece as a range copy between layouts (elements).
@@ -139,6 +157,10 @@ struct UnitLayout {
   // The segments as the communicators' block layout (shard = chunk, full =
   // flat): gathers and reductions move data straight between the two.
   std::vector<ShardBlock> blocks;
+  // hpZ: member m of the secondary group keeps the unit's flat elements
+  // [m * secondary_elements, + its block's count); the blocks gather them.
+  int64_t secondary_elements = 0;
+  std::vector<ShardBlock> secondary_blocks;
 };
 
 // Where a step's wall time went on the compute thread (milliseconds).
@@ -307,8 +329,14 @@ class ZeroEngine {
   // forward units (kept instead of gathered again, as DeepSpeed's reuse
   // distance does). `backward_follows` is false in evaluation passes.
   void ReleaseParams(int position, bool backward_follows = true);
-  absl::Status GatherUnit(int unit, TrackedBuffer* out);
-  absl::Status GatherUnitShared(int unit, SharedLease* lease);
+  // `keep_secondary`: also keep this rank's hpZ slice of the gathered unit.
+  absl::Status GatherUnit(int unit, TrackedBuffer* out, bool keep_secondary = false);
+  absl::Status GatherUnitShared(int unit, SharedLease* lease, bool keep_secondary);
+  // hpZ: copies this rank's secondary slice out of the full unit `flat`.
+  void KeepSecondarySlice(int unit, const float* flat);
+  // hpZ: the full unit from the secondary group's slices.
+  absl::Status GatherUnitFromSecondary(int unit, TrackedBuffer* out);
+  void BuildSecondaryLayouts();
   // Stages 2-3 reduce `grads_flat` (then free it); stages 0-1 the unit's
   // accumulated full gradient.
   // `computed`: the compute thread's work on the gradient, waited for first.
@@ -348,6 +376,7 @@ class ZeroEngine {
   int world_ = 1;  // W
   int group_size_ = 1;  // G: ranks one shard is spread over (W without groups)
   Communicator* replica_comm_ = nullptr;  // EngineOptions::replicas
+  Communicator* secondary_comm_ = nullptr;  // EngineOptions::secondary (hpZ)
   std::vector<UnitLayout> units_;
   std::vector<std::unique_ptr<UnitState>> state_;
   std::vector<int> ops_;             // unit of each forward op

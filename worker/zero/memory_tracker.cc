@@ -12,6 +12,7 @@ const char* MemoryCategoryName(MemoryCategory category) {
     case MemoryCategory::kParamsSharded: return "params_sharded";
     case MemoryCategory::kParamsReplicated: return "params_replicated";
     case MemoryCategory::kParamsGathered: return "params_gathered";
+    case MemoryCategory::kParamsSecondary: return "params_secondary";
     case MemoryCategory::kGradsPersistent: return "grads";
     case MemoryCategory::kGradsTransient: return "grads_transient";
     case MemoryCategory::kOptimizerState: return "optimizer_state";
@@ -55,7 +56,7 @@ int64_t MemoryTracker::peak(MemoryCategory category) const {
 
 int64_t MemoryTracker::model_state() const {
   return current(MemoryCategory::kParamsSharded) + current(MemoryCategory::kParamsReplicated) +
-         current(MemoryCategory::kGradsPersistent) + current(MemoryCategory::kOptimizerState);
+         current(MemoryCategory::kParamsSecondary) + current(MemoryCategory::kGradsPersistent) + current(MemoryCategory::kOptimizerState);
 }
 
 namespace {

@@ -19,6 +19,7 @@ enum class MemoryCategory {
   kParamsSharded,      // this rank's fp32 master shard (stage 3; bf16 runs at stages 0-2)
   kParamsReplicated,   // full parameters every rank holds (stages 0-2)
   kParamsGathered,     // stage 3: full units, alive only between gather and release
+  kParamsSecondary,    // hpZ: this rank's slice of every unit for the backward's gathers
   kGradsPersistent,    // full gradients (stages 0-1) or gradient shards (stages 2-3)
   kGradsTransient,     // stages 2-3: a unit's full gradient during its backward
   kOptimizerState,     // moments of this rank's shard
@@ -42,8 +43,9 @@ class MemoryTracker {
   int64_t peak(MemoryCategory category) const;
   int64_t total() const { return total_.load(); }
   int64_t peak_total() const { return peak_total_.load(); }
-  // Persistent model state: sharded + replicated params, persistent grads,
-  // optimizer state (what the ZeRO formulas count).
+  // Persistent model state: sharded + replicated params, hpZ's secondary
+  // copy, persistent grads, optimizer state (what the ZeRO formulas count,
+  // ZeRO++'s hpZ adding its Psi/H).
   int64_t model_state() const;
 
   // Memory for TrackedBuffer, from the backend (default: the CPU's). On the

@@ -107,6 +107,28 @@ TEST(MemoryEstimate, ShardedStateIncludesThePlansPadding) {
   EXPECT_EQ(m.stages[3].unsharded_window_bytes, 3 * 384 * 4);
 }
 
+// hpZ at W = 4 with secondary groups of 2: each rank keeps half of every
+// unit (4 tensors of 64 x 16) in f32 at stage 3, and nothing at stages 0-2.
+TEST(MemoryEstimate, SecondaryShardsAddHalfTheModelAtStageThreeWithGroupsOfTwo) {
+  const ShardPlan plan = PaddingFreePlan();
+  MemoryEstimateOptions options;
+  options.secondary_shard_group_size = 2;
+  absl::StatusOr<MemoryEstimate> m = EstimateMemory(plan, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const int64_t psi = 8 * 64 * 16;
+  EXPECT_EQ(m->stages[3].secondary_bytes, 4 * psi / 2);
+  EXPECT_EQ(m->stages[3].total_bytes, 16 * psi / 4 + m->stages[3].unsharded_window_bytes +
+                                          4 * psi / 2);
+  EXPECT_EQ(m->stages[2].secondary_bytes, 0);
+  EXPECT_EQ(nlohmann::json::parse(MemoryEstimateToJson(*m))["secondary_shard_group_size"], 2);
+  // Groups that do not divide W, or as large as the shard groups (W here).
+  for (int h : {3, 4, -1}) {
+    options.secondary_shard_group_size = h;
+    EXPECT_EQ(EstimateMemory(plan, options).status().code(), absl::StatusCode::kInvalidArgument)
+        << h;
+  }
+}
+
 TEST(MemoryEstimate, RefusesUnsupportedDtypesAndPrefetch) {
   const ShardPlan plan = PaddingFreePlan();
   MemoryEstimateOptions options;
