@@ -769,8 +769,8 @@ void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
 
 // The rounding of this unit's next int8 reduction: to nearest, or
 // stochastic (EngineOptions::int8_stochastic_reduce) with a seed of its
-// own, (unit, count), the same on every rank; the quantizers mix in the rank and destination.
-// Reduce thread only.
+// own, (unit, count), the same on every rank; the quantizers mix in the
+// rank and destination. Reduce thread only.
 Int8Rounding ZeroEngine::QuantizedReduceRounding(int unit) {
   const int64_t count = state_[unit]->quantized_reductions++;
   return Int8Rounding{options_.int8_stochastic_reduce,
