@@ -8,10 +8,10 @@
 // Tolerance. Each value a step communicates is quantized once per
 // collective (worker/comm/quantized.h): a parameter errs by at most
 // max|block| / 254 in the forward and backward, a gradient contribution by
-// less than its block's max / 127 in each quantized reduction (stochastic
-// rounding: unbiased; here one, the replicas' all-reduce). That is noise of up to 0.8 % of a block's largest
-// value per element on every step, which does
-// not shrink with steps; there is no bound of it on a loss after training
+// its block's max / 254 in each quantized reduction (here one, the replicas'
+// all-reduce; max / 127 with --int8_reduce_rounding=stochastic). That is
+// noise of up to 0.4 % of a block's largest value per element on every
+// step, which does not shrink with steps; there is no bound of it on a loss after training
 // short of the f64 propagation the unit tests do. The check is the issue's
 // acceptance criterion instead: the final validation loss within 1 % of the
 // f32 run's (docs/quantized_comm.md shows the whole 1,800-step quickstart,

@@ -41,8 +41,9 @@ std::vector<int64_t> ShardExtents(const std::vector<ShardBlock>& blocks, int wor
 // The stream of `rank`'s part for `destination`: ranks and parts must not
 // share dithers (equal dithers on equal values would round them alike).
 Int8Rounding PartRounding(Int8Rounding rounding, int rank, int destination) {
-  std::seed_seq seq{static_cast<uint32_t>(rounding.seed), static_cast<uint32_t>(rounding.seed >> 32),
-                    static_cast<uint32_t>(rank), static_cast<uint32_t>(destination)};
+  std::seed_seq seq{static_cast<uint32_t>(rounding.seed),
+                    static_cast<uint32_t>(rounding.seed >> 32), static_cast<uint32_t>(rank),
+                    static_cast<uint32_t>(destination)};
   uint32_t words[2];
   seq.generate(words, words + 2);
   rounding.seed = (static_cast<uint64_t>(words[1]) << 32) | words[0];
