@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -30,46 +31,30 @@ void SetError(const absl::Status& status, Answer* answer) {
 }
 
 // One agent's stream: read a batch of its ranks' beats, answer each, read the
-// next. Only the reactor's own callbacks touch its members, one at a time.
-class HostHeartbeatStream
-    : public grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse> {
+// next. Every step runs on its queue's thread, one at a time: no lock.
+class HostHeartbeatCall final : public CallQueues::Call {
  public:
-  HostHeartbeatStream(Membership* membership, ServerMetrics* metrics, EventLog* log,
-                      const absl::StatusOr<Caller>& caller)
-      : membership_(membership), metrics_(metrics), log_(log), caller_(caller.value_or(Caller())) {
-    if (!caller.ok()) {
-      Finish(ToGrpcStatus(caller.status()));
-      return;
-    }
-    StartRead(&request_);
+  enum Step { kAccepted, kRead, kWritten, kFinished };
+
+  // Asks for the next agent stream to arrive on `queue`.
+  HostHeartbeatCall(CallQueues* queues, HostAgentServices services,
+                    grpc::ServerCompletionQueue* queue)
+      : Call(queues), queues_(queues), services_(services), queue_(queue), stream_(&context_) {
+    services_.service->RequestHostHeartbeat(&context_, &stream_, queue_, queue_, &accepted_);
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the agent closed its side, or its process or host is gone
-      CloseEveryRank();
-      Finish(grpc::Status::OK);
-      return;
+  void Proceed(int step, bool ok) override {
+    switch (step) {
+      case kAccepted:
+        return Accepted(ok);
+      case kRead:
+        return RequestRead(ok);
+      case kWritten:
+        return ResponseWritten(ok);
+      default:
+        return End();
     }
-    if (node_.empty() && log_ != nullptr) {
-      log_->Log("agent_stream_opened", {{"node", request_.node()}});
-    }
-    node_ = request_.node().empty() ? "unnamed" : request_.node();
-    for (const v1::RankStreamClosed& closed : request_.closed()) CloseRank(closed);
-    response_.Clear();
-    for (const v1::RankBeat& beat : request_.beats()) Answer(beat, response_.add_answers());
-    StartWrite(&response_);
   }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      CloseEveryRank();
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "host heartbeat stream broken"));
-      return;
-    }
-    StartRead(&request_);
-  }
-
-  void OnDone() override { delete this; }
 
  private:
   // A rank's stream to the agent, as the server knows it.
@@ -77,6 +62,40 @@ class HostHeartbeatStream
     uint64_t id = 0;  // the stream id Membership knows the rank's beats by
     v1::MemberCredentials member;  // of its latest beat
   };
+
+  void Accepted(bool ok) {
+    if (!ok) return End();  // the server is shutting down: no stream came
+    new HostHeartbeatCall(queues_, services_, queue_);  // the next stream on this queue
+    absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
+    if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
+    caller_ = *std::move(caller);
+    stream_.Read(&request_, &read_);
+  }
+
+  void RequestRead(bool ok) {
+    if (!ok) {  // the agent closed its side, or its process or host is gone
+      CloseEveryRank();
+      return Finish(grpc::Status::OK);
+    }
+    if (node_.empty() && services_.log != nullptr) {
+      services_.log->Log("agent_stream_opened", {{"node", request_.node()}});
+    }
+    node_ = request_.node().empty() ? "unnamed" : request_.node();
+    for (const v1::RankStreamClosed& closed : request_.closed()) CloseRank(closed);
+    response_.Clear();
+    for (const v1::RankBeat& beat : request_.beats()) Answer(beat, response_.add_answers());
+    stream_.Write(response_, &written_);
+  }
+
+  void ResponseWritten(bool ok) {
+    if (!ok) {
+      CloseEveryRank();
+      return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "host heartbeat stream broken"));
+    }
+    stream_.Read(&request_, &read_);
+  }
+
+  void Finish(const grpc::Status& status) { stream_.Finish(status, &finished_); }
 
   void Answer(const v1::RankBeat& beat, v1::RankAnswer* answer) {
     const v1::MemberCredentials& member = beat.beat().member();
@@ -93,8 +112,9 @@ class HostHeartbeatStream
     RankStream& stream = ranks_[beat.local_stream()];
     if (stream.id == 0) stream.id = NextAgentRankStreamId();
     stream.member = member;
-    if (metrics_ != nullptr) metrics_->AddHeartbeat();
-    absl::StatusOr<v1::HeartbeatResponse> response = membership_->Heartbeat(beat.beat(), stream.id);
+    if (services_.metrics != nullptr) services_.metrics->AddHeartbeat();
+    absl::StatusOr<v1::HeartbeatResponse> response =
+        services_.membership->Heartbeat(beat.beat(), stream.id);
     if (!response.ok()) {
       SetError(response.status(), answer);
       return;
@@ -106,53 +126,97 @@ class HostHeartbeatStream
   void CloseRank(const v1::RankStreamClosed& closed) {
     auto it = ranks_.find(closed.local_stream());
     if (it == ranks_.end()) return;  // never beat through us: nothing to close
-    membership_->HeartbeatStreamClosed(it->second.member, it->second.id);
+    services_.membership->HeartbeatStreamClosed(it->second.member, it->second.id);
     ranks_.erase(it);
   }
 
   // The agent's stream is gone, and with it every rank stream it carried.
   void CloseEveryRank() {
-    if (log_ != nullptr && !ranks_.empty()) {
-      log_->Log("agent_stream_closed",
-                {{"node", node_}, {"rank_streams", absl::StrCat(ranks_.size())}});
+    if (services_.log != nullptr && !ranks_.empty()) {
+      services_.log->Log("agent_stream_closed",
+                         {{"node", node_}, {"rank_streams", absl::StrCat(ranks_.size())}});
     }
     for (const auto& [local, stream] : ranks_) {
-      membership_->HeartbeatStreamClosed(stream.member, stream.id);
+      services_.membership->HeartbeatStreamClosed(stream.member, stream.id);
     }
     ranks_.clear();
   }
 
-  Membership* const membership_;
-  ServerMetrics* const metrics_;  // may be null
-  EventLog* const log_;           // may be null
-  const Caller caller_;
+  CallQueues* const queues_;
+  const HostAgentServices services_;
+  grpc::ServerCompletionQueue* const queue_;
+  grpc::ServerContext context_;
+  grpc::ServerAsyncReaderWriter<v1::HostHeartbeatResponse, v1::HostHeartbeatRequest> stream_;
+  Caller caller_;
   std::string node_;
   absl::flat_hash_map<uint64_t, RankStream> ranks_;  // by the agent's local stream id
   v1::HostHeartbeatRequest request_;
   v1::HostHeartbeatResponse response_;
+  Tag accepted_{this, kAccepted};
+  Tag read_{this, kRead};
+  Tag written_{this, kWritten};
+  Tag finished_{this, kFinished};
 };
 
 // The joins of one host: each held by Membership as a Join is; the answers
 // written as they come, one write at a time; the call finished when every
-// join is answered and written.
-class HostJoinCall : public grpc::ServerWriteReactor<v1::HostJoinResponse> {
+// join is answered and written. The answers come on Membership's threads
+// (or at once, inside Start), the call's events on its queue's thread: mu_
+// orders them. The call ends when gRPC has reported it done (the
+// AsyncNotifyWhenDone tag: finished, or cancelled by the agent), its finish
+// has completed and Membership has answered every join; then nothing can
+// reach it any more.
+class HostJoinCall final : public CallQueues::Call {
  public:
-  explicit HostJoinCall(Membership* membership) : membership_(membership) {}
+  enum Step { kAccepted, kWritten, kFinished, kDone };
 
-  // Starts every join of `request`; a join the caller may not make is
+  // Asks for the next join call to arrive on `queue`.
+  HostJoinCall(CallQueues* queues, HostAgentServices services, grpc::ServerCompletionQueue* queue)
+      : Call(queues), queues_(queues), services_(services), queue_(queue), writer_(&context_) {
+    context_.AsyncNotifyWhenDone(&done_tag_);  // delivered only for a call that arrives
+    services_.service->RequestHostJoin(&context_, &request_, &writer_, queue_, queue_, &accepted_);
+  }
+
+  void Proceed(int step, bool ok) override {
+    switch (step) {
+      case kAccepted:
+        return Accepted(ok);
+      case kWritten:
+        return Written(ok);
+      case kFinished:
+        return Finished();
+      default:
+        return Done();
+    }
+  }
+
+ private:
+  void Accepted(bool ok) {
+    if (!ok) return End();  // the server is shutting down: no call came
+    new HostJoinCall(queues_, services_, queue_);  // the next call on this queue
+    // Membership caps a join's wait at its join timeout; the caller's own
+    // deadline, if sooner, ends the call (Done withdraws the joins).
+    absl::Time deadline = services_.clock->Now() + absl::Hours(24 * 365);
+    absl::Time call_deadline = absl::FromChrono(context_.deadline());
+    if (call_deadline < absl::Now() + absl::Hours(24 * 365)) {
+      deadline = services_.clock->Now() + (call_deadline - absl::Now());
+    }
+    StartJoins(services_.credentials->Identify(context_.client_metadata()), deadline);
+  }
+
+  // Starts every join of the request; a join the caller may not make is
   // answered with why at once.
-  void Start(const v1::HostJoinRequest& request, const absl::StatusOr<Caller>& caller,
-             absl::Time deadline) {
+  void StartJoins(const absl::StatusOr<Caller>& caller, absl::Time deadline) {
     {
       absl::MutexLock lock(&mu_);
       // One more than the joins until this loop is over: the call cannot
-      // finish (and delete itself) under it.
-      unanswered_ = request.joins_size() + 1;
-      ids_.assign(request.joins_size(), 0);
-      answered_.assign(request.joins_size(), false);
+      // finish under it.
+      unanswered_ = request_.joins_size() + 1;
+      ids_.assign(request_.joins_size(), 0);
+      answered_.assign(request_.joins_size(), false);
     }
-    for (int i = 0; i < request.joins_size(); ++i) {
-      const v1::JoinRequest& join = request.joins(i);
+    for (int i = 0; i < request_.joins_size(); ++i) {
+      const v1::JoinRequest& join = request_.joins(i);
       grpc::Status allowed =
           caller.ok() ? caller->MayActOn(join.job_id()) : ToGrpcStatus(caller.status());
       if (!allowed.ok()) {
@@ -160,7 +224,7 @@ class HostJoinCall : public grpc::ServerWriteReactor<v1::HostJoinResponse> {
                                  allowed.error_message()));
         continue;
       }
-      uint64_t id = membership_->Join(
+      uint64_t id = services_.membership->Join(
           join, deadline, [this, i](absl::StatusOr<v1::JoinResponse> r) { Answered(i, std::move(r)); });
       absl::MutexLock lock(&mu_);
       if (answered_[i]) continue;
@@ -168,37 +232,9 @@ class HostJoinCall : public grpc::ServerWriteReactor<v1::HostJoinResponse> {
       if (cancelled_ && id != 0) to_cancel_.push_back(id);
     }
     CancelCollected();
-    {
-      absl::MutexLock lock(&mu_);
-      --unanswered_;
-    }
-    Pump();
+    AndThen([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { --unanswered_; });
   }
 
-  void OnCancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      for (uint64_t id : ids_) {
-        if (id != 0) to_cancel_.push_back(id);
-      }
-    }
-    CancelCollected();
-  }
-
-  void OnWriteDone(bool /*ok*/) override {
-    // A failed write (the agent went away) still counts as done: the joins
-    // are cancelled (OnCancel) and their answers dropped.
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-    }
-    Pump();
-  }
-
-  void OnDone() override { delete this; }
-
- private:
   void Answered(int index, absl::StatusOr<v1::JoinResponse> result) {
     v1::HostJoinResponse answer;
     answer.set_index(index);
@@ -207,37 +243,76 @@ class HostJoinCall : public grpc::ServerWriteReactor<v1::HostJoinResponse> {
     } else {
       SetError(result.status(), &answer);
     }
-    {
-      absl::MutexLock lock(&mu_);
+    AndThen([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       ids_[index] = 0;
       answered_[index] = true;
       --unanswered_;
-      queue_.push_back(std::move(answer));
-    }
-    Pump();
+      queue_answers_.push_back(std::move(answer));
+    });
   }
 
-  // Writes the next answer, or finishes the call once every join is
-  // answered and written. gRPC is called outside mu_: it may run the next
-  // reaction on this thread.
-  void Pump() {
-    enum { kNothing, kWrite, kFinish } action = kNothing;
+  void Written(bool ok) {
+    // A failed write (the agent went away) still counts as written: the
+    // done tag follows, and with it the joins' withdrawal.
+    AndThen([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      writing_ = false;
+      if (!ok) broken_ = true;
+    });
+  }
+
+  void Finished() {
+    AndThen([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      writing_ = false;
+      finish_completed_ = true;
+    });
+  }
+
+  void Done() {
     {
       absl::MutexLock lock(&mu_);
-      if (writing_ || finished_) return;
-      if (!queue_.empty()) {
-        writing_ = true;
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        action = kWrite;
-      } else if (unanswered_ == 0) {
-        finished_ = true;
-        action = kFinish;
+      done_ = true;
+      if (context_.IsCancelled()) {
+        cancelled_ = true;
+        for (uint64_t id : ids_) {
+          if (id != 0) to_cancel_.push_back(id);
+        }
       }
     }
-    // current_ is only touched again after OnWriteDone (writing_ guards it).
-    if (action == kWrite) StartWrite(&current_);
-    if (action == kFinish) Finish(grpc::Status::OK);
+    CancelCollected();  // Membership answers each withdrawn join (CANCELLED)
+    AndThen([]() {});
+  }
+
+  // Applies `change` under mu_, then starts the next write or the finish,
+  // or ends the call once nothing can reach it.
+  void AndThen(const std::function<void()>& change) {
+    bool end = false;
+    {
+      absl::MutexLock lock(&mu_);
+      change();
+      end = Pump();
+    }
+    if (end) End();
+  }
+
+  // True when the call should end. gRPC's async operations only queue their
+  // completion, so starting them under mu_ is safe.
+  bool Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_) return false;
+    if (finishing_) return finish_completed_ && done_ && unanswered_ == 0;
+    if (cancelled_ || broken_) {
+      finishing_ = writing_ = true;
+      writer_.Finish(grpc::Status(grpc::StatusCode::CANCELLED, "host join call withdrawn"),
+                     &finished_);
+    } else if (!queue_answers_.empty()) {
+      writing_ = true;
+      current_ = std::move(queue_answers_.front());
+      queue_answers_.pop_front();
+      writer_.Write(current_, &written_);
+    } else if (unanswered_ == 0) {
+      finishing_ = writing_ = true;
+      writer_.Finish(grpc::Status::OK, &finished_);
+    }
+    return false;
   }
 
   void CancelCollected() {
@@ -246,51 +321,46 @@ class HostJoinCall : public grpc::ServerWriteReactor<v1::HostJoinResponse> {
       absl::MutexLock lock(&mu_);
       ids.swap(to_cancel_);
     }
-    for (uint64_t id : ids) membership_->CancelJoin(id);
+    for (uint64_t id : ids) services_.membership->CancelJoin(id);
   }
 
-  Membership* const membership_;
+  CallQueues* const queues_;
+  const HostAgentServices services_;
+  grpc::ServerCompletionQueue* const queue_;
+  grpc::ServerContext context_;
+  v1::HostJoinRequest request_;  // read-only once accepted
+  grpc::ServerAsyncWriter<v1::HostJoinResponse> writer_;
   absl::Mutex mu_;
   int unanswered_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> ids_ ABSL_GUARDED_BY(mu_);  // pending joins' ids by index (0: none)
   std::vector<bool> answered_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> to_cancel_ ABSL_GUARDED_BY(mu_);
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<v1::HostJoinResponse> queue_ ABSL_GUARDED_BY(mu_);
-  v1::HostJoinResponse current_;  // the answer being written (while writing_)
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // the agent withdrew the call
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;     // a write failed
+  std::deque<v1::HostJoinResponse> queue_answers_ ABSL_GUARDED_BY(mu_);
+  v1::HostJoinResponse current_ ABSL_GUARDED_BY(mu_);  // the answer being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a write or the finish in flight
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_completed_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // the AsyncNotifyWhenDone tag came
+  Tag accepted_{this, kAccepted};
+  Tag written_{this, kWritten};
+  Tag finished_{this, kFinished};
+  Tag done_tag_{this, kDone};
 };
 
 }  // namespace
 
-HostAgentService::HostAgentService(Clock* clock, Membership* membership,
-                                   JobCredentials* credentials, ServerMetrics* metrics,
-                                   EventLog* log)
-    : clock_(clock),
-      membership_(membership),
-      credentials_(credentials),
-      metrics_(metrics),
-      log_(log) {}
-
-grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse>*
-HostAgentService::HostHeartbeat(grpc::CallbackServerContext* context) {
-  return new HostHeartbeatStream(membership_, metrics_, log_,
-                                 credentials_->Identify(context->client_metadata()));
+CallQueues::Acceptor AcceptHostHeartbeats(CallQueues* queues, HostAgentServices services) {
+  return [queues, services](grpc::ServerCompletionQueue* queue) {
+    new HostHeartbeatCall(queues, services, queue);
+  };
 }
 
-grpc::ServerWriteReactor<v1::HostJoinResponse>* HostAgentService::HostJoin(
-    grpc::CallbackServerContext* context, const v1::HostJoinRequest* request) {
-  auto* call = new HostJoinCall(membership_);
-  // Membership caps a join's wait at its join timeout; the caller's own
-  // deadline, if sooner, ends the call (OnCancel withdraws the joins).
-  absl::Time deadline = clock_->Now() + absl::Hours(24 * 365);
-  absl::Time call_deadline = absl::FromChrono(context->deadline());
-  if (call_deadline < absl::Now() + absl::Hours(24 * 365)) {
-    deadline = clock_->Now() + (call_deadline - absl::Now());
-  }
-  call->Start(*request, credentials_->Identify(context->client_metadata()), deadline);
-  return call;
+CallQueues::Acceptor AcceptHostJoins(CallQueues* queues, HostAgentServices services) {
+  return [queues, services](grpc::ServerCompletionQueue* queue) {
+    new HostJoinCall(queues, services, queue);
+  };
 }
 
 }  // namespace zeroshard

@@ -1,8 +1,9 @@
 // The zeroshard.v1.HostAgent gRPC service: one heartbeat stream per host,
 // opened by the host's node agent (agent/shard_agent.cc), and the host's joins
-// in one call. Each rank is judged as on its own Heartbeat stream: the beats go
-// to Membership::Heartbeat and the closes to Membership::HeartbeatStreamClosed,
-// each rank under a stream id of its own, so fencing, the failure detector's
+// in one call, both served with gRPC's async API on the server's call queues
+// (call_queues.h: a job of 100,000 ranks holds 12,500 of each). Each rank is
+// judged as on its own Heartbeat stream: the beats go to Membership::Heartbeat
+// and the closes to Membership::HeartbeatStreamClosed, each rank under a stream id of its own, so fencing, the failure detector's
 // rules and auth are the same code as for direct streams. What is new is only
 // the mapping:
 //
@@ -16,6 +17,7 @@
 #define ZEROSHARD_SHARD_SERVER_AGENT_SERVICE_H_
 
 #include "proto/zeroshard.grpc.pb.h"
+#include "shard_server/call_queues.h"
 #include "shard_server/clock.h"
 #include "shard_server/job_credentials.h"
 #include "shard_server/membership/membership.h"
@@ -24,24 +26,21 @@
 
 namespace zeroshard {
 
-class HostAgentService final : public v1::HostAgent::CallbackService {
- public:
-  // Pointers are not owned; `metrics` and `log` may be null.
-  HostAgentService(Clock* clock, Membership* membership, JobCredentials* credentials,
-                   ServerMetrics* metrics, EventLog* log);
-
-  grpc::ServerBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse>* HostHeartbeat(
-      grpc::CallbackServerContext* context) override;
-  grpc::ServerWriteReactor<v1::HostJoinResponse>* HostJoin(
-      grpc::CallbackServerContext* context, const v1::HostJoinRequest* request) override;
-
- private:
-  Clock* const clock_;
-  Membership* const membership_;
-  JobCredentials* const credentials_;
-  ServerMetrics* const metrics_;  // may be null
-  EventLog* const log_;           // may be null
+// What the agents' calls use. Pointers are not owned and outlive every call;
+// `metrics` and `log` may be null.
+struct HostAgentServices {
+  v1::HostAgent::AsyncService* service = nullptr;
+  Clock* clock = nullptr;
+  Membership* membership = nullptr;
+  JobCredentials* credentials = nullptr;
+  ServerMetrics* metrics = nullptr;
+  EventLog* log = nullptr;
 };
+
+// The acceptors of HostHeartbeat streams and HostJoin calls for
+// CallQueues::Start: each queue they are run on serves both from then on.
+CallQueues::Acceptor AcceptHostHeartbeats(CallQueues* queues, HostAgentServices services);
+CallQueues::Acceptor AcceptHostJoins(CallQueues* queues, HostAgentServices services);
 
 }  // namespace zeroshard
 

@@ -2,7 +2,7 @@
 // KvStore and the planner, with the callback API so that held calls (joins
 // waiting for the barrier, gets waiting for a key) cost no thread.
 // Authentication (a bearer token) is checked here, at the edge. Heartbeat
-// streams are served by HeartbeatStreams (heartbeat_streams.h) on the async
+// streams are served on the server's call queues (heartbeat_streams.h) with the async
 // API: their cost per beat must not grow with the open streams.
 #ifndef ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_
 #define ZEROSHARD_SHARD_SERVER_COORDINATOR_SERVICE_H_

@@ -193,8 +193,7 @@ void ShardServer::MakeServices() {
       clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get());
   if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
-  agent_service_ = std::make_unique<HostAgentService>(clock_, membership_.get(), credentials_.get(),
-                                                      metrics, log_.get());
+  agent_service_ = std::make_unique<v1::HostAgent::AsyncService>();
 }
 
 // The gRPC server: TLS, interceptors, keepalive, one server per address.
@@ -225,9 +224,7 @@ absl::Status ShardServer::StartGrpc() {
     return absl::InvalidArgumentError(
         absl::StrCat("--heartbeat_queues ", options_.heartbeat_queues, " must be at least 1"));
   }
-  heartbeats_ =
-      std::make_unique<HeartbeatStreams>(service_.get(), membership_.get(), metrics_.get(),
-                                         credentials_.get(), &builder, options_.heartbeat_queues);
+  call_queues_ = std::make_unique<CallQueues>(&builder, options_.heartbeat_queues);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(RpcMetricsInterceptorFactory(metrics_.get()));
   if (!options_.auth_token.empty()) {
@@ -257,7 +254,12 @@ absl::Status ShardServer::StartGrpc() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen,
                                                " (address in use, or a bad --listen value?)"));
   }
-  heartbeats_->Start();
+  HostAgentServices agents{agent_service_.get(), clock_,           membership_.get(),
+                           credentials_.get(),   metrics_.get(), log_.get()};
+  call_queues_->Start({AcceptHeartbeatStreams(call_queues_.get(), {service_.get(), membership_.get(),
+                                                                   metrics_.get(), credentials_.get()}),
+                       AcceptHostHeartbeats(call_queues_.get(), agents),
+                       AcceptHostJoins(call_queues_.get(), agents)});
   port_ = port;
   std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
   address_ = absl::StrCat(host, ":", port);
@@ -326,7 +328,7 @@ void ShardServer::Shutdown() {
   // Held calls are answered by the shutdown's cancellation.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server_->Wait();
-  heartbeats_->Stop();  // every stream is cancelled: their last events drain
+  call_queues_->Stop();  // every stream is cancelled: their last events drain
   // Consolidation threads see their calls cancelled and stop.
   if (checkpoints_ != nullptr) checkpoints_->WaitIdle();
   if (checkpoint_verifier_ != nullptr) checkpoint_verifier_->Stop();

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "shard_server/agent_service.h"
+#include "shard_server/call_queues.h"
 #include "shard_server/checkpoint/checkpoint_registry.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/checkpoint/checkpoint_verifier.h"
@@ -66,9 +67,9 @@ struct ShardServerOptions {
   CheckpointServiceOptions checkpoint_service;  // consolidation slots and their deadline
   absl::Duration tick = absl::Milliseconds(50);  // failure detection granularity
   // Completion queues (one polling thread each) that serve heartbeat
-  // streams; a queue's cost per event grows with the streams on it
-  // (heartbeat_streams.h), so more queues keep a beat's cost flat to more
-  // ranks.
+  // streams and the node agents' calls; a queue's cost per event grows with
+  // the calls on it (call_queues.h), so more queues keep a beat's cost flat
+  // to more ranks.
   int heartbeat_queues = 16;
   // The time every timer of the server reads (heartbeat ages, KV deadlines,
   // diagnosis); null: the real clock. Tests pass a FakeClock to check that
@@ -128,9 +129,10 @@ class ShardServer {
   std::unique_ptr<HistoryStore> history_;
   std::unique_ptr<JobCredentials> credentials_;
   std::unique_ptr<CoordinatorService> service_;
-  std::unique_ptr<HostAgentService> agent_service_;  // node agents (docs/scale.md)
+  // Node agents (docs/scale.md); served on call_queues_.
+  std::unique_ptr<v1::HostAgent::AsyncService> agent_service_;
   // Declared before server_: its completion queues outlive the server.
-  std::unique_ptr<HeartbeatStreams> heartbeats_;
+  std::unique_ptr<CallQueues> call_queues_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> http_;  // null without metrics_listen
   RealClock real_clock_;

@@ -169,6 +169,7 @@ absl::Status Membership::Restore() {
       m.last_heartbeat = now;  // a full timeout to beat again
       job->members.push_back(std::move(m));
     }
+    job->IndexMembers();
     RebuildSilenceOrder(*job);
     log_->Log("job_restored", {{"job", job->id},
                                {"generation", absl::StrCat(job->generation)},
@@ -227,10 +228,18 @@ absl::Status Membership::SaveUnsaved(Job& job) {
 }
 
 Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) {
-  for (MemberState& m : members) {
-    if (m.worker_id == worker_id) return &m;
-  }
-  return nullptr;
+  assert(rank_by_worker.size() == members.size());  // IndexMembers after every change
+  auto it = rank_by_worker.find(worker_id);
+  if (it == rank_by_worker.end()) return nullptr;
+  MemberState& m = members[it->second];
+  assert(m.worker_id == worker_id);
+  return &m;
+}
+
+void Membership::Job::IndexMembers() {
+  rank_by_worker.clear();
+  rank_by_worker.reserve(members.size());
+  for (const MemberState& m : members) rank_by_worker[m.worker_id] = m.rank;
 }
 
 const Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) const {
@@ -492,7 +501,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   p.skip_member_table = request.skip_member_table();
   p.deadline = std::min(deadline, now + options_.join_timeout);
   p.done = std::move(done);
-  pending_by_id_[id] = job.id;
+  pending_by_id_[id] = PendingPlace{job.id, request.worker_id()};
   log_->Log("join", {{"job", job.id},
                      {"worker", request.worker_id()},
                      {"host", request.host()},
@@ -574,6 +583,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     m.last_heartbeat = now;
     job.members.push_back(std::move(m));
   }
+  job.IndexMembers();
   job.members_generation = job.generation;
   job.state = v1::RUNNING;
   job.data_plane_advanced = absl::InfinitePast();
@@ -581,6 +591,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
       job, absl::StrCat("job '", job.id, "' generation ", job.generation, " could not be formed"));
   if (!saved.ok()) {
     job.members = std::move(previous_members);
+    job.IndexMembers();
     job.members_generation = previous_members_generation;
     job.state = previous_state;
     for (auto& [worker_id, p] : job.pending) {
@@ -695,15 +706,13 @@ void Membership::CancelJoin(uint64_t join_id) {
     absl::MutexLock lock(&mu_);
     auto it = pending_by_id_.find(join_id);
     if (it == pending_by_id_.end()) return;
-    Job& job = *jobs_[it->second];
+    Job& job = *jobs_[it->second.job_id];
+    auto p = job.pending.find(it->second.worker_id);
     pending_by_id_.erase(it);
-    for (auto p = job.pending.begin(); p != job.pending.end(); ++p) {
-      if (p->second.id == join_id) {
-        log_->Log("join_cancelled", {{"job", job.id}, {"worker", p->first}});
-        done = std::move(p->second.done);
-        job.pending.erase(p);
-        break;
-      }
+    if (p != job.pending.end() && p->second.id == join_id) {
+      log_->Log("join_cancelled", {{"job", job.id}, {"worker", p->first}});
+      done = std::move(p->second.done);
+      job.pending.erase(p);
     }
     // A job that never formed is gone with its last pending join.
     if (job.members.empty() && ForgetIfIdle(job, clock_->Now(), deferred)) {

@@ -238,9 +238,15 @@ class Membership {
     bool isolation_suspected = false;
     bool seen_by_peers = false;
     bool formed() const { return members_generation == generation && !members.empty(); }
-    // The member with `worker_id`; null: none.
+    // The member with `worker_id`; null: none. O(1): a 100,000-rank job's
+    // rejoins after a failure look up every member once each.
     MemberState* FindMember(const std::string& worker_id);
     const MemberState* FindMember(const std::string& worker_id) const;
+    // Call whenever `members` is replaced or filled (restore, FormGeneration).
+    void IndexMembers();
+    // Invariant: rank_by_worker[m.worker_id] == m.rank for every m of
+    // `members`, and nothing else (IndexMembers).
+    absl::flat_hash_map<std::string, int> rank_by_worker;
   };
   using Deferred = std::vector<std::function<void()>>;
 
@@ -366,7 +372,13 @@ class Membership {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::string> pending_by_id_ ABSL_GUARDED_BY(mu_);  // -> job id
+  // Where each pending join is held: CancelJoin in O(1), not a scan of the
+  // job's pending joins (a withdrawn 100,000-rank barrier cancels them all).
+  struct PendingPlace {
+    std::string job_id;
+    std::string worker_id;  // its key in the job's `pending`
+  };
+  absl::flat_hash_map<uint64_t, PendingPlace> pending_by_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_join_id_ ABSL_GUARDED_BY(mu_) = 1;
   GenerationListener listener_ ABSL_GUARDED_BY(mu_);
   ForgetListener forget_listener_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,11 @@
 // worker processes.
 //
 //   bazel run -c opt //tests/bench:scale_bench -- [--hosts=12500] [--json_out=FILE]
+//       [--connections_per_process=C]
+//
+// With C > 0 a process's agents share C TCP connections (HTTP/2 streams), so
+// the server holds processes x C connections instead of one per agent: on a
+// small machine 12,500 connections take minutes to come up (docs/scale.md).
 //
 // Measures: the join barrier (every rank's join answered, from the moment
 // the agents send them); the server's CPU and RSS while every rank beats
@@ -19,7 +24,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -29,6 +36,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,12 +58,14 @@ ABSL_FLAG(int, ranks_per_host, 8, "Ranks per host");
 ABSL_FLAG(int, processes, 16, "Processes the simulated agents are spread over");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000, "The server's --heartbeat_timeout_ms");
 ABSL_FLAG(double, measure_seconds, 10, "Length of the CPU measurement while every rank beats");
+ABSL_FLAG(int, connections_per_process, 0,
+          "TCP connections each simulating process opens to the server, its agents' streams "
+          "spread over them; 0: one per agent, as real agents have");
 ABSL_FLAG(std::string, telemetry, "full", "What each beat carries: full, step or none");
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 // 16 processes of ~780 agents: Debian's libgrpc is built without NDEBUG, and
-// its completion queues then scan every outstanding call on every event, so a
-// process's cost grows with the square of its streams.
+// its completion queues then scan every outstanding call on every event.
 // A child process's part (set by the parent).
 ABSL_FLAG(int, child, -1, "internal: this process's index among the simulating processes");
 ABSL_FLAG(std::string, dir, "", "internal: the run's directory");
@@ -119,7 +129,11 @@ class Child;
 // One simulated node agent.
 class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse> {
  public:
-  SimHost(Child* child, int host, int ranks, const std::string& server, const std::string& telemetry);
+  SimHost(Child* child, int host, int ranks, std::shared_ptr<grpc::Channel> channel,
+          const std::string& telemetry);
+  // Starts connecting to the server (every host at once, not one after the
+  // other: a handshake with a busy server takes a round of its event loop).
+  void StartConnecting() { channel_->GetState(/*try_to_connect=*/true); }
   // Its connection to the server is up (a real agent's is long before its
   // ranks join); false at `deadline`.
   bool Connect(absl::Time deadline);
@@ -169,8 +183,19 @@ class Child {
  public:
   Child(int index, std::string dir, std::string server, int first_host, int hosts, int ranks)
       : index_(index), dir_(std::move(dir)), first_host_(first_host) {
+    const int connections = absl::GetFlag(FLAGS_connections_per_process);
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    for (int c = 0; c < (connections > 0 ? std::min(connections, hosts) : hosts); ++c) {
+      // A channel argument of its own: gRPC shares one connection among
+      // channels with equal arguments.
+      grpc::ChannelArguments args;
+      args.SetInt("zeroshard.bench.connection", first_host + c);
+      args.SetMaxReceiveMessageSize(64 << 20);
+      channels.push_back(grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+    }
     for (int h = 0; h < hosts; ++h) {
-      hosts_.push_back(std::make_unique<SimHost>(this, first_host + h, ranks, server,
+      hosts_.push_back(std::make_unique<SimHost>(this, first_host + h, ranks,
+                                                 channels[h % channels.size()],
                                                  absl::GetFlag(FLAGS_telemetry)));
     }
   }
@@ -178,6 +203,7 @@ class Child {
   int Run() {
     // Every host's connection up, then the parent's go (every process ready).
     const absl::Time deadline = absl::Now() + absl::Minutes(5);
+    for (auto& h : hosts_) h->StartConnecting();
     for (auto& h : hosts_) {
       if (!h->Connect(deadline)) {
         std::fprintf(stderr, "a simulated host could not connect to the server\n");
@@ -294,13 +320,9 @@ class Child {
   std::string first_error_ ABSL_GUARDED_BY(mu_);
 };
 
-SimHost::SimHost(Child* child, int host, int ranks, const std::string& server,
+SimHost::SimHost(Child* child, int host, int ranks, std::shared_ptr<grpc::Channel> channel,
                  const std::string& telemetry)
-    : child_(child), host_(host), ranks_(ranks) {
-  // One connection per agent, as real agents have.
-  grpc::ChannelArguments args;
-  args.SetInt("zeroshard.bench.host", host);
-  channel_ = grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args);
+    : child_(child), host_(host), ranks_(ranks), channel_(std::move(channel)) {
   stub_ = v1::HostAgent::NewStub(channel_);
   testing::FillTelemetry(telemetry, &template_);
   // No collective progress: a rank's peers never vouch for a silent rank
@@ -470,18 +492,38 @@ Totals Collect(const std::string& dir, int processes, int round) {
   return t;
 }
 
-// The server's member_dead events since `since`, by worker id: when, and
-// how long the member had been silent then.
+// The server's member_dead events, by worker id: when, and how long the
+// member had been silent then.
 struct Death {
   absl::Time at;
   double silent_s = 0;
 };
-std::map<std::string, Death> Deaths(const std::string& log) {
-  std::map<std::string, Death> deaths;
-  std::istringstream lines(log);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.find(" event=member_dead ") == std::string::npos) continue;
+
+// Reads the server's log as it grows, from where it stopped last time: at
+// 100K ranks the log holds a line per join (tens of MB), and reading it
+// whole every 10 ms would take the CPU the server is measured on.
+class DeathsInLog {
+ public:
+  explicit DeathsInLog(std::string path) : path_(std::move(path)) {}
+
+  // The deaths logged so far (the latest per worker).
+  const std::map<std::string, Death>& Update() {
+    std::ifstream in(path_, std::ios::binary);
+    in.seekg(offset_);
+    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    offset_ += static_cast<int64_t>(chunk.size());
+    partial_ += chunk;
+    size_t start = 0;
+    for (size_t end; (end = partial_.find('\n', start)) != std::string::npos; start = end + 1) {
+      ReadLine(absl::string_view(partial_).substr(start, end - start));
+    }
+    partial_.erase(0, start);
+    return deaths_;
+  }
+
+ private:
+  void ReadLine(absl::string_view line) {
+    if (!absl::StrContains(line, " event=member_dead ")) return;
     Death d;
     std::string worker;
     for (absl::string_view field : absl::StrSplit(line, ' ')) {
@@ -496,9 +538,26 @@ std::map<std::string, Death> Deaths(const std::string& log) {
         d.silent_s = ms / 1000;
       }
     }
-    deaths[worker] = d;
+    deaths_[worker] = d;
   }
-  return deaths;
+
+  const std::string path_;
+  int64_t offset_ = 0;   // bytes of the log read so far
+  std::string partial_;  // a line not yet complete
+  std::map<std::string, Death> deaths_;
+};
+
+// The sockets process `pid` holds open (its connections and listeners).
+int SocketsOpen(pid_t pid) {
+  int sockets = 0;
+  std::error_code error;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), error)) {
+    std::error_code link_error;
+    std::string target = std::filesystem::read_symlink(entry.path(), link_error).string();
+    if (!link_error && absl::StartsWith(target, "socket:")) ++sockets;
+  }
+  return sockets;
 }
 
 void Command(const std::string& dir, int process, const std::string& command) {
@@ -539,6 +598,8 @@ int RunParent(const std::string& self) {
                                  absl::StrCat("--host_count=", first_host[i + 1] - first_host[i]),
                                  absl::StrCat("--hosts=", hosts),
                                  absl::StrCat("--ranks_per_host=", per_host),
+                                 absl::StrCat("--connections_per_process=",
+                                              absl::GetFlag(FLAGS_connections_per_process)),
                                  "--telemetry=" + absl::GetFlag(FLAGS_telemetry)},
         absl::StrCat(dir, "/child-", i, ".log")));
   }
@@ -604,6 +665,10 @@ int RunParent(const std::string& self) {
   result["server_rss_bytes"] = rss;
   result["server_rss_bytes_per_rank"] = double(rss - rss_idle) / world;
   result["beat_errors"] = t.errors;
+  const int sockets = SocketsOpen(pid);
+  result["server_sockets"] = sockets;
+  table.AddRow({"server's open sockets (agents' TCP connections + its listeners)",
+                absl::StrCat(sockets), ""});
   table.AddRow({"rank beats answered per second", absl::StrFormat("%.0f", beats_per_s),
                 absl::StrCat(world)});
   table.AddRow({"server CPU at 1-s heartbeats",
@@ -651,6 +716,7 @@ int RunParent(const std::string& self) {
   std::vector<Fault> faults = {{"a silent rank", rank_host, {WorkerId(rank_host, 3)}},
                                {"a silent host (its agent)", lost_host, {}}};
   for (int s = 0; s < per_host; ++s) faults[1].workers.push_back(WorkerId(lost_host, s));
+  DeathsInLog server_deaths(server.dir + "/server.log");
   for (size_t f = 0; f < faults.size(); ++f) {
     const Fault& fault = faults[f];
     const int round = static_cast<int>(f);
@@ -660,7 +726,7 @@ int RunParent(const std::string& self) {
                    : absl::StrCat("silence-host ", fault.host));
     std::map<std::string, Death> deaths;
     auto all_dead = [&] {
-      deaths = Deaths(server.process->Log());
+      deaths = server_deaths.Update();
       for (const std::string& w : fault.workers) {
         if (deaths.count(w) == 0 || deaths[w].at < since - absl::Seconds(1)) return false;
       }

@@ -5,6 +5,7 @@
 // server.
 #include <stdlib.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -89,17 +90,27 @@ class HandAgent {
   // Joins all of `joins` in one call; the answers by index.
   std::vector<v1::HostJoinResponse> Join(const std::vector<v1::JoinRequest>& joins) {
     grpc::ClientContext context;
-    Authorize(&context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    v1::HostJoinRequest request;
-    request.set_node("hand-host boot-1");
-    for (const v1::JoinRequest& join : joins) *request.add_joins() = join;
-    auto reader = stub_->HostJoin(&context, request);
+    auto reader = StartJoins(joins, &context);
     std::vector<v1::HostJoinResponse> answers(joins.size());
     v1::HostJoinResponse answer;
     while (reader->Read(&answer)) answers.at(answer.index()) = answer;
     EXPECT_TRUE(reader->Finish().ok());
     return answers;
+  }
+
+  // Sends all of `joins` in one call, waits until `held` (the server holds
+  // them), then gives the call up (as an agent whose ranks went away); the
+  // call's status.
+  grpc::Status JoinThenGiveUp(const std::vector<v1::JoinRequest>& joins,
+                              const std::function<bool()>& held) {
+    grpc::ClientContext context;
+    auto reader = StartJoins(joins, &context);
+    EXPECT_TRUE(WaitFor(held, absl::Seconds(10))) << "the server never held the joins";
+    context.TryCancel();
+    v1::HostJoinResponse answer;
+    while (reader->Read(&answer)) {
+    }
+    return reader->Finish();
   }
 
   // One request on the agent's stream (opened on first use): a beat of each
@@ -139,6 +150,16 @@ class HandAgent {
   }
 
  private:
+  std::unique_ptr<grpc::ClientReader<v1::HostJoinResponse>> StartJoins(
+      const std::vector<v1::JoinRequest>& joins, grpc::ClientContext* context) {
+    Authorize(context);
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::HostJoinRequest request;
+    request.set_node("hand-host boot-1");
+    for (const v1::JoinRequest& join : joins) *request.add_joins() = join;
+    return stub_->HostJoin(context, request);
+  }
+
   void Authorize(grpc::ClientContext* context) {
     if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
   }
@@ -199,6 +220,24 @@ TEST(HostAgentServiceTest, AHostsJoinsInOneCallFormTheGenerationAndItsBeatsAreAn
   const v1::JobStatus job = server->membership()->Status("two-hosts").jobs(0);
   EXPECT_GE(job.members(0).last_heartbeat_age_ms(), 0);
   EXPECT_EQ(job.members(1).last_heartbeat_age_ms(), -1) << "rank 1 never beat";
+}
+
+// The server is told of the agent giving up its call (gRPC's done
+// notification on the async queues; the joins' own deadline is 30 s away) and withdraws the call's held joins, so
+// its ranks may join again instead of being refused as already pending.
+TEST(HostAgentServiceTest, AJoinCallTheAgentGivesUpIsWithdrawnAndItsRanksJoinAgain) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  HandAgent a(server->address()), b(server->address());
+  grpc::Status gave_up =
+      a.JoinThenGiveUp({JoinOf("withdrawn", 4, "w0"), JoinOf("withdrawn", 4, "w2")},
+                       [&] { return events.Count("join") == 2; });
+  EXPECT_EQ(gave_up.error_code(), grpc::StatusCode::CANCELLED) << gave_up.error_message();
+  ASSERT_TRUE(WaitFor([&] { return events.Count("join_cancelled") == 2; }, absl::Seconds(10)))
+      << events.Count("join_cancelled") << " of 2 joins withdrawn";
+  std::vector<v1::MemberCredentials> m = JoinThroughAgents({&a, &b}, "withdrawn", 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(m[r].generation(), 1) << "rank " << r;
 }
 
 TEST(HostAgentServiceTest, ARanksDeathReportedByTheAgentChangesTheGeneration) {
