@@ -111,6 +111,10 @@ ABSL_FLAG(std::string, param_dtype, "f32",
 ABSL_FLAG(std::string, reduce_dtype, "f32",
           "Dtype gradients are reduced in: f32|bf16|int8 (int8: block-quantized on the wire, "
           "summed in f32; docs/quantized_comm.md)");
+ABSL_FLAG(std::string, int8_reduce_rounding, "nearest",
+          "--reduce_dtype=int8: how gradients round to the int8 grid: nearest (a gradient "
+          "below half its block's quantum becomes 0) | stochastic (unbiased: it counts on "
+          "average; costs CPU). docs/quantized_comm.md");
 ABSL_FLAG(bool, replica_thread, true,
           "With --shard_group_size: the replicas' all-reduce on a thread of its own, "
           "overlapping the group's next reduce-scatters (false: after each, on the reduce "
@@ -369,6 +373,12 @@ absl::Status ReadEngine(WorkerConfig* config) {
   engine.reduce_dtype = *reduce_dtype;
   engine.gather_dtype = gather_flag == "int8" ? DType::kI8 : DType::kF32;
   engine.replica_thread = absl::GetFlag(FLAGS_replica_thread);
+  const std::string rounding = absl::GetFlag(FLAGS_int8_reduce_rounding);
+  if (rounding != "stochastic" && rounding != "nearest") {
+    return Bad(absl::StrCat("--int8_reduce_rounding=", rounding,
+                            " is not a rounding: expected stochastic or nearest"));
+  }
+  engine.int8_stochastic_reduce = rounding == "stochastic";
   if (engine.gather_dtype == DType::kI8 &&
       (absl::GetFlag(FLAGS_stage) != 3 || engine.param_dtype != DType::kF32)) {
     return Bad(absl::StrCat("--gather_dtype=int8 quantizes stage 3's f32 gathers; got --stage=",

@@ -23,6 +23,7 @@
 // "peak RSS/rank" is the largest VmHWM over the ranks (the reports'
 // peak_rss_bytes).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
@@ -256,10 +257,16 @@ int Main() {
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
       for (const std::string& mode : modes) {
         Result r;
+        // Wall time of the whole run (start, steps, validation, exit): what
+        // sizes a bench invocation (docs/multihost.md).
+        const auto started = std::chrono::steady_clock::now();
         if (!RunOne(**hosts, cluster, mode, rate, round, &r)) return 1;
-        std::fprintf(stderr, "%s at %lld bit/s, round %d: %.0f ms/step, %s crossing/host/step\n",
+        const double run_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        std::fprintf(stderr,
+                     "%s at %lld bit/s, round %d: %.0f ms/step, %s crossing/host/step (run %.0f s)\n",
                      mode.c_str(), static_cast<long long>(rate), round, r.step_ms,
-                     HumanBytes(r.crossing_bytes).c_str());
+                     HumanBytes(r.crossing_bytes).c_str(), run_s);
         results.push_back(r);
       }
     }

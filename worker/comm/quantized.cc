@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 
@@ -37,6 +38,18 @@ std::vector<int64_t> ShardExtents(const std::vector<ShardBlock>& blocks, int wor
   return extent;
 }
 
+// The stream of `rank`'s part for `destination`: ranks and parts must not
+// share dithers (equal dithers on equal values would round them alike).
+Int8Rounding PartRounding(Int8Rounding rounding, int rank, int destination) {
+  std::seed_seq seq{static_cast<uint32_t>(rounding.seed),
+                    static_cast<uint32_t>(rounding.seed >> 32), static_cast<uint32_t>(rank),
+                    static_cast<uint32_t>(destination)};
+  uint32_t words[2];
+  seq.generate(words, words + 2);
+  rounding.seed = (static_cast<uint64_t>(words[1]) << 32) | words[0];
+  return rounding;
+}
+
 int64_t MaxPackedBytes(const std::vector<int64_t>& extents) {
   int64_t bytes = 0;
   for (int64_t e : extents) bytes = std::max(bytes, Int8PackedBytes(e));
@@ -50,7 +63,33 @@ int64_t Int8PackedBytes(int64_t n) {
   return (bytes + 3) / 4 * 4;
 }
 
-void QuantizeInt8(const float* x, int64_t n, void* packed) {
+namespace {
+
+// The quanta of one finite block with max|x| = amax > 0 (the ratio
+// 127 / amax finite), rounded up with probability equal to the fraction of
+// the quantum: floor(r + v), v = 24 random bits / 2^24 in [0, 1). r + v is
+// an f32 of magnitude below 128, whose ulp is at most 2^-17: v's low bits
+// round away, a bias below 2^-17 of a quantum. The clamp keeps
+// |r| <= 127 (1 + 2u) from reaching 128 when v is near 1.
+void RoundStochastically(const float* x, int64_t count, float ratio, std::mt19937* gen,
+                         int8_t* q) {
+  constexpr float kTwoToMinus24 = 1.0f / (1 << 24);
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = static_cast<float>((*gen)() >> 8) * kTwoToMinus24;
+    const float rounded = std::floor(x[i] * ratio + v);
+    q[i] = static_cast<int8_t>(std::clamp(rounded, -127.0f, 127.0f));
+  }
+}
+
+}  // namespace
+
+void QuantizeInt8(const float* x, int64_t n, void* packed, Int8Rounding rounding) {
+  std::mt19937 gen;
+  if (rounding.stochastic) {
+    std::seed_seq seq{static_cast<uint32_t>(rounding.seed),
+                      static_cast<uint32_t>(rounding.seed >> 32)};
+    gen.seed(seq);
+  }
   float* scales = static_cast<float*>(packed);
   int8_t* q = const_cast<int8_t*>(ValuesOf(packed, n));
   for (int64_t block = 0; block < BlocksOf(n); ++block) {
@@ -76,6 +115,10 @@ void QuantizeInt8(const float* x, int64_t n, void* packed) {
       for (int64_t i = begin; i < end; ++i) {
         q[i] = static_cast<int8_t>(std::nearbyint(static_cast<double>(x[i]) * exact));
       }
+      continue;
+    }
+    if (rounding.stochastic) {
+      RoundStochastically(x + begin, end - begin, ratio, &gen, q + begin);
       continue;
     }
     // Rounds half away from zero by truncation (vectorizes; nearbyint is a
@@ -157,7 +200,7 @@ absl::Status QuantizedAllGatherBlocks(Communicator* comm, const float* shard, fl
 
 absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full, float* shard,
                                           const std::vector<ShardBlock>& blocks, ReduceOp op,
-                                          absl::Duration timeout) {
+                                          absl::Duration timeout, Int8Rounding rounding) {
   const int w = comm->world_size();
   const int rank = comm->rank();
   if (absl::Status s = ValidateBlocks("reduce_scatter (int8)", blocks, w); !s.ok()) return s;
@@ -181,7 +224,7 @@ absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full,
       if (b.rank != r) continue;
       std::memcpy(stage + b.shard_offset, full + b.full_offset, b.count * sizeof(float));
     }
-    QuantizeInt8(stage, extent[r], send + r * packed);
+    QuantizeInt8(stage, extent[r], send + r * packed, PartRounding(rounding, rank, r));
   }
   if (absl::Status s = comm->AllToAll(send, recv, packed, timeout); !s.ok()) return s;
   const float divisor = op == ReduceOp::kAverage ? static_cast<float>(w) : 1.0f;
@@ -200,7 +243,7 @@ absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full,
 }
 
 absl::Status QuantizedAllReduce(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
-                                absl::Duration timeout) {
+                                absl::Duration timeout, Int8Rounding rounding) {
   const int w = comm->world_size();
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat("all_reduce (int8): negative count ", count));
@@ -209,7 +252,7 @@ absl::Status QuantizedAllReduce(Communicator* comm, float* buffer, int64_t count
   const int64_t packed = Int8PackedBytes(count);
   char* send = Scratch(0, packed);
   char* recv = Scratch(1, packed * w);
-  QuantizeInt8(buffer, count, send);
+  QuantizeInt8(buffer, count, send, PartRounding(rounding, comm->rank(), 0));
   if (absl::Status s = comm->AllGather(send, recv, packed / 4, DType::kF32, timeout); !s.ok()) {
     return s;
   }

@@ -9,6 +9,16 @@
 // so |x - x'| <= scale / 2 = max|x| / 254 per element, plus the f32
 // roundings of the ratio, the scale and the product (4u max|x|, u = 2^-24):
 // |x - x'| <= max|x| / 254 * (1 + 1016 u). A block of zeros is exact.
+// Rounding (Int8Rounding): to nearest, as above, or stochastic:
+//   q = floor(x / scale + v), v uniform in [0, 1) (24 random bits)
+// which rounds up with probability equal to the fraction of the quantum, so
+// E[x'] = x (unbiased) and |x - x'| < scale = max|x| / 127, plus the same
+// f32 roundings: |x - x'| <= max|x| / 127 * (1 + 1016 u). Nearest's error is
+// half as large but biased: every value below half its block's quantum
+// becomes 0, on every step, so a small gradient that recurs is never
+// applied; stochastic rounding applies it on average. The random bits come
+// from std::mt19937 seeded with (seed, rank, destination): the same seed
+// gives the same bits, so runs repeat.
 // A block holding NaN or ±Inf gets scale NaN: every element of it comes back
 // NaN, so a non-finite gradient still shows as a NaN norm (the step fails as
 // it would in f32) instead of being clipped to ±127 silently.
@@ -42,12 +52,21 @@ namespace zeroshard {
 
 inline constexpr int64_t kInt8Block = 256;  // elements per scale
 
+// How a value between two quanta rounds (see above). Stochastic: `seed`
+// picks the random stream; callers give every call its own (e.g. unit and
+// step) so that the dithers of successive steps are independent.
+struct Int8Rounding {
+  bool stochastic = false;
+  uint64_t seed = 0;
+};
+
 // Bytes of `n` quantized elements: ceil(n / 256) f32 scales, then n int8
 // values, rounded up to a multiple of 4 (the collectives move 4-byte words).
 int64_t Int8PackedBytes(int64_t n);
 
-// Quantizes x[0, n) into `packed` (Int8PackedBytes(n) bytes).
-void QuantizeInt8(const float* x, int64_t n, void* packed);
+// Quantizes x[0, n) into `packed` (Int8PackedBytes(n) bytes). Stochastic
+// rounding draws n numbers from a std::mt19937 seeded with rounding.seed.
+void QuantizeInt8(const float* x, int64_t n, void* packed, Int8Rounding rounding = {});
 // out[i] = element begin + i of `packed` (n elements), for i in [0, count).
 void DequantizeInt8(const void* packed, int64_t n, int64_t begin, int64_t count, float* out);
 // acc[i] += element begin + i of `packed`, for i in [0, count).
@@ -58,14 +77,16 @@ absl::Status QuantizedAllGatherBlocks(Communicator* comm, const float* shard, fl
                                       const std::vector<ShardBlock>& blocks,
                                       absl::Duration timeout);
 // As Communicator::ReduceScatterBlocks (f32), through one quantization of
-// every contribution and Communicator::AllToAll.
+// every contribution and Communicator::AllToAll. Stochastic rounding: each
+// (rank, destination) part draws from its own stream of rounding.seed.
 absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full, float* shard,
                                           const std::vector<ShardBlock>& blocks, ReduceOp op,
-                                          absl::Duration timeout);
+                                          absl::Duration timeout, Int8Rounding rounding = {});
 // As Communicator::AllReduce (f32, in place), through one quantization of
-// every rank's buffer and an all-gather.
+// every rank's buffer and an all-gather; every rank still ends with the same
+// bits (each sums the same quantized values), whatever the rounding.
 absl::Status QuantizedAllReduce(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
-                                absl::Duration timeout);
+                                absl::Duration timeout, Int8Rounding rounding = {});
 
 }  // namespace zeroshard
 

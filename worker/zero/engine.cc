@@ -40,6 +40,9 @@ struct ZeroEngine::UnitState {
   // Stages 2-3: sum of squares of `grads` after the step's last reduction
   // (taken by the reduce thread); unset when Step must compute it.
   std::optional<double> grad_squares;
+  // Int8 reductions of this unit so far (reduce thread): with stochastic
+  // rounding, each reduction's dither stream (QuantizedReduceRounding).
+  int64_t quantized_reductions = 0;
   std::unique_ptr<Optimizer> optimizer;
   // hpZ: this rank's slice of the unit (UnitLayout::secondary_blocks), f32.
   // Written by gather tasks that keep it, read by the secondary gathers
@@ -764,6 +767,16 @@ void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
 
 // ---- Reductions ----
 
+// The rounding of this unit's next int8 reduction: to nearest, or
+// stochastic (EngineOptions::int8_stochastic_reduce) with a seed of its
+// own, (unit, count), the same on every rank; the quantizers mix in the
+// rank and destination. Reduce thread only.
+Int8Rounding ZeroEngine::QuantizedReduceRounding(int unit) {
+  const int64_t count = state_[unit]->quantized_reductions++;
+  return Int8Rounding{options_.int8_stochastic_reduce,
+                      (static_cast<uint64_t>(unit) << 40) ^ static_cast<uint64_t>(count)};
+}
+
 // Stage 0: all-reduce the unit's full gradient (average over ranks), in
 // place (bf16: through a narrowed copy).
 absl::Status ZeroEngine::AllReduceUnit(int unit) {
@@ -778,7 +791,7 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
                                 options_.collective_timeout);
   } else if (dtype == DType::kI8) {
     s = QuantizedAllReduce(reduce_comm_, state.grads.f32(), flat, ReduceOp::kAverage,
-                           options_.collective_timeout);
+                           options_.collective_timeout, QuantizedReduceRounding(unit));
   } else {
     TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
                          /*zero=*/false);
@@ -802,13 +815,14 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
 // the average over all W ranks. Ring all-reduce (and int8's all-gather,
 // summed in rank order) leaves every replica the same bits, so the
 // replicas' optimizer steps stay equal. `chunk` holds `dtype`, f32 for int8.
-absl::Status ZeroEngine::AverageOverReplicas(int unit, void* chunk, DType dtype) {
+absl::Status ZeroEngine::AverageOverReplicas(int unit, void* chunk, DType dtype,
+                                             Int8Rounding rounding) {
   const UnitLayout& layout = units_[unit];
   EnterCollective(kReplicaStream, "all_reduce", layout.name);
   absl::Status s =
       dtype == DType::kI8
           ? QuantizedAllReduce(replica_comm_, static_cast<float*>(chunk), layout.chunk_elements,
-                               ReduceOp::kAverage, options_.collective_timeout)
+                               ReduceOp::kAverage, options_.collective_timeout, rounding)
           : replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype, ReduceOp::kAverage,
                                      options_.collective_timeout);
   LeaveCollective(kReplicaStream);
@@ -827,7 +841,12 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   }
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
-  const DType dtype = options_.reduce_dtype;  // on the wire
+  // On the wire inside the group (int8 inside a host's shared memory: f32,
+  // EngineOptions::int8_group_reduce_in_f32); the replicas' all-reduce
+  // travels in options_.reduce_dtype.
+  const DType dtype = options_.reduce_dtype == DType::kI8 && options_.int8_group_reduce_in_f32
+                          ? DType::kF32
+                          : options_.reduce_dtype;
   // In the buffers: int8 reductions take and give f32.
   const DType held = dtype == DType::kI8 ? DType::kF32 : dtype;
   const int64_t chunk = layout.chunk_elements;
@@ -860,11 +879,17 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   if (held != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
   EnterCollective(kReduceStream, "reduce_scatter", layout.name);
   void* output = direct ? state.grads.data() : received.data();
+  // Int8: the group's reduce-scatter and the replicas' all-reduce draw
+  // from two streams of this reduction's seed.
+  const Int8Rounding rounding =
+      options_.reduce_dtype == DType::kI8 ? QuantizedReduceRounding(unit) : Int8Rounding{};
+  Int8Rounding replica_rounding = rounding;
+  replica_rounding.seed ^= uint64_t{1} << 63;
   absl::Status s =
       dtype == DType::kI8
           ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
                                          static_cast<float*>(output), layout.blocks,
-                                         ReduceOp::kAverage, options_.collective_timeout)
+                                         ReduceOp::kAverage, options_.collective_timeout, rounding)
           : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
                                               ReduceOp::kAverage, options_.collective_timeout);
   LeaveCollective(kReduceStream);
@@ -882,15 +907,22 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     return FinishReduction(unit, &received, direct, stale, last_micro);
   }
   if (replica_thread_ == nullptr) {
-    if (absl::Status s = AverageOverReplicas(unit, output, dtype); !s.ok()) return s;
+    if (absl::Status s =
+            AverageOverReplicas(unit, output, options_.reduce_dtype, replica_rounding);
+        !s.ok()) {
+      return s;
+    }
     return FinishReduction(unit, &received, direct, stale, last_micro);
   }
   // The replicas' average and the rest on the replica thread, in order; the
   // reduce thread goes on with the next unit inside the group meanwhile.
   auto held_chunk = std::make_shared<TrackedBuffer>(std::move(received));
-  replica_thread_->Submit([this, unit, held_chunk, direct, stale, last_micro]() -> absl::Status {
+  replica_thread_->Submit([this, unit, held_chunk, direct, stale, last_micro,
+                           replica_rounding]() -> absl::Status {
     void* data = direct ? state_[unit]->grads.data() : held_chunk->data();
-    if (absl::Status s = AverageOverReplicas(unit, data, options_.reduce_dtype); !s.ok()) {
+    if (absl::Status s =
+            AverageOverReplicas(unit, data, options_.reduce_dtype, replica_rounding);
+        !s.ok()) {
       return s;
     }
     return FinishReduction(unit, held_chunk.get(), direct, stale, last_micro);

@@ -70,6 +70,8 @@
 
 namespace zeroshard {
 
+struct Int8Rounding;  // worker/comm/quantized.h
+
 struct EngineOptions {
   int stage = 3;
   int prefetch = 1;
@@ -84,6 +86,17 @@ struct EngineOptions {
   // rank computes on the dequantized unit; the master stays f32. Otherwise
   // (kF32) gathers travel in param_dtype.
   DType gather_dtype = DType::kF32;
+  // Int8 reductions (--int8_reduce_rounding): false, to nearest; true,
+  // stochastic rounding, unbiased, so gradients below half a block's
+  // quantum are not lost every step (docs/quantized_comm.md: not shown to
+  // train the quickstart better, and it costs CPU). Gathers always round to
+  // nearest: the master weights stay f32, only their copy is rounded.
+  bool int8_stochastic_reduce = false;
+  // Shard groups with --reduce_dtype=int8: the group's reduce-scatter in
+  // f32 (set when it runs over shared memory: nothing of it crosses a link)
+  // and only the replicas' all-reduce quantized; one quantization per
+  // gradient instead of two, and no all-to-all over TCP inside the host.
+  bool int8_group_reduce_in_f32 = false;
   int grad_accum = 1;
   absl::Duration collective_timeout = absl::Seconds(60);
   // Test-only (shard_worker's --test_* flags): runs on a collective's thread
@@ -331,7 +344,8 @@ class ZeroEngine {
   // also take the squared norm of its gradient shard, off the compute thread).
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
   absl::Status AllReduceUnit(int unit);
-  absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype);
+  absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype, Int8Rounding rounding);
+  Int8Rounding QuantizedReduceRounding(int unit);
   // ReduceUnit's end, after the group's reduce-scatter (and the replicas'
   // average): this rank's pieces into the gradient shard (`direct`: already
   // there; `stale`: written, not added), then the shard's squared norm.

@@ -11,7 +11,8 @@
 // reduction quantizes each rank's contribution once: |error| <= sum over
 // ranks r of m_r / 254 * (1 + 508 u), plus the f32 sum of W terms
 // (W u * sum |x_r|), divided by W for an average (exact for W = 4, one more
-// rounding, u, otherwise).
+// rounding, u, otherwise). Stochastic rounding errs by less than a whole
+// quantum, m / 127 * (1 + 1016 u): twice the bound, and unbiased.
 #include "worker/comm/quantized.h"
 
 #include <cmath>
@@ -53,10 +54,13 @@ double BlockMax(const std::vector<float>& x, int64_t i) {
   return m;
 }
 
-std::vector<float> RoundTrip(const std::vector<float>& x) {
+// Half quanta a rounding may err by: 1 to nearest, 2 stochastically.
+double HalfQuanta(Int8Rounding rounding) { return rounding.stochastic ? 2 : 1; }
+
+std::vector<float> RoundTrip(const std::vector<float>& x, Int8Rounding rounding = {}) {
   const int64_t n = x.size();
   std::vector<char> packed(Int8PackedBytes(n));
-  QuantizeInt8(x.data(), n, packed.data());
+  QuantizeInt8(x.data(), n, packed.data(), rounding);
   std::vector<float> out(n);
   DequantizeInt8(packed.data(), n, 0, n, out.data());
   return out;
@@ -121,6 +125,53 @@ TEST(QuantizeInt8Test, HugeAndTinyValuesKeepTheBound) {
   }
 }
 
+TEST(QuantizeInt8Test, StochasticRoundingErrsLessThanOneQuantum) {
+  std::vector<float> x = Random(5 * 256 + 37, 3);
+  for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
+    x[i] *= std::pow(10.0f, static_cast<float>(i / 256) - 2);
+  }
+  const std::vector<float> y = RoundTrip(x, {true, 7});
+  int off_nearest = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double bound = BlockMax(x, i) / 127 * kQuantRelSlack;
+    ASSERT_LE(std::fabs(double{y[i]} - x[i]), bound) << "element " << i << " x " << x[i];
+    off_nearest += std::fabs(double{y[i]} - x[i]) > BlockMax(x, i) / 254 * kQuantRelSlack;
+  }
+  EXPECT_GT(off_nearest, 0) << "some values must round away from the nearest quantum";
+  // Block maxima stay exact, zeros stay zero.
+  EXPECT_EQ(RoundTrip({3.5f, 0.0f, -1.0f}, {true, 7})[0], 3.5f);
+  EXPECT_EQ(RoundTrip({3.5f, 0.0f, -1.0f}, {true, 7})[1], 0.0f);
+}
+
+TEST(QuantizeInt8Test, TheSameSeedGivesTheSameBitsAndAnotherSeedOthers) {
+  const std::vector<float> x = Random(1000, 4);
+  EXPECT_EQ(RoundTrip(x, {true, 11}), RoundTrip(x, {true, 11}));
+  EXPECT_NE(RoundTrip(x, {true, 11}), RoundTrip(x, {true, 12}));
+}
+
+// Why reductions round stochastically: in a block whose largest value is 1
+// (quantum 1/127), a gradient of 1e-3 (0.127 quanta) rounds to 0 to
+// nearest, every time; stochastically it comes back as 1/127 with
+// probability 0.127 and so is 1e-3 on average. Over n = 4096 seeds the mean
+// of a Bernoulli(p) times 1/127 has standard deviation
+// sqrt(p (1 - p) / n) / 127 = 6.5e-5; the check allows 6 of them.
+TEST(QuantizeInt8Test, StochasticRoundingKeepsValuesBelowHalfAQuantumOnAverage) {
+  const std::vector<float> x = {1.0f, 1e-3f, -1e-3f, 2.5e-3f};
+  EXPECT_EQ(RoundTrip(x)[1], 0.0f);
+  EXPECT_EQ(RoundTrip(x)[2], 0.0f);
+  constexpr int kSeeds = 4096;
+  std::vector<double> mean(x.size(), 0.0);
+  for (int seed = 0; seed < kSeeds; ++seed) {
+    const std::vector<float> y = RoundTrip(x, {true, static_cast<uint64_t>(seed)});
+    for (size_t i = 0; i < x.size(); ++i) mean[i] += double{y[i]} / kSeeds;
+  }
+  for (size_t i = 1; i < x.size(); ++i) {
+    const double p = std::fabs(x[i]) * 127;
+    const double sigma = std::sqrt(p * (1 - p) / kSeeds) / 127;
+    EXPECT_NEAR(mean[i], x[i], 6 * sigma) << "element " << i;
+  }
+}
+
 // ---- Collectives ----
 
 enum class Transport { kTcp, kShm, kTwoLevel };
@@ -179,6 +230,10 @@ class QuantizedCollectiveTest : public ::testing::TestWithParam<std::pair<Transp
     return blocks;
   }
 
+  // The collectives against an f64 reference, with this rounding.
+  void ExpectReduceScatterWithinTheBound(Int8Rounding rounding);
+  void ExpectAllReduceWithinTheBound(Int8Rounding rounding);
+
   int w_ = 0;
   InMemoryKvStore store_;
   std::vector<std::unique_ptr<Communicator>> comms_;
@@ -209,13 +264,20 @@ TEST_P(QuantizedCollectiveTest, AllGatherIsEachShardQuantizedOnce) {
 }
 
 TEST_P(QuantizedCollectiveTest, ReduceScatterAveragesWithinOneQuantizationPerRank) {
+  for (Int8Rounding rounding : {Int8Rounding{}, Int8Rounding{true, 5}}) {
+    SCOPED_TRACE(rounding.stochastic ? "stochastic" : "nearest");
+    ExpectReduceScatterWithinTheBound(rounding);
+  }
+}
+
+void QuantizedCollectiveTest::ExpectReduceScatterWithinTheBound(Int8Rounding rounding) {
   int64_t full = 0;
   const std::vector<ShardBlock> blocks = Layout(&full);
   std::vector<std::vector<float>> in(w_), shard(w_, std::vector<float>(600, 7.0f));
   for (int r = 0; r < w_; ++r) in[r] = Random(full, 20 + r, 1.0f + r);
   RunThreads(w_, [&](int r) {
     ASSERT_TRUE(QuantizedReduceScatterBlocks(comms_[r].get(), in[r].data(), shard[r].data(),
-                                             blocks, ReduceOp::kAverage, kTimeout)
+                                             blocks, ReduceOp::kAverage, kTimeout, rounding)
                     .ok());
   });
   std::vector<bool> written(600);
@@ -240,7 +302,7 @@ TEST_P(QuantizedCollectiveTest, ReduceScatterAveragesWithinOneQuantizationPerRan
             m = std::max(m, std::fabs(double{in[r][o.full_offset + k - o.shard_offset]}));
           }
         }
-        bound += m / 254 * kQuantRelSlack;
+        bound += m / 254 * HalfQuanta(rounding) * kQuantRelSlack;
       }
       bound = (bound + w_ * kU * abs_sum) / w_ * (1 + kU);
       const float got = shard[b.rank][b.shard_offset + i];
@@ -252,20 +314,28 @@ TEST_P(QuantizedCollectiveTest, ReduceScatterAveragesWithinOneQuantizationPerRan
 }
 
 TEST_P(QuantizedCollectiveTest, AllReduceLeavesEveryRankTheSameBitsWithinTheBound) {
+  for (Int8Rounding rounding : {Int8Rounding{}, Int8Rounding{true, 5}}) {
+    SCOPED_TRACE(rounding.stochastic ? "stochastic" : "nearest");
+    ExpectAllReduceWithinTheBound(rounding);
+  }
+}
+
+void QuantizedCollectiveTest::ExpectAllReduceWithinTheBound(Int8Rounding rounding) {
   const int64_t n = 1000;
   std::vector<std::vector<float>> buf(w_);
   for (int r = 0; r < w_; ++r) buf[r] = Random(n, 30 + r, 1.0f + r);
   const std::vector<std::vector<float>> in = buf;
   RunThreads(w_, [&](int r) {
-    ASSERT_TRUE(
-        QuantizedAllReduce(comms_[r].get(), buf[r].data(), n, ReduceOp::kSum, kTimeout).ok());
+    ASSERT_TRUE(QuantizedAllReduce(comms_[r].get(), buf[r].data(), n, ReduceOp::kSum, kTimeout,
+                                   rounding)
+                    .ok());
   });
   for (int64_t i = 0; i < n; ++i) {
     double sum = 0, bound = 0, abs_sum = 0;
     for (int r = 0; r < w_; ++r) {
       sum += in[r][i];
       abs_sum += std::fabs(in[r][i]);
-      bound += BlockMax(in[r], i) / 254 * kQuantRelSlack;
+      bound += BlockMax(in[r], i) / 254 * HalfQuanta(rounding) * kQuantRelSlack;
     }
     bound += w_ * kU * abs_sum;
     for (int r = 0; r < w_; ++r) {
