@@ -173,6 +173,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
                                               {"file", relative_},
                                               {"bytes", absl::StrCat(written_)}});
     response_->set_size_bytes(written_);
+    ReleaseReservation();
     Finish(grpc::Status::OK);
   }
 
@@ -180,7 +181,16 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadShardRequest> {
     file_.reset();  // removes the temporary file
     service_->log_->Log("checkpoint_upload_failed",
                         {{"job", job_}, {"file", relative_}, {"error", status.ToString()}});
+    ReleaseReservation();
     Finish(ToGrpcStatus(status));
+  }
+
+  // Gives the upload's bytes back to the bounds before the caller hears the
+  // outcome: an uploader told "done" may start its next upload at once (OnDone
+  // runs only later, and releases what a cancelled stream still holds).
+  void ReleaseReservation() {
+    if (reserved_ > 0) service_->ReleaseUpload(job_, reserved_);
+    reserved_ = 0;
   }
 
   CheckpointService* const service_;
