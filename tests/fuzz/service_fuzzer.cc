@@ -497,6 +497,9 @@ void Call(Harness& h, uint8_t method, absl::string_view bytes) {
 void RunInput(const uint8_t* data, size_t size) {
   Harness& h = TheHarness();
   ForgetJobs(h);
+  Trace("jobs left from the last input",
+        grpc::Status(grpc::StatusCode::OK,
+                     std::to_string(h.server->membership()->Status("").jobs_size())));
   h.caller = Caller{/*admin=*/true, ""};
   h.last_member.Clear();
   h.last_stream = 0;
