@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -72,16 +73,16 @@ def git_commit():
         return "unknown"
 
 
-def append_ledger(path, rows):
-    """One line per target of this run."""
+def append_ledger(path, rows, commit):
+    """One line per target of this run; `commit`: the tree's when it began."""
     load = os.getloadavg()[0]
-    commit = git_commit()
     with open(path, "a") as f:
         for r in rows:
             f.write(json.dumps({
                 "date": r["started"], "commit": commit, "target": r["target"],
                 "executions": r["executions"], "seconds": r["seconds"],
-                "exec_per_s": r["exec_per_s"], "cov": r["cov"], "ft": r["ft"],
+                "exec_per_s": r["exec_per_s"], "cpu_seconds": r["cpu_seconds"],
+                "exec_per_cpu_s": r["exec_per_cpu_s"], "cov": r["cov"], "ft": r["ft"],
                 "findings": len(r["findings"]),
                 "finding_files": [os.path.basename(f) for f in r["findings"]],
                 "cpu": cpu_name(), "load_at_end": round(load, 1),
@@ -181,9 +182,14 @@ def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus, extra_co
         cmd.append(os.path.join(extra_corpus, name))
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     start = time.time()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, errors="replace",
                           timeout=seconds + 120)
     wall = time.time() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # On a shared machine the wall-clock rate says more about the load than
+    # about the target: the CPU time the fuzzer got is kept beside it.
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     result = parse_output(proc.stderr)
     found = sorted(f for f in os.listdir(artifacts) if f.startswith(FINDING_PREFIXES))
     saved = []
@@ -202,7 +208,9 @@ def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus, extra_co
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(corpus, dest)
     result.update(target=name, started=started, seconds=round(wall, 1), findings=saved,
-                  exec_per_s=round(result["executions"] / wall) if wall > 0 else 0)
+                  exec_per_s=round(result["executions"] / wall) if wall > 0 else 0,
+                  cpu_seconds=round(cpu, 1),
+                  exec_per_cpu_s=round(result["executions"] / cpu) if cpu > 0 else 0)
     return result
 
 
@@ -226,11 +234,13 @@ def main():
     args = p.parse_args()
     if args.ledger_summary:
         return print_ledger_summary(args.ledger or LEDGER, args.json)
+    commit = git_commit()  # now: the tree may change while the targets run
     seconds = args.seconds or int(args.minutes * 60) or 60
     bin_dir = args.bin_dir or fuzz_bin_dir()
     targets = [t for t in args.targets.split(",") if t]
     print(f"fuzz_bench: {len(targets)} targets x {seconds} s, 1 job each, on {cpu_name()} "
-          f"({os.cpu_count()} CPUs)", flush=True)
+          f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}), at {commit}",
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="zeroshard-fuzz-") as work:
         for name in targets:
@@ -239,19 +249,20 @@ def main():
             rows.append(row)
             print(f"  {name}: {row['executions']:,} executions, cov {row['cov']}, "
                   f"{len(row['findings'])} findings", flush=True)
-    header = f"{'target':<20} {'seconds':>8} {'executions':>12} {'exec/s':>8} {'cov':>6} " \
-             f"{'ft':>7} {'corpus':>7} {'findings':>8}"
+    header = f"{'target':<20} {'seconds':>8} {'executions':>12} {'exec/s':>8} {'per cpu-s':>9} " \
+             f"{'cov':>6} {'ft':>7} {'corpus':>7} {'findings':>8}"
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['target']:<20} {r['seconds']:>8} {r['executions']:>12,} {r['exec_per_s']:>8,} "
-              f"{r['cov']:>6} {r['ft']:>7} {r['corpus_units']:>7} {len(r['findings']):>8}")
+              f"{r['exec_per_cpu_s']:>9,} {r['cov']:>6} {r['ft']:>7} {r['corpus_units']:>7} "
+              f"{len(r['findings']):>8}")
     total = sum(r["executions"] for r in rows)
     bad = [f for r in rows for f in r["findings"]]
     print(f"total: {total:,} executions, {len(bad)} findings" +
           (f" (inputs in {args.findings_dir})" if bad else ""))
     if args.ledger:
-        append_ledger(args.ledger, rows)
+        append_ledger(args.ledger, rows, commit)
         print(f"ledger: {len(rows)} lines appended to {args.ledger}")
     if args.json_out:
         with open(args.json_out, "w") as f:
