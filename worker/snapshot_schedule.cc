@@ -15,6 +15,10 @@
 namespace zeroshard {
 namespace {
 
+// In HSDP with R >= 2 replicas each rank holds its replica peer's run of
+// the shard as well as its own: the snapshot takes both and needs no buddy.
+bool FromReplicas(const ZeroEngine& engine) { return engine.replica_peer() >= 0; }
+
 // What the training thread copies, or lends the keeper's thread to copy.
 absl::StatusOr<ShardView> ViewForSnapshot(ZeroEngine& engine, const ShardIdentity& id,
                                           const std::string& optimizer, bool on_device) {
@@ -22,11 +26,11 @@ absl::StatusOr<ShardView> ViewForSnapshot(ZeroEngine& engine, const ShardIdentit
     // The engine's own host memory: the keeper's thread copies it while the
     // next step's forward and backward run (WaitCopied before the optimizer
     // changes it).
-    return ViewShard(engine, id, optimizer, true);
+    return ViewShard(engine, id, optimizer, true, FromReplicas(engine));
   }
   // Device memory: copied to the host here (the pause).
   absl::StatusOr<ShardSnapshot> copy =
-      SnapshotShard(engine, id, optimizer, /*with_optimizer=*/true);
+      SnapshotShard(engine, id, optimizer, /*with_optimizer=*/true, FromReplicas(engine));
   if (!copy.ok()) return copy.status();
   return ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
 }
@@ -34,10 +38,12 @@ absl::StatusOr<ShardView> ViewForSnapshot(ZeroEngine& engine, const ShardIdentit
 }  // namespace
 
 absl::Status SnapshotSchedule::Reserve(ZeroEngine& engine, int world) {
-  absl::StatusOr<ShardView> view = ViewShard(engine, {}, optimizer_, true);
+  absl::StatusOr<ShardView> view = ViewShard(engine, {}, optimizer_, true, FromReplicas(engine));
   if (!view.ok()) return Annotate(view.status(), "snapshot");
   constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
-  keeper_.Reserve(view->bytes + kHeaderBytes, world > 1 ? 4 : 2);
+  // Own and buddy's blob for two steps; from replicas, own only (twice the
+  // run, no buddy's).
+  keeper_.Reserve(view->bytes + kHeaderBytes, world > 1 && !FromReplicas(engine) ? 4 : 2);
   return absl::OkStatus();
 }
 
@@ -97,7 +103,11 @@ absl::Status SnapshotSchedule::Take(ZeroEngine& engine, const ShardIdentity& id,
   }
   absl::StatusOr<ShardView> view = ViewForSnapshot(engine, id, optimizer_, on_device);
   if (!view.ok()) return Annotate(view.status(), "snapshot");
-  if (absl::Status s = keeper_.Start(*std::move(view), comm, buddy_shift, timeout_); !s.ok()) {
+  // No buddy swap when the replicas hold the rows (a null comm: complete as
+  // soon as copied).
+  GlooCommunicator* buddies = FromReplicas(engine) ? nullptr : comm;
+  if (FromReplicas(engine)) ++metrics_->snapshots_from_replicas;
+  if (absl::Status s = keeper_.Start(*std::move(view), buddies, buddy_shift, timeout_); !s.ok()) {
     return Annotate(s, "snapshot");
   }
   copy_pending_ = true;

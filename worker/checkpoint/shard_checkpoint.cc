@@ -50,7 +50,7 @@ TensorEntry PieceEntry(ShardTensorKind kind, const ZeroEngine::PieceView& piece)
 
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
                                             const std::string& optimizer_name,
-                                            bool with_optimizer) {
+                                            bool with_optimizer, bool with_replica_peer) {
   ShardSnapshot snap;
   snap.id = id;
   snap.optimizer = optimizer_name;
@@ -72,7 +72,7 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
       }
     }
     return absl::OkStatus();
-  });
+  }, with_replica_peer);
   if (!s.ok()) return s;
   for (size_t i = 0; i < moment_entries.size(); ++i) {
     snap.entries.push_back(std::move(moment_entries[i]));
@@ -83,7 +83,8 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
 }
 
 absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
-                                    const std::string& optimizer_name, bool with_optimizer) {
+                                    const std::string& optimizer_name, bool with_optimizer,
+                                    bool with_replica_peer) {
   ShardView view;
   view.id = id;
   view.optimizer = optimizer_name;
@@ -105,7 +106,7 @@ absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
       }
     }
     return absl::OkStatus();
-  });
+  }, with_replica_peer);
   if (!s.ok()) return s;
   for (size_t i = 0; i < moments.entries.size(); ++i) {
     add(&view, std::move(moments.entries[i]), moments.values[i], moments.elements[i]);

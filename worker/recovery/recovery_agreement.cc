@@ -29,9 +29,10 @@ absl::StatusOr<std::vector<RankHoldings>> ReadEveryRanksHoldings(KeyValueStore* 
 
 }  // namespace
 
-RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor) {
+RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor, const std::string& host) {
   RankHoldings mine;
   mine.survivor = survivor;
+  mine.host = host;
   for (const auto& blob : keeper.Holdings()) mine.blobs.push_back(blob->Describe());
   return mine;
 }

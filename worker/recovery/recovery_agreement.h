@@ -17,9 +17,9 @@
 
 namespace zeroshard {
 
-// What this rank brings: the blobs `keeper` holds, and whether it trained in
-// an earlier generation.
-RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor);
+// What this rank brings: the blobs `keeper` holds, whether it trained in
+// an earlier generation, and its `host` (the member table's).
+RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor, const std::string& host);
 
 // Runs the agreement as `rank` of `world` with the new `plan`. Rank 0 calls
 // `latest_disk_step` (-1: no complete disk checkpoint). Each wait on the store

@@ -64,6 +64,7 @@ struct SnapshotBlob {
   std::string bytes;             // a shard file's bytes
   uint64_t xxh64 = 0;            // BlobChecksum(bytes)
   std::vector<RowRange> pieces;  // the parameter pieces it holds
+  bool received = false;         // parsed from bytes sent by another rank (BlobFromBytes)
 
   // Everything but the bytes, for the recovery's agreement.
   BlobDescription Describe() const;
@@ -162,7 +163,7 @@ class SnapshotKeeper {
 uint64_t BlobChecksum(const std::string& bytes);
 
 // Parses a blob's bytes back (the metadata and parameter pieces): for a
-// blob received whole. DATA_LOSS when `xxh64` (BlobChecksum) does not match
+// blob received whole (marked received). DATA_LOSS when `xxh64` (BlobChecksum) does not match
 // or a tensor's bytes do not match the XXH64 its header records.
 absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64);
 
