@@ -15,22 +15,20 @@
 namespace zeroshard {
 namespace {
 
-// In HSDP with R >= 2 replicas each rank holds its replica peer's run of
-// the shard as well as its own: the snapshot takes both and needs no buddy.
-bool FromReplicas(const ZeroEngine& engine) { return engine.replica_peer() >= 0; }
-
 // What the training thread copies, or lends the keeper's thread to copy.
+// `with_replica_peer`: the replica peer's run too (SnapshotSchedule).
 absl::StatusOr<ShardView> ViewForSnapshot(ZeroEngine& engine, const ShardIdentity& id,
-                                          const std::string& optimizer, bool on_device) {
+                                          const std::string& optimizer, bool on_device,
+                                          bool with_replica_peer) {
   if (!on_device) {
     // The engine's own host memory: the keeper's thread copies it while the
     // next step's forward and backward run (WaitCopied before the optimizer
     // changes it).
-    return ViewShard(engine, id, optimizer, true, FromReplicas(engine));
+    return ViewShard(engine, id, optimizer, true, with_replica_peer);
   }
   // Device memory: copied to the host here (the pause).
   absl::StatusOr<ShardSnapshot> copy =
-      SnapshotShard(engine, id, optimizer, /*with_optimizer=*/true, FromReplicas(engine));
+      SnapshotShard(engine, id, optimizer, /*with_optimizer=*/true, with_replica_peer);
   if (!copy.ok()) return copy.status();
   return ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
 }
@@ -101,7 +99,8 @@ absl::Status SnapshotSchedule::Take(ZeroEngine& engine, const ShardIdentity& id,
     metrics_->snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     return absl::OkStatus();
   }
-  absl::StatusOr<ShardView> view = ViewForSnapshot(engine, id, optimizer_, on_device);
+  absl::StatusOr<ShardView> view =
+      ViewForSnapshot(engine, id, optimizer_, on_device, FromReplicas(engine));
   if (!view.ok()) return Annotate(view.status(), "snapshot");
   // No buddy swap when the replicas hold the rows (a null comm: complete as
   // soon as copied).

@@ -5,7 +5,9 @@
 // XXH64 of its header, which holds the tensors' XXH64s) is swapped with the buddies over the data
 // plane's "snapshot" context: rank r sends its blob to (r + k) mod W and keeps the blob of (r - k)
 // mod W, where k is the smallest shift that puts every rank's buddy on another host (1 when the job
-// runs on one host).
+// runs on one host). In HSDP with R >= 2 replicas the view also holds the
+// replica peer's run and Start gets no communicator: nothing is swapped, and
+// a step is complete on a rank as soon as its copy is (SnapshotSchedule).
 //
 // Off the training thread. The shard state changes only in the optimizer
 // step, so the copy out of the engine runs on the keeper's thread while the
