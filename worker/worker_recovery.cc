@@ -43,7 +43,9 @@ absl::StatusOr<RecoveryDecision> Worker::AgreeOnSource() {
   return AgreeOnRecoverySource(
       &store, rank_, world(), HoldingsOf(snapshots_.keeper(), trained_, host), generation_->plan,
       [&] { return root.empty() ? int64_t{-1} : LatestCompleteStep(root, config_.job); },
-      config_.data_plane.timeout);
+      config_.data_plane.timeout,
+      // Stages 0-2 load every parameter row (ZeroEngine::Initialize).
+      /*every_row=*/config_.engine.stage < 3);
 }
 
 absl::Status Worker::RecoverFrom(const RecoveryDecision& decision) {

@@ -176,6 +176,27 @@ TEST_F(RecoveryTest, ReplacedWorkerInShardGroupsResumesFromItsReplica) {
   ExpectEqual(Final("replace-hsdp"), reference, "replace in HSDP");
 }
 
+// (a) at stage 2, where every rank holds every parameter row: each rank of
+// the new generation reads every row from the snapshots (before, each read
+// only its shard's blobs and the generation failed with "has no row 8 of
+// tensor '0.weight'", flat or HSDP).
+TEST_F(RecoveryTest, AtStageTwoInShardGroupsEveryRankRestoresEveryParameterRow) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::vector<std::string> stage2 = {"--snapshot_every=10", "--shard_group_size=2",
+                                           "--stage=2"};
+  Params reference = Reference(stage2);
+  cluster_.StartWorkers("stage2-hsdp", 4,
+                        Flags(Concat({absl::StrCat("--steps=", kSteps)}, stage2)));
+  ASSERT_TRUE(WaitForStep(35)) << cluster_.WorkerLog(0);
+  cluster_.worker(3)->Signal(SIGKILL);
+  cluster_.RestartWorker(3);
+  ASSERT_TRUE(AllExitZero());
+  nlohmann::json report = cluster_.Report("stage2-hsdp", 0);
+  ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
+  EXPECT_EQ(report["recoveries"][0]["source"], "snapshot");
+  ExpectEqual(Final("stage2-hsdp"), reference, "stage 2 in HSDP");
+}
+
 // (c) in HSDP, both replicas of one shard lost at once (ranks 1 and 3, member
 // 1 of each group): no snapshot covers their rows (no buddy copies are taken
 // with replicas), so the latest disk checkpoint.

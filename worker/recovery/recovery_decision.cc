@@ -83,16 +83,16 @@ class UncoveredRows {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> runs_;
 };
 
-// The rows new rank `rank` computes on: its pieces of `plan`, and with shard
+// The rows new rank `rank` loads: its pieces of `plan`, and with shard
 // groups of G (planner.h) every replica's (k G + rank % G), its member's
-// whole shard.
-UncoveredRows RowsRankNeeds(const ShardPlan& plan, int rank, int world) {
+// whole shard; with `every_row` (replicated parameters) every piece's.
+UncoveredRows RowsRankNeeds(const ShardPlan& plan, int rank, int world, bool every_row) {
   UncoveredRows rows;
   const int group = plan.options.ShardGroupSize(world);
   for (const ShardUnit& unit : plan.units) {
     for (const Piece& p : unit.pieces) {
       assert(p.rank >= 0 && p.rank < world);
-      if (p.rank % group == rank % group) {
+      if (every_row || p.rank % group == rank % group) {
         rows.Add(unit.tensors[p.tensor].name, p.row_begin, p.row_end);
       }
     }
@@ -123,9 +123,9 @@ int Distance(const HeldBlob& held, int rank, const std::vector<RankHoldings>& ho
 // rank so that ranks spread over the holders), each taken only if it covers
 // rows not covered yet. False when the held blobs leave a row uncovered.
 bool CoverRank(const ShardPlan& plan, int rank, const HeldByOldRank& held, int old_world,
-               const std::vector<RankHoldings>& holdings, std::set<int>* cover) {
+               const std::vector<RankHoldings>& holdings, bool every_row, std::set<int>* cover) {
   const int world = static_cast<int>(holdings.size());
-  UncoveredRows rows = RowsRankNeeds(plan, rank, world);
+  UncoveredRows rows = RowsRankNeeds(plan, rank, world, every_row);
   std::vector<std::tuple<int, int, int>> order;  // (distance, rotation, old rank)
   for (const auto& [o, h] : held) {
     if (!BlobOverlaps(*h.blob, rows)) continue;
@@ -147,12 +147,14 @@ bool CoverRank(const ShardPlan& plan, int rank, const HeldByOldRank& held, int o
 // rank must be held, and every rank needs none.
 std::optional<std::vector<std::set<int>>> CoverEveryRank(
     const ShardPlan& plan, const SnapshotKey& key, const HeldByOldRank& held,
-    const std::vector<RankHoldings>& holdings) {
+    const std::vector<RankHoldings>& holdings, bool every_row) {
   const int old_world = std::get<1>(key);
   if (plan.units.empty() && static_cast<int>(held.size()) != old_world) return std::nullopt;
   std::vector<std::set<int>> covers(holdings.size());
   for (int r = 0; r < static_cast<int>(holdings.size()); ++r) {
-    if (!CoverRank(plan, r, held, old_world, holdings, &covers[r])) return std::nullopt;
+    if (!CoverRank(plan, r, held, old_world, holdings, every_row, &covers[r])) {
+      return std::nullopt;
+    }
   }
   return covers;
 }
@@ -250,7 +252,7 @@ absl::string_view RecoverySourceName(RecoverySource source) {
 }
 
 RecoveryDecision DecideSource(const std::vector<RankHoldings>& holdings, const ShardPlan& plan,
-                              int64_t disk_step) {
+                              int64_t disk_step, bool every_row) {
   const int world = static_cast<int>(holdings.size());
   assert(plan.units.empty() || plan.world_size == world);
   RecoveryDecision d;
@@ -261,7 +263,7 @@ RecoveryDecision DecideSource(const std::vector<RankHoldings>& holdings, const S
   std::vector<std::set<int>> best_needs;
   for (const auto& [key, held] : groups) {
     if (best != nullptr && std::get<0>(key) <= std::get<0>(*best)) continue;
-    std::optional<std::vector<std::set<int>>> needs = CoverEveryRank(plan, key, held, holdings);
+    std::optional<std::vector<std::set<int>>> needs = CoverEveryRank(plan, key, held, holdings, every_row);
     if (!needs.has_value()) continue;
     best = &key;
     best_needs = *std::move(needs);
@@ -280,8 +282,8 @@ RecoveryDecision DecideSource(const std::vector<RankHoldings>& holdings, const S
   d.source = RecoverySource::kScratch;
   d.step = 0;
   d.why =
-      "neither an in-memory snapshot of every rank nor a complete disk checkpoint exists: "
-      "starting again from the seed";
+      "neither an in-memory snapshot covering every row nor a complete disk checkpoint "
+      "exists: starting again from the seed";
   return d;
 }
 

@@ -114,8 +114,10 @@ bool AnyRankHasState(const std::vector<RankHoldings>& holdings);
 // of every old rank is held). Deterministic: among complete snapshot steps the
 // latest wins, ties going to the smaller old world size, then plan hash.
 // REQUIRES: plan.world_size == holdings.size() (or an empty plan).
+// `every_row`: each rank loads every parameter row (stages 0-2 replicate the
+// parameters), not only its shard's.
 RecoveryDecision DecideSource(const std::vector<RankHoldings>& holdings, const ShardPlan& plan,
-                              int64_t disk_step);
+                              int64_t disk_step, bool every_row = false);
 
 // ---- The KV edge ----
 // The JSON forms are spoken only between workers of one build. The parsers

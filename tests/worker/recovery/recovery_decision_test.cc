@@ -254,6 +254,24 @@ TEST(DecideSourceTest, ASourceOnTheReplacementsHostAndItsSaverArePreferred) {
   EXPECT_EQ(TransferKindName(d.transfers[0].kind), "peer");
 }
 
+TEST(DecideSourceTest, ReplicatedParametersNeedEveryRowOnEveryRank) {
+  // Stages 0-2 load every parameter row: the survivor needs its buddy copy
+  // of old rank 1 as well as its own blob, and the replacement both.
+  const std::vector<RankHoldings> holdings = {Holds(true, {Blob(6, 0, 2), Blob(6, 1, 2)}),
+                                              Holds(false, {})};
+  const RecoveryDecision d = DecideSource(holdings, RowBlockPlan(2, 12), -1, /*every_row=*/true);
+  ASSERT_EQ(d.source, RecoverySource::kSnapshot);
+  EXPECT_EQ(d.needs, (std::vector<std::vector<int>>{{0, 1}, {0, 1}}));
+  EXPECT_EQ(d.transfers.size(), 2u);
+  // In HSDP with replica blobs, every rank reads both members' rows.
+  const std::vector<RankHoldings> hsdp = {
+      Holds(true, {ReplicaBlob(10, 0)}), Holds(true, {ReplicaBlob(10, 1)}),
+      Holds(true, {ReplicaBlob(10, 2)}), Holds(false, {})};
+  const RecoveryDecision h = DecideSource(hsdp, HsdpPlan(), -1, /*every_row=*/true);
+  ASSERT_EQ(h.source, RecoverySource::kSnapshot);
+  for (const std::vector<int>& n : h.needs) EXPECT_EQ(n.size(), 2u);
+}
+
 TEST(RecoveryCodecTest, ADecisionSurvivesTheKvStore) {
   const std::vector<RankHoldings> holdings = {Holds(true, {Blob(5, 0, 3), Blob(5, 2, 3)}),
                                               Holds(true, {Blob(5, 1, 3), Blob(5, 0, 3)})};
