@@ -254,6 +254,47 @@ TEST(DecideSourceTest, ASourceOnTheReplacementsHostAndItsSaverArePreferred) {
   EXPECT_EQ(TransferKindName(d.transfers[0].kind), "peer");
 }
 
+TEST(DecideSourceTest, WithThreeReplicasTheLostRunsComeFromTwoReplicas) {
+  // W = 6 in groups of 2 (R = 3): member 0's rows 0-5 are runs 0-1, 2-3 and
+  // 4-5 on ranks 0, 2 and 4; each blob holds its own run and the next
+  // replica's (0 -> 2 -> 4 -> 0). Rank 2 lost: its run 2-3 is in rank 0's
+  // blob, the run 4-5 it computes on too in rank 4's.
+  ShardPlan plan = RowBlockPlan(6, 12);
+  plan.options.shard_group_size = 2;
+  plan.units[0].pieces = {{0, 0, 2, 0, 0},  {0, 6, 8, 1, 0},  {0, 2, 4, 2, 2},
+                          {0, 8, 10, 3, 2}, {0, 4, 6, 4, 4}, {0, 10, 12, 5, 4}};
+  auto blob = [](int rank) {
+    BlobDescription b = Blob(10, rank, 6);
+    const int64_t own = (rank / 2) * 2 + (rank % 2) * 6;
+    const int64_t next = ((rank / 2 + 1) % 3) * 2 + (rank % 2) * 6;
+    b.pieces = {{"w", own, own + 2}, {"w", next, next + 2}};
+    return b;
+  };
+  std::vector<RankHoldings> holdings;
+  for (int r = 0; r < 6; ++r) {
+    holdings.push_back(r == 2 ? Holds(false, {}) : Holds(true, {blob(r)}));
+  }
+  RecoveryDecision d = DecideSource(holdings, plan, -1);
+  ASSERT_EQ(d.source, RecoverySource::kSnapshot) << d.why;
+  EXPECT_EQ(d.needs[2], (std::vector<int>{0, 4}));
+  // A blob holds two of the three runs a rank computes on, so every rank
+  // receives one (a survivor its third run), each from the replica that
+  // saved it.
+  int to_replacement = 0;
+  for (const SnapshotTransfer& t : d.transfers) {
+    to_replacement += t.to == 2;
+    EXPECT_EQ(t.from, t.old_rank);
+    EXPECT_EQ(t.from % 2, t.to % 2);
+    EXPECT_EQ(TransferKindName(t.kind), "replica");
+  }
+  EXPECT_EQ(to_replacement, 2);
+  EXPECT_EQ(d.transfers.size(), 7u);
+  // Rank 4 lost as well: run 4-5 was in blobs 2 and 4 only.
+  holdings[4] = Holds(false, {});
+  d = DecideSource(holdings, plan, 3);
+  EXPECT_EQ(d.source, RecoverySource::kDisk);
+}
+
 TEST(DecideSourceTest, ReplicatedParametersNeedEveryRowOnEveryRank) {
   // Stages 0-2 load every parameter row: the survivor needs its buddy copy
   // of old rank 1 as well as its own blob, and the replacement both.
