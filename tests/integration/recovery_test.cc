@@ -167,8 +167,8 @@ TEST_F(RecoveryTest, ReplacedWorkerInShardGroupsResumesFromItsReplica) {
             nlohmann::json::parse(R"([{"from": 0, "to": 2, "old_rank": 0, "kind": "replica"}])"))
       << recovery.dump();
   // Every snapshot taken was taken without a buddy copy.
-  const int taken = static_cast<int>(report["snapshot_pause_ms"].size()) -
-                    report["snapshots_skipped"].get<int>();
+  const int taken =
+      static_cast<int>(report["snapshot_pause_ms"].size()) - report["snapshots_skipped"].get<int>();
   EXPECT_GT(taken, 0) << report.dump();
   EXPECT_EQ(report["snapshots_from_replicas"], taken) << report.dump();
   EXPECT_NE(cluster_.WorkerLog(2).find("from rank 0 (replica)"), std::string::npos)

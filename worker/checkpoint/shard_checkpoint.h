@@ -48,8 +48,8 @@ struct ShardSnapshot {
 // (ZeroEngine::ForEachOwnPiece), for in-memory snapshots in HSDP; never for
 // checkpoints, where every element is saved once.
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
-                                            const std::string& optimizer_name,
-                                            bool with_optimizer, bool with_replica_peer = false);
+                                            const std::string& optimizer_name, bool with_optimizer,
+                                            bool with_replica_peer = false);
 
 // This rank's state as pointers to f32 values, in file order (every
 // parameter piece, then the moments): what SerializeShardInto copies from.

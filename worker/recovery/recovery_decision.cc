@@ -129,8 +129,8 @@ bool CoverRank(const ShardPlan& plan, int rank, const HeldByOldRank& held, int o
   std::vector<std::tuple<int, int, int>> order;  // (distance, rotation, old rank)
   for (const auto& [o, h] : held) {
     if (!BlobOverlaps(*h.blob, rows)) continue;
-    order.push_back({Distance(h, rank, holdings), ((o - rank) % old_world + old_world) % old_world,
-                     o});
+    order.push_back(
+        {Distance(h, rank, holdings), ((o - rank) % old_world + old_world) % old_world, o});
   }
   std::sort(order.begin(), order.end());
   for (const auto& [distance, rotation, o] : order) {
@@ -145,9 +145,11 @@ bool CoverRank(const ShardPlan& plan, int rank, const HeldByOldRank& held, int o
 // By new rank, the blobs it reads from; empty when the snapshot step does not
 // cover the model. With an empty plan (no rows to cover) a blob of every old
 // rank must be held, and every rank needs none.
-std::optional<std::vector<std::set<int>>> CoverEveryRank(
-    const ShardPlan& plan, const SnapshotKey& key, const HeldByOldRank& held,
-    const std::vector<RankHoldings>& holdings, bool every_row) {
+std::optional<std::vector<std::set<int>>> CoverEveryRank(const ShardPlan& plan,
+                                                         const SnapshotKey& key,
+                                                         const HeldByOldRank& held,
+                                                         const std::vector<RankHoldings>& holdings,
+                                                         bool every_row) {
   const int old_world = std::get<1>(key);
   if (plan.units.empty() && static_cast<int>(held.size()) != old_world) return std::nullopt;
   std::vector<std::set<int>> covers(holdings.size());
@@ -159,13 +161,11 @@ std::optional<std::vector<std::set<int>>> CoverEveryRank(
   return covers;
 }
 
-TransferKind KindOf(const HeldBlob& held, size_t holder, int to, const ShardPlan& plan,
-                    int world) {
+TransferKind KindOf(const HeldBlob& held, size_t holder, int to, const ShardPlan& plan, int world) {
   if (held.received[holder]) return TransferKind::kBuddy;
   const int group = plan.options.ShardGroupSize(world);
   const int from = held.holders[holder];
-  return group < world && from % group == to % group ? TransferKind::kReplica
-                                                     : TransferKind::kPeer;
+  return group < world && from % group == to % group ? TransferKind::kReplica : TransferKind::kPeer;
 }
 
 // A blob a rank needs and does not hold comes from one of its holders: one
@@ -210,9 +210,9 @@ RecoveryDecision SnapshotDecision(const SnapshotKey& key, const HeldByOldRank& h
   for (const auto& [old_rank, h] : held) d.blobs[old_rank] = {h.blob->bytes, h.blob->xxh64};
   int replica = 0;
   for (const SnapshotTransfer& t : d.transfers) replica += t.kind == TransferKind::kReplica;
-  d.why = absl::StrCat("in-memory snapshot covering every row, from blobs of ", held.size(),
-                       " of ", d.old_world_size, " old ranks; ", d.transfers.size(),
-                       " transfers (", replica, " from a replica)");
+  d.why = absl::StrCat("in-memory snapshot covering every row, from blobs of ", held.size(), " of ",
+                       d.old_world_size, " old ranks; ", d.transfers.size(), " transfers (",
+                       replica, " from a replica)");
   return d;
 }
 
@@ -263,7 +263,8 @@ RecoveryDecision DecideSource(const std::vector<RankHoldings>& holdings, const S
   std::vector<std::set<int>> best_needs;
   for (const auto& [key, held] : groups) {
     if (best != nullptr && std::get<0>(key) <= std::get<0>(*best)) continue;
-    std::optional<std::vector<std::set<int>>> needs = CoverEveryRank(plan, key, held, holdings, every_row);
+    std::optional<std::vector<std::set<int>>> needs =
+        CoverEveryRank(plan, key, held, holdings, every_row);
     if (!needs.has_value()) continue;
     best = &key;
     best_needs = *std::move(needs);
@@ -422,7 +423,8 @@ absl::StatusOr<RecoveryDecision> RecoveryDecisionFromJson(absl::string_view text
         for (const json& t : j.at("transfers")) {
           absl::StatusOr<TransferKind> kind = TransferKindFromName(t.at(3).get<std::string>());
           if (!kind.ok()) return kind.status();
-          d.transfers.push_back({t.at(0).get<int>(), t.at(1).get<int>(), t.at(2).get<int>(), *kind});
+          d.transfers.push_back(
+              {t.at(0).get<int>(), t.at(1).get<int>(), t.at(2).get<int>(), *kind});
         }
         d.needs = j.at("needs").get<std::vector<std::vector<int>>>();
         for (const auto& [key, size] : j.at("blobs").items()) {

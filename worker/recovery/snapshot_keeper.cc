@@ -25,7 +25,7 @@ int Mod(int a, int b) { return ((a % b) + b) % b; }
 }  // namespace
 
 BlobDescription SnapshotBlob::Describe() const {
-  return {step,  rank,  world_size, plan_hash, data_row, static_cast<int64_t>(bytes.size()),
+  return {step,  rank,   world_size, plan_hash, data_row, static_cast<int64_t>(bytes.size()),
           xxh64, pieces, received};
 }
 

@@ -1258,8 +1258,8 @@ int ZeroEngine::replica_peer() const {
   return ((rank_ / group_size_ + 1) % replicas) * group_size_ + rank_ % group_size_;
 }
 
-absl::Status ZeroEngine::ForEachOwnPiece(
-    const std::function<absl::Status(const PieceView&)>& visit, bool with_replica_peer) {
+absl::Status ZeroEngine::ForEachOwnPiece(const std::function<absl::Status(const PieceView&)>& visit,
+                                         bool with_replica_peer) {
   const bool bf16_params = options_.param_dtype == DType::kBF16;
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   std::vector<std::vector<float>> host;  // staging, device backends only

@@ -205,9 +205,9 @@ BlobDescription ReplicaBlob(int64_t step, int rank) {
 TEST(DecideSourceTest, InHsdpALostRankIsRestoredFromItsReplica) {
   // Rank 3 lost; its replacement holds nothing. Rank 1 is member 1 of the
   // other group: its blob has rows 6-11, rank 3's run included.
-  const std::vector<RankHoldings> holdings = {
-      Holds(true, {ReplicaBlob(10, 0)}), Holds(true, {ReplicaBlob(10, 1)}),
-      Holds(true, {ReplicaBlob(10, 2)}), Holds(false, {})};
+  const std::vector<RankHoldings> holdings = {Holds(true, {ReplicaBlob(10, 0)}),
+                                              Holds(true, {ReplicaBlob(10, 1)}),
+                                              Holds(true, {ReplicaBlob(10, 2)}), Holds(false, {})};
   const RecoveryDecision d = DecideSource(holdings, HsdpPlan(), 0);
   ASSERT_EQ(d.source, RecoverySource::kSnapshot) << d.why;
   EXPECT_EQ(d.step, 10);
@@ -221,9 +221,8 @@ TEST(DecideSourceTest, InHsdpALostRankIsRestoredFromItsReplica) {
 
 TEST(DecideSourceTest, InHsdpEveryReplicaOfAShardLostTakesTheDisk) {
   // Ranks 1 and 3 (both replicas of member 1) lost: rows 6-11 are nowhere.
-  const std::vector<RankHoldings> holdings = {Holds(true, {ReplicaBlob(10, 0)}),
-                                              Holds(false, {}), Holds(true, {ReplicaBlob(10, 2)}),
-                                              Holds(false, {})};
+  const std::vector<RankHoldings> holdings = {Holds(true, {ReplicaBlob(10, 0)}), Holds(false, {}),
+                                              Holds(true, {ReplicaBlob(10, 2)}), Holds(false, {})};
   RecoveryDecision d = DecideSource(holdings, HsdpPlan(), 5);
   EXPECT_EQ(d.source, RecoverySource::kDisk);
   EXPECT_EQ(d.step, 5);
@@ -261,7 +260,7 @@ TEST(DecideSourceTest, WithThreeReplicasTheLostRunsComeFromTwoReplicas) {
   // blob, the run 4-5 it computes on too in rank 4's.
   ShardPlan plan = RowBlockPlan(6, 12);
   plan.options.shard_group_size = 2;
-  plan.units[0].pieces = {{0, 0, 2, 0, 0},  {0, 6, 8, 1, 0},  {0, 2, 4, 2, 2},
+  plan.units[0].pieces = {{0, 0, 2, 0, 0},  {0, 6, 8, 1, 0}, {0, 2, 4, 2, 2},
                           {0, 8, 10, 3, 2}, {0, 4, 6, 4, 4}, {0, 10, 12, 5, 4}};
   auto blob = [](int rank) {
     BlobDescription b = Blob(10, rank, 6);
@@ -305,9 +304,9 @@ TEST(DecideSourceTest, ReplicatedParametersNeedEveryRowOnEveryRank) {
   EXPECT_EQ(d.needs, (std::vector<std::vector<int>>{{0, 1}, {0, 1}}));
   EXPECT_EQ(d.transfers.size(), 2u);
   // In HSDP with replica blobs, every rank reads both members' rows.
-  const std::vector<RankHoldings> hsdp = {
-      Holds(true, {ReplicaBlob(10, 0)}), Holds(true, {ReplicaBlob(10, 1)}),
-      Holds(true, {ReplicaBlob(10, 2)}), Holds(false, {})};
+  const std::vector<RankHoldings> hsdp = {Holds(true, {ReplicaBlob(10, 0)}),
+                                          Holds(true, {ReplicaBlob(10, 1)}),
+                                          Holds(true, {ReplicaBlob(10, 2)}), Holds(false, {})};
   const RecoveryDecision h = DecideSource(hsdp, HsdpPlan(), -1, /*every_row=*/true);
   ASSERT_EQ(h.source, RecoverySource::kSnapshot);
   for (const std::vector<int>& n : h.needs) EXPECT_EQ(n.size(), 2u);
