@@ -56,20 +56,31 @@ void SnapshotSchedule::RecordLastTransfer() {
 // One small collective decides two things: the commit (the latest step every
 // rank has complete, own and buddy's copy) and whether to skip this snapshot
 // because a rank's previous transfer is still in flight (then every rank
-// skips: the buddy swap needs both sides). Each rank sends
-// 2 * (complete_step + 1) + in_flight.
+// skips: the buddy swap needs both sides); and it checks that every rank
+// runs with the same --snapshot_buddy (a mix would leave one side of a swap
+// waiting). Each rank sends 4 * (complete_step + 1) + 2 * buddy_always +
+// in_flight.
 absl::StatusOr<std::vector<int>> SnapshotSchedule::VoteAndCommit(ZeroEngine& engine, bool busy) {
-  absl::StatusOr<std::vector<double>> votes = engine.GatherOverRanks(
-      2.0 * static_cast<double>(keeper_.complete_step() + 1) + (busy ? 1 : 0), "snapshot commit");
+  absl::StatusOr<std::vector<double>> votes =
+      engine.GatherOverRanks(4.0 * static_cast<double>(keeper_.complete_step() + 1) +
+                                 (buddy_always_ ? 2 : 0) + (busy ? 1 : 0),
+                             "snapshot commit");
   if (!votes.ok()) {
     return Annotate(votes.status(), "snapshot commit");
   }
   int64_t committed = std::numeric_limits<int64_t>::max();
-  std::vector<int> busy_ranks;
+  std::vector<int> busy_ranks, buddy_always;
   for (size_t r = 0; r < votes->size(); ++r) {
     const int64_t vote = static_cast<int64_t>((*votes)[r]);
     if (vote % 2 == 1) busy_ranks.push_back(static_cast<int>(r));
-    committed = std::min(committed, vote / 2 - 1);
+    if (vote / 2 % 2 == 1) buddy_always.push_back(static_cast<int>(r));
+    committed = std::min(committed, vote / 4 - 1);
+  }
+  if (!buddy_always.empty() && buddy_always.size() != votes->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank(s) ", absl::StrJoin(buddy_always, ","),
+                     " run with --snapshot_buddy=always and the "
+                     "others with auto: give every rank the same --snapshot_buddy"));
   }
   keeper_.Commit(committed);
   metrics_->snapshot_committed_step = keeper_.committed_step();

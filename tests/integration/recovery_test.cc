@@ -219,6 +219,22 @@ TEST_F(RecoveryTest, InShardGroupsEveryReplicaOfAShardLostFallsBackToTheDisk) {
   ExpectEqual(Final("replicas-lost"), reference, "both replicas lost");
 }
 
+// Ranks that disagree on --snapshot_buddy would leave one side of a buddy
+// swap waiting: the first snapshot's vote refuses the job on every rank,
+// naming the ranks.
+TEST_F(RecoveryTest, RanksDisagreeingOnSnapshotBuddyAreRefusedByName) {
+  ASSERT_TRUE(cluster_.ok());
+  cluster_.StartWorkers("mixed-buddy", 2, Flags({"--steps=12", "--snapshot_every=5"}),
+                        {{1, {"--snapshot_buddy=always"}}});
+  const std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(codes[r], 0) << cluster_.WorkerLog(r);
+    EXPECT_NE(cluster_.WorkerLog(r).find("rank(s) 1 run with --snapshot_buddy=always"),
+              std::string::npos)
+        << cluster_.WorkerLog(r);
+  }
+}
+
 // (b) no restart, --min_world_size=3: shrinks after the grace. The
 // reference trains to the same snapshot step at W = 4, then at W = 3.
 TEST_F(RecoveryTest, ShrinksToThreeAfterTheGraceAndMatchesAFourThenThreeReference) {
