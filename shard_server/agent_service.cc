@@ -1,7 +1,6 @@
 #include "shard_server/agent_service.h"
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <string>
 #include <utility>
@@ -24,7 +23,7 @@ uint64_t NextAgentRankStreamId() {
   return (uint64_t{1} << 63) | next.fetch_add(1, std::memory_order_relaxed);
 }
 
-// RankAnswer and HostJoinResponse carry a refusal the same way.
+// RankAnswer and HostJoinAnswer carry a refusal the same way.
 template <typename Answer>
 void SetError(const absl::Status& status, Answer* answer) {
   answer->set_error_code(static_cast<int32_t>(status.code()));
@@ -160,8 +159,13 @@ class HostHeartbeatCall final : public CallQueues::Call {
 };
 
 // The joins of one host: each held by Membership as a Join is; the answers
-// written as they come, one write at a time; the call finished when every
-// join is answered and written. The answers come on Membership's threads
+// written as they come, one write at a time, each write carrying every answer
+// that came while the one before was in flight (a host's answers when its
+// generation forms: one or two writes, not one per rank); the call finished
+// when every join is answered and written. A rank's heartbeat clock starts
+// when the write with its answer completes (Membership::ClockStart::
+// kAtDelivery): at 100,000 ranks the answers take longer than a heartbeat
+// timeout to go out on a busy server. The answers come on Membership's threads
 // (or at once, inside Start), the call's events on its queue's thread: mu_
 // orders them. The call ends when gRPC has reported it done (the
 // AsyncNotifyWhenDone tag: finished, or cancelled by the agent), its finish
@@ -237,7 +241,9 @@ class HostJoinCall final : public CallQueues::Call {
         }
       }
       uint64_t id = services_.membership->Join(
-          join, deadline, [this, i](absl::StatusOr<v1::JoinResponse> r) { Answered(i, std::move(r)); });
+          join, deadline,
+          [this, i](absl::StatusOr<v1::JoinResponse> r) { Answered(i, std::move(r)); },
+          Membership::ClockStart::kAtDelivery);
       absl::MutexLock lock(&mu_);
       if (answered_[i]) continue;
       ids_[i] = id;
@@ -248,7 +254,7 @@ class HostJoinCall final : public CallQueues::Call {
   }
 
   void Answered(int index, absl::StatusOr<v1::JoinResponse> result) {
-    v1::HostJoinResponse answer;
+    v1::HostJoinAnswer answer;
     answer.set_index(index);
     if (result.ok()) {
       *answer.mutable_response() = *std::move(result);
@@ -264,8 +270,16 @@ class HostJoinCall final : public CallQueues::Call {
   }
 
   void Written(bool ok) {
-    // A failed write (the agent went away) still counts as written: the
-    // done tag follows, and with it the joins' withdrawal.
+    // The ranks' clocks start: they may beat now. A failed write (the agent
+    // went away) starts them too (those ranks are declared dead a heartbeat
+    // timeout later), and still counts as written: the done tag follows, and
+    // with it the joins' withdrawal.
+    std::vector<Membership::DeliveredAnswer> delivered;
+    {
+      absl::MutexLock lock(&mu_);
+      delivered.swap(in_write_);
+    }
+    if (!delivered.empty()) services_.membership->AnswersDelivered(delivered);
     AndThen([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       writing_ = false;
       if (!ok) broken_ = true;
@@ -317,8 +331,15 @@ class HostJoinCall final : public CallQueues::Call {
                      &finished_);
     } else if (!queue_answers_.empty()) {
       writing_ = true;
-      current_ = std::move(queue_answers_.front());
-      queue_answers_.pop_front();
+      current_.Clear();
+      for (v1::HostJoinAnswer& answer : queue_answers_) {
+        if (answer.error_code() == 0) {
+          in_write_.push_back({request_.joins(answer.index()).job_id(),
+                               answer.response().generation(), answer.response().rank()});
+        }
+        *current_.add_answers() = std::move(answer);
+      }
+      queue_answers_.clear();
       writer_.Write(current_, &written_);
     } else if (unanswered_ == 0) {
       finishing_ = writing_ = true;
@@ -349,8 +370,10 @@ class HostJoinCall final : public CallQueues::Call {
   std::vector<uint64_t> to_cancel_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // the agent withdrew the call
   bool broken_ ABSL_GUARDED_BY(mu_) = false;     // a write failed
-  std::deque<v1::HostJoinResponse> queue_answers_ ABSL_GUARDED_BY(mu_);
-  v1::HostJoinResponse current_ ABSL_GUARDED_BY(mu_);  // the answer being written
+  std::vector<v1::HostJoinAnswer> queue_answers_ ABSL_GUARDED_BY(mu_);  // not yet written
+  v1::HostJoinResponse current_ ABSL_GUARDED_BY(mu_);  // the answers being written
+  // The members answered by `current_`, told to Membership when it is written.
+  std::vector<Membership::DeliveredAnswer> in_write_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a write or the finish in flight
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_completed_ ABSL_GUARDED_BY(mu_) = false;

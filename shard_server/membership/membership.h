@@ -69,6 +69,12 @@ struct MembershipOptions {
   // (--job_ttl). A job that never formed is forgotten as soon as its last
   // pending join expires or is cancelled, which frees its id at once.
   absl::Duration job_ttl = absl::Hours(24);
+  // A member whose join was made with ClockStart::kAtDelivery and whose
+  // answer was not reported delivered (AnswersDelivered) or beat within this
+  // long after its generation formed has its liveness clock started then
+  // (--answer_delivery_timeout): a member that never beats is declared dead
+  // at most this plus heartbeat_timeout after formation.
+  absl::Duration answer_delivery_timeout = absl::Seconds(60);
 };
 
 // Thread-safe. Callbacks are never run while an internal lock is held.
@@ -105,7 +111,28 @@ class Membership {
   // the join until the barrier completes (with a rank, or with the store's
   // error when the generation cannot be saved), `deadline` (capped at now +
   // join_timeout) passes, or CancelJoin. Returns an id for CancelJoin.
-  uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done);
+  //
+  // `clock`: when the member's liveness clock (the heartbeat timeout) starts
+  // in the generation the join forms. kAtFormation: when it forms, for an
+  // answer written at once (a Join call of its own). kAtDelivery: when the
+  // caller reports the answer delivered (AnswersDelivered), or the member
+  // first beats, or options.answer_delivery_timeout after formation,
+  // whichever comes first: a node agent's host join, whose answers for a
+  // 100,000-rank job take longer than a heartbeat timeout to fan out on a
+  // busy server, must not have them declared dead on the way.
+  enum class ClockStart { kAtFormation, kAtDelivery };
+  uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done,
+                ClockStart clock = ClockStart::kAtFormation);
+  // Answers of kAtDelivery joins that were written to their caller (or
+  // could not be: a broken call), by the JoinResponse they carried: each
+  // member's clock starts now. Answers of an older generation, or of a
+  // member whose clock already started, change nothing.
+  struct DeliveredAnswer {
+    std::string job_id;
+    int64_t generation = 0;
+    int rank = 0;
+  };
+  void AnswersDelivered(const std::vector<DeliveredAnswer>& answers);
   // The caller went away: forget its pending join and answer CANCELLED.
   void CancelJoin(uint64_t join_id);
 
@@ -175,6 +202,7 @@ class Membership {
     std::string incarnation;
     std::string node;  // JoinRequest.node
     bool skip_member_table = false;
+    ClockStart clock = ClockStart::kAtFormation;
     absl::Time deadline;
     JoinDone done;
   };
@@ -211,6 +239,12 @@ class Membership {
     // the silent members cost, not the job.
     SilenceOrder silence;
     absl::flat_hash_set<int> closed_streams;
+    // Live members of the formed generation whose clock has not started
+    // (ClockStart::kAtDelivery): not in `silence`, so not judged, until
+    // their answer is delivered, they beat, or `delivery_deadline` passes.
+    // Invariant: disjoint from `silence`.
+    absl::flat_hash_set<int> undelivered;
+    absl::Time delivery_deadline = absl::InfiniteFuture();
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
     // The state store's commit that holds the job's last saved change: what
@@ -296,7 +330,7 @@ class Membership {
   // Holds the join in `job` (forming the generation when it is the last);
   // its id for CancelJoin.
   uint64_t AddPendingJoin(Job& job, const v1::JoinRequest& request, absl::Time deadline,
-                          absl::Time now, JoinDone done, Deferred& deferred)
+                          absl::Time now, ClockStart clock, JoinDone done, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Assigns ranks to the pending joins and answers them. When the save
@@ -326,6 +360,12 @@ class Membership {
   static void RebuildSilenceOrder(Job& job);
   // A member stopped being live (dead, left): out of the timer's sight.
   static void StopWatching(Job& job, int rank);
+  // Starts the clock of an `undelivered` member at `now` (its answer was
+  // delivered, or it beat): from here it is judged like every member.
+  static void StartClock(Job& job, int rank, absl::Time now);
+  // At the job's delivery deadline, starts the clocks of the members whose
+  // answers were never reported delivered.
+  void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live members Tick must judge at `now`: those silent longer than a
   // beating member can be (the front of `job.silence`) and those whose
   // stream closed; by rank.

@@ -87,7 +87,7 @@ int64_t NowUs() { return absl::ToUnixMicros(absl::Now()); }
 // One HostJoin call: its answers, then `done`.
 class JoinCall : public grpc::ClientReadReactor<v1::HostJoinResponse> {
  public:
-  using Done = std::function<void(std::vector<v1::HostJoinResponse>, grpc::Status)>;
+  using Done = std::function<void(std::vector<v1::HostJoinAnswer>, grpc::Status)>;
   JoinCall(v1::HostAgent::Stub* stub, v1::HostJoinRequest request, Done done)
       : request_(std::move(request)), done_(std::move(done)) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(300)));
@@ -97,7 +97,7 @@ class JoinCall : public grpc::ClientReadReactor<v1::HostJoinResponse> {
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
-    answers_.push_back(answer_);
+    for (const v1::HostJoinAnswer& a : answer_.answers()) answers_.push_back(a);
     StartRead(&answer_);
   }
   void OnDone(const grpc::Status& status) override {
@@ -109,7 +109,7 @@ class JoinCall : public grpc::ClientReadReactor<v1::HostJoinResponse> {
   grpc::ClientContext context_;
   v1::HostJoinRequest request_;
   v1::HostJoinResponse answer_;
-  std::vector<v1::HostJoinResponse> answers_;
+  std::vector<v1::HostJoinAnswer> answers_;
   Done done_;
 };
 
@@ -155,7 +155,7 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
   }
 
  private:
-  void Joined(std::vector<v1::HostJoinResponse> answers, const grpc::Status& status);
+  void Joined(std::vector<v1::HostJoinAnswer> answers, const grpc::Status& status);
   void RoundPart(bool ok);
 
   Child* const child_;
@@ -348,17 +348,17 @@ void SimHost::Join() {
     join->set_skip_member_table(true);
   }
   new JoinCall(stub_.get(), std::move(request),
-               [this](std::vector<v1::HostJoinResponse> answers, grpc::Status status) {
+               [this](std::vector<v1::HostJoinAnswer> answers, grpc::Status status) {
                  Joined(std::move(answers), status);
                });
 }
 
-void SimHost::Joined(std::vector<v1::HostJoinResponse> answers, const grpc::Status& status) {
+void SimHost::Joined(std::vector<v1::HostJoinAnswer> answers, const grpc::Status& status) {
   const int64_t at = NowUs();
   int errors = 0;
   std::string error = status.ok() ? "" : status.error_message();
   std::vector<v1::MemberCredentials> members(ranks_);
-  for (const v1::HostJoinResponse& a : answers) {
+  for (const v1::HostJoinAnswer& a : answers) {
     if (a.error_code() != 0) {
       ++errors;
       if (error.empty()) error = a.error_message();

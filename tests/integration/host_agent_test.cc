@@ -87,14 +87,21 @@ class HandAgent {
             grpc::CreateChannel(server, grpc::InsecureChannelCredentials()))) {}
   ~HandAgent() { Close(); }
 
-  // Joins all of `joins` in one call; the answers by index.
-  std::vector<v1::HostJoinResponse> Join(const std::vector<v1::JoinRequest>& joins) {
+  // Joins all of `joins` in one call; the answers by index. `messages`, if
+  // given: how many messages carried them.
+  std::vector<v1::HostJoinAnswer> Join(const std::vector<v1::JoinRequest>& joins,
+                                       int* messages = nullptr) {
     grpc::ClientContext context;
     auto reader = StartJoins(joins, &context);
-    std::vector<v1::HostJoinResponse> answers(joins.size());
-    v1::HostJoinResponse answer;
-    while (reader->Read(&answer)) answers.at(answer.index()) = answer;
+    std::vector<v1::HostJoinAnswer> answers(joins.size());
+    v1::HostJoinResponse response;
+    int read = 0;
+    while (reader->Read(&response)) {
+      ++read;
+      for (const v1::HostJoinAnswer& answer : response.answers()) answers.at(answer.index()) = answer;
+    }
     EXPECT_TRUE(reader->Finish().ok());
+    if (messages != nullptr) *messages = read;
     return answers;
   }
 
@@ -193,7 +200,7 @@ std::vector<v1::MemberCredentials> JoinThroughAgents(const std::vector<HandAgent
   absl::Mutex mu;
   for (size_t a = 0; a < agents.size(); ++a) {
     threads.emplace_back([&, a] {
-      for (const v1::HostJoinResponse& answer : agents[a]->Join(joins[a])) {
+      for (const v1::HostJoinAnswer& answer : agents[a]->Join(joins[a])) {
         EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
         absl::MutexLock lock(&mu);
         members.at(answer.response().rank()) = CredentialsOf(job, answer.response());
@@ -220,6 +227,62 @@ TEST(HostAgentServiceTest, AHostsJoinsInOneCallFormTheGenerationAndItsBeatsAreAn
   const v1::JobStatus job = server->membership()->Status("two-hosts").jobs(0);
   EXPECT_GE(job.members(0).last_heartbeat_age_ms(), 0);
   EXPECT_EQ(job.members(1).last_heartbeat_age_ms(), -1) << "rank 1 never beat";
+}
+
+// A host's answers travel together: when the barrier forms (completed by
+// another host's join), the host's 8 answers come in fewer messages than
+// there are ranks (one write, or two when the first answer's write starts
+// before the rest are ready; one message per rank before).
+TEST(HostAgentServiceTest, AHostsAnswersComeInFewerMessagesThanItHasRanks) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  HandAgent a(server->address()), b(server->address());
+  std::vector<v1::JoinRequest> joins;
+  for (int r = 0; r < 8; ++r) joins.push_back(JoinOf("batched", 9, absl::StrCat("w", r)));
+  int messages = 0;
+  std::vector<v1::HostJoinAnswer> answers;
+  std::thread host_a([&] { answers = a.Join(joins, &messages); });
+  ASSERT_TRUE(WaitFor([&] { return events.Count("join") == 8; }, absl::Seconds(10)));
+  std::vector<v1::HostJoinAnswer> last = b.Join({JoinOf("batched", 9, "w8")});
+  host_a.join();
+  ASSERT_EQ(last.at(0).error_code(), 0) << last.at(0).error_message();
+  for (const v1::HostJoinAnswer& answer : answers) {
+    EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
+    EXPECT_EQ(answer.response().generation(), 1);
+  }
+  EXPECT_GE(messages, 1);
+  EXPECT_LE(messages, 2) << "8 answers in " << messages << " messages";
+}
+
+// A rank's heartbeat clock starts when its host's answer was written (not
+// when its generation formed, nor --answer_delivery_timeout later): a rank
+// whose answer went out but that never beats is declared dead a heartbeat
+// timeout later, while its host's other rank beats on.
+TEST(HostAgentServiceTest, ARankThatNeverBeatsAfterItsAnswerWasWrittenIsDeadAfterTheTimeout) {
+  Events events;
+  auto server = StartServer(&events, absl::Seconds(3));
+  ASSERT_NE(server, nullptr);
+  HandAgent a(server->address());
+  std::vector<v1::MemberCredentials> m = JoinThroughAgents({&a}, "never-beats", 2);
+  ASSERT_EQ(m[0].generation(), 1);
+  const absl::Time answered = absl::Now();
+  // Rank 0 beats every 0.3 s; rank 1 never does.
+  const absl::Time deadline = answered + absl::Seconds(30);
+  while (events.Count("member_dead") == 0 && absl::Now() < deadline) {
+    a.Beat({m[0]});
+    absl::SleepFor(absl::Milliseconds(300));
+  }
+  ASSERT_GT(events.Count("member_dead"), 0) << "rank 1 was not declared dead in 30 s";
+  const absl::Duration took = absl::Now() - answered;
+  const v1::JobStatus job = server->membership()->Status("never-beats").jobs(0);
+  EXPECT_TRUE(job.members(0).alive());
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_EQ(job.generation(), 2);
+  // The timeout (3 s) from the write, plus the server's tick (0.5 s) and a
+  // loaded machine's delays; far below the 60-s delivery bound.
+  EXPECT_GE(took, absl::Seconds(2));
+  EXPECT_LT(took, absl::Seconds(30));
 }
 
 // The server is told of the agent giving up its call (gRPC's done
