@@ -163,9 +163,10 @@ class HostHeartbeatCall final : public CallQueues::Call {
 // that came while the one before was in flight (a host's answers when its
 // generation forms: one or two writes, not one per rank); the call finished
 // when every join is answered and written. A rank's heartbeat clock starts
-// when the write with its answer completes (Membership::ClockStart::
-// kAtDelivery): at 100,000 ranks the answers take longer than a heartbeat
-// timeout to go out on a busy server. The answers come on Membership's threads
+// at its first beat (Membership::ClockStart::kAtFirstBeat; at the latest
+// --answer_delivery_timeout after formation, at once when the write with its
+// answer fails): at 100,000 ranks the answers take longer than a heartbeat
+// timeout to reach every agent on a busy machine. The answers come on Membership's threads
 // (or at once, inside Start), the call's events on its queue's thread: mu_
 // orders them. The call ends when gRPC has reported it done (the
 // AsyncNotifyWhenDone tag: finished, or cancelled by the agent), its finish
@@ -243,7 +244,7 @@ class HostJoinCall final : public CallQueues::Call {
       uint64_t id = services_.membership->Join(
           join, deadline,
           [this, i](absl::StatusOr<v1::JoinResponse> r) { Answered(i, std::move(r)); },
-          Membership::ClockStart::kAtDelivery);
+          Membership::ClockStart::kAtFirstBeat);
       absl::MutexLock lock(&mu_);
       if (answered_[i]) continue;
       ids_[i] = id;
@@ -270,16 +271,16 @@ class HostJoinCall final : public CallQueues::Call {
   }
 
   void Written(bool ok) {
-    // The ranks' clocks start: they may beat now. A failed write (the agent
-    // went away) starts them too (those ranks are declared dead a heartbeat
-    // timeout later), and still counts as written: the done tag follows, and
-    // with it the joins' withdrawal.
-    std::vector<Membership::DeliveredAnswer> delivered;
+    // A failed write (the agent went away) starts its ranks' clocks (they
+    // are declared dead a heartbeat timeout later unless they beat), and
+    // still counts as written: the done tag follows, and with it the joins'
+    // withdrawal.
+    std::vector<Membership::UndeliveredAnswer> undelivered;
     {
       absl::MutexLock lock(&mu_);
-      delivered.swap(in_write_);
+      undelivered.swap(in_write_);
     }
-    if (!delivered.empty()) services_.membership->AnswersDelivered(delivered);
+    if (!ok && !undelivered.empty()) services_.membership->AnswersUndeliverable(undelivered);
     AndThen([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       writing_ = false;
       if (!ok) broken_ = true;
@@ -372,8 +373,8 @@ class HostJoinCall final : public CallQueues::Call {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;     // a write failed
   std::vector<v1::HostJoinAnswer> queue_answers_ ABSL_GUARDED_BY(mu_);  // not yet written
   v1::HostJoinResponse current_ ABSL_GUARDED_BY(mu_);  // the answers being written
-  // The members answered by `current_`, told to Membership when it is written.
-  std::vector<Membership::DeliveredAnswer> in_write_ ABSL_GUARDED_BY(mu_);
+  // The members answered by `current_`, told to Membership if it fails.
+  std::vector<Membership::UndeliveredAnswer> in_write_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a write or the finish in flight
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_completed_ ABSL_GUARDED_BY(mu_) = false;

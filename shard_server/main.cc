@@ -74,10 +74,10 @@ ABSL_FLAG(int, max_pending_joins, 1 << 18, "Joins held at once over every job");
 ABSL_FLAG(absl::Duration, job_ttl, absl::Hours(24),
           "A job with no live member and no pending join is forgotten after this long (its "
           "checkpoints stay); a job that never formed, once its last join expires");
-ABSL_FLAG(absl::Duration, answer_delivery_timeout, absl::Seconds(60),
-          "A rank that joined through a node agent is judged by the heartbeat timeout from when "
-          "its answer was written to the agent (or it beat); at most this long after its "
-          "generation formed, its clock starts anyway");
+ABSL_FLAG(absl::Duration, answer_delivery_timeout, absl::Seconds(30),
+          "A rank that joined through a node agent is judged by the heartbeat timeout from its "
+          "first beat, not from its generation's formation; at most this long after formation "
+          "its clock starts anyway");
 ABSL_FLAG(int, max_consolidations, 4,
           "Consolidations running at once; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,

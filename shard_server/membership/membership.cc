@@ -623,7 +623,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     int r = 0;
     for (const auto& [worker_id, p] : job.pending) {
       const int rank = r++;
-      if (p.clock != ClockStart::kAtDelivery) continue;
+      if (p.clock != ClockStart::kAtFirstBeat) continue;
       job.silence.Remove(rank);
       job.undelivered.insert(rank);
     }
@@ -1109,10 +1109,10 @@ void Membership::StartOverdueClocks(Job& job, absl::Time now) {
   for (int rank : ranks) StartClock(job, rank, now);
 }
 
-void Membership::AnswersDelivered(const std::vector<DeliveredAnswer>& answers) {
+void Membership::AnswersUndeliverable(const std::vector<UndeliveredAnswer>& answers) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
-  for (const DeliveredAnswer& answer : answers) {
+  for (const UndeliveredAnswer& answer : answers) {
     auto it = jobs_.find(answer.job_id);
     if (it == jobs_.end()) continue;
     Job& job = *it->second;

@@ -69,12 +69,12 @@ struct MembershipOptions {
   // (--job_ttl). A job that never formed is forgotten as soon as its last
   // pending join expires or is cancelled, which frees its id at once.
   absl::Duration job_ttl = absl::Hours(24);
-  // A member whose join was made with ClockStart::kAtDelivery and whose
-  // answer was not reported delivered (AnswersDelivered) or beat within this
-  // long after its generation formed has its liveness clock started then
-  // (--answer_delivery_timeout): a member that never beats is declared dead
-  // at most this plus heartbeat_timeout after formation.
-  absl::Duration answer_delivery_timeout = absl::Seconds(60);
+  // A member whose join was made with ClockStart::kAtFirstBeat and that has
+  // not beaten within this long after its generation formed has its
+  // liveness clock started then (--answer_delivery_timeout): such a member
+  // that never beats is declared dead at most this plus heartbeat_timeout
+  // after formation.
+  absl::Duration answer_delivery_timeout = absl::Seconds(30);
 };
 
 // Thread-safe. Callbacks are never run while an internal lock is held.
@@ -114,25 +114,27 @@ class Membership {
   //
   // `clock`: when the member's liveness clock (the heartbeat timeout) starts
   // in the generation the join forms. kAtFormation: when it forms, for an
-  // answer written at once (a Join call of its own). kAtDelivery: when the
-  // caller reports the answer delivered (AnswersDelivered), or the member
-  // first beats, or options.answer_delivery_timeout after formation,
-  // whichever comes first: a node agent's host join, whose answers for a
-  // 100,000-rank job take longer than a heartbeat timeout to fan out on a
-  // busy server, must not have them declared dead on the way.
-  enum class ClockStart { kAtFormation, kAtDelivery };
+  // answer written at once (a Join call of its own). kAtFirstBeat: when the
+  // member first beats, when its answer could not be delivered
+  // (AnswersUndeliverable), or options.answer_delivery_timeout after
+  // formation, whichever comes first: a node agent's host join, whose
+  // answers for a 100,000-rank job take longer than a heartbeat timeout to
+  // reach every agent and its ranks on a busy machine, must not have them
+  // declared dead on the way.
+  enum class ClockStart { kAtFormation, kAtFirstBeat };
   uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done,
                 ClockStart clock = ClockStart::kAtFormation);
-  // Answers of kAtDelivery joins that were written to their caller (or
-  // could not be: a broken call), by the JoinResponse they carried: each
-  // member's clock starts now. Answers of an older generation, or of a
-  // member whose clock already started, change nothing.
-  struct DeliveredAnswer {
+  // Answers of kAtFirstBeat joins that could not be written to their caller
+  // (its call broke), by the JoinResponse they carried: each member's clock
+  // starts now, so it is declared dead a heartbeat timeout later unless it
+  // beats. Answers of an older generation, or of a member whose clock
+  // already started, change nothing.
+  struct UndeliveredAnswer {
     std::string job_id;
     int64_t generation = 0;
     int rank = 0;
   };
-  void AnswersDelivered(const std::vector<DeliveredAnswer>& answers);
+  void AnswersUndeliverable(const std::vector<UndeliveredAnswer>& answers);
   // The caller went away: forget its pending join and answer CANCELLED.
   void CancelJoin(uint64_t join_id);
 
@@ -240,8 +242,9 @@ class Membership {
     SilenceOrder silence;
     absl::flat_hash_set<int> closed_streams;
     // Live members of the formed generation whose clock has not started
-    // (ClockStart::kAtDelivery): not in `silence`, so not judged, until
-    // their answer is delivered, they beat, or `delivery_deadline` passes.
+    // (ClockStart::kAtFirstBeat): not in `silence`, so not judged, until
+    // they beat, their answer proves undeliverable, or `delivery_deadline`
+    // passes.
     // Invariant: disjoint from `silence`.
     absl::flat_hash_set<int> undelivered;
     absl::Time delivery_deadline = absl::InfiniteFuture();
@@ -360,11 +363,12 @@ class Membership {
   static void RebuildSilenceOrder(Job& job);
   // A member stopped being live (dead, left): out of the timer's sight.
   static void StopWatching(Job& job, int rank);
-  // Starts the clock of an `undelivered` member at `now` (its answer was
-  // delivered, or it beat): from here it is judged like every member.
+  // Starts the clock of an `undelivered` member at `now` (it beat, or its
+  // answer could not be delivered): from here it is judged like every
+  // member.
   static void StartClock(Job& job, int rank, absl::Time now);
-  // At the job's delivery deadline, starts the clocks of the members whose
-  // answers were never reported delivered.
+  // At the job's delivery deadline, starts the clocks of the members that
+  // have not beaten.
   void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live members Tick must judge at `now`: those silent longer than a
   // beating member can be (the front of `job.silence`) and those whose

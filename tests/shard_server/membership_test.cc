@@ -307,18 +307,19 @@ TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::DEGRADED);
 }
 
-// A node agent's host join (ClockStart::kAtDelivery): a member's heartbeat
-// timeout starts when its answer is delivered, not when the generation
-// formed, so answers that take longer than a timeout to fan out (100,000
-// ranks on a busy server) do not kill the generation on the way; a member
-// that then never beats is dead a timeout after its delivery.
-TEST_F(MembershipTest, AnAgentJoinsClockStartsWhenItsAnswerIsDeliveredNotAtFormation) {
-  auto members = Form("job", 3, Membership::ClockStart::kAtDelivery);
+// A node agent's host join (ClockStart::kAtFirstBeat): a member's heartbeat
+// timeout starts at its first beat, not when the generation formed, so
+// answers that take longer than a timeout to reach every agent (100,000
+// ranks on a busy machine) do not kill the generation on the way. A member
+// whose answer could not be written has its clock started at once.
+TEST_F(MembershipTest, AnAgentJoinsClockStartsAtItsFirstBeatNotAtFormation) {
+  auto members = Form("job", 3, Membership::ClockStart::kAtFirstBeat);
   const int64_t generation = members[0].generation();
   clock_.Advance(absl::Seconds(10));  // the answers are still on their way
   membership_->Tick();
   ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
-  membership_->AnswersDelivered({{"job", generation, 0}, {"job", generation, 1}});
+  ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());  // rank 0's only beat
+  membership_->AnswersUndeliverable({{"job", generation, 2}});
   for (int i = 0; i < 29; ++i) {
     clock_.Advance(absl::Milliseconds(100));
     if (i % 10 == 0) {
@@ -327,24 +328,34 @@ TEST_F(MembershipTest, AnAgentJoinsClockStartsWhenItsAnswerIsDeliveredNotAtForma
     membership_->Tick();
   }
   ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING)
-      << "2.9 s after its answer was delivered, rank 0 is not dead yet";
+      << "2.9 s after their clocks started, ranks 0 and 2 are not dead yet";
   clock_.Advance(absl::Milliseconds(200));
   membership_->Tick();
   const v1::JobStatus job = membership_->Status("job").jobs(0);
   EXPECT_EQ(job.state(), v1::DEGRADED);
   EXPECT_EQ(job.generation(), generation + 1);
-  EXPECT_FALSE(job.members(0).alive()) << "delivered, never beat";
+  EXPECT_FALSE(job.members(0).alive()) << "beat once, 3.1 s ago";
   EXPECT_TRUE(job.members(1).alive()) << "beating";
-  EXPECT_TRUE(job.members(2).alive()) << "its answer is still on the way";
+  EXPECT_FALSE(job.members(2).alive()) << "its answer could not be delivered 3.1 s ago";
 }
 
-// The bound on a member whose answer is never reported delivered: its clock
-// starts answer_delivery_timeout after formation, so it is declared dead a
-// heartbeat timeout after that. A beat starts the clock too.
+// The same, with the answers still on the way: nobody is judged yet.
+TEST_F(MembershipTest, AnAgentJoinThatHasNotBeatenIsNotJudgedBeforeTheDeliveryTimeout) {
+  auto members = Form("job", 2, Membership::ClockStart::kAtFirstBeat);
+  for (int second = 1; second <= 29; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    membership_->Tick();
+  }
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+}
+
+// The bound on a member that never beats: its clock starts
+// answer_delivery_timeout after formation, so it is declared dead a
+// heartbeat timeout after that.
 TEST_F(MembershipTest, AnAgentJoinNeverDeliveredIsDeadAfterTheDeliveryTimeoutAndATimeout) {
   options_.answer_delivery_timeout = absl::Seconds(20);
   membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
-  auto members = Form("job", 2, Membership::ClockStart::kAtDelivery);
+  auto members = Form("job", 2, Membership::ClockStart::kAtFirstBeat);
   for (int second = 1; second <= 22; ++second) {
     clock_.Advance(absl::Seconds(1));
     ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());
