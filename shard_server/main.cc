@@ -22,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/command_line.h"
 #include "common/secret_file.h"
 #include "shard_server/replicated_server.h"
@@ -354,6 +355,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "zeroshard control plane: rendezvous, KV store, health, plans, checkpoints");
   zeroshard::ParseCommandLineOrExit(argc, argv, /*bad_flag_exit_code=*/2);
+  // Debian's Abseil is built with the mutex deadlock detector on: a lock
+  // graph updated on every acquisition, 4-8 % of the server's CPU while
+  // 10,000 ranks beat (perf, docs/scale.md). The tests (their own binaries)
+  // keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Requests of a few megabytes (StoreWaits of many keys, plans of large
   // specs) come and go; glibc's default raises its mmap threshold after the
   // first such free and then serves them from arenas that do not shrink,
