@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/alarm.h"
 #include "shard_server/grpc_status.h"
 
 namespace zeroshard {
@@ -174,7 +175,7 @@ class HostHeartbeatCall final : public CallQueues::Call {
 // reach it any more.
 class HostJoinCall final : public CallQueues::Call {
  public:
-  enum Step { kAccepted, kWritten, kFinished, kDone };
+  enum Step { kAccepted, kWritten, kFinished, kDone, kPump };
 
   // Asks for the next join call to arrive on `queue`.
   HostJoinCall(CallQueues* queues, HostAgentServices services, grpc::ServerCompletionQueue* queue)
@@ -191,6 +192,8 @@ class HostJoinCall final : public CallQueues::Call {
         return Written(ok);
       case kFinished:
         return Finished();
+      case kPump:
+        return AndThen([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { pump_posted_ = false; });
       default:
         return Done();
     }
@@ -262,12 +265,21 @@ class HostJoinCall final : public CallQueues::Call {
     } else {
       SetError(result.status(), &answer);
     }
-    AndThen([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      ids_[index] = 0;
-      answered_[index] = true;
-      --unanswered_;
-      queue_answers_.push_back(std::move(answer));
-    });
+    // Runs on whichever thread answered: for a barrier, the one thread that
+    // answers every join of the job (100,000 at 100K ranks). Only the
+    // answer is queued here; the write starts on this call's own queue
+    // (pump_alarm_), so that the fan-out's writes spread over the queues
+    // and the streams of the barrier thread's queue are not held up behind
+    // it (their beats went unanswered for seconds, and their ranks died).
+    absl::MutexLock lock(&mu_);
+    ids_[index] = 0;
+    answered_[index] = true;
+    --unanswered_;
+    queue_answers_.push_back(std::move(answer));
+    if (!pump_posted_) {
+      pump_posted_ = true;
+      pump_alarm_.Set(queue_, gpr_now(GPR_CLOCK_MONOTONIC), &pump_);
+    }
   }
 
   void Written(bool ok) {
@@ -325,7 +337,7 @@ class HostJoinCall final : public CallQueues::Call {
   // completion, so starting them under mu_ is safe.
   bool Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_) return false;
-    if (finishing_) return finish_completed_ && done_ && unanswered_ == 0;
+    if (finishing_) return finish_completed_ && done_ && unanswered_ == 0 && !pump_posted_;
     if (cancelled_ || broken_) {
       finishing_ = writing_ = true;
       writer_.Finish(grpc::Status(grpc::StatusCode::CANCELLED, "host join call withdrawn"),
@@ -383,6 +395,10 @@ class HostJoinCall final : public CallQueues::Call {
   Tag written_{this, kWritten};
   Tag finished_{this, kFinished};
   Tag done_tag_{this, kDone};
+  // Starts the writes of answers queued by other threads on queue_'s thread.
+  grpc::Alarm pump_alarm_;
+  bool pump_posted_ ABSL_GUARDED_BY(mu_) = false;  // pump_alarm_ set, not yet run
+  Tag pump_{this, kPump};
 };
 
 }  // namespace
