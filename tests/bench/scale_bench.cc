@@ -607,8 +607,10 @@ int RunParent(const std::string& self) {
   // What was measured before the failure, then why.
   auto fail = [&](const std::string& what) {
     std::printf("%s", table.ToString().c_str());
+    // The log read once: it grows between two reads (at 100K, ~140 MB).
+    const std::string log = server.process->Log();
     std::fprintf(stderr, "%s\nserver log tail:\n%s\nchild 0:\n%s\n", what.c_str(),
-                 server.process->Log().substr(std::max<int64_t>(0, server.process->Log().size() - 3000)).c_str(),
+                 log.substr(log.size() > 3000 ? log.size() - 3000 : 0).c_str(),
                  children[0]->Log().c_str());
     std::ofstream(dir + "/stop") << "stop\n";
     return 1;
