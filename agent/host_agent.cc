@@ -68,14 +68,16 @@ class JoinBatch {
     context.set_deadline(absl::ToChronoTime(deadline_));
     std::vector<bool> answered(dones_.size(), false);
     auto reader = stub->HostJoin(&context, request);
-    v1::HostJoinResponse answer;
-    while (reader->Read(&answer)) {
-      const int i = answer.index();
-      if (i < 0 || i >= static_cast<int>(dones_.size()) || answered[i]) continue;
-      answered[i] = true;
-      dones_[i](grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()),
-                             answer.error_message()),
-                answer.response());
+    v1::HostJoinResponse answers;
+    while (reader->Read(&answers)) {
+      for (const v1::HostJoinAnswer& answer : answers.answers()) {
+        const int i = answer.index();
+        if (i < 0 || i >= static_cast<int>(dones_.size()) || answered[i]) continue;
+        answered[i] = true;
+        dones_[i](grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()),
+                               answer.error_message()),
+                  answer.response());
+      }
     }
     grpc::Status status = reader->Finish();
     bool cancelled = false;

@@ -1,7 +1,6 @@
 #include "shard_server/agent_service.h"
 
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <string>
 #include <utility>
@@ -10,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/alarm.h"
 #include "shard_server/grpc_status.h"
 
 namespace zeroshard {
@@ -24,7 +24,7 @@ uint64_t NextAgentRankStreamId() {
   return (uint64_t{1} << 63) | next.fetch_add(1, std::memory_order_relaxed);
 }
 
-// RankAnswer and HostJoinResponse carry a refusal the same way.
+// RankAnswer and HostJoinAnswer carry a refusal the same way.
 template <typename Answer>
 void SetError(const absl::Status& status, Answer* answer) {
   answer->set_error_code(static_cast<int32_t>(status.code()));
@@ -160,8 +160,14 @@ class HostHeartbeatCall final : public CallQueues::Call {
 };
 
 // The joins of one host: each held by Membership as a Join is; the answers
-// written as they come, one write at a time; the call finished when every
-// join is answered and written. The answers come on Membership's threads
+// written as they come, one write at a time, each write carrying every answer
+// that came while the one before was in flight (a host's answers when its
+// generation forms: one or two writes, not one per rank); the call finished
+// when every join is answered and written. A rank's heartbeat clock starts
+// at its first beat (Membership::ClockStart::kAtFirstBeat; at the latest
+// --answer_delivery_timeout after formation, at once when the write with its
+// answer fails): at 100,000 ranks the answers take longer than a heartbeat
+// timeout to reach every agent on a busy machine. The answers come on Membership's threads
 // (or at once, inside Start), the call's events on its queue's thread: mu_
 // orders them. The call ends when gRPC has reported it done (the
 // AsyncNotifyWhenDone tag: finished, or cancelled by the agent), its finish
@@ -169,7 +175,7 @@ class HostHeartbeatCall final : public CallQueues::Call {
 // reach it any more.
 class HostJoinCall final : public CallQueues::Call {
  public:
-  enum Step { kAccepted, kWritten, kFinished, kDone };
+  enum Step { kAccepted, kWritten, kFinished, kDone, kPump };
 
   // Asks for the next join call to arrive on `queue`.
   HostJoinCall(CallQueues* queues, HostAgentServices services, grpc::ServerCompletionQueue* queue)
@@ -186,6 +192,8 @@ class HostJoinCall final : public CallQueues::Call {
         return Written(ok);
       case kFinished:
         return Finished();
+      case kPump:
+        return AndThen([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { pump_posted_ = false; });
       default:
         return Done();
     }
@@ -237,7 +245,9 @@ class HostJoinCall final : public CallQueues::Call {
         }
       }
       uint64_t id = services_.membership->Join(
-          join, deadline, [this, i](absl::StatusOr<v1::JoinResponse> r) { Answered(i, std::move(r)); });
+          join, deadline,
+          [this, i](absl::StatusOr<v1::JoinResponse> r) { Answered(i, std::move(r)); },
+          Membership::ClockStart::kAtFirstBeat);
       absl::MutexLock lock(&mu_);
       if (answered_[i]) continue;
       ids_[i] = id;
@@ -248,24 +258,41 @@ class HostJoinCall final : public CallQueues::Call {
   }
 
   void Answered(int index, absl::StatusOr<v1::JoinResponse> result) {
-    v1::HostJoinResponse answer;
+    v1::HostJoinAnswer answer;
     answer.set_index(index);
     if (result.ok()) {
       *answer.mutable_response() = *std::move(result);
     } else {
       SetError(result.status(), &answer);
     }
-    AndThen([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      ids_[index] = 0;
-      answered_[index] = true;
-      --unanswered_;
-      queue_answers_.push_back(std::move(answer));
-    });
+    // Runs on whichever thread answered: for a barrier, the one thread that
+    // answers every join of the job (100,000 at 100K ranks). Only the
+    // answer is queued here; the write starts on this call's own queue
+    // (pump_alarm_), so that the fan-out's writes spread over the queues
+    // and the streams of the barrier thread's queue are not held up behind
+    // it (their beats went unanswered for seconds, and their ranks died).
+    absl::MutexLock lock(&mu_);
+    ids_[index] = 0;
+    answered_[index] = true;
+    --unanswered_;
+    queue_answers_.push_back(std::move(answer));
+    if (!pump_posted_) {
+      pump_posted_ = true;
+      pump_alarm_.Set(queue_, gpr_now(GPR_CLOCK_MONOTONIC), &pump_);
+    }
   }
 
   void Written(bool ok) {
-    // A failed write (the agent went away) still counts as written: the
-    // done tag follows, and with it the joins' withdrawal.
+    // A failed write (the agent went away) starts its ranks' clocks (they
+    // are declared dead a heartbeat timeout later unless they beat), and
+    // still counts as written: the done tag follows, and with it the joins'
+    // withdrawal.
+    std::vector<Membership::UndeliveredAnswer> undelivered;
+    {
+      absl::MutexLock lock(&mu_);
+      undelivered.swap(in_write_);
+    }
+    if (!ok && !undelivered.empty()) services_.membership->AnswersUndeliverable(undelivered);
     AndThen([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       writing_ = false;
       if (!ok) broken_ = true;
@@ -310,15 +337,22 @@ class HostJoinCall final : public CallQueues::Call {
   // completion, so starting them under mu_ is safe.
   bool Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_) return false;
-    if (finishing_) return finish_completed_ && done_ && unanswered_ == 0;
+    if (finishing_) return finish_completed_ && done_ && unanswered_ == 0 && !pump_posted_;
     if (cancelled_ || broken_) {
       finishing_ = writing_ = true;
       writer_.Finish(grpc::Status(grpc::StatusCode::CANCELLED, "host join call withdrawn"),
                      &finished_);
     } else if (!queue_answers_.empty()) {
       writing_ = true;
-      current_ = std::move(queue_answers_.front());
-      queue_answers_.pop_front();
+      current_.Clear();
+      for (v1::HostJoinAnswer& answer : queue_answers_) {
+        if (answer.error_code() == 0) {
+          in_write_.push_back({request_.joins(answer.index()).job_id(),
+                               answer.response().generation(), answer.response().rank()});
+        }
+        *current_.add_answers() = std::move(answer);
+      }
+      queue_answers_.clear();
       writer_.Write(current_, &written_);
     } else if (unanswered_ == 0) {
       finishing_ = writing_ = true;
@@ -349,8 +383,10 @@ class HostJoinCall final : public CallQueues::Call {
   std::vector<uint64_t> to_cancel_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // the agent withdrew the call
   bool broken_ ABSL_GUARDED_BY(mu_) = false;     // a write failed
-  std::deque<v1::HostJoinResponse> queue_answers_ ABSL_GUARDED_BY(mu_);
-  v1::HostJoinResponse current_ ABSL_GUARDED_BY(mu_);  // the answer being written
+  std::vector<v1::HostJoinAnswer> queue_answers_ ABSL_GUARDED_BY(mu_);  // not yet written
+  v1::HostJoinResponse current_ ABSL_GUARDED_BY(mu_);  // the answers being written
+  // The members answered by `current_`, told to Membership if it fails.
+  std::vector<Membership::UndeliveredAnswer> in_write_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // a write or the finish in flight
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_completed_ ABSL_GUARDED_BY(mu_) = false;
@@ -359,6 +395,10 @@ class HostJoinCall final : public CallQueues::Call {
   Tag written_{this, kWritten};
   Tag finished_{this, kFinished};
   Tag done_tag_{this, kDone};
+  // Starts the writes of answers queued by other threads on queue_'s thread.
+  grpc::Alarm pump_alarm_;
+  bool pump_posted_ ABSL_GUARDED_BY(mu_) = false;  // pump_alarm_ set, not yet run
+  Tag pump_{this, kPump};
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "common/command_line.h"
 #include "common/secret_file.h"
 #include "shard_server/replicated_server.h"
@@ -74,6 +75,10 @@ ABSL_FLAG(int, max_pending_joins, 1 << 18, "Joins held at once over every job");
 ABSL_FLAG(absl::Duration, job_ttl, absl::Hours(24),
           "A job with no live member and no pending join is forgotten after this long (its "
           "checkpoints stay); a job that never formed, once its last join expires");
+ABSL_FLAG(absl::Duration, answer_delivery_timeout, absl::Seconds(30),
+          "A rank that joined through a node agent is judged by the heartbeat timeout from its "
+          "first beat, not from its generation's formation; at most this long after formation "
+          "its clock starts anyway");
 ABSL_FLAG(int, max_consolidations, 4,
           "Consolidations running at once; more are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, consolidate_stall_timeout_s, 60,
@@ -178,6 +183,9 @@ absl::Status ReadMembershipFlags(zeroshard::ShardServerOptions& options) {
   }
   if (options.membership.job_ttl < absl::ZeroDuration())
     return absl::InvalidArgumentError("--job_ttl must be >= 0");
+  options.membership.answer_delivery_timeout = absl::GetFlag(FLAGS_answer_delivery_timeout);
+  if (options.membership.answer_delivery_timeout < absl::ZeroDuration())
+    return absl::InvalidArgumentError("--answer_delivery_timeout must be >= 0");
   return absl::OkStatus();
 }
 
@@ -347,6 +355,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "zeroshard control plane: rendezvous, KV store, health, plans, checkpoints");
   zeroshard::ParseCommandLineOrExit(argc, argv, /*bad_flag_exit_code=*/2);
+  // Debian's Abseil is built with the mutex deadlock detector on: a lock
+  // graph updated on every acquisition, 4-8 % of the server's CPU while
+  // 10,000 ranks beat (perf, docs/scale.md). The tests (their own binaries)
+  // keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Requests of a few megabytes (StoreWaits of many keys, plans of large
   // specs) come and go; glibc's default raises its mmap threshold after the
   // first such free and then serves them from arenas that do not shrink,

@@ -109,7 +109,7 @@ void Membership::SetGenerationFloor(GenerationFloor floor) {
 }
 
 bool Membership::ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred) {
-  const bool live = !job.pending.empty() || job.silence.size() > 0;
+  const bool live = !job.pending.empty() || job.silence.size() > 0 || !job.undelivered.empty();
   if (live) {
     job.idle_since = absl::InfiniteFuture();
     return false;
@@ -494,7 +494,8 @@ absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& wor
 }
 
 uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, absl::Time deadline,
-                                    absl::Time now, JoinDone done, Deferred& deferred) {
+                                    absl::Time now, ClockStart clock, JoinDone done,
+                                    Deferred& deferred) {
   if (!job.recovery_options_known) {
     job.recovery_options_known = true;
     job.min_world_size = request.min_world_size();
@@ -508,6 +509,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   p.incarnation = request.incarnation();
   p.node = request.node();
   p.skip_member_table = request.skip_member_table();
+  p.clock = clock;
   p.deadline = std::min(deadline, now + options_.join_timeout);
   p.done = std::move(done);
   pending_by_id_[id] = PendingPlace{job.id, request.worker_id()};
@@ -523,7 +525,8 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   return id;
 }
 
-uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done) {
+uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done,
+                          ClockStart clock) {
   if (absl::Status invalid = ValidateJoinRequest(request); !invalid.ok()) {
     done(invalid);
     return 0;
@@ -538,8 +541,9 @@ uint64_t Membership::Join(const v1::JoinRequest& request, absl::Time deadline, J
     absl::StatusOr<JoinKind> kind = ClassifyJoin(request, job);
     absl::StatusOr<Job*> joined =
         kind.ok() ? ApplyJoin(*kind, request, job, now, deferred) : kind.status();
-    id = joined.ok() ? AddPendingJoin(**joined, request, deadline, now, std::move(done), deferred)
-                     : absl::StatusOr<uint64_t>(joined.status());
+    id = joined.ok()
+             ? AddPendingJoin(**joined, request, deadline, now, clock, std::move(done), deferred)
+             : absl::StatusOr<uint64_t>(joined.status());
   }
   // Answers go out below: what they tell is durable first. (A failed sync is
   // logged; the answers stand, as the change stands in memory and in the file.)
@@ -613,7 +617,18 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     job.pending.clear();
     return;
   }
+  job.undelivered.clear();
   RebuildSilenceOrder(job);
+  {
+    int r = 0;
+    for (const auto& [worker_id, p] : job.pending) {
+      const int rank = r++;
+      if (p.clock != ClockStart::kAtFirstBeat) continue;
+      job.silence.Remove(rank);
+      job.undelivered.insert(rank);
+    }
+    job.delivery_deadline = now + options_.answer_delivery_timeout;
+  }
 
   if (previous_state == v1::DEGRADED) {
     log_->Log("recovery_rejoined",
@@ -811,6 +826,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   }
   m.last_heartbeat = now;
   if (m.alive) job.silence.MoveToBack(m.rank);
+  job.undelivered.erase(m.rank);  // a beat starts the clock (it just did)
   job.closed_streams.erase(m.rank);
   m.beating_stream = stream;
   m.heartbeat_seen = true;
@@ -896,7 +912,10 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
     m.left = true;
     m.alive = false;
     // `job.silence` holds the live members: was `m` the last of them?
-    const int live_others = job.silence.size() - (job.silence.Contains(m.rank) ? 1 : 0);
+    // `job.silence` and `job.undelivered` hold the live members: was `m` the
+    // last of them?
+    const int live_others = job.silence.size() + static_cast<int>(job.undelivered.size()) -
+                            (job.silence.Contains(m.rank) || job.undelivered.contains(m.rank) ? 1 : 0);
     const bool all_gone = job.pending.empty() && live_others == 0;
     if (all_gone) job.state = v1::FINISHED;
     absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
@@ -937,6 +956,7 @@ void Membership::Tick() {
       bool died = false;
       bool changed = false;
       std::string dead;  // who, for the generation's history
+      StartOverdueClocks(job, now);
       // Who is dead: shard_server/membership/failure_detector.h has the rules.
       const bool suspect = job.formed() && job.suspect_generation == job.generation;
       // Only those that may be dead: every other live member is alive
@@ -1050,7 +1070,7 @@ void Membership::RebuildSilenceOrder(Job& job) {
   std::vector<int> live;
   live.reserve(job.members.size());
   for (const MemberState& m : job.members) {
-    if (m.alive && !m.left) live.push_back(m.rank);
+    if (m.alive && !m.left && !job.undelivered.contains(m.rank)) live.push_back(m.rank);
   }
   std::stable_sort(live.begin(), live.end(), [&](int a, int b) {
     return job.members[a].last_heartbeat < job.members[b].last_heartbeat;
@@ -1065,7 +1085,43 @@ void Membership::RebuildSilenceOrder(Job& job) {
 
 void Membership::StopWatching(Job& job, int rank) {
   job.silence.Remove(rank);
+  job.undelivered.erase(rank);
   job.closed_streams.erase(rank);
+}
+
+void Membership::StartClock(Job& job, int rank, absl::Time now) {
+  if (job.undelivered.erase(rank) == 0) return;  // started already
+  MemberState& m = job.members[rank];
+  if (!m.alive || m.left) return;
+  m.last_heartbeat = now;  // the latest time any member has: the back of the order
+  job.silence.MoveToBack(rank);
+}
+
+void Membership::StartOverdueClocks(Job& job, absl::Time now) {
+  if (job.undelivered.empty() || now < job.delivery_deadline) return;
+  log_->Log("answers_undelivered",
+            {{"job", job.id},
+             {"generation", absl::StrCat(job.members_generation)},
+             {"members", absl::StrCat(job.undelivered.size())},
+             {"after_ms", Ms(options_.answer_delivery_timeout)}});
+  std::vector<int> ranks(job.undelivered.begin(), job.undelivered.end());
+  std::sort(ranks.begin(), ranks.end());
+  for (int rank : ranks) StartClock(job, rank, now);
+}
+
+void Membership::AnswersUndeliverable(const std::vector<UndeliveredAnswer>& answers) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (const UndeliveredAnswer& answer : answers) {
+    auto it = jobs_.find(answer.job_id);
+    if (it == jobs_.end()) continue;
+    Job& job = *it->second;
+    if (job.members_generation != answer.generation || answer.rank < 0 ||
+        answer.rank >= static_cast<int>(job.members.size())) {
+      continue;  // an answer of an older generation: its clock is moot
+    }
+    StartClock(job, answer.rank, now);
+  }
 }
 
 std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now) const {

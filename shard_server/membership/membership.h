@@ -69,6 +69,12 @@ struct MembershipOptions {
   // (--job_ttl). A job that never formed is forgotten as soon as its last
   // pending join expires or is cancelled, which frees its id at once.
   absl::Duration job_ttl = absl::Hours(24);
+  // A member whose join was made with ClockStart::kAtFirstBeat and that has
+  // not beaten within this long after its generation formed has its
+  // liveness clock started then (--answer_delivery_timeout): such a member
+  // that never beats is declared dead at most this plus heartbeat_timeout
+  // after formation.
+  absl::Duration answer_delivery_timeout = absl::Seconds(30);
 };
 
 // Thread-safe. Callbacks are never run while an internal lock is held.
@@ -105,7 +111,30 @@ class Membership {
   // the join until the barrier completes (with a rank, or with the store's
   // error when the generation cannot be saved), `deadline` (capped at now +
   // join_timeout) passes, or CancelJoin. Returns an id for CancelJoin.
-  uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done);
+  //
+  // `clock`: when the member's liveness clock (the heartbeat timeout) starts
+  // in the generation the join forms. kAtFormation: when it forms, for an
+  // answer written at once (a Join call of its own). kAtFirstBeat: when the
+  // member first beats, when its answer could not be delivered
+  // (AnswersUndeliverable), or options.answer_delivery_timeout after
+  // formation, whichever comes first: a node agent's host join, whose
+  // answers for a 100,000-rank job take longer than a heartbeat timeout to
+  // reach every agent and its ranks on a busy machine, must not have them
+  // declared dead on the way.
+  enum class ClockStart { kAtFormation, kAtFirstBeat };
+  uint64_t Join(const v1::JoinRequest& request, absl::Time deadline, JoinDone done,
+                ClockStart clock = ClockStart::kAtFormation);
+  // Answers of kAtFirstBeat joins that could not be written to their caller
+  // (its call broke), by the JoinResponse they carried: each member's clock
+  // starts now, so it is declared dead a heartbeat timeout later unless it
+  // beats. Answers of an older generation, or of a member whose clock
+  // already started, change nothing.
+  struct UndeliveredAnswer {
+    std::string job_id;
+    int64_t generation = 0;
+    int rank = 0;
+  };
+  void AnswersUndeliverable(const std::vector<UndeliveredAnswer>& answers);
   // The caller went away: forget its pending join and answer CANCELLED.
   void CancelJoin(uint64_t join_id);
 
@@ -175,6 +204,7 @@ class Membership {
     std::string incarnation;
     std::string node;  // JoinRequest.node
     bool skip_member_table = false;
+    ClockStart clock = ClockStart::kAtFormation;
     absl::Time deadline;
     JoinDone done;
   };
@@ -211,6 +241,13 @@ class Membership {
     // the silent members cost, not the job.
     SilenceOrder silence;
     absl::flat_hash_set<int> closed_streams;
+    // Live members of the formed generation whose clock has not started
+    // (ClockStart::kAtFirstBeat): not in `silence`, so not judged, until
+    // they beat, their answer proves undeliverable, or `delivery_deadline`
+    // passes.
+    // Invariant: disjoint from `silence`.
+    absl::flat_hash_set<int> undelivered;
+    absl::Time delivery_deadline = absl::InfiniteFuture();
     // OK, or why the last save of a death (applied, not yet saved) failed.
     absl::Status unsaved;
     // The state store's commit that holds the job's last saved change: what
@@ -296,7 +333,7 @@ class Membership {
   // Holds the join in `job` (forming the generation when it is the last);
   // its id for CancelJoin.
   uint64_t AddPendingJoin(Job& job, const v1::JoinRequest& request, absl::Time deadline,
-                          absl::Time now, JoinDone done, Deferred& deferred)
+                          absl::Time now, ClockStart clock, JoinDone done, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Assigns ranks to the pending joins and answers them. When the save
@@ -326,6 +363,13 @@ class Membership {
   static void RebuildSilenceOrder(Job& job);
   // A member stopped being live (dead, left): out of the timer's sight.
   static void StopWatching(Job& job, int rank);
+  // Starts the clock of an `undelivered` member at `now` (it beat, or its
+  // answer could not be delivered): from here it is judged like every
+  // member.
+  static void StartClock(Job& job, int rank, absl::Time now);
+  // At the job's delivery deadline, starts the clocks of the members that
+  // have not beaten.
+  void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live members Tick must judge at `now`: those silent longer than a
   // beating member can be (the front of `job.silence`) and those whose
   // stream closed; by rank.

@@ -62,7 +62,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   // dashboards a cluster has, a request must arrive within 2 s (a scraper's
   // GET takes milliseconds), idle keep-alives go after 1 s, at most 64
   // connections wait for a thread (more are refused at once, not queued
-  // without end), and the request line and headers fit in 16 KiB.
+  // without end), and the request line and headers fit in 16 KiB. Linger
+  // off (-1), not 0: with 0 the close after the last write was abortive (a
+  // reset), and the kernel dropped what a slow reader had not read yet (a
+  // 32K-rank /metrics stopped after 128,000 bytes under load, #31); off,
+  // close returns at once and the kernel sends the rest, holding no thread.
   const char* options[] = {"listening_ports",
                            listen.c_str(),
                            "num_threads",
@@ -76,7 +80,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
                            "keep_alive_timeout_ms",
                            "1000",
                            "linger_timeout_ms",
-                           "0",
+                           "-1",
                            "max_request_size",
                            "16384",
                            nullptr};

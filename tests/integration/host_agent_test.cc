@@ -87,14 +87,21 @@ class HandAgent {
             grpc::CreateChannel(server, grpc::InsecureChannelCredentials()))) {}
   ~HandAgent() { Close(); }
 
-  // Joins all of `joins` in one call; the answers by index.
-  std::vector<v1::HostJoinResponse> Join(const std::vector<v1::JoinRequest>& joins) {
+  // Joins all of `joins` in one call; the answers by index. `messages`, if
+  // given: how many messages carried them.
+  std::vector<v1::HostJoinAnswer> Join(const std::vector<v1::JoinRequest>& joins,
+                                       int* messages = nullptr) {
     grpc::ClientContext context;
     auto reader = StartJoins(joins, &context);
-    std::vector<v1::HostJoinResponse> answers(joins.size());
-    v1::HostJoinResponse answer;
-    while (reader->Read(&answer)) answers.at(answer.index()) = answer;
+    std::vector<v1::HostJoinAnswer> answers(joins.size());
+    v1::HostJoinResponse response;
+    int read = 0;
+    while (reader->Read(&response)) {
+      ++read;
+      for (const v1::HostJoinAnswer& answer : response.answers()) answers.at(answer.index()) = answer;
+    }
     EXPECT_TRUE(reader->Finish().ok());
+    if (messages != nullptr) *messages = read;
     return answers;
   }
 
@@ -193,7 +200,7 @@ std::vector<v1::MemberCredentials> JoinThroughAgents(const std::vector<HandAgent
   absl::Mutex mu;
   for (size_t a = 0; a < agents.size(); ++a) {
     threads.emplace_back([&, a] {
-      for (const v1::HostJoinResponse& answer : agents[a]->Join(joins[a])) {
+      for (const v1::HostJoinAnswer& answer : agents[a]->Join(joins[a])) {
         EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
         absl::MutexLock lock(&mu);
         members.at(answer.response().rank()) = CredentialsOf(job, answer.response());
@@ -220,6 +227,68 @@ TEST(HostAgentServiceTest, AHostsJoinsInOneCallFormTheGenerationAndItsBeatsAreAn
   const v1::JobStatus job = server->membership()->Status("two-hosts").jobs(0);
   EXPECT_GE(job.members(0).last_heartbeat_age_ms(), 0);
   EXPECT_EQ(job.members(1).last_heartbeat_age_ms(), -1) << "rank 1 never beat";
+}
+
+// A host's answers travel together: when the barrier forms (completed by
+// another host's join), the host's 8 answers come in fewer messages than
+// there are ranks (one write, or two when the first answer's write starts
+// before the rest are ready; one message per rank before).
+TEST(HostAgentServiceTest, AHostsAnswersComeInFewerMessagesThanItHasRanks) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  HandAgent a(server->address()), b(server->address());
+  std::vector<v1::JoinRequest> joins;
+  for (int r = 0; r < 8; ++r) joins.push_back(JoinOf("batched", 9, absl::StrCat("w", r)));
+  int messages = 0;
+  std::vector<v1::HostJoinAnswer> answers;
+  std::thread host_a([&] { answers = a.Join(joins, &messages); });
+  ASSERT_TRUE(WaitFor([&] { return events.Count("join") == 8; }, absl::Seconds(10)));
+  std::vector<v1::HostJoinAnswer> last = b.Join({JoinOf("batched", 9, "w8")});
+  host_a.join();
+  ASSERT_EQ(last.at(0).error_code(), 0) << last.at(0).error_message();
+  for (const v1::HostJoinAnswer& answer : answers) {
+    EXPECT_EQ(answer.error_code(), 0) << answer.error_message();
+    EXPECT_EQ(answer.response().generation(), 1);
+  }
+  EXPECT_GE(messages, 1);
+  EXPECT_LE(messages, 2) << "8 answers in " << messages << " messages";
+}
+
+// A rank that joined through an agent is judged from its first beat, and at
+// the latest from --answer_delivery_timeout (here 2 s) after its generation
+// formed: one that never beats is declared dead that plus the heartbeat
+// timeout after formation, while its host's other rank beats on.
+TEST(HostAgentServiceTest, ARankThatNeverBeatsIsDeadAfterTheDeliveryTimeoutAndTheTimeout) {
+  Events events;
+  ShardServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.membership.heartbeat_interval = absl::Seconds(1);
+  o.membership.heartbeat_timeout = absl::Seconds(3);
+  o.membership.answer_delivery_timeout = absl::Seconds(2);
+  o.log_sink = events.Sink();
+  auto server = ShardServer::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  HandAgent a((*server)->address());
+  const absl::Time asked = absl::Now();  // before the generation formed
+  std::vector<v1::MemberCredentials> m = JoinThroughAgents({&a}, "never-beats", 2);
+  ASSERT_EQ(m[0].generation(), 1);
+  const absl::Time answered = absl::Now();
+  // Rank 0 beats every 0.3 s; rank 1 never does.
+  const absl::Time deadline = answered + absl::Seconds(30);
+  while (events.Count("member_dead") == 0 && absl::Now() < deadline) {
+    a.Beat({m[0]});
+    absl::SleepFor(absl::Milliseconds(300));
+  }
+  ASSERT_GT(events.Count("member_dead"), 0) << "rank 1 was not declared dead in 30 s";
+  const absl::Duration since_asked = absl::Now() - asked;
+  const v1::JobStatus job = (*server)->membership()->Status("never-beats").jobs(0);
+  EXPECT_TRUE(job.members(0).alive());
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_EQ(job.generation(), 2);
+  EXPECT_EQ(events.Count("answers_undelivered"), 1);
+  // 2 s + 3 s after formation at the earliest.
+  EXPECT_GE(since_asked, absl::Seconds(5)) << "judged before its clock could have started";
 }
 
 // The server is told of the agent giving up its call (gRPC's done

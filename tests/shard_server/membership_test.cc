@@ -43,9 +43,15 @@ class MembershipTest : public ::testing::Test {
   }
 
   // Joins W workers "w0".."w{W-1}" and returns their responses by rank.
-  std::vector<v1::JoinResponse> Form(const std::string& job, int world) {
+  std::vector<v1::JoinResponse> Form(
+      const std::string& job, int world,
+      Membership::ClockStart clock = Membership::ClockStart::kAtFormation) {
     std::vector<JoinResult> results(world);
-    for (int i = 0; i < world; ++i) Join(job, world, absl::StrCat("w", i), &results[i]);
+    for (int i = 0; i < world; ++i) {
+      JoinResult* out = &results[i];
+      membership_->Join(Request(job, world, absl::StrCat("w", i)), clock_.Now() + absl::Hours(1),
+                        [out](absl::StatusOr<v1::JoinResponse> r) { *out = std::move(r); }, clock);
+    }
     std::vector<v1::JoinResponse> by_rank(world);
     for (auto& r : results) {
       EXPECT_TRUE(r.has_value() && r->ok());
@@ -299,6 +305,75 @@ TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
   clock_.Advance(absl::Milliseconds(200));
   membership_->Tick();
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::DEGRADED);
+}
+
+// A node agent's host join (ClockStart::kAtFirstBeat): a member's heartbeat
+// timeout starts at its first beat, not when the generation formed, so
+// answers that take longer than a timeout to reach every agent (100,000
+// ranks on a busy machine) do not kill the generation on the way. A member
+// whose answer could not be written has its clock started at once.
+TEST_F(MembershipTest, AnAgentJoinsClockStartsAtItsFirstBeatNotAtFormation) {
+  auto members = Form("job", 3, Membership::ClockStart::kAtFirstBeat);
+  const int64_t generation = members[0].generation();
+  clock_.Advance(absl::Seconds(10));  // the answers are still on their way
+  membership_->Tick();
+  ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+  ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());  // rank 0's only beat
+  membership_->AnswersUndeliverable({{"job", generation, 2}});
+  for (int i = 0; i < 29; ++i) {
+    clock_.Advance(absl::Milliseconds(100));
+    if (i % 10 == 0) {
+      ASSERT_TRUE(Beat(Credentials("job", members[1])).ok());
+    }
+    membership_->Tick();
+  }
+  ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING)
+      << "2.9 s after their clocks started, ranks 0 and 2 are not dead yet";
+  clock_.Advance(absl::Milliseconds(200));
+  membership_->Tick();
+  const v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_EQ(job.generation(), generation + 1);
+  EXPECT_FALSE(job.members(0).alive()) << "beat once, 3.1 s ago";
+  EXPECT_TRUE(job.members(1).alive()) << "beating";
+  EXPECT_FALSE(job.members(2).alive()) << "its answer could not be delivered 3.1 s ago";
+}
+
+// The same, with the answers still on the way: nobody is judged yet.
+TEST_F(MembershipTest, AnAgentJoinThatHasNotBeatenIsNotJudgedBeforeTheDeliveryTimeout) {
+  auto members = Form("job", 2, Membership::ClockStart::kAtFirstBeat);
+  for (int second = 1; second <= 29; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    membership_->Tick();
+  }
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+}
+
+// The bound on a member that never beats: its clock starts
+// answer_delivery_timeout after formation, so it is declared dead a
+// heartbeat timeout after that.
+TEST_F(MembershipTest, AnAgentJoinNeverDeliveredIsDeadAfterTheDeliveryTimeoutAndATimeout) {
+  options_.answer_delivery_timeout = absl::Seconds(20);
+  membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+  auto members = Form("job", 2, Membership::ClockStart::kAtFirstBeat);
+  for (int second = 1; second <= 22; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());
+    membership_->Tick();
+  }
+  clock_.Advance(absl::Milliseconds(900));  // 22.9 s: 2.9 s of rank 1's clock
+  ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());
+  membership_->Tick();
+  ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+  clock_.Advance(absl::Milliseconds(200));
+  membership_->Tick();
+  const v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.state(), v1::DEGRADED);
+  EXPECT_TRUE(job.members(0).alive());
+  EXPECT_FALSE(job.members(1).alive());
+  bool logged = false;
+  for (const auto& line : lines_) logged |= line.find("event=answers_undelivered") != std::string::npos;
+  EXPECT_TRUE(logged);
 }
 
 // A survivor whose collective failed says so (peer_failure): a member whose
