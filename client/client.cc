@@ -516,7 +516,9 @@ absl::Status Client::StoreWait(const std::vector<std::string>& keys, absl::Durat
   for (const std::string& k : keys) request.add_keys(k);
   request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
   v1::StoreWaitResponse response;
-  return FromGrpcStatus(stub_->StoreWait(&context, request, &response));
+  // Through the node agent when one answers: the host's ranks' waits for the
+  // same keys reach the server as one (agent/store_wait_fan_out.h).
+  return FromGrpcStatus(AgentOrServer()->StoreWait(&context, request, &response));
 }
 
 absl::StatusOr<std::string> Client::StoreCompareSet(const std::string& key,

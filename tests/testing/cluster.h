@@ -63,6 +63,8 @@ class LocalCluster {
   // with its host. A worker that went around its agent ("no node agent
   // answers") fails the test when the cluster goes.
   bool via_agents() const { return via_agents_; }
+  // The same for the workers started from now on, whatever the environment.
+  void UseAgents() { via_agents_ = true; }
   // The agent of `host` (-1: loopback's), or null before its first workers.
   ChildProcess* agent(int host);
 
@@ -122,7 +124,7 @@ class LocalCluster {
   std::vector<std::vector<std::string>> worker_args_;
   int worker_restarts_ = 0;
   std::vector<std::string> every_worker_log_;  // restarted workers' earlier ones too
-  const bool via_agents_;
+  bool via_agents_;
   std::string agent_dir_;  // under /tmp: a unix socket path has at most 107 characters
   std::map<int, Agent> agents_;  // by host (-1: loopback)
 };
