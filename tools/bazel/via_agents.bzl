@@ -11,7 +11,8 @@ def cc_test_and_via_agents(name, srcs, deps, data = [], tags = [], ci_cases = No
 
     The twin is tagged manual (run by hand; docs/scale.md quotes the runs)
     unless `ci_cases` (a GoogleTest filter) names the cases CI runs through
-    agents; `--test_filter='*'` runs them all by hand.
+    agents; `--test_arg=--gtest_filter='*'` runs them all by hand (Bazel's
+    --test_filter does not override it).
     """
     native.cc_library(
         name = name + "_cases",
@@ -21,13 +22,11 @@ def cc_test_and_via_agents(name, srcs, deps, data = [], tags = [], ci_cases = No
         alwayslink = True,
     )
     native.cc_test(name = name, data = data, tags = tags, deps = [":" + name + "_cases"], **kwargs)
-    env = {"ZEROSHARD_TEST_VIA_AGENTS": "1"}
-    if ci_cases:
-        env["GTEST_FILTER"] = ci_cases
     native.cc_test(
         name = name[:-len("_test")] + "_via_agents_test",
         data = data + ["//agent:shard_agent"],
-        env = env,
+        env = {"ZEROSHARD_TEST_VIA_AGENTS": "1"},
+        args = ["--gtest_filter=" + ci_cases] if ci_cases else [],
         tags = tags + ([] if ci_cases else ["manual"]),
         deps = [":" + name + "_cases"],
         **kwargs
