@@ -495,6 +495,34 @@ TEST(HostAgentTest, AHostsRanksWaitingForTheSameKeysCostTheServerOneStoreWaitPer
   rmdir(dir.c_str());
 }
 
+// A rank waiting through its agent when the agent goes waits on at the
+// server, and wakes when the key is set.
+TEST(HostAgentTest, AWaitWhoseAgentGoesWaitsOnAtTheServer) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  const std::string dir = ShortTempDir();
+  const std::string socket = dir + "/agent.sock";
+  std::unique_ptr<HostAgent> agent = StartAgent(*server, socket);
+  ASSERT_NE(agent, nullptr);
+  std::unique_ptr<Client> client = ConnectThrough(*server, "unix:" + socket);
+  auto info = client->Join("agent-goes", 1, "w0", "127.0.0.1", absl::Seconds(30));
+  ASSERT_TRUE(info.ok()) << info.status();
+  absl::Status woke;
+  std::thread waiter([&] { woke = client->StoreWait({"boot"}, absl::Seconds(60)); });
+  ASSERT_TRUE(WaitFor([&] { return agent->StoreWaits().held == 1; }, absl::Seconds(20)));
+  const uint64_t before = server->kv()->WaitsBegun();
+  agent.reset();  // its waits are answered UNAVAILABLE
+  ASSERT_TRUE(WaitFor([&] { return server->kv()->WaitsBegun() > before; }, absl::Seconds(20)))
+      << "the wait did not go on at the server";
+  ASSERT_TRUE(client->StoreSet("boot", "here").ok());
+  waiter.join();
+  EXPECT_TRUE(woke.ok()) << woke;
+  client.reset();
+  std::remove(socket.c_str());
+  rmdir(dir.c_str());
+}
+
 TEST(HostAgentTest, WithoutAnAgentClientsBeatStraightToTheServer) {
   Events events;
   auto server = StartServer(&events);
