@@ -56,6 +56,9 @@ struct RunMetrics {
   std::vector<double> snapshot_copy_ms;
   std::vector<double> snapshot_transfer_ms;
   int snapshots_skipped = 0;
+  // Snapshots taken without a buddy copy: in HSDP with R >= 2 the replica
+  // peer's run is in the rank's own blob (SnapshotSchedule).
+  int snapshots_from_replicas = 0;
   int64_t snapshot_bytes_peak = 0;
   int64_t first_join_unix_ms = 0;  // when the process first asked to join (ms since the epoch)
   int64_t snapshot_committed_step = -1;

@@ -16,17 +16,19 @@ namespace zeroshard {
 namespace {
 
 // What the training thread copies, or lends the keeper's thread to copy.
+// `with_replica_peer`: the replica peer's run too (SnapshotSchedule).
 absl::StatusOr<ShardView> ViewForSnapshot(ZeroEngine& engine, const ShardIdentity& id,
-                                          const std::string& optimizer, bool on_device) {
+                                          const std::string& optimizer, bool on_device,
+                                          bool with_replica_peer) {
   if (!on_device) {
     // The engine's own host memory: the keeper's thread copies it while the
     // next step's forward and backward run (WaitCopied before the optimizer
     // changes it).
-    return ViewShard(engine, id, optimizer, true);
+    return ViewShard(engine, id, optimizer, true, with_replica_peer);
   }
   // Device memory: copied to the host here (the pause).
   absl::StatusOr<ShardSnapshot> copy =
-      SnapshotShard(engine, id, optimizer, /*with_optimizer=*/true);
+      SnapshotShard(engine, id, optimizer, /*with_optimizer=*/true, with_replica_peer);
   if (!copy.ok()) return copy.status();
   return ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
 }
@@ -34,10 +36,12 @@ absl::StatusOr<ShardView> ViewForSnapshot(ZeroEngine& engine, const ShardIdentit
 }  // namespace
 
 absl::Status SnapshotSchedule::Reserve(ZeroEngine& engine, int world) {
-  absl::StatusOr<ShardView> view = ViewShard(engine, {}, optimizer_, true);
+  absl::StatusOr<ShardView> view = ViewShard(engine, {}, optimizer_, true, FromReplicas(engine));
   if (!view.ok()) return Annotate(view.status(), "snapshot");
   constexpr int64_t kHeaderBytes = int64_t{1} << 20;  // room for the safetensors header
-  keeper_.Reserve(view->bytes + kHeaderBytes, world > 1 ? 4 : 2);
+  // Own and buddy's blob for two steps; from replicas, own only (twice the
+  // run, no buddy's).
+  keeper_.Reserve(view->bytes + kHeaderBytes, world > 1 && !FromReplicas(engine) ? 4 : 2);
   return absl::OkStatus();
 }
 
@@ -52,20 +56,31 @@ void SnapshotSchedule::RecordLastTransfer() {
 // One small collective decides two things: the commit (the latest step every
 // rank has complete, own and buddy's copy) and whether to skip this snapshot
 // because a rank's previous transfer is still in flight (then every rank
-// skips: the buddy swap needs both sides). Each rank sends
-// 2 * (complete_step + 1) + in_flight.
+// skips: the buddy swap needs both sides); and it checks that every rank
+// runs with the same --snapshot_buddy (a mix would leave one side of a swap
+// waiting). Each rank sends 4 * (complete_step + 1) + 2 * buddy_always +
+// in_flight.
 absl::StatusOr<std::vector<int>> SnapshotSchedule::VoteAndCommit(ZeroEngine& engine, bool busy) {
-  absl::StatusOr<std::vector<double>> votes = engine.GatherOverRanks(
-      2.0 * static_cast<double>(keeper_.complete_step() + 1) + (busy ? 1 : 0), "snapshot commit");
+  absl::StatusOr<std::vector<double>> votes =
+      engine.GatherOverRanks(4.0 * static_cast<double>(keeper_.complete_step() + 1) +
+                                 (buddy_always_ ? 2 : 0) + (busy ? 1 : 0),
+                             "snapshot commit");
   if (!votes.ok()) {
     return Annotate(votes.status(), "snapshot commit");
   }
   int64_t committed = std::numeric_limits<int64_t>::max();
-  std::vector<int> busy_ranks;
+  std::vector<int> busy_ranks, buddy_always;
   for (size_t r = 0; r < votes->size(); ++r) {
     const int64_t vote = static_cast<int64_t>((*votes)[r]);
     if (vote % 2 == 1) busy_ranks.push_back(static_cast<int>(r));
-    committed = std::min(committed, vote / 2 - 1);
+    if (vote / 2 % 2 == 1) buddy_always.push_back(static_cast<int>(r));
+    committed = std::min(committed, vote / 4 - 1);
+  }
+  if (!buddy_always.empty() && buddy_always.size() != votes->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank(s) ", absl::StrJoin(buddy_always, ","),
+                     " run with --snapshot_buddy=always and the "
+                     "others with auto: give every rank the same --snapshot_buddy"));
   }
   keeper_.Commit(committed);
   metrics_->snapshot_committed_step = keeper_.committed_step();
@@ -95,9 +110,14 @@ absl::Status SnapshotSchedule::Take(ZeroEngine& engine, const ShardIdentity& id,
     metrics_->snapshot_pause_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     return absl::OkStatus();
   }
-  absl::StatusOr<ShardView> view = ViewForSnapshot(engine, id, optimizer_, on_device);
+  absl::StatusOr<ShardView> view =
+      ViewForSnapshot(engine, id, optimizer_, on_device, FromReplicas(engine));
   if (!view.ok()) return Annotate(view.status(), "snapshot");
-  if (absl::Status s = keeper_.Start(*std::move(view), comm, buddy_shift, timeout_); !s.ok()) {
+  // No buddy swap when the replicas hold the rows (a null comm: complete as
+  // soon as copied).
+  GlooCommunicator* buddies = FromReplicas(engine) ? nullptr : comm;
+  if (FromReplicas(engine)) ++metrics_->snapshots_from_replicas;
+  if (absl::Status s = keeper_.Start(*std::move(view), buddies, buddy_shift, timeout_); !s.ok()) {
     return Annotate(s, "snapshot");
   }
   copy_pending_ = true;

@@ -26,8 +26,13 @@ namespace zeroshard {
 class SnapshotSchedule {
  public:
   // `metrics` outlives it; the snapshots' pauses and times go there.
-  SnapshotSchedule(const std::string& optimizer, absl::Duration timeout, RunMetrics* metrics)
-      : optimizer_(optimizer), timeout_(timeout), metrics_(metrics) {}
+  // `buddy_always`: swap a copy with the buddy even where the replicas hold
+  // the rows (--snapshot_buddy=always); otherwise, in HSDP with R >= 2
+  // replicas, each snapshot holds this rank's run and its replica peer's
+  // (ZeroEngine::replica_peer), and nothing is swapped.
+  SnapshotSchedule(const std::string& optimizer, absl::Duration timeout, bool buddy_always,
+                   RunMetrics* metrics)
+      : optimizer_(optimizer), timeout_(timeout), buddy_always_(buddy_always), metrics_(metrics) {}
 
   // The buffers, ready before the first snapshot: own and the buddy's, for
   // the step being taken and the committed one. Called after a generation's
@@ -59,9 +64,14 @@ class SnapshotSchedule {
   absl::StatusOr<std::vector<int>> VoteAndCommit(ZeroEngine& engine, bool busy);
   // Records the times of the last completed transfer once.
   void RecordLastTransfer();
+  // This generation's snapshots take the replica peer's run, not a buddy copy.
+  bool FromReplicas(const ZeroEngine& engine) const {
+    return !buddy_always_ && engine.replica_peer() >= 0;
+  }
 
   const std::string optimizer_;
   const absl::Duration timeout_;
+  const bool buddy_always_;
   RunMetrics* const metrics_;
   SnapshotKeeper keeper_;
   // A snapshot started at the last boundary may still be copying the

@@ -218,7 +218,8 @@ class Worker {
   std::unique_ptr<Generation> generation_;
 
   // Recovery state (process-wide).
-  SnapshotSchedule snapshots_{config_.engine.optimizer, config_.data_plane.timeout, &metrics_};
+  SnapshotSchedule snapshots_{config_.engine.optimizer, config_.data_plane.timeout,
+                              config_.recovery.snapshot_buddy_always, &metrics_};
   int buddy_shift_ = 1;
   int recoveries_ = 0;
   bool trained_ = false;  // completed a step in some generation

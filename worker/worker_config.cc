@@ -74,7 +74,13 @@ ABSL_FLAG(absl::Duration, rejoin_grace, absl::Seconds(30),
           "job to its survivors (with --min_world_size)");
 ABSL_FLAG(int, snapshot_every, 20,
           "Fault tolerance: every N steps each rank copies its shard state to host memory and "
-          "to its buddy rank, in the background (0: off; recovery then uses disk checkpoints)");
+          "to its buddy rank (in HSDP: also its replica's run, see --snapshot_buddy), in the "
+          "background (0: off; recovery then uses disk checkpoints)");
+ABSL_FLAG(std::string, snapshot_buddy, "auto",
+          "Fault tolerance: auto (in HSDP with 2 or more replicas a rank's snapshot also holds "
+          "its replica's run of the shard, and no copy goes to a buddy: a lost rank comes back "
+          "from its replica) | always (a buddy copy in every layout; in HSDP it also survives "
+          "the loss of every replica of a shard whose buddies live)");
 ABSL_FLAG(std::string, model, "mlp", "Model: mlp | gpt (GPT-2 decoder)");
 ABSL_FLAG(int, layers, 4, "Layers of the model (Linears of the MLP, blocks of the GPT)");
 ABSL_FLAG(int, width, 256, "MLP width (in = out features of every Linear)");
@@ -238,6 +244,11 @@ absl::Status ReadMembership(WorkerConfig* config) {
   if (r.snapshot_every < 0) {
     return Bad(absl::StrCat("--snapshot_every=", r.snapshot_every, ": expected 0 or more"));
   }
+  const std::string buddy = absl::GetFlag(FLAGS_snapshot_buddy);
+  if (buddy != "auto" && buddy != "always") {
+    return Bad(absl::StrCat("--snapshot_buddy=", buddy, ": expected auto or always"));
+  }
+  r.snapshot_buddy_always = buddy == "always";
   return absl::OkStatus();
 }
 

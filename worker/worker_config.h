@@ -66,6 +66,9 @@ struct RecoveryConfig {
   int min_world_size = 0;  // 0: never shrink
   absl::Duration rejoin_grace = absl::Seconds(30);
   int snapshot_every = 20;  // 0: no in-memory snapshots
+  // --snapshot_buddy=always: a buddy copy even where replicas hold the rows
+  // (HSDP with R >= 2); auto (false): the replica peer's run instead.
+  bool snapshot_buddy_always = false;
 };
 
 struct WorkerConfig {

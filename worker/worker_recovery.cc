@@ -37,10 +37,15 @@ absl::Status Worker::Restore() {
 absl::StatusOr<RecoveryDecision> Worker::AgreeOnSource() {
   ClientKvStore store(client_.get());
   const std::string& root = config_.checkpoint.dir;
+  const auto& members = generation_->membership.members;
+  const std::string host =
+      rank_ < static_cast<int>(members.size()) ? members[rank_].host() : std::string();
   return AgreeOnRecoverySource(
-      &store, rank_, world(), HoldingsOf(snapshots_.keeper(), trained_), generation_->plan,
+      &store, rank_, world(), HoldingsOf(snapshots_.keeper(), trained_, host), generation_->plan,
       [&] { return root.empty() ? int64_t{-1} : LatestCompleteStep(root, config_.job); },
-      config_.data_plane.timeout);
+      config_.data_plane.timeout,
+      // Stages 0-2 load every parameter row (ZeroEngine::Initialize).
+      /*every_row=*/config_.engine.stage < 3);
 }
 
 absl::Status Worker::RecoverFrom(const RecoveryDecision& decision) {
@@ -53,6 +58,7 @@ absl::Status Worker::RecoverFrom(const RecoveryDecision& decision) {
   if (timeline_.recovering() || rank_ == 0) {
     timeline_.Restored(g.membership.generation, decision.source, decision.step, world(),
                        absl::Now());
+    timeline_.Transferred(decision.transfers);
     if (rank_ == 0) {
       Progress progress;
       progress.step = decision.step;
@@ -100,6 +106,14 @@ absl::Status Worker::RestoreFromSnapshots(const RecoveryDecision& decision) {
       GatherSnapshotPieces(decision, rank_, &snapshots_.keeper(),
                            generation_->data_plane->snapshot.get(), config_.data_plane.timeout);
   if (!pieces.ok()) return pieces.status();
+  for (const SnapshotTransfer& t : decision.transfers) {
+    if (t.to != rank_) continue;
+    std::fprintf(stderr,
+                 "shard_worker rank %d: recovery: old rank %d's snapshot of step %lld from rank "
+                 "%d (%s)\n",
+                 rank_, t.old_rank, static_cast<long long>(decision.step), t.from,
+                 std::string(TransferKindName(t.kind)).c_str());
+  }
   if (pieces->reader == nullptr) return absl::OkStatus();  // a rank with no piece
   const absl::Time start = absl::Now();
   absl::Status loaded = LoadFrom(pieces->reader.get());

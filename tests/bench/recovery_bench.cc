@@ -66,8 +66,12 @@
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(bool, quick, false,
           "Small: the GPT only, fewer steps (a smoke test of the bench, not its figures)");
-ABSL_FLAG(std::string, jobs, "gpt,mlp", "Which jobs: gpt (quickstart, W=4), mlp (seed 001, W=2)");
-ABSL_FLAG(std::string, modes, "replace,shrink,disk,restart_all", "Which recoveries");
+ABSL_FLAG(std::string, jobs, "gpt,mlp",
+          "Which jobs: gpt (quickstart, W=4), mlp (seed 001, W=2), hsdp (seed 001's model at W=4 "
+          "in shard groups of 2)");
+ABSL_FLAG(std::string, modes, "replace,shrink,disk,restart_all",
+          "Which recoveries (also replace_buddy: replace with --snapshot_buddy=always, the buddy "
+          "copies HSDP's replicas make unneeded)");
 ABSL_FLAG(absl::Duration, grace, absl::Seconds(2), "--rejoin_grace of the shrink runs");
 
 namespace zeroshard {
@@ -112,6 +116,17 @@ JobSpec Mlp() {
   return j;
 }
 
+// Seed 001's model at W = 4 in HSDP (2 groups of 2): a replacement comes
+// back from its replica (replace) or from the buddies' copies
+// (replace_buddy).
+JobSpec Hsdp() {
+  JobSpec j = Mlp();
+  j.name = "hsdp";
+  j.world = 4;
+  j.flags.push_back("--shard_group_size=2");
+  return j;
+}
+
 std::string LoadAverage() {
   std::string text = testing::ReadFileOrEmpty("/proc/loadavg");
   std::vector<std::string> parts = absl::StrSplit(text, ' ');
@@ -140,6 +155,21 @@ int CompletedSteps(const std::string& log) {
   return last;
 }
 
+// "1 replica", "3 buddy + 2 replica", or "-": the blobs a restore moved.
+std::string Moved(const nlohmann::json& r) {
+  if (!r.contains("transfers") || r["transfers"].empty()) return "-";
+  std::vector<std::string> parts;
+  for (const auto& [kind, count] : r["transfers"].items()) {
+    parts.push_back(absl::StrCat(count.get<int>(), " ", kind));
+  }
+  return absl::StrJoin(parts, " + ");
+}
+
+std::string SnapshotMb(const nlohmann::json& r) {
+  const int64_t bytes = r.value("snapshot_host_bytes_peak", int64_t{0});
+  return bytes > 0 ? absl::StrFormat("%.0f", bytes / 1e6) : "-";
+}
+
 class Bench {
  public:
   explicit Bench(testing::LocalCluster* cluster) : cluster_(cluster) {}
@@ -164,6 +194,7 @@ class Bench {
     flags.push_back(
         absl::StrCat("--snapshot_every=", mode == "restart_all" || w2_disk ? 0 : job.interval));
     if (mode == "restart_all") flags.push_back("--max_recoveries=0");
+    if (mode == "replace_buddy") flags.push_back("--snapshot_buddy=always");
     if (mode == "shrink") {
       flags.push_back(absl::StrCat("--min_world_size=", job.world - 1));
       flags.push_back("--rejoin_grace=" + absl::FormatDuration(absl::GetFlag(FLAGS_grace)));
@@ -209,6 +240,13 @@ class Bench {
     out["restore_s"] = rec["restore_ms"].get<double>() / 1000;
     out["first_step_after_s"] = (rec["first_step_unix_ms"].get<double>() - kill_ms) / 1000;
     out["lost_steps"] = rec["failed_step"].get<int64_t>() - rec["restored_step"].get<int64_t>();
+    // The blobs the restore moved, by kind (replica, buddy, peer).
+    nlohmann::json kinds = nlohmann::json::object();
+    for (const nlohmann::json& t : rec.value("transfers", nlohmann::json::array())) {
+      kinds[t["kind"].get<std::string>()] = kinds.value(t["kind"].get<std::string>(), 0) + 1;
+    }
+    out["transfers"] = kinds;
+    out["snapshot_host_bytes_peak"] = report["memory"].value("snapshot_host_bytes_peak", 0);
     if (mode != "shrink") {
       nlohmann::json replaced = cluster_->Report(id, victims[0]);
       if (!replaced.is_discarded() && replaced.contains("first_join_unix_ms")) {
@@ -332,6 +370,7 @@ int Main() {
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_jobs), ',')) {
     if (name == "gpt") jobs.push_back(Gpt(quick));
     if (name == "mlp" && !quick) jobs.push_back(Mlp());
+    if (name == "hsdp" && !quick) jobs.push_back(Hsdp());
   }
   std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   if (quick) modes = {"replace", "restart_all"};
@@ -347,7 +386,8 @@ int Main() {
     }
   }
   Table table({"JOB", "W", "MODE", "SOURCE", "W'", "DETECT s", "REJOIN s", "RESTORE s",
-               "FIRST STEP s", "START s", "LOST", "PAUSE ms", "STEP ms", "TARGET", "LOAD"});
+               "FIRST STEP s", "START s", "LOST", "PAUSE ms", "STEP ms", "MOVED", "SNAPSHOT MB",
+               "TARGET", "LOAD"});
   for (nlohmann::json& r : results) {
     std::string target = "-";
     if (r.contains("error")) {
@@ -356,7 +396,7 @@ int Main() {
       std::vector<std::string> misses;
       const double first = r["first_step_after_s"];
       const double start = r.value("process_start_s", 0.0);
-      if (r["mode"] == "replace" && first > 2 + start) {
+      if ((r["mode"] == "replace" || r["mode"] == "replace_buddy") && first > 2 + start) {
         misses.push_back(absl::StrFormat("first step %.2f > 2 + %.2f", first, start));
       }
       if (r["mode"] == "shrink" && first > grace_s + 2) {
@@ -382,7 +422,7 @@ int Main() {
                       ? absl::StrFormat("%.1f", r["snapshot_pause_ms"].get<double>())
                       : "-",
                   r.contains("step_ms") ? absl::StrFormat("%.0f", r["step_ms"].get<double>()) : "-",
-                  target, r["load_before"]});
+                  Moved(r), SnapshotMb(r), target, r["load_before"]});
   }
   std::printf("%s", table.ToString().c_str());
   return WriteBenchJson(results, absl::GetFlag(FLAGS_json_out));

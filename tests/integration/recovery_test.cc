@@ -144,10 +144,11 @@ TEST_F(RecoveryTest, ReplacedWorkerResumesFromItsBuddysSnapshot) {
   ExpectEqual(Final("replace"), reference, "replace");
 }
 
-// (a) in HSDP (--shard_group_size=2: 2 groups of 2): the replacement's
-// rank computes on its group member's shard, whose runs the snapshot
-// decision brings from every replica's blob, its own from its buddy's copy.
-TEST_F(RecoveryTest, ReplacedWorkerInShardGroupsResumesFromTheSnapshots) {
+// (a) in HSDP (--shard_group_size=2: 2 groups of 2, so R = 2 replicas): each
+// rank's snapshot holds its replica peer's run of the shard too, so no buddy
+// copy is taken, and the replacement of rank 2 (member 0 of group 1) takes
+// its state from rank 0, its replica.
+TEST_F(RecoveryTest, ReplacedWorkerInShardGroupsResumesFromItsReplica) {
   ASSERT_TRUE(cluster_.ok());
   Params reference = Reference({"--snapshot_every=10", "--shard_group_size=2"});
   cluster_.StartWorkers("replace-hsdp", 4,
@@ -159,8 +160,79 @@ TEST_F(RecoveryTest, ReplacedWorkerInShardGroupsResumesFromTheSnapshots) {
   ASSERT_TRUE(AllExitZero());
   nlohmann::json report = cluster_.Report("replace-hsdp", 0);
   ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
-  EXPECT_EQ(report["recoveries"][0]["source"], "snapshot");
+  const nlohmann::json& recovery = report["recoveries"][0];
+  EXPECT_EQ(recovery["source"], "snapshot");
+  // The one blob that moved: old rank 0's, from rank 0 to the replacement.
+  EXPECT_EQ(recovery["transfers"],
+            nlohmann::json::parse(R"([{"from": 0, "to": 2, "old_rank": 0, "kind": "replica"}])"))
+      << recovery.dump();
+  // Every snapshot taken was taken without a buddy copy.
+  const int taken =
+      static_cast<int>(report["snapshot_pause_ms"].size()) - report["snapshots_skipped"].get<int>();
+  EXPECT_GT(taken, 0) << report.dump();
+  EXPECT_EQ(report["snapshots_from_replicas"], taken) << report.dump();
+  EXPECT_NE(cluster_.WorkerLog(2).find("from rank 0 (replica)"), std::string::npos)
+      << cluster_.WorkerLog(2);
   ExpectEqual(Final("replace-hsdp"), reference, "replace in HSDP");
+}
+
+// (a) at stage 2, where every rank holds every parameter row: each rank of
+// the new generation reads every row from the snapshots (before, each read
+// only its shard's blobs and the generation failed with "has no row 8 of
+// tensor '0.weight'", flat or HSDP).
+TEST_F(RecoveryTest, AtStageTwoInShardGroupsEveryRankRestoresEveryParameterRow) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::vector<std::string> stage2 = {"--snapshot_every=10", "--shard_group_size=2",
+                                           "--stage=2"};
+  Params reference = Reference(stage2);
+  cluster_.StartWorkers("stage2-hsdp", 4,
+                        Flags(Concat({absl::StrCat("--steps=", kSteps)}, stage2)));
+  ASSERT_TRUE(WaitForStep(35)) << cluster_.WorkerLog(0);
+  cluster_.worker(3)->Signal(SIGKILL);
+  cluster_.RestartWorker(3);
+  ASSERT_TRUE(AllExitZero());
+  nlohmann::json report = cluster_.Report("stage2-hsdp", 0);
+  ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
+  EXPECT_EQ(report["recoveries"][0]["source"], "snapshot");
+  ExpectEqual(Final("stage2-hsdp"), reference, "stage 2 in HSDP");
+}
+
+// (c) in HSDP, both replicas of one shard lost at once (ranks 1 and 3, member
+// 1 of each group): no snapshot covers their rows (no buddy copies are taken
+// with replicas), so the latest disk checkpoint.
+TEST_F(RecoveryTest, InShardGroupsEveryReplicaOfAShardLostFallsBackToTheDisk) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::vector<std::string> hsdp = {"--snapshot_every=10", "--checkpoint_every=20",
+                                         "--shard_group_size=2"};
+  Params reference = Reference(hsdp);
+  cluster_.StartWorkers("replicas-lost", 4,
+                        Flags(Concat({absl::StrCat("--steps=", kSteps)}, hsdp)));
+  ASSERT_TRUE(WaitForStep(50)) << cluster_.WorkerLog(0);
+  cluster_.worker(1)->Signal(SIGKILL);
+  cluster_.worker(3)->Signal(SIGKILL);
+  cluster_.RestartWorker(1);
+  cluster_.RestartWorker(3);
+  ASSERT_TRUE(AllExitZero());
+  const std::string log = cluster_.WorkerLog(0);
+  EXPECT_NE(log.find("from disk"), std::string::npos) << log;
+  EXPECT_NE(log.find("every replica of a shard"), std::string::npos) << log;
+  ExpectEqual(Final("replicas-lost"), reference, "both replicas lost");
+}
+
+// Ranks that disagree on --snapshot_buddy would leave one side of a buddy
+// swap waiting: the first snapshot's vote refuses the job on every rank,
+// naming the ranks.
+TEST_F(RecoveryTest, RanksDisagreeingOnSnapshotBuddyAreRefusedByName) {
+  ASSERT_TRUE(cluster_.ok());
+  cluster_.StartWorkers("mixed-buddy", 2, Flags({"--steps=12", "--snapshot_every=5"}),
+                        {{1, {"--snapshot_buddy=always"}}});
+  const std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(codes[r], 0) << cluster_.WorkerLog(r);
+    EXPECT_NE(cluster_.WorkerLog(r).find("rank(s) 1 run with --snapshot_buddy=always"),
+              std::string::npos)
+        << cluster_.WorkerLog(r);
+  }
 }
 
 // (b) no restart, --min_world_size=3: shrinks after the grace. The

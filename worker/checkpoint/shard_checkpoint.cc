@@ -49,8 +49,8 @@ TensorEntry PieceEntry(ShardTensorKind kind, const ZeroEngine::PieceView& piece)
 }  // namespace
 
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
-                                            const std::string& optimizer_name,
-                                            bool with_optimizer) {
+                                            const std::string& optimizer_name, bool with_optimizer,
+                                            bool with_replica_peer) {
   ShardSnapshot snap;
   snap.id = id;
   snap.optimizer = optimizer_name;
@@ -60,19 +60,21 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
   // on a device backend the visit's host copies are gone after it.
   std::vector<TensorEntry> moment_entries;
   std::vector<std::vector<float>> moment_values;
-  absl::Status s = engine.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
-    snap.entries.push_back(PieceEntry(ShardTensorKind::kParams, piece));
-    snap.values.emplace_back(piece.params, piece.params + piece.elements);
-    if (with_optimizer && piece.exp_avg != nullptr) {
-      moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvg, piece));
-      moment_values.emplace_back(piece.exp_avg, piece.exp_avg + piece.elements);
-      if (piece.exp_avg_sq != nullptr) {
-        moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvgSq, piece));
-        moment_values.emplace_back(piece.exp_avg_sq, piece.exp_avg_sq + piece.elements);
-      }
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s = engine.ForEachOwnPiece(
+      [&](const ZeroEngine::PieceView& piece) {
+        snap.entries.push_back(PieceEntry(ShardTensorKind::kParams, piece));
+        snap.values.emplace_back(piece.params, piece.params + piece.elements);
+        if (with_optimizer && piece.exp_avg != nullptr) {
+          moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvg, piece));
+          moment_values.emplace_back(piece.exp_avg, piece.exp_avg + piece.elements);
+          if (piece.exp_avg_sq != nullptr) {
+            moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvgSq, piece));
+            moment_values.emplace_back(piece.exp_avg_sq, piece.exp_avg_sq + piece.elements);
+          }
+        }
+        return absl::OkStatus();
+      },
+      with_replica_peer);
   if (!s.ok()) return s;
   for (size_t i = 0; i < moment_entries.size(); ++i) {
     snap.entries.push_back(std::move(moment_entries[i]));
@@ -83,7 +85,8 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
 }
 
 absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
-                                    const std::string& optimizer_name, bool with_optimizer) {
+                                    const std::string& optimizer_name, bool with_optimizer,
+                                    bool with_replica_peer) {
   ShardView view;
   view.id = id;
   view.optimizer = optimizer_name;
@@ -95,17 +98,19 @@ absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
     v->bytes += elements * static_cast<int64_t>(sizeof(float));
   };
   ShardView moments;  // appended after every parameter, as SnapshotShard does
-  absl::Status s = engine.ForEachOwnPiece([&](const ZeroEngine::PieceView& piece) {
-    add(&view, PieceEntry(ShardTensorKind::kParams, piece), piece.params, piece.elements);
-    if (with_optimizer && piece.exp_avg != nullptr) {
-      add(&moments, PieceEntry(ShardTensorKind::kExpAvg, piece), piece.exp_avg, piece.elements);
-      if (piece.exp_avg_sq != nullptr) {
-        add(&moments, PieceEntry(ShardTensorKind::kExpAvgSq, piece), piece.exp_avg_sq,
-            piece.elements);
-      }
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s = engine.ForEachOwnPiece(
+      [&](const ZeroEngine::PieceView& piece) {
+        add(&view, PieceEntry(ShardTensorKind::kParams, piece), piece.params, piece.elements);
+        if (with_optimizer && piece.exp_avg != nullptr) {
+          add(&moments, PieceEntry(ShardTensorKind::kExpAvg, piece), piece.exp_avg, piece.elements);
+          if (piece.exp_avg_sq != nullptr) {
+            add(&moments, PieceEntry(ShardTensorKind::kExpAvgSq, piece), piece.exp_avg_sq,
+                piece.elements);
+          }
+        }
+        return absl::OkStatus();
+      },
+      with_replica_peer);
   if (!s.ok()) return s;
   for (size_t i = 0; i < moments.entries.size(); ++i) {
     add(&view, std::move(moments.entries[i]), moments.values[i], moments.elements[i]);

@@ -44,9 +44,12 @@ struct ShardSnapshot {
 
 // Copies this rank's pieces (and moments, if `with_optimizer` and the
 // optimizer has them). Runs on the training thread: this is the pause.
+// `with_replica_peer`: also the next replica's run of the same shard
+// (ZeroEngine::ForEachOwnPiece), for in-memory snapshots in HSDP; never for
+// checkpoints, where every element is saved once.
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
-                                            const std::string& optimizer_name,
-                                            bool with_optimizer);
+                                            const std::string& optimizer_name, bool with_optimizer,
+                                            bool with_replica_peer = false);
 
 // This rank's state as pointers to f32 values, in file order (every
 // parameter piece, then the moments): what SerializeShardInto copies from.
@@ -69,7 +72,8 @@ struct ShardView {
 // (ZeroEngine::Step) or Initialize*, which the caller must hold back until
 // the last read.
 absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
-                                    const std::string& optimizer_name, bool with_optimizer);
+                                    const std::string& optimizer_name, bool with_optimizer,
+                                    bool with_replica_peer = false);
 // A view of a snapshot's copies (any backend); keeps `snapshot` alive.
 ShardView ViewOf(std::shared_ptr<const ShardSnapshot> snapshot);
 

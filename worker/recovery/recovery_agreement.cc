@@ -29,16 +29,17 @@ absl::StatusOr<std::vector<RankHoldings>> ReadEveryRanksHoldings(KeyValueStore* 
 
 }  // namespace
 
-RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor) {
+RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor, const std::string& host) {
   RankHoldings mine;
   mine.survivor = survivor;
+  mine.host = host;
   for (const auto& blob : keeper.Holdings()) mine.blobs.push_back(blob->Describe());
   return mine;
 }
 
 absl::StatusOr<RecoveryDecision> AgreeOnRecoverySource(
     KeyValueStore* store, int rank, int world, const RankHoldings& mine, const ShardPlan& plan,
-    const std::function<int64_t()>& latest_disk_step, absl::Duration timeout) {
+    const std::function<int64_t()>& latest_disk_step, absl::Duration timeout, bool every_row) {
   assert(rank >= 0 && rank < world);
   if (absl::Status s = store->Set(HoldingsKey(rank), RankHoldingsToJson(mine)); !s.ok()) return s;
   if (rank != 0) {
@@ -52,7 +53,7 @@ absl::StatusOr<RecoveryDecision> AgreeOnRecoverySource(
   // The disk is read only when some rank has state (as before: a fresh job
   // never lists the checkpoint root here).
   const int64_t disk_step = AnyRankHasState(*holdings) ? latest_disk_step() : -1;
-  const RecoveryDecision decision = DecideSource(*holdings, plan, disk_step);
+  const RecoveryDecision decision = DecideSource(*holdings, plan, disk_step, every_row);
   if (absl::Status s = store->Set(kDecisionKey, RecoveryDecisionToJson(decision)); !s.ok()) {
     return s;
   }

@@ -17,16 +17,17 @@
 
 namespace zeroshard {
 
-// What this rank brings: the blobs `keeper` holds, and whether it trained in
-// an earlier generation.
-RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor);
+// What this rank brings: the blobs `keeper` holds, whether it trained in
+// an earlier generation, and its `host` (the member table's).
+RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor, const std::string& host);
 
 // Runs the agreement as `rank` of `world` with the new `plan`. Rank 0 calls
 // `latest_disk_step` (-1: no complete disk checkpoint). Each wait on the store
-// lasts at most `timeout`. REQUIRES: 0 <= rank < world.
+// lasts at most `timeout`. `every_row`: DecideSource's. REQUIRES: 0 <= rank < world.
 absl::StatusOr<RecoveryDecision> AgreeOnRecoverySource(
     KeyValueStore* store, int rank, int world, const RankHoldings& mine, const ShardPlan& plan,
-    const std::function<int64_t()>& latest_disk_step, absl::Duration timeout);
+    const std::function<int64_t()>& latest_disk_step, absl::Duration timeout,
+    bool every_row = false);
 
 }  // namespace zeroshard
 

@@ -2,10 +2,14 @@
 // from what every rank holds, and read by every rank. See docs/recovery.md.
 //
 // The tiers, cheapest first:
-//   kSnapshot  the latest step whose in-memory blobs of every old rank are held
-//              by some member (survivors' own copies, the buddies' copies);
-//              blobs missing on a rank move over the data plane, and each rank
-//              reads its new plan's rows from the old pieces;
+//   kSnapshot  the latest step whose in-memory blobs, together, cover every
+//              row of the model (survivors' own blobs, the buddies' copies,
+//              and in HSDP the replicas' blobs, which hold their replica
+//              peer's rows too: SnapshotSchedule); each rank picks a cover of
+//              its new plan's rows among the blobs (its own first, then
+//              blobs held on its host, then any holder, spread), the blobs
+//              it lacks move over the data plane, and it reads its rows from
+//              the old pieces;
 //   kDisk      the latest complete disk checkpoint, when it is newer than every
 //              complete snapshot step, or when no snapshot step is complete (a
 //              rank and its buddy were both lost);
@@ -52,19 +56,32 @@ struct BlobDescription {
   int64_t bytes = 0;             // the blob's size
   uint64_t xxh64 = 0;            // BlobChecksum of the blob
   std::vector<RowRange> pieces;  // the parameter pieces it holds
+  // The holder received it (a buddy's copy, or moved in a recovery) rather
+  // than saved it.
+  bool received = false;
 };
 
 // What one rank of the new generation brings to the agreement.
 struct RankHoldings {
   bool survivor = false;  // it completed a step in some earlier generation
   std::vector<BlobDescription> blobs;
+  std::string host;  // where it runs ("": unknown); a source on the same host is preferred
 };
+
+// Where a transferred blob comes from, for logs and the run report:
+//   kReplica  the sender saved it and is a replica of the receiver in the new
+//             plan's shard groups (HSDP: it holds the same shard);
+//   kBuddy    the sender holds a received copy (the buddy snapshot);
+//   kPeer     the sender saved it, not a replica (resharding after a shrink).
+enum class TransferKind { kReplica, kBuddy, kPeer };
+absl::string_view TransferKindName(TransferKind kind);  // "replica", "buddy", "peer"
 
 // Old rank `old_rank`'s blob goes from new rank `from` to new rank `to`.
 struct SnapshotTransfer {
   int from = 0;
   int to = 0;
   int old_rank = 0;
+  TransferKind kind = TransferKind::kPeer;
 };
 
 struct BlobSize {
@@ -81,7 +98,8 @@ struct RecoveryDecision {
   int old_world_size = 0;
   std::string plan_hash;  // the old plan's
   std::vector<SnapshotTransfer> transfers;
-  // By new rank: the old ranks whose pieces its new pieces overlap (ascending).
+  // By new rank: the old ranks whose blobs it reads its new pieces from: a
+  // cover of its rows (ascending).
   std::vector<std::vector<int>> needs;
   std::map<int, BlobSize> blobs;  // by old rank
 };
@@ -91,11 +109,15 @@ bool AnyRankHasState(const std::vector<RankHoldings>& holdings);
 
 // The decision for a generation whose ranks hold `holdings` (indexed by new
 // rank), with the new `plan`, and `disk_step` the latest complete disk
-// checkpoint (-1: none). Deterministic: among complete snapshot steps the
+// checkpoint (-1: none). A snapshot step is complete when its blobs held
+// cover every row of every tensor in `plan` (with an empty plan: when a blob
+// of every old rank is held). Deterministic: among complete snapshot steps the
 // latest wins, ties going to the smaller old world size, then plan hash.
 // REQUIRES: plan.world_size == holdings.size() (or an empty plan).
+// `every_row`: each rank loads every parameter row (stages 0-2 replicate the
+// parameters), not only its shard's.
 RecoveryDecision DecideSource(const std::vector<RankHoldings>& holdings, const ShardPlan& plan,
-                              int64_t disk_step);
+                              int64_t disk_step, bool every_row = false);
 
 // ---- The KV edge ----
 // The JSON forms are spoken only between workers of one build. The parsers

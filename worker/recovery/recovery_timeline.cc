@@ -22,7 +22,18 @@ void RecoveryTimeline::Restored(int64_t generation, RecoverySource source, int64
   if (recovering_) record_.set_rejoin_ms(absl::ToDoubleMilliseconds(joined_ - failure_));
   record_.set_restore_ms(absl::ToDoubleMilliseconds(now - joined_));
   record_.set_phase("restored");
+  transfers_ = nlohmann::json::array();
   recovering_ = true;  // a replacement too: its first step completes the record
+}
+
+void RecoveryTimeline::Transferred(const std::vector<SnapshotTransfer>& transfers) {
+  transfers_ = nlohmann::json::array();
+  for (const SnapshotTransfer& t : transfers) {
+    transfers_.push_back({{"from", t.from},
+                          {"to", t.to},
+                          {"old_rank", t.old_rank},
+                          {"kind", std::string(TransferKindName(t.kind))}});
+  }
 }
 
 std::optional<nlohmann::json> RecoveryTimeline::FirstStepDone(absl::Time now) {
@@ -40,6 +51,7 @@ std::optional<nlohmann::json> RecoveryTimeline::FirstStepDone(absl::Time now) {
                         {"rejoin_ms", record_.rejoin_ms()},
                         {"restore_ms", record_.restore_ms()},
                         {"first_step_ms", record_.first_step_ms()},
+                        {"transfers", transfers_},
                         // Wall-clock times, for benchmarks that kill from outside (ms since the
                         // Unix epoch; 0: not this process's).
                         {"failure_seen_unix_ms", saw_failure ? absl::ToUnixMillis(failure_) : 0},

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
@@ -32,6 +33,10 @@ class RecoveryTimeline {
   // Starts a new record; a replacement too is recovering() until its first
   // step.
   void Restored(int64_t generation, RecoverySource source, int64_t step, int world, absl::Time now);
+  // The snapshot blobs that moved in that restore (every rank's, as decided),
+  // for the record's "transfers": who sent which old rank's blob, and whether
+  // from a replica or a buddy's copy. Call after Restored.
+  void Transferred(const std::vector<SnapshotTransfer>& transfers);
   // The first step after a restore completed: ends recovering() and, for a
   // generation after the first, returns the run report's record of it.
   std::optional<nlohmann::json> FirstStepDone(absl::Time now);
@@ -46,6 +51,7 @@ class RecoveryTimeline {
   absl::Time joined_;
   int64_t failed_step_ = 0;
   v1::RecoveryRecord record_;
+  nlohmann::json transfers_ = nlohmann::json::array();
 };
 
 }  // namespace zeroshard

@@ -25,8 +25,8 @@ int Mod(int a, int b) { return ((a % b) + b) % b; }
 }  // namespace
 
 BlobDescription SnapshotBlob::Describe() const {
-  return {step, rank, world_size, plan_hash, data_row, static_cast<int64_t>(bytes.size()), xxh64,
-          pieces};
+  return {step,  rank,   world_size, plan_hash, data_row, static_cast<int64_t>(bytes.size()),
+          xxh64, pieces, received};
 }
 
 int BuddyShift(const std::vector<std::string>& hosts) {
@@ -120,6 +120,7 @@ absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, u
   }
   blob->bytes = std::move(bytes);
   blob->xxh64 = xxh64;
+  blob->received = true;
   return blob;
 }
 

@@ -5,7 +5,9 @@
 // XXH64 of its header, which holds the tensors' XXH64s) is swapped with the buddies over the data
 // plane's "snapshot" context: rank r sends its blob to (r + k) mod W and keeps the blob of (r - k)
 // mod W, where k is the smallest shift that puts every rank's buddy on another host (1 when the job
-// runs on one host).
+// runs on one host). In HSDP with R >= 2 replicas the view also holds the
+// replica peer's run and Start gets no communicator: nothing is swapped, and
+// a step is complete on a rank as soon as its copy is (SnapshotSchedule).
 //
 // Off the training thread. The shard state changes only in the optimizer
 // step, so the copy out of the engine runs on the keeper's thread while the
@@ -64,6 +66,7 @@ struct SnapshotBlob {
   std::string bytes;             // a shard file's bytes
   uint64_t xxh64 = 0;            // BlobChecksum(bytes)
   std::vector<RowRange> pieces;  // the parameter pieces it holds
+  bool received = false;         // parsed from bytes sent by another rank (BlobFromBytes)
 
   // Everything but the bytes, for the recovery's agreement.
   BlobDescription Describe() const;
@@ -162,7 +165,7 @@ class SnapshotKeeper {
 uint64_t BlobChecksum(const std::string& bytes);
 
 // Parses a blob's bytes back (the metadata and parameter pieces): for a
-// blob received whole. DATA_LOSS when `xxh64` (BlobChecksum) does not match
+// blob received whole (marked received). DATA_LOSS when `xxh64` (BlobChecksum) does not match
 // or a tensor's bytes do not match the XXH64 its header records.
 absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64);
 

@@ -429,6 +429,7 @@ absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
       s.flat_offset = layout.tensor_offsets[p.tensor] + p.row_begin * t.RowElements();
       s.length = (p.row_end - p.row_begin) * t.RowElements();
       if (p.rank == rank_) layout.saved.push_back(s);
+      if (p.rank == replica_peer()) layout.replica_peer_saved.push_back(s);
       segments.push_back(s);
     }
     if (group_size_ < world_) segments = JoinReplicaRuns(std::move(segments));
@@ -1251,15 +1252,27 @@ absl::StatusOr<double> ZeroEngine::ParamsSum() {
   return *mean * world_;
 }
 
-absl::Status ZeroEngine::ForEachOwnPiece(
-    const std::function<absl::Status(const PieceView&)>& visit) {
+int ZeroEngine::replica_peer() const {
+  const int replicas = world_ / group_size_;
+  if (replicas < 2) return -1;
+  return ((rank_ / group_size_ + 1) % replicas) * group_size_ + rank_ % group_size_;
+}
+
+absl::Status ZeroEngine::ForEachOwnPiece(const std::function<absl::Status(const PieceView&)>& visit,
+                                         bool with_replica_peer) {
   const bool bf16_params = options_.param_dtype == DType::kBF16;
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   std::vector<std::vector<float>> host;  // staging, device backends only
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = units_[u];
     UnitState& st = *state_[u];
-    for (const Segment& seg : layout.saved) {
+    std::vector<const Segment*> pieces;
+    for (const Segment& seg : layout.saved) pieces.push_back(&seg);
+    if (with_replica_peer) {
+      for (const Segment& seg : layout.replica_peer_saved) pieces.push_back(&seg);
+    }
+    for (const Segment* piece : pieces) {
+      const Segment& seg = *piece;
       PieceView view;
       view.tensor = &layout.tensors[seg.tensor];
       view.row_begin = seg.row_begin;

@@ -154,6 +154,12 @@ struct UnitLayout {
   // pieces. Without shard groups, the own segments; with them, this rank's
   // run of its member's shard (the replicas save disjoint runs of it).
   std::vector<Segment> saved;
+  // With shard groups and R = W / G >= 2 replicas: the next replica's run of
+  // the same member's shard (rank ((r / G + 1) mod R) G + r % G), which this
+  // rank holds too. A snapshot of saved + these covers the runs of two
+  // replicas, so that any one lost rank's rows survive on its replica
+  // without a buddy copy (SnapshotSchedule).
+  std::vector<Segment> replica_peer_saved;
   // The segments as the communicators' block layout (shard = chunk, full =
   // flat): gathers and reductions move data straight between the two.
   std::vector<ShardBlock> blocks;
@@ -248,7 +254,13 @@ class ZeroEngine {
     float* exp_avg_sq;  // null without moments
     int64_t elements;
   };
-  absl::Status ForEachOwnPiece(const std::function<absl::Status(const PieceView&)>& visit);
+  // `with_replica_peer`: also the next replica's run (UnitLayout::replica_peer_saved),
+  // after this rank's own pieces.
+  absl::Status ForEachOwnPiece(const std::function<absl::Status(const PieceView&)>& visit,
+                               bool with_replica_peer = false);
+  // The rank whose run ForEachOwnPiece(.., true) adds; -1 without replicas
+  // (no shard groups).
+  int replica_peer() const;
   int64_t optimizer_step() const;
   void set_optimizer_step(int64_t step);
 
