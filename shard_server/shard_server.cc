@@ -52,7 +52,8 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptions options) {
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::MakeComponents(
+    ShardServerOptions options) {
   std::unique_ptr<ShardServer> server(new ShardServer());
   server->options_ = options;
   if (options.clock != nullptr) server->clock_ = options.clock;
@@ -65,6 +66,20 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptio
   if (absl::Status s = server->MakeMembershipAndStores(); !s.ok()) return s;
   if (absl::Status s = server->OpenCheckpoints(); !s.ok()) return s;
   server->MakeServices();
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::StartWithoutNetwork(
+    ShardServerOptions options) {
+  absl::StatusOr<std::unique_ptr<ShardServer>> server = MakeComponents(std::move(options));
+  if (server.ok()) (*server)->membership_->StartGrace();
+  return server;
+}
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(ShardServerOptions options) {
+  absl::StatusOr<std::unique_ptr<ShardServer>> made = MakeComponents(options);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<ShardServer> server = *std::move(made);
   if (absl::Status s = server->StartGrpc(); !s.ok()) return s;
   if (absl::Status s = server->StartHttp(); !s.ok()) return s;
   server->server_->GetHealthCheckService()->SetServingStatus(true);
@@ -297,28 +312,28 @@ absl::Status ShardServer::StartHttp() {
 }
 
 void ShardServer::TickLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.tick)) Tick();
+}
+
+void ShardServer::Tick() {
   // Diagnosis looks at every member: twice a second is fine-grained enough
   // for reports due after seconds.
   constexpr absl::Duration kAnalyzeEvery = absl::Milliseconds(500);
-  absl::Time next_analysis = clock_->Now();
-  bool history_ok = true;
-  while (!stop_.WaitForNotificationWithTimeout(options_.tick)) {
-    membership_->Tick();
-    kv_->Tick();
-    if (clock_->Now() >= next_analysis) {
-      // On an arena: every member's telemetry is copied, and freed at once.
-      google::protobuf::Arena arena;
-      auto* status = google::protobuf::Arena::CreateMessage<v1::GetStatusResponse>(&arena);
-      membership_->FillStatus("", status);
-      diagnosis_->Analyze(*status);
-      if (absl::Status s = history_->Record(*status, clock_->Now()); !s.ok() && history_ok) {
-        log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
-      } else {
-        history_ok = s.ok();
-      }
-      next_analysis = clock_->Now() + kAnalyzeEvery;
-    }
+  absl::MutexLock lock(&tick_mu_);
+  membership_->Tick();
+  kv_->Tick();
+  if (clock_->Now() < next_analysis_) return;
+  // On an arena: every member's telemetry is copied, and freed at once.
+  google::protobuf::Arena arena;
+  auto* status = google::protobuf::Arena::CreateMessage<v1::GetStatusResponse>(&arena);
+  membership_->FillStatus("", status);
+  diagnosis_->Analyze(*status);
+  if (absl::Status s = history_->Record(*status, clock_->Now()); !s.ok() && history_ok_) {
+    log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
+  } else {
+    history_ok_ = s.ok();
   }
+  next_analysis_ = clock_->Now() + kAnalyzeEvery;
 }
 
 void ShardServer::Wait() { stop_.WaitForNotification(); }
@@ -335,12 +350,14 @@ void ShardServer::Shutdown() {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
-  http_.reset();                   // its pages read the components below
-  if (server_ == nullptr) return;  // Start failed before serving
-  // Held calls are answered by the shutdown's cancellation.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  server_->Wait();
-  call_queues_->Stop();  // every stream is cancelled: their last events drain
+  http_.reset();  // its pages read the components below
+  // Null: Start failed before serving, or StartWithoutNetwork.
+  if (server_ != nullptr) {
+    // Held calls are answered by the shutdown's cancellation.
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_->Wait();
+    call_queues_->Stop();  // every stream is cancelled: their last events drain
+  }
   // Consolidation threads see their calls cancelled and stop.
   if (checkpoints_ != nullptr) checkpoints_->WaitIdle();
   if (checkpoint_verifier_ != nullptr) checkpoint_verifier_->Stop();

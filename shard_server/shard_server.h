@@ -92,6 +92,13 @@ struct ShardServerOptions {
 class ShardServer {
  public:
   static absl::StatusOr<std::unique_ptr<ShardServer>> Start(ShardServerOptions options);
+  // The same components, wired the same way, without the network: no gRPC
+  // server, no metrics port and no timer thread. The caller calls the
+  // handlers of coordinator() and checkpoints() directly and Tick() when
+  // time has passed (tests/fuzz/service_fuzzer.cc: thousands of call
+  // sequences a second, where the gRPC path allows tens).
+  static absl::StatusOr<std::unique_ptr<ShardServer>> StartWithoutNetwork(
+      ShardServerOptions options);
   ~ShardServer();  // Shutdown()
 
   int port() const { return port_; }
@@ -106,15 +113,24 @@ class ShardServer {
   void Wait();
   void Shutdown();
 
+  // One pass of the server's timer: dead members, expired joins and held
+  // KV calls, and (every 500 ms of the clock) diagnosis and history. The
+  // timer thread calls it every `tick`; StartWithoutNetwork's caller does.
+  void Tick();
+
   Membership* membership() { return membership_.get(); }
   KvStore* kv() { return kv_.get(); }
+  CoordinatorService* coordinator() { return service_.get(); }
+  CheckpointService* checkpoints() { return checkpoints_.get(); }
+  JobCredentials* credentials() { return credentials_.get(); }
   // Null without a checkpoint root or with verify_checkpoints off.
   CheckpointVerifier* checkpoint_verifier() { return checkpoint_verifier_.get(); }
 
  private:
   ShardServer() = default;
   void TickLoop();
-  // Start's steps, in order.
+  // Start's steps, in order (StartWithoutNetwork: the first four).
+  static absl::StatusOr<std::unique_ptr<ShardServer>> MakeComponents(ShardServerOptions options);
   absl::Status OpenState();
   absl::Status MakeMembershipAndStores();
   absl::Status OpenCheckpoints();
@@ -152,6 +168,9 @@ class ShardServer {
   std::string address_;
   absl::Notification stop_;
   std::thread ticker_;
+  absl::Mutex tick_mu_;  // one Tick at a time
+  absl::Time next_analysis_ ABSL_GUARDED_BY(tick_mu_) = absl::InfinitePast();
+  bool history_ok_ ABSL_GUARDED_BY(tick_mu_) = true;  // the last history record succeeded
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

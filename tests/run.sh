@@ -130,11 +130,12 @@ done
 # Fuzzing smoke: the parser fuzzers (tests/fuzz, ASan + UBSan, clang) run 15 s
 # each from their seed corpora, one after the other (~1.5 minutes). A target
 # counts as one test: passed when it built, ran and found nothing. Last,
-# because the fuzz configuration re-points bazel-testlogs. server_fuzzer is
-# left to tests/bench/fuzz_bench.py: its ASan build of the whole server costs
-# ~6 minutes on a cold 2-core machine and it runs ~25 inputs/s, so 15 s of it
-# would add little. (Every target's corpus replay, server_fuzzer's included,
-# built by the default compiler, already ran above as //tests/fuzz:*_fuzzer.)
+# because the fuzz configuration re-points bazel-testlogs. The server fuzzers
+# (service_fuzzer, server_fuzzer) are left to tests/bench/fuzz_bench.py: the
+# ASan build of the whole server costs ~8 more minutes on a cold 2-core
+# machine (494 s after the parsers' 741 s, at load 11-22; docs/testing.md).
+# (Every target's corpus replay, the server fuzzers' included, built by the
+# default compiler, already ran above as //tests/fuzz:*_fuzzer.)
 FUZZ_TARGETS=${FUZZ_TARGETS:-safetensors_fuzzer,shard_file_fuzzer,manifest_fuzzer,model_spec_fuzzer,token_shard_fuzzer,hf_config_fuzzer}
 FUZZ_JSON=/tmp/zeroshard-fuzz-smoke.json
 rm -f "$FUZZ_JSON"

@@ -162,7 +162,8 @@ absl::Status SqlDatabase::Connection::Execute(absl::string_view what, const char
 
 absl::StatusOr<std::unique_ptr<SqlDatabase>> SqlDatabase::Open(const std::string& path,
                                                                absl::string_view name,
-                                                               Durability durability) {
+                                                               Durability durability,
+                                                               int checkpoint_pages) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
@@ -184,6 +185,20 @@ absl::StatusOr<std::unique_ptr<SqlDatabase>> SqlDatabase::Open(const std::string
     absl::Status s = database->ExecuteLocked("open", sql);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
   }
+  if (!database->wal_path_.empty()) {
+    // The hook replaces SQLite's automatic checkpoint (itself a WAL hook),
+    // which would copy the WAL and fsync under mu_ in a COMMIT; it only
+    // notes the WAL's size, and Sync() checkpoints.
+    database->path_ = path;
+    database->checkpoint_pages_ = std::max(1, checkpoint_pages);
+    sqlite3_wal_hook(
+        db,
+        [](void* self, sqlite3*, const char*, int pages) {
+          static_cast<SqlDatabase*>(self)->wal_pages_.store(pages, std::memory_order_relaxed);
+          return SQLITE_OK;
+        },
+        database.get());
+  }
   return database;
 }
 
@@ -191,6 +206,10 @@ SqlDatabase::~SqlDatabase() {
   {
     absl::MutexLock lock(&sync_mu_);
     if (wal_fd_ >= 0) close(wal_fd_);
+  }
+  {
+    absl::MutexLock lock(&checkpoint_mu_);
+    sqlite3_close(checkpointer_);  // a no-op for null
   }
   absl::MutexLock lock(&mu_);
   sqlite3_close(db_);
@@ -214,9 +233,14 @@ absl::Status SqlDatabase::TransactionSyncedLater(Body body) {
 }
 
 absl::Status SqlDatabase::Sync(int64_t commit) {
-  if (wal_path_.empty() || synced_.load(std::memory_order_acquire) >= commit) {
-    return absl::OkStatus();
-  }
+  if (wal_path_.empty()) return absl::OkStatus();
+  absl::Status synced = SyncWal(commit);
+  MaybeCheckpoint();  // after: the caller's commit is durable first
+  return synced;
+}
+
+absl::Status SqlDatabase::SyncWal(int64_t commit) {
+  if (synced_.load(std::memory_order_acquire) >= commit) return absl::OkStatus();
   absl::MutexLock lock(&sync_mu_);
   // A sync while we waited may have covered it.
   if (synced_.load(std::memory_order_acquire) >= commit) return absl::OkStatus();
@@ -231,6 +255,37 @@ absl::Status SqlDatabase::Sync(int64_t commit) {
   }
   synced_.store(covered, std::memory_order_release);
   return absl::OkStatus();
+}
+
+void SqlDatabase::MaybeCheckpoint() {
+  if (wal_pages_.load(std::memory_order_relaxed) < checkpoint_pages_) return;
+  // One at a time; a caller that finds one running goes on (it would find
+  // nothing left to copy).
+  if (!checkpoint_mu_.TryLock()) return;
+  if (checkpointer_ == nullptr) {
+    // A read first: a connection opens the WAL only once it reads the
+    // database, and a checkpoint without it copies nothing.
+    if (sqlite3_open_v2(path_.c_str(), &checkpointer_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX,
+                        nullptr) != SQLITE_OK ||
+        sqlite3_exec(checkpointer_, "SELECT COUNT(*) FROM sqlite_master;", nullptr, nullptr,
+                     nullptr) != SQLITE_OK) {
+      sqlite3_close(checkpointer_);  // a later Sync tries again
+      checkpointer_ = nullptr;
+    }
+  }
+  int wal_frames = 0;
+  int copied = 0;
+  // PASSIVE: copies what no reader still needs, never waits for the writer
+  // (which goes on committing to the WAL meanwhile). With every frame copied,
+  // the writer's next commit starts the WAL again from its beginning.
+  if (checkpointer_ != nullptr &&
+      sqlite3_wal_checkpoint_v2(checkpointer_, "main", SQLITE_CHECKPOINT_PASSIVE, &wal_frames,
+                                &copied) == SQLITE_OK &&
+      wal_frames >= 0 && copied == wal_frames) {
+    checkpoints_.fetch_add(1, std::memory_order_relaxed);
+    wal_pages_.store(0, std::memory_order_relaxed);  // until the next commit's hook
+  }
+  checkpoint_mu_.Unlock();
 }
 
 absl::Status SqlDatabase::TransactionLocked(Body body) {

@@ -121,12 +121,19 @@ class SqlDatabase {
   // corrupt the file (history).
   enum class Durability { kFull, kOff };
 
+  // SQLite's default: the WAL is copied into the database once it holds
+  // this many pages (4 KiB each).
+  static constexpr int kCheckpointPages = 1000;
+
   // Opens or creates `path` (":memory:" keeps it in memory) in WAL mode.
   // `name` ("state store") starts every error message. UNAVAILABLE when the
-  // file cannot be opened.
-  static absl::StatusOr<std::unique_ptr<SqlDatabase>> Open(const std::string& path,
-                                                           absl::string_view name,
-                                                           Durability durability);
+  // file cannot be opened. kFull on a file: no commit copies the WAL into the
+  // database (a checkpoint, which fsyncs both, would run under the mutex of
+  // whoever commits); Sync() does, on a connection of its own, once the WAL
+  // holds `checkpoint_pages`, so the WAL stays bounded.
+  static absl::StatusOr<std::unique_ptr<SqlDatabase>> Open(
+      const std::string& path, absl::string_view name, Durability durability,
+      int checkpoint_pages = kCheckpointPages);
   // An in-memory database that starts as `replica`'s last image and saves
   // its image to `replica` after every commit; a transaction whose image is
   // not saved is undone (the database goes back to the last saved image)
@@ -156,8 +163,14 @@ class SqlDatabase {
   int64_t LastCommit() const { return committed_.load(std::memory_order_acquire); }
   // Makes every commit up to `commit` durable (fdatasync of the WAL file);
   // returns at once when a Sync already covered it, and for kOff and
-  // replicated databases. UNAVAILABLE when the disk refuses.
-  absl::Status Sync(int64_t commit) ABSL_LOCKS_EXCLUDED(sync_mu_);
+  // replicated databases. UNAVAILABLE when the disk refuses. Then, when the
+  // WAL holds checkpoint_pages and no other caller is at it, checkpoints it
+  // (a failed checkpoint is tried again by a later Sync).
+  absl::Status Sync(int64_t commit) ABSL_LOCKS_EXCLUDED(sync_mu_, checkpoint_mu_);
+  // Pages in the WAL after the last commit (kFull on a file; 0 otherwise).
+  int wal_pages() const { return wal_pages_.load(std::memory_order_relaxed); }
+  // Checkpoints Sync() completed: for tests.
+  int64_t checkpoints() const { return checkpoints_.load(std::memory_order_relaxed); }
   // Runs `body`'s queries, which see what the last transaction committed.
   // A statement that would write fails: writes need Transaction().
   absl::Status Read(Body body) ABSL_LOCKS_EXCLUDED(mu_);
@@ -173,6 +186,10 @@ class SqlDatabase {
   absl::Status DeserializeLocked(absl::string_view image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a commit: saves the image to replica_, or undoes the commit.
   absl::Status ReplicateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync() without the checkpoint.
+  absl::Status SyncWal(int64_t commit) ABSL_LOCKS_EXCLUDED(sync_mu_);
+  // Sync()'s checkpoint, when the WAL is due one and nobody runs one.
+  void MaybeCheckpoint() ABSL_LOCKS_EXCLUDED(checkpoint_mu_);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
@@ -188,6 +205,15 @@ class SqlDatabase {
   // a caller whose commit is durable never waits behind a running sync.
   std::atomic<int64_t> synced_{0};
   int wal_fd_ ABSL_GUARDED_BY(sync_mu_) = -1;     // opened at the first Sync
+  // Checkpoints (kFull on a file): a second connection, so that copying the
+  // WAL into the database and its fsyncs hold neither mu_ nor sync_mu_
+  // (SQLite's PASSIVE checkpoint runs beside the writer).
+  int checkpoint_pages_ = kCheckpointPages;
+  std::string path_;
+  std::atomic<int> wal_pages_{0};  // set by the WAL hook after each commit
+  std::atomic<int64_t> checkpoints_{0};
+  absl::Mutex checkpoint_mu_;
+  sqlite3* checkpointer_ ABSL_GUARDED_BY(checkpoint_mu_) = nullptr;  // opened at the first one
 };
 
 }  // namespace zeroshard

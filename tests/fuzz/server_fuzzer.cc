@@ -3,13 +3,13 @@
 // checkpoint service) of one ShardServer over an in-process channel. Any
 // sequence of requests gets statuses, never a crash or a sanitizer report.
 //
-// Input: up to kMaxCalls records of [method byte][size: u16 little-endian]
-// [size bytes: the serialized request].
-// ZEROSHARD_FUZZ_WRITE_SEED=DIR writes the seed corpus to DIR and exits. A request whose
-// MemberCredentials token is "$" gets the credentials of the last successful Join instead, so the
-// fuzzer reaches what lies behind authentication (heartbeats, the KV store, checkpoints of a live
-// member). Every call has a 5 ms deadline: held calls (a Join waiting for its barrier, a StoreWait)
-// end by it.
+// Input: up to kMaxCalls records (rpc_records.h; "$" as a member token is the
+// last join's credentials). ZEROSHARD_FUZZ_WRITE_SEED=DIR writes the seed corpus
+// to DIR and exits. Every call has a 5 ms deadline: held calls (a Join waiting
+// for its barrier, a StoreWait) end by it, so this target runs tens of inputs a
+// second; service_fuzzer.cc drives the same handlers without gRPC, thousands a
+// second, and is the one run long. This one keeps the gRPC layer itself
+// (serialization, interceptors, the heartbeat streams' async code) in reach.
 #include <sys/stat.h>
 
 #include <cstdint>
@@ -25,6 +25,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/shard_server.h"
+#include "tests/fuzz/rpc_records.h"
 
 namespace {
 
@@ -58,21 +59,9 @@ Harness& TheHarness() {
   return *h;
 }
 
-// "$" as the token: the last join's credentials.
-void FillCredentials(google::protobuf::Message* request, const v1::MemberCredentials& member) {
-  const google::protobuf::FieldDescriptor* field =
-      request->GetDescriptor()->FindFieldByName("member");
-  if (field == nullptr || field->message_type() != v1::MemberCredentials::descriptor()) return;
-  auto* credentials =
-      static_cast<v1::MemberCredentials*>(request->GetReflection()->MutableMessage(request, field));
-  if (credentials->token() == "$") *credentials = member;
-}
-
 template <typename Request>
 bool Parse(absl::string_view bytes, Request* request, const Harness& h) {
-  if (!request->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return false;
-  FillCredentials(request, h.last_member);
-  return true;
+  return fuzz::ParseRequest(bytes, h.last_member, request);
 }
 
 void SetDeadline(grpc::ClientContext* context) {
@@ -203,103 +192,13 @@ void Call(Harness& h, uint8_t method, absl::string_view bytes) {
   }
 }
 
-// One record of the input format.
-void AddRecord(int method, const google::protobuf::Message& request, std::string* out) {
-  const std::string bytes = request.SerializeAsString();
-  out->push_back(static_cast<char>(method));
-  out->push_back(static_cast<char>(bytes.size() & 0xff));
-  out->push_back(static_cast<char>(bytes.size() >> 8));
-  *out += bytes;
-}
-
-v1::MemberCredentials LastJoin() {
-  v1::MemberCredentials member;
-  member.set_token("$");
-  return member;
-}
-
-// Seeds: a member's life (join, beat, KV, plan, commit, leave) and the calls
-// that need no member.
-void WriteSeeds(const std::string& dir) {
-  std::string life;
-  v1::JoinRequest join;
-  join.set_job_id("fuzz");
-  join.set_world_size(1);
-  join.set_worker_id("w0");
-  join.set_host("127.0.0.1");
-  AddRecord(0, join, &life);
-  v1::HeartbeatRequest beat;
-  *beat.mutable_member() = LastJoin();
-  beat.set_step(3);
-  beat.set_loss(1.5);
-  AddRecord(1, beat, &life);
-  v1::StoreSetRequest set;
-  *set.mutable_member() = LastJoin();
-  set.set_key("k");
-  set.set_value("v");
-  AddRecord(3, set, &life);
-  v1::StoreWaitRequest wait;
-  *wait.mutable_member() = LastJoin();
-  wait.add_keys("k");
-  wait.add_keys("absent");
-  wait.set_timeout_ms(5);
-  AddRecord(6, wait, &life);
-  v1::PlanShardsRequest plan;
-  *plan.mutable_member() = LastJoin();
-  plan.set_world_size(1);
-  v1::TensorSpec* t = plan.mutable_spec()->add_tensors();
-  t->set_name("0.weight");
-  t->add_shape(8);
-  t->add_shape(4);
-  t->set_dtype("F32");
-  AddRecord(12, plan, &life);
-  v1::CommitShardRequest commit;
-  *commit.mutable_member() = LastJoin();
-  commit.set_step(1);
-  commit.set_file("fuzz/step-1/rank-0-of-1.safetensors");
-  commit.set_size_bytes(8);
-  AddRecord(13, commit, &life);
-  v1::LeaveRequest leave;
-  *leave.mutable_member() = LastJoin();
-  AddRecord(2, leave, &life);
-
-  std::string anonymous;
-  v1::GetStatusRequest status;
-  AddRecord(11, status, &anonymous);
-  plan.clear_member();
-  plan.set_world_size(4);
-  AddRecord(12, plan, &anonymous);
-  v1::ListCheckpointsRequest list;
-  list.set_job_id("fuzz");
-  AddRecord(15, list, &anonymous);
-  v1::ConsolidateRequest consolidate;
-  AddRecord(16, consolidate, &anonymous);
-
-  std::string upload;
-  AddRecord(0, join, &upload);
-  v1::UploadShardRequest chunk;
-  *chunk.mutable_member() = LastJoin();
-  chunk.set_step(1);
-  chunk.set_file("fuzz/step-1/rank-0-of-1.safetensors");
-  chunk.set_size_bytes(8);
-  chunk.set_data("abcd");
-  AddRecord(14, chunk, &upload);
-  AddRecord(13, commit, &upload);
-
-  for (const auto& [name, bytes] : {std::pair<std::string, std::string>{"member_life", life},
-                                    {"anonymous_calls", anonymous},
-                                    {"upload_and_commit", upload}}) {
-    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
-  }
-}
-
 void RunInput(const uint8_t* data, size_t size);
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* dir = std::getenv("ZEROSHARD_FUZZ_WRITE_SEED")) {
-    WriteSeeds(dir);
+    fuzz::WriteSeeds(dir, fuzz::ServerSeeds());
     std::ifstream in(std::string(dir) + "/member_life", std::ios::binary);
     const std::string life((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     RunInput(reinterpret_cast<const uint8_t*>(life.data()), life.size());
@@ -314,13 +213,8 @@ namespace {
 
 void RunInput(const uint8_t* data, size_t size) {
   Harness& h = TheHarness();
-  size_t at = 0;
-  for (int calls = 0; calls < kMaxCalls && at + 3 <= size; ++calls) {
-    const uint8_t method = data[at];
-    const size_t length = std::min<size_t>(data[at + 1] | (data[at + 2] << 8), size - at - 3);
-    Call(h, method, absl::string_view(reinterpret_cast<const char*>(data + at + 3), length));
-    at += 3 + length;
-  }
+  fuzz::ForEachRecord(data, size, kMaxCalls,
+                      [&h](uint8_t method, absl::string_view bytes) { Call(h, method, bytes); });
 }
 
 }  // namespace
