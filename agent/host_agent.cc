@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agent/store_wait_fan_out.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 
@@ -386,11 +387,14 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
 
   ~Impl() override {
     std::vector<Upstream*> upstreams;
+    std::vector<StoreWaitFanOut*> fan_outs;
     {
       absl::MutexLock lock(&mu_);
       for (auto& [token, upstream] : upstreams_) upstreams.push_back(upstream.get());
+      for (auto& [token, fan_out] : fan_outs_) fan_outs.push_back(fan_out.get());
     }
     for (Upstream* upstream : upstreams) upstream->Stop();
+    for (StoreWaitFanOut* fan_out : fan_outs) fan_out->Stop();
     if (server_ != nullptr) {
       server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
       server_.reset();  // every rank's reactor is done: the upstreams may go
@@ -411,11 +415,34 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
 
   uint64_t NewLocalStream() { return next_local_.fetch_add(1, std::memory_order_relaxed); }
 
+  // The bootstrap fan-out of the ranks presenting `authorization`.
+  StoreWaitFanOut* FanOutFor(const std::string& authorization) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<StoreWaitFanOut>& fan_out = fan_outs_[authorization];
+    if (fan_out == nullptr) {
+      fan_out = std::make_unique<StoreWaitFanOut>(client_->channel(), authorization);
+    }
+    return fan_out.get();
+  }
+
+  HostAgent::StoreWaitCounts StoreWaits() {
+    absl::MutexLock lock(&mu_);
+    HostAgent::StoreWaitCounts counts;
+    for (auto& [token, fan_out] : fan_outs_) {
+      counts.held += fan_out->held();
+      counts.server_calls += fan_out->calls();
+    }
+    return counts;
+  }
+
   grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Heartbeat(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
+                                      const v1::StoreWaitRequest* request,
+                                      v1::StoreWaitResponse* response) override;
 
  private:
   const HostAgentOptions options_;
@@ -425,6 +452,7 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
   std::atomic<uint64_t> next_local_{1};
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Upstream>> upstreams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<StoreWaitFanOut>> fan_outs_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -510,7 +538,68 @@ class RankJoin : public grpc::ServerUnaryReactor {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// A rank's StoreWait: held in the host's shared wait for the same keys. The
+// answer may come (and the call finish) before Wait returns: the reactor
+// outlives Start.
+class RankStoreWait : public grpc::ServerUnaryReactor {
+ public:
+  explicit RankStoreWait(StoreWaitFanOut* fan_out) : fan_out_(fan_out) {}
+  void Start(const v1::StoreWaitRequest& request) {
+    StoreWaitFanOut* const fan_out = fan_out_;
+    const uint64_t id =
+        fan_out->Wait(request, [this](const grpc::Status& status) { Finish(status); });
+    bool cancelled = false;
+    bool done = false;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      starting_ = false;
+      cancelled = cancelled_;
+      done = done_;
+    }
+    if (done) {
+      delete this;
+    } else if (cancelled) {
+      fan_out->Cancel(id);  // may finish and delete this
+    }
+  }
+  void OnCancel() override {
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    if (id != 0) fan_out_->Cancel(id);  // else Start cancels it
+  }
+  void OnDone() override {
+    bool starting = false;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      starting = starting_;
+    }
+    if (!starting) delete this;
+  }
+
+ private:
+  StoreWaitFanOut* const fan_out_;
+  absl::Mutex mu_;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool starting_ ABSL_GUARDED_BY(mu_) = true;  // Start has not returned from Wait
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 }  // namespace
+
+grpc::ServerUnaryReactor* HostAgent::Impl::StoreWait(grpc::CallbackServerContext* context,
+                                                     const v1::StoreWaitRequest* request,
+                                                     v1::StoreWaitResponse* /*response*/) {
+  auto* call = new RankStoreWait(FanOutFor(AuthorizationOf(context)));
+  call->Start(*request);  // `call` may be finished and gone by now: only its pointer is returned
+  return call;
+}
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* HostAgent::Impl::Heartbeat(
     grpc::CallbackServerContext* context) {
@@ -547,5 +636,7 @@ HostAgent::HostAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HostAgent::~HostAgent() = default;
 
 const std::string& HostAgent::address() const { return impl_->address(); }
+
+HostAgent::StoreWaitCounts HostAgent::StoreWaits() { return impl_->StoreWaits(); }
 
 }  // namespace zeroshard

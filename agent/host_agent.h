@@ -4,6 +4,9 @@
 // HostHeartbeat stream per host, joins in batches), so the server holds one
 // stream per host instead of one per rank (docs/scale.md).
 //
+// It also serves the ranks' StoreWaits: those of a host's ranks for the same
+// keys share one call to the server (store_wait_fan_out.h).
+//
 // What it adds is only transport: every beat and join is the rank's own
 // (credentials, incarnation, telemetry), each answer goes back to the rank it
 // belongs to, and a rank's stream closing is reported to the server at once,
@@ -53,6 +56,14 @@ class HostAgent {
 
   // The address ranks reach it at (the bound port for "HOST:0").
   const std::string& address() const;
+
+  // The bootstrap fan-out (agent/store_wait_fan_out.h), for tests: the
+  // ranks' StoreWaits held now, and the StoreWaits sent to the server.
+  struct StoreWaitCounts {
+    int held = 0;
+    int64_t server_calls = 0;
+  };
+  StoreWaitCounts StoreWaits();
 
   class Impl;
 

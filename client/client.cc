@@ -509,14 +509,27 @@ absl::StatusOr<int64_t> Client::StoreAdd(const std::string& key, int64_t delta) 
 }
 
 absl::Status Client::StoreWait(const std::vector<std::string>& keys, absl::Duration timeout) {
-  grpc::ClientContext context;
-  Prepare(&context, timeout + absl::Seconds(5));
-  v1::StoreWaitRequest request;
-  *request.mutable_member() = credentials();
-  for (const std::string& k : keys) request.add_keys(k);
-  request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
-  v1::StoreWaitResponse response;
-  return FromGrpcStatus(stub_->StoreWait(&context, request, &response));
+  const absl::Time deadline = absl::Now() + timeout;
+  auto wait = [&](v1::Coordinator::Stub* via) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    grpc::ClientContext context;
+    Prepare(&context, left + absl::Seconds(5));
+    v1::StoreWaitRequest request;
+    *request.mutable_member() = credentials();
+    for (const std::string& k : keys) request.add_keys(k);
+    request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)));
+    v1::StoreWaitResponse response;
+    return FromGrpcStatus(via->StoreWait(&context, request, &response));
+  };
+  // Through the node agent when one answers: the host's ranks' waits for the
+  // same keys reach the server as one (agent/store_wait_fan_out.h).
+  v1::Coordinator::Stub* via = AgentOrServer();
+  absl::Status s = wait(via);
+  // The agent went away under the wait (stopped, killed) or lost the server:
+  // wait on at the server itself, as heartbeats then go straight to it. A
+  // wait only reads, so asking again is harmless.
+  if (via != stub_.get() && absl::IsUnavailable(s) && absl::Now() < deadline) s = wait(stub_.get());
+  return s;
 }
 
 absl::StatusOr<std::string> Client::StoreCompareSet(const std::string& key,

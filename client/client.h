@@ -41,7 +41,7 @@ struct ClientOptions {
   std::string tls_server_name;  // expected name in the server certificate, if not the host
   absl::Duration rpc_timeout = absl::Seconds(30);  // for calls that do not wait
   // The node agent of this host (shard_agent --listen, docs/scale.md), e.g.
-  // "unix:/run/zeroshard/agent.sock": heartbeats and joins go through it while
+  // "unix:/run/zeroshard/agent.sock": heartbeats, joins and StoreWaits go through it while
   // it answers, straight to the server when it does not. Empty: no agent.
   std::string agent;
 };

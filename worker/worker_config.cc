@@ -29,8 +29,9 @@ ABSL_FLAG(std::string, host, "",
           "machine's address on its route to --server)");
 ABSL_FLAG(std::string, agent, "",
           "The node agent of this host (shard_agent --listen), e.g. "
-          "unix:/run/zeroshard/agent.sock: heartbeats and joins go through it, one stream per "
-          "host to the server; straight to the server while it does not answer. Empty: none");
+          "unix:/run/zeroshard/agent.sock: heartbeats, joins and bootstrap StoreWaits go through "
+          "it, one stream per host to the server; straight to the server while it does not "
+          "answer. Empty: none");
 ABSL_FLAG(std::string, data_plane_ports, "",
           "LO-HI: the data plane's TCP connections are made to ports of this range of each "
           "worker's --host (for a firewall between hosts; each rank needs world_size - 1 free "

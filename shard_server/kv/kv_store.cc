@@ -278,6 +278,7 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& job, int64_t generation,
 
 uint64_t KvStore::Wait(const std::string& job, int64_t generation, std::vector<std::string> keys,
                        absl::Time deadline, WaitDone done, size_t request_bytes) {
+  waits_begun_.fetch_add(1, std::memory_order_relaxed);
   if (keys.size() > limits_.max_wait_keys) {
     done(absl::ResourceExhaustedError(
         absl::StrCat("a wait for ", keys.size(), " keys; at most ", limits_.max_wait_keys,
@@ -493,6 +494,8 @@ uint64_t KvStore::WaiterVisits() {
   absl::MutexLock lock(&mu_);
   return waiter_visits_;
 }
+
+uint64_t KvStore::WaitsBegun() { return waits_begun_.load(std::memory_order_relaxed); }
 
 size_t KvStore::KeyCount(const std::string& job) {
   absl::MutexLock lock(&mu_);

@@ -14,6 +14,7 @@
 #ifndef ZEROSHARD_SHARD_SERVER_KV_STORE_H_
 #define ZEROSHARD_SHARD_SERVER_KV_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <set>
@@ -108,6 +109,9 @@ class KvStore {
   // start: what the key index and the deadline order keep to the waiters
   // concerned. For tests.
   uint64_t WaiterVisits();
+  // Wait calls since the start (a node agent's fan-out sends one for its
+  // host's ranks). For tests.
+  uint64_t WaitsBegun();
 
   // What the store counts for a string it holds: the object and, when the
   // text does not fit inline, its heap block (malloc's header and rounding).
@@ -176,6 +180,7 @@ class KvStore {
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t waiter_visits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> waits_begun_{0};
   size_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum of every job's bytes + wait_bytes
 };
 

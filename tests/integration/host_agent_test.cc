@@ -4,6 +4,9 @@
 // and the real agent (agent/host_agent.h) between real clients and the
 // server.
 #include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <functional>
 #include <memory>
@@ -490,6 +493,103 @@ TEST(HostAgentTest, ClientsJoinAndBeatThroughTheAgentAndARanksExitIsReportedAtOn
   EXPECT_EQ(server->membership()->Status("via-agent").jobs(0).generation(), 2);
   // The beats went through the agent's one stream.
   EXPECT_EQ(events.Count("agent_stream_opened"), 1);
+}
+
+// The bootstrap fan-out (agent/store_wait_fan_out.h): 2 hosts x 2 ranks wait
+// for the same keys; the server holds one StoreWait per host, not per rank,
+// and every rank wakes when the keys are set. Then a wait that outlives the
+// shared call's deadline waits on in a call of its own.
+TEST(HostAgentTest, AHostsRanksWaitingForTheSameKeysCostTheServerOneStoreWaitPerHost) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  const std::string dir = ShortTempDir();
+  const std::vector<std::string> sockets = {dir + "/host1.sock", dir + "/host2.sock"};
+  std::vector<std::unique_ptr<HostAgent>> agents;
+  for (const std::string& socket : sockets) {
+    agents.push_back(StartAgent(*server, socket));
+    ASSERT_NE(agents.back(), nullptr);
+  }
+  std::vector<std::unique_ptr<Client>> clients;  // ranks 0, 1 on host 1; 2, 3 on host 2
+  for (int i = 0; i < 4; ++i) clients.push_back(ConnectThrough(*server, "unix:" + sockets[i / 2]));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      auto info = clients[i]->Join("fan-out", 4, absl::StrCat("w", i), "127.0.0.1",
+                                   absl::Seconds(30));
+      EXPECT_TRUE(info.ok()) << info.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+
+  const std::vector<std::string> keys = {"gloo/boot/0", "gloo/boot/1"};
+  const uint64_t before = server->kv()->WaitsBegun();
+  std::vector<absl::Status> woke(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { woke[i] = clients[i]->StoreWait(keys, absl::Seconds(60)); });
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] { return agents[0]->StoreWaits().held == 2 && agents[1]->StoreWaits().held == 2; },
+      absl::Seconds(20)));
+  EXPECT_EQ(server->kv()->WaitsBegun() - before, 2u) << "one StoreWait per host";
+  EXPECT_EQ(agents[0]->StoreWaits().server_calls, 1);
+  EXPECT_EQ(agents[1]->StoreWaits().server_calls, 1);
+  ASSERT_TRUE(clients[0]->StoreSet(keys[0], "rank 0's address").ok());
+  ASSERT_TRUE(clients[3]->StoreSet(keys[1], "rank 1's address").ok());
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(woke[i].ok()) << "rank " << i << ": " << woke[i];
+  EXPECT_EQ(agents[0]->StoreWaits().held, 0);
+
+  // Rank 0 waits 1 s, rank 1 (same host, same key) 60 s: they share rank 0's
+  // call; when it times out, rank 0 hears so and rank 1 waits on.
+  absl::Status short_wait;
+  absl::Status long_wait;
+  threads.emplace_back([&] { short_wait = clients[0]->StoreWait({"late"}, absl::Seconds(1)); });
+  ASSERT_TRUE(WaitFor([&] { return agents[0]->StoreWaits().held == 1; }, absl::Seconds(20)));
+  threads.emplace_back([&] { long_wait = clients[1]->StoreWait({"late"}, absl::Seconds(60)); });
+  ASSERT_TRUE(WaitFor([&] { return agents[0]->StoreWaits().held == 2; }, absl::Seconds(20)));
+  threads[0].join();
+  EXPECT_EQ(short_wait.code(), absl::StatusCode::kDeadlineExceeded) << short_wait;
+  EXPECT_EQ(agents[0]->StoreWaits().held, 1) << "rank 1 waits on";
+  ASSERT_TRUE(clients[2]->StoreSet("late", "set").ok());
+  threads[1].join();
+  EXPECT_TRUE(long_wait.ok()) << long_wait;
+  EXPECT_EQ(agents[0]->StoreWaits().server_calls, 3);  // the first keys, "late" twice
+
+  clients.clear();
+  agents.clear();
+  for (const std::string& socket : sockets) std::remove(socket.c_str());
+  rmdir(dir.c_str());
+}
+
+// A rank waiting through its agent when the agent goes waits on at the
+// server, and wakes when the key is set.
+TEST(HostAgentTest, AWaitWhoseAgentGoesWaitsOnAtTheServer) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  const std::string dir = ShortTempDir();
+  const std::string socket = dir + "/agent.sock";
+  std::unique_ptr<HostAgent> agent = StartAgent(*server, socket);
+  ASSERT_NE(agent, nullptr);
+  std::unique_ptr<Client> client = ConnectThrough(*server, "unix:" + socket);
+  auto info = client->Join("agent-goes", 1, "w0", "127.0.0.1", absl::Seconds(30));
+  ASSERT_TRUE(info.ok()) << info.status();
+  absl::Status woke;
+  std::thread waiter([&] { woke = client->StoreWait({"boot"}, absl::Seconds(60)); });
+  ASSERT_TRUE(WaitFor([&] { return agent->StoreWaits().held == 1; }, absl::Seconds(20)));
+  const uint64_t before = server->kv()->WaitsBegun();
+  agent.reset();  // its waits are answered UNAVAILABLE
+  ASSERT_TRUE(WaitFor([&] { return server->kv()->WaitsBegun() > before; }, absl::Seconds(20)))
+      << "the wait did not go on at the server";
+  ASSERT_TRUE(client->StoreSet("boot", "here").ok());
+  waiter.join();
+  EXPECT_TRUE(woke.ok()) << woke;
+  client.reset();
+  std::remove(socket.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST(HostAgentTest, WithoutAnAgentClientsBeatStraightToTheServer) {

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,23 +13,43 @@
 #include "tests/cluster/emulated_hosts.h"
 
 namespace zeroshard::testing {
+namespace {
+
+bool ViaAgentsRequested() {
+  const char* via = std::getenv("ZEROSHARD_TEST_VIA_AGENTS");
+  return via != nullptr && std::string(via) == "1";
+}
+
+}  // namespace
 
 LocalCluster::LocalCluster(const std::string& dir, const std::vector<std::string>& server_flags,
                            HostLayout layout)
-    : dir_(dir), layout_(std::move(layout)), server_flags_(server_flags) {
+    : dir_(dir),
+      layout_(std::move(layout)),
+      server_flags_(server_flags),
+      via_agents_(ViaAgentsRequested()) {
   mkdir(dir_.c_str(), 0755);
   mkdir(checkpoint_root().c_str(), 0755);
   StartServer();
 }
 
 LocalCluster::LocalCluster(ExternalServers servers, const std::string& dir, HostLayout layout)
-    : dir_(dir), layout_(std::move(layout)), address_(std::move(servers.address)) {
+    : dir_(dir),
+      layout_(std::move(layout)),
+      address_(std::move(servers.address)),
+      via_agents_(ViaAgentsRequested()) {
   mkdir(dir_.c_str(), 0755);
   mkdir(checkpoint_root().c_str(), 0755);
 }
 
 LocalCluster::~LocalCluster() {
   workers_.clear();
+  if (via_agents_) ExpectEveryWorkerWentThroughItsAgent();
+  for (auto& [host, agent] : agents_) {
+    agent.process.reset();  // killed
+    std::remove(agent.socket.c_str());
+  }
+  if (!agent_dir_.empty()) rmdir(agent_dir_.c_str());
   if (server_) {
     server_->Signal(SIGTERM);
     server_->Wait(absl::Seconds(5));
@@ -49,6 +70,47 @@ int LocalCluster::WorkerHost(int index) const {
 
 std::string LocalCluster::Loopback(int host) const {
   return host < 0 ? "127.0.0.1" : layout_.hosts->address(host);
+}
+
+ChildProcess* LocalCluster::agent(int host) {
+  auto it = agents_.find(host);
+  return it == agents_.end() ? nullptr : it->second.process.get();
+}
+
+std::vector<std::string> LocalCluster::AgentFlags(int host) {
+  auto it = agents_.find(host);
+  if (it == agents_.end()) {
+    if (agent_dir_.empty()) {
+      char dir[] = "/tmp/zs-agents-XXXXXX";
+      if (mkdtemp(dir) == nullptr) ADD_FAILURE() << "mkdtemp " << dir << " failed";
+      agent_dir_ = dir;
+    }
+    const std::string name = host < 0 ? std::string("loopback") : absl::StrCat("host", host);
+    Agent agent;
+    agent.socket = absl::StrCat(agent_dir_, "/", name, ".sock");
+    agent.process =
+        Launch(host, RunfilePath("agent/shard_agent"),
+               {"--server=" + address_, "--listen=unix:" + agent.socket},
+               absl::StrCat(dir_, "/agent-", name, ".log"));
+    ChildProcess* process = agent.process.get();
+    const std::string socket = agent.socket;
+    if (!WaitFor([&] { return access(socket.c_str(), F_OK) == 0 || !process->running(); },
+                 absl::Seconds(20)) ||
+        !process->running()) {
+      ADD_FAILURE() << "shard_agent on " << name << " did not start:\n" << process->Log();
+    }
+    it = agents_.emplace(host, std::move(agent)).first;
+  }
+  return {"--agent=unix:" + it->second.socket};
+}
+
+void LocalCluster::ExpectEveryWorkerWentThroughItsAgent() const {
+  for (const std::string& path : every_worker_log_) {
+    const std::string log = ReadFileOrEmpty(path);
+    EXPECT_EQ(log.find("no node agent answers"), std::string::npos)
+        << path << ": the worker went around its agent:\n"
+        << log;
+  }
 }
 
 void LocalCluster::StartServer() {
@@ -114,8 +176,13 @@ void LocalCluster::StartWorkers(const std::string& job, int world,
     if (auto own = rank_flags.find(r); own != rank_flags.end()) {
       args.insert(args.end(), own->second.begin(), own->second.end());
     }
+    if (via_agents_) {
+      const std::vector<std::string> agent = AgentFlags(WorkerHost(r));
+      args.insert(args.end(), agent.begin(), agent.end());
+    }
     std::string log = absl::StrCat(dir_, "/", job, "-w", r, ".log");
     worker_logs_.push_back(log);
+    every_worker_log_.push_back(log);
     worker_args_.push_back(args);
     workers_.push_back(Launch(WorkerHost(r), RunfilePath("worker/shard_worker"), args, log));
   }
@@ -130,6 +197,7 @@ void LocalCluster::RestartWorker(int index, const std::vector<std::string>& extr
   std::vector<std::string> args = worker_args_[index];
   args.insert(args.end(), extra.begin(), extra.end());
   worker_logs_[index] = absl::StrCat(dir_, "/w", index, "-restart", ++worker_restarts_, ".log");
+  every_worker_log_.push_back(worker_logs_[index]);
   workers_[index] =
       Launch(WorkerHost(index), RunfilePath("worker/shard_worker"), args, worker_logs_[index]);
 }

@@ -55,6 +55,19 @@ class LocalCluster {
   // starts it again on the same port and state directory.
   void RestartServer(int signal = 15 /* SIGTERM */, absl::Duration gap = absl::ZeroDuration());
 
+  // With ZEROSHARD_TEST_VIA_AGENTS=1 in the environment (the *_via_agents
+  // test targets: the direct-stream tests through node agents, issue #31),
+  // every worker beats and joins through a shard_agent on its host
+  // (docs/scale.md): one agent per worker host (or one on loopback), started
+  // with the first workers there and kept for the cluster's life, cut off
+  // with its host. A worker that went around its agent ("no node agent
+  // answers") fails the test when the cluster goes.
+  bool via_agents() const { return via_agents_; }
+  // The same for the workers started from now on, whatever the environment.
+  void UseAgents() { via_agents_ = true; }
+  // The agent of `host` (-1: loopback's), or null before its first workers.
+  ChildProcess* agent(int host);
+
   // Starts W workers of `job` (worker ids w0..w{W-1}, --host=127.0.0.1 or
   // their host's address,
   // --report=<dir>/<job>-{rank}.json, --checkpoint_dir=<checkpoint root>)
@@ -89,6 +102,15 @@ class LocalCluster {
   // The layout's host of worker `index`, or -1.
   int WorkerHost(int index) const;
   std::string Loopback(int host) const;
+  // --agent for a worker on `host` (via_agents_), its agent started first.
+  std::vector<std::string> AgentFlags(int host);
+  // Fails the test for each worker log that says it went around its agent.
+  void ExpectEveryWorkerWentThroughItsAgent() const;
+
+  struct Agent {
+    std::unique_ptr<ChildProcess> process;
+    std::string socket;  // its unix socket's path
+  };
 
   std::string dir_;
   HostLayout layout_;
@@ -101,6 +123,10 @@ class LocalCluster {
   std::vector<std::string> worker_logs_;
   std::vector<std::vector<std::string>> worker_args_;
   int worker_restarts_ = 0;
+  std::vector<std::string> every_worker_log_;  // restarted workers' earlier ones too
+  bool via_agents_;
+  std::string agent_dir_;  // under /tmp: a unix socket path has at most 107 characters
+  std::map<int, Agent> agents_;  // by host (-1: loopback)
 };
 
 }  // namespace zeroshard::testing
