@@ -127,16 +127,17 @@ for kernel in "${FORCED_KERNELS[@]}"; do
     --test_env=OPENBLAS_CORETYPE="$kernel" --test_filter="$NOT_NUMERICAL" "$@"
 done
 
-# Fuzzing smoke: the parser fuzzers (tests/fuzz, ASan + UBSan, clang) run 15 s
-# each from their seed corpora, one after the other (~1.5 minutes). A target
-# counts as one test: passed when it built, ran and found nothing. Last,
-# because the fuzz configuration re-points bazel-testlogs. The server fuzzers
-# (service_fuzzer, server_fuzzer) are left to tests/bench/fuzz_bench.py: the
-# ASan build of the whole server costs ~8 more minutes on a cold 2-core
-# machine (494 s after the parsers' 741 s, at load 11-22; docs/testing.md).
-# (Every target's corpus replay, the server fuzzers' included, built by the
-# default compiler, already ran above as //tests/fuzz:*_fuzzer.)
-FUZZ_TARGETS=${FUZZ_TARGETS:-safetensors_fuzzer,shard_file_fuzzer,manifest_fuzzer,model_spec_fuzzer,token_shard_fuzzer,hf_config_fuzzer}
+# Fuzzing smoke: the parser fuzzers and service_fuzzer (the server's request
+# handlers in process; tests/fuzz, ASan + UBSan, clang) run 15 s each from
+# their seed corpora, one after the other (~2 minutes). A target counts as one
+# test: passed when it built, ran and found nothing. Last, because the fuzz
+# configuration re-points bazel-testlogs. service_fuzzer's ASan build of the
+# whole server costs ~8 more minutes on a cold 2-core machine (494 s after the
+# parsers' 741 s, at load 11-22; docs/testing.md); with Bazel's disk cache warm
+# it is a cache hit. server_fuzzer (the same records through gRPC, ~25 inputs/s)
+# is left to tests/bench/fuzz_bench.py. (Every target's corpus replay, built by
+# the default compiler, already ran above as //tests/fuzz:*_fuzzer.)
+FUZZ_TARGETS=${FUZZ_TARGETS:-safetensors_fuzzer,shard_file_fuzzer,manifest_fuzzer,model_spec_fuzzer,token_shard_fuzzer,hf_config_fuzzer,service_fuzzer}
 FUZZ_JSON=/tmp/zeroshard-fuzz-smoke.json
 rm -f "$FUZZ_JSON"
 if bazel build "${JOBS_FLAGS[@]}" --config=fuzz $(printf ' //tests/fuzz:%s' ${FUZZ_TARGETS//,/ }) >>"$LOG" 2>&1; then
