@@ -26,6 +26,15 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
   absl::Time last_heard = job.last_heard;
   for (const MemberSignals& m : members) last_heard = std::max(last_heard, m.last_heartbeat);
   const bool nobody_beats = now - last_heard > options.heartbeat_timeout;
+  // The job falling silent as a whole: nobody beat for 1.5 intervals (a
+  // member that beats is never that late: its next beat follows the answer
+  // to its last by one interval). Rule 3's evidence dates from the last beat
+  // that showed the data plane advancing, which under steps slower than an
+  // interval comes before the last beat heard; without this, a server cut off
+  // from everyone declared the earliest-silent members dead in that gap
+  // (between their timeout by rule 3's clock and everyone's by rule 4's),
+  // when every member had in fact stopped reaching it.
+  const bool job_falls_silent = now - last_heard > options.heartbeat_interval * 1.5;
   const bool peers_see_them = now - job.data_plane_advanced <= options.heartbeat_timeout;
 
   std::vector<MemberVerdict> verdicts;
@@ -62,7 +71,8 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
                                        " ms, but its peers' collectives advanced ",
                                        absl::ToInt64Milliseconds(now - job.data_plane_advanced),
                                        " ms ago: it lost the server, not its peers")});
-    } else if (nobody_beats && options.isolation_grace > absl::ZeroDuration() &&
+    } else if ((nobody_beats || job_falls_silent) &&
+               options.isolation_grace > absl::ZeroDuration() &&
                now - last_heard <= options.heartbeat_timeout + options.isolation_grace) {
       verdicts.push_back(
           {Verdict::kIsolationSuspected,

@@ -30,9 +30,11 @@
 //      lost the server.
 //   4. The server suspects itself: when no live member of the job beat
 //      within the timeout (all fell silent within one timeout of each other,
-//      or rule 5 would have caught the earlier ones), the likelier cause is
-//      the server's own network. Nobody is declared dead until
-//      isolation_grace after the last beat the server heard.
+//      or rule 5 would have caught the earlier ones), or none within 1.5
+//      heartbeat intervals (a beating member is never that late) when a
+//      member's rule 3 evidence has just run out, the likelier cause is the
+//      server's own network. Nobody is declared dead until isolation_grace
+//      after the last beat the server heard.
 //   5. Otherwise the member is dead (heartbeat timeout).
 //
 // Worst cases, written where they are relied on (docs/multihost.md):

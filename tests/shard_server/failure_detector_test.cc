@@ -88,6 +88,15 @@ TEST(FailureDetectorTest, EachRuleDecidesItsCase) {
        5,
        20,
        {kSuspect, kSuspect, kSuspect}},
+      {"the whole job falls silent just after the data plane last advanced: one member past "
+       "the timeout by rule 3's clock, the others silent 1.5 intervals and more: the server "
+       "suspects itself (its cut from every host), it does not declare the first one dead",
+       {5, 6.4, 6.45},
+       {kNever, kNever, kNever},
+       false,
+       5.4,
+       8.5,
+       {kSuspect, kAlive, kAlive}},
       {"everyone silent past timeout + grace: dead",
        {5, 5.2, 5.1},
        {kNever, kNever, kNever},
