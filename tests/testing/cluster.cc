@@ -133,7 +133,15 @@ void LocalCluster::StartServer() {
       },
       absl::Seconds(20));
   if (!started || port.empty()) {
-    ADD_FAILURE() << "shard_server did not start:\n" << server_->Log();
+    // Which of the two it was (a CI run once saw this with an empty log).
+    const bool still_running = server_->running();
+    const std::string how =
+        still_running ? "still running 20 s later without having written its port file"
+                      : absl::StrCat("exited with ", server_->Wait(absl::ZeroDuration()),
+                                     " (128 + N: signal N)");
+    ADD_FAILURE() << "shard_server did not start (--listen=" << ip << ":" << port_ << ", " << how
+                  << "):\n"
+                  << server_->Log();
     address_.clear();
     return;
   }
