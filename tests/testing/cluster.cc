@@ -95,9 +95,12 @@ std::vector<std::string> LocalCluster::AgentFlags(int host) {
     ChildProcess* process = agent.process.get();
     const std::string socket = agent.socket;
     if (!WaitFor([&] { return access(socket.c_str(), F_OK) == 0 || !process->running(); },
-                 absl::Seconds(20)) ||
+                 absl::Seconds(60)) ||
         !process->running()) {
-      ADD_FAILURE() << "shard_agent on " << name << " did not start:\n" << process->Log();
+      ADD_FAILURE() << "shard_agent on " << name << " did not start ("
+                    << (process->running() ? DescribeProcess(process->pid()) : "it exited")
+                    << "):\n"
+                    << process->Log();
     }
     it = agents_.emplace(host, std::move(agent)).first;
   }
@@ -126,17 +129,24 @@ void LocalCluster::StartServer() {
   server_ = Launch(host, RunfilePath("shard_server/shard_server"), args,
                    absl::StrCat(dir_, "/server-", restarts_, ".log"));
   std::string port;
+  // A server starts in ~50 ms; two CI runs saw one not write its port file
+  // in 20 s with nothing in its log, each beside a test case that took 170
+  // times its usual time (the machine, not the server, stalled: building
+  // while testing on 2 cores). The deadline is for a server that cannot
+  // start; what it was doing is printed if it passes.
+  constexpr absl::Duration kStartDeadline = absl::Seconds(60);
   bool started = WaitFor(
       [&] {
         port = ReadFileOrEmpty(port_file);
         return (!port.empty() && port.back() == '\n') || !server_->running();
       },
-      absl::Seconds(20));
+      kStartDeadline);
   if (!started || port.empty()) {
-    // Which of the two it was (a CI run once saw this with an empty log).
     const bool still_running = server_->running();
     const std::string how =
-        still_running ? "still running 20 s later without having written its port file"
+        still_running ? absl::StrCat("still running ", absl::FormatDuration(kStartDeadline),
+                                     " later without having written its port file; ",
+                                     DescribeProcess(server_->pid()))
                       : absl::StrCat("exited with ", server_->Wait(absl::ZeroDuration()),
                                      " (128 + N: signal N)");
     ADD_FAILURE() << "shard_server did not start (--listen=" << ip << ":" << port_ << ", " << how

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -114,6 +115,55 @@ int64_t ProcStatusBytes(pid_t pid, const std::string& field) {
     if (absl::SimpleAtoi(digits, &kb)) return kb * 1024;
   }
   return -1;
+}
+
+namespace {
+
+std::string FirstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// "State:" of /proc/<pid>/task/<tid>/status, e.g. "D (disk sleep)".
+std::string ThreadState(const std::string& task_dir) {
+  for (absl::string_view line : absl::StrSplit(ReadFileOrEmpty(task_dir + "/status"), '\n')) {
+    if (absl::ConsumePrefix(&line, "State:")) return std::string(absl::StripAsciiWhitespace(line));
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string DescribeProcess(pid_t pid) {
+  const std::string dir = absl::StrCat("/proc/", pid);
+  std::string out = absl::StrCat("process ", pid, ":");
+  char exe[512] = {0};
+  const ssize_t n = readlink((dir + "/exe").c_str(), exe, sizeof(exe) - 1);
+  absl::StrAppend(&out, " exe ", n > 0 ? std::string(exe, n) : "(unreadable)", "\n");
+  absl::StrAppend(&out, "  loadavg ", FirstLine(ReadFileOrEmpty("/proc/loadavg")), "\n");
+  for (absl::string_view line : absl::StrSplit(ReadFileOrEmpty("/proc/meminfo"), '\n')) {
+    if (absl::StartsWith(line, "MemAvailable:") || absl::StartsWith(line, "Dirty:") ||
+        absl::StartsWith(line, "Writeback:")) {
+      absl::StrAppend(&out, "  ", line, "\n");
+    }
+  }
+  DIR* tasks = opendir((dir + "/task").c_str());
+  if (tasks == nullptr) return out + "  (no /proc entry: the process is gone)\n";
+  int shown = 0;
+  while (dirent* entry = readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    if (++shown > 64) {
+      absl::StrAppend(&out, "  (more threads not shown)\n");
+      break;
+    }
+    const std::string task = dir + "/task/" + entry->d_name;
+    absl::StrAppend(&out, "  thread ", entry->d_name, " ",
+                    FirstLine(ReadFileOrEmpty(task + "/comm")), ": ", ThreadState(task),
+                    ", wchan ", FirstLine(ReadFileOrEmpty(task + "/wchan")), ", syscall ",
+                    FirstLine(ReadFileOrEmpty(task + "/syscall")), "\n");
+    for (absl::string_view frame : absl::StrSplit(ReadFileOrEmpty(task + "/stack"), '\n')) {
+      if (!frame.empty()) absl::StrAppend(&out, "      ", frame, "\n");
+    }
+  }
+  closedir(tasks);
+  return out;
 }
 
 std::vector<int> ListeningPorts(pid_t pid) {

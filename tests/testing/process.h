@@ -54,6 +54,13 @@ bool WaitFor(const std::function<bool()>& condition, absl::Duration timeout);
 // kB there); -1 if the process or the field is not there.
 int64_t ProcStatusBytes(pid_t pid, const std::string& field);
 
+// What a process that does not answer is doing, for a failure message: the
+// binary it runs (a child stuck between fork and exec still runs the test's),
+// the load and memory of the machine, and per thread its state (R running, S
+// sleeping, D waiting on the disk), the kernel function it waits in, its
+// system call, and its kernel stack where /proc lets us read it (root).
+std::string DescribeProcess(pid_t pid);
+
 // The TCP ports (IPv4 and IPv6) process `pid` listens on, from /proc (its
 // sockets' inodes against /proc/<pid>/net/tcp{,6}: its own network
 // namespace's, an emulated host's included).
