@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
 #include "shard_server/grpc_status.h"
 
@@ -40,7 +41,13 @@ class HostHeartbeatCall final : public CallQueues::Call {
   // Asks for the next agent stream to arrive on `queue`.
   HostHeartbeatCall(CallQueues* queues, HostAgentServices services,
                     grpc::ServerCompletionQueue* queue)
-      : Call(queues), queues_(queues), services_(services), queue_(queue), stream_(&context_) {
+      : Call(queues),
+        queues_(queues),
+        services_(services),
+        queue_(queue),
+        stream_(&context_),
+        arena_(ArenaOptionsForAMessage()) {
+    NewMessages();
     services_.service->RequestHostHeartbeat(&context_, &stream_, queue_, queue_, &accepted_);
   }
 
@@ -64,13 +71,30 @@ class HostHeartbeatCall final : public CallQueues::Call {
     v1::MemberCredentials member;  // of its latest beat
   };
 
+  // A host's message of beats and its answer live on an arena, freed at once
+  // when the answer is written: parsed onto the heap, the ranks' strings and
+  // sub-messages were ~80 mallocs and frees per message, every second, per
+  // host (perf: malloc and free 14 % of the server at 32K ranks).
+  static google::protobuf::ArenaOptions ArenaOptionsForAMessage() {
+    google::protobuf::ArenaOptions options;
+    options.start_block_size = 1024;  // an idle stream's empty messages
+    options.max_block_size = 64 << 10;
+    return options;
+  }
+
+  void NewMessages() {
+    arena_.Reset();
+    request_ = google::protobuf::Arena::CreateMessage<v1::HostHeartbeatRequest>(&arena_);
+    response_ = google::protobuf::Arena::CreateMessage<v1::HostHeartbeatResponse>(&arena_);
+  }
+
   void Accepted(bool ok) {
     if (!ok) return End();  // the server is shutting down: no stream came
     new HostHeartbeatCall(queues_, services_, queue_);  // the next stream on this queue
     absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
     if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
     caller_ = *std::move(caller);
-    stream_.Read(&request_, &read_);
+    stream_.Read(request_, &read_);
   }
 
   void RequestRead(bool ok) {
@@ -78,14 +102,14 @@ class HostHeartbeatCall final : public CallQueues::Call {
       CloseEveryRank();
       return Finish(grpc::Status::OK);
     }
-    if (node_.empty() && services_.log != nullptr) {
-      services_.log->Log("agent_stream_opened", {{"node", request_.node()}});
+    if (node_.empty()) {
+      node_ = request_->node().empty() ? "unnamed" : request_->node();
+      if (services_.log != nullptr) services_.log->Log("agent_stream_opened", {{"node", node_}});
     }
-    node_ = request_.node().empty() ? "unnamed" : request_.node();
-    for (const v1::RankStreamClosed& closed : request_.closed()) CloseRank(closed);
-    response_.Clear();
-    for (const v1::RankBeat& beat : request_.beats()) Answer(beat, response_.add_answers());
-    stream_.Write(response_, &written_);
+    for (const v1::RankStreamClosed& closed : request_->closed()) CloseRank(closed);
+    response_->mutable_answers()->Reserve(request_->beats_size());
+    for (const v1::RankBeat& beat : request_->beats()) Answer(beat, response_->add_answers());
+    stream_.Write(*response_, &written_);
   }
 
   void ResponseWritten(bool ok) {
@@ -93,7 +117,8 @@ class HostHeartbeatCall final : public CallQueues::Call {
       CloseEveryRank();
       return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "host heartbeat stream broken"));
     }
-    stream_.Read(&request_, &read_);
+    NewMessages();
+    stream_.Read(request_, &read_);
   }
 
   void Finish(const grpc::Status& status) { stream_.Finish(status, &finished_); }
@@ -151,8 +176,9 @@ class HostHeartbeatCall final : public CallQueues::Call {
   Caller caller_;
   std::string node_;
   absl::flat_hash_map<uint64_t, RankStream> ranks_;  // by the agent's local stream id
-  v1::HostHeartbeatRequest request_;
-  v1::HostHeartbeatResponse response_;
+  google::protobuf::Arena arena_;
+  v1::HostHeartbeatRequest* request_ = nullptr;    // on arena_
+  v1::HostHeartbeatResponse* response_ = nullptr;  // on arena_
   Tag accepted_{this, kAccepted};
   Tag read_{this, kRead};
   Tag written_{this, kWritten};

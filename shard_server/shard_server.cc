@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -317,8 +318,13 @@ void ShardServer::TickLoop() {
 
 void ShardServer::Tick() {
   // Diagnosis looks at every member: twice a second is fine-grained enough
-  // for reports due after seconds.
+  // for reports due after seconds (--hang_report_ms: 10 s). The pass copies
+  // every member's status (~2.4 us each: 8 % of the server's CPU at 32K
+  // ranks, perf), so above 16,384 members it runs once per 32,768 members a
+  // second (every 3 s at 100K ranks): its cost stays under ~0.08 cores
+  // however large the jobs.
   constexpr absl::Duration kAnalyzeEvery = absl::Milliseconds(500);
+  constexpr double kMembersPerSecond = 32768;
   absl::MutexLock lock(&tick_mu_);
   membership_->Tick();
   kv_->Tick();
@@ -333,7 +339,10 @@ void ShardServer::Tick() {
   } else {
     history_ok_ = s.ok();
   }
-  next_analysis_ = clock_->Now() + kAnalyzeEvery;
+  int64_t members = 0;
+  for (const v1::JobStatus& job : status->jobs()) members += job.members_size();
+  next_analysis_ =
+      clock_->Now() + std::max(kAnalyzeEvery, absl::Seconds(members / kMembersPerSecond));
 }
 
 void ShardServer::Wait() { stop_.WaitForNotification(); }

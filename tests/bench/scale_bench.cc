@@ -64,6 +64,8 @@ ABSL_FLAG(int, connections_per_process, 0,
 ABSL_FLAG(std::string, telemetry, "full", "What each beat carries: full, step or none");
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+ABSL_FLAG(std::vector<std::string>, server_flags, {},
+          "More flags for the server, comma-separated (e.g. --heartbeat_queues=2)");
 // 16 processes of ~780 agents: Debian's libgrpc is built without NDEBUG, and
 // its completion queues then scan every outstanding call on every event.
 // A child process's part (set by the parent).
@@ -575,10 +577,12 @@ int RunParent(const std::string& self) {
   std::string binary = absl::GetFlag(FLAGS_server_binary);
   if (binary.empty()) binary = testing::RunfilePath("shard_server/shard_server");
   const std::string dir = testing::MakeTempDir("scale-bench");
-  testing::ServerProcess server = testing::StartServerProcess(
-      binary, {"--max_world_size=131072", "--heartbeat_interval_ms=1000",
-               absl::StrCat("--heartbeat_timeout_ms=", timeout_ms),
-               "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport"});
+  std::vector<std::string> server_flags = {
+      "--max_world_size=131072", "--heartbeat_interval_ms=1000",
+      absl::StrCat("--heartbeat_timeout_ms=", timeout_ms), "--metrics_listen=127.0.0.1:0",
+      "--metrics_port_file=" + dir + "/mport"};
+  for (const std::string& flag : absl::GetFlag(FLAGS_server_flags)) server_flags.push_back(flag);
+  testing::ServerProcess server = testing::StartServerProcess(binary, server_flags);
   const pid_t pid = server.process->pid();
   const int64_t rss_idle = testing::RssBytes(pid);
 
