@@ -107,8 +107,7 @@ class HostHeartbeatCall final : public CallQueues::Call {
       if (services_.log != nullptr) services_.log->Log("agent_stream_opened", {{"node", node_}});
     }
     for (const v1::RankStreamClosed& closed : request_->closed()) CloseRank(closed);
-    response_->mutable_answers()->Reserve(request_->beats_size());
-    for (const v1::RankBeat& beat : request_->beats()) Answer(beat, response_->add_answers());
+    AnswerEveryBeat();
     stream_.Write(*response_, &written_);
   }
 
@@ -123,29 +122,45 @@ class HostHeartbeatCall final : public CallQueues::Call {
 
   void Finish(const grpc::Status& status) { stream_.Finish(status, &finished_); }
 
-  void Answer(const v1::RankBeat& beat, v1::RankAnswer* answer) {
-    const v1::MemberCredentials& member = beat.beat().member();
-    if (grpc::Status allowed = caller_.MayActOn(member.job_id()); !allowed.ok()) {
-      answer->set_error_code(allowed.error_code());
-      answer->set_error_message(allowed.error_message());
-      return;
+  // One answer per beat, in order. The beats that may be recorded go to
+  // Membership together (one lock for the host's ranks).
+  void AnswerEveryBeat() {
+    const int n = request_->beats_size();
+    response_->mutable_answers()->Reserve(n);
+    beats_.clear();
+    recorded_.clear();
+    for (int i = 0; i < n; ++i) {
+      const v1::RankBeat& beat = request_->beats(i);
+      v1::RankAnswer* answer = response_->add_answers();
+      const v1::MemberCredentials& member = beat.beat().member();
+      if (grpc::Status allowed = caller_.MayActOn(member.job_id()); !allowed.ok()) {
+        answer->set_error_code(allowed.error_code());
+        answer->set_error_message(allowed.error_message());
+        continue;
+      }
+      if (beat.local_stream() == 0) {
+        SetError(absl::InvalidArgumentError("RankBeat.local_stream is 0; name the rank's stream"),
+                 answer);
+        continue;
+      }
+      RankStream& stream = ranks_[beat.local_stream()];
+      if (stream.id == 0) stream.id = NextAgentRankStreamId();
+      stream.member = member;
+      if (services_.metrics != nullptr) services_.metrics->AddHeartbeat();
+      beats_.push_back({&beat.beat(), stream.id});
+      recorded_.push_back(i);
     }
-    if (beat.local_stream() == 0) {
-      SetError(absl::InvalidArgumentError("RankBeat.local_stream is 0; name the rank's stream"),
-               answer);
-      return;
+    if (beats_.empty()) return;
+    std::vector<absl::StatusOr<v1::HeartbeatResponse>> responses =
+        services_.membership->Heartbeats(beats_);
+    for (size_t k = 0; k < responses.size(); ++k) {
+      v1::RankAnswer* answer = response_->mutable_answers(recorded_[k]);
+      if (!responses[k].ok()) {
+        SetError(responses[k].status(), answer);
+      } else {
+        answer->mutable_response()->Swap(&*responses[k]);
+      }
     }
-    RankStream& stream = ranks_[beat.local_stream()];
-    if (stream.id == 0) stream.id = NextAgentRankStreamId();
-    stream.member = member;
-    if (services_.metrics != nullptr) services_.metrics->AddHeartbeat();
-    absl::StatusOr<v1::HeartbeatResponse> response =
-        services_.membership->Heartbeat(beat.beat(), stream.id);
-    if (!response.ok()) {
-      SetError(response.status(), answer);
-      return;
-    }
-    *answer->mutable_response() = *std::move(response);
   }
 
   // The agent saw the rank's stream close: as if its own stream to us closed.
@@ -176,6 +191,8 @@ class HostHeartbeatCall final : public CallQueues::Call {
   Caller caller_;
   std::string node_;
   absl::flat_hash_map<uint64_t, RankStream> ranks_;  // by the agent's local stream id
+  std::vector<Membership::StreamBeat> beats_;  // AnswerEveryBeat's, kept for their capacity
+  std::vector<int> recorded_;                  // which beat each of beats_ is
   google::protobuf::Arena arena_;
   v1::HostHeartbeatRequest* request_ = nullptr;    // on arena_
   v1::HostHeartbeatResponse* response_ = nullptr;  // on arena_

@@ -794,14 +794,38 @@ absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
 absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request,
                                                              uint64_t stream) {
   int64_t commit = 0;
-  absl::StatusOr<v1::HeartbeatResponse> response = RecordHeartbeat(request, stream, &commit);
+  absl::StatusOr<v1::HeartbeatResponse> response;
+  {
+    absl::MutexLock lock(&mu_);
+    response = RecordHeartbeat(request, stream, &commit);
+  }
   if (absl::Status s = SyncState(commit); !s.ok() && response.ok()) return s;
   return response;
 }
 
+std::vector<absl::StatusOr<v1::HeartbeatResponse>> Membership::Heartbeats(
+    const std::vector<StreamBeat>& beats) {
+  std::vector<absl::StatusOr<v1::HeartbeatResponse>> responses;
+  responses.reserve(beats.size());
+  int64_t commit = 0;  // the state store's sequence: the latest covers every job's
+  {
+    absl::MutexLock lock(&mu_);
+    for (const StreamBeat& beat : beats) {
+      int64_t job_commit = 0;
+      responses.push_back(RecordHeartbeat(*beat.request, beat.stream, &job_commit));
+      commit = std::max(commit, job_commit);
+    }
+  }
+  if (absl::Status s = SyncState(commit); !s.ok()) {
+    for (absl::StatusOr<v1::HeartbeatResponse>& response : responses) {
+      if (response.ok()) response = s;
+    }
+  }
+  return responses;
+}
+
 absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
     const v1::HeartbeatRequest& request, uint64_t stream, int64_t* commit) {
-  absl::MutexLock lock(&mu_);
   absl::StatusOr<Job*> found = FindMemberJob(request.member(), /*allow_stale=*/true);
   if (!found.ok()) return found.status();
   Job& job = **found;

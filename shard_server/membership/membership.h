@@ -151,6 +151,15 @@ class Membership {
   // `stream` names the heartbeat stream it came on (0: unknown).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request,
                                                   uint64_t stream = 0);
+  // Heartbeat for the ranks of one node agent's message, in order: one
+  // acquisition of the lock and one wait for the state store for all of
+  // them (at 100K ranks the server takes 12,500 such messages a second).
+  struct StreamBeat {
+    const v1::HeartbeatRequest* request;
+    uint64_t stream;
+  };
+  std::vector<absl::StatusOr<v1::HeartbeatResponse>> Heartbeats(
+      const std::vector<StreamBeat>& beats);
   // Heartbeat stream `stream` closed (the last beat on it named `member`):
   // when it carried the member's latest beat, evidence of death
   // (failure_detector.h, rules 0 and 1). An older stream closing is not.
@@ -415,11 +424,11 @@ class Membership {
   absl::Status SyncState(int64_t commit) ABSL_LOCKS_EXCLUDED(mu_);
   // Every commit so far (0 without a store).
   int64_t LastCommit() const { return state_ == nullptr ? 0 : state_->LastCommit(); }
-  // Heartbeat under mu_; `*commit`: the job's last commit, which the answer
-  // may reveal.
+  // Heartbeat's record of a beat; `*commit`: the job's last commit, which
+  // the answer may reveal.
   absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
                                                         uint64_t stream, int64_t* commit)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewToken();

@@ -297,6 +297,37 @@ TEST_F(MembershipTest, TheOneMemberThatFallsSilentAmongManyIsTheOneDeclaredDead)
   }
 }
 
+// A node agent's message: the beats of its ranks recorded together, each
+// answered in order, a refused one among them without disturbing the others.
+TEST_F(MembershipTest, HeartbeatsOfOneAgentMessageAreEachAnsweredInOrder) {
+  auto members = Form("job", 3);
+  const int64_t generation = members[0].generation();
+  std::vector<v1::HeartbeatRequest> requests(3);
+  *requests[0].mutable_member() = Credentials("job", members[0]);
+  *requests[1].mutable_member() = Credentials("job", members[2]);
+  requests[1].mutable_member()->set_token("not its token");
+  *requests[2].mutable_member() = Credentials("job", members[2]);
+  requests[2].set_step(7);
+  for (int second = 0; second < 5; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    std::vector<absl::StatusOr<v1::HeartbeatResponse>> answers = membership_->Heartbeats(
+        {{&requests[0], 11}, {&requests[1], 12}, {&requests[2], 13}});
+    ASSERT_EQ(answers.size(), 3u);
+    EXPECT_TRUE(answers[0].ok()) << answers[0].status();
+    EXPECT_EQ(answers[1].status().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(answers[2].ok()) << answers[2].status();
+    EXPECT_EQ(answers[2]->generation(), answers[0]->generation());
+    membership_->Tick();
+  }
+  // Ranks 0 and 2 beat through the batch; rank 1 never did and is dead.
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.generation(), generation + 1);
+  EXPECT_TRUE(job.members(0).alive());
+  EXPECT_FALSE(job.members(1).alive());
+  EXPECT_TRUE(job.members(2).alive());
+  EXPECT_EQ(job.members(2).step(), 7);
+}
+
 TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
   auto members = Form("job", 2);
   clock_.Advance(absl::Milliseconds(2900));
