@@ -1,7 +1,12 @@
 #include "shard_server/checkpoint/checkpoint_manifest.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -25,6 +30,37 @@ absl::Status Corrupt(absl::string_view what) {
   return absl::DataLossError(absl::StrCat("checkpoint manifest: ", what));
 }
 
+// An integer JSON value that T holds. nlohmann converts a float (1e43) or an
+// unsigned integer past T's range with a bare cast, which is undefined
+// behaviour for a float out of range (found by manifest_fuzzer).
+template <typename T>
+bool FitsInteger(const Json& value) {
+  if (value.is_number_unsigned()) {
+    return value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  }
+  if (!value.is_number_integer()) return false;
+  const int64_t v = value.get<int64_t>();
+  return v >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+         static_cast<uint64_t>(std::max<int64_t>(v, 0)) <=
+             static_cast<uint64_t>(std::numeric_limits<T>::max());
+}
+
+// Whether `value` may be read as T: integers must be integers in range.
+template <typename T>
+bool Representable(const Json& value) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return FitsInteger<T>(value);
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    if (!value.is_array()) return true;  // get<> names the type error
+    for (const Json& element : value) {
+      if (!FitsInteger<int64_t>(element)) return false;
+    }
+    return true;
+  } else {
+    return true;
+  }
+}
+
 // Reads a required field of `object` as T; false (and `error` set) if it is
 // missing or of another type.
 template <typename T>
@@ -32,6 +68,11 @@ bool Get(const Json& object, const char* key, T* out, absl::Status* error) {
   auto it = object.find(key);
   if (it == object.end()) {
     *error = Corrupt(absl::StrCat("field \"", key, "\" is missing"));
+    return false;
+  }
+  if (!Representable<T>(*it)) {
+    *error = Corrupt(absl::StrCat("field \"", key, "\": ", it->dump().substr(0, 64),
+                                  " is not an integer of the range this field holds"));
     return false;
   }
   try {

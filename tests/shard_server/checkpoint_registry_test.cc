@@ -347,6 +347,36 @@ TEST_F(CheckpointRegistryTest, ManifestListsTensorsInModelOrderAndPiecesThatTile
   EXPECT_FALSE(absl::StrContains(entries.second, ".tmp")) << entries.second;
 }
 
+// Numbers a manifest's integer fields cannot hold are refused by name, not
+// cast (manifest_fuzzer: a float of 1e43 read as int64 was undefined
+// behaviour).
+TEST_F(CheckpointRegistryTest, AManifestIntegerOutOfRangeOrFractionalIsRefusedNamingTheField) {
+  CompleteStep(10);
+  auto text = ReadFileToString(StepDir(10) + "/manifest.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::ordered_json good = nlohmann::ordered_json::parse(*text);
+  const std::vector<std::pair<std::string, nlohmann::ordered_json>> bad = {
+      {"created_unix_ms", 1.79565e+43},
+      {"step", 2.5},
+      {"step", uint64_t{18446744073709551615u}},
+      {"world_size", int64_t{1} << 40},  // an int field
+  };
+  for (const auto& [field, value] : bad) {
+    nlohmann::ordered_json j = good;
+    j[field] = value;
+    absl::StatusOr<CheckpointManifest> parsed = ParseManifestJson(j.dump());
+    ASSERT_FALSE(parsed.ok()) << field << " = " << value.dump();
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_TRUE(absl::StrContains(parsed.status().message(), field)) << parsed.status();
+  }
+  nlohmann::ordered_json shape = good;
+  shape["tensors"][0]["shape"][0] = 1e30;
+  absl::StatusOr<CheckpointManifest> parsed = ParseManifestJson(shape.dump());
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_TRUE(absl::StrContains(parsed.status().message(), "shape")) << parsed.status();
+  EXPECT_TRUE(ParseManifestJson(good.dump()).ok());
+}
+
 TEST_F(CheckpointRegistryTest, RecommittingTheSameFileIsHarmlessButACompleteStepIsFrozen) {
   CompleteStep(10);
   ShardFile f0 = WriteShard(root_, kJob, 10, 0, plan_);  // identical bytes
