@@ -13,12 +13,14 @@
 #ifndef ZEROSHARD_SHARD_SERVER_CALL_QUEUES_H_
 #define ZEROSHARD_SHARD_SERVER_CALL_QUEUES_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
 namespace zeroshard {
@@ -60,18 +62,35 @@ class CallQueues {
   // Runs every acceptor on every queue and starts the queues' threads. Call
   // once, after the server started.
   void Start(const std::vector<Acceptor>& acceptors);
+  // How far behind the queues' threads are: an alarm on each queue every
+  // 100 ms is timed when its thread gets to it (a queue whose alarm is
+  // overdue counts as that far behind). The worst queue's. The failure
+  // detector extends the heartbeat timeout by it (failure_detector.h, rule
+  // 4b): a beat waiting here is not a silence.
+  absl::Duration Lag() const;
+
   // Call after grpc::Server::Shutdown (which cancels every call): waits
   // until every call ended, then shuts the queues down, drains them and
   // joins the threads. Idempotent.
   void Stop();
 
  private:
+  class LagProbe;
+  // A queue's probe's times (microseconds since the epoch), kept here so
+  // that Lag() reads them after the probe ended.
+  struct ProbeTimes {
+    std::atomic<int64_t> due_us{0};  // of the alarm outstanding
+    std::atomic<int64_t> lag_us{0};  // of the last alarm its thread got to
+  };
+
   void Poll(grpc::ServerCompletionQueue* queue);
   void CallStarted();
   void CallEnded();
 
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::vector<std::thread> pollers_;  // one per queue, from Start() to Stop()
+  std::vector<std::unique_ptr<ProbeTimes>> probe_times_;  // one per queue, from Start()
+  std::atomic<bool> stopping_{false};  // the probes end instead of re-arming
   absl::Mutex mu_;
   // Calls alive (accepting or serving): a queue is shut down only at 0,
   // since an operation started on a shut-down queue aborts the process.

@@ -326,6 +326,17 @@ void ShardServer::Tick() {
   constexpr absl::Duration kAnalyzeEvery = absl::Milliseconds(500);
   constexpr double kMembersPerSecond = 32768;
   absl::MutexLock lock(&tick_mu_);
+  // Null without the network (StartWithoutNetwork): no queues, no lag.
+  if (call_queues_ != nullptr) {
+    const absl::Duration lag = call_queues_->Lag();
+    metrics_->SetCallQueueLag(lag);
+    const absl::Time now = clock_->Now();
+    lags_.emplace_back(now, lag);
+    while (now - lags_.front().first > options_.membership.heartbeat_timeout) lags_.pop_front();
+    absl::Duration worst = absl::ZeroDuration();
+    for (const auto& [at, l] : lags_) worst = std::max(worst, l);
+    membership_->SetServerLag(worst);
+  }
   membership_->Tick();
   kv_->Tick();
   if (clock_->Now() < next_analysis_) return;

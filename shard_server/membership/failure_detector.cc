@@ -71,6 +71,18 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
                                        " ms, but its peers' collectives advanced ",
                                        absl::ToInt64Milliseconds(now - job.data_plane_advanced),
                                        " ms ago: it lost the server, not its peers")});
+    } else if (job.server_lag > options.heartbeat_interval / 2 &&
+               options.isolation_grace > absl::ZeroDuration() &&
+               silent <= options.heartbeat_timeout +
+                             std::min(job.server_lag, options.isolation_grace)) {
+      verdicts.push_back(
+          {Verdict::kServerBehind,
+           absl::StrCat("silent ", absl::ToInt64Milliseconds(silent),
+                        " ms while the server's call queues are ",
+                        absl::ToInt64Milliseconds(job.server_lag),
+                        " ms behind: its beats may be waiting in them; waiting up to "
+                        "--isolation_grace=",
+                        absl::FormatDuration(options.isolation_grace))});
     } else if ((nobody_beats || job_falls_silent) &&
                options.isolation_grace > absl::ZeroDuration() &&
                now - last_heard <= options.heartbeat_timeout + options.isolation_grace) {

@@ -35,6 +35,16 @@
 //      member's rule 3 evidence has just run out, the likelier cause is the
 //      server's own network. Nobody is declared dead until isolation_grace
 //      after the last beat the server heard.
+//   4b. The server was behind: when its own call queues lagged more than
+//      half an interval within the last timeout (ShardServer measures it:
+//      an alarm on each queue, timed when its thread gets to it; `job.
+//      server_lag` is the worst of that window), a silent member's beats
+//      may have waited in them (a worker beats one interval after the
+//      answer to its last, and the timeout already allows for that
+//      interval: a server D behind makes every member look D more silent).
+//      Its timeout is extended by that lag, at most by isolation_grace. A 100K-rank simulated job on a
+//      saturated machine declared live hosts dead without it
+//      (docs/scale.md).
 //   5. Otherwise the member is dead (heartbeat timeout).
 //
 // Worst cases, written where they are relied on (docs/multihost.md):
@@ -111,12 +121,16 @@ struct JobSignals {
   // only some of them (the silent ones, shard_server/membership/silence_order.h);
   // rule 4 takes the later of this and the members' own.
   absl::Time last_heard = absl::InfinitePast();
+  // How far behind the server's call queues were at worst within the last
+  // heartbeat timeout (rule 4b); zero when not measured.
+  absl::Duration server_lag = absl::ZeroDuration();
 };
 
 enum class Verdict {
   kAlive,               // rule 2
   kSeenByPeers,         // rule 3
   kIsolationSuspected,  // rule 4
+  kServerBehind,        // rule 4b
   kDead,                // rules 0, 1 and 5
 };
 

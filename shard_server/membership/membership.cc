@@ -993,7 +993,8 @@ void Membership::Tick() {
       const JobSignals job_signals{
           suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
           job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
-                                 : absl::InfinitePast()};
+                                 : absl::InfinitePast(),
+          absl::Microseconds(server_lag_us_.load(std::memory_order_relaxed))};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);
@@ -1074,6 +1075,18 @@ void Membership::LogDoubts(Job& job, const std::vector<const MemberState*>& live
                                         {"why", verdicts[isolated].why}});
     } else {
       log_->Log("isolation_over", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+    }
+  }
+  const int behind = first(Verdict::kServerBehind);
+  if ((behind >= 0) != job.server_behind) {
+    job.server_behind = behind >= 0;
+    if (behind >= 0) {
+      log_->Log("server_behind", {{"job", job.id},
+                                  {"generation", absl::StrCat(job.generation)},
+                                  {"worker", live[behind]->worker_id},
+                                  {"why", verdicts[behind].why}});
+    } else {
+      log_->Log("server_behind_over", {{"job", job.id}});
     }
   }
   const int seen = first(Verdict::kSeenByPeers);

@@ -25,6 +25,7 @@
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -173,6 +174,11 @@ class Membership {
   // retries the saves of unsaved jobs. Called by the server's timer every few
   // tens of milliseconds.
   void Tick();
+  // How far behind the server's call queues are, for the next ticks
+  // (failure_detector.h, rule 4b). The server sets it before each Tick.
+  void SetServerLag(absl::Duration lag) {
+    server_lag_us_.store(absl::ToInt64Microseconds(lag), std::memory_order_relaxed);
+  }
 
   v1::GetStatusResponse Status(const std::string& job_id);
   // The same into `*out` (cleared first): a message on an arena makes the
@@ -287,6 +293,7 @@ class Membership {
     // silent but seen by their peers (each logged once per episode).
     bool isolation_suspected = false;
     bool seen_by_peers = false;
+    bool server_behind = false;  // a death held by rule 4b (logged once)
     bool formed() const { return members_generation == generation && !members.empty(); }
     // The member with `worker_id`; null: none. O(1): a 100,000-rank job's
     // rejoins after a failure look up every member once each.
@@ -439,6 +446,7 @@ class Membership {
   const MembershipOptions options_;
   const FailureDetectorOptions detector_options_;
 
+  std::atomic<int64_t> server_lag_us_{0};  // SetServerLag
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   // Where each pending join is held: CancelJoin in O(1), not a scan of the

@@ -226,6 +226,12 @@ void ServerMetrics::Write(std::string* out) const {
          "The longest a beat's answer took since the server started.");
   absl::StrAppend(out, "zeroshard_heartbeat_handling_max_seconds ",
                   Num(beat_handling_max_ns_.load() / 1e9), "\n");
+  Family(out, "zeroshard_call_queue_lag_seconds", "gauge",
+         "How far behind the threads of the heartbeat and agent call queues are (an alarm "
+         "every 100 ms, timed when served); past half a heartbeat interval, the heartbeat "
+         "timeout is extended by it.");
+  absl::StrAppend(out, "zeroshard_call_queue_lag_seconds ",
+                  Num(call_queue_lag_ns_.load() / 1e9), "\n");
   Family(out, "zeroshard_joins_total", "counter", "Joins answered with a rank.");
   absl::StrAppend(out, "zeroshard_joins_total ", answered("Join", true), "\n");
   Family(out, "zeroshard_kv_operations_total", "counter",

@@ -43,6 +43,11 @@ class ServerMetrics {
   // work and any wait for its lock (what KV, checkpoint or join work could
   // delay). Lock-free: it runs on every beat.
   void AddHeartbeatHandling(absl::Duration handling);
+  // How far behind the server's call queues are (CallQueues::Lag), set by
+  // the server's timer.
+  void SetCallQueueLag(absl::Duration lag) {
+    call_queue_lag_ns_.store(absl::ToInt64Nanoseconds(lag), std::memory_order_relaxed);
+  }
   void AddCheckpointCommit(int64_t bytes);
   void AddConsolidation(int64_t bytes, double seconds);
 
@@ -63,6 +68,7 @@ class ServerMetrics {
   std::atomic<int64_t> beat_handled_{0};
   std::atomic<int64_t> beat_handling_ns_{0};      // sum
   std::atomic<int64_t> beat_handling_max_ns_{0};  // since the server started
+  std::atomic<int64_t> call_queue_lag_ns_{0};
   std::atomic<int64_t> commits_{0};
   std::atomic<int64_t> commit_bytes_{0};
   std::atomic<int64_t> consolidations_{0};

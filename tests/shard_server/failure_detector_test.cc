@@ -203,5 +203,44 @@ TEST(FailureDetectorTest, VerdictsOtherThanAliveSayWhy) {
   EXPECT_NE(v[0].why.find("--isolation_grace=1m"), std::string::npos) << v[0].why;
 }
 
+// Rule 4b: the server's own queues behind by more than half an interval
+// extend the timeout by that lag (its beats may have waited in them), by at
+// most the grace; not rule 0 or 1.
+TEST(FailureDetectorTest, AServerBehindItsQueuesHoldsDeathsByTimeoutUpToTheGrace) {
+  const std::vector<MemberSignals> members = {
+      {At(5), At(kNever)},   // silent 5 s
+      {At(9.5), At(kNever)},  // beating
+      {At(5), At(6)},         // its stream closed by its end: rule 0
+  };
+  auto judge = [&](double lag_s, double now, bool peer_failure = false) {
+    JobSignals job{peer_failure, At(kNever)};
+    job.last_heard = At(now - 0.5);  // others beat (rule 4 stays out)
+    job.server_lag = absl::Seconds(lag_s);
+    std::vector<Verdict> got;
+    for (const MemberVerdict& v : JudgeMembers(members, job, At(now), Options())) {
+      got.push_back(v.verdict);
+    }
+    return got;
+  };
+  constexpr Verdict kBehind = Verdict::kServerBehind;
+  // Silent 5 s: the 3-s timeout extended by the lag.
+  EXPECT_EQ(judge(2.5, 10), (std::vector<Verdict>{kBehind, kAlive, kDead}));
+  EXPECT_EQ(judge(1.5, 10), (std::vector<Verdict>{kDead, kAlive, kDead}));  // 3 + 1.5 < 5
+  EXPECT_EQ(judge(0.4, 8.2), (std::vector<Verdict>{kDead, kAlive, kDead}));  // under half an interval
+  EXPECT_EQ(judge(0, 10), (std::vector<Verdict>{kDead, kAlive, kDead}));
+  // Extended by at most the grace (60 s): silent 64 s is dead however late.
+  EXPECT_EQ(judge(30, 37.9)[0], kBehind);
+  EXPECT_EQ(judge(300, 69)[0], kDead);
+  // After a peer's failure the data plane already stopped: rule 1 first.
+  EXPECT_EQ(judge(2.5, 10, /*peer_failure=*/true)[0], kDead);
+  // Without a grace rule 4b is off, as rule 4 is.
+  JobSignals job{false, At(kNever)};
+  job.server_lag = absl::Seconds(5);
+  EXPECT_EQ(JudgeMembers({members[0]}, job, At(10), Options(absl::ZeroDuration()))[0].verdict,
+            kDead);
+  std::vector<MemberVerdict> why = JudgeMembers({members[0]}, job, At(10), Options());
+  EXPECT_NE(why[0].why.find("5000 ms behind"), std::string::npos) << why[0].why;
+}
+
 }  // namespace
 }  // namespace zeroshard
