@@ -158,7 +158,9 @@ class HostHeartbeatCall final : public CallQueues::Call {
       if (!responses[k].ok()) {
         SetError(responses[k].status(), answer);
       } else {
-        answer->mutable_response()->Swap(&*responses[k]);
+        // Not Swap: the answer lives on the stream's arena and the response
+        // on the heap, where Swap is a deep copy through reflection.
+        *answer->mutable_response() = std::move(*responses[k]);
       }
     }
   }

@@ -850,8 +850,9 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   }
   m.last_heartbeat = now;
   if (m.alive) job.silence.MoveToBack(m.rank);
-  job.undelivered.erase(m.rank);  // a beat starts the clock (it just did)
-  job.closed_streams.erase(m.rank);
+  // Both are empty in a steady job: skip the hash probes then.
+  if (!job.undelivered.empty()) job.undelivered.erase(m.rank);  // a beat starts the clock
+  if (!job.closed_streams.empty()) job.closed_streams.erase(m.rank);
   m.beating_stream = stream;
   m.heartbeat_seen = true;
   m.step = request.step();
