@@ -99,6 +99,12 @@ ABSL_FLAG(int, hang_report_ms, 10000,
           "Ranks waiting this long in a collective that another rank has not entered (and that "
           "rank not advancing) are reported as a hang naming that rank, in shardctl status, the "
           "metrics and the log; keep it well under the workers' --collective_timeout");
+ABSL_FLAG(int64_t, history_max_points_per_job, 1 << 18,
+          "The per-step history (shardctl history, the dashboard's plots) keeps about this many "
+          "points per job, split evenly over its ranks; a rank over its share keeps its newest "
+          "half and every other older point");
+ABSL_FLAG(int64_t, history_min_points_per_rank, 64,
+          "Each rank's share of --history_max_points_per_job is at least this many points");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT of the metrics port: Prometheus text at /metrics and the dashboard at / "
           "(empty: off); with --auth_token_file, /metrics and the dashboard's data need the token");
@@ -229,6 +235,15 @@ absl::Status ReadCheckpointAndTelemetryFlags(zeroshard::ShardServerOptions& opti
   if (absl::GetFlag(FLAGS_hang_report_ms) < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--hang_report_ms must be >= 1, not ", absl::GetFlag(FLAGS_hang_report_ms)));
+  }
+  options.history.max_points_per_job = absl::GetFlag(FLAGS_history_max_points_per_job);
+  options.history.min_points_per_rank = absl::GetFlag(FLAGS_history_min_points_per_rank);
+  if (options.history.min_points_per_rank < 2 ||
+      options.history.max_points_per_job < options.history.min_points_per_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--history_min_points_per_rank (", options.history.min_points_per_rank,
+        ") must be >= 2 and --history_max_points_per_job (", options.history.max_points_per_job,
+        ") at least as large"));
   }
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.telemetry.hang_report = absl::Milliseconds(absl::GetFlag(FLAGS_hang_report_ms));

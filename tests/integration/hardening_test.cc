@@ -1,6 +1,7 @@
 // #29's small findings with real processes: shardctl consolidate's output
-// (a FIFO, an existing file), token files (world-readable, short), and slow
-// connections to the metrics port.
+// (a FIFO, an existing file), token files (world-readable, short), slow
+// connections to the metrics port, and the per-step history (a rank whose
+// step goes down, a NaN loss).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -9,15 +10,21 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/coordinator_stub.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard {
@@ -189,6 +196,88 @@ TEST(MetricsPortTest, SlowConnectionsDoNotBlockAScrape) {
   for (int fd : slow) open += StillOpen(fd) ? 1 : 0;
   EXPECT_EQ(open, 8) << "the scrape was answered only after slow connections were dropped";
   for (int fd : slow) close(fd);
+}
+
+// Finding 5: a rank whose reported step went down added a history point
+// every status pass without counting it (119 points after 60 s where the
+// bound was 64, and growing), and a NaN loss read back as 0.0000. A real
+// server with a bound of 8 points per rank; one rank beats every 50 ms with
+// its step going down by one each beat and every other loss NaN. The
+// history is read with shardctl while the server records a point per pass
+// (every 500 ms): it must never hold more than 8 points for the rank while
+// at least 24 distinct steps pass through it, and NaN must read as NaN.
+TEST(HistoryTest, AStepThatGoesDownStaysWithinTheBoundAndANaNLossReadsAsNaN) {
+  constexpr int kBound = 8;
+  const std::string dir = testing::MakeTempDir("history-bound");
+  LocalCluster cluster(dir, {absl::StrCat("--history_max_points_per_job=", kBound),
+                             absl::StrCat("--history_min_points_per_rank=", kBound)});
+  ASSERT_TRUE(cluster.ok());
+  std::unique_ptr<v1::Coordinator::Stub> stub = testing::NewCoordinatorStub(cluster.address());
+  v1::JoinRequest join;
+  join.set_job_id("hist");
+  join.set_world_size(1);
+  join.set_worker_id("w0");
+  v1::JoinResponse joined;
+  {
+    grpc::ClientContext context;
+    testing::PrepareContext(&context, absl::Seconds(30));
+    grpc::Status status = stub->Join(&context, join, &joined);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  grpc::ClientContext beat_context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> beats =
+      stub->Heartbeat(&beat_context);
+  v1::HeartbeatRequest beat;
+  v1::MemberCredentials* member = beat.mutable_member();
+  member->set_job_id("hist");
+  member->set_generation(joined.generation());
+  member->set_rank(joined.rank());
+  member->set_token(joined.token());
+  std::set<int64_t> seen;  // the steps the history held at some read
+  size_t most = 0;         // the most points it held at one read
+  bool nan_shown = false;
+  std::string csv;
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  int64_t step = 100000;
+  absl::Time next_read = absl::Now();
+  while (absl::Now() < deadline && (seen.size() < 3 * kBound || !nan_shown)) {
+    beat.set_step(step);
+    beat.set_loss(step % 2 == 0 ? 0.5 : std::nan(""));
+    beat.mutable_last_step()->set_step_ms(10);
+    v1::HeartbeatResponse answer;
+    ASSERT_TRUE(beats->Write(beat) && beats->Read(&answer)) << "the heartbeat stream broke";
+    ASSERT_EQ(answer.command(), v1::CONTINUE) << answer.reason();
+    --step;
+    absl::SleepFor(absl::Milliseconds(50));
+    if (absl::Now() < next_read) continue;
+    next_read = absl::Now() + absl::Milliseconds(300);
+    auto [code, out] = Shardctl(cluster, "--job=hist history --csv");
+    if (code != 0) continue;  // no point recorded yet
+    csv = out;
+    size_t points = 0;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      std::vector<std::string> fields = absl::StrSplit(line, ',');
+      int64_t point_step = 0;
+      if (fields.size() != 7 || fields[0] != "0" || !absl::SimpleAtoi(fields[1], &point_step)) {
+        continue;
+      }
+      ++points;
+      seen.insert(point_step);
+      if (fields[3] == "nan" || fields[3] == "-nan") nan_shown = true;
+    }
+    most = std::max(most, points);
+    ASSERT_LE(points, static_cast<size_t>(kBound)) << out;
+  }
+  beats->WritesDone();
+  beat_context.TryCancel();
+  EXPECT_GE(seen.size(), static_cast<size_t>(3 * kBound))
+      << "the server recorded too few points in 90 s to test the bound:\n" << csv;
+  EXPECT_GE(most, static_cast<size_t>(kBound / 2)) << csv;
+  EXPECT_TRUE(nan_shown) << csv;
+  // The table people read says NaN too, not 0.0000.
+  auto [code, table] = Shardctl(cluster, "--job=hist history");
+  EXPECT_EQ(code, 0) << table;
+  EXPECT_TRUE(absl::StrContains(absl::AsciiStrToLower(table), "nan")) << table;
 }
 
 }  // namespace
