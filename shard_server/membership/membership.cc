@@ -572,15 +572,19 @@ absl::Status Membership::CheckHostsReachable(const Job& job) {
       "address of the route to the server)"));
 }
 
+void Membership::FailPendingJoins(Job& job, const absl::Status& status, Deferred& deferred) {
+  for (auto& [worker_id, p] : job.pending) {
+    pending_by_id_.erase(p.id);
+    deferred.push_back([done = std::move(p.done), status]() { done(status); });
+  }
+  job.pending.clear();
+}
+
 void Membership::FormGeneration(Job& job, Deferred& deferred) {
   absl::Time now = clock_->Now();
   if (absl::Status unreachable = CheckHostsReachable(job); !unreachable.ok()) {
     log_->Log("join_refused", {{"job", job.id}, {"reason", unreachable.ToString()}});
-    for (auto& [worker_id, p] : job.pending) {
-      pending_by_id_.erase(p.id);
-      deferred.push_back([done = std::move(p.done), unreachable]() { done(unreachable); });
-    }
-    job.pending.clear();
+    FailPendingJoins(job, unreachable, deferred);
     return;
   }
   std::vector<MemberState> previous_members = std::move(job.members);
@@ -610,11 +614,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     job.IndexMembers();
     job.members_generation = previous_members_generation;
     job.state = previous_state;
-    for (auto& [worker_id, p] : job.pending) {
-      pending_by_id_.erase(p.id);
-      deferred.push_back([done = std::move(p.done), saved]() { done(saved); });
-    }
-    job.pending.clear();
+    FailPendingJoins(job, saved, deferred);
     return;
   }
   job.undelivered.clear();

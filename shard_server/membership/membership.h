@@ -352,6 +352,9 @@ class Membership {
                           absl::Time now, ClockStart clock, JoinDone done, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Answers every held join of `job` with `status` and forgets them.
+  void FailPendingJoins(Job& job, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Assigns ranks to the pending joins and answers them. When the save
   // fails, every pending join is answered with the error instead and the job
   // is left as it was.
