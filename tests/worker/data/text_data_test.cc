@@ -129,7 +129,9 @@ void ExpectTargetsShifted(const TokenData& data, Split split, int context) {
     for (int j = 0; j < context; ++j) {
       EXPECT_EQ(b.tokens[i * context + j], window[j]) << "row " << i << " pos " << j;
       EXPECT_EQ(b.targets[i * context + j], window[j + 1]) << "row " << i << " pos " << j;
-      if (j + 1 < context) EXPECT_EQ(b.targets[i * context + j], b.tokens[i * context + j + 1]);
+      if (j + 1 < context) {
+        EXPECT_EQ(b.targets[i * context + j], b.tokens[i * context + j + 1]);
+      }
     }
   }
 }
