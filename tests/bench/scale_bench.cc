@@ -18,12 +18,14 @@
 // host whose agent falls silent: the time the server took to declare them
 // dead after their last beat, and the generation change end to end (every
 // survivor told, every rank re-joined and the next generation formed).
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -36,6 +38,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -74,6 +78,11 @@ ABSL_FLAG(std::string, dir, "", "internal: the run's directory");
 ABSL_FLAG(std::string, server, "", "internal: the server's address");
 ABSL_FLAG(int, first_host, 0, "internal: this process's first host");
 ABSL_FLAG(int, host_count, 0, "internal: this process's hosts");
+ABSL_FLAG(std::string, server_cpus, "",
+          "CPUs the server runs on, as taskset lists them (\"0\", \"0-3,8\"); empty: any. With "
+          "--simulator_cpus elsewhere, the server's CPU is measured without the simulators on "
+          "its cores (docs/scale.md)");
+ABSL_FLAG(std::string, simulator_cpus, "", "CPUs the simulating processes run on; empty: any");
 
 namespace zeroshard {
 namespace {
@@ -462,7 +471,53 @@ void SimHost::RoundPart(bool ok) {
   Join();
 }
 
+// --------------------------------------------------------------- CPUs --
+
+// A taskset-style list ("0", "0-3,8") as a CPU set; an error names the part.
+absl::StatusOr<cpu_set_t> ParseCpuList(const std::string& list) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    std::pair<std::string, std::string> range = absl::StrSplit(part, absl::MaxSplits('-', 1));
+    int first = 0;
+    int last = 0;
+    if (!absl::SimpleAtoi(range.first, &first) ||
+        !absl::SimpleAtoi(range.second.empty() ? range.first : range.second, &last) ||
+        first < 0 || last < first || last >= CPU_SETSIZE) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CPU list '", list, "': '", part, "' is not a CPU or a range like 0-3"));
+    }
+    for (int cpu = first; cpu <= last; ++cpu) CPU_SET(cpu, &set);
+  }
+  return set;
+}
+
+// Puts every thread of `pid` on `list` (threads made later inherit it from
+// the thread that makes them). Empty list: nothing to do.
+absl::Status PinProcess(pid_t pid, const std::string& list) {
+  if (list.empty()) return absl::OkStatus();
+  absl::StatusOr<cpu_set_t> set = ParseCpuList(list);
+  if (!set.ok()) return set.status();
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(tasks, error)) {
+    pid_t tid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
+    if (sched_setaffinity(tid, sizeof(*set), &*set) != 0 && errno != ESRCH) {
+      return absl::InternalError(absl::StrCat("sched_setaffinity(", tid, ", ", list,
+                                              "): ", std::strerror(errno)));
+    }
+  }
+  if (error) return absl::InternalError(absl::StrCat(tasks, ": ", error.message()));
+  return absl::OkStatus();
+}
+
 int RunChild() {
+  if (absl::Status pinned = PinProcess(getpid(), absl::GetFlag(FLAGS_simulator_cpus));
+      !pinned.ok()) {
+    std::fprintf(stderr, "scale_bench child: %s\n", pinned.ToString().c_str());
+    return 2;
+  }
   Child child(absl::GetFlag(FLAGS_child), absl::GetFlag(FLAGS_dir), absl::GetFlag(FLAGS_server),
               absl::GetFlag(FLAGS_first_host), absl::GetFlag(FLAGS_host_count),
               absl::GetFlag(FLAGS_ranks_per_host));
@@ -584,6 +639,14 @@ int RunParent(const std::string& self) {
   const int timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   BenchMachine machine = DescribeBenchMachine("");
   std::printf("%s\n", machine.Line().c_str());
+  for (const std::string& list : {absl::GetFlag(FLAGS_server_cpus),
+                                  absl::GetFlag(FLAGS_simulator_cpus)}) {
+    if (list.empty()) continue;
+    if (absl::StatusOr<cpu_set_t> set = ParseCpuList(list); !set.ok()) {
+      std::fprintf(stderr, "scale_bench: %s\n", set.status().ToString().c_str());
+      return 2;
+    }
+  }
   std::string binary = absl::GetFlag(FLAGS_server_binary);
   if (binary.empty()) binary = testing::RunfilePath("shard_server/shard_server");
   const std::string dir = testing::MakeTempDir("scale-bench");
@@ -595,6 +658,10 @@ int RunParent(const std::string& self) {
   testing::ServerProcess server = testing::StartServerProcess(binary, server_flags);
   const pid_t pid = server.process->pid();
   const int64_t rss_idle = testing::RssBytes(pid);
+  if (absl::Status pinned = PinProcess(pid, absl::GetFlag(FLAGS_server_cpus)); !pinned.ok()) {
+    std::fprintf(stderr, "scale_bench: the server: %s\n", pinned.ToString().c_str());
+    return 2;
+  }
 
   std::vector<std::unique_ptr<testing::ChildProcess>> children;
   std::vector<int> first_host(processes + 1);
@@ -614,7 +681,8 @@ int RunParent(const std::string& self) {
                                  absl::StrCat("--ranks_per_host=", per_host),
                                  absl::StrCat("--connections_per_process=",
                                               absl::GetFlag(FLAGS_connections_per_process)),
-                                 "--telemetry=" + absl::GetFlag(FLAGS_telemetry)},
+                                 "--telemetry=" + absl::GetFlag(FLAGS_telemetry),
+                                 "--simulator_cpus=" + absl::GetFlag(FLAGS_simulator_cpus)},
         absl::StrCat(dir, "/child-", i, ".log")));
   }
   Table table({"MEASURE", "VALUE", "TARGET"});
@@ -631,6 +699,8 @@ int RunParent(const std::string& self) {
   };
   nlohmann::ordered_json result;
   result["machine"] = machine.Json();
+  result["server_cpus"] = absl::GetFlag(FLAGS_server_cpus);
+  result["simulator_cpus"] = absl::GetFlag(FLAGS_simulator_cpus);
   result["hosts"] = hosts;
   result["ranks"] = world;
   result["heartbeat_timeout_s"] = timeout_ms / 1000.0;
