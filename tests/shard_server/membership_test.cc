@@ -758,6 +758,60 @@ TEST_F(MembershipTest, StatusShowsEachMembersLastStepAsItsHeartbeatReportedIt) {
   EXPECT_EQ(job.members(0).last_step().step_ms(), 0) << "rank 0 has not reported a step";
 }
 
+// Each beat's telemetry replaces the last one whole (the server keeps the
+// sub-messages' memory across beats, not their contents): a collective that
+// ended is gone, a counter back to 0 reads 0, a unit name is not a mix.
+TEST_F(MembershipTest, EachBeatsTelemetryReplacesTheLastOneWhole) {
+  std::vector<v1::JoinResponse> members = Form("tele2", 1);
+  v1::HeartbeatRequest beat;
+  *beat.mutable_member() = Credentials("tele2", members[0]);
+  v1::RankTelemetry* t = beat.mutable_telemetry();
+  t->mutable_memory()->set_params(1000);
+  t->mutable_memory()->set_grads(200);
+  t->set_bytes_moved(77);
+  t->mutable_in_progress()->set_op(v1::ALL_GATHER);
+  t->mutable_in_progress()->set_unit("a.rather.long.unit.name.of.the.model.layers.11.mlp");
+  t->mutable_in_progress()->set_seq(9);
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  v1::RankTelemetry seen = membership_->Status("tele2").jobs(0).members(0).telemetry();
+  EXPECT_EQ(seen.in_progress().unit(), "a.rather.long.unit.name.of.the.model.layers.11.mlp");
+  EXPECT_EQ(seen.memory().grads(), 200);
+
+  // Next beat: another, shorter unit; grads 0; bytes_moved 0.
+  t->mutable_memory()->set_grads(0);
+  t->set_bytes_moved(0);
+  t->mutable_in_progress()->set_unit("head");
+  t->mutable_in_progress()->set_op(v1::REDUCE_SCATTER);
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  seen = membership_->Status("tele2").jobs(0).members(0).telemetry();
+  EXPECT_EQ(seen.in_progress().unit(), "head");
+  EXPECT_EQ(seen.in_progress().op(), v1::REDUCE_SCATTER);
+  EXPECT_EQ(seen.in_progress().seq(), 9);
+  EXPECT_EQ(seen.memory().params(), 1000);
+  EXPECT_EQ(seen.memory().grads(), 0);
+  EXPECT_EQ(seen.bytes_moved(), 0);
+
+  // Next: no collective in flight, no memory report.
+  t->clear_in_progress();
+  t->clear_memory();
+  t->set_bytes_moved(5);
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  seen = membership_->Status("tele2").jobs(0).members(0).telemetry();
+  EXPECT_FALSE(seen.has_in_progress()) << seen.DebugString();
+  EXPECT_FALSE(seen.has_memory()) << seen.DebugString();
+  EXPECT_EQ(seen.bytes_moved(), 5);
+
+  // And back: both present again.
+  t->mutable_in_progress()->set_unit("embed");
+  t->mutable_memory()->set_cached(3);
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  seen = membership_->Status("tele2").jobs(0).members(0).telemetry();
+  EXPECT_EQ(seen.in_progress().unit(), "embed");
+  EXPECT_EQ(seen.in_progress().seq(), 0);
+  EXPECT_EQ(seen.memory().cached(), 3);
+  EXPECT_EQ(seen.memory().params(), 0);
+}
+
 TEST_F(MembershipTest, StatusSaysWhyEachGenerationBeganAndCountsRejoins) {
   std::vector<v1::JoinResponse> members = Form("hist", 2);
   // w1 goes silent: declared dead, generation 2.
