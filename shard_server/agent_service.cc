@@ -145,13 +145,7 @@ class HostHeartbeatCall final : public CallQueues::Call {
       }
       RankStream& stream = ranks_[beat.local_stream()];
       if (stream.id == 0) stream.id = NextAgentRankStreamId();
-      // Copied only when it changed (a new generation): a copy clears and
-      // re-sets the job id and token strings every beat.
-      if (stream.member.generation() != member.generation() ||
-          stream.member.rank() != member.rank() || stream.member.job_id() != member.job_id() ||
-          stream.member.token() != member.token()) {
-        stream.member = member;
-      }
+      stream.member = member;
       if (services_.metrics != nullptr) services_.metrics->AddHeartbeat();
       beats_.push_back({&beat.beat(), stream.id});
       recorded_.push_back(i);
