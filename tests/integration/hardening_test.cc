@@ -225,6 +225,9 @@ TEST(HistoryTest, AStepThatGoesDownStaysWithinTheBoundAndANaNLossReadsAsNaN) {
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
   grpc::ClientContext beat_context;
+  // The whole loop's deadline and some: a server that stops answering ends
+  // the stream instead of holding the test.
+  testing::PrepareContext(&beat_context, absl::Seconds(120));
   std::unique_ptr<grpc::ClientReaderWriter<v1::HeartbeatRequest, v1::HeartbeatResponse>> beats =
       stub->Heartbeat(&beat_context);
   v1::HeartbeatRequest beat;
