@@ -8,10 +8,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/store_wait_fan_out.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 
@@ -20,6 +22,7 @@ namespace {
 
 // How a rank's beat is answered: the server's answer for it, or why there is
 // none (error_code set).
+using google::protobuf::util::MessageDifferencer;
 using Deliver = std::function<void(const v1::RankAnswer&)>;
 using JoinDone = std::function<void(const grpc::Status&, const v1::JoinResponse&)>;
 
@@ -271,6 +274,9 @@ class Upstream {
     auto flush_now = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stopping_ || broken_ || urgent_;
     };
+    // The credentials each local stream's beats carried on this stream: a
+    // beat with the same ones says so instead (RankBeat.same_member).
+    absl::flat_hash_map<uint64_t, v1::MemberCredentials> carried;
     while (true) {
       v1::HostHeartbeatRequest request;
       {
@@ -282,13 +288,23 @@ class Upstream {
         if (stopping_ || broken_) break;
         urgent_ = false;
         request.set_node(node_);
-        for (v1::RankStreamClosed& closed : closed_) *request.add_closed() = std::move(closed);
+        for (v1::RankStreamClosed& closed : closed_) {
+          carried.erase(closed.local_stream());
+          *request.add_closed() = std::move(closed);
+        }
         closed_.clear();
         std::vector<Queued> batch;
         for (Queued& q : queue_) {
           v1::RankBeat* beat = request.add_beats();
           beat->set_local_stream(q.local);
           *beat->mutable_beat() = q.beat;
+          auto [known, fresh] = carried.try_emplace(q.local);
+          if (!fresh && MessageDifferencer::Equals(known->second, q.beat.member())) {
+            beat->set_same_member(true);
+            beat->mutable_beat()->clear_member();
+          } else {
+            known->second = q.beat.member();
+          }
           batch.push_back(std::move(q));
         }
         queue_.clear();

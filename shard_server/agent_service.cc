@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/arena.h"
@@ -132,22 +132,18 @@ class HostHeartbeatCall final : public CallQueues::Call {
     for (int i = 0; i < n; ++i) {
       const v1::RankBeat& beat = request_->beats(i);
       v1::RankAnswer* answer = response_->add_answers();
-      const v1::MemberCredentials& member = beat.beat().member();
-      if (grpc::Status allowed = caller_.MayActOn(member.job_id()); !allowed.ok()) {
-        answer->set_error_code(allowed.error_code());
-        answer->set_error_message(allowed.error_message());
-        continue;
-      }
       if (beat.local_stream() == 0) {
         SetError(absl::InvalidArgumentError("RankBeat.local_stream is 0; name the rank's stream"),
                  answer);
         continue;
       }
-      RankStream& stream = ranks_[beat.local_stream()];
-      if (stream.id == 0) stream.id = NextAgentRankStreamId();
-      stream.member = member;
+      absl::StatusOr<RankStream*> stream = StreamOf(beat);
+      if (!stream.ok()) {
+        SetError(stream.status(), answer);
+        continue;
+      }
       if (services_.metrics != nullptr) services_.metrics->AddHeartbeat();
-      beats_.push_back({&beat.beat(), stream.id});
+      beats_.push_back({&beat.beat(), (*stream)->id, &(*stream)->member});
       recorded_.push_back(i);
     }
     if (beats_.empty()) return;
@@ -163,6 +159,29 @@ class HostHeartbeatCall final : public CallQueues::Call {
         *answer->mutable_response() = std::move(*responses[k]);
       }
     }
+  }
+
+  // The rank stream a beat came on, holding the beat's credentials (its own,
+  // or those kept for RankBeat.same_member), which the caller may act on.
+  absl::StatusOr<RankStream*> StreamOf(const v1::RankBeat& beat) {
+    if (beat.same_member()) {
+      auto it = ranks_.find(beat.local_stream());
+      if (it == ranks_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RankBeat.same_member for local stream ", beat.local_stream(),
+            ", whose credentials this HostHeartbeat stream has not carried; send them"));
+      }
+      return &it->second;  // its job was allowed when they came
+    }
+    const v1::MemberCredentials& member = beat.beat().member();
+    if (grpc::Status allowed = caller_.MayActOn(member.job_id()); !allowed.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(allowed.error_code()),
+                          allowed.error_message());
+    }
+    RankStream& stream = ranks_[beat.local_stream()];
+    if (stream.id == 0) stream.id = NextAgentRankStreamId();
+    stream.member = member;
+    return &stream;
   }
 
   // The agent saw the rank's stream close: as if its own stream to us closed.
@@ -192,7 +211,9 @@ class HostHeartbeatCall final : public CallQueues::Call {
   grpc::ServerAsyncReaderWriter<v1::HostHeartbeatResponse, v1::HostHeartbeatRequest> stream_;
   Caller caller_;
   std::string node_;
-  absl::flat_hash_map<uint64_t, RankStream> ranks_;  // by the agent's local stream id
+  // By the agent's local stream id. Node-based: AnswerEveryBeat keeps
+  // pointers to the entries' credentials while it adds entries.
+  absl::node_hash_map<uint64_t, RankStream> ranks_;
   std::vector<Membership::StreamBeat> beats_;  // AnswerEveryBeat's, kept for their capacity
   std::vector<int> recorded_;                  // which beat each of beats_ is
   google::protobuf::Arena arena_;

@@ -797,7 +797,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatR
   absl::StatusOr<v1::HeartbeatResponse> response;
   {
     absl::MutexLock lock(&mu_);
-    response = RecordHeartbeat(request, stream, &commit);
+    response = RecordHeartbeat(request, request.member(), stream, &commit);
   }
   if (absl::Status s = SyncState(commit); !s.ok() && response.ok()) return s;
   return response;
@@ -812,7 +812,9 @@ std::vector<absl::StatusOr<v1::HeartbeatResponse>> Membership::Heartbeats(
     absl::MutexLock lock(&mu_);
     for (const StreamBeat& beat : beats) {
       int64_t job_commit = 0;
-      responses.push_back(RecordHeartbeat(*beat.request, beat.stream, &job_commit));
+      const v1::MemberCredentials& member =
+          beat.member != nullptr ? *beat.member : beat.request->member();
+      responses.push_back(RecordHeartbeat(*beat.request, member, beat.stream, &job_commit));
       commit = std::max(commit, job_commit);
     }
   }
@@ -825,11 +827,12 @@ std::vector<absl::StatusOr<v1::HeartbeatResponse>> Membership::Heartbeats(
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
-    const v1::HeartbeatRequest& request, uint64_t stream, int64_t* commit) {
-  absl::StatusOr<Job*> found = FindMemberJob(request.member(), /*allow_stale=*/true);
+    const v1::HeartbeatRequest& request, const v1::MemberCredentials& member, uint64_t stream,
+    int64_t* commit) {
+  absl::StatusOr<Job*> found = FindMemberJob(member, /*allow_stale=*/true);
   if (!found.ok()) return found.status();
   Job& job = **found;
-  MemberState& m = job.members[request.member().rank()];
+  MemberState& m = job.members[member.rank()];
   if (m.left) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", m.rank, " of job '", job.id, "' has left; join again"));
@@ -838,13 +841,9 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   if (m.heartbeat_seen && now - m.last_heartbeat > 2 * options_.heartbeat_interval) {
     // A member back from a silence (its network, or the server's): the time
     // its heartbeats took to resume shows here.
-    log_->Log("heartbeat_resumed", {{"job", job.id},
-                                    {"worker", m.worker_id},
-                                    {"rank", absl::StrCat(m.rank)},
-                                    {"alive", m.alive ? "true" : "false"},
-                                    {"silent_ms", Ms(now - m.last_heartbeat)}});
+    LogResumed(job, m, now - m.last_heartbeat, now);
   }
-  if (job.formed() && request.member().generation() == job.generation &&
+  if (job.formed() && member.generation() == job.generation &&
       request.collective_seq() > m.collective_seq) {
     job.data_plane_advanced = now;
   }
@@ -861,7 +860,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   m.collective_seq = request.collective_seq();
   m.last_step = request.last_step();
   m.snapshot_step = request.snapshot_step();
-  if (request.peer_failure() && job.formed() && request.member().generation() == job.generation &&
+  if (request.peer_failure() && job.formed() && member.generation() == job.generation &&
       job.suspect_generation != job.generation) {
     job.suspect_generation = job.generation;
     log_->Log("peer_failure_reported", {{"job", job.id},
@@ -903,11 +902,46 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   } else {
     response.set_command(v1::ABORT_GENERATION_CHANGED);
     response.set_reason(absl::StrCat("job '", job.id, "' moved from generation ",
-                                     request.member().generation(), " to ", job.generation,
+                                     member.generation(), " to ", job.generation,
                                      ": abort collectives and join again"));
   }
   *commit = job.commit;
   return response;
+}
+
+// The lines of one job's second that are written one per member: enough to
+// name every rank of a host or two that came back, or of a test's job.
+constexpr int kResumedListed = 64;
+
+void Membership::LogResumed(Job& job, const MemberState& m, absl::Duration silent,
+                            absl::Time now) {
+  FlushResumed(job, now);
+  if (job.resumed_listed < kResumedListed) {
+    ++job.resumed_listed;
+    log_->Log("heartbeat_resumed", {{"job", job.id},
+                                    {"worker", m.worker_id},
+                                    {"rank", absl::StrCat(m.rank)},
+                                    {"alive", m.alive ? "true" : "false"},
+                                    {"silent_ms", Ms(silent)}});
+    return;
+  }
+  ++job.resumed_unlisted;
+  job.resumed_unlisted_longest = std::max(job.resumed_unlisted_longest, silent);
+}
+
+void Membership::FlushResumed(Job& job, absl::Time now) {
+  if (now - job.resumed_window < absl::Seconds(1)) return;
+  if (job.resumed_unlisted > 0) {
+    log_->Log("heartbeats_resumed_unlisted",
+              {{"job", job.id},
+               {"members", absl::StrCat(job.resumed_unlisted)},
+               {"longest_silent_ms", Ms(job.resumed_unlisted_longest)},
+               {"listed", absl::StrCat(job.resumed_listed)}});
+  }
+  job.resumed_window = now;
+  job.resumed_listed = 0;
+  job.resumed_unlisted = 0;
+  job.resumed_unlisted_longest = absl::ZeroDuration();
 }
 
 void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member, uint64_t stream) {
@@ -978,6 +1012,7 @@ void Membership::Tick() {
     for (auto it = jobs_.begin(); it != jobs_.end();) {
       Job& job = *it->second;
       if (!job.unsaved.ok()) SaveUnsaved(job).IgnoreError();
+      if (job.resumed_unlisted > 0) FlushResumed(job, now);
       bool died = false;
       bool changed = false;
       std::string dead;  // who, for the generation's history

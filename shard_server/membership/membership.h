@@ -158,6 +158,9 @@ class Membership {
   struct StreamBeat {
     const v1::HeartbeatRequest* request;
     uint64_t stream;
+    // The beat's credentials, when not request->member() (a node agent's
+    // RankBeat.same_member: the server kept them from an earlier beat).
+    const v1::MemberCredentials* member = nullptr;
   };
   std::vector<absl::StatusOr<v1::HeartbeatResponse>> Heartbeats(
       const std::vector<StreamBeat>& beats);
@@ -285,6 +288,15 @@ class Membership {
     // (HeartbeatRequest.peer_failure; -1: none): its silent members are
     // declared dead sooner (Tick).
     int64_t suspect_generation = -1;
+    // heartbeat_resumed lines of the current second (LogResumed): at most
+    // kResumedListed are written; the others are counted and summed up in
+    // one heartbeats_resumed_unlisted line. A server that was itself behind
+    // at 100K ranks logged 100,000 lines at once, and took the CPU to write
+    // them from the beats it was behind on.
+    absl::Time resumed_window = absl::InfinitePast();
+    int resumed_listed = 0;
+    int resumed_unlisted = 0;
+    absl::Duration resumed_unlisted_longest;
     // When a beating member of the formed generation last reported a larger
     // collective_seq (InfinitePast: not in this generation): its silent peers
     // are seen by it (failure_detector.h, rule 3).
@@ -408,6 +420,12 @@ class Membership {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs the start and end of the failure detector's doubts about `live`
   // (its rules 3 and 4) for `job`.
+  // A member beat again after `silent` (over two intervals): logged, or
+  // counted when the job's second already listed kResumedListed.
+  void LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the count of the second's unlisted resumes once it is over.
+  void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
                  const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK unless the pending joins come from several machines and some
@@ -434,9 +452,11 @@ class Membership {
   absl::Status SyncState(int64_t commit) ABSL_LOCKS_EXCLUDED(mu_);
   // Every commit so far (0 without a store).
   int64_t LastCommit() const { return state_ == nullptr ? 0 : state_->LastCommit(); }
-  // Heartbeat's record of a beat; `*commit`: the job's last commit, which
-  // the answer may reveal.
+  // Heartbeat's record of a beat whose credentials are `member` (request's
+  // own member is not read); `*commit`: the job's last commit, which the
+  // answer may reveal.
   absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
+                                                        const v1::MemberCredentials& member,
                                                         uint64_t stream, int64_t* commit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)

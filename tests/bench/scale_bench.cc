@@ -66,6 +66,9 @@ ABSL_FLAG(int, connections_per_process, 0,
           "TCP connections each simulating process opens to the server, its agents' streams "
           "spread over them; 0: one per agent, as real agents have");
 ABSL_FLAG(std::string, telemetry, "full", "What each beat carries: full, step or none");
+ABSL_FLAG(bool, same_member, true,
+          "After a rank's first beat on the stream, send RankBeat.same_member instead of its "
+          "credentials, as shard_agent does (false: credentials in every beat)");
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 ABSL_FLAG(std::vector<std::string>, server_flags, {},
@@ -191,6 +194,7 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
   // server, not the simulator; the simulators' own CPU is what limits the
   // beat rate this machine can offer the server).
   bool request_built_ ABSL_GUARDED_BY(mu_) = false;
+  bool request_carries_members_ ABSL_GUARDED_BY(mu_) = false;  // not yet same_member
   int round_ ABSL_GUARDED_BY(mu_) = 0;  // joins completed
   absl::Time retry_join_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::vector<v1::MemberCredentials> members_ ABSL_GUARDED_BY(mu_);  // by slot
@@ -436,6 +440,15 @@ void SimHost::Tick() {
         *beat->mutable_beat()->mutable_member() = members_[slot];
       }
       request_built_ = true;
+      request_carries_members_ = true;
+    } else if (request_carries_members_ && absl::GetFlag(FLAGS_same_member)) {
+      // Sent once on this stream: the server keeps the credentials, as for
+      // shard_agent's beats (RankBeat.same_member).
+      for (v1::RankBeat& beat : *request_.mutable_beats()) {
+        beat.mutable_beat()->clear_member();
+        beat.set_same_member(true);
+      }
+      request_carries_members_ = false;
     }
   }
   if (start) stub_->async()->HostHeartbeat(&context_, this);
@@ -682,6 +695,7 @@ int RunParent(const std::string& self) {
                                  absl::StrCat("--connections_per_process=",
                                               absl::GetFlag(FLAGS_connections_per_process)),
                                  "--telemetry=" + absl::GetFlag(FLAGS_telemetry),
+                                 absl::StrCat("--same_member=", absl::GetFlag(FLAGS_same_member)),
                                  "--simulator_cpus=" + absl::GetFlag(FLAGS_simulator_cpus)},
         absl::StrCat(dir, "/child-", i, ".log")));
   }
@@ -701,6 +715,7 @@ int RunParent(const std::string& self) {
   result["machine"] = machine.Json();
   result["server_cpus"] = absl::GetFlag(FLAGS_server_cpus);
   result["simulator_cpus"] = absl::GetFlag(FLAGS_simulator_cpus);
+  result["same_member"] = absl::GetFlag(FLAGS_same_member);
   result["hosts"] = hosts;
   result["ranks"] = world;
   result["heartbeat_timeout_s"] = timeout_ms / 1000.0;

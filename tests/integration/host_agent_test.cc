@@ -151,6 +151,27 @@ class HandAgent {
     return response;
   }
 
+  // One request of beats that name only their local stream
+  // (RankBeat.same_member), each reporting `step`; the server's response.
+  v1::HostHeartbeatResponse BeatSameMember(const std::vector<uint64_t>& locals, int64_t step) {
+    if (stream_ == nullptr) {
+      Authorize(&context_);
+      stream_ = stub_->HostHeartbeat(&context_);
+    }
+    v1::HostHeartbeatRequest request;
+    request.set_node("hand-host boot-1");
+    for (uint64_t local : locals) {
+      v1::RankBeat* beat = request.add_beats();
+      beat->set_local_stream(local);
+      beat->set_same_member(true);
+      beat->mutable_beat()->set_step(step);
+    }
+    v1::HostHeartbeatResponse response;
+    EXPECT_TRUE(stream_->Write(request));
+    EXPECT_TRUE(stream_->Read(&response));
+    return response;
+  }
+
   // The agent's stream ends abruptly (its process or host is gone).
   void Close() {
     if (stream_ == nullptr) return;
@@ -389,6 +410,40 @@ TEST(HostAgentServiceTest, AStaleGenerationOrAWrongTokenIsFencedThroughTheAgent)
   EXPECT_EQ(r.answers(1).response().command(), v1::CONTINUE);
   EXPECT_EQ(r.answers(2).error_code(), grpc::StatusCode::FAILED_PRECONDITION)
       << r.answers(2).error_message();
+}
+
+// RankBeat.same_member: after a rank's credentials came once on the stream,
+// its beats may name only its local stream; the server uses the kept ones
+// (per HostHeartbeat stream), and refuses a local stream it has none for.
+TEST(HostAgentServiceTest, ABeatMayNameOnlyItsLocalStreamOnceItsCredentialsCame) {
+  Events events;
+  auto server = StartServer(&events);
+  ASSERT_NE(server, nullptr);
+  HandAgent agent(server->address());
+  std::vector<v1::MemberCredentials> m = JoinThroughAgents({&agent}, "kept", 2);
+  agent.Beat({m[1], m[0]});  // local stream 1 is rank 1, 2 is rank 0
+  v1::HostHeartbeatResponse r = agent.BeatSameMember({1, 2, 3}, 5);
+  ASSERT_EQ(r.answers_size(), 3);
+  EXPECT_EQ(r.answers(0).error_code(), 0) << r.answers(0).error_message();
+  EXPECT_EQ(r.answers(0).response().command(), v1::CONTINUE);
+  EXPECT_EQ(r.answers(1).error_code(), 0) << r.answers(1).error_message();
+  EXPECT_EQ(r.answers(2).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(r.answers(2).error_message().find("same_member for local stream 3"),
+            std::string::npos)
+      << r.answers(2).error_message();
+  v1::JobStatus job = server->membership()->Status("kept").jobs(0);
+  EXPECT_EQ(job.members(0).step(), 5);
+  EXPECT_EQ(job.members(1).step(), 5);
+  // Kept per stream: another stream of the same host has none.
+  HandAgent other(server->address());
+  v1::HostHeartbeatResponse o = other.BeatSameMember({1}, 6);
+  ASSERT_EQ(o.answers_size(), 1);
+  EXPECT_EQ(o.answers(0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(server->membership()->Status("kept").jobs(0).members(1).step(), 5);
+  // A rank stream the agent reported closed has its credentials dropped.
+  agent.Beat({}, {{1, m[1]}});
+  EXPECT_EQ(agent.BeatSameMember({1}, 7).answers(0).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST(HostAgentServiceTest, TheAgentNeedsTheTokenItsRanksPresent) {

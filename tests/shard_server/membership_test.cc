@@ -328,6 +328,63 @@ TEST_F(MembershipTest, HeartbeatsOfOneAgentMessageAreEachAnsweredInOrder) {
   EXPECT_EQ(job.members(2).step(), 7);
 }
 
+// RankBeat.same_member: the agent's message carries no credentials for a
+// rank whose earlier beat on the stream did; the server passes the ones it
+// kept (StreamBeat.member), and those are what is checked, not the empty
+// ones in the request.
+TEST_F(MembershipTest, ABeatsCredentialsMayComeApartFromItsRequest) {
+  auto members = Form("job", 2);
+  const v1::MemberCredentials kept = Credentials("job", members[1]);
+  v1::MemberCredentials wrong = kept;
+  wrong.set_token("not its token");
+  v1::HeartbeatRequest request;  // no member
+  request.set_step(9);
+  clock_.Advance(absl::Seconds(1));
+  std::vector<absl::StatusOr<v1::HeartbeatResponse>> answers =
+      membership_->Heartbeats({{&request, 21, &kept}, {&request, 22, &wrong}});
+  ASSERT_EQ(answers.size(), 2u);
+  ASSERT_TRUE(answers[0].ok()) << answers[0].status();
+  EXPECT_EQ(answers[0]->command(), v1::CONTINUE);
+  EXPECT_EQ(answers[1].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(membership_->Status("job").jobs(0).members(1).step(), 9);
+}
+
+// After a silence of the server's own (it was behind) every member's beat
+// comes back at once: 64 heartbeat_resumed lines a job a second, the others
+// counted in one heartbeats_resumed_unlisted line when the second is over.
+TEST_F(MembershipTest, ResumedHeartbeatsAreListedUpTo64AJobASecondAndTheRestCounted) {
+  constexpr int kWorld = 100;
+  auto members = Form("job", kWorld);
+  auto logged = [this](const std::string& event) {
+    int n = 0;
+    for (const auto& line : lines_) n += line.find("event=" + event + " ") != std::string::npos;
+    return n;
+  };
+  for (const auto& m : members) ASSERT_TRUE(Beat(Credentials("job", m)).ok());
+  clock_.Advance(absl::Milliseconds(2500));  // over 2 intervals, under the timeout
+  for (const auto& m : members) ASSERT_TRUE(Beat(Credentials("job", m)).ok());
+  EXPECT_EQ(logged("heartbeat_resumed"), 64);
+  EXPECT_EQ(logged("heartbeats_resumed_unlisted"), 0);  // the second is not over
+  clock_.Advance(absl::Milliseconds(400));
+  membership_->Tick();
+  EXPECT_EQ(logged("heartbeats_resumed_unlisted"), 0);
+  clock_.Advance(absl::Milliseconds(700));
+  membership_->Tick();
+  ASSERT_EQ(logged("heartbeats_resumed_unlisted"), 1);
+  std::string summary;
+  for (const auto& line : lines_) {
+    if (line.find("event=heartbeats_resumed_unlisted ") != std::string::npos) summary = line;
+  }
+  EXPECT_NE(summary.find("members=36 "), std::string::npos) << summary;
+  EXPECT_NE(summary.find("longest_silent_ms=2500"), std::string::npos) << summary;
+  // A later silence starts a new second: listed again.
+  for (const auto& m : members) ASSERT_TRUE(Beat(Credentials("job", m)).ok());
+  clock_.Advance(absl::Milliseconds(2500));
+  ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());
+  EXPECT_EQ(logged("heartbeat_resumed"), 65);
+  EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+}
+
 TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
   auto members = Form("job", 2);
   clock_.Advance(absl::Milliseconds(2900));
