@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job_id.h"
 #include "common/local_address.h"
+#include "shard_server/membership/assign_telemetry.h"
 
 namespace zeroshard {
 namespace {
@@ -891,7 +892,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
                  {"first_step_ms", absl::StrFormat("%.0f", r.first_step_ms())}});
     }
   }
-  m.telemetry = request.telemetry();
+  AssignTelemetry(request.telemetry(), &m.telemetry);
   // The beat above counts (the member is alive); the answer waits for the
   // job's unsaved change, which may be what the member must hear.
   if (absl::Status s = SaveUnsaved(job); !s.ok()) return s;
