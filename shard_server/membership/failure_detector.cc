@@ -19,6 +19,13 @@ bool ClosedByItsEnd(const MemberSignals& m, absl::Time now,
 
 }  // namespace
 
+absl::Duration ServerLagAllowance(absl::Duration server_lag, const FailureDetectorOptions& options) {
+  if (server_lag <= options.heartbeat_interval / 2 || options.isolation_grace <= absl::ZeroDuration()) {
+    return absl::ZeroDuration();
+  }
+  return std::min(server_lag, options.isolation_grace);
+}
+
 std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& members,
                                         const JobSignals& job, absl::Time now,
                                         const FailureDetectorOptions& options) {
@@ -36,6 +43,7 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
   // when every member had in fact stopped reaching it.
   const bool job_falls_silent = now - last_heard > options.heartbeat_interval * 1.5;
   const bool peers_see_them = now - job.data_plane_advanced <= options.heartbeat_timeout;
+  const absl::Duration lag_allowance = ServerLagAllowance(job.server_lag, options);
 
   std::vector<MemberVerdict> verdicts;
   verdicts.reserve(members.size());
@@ -71,10 +79,8 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
                                        " ms, but its peers' collectives advanced ",
                                        absl::ToInt64Milliseconds(now - job.data_plane_advanced),
                                        " ms ago: it lost the server, not its peers")});
-    } else if (job.server_lag > options.heartbeat_interval / 2 &&
-               options.isolation_grace > absl::ZeroDuration() &&
-               silent <= options.heartbeat_timeout +
-                             std::min(job.server_lag, options.isolation_grace)) {
+    } else if (lag_allowance > absl::ZeroDuration() &&
+               silent <= options.heartbeat_timeout + lag_allowance) {
       verdicts.push_back(
           {Verdict::kServerBehind,
            absl::StrCat("silent ", absl::ToInt64Milliseconds(silent),

@@ -78,6 +78,10 @@ struct FailureDetectorOptions {
   absl::Duration isolation_grace = absl::ZeroDuration();
 };
 
+// Rule 4b's extension of the heartbeat timeout while the server's call
+// queues are `server_lag` behind (zero when the rule does not apply).
+absl::Duration ServerLagAllowance(absl::Duration server_lag, const FailureDetectorOptions& options);
+
 // A client re-opens a broken heartbeat stream within ~100 ms and beats at
 // once (rule 1).
 inline constexpr absl::Duration kReopenGrace = absl::Milliseconds(300);

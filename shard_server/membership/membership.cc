@@ -1022,7 +1022,9 @@ void Membership::Tick() {
       const bool suspect = job.formed() && job.suspect_generation == job.generation;
       // Only those that may be dead: every other live member is alive
       // (failure_detector.h, JudgeMembers).
-      const std::vector<MemberState*> live = MembersToJudge(job, now);
+      const absl::Duration server_lag =
+          absl::Microseconds(server_lag_us_.load(std::memory_order_relaxed));
+      const std::vector<MemberState*> live = MembersToJudge(job, now, server_lag);
       const std::vector<const MemberState*> judged(live.begin(), live.end());
       std::vector<MemberSignals> signals;
       signals.reserve(live.size());
@@ -1031,7 +1033,7 @@ void Membership::Tick() {
           suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
           job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
                                  : absl::InfinitePast(),
-          absl::Microseconds(server_lag_us_.load(std::memory_order_relaxed))};
+          server_lag};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);
@@ -1198,17 +1200,27 @@ void Membership::AnswersUndeliverable(const std::vector<UndeliveredAnswer>& answ
   }
 }
 
-std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now) const {
+std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now,
+                                                                absl::Duration server_lag) const {
   // Beyond this silence a member may be dead (rules 1 and 5); within it, a
   // member is alive unless its stream closed.
   absl::Duration may_be_dead = options_.heartbeat_timeout;
+  // Up to this silence a member that may be dead is held alive by rule 4b
+  // (the server is behind) if nothing else: judged is only the longest
+  // silent of those, which is enough for the episode's log line. At 100K
+  // ranks a server 2 s behind had tens of thousands of them, and judging
+  // every one every tick (50 ms) kept it behind.
+  absl::Duration held = may_be_dead + ServerLagAllowance(server_lag, detector_options_);
   if (job.formed() && job.suspect_generation == job.generation) {
     may_be_dead = std::min(may_be_dead, options_.heartbeat_interval * 1.5);
+    held = may_be_dead;  // rule 1's shorter silence is not extended
   }
   std::vector<int> ranks;
   for (int r = job.silence.Oldest(); r != -1; r = job.silence.Next(r)) {
-    if (now - job.members[r].last_heartbeat <= may_be_dead) break;
+    const absl::Duration silent = now - job.members[r].last_heartbeat;
+    if (silent <= may_be_dead) break;
     ranks.push_back(r);
+    if (silent <= held) break;  // the others are less silent: held too
   }
   for (auto it = job.closed_streams.begin(); it != job.closed_streams.end();) {
     const MemberState& m = job.members[*it];

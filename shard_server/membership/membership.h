@@ -403,8 +403,11 @@ class Membership {
   void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live members Tick must judge at `now`: those silent longer than a
   // beating member can be (the front of `job.silence`) and those whose
-  // stream closed; by rank.
-  std::vector<MemberState*> MembersToJudge(Job& job, absl::Time now) const;
+  // stream closed; by rank. While the server is `server_lag` behind (rule
+  // 4b), of the members it holds alive for that alone only the longest
+  // silent.
+  std::vector<MemberState*> MembersToJudge(Job& job, absl::Time now,
+                                           absl::Duration server_lag) const;
   // Declares `m` dead and moves the job to a new generation (DEGRADED).
   void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -385,6 +385,46 @@ TEST_F(MembershipTest, ResumedHeartbeatsAreListedUpTo64AJobASecondAndTheRestCoun
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
 }
 
+// Rule 4b through Tick: while the server is 2 s behind, a member silent past
+// the 3-s timeout is held up to 5 s; past that it is dead. Tick judges only
+// the longest silent of the held ones (at 100K ranks it judged tens of
+// thousands every 50 ms), which must not hold back those past the 5 s.
+TEST_F(MembershipTest, WhileTheServerIsBehindMembersAreHeldForItsLagThenDeclaredDead) {
+  options_.isolation_grace = absl::Seconds(90);
+  membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+  constexpr int kWorld = 300;
+  auto members = Form("job", kWorld);
+  const int64_t generation = members[0].generation();
+  auto beat = [&](int from, int to) {
+    for (int r = from; r < to; ++r) ASSERT_TRUE(Beat(Credentials("job", members[r])).ok());
+  };
+  auto logged = [this](const std::string& event) {
+    int n = 0;
+    for (const auto& line : lines_) n += line.find("event=" + event + " ") != std::string::npos;
+    return n;
+  };
+  membership_->SetServerLag(absl::Seconds(2));
+  beat(0, kWorld);  // t = 0
+  clock_.Advance(absl::Seconds(1));
+  beat(0, 100);  // 0..99 beat on; 100..199 fell silent at 0 s, 200..299 at 1 s
+  beat(200, kWorld);
+  for (int t = 2; t <= 4; ++t) {
+    clock_.Advance(absl::Seconds(1));
+    beat(0, 100);
+    membership_->Tick();
+    EXPECT_EQ(membership_->Status("job").jobs(0).generation(), generation) << t;
+  }
+  EXPECT_EQ(logged("server_behind"), 1);
+  EXPECT_EQ(logged("member_dead"), 0);
+  clock_.Advance(absl::Milliseconds(1100));  // t = 5.1: 100..199 past 5 s, 200..299 at 4.1
+  beat(0, 100);
+  membership_->Tick();
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.generation(), generation + 1);
+  EXPECT_EQ(logged("member_dead"), 100);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(job.members(r).alive(), r < 100 || r >= 200) << r;
+}
+
 TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {
   auto members = Form("job", 2);
   clock_.Advance(absl::Milliseconds(2900));
