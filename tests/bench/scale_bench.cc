@@ -196,6 +196,7 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
   bool request_built_ ABSL_GUARDED_BY(mu_) = false;
   bool request_carries_members_ ABSL_GUARDED_BY(mu_) = false;  // not yet same_member
   int round_ ABSL_GUARDED_BY(mu_) = 0;  // joins completed
+  absl::Time next_beat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time retry_join_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::vector<v1::MemberCredentials> members_ ABSL_GUARDED_BY(mu_);  // by slot
 };
@@ -280,13 +281,13 @@ class Child {
     return rounds_[round];
   }
 
-  // Each host beats once a second, in its own 10-ms slot.
+  // Every 10 ms, each host whose next beat is due beats: one interval after
+  // the answer to its last, as a worker through a real agent does (a host's
+  // first beat after a join is spread over a second by its number).
   void Tick() {
-    constexpr int kSlots = 100;
     absl::Time next = absl::Now();
-    for (int64_t tick = 0; !stop_; ++tick) {
-      const int slot = tick % kSlots;
-      for (size_t h = slot; h < hosts_.size(); h += kSlots) hosts_[h]->Tick();
+    while (!stop_) {
+      for (const auto& h : hosts_) h->Tick();
       next += absl::Milliseconds(10);
       absl::SleepFor(next - absl::Now());
     }
@@ -408,6 +409,7 @@ void SimHost::Joined(std::vector<v1::HostJoinAnswer> answers, const grpc::Status
     silent_ = false;
     silent_slot_ = -1;
     request_built_ = false;
+    next_beat_ = absl::Now() + absl::Milliseconds(10 * (host_ % 100));
   }
   child_->RecordJoined(round, at, errors, error);
 }
@@ -426,7 +428,7 @@ void SimHost::Tick() {
   }
   {
     absl::MutexLock lock(&mu_);
-    if (!beating_ || in_flight_ || silent_) return;
+    if (!beating_ || in_flight_ || silent_ || absl::Now() < next_beat_) return;
     in_flight_ = true;
     start = !started_;
     started_ = true;
@@ -476,6 +478,7 @@ void SimHost::RoundPart(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     in_flight_ = false;
+    next_beat_ = absl::Now() + absl::Seconds(1);  // the heartbeat interval
     if (aborts == 0) return;
     beating_ = false;  // as a worker does: stop beating, re-join
     round = round_ - 1;
@@ -570,6 +573,21 @@ Totals Collect(const std::string& dir, int processes, int round) {
     if (t.round.first_join_error.empty()) t.round.first_join_error = r["first_join_error"];
   }
   return t;
+}
+
+// The latest round if every host joined it and none has been told of a
+// generation change since (a steady job); -1 otherwise.
+int SteadyRound(const std::string& dir, int processes, int hosts) {
+  int latest = -1;
+  for (int i = 0; i < processes; ++i) {
+    nlohmann::json s = nlohmann::json::parse(
+        testing::ReadFileOrEmpty(absl::StrCat(dir, "/status-", i)), nullptr, false);
+    if (s.is_discarded() || !s.contains("rounds")) return -1;
+    latest = std::max(latest, static_cast<int>(s["rounds"].size()) - 1);
+  }
+  if (latest < 0) return -1;
+  const Totals t = Collect(dir, processes, latest);
+  return t.round.joined == hosts && t.round.aborted == 0 ? latest : -1;
 }
 
 // The server's member_dead events, by worker id: when, and how long the
@@ -780,6 +798,14 @@ int RunParent(const std::string& self) {
                                 double(rss - rss_idle) / world / 1024),
                 "<= 2048 MiB"});
   if (t.errors > 0) return fail("beats refused: " + t.first_error);
+  // Live ranks declared dead before the faults (the machine could not keep
+  // up) make every rank re-join: the figures above may then include that
+  // work, not only beats.
+  const bool disturbed = t.round.aborted > 0;
+  result["generation_changed_before_the_faults"] = disturbed;
+  if (disturbed) {
+    table.AddRow({"  live ranks declared dead before the faults: the job re-formed", "yes", "no"});
+  }
 
   // ---- GET /metrics ----
   std::string mport = std::string(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(dir + "/mport")));
@@ -834,7 +860,15 @@ int RunParent(const std::string& self) {
   DeathsInLog server_deaths(server.dir + "/server.log");
   for (size_t f = 0; f < faults.size(); ++f) {
     const Fault& fault = faults[f];
-    const int round = static_cast<int>(f);
+    // The fault goes into a steady job: every host joined the latest round
+    // and none was told of a change since. A fault sent while the hosts
+    // re-join (live ranks declared dead on a machine that cannot keep up)
+    // would be undone by the host's own re-join.
+    int round = -1;
+    if (!testing::WaitFor([&] { return (round = SteadyRound(dir, processes, hosts)) >= 0; },
+                          absl::Minutes(3))) {
+      return fail(fault.name + ": the job did not settle within 3 minutes");
+    }
     const absl::Time since = absl::Now();
     Command(dir, process_of(fault.host),
             f == 0 ? absl::StrCat("silence-rank ", fault.host, " 3")
