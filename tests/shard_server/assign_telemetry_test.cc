@@ -49,8 +49,8 @@ void FillEveryField(int seed, Message* m) {
         break;
       case FieldDescriptor::CPPTYPE_INT32: r->SetInt32(m, f, v); break;
       case FieldDescriptor::CPPTYPE_INT64: r->SetInt64(m, f, int64_t{v} << 33); break;
-      case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(m, f, v); break;
-      case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(m, f, uint64_t{v} << 33); break;
+      case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(m, f, static_cast<uint32_t>(v)); break;
+      case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(m, f, static_cast<uint64_t>(v) << 33); break;
       case FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(m, f, v + 0.5f); break;
       case FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(m, f, v + 0.25); break;
       case FieldDescriptor::CPPTYPE_BOOL: r->SetBool(m, f, true); break;
