@@ -20,9 +20,10 @@
 namespace zeroshard {
 namespace {
 
+using google::protobuf::util::MessageDifferencer;
+
 // How a rank's beat is answered: the server's answer for it, or why there is
 // none (error_code set).
-using google::protobuf::util::MessageDifferencer;
 using Deliver = std::function<void(const v1::RankAnswer&)>;
 using JoinDone = std::function<void(const grpc::Status&, const v1::JoinResponse&)>;
 

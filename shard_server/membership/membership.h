@@ -421,14 +421,14 @@ class Membership {
   // passed without one): they all join the next, larger generation.
   void MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Logs the start and end of the failure detector's doubts about `live`
-  // (its rules 3 and 4) for `job`.
   // A member beat again after `silent` (over two intervals): logged, or
   // counted when the job's second already listed kResumedListed.
   void LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the count of the second's unlisted resumes once it is over.
   void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs the start and end of the failure detector's doubts about `live`
+  // (its rules 3 and 4) for `job`.
   void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
                  const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK unless the pending joins come from several machines and some

@@ -129,12 +129,7 @@ class HandAgent {
   v1::HostHeartbeatResponse Beat(const std::vector<v1::MemberCredentials>& members,
                                  const std::vector<std::pair<uint64_t, v1::MemberCredentials>>&
                                      closed = {}) {
-    if (stream_ == nullptr) {
-      Authorize(&context_);
-      stream_ = stub_->HostHeartbeat(&context_);
-    }
     v1::HostHeartbeatRequest request;
-    request.set_node("hand-host boot-1");
     for (size_t i = 0; i < members.size(); ++i) {
       v1::RankBeat* beat = request.add_beats();
       beat->set_local_stream(i + 1);
@@ -145,31 +140,20 @@ class HandAgent {
       c->set_local_stream(local);
       *c->mutable_member() = member;
     }
-    v1::HostHeartbeatResponse response;
-    EXPECT_TRUE(stream_->Write(request));
-    EXPECT_TRUE(stream_->Read(&response));
-    return response;
+    return Send(&request);
   }
 
   // One request of beats that name only their local stream
   // (RankBeat.same_member), each reporting `step`; the server's response.
   v1::HostHeartbeatResponse BeatSameMember(const std::vector<uint64_t>& locals, int64_t step) {
-    if (stream_ == nullptr) {
-      Authorize(&context_);
-      stream_ = stub_->HostHeartbeat(&context_);
-    }
     v1::HostHeartbeatRequest request;
-    request.set_node("hand-host boot-1");
     for (uint64_t local : locals) {
       v1::RankBeat* beat = request.add_beats();
       beat->set_local_stream(local);
       beat->set_same_member(true);
       beat->mutable_beat()->set_step(step);
     }
-    v1::HostHeartbeatResponse response;
-    EXPECT_TRUE(stream_->Write(request));
-    EXPECT_TRUE(stream_->Read(&response));
-    return response;
+    return Send(&request);
   }
 
   // The agent's stream ends abruptly (its process or host is gone).
@@ -181,6 +165,20 @@ class HandAgent {
   }
 
  private:
+  // Sends `request` as this host's on the agent's stream (opened on first
+  // use); the server's response.
+  v1::HostHeartbeatResponse Send(v1::HostHeartbeatRequest* request) {
+    if (stream_ == nullptr) {
+      Authorize(&context_);
+      stream_ = stub_->HostHeartbeat(&context_);
+    }
+    request->set_node("hand-host boot-1");
+    v1::HostHeartbeatResponse response;
+    EXPECT_TRUE(stream_->Write(*request));
+    EXPECT_TRUE(stream_->Read(&response));
+    return response;
+  }
+
   std::unique_ptr<grpc::ClientReader<v1::HostJoinResponse>> StartJoins(
       const std::vector<v1::JoinRequest>& joins, grpc::ClientContext* context) {
     Authorize(context);

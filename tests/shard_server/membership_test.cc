@@ -75,6 +75,13 @@ class MembershipTest : public ::testing::Test {
     return membership_->Heartbeat(h);
   }
 
+  // Lines of `event` in the log so far.
+  int Logged(const std::string& event) {
+    int n = 0;
+    for (const auto& line : lines_) n += line.find("event=" + event + " ") != std::string::npos;
+    return n;
+  }
+
   std::string StatusText(const std::string& job = "") {
     return membership_->Status(job).DebugString();
   }
@@ -355,22 +362,17 @@ TEST_F(MembershipTest, ABeatsCredentialsMayComeApartFromItsRequest) {
 TEST_F(MembershipTest, ResumedHeartbeatsAreListedUpTo64AJobASecondAndTheRestCounted) {
   constexpr int kWorld = 100;
   auto members = Form("job", kWorld);
-  auto logged = [this](const std::string& event) {
-    int n = 0;
-    for (const auto& line : lines_) n += line.find("event=" + event + " ") != std::string::npos;
-    return n;
-  };
   for (const auto& m : members) ASSERT_TRUE(Beat(Credentials("job", m)).ok());
   clock_.Advance(absl::Milliseconds(2500));  // over 2 intervals, under the timeout
   for (const auto& m : members) ASSERT_TRUE(Beat(Credentials("job", m)).ok());
-  EXPECT_EQ(logged("heartbeat_resumed"), 64);
-  EXPECT_EQ(logged("heartbeats_resumed_unlisted"), 0);  // the second is not over
+  EXPECT_EQ(Logged("heartbeat_resumed"), 64);
+  EXPECT_EQ(Logged("heartbeats_resumed_unlisted"), 0);  // the second is not over
   clock_.Advance(absl::Milliseconds(400));
   membership_->Tick();
-  EXPECT_EQ(logged("heartbeats_resumed_unlisted"), 0);
+  EXPECT_EQ(Logged("heartbeats_resumed_unlisted"), 0);
   clock_.Advance(absl::Milliseconds(700));
   membership_->Tick();
-  ASSERT_EQ(logged("heartbeats_resumed_unlisted"), 1);
+  ASSERT_EQ(Logged("heartbeats_resumed_unlisted"), 1);
   std::string summary;
   for (const auto& line : lines_) {
     if (line.find("event=heartbeats_resumed_unlisted ") != std::string::npos) summary = line;
@@ -381,7 +383,7 @@ TEST_F(MembershipTest, ResumedHeartbeatsAreListedUpTo64AJobASecondAndTheRestCoun
   for (const auto& m : members) ASSERT_TRUE(Beat(Credentials("job", m)).ok());
   clock_.Advance(absl::Milliseconds(2500));
   ASSERT_TRUE(Beat(Credentials("job", members[0])).ok());
-  EXPECT_EQ(logged("heartbeat_resumed"), 65);
+  EXPECT_EQ(Logged("heartbeat_resumed"), 65);
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
 }
 
@@ -398,11 +400,6 @@ TEST_F(MembershipTest, WhileTheServerIsBehindMembersAreHeldForItsLagThenDeclared
   auto beat = [&](int from, int to) {
     for (int r = from; r < to; ++r) ASSERT_TRUE(Beat(Credentials("job", members[r])).ok());
   };
-  auto logged = [this](const std::string& event) {
-    int n = 0;
-    for (const auto& line : lines_) n += line.find("event=" + event + " ") != std::string::npos;
-    return n;
-  };
   membership_->SetServerLag(absl::Seconds(2));
   beat(0, kWorld);  // t = 0
   clock_.Advance(absl::Seconds(1));
@@ -414,14 +411,14 @@ TEST_F(MembershipTest, WhileTheServerIsBehindMembersAreHeldForItsLagThenDeclared
     membership_->Tick();
     EXPECT_EQ(membership_->Status("job").jobs(0).generation(), generation) << t;
   }
-  EXPECT_EQ(logged("server_behind"), 1);
-  EXPECT_EQ(logged("member_dead"), 0);
+  EXPECT_EQ(Logged("server_behind"), 1);
+  EXPECT_EQ(Logged("member_dead"), 0);
   clock_.Advance(absl::Milliseconds(1100));  // t = 5.1: 100..199 past 5 s, 200..299 at 4.1
   beat(0, 100);
   membership_->Tick();
   v1::JobStatus job = membership_->Status("job").jobs(0);
   EXPECT_EQ(job.generation(), generation + 1);
-  EXPECT_EQ(logged("member_dead"), 100);
+  EXPECT_EQ(Logged("member_dead"), 100);
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(job.members(r).alive(), r < 100 || r >= 200) << r;
 }
 
@@ -1260,12 +1257,6 @@ class MembershipSaveTest : public MembershipTest {
     v1::GetStatusResponse status = restored.Status(job);
     EXPECT_EQ(status.jobs_size(), 1);
     return status.jobs_size() == 1 ? status.jobs(0) : v1::JobStatus();
-  }
-
-  int Logged(const std::string& event) {
-    int n = 0;
-    for (const auto& line : lines_) n += line.find("event=" + event + " ") != std::string::npos;
-    return n;
   }
 
   static bool NamesTheStoreError(const absl::Status& s) {
