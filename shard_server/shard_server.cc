@@ -17,6 +17,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "shard_server/bearer_auth.h"
+#include "shard_server/membership/failure_detector.h"
 #include "shard_server/observability/observability_pages.h"
 
 namespace zeroshard {
@@ -332,10 +333,9 @@ void ShardServer::Tick() {
     metrics_->SetCallQueueLag(lag);
     const absl::Time now = clock_->Now();
     lags_.emplace_back(now, lag);
-    while (now - lags_.front().first > options_.membership.heartbeat_timeout) lags_.pop_front();
-    absl::Duration worst = absl::ZeroDuration();
-    for (const auto& [at, l] : lags_) worst = std::max(worst, l);
-    membership_->SetServerLag(worst);
+    const MembershipOptions& m = options_.membership;
+    membership_->SetServerLag(WorstLagInForce(
+        &lags_, now, {m.heartbeat_interval, m.heartbeat_timeout, m.isolation_grace}));
   }
   membership_->Tick();
   kv_->Tick();

@@ -26,6 +26,18 @@ absl::Duration ServerLagAllowance(absl::Duration server_lag, const FailureDetect
   return std::min(server_lag, options.isolation_grace);
 }
 
+absl::Duration WorstLagInForce(std::deque<std::pair<absl::Time, absl::Duration>>* readings,
+                               absl::Time now, const FailureDetectorOptions& options) {
+  const absl::Duration base = options.heartbeat_timeout + options.heartbeat_interval;
+  const absl::Duration longest = base + std::max(options.isolation_grace, absl::ZeroDuration());
+  while (!readings->empty() && now - readings->front().first > longest) readings->pop_front();
+  absl::Duration worst = absl::ZeroDuration();
+  for (const auto& [at, lag] : *readings) {
+    if (now - at <= base + lag) worst = std::max(worst, lag);
+  }
+  return worst;
+}
+
 std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& members,
                                         const JobSignals& job, absl::Time now,
                                         const FailureDetectorOptions& options) {

@@ -63,7 +63,9 @@
 #ifndef ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_
 #define ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_
 
+#include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -81,6 +83,19 @@ struct FailureDetectorOptions {
 // Rule 4b's extension of the heartbeat timeout while the server's call
 // queues are `server_lag` behind (zero when the rule does not apply).
 absl::Duration ServerLagAllowance(absl::Duration server_lag, const FailureDetectorOptions& options);
+
+// Rule 4b's `server_lag` from the queues' lag readings (time, lag), oldest
+// first: the worst reading still in force. A reading of lag L at time t is
+// in force until t + heartbeat_timeout + interval + L: a beat that waited L
+// at t makes its member look up to L more silent for a whole timeout after
+// it (and its next beat follows the late answer by one interval). Counting
+// readings for the timeout alone was a cliff: on a saturated 100K-rank
+// server 2.2 s behind, hosts whose silence began during the lag were
+// declared dead the instant the reading aged out (docs/scale.md). Drops the
+// readings that can no longer be in force (older than timeout + interval +
+// isolation_grace, the most a lag is allowed).
+absl::Duration WorstLagInForce(std::deque<std::pair<absl::Time, absl::Duration>>* readings,
+                               absl::Time now, const FailureDetectorOptions& options);
 
 // A client re-opens a broken heartbeat stream within ~100 ms and beats at
 // once (rule 1).

@@ -404,6 +404,7 @@ int Main() {
     // /metrics of one job of `members` ranks, every rank with full
     // telemetry: the time curl measures for the whole response (median of 9).
     std::string dir = testing::MakeTempDir("cpbench-metrics");
+    testing::RemovedAtExit dir_owner(dir);
     Server server =
         StartServer(binary, {"--heartbeat_timeout_ms=600000", "--max_world_size=131072",
                              "--metrics_listen=127.0.0.1:0",

@@ -266,6 +266,21 @@ class Child {
     r.aborted_last_us = std::max(r.aborted_last_us, at);
   }
   void RecordJoinRetry() { join_retries_++; }
+  // A beat sent `late` after it was due (this process could not keep up):
+  // the server sees that as silence it did not cause.
+  void RecordLate(absl::Duration late) {
+    const int64_t us = absl::ToInt64Microseconds(late);
+    int64_t seen = max_late_us_.load(std::memory_order_relaxed);
+    while (us > seen && !max_late_us_.compare_exchange_weak(seen, us)) {
+    }
+    if (late > absl::Seconds(1)) late_over_1s_++;
+    // A beat more than timeout - interval late (2 s by default) is a silence
+    // the server must take for a death: when, to compare with its log.
+    if (late > absl::Seconds(2)) {
+      int64_t expected = 0;
+      first_late_over_2s_us_.compare_exchange_strong(expected, NowUs());
+    }
+  }
   void RecordAnswers(int answers, int errors, const std::string& error) {
     answers_ += answers;
     errors_ += errors;
@@ -312,6 +327,9 @@ class Child {
     status["answers"] = answers_.load();
     status["errors"] = errors_.load();
     status["join_retries"] = join_retries_.load();
+    status["max_late_us"] = max_late_us_.load();
+    status["late_over_1s"] = late_over_1s_.load();
+    status["first_late_over_2s_us"] = first_late_over_2s_us_.load();
     {
       absl::MutexLock lock(&mu_);
       status["first_error"] = first_error_;
@@ -337,6 +355,9 @@ class Child {
   std::atomic<int64_t> answers_{0};
   std::atomic<int64_t> errors_{0};
   std::atomic<int64_t> join_retries_{0};
+  std::atomic<int64_t> max_late_us_{0};
+  std::atomic<int64_t> late_over_1s_{0};
+  std::atomic<int64_t> first_late_over_2s_us_{0};
   absl::Mutex mu_;
   std::vector<Round> rounds_ ABSL_GUARDED_BY(mu_);
   std::string first_error_ ABSL_GUARDED_BY(mu_);
@@ -428,7 +449,9 @@ void SimHost::Tick() {
   }
   {
     absl::MutexLock lock(&mu_);
-    if (!beating_ || in_flight_ || silent_ || absl::Now() < next_beat_) return;
+    const absl::Time now = absl::Now();
+    if (!beating_ || in_flight_ || silent_ || now < next_beat_) return;
+    child_->RecordLate(now - next_beat_);
     in_flight_ = true;
     start = !started_;
     started_ = true;
@@ -547,6 +570,9 @@ struct Totals {
   int64_t answers = 0;
   int64_t errors = 0;
   int64_t join_retries = 0;
+  int64_t max_late_us = 0;  // the latest beat the simulators sent, after it was due
+  int64_t late_over_1s = 0;
+  int64_t first_late_over_2s_us = 0;  // 0: none
   std::string first_error;
 };
 
@@ -561,6 +587,12 @@ Totals Collect(const std::string& dir, int processes, int round) {
     t.answers += s.value("answers", int64_t{0});
     t.errors += s.value("errors", int64_t{0});
     t.join_retries += s.value("join_retries", int64_t{0});
+    t.max_late_us = std::max(t.max_late_us, s.value("max_late_us", int64_t{0}));
+    t.late_over_1s += s.value("late_over_1s", int64_t{0});
+    if (int64_t first = s.value("first_late_over_2s_us", int64_t{0});
+        first > 0 && (t.first_late_over_2s_us == 0 || first < t.first_late_over_2s_us)) {
+      t.first_late_over_2s_us = first;
+    }
     if (t.first_error.empty()) t.first_error = s.value("first_error", "");
     if (!s.contains("rounds") || static_cast<int>(s["rounds"].size()) <= round) continue;
     const nlohmann::json& r = s["rounds"][round];
@@ -681,6 +713,7 @@ int RunParent(const std::string& self) {
   std::string binary = absl::GetFlag(FLAGS_server_binary);
   if (binary.empty()) binary = testing::RunfilePath("shard_server/shard_server");
   const std::string dir = testing::MakeTempDir("scale-bench");
+  testing::RemovedAtExit dir_owner(dir);  // the children's logs
   std::vector<std::string> server_flags = {
       "--max_world_size=131072", "--heartbeat_interval_ms=1000",
       absl::StrCat("--heartbeat_timeout_ms=", timeout_ms), "--metrics_listen=127.0.0.1:0",
@@ -727,6 +760,8 @@ int RunParent(const std::string& self) {
                  log.substr(log.size() > 3000 ? log.size() - 3000 : 0).c_str(),
                  children[0]->Log().c_str());
     std::ofstream(dir + "/stop") << "stop\n";
+    dir_owner.Keep();
+    server.dir_owner.Keep();
     return 1;
   };
   nlohmann::ordered_json result;
@@ -802,9 +837,33 @@ int RunParent(const std::string& self) {
   // up) make every rank re-join: the figures above may then include that
   // work, not only beats.
   const bool disturbed = t.round.aborted > 0;
+  DeathsInLog server_deaths(server.dir + "/server.log");
   result["generation_changed_before_the_faults"] = disturbed;
   if (disturbed) {
     table.AddRow({"  live ranks declared dead before the faults: the job re-formed", "yes", "no"});
+  }
+  // The simulators' own lateness so far: a beat sent seconds after it was
+  // due is a silence of the simulating machine, not of the server.
+  result["simulator_beats_late_over_1s"] = t.late_over_1s;
+  result["simulator_max_beat_late_seconds"] = t.max_late_us / 1e6;
+  table.AddRow({"  simulators' beats sent > 1 s after due (latest)",
+                absl::StrFormat("%d (%.2f s)", t.late_over_1s, t.max_late_us / 1e6), "0"});
+  if (disturbed) {
+    // Whose silence was it: the first death against the first beat the
+    // simulators sent more than timeout - interval (2 s) late.
+    absl::Time first_death = absl::InfiniteFuture();
+    for (const auto& [worker, death] : server_deaths.Update()) first_death = std::min(first_death, death.at);
+    const double death_s = absl::ToDoubleSeconds(first_death - absl::FromUnixMicros(t.round.joined_last_us));
+    const double late_s = (t.first_late_over_2s_us - t.round.joined_last_us) / 1e6;
+    result["first_death_after_barrier_seconds"] = death_s;
+    if (t.first_late_over_2s_us > 0) {
+      result["simulator_first_beat_2s_late_after_barrier_seconds"] = late_s;
+    }
+    table.AddRow({"  first death / simulators' first beat > 2 s late, after the barrier",
+                  absl::StrFormat("%.2f s / %s", death_s,
+                                  t.first_late_over_2s_us == 0 ? "none"
+                                                                : absl::StrFormat("%.2f s", late_s)),
+                  ""});
   }
 
   // ---- GET /metrics ----
@@ -857,7 +916,6 @@ int RunParent(const std::string& self) {
   std::vector<Fault> faults = {{"a silent rank", rank_host, {WorkerId(rank_host, 3)}},
                                {"a silent host (its agent)", lost_host, {}}};
   for (int s = 0; s < per_host; ++s) faults[1].workers.push_back(WorkerId(lost_host, s));
-  DeathsInLog server_deaths(server.dir + "/server.log");
   for (size_t f = 0; f < faults.size(); ++f) {
     const Fault& fault = faults[f];
     // The fault goes into a steady job: every host joined the latest round

@@ -3,7 +3,9 @@
 // seconds since the generation formed.
 #include "shard_server/membership/failure_detector.h"
 
+#include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -240,6 +242,43 @@ TEST(FailureDetectorTest, AServerBehindItsQueuesHoldsDeathsByTimeoutUpToTheGrace
             kDead);
   std::vector<MemberVerdict> why = JudgeMembers({members[0]}, job, At(10), Options());
   EXPECT_NE(why[0].why.find("5000 ms behind"), std::string::npos) << why[0].why;
+}
+
+// Rule 4b's lag: a reading of L at t stays in force for timeout + interval
+// + L (3 + 1 + L s here): the silences it caused outlast the reading.
+TEST(FailureDetectorTest, ALagReadingStaysInForceWhileTheSilenceItCausedCanLast) {
+  std::deque<std::pair<absl::Time, absl::Duration>> readings;
+  auto read = [&](double at, double lag_s) { readings.emplace_back(At(at), absl::Seconds(lag_s)); };
+  auto worst = [&](double now) {
+    return absl::ToDoubleSeconds(WorstLagInForce(&readings, At(now), Options()));
+  };
+  read(2, 2.2);  // the queues 2.2 s behind, 2 s after the generation formed
+  read(2.05, 0.1);
+  EXPECT_DOUBLE_EQ(worst(2.1), 2.2);
+  EXPECT_DOUBLE_EQ(worst(5.05), 2.2);  // a 3-s window had dropped it here
+  EXPECT_DOUBLE_EQ(worst(8.2), 2.2);   // 2 + 3 + 1 + 2.2
+  EXPECT_DOUBLE_EQ(worst(8.21), 0);    // the 0.1-s reading ended at 6.15
+  read(9, 0.3);  // small readings count too (ServerLagAllowance ignores them)
+  EXPECT_DOUBLE_EQ(worst(13.3), 0.3);
+  EXPECT_DOUBLE_EQ(worst(13.31), 0);
+  // Readings older than timeout + interval + grace (64 s) are dropped.
+  EXPECT_EQ(readings.size(), 3u);
+  worst(100);
+  EXPECT_TRUE(readings.empty());
+
+  // The case it was written for: a host's clock started at 2 s (its join
+  // answer written while the server was 2.2 s behind); its first beat is not
+  // heard by 5.05 s. Held by the lag until 3 + 2.2 s of silence, then dead.
+  read(102, 2.2);
+  auto judge = [&](double now) {
+    JobSignals job{false, At(kNever)};
+    job.last_heard = At(now - 0.5);
+    job.server_lag = WorstLagInForce(&readings, At(now), Options());
+    return JudgeMembers({{At(102), At(kNever)}}, job, At(now), Options())[0].verdict;
+  };
+  EXPECT_EQ(judge(105.05), Verdict::kServerBehind);
+  EXPECT_EQ(judge(107.1), Verdict::kServerBehind);
+  EXPECT_EQ(judge(107.3), Verdict::kDead);
 }
 
 }  // namespace

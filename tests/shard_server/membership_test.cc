@@ -295,7 +295,9 @@ TEST_F(MembershipTest, TheOneMemberThatFallsSilentAmongManyIsTheOneDeclaredDead)
       if (rank != kSilent) ASSERT_TRUE(Beat(Credentials("job", members[rank])).ok());
     }
     membership_->Tick();
-    if (second < 2) ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING) << second;
+    if (second < 2) {
+      ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING) << second;
+    }
   }
   v1::JobStatus job = membership_->Status("job").jobs(0);
   EXPECT_EQ(job.state(), v1::DEGRADED);

@@ -17,6 +17,7 @@ ServerProcess StartServerProcess(const std::string& binary,
                                  const std::vector<std::string>& extra) {
   ServerProcess s;
   s.dir = MakeTempDir("cpbench");
+  s.dir_owner = RemovedAtExit(s.dir);
   std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + s.dir + "/port"};
   args.insert(args.end(), extra.begin(), extra.end());
   s.process = std::make_unique<ChildProcess>(binary, args, s.dir + "/server.log");
@@ -28,6 +29,7 @@ ServerProcess StartServerProcess(const std::string& binary,
           },
           absl::Seconds(20))) {
     std::fprintf(stderr, "server did not start:\n%s\n", s.process->Log().c_str());
+    s.dir_owner.Keep();
     std::exit(1);
   }
   port.pop_back();

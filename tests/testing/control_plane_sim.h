@@ -16,9 +16,10 @@
 namespace zeroshard::testing {
 
 struct ServerProcess {
+  RemovedAtExit dir_owner;  // declared first: goes after the process is killed
   std::unique_ptr<ChildProcess> process;
   std::string address;  // 127.0.0.1:PORT
-  std::string dir;      // its log (server.log) and port file
+  std::string dir;      // its log (server.log) and port file; removed with this
 };
 
 // Starts `binary` on 127.0.0.1 (a free port) with `extra` flags; exits the

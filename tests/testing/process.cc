@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -204,6 +206,17 @@ std::string MakeTempDir(const std::string& prefix) {
   buf.push_back('\0');
   char* dir = mkdtemp(buf.data());
   return dir ? std::string(dir) : std::string();
+}
+
+RemovedAtExit::~RemovedAtExit() {
+  if (dir_.empty() || std::getenv("ZEROSHARD_KEEP_BENCH_DIRS") != nullptr) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+void RemovedAtExit::Keep() {
+  if (!dir_.empty()) std::fprintf(stderr, "kept for a look: %s\n", dir_.c_str());
+  dir_.clear();
 }
 
 std::string ReadFileOrEmpty(const std::string& path) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -68,6 +69,26 @@ std::vector<int> ListeningPorts(pid_t pid);
 
 // A fresh directory under TEST_TMPDIR (or /tmp).
 std::string MakeTempDir(const std::string& prefix);
+
+// Removes a benchmark's directory (its logs: hundreds of MB at 100K ranks)
+// when it goes, unless Keep() was called (a failed run's evidence, said on
+// stderr) or ZEROSHARD_KEEP_BENCH_DIRS is set. Tests need none: Bazel
+// empties TEST_TMPDIR.
+class RemovedAtExit {
+ public:
+  RemovedAtExit() = default;
+  explicit RemovedAtExit(std::string dir) : dir_(std::move(dir)) {}
+  RemovedAtExit(RemovedAtExit&& other) noexcept : dir_(std::move(other.dir_)) { other.dir_.clear(); }
+  RemovedAtExit& operator=(RemovedAtExit&& other) noexcept {
+    std::swap(dir_, other.dir_);
+    return *this;
+  }
+  ~RemovedAtExit();
+  void Keep();
+
+ private:
+  std::string dir_;
+};
 
 std::string ReadFileOrEmpty(const std::string& path);
 void WriteFile(const std::string& path, const std::string& contents);
