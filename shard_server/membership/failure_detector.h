@@ -36,9 +36,9 @@
 //      server's own network. Nobody is declared dead until isolation_grace
 //      after the last beat the server heard.
 //   4b. The server was behind: when its own call queues lagged more than
-//      half an interval within the last timeout (ShardServer measures it:
-//      an alarm on each queue, timed when its thread gets to it; `job.
-//      server_lag` is the worst of that window), a silent member's beats
+//      half an interval (ShardServer measures it: an alarm on each queue,
+//      timed when its thread gets to it; `job.server_lag` is the worst
+//      reading still in force, WorstLagInForce), a silent member's beats
 //      may have waited in them (a worker beats one interval after the
 //      answer to its last, and the timeout already allows for that
 //      interval: a server D behind makes every member look D more silent).
