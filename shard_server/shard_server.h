@@ -173,8 +173,8 @@ class ShardServer {
   absl::Mutex tick_mu_;  // one Tick at a time
   absl::Time next_analysis_ ABSL_GUARDED_BY(tick_mu_) = absl::InfinitePast();
   bool history_ok_ ABSL_GUARDED_BY(tick_mu_) = true;  // the last history record succeeded
-  // The call queues' lag at each tick within the last heartbeat timeout:
-  // the failure detector reads the worst (rule 4b).
+  // The call queues' lag at each tick, kept while it can be in force: the
+  // failure detector reads the worst in force (rule 4b, WorstLagInForce).
   std::deque<std::pair<absl::Time, absl::Duration>> lags_ ABSL_GUARDED_BY(tick_mu_);
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

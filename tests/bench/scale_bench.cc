@@ -276,9 +276,9 @@ class Child {
     if (late > absl::Seconds(1)) late_over_1s_++;
     // A beat more than timeout - interval late (2 s by default) is a silence
     // the server must take for a death: when, to compare with its log.
-    if (late > absl::Seconds(2)) {
+    if (late > absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)) - absl::Seconds(1)) {
       int64_t expected = 0;
-      first_late_over_2s_us_.compare_exchange_strong(expected, NowUs());
+      first_too_late_us_.compare_exchange_strong(expected, NowUs());
     }
   }
   void RecordAnswers(int answers, int errors, const std::string& error) {
@@ -329,7 +329,7 @@ class Child {
     status["join_retries"] = join_retries_.load();
     status["max_late_us"] = max_late_us_.load();
     status["late_over_1s"] = late_over_1s_.load();
-    status["first_late_over_2s_us"] = first_late_over_2s_us_.load();
+    status["first_too_late_us"] = first_too_late_us_.load();
     {
       absl::MutexLock lock(&mu_);
       status["first_error"] = first_error_;
@@ -357,7 +357,7 @@ class Child {
   std::atomic<int64_t> join_retries_{0};
   std::atomic<int64_t> max_late_us_{0};
   std::atomic<int64_t> late_over_1s_{0};
-  std::atomic<int64_t> first_late_over_2s_us_{0};
+  std::atomic<int64_t> first_too_late_us_{0};
   absl::Mutex mu_;
   std::vector<Round> rounds_ ABSL_GUARDED_BY(mu_);
   std::string first_error_ ABSL_GUARDED_BY(mu_);
@@ -572,7 +572,7 @@ struct Totals {
   int64_t join_retries = 0;
   int64_t max_late_us = 0;  // the latest beat the simulators sent, after it was due
   int64_t late_over_1s = 0;
-  int64_t first_late_over_2s_us = 0;  // 0: none
+  int64_t first_too_late_us = 0;  // a beat timeout - interval late (0: none)
   std::string first_error;
 };
 
@@ -589,9 +589,9 @@ Totals Collect(const std::string& dir, int processes, int round) {
     t.join_retries += s.value("join_retries", int64_t{0});
     t.max_late_us = std::max(t.max_late_us, s.value("max_late_us", int64_t{0}));
     t.late_over_1s += s.value("late_over_1s", int64_t{0});
-    if (int64_t first = s.value("first_late_over_2s_us", int64_t{0});
-        first > 0 && (t.first_late_over_2s_us == 0 || first < t.first_late_over_2s_us)) {
-      t.first_late_over_2s_us = first;
+    if (int64_t first = s.value("first_too_late_us", int64_t{0});
+        first > 0 && (t.first_too_late_us == 0 || first < t.first_too_late_us)) {
+      t.first_too_late_us = first;
     }
     if (t.first_error.empty()) t.first_error = s.value("first_error", "");
     if (!s.contains("rounds") || static_cast<int>(s["rounds"].size()) <= round) continue;
@@ -743,6 +743,7 @@ int RunParent(const std::string& self) {
                                  absl::StrCat("--host_count=", first_host[i + 1] - first_host[i]),
                                  absl::StrCat("--hosts=", hosts),
                                  absl::StrCat("--ranks_per_host=", per_host),
+                                 absl::StrCat("--heartbeat_timeout_ms=", timeout_ms),
                                  absl::StrCat("--connections_per_process=",
                                               absl::GetFlag(FLAGS_connections_per_process)),
                                  "--telemetry=" + absl::GetFlag(FLAGS_telemetry),
@@ -850,20 +851,27 @@ int RunParent(const std::string& self) {
                 absl::StrFormat("%d (%.2f s)", t.late_over_1s, t.max_late_us / 1e6), "0"});
   if (disturbed) {
     // Whose silence was it: the first death against the first beat the
-    // simulators sent more than timeout - interval (2 s) late.
+    // simulators sent more than timeout - interval late.
     absl::Time first_death = absl::InfiniteFuture();
     for (const auto& [worker, death] : server_deaths.Update()) first_death = std::min(first_death, death.at);
-    const double death_s = absl::ToDoubleSeconds(first_death - absl::FromUnixMicros(t.round.joined_last_us));
-    const double late_s = (t.first_late_over_2s_us - t.round.joined_last_us) / 1e6;
-    result["first_death_after_barrier_seconds"] = death_s;
-    if (t.first_late_over_2s_us > 0) {
-      result["simulator_first_beat_2s_late_after_barrier_seconds"] = late_s;
+    const absl::Time barrier = absl::FromUnixMicros(t.round.joined_last_us);
+    auto since_barrier = [&](absl::Time at) {
+      if (at == absl::InfiniteFuture()) return std::string("none");
+      const double s = absl::ToDoubleSeconds(at - barrier);
+      return absl::StrFormat("%.2f s", s);
+    };
+    const absl::Time first_late = t.first_too_late_us == 0
+                                      ? absl::InfiniteFuture()
+                                      : absl::FromUnixMicros(t.first_too_late_us);
+    if (first_death != absl::InfiniteFuture()) {
+      result["first_death_after_barrier_seconds"] = absl::ToDoubleSeconds(first_death - barrier);
     }
-    table.AddRow({"  first death / simulators' first beat > 2 s late, after the barrier",
-                  absl::StrFormat("%.2f s / %s", death_s,
-                                  t.first_late_over_2s_us == 0 ? "none"
-                                                                : absl::StrFormat("%.2f s", late_s)),
-                  ""});
+    if (first_late != absl::InfiniteFuture()) {
+      result["simulator_first_beat_too_late_after_barrier_seconds"] =
+          absl::ToDoubleSeconds(first_late - barrier);
+    }
+    table.AddRow({"  first death / simulators' first beat timeout - 1 s late, after the barrier",
+                  since_barrier(first_death) + " / " + since_barrier(first_late), ""});
   }
 
   // ---- GET /metrics ----
