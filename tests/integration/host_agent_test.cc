@@ -582,8 +582,13 @@ TEST(HostAgentTest, AHostsRanksWaitingForTheSameKeysCostTheServerOneStoreWaitPer
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] { woke[i] = clients[i]->StoreWait(keys, absl::Seconds(60)); });
   }
+  // The agents hold their ranks' waits before their one call reaches the
+  // server's store: wait for both sides, then count.
   ASSERT_TRUE(WaitFor(
-      [&] { return agents[0]->StoreWaits().held == 2 && agents[1]->StoreWaits().held == 2; },
+      [&] {
+        return agents[0]->StoreWaits().held == 2 && agents[1]->StoreWaits().held == 2 &&
+               server->kv()->WaitsBegun() - before >= 2;
+      },
       absl::Seconds(20)));
   EXPECT_EQ(server->kv()->WaitsBegun() - before, 2u) << "one StoreWait per host";
   EXPECT_EQ(agents[0]->StoreWaits().server_calls, 1);
@@ -595,11 +600,12 @@ TEST(HostAgentTest, AHostsRanksWaitingForTheSameKeysCostTheServerOneStoreWaitPer
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(woke[i].ok()) << "rank " << i << ": " << woke[i];
   EXPECT_EQ(agents[0]->StoreWaits().held, 0);
 
-  // Rank 0 waits 1 s, rank 1 (same host, same key) 60 s: they share rank 0's
-  // call; when it times out, rank 0 hears so and rank 1 waits on.
+  // Rank 0 waits 3 s, rank 1 (same host, same key) 60 s: they share rank 0's
+  // call; when it times out, rank 0 hears so and rank 1 waits on. (3 s: rank 1
+  // must reach the agent while rank 0 still waits, on a loaded CI machine too.)
   absl::Status short_wait;
   absl::Status long_wait;
-  threads.emplace_back([&] { short_wait = clients[0]->StoreWait({"late"}, absl::Seconds(1)); });
+  threads.emplace_back([&] { short_wait = clients[0]->StoreWait({"late"}, absl::Seconds(3)); });
   ASSERT_TRUE(WaitFor([&] { return agents[0]->StoreWaits().held == 1; }, absl::Seconds(20)));
   threads.emplace_back([&] { long_wait = clients[1]->StoreWait({"late"}, absl::Seconds(60)); });
   ASSERT_TRUE(WaitFor([&] { return agents[0]->StoreWaits().held == 2; }, absl::Seconds(20)));
