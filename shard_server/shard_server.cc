@@ -331,11 +331,7 @@ void ShardServer::Tick() {
   if (call_queues_ != nullptr) {
     const absl::Duration lag = call_queues_->Lag();
     metrics_->SetCallQueueLag(lag);
-    const absl::Time now = clock_->Now();
-    lags_.emplace_back(now, lag);
-    const MembershipOptions& m = options_.membership;
-    membership_->SetServerLag(WorstLagInForce(
-        &lags_, now, {m.heartbeat_interval, m.heartbeat_timeout, m.isolation_grace}));
+    membership_->ReadServerLag(clock_->Now(), lag);
   }
   membership_->Tick();
   kv_->Tick();

@@ -4,7 +4,6 @@
 #ifndef ZEROSHARD_SHARD_SERVER_SHARD_SERVER_H_
 #define ZEROSHARD_SHARD_SERVER_SHARD_SERVER_H_
 
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -173,9 +172,6 @@ class ShardServer {
   absl::Mutex tick_mu_;  // one Tick at a time
   absl::Time next_analysis_ ABSL_GUARDED_BY(tick_mu_) = absl::InfinitePast();
   bool history_ok_ ABSL_GUARDED_BY(tick_mu_) = true;  // the last history record succeeded
-  // The call queues' lag at each tick, kept while it can be in force: the
-  // failure detector reads the worst in force (rule 4b, WorstLagInForce).
-  std::deque<std::pair<absl::Time, absl::Duration>> lags_ ABSL_GUARDED_BY(tick_mu_);
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

@@ -26,16 +26,50 @@ absl::Duration ServerLagAllowance(absl::Duration server_lag, const FailureDetect
   return std::min(server_lag, options.isolation_grace);
 }
 
-absl::Duration WorstLagInForce(std::deque<std::pair<absl::Time, absl::Duration>>* readings,
-                               absl::Time now, const FailureDetectorOptions& options) {
-  const absl::Duration base = options.heartbeat_timeout + options.heartbeat_interval;
-  const absl::Duration longest = base + std::max(options.isolation_grace, absl::ZeroDuration());
-  while (!readings->empty() && now - readings->front().first > longest) readings->pop_front();
-  absl::Duration worst = absl::ZeroDuration();
-  for (const auto& [at, lag] : *readings) {
-    if (now - at <= base + lag) worst = std::max(worst, lag);
+void ServerLag::Read(absl::Time at, absl::Duration lag) {
+  // A member silent longer than timeout + grace is dead whatever the lag.
+  const absl::Duration longest = options_.heartbeat_timeout + options_.isolation_grace;
+  const size_t before = readings_.size();
+  while (!readings_.empty() && at - readings_.front().first > longest) readings_.pop_front();
+  const absl::Duration allowance = ServerLagAllowance(lag, options_);
+  if (allowance > absl::ZeroDuration()) readings_.emplace_back(at, allowance);
+  if (readings_.size() == before && allowance == absl::ZeroDuration()) return;
+  // The steps: the suffix maxima of the readings, from the newest back.
+  steps_.clear();
+  for (auto it = readings_.rbegin(); it != readings_.rend(); ++it) {
+    if (steps_.empty() || it->second > steps_.back().second) steps_.push_back(*it);
   }
-  return worst;
+  std::reverse(steps_.begin(), steps_.end());
+}
+
+std::vector<std::pair<absl::Time, absl::Duration>>::const_iterator ServerLag::StepOf(
+    absl::Time last_beat) const {
+  return std::lower_bound(
+      steps_.begin(), steps_.end(), last_beat,
+      [](const std::pair<absl::Time, absl::Duration>& step, absl::Time t) { return step.first < t; });
+}
+
+absl::Duration ServerLag::AllowanceSince(absl::Time last_beat) const {
+  auto it = StepOf(last_beat);
+  return it == steps_.end() ? absl::ZeroDuration() : it->second;
+}
+
+absl::Time ServerLag::StepEnd(absl::Time last_beat) const {
+  auto it = StepOf(last_beat);
+  return it == steps_.end() ? absl::InfiniteFuture() : it->first;
+}
+
+bool ServerLag::LaterMayBeDead(absl::Time last_beat, absl::Time now,
+                               absl::Duration timeout) const {
+  auto it = StepOf(last_beat);
+  if (it == steps_.end()) return true;  // no allowance: anyone later is judged as usual
+  // A later step begins where the one before it ends; its earliest member is
+  // silent since just after that, and dead past timeout + the step's
+  // allowance.
+  for (auto next = it + 1; next != steps_.end(); ++next) {
+    if (now - (next - 1)->first > timeout + next->second) return true;
+  }
+  return now - steps_.back().first > timeout;  // after the last step: no allowance
 }
 
 std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& members,
@@ -55,8 +89,6 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
   // when every member had in fact stopped reaching it.
   const bool job_falls_silent = now - last_heard > options.heartbeat_interval * 1.5;
   const bool peers_see_them = now - job.data_plane_advanced <= options.heartbeat_timeout;
-  const absl::Duration lag_allowance = ServerLagAllowance(job.server_lag, options);
-
   std::vector<MemberVerdict> verdicts;
   verdicts.reserve(members.size());
   for (const MemberSignals& m : members) {
@@ -91,15 +123,16 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
                                        " ms, but its peers' collectives advanced ",
                                        absl::ToInt64Milliseconds(now - job.data_plane_advanced),
                                        " ms ago: it lost the server, not its peers")});
-    } else if (lag_allowance > absl::ZeroDuration() &&
+    } else if (const absl::Duration lag_allowance = ServerLagAllowance(m.server_lag, options);
+               lag_allowance > absl::ZeroDuration() &&
                silent <= options.heartbeat_timeout + lag_allowance) {
       verdicts.push_back(
           {Verdict::kServerBehind,
            absl::StrCat("silent ", absl::ToInt64Milliseconds(silent),
-                        " ms while the server's call queues are ",
-                        absl::ToInt64Milliseconds(job.server_lag),
-                        " ms behind: its beats may be waiting in them; waiting up to "
-                        "--isolation_grace=",
+                        " ms, and the server's call queues were up to ",
+                        absl::ToInt64Milliseconds(m.server_lag),
+                        " ms behind since its last beat: its answer or next beat may have "
+                        "waited in them; waiting up to --isolation_grace=",
                         absl::FormatDuration(options.isolation_grace))});
     } else if ((nobody_beats || job_falls_silent) &&
                options.isolation_grace > absl::ZeroDuration() &&

@@ -36,15 +36,15 @@
 //      server's own network. Nobody is declared dead until isolation_grace
 //      after the last beat the server heard.
 //   4b. The server was behind: when its own call queues lagged more than
-//      half an interval (ShardServer measures it: an alarm on each queue,
-//      timed when its thread gets to it; `job.server_lag` is the worst
-//      reading still in force, WorstLagInForce), a silent member's beats
-//      may have waited in them (a worker beats one interval after the
-//      answer to its last, and the timeout already allows for that
-//      interval: a server D behind makes every member look D more silent).
-//      Its timeout is extended by that lag, at most by isolation_grace. A 100K-rank simulated job on a
-//      saturated machine declared live hosts dead without it
-//      (docs/scale.md).
+//      half an interval since a silent member's last beat (ShardServer
+//      measures it: an alarm on each queue, timed when its thread gets to
+//      it; `MemberSignals::server_lag` is the worst reading since that beat,
+//      ServerLag), the member's answer or next beat may have waited in them
+//      (a worker beats one interval after the answer to its last, and the
+//      timeout already allows for that interval: a server D behind makes a
+//      member look D more silent). Its timeout is extended by that lag, at
+//      most by isolation_grace. A 100K-rank simulated job on a saturated
+//      machine declared live hosts dead without it (docs/scale.md).
 //   5. Otherwise the member is dead (heartbeat timeout).
 //
 // Worst cases, written where they are relied on (docs/multihost.md):
@@ -84,18 +84,59 @@ struct FailureDetectorOptions {
 // queues are `server_lag` behind (zero when the rule does not apply).
 absl::Duration ServerLagAllowance(absl::Duration server_lag, const FailureDetectorOptions& options);
 
-// Rule 4b's `server_lag` from the queues' lag readings (time, lag), oldest
-// first: the worst reading still in force. A reading of lag L at time t is
-// in force until t + heartbeat_timeout + interval + L: a beat that waited L
-// at t makes its member look up to L more silent for a whole timeout after
-// it (and its next beat follows the late answer by one interval). Counting
-// readings for the timeout alone was a cliff: on a saturated 100K-rank
-// server 2.2 s behind, hosts whose silence began during the lag were
-// declared dead the instant the reading aged out (docs/scale.md). Drops the
-// readings that can no longer be in force (older than timeout + interval +
-// isolation_grace, the most a lag is allowed).
-absl::Duration WorstLagInForce(std::deque<std::pair<absl::Time, absl::Duration>>* readings,
-                               absl::Time now, const FailureDetectorOptions& options);
+// Rule 4b's record of the server's call-queue lag (ShardServer reads it every
+// tick). A member's timeout is extended by the worst lag read since its last
+// beat: a lag while it was silent may have held its answer or its next beat
+// in a queue (a worker beats one interval after the answer to its last),
+// but a lag that ended before its last beat was heard cannot have delayed
+// anything since. So the extension is per member:
+//   - on a saturated 100K-rank server 2.2 s behind right after a barrier,
+//     every host whose silence began during the lag is held for it until the
+//     lag's own readings say it is over plus a timeout (a scalar window of
+//     the timeout alone dropped the reading while such silences still ran,
+//     and declared 589 live hosts dead at once: docs/scale.md);
+//   - a host that falls silent after the server caught up is judged by the
+//     bare timeout, however far behind the server was before (a scalar
+//     window of timeout + interval + lag held such a death 1.4-1.9 s past
+//     the timeout after a 100K-rank rejoin).
+// Readings of at most half an interval extend nothing and are not kept; the
+// kept ones are dropped once older than timeout + isolation_grace (a member
+// silent that long is dead however late the server was). Not thread-safe.
+class ServerLag {
+ public:
+  explicit ServerLag(const FailureDetectorOptions& options) : options_(options) {}
+
+  // The queues' lag read at `at` (readings come in time order).
+  void Read(absl::Time at, absl::Duration lag);
+  // Rule 4b's extension for a member whose last beat was at `last_beat`:
+  // the worst reading taken at or after it, at most isolation_grace; zero
+  // when none was over half an interval, or without a grace (rule 4b off).
+  absl::Duration AllowanceSince(absl::Time last_beat) const;
+  // Whether a member that beat after `last_beat` can be dead at `now` by a
+  // silence over `timeout` + its allowance, given that one that beat at
+  // `last_beat` is not: true only where a later member's allowance is
+  // smaller (its silence began after a worse lag was over). Lets the
+  // server's timer stop at the first member the lag holds.
+  bool LaterMayBeDead(absl::Time last_beat, absl::Time now, absl::Duration timeout) const;
+  // The last beat time up to which members share `last_beat`'s allowance
+  // (the end of its step); InfiniteFuture when that allowance is zero.
+  absl::Time StepEnd(absl::Time last_beat) const;
+  // The worst lag kept (zero when none is over half an interval).
+  absl::Duration Worst() const { return steps_.empty() ? absl::ZeroDuration() : steps_[0].second; }
+
+ private:
+  // The first step that ends at or after `last_beat`.
+  std::vector<std::pair<absl::Time, absl::Duration>>::const_iterator StepOf(
+      absl::Time last_beat) const;
+
+  const FailureDetectorOptions options_;
+  // Readings over half an interval, oldest first, capped at the grace.
+  std::deque<std::pair<absl::Time, absl::Duration>> readings_;
+  // The allowance by when a silence began: a member whose last beat was in
+  // (steps_[i-1].first, steps_[i].first] gets steps_[i].second; after the
+  // last step, zero. Times increasing, allowances strictly decreasing.
+  std::vector<std::pair<absl::Time, absl::Duration>> steps_;
+};
 
 // A client re-opens a broken heartbeat stream within ~100 ms and beats at
 // once (rule 1).
@@ -125,6 +166,9 @@ struct MemberSignals {
   // When the stream of its latest beat closed; InfinitePast: not since it
   // formed (an older stream closing later does not count).
   absl::Time stream_closed = absl::InfinitePast();
+  // How far behind the server's call queues were at worst since its last
+  // beat (rule 4b: ServerLag::AllowanceSince); zero when not measured.
+  absl::Duration server_lag = absl::ZeroDuration();
 };
 
 // What the server knows of the job's current, formed generation.
@@ -140,9 +184,6 @@ struct JobSignals {
   // only some of them (the silent ones, shard_server/membership/silence_order.h);
   // rule 4 takes the later of this and the members' own.
   absl::Time last_heard = absl::InfinitePast();
-  // How far behind the server's call queues were at worst within the last
-  // heartbeat timeout (rule 4b); zero when not measured.
-  absl::Duration server_lag = absl::ZeroDuration();
 };
 
 enum class Verdict {

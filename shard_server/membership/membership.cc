@@ -75,7 +75,13 @@ Membership::Membership(Clock* clock, EventLog* log, StateStore* state, Membershi
       state_(state),
       options_(options),
       detector_options_{options.heartbeat_interval, options.heartbeat_timeout,
-                        options.isolation_grace} {}
+                        options.isolation_grace},
+      server_lag_(detector_options_) {}
+
+void Membership::ReadServerLag(absl::Time at, absl::Duration lag) {
+  absl::MutexLock lock(&mu_);
+  server_lag_.Read(at, lag);
+}
 
 void Membership::SetGenerationListener(GenerationListener listener) {
   absl::MutexLock lock(&mu_);
@@ -1022,18 +1028,18 @@ void Membership::Tick() {
       const bool suspect = job.formed() && job.suspect_generation == job.generation;
       // Only those that may be dead: every other live member is alive
       // (failure_detector.h, JudgeMembers).
-      const absl::Duration server_lag =
-          absl::Microseconds(server_lag_us_.load(std::memory_order_relaxed));
-      const std::vector<MemberState*> live = MembersToJudge(job, now, server_lag);
+      const std::vector<MemberState*> live = MembersToJudge(job, now);
       const std::vector<const MemberState*> judged(live.begin(), live.end());
       std::vector<MemberSignals> signals;
       signals.reserve(live.size());
-      for (const MemberState* m : live) signals.push_back({m->last_heartbeat, m->stream_closed});
+      for (const MemberState* m : live) {
+        signals.push_back({m->last_heartbeat, m->stream_closed,
+                           server_lag_.AllowanceSince(m->last_heartbeat)});
+      }
       const JobSignals job_signals{
           suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
           job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
-                                 : absl::InfinitePast(),
-          server_lag};
+                                 : absl::InfinitePast()};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);
@@ -1200,27 +1206,44 @@ void Membership::AnswersUndeliverable(const std::vector<UndeliveredAnswer>& answ
   }
 }
 
-std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now,
-                                                                absl::Duration server_lag) const {
+std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now) const {
   // Beyond this silence a member may be dead (rules 1 and 5); within it, a
   // member is alive unless its stream closed.
   absl::Duration may_be_dead = options_.heartbeat_timeout;
-  // Up to this silence a member that may be dead is held alive by rule 4b
-  // (the server is behind) if nothing else: judged is only the longest
-  // silent of those, which is enough for the episode's log line. At 100K
-  // ranks a server 2 s behind had tens of thousands of them, and judging
-  // every one every tick (50 ms) kept it behind.
-  absl::Duration held = may_be_dead + ServerLagAllowance(server_lag, detector_options_);
+  // Rule 4b holds a member that may be dead while its silence is within
+  // the timeout plus the server's lag since its last beat: of those only the
+  // longest silent is judged, which is enough for the episode's log line. At
+  // 100K ranks a server 2 s behind had tens of thousands of them, and
+  // judging every one every tick (50 ms) kept it behind. Members after it
+  // are less silent; the walk goes on only while one of them may have a
+  // smaller allowance that makes it dead (its silence began after a worse
+  // lag was over), and judges only those past their own allowance.
+  bool extended = true;
   if (job.formed() && job.suspect_generation == job.generation) {
     may_be_dead = std::min(may_be_dead, options_.heartbeat_interval * 1.5);
-    held = may_be_dead;  // rule 1's shorter silence is not extended
+    extended = false;  // rule 1's shorter silence is not extended
   }
   std::vector<int> ranks;
+  bool held_one = false;
+  // The end of the allowance step whose later members were found possibly
+  // dead: the same holds for every member of that step.
+  absl::Time checked_until = absl::InfinitePast();
   for (int r = job.silence.Oldest(); r != -1; r = job.silence.Next(r)) {
-    const absl::Duration silent = now - job.members[r].last_heartbeat;
+    const absl::Time last_beat = job.members[r].last_heartbeat;
+    const absl::Duration silent = now - last_beat;
     if (silent <= may_be_dead) break;
-    ranks.push_back(r);
-    if (silent <= held) break;  // the others are less silent: held too
+    if (!extended ||
+        silent > may_be_dead + ServerLagAllowance(server_lag_.AllowanceSince(last_beat),
+                                                  detector_options_)) {
+      ranks.push_back(r);
+      continue;
+    }
+    if (!held_one) ranks.push_back(r);
+    held_one = true;
+    if (last_beat > checked_until) {
+      if (!server_lag_.LaterMayBeDead(last_beat, now, may_be_dead)) break;
+      checked_until = server_lag_.StepEnd(last_beat);
+    }
   }
   for (auto it = job.closed_streams.begin(); it != job.closed_streams.end();) {
     const MemberState& m = job.members[*it];

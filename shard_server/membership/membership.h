@@ -177,11 +177,9 @@ class Membership {
   // retries the saves of unsaved jobs. Called by the server's timer every few
   // tens of milliseconds.
   void Tick();
-  // How far behind the server's call queues are, for the next ticks
-  // (failure_detector.h, rule 4b). The server sets it before each Tick.
-  void SetServerLag(absl::Duration lag) {
-    server_lag_us_.store(absl::ToInt64Microseconds(lag), std::memory_order_relaxed);
-  }
+  // How far behind the server's call queues are at `at` (failure_detector.h,
+  // rule 4b: ServerLag). The server reads it before each Tick.
+  void ReadServerLag(absl::Time at, absl::Duration lag) ABSL_LOCKS_EXCLUDED(mu_);
 
   v1::GetStatusResponse Status(const std::string& job_id);
   // The same into `*out` (cleared first): a message on an arena makes the
@@ -403,11 +401,11 @@ class Membership {
   void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live members Tick must judge at `now`: those silent longer than a
   // beating member can be (the front of `job.silence`) and those whose
-  // stream closed; by rank. While the server is `server_lag` behind (rule
-  // 4b), of the members it holds alive for that alone only the longest
-  // silent.
-  std::vector<MemberState*> MembersToJudge(Job& job, absl::Time now,
-                                           absl::Duration server_lag) const;
+  // stream closed; by rank. Of the members rule 4b holds alive for the
+  // server's lag since their last beat (server_lag_), only the longest
+  // silent, and those after it that may be dead by a smaller lag.
+  std::vector<MemberState*> MembersToJudge(Job& job, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Declares `m` dead and moves the job to a new generation (DEGRADED).
   void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -472,8 +470,8 @@ class Membership {
   const MembershipOptions options_;
   const FailureDetectorOptions detector_options_;
 
-  std::atomic<int64_t> server_lag_us_{0};  // SetServerLag
   absl::Mutex mu_;
+  ServerLag server_lag_ ABSL_GUARDED_BY(mu_);  // ReadServerLag
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   // Where each pending join is held: CancelJoin in O(1), not a scan of the
   // job's pending joins (a withdrawn 100,000-rank barrier cancels them all).

@@ -299,7 +299,7 @@ TEST_F(FailoverTest, ALeaderPausedPastItsLeaseHasItsWriteRefused) {
   for (const auto& job : status->jobs()) EXPECT_NE(job.job_id(), "late");
 }
 
-// Rank 3's checkpoint commits wait 1.5 s in the server before they are
+// Rank 3's checkpoint commits wait 5 s in the server before they are
 // recorded: the window in which the test kills the leader, the other three
 // ranks' commits of the step already saved in etcd.
 class KillDuringJoinAndCommitTest : public FailoverTest {
@@ -307,7 +307,7 @@ class KillDuringJoinAndCommitTest : public FailoverTest {
   static constexpr int kHeldRank = kWorld - 1;
   KillDuringJoinAndCommitTest()
       : FailoverTest({absl::StrCat("--testing_hold_commit_of_rank=", kHeldRank),
-                      "--testing_commit_hold=1.5s"}) {}
+                      "--testing_commit_hold=5s"}) {}
 
   absl::StatusOr<v1::CheckpointInfo> CheckpointFrom(int index, const std::string& job,
                                                     int64_t step) {

@@ -274,7 +274,10 @@ TEST(HostAgentServiceTest, AHostsAnswersComeInFewerMessagesThanItHasRanks) {
     EXPECT_EQ(answer.response().generation(), 1);
   }
   EXPECT_GE(messages, 1);
-  EXPECT_LE(messages, 2) << "8 answers in " << messages << " messages";
+  // Usually one write, rarely two; more only when the answering thread is
+  // descheduled between writes on a loaded machine.
+  EXPECT_LT(messages, 8) << "8 answers in " << messages << " messages";
+  std::fprintf(stderr, "8 answers in %d messages\n", messages);
 }
 
 // A rank that joined through an agent is judged from its first beat, and at
@@ -637,8 +640,12 @@ TEST(HostAgentTest, AWaitWhoseAgentGoesWaitsOnAtTheServer) {
   auto info = client->Join("agent-goes", 1, "w0", "127.0.0.1", absl::Seconds(30));
   ASSERT_TRUE(info.ok()) << info.status();
   absl::Status woke;
+  const uint64_t initial = server->kv()->WaitsBegun();
   std::thread waiter([&] { woke = client->StoreWait({"boot"}, absl::Seconds(60)); });
-  ASSERT_TRUE(WaitFor([&] { return agent->StoreWaits().held == 1; }, absl::Seconds(20)));
+  // The agent's own call reached the server: the next one is the rank's.
+  ASSERT_TRUE(WaitFor(
+      [&] { return agent->StoreWaits().held == 1 && server->kv()->WaitsBegun() > initial; },
+      absl::Seconds(20)));
   const uint64_t before = server->kv()->WaitsBegun();
   agent.reset();  // its waits are answered UNAVAILABLE
   ASSERT_TRUE(WaitFor([&] { return server->kv()->WaitsBegun() > before; }, absl::Seconds(20)))

@@ -86,7 +86,11 @@ TEST(ObservabilityTest, ARankStoppedBeforeACollectiveIsNamedWithTheOpAndUnit) {
   EXPECT_NE(hang.message().find("; ranks 0,1 are waiting in it"), std::string::npos)
       << hang.message();
   // The waiters' collective, as they report it, and when the server named
-  // the laggard: within --hang_report_ms + 2 s of their entering it.
+  // the laggard: --hang_report_ms after the last progress it heard, which
+  // comes with a beat up to one interval (1 s) after the waiters entered it
+  // and is seen by the analyzer's next pass (every 500 ms); 3 s more for a
+  // late beat or pass on a loaded 2-core machine (the bound is a sanity
+  // check, not a timing measurement).
   int64_t entered_ms = 0;
   for (const v1::MemberStatus& m : status->members()) {
     EXPECT_EQ(m.hung(), m.rank() == 2) << m.rank();
@@ -101,7 +105,8 @@ TEST(ObservabilityTest, ARankStoppedBeforeACollectiveIsNamedWithTheOpAndUnit) {
               std::string::npos);
     entered_ms = std::max(entered_ms, m.telemetry().in_progress().started_unix_ms());
   }
-  EXPECT_LE(hang.since_unix_ms() - entered_ms, kHangReportMs + 2000) << hang.message();
+  EXPECT_LE(hang.since_unix_ms() - entered_ms, kHangReportMs + 1000 + 500 + 3000)
+      << hang.message();
   EXPECT_GE(hang.since_unix_ms() - entered_ms, kHangReportMs - 1000) << hang.message();
   // ... and in the server's log.
   EXPECT_TRUE(testing::WaitFor(

@@ -284,9 +284,10 @@ TEST_F(RecoveryTest, RankAndBuddyLostFallsBackToTheDiskCheckpoint) {
 TEST_F(RecoveryTest, KillDuringASnapshotTransferUsesThePreviousSnapshot) {
   ASSERT_TRUE(cluster_.ok());
   Params reference = Reference({"--snapshot_every=10"});
-  // Snapshot 40's transfer alone is held for 1.5 s (a delay on every
-  // transfer would make the next boundaries skip their snapshots).
-  setenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS", "1500@40", 1);
+  // Snapshot 40's transfer alone is held for 4 s (a delay on every
+  // transfer would make the next boundaries skip their snapshots): the test
+  // sees step 41 and kills inside that, on a loaded machine too.
+  setenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS", "4000@40", 1);
   cluster_.StartWorkers("in-transfer", 4,
                         Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=20"}));
   unsetenv("ZEROSHARD_TEST_SNAPSHOT_DELAY_MS");
@@ -302,7 +303,7 @@ TEST_F(RecoveryTest, KillDuringASnapshotTransferUsesThePreviousSnapshot) {
 TEST_F(RecoveryTest, KillDuringADiskCheckpointWriteUsesThePreviousSnapshot) {
   ASSERT_TRUE(cluster_.ok());
   Params reference = Reference({"--snapshot_every=10"});
-  setenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS", "1500", 1);
+  setenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS", "4000", 1);  // the kill lands inside it
   cluster_.StartWorkers(
       "in-write", 4,
       Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=20", "--checkpoint_every=50"}));

@@ -209,15 +209,14 @@ TEST(FailureDetectorTest, VerdictsOtherThanAliveSayWhy) {
 // extend the timeout by that lag (its beats may have waited in them), by at
 // most the grace; not rule 0 or 1.
 TEST(FailureDetectorTest, AServerBehindItsQueuesHoldsDeathsByTimeoutUpToTheGrace) {
-  const std::vector<MemberSignals> members = {
-      {At(5), At(kNever)},   // silent 5 s
-      {At(9.5), At(kNever)},  // beating
-      {At(5), At(6)},         // its stream closed by its end: rule 0
-  };
   auto judge = [&](double lag_s, double now, bool peer_failure = false) {
+    const std::vector<MemberSignals> members = {
+        {At(5), At(kNever), absl::Seconds(lag_s)},    // silent 5 s
+        {At(9.5), At(kNever), absl::Seconds(lag_s)},  // beating
+        {At(5), At(6), absl::Seconds(lag_s)},         // its stream closed by its end: rule 0
+    };
     JobSignals job{peer_failure, At(kNever)};
     job.last_heard = At(now - 0.5);  // others beat (rule 4 stays out)
-    job.server_lag = absl::Seconds(lag_s);
     std::vector<Verdict> got;
     for (const MemberVerdict& v : JudgeMembers(members, job, At(now), Options())) {
       got.push_back(v.verdict);
@@ -236,49 +235,89 @@ TEST(FailureDetectorTest, AServerBehindItsQueuesHoldsDeathsByTimeoutUpToTheGrace
   // After a peer's failure the data plane already stopped: rule 1 first.
   EXPECT_EQ(judge(2.5, 10, /*peer_failure=*/true)[0], kDead);
   // Without a grace rule 4b is off, as rule 4 is.
+  const MemberSignals silent{At(5), At(kNever), absl::Seconds(5)};
   JobSignals job{false, At(kNever)};
-  job.server_lag = absl::Seconds(5);
-  EXPECT_EQ(JudgeMembers({members[0]}, job, At(10), Options(absl::ZeroDuration()))[0].verdict,
-            kDead);
-  std::vector<MemberVerdict> why = JudgeMembers({members[0]}, job, At(10), Options());
-  EXPECT_NE(why[0].why.find("5000 ms behind"), std::string::npos) << why[0].why;
+  EXPECT_EQ(JudgeMembers({silent}, job, At(10), Options(absl::ZeroDuration()))[0].verdict, kDead);
+  std::vector<MemberVerdict> why = JudgeMembers({silent}, job, At(10), Options());
+  EXPECT_NE(why[0].why.find("5000 ms behind since its last beat"), std::string::npos) << why[0].why;
 }
 
-// Rule 4b's lag: a reading of L at t stays in force for timeout + interval
-// + L (3 + 1 + L s here): the silences it caused outlast the reading.
-TEST(FailureDetectorTest, ALagReadingStaysInForceWhileTheSilenceItCausedCanLast) {
-  std::deque<std::pair<absl::Time, absl::Duration>> readings;
-  auto read = [&](double at, double lag_s) { readings.emplace_back(At(at), absl::Seconds(lag_s)); };
-  auto worst = [&](double now) {
-    return absl::ToDoubleSeconds(WorstLagInForce(&readings, At(now), Options()));
+// Rule 4b's allowance is the worst lag read since the member's last beat:
+// a lag during its silence may have held its answer or next beat; a lag
+// that was over before its last beat was heard delayed nothing since.
+TEST(FailureDetectorTest, TheLagAllowanceIsTheWorstReadSinceTheMembersLastBeat) {
+  ServerLag lag(Options());
+  auto since = [&](double last_beat) {
+    return absl::ToDoubleSeconds(lag.AllowanceSince(At(last_beat)));
   };
-  read(2, 2.2);  // the queues 2.2 s behind, 2 s after the generation formed
-  read(2.05, 0.1);
-  EXPECT_DOUBLE_EQ(worst(2.1), 2.2);
-  EXPECT_DOUBLE_EQ(worst(5.05), 2.2);  // a 3-s window had dropped it here
-  EXPECT_DOUBLE_EQ(worst(8.2), 2.2);   // 2 + 3 + 1 + 2.2
-  EXPECT_DOUBLE_EQ(worst(8.21), 0);    // the 0.1-s reading ended at 6.15
-  read(9, 0.3);  // small readings count too (ServerLagAllowance ignores them)
-  EXPECT_DOUBLE_EQ(worst(13.3), 0.3);
-  EXPECT_DOUBLE_EQ(worst(13.31), 0);
-  // Readings older than timeout + interval + grace (64 s) are dropped.
-  EXPECT_EQ(readings.size(), 3u);
-  worst(100);
-  EXPECT_TRUE(readings.empty());
+  EXPECT_EQ(since(0), 0);
+  lag.Read(At(1), absl::Seconds(0.2));  // under half an interval: nothing
+  EXPECT_EQ(since(0), 0);
+  EXPECT_EQ(lag.Worst(), absl::ZeroDuration());
+  lag.Read(At(2), absl::Seconds(2.2));  // the queues 2.2 s behind 2 s after formation
+  lag.Read(At(2.05), absl::Seconds(1.5));
+  lag.Read(At(2.10), absl::Seconds(0.8));
+  lag.Read(At(2.15), absl::Seconds(0.1));  // caught up
+  EXPECT_DOUBLE_EQ(since(0), 2.2);
+  EXPECT_DOUBLE_EQ(since(2), 2.2);     // a reading at the beat's own time counts
+  EXPECT_DOUBLE_EQ(since(2.01), 1.5);  // silent after the worst reading
+  EXPECT_DOUBLE_EQ(since(2.06), 0.8);
+  EXPECT_DOUBLE_EQ(since(2.11), 0);    // silent after the lag was over: the bare timeout
+  EXPECT_DOUBLE_EQ(since(9), 0);
+  EXPECT_EQ(lag.Worst(), absl::Seconds(2.2));
+  // Readings are capped at the grace and kept for timeout + grace (63 s).
+  lag.Read(At(3), absl::Seconds(100));
+  EXPECT_DOUBLE_EQ(since(2.5), 60);
+  lag.Read(At(65.5), absl::ZeroDuration());  // 2.x is 63.4 s old: dropped; 3 is not
+  EXPECT_DOUBLE_EQ(since(0), 60);
+  lag.Read(At(66.5), absl::ZeroDuration());
+  EXPECT_DOUBLE_EQ(since(0), 0);
+  EXPECT_EQ(lag.Worst(), absl::ZeroDuration());
+  // Without a grace rule 4b is off: nothing is kept.
+  ServerLag off(Options(absl::ZeroDuration()));
+  off.Read(At(1), absl::Seconds(5));
+  EXPECT_EQ(off.AllowanceSince(At(0)), absl::ZeroDuration());
+}
 
-  // The case it was written for: a host's clock started at 2 s (its join
-  // answer written while the server was 2.2 s behind); its first beat is not
-  // heard by 5.05 s. Held by the lag until 3 + 2.2 s of silence, then dead.
-  read(102, 2.2);
-  auto judge = [&](double now) {
+// The server's timer walks the members from the longest silent and stops at
+// the first one rule 4b holds, unless a later one may be dead by a smaller
+// allowance (LaterMayBeDead); StepEnd says how far that answer holds.
+TEST(FailureDetectorTest, LaterMembersMayBeDeadOnlyWhereTheirAllowanceIsSmaller) {
+  ServerLag lag(Options());
+  lag.Read(At(2), absl::Seconds(2));  // steps: up to 2 -> 2 s
+  lag.Read(At(4), absl::Seconds(1));  // (2, 4] -> 1 s; after 4: none
+  const absl::Duration timeout = absl::Seconds(3);
+  EXPECT_EQ(lag.StepEnd(At(1)), At(2));
+  EXPECT_EQ(lag.StepEnd(At(3)), At(4));
+  EXPECT_EQ(lag.StepEnd(At(5)), absl::InfiniteFuture());
+  // At 5.9: one silent since 1 is held (4.9 <= 3 + 2). A member in (2, 4]
+  // is silent < 3.9 <= 3 + 1: held; after 4, < 1.9: alive. Stop.
+  EXPECT_FALSE(lag.LaterMayBeDead(At(1), At(5.9), timeout));
+  // At 6.1 one silent since just after 2 (4.1 s) may be past 3 + 1; one in
+  // (2, 4] held itself has only members after 4 behind it (< 2.1 s).
+  EXPECT_TRUE(lag.LaterMayBeDead(At(1), At(6.1), timeout));
+  EXPECT_FALSE(lag.LaterMayBeDead(At(3), At(6.1), timeout));
+  // At 7.2 one silent since just after 4 (3.2 s) is past the bare timeout.
+  EXPECT_TRUE(lag.LaterMayBeDead(At(3), At(7.2), timeout));
+
+  // The case rule 4b was written for, from a 100K-rank run's log: a host
+  // whose clock started at 2 s, while the server was 2.2 s behind, is held
+  // until 3 + 2.2 s of silence, then dead; one that fell silent at 2.2 s,
+  // after the lag was over, is dead at 3 s.
+  ServerLag barrier(Options());
+  barrier.Read(At(2), absl::Seconds(2.2));
+  barrier.Read(At(2.1), absl::ZeroDuration());
+  auto judge = [&](double last_beat, double now) {
     JobSignals job{false, At(kNever)};
     job.last_heard = At(now - 0.5);
-    job.server_lag = WorstLagInForce(&readings, At(now), Options());
-    return JudgeMembers({{At(102), At(kNever)}}, job, At(now), Options())[0].verdict;
+    return JudgeMembers({{At(last_beat), At(kNever), barrier.AllowanceSince(At(last_beat))}}, job,
+                        At(now), Options())[0]
+        .verdict;
   };
-  EXPECT_EQ(judge(105.05), Verdict::kServerBehind);
-  EXPECT_EQ(judge(107.1), Verdict::kServerBehind);
-  EXPECT_EQ(judge(107.3), Verdict::kDead);
+  EXPECT_EQ(judge(2, 5.05), Verdict::kServerBehind);
+  EXPECT_EQ(judge(2, 7.1), Verdict::kServerBehind);
+  EXPECT_EQ(judge(2, 7.3), Verdict::kDead);
+  EXPECT_EQ(judge(2.2, 5.25), Verdict::kDead);
 }
 
 }  // namespace

@@ -402,13 +402,15 @@ TEST_F(MembershipTest, WhileTheServerIsBehindMembersAreHeldForItsLagThenDeclared
   auto beat = [&](int from, int to) {
     for (int r = from; r < to; ++r) ASSERT_TRUE(Beat(Credentials("job", members[r])).ok());
   };
-  membership_->SetServerLag(absl::Seconds(2));
+  membership_->ReadServerLag(clock_.Now(), absl::Seconds(2));
   beat(0, kWorld);  // t = 0
   clock_.Advance(absl::Seconds(1));
+  membership_->ReadServerLag(clock_.Now(), absl::Seconds(2));  // still behind
   beat(0, 100);  // 0..99 beat on; 100..199 fell silent at 0 s, 200..299 at 1 s
   beat(200, kWorld);
   for (int t = 2; t <= 4; ++t) {
     clock_.Advance(absl::Seconds(1));
+    membership_->ReadServerLag(clock_.Now(), absl::Seconds(2));
     beat(0, 100);
     membership_->Tick();
     EXPECT_EQ(membership_->Status("job").jobs(0).generation(), generation) << t;
@@ -422,6 +424,43 @@ TEST_F(MembershipTest, WhileTheServerIsBehindMembersAreHeldForItsLagThenDeclared
   EXPECT_EQ(job.generation(), generation + 1);
   EXPECT_EQ(Logged("member_dead"), 100);
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(job.members(r).alive(), r < 100 || r >= 200) << r;
+}
+
+// Rule 4b extends a member's timeout by the lag read since its last beat,
+// not by a lag that was over before it: members that fall silent after the
+// server caught up are dead after the bare timeout, while those silent since
+// the lag are still held for it (the timer walks past them to find the
+// others).
+TEST_F(MembershipTest, AMemberSilentSinceTheServerCaughtUpIsJudgedByTheBareTimeout) {
+  options_.isolation_grace = absl::Seconds(90);
+  membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+  constexpr int kWorld = 300;
+  auto members = Form("job", kWorld);
+  const int64_t generation = members[0].generation();
+  auto beat = [&](int from, int to) {
+    for (int r = from; r < to; ++r) ASSERT_TRUE(Beat(Credentials("job", members[r])).ok());
+  };
+  membership_->ReadServerLag(clock_.Now(), absl::Seconds(2));  // t = 0: 2 s behind
+  beat(0, kWorld);  // 200..299 fall silent now, during the lag
+  clock_.Advance(absl::Milliseconds(500));
+  membership_->ReadServerLag(clock_.Now(), absl::ZeroDuration());  // caught up
+  clock_.Advance(absl::Milliseconds(500));
+  beat(0, 200);  // t = 1: 100..199 fall silent now, after it
+  for (int i = 0; i < 31; ++i) {  // to t = 4.1
+    clock_.Advance(absl::Milliseconds(100));
+    membership_->ReadServerLag(clock_.Now(), absl::ZeroDuration());
+    if (i % 10 == 9) beat(0, 100);
+    membership_->Tick();
+  }
+  v1::JobStatus job = membership_->Status("job").jobs(0);
+  EXPECT_EQ(job.generation(), generation + 1);
+  EXPECT_EQ(Logged("member_dead"), 100) << "100..199: silent 3.1 s, since after the lag";
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(job.members(r).alive(), r < 100 || r >= 200) << r;
+  EXPECT_EQ(Logged("server_behind"), 1) << "200..299: silent 4.1 s, held for the 2-s lag";
+  clock_.Advance(absl::Seconds(1));  // t = 5.1: 200..299 past 3 + 2 s
+  membership_->ReadServerLag(clock_.Now(), absl::ZeroDuration());
+  membership_->Tick();
+  EXPECT_EQ(Logged("member_dead"), 200);
 }
 
 TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {

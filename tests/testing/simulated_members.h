@@ -63,6 +63,7 @@ class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::Heartbea
     if (ok) {
       if (response_.command() != v1::CONTINUE) bad_commands_++;
       replies_->fetch_add(1, std::memory_order_relaxed);
+      own_replies_.fetch_add(1, std::memory_order_relaxed);
     }
     Step(ok);
   }
@@ -72,6 +73,8 @@ class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::Heartbea
     finished_->DecrementCount();
   }
   int bad_commands() const { return bad_commands_; }
+  // Replies this member's beats got.
+  int64_t replies() const { return own_replies_.load(std::memory_order_relaxed); }
   const grpc::Status& status() const { return status_; }
 
  private:
@@ -105,6 +108,7 @@ class Beater : public grpc::ClientBidiReactor<v1::HeartbeatRequest, v1::Heartbea
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
   std::atomic<int> pending_{0};
+  std::atomic<int64_t> own_replies_{0};
   bool failed_ = false;
   int bad_commands_ = 0;
   std::atomic<bool>* stop_;
