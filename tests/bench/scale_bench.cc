@@ -158,6 +158,7 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
   // process's hosts: a read and a lock per host every 10 ms were ~8 % of
   // the simulating core).
   void Tick(absl::Time now);
+  int host() const { return host_; }
   void SilenceRank(int slot) {
     absl::MutexLock lock(&mu_);
     silent_slot_ = slot;
@@ -202,6 +203,18 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
   int round_ ABSL_GUARDED_BY(mu_) = 0;  // joins completed
   absl::Time next_beat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time sent_at_ ABSL_GUARDED_BY(mu_);  // this round's write started
+ public:
+  // In the first generation (before any abort): the latest beat this host
+  // sent after it was due, and its slowest answer, in us. Whose silence a
+  // death right after the barrier was (Child::WriteHosts).
+  std::pair<int64_t, int64_t> FirstGenerationLateness() {
+    absl::MutexLock lock(&mu_);
+    return {first_late_us_, first_rtt_us_};
+  }
+
+ private:
+  int64_t first_late_us_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t first_rtt_us_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time retry_join_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::vector<v1::MemberCredentials> members_ ABSL_GUARDED_BY(mu_);  // by slot
 };
@@ -254,6 +267,7 @@ class Child {
     stop_ = true;
     ticker.join();
     WriteStatus();
+    WriteHosts();
     std::_Exit(0);  // the streams stay open: the server sees the process go
   }
 
@@ -358,6 +372,16 @@ class Child {
       h->SilenceHost();
     } else if (words[0] == "replace-host") {
       h->Join();  // a new agent on the host's replacement, its ranks restarted
+    }
+  }
+
+  // Each host's first-generation lateness, one line each: host, latest beat
+  // sent after due, slowest answer (us).
+  void WriteHosts() {
+    std::ofstream out(absl::StrCat(dir_, "/hosts-", index_));
+    for (const auto& h : hosts_) {
+      const auto [late, rtt] = h->FirstGenerationLateness();
+      out << h->host() << " " << late << " " << rtt << "\n";
     }
   }
 
@@ -501,6 +525,9 @@ void SimHost::Tick(absl::Time now) {
     child_->RecordLate(now - next_beat_);
     in_flight_ = true;
     sent_at_ = now;
+    if (round_ == 1) {
+      first_late_us_ = std::max(first_late_us_, absl::ToInt64Microseconds(now - next_beat_));
+    }
     start = !started_;
     started_ = true;
     if (!request_built_) {
@@ -550,6 +577,9 @@ void SimHost::RoundPart(bool ok) {
     absl::MutexLock lock(&mu_);
     in_flight_ = false;
     child_->RecordRoundTrip(absl::Now() - sent_at_);
+    if (round_ == 1) {
+      first_rtt_us_ = std::max(first_rtt_us_, absl::ToInt64Microseconds(absl::Now() - sent_at_));
+    }
     next_beat_ = absl::Now() + absl::Seconds(1);  // the heartbeat interval
     if (aborts == 0) return;
     beating_ = false;  // as a worker does: stop beating, re-join
@@ -907,6 +937,7 @@ int RunParent(const std::string& self) {
   // up) make every rank re-join: the figures above may then include that
   // work, not only beats.
   const bool disturbed = t.round.aborted > 0;
+  std::string first_dead_worker;  // of a disturbed run: whose silence it was, at the end
   DeathsInLog server_deaths(server.dir + "/server.log");
   result["generation_changed_before_the_faults"] = disturbed;
   if (disturbed) {
@@ -926,7 +957,12 @@ int RunParent(const std::string& self) {
     // Whose silence was it: the first death against the first beat the
     // simulators sent more than timeout - interval late.
     absl::Time first_death = absl::InfiniteFuture();
-    for (const auto& [worker, death] : server_deaths.Update()) first_death = std::min(first_death, death.at);
+    for (const auto& [worker, death] : server_deaths.Update()) {
+      if (death.at < first_death) {
+        first_death = death.at;
+        first_dead_worker = worker;
+      }
+    }
     const absl::Time barrier = absl::FromUnixMicros(t.round.joined_last_us);
     auto since_barrier = [&](absl::Time at) {
       if (at == absl::InfiniteFuture()) return std::string("none");
@@ -1076,6 +1112,25 @@ int RunParent(const std::string& self) {
   }
   std::ofstream(dir + "/stop") << "stop\n";
   for (auto& c : children) c->Wait(absl::Seconds(30));
+  int first_dead_host = -1;
+  if (!first_dead_worker.empty() &&
+      std::sscanf(first_dead_worker.c_str(), "h%d/", &first_dead_host) == 1) {
+    // The simulators' own account of that host's first generation.
+    for (int i = 0; i < processes; ++i) {
+      std::istringstream in(testing::ReadFileOrEmpty(absl::StrCat(dir, "/hosts-", i)));
+      int host = 0;
+      int64_t late_us = 0, rtt_us = 0;
+      while (in >> host >> late_us >> rtt_us) {
+        if (host != first_dead_host) continue;
+        result["first_dead_host"] = {{"worker", first_dead_worker},
+                                     {"beat_sent_late_seconds", late_us / 1e6},
+                                     {"slowest_answer_seconds", rtt_us / 1e6}};
+        table.AddRow({absl::StrCat("the first live rank declared dead (", first_dead_worker,
+                                   "): its host's beats sent late / slowest answer"),
+                      absl::StrFormat("%.2f s / %.2f s", late_us / 1e6, rtt_us / 1e6), ""});
+      }
+    }
+  }
   server.process->Signal(SIGTERM);
   server.process->Wait(absl::Seconds(20));
   std::printf("%s", table.ToString().c_str());
