@@ -167,7 +167,8 @@ struct MemberSignals {
   // formed (an older stream closing later does not count).
   absl::Time stream_closed = absl::InfinitePast();
   // How far behind the server's call queues were at worst since its last
-  // beat (rule 4b: ServerLag::AllowanceSince); zero when not measured.
+  // beat, as rule 4b counts it (ServerLag::AllowanceSince: capped at the
+  // grace, zero at or under half an interval or when not measured).
   absl::Duration server_lag = absl::ZeroDuration();
 };
 

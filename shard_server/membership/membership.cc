@@ -1217,7 +1217,10 @@ std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl:
   // judging every one every tick (50 ms) kept it behind. Members after it
   // are less silent; the walk goes on only while one of them may have a
   // smaller allowance that makes it dead (its silence began after a worse
-  // lag was over), and judges only those past their own allowance.
+  // lag was over), and judges only those past their own allowance. That walk
+  // passes every held member of the steps before such a one: O(held
+  // members) per tick, a list hop and a binary search each (~1-3 ms for
+  // 50K held), only while a lag's holds overlap a smaller later step.
   bool extended = true;
   if (job.formed() && job.suspect_generation == job.generation) {
     may_be_dead = std::min(may_be_dead, options_.heartbeat_interval * 1.5);
