@@ -65,10 +65,14 @@ TEST_F(HsdpAcrossHostsTest, HostGroupsSendTheModelOnceAcrossHostsAboutHalfTheFla
   hsdp.push_back("--shard_group_size=host");
   ASSERT_TRUE(cluster_->Run("flat", 4, Flags(common)));
   ASSERT_TRUE(cluster_->Run("hsdp", 4, Flags(hsdp)));
-  // Over all steps: a step's early gathers for the next (issued inside its
-  // optimizer step, asynchronous) may finish on either side of the step's
-  // end, which moves bytes between steps but not out of the sum (but for
-  // the last step's, at most 1 + prefetch units).
+  // Over all steps: a step's early gathers for the next (prefetch + 1 = 2,
+  // issued inside its optimizer step, asynchronous) are counted in their
+  // step, in the next, or partly in neither (sent between the two steps'
+  // reads of the link's bytes), and the last step's two, for a step that
+  // never runs, as far as they went: the flat ring's sum is its 22 unit
+  // collectives a step less up to 2 (k - 1) and plus up to 2 of them
+  // (tests/cluster/hpz_test.cc has the whole error model). HSDP's crossing
+  // is its replicas' all-reduce alone: exact.
   auto crossing = [&](const std::string& job) {
     int64_t sum = 0;
     for (int r : {0, 1}) {
@@ -83,9 +87,11 @@ TEST_F(HsdpAcrossHostsTest, HostGroupsSendTheModelOnceAcrossHostsAboutHalfTheFla
               static_cast<double>(got) / flat);
   const int64_t shard = cluster_->Report("hsdp", 0)["shard_elements"];
   EXPECT_EQ(got, 2 * shard * 4);
-  // The target; 0.478 x seen (the flat ring's mean moves by at most
-  // the last step's early gathers: 2 units' 3/4, 1.7% of its bytes here).
-  EXPECT_LE(got, 0.5 * flat) << got << " bytes against the flat ring's " << flat;
+  // The target, against the flat ring's count with the early
+  // gathers it may have lost between steps added back (at most 2 (k - 1)
+  // of its 22 k unit collectives); 0.478 x of the measured mean seen.
+  const double lost = 2.0 * (kBytesSteps - 1) / (22.0 * kBytesSteps);
+  EXPECT_LE(got, 0.5 * flat * (1 + lost)) << got << " bytes against the flat ring's " << flat;
 }
 
 }  // namespace
