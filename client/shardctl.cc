@@ -83,12 +83,40 @@ void PrintControlPlane(const v1::ControlPlaneStatus& cp) {
   std::printf("etcd %s: %s (lease renewed %.1f s ago, TTL %.0f s)\n", cp.etcd_endpoints().c_str(),
               renewed < cp.etcd_lease_ttl_seconds() / 2 ? "healthy" : "SLOW OR UNREACHABLE",
               renewed, cp.etcd_lease_ttl_seconds());
-  std::printf("elected %s%s, serving %.0f ms later (term %lld of this server)\n\n",
+  std::printf("elected %s%s, serving %.0f ms later (term %lld of this server)\n",
               absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(cp.elected_unix_ms()),
                                absl::UTCTimeZone())
                   .c_str(),
               cp.previous_leader().empty() ? "" : (" after " + cp.previous_leader()).c_str(),
               cp.restore_seconds() * 1000, static_cast<long long>(cp.terms()));
+  if (!cp.has_etcd_storage()) {
+    std::printf("\n");
+    return;
+  }
+  const v1::EtcdStorage& e = cp.etcd_storage();
+  if (!e.error().empty()) {
+    std::printf("etcd storage: cannot read it: %s\n\n", e.error().c_str());
+    return;
+  }
+  const double used = e.quota_bytes() > 0 ? 100.0 * e.db_size_bytes() / e.quota_bytes() : 0;
+  std::printf("etcd storage: db %.1f MiB (%.1f MiB in use) of a %.0f MiB quota (%.0f %%); "
+              "last compaction %s\n",
+              e.db_size_bytes() / 1048576.0, e.db_size_in_use_bytes() / 1048576.0,
+              e.quota_bytes() / 1048576.0, used,
+              e.compacted_unix_ms() == 0
+                  ? "none yet"
+                  : absl::StrCat("at revision ", e.compacted_revision()).c_str());
+  for (const std::string& alarm : e.alarms()) {
+    std::printf("WARNING: etcd alarm %s: etcd refuses writes (joins, generations, checkpoints "
+                "fail) until an operator clears it; docs/deploy.md\n",
+                alarm.c_str());
+  }
+  if (used >= 80) {
+    std::printf("WARNING: etcd's database is over 80 %% of its quota: defragment it "
+                "(etcdctl defrag) or raise --quota-backend-bytes (and --etcd_quota_bytes); "
+                "docs/deploy.md\n");
+  }
+  std::printf("\n");
 }
 
 // The job's latest abandoned checkpoint, when no complete one came after it

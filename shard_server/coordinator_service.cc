@@ -163,8 +163,13 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerConte
   }
   const v1::MemberCredentials& m = request->member();
   return FinishNow(context,
-                   ToGrpcStatus(kv_->Set(m.job_id(), m.generation(), request->key(),
-                                         request->value())));
+                   ToGrpcStatus(StillLeading(
+                       kv_->Set(m.job_id(), m.generation(), request->key(), request->value()))));
+}
+
+absl::Status CoordinatorService::StillLeading(absl::Status done) const {
+  if (!done.ok() || !leadership_check_) return done;
+  return leadership_check_();
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* context,
@@ -197,7 +202,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerConte
   absl::StatusOr<int64_t> value =
       kv_->Add(m.job_id(), m.generation(), request->key(), request->delta());
   if (value.ok()) response->set_value(*value);
-  return FinishNow(context, ToGrpcStatus(value.status()));
+  return FinishNow(context, ToGrpcStatus(StillLeading(value.status())));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* context,
@@ -229,7 +234,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreCompareSet(
   absl::StatusOr<std::string> value = kv_->CompareSet(m.job_id(), m.generation(), request->key(),
                                                       request->expected(), request->desired());
   if (value.ok()) response->set_value(std::move(*value));
-  return FinishNow(context, ToGrpcStatus(value.status()));
+  return FinishNow(context, ToGrpcStatus(StillLeading(value.status())));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* context,
@@ -241,7 +246,7 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerCo
   const v1::MemberCredentials& m = request->member();
   absl::StatusOr<bool> deleted = kv_->Delete(m.job_id(), m.generation(), request->key());
   if (deleted.ok()) response->set_deleted(*deleted);
-  return FinishNow(context, ToGrpcStatus(deleted.status()));
+  return FinishNow(context, ToGrpcStatus(StillLeading(deleted.status())));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* context,

@@ -40,6 +40,15 @@ class CoordinatorService final : public HeartbeatAsyncService {
     control_plane_ = std::move(source);
   }
 
+  // Replicated (etcd): OK while this server still holds its leadership. A
+  // KV write is answered OK only if the check passes after it was applied,
+  // so that a server paused past its lease acknowledges none of the writes
+  // queued meanwhile (the next leader's store would not have them). Unset:
+  // a single server. Call before serving.
+  void SetLeadershipCheck(std::function<absl::Status()> check) {
+    leadership_check_ = std::move(check);
+  }
+
   // With mutual TLS: the worker ids each client certificate may join as
   // (null: any). Not owned; call before serving.
   void SetWorkerIdBinding(const WorkerIdBinding* binding) { worker_ids_ = binding; }
@@ -121,6 +130,9 @@ class CoordinatorService final : public HeartbeatAsyncService {
   std::unique_ptr<CheckpointService> no_checkpoints_;  // when none was given
   CheckpointService* const checkpoints_;
   std::function<void(v1::ControlPlaneStatus*)> control_plane_;
+  std::function<absl::Status()> leadership_check_;
+  // `done` of a KV write, unless this server no longer leads (SetLeadershipCheck).
+  absl::Status StillLeading(absl::Status done) const;
   const WorkerIdBinding* worker_ids_ = nullptr;  // null: any worker id
   const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
   HistoryStore* const history_;               // may be null: GetHistory finds nothing

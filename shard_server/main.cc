@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -37,6 +39,22 @@ ABSL_FLAG(std::string, etcd_endpoints, "",
           "HOST:PORT,... of an etcd v3 cluster's client URLs: the durable state lives there and "
           "several servers with the same endpoints and --etcd_prefix elect one leader that serves "
           "(the others take over within seconds when it fails); empty: SQLite under --state_dir");
+ABSL_FLAG(int, etcd_max_txn_ops, 128,
+          "Operations per etcd transaction when writing the state: at most etcd's --max-txn-ops "
+          "(128 by default). A change larger than one transaction is written in several, made "
+          "atomic by a head key written last");
+ABSL_FLAG(int64_t, etcd_max_txn_bytes, 1 << 20,
+          "Bytes of keys and values per etcd transaction: under etcd's --max-request-bytes "
+          "(1.5 MiB by default)");
+ABSL_FLAG(int, etcd_compact_every_writes, 1000,
+          "The leader compacts etcd's history (at the revision of its last complete write) every "
+          "this many state writes, or --etcd_compact_interval, whichever comes first; 0: only by "
+          "the interval");
+ABSL_FLAG(absl::Duration, etcd_compact_interval, absl::Minutes(5),
+          "The longest time between two compactions of etcd's history by the leader");
+ABSL_FLAG(int64_t, etcd_quota_bytes, int64_t{2} << 30,
+          "etcd's --quota-backend-bytes (etcd does not tell it over its API): shardctl status and "
+          "/metrics show the database size against it and warn above 80 %");
 ABSL_FLAG(std::string, etcd_prefix, "/zeroshard",
           "Every etcd key of this control plane starts with it (one prefix per control plane)");
 ABSL_FLAG(
@@ -338,6 +356,22 @@ int RunReplicated(const zeroshard::ShardServerOptions& options, sigset_t signals
   etcd.endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
   etcd.prefix = absl::GetFlag(FLAGS_etcd_prefix);
   etcd.lease_ttl = absl::GetFlag(FLAGS_etcd_lease_ttl);
+  etcd.max_txn_ops = absl::GetFlag(FLAGS_etcd_max_txn_ops);
+  etcd.max_txn_bytes = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_etcd_max_txn_bytes)));
+  etcd.compact_every_writes = absl::GetFlag(FLAGS_etcd_compact_every_writes);
+  if (etcd.compact_every_writes <= 0) etcd.compact_every_writes = std::numeric_limits<int>::max();
+  etcd.compact_interval = absl::GetFlag(FLAGS_etcd_compact_interval);
+  etcd.quota_bytes = absl::GetFlag(FLAGS_etcd_quota_bytes);
+  if (etcd.max_txn_ops < 3) {
+    return Fail("--etcd_max_txn_ops must be at least 3 (it is " +
+                std::to_string(etcd.max_txn_ops) + ")");
+  }
+  if (etcd.max_txn_bytes < (64 << 10)) {
+    return Fail("--etcd_max_txn_bytes must be at least 65536 (it is " +
+                std::to_string(etcd.max_txn_bytes) + "): etcd's default allows 1.5 MiB");
+  }
+  // A value and its key fit in one transaction.
+  etcd.max_value_bytes = std::min<size_t>(etcd.max_value_bytes, etcd.max_txn_bytes / 2);
   if (etcd.prefix.empty() || etcd.prefix[0] != '/') {
     return Fail("--etcd_prefix must start with '/' (it is '" + etcd.prefix + "')");
   }

@@ -138,8 +138,8 @@ absl::Status ReplicatedServer::Run() {
 }
 
 // The control plane's part of GetStatus and /metrics while leading.
-void ReplicatedServer::Describe(EtcdSession& session, const Term& term,
-                                v1::ControlPlaneStatus* out) {
+void ReplicatedServer::Describe(EtcdSession& session, const EtcdStateReplica& replica,
+                                const Term& term, v1::ControlPlaneStatus* out) {
   out->set_leader(advertise_);
   out->set_etcd_endpoints(etcd_.endpoints);
   out->set_etcd_lease_ttl_seconds(absl::ToDoubleSeconds(etcd_.lease_ttl));
@@ -159,6 +159,35 @@ void ReplicatedServer::Describe(EtcdSession& session, const Term& term,
   for (const std::string& s : servers_) {
     if (s != advertise_) out->add_followers(s);
   }
+  // etcd's own state, read at most every 5 s (two calls).
+  if (absl::Now() - health_read_at_ >= absl::Seconds(5)) {
+    health_ = session.Health();
+    health_read_at_ = absl::Now();
+  }
+  v1::EtcdStorage* storage = out->mutable_etcd_storage();
+  storage->set_quota_bytes(etcd_.quota_bytes);
+  if (health_.ok()) {
+    storage->set_db_size_bytes(health_->db_size_bytes);
+    storage->set_db_size_in_use_bytes(health_->db_size_in_use_bytes);
+    for (const std::string& alarm : health_->alarms) storage->add_alarms(alarm);
+  } else {
+    storage->set_error(std::string(health_.status().message()));
+  }
+  const EtcdStateReplica::Stats stats = replica.stats();
+  storage->set_state_batches(stats.batches);
+  storage->set_state_bytes_written(stats.bytes_written);
+  storage->set_last_batch_bytes(stats.last_batch_bytes);
+  storage->set_last_batch_transactions(stats.last_batch_transactions);
+  storage->set_largest_value_bytes(stats.largest_value_bytes);
+  storage->set_head_revision(stats.head_revision);
+  storage->set_compacted_revision(stats.compacted_revision);
+  if (stats.compacted_at != absl::InfinitePast()) {
+    storage->set_compacted_unix_ms(absl::ToUnixMillis(stats.compacted_at));
+  }
+  storage->set_compaction_error(stats.compaction_error);
+  storage->set_loaded_keys(stats.loaded_keys);
+  storage->set_loaded_bytes(stats.loaded_bytes);
+  storage->set_load_seconds(absl::ToDoubleSeconds(stats.load_time));
 }
 
 void ReplicatedServer::Lead(EtcdSession& session, const std::string& previous_leader) {
@@ -176,9 +205,10 @@ void ReplicatedServer::Lead(EtcdSession& session, const std::string& previous_le
   options.state_replica = &replica;
   // Filled once the server serves (below); read by status calls after that.
   auto shared_term = std::make_shared<Term>(term);
-  options.control_plane = [this, &session, shared_term](v1::ControlPlaneStatus* out) {
-    Describe(session, *shared_term, out);
+  options.control_plane = [this, &session, &replica, shared_term](v1::ControlPlaneStatus* out) {
+    Describe(session, replica, *shared_term, out);
   };
+  options.leadership_check = [&session] { return session.CheckLeading(); };
   absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(options);
   if (!server.ok()) {
     Say(absl::StrCat("elected but cannot serve, resigning: ", server.status().ToString()));

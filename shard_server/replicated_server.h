@@ -47,8 +47,8 @@ class ReplicatedServer {
   };
   // One term: from the won campaign to the lost lease (or Stop).
   void Lead(EtcdSession& session, const std::string& previous_leader) ABSL_LOCKS_EXCLUDED(mu_);
-  void Describe(EtcdSession& session, const Term& term, v1::ControlPlaneStatus* out)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void Describe(EtcdSession& session, const EtcdStateReplica& replica, const Term& term,
+                v1::ControlPlaneStatus* out) ABSL_LOCKS_EXCLUDED(mu_);
   bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
   void Say(const std::string& what);
   // While not leading, --metrics_listen serves a /metrics of its own: this
@@ -72,6 +72,8 @@ class ReplicatedServer {
   int64_t terms_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> servers_ ABSL_GUARDED_BY(mu_);  // registered in etcd
   absl::Time servers_read_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::StatusOr<EtcdHealth> health_ ABSL_GUARDED_BY(mu_) = absl::UnavailableError("not read");
+  absl::Time health_read_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // What a follower's /metrics says: the leader it last read ("" none) and
   // etcd's last error ("" while it holds an etcd session).
   std::string seen_leader_ ABSL_GUARDED_BY(mu_);

@@ -210,6 +210,7 @@ void ShardServer::MakeServices() {
       clock_, membership_.get(), kv_.get(), plans_.get(), credentials_.get(), checkpoints_.get(),
       diagnosis_.get(), history_.get());
   if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
+  if (options_.leadership_check) service_->SetLeadershipCheck(options_.leadership_check);
   agent_service_ = std::make_unique<v1::HostAgent::AsyncService>();
 }
 

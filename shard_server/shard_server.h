@@ -47,6 +47,9 @@ struct ShardServerOptions {
   // Fills GetStatus's and /metrics' control-plane part (the leadership on
   // etcd: replicated_server.h); empty: a single server.
   std::function<void(v1::ControlPlaneStatus*)> control_plane;
+  // OK while this server leads (EtcdSession::CheckLeading); KV writes are
+  // acknowledged only while it holds. Empty: a single server.
+  std::function<absl::Status()> leadership_check;
   MembershipOptions membership;
   KvLimits kv;  // bounds of the KV store
   std::string auth_token;  // the admin token; empty: no authentication

@@ -286,6 +286,39 @@ void WriteStateCounts(const v1::GetStatusResponse& status, std::string* out) {
   }
 }
 
+// The state in etcd: its size against the quota, compaction, what the
+// leader wrote.
+void WriteEtcdStorage(const v1::EtcdStorage& e, std::string* out) {
+  auto gauge = [out](const char* name, const char* type, const char* help, auto value) {
+    Family(out, name, type, help);
+    absl::StrAppend(out, name, " ", value, "\n");
+  };
+  gauge("zeroshard_etcd_db_size_bytes", "gauge",
+        "etcd's database file (one member's Maintenance.Status).", e.db_size_bytes());
+  gauge("zeroshard_etcd_db_size_in_use_bytes", "gauge",
+        "Of etcd's database, what live keys and kept history use.", e.db_size_in_use_bytes());
+  gauge("zeroshard_etcd_quota_bytes", "gauge",
+        "etcd's --quota-backend-bytes as shard_server's --etcd_quota_bytes says; at it, etcd "
+        "raises NOSPACE and refuses every write.",
+        e.quota_bytes());
+  Family(out, "zeroshard_etcd_alarm", "gauge", "1 per alarm etcd has raised (NOSPACE, CORRUPT).");
+  for (const std::string& alarm : e.alarms()) {
+    absl::StrAppend(out, "zeroshard_etcd_alarm{alarm=\"", EscapeLabelValue(alarm), "\"} 1\n");
+  }
+  gauge("zeroshard_etcd_compacted_revision", "gauge",
+        "The revision the leader last compacted etcd's history at (0: not yet).",
+        e.compacted_revision());
+  gauge("zeroshard_etcd_last_compaction_timestamp_seconds", "gauge",
+        "When the leader last compacted etcd's history (Unix seconds; 0: not yet).",
+        absl::StrFormat("%.3f", e.compacted_unix_ms() / 1000.0));
+  gauge("zeroshard_etcd_state_writes_total", "counter",
+        "State changes the leader wrote to etcd.", e.state_batches());
+  gauge("zeroshard_etcd_state_written_bytes_total", "counter",
+        "Keys and values the leader wrote to etcd.", e.state_bytes_written());
+  gauge("zeroshard_etcd_state_load_seconds", "gauge",
+        "How long the leader took to read the state from etcd when elected.", e.load_seconds());
+}
+
 // The replicated control plane's leadership (only the leader serves
 // /metrics, so leader is 1 wherever it is scraped); nothing for a single
 // server.
@@ -312,6 +345,7 @@ void WriteControlPlane(const v1::ControlPlaneStatus& cp, std::string* out) {
   Family(out, "zeroshard_control_plane_terms_total", "counter",
          "Leaderships the leading server process has held.");
   absl::StrAppend(out, "zeroshard_control_plane_terms_total ", cp.terms(), "\n");
+  WriteEtcdStorage(cp.etcd_storage(), out);
 }
 
 // The families with one series per job (label job="...").

@@ -4,12 +4,12 @@
 // EtcdSession: a lease (TTL 2 s by default) renewed every TTL/4, and a
 // campaign on etcd's Election service under "<prefix>/leader" with its own
 // address as the value. The one that wins leads: it loads the state store's
-// last image from etcd (EtcdStateReplica) and serves; the others wait in
+// state from etcd (EtcdStateReplica) and serves; the others wait in
 // Campaign and do not listen at all, so a client's channel over every
 // server's address (common/server_list.h) connects to the leader.
 //
-// Fencing: every write of the leader is one Txn that puts the image only if
-// its leadership key still exists with the create revision it won with. A
+// Fencing: every write of the leader is a Txn that applies only if its
+// leadership key still exists with the create revision it won with. A
 // leader paused past its lease (its key deleted by etcd, another server
 // elected) has its late write refused, never applied.
 //
@@ -20,6 +20,7 @@
 #define ZEROSHARD_SHARD_SERVER_STATE_ETCD_STATE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -42,7 +43,50 @@ struct EtcdOptions {
   std::string prefix = "/zeroshard";  // every key of this control plane starts with it
   absl::Duration lease_ttl = absl::Seconds(2);
   absl::Duration rpc_timeout = absl::Seconds(1);  // of one etcd call (not Campaign)
+
+  // The state's writes (EtcdStateReplica). etcd's defaults allow 128
+  // operations per transaction (--max-txn-ops) and 1.5 MiB per request
+  // (--max-request-bytes); values are split above max_value_bytes.
+  size_t max_value_bytes = 256 << 10;
+  int max_txn_ops = 128;
+  size_t max_txn_bytes = 1 << 20;
+  // The leader compacts etcd's history at the revision of its last complete
+  // write every this many writes or this long, whichever comes first.
+  int compact_every_writes = 1000;
+  absl::Duration compact_interval = absl::Minutes(5);
+  // etcd's --quota-backend-bytes (its default: 2 GiB), for status and the
+  // warning at 80 %: etcd does not say it over its API.
+  int64_t quota_bytes = int64_t{2} << 30;
 };
+
+// One operation of a fenced transaction: a put, or a delete of one key (or
+// of every key in [key, range_end) when range_end is set).
+struct EtcdOp {
+  std::string key;
+  std::string value;
+  bool is_delete = false;
+  std::string range_end;
+};
+
+// A key read by EtcdSession::Range.
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;  // empty with keys_only
+  int64_t mod_revision = 0;
+};
+
+// What etcd says of itself (Maintenance.Status and its alarms).
+struct EtcdHealth {
+  int64_t db_size_bytes = 0;         // the database file
+  int64_t db_size_in_use_bytes = 0;  // of it, what live keys and kept history use
+  std::vector<std::string> alarms;   // "NOSPACE", "CORRUPT"
+};
+
+// An etcd error as a status that names its cause and what to do: a request
+// too large, the NOSPACE alarm (the quota is full), too many operations in
+// one transaction, no quorum or no etcd leader, etcd out of reach.
+absl::Status EtcdError(absl::string_view endpoints, absl::string_view what,
+                       const grpc::Status& status);
 
 // Thread-safe.
 class EtcdSession {
@@ -80,6 +124,25 @@ class EtcdSession {
   // was won (fencing). UNAVAILABLE when it is gone or etcd cannot be reached.
   absl::Status FencedPut(const std::string& key, const std::string& value)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Applies `ops` in one transaction only while this session's leadership
+  // key exists as it was won; returns etcd's revision after it.
+  absl::StatusOr<int64_t> FencedTxn(const std::vector<EtcdOp>& ops) ABSL_LOCKS_EXCLUDED(mu_);
+  // Up to `limit` keys in [key, range_end) in key order, as of `revision`
+  // (0: now). `more`: keys are left after the last one returned.
+  absl::StatusOr<std::vector<EtcdKeyValue>> Range(const std::string& key,
+                                                  const std::string& range_end, int64_t revision,
+                                                  int64_t limit, bool keys_only, bool* more);
+  // Every key with `prefix`, as of `revision` (0: now), read in pages.
+  absl::StatusOr<std::vector<EtcdKeyValue>> RangeAll(const std::string& prefix, int64_t revision,
+                                                     bool keys_only);
+  // Drops etcd's history before `revision` (its older values of keys).
+  absl::Status Compact(int64_t revision);
+  absl::StatusOr<EtcdHealth> Health();
+  // OK while this session leads and its lease was renewed within the TTL
+  // (counted from the renewal's sending): a write acknowledged after that
+  // check was made while no other server could lead. UNAVAILABLE otherwise
+  // (a server that was paused past its lease: its queued calls are refused).
+  absl::Status CheckLeading() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const EtcdOptions& options() const { return options_; }
   // The lease this session renews (0: none yet).
@@ -99,6 +162,7 @@ class EtcdSession {
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_stub_;
   std::unique_ptr<v3electionpb::Election::Stub> election_;
+  std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance_;
 
   mutable absl::Mutex mu_;
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
@@ -111,19 +175,77 @@ class EtcdSession {
   std::thread renewer_;
 };
 
-// The state store's image under "<prefix>/state", zlib-compressed, written
-// with FencedPut. Load and Save fail with UNAVAILABLE while etcd is out of
-// reach; Save also when this server no longer leads.
+// The state store's rows (sql_replication.h) under "<prefix>/state/", one
+// etcd key per entry. Values are zlib-compressed above 1 KiB and split into
+// parts ("<key>/~<i>") above max_value_bytes, so that no etcd value is
+// larger whatever the job size.
+//
+// A batch is written in as few fenced transactions as etcd's limits allow
+// (max_txn_ops, max_txn_bytes). Its last transaction puts
+// "<prefix>/state.head"; the state is every key as of head's revision. A
+// batch that takes several transactions puts "<prefix>/state.pending" in
+// its first and deletes it in its last; a leader that finds it (its
+// predecessor died or was deposed half-way) reads the state as of head's
+// revision and writes back whatever changed after it.
+//
+// The leader compacts etcd's history at head's revision every
+// compact_every_writes writes or compact_interval, so that etcd's database
+// holds the live state and a bounded history, not every value ever written.
+//
+// Load and Save fail with UNAVAILABLE while etcd is out of reach; Save also
+// when this server no longer leads. Thread-safe.
 class EtcdStateReplica : public DatabaseReplica {
  public:
-  explicit EtcdStateReplica(EtcdSession* session)
-      : session_(session), key_(session->options().prefix + "/state") {}
-  absl::StatusOr<std::string> Load() override;
-  absl::Status Save(absl::string_view image) override;
+  explicit EtcdStateReplica(EtcdSession* session);
+  absl::StatusOr<std::vector<ReplicaEntry>> Load() override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Save(const ReplicaBatch& batch) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct Stats {
+    int64_t batches = 0;          // saved
+    int64_t transactions = 0;     // etcd transactions they took
+    int64_t bytes_written = 0;    // keys and values put
+    int64_t last_batch_bytes = 0;
+    int64_t last_batch_transactions = 0;
+    int64_t largest_value_bytes = 0;  // of one etcd value written
+    int64_t head_revision = 0;        // of the last complete batch
+    int64_t compacted_revision = 0;   // 0: none yet by this leader
+    absl::Time compacted_at = absl::InfinitePast();
+    std::string compaction_error;  // of the last compaction ("" : it worked)
+    int64_t loaded_keys = 0;       // etcd keys read by Load
+    int64_t loaded_bytes = 0;
+    absl::Duration load_time;
+    bool repaired = false;  // Load found a half-written batch and repaired it
+  };
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Writes `ops` (and head, and pending around several transactions).
+  absl::Status Commit(std::vector<EtcdOp> ops, bool pending_exists)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Repair(int64_t head_revision, const std::vector<EtcdKeyValue>& at_head)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The etcd keys and values of one entry (its parts) and the deletes of
+  // parts it no longer has.
+  void AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& ops) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddDelete(const std::string& key, std::vector<EtcdOp>& ops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   EtcdSession* const session_;
-  const std::string key_;
+  const std::string rows_prefix_;   // "<prefix>/state/"
+  const std::string head_key_;      // "<prefix>/state.head"
+  const std::string pending_key_;   // "<prefix>/state.pending"
+  const std::string legacy_key_;    // "<prefix>/state": an older version's whole image
+
+  mutable absl::Mutex mu_;
+  // Parts of the entries stored in more than one (relative key -> count).
+  std::map<std::string, int> parts_ ABSL_GUARDED_BY(mu_);
+  bool legacy_ ABSL_GUARDED_BY(mu_) = false;          // the legacy image is still in etcd
+  bool pending_left_ ABSL_GUARDED_BY(mu_) = false;    // a failed batch left pending
+  int64_t head_value_ ABSL_GUARDED_BY(mu_) = 0;       // batches so far, head's value
+  int writes_since_compaction_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_compaction_try_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zeroshard

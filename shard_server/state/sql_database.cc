@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "shard_server/state/sql_replication.h"
 
 namespace zeroshard {
 namespace {
@@ -202,6 +203,8 @@ absl::StatusOr<std::unique_ptr<SqlDatabase>> SqlDatabase::Open(const std::string
   return database;
 }
 
+SqlDatabase::SqlDatabase(sqlite3* db, std::string name) : db_(db), name_(std::move(name)) {}
+
 SqlDatabase::~SqlDatabase() {
   {
     absl::MutexLock lock(&sync_mu_);
@@ -212,6 +215,7 @@ SqlDatabase::~SqlDatabase() {
     sqlite3_close(checkpointer_);  // a no-op for null
   }
   absl::MutexLock lock(&mu_);
+  replication_.reset();  // its session, if any, before the connection
   sqlite3_close(db_);
 }
 
@@ -293,10 +297,13 @@ absl::Status SqlDatabase::TransactionLocked(Body body) {
   // because another connection started writing first.
   absl::Status status = ExecuteLocked("begin transaction", "BEGIN IMMEDIATE;");
   if (!status.ok()) return status;
+  if (replication_ != nullptr) status = replication_->Begin();
   Connection connection(db_, name_, /*read_only=*/false);
-  status = body(connection);
+  if (status.ok()) status = body(connection);
+  // Replicated: the rows it changed are saved before it commits here, so
+  // that what this server serves is never ahead of what a successor loads.
+  if (status.ok() && replica_ != nullptr) status = ReplicateLocked();
   if (status.ok()) status = ExecuteLocked("commit", "COMMIT;");
-  if (status.ok() && replica_ != nullptr) return ReplicateLocked();
   // After some errors (a full disk, an I/O error) SQLite has already rolled
   // the transaction back; after the others it is still open.
   if (!status.ok() && sqlite3_get_autocommit(db_) == 0) {
@@ -306,29 +313,27 @@ absl::Status SqlDatabase::TransactionLocked(Body body) {
 }
 
 absl::StatusOr<std::unique_ptr<SqlDatabase>> SqlDatabase::OpenReplicated(
-    DatabaseReplica* replica, absl::string_view name) {
-  absl::StatusOr<std::string> image = replica->Load();
-  if (!image.ok()) {
-    return absl::Status(image.status().code(),
-                        absl::StrCat(name, ": load: ", image.status().message()));
+    DatabaseReplica* replica, absl::string_view name, std::vector<PagedTable> paged) {
+  absl::StatusOr<std::vector<ReplicaEntry>> entries = replica->Load();
+  if (!entries.ok()) {
+    return absl::Status(entries.status().code(),
+                        absl::StrCat(name, ": load: ", entries.status().message()));
   }
   absl::StatusOr<std::unique_ptr<SqlDatabase>> database =
       Open(":memory:", name, Durability::kOff);  // durability is the replica's
   if (!database.ok()) return database.status();
   SqlDatabase& db = **database;
   absl::MutexLock lock(&db.mu_);
-  if (absl::Status s = db.DeserializeLocked(*image); !s.ok()) return s;
-  db.saved_image_ = *std::move(image);
+  db.replication_ = std::make_unique<SqlReplication>(db.db_, std::string(name), std::move(paged));
+  if (entries->size() == 1 && (*entries)[0].key == "image") {
+    // An older version's whole image: loaded, and written as rows next.
+    if (absl::Status s = db.DeserializeLocked((*entries)[0].value); !s.ok()) return s;
+    db.replication_->WriteEverythingNext();
+  } else if (absl::Status s = db.replication_->Load(*entries); !s.ok()) {
+    return s;
+  }
   db.replica_ = replica;
   return database;
-}
-
-std::string SqlDatabase::SerializeLocked() {
-  sqlite3_int64 size = 0;
-  unsigned char* bytes = sqlite3_serialize(db_, "main", &size, 0);
-  std::string image(reinterpret_cast<const char*>(bytes), bytes != nullptr ? size : 0);
-  sqlite3_free(bytes);
-  return image;
 }
 
 absl::Status SqlDatabase::DeserializeLocked(absl::string_view image) {
@@ -345,20 +350,19 @@ absl::Status SqlDatabase::DeserializeLocked(absl::string_view image) {
 }
 
 absl::Status SqlDatabase::ReplicateLocked() {
-  std::string image = SerializeLocked();
-  if (image == saved_image_) return absl::OkStatus();  // nothing changed: no write
-  absl::Status saved = replica_->Save(image);
-  if (saved.ok()) {
-    saved_image_ = std::move(image);
-    return saved;
+  absl::StatusOr<ReplicaBatch> batch = replication_->Collect();
+  if (!batch.ok()) {
+    replication_->Saved(false);
+    return batch.status();
   }
+  if (batch->empty()) {  // nothing changed: no write
+    replication_->Saved(true);
+    return absl::OkStatus();
+  }
+  absl::Status saved = replica_->Save(*batch);
+  replication_->Saved(saved.ok());
+  if (saved.ok()) return saved;
   // Nothing of the transaction may stay: what is not saved did not happen.
-  absl::Status undone = DeserializeLocked(saved_image_);
-  if (!undone.ok()) {
-    std::fprintf(stderr, "%s: cannot undo an unsaved transaction: %s\n", name_.c_str(),
-                 undone.ToString().c_str());
-    std::abort();  // serving state that was never saved would be worse
-  }
   return absl::Status(saved.code(), absl::StrCat(name_, ": not saved: ", saved.message()));
 }
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -29,6 +30,8 @@ struct sqlite3;
 struct sqlite3_stmt;
 
 namespace zeroshard {
+
+class SqlReplication;
 
 // A prepared statement. Made only by SqlDatabase::Connection::Prepare, and so
 // used only inside a Transaction() or Read() body; it must not outlive it.
@@ -76,18 +79,45 @@ class Statement {
   absl::Status status_;
 };
 
+// One entry of a replicated database in its replica: a key ("schema", or
+// "rows/<table>/<primary key>" as state/sql_replication.h makes them) and
+// its value (a StateRows message, or the schema's SQL).
+struct ReplicaEntry {
+  std::string key;
+  std::string value;
+};
+
+// What one transaction changed, as entries to put and keys to delete.
+struct ReplicaBatch {
+  std::vector<ReplicaEntry> puts;
+  std::vector<std::string> deletes;
+  bool empty() const { return puts.empty() && deletes.empty(); }
+};
+
 // Where a replicated database (SqlDatabase::OpenReplicated) keeps its
-// committed state beside this process: the whole database image
-// (sqlite3_serialize) after every transaction. The etcd implementation
-// (etcd_state.h) writes it only while this server leads.
+// committed state beside this process: one entry per row (or per page of a
+// paged table's rows), written as the transactions change them. The etcd
+// implementation (etcd_state.h) writes only while this server leads.
 class DatabaseReplica {
  public:
   virtual ~DatabaseReplica() = default;
-  // The last image saved; "" when none was (a new cluster).
-  virtual absl::StatusOr<std::string> Load() = 0;
-  // Saves `image` durably, or fails (then the transaction that made it is
-  // undone here too).
-  virtual absl::Status Save(absl::string_view image) = 0;
+  // Every entry saved, in any order; none for a new cluster. An entry with
+  // the key "image" is a whole database image (sqlite3_serialize) kept by an
+  // older version: the database loads it and writes every row at its next
+  // transaction.
+  virtual absl::StatusOr<std::vector<ReplicaEntry>> Load() = 0;
+  // Saves the batch so that a later Load sees all of it or none of it, or
+  // fails (then the transaction that made it is rolled back here too).
+  virtual absl::Status Save(const ReplicaBatch& batch) = 0;
+};
+
+// Tables kept as pages of rows rather than a row per entry: the rows whose
+// last primary-key column (an integer) falls in [k * rows_per_page,
+// (k + 1) * rows_per_page) share one entry. For a table of many small rows
+// written together (a generation's members).
+struct PagedTable {
+  std::string table;
+  int rows_per_page = 256;
 };
 
 // Thread-safe.
@@ -134,12 +164,13 @@ class SqlDatabase {
   static absl::StatusOr<std::unique_ptr<SqlDatabase>> Open(
       const std::string& path, absl::string_view name, Durability durability,
       int checkpoint_pages = kCheckpointPages);
-  // An in-memory database that starts as `replica`'s last image and saves
-  // its image to `replica` after every commit; a transaction whose image is
-  // not saved is undone (the database goes back to the last saved image)
-  // and returns the replica's error. `replica` outlives the database.
-  static absl::StatusOr<std::unique_ptr<SqlDatabase>> OpenReplicated(DatabaseReplica* replica,
-                                                                     absl::string_view name);
+  // An in-memory database that starts as `replica`'s last saved state and
+  // saves every transaction's changed rows to it before committing; a
+  // transaction the replica does not save is rolled back and returns the
+  // replica's error. `replica` outlives the database.
+  // `paged`: tables kept as pages of rows.
+  static absl::StatusOr<std::unique_ptr<SqlDatabase>> OpenReplicated(
+      DatabaseReplica* replica, absl::string_view name, std::vector<PagedTable> paged = {});
   ~SqlDatabase();
 
   SqlDatabase(const SqlDatabase&) = delete;
@@ -176,15 +207,13 @@ class SqlDatabase {
   absl::Status Read(Body body) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  SqlDatabase(sqlite3* db, std::string name) : db_(db), name_(std::move(name)) {}
+  SqlDatabase(sqlite3* db, std::string name);
   absl::Status TransactionLocked(Body body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ExecuteLocked(absl::string_view what, const char* sql)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The whole database, as sqlite3_serialize writes it.
-  std::string SerializeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replaces the database's content with `image` ("" : empty).
   absl::Status DeserializeLocked(absl::string_view image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a commit: saves the image to replica_, or undoes the commit.
+  // Before a commit: saves what the open transaction changed to replica_.
   absl::Status ReplicateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sync() without the checkpoint.
   absl::Status SyncWal(int64_t commit) ABSL_LOCKS_EXCLUDED(sync_mu_);
@@ -195,7 +224,8 @@ class SqlDatabase {
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
   const std::string name_;
   DatabaseReplica* replica_ = nullptr;  // null: not replicated
-  std::string saved_image_ ABSL_GUARDED_BY(mu_);  // the replica's last image
+  // What each transaction changed, for replica_ (sql_replication.h).
+  std::unique_ptr<SqlReplication> replication_ ABSL_GUARDED_BY(mu_);
   // Group commit (kFull on a file): the WAL file whose fdatasync makes
   // commits durable; "" when commits need no sync.
   std::string wal_path_;

@@ -56,7 +56,12 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
 }
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::OpenReplicated(DatabaseReplica* replica) {
-  return WithSchema(SqlDatabase::OpenReplicated(replica, "state store"), "replicated state");
+  // A generation's members are written as pages of 256 rows (at most ~210
+  // KiB each: 128-byte job id, 256-byte worker id and host, the token),
+  // not 100,000 entries.
+  return WithSchema(
+      SqlDatabase::OpenReplicated(replica, "state store", {{"members", kMembersPerPage}}),
+      "replicated state");
 }
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::WithSchema(

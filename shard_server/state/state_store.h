@@ -1,5 +1,5 @@
 // Durable server state in one SQLite file (or, with --etcd_endpoints, an
-// in-memory SQLite database whose image etcd keeps: OpenReplicated): jobs,
+// in-memory SQLite database whose rows etcd keeps as keys: OpenReplicated): jobs,
 // their current generation and the members of the last formed generation,
 // and shard plans. Other
 // components (the checkpoint registry) keep their own tables in the same
@@ -61,9 +61,11 @@ class StateStore {
 
   // Opens or creates `path` and its schema.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& path);
-  // In memory, starting from `replica`'s last image and saving every commit
-  // to it (SqlDatabase::OpenReplicated): the etcd-backed store of a leading
-  // server. `replica` outlives the store.
+  // In memory, starting from `replica`'s last saved state and saving every
+  // transaction's changed rows to it (SqlDatabase::OpenReplicated): the
+  // etcd-backed store of a leading server. Members are kept as pages of
+  // kMembersPerPage ranks. `replica` outlives the store.
+  static constexpr int kMembersPerPage = 256;
   static absl::StatusOr<std::unique_ptr<StateStore>> OpenReplicated(DatabaseReplica* replica);
   ~StateStore() = default;
 

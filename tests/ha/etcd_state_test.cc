@@ -1,7 +1,11 @@
 // The state store on a real etcd (a one-member cluster on a loopback port):
 // what one leader commits the next one loads, a write of a leader whose
 // leadership key is gone is refused and leaves etcd unchanged, and a
-// transaction etcd did not take is undone in the leader's memory too.
+// transaction etcd did not take is undone in the leader's memory too. The
+// state is kept as keys: a large job in values of at most 256 KiB over
+// several transactions, a small change as a small write, a half-written
+// change repaired by the next leader, etcd's history compacted, and etcd's
+// refusals named.
 #include "shard_server/state/etcd_state.h"
 
 #include <memory>
@@ -18,10 +22,10 @@ namespace {
 
 class EtcdStateTest : public ::testing::Test {
  protected:
-  EtcdStateTest() : etcd_(testing::MakeTempDir("etcd-state"), /*members=*/1) {}
+  explicit EtcdStateTest(std::vector<std::string> etcd_flags = {})
+      : etcd_(testing::MakeTempDir("etcd-state"), /*members=*/1, {}, std::move(etcd_flags)) {}
 
-  std::unique_ptr<EtcdSession> Leader(const std::string& name) {
-    EtcdOptions options;
+  std::unique_ptr<EtcdSession> Leader(const std::string& name, EtcdOptions options = {}) {
     options.endpoints = etcd_.endpoints();
     options.prefix = "/test";
     auto session = EtcdSession::Connect(options);
@@ -35,6 +39,27 @@ class EtcdStateTest : public ::testing::Test {
 
   testing::EtcdCluster etcd_;
 };
+
+// A job of `world` members with ids and hosts as a cluster has them.
+StoredJob BigJob(const std::string& id, int world, int64_t generation) {
+  StoredJob job;
+  job.job_id = id;
+  job.world_size = world;
+  job.generation = generation;
+  job.members_generation = generation;
+  uint64_t x = 0x9E3779B97F4A7C15ull * (generation + 1);
+  for (int r = 0; r < world; ++r) {
+    const std::string host = absl::StrCat("node-", r / 8, ".cluster.example.com");
+    // A token as the server makes them: 128 random bits in hex.
+    std::string token;
+    for (int i = 0; i < 2; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      absl::StrAppend(&token, absl::Hex(x, absl::kZeroPad16));
+    }
+    job.members.push_back({r, absl::StrCat(host, "/gpu", r % 8), host, token, false, false});
+  }
+  return job;
+}
 
 StoredJob Job(const std::string& id, int64_t generation) {
   StoredJob job;
@@ -78,7 +103,7 @@ TEST_F(EtcdStateTest, ADeposedLeadersWriteIsRefusedAndUndone) {
   auto store = StateStore::OpenReplicated(&replica);
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE((*store)->SaveJob(Job("j", 1)).ok());
-  const int64_t written = etcd_.ModRevision("/test/state");
+  const int64_t written = etcd_.ModRevision("/test/state.head");
   ASSERT_GT(written, 0);
 
   // Its lease ends behind its back (as when it was paused past its TTL), and
@@ -92,7 +117,7 @@ TEST_F(EtcdStateTest, ADeposedLeadersWriteIsRefusedAndUndone) {
   absl::Status late = (*store)->SaveJob(Job("j", 2));
   EXPECT_TRUE(absl::IsUnavailable(late)) << late;
   EXPECT_NE(late.message().find("no longer leads"), absl::string_view::npos) << late;
-  EXPECT_EQ(etcd_.ModRevision("/test/state"), written) << "the deposed leader wrote";
+  EXPECT_EQ(etcd_.ModRevision("/test/state.head"), written) << "the deposed leader wrote";
   // Undone in its memory too: it still reads generation 1.
   auto jobs = (*store)->LoadJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
@@ -100,6 +125,179 @@ TEST_F(EtcdStateTest, ADeposedLeadersWriteIsRefusedAndUndone) {
   EXPECT_EQ((*jobs)[0].generation, 1);
   // And it knows it no longer leads.
   EXPECT_NE(old_leader->WaitLost().find("leadership key"), std::string::npos);
+}
+
+TEST_F(EtcdStateTest, ALargeJobIsKeptInValuesOfAtMost256KiBAndLoadsWhole) {
+  ASSERT_TRUE(etcd_.ok());
+  constexpr int kWorld = 50000;
+  std::unique_ptr<EtcdSession> first = Leader("a:1");
+  ASSERT_NE(first, nullptr);
+  {
+    EtcdStateReplica replica(first.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(BigJob("big", kWorld, 1)).ok());
+    // More than one etcd transaction (128 operations, 1 MiB each at most).
+    EXPECT_GT(replica.stats().last_batch_transactions, 1);
+    EXPECT_LE(replica.stats().largest_value_bytes, 256 << 10);
+    // The same job saved again: nothing changed, nothing written.
+    const int64_t batches = replica.stats().batches;
+    ASSERT_TRUE((*store)->SaveJob(BigJob("big", kWorld, 1)).ok());
+    EXPECT_EQ(replica.stats().batches, batches);
+    // One member changed: one page of members written, in one transaction.
+    StoredJob changed = BigJob("big", kWorld, 1);
+    changed.members[12345].dead = true;
+    ASSERT_TRUE((*store)->SaveJob(changed).ok());
+    EXPECT_EQ(replica.stats().last_batch_transactions, 1);
+    EXPECT_LT(replica.stats().last_batch_bytes, 64 << 10);
+  }
+  // Every value etcd holds is at most 256 KiB.
+  auto stored = first->RangeAll("/test/state/", 0, /*keys_only=*/false);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_GT(stored->size(), static_cast<size_t>(kWorld / StateStore::kMembersPerPage));
+  for (const EtcdKeyValue& kv : *stored) EXPECT_LE(kv.value.size(), 256u << 10) << kv.key;
+  first->Resign();
+  std::unique_ptr<EtcdSession> second = Leader("b:1");
+  ASSERT_NE(second, nullptr);
+  EtcdStateReplica replica(second.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  ASSERT_EQ((*jobs)[0].members.size(), static_cast<size_t>(kWorld));
+  StoredJob expected = BigJob("big", kWorld, 1);
+  for (int r = 0; r < kWorld; ++r) {
+    const StoredMember& m = (*jobs)[0].members[r];
+    ASSERT_EQ(m.rank, r);
+    ASSERT_EQ(m.worker_id, expected.members[r].worker_id);
+    ASSERT_EQ(m.token, expected.members[r].token);
+    ASSERT_EQ(m.dead, r == 12345) << r;
+  }
+  EXPECT_GT(replica.stats().loaded_keys, kWorld / StateStore::kMembersPerPage);
+}
+
+TEST_F(EtcdStateTest, AValueLargerThanTheLimitIsSplitIntoPartsAndJoinedOnLoad) {
+  ASSERT_TRUE(etcd_.ok());
+  EtcdOptions small;
+  small.max_value_bytes = 4096;
+  std::unique_ptr<EtcdSession> first = Leader("a:1", small);
+  ASSERT_NE(first, nullptr);
+  // A plan of random bytes (it does not compress): ~40 KiB, ~10 parts.
+  std::string plan(40000, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (char& c : plan) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  {
+    EtcdStateReplica replica(first.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SavePlan("j", 1, {"hash", plan}).ok());
+    EXPECT_LE(replica.stats().largest_value_bytes, 4096);
+    // Shrunk to one part: the others are deleted.
+    ASSERT_TRUE((*store)->SavePlan("j", 1, {"hash", "small"}).ok());
+    ASSERT_TRUE((*store)->SavePlan("j", 2, {"hash", plan}).ok());
+  }
+  auto [code, keys] = etcd_.Etcdctl("get --prefix /test/state/rows/plans/j/1 --keys-only");
+  ASSERT_EQ(code, 0);
+  EXPECT_EQ(keys.find("/~"), std::string::npos) << keys;
+  first->Resign();
+  std::unique_ptr<EtcdSession> second = Leader("b:1", small);
+  ASSERT_NE(second, nullptr);
+  EtcdStateReplica replica(second.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto one = (*store)->LoadPlan("j", 1);
+  auto two = (*store)->LoadPlan("j", 2);
+  ASSERT_TRUE(one.ok() && two.ok());
+  ASSERT_TRUE(one->has_value() && two->has_value());
+  EXPECT_EQ((*one)->plan_bytes, "small");
+  EXPECT_EQ((*two)->plan_bytes, plan);
+}
+
+TEST_F(EtcdStateTest, AHalfWrittenChangeIsUndoneByTheNextLeader) {
+  ASSERT_TRUE(etcd_.ok());
+  std::unique_ptr<EtcdSession> first = Leader("a:1");
+  ASSERT_NE(first, nullptr);
+  {
+    EtcdStateReplica replica(first.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(Job("j", 1)).ok());
+    ASSERT_TRUE((*store)->SaveJob(Job("k", 1)).ok());
+  }
+  first->Resign();
+  // What a leader that died after the first transactions of a change leaves:
+  // pending, a key changed, a key added, a key deleted, no new head.
+  const std::string job_j = etcd_.Get("/test/state/rows/jobs/j");
+  ASSERT_FALSE(job_j.empty());
+  for (const std::string& command :
+       {std::string("put /test/state.pending 99"), std::string("put /test/state/rows/jobs/j r-garbage"),
+        std::string("put /test/state/rows/jobs/zz r-garbage"),
+        std::string("del /test/state/rows/jobs/k")}) {
+    auto [code, out] = etcd_.Etcdctl(command);
+    ASSERT_EQ(code, 0) << command << ": " << out;
+  }
+  std::unique_ptr<EtcdSession> second = Leader("b:1");
+  ASSERT_NE(second, nullptr);
+  EtcdStateReplica replica(second.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE(replica.stats().repaired);
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].job_id, "j");
+  EXPECT_EQ((*jobs)[1].job_id, "k");
+  // And etcd holds the state as of the last complete change again.
+  EXPECT_EQ(etcd_.Get("/test/state/rows/jobs/j"), job_j);
+  EXPECT_FALSE(etcd_.Get("/test/state/rows/jobs/k").empty());
+  EXPECT_TRUE(etcd_.Get("/test/state/rows/jobs/zz").empty());
+  EXPECT_TRUE(etcd_.Get("/test/state.pending").empty());
+}
+
+TEST_F(EtcdStateTest, TheLeaderCompactsEtcdsHistory) {
+  ASSERT_TRUE(etcd_.ok());
+  EtcdOptions options;
+  options.compact_every_writes = 5;
+  std::unique_ptr<EtcdSession> leader = Leader("a:1", options);
+  ASSERT_NE(leader, nullptr);
+  EtcdStateReplica replica(leader.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const int64_t before = etcd_.Revision();
+  for (int g = 1; g <= 12; ++g) ASSERT_TRUE((*store)->SaveJob(Job("j", g)).ok());
+  // Compacted at least twice (after writes 5 and 10), at a complete change.
+  EXPECT_GT(replica.stats().compacted_revision, before);
+  // The history before it is gone: a read there is refused.
+  auto [code, out] = etcd_.Etcdctl(absl::StrCat("get /test/state.head --rev=", before));
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("compacted"), std::string::npos) << out;
+}
+
+// etcd with a request limit lower than the server was told.
+class EtcdLimitsTest : public EtcdStateTest {
+ protected:
+  EtcdLimitsTest() : EtcdStateTest({"--max-request-bytes=65536"}) {}
+};
+
+TEST_F(EtcdLimitsTest, ARequestOverEtcdsLimitIsRefusedNamingTheLimit) {
+  ASSERT_TRUE(etcd_.ok());
+  std::unique_ptr<EtcdSession> leader = Leader("a:1");
+  ASSERT_NE(leader, nullptr);
+  EtcdStateReplica replica(leader.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::Status saved = (*store)->SaveJob(BigJob("big", 8000, 1));
+  ASSERT_FALSE(saved.ok());
+  EXPECT_NE(saved.message().find("--max-request-bytes"), absl::string_view::npos) << saved;
+  EXPECT_EQ(saved.message().find("quorum"), absl::string_view::npos) << saved;
+  // Undone: the job is not there.
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE(jobs->empty());
 }
 
 TEST_F(EtcdStateTest, AStoreCannotBeOpenedWithoutEtcd) {

@@ -62,7 +62,8 @@ std::unique_ptr<ChildProcess> EtcdCluster::Launch(int i, const std::string& bina
   return placement_.hosts->Start(placement_.on_hosts[i], binary, args, log);
 }
 
-EtcdCluster::EtcdCluster(const std::string& dir, int members, OnHosts placement)
+EtcdCluster::EtcdCluster(const std::string& dir, int members, OnHosts placement,
+                         std::vector<std::string> etcd_flags)
     : dir_(dir), data_dir_(EtcdDataDir(dir + "/data")), placement_(std::move(placement)) {
   mkdir(dir_.c_str(), 0755);
   if (access(kEtcd, X_OK) != 0) {
@@ -88,6 +89,7 @@ EtcdCluster::EtcdCluster(const std::string& dir, int members, OnHosts placement)
         "--initial-cluster-token=" + dir_,
         // Loopback: etcd's own elections within about half a second.
         "--heartbeat-interval=50", "--election-timeout=500", "--log-level=warn"};
+    args.insert(args.end(), etcd_flags.begin(), etcd_flags.end());
     members_.push_back(Launch(i, kEtcd, args, absl::StrCat(dir_, "/etcd-e", i, ".log")));
   }
   ok_ = WaitFor([&] { return Etcdctl("endpoint health").first == 0; }, absl::Seconds(30));

@@ -30,7 +30,9 @@ class EtcdCluster {
  public:
   // Starts `members` etcd processes forming one cluster and waits until it
   // serves (fails the calling test otherwise).
-  explicit EtcdCluster(const std::string& dir, int members = 3, OnHosts placement = {});
+  // `etcd_flags` go to every member (e.g. "--quota-backend-bytes=...").
+  explicit EtcdCluster(const std::string& dir, int members = 3, OnHosts placement = {},
+                       std::vector<std::string> etcd_flags = {});
   ~EtcdCluster();
 
   bool ok() const { return ok_; }
