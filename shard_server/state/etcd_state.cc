@@ -303,13 +303,13 @@ absl::Status EtcdError(absl::string_view endpoints, absl::string_view what,
   }
   if (has("no leader") || has("leader changed") || has("timed out")) {
     return absl::UnavailableError(absl::StrCat(
-        where, " (etcd has no leader of its own: fewer than a quorum of its members are up, or "
-               "they are electing one)"));
+        where, " (etcd has no leader of its own, or is electing one: is a quorum of etcd "
+               "members up?)"));
   }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::UnavailableError(
-        absl::StrCat(where, " (no etcd member answered: are they up and reachable?)"));
+        absl::StrCat(where, " (no etcd member answered in time: is a quorum of etcd members up?)"));
   }
   return absl::UnavailableError(where);
 }

@@ -48,6 +48,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/server_list.h"
 #include "common/table.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
@@ -56,6 +57,7 @@
 #include "tests/testing/bench_json.h"
 #include "tests/testing/bench_machine.h"
 #include "tests/testing/control_plane_sim.h"
+#include "tests/testing/etcd_cluster.h"
 #include "tests/testing/process.h"
 
 ABSL_FLAG(int, hosts, 12500, "Simulated hosts (node agents)");
@@ -77,6 +79,11 @@ ABSL_FLAG(std::vector<std::string>, server_flags, {},
 // 16 processes of ~780 agents: Debian's libgrpc is built without NDEBUG, and
 // its completion queues then scan every outstanding call on every event.
 // A child process's part (set by the parent).
+ABSL_FLAG(int, etcd_members, 0,
+          "0: one server with its state in memory or as --server_flags say. N: an N-member etcd "
+          "cluster on loopback and --servers shard servers on it; after the faults the leader is "
+          "killed with -9 and every host's next beat must be answered by the next leader");
+ABSL_FLAG(int, servers, 3, "Shard servers on etcd (with --etcd_members)");
 ABSL_FLAG(int, child, -1, "internal: this process's index among the simulating processes");
 ABSL_FLAG(std::string, dir, "", "internal: the run's directory");
 ABSL_FLAG(std::string, server, "", "internal: the server's address");
@@ -140,9 +147,48 @@ struct Round {
 };
 
 class Child;
+class SimHost;
+
+// One HostHeartbeat stream of a simulated agent. A hold keeps it (no OnDone)
+// until its host has seen it break, so the host never touches a finished
+// stream; a broken stream is replaced by a new one (a leader killed: the
+// channel connects to the next one), as shard_agent re-opens its stream.
+class BeatStream
+    : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse> {
+ public:
+  BeatStream(v1::HostAgent::Stub* stub, SimHost* host) : host_(host) {
+    stub->async()->HostHeartbeat(&context_, this);
+    AddHold();  // after the call is bound: before it, gRPC has no stream to hold
+  }
+  // One round: `request` written and its answer read, then the host's
+  // RoundDone. REQUIRES: no round in flight; `request` unchanged until then.
+  void Send(const v1::HostHeartbeatRequest* request) {
+    pending_ = 2;
+    StartWrite(request);
+    StartRead(&response_);
+    if (!started_) StartCall();
+    started_ = true;
+  }
+  // The host is done with it (it broke): it may finish and delete itself.
+  void Release() { RemoveHold(); }
+  const v1::HostHeartbeatResponse& response() const { return response_; }
+  void OnWriteDone(bool ok) override { Part(ok); }
+  void OnReadDone(bool ok) override { Part(ok); }
+  void OnDone(const grpc::Status&) override { delete this; }
+
+ private:
+  void Part(bool ok);
+
+  SimHost* const host_;
+  grpc::ClientContext context_;
+  v1::HostHeartbeatResponse response_;
+  std::atomic<int> pending_{0};
+  std::atomic<bool> ok_{true};
+  bool started_ = false;
+};
 
 // One simulated node agent.
-class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse> {
+class SimHost {
  public:
   SimHost(Child* child, int host, int ranks, std::shared_ptr<grpc::Channel> channel,
           const std::string& telemetry);
@@ -168,15 +214,21 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
     absl::MutexLock lock(&mu_);
     silent_ = true;
   }
-  void OnWriteDone(bool ok) override { RoundPart(ok); }
-  void OnReadDone(bool ok) override { RoundPart(ok); }
-  void OnDone(const grpc::Status& status) override {
-    if (!status.ok()) std::fprintf(stderr, "host %d: stream ended: %s\n", host_, status.error_message().c_str());
+  // A round of `stream` ended: its answers, or it broke.
+  void RoundDone(BeatStream* stream, bool ok);
+  // Its first beat sent after `mark_us` and answered: when (0: none yet).
+  int64_t AnsweredAfterMark(int64_t mark_us) {
+    absl::MutexLock lock(&mu_);
+    return mark_us == mark_us_ ? answered_after_mark_us_ : 0;
+  }
+  void SetMark(int64_t mark_us) {
+    absl::MutexLock lock(&mu_);
+    mark_us_ = mark_us;
+    answered_after_mark_us_ = 0;
   }
 
  private:
   void Joined(std::vector<v1::HostJoinAnswer> answers, const grpc::Status& status);
-  void RoundPart(bool ok);
 
   Child* const child_;
   const int host_;
@@ -184,12 +236,13 @@ class SimHost : public grpc::ClientBidiReactor<v1::HostHeartbeatRequest, v1::Hos
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::HostAgent::Stub> stub_;
   v1::HeartbeatRequest template_;  // the telemetry every beat carries
-  grpc::ClientContext context_;
-  v1::HostHeartbeatRequest request_;
-  v1::HostHeartbeatResponse response_;
-  std::atomic<int> pending_{0};
   absl::Mutex mu_;
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  // Written under mu_ while no round is in flight; read by the stream's
+  // write while one is.
+  v1::HostHeartbeatRequest request_;
+  BeatStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;  // null: none open (or it broke)
+  int64_t mark_us_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t answered_after_mark_us_ ABSL_GUARDED_BY(mu_) = 0;
   bool beating_ ABSL_GUARDED_BY(mu_) = false;  // joined, not yet aborted
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool silent_ ABSL_GUARDED_BY(mu_) = false;
@@ -231,7 +284,14 @@ class Child {
       grpc::ChannelArguments args;
       args.SetInt("zeroshard.bench.connection", first_host + c);
       args.SetMaxReceiveMessageSize(64 << 20);
-      channels.push_back(grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+      // Several servers (on etcd): the leader found by pick_first, and the
+      // next one within a second of a failover, as shard_agent does.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      absl::StatusOr<std::string> target = GrpcTargetForServers(server);
+      channels.push_back(grpc::CreateCustomChannel(target.ok() ? *target : server,
+                                                   grpc::InsecureChannelCredentials(), args));
     }
     for (int h = 0; h < hosts; ++h) {
       hosts_.push_back(std::make_unique<SimHost>(this, first_host + h, ranks,
@@ -363,6 +423,10 @@ class Child {
 
   void Apply(const std::string& command) {
     std::vector<std::string> words = absl::StrSplit(command, ' ');
+    if (words.size() == 2 && words[0] == "mark" && absl::SimpleAtoi(words[1], &mark_us_)) {
+      for (auto& h : hosts_) h->SetMark(mark_us_);
+      return;
+    }
     int host = 0, slot = 0;
     if (words.size() < 2 || !absl::SimpleAtoi(words[1], &host)) return;
     SimHost* h = hosts_.at(host - first_host_).get();
@@ -400,6 +464,19 @@ class Child {
     }
     status["round_trip_last_second_us"] = last_second_rtt_us_;
     status["first_probe_too_late_us"] = first_probe_too_late_us_.load();
+    // Since the mark (a leader killed): hosts whose first beat after it was
+    // answered, and the latest such answer.
+    int answered = 0;
+    int64_t latest = 0;
+    for (const auto& h : hosts_) {
+      if (const int64_t at = h->AnsweredAfterMark(mark_us_); at > 0) {
+        ++answered;
+        latest = std::max(latest, at);
+      }
+    }
+    status["mark_us"] = mark_us_;
+    status["answered_after_mark"] = answered;
+    status["answered_after_mark_latest_us"] = latest;
     {
       absl::MutexLock lock(&mu_);
       status["first_error"] = first_error_;
@@ -434,6 +511,7 @@ class Child {
   absl::Time window_end_ = absl::InfinitePast();
   std::atomic<int64_t> max_probe_late_us_{0};
   std::atomic<int64_t> first_probe_too_late_us_{0};
+  int64_t mark_us_ = 0;  // the command thread's (Apply, WriteStatus)
   absl::Mutex mu_;
   std::vector<Round> rounds_ ABSL_GUARDED_BY(mu_);
   std::string first_error_ ABSL_GUARDED_BY(mu_);
@@ -512,7 +590,7 @@ void SimHost::Joined(std::vector<v1::HostJoinAnswer> answers, const grpc::Status
 }
 
 void SimHost::Tick(absl::Time now) {
-  bool start = false;
+  BeatStream* stream = nullptr;
   {
     absl::ReleasableMutexLock lock(&mu_);
     if (retry_join_at_ < now) {
@@ -528,8 +606,10 @@ void SimHost::Tick(absl::Time now) {
     if (round_ == 1) {
       first_late_us_ = std::max(first_late_us_, absl::ToInt64Microseconds(now - next_beat_));
     }
-    start = !started_;
-    started_ = true;
+    if (stream_ == nullptr) {
+      stream_ = new BeatStream(stub_.get(), this);
+      request_built_ = false;  // a new stream: the members again
+    }
     if (!request_built_) {
       request_.Clear();
       for (int slot = 0; slot < ranks_; ++slot) {
@@ -550,20 +630,35 @@ void SimHost::Tick(absl::Time now) {
       }
       request_carries_members_ = false;
     }
+    stream = stream_;
   }
-  if (start) stub_->async()->HostHeartbeat(&context_, this);
-  pending_ = 2;
-  StartWrite(&request_);
-  StartRead(&response_);
-  if (start) StartCall();
+  // request_ is not touched until this round is done (in_flight_).
+  stream->Send(&request_);
 }
 
-void SimHost::RoundPart(bool ok) {
+void BeatStream::Part(bool ok) {
+  if (!ok) ok_ = false;
   if (pending_.fetch_sub(1) != 1) return;
-  if (!ok) return;  // the stream broke: this host stays out (OnDone says why)
+  host_->RoundDone(this, ok_);
+}
+
+void SimHost::RoundDone(BeatStream* stream, bool ok) {
+  if (!ok) {
+    // The stream broke (the server died or cut it): the next beat opens a
+    // new one.
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_ = false;
+      if (stream_ == stream) stream_ = nullptr;
+      next_beat_ = absl::Now() + absl::Milliseconds(100);
+    }
+    stream->Release();
+    return;
+  }
+  const v1::HostHeartbeatResponse& response = stream->response();
   int errors = 0, aborts = 0;
   std::string error;
-  for (const v1::RankAnswer& a : response_.answers()) {
+  for (const v1::RankAnswer& a : response.answers()) {
     if (a.error_code() != 0) {
       ++errors;
       if (error.empty()) error = a.error_message();
@@ -571,16 +666,21 @@ void SimHost::RoundPart(bool ok) {
       ++aborts;
     }
   }
-  child_->RecordAnswers(response_.answers_size(), errors, error);
+  child_->RecordAnswers(response.answers_size(), errors, error);
   int round = 0;
   {
     absl::MutexLock lock(&mu_);
     in_flight_ = false;
-    child_->RecordRoundTrip(absl::Now() - sent_at_);
+    const absl::Time now = absl::Now();
+    child_->RecordRoundTrip(now - sent_at_);
     if (round_ == 1) {
-      first_rtt_us_ = std::max(first_rtt_us_, absl::ToInt64Microseconds(absl::Now() - sent_at_));
+      first_rtt_us_ = std::max(first_rtt_us_, absl::ToInt64Microseconds(now - sent_at_));
     }
-    next_beat_ = absl::Now() + absl::Seconds(1);  // the heartbeat interval
+    if (mark_us_ > 0 && answered_after_mark_us_ == 0 && errors == 0 &&
+        absl::ToUnixMicros(sent_at_) > mark_us_) {
+      answered_after_mark_us_ = absl::ToUnixMicros(now);
+    }
+    next_beat_ = now + absl::Seconds(1);  // the heartbeat interval
     if (aborts == 0) return;
     beating_ = false;  // as a worker does: stop beating, re-join
     round = round_ - 1;
@@ -793,6 +893,114 @@ void Command(const std::string& dir, int process, const std::string& command) {
   std::ofstream(absl::StrCat(dir, "/cmd-", process), std::ios::app) << command << "\n";
 }
 
+// A value of the server's /metrics at metrics port `mport` (-1: none).
+double MetricsValue(const std::string& mport, const std::string& name) {
+  auto [code, out] =
+      testing::RunCommand(absl::StrCat("curl -s http://127.0.0.1:", mport, "/metrics"));
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::ConsumePrefix(&line, name + " ")) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line, &v)) return v;
+  }
+  return -1;
+}
+
+// The leader on etcd killed with -9 in a steady job: every host's first
+// beat sent after the kill answered (by the next leader), and no generation
+// change. Adds its rows; non-zero on a failure (said on stderr).
+int KillLeader(const std::string& dir, int processes, int hosts,
+               testing::ReplicatedServers& servers, int leader, const std::string& mport,
+               Table& table, nlohmann::ordered_json& result) {
+  int round = -1;
+  if (!testing::WaitFor(
+          [&] {
+            return (round = SteadyRound(dir, processes, hosts)) >= 0 &&
+                   AnswersPrompt(dir, processes, absl::Milliseconds(500));
+          },
+          absl::Minutes(3))) {
+    std::fprintf(stderr, "the job did not settle within 3 minutes before the leader's kill\n");
+    return 1;
+  }
+  const double written = MetricsValue(mport, "zeroshard_etcd_state_written_bytes_total");
+  const double writes = MetricsValue(mport, "zeroshard_etcd_state_writes_total");
+  result["etcd_state_written_bytes"] = written;
+  result["etcd_state_writes"] = writes;
+  table.AddRow({"state written to etcd by the leader (joins, 3 generations)",
+                absl::StrFormat("%.1f MB in %.0f writes", written / 1e6, writes), ""});
+  // Every child marks the kill's time before it happens: a beat sent after
+  // it counts.
+  const int64_t kill_us = NowUs() + 1000000;
+  for (int i = 0; i < processes; ++i) Command(dir, i, absl::StrCat("mark ", kill_us));
+  auto all_marked = [&] {
+    for (int i = 0; i < processes; ++i) {
+      nlohmann::json st = nlohmann::json::parse(
+          testing::ReadFileOrEmpty(absl::StrCat(dir, "/status-", i)), nullptr, false);
+      if (st.is_discarded() || st.value("mark_us", int64_t{0}) != kill_us) return false;
+    }
+    return true;
+  };
+  if (!testing::WaitFor(all_marked, absl::Seconds(30))) {
+    std::fprintf(stderr, "the simulators did not take the kill's mark\n");
+    return 1;
+  }
+  absl::SleepFor(absl::FromUnixMicros(kill_us) - absl::Now());
+  servers.server(leader)->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  const int next = servers.WaitLeader(absl::Minutes(1), leader);
+  const double serving_s = absl::ToDoubleSeconds(absl::Now() - killed);
+  int answered = 0;
+  int64_t latest = 0;
+  auto all_answered = [&] {
+    answered = 0;
+    latest = 0;
+    for (int i = 0; i < processes; ++i) {
+      nlohmann::json st = nlohmann::json::parse(
+          testing::ReadFileOrEmpty(absl::StrCat(dir, "/status-", i)), nullptr, false);
+      if (st.is_discarded()) continue;
+      answered += st.value("answered_after_mark", 0);
+      latest = std::max(latest, st.value("answered_after_mark_latest_us", int64_t{0}));
+    }
+    return answered == hosts;
+  };
+  const bool all = testing::WaitFor(all_answered, absl::Minutes(1));
+  const Totals after = Collect(dir, processes, round);
+  const double answered_s = (latest - absl::ToUnixMicros(killed)) / 1e6;
+  // The new leader's own account: how long it took to load the state.
+  std::string restored;
+  for (absl::string_view line : absl::StrSplit(next >= 0 ? servers.Log(next) : "", '\n')) {
+    if (absl::StrContains(line, "state restored from etcd")) restored = std::string(line);
+  }
+  result["leader_kill"] = {{"new_leader_serving_seconds", serving_s},
+                           {"hosts_answered", answered},
+                           {"every_host_answered_seconds", answered_s},
+                           {"generation_changes", after.round.aborted},
+                           {"new_leader_log", restored}};
+  table.AddRow({"leader killed (-9): another server serving after",
+                absl::StrFormat("%.2f s", serving_s), ""});
+  table.AddRow({"  every host's next beat answered by the new leader",
+                all ? absl::StrFormat("%.2f s (%d hosts)", answered_s, answered)
+                    : absl::StrFormat("only %d of %d hosts in 60 s", answered, hosts),
+                "<= 10 s"});
+  table.AddRow({"  hosts told of a generation change", absl::StrCat(after.round.aborted), "0"});
+  table.AddRow({"  new leader: " + restored.substr(restored.find("state restored") == std::string::npos
+                                                       ? 0
+                                                       : restored.find("state restored")),
+                "", ""});
+  if (next >= 0) {
+    const std::string next_mport =
+        std::string(absl::StripPrefix(servers.metrics_address(next), "127.0.0.1:"));
+    const double load_s = MetricsValue(next_mport, "zeroshard_etcd_state_load_seconds");
+    result["leader_kill"]["state_load_seconds"] = load_s;
+    table.AddRow({"  new leader's state load from etcd", absl::StrFormat("%.2f s", load_s), ""});
+  }
+  if (!all || after.round.aborted > 0) {
+    std::fprintf(stderr, "after the leader's kill: %d of %d hosts answered, %d told of a change\n",
+                 answered, hosts, after.round.aborted);
+    return 1;
+  }
+  return 0;
+}
+
 int RunParent(const std::string& self) {
   const int hosts = absl::GetFlag(FLAGS_hosts);
   const int per_host = absl::GetFlag(FLAGS_ranks_per_host);
@@ -815,11 +1023,41 @@ int RunParent(const std::string& self) {
   testing::RemovedAtExit dir_owner(dir);  // the children's logs
   std::vector<std::string> server_flags = {
       "--max_world_size=131072", "--heartbeat_interval_ms=1000",
-      absl::StrCat("--heartbeat_timeout_ms=", timeout_ms), "--metrics_listen=127.0.0.1:0",
-      "--metrics_port_file=" + dir + "/mport"};
+      absl::StrCat("--heartbeat_timeout_ms=", timeout_ms)};
+  const int etcd_members = absl::GetFlag(FLAGS_etcd_members);
+  if (etcd_members == 0) {
+    server_flags.push_back("--metrics_listen=127.0.0.1:0");
+    server_flags.push_back("--metrics_port_file=" + dir + "/mport");
+  }
   for (const std::string& flag : absl::GetFlag(FLAGS_server_flags)) server_flags.push_back(flag);
-  testing::ServerProcess server = testing::StartServerProcess(binary, server_flags);
-  const pid_t pid = server.process->pid();
+  // The server measured: the lone one, or the leader on etcd.
+  testing::ServerProcess server;
+  std::unique_ptr<testing::EtcdCluster> etcd;
+  std::unique_ptr<testing::ReplicatedServers> replicated;
+  int leader = -1;
+  std::string server_address, server_log_path;
+  if (etcd_members == 0) {
+    server = testing::StartServerProcess(binary, server_flags);
+    server_address = server.address;
+    server_log_path = server.dir + "/server.log";
+  } else {
+    etcd = std::make_unique<testing::EtcdCluster>(dir + "/etcd", etcd_members);
+    if (!etcd->ok()) return 1;
+    replicated = std::make_unique<testing::ReplicatedServers>(
+        dir + "/servers", etcd->endpoints(), server_flags, absl::GetFlag(FLAGS_servers));
+    leader = replicated->WaitLeader(absl::Minutes(1));
+    if (leader < 0) {
+      std::fprintf(stderr, "no shard server leads:\n%s\n", replicated->Log(0).c_str());
+      return 1;
+    }
+    server_address = replicated->addresses();
+    server_log_path = absl::StrCat(dir, "/servers/server-", leader, ".log");
+    std::printf("etcd: %d members; %d shard servers, server %d leads\n", etcd_members,
+                replicated->count(), leader);
+  }
+  testing::ChildProcess* const server_process =
+      replicated != nullptr ? replicated->server(leader) : server.process.get();
+  const pid_t pid = server_process->pid();
   const int64_t rss_idle = testing::RssBytes(pid);
   if (absl::Status pinned = PinProcess(pid, absl::GetFlag(FLAGS_server_cpus)); !pinned.ok()) {
     std::fprintf(stderr, "scale_bench: the server: %s\n", pinned.ToString().c_str());
@@ -837,7 +1075,7 @@ int RunParent(const std::string& self) {
     children.push_back(std::make_unique<testing::ChildProcess>(
         self,
         std::vector<std::string>{absl::StrCat("--child=", i), "--dir=" + dir,
-                                 "--server=" + server.address,
+                                 "--server=" + server_address,
                                  absl::StrCat("--first_host=", first_host[i]),
                                  absl::StrCat("--host_count=", first_host[i + 1] - first_host[i]),
                                  absl::StrCat("--hosts=", hosts),
@@ -855,13 +1093,13 @@ int RunParent(const std::string& self) {
   auto fail = [&](const std::string& what) {
     std::printf("%s", table.ToString().c_str());
     // The log read once: it grows between two reads (at 100K, ~140 MB).
-    const std::string log = server.process->Log();
+    const std::string log = server_process->Log();
     std::fprintf(stderr, "%s\nserver log tail:\n%s\nchild 0:\n%s\n", what.c_str(),
                  log.substr(log.size() > 3000 ? log.size() - 3000 : 0).c_str(),
                  children[0]->Log().c_str());
     std::ofstream(dir + "/stop") << "stop\n";
     dir_owner.Keep();
-    server.dir_owner.Keep();
+    if (replicated == nullptr) server.dir_owner.Keep();
     return 1;
   };
   nlohmann::ordered_json result;
@@ -938,7 +1176,7 @@ int RunParent(const std::string& self) {
   // work, not only beats.
   const bool disturbed = t.round.aborted > 0;
   std::string first_dead_worker;  // of a disturbed run: whose silence it was, at the end
-  DeathsInLog server_deaths(server.dir + "/server.log");
+  DeathsInLog server_deaths(server_log_path);
   result["generation_changed_before_the_faults"] = disturbed;
   if (disturbed) {
     table.AddRow({"  live ranks declared dead before the faults: the job re-formed", "yes", "no"});
@@ -994,7 +1232,10 @@ int RunParent(const std::string& self) {
   }
 
   // ---- GET /metrics ----
-  std::string mport = std::string(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(dir + "/mport")));
+  std::string mport =
+      replicated != nullptr
+          ? std::string(absl::StripPrefix(replicated->metrics_address(leader), "127.0.0.1:"))
+          : std::string(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(dir + "/mport")));
   std::vector<double> times;
   int64_t bytes = 0;
   int failed = 0;
@@ -1110,6 +1351,12 @@ int RunParent(const std::string& self) {
     table.AddRow({"  every survivor told (generation bumped)", absl::StrFormat("%.2f s", told_s), ""});
     table.AddRow({"  every rank re-joined, next generation formed", absl::StrFormat("%.2f s", formed_s), ""});
   }
+  if (replicated != nullptr) {
+    if (int failed = KillLeader(dir, processes, hosts, *replicated, leader, mport, table, result);
+        failed != 0) {
+      return fail("the leader's kill: see above");
+    }
+  }
   std::ofstream(dir + "/stop") << "stop\n";
   for (auto& c : children) c->Wait(absl::Seconds(30));
   int first_dead_host = -1;
@@ -1131,8 +1378,10 @@ int RunParent(const std::string& self) {
       }
     }
   }
-  server.process->Signal(SIGTERM);
-  server.process->Wait(absl::Seconds(20));
+  if (replicated == nullptr) {
+    server.process->Signal(SIGTERM);
+    server.process->Wait(absl::Seconds(20));
+  }
   std::printf("%s", table.ToString().c_str());
   return WriteBenchJson(result, absl::GetFlag(FLAGS_json_out));
 }
