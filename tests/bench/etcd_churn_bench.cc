@@ -59,6 +59,11 @@ std::unique_ptr<Client> Connect(const std::string& servers) {
   return *std::move(client);
 }
 
+// The bench's processes, in statics so that Die's std::exit kills them too
+// (their destructors kill and reap).
+std::unique_ptr<testing::EtcdCluster> etcd_owner;
+std::unique_ptr<testing::ReplicatedServers> servers_owner;
+
 [[noreturn]] void Die(const std::string& what, const absl::Status& status) {
   std::fprintf(stderr, "FAILED: %s: %s\n", what.c_str(), status.ToString().c_str());
   std::exit(1);
@@ -146,18 +151,22 @@ int Main() {
   const int commits = absl::GetFlag(FLAGS_commits);
   const int64_t quota = int64_t{absl::GetFlag(FLAGS_quota_mib)} << 20;
   const std::string dir = testing::MakeTempDir("etcd-churn");
-  testing::EtcdCluster etcd(dir + "/etcd", absl::GetFlag(FLAGS_etcd_members), {},
-                            {absl::StrCat("--quota-backend-bytes=", quota)});
+  static testing::RemovedAtExit dir_owner(dir);  // also after Die's std::exit
+  etcd_owner = std::make_unique<testing::EtcdCluster>(
+      dir + "/etcd", absl::GetFlag(FLAGS_etcd_members), testing::OnHosts{},
+      std::vector<std::string>{absl::StrCat("--quota-backend-bytes=", quota)});
+  testing::EtcdCluster& etcd = *etcd_owner;
   if (!etcd.ok()) return 1;
   const std::string root = dir + "/checkpoints";
   testing::RunCommand("mkdir -p " + root);
   // Members of the checkpointing job do not beat: a long timeout keeps them.
-  testing::ReplicatedServers servers(
+  servers_owner = std::make_unique<testing::ReplicatedServers>(
       dir + "/servers", etcd.endpoints(),
-      {"--checkpoint_root=" + root, "--heartbeat_timeout_ms=3600000",
+      std::vector<std::string>{"--checkpoint_root=" + root, "--heartbeat_timeout_ms=3600000",
        "--job_ttl=" + absl::GetFlag(FLAGS_job_ttl),
        absl::StrCat("--etcd_quota_bytes=", quota)},
       /*count=*/1);
+  testing::ReplicatedServers& servers = *servers_owner;
   if (servers.WaitLeader(absl::Seconds(30)) < 0) {
     std::fprintf(stderr, "no leader:\n%s\n", servers.Log(0).c_str());
     return 1;
@@ -226,7 +235,10 @@ int Main() {
                            first_median > 0 ? last_median / first_median : 0}};
     if (WriteBenchJson(out, absl::GetFlag(FLAGS_json_out)) != 0) return 1;
   }
-  return alarms.empty() && end.file <= (int64_t{64} << 20) ? 0 : 1;
+  const int code = alarms.empty() && end.file <= (int64_t{64} << 20) ? 0 : 1;
+  servers_owner.reset();
+  etcd_owner.reset();
+  return code;
 }
 
 }  // namespace
