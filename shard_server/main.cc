@@ -71,6 +71,10 @@ ABSL_FLAG(int, keep_last, 0,
           "Complete checkpoints kept per job; older complete steps are deleted when a newer one "
           "completes (0: keep all)");
 ABSL_FLAG(int, heartbeat_interval_ms, 1000, "Heartbeat interval advertised to workers");
+ABSL_FLAG(absl::Duration, restore_grace, absl::Seconds(10),
+          "After a restart or a failover, how long restored members have to beat again, from "
+          "when the server serves (at least the heartbeat timeout): every agent and worker "
+          "re-attaches at once, and at 100,000 ranks that takes seconds");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000,
           "A member silent this long is declared dead and its job's generation bumped");
 ABSL_FLAG(absl::Duration, isolation_grace, absl::Seconds(90),
@@ -191,6 +195,7 @@ absl::Status ReadMembershipFlags(zeroshard::ShardServerOptions& options) {
   options.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
   options.membership.heartbeat_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.membership.restore_grace = absl::GetFlag(FLAGS_restore_grace);
   options.membership.heartbeat_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.membership.isolation_grace = absl::GetFlag(FLAGS_isolation_grace);

@@ -99,7 +99,7 @@ void Membership::StartGrace() {
   const absl::Time now = clock_->Now();
   for (auto& [id, job] : jobs_) {
     for (MemberState& m : job->members) {
-      if (m.alive && !m.left) m.last_heartbeat = now;
+      if (m.alive && !m.left) m.last_heartbeat = RestoredBeat(now);
     }
     RebuildSilenceOrder(*job);
   }
@@ -148,6 +148,12 @@ std::string Membership::NewToken() {
                          absl::Uniform<uint64_t>(gen));
 }
 
+absl::Time Membership::RestoredBeat(absl::Time now) const {
+  // A silence is counted from the last beat: one that lies in the future
+  // by restore_grace - heartbeat_timeout gives the member restore_grace.
+  return now + std::max(absl::ZeroDuration(), options_.restore_grace - options_.heartbeat_timeout);
+}
+
 absl::Status Membership::Restore() {
   if (state_ == nullptr) return absl::OkStatus();
   absl::StatusOr<std::vector<StoredJob>> stored = state_->LoadJobs();
@@ -173,7 +179,7 @@ absl::Status Membership::Restore() {
       m.token = std::move(sm.token);
       m.left = sm.left;
       m.alive = !sm.dead && !sm.left;
-      m.last_heartbeat = now;  // a full timeout to beat again
+      m.last_heartbeat = RestoredBeat(now);  // restore_grace to beat again
       job->members.push_back(std::move(m));
     }
     job->IndexMembers();
@@ -390,7 +396,7 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
   return absl::AlreadyExistsError(absl::StrCat(
       "worker '", request.worker_id(), "' is already a live member of job '", job.id, "' (rank ",
       member->rank, ", generation ", job.generation, ", last heartbeat ",
-      Ms(now - member->last_heartbeat),
+      Ms(std::max(absl::ZeroDuration(), now - member->last_heartbeat)),  // restored: in the future
       " ms ago on an open stream); it can join again once its heartbeat stream closes, it is "
       "silent for ",
       Ms(missed_beat), " ms, it has left, or it was declared dead (no heartbeat for ",
@@ -1387,7 +1393,7 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
       ms->set_alive(m.alive);
       ms->set_left(m.left);
       ms->set_last_heartbeat_age_ms(
-          m.heartbeat_seen ? absl::ToInt64Milliseconds(now - m.last_heartbeat) : -1);
+          m.heartbeat_seen ? absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), now - m.last_heartbeat)) : -1);
       ms->set_step(m.step);
       ms->set_loss(m.loss);
       ms->set_memory_bytes(m.memory_bytes);

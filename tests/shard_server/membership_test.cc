@@ -803,7 +803,12 @@ TEST_F(MembershipTest, RestoredServerKnowsItsJobsAndDeclaresSilentMembersDead) {
   EXPECT_EQ(status.jobs(0).generation(), generation);
   ASSERT_EQ(status.jobs(0).members_size(), 2);
   EXPECT_EQ(status.jobs(0).members(1).worker_id(), "w1");
+  // Past a heartbeat timeout but within restore_grace (10 s): every member
+  // re-attaching at once after a restart or failover is not yet silent.
   clock_.Advance(absl::Seconds(4));
+  restored.Tick();
+  EXPECT_EQ(restored.Status("persisted").jobs(0).state(), v1::RUNNING);
+  clock_.Advance(absl::Seconds(7));
   restored.Tick();
   EXPECT_EQ(restored.Status("persisted").jobs(0).state(), v1::DEGRADED);
 }
@@ -851,11 +856,11 @@ TEST_F(MembershipTest, ARestoredShrunkJobKeepsItsTargetWorldSize) {
   ASSERT_TRUE(restored.Restore().ok());
   v1::JobStatus job = restored.Status("el").jobs(0);
   EXPECT_EQ(job.world_size(), 2);
-  // The server was away: the members are declared dead after a timeout,
-  // and re-join with their --world_size=3: accepted (before, the restored
-  // target was 2 and refused them as a mismatch), and formed again at 2
-  // after the grace.
-  clock_.Advance(absl::Seconds(4));
+  // The server was away: the members are declared dead after the restore
+  // grace, and re-join with their --world_size=3: accepted (before, the
+  // restored target was 2 and refused them as a mismatch), and formed again
+  // at 2 after the grace.
+  clock_.Advance(options_.restore_grace + absl::Seconds(1));
   restored.Tick();
   std::vector<JoinResult> rejoined(2);
   for (int i = 0; i < 2; ++i) {
@@ -1263,10 +1268,10 @@ TEST_F(MembershipTest, RestoredMembersGetAFullTimeoutFromTheStartOfServing) {
   ASSERT_TRUE(state.ok());
   Membership restored(&clock_, &log_, state->get(), options_);
   ASSERT_TRUE(restored.Restore().ok());
-  // The rest of the server's start takes longer than a heartbeat timeout.
-  clock_.Advance(absl::Seconds(5));
+  // The rest of the server's start takes longer than the restore grace.
+  clock_.Advance(options_.restore_grace + absl::Seconds(2));
   restored.StartGrace();
-  clock_.Advance(absl::Seconds(2));
+  clock_.Advance(options_.restore_grace - absl::Seconds(1));
   restored.Tick();
   EXPECT_EQ(restored.Status("slow-start").jobs(0).state(), v1::RUNNING);
   clock_.Advance(absl::Seconds(2));
