@@ -1,12 +1,12 @@
-// The session extension's declarations are behind these in sqlite3.h;
-// Debian's libsqlite3 is built with both.
-#define SQLITE_ENABLE_SESSION 1
+// The preupdate hook's declarations are behind this in sqlite3.h; Debian's
+// libsqlite3 is built with it.
 #define SQLITE_ENABLE_PREUPDATE_HOOK 1
 #include "shard_server/state/sql_replication.h"
 
 #include <sqlite3.h>
 
 #include <cinttypes>
+#include <cstring>
 #include <cstdio>
 #include <tuple>
 #include <utility>
@@ -160,22 +160,72 @@ int BindValue(sqlite3_stmt* stmt, int index, const state::StateValue& v) {
 SqlReplication::SqlReplication(sqlite3* db, std::string name, std::vector<PagedTable> paged)
     : db_(db), name_(std::move(name)) {
   for (const PagedTable& p : paged) rows_per_page_[p.table] = std::max(1, p.rows_per_page);
+  sqlite3_preupdate_hook(
+      db_,
+      [](void* self, sqlite3*, int op, const char* database, const char* table, sqlite3_int64,
+         sqlite3_int64) { static_cast<SqlReplication*>(self)->Changed(op, database, table); },
+      this);
 }
 
-SqlReplication::~SqlReplication() {
-  if (session_ != nullptr) sqlite3session_delete(session_);
-}
+SqlReplication::~SqlReplication() { sqlite3_preupdate_hook(db_, nullptr, nullptr); }
 
 absl::Status SqlReplication::Begin() {
-  if (session_ != nullptr) sqlite3session_delete(session_);
-  session_ = nullptr;
-  int code = sqlite3session_create(db_, "main", &session_);
-  if (code == SQLITE_OK) code = sqlite3session_attach(session_, nullptr);  // every table
-  if (code != SQLITE_OK) {
-    return absl::InternalError(
-        absl::StrCat(name_, ": cannot record the transaction's changes: ", sqlite3_errstr(code)));
+  changed_.clear();
+  unknown_table_changed_ = false;
+  // Every table's key columns, read now: the hook may not run SQL.
+  std::vector<std::string> tables;
+  {
+    Stmt stmt;
+    sqlite3_prepare_v2(db_,
+                       "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                       "'sqlite_%'",
+                       -1, &stmt.p, nullptr);
+    while (sqlite3_step(stmt.p) == SQLITE_ROW) {
+      tables.push_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt.p, 0)));
+    }
   }
+  for (const std::string& table : tables) {
+    if (absl::StatusOr<const TableInfo*> info = Info(table); !info.ok()) return info.status();
+  }
+  recording_ = true;
   return absl::OkStatus();
+}
+
+// The preupdate hook: a row of `table` is about to be inserted, updated or
+// deleted; its key (old and, for an update, new) goes into changed_.
+void SqlReplication::Changed(int op, const char* database, const char* table) {
+  if (!recording_ || std::strcmp(database, "main") != 0 ||
+      std::strncmp(table, "sqlite_", 7) == 0) {
+    return;
+  }
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {  // created in this transaction: Collect reads it whole
+    unknown_table_changed_ = true;
+    return;
+  }
+  const TableInfo& info = it->second;
+  auto add = [&](bool new_values) {
+    RowRef ref;
+    ref.table = table;
+    for (int column : info.key_columns) {
+      sqlite3_value* v = nullptr;
+      if (new_values) {
+        sqlite3_preupdate_new(db_, column, &v);
+      } else {
+        sqlite3_preupdate_old(db_, column, &v);
+      }
+      ref.key.push_back(v != nullptr ? Tagged(v) : "n");
+    }
+    if (info.rows_per_page > 0) {
+      int64_t last = 0;
+      (void)absl::SimpleAtoi(absl::string_view(ref.key.back()).substr(1), &last);
+      ref.key.back() = absl::StrCat("i", last / info.rows_per_page);
+      ref.page = true;
+    }
+    changed_.insert(std::move(ref));
+  };
+  if (op != SQLITE_INSERT) add(/*new_values=*/false);
+  if (op != SQLITE_DELETE) add(/*new_values=*/true);
 }
 
 absl::StatusOr<const SqlReplication::TableInfo*> SqlReplication::Info(const std::string& table) {
@@ -217,52 +267,6 @@ absl::StatusOr<std::string> SqlReplication::Schema() {
     statements.push_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt.p, 0)));
   }
   return absl::StrJoin(statements, ";\n") + ";\n";
-}
-
-absl::Status SqlReplication::AddChanges(std::set<RowRef>& refs) {
-  int size = 0;
-  void* changes = nullptr;
-  int code = sqlite3session_changeset(session_, &size, &changes);
-  if (code != SQLITE_OK) {
-    return absl::InternalError(absl::StrCat(name_, ": read the transaction's changes: ",
-                                            sqlite3_errstr(code)));
-  }
-  sqlite3_changeset_iter* it = nullptr;
-  code = sqlite3changeset_start(&it, size, changes);
-  absl::Status status;
-  while (code == SQLITE_OK && status.ok() && sqlite3changeset_next(it) == SQLITE_ROW) {
-    const char* table = nullptr;
-    int columns = 0;
-    int op = 0;
-    int indirect = 0;
-    sqlite3changeset_op(it, &table, &columns, &op, &indirect);
-    absl::StatusOr<const TableInfo*> info = Info(table);
-    if (!info.ok()) {
-      status = info.status();
-      break;
-    }
-    RowRef ref;
-    ref.table = table;
-    for (int column : (*info)->key_columns) {
-      sqlite3_value* v = nullptr;
-      if (op == SQLITE_INSERT) {
-        sqlite3changeset_new(it, column, &v);
-      } else {
-        sqlite3changeset_old(it, column, &v);
-      }
-      ref.key.push_back(v != nullptr ? Tagged(v) : "n");
-    }
-    if ((*info)->rows_per_page > 0) {
-      int64_t last = 0;
-      (void)absl::SimpleAtoi(absl::string_view(ref.key.back()).substr(1), &last);
-      ref.key.back() = absl::StrCat("i", last / (*info)->rows_per_page);
-      ref.page = true;
-    }
-    refs.insert(std::move(ref));
-  }
-  sqlite3changeset_finalize(it);
-  sqlite3_free(changes);
-  return status;
 }
 
 absl::Status SqlReplication::AddEveryRow(std::set<RowRef>& refs) {
@@ -369,9 +373,13 @@ absl::StatusOr<ReplicaBatch> SqlReplication::Collect() {
   absl::StatusOr<std::string> schema = Schema();
   if (!schema.ok()) return schema.status();
   if (*schema != saved_schema_) tables_.clear();  // columns may have changed
+  recording_ = false;  // the reads below change nothing, but are no changes anyway
   std::set<RowRef> refs = unsaved_;
-  absl::Status added = write_everything_ ? AddEveryRow(refs) : AddChanges(refs);
-  if (!added.ok()) return added;
+  if (write_everything_ || unknown_table_changed_) {
+    if (absl::Status s = AddEveryRow(refs); !s.ok()) return s;
+  }
+  refs.insert(changed_.begin(), changed_.end());
+  changed_.clear();
   ReplicaBatch batch;
   if (*schema != saved_schema_) batch.puts.push_back({kSchemaKey, *schema});
   for (const RowRef& ref : refs) {
@@ -383,8 +391,8 @@ absl::StatusOr<ReplicaBatch> SqlReplication::Collect() {
 }
 
 void SqlReplication::Saved(bool saved) {
-  if (session_ != nullptr) sqlite3session_delete(session_);
-  session_ = nullptr;
+  recording_ = false;
+  changed_.clear();
   if (saved) {
     saved_schema_ = std::move(collected_schema_);
     unsaved_.clear();

@@ -78,23 +78,51 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::WithSchema(
 
 absl::Status StateStore::SaveJob(const StoredJob& job) {
   return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
-    Statement save = db.Prepare("save job",
-                                "INSERT OR REPLACE INTO jobs(job_id, world_size, generation, "
-                                "members_generation, state, target_world_size) "
-                                "VALUES (?, ?, ?, ?, ?, ?)");
+    // An upsert that leaves an equal row untouched (no write, nothing for a
+    // replica), as for the members below.
+    Statement save = db.Prepare(
+        "save job",
+        "INSERT INTO jobs(job_id, world_size, generation, members_generation, state, "
+        "target_world_size) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET "
+        "world_size = excluded.world_size, generation = excluded.generation, "
+        "members_generation = excluded.members_generation, state = excluded.state, "
+        "target_world_size = excluded.target_world_size WHERE "
+        "world_size IS NOT excluded.world_size OR generation IS NOT excluded.generation OR "
+        "members_generation IS NOT excluded.members_generation OR state IS NOT excluded.state OR "
+        "target_world_size IS NOT excluded.target_world_size");
     save.Bind(1, job.job_id).Bind(2, job.world_size).Bind(3, job.generation);
     save.Bind(4, job.members_generation).Bind(5, job.state).Bind(6, job.target_world_size);
     if (absl::Status s = save.Run(); !s.ok()) return s;
-    Statement clear = db.Prepare("save job members", "DELETE FROM members WHERE job_id = ?");
-    if (absl::Status s = clear.Bind(1, job.job_id).Run(); !s.ok()) return s;
-    Statement insert = db.Prepare("save job members",
-                                  "INSERT INTO members(job_id, rank, worker_id, host, token, "
-                                  "left_job, dead) VALUES (?, ?, ?, ?, ?, ?, ?)");
+    // Ranks 0..n-1, as a job's members are: rows that differ are written
+    // and the others left untouched (no write to the file, and nothing for
+    // a replica: a death at 100,000 members changes one row, not 100,000).
+    bool dense = true;
+    for (size_t i = 0; i < job.members.size(); ++i) {
+      dense = dense && job.members[i].rank == static_cast<int>(i);
+    }
+    if (!dense) {
+      Statement clear = db.Prepare("save job members", "DELETE FROM members WHERE job_id = ?");
+      if (absl::Status s = clear.Bind(1, job.job_id).Run(); !s.ok()) return s;
+    } else {
+      Statement beyond = db.Prepare("save job members",
+                                    "DELETE FROM members WHERE job_id = ? AND rank >= ?");
+      beyond.Bind(1, job.job_id).Bind(2, static_cast<int64_t>(job.members.size()));
+      if (absl::Status s = beyond.Run(); !s.ok()) return s;
+    }
+    Statement upsert = db.Prepare(
+        "save job members",
+        "INSERT INTO members(job_id, rank, worker_id, host, token, left_job, dead) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank) DO UPDATE SET "
+        "worker_id = excluded.worker_id, host = excluded.host, token = excluded.token, "
+        "left_job = excluded.left_job, dead = excluded.dead WHERE "
+        "worker_id IS NOT excluded.worker_id OR host IS NOT excluded.host OR "
+        "token IS NOT excluded.token OR left_job IS NOT excluded.left_job OR "
+        "dead IS NOT excluded.dead");
     for (const StoredMember& m : job.members) {
-      insert.Reset();
-      insert.Bind(1, job.job_id).Bind(2, m.rank).Bind(3, m.worker_id).Bind(4, m.host);
-      insert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead);
-      if (absl::Status s = insert.Run(); !s.ok()) return s;
+      upsert.Reset();
+      upsert.Bind(1, job.job_id).Bind(2, m.rank).Bind(3, m.worker_id).Bind(4, m.host);
+      upsert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead);
+      if (absl::Status s = upsert.Run(); !s.ok()) return s;
     }
     return absl::OkStatus();
   });
