@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/command_line.h"
 #include "worker/abort_latch.h"
+#include "worker/input_checks.h"
 #include "worker/model/blas_kernel.h"
 #include "worker/worker.h"
 #include "worker/worker_config.h"
@@ -88,6 +89,11 @@ int RunWorker() {
   absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
   if (!config.ok()) {
     PrintFailure(-1, config.status().message());
+    return kExitBadConfig;
+  }
+  // Before joining: a bad input fails this worker alone, not its job.
+  if (absl::Status s = CheckInputsBeforeJoining(*config); !s.ok()) {
+    PrintFailure(-1, s.message());
     return kExitBadConfig;
   }
   std::atomic<int> rank{-1};
