@@ -10,6 +10,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
 #include "shard_server/grpc_status.h"
@@ -99,7 +100,21 @@ class HostHeartbeatCall final : public CallQueues::Call {
     absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
     if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
     caller_ = *std::move(caller);
+    identified_ = absl::Now();
     stream_.Read(request_, &read_);
+  }
+
+  // A job token is checked again at most once a second: a revoked one (its
+  // file removed) ends the stream and with it its ranks' (#44 finding 10).
+  grpc::Status StillIdentified() {
+    if (caller_.admin) return grpc::Status::OK;
+    const absl::Time now = absl::Now();
+    if (now - identified_ < absl::Seconds(1)) return grpc::Status::OK;
+    identified_ = now;
+    absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    caller_ = *std::move(caller);
+    return grpc::Status::OK;
   }
 
   void RequestRead(bool ok) {
@@ -112,6 +127,10 @@ class HostHeartbeatCall final : public CallQueues::Call {
       if (services_.log != nullptr) services_.log->Log("agent_stream_opened", {{"node", node_}});
     }
     for (const v1::RankStreamClosed& closed : request_->closed()) CloseRank(closed);
+    if (grpc::Status token = StillIdentified(); !token.ok()) {
+      CloseEveryRank();
+      return Finish(token);
+    }
     AnswerEveryBeat();
     stream_.Write(*response_, &written_);
   }
@@ -257,6 +276,7 @@ class HostHeartbeatCall final : public CallQueues::Call {
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<v1::HostHeartbeatResponse, v1::HostHeartbeatRequest> stream_;
   Caller caller_;
+  absl::Time identified_;  // when caller_ was last checked
   std::string node_;
   // By the agent's local stream id. Node-based: AnswerEveryBeat keeps
   // pointers to the entries' credentials while it adds entries.

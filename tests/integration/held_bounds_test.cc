@@ -3,7 +3,10 @@
 // their bounds are refused, naming the field, and a job's status stays
 // small however many records its rank 0 sends (finding 1); beats an agent's
 // stream carries that the server refuses leave nothing behind, and one such
-// stream carries at most 4,096 rank streams (finding 2).
+// stream carries at most 4,096 rank streams (finding 2); a one-off plan,
+// which any token may ask, is bounded in size and computed one at a time
+// (finding 6).
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -224,6 +227,56 @@ TEST(AgentStreamBoundsTest, AnAgentsStreamCarriesAtMost4096RankStreams) {
   EXPECT_EQ(r.answers(4096).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(absl::StrContains(r.answers(4096).error_message(), "4096"))
       << r.answers(4096).error_message();
+}
+
+// A one-off plan request (no member) of `tensors` tensors of 256 x 64 f32
+// over `world` ranks.
+v1::PlanShardsRequest OneOffPlan(int tensors, int world) {
+  v1::PlanShardsRequest request;
+  request.set_world_size(world);
+  for (int i = 0; i < tensors; ++i) {
+    v1::TensorSpec* t = request.mutable_spec()->add_tensors();
+    t->set_name(absl::StrCat("layer", i / 8, ".t", i % 8));
+    t->add_shape(256);
+    t->add_shape(64);
+    t->set_dtype("F32");
+  }
+  return request;
+}
+
+grpc::Status Plan(const LocalCluster& cluster, const v1::PlanShardsRequest& request,
+                  v1::PlanShardsResponse* response) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(cluster.address(), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext context;
+  testing::PrepareContext(&context, absl::Seconds(120));
+  return stub->PlanShards(&context, request, response);
+}
+
+// The attack's one-off plan (20,000 tensors at 131,072 ranks: an 81 MB
+// answer, +540 MB held while computing) is refused before any of it is
+// computed, naming the bound and shardctl plan --local; the largest one
+// allowed is answered.
+TEST(OneOffPlanTest, AOneOffPlanBeyondItsBoundIsRefusedBeforeItIsComputed) {
+  LocalCluster cluster(testing::MakeTempDir("one-off-plan"));
+  ASSERT_TRUE(cluster.ok());
+  const int64_t before = testing::ProcStatusBytes(cluster.server()->pid(), "VmRSS");
+  v1::PlanShardsResponse response;
+  grpc::Status refused = Plan(cluster, OneOffPlan(20000, 131072), &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "shardctl plan --local"))
+      << refused.error_message();
+  const int64_t after = testing::ProcStatusBytes(cluster.server()->pid(), "VmHWM");
+  std::fprintf(stderr, "server RSS %lld before, peak %lld after the refused plan\n",
+               static_cast<long long>(before), static_cast<long long>(after));
+  // The largest allowed: 1,024 tensors over 131,072 ranks.
+  grpc::Status ok = Plan(cluster, OneOffPlan(1024, 131072), &response);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  std::fprintf(stderr, "largest one-off plan: %zu bytes; server peak RSS %lld\n",
+               response.ByteSizeLong(),
+               static_cast<long long>(testing::ProcStatusBytes(cluster.server()->pid(), "VmHWM")));
 }
 
 }  // namespace
