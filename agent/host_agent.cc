@@ -125,12 +125,6 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
     retired_fan_outs_.push_back(std::move(gone));
   }
 
-  // Upstreams and fan-outs held now, for tests.
-  std::pair<int, int> Held() {
-    absl::MutexLock lock(&mu_);
-    return {static_cast<int>(upstreams_.size()), static_cast<int>(fan_outs_.size())};
-  }
-
   HostAgent::StoreWaitCounts StoreWaits() {
     absl::MutexLock lock(&mu_);
     HostAgent::StoreWaitCounts counts;
@@ -166,7 +160,7 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
   // hold it. The last to let go retires it; the reaper stops and frees it
   // off the gRPC threads (#44 finding 5: a thread per bogus token forever).
   template <typename T>
-  struct Held {
+  struct InUse {
     std::unique_ptr<T> held;
     int users = 0;
   };
@@ -175,7 +169,7 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
   static constexpr size_t kMaxTokens = 256;
 
   template <typename T, typename Make>
-  absl::StatusOr<T*> Acquire(std::map<std::string, Held<T>>* by_token,
+  absl::StatusOr<T*> Acquire(std::map<std::string, InUse<T>>* by_token,
                              const std::string& authorization, const Make& make)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = by_token->find(authorization);
@@ -185,13 +179,13 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
             absl::StrCat("the node agent serves ranks of ", kMaxTokens,
                          " bearer tokens at once, the most it may; try again when some have left"));
       }
-      it = by_token->emplace(authorization, Held<T>{make(), 0}).first;
+      it = by_token->emplace(authorization, InUse<T>{make(), 0}).first;
     }
     ++it->second.users;
     return it->second.held.get();
   }
   template <typename T>
-  std::unique_ptr<T> ReleaseFrom(std::map<std::string, Held<T>>* by_token, T* held)
+  std::unique_ptr<T> ReleaseFrom(std::map<std::string, InUse<T>>* by_token, T* held)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (auto it = by_token->begin(); it != by_token->end(); ++it) {
       if (it->second.held.get() != held || --it->second.users > 0) continue;
@@ -224,8 +218,8 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::string, Held<Upstream>> upstreams_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Held<StoreWaitFanOut>> fan_outs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, InUse<Upstream>> upstreams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, InUse<StoreWaitFanOut>> fan_outs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Upstream>> retired_upstreams_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<StoreWaitFanOut>> retired_fan_outs_ ABSL_GUARDED_BY(mu_);
   int64_t retired_calls_ ABSL_GUARDED_BY(mu_) = 0;  // server calls of retired fan-outs

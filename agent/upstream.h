@@ -325,9 +325,15 @@ class Upstream {
         queue_.clear();
         in_flight_.push_back(std::move(batch));
       }
-      if (!stream->Write(request)) break;
+      if (!stream->Write(request)) break;  // the call is over: the reader ends too
     }
-    context.TryCancel();
+    // Cancelled only when stopping: a call the server ended keeps the
+    // server's status (a refused token's UNAUTHENTICATED), which a
+    // cancellation would replace.
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) context.TryCancel();
+    }
     reader.join();
     const grpc::Status status = stream->Finish();
     if (!answered && (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||

@@ -22,6 +22,18 @@ std::string RequestDigest(int world_size, const v1::ModelSpec& spec,
   return absl::StrFormat("%016x", XXH64(bytes.data(), bytes.size(), 0));
 }
 
+// At most how many pieces a plan of `spec` over `world_size` ranks has: a
+// piece is whole dim-0 rows of one tensor on one rank, so a tensor has at
+// most min(rows, world size) of them (a 0-d tensor one).
+int64_t OneOffPieces(int world_size, const v1::ModelSpec& spec) {
+  int64_t pieces = 0;
+  for (const v1::TensorSpec& t : spec.tensors()) {
+    const int64_t rows = t.shape_size() > 0 ? std::max<int64_t>(t.shape(0), 1) : 1;
+    pieces += std::min<int64_t>(rows, std::max(world_size, 1));
+  }
+  return pieces;
+}
+
 }  // namespace
 
 PlanService::PlanService(StateStore* state, EventLog* log, PlanServiceOptions options)
@@ -40,16 +52,16 @@ absl::StatusOr<v1::ShardPlan> PlanService::Compute(int world_size, const v1::Mod
 
 absl::StatusOr<v1::ShardPlan> PlanService::OneOff(int world_size, const v1::ModelSpec& spec,
                                                   const v1::PlanOptions& options) {
-  // Its size first: a plan's pieces grow with tensors x ranks (#44 finding
-  // 6: 20,000 tensors at 131,072 ranks made an 81 MB answer and +540 MB).
-  const int64_t cells = int64_t{spec.tensors_size()} * std::max(world_size, 1);
-  if (cells > kMaxOneOffPlanCells) {
+  // Its size first (#44 finding 6: 20,000 tensors at 131,072 ranks made an
+  // 81 MB answer and +540 MB).
+  const int64_t pieces = OneOffPieces(world_size, spec);
+  if (pieces > kMaxOneOffPlanPieces) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a one-off plan of ", spec.tensors_size(), " tensors over ", world_size, " ranks (", cells,
-        " tensor-ranks) is larger than the server computes for a caller that is not a "
-        "member of a job (at most ",
-        kMaxOneOffPlanCells,
-        " tensor-ranks); compute it on your machine with shardctl plan --local"));
+        "a one-off plan of ", spec.tensors_size(), " tensors over ", world_size,
+        " ranks may have up to ", pieces, " pieces; the server computes at most ",
+        kMaxOneOffPlanPieces,
+        " for a caller that is not a member of a job (a piece per tensor and rank holding "
+        "its rows); compute it on your machine with shardctl plan --local"));
   }
   {
     absl::MutexLock lock(&mu_);
