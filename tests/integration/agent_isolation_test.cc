@@ -203,8 +203,11 @@ TEST(AgentIsolationTest, AWaitWithAWrongTokenIsRefusedAndSharesNothing) {
   }
   v1::MemberCredentials forged = ranks[0];
   forged.set_token("not-the-token");
-  // Twenty tries: the ranks' waits reach the agent within the first.
+  // Twenty tries 100 ms apart: the ranks' waits reach the agent within the
+  // first few (their threads start meanwhile); each try must be refused,
+  // whenever it comes.
   for (int i = 0; i < 20; ++i) {
+    if (i > 0) absl::SleepFor(absl::Milliseconds(100));
     grpc::ClientContext context;
     Prepare(&context, absl::Seconds(5));
     v1::StoreWaitRequest request;
