@@ -40,7 +40,8 @@ bool JobExists(const LocalCluster& cluster, const std::string& job) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) return true;  // cannot tell: fail the caller's expectation
   absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(job);
-  return !status.ok() || status->jobs_size() > 0;
+  if (!status.ok()) return status.status().code() != absl::StatusCode::kNotFound;
+  return status->jobs_size() > 0;
 }
 
 // Starts one worker of `job` with `flags`: it must exit 2 within 60 s (a
