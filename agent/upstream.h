@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -176,12 +177,31 @@ class Upstream {
            v1::JoinResponse());
       return;
     }
-    std::shared_ptr<JoinBatch>& open = open_batches_[join.job_id()];
-    std::shared_ptr<JoinBatch> batch = open;
-    if (batch == nullptr) {
-      batch = open = std::make_shared<JoinBatch>();
-      join_threads_.emplace_back([this, batch, job = join.job_id()] { SendJoins(job, batch); });
+    // Threads of batches already answered are joined here, so a caller that
+    // sends many jobs' joins leaves none behind.
+    for (uint64_t id : finished_joins_) {
+      auto it = join_threads_.find(id);
+      if (it == join_threads_.end()) continue;
+      it->second.join();  // it only returns now: it finished under mu_
+      join_threads_.erase(it);
     }
+    finished_joins_.clear();
+    auto open = open_batches_.find(join.job_id());
+    if (open == open_batches_.end() && join_threads_.size() >= kMaxJoinBatches) {
+      done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the node agent has ", join_threads_.size(),
+                                     " join batches in flight for this bearer token, the most it "
+                                     "may; join again when some are answered")),
+           v1::JoinResponse());
+      return;
+    }
+    if (open == open_batches_.end()) {
+      open = open_batches_.emplace(join.job_id(), std::make_shared<JoinBatch>()).first;
+      const uint64_t id = next_join_++;
+      join_threads_.emplace(id, std::thread([this, id, batch = open->second,
+                                             job = join.job_id()] { SendJoins(id, job, batch); }));
+    }
+    std::shared_ptr<JoinBatch> batch = open->second;
     hold(batch);
     absl::MutexLock batch_lock(&batch->mu_);
     batch->Add(join, deadline, std::move(done));
@@ -197,12 +217,12 @@ class Upstream {
       for (auto& [job, batch] : open_batches_) batch->Cancel();
     }
     if (writer_.joinable()) writer_.join();
-    std::vector<std::thread> joins;
+    std::map<uint64_t, std::thread> joins;
     {
       absl::MutexLock lock(&mu_);
       joins.swap(join_threads_);
     }
-    for (std::thread& t : joins) t.join();
+    for (auto& [id, t] : joins) t.join();
   }
 
  private:
@@ -212,7 +232,7 @@ class Upstream {
     Deliver deliver;
   };
 
-  void SendJoins(const std::string& job, std::shared_ptr<JoinBatch> batch) {
+  void SendJoins(uint64_t id, const std::string& job, std::shared_ptr<JoinBatch> batch) {
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), join_window_);
@@ -222,6 +242,8 @@ class Upstream {
       }
     }
     batch->Send(stub_.get(), authorization_, node_, verified_);
+    absl::MutexLock lock(&mu_);
+    finished_joins_.push_back(id);
   }
 
   // The writer: one session (stream) after another until Stop.
@@ -408,7 +430,11 @@ class Upstream {
   grpc::ClientContext* session_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Taking joins, by job.
   std::map<std::string, std::shared_ptr<JoinBatch>> open_batches_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> join_threads_ ABSL_GUARDED_BY(mu_);
+  // Join batches in flight at once (a thread each), over every job.
+  static constexpr size_t kMaxJoinBatches = 64;
+  std::map<uint64_t, std::thread> join_threads_ ABSL_GUARDED_BY(mu_);  // by batch id
+  std::vector<uint64_t> finished_joins_ ABSL_GUARDED_BY(mu_);  // answered: to be joined
+  uint64_t next_join_ ABSL_GUARDED_BY(mu_) = 1;
   std::thread writer_;
 };
 
