@@ -82,6 +82,14 @@ absl::Status LifeCycle(Worker& worker, std::atomic<int>* rank) {
   }
   if (s.ok()) s = worker.Report();
   if (s.ok()) s = worker.Leave();
+  if (s.ok() && !worker.last_checkpoint_failure().ok()) {
+    return absl::Status(
+        worker.last_checkpoint_failure().code(),
+        absl::StrCat("training finished, but its last checkpoint failed (",
+                     worker.last_checkpoint_failure().message(),
+                     "); the job's latest complete checkpoint is an earlier one (shardctl "
+                     "checkpoints lists them)"));
+  }
   return s;
 }
 
