@@ -198,8 +198,9 @@ class Upstream {
     if (open == open_batches_.end()) {
       open = open_batches_.emplace(join.job_id(), std::make_shared<JoinBatch>()).first;
       const uint64_t id = next_join_++;
-      join_threads_.emplace(id, std::thread([this, id, batch = open->second,
-                                             job = join.job_id()] { SendJoins(id, job, batch); }));
+      join_threads_.emplace(id, std::thread([this, id, batch = open->second, job = join.job_id()] {
+                              SendJoins(id, job, batch);
+                            }));
     }
     std::shared_ptr<JoinBatch> batch = open->second;
     hold(batch);
@@ -433,7 +434,7 @@ class Upstream {
   // Join batches in flight at once (a thread each), over every job.
   static constexpr size_t kMaxJoinBatches = 64;
   std::map<uint64_t, std::thread> join_threads_ ABSL_GUARDED_BY(mu_);  // by batch id
-  std::vector<uint64_t> finished_joins_ ABSL_GUARDED_BY(mu_);  // answered: to be joined
+  std::vector<uint64_t> finished_joins_ ABSL_GUARDED_BY(mu_);          // answered: to be joined
   uint64_t next_join_ ABSL_GUARDED_BY(mu_) = 1;
   std::thread writer_;
 };

@@ -243,8 +243,8 @@ TEST(FullDiskTest, AFailedLastCheckpointEndsEveryRankAtOnce) {
                                     "training finished, but its last checkpoint failed"))
           << cluster.WorkerLog(rank);
     }
-    EXPECT_FALSE(Exists(absl::StrCat(cluster.checkpoint_root(), "/last/step-", kSteps,
-                                     "/manifest.json")));
+    EXPECT_FALSE(
+        Exists(absl::StrCat(cluster.checkpoint_root(), "/last/step-", kSteps, "/manifest.json")));
   }
   umount2(full.c_str(), MNT_DETACH);
 }
