@@ -8,31 +8,17 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/store_wait_fan_out.h"
-#include "google/protobuf/util/message_differencer.h"
+#include "agent/upstream.h"
+#include "agent/verified_credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 
 namespace zeroshard {
 namespace {
-
-using google::protobuf::util::MessageDifferencer;
-
-// How a rank's beat is answered: the server's answer for it, or why there is
-// none (error_code set).
-using Deliver = std::function<void(const v1::RankAnswer&)>;
-using JoinDone = std::function<void(const grpc::Status&, const v1::JoinResponse&)>;
-
-v1::RankAnswer Refusal(grpc::StatusCode code, const std::string& message) {
-  v1::RankAnswer answer;
-  answer.set_error_code(code);
-  answer.set_error_message(message);
-  return answer;
-}
 
 // The "authorization" header a rank's call carried ("" if none): the agent
 // passes it on unchanged.
@@ -42,328 +28,9 @@ std::string AuthorizationOf(grpc::CallbackServerContext* context) {
   return std::string(it->second.data(), it->second.size());
 }
 
-// Joins sent to the server in one HostJoin call.
-class JoinBatch {
- public:
-  void Add(const v1::JoinRequest& join, absl::Time deadline, JoinDone done)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    joins_.push_back(join);
-    dones_.push_back(std::move(done));
-    deadline_ = std::max(deadline_, deadline);
-  }
-  // A rank's caller went away: the whole call is withdrawn (the server then
-  // forgets every join of it), and the others are told to join again.
-  void Cancel() {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    if (context_ != nullptr) context_->TryCancel();
-  }
-  // Sends the joins and hands each its answer; every `done` is called once.
-  void Send(v1::HostAgent::Stub* stub, const std::string& authorization, const std::string& node) {
-    v1::HostJoinRequest request;
-    request.set_node(node);
-    grpc::ClientContext context;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const v1::JoinRequest& join : joins_) *request.add_joins() = join;
-      context_ = &context;
-      if (cancelled_) context.TryCancel();
-    }
-    if (!authorization.empty()) context.AddMetadata("authorization", authorization);
-    context.set_deadline(absl::ToChronoTime(deadline_));
-    std::vector<bool> answered(dones_.size(), false);
-    auto reader = stub->HostJoin(&context, request);
-    v1::HostJoinResponse answers;
-    while (reader->Read(&answers)) {
-      for (const v1::HostJoinAnswer& answer : answers.answers()) {
-        const int i = answer.index();
-        if (i < 0 || i >= static_cast<int>(dones_.size()) || answered[i]) continue;
-        answered[i] = true;
-        dones_[i](grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()),
-                               answer.error_message()),
-                  answer.response());
-      }
-    }
-    grpc::Status status = reader->Finish();
-    bool cancelled = false;
-    {
-      absl::MutexLock lock(&mu_);
-      context_ = nullptr;
-      cancelled = cancelled_;
-    }
-    // Joins the call ended without answering: the server or the network went
-    // away (UNAVAILABLE: the rank's client joins again), or another rank of
-    // the batch withdrew it.
-    grpc::Status unanswered = status;
-    if (status.ok() || cancelled) {
-      unanswered = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                cancelled ? "the node agent withdrew this join with another "
-                                            "rank's that went away; join again"
-                                          : "the server ended the host's join call early");
-    }
-    for (size_t i = 0; i < dones_.size(); ++i) {
-      if (!answered[i]) dones_[i](unanswered, v1::JoinResponse());
-    }
-  }
-
-  absl::Mutex mu_;
-
- private:
-  std::vector<v1::JoinRequest> joins_;  // written before Send, read by it
-  std::vector<JoinDone> dones_;
-  absl::Time deadline_ = absl::InfinitePast();
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
-};
-
-// The server's side of one bearer token: a HostHeartbeat stream, re-opened
-// when it breaks (beats in flight are sent again on the next one), and the
-// join batches.
-class Upstream {
- public:
-  Upstream(std::shared_ptr<grpc::Channel> channel, std::string authorization, std::string node,
-           absl::Duration batch_window, absl::Duration join_window)
-      : stub_(v1::HostAgent::NewStub(channel)),
-        authorization_(std::move(authorization)),
-        node_(std::move(node)),
-        batch_window_(batch_window),
-        join_window_(join_window) {
-    writer_ = std::thread([this] { Run(); });
-  }
-  ~Upstream() { Stop(); }
-
-  void Beat(uint64_t local, const v1::HeartbeatRequest& beat, Deliver deliver) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!stopping_) {
-        queue_.push_back(Queued{local, beat, std::move(deliver)});
-        if (beat.peer_failure()) urgent_ = true;
-        return;
-      }
-    }
-    deliver(Refusal(grpc::StatusCode::UNAVAILABLE, "the node agent is stopping"));
-  }
-
-  void Closed(uint64_t local, const v1::MemberCredentials& member) {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    v1::RankStreamClosed closed;
-    closed.set_local_stream(local);
-    *closed.mutable_member() = member;
-    closed_.push_back(std::move(closed));
-    urgent_ = true;
-  }
-
-  // Puts the join in the open batch (a new one sends itself after the join
-  // window). `hold` is handed the batch, for a cancellation, before `done`
-  // can be called; neither is called when the agent is stopping except
-  // `done`, at once.
-  void Join(const v1::JoinRequest& join, absl::Time deadline, JoinDone done,
-            const std::function<void(std::shared_ptr<JoinBatch>)>& hold) {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) {
-      done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node agent is stopping"),
-           v1::JoinResponse());
-      return;
-    }
-    std::shared_ptr<JoinBatch> batch = open_batch_;
-    if (batch == nullptr) {
-      batch = open_batch_ = std::make_shared<JoinBatch>();
-      join_threads_.emplace_back([this, batch] { SendJoins(batch); });
-    }
-    hold(batch);
-    absl::MutexLock batch_lock(&batch->mu_);
-    batch->Add(join, deadline, std::move(done));
-  }
-
-  // Ends the stream; every beat not yet answered is refused (UNAVAILABLE).
-  void Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      stopping_ = true;
-      if (session_ != nullptr) session_->TryCancel();
-      if (open_batch_ != nullptr) open_batch_->Cancel();
-    }
-    if (writer_.joinable()) writer_.join();
-    std::vector<std::thread> joins;
-    {
-      absl::MutexLock lock(&mu_);
-      joins.swap(join_threads_);
-    }
-    for (std::thread& t : joins) t.join();
-  }
-
- private:
-  struct Queued {
-    uint64_t local = 0;
-    v1::HeartbeatRequest beat;
-    Deliver deliver;
-  };
-
-  void SendJoins(std::shared_ptr<JoinBatch> batch) {
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), join_window_);
-      if (open_batch_ == batch) open_batch_ = nullptr;  // later joins start a new batch
-    }
-    batch->Send(stub_.get(), authorization_, node_);
-  }
-
-  // The writer: one session (stream) after another until Stop.
-  void Run() {
-    absl::Duration backoff = absl::Milliseconds(100);
-    auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || !queue_.empty() || !closed_.empty();
-    };
-    while (true) {
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(&has_work));
-        if (stopping_) break;
-      }
-      if (RunSession()) backoff = absl::Milliseconds(100);
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff)) break;
-      backoff = std::min(backoff * 2, absl::Seconds(1));
-    }
-    // Stopping: nobody will answer what is left.
-    std::vector<Queued> left;
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto& batch : in_flight_) {
-        for (Queued& q : batch) left.push_back(std::move(q));
-      }
-      for (Queued& q : queue_) left.push_back(std::move(q));
-      in_flight_.clear();
-      queue_.clear();
-    }
-    for (Queued& q : left) {
-      q.deliver(Refusal(grpc::StatusCode::UNAVAILABLE, "the node agent is stopping"));
-    }
-  }
-
-  // One HostHeartbeat stream, until it breaks or Stop; true when the server
-  // answered on it. What was in flight is queued again, in order.
-  bool RunSession() {
-    grpc::ClientContext context;
-    if (!authorization_.empty()) context.AddMetadata("authorization", authorization_);
-    // As the workers' own streams (client.cc): wait for a server that is
-    // away instead of failing, which keeps the reconnection polled.
-    context.set_wait_for_ready(true);
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return false;
-      session_ = &context;
-      broken_ = false;
-    }
-    std::unique_ptr<grpc::ClientReaderWriter<v1::HostHeartbeatRequest, v1::HostHeartbeatResponse>>
-        stream = stub_->HostHeartbeat(&context);
-    std::atomic<bool> answered{false};
-    std::thread reader([&] {
-      v1::HostHeartbeatResponse response;
-      while (stream->Read(&response)) {
-        answered = true;
-        Answer(response);
-      }
-      absl::MutexLock lock(&mu_);
-      broken_ = true;
-    });
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || broken_ || !queue_.empty() || !closed_.empty();
-    };
-    auto flush_now = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || broken_ || urgent_;
-    };
-    // The credentials each local stream's beats carried on this stream: a
-    // beat with the same ones says so instead (RankBeat.same_member).
-    absl::flat_hash_map<uint64_t, v1::MemberCredentials> carried;
-    while (true) {
-      v1::HostHeartbeatRequest request;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(&ready));
-        if (stopping_ || broken_) break;
-        // More of the host's ranks beat within the window: one request.
-        mu_.AwaitWithTimeout(absl::Condition(&flush_now), batch_window_);
-        if (stopping_ || broken_) break;
-        urgent_ = false;
-        request.set_node(node_);
-        for (v1::RankStreamClosed& closed : closed_) {
-          carried.erase(closed.local_stream());
-          *request.add_closed() = std::move(closed);
-        }
-        closed_.clear();
-        std::vector<Queued> batch;
-        for (Queued& q : queue_) {
-          v1::RankBeat* beat = request.add_beats();
-          beat->set_local_stream(q.local);
-          *beat->mutable_beat() = q.beat;
-          auto [known, fresh] = carried.try_emplace(q.local);
-          if (!fresh && MessageDifferencer::Equals(known->second, q.beat.member())) {
-            beat->set_same_member(true);
-            beat->mutable_beat()->clear_member();
-          } else {
-            known->second = q.beat.member();
-          }
-          batch.push_back(std::move(q));
-        }
-        queue_.clear();
-        in_flight_.push_back(std::move(batch));
-      }
-      if (!stream->Write(request)) break;
-    }
-    context.TryCancel();
-    reader.join();
-    stream->Finish();
-    absl::MutexLock lock(&mu_);
-    session_ = nullptr;
-    // Sent but not answered: first in line on the next stream.
-    for (auto batch = in_flight_.rbegin(); batch != in_flight_.rend(); ++batch) {
-      for (auto q = batch->rbegin(); q != batch->rend(); ++q) queue_.push_front(std::move(*q));
-    }
-    in_flight_.clear();
-    return answered;
-  }
-
-  // The server answers requests in order: this response is the oldest
-  // batch's.
-  void Answer(const v1::HostHeartbeatResponse& response) {
-    std::vector<Queued> batch;
-    {
-      absl::MutexLock lock(&mu_);
-      if (in_flight_.empty()) return;
-      batch = std::move(in_flight_.front());
-      in_flight_.pop_front();
-    }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (static_cast<int>(i) < response.answers_size()) {
-        batch[i].deliver(response.answers(i));
-      } else {
-        batch[i].deliver(Refusal(grpc::StatusCode::INTERNAL,
-                                 "the server answered fewer beats than the node agent sent"));
-      }
-    }
-  }
-
-  const std::unique_ptr<v1::HostAgent::Stub> stub_;
-  const std::string authorization_;
-  const std::string node_;
-  const absl::Duration batch_window_;
-  const absl::Duration join_window_;
-
-  absl::Mutex mu_;
-  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);  // beats to send
-  std::vector<v1::RankStreamClosed> closed_ ABSL_GUARDED_BY(mu_);  // closes to report
-  bool urgent_ ABSL_GUARDED_BY(mu_) = false;  // send without waiting for the window
-  std::deque<std::vector<Queued>> in_flight_ ABSL_GUARDED_BY(mu_);  // sent, oldest first
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // the session's stream can no longer be read
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ClientContext* session_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::shared_ptr<JoinBatch> open_batch_ ABSL_GUARDED_BY(mu_);  // taking joins
-  std::vector<std::thread> join_threads_ ABSL_GUARDED_BY(mu_);
-  std::thread writer_;
-};
+using agent_internal::JoinBatch;
+using agent_internal::Refusal;
+using agent_internal::Upstream;
 
 }  // namespace
 
@@ -403,12 +70,17 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
   }
 
   ~Impl() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    reaper_.join();  // what was retired is gone
     std::vector<Upstream*> upstreams;
     std::vector<StoreWaitFanOut*> fan_outs;
     {
       absl::MutexLock lock(&mu_);
-      for (auto& [token, upstream] : upstreams_) upstreams.push_back(upstream.get());
-      for (auto& [token, fan_out] : fan_outs_) fan_outs.push_back(fan_out.get());
+      for (auto& [token, upstream] : upstreams_) upstreams.push_back(upstream.held.get());
+      for (auto& [token, fan_out] : fan_outs_) fan_outs.push_back(fan_out.held.get());
     }
     for (Upstream* upstream : upstreams) upstream->Stop();
     for (StoreWaitFanOut* fan_out : fan_outs) fan_out->Stop();
@@ -420,34 +92,46 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
 
   const std::string& address() const { return address_; }
 
-  Upstream* UpstreamFor(const std::string& authorization) {
+  // The upstream of the ranks presenting `authorization`, held until
+  // Release; RESOURCE_EXHAUSTED when kMaxTokens others are held.
+  absl::StatusOr<Upstream*> AcquireUpstream(const std::string& authorization) {
     absl::MutexLock lock(&mu_);
-    std::unique_ptr<Upstream>& upstream = upstreams_[authorization];
-    if (upstream == nullptr) {
-      upstream = std::make_unique<Upstream>(client_->channel(), authorization, options_.node,
-                                            options_.batch_window, options_.join_window);
-    }
-    return upstream.get();
+    return Acquire(&upstreams_, authorization, [&] {
+      return std::make_unique<Upstream>(client_->channel(), authorization, options_.node,
+                                        options_.batch_window, options_.join_window, &verified_);
+    });
+  }
+  void Release(Upstream* upstream) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<Upstream> gone = ReleaseFrom(&upstreams_, upstream);
+    if (gone != nullptr) retired_upstreams_.push_back(std::move(gone));
   }
 
   uint64_t NewLocalStream() { return next_local_.fetch_add(1, std::memory_order_relaxed); }
 
-  // The bootstrap fan-out of the ranks presenting `authorization`.
-  StoreWaitFanOut* FanOutFor(const std::string& authorization) {
+  // The bootstrap fan-out of the ranks presenting `authorization`, held
+  // until Release.
+  absl::StatusOr<StoreWaitFanOut*> AcquireFanOut(const std::string& authorization) {
     absl::MutexLock lock(&mu_);
-    std::unique_ptr<StoreWaitFanOut>& fan_out = fan_outs_[authorization];
-    if (fan_out == nullptr) {
-      fan_out = std::make_unique<StoreWaitFanOut>(client_->channel(), authorization);
-    }
-    return fan_out.get();
+    return Acquire(&fan_outs_, authorization, [&] {
+      return std::make_unique<StoreWaitFanOut>(client_->channel(), authorization, &verified_);
+    });
+  }
+  void Release(StoreWaitFanOut* fan_out) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<StoreWaitFanOut> gone = ReleaseFrom(&fan_outs_, fan_out);
+    if (gone == nullptr) return;
+    retired_calls_ += gone->calls();
+    retired_fan_outs_.push_back(std::move(gone));
   }
 
   HostAgent::StoreWaitCounts StoreWaits() {
     absl::MutexLock lock(&mu_);
     HostAgent::StoreWaitCounts counts;
+    counts.server_calls = retired_calls_;
     for (auto& [token, fan_out] : fan_outs_) {
-      counts.held += fan_out->held();
-      counts.server_calls += fan_out->calls();
+      counts.held += fan_out.held->held();
+      counts.server_calls += fan_out.held->calls();
     }
     return counts;
   }
@@ -467,9 +151,79 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::atomic<uint64_t> next_local_{1};
+  // The credentials the server accepted (verified_credentials.h): what is
+  // shared is shared among these only. 64K: every rank of a large host's
+  // jobs over many re-joins.
+  VerifiedCredentials verified_{65536};
+
+  // Per bearer token: an upstream or a fan-out and how many ranks' calls
+  // hold it. The last to let go retires it; the reaper stops and frees it
+  // off the gRPC threads (#44 finding 5: a thread per bogus token forever).
+  template <typename T>
+  struct InUse {
+    std::unique_ptr<T> held;
+    int users = 0;
+  };
+  // Bearer tokens served at once, each with its upstream (two threads while
+  // its ranks beat) and its fan-out.
+  static constexpr size_t kMaxTokens = 256;
+
+  template <typename T, typename Make>
+  absl::StatusOr<T*> Acquire(std::map<std::string, InUse<T>>* by_token,
+                             const std::string& authorization, const Make& make)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = by_token->find(authorization);
+    if (it == by_token->end()) {
+      if (by_token->size() >= kMaxTokens) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the node agent serves ranks of ", kMaxTokens,
+                         " bearer tokens at once, the most it may; try again when some have left"));
+      }
+      it = by_token->emplace(authorization, InUse<T>{make(), 0}).first;
+    }
+    ++it->second.users;
+    return it->second.held.get();
+  }
+  template <typename T>
+  std::unique_ptr<T> ReleaseFrom(std::map<std::string, InUse<T>>* by_token, T* held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = by_token->begin(); it != by_token->end(); ++it) {
+      if (it->second.held.get() != held || --it->second.users > 0) continue;
+      std::unique_ptr<T> gone = std::move(it->second.held);
+      by_token->erase(it);
+      return gone;
+    }
+    return nullptr;
+  }
+
+  // Stops and frees what was retired, until the agent stops.
+  void Reap() {
+    while (true) {
+      std::vector<std::unique_ptr<Upstream>> upstreams;
+      std::vector<std::unique_ptr<StoreWaitFanOut>> fan_outs;
+      {
+        absl::MutexLock lock(&mu_);
+        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !retired_upstreams_.empty() || !retired_fan_outs_.empty();
+        };
+        mu_.Await(absl::Condition(&work));
+        upstreams.swap(retired_upstreams_);
+        fan_outs.swap(retired_fan_outs_);
+        if (stopping_ && upstreams.empty() && fan_outs.empty()) return;
+      }
+      upstreams.clear();  // ~Upstream stops it and joins its threads
+      fan_outs.clear();
+    }
+  }
+
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Upstream>> upstreams_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<StoreWaitFanOut>> fan_outs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, InUse<Upstream>> upstreams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, InUse<StoreWaitFanOut>> fan_outs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Upstream>> retired_upstreams_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<StoreWaitFanOut>> retired_fan_outs_ ABSL_GUARDED_BY(mu_);
+  int64_t retired_calls_ ABSL_GUARDED_BY(mu_) = 0;  // server calls of retired fan-outs
+  std::thread reaper_{[this] { Reap(); }};
 };
 
 namespace {
@@ -477,11 +231,21 @@ namespace {
 // A rank's heartbeat stream to the agent: each beat goes upstream, its
 // answer comes back on this stream; the next beat is read after the answer
 // is written (as the server's own stream does).
-class RankHeartbeat
-    : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
+class RankHeartbeat : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse> {
  public:
-  RankHeartbeat(Upstream* upstream, uint64_t local) : upstream_(upstream), local_(local) {
+  // `upstream`: held for this stream (released when it is done), or why
+  // there is none (the stream is refused at once).
+  RankHeartbeat(HostAgent::Impl* agent, absl::StatusOr<Upstream*> upstream, uint64_t local)
+      : agent_(agent), upstream_(upstream.ok() ? *upstream : nullptr), local_(local) {
+    if (!upstream.ok()) {
+      Finish(grpc::Status(static_cast<grpc::StatusCode>(upstream.status().code()),
+                          std::string(upstream.status().message())));
+      return;
+    }
     StartRead(&request_);
+  }
+  ~RankHeartbeat() override {
+    if (upstream_ != nullptr) agent_->Release(upstream_);
   }
 
   void OnReadDone(bool ok) override {
@@ -509,14 +273,15 @@ class RankHeartbeat
  private:
   void Answer(const v1::RankAnswer& answer) {
     if (answer.error_code() != 0) {  // fenced, refused: the rank hears it as from the server
-      Finish(grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()),
-                          answer.error_message()));
+      Finish(
+          grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()), answer.error_message()));
       return;
     }
     response_ = answer.response();
     StartWrite(&response_);
   }
 
+  HostAgent::Impl* const agent_;
   Upstream* const upstream_;
   const uint64_t local_;
   bool beaten_ = false;
@@ -560,7 +325,10 @@ class RankJoin : public grpc::ServerUnaryReactor {
 // outlives Start.
 class RankStoreWait : public grpc::ServerUnaryReactor {
  public:
-  explicit RankStoreWait(StoreWaitFanOut* fan_out) : fan_out_(fan_out) {}
+  // `fan_out`: held for this call (released when it is done).
+  RankStoreWait(HostAgent::Impl* agent, StoreWaitFanOut* fan_out)
+      : agent_(agent), fan_out_(fan_out) {}
+  ~RankStoreWait() override { agent_->Release(fan_out_); }
   void Start(const v1::StoreWaitRequest& request) {
     StoreWaitFanOut* const fan_out = fan_out_;
     const uint64_t id =
@@ -600,6 +368,7 @@ class RankStoreWait : public grpc::ServerUnaryReactor {
   }
 
  private:
+  HostAgent::Impl* const agent_;
   StoreWaitFanOut* const fan_out_;
   absl::Mutex mu_;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -610,36 +379,51 @@ class RankStoreWait : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
+// A reactor that finishes at once with `status`.
+class Refused : public grpc::ServerUnaryReactor {
+ public:
+  explicit Refused(const absl::Status& status) {
+    Finish(
+        grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message())));
+  }
+  void OnDone() override { delete this; }
+};
+
 grpc::ServerUnaryReactor* HostAgent::Impl::StoreWait(grpc::CallbackServerContext* context,
                                                      const v1::StoreWaitRequest* request,
                                                      v1::StoreWaitResponse* /*response*/) {
-  auto* call = new RankStoreWait(FanOutFor(AuthorizationOf(context)));
+  absl::StatusOr<StoreWaitFanOut*> fan_out = AcquireFanOut(AuthorizationOf(context));
+  if (!fan_out.ok()) return new Refused(fan_out.status());
+  auto* call = new RankStoreWait(this, *fan_out);
   call->Start(*request);  // `call` may be finished and gone by now: only its pointer is returned
   return call;
 }
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* HostAgent::Impl::Heartbeat(
     grpc::CallbackServerContext* context) {
-  return new RankHeartbeat(UpstreamFor(AuthorizationOf(context)), NewLocalStream());
+  return new RankHeartbeat(this, AcquireUpstream(AuthorizationOf(context)), NewLocalStream());
 }
 
 grpc::ServerUnaryReactor* HostAgent::Impl::Join(grpc::CallbackServerContext* context,
                                                 const v1::JoinRequest* request,
                                                 v1::JoinResponse* response) {
+  absl::StatusOr<Upstream*> upstream = AcquireUpstream(AuthorizationOf(context));
+  if (!upstream.ok()) return new Refused(upstream.status());
   auto* call = new RankJoin();
   absl::Time deadline = absl::Now() + absl::Hours(1);
   absl::Time call_deadline = absl::FromChrono(context->deadline());
   if (call_deadline < deadline) deadline = call_deadline;
   // `call` (and `response`) live until `done` finishes it; nothing here
-  // touches them after Join returns.
-  UpstreamFor(AuthorizationOf(context))
-      ->Join(
-          *request, deadline,
-          [call, response](const grpc::Status& status, const v1::JoinResponse& r) {
-            if (status.ok()) *response = r;
-            call->Done(status);
-          },
-          [call](std::shared_ptr<JoinBatch> batch) { call->Hold(std::move(batch)); });
+  // touches them after Join returns. The upstream is held until then.
+  (*upstream)->Join(
+      *request, deadline,
+      [this, call, response, held = *upstream](const grpc::Status& status,
+                                               const v1::JoinResponse& r) {
+        if (status.ok()) *response = r;
+        call->Done(status);
+        Release(held);
+      },
+      [call](std::shared_ptr<JoinBatch> batch) { call->Hold(std::move(batch)); });
   return call;
 }
 

@@ -12,10 +12,16 @@
 // belongs to, and a rank's stream closing is reported to the server at once,
 // where it counts as that rank's own stream closing. It holds no token of its
 // own: it forwards the bearer token its ranks present, one upstream stream
-// per token.
+// per token, kept while some rank's call presents it (at most 256 tokens at
+// once). It checks no token either, so it shares nothing the server has not
+// accepted (#44): join batches are per job, shared StoreWaits only among
+// credentials the server issued or accepted through it
+// (verified_credentials.h), and a token the server refuses for the whole
+// stream is answered so at once to every rank that presented it.
 //
 // Thread-safe. Threads: gRPC's for the local service; one per upstream stream
-// (its writer) and one reading it; one per join batch in flight.
+// (its writer) and one reading it; one per join batch in flight; one that
+// stops and frees the upstreams and fan-outs no rank uses any more.
 #ifndef ZEROSHARD_AGENT_HOST_AGENT_H_
 #define ZEROSHARD_AGENT_HOST_AGENT_H_
 

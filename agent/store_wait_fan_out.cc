@@ -27,9 +27,11 @@ constexpr absl::Duration kCallMargin = absl::Seconds(5);
 
 }  // namespace
 
-StoreWaitFanOut::StoreWaitFanOut(std::shared_ptr<grpc::Channel> channel, std::string authorization)
+StoreWaitFanOut::StoreWaitFanOut(std::shared_ptr<grpc::Channel> channel, std::string authorization,
+                                 VerifiedCredentials* verified)
     : stub_(v1::Coordinator::NewStub(std::move(channel))),
-      authorization_(std::move(authorization)) {}
+      authorization_(std::move(authorization)),
+      verified_(verified) {}
 
 StoreWaitFanOut::~StoreWaitFanOut() {
   Stop();
@@ -41,21 +43,21 @@ StoreWaitFanOut::~StoreWaitFanOut() {
 uint64_t StoreWaitFanOut::Wait(const v1::StoreWaitRequest& request, Done done) {
   const absl::Time deadline =
       absl::Now() + absl::Milliseconds(std::max<int64_t>(1, request.timeout_ms()));
-  const std::string key = SharingKey(request);
+  // Unverified credentials: a call of their own, never shared.
+  const std::string key = verified_->Contains(request.member()) ? SharingKey(request) : "";
   std::shared_ptr<Shared> started;
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       id = next_id_++;
-      auto open = open_.find(key);
+      auto open = key.empty() ? open_.end() : open_.find(key);
       if (open != open_.end()) {
         open->second->waiters[id] = Waiter{deadline, std::move(done)};
         by_waiter_[id] = open->second;
         return id;
       }
-      StartShared(key, request, id, Waiter{deadline, std::move(done)});
-      started = open_[key];
+      started = StartShared(key, request, id, Waiter{deadline, std::move(done)});
     }
   }
   if (started == nullptr) {
@@ -67,8 +69,8 @@ uint64_t StoreWaitFanOut::Wait(const v1::StoreWaitRequest& request, Done done) {
   return id;
 }
 
-void StoreWaitFanOut::StartShared(const std::string& key, const v1::StoreWaitRequest& request,
-                                  uint64_t id, Waiter waiter) {
+std::shared_ptr<StoreWaitFanOut::Shared> StoreWaitFanOut::StartShared(
+    const std::string& key, const v1::StoreWaitRequest& request, uint64_t id, Waiter waiter) {
   auto shared = std::make_shared<Shared>();
   shared->key = key;
   shared->request = request;
@@ -78,12 +80,15 @@ void StoreWaitFanOut::StartShared(const std::string& key, const v1::StoreWaitReq
   shared->context.set_deadline(absl::ToChronoTime(waiter.deadline + kCallMargin));
   shared->waiters[id] = std::move(waiter);
   by_waiter_[id] = shared;
-  open_[key] = shared;
+  if (!key.empty()) open_[key] = shared;
   ++in_flight_;
   ++calls_;
+  return shared;
 }
 
 void StoreWaitFanOut::Answered(const std::shared_ptr<Shared>& shared, const grpc::Status& status) {
+  // The server accepted the credentials the call carried.
+  if (status.ok()) verified_->Add(shared->request.member());
   std::map<uint64_t, Waiter> answered;
   std::vector<std::shared_ptr<Shared>> restarted;
   {
@@ -101,13 +106,12 @@ void StoreWaitFanOut::Answered(const std::shared_ptr<Shared>& shared, const grpc
         answered.emplace(id, std::move(waiter));
         continue;
       }
-      auto again = open_.find(shared->key);
+      auto again = shared->key.empty() ? open_.end() : open_.find(shared->key);
       if (again != open_.end()) {
         again->second->waiters[id] = std::move(waiter);
         by_waiter_[id] = again->second;
       } else {
-        StartShared(shared->key, shared->request, id, std::move(waiter));
-        restarted.push_back(open_[shared->key]);
+        restarted.push_back(StartShared(shared->key, shared->request, id, std::move(waiter)));
       }
     }
     shared->waiters.clear();
@@ -172,6 +176,11 @@ int StoreWaitFanOut::held() {
 int64_t StoreWaitFanOut::calls() {
   absl::MutexLock lock(&mu_);
   return calls_;
+}
+
+bool StoreWaitFanOut::idle() {
+  absl::MutexLock lock(&mu_);
+  return by_waiter_.empty() && in_flight_ == 0;
 }
 
 }  // namespace zeroshard

@@ -12,6 +12,11 @@
 // answer is kept, so a wait means what it means at the server (every key
 // exists at some moment during the wait).
 //
+// Only waits whose credentials the server accepted (verified_credentials.h)
+// share: another's goes to the server in a call of its own, so the server
+// judges its token and its answer is its own. A call answered OK vouches
+// for the credentials it carried.
+//
 // Thread-safe.
 #ifndef ZEROSHARD_AGENT_STORE_WAIT_FAN_OUT_H_
 #define ZEROSHARD_AGENT_STORE_WAIT_FAN_OUT_H_
@@ -24,6 +29,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/verified_credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 
@@ -35,7 +41,9 @@ class StoreWaitFanOut {
 
   // `authorization`: the "authorization" header the waiters' calls carried
   // ("" if none), passed on unchanged.
-  StoreWaitFanOut(std::shared_ptr<grpc::Channel> channel, std::string authorization);
+  // `verified`: not owned, outlives this.
+  StoreWaitFanOut(std::shared_ptr<grpc::Channel> channel, std::string authorization,
+                  VerifiedCredentials* verified);
   // Stop, then waits for the server's calls to end.
   ~StoreWaitFanOut();
   StoreWaitFanOut(const StoreWaitFanOut&) = delete;
@@ -55,6 +63,8 @@ class StoreWaitFanOut {
   // For tests: ranks' waits held now, and calls made to the server so far.
   int held();
   int64_t calls();
+  // No wait held and no call in flight: it may be destroyed at once.
+  bool idle();
 
  private:
   struct Waiter {
@@ -63,7 +73,7 @@ class StoreWaitFanOut {
   };
   // One StoreWait to the server and the ranks' waits it answers.
   struct Shared {
-    std::string key;  // in open_ while it takes waiters
+    std::string key;  // in open_ while it takes waiters ("": a call of its own)
     v1::StoreWaitRequest request;
     v1::StoreWaitResponse response;
     grpc::ClientContext context;
@@ -71,12 +81,15 @@ class StoreWaitFanOut {
   };
 
   // Starts a call for `request` (its member, keys and timeout) with `waiter`.
-  void StartShared(const std::string& key, const v1::StoreWaitRequest& request, uint64_t id,
-                   Waiter waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The caller starts the call (outside mu_).
+  std::shared_ptr<Shared> StartShared(const std::string& key, const v1::StoreWaitRequest& request,
+                                      uint64_t id, Waiter waiter)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Answered(const std::shared_ptr<Shared>& shared, const grpc::Status& status);
 
   const std::unique_ptr<v1::Coordinator::Stub> stub_;
   const std::string authorization_;
+  VerifiedCredentials* const verified_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -19,13 +19,21 @@ absl::Status Bad(const std::string& source, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
 }
 
-// A positive integer at `key` (required).
+// The largest value of each size: every one is an int somewhere (layers,
+// heads, the model width, the context, token ids), so checked before any
+// cast (#44 finding 9: n_layer 2^32+1 was cast to 1 and trained). Whether
+// the model fits the machine is the worker's check (worker_config.h).
+constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
+
+// A positive integer at `key` (required), at most kMaxSize.
 absl::StatusOr<int64_t> PositiveInt(const nlohmann::json& j, const char* key,
                                     const std::string& source) {
   if (!j.contains(key)) return Bad(source, absl::StrCat("no \"", key, "\""));
   const nlohmann::json& v = j[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < 1) {
-    return Bad(source, absl::StrCat("\"", key, "\" is ", v.dump(), "; expected an integer >= 1"));
+  // An unsigned value above int64's range reads as negative: refused too.
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxSize) {
+    return Bad(source, absl::StrCat("\"", key, "\" is ", v.dump(), "; expected an integer in [1, ",
+                                    kMaxSize, "]"));
   }
   return v.get<int64_t>();
 }

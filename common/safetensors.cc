@@ -223,9 +223,19 @@ absl::StatusOr<std::string> BuildSafetensorsHeader(
 
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
     const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO's open would wait for a writer for ever (#44
+  // finding 10); only a regular file is read, which the flag leaves alone.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, "open", path);
   std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(path, fd));
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, "stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": not a regular file (a FIFO, socket or device); expected a "
+                     "safetensors file"));
+  }
   absl::Status status = reader->ParseHeader();
   if (!status.ok()) return status;
   return reader;

@@ -6,9 +6,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
 #include "shard_server/grpc_status.h"
@@ -24,6 +26,10 @@ uint64_t NextAgentRankStreamId() {
   static std::atomic<uint64_t> next{1};
   return (uint64_t{1} << 63) | next.fetch_add(1, std::memory_order_relaxed);
 }
+
+// Rank streams one HostHeartbeat stream may carry at once: a host's ranks
+// (8 a host at scale, docs/scale.md), with room for many more.
+constexpr size_t kMaxRankStreamsPerAgentStream = 4096;
 
 // RankAnswer and HostJoinAnswer carry a refusal the same way.
 template <typename Answer>
@@ -94,7 +100,21 @@ class HostHeartbeatCall final : public CallQueues::Call {
     absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
     if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
     caller_ = *std::move(caller);
+    identified_ = absl::Now();
     stream_.Read(request_, &read_);
+  }
+
+  // A job token is checked again at most once a second: a revoked one (its
+  // file removed) ends the stream and with it its ranks' (#44 finding 10).
+  grpc::Status StillIdentified() {
+    if (caller_.admin) return grpc::Status::OK;
+    const absl::Time now = absl::Now();
+    if (now - identified_ < absl::Seconds(1)) return grpc::Status::OK;
+    identified_ = now;
+    absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    caller_ = *std::move(caller);
+    return grpc::Status::OK;
   }
 
   void RequestRead(bool ok) {
@@ -107,6 +127,10 @@ class HostHeartbeatCall final : public CallQueues::Call {
       if (services_.log != nullptr) services_.log->Log("agent_stream_opened", {{"node", node_}});
     }
     for (const v1::RankStreamClosed& closed : request_->closed()) CloseRank(closed);
+    if (grpc::Status token = StillIdentified(); !token.ok()) {
+      CloseEveryRank();
+      return Finish(token);
+    }
     AnswerEveryBeat();
     stream_.Write(*response_, &written_);
   }
@@ -129,6 +153,7 @@ class HostHeartbeatCall final : public CallQueues::Call {
     response_->mutable_answers()->Reserve(n);
     beats_.clear();
     recorded_.clear();
+    undo_.clear();
     for (int i = 0; i < n; ++i) {
       const v1::RankBeat& beat = request_->beats(i);
       v1::RankAnswer* answer = response_->add_answers();
@@ -159,6 +184,31 @@ class HostHeartbeatCall final : public CallQueues::Call {
         *answer->mutable_response() = std::move(*responses[k]);
       }
     }
+    ForgetRefused(responses);
+  }
+
+  // A rank stream is remembered only for credentials Membership accepted:
+  // a refused beat (a wrong token, a job that does not exist) leaves the
+  // table as it was, so refusals cost the stream nothing held (#44 finding
+  // 2). Newest first: a later accepted beat of the same local stream in
+  // this message keeps its entry.
+  void ForgetRefused(const std::vector<absl::StatusOr<v1::HeartbeatResponse>>& responses) {
+    kept_.clear();
+    for (size_t k = responses.size(); k-- > 0;) {
+      const Undo& undo = undo_[k];
+      if (responses[k].ok()) {
+        kept_.insert(undo.local);
+        continue;
+      }
+      if (undo.local == 0 || kept_.count(undo.local) > 0) continue;  // same_member: unchanged
+      auto it = ranks_.find(undo.local);
+      if (it == ranks_.end()) continue;
+      if (undo.fresh) {
+        ranks_.erase(it);
+      } else {
+        it->second.member = undo.previous;
+      }
+    }
   }
 
   // The rank stream a beat came on, holding the beat's credentials (its own,
@@ -171,17 +221,33 @@ class HostHeartbeatCall final : public CallQueues::Call {
             "RankBeat.same_member for local stream ", beat.local_stream(),
             ", whose credentials this HostHeartbeat stream has not carried; send them"));
       }
-      return &it->second;  // its job was allowed when they came
+      undo_.push_back(Undo{});  // nothing to undo: the entry is unchanged
+      return &it->second;       // its job was allowed when they came
     }
     const v1::MemberCredentials& member = beat.beat().member();
     if (grpc::Status allowed = caller_.MayActOn(member.job_id()); !allowed.ok()) {
       return absl::Status(static_cast<absl::StatusCode>(allowed.error_code()),
                           allowed.error_message());
     }
-    RankStream& stream = ranks_[beat.local_stream()];
-    if (stream.id == 0) stream.id = NextAgentRankStreamId();
-    stream.member = member;
-    return &stream;
+    auto it = ranks_.find(beat.local_stream());
+    if (it == ranks_.end() && ranks_.size() >= kMaxRankStreamsPerAgentStream) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this HostHeartbeat stream carries ", ranks_.size(), " rank streams, the most one may (",
+          kMaxRankStreamsPerAgentStream,
+          " per host); report closed ones (HostHeartbeatRequest.closed) before opening more"));
+    }
+    Undo undo;
+    undo.local = beat.local_stream();
+    undo.fresh = it == ranks_.end();
+    if (undo.fresh) {
+      it = ranks_.try_emplace(beat.local_stream()).first;
+      it->second.id = NextAgentRankStreamId();
+    } else {
+      undo.previous = it->second.member;
+    }
+    it->second.member = member;
+    undo_.push_back(std::move(undo));
+    return &it->second;
   }
 
   // The agent saw the rank's stream close: as if its own stream to us closed.
@@ -210,12 +276,21 @@ class HostHeartbeatCall final : public CallQueues::Call {
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<v1::HostHeartbeatResponse, v1::HostHeartbeatRequest> stream_;
   Caller caller_;
+  absl::Time identified_;  // when caller_ was last checked
   std::string node_;
   // By the agent's local stream id. Node-based: AnswerEveryBeat keeps
   // pointers to the entries' credentials while it adds entries.
   absl::node_hash_map<uint64_t, RankStream> ranks_;
   std::vector<Membership::StreamBeat> beats_;  // AnswerEveryBeat's, kept for their capacity
   std::vector<int> recorded_;                  // which beat each of beats_ is
+  // How to undo what each of beats_ did to ranks_ if Membership refuses it.
+  struct Undo {
+    uint64_t local = 0;  // 0: nothing to undo
+    bool fresh = false;  // the beat added the entry
+    v1::MemberCredentials previous;
+  };
+  std::vector<Undo> undo_;
+  absl::flat_hash_set<uint64_t> kept_;  // ForgetRefused's, kept for its capacity
   google::protobuf::Arena arena_;
   v1::HostHeartbeatRequest* request_ = nullptr;    // on arena_
   v1::HostHeartbeatResponse* response_ = nullptr;  // on arena_

@@ -42,6 +42,7 @@ class HeartbeatCall final : public CallQueues::Call {
     absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
     if (!caller.ok()) return Finish(ToGrpcStatus(caller.status()));
     caller_ = *std::move(caller);
+    identified_ = absl::Now();
     stream_.Read(&request_, &read_);
   }
 
@@ -50,6 +51,7 @@ class HeartbeatCall final : public CallQueues::Call {
       if (request_.has_member()) services_.membership->HeartbeatStreamClosed(request_.member(), id_);
       return Finish(grpc::Status::OK);
     }
+    if (grpc::Status token = StillIdentified(); !token.ok()) return Finish(token);
     if (grpc::Status allowed = caller_.MayActOn(request_.member().job_id()); !allowed.ok()) {
       return Finish(allowed);  // before anything of the member is touched
     }
@@ -75,6 +77,20 @@ class HeartbeatCall final : public CallQueues::Call {
 
   void Finish(const grpc::Status& status) { stream_.Finish(status, &finished_); }
 
+  // A job token is checked again at most once a second: a revoked one (its
+  // file removed) ends the stream (#44 finding 10). The admin token cannot
+  // be revoked while the server runs.
+  grpc::Status StillIdentified() {
+    if (caller_.admin) return grpc::Status::OK;
+    const absl::Time now = absl::Now();
+    if (now - identified_ < absl::Seconds(1)) return grpc::Status::OK;
+    identified_ = now;
+    absl::StatusOr<Caller> caller = services_.credentials->Identify(context_.client_metadata());
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    caller_ = *std::move(caller);
+    return grpc::Status::OK;
+  }
+
   // Tells this stream from the member's earlier and later ones (never 0).
   static inline std::atomic<uint64_t> next_id_{1};
   const uint64_t id_ = next_id_.fetch_add(1, std::memory_order_relaxed);
@@ -84,6 +100,7 @@ class HeartbeatCall final : public CallQueues::Call {
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HeartbeatRequest> stream_;
   Caller caller_;
+  absl::Time identified_;  // when caller_ was last checked
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
   Tag accepted_{this, kAccepted};

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -21,6 +22,18 @@ std::string RequestDigest(int world_size, const v1::ModelSpec& spec,
   return absl::StrFormat("%016x", XXH64(bytes.data(), bytes.size(), 0));
 }
 
+// At most how many pieces a plan of `spec` over `world_size` ranks has: a
+// piece is whole dim-0 rows of one tensor on one rank, so a tensor has at
+// most min(rows, world size) of them (a 0-d tensor one).
+int64_t OneOffPieces(int world_size, const v1::ModelSpec& spec) {
+  int64_t pieces = 0;
+  for (const v1::TensorSpec& t : spec.tensors()) {
+    const int64_t rows = t.shape_size() > 0 ? std::max<int64_t>(t.shape(0), 1) : 1;
+    pieces += std::min<int64_t>(rows, std::max(world_size, 1));
+  }
+  return pieces;
+}
+
 }  // namespace
 
 PlanService::PlanService(StateStore* state, EventLog* log, PlanServiceOptions options)
@@ -37,10 +50,38 @@ absl::StatusOr<v1::ShardPlan> PlanService::Compute(int world_size, const v1::Mod
   return ShardPlanToProto(*plan);
 }
 
+absl::StatusOr<v1::ShardPlan> PlanService::OneOff(int world_size, const v1::ModelSpec& spec,
+                                                  const v1::PlanOptions& options) {
+  // Its size first (#44 finding 6: 20,000 tensors at 131,072 ranks made an
+  // 81 MB answer and +540 MB).
+  const int64_t pieces = OneOffPieces(world_size, spec);
+  if (pieces > kMaxOneOffPlanPieces) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a one-off plan of ", spec.tensors_size(), " tensors over ", world_size,
+        " ranks may have up to ", pieces, " pieces; the server computes at most ",
+        kMaxOneOffPlanPieces,
+        " for a caller that is not a member of a job (a piece per tensor and rank holding "
+        "its rows); compute it on your machine with shardctl plan --local"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (one_off_in_progress_) {
+      return absl::ResourceExhaustedError(
+          "the server computes one one-off plan at a time and one is being computed; try again "
+          "in a few seconds, or use shardctl plan --local");
+    }
+    one_off_in_progress_ = true;
+  }
+  absl::StatusOr<v1::ShardPlan> plan = Compute(world_size, spec, options);
+  absl::MutexLock lock(&mu_);
+  one_off_in_progress_ = false;
+  return plan;
+}
+
 absl::StatusOr<v1::ShardPlan> PlanService::Plan(const std::string& job_id, int64_t generation,
                                                 int world_size, const v1::ModelSpec& spec,
                                                 const v1::PlanOptions& options) {
-  if (job_id.empty()) return Compute(world_size, spec, options);  // one-off, not stored
+  if (job_id.empty()) return OneOff(world_size, spec, options);  // not stored
 
   const std::string digest = RequestDigest(world_size, spec, options);
   const Key key(job_id, generation);

@@ -36,10 +36,20 @@ struct PlanServiceOptions {
 // wait for that one computation.
 class PlanService {
  public:
+  // A one-off plan's pieces, at most, as OneOffPieces bounds them before
+  // computing: ~18 bytes each in the answer (38 MB here, under the 64 MiB
+  // a client receives) and ~130 bytes of the server's memory while it is
+  // computed and sent (held_bounds_test measures both).
+  static constexpr int64_t kMaxOneOffPlanPieces = int64_t{1} << 21;
+
   // `state` may be null. Not owned.
   PlanService(StateStore* state, EventLog* log, PlanServiceOptions options = {});
 
-  // REQUIRES: the caller authenticated `job_id`/`generation` as a live member.
+  // REQUIRES: the caller authenticated `job_id`/`generation` as a live member,
+  // or `job_id` is empty: a one-off plan (shardctl plan), not stored, which
+  // any caller may ask and so is bounded: at most kMaxOneOffPlanPieces
+  // (INVALID_ARGUMENT beyond, naming shardctl plan --local), one computed
+  // at a time (RESOURCE_EXHAUSTED while one is).
   absl::StatusOr<v1::ShardPlan> Plan(const std::string& job_id, int64_t generation, int world_size,
                                      const v1::ModelSpec& spec, const v1::PlanOptions& options);
 
@@ -68,6 +78,8 @@ class PlanService {
   // The stored plan of `key`, or a new one computed and stored.
   void Fill(const Key& key, int world_size, const v1::ModelSpec& spec,
             const v1::PlanOptions& options, Entry* entry);
+  absl::StatusOr<v1::ShardPlan> OneOff(int world_size, const v1::ModelSpec& spec,
+                                       const v1::PlanOptions& options);
   absl::StatusOr<v1::ShardPlan> Compute(int world_size, const v1::ModelSpec& spec,
                                         const v1::PlanOptions& options);
   void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -79,6 +91,7 @@ class PlanService {
   std::map<Key, std::shared_ptr<Entry>> plans_ ABSL_GUARDED_BY(mu_);
   uint64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::string> latest_hash_ ABSL_GUARDED_BY(mu_);  // job -> plan hash
+  bool one_off_in_progress_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace zeroshard

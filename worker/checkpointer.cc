@@ -82,6 +82,10 @@ absl::Status Checkpointer::SaveOrAbandon(const ShardSnapshot& snapshot, Client* 
   return absl::OkStatus();
 }
 
+bool Checkpointer::TrainingOutlives(const absl::Status& s) {
+  return TrainingOutlivesCheckpointFailure(s);
+}
+
 Checkpointer::Checkpointer(Client* client, const CheckpointConfig& config,
                            const std::string& optimizer, std::vector<double>* pause_ms)
     : client_(client), config_(config), optimizer_(optimizer), pause_ms_(pause_ms) {}

@@ -41,6 +41,9 @@ class Checkpointer {
   // at which the next checkpoint is due (0: none), where a failed one is
   // tried again.
   absl::Status Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step);
+  // Whether a checkpoint failed with `s` is one training outlives: a full
+  // disk (ours or the server's root), or a step another rank abandoned.
+  static bool TrainingOutlives(const absl::Status& s);
 
   // Waits for the last checkpoint ("checkpoint: ...").
   absl::Status Drain();

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/command_line.h"
 #include "worker/abort_latch.h"
+#include "worker/input_checks.h"
 #include "worker/model/blas_kernel.h"
 #include "worker/worker.h"
 #include "worker/worker_config.h"
@@ -81,6 +82,14 @@ absl::Status LifeCycle(Worker& worker, std::atomic<int>* rank) {
   }
   if (s.ok()) s = worker.Report();
   if (s.ok()) s = worker.Leave();
+  if (s.ok() && !worker.last_checkpoint_failure().ok()) {
+    return absl::Status(
+        worker.last_checkpoint_failure().code(),
+        absl::StrCat("training finished, but its last checkpoint failed (",
+                     worker.last_checkpoint_failure().message(),
+                     "); the job's latest complete checkpoint is an earlier one (shardctl "
+                     "checkpoints lists them)"));
+  }
   return s;
 }
 
@@ -88,6 +97,11 @@ int RunWorker() {
   absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
   if (!config.ok()) {
     PrintFailure(-1, config.status().message());
+    return kExitBadConfig;
+  }
+  // Before joining: a bad input fails this worker alone, not its job.
+  if (absl::Status s = CheckInputsBeforeJoining(*config); !s.ok()) {
+    PrintFailure(-1, s.message());
     return kExitBadConfig;
   }
   std::atomic<int> rank{-1};

@@ -316,7 +316,14 @@ absl::Status Worker::Train() {
   for (std::string& failure : checkpointer.failures()) {
     metrics_.checkpoint_failures.push_back(std::move(failure));
   }
-  if (!drained.ok()) return drained;
+  if (!drained.ok()) {
+    // The last checkpoint failed after every step trained: no re-join can
+    // bring it back, and a peer must not wait for this rank as for a dead
+    // one (#44 finding 8). Whatever else failed still ends the generation.
+    if (abort_->tripped() || !Checkpointer::TrainingOutlives(drained)) return drained;
+    last_checkpoint_failure_ = drained;
+    metrics_.checkpoint_failures.push_back(std::string(drained.message()));
+  }
   // Training traffic only: evaluation and sampling move bytes too.
   metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
   metrics_.training_bytes += plane.reduce->bytes_sent() - reduce_before;

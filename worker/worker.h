@@ -133,6 +133,11 @@ class Worker {
   absl::Status Report();
   // Stops heartbeats and leaves the job. REQUIRES: Join.
   absl::Status Leave();
+  // Why the last checkpoint failed though training completed (a full disk,
+  // or the step abandoned by another rank); OK when it did not. Train then
+  // succeeds, so the worker reports and leaves like its peers (none waits
+  // for it as for a dead rank: #44 finding 8), and exits 1 with this after.
+  const absl::Status& last_checkpoint_failure() const { return last_checkpoint_failure_; }
 
   // ---- Recovery ----
   // After `failure` ended a phase between Join and Train: OK when the worker
@@ -208,6 +213,7 @@ class Worker {
   std::unique_ptr<Client> client_;
   RunMetrics metrics_;
   double params_sum_ = 0;  // Report
+  absl::Status last_checkpoint_failure_;  // Train
   int rank_ = -1;
   // The step being trained, for the abort message (the heartbeat thread
   // reads it).

@@ -1,6 +1,43 @@
 #include "shard_server/membership/assign_telemetry.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace zeroshard {
+namespace {
+
+absl::Status TooLong(const char* field, size_t size, size_t bound) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "HeartbeatRequest.", field, " is ", size, " bytes; at most ", bound,
+      " are kept per beat (a worker sends far less: is this client a zeroshard worker?)"));
+}
+
+}  // namespace
+
+absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat) {
+  // The named strings first: their message says which one.
+  if (beat.telemetry().in_progress().unit().size() > kMaxUnitNameBytes) {
+    return TooLong("telemetry.in_progress.unit", beat.telemetry().in_progress().unit().size(),
+                   kMaxUnitNameBytes);
+  }
+  if (beat.recovery().source().size() > kMaxRecoveryWordBytes) {
+    return TooLong("recovery.source", beat.recovery().source().size(), kMaxRecoveryWordBytes);
+  }
+  if (beat.recovery().phase().size() > kMaxRecoveryWordBytes) {
+    return TooLong("recovery.phase", beat.recovery().phase().size(), kMaxRecoveryWordBytes);
+  }
+  // Then the whole of each kept part: fields this server does not know are
+  // kept (copied) too.
+  if (size_t n = beat.telemetry().ByteSizeLong(); n > kMaxBeatTelemetryBytes) {
+    return TooLong("telemetry", n, kMaxBeatTelemetryBytes);
+  }
+  if (size_t n = beat.last_step().ByteSizeLong(); n > kMaxBeatStepBytes) {
+    return TooLong("last_step", n, kMaxBeatStepBytes);
+  }
+  if (size_t n = beat.recovery().ByteSizeLong(); n > kMaxRecoveryRecordBytes) {
+    return TooLong("recovery", n, kMaxRecoveryRecordBytes);
+  }
+  return absl::OkStatus();
+}
 
 void AssignTelemetry(const v1::RankTelemetry& from, v1::RankTelemetry* to) {
   // Taken out before the Clear() that would delete them; nullptr if absent.

@@ -842,6 +842,8 @@ std::vector<absl::StatusOr<v1::HeartbeatResponse>> Membership::Heartbeats(
 absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
     const v1::HeartbeatRequest& request, const v1::MemberCredentials& member, uint64_t stream,
     int64_t* commit) {
+  // What the beat would make the job keep is bounded before anything of it is.
+  if (absl::Status s = ValidateBeatPayload(request); !s.ok()) return s;
   absl::StatusOr<Job*> found = FindMemberJob(member, /*allow_stale=*/true);
   if (!found.ok()) return found.status();
   Job& job = **found;

@@ -213,5 +213,41 @@ TEST(FullDiskTest, GrpcUploadToAFullServerRootAbandonsTheStepAndRetries) {
       {"--checkpoint_transport=grpc", "--checkpoint_dir=" + staging}, "full-disk-grpc");
 }
 
+// #44 finding 8: the last checkpoint fails on one rank only (its staging
+// disk is full; the other's upload lands and waits for the manifest, then
+// hears the step was abandoned). Every rank reports, leaves and exits 1 at
+// once, saying the last checkpoint failed; none waits --rejoin_timeout
+// (5 min) for the other as for a dead rank.
+TEST(FullDiskTest, AFailedLastCheckpointEndsEveryRankAtOnce) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to mount a tmpfs in a private mount namespace (CI runs as root)";
+  }
+  const std::string dir = testing::MakeTempDir("full-disk-last");
+  const std::string full = dir + "/full-staging";
+  if (std::string why = MountPrivateTmpfs(full, "1m"); !why.empty()) {
+    GTEST_SKIP() << "cannot mount a private tmpfs: " << why;
+  }
+  {
+    ASSERT_TRUE(FillUntilFull(full + "/filler"));
+    LocalCluster cluster(dir + "/cluster");
+    ASSERT_TRUE(cluster.ok());
+    const std::string staging = testing::MakeTempDir("full-disk-last-staging");
+    cluster.StartWorkers("last", 2, MlpFlags({"--checkpoint_transport=grpc"}),
+                         {{0, {"--checkpoint_dir=" + full}}, {1, {"--checkpoint_dir=" + staging}}});
+    // Well under --rejoin_timeout (5 min), which a rank waiting for its
+    // peer's replacement would wait out.
+    const std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(90));
+    EXPECT_EQ(codes, std::vector<int>({1, 1})) << cluster.WorkerLog(0) << cluster.WorkerLog(1);
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(absl::StrContains(cluster.WorkerLog(rank),
+                                    "training finished, but its last checkpoint failed"))
+          << cluster.WorkerLog(rank);
+    }
+    EXPECT_FALSE(
+        Exists(absl::StrCat(cluster.checkpoint_root(), "/last/step-", kSteps, "/manifest.json")));
+  }
+  umount2(full.c_str(), MNT_DETACH);
+}
+
 }  // namespace
 }  // namespace zeroshard

@@ -5,13 +5,20 @@
 // another job, and another job's status is hidden from it.
 #include <sys/stat.h>
 
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/cluster.h"
+#include "tests/testing/coordinator_stub.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard {
@@ -140,6 +147,47 @@ TEST_F(JobTokensTest, ARemovedTokenFileIsRevokedWithoutARestart) {
                    " --job_tokens_dir=", tokens_, " 2>&1"));
   EXPECT_NE(again_code, 0) << again_output;
   EXPECT_NE(again_output.find("has a token already"), std::string::npos) << again_output;
+}
+
+// #44 finding 10: a job token revoked (its file removed) while a member's
+// heartbeat stream carries it ends that stream (UNAUTHENTICATED) within
+// about a second, instead of being answered for ever.
+TEST_F(JobTokensTest, ARevokedJobTokensOpenHeartbeatStreamIsEnded) {
+  LocalCluster cluster(dir_ + "/cluster",
+                       {"--auth_token_file=" + admin_, "--job_tokens_dir=" + tokens_});
+  ASSERT_TRUE(cluster.ok());
+  const std::string token(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(TokenOf("alpha"))));
+  ClientOptions options;
+  options.server = cluster.address();
+  options.token = token;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Join("alpha", 1, "w0", "127.0.0.1", absl::Seconds(30)).ok());
+  v1::HeartbeatRequest beat;
+  *beat.mutable_member() = (*client)->credentials();
+
+  auto stub = testing::NewCoordinatorStub(cluster.address());
+  grpc::ClientContext context;
+  testing::PrepareContext(&context, absl::Seconds(60), token);
+  auto stream = stub->Heartbeat(&context);
+  v1::HeartbeatResponse response;
+  ASSERT_TRUE(stream->Write(beat) && stream->Read(&response));
+  ASSERT_EQ(std::remove(TokenOf("alpha").c_str()), 0);
+  // A beat every 100 ms (a member beats every second) until the server ends
+  // the stream, for at most 20 s.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  bool answered = true;
+  while (answered && absl::Now() < deadline) {
+    answered = stream->Write(beat) && stream->Read(&response);
+    if (answered) absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (answered) {
+    context.TryCancel();
+    stream->Finish();
+    FAIL() << "the revoked token's stream was still answered after 20 s";
+  }
+  grpc::Status ended = stream->Finish();  // the server's status: the stream is over
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
 }
 
 }  // namespace
