@@ -335,6 +335,8 @@ TEST_F(RecoveryWithAHeldBackSurvivorTest, FormsAtThreeWhenItComesAndMatchesTheRe
   EXPECT_NE(job.waiting().find("2 of 4 workers re-joined ('w0', 'w1') after --rejoin_grace=1s"),
             std::string::npos)
       << job.waiting();
+  std::printf("%.1f s after the stop, status says: %s\n",
+              absl::ToDoubleSeconds(absl::Now() - stopped), job.waiting().c_str());
   absl::SleepFor(stopped + absl::Seconds(3) - absl::Now());  // the hold: 3 s in all
   ASSERT_EQ(ProcessState(held), 'T');
   cluster_.worker(2)->Signal(SIGCONT);
@@ -349,6 +351,10 @@ TEST_F(RecoveryWithAHeldBackSurvivorTest, FormsAtThreeWhenItComesAndMatchesTheRe
     waited = waited || change.reason().find("more for 'w2'") != std::string::npos;
   }
   EXPECT_TRUE(waited) << status->jobs(0).DebugString();
+  for (const v1::GenerationChange& change : status->jobs(0).history()) {
+    std::printf("generation %lld: %s\n", static_cast<long long>(change.generation()),
+                change.reason().c_str());
+  }
 }
 
 // (c) a rank and its buddy killed at once: the latest disk checkpoint.
