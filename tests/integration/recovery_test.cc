@@ -102,6 +102,27 @@ class RecoveryTest : public ::testing::Test {
                             timeout);
   }
 
+  // Every member of `job` has committed a snapshot of step >= `step`, as
+  // the server's status says (their heartbeats carry it). A kill that must
+  // restore from a snapshot waits for this, not for a step count: under
+  // load a rank's background transfer (or its first touch of the snapshot
+  // buffers) can outlast several snapshot intervals, and those snapshots
+  // are skipped (seen: steps 10, 20 and 30 skipped, the kill at step 35
+  // restored from scratch).
+  bool WaitForCommittedSnapshot(const std::string& job, int step) {
+    ClientOptions options;
+    options.server = cluster_.address();
+    options.rpc_timeout = absl::Seconds(5);
+    absl::StatusOr<std::unique_ptr<Client>> observer = Client::Connect(options);
+    if (!observer.ok()) return false;
+    return testing::WaitFor(
+        [&] {
+          absl::StatusOr<v1::GetStatusResponse> status = (*observer)->GetStatus(job);
+          return status.ok() && status->jobs_size() == 1 && status->jobs(0).snapshot_step() >= step;
+        },
+        absl::Seconds(60));
+  }
+
   void ExpectEqual(const Params& got, const Params& want, const std::string& what) {
     ASSERT_FALSE(got.empty()) << what << ": no final checkpoint";
     EXPECT_TRUE(got == want) << what << ": not bitwise equal; max relative difference "
@@ -153,9 +174,14 @@ class RecoveryTest : public ::testing::Test {
 TEST_F(RecoveryTest, ReplacedWorkerResumesFromItsBuddysSnapshot) {
   ASSERT_TRUE(cluster_.ok());
   Params reference = Reference({"--snapshot_every=10"});
-  cluster_.StartWorkers("replace", 4,
-                        Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=10"}));
+  // At least 10 ms a step (arithmetic unchanged): the server's status shows
+  // a commit at most one heartbeat interval (300 ms, <= 30 steps) after it,
+  // so the kill lands before the end for a first commit up to step ~85.
+  cluster_.StartWorkers(
+      "replace", 4,
+      Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=10", "--test_step_delay_ms=10"}));
   ASSERT_TRUE(WaitForStep(35)) << cluster_.WorkerLog(0);
+  ASSERT_TRUE(WaitForCommittedSnapshot("replace", 10)) << cluster_.WorkerLog(0);
   cluster_.worker(2)->Signal(SIGKILL);
   cluster_.RestartWorker(2);
   ASSERT_TRUE(AllExitZero());
@@ -177,8 +203,9 @@ TEST_F(RecoveryTest, ReplacedWorkerInShardGroupsResumesFromItsReplica) {
   Params reference = Reference({"--snapshot_every=10", "--shard_group_size=2"});
   cluster_.StartWorkers("replace-hsdp", 4,
                         Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=10",
-                               "--shard_group_size=2"}));
+                               "--shard_group_size=2", "--test_step_delay_ms=10"}));
   ASSERT_TRUE(WaitForStep(35)) << cluster_.WorkerLog(0);
+  ASSERT_TRUE(WaitForCommittedSnapshot("replace-hsdp", 10)) << cluster_.WorkerLog(0);
   cluster_.worker(2)->Signal(SIGKILL);
   cluster_.RestartWorker(2);
   ASSERT_TRUE(AllExitZero());
