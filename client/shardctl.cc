@@ -190,6 +190,7 @@ int StatusCommand() {
       std::printf("%s: %s\n", d.kind() == v1::Diagnosis::STRAGGLER ? "STRAGGLER" : "HANG",
                   d.message().c_str());
     }
+    if (!job.waiting().empty()) std::printf("WAITING: %s\n", job.waiting().c_str());
     PrintCheckpointFailure(**client, job.job_id());
     if (job.history_size() > 0) {
       Table history({"GENERATION", "SINCE", "WHY"});

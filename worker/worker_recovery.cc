@@ -4,9 +4,12 @@
 // give the generation up and join again; anything else: exit). The decision
 // itself is a pure function in worker/recovery/recovery_decision.h; this file
 // is the Worker's side of it.
+#include <signal.h>
+
 #include <cassert>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -227,6 +230,15 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   // stream is what lets the server replace this member with its next join.
   client_->StopHeartbeats();
   abort_->Reset();
+  // Tests only: ZEROSHARD_TEST_STOP_BEFORE_REJOIN=RANK stops that rank's
+  // process (SIGSTOP) on its way to its first re-join, silent, as a stalled
+  // host is, until the test continues it (SIGCONT): a survivor held back
+  // after the server ended the generation, whatever the machine's speed.
+  if (const char* stop = std::getenv("ZEROSHARD_TEST_STOP_BEFORE_REJOIN");
+      stop != nullptr && recoveries_ == 0 && std::atoi(stop) == rank_) {
+    std::fprintf(stderr, "shard_worker rank %d: stopping before its re-join (test)\n", rank_);
+    raise(SIGSTOP);
+  }
   ++recoveries_;
   return absl::OkStatus();
 }

@@ -1316,47 +1316,6 @@ void Membership::MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred) {
   }
 }
 
-void Membership::MaybeShrink(Job& job, absl::Time now, Deferred& deferred) {
-  if (job.state != v1::DEGRADED || job.formed() || job.min_world_size <= 0 ||
-      job.degraded_at == absl::InfinitePast() || now - job.degraded_at < job.rejoin_grace ||
-      job.pending.empty()) {
-    return;
-  }
-  const int in = static_cast<int>(job.pending.size());
-  if (in >= job.world_size) return;  // formed at the join
-  if (in < job.min_world_size) {
-    // The recovery cannot complete: say why to everyone waiting.
-    const std::string why = absl::StrCat(
-        "job '", job.id, "' generation ", job.generation, " cannot be formed: only ", in, " of ",
-        job.world_size, " workers re-joined within --rejoin_grace=",
-        absl::FormatDuration(job.rejoin_grace), " and --min_world_size=", job.min_world_size);
-    log_->Log("recovery_failed", {{"job", job.id}, {"reason", why}});
-    for (auto& [worker_id, p] : job.pending) {
-      pending_by_id_.erase(p.id);
-      deferred.push_back(
-          [done = std::move(p.done), why]() { done(absl::FailedPreconditionError(why)); });
-    }
-    job.pending.clear();
-    job.degraded_at = absl::InfinitePast();
-    return;
-  }
-  const int previous = job.world_size;
-  job.world_size = in;
-  const std::string reason =
-      absl::StrCat("shrunk from ", previous, " to ", in, " workers after --rejoin_grace=",
-                   absl::FormatDuration(job.rejoin_grace));
-  log_->Log("recovery_shrink", {{"job", job.id},
-                                {"generation", absl::StrCat(job.generation)},
-                                {"from", absl::StrCat(previous)},
-                                {"to", absl::StrCat(in)}});
-  FormGeneration(job, deferred);
-  if (!job.formed()) {
-    job.world_size = previous;  // the save failed; the joins got its error
-    return;
-  }
-  Remember(job, reason);
-}
-
 absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
@@ -1406,6 +1365,7 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
     }
     out->set_snapshot_step(CommittedSnapshot(*job));
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
+    FillRejoinWait(*job, now, out);
     for (const Job::GenerationChange& change : job->history) {
       v1::GenerationChange* h = out->add_history();
       h->set_generation(change.generation);

@@ -43,9 +43,10 @@
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
 #include "shard_server/clock.h"
-#include "shard_server/observability/event_log.h"
 #include "shard_server/membership/failure_detector.h"
+#include "shard_server/membership/rejoin_wait.h"
 #include "shard_server/membership/silence_order.h"
+#include "shard_server/observability/event_log.h"
 #include "shard_server/state/state_store.h"
 
 namespace zeroshard {
@@ -315,6 +316,8 @@ class Membership {
     bool isolation_suspected = false;
     bool seen_by_peers = false;
     bool server_behind = false;  // a death held by rule 4b (logged once)
+    // Whom the last recovery_waiting line named (MaybeShrink logs a change).
+    std::vector<std::string> waiting_logged;
     bool formed() const { return members_generation == generation && !members.empty(); }
     // The member with `worker_id`; null: none. O(1): a 100,000-rank job's
     // rejoins after a failure look up every member once each.
@@ -394,9 +397,16 @@ class Membership {
   // (the listener is told): the caller erases it from jobs_.
   bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job in DEGRADED whose rejoin grace is over and that has at least
-  // min_world_size re-joined members forms a smaller generation.
+  // A job in DEGRADED whose rejoin grace is over forms a smaller generation
+  // once min_world_size members re-joined, waits while live members could
+  // still make it up, and fails the waiting joins otherwise (rejoin_wait.h;
+  // shrink.cc).
   void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Who re-joined `job`'s forming generation and who did not, at `now`.
+  static RejoinState RejoinStateOf(const Job& job, absl::Time now);
+  // The status's waiting_for and waiting while the job waits for survivors
+  // past its grace.
+  static void FillRejoinWait(const Job& job, absl::Time now, v1::JobStatus* out);
   // Sorts the job's live members by their last beat into `job.silence` and
   // forgets closed streams: after `members` changed wholesale (a formation,
   // a restore, a grace). O(W log W).

@@ -1,0 +1,74 @@
+#include "shard_server/membership/rejoin_wait.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace zeroshard {
+namespace {
+
+std::string Quoted(const std::vector<std::string>& ids) {
+  std::string out;
+  for (const std::string& id : ids) absl::StrAppend(&out, out.empty() ? "" : ", ", "'", id, "'");
+  return out;
+}
+
+std::string Named(const MissingMember& m) {
+  return absl::StrCat("'", m.worker_id, "' (rank ", m.rank, ")");
+}
+
+// "2 of 4 workers re-joined ('w0', 'w1') after --rejoin_grace=1s"
+std::string Rejoined(const RejoinState& s) {
+  return absl::StrCat(s.rejoined.size(), " of ", s.world_size, " workers re-joined",
+                      s.rejoined.empty() ? "" : absl::StrCat(" (", Quoted(s.rejoined), ")"),
+                      " after --rejoin_grace=", absl::FormatDuration(s.rejoin_grace));
+}
+
+}  // namespace
+
+RejoinDecision DecideRejoin(const RejoinState& s) {
+  RejoinDecision d;
+  const int in = static_cast<int>(s.rejoined.size());
+  if (in >= s.world_size) {
+    d.action = RejoinAction::kForm;
+    return d;
+  }
+  if (s.min_world_size <= 0 || !s.grace_over) return d;  // kWaitForAll
+  if (in >= s.min_world_size) {
+    d.action = RejoinAction::kForm;
+    return d;
+  }
+  std::string live, gone;
+  for (const MissingMember& m : s.missing) {
+    if (m.live) {
+      d.waiting_for.push_back(m.worker_id);
+      absl::StrAppend(&live, live.empty() ? "" : ", ", Named(m));
+    } else {
+      absl::StrAppend(&gone, gone.empty() ? "" : ", ", Named(m),
+                      m.left ? " left" : " was declared dead");
+    }
+  }
+  const int could = static_cast<int>(d.waiting_for.size());
+  if (in + could >= s.min_world_size) {
+    d.action = RejoinAction::kWaitForLive;
+    d.message = absl::StrCat(
+        "job '", s.job_id, "' generation ", s.generation, ": ", Rejoined(s),
+        "; --min_world_size=", s.min_world_size, " needs ", s.min_world_size - in,
+        " more: waiting for ", live, ", whose heartbeats still arrive",
+        s.deadline_left == absl::InfiniteDuration()
+            ? ""
+            : absl::StrCat(", for up to ",
+                           absl::FormatDuration(absl::Trunc(s.deadline_left, absl::Seconds(1))),
+                           " more (the re-joins' --rejoin_timeout)"));
+    return d;
+  }
+  d.action = RejoinAction::kFail;
+  d.message = absl::StrCat(
+      "job '", s.job_id, "' generation ", s.generation, " cannot be formed: only ", Rejoined(s),
+      ", and --min_world_size=", s.min_world_size, " needs ", s.min_world_size,
+      could == 0 ? "; no other member can come"
+                 : absl::StrCat("; the ", could, " that could still come (", live, ") are too few"),
+      gone.empty() ? "" : absl::StrCat("; ", gone));
+  d.waiting_for.clear();
+  return d;
+}
+
+}  // namespace zeroshard
