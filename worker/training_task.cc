@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/hf_gpt2_config.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/regression_data.h"
@@ -50,6 +51,22 @@ class MlpTask : public TrainingTask {
     return model_->SetBatch(x_.data(), y_.data(), options_.batch);
   }
   int64_t ItemsPerMicroBatch() const override { return options_.batch; }
+  std::string TrainSamples(int64_t step, int rank, int world) const override {
+    const int64_t rows = data_->num_rows();
+    if (options_.data.empty() || rows <= 0) return "";
+    std::vector<std::string> ranges;
+    for (int micro = 0; micro < options_.grad_accum; ++micro) {
+      absl::StatusOr<int64_t> start = MicroBatchStartRow(step - cursor_step_, micro, rank, world,
+                                                         options_.batch, options_.grad_accum);
+      if (!start.ok()) return "";
+      // A file is read cyclically (regression_data.h): a batch may wrap.
+      const int64_t first = (*start + cursor_row_) % rows;
+      const int64_t last = (first + options_.batch - 1) % rows;
+      ranges.push_back(last >= first ? absl::StrCat(first, "-", last)
+                                     : absl::StrCat(first, "-", rows - 1, ", 0-", last));
+    }
+    return absl::StrCat("rows ", absl::StrJoin(ranges, ", "), " of ", options_.data);
+  }
   absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
                                       int batches) override {
     // Held-out rows: the ones far past any training step.

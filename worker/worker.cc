@@ -369,9 +369,19 @@ absl::Status Worker::RunStep(int step) {
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-  absl::StatusOr<double> mean = e.MeanOverRanks(stats->loss, "the step's loss");
-  if (!mean.ok()) return Annotate(mean.status(), "loss");
-  metrics_.RecordStep(*mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
+  const StepVerdict& verdict = stats->verdict;
+  if (absl::Status s = nonfinite_.Judge(
+          step, config_.schedule.steps, verdict,
+          verdict.finite() ? "" : task_->TrainSamples(step, verdict.first_rank, world));
+      !s.ok()) {
+    return s;
+  }
+  if (!verdict.finite()) {
+    metrics_.skipped_steps.push_back(step);
+    if (rank_ == 0) std::fprintf(stderr, "%s\n", nonfinite_.last_skip().c_str());
+  }
+  const double mean = verdict.mean_loss;
+  metrics_.RecordStep(mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
                       KernelTimesSnapshot());
   // Read after the loss's collective: the next step's early gathers (issued
   // inside Step) are this step's traffic.
@@ -379,11 +389,12 @@ absl::Status Worker::RunStep(int step) {
   metrics_.step_bytes_intra_host.push_back(step_bytes.intra_host);
   metrics_.step_bytes_inter_host.push_back(step_bytes.inter_host);
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
-  Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
+  Progress progress{step + 1, mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
   progress.last_step.set_items_per_second(items_per_second);
   progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
   progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
+  progress.last_step.set_skipped_steps(nonfinite_.skipped_total());
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
     metrics_.recoveries.push_back(*record);
@@ -408,7 +419,7 @@ absl::Status Worker::RunStep(int step) {
     std::fprintf(stderr,
                  "step %d/%d  loss %.6f  lr %.2e  grad_norm %.4f  %.1f ms  %.0f %s/s  "
                  "mem/rank %.1f MiB\n",
-                 step + 1, config_.schedule.steps, *mean, lr, stats->grad_norm, ms,
+                 step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms,
                  items_per_second, config_.task.model == "gpt" ? "tokens" : "rows",
                  e.memory().peak_total() / 1048576.0);
   }

@@ -66,6 +66,7 @@
 #include "worker/abort_latch.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/data_plane.h"
+#include "worker/nonfinite_policy.h"
 #include "worker/rank_telemetry.h"
 #include "worker/recovery/recovery_decision.h"
 #include "worker/recovery/recovery_timeline.h"
@@ -207,6 +208,7 @@ class Worker {
   std::unique_ptr<TrainingTask> task_;
   std::unique_ptr<Client> client_;
   RunMetrics metrics_;
+  NonFinitePolicy nonfinite_{config_.numerics};  // process-wide: counts survive recoveries
   double params_sum_ = 0;  // Report
   int rank_ = -1;
   // The step being trained, for the abort message (the heartbeat thread

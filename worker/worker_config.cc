@@ -131,6 +131,13 @@ ABSL_FLAG(std::string, gather_dtype, "f32",
           "(block-quantized, dequantized after the gather; the master shard stays f32)");
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
+ABSL_FLAG(std::string, on_nonfinite, "stop",
+          "A step whose loss or global gradient norm is NaN, Inf or beyond float32's range is "
+          "never applied (every rank knows before any update). stop: every rank exits 1 naming "
+          "the step, the quantity, the first rank and its data rows | skip: drop the step and "
+          "go on (docs/numerics.md)");
+ABSL_FLAG(int, max_skipped_steps, 10,
+          "--on_nonfinite=skip: stop after this many non-finite steps in a row");
 ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
 ABSL_FLAG(int, threads, 1,
           "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
@@ -483,6 +490,17 @@ absl::Status ReadRun(WorkerConfig* config) {
       return Bad(
           absl::StrCat("--resume=", initial.resume_flag, ": expected 'latest' or a step number"));
     }
+  }
+
+  NonFiniteConfig& numerics = config->numerics;
+  if (absl::Status s = ParseOnNonFinite(absl::GetFlag(FLAGS_on_nonfinite), &numerics.on_nonfinite);
+      !s.ok()) {
+    return s;
+  }
+  numerics.max_skipped_steps = absl::GetFlag(FLAGS_max_skipped_steps);
+  if (numerics.max_skipped_steps < 0) {
+    return Bad(absl::StrCat("--max_skipped_steps=", numerics.max_skipped_steps,
+                            ": expected 0 or more (0: stop at the first non-finite step)"));
   }
 
   config->summary_out = absl::GetFlag(FLAGS_summary_out);

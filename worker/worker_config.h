@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "common/plan/planner.h"
 #include "worker/data_plane.h"
+#include "worker/nonfinite_policy.h"
 #include "worker/training_task.h"
 #include "worker/zero/engine.h"
 
@@ -105,6 +106,7 @@ struct WorkerConfig {
   int sample_bytes = 0;
   InitialState initial;
   CheckpointConfig checkpoint;
+  NonFiniteConfig numerics;  // --on_nonfinite, --max_skipped_steps
 
   // ---- Outputs ("": not written) ----
   std::string summary_out;  // rank 0

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
 #include "common/checksum.h"
+#include "common/finite_scan.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -244,12 +245,19 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   auto own = std::make_shared<SnapshotBlob>();
   own->bytes = TakeBuffer();
   absl::Status copied = SerializeShardInto(view, &own->bytes);
+  // A shard holding NaN or Inf is never kept (docs/numerics.md): neither
+  // this blob nor the buddy's copy of it, so the step never completes and
+  // the last committed snapshot stays what a recovery restores. The
+  // exchange still runs (the buddy is waiting for it), with the refusal in
+  // the header.
+  const bool refused = IsNonFiniteTensorError(copied);
   {
     absl::MutexLock lock(&mu_);
     copying_ = false;  // the engine's state is free from here on
     last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+    if (refused) refusals_.push_back(std::string(copied.message()));
   }
-  if (!copied.ok()) return copied;
+  if (!copied.ok() && !refused) return copied;
   own->step = view.id.step;
   own->rank = view.id.rank;
   own->world_size = view.id.world_size;
@@ -267,8 +275,13 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   const bool alone = comm == nullptr || comm->world_size() == 1;
   {
     absl::MutexLock lock(&mu_);
-    AddLocked(own);
-    complete_[step] = alone ? 2 : 1;
+    if (!refused) {
+      AddLocked(own);
+      complete_[step] = alone ? 2 : 1;
+    } else if (alone) {
+      pool_.push_back(std::move(own->bytes));
+      UpdateBytesLocked();
+    }
     if (alone) last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
   }
   if (alone) return absl::OkStatus();
@@ -276,8 +289,8 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   const int to = Mod(comm->rank() + shift, w);
   const int from = Mod(comm->rank() - shift, w);
   // Sizes and checksums first, then the blobs.
-  uint64_t send_header[2] = {own->bytes.size(), own->xxh64};
-  uint64_t recv_header[2] = {0, 0};
+  uint64_t send_header[3] = {own->bytes.size(), own->xxh64, refused ? uint64_t{1} : 0};
+  uint64_t recv_header[3] = {0, 0, 0};
   absl::Status s = comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
                                   {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
   if (!s.ok()) return s;
@@ -296,6 +309,17 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
                      {{from, kBlobTag, received.data(), static_cast<int64_t>(received.size())}},
                      timeout);
   if (!s.ok()) return s;
+  if (refused) {  // sent; its buffer goes back to the pool
+    absl::MutexLock lock(&mu_);
+    pool_.push_back(std::move(own->bytes));
+    UpdateBytesLocked();
+  }
+  if (recv_header[2] != 0) {  // the buddy refused its own shard: not kept here either
+    absl::MutexLock lock(&mu_);
+    pool_.push_back(std::move(received));
+    UpdateBytesLocked();
+    return absl::OkStatus();
+  }
   absl::StatusOr<std::shared_ptr<SnapshotBlob>> theirs =
       BlobFromBytes(std::move(received), recv_header[1]);
   if (!theirs.ok()) {
@@ -308,6 +332,7 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   }
   absl::MutexLock lock(&mu_);
   AddLocked(*theirs);
+  if (refused) return absl::OkStatus();  // theirs kept; this step never completes here
   complete_[step] = 2;
   last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
   return absl::OkStatus();
@@ -403,6 +428,13 @@ double SnapshotKeeper::last_copy_ms() const {
 double SnapshotKeeper::last_transfer_ms() const {
   absl::MutexLock lock(&mu_);
   return last_transfer_ms_;
+}
+
+std::vector<std::string> SnapshotKeeper::TakeRefusals() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  out.swap(refusals_);
+  return out;
 }
 
 }  // namespace zeroshard

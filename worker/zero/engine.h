@@ -66,6 +66,7 @@
 #include "worker/zero/backend.h"
 #include "worker/zero/memory_tracker.h"
 #include "worker/zero/optimizer.h"
+#include "worker/zero/step_numerics.h"
 #include "worker/zero/task_thread.h"
 
 namespace zeroshard {
@@ -184,6 +185,10 @@ struct StepTimes {
 struct StepStats {
   double loss = 0;       // mean over this rank's micro-batches
   double grad_norm = 0;  // global, before clipping
+  // The step's mean loss over ranks, its norm again, and whether both are
+  // finite, the same on every rank. A step that is not finite updated
+  // nothing (verdict.finite() false): the caller decides whether to go on.
+  StepVerdict verdict;
   StepTimes times;
 };
 
@@ -231,7 +236,10 @@ class ZeroEngine {
   void ReleaseHeldParameters();
 
   // The optimizer step after grad_accum micro-batches: waits for the
-  // reductions, averages over micro-batches, clips, steps the shard.
+  // reductions, averages over micro-batches, agrees with every rank on the
+  // step's loss and norm (one small all-gather), and, when both are finite,
+  // clips and steps the shard. A non-finite step leaves the parameters and
+  // the optimizer's state as they were (StepStats::verdict says why).
   absl::StatusOr<StepStats> Step(double lr);
 
   // Sum of every element of the full model (over ranks, in double).
@@ -320,11 +328,15 @@ class ZeroEngine {
   absl::Status SetUpSharedGather();
   void StartThreads();
   // Step's parts: the unit's gradient the optimizer reads (pointer and
-  // elements); the global norm of the micro-batch-averaged gradient (stale
-  // gradients cleared first); the optimizer update of one unit and its
-  // parameter sync (stages 1-2) or early gathers (stage 3).
+  // elements); the squared norm of the micro-batch-averaged gradient this
+  // rank holds (stale gradients cleared first); every rank's loss and
+  // squares, gathered and judged (step_numerics.h); a non-finite step's
+  // dropped update; the optimizer update of one unit and its parameter sync
+  // (stages 1-2) or early gathers (stage 3).
   std::pair<float*, int64_t> StepGradient(int unit);
-  absl::StatusOr<double> AveragedGradientNorm();
+  absl::StatusOr<double> LocalGradientSquares();
+  absl::StatusOr<StepVerdict> ShareStepNumerics(double grad_squares);
+  void DropUpdate();
   absl::Status UpdateUnit(int unit, double lr, double* param_sync_ms);
   // fill(tensor, rows) into `target` (backend memory), through a host
   // staging buffer when the backend's memory is not host memory.
