@@ -1,6 +1,7 @@
 #include "worker/nonfinite_policy.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,11 @@ bool IsNonFiniteStop(const absl::Status& status) {
   return status.GetPayload(kStopPayload).has_value();
 }
 
+absl::Status MarkNumericalStop(absl::Status status) {
+  status.SetPayload(kStopPayload, absl::Cord("1"));
+  return status;
+}
+
 absl::Status NonFinitePolicy::Judge(int64_t step, int64_t steps, const StepVerdict& verdict,
                                     const std::string& samples) {
   if (verdict.finite()) {
@@ -54,10 +60,7 @@ absl::Status NonFinitePolicy::Judge(int64_t step, int64_t steps, const StepVerdi
         " steps in a row were not finite (--max_skipped_steps=", config_.max_skipped_steps,
         "), so the run is no longer training"));
   }
-  if (!stop.ok()) {
-    stop.SetPayload(kStopPayload, absl::Cord("1"));
-    return stop;
-  }
+  if (!stop.ok()) return MarkNumericalStop(std::move(stop));
   ++skipped_in_a_row_;
   ++skipped_total_;
   last_skip_ = absl::StrCat(what, "; skipped (--on_nonfinite=skip): nothing was updated (",

@@ -39,6 +39,9 @@ absl::Status ParseOnNonFinite(const std::string& value, OnNonFinite* out);
 // and exits 1 even when a peer's exit made the server end the generation
 // meanwhile (the numbers, not the peer, are why).
 bool IsNonFiniteStop(const absl::Status& status);
+// Marks `status` as such a stop (also used by the replica check: a
+// corrupted shard is a numerical stop, not a fault a recovery cures).
+absl::Status MarkNumericalStop(absl::Status status);
 
 class NonFinitePolicy {
  public:

@@ -22,6 +22,7 @@
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/two_level_communicator.h"
 #include "worker/model/parallel.h"
+#include "worker/replica_check.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
@@ -293,6 +294,8 @@ absl::Status Worker::Train() {
     step_ = step;
     if (absl::Status s = RunStep(step); !s.ok()) return s;
     const int completed = step + 1;
+    // Before any snapshot of this step: a corrupted shard must not be kept.
+    if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
     if (step == g.start_step && every > 0 && completed < steps && device_ == nullptr) {
       if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
     }
@@ -329,6 +332,22 @@ absl::Status Worker::Train() {
     metrics_.secondary_gather_bytes += secondary.all_gather;
   }
   return absl::OkStatus();
+}
+
+absl::Status Worker::CheckIntegrity(int completed) {
+  ZeroEngine& e = *generation_->engine;
+  if (!corrupted_ && rank_ == config_.testing_corrupt_rank &&
+      completed == config_.testing_corrupt_step) {
+    corrupted_ = true;  // once per process: a re-run of the step is clean
+    if (absl::Status s = e.CorruptMasterForTesting(); !s.ok()) return s;
+    std::fprintf(stderr, "shard_worker rank %d: --testing_corrupt: flipped a bit after step %d\n",
+                 rank_, completed);
+  }
+  const int every = config_.replica_check_every;
+  if (every == 0 || completed % every != 0) return absl::OkStatus();
+  std::vector<std::string> hosts;
+  for (const auto& m : generation_->membership.members) hosts.push_back(m.host());
+  return CheckReplicas(e, completed, config_.schedule.steps, hosts);
 }
 
 int64_t Worker::NextCheckpointStep(int completed, const CheckpointConfig& checkpoints) const {

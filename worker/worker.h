@@ -174,6 +174,9 @@ class Worker {
   // Train's parts: one optimizer step (its micro-batches); an evaluation
   // after `completed_steps`.
   absl::Status RunStep(int step);
+  // After `completed` steps: --testing_corrupt's bit flip, then
+  // --replica_check_every's comparison of the replicas (replica_check.h).
+  absl::Status CheckIntegrity(int completed);
   absl::Status Evaluate(int completed_steps);
   // The generation's world size (smaller than --world_size after a shrink).
   int world() const { return generation_->membership.world_size; }
@@ -225,6 +228,7 @@ class Worker {
   int buddy_shift_ = 1;
   int recoveries_ = 0;
   bool trained_ = false;  // completed a step in some generation
+  bool corrupted_ = false;  // --testing_corrupt fired
   RecoveryTimeline timeline_;
 
   // What the heartbeat handler may touch.

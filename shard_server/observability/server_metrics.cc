@@ -350,7 +350,7 @@ void WriteJobFamilies(const v1::GetStatusResponse& status,
             }
             return std::string("0");
           });
-  per_job("zeroshard_job_skipped_steps", "counter",
+  per_job("zeroshard_job_skipped_steps_total", "counter",
           "Steps the job dropped for a non-finite loss or gradient norm (--on_nonfinite=skip), "
           "as its listed ranks report them (every rank counts the same).",
           [](const v1::JobStatus& j) { return absl::StrCat(SkippedSteps(j)); });

@@ -14,8 +14,8 @@
 //   on the same ranks, reduced in the same order (int8 rounds to nearest, a
 //   function of the values alone; the learning rate is constant).
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <set>
@@ -109,8 +109,7 @@ std::vector<std::string> Flags(const Mode& mode, const std::string& data, int st
                                     "--seed=3",
                                     absl::StrCat("--data=", data),
                                     "--checkpoint_at_end",
-                                    "--collective_timeout=30s",
-                                    "--max_recoveries=0"};
+                                    "--collective_timeout=30s"};
   flags.insert(flags.end(), mode.flags.begin(), mode.flags.end());
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
@@ -219,7 +218,7 @@ TEST(NonFiniteLimitTest, SkipStopsAfterMaxSkippedStepsInARow) {
 }
 
 // The server shows the skipped steps per job: shardctl status and /metrics
-// (zeroshard_job_skipped_steps), from the ranks' heartbeats, while the job
+// (zeroshard_job_skipped_steps_total), from the ranks' heartbeats, while the job
 // runs (steps stretched so that it runs long enough to be asked).
 TEST(NonFiniteStatusTest, SkippedStepsShowInShardctlStatusAndMetrics) {
   const std::string dir = testing::MakeTempDir("nonfinite_status");
@@ -248,7 +247,7 @@ TEST(NonFiniteStatusTest, SkippedStepsShowInShardctlStatusAndMetrics) {
             absl::StrCat("curl -s http://127.0.0.1:", absl::StripAsciiWhitespace(port), "/metrics"))
             .second;
     shown = status.find(line) != std::string::npos &&
-            metrics.find("zeroshard_job_skipped_steps{job=\"status\"} 1\n") != std::string::npos;
+            metrics.find("zeroshard_job_skipped_steps_total{job=\"status\"} 1\n") != std::string::npos;
     if (!shown) absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_TRUE(shown) << "shardctl status:\n" << status << "\n/metrics:\n" << metrics;

@@ -1290,6 +1290,10 @@ absl::StatusOr<double> ZeroEngine::ParamsSum() {
   return *mean * world_;
 }
 
+TrackedBuffer& ZeroEngine::MasterShard(int unit) { return state_[unit]->master; }
+
+void ZeroEngine::MarkSecondaryStale(int unit) { state_[unit]->secondary_fresh = false; }
+
 int ZeroEngine::replica_peer() const {
   const int replicas = world_ / group_size_;
   if (replicas < 2) return -1;

@@ -272,6 +272,18 @@ class ZeroEngine {
   int64_t optimizer_step() const;
   void set_optimizer_step(int64_t step);
 
+  // Integrity (engine_integrity.cc). XXH64 of this rank's master shard, every
+  // unit's chunk in unit order, padding included: bitwise the same on every
+  // replica of a member's shard (HSDP), whose optimizer steps see the same
+  // bits. FAILED_PRECONDITION at stage 0 (no shard).
+  absl::StatusOr<uint64_t> MasterShardChecksum();
+  // Test-only (--testing_corrupt): flips the lowest exponent bit of the first
+  // parameter of this rank's first piece in its master shard, as a flipped
+  // bit in memory would (the value doubles or halves and stays finite).
+  absl::Status CorruptMasterForTesting();
+  // G: the ranks one shard is spread over (W without shard groups).
+  int group_size() const { return group_size_; }
+
   // The collectives in flight right now, e.g. "all_gather of unit '3'", for
   // messages when a job is aborted from outside. Thread-safe.
   std::string InFlight() const;
@@ -320,6 +332,10 @@ class ZeroEngine {
   };
   ZeroEngine() = default;
 
+  // For engine_integrity.cc (UnitState is engine.cc's): a unit's master
+  // shard, and hpZ's slice of it marked stale.
+  TrackedBuffer& MasterShard(int unit);
+  void MarkSecondaryStale(int unit);
   absl::Status BuildLayouts(const ShardPlan& plan);
   // Create's steps after the layouts: the pass's positions, each unit's
   // buffers and optimizer, the shared gather regions, the engine threads.
