@@ -13,6 +13,8 @@
 //   Adam moment and no step count, and every other step saw the same rows
 //   on the same ranks, reduced in the same order (int8 rounds to nearest, a
 //   function of the values alone; the learning rate is constant).
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -217,6 +219,46 @@ TEST(NonFiniteLimitTest, SkipStopsAfterMaxSkippedStepsInARow) {
   }
 }
 
+// Nothing non-finite is saved, and --keep_last keeps the newest finite step:
+// a job checkpoints steps 1-3, then resumes with a learning rate of 1e39, so
+// step 4's update overflows the parameters after a finite verdict (the
+// verdict judges the gradients, not the update). Step 4's checkpoint is
+// refused on every rank before anything is written and abandoned (a retry
+// at step 5), step 5's loss is not finite and every rank stops; step 3 is
+// still the newest complete checkpoint.
+TEST(NonFiniteCheckpointTest, AnOverflowedUpdateIsNeverSavedAndKeepLastKeepsTheNewestFiniteStep) {
+  const std::string dir = testing::MakeTempDir("nonfinite_checkpoint");
+  LocalCluster cluster(dir, {"--keep_last=2"});
+  ASSERT_TRUE(cluster.ok());
+  const Mode mode = Modes()[0];
+  const std::string data = dir + "/clean.safetensors";
+  WriteData(data, mode.world, 6, {}, {});
+  ASSERT_TRUE(cluster.Run("keep", mode.world, Flags(mode, data, 3, {"--checkpoint_every=1"})));
+  cluster.StartWorkers(
+      "keep", mode.world,
+      Flags(mode, data, 6, {"--checkpoint_every=1", "--resume=latest", "--lr=1e39"}));
+  const std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(120));
+  const std::string root = cluster.checkpoint_root() + "/keep";
+  for (int rank = 0; rank < mode.world; ++rank) {
+    const std::string log = cluster.WorkerLog(rank);
+    EXPECT_EQ(codes[rank], 1) << log;
+    EXPECT_NE(log.find(absl::StrCat("checkpoint step 4 failed on rank ", rank,
+                                    ": shard of job keep step 4 rank ", rank, ": tensor ")),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find(": not saved (a checkpoint or snapshot keeps finite values only"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("step 5/6: the loss is"), std::string::npos) << log;
+    struct stat st;
+    EXPECT_NE(stat(absl::StrCat(root, "/step-4/rank-", rank, "-of-2.safetensors").c_str(), &st), 0);
+  }
+  struct stat st;
+  EXPECT_NE(stat((root + "/step-4/manifest.json").c_str(), &st), 0);
+  EXPECT_EQ(stat((root + "/step-3/manifest.json").c_str(), &st), 0)
+      << "the newest finite step was deleted";
+}
+
 // The server shows the skipped steps per job: shardctl status and /metrics
 // (zeroshard_job_skipped_steps_total), from the ranks' heartbeats, while the job
 // runs (steps stretched so that it runs long enough to be asked).
@@ -246,8 +288,9 @@ TEST(NonFiniteStatusTest, SkippedStepsShowInShardctlStatusAndMetrics) {
         testing::RunCommand(
             absl::StrCat("curl -s http://127.0.0.1:", absl::StripAsciiWhitespace(port), "/metrics"))
             .second;
-    shown = status.find(line) != std::string::npos &&
-            metrics.find("zeroshard_job_skipped_steps_total{job=\"status\"} 1\n") != std::string::npos;
+    shown =
+        status.find(line) != std::string::npos &&
+        metrics.find("zeroshard_job_skipped_steps_total{job=\"status\"} 1\n") != std::string::npos;
     if (!shown) absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_TRUE(shown) << "shardctl status:\n" << status << "\n/metrics:\n" << metrics;
