@@ -8,28 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "worker/nonfinite_policy.h"
 
 namespace zeroshard {
-
-std::vector<ReplicaMismatch> FindReplicaMismatches(const std::vector<uint64_t>& checksums,
-                                                   int group_size) {
-  std::vector<ReplicaMismatch> out;
-  const int world = static_cast<int>(checksums.size());
-  if (group_size < 1) return out;
-  for (int member = 0; member < group_size && member < world; ++member) {
-    ReplicaMismatch set;
-    set.member = member;
-    bool differ = false;
-    for (int r = member; r < world; r += group_size) {
-      set.ranks.push_back(r);
-      set.checksums.push_back(checksums[r]);
-      differ = differ || checksums[r] != checksums[member];
-    }
-    if (differ) out.push_back(std::move(set));
-  }
-  return out;
-}
 
 std::string DescribeReplicaMismatch(const ReplicaMismatch& mismatch, int64_t completed,
                                     int64_t steps, const std::vector<std::string>& hosts) {
@@ -56,7 +38,7 @@ std::string DescribeReplicaMismatch(const ReplicaMismatch& mismatch, int64_t com
 }
 
 absl::Status CheckReplicas(ZeroEngine& engine, int64_t completed, int64_t steps,
-                           const std::vector<std::string>& hosts) {
+                           const std::vector<std::string>& hosts, double* hash_ms) {
   const int group = engine.group_size();
   if (group >= engine.world_size()) {
     return absl::FailedPreconditionError(
@@ -64,8 +46,10 @@ absl::Status CheckReplicas(ZeroEngine& engine, int64_t completed, int64_t steps,
                      "(--shard_group_size=G < W=",
                      engine.world_size(), "); flat stage 3 has none to compare against"));
   }
+  const absl::Time start = absl::Now();
   absl::StatusOr<uint64_t> own = engine.MasterShardChecksum();
   if (!own.ok()) return own.status();
+  if (hash_ms != nullptr) *hash_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   // Eight bytes per rank, carried as a double's bits.
   double carrier;
   std::memcpy(&carrier, &*own, sizeof(carrier));

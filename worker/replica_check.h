@@ -7,6 +7,12 @@
 // the 8-byte hashes; a replica set whose hashes differ holds a shard that
 // some rank's memory or arithmetic changed. Detection only: the run stops
 // naming the ranks and hosts (no rewind yet).
+//
+// The hash is taken by the engine right after each unit's optimizer update
+// (its chunk still in the cache) and travels on the next step's verdict
+// all-gather (worker/zero/step_numerics.h): no collective of its own. So a
+// check after step k is judged in step k + 1, before its update.
+// CheckReplicas is the standalone form, for the state after the last step.
 #ifndef ZEROSHARD_WORKER_REPLICA_CHECK_H_
 #define ZEROSHARD_WORKER_REPLICA_CHECK_H_
 
@@ -19,19 +25,6 @@
 
 namespace zeroshard {
 
-// A replica set whose shards differ: the member (r mod G) and its ranks
-// with their checksums, in rank order.
-struct ReplicaMismatch {
-  int member = 0;
-  std::vector<int> ranks;
-  std::vector<uint64_t> checksums;
-};
-
-// The replica sets of `checksums` (by rank, W = size) under groups of
-// `group_size` ranks whose checksums are not all equal. Pure.
-std::vector<ReplicaMismatch> FindReplicaMismatches(const std::vector<uint64_t>& checksums,
-                                                   int group_size);
-
 // The line that names a mismatch after `completed` of `steps` steps: the
 // ranks, their hosts (`hosts` by rank; "" when unknown) and checksums, and
 // the ranks that hold a minority checksum when there is a majority.
@@ -43,8 +36,10 @@ std::string DescribeReplicaMismatch(const ReplicaMismatch& mismatch, int64_t com
 // stop (FAILED_PRECONDITION, IsNonFiniteStop) naming the first mismatch. FAILED_PRECONDITION
 // without shard groups (nothing to compare against: the flat stage-3 check
 // against the buddy snapshot is not built).
+// `hash_ms`, when not null, receives the hash's share of the time (the rest
+// is the all-gather, and the wait in it for the last rank to arrive).
 absl::Status CheckReplicas(ZeroEngine& engine, int64_t completed, int64_t steps,
-                           const std::vector<std::string>& hosts);
+                           const std::vector<std::string>& hosts, double* hash_ms = nullptr);
 
 }  // namespace zeroshard
 

@@ -163,6 +163,8 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["steps"] = config.schedule.steps;
   out["losses"] = m.losses;
   out["skipped_steps"] = m.skipped_steps;
+  out["replica_check_ms_median"] = Median(m.replica_check_ms);
+  out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
   out["params_sum"] = run.params_sum;
   out["step_time_ms_median"] = Median(m.step_ms);
   out["step_ms"] = m.step_ms;  // every step's, in order (this process's)

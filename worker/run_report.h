@@ -23,6 +23,11 @@ struct RunMetrics {
   // 0-based steps dropped for a non-finite loss or gradient norm
   // (--on_nonfinite=skip); their losses entries hold that loss (NaN, Inf).
   std::vector<int64_t> skipped_steps;
+  // Wall time of each --replica_check_every hash, taken inside the step's
+  // optimizer update (StepTimes::replica_hash_ms), and of the standalone
+  // check after the last step (hash + 8-byte all-gather).
+  std::vector<double> replica_hash_ms;
+  std::vector<double> replica_check_ms;
   std::vector<double> step_ms;  // wall time of each step
   // CPU time of the whole process (every thread) in each step: on a busy
   // machine, steadier than the wall time.

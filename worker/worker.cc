@@ -180,10 +180,11 @@ absl::StatusOr<int> Worker::ConsecutiveRanksPerHost(const char* flag, const char
     for (int i = 0; i < layout->local_size; ++i) {
       if (layout->ranks_on[h][i] != h * layout->local_size + i) {
         return absl::FailedPreconditionError(absl::StrCat(
-            what, ": the ranks of a host must be consecutive, but rank ",
-            layout->ranks_on[h][i], " runs on host ", h, " with rank ", layout->ranks_on[h][0],
+            what, ": the ranks of a host must be consecutive, but rank ", layout->ranks_on[h][i],
+            " runs on host ", h, " with rank ", layout->ranks_on[h][0],
             " (ranks follow the sorted worker ids: name workers host first, e.g. "
-            "'<host>/<local rank>'), or give ", flag, "=G"));
+            "'<host>/<local rank>'), or give ",
+            flag, "=G"));
       }
     }
   }
@@ -197,8 +198,7 @@ absl::Status Worker::Plan() {
   absl::StatusOr<int> group = ShardGroupSize();
   if (!group.ok()) return group.status();
   options.shard_group_size = *group;
-  absl::StatusOr<ShardPlan> planned =
-      client_->PlanShards(task_->model()->Spec(), options, world());
+  absl::StatusOr<ShardPlan> planned = client_->PlanShards(task_->model()->Spec(), options, world());
   if (!planned.ok()) return Annotate(planned.status(), "plan");
   generation_->plan = *std::move(planned);
   return absl::OkStatus();
@@ -344,10 +344,25 @@ absl::Status Worker::CheckIntegrity(int completed) {
                  rank_, completed);
   }
   const int every = config_.replica_check_every;
-  if (every == 0 || completed % every != 0) return absl::OkStatus();
+  if (every == 0) return absl::OkStatus();
+  if (e.group_size() >= e.world_size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--replica_check_every needs replicas: shard groups smaller than the job "
+                     "(--shard_group_size=G < W=",
+                     e.world_size(), "); flat stage 3 has none to compare against"));
+  }
+  // The last step's hashes have no next step to travel with: compared here.
+  if (completed != config_.schedule.steps || completed % every != 0) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  absl::Status s = CheckReplicas(e, completed, config_.schedule.steps, MemberHosts());
+  metrics_.replica_check_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return s;
+}
+
+std::vector<std::string> Worker::MemberHosts() const {
   std::vector<std::string> hosts;
   for (const auto& m : generation_->membership.members) hosts.push_back(m.host());
-  return CheckReplicas(e, completed, config_.schedule.steps, hosts);
+  return hosts;
 }
 
 int64_t Worker::NextCheckpointStep(int completed, const CheckpointConfig& checkpoints) const {
@@ -361,8 +376,14 @@ int64_t Worker::NextCheckpointStep(int completed, const CheckpointConfig& checkp
 
 ShardIdentity Worker::IdentityAt(int completed) const {
   const Generation& g = *generation_;
-  return {config_.job, completed,         rank_, world(), g.membership.generation,
-          g.plan.hash, DataRow(completed), task_->HuggingFaceConfig()};
+  return {config_.job,
+          completed,
+          rank_,
+          world(),
+          g.membership.generation,
+          g.plan.hash,
+          DataRow(completed),
+          task_->HuggingFaceConfig()};
 }
 
 absl::Status Worker::RunStep(int step) {
@@ -385,10 +406,21 @@ absl::Status Worker::RunStep(int step) {
   }
   snapshots_.WaitCopied();
   const double lr = config_.schedule.LearningRate(step);
+  const int check_every = config_.replica_check_every;
+  if (check_every > 0 && (step + 1) % check_every == 0) e.HashShardAtNextUpdate();
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   const StepVerdict& verdict = stats->verdict;
+  if (stats->times.replica_hash_ms > 0) {
+    metrics_.replica_hash_ms.push_back(stats->times.replica_hash_ms);
+  }
+  // The hashes taken in the previous step's update, judged in this one's
+  // verdict before its update (replica_check.h).
+  if (!verdict.replica_mismatches.empty()) {
+    return MarkNumericalStop(absl::FailedPreconditionError(DescribeReplicaMismatch(
+        verdict.replica_mismatches.front(), step, config_.schedule.steps, MemberHosts())));
+  }
   if (absl::Status s = nonfinite_.Judge(
           step, config_.schedule.steps, verdict,
           verdict.finite() ? "" : task_->TrainSamples(step, verdict.first_rank, world));
@@ -438,8 +470,8 @@ absl::Status Worker::RunStep(int step) {
     std::fprintf(stderr,
                  "step %d/%d  loss %.6f  lr %.2e  grad_norm %.4f  %.1f ms  %.0f %s/s  "
                  "mem/rank %.1f MiB\n",
-                 step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms,
-                 items_per_second, config_.task.model == "gpt" ? "tokens" : "rows",
+                 step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms, items_per_second,
+                 config_.task.model == "gpt" ? "tokens" : "rows",
                  e.memory().peak_total() / 1048576.0);
   }
   return absl::OkStatus();
@@ -453,15 +485,14 @@ absl::Status Worker::Evaluate(int completed_steps) {
   metrics_.val_losses.push_back(eval->loss);
   if (rank_ == 0) {
     std::fprintf(stderr, "step %d  val_loss %.4f%s\n", completed_steps, eval->loss,
-                 eval->accuracy >= 0 ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%",
-                                                                    100 * eval->accuracy),
-                                                    eval->accuracy_in_context >= 0
-                                                        ? absl::StrFormat(
-                                                              " (after another line %.1f%%)",
-                                                              100 * eval->accuracy_in_context)
-                                                        : "")
-                                           .c_str()
-                                     : "");
+                 eval->accuracy >= 0
+                     ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%", 100 * eval->accuracy),
+                                    eval->accuracy_in_context >= 0
+                                        ? absl::StrFormat(" (after another line %.1f%%)",
+                                                          100 * eval->accuracy_in_context)
+                                        : "")
+                           .c_str()
+                     : "");
   }
   return absl::OkStatus();
 }

@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -177,6 +178,8 @@ class Worker {
   // After `completed` steps: --testing_corrupt's bit flip, then
   // --replica_check_every's comparison of the replicas (replica_check.h).
   absl::Status CheckIntegrity(int completed);
+  // The hosts of this generation's members, by rank.
+  std::vector<std::string> MemberHosts() const;
   absl::Status Evaluate(int completed_steps);
   // The generation's world size (smaller than --world_size after a shrink).
   int world() const { return generation_->membership.world_size; }

@@ -65,6 +65,23 @@ TEST(JudgeStepTest, ANormBeyondFloat32IsNotFinite) {
   EXPECT_NE(v.Describe().find("beyond float32's range"), std::string::npos) << v.Describe();
 }
 
+TEST(JudgeStepTest, ReplicasAreComparedOnlyWhenEveryRankSentItsChecksum) {
+  // W = 4 in groups of 2: ranks 1 and 3 hold member 1's shard.
+  std::vector<RankNumerics> ranks(4, RankNumerics{1, 1, 0, 1});
+  ranks[0].shard_checksum = ranks[2].shard_checksum = 5;
+  ranks[1].shard_checksum = 6;
+  ranks[3].shard_checksum = 7;
+  StepVerdict v = JudgeStep(ranks, true, 2, 0);
+  EXPECT_TRUE(v.finite());
+  EXPECT_FALSE(v.apply()) << "a step on corrupted replicas is not applied";
+  ASSERT_EQ(v.replica_mismatches.size(), 1u);
+  EXPECT_EQ(v.replica_mismatches[0].ranks, (std::vector<int>{1, 3}));
+  ranks[3].has_checksum = 0;  // a rank that did not hash: nothing is compared
+  v = JudgeStep(ranks, true, 2, 0);
+  EXPECT_FALSE(v.replicas_compared);
+  EXPECT_TRUE(v.apply());
+}
+
 StepVerdict NaNLossOnRank(int rank) {
   std::vector<RankNumerics> ranks(2, RankNumerics{1, 1});
   ranks[rank].loss = kNaN;

@@ -9,6 +9,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
 #include "worker/comm/quantized.h"
 
 namespace zeroshard {
@@ -1139,10 +1140,15 @@ absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
   RankNumerics local;
   local.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
   local.grad_squares = grad_squares;
+  if (shard_checksum_.has_value()) {
+    local.shard_checksum = *shard_checksum_;
+    local.has_checksum = 1;
+    shard_checksum_.reset();
+  }
   std::vector<RankNumerics> all(world_);
-  static_assert(sizeof(RankNumerics) == 4 * sizeof(float), "two doubles");
+  static_assert(sizeof(RankNumerics) == 8 * sizeof(float), "four 8-byte fields");
   absl::Status s =
-      aux_comm_->AllGather(&local, all.data(), 4, DType::kF32, options_.collective_timeout);
+      aux_comm_->AllGather(&local, all.data(), 8, DType::kF32, options_.collective_timeout);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of the step's loss and gradient norm "
                                                "(rank ",
@@ -1231,7 +1237,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   stats.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
   loss_sum_ = 0;
   micro_batches_ = 0;
-  if (!verdict->finite()) {
+  if (!verdict->apply()) {
     DropUpdate();
     times_.optimizer_ms += MsSince(optimizer_start);
     stats.times = times_;
@@ -1246,9 +1252,19 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     }
   }
   double param_sync_ms = 0;
+  std::optional<Hasher> hasher;
+  if (hash_next_update_ && stage_.state_sharded) hasher.emplace();
+  hash_next_update_ = false;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (absl::Status s = UpdateUnit(static_cast<int>(u), lr, &param_sync_ms); !s.ok()) return s;
+    // The chunk the optimizer just wrote is still in the cache.
+    if (hasher.has_value()) {
+      const absl::Time hash_start = absl::Now();
+      if (absl::Status s = HashMasterShard(static_cast<int>(u), &*hasher); !s.ok()) return s;
+      times_.replica_hash_ms += MsSince(hash_start);
+    }
   }
+  if (hasher.has_value()) shard_checksum_ = hasher->Digest();
   // The gather thread reads the updated shards next.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   times_.param_sync_ms += param_sync_ms;

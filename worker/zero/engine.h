@@ -51,6 +51,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,7 @@
 namespace zeroshard {
 
 struct Int8Rounding;  // worker/comm/quantized.h
+class Hasher;        // common/checksum.h
 
 struct EngineOptions {
   int stage = 3;
@@ -180,6 +182,7 @@ struct StepTimes {
   double reduce_wait_ms = 0;   // waiting for gradient reductions at the step
   double optimizer_ms = 0;     // clip + optimizer on this rank's state
   double param_sync_ms = 0;    // stages 1-2: all-gather of the updated parameters
+  double replica_hash_ms = 0;  // HashShardAtNextUpdate's hashing (in optimizer_ms)
 };
 
 struct StepStats {
@@ -277,6 +280,12 @@ class ZeroEngine {
   // replica of a member's shard (HSDP), whose optimizer steps see the same
   // bits. FAILED_PRECONDITION at stage 0 (no shard).
   absl::StatusOr<uint64_t> MasterShardChecksum();
+  // --replica_check_every: the next Step hashes the master shard (as
+  // MasterShardChecksum) unit by unit right after each unit's update, and the
+  // Step after it sends the hash on its verdict's all-gather, whose verdict
+  // then compares the replicas (StepVerdict::replica_mismatches; a mismatch
+  // is not applied). No collective of its own. Stages 1-3.
+  void HashShardAtNextUpdate() { hash_next_update_ = true; }
   // Test-only (--testing_corrupt): flips the lowest exponent bit of the first
   // parameter of this rank's first piece in its master shard, as a flipped
   // bit in memory would (the value doubles or halves and stays finite).
@@ -335,6 +344,7 @@ class ZeroEngine {
   // For engine_integrity.cc (UnitState is engine.cc's): a unit's master
   // shard, and hpZ's slice of it marked stale.
   TrackedBuffer& MasterShard(int unit);
+  absl::Status HashMasterShard(int unit, Hasher* hasher);
   void MarkSecondaryStale(int unit);
   absl::Status BuildLayouts(const ShardPlan& plan);
   // Create's steps after the layouts: the pass's positions, each unit's
@@ -437,6 +447,8 @@ class ZeroEngine {
   absl::Time first_collective_start_ ABSL_GUARDED_BY(activity_mu_) = absl::InfinitePast();
   double loss_sum_ = 0;
   int micro_batches_ = 0;
+  bool hash_next_update_ = false;            // HashShardAtNextUpdate
+  std::optional<uint64_t> shard_checksum_;   // for the next verdict
   StepTimes times_;  // of the step in progress
 };
 

@@ -10,25 +10,29 @@
 
 namespace zeroshard {
 
+absl::Status ZeroEngine::HashMasterShard(int unit, Hasher* hasher) {
+  const TrackedBuffer& master = MasterShard(unit);
+  if (backend_->host_accessible()) {
+    hasher->Update(master.data(), static_cast<size_t>(master.bytes()));
+    return absl::OkStatus();
+  }
+  std::vector<char> staging(static_cast<size_t>(master.bytes()));
+  if (absl::Status s = backend_->CopyToHost(staging.data(), master.data(), master.bytes());
+      !s.ok()) {
+    return s;
+  }
+  hasher->Update(staging.data(), staging.size());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> ZeroEngine::MasterShardChecksum() {
   if (!stage_.state_sharded) {
     return absl::FailedPreconditionError(
         "a master shard checksum needs sharded optimizer state (stages 1-3)");
   }
   Hasher hasher;
-  std::vector<char> staging;
   for (size_t u = 0; u < units_.size(); ++u) {
-    const TrackedBuffer& master = MasterShard(static_cast<int>(u));
-    if (backend_->host_accessible()) {
-      hasher.Update(master.data(), static_cast<size_t>(master.bytes()));
-      continue;
-    }
-    staging.resize(static_cast<size_t>(master.bytes()));
-    if (absl::Status s = backend_->CopyToHost(staging.data(), master.data(), master.bytes());
-        !s.ok()) {
-      return s;
-    }
-    hasher.Update(staging.data(), staging.size());
+    if (absl::Status s = HashMasterShard(static_cast<int>(u), &hasher); !s.ok()) return s;
   }
   return hasher.Digest();
 }

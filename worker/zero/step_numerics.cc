@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -31,11 +32,39 @@ std::string StepVerdict::Describe() const {
                          beyond ? " (beyond float32's range)" : "", first_rank);
 }
 
+std::vector<ReplicaMismatch> FindReplicaMismatches(const std::vector<uint64_t>& checksums,
+                                                   int group_size) {
+  std::vector<ReplicaMismatch> out;
+  const int world = static_cast<int>(checksums.size());
+  if (group_size < 1) return out;
+  for (int member = 0; member < group_size && member < world; ++member) {
+    ReplicaMismatch set;
+    set.member = member;
+    bool differ = false;
+    for (int r = member; r < world; r += group_size) {
+      set.ranks.push_back(r);
+      set.checksums.push_back(checksums[r]);
+      differ = differ || checksums[r] != checksums[member];
+    }
+    if (differ) out.push_back(std::move(set));
+  }
+  return out;
+}
+
 StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed, int group_size,
                       int own_rank) {
   StepVerdict verdict;
   const int world = static_cast<int>(ranks.size());
   if (world == 0) return verdict;
+  verdict.replicas_compared = true;
+  std::vector<uint64_t> checksums;
+  for (const RankNumerics& r : ranks) {
+    verdict.replicas_compared = verdict.replicas_compared && r.has_checksum != 0;
+    checksums.push_back(r.shard_checksum);
+  }
+  if (verdict.replicas_compared) {
+    verdict.replica_mismatches = FindReplicaMismatches(checksums, group_size);
+  }
   // In rank order, as MeanOverRanks always added them: the same bits as
   // before the verdict shared this collective.
   double loss_sum = 0, squares_sum = 0;

@@ -13,6 +13,7 @@
 #ifndef ZEROSHARD_WORKER_ZERO_STEP_NUMERICS_H_
 #define ZEROSHARD_WORKER_ZERO_STEP_NUMERICS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,25 @@ namespace zeroshard {
 struct RankNumerics {
   double loss = 0;
   double grad_squares = 0;
+  // XXH64 of the rank's master shard after the previous step's update
+  // (--replica_check_every), valid when has_checksum is 1.
+  uint64_t shard_checksum = 0;
+  uint64_t has_checksum = 0;
 };
+
+// A replica set whose master shards differ (HSDP: the ranks r with the same
+// r mod G hold one member's shard, bitwise equal by construction): the
+// member and its ranks with their checksums, in rank order.
+struct ReplicaMismatch {
+  int member = 0;
+  std::vector<int> ranks;
+  std::vector<uint64_t> checksums;
+};
+
+// The replica sets of `checksums` (by rank) under groups of `group_size`
+// ranks whose checksums are not all equal.
+std::vector<ReplicaMismatch> FindReplicaMismatches(const std::vector<uint64_t>& checksums,
+                                                   int group_size);
 
 // Which quantity made a step non-finite.
 enum class NonFiniteQuantity { kNone, kLoss, kGradNorm };
@@ -40,7 +59,14 @@ struct StepVerdict {
   int first_rank = -1;
   double value = 0;  // the non-finite value that rank saw (NaN, Inf, or out of f32 range)
 
+  // Every rank sent its shard checksum and these replica sets disagree
+  // (empty when they agree or nothing was compared).
+  bool replicas_compared = false;
+  std::vector<ReplicaMismatch> replica_mismatches;
+
   bool finite() const { return nonfinite == NonFiniteQuantity::kNone; }
+  // Whether the engine applies the step: finite, and no replica disagrees.
+  bool apply() const { return finite() && replica_mismatches.empty(); }
   // "the loss is nan on rank 1", for people.
   std::string Describe() const;
 };
