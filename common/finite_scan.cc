@@ -1,5 +1,6 @@
 #include "common/finite_scan.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -44,11 +45,13 @@ int64_t FirstNonFiniteF32(const void* values, int64_t count) {
 
 absl::Status NonFiniteTensorError(absl::string_view what, absl::string_view tensor, int64_t index,
                                   float value) {
+  // NaN's sign bit means nothing to a reader: "nan", never "-nan".
+  const char* shown = std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf";
   absl::Status status = absl::FailedPreconditionError(absl::StrFormat(
-      "%s: tensor %s holds %f at element %d: not saved (a checkpoint or snapshot keeps finite "
+      "%s: tensor %s holds %s at element %d: not saved (a checkpoint or snapshot keeps finite "
       "values only; the parameters or optimizer state overflowed after a step whose loss and "
       "gradient norm were finite, or memory was corrupted: docs/numerics.md)",
-      what, tensor, value, index));
+      what, tensor, shown, index));
   status.SetPayload(kPayload, absl::Cord("1"));
   return status;
 }

@@ -259,6 +259,34 @@ TEST(NonFiniteCheckpointTest, AnOverflowedUpdateIsNeverSavedAndKeepLastKeepsTheN
       << "the newest finite step was deleted";
 }
 
+// A GPT on a text file whose first update overflows (a learning rate of
+// 1e39): the next step's loss is not finite and the line names the first
+// rank's training samples of the file.
+TEST(NonFiniteGptTest, StopNamesTheTrainingSamplesOfATextFile) {
+  const std::string dir = testing::MakeTempDir("nonfinite_gpt");
+  LocalCluster cluster(dir);
+  ASSERT_TRUE(cluster.ok());
+  const std::string text = dir + "/corpus.txt";
+  std::string corpus;
+  for (int i = 0; i < 100; ++i) corpus += "the quick brown fox jumps over the lazy dog\n";
+  testing::WriteFile(text, corpus);
+  cluster.StartWorkers("gpt", 2,
+                       {"--model=gpt", "--layers=1", "--heads=2", "--d_model=16", "--context=16",
+                        "--batch=2", absl::StrCat("--data=", text), "--steps=4", "--lr=1e39",
+                        "--seed=1", "--collective_timeout=30s"});
+  const std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(120));
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = cluster.WorkerLog(rank);
+    EXPECT_EQ(codes[rank], 1) << log;
+    // Step 2 (0-based 1), rank 0: global samples ((1 * 2) + 0) * 2 = 4, 5.
+    EXPECT_NE(log.find(absl::StrCat("step 2/4: the loss is nan on rank 0 (its data: training "
+                                    "samples 4-5 of ",
+                                    text)),
+              std::string::npos)
+        << log;
+  }
+}
+
 // The server shows the skipped steps per job: shardctl status and /metrics
 // (zeroshard_job_skipped_steps_total), from the ranks' heartbeats, while the job
 // runs (steps stretched so that it runs long enough to be asked).

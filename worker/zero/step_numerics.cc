@@ -27,8 +27,11 @@ bool FiniteInF32(double v) { return std::isfinite(v) && std::fabs(v) <= FLT_MAX;
 std::string StepVerdict::Describe() const {
   if (finite()) return "finite";
   const bool beyond = std::isfinite(value);
-  return absl::StrFormat("the %s is %s%s on rank %d", NonFiniteQuantityName(nonfinite),
-                         beyond ? absl::StrFormat("%g", value) : absl::StrFormat("%f", value),
+  // NaN's sign bit means nothing to a reader: "nan", never "-nan".
+  const std::string shown = std::isnan(value) ? "nan"
+                            : beyond          ? absl::StrFormat("%g", value)
+                                              : (value > 0 ? "inf" : "-inf");
+  return absl::StrFormat("the %s is %s%s on rank %d", NonFiniteQuantityName(nonfinite), shown,
                          beyond ? " (beyond float32's range)" : "", first_rank);
 }
 
