@@ -411,27 +411,8 @@ absl::Status Worker::RunStep(int step) {
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-  const StepVerdict& verdict = stats->verdict;
-  if (stats->times.replica_hash_ms > 0) {
-    metrics_.replica_hash_ms.push_back(stats->times.replica_hash_ms);
-  }
-  // The hashes taken in the previous step's update, judged in this one's
-  // verdict before its update (replica_check.h).
-  if (!verdict.replica_mismatches.empty()) {
-    return MarkNumericalStop(absl::FailedPreconditionError(DescribeReplicaMismatch(
-        verdict.replica_mismatches.front(), step, config_.schedule.steps, MemberHosts())));
-  }
-  if (absl::Status s = nonfinite_.Judge(
-          step, config_.schedule.steps, verdict,
-          verdict.finite() ? "" : task_->TrainSamples(step, verdict.first_rank, world));
-      !s.ok()) {
-    return s;
-  }
-  if (!verdict.finite()) {
-    metrics_.skipped_steps.push_back(step);
-    if (rank_ == 0) std::fprintf(stderr, "%s\n", nonfinite_.last_skip().c_str());
-  }
-  const double mean = verdict.mean_loss;
+  if (absl::Status s = ActOnVerdict(step, *stats); !s.ok()) return s;
+  const double mean = stats->verdict.mean_loss;
   metrics_.RecordStep(mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
                       KernelTimesSnapshot());
   // Read after the loss's collective: the next step's early gathers (issued
@@ -473,6 +454,30 @@ absl::Status Worker::RunStep(int step) {
                  step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms, items_per_second,
                  config_.task.model == "gpt" ? "tokens" : "rows",
                  e.memory().peak_total() / 1048576.0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::ActOnVerdict(int step, const StepStats& stats) {
+  const StepVerdict& verdict = stats.verdict;
+  if (stats.times.replica_hash_ms > 0) {
+    metrics_.replica_hash_ms.push_back(stats.times.replica_hash_ms);
+  }
+  // The hashes taken in the previous step's update, judged in this one's
+  // verdict before its update (replica_check.h).
+  if (!verdict.replica_mismatches.empty()) {
+    return MarkNumericalStop(absl::FailedPreconditionError(DescribeReplicaMismatch(
+        verdict.replica_mismatches.front(), step, config_.schedule.steps, MemberHosts())));
+  }
+  if (absl::Status s = nonfinite_.Judge(
+          step, config_.schedule.steps, verdict,
+          verdict.finite() ? "" : task_->TrainSamples(step, verdict.first_rank, world()));
+      !s.ok()) {
+    return s;
+  }
+  if (!verdict.finite()) {
+    metrics_.skipped_steps.push_back(step);
+    if (rank_ == 0) std::fprintf(stderr, "%s\n", nonfinite_.last_skip().c_str());
   }
   return absl::OkStatus();
 }

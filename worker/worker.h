@@ -175,6 +175,9 @@ class Worker {
   // Train's parts: one optimizer step (its micro-batches); an evaluation
   // after `completed_steps`.
   absl::Status RunStep(int step);
+  // The step's verdict (StepStats::verdict): a replica mismatch or a
+  // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
+  absl::Status ActOnVerdict(int step, const StepStats& stats);
   // After `completed` steps: --testing_corrupt's bit flip, then
   // --replica_check_every's comparison of the replicas (replica_check.h).
   absl::Status CheckIntegrity(int completed);
@@ -215,7 +218,7 @@ class Worker {
   std::unique_ptr<Client> client_;
   RunMetrics metrics_;
   NonFinitePolicy nonfinite_{config_.numerics};  // process-wide: counts survive recoveries
-  double params_sum_ = 0;  // Report
+  double params_sum_ = 0;                        // Report
   int rank_ = -1;
   // The step being trained, for the abort message (the heartbeat thread
   // reads it).
@@ -230,7 +233,7 @@ class Worker {
                               config_.recovery.snapshot_buddy_always, &metrics_};
   int buddy_shift_ = 1;
   int recoveries_ = 0;
-  bool trained_ = false;  // completed a step in some generation
+  bool trained_ = false;    // completed a step in some generation
   bool corrupted_ = false;  // --testing_corrupt fired
   RecoveryTimeline timeline_;
 

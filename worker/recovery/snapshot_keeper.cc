@@ -239,25 +239,10 @@ bool SnapshotKeeper::in_flight() const {
   return in_flight_;
 }
 
-absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
-                                      absl::Duration timeout) {
-  const absl::Time start = absl::Now();
-  auto own = std::make_shared<SnapshotBlob>();
-  own->bytes = TakeBuffer();
-  absl::Status copied = SerializeShardInto(view, &own->bytes);
-  // A shard holding NaN or Inf is never kept (docs/numerics.md): neither
-  // this blob nor the buddy's copy of it, so the step never completes and
-  // the last committed snapshot stays what a recovery restores. The
-  // exchange still runs (the buddy is waiting for it), with the refusal in
-  // the header.
-  const bool refused = IsNonFiniteTensorError(copied);
-  {
-    absl::MutexLock lock(&mu_);
-    copying_ = false;  // the engine's state is free from here on
-    last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
-    if (refused) refusals_.push_back(std::string(copied.message()));
-  }
-  if (!copied.ok() && !refused) return copied;
+namespace {
+
+// A blob's description of `view`'s shard, whose bytes it holds.
+void DescribeOwnBlob(const ShardView& view, SnapshotBlob* own) {
   own->step = view.id.step;
   own->rank = view.id.rank;
   own->world_size = view.id.world_size;
@@ -271,6 +256,28 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
     own->pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
   }
   own->xxh64 = BlobChecksum(own->bytes);
+}
+
+}  // namespace
+
+absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
+                                      absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  auto own = std::make_shared<SnapshotBlob>();
+  own->bytes = TakeBuffer();
+  absl::Status copied = SerializeShardInto(view, &own->bytes);
+  // A shard holding NaN or Inf is never kept, here or by the buddy (the
+  // exchange still runs, the refusal in its header): the step never
+  // completes and the last committed snapshot stays (docs/numerics.md).
+  const bool refused = IsNonFiniteTensorError(copied);
+  {
+    absl::MutexLock lock(&mu_);
+    copying_ = false;  // the engine's state is free from here on
+    last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+    if (refused) refusals_.push_back(std::string(copied.message()));
+  }
+  if (!copied.ok() && !refused) return copied;
+  DescribeOwnBlob(view, own.get());
   const int64_t step = own->step;
   const bool alone = comm == nullptr || comm->world_size() == 1;
   {
@@ -279,8 +286,7 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
       AddLocked(own);
       complete_[step] = alone ? 2 : 1;
     } else if (alone) {
-      pool_.push_back(std::move(own->bytes));
-      UpdateBytesLocked();
+      ReturnBufferLocked(std::move(own->bytes));
     }
     if (alone) last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
   }
@@ -309,16 +315,14 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
                      {{from, kBlobTag, received.data(), static_cast<int64_t>(received.size())}},
                      timeout);
   if (!s.ok()) return s;
-  if (refused) {  // sent; its buffer goes back to the pool
+  if (refused || recv_header[2] != 0) {
     absl::MutexLock lock(&mu_);
-    pool_.push_back(std::move(own->bytes));
-    UpdateBytesLocked();
-  }
-  if (recv_header[2] != 0) {  // the buddy refused its own shard: not kept here either
-    absl::MutexLock lock(&mu_);
-    pool_.push_back(std::move(received));
-    UpdateBytesLocked();
-    return absl::OkStatus();
+    if (refused) ReturnBufferLocked(std::move(own->bytes));  // sent: free again
+    // The buddy refused its own shard: not kept here either.
+    if (recv_header[2] != 0) {
+      ReturnBufferLocked(std::move(received));
+      return absl::OkStatus();
+    }
   }
   absl::StatusOr<std::shared_ptr<SnapshotBlob>> theirs =
       BlobFromBytes(std::move(received), recv_header[1]);
@@ -428,6 +432,11 @@ double SnapshotKeeper::last_copy_ms() const {
 double SnapshotKeeper::last_transfer_ms() const {
   absl::MutexLock lock(&mu_);
   return last_transfer_ms_;
+}
+
+void SnapshotKeeper::ReturnBufferLocked(std::string buffer) {
+  pool_.push_back(std::move(buffer));
+  UpdateBytesLocked();
 }
 
 std::vector<std::string> SnapshotKeeper::TakeRefusals() {

@@ -145,6 +145,8 @@ class SnapshotKeeper {
   void DropLocked(std::shared_ptr<SnapshotBlob> blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A buffer from the pool (the largest), or an empty one.
   std::string TakeBuffer() ABSL_LOCKS_EXCLUDED(mu_);
+  // A buffer no blob keeps, back to the pool.
+  void ReturnBufferLocked(std::string buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The background half of Start.
   absl::Status Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
