@@ -203,6 +203,15 @@ int StatusCommand() {
       }
       std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
     }
+    int64_t skipped = 0;
+    for (const v1::MemberStatus& m : job.members()) {
+      skipped = std::max(skipped, m.last_step().skipped_steps());
+    }
+    if (skipped > 0) {
+      std::printf("\n%s skipped steps: %lld (non-finite loss or gradient norm, "
+                  "--on_nonfinite=skip; the ranks' logs name each)\n",
+                  job.job_id().c_str(), static_cast<long long>(skipped));
+    }
     std::printf("\n%s latest committed snapshot: %s\n", job.job_id().c_str(),
                 job.snapshot_step() >= 0 ? absl::StrCat("step ", job.snapshot_step()).c_str()
                                          : "none");

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/finite_scan.h"
 #include "common/status_context.h"
 
 namespace zeroshard {
@@ -45,9 +46,12 @@ absl::Status WriteAndCommit(const ShardSnapshot& snapshot, Client* client,
 }
 
 // A full disk (ours, or the server's root) clears up without the job's
-// help; a step another rank abandoned (ABORTED) is gone for every rank.
+// help; a step another rank abandoned (ABORTED) is gone for every rank. A
+// shard holding NaN or Inf is refused and its step abandoned, so that it
+// never completes and --keep_last never counts it; training goes on, and the
+// next step's verdict on its loss stops or skips it (docs/numerics.md).
 bool TrainingOutlivesCheckpointFailure(const absl::Status& s) {
-  return absl::IsResourceExhausted(s) || absl::IsAborted(s);
+  return absl::IsResourceExhausted(s) || absl::IsAborted(s) || IsNonFiniteTensorError(s);
 }
 
 }  // namespace
@@ -90,8 +94,7 @@ Checkpointer::Checkpointer(Client* client, const CheckpointConfig& config,
                            const std::string& optimizer, std::vector<double>* pause_ms)
     : client_(client), config_(config), optimizer_(optimizer), pause_ms_(pause_ms) {}
 
-absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id,
-                                int64_t retry_step) {
+absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step) {
   const absl::Time start = absl::Now();
   if (absl::Status s = thread_.Drain(); !s.ok()) return Annotate(s, "previous checkpoint");
   absl::StatusOr<ShardSnapshot> snapshot =
@@ -99,8 +102,7 @@ absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id,
   if (!snapshot.ok()) return Annotate(snapshot.status(), "checkpoint snapshot");
   pause_ms_->push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
   auto shared = std::make_shared<ShardSnapshot>(*std::move(snapshot));
-  thread_.Submit([shared, client = client_, config = config_, retry_step,
-                  failures = failures_]() {
+  thread_.Submit([shared, client = client_, config = config_, retry_step, failures = failures_]() {
     return SaveOrAbandon(*shared, client, config, retry_step, failures.get());
   });
   return absl::OkStatus();

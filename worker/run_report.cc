@@ -162,6 +162,9 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["stage"] = config.engine.stage;
   out["steps"] = config.schedule.steps;
   out["losses"] = m.losses;
+  out["skipped_steps"] = m.skipped_steps;
+  out["replica_check_ms_median"] = Median(m.replica_check_ms);
+  out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
   out["params_sum"] = run.params_sum;
   out["step_time_ms_median"] = Median(m.step_ms);
   out["step_ms"] = m.step_ms;  // every step's, in order (this process's)
@@ -223,6 +226,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["snapshot_copy_ms"] = m.snapshot_copy_ms;
   out["snapshot_transfer_ms"] = m.snapshot_transfer_ms;
   out["snapshots_skipped"] = m.snapshots_skipped;
+  out["snapshot_refusals"] = m.snapshot_refusals;
   out["snapshots_from_replicas"] = m.snapshots_from_replicas;
   out["snapshot_committed_step"] = m.snapshot_committed_step;
   out["recoveries"] = m.recoveries;

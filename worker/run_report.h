@@ -20,6 +20,14 @@ namespace zeroshard {
 // What the training loop measured, step by step, on this rank.
 struct RunMetrics {
   std::vector<double> losses;   // the step's loss, averaged over ranks
+  // 0-based steps dropped for a non-finite loss or gradient norm
+  // (--on_nonfinite=skip); their losses entries hold that loss (NaN, Inf).
+  std::vector<int64_t> skipped_steps;
+  // Wall time of each --replica_check_every hash, taken inside the step's
+  // optimizer update (StepTimes::replica_hash_ms), and of the standalone
+  // check after the last step (hash + 8-byte all-gather).
+  std::vector<double> replica_hash_ms;
+  std::vector<double> replica_check_ms;
   std::vector<double> step_ms;  // wall time of each step
   // CPU time of the whole process (every thread) in each step: on a busy
   // machine, steadier than the wall time.
@@ -56,6 +64,9 @@ struct RunMetrics {
   std::vector<double> snapshot_copy_ms;
   std::vector<double> snapshot_transfer_ms;
   int snapshots_skipped = 0;
+  // Snapshots this rank refused to keep for a NaN or Inf value
+  // (SnapshotKeeper::TakeRefusals): their messages.
+  std::vector<std::string> snapshot_refusals;
   // Snapshots taken without a buddy copy: in HSDP with R >= 2 the replica
   // peer's run is in the rank's own blob (SnapshotSchedule).
   int snapshots_from_replicas = 0;

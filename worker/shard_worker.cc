@@ -7,7 +7,9 @@
 // Gloo (or NCCL) through the server's KV store, and trains with ZeRO stage
 // 0-3. Progress goes to stderr (rank 0); --report writes a JSON summary.
 //
-// Exit codes: 0 done; 1 a failure; 2 a bad flag (or a device this build or
+// Exit codes: 0 done; 1 a failure (a non-finite step under
+// --on_nonfinite=stop included, even when a peer's exit ended the
+// generation first); 2 a bad flag (or a device this build or
 // machine cannot use), found before joining; 3 the server aborted the job
 // generation or fenced this member. Every failure is one line on stderr,
 // "shard_worker rank R: <message>" ("shard_worker: ..." before joining).
@@ -34,6 +36,7 @@
 #include "worker/abort_latch.h"
 #include "worker/input_checks.h"
 #include "worker/model/blas_kernel.h"
+#include "worker/nonfinite_policy.h"
 #include "worker/worker.h"
 #include "worker/worker_config.h"
 
@@ -119,7 +122,7 @@ int RunWorker() {
   }
   const absl::Status status = LifeCycle(*worker, &rank);
   int code = 0;
-  if (abort.tripped()) {
+  if (abort.tripped() && !IsNonFiniteStop(status)) {
     // Whatever failed, the abort is why (the broken data plane's errors
     // included); a recovery that was refused says why too.
     code = kExitAborted;

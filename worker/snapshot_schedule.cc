@@ -46,6 +46,10 @@ absl::Status SnapshotSchedule::Reserve(ZeroEngine& engine, int world) {
 }
 
 void SnapshotSchedule::RecordLastTransfer() {
+  for (std::string& refusal : keeper_.TakeRefusals()) {
+    std::fprintf(stderr, "snapshot refused: %s\n", refusal.c_str());
+    metrics_->snapshot_refusals.push_back(std::move(refusal));
+  }
   if (keeper_.last_transfer_ms() > 0 && keeper_.complete_step() > last_reported_transfer_) {
     last_reported_transfer_ = keeper_.complete_step();
     metrics_->snapshot_copy_ms.push_back(keeper_.last_copy_ms());

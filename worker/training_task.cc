@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/hf_gpt2_config.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/regression_data.h"
@@ -18,6 +19,28 @@
 
 namespace zeroshard {
 namespace {
+
+// The global samples (MLP: file rows, read cyclically when `rows` > 0) of
+// `rank`'s micro-batches at `step` steps past the data cursor's, as
+// "24-27, 40-43": the layout of regression_data.h and text_data.h.
+std::string SampleRanges(const TaskOptions& o, int64_t step, int rank, int world,
+                         int64_t cursor_row, int64_t rows) {
+  std::vector<std::string> ranges;
+  for (int micro = 0; micro < o.grad_accum; ++micro) {
+    absl::StatusOr<int64_t> start =
+        MicroBatchStartRow(step, micro, rank, world, o.batch, o.grad_accum);
+    if (!start.ok()) return "?";
+    int64_t first = *start + cursor_row;
+    int64_t last = first + o.batch - 1;
+    if (rows > 0) {
+      first %= rows;
+      last %= rows;
+    }
+    ranges.push_back(last >= first ? absl::StrCat(first, "-", last)
+                                   : absl::StrCat(first, "-", rows - 1, ", 0-", last));
+  }
+  return absl::StrJoin(ranges, ", ");
+}
 
 // ---- MLP regression (seed 001's setting) ----
 
@@ -50,6 +73,13 @@ class MlpTask : public TrainingTask {
     return model_->SetBatch(x_.data(), y_.data(), options_.batch);
   }
   int64_t ItemsPerMicroBatch() const override { return options_.batch; }
+  std::string TrainSamples(int64_t step, int rank, int world) const override {
+    const int64_t rows = data_->num_rows();
+    if (options_.data.empty() || rows <= 0) return "";
+    return absl::StrCat("rows ",
+                        SampleRanges(options_, step - cursor_step_, rank, world, cursor_row_, rows),
+                        " of ", options_.data);
+  }
   absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
                                       int batches) override {
     // Held-out rows: the ones far past any training step.
@@ -132,13 +162,14 @@ class GptTask : public TrainingTask {
     config.n_layer = o.layers;
     config.n_head = o.heads;
     config.n_embd = o.d_model;
-    config.vocab = o.vocab > 0                      ? o.vocab
+    config.vocab = o.vocab > 0                    ? o.vocab
                    : LooksLikeTokenShards(o.data) ? kGpt2Vocab
                                                   : TokenData::kVocab;
     config.n_ctx = o.positions > 0 ? o.positions : o.context;
     if (o.context > config.n_ctx) {
-      return absl::InvalidArgumentError(absl::StrCat("--context=", o.context, " is longer than the ",
-                                                     config.n_ctx, " positions of the model"));
+      return absl::InvalidArgumentError(absl::StrCat("--context=", o.context,
+                                                     " is longer than the ", config.n_ctx,
+                                                     " positions of the model"));
     }
     auto data = OpenGptData(o, config.vocab);
     if (!data.ok()) return data.status();
@@ -169,6 +200,13 @@ class GptTask : public TrainingTask {
     return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
   }
   int64_t ItemsPerMicroBatch() const override { return int64_t{options_.batch} * options_.context; }
+  std::string TrainSamples(int64_t step, int rank, int world) const override {
+    if (options_.data.empty()) return "";
+    return absl::StrCat(
+        "training samples ",
+        SampleRanges(options_, step - cursor_step_, rank, world, cursor_row_, /*rows=*/0), " of ",
+        options_.data, " (text_data.h / token_shards.h map a sample to its tokens)");
+  }
 
   absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
                                       int batches) override {
@@ -274,10 +312,10 @@ class GptTask : public TrainingTask {
 
   std::string Describe() const override {
     const GptConfig& c = model_->config();
-    return absl::StrFormat("gpt: %d layers, %d heads, d_model %d, context %d of %d positions, "
-                           "vocabulary %d; data: %s",
-                           c.n_layer, c.n_head, c.n_embd, options_.context, c.n_ctx, c.vocab,
-                           data_->Describe());
+    return absl::StrFormat(
+        "gpt: %d layers, %d heads, d_model %d, context %d of %d positions, "
+        "vocabulary %d; data: %s",
+        c.n_layer, c.n_head, c.n_embd, options_.context, c.n_ctx, c.vocab, data_->Describe());
   }
 
  private:
@@ -309,8 +347,8 @@ class GptTask : public TrainingTask {
       const int rows = static_cast<int>(std::clamp<int64_t>(end - first, 0, options_.batch));
       const int run_rows = std::max(rows, 1);
       for (int i = 0; i < run_rows; ++i) {
-        absl::Status s = shards_->FillSample(Split::kValidation, rows > 0 ? first + i : 0, t,
-                                             window.data());
+        absl::Status s =
+            shards_->FillSample(Split::kValidation, rows > 0 ? first + i : 0, t, window.data());
         if (!s.ok()) return s;
         std::copy(window.begin(), window.end() - 1, tokens_.begin() + int64_t{i} * t);
         std::copy(window.begin() + 1, window.end(), targets_.begin() + int64_t{i} * t);
@@ -348,8 +386,8 @@ class GptTask : public TrainingTask {
   // the worker has no tokenizer.
   absl::StatusOr<std::string> SampleTokenIds(ZeroEngine& engine, int count) {
     std::vector<int32_t> window(static_cast<size_t>(options_.context) + 1);
-    if (absl::Status s = shards_->FillSample(Split::kValidation, 0, options_.context,
-                                             window.data());
+    if (absl::Status s =
+            shards_->FillSample(Split::kValidation, 0, options_.context, window.data());
         !s.ok()) {
       return s;
     }

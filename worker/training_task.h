@@ -80,6 +80,10 @@ class TrainingTask {
   }
   int64_t cursor_step() const { return cursor_step_; }
   int64_t cursor_row() const { return cursor_row_; }
+  // Where `rank`'s training samples of `step` come from, for the line that
+  // names a non-finite step ("rows 24-31 of data.safetensors"); "" when the
+  // data is not a file whose rows can be named (synthetic data, text).
+  virtual std::string TrainSamples(int64_t step, int rank, int world) const { return ""; }
   // Tokens (GPT) or rows (MLP) in one rank's micro-batch.
   virtual int64_t ItemsPerMicroBatch() const = 0;
   // Validation loss (and accuracy) with the engine's current parameters.

@@ -22,6 +22,7 @@
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/two_level_communicator.h"
 #include "worker/model/parallel.h"
+#include "worker/replica_check.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
@@ -179,10 +180,11 @@ absl::StatusOr<int> Worker::ConsecutiveRanksPerHost(const char* flag, const char
     for (int i = 0; i < layout->local_size; ++i) {
       if (layout->ranks_on[h][i] != h * layout->local_size + i) {
         return absl::FailedPreconditionError(absl::StrCat(
-            what, ": the ranks of a host must be consecutive, but rank ",
-            layout->ranks_on[h][i], " runs on host ", h, " with rank ", layout->ranks_on[h][0],
+            what, ": the ranks of a host must be consecutive, but rank ", layout->ranks_on[h][i],
+            " runs on host ", h, " with rank ", layout->ranks_on[h][0],
             " (ranks follow the sorted worker ids: name workers host first, e.g. "
-            "'<host>/<local rank>'), or give ", flag, "=G"));
+            "'<host>/<local rank>'), or give ",
+            flag, "=G"));
       }
     }
   }
@@ -196,8 +198,7 @@ absl::Status Worker::Plan() {
   absl::StatusOr<int> group = ShardGroupSize();
   if (!group.ok()) return group.status();
   options.shard_group_size = *group;
-  absl::StatusOr<ShardPlan> planned =
-      client_->PlanShards(task_->model()->Spec(), options, world());
+  absl::StatusOr<ShardPlan> planned = client_->PlanShards(task_->model()->Spec(), options, world());
   if (!planned.ok()) return Annotate(planned.status(), "plan");
   generation_->plan = *std::move(planned);
   return absl::OkStatus();
@@ -293,6 +294,8 @@ absl::Status Worker::Train() {
     step_ = step;
     if (absl::Status s = RunStep(step); !s.ok()) return s;
     const int completed = step + 1;
+    // Before any snapshot of this step: a corrupted shard must not be kept.
+    if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
     if (step == g.start_step && every > 0 && completed < steps && device_ == nullptr) {
       if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
     }
@@ -338,6 +341,37 @@ absl::Status Worker::Train() {
   return absl::OkStatus();
 }
 
+absl::Status Worker::CheckIntegrity(int completed) {
+  ZeroEngine& e = *generation_->engine;
+  if (!corrupted_ && rank_ == config_.testing_corrupt_rank &&
+      completed == config_.testing_corrupt_step) {
+    corrupted_ = true;  // once per process: a re-run of the step is clean
+    if (absl::Status s = e.CorruptMasterForTesting(); !s.ok()) return s;
+    std::fprintf(stderr, "shard_worker rank %d: --testing_corrupt: flipped a bit after step %d\n",
+                 rank_, completed);
+  }
+  const int every = config_.replica_check_every;
+  if (every == 0) return absl::OkStatus();
+  if (e.group_size() >= e.world_size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--replica_check_every needs replicas: shard groups smaller than the job "
+                     "(--shard_group_size=G < W=",
+                     e.world_size(), "); flat stage 3 has none to compare against"));
+  }
+  // The last step's hashes have no next step to travel with: compared here.
+  if (completed != config_.schedule.steps || completed % every != 0) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  absl::Status s = CheckReplicas(e, completed, config_.schedule.steps, MemberHosts());
+  metrics_.replica_check_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  return s;
+}
+
+std::vector<std::string> Worker::MemberHosts() const {
+  std::vector<std::string> hosts;
+  for (const auto& m : generation_->membership.members) hosts.push_back(m.host());
+  return hosts;
+}
+
 int64_t Worker::NextCheckpointStep(int completed, const CheckpointConfig& checkpoints) const {
   const int steps = config_.schedule.steps;
   if (checkpoints.every > 0) {
@@ -349,8 +383,14 @@ int64_t Worker::NextCheckpointStep(int completed, const CheckpointConfig& checkp
 
 ShardIdentity Worker::IdentityAt(int completed) const {
   const Generation& g = *generation_;
-  return {config_.job, completed,         rank_, world(), g.membership.generation,
-          g.plan.hash, DataRow(completed), task_->HuggingFaceConfig()};
+  return {config_.job,
+          completed,
+          rank_,
+          world(),
+          g.membership.generation,
+          g.plan.hash,
+          DataRow(completed),
+          task_->HuggingFaceConfig()};
 }
 
 absl::Status Worker::RunStep(int step) {
@@ -373,12 +413,14 @@ absl::Status Worker::RunStep(int step) {
   }
   snapshots_.WaitCopied();
   const double lr = config_.schedule.LearningRate(step);
+  const int check_every = config_.replica_check_every;
+  if (check_every > 0 && (step + 1) % check_every == 0) e.HashShardAtNextUpdate();
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-  absl::StatusOr<double> mean = e.MeanOverRanks(stats->loss, "the step's loss");
-  if (!mean.ok()) return Annotate(mean.status(), "loss");
-  metrics_.RecordStep(*mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
+  if (absl::Status s = ActOnVerdict(step, *stats); !s.ok()) return s;
+  const double mean = stats->verdict.mean_loss;
+  metrics_.RecordStep(mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
                       KernelTimesSnapshot());
   // Read after the loss's collective: the next step's early gathers (issued
   // inside Step) are this step's traffic.
@@ -386,11 +428,12 @@ absl::Status Worker::RunStep(int step) {
   metrics_.step_bytes_intra_host.push_back(step_bytes.intra_host);
   metrics_.step_bytes_inter_host.push_back(step_bytes.inter_host);
   const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
-  Progress progress{step + 1, *mean, e.memory().total(), e.collective_seq()};
+  Progress progress{step + 1, mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
   progress.last_step.set_items_per_second(items_per_second);
   progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
   progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
+  progress.last_step.set_skipped_steps(nonfinite_.skipped_total());
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
     metrics_.recoveries.push_back(*record);
@@ -415,9 +458,33 @@ absl::Status Worker::RunStep(int step) {
     std::fprintf(stderr,
                  "step %d/%d  loss %.6f  lr %.2e  grad_norm %.4f  %.1f ms  %.0f %s/s  "
                  "mem/rank %.1f MiB\n",
-                 step + 1, config_.schedule.steps, *mean, lr, stats->grad_norm, ms,
-                 items_per_second, config_.task.model == "gpt" ? "tokens" : "rows",
+                 step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms, items_per_second,
+                 config_.task.model == "gpt" ? "tokens" : "rows",
                  e.memory().peak_total() / 1048576.0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::ActOnVerdict(int step, const StepStats& stats) {
+  const StepVerdict& verdict = stats.verdict;
+  if (stats.times.replica_hash_ms > 0) {
+    metrics_.replica_hash_ms.push_back(stats.times.replica_hash_ms);
+  }
+  // The hashes taken in the previous step's update, judged in this one's
+  // verdict before its update (replica_check.h).
+  if (!verdict.replica_mismatches.empty()) {
+    return MarkNumericalStop(absl::FailedPreconditionError(DescribeReplicaMismatch(
+        verdict.replica_mismatches.front(), step, config_.schedule.steps, MemberHosts())));
+  }
+  if (absl::Status s = nonfinite_.Judge(
+          step, config_.schedule.steps, verdict,
+          verdict.finite() ? "" : task_->TrainSamples(step, verdict.first_rank, world()));
+      !s.ok()) {
+    return s;
+  }
+  if (!verdict.finite()) {
+    metrics_.skipped_steps.push_back(step);
+    if (rank_ == 0) std::fprintf(stderr, "%s\n", nonfinite_.last_skip().c_str());
   }
   return absl::OkStatus();
 }
@@ -430,15 +497,14 @@ absl::Status Worker::Evaluate(int completed_steps) {
   metrics_.val_losses.push_back(eval->loss);
   if (rank_ == 0) {
     std::fprintf(stderr, "step %d  val_loss %.4f%s\n", completed_steps, eval->loss,
-                 eval->accuracy >= 0 ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%",
-                                                                    100 * eval->accuracy),
-                                                    eval->accuracy_in_context >= 0
-                                                        ? absl::StrFormat(
-                                                              " (after another line %.1f%%)",
-                                                              100 * eval->accuracy_in_context)
-                                                        : "")
-                                           .c_str()
-                                     : "");
+                 eval->accuracy >= 0
+                     ? absl::StrCat(absl::StrFormat("  accuracy %.1f%%", 100 * eval->accuracy),
+                                    eval->accuracy_in_context >= 0
+                                        ? absl::StrFormat(" (after another line %.1f%%)",
+                                                          100 * eval->accuracy_in_context)
+                                        : "")
+                           .c_str()
+                     : "");
   }
   return absl::OkStatus();
 }

@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -66,6 +67,7 @@
 #include "worker/abort_latch.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/data_plane.h"
+#include "worker/nonfinite_policy.h"
 #include "worker/rank_telemetry.h"
 #include "worker/recovery/recovery_decision.h"
 #include "worker/recovery/recovery_timeline.h"
@@ -178,6 +180,14 @@ class Worker {
   // Train's parts: one optimizer step (its micro-batches); an evaluation
   // after `completed_steps`.
   absl::Status RunStep(int step);
+  // The step's verdict (StepStats::verdict): a replica mismatch or a
+  // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
+  absl::Status ActOnVerdict(int step, const StepStats& stats);
+  // After `completed` steps: --testing_corrupt's bit flip, then
+  // --replica_check_every's comparison of the replicas (replica_check.h).
+  absl::Status CheckIntegrity(int completed);
+  // The hosts of this generation's members, by rank.
+  std::vector<std::string> MemberHosts() const;
   absl::Status Evaluate(int completed_steps);
   // The generation's world size (smaller than --world_size after a shrink).
   int world() const { return generation_->membership.world_size; }
@@ -212,8 +222,9 @@ class Worker {
   std::unique_ptr<TrainingTask> task_;
   std::unique_ptr<Client> client_;
   RunMetrics metrics_;
-  double params_sum_ = 0;  // Report
-  absl::Status last_checkpoint_failure_;  // Train
+  NonFinitePolicy nonfinite_{config_.numerics};  // process-wide: counts survive recoveries
+  double params_sum_ = 0;                        // Report
+  absl::Status last_checkpoint_failure_;         // Train
   int rank_ = -1;
   // The step being trained, for the abort message (the heartbeat thread
   // reads it).
@@ -228,7 +239,8 @@ class Worker {
                               config_.recovery.snapshot_buddy_always, &metrics_};
   int buddy_shift_ = 1;
   int recoveries_ = 0;
-  bool trained_ = false;  // completed a step in some generation
+  bool trained_ = false;    // completed a step in some generation
+  bool corrupted_ = false;  // --testing_corrupt fired
   RecoveryTimeline timeline_;
 
   // What the heartbeat handler may touch.

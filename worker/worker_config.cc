@@ -11,6 +11,7 @@
 #include "absl/flags/internal/parse.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "client/connection_flags.h"
 #include "common/hf_gpt2_config.h"
@@ -131,6 +132,20 @@ ABSL_FLAG(std::string, gather_dtype, "f32",
           "(block-quantized, dequantized after the gather; the master shard stays f32)");
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
+ABSL_FLAG(std::string, on_nonfinite, "stop",
+          "A step whose loss or global gradient norm is NaN, Inf or beyond float32's range is "
+          "never applied (every rank knows before any update). stop: every rank exits 1 naming "
+          "the step, the quantity, the first rank and its data rows | skip: drop the step and "
+          "go on (docs/numerics.md)");
+ABSL_FLAG(int, max_skipped_steps, 10,
+          "--on_nonfinite=skip: stop after this many non-finite steps in a row");
+ABSL_FLAG(int, replica_check_every, 0,
+          "HSDP (--shard_group_size < world): every N steps the replicas of each shard compare "
+          "an XXH64 of their master shard (an 8-byte all-gather) and stop naming the ranks and "
+          "hosts when they differ: silent data corruption (0: off; docs/numerics.md)");
+ABSL_FLAG(std::string, testing_corrupt, "",
+          "Test-only: RANK:STEP flips one exponent bit of one parameter of RANK's master shard "
+          "after STEP's update, once (what --replica_check_every detects)");
 ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
 ABSL_FLAG(int, threads, 1,
           "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
@@ -482,6 +497,32 @@ absl::Status ReadRun(WorkerConfig* config) {
     } else {
       return Bad(
           absl::StrCat("--resume=", initial.resume_flag, ": expected 'latest' or a step number"));
+    }
+  }
+
+  NonFiniteConfig& numerics = config->numerics;
+  if (absl::Status s = ParseOnNonFinite(absl::GetFlag(FLAGS_on_nonfinite), &numerics.on_nonfinite);
+      !s.ok()) {
+    return s;
+  }
+  numerics.max_skipped_steps = absl::GetFlag(FLAGS_max_skipped_steps);
+  if (numerics.max_skipped_steps < 0) {
+    return Bad(absl::StrCat("--max_skipped_steps=", numerics.max_skipped_steps,
+                            ": expected 0 or more (0: stop at the first non-finite step)"));
+  }
+
+  config->replica_check_every = absl::GetFlag(FLAGS_replica_check_every);
+  if (config->replica_check_every < 0) {
+    return Bad(absl::StrCat("--replica_check_every=", config->replica_check_every,
+                            ": expected 0 (off) or a number of steps"));
+  }
+  if (const std::string corrupt = absl::GetFlag(FLAGS_testing_corrupt); !corrupt.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(corrupt, ':');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &config->testing_corrupt_rank) ||
+        !absl::SimpleAtoi(parts[1], &config->testing_corrupt_step) ||
+        config->testing_corrupt_rank < 0 || config->testing_corrupt_step < 1) {
+      return Bad(absl::StrCat("--testing_corrupt=", corrupt,
+                              ": expected RANK:STEP, a rank >= 0 and a step >= 1"));
     }
   }
 

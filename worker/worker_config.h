@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "common/plan/planner.h"
 #include "worker/data_plane.h"
+#include "worker/nonfinite_policy.h"
 #include "worker/training_task.h"
 #include "worker/zero/engine.h"
 
@@ -105,6 +106,10 @@ struct WorkerConfig {
   int sample_bytes = 0;
   InitialState initial;
   CheckpointConfig checkpoint;
+  NonFiniteConfig numerics;  // --on_nonfinite, --max_skipped_steps
+  // --replica_check_every=N (0: off): HSDP replicas compare their master
+  // shards' XXH64 every N steps (worker/replica_check.h).
+  int replica_check_every = 0;
 
   // ---- Outputs ("": not written) ----
   std::string summary_out;  // rank 0
@@ -117,6 +122,10 @@ struct WorkerConfig {
   int64_t test_stall_before_gather = 0;
   // Sleeps this long at the start of every step: a straggler.
   int test_step_delay_ms = 0;
+  // --testing_corrupt=RANK:STEP: rank RANK flips one exponent bit of its
+  // master shard after step STEP's update, once (-1: off).
+  int testing_corrupt_rank = -1;
+  int64_t testing_corrupt_step = -1;
 };
 
 // Reads every flag of shard_worker (the connection flags' token and TLS

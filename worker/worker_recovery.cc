@@ -171,6 +171,10 @@ absl::Status Worker::LoadFrom(CheckpointReader* reader) {
 absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   const absl::Time seen = absl::Now();
   if (generation_ == nullptr || config_.recovery.max_recoveries == 0) return failure;
+  // A non-finite step or corrupted replicas stop every rank at the same
+  // collective; a peer that exited first makes the server end the
+  // generation, which must not turn this rank's stop into a recovery.
+  if (IsNonFiniteStop(failure)) return failure;
   const bool in_setup = !generation_->training;
   // The generation stands (no peer died) but its setup failed here.
   bool give_up_generation = false;

@@ -349,6 +349,16 @@ void WriteControlPlane(const v1::ControlPlaneStatus& cp, std::string* out) {
 }
 
 // The families with one series per job (label job="...").
+// The most any member reported: every rank counts the same, but a member
+// that has not beaten since its last step may lag behind.
+int64_t SkippedSteps(const v1::JobStatus& job) {
+  int64_t skipped = 0;
+  for (const v1::MemberStatus& m : job.members()) {
+    skipped = std::max(skipped, m.last_step().skipped_steps());
+  }
+  return skipped;
+}
+
 void WriteJobFamilies(const v1::GetStatusResponse& status,
                       const std::map<std::string, CheckpointCounts>& checkpoints,
                       const std::vector<std::string>& job_labels, std::string* out) {
@@ -374,6 +384,10 @@ void WriteJobFamilies(const v1::GetStatusResponse& status,
             }
             return std::string("0");
           });
+  per_job("zeroshard_job_skipped_steps_total", "counter",
+          "Steps the job dropped for a non-finite loss or gradient norm (--on_nonfinite=skip), "
+          "as its listed ranks report them (every rank counts the same).",
+          [](const v1::JobStatus& j) { return absl::StrCat(SkippedSteps(j)); });
   per_job("zeroshard_job_stragglers", "gauge", "Ranks of the job flagged as stragglers.",
           [](const v1::JobStatus& j) {
             int n = 0;

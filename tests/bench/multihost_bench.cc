@@ -60,7 +60,8 @@ ABSL_FLAG(int, batch, 8, "Rows per rank");
 ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
           "Modes to run: flat, two-level (--two_level), hsdp (--shard_group_size=host), "
           "hsdp-serial (hsdp, the replicas' all-reduce on the reduce thread: "
-          "--replica_thread=false), hsdp-bf16 (and --reduce_dtype=bf16), flat-int8, two-level-int8 (--gather_dtype=int8 "
+          "--replica_thread=false), hsdp-check (hsdp with --replica_check_every=1), hsdp-bf16 (and "
+          "--reduce_dtype=bf16), flat-int8, two-level-int8 (--gather_dtype=int8 "
           "--reduce_dtype=int8), hsdp-int8 (--reduce_dtype=int8), hpz, two-level-hpz, hpz-int8 "
           "(flat, two-level, flat-int8 with --secondary_shard_group_size=host); PyTorch 2 beside "
           "them: fsdp2 (fully_shard), "
@@ -77,10 +78,14 @@ struct Result {
   int64_t rate = 0;
   std::string mode;
   int round = 0;
-  double step_ms = 0;          // rank 0's median step
-  double crossing_bytes = 0;   // per worker host per step
-  double counted_bytes = 0;    // the reports' inter-host bytes, host 1 per step
-  double peak_rss = 0;         // the largest rank's, bytes
+  double step_ms = 0;  // rank 0's median step
+  // hsdp-check: rank 0's median --replica_check_every=1 check (hash and
+  // 8-byte all-gather), outside step_ms (it runs after the step).
+  double check_ms = 0;
+  double hash_ms = 0;         // its hash (the rest: the all-gather and its wait)
+  double crossing_bytes = 0;  // per worker host per step
+  double counted_bytes = 0;   // the reports' inter-host bytes, host 1 per step
+  double peak_rss = 0;        // the largest rank's, bytes
   std::string transport;
   std::string blas_kernel;
 };
@@ -117,9 +122,9 @@ std::vector<std::string> ModelFlags(const TorchShape& shape) {
                                     absl::StrCat("--layers=", shape.layers),
                                     absl::StrCat("--batch=", shape.batch)};
   if (shape.model == "gpt") {
-    flags.insert(flags.end(), {absl::StrCat("--d_model=", shape.d_model),
-                               absl::StrCat("--heads=", shape.heads),
-                               absl::StrCat("--context=", shape.context)});
+    flags.insert(flags.end(),
+                 {absl::StrCat("--d_model=", shape.d_model), absl::StrCat("--heads=", shape.heads),
+                  absl::StrCat("--context=", shape.context)});
   } else {
     flags.insert(flags.end(), {absl::StrCat("--width=", shape.width), "--activation=gelu"});
   }
@@ -136,8 +141,7 @@ std::string TorchPython() {
   if (!absl::GetFlag(FLAGS_torch_python).empty()) return absl::GetFlag(FLAGS_torch_python);
   if (const char* p = std::getenv("ZEROSHARD_PYTHON"); p != nullptr && *p != '\0') return p;
   const char* home = std::getenv("HOME");
-  return absl::StrCat(home == nullptr ? "/root" : home,
-                      "/.cache/zeroshard/venv-torch2/bin/python");
+  return absl::StrCat(home == nullptr ? "/root" : home, "/.cache/zeroshard/venv-torch2/bin/python");
 }
 
 // One PyTorch job of the same shape on the same hosts (ranks 0, 1 on host 1,
@@ -178,6 +182,7 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
   if (absl::StartsWith(mode, "two-level")) flags.push_back("--two_level");
   if (absl::StartsWith(mode, "hsdp")) flags.push_back("--shard_group_size=host");
   if (mode == "hsdp-serial") flags.push_back("--replica_thread=false");
+  if (mode == "hsdp-check") flags.push_back("--replica_check_every=1");
   if (mode == "hsdp-bf16") flags.push_back("--reduce_dtype=bf16");
   if (absl::EndsWith(mode, "-int8")) flags.push_back("--reduce_dtype=int8");
   if (mode == "flat-int8" || mode == "two-level-int8" || mode == "hpz-int8") {
@@ -193,6 +198,8 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
   r->mode = mode;
   r->round = round;
   r->step_ms = report["step_time_ms_median"];
+  r->check_ms = report.value("replica_check_ms_median", 0.0);
+  r->hash_ms = report.value("replica_hash_ms_median", 0.0);
   r->crossing_bytes = (after[0] - before[0] + after[1] - before[1]) / 2.0 / steps;
   for (int rank : {0, 1}) {
     const nlohmann::json rank_report = cluster.Report(job, rank);
@@ -232,17 +239,17 @@ int Main() {
   if (!cluster.ok()) return 1;
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
-    static const char* const kOurs[] = {"flat",      "two-level",  "hsdp",          "hsdp-bf16",
-                                        "flat-int8", "hsdp-int8", "two-level-int8",
-                                        "hsdp-serial", "hpz",       "two-level-hpz",
-                                        "hpz-int8"};
+    static const char* const kOurs[] = {
+        "flat",           "two-level",   "hsdp", "hsdp-bf16",     "flat-int8", "hsdp-int8",
+        "two-level-int8", "hsdp-serial", "hpz",  "two-level-hpz", "hpz-int8",  "hsdp-check"};
     if (std::find(std::begin(kOurs), std::end(kOurs), mode) == std::end(kOurs) &&
         !IsTorchMode(mode)) {
-      std::fprintf(stderr,
-                   "--modes: '%s' is not flat, two-level, hsdp, hsdp-serial, hsdp-bf16, "
-                   "flat-int8, two-level-int8, hsdp-int8, hpz, two-level-hpz, hpz-int8, fsdp2 or "
-                   "fsdp2-hsdp\n",
-                   mode.c_str());
+      std::fprintf(
+          stderr,
+          "--modes: '%s' is not flat, two-level, hsdp, hsdp-serial, hsdp-check, hsdp-bf16, "
+          "flat-int8, two-level-int8, hsdp-int8, hpz, two-level-hpz, hpz-int8, fsdp2 or "
+          "fsdp2-hsdp\n",
+          mode.c_str());
       return 2;
     }
   }
@@ -263,10 +270,18 @@ int Main() {
         if (!RunOne(**hosts, cluster, mode, rate, round, &r)) return 1;
         const double run_s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        std::fprintf(stderr,
-                     "%s at %lld bit/s, round %d: %.0f ms/step, %s crossing/host/step (run %.0f s)\n",
-                     mode.c_str(), static_cast<long long>(rate), round, r.step_ms,
-                     HumanBytes(r.crossing_bytes).c_str(), run_s);
+        std::fprintf(
+            stderr,
+            "%s at %lld bit/s, round %d: %.0f ms/step, %s crossing/host/step (run %.0f s)\n",
+            mode.c_str(), static_cast<long long>(rate), round, r.step_ms,
+            HumanBytes(r.crossing_bytes).c_str(), run_s);
+        if (r.hash_ms > 0) {
+          std::fprintf(stderr,
+                       "%s: replica check: hash %.3f ms per checked step (%.2f %% of the step, "
+                       "inside it); the 8-byte exchange rides the step's verdict all-gather; "
+                       "the standalone check after the last step %.3f ms\n",
+                       mode.c_str(), r.hash_ms, 100 * r.hash_ms / r.step_ms, r.check_ms);
+        }
         results.push_back(r);
       }
     }
@@ -286,9 +301,8 @@ int Main() {
   Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)",
                shape.model == "gpt" ? "TOKENS/s" : "ROWS/s", "CROSSING/HOST/STEP", "COUNTED",
                "PEAK RSS/RANK"});
-  nlohmann::json json = {{"machine", machine.Line()},
-                         {"model", shape.model},
-                         {"results", nlohmann::json::array()}};
+  nlohmann::json json = {
+      {"machine", machine.Line()}, {"model", shape.model}, {"results", nlohmann::json::array()}};
   for (int64_t rate : rates) {
     for (const std::string& mode : modes) {
       std::vector<double> ms, bytes, counted, rss;
@@ -300,8 +314,12 @@ int Main() {
         counted.push_back(r.counted_bytes);
         rss.push_back(r.peak_rss);
         transport = r.transport;
-        json["results"].push_back({{"rate_bits_per_s", r.rate}, {"mode", r.mode},
-                                   {"round", r.round}, {"step_ms", r.step_ms},
+        json["results"].push_back({{"rate_bits_per_s", r.rate},
+                                   {"mode", r.mode},
+                                   {"round", r.round},
+                                   {"step_ms", r.step_ms},
+                                   {"replica_check_ms", r.check_ms},
+                                   {"replica_hash_ms", r.hash_ms},
                                    {"items_per_second", ItemsPerSecond(shape, r.step_ms)},
                                    {"crossing_bytes_per_host_per_step", r.crossing_bytes},
                                    {"counted_inter_host_bytes_per_step", r.counted_bytes},

@@ -39,6 +39,10 @@ ABSL_DECLARE_FLAG(std::string, token_file);
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, loss_on);
 ABSL_DECLARE_FLAG(std::string, task);
+ABSL_DECLARE_FLAG(std::string, on_nonfinite);
+ABSL_DECLARE_FLAG(int, max_skipped_steps);
+ABSL_DECLARE_FLAG(int, replica_check_every);
+ABSL_DECLARE_FLAG(std::string, testing_corrupt);
 
 namespace zeroshard {
 namespace {
@@ -153,6 +157,38 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
 
 // --backend=nccl trains either model (CudaMlpModel, CudaGptModel) in a CUDA
 // build; without CUDA it is refused, pointing to gloo.
+TEST_F(WorkerConfigTest, NumericalIntegrityFlagsNameWhatTheyTake) {
+  absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->numerics.on_nonfinite, OnNonFinite::kStop);  // the default
+  EXPECT_EQ(config->numerics.max_skipped_steps, 10);
+  EXPECT_EQ(config->replica_check_every, 0);
+  EXPECT_EQ(config->testing_corrupt_rank, -1);
+
+  absl::SetFlag(&FLAGS_on_nonfinite, "ignore");
+  EXPECT_TRUE(absl::StrContains(Refusal(), "--on_nonfinite=ignore: expected stop")) << Refusal();
+  absl::SetFlag(&FLAGS_on_nonfinite, "skip");
+  absl::SetFlag(&FLAGS_max_skipped_steps, -1);
+  EXPECT_TRUE(absl::StrContains(Refusal(), "--max_skipped_steps=-1: expected 0 or more"))
+      << Refusal();
+  absl::SetFlag(&FLAGS_max_skipped_steps, 3);
+  absl::SetFlag(&FLAGS_replica_check_every, -5);
+  EXPECT_TRUE(absl::StrContains(Refusal(), "--replica_check_every=-5")) << Refusal();
+  absl::SetFlag(&FLAGS_replica_check_every, 5);
+  for (const char* bad : {"1", "1:0", "x:3", "-1:3", "1:2:3"}) {
+    absl::SetFlag(&FLAGS_testing_corrupt, bad);
+    EXPECT_TRUE(absl::StrContains(Refusal(), "expected RANK:STEP")) << bad << ": " << Refusal();
+  }
+  absl::SetFlag(&FLAGS_testing_corrupt, "1:12");
+  config = WorkerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->numerics.on_nonfinite, OnNonFinite::kSkip);
+  EXPECT_EQ(config->numerics.max_skipped_steps, 3);
+  EXPECT_EQ(config->replica_check_every, 5);
+  EXPECT_EQ(config->testing_corrupt_rank, 1);
+  EXPECT_EQ(config->testing_corrupt_step, 12);
+}
+
 TEST_F(WorkerConfigTest, NcclTakesTheGptWhenBuiltWithCuda) {
   absl::SetFlag(&FLAGS_backend, "nccl");
   absl::SetFlag(&FLAGS_model, "gpt");

@@ -6,13 +6,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "common/checkpoint_format.h"
 #include "common/checksum.h"
 #include "common/file_util.h"
+#include "common/finite_scan.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -158,14 +159,57 @@ SafetensorsMetadata ShardMetadata(const ShardIdentity& id, const std::string& op
   return metadata;
 }
 
+// Checksums and the scan for non-finite values read the bytes in slices
+// that stay in the cache between the two.
+constexpr int64_t kSlice = int64_t{1} << 20;  // bytes
+
+// Where a shard is from, for its errors.
+std::string ShardName(const ShardIdentity& id) {
+  return absl::StrCat("shard of job ", id.job, " step ", id.step, " rank ", id.rank);
+}
+
+// The first non-finite value met in a shard's tensors.
+struct NonFinite {
+  int tensor = -1;  // entry index; -1: none
+  int64_t element = 0;
+  float value = 0;
+};
+
+// Hashes `bytes` at `data` into `hasher` and records the first non-finite
+// f32 value (entry `tensor`) in `found`, slice by slice.
+void HashAndScan(const char* data, int64_t bytes, int tensor, Hasher* hasher, NonFinite* found) {
+  for (int64_t done = 0; done < bytes; done += kSlice) {
+    const int64_t n = std::min(kSlice, bytes - done);
+    hasher->Update(data + done, n);
+    if (found->tensor >= 0) continue;
+    const int64_t at = FirstNonFiniteF32(data + done, n / 4);
+    if (at >= 0) {
+      found->tensor = tensor;
+      found->element = done / 4 + at;
+      std::memcpy(&found->value, data + done + at * 4, 4);
+    }
+  }
+}
+
+absl::Status Refusal(const ShardIdentity& id, const std::vector<TensorEntry>& entries,
+                     const NonFinite& found) {
+  return NonFiniteTensorError(ShardName(id), entries[found.tensor].name, found.element,
+                              found.value);
+}
+
 // The snapshot's metadata, with the checksums computed (XXH64 runs at memory
-// speed).
-SafetensorsMetadata ShardMetadata(const ShardSnapshot& snap,
-                                  std::map<std::string, std::string>* checksums_out) {
+// speed); refused (NonFiniteTensorError) when a value is NaN or ±Inf.
+absl::StatusOr<SafetensorsMetadata> ShardMetadata(
+    const ShardSnapshot& snap, std::map<std::string, std::string>* checksums_out) {
   std::vector<std::string> hex;
+  NonFinite found;
   for (size_t i = 0; i < snap.entries.size(); ++i) {
-    hex.push_back(ChecksumToHex(
-        Checksum(snap.values[i].data(), snap.values[i].size() * sizeof(float))));
+    Hasher hasher;
+    HashAndScan(reinterpret_cast<const char*>(snap.values[i].data()),
+                static_cast<int64_t>(snap.values[i].size() * sizeof(float)), static_cast<int>(i),
+                &hasher, &found);
+    if (found.tensor >= 0) return Refusal(snap.id, snap.entries, found);
+    hex.push_back(ChecksumToHex(hasher.Digest()));
     if (checksums_out != nullptr) (*checksums_out)[snap.entries[i].name] = hex.back();
   }
   return ShardMetadata(snap.id, snap.optimizer, snap.optimizer_step, snap.entries, hex);
@@ -181,22 +225,20 @@ absl::Status SerializeShardInto(const ShardView& view, std::string* out) {
   std::vector<std::pair<int64_t, int64_t>> offsets;
   int64_t file_size = 0;
   absl::StatusOr<std::string> header = BuildSafetensorsHeader(
-      view.entries,
-      ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex), &offsets,
-      &file_size);
+      view.entries, ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex),
+      &offsets, &file_size);
   if (!header.ok()) return header.status();
   // Same size: nothing moves, nothing is written twice.
   if (static_cast<int64_t>(out->size()) != file_size) out->resize(file_size);
   char* data = out->data() + header->size();
-  // Copy and checksum in slices that stay in the cache between the two.
-  constexpr int64_t kSlice = int64_t{1} << 20;  // bytes
+  // Copy, checksum and scan in slices that stay in the cache between them.
+  NonFinite found;
   for (size_t i = 0; i < view.entries.size(); ++i) {
     const int64_t bytes = view.elements[i] * static_cast<int64_t>(sizeof(float));
     if (offsets[i].second - offsets[i].first != bytes) {
-      return absl::InternalError(absl::StrCat("shard tensor ", view.entries[i].name, ": ",
-                                              bytes, " bytes of values for a ",
-                                              offsets[i].second - offsets[i].first,
-                                              "-byte entry"));
+      return absl::InternalError(absl::StrCat("shard tensor ", view.entries[i].name, ": ", bytes,
+                                              " bytes of values for a ",
+                                              offsets[i].second - offsets[i].first, "-byte entry"));
     }
     const char* from = reinterpret_cast<const char*>(view.values[i]);
     char* to = data + offsets[i].first;
@@ -204,28 +246,38 @@ absl::Status SerializeShardInto(const ShardView& view, std::string* out) {
     for (int64_t done = 0; done < bytes; done += kSlice) {
       const int64_t n = std::min(kSlice, bytes - done);
       std::memcpy(to + done, from + done, n);
-      hasher.Update(to + done, n);
+      // The slice just copied is in the cache: hash and scan it there.
+      NonFinite in_slice;
+      HashAndScan(to + done, n, static_cast<int>(i), &hasher, &in_slice);
+      if (found.tensor < 0 && in_slice.tensor >= 0) {
+        found = in_slice;
+        found.element += done / 4;
+      }
     }
     hex[i] = ChecksumToHex(hasher.Digest());
   }
   absl::StatusOr<std::string> final_header = BuildSafetensorsHeader(
-      view.entries,
-      ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex), nullptr);
+      view.entries, ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex),
+      nullptr);
   if (!final_header.ok()) return final_header.status();
   if (final_header->size() != header->size()) {
-    return absl::InternalError(absl::StrCat("shard header changed size with its checksums: ",
-                                            header->size(), " -> ", final_header->size(),
-                                            " bytes"));
+    return absl::InternalError(
+        absl::StrCat("shard header changed size with its checksums: ", header->size(), " -> ",
+                     final_header->size(), " bytes"));
   }
   std::memcpy(out->data(), final_header->data(), final_header->size());
+  // Refused, but whole: a snapshot still completes its buddy exchange.
+  if (found.tensor >= 0) return Refusal(view.id, view.entries, found);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> SerializeShard(const ShardSnapshot& snap,
                                            std::map<std::string, std::string>* checksums) {
+  absl::StatusOr<SafetensorsMetadata> metadata = ShardMetadata(snap, checksums);
+  if (!metadata.ok()) return metadata.status();
   std::string bytes;
   StringSink sink(&bytes);
-  auto writer = SafetensorsWriter::CreateToSink(&sink, snap.entries, ShardMetadata(snap, checksums));
+  auto writer = SafetensorsWriter::CreateToSink(&sink, snap.entries, *metadata);
   if (!writer.ok()) return writer.status();
   for (const auto& v : snap.values) {
     if (absl::Status s = (*writer)->Append(v.data(), v.size() * sizeof(float)); !s.ok()) return s;
@@ -236,6 +288,11 @@ absl::StatusOr<std::string> SerializeShard(const ShardSnapshot& snap,
 
 absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::string& root) {
   WrittenShard out;
+  // The header carries the checksums, so they are computed first (XXH64 runs
+  // at memory speed; the write is what takes time), and a shard holding a
+  // non-finite value is refused before anything is written.
+  absl::StatusOr<SafetensorsMetadata> metadata = ShardMetadata(snap, &out.checksums);
+  if (!metadata.ok()) return metadata.status();
   out.relative_path =
       CheckpointShardPath(snap.id.job, snap.id.step, snap.id.rank, snap.id.world_size);
   out.path = absl::StrCat(root, "/", out.relative_path);
@@ -244,10 +301,7 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::st
       !s.ok()) {
     return s;
   }
-  // The header carries the checksums, so they are computed first (XXH64 runs
-  // at memory speed; the write is what takes time).
-  SafetensorsMetadata metadata = ShardMetadata(snap, &out.checksums);
-  auto writer = SafetensorsWriter::Create(out.path, snap.entries, metadata);
+  auto writer = SafetensorsWriter::Create(out.path, snap.entries, *metadata);
   if (!writer.ok()) return writer.status();
   for (const auto& v : snap.values) {
     if (absl::Status s = (*writer)->Append(v.data(), v.size() * sizeof(float)); !s.ok()) return s;
@@ -301,8 +355,8 @@ absl::Status ListHuggingFaceFiles(const std::string& dir, std::vector<std::strin
     const std::string single = absl::StrCat(dir, "/model.safetensors");
     struct stat st;
     if (stat(single.c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat(
-          dir, " holds neither model.safetensors nor model.safetensors.index.json"));
+      return absl::NotFoundError(
+          absl::StrCat(dir, " holds neither model.safetensors nor model.safetensors.index.json"));
     }
     paths->push_back(single);
     return absl::OkStatus();
@@ -316,8 +370,8 @@ absl::Status ListHuggingFaceFiles(const std::string& dir, std::vector<std::strin
   std::map<std::string, int> file_index;
   for (const auto& [tensor, file] : j["weight_map"].items()) {
     if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          index_path, ": the file of tensor '", tensor, "' is not a plain file name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, ": the file of tensor '", tensor, "' is not a plain file name"));
     }
     file_index.emplace(file.get<std::string>(), 0);
   }
@@ -433,8 +487,8 @@ absl::Status CheckpointReader::Verify(int index, const std::string& tensor) {
   }
   nlohmann::json checksums = nlohmann::json::parse(recorded->second, nullptr, false);
   if (!checksums.is_object() || !checksums.contains(tensor) || !checksums[tensor].is_string()) {
-    return absl::DataLossError(absl::StrCat(paths_[index], ": no checksum recorded for tensor '",
-                                            tensor, "'"));
+    return absl::DataLossError(
+        absl::StrCat(paths_[index], ": no checksum recorded for tensor '", tensor, "'"));
   }
   const TensorInfo* info = (*file)->Find(tensor);
   if (info == nullptr) {
@@ -491,14 +545,14 @@ absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int
       }
     }
     if (info == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          paths_[index], " has no tensor '", tensor.name, "' (shape ",
-          ShapeString(tensor.shape), "); is it a checkpoint of this model?"));
+      return absl::NotFoundError(absl::StrCat(paths_[index], " has no tensor '", tensor.name,
+                                              "' (shape ", ShapeString(tensor.shape),
+                                              "); is it a checkpoint of this model?"));
     }
     if (info->shape != tensor.shape && !(info->shape.empty() && tensor.shape.empty())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          paths_[index], ": tensor '", name, "' is ", ShapeString(info->shape),
-          ", but the model's is ", ShapeString(tensor.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(paths_[index], ": tensor '", name, "' is ", ShapeString(info->shape),
+                       ", but the model's is ", ShapeString(tensor.shape)));
     }
     if (absl::Status s = Verify(index, name); !s.ok()) return s;
     auto file = File(index);
@@ -533,15 +587,15 @@ absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int
     // would otherwise write past `out` (sized by the model's tensor).
     const TensorInfo* info = (*file)->Find(found->shard_tensor);
     if (info == nullptr || info->RowElements() != row_elements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          paths_[found->file], ": tensor '", found->shard_tensor, "' has rows of ",
-          info == nullptr ? 0 : info->RowElements(), " elements, but the model's '", tensor.name,
-          "' (shape ", ShapeString(tensor.shape), ") has ", row_elements,
-          "; is it a checkpoint of this model?"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(paths_[found->file], ": tensor '", found->shard_tensor, "' has rows of ",
+                       info == nullptr ? 0 : info->RowElements(), " elements, but the model's '",
+                       tensor.name, "' (shape ", ShapeString(tensor.shape), ") has ", row_elements,
+                       "; is it a checkpoint of this model?"));
     }
-    absl::Status s = (*file)->ReadRowsAsF32(found->shard_tensor, row - found->row_begin,
-                                            end - found->row_begin,
-                                            out + (row - row_begin) * row_elements);
+    absl::Status s =
+        (*file)->ReadRowsAsF32(found->shard_tensor, row - found->row_begin, end - found->row_begin,
+                               out + (row - row_begin) * row_elements);
     if (!s.ok()) return s;
     row = end;
   }

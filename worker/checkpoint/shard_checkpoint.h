@@ -80,12 +80,15 @@ ShardView ViewOf(std::shared_ptr<const ShardSnapshot> snapshot);
 // The bytes SerializeShard would make, built in `*out` with one copy of the
 // values (each tensor's XXH64 taken as it is copied). `*out`'s buffer is
 // reused: no allocation, and no page touched twice, once it has held a shard
-// of this size.
+// of this size. A value that is NaN or ±Inf (found on the bytes the checksum
+// reads) makes it return NonFiniteTensorError (common/finite_scan.h) naming
+// the first one; `*out` then holds the complete serialization all the same,
+// so that a snapshot's buddy exchange can still run.
 absl::Status SerializeShardInto(const ShardView& view, std::string* out);
 
 // The bytes WriteShard would write (checksums included), in memory: an
 // in-memory snapshot (worker/recovery). The tensor -> xxh64 hex map in
-// *checksums if not null.
+// *checksums if not null. NonFiniteTensorError for a NaN or ±Inf value.
 absl::StatusOr<std::string> SerializeShard(const ShardSnapshot& snapshot,
                                            std::map<std::string, std::string>* checksums = nullptr);
 
@@ -98,6 +101,8 @@ struct WrittenShard {
 
 // Writes the snapshot under `root` (temporary name, fsync, rename, directory
 // fsync). Nothing appears at the final name unless every byte is durable.
+// A shard holding a NaN or ±Inf value is refused before anything is written
+// (NonFiniteTensorError, common/finite_scan.h).
 absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snapshot, const std::string& root);
 
 // Reads parameters and moments by model tensor rows from either a step's
@@ -126,8 +131,9 @@ class CheckpointReader {
     std::string name;
     absl::string_view bytes;
   };
-  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenMemory(
-      const std::string& source, std::vector<MemoryFile> files, bool verified);
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenMemory(const std::string& source,
+                                                                      std::vector<MemoryFile> files,
+                                                                      bool verified);
 
   // Rows [row_begin, row_end) of `tensor` as f32; NOT_FOUND naming the tensor
   // and the checkpoint when a row is missing. Every file tensor read from is
@@ -159,8 +165,8 @@ class CheckpointReader {
 
   std::string source_;
   std::vector<std::string> paths_;
-  std::vector<absl::string_view> buffers_;  // OpenMemory: each file's bytes
-  bool checksums_verified_ = false;         // OpenMemory(verified = true)
+  std::vector<absl::string_view> buffers_;                   // OpenMemory: each file's bytes
+  bool checksums_verified_ = false;                          // OpenMemory(verified = true)
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;  // lazily opened
   std::vector<bool> indexed_;
   // (kind, model tensor) -> pieces, by row_begin

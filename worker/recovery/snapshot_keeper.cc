@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
 #include "common/checksum.h"
+#include "common/finite_scan.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -238,18 +239,10 @@ bool SnapshotKeeper::in_flight() const {
   return in_flight_;
 }
 
-absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
-                                      absl::Duration timeout) {
-  const absl::Time start = absl::Now();
-  auto own = std::make_shared<SnapshotBlob>();
-  own->bytes = TakeBuffer();
-  absl::Status copied = SerializeShardInto(view, &own->bytes);
-  {
-    absl::MutexLock lock(&mu_);
-    copying_ = false;  // the engine's state is free from here on
-    last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
-  }
-  if (!copied.ok()) return copied;
+namespace {
+
+// A blob's description of `view`'s shard, whose bytes it holds.
+void DescribeOwnBlob(const ShardView& view, SnapshotBlob* own) {
   own->step = view.id.step;
   own->rank = view.id.rank;
   own->world_size = view.id.world_size;
@@ -263,12 +256,38 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
     own->pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
   }
   own->xxh64 = BlobChecksum(own->bytes);
+}
+
+}  // namespace
+
+absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
+                                      absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  auto own = std::make_shared<SnapshotBlob>();
+  own->bytes = TakeBuffer();
+  absl::Status copied = SerializeShardInto(view, &own->bytes);
+  // A shard holding NaN or Inf is never kept, here or by the buddy (the
+  // exchange still runs, the refusal in its header): the step never
+  // completes and the last committed snapshot stays (docs/numerics.md).
+  const bool refused = IsNonFiniteTensorError(copied);
+  {
+    absl::MutexLock lock(&mu_);
+    copying_ = false;  // the engine's state is free from here on
+    last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+    if (refused) refusals_.push_back(std::string(copied.message()));
+  }
+  if (!copied.ok() && !refused) return copied;
+  DescribeOwnBlob(view, own.get());
   const int64_t step = own->step;
   const bool alone = comm == nullptr || comm->world_size() == 1;
   {
     absl::MutexLock lock(&mu_);
-    AddLocked(own);
-    complete_[step] = alone ? 2 : 1;
+    if (!refused) {
+      AddLocked(own);
+      complete_[step] = alone ? 2 : 1;
+    } else if (alone) {
+      ReturnBufferLocked(std::move(own->bytes));
+    }
     if (alone) last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
   }
   if (alone) return absl::OkStatus();
@@ -276,8 +295,8 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   const int to = Mod(comm->rank() + shift, w);
   const int from = Mod(comm->rank() - shift, w);
   // Sizes and checksums first, then the blobs.
-  uint64_t send_header[2] = {own->bytes.size(), own->xxh64};
-  uint64_t recv_header[2] = {0, 0};
+  uint64_t send_header[3] = {own->bytes.size(), own->xxh64, refused ? uint64_t{1} : 0};
+  uint64_t recv_header[3] = {0, 0, 0};
   absl::Status s = comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
                                   {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
   if (!s.ok()) return s;
@@ -296,6 +315,15 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
                      {{from, kBlobTag, received.data(), static_cast<int64_t>(received.size())}},
                      timeout);
   if (!s.ok()) return s;
+  if (refused || recv_header[2] != 0) {
+    absl::MutexLock lock(&mu_);
+    if (refused) ReturnBufferLocked(std::move(own->bytes));  // sent: free again
+    // The buddy refused its own shard: not kept here either.
+    if (recv_header[2] != 0) {
+      ReturnBufferLocked(std::move(received));
+      return absl::OkStatus();
+    }
+  }
   absl::StatusOr<std::shared_ptr<SnapshotBlob>> theirs =
       BlobFromBytes(std::move(received), recv_header[1]);
   if (!theirs.ok()) {
@@ -308,6 +336,7 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   }
   absl::MutexLock lock(&mu_);
   AddLocked(*theirs);
+  if (refused) return absl::OkStatus();  // theirs kept; this step never completes here
   complete_[step] = 2;
   last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
   return absl::OkStatus();
@@ -403,6 +432,18 @@ double SnapshotKeeper::last_copy_ms() const {
 double SnapshotKeeper::last_transfer_ms() const {
   absl::MutexLock lock(&mu_);
   return last_transfer_ms_;
+}
+
+void SnapshotKeeper::ReturnBufferLocked(std::string buffer) {
+  pool_.push_back(std::move(buffer));
+  UpdateBytesLocked();
+}
+
+std::vector<std::string> SnapshotKeeper::TakeRefusals() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  out.swap(refusals_);
+  return out;
 }
 
 }  // namespace zeroshard

@@ -131,6 +131,11 @@ class SnapshotKeeper {
   double last_copy_ms() const ABSL_LOCKS_EXCLUDED(mu_);
   double last_transfer_ms() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Snapshots of this rank refused since the last call for a NaN or Inf
+  // value (NonFiniteTensorError's messages, oldest first): neither this
+  // blob nor the buddy's copy was kept, and the step did not complete.
+  std::vector<std::string> TakeRefusals() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   using Key = std::tuple<int64_t, int, int, std::string>;  // step, rank, world, plan
   static Key KeyOf(const SnapshotBlob& b) { return {b.step, b.rank, b.world_size, b.plan_hash}; }
@@ -140,6 +145,8 @@ class SnapshotKeeper {
   void DropLocked(std::shared_ptr<SnapshotBlob> blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A buffer from the pool (the largest), or an empty one.
   std::string TakeBuffer() ABSL_LOCKS_EXCLUDED(mu_);
+  // A buffer no blob keeps, back to the pool.
+  void ReturnBufferLocked(std::string buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The background half of Start.
   absl::Status Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
@@ -156,6 +163,7 @@ class SnapshotKeeper {
   int64_t peak_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   double last_copy_ms_ ABSL_GUARDED_BY(mu_) = 0;
   double last_transfer_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> refusals_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<TaskThread> thread_ = std::make_unique<TaskThread>("snapshot");
 };
 

@@ -9,6 +9,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
 #include "worker/comm/quantized.h"
 
 namespace zeroshard {
@@ -1103,14 +1104,14 @@ std::pair<float*, int64_t> ZeroEngine::StepGradient(int u) {
   return {st.grads.f32(), units_[u].chunk_elements};
 }
 
-absl::StatusOr<double> ZeroEngine::AveragedGradientNorm() {
+absl::StatusOr<double> ZeroEngine::LocalGradientSquares() {
   for (auto& st : state_) {
     if (st->grads_stale) {  // no reduction this step (Step without a backward)
       backend_->Zero(st->grads.data(), st->grads.bytes());
       st->grads_stale = false;
     }
   }
-  // Average over micro-batches; the global norm of that gradient.
+  // Average over micro-batches; the squared norm of that gradient here.
   const float scale = 1.0f / static_cast<float>(options_.grad_accum);
   double squares = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -1129,14 +1130,47 @@ absl::StatusOr<double> ZeroEngine::AveragedGradientNorm() {
     if (!unit_squares.ok()) return unit_squares.status();
     squares += *unit_squares;
   }
-  if (stage_.state_sharded) {  // shards: add up over ranks (padding holds zeros)
-    absl::StatusOr<double> mean = MeanOverRanks(squares, "the squared gradient norm");
-    if (!mean.ok()) return mean.status();
-    // Every shard is held by W / G replicas (bitwise equal after their
-    // all-reduce): the sum over ranks counts it that often.
-    squares = *mean * group_size_;
+  return squares;
+}
+
+absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
+  // One all-gather of every rank's (loss, squares): the collective the
+  // norm of shards always needed, now also the loss's mean and the verdict
+  // (step_numerics.h). Doubles travel as raw bytes: two f32 words each.
+  RankNumerics local;
+  local.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
+  local.grad_squares = grad_squares;
+  if (shard_checksum_.has_value()) {
+    local.shard_checksum = *shard_checksum_;
+    local.has_checksum = 1;
+    shard_checksum_.reset();
   }
-  return std::sqrt(squares);
+  std::vector<RankNumerics> all(world_);
+  static_assert(sizeof(RankNumerics) == 8 * sizeof(float), "four 8-byte fields");
+  absl::Status s =
+      aux_comm_->AllGather(&local, all.data(), 8, DType::kF32, options_.collective_timeout);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_gather of the step's loss and gradient norm "
+                                               "(rank ",
+                                               rank_, " of ", world_, "): ", s.message()));
+  }
+  return JudgeStep(all, stage_.state_sharded, group_size_, rank_);
+}
+
+// A step that is not finite changes nothing: no parameter, no optimizer
+// moment or step count. Its gradients are left stale, as an update leaves
+// them, so the next step's first reduction or backward overwrites them; and
+// zeroed, because not every element is overwritten: the padding of a
+// gradient shard is written only by an int8 all-reduce over the replicas,
+// which turns a whole block holding a NaN into NaN, padding included, while
+// the reductions after it write the pieces alone (a NaN left there would
+// make every later norm NaN).
+void ZeroEngine::DropUpdate() {
+  for (auto& st : state_) {
+    if (st->grads.data() != nullptr) backend_->Zero(st->grads.data(), st->grads.bytes());
+    st->grads_stale = true;
+    st->reduced.Reset();
+  }
 }
 
 absl::Status ZeroEngine::UpdateUnit(int u, double lr, double* param_sync_ms) {
@@ -1194,9 +1228,22 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   times_.reduce_wait_ms += MsSince(wait_start);
   absl::Time optimizer_start = absl::Now();
   StepStats stats;
-  absl::StatusOr<double> norm = AveragedGradientNorm();
-  if (!norm.ok()) return norm.status();
-  stats.grad_norm = *norm;
+  absl::StatusOr<double> squares = LocalGradientSquares();
+  if (!squares.ok()) return squares.status();
+  absl::StatusOr<StepVerdict> verdict = ShareStepNumerics(*squares);
+  if (!verdict.ok()) return verdict.status();
+  stats.verdict = *verdict;
+  stats.grad_norm = verdict->grad_norm;
+  stats.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
+  loss_sum_ = 0;
+  micro_batches_ = 0;
+  if (!verdict->apply()) {
+    DropUpdate();
+    times_.optimizer_ms += MsSince(optimizer_start);
+    stats.times = times_;
+    times_ = StepTimes();
+    return stats;
+  }
   if (options_.max_grad_norm > 0 && stats.grad_norm > options_.max_grad_norm) {
     const float clip = static_cast<float>(options_.max_grad_norm / (stats.grad_norm + 1e-6));
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -1205,18 +1252,25 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     }
   }
   double param_sync_ms = 0;
+  std::optional<Hasher> hasher;
+  if (hash_next_update_ && stage_.state_sharded) hasher.emplace();
+  hash_next_update_ = false;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (absl::Status s = UpdateUnit(static_cast<int>(u), lr, &param_sync_ms); !s.ok()) return s;
+    // The chunk the optimizer just wrote is still in the cache.
+    if (hasher.has_value()) {
+      const absl::Time hash_start = absl::Now();
+      if (absl::Status s = HashMasterShard(static_cast<int>(u), &*hasher); !s.ok()) return s;
+      times_.replica_hash_ms += MsSince(hash_start);
+    }
   }
+  if (hasher.has_value()) shard_checksum_ = hasher->Digest();
   // The gather thread reads the updated shards next.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   times_.param_sync_ms += param_sync_ms;
   times_.optimizer_ms += MsSince(optimizer_start) - param_sync_ms;
   stats.times = times_;
   times_ = StepTimes();
-  stats.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
-  loss_sum_ = 0;
-  micro_batches_ = 0;
   return stats;
 }
 
@@ -1251,6 +1305,10 @@ absl::StatusOr<double> ZeroEngine::ParamsSum() {
   if (!mean.ok()) return mean.status();
   return *mean * world_;
 }
+
+TrackedBuffer& ZeroEngine::MasterShard(int unit) { return state_[unit]->master; }
+
+void ZeroEngine::MarkSecondaryStale(int unit) { state_[unit]->secondary_fresh = false; }
 
 int ZeroEngine::replica_peer() const {
   const int replicas = world_ / group_size_;

@@ -51,6 +51,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,11 +67,13 @@
 #include "worker/zero/backend.h"
 #include "worker/zero/memory_tracker.h"
 #include "worker/zero/optimizer.h"
+#include "worker/zero/step_numerics.h"
 #include "worker/zero/task_thread.h"
 
 namespace zeroshard {
 
 struct Int8Rounding;  // worker/comm/quantized.h
+class Hasher;        // common/checksum.h
 
 struct EngineOptions {
   int stage = 3;
@@ -179,11 +182,16 @@ struct StepTimes {
   double reduce_wait_ms = 0;   // waiting for gradient reductions at the step
   double optimizer_ms = 0;     // clip + optimizer on this rank's state
   double param_sync_ms = 0;    // stages 1-2: all-gather of the updated parameters
+  double replica_hash_ms = 0;  // HashShardAtNextUpdate's hashing (in optimizer_ms)
 };
 
 struct StepStats {
   double loss = 0;       // mean over this rank's micro-batches
   double grad_norm = 0;  // global, before clipping
+  // The step's mean loss over ranks, its norm again, and whether both are
+  // finite, the same on every rank. A step that is not finite updated
+  // nothing (verdict.finite() false): the caller decides whether to go on.
+  StepVerdict verdict;
   StepTimes times;
 };
 
@@ -231,7 +239,10 @@ class ZeroEngine {
   void ReleaseHeldParameters();
 
   // The optimizer step after grad_accum micro-batches: waits for the
-  // reductions, averages over micro-batches, clips, steps the shard.
+  // reductions, averages over micro-batches, agrees with every rank on the
+  // step's loss and norm (one small all-gather), and, when both are finite,
+  // clips and steps the shard. A non-finite step leaves the parameters and
+  // the optimizer's state as they were (StepStats::verdict says why).
   absl::StatusOr<StepStats> Step(double lr);
 
   // Sum of every element of the full model (over ranks, in double).
@@ -263,6 +274,24 @@ class ZeroEngine {
   int replica_peer() const;
   int64_t optimizer_step() const;
   void set_optimizer_step(int64_t step);
+
+  // Integrity (engine_integrity.cc). XXH64 of this rank's master shard, every
+  // unit's chunk in unit order, padding included: bitwise the same on every
+  // replica of a member's shard (HSDP), whose optimizer steps see the same
+  // bits. FAILED_PRECONDITION at stage 0 (no shard).
+  absl::StatusOr<uint64_t> MasterShardChecksum();
+  // --replica_check_every: the next Step hashes the master shard (as
+  // MasterShardChecksum) unit by unit right after each unit's update, and the
+  // Step after it sends the hash on its verdict's all-gather, whose verdict
+  // then compares the replicas (StepVerdict::replica_mismatches; a mismatch
+  // is not applied). No collective of its own. Stages 1-3.
+  void HashShardAtNextUpdate() { hash_next_update_ = true; }
+  // Test-only (--testing_corrupt): flips the lowest exponent bit of the first
+  // parameter of this rank's first piece in its master shard, as a flipped
+  // bit in memory would (the value doubles or halves and stays finite).
+  absl::Status CorruptMasterForTesting();
+  // G: the ranks one shard is spread over (W without shard groups).
+  int group_size() const { return group_size_; }
 
   // The collectives in flight right now, e.g. "all_gather of unit '3'", for
   // messages when a job is aborted from outside. Thread-safe.
@@ -312,6 +341,11 @@ class ZeroEngine {
   };
   ZeroEngine() = default;
 
+  // For engine_integrity.cc (UnitState is engine.cc's): a unit's master
+  // shard, and hpZ's slice of it marked stale.
+  TrackedBuffer& MasterShard(int unit);
+  absl::Status HashMasterShard(int unit, Hasher* hasher);
+  void MarkSecondaryStale(int unit);
   absl::Status BuildLayouts(const ShardPlan& plan);
   // Create's steps after the layouts: the pass's positions, each unit's
   // buffers and optimizer, the shared gather regions, the engine threads.
@@ -320,11 +354,15 @@ class ZeroEngine {
   absl::Status SetUpSharedGather();
   void StartThreads();
   // Step's parts: the unit's gradient the optimizer reads (pointer and
-  // elements); the global norm of the micro-batch-averaged gradient (stale
-  // gradients cleared first); the optimizer update of one unit and its
-  // parameter sync (stages 1-2) or early gathers (stage 3).
+  // elements); the squared norm of the micro-batch-averaged gradient this
+  // rank holds (stale gradients cleared first); every rank's loss and
+  // squares, gathered and judged (step_numerics.h); a non-finite step's
+  // dropped update; the optimizer update of one unit and its parameter sync
+  // (stages 1-2) or early gathers (stage 3).
   std::pair<float*, int64_t> StepGradient(int unit);
-  absl::StatusOr<double> AveragedGradientNorm();
+  absl::StatusOr<double> LocalGradientSquares();
+  absl::StatusOr<StepVerdict> ShareStepNumerics(double grad_squares);
+  void DropUpdate();
   absl::Status UpdateUnit(int unit, double lr, double* param_sync_ms);
   // fill(tensor, rows) into `target` (backend memory), through a host
   // staging buffer when the backend's memory is not host memory.
@@ -409,6 +447,8 @@ class ZeroEngine {
   absl::Time first_collective_start_ ABSL_GUARDED_BY(activity_mu_) = absl::InfinitePast();
   double loss_sum_ = 0;
   int micro_batches_ = 0;
+  bool hash_next_update_ = false;            // HashShardAtNextUpdate
+  std::optional<uint64_t> shard_checksum_;   // for the next verdict
   StepTimes times_;  // of the step in progress
 };
 

@@ -1,14 +1,22 @@
 // SnapshotKeeper on one rank (no buddy): the copy into reused buffers, the
-// wait before the optimizer step, the commit, and the blob's checks.
+// wait before the optimizer step, the commit, and the blob's checks; and
+// the refusal of non-finite shards, alone and between two buddies.
 #include "worker/recovery/snapshot_keeper.h"
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/checkpoint_format.h"
+#include "common/finite_scan.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/shard_checkpoint.h"
+#include "worker/comm/in_memory_kv_store.h"
 
 namespace zeroshard {
 namespace {
@@ -115,6 +123,89 @@ TEST(SnapshotKeeperTest, SnapshotsAloneCompleteAndCommitWithoutGrowing) {
   EXPECT_EQ(held[1]->step, 60);
   EXPECT_EQ(keeper.peak_bytes(), bytes_after_two);
   EXPECT_GE(keeper.bytes(), 2 * blob_bytes);
+}
+
+// Nothing non-finite is kept (docs/numerics.md): the bytes the checksum
+// reads are scanned on the way.
+TEST(SerializeShardIntoTest, RefusesANaNNamingItsTensorYetSerializesTheWholeShard) {
+  std::shared_ptr<ShardSnapshot> snap = MakeSnapshot(10, 1.0f);
+  snap->values[3][7] = NAN;
+  snap->values[4][2] = INFINITY;  // a later one: the first is named
+  std::string out;
+  const absl::Status s = SerializeShardInto(ViewOf(snap), &out);
+  EXPECT_TRUE(IsNonFiniteTensorError(s)) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("shard of job job step 10 rank 0: tensor ",
+                                          snap->entries[3].name, " holds nan at element 7")),
+            std::string::npos)
+      << s;
+  // Whole and valid all the same: the buddy exchange sends it.
+  EXPECT_TRUE(BlobFromBytes(out, BlobChecksum(out)).ok());
+  EXPECT_TRUE(IsNonFiniteTensorError(SerializeShard(*snap).status()));
+}
+
+TEST(WriteShardTest, RefusesAnInfBeforeWritingAnything) {
+  std::shared_ptr<ShardSnapshot> snap = MakeSnapshot(10, 1.0f);
+  snap->values[0][14] = -INFINITY;
+  const std::string root = ::testing::TempDir() + "/write_shard_inf";
+  absl::StatusOr<WrittenShard> written = WriteShard(*snap, root);
+  EXPECT_TRUE(IsNonFiniteTensorError(written.status())) << written.status();
+  struct stat st;
+  EXPECT_NE(stat(root.c_str(), &st), 0) << "nothing, not even the step directory, is created";
+}
+
+TEST(SnapshotKeeperTest, ARefusedSnapshotNeverCompletesAndTheCommittedOneStays) {
+  SnapshotKeeper keeper;
+  ASSERT_TRUE(keeper.Start(ViewOf(MakeSnapshot(10, 1.0f)), nullptr, 1, absl::Seconds(5)).ok());
+  ASSERT_TRUE(keeper.Wait().ok());
+  keeper.Commit(keeper.complete_step());
+  std::shared_ptr<ShardSnapshot> bad = MakeSnapshot(20, 2.0f);
+  bad->values[1][0] = NAN;
+  ASSERT_TRUE(keeper.Start(ViewOf(bad), nullptr, 1, absl::Seconds(5)).ok());
+  EXPECT_TRUE(keeper.Wait().ok()) << "a refusal does not fail training: the step's verdict does";
+  EXPECT_EQ(keeper.complete_step(), 10);
+  keeper.Commit(keeper.complete_step());
+  EXPECT_EQ(keeper.committed_step(), 10);
+  std::vector<std::shared_ptr<const SnapshotBlob>> held = keeper.Holdings();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0]->step, 10);
+  const std::vector<std::string> refusals = keeper.TakeRefusals();
+  ASSERT_EQ(refusals.size(), 1u);
+  EXPECT_NE(refusals[0].find("step 20 rank 0"), std::string::npos) << refusals[0];
+  EXPECT_TRUE(keeper.TakeRefusals().empty());
+}
+
+// Two ranks swapping with each other; rank 1's step-20 shard holds a NaN.
+// Neither keeps it (rank 0 not its copy, rank 1 not its own), the step
+// completes nowhere, and the exchange still ends on both sides.
+TEST(SnapshotKeeperTest, ABuddyRefusalLeavesTheStepIncompleteOnBothRanks) {
+  InMemoryKvStore store;
+  SnapshotKeeper keepers[2];
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto comm = GlooCommunicator::Create(&store, rank, 2, "snapshot");
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      SnapshotKeeper& keeper = keepers[rank];
+      for (int64_t step : {10, 20}) {
+        std::shared_ptr<ShardSnapshot> snap = MakeSnapshot(step, rank + 1.0f);
+        snap->id.rank = rank;
+        snap->id.world_size = 2;
+        if (rank == 1 && step == 20) snap->values[5][3] = NAN;
+        ASSERT_TRUE(keeper.Start(ViewOf(snap), comm->get(), 1, absl::Seconds(20)).ok());
+        ASSERT_TRUE(keeper.Wait().ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(keepers[rank].complete_step(), 10) << "rank " << rank;
+    for (const auto& blob : keepers[rank].Holdings()) {
+      EXPECT_FALSE(blob->step == 20 && blob->rank == 1)
+          << "rank " << rank << " keeps rank 1's refused step 20";
+    }
+  }
+  EXPECT_EQ(keepers[1].TakeRefusals().size(), 1u);
+  EXPECT_TRUE(keepers[0].TakeRefusals().empty());
 }
 
 }  // namespace

@@ -37,6 +37,13 @@ struct RunConfig {
   DType reduce_dtype = DType::kF32;
   std::string optimizer = "adam";
   bool shared_gather = true;  // EngineOptions::shared_gather (the communicators use shm)
+  // Rank 1's batch of this step holds a NaN (the step must change nothing);
+  // -1: none.
+  int nan_step = -1;
+  // This step's data is left out entirely (no forward, no Step): the run a
+  // skipped step must equal; -1: none.
+  int drop_step = -1;
+  int max_grad_norm = 0;
 };
 
 struct RankResult {
@@ -46,6 +53,7 @@ struct RankResult {
   int64_t largest_unit_bytes = 0;
   int64_t gather_bytes = 0;  // sent by the all-gathers of the whole run
   std::vector<double> losses;
+  std::vector<int> nonfinite_steps;  // steps whose verdict was not finite
 };
 
 struct RunResult {
@@ -94,6 +102,7 @@ RunResult Train(const RunConfig& config) {
       options.optimizer = config.optimizer;
       options.collective_timeout = absl::Seconds(30);
       options.shared_gather = config.shared_gather;
+      options.max_grad_norm = config.max_grad_norm;
       auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
                                        aux->get(), options);
       ASSERT_TRUE(engine.ok()) << engine.status();
@@ -106,16 +115,19 @@ RunResult Train(const RunConfig& config) {
       SyntheticRegressionData data(/*seed=*/11, config.width);
       std::vector<float> x(config.batch * config.width), y(config.batch * config.width);
       for (int step = 0; step < config.steps; ++step) {
+        if (step == config.drop_step) continue;
         for (int micro = 0; micro < config.grad_accum; ++micro) {
           ASSERT_TRUE(data.Fill(step, micro, rank, config.world, config.batch, config.grad_accum,
                                 x.data(), y.data())
                           .ok());
+          if (step == config.nan_step && rank == 1) x[3] = NAN;
           ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), config.batch).ok());
           auto loss = e.ForwardBackward(micro + 1 == config.grad_accum);
           ASSERT_TRUE(loss.ok()) << loss.status();
         }
         auto stats = e.Step(kLr);
         ASSERT_TRUE(stats.ok()) << stats.status();
+        if (!stats->verdict.finite()) result.ranks[rank].nonfinite_steps.push_back(step);
         auto mean = e.MeanOverRanks(stats->loss);
         ASSERT_TRUE(mean.ok());
         result.ranks[rank].losses.push_back(*mean);
@@ -193,6 +205,34 @@ RunConfig Single(RunConfig c) {
   c.world = 1;
   c.stage = 0;
   return c;
+}
+
+// A step whose loss is NaN on one rank changes nothing on any rank, at
+// every stage, clipped or not: the run equals, bit for bit, one that never
+// saw that step's data (same rows on the same ranks otherwise, the same
+// reductions, Adam's step count untouched).
+TEST(EngineTest, ANonFiniteStepChangesNothingAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int clip : {0, 1}) {
+      RunConfig c;
+      c.stage = stage;
+      c.max_grad_norm = clip;
+      c.nan_step = 2;
+      RunResult skipped = Train(c);
+      c.nan_step = -1;
+      c.drop_step = 2;
+      RunResult dropped = Train(c);
+      for (int rank = 0; rank < c.world; ++rank) {
+        EXPECT_EQ(skipped.ranks[rank].nonfinite_steps, std::vector<int>{2})
+            << "stage " << stage << ", rank " << rank;
+        EXPECT_TRUE(dropped.ranks[rank].nonfinite_steps.empty());
+      }
+      for (const auto& [name, values] : skipped.params) {
+        for (float v : values) ASSERT_TRUE(std::isfinite(v)) << "stage " << stage << " " << name;
+      }
+      EXPECT_EQ(skipped.params, dropped.params) << "stage " << stage << ", clip " << clip;
+    }
+  }
 }
 
 TEST(EngineTest, EveryStageMatchesOneProcessOnTheGlobalBatch) {

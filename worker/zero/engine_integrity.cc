@@ -1,0 +1,60 @@
+// ZeroEngine's checks of its own state (engine.h, "Integrity"): the
+// checksum replicas compare, and the test-only corruption that shows it.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+
+absl::Status ZeroEngine::HashMasterShard(int unit, Hasher* hasher) {
+  const TrackedBuffer& master = MasterShard(unit);
+  if (backend_->host_accessible()) {
+    hasher->Update(master.data(), static_cast<size_t>(master.bytes()));
+    return absl::OkStatus();
+  }
+  std::vector<char> staging(static_cast<size_t>(master.bytes()));
+  if (absl::Status s = backend_->CopyToHost(staging.data(), master.data(), master.bytes());
+      !s.ok()) {
+    return s;
+  }
+  hasher->Update(staging.data(), staging.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ZeroEngine::MasterShardChecksum() {
+  if (!stage_.state_sharded) {
+    return absl::FailedPreconditionError(
+        "a master shard checksum needs sharded optimizer state (stages 1-3)");
+  }
+  Hasher hasher;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (absl::Status s = HashMasterShard(static_cast<int>(u), &hasher); !s.ok()) return s;
+  }
+  return hasher.Digest();
+}
+
+absl::Status ZeroEngine::CorruptMasterForTesting() {
+  if (!stage_.state_sharded || units_.empty() || units_[0].own_segments.empty() ||
+      !backend_->host_accessible()) {
+    return absl::FailedPreconditionError(
+        "--testing_corrupt needs sharded optimizer state (stages 1-3) in host memory");
+  }
+  // The first element of this rank's first piece: a parameter, not padding.
+  const Segment& piece = units_[0].segments[units_[0].own_segments[0]];
+  float* value = MasterShard(0).f32() + piece.chunk_offset;
+  uint32_t bits;
+  std::memcpy(&bits, value, sizeof(bits));
+  // The lowest exponent bit: the value doubles or halves, stays finite, and
+  // training goes on with it (what a flipped bit in memory looks like when
+  // nothing overflows).
+  bits ^= uint32_t{1} << 23;
+  std::memcpy(value, &bits, sizeof(bits));
+  MarkSecondaryStale(0);  // hpZ: the slice no longer matches
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard

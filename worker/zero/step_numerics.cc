@@ -1,0 +1,107 @@
+#include "worker/zero/step_numerics.h"
+
+#include <cfloat>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+
+namespace zeroshard {
+
+const char* NonFiniteQuantityName(NonFiniteQuantity quantity) {
+  switch (quantity) {
+    case NonFiniteQuantity::kNone:
+      return "nothing";
+    case NonFiniteQuantity::kLoss:
+      return "loss";
+    case NonFiniteQuantity::kGradNorm:
+      return "gradient norm";
+  }
+  return "?";
+}
+
+bool FiniteInF32(double v) { return std::isfinite(v) && std::fabs(v) <= FLT_MAX; }
+
+std::string StepVerdict::Describe() const {
+  if (finite()) return "finite";
+  const bool beyond = std::isfinite(value);
+  // NaN's sign bit means nothing to a reader: "nan", never "-nan".
+  const std::string shown = std::isnan(value) ? "nan"
+                            : beyond          ? absl::StrFormat("%g", value)
+                                              : (value > 0 ? "inf" : "-inf");
+  return absl::StrFormat("the %s is %s%s on rank %d", NonFiniteQuantityName(nonfinite), shown,
+                         beyond ? " (beyond float32's range)" : "", first_rank);
+}
+
+std::vector<ReplicaMismatch> FindReplicaMismatches(const std::vector<uint64_t>& checksums,
+                                                   int group_size) {
+  std::vector<ReplicaMismatch> out;
+  const int world = static_cast<int>(checksums.size());
+  if (group_size < 1) return out;
+  for (int member = 0; member < group_size && member < world; ++member) {
+    ReplicaMismatch set;
+    set.member = member;
+    bool differ = false;
+    for (int r = member; r < world; r += group_size) {
+      set.ranks.push_back(r);
+      set.checksums.push_back(checksums[r]);
+      differ = differ || checksums[r] != checksums[member];
+    }
+    if (differ) out.push_back(std::move(set));
+  }
+  return out;
+}
+
+StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed, int group_size,
+                      int own_rank) {
+  StepVerdict verdict;
+  const int world = static_cast<int>(ranks.size());
+  if (world == 0) return verdict;
+  verdict.replicas_compared = true;
+  std::vector<uint64_t> checksums;
+  for (const RankNumerics& r : ranks) {
+    verdict.replicas_compared = verdict.replicas_compared && r.has_checksum != 0;
+    checksums.push_back(r.shard_checksum);
+  }
+  if (verdict.replicas_compared) {
+    verdict.replica_mismatches = FindReplicaMismatches(checksums, group_size);
+  }
+  // In rank order, as MeanOverRanks always added them: the same bits as
+  // before the verdict shared this collective.
+  double loss_sum = 0, squares_sum = 0;
+  for (const RankNumerics& r : ranks) {
+    loss_sum += r.loss;
+    squares_sum += r.grad_squares;
+  }
+  verdict.mean_loss = loss_sum / world;
+  // Every shard is held by W / G replicas (bitwise equal after their
+  // all-reduce): the sum over ranks counts it that often.
+  const double squares =
+      shards_summed ? squares_sum / world * group_size : ranks[own_rank].grad_squares;
+  verdict.grad_norm = std::sqrt(squares);
+  for (int r = 0; r < world; ++r) {
+    if (!FiniteInF32(ranks[r].loss)) {
+      verdict.nonfinite = NonFiniteQuantity::kLoss;
+      verdict.first_rank = r;
+      verdict.value = ranks[r].loss;
+      return verdict;
+    }
+  }
+  if (FiniteInF32(verdict.grad_norm)) return verdict;
+  verdict.nonfinite = NonFiniteQuantity::kGradNorm;
+  verdict.value = verdict.grad_norm;
+  // The first rank whose own part overflowed; when none did alone (finite
+  // parts whose sum passed FLT_MAX), rank 0 stands for all of them.
+  verdict.first_rank = 0;
+  for (int r = 0; r < world; ++r) {
+    if (!FiniteInF32(std::sqrt(ranks[r].grad_squares))) {
+      verdict.first_rank = r;
+      break;
+    }
+  }
+  return verdict;
+}
+
+}  // namespace zeroshard
