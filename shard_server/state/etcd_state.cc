@@ -287,24 +287,28 @@ absl::Status EtcdError(absl::string_view endpoints, absl::string_view what,
   const std::string where = absl::StrCat("etcd (", endpoints, "): ", what, ": ", message);
   if (has("database space exceeded")) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        where, " (etcd's NOSPACE alarm: its database reached its --quota-backend-bytes. "
-               "Compact and defragment it (etcdctl compact, etcdctl defrag), then "
-               "`etcdctl alarm disarm`; or restart etcd with a larger quota. docs/deploy.md)"));
+        where,
+        " (etcd's NOSPACE alarm: its database reached its --quota-backend-bytes. "
+        "Compact and defragment it (etcdctl compact, etcdctl defrag), then "
+        "`etcdctl alarm disarm`; or restart etcd with a larger quota. docs/deploy.md)"));
   }
   if (has("request is too large") || has("larger than max")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " (the request is over etcd's --max-request-bytes, 1.5 MiB by default: lower "
-               "shard_server's --etcd_max_txn_bytes under it)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     " (the request is over etcd's --max-request-bytes, 1.5 MiB by default: lower "
+                     "shard_server's --etcd_max_txn_bytes under it)"));
   }
   if (has("too many operations in txn")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " (over etcd's --max-txn-ops, 128 by default: lower shard_server's "
-               "--etcd_max_txn_ops to it)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     " (over etcd's --max-txn-ops, 128 by default: lower shard_server's "
+                     "--etcd_max_txn_ops to it)"));
   }
   if (has("no leader") || has("leader changed") || has("timed out")) {
-    return absl::UnavailableError(absl::StrCat(
-        where, " (etcd has no leader of its own, or is electing one: is a quorum of etcd "
-               "members up?)"));
+    return absl::UnavailableError(
+        absl::StrCat(where,
+                     " (etcd has no leader of its own, or is electing one: is a quorum of etcd "
+                     "members up?)"));
   }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -336,7 +340,8 @@ absl::StatusOr<int64_t> EtcdSession::FencedTxn(const std::vector<EtcdOp>& ops) {
     etcdserverpb::RequestOp* request = txn.add_success();
     if (op.is_delete) {
       request->mutable_request_delete_range()->set_key(op.key);
-      if (!op.range_end.empty()) request->mutable_request_delete_range()->set_range_end(op.range_end);
+      if (!op.range_end.empty())
+        request->mutable_request_delete_range()->set_range_end(op.range_end);
     } else {
       etcdserverpb::PutRequest* put = request->mutable_request_put();
       put->set_key(op.key);
@@ -436,7 +441,8 @@ absl::StatusOr<EtcdHealth> EtcdSession::Health() {
 
 absl::Status EtcdSession::CheckLeading() const {
   absl::MutexLock lock(&mu_);
-  if (!lost_.empty()) return absl::UnavailableError(absl::StrCat("this shard server lost its lead: ", lost_));
+  if (!lost_.empty())
+    return absl::UnavailableError(absl::StrCat("this shard server lost its lead: ", lost_));
   if (!have_leader_key_) return absl::UnavailableError("this shard server does not lead");
   const absl::Duration since = absl::Now() - renewed_at_;
   if (since >= options_.lease_ttl) {
@@ -472,8 +478,8 @@ absl::StatusOr<std::string> Unframe(absl::string_view framed) {
   if (framed.empty()) return absl::DataLossError("an empty state value");
   if (framed[0] == 'r') return std::string(framed.substr(1));
   if (framed[0] == 'z') return Decompress(framed.substr(1));
-  return absl::DataLossError(absl::StrCat("a state value of unknown kind '",
-                                          absl::CEscape(framed.substr(0, 1)), "'"));
+  return absl::DataLossError(
+      absl::StrCat("a state value of unknown kind '", absl::CEscape(framed.substr(0, 1)), "'"));
 }
 
 std::string PartKey(const std::string& key, int part) { return absl::StrCat(key, kPartMark, part); }
@@ -553,13 +559,15 @@ absl::StatusOr<std::vector<ReplicaEntry>> EtcdStateReplica::Load() {
     if (IsPartKey(kv.key)) continue;
     std::string framed = kv.value;
     if (!framed.empty() && framed[0] == 'm') {
-      if (framed.size() < 5) return absl::DataLossError(absl::StrCat(kv.key, ": a cut part header"));
+      if (framed.size() < 5)
+        return absl::DataLossError(absl::StrCat(kv.key, ": a cut part header"));
       const uint32_t parts = ReadU32(absl::string_view(framed).substr(1));
       std::string whole = framed.substr(5);
       for (uint32_t p = 1; p < parts; ++p) {
         auto part = by_key.find(PartKey(kv.key, p));
         if (part == by_key.end()) {
-          return absl::DataLossError(absl::StrCat(kv.key, ": part ", p, " of ", parts, " is missing"));
+          return absl::DataLossError(
+              absl::StrCat(kv.key, ": part ", p, " of ", parts, " is missing"));
         }
         whole += part->second->value;
       }
@@ -614,7 +622,8 @@ void EtcdStateReplica::AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& op
   if (framed.size() > max_part) {
     parts = static_cast<int>((framed.size() + max_part - 1) / max_part);
     ops.push_back({key, "m" + U32(parts) + framed.substr(0, max_part)});
-    for (int p = 1; p < parts; ++p) ops.push_back({PartKey(key, p), framed.substr(p * max_part, max_part)});
+    for (int p = 1; p < parts; ++p)
+      ops.push_back({PartKey(key, p), framed.substr(p * max_part, max_part)});
   } else {
     ops.push_back({key, std::move(framed)});
   }

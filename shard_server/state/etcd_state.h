@@ -39,7 +39,7 @@
 namespace zeroshard {
 
 struct EtcdOptions {
-  std::string endpoints;             // "HOST:PORT,HOST:PORT,...": etcd's client URLs
+  std::string endpoints;              // "HOST:PORT,HOST:PORT,...": etcd's client URLs
   std::string prefix = "/zeroshard";  // every key of this control plane starts with it
   absl::Duration lease_ttl = absl::Seconds(2);
   absl::Duration rpc_timeout = absl::Seconds(1);  // of one etcd call (not Campaign)
@@ -122,8 +122,7 @@ class EtcdSession {
   absl::StatusOr<std::string> Get(const std::string& key);
   // Puts key = value only while this session's leadership key exists as it
   // was won (fencing). UNAVAILABLE when it is gone or etcd cannot be reached.
-  absl::Status FencedPut(const std::string& key, const std::string& value)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FencedPut(const std::string& key, const std::string& value) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies `ops` in one transaction only while this session's leadership
   // key exists as it was won; returns etcd's revision after it.
   absl::StatusOr<int64_t> FencedTxn(const std::vector<EtcdOp>& ops) ABSL_LOCKS_EXCLUDED(mu_);
@@ -201,9 +200,9 @@ class EtcdStateReplica : public DatabaseReplica {
   absl::Status Save(const ReplicaBatch& batch) override ABSL_LOCKS_EXCLUDED(mu_);
 
   struct Stats {
-    int64_t batches = 0;          // saved
-    int64_t transactions = 0;     // etcd transactions they took
-    int64_t bytes_written = 0;    // keys and values put
+    int64_t batches = 0;        // saved
+    int64_t transactions = 0;   // etcd transactions they took
+    int64_t bytes_written = 0;  // keys and values put
     int64_t last_batch_bytes = 0;
     int64_t last_batch_transactions = 0;
     int64_t largest_value_bytes = 0;  // of one etcd value written
@@ -227,22 +226,23 @@ class EtcdStateReplica : public DatabaseReplica {
   void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The etcd keys and values of one entry (its parts) and the deletes of
   // parts it no longer has.
-  void AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& ops) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& ops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddDelete(const std::string& key, std::vector<EtcdOp>& ops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   EtcdSession* const session_;
-  const std::string rows_prefix_;   // "<prefix>/state/"
-  const std::string head_key_;      // "<prefix>/state.head"
-  const std::string pending_key_;   // "<prefix>/state.pending"
-  const std::string legacy_key_;    // "<prefix>/state": an older version's whole image
+  const std::string rows_prefix_;  // "<prefix>/state/"
+  const std::string head_key_;     // "<prefix>/state.head"
+  const std::string pending_key_;  // "<prefix>/state.pending"
+  const std::string legacy_key_;   // "<prefix>/state": an older version's whole image
 
   mutable absl::Mutex mu_;
   // Parts of the entries stored in more than one (relative key -> count).
   std::map<std::string, int> parts_ ABSL_GUARDED_BY(mu_);
-  bool legacy_ ABSL_GUARDED_BY(mu_) = false;          // the legacy image is still in etcd
-  bool pending_left_ ABSL_GUARDED_BY(mu_) = false;    // a failed batch left pending
-  int64_t head_value_ ABSL_GUARDED_BY(mu_) = 0;       // batches so far, head's value
+  bool legacy_ ABSL_GUARDED_BY(mu_) = false;        // the legacy image is still in etcd
+  bool pending_left_ ABSL_GUARDED_BY(mu_) = false;  // a failed batch left pending
+  int64_t head_value_ ABSL_GUARDED_BY(mu_) = 0;     // batches so far, head's value
   int writes_since_compaction_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_compaction_try_ ABSL_GUARDED_BY(mu_) = absl::Now();
   Stats stats_ ABSL_GUARDED_BY(mu_);

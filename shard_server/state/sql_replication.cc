@@ -6,8 +6,8 @@
 #include <sqlite3.h>
 
 #include <cinttypes>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <tuple>
 #include <utility>
 
@@ -68,8 +68,9 @@ std::string Tagged(sqlite3_value* v) {
       return text;
     }
     case SQLITE_TEXT:
-      return absl::StrCat("t", absl::string_view(reinterpret_cast<const char*>(sqlite3_value_text(v)),
-                                                 sqlite3_value_bytes(v)));
+      return absl::StrCat("t",
+                          absl::string_view(reinterpret_cast<const char*>(sqlite3_value_text(v)),
+                                            sqlite3_value_bytes(v)));
     case SQLITE_BLOB:
       return absl::StrCat("b", absl::string_view(static_cast<const char*>(sqlite3_value_blob(v)),
                                                  sqlite3_value_bytes(v)));
@@ -169,21 +170,24 @@ SqlReplication::SqlReplication(sqlite3* db, std::string name, std::vector<PagedT
 
 SqlReplication::~SqlReplication() { sqlite3_preupdate_hook(db_, nullptr, nullptr); }
 
+std::vector<std::string> SqlReplication::TableNames() {
+  std::vector<std::string> tables;
+  Stmt stmt;
+  sqlite3_prepare_v2(db_,
+                     "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                     "'sqlite_%'",
+                     -1, &stmt.p, nullptr);
+  while (sqlite3_step(stmt.p) == SQLITE_ROW) {
+    tables.push_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt.p, 0)));
+  }
+  return tables;
+}
+
 absl::Status SqlReplication::Begin() {
   changed_.clear();
   unknown_table_changed_ = false;
   // Every table's key columns, read now: the hook may not run SQL.
-  std::vector<std::string> tables;
-  {
-    Stmt stmt;
-    sqlite3_prepare_v2(db_,
-                       "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
-                       "'sqlite_%'",
-                       -1, &stmt.p, nullptr);
-    while (sqlite3_step(stmt.p) == SQLITE_ROW) {
-      tables.push_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt.p, 0)));
-    }
-  }
+  const std::vector<std::string> tables = TableNames();
   for (const std::string& table : tables) {
     if (absl::StatusOr<const TableInfo*> info = Info(table); !info.ok()) return info.status();
   }
@@ -194,8 +198,7 @@ absl::Status SqlReplication::Begin() {
 // The preupdate hook: a row of `table` is about to be inserted, updated or
 // deleted; its key (old and, for an update, new) goes into changed_.
 void SqlReplication::Changed(int op, const char* database, const char* table) {
-  if (!recording_ || std::strcmp(database, "main") != 0 ||
-      std::strncmp(table, "sqlite_", 7) == 0) {
+  if (!recording_ || std::strcmp(database, "main") != 0 || std::strncmp(table, "sqlite_", 7) == 0) {
     return;
   }
   auto it = tables_.find(table);
@@ -235,7 +238,8 @@ absl::StatusOr<const SqlReplication::TableInfo*> SqlReplication::Info(const std:
   Stmt stmt;
   const std::string sql = absl::StrCat("SELECT name, pk FROM pragma_table_info(?1)");
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt.p, nullptr) != SQLITE_OK) {
-    return absl::InternalError(absl::StrCat(name_, ": read table ", table, ": ", sqlite3_errmsg(db_)));
+    return absl::InternalError(
+        absl::StrCat(name_, ": read table ", table, ": ", sqlite3_errmsg(db_)));
   }
   sqlite3_bind_text(stmt.p, 1, table.data(), static_cast<int>(table.size()), SQLITE_TRANSIENT);
   std::map<int, int> key_order;  // pk position (1-based) -> column index
@@ -270,17 +274,7 @@ absl::StatusOr<std::string> SqlReplication::Schema() {
 }
 
 absl::Status SqlReplication::AddEveryRow(std::set<RowRef>& refs) {
-  std::vector<std::string> tables;
-  {
-    Stmt stmt;
-    sqlite3_prepare_v2(db_,
-                       "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
-                       "'sqlite_%'",
-                       -1, &stmt.p, nullptr);
-    while (sqlite3_step(stmt.p) == SQLITE_ROW) {
-      tables.push_back(reinterpret_cast<const char*>(sqlite3_column_text(stmt.p, 0)));
-    }
-  }
+  const std::vector<std::string> tables = TableNames();
   for (const std::string& table : tables) {
     absl::StatusOr<const TableInfo*> info = Info(table);
     if (!info.ok()) return info.status();
@@ -333,8 +327,8 @@ absl::Status SqlReplication::ReadRef(const RowRef& ref, ReplicaBatch& batch) {
       where.push_back(absl::StrCat(column, " = ?", i + 1));
     }
   }
-  const std::string sql = absl::StrCat("SELECT * FROM ", Quoted(ref.table), " WHERE ",
-                                       absl::StrJoin(where, " AND "));
+  const std::string sql =
+      absl::StrCat("SELECT * FROM ", Quoted(ref.table), " WHERE ", absl::StrJoin(where, " AND "));
   Stmt stmt;
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt.p, nullptr) != SQLITE_OK) {
     return absl::InternalError(
@@ -420,8 +414,8 @@ absl::Status SqlReplication::InsertRows(const std::string& table, const std::str
       sqlite3_finalize(stmt.p);
       stmt.p = nullptr;
       std::vector<std::string> marks(row.columns_size(), "?");
-      const std::string sql = absl::StrCat("INSERT INTO ", Quoted(table), " VALUES (",
-                                           absl::StrJoin(marks, ", "), ")");
+      const std::string sql =
+          absl::StrCat("INSERT INTO ", Quoted(table), " VALUES (", absl::StrJoin(marks, ", "), ")");
       code = sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt.p, nullptr);
       prepared_for = row.columns_size();
     } else {

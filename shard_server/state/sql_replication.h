@@ -73,6 +73,8 @@ class SqlReplication {
   };
 
   absl::StatusOr<const TableInfo*> Info(const std::string& table);
+  // The database's tables (not SQLite's own).
+  std::vector<std::string> TableNames();
   // The preupdate hook's body.
   void Changed(int op, const char* database, const char* table);
   absl::Status AddEveryRow(std::set<RowRef>& refs);

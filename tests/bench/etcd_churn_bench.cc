@@ -39,9 +39,10 @@ ABSL_FLAG(int, ranks, 64, "Ranks of the checkpointing job");
 ABSL_FLAG(int, blocks, 10, "Blocks the cycles are reported in");
 ABSL_FLAG(int, quota_mib, 256, "etcd's --quota-backend-bytes, in MiB");
 ABSL_FLAG(int, etcd_members, 1, "etcd members");
-ABSL_FLAG(std::string, job_ttl, "5s",
-          "The server's --job_ttl: a finished job is forgotten after it (with the default, 24 h, "
-          "10,000 cycles would hit --max_jobs); the live state is the jobs of the last few seconds");
+ABSL_FLAG(
+    std::string, job_ttl, "5s",
+    "The server's --job_ttl: a finished job is forgotten after it (with the default, 24 h, "
+    "10,000 cycles would hit --max_jobs); the live state is the jobs of the last few seconds");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 
 namespace zeroshard {
@@ -97,8 +98,7 @@ DbSize ReadDbSize(const testing::EtcdCluster& etcd) {
 // its shard of a small MLP per step.
 class CheckpointingJob {
  public:
-  CheckpointingJob(const std::string& servers, const std::string& root, int ranks)
-      : root_(root) {
+  CheckpointingJob(const std::string& servers, const std::string& root, int ranks) : root_(root) {
     std::vector<std::thread> joins;
     clients_.resize(ranks);
     for (int r = 0; r < ranks; ++r) clients_[r] = Connect(servers);
@@ -127,12 +127,12 @@ class CheckpointingJob {
       Client& c = *clients_[next_ % static_cast<int>(clients_.size())];
       const int rank = c.info().rank;
       const int64_t step = 1 + next_ / static_cast<int>(clients_.size());
-      absl::StatusOr<testing::ShardFile> file =
-          testing::WriteShardFile(root_, "churn-checkpoints", plan_, step, rank,
-                                  c.info().generation);
+      absl::StatusOr<testing::ShardFile> file = testing::WriteShardFile(
+          root_, "churn-checkpoints", plan_, step, rank, c.info().generation);
       if (!file.ok()) Die("shard file", file.status());
       auto committed = c.CommitShard(step, file->relative, file->size, file->checksums);
-      if (!committed.ok()) Die(absl::StrCat("commit of step ", step, " rank ", rank), committed.status());
+      if (!committed.ok())
+        Die(absl::StrCat("commit of step ", step, " rank ", rank), committed.status());
       ++next_;
     }
   }
@@ -163,8 +163,8 @@ int Main() {
   servers_owner = std::make_unique<testing::ReplicatedServers>(
       dir + "/servers", etcd.endpoints(),
       std::vector<std::string>{"--checkpoint_root=" + root, "--heartbeat_timeout_ms=3600000",
-       "--job_ttl=" + absl::GetFlag(FLAGS_job_ttl),
-       absl::StrCat("--etcd_quota_bytes=", quota)},
+                               "--job_ttl=" + absl::GetFlag(FLAGS_job_ttl),
+                               absl::StrCat("--etcd_quota_bytes=", quota)},
       /*count=*/1);
   testing::ReplicatedServers& servers = *servers_owner;
   if (servers.WaitLeader(absl::Seconds(30)) < 0) {
@@ -178,8 +178,7 @@ int Main() {
               absl::GetFlag(FLAGS_ranks));
   CheckpointingJob job(servers.addresses(), root, absl::GetFlag(FLAGS_ranks));
   const std::string worker_id(256, 'w');
-  Table table({"cycles", "join median ms", "join p90 ms", "commits", "etcd db MiB",
-               "in use MiB"});
+  Table table({"cycles", "join median ms", "join p90 ms", "commits", "etcd db MiB", "in use MiB"});
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::vector<double>> joins_by_block;
   const absl::Time start = absl::Now();
@@ -220,19 +219,20 @@ int Main() {
   const double last_median = Percentile(joins_by_block.back(), 0.5);
   std::printf("\n%s\n", table.ToString().c_str());
   std::printf("etcd alarms: %s\n", alarms.empty() ? "none" : alarms.c_str());
-  std::printf("db at the end: %.1f MiB (target <= 64); last block's median join / first's: "
-              "%.2f (target <= 1.5)\n",
-              end.file / 1048576.0, first_median > 0 ? last_median / first_median : 0);
+  std::printf(
+      "db at the end: %.1f MiB (target <= 64); last block's median join / first's: "
+      "%.2f (target <= 1.5)\n",
+      end.file / 1048576.0, first_median > 0 ? last_median / first_median : 0);
   if (!absl::GetFlag(FLAGS_json_out).empty()) {
-    nlohmann::json out = {{"machine", machine.Json()},
-                          {"cycles", cycles},
-                          {"commits", commits},
-                          {"quota_bytes", quota},
-                          {"blocks", rows},
-                          {"alarms", alarms},
-                          {"db_bytes_end", end.file},
-                          {"join_median_ratio_last_first",
-                           first_median > 0 ? last_median / first_median : 0}};
+    nlohmann::json out = {
+        {"machine", machine.Json()},
+        {"cycles", cycles},
+        {"commits", commits},
+        {"quota_bytes", quota},
+        {"blocks", rows},
+        {"alarms", alarms},
+        {"db_bytes_end", end.file},
+        {"join_median_ratio_last_first", first_median > 0 ? last_median / first_median : 0}};
     if (WriteBenchJson(out, absl::GetFlag(FLAGS_json_out)) != 0) return 1;
   }
   const int code = alarms.empty() && end.file <= (int64_t{64} << 20) ? 0 : 1;

@@ -233,10 +233,10 @@ TEST_F(EtcdStateTest, AHalfWrittenChangeIsUndoneByTheNextLeader) {
   // pending, a key changed, a key added, a key deleted, no new head.
   const std::string job_j = etcd_.Get("/test/state/rows/jobs/j");
   ASSERT_FALSE(job_j.empty());
-  for (const std::string& command :
-       {std::string("put /test/state.pending 99"), std::string("put /test/state/rows/jobs/j r-garbage"),
-        std::string("put /test/state/rows/jobs/zz r-garbage"),
-        std::string("del /test/state/rows/jobs/k")}) {
+  for (const std::string& command : {std::string("put /test/state.pending 99"),
+                                     std::string("put /test/state/rows/jobs/j r-garbage"),
+                                     std::string("put /test/state/rows/jobs/zz r-garbage"),
+                                     std::string("del /test/state/rows/jobs/k")}) {
     auto [code, out] = etcd_.Etcdctl(command);
     ASSERT_EQ(code, 0) << command << ": " << out;
   }

@@ -15,11 +15,14 @@ TEST(DescribeProcessTest, NamesTheBinaryAndEachThreadsStateOfASleepingChild) {
   const std::string dir = MakeTempDir("describe");
   ChildProcess sleeper("/bin/sleep", {"30"}, dir + "/sleep.log");
   // Until it has exec'd, /proc/<pid>/exe is the test binary: wait for sleep's.
+  // Both in one description: DescribeProcess reads exe before the threads,
+  // so an exec between the two reads shows the old exe beside sleep's thread.
   std::string description;
   ASSERT_TRUE(WaitFor(
       [&] {
         description = DescribeProcess(sleeper.pid());
-        return description.find("sleep: S (sleeping)") != std::string::npos;
+        return description.find("exe /usr/bin/sleep") != std::string::npos &&
+               description.find("sleep: S (sleeping)") != std::string::npos;
       },
       absl::Seconds(20)))
       << description;
