@@ -8,6 +8,8 @@
 // refusals named.
 #include "shard_server/state/etcd_state.h"
 
+#include <zlib.h>
+
 #include <memory>
 #include <string>
 
@@ -298,6 +300,61 @@ TEST_F(EtcdLimitsTest, ARequestOverEtcdsLimitIsRefusedNamingTheLimit) {
   auto jobs = (*store)->LoadJobs();
   ASSERT_TRUE(jobs.ok());
   EXPECT_TRUE(jobs->empty());
+}
+
+// What an older version kept: the whole SQLite image, zlib-compressed behind
+// its 8-byte little-endian size, as one value under "<prefix>/state".
+std::string LegacyImage(const std::string& dir) {
+  {
+    auto store = StateStore::Open(dir + "/old.db");
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return "";
+    EXPECT_TRUE((*store)->SaveJob(Job("old", 7)).ok());
+  }
+  // Closed, the file holds every commit (its WAL checkpointed); its header
+  // says rollback mode (bytes 18 and 19: 1), as the in-memory database's
+  // sqlite3_serialize image of the older version did.
+  std::string image = testing::ReadFileOrEmpty(dir + "/old.db");
+  EXPECT_GT(image.size(), 100u);
+  if (image.size() < 100) return "";
+  image[18] = image[19] = 1;
+  uLongf bound = compressBound(image.size());
+  std::string stored(8 + bound, '\0');
+  for (int i = 0; i < 8; ++i) stored[i] = static_cast<char>((uint64_t{image.size()} >> (8 * i)) & 0xff);
+  compress2(reinterpret_cast<Bytef*>(&stored[8]), &bound,
+            reinterpret_cast<const Bytef*>(image.data()), image.size(), 6);
+  stored.resize(8 + bound);
+  return stored;
+}
+
+TEST_F(EtcdStateTest, AnOlderVersionsImageIsLoadedAndRewrittenAsKeys) {
+  ASSERT_TRUE(etcd_.ok());
+  const std::string image = LegacyImage(testing::MakeTempDir("legacy"));
+  ASSERT_FALSE(image.empty());
+  std::unique_ptr<EtcdSession> leader = Leader("a:1");
+  ASSERT_NE(leader, nullptr);
+  ASSERT_TRUE(leader->FencedPut("/test/state", image).ok());
+  {
+    EtcdStateReplica replica(leader.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto jobs = (*store)->LoadJobs();
+    ASSERT_TRUE(jobs.ok() && jobs->size() == 1u);
+    EXPECT_EQ((*jobs)[0].generation, 7);
+  }
+  // Written as keys at the store's first transaction; the image is gone.
+  EXPECT_FALSE(etcd_.Get("/test/state/rows/jobs/old").empty());
+  EXPECT_TRUE(etcd_.Get("/test/state").empty());
+  leader->Resign();
+  std::unique_ptr<EtcdSession> next = Leader("b:1");
+  ASSERT_NE(next, nullptr);
+  EtcdStateReplica replica(next.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok() && jobs->size() == 1u);
+  EXPECT_EQ((*jobs)[0].generation, 7);
+  ASSERT_EQ((*jobs)[0].members.size(), 2u);
 }
 
 TEST_F(EtcdStateTest, AStoreCannotBeOpenedWithoutEtcd) {
