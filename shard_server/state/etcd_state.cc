@@ -614,7 +614,7 @@ absl::Status EtcdStateReplica::Repair(int64_t head_revision,
   return Commit(std::move(ops), /*pending_exists=*/true);
 }
 
-void EtcdStateReplica::AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& ops) {
+int EtcdStateReplica::AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& ops) {
   const std::string key = rows_prefix_ + entry.key;
   std::string framed = Frame(entry.value);
   const size_t max_part = std::max<size_t>(session_->options().max_value_bytes, 64) - 8;
@@ -630,6 +630,7 @@ void EtcdStateReplica::AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& op
   auto known = parts_.find(entry.key);
   const int before = known == parts_.end() ? 1 : known->second;
   for (int p = parts; p < before; ++p) ops.push_back({PartKey(key, p), "", true});
+  return parts;
 }
 
 void EtcdStateReplica::AddDelete(const std::string& key, std::vector<EtcdOp>& ops) {
@@ -642,19 +643,19 @@ void EtcdStateReplica::AddDelete(const std::string& key, std::vector<EtcdOp>& op
 absl::Status EtcdStateReplica::Save(const ReplicaBatch& batch) {
   absl::MutexLock lock(&mu_);
   std::vector<EtcdOp> ops;
-  for (const ReplicaEntry& e : batch.puts) AddPut(e, ops);
+  std::vector<int> parts;  // of each put, framed (compressed) once
+  parts.reserve(batch.puts.size());
+  for (const ReplicaEntry& e : batch.puts) parts.push_back(AddPut(e, ops));
   for (const std::string& key : batch.deletes) AddDelete(key, ops);
   if (legacy_) ops.push_back({legacy_key_, "", true});
   absl::Status committed = Commit(std::move(ops), pending_left_);
   // The part counts: after a failure, the larger of before and after, so
   // that the next write of the entry deletes every part that may exist.
-  for (const ReplicaEntry& e : batch.puts) {
-    const size_t max_part = std::max<size_t>(session_->options().max_value_bytes, 64) - 8;
-    const size_t framed = Frame(e.value).size();
-    const int parts = static_cast<int>(std::max<size_t>(1, (framed + max_part - 1) / max_part));
-    int& known = parts_[e.key];
-    known = committed.ok() ? parts : std::max(std::max(known, 1), parts);
-    if (known == 1) parts_.erase(e.key);
+  for (size_t i = 0; i < batch.puts.size(); ++i) {
+    const std::string& key = batch.puts[i].key;
+    int& known = parts_[key];
+    known = committed.ok() ? parts[i] : std::max(std::max(known, 1), parts[i]);
+    if (known == 1) parts_.erase(key);
   }
   if (committed.ok()) {
     for (const std::string& key : batch.deletes) parts_.erase(key);

@@ -225,8 +225,8 @@ class EtcdStateReplica : public DatabaseReplica {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The etcd keys and values of one entry (its parts) and the deletes of
-  // parts it no longer has.
-  void AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& ops)
+  // parts it no longer has; returns its part count.
+  int AddPut(const ReplicaEntry& entry, std::vector<EtcdOp>& ops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddDelete(const std::string& key, std::vector<EtcdOp>& ops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
