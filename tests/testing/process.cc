@@ -21,9 +21,43 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace zeroshard::testing {
+namespace {
+
+// Children not yet reaped, killed by an atexit handler: a test or benchmark
+// that gives up with std::exit (its destructors do not run) leaves no server,
+// etcd or worker behind.
+absl::Mutex live_mu(absl::kConstInit);
+std::set<pid_t>* live_children ABSL_GUARDED_BY(live_mu) = nullptr;
+
+void KillLiveChildren() {
+  absl::MutexLock lock(&live_mu);
+  if (live_children == nullptr) return;
+  for (pid_t pid : *live_children) {
+    kill(-pid, SIGKILL);  // its process group: what it started, too
+    kill(pid, SIGKILL);
+  }
+  live_children->clear();
+}
+
+void NoteLive(pid_t pid) {
+  absl::MutexLock lock(&live_mu);
+  if (live_children == nullptr) {
+    live_children = new std::set<pid_t>;
+    std::atexit(KillLiveChildren);
+  }
+  live_children->insert(pid);
+}
+
+void NoteGone(pid_t pid) {
+  absl::MutexLock lock(&live_mu);
+  if (live_children != nullptr) live_children->erase(pid);
+}
+
+}  // namespace
 
 ChildProcess::ChildProcess(const std::string& binary, const std::vector<std::string>& args,
                            const std::string& log_path, const Placement& placement)
@@ -39,7 +73,7 @@ ChildProcess::ChildProcess(const std::string& binary, const std::vector<std::str
       dup2(fd, 1);
       dup2(fd, 2);
     }
-    // Die with the test runner, so that no child outlives a crashed test.
+    // Its own process group: killed with what it started at exit (above).
     setpgid(0, 0);
     // Only system calls between fork and exec (the parent may have threads).
     if (placement.netns_fd >= 0 && setns(placement.netns_fd, CLONE_NEWNET) != 0) {
@@ -56,6 +90,7 @@ ChildProcess::ChildProcess(const std::string& binary, const std::vector<std::str
     std::perror("execv");
     _exit(127);
   }
+  if (pid_ > 0) NoteLive(pid_);
 }
 
 ChildProcess::~ChildProcess() {
@@ -63,6 +98,7 @@ ChildProcess::~ChildProcess() {
     kill(pid_, SIGKILL);
     waitpid(pid_, &status_, 0);
   }
+  if (pid_ > 0) NoteGone(pid_);
 }
 
 void ChildProcess::Signal(int sig) {
@@ -76,6 +112,7 @@ bool ChildProcess::running() {
   if (r == pid_) {
     reaped_ = true;
     status_ = status;
+    NoteGone(pid_);  // its pid may be reused: never killed at exit
     return false;
   }
   return true;
@@ -157,8 +194,8 @@ std::string DescribeProcess(pid_t pid) {
     }
     const std::string task = dir + "/task/" + entry->d_name;
     absl::StrAppend(&out, "  thread ", entry->d_name, " ",
-                    FirstLine(ReadFileOrEmpty(task + "/comm")), ": ", ThreadState(task),
-                    ", wchan ", FirstLine(ReadFileOrEmpty(task + "/wchan")), ", syscall ",
+                    FirstLine(ReadFileOrEmpty(task + "/comm")), ": ", ThreadState(task), ", wchan ",
+                    FirstLine(ReadFileOrEmpty(task + "/wchan")), ", syscall ",
                     FirstLine(ReadFileOrEmpty(task + "/syscall")), "\n");
     for (absl::string_view frame : absl::StrSplit(ReadFileOrEmpty(task + "/stack"), '\n')) {
       if (!frame.empty()) absl::StrAppend(&out, "      ", frame, "\n");
