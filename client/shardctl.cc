@@ -99,22 +99,24 @@ void PrintControlPlane(const v1::ControlPlaneStatus& cp) {
     return;
   }
   const double used = e.quota_bytes() > 0 ? 100.0 * e.db_size_bytes() / e.quota_bytes() : 0;
-  std::printf("etcd storage: db %.1f MiB (%.1f MiB in use) of a %.0f MiB quota (%.0f %%); "
-              "last compaction %s\n",
-              e.db_size_bytes() / 1048576.0, e.db_size_in_use_bytes() / 1048576.0,
-              e.quota_bytes() / 1048576.0, used,
-              e.compacted_unix_ms() == 0
-                  ? "none yet"
-                  : absl::StrCat("at revision ", e.compacted_revision()).c_str());
+  std::printf(
+      "etcd storage: db %.1f MiB (%.1f MiB in use) of a %.0f MiB quota (%.0f %%); "
+      "last compaction %s\n",
+      e.db_size_bytes() / 1048576.0, e.db_size_in_use_bytes() / 1048576.0,
+      e.quota_bytes() / 1048576.0, used,
+      e.compacted_unix_ms() == 0 ? "none yet"
+                                 : absl::StrCat("at revision ", e.compacted_revision()).c_str());
   for (const std::string& alarm : e.alarms()) {
-    std::printf("WARNING: etcd alarm %s: etcd refuses writes (joins, generations, checkpoints "
-                "fail) until an operator clears it; docs/deploy.md\n",
-                alarm.c_str());
+    std::printf(
+        "WARNING: etcd alarm %s: etcd refuses writes (joins, generations, checkpoints "
+        "fail) until an operator clears it; docs/deploy.md\n",
+        alarm.c_str());
   }
   if (used >= 80) {
-    std::printf("WARNING: etcd's database is over 80 %% of its quota: defragment it "
-                "(etcdctl defrag) or raise --quota-backend-bytes (and --etcd_quota_bytes); "
-                "docs/deploy.md\n");
+    std::printf(
+        "WARNING: etcd's database is over 80 %% of its quota: defragment it "
+        "(etcdctl defrag) or raise --quota-backend-bytes (and --etcd_quota_bytes); "
+        "docs/deploy.md\n");
   }
   std::printf("\n");
 }
@@ -153,8 +155,7 @@ int StatusCommand() {
   for (const v1::JobStatus& job : status->jobs()) {
     jobs.AddRow({job.job_id(), v1::JobState_Name(job.state()), absl::StrCat(job.generation()),
                  absl::StrCat(job.world_size()), absl::StrCat(job.joined()),
-                 absl::StrCat(AliveRanks(job)),
-                 job.plan_hash().empty() ? "-" : job.plan_hash()});
+                 absl::StrCat(AliveRanks(job)), job.plan_hash().empty() ? "-" : job.plan_hash()});
   }
   std::printf("%s", jobs.ToString().c_str());
   for (const v1::JobStatus& job : status->jobs()) {
@@ -195,37 +196,46 @@ int StatusCommand() {
     if (job.history_size() > 0) {
       Table history({"GENERATION", "SINCE", "WHY"});
       for (const v1::GenerationChange& change : job.history()) {
-        history.AddRow({absl::StrCat(change.generation()),
-                        absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC",
-                                         absl::FromUnixMillis(change.unix_ms()),
-                                         absl::UTCTimeZone()),
-                        change.reason()});
+        history.AddRow(
+            {absl::StrCat(change.generation()),
+             absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", absl::FromUnixMillis(change.unix_ms()),
+                              absl::UTCTimeZone()),
+             change.reason()});
       }
       std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
     }
     int64_t skipped = 0;
+    int pending = 0, pending_ranks = 0;
     for (const v1::MemberStatus& m : job.members()) {
       skipped = std::max(skipped, m.last_step().skipped_steps());
+      pending = std::max(pending, m.telemetry().commits_pending());
+      pending_ranks += m.telemetry().commits_pending() > 0;
+    }
+    if (pending > 0) {
+      std::printf(
+          "\n%s checkpoint commits pending: up to %d on %d rank(s) (written, waiting for "
+          "the server; committed in order when it answers)\n",
+          job.job_id().c_str(), pending, pending_ranks);
     }
     if (skipped > 0) {
-      std::printf("\n%s skipped steps: %lld (non-finite loss or gradient norm, "
-                  "--on_nonfinite=skip; the ranks' logs name each)\n",
-                  job.job_id().c_str(), static_cast<long long>(skipped));
+      std::printf(
+          "\n%s skipped steps: %lld (non-finite loss or gradient norm, "
+          "--on_nonfinite=skip; the ranks' logs name each)\n",
+          job.job_id().c_str(), static_cast<long long>(skipped));
     }
-    std::printf("\n%s latest committed snapshot: %s\n", job.job_id().c_str(),
-                job.snapshot_step() >= 0 ? absl::StrCat("step ", job.snapshot_step()).c_str()
-                                         : "none");
+    std::printf(
+        "\n%s latest committed snapshot: %s\n", job.job_id().c_str(),
+        job.snapshot_step() >= 0 ? absl::StrCat("step ", job.snapshot_step()).c_str() : "none");
     if (job.recoveries_size() > 0) {
-      Table recoveries({"GENERATION", "SOURCE", "FAILED AT", "RESUMED AT", "W", "REJOIN",
-                        "RESTORE", "TRAINING AGAIN"});
+      Table recoveries({"GENERATION", "SOURCE", "FAILED AT", "RESUMED AT", "W", "REJOIN", "RESTORE",
+                        "TRAINING AGAIN"});
       for (const v1::RecoveryRecord& r : job.recoveries()) {
-        recoveries.AddRow({absl::StrCat(r.generation()), r.source(),
-                           r.failed_step() >= 0 ? absl::StrCat("step ", r.failed_step()) : "-",
-                           absl::StrCat("step ", r.restored_step()), absl::StrCat(r.world_size()),
-                           absl::StrFormat("%.0f ms", r.rejoin_ms()),
-                           absl::StrFormat("%.0f ms", r.restore_ms()),
-                           r.first_step_ms() > 0 ? absl::StrFormat("%.0f ms", r.first_step_ms())
-                                                 : "-"});
+        recoveries.AddRow(
+            {absl::StrCat(r.generation()), r.source(),
+             r.failed_step() >= 0 ? absl::StrCat("step ", r.failed_step()) : "-",
+             absl::StrCat("step ", r.restored_step()), absl::StrCat(r.world_size()),
+             absl::StrFormat("%.0f ms", r.rejoin_ms()), absl::StrFormat("%.0f ms", r.restore_ms()),
+             r.first_step_ms() > 0 ? absl::StrFormat("%.0f ms", r.first_step_ms()) : "-"});
       }
       std::printf("\n%s recoveries\n%s", job.job_id().c_str(), recoveries.ToString().c_str());
     }

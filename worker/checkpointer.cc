@@ -17,33 +17,10 @@ namespace {
 
 // A checkpoint's commit: the server reads the file's header and, for the
 // last rank, writes and fsyncs the manifest, on a shared filesystem that may
-// be slow.
+// be slow. The client retries while the server is out of reach, within it.
 constexpr absl::Duration kCommitTimeout = absl::Minutes(5);
 // An upload (--checkpoint_transport=grpc) moves the whole shard.
 constexpr absl::Duration kUploadTimeout = absl::Hours(1);
-
-// The background half of a save: write, upload if asked, commit. Sets
-// `*written_path` once the file is in place locally.
-absl::Status WriteAndCommit(const ShardSnapshot& snapshot, Client* client,
-                            const CheckpointConfig& config, std::string* written_path) {
-  // Tests only: stretch the write so that a kill lands inside it.
-  if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
-    absl::SleepFor(absl::Milliseconds(atoi(delay)));
-  }
-  absl::StatusOr<WrittenShard> written = WriteShard(snapshot, config.dir);
-  if (!written.ok()) return written.status();
-  *written_path = written->path;
-  if (config.transport == CheckpointTransport::kGrpc) {
-    absl::Status uploaded =
-        client->UploadShard(snapshot.id.step, written->relative_path, written->path, kUploadTimeout)
-            .status();
-    if (!uploaded.ok()) return uploaded;
-  }
-  return client
-      ->CommitShard(snapshot.id.step, written->relative_path, written->size_bytes,
-                    written->checksums, kCommitTimeout)
-      .status();
-}
 
 // A full disk (ours, or the server's root) clears up without the job's
 // help; a step another rank abandoned (ABORTED) is gone for every rank. A
@@ -56,66 +33,136 @@ bool TrainingOutlivesCheckpointFailure(const absl::Status& s) {
 
 }  // namespace
 
-absl::Status Checkpointer::SaveOrAbandon(const ShardSnapshot& snapshot, Client* client,
-                                         const CheckpointConfig& config, int64_t retry_step,
-                                         Failures* failures) {
-  std::string written_path;
-  const absl::Status saved = WriteAndCommit(snapshot, client, config, &written_path);
-  if (saved.ok() || !TrainingOutlivesCheckpointFailure(saved)) return saved;
-  const int64_t step = snapshot.id.step;
-  // On a shared filesystem this rank's piece of the abandoned step is
-  // nobody's: no manifest will ever name it.
-  if (config.transport == CheckpointTransport::kFs && !written_path.empty()) {
-    unlink(written_path.c_str());
-  }
-  if (!absl::IsAborted(saved)) {
-    // The others must learn of it through the server, not wait for it.
-    absl::Status reported =
-        client->AbandonCheckpointStep(step, std::string(saved.message()), retry_step);
-    if (!reported.ok()) {
-      std::fprintf(stderr, "rank %d: %s\n", snapshot.id.rank, reported.ToString().c_str());
-    }
-  }
-  if (retry_step == 0) return saved;
-  const std::string message =
-      absl::StrCat("checkpoint step ", step, " failed on rank ", snapshot.id.rank, ": ",
-                   saved.message(), "; retrying at step ", retry_step);
-  std::fprintf(stderr, "%s\n", message.c_str());
-  absl::MutexLock lock(&failures->mu);
-  failures->messages.push_back(message);
-  return absl::OkStatus();
-}
+Checkpointer::Checkpointer(Client* client, const CheckpointConfig& config,
+                           const std::string& optimizer, std::vector<double>* pause_ms)
+    : client_(client), config_(config), optimizer_(optimizer), pause_ms_(pause_ms) {}
+
+Checkpointer::~Checkpointer() = default;  // the threads finish their queues
 
 bool Checkpointer::TrainingOutlives(const absl::Status& s) {
   return TrainingOutlivesCheckpointFailure(s);
 }
 
-Checkpointer::Checkpointer(Client* client, const CheckpointConfig& config,
-                           const std::string& optimizer, std::vector<double>* pause_ms)
-    : client_(client), config_(config), optimizer_(optimizer), pause_ms_(pause_ms) {}
+absl::Status Checkpointer::Abandon(const ShardIdentity& id, const std::string& written_path,
+                                   const absl::Status& saved, int64_t retry_step) {
+  if (!TrainingOutlivesCheckpointFailure(saved)) return saved;
+  // On a shared filesystem this rank's piece of the abandoned step is
+  // nobody's: no manifest will ever name it. A staged file (grpc) is never
+  // uploaded.
+  if (!written_path.empty()) unlink(written_path.c_str());
+  if (!absl::IsAborted(saved)) {
+    // The others must learn of it through the server, not wait for it.
+    absl::Status reported =
+        client_->AbandonCheckpointStep(id.step, std::string(saved.message()), retry_step);
+    if (!reported.ok()) std::fprintf(stderr, "rank %d: %s\n", id.rank, reported.ToString().c_str());
+  }
+  if (retry_step == 0) return saved;
+  const std::string message =
+      absl::StrCat("checkpoint step ", id.step, " failed on rank ", id.rank, ": ", saved.message(),
+                   "; retrying at step ", retry_step);
+  std::fprintf(stderr, "%s\n", message.c_str());
+  absl::MutexLock lock(&mu_);
+  failures_.push_back(message);
+  return absl::OkStatus();
+}
+
+void Checkpointer::NoteWritten(int64_t step, int rank) {
+  absl::MutexLock lock(&mu_);
+  waiting_.push_back(step);
+  // The one being committed counts: at most max_pending_commits files wait.
+  int live = committing_;
+  for (int64_t s : waiting_) live += dropped_.count(s) == 0;
+  if (live <= config_.max_pending_commits) return;
+  for (int64_t oldest : waiting_) {
+    if (dropped_.count(oldest) != 0 || oldest == step) continue;
+    dropped_.insert(oldest);
+    std::fprintf(stderr,
+                 "rank %d: checkpoint step %lld dropped before its commit: %d checkpoints wait "
+                 "for the server (--max_pending_commits=%d); the step is abandoned once the "
+                 "server answers, and training goes on\n",
+                 rank, static_cast<long long>(oldest), live, config_.max_pending_commits);
+    return;
+  }
+}
+
+absl::Status Checkpointer::Commit(const ShardIdentity& id, const WrittenShard& written,
+                                  int64_t retry_step) {
+  bool dropped = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!waiting_.empty() && waiting_.front() == id.step) waiting_.pop_front();
+    dropped = dropped_.erase(id.step) > 0;
+    ++committing_;
+  }
+  absl::Status committed;
+  if (dropped) {
+    committed = absl::ResourceExhaustedError(absl::StrCat(
+        "dropped before its commit: more than --max_pending_commits=", config_.max_pending_commits,
+        " checkpoints waited for the server"));
+  } else if (config_.transport == CheckpointTransport::kGrpc) {
+    committed =
+        client_->UploadShard(id.step, written.relative_path, written.path, kUploadTimeout).status();
+  }
+  if (committed.ok()) {
+    committed = client_
+                    ->CommitShard(id.step, written.relative_path, written.size_bytes,
+                                  written.checksums, kCommitTimeout)
+                    .status();
+  }
+  absl::Status out = committed.ok() ? committed : Abandon(id, written.path, committed, retry_step);
+  absl::MutexLock lock(&mu_);
+  --committing_;
+  return out;
+}
 
 absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step) {
   const absl::Time start = absl::Now();
-  if (absl::Status s = thread_.Drain(); !s.ok()) return Annotate(s, "previous checkpoint");
+  if (absl::Status s = writer_.Drain(); !s.ok()) return Annotate(s, "previous checkpoint");
+  if (absl::Status s = committer_.FirstError(); !s.ok()) {
+    return Annotate(s, "previous checkpoint");
+  }
   absl::StatusOr<ShardSnapshot> snapshot =
       SnapshotShard(engine, id, optimizer_, config_.save_optimizer);
   if (!snapshot.ok()) return Annotate(snapshot.status(), "checkpoint snapshot");
   pause_ms_->push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
   auto shared = std::make_shared<ShardSnapshot>(*std::move(snapshot));
-  thread_.Submit([shared, client = client_, config = config_, retry_step, failures = failures_]() {
-    return SaveOrAbandon(*shared, client, config, retry_step, failures.get());
+  writer_.Submit([this, shared, retry_step]() -> absl::Status {
+    // Tests only: stretch the write so that a kill lands inside it.
+    if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
+      absl::SleepFor(absl::Milliseconds(atoi(delay)));
+    }
+    const ShardIdentity id = shared->id;
+    absl::StatusOr<WrittenShard> written = WriteShard(*shared, config_.dir);
+    if (!written.ok()) {
+      // In step order with the commits before it (the server may be away).
+      absl::Status failed = written.status();
+      if (!TrainingOutlivesCheckpointFailure(failed)) return failed;
+      committer_.Submit(
+          [this, id, failed, retry_step] { return Abandon(id, "", failed, retry_step); });
+      return absl::OkStatus();
+    }
+    NoteWritten(id.step, id.rank);
+    committer_.Submit(
+        [this, id, w = *std::move(written), retry_step] { return Commit(id, w, retry_step); });
+    return absl::OkStatus();
   });
   return absl::OkStatus();
 }
 
 absl::Status Checkpointer::Drain() {
-  absl::Status s = thread_.Drain();
+  absl::Status s = writer_.Drain();
+  if (s.ok()) s = committer_.Drain();
   return s.ok() ? s : Annotate(s, "checkpoint");
 }
 
 std::vector<std::string> Checkpointer::failures() const {
-  absl::MutexLock lock(&failures_->mu);
-  return failures_->messages;
+  absl::MutexLock lock(&mu_);
+  return failures_;
+}
+
+int Checkpointer::pending_commits() const {
+  absl::MutexLock lock(&mu_);
+  return committing_ + static_cast<int>(waiting_.size());
 }
 
 }  // namespace zeroshard

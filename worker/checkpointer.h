@@ -1,26 +1,39 @@
 // Saves this rank's shard of a training run's checkpoints. The snapshot of the
-// engine's state is the training thread's pause; the write, the upload
-// (--checkpoint_transport=grpc) and the commit run on a thread of their own,
-// one checkpoint in flight at a time. See docs/design.md, "Checkpoint formats".
+// engine's state is the training thread's pause; the write runs on a thread of
+// its own (one write in flight), and the upload (--checkpoint_transport=grpc)
+// and the commit on another, in step order. See docs/design.md, "Checkpoint
+// formats".
+//
+// Training never waits for the control plane: a commit needs the server (and
+// its etcd quorum), a write only this rank's disk. While the server is out of
+// reach (a partition, a failover, etcd without quorum) written checkpoints
+// wait for their commits, which go through in order once it answers; the
+// training thread waits only for the previous write. At most
+// --max_pending_commits wait: past that the oldest one not yet being
+// committed is dropped (said on stderr), its file removed and its step
+// abandoned for every rank once the server answers.
 //
 // A checkpoint that cannot be saved while a later one is due (a full disk
 // here or under the server's root: RESOURCE_EXHAUSTED; a step another rank
 // abandoned: ABORTED) is abandoned for every rank through the server and
 // training goes on; the next interval tries again. Any other failure, or
-// one of the last scheduled checkpoint, ends the run as before.
+// one of the last scheduled checkpoint, ends the run as before (at the next
+// Save or at Drain).
 //
-// Not thread-safe: the training thread calls it. Destroying it waits for the
-// checkpoint in flight.
+// Save and Drain: the training thread. pending_commits and failures: any
+// thread. Destroying it waits for the writes and commits in flight.
 #ifndef ZEROSHARD_WORKER_CHECKPOINTER_H_
 #define ZEROSHARD_WORKER_CHECKPOINTER_H_
 
+#include <cstdint>
+#include <deque>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
-
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/worker_config.h"
@@ -35,42 +48,53 @@ class Checkpointer {
   // `pause_ms`.
   Checkpointer(Client* client, const CheckpointConfig& config, const std::string& optimizer,
                std::vector<double>* pause_ms);
+  ~Checkpointer();
 
-  // Waits for the previous checkpoint ("previous checkpoint: ..."), then
-  // snapshots `engine` as `id` and queues the rest. `retry_step`: the step
-  // at which the next checkpoint is due (0: none), where a failed one is
-  // tried again.
+  // Waits for the previous checkpoint's write ("previous checkpoint: ..."),
+  // returns a commit's failure that ends the run, then snapshots `engine` as
+  // `id` and queues the write and the commit. `retry_step`: the step at
+  // which the next checkpoint is due (0: none), where a failed one is tried
+  // again.
   absl::Status Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step);
   // Whether a checkpoint failed with `s` is one training outlives: a full
   // disk (ours or the server's root), or a step another rank abandoned.
   static bool TrainingOutlives(const absl::Status& s);
 
-  // Waits for the last checkpoint ("checkpoint: ...").
+  // Waits for the last write and every commit ("checkpoint: ...").
   absl::Status Drain();
 
   // "checkpoint step N failed on rank R: ...; retrying at step M", one per
   // abandoned checkpoint so far. Thread-safe.
   std::vector<std::string> failures() const;
+  // Checkpoints written and not yet committed (or abandoned). Thread-safe.
+  int pending_commits() const;
 
  private:
-  // What the background thread appends to.
-  struct Failures {
-    mutable absl::Mutex mu;
-    std::vector<std::string> messages ABSL_GUARDED_BY(mu);
-  };
-  // The background half of Save: WriteAndCommit, and for a failure that
-  // training outlives (see above) the abandonment, when a later checkpoint
-  // is due (`retry_step` > 0).
-  static absl::Status SaveOrAbandon(const ShardSnapshot& snapshot, Client* client,
-                                    const CheckpointConfig& config, int64_t retry_step,
-                                    Failures* failures);
+  // Queued on the committer thread by a write: upload, commit.
+  absl::Status Commit(const ShardIdentity& id, const WrittenShard& written, int64_t retry_step);
+  // For a failure `saved` that training outlives: removes the file nobody
+  // will name, tells the server (unless it told us: ABORTED), and notes the
+  // failure when a later checkpoint is due; otherwise returns `saved`.
+  absl::Status Abandon(const ShardIdentity& id, const std::string& written_path,
+                       const absl::Status& saved, int64_t retry_step);
+  // After a write: past --max_pending_commits, drops the oldest waiting step.
+  void NoteWritten(int64_t step, int rank);
 
   Client* const client_;
   const CheckpointConfig config_;
   const std::string optimizer_;
   std::vector<double>* const pause_ms_;
-  const std::shared_ptr<Failures> failures_ = std::make_shared<Failures>();
-  TaskThread thread_{"checkpoint"};
+
+  mutable absl::Mutex mu_;
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> waiting_ ABSL_GUARDED_BY(mu_);  // written, commit not begun; oldest first
+  std::set<int64_t> dropped_ ABSL_GUARDED_BY(mu_);    // of waiting_, dropped for the bound
+  int committing_ ABSL_GUARDED_BY(mu_) = 0;           // commits begun, not finished
+
+  // The committer before the writer: the writer (destroyed first) may queue
+  // a commit while it finishes.
+  TaskThread committer_{"ckpt-commit"};
+  TaskThread writer_{"checkpoint"};
 };
 
 }  // namespace zeroshard

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -134,6 +135,7 @@ absl::Status Worker::Join() {
     if (abortable_engine_ != nullptr) {
       FillLiveTelemetry(*abortable_engine_, abortable_data_plane_, telemetry);
     }
+    if (checkpointer_ != nullptr) telemetry->set_commits_pending(checkpointer_->pending_commits());
   });
   arrival_lag_.Clear();
   client_->StartHeartbeats(
@@ -282,6 +284,14 @@ absl::Status Worker::Train() {
   }
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
+  {
+    absl::MutexLock lock(&abort_mu_);
+    checkpointer_ = &checkpointer;  // its commits_pending in the heartbeats
+  }
+  absl::Cleanup unpublish = [this] {
+    absl::MutexLock lock(&abort_mu_);
+    checkpointer_ = nullptr;
+  };
   const int every = config_.recovery.snapshot_every;
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an

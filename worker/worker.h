@@ -81,6 +81,8 @@
 
 namespace zeroshard {
 
+class Checkpointer;
+
 // One job generation, as the phases build it.
 struct Generation {
   JoinInfo membership;                    // Join
@@ -246,6 +248,8 @@ class Worker {
   // What the heartbeat handler may touch.
   mutable absl::Mutex abort_mu_;
   DataPlane* abortable_data_plane_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
+  // The training loop's, while it trains: its pending commits in heartbeats.
+  Checkpointer* checkpointer_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
   const ZeroEngine* abortable_engine_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
 };
 

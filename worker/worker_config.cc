@@ -180,6 +180,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int, checkpoint_every, 0, "Checkpoint every K steps (0: never)");
 ABSL_FLAG(bool, checkpoint_at_end, false, "Checkpoint after the last step");
 ABSL_FLAG(bool, save_optimizer, true, "Save the optimizer state (Adam moments, step)");
+ABSL_FLAG(int, max_pending_commits, 8,
+          "Checkpoints written but not yet committed (the server or etcd's quorum out of reach) "
+          "that a rank keeps while training goes on; past it the oldest waiting one is dropped "
+          "(said on stderr) and its step abandoned once the server answers");
 ABSL_FLAG(std::string, checkpoint_transport, "fs",
           "fs: the server reads the files on a shared filesystem; grpc: stream them to it");
 ABSL_FLAG(std::string, resume, "",
@@ -473,6 +477,11 @@ absl::Status ReadRun(WorkerConfig* config) {
   checkpoint.save_optimizer = absl::GetFlag(FLAGS_save_optimizer);
   if (checkpoint.enabled() && checkpoint.dir.empty()) {
     return Bad("--checkpoint_every / --checkpoint_at_end need --checkpoint_dir");
+  }
+  checkpoint.max_pending_commits = absl::GetFlag(FLAGS_max_pending_commits);
+  if (checkpoint.max_pending_commits < 1) {
+    return Bad(absl::StrCat("--max_pending_commits=", checkpoint.max_pending_commits,
+                            ": expected at least 1 (the checkpoint being committed)"));
   }
   const std::string transport = absl::GetFlag(FLAGS_checkpoint_transport);
   if (transport == "fs") {

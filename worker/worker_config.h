@@ -56,6 +56,9 @@ struct CheckpointConfig {
   // kFs: the server reads the files on a shared filesystem; kGrpc: this
   // worker streams them to it (UploadShard) before committing.
   CheckpointTransport transport = CheckpointTransport::kFs;
+  // Written checkpoints waiting for their commit (the server out of reach)
+  // kept before the oldest waiting one is dropped (checkpointer.h).
+  int max_pending_commits = 8;
 
   bool enabled() const { return every > 0 || at_end; }
 };

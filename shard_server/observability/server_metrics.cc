@@ -230,8 +230,8 @@ void ServerMetrics::Write(std::string* out) const {
          "How far behind the threads of the heartbeat and agent call queues are (an alarm "
          "every 100 ms, timed when served); past half a heartbeat interval, the heartbeat "
          "timeout is extended by it.");
-  absl::StrAppend(out, "zeroshard_call_queue_lag_seconds ",
-                  Num(call_queue_lag_ns_.load() / 1e9), "\n");
+  absl::StrAppend(out, "zeroshard_call_queue_lag_seconds ", Num(call_queue_lag_ns_.load() / 1e9),
+                  "\n");
   Family(out, "zeroshard_joins_total", "counter", "Joins answered with a rank.");
   absl::StrAppend(out, "zeroshard_joins_total ", answered("Join", true), "\n");
   Family(out, "zeroshard_kv_operations_total", "counter",
@@ -311,8 +311,8 @@ void WriteEtcdStorage(const v1::EtcdStorage& e, std::string* out) {
   gauge("zeroshard_etcd_last_compaction_timestamp_seconds", "gauge",
         "When the leader last compacted etcd's history (Unix seconds; 0: not yet).",
         absl::StrFormat("%.3f", e.compacted_unix_ms() / 1000.0));
-  gauge("zeroshard_etcd_state_writes_total", "counter",
-        "State changes the leader wrote to etcd.", e.state_batches());
+  gauge("zeroshard_etcd_state_writes_total", "counter", "State changes the leader wrote to etcd.",
+        e.state_batches());
   gauge("zeroshard_etcd_state_written_bytes_total", "counter",
         "Keys and values the leader wrote to etcd.", e.state_bytes_written());
   gauge("zeroshard_etcd_state_load_seconds", "gauge",
@@ -431,10 +431,9 @@ std::vector<const v1::MemberStatus*> ListedRanks(const v1::JobStatus& job,
   }
   if (!view.all_ranks && job.members_size() > view.max_rank_series) {
     listed = WorstRanks(job, view.worst_ranks);
-    std::sort(listed.begin(), listed.end(),
-              [](const v1::MemberStatus* a, const v1::MemberStatus* b) {
-                return a->rank() < b->rank();
-              });
+    std::sort(
+        listed.begin(), listed.end(),
+        [](const v1::MemberStatus* a, const v1::MemberStatus* b) { return a->rank() < b->rank(); });
     return listed;
   }
   for (const v1::MemberStatus& m : job.members()) {
@@ -456,7 +455,8 @@ void WriteHostFamilies(const v1::GetStatusResponse& status,
   }
   auto per_host = [&](const char* name, const char* help, auto value) {
     Family(out, name, "gauge", help);
-    for (const auto& [labels, h] : hosts) absl::StrAppend(out, name, "{", labels, "} ", value(h), "\n");
+    for (const auto& [labels, h] : hosts)
+      absl::StrAppend(out, name, "{", labels, "} ", value(h), "\n");
   };
   per_host("zeroshard_host_ranks", "Ranks of the job on the host.",
            [](const HostSummary& h) { return h.ranks; });
@@ -486,8 +486,7 @@ void WriteRankHistograms(const v1::GetStatusResponse& status,
       for (size_t b = 0; b <= h.bounds.size(); ++b) {
         cumulative += h.counts[b];
         absl::StrAppend(out, name, "_bucket{", job_labels[j], ",le=\"",
-                        b < h.bounds.size() ? Num(h.bounds[b]) : "+Inf", "\"} ", cumulative,
-                        "\n");
+                        b < h.bounds.size() ? Num(h.bounds[b]) : "+Inf", "\"} ", cumulative, "\n");
       }
       absl::StrAppend(out, name, "_sum{", job_labels[j], "} ", h.sum, "\n");
       absl::StrAppend(out, name, "_count{", job_labels[j], "} ", h.count, "\n");
@@ -625,6 +624,12 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
            "Of the data-plane bytes, those sent across the network to ranks on other hosts.",
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.telemetry().comm_bytes_inter_host());
+           });
+  per_rank("zeroshard_rank_commits_pending", "gauge",
+           "Checkpoints the rank wrote whose commits wait for the server (committed in order "
+           "once it answers).",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().commits_pending());
            });
 }
 

@@ -73,6 +73,11 @@ absl::Status TaskThread::Wait(int64_t ticket) {
   return status;
 }
 
+absl::Status TaskThread::FirstError() {
+  absl::MutexLock lock(&mu_);
+  return first_error_;
+}
+
 absl::Status TaskThread::Drain() {
   absl::MutexLock lock(&mu_);
   int64_t last = next_ticket_ - 1;

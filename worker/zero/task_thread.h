@@ -31,6 +31,8 @@ class TaskThread {
   absl::Status Wait(int64_t ticket);
   // Blocks until every submitted task ran; the first failure, if any.
   absl::Status Drain();
+  // The first failure so far (OK if none), without waiting.
+  absl::Status FirstError();
 
  private:
   void Loop();
