@@ -150,7 +150,8 @@ v1::Coordinator::Stub* Client::AgentOrServer() {
   }
   if (state == GRPC_CHANNEL_READY) {
     if (said_no_agent_.exchange(false)) {
-      std::fprintf(stderr, "the node agent at %s answers again: heartbeats and joins go through it\n",
+      std::fprintf(stderr,
+                   "the node agent at %s answers again: heartbeats and joins go through it\n",
                    options_.agent.c_str());
     }
     return agent_stub_.get();
@@ -208,9 +209,9 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
     // straight to the server, waiting for a connection to one of its
     // addresses first.
     v1::Coordinator::Stub* via = AgentOrServer();
-    absl::Status status =
-        via == stub_.get() ? AwaitConnection(std::min(deadline, absl::Now() + kJoinRetryReport))
-                           : absl::OkStatus();
+    absl::Status status = via == stub_.get()
+                              ? AwaitConnection(std::min(deadline, absl::Now() + kJoinRetryReport))
+                              : absl::OkStatus();
     if (status.ok()) {
       grpc::ClientContext context;
       Prepare(&context, deadline - absl::Now());
@@ -639,9 +640,12 @@ absl::Status Client::HealthCheck() {
 namespace {
 
 // Runs `attempt` (given the time left) again while it fails with UNAVAILABLE
-// and time is left: a call in flight when the server died (or, replicated,
-// when its leader died) fails so even with wait_for_ready, and the server
-// takes a repeated commit or upload as the same one (its answer was lost).
+// or CANCELLED and time is left: a call in flight when the server died (or,
+// replicated, when its leader died) fails so even with wait_for_ready, one in
+// flight on a leader that lost its lease (etcd without quorum: it stops
+// serving and shuts its calls down) is CANCELLED by that server (these calls'
+// contexts are never cancelled here), and the server takes a repeated commit
+// or upload as the same one (its answer was lost).
 template <typename T>
 absl::StatusOr<T> RetryWhileUnavailable(
     absl::Duration timeout, const std::function<absl::StatusOr<T>(absl::Duration)>& attempt) {
@@ -649,9 +653,8 @@ absl::StatusOr<T> RetryWhileUnavailable(
   absl::Duration backoff = absl::Milliseconds(100);
   for (;;) {
     absl::StatusOr<T> result = attempt(deadline - absl::Now());
-    if (result.ok() || !absl::IsUnavailable(result.status()) || absl::Now() + backoff >= deadline) {
-      return result;
-    }
+    const bool again = absl::IsUnavailable(result.status()) || absl::IsCancelled(result.status());
+    if (result.ok() || !again || absl::Now() + backoff >= deadline) return result;
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
@@ -708,9 +711,8 @@ absl::Status Client::AbandonCheckpointStep(int64_t step, const std::string& fail
                v1::CommitShardResponse response;
                absl::Status s = FromGrpcStatus(stub_->CommitShard(&context, request, &response));
                if (!s.ok()) {
-                 return absl::Status(s.code(),
-                                     absl::StrCat("abandoning checkpoint step ", step, ": ",
-                                                  s.message()));
+                 return absl::Status(s.code(), absl::StrCat("abandoning checkpoint step ", step,
+                                                            ": ", s.message()));
                }
                return response;
              })
