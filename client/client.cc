@@ -454,6 +454,12 @@ absl::Status Client::Leave() {
   StopHeartbeats();
   v1::LeaveRequest request;
   *request.mutable_member() = credentials();
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_has_final(true);
+    request.set_final_step(progress_.step);
+    request.set_final_loss(progress_.loss);
+  }
   const absl::Time deadline = absl::Now() + options_.rpc_timeout;
   while (true) {
     grpc::ClientContext context;

@@ -122,7 +122,9 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
                     m.last_heartbeat_age_ms() < 0
                         ? "-"
                         : absl::StrFormat("%.1fs", m.last_heartbeat_age_ms() / 1000.0),
-                    !m.alive() ? "DEAD" : MemberFlags(m)});
+                    m.left()     ? "LEFT"
+                    : !m.alive() ? "DEAD"
+                                 : MemberFlags(m)});
       flagged_rows.push_back(m.hung() ? 2 : m.straggler() ? 1 : 0);
     }
     // The table's lines: header, then one per row; flagged rows in color.
@@ -192,9 +194,9 @@ int TopCommand() {
   if (tty) std::printf("\033[?1049h");  // the alternate screen: the shell's comes back on exit
   int status_code = 0;
   for (int i = 0; (iterations == 0 || i < iterations) && !interrupted; ++i) {
-    absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus(
-        StatusRequest(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_rank),
-                      absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_all)));
+    absl::StatusOr<v1::GetStatusResponse> status =
+        (*client)->GetStatus(StatusRequest(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_rank),
+                                           absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_all)));
     std::string screen = status.ok()
                              ? Render(**client, *status, tty)
                              : absl::StrCat("shardctl top: ", status.status().ToString(), "\n");

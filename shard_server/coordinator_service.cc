@@ -137,11 +137,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   }
   auto* call = new HeldCall([this](uint64_t id) { membership_->CancelJoin(id); });
   absl::Time deadline = Deadline(context, /*timeout_ms=*/int64_t{1} << 50);
-  uint64_t id = membership_->Join(
-      *request, deadline, [call, response](absl::StatusOr<v1::JoinResponse> result) {
-        if (result.ok()) *response = std::move(*result);
-        call->Complete(ToGrpcStatus(result.status()));
-      });
+  uint64_t id = membership_->Join(*request, deadline,
+                                  [call, response](absl::StatusOr<v1::JoinResponse> result) {
+                                    if (result.ok()) *response = std::move(*result);
+                                    call->Complete(ToGrpcStatus(result.status()));
+                                  });
   call->Hold(id);
   return call;
 }
@@ -152,7 +152,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
   if (grpc::Status auth = Authorize(context, request->member().job_id()); !auth.ok()) {
     return FinishNow(context, auth);
   }
-  return FinishNow(context, ToGrpcStatus(membership_->Leave(request->member())));
+  return FinishNow(context, ToGrpcStatus(membership_->Leave(request->member(), request)));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
@@ -162,9 +162,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerConte
     return FinishNow(context, s);
   }
   const v1::MemberCredentials& m = request->member();
-  return FinishNow(context,
-                   ToGrpcStatus(StillLeading(
-                       kv_->Set(m.job_id(), m.generation(), request->key(), request->value()))));
+  return FinishNow(context, ToGrpcStatus(StillLeading(kv_->Set(m.job_id(), m.generation(),
+                                                               request->key(), request->value()))));
 }
 
 absl::Status CoordinatorService::StillLeading(absl::Status done) const {
@@ -181,13 +180,13 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
   if (grpc::Status s = CheckTimeout(request->timeout_ms()); !s.ok()) return FinishNow(context, s);
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
-  uint64_t id = kv_->Get(m.job_id(), m.generation(), request->key(),
-                         Deadline(context, request->timeout_ms()),
-                         [call, response](absl::StatusOr<std::string> value) {
-                           if (value.ok()) response->set_value(std::move(*value));
-                           call->Complete(ToGrpcStatus(value.status()));
-                         },
-                         HeldCallBytes(*request));
+  uint64_t id = kv_->Get(
+      m.job_id(), m.generation(), request->key(), Deadline(context, request->timeout_ms()),
+      [call, response](absl::StatusOr<std::string> value) {
+        if (value.ok()) response->set_value(std::move(*value));
+        call->Complete(ToGrpcStatus(value.status()));
+      },
+      HeldCallBytes(*request));
   call->Hold(id);
   return call;
 }
@@ -215,11 +214,10 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  uint64_t id =
-      kv_->Wait(m.job_id(), m.generation(), std::move(keys),
-                Deadline(context, request->timeout_ms()),
-                [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); },
-                HeldCallBytes(*request));
+  uint64_t id = kv_->Wait(
+      m.job_id(), m.generation(), std::move(keys), Deadline(context, request->timeout_ms()),
+      [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); },
+      HeldCallBytes(*request));
   call->Hold(id);
   return call;
 }
@@ -340,8 +338,8 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
     }
     absl::StatusOr<int> world_size = membership_->WorldSize(m.job_id());
     if (!world_size.ok()) return FinishNow(context, ToGrpcStatus(world_size.status()));
-    plan = plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(),
-                        request->options());
+    plan =
+        plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(), request->options());
   }
   if (plan.ok()) *response->mutable_plan() = std::move(*plan);
   return FinishNow(context, ToGrpcStatus(plan.status()));

@@ -1,8 +1,8 @@
 #include "shard_server/membership/membership.h"
 
 #include <algorithm>
-#include <set>
 #include <cassert>
+#include <set>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -144,8 +144,7 @@ bool Membership::ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred) {
 std::string Membership::NewToken() {
   // 128 random bits from a cryptographically seeded generator.
   thread_local absl::BitGen gen;
-  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
-                         absl::Uniform<uint64_t>(gen));
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
 absl::Time Membership::RestoredBeat(absl::Time now) const {
@@ -283,8 +282,8 @@ absl::Status Membership::ValidateJoinRequest(const v1::JoinRequest& request) con
                      request.world_size(), " (the world size; 0: no shrink)"));
   }
   if (request.rejoin_grace_ms() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rejoin_grace_ms ", request.rejoin_grace_ms(), " is negative; expected >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rejoin_grace_ms ", request.rejoin_grace_ms(), " is negative; expected >= 0"));
   }
   if (request.incarnation().size() > kMaxIdLength) {
     return absl::InvalidArgumentError(absl::StrCat("incarnation is ", request.incarnation().size(),
@@ -298,15 +297,15 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoin(const v1::JoinRequ
   absl::StatusOr<JoinKind> kind = ClassifyJoinToJob(request, job);
   if (!kind.ok()) return kind;
   if (static_cast<int>(pending_by_id_.size()) >= options_.max_pending_joins) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds ", pending_by_id_.size(), " pending joins; at most ",
-        options_.max_pending_joins, " (the server's --max_pending_joins)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the server holds ", pending_by_id_.size(), " pending joins; at most ",
+                     options_.max_pending_joins, " (the server's --max_pending_joins)"));
   }
   if (*kind == JoinKind::kNewJob && static_cast<int>(jobs_.size()) >= options_.max_jobs) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds ", jobs_.size(), " jobs; at most ", options_.max_jobs,
-        " (the server's --max_jobs); a job with no live member is forgotten after "
-        "--job_ttl"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the server holds ", jobs_.size(), " jobs; at most ", options_.max_jobs,
+                     " (the server's --max_jobs); a job with no live member is forgotten after "
+                     "--job_ttl"));
   }
   return kind;
 }
@@ -336,17 +335,17 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToJob(const v1::Joi
 absl::Status Membership::CheckSameJobOptions(const v1::JoinRequest& request, const Job& job) const {
   const absl::Duration grace = absl::Milliseconds(request.rejoin_grace_ms());
   if (request.world_size() != job.target_world_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "world_size ", request.world_size(), " differs from job '", job.id, "' world_size ",
-        job.target_world_size, " (generation ", job.generation,
-        "); every worker of a job must pass the same world size"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("world_size ", request.world_size(), " differs from job '", job.id,
+                     "' world_size ", job.target_world_size, " (generation ", job.generation,
+                     "); every worker of a job must pass the same world size"));
   }
   if (job.recovery_options_known &&
       (request.min_world_size() != job.min_world_size || grace != job.rejoin_grace)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "worker '", request.worker_id(), "' joins with --min_world_size=",
-        request.min_world_size(), " --rejoin_grace=", absl::FormatDuration(grace), " but job '",
-        job.id, "' runs with --min_world_size=", job.min_world_size,
+        "worker '", request.worker_id(), "' joins with --min_world_size=", request.min_world_size(),
+        " --rejoin_grace=", absl::FormatDuration(grace), " but job '", job.id,
+        "' runs with --min_world_size=", job.min_world_size,
         " --rejoin_grace=", absl::FormatDuration(job.rejoin_grace),
         "; every worker of a job must pass the same values"));
   }
@@ -358,9 +357,9 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToFormedJob(
   const MemberState* member = job.FindMember(request.worker_id());
   if (member == nullptr) {
     if (job.pending.count(request.worker_id()) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "worker '", request.worker_id(), "' already waits to grow job '", job.id,
-          "' back at its next snapshot"));
+      return absl::AlreadyExistsError(absl::StrCat("worker '", request.worker_id(),
+                                                   "' already waits to grow job '", job.id,
+                                                   "' back at its next snapshot"));
     }
     // A shrunk job takes missing workers back, up to the world size it was
     // started with.
@@ -438,18 +437,18 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
           job->grow_since = now;
           job->grow_mark = CommittedSnapshot(*job);
         }
-        log_->Log("grow_back_waiting", {{"job", job->id},
-                                        {"worker", request.worker_id()},
-                                        {"world_size", absl::StrCat(job->world_size, "/",
-                                                                    job->target_world_size)},
-                                        {"after_snapshot", absl::StrCat(job->grow_mark)}});
+        log_->Log("grow_back_waiting",
+                  {{"job", job->id},
+                   {"worker", request.worker_id()},
+                   {"world_size", absl::StrCat(job->world_size, "/", job->target_world_size)},
+                   {"after_snapshot", absl::StrCat(job->grow_mark)}});
       } else {
         ++job->world_size;
-        log_->Log("grow_back", {{"job", job->id},
-                                {"worker", request.worker_id()},
-                                {"generation", absl::StrCat(job->generation)},
-                                {"world_size", absl::StrCat(job->world_size, "/",
-                                                            job->target_world_size)}});
+        log_->Log("grow_back",
+                  {{"job", job->id},
+                   {"worker", request.worker_id()},
+                   {"generation", absl::StrCat(job->generation)},
+                   {"world_size", absl::StrCat(job->world_size, "/", job->target_world_size)}});
       }
       return job;
   }
@@ -578,8 +577,8 @@ absl::Status Membership::CheckHostsReachable(const Job& job) {
   }
   if (nodes.size() < 2 || loopback.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "job '", job.id, "' cannot form: its workers run on ", nodes.size(),
-      " machines but ", absl::StrJoin(loopback, ", "),
+      "job '", job.id, "' cannot form: its workers run on ", nodes.size(), " machines but ",
+      absl::StrJoin(loopback, ", "),
       " advertise a loopback address, which peers on the other machines cannot reach; start "
       "them with --host=<an address the other machines reach>, or without --host (the "
       "address of the route to the server)"));
@@ -695,8 +694,7 @@ absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState 
   const int64_t previous_generation = job.generation;
   const v1::JobState previous_state = job.state;
   // A formed job's pending joins are growers: the next generation has room.
-  job.world_size =
-      job.formed() && !job.pending.empty() ? WithGrowers(job, world_size) : world_size;
+  job.world_size = job.formed() && !job.pending.empty() ? WithGrowers(job, world_size) : world_size;
   job.generation++;
   job.state = state;
   absl::Status saved =
@@ -722,8 +720,8 @@ void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& re
     if (old_was_formed) break;
     pending_by_id_.erase(p.id);
     deferred.push_back([done = std::move(p.done), id = job.id, old, reason]() {
-      done(absl::AbortedError(absl::StrCat("job '", id, "' generation ", old,
-                                           " was abandoned (", reason, "); join again")));
+      done(absl::AbortedError(absl::StrCat("job '", id, "' generation ", old, " was abandoned (",
+                                           reason, "); join again")));
     });
   }
   if (!old_was_formed) job.pending.clear();
@@ -733,9 +731,8 @@ void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& re
                                   {"to", absl::StrCat(job.generation)},
                                   {"reason", reason}});
   if (listener_) {
-    deferred.push_back([listener = listener_, id = job.id, gen = job.generation]() {
-      listener(id, gen);
-    });
+    deferred.push_back(
+        [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
   }
 }
 
@@ -774,15 +771,15 @@ absl::StatusOr<Membership::Job*> Membership::FindMemberJob(const v1::MemberCrede
   Job& job = *it->second;
   if (member.generation() != job.members_generation || job.members.empty() ||
       (!allow_stale && member.generation() != job.generation)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale generation ", member.generation(), ": job '", job.id, "' is at generation ",
-        job.generation, "; abort and join again"));
+    return absl::FailedPreconditionError(absl::StrCat("stale generation ", member.generation(),
+                                                      ": job '", job.id, "' is at generation ",
+                                                      job.generation, "; abort and join again"));
   }
   if (member.rank() < 0 || member.rank() >= static_cast<int>(job.members.size()) ||
       !TokensEqual(member.token(), job.members[member.rank()].token)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("wrong token for rank ", member.rank(), " of job '", job.id,
-                     "' generation ", member.generation(), "; join to get a token"));
+        absl::StrCat("wrong token for rank ", member.rank(), " of job '", job.id, "' generation ",
+                     member.generation(), "; join to get a token"));
   }
   return &job;
 }
@@ -796,8 +793,8 @@ absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
     if (absl::Status s = SaveUnsaved(**job); !s.ok()) return s;
     const MemberState& m = (*job)->members[member.rank()];
     if (m.left) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", m.rank, " of job '", (*job)->id, "' has left; join again"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", m.rank, " of job '", (*job)->id, "' has left; join again"));
     }
     commit = (*job)->commit;
   }
@@ -805,7 +802,7 @@ absl::Status Membership::CheckMember(const v1::MemberCredentials& member) {
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Membership::Heartbeat(const v1::HeartbeatRequest& request,
-                                                             uint64_t stream) {
+                                                            uint64_t stream) {
   int64_t commit = 0;
   absl::StatusOr<v1::HeartbeatResponse> response;
   {
@@ -849,8 +846,8 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   Job& job = **found;
   MemberState& m = job.members[member.rank()];
   if (m.left) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", m.rank, " of job '", job.id, "' has left; join again"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", m.rank, " of job '", job.id, "' has left; join again"));
   }
   const absl::Time now = clock_->Now();
   if (m.heartbeat_seen && now - m.last_heartbeat > 2 * options_.heartbeat_interval) {
@@ -928,8 +925,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
 // name every rank of a host or two that came back, or of a test's job.
 constexpr int kResumedListed = 64;
 
-void Membership::LogResumed(Job& job, const MemberState& m, absl::Duration silent,
-                            absl::Time now) {
+void Membership::LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now) {
   FlushResumed(job, now);
   if (job.resumed_listed < kResumedListed) {
     ++job.resumed_listed;
@@ -971,7 +967,7 @@ void Membership::HeartbeatStreamClosed(const v1::MemberCredentials& member, uint
   (*found)->closed_streams.insert(m.rank);
 }
 
-absl::Status Membership::Leave(const v1::MemberCredentials& member) {
+absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
@@ -985,11 +981,19 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
     const v1::JobState previous_state = job.state;
     m.left = true;
     m.alive = false;
+    // What status shows of a rank that left: the step it ended at, and no
+    // collective in flight whose age would grow for ever.
+    if (final != nullptr && final->has_final() && final->final_step() >= m.step) {
+      m.step = final->final_step();
+      m.loss = final->final_loss();
+    }
+    m.telemetry.clear_in_progress();
     // `job.silence` holds the live members: was `m` the last of them?
     // `job.silence` and `job.undelivered` hold the live members: was `m` the
     // last of them?
-    const int live_others = job.silence.size() + static_cast<int>(job.undelivered.size()) -
-                            (job.silence.Contains(m.rank) || job.undelivered.contains(m.rank) ? 1 : 0);
+    const int live_others =
+        job.silence.size() + static_cast<int>(job.undelivered.size()) -
+        (job.silence.Contains(m.rank) || job.undelivered.contains(m.rank) ? 1 : 0);
     const bool all_gone = job.pending.empty() && live_others == 0;
     if (all_gone) job.state = v1::FINISHED;
     absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
@@ -1008,9 +1012,8 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member) {
     if (all_gone) {
       log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
       if (listener_) {
-        deferred.push_back([listener = listener_, id = job.id, gen = job.generation]() {
-          listener(id, gen);
-        });
+        deferred.push_back(
+            [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
       }
     }
   }
@@ -1041,8 +1044,8 @@ void Membership::Tick() {
       std::vector<MemberSignals> signals;
       signals.reserve(live.size());
       for (const MemberState* m : live) {
-        signals.push_back({m->last_heartbeat, m->stream_closed,
-                           server_lag_.AllowanceSince(m->last_heartbeat)});
+        signals.push_back(
+            {m->last_heartbeat, m->stream_closed, server_lag_.AllowanceSince(m->last_heartbeat)});
       }
       const JobSignals job_signals{
           suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
@@ -1093,9 +1096,9 @@ void Membership::Tick() {
         log_->Log("join_timeout", {{"job", job.id}, {"worker", p->first}});
         deferred.push_back([done = std::move(p->second.done), id = job.id, joined,
                             w = job.world_size, gen = job.generation]() {
-          done(absl::DeadlineExceededError(absl::StrCat(
-              "join of job '", id, "' generation ", gen, " timed out: ", joined, " of ", w,
-              " workers had joined")));
+          done(absl::DeadlineExceededError(absl::StrCat("join of job '", id, "' generation ", gen,
+                                                        " timed out: ", joined, " of ", w,
+                                                        " workers had joined")));
         });
         p = job.pending.erase(p);
       }
@@ -1189,11 +1192,10 @@ void Membership::StartClock(Job& job, int rank, absl::Time now) {
 
 void Membership::StartOverdueClocks(Job& job, absl::Time now) {
   if (job.undelivered.empty() || now < job.delivery_deadline) return;
-  log_->Log("answers_undelivered",
-            {{"job", job.id},
-             {"generation", absl::StrCat(job.members_generation)},
-             {"members", absl::StrCat(job.undelivered.size())},
-             {"after_ms", Ms(options_.answer_delivery_timeout)}});
+  log_->Log("answers_undelivered", {{"job", job.id},
+                                    {"generation", absl::StrCat(job.members_generation)},
+                                    {"members", absl::StrCat(job.undelivered.size())},
+                                    {"after_ms", Ms(options_.answer_delivery_timeout)}});
   std::vector<int> ranks(job.undelivered.begin(), job.undelivered.end());
   std::sort(ranks.begin(), ranks.end());
   for (int rank : ranks) StartClock(job, rank, now);
@@ -1244,8 +1246,8 @@ std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl:
     const absl::Duration silent = now - last_beat;
     if (silent <= may_be_dead) break;
     if (!extended ||
-        silent > may_be_dead + ServerLagAllowance(server_lag_.AllowanceSince(last_beat),
-                                                  detector_options_)) {
+        silent > may_be_dead +
+                     ServerLagAllowance(server_lag_.AllowanceSince(last_beat), detector_options_)) {
       ranks.push_back(r);
       continue;
     }
@@ -1301,12 +1303,12 @@ void Membership::MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred) {
     absl::StrAppend(&who, who.empty() ? "" : ", ", "'", worker_id, "'");
   }
   const int from = job.world_size;
-  const std::string reason = absl::StrCat(
-      "grow back from ", from, " to ", WithGrowers(job, from), " of ", job.target_world_size,
-      " workers (", who, ") ",
-      boundary ? absl::StrCat("at the snapshot of step ", committed)
-               : absl::StrCat("after ", absl::FormatDuration(kGrowBoundaryWait),
-                              " without a new snapshot"));
+  const std::string reason =
+      absl::StrCat("grow back from ", from, " to ", WithGrowers(job, from), " of ",
+                   job.target_world_size, " workers (", who, ") ",
+                   boundary ? absl::StrCat("at the snapshot of step ", committed)
+                            : absl::StrCat("after ", absl::FormatDuration(kGrowBoundaryWait),
+                                           " without a new snapshot"));
   if (StartGeneration(job, from, v1::DEGRADED, reason, deferred).ok()) {
     log_->Log("grow_back", {{"job", job.id},
                             {"generation", absl::StrCat(job.generation)},
@@ -1354,7 +1356,9 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
       ms->set_alive(m.alive);
       ms->set_left(m.left);
       ms->set_last_heartbeat_age_ms(
-          m.heartbeat_seen ? absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), now - m.last_heartbeat)) : -1);
+          m.heartbeat_seen
+              ? absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), now - m.last_heartbeat))
+              : -1);
       ms->set_step(m.step);
       ms->set_loss(m.loss);
       ms->set_memory_bytes(m.memory_bytes);

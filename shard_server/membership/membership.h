@@ -180,7 +180,9 @@ class Membership {
 
   // A clean exit. When every member left, the job is FINISHED. A leave that
   // cannot be saved returns the store's error and changes nothing.
-  absl::Status Leave(const v1::MemberCredentials& member);
+  // `final`: the member's last step and loss as it left (LeaveRequest's
+  // has_final; null: keep what its heartbeats said).
+  absl::Status Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final = nullptr);
 
   // Declares members dead whose heartbeats stopped, expires pending joins and
   // retries the saves of unsaved jobs. Called by the server's timer every few
@@ -262,7 +264,7 @@ class Membership {
     // one (Tick).
     int64_t grow_mark = -1;
     absl::Time grow_since = absl::InfinitePast();
-    std::vector<MemberState> members;            // by rank
+    std::vector<MemberState> members;  // by rank
     // The live members of `members` by their last beat (RebuildSilenceOrder
     // after `members` changes wholesale), and the ranks whose latest stream
     // closed since their last beat: what Tick judges, so a tick costs what
@@ -292,7 +294,7 @@ class Membership {
       absl::Time at;
     };
     std::deque<GenerationChange> history;
-    std::map<std::string, int> joins;  // worker id -> generations it was a member of
+    std::map<std::string, int> joins;           // worker id -> generations it was a member of
     std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
     // The generation in which a member reported a failed collective
     // (HeartbeatRequest.peer_failure; -1: none): its silent members are

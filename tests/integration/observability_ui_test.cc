@@ -127,17 +127,12 @@ TEST_F(ObservabilityUiTest, MetricsOfALiveJobPassPromtoolAndHoldTheSeries) {
   auto [code, out] = RunCommand(promtool + " check metrics < " + dir_ + "/metrics.txt");
   EXPECT_EQ(code, 0) << out;
   for (const char* series :
-       {"zeroshard_jobs{state=\"running\"} 1",
-        "zeroshard_members{state=\"alive\"} 2",
-        "zeroshard_job_generation{job=\"live\"} 1",
-        "zeroshard_joins_total 2",
-        "zeroshard_heartbeats_total ",
-        "zeroshard_rpcs_total{method=\"Join\",code=\"OK\"} 2",
+       {"zeroshard_jobs{state=\"running\"} 1", "zeroshard_members{state=\"alive\"} 2",
+        "zeroshard_job_generation{job=\"live\"} 1", "zeroshard_joins_total 2",
+        "zeroshard_heartbeats_total ", "zeroshard_rpcs_total{method=\"Join\",code=\"OK\"} 2",
         "zeroshard_rpc_duration_seconds_bucket{method=\"Join\",code=\"OK\",le=\"+Inf\"} 2",
-        "zeroshard_kv_operations_total{op=\"set\"} ",
-        "zeroshard_checkpoint_commits_total ",
-        "zeroshard_checkpoint_committed_bytes_total ",
-        "zeroshard_consolidated_bytes_total 0",
+        "zeroshard_kv_operations_total{op=\"set\"} ", "zeroshard_checkpoint_commits_total ",
+        "zeroshard_checkpoint_committed_bytes_total ", "zeroshard_consolidated_bytes_total 0",
         "zeroshard_consolidation_seconds_total 0",
         "zeroshard_checkpoints{job=\"live\",state=\"verified\"} ",
         "zeroshard_checkpoints{job=\"live\",state=\"failed\"} 0",
@@ -232,6 +227,34 @@ TEST_F(ObservabilityUiTest, TopShowsOneRowPerRankInATerminalAndQuitsOnQ) {
   EXPECT_NE(plain.find(" w1 "), std::string::npos) << plain;
 }
 
+// A job that finished reads the same in status and top: every rank left (not
+// dead), at the step the job ended at (a rank's last heartbeat may predate
+// its last steps: the leave carries them), with no collective in flight.
+TEST_F(ObservabilityUiTest, AFinishedJobShowsItsLastStepAndRanksThatLeftEverywhere) {
+  ASSERT_TRUE(cluster_.ok());
+  constexpr int kSteps = 37;  // not a multiple of anything the heartbeats align with
+  ASSERT_TRUE(cluster_.Run("done", 2,
+                           {"--model=mlp", "--layers=2", "--width=16", "--batch=8", "--stage=3",
+                            absl::StrCat("--steps=", kSteps)}))
+      << cluster_.WorkerLog(0);
+  const std::string ctl = Shardctl(cluster_);
+  auto [code, out] = RunCommand(ctl + " --job=done status --json");
+  ASSERT_EQ(code, 0) << out;
+  nlohmann::json status = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(status.is_discarded()) << out;
+  ASSERT_EQ(status["jobs"].size(), 1u) << out;
+  EXPECT_EQ(status["jobs"][0].value("state", ""), "FINISHED") << out;
+  for (const auto& m : status["jobs"][0]["members"]) {
+    EXPECT_TRUE(m.value("left", false)) << m.dump();
+    EXPECT_EQ(m.value("step", std::string("0")), absl::StrCat(kSteps)) << m.dump();
+    EXPECT_FALSE(m.contains("telemetry") && m["telemetry"].contains("in_progress")) << m.dump();
+  }
+  auto [top_code, top] = RunCommand(ctl + " --job=done top --top_iterations=1 | cat");
+  EXPECT_EQ(top_code, 0) << top;
+  EXPECT_EQ(top.find("DEAD"), std::string::npos) << top;
+  EXPECT_NE(top.find("LEFT"), std::string::npos) << top;
+}
+
 TEST_F(ObservabilityUiTest, HeadlessChromiumRendersTheJobItsRanksAndPlots) {
   ASSERT_TRUE(cluster_.ok());
   const std::string chromium = Tool("chromium");
@@ -275,8 +298,9 @@ std::string TableOf(const std::string& dom, const std::string& id) {
 // that left, whatever the machine's load.
 TEST(ObservabilityLargeJobTest, HeadlessChromiumSummarizesALargeJobAndLooksUpRanksAndHosts) {
   const std::string dir = testing::MakeTempDir("obsbig");
-  LocalCluster cluster(dir, {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport",
-                             "--heartbeat_timeout_ms=600000"});
+  LocalCluster cluster(dir,
+                       {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport",
+                        "--heartbeat_timeout_ms=600000"});
   ASSERT_TRUE(cluster.ok());
   const std::string chromium = Tool("chromium");
   constexpr int kWorld = 2048, kRanksPerHost = 8, kLeaving = 1234;
@@ -340,8 +364,7 @@ TEST(ObservabilityLargeJobTest, HeadlessChromiumSummarizesALargeJobAndLooksUpRan
   EXPECT_EQ(Count(hosts, "<tr class=\"host"), 16) << hosts;
   EXPECT_NE(hosts.find(absl::StrCat("data-host=\"", leaver_host, "\"")), std::string::npos)
       << hosts;
-  EXPECT_NE(dom.find("data-name=\"heartbeat_age_seconds\" data-count=\"2047\""),
-            std::string::npos);
+  EXPECT_NE(dom.find("data-name=\"heartbeat_age_seconds\" data-count=\"2047\""), std::string::npos);
   EXPECT_NE(dom.find("data-name=\"step_seconds\" data-count=\"2047\""), std::string::npos);
   const std::string rank = TableOf(dom, "lookup");
   EXPECT_EQ(Count(rank, "class=\"member\""), 1) << rank;
