@@ -1,6 +1,8 @@
 #include "tests/slurm/slurm_cluster.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,17 +12,23 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 
 namespace zeroshard::testing {
 namespace {
 
 // The binaries the cluster runs and the Debian package of each.
 constexpr std::pair<const char*, const char*> kTools[] = {
-    {"slurmctld", "slurmctld"},   {"slurmd", "slurmd"},
-    {"slurmdbd", "slurmdbd"},     {"sbatch", "slurm-client"},
-    {"sacct", "slurm-client"},    {"munged", "munge"},
-    {"mariadbd", "mariadb-server"}, {"mariadb-install-db", "mariadb-server"},
-    {"ip", "iproute2"},           {"nft", "nftables"},
+    {"slurmctld", "slurmctld"},
+    {"slurmd", "slurmd"},
+    {"slurmdbd", "slurmdbd"},
+    {"sbatch", "slurm-client"},
+    {"sacct", "slurm-client"},
+    {"munged", "munge"},
+    {"mariadbd", "mariadb-server"},
+    {"mariadb-install-db", "mariadb-server"},
+    {"ip", "iproute2"},
+    {"nft", "nftables"},
 };
 
 std::string FindTool(const std::string& name) {
@@ -61,24 +69,29 @@ std::string SlurmCluster::MissingRequirement() {
                       ": run tools/install_deps.sh");
 }
 
-absl::StatusOr<std::unique_ptr<SlurmCluster>> SlurmCluster::Start(int hosts,
-                                                                  const std::string& dir) {
+absl::StatusOr<std::unique_ptr<SlurmCluster>> SlurmCluster::Start(int hosts) {
   if (std::string missing = MissingRequirement(); !missing.empty()) {
     return absl::FailedPreconditionError(missing);
   }
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> made = EmulatedHosts::Create(hosts);
   if (!made.ok()) return made.status();
+  char dir_template[] = "/tmp/zsslurm-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("mkdtemp /tmp/zsslurm-XXXXXX: errno ", errno));
+  }
+  const std::string dir = dir_template;
   // Each node declares this machine's CPUs: slurmd drains a node that
   // declares more than it finds.
   const long cpus = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   auto [code, output] =
-      RunCommand(absl::StrCat("/bin/bash ", RunfilePath("tests/slurm/configure_slurm.sh"), " ",
-                              dir, " ", hosts, " ", cpus));
+      RunCommand(absl::StrCat("/bin/bash ", RunfilePath("tests/slurm/configure_slurm.sh"), " ", dir,
+                              " ", hosts, " ", cpus));
+  std::unique_ptr<SlurmCluster> cluster(new SlurmCluster(*std::move(made), dir));
   if (code != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("tests/slurm/configure_slurm.sh exited ", code, ": ", output));
   }
-  std::unique_ptr<SlurmCluster> cluster(new SlurmCluster(*std::move(made), dir));
   if (absl::Status s = cluster->StartDaemons(); !s.ok()) return s;
   return cluster;
 }
@@ -89,6 +102,7 @@ SlurmCluster::~SlurmCluster() {
   for (auto it = daemons_.rbegin(); it != daemons_.rend(); ++it) it->reset();
   daemons_.clear();
   hosts_.reset();
+  RunCommand(absl::StrCat("rm -rf ", dir_));
 }
 
 ChildProcess& SlurmCluster::StartDaemon(int k, const std::string& name,
@@ -151,7 +165,11 @@ absl::Status SlurmCluster::StartDaemons() {
   bool idle = WaitFor(
       [&] {
         for (int k = 0; k < hosts_->size(); ++k) {
-          if (NodeState(k) != "idle") return false;
+          if (NodeState(k) != "idle") {
+            // sinfo in a namespace costs tens of ms of CPU: ask twice a second.
+            absl::SleepFor(absl::Milliseconds(500));
+            return false;
+          }
         }
         return true;
       },
@@ -169,8 +187,8 @@ std::pair<int, std::string> SlurmCluster::Client(const std::string& command) {
 }
 
 std::vector<SacctRow> SlurmCluster::Sacct(const std::string& job_id) {
-  auto [code, output] = Client(absl::StrCat(
-      "sacct -n -P -D -j ", job_id, " -o JobIDRaw,JobName,State,ExitCode,NodeList 2>&1"));
+  auto [code, output] = Client(absl::StrCat("sacct -n -P -D -j ", job_id,
+                                            " -o JobIDRaw,JobName,State,ExitCode,NodeList 2>&1"));
   std::vector<SacctRow> rows;
   if (code != 0) return rows;
   for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
@@ -193,9 +211,15 @@ std::string SlurmCluster::JobField(const std::string& job_id, const std::string&
 }
 
 std::string SlurmCluster::NodeState(int k) {
-  auto [code, output] = Client(absl::StrCat("sinfo -h -N -n ", hosts_->hostname(k), " -o %t"));
+  // The whole list, not `sinfo -n <node>`: with -n, sinfo 22.05 showed a
+  // node DOWN for 30 s as "mix*", its state before it went down.
+  auto [code, output] = Client("sinfo -h -N -o '%N %t' 2>/dev/null");
   if (code != 0) return "";
-  return std::string(absl::StripAsciiWhitespace(output));
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() == 2 && f[0] == hosts_->hostname(k)) return f[1];
+  }
+  return "";
 }
 
 void SlurmCluster::KillHost(int k) {
@@ -212,8 +236,7 @@ std::string SlurmCluster::Logs() const {
   std::vector<std::string> logs = {"slurmctld.log", "slurmdbd.log"};
   for (int k = 0; k < hosts_->size(); ++k) logs.push_back(absl::StrCat("slurmd-host", k, ".log"));
   for (const std::string& log : logs) {
-    absl::StrAppend(&out, "--- ", log, "\n", Tail(ReadFileOrEmpty(dir_ + "/log/" + log), 15),
-                    "\n");
+    absl::StrAppend(&out, "--- ", log, "\n", Tail(ReadFileOrEmpty(dir_ + "/log/" + log), 15), "\n");
   }
   return out;
 }

@@ -42,10 +42,12 @@ class SlurmCluster {
   // how to get it.
   static std::string MissingRequirement();
 
-  // Configures `hosts` nodes under `dir` and starts every daemon; returns once
-  // each node is idle in `sinfo`. The error says which daemon did not come up,
-  // with its log.
-  static absl::StatusOr<std::unique_ptr<SlurmCluster>> Start(int hosts, const std::string& dir);
+  // Configures `hosts` nodes in a fresh directory and starts every daemon;
+  // returns once each node is idle in `sinfo`. The error says which daemon did
+  // not come up, with its log. The directory is under /tmp, not TEST_TMPDIR:
+  // munge's and MariaDB's socket paths must fit in 108 bytes. It is removed
+  // with the cluster.
+  static absl::StatusOr<std::unique_ptr<SlurmCluster>> Start(int hosts);
   ~SlurmCluster();
   SlurmCluster(const SlurmCluster&) = delete;
   SlurmCluster& operator=(const SlurmCluster&) = delete;
