@@ -10,41 +10,66 @@
 #   deploy/container/build.sh                 # zeroshard:<commit> and zeroshard:latest
 #   deploy/container/build.sh --no_build      # the binaries already in bazel-bin
 #   deploy/container/build.sh --save=FILE     # also write the image as a docker archive
+#   deploy/container/build.sh --bin_dir=DIR   # the binaries and the wheel from DIR, no bazel
+#   deploy/container/build.sh --podman_root=DIR  # podman's storage there, not the system's
 #
 # The tag is the commit (git rev-parse --short=12 HEAD), "-dirty" when the work
 # tree has changes. Push: docs/deploy.md ("The container image").
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin:/usr/bin:/bin"  # ldconfig; tests run with a minimal PATH
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 IMAGE=zeroshard  # deploy/k8s names this repository (tests/deploy checks it)
 
 build=1
 save=""
+bin_dir=""
+# crun (podman's default) refuses this kind of machine's cgroups: runc, cgroupfs.
+PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
 for arg in "$@"; do
   case "$arg" in
     --no_build) build=0 ;;
     --save=*) save="${arg#*=}" ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "build.sh: unknown option '$arg' (expected --no_build, --save=FILE)" >&2; exit 2 ;;
+    --bin_dir=*) bin_dir="${arg#*=}"; build=0 ;;
+    --podman_root=*)
+      PODMAN+=(--root "${arg#*=}/storage" --runroot "${arg#*=}/run") ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "build.sh: unknown option '$arg' (expected --no_build, --save=FILE, --bin_dir=DIR," \
+         "--podman_root=DIR)" >&2; exit 2 ;;
   esac
 done
-for tool in podman runc bazel ldd ldconfig; do
+tools=(podman runc ldd ldconfig)
+if ((build)); then tools+=(bazel); fi
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null ||
     { echo "build.sh: '$tool' not found: run tools/install_deps.sh" >&2; exit 1; }
 done
 [[ -x /usr/bin/etcd ]] || { echo "build.sh: /usr/bin/etcd not found: run tools/install_deps.sh" >&2; exit 1; }
 
-tag=$(git rev-parse --short=12 HEAD)
-if [[ -n "$(git status --porcelain --untracked-files=no)" ]]; then tag+="-dirty"; fi
+# The commit; outside a git checkout (a test's runfiles) "dev".
+if tag=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+  if [[ -n "$(git status --porcelain --untracked-files=no)" ]]; then tag+="-dirty"; fi
+  revision=$(git rev-parse HEAD)
+else
+  tag=dev
+  revision=unknown
+fi
 
 started=$SECONDS
 if ((build)); then
   bazel build //shard_server //worker:shard_worker //client:shardctl //agent:shard_agent \
     //python:wheel >&2
 fi
-wheel=$(ls bazel-bin/python/zeroshard-*.whl)
 binaries=(bazel-bin/shard_server/shard_server bazel-bin/worker/shard_worker
   bazel-bin/client/shardctl bazel-bin/agent/shard_agent)
+wheels=(bazel-bin/python/zeroshard-*.whl)
+if [[ -n "$bin_dir" ]]; then
+  binaries=("${binaries[@]/#bazel-bin\/*\//$bin_dir/}")
+  wheels=("$bin_dir"/zeroshard-*.whl)
+fi
+for f in "${binaries[@]}" "${wheels[0]}"; do
+  [[ -f "$f" ]] || { echo "build.sh: $f is missing (bazel build, or --bin_dir=DIR)" >&2; exit 1; }
+done
 
 stage=$(mktemp -d /tmp/zeroshard-image.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
@@ -68,7 +93,7 @@ done
 ldd "$root/usr/local/bin/"* 2>/dev/null | awk '/=> \// { print $3 }' | xargs -n1 dirname |
   sort -u >"$root/etc/ld.so.conf"
 ldconfig -r "$root"
-cp "$wheel" "$root/opt/zeroshard/"
+cp "${wheels[0]}" "$root/opt/zeroshard/"
 
 cat >"$root/etc/passwd" <<'EOF'
 root:x:0:0:root:/root:/bin/sh
@@ -83,13 +108,13 @@ chown -R 65532:65532 "$root/var/lib/zeroshard" "$root/var/lib/etcd"
 
 tar -C "$root" -cf "$stage/root.tar" .
 cp deploy/container/Containerfile "$stage/"
-podman --runtime runc --cgroup-manager cgroupfs build --format docker \
-  --label org.opencontainers.image.revision="$(git rev-parse HEAD)" \
+"${PODMAN[@]}" build --format docker \
+  --label org.opencontainers.image.revision="$revision" \
   -t "$IMAGE:$tag" -t "$IMAGE:latest" -f "$stage/Containerfile" "$stage" >&2
 if [[ -n "$save" ]]; then
-  podman save --format docker-archive -o "$save" "$IMAGE:$tag"
+  "${PODMAN[@]}" save --format docker-archive -o "$save" "$IMAGE:$tag"
 fi
-size=$(podman image inspect --format '{{.Size}}' "$IMAGE:$tag")
+size=$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE:$tag")
 echo "build.sh: $IMAGE:$tag (also $IMAGE:latest), $((size / 1048576)) MiB," \
   "$((SECONDS - started)) s" >&2
 echo "$IMAGE:$tag"
