@@ -9,6 +9,8 @@
 //     in a podman store of the test's own);
 //   - the server container turns healthy (the image's HEALTHCHECK, the gRPC
 //     health service); the workers' init container waits for it and exits 0;
+//   - a node agent container on worker 0's host carries its stream to the
+//     server (its command line is the test's: no manifest runs an agent);
 //   - two worker containers train; one is killed (SIGKILL) mid-run and a
 //     replacement with the same completion index is started, as the Indexed
 //     Job would; the run finishes on both, and the server consolidates the
@@ -245,12 +247,14 @@ TEST(PodmanTest, TheManifestsContainersTrainSurviveAReplacedWorkerAndConsolidate
   const json worker_pod = PodSpec(worker_docs, "Job");
 
   // Each container on its emulated host; "zeroshard-server" is host0.
+  // The image's HEALTHCHECK is the server's: the others run without it.
   auto start = [&](const std::string& name, int host, const std::string& run_args, bool detach) {
     podman.Track(name);
     return podman.Run(absl::StrCat("run ", detach ? "-d " : "--rm ", "--name ", name,
                                    " --network ns:/run/netns/", hosts->netns(host), " --hostname ",
                                    name, " --add-host zeroshard-server:", hosts->address(0), " ",
-                                   Podman::Limits(), run_args));
+                                   Podman::Limits(), name == "zs-server" ? "" : "--no-healthcheck ",
+                                   run_args));
   };
   auto [scode, sout] =
       start("zs-server", 0,
@@ -292,12 +296,35 @@ TEST(PodmanTest, TheManifestsContainersTrainSurviveAReplacedWorkerAndConsolidate
       "--collective_timeout=60s",
       "--report=/var/lib/zeroshard/checkpoints/report-{rank}.json"};
   const json worker = ContainerNamed(worker_pod, "containers", "shard-worker");
+  // A node agent on host1 for worker 0 (docs/scale.md). No manifest runs one
+  // (there is no DaemonSet), so its command line is written here.
+  const std::string agent_dir = tmp + "/agent";
+  RunCommand(absl::StrCat("mkdir -p ", agent_dir, " && chown 65532:65532 ", agent_dir));
+  auto [acode, aout] =
+      start("zs-agent", 1,
+            absl::StrCat("-v ", tmp, "/auth:/etc/zeroshard/auth:ro -v ", agent_dir,
+                         ":/run/zeroshard --read-only --cap-drop ALL --entrypoint shard_agent "
+                         "zeroshard:latest --server=zeroshard-server:7070 "
+                         "--token_file=/etc/zeroshard/auth/token --insecure "
+                         "--listen=unix:/run/zeroshard/agent.sock"),
+            true);
+  ASSERT_EQ(acode, 0) << aout;
+  ASSERT_TRUE(Poll([&] { return access((agent_dir + "/agent.sock").c_str(), F_OK) == 0; },
+                   absl::Seconds(30)))
+      << podman.Run("logs zs-agent").second;
+  // Worker 0 (host1) reaches the server through the agent; worker 1 directly.
   auto start_worker = [&](const std::string& name, int index) {
+    std::vector<std::string> flags = cpu_run;
+    std::string agent_mount;
+    if (index == 0) {
+      flags.push_back("--agent=unix:/run/zeroshard/agent.sock");
+      agent_mount = absl::StrCat("-v ", agent_dir, ":/run/zeroshard ");
+    }
     return start(name, 1 + index,
-                 RunArgs(worker_pod, worker,
-                         {{"JOB_COMPLETION_INDEX", std::to_string(index)},
-                          {"POD_IP", hosts->address(1 + index)}},
-                         volumes, cpu_run),
+                 agent_mount + RunArgs(worker_pod, worker,
+                                       {{"JOB_COMPLETION_INDEX", std::to_string(index)},
+                                        {"POD_IP", hosts->address(1 + index)}},
+                                       volumes, flags),
                  true);
   };
   for (int i = 0; i < 2; ++i) {
@@ -339,6 +366,9 @@ TEST(PodmanTest, TheManifestsContainersTrainSurviveAReplacedWorkerAndConsolidate
   ASSERT_TRUE(r0.is_object() && r1.is_object());
   EXPECT_EQ(r0["params_sum"], r1["params_sum"]);
   EXPECT_GE(r0["recoveries"].size(), 1u) << "rank 0 did not recover from the killed worker";
+  // Worker 0's stream went through the agent: the server saw the agent's.
+  EXPECT_TRUE(absl::StrContains(podman.Run("logs zs-server").second, "agent_stream_opened"))
+      << podman.Run("logs zs-agent").second;
 
   auto [ccode, cout] = podman.Run(ctl +
                                   "consolidate --job=zeroshard-train --step=latest "
