@@ -115,8 +115,16 @@ json ContainerNamed(const json& pod, const std::string& group, const std::string
 class Podman {
  public:
   Podman() {
-    char dir[] = "/tmp/zspodman-XXXXXX";  // short: conmon's socket paths must fit
-    dir_ = mkdtemp(dir) != nullptr ? dir : "/tmp/zspodman-failed";
+    // Stores of runs whose process is gone (a crashed test): their containers
+    // stopped and removed, the store reset and deleted.
+    RunCommand(
+        "for d in /tmp/zspodman-*-*; do p=${d#/tmp/zspodman-}; p=${p%%-*}; "
+        "[ -d \"$d\" ] && ! kill -0 \"$p\" 2>/dev/null || continue; "
+        "P=\"podman --root $d/storage --runroot $d/run --runtime runc --cgroup-manager cgroupfs\"; "
+        "$P rm -af -t 0; $P system reset --force; rm -rf \"$d\"; done >/dev/null 2>&1");
+    // Short: conmon's socket paths must fit in 108 bytes.
+    std::string dir = absl::StrCat("/tmp/zspodman-", getpid(), "-XXXXXX");
+    dir_ = mkdtemp(dir.data()) != nullptr ? dir : "/tmp/zspodman-failed";
   }
   ~Podman() {
     for (const std::string& name : containers_) Run("rm -f -t 0 " + name);

@@ -70,13 +70,13 @@ AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/none
 # A node whose slurmd stops answering is DOWN after SlurmdTimeout; its jobs
 # fail with NODE_FAIL (and a --requeue job runs again). Short, for the test.
-SlurmdTimeout=6
+SlurmdTimeout=5
 SlurmctldTimeout=30
 InactiveLimit=0
 KillWait=5
 MinJobAge=300
 ReturnToService=2
-MessageTimeout=10
+MessageTimeout=4
 SchedulerParameters=batch_sched_delay=0
 $nodes
 PartitionName=zs Nodes=ALL Default=YES MaxTime=INFINITE State=UP

@@ -75,10 +75,14 @@ absl::StatusOr<std::unique_ptr<SlurmCluster>> SlurmCluster::Start(int hosts) {
   }
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> made = EmulatedHosts::Create(hosts);
   if (!made.ok()) return made.status();
-  char dir_template[] = "/tmp/zsslurm-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("mkdtemp /tmp/zsslurm-XXXXXX: errno ", errno));
+  // Directories of runs whose process is gone (a crashed test; the hosts'
+  // Create above killed what ran in their namespaces).
+  RunCommand(
+      "for d in /tmp/zsslurm-*-*; do p=${d#/tmp/zsslurm-}; p=${p%%-*}; "
+      "[ -d \"$d\" ] && ! kill -0 \"$p\" 2>/dev/null && rm -rf \"$d\"; done");
+  std::string dir_template = absl::StrCat("/tmp/zsslurm-", getpid(), "-XXXXXX");
+  if (mkdtemp(dir_template.data()) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("mkdtemp ", dir_template, ": errno ", errno));
   }
   const std::string dir = dir_template;
   // Each node declares this machine's CPUs: slurmd drains a node that
