@@ -212,178 +212,208 @@ std::string RunArgs(const json& pod, const json& c,
                       ShellQuote(c.value("image", "")), " ", rest);
 }
 
-TEST(PodmanTest, TheManifestsContainersTrainSurviveAReplacedWorkerAndConsolidate) {
+// The training flags for CPUs and 2 workers, after the manifest's own.
+const std::vector<std::string>& CpuRun() {
+  static const auto* flags =
+      new std::vector<std::string>{"--world_size=2",
+                                   "--backend=gloo",
+                                   "--layers=2",
+                                   "--heads=2",
+                                   "--d_model=32",
+                                   "--context=32",
+                                   "--steps=60",
+                                   "--batch=4",
+                                   "--warmup_steps=5",
+                                   "--val_every=0",
+                                   "--param_dtype=f32",
+                                   "--reduce_dtype=f32",
+                                   "--threads=1",
+                                   "--checkpoint_every=10",
+                                   "--test_step_delay_ms=100",
+                                   "--collective_timeout=60s",
+                                   "--report=/var/lib/zeroshard/checkpoints/report-{rank}.json"};
+  return *flags;
+}
+
+class PodmanTest : public ::testing::Test {
+ protected:
+  // The image, by build.sh from this test's binaries, in the test's store.
+  void BuildImage() {
+    const std::string bin = tmp_ + "/bin";
+    RunCommand("mkdir -p " + bin);
+    for (const char* f :
+         {"shard_server/shard_server", "worker/shard_worker", "client/shardctl",
+          "agent/shard_agent", "python/zeroshard-0.1.0-cp311-cp311-linux_x86_64.whl"}) {
+      RunCommand(absl::StrCat("ln -sf \"$(realpath ", RunfilePath(f), ")\" ", bin, "/"));
+    }
+    Note("building the image");
+    auto [code, out] =
+        RunCommand(absl::StrCat("/bin/bash ", RunfilePath("deploy/container/build.sh"),
+                                " --bin_dir=", bin, " --podman_root=", podman_.dir(), " 2>&1"));
+    ASSERT_EQ(code, 0) << out;
+    Note("image built: " +
+         std::string(absl::StripAsciiWhitespace(out.substr(out.rfind("build.sh:")))));
+  }
+
+  // The hosts, the volumes (the claims as directories owned by the pods'
+  // user) and the pod templates of the manifests.
+  void SetUpCluster() {
+    auto hosts = EmulatedHosts::Create(3);
+    ASSERT_TRUE(hosts.ok()) << hosts.status();
+    hosts_ = *std::move(hosts);
+    volumes_ = {{"state", tmp_ + "/state"},
+                {"checkpoints", tmp_ + "/checkpoints"},
+                {"auth", tmp_ + "/auth"}};
+    for (const auto& [name, dir] : volumes_) RunCommand("mkdir -p " + dir);
+    WriteFile(tmp_ + "/auth/token", "podman-test-token\n");
+    RunCommand(absl::StrCat("mkdir -p ", agent_dir_, " && chown -R 65532:65532 ", tmp_, "/state ",
+                            tmp_, "/checkpoints ", tmp_, "/auth ", agent_dir_, " && chmod 0600 ",
+                            tmp_, "/auth/token"));
+    server_pod_ = PodSpec(LoadYaml(RunfilePath("deploy/k8s/server.yaml")), "StatefulSet");
+    worker_pod_ = PodSpec(LoadYaml(RunfilePath("deploy/k8s/workers.yaml")), "Job");
+  }
+
+  // A container on emulated host `host`; "zeroshard-server" resolves to
+  // host0, as the Service's name would. The image's HEALTHCHECK is the
+  // server's: the others run without it.
+  std::pair<int, std::string> Start(const std::string& name, int host, const std::string& args,
+                                    bool detach = true) {
+    podman_.Track(name);
+    return podman_.Run(
+        absl::StrCat("run ", detach ? "-d " : "--rm ", "--name ", name, " --network ns:/run/netns/",
+                     hosts_->netns(host), " --hostname ", name,
+                     " --add-host zeroshard-server:", hosts_->address(0), " ", Podman::Limits(),
+                     name == "zs-server" ? "" : "--no-healthcheck ", args));
+  }
+
+  // A node agent on host1 for worker 0 (docs/scale.md). No manifest runs one
+  // (there is no DaemonSet), so its command line is written here.
+  void StartAgent() {
+    auto [code, out] =
+        Start("zs-agent", 1,
+              absl::StrCat("-v ", tmp_, "/auth:/etc/zeroshard/auth:ro -v ", agent_dir_,
+                           ":/run/zeroshard --read-only --cap-drop ALL --entrypoint shard_agent "
+                           "zeroshard:latest --server=zeroshard-server:7070 "
+                           "--token_file=/etc/zeroshard/auth/token --insecure "
+                           "--listen=unix:/run/zeroshard/agent.sock"));
+    ASSERT_EQ(code, 0) << out;
+    ASSERT_TRUE(Poll([&] { return access((agent_dir_ + "/agent.sock").c_str(), F_OK) == 0; },
+                     absl::Seconds(30)))
+        << podman_.Run("logs zs-agent").second;
+  }
+
+  // Pod `index` of the Indexed Job on host 1 + index. Worker 0 reaches the
+  // server through the agent; worker 1 directly.
+  std::pair<int, std::string> StartWorker(const std::string& name, int index) {
+    std::vector<std::string> flags = CpuRun();
+    std::string agent_mount;
+    if (index == 0) {
+      flags.push_back("--agent=unix:/run/zeroshard/agent.sock");
+      agent_mount = absl::StrCat("-v ", agent_dir_, ":/run/zeroshard ");
+    }
+    const json worker = ContainerNamed(worker_pod_, "containers", "shard-worker");
+    return Start(name, 1 + index,
+                 agent_mount + RunArgs(worker_pod_, worker,
+                                       {{"JOB_COMPLETION_INDEX", std::to_string(index)},
+                                        {"POD_IP", hosts_->address(1 + index)}},
+                                       volumes_, flags));
+  }
+
+  // shardctl in the server's container, with the manifests' token.
+  std::pair<int, std::string> Shardctl(const std::string& args) {
+    return podman_.Run(
+        "exec zs-server shardctl --token_file=/etc/zeroshard/auth/token "
+        "--insecure " +
+        args);
+  }
+
+  bool HasCompleteCheckpoint() {
+    for (absl::string_view line :
+         absl::StrSplit(Shardctl("checkpoints --job=zeroshard-train").second, '\n')) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() >= 2 && f[1] == "yes") return true;
+    }
+    return false;
+  }
+
+  // The container's exit code from `podman wait`, bounded.
+  std::string WaitExit(const std::string& name, int seconds) {
+    return std::string(absl::StripAsciiWhitespace(
+        RunCommand(absl::StrCat("timeout ", seconds, " ", podman_.Command(), "wait ", name))
+            .second));
+  }
+
+  // Destroyed in reverse: the containers and the store go before the hosts.
+  std::unique_ptr<EmulatedHosts> hosts_;
+  Podman podman_;
+  const std::string tmp_ = MakeTempDir("podman");
+  const std::string agent_dir_ = tmp_ + "/agent";
+  std::map<std::string, std::string> volumes_;
+  json server_pod_, worker_pod_;
+};
+
+TEST_F(PodmanTest, TheManifestsContainersTrainSurviveAReplacedWorkerAndConsolidate) {
   if (std::string missing = Missing(); !missing.empty()) {
     const char* ci = getenv("CI");
     if (ci != nullptr && std::string(ci) == "true") FAIL() << missing;
     GTEST_SKIP() << missing;
   }
-  Podman podman;
-  const std::string tmp = MakeTempDir("podman");
+  ASSERT_NO_FATAL_FAILURE(BuildImage());
+  ASSERT_NO_FATAL_FAILURE(SetUpCluster());
 
-  // The image, by build.sh from this test's binaries.
-  const std::string bin = tmp + "/bin";
-  RunCommand("mkdir -p " + bin);
-  for (const char* f :
-       {"shard_server/shard_server", "worker/shard_worker", "client/shardctl", "agent/shard_agent",
-        "python/zeroshard-0.1.0-cp311-cp311-linux_x86_64.whl"}) {
-    RunCommand(absl::StrCat("ln -sf \"$(realpath ", RunfilePath(f), ")\" ", bin, "/"));
-  }
-  Note("building the image");
-  auto [bcode, bout] =
-      RunCommand(absl::StrCat("/bin/bash ", RunfilePath("deploy/container/build.sh"),
-                              " --bin_dir=", bin, " --podman_root=", podman.dir(), " 2>&1"));
-  ASSERT_EQ(bcode, 0) << bout;
-  Note("image built: " +
-       std::string(absl::StripAsciiWhitespace(bout.substr(bout.rfind("build.sh:")))));
-
-  auto hosts_or = EmulatedHosts::Create(3);
-  ASSERT_TRUE(hosts_or.ok()) << hosts_or.status();
-  std::unique_ptr<EmulatedHosts> hosts = *std::move(hosts_or);
-
-  // The volumes: the claims as host directories owned by the pods' user.
-  std::map<std::string, std::string> volumes = {
-      {"state", tmp + "/state"}, {"checkpoints", tmp + "/checkpoints"}, {"auth", tmp + "/auth"}};
-  for (const auto& [name, dir] : volumes) RunCommand("mkdir -p " + dir);
-  WriteFile(tmp + "/auth/token", "podman-test-token\n");
-  RunCommand(absl::StrCat("chown -R 65532:65532 ", tmp, "/state ", tmp, "/checkpoints ", tmp,
-                          "/auth && chmod 0600 ", tmp, "/auth/token"));
-
-  const std::vector<json> server_docs = LoadYaml(RunfilePath("deploy/k8s/server.yaml"));
-  const std::vector<json> worker_docs = LoadYaml(RunfilePath("deploy/k8s/workers.yaml"));
-  const json server_pod = PodSpec(server_docs, "StatefulSet");
-  const json worker_pod = PodSpec(worker_docs, "Job");
-
-  // Each container on its emulated host; "zeroshard-server" is host0.
-  // The image's HEALTHCHECK is the server's: the others run without it.
-  auto start = [&](const std::string& name, int host, const std::string& run_args, bool detach) {
-    podman.Track(name);
-    return podman.Run(absl::StrCat("run ", detach ? "-d " : "--rm ", "--name ", name,
-                                   " --network ns:/run/netns/", hosts->netns(host), " --hostname ",
-                                   name, " --add-host zeroshard-server:", hosts->address(0), " ",
-                                   Podman::Limits(), name == "zs-server" ? "" : "--no-healthcheck ",
-                                   run_args));
-  };
   auto [scode, sout] =
-      start("zs-server", 0,
-            RunArgs(server_pod, ContainerNamed(server_pod, "containers", "shard-server"), {},
-                    volumes, {}),
-            true);
+      Start("zs-server", 0,
+            RunArgs(server_pod_, ContainerNamed(server_pod_, "containers", "shard-server"), {},
+                    volumes_, {}));
   ASSERT_EQ(scode, 0) << sout;
   // The image's HEALTHCHECK: the gRPC health service answers SERVING.
   EXPECT_TRUE(
-      Poll([&] { return podman.Run("healthcheck run zs-server").first == 0; }, absl::Seconds(60)))
-      << podman.Run("logs zs-server").second;
+      Poll([&] { return podman_.Run("healthcheck run zs-server").first == 0; }, absl::Seconds(60)))
+      << podman_.Run("logs zs-server").second;
   Note("server healthy");
-
   // The workers' init container: waits for the server, then exits 0.
   auto [icode, iout] =
-      start("zs-wait", 1,
-            RunArgs(worker_pod, ContainerNamed(worker_pod, "initContainers", "wait-for-server"), {},
-                    volumes, {}),
-            false);
+      Start("zs-wait", 1,
+            RunArgs(worker_pod_, ContainerNamed(worker_pod_, "initContainers", "wait-for-server"),
+                    {}, volumes_, {}),
+            /*detach=*/false);
   EXPECT_EQ(icode, 0) << iout;
+  ASSERT_NO_FATAL_FAILURE(StartAgent());
 
-  // The training flags for CPUs and 2 workers, after the manifest's own.
-  const std::vector<std::string> cpu_run = {
-      "--world_size=2",
-      "--backend=gloo",
-      "--layers=2",
-      "--heads=2",
-      "--d_model=32",
-      "--context=32",
-      "--steps=60",
-      "--batch=4",
-      "--warmup_steps=5",
-      "--val_every=0",
-      "--param_dtype=f32",
-      "--reduce_dtype=f32",
-      "--threads=1",
-      "--checkpoint_every=10",
-      "--test_step_delay_ms=100",
-      "--collective_timeout=60s",
-      "--report=/var/lib/zeroshard/checkpoints/report-{rank}.json"};
-  const json worker = ContainerNamed(worker_pod, "containers", "shard-worker");
-  // A node agent on host1 for worker 0 (docs/scale.md). No manifest runs one
-  // (there is no DaemonSet), so its command line is written here.
-  const std::string agent_dir = tmp + "/agent";
-  RunCommand(absl::StrCat("mkdir -p ", agent_dir, " && chown 65532:65532 ", agent_dir));
-  auto [acode, aout] =
-      start("zs-agent", 1,
-            absl::StrCat("-v ", tmp, "/auth:/etc/zeroshard/auth:ro -v ", agent_dir,
-                         ":/run/zeroshard --read-only --cap-drop ALL --entrypoint shard_agent "
-                         "zeroshard:latest --server=zeroshard-server:7070 "
-                         "--token_file=/etc/zeroshard/auth/token --insecure "
-                         "--listen=unix:/run/zeroshard/agent.sock"),
-            true);
-  ASSERT_EQ(acode, 0) << aout;
-  ASSERT_TRUE(Poll([&] { return access((agent_dir + "/agent.sock").c_str(), F_OK) == 0; },
-                   absl::Seconds(30)))
-      << podman.Run("logs zs-agent").second;
-  // Worker 0 (host1) reaches the server through the agent; worker 1 directly.
-  auto start_worker = [&](const std::string& name, int index) {
-    std::vector<std::string> flags = cpu_run;
-    std::string agent_mount;
-    if (index == 0) {
-      flags.push_back("--agent=unix:/run/zeroshard/agent.sock");
-      agent_mount = absl::StrCat("-v ", agent_dir, ":/run/zeroshard ");
-    }
-    return start(name, 1 + index,
-                 agent_mount + RunArgs(worker_pod, worker,
-                                       {{"JOB_COMPLETION_INDEX", std::to_string(index)},
-                                        {"POD_IP", hosts->address(1 + index)}},
-                                       volumes, flags),
-                 true);
-  };
   for (int i = 0; i < 2; ++i) {
-    auto [wcode, wout] = start_worker(absl::StrCat("zs-worker-", i), i);
-    ASSERT_EQ(wcode, 0) << wout;
+    auto [code, out] = StartWorker(absl::StrCat("zs-worker-", i), i);
+    ASSERT_EQ(code, 0) << out;
   }
-  const std::string ctl =
-      "exec zs-server shardctl --token_file=/etc/zeroshard/auth/token --insecure ";
-  auto complete_checkpoint = [&] {
-    auto [code, out] = podman.Run(ctl + "checkpoints --job=zeroshard-train");
-    for (absl::string_view line : absl::StrSplit(out, '\n')) {
-      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (f.size() >= 2 && f[1] == "yes") return true;
-    }
-    return false;
-  };
-  ASSERT_TRUE(Poll(complete_checkpoint, absl::Seconds(120)))
-      << podman.Run("logs zs-worker-0").second << podman.Run("logs zs-server").second;
+  ASSERT_TRUE(Poll([&] { return HasCompleteCheckpoint(); }, absl::Seconds(120)))
+      << podman_.Run("logs zs-worker-0").second << podman_.Run("logs zs-server").second;
   Note("a complete checkpoint; killing worker 1");
-  EXPECT_EQ(podman.Run("kill -s KILL zs-worker-1").first, 0);
-  EXPECT_EQ(
-      absl::StripAsciiWhitespace(
-          RunCommand(absl::StrCat("timeout 60 ", podman.Command(), "wait zs-worker-1")).second),
-      "137");
+  EXPECT_EQ(podman_.Run("kill -s KILL zs-worker-1").first, 0);
+  EXPECT_EQ(WaitExit("zs-worker-1", 60), "137");
   // The Indexed Job's replacement: same completion index, so the same worker id.
-  auto [rcode, rout] = start_worker("zs-worker-1-replacement", 1);
+  auto [rcode, rout] = StartWorker("zs-worker-1-replacement", 1);
   ASSERT_EQ(rcode, 0) << rout;
-
   for (const char* name : {"zs-worker-0", "zs-worker-1-replacement"}) {
     // 60 steps of 100 ms and a re-join: well under the bound.
-    auto [code, out] = RunCommand(absl::StrCat("timeout 240 ", podman.Command(), "wait ", name));
-    EXPECT_EQ(absl::StripAsciiWhitespace(out), "0")
+    EXPECT_EQ(WaitExit(name, 240), "0")
         << name << ":\n"
-        << podman.Run(absl::StrCat("logs --tail 30 ", name)).second;
+        << podman_.Run(absl::StrCat("logs --tail 30 ", name)).second;
   }
   Note("workers finished");
-  json r0 = json::parse(ReadFileOrEmpty(tmp + "/checkpoints/report-0.json"), nullptr, false);
-  json r1 = json::parse(ReadFileOrEmpty(tmp + "/checkpoints/report-1.json"), nullptr, false);
+
+  json r0 = json::parse(ReadFileOrEmpty(tmp_ + "/checkpoints/report-0.json"), nullptr, false);
+  json r1 = json::parse(ReadFileOrEmpty(tmp_ + "/checkpoints/report-1.json"), nullptr, false);
   ASSERT_TRUE(r0.is_object() && r1.is_object());
   EXPECT_EQ(r0["params_sum"], r1["params_sum"]);
   EXPECT_GE(r0["recoveries"].size(), 1u) << "rank 0 did not recover from the killed worker";
   // Worker 0's stream went through the agent: the server saw the agent's.
-  EXPECT_TRUE(absl::StrContains(podman.Run("logs zs-server").second, "agent_stream_opened"))
-      << podman.Run("logs zs-agent").second;
-
-  auto [ccode, cout] = podman.Run(ctl +
-                                  "consolidate --job=zeroshard-train --step=latest "
-                                  "--out=/var/lib/zeroshard/checkpoints/model.safetensors");
+  EXPECT_TRUE(absl::StrContains(podman_.Run("logs zs-server").second, "agent_stream_opened"))
+      << podman_.Run("logs zs-agent").second;
+  auto [ccode, cout] = Shardctl(
+      "consolidate --job=zeroshard-train --step=latest "
+      "--out=/var/lib/zeroshard/checkpoints/model.safetensors");
   EXPECT_EQ(ccode, 0) << cout;
   EXPECT_TRUE(absl::StrContains(cout, "consolidated step 60")) << cout;
-  EXPECT_GT(ReadFileOrEmpty(tmp + "/checkpoints/model.safetensors").size(), 1000u);
+  EXPECT_GT(ReadFileOrEmpty(tmp_ + "/checkpoints/model.safetensors").size(), 1000u);
 }
 
 }  // namespace
