@@ -366,6 +366,9 @@ TEST_F(PodmanTest, TheManifestsContainersTrainSurviveAReplacedWorkerAndConsolida
             RunArgs(server_pod_, ContainerNamed(server_pod_, "containers", "shard-server"), {},
                     volumes_, {}));
   ASSERT_EQ(scode, 0) << sout;
+  // `shardctl health` (the HEALTHCHECK's command) fails where nothing serves.
+  auto [ucode, uout] = podman_.Run("exec zs-server shardctl --server=127.0.0.1:7071 health");
+  EXPECT_NE(ucode, 0) << uout;
   // The image's HEALTHCHECK: the gRPC health service answers SERVING.
   EXPECT_TRUE(
       Poll([&] { return podman_.Run("healthcheck run zs-server").first == 0; }, absl::Seconds(60)))
