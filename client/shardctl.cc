@@ -134,6 +134,17 @@ void PrintCheckpointFailure(Client& client, const std::string& job) {
   if (failed != nullptr) std::printf("CHECKPOINT: %s\n", failed->failure().c_str());
 }
 
+// grpc.health.v1 Check: exit 0 when the server is SERVING, 1 otherwise (it
+// does not answer within the client's RPC deadline, or answers NOT_SERVING). Needs no
+// token: the container image's HEALTHCHECK (deploy/container).
+int HealthCommand() {
+  absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
+  if (!client.ok()) return Fail(client.status());
+  if (absl::Status s = (*client)->HealthCheck(); !s.ok()) return Fail(s);
+  std::printf("SERVING\n");
+  return 0;
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -251,6 +262,7 @@ int main(int argc, char** argv) {
       "  shardctl [--server=HOST:PORT] [--token_file=F] [TLS flags] COMMAND [flags]\n\n"
       "Commands:\n"
       "  status [--job=ID] [--rank=R|--host=H|--all] [--json]  jobs, generations and members\n"
+      "  health                                  grpc.health.v1 check: exit 0 when SERVING\n"
       "  spec --model=mlp|gpt2 ... [--preset=124M] print a model spec (JSON)\n"
       "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
@@ -259,13 +271,14 @@ int main(int argc, char** argv) {
       "  top [--job=ID] [--rank=R|--host=H|--all]  live view of jobs and ranks (q quits)\n"
       "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  const char* commands = "status, spec, plan, checkpoints, consolidate, history, top, job";
+  const char* commands = "status, health, spec, plan, checkpoints, consolidate, history, top, job";
   if (args.size() < 2) {
     std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
   }
   std::string command = args[1];
   if (command == "status") return zeroshard::StatusCommand();
+  if (command == "health") return zeroshard::HealthCommand();
   if (command == "spec") return zeroshard::SpecCommand();
   if (command == "plan") return zeroshard::PlanCommand();
   if (command == "checkpoints") return zeroshard::CheckpointsCommand();

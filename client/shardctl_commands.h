@@ -33,6 +33,7 @@ std::string InCollective(const v1::RankTelemetry& telemetry);
 std::string MemberFlags(const v1::MemberStatus& member);
 
 int StatusCommand();       // shardctl.cc
+int HealthCommand();       // shardctl.cc
 int SpecCommand();         // shardctl_plan.cc
 int PlanCommand();         // shardctl_plan.cc
 int CheckpointsCommand();  // shardctl_checkpoints.cc

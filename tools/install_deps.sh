@@ -22,6 +22,8 @@ PACKAGES=(
   iproute2 nftables      # emulated hosts (tests/cluster): namespaces, tc, silent drops
   etcd-server etcd-client  # replicated control plane (--etcd_endpoints): etcd v3 and its tests
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-gogo-googleapis-dev  # etcd's v3 .proto files
+  slurmctld slurmd slurmdbd slurm-client munge mariadb-server  # tests/slurm: a real Slurm cluster (sacct needs slurmdbd + MariaDB)
+  podman runc            # deploy/container: the image, built offline, and its test
 )
 
 missing=()
