@@ -427,6 +427,14 @@ absl::Status ReadEngine(WorkerConfig* config) {
     return Bad(absl::StrCat("--shard_group_size=", group,
                             " is neither a number of ranks (>= 0) nor 'host'"));
   }
+  if (config->shard_group_by_host && absl::GetFlag(FLAGS_two_level)) {
+    return Bad(
+        "--two_level with --shard_group_size=host has no second level: each shard group is one "
+        "host, so its gathers and reduce-scatters stay in the host (shared memory), and the "
+        "replicas' all-reduce joins one rank per host. Drop --two_level (HSDP already sends the "
+        "fewest bytes across hosts), or drop --shard_group_size=host to keep the state sharded "
+        "over every rank in two levels");
+  }
   if ((config->shard_group_by_host || config->plan.shard_group_size > 0) && engine.stage == 0) {
     return Bad("--shard_group_size needs --stage=1, 2 or 3 (stage 0 replicates every state)");
   }

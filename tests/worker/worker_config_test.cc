@@ -43,6 +43,9 @@ ABSL_DECLARE_FLAG(std::string, on_nonfinite);
 ABSL_DECLARE_FLAG(int, max_skipped_steps);
 ABSL_DECLARE_FLAG(int, replica_check_every);
 ABSL_DECLARE_FLAG(std::string, testing_corrupt);
+ABSL_DECLARE_FLAG(bool, two_level);
+ABSL_DECLARE_FLAG(std::string, shard_group_size);
+ABSL_DECLARE_FLAG(int, max_pending_commits);
 
 namespace zeroshard {
 namespace {
@@ -145,6 +148,17 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
          absl::SetFlag(&FLAGS_checkpoint_dir, "/ck");
        },
        "--resume=-3: expected 'latest' or a step number"},
+      {[] {
+         absl::SetFlag(&FLAGS_stage, 3);
+         absl::SetFlag(&FLAGS_shard_group_size, "host");
+         absl::SetFlag(&FLAGS_two_level, true);
+       },
+       "--two_level with --shard_group_size=host has no second level"},
+      {[] {
+         absl::SetFlag(&FLAGS_checkpoint_dir, "/ck");
+         absl::SetFlag(&FLAGS_max_pending_commits, 0);
+       },
+       "--max_pending_commits=0: expected at least 1"},
   };
   for (const Case& c : cases) {
     absl::FlagSaver restore;
