@@ -109,6 +109,14 @@ absl::Status Checkpointer::Commit(const ShardIdentity& id, const WrittenShard& w
                                   written.checksums, kCommitTimeout)
                     .status();
   }
+  if (committed.ok() && config_.transport == CheckpointTransport::kGrpc) {
+    // The server holds the committed copy, and nothing reads a staged one
+    // (--resume needs a manifest, which only the server's root has): a
+    // staging directory must not keep every step for ever (#51).
+    unlink(written.path.c_str());
+    const size_t slash = written.path.rfind('/');
+    if (slash != std::string::npos) rmdir(written.path.substr(0, slash).c_str());  // if empty
+  }
   absl::Status out = committed.ok() ? committed : Abandon(id, written.path, committed, retry_step);
   absl::MutexLock lock(&mu_);
   --committing_;

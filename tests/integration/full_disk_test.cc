@@ -211,6 +211,11 @@ TEST(FullDiskTest, GrpcUploadToAFullServerRootAbandonsTheStepAndRetries) {
   const std::string staging = testing::MakeTempDir("full-disk-staging");
   ExpectCheckpointRetriedAfterAFullDisk(
       {"--checkpoint_transport=grpc", "--checkpoint_dir=" + staging}, "full-disk-grpc");
+  // A committed upload's staged file is removed (the server holds the
+  // copy), and an abandoned one's too: the staging directory keeps nothing.
+  auto [code, staged] = testing::RunCommand("find " + staging + " -name '*.safetensors*'");
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(staged, "") << "left in the staging directory:\n" << staged;
 }
 
 // #44 finding 8: the last checkpoint fails on one rank only (its staging
