@@ -1019,7 +1019,7 @@ def parse_env_file(text):
   return values
 
 
-def check_systemd(unit_name, unit_text, env_name, env_text, flagsets, report):
+def check_systemd(unit_name, unit_text, env_name, env_text, flagsets, report, installed_as=None):
   unit = parse_unit(unit_text)
   service = unit.get("Service") or []
 
@@ -1028,9 +1028,9 @@ def check_systemd(unit_name, unit_text, env_name, env_text, flagsets, report):
 
   env = parse_env_file(env_text)
   env_files = get("EnvironmentFile")
-  if not any(os.path.basename(f.lstrip("-")) == os.path.basename(env_name) for f in env_files):
-    report.error(unit_name, "EnvironmentFile= does not load %s (found %s)"
-                 % (os.path.basename(env_name), env_files))
+  loaded = os.path.basename(installed_as or env_name)
+  if not any(os.path.basename(f.lstrip("-")) == loaded for f in env_files):
+    report.error(unit_name, "EnvironmentFile= does not load %s (found %s)" % (loaded, env_files))
   exec_start = get("ExecStart")
   if len(exec_start) != 1:
     report.error(unit_name, "expected one ExecStart=, found %d" % len(exec_start))
@@ -1071,8 +1071,17 @@ def check_systemd(unit_name, unit_text, env_name, env_text, flagsets, report):
   writable += [p.lstrip("-+") for v in get("ReadWritePaths") for p in v.split()]
   if not get("ReadWritePaths"):
     report.error(unit_name, "[Service] has no ReadWritePaths=")
+  replicated = bool(inv.flag("etcd_endpoints"))
+  if replicated and not inv.flag("metrics_listen"):
+    report.error(env_name, "a replicated server needs --metrics_listen: its health check and a "
+                 "follower's /metrics (docs/deploy.md) read that port")
   for flag in ("state_dir", "checkpoint_root"):
     path = inv.flag(flag)
+    if flag == "state_dir" and replicated:
+      if path:
+        report.error(env_name, "--state_dir=%s beside --etcd_endpoints: the state is in etcd"
+                     % path)
+      continue
     if not path:
       report.error(unit_name, "shard_server has no --%s" % flag)
     elif not any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable):
@@ -1087,13 +1096,61 @@ def check_systemd(unit_name, unit_text, env_name, env_text, flagsets, report):
 SLURM = "deploy/slurm/zeroshard.sbatch"
 UNIT = "deploy/systemd/zeroshard-server.service"
 ENVFILE = "deploy/systemd/zeroshard-server.env"
+HA_ENVFILE = "deploy/systemd/zeroshard-server-ha.env"
+ETCD_UNIT = "deploy/systemd/zeroshard-etcd.service"
+ETCD_ENVFILE = "deploy/systemd/zeroshard-etcd.env"
+
+
+def etcd_flag_names():
+  """etcd's flags from its own --help (None: no etcd binary here)."""
+  import shutil
+  import subprocess
+  binary = shutil.which("etcd")
+  if binary is None:
+    return None
+  out = subprocess.run([binary, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=30).stdout
+  return set(re.findall(r"^\s+--([a-z0-9-]+)", out, re.M))
+
+
+def check_etcd_unit(unit_name, unit_text, env_name, env_text, etcd_flags, report):
+  """The etcd member's unit loads its environment file, runs etcd, keeps its
+  data below StateDirectory=, and every ETCD_* setting is one of etcd's flags
+  (etcd reads ETCD_NAME as --name, ...)."""
+  unit = parse_unit(unit_text)
+  service = unit.get("Service") or []
+
+  def get(key):
+    return [v for k, v in service if k == key]
+
+  env = parse_env_file(env_text)
+  if not any(os.path.basename(f.lstrip("-")) == os.path.basename(env_name)
+             for f in get("EnvironmentFile")):
+    report.error(unit_name, "EnvironmentFile= does not load %s" % os.path.basename(env_name))
+  exec_start = get("ExecStart")
+  if len(exec_start) != 1 or os.path.basename(exec_start[0].split()[0].lstrip("@-+!:")) != "etcd":
+    report.error(unit_name, "expected one ExecStart= running etcd, found %s" % exec_start)
+  for var in sorted(env):
+    if not var.startswith("ETCD_"):
+      report.error(env_name, "%s is not an etcd setting (ETCD_*)" % var)
+    elif etcd_flags is not None:
+      flag = var[len("ETCD_"):].lower().replace("_", "-")
+      if flag not in etcd_flags:
+        report.error(env_name, "%s: etcd has no --%s (etcd --help)" % (var, flag))
+  for needed in ("ETCD_NAME", "ETCD_DATA_DIR", "ETCD_INITIAL_CLUSTER"):
+    if needed not in env:
+      report.error(env_name, "%s is not set" % needed)
+  data = env.get("ETCD_DATA_DIR", "")
+  writable = ["/var/lib/" + d for v in get("StateDirectory") for d in v.split()]
+  if data and not any(data == w or data.startswith(w.rstrip("/") + "/") for w in writable):
+    report.error(unit_name, "ETCD_DATA_DIR=%s is not below StateDirectory= %s" % (data, writable))
 
 
 def read_templates(root):
   texts = {}
   for path in sorted(glob.glob(os.path.join(root, "deploy/k8s/*.yaml"))):
     texts[os.path.relpath(path, root)] = open(path).read()
-  for rel in (SLURM, UNIT, ENVFILE):
+  for rel in (SLURM, UNIT, ENVFILE, HA_ENVFILE, ETCD_UNIT, ETCD_ENVFILE):
     path = os.path.join(root, rel)
     if not os.path.exists(path):
       raise SystemExit("templates_test: %s is missing" % rel)
@@ -1119,11 +1176,22 @@ def run_checks(texts, flagsets, k8s_docs=None):
     check_slurm(SLURM, texts[SLURM], flagsets, report)
   except ValueError as e:
     report.error(SLURM, "cannot read the shell script: %s" % e)
-  try:
-    check_systemd(UNIT, texts[UNIT], ENVFILE, texts[ENVFILE], flagsets, report)
-  except ValueError as e:
-    report.error(UNIT, "cannot read ExecStart: %s" % e)
+  for env_file in (ENVFILE, HA_ENVFILE):
+    if env_file not in texts:
+      continue
+    try:
+      # The HA file is installed in the single server's file's place.
+      check_systemd(UNIT, texts[UNIT], env_file, texts[env_file], flagsets, report,
+                    installed_as=ENVFILE)
+    except ValueError as e:
+      report.error(UNIT, "cannot read ExecStart with %s: %s" % (env_file, e))
+  if ETCD_UNIT in texts and ETCD_ENVFILE in texts:
+    check_etcd_unit(ETCD_UNIT, texts[ETCD_UNIT], ETCD_ENVFILE, texts[ETCD_ENVFILE],
+                    ETCD_FLAGS, report)
   return report
+
+
+ETCD_FLAGS = etcd_flag_names()
 
 
 def self_test(texts, flagsets, baseline):
