@@ -203,9 +203,23 @@ int StatusCommand() {
       }
       std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
     }
-    int64_t skipped = 0;
+    int64_t skipped = 0, rewinds = 0, spikes = 0, mismatches = 0;
+    std::string corruption;
     for (const v1::MemberStatus& m : job.members()) {
       skipped = std::max(skipped, m.last_step().skipped_steps());
+      rewinds = std::max(rewinds, m.last_step().rewinds());
+      spikes = std::max(spikes, m.last_step().loss_spikes());
+      mismatches = std::max(mismatches, m.last_step().replica_mismatches());
+      if (!m.last_step().corruption().empty()) corruption = m.last_step().corruption();
+    }
+    if (rewinds > 0 || spikes > 0 || mismatches > 0) {
+      std::printf("\n%s rewinds: %lld (loss spikes: %lld, replica mismatches: %lld; "
+                  "docs/numerics.md)\n",
+                  job.job_id().c_str(), static_cast<long long>(rewinds),
+                  static_cast<long long>(spikes), static_cast<long long>(mismatches));
+    }
+    if (!corruption.empty()) {
+      std::printf("%s corrupted shard: %s\n", job.job_id().c_str(), corruption.c_str());
     }
     if (skipped > 0) {
       std::printf("\n%s skipped steps: %lld (non-finite loss or gradient norm, "

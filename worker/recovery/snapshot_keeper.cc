@@ -377,6 +377,21 @@ void SnapshotKeeper::Commit(int64_t step) {
   UpdateBytesLocked();
 }
 
+void SnapshotKeeper::DropNewerThan(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = blobs_.begin(); it != blobs_.end();) {
+    if (std::get<0>(it->first) > step) {
+      std::shared_ptr<SnapshotBlob> blob = std::move(it->second);
+      it = blobs_.erase(it);
+      DropLocked(std::move(blob));
+    } else {
+      ++it;
+    }
+  }
+  complete_.erase(complete_.upper_bound(step), complete_.end());
+  UpdateBytesLocked();
+}
+
 int64_t SnapshotKeeper::committed_step() const {
   absl::MutexLock lock(&mu_);
   return committed_;

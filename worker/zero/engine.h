@@ -53,6 +53,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -286,10 +287,18 @@ class ZeroEngine {
   // then compares the replicas (StepVerdict::replica_mismatches; a mismatch
   // is not applied). No collective of its own. Stages 1-3.
   void HashShardAtNextUpdate() { hash_next_update_ = true; }
-  // Test-only (--testing_corrupt): flips the lowest exponent bit of the first
-  // parameter of this rank's first piece in its master shard, as a flipped
-  // bit in memory would (the value doubles or halves and stays finite).
-  absl::Status CorruptMasterForTesting();
+  // Called by every Step with its verdict after the ranks' numbers are
+  // shared and before any update: it may mark the step bad (a loss spike,
+  // worker/loss_spike.h), which then is not applied. Every rank's screen
+  // must judge alike. Null: none.
+  void SetVerdictScreen(std::function<void(StepVerdict*)> screen) {
+    verdict_screen_ = std::move(screen);
+  }
+  // Test-only (--testing_corrupt): flips bit `bit` (an exponent bit, 23-30;
+  // 23: the value doubles or halves and stays finite) of the first parameter
+  // of this rank's first piece in its master shard, as a flipped bit in
+  // memory would.
+  absl::Status CorruptMasterForTesting(int bit = 23);
   // G: the ranks one shard is spread over (W without shard groups).
   int group_size() const { return group_size_; }
 
@@ -449,6 +458,7 @@ class ZeroEngine {
   int micro_batches_ = 0;
   bool hash_next_update_ = false;            // HashShardAtNextUpdate
   std::optional<uint64_t> shard_checksum_;   // for the next verdict
+  std::function<void(StepVerdict*)> verdict_screen_;  // SetVerdictScreen
   StepTimes times_;  // of the step in progress
 };
 

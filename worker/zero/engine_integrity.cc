@@ -37,7 +37,7 @@ absl::StatusOr<uint64_t> ZeroEngine::MasterShardChecksum() {
   return hasher.Digest();
 }
 
-absl::Status ZeroEngine::CorruptMasterForTesting() {
+absl::Status ZeroEngine::CorruptMasterForTesting(int bit) {
   if (!stage_.state_sharded || units_.empty() || units_[0].own_segments.empty() ||
       !backend_->host_accessible()) {
     return absl::FailedPreconditionError(
@@ -48,10 +48,11 @@ absl::Status ZeroEngine::CorruptMasterForTesting() {
   float* value = MasterShard(0).f32() + piece.chunk_offset;
   uint32_t bits;
   std::memcpy(&bits, value, sizeof(bits));
-  // The lowest exponent bit: the value doubles or halves, stays finite, and
-  // training goes on with it (what a flipped bit in memory looks like when
-  // nothing overflows).
-  bits ^= uint32_t{1} << 23;
+  // The lowest exponent bit (23): the value doubles or halves, stays finite,
+  // and training goes on with it (what a flipped bit in memory looks like
+  // when nothing overflows). The highest (30) of a value below 2 in
+  // magnitude multiplies it by 2^128: a loss spike.
+  bits ^= uint32_t{1} << bit;
   std::memcpy(value, &bits, sizeof(bits));
   MarkSecondaryStale(0);  // hpZ: the slice no longer matches
   return absl::OkStatus();
