@@ -488,6 +488,7 @@ absl::Status Worker::ActOnVerdict(int step, const StepStats& stats) {
   // The hashes taken in the previous step's update, judged in this one's
   // verdict before its update (replica_check.h).
   if (!verdict.replica_mismatches.empty()) return OnReplicaMismatch(step, verdict);
+  if (verdict.replicas_compared) last_verified_step_ = step;
   if (mismatch_.has_value() && mismatch_->step == step && verdict.replicas_compared) {
     if (absl::Status s = NameCorruptedRanks(step, verdict); !s.ok()) return s;
   }

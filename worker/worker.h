@@ -200,9 +200,11 @@ class Worker {
     int64_t to_step = 0;   // the snapshot's step (steps completed)
     std::string why;       // for people and --report
   };
-  // The step the last committed snapshot holds, when every rank has its own
-  // blob of it from this generation's plan (-1: no rewind possible).
-  int64_t RewindTarget() const;
+  // Collective: the latest snapshot step at most `limit` that is complete
+  // on every rank (its own blob and its buddy's copy, or its replica run)
+  // and whose own blob from this generation's plan every rank still holds
+  // (-1: no rewind possible). Waits for the transfer in flight first.
+  absl::StatusOr<int64_t> AgreeOnRewindTarget(int64_t limit);
   // ActOnVerdict's parts for the bad cases.
   absl::Status OnReplicaMismatch(int step, const StepVerdict& verdict);
   absl::Status OnBadStep(int step, const StepVerdict& verdict, bool* handled);
@@ -254,6 +256,9 @@ class Worker {
   LossSpikeDetector spikes_{config_.loss_spike_zscore};
   std::optional<RewindRequest> rewind_;  // asked for by the last verdict
   int64_t spike_rewound_step_ = -1;      // the bad step the last spike rewind was for
+  // The last step (steps completed) whose replica hashes agreed: a snapshot
+  // no later than it holds state the replicas vouched for.
+  int64_t last_verified_step_ = -1;
   // A replica mismatch rewound for: the check's step (0-based, the step whose
   // verdict compared) and every rank's hash then.
   struct PendingMismatch {

@@ -19,6 +19,7 @@
 //
 // Every rank decides alike: the verdicts are the same bits on every rank,
 // and the committed snapshot step is agreed by a collective.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -49,13 +50,26 @@ std::shared_ptr<const SnapshotBlob> OwnBlob(const SnapshotKeeper& keeper, int64_
 
 }  // namespace
 
-int64_t Worker::RewindTarget() const {
-  if (config_.recovery.snapshot_every == 0 || generation_ == nullptr) return -1;
-  const int64_t committed = snapshots_.keeper().committed_step();
-  if (committed < 0) return -1;
-  return OwnBlob(snapshots_.keeper(), committed, rank_, world(), generation_->plan.hash) != nullptr
-             ? committed
-             : -1;
+absl::StatusOr<int64_t> Worker::AgreeOnRewindTarget(int64_t limit) {
+  if (config_.recovery.snapshot_every == 0) return -1;
+  ZeroEngine& e = *generation_->engine;
+  if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
+  const SnapshotKeeper& keeper = snapshots_.keeper();
+  absl::StatusOr<std::vector<double>> complete = e.GatherOverRanks(
+      static_cast<double>(keeper.CompleteStepAtMost(limit)), "the snapshot steps to rewind to");
+  if (!complete.ok()) return complete.status();
+  int64_t target = limit;
+  for (double step : *complete) target = std::min(target, static_cast<int64_t>(step));
+  if (target < 0) return -1;
+  // A step complete everywhere but older than a later commit was dropped.
+  const bool held = OwnBlob(keeper, target, rank_, world(), generation_->plan.hash) != nullptr;
+  absl::StatusOr<std::vector<double>> holding =
+      e.GatherOverRanks(held ? 1.0 : 0.0, "the snapshots held");
+  if (!holding.ok()) return holding.status();
+  for (double h : *holding) {
+    if (h == 0) return -1;
+  }
+  return target;
 }
 
 absl::Status Worker::OnBadStep(int step, const StepVerdict& verdict, bool* handled) {
@@ -84,18 +98,22 @@ absl::Status Worker::OnBadStep(int step, const StepVerdict& verdict, bool* handl
     }
   }
   if (!verdict.bad() || rerun) return absl::OkStatus();
-  const int64_t target = RewindTarget();
-  if (target < 0) {
+  // Before the bad step, and at least one step before it: a fault in the
+  // state after the last step shows in this step's loss.
+  absl::StatusOr<int64_t> target = AgreeOnRewindTarget(step - 1);
+  if (!target.ok()) return target.status();
+  if (*target < 0) {
     if (rank_ == 0) {
-      std::fprintf(stderr,
-                   "%s%s; no committed in-memory snapshot to rewind to yet (--snapshot_every=%d); "
-                   "--on_nonfinite decides\n",
-                   where.c_str(), verdict.Describe().c_str(), config_.recovery.snapshot_every);
+      std::fprintf(
+          stderr,
+          "%s%s; no in-memory snapshot complete on every rank to rewind to (--snapshot_every=%d); "
+          "--on_nonfinite decides\n",
+          where.c_str(), verdict.Describe().c_str(), config_.recovery.snapshot_every);
     }
     return absl::OkStatus();
   }
   spike_rewound_step_ = step;
-  rewind_ = RewindRequest{step, target, absl::StrCat(where, verdict.Describe())};
+  rewind_ = RewindRequest{step, *target, absl::StrCat(where, verdict.Describe())};
   *handled = true;
   return absl::OkStatus();
 }
@@ -105,7 +123,14 @@ absl::Status Worker::OnReplicaMismatch(int step, const StepVerdict& verdict) {
   const std::string described = DescribeReplicaMismatch(verdict.replica_mismatches.front(), step,
                                                         config_.schedule.steps, MemberHosts());
   const bool again = mismatch_.has_value() && mismatch_->step == step;
-  const int64_t target = again ? -1 : RewindTarget();
+  int64_t target = -1;
+  if (!again) {
+    // No later than the last check the replicas passed: a snapshot taken
+    // after the corruption holds it.
+    absl::StatusOr<int64_t> agreed = AgreeOnRewindTarget(last_verified_step_);
+    if (!agreed.ok()) return agreed.status();
+    target = *agreed;
+  }
   if (target < 0) {
     mismatch_.reset();
     return MarkNumericalStop(absl::FailedPreconditionError(absl::StrCat(

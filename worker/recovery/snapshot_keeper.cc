@@ -360,6 +360,14 @@ int64_t SnapshotKeeper::complete_step() const {
   return -1;
 }
 
+int64_t SnapshotKeeper::CompleteStepAtMost(int64_t limit) const {
+  absl::MutexLock lock(&mu_);
+  for (auto it = complete_.rbegin(); it != complete_.rend(); ++it) {
+    if (it->first <= limit && it->second == 2) return it->first;
+  }
+  return -1;
+}
+
 void SnapshotKeeper::Commit(int64_t step) {
   absl::MutexLock lock(&mu_);
   if (step < 0) return;

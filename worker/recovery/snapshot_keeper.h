@@ -108,6 +108,8 @@ class SnapshotKeeper {
   // The latest step for which this rank has its own blob and its buddy's
   // received copy (-1: none).
   int64_t complete_step() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The latest such step that is at most `limit` (-1: none).
+  int64_t CompleteStepAtMost(int64_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
   // Every rank agreed `step` is complete: drop blobs of older steps (their
   // buffers go back to the pool).
   void Commit(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
