@@ -203,14 +203,17 @@ int StatusCommand() {
       }
       std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
     }
-    int64_t skipped = 0, rewinds = 0, spikes = 0, mismatches = 0;
-    std::string corruption;
+    int64_t skipped = 0, rewinds = 0, spikes = 0, mismatches = 0, corruptions = 0;
+    int corrupted_rank = -1;
     for (const v1::MemberStatus& m : job.members()) {
       skipped = std::max(skipped, m.last_step().skipped_steps());
       rewinds = std::max(rewinds, m.last_step().rewinds());
       spikes = std::max(spikes, m.last_step().loss_spikes());
       mismatches = std::max(mismatches, m.last_step().replica_mismatches());
-      if (!m.last_step().corruption().empty()) corruption = m.last_step().corruption();
+      if (m.last_step().corruptions() > corruptions) {
+        corruptions = m.last_step().corruptions();
+        corrupted_rank = m.last_step().corrupted_rank();
+      }
     }
     if (rewinds > 0 || spikes > 0 || mismatches > 0) {
       std::printf("\n%s rewinds: %lld (loss spikes: %lld, replica mismatches: %lld; "
@@ -218,8 +221,15 @@ int StatusCommand() {
                   job.job_id().c_str(), static_cast<long long>(rewinds),
                   static_cast<long long>(spikes), static_cast<long long>(mismatches));
     }
-    if (!corruption.empty()) {
-      std::printf("%s corrupted shard: %s\n", job.job_id().c_str(), corruption.c_str());
+    if (corruptions > 0) {
+      std::string host = "?";
+      for (const v1::MemberStatus& m : job.members()) {
+        if (m.rank() == corrupted_rank) host = m.host();
+      }
+      std::printf("%s corrupted shard: rank %d (host %s) is the last of %lld named (the ranks' "
+                  "logs say how far off each was)\n",
+                  job.job_id().c_str(), corrupted_rank, host.c_str(),
+                  static_cast<long long>(corruptions));
     }
     if (skipped > 0) {
       std::printf("\n%s skipped steps: %lld (non-finite loss or gradient norm, "

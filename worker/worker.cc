@@ -352,6 +352,7 @@ absl::Status Worker::Train() {
 
 absl::Status Worker::CheckIntegrity(int completed) {
   ZeroEngine& e = *generation_->engine;
+  if (absl::Status s = CompareWithFirstRun(completed); !s.ok()) return s;
   for (size_t i = 0; i < config_.testing_corrupt.size(); ++i) {
     const WorkerConfig::Corruption& c = config_.testing_corrupt[i];
     if (rank_ != c.rank || completed != c.step || !corrupted_.insert(i).second) continue;
@@ -448,7 +449,8 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_rewinds(static_cast<int64_t>(metrics_.rewinds.size()));
   progress.last_step.set_loss_spikes(loss_spikes_);
   progress.last_step.set_replica_mismatches(replica_mismatches_);
-  progress.last_step.set_corruption(last_corruption_);
+  progress.last_step.set_corruptions(corruptions_named_);
+  progress.last_step.set_corrupted_rank(last_corrupted_rank_);
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
     metrics_.recoveries.push_back(*record);
@@ -490,7 +492,7 @@ absl::Status Worker::ActOnVerdict(int step, const StepStats& stats) {
   if (!verdict.replica_mismatches.empty()) return OnReplicaMismatch(step, verdict);
   if (verdict.replicas_compared) last_verified_step_ = step;
   if (mismatch_.has_value() && mismatch_->step == step && verdict.replicas_compared) {
-    if (absl::Status s = NameCorruptedRanks(step, verdict); !s.ok()) return s;
+    if (absl::Status s = NameCorruptedRanks(step); !s.ok()) return s;
   }
   bool handled = false;
   if (absl::Status s = OnBadStep(step, verdict, &handled); !s.ok() || handled) return s;

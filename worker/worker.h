@@ -211,7 +211,11 @@ class Worker {
   // After a rewind for a replica mismatch, the re-run's check at the same
   // step agreed: names the rank(s) whose hash changed, reports to the server,
   // and evicts a host whose rank was corrupted twice.
-  absl::Status NameCorruptedRanks(int step, const StepVerdict& verdict);
+  absl::Status NameCorruptedRanks(int step);
+  // Collective, in the re-run after a mismatch rewind, at the state the
+  // mismatch was found in (`completed` steps): how far each rank's first-run
+  // shard was from the re-run's (PendingMismatch::deviations).
+  absl::Status CompareWithFirstRun(int completed);
   // Collective: loads the snapshot of rewind_->to_step on every rank (its own
   // blob), and with --replica_check_every checks the replicas agree on it.
   // The step Train runs next.
@@ -260,16 +264,23 @@ class Worker {
   // no later than it holds state the replicas vouched for.
   int64_t last_verified_step_ = -1;
   // A replica mismatch rewound for: the check's step (0-based, the step whose
-  // verdict compared) and every rank's hash then.
+  // verdict compared; also the steps completed in the state it hashed), the
+  // sets that differed, this rank's master shard then (when in one of them),
+  // and, once the re-run reached that state again, every rank's largest
+  // difference from it (-1: not in a set).
   struct PendingMismatch {
     int64_t step = -1;
-    std::vector<uint64_t> checksums;
+    std::vector<ReplicaMismatch> sets;
+    std::vector<float> shard;
+    std::vector<double> deviations;
   };
   std::optional<PendingMismatch> mismatch_;
   std::map<int, int> corruptions_;  // by rank: corruptions named on it
   int64_t loss_spikes_ = 0;         // reported in heartbeats
   int64_t replica_mismatches_ = 0;
   std::string last_corruption_;           // the last line naming a corrupted rank
+  int64_t corruptions_named_ = 0;         // reported in heartbeats
+  int last_corrupted_rank_ = 0;
   double params_sum_ = 0;                 // Report
   absl::Status last_checkpoint_failure_;  // Train
   int rank_ = -1;

@@ -20,6 +20,7 @@
 // Every rank decides alike: the verdicts are the same bits on every rank,
 // and the committed snapshot step is agreed by a collective.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -28,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/checkpoint_format.h"
 #include "common/status_context.h"
 #include "worker/replica_check.h"
@@ -140,32 +142,93 @@ absl::Status Worker::OnReplicaMismatch(int step, const StepVerdict& verdict) {
                 "stopping: the snapshot and checkpoints before it hold good state"
               : kReplicaStop)));
   }
-  mismatch_ = PendingMismatch{step, verdict.checksums};
+  mismatch_ = PendingMismatch{step, verdict.replica_mismatches, {}, {}};
+  for (const ReplicaMismatch& set : verdict.replica_mismatches) {
+    if (std::find(set.ranks.begin(), set.ranks.end(), rank_) == set.ranks.end()) continue;
+    // The update of this step was not applied: the state the check hashed.
+    absl::StatusOr<std::vector<float>> shard = generation_->engine->CopyMasterShard();
+    if (!shard.ok()) return shard.status();
+    mismatch_->shard = *std::move(shard);
+  }
   rewind_ = RewindRequest{step, target, described};
   return absl::OkStatus();
 }
 
-absl::Status Worker::NameCorruptedRanks(int step, const StepVerdict& verdict) {
+absl::Status Worker::CompareWithFirstRun(int completed) {
+  if (!mismatch_.has_value() || completed != mismatch_->step || !mismatch_->deviations.empty()) {
+    return absl::OkStatus();
+  }
+  double deviation = -1;
+  if (!mismatch_->shard.empty()) {
+    absl::StatusOr<std::vector<float>> now = generation_->engine->CopyMasterShard();
+    if (!now.ok()) return now.status();
+    deviation = 0;
+    for (size_t i = 0; i < now->size() && i < mismatch_->shard.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(mismatch_->shard[i]) - (*now)[i]);
+      // A NaN or Inf (a flipped top exponent bit) is as far as it gets.
+      deviation = std::isfinite(d) ? std::max(deviation, d) : HUGE_VAL;
+    }
+    mismatch_->shard.clear();
+  }
+  absl::StatusOr<std::vector<double>> all =
+      generation_->engine->GatherOverRanks(deviation, "the shards' differences from the re-run");
+  if (!all.ok()) return all.status();
+  mismatch_->deviations = *std::move(all);
+  return absl::OkStatus();
+}
+
+// Every rank of a replica set applied the same updates (the replicas'
+// gradients are all-reduced, so one rank's corrupted parameter shifts every
+// rank's later updates alike), so after the re-run every replica differs from
+// its first-run state a little; the corrupted one also by the flip itself.
+// The rank furthest from the re-run is named when it is clearly furthest
+// (4x the next in its set); otherwise the line says which set, not which
+// rank.
+absl::Status Worker::NameCorruptedRanks(int step) {
   const PendingMismatch before = *std::move(mismatch_);
   mismatch_.reset();
   const std::vector<std::string> hosts = MemberHosts();
+  auto host_of = [&](int r) { return r < static_cast<int>(hosts.size()) ? hosts[r] : "?"; };
+  auto deviation_of = [&](int r) {
+    return r < static_cast<int>(before.deviations.size()) ? before.deviations[r] : -1.0;
+  };
   std::vector<int> evict;
-  for (size_t r = 0; r < before.checksums.size() && r < verdict.checksums.size(); ++r) {
-    if (before.checksums[r] == verdict.checksums[r]) continue;
-    const int rank = static_cast<int>(r);
-    const int count = ++corruptions_[rank];
-    const std::string host = rank < static_cast<int>(hosts.size()) ? hosts[rank] : "?";
-    last_corruption_ = absl::StrFormat(
-        "rank %d (host %s): its master shard after step %d held XXH64 %016x, and %016x, as its "
-        "replicas, when re-run from the snapshot: a transient corruption on that rank (%d so far)",
-        rank, host, step, before.checksums[r], verdict.checksums[r], count);
-    if (rank_ == 0) std::fprintf(stderr, "corrupted shard: %s\n", last_corruption_.c_str());
-    if (!metrics_.rewinds.empty()) metrics_.rewinds.back()["corrupted_rank"] = rank;
-    if (count >= 2) evict.push_back(rank);
+  for (const ReplicaMismatch& set : before.sets) {
+    int furthest = -1;
+    double first = -1, second = -1;
+    for (int r : set.ranks) {
+      const double d = deviation_of(r);
+      if (d > first) {
+        second = first;
+        first = d;
+        furthest = r;
+      } else {
+        second = std::max(second, d);
+      }
+    }
+    std::string line;
+    if (furthest >= 0 && first > 0 && first >= 4 * std::max(second, 0.0)) {
+      const int count = ++corruptions_[furthest];
+      ++corruptions_named_;
+      last_corrupted_rank_ = furthest;
+      line = absl::StrFormat(
+          "rank %d (host %s): its master shard after step %d was up to %g off the re-run's, its "
+          "replicas' up to %g: a transient corruption on that rank (%d so far)",
+          furthest, host_of(furthest), step, first, std::max(second, 0.0), count);
+      if (!metrics_.rewinds.empty()) metrics_.rewinds.back()["corrupted_rank"] = furthest;
+      if (count >= 2) evict.push_back(furthest);
+    } else {
+      line = absl::StrFormat(
+          "shard member %d after step %d: the re-run agrees, but its replicas were about as far "
+          "off it (up to %g and %g): a transient corruption on one of ranks %s",
+          set.member, step, first, second, absl::StrJoin(set.ranks, ","));
+    }
+    last_corruption_ = line;
+    if (rank_ == 0) std::fprintf(stderr, "corrupted shard: %s\n", line.c_str());
   }
   for (int rank : evict) {
-    const std::string& host = hosts[rank];
-    if (hosts[rank_] != host) continue;
+    const std::string host = host_of(rank);
+    if (host_of(rank_) != host) continue;
     // This rank shares the host: it leaves the job the way a dead host's
     // ranks do (no Leave), so the server ends the generation and the job
     // shrinks or waits for a replacement, while the telemetry says why.

@@ -407,6 +407,12 @@ void WriteJobFamilies(const v1::GetStatusResponse& status,
           [](const v1::JobStatus& j) {
             return absl::StrCat(MostReported(j, &v1::StepTelemetry::replica_mismatches));
           });
+  per_job("zeroshard_job_corrupted_shards_total", "counter",
+          "Ranks of the job named, after a rewind's re-run, as having held a corrupted shard "
+          "(the ranks' logs and shardctl status name them).",
+          [](const v1::JobStatus& j) {
+            return absl::StrCat(MostReported(j, &v1::StepTelemetry::corruptions));
+          });
   per_job("zeroshard_job_stragglers", "gauge", "Ranks of the job flagged as stragglers.",
           [](const v1::JobStatus& j) {
             int n = 0;

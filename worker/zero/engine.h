@@ -281,6 +281,10 @@ class ZeroEngine {
   // replica of a member's shard (HSDP), whose optimizer steps see the same
   // bits. FAILED_PRECONDITION at stage 0 (no shard).
   absl::StatusOr<uint64_t> MasterShardChecksum();
+  // This rank's master shard as MasterShardChecksum reads it (every unit's
+  // chunk in unit order, padding included), copied to host memory: what a
+  // rewind compares its re-run against. Stages 1-3.
+  absl::StatusOr<std::vector<float>> CopyMasterShard();
   // --replica_check_every: the next Step hashes the master shard (as
   // MasterShardChecksum) unit by unit right after each unit's update, and the
   // Step after it sends the hash on its verdict's all-gather, whose verdict

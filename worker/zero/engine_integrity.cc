@@ -37,6 +37,24 @@ absl::StatusOr<uint64_t> ZeroEngine::MasterShardChecksum() {
   return hasher.Digest();
 }
 
+absl::StatusOr<std::vector<float>> ZeroEngine::CopyMasterShard() {
+  if (!stage_.state_sharded) {
+    return absl::FailedPreconditionError("a master shard copy needs sharded optimizer state");
+  }
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+  std::vector<float> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const TrackedBuffer& master = MasterShard(static_cast<int>(u));
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(master.bytes()) / sizeof(float));
+    if (absl::Status s = backend_->CopyToHost(out.data() + at, master.data(), master.bytes());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return out;
+}
+
 absl::Status ZeroEngine::CorruptMasterForTesting(int bit) {
   if (!stage_.state_sharded || units_.empty() || units_[0].own_segments.empty() ||
       !backend_->host_accessible()) {
