@@ -22,7 +22,7 @@ std::string DescribeReplicaMismatch(const ReplicaMismatch& mismatch, int64_t com
   for (size_t i = 0; i < mismatch.ranks.size(); ++i) {
     const int r = mismatch.ranks[i];
     const std::string host = r < static_cast<int>(hosts.size()) ? hosts[r] : "";
-    held.push_back(absl::StrFormat("rank %d%s XXH64 %016x", r,
+    held.push_back(absl::StrFormat("rank %d%s XXH3 %016x", r,
                                    host.empty() ? "" : absl::StrCat(" (host ", host, ")"),
                                    mismatch.checksums[i]));
     if (2 * votes[mismatch.checksums[i]] < static_cast<int>(mismatch.checksums.size())) {

@@ -3,7 +3,7 @@
 // r mod G, one per shard group of G) hold bitwise-equal master shards by
 // construction: their gradient shards are all-reduced to the same bits and
 // their optimizer steps are the same arithmetic. Every N steps each rank
-// hashes its master shard (XXH64, at memory speed) and the ranks all-gather
+// hashes its master shard (XXH3, common/shard_hash.h) and the ranks all-gather
 // the 8-byte hashes; a replica set whose hashes differ holds a shard that
 // some rank's memory or arithmetic changed. The run stops
 // naming the ranks and hosts, or, with a committed in-memory snapshot,

@@ -141,8 +141,10 @@ ABSL_FLAG(int, max_skipped_steps, 10,
           "--on_nonfinite=skip: stop after this many non-finite steps in a row");
 ABSL_FLAG(int, replica_check_every, 0,
           "HSDP (--shard_group_size < world): every N steps the replicas of each shard compare "
-          "an XXH64 of their master shard (an 8-byte all-gather) and stop naming the ranks and "
-          "hosts when they differ: silent data corruption (0: off; docs/numerics.md)");
+          "an XXH3 of their master shard (8 bytes on the step's verdict all-gather); when they "
+          "differ, every rank rewinds to the last in-memory snapshot they agreed on and names "
+          "the corrupted rank (a second time: its host is evicted), or stops without one "
+          "(0: off; docs/numerics.md)");
 ABSL_FLAG(std::string, testing_corrupt, "",
           "Test-only: RANK:STEP[:BIT][,...] flips exponent bit BIT (23-30, default 23: the value "
           "doubles or halves) of one parameter of RANK's master shard after STEP's update, once "

@@ -108,7 +108,7 @@ struct WorkerConfig {
   CheckpointConfig checkpoint;
   NonFiniteConfig numerics;  // --on_nonfinite, --max_skipped_steps
   // --replica_check_every=N (0: off): HSDP replicas compare their master
-  // shards' XXH64 every N steps (worker/replica_check.h).
+  // shards' XXH3 every N steps (worker/replica_check.h).
   int replica_check_every = 0;
   // --loss_spike_zscore=Z (0: off): a step whose mean loss is more than Z
   // standard deviations above the recent window is bad (worker/loss_spike.h).

@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/shard_hash.h"
 #include "worker/comm/quantized.h"
 
 namespace zeroshard {
@@ -1253,7 +1254,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     }
   }
   double param_sync_ms = 0;
-  std::optional<Hasher> hasher;
+  std::optional<ShardHasher> hasher;
   if (hash_next_update_ && stage_.state_sharded) hasher.emplace();
   hash_next_update_ = false;
   for (size_t u = 0; u < units_.size(); ++u) {

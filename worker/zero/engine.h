@@ -74,7 +74,7 @@
 namespace zeroshard {
 
 struct Int8Rounding;  // worker/comm/quantized.h
-class Hasher;        // common/checksum.h
+class ShardHasher;   // common/shard_hash.h
 
 struct EngineOptions {
   int stage = 3;
@@ -276,7 +276,7 @@ class ZeroEngine {
   int64_t optimizer_step() const;
   void set_optimizer_step(int64_t step);
 
-  // Integrity (engine_integrity.cc). XXH64 of this rank's master shard, every
+  // Integrity (engine_integrity.cc). XXH3 of this rank's master shard, every
   // unit's chunk in unit order, padding included: bitwise the same on every
   // replica of a member's shard (HSDP), whose optimizer steps see the same
   // bits. FAILED_PRECONDITION at stage 0 (no shard).
@@ -357,7 +357,7 @@ class ZeroEngine {
   // For engine_integrity.cc (UnitState is engine.cc's): a unit's master
   // shard, and hpZ's slice of it marked stale.
   TrackedBuffer& MasterShard(int unit);
-  absl::Status HashMasterShard(int unit, Hasher* hasher);
+  absl::Status HashMasterShard(int unit, ShardHasher* hasher);
   void MarkSecondaryStale(int unit);
   absl::Status BuildLayouts(const ShardPlan& plan);
   // Create's steps after the layouts: the pass's positions, each unit's

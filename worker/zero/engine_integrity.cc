@@ -5,12 +5,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/checksum.h"
+#include "common/shard_hash.h"
 #include "worker/zero/engine.h"
 
 namespace zeroshard {
 
-absl::Status ZeroEngine::HashMasterShard(int unit, Hasher* hasher) {
+absl::Status ZeroEngine::HashMasterShard(int unit, ShardHasher* hasher) {
   const TrackedBuffer& master = MasterShard(unit);
   if (backend_->host_accessible()) {
     hasher->Update(master.data(), static_cast<size_t>(master.bytes()));
@@ -30,7 +30,7 @@ absl::StatusOr<uint64_t> ZeroEngine::MasterShardChecksum() {
     return absl::FailedPreconditionError(
         "a master shard checksum needs sharded optimizer state (stages 1-3)");
   }
-  Hasher hasher;
+  ShardHasher hasher;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (absl::Status s = HashMasterShard(static_cast<int>(u), &hasher); !s.ok()) return s;
   }

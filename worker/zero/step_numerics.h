@@ -26,7 +26,7 @@ namespace zeroshard {
 struct RankNumerics {
   double loss = 0;
   double grad_squares = 0;
-  // XXH64 of the rank's master shard after the previous step's update
+  // XXH3 of the rank's master shard after the previous step's update
   // (--replica_check_every), valid when has_checksum is 1.
   uint64_t shard_checksum = 0;
   uint64_t has_checksum = 0;
