@@ -282,7 +282,6 @@ absl::Status Worker::Train() {
   }
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
-  const int every = config_.recovery.snapshot_every;
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an
     // --init_from file becomes a checkpoint (and a consolidated model).
@@ -302,25 +301,8 @@ absl::Status Worker::Train() {
       step = *next - 1;
       continue;
     }
-    const int completed = step + 1;
-    // Before any snapshot of this step: a corrupted shard must not be kept.
-    if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
-    if (step == first_step && every > 0 && completed < steps && device_ == nullptr) {
-      if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
-    }
-    if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
-      if (absl::Status s = Evaluate(completed); !s.ok()) return s;
-    }
-    if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
-        (checkpoints.at_end && completed == steps)) {
-      absl::Status s =
-          checkpointer.Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints));
-      if (!s.ok()) return s;
-    }
-    if (every > 0 && completed % every == 0 && completed < steps) {
-      absl::Status s = snapshots_.Take(e, IdentityAt(completed), g.data_plane->snapshot.get(),
-                                       buddy_shift_, /*on_device=*/device_ != nullptr);
-      if (!s.ok()) return s;
+    if (absl::Status s = AfterStep(step + 1, step == first_step, &checkpointer); !s.ok()) {
+      return s;
     }
   }
   if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
@@ -346,6 +328,32 @@ absl::Status Worker::Train() {
     const CollectiveBytes secondary = plane.secondary->bytes_sent() - secondary_before;
     metrics_.training_bytes += secondary;
     metrics_.secondary_gather_bytes += secondary.all_gather;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpointer) {
+  ZeroEngine& e = *generation_->engine;
+  const int steps = config_.schedule.steps;
+  const int every = config_.recovery.snapshot_every;
+  const CheckpointConfig& checkpoints = config_.checkpoint;
+  // Before any snapshot of this step: a corrupted shard must not be kept.
+  if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
+  if (first && every > 0 && completed < steps && device_ == nullptr) {
+    if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
+  }
+  if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
+    if (absl::Status s = Evaluate(completed); !s.ok()) return s;
+  }
+  if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
+      (checkpoints.at_end && completed == steps)) {
+    absl::Status s =
+        checkpointer->Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints));
+    if (!s.ok()) return s;
+  }
+  if (every > 0 && completed % every == 0 && completed < steps) {
+    return snapshots_.Take(e, IdentityAt(completed), generation_->data_plane->snapshot.get(),
+                           buddy_shift_, /*on_device=*/device_ != nullptr);
   }
   return absl::OkStatus();
 }

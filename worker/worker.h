@@ -69,6 +69,7 @@
 #include "common/plan/shard_plan.h"
 #include "worker/abort_latch.h"
 #include "worker/checkpoint/shard_checkpoint.h"
+#include "worker/checkpointer.h"
 #include "worker/data_plane.h"
 #include "worker/loss_spike.h"
 #include "worker/nonfinite_policy.h"
@@ -187,6 +188,9 @@ class Worker {
   // The step's verdict (StepStats::verdict): a replica mismatch or a
   // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
   absl::Status ActOnVerdict(int step, const StepStats& stats);
+  // After `completed` steps (`first`: the generation's first step): the
+  // integrity checks, then the evaluation, checkpoint and snapshot due.
+  absl::Status AfterStep(int completed, bool first, Checkpointer* checkpointer);
   // After `completed` steps: --testing_corrupt's bit flip, then
   // --replica_check_every's comparison of the replicas (replica_check.h).
   absl::Status CheckIntegrity(int completed);
