@@ -216,20 +216,21 @@ int StatusCommand() {
       }
     }
     if (rewinds > 0 || spikes > 0 || mismatches > 0) {
-      std::printf("\n%s rewinds: %lld (loss spikes: %lld, replica mismatches: %lld; "
-                  "docs/numerics.md)\n",
-                  job.job_id().c_str(), static_cast<long long>(rewinds),
-                  static_cast<long long>(spikes), static_cast<long long>(mismatches));
+      std::printf(
+          "\n%s rewinds: %lld (loss spikes: %lld, replica mismatches: %lld; "
+          "docs/numerics.md)\n",
+          job.job_id().c_str(), static_cast<long long>(rewinds), static_cast<long long>(spikes),
+          static_cast<long long>(mismatches));
     }
     if (corruptions > 0) {
       std::string host = "?";
       for (const v1::MemberStatus& m : job.members()) {
         if (m.rank() == corrupted_rank) host = m.host();
       }
-      std::printf("%s corrupted shard: rank %d (host %s) is the last of %lld named (the ranks' "
-                  "logs say how far off each was)\n",
-                  job.job_id().c_str(), corrupted_rank, host.c_str(),
-                  static_cast<long long>(corruptions));
+      std::printf(
+          "%s corrupted shard: rank %d (host %s) is the last of %lld named (the ranks' "
+          "logs say how far off each was)\n",
+          job.job_id().c_str(), corrupted_rank, host.c_str(), static_cast<long long>(corruptions));
     }
     if (skipped > 0) {
       std::printf("\n%s skipped steps: %lld (non-finite loss or gradient norm, "

@@ -541,6 +541,12 @@ absl::Status Worker::Evaluate(int completed_steps) {
 
 void Worker::EndGeneration() {
   if (generation_ == nullptr) return;
+  // A rewind belongs to its generation: the next one starts from the state
+  // its recovery agrees on, with checks and snapshots of its own.
+  rewind_.reset();
+  mismatch_.reset();
+  spike_rewound_step_ = -1;
+  last_verified_step_ = -1;
   ExposeToAbort(nullptr, nullptr);
   // A generation that did not end with Leave may have collectives waiting on
   // this rank (here in the engine's threads, or on the peers): abort them,

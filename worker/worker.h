@@ -282,8 +282,8 @@ class Worker {
   std::map<int, int> corruptions_;  // by rank: corruptions named on it
   int64_t loss_spikes_ = 0;         // reported in heartbeats
   int64_t replica_mismatches_ = 0;
-  std::string last_corruption_;           // the last line naming a corrupted rank
-  int64_t corruptions_named_ = 0;         // reported in heartbeats
+  std::string last_corruption_;    // the last line naming a corrupted rank
+  int64_t corruptions_named_ = 0;  // reported in heartbeats
   int last_corrupted_rank_ = 0;
   double params_sum_ = 0;                 // Report
   absl::Status last_checkpoint_failure_;  // Train

@@ -467,9 +467,11 @@ absl::Status ParseTestingCorrupt(const std::string& value,
         !absl::SimpleAtoi(parts[1], &c.step) ||
         (parts.size() == 3 && !absl::SimpleAtoi(parts[2], &c.bit)) || c.rank < 0 || c.step < 1 ||
         c.bit < 23 || c.bit > 30) {
-      return Bad(absl::StrCat("--testing_corrupt=", value, ": expected RANK:STEP[:BIT] entries "
+      return Bad(absl::StrCat("--testing_corrupt=", value,
+                              ": expected RANK:STEP[:BIT] entries "
                               "separated by commas, a rank >= 0, a step >= 1 and an exponent "
-                              "bit 23-30 (got '", entry, "')"));
+                              "bit 23-30 (got '",
+                              entry, "')"));
     }
     out->push_back(c);
   }
@@ -544,8 +546,8 @@ absl::Status ReadRun(WorkerConfig* config) {
     return Bad(absl::StrCat("--replica_check_every=", config->replica_check_every,
                             ": expected 0 (off) or a number of steps"));
   }
-  if (absl::Status s = ParseTestingCorrupt(absl::GetFlag(FLAGS_testing_corrupt),
-                                           &config->testing_corrupt);
+  if (absl::Status s =
+          ParseTestingCorrupt(absl::GetFlag(FLAGS_testing_corrupt), &config->testing_corrupt);
       !s.ok()) {
     return s;
   }

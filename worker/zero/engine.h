@@ -74,7 +74,7 @@
 namespace zeroshard {
 
 struct Int8Rounding;  // worker/comm/quantized.h
-class ShardHasher;   // common/shard_hash.h
+class ShardHasher;    // common/shard_hash.h
 
 struct EngineOptions {
   int stage = 3;
