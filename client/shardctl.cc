@@ -215,18 +215,43 @@ int StatusCommand() {
       }
       std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
     }
-    int64_t skipped = 0;
+    int64_t skipped = 0, rewinds = 0, spikes = 0, mismatches = 0, corruptions = 0;
+    int corrupted_rank = -1;
     int pending = 0, pending_ranks = 0;
     for (const v1::MemberStatus& m : job.members()) {
       skipped = std::max(skipped, m.last_step().skipped_steps());
       pending = std::max(pending, m.telemetry().commits_pending());
       pending_ranks += m.telemetry().commits_pending() > 0;
+      rewinds = std::max(rewinds, m.last_step().rewinds());
+      spikes = std::max(spikes, m.last_step().loss_spikes());
+      mismatches = std::max(mismatches, m.last_step().replica_mismatches());
+      if (m.last_step().corruptions() > corruptions) {
+        corruptions = m.last_step().corruptions();
+        corrupted_rank = m.last_step().corrupted_rank();
+      }
     }
     if (pending > 0) {
       std::printf(
           "\n%s checkpoint commits pending: up to %d on %d rank(s) (written, waiting for "
           "the server; committed in order when it answers)\n",
           job.job_id().c_str(), pending, pending_ranks);
+    }
+    if (rewinds > 0 || spikes > 0 || mismatches > 0) {
+      std::printf(
+          "\n%s rewinds: %lld (loss spikes: %lld, replica mismatches: %lld; "
+          "docs/numerics.md)\n",
+          job.job_id().c_str(), static_cast<long long>(rewinds), static_cast<long long>(spikes),
+          static_cast<long long>(mismatches));
+    }
+    if (corruptions > 0) {
+      std::string host = "?";
+      for (const v1::MemberStatus& m : job.members()) {
+        if (m.rank() == corrupted_rank) host = m.host();
+      }
+      std::printf(
+          "%s corrupted shard: rank %d (host %s) is the last of %lld named (the ranks' "
+          "logs say how far off each was)\n",
+          job.job_id().c_str(), corrupted_rank, host.c_str(), static_cast<long long>(corruptions));
     }
     if (skipped > 0) {
       std::printf(

@@ -39,7 +39,7 @@ absl::Status MarkNumericalStop(absl::Status status) {
 
 absl::Status NonFinitePolicy::Judge(int64_t step, int64_t steps, const StepVerdict& verdict,
                                     const std::string& samples) {
-  if (verdict.finite()) {
+  if (!verdict.bad()) {
     skipped_in_a_row_ = 0;
     return absl::OkStatus();
   }

@@ -22,7 +22,7 @@ std::string DescribeReplicaMismatch(const ReplicaMismatch& mismatch, int64_t com
   for (size_t i = 0; i < mismatch.ranks.size(); ++i) {
     const int r = mismatch.ranks[i];
     const std::string host = r < static_cast<int>(hosts.size()) ? hosts[r] : "";
-    held.push_back(absl::StrFormat("rank %d%s XXH64 %016x", r,
+    held.push_back(absl::StrFormat("rank %d%s XXH3 %016x", r,
                                    host.empty() ? "" : absl::StrCat(" (host ", host, ")"),
                                    mismatch.checksums[i]));
     if (2 * votes[mismatch.checksums[i]] < static_cast<int>(mismatch.checksums.size())) {
@@ -33,8 +33,7 @@ std::string DescribeReplicaMismatch(const ReplicaMismatch& mismatch, int64_t com
       "after step ", completed, "/", steps, ": the replicas of shard member ", mismatch.member,
       " differ (", absl::StrJoin(held, ", "), "): silent data corruption on ",
       minority.empty() ? "one of them (two replicas cannot say which)"
-                       : absl::StrCat("rank(s) ", absl::StrJoin(minority, ","), " (the minority)"),
-      "; stopping: the last checkpoint or snapshot taken before the corruption holds good state");
+                       : absl::StrCat("rank(s) ", absl::StrJoin(minority, ","), " (the minority)"));
 }
 
 absl::Status CheckReplicas(ZeroEngine& engine, int64_t completed, int64_t steps,
@@ -61,8 +60,8 @@ absl::Status CheckReplicas(ZeroEngine& engine, int64_t completed, int64_t steps,
   }
   std::vector<ReplicaMismatch> mismatches = FindReplicaMismatches(checksums, group);
   if (mismatches.empty()) return absl::OkStatus();
-  return MarkNumericalStop(absl::FailedPreconditionError(
-      DescribeReplicaMismatch(mismatches.front(), completed, steps, hosts)));
+  return MarkNumericalStop(absl::FailedPreconditionError(absl::StrCat(
+      DescribeReplicaMismatch(mismatches.front(), completed, steps, hosts), kReplicaStop)));
 }
 
 }  // namespace zeroshard

@@ -3,10 +3,11 @@
 // r mod G, one per shard group of G) hold bitwise-equal master shards by
 // construction: their gradient shards are all-reduced to the same bits and
 // their optimizer steps are the same arithmetic. Every N steps each rank
-// hashes its master shard (XXH64, at memory speed) and the ranks all-gather
+// hashes its master shard (XXH3, common/shard_hash.h) and the ranks all-gather
 // the 8-byte hashes; a replica set whose hashes differ holds a shard that
-// some rank's memory or arithmetic changed. Detection only: the run stops
-// naming the ranks and hosts (no rewind yet).
+// some rank's memory or arithmetic changed. The run stops
+// naming the ranks and hosts, or, with a committed in-memory snapshot,
+// every rank rewinds to it and re-runs (worker/worker_rewind.cc).
 //
 // The hash is taken by the engine right after each unit's optimizer update
 // (its chunk still in the cache) and travels on the next step's verdict
@@ -27,7 +28,10 @@ namespace zeroshard {
 
 // The line that names a mismatch after `completed` of `steps` steps: the
 // ranks, their hosts (`hosts` by rank; "" when unknown) and checksums, and
-// the ranks that hold a minority checksum when there is a majority.
+// the ranks that hold a minority checksum when there is a majority. The
+// caller adds what happens next (kReplicaStop, or a rewind).
+inline constexpr char kReplicaStop[] =
+    "; stopping: the last checkpoint or snapshot taken before the corruption holds good state";
 std::string DescribeReplicaMismatch(const ReplicaMismatch& mismatch, int64_t completed,
                                     int64_t steps, const std::vector<std::string>& hosts);
 

@@ -28,6 +28,9 @@ struct RunMetrics {
   // check after the last step (hash + 8-byte all-gather).
   std::vector<double> replica_hash_ms;
   std::vector<double> replica_check_ms;
+  // Every rewind to an in-memory snapshot (worker/worker_rewind.cc): the
+  // bad step, the snapshot's step, why, and what the re-run showed.
+  std::vector<nlohmann::json> rewinds;
   std::vector<double> step_ms;  // wall time of each step
   // CPU time of the whole process (every thread) in each step: on a busy
   // machine, steadier than the wall time.

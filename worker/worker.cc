@@ -259,6 +259,11 @@ int64_t Worker::DataRow(int64_t step) const {
   return task_->cursor_row() + (step - task_->cursor_step()) * per_step;
 }
 
+void Worker::SetCheckpointer(Checkpointer* checkpointer) {
+  absl::MutexLock lock(&abort_mu_);
+  checkpointer_ = checkpointer;
+}
+
 absl::Status Worker::Train() {
   assert(generation_ != nullptr && generation_->engine != nullptr &&
          generation_->data_plane != nullptr && "Train before Restore");
@@ -284,44 +289,29 @@ absl::Status Worker::Train() {
   }
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
-  {
-    absl::MutexLock lock(&abort_mu_);
-    checkpointer_ = &checkpointer;  // its commits_pending in the heartbeats
-  }
-  absl::Cleanup unpublish = [this] {
-    absl::MutexLock lock(&abort_mu_);
-    checkpointer_ = nullptr;
-  };
-  const int every = config_.recovery.snapshot_every;
+  SetCheckpointer(&checkpointer);  // its commits_pending in the heartbeats
+  absl::Cleanup unpublish = [this] { SetCheckpointer(nullptr); };
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an
     // --init_from file becomes a checkpoint (and a consolidated model).
     if (absl::Status s = checkpointer.Save(e, IdentityAt(0), 0); !s.ok()) return s;
   }
+  // --loss_spike_zscore judges each step's loss before its update.
+  if (spikes_.enabled()) e.SetVerdictScreen([this](StepVerdict* v) { spikes_.Screen(v); });
+  const int first_step = g.start_step;
   for (int step = g.start_step; step < steps; ++step) {
     // Between steps, the abort needs no collective to notice it.
     if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
     step_ = step;
     if (absl::Status s = RunStep(step); !s.ok()) return s;
-    const int completed = step + 1;
-    // Before any snapshot of this step: a corrupted shard must not be kept.
-    if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
-    if (step == g.start_step && every > 0 && completed < steps && device_ == nullptr) {
-      if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
+    if (rewind_.has_value()) {  // a bad step, not applied: go back and re-run
+      absl::StatusOr<int> next = Rewind();
+      if (!next.ok()) return next.status();
+      step = *next - 1;
+      continue;
     }
-    if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
-      if (absl::Status s = Evaluate(completed); !s.ok()) return s;
-    }
-    if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
-        (checkpoints.at_end && completed == steps)) {
-      absl::Status s =
-          checkpointer.Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints));
-      if (!s.ok()) return s;
-    }
-    if (every > 0 && completed % every == 0 && completed < steps) {
-      absl::Status s = snapshots_.Take(e, IdentityAt(completed), g.data_plane->snapshot.get(),
-                                       buddy_shift_, /*on_device=*/device_ != nullptr);
-      if (!s.ok()) return s;
+    if (absl::Status s = AfterStep(step + 1, step == first_step, &checkpointer); !s.ok()) {
+      return s;
     }
   }
   if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
@@ -351,14 +341,42 @@ absl::Status Worker::Train() {
   return absl::OkStatus();
 }
 
+absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpointer) {
+  ZeroEngine& e = *generation_->engine;
+  const int steps = config_.schedule.steps;
+  const int every = config_.recovery.snapshot_every;
+  const CheckpointConfig& checkpoints = config_.checkpoint;
+  // Before any snapshot of this step: a corrupted shard must not be kept.
+  if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
+  if (first && every > 0 && completed < steps && device_ == nullptr) {
+    if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
+  }
+  if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
+    if (absl::Status s = Evaluate(completed); !s.ok()) return s;
+  }
+  if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
+      (checkpoints.at_end && completed == steps)) {
+    absl::Status s =
+        checkpointer->Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints));
+    if (!s.ok()) return s;
+  }
+  if (every > 0 && completed % every == 0 && completed < steps) {
+    return snapshots_.Take(e, IdentityAt(completed), generation_->data_plane->snapshot.get(),
+                           buddy_shift_, /*on_device=*/device_ != nullptr);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::CheckIntegrity(int completed) {
   ZeroEngine& e = *generation_->engine;
-  if (!corrupted_ && rank_ == config_.testing_corrupt_rank &&
-      completed == config_.testing_corrupt_step) {
-    corrupted_ = true;  // once per process: a re-run of the step is clean
-    if (absl::Status s = e.CorruptMasterForTesting(); !s.ok()) return s;
-    std::fprintf(stderr, "shard_worker rank %d: --testing_corrupt: flipped a bit after step %d\n",
-                 rank_, completed);
+  if (absl::Status s = CompareWithFirstRun(completed); !s.ok()) return s;
+  for (size_t i = 0; i < config_.testing_corrupt.size(); ++i) {
+    const WorkerConfig::Corruption& c = config_.testing_corrupt[i];
+    if (rank_ != c.rank || completed != c.step || !corrupted_.insert(i).second) continue;
+    // Once per entry and process: a rewind's re-run of the step is clean.
+    if (absl::Status s = e.CorruptMasterForTesting(c.bit); !s.ok()) return s;
+    std::fprintf(stderr, "shard_worker rank %d: --testing_corrupt: flipped bit %d after step %d\n",
+                 rank_, c.bit, completed);
   }
   const int every = config_.replica_check_every;
   if (every == 0) return absl::OkStatus();
@@ -429,6 +447,7 @@ absl::Status Worker::RunStep(int step) {
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (absl::Status s = ActOnVerdict(step, *stats); !s.ok()) return s;
+  if (rewind_.has_value()) return absl::OkStatus();  // Train rewinds; nothing to record
   const double mean = stats->verdict.mean_loss;
   metrics_.RecordStep(mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
                       KernelTimesSnapshot());
@@ -444,6 +463,11 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
   progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
   progress.last_step.set_skipped_steps(nonfinite_.skipped_total());
+  progress.last_step.set_rewinds(static_cast<int64_t>(metrics_.rewinds.size()));
+  progress.last_step.set_loss_spikes(loss_spikes_);
+  progress.last_step.set_replica_mismatches(replica_mismatches_);
+  progress.last_step.set_corruptions(corruptions_named_);
+  progress.last_step.set_corrupted_rank(last_corrupted_rank_);
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
     metrics_.recoveries.push_back(*record);
@@ -482,19 +506,24 @@ absl::Status Worker::ActOnVerdict(int step, const StepStats& stats) {
   }
   // The hashes taken in the previous step's update, judged in this one's
   // verdict before its update (replica_check.h).
-  if (!verdict.replica_mismatches.empty()) {
-    return MarkNumericalStop(absl::FailedPreconditionError(DescribeReplicaMismatch(
-        verdict.replica_mismatches.front(), step, config_.schedule.steps, MemberHosts())));
+  if (!verdict.replica_mismatches.empty()) return OnReplicaMismatch(step, verdict);
+  if (verdict.replicas_compared) last_verified_step_ = step;
+  if (mismatch_.has_value() && mismatch_->step == step && verdict.replicas_compared) {
+    if (absl::Status s = NameCorruptedRanks(step); !s.ok()) return s;
   }
+  bool handled = false;
+  if (absl::Status s = OnBadStep(step, verdict, &handled); !s.ok() || handled) return s;
   if (absl::Status s = nonfinite_.Judge(
           step, config_.schedule.steps, verdict,
           verdict.finite() ? "" : task_->TrainSamples(step, verdict.first_rank, world()));
       !s.ok()) {
     return s;
   }
-  if (!verdict.finite()) {
+  if (verdict.bad()) {
     metrics_.skipped_steps.push_back(step);
     if (rank_ == 0) std::fprintf(stderr, "%s\n", nonfinite_.last_skip().c_str());
+  } else {
+    spikes_.Record(step, verdict.mean_loss);
   }
   return absl::OkStatus();
 }
@@ -521,6 +550,12 @@ absl::Status Worker::Evaluate(int completed_steps) {
 
 void Worker::EndGeneration() {
   if (generation_ == nullptr) return;
+  // A rewind belongs to its generation: the next one starts from the state
+  // its recovery agrees on, with checks and snapshots of its own.
+  rewind_.reset();
+  mismatch_.reset();
+  spike_rewound_step_ = -1;
+  last_verified_step_ = -1;
   ExposeToAbort(nullptr, nullptr);
   // A generation that did not end with Leave may have collectives waiting on
   // this rank (here in the engine's threads, or on the peers): abort them,

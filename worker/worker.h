@@ -54,7 +54,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,7 +69,9 @@
 #include "common/plan/shard_plan.h"
 #include "worker/abort_latch.h"
 #include "worker/checkpoint/shard_checkpoint.h"
+#include "worker/checkpointer.h"
 #include "worker/data_plane.h"
+#include "worker/loss_spike.h"
 #include "worker/nonfinite_policy.h"
 #include "worker/rank_telemetry.h"
 #include "worker/recovery/recovery_decision.h"
@@ -128,6 +133,9 @@ class Worker {
   // Trains to --steps, checkpointing as asked; waits for the last
   // checkpoint's commit. REQUIRES: Restore.
   absl::Status Train();
+  // The training loop's checkpointer while it trains (null after): heartbeats carry its
+  // pending commits.
+  void SetCheckpointer(Checkpointer* checkpointer) ABSL_LOCKS_EXCLUDED(abort_mu_);
   // Aborts and drops the generation's engine and data plane (and the
   // generation). Idempotent.
   void EndGeneration();
@@ -185,9 +193,42 @@ class Worker {
   // The step's verdict (StepStats::verdict): a replica mismatch or a
   // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
   absl::Status ActOnVerdict(int step, const StepStats& stats);
+  // After `completed` steps (`first`: the generation's first step): the
+  // integrity checks, then the evaluation, checkpoint and snapshot due.
+  absl::Status AfterStep(int completed, bool first, Checkpointer* checkpointer);
   // After `completed` steps: --testing_corrupt's bit flip, then
   // --replica_check_every's comparison of the replicas (replica_check.h).
   absl::Status CheckIntegrity(int completed);
+  // ---- Rewinds (worker_rewind.cc; docs/numerics.md) ----
+  // A bad step (a loss spike, a non-finite step under --loss_spike_zscore,
+  // a replica mismatch) asks every rank, alike, to rewind to the last
+  // committed in-memory snapshot: ActOnVerdict sets rewind_, Train calls
+  // Rewind. Each returns OK having done it, or the stop that ends the run.
+  struct RewindRequest {
+    int64_t bad_step = 0;  // 0-based: the step whose verdict was bad
+    int64_t to_step = 0;   // the snapshot's step (steps completed)
+    std::string why;       // for people and --report
+  };
+  // Collective: the latest snapshot step at most `limit` that is complete
+  // on every rank (its own blob and its buddy's copy, or its replica run)
+  // and whose own blob from this generation's plan every rank still holds
+  // (-1: no rewind possible). Waits for the transfer in flight first.
+  absl::StatusOr<int64_t> AgreeOnRewindTarget(int64_t limit);
+  // ActOnVerdict's parts for the bad cases.
+  absl::Status OnReplicaMismatch(int step, const StepVerdict& verdict);
+  absl::Status OnBadStep(int step, const StepVerdict& verdict, bool* handled);
+  // After a rewind for a replica mismatch, the re-run's check at the same
+  // step agreed: names the rank(s) whose hash changed, reports to the server,
+  // and evicts a host whose rank was corrupted twice.
+  absl::Status NameCorruptedRanks(int step);
+  // Collective, in the re-run after a mismatch rewind, at the state the
+  // mismatch was found in (`completed` steps): how far each rank's first-run
+  // shard was from the re-run's (PendingMismatch::deviations).
+  absl::Status CompareWithFirstRun(int completed);
+  // Collective: loads the snapshot of rewind_->to_step on every rank (its own
+  // blob), and with --replica_check_every checks the replicas agree on it.
+  // The step Train runs next.
+  absl::StatusOr<int> Rewind();
   // The hosts of this generation's members, by rank.
   std::vector<std::string> MemberHosts() const;
   absl::Status Evaluate(int completed_steps);
@@ -225,8 +266,32 @@ class Worker {
   std::unique_ptr<Client> client_;
   RunMetrics metrics_;
   NonFinitePolicy nonfinite_{config_.numerics};  // process-wide: counts survive recoveries
-  double params_sum_ = 0;                        // Report
-  absl::Status last_checkpoint_failure_;         // Train
+  LossSpikeDetector spikes_{config_.loss_spike_zscore};
+  std::optional<RewindRequest> rewind_;  // asked for by the last verdict
+  int64_t spike_rewound_step_ = -1;      // the bad step the last spike rewind was for
+  // The last step (steps completed) whose replica hashes agreed: a snapshot
+  // no later than it holds state the replicas vouched for.
+  int64_t last_verified_step_ = -1;
+  // A replica mismatch rewound for: the check's step (0-based, the step whose
+  // verdict compared; also the steps completed in the state it hashed), the
+  // sets that differed, this rank's master shard then (when in one of them),
+  // and, once the re-run reached that state again, every rank's largest
+  // difference from it (-1: not in a set).
+  struct PendingMismatch {
+    int64_t step = -1;
+    std::vector<ReplicaMismatch> sets;
+    std::vector<float> shard;
+    std::vector<double> deviations;
+  };
+  std::optional<PendingMismatch> mismatch_;
+  std::map<int, int> corruptions_;  // by rank: corruptions named on it
+  int64_t loss_spikes_ = 0;         // reported in heartbeats
+  int64_t replica_mismatches_ = 0;
+  std::string last_corruption_;    // the last line naming a corrupted rank
+  int64_t corruptions_named_ = 0;  // reported in heartbeats
+  int last_corrupted_rank_ = 0;
+  double params_sum_ = 0;                 // Report
+  absl::Status last_checkpoint_failure_;  // Train
   int rank_ = -1;
   // The step being trained, for the abort message (the heartbeat thread
   // reads it).
@@ -241,8 +306,8 @@ class Worker {
                               config_.recovery.snapshot_buddy_always, &metrics_};
   int buddy_shift_ = 1;
   int recoveries_ = 0;
-  bool trained_ = false;    // completed a step in some generation
-  bool corrupted_ = false;  // --testing_corrupt fired
+  bool trained_ = false;        // completed a step in some generation
+  std::set<size_t> corrupted_;  // the --testing_corrupt entries that fired
   RecoveryTimeline timeline_;
 
   // What the heartbeat handler may touch.

@@ -141,11 +141,19 @@ ABSL_FLAG(int, max_skipped_steps, 10,
           "--on_nonfinite=skip: stop after this many non-finite steps in a row");
 ABSL_FLAG(int, replica_check_every, 0,
           "HSDP (--shard_group_size < world): every N steps the replicas of each shard compare "
-          "an XXH64 of their master shard (an 8-byte all-gather) and stop naming the ranks and "
-          "hosts when they differ: silent data corruption (0: off; docs/numerics.md)");
+          "an XXH3 of their master shard (8 bytes on the step's verdict all-gather); when they "
+          "differ, every rank rewinds to the last in-memory snapshot they agreed on and names "
+          "the corrupted rank (a second time: its host is evicted), or stops without one "
+          "(0: off; docs/numerics.md)");
 ABSL_FLAG(std::string, testing_corrupt, "",
-          "Test-only: RANK:STEP flips one exponent bit of one parameter of RANK's master shard "
-          "after STEP's update, once (what --replica_check_every detects)");
+          "Test-only: RANK:STEP[:BIT][,...] flips exponent bit BIT (23-30, default 23: the value "
+          "doubles or halves) of one parameter of RANK's master shard after STEP's update, once "
+          "per entry (what --replica_check_every and --loss_spike_zscore detect)");
+ABSL_FLAG(double, loss_spike_zscore, 0,
+          "A step whose mean loss is more than Z standard deviations above the last 32 steps' "
+          "is bad: every rank rewinds to the last in-memory snapshot (--snapshot_every) and "
+          "re-runs; a spike that comes back is the data's (--on_nonfinite: skip or stop), one "
+          "that does not was transient (0: off; docs/numerics.md)");
 ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
 ABSL_FLAG(int, threads, 1,
           "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
@@ -460,6 +468,28 @@ absl::Status ReadCompute(WorkerConfig* config) {
   return ReadEngine(config);
 }
 
+// --testing_corrupt=RANK:STEP[:BIT][,RANK:STEP[:BIT]...].
+absl::Status ParseTestingCorrupt(const std::string& value,
+                                 std::vector<WorkerConfig::Corruption>* out) {
+  if (value.empty()) return absl::OkStatus();
+  for (absl::string_view entry : absl::StrSplit(value, ',')) {
+    std::vector<std::string> parts = absl::StrSplit(entry, ':');
+    WorkerConfig::Corruption c;
+    if (parts.size() < 2 || parts.size() > 3 || !absl::SimpleAtoi(parts[0], &c.rank) ||
+        !absl::SimpleAtoi(parts[1], &c.step) ||
+        (parts.size() == 3 && !absl::SimpleAtoi(parts[2], &c.bit)) || c.rank < 0 || c.step < 1 ||
+        c.bit < 23 || c.bit > 30) {
+      return Bad(absl::StrCat("--testing_corrupt=", value,
+                              ": expected RANK:STEP[:BIT] entries "
+                              "separated by commas, a rank >= 0, a step >= 1 and an exponent "
+                              "bit 23-30 (got '",
+                              entry, "')"));
+    }
+    out->push_back(c);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadRun(WorkerConfig* config) {
   Schedule& schedule = config->schedule;
   schedule.steps = absl::GetFlag(FLAGS_steps);
@@ -533,14 +563,20 @@ absl::Status ReadRun(WorkerConfig* config) {
     return Bad(absl::StrCat("--replica_check_every=", config->replica_check_every,
                             ": expected 0 (off) or a number of steps"));
   }
-  if (const std::string corrupt = absl::GetFlag(FLAGS_testing_corrupt); !corrupt.empty()) {
-    std::vector<std::string> parts = absl::StrSplit(corrupt, ':');
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &config->testing_corrupt_rank) ||
-        !absl::SimpleAtoi(parts[1], &config->testing_corrupt_step) ||
-        config->testing_corrupt_rank < 0 || config->testing_corrupt_step < 1) {
-      return Bad(absl::StrCat("--testing_corrupt=", corrupt,
-                              ": expected RANK:STEP, a rank >= 0 and a step >= 1"));
-    }
+  if (absl::Status s =
+          ParseTestingCorrupt(absl::GetFlag(FLAGS_testing_corrupt), &config->testing_corrupt);
+      !s.ok()) {
+    return s;
+  }
+  config->loss_spike_zscore = absl::GetFlag(FLAGS_loss_spike_zscore);
+  if (!(config->loss_spike_zscore >= 0)) {
+    return Bad(absl::StrCat("--loss_spike_zscore=", config->loss_spike_zscore,
+                            ": expected 0 (off) or a number of standard deviations, e.g. 6"));
+  }
+  if (config->loss_spike_zscore > 0 && config->recovery.snapshot_every == 0) {
+    return Bad(absl::StrCat("--loss_spike_zscore=", config->loss_spike_zscore,
+                            " rewinds to the last in-memory snapshot, and --snapshot_every=0 "
+                            "takes none: pass --snapshot_every=N (e.g. 5)"));
   }
 
   config->summary_out = absl::GetFlag(FLAGS_summary_out);

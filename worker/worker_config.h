@@ -111,8 +111,11 @@ struct WorkerConfig {
   CheckpointConfig checkpoint;
   NonFiniteConfig numerics;  // --on_nonfinite, --max_skipped_steps
   // --replica_check_every=N (0: off): HSDP replicas compare their master
-  // shards' XXH64 every N steps (worker/replica_check.h).
+  // shards' XXH3 every N steps (worker/replica_check.h).
   int replica_check_every = 0;
+  // --loss_spike_zscore=Z (0: off): a step whose mean loss is more than Z
+  // standard deviations above the recent window is bad (worker/loss_spike.h).
+  double loss_spike_zscore = 0;
 
   // ---- Outputs ("": not written) ----
   std::string summary_out;  // rank 0
@@ -125,10 +128,15 @@ struct WorkerConfig {
   int64_t test_stall_before_gather = 0;
   // Sleeps this long at the start of every step: a straggler.
   int test_step_delay_ms = 0;
-  // --testing_corrupt=RANK:STEP: rank RANK flips one exponent bit of its
-  // master shard after step STEP's update, once (-1: off).
-  int testing_corrupt_rank = -1;
-  int64_t testing_corrupt_step = -1;
+  // --testing_corrupt=RANK:STEP[:BIT],...: rank RANK flips bit BIT (an
+  // exponent bit, 23-30; default 23, the lowest) of one parameter of its
+  // master shard after step STEP's update, once per entry (empty: off).
+  struct Corruption {
+    int rank = 0;
+    int64_t step = 0;
+    int bit = 23;
+  };
+  std::vector<Corruption> testing_corrupt;
 };
 
 // Reads every flag of shard_worker (the connection flags' token and TLS

@@ -351,12 +351,13 @@ void WriteControlPlane(const v1::ControlPlaneStatus& cp, std::string* out) {
 // The families with one series per job (label job="...").
 // The most any member reported: every rank counts the same, but a member
 // that has not beaten since its last step may lag behind.
+int64_t MostReported(const v1::JobStatus& job, int64_t (v1::StepTelemetry::*count)() const) {
+  int64_t most = 0;
+  for (const v1::MemberStatus& m : job.members()) most = std::max(most, (m.last_step().*count)());
+  return most;
+}
 int64_t SkippedSteps(const v1::JobStatus& job) {
-  int64_t skipped = 0;
-  for (const v1::MemberStatus& m : job.members()) {
-    skipped = std::max(skipped, m.last_step().skipped_steps());
-  }
-  return skipped;
+  return MostReported(job, &v1::StepTelemetry::skipped_steps);
 }
 
 void WriteJobFamilies(const v1::GetStatusResponse& status,
@@ -388,6 +389,30 @@ void WriteJobFamilies(const v1::GetStatusResponse& status,
           "Steps the job dropped for a non-finite loss or gradient norm (--on_nonfinite=skip), "
           "as its listed ranks report them (every rank counts the same).",
           [](const v1::JobStatus& j) { return absl::StrCat(SkippedSteps(j)); });
+  // docs/numerics.md: rewinds to an in-memory snapshot and what caused them.
+  per_job("zeroshard_job_rewinds_total", "counter",
+          "Rewinds of the job to an in-memory snapshot for a bad step (a loss spike, a "
+          "non-finite step under --loss_spike_zscore, a replica mismatch).",
+          [](const v1::JobStatus& j) {
+            return absl::StrCat(MostReported(j, &v1::StepTelemetry::rewinds));
+          });
+  per_job("zeroshard_job_loss_spikes_total", "counter",
+          "Steps of the job whose loss spiked above its recent window (--loss_spike_zscore).",
+          [](const v1::JobStatus& j) {
+            return absl::StrCat(MostReported(j, &v1::StepTelemetry::loss_spikes));
+          });
+  per_job("zeroshard_job_replica_mismatches_total", "counter",
+          "Checks of the job whose HSDP replicas held different master shards "
+          "(--replica_check_every): silent data corruption.",
+          [](const v1::JobStatus& j) {
+            return absl::StrCat(MostReported(j, &v1::StepTelemetry::replica_mismatches));
+          });
+  per_job("zeroshard_job_corrupted_shards_total", "counter",
+          "Ranks of the job named, after a rewind's re-run, as having held a corrupted shard "
+          "(the ranks' logs and shardctl status name them).",
+          [](const v1::JobStatus& j) {
+            return absl::StrCat(MostReported(j, &v1::StepTelemetry::corruptions));
+          });
   per_job("zeroshard_job_stragglers", "gauge", "Ranks of the job flagged as stragglers.",
           [](const v1::JobStatus& j) {
             int n = 0;

@@ -129,40 +129,43 @@ class NonFiniteTest : public ::testing::TestWithParam<Mode> {
 TEST_P(NonFiniteTest, StopExitsEveryRankAtTheStepNamingItsRankAndRows) {
   const Mode& mode = GetParam();
   ASSERT_TRUE(cluster_.ok());
-  int run = 0;
+  // Every value with and without clipping: a NaN norm fails
+  // `norm > max_grad_norm` and skipped the clip, so a clipped run must stop too.
   for (const BadRow& bad : {kNaN, kInf, kHuge}) {
-    const std::string job = absl::StrCat("stop-", bad.name);
-    const std::string data = DataPath(job);
-    WriteData(data, mode.world, kSteps, {bad}, {});
-    // Clipping on every other run: a NaN norm must stop a clipped run too.
-    cluster_.StartWorkers(
-        job, mode.world,
-        Flags(mode, data, kSteps, {run++ % 2 ? "--max_grad_norm=1" : "--max_grad_norm=0"}));
-    const std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(120));
-    const int64_t first_row = (int64_t{bad.step} * mode.world + 1) * kBatch;
-    const std::string expected = absl::StrCat("step ", bad.step + 1, "/", kSteps, ": the loss is ");
-    const std::string rows =
-        absl::StrCat("on rank 1 (its data: rows ", first_row, "-", first_row + kBatch - 1, " of ",
-                     data, "); stopping (--on_nonfinite=stop)");
-    for (int rank = 0; rank < mode.world; ++rank) {
-      const std::string log = cluster_.WorkerLog(rank);
-      EXPECT_EQ(codes[rank], 1) << bad.name << ", rank " << rank << ":\n" << log;
-      EXPECT_NE(log.find(expected), std::string::npos) << bad.name << ", rank " << rank << ":\n"
-                                                       << log;
-      EXPECT_NE(log.find(rows), std::string::npos) << bad.name << ", rank " << rank << ":\n" << log;
+    for (const char* clip : {"--max_grad_norm=0", "--max_grad_norm=1"}) {
+      const std::string job = absl::StrCat("stop-", bad.name, "-clip", std::string(1, clip[16]));
+      const std::string data = DataPath(job);
+      WriteData(data, mode.world, kSteps, {bad}, {});
+      cluster_.StartWorkers(job, mode.world, Flags(mode, data, kSteps, {clip}));
+      const std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(120));
+      const int64_t first_row = (int64_t{bad.step} * mode.world + 1) * kBatch;
+      const std::string expected =
+          absl::StrCat("step ", bad.step + 1, "/", kSteps, ": the loss is ");
+      const std::string rows =
+          absl::StrCat("on rank 1 (its data: rows ", first_row, "-", first_row + kBatch - 1, " of ",
+                       data, "); stopping (--on_nonfinite=stop)");
+      for (int rank = 0; rank < mode.world; ++rank) {
+        const std::string log = cluster_.WorkerLog(rank);
+        EXPECT_EQ(codes[rank], 1) << bad.name << " " << clip << ", rank " << rank << ":\n" << log;
+        EXPECT_NE(log.find(expected), std::string::npos) << bad.name << ", rank " << rank << ":\n"
+                                                         << log;
+        EXPECT_NE(log.find(rows), std::string::npos) << bad.name << ", rank " << rank << ":\n"
+                                                     << log;
+      }
+      // Within the step: rank 0 reported the step before and not this one.
+      const std::string log0 = cluster_.WorkerLog(0);
+      const size_t at = log0.find("shard_worker rank 0: step ");
+      if (at != std::string::npos) {
+        std::printf("%s, %s, %s: %s\n", mode.name, bad.name, clip,
+                    log0.substr(at, log0.find('\n', at) - at).c_str());
+      }
+      EXPECT_NE(log0.find(absl::StrCat("step ", bad.step, "/", kSteps, "  loss")),
+                std::string::npos)
+          << log0;
+      EXPECT_EQ(log0.find(absl::StrCat("step ", bad.step + 1, "/", kSteps, "  loss")),
+                std::string::npos)
+          << log0;
     }
-    // Within the step: rank 0 reported the step before and not this one.
-    const std::string log0 = cluster_.WorkerLog(0);
-    const size_t at = log0.find("shard_worker rank 0: step ");
-    if (at != std::string::npos) {
-      std::printf("%s, %s: %s\n", mode.name, bad.name,
-                  log0.substr(at, log0.find('\n', at) - at).c_str());
-    }
-    EXPECT_NE(log0.find(absl::StrCat("step ", bad.step, "/", kSteps, "  loss")), std::string::npos)
-        << log0;
-    EXPECT_EQ(log0.find(absl::StrCat("step ", bad.step + 1, "/", kSteps, "  loss")),
-              std::string::npos)
-        << log0;
   }
 }
 

@@ -25,7 +25,7 @@ TEST(DescribeReplicaMismatchTest, NamesTheMinorityWhenThereIsOne) {
   ASSERT_EQ(m.size(), 1u);
   const std::string line = DescribeReplicaMismatch(m[0], 15, 20, {"a", "b", "c"});
   EXPECT_NE(line.find("after step 15/20: the replicas of shard member 0 differ (rank 0 (host a) "
-                      "XXH64 0000000000000007"),
+                      "XXH3 0000000000000007"),
             std::string::npos)
       << line;
   EXPECT_NE(line.find("silent data corruption on rank(s) 2 (the minority)"), std::string::npos)

@@ -46,6 +46,8 @@ ABSL_DECLARE_FLAG(std::string, testing_corrupt);
 ABSL_DECLARE_FLAG(bool, two_level);
 ABSL_DECLARE_FLAG(std::string, shard_group_size);
 ABSL_DECLARE_FLAG(int, max_pending_commits);
+ABSL_DECLARE_FLAG(double, loss_spike_zscore);
+ABSL_DECLARE_FLAG(int, snapshot_every);
 
 namespace zeroshard {
 namespace {
@@ -177,7 +179,8 @@ TEST_F(WorkerConfigTest, NumericalIntegrityFlagsNameWhatTheyTake) {
   EXPECT_EQ(config->numerics.on_nonfinite, OnNonFinite::kStop);  // the default
   EXPECT_EQ(config->numerics.max_skipped_steps, 10);
   EXPECT_EQ(config->replica_check_every, 0);
-  EXPECT_EQ(config->testing_corrupt_rank, -1);
+  EXPECT_TRUE(config->testing_corrupt.empty());
+  EXPECT_EQ(config->loss_spike_zscore, 0);  // off
 
   absl::SetFlag(&FLAGS_on_nonfinite, "ignore");
   EXPECT_TRUE(absl::StrContains(Refusal(), "--on_nonfinite=ignore: expected stop")) << Refusal();
@@ -189,18 +192,30 @@ TEST_F(WorkerConfigTest, NumericalIntegrityFlagsNameWhatTheyTake) {
   absl::SetFlag(&FLAGS_replica_check_every, -5);
   EXPECT_TRUE(absl::StrContains(Refusal(), "--replica_check_every=-5")) << Refusal();
   absl::SetFlag(&FLAGS_replica_check_every, 5);
-  for (const char* bad : {"1", "1:0", "x:3", "-1:3", "1:2:3"}) {
+  for (const char* bad : {"1", "1:0", "x:3", "-1:3", "1:2:3", "1:2:31", "1:2,", "1:2:23:4"}) {
     absl::SetFlag(&FLAGS_testing_corrupt, bad);
     EXPECT_TRUE(absl::StrContains(Refusal(), "expected RANK:STEP")) << bad << ": " << Refusal();
   }
-  absl::SetFlag(&FLAGS_testing_corrupt, "1:12");
+  absl::SetFlag(&FLAGS_testing_corrupt, "1:12,1:17:30");
+  absl::SetFlag(&FLAGS_loss_spike_zscore, -1);
+  EXPECT_TRUE(absl::StrContains(Refusal(), "--loss_spike_zscore=-1: expected 0 (off)"))
+      << Refusal();
+  absl::SetFlag(&FLAGS_loss_spike_zscore, 6);
+  absl::SetFlag(&FLAGS_snapshot_every, 0);
+  EXPECT_TRUE(absl::StrContains(Refusal(), "pass --snapshot_every=N")) << Refusal();
+  absl::SetFlag(&FLAGS_snapshot_every, 5);
   config = WorkerConfigFromFlags();
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->numerics.on_nonfinite, OnNonFinite::kSkip);
   EXPECT_EQ(config->numerics.max_skipped_steps, 3);
   EXPECT_EQ(config->replica_check_every, 5);
-  EXPECT_EQ(config->testing_corrupt_rank, 1);
-  EXPECT_EQ(config->testing_corrupt_step, 12);
+  ASSERT_EQ(config->testing_corrupt.size(), 2u);
+  EXPECT_EQ(config->testing_corrupt[0].rank, 1);
+  EXPECT_EQ(config->testing_corrupt[0].step, 12);
+  EXPECT_EQ(config->testing_corrupt[0].bit, 23);  // the lowest exponent bit
+  EXPECT_EQ(config->testing_corrupt[1].step, 17);
+  EXPECT_EQ(config->testing_corrupt[1].bit, 30);
+  EXPECT_EQ(config->loss_spike_zscore, 6);
 }
 
 TEST_F(WorkerConfigTest, NcclTakesTheGptWhenBuiltWithCuda) {

@@ -360,6 +360,14 @@ int64_t SnapshotKeeper::complete_step() const {
   return -1;
 }
 
+int64_t SnapshotKeeper::CompleteStepAtMost(int64_t limit) const {
+  absl::MutexLock lock(&mu_);
+  for (auto it = complete_.rbegin(); it != complete_.rend(); ++it) {
+    if (it->first <= limit && it->second == 2) return it->first;
+  }
+  return -1;
+}
+
 void SnapshotKeeper::Commit(int64_t step) {
   absl::MutexLock lock(&mu_);
   if (step < 0) return;
@@ -374,6 +382,21 @@ void SnapshotKeeper::Commit(int64_t step) {
     }
   }
   complete_.erase(complete_.begin(), complete_.lower_bound(committed_));
+  UpdateBytesLocked();
+}
+
+void SnapshotKeeper::DropNewerThan(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = blobs_.begin(); it != blobs_.end();) {
+    if (std::get<0>(it->first) > step) {
+      std::shared_ptr<SnapshotBlob> blob = std::move(it->second);
+      it = blobs_.erase(it);
+      DropLocked(std::move(blob));
+    } else {
+      ++it;
+    }
+  }
+  complete_.erase(complete_.upper_bound(step), complete_.end());
   UpdateBytesLocked();
 }
 

@@ -108,10 +108,17 @@ class SnapshotKeeper {
   // The latest step for which this rank has its own blob and its buddy's
   // received copy (-1: none).
   int64_t complete_step() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The latest such step that is at most `limit` (-1: none).
+  int64_t CompleteStepAtMost(int64_t limit) const ABSL_LOCKS_EXCLUDED(mu_);
   // Every rank agreed `step` is complete: drop blobs of older steps (their
   // buffers go back to the pool).
   void Commit(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   int64_t committed_step() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A rewind to `step` (worker/worker_rewind.cc): the blobs of later steps
+  // hold state the run no longer has (a loss spike's or a corrupted
+  // replica's), so they are dropped and their steps no longer complete.
+  // REQUIRES: no transfer in flight (Wait).
+  void DropNewerThan(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The blobs held, for a recovery (own and received).
   std::vector<std::shared_ptr<const SnapshotBlob>> Holdings() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/shard_hash.h"
 #include "worker/comm/quantized.h"
 
 namespace zeroshard {
@@ -1232,6 +1233,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   if (!squares.ok()) return squares.status();
   absl::StatusOr<StepVerdict> verdict = ShareStepNumerics(*squares);
   if (!verdict.ok()) return verdict.status();
+  if (verdict_screen_) verdict_screen_(&*verdict);  // e.g. a loss spike, before any update
   stats.verdict = *verdict;
   stats.grad_norm = verdict->grad_norm;
   stats.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
@@ -1252,7 +1254,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
     }
   }
   double param_sync_ms = 0;
-  std::optional<Hasher> hasher;
+  std::optional<ShardHasher> hasher;
   if (hash_next_update_ && stage_.state_sharded) hasher.emplace();
   hash_next_update_ = false;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -1272,38 +1274,6 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   stats.times = times_;
   times_ = StepTimes();
   return stats;
-}
-
-absl::StatusOr<std::vector<double>> ZeroEngine::GatherOverRanks(double value, const char* what) {
-  // Doubles travel as raw bytes: two f32 words each.
-  std::vector<double> all(world_);
-  absl::Status s =
-      aux_comm_->AllGather(&value, all.data(), 2, DType::kF32, options_.collective_timeout);
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("all_gather of ", what, " (rank ", rank_, " of ",
-                                               world_, "): ", s.message()));
-  }
-  return all;
-}
-
-absl::StatusOr<double> ZeroEngine::MeanOverRanks(double value, const char* what) {
-  absl::StatusOr<std::vector<double>> all = GatherOverRanks(value, what);
-  if (!all.ok()) return all.status();
-  double sum = 0;
-  for (double v : *all) sum += v;
-  return sum / world_;
-}
-
-absl::StatusOr<double> ZeroEngine::ParamsSum() {
-  double local = 0;
-  absl::Status s = ForEachOwnPiece([&](const PieceView& piece) {
-    for (int64_t i = 0; i < piece.elements; ++i) local += piece.params[i];
-    return absl::OkStatus();
-  });
-  if (!s.ok()) return s;
-  absl::StatusOr<double> mean = MeanOverRanks(local, "the parameter sum");
-  if (!mean.ok()) return mean.status();
-  return *mean * world_;
 }
 
 TrackedBuffer& ZeroEngine::MasterShard(int unit) { return state_[unit]->master; }

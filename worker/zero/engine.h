@@ -53,6 +53,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,7 +74,7 @@
 namespace zeroshard {
 
 struct Int8Rounding;  // worker/comm/quantized.h
-class Hasher;        // common/checksum.h
+class ShardHasher;    // common/shard_hash.h
 
 struct EngineOptions {
   int stage = 3;
@@ -275,21 +276,33 @@ class ZeroEngine {
   int64_t optimizer_step() const;
   void set_optimizer_step(int64_t step);
 
-  // Integrity (engine_integrity.cc). XXH64 of this rank's master shard, every
+  // Integrity (engine_integrity.cc). XXH3 of this rank's master shard, every
   // unit's chunk in unit order, padding included: bitwise the same on every
   // replica of a member's shard (HSDP), whose optimizer steps see the same
   // bits. FAILED_PRECONDITION at stage 0 (no shard).
   absl::StatusOr<uint64_t> MasterShardChecksum();
+  // This rank's master shard as MasterShardChecksum reads it (every unit's
+  // chunk in unit order, padding included), copied to host memory: what a
+  // rewind compares its re-run against. Stages 1-3.
+  absl::StatusOr<std::vector<float>> CopyMasterShard();
   // --replica_check_every: the next Step hashes the master shard (as
   // MasterShardChecksum) unit by unit right after each unit's update, and the
   // Step after it sends the hash on its verdict's all-gather, whose verdict
   // then compares the replicas (StepVerdict::replica_mismatches; a mismatch
   // is not applied). No collective of its own. Stages 1-3.
   void HashShardAtNextUpdate() { hash_next_update_ = true; }
-  // Test-only (--testing_corrupt): flips the lowest exponent bit of the first
-  // parameter of this rank's first piece in its master shard, as a flipped
-  // bit in memory would (the value doubles or halves and stays finite).
-  absl::Status CorruptMasterForTesting();
+  // Called by every Step with its verdict after the ranks' numbers are
+  // shared and before any update: it may mark the step bad (a loss spike,
+  // worker/loss_spike.h), which then is not applied. Every rank's screen
+  // must judge alike. Null: none.
+  void SetVerdictScreen(std::function<void(StepVerdict*)> screen) {
+    verdict_screen_ = std::move(screen);
+  }
+  // Test-only (--testing_corrupt): flips bit `bit` (an exponent bit, 23-30;
+  // 23: the value doubles or halves and stays finite) of the first parameter
+  // of this rank's first piece in its master shard, as a flipped bit in
+  // memory would.
+  absl::Status CorruptMasterForTesting(int bit = 23);
   // G: the ranks one shard is spread over (W without shard groups).
   int group_size() const { return group_size_; }
 
@@ -344,7 +357,7 @@ class ZeroEngine {
   // For engine_integrity.cc (UnitState is engine.cc's): a unit's master
   // shard, and hpZ's slice of it marked stale.
   TrackedBuffer& MasterShard(int unit);
-  absl::Status HashMasterShard(int unit, Hasher* hasher);
+  absl::Status HashMasterShard(int unit, ShardHasher* hasher);
   void MarkSecondaryStale(int unit);
   absl::Status BuildLayouts(const ShardPlan& plan);
   // Create's steps after the layouts: the pass's positions, each unit's
@@ -449,6 +462,7 @@ class ZeroEngine {
   int micro_batches_ = 0;
   bool hash_next_update_ = false;            // HashShardAtNextUpdate
   std::optional<uint64_t> shard_checksum_;   // for the next verdict
+  std::function<void(StepVerdict*)> verdict_screen_;  // SetVerdictScreen
   StepTimes times_;  // of the step in progress
 };
 

@@ -25,6 +25,11 @@ const char* NonFiniteQuantityName(NonFiniteQuantity quantity) {
 bool FiniteInF32(double v) { return std::isfinite(v) && std::fabs(v) <= FLT_MAX; }
 
 std::string StepVerdict::Describe() const {
+  if (loss_spike) {
+    return absl::StrFormat(
+        "the loss %g is %.1f standard deviations above the mean %g of the last %d steps (sd %g)",
+        mean_loss, zscore, window_mean, window_steps, window_sd);
+  }
   if (finite()) return "finite";
   const bool beyond = std::isfinite(value);
   // NaN's sign bit means nothing to a reader: "nan", never "-nan".
@@ -66,6 +71,7 @@ StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed
     checksums.push_back(r.shard_checksum);
   }
   if (verdict.replicas_compared) {
+    verdict.checksums = checksums;
     verdict.replica_mismatches = FindReplicaMismatches(checksums, group_size);
   }
   // In rank order, as MeanOverRanks always added them: the same bits as

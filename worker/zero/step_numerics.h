@@ -26,7 +26,7 @@ namespace zeroshard {
 struct RankNumerics {
   double loss = 0;
   double grad_squares = 0;
-  // XXH64 of the rank's master shard after the previous step's update
+  // XXH3 of the rank's master shard after the previous step's update
   // (--replica_check_every), valid when has_checksum is 1.
   uint64_t shard_checksum = 0;
   uint64_t has_checksum = 0;
@@ -60,14 +60,29 @@ struct StepVerdict {
   double value = 0;  // the non-finite value that rank saw (NaN, Inf, or out of f32 range)
 
   // Every rank sent its shard checksum and these replica sets disagree
-  // (empty when they agree or nothing was compared).
+  // (empty when they agree or nothing was compared). `checksums`: every
+  // rank's, by rank, when compared.
   bool replicas_compared = false;
   std::vector<ReplicaMismatch> replica_mismatches;
+  std::vector<uint64_t> checksums;
+
+  // A finite mean loss more than --loss_spike_zscore standard deviations
+  // above the recent window (worker/loss_spike.h sets these before the
+  // engine applies the step). `zscore`: how many; `window_mean`,
+  // `window_sd` and `window_steps`: the window it was measured against.
+  bool loss_spike = false;
+  double zscore = 0;
+  double window_mean = 0;
+  double window_sd = 0;
+  int window_steps = 0;
 
   bool finite() const { return nonfinite == NonFiniteQuantity::kNone; }
-  // Whether the engine applies the step: finite, and no replica disagrees.
-  bool apply() const { return finite() && replica_mismatches.empty(); }
-  // "the loss is nan on rank 1", for people.
+  // A step no parameter may take: not finite, or a loss spike.
+  bool bad() const { return !finite() || loss_spike; }
+  // Whether the engine applies the step: not bad, and no replica disagrees.
+  bool apply() const { return !bad() && replica_mismatches.empty(); }
+  // "the loss is nan on rank 1", "the loss 3.2 is 41.0 standard deviations
+  // above ...", for people.
   std::string Describe() const;
 };
 
