@@ -285,9 +285,12 @@ grpc::Status CoordinatorService::TakeAndParse(const grpc::ByteBuffer& wire,
                                               google::protobuf::Message* request,
                                               std::unique_ptr<RequestBudget::Hold>* hold) {
   if (budget_ != nullptr) {
-    absl::StatusOr<size_t> bytes = RequestBudget::HeldBytes(wire);
-    if (!bytes.ok()) return ToGrpcStatus(bytes.status());
-    absl::StatusOr<std::unique_ptr<RequestBudget::Hold>> taken = budget_->Take(*bytes, method);
+    absl::StatusOr<size_t> parsed = RequestBudget::ParsedBytes(wire);
+    if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+    // The bytes, the parsed request and the copy the handler hands the KV
+    // store (a wait's or check's keys, a set's value).
+    absl::StatusOr<std::unique_ptr<RequestBudget::Hold>> taken =
+        budget_->Take(wire.Length() + 2 * *parsed, method);
     if (!taken.ok()) return ToGrpcStatus(taken.status());
     *hold = *std::move(taken);
   }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "common/request_budget.h"
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/clock.h"
@@ -21,7 +22,6 @@
 #include "shard_server/observability/history_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
 #include "shard_server/plan_service.h"
-#include "shard_server/request_budget.h"
 #include "shard_server/worker_id_binding.h"
 
 namespace zeroshard {
@@ -148,8 +148,9 @@ class CoordinatorService final : public HeartbeatAsyncService {
   // StoreCheck's answer in `response`.
   grpc::Status CheckKeys(grpc::CallbackServerContext* context, const v1::StoreCheckRequest& request,
                          v1::StoreCheckResponse* response);
-  // Holds the raw `wire` in the budget and parses it into `request`; the
-  // hold in `*hold`.
+  // Holds the raw `wire` (its bytes, the parsed request and the handler's
+  // copy of its keys or value) in the budget and parses it into `request`;
+  // the hold in `*hold`.
   grpc::Status TakeAndParse(const grpc::ByteBuffer& wire, absl::string_view method,
                             google::protobuf::Message* request,
                             std::unique_ptr<RequestBudget::Hold>* hold);

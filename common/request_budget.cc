@@ -1,4 +1,4 @@
-#include "shard_server/request_budget.h"
+#include "common/request_budget.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -33,9 +33,9 @@ absl::StatusOr<std::unique_ptr<RequestBudget::Hold>> RequestBudget::Take(size_t 
   absl::MutexLock lock(&mu_);
   if (in_use_ + bytes > max_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "a ", method, " of ", bytes, " bytes (as received and parsed) while the server holds ",
-        in_use_, " bytes of large requests in flight; at most ", max_bytes_,
-        " (the server's --max_request_bytes_in_flight): send it again later, or fewer keys"));
+        "a ", method, " of ", bytes, " bytes (as received and parsed) while requests of ", in_use_,
+        " bytes are in flight; at most ", max_bytes_, " (", bound_,
+        "): send it again later, or a smaller one"));
   }
   in_use_ += bytes;
   peak_ = std::max(peak_, in_use_);
@@ -57,7 +57,7 @@ size_t RequestBudget::peak() {
   return peak_;
 }
 
-absl::StatusOr<size_t> RequestBudget::HeldBytes(const grpc::ByteBuffer& wire) {
+absl::StatusOr<size_t> RequestBudget::ParsedBytes(const grpc::ByteBuffer& wire) {
   // ProtoBufferReader reads the slices in place (no copy of the request).
   grpc::ByteBuffer copy(wire);  // shares the slices: a reference count each
   grpc::ProtoBufferReader reader(&copy);
@@ -96,7 +96,7 @@ absl::StatusOr<size_t> RequestBudget::HeldBytes(const grpc::ByteBuffer& wire) {
                        WireFormatLite::GetTagFieldNumber(tag), " cut short or malformed)"));
     }
   }
-  return wire.Length() + parsed;
+  return parsed;
 }
 
 }  // namespace zeroshard

@@ -1,5 +1,5 @@
-// What the server holds of the large requests it is receiving, parsing and
-// serving at once (#44 finding 7): 480 StoreWaits of 65,536 keys each were
+// What a server (the shard server, a node agent) holds of the requests it is
+// receiving, parsing and serving at once (#44 finding 7): 480 StoreWaits of 65,536 keys each were
 // parsed at the same time, each ~8 MB once parsed, while the KV store,
 // which refused most of them, counted only those it held. Such requests are
 // taken as bytes (gRPC's raw callback methods) and counted here before they
@@ -8,11 +8,13 @@
 // beyond it is refused RESOURCE_EXHAUSTED unparsed.
 //
 // Thread-safe.
-#ifndef ZEROSHARD_SHARD_SERVER_REQUEST_BUDGET_H_
-#define ZEROSHARD_SHARD_SERVER_REQUEST_BUDGET_H_
+#ifndef ZEROSHARD_COMMON_REQUEST_BUDGET_H_
+#define ZEROSHARD_COMMON_REQUEST_BUDGET_H_
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,21 +39,23 @@ class RequestBudget {
     const size_t bytes_;
   };
 
-  explicit RequestBudget(size_t max_bytes) : max_bytes_(max_bytes) {}
+  // `bound`: who sets the bound, for refusals ("the server's
+  // --max_request_bytes_in_flight").
+  RequestBudget(size_t max_bytes, std::string bound)
+      : max_bytes_(max_bytes), bound_(std::move(bound)) {}
 
   // Holds `bytes` for a request of `method`, or RESOURCE_EXHAUSTED naming
   // the bound and its flag when the requests in flight hold too much.
   absl::StatusOr<std::unique_ptr<Hold>> Take(size_t bytes, absl::string_view method);
 
-  // What a request in `wire` holds while it is served: its bytes as
-  // received and an upper bound on the message parsed from them. The bound
-  // counts each length-delimited field (a string, bytes or a small
-  // message) as a std::string with its heap block and its slot in a
-  // repeated field, and each other field as 8 bytes: exact for messages of
-  // strings and scalars (KV requests), whose repeated strings are what a
-  // large request is made of. INVALID_ARGUMENT when the bytes are not a
-  // protobuf message's.
-  static absl::StatusOr<size_t> HeldBytes(const grpc::ByteBuffer& wire);
+  // An upper bound on the message parsed from `wire`: each length-delimited
+  // field (a string, bytes or a small message) counted as a std::string
+  // with its heap block and its slot in a repeated field, each other field
+  // as 8 bytes; exact for messages of strings and scalars (KV requests),
+  // whose repeated strings are what a large request is made of.
+  // INVALID_ARGUMENT when the bytes are not a protobuf message's. A request
+  // then holds wire.Length() and this times the copies its handler makes.
+  static absl::StatusOr<size_t> ParsedBytes(const grpc::ByteBuffer& wire);
 
   size_t in_use();
   size_t max_bytes() const { return max_bytes_; }
@@ -62,6 +66,7 @@ class RequestBudget {
   void Release(size_t bytes);
 
   const size_t max_bytes_;
+  const std::string bound_;
   absl::Mutex mu_;
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
   size_t peak_ ABSL_GUARDED_BY(mu_) = 0;
@@ -69,4 +74,4 @@ class RequestBudget {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_REQUEST_BUDGET_H_
+#endif  // ZEROSHARD_COMMON_REQUEST_BUDGET_H_
