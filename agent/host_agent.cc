@@ -76,12 +76,18 @@ class HostAgent::Impl final : public RankService {
           "--listen=", options_.listen, ": a unix socket path has at most ", kMaxUnixPath,
           " characters, this one ", options_.listen.size() - 5, "; choose a shorter path"));
     }
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options_.server);
-    if (!client.ok()) return client.status();
-    client_ = *std::move(client);
+    channel_ = options_.server_channel;
+    if (channel_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options_.server);
+      if (!client.ok()) return client.status();
+      client_ = *std::move(client);
+      channel_ = client_->channel();
+    }
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+    if (!options_.listen.empty()) {
+      builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+    }
     builder.RegisterService(this);
     builder.SetMaxReceiveMessageSize(64 << 20);
     server_ = builder.BuildAndStart();
@@ -120,13 +126,16 @@ class HostAgent::Impl final : public RankService {
   }
 
   const std::string& address() const { return address_; }
+  std::shared_ptr<grpc::Channel> InProcessChannel() {
+    return server_->InProcessChannel(grpc::ChannelArguments());
+  }
 
   // The upstream of the ranks presenting `authorization`, held until
   // Release; RESOURCE_EXHAUSTED when kMaxTokens others are held.
   absl::StatusOr<Upstream*> AcquireUpstream(const std::string& authorization) {
     absl::MutexLock lock(&mu_);
     return Acquire(&upstreams_, authorization, [&] {
-      return std::make_unique<Upstream>(client_->channel(), authorization, options_.node,
+      return std::make_unique<Upstream>(channel_, authorization, options_.node,
                                         options_.batch_window, options_.join_window, &verified_);
     });
   }
@@ -155,7 +164,7 @@ class HostAgent::Impl final : public RankService {
   absl::StatusOr<StoreWaitFanOut*> AcquireFanOut(const std::string& authorization) {
     absl::MutexLock lock(&mu_);
     return Acquire(&fan_outs_, authorization, [&] {
-      return std::make_unique<StoreWaitFanOut>(client_->channel(), authorization, &verified_);
+      return std::make_unique<StoreWaitFanOut>(channel_, authorization, &verified_);
     });
   }
   void Release(StoreWaitFanOut* fan_out) {
@@ -188,7 +197,8 @@ class HostAgent::Impl final : public RankService {
 
  private:
   const HostAgentOptions options_;
-  std::unique_ptr<Client> client_;  // its channel to the server
+  std::unique_ptr<Client> client_;          // null with options_.server_channel
+  std::shared_ptr<grpc::Channel> channel_;  // to the server
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::atomic<uint64_t> next_local_{1};
@@ -539,6 +549,8 @@ HostAgent::HostAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HostAgent::~HostAgent() = default;
 
 const std::string& HostAgent::address() const { return impl_->address(); }
+
+std::shared_ptr<grpc::Channel> HostAgent::InProcessChannel() { return impl_->InProcessChannel(); }
 
 HostAgent::StoreWaitCounts HostAgent::StoreWaits() { return impl_->StoreWaits(); }
 

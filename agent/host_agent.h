@@ -35,13 +35,17 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "grpcpp/grpcpp.h"
 
 namespace zeroshard {
 
 struct HostAgentOptions {
   ClientOptions server;  // how to reach the server (address, TLS; the token is unused)
+  // Set: the agent reaches the server on this channel instead of
+  // connecting to `server` (fuzzers and tests: a server in the process).
+  std::shared_ptr<grpc::Channel> server_channel;
   // Where the ranks reach the agent: "unix:PATH" or "127.0.0.1:PORT"
-  // (port 0 picks one).
+  // (port 0 picks one); empty: only InProcessChannel().
   std::string listen;
   // "<hostname> <boot id>" (common/local_address.h HostIdentity); sent to
   // the server with every request, for its log.
@@ -75,6 +79,8 @@ class HostAgent {
 
   // The address ranks reach it at (the bound port for "HOST:0").
   const std::string& address() const;
+  // A channel to the ranks' service within the process (fuzzers).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // The bootstrap fan-out (agent/store_wait_fan_out.h), for tests: the
   // ranks' StoreWaits held now, and the StoreWaits sent to the server.
