@@ -144,11 +144,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   }
   auto* call = new HeldCall([this](uint64_t id) { membership_->CancelJoin(id); });
   absl::Time deadline = Deadline(context, /*timeout_ms=*/int64_t{1} << 50);
-  uint64_t id = membership_->Join(
-      *request, deadline, [call, response](absl::StatusOr<v1::JoinResponse> result) {
-        if (result.ok()) *response = std::move(*result);
-        call->Complete(ToGrpcStatus(result.status()));
-      });
+  uint64_t id = membership_->Join(*request, deadline,
+                                  [call, response](absl::StatusOr<v1::JoinResponse> result) {
+                                    if (result.ok()) *response = std::move(*result);
+                                    call->Complete(ToGrpcStatus(result.status()));
+                                  });
   call->Hold(id);
   return call;
 }
@@ -169,9 +169,8 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerConte
     return FinishNow(context, s);
   }
   const v1::MemberCredentials& m = request->member();
-  return FinishNow(context,
-                   ToGrpcStatus(StillLeading(
-                       kv_->Set(m.job_id(), m.generation(), request->key(), request->value()))));
+  return FinishNow(context, ToGrpcStatus(StillLeading(kv_->Set(m.job_id(), m.generation(),
+                                                               request->key(), request->value()))));
 }
 
 absl::Status CoordinatorService::StillLeading(absl::Status done) const {
@@ -188,13 +187,13 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
   if (grpc::Status s = CheckTimeout(request->timeout_ms()); !s.ok()) return FinishNow(context, s);
   const v1::MemberCredentials& m = request->member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
-  uint64_t id = kv_->Get(m.job_id(), m.generation(), request->key(),
-                         Deadline(context, request->timeout_ms()),
-                         [call, response](absl::StatusOr<std::string> value) {
-                           if (value.ok()) response->set_value(std::move(*value));
-                           call->Complete(ToGrpcStatus(value.status()));
-                         },
-                         HeldCallBytes(*request));
+  uint64_t id = kv_->Get(
+      m.job_id(), m.generation(), request->key(), Deadline(context, request->timeout_ms()),
+      [call, response](absl::StatusOr<std::string> value) {
+        if (value.ok()) response->set_value(std::move(*value));
+        call->Complete(ToGrpcStatus(value.status()));
+      },
+      HeldCallBytes(*request));
   call->Hold(id);
   return call;
 }
@@ -229,11 +228,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ServeStoreWait(grpc::CallbackServe
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
   call->Keep(std::move(keep));
   std::vector<std::string> keys(request.keys().begin(), request.keys().end());
-  uint64_t id =
-      kv_->Wait(m.job_id(), m.generation(), std::move(keys),
-                Deadline(context, request.timeout_ms()),
-                [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); },
-                HeldCallBytes(request));
+  uint64_t id = kv_->Wait(
+      m.job_id(), m.generation(), std::move(keys), Deadline(context, request.timeout_ms()),
+      [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); },
+      HeldCallBytes(request));
   call->Hold(id);
   return call;
 }
@@ -241,14 +239,18 @@ grpc::ServerUnaryReactor* CoordinatorService::ServeStoreWait(grpc::CallbackServe
 grpc::ServerUnaryReactor* CoordinatorService::StoreCompareSet(
     grpc::CallbackServerContext* context, const v1::StoreCompareSetRequest* request,
     v1::StoreCompareSetResponse* response) {
-  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
-    return FinishNow(context, s);
-  }
-  const v1::MemberCredentials& m = request->member();
-  absl::StatusOr<std::string> value = kv_->CompareSet(m.job_id(), m.generation(), request->key(),
-                                                      request->expected(), request->desired());
+  return FinishNow(context, CompareAndSet(context, *request, response));
+}
+
+grpc::Status CoordinatorService::CompareAndSet(grpc::CallbackServerContext* context,
+                                               const v1::StoreCompareSetRequest& request,
+                                               v1::StoreCompareSetResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request.member()); !s.ok()) return s;
+  const v1::MemberCredentials& m = request.member();
+  absl::StatusOr<std::string> value = kv_->CompareSet(m.job_id(), m.generation(), request.key(),
+                                                      request.expected(), request.desired());
   if (value.ok()) response->set_value(std::move(*value));
-  return FinishNow(context, ToGrpcStatus(StillLeading(value.status())));
+  return ToGrpcStatus(StillLeading(value.status()));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* context,
@@ -309,7 +311,7 @@ namespace {
 void Serialize(const google::protobuf::Message& message, grpc::ByteBuffer* response) {
   bool own = false;
   grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(message, response,
-                                                                            &own);
+                                                                             &own);
 }
 
 }  // namespace
@@ -341,10 +343,25 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
   // it too) and its place in the budget.
   std::shared_ptr<RequestBudget::Hold> held = std::move(hold);
   const v1::StoreWaitRequest& parsed = *request;
-  return ServeStoreWait(context, parsed,
-                        std::make_shared<std::pair<std::shared_ptr<v1::StoreWaitRequest>,
-                                                   std::shared_ptr<RequestBudget::Hold>>>(
-                            std::move(request), std::move(held)));
+  return ServeStoreWait(
+      context, parsed,
+      std::make_shared<
+          std::pair<std::shared_ptr<v1::StoreWaitRequest>, std::shared_ptr<RequestBudget::Hold>>>(
+          std::move(request), std::move(held)));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreCompareSet(grpc::CallbackServerContext* context,
+                                                              const grpc::ByteBuffer* wire,
+                                                              grpc::ByteBuffer* response) {
+  v1::StoreCompareSetRequest request;
+  std::unique_ptr<RequestBudget::Hold> hold;
+  if (grpc::Status s = TakeAndParse(*wire, "StoreCompareSet", &request, &hold); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  v1::StoreCompareSetResponse answer;
+  grpc::Status status = CompareAndSet(context, request, &answer);
+  if (status.ok()) Serialize(answer, response);
+  return FinishNow(context, status);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* context,
@@ -439,8 +456,8 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanShards(grpc::CallbackServerCon
     }
     absl::StatusOr<int> world_size = membership_->WorldSize(m.job_id());
     if (!world_size.ok()) return FinishNow(context, ToGrpcStatus(world_size.status()));
-    plan = plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(),
-                        request->options());
+    plan =
+        plans_->Plan(m.job_id(), m.generation(), *world_size, request->spec(), request->options());
   }
   if (plan.ok()) *response->mutable_plan() = std::move(*plan);
   return FinishNow(context, ToGrpcStatus(plan.status()));

@@ -58,9 +58,10 @@ class CoordinatorService final : public HeartbeatAsyncService {
   // counted. Not owned; call before serving.
   void SetRequestBudget(RequestBudget* budget) { budget_ = budget; }
 
-  // StoreSet, StoreWait and StoreCheck as gRPC serves them: the request's
-  // bytes are held in the request budget (refused RESOURCE_EXHAUSTED beyond
-  // it) before they are parsed, until the call ends (#44 finding 7).
+  // StoreSet, StoreWait, StoreCheck and StoreCompareSet as gRPC serves
+  // them: the request's bytes are held in the request budget (refused
+  // RESOURCE_EXHAUSTED beyond it) before they are parsed, until the call
+  // ends (#44 finding 7).
   grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
@@ -70,6 +71,9 @@ class CoordinatorService final : public HeartbeatAsyncService {
   grpc::ServerUnaryReactor* StoreCheck(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* StoreCompareSet(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -92,7 +96,7 @@ class CoordinatorService final : public HeartbeatAsyncService {
                                       v1::StoreWaitResponse* response);
   grpc::ServerUnaryReactor* StoreCompareSet(grpc::CallbackServerContext* context,
                                             const v1::StoreCompareSetRequest* request,
-                                            v1::StoreCompareSetResponse* response) override;
+                                            v1::StoreCompareSetResponse* response);
   grpc::ServerUnaryReactor* StoreDelete(grpc::CallbackServerContext* context,
                                         const v1::StoreDeleteRequest* request,
                                         v1::StoreDeleteResponse* response) override;
@@ -145,6 +149,10 @@ class CoordinatorService final : public HeartbeatAsyncService {
   grpc::ServerUnaryReactor* ServeStoreWait(grpc::CallbackServerContext* context,
                                            const v1::StoreWaitRequest& request,
                                            std::shared_ptr<void> keep);
+  // StoreCompareSet's answer in `response`.
+  grpc::Status CompareAndSet(grpc::CallbackServerContext* context,
+                             const v1::StoreCompareSetRequest& request,
+                             v1::StoreCompareSetResponse* response);
   // StoreCheck's answer in `response`.
   grpc::Status CheckKeys(grpc::CallbackServerContext* context, const v1::StoreCheckRequest& request,
                          v1::StoreCheckResponse* response);

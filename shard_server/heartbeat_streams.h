@@ -19,9 +19,9 @@
 namespace zeroshard {
 
 // The Coordinator service type whose Heartbeat is async and every other
-// method callback; StoreSet, StoreWait and StoreCheck, whose requests may be
-// megabytes, take their requests as bytes, counted before they are parsed
-// (request_budget.h). The async marking must come first (innermost): gRPC 1.51
+// method callback; StoreSet, StoreWait, StoreCheck and StoreCompareSet,
+// whose requests may be megabytes, take their requests as bytes, counted
+// before they are parsed (common/request_budget.h). The async marking must come first (innermost): gRPC 1.51
 // drops the handler only when a sync method turns async, so
 // WithAsyncMethod_Heartbeat<CallbackService> would keep the callback handler
 // and never serve the async requests.
@@ -29,7 +29,7 @@ namespace heartbeat_internal {
 using C = v1::Coordinator;
 using Service = C::WithCallbackMethod_Join<C::WithCallbackMethod_Leave<
     C::WithRawCallbackMethod_StoreSet<C::WithCallbackMethod_StoreGet<C::WithCallbackMethod_StoreAdd<
-        C::WithRawCallbackMethod_StoreWait<C::WithCallbackMethod_StoreCompareSet<
+        C::WithRawCallbackMethod_StoreWait<C::WithRawCallbackMethod_StoreCompareSet<
             C::WithCallbackMethod_StoreDelete<C::WithRawCallbackMethod_StoreCheck<
                 C::WithCallbackMethod_StoreNumKeys<C::WithCallbackMethod_GetStatus<
                     C::WithCallbackMethod_PlanShards<C::WithCallbackMethod_CommitShard<

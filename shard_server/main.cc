@@ -93,8 +93,9 @@ ABSL_FLAG(int64_t, kv_max_waiters_per_job, 1 << 17, "KV store: gets and waits he
 ABSL_FLAG(int64_t, kv_max_total_bytes, int64_t{1} << 30,
           "KV store: keys, values and waited-for keys of every job, in bytes");
 ABSL_FLAG(int64_t, max_request_bytes_in_flight, int64_t{256} << 20,
-          "StoreSet, StoreWait and StoreCheck requests being received, parsed or held at once, in "
-          "bytes as received and as parsed; more are refused RESOURCE_EXHAUSTED unparsed");
+          "StoreSet, StoreWait, StoreCheck and StoreCompareSet requests being received, parsed or "
+          "held at once, in bytes as received and as parsed; more are refused RESOURCE_EXHAUSTED "
+          "unparsed");
 ABSL_FLAG(int, max_jobs, 10000, "Jobs the server holds at once; more are refused");
 ABSL_FLAG(int, max_pending_joins, 1 << 18, "Joins held at once over every job");
 ABSL_FLAG(absl::Duration, job_ttl, absl::Hours(24),

@@ -52,8 +52,9 @@ struct ShardServerOptions {
   std::function<absl::Status()> leadership_check;
   MembershipOptions membership;
   KvLimits kv;  // bounds of the KV store
-  // Bytes that StoreSet, StoreWait and StoreCheck requests in flight may
-  // hold, as received and as parsed (request_budget.h); beyond, refused.
+  // Bytes that StoreSet, StoreWait, StoreCheck and StoreCompareSet
+  // requests in flight may hold, as received and as parsed
+  // (request_budget.h); beyond, refused.
   // At least one request of the largest size gRPC takes (64 MiB) fits.
   size_t max_request_bytes_in_flight = size_t{256} << 20;
   std::string auth_token;  // the admin token; empty: no authentication

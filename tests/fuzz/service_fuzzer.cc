@@ -462,7 +462,8 @@ void Call(Harness& h, uint8_t method, absl::string_view bytes) {
     case fuzz::kStoreWait:
       return Unary<v1::StoreWaitRequest, v1::StoreWaitResponse>(h, bytes, &S::StoreWait);
     case fuzz::kStoreCompareSet:
-      return Unary(h, bytes, &S::StoreCompareSet);
+      return Unary<v1::StoreCompareSetRequest, v1::StoreCompareSetResponse>(h, bytes,
+                                                                          &S::StoreCompareSet);
     case fuzz::kStoreDelete:
       return Unary(h, bytes, &S::StoreDelete);
     case fuzz::kStoreCheck:

@@ -240,9 +240,10 @@ class ServerFixture {
   std::unique_ptr<Client> flood_;
 };
 
-// The KV store: 32 waits and 8 checks of 65,536 keys, 8 callers setting
-// 4 MiB values, at once: the KV bounds, the requests in flight, and the
-// messages gRPC receives whole before a handler runs.
+// The KV store: 32 waits and 4 checks of 65,536 keys, 8 callers setting
+// 4 MiB values, 4 compare-and-setting 4 MiB values (with gets held, adds,
+// deletes and counts), at once: the KV bounds, the requests in flight, and
+// the messages gRPC receives whole before a handler runs.
 TEST(ServerLedgerTest, KvStore) {
   ServerFixture server;
   ASSERT_TRUE(server.ok());
@@ -270,9 +271,44 @@ TEST(ServerLedgerTest, KvStore) {
         set.set_value(value);
         v1::StoreSetResponse r;
         s = stub->StoreSet(&context, set, &r);
-      } else {
+      } else if (c < 12) {
         v1::StoreCheckResponse r;
         s = stub->StoreCheck(&context, check, &r);
+      } else {
+        // A 4 MiB compare-and-set, then the small calls: a get held until
+        // its timeout, an add, a delete, a count.
+        v1::StoreCompareSetRequest cas;
+        *cas.mutable_member() = member;
+        cas.set_key(absl::StrCat("cas-", c, "-", i));
+        cas.set_desired(value);
+        v1::StoreCompareSetResponse r;
+        s = stub->StoreCompareSet(&context, cas, &r);
+        grpc::ClientContext get_context, add_context, delete_context, count_context;
+        for (grpc::ClientContext* small :
+             {&get_context, &add_context, &delete_context, &count_context}) {
+          Deadline(small, absl::Seconds(60));
+        }
+        v1::StoreGetRequest get;
+        *get.mutable_member() = member;
+        get.set_key(std::string(1024, 'g'));
+        get.set_timeout_ms(500);
+        v1::StoreGetResponse got;
+        (void)stub->StoreGet(&get_context, get, &got);
+        v1::StoreAddRequest add;
+        *add.mutable_member() = member;
+        add.set_key("counter");
+        add.set_delta(1);
+        v1::StoreAddResponse added;
+        EXPECT_TRUE(stub->StoreAdd(&add_context, add, &added).ok());
+        v1::StoreDeleteRequest del;
+        *del.mutable_member() = member;
+        del.set_key("counter");
+        v1::StoreDeleteResponse deleted;
+        EXPECT_TRUE(stub->StoreDelete(&delete_context, del, &deleted).ok());
+        v1::StoreNumKeysRequest count;
+        *count.mutable_member() = member;
+        v1::StoreNumKeysResponse counted;
+        EXPECT_TRUE(stub->StoreNumKeys(&count_context, count, &counted).ok());
       }
       refused += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     }
@@ -281,9 +317,8 @@ TEST(ServerLedgerTest, KvStore) {
   EXPECT_GT(refused + Count(waits, grpc::StatusCode::RESOURCE_EXHAUSTED), 0)
       << "nothing reached a bound";
   const int64_t received = 32 * static_cast<int64_t>(wait.ByteSizeLong()) +
-                           8 * static_cast<int64_t>(check.ByteSizeLong()) + 8 * 4 * kMiB;
-  meter.Check("shard_server", "StoreWait, StoreCheck, StoreSet",
-              kKvTotal + kServerInFlight + received);
+                           4 * static_cast<int64_t>(check.ByteSizeLong()) + 12 * 4 * kMiB;
+  meter.Check("shard_server", "the KV store's calls", kKvTotal + kServerInFlight + received);
 }
 
 // Joins held for a job that never forms, 452 beyond --max_pending_joins:
@@ -303,10 +338,10 @@ TEST(ServerLedgerTest, HeldJoins) {
 }
 
 // Every job the server may hold, each member beating its largest beats (a
-// new record each) 40 times, and 8 callers reading every job's status 10
-// times. A job keeps its member's telemetry (<= 1 KiB), its last 32
-// records (<= 256 B each) and its rows: 64 KiB a job covers them; a status
-// answer in flight, 16 KiB a job.
+// new record each) 40 times, and 8 callers reading every job's status and
+// a job's history 10 times. A job keeps its member's telemetry (<= 1 KiB),
+// its last 32 records (<= 256 B each), its history and its rows: 64 KiB a
+// job covers them; a status answer in flight, 16 KiB a job.
 TEST(ServerLedgerTest, JobsBeatsAndStatus) {
   ServerFixture server;
   ASSERT_TRUE(server.ok());
@@ -338,10 +373,17 @@ TEST(ServerLedgerTest, JobsBeatsAndStatus) {
       v1::GetStatusRequest request;
       v1::GetStatusResponse status;
       ASSERT_TRUE(stub->GetStatus(&context, request, &status).ok());
+      grpc::ClientContext history_context;
+      Deadline(&history_context, absl::Seconds(60));
+      v1::GetHistoryRequest history;
+      history.set_job_id(absl::StrCat("job-", (c + i * 8) % kMaxJobs));
+      history.set_rank(-1);
+      v1::GetHistoryResponse points;
+      (void)stub->GetHistory(&history_context, history, &points);
     }
   });
   EXPECT_GE(refused, 1) << "--max_jobs was never reached";
-  meter.Check("shard_server", "Join, Heartbeat (largest beats), GetStatus",
+  meter.Check("shard_server", "Join, Heartbeat (largest beats), GetStatus, GetHistory",
               kMaxJobs * 64 * 1024 + 8 * kMaxJobs * 16 * 1024);
 }
 
