@@ -85,9 +85,7 @@ class HostAgent::Impl final : public RankService {
     }
     grpc::ServerBuilder builder;
     int port = 0;
-    if (!options_.listen.empty()) {
-      builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
-    }
+    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(this);
     builder.SetMaxReceiveMessageSize(64 << 20);
     server_ = builder.BuildAndStart();
@@ -126,9 +124,6 @@ class HostAgent::Impl final : public RankService {
   }
 
   const std::string& address() const { return address_; }
-  std::shared_ptr<grpc::Channel> InProcessChannel() {
-    return server_->InProcessChannel(grpc::ChannelArguments());
-  }
 
   // The upstream of the ranks presenting `authorization`, held until
   // Release; RESOURCE_EXHAUSTED when kMaxTokens others are held.
@@ -549,8 +544,6 @@ HostAgent::HostAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HostAgent::~HostAgent() = default;
 
 const std::string& HostAgent::address() const { return impl_->address(); }
-
-std::shared_ptr<grpc::Channel> HostAgent::InProcessChannel() { return impl_->InProcessChannel(); }
 
 HostAgent::StoreWaitCounts HostAgent::StoreWaits() { return impl_->StoreWaits(); }
 

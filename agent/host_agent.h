@@ -45,7 +45,7 @@ struct HostAgentOptions {
   // connecting to `server` (fuzzers and tests: a server in the process).
   std::shared_ptr<grpc::Channel> server_channel;
   // Where the ranks reach the agent: "unix:PATH" or "127.0.0.1:PORT"
-  // (port 0 picks one); empty: only InProcessChannel().
+  // (port 0 picks one).
   std::string listen;
   // "<hostname> <boot id>" (common/local_address.h HostIdentity); sent to
   // the server with every request, for its log.
@@ -79,8 +79,6 @@ class HostAgent {
 
   // The address ranks reach it at (the bound port for "HOST:0").
   const std::string& address() const;
-  // A channel to the ranks' service within the process (fuzzers).
-  std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // The bootstrap fan-out (agent/store_wait_fan_out.h), for tests: the
   // ranks' StoreWaits held now, and the StoreWaits sent to the server.
