@@ -15,15 +15,16 @@ using google::protobuf::internal::WireFormatLite;
 
 // A std::string of `size` characters as the heap holds it (libstdc++: 15
 // inline; a longer one's block of size + 1, which malloc rounds up to 16
-// with an 8-byte header, 32 at least), and its pointer in a repeated field.
+// with an 8-byte header, 32 at least), and its pointer in a repeated field,
+// whose array grows by doubling: up to two pointers' room a string.
 size_t ParsedStringBytes(uint32_t size) {
-  constexpr size_t kSlot = sizeof(void*);
+  constexpr size_t kSlot = 2 * sizeof(void*);
   if (size <= 15) return kSlot + sizeof(std::string);
   return kSlot + sizeof(std::string) + std::max<size_t>(32, (size + 1 + 8 + 15) / 16 * 16);
 }
 
-// The message object itself and its repeated fields' growth (capacity up to
-// twice the size): a fixed allowance beyond the fields' own bytes.
+// The message object itself and its small fields: a fixed allowance beyond
+// the fields' own bytes.
 constexpr size_t kMessageBytes = 1024;
 
 }  // namespace

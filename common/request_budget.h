@@ -50,7 +50,8 @@ class RequestBudget {
 
   // An upper bound on the message parsed from `wire`: each length-delimited
   // field (a string, bytes or a small message) counted as a std::string
-  // with its heap block and its slot in a repeated field, each other field
+  // with its heap block and two slots in a repeated field (whose array
+  // grows by doubling), each other field
   // as 8 bytes; exact for messages of strings and scalars (KV requests),
   // whose repeated strings are what a large request is made of.
   // INVALID_ARGUMENT when the bytes are not a protobuf message's. A request
