@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -88,6 +89,13 @@ struct Harness {
   std::vector<OpenStream> streams;
 };
 
+// The agent's socket directory, removed at exit.
+std::string* g_dir = nullptr;
+void RemoveDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(*g_dir, ignored);
+}
+
 Harness& TheHarness() {
   static Harness* h = [] {
     auto* harness = new Harness;
@@ -111,6 +119,8 @@ Harness& TheHarness() {
     // refused beats), which a socket does not.
     char dir[] = "/tmp/agent_fuzzer.XXXXXX";
     if (mkdtemp(dir) == nullptr) std::abort();
+    g_dir = new std::string(dir);
+    std::atexit(RemoveDir);
     agent.listen = std::string("unix:") + dir + "/agent.sock";
     absl::StatusOr<std::unique_ptr<HostAgent>> started = HostAgent::Start(agent);
     if (!started.ok()) {
