@@ -14,7 +14,10 @@
 #include "agent/store_wait_fan_out.h"
 #include "agent/upstream.h"
 #include "agent/verified_credentials.h"
+#include "common/request_budget.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "proto/zeroshard.grpc.pb.h"
 
 namespace zeroshard {
@@ -28,15 +31,41 @@ std::string AuthorizationOf(grpc::CallbackServerContext* context) {
   return std::string(it->second.data(), it->second.size());
 }
 
+// A beat or join larger than this is refused at once: the server keeps at
+// most 1 KiB of a member's telemetry and 256 bytes of a record, and takes
+// ids of at most a few hundred bytes, so no legal one comes near it.
+constexpr size_t kMaxForwardedBytes = 16 << 10;
+// What a unary call held at the agent costs beyond its request (gRPC's
+// server call, its arena and HTTP/2 stream, the reactor; a join's share of
+// its batch's HostJoin call), counted with it: ledger_test measured ~30 KiB
+// a held join, copies included.
+constexpr size_t kCallBytes = 32 << 10;
+
+absl::Status TooLarge(absl::string_view what, size_t bytes) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a ", what, " of ", bytes, " bytes; the node agent forwards at most ", kMaxForwardedBytes,
+      " (the server would refuse it: its fields are bounded far below)"));
+}
+
 using agent_internal::JoinBatch;
 using agent_internal::Refusal;
 using agent_internal::Upstream;
 
 }  // namespace
 
-class HostAgent::Impl final : public v1::Coordinator::CallbackService {
+// The ranks' side: Heartbeat and Join on the callback API, StoreWait taken
+// as bytes, counted before it is parsed (a wait may name 131,072 keys:
+// parsed first, a burst of them held the agent's memory uncounted).
+using RankService =
+    v1::Coordinator::WithCallbackMethod_Heartbeat<v1::Coordinator::WithCallbackMethod_Join<
+        v1::Coordinator::WithRawCallbackMethod_StoreWait<v1::Coordinator::Service>>>;
+
+class HostAgent::Impl final : public RankService {
  public:
-  explicit Impl(HostAgentOptions options) : options_(std::move(options)) {}
+  explicit Impl(HostAgentOptions options)
+      : options_(std::move(options)),
+        budget_(options_.max_request_bytes_in_flight,
+                "the node agent's --max_request_bytes_in_flight") {}
 
   absl::Status Start() {
     // sockaddr_un holds 108 bytes with the terminating NUL; gRPC's own error
@@ -47,9 +76,13 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
           "--listen=", options_.listen, ": a unix socket path has at most ", kMaxUnixPath,
           " characters, this one ", options_.listen.size() - 5, "; choose a shorter path"));
     }
-    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options_.server);
-    if (!client.ok()) return client.status();
-    client_ = *std::move(client);
+    channel_ = options_.server_channel;
+    if (channel_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options_.server);
+      if (!client.ok()) return client.status();
+      client_ = *std::move(client);
+      channel_ = client_->channel();
+    }
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
@@ -97,7 +130,7 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
   absl::StatusOr<Upstream*> AcquireUpstream(const std::string& authorization) {
     absl::MutexLock lock(&mu_);
     return Acquire(&upstreams_, authorization, [&] {
-      return std::make_unique<Upstream>(client_->channel(), authorization, options_.node,
+      return std::make_unique<Upstream>(channel_, authorization, options_.node,
                                         options_.batch_window, options_.join_window, &verified_);
     });
   }
@@ -109,12 +142,24 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
 
   uint64_t NewLocalStream() { return next_local_.fetch_add(1, std::memory_order_relaxed); }
 
+  RequestBudget& budget() { return budget_; }
+
+  // A rank stream's place (--max_rank_streams): OK, or RESOURCE_EXHAUSTED.
+  absl::Status TakeRankStream() {
+    if (rank_streams_.fetch_add(1) < options_.max_rank_streams) return absl::OkStatus();
+    rank_streams_.fetch_sub(1);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the node agent has ", options_.max_rank_streams,
+                     " heartbeat streams open, the most it may (its --max_rank_streams)"));
+  }
+  void ReleaseRankStream() { rank_streams_.fetch_sub(1); }
+
   // The bootstrap fan-out of the ranks presenting `authorization`, held
   // until Release.
   absl::StatusOr<StoreWaitFanOut*> AcquireFanOut(const std::string& authorization) {
     absl::MutexLock lock(&mu_);
     return Acquire(&fan_outs_, authorization, [&] {
-      return std::make_unique<StoreWaitFanOut>(client_->channel(), authorization, &verified_);
+      return std::make_unique<StoreWaitFanOut>(channel_, authorization, &verified_);
     });
   }
   void Release(StoreWaitFanOut* fan_out) {
@@ -142,15 +187,18 @@ class HostAgent::Impl final : public v1::Coordinator::CallbackService {
                                  const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
   grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
-                                      const v1::StoreWaitRequest* request,
-                                      v1::StoreWaitResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
  private:
   const HostAgentOptions options_;
-  std::unique_ptr<Client> client_;  // its channel to the server
+  std::unique_ptr<Client> client_;          // null with options_.server_channel
+  std::shared_ptr<grpc::Channel> channel_;  // to the server
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::atomic<uint64_t> next_local_{1};
+  std::atomic<int> rank_streams_{0};  // open now (--max_rank_streams)
+  RequestBudget budget_;              // what the ranks' requests hold
   // The credentials the server accepted (verified_credentials.h): what is
   // shared is shared among these only. 64K: every rank of a large host's
   // jobs over many re-joins.
@@ -245,13 +293,25 @@ class RankHeartbeat : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::H
     StartRead(&request_);
   }
   ~RankHeartbeat() override {
-    if (upstream_ != nullptr) agent_->Release(upstream_);
+    if (upstream_ == nullptr) return;
+    agent_->Release(upstream_);
+    agent_->ReleaseRankStream();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the rank closed its stream, or its process is gone: say so now
       if (beaten_) upstream_->Closed(local_, member_);
       Finish(grpc::Status::OK);
+      return;
+    }
+    // Held until its answer: the parsed beat, the queue's copy and the
+    // request it goes upstream in.
+    absl::Status held = request_.ByteSizeLong() > kMaxForwardedBytes
+                            ? TooLarge("beat", request_.ByteSizeLong())
+                            : Hold(3 * request_.SpaceUsedLong());
+    if (!held.ok()) {
+      if (beaten_) upstream_->Closed(local_, member_);
+      Finish(grpc::Status(static_cast<grpc::StatusCode>(held.code()), std::string(held.message())));
       return;
     }
     member_ = request_.member();
@@ -271,7 +331,16 @@ class RankHeartbeat : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::H
   void OnDone() override { delete this; }
 
  private:
+  absl::Status Hold(size_t bytes) {
+    absl::StatusOr<std::unique_ptr<RequestBudget::Hold>> hold =
+        agent_->budget().Take(bytes, "heartbeat");
+    if (!hold.ok()) return hold.status();
+    hold_ = *std::move(hold);
+    return absl::OkStatus();
+  }
+
   void Answer(const v1::RankAnswer& answer) {
+    hold_.reset();
     if (answer.error_code() != 0) {  // fenced, refused: the rank hears it as from the server
       Finish(
           grpc::Status(static_cast<grpc::StatusCode>(answer.error_code()), answer.error_message()));
@@ -285,7 +354,8 @@ class RankHeartbeat : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::H
   Upstream* const upstream_;
   const uint64_t local_;
   bool beaten_ = false;
-  v1::MemberCredentials member_;  // of the latest beat
+  v1::MemberCredentials member_;               // of the latest beat
+  std::unique_ptr<RequestBudget::Hold> hold_;  // the beat in flight's
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
 };
@@ -329,6 +399,8 @@ class RankStoreWait : public grpc::ServerUnaryReactor {
   RankStoreWait(HostAgent::Impl* agent, StoreWaitFanOut* fan_out)
       : agent_(agent), fan_out_(fan_out) {}
   ~RankStoreWait() override { agent_->Release(fan_out_); }
+  // Released with the call: what its request holds (request_budget.h).
+  void Keep(std::unique_ptr<RequestBudget::Hold> hold) { hold_ = std::move(hold); }
   void Start(const v1::StoreWaitRequest& request) {
     StoreWaitFanOut* const fan_out = fan_out_;
     const uint64_t id =
@@ -370,6 +442,7 @@ class RankStoreWait : public grpc::ServerUnaryReactor {
  private:
   HostAgent::Impl* const agent_;
   StoreWaitFanOut* const fan_out_;
+  std::unique_ptr<RequestBudget::Hold> hold_;
   absl::Mutex mu_;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
   bool starting_ ABSL_GUARDED_BY(mu_) = true;  // Start has not returned from Wait
@@ -390,23 +463,55 @@ class Refused : public grpc::ServerUnaryReactor {
 };
 
 grpc::ServerUnaryReactor* HostAgent::Impl::StoreWait(grpc::CallbackServerContext* context,
-                                                     const v1::StoreWaitRequest* request,
-                                                     v1::StoreWaitResponse* /*response*/) {
+                                                     const grpc::ByteBuffer* wire,
+                                                     grpc::ByteBuffer* response) {
+  // Its bytes, the parsed request and the fan-out's copy of it, and the
+  // call, before it is parsed.
+  absl::StatusOr<size_t> parsed = RequestBudget::ParsedBytes(*wire);
+  if (!parsed.ok()) return new Refused(parsed.status());
+  absl::StatusOr<std::unique_ptr<RequestBudget::Hold>> hold =
+      budget_.Take(wire->Length() + 2 * *parsed + kCallBytes, "StoreWait");
+  if (!hold.ok()) return new Refused(hold.status());
+  v1::StoreWaitRequest request;
+  grpc::ByteBuffer shared(*wire);  // the same slices; parsing consumes this reference
+  grpc::ProtoBufferReader reader(&shared);
+  if (!request.ParseFromZeroCopyStream(&reader)) {
+    return new Refused(absl::InvalidArgumentError("the StoreWait request could not be parsed"));
+  }
+  // The answer is empty: written before the call can finish.
+  bool own = false;
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::StoreWaitResponse>(v1::StoreWaitResponse(),
+                                                                         response, &own);
   absl::StatusOr<StoreWaitFanOut*> fan_out = AcquireFanOut(AuthorizationOf(context));
   if (!fan_out.ok()) return new Refused(fan_out.status());
   auto* call = new RankStoreWait(this, *fan_out);
-  call->Start(*request);  // `call` may be finished and gone by now: only its pointer is returned
+  call->Keep(*std::move(hold));
+  call->Start(request);  // `call` may be finished and gone by now: only its pointer is returned
   return call;
 }
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* HostAgent::Impl::Heartbeat(
     grpc::CallbackServerContext* context) {
-  return new RankHeartbeat(this, AcquireUpstream(AuthorizationOf(context)), NewLocalStream());
+  if (absl::Status place = TakeRankStream(); !place.ok()) {
+    return new RankHeartbeat(this, place, 0);
+  }
+  absl::StatusOr<Upstream*> upstream = AcquireUpstream(AuthorizationOf(context));
+  if (!upstream.ok()) ReleaseRankStream();
+  return new RankHeartbeat(this, upstream, NewLocalStream());
 }
 
 grpc::ServerUnaryReactor* HostAgent::Impl::Join(grpc::CallbackServerContext* context,
                                                 const v1::JoinRequest* request,
                                                 v1::JoinResponse* response) {
+  if (request->ByteSizeLong() > kMaxForwardedBytes) {
+    return new Refused(TooLarge("join", request->ByteSizeLong()));
+  }
+  // The parsed join, the batch's copy and the request it goes upstream in,
+  // that request's bytes and gRPC's copy of them, and the call: held until
+  // it is answered.
+  absl::StatusOr<std::unique_ptr<RequestBudget::Hold>> hold =
+      budget_.Take(3 * request->SpaceUsedLong() + 2 * request->ByteSizeLong() + kCallBytes, "Join");
+  if (!hold.ok()) return new Refused(hold.status());
   absl::StatusOr<Upstream*> upstream = AcquireUpstream(AuthorizationOf(context));
   if (!upstream.ok()) return new Refused(upstream.status());
   auto* call = new RankJoin();
@@ -417,9 +522,11 @@ grpc::ServerUnaryReactor* HostAgent::Impl::Join(grpc::CallbackServerContext* con
   // touches them after Join returns. The upstream is held until then.
   (*upstream)->Join(
       *request, deadline,
-      [this, call, response, held = *upstream](const grpc::Status& status,
-                                               const v1::JoinResponse& r) {
+      [this, call, response, held = *upstream,
+       bytes = std::shared_ptr<RequestBudget::Hold>(*std::move(hold))](
+          const grpc::Status& status, const v1::JoinResponse& r) mutable {
         if (status.ok()) *response = r;
+        bytes.reset();
         call->Done(status);
         Release(held);
       },

@@ -19,6 +19,10 @@
 // (verified_credentials.h), and a token the server refuses for the whole
 // stream is answered so at once to every rank that presented it.
 //
+// Every request it holds is counted (a beat or join over 16 KiB, which the
+// server would refuse, is refused here INVALID_ARGUMENT): docs/design.md's
+// ledger.
+//
 // Thread-safe. Threads: gRPC's for the local service; one per upstream stream
 // (its writer) and one reading it; one per join batch in flight; one that
 // stops and frees the upstreams and fan-outs no rank uses any more.
@@ -31,11 +35,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "grpcpp/grpcpp.h"
 
 namespace zeroshard {
 
 struct HostAgentOptions {
   ClientOptions server;  // how to reach the server (address, TLS; the token is unused)
+  // Set: the agent reaches the server on this channel instead of
+  // connecting to `server` (fuzzers and tests: a server in the process).
+  std::shared_ptr<grpc::Channel> server_channel;
   // Where the ranks reach the agent: "unix:PATH" or "127.0.0.1:PORT"
   // (port 0 picks one).
   std::string listen;
@@ -48,6 +56,15 @@ struct HostAgentOptions {
   // Joins likewise: the ranks of a host join within a few milliseconds of
   // each other at start and after a failure.
   absl::Duration join_window = absl::Milliseconds(50);
+  // What the ranks' calls may make the agent hold (#44's ledger): their
+  // requests as parsed and as forwarded (beats queued or in flight, joins
+  // in batches, waits held) and 32 KiB of gRPC state per unary call, at once;
+  // beyond, a call or beat is refused RESOURCE_EXHAUSTED
+  // (--max_request_bytes_in_flight).
+  size_t max_request_bytes_in_flight = size_t{256} << 20;
+  // Rank heartbeat streams open at once (--max_rank_streams); beyond,
+  // refused RESOURCE_EXHAUSTED. A host has a few ranks a job.
+  int max_rank_streams = 4096;
 };
 
 class HostAgent {

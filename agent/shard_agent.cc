@@ -26,6 +26,12 @@ ABSL_FLAG(int, batch_window_ms, 20,
           "Beats of the host's ranks that arrive within this many ms go to the server in one "
           "message (a failed collective's beat and a rank's death go at once)");
 
+ABSL_FLAG(int64_t, max_request_bytes_in_flight, int64_t{256} << 20,
+          "Bytes the ranks' requests may make the agent hold at once (beats in flight, joins in "
+          "batches, waits held, as parsed and as forwarded); beyond, refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_rank_streams, 4096,
+          "Rank heartbeat streams open at once; beyond, refused RESOURCE_EXHAUSTED");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "The node agent: one per host, between the host's ranks (shard_worker --agent) and the "
@@ -53,6 +59,15 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.node = zeroshard::HostIdentity();
   options.batch_window = absl::Milliseconds(absl::GetFlag(FLAGS_batch_window_ms));
+  if (absl::GetFlag(FLAGS_max_request_bytes_in_flight) < 1 ||
+      absl::GetFlag(FLAGS_max_rank_streams) < 1) {
+    std::fprintf(
+        stderr, "shard_agent: --max_request_bytes_in_flight and --max_rank_streams must be >= 1\n");
+    return 2;
+  }
+  options.max_request_bytes_in_flight =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_request_bytes_in_flight));
+  options.max_rank_streams = absl::GetFlag(FLAGS_max_rank_streams);
   absl::StatusOr<std::unique_ptr<zeroshard::HostAgent>> agent =
       zeroshard::HostAgent::Start(options);
   if (!agent.ok()) {

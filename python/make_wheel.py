@@ -15,7 +15,7 @@ import sys
 import zipfile
 
 ENTRY_POINTS = """[torchrun.handlers]
-zeroshard = zeroshard.torchrun:handler_factory
+zeroshard = zeroshard.torchrun_entry:handler_factory
 """
 
 

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "shard_server/bearer_auth.h"
 #include "shard_server/grpc_status.h"
 #include "shard_server/observability/rank_views.h"
@@ -50,8 +52,13 @@ class HeldCall : public grpc::ServerUnaryReactor {
   }
   void OnDone() override { delete this; }
 
+  // Released when the call is done: the request it was parsed from and the
+  // request budget's hold on it. Set before Hold.
+  void Keep(std::shared_ptr<void> keep) { keep_ = std::move(keep); }
+
  private:
   std::function<void(uint64_t)> cancel_;
+  std::shared_ptr<void> keep_;
   std::atomic<bool> finished_{false};
   absl::Mutex mu_;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -207,17 +214,24 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* context,
                                                         const v1::StoreWaitRequest* request,
                                                         v1::StoreWaitResponse* /*response*/) {
-  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
+  return ServeStoreWait(context, *request, nullptr);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ServeStoreWait(grpc::CallbackServerContext* context,
+                                                             const v1::StoreWaitRequest& request,
+                                                             std::shared_ptr<void> keep) {
+  if (grpc::Status s = AdmitMember(context, request.member()); !s.ok()) {
     return FinishNow(context, s);
   }
-  if (grpc::Status s = CheckTimeout(request->timeout_ms()); !s.ok()) return FinishNow(context, s);
-  const v1::MemberCredentials& m = request->member();
+  if (grpc::Status s = CheckTimeout(request.timeout_ms()); !s.ok()) return FinishNow(context, s);
+  const v1::MemberCredentials& m = request.member();
   auto* call = new HeldCall([this](uint64_t id) { kv_->Cancel(id); });
-  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  call->Keep(std::move(keep));
+  std::vector<std::string> keys(request.keys().begin(), request.keys().end());
   uint64_t id = kv_->Wait(
-      m.job_id(), m.generation(), std::move(keys), Deadline(context, request->timeout_ms()),
+      m.job_id(), m.generation(), std::move(keys), Deadline(context, request.timeout_ms()),
       [call](absl::Status status) { call->Complete(ToGrpcStatus(status)); },
-      HeldCallBytes(*request));
+      HeldCallBytes(request));
   call->Hold(id);
   return call;
 }
@@ -225,14 +239,18 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::StoreCompareSet(
     grpc::CallbackServerContext* context, const v1::StoreCompareSetRequest* request,
     v1::StoreCompareSetResponse* response) {
-  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
-    return FinishNow(context, s);
-  }
-  const v1::MemberCredentials& m = request->member();
-  absl::StatusOr<std::string> value = kv_->CompareSet(m.job_id(), m.generation(), request->key(),
-                                                      request->expected(), request->desired());
+  return FinishNow(context, CompareAndSet(context, *request, response));
+}
+
+grpc::Status CoordinatorService::CompareAndSet(grpc::CallbackServerContext* context,
+                                               const v1::StoreCompareSetRequest& request,
+                                               v1::StoreCompareSetResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request.member()); !s.ok()) return s;
+  const v1::MemberCredentials& m = request.member();
+  absl::StatusOr<std::string> value = kv_->CompareSet(m.job_id(), m.generation(), request.key(),
+                                                      request.expected(), request.desired());
   if (value.ok()) response->set_value(std::move(*value));
-  return FinishNow(context, ToGrpcStatus(StillLeading(value.status())));
+  return ToGrpcStatus(StillLeading(value.status()));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* context,
@@ -250,14 +268,114 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* context,
                                                          const v1::StoreCheckRequest* request,
                                                          v1::StoreCheckResponse* response) {
-  if (grpc::Status s = AdmitMember(context, request->member()); !s.ok()) {
-    return FinishNow(context, s);
-  }
-  const v1::MemberCredentials& m = request->member();
-  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  return FinishNow(context, CheckKeys(context, *request, response));
+}
+
+grpc::Status CoordinatorService::CheckKeys(grpc::CallbackServerContext* context,
+                                           const v1::StoreCheckRequest& request,
+                                           v1::StoreCheckResponse* response) {
+  if (grpc::Status s = AdmitMember(context, request.member()); !s.ok()) return s;
+  const v1::MemberCredentials& m = request.member();
+  std::vector<std::string> keys(request.keys().begin(), request.keys().end());
   absl::StatusOr<bool> all = kv_->Check(m.job_id(), m.generation(), keys);
   if (all.ok()) response->set_all_exist(*all);
-  return FinishNow(context, ToGrpcStatus(all.status()));
+  return ToGrpcStatus(all.status());
+}
+
+grpc::Status CoordinatorService::TakeAndParse(const grpc::ByteBuffer& wire,
+                                              absl::string_view method,
+                                              google::protobuf::Message* request,
+                                              std::unique_ptr<RequestBudget::Hold>* hold) {
+  if (budget_ != nullptr) {
+    absl::StatusOr<size_t> parsed = RequestBudget::ParsedBytes(wire);
+    if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+    // The bytes, the parsed request and the copy the handler hands the KV
+    // store (a wait's or check's keys, a set's value).
+    absl::StatusOr<std::unique_ptr<RequestBudget::Hold>> taken =
+        budget_->Take(wire.Length() + 2 * *parsed, method);
+    if (!taken.ok()) return ToGrpcStatus(taken.status());
+    *hold = *std::move(taken);
+  }
+  grpc::ByteBuffer shared(wire);  // the same slices; parsing consumes this reference
+  grpc::ProtoBufferReader reader(&shared);
+  if (!request->ParseFromZeroCopyStream(&reader)) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("the ", method, " request could not be parsed"));
+  }
+  return grpc::Status::OK;
+}
+
+namespace {
+
+// `message` serialized into a raw call's response.
+void Serialize(const google::protobuf::Message& message, grpc::ByteBuffer* response) {
+  bool own = false;
+  grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(message, response,
+                                                                             &own);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* wire,
+                                                       grpc::ByteBuffer* response) {
+  v1::StoreSetRequest request;
+  std::unique_ptr<RequestBudget::Hold> hold;
+  if (grpc::Status s = TakeAndParse(*wire, "StoreSet", &request, &hold); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  // Answered before this returns: the request and the hold may go then.
+  Serialize(v1::StoreSetResponse(), response);
+  v1::StoreSetResponse ignored;
+  return StoreSet(context, &request, &ignored);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreWait(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* wire,
+                                                        grpc::ByteBuffer* response) {
+  auto request = std::make_shared<v1::StoreWaitRequest>();
+  std::unique_ptr<RequestBudget::Hold> hold;
+  if (grpc::Status s = TakeAndParse(*wire, "StoreWait", request.get(), &hold); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  Serialize(v1::StoreWaitResponse(), response);
+  // Held with the call: a held wait keeps its request (the KV store counts
+  // it too) and its place in the budget.
+  std::shared_ptr<RequestBudget::Hold> held = std::move(hold);
+  const v1::StoreWaitRequest& parsed = *request;
+  return ServeStoreWait(
+      context, parsed,
+      std::make_shared<
+          std::pair<std::shared_ptr<v1::StoreWaitRequest>, std::shared_ptr<RequestBudget::Hold>>>(
+          std::move(request), std::move(held)));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreCompareSet(grpc::CallbackServerContext* context,
+                                                              const grpc::ByteBuffer* wire,
+                                                              grpc::ByteBuffer* response) {
+  v1::StoreCompareSetRequest request;
+  std::unique_ptr<RequestBudget::Hold> hold;
+  if (grpc::Status s = TakeAndParse(*wire, "StoreCompareSet", &request, &hold); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  v1::StoreCompareSetResponse answer;
+  grpc::Status status = CompareAndSet(context, request, &answer);
+  if (status.ok()) Serialize(answer, response);
+  return FinishNow(context, status);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreCheck(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* wire,
+                                                         grpc::ByteBuffer* response) {
+  v1::StoreCheckRequest request;
+  std::unique_ptr<RequestBudget::Hold> hold;
+  if (grpc::Status s = TakeAndParse(*wire, "StoreCheck", &request, &hold); !s.ok()) {
+    return FinishNow(context, s);
+  }
+  v1::StoreCheckResponse answer;
+  grpc::Status status = CheckKeys(context, request, &answer);
+  if (status.ok()) Serialize(answer, response);
+  return FinishNow(context, status);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreNumKeys(grpc::CallbackServerContext* context,

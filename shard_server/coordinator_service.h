@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "common/request_budget.h"
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/clock.h"
@@ -53,15 +54,37 @@ class CoordinatorService final : public HeartbeatAsyncService {
   // (null: any). Not owned; call before serving.
   void SetWorkerIdBinding(const WorkerIdBinding* binding) { worker_ids_ = binding; }
 
+  // What large requests in flight may hold (request_budget.h); null: not
+  // counted. Not owned; call before serving.
+  void SetRequestBudget(RequestBudget* budget) { budget_ = budget; }
+
+  // StoreSet, StoreWait, StoreCheck and StoreCompareSet as gRPC serves
+  // them: the request's bytes are held in the request budget (refused
+  // RESOURCE_EXHAUSTED beyond it) before they are parsed, until the call
+  // ends (#44 finding 7).
+  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* StoreCheck(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* StoreCompareSet(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
+
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override;
+  // The same on parsed requests (the fuzzers call these).
   grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
                                      const v1::StoreSetRequest* request,
-                                     v1::StoreSetResponse* response) override;
+                                     v1::StoreSetResponse* response);
   grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
                                      const v1::StoreGetRequest* request,
                                      v1::StoreGetResponse* response) override;
@@ -70,16 +93,16 @@ class CoordinatorService final : public HeartbeatAsyncService {
                                      v1::StoreAddResponse* response) override;
   grpc::ServerUnaryReactor* StoreWait(grpc::CallbackServerContext* context,
                                       const v1::StoreWaitRequest* request,
-                                      v1::StoreWaitResponse* response) override;
+                                      v1::StoreWaitResponse* response);
   grpc::ServerUnaryReactor* StoreCompareSet(grpc::CallbackServerContext* context,
                                             const v1::StoreCompareSetRequest* request,
-                                            v1::StoreCompareSetResponse* response) override;
+                                            v1::StoreCompareSetResponse* response);
   grpc::ServerUnaryReactor* StoreDelete(grpc::CallbackServerContext* context,
                                         const v1::StoreDeleteRequest* request,
                                         v1::StoreDeleteResponse* response) override;
   grpc::ServerUnaryReactor* StoreCheck(grpc::CallbackServerContext* context,
                                        const v1::StoreCheckRequest* request,
-                                       v1::StoreCheckResponse* response) override;
+                                       v1::StoreCheckResponse* response);
   grpc::ServerUnaryReactor* StoreNumKeys(grpc::CallbackServerContext* context,
                                          const v1::StoreNumKeysRequest* request,
                                          v1::StoreNumKeysResponse* response) override;
@@ -121,6 +144,24 @@ class CoordinatorService final : public HeartbeatAsyncService {
 
  private:
   absl::Time Deadline(grpc::CallbackServerContext* context, int64_t timeout_ms) const;
+  // StoreWait on `request`; `keep` (may be null) is released when the call
+  // ends: what the request's memory and budget hold belong to.
+  grpc::ServerUnaryReactor* ServeStoreWait(grpc::CallbackServerContext* context,
+                                           const v1::StoreWaitRequest& request,
+                                           std::shared_ptr<void> keep);
+  // StoreCompareSet's answer in `response`.
+  grpc::Status CompareAndSet(grpc::CallbackServerContext* context,
+                             const v1::StoreCompareSetRequest& request,
+                             v1::StoreCompareSetResponse* response);
+  // StoreCheck's answer in `response`.
+  grpc::Status CheckKeys(grpc::CallbackServerContext* context, const v1::StoreCheckRequest& request,
+                         v1::StoreCheckResponse* response);
+  // Holds the raw `wire` (its bytes, the parsed request and the handler's
+  // copy of its keys or value) in the budget and parses it into `request`;
+  // the hold in `*hold`.
+  grpc::Status TakeAndParse(const grpc::ByteBuffer& wire, absl::string_view method,
+                            google::protobuf::Message* request,
+                            std::unique_ptr<RequestBudget::Hold>* hold);
 
   Clock* const clock_;
   Membership* const membership_;
@@ -134,8 +175,9 @@ class CoordinatorService final : public HeartbeatAsyncService {
   // `done` of a KV write, unless this server no longer leads (SetLeadershipCheck).
   absl::Status StillLeading(absl::Status done) const;
   const WorkerIdBinding* worker_ids_ = nullptr;  // null: any worker id
-  const TelemetryAnalyzer* const diagnosis_;  // may be null: GetStatus without diagnoses
-  HistoryStore* const history_;               // may be null: GetHistory finds nothing
+  RequestBudget* budget_ = nullptr;              // null: large requests not counted
+  const TelemetryAnalyzer* const diagnosis_;     // may be null: GetStatus without diagnoses
+  HistoryStore* const history_;                  // may be null: GetHistory finds nothing
 };
 
 }  // namespace zeroshard

@@ -19,16 +19,18 @@
 namespace zeroshard {
 
 // The Coordinator service type whose Heartbeat is async and every other
-// method callback. The async marking must come first (innermost): gRPC 1.51
+// method callback; StoreSet, StoreWait, StoreCheck and StoreCompareSet,
+// whose requests may be megabytes, take their requests as bytes, counted
+// before they are parsed (common/request_budget.h). The async marking must come first (innermost): gRPC 1.51
 // drops the handler only when a sync method turns async, so
 // WithAsyncMethod_Heartbeat<CallbackService> would keep the callback handler
 // and never serve the async requests.
 namespace heartbeat_internal {
 using C = v1::Coordinator;
 using Service = C::WithCallbackMethod_Join<C::WithCallbackMethod_Leave<
-    C::WithCallbackMethod_StoreSet<C::WithCallbackMethod_StoreGet<C::WithCallbackMethod_StoreAdd<
-        C::WithCallbackMethod_StoreWait<C::WithCallbackMethod_StoreCompareSet<
-            C::WithCallbackMethod_StoreDelete<C::WithCallbackMethod_StoreCheck<
+    C::WithRawCallbackMethod_StoreSet<C::WithCallbackMethod_StoreGet<C::WithCallbackMethod_StoreAdd<
+        C::WithRawCallbackMethod_StoreWait<C::WithRawCallbackMethod_StoreCompareSet<
+            C::WithCallbackMethod_StoreDelete<C::WithRawCallbackMethod_StoreCheck<
                 C::WithCallbackMethod_StoreNumKeys<C::WithCallbackMethod_GetStatus<
                     C::WithCallbackMethod_PlanShards<C::WithCallbackMethod_CommitShard<
                         C::WithCallbackMethod_UploadShard<C::WithCallbackMethod_ListCheckpoints<

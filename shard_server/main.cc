@@ -92,6 +92,10 @@ ABSL_FLAG(int64_t, kv_max_wait_keys, 131072, "KV store: keys one StoreWait may n
 ABSL_FLAG(int64_t, kv_max_waiters_per_job, 1 << 17, "KV store: gets and waits held for one job");
 ABSL_FLAG(int64_t, kv_max_total_bytes, int64_t{1} << 30,
           "KV store: keys, values and waited-for keys of every job, in bytes");
+ABSL_FLAG(int64_t, max_request_bytes_in_flight, int64_t{256} << 20,
+          "StoreSet, StoreWait, StoreCheck and StoreCompareSet requests being received, parsed or "
+          "held at once, in bytes as received and as parsed; more are refused RESOURCE_EXHAUSTED "
+          "unparsed");
 ABSL_FLAG(int, max_jobs, 10000, "Jobs the server holds at once; more are refused");
 ABSL_FLAG(int, max_pending_joins, 1 << 18, "Joins held at once over every job");
 ABSL_FLAG(absl::Duration, job_ttl, absl::Hours(24),
@@ -223,7 +227,8 @@ absl::Status ReadKvFlags(zeroshard::ShardServerOptions& options) {
       {"kv_max_job_bytes", absl::GetFlag(FLAGS_kv_max_job_bytes)},
       {"kv_max_wait_keys", absl::GetFlag(FLAGS_kv_max_wait_keys)},
       {"kv_max_waiters_per_job", absl::GetFlag(FLAGS_kv_max_waiters_per_job)},
-      {"kv_max_total_bytes", absl::GetFlag(FLAGS_kv_max_total_bytes)}};
+      {"kv_max_total_bytes", absl::GetFlag(FLAGS_kv_max_total_bytes)},
+      {"max_request_bytes_in_flight", absl::GetFlag(FLAGS_max_request_bytes_in_flight)}};
   for (const auto& [flag, value] : kv_bounds) {
     if (value < 1)
       return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, not ", value));
@@ -232,6 +237,8 @@ absl::Status ReadKvFlags(zeroshard::ShardServerOptions& options) {
   options.kv.max_wait_keys = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_wait_keys));
   options.kv.max_waiters_per_job = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_waiters_per_job));
   options.kv.max_total_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_max_total_bytes));
+  options.max_request_bytes_in_flight =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_request_bytes_in_flight));
   return absl::OkStatus();
 }
 

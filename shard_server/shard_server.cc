@@ -211,6 +211,9 @@ void ShardServer::MakeServices() {
       diagnosis_.get(), history_.get());
   if (options_.control_plane) service_->SetControlPlaneSource(options_.control_plane);
   if (options_.leadership_check) service_->SetLeadershipCheck(options_.leadership_check);
+  request_budget_ = std::make_unique<RequestBudget>(
+      options_.max_request_bytes_in_flight, "the server's --max_request_bytes_in_flight");
+  service_->SetRequestBudget(request_budget_.get());
   agent_service_ = std::make_unique<v1::HostAgent::AsyncService>();
 }
 

@@ -52,6 +52,11 @@ struct ShardServerOptions {
   std::function<absl::Status()> leadership_check;
   MembershipOptions membership;
   KvLimits kv;  // bounds of the KV store
+  // Bytes that StoreSet, StoreWait, StoreCheck and StoreCompareSet
+  // requests in flight may hold, as received and as parsed
+  // (request_budget.h); beyond, refused.
+  // At least one request of the largest size gRPC takes (64 MiB) fits.
+  size_t max_request_bytes_in_flight = size_t{256} << 20;
   std::string auth_token;  // the admin token; empty: no authentication
   // Job tokens, <job>.token files (job_credentials.h); empty: none. Needs
   // auth_token.
@@ -147,6 +152,7 @@ class ShardServer {
   std::unique_ptr<StateStore> state_;
   std::unique_ptr<Membership> membership_;
   std::unique_ptr<KvStore> kv_;
+  std::unique_ptr<RequestBudget> request_budget_;
   std::unique_ptr<PlanService> plans_;
   std::unique_ptr<CheckpointRegistry> checkpoint_registry_;  // null without a checkpoint root
   std::unique_ptr<CheckpointVerifier> checkpoint_verifier_;  // null: not verifying

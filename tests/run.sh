@@ -190,7 +190,7 @@ fi
 # it is a cache hit. server_fuzzer (the same records through gRPC, ~25 inputs/s)
 # is left to tests/bench/fuzz_bench.py. (Every target's corpus replay, built by
 # the default compiler, already ran above as //tests/fuzz:*_fuzzer.)
-FUZZ_TARGETS=${FUZZ_TARGETS:-safetensors_fuzzer,shard_file_fuzzer,manifest_fuzzer,model_spec_fuzzer,token_shard_fuzzer,hf_config_fuzzer,service_fuzzer}
+FUZZ_TARGETS=${FUZZ_TARGETS:-safetensors_fuzzer,shard_file_fuzzer,manifest_fuzzer,model_spec_fuzzer,token_shard_fuzzer,hf_config_fuzzer,service_fuzzer,agent_fuzzer}
 FUZZ_JSON=/tmp/zeroshard-fuzz-smoke.json
 rm -f "$FUZZ_JSON"
 if bazel build "${JOBS_FLAGS[@]}" --config=fuzz $(printf ' //tests/fuzz:%s' ${FUZZ_TARGETS//,/ }) >>"$LOG" 2>&1; then

@@ -45,6 +45,7 @@ TARGETS = [
     "hf_config_fuzzer",
     "service_fuzzer",
     "server_fuzzer",
+    "agent_fuzzer",
 ]
 LEDGER = os.path.join(ROOT, "tests", "fuzz", "ledger.jsonl")
 GOAL_EXECUTIONS = 10_000_000  # per target (#29)

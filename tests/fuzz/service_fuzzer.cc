@@ -454,19 +454,20 @@ void Call(Harness& h, uint8_t method, absl::string_view bytes) {
     case fuzz::kLeave:
       return Unary(h, bytes, &S::Leave);
     case fuzz::kStoreSet:
-      return Unary(h, bytes, &S::StoreSet);
+      return Unary<v1::StoreSetRequest, v1::StoreSetResponse>(h, bytes, &S::StoreSet);
     case fuzz::kStoreGet:
       return Unary(h, bytes, &S::StoreGet);
     case fuzz::kStoreAdd:
       return Unary(h, bytes, &S::StoreAdd);
     case fuzz::kStoreWait:
-      return Unary(h, bytes, &S::StoreWait);
+      return Unary<v1::StoreWaitRequest, v1::StoreWaitResponse>(h, bytes, &S::StoreWait);
     case fuzz::kStoreCompareSet:
-      return Unary(h, bytes, &S::StoreCompareSet);
+      return Unary<v1::StoreCompareSetRequest, v1::StoreCompareSetResponse>(h, bytes,
+                                                                          &S::StoreCompareSet);
     case fuzz::kStoreDelete:
       return Unary(h, bytes, &S::StoreDelete);
     case fuzz::kStoreCheck:
-      return Unary(h, bytes, &S::StoreCheck);
+      return Unary<v1::StoreCheckRequest, v1::StoreCheckResponse>(h, bytes, &S::StoreCheck);
     case fuzz::kStoreNumKeys:
       return Unary(h, bytes, &S::StoreNumKeys);
     case fuzz::kGetStatus:
