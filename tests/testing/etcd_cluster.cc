@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
+#include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,20 +25,48 @@ constexpr char kEtcd[] = "/usr/bin/etcd";
 constexpr char kEtcdctl[] = "/usr/bin/etcdctl";
 }  // namespace
 
-int FreeLoopbackPort() {
+namespace {
+
+// Whether `port` can be bound on 127.0.0.1 now.
+bool Bindable(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
   close(fd);
-  return port;
+  return ok;
+}
+
+// The first port of the kernel's ephemeral range (ip_local_port_range).
+int EphemeralStart() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  in >> low;
+  return low;
+}
+
+}  // namespace
+
+// A port below the kernel's ephemeral range: a follower does not listen on
+// its port, and a port the kernel may hand out (a bind to port 0, an
+// outgoing connection's source) could be taken meanwhile by another test's
+// process run beside this one, and a client of "all servers" would reach it
+// Below that range a connection to a port nobody listens on can also never
+// connect to itself (a TCP self-connect, when the kernel picks the target
+// port as the source port). CI saw a join answered CANCELLED while no server
+// led, after its connection succeeded: one of the two, probably.
+int FreeLoopbackPort() {
+  static absl::BitGen* gen = new absl::BitGen;
+  const int high = std::min(EphemeralStart(), 65536);
+  const int low = std::max(1024, high - 12000);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = absl::Uniform(*gen, low, high);
+    if (Bindable(port)) return port;
+  }
+  return -1;
 }
 
 // etcd's data: in memory (/dev/shm) when it can be. etcd fsyncs every
@@ -178,10 +208,10 @@ ReplicatedServers::ReplicatedServers(const std::string& dir, const std::string& 
     // On an emulated host of its own: fixed ports.
     ports_.push_back(placement_.hosts == nullptr ? FreeLoopbackPort() : 7070);
     metrics_ports_.push_back(placement_.hosts == nullptr ? FreeLoopbackPort() : 9090);
-    std::vector<std::string> args = {absl::StrCat("--listen=", Host(i), ":", ports_[i]),
-                                     absl::StrCat("--metrics_listen=", Host(i), ":", metrics_ports_[i]),
-                                     "--etcd_endpoints=" + etcd_endpoints,
-                                     absl::StrCat("--port_file=", dir_, "/port-", i)};
+    std::vector<std::string> args = {
+        absl::StrCat("--listen=", Host(i), ":", ports_[i]),
+        absl::StrCat("--metrics_listen=", Host(i), ":", metrics_ports_[i]),
+        "--etcd_endpoints=" + etcd_endpoints, absl::StrCat("--port_file=", dir_, "/port-", i)};
     args.insert(args.end(), flags.begin(), flags.end());
     args_.push_back(args);
     servers_.push_back(Launch(i, absl::StrCat(dir_, "/server-", i, ".log")));
