@@ -1,15 +1,9 @@
 #include "shard_server/observability/metrics_http.h"
 
 #include <civetweb.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,36 +46,6 @@ void Send(mg_connection* connection, const HttpResponse& response) {
   mg_write(connection, response.body.data(), response.body.size());
 }
 
-// Where a connection to our own listener goes: its host, or loopback for a
-// wildcard ("0.0.0.0:9100", ":9100", "[::]:9100").
-std::string WakeHost(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.empty() || host == "0.0.0.0") return "127.0.0.1";
-  if (host == "::") return "::1";
-  return host;
-}
-
-// Opens and closes one TCP connection to host:port (the answer is not read).
-void Knock(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-    close(fd);
-    if (connected) break;
-  }
-  freeaddrinfo(found);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
@@ -91,7 +55,6 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->auth_token_ = std::move(auth_token);
   server->pages_ = std::move(pages);
-  server->wake_host_ = WakeHost(listen);
   // civetweb gives each connection a thread until its request is read and
   // answered. With 4 threads and 10 s to send a request, six clients that
   // open a connection and say nothing held /metrics for ~15 s and a few
@@ -170,23 +133,7 @@ int MetricsHttpServer::Handle(mg_connection* connection, void* self_ptr) {
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
-  if (context_ == nullptr) return;
-  // mg_stop waits for civetweb's listening thread, which looks at its stop
-  // flag only when its poll() returns: on a connection, else every 2 s
-  // (civetweb's SOCKET_TIMEOUT_QUANTUM). A replicated server's follower
-  // stops its /metrics before leading on the same port, so that wait was
-  // on the failover's path (0-2 s; failover_bench saw 2 s and 4 s kills).
-  // Connections to the listener wake it at once.
-  std::atomic<bool> stopped{false};
-  std::thread stopper([this, &stopped] {
-    mg_stop(context_);
-    stopped = true;
-  });
-  for (int i = 0; i < 400 && !stopped; ++i) {  // bounded: mg_stop's own 2-s wake ends it anyway
-    Knock(wake_host_, port_);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  stopper.join();
+  if (context_ != nullptr) mg_stop(context_);
 }
 
 }  // namespace zeroshard

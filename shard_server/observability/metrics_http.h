@@ -54,7 +54,6 @@ class MetricsHttpServer {
   std::map<std::string, HttpPage> pages_;
   mg_context* context_ = nullptr;
   int port_ = 0;
-  std::string wake_host_;  // where ~MetricsHttpServer connects to wake the listener
 };
 
 }  // namespace zeroshard
