@@ -68,20 +68,6 @@ int LatestStep(const LocalCluster& workers) {
   return latest;
 }
 
-std::string EventLines(const ReplicatedServers& servers) {
-  std::string out;
-  for (int i = 0; i < servers.count(); ++i) {
-    for (absl::string_view line : absl::StrSplit(servers.Log(i), '\n')) {
-      if (absl::StrContains(line, "event=member_dead") ||
-          absl::StrContains(line, "event=generation_bumped") ||
-          absl::StrContains(line, "event=serving") || absl::StrContains(line, "leadership")) {
-        absl::StrAppend(&out, "server ", i, ": ", line, "\n");
-      }
-    }
-  }
-  return out;
-}
-
 TEST(ControlPlaneAwayTest, APartitionAndAnEtcdQuorumLossSpanningCheckpointsCostNothing) {
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(5);
   ASSERT_TRUE(hosts.ok()) << hosts.status();
@@ -133,13 +119,15 @@ TEST(ControlPlaneAwayTest, APartitionAndAnEtcdQuorumLossSpanningCheckpointsCostN
     EXPECT_TRUE(report.contains("recoveries") && report["recoveries"].empty())
         << "rank " << r << " went through a recovery:\n"
         << report.dump() << "\n"
-        << EventLines(servers);
+        << servers.LogLines(
+               {"event=member_dead", "event=generation_bumped", "event=serving", "leadership"});
   }
   for (int step = kEvery; step <= kSteps; step += kEvery) {
     EXPECT_FALSE(
         ReadFileOrEmpty(absl::StrCat(checkpoints, "/away/step-", step, "/manifest.json")).empty())
         << "step " << step << " never committed\n"
-        << EventLines(servers);
+        << servers.LogLines(
+               {"event=member_dead", "event=generation_bumped", "event=serving", "leadership"});
   }
   const Params calm =
       LoadCheckpointParams(checkpoints, "calm", kSteps, *MlpSpec(kLayers, kWidth, "none"));

@@ -55,22 +55,6 @@ int LoggedSteps(const LocalCluster& workers) {
   return steps;
 }
 
-// The servers' lines that say why a generation changed (member_dead names
-// the rule and the silence), for a failure's message: the job must see none.
-std::string DeathLines(const ReplicatedServers& servers) {
-  std::string out;
-  for (int i = 0; i < 3; ++i) {
-    for (absl::string_view line : absl::StrSplit(servers.Log(i), '\n')) {
-      if (absl::StrContains(line, "event=member_dead") ||
-          absl::StrContains(line, "event=generation_bumped") ||
-          absl::StrContains(line, "event=serving")) {
-        absl::StrAppend(&out, "server ", i, ": ", line, "\n");
-      }
-    }
-  }
-  return out;
-}
-
 TEST(LeaderHostCutTest, AnotherServerLeadsAndTheJobNeverNoticesTheCut) {
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(5);
   ASSERT_TRUE(hosts.ok()) << hosts.status();
@@ -109,7 +93,7 @@ TEST(LeaderHostCutTest, AnotherServerLeadsAndTheJobNeverNoticesTheCut) {
     EXPECT_TRUE(report.contains("recoveries") && report["recoveries"].empty())
         << "rank " << r << " went through a recovery (a member was declared dead):\n"
         << report.dump() << "\n"
-        << DeathLines(servers);
+        << servers.LogLines({"event=member_dead", "event=generation_bumped", "event=serving"});
   }
   ASSERT_TRUE((*hosts)->HealAll().ok());
   const Params calm =

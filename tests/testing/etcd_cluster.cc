@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -258,6 +259,21 @@ int ReplicatedServers::WaitLeader(absl::Duration timeout, int other_than) {
       },
       timeout);
   return leader;
+}
+
+std::string ReplicatedServers::LogLines(const std::vector<std::string>& needles) const {
+  std::string out;
+  for (int i = 0; i < count(); ++i) {
+    for (absl::string_view line : absl::StrSplit(Log(i), '\n')) {
+      for (const std::string& needle : needles) {
+        if (absl::StrContains(line, needle)) {
+          absl::StrAppend(&out, "server ", i, ": ", line, "\n");
+          break;
+        }
+      }
+    }
+  }
+  return out;
 }
 
 void ReplicatedServers::Restart(int index) {

@@ -68,8 +68,7 @@ class EtcdCluster {
 class ReplicatedServers {
  public:
   ReplicatedServers(const std::string& dir, const std::string& etcd_endpoints,
-                    const std::vector<std::string>& flags, int count = 3,
-                    OnHosts placement = {});
+                    const std::vector<std::string>& flags, int count = 3, OnHosts placement = {});
   ~ReplicatedServers();
 
   // Every server's address, comma-separated: what clients are given.
@@ -88,6 +87,10 @@ class ReplicatedServers {
   // Starts server `index` again (after it was killed), same arguments.
   void Restart(int index);
   std::string Log(int index) const { return servers_[index]->Log(); }
+  // Every server's log lines that hold one of `needles` (e.g.
+  // "event=member_dead"), each prefixed "server I: ": why a generation
+  // changed or who led, for a failed test's message.
+  std::string LogLines(const std::vector<std::string>& needles) const;
 
  private:
   std::string Host(int index) const;
