@@ -49,8 +49,13 @@ const char* ChannelStateName(grpc_connectivity_state state) {
   return "in an unknown state";
 }
 
+// A join is asked again on these. CANCELLED: the server shut down under the
+// call, a leader that lost its etcd lease stepping down (its calls in flight
+// are cancelled when its 2-s drain ends); the next leader, or this one
+// re-elected, answers the same join.
 bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsAlreadyExists(s) || absl::IsAborted(s);
+  return absl::IsUnavailable(s) || absl::IsAlreadyExists(s) || absl::IsAborted(s) ||
+         absl::IsCancelled(s);
 }
 
 }  // namespace
@@ -589,14 +594,14 @@ absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const std::string& job_i
 }
 
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const v1::GetStatusRequest& request) {
-  return Call(&v1::Coordinator::Stub::GetStatus, request, options_.rpc_timeout);
+  return Read(&v1::Coordinator::Stub::GetStatus, request, options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::GetHistoryResponse> Client::GetHistory(const std::string& job_id, int rank) {
   v1::GetHistoryRequest request;
   request.set_job_id(job_id);
   request.set_rank(rank);
-  return Call(&v1::Coordinator::Stub::GetHistory, request, options_.rpc_timeout);
+  return Read(&v1::Coordinator::Stub::GetHistory, request, options_.rpc_timeout);
 }
 
 absl::StatusOr<ShardPlan> Client::PlanShards(const ModelSpec& spec, const PlanOptions& options,

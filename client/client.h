@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/model_spec.h"
 #include "common/plan/planner.h"
@@ -248,6 +249,27 @@ class Client {
     absl::Status s = FromGrpcStatus((stub_.get()->*method)(&context, request, &response));
     if (!s.ok()) return s;
     return response;
+  }
+  // Call for a read (GetStatus, GetHistory): asked once more on
+  // UNAVAILABLE, within `timeout`. A connection that broke under the call
+  // (its server killed, a failover: "Broken pipe") fails it although
+  // another server, or the same one restarted, would answer on a new
+  // connection; a read asked twice is harmless. Once, not until the
+  // deadline: `shardctl status` against a server that is down says so
+  // at once.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Read(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                              const Request&,
+                                                                              Response*),
+                                const Request& request, absl::Duration timeout) const {
+    constexpr absl::Duration kRetryPause = absl::Milliseconds(100);
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::StatusOr<Response> response = Call(method, request, timeout);
+    if (!absl::IsUnavailable(response.status()) || absl::Now() + kRetryPause >= deadline) {
+      return response;
+    }
+    absl::SleepFor(kRetryPause);
+    return Call(method, request, deadline - absl::Now());
   }
   void HeartbeatLoop(CommandHandler handler);
   // Where heartbeats and joins go now: the node agent when one is configured

@@ -65,7 +65,7 @@ std::string ReplicatedServer::FollowerMetrics() {
 }
 
 void ReplicatedServer::ServeFollowerMetrics() {
-  if (options_.metrics_listen.empty() || follower_http_ != nullptr) return;
+  if (options_.metrics_listen.empty()) return;
   std::map<std::string, HttpPage> pages;
   pages["/metrics"].render = [this](const std::map<std::string, std::string>&) {
     HttpResponse response;
@@ -73,16 +73,18 @@ void ReplicatedServer::ServeFollowerMetrics() {
     response.body = FollowerMetrics();
     return response;
   };
+  if (http_ != nullptr) {
+    http_->SetPages(std::move(pages));
+    return;
+  }
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
       MetricsHttpServer::Start(options_.metrics_listen, options_.auth_token, std::move(pages));
   if (!http.ok()) {
     Say(absl::StrCat("cannot serve a follower's /metrics: ", http.status().message()));
     return;
   }
-  follower_http_ = *std::move(http);
+  http_ = *std::move(http);
 }
-
-void ReplicatedServer::StopFollowerMetrics() { follower_http_.reset(); }
 
 absl::Status ReplicatedServer::Run() {
   while (!Stopping()) {
@@ -124,8 +126,7 @@ absl::Status ReplicatedServer::Run() {
     campaign_over.Notify();
     watch.join();
     if (won.ok()) {
-      StopFollowerMetrics();  // the leader's ShardServer serves the port
-      Lead(**session, previous);
+      Lead(**session, previous);  // its ShardServer's pages replace the follower's
     } else if (!absl::IsCancelled(won)) {
       NoteFollowing("", std::string(won.message()));
       Say(absl::StrCat("campaign ended: ", won.message()));
@@ -133,7 +134,7 @@ absl::Status ReplicatedServer::Run() {
     absl::MutexLock lock(&mu_);
     session_ = nullptr;
   }
-  StopFollowerMetrics();
+  http_.reset();
   return absl::OkStatus();
 }
 
@@ -203,6 +204,7 @@ void ReplicatedServer::Lead(EtcdSession& session, const std::string& previous_le
   EtcdStateReplica replica(&session);
   ShardServerOptions options = options_;
   options.state_replica = &replica;
+  options.shared_http = http_.get();  // null without --metrics_listen, or when it could not listen
   // Filled once the server serves (below); read by status calls after that.
   auto shared_term = std::make_shared<Term>(term);
   options.control_plane = [this, &session, &replica, shared_term](v1::ControlPlaneStatus* out) {

@@ -53,9 +53,10 @@ class ReplicatedServer {
   void Say(const std::string& what);
   // While not leading, --metrics_listen serves a /metrics of its own: this
   // server follows (leader 0), whom it saw lead, and why it cannot lead when
-  // etcd is out of reach. The leader's ShardServer takes the port over.
+  // etcd is out of reach. The leader's ShardServer puts its pages on the same
+  // HTTP server (ShardServerOptions::shared_http): one listening socket for
+  // the process's life, nothing stopped or rebound at a failover.
   void ServeFollowerMetrics() ABSL_LOCKS_EXCLUDED(mu_);
-  void StopFollowerMetrics() ABSL_LOCKS_EXCLUDED(mu_);
   std::string FollowerMetrics() ABSL_LOCKS_EXCLUDED(mu_);
   void NoteFollowing(const std::string& leader, const std::string& etcd_error)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -78,7 +79,7 @@ class ReplicatedServer {
   // etcd's last error ("" while it holds an etcd session).
   std::string seen_leader_ ABSL_GUARDED_BY(mu_);
   std::string etcd_error_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<MetricsHttpServer> follower_http_;  // Run()'s thread only
+  std::unique_ptr<MetricsHttpServer> http_;  // Run()'s thread only
 };
 
 }  // namespace zeroshard

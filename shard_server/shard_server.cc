@@ -301,7 +301,7 @@ absl::Status ShardServer::StartGrpc() {
 
 // The metrics port (/metrics, the dashboard), when asked for.
 absl::Status ShardServer::StartHttp() {
-  if (!options_.metrics_listen.empty()) {
+  if (!options_.metrics_listen.empty() || options_.shared_http != nullptr) {
     ObservabilitySources sources;
     sources.membership = membership_.get();
     sources.diagnosis = diagnosis_.get();
@@ -309,6 +309,10 @@ absl::Status ShardServer::StartHttp() {
     sources.metrics = metrics_.get();
     sources.history = history_.get();
     sources.control_plane = options_.control_plane;
+    if (options_.shared_http != nullptr) {
+      options_.shared_http->SetPages(ObservabilityPages(sources));
+      return absl::OkStatus();
+    }
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
         options_.metrics_listen, options_.auth_token, ObservabilityPages(sources));
     if (!http.ok()) return http.status();
@@ -370,7 +374,9 @@ void ShardServer::Shutdown() {
   shut_down_ = true;
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
-  http_.reset();  // its pages read the components below
+  // Its pages read the components below.
+  if (options_.shared_http != nullptr) options_.shared_http->SetPages({});
+  http_.reset();
   // Null: Start failed before serving, or StartWithoutNetwork.
   if (server_ != nullptr) {
     // Held calls are answered by the shutdown's cancellation.

@@ -95,6 +95,11 @@ struct ShardServerOptions {
   TelemetryOptions telemetry;                    // hang and straggler diagnosis
   // HOST:PORT of the metrics port (/metrics, the dashboard); empty: none.
   std::string metrics_listen;
+  // Set: the pages go to this server (already listening, not owned,
+  // outlives this one) instead of one of our own on metrics_listen; they
+  // are taken back at Shutdown. The replicated server keeps its port
+  // across terms so (replicated_server.h).
+  MetricsHttpServer* shared_http = nullptr;
   HistoryOptions history;  // bounds of the per-step history
 };
 
@@ -111,7 +116,11 @@ class ShardServer {
   ~ShardServer();  // Shutdown()
 
   int port() const { return port_; }
-  int metrics_port() const { return http_ != nullptr ? http_->port() : 0; }  // 0: none
+  int metrics_port() const {  // 0: none
+    return options_.shared_http != nullptr ? options_.shared_http->port()
+           : http_ != nullptr              ? http_->port()
+                                           : 0;
+  }
   std::string address() const { return address_; }  // HOST:PORT actually bound
   // A channel to this server inside the process (no socket), through the
   // same services and interceptors as the network (tests/fuzz).

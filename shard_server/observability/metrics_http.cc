@@ -38,6 +38,7 @@ void Send(mg_connection* connection, const HttpResponse& response) {
                        : response.status == 401 ? "Unauthorized"
                        : response.status == 404 ? "Not Found"
                        : response.status == 400 ? "Bad Request"
+                       : response.status == 503 ? "Service Unavailable"
                                                 : "Error";
   mg_printf(connection,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
@@ -54,7 +55,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   std::call_once(init, [] { mg_init_library(0); });
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->auth_token_ = std::move(auth_token);
-  server->pages_ = std::move(pages);
+  server->SetPages(std::move(pages));
   // civetweb gives each connection a thread until its request is read and
   // answered. With 4 threads and 10 s to send a request, six clients that
   // open a connection and say nothing held /metrics for ~15 s and a few
@@ -95,11 +96,9 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on --metrics_listen=", listen, ": ", error_text));
   }
-  for (const auto& [path, page] : server->pages_) {
-    (void)page;
-    mg_set_request_handler(server->context_, path.c_str(), &MetricsHttpServer::Handle,
-                           server.get());
-  }
+  // Handlers match by prefix: "/" takes every path, and Handle matches
+  // exactly (the set of pages changes while serving).
+  mg_set_request_handler(server->context_, "/", &MetricsHttpServer::Handle, server.get());
   mg_server_port ports[4];
   int n = mg_get_server_ports(server->context_, 4, ports);
   if (n < 1) return absl::UnavailableError("metrics server: no listening port");
@@ -110,7 +109,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 int MetricsHttpServer::Handle(mg_connection* connection, void* self_ptr) {
   auto* self = static_cast<MetricsHttpServer*>(self_ptr);
   const mg_request_info* info = mg_get_request_info(connection);
-  // Handlers match by prefix: "/" would take every path.
+  absl::ReaderMutexLock lock(&self->pages_mu_);
+  if (self->pages_.empty()) {
+    Send(connection, {503, "text/plain; charset=utf-8", "not serving (between terms)\n"});
+    return 503;
+  }
   auto page = self->pages_.find(info->local_uri != nullptr ? info->local_uri : "");
   if (page == self->pages_.end()) {
     Send(connection, {404, "text/plain; charset=utf-8", "no such page\n"});
@@ -130,6 +133,11 @@ int MetricsHttpServer::Handle(mg_connection* connection, void* self_ptr) {
   HttpResponse response = page->second.render(ParseQuery(info->query_string));
   Send(connection, response);
   return response.status;
+}
+
+void MetricsHttpServer::SetPages(std::map<std::string, HttpPage> pages) {
+  absl::MutexLock lock(&pages_mu_);
+  pages_ = std::move(pages);
 }
 
 MetricsHttpServer::~MetricsHttpServer() {

@@ -14,7 +14,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 struct mg_context;
 struct mg_connection;
@@ -44,6 +46,16 @@ class MetricsHttpServer {
       const std::string& listen, std::string auth_token, std::map<std::string, HttpPage> pages);
   ~MetricsHttpServer();  // stops serving; waits for requests in progress
 
+  // Serves `pages` from now on, in place of the current ones, on the same
+  // listening socket; returns once no request renders an old page (so that
+  // what the old pages read may go). The replicated server keeps one port
+  // across its terms this way: a follower's /metrics, then the leader's
+  // pages, then the follower's again. Stopping civetweb instead costs up to
+  // 2 s (its listener checks its stop flag that often), and a new leader
+  // would wait that long for its own port. No pages: every path answers
+  // 503 "not serving".
+  void SetPages(std::map<std::string, HttpPage> pages) ABSL_LOCKS_EXCLUDED(pages_mu_);
+
   int port() const { return port_; }
 
  private:
@@ -51,7 +63,9 @@ class MetricsHttpServer {
   static int Handle(::mg_connection* connection, void* self);
 
   std::string auth_token_;
-  std::map<std::string, HttpPage> pages_;
+  // Held shared while a page renders, exclusively while the set changes.
+  absl::Mutex pages_mu_;
+  std::map<std::string, HttpPage> pages_ ABSL_GUARDED_BY(pages_mu_);
   mg_context* context_ = nullptr;
   int port_ = 0;
 };

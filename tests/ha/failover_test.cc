@@ -218,7 +218,11 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
     ASSERT_TRUE(late.ok()) << late.status();
     absl::StatusOr<JoinInfo> refused =
         (*late)->Join("during-outage", 1, "x0", "127.0.0.1", absl::Seconds(2));
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable)
+        << refused.status() << "\nlisteners:\n"
+        << testing::RunCommand("ss -ltnp").second << "\nconnections:\n"
+        << testing::RunCommand("ss -tnp").second << servers_.Log(0) << servers_.Log(1)
+        << servers_.Log(2);
     EXPECT_TRUE(absl::StrContains(refused.status().message(),
                                   "is a quorum of their etcd members up?"))
         << refused.status();
