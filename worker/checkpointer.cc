@@ -86,7 +86,7 @@ void Checkpointer::NoteWritten(int64_t step, int rank) {
 }
 
 absl::Status Checkpointer::Commit(const ShardIdentity& id, const WrittenShard& written,
-                                  int64_t retry_step) {
+                                  int64_t retry_step, absl::Time saved_at) {
   bool dropped = false;
   {
     absl::MutexLock lock(&mu_);
@@ -120,39 +120,83 @@ absl::Status Checkpointer::Commit(const ShardIdentity& id, const WrittenShard& w
   absl::Status out = committed.ok() ? committed : Abandon(id, written.path, committed, retry_step);
   absl::MutexLock lock(&mu_);
   --committing_;
+  if (committed.ok()) commit_ms_.push_back(absl::ToDoubleMilliseconds(absl::Now() - saved_at));
   return out;
 }
 
-absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step) {
+absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step,
+                                bool on_device) {
   const absl::Time start = absl::Now();
+  WaitCopied();  // the previous one's copy: done long ago, its write maybe not
   if (absl::Status s = writer_.Drain(); !s.ok()) return Annotate(s, "previous checkpoint");
   if (absl::Status s = committer_.FirstError(); !s.ok()) {
     return Annotate(s, "previous checkpoint");
   }
-  absl::StatusOr<ShardSnapshot> snapshot =
-      SnapshotShard(engine, id, optimizer_, config_.save_optimizer);
-  if (!snapshot.ok()) return Annotate(snapshot.status(), "checkpoint snapshot");
+  absl::StatusOr<ShardView> view;
+  if (on_device) {
+    // Device memory: copied to the host here (the pause).
+    absl::StatusOr<ShardSnapshot> copy = SnapshotShard(engine, id, optimizer_,
+                                                       config_.save_optimizer);
+    if (copy.ok()) view = ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
+    else view = copy.status();
+  } else {
+    // The engine's own host memory, copied by the writer (WaitCopied).
+    view = ViewShard(engine, id, optimizer_, config_.save_optimizer);
+  }
+  if (!view.ok()) return Annotate(view.status(), "checkpoint snapshot");
   pause_ms_->push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-  auto shared = std::make_shared<ShardSnapshot>(*std::move(snapshot));
-  writer_.Submit([this, shared, retry_step]() -> absl::Status {
-    // Tests only: stretch the write so that a kill lands inside it.
-    if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
-      absl::SleepFor(absl::Milliseconds(atoi(delay)));
-    }
-    const ShardIdentity id = shared->id;
-    absl::StatusOr<WrittenShard> written = WriteShard(*shared, config_.dir);
-    if (!written.ok()) {
-      // In step order with the commits before it (the server may be away).
-      absl::Status failed = written.status();
-      if (!TrainingOutlivesCheckpointFailure(failed)) return failed;
-      committer_.Submit(
-          [this, id, failed, retry_step] { return Abandon(id, "", failed, retry_step); });
-      return absl::OkStatus();
-    }
-    NoteWritten(id.step, id.rank);
+  auto copied = std::make_shared<absl::Notification>();
+  copied_ = copied;
+  // The writer thread runs every task queued after a successful Drain, so
+  // `copied` is always notified.
+  writer_.Submit([this, shared = std::make_shared<ShardView>(*std::move(view)), copied,
+                  retry_step, start]() -> absl::Status {
+    return Write(*shared, *copied, retry_step, start);
+  });
+  return absl::OkStatus();
+}
+
+void Checkpointer::WaitCopied() {
+  if (copied_ == nullptr) return;
+  const absl::Time wait = absl::Now();
+  copied_->WaitForNotification();
+  copied_.reset();
+  if (!pause_ms_->empty()) pause_ms_->back() += absl::ToDoubleMilliseconds(absl::Now() - wait);
+}
+
+absl::Status Checkpointer::Write(const ShardView& view, absl::Notification& copied,
+                                 int64_t retry_step, absl::Time saved_at) {
+  const ShardIdentity id = view.id;
+  // One copy of the values into the file's bytes, with each tensor's checksum
+  // and the NaN/Inf scan; from here the engine may change its state. A
+  // fresh buffer each time: the memory is not held between checkpoints.
+  std::string bytes;
+  std::map<std::string, std::string> checksums;
+  // Tests only: hold the copy back, so that the next update must wait for it.
+  if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS")) {
+    absl::SleepFor(absl::Milliseconds(atoi(delay)));
+  }
+  absl::Status serialized = SerializeShardInto(view, &bytes, &checksums);
+  copied.Notify();
+  // Tests only: stretch the write so that a kill lands inside it.
+  if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
+    absl::SleepFor(absl::Milliseconds(atoi(delay)));
+  }
+  absl::StatusOr<WrittenShard> written =
+      serialized.ok() ? WriteSerializedShard(id, bytes, std::move(checksums), config_.dir)
+                      : absl::StatusOr<WrittenShard>(serialized);
+  std::string().swap(bytes);
+  if (!written.ok()) {
+    // In step order with the commits before it (the server may be away).
+    absl::Status failed = written.status();
+    if (!TrainingOutlivesCheckpointFailure(failed)) return failed;
     committer_.Submit(
-        [this, id, w = *std::move(written), retry_step] { return Commit(id, w, retry_step); });
+        [this, id, failed, retry_step] { return Abandon(id, "", failed, retry_step); });
     return absl::OkStatus();
+  }
+  NoteWritten(id.step, id.rank);
+  committer_.Submit([this, id, w = *std::move(written), retry_step, saved_at] {
+    return Commit(id, w, retry_step, saved_at);
   });
   return absl::OkStatus();
 }
@@ -166,6 +210,11 @@ absl::Status Checkpointer::Drain() {
 std::vector<std::string> Checkpointer::failures() const {
   absl::MutexLock lock(&mu_);
   return failures_;
+}
+
+std::vector<double> Checkpointer::commit_ms() const {
+  absl::MutexLock lock(&mu_);
+  return commit_ms_;
 }
 
 int Checkpointer::pending_commits() const {

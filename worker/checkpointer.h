@@ -1,8 +1,12 @@
-// Saves this rank's shard of a training run's checkpoints. The snapshot of the
-// engine's state is the training thread's pause; the write runs on a thread of
-// its own (one write in flight), and the upload (--checkpoint_transport=grpc)
-// and the commit on another, in step order. See docs/design.md, "Checkpoint
-// formats".
+// Saves this rank's shard of a training run's checkpoints without pausing
+// training (#45): on a host backend the writer thread copies the engine's own
+// state (a ShardView) into the file's bytes while the next step's forward and
+// backward run, and the training thread waits only before the next optimizer
+// update would change that state (WaitCopied), normally not at all. On a
+// device backend the copy to the host is the pause. The write runs on that
+// thread too (one write in flight), and the upload (--checkpoint_transport=
+// grpc) and the commit on another, in step order. See docs/design.md,
+// "Checkpoint formats".
 //
 // Training never waits for the control plane: a commit needs the server (and
 // its etcd quorum), a write only this rank's disk. While the server is out of
@@ -34,6 +38,8 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/worker_config.h"
@@ -55,7 +61,14 @@ class Checkpointer {
   // `id` and queues the write and the commit. `retry_step`: the step at
   // which the next checkpoint is due (0: none), where a failed one is tried
   // again.
-  absl::Status Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step);
+  // `on_device`: the engine's state is not host memory (copied here).
+  // REQUIRES: WaitCopied before anything changes the engine's master values
+  // or moments (its next Step, a restore).
+  absl::Status Save(ZeroEngine& engine, const ShardIdentity& id, int64_t retry_step,
+                    bool on_device = false);
+  // Returns once the last Save's state is copied out of the engine (at
+  // once if it is); the wait is added to that Save's pause. Training thread.
+  void WaitCopied();
   // Whether a checkpoint failed with `s` is one training outlives: a full
   // disk (ours or the server's root), or a step another rank abandoned.
   static bool TrainingOutlives(const absl::Status& s);
@@ -68,10 +81,18 @@ class Checkpointer {
   std::vector<std::string> failures() const;
   // Checkpoints written and not yet committed (or abandoned). Thread-safe.
   int pending_commits() const;
+  // Per committed checkpoint, ms from its Save to its commit: how long a
+  // step takes to become restorable. Thread-safe.
+  std::vector<double> commit_ms() const;
 
  private:
   // Queued on the committer thread by a write: upload, commit.
-  absl::Status Commit(const ShardIdentity& id, const WrittenShard& written, int64_t retry_step);
+  absl::Status Commit(const ShardIdentity& id, const WrittenShard& written, int64_t retry_step,
+                      absl::Time saved_at);
+  // The writer's task for one Save: the copy (signalling `copied`), the
+  // write, then the commit queued.
+  absl::Status Write(const ShardView& view, absl::Notification& copied, int64_t retry_step,
+                     absl::Time saved_at);
   // For a failure `saved` that training outlives: removes the file nobody
   // will name, tells the server (unless it told us: ABORTED), and notes the
   // failure when a later checkpoint is due; otherwise returns `saved`.
@@ -90,6 +111,9 @@ class Checkpointer {
   std::deque<int64_t> waiting_ ABSL_GUARDED_BY(mu_);  // written, commit not begun; oldest first
   std::set<int64_t> dropped_ ABSL_GUARDED_BY(mu_);    // of waiting_, dropped for the bound
   int committing_ ABSL_GUARDED_BY(mu_) = 0;           // commits begun, not finished
+  std::vector<double> commit_ms_ ABSL_GUARDED_BY(mu_);
+  // The last Save's copy, until WaitCopied saw it done (training thread).
+  std::shared_ptr<absl::Notification> copied_;
 
   // The committer before the writer: the writer (destroyed first) may queue
   // a commit while it finishes.

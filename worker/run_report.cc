@@ -222,6 +222,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["data_plane"] = run.data_plane;
   out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};
   out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
+  out["checkpoint_commit_ms"] = m.checkpoint_commit_ms;
   out["checkpoint_failures"] = m.checkpoint_failures;
   out["snapshot_pause_ms"] = m.snapshot_pause_ms;
   out["snapshot_copy_ms"] = m.snapshot_copy_ms;

@@ -41,6 +41,8 @@ struct RunMetrics {
   std::vector<double> val_losses;   // every evaluation's
   Evaluation last_eval;
   std::vector<double> checkpoint_pause_ms;  // the training thread's pause per checkpoint
+  // Per committed checkpoint: ms from its Save to its commit (restorable).
+  std::vector<double> checkpoint_commit_ms;
   // Checkpoints abandoned while training went on (Checkpointer::failures).
   std::vector<std::string> checkpoint_failures;
   // Bytes this rank sent during the training steps (gather and reduce

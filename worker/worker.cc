@@ -294,7 +294,9 @@ absl::Status Worker::Train() {
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an
     // --init_from file becomes a checkpoint (and a consolidated model).
-    if (absl::Status s = checkpointer.Save(e, IdentityAt(0), 0); !s.ok()) return s;
+    if (absl::Status s = checkpointer.Save(e, IdentityAt(0), 0, device_ != nullptr); !s.ok()) {
+      return s;
+    }
   }
   // --loss_spike_zscore judges each step's loss before its update.
   if (spikes_.enabled()) e.SetVerdictScreen([this](StepVerdict* v) { spikes_.Screen(v); });
@@ -316,6 +318,7 @@ absl::Status Worker::Train() {
   }
   if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
   absl::Status drained = checkpointer.Drain();
+  metrics_.checkpoint_commit_ms = checkpointer.commit_ms();
   for (std::string& failure : checkpointer.failures()) {
     metrics_.checkpoint_failures.push_back(std::move(failure));
   }
@@ -356,8 +359,9 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
   }
   if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
       (checkpoints.at_end && completed == steps)) {
-    absl::Status s =
-        checkpointer->Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints));
+    absl::Status s = checkpointer->Save(e, IdentityAt(completed),
+                                        NextCheckpointStep(completed, checkpoints),
+                                        /*on_device=*/device_ != nullptr);
     if (!s.ok()) return s;
   }
   if (every > 0 && completed % every == 0 && completed < steps) {
@@ -440,6 +444,14 @@ absl::Status Worker::RunStep(int step) {
     if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
   }
   snapshots_.WaitCopied();
+  // A checkpoint's copy of the state the update is about to change. Set
+  // and cleared by Train, on this thread: no lock is held while waiting.
+  Checkpointer* checkpointer = nullptr;
+  {
+    absl::MutexLock lock(&abort_mu_);
+    checkpointer = checkpointer_;
+  }
+  if (checkpointer != nullptr) checkpointer->WaitCopied();
   const double lr = config_.schedule.LearningRate(step);
   const int check_every = config_.replica_check_every;
   if (check_every > 0 && (step + 1) % check_every == 0) e.HashShardAtNextUpdate();

@@ -217,7 +217,8 @@ absl::StatusOr<SafetensorsMetadata> ShardMetadata(
 
 }  // namespace
 
-absl::Status SerializeShardInto(const ShardView& view, std::string* out) {
+absl::Status SerializeShardInto(const ShardView& view, std::string* out,
+                                std::map<std::string, std::string>* checksums) {
   // The header holds the checksums, which are known only after the copy; but
   // every checksum is 16 hex digits, so a header with placeholders has the
   // final header's length and says where the data goes.
@@ -255,6 +256,7 @@ absl::Status SerializeShardInto(const ShardView& view, std::string* out) {
       }
     }
     hex[i] = ChecksumToHex(hasher.Digest());
+    if (checksums != nullptr) (*checksums)[view.entries[i].name] = hex[i];
   }
   absl::StatusOr<std::string> final_header = BuildSafetensorsHeader(
       view.entries, ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex),
@@ -308,6 +310,27 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::st
   }
   if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
   out.size_bytes = (*writer)->file_size();
+  return out;
+}
+
+absl::StatusOr<WrittenShard> WriteSerializedShard(const ShardIdentity& id, const std::string& bytes,
+                                                  std::map<std::string, std::string> checksums,
+                                                  const std::string& root) {
+  WrittenShard out;
+  out.checksums = std::move(checksums);
+  out.relative_path = CheckpointShardPath(id.job, id.step, id.rank, id.world_size);
+  out.path = absl::StrCat(root, "/", out.relative_path);
+  if (absl::Status s = MakeDirs(absl::StrCat(root, "/", CheckpointStepDir(id.job, id.step)));
+      !s.ok()) {
+    return s;
+  }
+  // Through the page cache, as WriteShard: the server reads the file back
+  // right after the commit (its background verification).
+  absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(out.path);
+  if (!file.ok()) return file.status();
+  if (absl::Status s = (*file)->Write(bytes.data(), bytes.size()); !s.ok()) return s;
+  if (absl::Status s = (*file)->Commit(); !s.ok()) return s;
+  out.size_bytes = static_cast<int64_t>(bytes.size());
   return out;
 }
 

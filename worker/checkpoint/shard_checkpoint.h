@@ -84,7 +84,9 @@ ShardView ViewOf(std::shared_ptr<const ShardSnapshot> snapshot);
 // reads) makes it return NonFiniteTensorError (common/finite_scan.h) naming
 // the first one; `*out` then holds the complete serialization all the same,
 // so that a snapshot's buddy exchange can still run.
-absl::Status SerializeShardInto(const ShardView& view, std::string* out);
+// `checksums` (if not null) gets tensor -> xxh64 hex, as WriteShard's.
+absl::Status SerializeShardInto(const ShardView& view, std::string* out,
+                                std::map<std::string, std::string>* checksums = nullptr);
 
 // The bytes WriteShard would write (checksums included), in memory: an
 // in-memory snapshot (worker/recovery). The tensor -> xxh64 hex map in
@@ -104,6 +106,12 @@ struct WrittenShard {
 // A shard holding a NaN or ±Inf value is refused before anything is written
 // (NonFiniteTensorError, common/finite_scan.h).
 absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snapshot, const std::string& root);
+// Writes `bytes` (SerializeShardInto's output for `id`, whose tensors'
+// checksums are `checksums`) where WriteShard would, as durably: what a
+// checkpoint taken without a pause writes (worker/checkpointer.h).
+absl::StatusOr<WrittenShard> WriteSerializedShard(const ShardIdentity& id, const std::string& bytes,
+                                                  std::map<std::string, std::string> checksums,
+                                                  const std::string& root);
 
 // Reads parameters and moments by model tensor rows from either a step's
 // shard files (<root>/<job>/step-<N>/, any world size) or one consolidated
