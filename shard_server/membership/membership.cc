@@ -13,6 +13,7 @@
 #include "common/job_id.h"
 #include "common/local_address.h"
 #include "shard_server/membership/assign_telemetry.h"
+#include "shard_server/membership/member_table.h"
 
 namespace zeroshard {
 namespace {
@@ -77,6 +78,9 @@ Membership::Membership(Clock* clock, EventLog* log, StateStore* state, Membershi
       detector_options_{options.heartbeat_interval, options.heartbeat_timeout,
                         options.isolation_grace},
       server_lag_(detector_options_) {}
+
+// Here, where Job is complete (member_table.h).
+Membership::~Membership() = default;
 
 void Membership::ReadServerLag(absl::Time at, absl::Duration lag) {
   absl::MutexLock lock(&mu_);
@@ -246,25 +250,6 @@ absl::Status Membership::SaveUnsaved(Job& job) {
       absl::StrCat("job '", job.id, "' has a membership change (generation ", job.generation,
                    ") that the server could not save: ", job.unsaved.message(),
                    "; the job's calls are refused until it is saved (retried every tick)"));
-}
-
-Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) {
-  assert(rank_by_worker.size() == members.size());  // IndexMembers after every change
-  auto it = rank_by_worker.find(worker_id);
-  if (it == rank_by_worker.end()) return nullptr;
-  MemberState& m = members[it->second];
-  assert(m.worker_id == worker_id);
-  return &m;
-}
-
-void Membership::Job::IndexMembers() {
-  rank_by_worker.clear();
-  rank_by_worker.reserve(members.size());
-  for (const MemberState& m : members) rank_by_worker[m.worker_id] = m.rank;
-}
-
-const Membership::MemberState* Membership::Job::FindMember(const std::string& worker_id) const {
-  return const_cast<Job*>(this)->FindMember(worker_id);
 }
 
 absl::Status Membership::ValidateJoinRequest(const v1::JoinRequest& request) const {
