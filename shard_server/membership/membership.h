@@ -22,6 +22,22 @@
 // store's error until a save succeeds. So no member acts on a generation
 // change that a restarted server would not know (such a server gives the
 // members a full timeout and declares the silent one dead again).
+//
+// One class, its definitions by what they do (shard_server/membership/):
+//   membership.cc    construction, listeners; generations formed, started,
+//                    announced; idle jobs forgotten
+//   member_table.h   what is kept of each job and member (private)
+//   joins.cc         Join, CancelJoin: validate -> classify -> apply
+//   heartbeats.cc    Heartbeat(s), CheckMember, closed streams, undelivered
+//                    join answers
+//   leave.cc         Leave
+//   tick.cc          Tick: the timer's pass over every job
+//   deaths.cc        where a member is declared dead (failure_detector.h's
+//                    verdicts on the members the tick judges)
+//   shrink.cc        a smaller generation after --rejoin_grace (rejoin_wait.h)
+//   grow_back.cc     a shrunk job's missing workers taken back
+//   status.cc        GetStatus, WorldSize
+//   persistence.cc   the state store: Restore, saves, syncs
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 
@@ -360,6 +376,8 @@ class Membership {
   absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewToken();
+  // A duration as the event log writes it: whole milliseconds.
+  static std::string Ms(absl::Duration d);
 
   Clock* const clock_;
   EventLog* const log_;
