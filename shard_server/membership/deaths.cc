@@ -20,7 +20,7 @@ void Membership::StartOverdueClocks(Job& job, absl::Time now) {
                                     {"after_ms", Ms(options_.answer_delivery_timeout)}});
   std::vector<int> ranks(job.undelivered.begin(), job.undelivered.end());
   std::sort(ranks.begin(), ranks.end());
-  for (int rank : ranks) StartClock(job, rank, now);
+  for (int rank : ranks) job.StartClock(rank, now);
 }
 
 std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now) const {
@@ -80,6 +80,66 @@ std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl:
   members.reserve(ranks.size());
   for (int r : ranks) members.push_back(&job.members[r]);
   return members;
+}
+
+std::vector<MemberVerdict> Membership::Verdicts(const Job& job,
+                                                const std::vector<MemberState*>& live,
+                                                absl::Time now) const {
+  const bool suspect = job.formed() && job.suspect_generation == job.generation;
+  std::vector<MemberSignals> signals;
+  signals.reserve(live.size());
+  for (const MemberState* m : live) {
+    signals.push_back(
+        {m->last_heartbeat, m->stream_closed, server_lag_.AllowanceSince(m->last_heartbeat)});
+  }
+  const JobSignals job_signals{
+      suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
+      job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
+                             : absl::InfinitePast()};
+  return JudgeMembers(signals, job_signals, now, detector_options_);
+}
+
+bool Membership::DeclareDeaths(Job& job, absl::Time now, Deferred& deferred) {
+  bool died = false;
+  bool changed = false;
+  std::string dead;  // who, for the generation's history
+  // Who is dead: shard_server/membership/failure_detector.h has the rules.
+  // Only those that may be dead: every other live member is alive
+  // (failure_detector.h, JudgeMembers).
+  const std::vector<MemberState*> live = MembersToJudge(job, now);
+  const std::vector<MemberVerdict> verdicts = Verdicts(job, live, now);
+  LogDoubts(job, std::vector<const MemberState*>(live.begin(), live.end()), verdicts);
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (verdicts[i].verdict != Verdict::kDead) continue;
+    MemberState& m = *live[i];
+    const absl::Duration silent = now - m.last_heartbeat;
+    m.alive = false;
+    job.StopWatching(m.rank);
+    changed = true;
+    absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ", m.rank,
+                    ")");
+    log_->Log("member_dead", {{"job", job.id},
+                              {"worker", m.worker_id},
+                              {"rank", absl::StrCat(m.rank)},
+                              {"generation", absl::StrCat(job.members_generation)},
+                              {"silent_ms", Ms(silent)},
+                              {"why", verdicts[i].why}});
+    died = died || job.formed();
+  }
+  // A death stands whatever the disk says: applied now, saved when it can be.
+  if (died) {
+    const int64_t old = job.generation;
+    job.world_size = job.WithGrowers(job.world_size);
+    job.generation++;
+    job.state = v1::DEGRADED;
+    job.degraded_at = now;
+    AnnounceGeneration(job, old, absl::StrCat(dead, " stopped heartbeating"), deferred);
+    SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after a death"));
+  } else if (changed) {
+    // Survivors of an abandoned generation went silent.
+    SaveOrMarkUnsaved(job, "members of an abandoned generation went silent");
+  }
+  return died;
 }
 
 void Membership::LogDoubts(Job& job, const std::vector<const MemberState*>& live,

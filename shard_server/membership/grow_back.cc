@@ -22,7 +22,7 @@ void Membership::MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred) {
     job.grow_since = absl::InfinitePast();
     return;
   }
-  const int64_t committed = CommittedSnapshot(job);
+  const int64_t committed = job.CommittedSnapshot();
   const bool boundary = committed > job.grow_mark;
   if (!boundary && now - job.grow_since < kGrowBoundaryWait) return;
   std::string who;
@@ -31,7 +31,7 @@ void Membership::MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred) {
   }
   const int from = job.world_size;
   const std::string reason =
-      absl::StrCat("grow back from ", from, " to ", WithGrowers(job, from), " of ",
+      absl::StrCat("grow back from ", from, " to ", job.WithGrowers(from), " of ",
                    job.target_world_size, " workers (", who, ") ",
                    boundary ? absl::StrCat("at the snapshot of step ", committed)
                             : absl::StrCat("after ", absl::FormatDuration(kGrowBoundaryWait),

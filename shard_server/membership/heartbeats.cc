@@ -109,29 +109,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
                                         {"rank", absl::StrCat(m.rank)},
                                         {"generation", absl::StrCat(job.generation)}});
   }
-  if (request.has_recovery()) {
-    const v1::RecoveryRecord& r = request.recovery();
-    bool fresh = job.recoveries.empty() || job.recoveries.back().generation() != r.generation() ||
-                 job.recoveries.back().phase() != r.phase();
-    if (fresh) {
-      if (!job.recoveries.empty() && job.recoveries.back().generation() == r.generation()) {
-        job.recoveries.back() = r;
-      } else {
-        job.recoveries.push_back(r);
-        while (job.recoveries.size() > 32) job.recoveries.pop_front();
-      }
-      log_->Log(absl::StrCat("recovery_", r.phase()),
-                {{"job", job.id},
-                 {"generation", absl::StrCat(r.generation())},
-                 {"source", r.source()},
-                 {"restored_step", absl::StrCat(r.restored_step())},
-                 {"failed_step", absl::StrCat(r.failed_step())},
-                 {"world_size", absl::StrCat(r.world_size())},
-                 {"rejoin_ms", absl::StrFormat("%.0f", r.rejoin_ms())},
-                 {"restore_ms", absl::StrFormat("%.0f", r.restore_ms())},
-                 {"first_step_ms", absl::StrFormat("%.0f", r.first_step_ms())}});
-    }
-  }
+  if (request.has_recovery()) RecordRecovery(job, request.recovery());
   AssignTelemetry(request.telemetry(), &m.telemetry);
   // The beat above counts (the member is alive); the answer waits for the
   // job's unsaved change, which may be what the member must hear.
@@ -148,6 +126,29 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   }
   *commit = job.commit;
   return response;
+}
+
+void Membership::RecordRecovery(Job& job, const v1::RecoveryRecord& r) {
+  bool fresh = job.recoveries.empty() || job.recoveries.back().generation() != r.generation() ||
+               job.recoveries.back().phase() != r.phase();
+  if (fresh) {
+    if (!job.recoveries.empty() && job.recoveries.back().generation() == r.generation()) {
+      job.recoveries.back() = r;
+    } else {
+      job.recoveries.push_back(r);
+      while (job.recoveries.size() > 32) job.recoveries.pop_front();
+    }
+    log_->Log(absl::StrCat("recovery_", r.phase()),
+              {{"job", job.id},
+               {"generation", absl::StrCat(r.generation())},
+               {"source", r.source()},
+               {"restored_step", absl::StrCat(r.restored_step())},
+               {"failed_step", absl::StrCat(r.failed_step())},
+               {"world_size", absl::StrCat(r.world_size())},
+               {"rejoin_ms", absl::StrFormat("%.0f", r.rejoin_ms())},
+               {"restore_ms", absl::StrFormat("%.0f", r.restore_ms())},
+               {"first_step_ms", absl::StrFormat("%.0f", r.first_step_ms())}});
+  }
 }
 
 // The lines of one job's second that are written one per member: enough to
@@ -207,7 +208,7 @@ void Membership::AnswersUndeliverable(const std::vector<UndeliveredAnswer>& answ
         answer.rank >= static_cast<int>(job.members.size())) {
       continue;  // an answer of an older generation: its clock is moot
     }
-    StartClock(job, answer.rank, now);
+    job.StartClock(answer.rank, now);
   }
 }
 

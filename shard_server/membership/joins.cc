@@ -220,7 +220,7 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
       if (job->formed()) {
         if (job->pending.empty()) {
           job->grow_since = now;
-          job->grow_mark = CommittedSnapshot(*job);
+          job->grow_mark = job->CommittedSnapshot();
         }
         log_->Log("grow_back_waiting",
                   {{"job", job->id},
@@ -285,7 +285,7 @@ absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& wor
     member->alive = true;  // nothing changed
     return s;
   }
-  StopWatching(job, member->rank);
+  job.StopWatching(member->rank);
   job.degraded_at = now;
   return absl::OkStatus();
 }

@@ -44,7 +44,7 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
       job.state = previous_state;
       return saved;
     }
-    StopWatching(job, m.rank);
+    job.StopWatching(m.rank);
     log_->Log("leave", {{"job", job.id},
                         {"worker", m.worker_id},
                         {"rank", absl::StrCat(m.rank)},

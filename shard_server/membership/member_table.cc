@@ -1,7 +1,9 @@
 #include "shard_server/membership/member_table.h"
 
+#include <algorithm>
 #include <cassert>
 #include <string>
+#include <vector>
 
 namespace zeroshard {
 
@@ -24,41 +26,41 @@ const Membership::MemberState* Membership::Job::FindMember(const std::string& wo
   return const_cast<Job*>(this)->FindMember(worker_id);
 }
 
-void Membership::RebuildSilenceOrder(Job& job) {
+void Membership::Job::RebuildSilenceOrder() {
   std::vector<int> live;
-  live.reserve(job.members.size());
-  for (const MemberState& m : job.members) {
-    if (m.alive && !m.left && !job.undelivered.contains(m.rank)) live.push_back(m.rank);
+  live.reserve(members.size());
+  for (const MemberState& m : members) {
+    if (m.alive && !m.left && !undelivered.contains(m.rank)) live.push_back(m.rank);
   }
   std::stable_sort(live.begin(), live.end(), [&](int a, int b) {
-    return job.members[a].last_heartbeat < job.members[b].last_heartbeat;
+    return members[a].last_heartbeat < members[b].last_heartbeat;
   });
-  job.silence.Reset(static_cast<int>(job.members.size()));
-  for (int rank : live) job.silence.MoveToBack(rank);
-  job.closed_streams.clear();
-  for (const MemberState& m : job.members) {
-    if (m.alive && !m.left && m.stream_closed > m.last_heartbeat) job.closed_streams.insert(m.rank);
+  silence.Reset(static_cast<int>(members.size()));
+  for (int rank : live) silence.MoveToBack(rank);
+  closed_streams.clear();
+  for (const MemberState& m : members) {
+    if (m.alive && !m.left && m.stream_closed > m.last_heartbeat) closed_streams.insert(m.rank);
   }
 }
 
-void Membership::StopWatching(Job& job, int rank) {
-  job.silence.Remove(rank);
-  job.undelivered.erase(rank);
-  job.closed_streams.erase(rank);
+void Membership::Job::StopWatching(int rank) {
+  silence.Remove(rank);
+  undelivered.erase(rank);
+  closed_streams.erase(rank);
 }
 
-void Membership::StartClock(Job& job, int rank, absl::Time now) {
-  if (job.undelivered.erase(rank) == 0) return;  // started already
-  MemberState& m = job.members[rank];
+void Membership::Job::StartClock(int rank, absl::Time now) {
+  if (undelivered.erase(rank) == 0) return;  // started already
+  MemberState& m = members[rank];
   if (!m.alive || m.left) return;
   m.last_heartbeat = now;  // the latest time any member has: the back of the order
-  job.silence.MoveToBack(rank);
+  silence.MoveToBack(rank);
 }
 
-int64_t Membership::CommittedSnapshot(const Job& job) {
+int64_t Membership::Job::CommittedSnapshot() const {
   int64_t snapshot_step = -1;
   bool any = false;
-  for (const MemberState& m : job.members) {
+  for (const MemberState& m : members) {
     if (!m.alive || m.left) continue;
     snapshot_step = any ? std::min(snapshot_step, m.snapshot_step) : m.snapshot_step;
     any = true;
@@ -66,8 +68,8 @@ int64_t Membership::CommittedSnapshot(const Job& job) {
   return snapshot_step;
 }
 
-int Membership::WithGrowers(const Job& job, int world_size) {
-  return std::min(job.target_world_size, world_size + static_cast<int>(job.pending.size()));
+int Membership::Job::WithGrowers(int size) const {
+  return std::min(target_world_size, size + static_cast<int>(pending.size()));
 }
 
 }  // namespace zeroshard

@@ -148,6 +148,22 @@ struct Membership::Job {
   // Invariant: rank_by_worker[m.worker_id] == m.rank for every m of
   // `members`, and nothing else (IndexMembers).
   absl::flat_hash_map<std::string, int> rank_by_worker;
+
+  // Sorts the live members by their last beat into `silence` and forgets
+  // closed streams: after `members` changed wholesale (a formation, a
+  // restore, a grace). O(W log W).
+  void RebuildSilenceOrder();
+  // A member stopped being live (dead, left): out of the timer's sight.
+  void StopWatching(int rank);
+  // Starts the clock of an `undelivered` member at `now` (it beat, or its
+  // answer could not be delivered): from here it is judged like every
+  // member.
+  void StartClock(int rank, absl::Time now);
+  // The latest snapshot step every live member committed (-1: none).
+  int64_t CommittedSnapshot() const;
+  // `size` plus the growers waiting in a formed job, at most its target
+  // world size.
+  int WithGrowers(int size) const;
 };
 
 }  // namespace zeroshard

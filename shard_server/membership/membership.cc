@@ -157,7 +157,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     return;
   }
   job.undelivered.clear();
-  RebuildSilenceOrder(job);
+  job.RebuildSilenceOrder();
   {
     int r = 0;
     for (const auto& [worker_id, p] : job.pending) {
@@ -179,6 +179,14 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
                                         : Ms(now - job.degraded_at)}});
   }
   job.degraded_at = absl::InfinitePast();
+  AnswerPendingJoins(job, deferred);
+  for (MemberState& m : job.members) m.rejoins = std::max(0, ++job.joins[m.worker_id] - 1);
+  log_->Log("ranks_assigned", {{"job", job.id},
+                               {"generation", absl::StrCat(job.generation)},
+                               {"world_size", absl::StrCat(job.world_size)}});
+}
+
+void Membership::AnswerPendingJoins(Job& job, Deferred& deferred) {
   v1::JoinResponse common;
   common.set_world_size(job.world_size);
   common.set_target_world_size(job.target_world_size);
@@ -209,10 +217,6 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     });
   }
   job.pending.clear();
-  for (MemberState& m : job.members) m.rejoins = std::max(0, ++job.joins[m.worker_id] - 1);
-  log_->Log("ranks_assigned", {{"job", job.id},
-                               {"generation", absl::StrCat(job.generation)},
-                               {"world_size", absl::StrCat(job.world_size)}});
 }
 
 absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState state,
@@ -221,7 +225,7 @@ absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState 
   const int64_t previous_generation = job.generation;
   const v1::JobState previous_state = job.state;
   // A formed job's pending joins are growers: the next generation has room.
-  job.world_size = job.formed() && !job.pending.empty() ? WithGrowers(job, world_size) : world_size;
+  job.world_size = job.formed() && !job.pending.empty() ? job.WithGrowers(world_size) : world_size;
   job.generation++;
   job.state = state;
   absl::Status saved =

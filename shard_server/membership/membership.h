@@ -275,6 +275,9 @@ class Membership {
   // fails, every pending join is answered with the error instead and the job
   // is left as it was.
   void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FormGeneration's answers: each pending join gets its rank and token in
+  // the formed generation (the member table unless it asked to skip it).
+  void AnswerPendingJoins(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the job to a new generation (and world size) in `state`, saved
   // first: on a failed save the job is left as it was and the error returned.
   absl::Status StartGeneration(Job& job, int world_size, v1::JobState state,
@@ -299,16 +302,6 @@ class Membership {
   // The status's waiting_for and waiting while the job waits for survivors
   // past its grace.
   static void FillRejoinWait(const Job& job, absl::Time now, v1::JobStatus* out);
-  // Sorts the job's live members by their last beat into `job.silence` and
-  // forgets closed streams: after `members` changed wholesale (a formation,
-  // a restore, a grace). O(W log W).
-  static void RebuildSilenceOrder(Job& job);
-  // A member stopped being live (dead, left): out of the timer's sight.
-  static void StopWatching(Job& job, int rank);
-  // Starts the clock of an `undelivered` member at `now` (it beat, or its
-  // answer could not be delivered): from here it is judged like every
-  // member.
-  static void StartClock(Job& job, int rank, absl::Time now);
   // At the job's delivery deadline, starts the clocks of the members that
   // have not beaten.
   void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -319,14 +312,16 @@ class Membership {
   // silent, and those after it that may be dead by a smaller lag.
   std::vector<MemberState*> MembersToJudge(Job& job, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Declares `m` dead and moves the job to a new generation (DEGRADED).
-  void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
+  // The failure detector's verdicts on `live` (MembersToJudge), in order.
+  std::vector<MemberVerdict> Verdicts(const Job& job, const std::vector<MemberState*>& live,
+                                      absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Declares dead the live members the failure detector finds dead (deaths.cc).
+  // A death in the formed generation moves the job to a new one (DEGRADED):
+  // applied at once, saved when it can be. True when one did.
+  bool DeclareDeaths(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The latest snapshot step every live member committed (-1: none).
-  static int64_t CommittedSnapshot(const Job& job);
-  // `world_size` plus the growers waiting in a formed job, at most its
-  // target world size.
-  static int WithGrowers(const Job& job, int world_size);
+  // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.
+  void ExpireJoins(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a formed generation that growers wait on once its members
   // committed the snapshot after the first grower came (or kGrowBoundaryWait
   // passed without one): they all join the next, larger generation.
@@ -373,6 +368,10 @@ class Membership {
                                                         const v1::MemberCredentials& member,
                                                         uint64_t stream, int64_t* commit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member's report of a recovery phase (HeartbeatRequest.recovery):
+  // kept (one per generation, the last 32) and logged when its generation or
+  // phase is not the last one's.
+  void RecordRecovery(Job& job, const v1::RecoveryRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewToken();

@@ -47,7 +47,7 @@ absl::Status Membership::Restore() {
       job->members.push_back(std::move(m));
     }
     job->IndexMembers();
-    RebuildSilenceOrder(*job);
+    job->RebuildSilenceOrder();
     log_->Log("job_restored", {{"job", job->id},
                                {"generation", absl::StrCat(job->generation)},
                                {"state", v1::JobState_Name(job->state)},
@@ -64,7 +64,7 @@ void Membership::StartGrace() {
     for (MemberState& m : job->members) {
       if (m.alive && !m.left) m.last_heartbeat = RestoredBeat(now);
     }
-    RebuildSilenceOrder(*job);
+    job->RebuildSilenceOrder();
   }
 }
 

@@ -57,7 +57,7 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
       *ms->mutable_telemetry() = m.telemetry;
       ms->set_rejoins(m.rejoins);
     }
-    out->set_snapshot_step(CommittedSnapshot(*job));
+    out->set_snapshot_step(job->CommittedSnapshot());
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
     FillRejoinWait(*job, now, out);
     for (const Job::GenerationChange& change : job->history) {
