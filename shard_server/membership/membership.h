@@ -213,9 +213,6 @@ class Membership {
   absl::StatusOr<int> WorldSize(const std::string& job_id);
 
  private:
-  // The last beat a restored member is given: its silence reaches
-  // heartbeat_timeout restore_grace after `now`.
-  absl::Time RestoredBeat(absl::Time now) const;
   // The member table (member_table.h): defined there, for Membership's own
   // files only.
   struct MemberState;
@@ -223,7 +220,46 @@ class Membership {
   struct Job;
   using Deferred = std::vector<std::function<void()>>;
 
-  // ---- Join: validate -> classify -> apply ----
+  // ---- membership.cc: generations, the job table ----
+  // The job of `member`'s formed generation, its token checked (and, unless
+  // `allow_stale`, that generation the job's current one): NOT_FOUND or
+  // FAILED_PRECONDITION otherwise.
+  absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers every held join of `job` with `status` and forgets them.
+  void FailPendingJoins(Job& job, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK unless the pending joins come from several machines and some
+  // advertise loopback hosts: FAILED_PRECONDITION naming them.
+  static absl::Status CheckHostsReachable(const Job& job);
+  // Assigns ranks to the pending joins and answers them. When the save
+  // fails, every pending join is answered with the error instead and the job
+  // is left as it was.
+  void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FormGeneration's answers: each pending join gets its rank and token in
+  // the formed generation (the member table unless it asked to skip it).
+  void AnswerPendingJoins(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the job to a new generation (and world size) in `state`, saved
+  // first: on a failed save the job is left as it was and the error returned.
+  absl::Status StartGeneration(Job& job, int world_size, v1::JobState state,
+                               const std::string& reason, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What follows a generation change in memory: joins pending for
+  // `old_generation` are abandoned, the listener is told.
+  void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
+                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records why `job` is at its current generation (bounded history).
+  void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when `job` has no live member and no pending join and either never
+  // formed or has been idle for job_ttl, and it is gone from the state store
+  // (the listener is told): the caller erases it from jobs_.
+  bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewToken();
+  // A duration as the event log writes it: whole milliseconds.
+  static std::string Ms(absl::Duration d);
+
+  // ---- joins.cc: validate -> classify -> apply ----
   // What a valid join does to the server's state.
   enum class JoinKind {
     kNewJob,                   // no such job: create it (generation 1, JOINING)
@@ -268,40 +304,28 @@ class Membership {
                           absl::Time now, ClockStart clock, JoinDone done, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Answers every held join of `job` with `status` and forgets them.
-  void FailPendingJoins(Job& job, const absl::Status& status, Deferred& deferred)
+  // ---- heartbeats.cc ----
+  // Heartbeat's record of a beat whose credentials are `member` (request's
+  // own member is not read); `*commit`: the job's last commit, which the
+  // answer may reveal.
+  absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
+                                                        const v1::MemberCredentials& member,
+                                                        uint64_t stream, int64_t* commit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Assigns ranks to the pending joins and answers them. When the save
-  // fails, every pending join is answered with the error instead and the job
-  // is left as it was.
-  void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FormGeneration's answers: each pending join gets its rank and token in
-  // the formed generation (the member table unless it asked to skip it).
-  void AnswerPendingJoins(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the job to a new generation (and world size) in `state`, saved
-  // first: on a failed save the job is left as it was and the error returned.
-  absl::Status StartGeneration(Job& job, int world_size, v1::JobState state,
-                               const std::string& reason, Deferred& deferred)
+  // A member's report of a recovery phase (HeartbeatRequest.recovery):
+  // kept (one per generation, the last 32) and logged when its generation or
+  // phase is not the last one's.
+  void RecordRecovery(Job& job, const v1::RecoveryRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member beat again after `silent` (over two intervals): logged, or
+  // counted when the job's second already listed kResumedListed.
+  void LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What follows a generation change in memory: joins pending for
-  // `old_generation` are abandoned, the listener is told.
-  void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
-                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True when `job` has no live member and no pending join and either never
-  // formed or has been idle for job_ttl, and it is gone from the state store
-  // (the listener is told): the caller erases it from jobs_.
-  bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job in DEGRADED whose rejoin grace is over forms a smaller generation
-  // once min_world_size members re-joined, waits while live members could
-  // still make it up, and fails the waiting joins otherwise (rejoin_wait.h;
-  // shrink.cc).
-  void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Who re-joined `job`'s forming generation and who did not, at `now`.
-  static RejoinState RejoinStateOf(const Job& job, absl::Time now);
-  // The status's waiting_for and waiting while the job waits for survivors
-  // past its grace.
-  static void FillRejoinWait(const Job& job, absl::Time now, v1::JobStatus* out);
+  // Writes the count of the second's unlisted resumes once it is over.
+  void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- tick.cc and deaths.cc: the timer's pass; where a member is declared dead ----
+  // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.
+  void ExpireJoins(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At the job's delivery deadline, starts the clocks of the members that
   // have not beaten.
   void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -320,28 +344,32 @@ class Membership {
   // applied at once, saved when it can be. True when one did.
   bool DeclareDeaths(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.
-  void ExpireJoins(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs the start and end of the failure detector's doubts about `live`
+  // (its rules 3 and 4) for `job`.
+  void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
+                 const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- shrink.cc and grow_back.cc ----
+  // A job in DEGRADED whose rejoin grace is over forms a smaller generation
+  // once min_world_size members re-joined, waits while live members could
+  // still make it up, and fails the waiting joins otherwise (rejoin_wait.h;
+  // shrink.cc).
+  void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Who re-joined `job`'s forming generation and who did not, at `now`.
+  static RejoinState RejoinStateOf(const Job& job, absl::Time now);
+  // The status's waiting_for and waiting while the job waits for survivors
+  // past its grace.
+  static void FillRejoinWait(const Job& job, absl::Time now, v1::JobStatus* out);
   // Ends a formed generation that growers wait on once its members
   // committed the snapshot after the first grower came (or kGrowBoundaryWait
   // passed without one): they all join the next, larger generation.
   void MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A member beat again after `silent` (over two intervals): logged, or
-  // counted when the job's second already listed kResumedListed.
-  void LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the count of the second's unlisted resumes once it is over.
-  void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Logs the start and end of the failure detector's doubts about `live`
-  // (its rules 3 and 4) for `job`.
-  void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
-                 const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK unless the pending joins come from several machines and some
-  // advertise loopback hosts: FAILED_PRECONDITION naming them.
-  static absl::Status CheckHostsReachable(const Job& job);
-  // Records why `job` is at its current generation (bounded history).
-  void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- persistence.cc ----
+  // The last beat a restored member is given: its silence reaches
+  // heartbeat_timeout restore_grace after `now`.
+  absl::Time RestoredBeat(absl::Time now) const;
   // Writes the job to the state store (OK without one).
   absl::Status Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persist for a change a caller is told about: a failure is logged and
@@ -361,22 +389,6 @@ class Membership {
   absl::Status SyncState(int64_t commit) ABSL_LOCKS_EXCLUDED(mu_);
   // Every commit so far (0 without a store).
   int64_t LastCommit() const { return state_ == nullptr ? 0 : state_->LastCommit(); }
-  // Heartbeat's record of a beat whose credentials are `member` (request's
-  // own member is not read); `*commit`: the job's last commit, which the
-  // answer may reveal.
-  absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
-                                                        const v1::MemberCredentials& member,
-                                                        uint64_t stream, int64_t* commit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A member's report of a recovery phase (HeartbeatRequest.recovery):
-  // kept (one per generation, the last 32) and logged when its generation or
-  // phase is not the last one's.
-  void RecordRecovery(Job& job, const v1::RecoveryRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string NewToken();
-  // A duration as the event log writes it: whole milliseconds.
-  static std::string Ms(absl::Duration d);
 
   Clock* const clock_;
   EventLog* const log_;
