@@ -12,15 +12,47 @@
 
 namespace zeroshard {
 
-void Membership::StartOverdueClocks(Job& job, absl::Time now) {
-  if (job.undelivered.empty() || now < job.delivery_deadline) return;
-  log_->Log("answers_undelivered", {{"job", job.id},
-                                    {"generation", absl::StrCat(job.members_generation)},
-                                    {"members", absl::StrCat(job.undelivered.size())},
-                                    {"after_ms", Ms(options_.answer_delivery_timeout)}});
-  std::vector<int> ranks(job.undelivered.begin(), job.undelivered.end());
-  std::sort(ranks.begin(), ranks.end());
-  for (int rank : ranks) job.StartClock(rank, now);
+bool Membership::DeclareDeaths(Job& job, absl::Time now, Deferred& deferred) {
+  bool died = false;
+  bool changed = false;
+  std::string dead;  // who, for the generation's history
+  // Who is dead: shard_server/membership/failure_detector.h has the rules.
+  // Only those that may be dead: every other live member is alive
+  // (failure_detector.h, JudgeMembers).
+  const std::vector<MemberState*> live = MembersToJudge(job, now);
+  const std::vector<MemberVerdict> verdicts = Verdicts(job, live, now);
+  LogDoubts(job, std::vector<const MemberState*>(live.begin(), live.end()), verdicts);
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (verdicts[i].verdict != Verdict::kDead) continue;
+    MemberState& m = *live[i];
+    const absl::Duration silent = now - m.last_heartbeat;
+    m.alive = false;
+    job.StopWatching(m.rank);
+    changed = true;
+    absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ", m.rank,
+                    ")");
+    log_->Log("member_dead", {{"job", job.id},
+                              {"worker", m.worker_id},
+                              {"rank", absl::StrCat(m.rank)},
+                              {"generation", absl::StrCat(job.members_generation)},
+                              {"silent_ms", Ms(silent)},
+                              {"why", verdicts[i].why}});
+    died = died || job.formed();
+  }
+  // A death stands whatever the disk says: applied now, saved when it can be.
+  if (died) {
+    const int64_t old = job.generation;
+    job.world_size = job.WithGrowers(job.world_size);
+    job.generation++;
+    job.state = v1::DEGRADED;
+    job.degraded_at = now;
+    AnnounceGeneration(job, old, absl::StrCat(dead, " stopped heartbeating"), deferred);
+    SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after a death"));
+  } else if (changed) {
+    // Survivors of an abandoned generation went silent.
+    SaveOrMarkUnsaved(job, "members of an abandoned generation went silent");
+  }
+  return died;
 }
 
 std::vector<Membership::MemberState*> Membership::MembersToJudge(Job& job, absl::Time now) const {
@@ -99,49 +131,6 @@ std::vector<MemberVerdict> Membership::Verdicts(const Job& job,
   return JudgeMembers(signals, job_signals, now, detector_options_);
 }
 
-bool Membership::DeclareDeaths(Job& job, absl::Time now, Deferred& deferred) {
-  bool died = false;
-  bool changed = false;
-  std::string dead;  // who, for the generation's history
-  // Who is dead: shard_server/membership/failure_detector.h has the rules.
-  // Only those that may be dead: every other live member is alive
-  // (failure_detector.h, JudgeMembers).
-  const std::vector<MemberState*> live = MembersToJudge(job, now);
-  const std::vector<MemberVerdict> verdicts = Verdicts(job, live, now);
-  LogDoubts(job, std::vector<const MemberState*>(live.begin(), live.end()), verdicts);
-  for (size_t i = 0; i < live.size(); ++i) {
-    if (verdicts[i].verdict != Verdict::kDead) continue;
-    MemberState& m = *live[i];
-    const absl::Duration silent = now - m.last_heartbeat;
-    m.alive = false;
-    job.StopWatching(m.rank);
-    changed = true;
-    absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ", m.rank,
-                    ")");
-    log_->Log("member_dead", {{"job", job.id},
-                              {"worker", m.worker_id},
-                              {"rank", absl::StrCat(m.rank)},
-                              {"generation", absl::StrCat(job.members_generation)},
-                              {"silent_ms", Ms(silent)},
-                              {"why", verdicts[i].why}});
-    died = died || job.formed();
-  }
-  // A death stands whatever the disk says: applied now, saved when it can be.
-  if (died) {
-    const int64_t old = job.generation;
-    job.world_size = job.WithGrowers(job.world_size);
-    job.generation++;
-    job.state = v1::DEGRADED;
-    job.degraded_at = now;
-    AnnounceGeneration(job, old, absl::StrCat(dead, " stopped heartbeating"), deferred);
-    SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after a death"));
-  } else if (changed) {
-    // Survivors of an abandoned generation went silent.
-    SaveOrMarkUnsaved(job, "members of an abandoned generation went silent");
-  }
-  return died;
-}
-
 void Membership::LogDoubts(Job& job, const std::vector<const MemberState*>& live,
                            const std::vector<MemberVerdict>& verdicts) {
   auto first = [&](Verdict v) {
@@ -186,6 +175,17 @@ void Membership::LogDoubts(Job& job, const std::vector<const MemberState*>& live
       log_->Log("members_seen_by_peers_over", {{"job", job.id}});
     }
   }
+}
+
+void Membership::StartOverdueClocks(Job& job, absl::Time now) {
+  if (job.undelivered.empty() || now < job.delivery_deadline) return;
+  log_->Log("answers_undelivered", {{"job", job.id},
+                                    {"generation", absl::StrCat(job.members_generation)},
+                                    {"members", absl::StrCat(job.undelivered.size())},
+                                    {"after_ms", Ms(options_.answer_delivery_timeout)}});
+  std::vector<int> ranks(job.undelivered.begin(), job.undelivered.end());
+  std::sort(ranks.begin(), ranks.end());
+  for (int rank : ranks) job.StartClock(rank, now);
 }
 
 }  // namespace zeroshard

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "shard_server/membership/failure_detector.h"
 #include "shard_server/membership/member_table.h"
 #include "shard_server/membership/membership.h"
 
