@@ -22,20 +22,32 @@
 // store's error until a save succeeds. So no member acts on a generation
 // change that a restarted server would not know (such a server gives the
 // members a full timeout and declares the silent one dead again).
+//
+// One class, its definitions by what they do (shard_server/membership/):
+//   membership.cc    construction, listeners; generations formed, started,
+//                    announced; idle jobs forgotten
+//   member_table.h   what is kept of each job and member (private)
+//   joins.cc         Join, CancelJoin: validate -> classify -> apply
+//   heartbeats.cc    Heartbeat(s), CheckMember, closed streams, undelivered
+//                    join answers
+//   leave.cc         Leave
+//   tick.cc          Tick: the timer's pass over every job
+//   deaths.cc        where a member is declared dead (failure_detector.h's
+//                    verdicts on the members the tick judges)
+//   shrink.cc        a smaller generation after --rejoin_grace (rejoin_wait.h)
+//   grow_back.cc     a shrunk job's missing workers taken back
+//   status.cc        GetStatus, WorldSize
+//   persistence.cc   the state store: Restore, saves, syncs
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
 
-#include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -45,7 +57,6 @@
 #include "shard_server/clock.h"
 #include "shard_server/membership/failure_detector.h"
 #include "shard_server/membership/rejoin_wait.h"
-#include "shard_server/membership/silence_order.h"
 #include "shard_server/observability/event_log.h"
 #include "shard_server/state/state_store.h"
 
@@ -96,6 +107,7 @@ class Membership {
 
   // `state` may be null (no persistence). Not owned.
   Membership(Clock* clock, EventLog* log, StateStore* state, MembershipOptions options);
+  ~Membership();
 
   // Loads jobs from the state store. Members of running jobs get
   // restore_grace (at least a heartbeat timeout) from now to beat again
@@ -201,139 +213,53 @@ class Membership {
   absl::StatusOr<int> WorldSize(const std::string& job_id);
 
  private:
-  // The last beat a restored member is given: its silence reaches
-  // heartbeat_timeout restore_grace after `now`.
-  absl::Time RestoredBeat(absl::Time now) const;
-  struct MemberState {
-    int rank = 0;
-    std::string worker_id;
-    std::string host;
-    std::string token;
-    bool alive = true;
-    bool left = false;
-    absl::Time last_heartbeat;  // formation time until the first beat
-    bool heartbeat_seen = false;
-    int64_t step = 0;
-    double loss = 0;
-    int64_t memory_bytes = 0;
-    int64_t collective_seq = 0;
-    v1::StepTelemetry last_step;
-    std::string incarnation;     // JoinRequest.incarnation
-    int rejoins = 0;             // generations it was a member of, less one
-    int64_t snapshot_step = -1;  // the member's latest committed snapshot
-    // When the stream of its latest beat closed (InfinitePast: not since the
-    // member formed). A kill -9 closes it at once: the kernel sends FIN.
-    absl::Time stream_closed = absl::InfinitePast();
-    uint64_t beating_stream = 0;  // the stream of its latest beat
-    v1::RankTelemetry telemetry;
-  };
-  struct PendingJoin {
-    uint64_t id = 0;
-    std::string worker_id;
-    std::string host;
-    std::string incarnation;
-    std::string node;  // JoinRequest.node
-    bool skip_member_table = false;
-    ClockStart clock = ClockStart::kAtFormation;
-    absl::Time deadline;
-    JoinDone done;
-  };
-  struct Job {
-    std::string id;
-    int world_size = 0;
-    // The world size the workers were started with; world_size is smaller
-    // after a shrink.
-    int target_world_size = 0;
-    // From the members' joins (--min_world_size, --rejoin_grace); 0: no
-    // shrink. A restored job takes them from its next join.
-    int min_world_size = 0;
-    absl::Duration rejoin_grace = absl::ZeroDuration();
-    bool recovery_options_known = false;
-    // When the current generation was started by a death (shrink counts the
-    // grace from here); InfinitePast otherwise.
-    absl::Time degraded_at = absl::InfinitePast();
-    int64_t generation = 0;          // current generation (forming or formed)
-    int64_t members_generation = 0;  // generation of `members`; == generation once formed
-    v1::JobState state = v1::JOINING;
-    // By worker id: sorted = rank order. While the job is formed, only
-    // workers growing a shrunk job back (kGrowBack) wait here.
-    std::map<std::string, PendingJoin> pending;
-    // Grow back: the snapshot step every live member had committed when the
-    // first waiting grower came (-1: none), and when it came (InfinitePast:
-    // nobody waits). The generation ends once every member committed a later
-    // one (Tick).
-    int64_t grow_mark = -1;
-    absl::Time grow_since = absl::InfinitePast();
-    std::vector<MemberState> members;  // by rank
-    // The live members of `members` by their last beat (RebuildSilenceOrder
-    // after `members` changes wholesale), and the ranks whose latest stream
-    // closed since their last beat: what Tick judges, so a tick costs what
-    // the silent members cost, not the job.
-    SilenceOrder silence;
-    absl::flat_hash_set<int> closed_streams;
-    // Live members of the formed generation whose clock has not started
-    // (ClockStart::kAtFirstBeat): not in `silence`, so not judged, until
-    // they beat, their answer proves undeliverable, or `delivery_deadline`
-    // passes.
-    // Invariant: disjoint from `silence`.
-    absl::flat_hash_set<int> undelivered;
-    absl::Time delivery_deadline = absl::InfiniteFuture();
-    // OK, or why the last save of a death (applied, not yet saved) failed.
-    absl::Status unsaved;
-    // The state store's commit that holds the job's last saved change: what
-    // must be durable (SyncState) before a member hears of it. Set by
-    // Persist, which sees the job const.
-    mutable int64_t commit = 0;
-    // Since when the job has had no live member and no pending join
-    // (InfiniteFuture while it has one).
-    absl::Time idle_since = absl::InfiniteFuture();
-    // Why each generation began, the last kMaxHistory of them, oldest first.
-    struct GenerationChange {
-      int64_t generation = 0;
-      std::string reason;
-      absl::Time at;
-    };
-    std::deque<GenerationChange> history;
-    std::map<std::string, int> joins;           // worker id -> generations it was a member of
-    std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
-    // The generation in which a member reported a failed collective
-    // (HeartbeatRequest.peer_failure; -1: none): its silent members are
-    // declared dead sooner (Tick).
-    int64_t suspect_generation = -1;
-    // heartbeat_resumed lines of the current second (LogResumed): at most
-    // kResumedListed are written; the others are counted and summed up in
-    // one heartbeats_resumed_unlisted line. A server that was itself behind
-    // at 100K ranks logged 100,000 lines at once, and took the CPU to write
-    // them from the beats it was behind on.
-    absl::Time resumed_window = absl::InfinitePast();
-    int resumed_listed = 0;
-    int resumed_unlisted = 0;
-    absl::Duration resumed_unlisted_longest;
-    // When a beating member of the formed generation last reported a larger
-    // collective_seq (InfinitePast: not in this generation): its silent peers
-    // are seen by it (failure_detector.h, rule 3).
-    absl::Time data_plane_advanced = absl::InfinitePast();
-    // The server suspects its own isolation from this job, or members are
-    // silent but seen by their peers (each logged once per episode).
-    bool isolation_suspected = false;
-    bool seen_by_peers = false;
-    bool server_behind = false;  // a death held by rule 4b (logged once)
-    // Whom the last recovery_waiting line named (MaybeShrink logs a change).
-    std::vector<std::string> waiting_logged;
-    bool formed() const { return members_generation == generation && !members.empty(); }
-    // The member with `worker_id`; null: none. O(1): a 100,000-rank job's
-    // rejoins after a failure look up every member once each.
-    MemberState* FindMember(const std::string& worker_id);
-    const MemberState* FindMember(const std::string& worker_id) const;
-    // Call whenever `members` is replaced or filled (restore, FormGeneration).
-    void IndexMembers();
-    // Invariant: rank_by_worker[m.worker_id] == m.rank for every m of
-    // `members`, and nothing else (IndexMembers).
-    absl::flat_hash_map<std::string, int> rank_by_worker;
-  };
+  // The member table (member_table.h): defined there, for Membership's own
+  // files only.
+  struct MemberState;
+  struct PendingJoin;
+  struct Job;
   using Deferred = std::vector<std::function<void()>>;
 
-  // ---- Join: validate -> classify -> apply ----
+  // ---- membership.cc: generations, the job table ----
+  // The job of `member`'s formed generation, its token checked (and, unless
+  // `allow_stale`, that generation the job's current one): NOT_FOUND or
+  // FAILED_PRECONDITION otherwise.
+  absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers every held join of `job` with `status` and forgets them.
+  void FailPendingJoins(Job& job, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK unless the pending joins come from several machines and some
+  // advertise loopback hosts: FAILED_PRECONDITION naming them.
+  static absl::Status CheckHostsReachable(const Job& job);
+  // Assigns ranks to the pending joins and answers them. When the save
+  // fails, every pending join is answered with the error instead and the job
+  // is left as it was.
+  void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FormGeneration's answers: each pending join gets its rank and token in
+  // the formed generation (the member table unless it asked to skip it).
+  void AnswerPendingJoins(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the job to a new generation (and world size) in `state`, saved
+  // first: on a failed save the job is left as it was and the error returned.
+  absl::Status StartGeneration(Job& job, int world_size, v1::JobState state,
+                               const std::string& reason, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What follows a generation change in memory: joins pending for
+  // `old_generation` are abandoned, the listener is told.
+  void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
+                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records why `job` is at its current generation (bounded history).
+  void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when `job` has no live member and no pending join and either never
+  // formed or has been idle for job_ttl, and it is gone from the state store
+  // (the listener is told): the caller erases it from jobs_.
+  bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewToken();
+  // A duration as the event log writes it: whole milliseconds.
+  static std::string Ms(absl::Duration d);
+
+  // ---- joins.cc: validate -> classify -> apply ----
   // What a valid join does to the server's state.
   enum class JoinKind {
     kNewJob,                   // no such job: create it (generation 1, JOINING)
@@ -378,47 +304,28 @@ class Membership {
                           absl::Time now, ClockStart clock, JoinDone done, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Answers every held join of `job` with `status` and forgets them.
-  void FailPendingJoins(Job& job, const absl::Status& status, Deferred& deferred)
+  // ---- heartbeats.cc ----
+  // Heartbeat's record of a beat whose credentials are `member` (request's
+  // own member is not read); `*commit`: the job's last commit, which the
+  // answer may reveal.
+  absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
+                                                        const v1::MemberCredentials& member,
+                                                        uint64_t stream, int64_t* commit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Assigns ranks to the pending joins and answers them. When the save
-  // fails, every pending join is answered with the error instead and the job
-  // is left as it was.
-  void FormGeneration(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the job to a new generation (and world size) in `state`, saved
-  // first: on a failed save the job is left as it was and the error returned.
-  absl::Status StartGeneration(Job& job, int world_size, v1::JobState state,
-                               const std::string& reason, Deferred& deferred)
+  // A member's report of a recovery phase (HeartbeatRequest.recovery):
+  // kept (one per generation, the last 32) and logged when its generation or
+  // phase is not the last one's.
+  void RecordRecovery(Job& job, const v1::RecoveryRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member beat again after `silent` (over two intervals): logged, or
+  // counted when the job's second already listed kResumedListed.
+  void LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What follows a generation change in memory: joins pending for
-  // `old_generation` are abandoned, the listener is told.
-  void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
-                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True when `job` has no live member and no pending join and either never
-  // formed or has been idle for job_ttl, and it is gone from the state store
-  // (the listener is told): the caller erases it from jobs_.
-  bool ForgetIfIdle(Job& job, absl::Time now, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job in DEGRADED whose rejoin grace is over forms a smaller generation
-  // once min_world_size members re-joined, waits while live members could
-  // still make it up, and fails the waiting joins otherwise (rejoin_wait.h;
-  // shrink.cc).
-  void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Who re-joined `job`'s forming generation and who did not, at `now`.
-  static RejoinState RejoinStateOf(const Job& job, absl::Time now);
-  // The status's waiting_for and waiting while the job waits for survivors
-  // past its grace.
-  static void FillRejoinWait(const Job& job, absl::Time now, v1::JobStatus* out);
-  // Sorts the job's live members by their last beat into `job.silence` and
-  // forgets closed streams: after `members` changed wholesale (a formation,
-  // a restore, a grace). O(W log W).
-  static void RebuildSilenceOrder(Job& job);
-  // A member stopped being live (dead, left): out of the timer's sight.
-  static void StopWatching(Job& job, int rank);
-  // Starts the clock of an `undelivered` member at `now` (it beat, or its
-  // answer could not be delivered): from here it is judged like every
-  // member.
-  static void StartClock(Job& job, int rank, absl::Time now);
+  // Writes the count of the second's unlisted resumes once it is over.
+  void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- tick.cc and deaths.cc: the timer's pass; where a member is declared dead ----
+  // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.
+  void ExpireJoins(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At the job's delivery deadline, starts the clocks of the members that
   // have not beaten.
   void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -429,34 +336,40 @@ class Membership {
   // silent, and those after it that may be dead by a smaller lag.
   std::vector<MemberState*> MembersToJudge(Job& job, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Declares `m` dead and moves the job to a new generation (DEGRADED).
-  void DeclareDead(Job& job, const std::string& reason, Deferred& deferred)
+  // The failure detector's verdicts on `live` (MembersToJudge), in order.
+  std::vector<MemberVerdict> Verdicts(const Job& job, const std::vector<MemberState*>& live,
+                                      absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Declares dead the live members the failure detector finds dead (deaths.cc).
+  // A death in the formed generation moves the job to a new one (DEGRADED):
+  // applied at once, saved when it can be. True when one did.
+  bool DeclareDeaths(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The latest snapshot step every live member committed (-1: none).
-  static int64_t CommittedSnapshot(const Job& job);
-  // `world_size` plus the growers waiting in a formed job, at most its
-  // target world size.
-  static int WithGrowers(const Job& job, int world_size);
+  // Logs the start and end of the failure detector's doubts about `live`
+  // (its rules 3 and 4) for `job`.
+  void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
+                 const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- shrink.cc and grow_back.cc ----
+  // A job in DEGRADED whose rejoin grace is over forms a smaller generation
+  // once min_world_size members re-joined, waits while live members could
+  // still make it up, and fails the waiting joins otherwise (rejoin_wait.h;
+  // shrink.cc).
+  void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Who re-joined `job`'s forming generation and who did not, at `now`.
+  static RejoinState RejoinStateOf(const Job& job, absl::Time now);
+  // The status's waiting_for and waiting while the job waits for survivors
+  // past its grace.
+  static void FillRejoinWait(const Job& job, absl::Time now, v1::JobStatus* out);
   // Ends a formed generation that growers wait on once its members
   // committed the snapshot after the first grower came (or kGrowBoundaryWait
   // passed without one): they all join the next, larger generation.
   void MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A member beat again after `silent` (over two intervals): logged, or
-  // counted when the job's second already listed kResumedListed.
-  void LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the count of the second's unlisted resumes once it is over.
-  void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Logs the start and end of the failure detector's doubts about `live`
-  // (its rules 3 and 4) for `job`.
-  void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
-                 const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK unless the pending joins come from several machines and some
-  // advertise loopback hosts: FAILED_PRECONDITION naming them.
-  static absl::Status CheckHostsReachable(const Job& job);
-  // Records why `job` is at its current generation (bounded history).
-  void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- persistence.cc ----
+  // The last beat a restored member is given: its silence reaches
+  // heartbeat_timeout restore_grace after `now`.
+  absl::Time RestoredBeat(absl::Time now) const;
   // Writes the job to the state store (OK without one).
   absl::Status Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persist for a change a caller is told about: a failure is logged and
@@ -476,16 +389,6 @@ class Membership {
   absl::Status SyncState(int64_t commit) ABSL_LOCKS_EXCLUDED(mu_);
   // Every commit so far (0 without a store).
   int64_t LastCommit() const { return state_ == nullptr ? 0 : state_->LastCommit(); }
-  // Heartbeat's record of a beat whose credentials are `member` (request's
-  // own member is not read); `*commit`: the job's last commit, which the
-  // answer may reveal.
-  absl::StatusOr<v1::HeartbeatResponse> RecordHeartbeat(const v1::HeartbeatRequest& request,
-                                                        const v1::MemberCredentials& member,
-                                                        uint64_t stream, int64_t* commit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Job*> FindMemberJob(const v1::MemberCredentials& member, bool allow_stale)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string NewToken();
 
   Clock* const clock_;
   EventLog* const log_;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shard_server/membership/member_table.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/membership/rejoin_wait.h"
 

@@ -159,7 +159,7 @@ TEST(ControlPlaneTest, SilentMemberIsDeclaredDeadAndSurvivorsAreToldToAbort) {
       },
       absl::Seconds(5)));
   // (How fast, in seconds, is measured by //tests/bench:control_plane_bench;
-  // the exact timeout rule by membership_test with a fake clock.)
+  // the exact timeout rule by membership_deaths_test with a fake clock.)
   v1::JobStatus job = server->membership()->Status("beats").jobs(0);
   EXPECT_EQ(job.state(), v1::DEGRADED);
   EXPECT_FALSE(job.members(1).alive());

@@ -1,0 +1,65 @@
+// Leave: a member's clean exit; the job is FINISHED when every member left.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "shard_server/membership/member_table.h"
+#include "shard_server/membership/membership.h"
+
+namespace zeroshard {
+
+absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Job*> found = FindMemberJob(member, /*allow_stale=*/true);
+    if (!found.ok()) return found.status();
+    Job& job = **found;
+    MemberState& m = job.members[member.rank()];
+    if (m.left) return absl::OkStatus();  // idempotent
+    if (absl::Status s = SaveUnsaved(job); !s.ok()) return s;
+    const bool was_alive = m.alive;
+    const v1::JobState previous_state = job.state;
+    m.left = true;
+    m.alive = false;
+    // What status shows of a rank that left: the step it ended at, and no
+    // collective in flight whose age would grow for ever.
+    if (final != nullptr && final->has_final() && final->final_step() >= m.step) {
+      m.step = final->final_step();
+      m.loss = final->final_loss();
+    }
+    m.telemetry.clear_in_progress();
+    // `job.silence` holds the live members: was `m` the last of them?
+    // `job.silence` and `job.undelivered` hold the live members: was `m` the
+    // last of them?
+    const int live_others =
+        job.silence.size() + static_cast<int>(job.undelivered.size()) -
+        (job.silence.Contains(m.rank) || job.undelivered.contains(m.rank) ? 1 : 0);
+    const bool all_gone = job.pending.empty() && live_others == 0;
+    if (all_gone) job.state = v1::FINISHED;
+    absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
+                                                      job.id, "' could not be saved"));
+    if (!saved.ok()) {
+      m.left = false;
+      m.alive = was_alive;
+      job.state = previous_state;
+      return saved;
+    }
+    job.StopWatching(m.rank);
+    log_->Log("leave", {{"job", job.id},
+                        {"worker", m.worker_id},
+                        {"rank", absl::StrCat(m.rank)},
+                        {"generation", absl::StrCat(member.generation())}});
+    if (all_gone) {
+      log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+      if (listener_) {
+        deferred.push_back(
+            [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
+      }
+    }
+  }
+  absl::Status synced = SyncState(LastCommit());
+  for (auto& f : deferred) f();
+  return synced;
+}
+
+}  // namespace zeroshard

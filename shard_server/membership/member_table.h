@@ -1,0 +1,171 @@
+// The member table: what Membership keeps of each job (its generation, its
+// members by rank, the joins it holds) and the order in which the timer
+// looks at its live members. Private to Membership's own files
+// (membership.h declares these types; everything else sees Membership's
+// calls only).
+#ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBER_TABLE_H_
+#define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBER_TABLE_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/zeroshard.pb.h"
+#include "shard_server/membership/membership.h"
+#include "shard_server/membership/silence_order.h"
+
+namespace zeroshard {
+
+struct Membership::MemberState {
+  int rank = 0;
+  std::string worker_id;
+  std::string host;
+  std::string token;
+  bool alive = true;
+  bool left = false;
+  absl::Time last_heartbeat;  // formation time until the first beat
+  bool heartbeat_seen = false;
+  int64_t step = 0;
+  double loss = 0;
+  int64_t memory_bytes = 0;
+  int64_t collective_seq = 0;
+  v1::StepTelemetry last_step;
+  std::string incarnation;     // JoinRequest.incarnation
+  int rejoins = 0;             // generations it was a member of, less one
+  int64_t snapshot_step = -1;  // the member's latest committed snapshot
+  // When the stream of its latest beat closed (InfinitePast: not since the
+  // member formed). A kill -9 closes it at once: the kernel sends FIN.
+  absl::Time stream_closed = absl::InfinitePast();
+  uint64_t beating_stream = 0;  // the stream of its latest beat
+  v1::RankTelemetry telemetry;
+};
+struct Membership::PendingJoin {
+  uint64_t id = 0;
+  std::string worker_id;
+  std::string host;
+  std::string incarnation;
+  std::string node;  // JoinRequest.node
+  bool skip_member_table = false;
+  ClockStart clock = ClockStart::kAtFormation;
+  absl::Time deadline;
+  JoinDone done;
+};
+struct Membership::Job {
+  std::string id;
+  int world_size = 0;
+  // The world size the workers were started with; world_size is smaller
+  // after a shrink.
+  int target_world_size = 0;
+  // From the members' joins (--min_world_size, --rejoin_grace); 0: no
+  // shrink. A restored job takes them from its next join.
+  int min_world_size = 0;
+  absl::Duration rejoin_grace = absl::ZeroDuration();
+  bool recovery_options_known = false;
+  // When the current generation was started by a death (shrink counts the
+  // grace from here); InfinitePast otherwise.
+  absl::Time degraded_at = absl::InfinitePast();
+  int64_t generation = 0;          // current generation (forming or formed)
+  int64_t members_generation = 0;  // generation of `members`; == generation once formed
+  v1::JobState state = v1::JOINING;
+  // By worker id: sorted = rank order. While the job is formed, only
+  // workers growing a shrunk job back (kGrowBack) wait here.
+  std::map<std::string, PendingJoin> pending;
+  // Grow back: the snapshot step every live member had committed when the
+  // first waiting grower came (-1: none), and when it came (InfinitePast:
+  // nobody waits). The generation ends once every member committed a later
+  // one (Tick).
+  int64_t grow_mark = -1;
+  absl::Time grow_since = absl::InfinitePast();
+  std::vector<MemberState> members;  // by rank
+  // The live members of `members` by their last beat (RebuildSilenceOrder
+  // after `members` changes wholesale), and the ranks whose latest stream
+  // closed since their last beat: what Tick judges, so a tick costs what
+  // the silent members cost, not the job.
+  SilenceOrder silence;
+  absl::flat_hash_set<int> closed_streams;
+  // Live members of the formed generation whose clock has not started
+  // (ClockStart::kAtFirstBeat): not in `silence`, so not judged, until
+  // they beat, their answer proves undeliverable, or `delivery_deadline`
+  // passes.
+  // Invariant: disjoint from `silence`.
+  absl::flat_hash_set<int> undelivered;
+  absl::Time delivery_deadline = absl::InfiniteFuture();
+  // OK, or why the last save of a death (applied, not yet saved) failed.
+  absl::Status unsaved;
+  // The state store's commit that holds the job's last saved change: what
+  // must be durable (SyncState) before a member hears of it. Set by
+  // Persist, which sees the job const.
+  mutable int64_t commit = 0;
+  // Since when the job has had no live member and no pending join
+  // (InfiniteFuture while it has one).
+  absl::Time idle_since = absl::InfiniteFuture();
+  // Why each generation began, the last kMaxHistory of them, oldest first.
+  struct GenerationChange {
+    int64_t generation = 0;
+    std::string reason;
+    absl::Time at;
+  };
+  std::deque<GenerationChange> history;
+  std::map<std::string, int> joins;           // worker id -> generations it was a member of
+  std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
+  // The generation in which a member reported a failed collective
+  // (HeartbeatRequest.peer_failure; -1: none): its silent members are
+  // declared dead sooner (Tick).
+  int64_t suspect_generation = -1;
+  // heartbeat_resumed lines of the current second (LogResumed): at most
+  // kResumedListed are written; the others are counted and summed up in
+  // one heartbeats_resumed_unlisted line. A server that was itself behind
+  // at 100K ranks logged 100,000 lines at once, and took the CPU to write
+  // them from the beats it was behind on.
+  absl::Time resumed_window = absl::InfinitePast();
+  int resumed_listed = 0;
+  int resumed_unlisted = 0;
+  absl::Duration resumed_unlisted_longest;
+  // When a beating member of the formed generation last reported a larger
+  // collective_seq (InfinitePast: not in this generation): its silent peers
+  // are seen by it (failure_detector.h, rule 3).
+  absl::Time data_plane_advanced = absl::InfinitePast();
+  // The server suspects its own isolation from this job, or members are
+  // silent but seen by their peers (each logged once per episode).
+  bool isolation_suspected = false;
+  bool seen_by_peers = false;
+  bool server_behind = false;  // a death held by rule 4b (logged once)
+  // Whom the last recovery_waiting line named (MaybeShrink logs a change).
+  std::vector<std::string> waiting_logged;
+  bool formed() const { return members_generation == generation && !members.empty(); }
+  // The member with `worker_id`; null: none. O(1): a 100,000-rank job's
+  // rejoins after a failure look up every member once each.
+  MemberState* FindMember(const std::string& worker_id);
+  const MemberState* FindMember(const std::string& worker_id) const;
+  // Call whenever `members` is replaced or filled (restore, FormGeneration).
+  void IndexMembers();
+  // Invariant: rank_by_worker[m.worker_id] == m.rank for every m of
+  // `members`, and nothing else (IndexMembers).
+  absl::flat_hash_map<std::string, int> rank_by_worker;
+
+  // Sorts the live members by their last beat into `silence` and forgets
+  // closed streams: after `members` changed wholesale (a formation, a
+  // restore, a grace). O(W log W).
+  void RebuildSilenceOrder();
+  // A member stopped being live (dead, left): out of the timer's sight.
+  void StopWatching(int rank);
+  // Starts the clock of an `undelivered` member at `now` (it beat, or its
+  // answer could not be delivered): from here it is judged like every
+  // member.
+  void StartClock(int rank, absl::Time now);
+  // The latest snapshot step every live member committed (-1: none).
+  int64_t CommittedSnapshot() const;
+  // `size` plus the growers waiting in a formed job, at most its target
+  // world size.
+  int WithGrowers(int size) const;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBER_TABLE_H_

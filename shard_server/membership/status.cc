@@ -1,0 +1,82 @@
+// GetStatus: every job's state, members, recoveries and history.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "shard_server/membership/member_table.h"
+#include "shard_server/membership/membership.h"
+
+namespace zeroshard {
+
+absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return it->second->world_size;
+}
+
+v1::GetStatusResponse Membership::Status(const std::string& job_id) {
+  v1::GetStatusResponse response;
+  FillStatus(job_id, &response);
+  return response;
+}
+
+void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* response) {
+  response->Clear();
+  absl::MutexLock lock(&mu_);
+  absl::Time now = clock_->Now();
+  std::vector<const Job*> jobs;
+  for (auto& [id, job] : jobs_) {
+    if (job_id.empty() || id == job_id) jobs.push_back(job.get());
+  }
+  std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->id < b->id; });
+  for (const Job* job : jobs) {
+    v1::JobStatus* out = response->add_jobs();
+    out->mutable_members()->Reserve(static_cast<int>(job->members.size()));
+    out->set_job_id(job->id);
+    out->set_state(job->state);
+    out->set_generation(job->generation);
+    out->set_world_size(job->world_size);
+    out->set_joined(job->formed() ? job->world_size : static_cast<int>(job->pending.size()));
+    for (const MemberState& m : job->members) {
+      v1::MemberStatus* ms = out->add_members();
+      ms->set_rank(m.rank);
+      ms->set_worker_id(m.worker_id);
+      ms->set_host(m.host);
+      ms->set_alive(m.alive);
+      ms->set_left(m.left);
+      ms->set_last_heartbeat_age_ms(
+          m.heartbeat_seen
+              ? absl::ToInt64Milliseconds(std::max(absl::ZeroDuration(), now - m.last_heartbeat))
+              : -1);
+      ms->set_step(m.step);
+      ms->set_loss(m.loss);
+      ms->set_memory_bytes(m.memory_bytes);
+      ms->set_collective_seq(m.collective_seq);
+      *ms->mutable_last_step() = m.last_step;
+      *ms->mutable_telemetry() = m.telemetry;
+      ms->set_rejoins(m.rejoins);
+    }
+    out->set_snapshot_step(job->CommittedSnapshot());
+    for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
+    FillRejoinWait(*job, now, out);
+    for (const Job::GenerationChange& change : job->history) {
+      v1::GenerationChange* h = out->add_history();
+      h->set_generation(change.generation);
+      h->set_reason(change.reason);
+      h->set_unix_ms(absl::ToUnixMillis(change.at));
+    }
+    if (job->members.empty()) {
+      for (const auto& [worker_id, p] : job->pending) {
+        v1::MemberStatus* ms = out->add_members();
+        ms->set_rank(-1);  // not assigned until the barrier completes
+        ms->set_worker_id(worker_id);
+        ms->set_host(p.host);
+        ms->set_alive(true);
+        ms->set_last_heartbeat_age_ms(-1);
+      }
+    }
+  }
+}
+
+}  // namespace zeroshard
