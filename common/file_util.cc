@@ -160,6 +160,16 @@ absl::Status AtomicFile::WaitPending() {
   return status;
 }
 
+absl::Status AtomicFile::Overwrite(int64_t offset, const void* data, size_t size) {
+  if (committed_ || failed_ || fd_ < 0 || block_ != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "overwrite ", temp_path_, ": file committed, failed, or written in direct mode"));
+  }
+  absl::Status s = WriteAt(static_cast<const char*>(data), size, offset, /*aligned=*/false);
+  if (!s.ok()) failed_ = true;
+  return s;
+}
+
 absl::Status AtomicFile::FlushFullBlock() {
   if (absl::Status s = WaitPending(); !s.ok()) return s;
   std::swap(block_, spare_);

@@ -66,6 +66,10 @@ class AtomicFile : public ByteSink {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   absl::Status Write(const void* data, size_t size) override;
+  // Writes `size` bytes at `offset` over what Write wrote there (a header
+  // whose contents are known only after the data: checksums). REQUIRES:
+  // not direct mode; the range already written.
+  absl::Status Overwrite(int64_t offset, const void* data, size_t size);
   // Once only; FAILED_PRECONDITION after a failed Write or a second Commit.
   // Sync() then Publish().
   absl::Status Commit();

@@ -167,25 +167,20 @@ void Checkpointer::WaitCopied() {
 absl::Status Checkpointer::Write(const ShardView& view, absl::Notification& copied,
                                  int64_t retry_step, absl::Time saved_at) {
   const ShardIdentity id = view.id;
-  // One copy of the values into the file's bytes, with each tensor's checksum
-  // and the NaN/Inf scan; from here the engine may change its state. A
-  // fresh buffer each time: the memory is not held between checkpoints.
-  std::string bytes;
-  std::map<std::string, std::string> checksums;
   // Tests only: hold the copy back, so that the next update must wait for it.
   if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS")) {
     absl::SleepFor(absl::Milliseconds(atoi(delay)));
   }
-  absl::Status serialized = SerializeShardInto(view, &bytes, &checksums);
-  copied.Notify();
-  // Tests only: stretch the write so that a kill lands inside it.
-  if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
+  // Tests only: stretch the time from the write to its commit, so that a
+  // kill lands inside it (training goes on meanwhile).
+  const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS");
+  absl::Notification copied_here;
+  absl::StatusOr<WrittenShard> written =
+      WriteShardFromView(view, config_.dir, delay != nullptr ? &copied_here : &copied);
+  if (delay != nullptr) {
+    copied.Notify();
     absl::SleepFor(absl::Milliseconds(atoi(delay)));
   }
-  absl::StatusOr<WrittenShard> written =
-      serialized.ok() ? WriteSerializedShard(id, bytes, std::move(checksums), config_.dir)
-                      : absl::StatusOr<WrittenShard>(serialized);
-  std::string().swap(bytes);
   if (!written.ok()) {
     // In step order with the commits before it (the server may be away).
     absl::Status failed = written.status();

@@ -1,4 +1,13 @@
-// Checkpoint consolidation benchmark: a sharded checkpoint of about 2.4 GB
+// Checkpoint benchmark, two phases (--pause, --consolidation; both by
+// default).
+//
+// Pause: a real shard_worker (W = 1, an MLP of 3 x 4096: a 576 MiB shard of
+// parameters and Adam moments) checkpoints every 4 steps; its run report
+// gives the training thread's pause per checkpoint, the time from Save to
+// the committed step, and the step times with and without a checkpoint's
+// copy running beside them.
+//
+// Consolidation: a sharded checkpoint of about 2.4 GB
 // (W = 4; parameters plus both Adam moments) committed to a real shard_server
 // process, consolidated through the Consolidate RPC into one local file, next
 // to `cat` of the same shard files into one file on the same disk.
@@ -11,11 +20,9 @@
 // included) of a step the server already verified in the background (it
 // does so right after a step completes; that time is reported too, and a
 // consolidation asked for before it ends adds its own verification pass),
-// cat's rate (with and without an fsync of its output),
+// cat's rate (with and without an fsync of its output) and
 // the server's peak RSS while consolidating (VmRSS sampled every 5 ms, and
-// VmHWM), and an estimate of the training pause per checkpoint: the time to
-// copy one rank's shard into freshly allocated host buffers, which is what
-// the worker's snapshot does (the worker measures the real pause). Shard
+// VmHWM). Shard
 // files are written directly in the worker's format. Everything is deleted
 // afterwards. Both runs read shard files that are in the page cache (they
 // were just written); no cache is dropped, so the comparison is warm vs warm.
@@ -53,6 +60,8 @@
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/bench_json.h"
+#include "tests/testing/bench_machine.h"
+#include "tests/testing/cluster.h"
 #include "tests/testing/process.h"
 
 ABSL_FLAG(std::string, server_binary, "", "shard_server binary (default: from runfiles)");
@@ -65,6 +74,15 @@ ABSL_FLAG(int, repeats, 3,
           "Rounds of cat and consolidation, run alternately (order swapped every round); "
           "medians are reported");
 ABSL_FLAG(bool, keep, false, "Keep the work directory");
+ABSL_FLAG(bool, consolidation, true, "Run the consolidation phase (cat vs the Consolidate RPC)");
+ABSL_FLAG(bool, pause, true,
+          "Run the pause phase: a real shard_worker (W = 1) whose shard (parameters and Adam "
+          "moments) is --pause_layers x --pause_width, checkpointing every --pause_every steps");
+ABSL_FLAG(int, pause_layers, 3, "Pause phase: MLP layers (3 x 4096: a 576 MiB shard with Adam)");
+ABSL_FLAG(int, pause_width, 4096, "Pause phase: MLP width");
+ABSL_FLAG(int, pause_batch, 64, "Pause phase: rows per step");
+ABSL_FLAG(int, pause_steps, 24, "Pause phase: steps");
+ABSL_FLAG(int, pause_every, 4, "Pause phase: --checkpoint_every");
 
 namespace zeroshard {
 namespace {
@@ -220,7 +238,70 @@ absl::Status FsyncFile(const std::string& path) {
   return rc == 0 ? absl::OkStatus() : absl::ErrnoToStatus(errno, path);
 }
 
+// The pause a checkpoint costs training, measured in a real shard_worker
+// (its run report's checkpoint_pause_ms: from Save's start to its return,
+// plus the next update's wait for the copy), and the time from Save to the
+// committed step (checkpoint_commit_ms). Steps with a checkpoint's copy
+// running beside them are compared with the others: on a machine with few
+// cores the copy's CPU is taken from the step even when it pauses nothing.
+int MeasurePause(nlohmann::ordered_json* j) {
+  const int layers = absl::GetFlag(FLAGS_pause_layers);
+  const int width = absl::GetFlag(FLAGS_pause_width);
+  const int every = absl::GetFlag(FLAGS_pause_every);
+  const int steps = absl::GetFlag(FLAGS_pause_steps);
+  const int64_t params = int64_t{layers} * (int64_t{width} * width + width);
+  testing::LocalCluster cluster(testing::MakeTempDir("checkpoint_pause"));
+  if (!cluster.ok()) Die("pause phase: no server");
+  const bool ran = cluster.Run(
+      "pause", 1,
+      {"--model=mlp", absl::StrCat("--layers=", layers), absl::StrCat("--width=", width),
+       absl::StrCat("--batch=", absl::GetFlag(FLAGS_pause_batch)), absl::StrCat("--steps=", steps),
+       absl::StrCat("--checkpoint_every=", every), "--seed=1", "--collective_timeout=120s"});
+  if (!ran) Die(absl::StrCat("pause phase: the worker failed:\n", cluster.WorkerLog(0)));
+  const nlohmann::json report = cluster.Report("pause", 0);
+  const BenchMachine machine = DescribeBenchMachine(report["compute"]["blas_kernel"]);
+  std::printf("%s\n", machine.Line().c_str());
+  const std::vector<double> pauses = report["checkpoint_pause_ms"];
+  const std::vector<double> commits = report["checkpoint_commit_ms"];
+  const std::vector<double> step_ms = report["step_ms"];
+  // Step i (0-based) runs after the checkpoint of step i when i % every == 0.
+  std::vector<double> beside, alone;
+  for (size_t i = 1; i < step_ms.size(); ++i) {  // the first step warms up
+    (i % every == 0 ? beside : alone).push_back(step_ms[i]);
+  }
+  if (pauses.empty() || commits.empty() || beside.empty() || alone.empty()) {
+    Die(absl::StrCat("pause phase: too few checkpoints or steps: ", report.dump()));
+  }
+  const double shard_bytes = params * 12.0;
+  Table table({"MEASUREMENT (W = 1, " + HumanBytes(shard_bytes) + " shard)", "MEDIAN MS",
+               "MAX MS", "N"});
+  auto row = [&](const std::string& what, const std::vector<double>& v) {
+    table.AddRow({what, absl::StrFormat("%.1f", Median(v)),
+                  absl::StrFormat("%.1f", *std::max_element(v.begin(), v.end())),
+                  absl::StrCat(v.size())});
+  };
+  row("pause per checkpoint (training thread)", pauses);
+  row("Save -> step committed", commits);
+  row("step with a checkpoint's copy beside it", beside);
+  row("step without", alone);
+  std::printf("%s\n", table.ToString().c_str());
+  (*j)["machine"] = machine.Json();
+  (*j)["pause_shard_bytes"] = shard_bytes;
+  (*j)["pause_ms"] = pauses;
+  (*j)["pause_ms_median"] = Median(pauses);
+  (*j)["commit_ms"] = commits;
+  (*j)["commit_ms_median"] = Median(commits);
+  (*j)["step_ms_beside_copy_median"] = Median(beside);
+  (*j)["step_ms_alone_median"] = Median(alone);
+  return 0;
+}
+
 int Main() {
+  nlohmann::ordered_json j;
+  if (absl::GetFlag(FLAGS_pause)) {
+    if (int rc = MeasurePause(&j); rc != 0) return rc;
+  }
+  if (!absl::GetFlag(FLAGS_consolidation)) return WriteBenchJson(j, absl::GetFlag(FLAGS_json_out));
   const int layers = absl::GetFlag(FLAGS_layers);
   const int width = absl::GetFlag(FLAGS_width);
   const int world = absl::GetFlag(FLAGS_world);
@@ -437,18 +518,6 @@ int Main() {
   }
   const int64_t vmhwm = testing::ProcStatusBytes(server->pid(), "VmHWM");
 
-  // ---- Pause estimate: one rank's shard copied into fresh host buffers ----
-  const int64_t rank_floats = params * 3 / world;
-  double pause_ms = -1;
-  {
-    std::vector<float> device(rank_floats);
-    for (int64_t i = 0; i < rank_floats; i += 1024) device[i] = static_cast<float>(i);
-    absl::Time start = absl::Now();
-    std::vector<float> host(device.begin(), device.end());
-    pause_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-    if (host[1024] != 1024.0f) Die("copy check");
-  }
-
   for (auto& m : members) m->StopHeartbeats();
   for (const auto& line : absl::StrSplit(server->Log(), '\n')) {
     if (absl::StrContains(line, "event=consolidate_done")) {
@@ -507,17 +576,10 @@ int Main() {
       "server peak RSS during consolidation: %s sampled VmRSS, %s VmHWM (target <= 128 "
       "MiB)\n",
       HumanBytes(peak_rss).c_str(), HumanBytes(vmhwm).c_str());
-  std::printf("pause estimate: %.0f ms to copy one rank's %s shard into fresh host buffers\n",
-              pause_ms, HumanBytes(rank_floats * 4.0).c_str());
 
-  nlohmann::ordered_json j;
   j["consolidation_gbps"] = consolidation_gbps;
   j["cat_gbps"] = cat_gbps;
   j["server_peak_rss_bytes"] = std::max(peak_rss, vmhwm);
-  j["pause_ms"] = pause_ms;
-  j["pause_ms_note"] =
-      "estimate: host copy of one rank's shard (params + Adam moments) into fresh buffers; "
-      "shard_worker reports the measured pause";
   j["cat_gbps_note"] = "cat of the shard files into one file followed by fsync of it";
   j["cat_nosync_gbps"] = cat_nosync_gbps;
   j["rounds"] = rounds;

@@ -217,8 +217,7 @@ absl::StatusOr<SafetensorsMetadata> ShardMetadata(
 
 }  // namespace
 
-absl::Status SerializeShardInto(const ShardView& view, std::string* out,
-                                std::map<std::string, std::string>* checksums) {
+absl::Status SerializeShardInto(const ShardView& view, std::string* out) {
   // The header holds the checksums, which are known only after the copy; but
   // every checksum is 16 hex digits, so a header with placeholders has the
   // final header's length and says where the data goes.
@@ -256,7 +255,6 @@ absl::Status SerializeShardInto(const ShardView& view, std::string* out,
       }
     }
     hex[i] = ChecksumToHex(hasher.Digest());
-    if (checksums != nullptr) (*checksums)[view.entries[i].name] = hex[i];
   }
   absl::StatusOr<std::string> final_header = BuildSafetensorsHeader(
       view.entries, ShardMetadata(view.id, view.optimizer, view.optimizer_step, view.entries, hex),
@@ -313,24 +311,77 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::st
   return out;
 }
 
-absl::StatusOr<WrittenShard> WriteSerializedShard(const ShardIdentity& id, const std::string& bytes,
-                                                  std::map<std::string, std::string> checksums,
-                                                  const std::string& root) {
+absl::StatusOr<WrittenShard> WriteShardFromView(const ShardView& view, const std::string& root,
+                                                absl::Notification* copied) {
+  // Notified on every return: the caller's training thread waits for it.
+  struct NotifyOnReturn {
+    absl::Notification* n;
+    ~NotifyOnReturn() {
+      if (!n->HasBeenNotified()) n->Notify();
+    }
+  } notify{copied};
+  const ShardIdentity& id = view.id;
   WrittenShard out;
-  out.checksums = std::move(checksums);
   out.relative_path = CheckpointShardPath(id.job, id.step, id.rank, id.world_size);
   out.path = absl::StrCat(root, "/", out.relative_path);
   if (absl::Status s = MakeDirs(absl::StrCat(root, "/", CheckpointStepDir(id.job, id.step)));
       !s.ok()) {
     return s;
   }
+  // As SerializeShardInto: a header with placeholder checksums has the final
+  // header's length; the final one overwrites it once the data is hashed.
+  std::vector<std::string> hex(view.entries.size(), std::string(16, '0'));
+  std::vector<std::pair<int64_t, int64_t>> offsets;
+  int64_t file_size = 0;
+  absl::StatusOr<std::string> header = BuildSafetensorsHeader(
+      view.entries, ShardMetadata(id, view.optimizer, view.optimizer_step, view.entries, hex),
+      &offsets, &file_size);
+  if (!header.ok()) return header.status();
   // Through the page cache, as WriteShard: the server reads the file back
   // right after the commit (its background verification).
   absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Create(out.path);
   if (!file.ok()) return file.status();
-  if (absl::Status s = (*file)->Write(bytes.data(), bytes.size()); !s.ok()) return s;
+  if (absl::Status s = (*file)->Write(header->data(), header->size()); !s.ok()) return s;
+  NonFinite found;
+  for (size_t i = 0; i < view.entries.size(); ++i) {
+    const int64_t bytes = view.elements[i] * static_cast<int64_t>(sizeof(float));
+    if (offsets[i].second - offsets[i].first != bytes) {
+      return absl::InternalError(absl::StrCat("shard tensor ", view.entries[i].name, ": ", bytes,
+                                              " bytes of values for a ",
+                                              offsets[i].second - offsets[i].first, "-byte entry"));
+    }
+    const char* from = reinterpret_cast<const char*>(view.values[i]);
+    Hasher hasher;
+    for (int64_t done = 0; done < bytes; done += kSlice) {
+      const int64_t n = std::min(kSlice, bytes - done);
+      // Hashed and scanned while in the cache, then copied by the kernel.
+      NonFinite in_slice;
+      HashAndScan(from + done, n, static_cast<int>(i), &hasher, &in_slice);
+      if (found.tensor < 0 && in_slice.tensor >= 0) {
+        found = in_slice;
+        found.element += done / 4;
+      }
+      if (absl::Status s = (*file)->Write(from + done, n); !s.ok()) return s;
+    }
+    hex[i] = ChecksumToHex(hasher.Digest());
+    out.checksums[view.entries[i].name] = hex[i];
+  }
+  copied->Notify();  // the kernel holds every value: the engine may change them
+  if (found.tensor >= 0) return Refusal(id, view.entries, found);  // the file goes unpublished
+  absl::StatusOr<std::string> final_header = BuildSafetensorsHeader(
+      view.entries, ShardMetadata(id, view.optimizer, view.optimizer_step, view.entries, hex),
+      nullptr);
+  if (!final_header.ok()) return final_header.status();
+  if (final_header->size() != header->size()) {
+    return absl::InternalError(
+        absl::StrCat("shard header changed size with its checksums: ", header->size(), " -> ",
+                     final_header->size(), " bytes"));
+  }
+  if (absl::Status s = (*file)->Overwrite(0, final_header->data(), final_header->size()); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = (*file)->Commit(); !s.ok()) return s;
-  out.size_bytes = static_cast<int64_t>(bytes.size());
+  out.size_bytes = file_size;
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "common/checkpoint_format.h"
 #include "common/safetensors.h"
 #include "worker/zero/engine.h"
@@ -84,9 +85,7 @@ ShardView ViewOf(std::shared_ptr<const ShardSnapshot> snapshot);
 // reads) makes it return NonFiniteTensorError (common/finite_scan.h) naming
 // the first one; `*out` then holds the complete serialization all the same,
 // so that a snapshot's buddy exchange can still run.
-// `checksums` (if not null) gets tensor -> xxh64 hex, as WriteShard's.
-absl::Status SerializeShardInto(const ShardView& view, std::string* out,
-                                std::map<std::string, std::string>* checksums = nullptr);
+absl::Status SerializeShardInto(const ShardView& view, std::string* out);
 
 // The bytes WriteShard would write (checksums included), in memory: an
 // in-memory snapshot (worker/recovery). The tensor -> xxh64 hex map in
@@ -106,12 +105,14 @@ struct WrittenShard {
 // A shard holding a NaN or ±Inf value is refused before anything is written
 // (NonFiniteTensorError, common/finite_scan.h).
 absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snapshot, const std::string& root);
-// Writes `bytes` (SerializeShardInto's output for `id`, whose tensors'
-// checksums are `checksums`) where WriteShard would, as durably: what a
-// checkpoint taken without a pause writes (worker/checkpointer.h).
-absl::StatusOr<WrittenShard> WriteSerializedShard(const ShardIdentity& id, const std::string& bytes,
-                                                  std::map<std::string, std::string> checksums,
-                                                  const std::string& root);
+// Writes the view's values where WriteShard would, as durably, straight
+// from the memory it points to (the engine's own, for a checkpoint taken
+// without a pause: worker/checkpointer.h): each slice is checksummed,
+// scanned for NaN/Inf and handed to write(2), and `copied` is notified once
+// the kernel holds every value (before the fsync), after which the memory
+// may change. NonFiniteTensorError, and no file, for a NaN or ±Inf value.
+absl::StatusOr<WrittenShard> WriteShardFromView(const ShardView& view, const std::string& root,
+                                                absl::Notification* copied);
 
 // Reads parameters and moments by model tensor rows from either a step's
 // shard files (<root>/<job>/step-<N>/, any world size) or one consolidated

@@ -1,17 +1,21 @@
 // SnapshotKeeper on one rank (no buddy): the copy into reused buffers, the
 // wait before the optimizer step, the commit, and the blob's checks; and
-// the refusal of non-finite shards, alone and between two buddies.
+// the refusal of non-finite shards, alone and between two buddies; and a
+// checkpoint written straight from that memory (WriteShardFromView).
 #include "worker/recovery/snapshot_keeper.h"
 
 #include <sys/stat.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/checkpoint_format.h"
 #include "common/finite_scan.h"
 #include "gtest/gtest.h"
@@ -59,6 +63,41 @@ TEST(SerializeShardIntoTest, ReusesTheBufferOfTheSameSize) {
   ASSERT_TRUE(SerializeShardInto(ViewOf(next), &out).ok());
   EXPECT_EQ(out.data(), buffer);
   EXPECT_EQ(out, *SerializeShard(*next));
+}
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A checkpoint written straight from the engine's memory (no pause) is the
+// file WriteShard writes from a copy, byte for byte, with the same checksums.
+TEST(WriteShardFromViewTest, WritesTheFileWriteShardWrites) {
+  const std::string root = ::testing::TempDir() + "/from-view";
+  std::shared_ptr<ShardSnapshot> snap = MakeSnapshot(7, 1.0f);
+  absl::StatusOr<WrittenShard> want = WriteShard(*snap, root + "/copy");
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::Notification copied;
+  absl::StatusOr<WrittenShard> got = WriteShardFromView(ViewOf(snap), root + "/view", &copied);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(copied.HasBeenNotified());
+  EXPECT_EQ(got->relative_path, want->relative_path);
+  EXPECT_EQ(got->size_bytes, want->size_bytes);
+  EXPECT_EQ(got->checksums, want->checksums);
+  EXPECT_EQ(ReadWhole(got->path), ReadWhole(want->path));
+}
+
+// A NaN is refused and leaves no file; the copy is said done all the same
+// (the training thread waits for it).
+TEST(WriteShardFromViewTest, RefusesANaNAndLeavesNoFile) {
+  const std::string root = ::testing::TempDir() + "/from-view-nan";
+  std::shared_ptr<ShardSnapshot> snap = MakeSnapshot(8, 1.0f);
+  snap->values[3][4] = std::nanf("");
+  absl::Notification copied;
+  absl::StatusOr<WrittenShard> got = WriteShardFromView(ViewOf(snap), root, &copied);
+  EXPECT_TRUE(IsNonFiniteTensorError(got.status())) << got.status();
+  EXPECT_TRUE(copied.HasBeenNotified());
+  EXPECT_EQ(ReadWhole(root + "/" + CheckpointShardPath("job", 8, 0, 1)), "");
 }
 
 TEST(BlobFromBytesTest, ChecksTheHeaderAndEveryTensor) {
