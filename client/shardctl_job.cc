@@ -10,7 +10,7 @@
 #include "client/shardctl_commands.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
-#include "shard_server/job_credentials.h"
+#include "common/job_token_file.h"
 
 ABSL_FLAG(std::string, job_tokens_dir, "",
           "job create: the server's --job_tokens_dir, where the job's token file is written");
@@ -30,7 +30,7 @@ int JobCommand(const std::string& verb) {
   }
   absl::StatusOr<std::string> token = CreateJobTokenFile(dir, job);
   if (!token.ok()) return Fail(token.status());
-  const std::string path = absl::StrCat(dir, "/", job, kJobTokenSuffix);
+  const std::string path = JobTokenPath(dir, job);
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", nlohmann::json{{"job", job}, {"token_file", path}}.dump(1).c_str());
     return 0;

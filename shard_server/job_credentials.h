@@ -20,11 +20,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+#include "common/job_token_file.h"
 #include "shard_server/bearer_auth.h"
 
 namespace zeroshard {
-
-inline constexpr char kJobTokenSuffix[] = ".token";
 
 // The identity a call's bearer token proves.
 struct Caller {
@@ -67,11 +66,6 @@ class JobCredentials {
   timespec dir_mtime_ ABSL_GUARDED_BY(mu_) = {-1, 0};
   absl::flat_hash_map<std::string, std::string> job_of_token_ ABSL_GUARDED_BY(mu_);
 };
-
-// A new random job token (64 hex digits from /dev/urandom) written to
-// <dir>/<job>.token with mode 0600; ALREADY_EXISTS when the job has one
-// (remove the file to revoke it). INVALID_ARGUMENT for a bad job id.
-absl::StatusOr<std::string> CreateJobTokenFile(const std::string& dir, const std::string& job);
 
 }  // namespace zeroshard
 
