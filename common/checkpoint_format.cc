@@ -1,5 +1,7 @@
 #include "common/checkpoint_format.h"
 
+#include <cstdint>
+#include <climits>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -14,6 +16,34 @@ std::string CheckpointStepDir(absl::string_view job, int64_t step) {
 
 std::string CheckpointShardFileName(int rank, int world_size) {
   return absl::StrCat("rank-", rank, "-of-", world_size, ".safetensors");
+}
+
+// Canonical decimal only ("7", not "07", "+7" or " 7"): a name parses only
+// if the name made from what it parses to is the same name.
+bool ParseCanonical(absl::string_view text, int64_t* out) {
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < 0 || absl::StrCat(value) != text) return false;
+  *out = value;
+  return true;
+}
+
+bool ParseCheckpointStepDirName(absl::string_view name, int64_t* step) {
+  return absl::ConsumePrefix(&name, "step-") && ParseCanonical(name, step);
+}
+
+bool ParseCheckpointShardFileName(absl::string_view name, int* rank, int* world_size) {
+  if (!absl::ConsumePrefix(&name, "rank-") || !absl::ConsumeSuffix(&name, ".safetensors")) {
+    return false;
+  }
+  const size_t of = name.find("-of-");
+  int64_t r = 0, w = 0;
+  if (of == absl::string_view::npos || !ParseCanonical(name.substr(0, of), &r) ||
+      !ParseCanonical(name.substr(of + 4), &w) || r >= w || w > INT32_MAX) {
+    return false;
+  }
+  *rank = static_cast<int>(r);
+  *world_size = static_cast<int>(w);
+  return true;
 }
 
 std::string CheckpointShardPath(absl::string_view job, int64_t step, int rank, int world_size) {

@@ -50,6 +50,12 @@ struct ShardMetadataKey {
 
 // "<job>/step-<N>"
 std::string CheckpointStepDir(absl::string_view job, int64_t step);
+// The names' inverses, for whoever lists a directory: the step of a step
+// directory's name ("step-<N>", N >= 0), and the rank and world size of a
+// shard file's name ("rank-<R>-of-<W>.safetensors", 0 <= R < W); false for
+// any other name (a temporary file, "consolidated", a stranger's).
+bool ParseCheckpointStepDirName(absl::string_view name, int64_t* step);
+bool ParseCheckpointShardFileName(absl::string_view name, int* rank, int* world_size);
 // "rank-<R>-of-<W>.safetensors"
 std::string CheckpointShardFileName(int rank, int world_size);
 // "<job>/step-<N>/rank-<R>-of-<W>.safetensors"

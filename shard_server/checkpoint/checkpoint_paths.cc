@@ -209,7 +209,8 @@ CheckpointRoot::Swept CheckpointRoot::SweepLeftovers(absl::Time older_than) cons
         }
         continue;
       }
-      if (!absl::StartsWith(entry, "step-") || !IsDirectory(Join(relative))) continue;
+      int64_t step = 0;
+      if (!ParseCheckpointStepDirName(entry, &step) || !IsDirectory(Join(relative))) continue;
       for (const std::string& file : Entries(Join(relative))) {
         const std::string full = Join(absl::StrCat(relative, "/", file));
         if (!IsTemporaryName(file) || !stale(full, false)) continue;

@@ -65,5 +65,33 @@ TEST(CheckpointFormatTest, PathsFollowTheLayout) {
   EXPECT_EQ(ConsolidatedDir("job", 10), "job/consolidated/step-10");
 }
 
+// Listing a directory: only the names CheckpointStepDir and
+// CheckpointShardFileName make parse, and they parse back to what made them.
+TEST(CheckpointFormatTest, StepAndShardNamesParseBackAndNothingElseDoes) {
+  int64_t step = -1;
+  EXPECT_TRUE(ParseCheckpointStepDirName("step-0", &step));
+  EXPECT_EQ(step, 0);
+  EXPECT_TRUE(ParseCheckpointStepDirName("step-1200", &step));
+  EXPECT_EQ(step, 1200);
+  for (const char* name : {"step-", "step-07", "step-+7", "step--7", "step-7x", "step- 7",
+                           "consolidated", "step-7.tmp-12", "Step-7"}) {
+    step = -1;
+    EXPECT_FALSE(ParseCheckpointStepDirName(name, &step)) << name;
+    EXPECT_EQ(step, -1) << name;
+  }
+  int rank = -1, world = -1;
+  EXPECT_TRUE(ParseCheckpointShardFileName(CheckpointShardFileName(3, 4), &rank, &world));
+  EXPECT_EQ(rank, 3);
+  EXPECT_EQ(world, 4);
+  for (const char* name : {"rank-4-of-4.safetensors", "rank-01-of-4.safetensors",
+                           "rank-1-of-4.safetensors.tmp-9", "rank-1-4.safetensors",
+                           "rank--1-of-4.safetensors", "rank-1-of-.safetensors",
+                           "rank-1-of-99999999999.safetensors", "model.safetensors"}) {
+    rank = world = -1;
+    EXPECT_FALSE(ParseCheckpointShardFileName(name, &rank, &world)) << name;
+    EXPECT_EQ(rank, -1) << name;
+  }
+}
+
 }  // namespace
 }  // namespace zeroshard

@@ -396,7 +396,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenStep(
   std::vector<std::string> names;
   while (dirent* entry = readdir(dir)) {
     std::string name = entry->d_name;
-    if (absl::StartsWith(name, "rank-") && absl::EndsWith(name, ".safetensors")) {
+    int rank = 0, world_size = 0;
+    if (ParseCheckpointShardFileName(name, &rank, &world_size)) {
       names.push_back(name);
     }
   }
@@ -682,9 +683,8 @@ int64_t LatestCompleteStep(const std::string& root, const std::string& job) {
   if (dir == nullptr) return -1;
   int64_t latest = -1;
   while (dirent* entry = readdir(dir)) {
-    absl::string_view name = entry->d_name;
     int64_t step = 0;
-    if (!absl::ConsumePrefix(&name, "step-") || !absl::SimpleAtoi(name, &step)) continue;
+    if (!ParseCheckpointStepDirName(entry->d_name, &step)) continue;
     struct stat st;
     std::string manifest = absl::StrCat(root, "/", CheckpointManifestPath(job, step));
     if (stat(manifest.c_str(), &st) == 0) latest = std::max(latest, step);
