@@ -146,6 +146,13 @@ TEST_F(FailoverTest, TrainingOutlivesAnEtcdMemberAndTheLeaderKilled) {
   ASSERT_TRUE(testing::WaitFor([&] { return Step(*observer, "storm") > step; }, absl::Seconds(30)));
   EXPECT_EQ(servers_.Leader(), leader);
 
+  // The plan the leader computed (every rank asked for it before stepping).
+  auto planned = observer->GetStatus("storm");
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  ASSERT_EQ(planned->jobs_size(), 1);
+  const std::string plan_hash = planned->jobs(0).plan_hash();
+  EXPECT_FALSE(plan_hash.empty());
+
   // The leader dies mid-training.
   servers_.server(leader)->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
@@ -165,6 +172,9 @@ TEST_F(FailoverTest, TrainingOutlivesAnEtcdMemberAndTheLeaderKilled) {
   ASSERT_EQ(status->jobs_size(), 1);
   EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
   EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
+  // The plan is durable state: the new leader shows it though no rank asked
+  // it for the plan again (the generation did not change).
+  EXPECT_EQ(status->jobs(0).plan_hash(), plan_hash);
   // Status names the new leader, whom it took over from, and the one server
   // left to follow (the killed one's registration went with its lease).
   const v1::ControlPlaneStatus& cp = status->control_plane();
