@@ -78,6 +78,7 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
   // The last beat the server heard from anyone in the job (rule 4).
   absl::Time last_heard = job.last_heard;
   for (const MemberSignals& m : members) last_heard = std::max(last_heard, m.last_heartbeat);
+  if (job.joins_held) last_heard = now;  // workers in held joins reach the server now
   const bool nobody_beats = now - last_heard > options.heartbeat_timeout;
   // The job falling silent as a whole: nobody beat for 1.5 intervals (a
   // member that beats is never that late: its next beat follows the answer

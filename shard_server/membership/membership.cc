@@ -916,6 +916,10 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
     response.set_reason(absl::StrCat("job '", job.id, "' moved from generation ",
                                      member.generation(), " to ", job.generation,
                                      ": abort collectives and join again"));
+    // When it was decided: every rank's recovery is measured from it.
+    if (!job.history.empty() && job.history.back().generation == job.generation) {
+      response.set_verdict_unix_ms(absl::ToUnixMillis(job.history.back().at));
+    }
   }
   *commit = job.commit;
   return response;
@@ -1050,7 +1054,8 @@ void Membership::Tick() {
       const JobSignals job_signals{
           suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
           job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
-                                 : absl::InfinitePast()};
+                                 : absl::InfinitePast(),
+          !job.pending.empty()};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);
