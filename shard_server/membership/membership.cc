@@ -1055,7 +1055,7 @@ void Membership::Tick() {
           suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
           job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
                                  : absl::InfinitePast(),
-          !job.pending.empty()};
+          !job.formed() && !job.pending.empty()};
       const std::vector<MemberVerdict> verdicts =
           JudgeMembers(signals, job_signals, now, detector_options_);
       LogDoubts(job, judged, verdicts);
