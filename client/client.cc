@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/fault_messages.h"
 #include "common/file_util.h"
 #include "common/keepalive.h"
 #include "common/plan/plan_codec.h"
@@ -308,6 +309,7 @@ void Client::StartHeartbeats(CommandHandler handler) {
     beat_now_ = false;
     heartbeats_ended_ = false;
     last_answer_ = absl::Now();
+    step_at_answer_ = progress_.step;
   }
   heartbeat_thread_ = std::thread([this, handler = std::move(handler)] {
     HeartbeatLoop(handler);
@@ -333,13 +335,12 @@ void Client::ReportSilences() {
     if (silent > info_.heartbeat_timeout && now - last_said >= kSilenceReport) {
       last_said = now;
       said_silence = silent;
-      std::fprintf(stderr,
-                   "job '%s' rank %d: the server at %s has not answered a heartbeat for %s "
-                   "(this host cannot reach it: cut off, or a partition between it and the "
-                   "server; training goes on while the peers' collectives do, and what needs "
-                   "the server - checkpoints, recovery, leaving - waits for it)\n",
-                   info_.job_id.c_str(), info_.rank, options_.server.c_str(),
-                   absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))).c_str());
+      // Whether this rank still steps decides what the line says: a rank
+      // stuck in a collective with cut-off peers is not training.
+      std::fprintf(stderr, "%s\n",
+                   ServerSilenceLine({info_.job_id, info_.rank, options_.server, silent,
+                                      progress_.step - step_at_answer_})
+                       .c_str());
     } else if (said_silence > absl::ZeroDuration() && silent <= info_.heartbeat_timeout) {
       std::fprintf(stderr, "job '%s' rank %d: the server at %s answers heartbeats again\n",
                    info_.job_id.c_str(), info_.rank, options_.server.c_str());
@@ -419,6 +420,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
       {
         absl::MutexLock lock(&mu_);
         last_answer_ = absl::Now();
+        step_at_answer_ = progress_.step;
       }
       if (response.command() != v1::CONTINUE) {
         handler(response);

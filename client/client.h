@@ -298,6 +298,7 @@ class Client {
   bool beat_now_ ABSL_GUARDED_BY(mu_) = false;          // wakes the heartbeat loop
   bool heartbeats_ended_ ABSL_GUARDED_BY(mu_) = false;  // HeartbeatLoop returned
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_);         // SinceHeartbeatAnswer
+  int64_t step_at_answer_ ABSL_GUARDED_BY(mu_) = 0;     // progress_.step at last_answer_
   grpc::ClientContext* heartbeat_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   void StopHeartbeatThreads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(heartbeat_threads_mu_);
   // Serializes StartHeartbeats and StopHeartbeats: callers on several threads

@@ -63,9 +63,9 @@ std::string InCollective(const v1::RankTelemetry& t) {
   if (!t.has_in_progress()) return "-";
   const v1::CollectiveInProgress& c = t.in_progress();
   std::string op = absl::AsciiStrToLower(v1::CollectiveOp_Name(c.op()));
-  const double seconds =
-      absl::ToDoubleSeconds(absl::Now() - absl::FromUnixMillis(c.started_unix_ms()));
-  return absl::StrFormat("%s #%d %s %.1fs", op, c.seq(), c.unit(), std::max(0.0, seconds));
+  // Its age when the rank reported it (at most a heartbeat interval ago),
+  // not now minus its start: that would add the report's age.
+  return absl::StrFormat("%s #%d %s %.1fs", op, c.seq(), c.unit(), c.age_ms() / 1000.0);
 }
 
 std::string MemberFlags(const v1::MemberStatus& m) {

@@ -105,7 +105,7 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
     const RankRows rows = SelectRankRows(job, rank, host);
     if (!rows.caption.empty()) absl::StrAppend(&out, rows.caption, "\n");
     Table table({"RANK", "WORKER", "STEP", "STEP TIME", "LOSS", "ITEMS/S", "MEMORY",
-                 "WAIT GATHER/REDUCE", "LAG", "HEARTBEAT", "FLAGS"});
+                 "WAIT GATHER/REDUCE", "LAG", "IN COLLECTIVE", "HEARTBEAT", "FLAGS"});
     std::vector<int> flagged_rows;
     for (const v1::MemberStatus* row : rows.members) {
       const v1::MemberStatus& m = *row;
@@ -118,7 +118,7 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
                     s.step_ms() > 0
                         ? absl::StrFormat("%.1f / %.1f ms", s.gather_wait_ms(), s.reduce_wait_ms())
                         : "-",
-                    Ms(m.telemetry().arrival_lag_ms()),
+                    Ms(m.telemetry().arrival_lag_ms()), InCollective(m.telemetry()),
                     m.last_heartbeat_age_ms() < 0
                         ? "-"
                         : absl::StrFormat("%.1fs", m.last_heartbeat_age_ms() / 1000.0),

@@ -39,19 +39,39 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::st
   return token;
 }
 
-absl::Status CheckTokenTransport(bool has_token, bool tls, const std::string& address,
-                                 bool insecure, const std::string& tls_flag) {
-  if (!has_token || tls || insecure) return absl::OkStatus();
-  // The host of HOST:PORT or [IPV6]:PORT.
+namespace {
+
+// The host of HOST:PORT or [IPV6]:PORT ("" for ":PORT", every address).
+std::string HostOf(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  if (IsLoopback(host)) return absl::OkStatus();
+  return host;
+}
+
+}  // namespace
+
+absl::Status CheckTokenTransport(bool has_token, bool tls, const std::string& address,
+                                 bool insecure, const std::string& tls_flag) {
+  if (!has_token || tls || insecure) return absl::OkStatus();
+  if (IsLoopback(HostOf(address))) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("a bearer token over plaintext to or from ", address,
                    " can be read by anyone on the network: turn TLS on (", tls_flag,
                    "), or pass --insecure to send it anyway (loopback addresses need neither)"));
+}
+
+absl::Status CheckListenAuthenticated(const std::string& address, bool authenticated,
+                                      bool insecure) {
+  if (authenticated || insecure || IsLoopback(HostOf(address))) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--listen=", address,
+      " is reachable from other machines and no client is authenticated: anyone who reaches "
+      "the port could join jobs, read and write their keys, and commit or delete "
+      "checkpoints. Give --auth_token_file (with --tls_cert and --tls_key, or --insecure "
+      "for a token over plaintext) or --tls_client_ca; or listen on 127.0.0.1; or pass "
+      "--insecure to serve every caller on a network you trust"));
 }
 
 }  // namespace zeroshard

@@ -30,6 +30,15 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path, const std::st
 absl::Status CheckTokenTransport(bool has_token, bool tls, const std::string& address,
                                  bool insecure, const std::string& tls_flag);
 
+// A server that authenticates no client (no token, no job tokens, no TLS
+// client certificates) lets anyone who reaches its port join jobs, read and
+// write their keys and commit or delete checkpoints: OK when it listens on
+// loopback only (`address`, HOST:PORT or [IPV6]:PORT), when `authenticated`,
+// or when `insecure`; otherwise INVALID_ARGUMENT naming the address and the
+// three ways out.
+absl::Status CheckListenAuthenticated(const std::string& address, bool authenticated,
+                                      bool insecure);
+
 }  // namespace zeroshard
 
 #endif  // ZEROSHARD_COMMON_SECRET_FILE_H_

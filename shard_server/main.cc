@@ -138,8 +138,9 @@ ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the bound metrics port is written here once serving");
 ABSL_FLAG(bool, insecure, false,
           "Accept an --auth_token_file (or job token file) that every user may read or write, a "
-          "token shorter than 16 characters, or a token over plaintext on a non-loopback "
-          "--listen address (all refused otherwise)");
+          "token shorter than 16 characters, a token over plaintext on a non-loopback "
+          "--listen address, or a non-loopback --listen address with no authentication at all "
+          "(no token, job tokens or --tls_client_ca) (all refused otherwise)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token; then every RPC except health needs "
           "'authorization: Bearer <token>'");
@@ -308,6 +309,14 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
       return absl::InvalidArgumentError("cannot read --tls_worker_id_map " + map);
     }
     options.tls_bind_worker_ids = true;
+  }
+  if (absl::Status s = zeroshard::CheckListenAuthenticated(absl::GetFlag(FLAGS_listen),
+                                                           !options.auth_token.empty() ||
+                                                               !options.job_tokens_dir.empty() ||
+                                                               !options.tls_client_ca.empty(),
+                                                           absl::GetFlag(FLAGS_insecure));
+      !s.ok()) {
+    return s;
   }
   return zeroshard::CheckTokenTransport(!options.auth_token.empty(), !options.tls_cert.empty(),
                                         absl::GetFlag(FLAGS_listen), absl::GetFlag(FLAGS_insecure),

@@ -10,6 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "common/plan/plan_codec.h"
 #include "common/plan/planner.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace zeroshard {
 namespace {
@@ -32,6 +34,22 @@ int64_t OneOffPieces(int world_size, const v1::ModelSpec& spec) {
     pieces += std::min<int64_t>(rows, std::max(world_size, 1));
   }
   return pieces;
+}
+
+// The hash (field 3) of a serialized ShardPlan, read without parsing the
+// units that follow it (a large job's plan is tens of MB). False: corrupt.
+bool StoredPlanHash(const std::string& bytes, std::string* hash) {
+  using google::protobuf::internal::WireFormatLite;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  while (const uint32_t tag = in.ReadTag()) {
+    if (WireFormatLite::GetTagFieldNumber(tag) == v1::ShardPlan::kHashFieldNumber &&
+        WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      return WireFormatLite::ReadString(&in, hash);
+    }
+    if (!WireFormatLite::SkipField(&in, tag)) return false;
+  }
+  return in.ConsumedEntireMessage();
 }
 
 }  // namespace
@@ -203,9 +221,25 @@ void PlanService::ForgetJob(const std::string& job_id) {
 }
 
 std::string PlanService::PlanHash(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = latest_hash_.find(job_id);
+    if (it != latest_hash_.end() || state_ == nullptr) {
+      return it == latest_hash_.end() ? "" : it->second;
+    }
+  }
+  // Not planned by this process: a restarted server, or a new leader after
+  // a failover, whose ranks have not asked for their plan again. The plan
+  // is durable state: read its hash back once (outside the lock: reading a
+  // large plan takes a while, and Plan() must not wait for it).
+  absl::StatusOr<std::optional<StoredPlan>> stored = state_->LoadLatestPlan(job_id);
+  if (!stored.ok()) return "";  // status says nothing rather than fail; asked again next time
+  std::string hash;
+  if (stored->has_value() && !StoredPlanHash((*stored)->plan_bytes, &hash)) hash.clear();
   absl::MutexLock lock(&mu_);
-  auto it = latest_hash_.find(job_id);
-  return it == latest_hash_.end() ? "" : it->second;
+  // A plan computed meanwhile is newer than what was read: it stays. An
+  // empty hash is kept too (a job without a plan yet is not read again).
+  return latest_hash_.try_emplace(job_id, hash).first->second;
 }
 
 size_t PlanService::cached_plans() {

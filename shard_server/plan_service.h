@@ -57,7 +57,9 @@ class PlanService {
   // store forgets its plans with the job).
   void ForgetJob(const std::string& job_id);
 
-  // The plan hash of the job's newest planned generation, or "".
+  // The plan hash of the job's newest planned generation, or "". One this
+  // process did not plan (after a restart or a failover) is read back from
+  // the state store once.
   std::string PlanHash(const std::string& job_id);
 
   // Plans in memory now (for tests): at most max_cached_plans once no plan

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/fault_messages.h"
 #include "shard_server/observability/server_metrics.h"
 
 namespace zeroshard {
@@ -114,12 +115,19 @@ absl::Status ReplicatedServer::Run() {
     // that a new leader names the one it took over from.
     std::string previous = leader.ok() ? *leader : "";
     absl::Notification campaign_over;
-    std::thread watch([&] {
+    std::thread watch([&, said = previous]() mutable {
       while (!campaign_over.WaitForNotificationWithTimeout(kLeaderReadPeriod)) {
         absl::StatusOr<std::string> now = (*session)->Leader();
+        if (!now.ok()) continue;
+        // A follower's log names the leader of now, not the one it saw when
+        // it began to campaign.
+        if (*now != said && *now != advertise_) {
+          Say(LeaderSeenLine(etcd_.prefix, *now, said));
+          said = *now;
+        }
         absl::MutexLock lock(&mu_);
-        if (now.ok() && !now->empty() && *now != advertise_) previous = *now;
-        if (now.ok() && !now->empty()) seen_leader_ = *now;
+        if (!now->empty() && *now != advertise_) previous = *now;
+        if (!now->empty()) seen_leader_ = *now;
       }
     });
     absl::Status won = (*session)->Campaign(advertise_);

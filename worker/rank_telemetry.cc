@@ -45,6 +45,10 @@ void FillLiveTelemetry(const ZeroEngine& engine, const DataPlane* plane, v1::Ran
     c->set_unit(progress.oldest.unit);
     c->set_seq(progress.oldest.seq);
     c->set_started_unix_ms(absl::ToUnixMillis(progress.oldest.started));
+    // Its age now, as this report is written: the viewers show this, not
+    // their time minus the start (which adds the report's own age).
+    c->set_age_ms(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(absl::Now() - progress.oldest.started)));
   } else {
     out->clear_in_progress();
   }

@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
+#include "common/fault_messages.h"
 #include "common/local_address.h"
 #include "common/status_context.h"
 #include "worker/checkpointer.h"
@@ -483,10 +484,10 @@ absl::Status Worker::RunStep(int step) {
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
     metrics_.recoveries.push_back(*record);
-    std::fprintf(stderr,
-                 "shard_worker rank %d: recovery: training again at step %d (%.0f ms after "
-                 "the failure)\n",
-                 rank_, step + 1, timeline_.record().first_step_ms());
+    std::fprintf(stderr, "%s\n",
+                 RecoveredLine(rank_, step + 1, timeline_.record().first_step_ms(),
+                               timeline_.measured_from())
+                     .c_str());
   }
   progress.snapshot_step = snapshots_.keeper().committed_step();
   if (rank_ == 0) progress.recovery = timeline_.record();
@@ -662,6 +663,9 @@ void Worker::OnServerCommand(const absl::StatusOr<v1::HeartbeatResponse>& reply)
   const std::string in_flight = abortable_engine_ != nullptr ? abortable_engine_->InFlight() : "";
   const std::string during = absl::StrCat(
       "during step ", step_.load(), in_flight.empty() ? "" : absl::StrCat(", in ", in_flight));
+  if (reply.ok() && reply->verdict_unix_ms() > 0 && !abort_->tripped()) {
+    verdict_ = absl::FromUnixMillis(reply->verdict_unix_ms());
+  }
   abort_->Trip(reply.ok()
                    ? absl::StrCat("aborting ", during, ": ", reply->reason())
                    : absl::StrCat("heartbeats refused ", during, ": ", reply.status().ToString()));

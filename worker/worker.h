@@ -316,6 +316,9 @@ class Worker {
   // The training loop's, while it trains: its pending commits in heartbeats.
   Checkpointer* checkpointer_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
   const ZeroEngine* abortable_engine_ ABSL_GUARDED_BY(abort_mu_) = nullptr;
+  // The server's verdict time of the abort that ended this generation
+  // (InfinitePast: none came with a time): recovery is measured from it.
+  absl::Time verdict_ ABSL_GUARDED_BY(abort_mu_) = absl::InfinitePast();
 };
 
 }  // namespace zeroshard

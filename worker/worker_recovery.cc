@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -226,7 +227,12 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   }
   // Confirmed: the server's abort (at once when it came first), or a setup
   // given up.
-  timeline_.FailureSeen(seen, absl::Now(), step_.load());
+  absl::Time verdict = absl::InfinitePast();
+  {
+    absl::MutexLock lock(&abort_mu_);
+    verdict = std::exchange(verdict_, absl::InfinitePast());
+  }
+  timeline_.FailureSeen(seen, absl::Now(), step_.load(), verdict);
   std::fprintf(stderr, "shard_worker rank %d: %s; recovering (%d of at most %d)\n", rank_,
                why.c_str(), recoveries_ + 1, config_.recovery.max_recoveries);
   EndGeneration();

@@ -127,7 +127,8 @@ std::vector<MemberVerdict> Membership::Verdicts(const Job& job,
   const JobSignals job_signals{
       suspect, job.formed() ? job.data_plane_advanced : absl::InfinitePast(), job.formed(),
       job.silence.size() > 0 ? job.members[job.silence.Newest()].last_heartbeat
-                             : absl::InfinitePast()};
+                             : absl::InfinitePast(),
+      !job.formed() && !job.pending.empty()};
   return JudgeMembers(signals, job_signals, now, detector_options_);
 }
 

@@ -158,6 +158,7 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
   // The last beat the server heard from anyone in the job (rule 4).
   absl::Time last_heard = job.last_heard;
   for (const MemberSignals& m : members) last_heard = std::max(last_heard, m.last_heartbeat);
+  if (job.joins_held) last_heard = now;  // workers in held joins reach the server now
   JobEvidence evidence;
   evidence.last_heard = last_heard;
   evidence.nobody_beats = now - last_heard > options.heartbeat_timeout;

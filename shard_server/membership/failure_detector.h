@@ -185,6 +185,13 @@ struct JobSignals {
   // only some of them (the silent ones, shard_server/membership/silence_order.h);
   // rule 4 takes the later of this and the members' own.
   absl::Time last_heard = absl::InfinitePast();
+  // Workers of the job wait in joins the server holds for a generation
+  // that has not formed (a re-join barrier, a wait for --min_world_size):
+  // they reach it now, so the job is not silent as a whole and rule 4 (the
+  // server's own isolation) does not apply; a silent member is judged as
+  // usual. (A formed job's growers do not count: one held join says little
+  // about every member's path.)
+  bool joins_held = false;
 };
 
 enum class Verdict {

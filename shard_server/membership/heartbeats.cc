@@ -123,6 +123,10 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
     response.set_reason(absl::StrCat("job '", job.id, "' moved from generation ",
                                      member.generation(), " to ", job.generation,
                                      ": abort collectives and join again"));
+    // When it was decided: every rank's recovery is measured from it.
+    if (!job.history.empty() && job.history.back().generation == job.generation) {
+      response.set_verdict_unix_ms(absl::ToUnixMillis(job.history.back().at));
+    }
   }
   *commit = job.commit;
   return response;

@@ -55,6 +55,9 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
       ms->set_collective_seq(m.collective_seq);
       *ms->mutable_last_step() = m.last_step;
       *ms->mutable_telemetry() = m.telemetry;
+      // A dead or departed rank has nothing in flight: its last report's
+      // collective is not shown as one that goes on (a timer that grows).
+      if (!m.alive || m.left) ms->mutable_telemetry()->clear_in_progress();
       ms->set_rejoins(m.rejoins);
     }
     out->set_snapshot_step(job->CommittedSnapshot());

@@ -595,6 +595,9 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.alive() && !m.left() ? 1 : 0);
            });
+  per_rank("zeroshard_rank_left", "gauge",
+           "1 once the member left cleanly (its job finished); 0 while alive or when dead.",
+           [](const v1::MemberStatus& m, std::string* o) { absl::StrAppend(o, m.left() ? 1 : 0); });
   per_rank("zeroshard_rank_step", "gauge", "Steps the rank completed.",
            [](const v1::MemberStatus& m, std::string* o) { absl::StrAppend(o, m.step()); });
   per_rank("zeroshard_rank_loss", "gauge", "Loss of the rank's last step (mean over ranks).",
@@ -625,6 +628,13 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(
                  o, m.last_heartbeat_age_ms() < 0 ? -1.0 : m.last_heartbeat_age_ms() / 1e3);
+           });
+  per_rank("zeroshard_rank_in_collective_seconds", "gauge",
+           "How long the rank had been in its oldest collective in flight when it last "
+           "reported (-1: none in flight, or the rank is dead or left).",
+           [](const v1::MemberStatus& m, std::string* o) {
+             const v1::RankTelemetry& t = m.telemetry();
+             absl::StrAppend(o, t.has_in_progress() ? t.in_progress().age_ms() / 1e3 : -1.0);
            });
   per_rank("zeroshard_rank_straggler", "gauge", "1 while the rank is flagged a straggler.",
            [](const v1::MemberStatus& m, std::string* o) { absl::StrAppend(o, m.straggler()); });

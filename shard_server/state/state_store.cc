@@ -206,4 +206,18 @@ absl::StatusOr<std::optional<StoredPlan>> StateStore::LoadPlan(const std::string
   return plan;
 }
 
+absl::StatusOr<std::optional<StoredPlan>> StateStore::LoadLatestPlan(const std::string& job_id) {
+  std::optional<StoredPlan> plan;
+  absl::Status status = Read([&](Connection& db) {
+    Statement load = db.Prepare("load latest plan",
+                                "SELECT spec_hash, plan FROM plans WHERE job_id = ? "
+                                "ORDER BY generation DESC LIMIT 1");
+    load.Bind(1, job_id);
+    if (load.Next()) plan = StoredPlan{load.Text(0), load.Text(1)};
+    return load.status();
+  });
+  if (!status.ok()) return status;
+  return plan;
+}
+
 }  // namespace zeroshard

@@ -91,6 +91,9 @@ class StateStore {
   absl::Status SavePlan(const std::string& job_id, int64_t generation, const StoredPlan& plan);
   absl::StatusOr<std::optional<StoredPlan>> LoadPlan(const std::string& job_id,
                                                      int64_t generation);
+  // The plan of the job's newest planned generation (none: nullopt): what
+  // status shows after a restart or a failover, before any rank asks again.
+  absl::StatusOr<std::optional<StoredPlan>> LoadLatestPlan(const std::string& job_id);
 
  private:
   explicit StateStore(std::unique_ptr<SqlDatabase> db) : db_(std::move(db)) {}

@@ -78,6 +78,16 @@ TEST_F(PartitionTest, APartitionThatDoesNotHealSaysSoOnTheCutOffSide) {
   }
   const int step_then = LatestStep();
   ASSERT_TRUE(WaitForStep(step_then + 5)) << "training stopped";
+  // It says it trains on, since it does (#51 item 7: a stuck rank says it is
+  // stopped instead): the next line, 5 s after the first, counts its steps.
+  for (int r : {2, 3}) {
+    EXPECT_TRUE(WaitFor(
+        [&] { return cluster_->WorkerLog(r).find("training goes on here (") != std::string::npos; },
+        absl::Seconds(15)))
+        << cluster_->WorkerLog(r);
+    EXPECT_EQ(cluster_->WorkerLog(r).find("this rank is stopped"), std::string::npos)
+        << cluster_->WorkerLog(r);
+  }
   for (int r : {0, 1}) {
     EXPECT_EQ(cluster_->WorkerLog(r).find(says), std::string::npos) << cluster_->WorkerLog(r);
   }

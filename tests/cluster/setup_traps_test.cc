@@ -19,7 +19,11 @@ class SetupTrapsTest : public AcrossHostsTest {
  protected:
   std::unique_ptr<ChildProcess> StartServer(const std::vector<std::string>& args,
                                             const std::string& name) {
-    return hosts_->Start(kServerHost, RunfilePath("shard_server/shard_server"), args,
+    // --insecure: these servers listen on an emulated host's address with
+    // no authentication, which a server refuses unless told.
+    std::vector<std::string> flags = args;
+    flags.push_back("--insecure");
+    return hosts_->Start(kServerHost, RunfilePath("shard_server/shard_server"), flags,
                          absl::StrCat(dir_, "/", name, ".log"));
   }
   bool MakeHosts() {

@@ -1188,10 +1188,29 @@ def run_checks(texts, flagsets, k8s_docs=None):
   if ETCD_UNIT in texts and ETCD_ENVFILE in texts:
     check_etcd_unit(ETCD_UNIT, texts[ETCD_UNIT], ETCD_ENVFILE, texts[ETCD_ENVFILE],
                     ETCD_FLAGS, report)
+  check_server_auth(report)
   return report
 
 
 ETCD_FLAGS = etcd_flag_names()
+
+AUTH_FLAGS = ("auth_token_file", "job_tokens_dir", "tls_client_ca", "insecure")
+
+
+def check_server_auth(report):
+  """A shard_server listening off loopback with no authentication refuses to
+  start unless --insecure says so: every template's server must pass one."""
+  for inv in report.invocations:
+    if inv.binary != "shard_server":
+      continue
+    host, _ = port_of(inv.flag("listen"))
+    host = (host or "").strip("[]")
+    if host.startswith("127.") or host in ("::1", "localhost"):
+      continue
+    if not any(inv.flag(f) is not None or (f, None) in inv.flags() for f in AUTH_FLAGS):
+      report.error(inv.source, "shard_server (%s) listens on --listen=%s with no authentication "
+                   "(--auth_token_file, --job_tokens_dir, --tls_client_ca) and no --insecure: "
+                   "it refuses to start" % (inv.where, inv.flag("listen")))
 
 
 def self_test(texts, flagsets, baseline):
@@ -1271,6 +1290,14 @@ def self_test(texts, flagsets, baseline):
          first_container("Job", lambda c: c.update(args=[
              "--server=nowhere:7070" if a.startswith("--server=") else a for a in c["args"]])),
          "--server=nowhere:7070 is not a Service")
+
+  # A server off loopback that authenticates no one, told nothing.
+  t = dict(texts)
+  t[ENVFILE] = re.sub(r" --insecure\b", "", texts[ENVFILE])
+  if t[ENVFILE] == texts[ENVFILE] or not any(
+      "no authentication" in e for e in run_checks(t, flagsets).errors):
+    misses.append("dropping --insecure from %s's unauthenticated server was not reported"
+                  % ENVFILE)
 
   # Shell structure: the sbatch script without its trap.
   t = dict(texts)

@@ -227,7 +227,7 @@ TEST_F(BinariesTest, ServerRefusesBadFlagsWithAMessage) {
   EXPECT_NE(bad.Log().find("--heartbeat_timeout_ms"), std::string::npos) << bad.Log();
 
   ChildProcess no_port(testing::RunfilePath("shard_server/shard_server"),
-                       {"--listen=256.1.1.1:99999"}, dir + "/log2");
+                       {"--listen=256.1.1.1:99999", "--insecure"}, dir + "/log2");
   EXPECT_NE(no_port.Wait(absl::Seconds(10)), 0);
   EXPECT_NE(no_port.Log().find("cannot listen"), std::string::npos) << no_port.Log();
 }

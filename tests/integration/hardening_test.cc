@@ -132,6 +132,40 @@ TEST(TokenFileTest, ATokenWithoutTlsOffLoopbackIsRefusedUnlessInsecure) {
   EXPECT_EQ(local_code, 0) << local_output;
 }
 
+// A server off loopback that authenticates no one refuses to start, saying
+// which flag and what to do; --insecure lets it serve (#51 item 8).
+TEST(TokenFileTest, AnUnauthenticatedServerOffLoopbackRefusesToStartUnlessInsecure) {
+  const std::string dir = testing::MakeTempDir("unauthenticated");
+  const std::string server = testing::RunfilePath("shard_server/shard_server");
+  auto [code, output] = testing::RunCommand(absl::StrCat(
+      "timeout 20 ", server, " --listen=0.0.0.0:0 --state_dir=", dir, "/refused 2>&1"));
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(code, 124) << "it served instead of refusing: " << output;
+  EXPECT_NE(output.find("--listen=0.0.0.0:0 is reachable from other machines and no client is "
+                        "authenticated"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("pass --insecure"), std::string::npos) << output;
+  EXPECT_EQ(output.find("listening on"), std::string::npos) << output;
+  // With --insecure it serves (0.0.0.0 includes loopback, where it is asked).
+  testing::ChildProcess insecure(server,
+                                 {"--listen=0.0.0.0:0", "--insecure", "--state_dir=" + dir + "/ok",
+                                  "--port_file=" + dir + "/port"},
+                                 dir + "/insecure.log");
+  std::string port;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        port = testing::ReadFileOrEmpty(dir + "/port");
+        return !port.empty() && port.back() == '\n';
+      },
+      absl::Seconds(60)))
+      << insecure.Log();
+  auto [health_code, health] = testing::RunCommand(
+      absl::StrCat(testing::RunfilePath("client/shardctl"),
+                   " --server=127.0.0.1:", absl::StripAsciiWhitespace(port), " health 2>&1"));
+  EXPECT_EQ(health_code, 0) << health << insecure.Log();
+}
+
 // A TCP connection to 127.0.0.1:port; -1 on failure.
 int ConnectTo(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -4,10 +4,12 @@
 // the dashboard rendered by headless Chromium, also for a simulated job of
 // 2,048 ranks (summarized, with look-ups). The tools come from Debian
 // (tools/install_deps.sh: prometheus, tmux, chromium, curl).
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -62,6 +64,27 @@ int MetricsPort(const LocalCluster& cluster) {
   std::string port = testing::ReadFileOrEmpty(cluster.dir() + "/mport");
   int value = 0;
   return absl::SimpleAtoi(absl::StripAsciiWhitespace(port), &value) ? value : 0;
+}
+
+// The line of `table` (status or top) of worker `worker`'s row ("" if none).
+std::string RowOf(const std::string& table, const std::string& worker) {
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    if (absl::StrContains(line, absl::StrCat(" ", worker, " "))) return std::string(line);
+  }
+  return "";
+}
+
+// The value of the sample `series` ("name{labels} ") in a /metrics page;
+// NaN when absent.
+double Sample(const std::string& metrics, const std::string& series) {
+  const size_t at = metrics.find(series);
+  if (at == std::string::npos) return std::nan("");
+  const size_t start = at + series.size();
+  double value = 0;
+  if (!absl::SimpleAtod(metrics.substr(start, metrics.find('\n', start) - start), &value)) {
+    return std::nan("");
+  }
+  return value;
 }
 
 class ObservabilityUiTest : public ::testing::Test {
@@ -252,7 +275,132 @@ TEST_F(ObservabilityUiTest, AFinishedJobShowsItsLastStepAndRanksThatLeftEverywhe
   auto [top_code, top] = RunCommand(ctl + " --job=done top --top_iterations=1 | cat");
   EXPECT_EQ(top_code, 0) << top;
   EXPECT_EQ(top.find("DEAD"), std::string::npos) << top;
-  EXPECT_NE(top.find("LEFT"), std::string::npos) << top;
+  for (const char* worker : {"w0", "w1"}) {
+    const std::string row = RowOf(top, worker);
+    EXPECT_NE(row.find("LEFT"), std::string::npos) << top;
+    EXPECT_NE(row.find(absl::StrCat(" ", kSteps, " ")), std::string::npos) << top;
+    EXPECT_EQ(row.find("all_gather"), std::string::npos) << top;
+  }
+  // /metrics: left (not alive, not dead), the final step, nothing in flight.
+  auto [http, metrics] = Get(MetricsPort(cluster_), "/metrics", dir_ + "/done-metrics.txt");
+  ASSERT_EQ(http, 200) << metrics;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string labels =
+        absl::StrCat("{job=\"done\",rank=\"", rank, "\",worker=\"w", rank, "\"} ");
+    EXPECT_EQ(Sample(metrics, "zeroshard_rank_left" + labels), 1) << metrics;
+    EXPECT_EQ(Sample(metrics, "zeroshard_rank_alive" + labels), 0) << metrics;
+    EXPECT_EQ(Sample(metrics, "zeroshard_rank_step" + labels), kSteps) << metrics;
+    EXPECT_EQ(Sample(metrics, "zeroshard_rank_in_collective_seconds" + labels), -1) << metrics;
+  }
+}
+
+// A rank stuck in a collective, and then a dead rank, read the same in
+// status, top and /metrics. Heartbeats every 3 s: a view that computed the
+// age as its own time minus the collective's start (what used to be shown)
+// would count up between reports; the rank's own measure at its report
+// stays put until the next one, and every view shows that one number.
+TEST(ObservabilityStateTest, AStuckRankAndADeadOneReadTheSameInStatusTopAndMetrics) {
+  const std::string dir = testing::MakeTempDir("obsstate");
+  LocalCluster cluster(dir,
+                       {"--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + dir + "/mport",
+                        "--heartbeat_interval_ms=3000", "--heartbeat_timeout_ms=30000"});
+  ASSERT_TRUE(cluster.ok());
+  // w1 stops before its 30th all-gather (a few steps in): w0 waits in it.
+  cluster.StartWorkers("stuck", 2,
+                       {"--model=mlp", "--layers=4", "--width=32", "--batch=8", "--stage=3",
+                        "--steps=100000", "--collective_timeout=300s"},
+                       {{1, {"--test_stall_before_gather=30"}}});
+  const std::string ctl = Shardctl(cluster) + " --job=stuck";
+  auto status_json = [&]() -> nlohmann::json {
+    auto [code, out] = RunCommand(ctl + " status --json");
+    nlohmann::json status = nlohmann::json::parse(out, nullptr, false);
+    if (code != 0 || status.is_discarded() || status["jobs"].empty()) return nullptr;
+    return status["jobs"][0];
+  };
+  // Rank `rank`'s member entry of a status (null: absent).
+  auto member = [](const nlohmann::json& job, int rank) -> nlohmann::json {
+    if (job.is_null()) return nullptr;
+    for (const auto& m : job["members"]) {
+      if (m.value("rank", 0) == rank) return m;
+    }
+    return nullptr;
+  };
+  // One report seen by all views: status, then shardctl status, top and
+  // /metrics, then status again with the same report (the same age).
+  std::string text, top, metrics;
+  nlohmann::json first;
+  const bool seen = testing::WaitFor(
+      [&] {
+        first = member(status_json(), 0);
+        if (first.is_null() || !first.contains("telemetry") ||
+            !first["telemetry"].contains("in_progress")) {
+          return false;
+        }
+        text = RunCommand(ctl + " status").second;
+        top = RunCommand(ctl + " top --top_iterations=1 | cat").second;
+        metrics = Get(MetricsPort(cluster), "/metrics", dir + "/metrics.txt").second;
+        nlohmann::json second = member(status_json(), 0);
+        return !second.is_null() && second.contains("telemetry") &&
+               second["telemetry"].value("in_progress", nlohmann::json()) ==
+                   first["telemetry"]["in_progress"] &&
+               std::stoll(first["telemetry"]["in_progress"].value("age_ms", std::string("0"))) >=
+                   1000;
+      },
+      absl::Seconds(90));
+  ASSERT_TRUE(seen) << first.dump() << cluster.server()->Log() << cluster.WorkerLog(1);
+  const nlohmann::json& c = first["telemetry"]["in_progress"];
+  EXPECT_EQ(c.value("op", ""), "ALL_GATHER") << c.dump();
+  EXPECT_EQ(c.value("seq", std::string()), "30") << c.dump();
+  const int64_t age_ms = std::stoll(c.value("age_ms", std::string("0")));
+  // Its own age when reported: no later than the report, which is no later
+  // than now (one clock: every process is on this machine).
+  EXPECT_LE(std::stoll(c.value("started_unix_ms", std::string("0"))) + age_ms,
+            absl::ToUnixMillis(absl::Now()));
+  const std::string shown =
+      absl::StrFormat("all_gather #30 %s %.1fs", c.value("unit", ""), age_ms / 1000.0);
+  EXPECT_NE(RowOf(text, "w0").find(shown), std::string::npos) << shown << "\n" << text;
+  EXPECT_NE(RowOf(top, "w0").find(shown), std::string::npos) << shown << "\n" << top;
+  const std::string w0 = "{job=\"stuck\",rank=\"0\",worker=\"w0\"} ";
+  const std::string w1 = "{job=\"stuck\",rank=\"1\",worker=\"w1\"} ";
+  EXPECT_DOUBLE_EQ(Sample(metrics, "zeroshard_rank_in_collective_seconds" + w0), age_ms / 1e3)
+      << metrics;
+  // w1 is alive and stopped before that gather (a reduction of its may be
+  // in flight: not checked).
+  EXPECT_EQ(RowOf(text, "w1").find("all_gather #30"), std::string::npos) << text;
+  EXPECT_EQ(Sample(metrics, "zeroshard_rank_alive" + w1), 1) << metrics;
+  EXPECT_EQ(Sample(metrics, "zeroshard_rank_left" + w1), 0) << metrics;
+  // The next reports: the stuck rank's age grows with them.
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        nlohmann::json later = member(status_json(), 0);
+        return !later.is_null() && later.contains("telemetry") &&
+               std::stoll(later["telemetry"]
+                              .value("in_progress", nlohmann::json::object())
+                              .value("age_ms", std::string("0"))) >= age_ms + 2000;
+      },
+      absl::Seconds(30)));
+
+  // w1 killed: dead, not left, in every view, with nothing in flight.
+  cluster.worker(1)->Signal(SIGKILL);
+  nlohmann::json dead;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        dead = member(status_json(), 1);
+        return !dead.is_null() && !dead.value("alive", true);
+      },
+      absl::Seconds(60)))
+      << cluster.server()->Log();
+  EXPECT_FALSE(dead.value("left", false)) << dead.dump();
+  EXPECT_FALSE(dead.contains("telemetry") && dead["telemetry"].contains("in_progress"));
+  text = RunCommand(ctl + " status").second;
+  top = RunCommand(ctl + " top --top_iterations=1 | cat").second;
+  metrics = Get(MetricsPort(cluster), "/metrics", dir + "/metrics2.txt").second;
+  EXPECT_NE(RowOf(text, "w1").find(" dead "), std::string::npos) << text;
+  EXPECT_NE(RowOf(top, "w1").find("DEAD"), std::string::npos) << top;
+  EXPECT_EQ(RowOf(top, "w1").find("LEFT"), std::string::npos) << top;
+  EXPECT_EQ(Sample(metrics, "zeroshard_rank_alive" + w1), 0) << metrics;
+  EXPECT_EQ(Sample(metrics, "zeroshard_rank_left" + w1), 0) << metrics;
+  EXPECT_EQ(Sample(metrics, "zeroshard_rank_in_collective_seconds" + w1), -1) << metrics;
 }
 
 TEST_F(ObservabilityUiTest, HeadlessChromiumRendersTheJobItsRanksAndPlots) {

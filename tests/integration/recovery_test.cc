@@ -191,6 +191,18 @@ TEST_F(RecoveryTest, ReplacedWorkerResumesFromItsBuddysSnapshot) {
   ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
   EXPECT_EQ(report["recoveries"][0]["source"], "snapshot");
   EXPECT_EQ(report["world_size"], 4) << report.dump();
+  // Every survivor measures its recovery from one event, the server's
+  // verdict that ended the generation (#51 item 7), and says so.
+  const int64_t verdict = report["recoveries"][0].value("verdict_unix_ms", int64_t{0});
+  EXPECT_GT(verdict, 0) << report.dump();
+  for (int r : {0, 1, 3}) {
+    nlohmann::json survivor = cluster_.Report("replace", r);
+    ASSERT_GE(survivor["recoveries"].size(), 1u) << survivor.dump();
+    EXPECT_EQ(survivor["recoveries"][0].value("verdict_unix_ms", int64_t{0}), verdict) << r;
+    EXPECT_NE(cluster_.WorkerLog(r).find("ms after the server's verdict on the failure"),
+              std::string::npos)
+        << cluster_.WorkerLog(r);
+  }
   ExpectEqual(Final("replace"), reference, "replace");
 }
 

@@ -198,6 +198,26 @@ TEST(FailureDetectorTest, WithoutAGraceEveryoneSilentIsDeadAtTheTimeout) {
   EXPECT_EQ(Judge(c, Options(absl::ZeroDuration())), (std::vector<Verdict>{kDead, kDead}));
 }
 
+// Workers waiting in joins the server holds reach it: the job is not silent
+// as a whole, so no isolation is suspected (#51 item 7: isolation_suspected
+// was logged while members had joined and waited); a silent member of the
+// abandoned generation is judged by its own timeout.
+TEST(FailureDetectorTest, JoinsHeldRuleOutTheServersIsolation) {
+  const std::vector<MemberSignals> silent = {{At(5), At(kNever)}, {At(5.1), At(kNever)}};
+  JobSignals job{false, At(kNever), /*formed=*/false};
+  std::vector<MemberVerdict> v = JudgeMembers(silent, job, At(9), Options());
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].verdict, kSuspect) << "without held joins, rule 4 as before";
+  job.joins_held = true;
+  v = JudgeMembers(silent, job, At(9), Options());
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].verdict, kDead) << v[0].why;
+  EXPECT_EQ(v[1].verdict, kDead) << v[1].why;
+  // Within the timeout they are alive either way.
+  v = JudgeMembers(silent, job, At(7), Options());
+  EXPECT_EQ(v[0].verdict, kAlive);
+}
+
 TEST(FailureDetectorTest, VerdictsOtherThanAliveSayWhy) {
   std::vector<MemberVerdict> v = JudgeMembers({{At(5), At(kNever)}, {At(5.1), At(kNever)}},
                                               {false, At(kNever)}, At(20), Options());

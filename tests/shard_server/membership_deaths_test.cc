@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "shard_server/membership/membership.h"
 #include "tests/shard_server/membership_fixture.h"
@@ -145,6 +146,44 @@ TEST_F(MembershipTest, AMemberSilentSinceTheServerCaughtUpIsJudgedByTheBareTimeo
   membership_->ReadServerLag(clock_.Now(), absl::ZeroDuration());
   membership_->Tick();
   EXPECT_EQ(Logged("member_dead"), 200);
+}
+
+// After a death the survivors stop beating their old generation and wait in
+// the next one's join barrier: the server holds their joins, so it is not
+// the one cut off, and it must not log isolation_suspected for the silence
+// of the generation they left (#51 item 7). Without those joins, the same
+// silence is the server's own isolation, as before.
+TEST_F(MembershipTest, SurvivorsWaitingInTheBarrierAreNoSignOfTheServersIsolation) {
+  options_.isolation_grace = absl::Seconds(90);
+  for (const bool rejoin : {false, true}) {
+    SCOPED_TRACE(rejoin ? "survivors re-join" : "nobody re-joins");
+    lines_.clear();
+    membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+    auto members = Form("job", 3);
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(Beat(Credentials("job", members[r])).ok());
+    // Rank 2 falls silent; 0 and 1 beat on until it is declared dead.
+    for (int i = 0; i < 32; ++i) {
+      clock_.Advance(absl::Milliseconds(100));
+      if (i % 10 == 9) {
+        for (int r = 0; r < 2; ++r) (void)Beat(Credentials("job", members[r]));
+      }
+      membership_->Tick();
+    }
+    ASSERT_EQ(Logged("member_dead"), 1) << StatusText();
+    JoinResult a, b;
+    if (rejoin) {
+      Join("job", 3, "w0", &a);
+      Join("job", 3, "w1", &b);
+      EXPECT_FALSE(a.has_value());  // held: the barrier waits for a third
+    }
+    // Their old generation's members now say nothing for 5 s.
+    for (int i = 0; i < 50; ++i) {
+      clock_.Advance(absl::Milliseconds(100));
+      membership_->Tick();
+    }
+    EXPECT_EQ(Logged("isolation_suspected"), rejoin ? 0 : 1) << absl::StrJoin(lines_, "\n");
+    membership_.reset();  // answers the held joins before `a` and `b` go
+  }
 }
 
 TEST_F(MembershipTest, DeathIsDeclaredOnlyAfterTheTimeout) {

@@ -91,6 +91,33 @@ TEST_F(PlanServiceTest, TheCacheIsBoundedAndADroppedPlanComesBackFromTheStore) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A restarted server, or the new leader after an etcd failover, is a new
+// PlanService over the same durable state: status shows the plan of each
+// job's newest planned generation before any rank asks for it again.
+TEST_F(PlanServiceTest, ANewServiceReadsThePlanHashBackFromTheStore) {
+  std::string newest;
+  {
+    PlanService before(state_.get(), &log_);
+    ASSERT_TRUE(before.Plan("job", 1, 2, Mlp(3), v1::PlanOptions()).ok());
+    absl::StatusOr<v1::ShardPlan> second = before.Plan("job", 2, 4, Mlp(3), v1::PlanOptions());
+    ASSERT_TRUE(second.ok()) << second.status();
+    newest = second->hash();
+    ASSERT_FALSE(newest.empty());
+    EXPECT_EQ(before.PlanHash("job"), newest);
+  }
+  PlanService after(state_.get(), &log_);
+  EXPECT_EQ(after.PlanHash("job"), newest);
+  EXPECT_EQ(after.PlanHash("unplanned"), "");
+  // A plan computed later is the newer one, whatever was read before.
+  absl::StatusOr<v1::ShardPlan> third = after.Plan("unplanned", 1, 3, Mlp(2), v1::PlanOptions());
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(after.PlanHash("unplanned"), third->hash());
+  // A forgotten job's plans go with it (DeleteJob) and so does what status shows.
+  ASSERT_TRUE(state_->DeleteJob("job").ok());
+  after.ForgetJob("job");
+  EXPECT_EQ(after.PlanHash("job"), "");
+}
+
 TEST_F(PlanServiceTest, ARefusedSpecStoresNothing) {
   PlanService plans(state_.get(), &log_);
   v1::ModelSpec bad = Mlp(2);

@@ -347,10 +347,11 @@ TEST_F(SlurmTest, ScancelEndsEveryProcessAndKeepsTheLastCompleteCheckpoint) {
 
   // A fresh server on the job's state and checkpoints: the last complete
   // checkpoint is there, at or after the one seen before scancel, and merges.
-  auto server = cluster().hosts().Start(0, RunfilePath("shard_server/shard_server"),
-                                        {"--listen=0.0.0.0:7071", "--state_dir=" + run + "/state",
-                                         "--checkpoint_root=" + run + "/checkpoints"},
-                                        run + "/server-after.log");
+  auto server = cluster().hosts().Start(
+      0, RunfilePath("shard_server/shard_server"),
+      {"--listen=0.0.0.0:7071", "--insecure", "--state_dir=" + run + "/state",
+       "--checkpoint_root=" + run + "/checkpoints"},
+      run + "/server-after.log");
   std::vector<int> after;
   ASSERT_TRUE(Poll([&] { return !(after = CompleteCheckpoints(job, "198.18.0.1:7071")).empty(); },
                    absl::Seconds(60)))

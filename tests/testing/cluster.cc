@@ -126,6 +126,7 @@ void LocalCluster::StartServer() {
       "--port_file=" + port_file, "--state_dir=" + dir_ + "/state",
       "--checkpoint_root=" + checkpoint_root()};
   args.insert(args.end(), server_flags_.begin(), server_flags_.end());
+  for (std::string& flag : InsecureOffLoopback(ip, server_flags_)) args.push_back(flag);
   server_ = Launch(host, RunfilePath("shard_server/shard_server"), args,
                    absl::StrCat(dir_, "/server-", restarts_, ".log"));
   std::string port;

@@ -214,6 +214,7 @@ ReplicatedServers::ReplicatedServers(const std::string& dir, const std::string& 
         absl::StrCat("--metrics_listen=", Host(i), ":", metrics_ports_[i]),
         "--etcd_endpoints=" + etcd_endpoints, absl::StrCat("--port_file=", dir_, "/port-", i)};
     args.insert(args.end(), flags.begin(), flags.end());
+    for (std::string& flag : InsecureOffLoopback(Host(i), flags)) args.push_back(flag);
     args_.push_back(args);
     servers_.push_back(Launch(i, absl::StrCat(dir_, "/server-", i, ".log")));
   }

@@ -273,6 +273,18 @@ void WriteSecretFile(const std::string& path, const std::string& contents) {
   chmod(path.c_str(), 0600);
 }
 
+std::vector<std::string> InsecureOffLoopback(const std::string& ip,
+                                             const std::vector<std::string>& flags) {
+  if (absl::StartsWith(ip, "127.") || ip == "::1" || ip == "localhost") return {};
+  for (const std::string& flag : flags) {
+    for (const char* auth :
+         {"--auth_token_file=", "--job_tokens_dir=", "--tls_client_ca=", "--insecure"}) {
+      if (absl::StartsWith(flag, auth)) return {};
+    }
+  }
+  return {"--insecure"};
+}
+
 std::string RunfilePath(const std::string& workspace_relative) {
   const char* srcdir = getenv("TEST_SRCDIR");
   const char* workspace = getenv("TEST_WORKSPACE");

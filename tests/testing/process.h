@@ -99,6 +99,12 @@ void WriteSecretFile(const std::string& path, const std::string& contents);
 // Path of a binary built by Bazel, from the test's runfiles (e.g.
 // "shard_server/shard_server").
 std::string RunfilePath(const std::string& workspace_relative);
+// {"--insecure"} for a shard_server listening on `ip` when that is not a
+// loopback address (an emulated host's 198.18.x.x) and `flags` give it no
+// authentication (--auth_token_file, --job_tokens_dir, --tls_client_ca) nor
+// --insecure already: such a server refuses to start otherwise. {} if not.
+std::vector<std::string> InsecureOffLoopback(const std::string& ip,
+                                             const std::vector<std::string>& flags);
 
 // Runs a command line via /bin/sh, returns (exit code, combined output).
 std::pair<int, std::string> RunCommand(const std::string& command);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/fault_messages.h"
 #include "nlohmann/json.hpp"
 #include "proto/zeroshard.pb.h"
 #include "worker/recovery/recovery_decision.h"
@@ -21,8 +22,13 @@ namespace zeroshard {
 class RecoveryTimeline {
  public:
   // A failure ended a generation at `failed_step`: seen at `seen`, confirmed
-  // by the server's abort at `confirmed`. recovering() from here.
-  void FailureSeen(absl::Time seen, absl::Time confirmed, int64_t failed_step);
+  // by the server's abort at `confirmed`, decided by the server at `verdict`
+  // (its member_dead verdict, carried by the abort; InfinitePast: no time
+  // came). recovering() from here. The record's times count from the
+  // verdict when there is one (the same instant on every rank), else from
+  // `seen`.
+  void FailureSeen(absl::Time seen, absl::Time confirmed, int64_t failed_step,
+                   absl::Time verdict = absl::InfinitePast());
   // A generation formed (Join returned).
   void Joined(absl::Time now) { joined_ = now; }
   // Between FailureSeen (or a restore into a running job) and the first step
@@ -43,10 +49,17 @@ class RecoveryTimeline {
 
   // The latest record (generation 0: none).
   const v1::RecoveryRecord& record() const { return record_; }
+  // The event the latest record's first_step_ms counts from.
+  RecoveryClock measured_from() const {
+    if (record_.failed_step() < 0) return RecoveryClock::kJoined;
+    return from_verdict_ ? RecoveryClock::kVerdict : RecoveryClock::kSeen;
+  }
 
  private:
   bool recovering_ = false;
-  absl::Time failure_;    // when this worker saw the failure
+  absl::Time failure_;  // the verdict's time, or when this worker saw the failure
+  absl::Time seen_;     // when this worker saw it
+  bool from_verdict_ = false;
   absl::Time confirmed_;  // when the server's abort confirmed it
   absl::Time joined_;
   int64_t failed_step_ = 0;
