@@ -354,7 +354,7 @@ class ZeroEngine {
   };
   ZeroEngine() = default;
 
-  // For engine_integrity.cc (UnitState is engine.cc's): a unit's master
+  // For engine_integrity.cc (UnitState is engine_internal.h's): a unit's master
   // shard, and hpZ's slice of it marked stale.
   TrackedBuffer& MasterShard(int unit);
   absl::Status HashMasterShard(int unit, ShardHasher* hasher);
