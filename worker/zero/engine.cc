@@ -3,9 +3,11 @@
 // gathers are engine_gather.cc's, its reductions engine_reduce.cc's.
 #include "worker/zero/engine.h"
 
+#include <cassert>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -99,6 +101,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model, con
   if (absl::Status s = engine->BuildSchedule(); !s.ok()) return s;
   if (absl::Status s = engine->AllocateUnitStates(); !s.ok()) return s;
   if (absl::Status s = engine->SetUpSharedGather(); !s.ok()) return s;
+  engine->PlanStepBuffers();
   engine->StartThreads();
   return engine;
 }
@@ -114,12 +117,13 @@ absl::Status ZeroEngine::BuildSchedule() {
           absl::StrCat("model op uses unit ", op, "; the plan has ", units, " units"));
     }
   }
-  positions_ = ops_;
-  for (int k = n - 1; k >= 0; --k) positions_.push_back(ops_[k]);
+  std::vector<int> positions = ops_;
+  for (int k = n - 1; k >= 0; --k) positions.push_back(ops_[k]);
+  window_ = GatherWindow(positions, options_.prefetch);
   first_backward_.assign(units, -1);
   last_backward_.assign(units, -1);
   for (int pos = n; pos < 2 * n; ++pos) {
-    const int u = positions_[pos];
+    const int u = positions[pos];
     if (first_backward_[u] < 0) first_backward_[u] = pos;
     last_backward_[u] = pos;
   }
@@ -157,79 +161,100 @@ ZeroEngine::~ZeroEngine() {
 
 // ---- The pass ----
 
+UnitTensors ZeroEngine::UnitViews(int unit, float* flat) const {
+  const UnitLayout& layout = units_[unit];
+  UnitTensors out(layout.tensors.size());
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    out[t].data = flat + layout.tensor_offsets[t];
+    out[t].shape = layout.tensors[t].shape;
+  }
+  return out;
+}
+
 absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
+  // Phase order: the micro-batches of one step, the last one marked, then
+  // Step (worker.cc's Train; engine.h).
+  assert(!step_pending_ && "ForwardBackward after the step's last micro-batch: Step first");
+  assert(micro_batches_ < options_.grad_accum &&
+         last_micro == (micro_batches_ + 1 == options_.grad_accum) &&
+         "the last micro-batch is micro-batch grad_accum");
   const int n = static_cast<int>(ops_.size());
-  auto views = [this](int unit, float* flat) {
-    const UnitLayout& layout = units_[unit];
-    UnitTensors out(layout.tensors.size());
-    for (size_t t = 0; t < layout.tensors.size(); ++t) {
-      out[t].data = flat + layout.tensor_offsets[t];
-      out[t].shape = layout.tensors[t].shape;
-    }
-    return out;
-  };
   for (int k = 0; k < n; ++k) {
     absl::StatusOr<float*> params = AcquireParams(k, 2 * n - 1);
     if (!params.ok()) return params.status();
     absl::Time start = absl::Now();
-    absl::Status s = model_->Forward(k, views(ops_[k], *params));
+    absl::Status s = model_->Forward(k, UnitViews(ops_[k], *params));
     times_.forward_ms += MsSince(start);
     if (!s.ok()) return s;
     memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
     ReleaseParams(k);
   }
   for (int j = 0; j < n; ++j) {
-    const int op = n - 1 - j, pos = n + j, unit = ops_[op];
-    UnitState& state = *state_[unit];
-    absl::StatusOr<float*> params = AcquireParams(pos, 2 * n - 1);
-    if (!params.ok()) return params.status();
-    float* grads = state.grads.f32();
-    // The first backward op of a unit in a micro-batch writes its gradient
-    // (no clearing pass) into a fresh buffer (stages 2-3) or, on the first
-    // micro-batch, into the step's flat gradient (stages 0-1); later ones add.
-    Model::GradMode mode = Model::GradMode::kAdd;
-    if (stage_.grads_sharded) {
-      if (pos == first_backward_[unit]) {
-        state.grads_flat = TrackedBuffer(&memory_, MemoryCategory::kGradsTransient,
-                                         Bytes(units_[unit].flat_elements, DType::kF32),
-                                         /*zero=*/false);
-        mode = Model::GradMode::kOverwrite;
-      }
-      grads = state.grads_flat.f32();
-    } else if (state.grads_stale && pos == first_backward_[unit]) {
-      mode = Model::GradMode::kOverwrite;
-    }
-    if (!stage_.grads_sharded) state.grads_stale = false;
-    UnitTensors grad_views = views(unit, grads);
-    absl::Time start = absl::Now();
-    absl::Status s = model_->BackwardInto(op, views(unit, *params), grad_views, mode);
-    times_.backward_ms += MsSince(start);
-    if (!s.ok()) return s;
-    ReleaseParams(pos);
-    if (pos == last_backward_[unit] && (stage_.grads_sharded || last_micro)) {
-      // The task owns the flat gradient: the next micro-batch's backward of
-      // this unit may start before the reduction has packed it.
-      std::shared_ptr<Fence> computed = backend_->Record();
-      // However the task ends (even skipped after an earlier failure), the
-      // flat gradient is freed only after the backward that writes it.
-      std::shared_ptr<TrackedBuffer> flat(new TrackedBuffer(std::move(state.grads_flat)),
-                                          [computed](TrackedBuffer* buffer) {
-                                            if (computed != nullptr) computed->Wait().IgnoreError();
-                                            delete buffer;
-                                          });
-      reduce_thread_->Submit([this, unit, flat, computed, last_micro] {
-        return ReduceUnit(unit, flat.get(), computed.get(), last_micro);
-      });
-    }
+    if (absl::Status s = BackwardPosition(j, last_micro); !s.ok()) return s;
   }
   memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
+  assert(slots_.empty() && "every position of the pass released its unit");
   slots_.clear();
   // Read after the backward pass (which does not change it): on a device,
   // reading the loss waits for the GPU, which mid-pass would stall it.
   const double loss = model_->Loss();
   loss_sum_ += loss;
   micro_batches_++;
+  step_pending_ = last_micro;
   return loss;
+}
+
+absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro) {
+  const int n = static_cast<int>(ops_.size());
+  const int op = n - 1 - j, pos = n + j, unit = ops_[op];
+  UnitState& state = *state_[unit];
+  absl::StatusOr<float*> params = AcquireParams(pos, 2 * n - 1);
+  if (!params.ok()) return params.status();
+  float* grads = state.grads.f32();
+  // The first backward op of a unit in a micro-batch writes its gradient
+  // (no clearing pass) into a fresh buffer (stages 2-3) or, on the first
+  // micro-batch, into the step's flat gradient (stages 0-1); later ones add.
+  Model::GradMode mode = Model::GradMode::kAdd;
+  if (stage_.grads_sharded) {
+    if (pos == first_backward_[unit]) {
+      assert(state.grads_flat.empty() && "a unit's flat gradient is lent once per micro-batch");
+      const absl::Time wait_start = absl::Now();
+      absl::StatusOr<TrackedBuffer> flat = LendWaiting(
+          buffers_.flat_grads, MemoryCategory::kGradsTransient,
+          Bytes(units_[unit].flat_elements, DType::kF32), /*zero=*/false, reduce_thread_.get());
+      times_.reduce_wait_ms += MsSince(wait_start);  // the reductions fell behind
+      if (!flat.ok()) return flat.status();
+      state.grads_flat = std::move(*flat);
+      mode = Model::GradMode::kOverwrite;
+    }
+    grads = state.grads_flat.f32();
+  } else if (state.grads_stale && pos == first_backward_[unit]) {
+    mode = Model::GradMode::kOverwrite;
+  }
+  if (!stage_.grads_sharded) state.grads_stale = false;
+  UnitTensors grad_views = UnitViews(unit, grads);
+  absl::Time start = absl::Now();
+  absl::Status s = model_->BackwardInto(op, UnitViews(unit, *params), grad_views, mode);
+  times_.backward_ms += MsSince(start);
+  if (!s.ok()) return s;
+  ReleaseParams(pos);
+  if (pos != last_backward_[unit] || !(stage_.grads_sharded || last_micro)) {
+    return absl::OkStatus();
+  }
+  // The task owns the flat gradient: the next micro-batch's backward of
+  // this unit may start before the reduction has packed it.
+  std::shared_ptr<Fence> computed = backend_->Record();
+  // However the task ends (even skipped after an earlier failure), the
+  // flat gradient goes back only after the backward that writes it.
+  std::shared_ptr<TrackedBuffer> flat(new TrackedBuffer(std::move(state.grads_flat)),
+                                      [computed](TrackedBuffer* buffer) {
+                                        if (computed != nullptr) computed->Wait().IgnoreError();
+                                        delete buffer;
+                                      });
+  reduce_thread_->Submit([this, unit, flat, computed, last_micro] {
+    return ReduceUnit(unit, flat.get(), computed.get(), last_micro);
+  });
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> ZeroEngine::Forward() {
@@ -240,18 +265,28 @@ absl::StatusOr<double> ZeroEngine::Forward() {
   for (int k = 0; k < n; ++k) {
     absl::StatusOr<float*> params = AcquireParams(k, n - 1);
     if (!params.ok()) return params.status();
-    const UnitLayout& layout = units_[ops_[k]];
-    UnitTensors views(layout.tensors.size());
-    for (size_t t = 0; t < layout.tensors.size(); ++t) {
-      views[t].data = *params + layout.tensor_offsets[t];
-      views[t].shape = layout.tensors[t].shape;
-    }
-    if (absl::Status s = model_->Forward(k, views); !s.ok()) return s;
+    if (absl::Status s = model_->Forward(k, UnitViews(ops_[k], *params)); !s.ok()) return s;
     memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
     // The last forward position would hand its unit to the (absent) backward.
     ReleaseParams(k, /*backward_follows=*/false);
   }
+  assert(slots_.empty() && "every position of the pass released its unit");
   slots_.clear();
   return model_->Loss();
 }
+
+absl::StatusOr<TrackedBuffer> ZeroEngine::LendWaiting(BufferPool& pool, MemoryCategory category,
+                                                      int64_t bytes, bool zero, TaskThread* giver) {
+  // A collective that never returns fails after its timeout, and the tasks
+  // after it are then skipped, giving their buffers back.
+  const absl::Time deadline = absl::Now() + 2 * options_.collective_timeout + absl::Seconds(10);
+  while (true) {
+    absl::StatusOr<TrackedBuffer> buffer =
+        pool.Lend(category, bytes, zero, /*wait=*/absl::Milliseconds(100));
+    if (buffer.ok() || !absl::IsResourceExhausted(buffer.status())) return buffer;
+    if (absl::Status s = giver->FirstError(); !s.ok()) return s;
+    if (absl::Now() > deadline) return buffer.status();
+  }
+}
+
 }  // namespace zeroshard

@@ -66,8 +66,10 @@
 #include "worker/comm/communicator.h"
 #include "worker/model/model.h"
 #include "worker/zero/backend.h"
+#include "worker/zero/gather_window.h"
 #include "worker/zero/memory_tracker.h"
 #include "worker/zero/optimizer.h"
+#include "worker/zero/step_buffers.h"
 #include "worker/zero/step_numerics.h"
 #include "worker/zero/task_thread.h"
 
@@ -141,7 +143,7 @@ struct Segment {
   int64_t chunk_offset = 0;  // inside rank's chunk
   int64_t flat_offset = 0;   // inside the unit's flat layout
   int64_t length = 0;
-  int tensor = 0;            // unit tensor index
+  int tensor = 0;  // unit tensor index
   int64_t row_begin = 0;
   int64_t row_end = 0;
 };
@@ -204,8 +206,7 @@ class ZeroEngine {
   // this rank's). Not owned.
   static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(Model* model, const ShardPlan& plan,
                                                             Communicator* gather,
-                                                            Communicator* reduce,
-                                                            Communicator* aux,
+                                                            Communicator* reduce, Communicator* aux,
                                                             const EngineOptions& options);
   ~ZeroEngine();
 
@@ -251,8 +252,7 @@ class ZeroEngine {
   // Mean of `value` over ranks; every rank's value, by rank.
   // `what` names the value in errors ("the loss").
   absl::StatusOr<double> MeanOverRanks(double value, const char* what = "a metric");
-  absl::StatusOr<std::vector<double>> GatherOverRanks(double value,
-                                                      const char* what = "a metric");
+  absl::StatusOr<std::vector<double>> GatherOverRanks(double value, const char* what = "a metric");
 
   // Visits this rank's pieces with their fp32 master values (and Adam
   // moments, when the optimizer has them): for checkpoints. The pointers are
@@ -365,7 +365,19 @@ class ZeroEngine {
   absl::Status BuildSchedule();
   absl::Status AllocateUnitStates();
   absl::Status SetUpSharedGather();
+  // Every buffer of the step path, sized and counted (step_buffers.h).
+  void PlanStepBuffers();
+  int MostUnitsOpenInBackward() const;
   void StartThreads();
+  // From `pool`, whose buffers `giver`'s tasks give back: waits while they
+  // are all lent, failing with `giver`'s first error or after the time two
+  // collectives may take.
+  absl::StatusOr<TrackedBuffer> LendWaiting(BufferPool& pool, MemoryCategory category,
+                                            int64_t bytes, bool zero, TaskThread* giver);
+  // The walk's parts: the unit's tensors over a flat buffer; backward
+  // position n + j (op n - 1 - j) of a training pass.
+  UnitTensors UnitViews(int unit, float* flat) const;
+  absl::Status BackwardPosition(int j, bool last_micro);
   // Step's parts: the unit's gradient the optimizer reads (pointer and
   // elements); the squared norm of the micro-batch-averaged gradient this
   // rank holds (stale gradients cleared first); every rank's loss and
@@ -406,6 +418,13 @@ class ZeroEngine {
   // `last_micro`: the step's last reduction of this unit (stages 2-3 then
   // also take the squared norm of its gradient shard, off the compute thread).
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
+  // ReduceUnit's parts: the reduce-scatter's output chunk (waiting for one
+  // the replica thread gives back, with a replica thread); after the group's
+  // reduce-scatter, the replicas' average (on the replica thread when there
+  // is one) and FinishReduction.
+  absl::StatusOr<TrackedBuffer> LendReceived(int unit, DType held);
+  absl::Status AverageAndFinish(int unit, TrackedBuffer received, bool direct, bool last_micro,
+                                Int8Rounding replica_rounding);
   absl::Status AllReduceUnit(int unit);
   absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype, Int8Rounding rounding);
   Int8Rounding QuantizedReduceRounding(int unit);
@@ -423,6 +442,9 @@ class ZeroEngine {
 
   // First: every TrackedBuffer below returns its memory here when destroyed.
   MemoryTracker memory_;
+  // Second: the step path's buffers (planned at Create), lent to members
+  // below; destroyed after them.
+  StepBuffers buffers_;
   Model* model_ = nullptr;
   Backend* backend_ = nullptr;
   Communicator* gather_comm_ = nullptr;
@@ -434,16 +456,16 @@ class ZeroEngine {
   SharedGather* shared_gather_ = nullptr;
   int64_t shared_gather_bytes_ = 0;
   EngineOptions options_;
-  StageTraits stage_;  // from options_.stage
-  int rank_ = 0;   // in the job (aux)
-  int world_ = 1;  // W
-  int group_size_ = 1;  // G: ranks one shard is spread over (W without groups)
-  Communicator* replica_comm_ = nullptr;  // EngineOptions::replicas
+  StageTraits stage_;                       // from options_.stage
+  int rank_ = 0;                            // in the job (aux)
+  int world_ = 1;                           // W
+  int group_size_ = 1;                      // G: ranks one shard is spread over (W without groups)
+  Communicator* replica_comm_ = nullptr;    // EngineOptions::replicas
   Communicator* secondary_comm_ = nullptr;  // EngineOptions::secondary (hpZ)
   std::vector<UnitLayout> units_;
   std::vector<std::unique_ptr<UnitState>> state_;
   std::vector<int> ops_;             // unit of each forward op
-  std::vector<int> positions_;       // unit of each pass position (forward then backward)
+  GatherWindow window_;              // unit of each pass position (forward then backward)
   std::vector<int> first_backward_;  // per unit: the pass position of its first backward op
   std::vector<int> last_backward_;   // per unit: the pass position of its last backward op
   // Owned by the compute thread; a gather task writes only into the bytes of
@@ -460,10 +482,14 @@ class ZeroEngine {
   absl::Time first_collective_start_ ABSL_GUARDED_BY(activity_mu_) = absl::InfinitePast();
   double loss_sum_ = 0;
   int micro_batches_ = 0;
-  bool hash_next_update_ = false;            // HashShardAtNextUpdate
-  std::optional<uint64_t> shard_checksum_;   // for the next verdict
+  // Phase order: set by the step's last micro-batch, cleared by Step; a
+  // ForwardBackward in between would reduce twice into the step.
+  bool step_pending_ = false;
+  bool hash_next_update_ = false;                     // HashShardAtNextUpdate
+  std::optional<uint64_t> shard_checksum_;            // for the next verdict
   std::function<void(StepVerdict*)> verdict_screen_;  // SetVerdictScreen
-  StepTimes times_;  // of the step in progress
+  std::vector<RankNumerics> all_numerics_;            // ShareStepNumerics' all-gather, one per rank
+  StepTimes times_;                                   // of the step in progress
 };
 
 }  // namespace zeroshard

@@ -3,6 +3,7 @@
 // freed or handed on), the gathers themselves (plain, into shared regions,
 // int8, from hpZ's secondary slices) and stages 1-2's parameter sync.
 #include <algorithm>
+#include <cassert>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -68,12 +69,18 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out, bool keep_seco
   const void* input = state.master.data();
   void* output = out->data();
   if (dtype != DType::kF32) {
-    send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
-                         /*zero=*/false);
+    // One gather at a time (the gather thread, or HoldGatheredParameters
+    // after draining it): the pool's two buffers, never waited for.
+    absl::StatusOr<TrackedBuffer> narrowed = buffers_.gather_wire.Lend(
+        MemoryCategory::kCommBuffers, Bytes(chunk, dtype), /*zero=*/false);
+    if (!narrowed.ok()) return narrowed.status();
+    send = std::move(*narrowed);
     backend_->Convert(state.master.data(), DType::kF32, send.data(), dtype, chunk);
     input = send.data();
-    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers,
-                             Bytes(layout.flat_elements, dtype), /*zero=*/false);
+    absl::StatusOr<TrackedBuffer> wire = buffers_.gather_wire.Lend(
+        MemoryCategory::kCommBuffers, Bytes(layout.flat_elements, dtype), /*zero=*/false);
+    if (!wire.ok()) return wire.status();
+    received = std::move(*wire);
     output = received.data();
     if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   }
@@ -136,9 +143,9 @@ absl::Status ZeroEngine::GatherUnitShared(int unit, SharedLease* lease, bool kee
 absl::Status ZeroEngine::IssueGather(int position) {
   auto& slots = slots_;
   if (slots.count(position)) return absl::OkStatus();
-  int unit = positions_[position];
+  const int unit = window_.unit(position);
   GatherSlot& slot = slots[position];
-  if (position > 0 && positions_[position - 1] == unit) {
+  if (window_.TakesOver(position)) {
     slot.ticket = 0;  // the previous position keeps its buffer for us
     return absl::OkStatus();
   }
@@ -162,8 +169,12 @@ absl::Status ZeroEngine::IssueGather(int position) {
     return absl::OkStatus();
   }
   // Every element is written by the unpacking (the pieces cover the unit).
-  slot.params = TrackedBuffer(&memory_, MemoryCategory::kParamsGathered,
-                              Bytes(units_[unit].flat_elements, DType::kF32), /*zero=*/false);
+  // Never waits: the pool holds the window's peak (GatherWindow::PeakUnits).
+  absl::StatusOr<TrackedBuffer> params = buffers_.gathered.Lend(
+      MemoryCategory::kParamsGathered, Bytes(units_[unit].flat_elements, DType::kF32),
+      /*zero=*/false);
+  if (!params.ok()) return params.status();
+  slot.params = std::move(*params);
   TrackedBuffer* out = &slot.params;
   // On a device the block may still be read by this thread's queued work
   // (a released unit); the gather writes it only after that.
@@ -197,26 +208,27 @@ absl::Status ZeroEngine::HoldGatheredParameters() {
 void ZeroEngine::ReleaseHeldParameters() { held_.clear(); }
 
 absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position) {
-  int unit = positions_[position];
+  const int unit = window_.unit(position);
   if (!held_.empty()) return held_[unit].f32();
   if (!stage_.params_sharded) {
     UnitState& state = *state_[unit];
     if (options_.param_dtype == DType::kF32) return state.replicated.f32();
-    auto& slots = slots_;
-    GatherSlot& slot = slots[position];
-    slot.params = TrackedBuffer(&memory_, MemoryCategory::kParamsGathered,
-                                Bytes(units_[unit].flat_elements, DType::kF32));
+    // bf16 parameters: the model computes on an f32 copy (every element
+    // converted).
+    const int64_t flat = units_[unit].flat_elements;
+    absl::StatusOr<TrackedBuffer> copy = buffers_.gathered.Lend(
+        MemoryCategory::kParamsGathered, Bytes(flat, DType::kF32), /*zero=*/false);
+    if (!copy.ok()) return copy.status();
+    GatherSlot& slot = slots_[position];
+    slot.params = std::move(*copy);
     backend_->Convert(state.replicated.data(), options_.param_dtype, slot.params.data(),
-                      DType::kF32, units_[unit].flat_elements);
+                      DType::kF32, flat);
     return slot.params.f32();
   }
-  const int n = static_cast<int>(ops_.size());
-  const int depth = position < n ? options_.prefetch : std::min(options_.prefetch, 1);
-  for (int p = position; p <= std::min(position + depth, last_position); ++p) {
+  for (int p = position; p <= window_.IssueEnd(position, last_position); ++p) {
     if (absl::Status s = IssueGather(p); !s.ok()) return s;
   }
-  auto& slots = slots_;
-  GatherSlot& slot = slots[position];
+  GatherSlot& slot = slots_[position];
   if (slot.ticket != 0) {
     absl::Time start = absl::Now();
     absl::Status s = gather_thread_->Wait(slot.ticket);
@@ -225,30 +237,24 @@ absl::StatusOr<float*> ZeroEngine::AcquireParams(int position, int last_position
   }
   // The model reads parameters only: a shared region is never written here.
   if (slot.shared != nullptr) return const_cast<float*>(slot.shared->data);
+  assert(!slot.params.empty() && "an acquired position holds its unit");
   return slot.params.f32();
 }
 
+// Where a gathered unit is freed: its slot's buffer goes back to the
+// gathered-units pool (or its shared region is released), unless the
+// window hands it to a later position of the same unit.
 void ZeroEngine::ReleaseParams(int position, bool backward_follows) {
   auto& slots = slots_;
   auto it = slots.find(position);
   if (it == slots.end()) return;
-  const int n = static_cast<int>(ops_.size());
-  const int end = backward_follows ? static_cast<int>(positions_.size()) : n;
   if (stage_.params_sharded) {
-    int next = -1;
-    if (position + 1 < end && positions_[position + 1] == positions_[position]) {
-      // The same unit is needed next: hand the buffer over instead of
-      // regathering (IssueGather left that position's slot empty for it).
-      next = position + 1;
-    } else if (backward_follows && position < n - 1 && position >= n - 1 - options_.prefetch) {
-      // One of the last `prefetch` forward positions: its backward mirror
-      // 2n - 1 - position is reached within the prefetch window, so keeping
-      // the unit costs no more memory than gathering it again would.
-      next = 2 * n - 1 - position;
-    }
     // A mirror position is gathered only after this release, so its slot
     // does not exist yet; never replace a slot with a gather in flight.
-    if (next == position + 1 || (next >= 0 && !slots.count(next))) {
+    const int next = window_.HandOverTarget(position, backward_follows);
+    if (GatherWindow::HandsOver(position, next, slots.count(next) > 0)) {
+      assert(slots[next].ticket == 0 && slots[next].params.empty() &&
+             slots[next].shared == nullptr && "a hand-over replaces no unit");
       slots[next].params = std::move(it->second.params);
       slots[next].shared = std::move(it->second.shared);
       slots[next].ticket = 0;
@@ -266,8 +272,10 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
   const void* input = master_shard;
   TrackedBuffer send;
   if (dtype != DType::kF32) {
-    send = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, dtype),
-                         /*zero=*/false);
+    absl::StatusOr<TrackedBuffer> narrowed =
+        buffers_.sync.Lend(MemoryCategory::kCommBuffers, Bytes(chunk, dtype), /*zero=*/false);
+    if (!narrowed.ok()) return narrowed.status();
+    send = std::move(*narrowed);
     backend_->Convert(master_shard, DType::kF32, send.data(), dtype, chunk);
     input = send.data();
   }

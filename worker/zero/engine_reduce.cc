@@ -1,7 +1,9 @@
 // ZeroEngine's reductions (engine.h): stage 0's all-reduce, stages 1-3's
 // reduce-scatter inside the group, the replicas' average (shard groups) and
 // the reduced gradient's way into the shard.
+#include <cassert>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/comm/quantized.h"
@@ -41,15 +43,19 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
     s = QuantizedAllReduce(reduce_comm_, state.grads.f32(), flat, ReduceOp::kAverage,
                            options_.collective_timeout, QuantizedReduceRounding(unit));
   } else {
-    TrackedBuffer buffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, dtype),
-                         /*zero=*/false);
-    backend_->Convert(state.grads.data(), DType::kF32, buffer.data(), dtype, flat);
-    s = backend_->Synchronize();
+    absl::StatusOr<TrackedBuffer> buffer =
+        buffers_.reduce_wire.Lend(MemoryCategory::kCommBuffers, Bytes(flat, dtype),
+                                  /*zero=*/false);
+    s = buffer.status();
     if (s.ok()) {
-      s = reduce_comm_->AllReduce(buffer.data(), flat, dtype, ReduceOp::kAverage,
+      backend_->Convert(state.grads.data(), DType::kF32, buffer->data(), dtype, flat);
+      s = backend_->Synchronize();
+    }
+    if (s.ok()) {
+      s = reduce_comm_->AllReduce(buffer->data(), flat, dtype, ReduceOp::kAverage,
                                   options_.collective_timeout);
     }
-    if (s.ok()) backend_->Convert(buffer.data(), dtype, state.grads.data(), DType::kF32, flat);
+    if (s.ok()) backend_->Convert(buffer->data(), dtype, state.grads.data(), DType::kF32, flat);
   }
   LeaveCollective(kReduceStream);
   if (!s.ok()) {
@@ -87,6 +93,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   if (computed != nullptr) {
     if (absl::Status s = computed->Wait(); !s.ok()) return s;
   }
+  if (!stage_.state_sharded) return AllReduceUnit(unit);
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
   // On the wire inside the group (int8 inside a host's shared memory: f32,
@@ -97,17 +104,18 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
                           : options_.reduce_dtype;
   // In the buffers: int8 reductions take and give f32.
   const DType held = dtype == DType::kI8 ? DType::kF32 : dtype;
-  const int64_t chunk = layout.chunk_elements;
   const int64_t flat = layout.flat_elements;
-  if (!stage_.state_sharded) return AllReduceUnit(unit);
   // Stages 1-3: reduce-scatter the flat gradient straight from the flat
   // layout (bf16: from a narrowed copy) into this rank's pieces.
   const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();
+  assert(grads_flat != nullptr && "a reduction has its unit's flat gradient");
   const void* input = grads_flat;
   TrackedBuffer narrowed;
   if (held != DType::kF32) {
-    narrowed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(flat, held),
-                             /*zero=*/false);
+    absl::StatusOr<TrackedBuffer> wire =
+        buffers_.reduce_wire.Lend(MemoryCategory::kCommBuffers, Bytes(flat, held), /*zero=*/false);
+    if (!wire.ok()) return wire.status();
+    narrowed = std::move(*wire);
     backend_->Convert(grads_flat, DType::kF32, narrowed.data(), held, flat);
     input = narrowed.data();
   }
@@ -116,13 +124,12 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   const bool direct = stage_.grads_sharded && state.grads_stale && held == DType::kF32;
   TrackedBuffer received;
   if (!direct) {
-    // The replicas' all-reduce adds whole chunks: padding must hold zeros.
-    received = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(chunk, held),
-                             /*zero=*/replica_comm_ != nullptr);
+    absl::StatusOr<TrackedBuffer> chunk = LendReceived(unit, held);
+    if (!chunk.ok()) return chunk.status();
+    received = std::move(*chunk);
   }
-  // The conversion, and the allocations (a device block may come back from
-  // another stream's free), are done before the communicator's stream
-  // touches them.
+  // The conversion, and the buffers (a device block may have come back from
+  // another stream), are done before the communicator's stream touches them.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   if (held != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
   EnterCollective(kReduceStream, "reduce_scatter", layout.name);
@@ -131,8 +138,6 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   // from two streams of this reduction's seed.
   const Int8Rounding rounding =
       options_.reduce_dtype == DType::kI8 ? QuantizedReduceRounding(unit) : Int8Rounding{};
-  Int8Rounding replica_rounding = rounding;
-  replica_rounding.seed ^= uint64_t{1} << 63;
   absl::Status s =
       dtype == DType::kI8
           ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
@@ -147,6 +152,25 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
   }
+  Int8Rounding replica_rounding = rounding;
+  replica_rounding.seed ^= uint64_t{1} << 63;
+  return AverageAndFinish(unit, std::move(received), direct, last_micro, replica_rounding);
+}
+
+absl::StatusOr<TrackedBuffer> ZeroEngine::LendReceived(int unit, DType held) {
+  const int64_t bytes = Bytes(units_[unit].chunk_elements, held);
+  // The replicas' all-reduce adds whole chunks: padding must hold zeros.
+  const bool zero = replica_comm_ != nullptr;
+  if (replica_thread_ != nullptr) {  // given back by the replica thread's tasks
+    return LendWaiting(buffers_.received, MemoryCategory::kCommBuffers, bytes, zero,
+                       replica_thread_.get());
+  }
+  return buffers_.received.Lend(MemoryCategory::kCommBuffers, bytes, zero);
+}
+
+absl::Status ZeroEngine::AverageAndFinish(int unit, TrackedBuffer received, bool direct,
+                                          bool last_micro, Int8Rounding replica_rounding) {
+  UnitState& state = *state_[unit];
   // Decided here, on the reduce thread, before the next micro-batch's
   // reduction of this unit looks at it.
   const bool stale = state.grads_stale;
@@ -155,7 +179,8 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     return FinishReduction(unit, &received, direct, stale, last_micro);
   }
   if (replica_thread_ == nullptr) {
-    if (absl::Status s = AverageOverReplicas(unit, output, options_.reduce_dtype, replica_rounding);
+    void* data = direct ? state.grads.data() : received.data();
+    if (absl::Status s = AverageOverReplicas(unit, data, options_.reduce_dtype, replica_rounding);
         !s.ok()) {
       return s;
     }
@@ -171,7 +196,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
         !s.ok()) {
       return s;
     }
-    return FinishReduction(unit, held_chunk.get(), direct, stale, last_micro);
+    absl::Status s = FinishReduction(unit, held_chunk.get(), direct, stale, last_micro);
+    held_chunk->Reset();  // back to the pool before the task counts as done
+    return s;
   });
   return absl::OkStatus();
 }
@@ -194,12 +221,20 @@ absl::Status ZeroEngine::FinishReduction(int unit, TrackedBuffer* received, bool
     return absl::OkStatus();
   };
   if (direct) return norm_of_shard();  // the collective returned with the data in place
+  assert(received->bytes() >= Bytes(chunk, held) && "the received chunk holds the unit's chunk");
   if (stage_.reduce_at_step) {
-    state.reduced =
-        TrackedBuffer(&memory_, MemoryCategory::kGradsTransient, Bytes(chunk, DType::kF32));
+    // One reduction per unit and step (phase order: the last micro-batch's);
+    // zeroed, since the norm and the optimizer read the padding too.
+    assert(state.reduced.empty() && "a unit's reduced chunk is lent once per step");
+    absl::StatusOr<TrackedBuffer> reduced = buffers_.reduced.Lend(
+        MemoryCategory::kGradsTransient, Bytes(chunk, DType::kF32), /*zero=*/true);
+    if (!reduced.ok()) return reduced.status();
+    state.reduced = std::move(*reduced);
   }
   for (int i : layout.own_segments) {
     const Segment& seg = layout.segments[i];
+    assert(seg.chunk_offset >= 0 && seg.chunk_offset + seg.length <= chunk &&
+           "a piece lies inside its chunk");
     const void* from = At(received->data(), seg.chunk_offset, held);
     if (stage_.reduce_at_step) {
       backend_->Convert(from, held, state.reduced.f32() + seg.chunk_offset, DType::kF32,

@@ -251,4 +251,69 @@ absl::Status ZeroEngine::AllocateUnitStates() {
   return absl::OkStatus();
 }
 
+// The step path's buffers (step_buffers.h), by stage and options: each pool
+// holds what its users can hold at once, so that no step allocates, and only
+// a thread whose buffers another thread gives back (the flat gradients, the
+// replicas' chunks) ever waits for one.
+void ZeroEngine::PlanStepBuffers() {
+  MemoryTracker* m = &memory_;
+  const int64_t flat = largest_unit_elements();
+  int64_t chunk = 0;
+  for (const UnitLayout& u : units_) chunk = std::max(chunk, u.chunk_elements);
+  const DType param = options_.param_dtype;
+  if (stage_.params_sharded) {
+    // Into this rank's own buffers unless shared regions take the gathers
+    // (hpZ's backward gathers from the secondary slices still do).
+    if (shared_gather_ == nullptr || secondary_comm_ != nullptr) {
+      for (int i = 0; i < window_.PeakUnits(); ++i) {
+        buffers_.gathered.Reserve(m, Bytes(flat, DType::kF32));
+      }
+    }
+    if (param != DType::kF32) {
+      buffers_.gather_wire.Reserve(m, Bytes(chunk, param));
+      buffers_.gather_wire.Reserve(m, Bytes(flat, param));
+    }
+  } else if (param != DType::kF32) {
+    buffers_.gathered.Reserve(m, Bytes(flat, DType::kF32));  // one position at a time
+  }
+  if (stage_.state_sharded && !stage_.params_sharded) {
+    buffers_.sync.Reserve(m, Bytes(chunk, DType::kF32));
+  }
+  if (stage_.grads_sharded) {
+    for (int i = 0; i < MostUnitsOpenInBackward() + StepBuffers::kFlatGradientsAhead; ++i) {
+      buffers_.flat_grads.Reserve(m, Bytes(flat, DType::kF32));
+    }
+  }
+  if (stage_.reduce_at_step) {
+    for (const UnitLayout& u : units_)
+      buffers_.reduced.Reserve(m, Bytes(u.chunk_elements, DType::kF32));
+  }
+  if (options_.reduce_dtype == DType::kBF16) {
+    buffers_.reduce_wire.Reserve(m, Bytes(flat, DType::kBF16));
+  }
+  if (stage_.state_sharded) {
+    const bool replica_thread = replica_comm_ != nullptr && options_.replica_thread;
+    for (int i = 0; i < (replica_thread ? StepBuffers::kReplicaChunks : 1); ++i) {
+      buffers_.received.Reserve(m, Bytes(chunk, DType::kF32));  // f32 or narrower
+    }
+  }
+  all_numerics_.resize(world_);
+}
+
+// The most units whose flat gradients the backward holds at once: a unit's
+// from its first backward position to its last (several with shared
+// weights, e.g. a tied head).
+int ZeroEngine::MostUnitsOpenInBackward() const {
+  const int n = static_cast<int>(ops_.size());
+  int most = 0;
+  for (int pos = n; pos < 2 * n; ++pos) {
+    int open = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      open += first_backward_[u] >= 0 && first_backward_[u] <= pos && pos <= last_backward_[u];
+    }
+    most = std::max(most, open);
+  }
+  return most;
+}
+
 }  // namespace zeroshard

@@ -1,7 +1,9 @@
 // ZeroEngine's step (engine.h): the gradient's norm over ranks and the
 // step's verdict, clipping, and each unit's optimizer update.
 #include <algorithm>
+#include <cassert>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -62,7 +64,8 @@ absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
     local.has_checksum = 1;
     shard_checksum_.reset();
   }
-  std::vector<RankNumerics> all(world_);
+  std::vector<RankNumerics>& all = all_numerics_;  // planned at Create
+  assert(static_cast<int>(all.size()) == world_);
   static_assert(sizeof(RankNumerics) == 8 * sizeof(float), "four 8-byte fields");
   absl::Status s =
       aux_comm_->AllGather(&local, all.data(), 8, DType::kF32, options_.collective_timeout);
@@ -100,9 +103,8 @@ absl::Status ZeroEngine::UpdateUnit(int u, double lr, double* param_sync_ms) {
     // The next pass's first positions (0..prefetch) can be gathered as soon
     // as their units are updated: the gathers overlap the rest of the
     // optimizer.
-    const int prefetch_limit = std::min(options_.prefetch, static_cast<int>(ops_.size()) - 1);
-    for (int k = 0; k <= prefetch_limit; ++k) {
-      if (positions_[k] != u) continue;
+    for (int k = 0; k <= window_.EarlyEnd(); ++k) {
+      if (window_.unit(k) != u) continue;
       if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
       if (absl::Status s = IssueGather(k); !s.ok()) return s;
     }
@@ -116,8 +118,10 @@ absl::Status ZeroEngine::UpdateUnit(int u, double lr, double* param_sync_ms) {
     TrackedBuffer packed;
     float* p = st.master.f32();
     if (!bf16_params) {  // fp32: the replicated parameters are their own master
-      packed = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(n, DType::kF32),
-                             /*zero=*/false);
+      absl::StatusOr<TrackedBuffer> shard =
+          buffers_.sync.Lend(MemoryCategory::kCommBuffers, Bytes(n, DType::kF32), /*zero=*/false);
+      if (!shard.ok()) return shard.status();
+      packed = std::move(*shard);
       PackOwn(units_[u], st.replicated.f32(), packed.f32());
       p = packed.f32();
     }
@@ -143,6 +147,10 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   }
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
   times_.reduce_wait_ms += MsSince(wait_start);
+  // Phase order: the reductions are done, and gave back what they held.
+  step_pending_ = false;
+  assert(buffers_.flat_grads.lent() == 0 && buffers_.received.lent() == 0 &&
+         "every reduction gave its buffers back");
   absl::Time optimizer_start = absl::Now();
   StepStats stats;
   absl::StatusOr<double> squares = LocalGradientSquares();
