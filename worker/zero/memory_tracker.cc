@@ -81,6 +81,7 @@ int64_t Rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 }  // namespace
 
 void* MemoryTracker::Allocate(int64_t bytes) {
+  allocations_.fetch_add(1);
   const int64_t rounded = Rounded(bytes);
   if (!backend_->host_accessible()) {
     void* data = backend_->Allocate(rounded);

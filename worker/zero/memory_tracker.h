@@ -61,6 +61,9 @@ class MemoryTracker {
   // memory: a message naming the size and backend on stderr, then
   // std::bad_alloc.
   void* Allocate(int64_t bytes);
+  // Allocate calls so far: a step's count is zero (the engine plans its
+  // step buffers at Create; tests/worker/zero/engine_test.cc checks).
+  int64_t allocations() const { return allocations_.load(); }
   void Free(void* data, int64_t bytes);
   void set_pool_limit_bytes(int64_t limit) { pool_limit_bytes_ = limit; }
   // Before the first Allocate.
@@ -74,6 +77,7 @@ class MemoryTracker {
   std::array<std::atomic<int64_t>, static_cast<int>(MemoryCategory::kCount)> peak_{};
   std::atomic<int64_t> total_{0};
   std::atomic<int64_t> peak_total_{0};
+  std::atomic<int64_t> allocations_{0};
   std::mutex pool_mu_;
   std::multimap<int64_t, void*> pool_;  // rounded bytes -> block; guarded by pool_mu_
   int64_t pool_bytes_ = 0;              // guarded by pool_mu_
