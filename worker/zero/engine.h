@@ -489,7 +489,9 @@ class ZeroEngine {
   std::optional<uint64_t> shard_checksum_;            // for the next verdict
   std::function<void(StepVerdict*)> verdict_screen_;  // SetVerdictScreen
   std::vector<RankNumerics> all_numerics_;            // ShareStepNumerics' all-gather, one per rank
-  StepTimes times_;                                   // of the step in progress
+  // Device backends: a master chunk copied to the host for the replicas' hash.
+  std::vector<char> hash_staging_;
+  StepTimes times_;  // of the step in progress
 };
 
 }  // namespace zeroshard

@@ -103,6 +103,7 @@ void ZeroEngine::KeepSecondarySlice(int unit, const float* flat) {
   const int member = secondary_comm_->rank();
   for (const ShardBlock& b : layout.secondary_blocks) {
     if (b.rank != member) continue;
+    assert(b.shard_offset + b.count <= layout.secondary_elements && "a slice fits its buffer");
     backend_->Copy(state_[unit]->secondary.f32() + b.shard_offset, flat + b.full_offset,
                    b.count * sizeof(float));
   }

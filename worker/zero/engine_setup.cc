@@ -2,6 +2,7 @@
 // the plan, every unit's layout (segments, blocks, hpZ slices) and its
 // buffers by stage.
 #include <algorithm>
+#include <cassert>
 #include <map>
 #include <string>
 #include <utility>
@@ -122,6 +123,50 @@ std::vector<Segment> JoinReplicaRuns(std::vector<Segment> runs) {
   return joined;
 }
 
+// A plan's piece as the layouts read it: whole rows of one of its unit's
+// tensors, held by a rank of the job, inside the chunk. The step path's
+// copies and collectives trust these bounds.
+absl::Status CheckPiece(const ShardUnit& unit, const Piece& p, int world) {
+  const int tensors = static_cast<int>(unit.tensors.size());
+  if (p.tensor < 0 || p.tensor >= tensors || p.rank < 0 || p.rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan unit '", unit.name, "' has a piece of tensor ", p.tensor, " on rank ",
+                     p.rank, "; the unit has ", tensors, " tensors and the job ", world,
+                     " ranks: the plan is not for this job, plan again"));
+  }
+  const TensorSpec& t = unit.tensors[p.tensor];
+  const int64_t length = (p.row_end - p.row_begin) * t.RowElements();
+  if (p.row_begin < 0 || p.row_end > t.Rows() || p.row_begin >= p.row_end || p.offset < 0 ||
+      p.offset + length > unit.chunk_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan unit '", unit.name, "': the piece of '", t.name, "' rows [", p.row_begin, ", ",
+        p.row_end, ") of ", t.Rows(), " at chunk offset ", p.offset, " does not fit a chunk of ",
+        unit.chunk_elements, " elements: the plan is damaged or of another version, plan again"));
+  }
+  return absl::OkStatus();
+}
+
+// The pieces of all members cover the unit's flat layout once: gathers
+// write every element of a gathered unit, which is not cleared first.
+absl::Status CheckCover(const UnitLayout& layout) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // flat [begin, end)
+  for (const Segment& s : layout.segments)
+    ranges.push_back({s.flat_offset, s.flat_offset + s.length});
+  std::sort(ranges.begin(), ranges.end());
+  int64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin != covered) break;
+    covered = end;
+  }
+  if (covered != layout.flat_elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan unit '", layout.name, "': its pieces cover ", covered, " of its ",
+                     layout.flat_elements,
+                     " elements before a gap or an overlap: the plan is damaged, plan again"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
@@ -161,6 +206,7 @@ absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
     // Segments by group member (the rank itself without groups).
     std::vector<Segment> segments;
     for (const Piece& p : pu.pieces) {
+      if (absl::Status s = CheckPiece(pu, p, world_); !s.ok()) return s;
       const TensorSpec& t = layout.tensors[p.tensor];
       Segment s;
       s.rank = p.rank % group_size_;
@@ -182,6 +228,7 @@ absl::Status ZeroEngine::BuildLayouts(const ShardPlan& plan) {
       layout.segments.push_back(s);
       layout.blocks.push_back(ShardBlock{s.rank, s.chunk_offset, s.flat_offset, s.length});
     }
+    if (absl::Status s = CheckCover(layout); !s.ok()) return s;
     units_.push_back(std::move(layout));
   }
   return absl::OkStatus();
@@ -198,6 +245,7 @@ void ZeroEngine::BuildSecondaryLayouts() {
       const int64_t begin = m * u.secondary_elements;
       const int64_t count = std::min(u.secondary_elements, u.flat_elements - begin);
       if (count > 0) u.secondary_blocks.push_back(ShardBlock{m, 0, begin, count});
+      assert(count <= 0 || begin + count <= u.flat_elements);
     }
   }
 }
@@ -212,6 +260,7 @@ void ZeroEngine::PackOwn(const UnitLayout& u, const float* flat, float* chunk) c
   backend_->Zero(chunk, u.chunk_elements * sizeof(float));
   for (int i : u.own_segments) {
     const Segment& s = u.segments[i];
+    assert(s.chunk_offset + s.length <= u.chunk_elements && "a piece lies inside its chunk");
     backend_->Copy(chunk + s.chunk_offset, flat + s.flat_offset, s.length * sizeof(float));
   }
 }
@@ -298,6 +347,9 @@ void ZeroEngine::PlanStepBuffers() {
     }
   }
   all_numerics_.resize(world_);
+  if (stage_.state_sharded && !backend_->host_accessible()) {
+    hash_staging_.resize(static_cast<size_t>(Bytes(chunk, DType::kF32)));
+  }
 }
 
 // The most units whose flat gradients the backward holds at once: a unit's

@@ -466,5 +466,40 @@ TEST(EngineTest, TheStepPathAllocatesNothing) {
   }
 }
 
+// A plan whose pieces do not fit their chunk, or leave part of a unit
+// uncovered, is refused at Create naming the unit: the step path's copies
+// and gathers trust those bounds.
+TEST(EngineTest, APlanThatDoesNotFitItsChunksIsRefusedAtCreate) {
+  MlpConfig mlp{2, 8, "gelu"};
+  auto model = MlpModel::Create(mlp);
+  ASSERT_TRUE(model.ok());
+  auto plan = Plan((*model)->Spec(), /*world_size=*/1, PlanOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  InMemoryKvStore store;
+  auto gather = CreateHostCommunicator(&store, 0, 1, "gather");
+  auto reduce = CreateHostCommunicator(&store, 0, 1, "reduce");
+  auto aux = CreateHostCommunicator(&store, 0, 1, "aux");
+  ASSERT_TRUE(gather.ok() && reduce.ok() && aux.ok());
+  auto create = [&](const ShardPlan& p) {
+    return ZeroEngine::Create(model->get(), p, gather->get(), reduce->get(), aux->get(),
+                              EngineOptions());
+  };
+  ASSERT_TRUE(create(*plan).ok());
+  ShardPlan outside = *plan;
+  outside.units[0].pieces[0].offset = outside.units[0].chunk_elements;
+  auto refused = create(outside);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("'" + plan->units[0].name + "'"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("does not fit a chunk"), std::string::npos)
+      << refused.status();
+  ShardPlan gap = *plan;
+  gap.units[0].pieces.pop_back();
+  refused = create(gap);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("gap or an overlap"), std::string::npos)
+      << refused.status();
+}
+
 }  // namespace
 }  // namespace zeroshard
