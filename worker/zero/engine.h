@@ -43,6 +43,14 @@
 // host) runs while the reduce thread goes on with the next unit's
 // reduce-scatter inside the group.
 // Collectives are issued in the same order on every rank.
+//
+// Files (docs/design.md, "ZeRO engine"): engine_options.h and unit_layout.h
+// what an engine is made of; engine.cc the core and the unit walk;
+// engine_setup.cc what Create plans, the step's buffers included
+// (step_buffers.h: no step allocates); engine_gather.cc the gathers and the
+// window (gather_window.h; ReleaseParams frees a gathered unit);
+// engine_reduce.cc the reductions; engine_step.cc the norm and the update;
+// engine_state.cc the state in and out; engine_integrity.cc the checksum.
 #ifndef ZEROSHARD_WORKER_ZERO_ENGINE_H_
 #define ZEROSHARD_WORKER_ZERO_ENGINE_H_
 
@@ -66,123 +74,30 @@
 #include "worker/comm/communicator.h"
 #include "worker/model/model.h"
 #include "worker/zero/backend.h"
+#include "worker/zero/engine_options.h"
 #include "worker/zero/gather_window.h"
 #include "worker/zero/memory_tracker.h"
 #include "worker/zero/optimizer.h"
 #include "worker/zero/step_buffers.h"
 #include "worker/zero/step_numerics.h"
 #include "worker/zero/task_thread.h"
+#include "worker/zero/unit_layout.h"
 
 namespace zeroshard {
 
 struct Int8Rounding;  // worker/comm/quantized.h
 class ShardHasher;    // common/shard_hash.h
 
-struct EngineOptions {
-  int stage = 3;
-  int prefetch = 1;
-  DType param_dtype = DType::kF32;   // dtype of gathered / replicated parameters
-  DType reduce_dtype = DType::kF32;  // dtype gradients are reduced in
-  // kI8 (--reduce_dtype=int8): gradients stay f32 in memory and travel
-  // int8 block-quantized (worker/comm/quantized.h: the reduce-scatter
-  // through an all-to-all, the replicas' and stage 0's all-reduce through an
-  // all-gather), each value quantized once per collective. Host memory only.
-  // gather_dtype kI8 (--gather_dtype=int8, stage 3 with f32 parameters):
-  // each owner quantizes its f32 master shard once per gather and every
-  // rank computes on the dequantized unit; the master stays f32. Otherwise
-  // (kF32) gathers travel in param_dtype.
-  DType gather_dtype = DType::kF32;
-  // Int8 reductions (--int8_reduce_rounding): false, to nearest; true,
-  // stochastic rounding, unbiased, so gradients below half a block's
-  // quantum are not lost every step (docs/quantized_comm.md: not shown to
-  // train the quickstart better, and it costs CPU). Gathers always round to
-  // nearest: the master weights stay f32, only their copy is rounded.
-  bool int8_stochastic_reduce = false;
-  // Shard groups with --reduce_dtype=int8: the group's reduce-scatter in
-  // f32 (set when it runs over shared memory: nothing of it crosses a link)
-  // and only the replicas' all-reduce quantized; one quantization per
-  // gradient instead of two, and no all-to-all over TCP inside the host.
-  bool int8_group_reduce_in_f32 = false;
-  int grad_accum = 1;
-  absl::Duration collective_timeout = absl::Seconds(60);
-  // Test-only (shard_worker's --test_* flags): runs on a collective's thread
-  // just before it enters collective number `seq` of its stream; `op` is
-  // "all_gather", "reduce_scatter" or "all_reduce".
-  std::function<void(const char* op, int64_t seq)> before_collective;
-  std::string optimizer = "adam";
-  OptimizerOptions optimizer_options;
-  double max_grad_norm = 0;  // > 0: clip by global norm
-  // Stage 3 with f32 parameters on the host: gather into buffers every rank
-  // of the host reads in place, when the gather communicator offers them
-  // (Communicator::MakeSharedGather: shared memory); else, or when false,
-  // into this rank's own buffers.
-  bool shared_gather = true;
-  // Where buffers live and the non-model ops run; null: the CPU. The model's
-  // views point into this backend's memory. Not owned.
-  Backend* backend = nullptr;
-  // Hybrid sharding (the plan has shard groups of G < W ranks): the
-  // communicator over this rank's W / G replicas (the ranks holding the same
-  // shard in the other groups), over which each reduced gradient shard is
-  // averaged after the group's reduce-scatter. Null without groups. Not
-  // owned; used by the reduce thread only.
-  Communicator* replicas = nullptr;
-  // Shard groups: the replicas' all-reduce on a thread of its own (see
-  // Threads above); false: on the reduce thread after each reduce-scatter,
-  // as before (for comparisons: multihost_bench's hsdp-serial mode).
-  bool replica_thread = true;
-  // hpZ (stage 3): the communicator over this rank's secondary group of H
-  // ranks (consecutive ranks, those of a host), over which the backward's
-  // gathers run (see hpZ above); null: off. Not owned; used by the gather
-  // thread only.
-  Communicator* secondary = nullptr;
-};
-
-// A piece as a range copy between layouts (elements).
-struct Segment {
-  int rank = 0;
-  int64_t chunk_offset = 0;  // inside rank's chunk
-  int64_t flat_offset = 0;   // inside the unit's flat layout
-  int64_t length = 0;
-  int tensor = 0;  // unit tensor index
-  int64_t row_begin = 0;
-  int64_t row_end = 0;
-};
-
-struct UnitLayout {
-  std::string name;
-  std::vector<TensorSpec> tensors;
-  std::vector<int64_t> tensor_offsets;  // flat offset of each tensor
-  int64_t flat_elements = 0;
-  int64_t chunk_elements = 0;
-  std::vector<Segment> segments;  // every rank's pieces
-  std::vector<int> own_segments;  // indices of this rank's (its group member's)
-  // The pieces this rank saves in checkpoints and snapshots: its own plan
-  // pieces. Without shard groups, the own segments; with them, this rank's
-  // run of its member's shard (the replicas save disjoint runs of it).
-  std::vector<Segment> saved;
-  // With shard groups and R = W / G >= 2 replicas: the next replica's run of
-  // the same member's shard (rank ((r / G + 1) mod R) G + r % G), which this
-  // rank holds too. A snapshot of saved + these covers the runs of two
-  // replicas, so that any one lost rank's rows survive on its replica
-  // without a buddy copy (SnapshotSchedule).
-  std::vector<Segment> replica_peer_saved;
-  // The segments as the communicators' block layout (shard = chunk, full =
-  // flat): gathers and reductions move data straight between the two.
-  std::vector<ShardBlock> blocks;
-  // hpZ: member m of the secondary group keeps the unit's flat elements
-  // [m * secondary_elements, + its block's count); the blocks gather them.
-  int64_t secondary_elements = 0;
-  std::vector<ShardBlock> secondary_blocks;
-};
-
 // Where a step's wall time went on the compute thread (milliseconds).
 // Communication that overlaps compute does not show; what shows in the
 // wait_* fields is communication the schedule failed to hide.
 struct StepTimes {
-  double forward_ms = 0;       // model forward (all micro-batches)
-  double backward_ms = 0;      // model backward
-  double gather_wait_ms = 0;   // waiting for a unit's all-gather
-  double reduce_wait_ms = 0;   // waiting for gradient reductions at the step
+  double forward_ms = 0;      // model forward (all micro-batches)
+  double backward_ms = 0;     // model backward
+  double gather_wait_ms = 0;  // waiting for a unit's all-gather
+  // Waiting for gradient reductions: at the step, and in the backward for a
+  // flat-gradient buffer the reductions still hold (step_buffers.h).
+  double reduce_wait_ms = 0;
   double optimizer_ms = 0;     // clip + optimizer on this rank's state
   double param_sync_ms = 0;    // stages 1-2: all-gather of the updated parameters
   double replica_hash_ms = 0;  // HashShardAtNextUpdate's hashing (in optimizer_ms)
