@@ -43,6 +43,14 @@
 // host) runs while the reduce thread goes on with the next unit's
 // reduce-scatter inside the group.
 // Collectives are issued in the same order on every rank.
+//
+// Files (docs/design.md, "ZeRO engine"): engine_options.h and unit_layout.h
+// what an engine is made of; engine.cc the core and the unit walk;
+// engine_setup.cc what Create plans, the step's buffers included
+// (step_buffers.h: no step allocates); engine_gather.cc the gathers and the
+// window (gather_window.h; ReleaseParams frees a gathered unit);
+// engine_reduce.cc the reductions; engine_step.cc the norm and the update;
+// engine_state.cc the state in and out; engine_integrity.cc the checksum.
 #ifndef ZEROSHARD_WORKER_ZERO_ENGINE_H_
 #define ZEROSHARD_WORKER_ZERO_ENGINE_H_
 
@@ -66,121 +74,30 @@
 #include "worker/comm/communicator.h"
 #include "worker/model/model.h"
 #include "worker/zero/backend.h"
+#include "worker/zero/engine_options.h"
+#include "worker/zero/gather_window.h"
 #include "worker/zero/memory_tracker.h"
 #include "worker/zero/optimizer.h"
+#include "worker/zero/step_buffers.h"
 #include "worker/zero/step_numerics.h"
 #include "worker/zero/task_thread.h"
+#include "worker/zero/unit_layout.h"
 
 namespace zeroshard {
 
 struct Int8Rounding;  // worker/comm/quantized.h
 class ShardHasher;    // common/shard_hash.h
 
-struct EngineOptions {
-  int stage = 3;
-  int prefetch = 1;
-  DType param_dtype = DType::kF32;   // dtype of gathered / replicated parameters
-  DType reduce_dtype = DType::kF32;  // dtype gradients are reduced in
-  // kI8 (--reduce_dtype=int8): gradients stay f32 in memory and travel
-  // int8 block-quantized (worker/comm/quantized.h: the reduce-scatter
-  // through an all-to-all, the replicas' and stage 0's all-reduce through an
-  // all-gather), each value quantized once per collective. Host memory only.
-  // gather_dtype kI8 (--gather_dtype=int8, stage 3 with f32 parameters):
-  // each owner quantizes its f32 master shard once per gather and every
-  // rank computes on the dequantized unit; the master stays f32. Otherwise
-  // (kF32) gathers travel in param_dtype.
-  DType gather_dtype = DType::kF32;
-  // Int8 reductions (--int8_reduce_rounding): false, to nearest; true,
-  // stochastic rounding, unbiased, so gradients below half a block's
-  // quantum are not lost every step (docs/quantized_comm.md: not shown to
-  // train the quickstart better, and it costs CPU). Gathers always round to
-  // nearest: the master weights stay f32, only their copy is rounded.
-  bool int8_stochastic_reduce = false;
-  // Shard groups with --reduce_dtype=int8: the group's reduce-scatter in
-  // f32 (set when it runs over shared memory: nothing of it crosses a link)
-  // and only the replicas' all-reduce quantized; one quantization per
-  // gradient instead of two, and no all-to-all over TCP inside the host.
-  bool int8_group_reduce_in_f32 = false;
-  int grad_accum = 1;
-  absl::Duration collective_timeout = absl::Seconds(60);
-  // Test-only (shard_worker's --test_* flags): runs on a collective's thread
-  // just before it enters collective number `seq` of its stream; `op` is
-  // "all_gather", "reduce_scatter" or "all_reduce".
-  std::function<void(const char* op, int64_t seq)> before_collective;
-  std::string optimizer = "adam";
-  OptimizerOptions optimizer_options;
-  double max_grad_norm = 0;  // > 0: clip by global norm
-  // Stage 3 with f32 parameters on the host: gather into buffers every rank
-  // of the host reads in place, when the gather communicator offers them
-  // (Communicator::MakeSharedGather: shared memory); else, or when false,
-  // into this rank's own buffers.
-  bool shared_gather = true;
-  // Where buffers live and the non-model ops run; null: the CPU. The model's
-  // views point into this backend's memory. Not owned.
-  Backend* backend = nullptr;
-  // Hybrid sharding (the plan has shard groups of G < W ranks): the
-  // communicator over this rank's W / G replicas (the ranks holding the same
-  // shard in the other groups), over which each reduced gradient shard is
-  // averaged after the group's reduce-scatter. Null without groups. Not
-  // owned; used by the reduce thread only.
-  Communicator* replicas = nullptr;
-  // Shard groups: the replicas' all-reduce on a thread of its own (see
-  // Threads above); false: on the reduce thread after each reduce-scatter,
-  // as before (for comparisons: multihost_bench's hsdp-serial mode).
-  bool replica_thread = true;
-  // hpZ (stage 3): the communicator over this rank's secondary group of H
-  // ranks (consecutive ranks, those of a host), over which the backward's
-  // gathers run (see hpZ above); null: off. Not owned; used by the gather
-  // thread only.
-  Communicator* secondary = nullptr;
-};
-
-// A piece as a range copy between layouts (elements).
-struct Segment {
-  int rank = 0;
-  int64_t chunk_offset = 0;  // inside rank's chunk
-  int64_t flat_offset = 0;   // inside the unit's flat layout
-  int64_t length = 0;
-  int tensor = 0;            // unit tensor index
-  int64_t row_begin = 0;
-  int64_t row_end = 0;
-};
-
-struct UnitLayout {
-  std::string name;
-  std::vector<TensorSpec> tensors;
-  std::vector<int64_t> tensor_offsets;  // flat offset of each tensor
-  int64_t flat_elements = 0;
-  int64_t chunk_elements = 0;
-  std::vector<Segment> segments;  // every rank's pieces
-  std::vector<int> own_segments;  // indices of this rank's (its group member's)
-  // The pieces this rank saves in checkpoints and snapshots: its own plan
-  // pieces. Without shard groups, the own segments; with them, this rank's
-  // run of its member's shard (the replicas save disjoint runs of it).
-  std::vector<Segment> saved;
-  // With shard groups and R = W / G >= 2 replicas: the next replica's run of
-  // the same member's shard (rank ((r / G + 1) mod R) G + r % G), which this
-  // rank holds too. A snapshot of saved + these covers the runs of two
-  // replicas, so that any one lost rank's rows survive on its replica
-  // without a buddy copy (SnapshotSchedule).
-  std::vector<Segment> replica_peer_saved;
-  // The segments as the communicators' block layout (shard = chunk, full =
-  // flat): gathers and reductions move data straight between the two.
-  std::vector<ShardBlock> blocks;
-  // hpZ: member m of the secondary group keeps the unit's flat elements
-  // [m * secondary_elements, + its block's count); the blocks gather them.
-  int64_t secondary_elements = 0;
-  std::vector<ShardBlock> secondary_blocks;
-};
-
 // Where a step's wall time went on the compute thread (milliseconds).
 // Communication that overlaps compute does not show; what shows in the
 // wait_* fields is communication the schedule failed to hide.
 struct StepTimes {
-  double forward_ms = 0;       // model forward (all micro-batches)
-  double backward_ms = 0;      // model backward
-  double gather_wait_ms = 0;   // waiting for a unit's all-gather
-  double reduce_wait_ms = 0;   // waiting for gradient reductions at the step
+  double forward_ms = 0;      // model forward (all micro-batches)
+  double backward_ms = 0;     // model backward
+  double gather_wait_ms = 0;  // waiting for a unit's all-gather
+  // Waiting for gradient reductions: at the step, and in the backward for a
+  // flat-gradient buffer the reductions still hold (step_buffers.h).
+  double reduce_wait_ms = 0;
   double optimizer_ms = 0;     // clip + optimizer on this rank's state
   double param_sync_ms = 0;    // stages 1-2: all-gather of the updated parameters
   double replica_hash_ms = 0;  // HashShardAtNextUpdate's hashing (in optimizer_ms)
@@ -204,8 +121,7 @@ class ZeroEngine {
   // this rank's). Not owned.
   static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(Model* model, const ShardPlan& plan,
                                                             Communicator* gather,
-                                                            Communicator* reduce,
-                                                            Communicator* aux,
+                                                            Communicator* reduce, Communicator* aux,
                                                             const EngineOptions& options);
   ~ZeroEngine();
 
@@ -251,8 +167,7 @@ class ZeroEngine {
   // Mean of `value` over ranks; every rank's value, by rank.
   // `what` names the value in errors ("the loss").
   absl::StatusOr<double> MeanOverRanks(double value, const char* what = "a metric");
-  absl::StatusOr<std::vector<double>> GatherOverRanks(double value,
-                                                      const char* what = "a metric");
+  absl::StatusOr<std::vector<double>> GatherOverRanks(double value, const char* what = "a metric");
 
   // Visits this rank's pieces with their fp32 master values (and Adam
   // moments, when the optimizer has them): for checkpoints. The pointers are
@@ -354,7 +269,7 @@ class ZeroEngine {
   };
   ZeroEngine() = default;
 
-  // For engine_integrity.cc (UnitState is engine.cc's): a unit's master
+  // For engine_integrity.cc (UnitState is engine_internal.h's): a unit's master
   // shard, and hpZ's slice of it marked stale.
   TrackedBuffer& MasterShard(int unit);
   absl::Status HashMasterShard(int unit, ShardHasher* hasher);
@@ -365,7 +280,19 @@ class ZeroEngine {
   absl::Status BuildSchedule();
   absl::Status AllocateUnitStates();
   absl::Status SetUpSharedGather();
+  // Every buffer of the step path, sized and counted (step_buffers.h).
+  void PlanStepBuffers();
+  int MostUnitsOpenInBackward() const;
   void StartThreads();
+  // From `pool`, whose buffers `giver`'s tasks give back: waits while they
+  // are all lent, failing with `giver`'s first error or after the time two
+  // collectives may take.
+  absl::StatusOr<TrackedBuffer> LendWaiting(BufferPool& pool, MemoryCategory category,
+                                            int64_t bytes, bool zero, TaskThread* giver);
+  // The walk's parts: the unit's tensors over a flat buffer; backward
+  // position n + j (op n - 1 - j) of a training pass.
+  UnitTensors UnitViews(int unit, float* flat) const;
+  absl::Status BackwardPosition(int j, bool last_micro);
   // Step's parts: the unit's gradient the optimizer reads (pointer and
   // elements); the squared norm of the micro-batch-averaged gradient this
   // rank holds (stale gradients cleared first); every rank's loss and
@@ -406,6 +333,13 @@ class ZeroEngine {
   // `last_micro`: the step's last reduction of this unit (stages 2-3 then
   // also take the squared norm of its gradient shard, off the compute thread).
   absl::Status ReduceUnit(int unit, TrackedBuffer* grads_flat, Fence* computed, bool last_micro);
+  // ReduceUnit's parts: the reduce-scatter's output chunk (waiting for one
+  // the replica thread gives back, with a replica thread); after the group's
+  // reduce-scatter, the replicas' average (on the replica thread when there
+  // is one) and FinishReduction.
+  absl::StatusOr<TrackedBuffer> LendReceived(int unit, DType held);
+  absl::Status AverageAndFinish(int unit, TrackedBuffer received, bool direct, bool last_micro,
+                                Int8Rounding replica_rounding);
   absl::Status AllReduceUnit(int unit);
   absl::Status AverageOverReplicas(int unit, void* chunk, DType dtype, Int8Rounding rounding);
   Int8Rounding QuantizedReduceRounding(int unit);
@@ -423,6 +357,9 @@ class ZeroEngine {
 
   // First: every TrackedBuffer below returns its memory here when destroyed.
   MemoryTracker memory_;
+  // Second: the step path's buffers (planned at Create), lent to members
+  // below; destroyed after them.
+  StepBuffers buffers_;
   Model* model_ = nullptr;
   Backend* backend_ = nullptr;
   Communicator* gather_comm_ = nullptr;
@@ -434,16 +371,16 @@ class ZeroEngine {
   SharedGather* shared_gather_ = nullptr;
   int64_t shared_gather_bytes_ = 0;
   EngineOptions options_;
-  StageTraits stage_;  // from options_.stage
-  int rank_ = 0;   // in the job (aux)
-  int world_ = 1;  // W
-  int group_size_ = 1;  // G: ranks one shard is spread over (W without groups)
-  Communicator* replica_comm_ = nullptr;  // EngineOptions::replicas
+  StageTraits stage_;                       // from options_.stage
+  int rank_ = 0;                            // in the job (aux)
+  int world_ = 1;                           // W
+  int group_size_ = 1;                      // G: ranks one shard is spread over (W without groups)
+  Communicator* replica_comm_ = nullptr;    // EngineOptions::replicas
   Communicator* secondary_comm_ = nullptr;  // EngineOptions::secondary (hpZ)
   std::vector<UnitLayout> units_;
   std::vector<std::unique_ptr<UnitState>> state_;
   std::vector<int> ops_;             // unit of each forward op
-  std::vector<int> positions_;       // unit of each pass position (forward then backward)
+  GatherWindow window_;              // unit of each pass position (forward then backward)
   std::vector<int> first_backward_;  // per unit: the pass position of its first backward op
   std::vector<int> last_backward_;   // per unit: the pass position of its last backward op
   // Owned by the compute thread; a gather task writes only into the bytes of
@@ -460,9 +397,15 @@ class ZeroEngine {
   absl::Time first_collective_start_ ABSL_GUARDED_BY(activity_mu_) = absl::InfinitePast();
   double loss_sum_ = 0;
   int micro_batches_ = 0;
-  bool hash_next_update_ = false;            // HashShardAtNextUpdate
-  std::optional<uint64_t> shard_checksum_;   // for the next verdict
+  // Phase order: set by the step's last micro-batch, cleared by Step; a
+  // ForwardBackward in between would reduce twice into the step.
+  bool step_pending_ = false;
+  bool hash_next_update_ = false;                     // HashShardAtNextUpdate
+  std::optional<uint64_t> shard_checksum_;            // for the next verdict
   std::function<void(StepVerdict*)> verdict_screen_;  // SetVerdictScreen
+  std::vector<RankNumerics> all_numerics_;            // ShareStepNumerics' all-gather, one per rank
+  // Device backends: a master chunk copied to the host for the replicas' hash.
+  std::vector<char> hash_staging_;
   StepTimes times_;  // of the step in progress
 };
 

@@ -1,5 +1,6 @@
 // ZeroEngine's checks of its own state (engine.h, "Integrity"): the
 // checksum replicas compare, and the test-only corruption that shows it.
+#include <cassert>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -16,12 +17,14 @@ absl::Status ZeroEngine::HashMasterShard(int unit, ShardHasher* hasher) {
     hasher->Update(master.data(), static_cast<size_t>(master.bytes()));
     return absl::OkStatus();
   }
-  std::vector<char> staging(static_cast<size_t>(master.bytes()));
-  if (absl::Status s = backend_->CopyToHost(staging.data(), master.data(), master.bytes());
+  // Device memory: through the host staging buffer planned at Create (the
+  // step hashes every unit right after its update).
+  assert(static_cast<int64_t>(hash_staging_.size()) >= master.bytes());
+  if (absl::Status s = backend_->CopyToHost(hash_staging_.data(), master.data(), master.bytes());
       !s.ok()) {
     return s;
   }
-  hasher->Update(staging.data(), staging.size());
+  hasher->Update(hash_staging_.data(), static_cast<size_t>(master.bytes()));
   return absl::OkStatus();
 }
 

@@ -10,14 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "gtest/gtest.h"
 #include "common/plan/planner.h"
+#include "gtest/gtest.h"
+#include "tests/testing/error_model.h"
+#include "tests/testing/params.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/data/regression_data.h"
 #include "worker/model/mlp.h"
-#include "tests/testing/error_model.h"
-#include "tests/testing/params.h"
 
 namespace zeroshard {
 namespace {
@@ -52,6 +52,9 @@ struct RankResult {
   int64_t peak_comm_buffers = 0;
   int64_t largest_unit_bytes = 0;
   int64_t gather_bytes = 0;  // sent by the all-gathers of the whole run
+  // Buffers allocated from the first micro-batch to the end of the last
+  // step (the step path lends only buffers planned at Create).
+  int64_t step_allocations = 0;
   std::vector<double> losses;
   std::vector<int> nonfinite_steps;  // steps whose verdict was not finite
 };
@@ -112,6 +115,7 @@ RunResult Train(const RunConfig& config) {
                      m->InitRows(t, b, end, /*seed=*/7, out);
                      return absl::OkStatus();
                    }).ok());
+      const int64_t allocations_before = e.memory().allocations();
       SyntheticRegressionData data(/*seed=*/11, config.width);
       std::vector<float> x(config.batch * config.width), y(config.batch * config.width);
       for (int step = 0; step < config.steps; ++step) {
@@ -132,9 +136,11 @@ RunResult Train(const RunConfig& config) {
         ASSERT_TRUE(mean.ok());
         result.ranks[rank].losses.push_back(*mean);
       }
+      const int64_t step_allocations = e.memory().allocations() - allocations_before;
       auto sum = e.ParamsSum();
       ASSERT_TRUE(sum.ok());
       absl::MutexLock lock(&mu);
+      result.ranks[rank].step_allocations = step_allocations;
       if (rank == 0) result.params_sum = *sum;
       result.ranks[rank].model_state = e.memory().model_state();
       result.ranks[rank].peak_gathered = e.memory().peak(MemoryCategory::kParamsGathered);
@@ -359,10 +365,18 @@ TEST(EngineTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
     // parts hold this rank's chunks (Ψ/W plus the plan's padding).
     int64_t expected = 0;
     switch (stage) {
-      case 0: expected = 16 * psi; break;
-      case 1: expected = 8 * psi + 8 * chunks; break;
-      case 2: expected = 4 * psi + 12 * chunks; break;
-      case 3: expected = 16 * chunks; break;
+      case 0:
+        expected = 16 * psi;
+        break;
+      case 1:
+        expected = 8 * psi + 8 * chunks;
+        break;
+      case 2:
+        expected = 4 * psi + 12 * chunks;
+        break;
+      case 3:
+        expected = 16 * chunks;
+        break;
     }
     for (int rank = 0; rank < c.world; ++rank) {
       EXPECT_EQ(r.ranks[rank].model_state, expected) << "stage " << stage;
@@ -422,6 +436,69 @@ TEST(EngineTest, SgdAndAdamWTrainToo) {
     ExpectWithinBound(MaxRelativeDifference(Train(c).params, reference.params),
                       Tolerance(c, reference), optimizer);
   }
+}
+
+// Every buffer of the step is planned at Create (worker/zero/step_buffers.h):
+// forward, backward, reductions and updates lend them, at every stage, in
+// f32 and bf16, with and without shared gathers, prefetch and accumulation.
+TEST(EngineTest, TheStepPathAllocatesNothing) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (bool shared : {true, false}) {
+        if (stage < 3 && !shared) continue;  // shared gathers are stage 3's
+        RunConfig c;
+        c.stage = stage;
+        c.param_dtype = dtype;
+        c.reduce_dtype = dtype;
+        c.shared_gather = shared;
+        c.grad_accum = 2;
+        c.prefetch = stage == 3 ? 2 : 1;
+        c.steps = 3;
+        RunResult r = Train(c);
+        for (int rank = 0; rank < c.world; ++rank) {
+          EXPECT_EQ(r.ranks[rank].step_allocations, 0)
+              << "stage " << stage << " " << DTypeName(dtype) << (shared ? " shared" : "")
+              << " rank " << rank;
+          EXPECT_EQ(r.ranks[rank].losses.size(), 3u);
+        }
+      }
+    }
+  }
+}
+
+// A plan whose pieces do not fit their chunk, or leave part of a unit
+// uncovered, is refused at Create naming the unit: the step path's copies
+// and gathers trust those bounds.
+TEST(EngineTest, APlanThatDoesNotFitItsChunksIsRefusedAtCreate) {
+  MlpConfig mlp{2, 8, "gelu"};
+  auto model = MlpModel::Create(mlp);
+  ASSERT_TRUE(model.ok());
+  auto plan = Plan((*model)->Spec(), /*world_size=*/1, PlanOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  InMemoryKvStore store;
+  auto gather = CreateHostCommunicator(&store, 0, 1, "gather");
+  auto reduce = CreateHostCommunicator(&store, 0, 1, "reduce");
+  auto aux = CreateHostCommunicator(&store, 0, 1, "aux");
+  ASSERT_TRUE(gather.ok() && reduce.ok() && aux.ok());
+  auto create = [&](const ShardPlan& p) {
+    return ZeroEngine::Create(model->get(), p, gather->get(), reduce->get(), aux->get(),
+                              EngineOptions());
+  };
+  ASSERT_TRUE(create(*plan).ok());
+  ShardPlan outside = *plan;
+  outside.units[0].pieces[0].offset = outside.units[0].chunk_elements;
+  auto refused = create(outside);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("'" + plan->units[0].name + "'"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("does not fit a chunk"), std::string::npos)
+      << refused.status();
+  ShardPlan gap = *plan;
+  gap.units[0].pieces.pop_back();
+  refused = create(gap);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("gap or an overlap"), std::string::npos)
+      << refused.status();
 }
 
 }  // namespace

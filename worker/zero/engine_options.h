@@ -1,0 +1,80 @@
+// What a ZeroEngine is created with (engine.h): the stage, prefetch, dtypes
+// on the wire, the optimizer, and the communicators beside the gather and
+// reduce ones (shard groups' replicas, hpZ's secondary group).
+#ifndef ZEROSHARD_WORKER_ZERO_ENGINE_OPTIONS_H_
+#define ZEROSHARD_WORKER_ZERO_ENGINE_OPTIONS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "worker/comm/communicator.h"
+#include "worker/zero/backend.h"
+#include "worker/zero/optimizer.h"
+
+namespace zeroshard {
+
+struct EngineOptions {
+  int stage = 3;
+  int prefetch = 1;
+  DType param_dtype = DType::kF32;   // dtype of gathered / replicated parameters
+  DType reduce_dtype = DType::kF32;  // dtype gradients are reduced in
+  // kI8 (--reduce_dtype=int8): gradients stay f32 in memory and travel
+  // int8 block-quantized (worker/comm/quantized.h: the reduce-scatter
+  // through an all-to-all, the replicas' and stage 0's all-reduce through an
+  // all-gather), each value quantized once per collective. Host memory only.
+  // gather_dtype kI8 (--gather_dtype=int8, stage 3 with f32 parameters):
+  // each owner quantizes its f32 master shard once per gather and every
+  // rank computes on the dequantized unit; the master stays f32. Otherwise
+  // (kF32) gathers travel in param_dtype.
+  DType gather_dtype = DType::kF32;
+  // Int8 reductions (--int8_reduce_rounding): false, to nearest; true,
+  // stochastic rounding, unbiased, so gradients below half a block's
+  // quantum are not lost every step (docs/quantized_comm.md: not shown to
+  // train the quickstart better, and it costs CPU). Gathers always round to
+  // nearest: the master weights stay f32, only their copy is rounded.
+  bool int8_stochastic_reduce = false;
+  // Shard groups with --reduce_dtype=int8: the group's reduce-scatter in
+  // f32 (set when it runs over shared memory: nothing of it crosses a link)
+  // and only the replicas' all-reduce quantized; one quantization per
+  // gradient instead of two, and no all-to-all over TCP inside the host.
+  bool int8_group_reduce_in_f32 = false;
+  int grad_accum = 1;
+  absl::Duration collective_timeout = absl::Seconds(60);
+  // Test-only (shard_worker's --test_* flags): runs on a collective's thread
+  // just before it enters collective number `seq` of its stream; `op` is
+  // "all_gather", "reduce_scatter" or "all_reduce".
+  std::function<void(const char* op, int64_t seq)> before_collective;
+  std::string optimizer = "adam";
+  OptimizerOptions optimizer_options;
+  double max_grad_norm = 0;  // > 0: clip by global norm
+  // Stage 3 with f32 parameters on the host: gather into buffers every rank
+  // of the host reads in place, when the gather communicator offers them
+  // (Communicator::MakeSharedGather: shared memory); else, or when false,
+  // into this rank's own buffers.
+  bool shared_gather = true;
+  // Where buffers live and the non-model ops run; null: the CPU. The model's
+  // views point into this backend's memory. Not owned.
+  Backend* backend = nullptr;
+  // Hybrid sharding (the plan has shard groups of G < W ranks): the
+  // communicator over this rank's W / G replicas (the ranks holding the same
+  // shard in the other groups), over which each reduced gradient shard is
+  // averaged after the group's reduce-scatter. Null without groups. Not
+  // owned; used by the reduce thread only.
+  Communicator* replicas = nullptr;
+  // Shard groups: the replicas' all-reduce on a thread of its own (see
+  // Threads above); false: on the reduce thread after each reduce-scatter,
+  // as before (for comparisons: multihost_bench's hsdp-serial mode).
+  bool replica_thread = true;
+  // hpZ (stage 3): the communicator over this rank's secondary group of H
+  // ranks (consecutive ranks, those of a host), over which the backward's
+  // gathers run (see hpZ above); null: off. Not owned; used by the gather
+  // thread only.
+  Communicator* secondary = nullptr;
+};
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ZERO_ENGINE_OPTIONS_H_
