@@ -2,7 +2,7 @@
 // default).
 //
 // Pause: a real shard_worker (W = 1, an MLP of 3 x 4096: a 576 MiB shard of
-// parameters and Adam moments) checkpoints every 4 steps; its run report
+// parameters and Adam moments) checkpoints every 12 steps; its run report
 // gives the training thread's pause per checkpoint, the time from Save to
 // the committed step, and the step times with and without a checkpoint's
 // copy running beside them.
@@ -81,8 +81,10 @@ ABSL_FLAG(bool, pause, true,
 ABSL_FLAG(int, pause_layers, 3, "Pause phase: MLP layers (3 x 4096: a 576 MiB shard with Adam)");
 ABSL_FLAG(int, pause_width, 4096, "Pause phase: MLP width");
 ABSL_FLAG(int, pause_batch, 64, "Pause phase: rows per step");
-ABSL_FLAG(int, pause_steps, 24, "Pause phase: steps");
-ABSL_FLAG(int, pause_every, 4, "Pause phase: --checkpoint_every");
+ABSL_FLAG(int, pause_steps, 72, "Pause phase: steps");
+ABSL_FLAG(int, pause_every, 12,
+          "Pause phase: --checkpoint_every (12 steps of ~0.3 s here: longer than a shard's write, "
+          "as a real interval is; at 4 the disk cannot keep up and every update waits for it)");
 
 namespace zeroshard {
 namespace {
