@@ -4,7 +4,8 @@ binaries' own --helpfull, so the flag reference stays true.
 
 usage:
   tools/flag_docs.py > docs/flags.md
-      (after bazel build //shard_server //worker:shard_worker //client:shardctl)
+      (after bazel build //shard_server //worker:shard_worker //client:shardctl
+       //agent:shard_agent)
   tools/flag_docs.py --check docs/flags.md [--binary NAME=PATH ...]
       exits 1 naming the first difference when the file is not what the
       binaries say (//tests/docs:flags_doc_test runs this)
@@ -21,12 +22,13 @@ BINARIES = [
     ("shard_server", "bazel-bin/shard_server/shard_server"),
     ("shard_worker", "bazel-bin/worker/shard_worker"),
     ("shardctl", "bazel-bin/client/shardctl"),
+    ("shard_agent", "bazel-bin/agent/shard_agent"),
 ]
 
 
 HEADER = """# Flags
 
-Every flag of the three binaries, generated from their `--helpfull` by `tools/flag_docs.py`
+Every flag of the four binaries, generated from their `--helpfull` by `tools/flag_docs.py`
 (`tools/flag_docs.py > docs/flags.md` after building them); `//tests/docs:flags_doc_test` fails
 when this file is stale.
 """
@@ -80,7 +82,8 @@ def main():
     for name, path in binaries:
         if not os.access(path, os.X_OK):
             print(f"flag_docs: {name} not found at {path}; build it first "
-                  "(bazel build //shard_server //worker:shard_worker //client:shardctl)",
+                  "(bazel build //shard_server //worker:shard_worker //client:shardctl "
+                  "//agent:shard_agent)",
                   file=sys.stderr)
             return 2
     text = render(binaries)
