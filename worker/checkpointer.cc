@@ -183,12 +183,8 @@ absl::Status Checkpointer::Write(const ShardView& view, absl::Notification& copi
   // the previous write.
   // Tests only: stretch the time from the write to its commit, so that a
   // kill lands inside it (training goes on meanwhile).
-  const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS");
-  absl::Notification copied_here;
-  absl::StatusOr<WrittenShard> written =
-      WriteShardFromView(view, config_.dir, delay != nullptr ? &copied_here : &copied);
-  if (delay != nullptr) {
-    copied.Notify();
+  absl::StatusOr<WrittenShard> written = WriteShardFromView(view, config_.dir, &copied);
+  if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
     absl::SleepFor(absl::Milliseconds(atoi(delay)));
   }
   if (!written.ok()) {

@@ -167,16 +167,9 @@ TEST_F(FailoverTest, TrainingOutlivesAnEtcdMemberAndTheLeaderKilled) {
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(codes[r], 0) << "rank " << r << ":\n" << workers_.WorkerLog(r);
   }
-  // The observer's channel may still hold the killed leader's connection:
-  // one call can fail on it (UNAVAILABLE: broken pipe, seen once) before it
-  // reconnects to the new leader.
-  absl::StatusOr<v1::GetStatusResponse> status;
-  EXPECT_TRUE(testing::WaitFor(
-      [&] {
-        status = observer->GetStatus("storm");
-        return status.ok();
-      },
-      absl::Seconds(10)));
+  // The observer's channel may still hold the killed leader's connection;
+  // the client asks a read again on a new one (Client::Read).
+  auto status = observer->GetStatus("storm");
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_EQ(status->jobs_size(), 1);
   EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
@@ -247,11 +240,7 @@ TEST_F(FailoverTest, TrainingGoesOnWhileEtcdHasNoQuorumAndResumesAfter) {
     ASSERT_TRUE(late.ok()) << late.status();
     absl::StatusOr<JoinInfo> refused =
         (*late)->Join("during-outage", 1, "x0", "127.0.0.1", absl::Seconds(2));
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable)
-        << refused.status() << "\nlisteners:\n"
-        << testing::RunCommand("ss -ltnp").second << "\nconnections:\n"
-        << testing::RunCommand("ss -tnp").second << servers_.Log(0) << servers_.Log(1)
-        << servers_.Log(2);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
     EXPECT_TRUE(absl::StrContains(refused.status().message(),
                                   "is a quorum of their etcd members up?"))
         << refused.status();
