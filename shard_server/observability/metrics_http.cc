@@ -109,30 +109,29 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 int MetricsHttpServer::Handle(mg_connection* connection, void* self_ptr) {
   auto* self = static_cast<MetricsHttpServer*>(self_ptr);
   const mg_request_info* info = mg_get_request_info(connection);
-  absl::ReaderMutexLock lock(&self->pages_mu_);
-  if (self->pages_.empty()) {
-    Send(connection, {503, "text/plain; charset=utf-8", "not serving (between terms)\n"});
-    return 503;
-  }
-  auto page = self->pages_.find(info->local_uri != nullptr ? info->local_uri : "");
-  if (page == self->pages_.end()) {
-    Send(connection, {404, "text/plain; charset=utf-8", "no such page\n"});
-    return 404;
-  }
-  if (page->second.needs_token && !self->auth_token_.empty()) {
+  // The page is rendered under the lock (SetPages waits for it: what it
+  // reads may go after) and sent after it, so that a slow reader never
+  // holds up a change of pages (a leader stepping down).
+  HttpResponse response = self->Render(connection, info);
+  Send(connection, response);
+  return response.status;
+}
+
+HttpResponse MetricsHttpServer::Render(mg_connection* connection, const mg_request_info* info) {
+  absl::ReaderMutexLock lock(&pages_mu_);
+  if (pages_.empty()) return {503, "text/plain; charset=utf-8", "not serving (between terms)\n"};
+  auto page = pages_.find(info->local_uri != nullptr ? info->local_uri : "");
+  if (page == pages_.end()) return {404, "text/plain; charset=utf-8", "no such page\n"};
+  if (page->second.needs_token && !auth_token_.empty()) {
     ClientMetadata metadata;
     const char* header = mg_get_header(connection, "Authorization");
     if (header != nullptr) metadata.emplace("authorization", grpc::string_ref(header));
-    grpc::Status auth = CheckBearerToken(metadata, self->auth_token_);
+    grpc::Status auth = CheckBearerToken(metadata, auth_token_);
     if (!auth.ok()) {
-      Send(connection,
-           {401, "text/plain; charset=utf-8", absl::StrCat(auth.error_message(), "\n")});
-      return 401;
+      return {401, "text/plain; charset=utf-8", absl::StrCat(auth.error_message(), "\n")};
     }
   }
-  HttpResponse response = page->second.render(ParseQuery(info->query_string));
-  Send(connection, response);
-  return response.status;
+  return page->second.render(ParseQuery(info->query_string));
 }
 
 void MetricsHttpServer::SetPages(std::map<std::string, HttpPage> pages) {

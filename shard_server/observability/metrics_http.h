@@ -20,6 +20,7 @@
 
 struct mg_context;
 struct mg_connection;
+struct mg_request_info;
 
 namespace zeroshard {
 
@@ -61,6 +62,9 @@ class MetricsHttpServer {
  private:
   MetricsHttpServer() = default;
   static int Handle(::mg_connection* connection, void* self);
+  // The response to a request, under pages_mu_ (shared).
+  HttpResponse Render(::mg_connection* connection, const ::mg_request_info* info)
+      ABSL_LOCKS_EXCLUDED(pages_mu_);
 
   std::string auth_token_;
   // Held shared while a page renders, exclusively while the set changes.
