@@ -83,6 +83,12 @@ std::vector<std::string> Flags(int steps, std::vector<std::string> extra) {
                                     "--loss_spike_zscore=6",
                                     "--on_nonfinite=skip",
                                     "--checkpoint_at_end",
+                                    // A snapshot is skipped while the previous one's transfer
+                                    // is in flight; at ~0.2 ms a step a loaded machine skipped
+                                    // those of steps 5 and 10 (CI, 1 of 4 runs), and no rewind
+                                    // had one to go back to. 20 ms a step gives each transfer
+                                    // 100 ms; the sleep changes no arithmetic.
+                                    "--test_step_delay_ms=20",
                                     "--collective_timeout=30s"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
