@@ -93,7 +93,7 @@ void* MemoryTracker::Allocate(int64_t bytes) {
     return data;
   }
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    absl::MutexLock lock(&pool_mu_);
     auto it = pool_.find(rounded);
     if (it != pool_.end()) {
       void* data = it->second;
@@ -120,7 +120,7 @@ void MemoryTracker::Free(void* data, int64_t bytes) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    absl::MutexLock lock(&pool_mu_);
     if (pool_bytes_ + rounded <= pool_limit_bytes_) {
       pool_.emplace(rounded, data);
       pool_bytes_ += rounded;
@@ -132,6 +132,7 @@ void MemoryTracker::Free(void* data, int64_t bytes) {
 }
 
 MemoryTracker::~MemoryTracker() {
+  absl::MutexLock lock(&pool_mu_);
   for (auto& [size, data] : pool_) backend_->Free(data, size);
 }
 

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,9 +77,9 @@ class MemoryTracker {
   std::atomic<int64_t> total_{0};
   std::atomic<int64_t> peak_total_{0};
   std::atomic<int64_t> allocations_{0};
-  std::mutex pool_mu_;
-  std::multimap<int64_t, void*> pool_;  // rounded bytes -> block; guarded by pool_mu_
-  int64_t pool_bytes_ = 0;              // guarded by pool_mu_
+  absl::Mutex pool_mu_;
+  std::multimap<int64_t, void*> pool_ ABSL_GUARDED_BY(pool_mu_);  // rounded bytes -> block
+  int64_t pool_bytes_ ABSL_GUARDED_BY(pool_mu_) = 0;
   int64_t pool_limit_bytes_ = int64_t{256} << 20;
   Backend* backend_ = CpuBackend();
 };
