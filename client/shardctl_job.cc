@@ -1,5 +1,5 @@
 // shardctl job create --job=ID --job_tokens_dir=DIR: issues a job token, a
-// file the server's --job_tokens_dir reads (shard_server/job_credentials.h).
+// file the server's --job_tokens_dir reads (shard_server/auth/job_credentials.h).
 // Run where that directory is (the server's machine, or a volume it mounts);
 // hand the file to the job's workers (--token_file).
 #include <cstdio>

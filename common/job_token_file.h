@@ -1,6 +1,6 @@
 // The job token file format: <dir>/<job>.token holds one random token
 // (64 hex digits and a newline), mode 0600. The server reads the directory
-// (shard_server/job_credentials.h); `shardctl job create` writes a file.
+// (shard_server/auth/job_credentials.h); `shardctl job create` writes a file.
 // Here, not in shard_server/, because both sides use it and the client
 // must not depend on the server.
 #ifndef ZEROSHARD_COMMON_JOB_TOKEN_FILE_H_

@@ -13,7 +13,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
-#include "shard_server/grpc_status.h"
+#include "shard_server/base/grpc_status.h"
 
 namespace zeroshard {
 namespace {

@@ -18,12 +18,12 @@
 
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/call_queues.h"
-#include "shard_server/clock.h"
-#include "shard_server/job_credentials.h"
+#include "shard_server/base/clock.h"
+#include "shard_server/auth/job_credentials.h"
 #include "shard_server/membership/membership.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/event_log.h"
 #include "shard_server/observability/server_metrics.h"
-#include "shard_server/worker_id_binding.h"
+#include "shard_server/auth/worker_id_binding.h"
 
 namespace zeroshard {
 

@@ -8,8 +8,8 @@
 #include "absl/time/clock.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "shard_server/bearer_auth.h"
-#include "shard_server/grpc_status.h"
+#include "shard_server/auth/bearer_auth.h"
+#include "shard_server/base/grpc_status.h"
 #include "shard_server/observability/rank_views.h"
 
 namespace zeroshard {

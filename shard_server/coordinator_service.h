@@ -14,15 +14,15 @@
 #include "common/request_budget.h"
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
-#include "shard_server/clock.h"
+#include "shard_server/base/clock.h"
 #include "shard_server/heartbeat_streams.h"
-#include "shard_server/job_credentials.h"
+#include "shard_server/auth/job_credentials.h"
 #include "shard_server/kv/kv_store.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/history_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
 #include "shard_server/plan_service.h"
-#include "shard_server/worker_id_binding.h"
+#include "shard_server/auth/worker_id_binding.h"
 
 namespace zeroshard {
 

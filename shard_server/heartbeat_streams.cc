@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
-#include "shard_server/grpc_status.h"
+#include "shard_server/base/grpc_status.h"
 
 namespace zeroshard {
 namespace {

@@ -12,7 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/call_queues.h"
-#include "shard_server/job_credentials.h"
+#include "shard_server/auth/job_credentials.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/server_metrics.h"
 

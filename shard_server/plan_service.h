@@ -17,7 +17,7 @@
 #include "common/model_spec.h"
 #include "common/plan/shard_plan.h"
 #include "proto/zeroshard.pb.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/event_log.h"
 #include "shard_server/state/state_store.h"
 
 namespace zeroshard {

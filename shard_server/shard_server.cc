@@ -16,7 +16,7 @@
 #include "google/protobuf/arena.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "shard_server/bearer_auth.h"
+#include "shard_server/auth/bearer_auth.h"
 #include "shard_server/membership/failure_detector.h"
 #include "shard_server/observability/observability_pages.h"
 

@@ -20,12 +20,12 @@
 #include "shard_server/checkpoint/checkpoint_registry.h"
 #include "shard_server/checkpoint/checkpoint_service.h"
 #include "shard_server/checkpoint/checkpoint_verifier.h"
-#include "shard_server/clock.h"
+#include "shard_server/base/clock.h"
 #include "shard_server/coordinator_service.h"
 #include "shard_server/heartbeat_streams.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/event_log.h"
 #include "shard_server/observability/history_store.h"
-#include "shard_server/job_credentials.h"
+#include "shard_server/auth/job_credentials.h"
 #include "shard_server/kv/kv_store.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/observability/metrics_http.h"
@@ -33,7 +33,7 @@
 #include "shard_server/observability/server_metrics.h"
 #include "shard_server/state/state_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
-#include "shard_server/worker_id_binding.h"
+#include "shard_server/auth/worker_id_binding.h"
 
 namespace zeroshard {
 

@@ -167,6 +167,17 @@ for kernel in "${FORCED_KERNELS[@]}"; do
     --test_env=OPENBLAS_CORETYPE="$kernel" --test_filter="$NOT_NUMERICAL" "$@"
 done
 
+# The layout rules (#48): file and function sizes, and a package graph that
+# points down (tools/check_layout.py, over `bazel query`). One test.
+if python3 tools/check_layout.py 2>&1 | tee -a "$LOG"; then
+  echo "layout check: 1 passed, 0 failed"
+  passed=$((passed + 1))
+else
+  echo "layout check: 0 passed, 1 failed"
+  failed=$((failed + 1))
+  rc=1
+fi
+
 # CI: the targets whose waits are on failure detection, re-joins and
 # failovers (recovery, emulated hosts, HA) once more beside the hog, so that a
 # timing assumption that breaks on a busy runner fails here rather than by

@@ -1,8 +1,8 @@
 // What planner.cc and plan_check.cc share: a validated tensor's sizes and
 // the checks both the planner and the plan validation run. Internal to
 // //common/plan.
-#ifndef COMMON_PLAN_PLANNER_INTERNAL_H_
-#define COMMON_PLAN_PLANNER_INTERNAL_H_
+#ifndef ZEROSHARD_COMMON_PLAN_PLANNER_INTERNAL_H_
+#define ZEROSHARD_COMMON_PLAN_PLANNER_INTERNAL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -35,4 +35,4 @@ absl::StatusOr<std::vector<TensorSize>> MeasureTensors(const ModelSpec& spec);
 
 }  // namespace zeroshard::planner_internal
 
-#endif  // COMMON_PLAN_PLANNER_INTERNAL_H_
+#endif  // ZEROSHARD_COMMON_PLAN_PLANNER_INTERNAL_H_

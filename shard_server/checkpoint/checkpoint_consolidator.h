@@ -26,8 +26,8 @@
 // after it completes: CheckpointVerifier). When streaming F32, pass 2 reads
 // straight into the outgoing message (ConsolidationOutput::NextBuffer)
 // instead of the buffer.
-#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CONSOLIDATOR_H_
-#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CONSOLIDATOR_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_CONSOLIDATOR_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_CONSOLIDATOR_H_
 
 #include <cstdint>
 #include <functional>
@@ -198,4 +198,4 @@ class DirectoryOutput : public ConsolidationOutput, private ByteSink {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CONSOLIDATOR_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_CONSOLIDATOR_H_

@@ -19,8 +19,8 @@
 // File names are relative to the step directory. The optimizer state's
 // pieces are the parameter pieces with "optim.exp_avg." / "optim.exp_avg_sq."
 // in front of the shard tensor name, in the same file.
-#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_MANIFEST_H_
-#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_MANIFEST_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_MANIFEST_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
 #include <map>
@@ -111,4 +111,4 @@ absl::StatusOr<CheckpointManifest> ParseManifestJson(absl::string_view json);
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_MANIFEST_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_MANIFEST_H_

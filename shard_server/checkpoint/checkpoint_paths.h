@@ -4,8 +4,8 @@
 // Paths from the wire are relative to the root. They are refused when
 // absolute, when a component is empty, "." or "..", and when a file or a
 // directory resolves (symlinks followed) outside realpath(root).
-#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_PATHS_H_
-#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_PATHS_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_PATHS_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_PATHS_H_
 
 #include <cstdint>
 #include <string>
@@ -75,4 +75,4 @@ class CheckpointRoot {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_PATHS_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_PATHS_H_

@@ -9,8 +9,8 @@
 // fsync), marks the step complete, and applies keep_last retention. A step
 // with a missing or unverifiable piece never becomes complete; a commit of a
 // newer generation restarts an incomplete step from scratch.
-#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_REGISTRY_H_
-#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_REGISTRY_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_H_
 
 #include <cstdint>
 #include <functional>
@@ -28,7 +28,7 @@
 #include "proto/zeroshard.pb.h"
 #include "shard_server/checkpoint/checkpoint_manifest.h"
 #include "shard_server/checkpoint/checkpoint_paths.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/event_log.h"
 #include "shard_server/state/state_store.h"
 
 namespace zeroshard {
@@ -235,4 +235,4 @@ class CheckpointRegistry {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_REGISTRY_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_H_

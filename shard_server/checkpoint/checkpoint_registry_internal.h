@@ -1,7 +1,7 @@
 // What the registry's files share: the clock in Unix ms and the delete of a
 // step's rows. Internal to //shard_server:checkpoint_registry.
-#ifndef SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_
-#define SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_
 
 #include <cstdint>
 #include <string>
@@ -20,4 +20,4 @@ absl::Status DeleteStepRows(StateStore::Connection& db, const std::string& job, 
 
 }  // namespace zeroshard::checkpoint_registry_internal
 
-#endif  // SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_

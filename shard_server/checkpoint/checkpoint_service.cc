@@ -14,7 +14,7 @@
 #include "common/file_util.h"
 #include "shard_server/checkpoint/checkpoint_consolidator.h"
 #include "shard_server/checkpoint/checkpoint_paths.h"
-#include "shard_server/grpc_status.h"
+#include "shard_server/base/grpc_status.h"
 
 namespace zeroshard {
 namespace {

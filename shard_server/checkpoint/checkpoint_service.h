@@ -7,8 +7,8 @@
 // its own that feeds a ServerWriteReactor one message at a time (the next
 // message is built while the previous one is on the wire), so a slow reader
 // holds the producer back instead of filling memory.
-#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
-#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_SERVICE_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_SERVICE_H_
 
 #include <cstdint>
 #include <functional>
@@ -20,9 +20,9 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
 #include "shard_server/checkpoint/checkpoint_registry.h"
-#include "shard_server/job_credentials.h"
+#include "shard_server/auth/job_credentials.h"
 #include "shard_server/membership/membership.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/event_log.h"
 
 namespace zeroshard {
 
@@ -113,4 +113,4 @@ class CheckpointService {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_SERVICE_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_SERVICE_H_

@@ -8,8 +8,8 @@
 //    because of a newer one that turned out corrupt;
 //  - consolidations of a verified step skip their verification pass (they
 //    still check every piece they copy).
-#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_VERIFIER_H_
-#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_VERIFIER_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_VERIFIER_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_VERIFIER_H_
 
 #include <cstdint>
 #include <deque>
@@ -19,7 +19,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "shard_server/checkpoint/checkpoint_registry.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/event_log.h"
 
 namespace zeroshard {
 
@@ -54,4 +54,4 @@ class CheckpointVerifier {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_VERIFIER_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_VERIFIER_H_

@@ -6,8 +6,8 @@
 // tensors' bytes are read back later, once the whole step is complete, by
 // CheckpointVerifier (checkpoint_verifier.h) — "validate" is about a file
 // being admitted, "verify" about a complete step's data.
-#ifndef ZEROSHARD_SHARD_SERVER_SHARD_FILE_VALIDATOR_H_
-#define ZEROSHARD_SHARD_SERVER_SHARD_FILE_VALIDATOR_H_
+#ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_SHARD_FILE_VALIDATOR_H_
+#define ZEROSHARD_SHARD_SERVER_CHECKPOINT_SHARD_FILE_VALIDATOR_H_
 
 #include <map>
 #include <string>
@@ -36,4 +36,4 @@ absl::StatusOr<CommittedShard> ValidateShardFile(const CheckpointRoot& root,
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_SHARD_FILE_VALIDATOR_H_
+#endif  // ZEROSHARD_SHARD_SERVER_CHECKPOINT_SHARD_FILE_VALIDATOR_H_

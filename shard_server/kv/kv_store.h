@@ -11,8 +11,8 @@
 // accounted as the server holds it (strings with their heap buffers, the
 // index entries, the parsed request a held call keeps alive), per job
 // (--kv_max_job_bytes) and in total (--kv_max_total_bytes).
-#ifndef ZEROSHARD_SHARD_SERVER_KV_STORE_H_
-#define ZEROSHARD_SHARD_SERVER_KV_STORE_H_
+#ifndef ZEROSHARD_SHARD_SERVER_KV_KV_STORE_H_
+#define ZEROSHARD_SHARD_SERVER_KV_KV_STORE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "shard_server/clock.h"
+#include "shard_server/base/clock.h"
 
 namespace zeroshard {
 
@@ -186,4 +186,4 @@ class KvStore {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_KV_STORE_H_
+#endif  // ZEROSHARD_SHARD_SERVER_KV_KV_STORE_H_

@@ -60,8 +60,8 @@
 //   - A member that dies while partitioned from the server is declared dead
 //     one heartbeat timeout after the data plane last advanced, i.e. later by
 //     at most one step and one heartbeat interval.
-#ifndef ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_
-#define ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_
+#ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_FAILURE_DETECTOR_H_
+#define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_FAILURE_DETECTOR_H_
 
 #include <deque>
 #include <string>
@@ -218,4 +218,4 @@ std::vector<MemberVerdict> JudgeMembers(const std::vector<MemberSignals>& member
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_FAILURE_DETECTOR_H_
+#endif  // ZEROSHARD_SHARD_SERVER_MEMBERSHIP_FAILURE_DETECTOR_H_

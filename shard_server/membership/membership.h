@@ -38,8 +38,8 @@
 //   grow_back.cc     a shrunk job's missing workers taken back
 //   status.cc        GetStatus, WorldSize
 //   persistence.cc   the state store: Restore, saves, syncs
-#ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
-#define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
+#ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBERSHIP_H_
+#define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBERSHIP_H_
 
 #include <cstdint>
 #include <functional>
@@ -54,10 +54,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
-#include "shard_server/clock.h"
+#include "shard_server/base/clock.h"
 #include "shard_server/membership/failure_detector.h"
 #include "shard_server/membership/rejoin_wait.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/event_log.h"
 #include "shard_server/state/state_store.h"
 
 namespace zeroshard {
@@ -414,4 +414,4 @@ class Membership {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_MEMBERSHIP_H_
+#endif  // ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBERSHIP_H_

@@ -21,8 +21,8 @@
 // W / 1,024 Records, which its per-rank bound thins to anyway (at W = 100K a
 // rank keeps 64 points). So the server's time for history is bounded per
 // pass, not proportional to the job (issue #31).
-#ifndef ZEROSHARD_SHARD_SERVER_HISTORY_STORE_H_
-#define ZEROSHARD_SHARD_SERVER_HISTORY_STORE_H_
+#ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_HISTORY_STORE_H_
+#define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_HISTORY_STORE_H_
 
 #include <cstdint>
 #include <map>
@@ -112,4 +112,4 @@ class HistoryStore {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_HISTORY_STORE_H_
+#endif  // ZEROSHARD_SHARD_SERVER_OBSERVABILITY_HISTORY_STORE_H_

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "shard_server/bearer_auth.h"
+#include "shard_server/auth/bearer_auth.h"
 
 namespace zeroshard {
 namespace {

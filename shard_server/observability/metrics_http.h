@@ -6,8 +6,8 @@
 //
 // Why civetweb: a maintained, embeddable C library packaged by Debian
 // (libcivetweb-dev), a thread pool and nothing else we would not use.
-#ifndef ZEROSHARD_SHARD_SERVER_METRICS_HTTP_H_
-#define ZEROSHARD_SHARD_SERVER_METRICS_HTTP_H_
+#ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_METRICS_HTTP_H_
+#define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_METRICS_HTTP_H_
 
 #include <functional>
 #include <map>
@@ -76,4 +76,4 @@ class MetricsHttpServer {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_METRICS_HTTP_H_
+#endif  // ZEROSHARD_SHARD_SERVER_OBSERVABILITY_METRICS_HTTP_H_

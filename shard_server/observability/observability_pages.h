@@ -6,8 +6,8 @@
 //                 &rank=R,R / &host=H,H look ranks up; GetStatusRequest)
 //   /api/history  ?job=ID: the job's per-step history       token
 //                 (&rank=R,R: those ranks')
-#ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_PAGES_H_
-#define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_PAGES_H_
+#ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_OBSERVABILITY_PAGES_H_
+#define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_OBSERVABILITY_PAGES_H_
 
 #include <functional>
 #include <map>
@@ -37,4 +37,4 @@ std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& s
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_OBSERVABILITY_PAGES_H_
+#endif  // ZEROSHARD_SHARD_SERVER_OBSERVABILITY_OBSERVABILITY_PAGES_H_

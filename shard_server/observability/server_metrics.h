@@ -8,8 +8,8 @@
 // arrival to its status; a stream's is its life; a stream's messages are
 // counted when it ends. Heartbeat streams are left out (an interceptor costs
 // every beat): CoordinatorService counts each beat (AddHeartbeat).
-#ifndef ZEROSHARD_SHARD_SERVER_SERVER_METRICS_H_
-#define ZEROSHARD_SHARD_SERVER_SERVER_METRICS_H_
+#ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_SERVER_METRICS_H_
+#define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_SERVER_METRICS_H_
 
 #include <array>
 #include <atomic>
@@ -117,4 +117,4 @@ std::string EscapeLabelValue(const std::string& value);
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_SERVER_METRICS_H_
+#endif  // ZEROSHARD_SHARD_SERVER_OBSERVABILITY_SERVER_METRICS_H_

@@ -21,8 +21,8 @@
 //
 // Times are the server's clock against the ranks' start times (one clock
 // on one host; NTP-level skew between hosts is far below hang_report).
-#ifndef ZEROSHARD_SHARD_SERVER_TELEMETRY_ANALYZER_H_
-#define ZEROSHARD_SHARD_SERVER_TELEMETRY_ANALYZER_H_
+#ifndef ZEROSHARD_SHARD_SERVER_OBSERVABILITY_TELEMETRY_ANALYZER_H_
+#define ZEROSHARD_SHARD_SERVER_OBSERVABILITY_TELEMETRY_ANALYZER_H_
 
 #include <cstdint>
 #include <map>
@@ -32,8 +32,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
-#include "shard_server/clock.h"
-#include "shard_server/observability/event_log.h"
+#include "shard_server/base/clock.h"
+#include "shard_server/base/event_log.h"
 
 namespace zeroshard {
 
@@ -90,4 +90,4 @@ class TelemetryAnalyzer {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_TELEMETRY_ANALYZER_H_
+#endif  // ZEROSHARD_SHARD_SERVER_OBSERVABILITY_TELEMETRY_ANALYZER_H_

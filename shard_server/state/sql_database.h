@@ -9,8 +9,8 @@
 // "state store: save job: database or disk is full": a full disk is
 // RESOURCE_EXHAUSTED, a database another process holds locked UNAVAILABLE
 // (worth retrying), anything else INTERNAL.
-#ifndef ZEROSHARD_SHARD_SERVER_SQL_DATABASE_H_
-#define ZEROSHARD_SHARD_SERVER_SQL_DATABASE_H_
+#ifndef ZEROSHARD_SHARD_SERVER_STATE_SQL_DATABASE_H_
+#define ZEROSHARD_SHARD_SERVER_STATE_SQL_DATABASE_H_
 
 #include <cstdint>
 #include <atomic>
@@ -248,4 +248,4 @@ class SqlDatabase {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_SQL_DATABASE_H_
+#endif  // ZEROSHARD_SHARD_SERVER_STATE_SQL_DATABASE_H_

@@ -9,8 +9,8 @@
 // reached only through Transaction() (writes, all or nothing, durable) and
 // Read() (queries). Errors name the operation and SQLite's own message, e.g.
 // "state store: save job: database or disk is full".
-#ifndef ZEROSHARD_SHARD_SERVER_STATE_STORE_H_
-#define ZEROSHARD_SHARD_SERVER_STATE_STORE_H_
+#ifndef ZEROSHARD_SHARD_SERVER_STATE_STATE_STORE_H_
+#define ZEROSHARD_SHARD_SERVER_STATE_STATE_STORE_H_
 
 #include <cstdint>
 #include <memory>
@@ -105,4 +105,4 @@ class StateStore {
 
 }  // namespace zeroshard
 
-#endif  // ZEROSHARD_SHARD_SERVER_STATE_STORE_H_
+#endif  // ZEROSHARD_SHARD_SERVER_STATE_STATE_STORE_H_

@@ -42,7 +42,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/zeroshard.grpc.pb.h"
-#include "shard_server/clock.h"
+#include "shard_server/base/clock.h"
 #include "shard_server/shard_server.h"
 #include "tests/fuzz/rpc_records.h"
 

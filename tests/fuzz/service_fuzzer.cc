@@ -55,8 +55,8 @@
 #include "common/checkpoint_format.h"
 #include "common/checksum.h"
 #include "common/safetensors.h"
-#include "shard_server/clock.h"
-#include "shard_server/job_credentials.h"
+#include "shard_server/base/clock.h"
+#include "shard_server/auth/job_credentials.h"
 #include "shard_server/shard_server.h"
 #include "tests/fuzz/rpc_records.h"
 

@@ -1,7 +1,7 @@
 // What layers.cc and attention.cc share: the vector-clone attribute, the
 // parallel grains and the row-major GEMM. Internal to //worker/model:layers.
-#ifndef WORKER_MODEL_LAYERS_INTERNAL_H_
-#define WORKER_MODEL_LAYERS_INTERNAL_H_
+#ifndef ZEROSHARD_WORKER_MODEL_LAYERS_INTERNAL_H_
+#define ZEROSHARD_WORKER_MODEL_LAYERS_INTERNAL_H_
 
 #include <cstdint>
 
@@ -35,4 +35,4 @@ void Scale(float* row, int64_t len, float scale);
 
 }  // namespace zeroshard::layers_internal
 
-#endif  // WORKER_MODEL_LAYERS_INTERNAL_H_
+#endif  // ZEROSHARD_WORKER_MODEL_LAYERS_INTERNAL_H_

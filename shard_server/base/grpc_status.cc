@@ -1,0 +1,12 @@
+#include "shard_server/base/grpc_status.h"
+
+#include <string>
+
+namespace zeroshard {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace zeroshard
