@@ -392,6 +392,29 @@ TEST_F(RecoveryTest, ShrunkFromTwoToOneKeepsTheGlobalBatchBitwiseEqualToTheUnint
   ExpectEqual(Final("keep-flat"), reference, "shrunk from 2 to 1, global batch kept");
 }
 
+// Survivors that disagree on --keep_global_batch would accumulate different
+// numbers of micro-batches (and stop matching collectives): the shrunk
+// generation is refused on every rank, naming the ranks.
+TEST_F(RecoveryTest, RanksDisagreeingOnKeepGlobalBatchAreRefusedAfterTheShrink) {
+  ASSERT_TRUE(cluster_.ok());
+  cluster_.StartWorkers(
+      "mixed-keep", 4,
+      Flags({absl::StrCat("--steps=", kSteps), "--snapshot_every=10", "--min_world_size=2",
+             "--rejoin_grace=1s", "--test_step_delay_ms=10"}),
+      {{1, {"--keep_global_batch=false"}}});
+  ASSERT_TRUE(WaitForStep(15)) << cluster_.WorkerLog(0);
+  cluster_.worker(2)->Signal(SIGKILL);
+  cluster_.worker(3)->Signal(SIGKILL);
+  const std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(codes[r], 0) << cluster_.WorkerLog(r);
+    EXPECT_NE(cluster_.WorkerLog(r).find("--keep_global_batch: rank(s) 1 run with "
+                                         "--keep_global_batch=false and the others with true"),
+              std::string::npos)
+        << cluster_.WorkerLog(r);
+  }
+}
+
 // A survivor held back (issue #50): after rank 3's kill, rank 2 stops itself
 // (SIGSTOP, ZEROSHARD_TEST_STOP_BEFORE_REJOIN) on its way to re-join and is
 // held for 3 s, well past --rejoin_grace=1s, while ranks 0 and 1 re-join: 2
