@@ -179,7 +179,8 @@ absl::Status Worker::PlanGenerationBatch() {
   if (shrunk) {
     // Ranks that accumulated different numbers of micro-batches would stop
     // matching collectives; a mix of the flag is refused, by name, on every
-    // rank alike (each reads every rank's value).
+    // rank alike (each reads every rank's value; ExchangeHostKeys is the
+    // generation's one-string-per-rank exchange, used here for the flag).
     ClientKvStore store(client_.get());
     absl::StatusOr<std::vector<std::string>> flags = ExchangeHostKeys(
         &store, rank_, world(), "keep_global_batch", config_.recovery.keep_global_batch ? "1" : "0",
