@@ -199,6 +199,20 @@ absl::Status Worker::PlanGenerationBatch() {
           "worker the same --keep_global_batch"));
     }
   }
+  const RecoveryConfig& recovery = config_.recovery;
+  if (rank_ == 0 && recoveries_ == 0 && recovery.keep_global_batch) {
+    // Said at the start, so the launcher's owner learns it before a shrink.
+    const std::vector<int> sizes = SizesThatCannotKeepTheGlobalBatch(
+        config_.world_size, recovery.min_world_size, config_.engine.grad_accum);
+    if (!sizes.empty()) {
+      std::fprintf(stderr,
+                   "shard_worker rank 0: --keep_global_batch: a shrink to %s of %d ranks would "
+                   "not keep the global batch (a step's %d micro-batches do not split evenly "
+                   "over them); a --grad_accum or --min_world_size that avoids those sizes does\n",
+                   absl::StrJoin(sizes, " or ").c_str(), config_.world_size,
+                   config_.world_size * config_.engine.grad_accum);
+    }
+  }
   const GlobalBatchPlan plan =
       PlanGlobalBatch(config_.recovery.keep_global_batch, config_.world_size, world(),
                       config_.engine.grad_accum, config_.task.batch);

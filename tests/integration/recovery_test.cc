@@ -495,6 +495,11 @@ TEST_F(RecoveryWithAHeldBackSurvivorTest, FormsAtThreeWhenItComesAndMatchesTheRe
       },
       absl::Seconds(60)))
       << cluster_.WorkerLog(0);
+  // Said at the job's start too, before any shrink.
+  EXPECT_NE(cluster_.WorkerLog(0).find("--keep_global_batch: a shrink to 3 of 4 ranks would not "
+                                       "keep the global batch"),
+            std::string::npos)
+      << cluster_.WorkerLog(0);
   ExpectShrunkToThreeLikeTheReference("held");
   EXPECT_EQ(cluster_.Report("held", 0)["recoveries"][0]["global_batch_kept"], false);
   const std::string log = cluster_.server()->Log();

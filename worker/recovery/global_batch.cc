@@ -47,4 +47,15 @@ GlobalBatchPlan PlanGlobalBatch(bool keep, int original_world, int world, int gr
   return plan;
 }
 
+std::vector<int> SizesThatCannotKeepTheGlobalBatch(int original_world, int min_world,
+                                                   int grad_accum) {
+  std::vector<int> sizes;
+  if (min_world <= 0) return sizes;  // never shrinks
+  const int64_t micro_batches = int64_t{original_world} * grad_accum;
+  for (int w = min_world; w < original_world; ++w) {
+    if (micro_batches % w != 0) sizes.push_back(w);
+  }
+  return sizes;
+}
+
 }  // namespace zeroshard

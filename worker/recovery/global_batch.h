@@ -22,6 +22,7 @@
 #define ZEROSHARD_WORKER_RECOVERY_GLOBAL_BATCH_H_
 
 #include <string>
+#include <vector>
 
 namespace zeroshard {
 
@@ -41,6 +42,13 @@ struct GlobalBatchPlan {
 // micro-batch, for the note. REQUIRES: 1 <= world, original_world, grad_accum.
 GlobalBatchPlan PlanGlobalBatch(bool keep, int original_world, int world, int grad_accum,
                                 int batch);
+
+// The world sizes from `min_world` (--min_world_size; 0: none) up to
+// original_world - 1 that do not divide original_world x grad_accum: the
+// shrinks after which the global batch could not be kept. For a line at the
+// job's start, so a launcher learns it before a failure.
+std::vector<int> SizesThatCannotKeepTheGlobalBatch(int original_world, int min_world,
+                                                   int grad_accum);
 
 }  // namespace zeroshard
 

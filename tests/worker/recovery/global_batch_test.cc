@@ -3,7 +3,7 @@
 #include "worker/recovery/global_batch.h"
 
 #include <cstdint>
-#include <map>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/data/regression_data.h"
@@ -50,6 +50,14 @@ TEST(GlobalBatchTest, OffKeepsThePerRankBatch) {
   EXPECT_FALSE(plan.kept);
   EXPECT_NE(plan.note.find("--keep_global_batch=false"), std::string::npos) << plan.note;
   EXPECT_NE(plan.note.find("from 32 to 16 samples"), std::string::npos) << plan.note;
+}
+
+TEST(GlobalBatchTest, TheSizesThatCannotKeepItAreNamedAhead) {
+  EXPECT_EQ(SizesThatCannotKeepTheGlobalBatch(4, 0, 1), std::vector<int>{});  // never shrinks
+  EXPECT_EQ(SizesThatCannotKeepTheGlobalBatch(4, 1, 1), std::vector<int>{3});
+  EXPECT_EQ(SizesThatCannotKeepTheGlobalBatch(4, 2, 3), std::vector<int>{});  // 12 = 3 x 4 = 2 x 6
+  EXPECT_EQ(SizesThatCannotKeepTheGlobalBatch(8, 5, 1), (std::vector<int>{5, 6, 7}));
+  EXPECT_EQ(SizesThatCannotKeepTheGlobalBatch(4, 4, 1), std::vector<int>{});  // no shrink allowed
 }
 
 // The property the worker relies on: at (W', A') every step covers the
