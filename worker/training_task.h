@@ -79,6 +79,11 @@ class TrainingTask {
     cursor_row_ = row;
   }
   int64_t cursor_step() const { return cursor_step_; }
+  // Micro-batches per rank per step, as the data layout counts them
+  // (regression_data.h): --grad_accum, or a shrunk generation's under
+  // --keep_global_batch (worker/recovery/global_batch.h).
+  void SetGradAccum(int grad_accum) { grad_accum_ = grad_accum; }
+  int grad_accum() const { return grad_accum_; }
   int64_t cursor_row() const { return cursor_row_; }
   // Where `rank`'s training samples of `step` come from, for the line that
   // names a non-finite step ("rows 24-31 of data.safetensors"); "" when the
@@ -102,7 +107,9 @@ class TrainingTask {
   // "output" [rows][width], for the GPT "tokens" and "targets" [b][t]}. For
   // checking the consolidated model in other tools. Every rank must call it.
   virtual absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) = 0;
+
  protected:
+  int grad_accum_ = 1;
   int64_t cursor_step_ = 0;
   int64_t cursor_row_ = 0;
 };

@@ -237,7 +237,9 @@ absl::Status Worker::BootstrapDataPlane() {
   g.data_plane = *std::move(plane);
   ExposeToAbort(g.data_plane.get(), nullptr);
   if (rank_ == 0 && world > 1) LogHostTransports(*g.data_plane);
+  if (absl::Status s = PlanGenerationBatch(); !s.ok()) return s;
   EngineOptions engine_options = engine_options_;
+  engine_options.grad_accum = g.grad_accum;
   engine_options.replicas = g.data_plane->replicas.get();
   engine_options.secondary = g.data_plane->secondary.get();
   // HSDP with a group inside one host (shared memory): its reduce-scatter
@@ -256,7 +258,7 @@ absl::Status Worker::BootstrapDataPlane() {
 }
 
 int64_t Worker::DataRow(int64_t step) const {
-  const int64_t per_step = int64_t{config_.task.batch} * config_.engine.grad_accum * world();
+  const int64_t per_step = int64_t{config_.task.batch} * generation_->grad_accum * world();
   return task_->cursor_row() + (step - task_->cursor_step()) * per_step;
 }
 
@@ -360,9 +362,9 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
   }
   if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
       (checkpoints.at_end && completed == steps)) {
-    absl::Status s = checkpointer->Save(e, IdentityAt(completed),
-                                        NextCheckpointStep(completed, checkpoints),
-                                        /*on_device=*/device_ != nullptr);
+    absl::Status s =
+        checkpointer->Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints),
+                           /*on_device=*/device_ != nullptr);
     if (!s.ok()) return s;
   }
   if (every > 0 && completed % every == 0 && completed < steps) {
@@ -429,7 +431,7 @@ ShardIdentity Worker::IdentityAt(int completed) const {
 absl::Status Worker::RunStep(int step) {
   ZeroEngine& e = *generation_->engine;
   const int world = this->world();
-  const int grad_accum = config_.engine.grad_accum;
+  const int grad_accum = generation_->grad_accum;
   const absl::Time start = absl::Now();
   e.TakeFirstCollectiveStart();  // from here on: this step's first collective
   if (config_.test_step_delay_ms > 0)
@@ -483,6 +485,8 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_corrupted_rank(last_corrupted_rank_);
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
+    (*record)["grad_accum"] = grad_accum;
+    (*record)["global_batch_kept"] = generation_->global_batch_kept;
     metrics_.recoveries.push_back(*record);
     std::fprintf(stderr, "%s\n",
                  RecoveredLine(rank_, step + 1, timeline_.record().first_step_ms(),

@@ -43,10 +43,12 @@
 // rank 0 decides the source (worker/recovery/recovery_decision.h: snapshot,
 // disk, scratch or initial) and every rank loads from it. The data cursor
 // (the global row the next step starts at) travels with the state, so a job
-// that shrank goes on from the next untrained row: the per-rank batch is kept
-// and the global batch shrinks with W (keeping it would change the
-// optimizer's trajectory less, but needs a batch that W' divides; we prefer
-// exact row accounting and say so).
+// that shrank goes on from the next untrained row. With --keep_global_batch
+// (the default) the survivors of a shrink accumulate the missing ranks'
+// micro-batches, so every step keeps the original W's rows, order and loss
+// scaling (worker/recovery/global_batch.h; when W' does not divide W x
+// --grad_accum, and with the flag off, the per-rank batch is kept and the
+// global batch shrinks with W).
 //
 // Not thread-safe: one thread runs the phases.
 #ifndef ZEROSHARD_WORKER_WORKER_H_
@@ -95,6 +97,10 @@ struct Generation {
   std::unique_ptr<DataPlane> data_plane;  // BootstrapDataPlane
   std::unique_ptr<ZeroEngine> engine;     // BootstrapDataPlane; uses data_plane
   int start_step = 0;                     // Restore: the first step Train runs
+  // BootstrapDataPlane: micro-batches per rank per step (--grad_accum, or
+  // more in a shrunk generation under --keep_global_batch).
+  int grad_accum = 1;
+  bool global_batch_kept = true;  // the step is the original world size's
   // Train began. Before it, the generation is being set up (the data plane,
   // the agreement on the state, the snapshot transfers): a failure there is
   // always recovered from by joining again (PrepareRecovery).
@@ -239,6 +245,10 @@ class Worker {
   // --resume, --init_from or the seed. LoadFrom fills the engine from a
   // reader (parameters, moments, step, data cursor).
   absl::StatusOr<RecoveryDecision> AgreeOnSource();
+  // Sets the generation's grad_accum (worker/recovery/global_batch.h); in a
+  // shrunk generation the members first agree on --keep_global_batch
+  // through the KV store (INVALID_ARGUMENT naming them when they differ).
+  absl::Status PlanGenerationBatch();
   absl::Status RecoverFrom(const RecoveryDecision& decision);
   absl::Status LoadRecoverySource(const RecoveryDecision& decision);
   absl::Status RestoreFromSnapshots(const RecoveryDecision& decision);

@@ -9,10 +9,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/parse.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "client/connection_flags.h"
 #include "common/hf_gpt2_config.h"
 #include "common/job_id.h"
@@ -70,6 +70,12 @@ ABSL_FLAG(absl::Duration, rejoin_timeout, absl::Minutes(5),
 ABSL_FLAG(int, min_world_size, 0,
           "Fault tolerance: with no replacement within --rejoin_grace, go on with the survivors "
           "when there are at least this many (0: never shrink; wait for a replacement)");
+ABSL_FLAG(bool, keep_global_batch, true,
+          "Fault tolerance: after a shrink (--min_world_size), the survivors accumulate the "
+          "missing ranks' micro-batches, so each step keeps the global batch, the samples and "
+          "their order of --world_size ranks (when the survivors divide --world_size x "
+          "--grad_accum; else, and when false, each rank keeps its per-rank batch and the global "
+          "batch shrinks)");
 ABSL_FLAG(absl::Duration, rejoin_grace, absl::Seconds(30),
           "Fault tolerance: how long the server waits for a replacement before shrinking the "
           "job to its survivors (with --min_world_size)");
@@ -262,6 +268,7 @@ absl::Status ReadMembership(WorkerConfig* config) {
     return Bad(absl::StrCat("--min_world_size=", r.min_world_size, ": expected 0..",
                             config->world_size, " (--world_size; 0: never shrink)"));
   }
+  r.keep_global_batch = absl::GetFlag(FLAGS_keep_global_batch);
   r.rejoin_grace = absl::GetFlag(FLAGS_rejoin_grace);
   if (r.rejoin_grace < absl::ZeroDuration()) {
     return Bad(absl::StrCat("--rejoin_grace=", absl::FormatDuration(r.rejoin_grace),
@@ -421,8 +428,8 @@ absl::Status ReadEngine(WorkerConfig* config) {
   if (engine.gather_dtype == DType::kI8 &&
       (absl::GetFlag(FLAGS_stage) != 3 || engine.param_dtype != DType::kF32)) {
     return Bad(absl::StrCat("--gather_dtype=int8 quantizes stage 3's f32 gathers; got --stage=",
-                            absl::GetFlag(FLAGS_stage), " --param_dtype=",
-                            absl::GetFlag(FLAGS_param_dtype),
+                            absl::GetFlag(FLAGS_stage),
+                            " --param_dtype=", absl::GetFlag(FLAGS_param_dtype),
                             ": use --stage=3 --param_dtype=f32, or drop --gather_dtype"));
   }
 
@@ -455,9 +462,10 @@ absl::Status ReadEngine(WorkerConfig* config) {
                             " is neither a number of ranks (>= 0) nor 'host'"));
   }
   if ((config->secondary_group_by_host || config->secondary_group_size > 0) && engine.stage != 3) {
-    return Bad(absl::StrCat("--secondary_shard_group_size (hpZ) serves stage 3's backward "
-                            "gathers; got --stage=",
-                            engine.stage, ": use --stage=3 or drop the flag"));
+    return Bad(
+        absl::StrCat("--secondary_shard_group_size (hpZ) serves stage 3's backward "
+                     "gathers; got --stage=",
+                     engine.stage, ": use --stage=3 or drop the flag"));
   }
   return absl::OkStatus();
 }
@@ -604,8 +612,8 @@ absl::Status Agree(const char* flag, int64_t given, int64_t config_value, const 
                    const std::string& dir) {
   if (!GivenOnCommandLine(flag) || given == config_value) return absl::OkStatus();
   return Bad(absl::StrCat("--", flag, "=", given, " disagrees with --init_from=", dir,
-                          ": its config.json has ", key, " ", config_value,
-                          "; leave --", flag, " out (the checkpoint sets it) or start from "
+                          ": its config.json has ", key, " ", config_value, "; leave --", flag,
+                          " out (the checkpoint sets it) or start from "
                           "another checkpoint"));
 }
 

@@ -68,6 +68,9 @@ struct RecoveryConfig {
   int max_recoveries = 10;  // 0: exit when the generation ends
   absl::Duration rejoin_timeout = absl::Minutes(5);
   int min_world_size = 0;  // 0: never shrink
+  // --keep_global_batch: a shrunk generation accumulates the missing ranks'
+  // micro-batches (worker/recovery/global_batch.h).
+  bool keep_global_batch = true;
   absl::Duration rejoin_grace = absl::Seconds(30);
   int snapshot_every = 20;  // 0: no in-memory snapshots
   // --snapshot_buddy=always: a buddy copy even where replicas hold the rows

@@ -13,13 +13,17 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
 #include "common/status_context.h"
 #include "worker/checkpoint_loading.h"
 #include "worker/comm/client_kv_store.h"
+#include "worker/comm/two_level_communicator.h"
+#include "worker/recovery/global_batch.h"
 #include "worker/recovery/recovery_agreement.h"
 #include "worker/recovery/snapshot_restore.h"
 #include "worker/worker.h"
@@ -168,6 +172,59 @@ absl::Status Worker::LoadFrom(CheckpointReader* reader) {
 }
 
 // ---- Recovery ----
+
+absl::Status Worker::PlanGenerationBatch() {
+  Generation& g = *generation_;
+  const bool shrunk = world() < config_.world_size;
+  if (shrunk) {
+    // Ranks that accumulated different numbers of micro-batches would stop
+    // matching collectives; a mix of the flag is refused, by name, on every
+    // rank alike (each reads every rank's value; ExchangeHostKeys is the
+    // generation's one-string-per-rank exchange, used here for the flag).
+    ClientKvStore store(client_.get());
+    absl::StatusOr<std::vector<std::string>> flags = ExchangeHostKeys(
+        &store, rank_, world(), "keep_global_batch", config_.recovery.keep_global_batch ? "1" : "0",
+        config_.data_plane.timeout);
+    if (!flags.ok()) return Annotate(flags.status(), "--keep_global_batch: exchanging the flag");
+    std::vector<std::string> off;
+    for (int r = 0; r < world(); ++r) {
+      if ((*flags)[r] == "0") off.push_back(absl::StrCat(r));
+    }
+    if (!off.empty() && off.size() != flags->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--keep_global_batch: rank(s) ", absl::StrJoin(off, ", "),
+          " run with --keep_global_batch=false and the others with true, so after the shrink to ",
+          world(),
+          " ranks they would accumulate different numbers of micro-batches: give every "
+          "worker the same --keep_global_batch"));
+    }
+  }
+  const RecoveryConfig& recovery = config_.recovery;
+  if (rank_ == 0 && recoveries_ == 0 && recovery.keep_global_batch) {
+    // Said at the start, so the launcher's owner learns it before a shrink.
+    const std::vector<int> sizes = SizesThatCannotKeepTheGlobalBatch(
+        config_.world_size, recovery.min_world_size, config_.engine.grad_accum);
+    if (!sizes.empty()) {
+      std::fprintf(stderr,
+                   "shard_worker rank 0: --keep_global_batch: a shrink to %s of %d ranks would "
+                   "not keep the global batch (a step's %d micro-batches do not split evenly "
+                   "over them); a --grad_accum or --min_world_size that avoids those sizes does\n",
+                   absl::StrJoin(sizes, " or ").c_str(), config_.world_size,
+                   config_.world_size * config_.engine.grad_accum);
+    }
+  }
+  const GlobalBatchPlan plan =
+      PlanGlobalBatch(config_.recovery.keep_global_batch, config_.world_size, world(),
+                      config_.engine.grad_accum, config_.task.batch);
+  g.grad_accum = plan.grad_accum;
+  g.global_batch_kept = plan.kept;
+  task_->SetGradAccum(plan.grad_accum);
+  if (!plan.note.empty()) {
+    std::fprintf(stderr, "shard_worker rank %d: generation %lld at %s\n", rank_,
+                 static_cast<long long>(g.membership.generation), plan.note.c_str());
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   const absl::Time seen = absl::Now();

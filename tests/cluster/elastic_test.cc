@@ -69,7 +69,10 @@ TEST_F(ElasticTest, ACutOffHostReplacedByTheLauncherKeepsWorldSizeFour) {
 
 TEST_F(ElasticTest, ShrinksWithoutTheCutOffHostThenGrowsBackToFour) {
   ASSERT_TRUE(StartCluster());
-  const std::vector<std::string> elastic = {"--min_world_size=2", "--rejoin_grace=2s"};
+  // The world sizes' arithmetic, each against its own reference: the per-rank
+  // batch kept through the shrink (#45's --keep_global_batch off).
+  const std::vector<std::string> elastic = {"--min_world_size=2", "--rejoin_grace=2s",
+                                            "--keep_global_batch=false"};
   cluster_->StartWorkers("grow", 4, Flags(Recoverable(kSteps, elastic)));
   ASSERT_TRUE(WaitForStep(25));
   const int64_t cut_ms = absl::ToUnixMillis(absl::Now());
