@@ -271,6 +271,8 @@ class Client {
     absl::SleepFor(kRetryPause);
     return Call(method, request, deadline - absl::Now());
   }
+  // The next beat: credentials, progress and telemetry as they are now.
+  v1::HeartbeatRequest NextBeat() ABSL_LOCKS_EXCLUDED(mu_);
   void HeartbeatLoop(CommandHandler handler);
   // Where heartbeats and joins go now: the node agent when one is configured
   // and answers, the server otherwise (said once on stderr).

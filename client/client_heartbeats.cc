@@ -95,6 +95,27 @@ void Client::StopHeartbeatThreads() {
   if (silence_thread_.joinable()) silence_thread_.join();
 }
 
+v1::HeartbeatRequest Client::NextBeat() {
+  v1::HeartbeatRequest request;
+  TelemetrySource source;
+  *request.mutable_member() = credentials();
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_step(progress_.step);
+    request.set_loss(progress_.loss);
+    request.set_memory_bytes(progress_.memory_bytes);
+    request.set_collective_seq(progress_.collective_seq);
+    *request.mutable_last_step() = progress_.last_step;
+    request.set_snapshot_step(progress_.snapshot_step);
+    if (progress_.recovery.generation() > 0) *request.mutable_recovery() = progress_.recovery;
+    request.set_peer_failure(peer_failure_);
+    *request.mutable_telemetry() = progress_.telemetry;
+    source = telemetry_source_;
+  }
+  if (source) source(request.mutable_telemetry());
+  return request;
+}
+
 void Client::HeartbeatLoop(CommandHandler handler) {
   absl::Duration backoff = absl::Milliseconds(100);
   auto stopping = [this](absl::Duration wait) {
@@ -123,23 +144,7 @@ void Client::HeartbeatLoop(CommandHandler handler) {
     auto stream = AgentOrServer()->Heartbeat(&context);
     bool delivered = false;
     while (true) {
-      v1::HeartbeatRequest request;
-      TelemetrySource source;
-      *request.mutable_member() = credentials();
-      {
-        absl::MutexLock lock(&mu_);
-        request.set_step(progress_.step);
-        request.set_loss(progress_.loss);
-        request.set_memory_bytes(progress_.memory_bytes);
-        request.set_collective_seq(progress_.collective_seq);
-        *request.mutable_last_step() = progress_.last_step;
-        request.set_snapshot_step(progress_.snapshot_step);
-        if (progress_.recovery.generation() > 0) *request.mutable_recovery() = progress_.recovery;
-        request.set_peer_failure(peer_failure_);
-        *request.mutable_telemetry() = progress_.telemetry;
-        source = telemetry_source_;
-      }
-      if (source) source(request.mutable_telemetry());
+      const v1::HeartbeatRequest request = NextBeat();
       v1::HeartbeatResponse response;
       if (!stream->Write(request) || !stream->Read(&response)) break;
       backoff = absl::Milliseconds(100);

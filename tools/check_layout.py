@@ -73,7 +73,6 @@ KNOWN_LONG = {
     "shard_server/observability/server_metrics.cc:WriteRankFamilies",
     "shard_server/observability/server_metrics.cc:ServerMetrics::Write",
     "shard_server/observability/observability_pages.cc:ObservabilityPages",
-    "client/client.cc:Client::HeartbeatLoop",
     "worker/comm/shm_gather.cc:ShmGather::Create",
     "worker/worker.cc:Worker::RunStep",
     "worker/worker_recovery.cc:Worker::PrepareRecovery",
