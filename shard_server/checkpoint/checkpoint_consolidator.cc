@@ -31,7 +31,6 @@ constexpr char kPlaceholderChecksum[] = "0000000000000000";
 // Progress is reported after at least this much work, bytes.
 constexpr int64_t kProgressEvery = int64_t{32} << 20;
 
-
 }  // namespace
 
 absl::StatusOr<DType> ParseConsolidationDType(const std::string& name) {
@@ -51,9 +50,9 @@ struct Consolidator::OutputTensor {
   ShardTensorKind kind = ShardTensorKind::kParams;
   int model_tensor = 0;  // index into manifest_.tensors
   DType dtype = DType::kF32;
-  int64_t shard_bytes = 0;   // F32 bytes read from the shards
-  int64_t output_bytes = 0;  // bytes in the output
-  uint64_t checksum = 0;     // of the output bytes, from pass 1
+  int64_t shard_bytes = 0;      // F32 bytes read from the shards
+  int64_t output_bytes = 0;     // bytes in the output
+  uint64_t checksum = 0;        // of the output bytes, from pass 1
   bool checksum_known = false;  // from options_.known_checksums: no pass 1
 };
 
@@ -96,8 +95,8 @@ class Consolidator::ShardFiles {
     absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader =
         SafetensorsReader::Open(root_.Join(relative));
     if (!reader.ok()) {
-      return absl::DataLossError(absl::StrCat("shard file ", relative,
-                                              " cannot be read: ", reader.status().message()));
+      return absl::DataLossError(
+          absl::StrCat("shard file ", relative, " cannot be read: ", reader.status().message()));
     }
     if ((*reader)->file_size() != manifest_.files[file].size_bytes) {
       return absl::DataLossError(absl::StrCat("shard file ", relative, " is ",
@@ -125,8 +124,8 @@ Consolidator::~Consolidator() = default;
 absl::Status Consolidator::PlanOutputs() {
   if (options_.dtype != DType::kF32 && options_.dtype != DType::kBF16 &&
       options_.dtype != DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "output dtype ", DTypeName(options_.dtype), " is not supported; expected F32, BF16, F16"));
+    return absl::InvalidArgumentError(absl::StrCat("output dtype ", DTypeName(options_.dtype),
+                                                   " is not supported; expected F32, BF16, F16"));
   }
   if (options_.max_shard_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_shard_bytes ", options_.max_shard_bytes,
@@ -164,8 +163,14 @@ absl::Status Consolidator::PlanOutputs() {
     }
   }
 
-  // Hugging Face shards split between tensors; a tensor larger than the
-  // limit gets a file of its own.
+  GroupIntoFiles();
+  CountWork();
+  return absl::OkStatus();
+}
+
+// Hugging Face shards split between tensors; a tensor larger than the limit
+// gets a file of its own. Sharded output also gets the index.
+void Consolidator::GroupIntoFiles() {
   std::vector<std::vector<int>> groups(1);
   int64_t group_bytes = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -203,6 +208,10 @@ absl::Status Consolidator::PlanOutputs() {
     index["weight_map"] = std::move(weight_map);
     index_json_ = index.dump(2) + "\n";
   }
+}
+
+// Pass 1's work: every tensor whose checksum is not known already.
+void Consolidator::CountWork() {
   work_total_ = 0;
   for (OutputTensor& t : tensors_) {
     auto known = options_.known_checksums.find(t.name);
@@ -217,7 +226,6 @@ absl::Status Consolidator::PlanOutputs() {
     work_total_ += t.shard_bytes;
   }
   work_total_ += static_cast<int64_t>(index_json_.size());
-  return absl::OkStatus();
 }
 
 absl::Status Consolidator::Advance(int64_t bytes, ConsolidationOutput* output) {
@@ -225,6 +233,41 @@ absl::Status Consolidator::Advance(int64_t bytes, ConsolidationOutput* output) {
   if (work_done_ - last_progress_ < kProgressEvery) return absl::OkStatus();
   last_progress_ = work_done_;
   return output->Progress(work_done_, work_total_);
+}
+
+absl::StatusOr<const SafetensorsReader*> Consolidator::OpenPiece(const ManifestPiece& piece,
+                                                                 const std::string& shard_tensor,
+                                                                 int64_t bytes) {
+  absl::StatusOr<const SafetensorsReader*> reader = shards_->Get(piece.file);
+  if (!reader.ok()) return reader.status();
+  const std::string file = shards_->RelativePath(piece.file);
+  const TensorInfo* info = (*reader)->Find(shard_tensor);
+  if (info == nullptr) {
+    return absl::DataLossError(absl::StrCat("shard file ", file, " has no tensor \"", shard_tensor,
+                                            "\" (the manifest lists it)"));
+  }
+  if (info->dtype != DType::kF32 || info->Bytes() != bytes) {
+    return absl::DataLossError(absl::StrCat("shard file ", file, " tensor \"", shard_tensor,
+                                            "\" is ", DTypeName(info->dtype), " of ", info->Bytes(),
+                                            " bytes; expected F32 of ", bytes));
+  }
+  return reader;
+}
+
+const char* Consolidator::Convert(DType dtype, int64_t n, int64_t* out_bytes) {
+  if (dtype == DType::kF32) {
+    *out_bytes = n;
+    return buffer_.data();
+  }
+  const int64_t count = n / 4;
+  uint16_t* dst = reinterpret_cast<uint16_t*>(converted_.data());
+  for (int64_t i = 0; i < count; ++i) {
+    float value;
+    std::memcpy(&value, buffer_.data() + 4 * i, 4);
+    dst[i] = dtype == DType::kBF16 ? FloatToBF16(value) : FloatToF16(value);
+  }
+  *out_bytes = count * 2;
+  return converted_.data();
 }
 
 absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink,
@@ -244,20 +287,10 @@ absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink
   for (const ManifestPiece& piece : pieces) {
     const std::string shard_tensor =
         ShardTensorName(tensor.kind, model.name, piece.row_begin, piece.row_end);
-    absl::StatusOr<const SafetensorsReader*> reader = shards_->Get(piece.file);
+    const int64_t bytes = (piece.row_end - piece.row_begin) * row_bytes;
+    absl::StatusOr<const SafetensorsReader*> reader = OpenPiece(piece, shard_tensor, bytes);
     if (!reader.ok()) return reader.status();
     const std::string file = shards_->RelativePath(piece.file);
-    const int64_t bytes = (piece.row_end - piece.row_begin) * row_bytes;
-    const TensorInfo* info = (*reader)->Find(shard_tensor);
-    if (info == nullptr) {
-      return absl::DataLossError(absl::StrCat("shard file ", file, " has no tensor \"",
-                                              shard_tensor, "\" (the manifest lists it)"));
-    }
-    if (info->dtype != DType::kF32 || info->Bytes() != bytes) {
-      return absl::DataLossError(absl::StrCat("shard file ", file, " tensor \"", shard_tensor,
-                                              "\" is ", DTypeName(info->dtype), " of ",
-                                              info->Bytes(), " bytes; expected F32 of ", bytes));
-    }
     Hasher shard_hash;
     auto read = [&](int64_t offset, int64_t n, char* into) -> absl::Status {
       const absl::Time start = sink != nullptr ? absl::Now() : absl::InfinitePast();
@@ -274,9 +307,8 @@ absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink
     for (int64_t offset = 0; offset < bytes;) {
       if (output->Cancelled()) return absl::CancelledError("consolidation cancelled");
       size_t room = 0;
-      char* in_place = sink != nullptr && tensor.dtype == DType::kF32
-                           ? output->NextBuffer(&room)
-                           : nullptr;
+      char* in_place =
+          sink != nullptr && tensor.dtype == DType::kF32 ? output->NextBuffer(&room) : nullptr;
       if (in_place != nullptr) {
         // F32 out: the shard bytes are the output bytes, read straight into
         // the output's buffer.
@@ -290,19 +322,8 @@ absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink
       }
       const int64_t n = std::min(chunk, bytes - offset);
       if (absl::Status s = read(offset, n, buffer_.data()); !s.ok()) return s;
-      const char* out = buffer_.data();
       int64_t out_bytes = n;
-      if (tensor.dtype != DType::kF32) {
-        const int64_t count = n / 4;
-        uint16_t* dst = reinterpret_cast<uint16_t*>(converted_.data());
-        for (int64_t i = 0; i < count; ++i) {
-          float value;
-          std::memcpy(&value, buffer_.data() + 4 * i, 4);
-          dst[i] = tensor.dtype == DType::kBF16 ? FloatToBF16(value) : FloatToF16(value);
-        }
-        out = converted_.data();
-        out_bytes = count * 2;
-      }
+      const char* out = Convert(tensor.dtype, n, &out_bytes);
       if (hash_output) out_hash.Update(out, static_cast<size_t>(out_bytes));
       if (sink != nullptr) {
         if (absl::Status s = sink->Write(out, static_cast<size_t>(out_bytes)); !s.ok()) return s;
@@ -324,13 +345,55 @@ absl::Status Consolidator::CopyTensor(const OutputTensor& tensor, ByteSink* sink
   return absl::OkStatus();
 }
 
+SafetensorsMetadata Consolidator::FileMetadata(const OutputFile& f, bool placeholder) const {
+  nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
+  for (int i : f.tensors) {
+    checksums[tensors_[i].name] =
+        placeholder ? kPlaceholderChecksum : ChecksumToHex(tensors_[i].checksum);
+  }
+  SafetensorsMetadata metadata = {{ShardMetadataKey::kFormat, "pt"},
+                                  {ShardMetadataKey::kJob, manifest_.job},
+                                  {ShardMetadataKey::kStep, absl::StrCat(manifest_.step)},
+                                  {ShardMetadataKey::kChecksums, checksums.dump()}};
+  if (!options_.weights_only && manifest_.has_exp_avg) {
+    metadata[ShardMetadataKey::kOptimizer] = manifest_.optimizer;
+    metadata[ShardMetadataKey::kOptimizerStep] = absl::StrCat(manifest_.optimizer_step);
+  }
+  if (!hf_config_.empty()) metadata[ShardMetadataKey::kHfConfig] = hf_config_;
+  return metadata;
+}
+
+// The header with the final checksums, then the tensors in entry order:
+// exactly the layout BuildSafetensorsHeader computed.
+absl::Status Consolidator::WriteOutputFile(const OutputFile& f, ConsolidationOutput* output) {
+  int64_t size = 0;
+  absl::StatusOr<std::string> header =
+      BuildSafetensorsHeader(f.entries, FileMetadata(f, false), nullptr, &size);
+  if (!header.ok()) return header.status();
+  if (size != f.size_bytes) {
+    return absl::InternalError(absl::StrCat("header of ", f.name, " changed size"));
+  }
+  absl::StatusOr<ByteSink*> sink = output->BeginFile(f.name, f.size_bytes);
+  if (!sink.ok()) return sink.status();
+  if (absl::Status s = (*sink)->Write(header->data(), header->size()); !s.ok()) return s;
+  written_ = static_cast<int64_t>(header->size());
+  if (absl::Status s = Advance(f.header_bytes, output); !s.ok()) return s;
+  for (int i : f.tensors) {
+    if (absl::Status s = CopyTensor(tensors_[i], *sink, nullptr, output); !s.ok()) return s;
+  }
+  if (written_ != f.size_bytes) {
+    return absl::InternalError(
+        absl::StrCat(f.name, ": ", written_, " bytes written of ", f.size_bytes));
+  }
+  return output->EndFile();
+}
+
 absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* output) {
   if (absl::Status s = PlanOutputs(); !s.ok()) return s;
   shards_ = std::make_unique<ShardFiles>(root_, manifest_);
   buffer_.resize(static_cast<size_t>(options_.buffer_bytes));
   if (options_.dtype != DType::kF32) converted_.resize(buffer_.size() / 2);
 
-  const bool optimizer = !options_.weights_only && manifest_.has_exp_avg;
   ConsolidationResult result;
   if (!manifest_.files.empty()) {
     absl::StatusOr<const SafetensorsReader*> first = shards_->Get(0);
@@ -344,26 +407,10 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
         " records no Hugging Face model config (hf_config): only GPT jobs saved by this version "
         "of shard_worker have one; consolidate it without --format=hf"));
   }
-  auto metadata_of = [&](const OutputFile& f, bool placeholder) {
-    nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
-    for (int i : f.tensors) {
-      checksums[tensors_[i].name] =
-          placeholder ? kPlaceholderChecksum : ChecksumToHex(tensors_[i].checksum);
-    }
-    SafetensorsMetadata metadata = {{ShardMetadataKey::kFormat, "pt"},
-                                    {ShardMetadataKey::kJob, manifest_.job},
-                                    {ShardMetadataKey::kStep, absl::StrCat(manifest_.step)},
-                                    {ShardMetadataKey::kChecksums, checksums.dump()}};
-    if (optimizer) {
-      metadata[ShardMetadataKey::kOptimizer] = manifest_.optimizer;
-      metadata[ShardMetadataKey::kOptimizerStep] = absl::StrCat(manifest_.optimizer_step);
-    }
-    if (!result.hf_config.empty()) metadata[ShardMetadataKey::kHfConfig] = result.hf_config;
-    return metadata;
-  };
+  hf_config_ = result.hf_config;
   for (OutputFile& f : files_) {
     absl::StatusOr<std::string> header =
-        BuildSafetensorsHeader(f.entries, metadata_of(f, true), nullptr, &f.size_bytes);
+        BuildSafetensorsHeader(f.entries, FileMetadata(f, true), nullptr, &f.size_bytes);
     if (!header.ok()) return header.status();
     f.header_bytes = static_cast<int64_t>(header->size());
     work_total_ += f.size_bytes;
@@ -381,28 +428,7 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
   const absl::Time write_start = absl::Now();
   result.verify_seconds = absl::ToDoubleSeconds(write_start - verify_start);
   for (const OutputFile& f : files_) {
-    // The header with the final checksums, then the tensors in entry order:
-    // exactly the layout BuildSafetensorsHeader computed.
-    int64_t size = 0;
-    absl::StatusOr<std::string> header =
-        BuildSafetensorsHeader(f.entries, metadata_of(f, false), nullptr, &size);
-    if (!header.ok()) return header.status();
-    if (size != f.size_bytes) {
-      return absl::InternalError(absl::StrCat("header of ", f.name, " changed size"));
-    }
-    absl::StatusOr<ByteSink*> sink = output->BeginFile(f.name, f.size_bytes);
-    if (!sink.ok()) return sink.status();
-    if (absl::Status s = (*sink)->Write(header->data(), header->size()); !s.ok()) return s;
-    written_ = static_cast<int64_t>(header->size());
-    if (absl::Status s = Advance(f.header_bytes, output); !s.ok()) return s;
-    for (int i : f.tensors) {
-      if (absl::Status s = CopyTensor(tensors_[i], *sink, nullptr, output); !s.ok()) return s;
-    }
-    if (written_ != f.size_bytes) {
-      return absl::InternalError(
-          absl::StrCat(f.name, ": ", written_, " bytes written of ", f.size_bytes));
-    }
-    if (absl::Status s = output->EndFile(); !s.ok()) return s;
+    if (absl::Status s = WriteOutputFile(f, output); !s.ok()) return s;
     result.files.push_back(f.name);
     result.total_bytes += f.size_bytes;
   }
@@ -446,8 +472,10 @@ absl::StatusOr<std::map<std::string, std::string>> Consolidator::Verify(
 // ---------------------------------------------------------------------------
 // DirectoryOutput
 
-absl::StatusOr<std::unique_ptr<DirectoryOutput>> DirectoryOutput::Create(
-    CheckpointRoot root, std::string relative_dir, ProgressFn progress, CancelledFn cancelled) {
+absl::StatusOr<std::unique_ptr<DirectoryOutput>> DirectoryOutput::Create(CheckpointRoot root,
+                                                                         std::string relative_dir,
+                                                                         ProgressFn progress,
+                                                                         CancelledFn cancelled) {
   if (absl::Status s = ValidateRelativePath(relative_dir); !s.ok()) return s;
   const size_t slash = relative_dir.rfind('/');
   const std::string parent = slash == std::string::npos ? "" : relative_dir.substr(0, slash);
@@ -470,8 +498,7 @@ DirectoryOutput::~DirectoryOutput() {
   if (!committed_) root_.RemoveDir(temp_relative_).IgnoreError();
 }
 
-absl::StatusOr<ByteSink*> DirectoryOutput::BeginFile(const std::string& name,
-                                                     int64_t size_bytes) {
+absl::StatusOr<ByteSink*> DirectoryOutput::BeginFile(const std::string& name, int64_t size_bytes) {
   if (current_ != nullptr) return absl::FailedPreconditionError("BeginFile before EndFile");
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
     return absl::InvalidArgumentError(absl::StrCat("output file name \"", name, "\""));
@@ -492,8 +519,8 @@ absl::StatusOr<ByteSink*> DirectoryOutput::BeginFile(const std::string& name,
 absl::Status DirectoryOutput::Write(const void* data, size_t size) {
   if (current_ == nullptr) return absl::FailedPreconditionError("write outside a file");
   if (written_ + static_cast<int64_t>(size) > current_size_) {
-    return absl::InternalError(absl::StrCat(current_->path(), ": more bytes than announced (",
-                                            current_size_, ")"));
+    return absl::InternalError(
+        absl::StrCat(current_->path(), ": more bytes than announced (", current_size_, ")"));
   }
   written_ += static_cast<int64_t>(size);
   return current_->Write(data, size);
@@ -503,8 +530,8 @@ absl::Status DirectoryOutput::EndFile() {
   if (current_ == nullptr) return absl::FailedPreconditionError("EndFile without BeginFile");
   std::unique_ptr<AtomicFile> file = std::move(current_);
   if (written_ != current_size_) {
-    return absl::InternalError(absl::StrCat(file->path(), ": ", written_, " of ", current_size_,
-                                            " bytes written"));
+    return absl::InternalError(
+        absl::StrCat(file->path(), ": ", written_, " of ", current_size_, " bytes written"));
   }
   return file->Commit();
 }

@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/file_util.h"
+#include "common/safetensors.h"
 #include "shard_server/checkpoint/checkpoint_manifest.h"
 #include "shard_server/checkpoint/checkpoint_paths.h"
 
@@ -50,10 +51,10 @@ inline constexpr char kConsolidatedFileName[] = "model.safetensors";
 inline constexpr char kConsolidatedIndexName[] = "model.safetensors.index.json";
 
 struct ConsolidationOptions {
-  bool weights_only = false;          // leave out the optimizer state
-  DType dtype = DType::kF32;          // of the parameters: F32, BF16 or F16
-  int64_t max_shard_bytes = 0;        // 0: one file; else Hugging Face shards of tensor data
-  int64_t buffer_bytes = 4 << 20;     // the read buffer, bytes
+  bool weights_only = false;       // leave out the optimizer state
+  DType dtype = DType::kF32;       // of the parameters: F32, BF16 or F16
+  int64_t max_shard_bytes = 0;     // 0: one file; else Hugging Face shards of tensor data
+  int64_t buffer_bytes = 4 << 20;  // the read buffer, bytes
   // FAILED_PRECONDITION before any output when the shard files record no
   // Hugging Face config (a job of a model without one, or an older worker).
   bool require_hf_config = false;
@@ -126,6 +127,20 @@ class Consolidator {
   class ShardFiles;
 
   absl::Status PlanOutputs();
+  void GroupIntoFiles();
+  void CountWork();
+  // The shard file holding `piece`, once its tensor `shard_tensor` is found
+  // as F32 of `bytes` (DATA_LOSS naming the file otherwise).
+  absl::StatusOr<const SafetensorsReader*> OpenPiece(const ManifestPiece& piece,
+                                                     const std::string& shard_tensor,
+                                                     int64_t bytes);
+  // The first `n` bytes of buffer_ (F32) as `dtype`: buffer_ itself, or
+  // converted_ (*out_bytes: their size).
+  const char* Convert(DType dtype, int64_t n, int64_t* out_bytes);
+  // An output file's metadata: its tensors' checksums (placeholders while
+  // pass 1 has not computed them), the job, step, optimizer and HF config.
+  SafetensorsMetadata FileMetadata(const OutputFile& f, bool placeholder) const;
+  absl::Status WriteOutputFile(const OutputFile& f, ConsolidationOutput* output);
   // Streams the bytes of `tensor` (converted) to `sink` (null: nowhere),
   // checking every shard tensor read; `output_hash` (if not null) gets the
   // XXH64 of the output bytes.
@@ -139,10 +154,11 @@ class Consolidator {
   std::vector<OutputTensor> tensors_;
   std::vector<OutputFile> files_;
   std::string index_json_;  // sharded output only
+  std::string hf_config_;   // from the first shard file, once Run read it
   std::unique_ptr<ShardFiles> shards_;
   std::vector<char> buffer_;     // options_.buffer_bytes: shard bytes as read
   std::vector<char> converted_;  // half of that: BF16/F16 output
-  int64_t written_ = 0;  // bytes of the current output file (pass 2)
+  int64_t written_ = 0;          // bytes of the current output file (pass 2)
   int64_t work_done_ = 0;
   int64_t work_total_ = 0;
   int64_t last_progress_ = 0;
@@ -191,8 +207,8 @@ class DirectoryOutput : public ConsolidationOutput, private ByteSink {
   absl::Status Write(const void* data, size_t size) override;  // into current_
 
   std::unique_ptr<AtomicFile> current_;  // in the temporary directory
-  int64_t current_size_ = 0;  // bytes announced by BeginFile
-  int64_t written_ = 0;       // bytes written to current_
+  int64_t current_size_ = 0;             // bytes announced by BeginFile
+  int64_t written_ = 0;                  // bytes written to current_
   bool committed_ = false;
 };
 
