@@ -145,6 +145,114 @@ int HealthCommand() {
   return 0;
 }
 
+// The members of `job` (or the rank or host asked for) as a table.
+void PrintMembers(const v1::JobStatus& job, int rank, const std::string& host) {
+  const RankRows rows = SelectRankRows(job, rank, host);
+  if (!rows.caption.empty()) std::printf("%s\n", rows.caption.c_str());
+  Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "STEP TIME",
+                 "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "IN COLLECTIVE", "REJOINS",
+                 "FLAGS"});
+  for (const v1::MemberStatus* row : rows.members) {
+    const v1::MemberStatus& m = *row;
+    std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
+    if (m.rank() < 0) state = "joining";
+    members.AddRow(
+        {m.rank() < 0 ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(), state,
+         m.last_heartbeat_age_ms() < 0
+             ? "-"
+             : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
+         absl::StrCat(m.step()), FormatLoss(m.loss()),
+         m.last_step().step_ms() > 0 ? absl::StrFormat("%.1f ms", m.last_step().step_ms()) : "-",
+         m.last_step().step_ms() > 0
+             ? absl::StrFormat("%.1f / %.1f ms", m.last_step().gather_wait_ms(),
+                               m.last_step().reduce_wait_ms())
+             : "-",
+         HumanBytes(static_cast<double>(m.memory_bytes())), absl::StrCat(m.collective_seq()),
+         InCollective(m.telemetry()), absl::StrCat(m.rejoins()), MemberFlags(m)});
+  }
+  std::printf("%s", members.ToString().c_str());
+}
+
+// The job's generation changes and why.
+void PrintGenerations(const v1::JobStatus& job) {
+  if (job.history_size() > 0) {
+    Table history({"GENERATION", "SINCE", "WHY"});
+    for (const v1::GenerationChange& change : job.history()) {
+      history.AddRow({absl::StrCat(change.generation()),
+                      absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC",
+                                       absl::FromUnixMillis(change.unix_ms()), absl::UTCTimeZone()),
+                      change.reason()});
+    }
+    std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
+  }
+}
+
+// What the ranks report of numerical integrity (docs/numerics.md) and of
+// checkpoint commits waiting for the server.
+void PrintIntegrity(const v1::JobStatus& job) {
+  int64_t skipped = 0, rewinds = 0, spikes = 0, mismatches = 0, corruptions = 0;
+  int corrupted_rank = -1;
+  int pending = 0, pending_ranks = 0;
+  for (const v1::MemberStatus& m : job.members()) {
+    skipped = std::max(skipped, m.last_step().skipped_steps());
+    pending = std::max(pending, m.telemetry().commits_pending());
+    pending_ranks += m.telemetry().commits_pending() > 0;
+    rewinds = std::max(rewinds, m.last_step().rewinds());
+    spikes = std::max(spikes, m.last_step().loss_spikes());
+    mismatches = std::max(mismatches, m.last_step().replica_mismatches());
+    if (m.last_step().corruptions() > corruptions) {
+      corruptions = m.last_step().corruptions();
+      corrupted_rank = m.last_step().corrupted_rank();
+    }
+  }
+  if (pending > 0) {
+    std::printf(
+        "\n%s checkpoint commits pending: up to %d on %d rank(s) (written, waiting for "
+        "the server; committed in order when it answers)\n",
+        job.job_id().c_str(), pending, pending_ranks);
+  }
+  if (rewinds > 0 || spikes > 0 || mismatches > 0) {
+    std::printf(
+        "\n%s rewinds: %lld (loss spikes: %lld, replica mismatches: %lld; "
+        "docs/numerics.md)\n",
+        job.job_id().c_str(), static_cast<long long>(rewinds), static_cast<long long>(spikes),
+        static_cast<long long>(mismatches));
+  }
+  if (corruptions > 0) {
+    std::string host = "?";
+    for (const v1::MemberStatus& m : job.members()) {
+      if (m.rank() == corrupted_rank) host = m.host();
+    }
+    std::printf(
+        "%s corrupted shard: rank %d (host %s) is the last of %lld named (the ranks' "
+        "logs say how far off each was)\n",
+        job.job_id().c_str(), corrupted_rank, host.c_str(), static_cast<long long>(corruptions));
+  }
+  if (skipped > 0) {
+    std::printf(
+        "\n%s skipped steps: %lld (non-finite loss or gradient norm, "
+        "--on_nonfinite=skip; the ranks' logs name each)\n",
+        job.job_id().c_str(), static_cast<long long>(skipped));
+  }
+}
+
+// The job's recoveries: where each generation's state came from and how long it took.
+void PrintRecoveries(const v1::JobStatus& job) {
+  if (job.recoveries_size() > 0) {
+    Table recoveries({"GENERATION", "SOURCE", "FAILED AT", "RESUMED AT", "W", "REJOIN", "RESTORE",
+                      "TRAINING AGAIN"});
+    for (const v1::RecoveryRecord& r : job.recoveries()) {
+      recoveries.AddRow(
+          {absl::StrCat(r.generation()), r.source(),
+           r.failed_step() >= 0 ? absl::StrCat("step ", r.failed_step()) : "-",
+           absl::StrCat("step ", r.restored_step()), absl::StrCat(r.world_size()),
+           absl::StrFormat("%.0f ms", r.rejoin_ms()), absl::StrFormat("%.0f ms", r.restore_ms()),
+           r.first_step_ms() > 0 ? absl::StrFormat("%.0f ms", r.first_step_ms()) : "-"});
+    }
+    std::printf("\n%s recoveries\n%s", job.job_id().c_str(), recoveries.ToString().c_str());
+  }
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -174,107 +282,19 @@ int StatusCommand() {
     std::printf("\n%s (generation %lld)\n", job.job_id().c_str(),
                 static_cast<long long>(job.generation()));
     std::printf("%s", HostsAndHistograms(job, rank, host).c_str());
-    const RankRows rows = SelectRankRows(job, rank, host);
-    if (!rows.caption.empty()) std::printf("%s\n", rows.caption.c_str());
-    Table members({"RANK", "WORKER", "HOST", "STATE", "HEARTBEAT", "STEP", "LOSS", "STEP TIME",
-                   "WAIT GATHER/REDUCE", "MEMORY", "COLLECTIVES", "IN COLLECTIVE", "REJOINS",
-                   "FLAGS"});
-    for (const v1::MemberStatus* row : rows.members) {
-      const v1::MemberStatus& m = *row;
-      std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
-      if (m.rank() < 0) state = "joining";
-      members.AddRow(
-          {m.rank() < 0 ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(), state,
-           m.last_heartbeat_age_ms() < 0
-               ? "-"
-               : absl::StrFormat("%.1fs ago", m.last_heartbeat_age_ms() / 1000.0),
-           absl::StrCat(m.step()), FormatLoss(m.loss()),
-           m.last_step().step_ms() > 0 ? absl::StrFormat("%.1f ms", m.last_step().step_ms()) : "-",
-           m.last_step().step_ms() > 0
-               ? absl::StrFormat("%.1f / %.1f ms", m.last_step().gather_wait_ms(),
-                                 m.last_step().reduce_wait_ms())
-               : "-",
-           HumanBytes(static_cast<double>(m.memory_bytes())), absl::StrCat(m.collective_seq()),
-           InCollective(m.telemetry()), absl::StrCat(m.rejoins()), MemberFlags(m)});
-    }
-    std::printf("%s", members.ToString().c_str());
+    PrintMembers(job, rank, host);
     for (const v1::Diagnosis& d : job.diagnoses()) {
       std::printf("%s: %s\n", d.kind() == v1::Diagnosis::STRAGGLER ? "STRAGGLER" : "HANG",
                   d.message().c_str());
     }
     if (!job.waiting().empty()) std::printf("WAITING: %s\n", job.waiting().c_str());
     PrintCheckpointFailure(**client, job.job_id());
-    if (job.history_size() > 0) {
-      Table history({"GENERATION", "SINCE", "WHY"});
-      for (const v1::GenerationChange& change : job.history()) {
-        history.AddRow(
-            {absl::StrCat(change.generation()),
-             absl::FormatTime("%Y-%m-%d %H:%M:%E3S UTC", absl::FromUnixMillis(change.unix_ms()),
-                              absl::UTCTimeZone()),
-             change.reason()});
-      }
-      std::printf("\n%s generations\n%s", job.job_id().c_str(), history.ToString().c_str());
-    }
-    int64_t skipped = 0, rewinds = 0, spikes = 0, mismatches = 0, corruptions = 0;
-    int corrupted_rank = -1;
-    int pending = 0, pending_ranks = 0;
-    for (const v1::MemberStatus& m : job.members()) {
-      skipped = std::max(skipped, m.last_step().skipped_steps());
-      pending = std::max(pending, m.telemetry().commits_pending());
-      pending_ranks += m.telemetry().commits_pending() > 0;
-      rewinds = std::max(rewinds, m.last_step().rewinds());
-      spikes = std::max(spikes, m.last_step().loss_spikes());
-      mismatches = std::max(mismatches, m.last_step().replica_mismatches());
-      if (m.last_step().corruptions() > corruptions) {
-        corruptions = m.last_step().corruptions();
-        corrupted_rank = m.last_step().corrupted_rank();
-      }
-    }
-    if (pending > 0) {
-      std::printf(
-          "\n%s checkpoint commits pending: up to %d on %d rank(s) (written, waiting for "
-          "the server; committed in order when it answers)\n",
-          job.job_id().c_str(), pending, pending_ranks);
-    }
-    if (rewinds > 0 || spikes > 0 || mismatches > 0) {
-      std::printf(
-          "\n%s rewinds: %lld (loss spikes: %lld, replica mismatches: %lld; "
-          "docs/numerics.md)\n",
-          job.job_id().c_str(), static_cast<long long>(rewinds), static_cast<long long>(spikes),
-          static_cast<long long>(mismatches));
-    }
-    if (corruptions > 0) {
-      std::string host = "?";
-      for (const v1::MemberStatus& m : job.members()) {
-        if (m.rank() == corrupted_rank) host = m.host();
-      }
-      std::printf(
-          "%s corrupted shard: rank %d (host %s) is the last of %lld named (the ranks' "
-          "logs say how far off each was)\n",
-          job.job_id().c_str(), corrupted_rank, host.c_str(), static_cast<long long>(corruptions));
-    }
-    if (skipped > 0) {
-      std::printf(
-          "\n%s skipped steps: %lld (non-finite loss or gradient norm, "
-          "--on_nonfinite=skip; the ranks' logs name each)\n",
-          job.job_id().c_str(), static_cast<long long>(skipped));
-    }
+    PrintGenerations(job);
+    PrintIntegrity(job);
     std::printf(
         "\n%s latest committed snapshot: %s\n", job.job_id().c_str(),
         job.snapshot_step() >= 0 ? absl::StrCat("step ", job.snapshot_step()).c_str() : "none");
-    if (job.recoveries_size() > 0) {
-      Table recoveries({"GENERATION", "SOURCE", "FAILED AT", "RESUMED AT", "W", "REJOIN", "RESTORE",
-                        "TRAINING AGAIN"});
-      for (const v1::RecoveryRecord& r : job.recoveries()) {
-        recoveries.AddRow(
-            {absl::StrCat(r.generation()), r.source(),
-             r.failed_step() >= 0 ? absl::StrCat("step ", r.failed_step()) : "-",
-             absl::StrCat("step ", r.restored_step()), absl::StrCat(r.world_size()),
-             absl::StrFormat("%.0f ms", r.rejoin_ms()), absl::StrFormat("%.0f ms", r.restore_ms()),
-             r.first_step_ms() > 0 ? absl::StrFormat("%.0f ms", r.first_step_ms()) : "-"});
-      }
-      std::printf("\n%s recoveries\n%s", job.job_id().c_str(), recoveries.ToString().c_str());
-    }
+    PrintRecoveries(job);
   }
   return 0;
 }

@@ -61,7 +61,6 @@ FLAG_TABLES = {
     "worker/worker_config.cc:ReadRun",
 }
 KNOWN_LONG = {
-    "client/shardctl.cc:StatusCommand",
     "worker/run_report.cc:WriteReport",
     "common/plan/memory_estimate.cc:EstimateMemory",
     "worker/comm/gloo_mesh.cc:ConnectMesh",
