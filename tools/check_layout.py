@@ -62,7 +62,6 @@ FLAG_TABLES = {
 }
 KNOWN_LONG = {
     "worker/run_report.cc:WriteReport",
-    "common/plan/memory_estimate.cc:EstimateMemory",
     "worker/comm/gloo_mesh.cc:ConnectMesh",
     "worker/cuda/nccl_communicator.cc:NcclCommunicator::Create",
     "common/plan/planner.cc:UnitAssigner::Assign",

@@ -33,16 +33,7 @@ absl::StatusOr<int64_t> Multiply(int64_t a, int64_t b, absl::string_view what) {
   return product;
 }
 
-}  // namespace
-
-absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
-                                              const MemoryEstimateOptions& options) {
-  absl::StatusOr<int64_t> p = FloatBytes("param_dtype", options.param_dtype);
-  if (!p.ok()) return p.status();
-  const std::string reduce_dtype =
-      options.reduce_dtype.empty() ? options.param_dtype : options.reduce_dtype;
-  absl::StatusOr<int64_t> g = FloatBytes("reduce_dtype", reduce_dtype);
-  if (!g.ok()) return g.status();
+absl::Status CheckEstimateOptions(const ShardPlan& plan, const MemoryEstimateOptions& options) {
   if (options.prefetch < 0 || options.prefetch > kMaxPrefetch) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prefetch ", options.prefetch, " is out of range; expected 0 to ", kMaxPrefetch));
@@ -59,6 +50,35 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
         "secondary_shard_group_size ", h, " must be 0 (no hpZ) or divide the world size ",
         plan.world_size, " and be smaller than the shard groups of ", group, " ranks"));
   }
+  return absl::OkStatus();
+}
+
+// The plan's parameters and shard elements (into *estimate), its largest
+// chunk, and with hpZ groups of `h` the secondary shard's elements.
+void CountElements(const ShardPlan& plan, int h, MemoryEstimate* estimate, int64_t* largest_chunk,
+                   int64_t* secondary_elements) {
+  for (const ShardUnit& unit : plan.units) {
+    int64_t unit_elements = 0;
+    for (const TensorSpec& tensor : unit.tensors) unit_elements += tensor.Elements();
+    estimate->parameters += unit_elements;
+    if (h > 0) *secondary_elements += (unit_elements + h - 1) / h;
+    estimate->shard_elements += unit.chunk_elements;
+    *largest_chunk = std::max(*largest_chunk, unit.chunk_elements);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
+                                              const MemoryEstimateOptions& options) {
+  absl::StatusOr<int64_t> p = FloatBytes("param_dtype", options.param_dtype);
+  if (!p.ok()) return p.status();
+  const std::string reduce_dtype =
+      options.reduce_dtype.empty() ? options.param_dtype : options.reduce_dtype;
+  absl::StatusOr<int64_t> g = FloatBytes("reduce_dtype", reduce_dtype);
+  if (!g.ok()) return g.status();
+  if (absl::Status status = CheckEstimateOptions(plan, options); !status.ok()) return status;
+  const int h = options.secondary_shard_group_size;
 
   MemoryEstimate estimate;
   estimate.world_size = plan.world_size;
@@ -76,14 +96,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
   estimate.shard_group_size = static_cast<int>(w);
   int64_t largest_chunk = 0;
   int64_t secondary_elements = 0;  // hpZ: sum over units of ceil(unit / H)
-  for (const ShardUnit& unit : plan.units) {
-    int64_t unit_elements = 0;
-    for (const TensorSpec& tensor : unit.tensors) unit_elements += tensor.Elements();
-    estimate.parameters += unit_elements;
-    if (h > 0) secondary_elements += (unit_elements + h - 1) / h;
-    estimate.shard_elements += unit.chunk_elements;
-    largest_chunk = std::max(largest_chunk, unit.chunk_elements);
-  }
+  CountElements(plan, h, &estimate, &largest_chunk, &secondary_elements);
   absl::StatusOr<int64_t> largest_unit = Multiply(w, largest_chunk, "the largest gathered unit");
   if (!largest_unit.ok()) return largest_unit.status();
   estimate.largest_unit_elements = *largest_unit;
