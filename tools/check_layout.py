@@ -64,7 +64,6 @@ KNOWN_LONG = {
     "worker/run_report.cc:WriteReport",
     "worker/comm/gloo_mesh.cc:ConnectMesh",
     "worker/cuda/nccl_communicator.cc:NcclCommunicator::Create",
-    "common/plan/planner.cc:UnitAssigner::Assign",
     "shard_server/observability/server_metrics.cc:WriteRankFamilies",
     "shard_server/observability/server_metrics.cc:ServerMetrics::Write",
     "shard_server/observability/observability_pages.cc:ObservabilityPages",

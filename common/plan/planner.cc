@@ -320,6 +320,9 @@ class UnitAssigner {
   // Returns the elements left unplaced: 0 on success; otherwise some granule
   // fit no rank, and `out` is partial.
   int64_t FillToCapacity(int64_t cap, std::vector<Placement>* out);
+  int64_t SortItems(const std::vector<int32_t>& members, const std::vector<TensorSize>& sizes,
+                    int64_t keep_whole);
+  int64_t SearchCapacity(int64_t fair_share, int64_t max_granule);
 
   // FSDP2's layout (PlanOptions::row_chunk_ranks = S): tensor by tensor in
   // spec order, rows [k c, (k + 1) c) with c = ceil(rows / S) on rank k, as
@@ -390,20 +393,10 @@ void UnitAssigner::AssignRowChunks(const std::vector<int32_t>& members,
   EmitSortedByRank(unit);
 }
 
-void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector<TensorSize>& sizes,
-                          ShardUnit* unit) {
-  if (options_.row_chunk_ranks > 0) {
-    AssignRowChunks(members, sizes, unit);
-    return;
-  }
-  const int64_t w = world_size_;
-  unit_elements_ = 0;
-  for (int32_t spec_index : members) unit_elements_ += sizes[spec_index].elements;
-  const int64_t fair_share = (unit_elements_ + w - 1) / w;  // ceil(E / W)
-  // Tensors up to this many elements are never cut (see planner.h).
-  const auto keep_whole =
-      static_cast<int64_t>(options_.split_fraction * (static_cast<double>(unit_elements_) / w));
-
+// items_: the unit's tensors with their granules (whole up to `keep_whole`
+// elements, else rows), in placement order. Returns the largest granule.
+int64_t UnitAssigner::SortItems(const std::vector<int32_t>& members,
+                                const std::vector<TensorSize>& sizes, int64_t keep_whole) {
   items_.clear();
   int64_t max_granule = 0;
   for (size_t i = 0; i < members.size(); ++i) {
@@ -423,7 +416,12 @@ void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector
     if (a_elements != b_elements) return a_elements > b_elements;
     return a.tensor < b.tensor;
   });
+  return max_granule;
+}
 
+// The capacity search over items_ (best_ gets the placement that fits);
+// returns the capacity.
+int64_t UnitAssigner::SearchCapacity(int64_t fair_share, int64_t max_granule) {
   // Search a small capacity (a multiple of the alignment) that fits.
   // Invariant: `feasible` fits (best_ holds its placement once have_best);
   // `infeasible` does not, or is below every candidate. `feasible` starts
@@ -440,6 +438,7 @@ void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector
   // within `tolerance`: the alignment, or 1/2048 of a fair share (0.05%
   // padding) when that is larger, which saves passes on big units.
   const int64_t a = options_.alignment_elements;
+  const int64_t w = world_size_;
   const int64_t tolerance = std::max(a, fair_share / 2048);
   const int64_t lowest = AlignUp(std::max(fair_share, max_granule), a);
   int64_t feasible = AlignUp(fair_share + max_granule, a);
@@ -470,6 +469,27 @@ void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector
       infeasible = cap;
     }
   }
+  return feasible;
+}
+
+void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector<TensorSize>& sizes,
+                          ShardUnit* unit) {
+  if (options_.row_chunk_ranks > 0) {
+    AssignRowChunks(members, sizes, unit);
+    return;
+  }
+  const int64_t w = world_size_;
+  unit_elements_ = 0;
+  for (int32_t spec_index : members) unit_elements_ += sizes[spec_index].elements;
+  const int64_t fair_share = (unit_elements_ + w - 1) / w;  // ceil(E / W)
+  // Tensors up to this many elements are never cut (see planner.h).
+  const auto keep_whole =
+      static_cast<int64_t>(options_.split_fraction * (static_cast<double>(unit_elements_) / w));
+
+  const int64_t max_granule = SortItems(members, sizes, keep_whole);
+
+  const int64_t a = options_.alignment_elements;
+  const int64_t feasible = SearchCapacity(fair_share, max_granule);
 
   int64_t max_load = 0;
   for (const Placement& p : best_) {
@@ -478,6 +498,7 @@ void UnitAssigner::Assign(const std::vector<int32_t>& members, const std::vector
     max_load = std::max(max_load, end);
   }
   assert(max_load <= feasible);
+  (void)feasible;
   unit->chunk_elements = AlignUp(max_load, a);
   EmitSortedByRank(unit);
 }
