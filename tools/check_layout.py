@@ -72,7 +72,6 @@ KNOWN_LONG = {
     "worker/worker_recovery.cc:Worker::PrepareRecovery",
     "shard_server/observability/server_metrics.cc:WriteJobFamilies",
     "worker/recovery/snapshot_keeper.cc:SnapshotKeeper::Transfer",
-    "worker/checkpoint/shard_checkpoint.cc:CheckpointReader::ReadRows",
 }
 
 _NOT_A_DEFINITION = ("//", "#", "}", "namespace", "using ", "class ", "struct ", "enum ",

@@ -595,45 +595,50 @@ absl::Status CheckpointReader::IndexAll() {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin,
-                                        int64_t row_end, float* out) {
-  if (consolidated_) {
-    // Hugging Face's own GPT-2 files are saved from GPT2Model: the names
-    // may lack the "transformer." in front.
-    std::vector<std::string> names = {absl::StrCat(ShardTensorPrefix(kind), tensor.name)};
-    if (kind == Kind::kParams && absl::StartsWith(tensor.name, "transformer.")) {
-      names.push_back(tensor.name.substr(std::strlen("transformer.")));
-    }
-    std::string name = names[0];
-    int index = 0;
-    const TensorInfo* info = nullptr;
-    for (const std::string& candidate : names) {
-      auto in = file_of_.find(candidate);
-      if (!file_of_.empty() && in == file_of_.end()) continue;
-      index = in == file_of_.end() ? 0 : in->second;
-      auto file = File(index);
-      if (!file.ok()) return file.status();
-      info = (*file)->Find(candidate);
-      if (info != nullptr) {
-        name = candidate;
-        break;
-      }
-    }
-    if (info == nullptr) {
-      return absl::NotFoundError(absl::StrCat(paths_[index], " has no tensor '", tensor.name,
-                                              "' (shape ", ShapeString(tensor.shape),
-                                              "); is it a checkpoint of this model?"));
-    }
-    if (info->shape != tensor.shape && !(info->shape.empty() && tensor.shape.empty())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(paths_[index], ": tensor '", name, "' is ", ShapeString(info->shape),
-                       ", but the model's is ", ShapeString(tensor.shape)));
-    }
-    if (absl::Status s = Verify(index, name); !s.ok()) return s;
+// ReadRows from a consolidated (Hugging Face) file.
+absl::Status CheckpointReader::ReadConsolidatedRows(Kind kind, const TensorSpec& tensor,
+                                                    int64_t row_begin, int64_t row_end,
+                                                    float* out) {
+  // Hugging Face's own GPT-2 files are saved from GPT2Model: the names
+  // may lack the "transformer." in front.
+  std::vector<std::string> names = {absl::StrCat(ShardTensorPrefix(kind), tensor.name)};
+  if (kind == Kind::kParams && absl::StartsWith(tensor.name, "transformer.")) {
+    names.push_back(tensor.name.substr(std::strlen("transformer.")));
+  }
+  std::string name = names[0];
+  int index = 0;
+  const TensorInfo* info = nullptr;
+  for (const std::string& candidate : names) {
+    auto in = file_of_.find(candidate);
+    if (!file_of_.empty() && in == file_of_.end()) continue;
+    index = in == file_of_.end() ? 0 : in->second;
     auto file = File(index);
     if (!file.ok()) return file.status();
-    return (*file)->ReadRowsAsF32(name, row_begin, row_end, out);
+    info = (*file)->Find(candidate);
+    if (info != nullptr) {
+      name = candidate;
+      break;
+    }
   }
+  if (info == nullptr) {
+    return absl::NotFoundError(absl::StrCat(paths_[index], " has no tensor '", tensor.name,
+                                            "' (shape ", ShapeString(tensor.shape),
+                                            "); is it a checkpoint of this model?"));
+  }
+  if (info->shape != tensor.shape && !(info->shape.empty() && tensor.shape.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(paths_[index], ": tensor '", name, "' is ", ShapeString(info->shape),
+                     ", but the model's is ", ShapeString(tensor.shape)));
+  }
+  if (absl::Status s = Verify(index, name); !s.ok()) return s;
+  auto file = File(index);
+  if (!file.ok()) return file.status();
+  return (*file)->ReadRowsAsF32(name, row_begin, row_end, out);
+}
+
+absl::Status CheckpointReader::ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin,
+                                        int64_t row_end, float* out) {
+  if (consolidated_) return ReadConsolidatedRows(kind, tensor, row_begin, row_end, out);
   const int64_t row_elements = tensor.RowElements();
   int64_t row = row_begin;
   bool indexed_all = false;

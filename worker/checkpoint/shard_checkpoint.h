@@ -170,6 +170,8 @@ class CheckpointReader {
   absl::StatusOr<SafetensorsReader*> File(int index);
   absl::Status IndexFile(int index);
   absl::Status IndexAll();
+  absl::Status ReadConsolidatedRows(Kind kind, const TensorSpec& tensor, int64_t row_begin,
+                                    int64_t row_end, float* out);
   absl::Status Verify(int index, const std::string& tensor);
 
   std::string source_;
