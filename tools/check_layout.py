@@ -62,7 +62,6 @@ FLAG_TABLES = {
 }
 KNOWN_LONG = {
     "worker/run_report.cc:WriteReport",
-    "worker/comm/gloo_mesh.cc:ConnectMesh",
     "worker/cuda/nccl_communicator.cc:NcclCommunicator::Create",
     "shard_server/observability/server_metrics.cc:WriteRankFamilies",
     "shard_server/observability/server_metrics.cc:ServerMetrics::Write",

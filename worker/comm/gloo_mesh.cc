@@ -76,6 +76,80 @@ bool IsTimeout(const std::string& message) {
 
 }  // namespace
 
+namespace {
+
+// Reads every peer's published addresses (`o.prefix` + rank) and keeps its
+// end of its pair with this rank in (*peer_ends)[peer]; a pair this rank
+// connects out on tells its listening guard so.
+absl::Status ReadPeerEnds(KeyValueStore* store, const MeshOptions& o, size_t address_bytes,
+                          const std::vector<sockaddr_storage>& own,
+                          const std::vector<std::unique_ptr<ListenGuard>>& listening,
+                          std::vector<std::vector<char>>* peer_ends) {
+  const int rank = o.rank;
+  const int size = o.world_size;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    absl::StatusOr<std::string> theirs = store->Get(absl::StrCat(o.prefix, peer), o.timeout);
+    if (!theirs.ok()) return theirs.status();
+    if (theirs->size() != address_bytes * (size - 1)) {
+      return absl::DataLossError(absl::StrCat("rank ", peer, " published ", theirs->size(),
+                                              " bytes of addresses; expected ",
+                                              address_bytes * (size - 1)));
+    }
+    // Peers do not list themselves: this rank's address sits one earlier
+    // in the list of a lower rank.
+    const size_t slot = static_cast<size_t>(rank > peer ? rank - 1 : rank);
+    (*peer_ends)[peer].assign(theirs->begin() + slot * address_bytes,
+                              theirs->begin() + (slot + 1) * address_bytes);
+    const sockaddr_storage peer_address = SockaddrOf((*peer_ends)[peer]);
+    if (GlooConnectsOut(own[peer], peer_address)) listening[peer]->ConnectingOut(peer_address);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConnectPairs(gloo::transport::Context* transport,
+                          const std::vector<std::vector<char>>& peer_ends,
+                          const std::string& secret, const MeshOptions& o,
+                          absl::Time connect_deadline) {
+  const int rank = o.rank;
+  const int size = o.world_size;
+  // All pairs at once: a pair's connect waits on Gloo's event thread, which
+  // a stray can hold in a guarded accept() until that pair's peer sends its
+  // hello; connecting in rank order could make ranks wait on each other
+  // around a cycle until the deadline.
+  std::vector<absl::Status> connected(size);
+  std::atomic<int> next_peer{0};
+  auto connect_pairs = [&] {
+    for (int peer = next_peer.fetch_add(1); peer < size; peer = next_peer.fetch_add(1)) {
+      if (peer == rank) continue;
+      try {
+        ConnectGuard guard(SockaddrOf(peer_ends[peer]), PairHello(secret, rank, peer),
+                           connect_deadline, o.cancelled);
+        transport->getPair(peer)->connect(peer_ends[peer]);
+      } catch (const std::exception& e) {
+        const std::string message = e.what();
+        const std::string what = absl::StrCat("connecting to rank ", peer, ": ", message);
+        connected[peer] = o.cancelled && o.cancelled() ? absl::AbortedError(what)
+                          : IsTimeout(message)         ? absl::DeadlineExceededError(what)
+                                                       : absl::UnavailableError(what);
+      }
+    }
+  };
+  {
+    std::vector<std::thread> threads;
+    for (int t = 1; t < std::min(size - 1, kMaxConnectThreads); ++t)
+      threads.emplace_back(connect_pairs);
+    connect_pairs();
+    for (std::thread& t : threads) t.join();
+  }
+  for (const absl::Status& s : connected) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
                                  const std::shared_ptr<gloo::transport::Device>& device,
                                  const MeshOptions& o) {
@@ -118,54 +192,12 @@ absl::StatusOr<Mesh> ConnectMesh(KeyValueStore* store,
 
   // Every peer's end of its pair with this rank, and which end connects.
   std::vector<std::vector<char>> peer_ends(size);
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    absl::StatusOr<std::string> theirs = store->Get(absl::StrCat(o.prefix, peer), o.timeout);
-    if (!theirs.ok()) return theirs.status();
-    if (theirs->size() != address_bytes * (size - 1)) {
-      return absl::DataLossError(absl::StrCat("rank ", peer, " published ", theirs->size(),
-                                              " bytes of addresses; expected ",
-                                              address_bytes * (size - 1)));
-    }
-    // Peers do not list themselves: this rank's address sits one earlier
-    // in the list of a lower rank.
-    const size_t slot = static_cast<size_t>(rank > peer ? rank - 1 : rank);
-    peer_ends[peer].assign(theirs->begin() + slot * address_bytes,
-                           theirs->begin() + (slot + 1) * address_bytes);
-    const sockaddr_storage peer_address = SockaddrOf(peer_ends[peer]);
-    if (GlooConnectsOut(own[peer], peer_address)) listening[peer]->ConnectingOut(peer_address);
+  if (absl::Status s = ReadPeerEnds(store, o, address_bytes, own, listening, &peer_ends); !s.ok()) {
+    return s;
   }
-  // All pairs at once: a pair's connect waits on Gloo's event thread, which
-  // a stray can hold in a guarded accept() until that pair's peer sends its
-  // hello; connecting in rank order could make ranks wait on each other
-  // around a cycle until the deadline.
-  std::vector<absl::Status> connected(size);
-  std::atomic<int> next_peer{0};
-  auto connect_pairs = [&] {
-    for (int peer = next_peer.fetch_add(1); peer < size; peer = next_peer.fetch_add(1)) {
-      if (peer == rank) continue;
-      try {
-        ConnectGuard guard(SockaddrOf(peer_ends[peer]), PairHello(*secret, rank, peer),
-                           connect_deadline, o.cancelled);
-        transport->getPair(peer)->connect(peer_ends[peer]);
-      } catch (const std::exception& e) {
-        const std::string message = e.what();
-        const std::string what = absl::StrCat("connecting to rank ", peer, ": ", message);
-        connected[peer] = o.cancelled && o.cancelled() ? absl::AbortedError(what)
-                          : IsTimeout(message)         ? absl::DeadlineExceededError(what)
-                                                       : absl::UnavailableError(what);
-      }
-    }
-  };
-  {
-    std::vector<std::thread> threads;
-    for (int t = 1; t < std::min(size - 1, kMaxConnectThreads); ++t)
-      threads.emplace_back(connect_pairs);
-    connect_pairs();
-    for (std::thread& t : threads) t.join();
-  }
-  for (const absl::Status& s : connected) {
-    if (!s.ok()) return s;
+  if (absl::Status s = ConnectPairs(transport.get(), peer_ends, *secret, o, connect_deadline);
+      !s.ok()) {
+    return s;
   }
   for (const auto& guard : listening) {
     if (guard != nullptr) mesh.dropped += guard->dropped();
