@@ -41,6 +41,7 @@ int ConsolidateCommand();  // shardctl_checkpoints.cc
 int HistoryCommand();      // shardctl_observe.cc
 int TopCommand();          // shardctl_observe.cc
 int JobCommand(const std::string& verb);  // shardctl_job.cc: "create"
+int UnfenceCommand();                     // shardctl_job.cc
 
 }  // namespace zeroshard
 
