@@ -1,7 +1,8 @@
 // The in-memory snapshots of a training run (#13, docs/recovery.md), as the
 // training thread drives them: buffers reserved after a generation's first
 // step, a snapshot at every --snapshot_every boundary (one small collective
-// commits the last complete one and decides whether to skip this one), and
+// commits the last complete one; a transfer still in flight is waited for),
+// and
 // the wait for the background copy before the optimizer changes the state.
 // The blobs themselves live in the SnapshotKeeper it owns, across generations.
 //
@@ -41,8 +42,9 @@ class SnapshotSchedule {
   absl::Status Reserve(ZeroEngine& engine, int world);
   // The boundary after `id.step` completed steps: commit, then start a
   // snapshot of `engine` swapped with the buddy `buddy_shift` ranks on over
-  // `comm`, or skip it on every rank when some rank's last transfer is still
-  // in flight. `on_device`: the engine's state is in device memory (copied
+  // `comm`. A rank whose last transfer is still in flight waits for it
+  // (bounded by the transfer's timeout); when one is still busy after that,
+  // every rank skips this snapshot. `on_device`: the engine's state is in device memory (copied
   // here, the pause) rather than host memory (copied in the background).
   absl::Status Take(ZeroEngine& engine, const ShardIdentity& id, GlooCommunicator* comm,
                     int buddy_shift, bool on_device);
