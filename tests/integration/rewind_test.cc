@@ -19,6 +19,7 @@
 //   re-runs, and step 14 is clean: the parameters are bitwise those of a run
 //   without the fault.
 #include <cstdint>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
@@ -110,6 +111,8 @@ TEST(RewindTest, ABadBatchSpikesAgainAfterTheRewindAndIsSkipped) {
   // skipped: one that finds a transfer in flight waits for it).
   EXPECT_EQ(report["rewinds"][0]["to_step"], 10) << report.dump();
   EXPECT_EQ(report["snapshots_skipped"], 0) << report.dump();
+  std::fprintf(stderr, "boundaries that waited for the previous transfer: %d\n",
+               report["snapshots_waited"].get<int>());
   EXPECT_EQ(report["rewinds"][0]["cause"].get<std::string>(), "data");
   EXPECT_EQ(report["skipped_steps"].get<std::vector<int64_t>>(), std::vector<int64_t>{kBadStep});
 
@@ -133,6 +136,8 @@ TEST(RewindTest, ATransientFaultIsRewoundAndTheRunEqualsAnUninterruptedOne) {
   // skipped: one that finds a transfer in flight waits for it).
   EXPECT_EQ(report["rewinds"][0]["to_step"], 10) << report.dump();
   EXPECT_EQ(report["snapshots_skipped"], 0) << report.dump();
+  std::fprintf(stderr, "boundaries that waited for the previous transfer: %d\n",
+               report["snapshots_waited"].get<int>());
   EXPECT_EQ(report["rewinds"][0]["cause"].get<std::string>(), "transient");
   EXPECT_TRUE(report["skipped_steps"].empty());
 
