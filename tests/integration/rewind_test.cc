@@ -14,8 +14,8 @@
 //
 //   A transient fault (--testing_corrupt=1:12:30 multiplies one parameter of
 //   rank 1's shard by 2^128 after step 12, once) makes step 14's loss
-//   non-finite (step 13's first parameters were gathered during step 12's
-//   update, before the flip), every rank rewinds to step 10 and
+//   non-finite (when step 13's first parameters were gathered during step
+//   12's update, before the flip; step 13's when they were not), every rank rewinds to step 10 and
 //   re-runs, and step 14 is clean: the parameters are bitwise those of a run
 //   without the fault.
 #include <cstdint>
@@ -128,7 +128,14 @@ TEST(RewindTest, ATransientFaultIsRewoundAndTheRunEqualsAnUninterruptedOne) {
   ASSERT_TRUE(cluster.Run("faulty", kWorld, Flags(kSteps, {"--testing_corrupt=1:12:30"})));
   const std::string log = cluster.WorkerLog(0);
   EXPECT_NE(log.find("; rewound every rank to the snapshot of step "), std::string::npos) << log;
-  EXPECT_NE(log.find("step 14/20: no spike after the rewind"), std::string::npos) << log;
+  // The flip lands after step 12's update, while step 13's first gathers
+  // may already be in flight (prefetched during that update): step 14 is
+  // the first to see it when they were, step 13 when they were not. Which
+  // one depends on timing (without a step delay a loaded machine showed
+  // both); the rewind and its outcome do not.
+  EXPECT_TRUE(log.find("step 14/20: no spike after the rewind") != std::string::npos ||
+              log.find("step 13/20: no spike after the rewind") != std::string::npos)
+      << log;
   EXPECT_EQ(log.find("skipped (--on_nonfinite=skip)"), std::string::npos) << log;
   const nlohmann::json report = cluster.Report("faulty", 0);
   ASSERT_EQ(report["rewinds"].size(), 1u) << report.dump();
