@@ -145,6 +145,21 @@ int HealthCommand() {
   return 0;
 }
 
+// The machines fenced from `job` (docs/numerics.md): why, since when, and
+// the command that lifts each fence.
+void PrintFences(const v1::JobStatus& job) {
+  for (const v1::FencedHost& f : job.fenced_hosts()) {
+    std::printf(
+        "%s FENCED machine '%s' since %s: %s; its joins are refused (lift with: shardctl "
+        "unfence --job=%s --host=%s)\n",
+        job.job_id().c_str(), f.node().c_str(),
+        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(f.unix_ms()),
+                         absl::UTCTimeZone())
+            .c_str(),
+        f.reason().c_str(), job.job_id().c_str(), f.node().substr(0, f.node().find(' ')).c_str());
+  }
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -253,16 +268,7 @@ int StatusCommand() {
           "logs say how far off each was)\n",
           job.job_id().c_str(), corrupted_rank, host.c_str(), static_cast<long long>(corruptions));
     }
-    for (const v1::FencedHost& f : job.fenced_hosts()) {
-      std::printf(
-          "%s FENCED machine '%s' since %s: %s; its joins are refused (lift with: shardctl "
-          "unfence --job=%s --host=%s)\n",
-          job.job_id().c_str(), f.node().c_str(),
-          absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(f.unix_ms()),
-                           absl::UTCTimeZone())
-              .c_str(),
-          f.reason().c_str(), job.job_id().c_str(), f.node().substr(0, f.node().find(' ')).c_str());
-    }
+    PrintFences(job);
     if (skipped > 0) {
       std::printf(
           "\n%s skipped steps: %lld (non-finite loss or gradient norm, "
