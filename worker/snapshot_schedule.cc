@@ -42,6 +42,7 @@ absl::Status SnapshotSchedule::Reserve(ZeroEngine& engine, int world) {
   // Own and buddy's blob for two steps; from replicas, own only (twice the
   // run, no buddy's).
   keeper_.Reserve(view->bytes + kHeaderBytes, world > 1 && !FromReplicas(engine) ? 4 : 2);
+  reserving_ = true;
   return absl::OkStatus();
 }
 
@@ -98,13 +99,18 @@ absl::Status SnapshotSchedule::Take(ZeroEngine& engine, const ShardIdentity& id,
   // wait for it rather than skip, so that a boundary always leaves a
   // snapshot a recovery or a rewind can go back to. Normally it ended long
   // ago and this costs nothing; the wait counts in the pause. Bounded by
-  // the transfer's own timeout (it fails by then); a rank still busy after
-  // it makes every rank skip, as before.
+  // the transfer's own timeout (it fails by then). The buffers' first touch
+  // (Reserve) is waited for only up to kReserveWait: a small model's takes
+  // milliseconds (a loaded machine skipped rewind_test's first snapshots
+  // for it), a large one's can take seconds, which the step must not pause
+  // for. A rank still busy after its bound makes every rank skip, as before.
+  constexpr absl::Duration kReserveWait = absl::Milliseconds(500);
   bool busy = keeper_.in_flight();
   if (busy) {
     ++metrics_->snapshots_waited;
-    busy = !keeper_.WaitIdle(timeout_);
+    busy = !keeper_.WaitIdle(reserving_ ? std::min(kReserveWait, timeout_) : timeout_);
   }
+  if (!busy) reserving_ = false;
   if (!busy) {
     if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
     RecordLastTransfer();
