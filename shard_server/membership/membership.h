@@ -372,8 +372,8 @@ class Membership {
   // Every live member on machine `node` is dead (logged with `why`), joins
   // held from there are refused, and a formed generation moves on
   // (DEGRADED); applied at once, saved when it can be, as a death.
-  void DeclareMachineDead(Job& job, const std::string& node, const std::string& why,
-                          absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeclareMachineDead(Job& job, const std::string& node, const std::string& why, absl::Time now,
+                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- shrink.cc and grow_back.cc ----
   // A job in DEGRADED whose rejoin grace is over forms a smaller generation
