@@ -415,6 +415,25 @@ absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(const v1::GetStatusReque
   return Read(&v1::Coordinator::Stub::GetStatus, request, options_.rpc_timeout);
 }
 
+absl::StatusOr<v1::EvictHostResponse> Client::EvictHost(int rank, int64_t step,
+                                                        const std::string& reason) {
+  v1::EvictHostRequest request;
+  *request.mutable_member() = credentials();
+  request.set_rank(rank);
+  request.set_step(step);
+  request.set_reason(reason);
+  // Asked twice is harmless (the server's EvictHost is idempotent).
+  return Read(&v1::Coordinator::Stub::EvictHost, request, options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::UnfenceHostResponse> Client::UnfenceHost(const std::string& job_id,
+                                                            const std::string& host) {
+  v1::UnfenceHostRequest request;
+  request.set_job_id(job_id);
+  request.set_host(host);
+  return Read(&v1::Coordinator::Stub::UnfenceHost, request, options_.rpc_timeout);
+}
+
 absl::StatusOr<v1::GetHistoryResponse> Client::GetHistory(const std::string& job_id, int rank) {
   v1::GetHistoryRequest request;
   request.set_job_id(job_id);

@@ -159,6 +159,14 @@ class Client {
   absl::StatusOr<bool> StoreCheck(const std::vector<std::string>& keys);  // never waits
   absl::StatusOr<int64_t> StoreNumKeys();
 
+  // As a member: asks the server to evict the machine of `rank` (its shard
+  // was corrupted twice after `step`; docs/numerics.md). Idempotent.
+  absl::StatusOr<v1::EvictHostResponse> EvictHost(int rank, int64_t step,
+                                                  const std::string& reason);
+  // Admin: lifts job `job_id`'s fences on machine `host` (shardctl unfence).
+  absl::StatusOr<v1::UnfenceHostResponse> UnfenceHost(const std::string& job_id,
+                                                      const std::string& host);
+
   absl::StatusOr<v1::GetStatusResponse> GetStatus(const std::string& job_id);
   // With a view of large jobs (GetStatusRequest.max_members: their summary
   // and worst ranks instead of every member, and rank or host look-ups).

@@ -187,6 +187,21 @@ void PrintGenerations(const v1::JobStatus& job) {
   }
 }
 
+// The machines fenced from `job` (docs/numerics.md): why, since when, and
+// the command that lifts each fence.
+void PrintFences(const v1::JobStatus& job) {
+  for (const v1::FencedHost& f : job.fenced_hosts()) {
+    std::printf(
+        "%s FENCED machine '%s' since %s: %s; its joins are refused (lift with: shardctl "
+        "unfence --job=%s --host=%s)\n",
+        job.job_id().c_str(), f.node().c_str(),
+        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(f.unix_ms()),
+                         absl::UTCTimeZone())
+            .c_str(),
+        f.reason().c_str(), job.job_id().c_str(), f.node().substr(0, f.node().find(' ')).c_str());
+  }
+}
+
 // What the ranks report of numerical integrity (docs/numerics.md) and of
 // checkpoint commits waiting for the server.
 void PrintIntegrity(const v1::JobStatus& job) {
@@ -228,6 +243,7 @@ void PrintIntegrity(const v1::JobStatus& job) {
         "logs say how far off each was)\n",
         job.job_id().c_str(), corrupted_rank, host.c_str(), static_cast<long long>(corruptions));
   }
+  PrintFences(job);
   if (skipped > 0) {
     std::printf(
         "\n%s skipped steps: %lld (non-finite loss or gradient norm, "
@@ -314,9 +330,11 @@ int main(int argc, char** argv) {
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
       "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
       "  top [--job=ID] [--rank=R|--host=H|--all]  live view of jobs and ranks (q quits)\n"
-      "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n");
+      "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n"
+      "  unfence --job=ID --host=HOSTNAME        lift a machine's fence (admin token)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  const char* commands = "status, health, spec, plan, checkpoints, consolidate, history, top, job";
+  const char* commands =
+      "status, health, spec, plan, checkpoints, consolidate, history, top, job, unfence";
   if (args.size() < 2) {
     std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
@@ -331,6 +349,7 @@ int main(int argc, char** argv) {
   if (command == "history") return zeroshard::HistoryCommand();
   if (command == "top") return zeroshard::TopCommand();
   if (command == "job") return zeroshard::JobCommand(args.size() > 2 ? args[2] : "");
+  if (command == "unfence") return zeroshard::UnfenceCommand();
   std::fprintf(stderr, "shardctl: unknown command '%s' (expected: %s)\n", command.c_str(),
                commands);
   return 2;

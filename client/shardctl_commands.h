@@ -32,15 +32,16 @@ std::string ProtoJson(const google::protobuf::Message& message);
 std::string InCollective(const v1::RankTelemetry& telemetry);
 std::string MemberFlags(const v1::MemberStatus& member);
 
-int StatusCommand();       // shardctl.cc
-int HealthCommand();       // shardctl.cc
-int SpecCommand();         // shardctl_plan.cc
-int PlanCommand();         // shardctl_plan.cc
-int CheckpointsCommand();  // shardctl_checkpoints.cc
-int ConsolidateCommand();  // shardctl_checkpoints.cc
-int HistoryCommand();      // shardctl_observe.cc
-int TopCommand();          // shardctl_observe.cc
+int StatusCommand();                      // shardctl.cc
+int HealthCommand();                      // shardctl.cc
+int SpecCommand();                        // shardctl_plan.cc
+int PlanCommand();                        // shardctl_plan.cc
+int CheckpointsCommand();                 // shardctl_checkpoints.cc
+int ConsolidateCommand();                 // shardctl_checkpoints.cc
+int HistoryCommand();                     // shardctl_observe.cc
+int TopCommand();                         // shardctl_observe.cc
 int JobCommand(const std::string& verb);  // shardctl_job.cc: "create"
+int UnfenceCommand();                     // shardctl_job.cc
 
 }  // namespace zeroshard
 

@@ -26,7 +26,8 @@ ABSL_FLAG(bool, csv, false, "history: print CSV");
 ABSL_FLAG(int, rank, -1,
           "history, status, top: only this rank (-1: every rank, or a large job's worst)");
 ABSL_FLAG(std::string, host, "",
-          "status, top: only this host's ranks (a job of more than 64 ranks: look them up)");
+          "status, top: only this host's ranks (a job of more than 64 ranks: look them up); "
+          "unfence: the machine whose fence is lifted (its hostname)");
 ABSL_FLAG(int, top_iterations, 0, "top: refresh this many times, then exit (0: until q or Ctrl-C)");
 ABSL_FLAG(absl::Duration, top_interval, absl::Seconds(1), "top: time between refreshes");
 

@@ -162,6 +162,42 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
   return FinishNow(context, ToGrpcStatus(membership_->Leave(request->member(), request)));
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::EvictHost(grpc::CallbackServerContext* context,
+                                                        const v1::EvictHostRequest* request,
+                                                        v1::EvictHostResponse* response) {
+  // The job's token (or the admin's), then the member's credentials, which
+  // Membership::EvictHost checks (a member of the last formed generation).
+  if (grpc::Status auth = Authorize(context, request->member().job_id()); !auth.ok()) {
+    return FinishNow(context, auth);
+  }
+  absl::StatusOr<v1::EvictHostResponse> evicted = membership_->EvictHost(*request);
+  if (evicted.ok()) *response = *std::move(evicted);
+  return FinishNow(context, ToGrpcStatus(StillLeading(evicted.status())));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::UnfenceHost(grpc::CallbackServerContext* context,
+                                                          const v1::UnfenceHostRequest* request,
+                                                          v1::UnfenceHostResponse* response) {
+  absl::StatusOr<Caller> caller = credentials_->Identify(context->client_metadata());
+  if (!caller.ok()) return FinishNow(context, ToGrpcStatus(caller.status()));
+  // A job's own token must not lift what its members asked for: an
+  // operator's call (the admin token), after the machine was checked.
+  if (!caller->admin) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                           "UnfenceHost needs the admin token (a job token "
+                                           "cannot lift its own job's fences)"));
+  }
+  if (request->job_id().empty() || request->host().empty()) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           "UnfenceHost needs job_id and host (a hostname, or "
+                                           "the '<hostname> <boot id>' status shows)"));
+  }
+  absl::StatusOr<v1::UnfenceHostResponse> lifted =
+      membership_->UnfenceHost(request->job_id(), request->host());
+  if (lifted.ok()) *response = *std::move(lifted);
+  return FinishNow(context, ToGrpcStatus(StillLeading(lifted.status())));
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
                                                        const v1::StoreSetRequest* request,
                                                        v1::StoreSetResponse* /*response*/) {

@@ -81,6 +81,14 @@ class CoordinatorService final : public HeartbeatAsyncService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override;
+  // Numerical integrity: a member evicts a corrupted rank's machine; an
+  // admin lifts the fence (shardctl unfence).
+  grpc::ServerUnaryReactor* EvictHost(grpc::CallbackServerContext* context,
+                                      const v1::EvictHostRequest* request,
+                                      v1::EvictHostResponse* response) override;
+  grpc::ServerUnaryReactor* UnfenceHost(grpc::CallbackServerContext* context,
+                                        const v1::UnfenceHostRequest* request,
+                                        v1::UnfenceHostResponse* response) override;
   // The same on parsed requests (the fuzzers call these).
   grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
                                      const v1::StoreSetRequest* request,

@@ -27,7 +27,8 @@ namespace zeroshard {
 // and never serve the async requests.
 namespace heartbeat_internal {
 using C = v1::Coordinator;
-using Service = C::WithCallbackMethod_Join<C::WithCallbackMethod_Leave<
+using Service = C::WithCallbackMethod_EvictHost<C::WithCallbackMethod_UnfenceHost<
+    C::WithCallbackMethod_Join<C::WithCallbackMethod_Leave<
     C::WithRawCallbackMethod_StoreSet<C::WithCallbackMethod_StoreGet<C::WithCallbackMethod_StoreAdd<
         C::WithRawCallbackMethod_StoreWait<C::WithRawCallbackMethod_StoreCompareSet<
             C::WithCallbackMethod_StoreDelete<C::WithRawCallbackMethod_StoreCheck<
@@ -35,7 +36,7 @@ using Service = C::WithCallbackMethod_Join<C::WithCallbackMethod_Leave<
                     C::WithCallbackMethod_PlanShards<C::WithCallbackMethod_CommitShard<
                         C::WithCallbackMethod_UploadShard<C::WithCallbackMethod_ListCheckpoints<
                             C::WithCallbackMethod_Consolidate<C::WithCallbackMethod_GetHistory<
-                                C::WithAsyncMethod_Heartbeat<C::Service>>>>>>>>>>>>>>>>>>;
+                                C::WithAsyncMethod_Heartbeat<C::Service>>>>>>>>>>>>>>>>>>>>;
 }  // namespace heartbeat_internal
 using HeartbeatAsyncService = heartbeat_internal::Service;
 

@@ -228,6 +228,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["snapshot_copy_ms"] = m.snapshot_copy_ms;
   out["snapshot_transfer_ms"] = m.snapshot_transfer_ms;
   out["snapshots_skipped"] = m.snapshots_skipped;
+  out["snapshots_waited"] = m.snapshots_waited;
   out["snapshot_refusals"] = m.snapshot_refusals;
   out["snapshots_from_replicas"] = m.snapshots_from_replicas;
   out["snapshot_committed_step"] = m.snapshot_committed_step;

@@ -69,6 +69,10 @@ struct RunMetrics {
   std::vector<double> snapshot_copy_ms;
   std::vector<double> snapshot_transfer_ms;
   int snapshots_skipped = 0;
+  // Boundaries at which the previous transfer was still in flight and the
+  // snapshot waited for it (their waits are in snapshot_pause_ms; one
+  // longer than the bound skips, as above).
+  int snapshots_waited = 0;
   // Snapshots this rank refused to keep for a NaN or Inf value
   // (SnapshotKeeper::TakeRefusals): their messages.
   std::vector<std::string> snapshot_refusals;

@@ -42,6 +42,7 @@ absl::Status SnapshotSchedule::Reserve(ZeroEngine& engine, int world) {
   // Own and buddy's blob for two steps; from replicas, own only (twice the
   // run, no buddy's).
   keeper_.Reserve(view->bytes + kHeaderBytes, world > 1 && !FromReplicas(engine) ? 4 : 2);
+  reserving_ = true;
   return absl::OkStatus();
 }
 
@@ -59,8 +60,8 @@ void SnapshotSchedule::RecordLastTransfer() {
 
 // One small collective decides two things: the commit (the latest step every
 // rank has complete, own and buddy's copy) and whether to skip this snapshot
-// because a rank's previous transfer is still in flight (then every rank
-// skips: the buddy swap needs both sides); and it checks that every rank
+// because a rank's previous transfer is still in flight after the wait's
+// bound (then every rank skips: the buddy swap needs both sides); and it checks that every rank
 // runs with the same --snapshot_buddy (a mix would leave one side of a swap
 // waiting). Each rank sends 4 * (complete_step + 1) + 2 * buddy_always +
 // in_flight.
@@ -94,7 +95,22 @@ absl::StatusOr<std::vector<int>> SnapshotSchedule::VoteAndCommit(ZeroEngine& eng
 absl::Status SnapshotSchedule::Take(ZeroEngine& engine, const ShardIdentity& id,
                                     GlooCommunicator* comm, int buddy_shift, bool on_device) {
   const absl::Time start = absl::Now();
-  const bool busy = keeper_.in_flight();
+  // The previous transfer still in flight (a loaded machine, a slow link):
+  // wait for it rather than skip, so that a boundary always leaves a
+  // snapshot a recovery or a rewind can go back to. Normally it ended long
+  // ago and this costs nothing; the wait counts in the pause. Bounded by
+  // the transfer's own timeout (it fails by then). The buffers' first touch
+  // (Reserve) is waited for only up to kReserveWait: a small model's takes
+  // milliseconds (a loaded machine skipped rewind_test's first snapshots
+  // for it), a large one's can take seconds, which the step must not pause
+  // for. A rank still busy after its bound makes every rank skip, as before.
+  constexpr absl::Duration kReserveWait = absl::Milliseconds(500);
+  bool busy = keeper_.in_flight();
+  if (busy) {
+    ++metrics_->snapshots_waited;
+    busy = !keeper_.WaitIdle(reserving_ ? std::min(kReserveWait, timeout_) : timeout_);
+  }
+  if (!busy) reserving_ = false;
   if (!busy) {
     if (absl::Status s = keeper_.Wait(); !s.ok()) return Annotate(s, "snapshot");
     RecordLastTransfer();
@@ -107,7 +123,7 @@ absl::Status SnapshotSchedule::Take(ZeroEngine& engine, const ShardIdentity& id,
       std::fprintf(stderr,
                    "shard_worker rank %d: snapshot of step %lld skipped: the previous snapshot's "
                    "transfer (or the first touch of the snapshot buffers) is still in flight on "
-                   "rank(s) %s (%d skipped so far; a larger --snapshot_every avoids this)\n",
+                   "rank(s) %s after the wait's bound (%d skipped so far)\n",
                    id.rank, static_cast<long long>(id.step),
                    absl::StrJoin(*busy_ranks, ",").c_str(), metrics_->snapshots_skipped);
     }

@@ -1,7 +1,8 @@
 // The in-memory snapshots of a training run (#13, docs/recovery.md), as the
 // training thread drives them: buffers reserved after a generation's first
 // step, a snapshot at every --snapshot_every boundary (one small collective
-// commits the last complete one and decides whether to skip this one), and
+// commits the last complete one; a transfer still in flight is waited for),
+// and
 // the wait for the background copy before the optimizer changes the state.
 // The blobs themselves live in the SnapshotKeeper it owns, across generations.
 //
@@ -41,8 +42,10 @@ class SnapshotSchedule {
   absl::Status Reserve(ZeroEngine& engine, int world);
   // The boundary after `id.step` completed steps: commit, then start a
   // snapshot of `engine` swapped with the buddy `buddy_shift` ranks on over
-  // `comm`, or skip it on every rank when some rank's last transfer is still
-  // in flight. `on_device`: the engine's state is in device memory (copied
+  // `comm`. A rank whose last transfer is still in flight waits for it
+  // (bounded by the transfer's timeout; the buffers' first touch, by
+  // kReserveWait); when one is still busy after that, every rank skips this
+  // snapshot. `on_device`: the engine's state is in device memory (copied
   // here, the pause) rather than host memory (copied in the background).
   absl::Status Take(ZeroEngine& engine, const ShardIdentity& id, GlooCommunicator* comm,
                     int buddy_shift, bool on_device);
@@ -77,6 +80,11 @@ class SnapshotSchedule {
   // A snapshot started at the last boundary may still be copying the
   // engine's state.
   bool copy_pending_ = false;
+  // Reserve's first touch of the buffers may still run (until a boundary
+  // finds nothing in flight): a boundary waits for it only up to
+  // kReserveWait, since touching gigabytes on a loaded machine took longer
+  // than ten steps of seed 001's model (recovery_bench: a 5.8 s pause).
+  bool reserving_ = false;
   int64_t last_reported_transfer_ = -1;  // the snapshot step whose times metrics_ has
 };
 

@@ -227,6 +227,9 @@ class Worker {
   // step agreed: names the rank(s) whose hash changed, reports to the server,
   // and evicts a host whose rank was corrupted twice.
   absl::Status NameCorruptedRanks(int step);
+  // Asks the server to evict `rank`'s machine (fence it, its members dead):
+  // what happened, in words, for the stop line of the ranks there.
+  std::string AskToEvict(int rank, int step);
   // Collective, in the re-run after a mismatch rewind, at the state the
   // mismatch was found in (`completed` steps): how far each rank's first-run
   // shard was from the re-run's (PendingMismatch::deviations).

@@ -228,15 +228,41 @@ absl::Status Worker::NameCorruptedRanks(int step) {
   }
   for (int rank : evict) {
     const std::string host = host_of(rank);
+    const std::string fenced = AskToEvict(rank, step);
     if (host_of(rank_) != host) continue;
-    // This rank shares the host: it leaves the job the way a dead host's
-    // ranks do (no Leave), so the server ends the generation and the job
-    // shrinks or waits for a replacement, while the telemetry says why.
+    // This rank shares the host: it stops without a Leave. The server
+    // declared it dead with its machine (or, when it could not be asked,
+    // does so when its heartbeats stop) and the job shrinks or takes a
+    // replacement elsewhere, while the telemetry says why.
     return MarkNumericalStop(absl::FailedPreconditionError(absl::StrCat(
         "evicting host ", host, ": rank ", rank, "'s shard was corrupted ", corruptions_[rank],
-        " times (", last_corruption_, "); this rank, on that host, stops")));
+        " times (", last_corruption_, "); ", fenced, "; this rank, on that host, stops")));
   }
   return absl::OkStatus();
+}
+
+// Every rank asks (the server's EvictHost is idempotent: the first ask
+// fences the machine and ends the generation, the others find it fenced),
+// so the eviction does not hang on one rank's connection.
+std::string Worker::AskToEvict(int rank, int step) {
+  const std::string reason =
+      absl::StrCat("silent corruption on rank ", rank, " at step ", step,
+                   ": its shard was corrupted ", corruptions_[rank], " times (docs/numerics.md)");
+  absl::StatusOr<v1::EvictHostResponse> evicted = client_->EvictHost(rank, step, reason);
+  if (!evicted.ok()) {
+    std::fprintf(stderr,
+                 "shard_worker rank %d: the server did not evict rank %d's machine (%s); its "
+                 "ranks stop, and the server declares them dead when their heartbeats stop\n",
+                 rank_, rank, evicted.status().ToString().c_str());
+    return "the server could not be asked to fence it";
+  }
+  if (rank_ == 0 || !evicted->already()) {
+    std::fprintf(stderr,
+                 "shard_worker rank %d: the server fenced machine '%s' from the job (%s); its "
+                 "joins are refused until `shardctl unfence`\n",
+                 rank_, evicted->node().c_str(), reason.c_str());
+  }
+  return absl::StrCat("the server fenced machine '", evicted->node(), "' from the job");
 }
 
 absl::StatusOr<int> Worker::Rewind() {

@@ -1,5 +1,5 @@
 // What the registry's files share: the clock in Unix ms and the delete of a
-// step's rows. Internal to //shard_server:checkpoint_registry.
+// step's rows. Internal to //shard_server/checkpoint:checkpoint_registry.
 #ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_
 #define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_REGISTRY_INTERNAL_H_
 

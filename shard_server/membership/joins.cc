@@ -100,6 +100,7 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToJob(const v1::Joi
   if (job == nullptr) return JoinKind::kNewJob;
   // The job takes no join until its last change is saved.
   if (absl::Status s = SaveUnsaved(*job); !s.ok()) return s;
+  if (absl::Status s = CheckNotFenced(request, *job); !s.ok()) return s;
   if (job->state == v1::FINISHED) return JoinKind::kRestartFinished;
   if (absl::Status s = CheckSameJobOptions(request, *job); !s.ok()) return s;
   if (job->formed()) return ClassifyJoinToFormedJob(request, *job);

@@ -37,6 +37,7 @@ struct Membership::MemberState {
   int64_t collective_seq = 0;
   v1::StepTelemetry last_step;
   std::string incarnation;     // JoinRequest.incarnation
+  std::string node;            // JoinRequest.node: "<hostname> <boot id>"; "" if not sent
   int rejoins = 0;             // generations it was a member of, less one
   int64_t snapshot_step = -1;  // the member's latest committed snapshot
   // When the stream of its latest beat closed (InfinitePast: not since the
@@ -114,6 +115,9 @@ struct Membership::Job {
   std::deque<GenerationChange> history;
   std::map<std::string, int> joins;           // worker id -> generations it was a member of
   std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
+  // Machines fenced from the job (EvictHost), by node: their joins are
+  // refused until UnfenceHost. Saved with the job (the fenced_hosts table).
+  std::map<std::string, v1::FencedHost> fences;
   // The generation in which a member reported a failed collective
   // (HeartbeatRequest.peer_failure; -1: none): its silent members are
   // declared dead sooner (Tick).

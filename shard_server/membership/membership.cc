@@ -138,6 +138,7 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     m.worker_id = worker_id;
     m.host = p.host;
     m.incarnation = p.incarnation;
+    m.node = p.node;
     m.token = NewToken();
     m.last_heartbeat = now;
     job.members.push_back(std::move(m));

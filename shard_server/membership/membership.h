@@ -37,6 +37,7 @@
 //   shrink.cc        a smaller generation after --rejoin_grace (rejoin_wait.h)
 //   grow_back.cc     a shrunk job's missing workers taken back
 //   status.cc        GetStatus, WorldSize
+//   fences.cc        EvictHost, UnfenceHost: machines fenced from a job
 //   persistence.cc   the state store: Restore, saves, syncs
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBERSHIP_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBERSHIP_H_
@@ -212,6 +213,21 @@ class Membership {
   // The job's world size, or NOT_FOUND.
   absl::StatusOr<int> WorldSize(const std::string& job_id);
 
+  // ---- fences.cc: machines fenced from a job (docs/numerics.md) ----
+  // A member (of the current or the last formed generation: every rank asks
+  // at once, and the first ask moves the generation on) asks to evict the
+  // machine of `rank`: its node (JoinRequest.node; its host when it sent
+  // none) is fenced, saved first, and every live member there is declared
+  // dead at once (a new generation, DEGRADED, as for a dead host). A machine
+  // already fenced: OK with already = true, nothing changes.
+  // INVALID_ARGUMENT for a rank outside the generation.
+  absl::StatusOr<v1::EvictHostResponse> EvictHost(const v1::EvictHostRequest& request);
+  // Lifts the job's fences whose node is `host` or whose hostname is (the
+  // node's first word): the nodes lifted (none: OK, empty). NOT_FOUND for an
+  // unknown job.
+  absl::StatusOr<v1::UnfenceHostResponse> UnfenceHost(const std::string& job_id,
+                                                      const std::string& host);
+
  private:
   // The member table (member_table.h): defined there, for Membership's own
   // files only.
@@ -287,6 +303,9 @@ class Membership {
   // FAILED_PRECONDITION when the request's world size or recovery options
   // differ from the job's.
   absl::Status CheckSameJobOptions(const v1::JoinRequest& request, const Job& job) const;
+  // FAILED_PRECONDITION naming the fence when the join comes from a machine
+  // fenced from `job` (fences.cc).
+  absl::Status CheckNotFenced(const v1::JoinRequest& request, const Job& job) const;
   // Makes the change `kind` names; the job the join then waits in. On an
   // error (a failed save) nothing changed.
   absl::StatusOr<Job*> ApplyJoin(JoinKind kind, const v1::JoinRequest& request, Job* job,
@@ -348,6 +367,13 @@ class Membership {
   // (its rules 3 and 4) for `job`.
   void LogDoubts(Job& job, const std::vector<const MemberState*>& live,
                  const std::vector<MemberVerdict>& verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- fences.cc ----
+  // Every live member on machine `node` is dead (logged with `why`), joins
+  // held from there are refused, and a formed generation moves on
+  // (DEGRADED); applied at once, saved when it can be, as a death.
+  void DeclareMachineDead(Job& job, const std::string& node, const std::string& why, absl::Time now,
+                          Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- shrink.cc and grow_back.cc ----
   // A job in DEGRADED whose rejoin grace is over forms a smaller generation

@@ -42,9 +42,18 @@ absl::Status Membership::Restore() {
       m.host = std::move(sm.host);
       m.token = std::move(sm.token);
       m.left = sm.left;
+      m.node = std::move(sm.node);
       m.alive = !sm.dead && !sm.left;
       m.last_heartbeat = RestoredBeat(now);  // restore_grace to beat again
       job->members.push_back(std::move(m));
+    }
+    for (const StoredFence& f : s.fences) {
+      v1::FencedHost& fence = job->fences[f.node];
+      fence.set_node(f.node);
+      fence.set_reason(f.reason);
+      fence.set_rank(f.rank);
+      fence.set_step(f.step);
+      fence.set_unix_ms(f.unix_ms);
     }
     job->IndexMembers();
     job->RebuildSilenceOrder();
@@ -78,7 +87,11 @@ absl::Status Membership::Persist(const Job& job) {
   s.members_generation = job.members_generation;
   s.state = job.state;
   for (const MemberState& m : job.members) {
-    s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left});
+    s.members.push_back(
+        {m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left, m.node});
+  }
+  for (const auto& [node, f] : job.fences) {
+    s.fences.push_back({node, f.reason(), f.rank(), f.step(), f.unix_ms()});
   }
   absl::Status saved = state_->SaveJob(s);
   if (saved.ok()) job.commit = state_->LastCommit();

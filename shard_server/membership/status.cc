@@ -60,6 +60,7 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
       if (!m.alive || m.left) ms->mutable_telemetry()->clear_in_progress();
       ms->set_rejoins(m.rejoins);
     }
+    for (const auto& [node, fence] : job->fences) *out->add_fenced_hosts() = fence;
     out->set_snapshot_step(job->CommittedSnapshot());
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
     FillRejoinWait(*job, now, out);

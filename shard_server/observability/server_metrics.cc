@@ -413,6 +413,10 @@ void WriteJobFamilies(const v1::GetStatusResponse& status,
           [](const v1::JobStatus& j) {
             return absl::StrCat(MostReported(j, &v1::StepTelemetry::corruptions));
           });
+  per_job("zeroshard_job_fenced_hosts", "gauge",
+          "Machines fenced from the job after a rank's shard was corrupted twice (their joins "
+          "are refused until shardctl unfence; shardctl status names them).",
+          [](const v1::JobStatus& j) { return absl::StrCat(j.fenced_hosts_size()); });
   per_job("zeroshard_job_stragglers", "gauge", "Ranks of the job flagged as stragglers.",
           [](const v1::JobStatus& j) {
             int n = 0;

@@ -25,7 +25,17 @@ CREATE TABLE IF NOT EXISTS members (
   token TEXT NOT NULL,
   left_job INTEGER NOT NULL,
   dead INTEGER NOT NULL,
+  node TEXT NOT NULL DEFAULT '',
   PRIMARY KEY (job_id, rank)
+);
+CREATE TABLE IF NOT EXISTS fenced_hosts (
+  job_id TEXT NOT NULL,
+  node TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, node)
 );
 CREATE TABLE IF NOT EXISTS plans (
   job_id TEXT NOT NULL,
@@ -38,15 +48,55 @@ CREATE TABLE IF NOT EXISTS plans (
 
 // A database from before jobs.target_world_size: the column is added (0:
 // the job's world size, which it was before a shrink could happen).
-absl::Status AddTargetWorldSizeIfMissing(StateStore::Connection& db) {
-  Statement columns =
-      db.Prepare("read the jobs columns", "SELECT name FROM pragma_table_info('jobs')");
-  bool has_target = false;
-  while (columns.Next()) has_target = has_target || columns.Text(0) == "target_world_size";
+// The same for members.node (''; the fence of a member without one falls
+// back to its host: Membership::EvictHost).
+absl::Status AddColumnIfMissing(StateStore::Connection& db, const std::string& table,
+                                const std::string& column, const std::string& definition) {
+  const std::string read = absl::StrCat("SELECT name FROM pragma_table_info('", table, "')");
+  Statement columns = db.Prepare(absl::StrCat("read the ", table, " columns"), read.c_str());
+  bool has = false;
+  while (columns.Next()) has = has || columns.Text(0) == column;
   if (!columns.status().ok()) return columns.status();
-  if (has_target) return absl::OkStatus();
-  return db.Execute("add jobs.target_world_size",
-                    "ALTER TABLE jobs ADD COLUMN target_world_size INTEGER NOT NULL DEFAULT 0;");
+  if (has) return absl::OkStatus();
+  const std::string add =
+      absl::StrCat("ALTER TABLE ", table, " ADD COLUMN ", column, " ", definition, ";");
+  return db.Execute(absl::StrCat("add ", table, ".", column), add.c_str());
+}
+
+// A job's fences as given: rows that differ are written, those gone deleted
+// (a job has a few at most; nothing is written while they stay the same).
+absl::Status SaveFences(StateStore::Connection& db, const StoredJob& job) {
+  Statement existing =
+      db.Prepare("save job fences", "SELECT node FROM fenced_hosts WHERE job_id = ?");
+  existing.Bind(1, job.job_id);
+  std::vector<std::string> gone;
+  while (existing.Next()) {
+    const std::string node = existing.Text(0);
+    bool kept = false;
+    for (const StoredFence& f : job.fences) kept = kept || f.node == node;
+    if (!kept) gone.push_back(node);
+  }
+  if (!existing.status().ok()) return existing.status();
+  Statement remove =
+      db.Prepare("save job fences", "DELETE FROM fenced_hosts WHERE job_id = ? AND node = ?");
+  for (const std::string& node : gone) {
+    remove.Reset();
+    if (absl::Status s = remove.Bind(1, job.job_id).Bind(2, node).Run(); !s.ok()) return s;
+  }
+  Statement upsert = db.Prepare(
+      "save job fences",
+      "INSERT INTO fenced_hosts(job_id, node, reason, rank, step, unix_ms) VALUES (?, ?, ?, ?, "
+      "?, ?) ON CONFLICT(job_id, node) DO UPDATE SET reason = excluded.reason, rank = "
+      "excluded.rank, step = excluded.step, unix_ms = excluded.unix_ms WHERE reason IS NOT "
+      "excluded.reason OR rank IS NOT excluded.rank OR step IS NOT excluded.step OR unix_ms IS "
+      "NOT excluded.unix_ms");
+  for (const StoredFence& f : job.fences) {
+    upsert.Reset();
+    upsert.Bind(1, job.job_id).Bind(2, f.node).Bind(3, f.reason).Bind(4, f.rank);
+    upsert.Bind(5, f.step).Bind(6, f.unix_ms);
+    if (absl::Status s = upsert.Run(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -70,7 +120,11 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::WithSchema(
   std::unique_ptr<StateStore> store(new StateStore(*std::move(db)));
   absl::Status schema = store->Transaction([](Connection& db) -> absl::Status {
     if (absl::Status s = db.Execute("open", kSchema); !s.ok()) return s;
-    return AddTargetWorldSizeIfMissing(db);
+    if (absl::Status s = AddColumnIfMissing(db, "members", "node", "TEXT NOT NULL DEFAULT ''");
+        !s.ok()) {
+      return s;
+    }
+    return AddColumnIfMissing(db, "jobs", "target_world_size", "INTEGER NOT NULL DEFAULT 0");
   });
   if (!schema.ok()) return absl::Status(schema.code(), absl::StrCat(where, ": ", schema.message()));
   return store;
@@ -104,35 +158,35 @@ absl::Status StateStore::SaveJob(const StoredJob& job) {
       Statement clear = db.Prepare("save job members", "DELETE FROM members WHERE job_id = ?");
       if (absl::Status s = clear.Bind(1, job.job_id).Run(); !s.ok()) return s;
     } else {
-      Statement beyond = db.Prepare("save job members",
-                                    "DELETE FROM members WHERE job_id = ? AND rank >= ?");
+      Statement beyond =
+          db.Prepare("save job members", "DELETE FROM members WHERE job_id = ? AND rank >= ?");
       beyond.Bind(1, job.job_id).Bind(2, static_cast<int64_t>(job.members.size()));
       if (absl::Status s = beyond.Run(); !s.ok()) return s;
     }
     Statement upsert = db.Prepare(
         "save job members",
-        "INSERT INTO members(job_id, rank, worker_id, host, token, left_job, dead) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank) DO UPDATE SET "
+        "INSERT INTO members(job_id, rank, worker_id, host, token, left_job, dead, node) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank) DO UPDATE SET "
         "worker_id = excluded.worker_id, host = excluded.host, token = excluded.token, "
-        "left_job = excluded.left_job, dead = excluded.dead WHERE "
+        "left_job = excluded.left_job, dead = excluded.dead, node = excluded.node WHERE "
         "worker_id IS NOT excluded.worker_id OR host IS NOT excluded.host OR "
         "token IS NOT excluded.token OR left_job IS NOT excluded.left_job OR "
-        "dead IS NOT excluded.dead");
+        "dead IS NOT excluded.dead OR node IS NOT excluded.node");
     for (const StoredMember& m : job.members) {
       upsert.Reset();
       upsert.Bind(1, job.job_id).Bind(2, m.rank).Bind(3, m.worker_id).Bind(4, m.host);
-      upsert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead);
+      upsert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead).Bind(8, m.node);
       if (absl::Status s = upsert.Run(); !s.ok()) return s;
     }
-    return absl::OkStatus();
+    return SaveFences(db, job);
   });
 }
 
 absl::Status StateStore::DeleteJob(const std::string& job_id) {
   return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
-    for (const char* sql : {"DELETE FROM members WHERE job_id = ?",
-                            "DELETE FROM plans WHERE job_id = ?",
-                            "DELETE FROM jobs WHERE job_id = ?"}) {
+    for (const char* sql :
+         {"DELETE FROM members WHERE job_id = ?", "DELETE FROM fenced_hosts WHERE job_id = ?",
+          "DELETE FROM plans WHERE job_id = ?", "DELETE FROM jobs WHERE job_id = ?"}) {
       Statement st = db.Prepare("forget job", sql);
       if (absl::Status s = st.Bind(1, job_id).Run(); !s.ok()) return s;
     }
@@ -158,8 +212,11 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
     }
     if (!load.status().ok()) return load.status();
     Statement members = db.Prepare("load job members",
-                                   "SELECT rank, worker_id, host, token, left_job, dead "
+                                   "SELECT rank, worker_id, host, token, left_job, dead, node "
                                    "FROM members WHERE job_id = ? ORDER BY rank");
+    Statement fences = db.Prepare("load job fences",
+                                  "SELECT node, reason, rank, step, unix_ms FROM fenced_hosts "
+                                  "WHERE job_id = ? ORDER BY node");
     for (StoredJob& job : jobs) {
       members.Reset();
       members.Bind(1, job.job_id);
@@ -171,9 +228,17 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
         m.token = members.Text(3);
         m.left = members.Int(4) != 0;
         m.dead = members.Int(5) != 0;
+        m.node = members.Text(6);
         job.members.push_back(std::move(m));
       }
       if (!members.status().ok()) return members.status();
+      fences.Reset();
+      fences.Bind(1, job.job_id);
+      while (fences.Next()) {
+        job.fences.push_back({fences.Text(0), fences.Text(1), static_cast<int>(fences.Int(2)),
+                              fences.Int(3), fences.Int(4)});
+      }
+      if (!fences.status().ok()) return fences.status();
     }
     return absl::OkStatus();
   });

@@ -32,6 +32,16 @@ struct StoredMember {
   std::string token;
   bool left = false;
   bool dead = false;
+  std::string node;  // "<hostname> <boot id>" (JoinRequest.node); "" before it was kept
+};
+
+// A machine fenced from a job (EvictHost: docs/numerics.md).
+struct StoredFence {
+  std::string node;
+  std::string reason;
+  int rank = 0;
+  int64_t step = 0;
+  int64_t unix_ms = 0;
 };
 
 struct StoredJob {
@@ -44,6 +54,7 @@ struct StoredJob {
   // after a shrink); 0: not recorded (a database from before), world_size.
   int target_world_size = 0;
   std::vector<StoredMember> members;
+  std::vector<StoredFence> fences;  // by node
 };
 
 struct StoredPlan {
@@ -79,7 +90,8 @@ class StateStore {
   // A statement that would write fails: writes need Transaction().
   absl::Status Read(Body body) { return db_->Read(body); }
 
-  // Inserts or replaces the job row and its members, in one transaction.
+  // Inserts or replaces the job row, its members and its fences, in one
+  // transaction.
   // SaveJob and DeleteJob commit without waiting for the disk: durable once
   // Sync(LastCommit()) returns (Membership commits under its lock and syncs
   // after releasing it, before it answers anyone: sql_database.h).

@@ -292,6 +292,7 @@ class Bench {
       (*out)["snapshot_pause_ms"] = *std::max_element(pauses.begin(), pauses.end());
       (*out)["snapshot_pause_ms_median"] = Median(pauses);
       (*out)["snapshots_skipped"] = report.value("snapshots_skipped", 0);
+      (*out)["snapshots_waited"] = report.value("snapshots_waited", 0);
       std::vector<double> transfers = report.value("snapshot_transfer_ms", std::vector<double>{});
       if (!transfers.empty()) (*out)["snapshot_transfer_ms_median"] = Median(transfers);
     }

@@ -81,7 +81,12 @@ TEST_F(EtcdStateTest, TheNextLeaderLoadsWhatTheLastOneCommitted) {
     EtcdStateReplica replica(first.get());
     auto store = StateStore::OpenReplicated(&replica);
     ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE((*store)->SaveJob(Job("j", 3)).ok());
+    StoredJob job = Job("j", 3);
+    job.members[1].node = "h1 boot-1";
+    // A machine fenced from the job (EvictHost) is job state like the rest:
+    // the next leader refuses it too.
+    job.fences.push_back({"h1 boot-1", "silent corruption on rank 1 at step 20", 1, 20, 1234});
+    ASSERT_TRUE((*store)->SaveJob(job).ok());
   }
   first->Resign();
   std::unique_ptr<EtcdSession> second = Leader("b:1");
@@ -95,6 +100,17 @@ TEST_F(EtcdStateTest, TheNextLeaderLoadsWhatTheLastOneCommitted) {
   EXPECT_EQ((*jobs)[0].generation, 3);
   ASSERT_EQ((*jobs)[0].members.size(), 2u);
   EXPECT_EQ((*jobs)[0].members[1].worker_id, "w1");
+  EXPECT_EQ((*jobs)[0].members[1].node, "h1 boot-1");
+  ASSERT_EQ((*jobs)[0].fences.size(), 1u);
+  EXPECT_EQ((*jobs)[0].fences[0].node, "h1 boot-1");
+  EXPECT_EQ((*jobs)[0].fences[0].reason, "silent corruption on rank 1 at step 20");
+  EXPECT_EQ((*jobs)[0].fences[0].step, 20);
+  // Lifted (shardctl unfence): the row is deleted.
+  StoredJob lifted = Job("j", 3);
+  ASSERT_TRUE((*store)->SaveJob(lifted).ok());
+  auto after = (*store)->LoadJobs();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)[0].fences.empty());
 }
 
 TEST_F(EtcdStateTest, ADeposedLeadersWriteIsRefusedAndUndone) {
@@ -320,7 +336,8 @@ std::string LegacyImage(const std::string& dir) {
   image[18] = image[19] = 1;
   uLongf bound = compressBound(image.size());
   std::string stored(8 + bound, '\0');
-  for (int i = 0; i < 8; ++i) stored[i] = static_cast<char>((uint64_t{image.size()} >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    stored[i] = static_cast<char>((uint64_t{image.size()} >> (8 * i)) & 0xff);
   compress2(reinterpret_cast<Bytef*>(&stored[8]), &bound,
             reinterpret_cast<const Bytef*>(image.data()), image.size(), 6);
   stored.resize(8 + bound);

@@ -113,6 +113,18 @@ TEST_F(JobTokensTest, AJobTokenActsOnItsOwnJobAndCannotJoinReadOrConsolidateAnot
   EXPECT_NE(stat((dir_ + "/stolen.safetensors").c_str(), &st), 0);
   auto [own_code, own] = Shardctl(cluster.address(), beta, "checkpoints --job=beta");
   EXPECT_EQ(own_code, 0) << own;
+  // A fence on a machine (docs/numerics.md) is lifted by an operator only:
+  // not by a job's own token, even for its own job.
+  auto [unfence_code, unfence] =
+      Shardctl(cluster.address(), beta, "unfence --job=beta --host=somehost");
+  EXPECT_NE(unfence_code, 0) << unfence;
+  EXPECT_NE(unfence.find("PERMISSION_DENIED"), std::string::npos) << unfence;
+  EXPECT_NE(unfence.find("needs the admin token"), std::string::npos) << unfence;
+  auto [admin_unfence_code, admin_unfence] =
+      Shardctl(cluster.address(), admin_, "unfence --job=beta --host=somehost");
+  EXPECT_EQ(admin_unfence_code, 1) << admin_unfence;  // admitted: no such fence
+  EXPECT_NE(admin_unfence.find("job 'beta' has no fence on 'somehost'"), std::string::npos)
+      << admin_unfence;
 
   // A token that is neither the admin's nor a job's is refused everything.
   const std::string stranger = dir_ + "/stranger.token";

@@ -146,6 +146,16 @@ TEST(ReplicaCheckTest, ASecondCorruptionOnARankEvictsItsHost) {
   const std::string log0 = cluster.WorkerLog(0);
   EXPECT_NE(log0.find("after step 20/25: the replicas of shard member 1 differ"), std::string::npos)
       << log0;
+  // The server fenced the machine (all four ranks' here): status and
+  // /metrics say so, with the command that lifts it.
+  status = testing::RunCommand(shardctl + " status --job=evict").second;
+  EXPECT_NE(status.find("evict FENCED machine '"), std::string::npos) << status;
+  EXPECT_NE(status.find("shardctl unfence --job=evict --host="), std::string::npos) << status;
+  const std::string port(absl::StripAsciiWhitespace(testing::ReadFileOrEmpty(dir + "/mport")));
+  metrics = testing::RunCommand(absl::StrCat("curl -s http://127.0.0.1:", port, "/metrics")).second;
+  EXPECT_NE(metrics.find("zeroshard_job_fenced_hosts{job=\"evict\"} 1\n"), std::string::npos)
+      << metrics;
+  EXPECT_NE(log0.find("the server fenced machine '"), std::string::npos) << log0;
 }
 
 TEST(ReplicaCheckTest, TheCheckChangesNothing) {

@@ -57,8 +57,8 @@ LocalCluster::~LocalCluster() {
 }
 
 std::unique_ptr<ChildProcess> LocalCluster::Launch(int host, const std::string& binary,
-                                                  const std::vector<std::string>& args,
-                                                  const std::string& log) {
+                                                   const std::vector<std::string>& args,
+                                                   const std::string& log) {
   if (host < 0) return std::make_unique<ChildProcess>(binary, args, log);
   return layout_.hosts->Start(host, binary, args, log);
 }
@@ -88,10 +88,9 @@ std::vector<std::string> LocalCluster::AgentFlags(int host) {
     const std::string name = host < 0 ? std::string("loopback") : absl::StrCat("host", host);
     Agent agent;
     agent.socket = absl::StrCat(agent_dir_, "/", name, ".sock");
-    agent.process =
-        Launch(host, RunfilePath("agent/shard_agent"),
-               {"--server=" + address_, "--listen=unix:" + agent.socket},
-               absl::StrCat(dir_, "/agent-", name, ".log"));
+    agent.process = Launch(host, RunfilePath("agent/shard_agent"),
+                           {"--server=" + address_, "--listen=unix:" + agent.socket},
+                           absl::StrCat(dir_, "/agent-", name, ".log"));
     ChildProcess* process = agent.process.get();
     const std::string socket = agent.socket;
     if (!WaitFor([&] { return access(socket.c_str(), F_OK) == 0 || !process->running(); },
@@ -121,10 +120,9 @@ void LocalCluster::StartServer() {
   std::remove(port_file.c_str());
   const int host = layout_.hosts == nullptr ? -1 : layout_.server_host;
   const std::string ip = Loopback(host);
-  std::vector<std::string> args = {
-      absl::StrCat("--listen=", ip, ":", port_),
-      "--port_file=" + port_file, "--state_dir=" + dir_ + "/state",
-      "--checkpoint_root=" + checkpoint_root()};
+  std::vector<std::string> args = {absl::StrCat("--listen=", ip, ":", port_),
+                                   "--port_file=" + port_file, "--state_dir=" + dir_ + "/state",
+                                   "--checkpoint_root=" + checkpoint_root()};
   args.insert(args.end(), server_flags_.begin(), server_flags_.end());
   for (std::string& flag : InsecureOffLoopback(ip, server_flags_)) args.push_back(flag);
   server_ = Launch(host, RunfilePath("shard_server/shard_server"), args,
@@ -219,6 +217,14 @@ void LocalCluster::RestartWorker(int index, const std::vector<std::string>& extr
   every_worker_log_.push_back(worker_logs_[index]);
   workers_[index] =
       Launch(WorkerHost(index), RunfilePath("worker/shard_worker"), args, worker_logs_[index]);
+}
+
+void LocalCluster::MoveWorker(int index, int host) {
+  const std::string old_flag = "--host=" + Loopback(WorkerHost(index));
+  layout_.worker_hosts.at(index) = host;
+  for (std::string& arg : worker_args_[index]) {
+    if (arg == old_flag) arg = "--host=" + Loopback(host);
+  }
 }
 
 std::vector<int> LocalCluster::WaitWorkers(absl::Duration timeout) {

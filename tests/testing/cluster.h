@@ -89,6 +89,9 @@ class LocalCluster {
   // log goes to a new file, which WorkerLog(index) then reads.
   void RestartWorker(int index, const std::vector<std::string>& extra = {},
                      absl::Duration timeout = absl::Seconds(10));
+  // Moves worker `index` to emulated host `host` (its --host too): its next
+  // RestartWorker starts it there, a replacement on another machine.
+  void MoveWorker(int index, int host);
   ChildProcess* worker(int rank) { return workers_[rank].get(); }
   std::string WorkerLog(int rank) const;
   nlohmann::json Report(const std::string& job, int rank) const;

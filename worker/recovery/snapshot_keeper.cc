@@ -234,6 +234,13 @@ void SnapshotKeeper::WaitCopied() {
       +[](bool* copying) { return !*copying; }, &copying_));
 }
 
+bool SnapshotKeeper::WaitIdle(absl::Duration limit) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](bool* in_flight) { return !*in_flight; }, &in_flight_),
+                              limit);
+}
+
 bool SnapshotKeeper::in_flight() const {
   absl::MutexLock lock(&mu_);
   return in_flight_;

@@ -101,6 +101,8 @@ class SnapshotKeeper {
   void WaitCopied() ABSL_LOCKS_EXCLUDED(mu_);
   // A snapshot's copy or transfer, or Reserve, is still running.
   bool in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until nothing is in flight or `limit` passed; !in_flight().
+  bool WaitIdle(absl::Duration limit) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the transfer in flight; its error (the collective's, or a
   // checksum mismatch).
   absl::Status Wait();

@@ -291,5 +291,81 @@ TEST_F(MembershipSaveTest, UnsavedDeathIsSavedByTheJobsNextCall) {
   EXPECT_EQ(Saved("job").generation(), members[0].generation() + 1);
 }
 
+// EvictHost (fences.cc): the named rank's machine (its node) is fenced and
+// its members declared dead at once; the fence is saved with the job, so a
+// restarted server still refuses the machine's joins, naming it, why, and
+// the command that lifts it; UnfenceHost lifts it (saved too).
+TEST_F(MembershipTest, AnEvictedMachineStaysFencedAcrossARestartUntilUnfenced) {
+  std::string dir = testing::MakeTempDir("membership");
+  auto on = [&](const std::string& worker, const std::string& node) {
+    v1::JoinRequest r = Request("fenced", 4, worker);
+    r.set_node(node);
+    return r;
+  };
+  const std::vector<std::string> nodes = {"hostA boot1", "hostA boot1", "hostB boot2",
+                                          "hostB boot2"};
+  {
+    auto state = StateStore::Open(dir + "/state.db");
+    ASSERT_TRUE(state.ok()) << state.status();
+    Membership first(&clock_, &log_, state->get(), options_);
+    std::vector<JoinResult> joins(4);
+    for (int i = 0; i < 4; ++i) {
+      first.Join(on(absl::StrCat("w", i), nodes[i]), clock_.Now() + absl::Hours(1),
+                 [&joins, i](auto r) { joins[i] = r; });
+    }
+    for (auto& r : joins) ASSERT_TRUE(r && r->ok());
+    v1::EvictHostRequest evict;
+    *evict.mutable_member() = Credentials("fenced", **joins[2]);  // rank 2 asks
+    evict.set_rank(1);
+    evict.set_step(20);
+    absl::StatusOr<v1::EvictHostResponse> evicted = first.EvictHost(evict);
+    ASSERT_TRUE(evicted.ok()) << evicted.status();
+    EXPECT_EQ(evicted->node(), "hostA boot1");
+    EXPECT_FALSE(evicted->already());
+    v1::GetStatusResponse status = first.Status("fenced");
+    EXPECT_EQ(status.jobs(0).state(), v1::DEGRADED);  // at once: no heartbeat timeout
+    EXPECT_FALSE(status.jobs(0).members(0).alive());
+    EXPECT_FALSE(status.jobs(0).members(1).alive());
+    EXPECT_TRUE(status.jobs(0).members(2).alive());
+    ASSERT_EQ(status.jobs(0).fenced_hosts_size(), 1);
+    EXPECT_EQ(status.jobs(0).fenced_hosts(0).reason(), "silent corruption on rank 1 at step 20");
+    // Rank 3 asks too, with the old generation's credentials: already done.
+    *evict.mutable_member() = Credentials("fenced", **joins[3]);
+    evicted = first.EvictHost(evict);
+    ASSERT_TRUE(evicted.ok()) << evicted.status();
+    EXPECT_TRUE(evicted->already());
+    EXPECT_EQ(Logged("host_evicted"), 1);
+    // A rank outside the generation is refused, naming it.
+    evict.set_rank(7);
+    EXPECT_TRUE(absl::IsInvalidArgument(first.EvictHost(evict).status()));
+  }
+  auto state = StateStore::Open(dir + "/state.db");
+  ASSERT_TRUE(state.ok());
+  Membership restored(&clock_, &log_, state->get(), options_);
+  ASSERT_TRUE(restored.Restore().ok());
+  ASSERT_EQ(restored.Status("fenced").jobs(0).fenced_hosts_size(), 1);
+  JoinResult refused;
+  restored.Join(on("w0", "hostA boot1"), clock_.Now() + absl::Hours(1),
+                [&](auto r) { refused = r; });
+  ASSERT_TRUE(refused.has_value());
+  ASSERT_TRUE(absl::IsFailedPrecondition(refused->status())) << refused->status();
+  const std::string message(refused->status().message());
+  EXPECT_NE(message.find("machine 'hostA boot1'"), std::string::npos) << message;
+  EXPECT_NE(message.find("silent corruption on rank 1 at step 20"), std::string::npos) << message;
+  EXPECT_NE(message.find("shardctl unfence --job=fenced --host=hostA"), std::string::npos)
+      << message;
+  // Lifted by hostname; saved, so a second restart does not bring it back.
+  absl::StatusOr<v1::UnfenceHostResponse> lifted = restored.UnfenceHost("fenced", "hostA");
+  ASSERT_TRUE(lifted.ok()) << lifted.status();
+  ASSERT_EQ(lifted->nodes_size(), 1);
+  EXPECT_EQ(lifted->nodes(0), "hostA boot1");
+  EXPECT_EQ(restored.Status("fenced").jobs(0).fenced_hosts_size(), 0);
+  auto reopened = StateStore::Open(dir + "/state.db");
+  ASSERT_TRUE(reopened.ok());
+  Membership again(&clock_, &log_, reopened->get(), options_);
+  ASSERT_TRUE(again.Restore().ok());
+  EXPECT_EQ(again.Status("fenced").jobs(0).fenced_hosts_size(), 0);
+}
+
 }  // namespace
 }  // namespace zeroshard
