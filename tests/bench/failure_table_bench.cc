@@ -229,8 +229,9 @@ void ServerFigures(Run& run, Figures& f) {
   f.stall_s = run.StallSeconds();
 }
 
-// A fault for --outage, healed; ends when the silent members beat again
-// and rank 0 made 10 steps after the heal.
+// A fault for --outage, healed; ends when `silent_members` members beat
+// again (0: they re-join instead, a new generation) and rank 0 made 10
+// steps after the heal.
 void MeasureHealed(Run& run, Figures& f, const std::function<absl::Status()>& fault,
                    int silent_members) {
   Must(fault());
@@ -247,7 +248,7 @@ void MeasureHealed(Run& run, Figures& f, const std::function<absl::Status()>& fa
                run.step() >= step_at_heal + 10;
       },
       absl::GetFlag(FLAGS_give_up));
-  if (static_cast<int>(resumed.size()) >= silent_members) {
+  if (silent_members > 0 && static_cast<int>(resumed.size()) >= silent_members) {
     std::sort(resumed.begin(), resumed.end());
     f.beats_back_s = absl::ToDoubleSeconds(resumed[silent_members - 1] - healed);
   }
