@@ -266,6 +266,29 @@ WriteRate WritesWhileHeartbeating(testing::EtcdCluster& etcd, const std::string&
   return rate;
 }
 
+// Joins and commits against a lone server with its state in SQLite.
+std::pair<std::vector<double>, std::vector<double>> MeasureSqlite(const std::string& dir, int joins,
+                                                                  int commits) {
+  std::string sqlite_port = dir + "/sqlite-port";
+  testing::ChildProcess sqlite_server(
+      testing::RunfilePath("shard_server/shard_server"),
+      {"--listen=127.0.0.1:0", "--port_file=" + sqlite_port, "--state_dir=" + dir + "/sqlite",
+       "--checkpoint_root=" + dir + "/sqlite-checkpoints"},
+      dir + "/sqlite-server.log");
+  std::string port;
+  WaitFor(
+      [&] {
+        port = testing::ReadFileOrEmpty(sqlite_port);
+        return !port.empty() && port.back() == '\n';
+      },
+      absl::Seconds(20));
+  if (!port.empty()) port.pop_back();
+  std::vector<double> sqlite_joins = MeasureJoins("127.0.0.1:" + port, "sqlite", joins);
+  std::vector<double> sqlite_commits =
+      MeasureCommits("127.0.0.1:" + port, dir + "/sqlite-checkpoints", "sqlite", commits);
+  return {sqlite_joins, sqlite_commits};
+}
+
 int Run() {
   BenchMachine machine = DescribeBenchMachine("");
   std::printf("%s\n", machine.Line().c_str());
@@ -286,23 +309,7 @@ int Run() {
   const int commits = absl::GetFlag(FLAGS_commits);
   std::vector<double> etcd_commits =
       MeasureCommits(servers.addresses(), dir + "/etcd-checkpoints", "etcd", commits);
-  std::string sqlite_port = dir + "/sqlite-port";
-  testing::ChildProcess sqlite_server(
-      testing::RunfilePath("shard_server/shard_server"),
-      {"--listen=127.0.0.1:0", "--port_file=" + sqlite_port, "--state_dir=" + dir + "/sqlite",
-       "--checkpoint_root=" + dir + "/sqlite-checkpoints"},
-      dir + "/sqlite-server.log");
-  std::string port;
-  WaitFor(
-      [&] {
-        port = testing::ReadFileOrEmpty(sqlite_port);
-        return !port.empty() && port.back() == '\n';
-      },
-      absl::Seconds(20));
-  if (!port.empty()) port.pop_back();
-  std::vector<double> sqlite_joins = MeasureJoins("127.0.0.1:" + port, "sqlite", joins);
-  std::vector<double> sqlite_commits =
-      MeasureCommits("127.0.0.1:" + port, dir + "/sqlite-checkpoints", "sqlite", commits);
+  auto [sqlite_joins, sqlite_commits] = MeasureSqlite(dir, joins, commits);
 
   const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
   std::vector<WriteRate> rates;

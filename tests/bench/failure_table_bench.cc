@@ -265,7 +265,7 @@ void MeasureRow(const std::string& row, Run& run, Figures& f) {
         run, f, [&] { return hosts.CutPair(kCutHost, kServerHost); }, 2);
   } else if (row == "host_cut_healed") {
     MeasureHealed(
-        run, f, [&] { return hosts.CutOff(kCutHost); }, 2);
+        run, f, [&] { return hosts.CutOff(kCutHost); }, 0);
   } else if (row == "partition_unhealed") {
     Must(hosts.CutPair(kCutHost, kServerHost));
     run.FaultNow();
@@ -293,11 +293,12 @@ void MeasureRow(const std::string& row, Run& run, Figures& f) {
     if (run.Until([&] { return gone(2) && gone(3); }, absl::GetFlag(FLAGS_give_up))) {
       f.exit_s = absl::ToDoubleSeconds(absl::Now() - run.fault());
       const std::string log = run.cluster().WorkerLog(2);
+      // "... (tried for 1m)": how long the re-join tried.
       const size_t at = log.rfind("tried for");
-      f.how = absl::StrCat(
-          "exit ", run.cluster().worker(2)->Wait(absl::ZeroDuration()), "/",
-          run.cluster().worker(3)->Wait(absl::ZeroDuration()),
-          at == std::string::npos ? "" : absl::StrCat(", \"", log.substr(at, 16), "\""));
+      const size_t end = at == std::string::npos ? at : log.find(')', at);
+      f.how = absl::StrCat("exit ", run.cluster().worker(2)->Wait(absl::ZeroDuration()), "/",
+                           run.cluster().worker(3)->Wait(absl::ZeroDuration()));
+      if (end != std::string::npos) absl::StrAppend(&f.how, ", \"", log.substr(at, end - at), "\"");
     }
   } else {
     std::fprintf(stderr, "--rows: '%s' is not a row (see the file's comment)\n", row.c_str());
