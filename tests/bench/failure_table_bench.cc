@@ -23,7 +23,8 @@
 //   generations   generation_bumped events after the fault (0: none)
 //   first_dead_s  the server's first member_dead verdict
 //   stall_s       the longest time rank 0 completed no step, fault -> end
-//   beats_back_s  heal -> the last silent member's heartbeat_resumed
+//   beats_back_s  heal (the command's start) -> the last silent member's
+//                 heartbeat_resumed
 //   message_s     -> both cut-off ranks printed "has not answered a heartbeat"
 //   exit_s        -> both cut-off ranks exited (host_cut_unhealed), and how
 // The job itself: the MLP of the cluster tests (3 x 24, stage 3, batch 4),
@@ -237,8 +238,11 @@ void MeasureHealed(Run& run, Figures& f, const std::function<absl::Status()>& fa
   Must(fault());
   run.FaultNow();
   run.For(absl::GetFlag(FLAGS_outage));
-  Must(run.hosts().HealAll());
+  // From the heal command's start: the drops go while deploy/emuhosts.sh
+  // still runs (a loaded machine's bash, flock and nft take up to ~1 s), and
+  // heartbeats can resume before it returns.
   const absl::Time healed = absl::Now();
+  Must(run.hosts().HealAll());
   const int step_at_heal = run.step();
   std::vector<absl::Time> resumed;
   const bool done = run.Until(

@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<EmulatedHosts>> EmulatedHosts::Create(int count) 
   }
   // Sets of runs whose process is gone (a test that crashed before its
   // destructor ran).
-  (void)Emuhosts("sweep-runner", "sweep");
+  (void)RunCommand(Script() + " sweep");
   const std::string name = absl::StrCat(kNamePrefix, getpid());
   // A set of this pid left by an earlier object of this process.
   (void)Emuhosts(name, "down");
