@@ -19,6 +19,11 @@
 //   worker_killed          rank 1 killed (SIGKILL), started again at the
 //                          server's verdict (the launcher's replacement)
 //   host_cut_unhealed      host 2 cut off for good: until ranks 2 and 3 exit
+//   host_cut_replaced      host 2 cut off and its ranks killed; at the
+//                          server's verdict the network is back and the
+//                          launcher starts replacements (same worker ids)
+//   host_cut_shrunk        the same with --min_world_size=2 (tuned: and
+//                          --rejoin_grace=2s) and no replacement
 // Figures (seconds, from the fault, or from the heal where it says so):
 //   generations   generation_bumped events after the fault (0: none)
 //   first_dead_s  the server's first member_dead verdict
@@ -59,7 +64,7 @@
 ABSL_FLAG(std::string, profiles, "tuned,defaults", "Flag profiles to run each row with");
 ABSL_FLAG(std::string, rows,
           "server_cut,partition,partition_checkpoints,partition_unhealed,host_cut_healed,"
-          "worker_killed,host_cut_unhealed",
+          "worker_killed,host_cut_replaced,host_cut_shrunk,host_cut_unhealed",
           "Rows of the failure table to measure, in this order");
 ABSL_FLAG(absl::Duration, outage, absl::Seconds(20), "How long a healed fault lasts");
 ABSL_FLAG(absl::Duration, give_up, absl::Minutes(8),
@@ -290,6 +295,20 @@ void MeasureRow(const std::string& row, Run& run, Figures& f) {
     run.cluster().RestartWorker(1);
     // Training again: 10 steps past where it stopped.
     run.Until([&] { return run.step() >= step_at_kill + 10; }, absl::GetFlag(FLAGS_give_up));
+  } else if (row == "host_cut_replaced" || row == "host_cut_shrunk") {
+    const int step_at_cut = run.step();
+    Must(hosts.CutOff(kCutHost));
+    for (int r : {2, 3}) run.cluster().worker(r)->Signal(SIGKILL);  // gone for good
+    run.FaultNow();
+    if (row == "host_cut_replaced") {
+      run.Until([&] { return !ServerEvents(run.ServerLog(), "member_dead", run.fault()).empty(); },
+                absl::GetFlag(FLAGS_give_up));
+      Must(hosts.HealAll());
+      run.cluster().RestartWorker(2);
+      run.cluster().RestartWorker(3);
+    }
+    // Training again (at W = 4, or W = 2): 10 steps past where it stopped.
+    run.Until([&] { return run.step() >= step_at_cut + 10; }, absl::GetFlag(FLAGS_give_up));
   } else if (row == "host_cut_unhealed") {
     Must(hosts.CutOff(kCutHost));
     run.FaultNow();
@@ -321,6 +340,10 @@ int Main() {
       const std::string row(r);
       std::vector<std::string> row_flags;
       if (row == "partition_checkpoints") row_flags = {"--checkpoint_every=20"};
+      if (row == "host_cut_shrunk") {
+        row_flags = {"--min_world_size=2"};
+        if (profile.name == "tuned") row_flags.push_back("--rejoin_grace=2s");  // elastic_test's
+      }
       Figures f{row, profile.name};
       std::fprintf(stderr, "%s, %s ...\n", row.c_str(), profile.name.c_str());
       {
