@@ -19,6 +19,9 @@
 //   worker_killed          rank 1 killed (SIGKILL), started again at the
 //                          server's verdict (the launcher's replacement)
 //   host_cut_unhealed      host 2 cut off for good: until ranks 2 and 3 exit
+//   server_unreachable     host 0 cut off before the workers start: until
+//                          every worker said so, then until they exit
+//                          (tuned: --join_timeout_s=60, the tests')
 //   host_cut_replaced      host 2 cut off and its ranks killed; at the
 //                          server's verdict the network is back and the
 //                          launcher starts replacements (same worker ids)
@@ -64,7 +67,7 @@
 ABSL_FLAG(std::string, profiles, "tuned,defaults", "Flag profiles to run each row with");
 ABSL_FLAG(std::string, rows,
           "server_cut,partition,partition_checkpoints,partition_unhealed,host_cut_healed,"
-          "worker_killed,host_cut_replaced,host_cut_shrunk,host_cut_unhealed",
+          "worker_killed,host_cut_replaced,host_cut_shrunk,host_cut_unhealed,server_unreachable",
           "Rows of the failure table to measure, in this order");
 ABSL_FLAG(absl::Duration, outage, absl::Seconds(20), "How long a healed fault lasts");
 ABSL_FLAG(absl::Duration, give_up, absl::Minutes(8),
@@ -145,10 +148,18 @@ int LatestStep(const std::string& log) {
   return step;
 }
 
+void Must(const absl::Status& s) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  std::exit(1);
+}
+
 // One row's run: hosts, server, workers, and what is seen every 100 ms.
 class Run {
  public:
-  Run(const Profile& profile, const std::vector<std::string>& row_flags) {
+  // `server_cut_first`: the server's host is cut off before the workers
+  // start (the fault's start), and nobody waits for training.
+  Run(const Profile& profile, const std::vector<std::string>& row_flags, bool server_cut_first) {
     auto hosts = EmulatedHosts::Create(3);
     if (!hosts.ok()) {
       std::fprintf(stderr, "%s\n", hosts.status().ToString().c_str());
@@ -163,7 +174,12 @@ class Run {
         "--seed=9",    "--stage=3",  "--batch=4",  "--steps=100000",    "--test_step_delay_ms=100"};
     flags.insert(flags.end(), profile.worker_flags.begin(), profile.worker_flags.end());
     flags.insert(flags.end(), row_flags.begin(), row_flags.end());
+    if (server_cut_first) {
+      Must(hosts_->CutOff(kServerHost));
+      FaultNow();
+    }
     cluster_->StartWorkers("table", 4, flags);
+    if (server_cut_first) return;
     if (!Until([&] { return step_ >= 30; }, absl::Seconds(120))) {
       std::fprintf(stderr, "the job did not reach step 30:\n%s\n", cluster_->WorkerLog(0).c_str());
       std::exit(1);
@@ -220,12 +236,6 @@ class Run {
   absl::Duration stall_;
 };
 
-void Must(const absl::Status& s) {
-  if (s.ok()) return;
-  std::fprintf(stderr, "%s\n", s.ToString().c_str());
-  std::exit(1);
-}
-
 // Common figures from the server's log, after the row's own.
 void ServerFigures(Run& run, Figures& f) {
   const std::string log = run.ServerLog();
@@ -262,6 +272,26 @@ void MeasureHealed(Run& run, Figures& f, const std::function<absl::Status()>& fa
     f.beats_back_s = absl::ToDoubleSeconds(resumed[silent_members - 1] - healed);
   }
   if (!done) f.how = absl::StrCat("rank 0 at step ", run.step(), " when given up");
+}
+
+// The server's host cut off before the workers start: until every worker
+// said it cannot join, then until they gave up.
+void MeasureUnreachable(Run& run, Figures& f) {
+  auto said = [&](int r) {
+    return run.cluster().WorkerLog(r).find("has not accepted it") != std::string::npos;
+  };
+  if (run.Until([&] { return said(0) && said(1) && said(2) && said(3); },
+                absl::GetFlag(FLAGS_give_up))) {
+    f.message_s = absl::ToDoubleSeconds(absl::Now() - run.fault());
+  }
+  auto gone = [&](int r) { return !run.cluster().worker(r)->running(); };
+  if (run.Until([&] { return gone(0) && gone(1) && gone(2) && gone(3); },
+                absl::GetFlag(FLAGS_give_up))) {
+    f.exit_s = absl::ToDoubleSeconds(absl::Now() - run.fault());
+    f.how = absl::StrCat("exit ", run.cluster().worker(0)->Wait(absl::ZeroDuration()));
+  } else {
+    f.how = "still joining when given up";
+  }
 }
 
 void MeasureRow(const std::string& row, Run& run, Figures& f) {
@@ -309,6 +339,8 @@ void MeasureRow(const std::string& row, Run& run, Figures& f) {
     }
     // Training again (at W = 4, or W = 2): 10 steps past where it stopped.
     run.Until([&] { return run.step() >= step_at_cut + 10; }, absl::GetFlag(FLAGS_give_up));
+  } else if (row == "server_unreachable") {
+    MeasureUnreachable(run, f);
   } else if (row == "host_cut_unhealed") {
     Must(hosts.CutOff(kCutHost));
     run.FaultNow();
@@ -340,6 +372,9 @@ int Main() {
       const std::string row(r);
       std::vector<std::string> row_flags;
       if (row == "partition_checkpoints") row_flags = {"--checkpoint_every=20"};
+      if (row == "server_unreachable" && profile.name == "tuned") {
+        row_flags = {"--join_timeout_s=60"};  // the cluster tests'
+      }
       if (row == "host_cut_shrunk") {
         row_flags = {"--min_world_size=2"};
         if (profile.name == "tuned") row_flags.push_back("--rejoin_grace=2s");  // elastic_test's
@@ -347,7 +382,7 @@ int Main() {
       Figures f{row, profile.name};
       std::fprintf(stderr, "%s, %s ...\n", row.c_str(), profile.name.c_str());
       {
-        Run run(profile, row_flags);
+        Run run(profile, row_flags, row == "server_unreachable");
         MeasureRow(row, run, f);
       }
       std::printf(
