@@ -7,6 +7,9 @@
 //  - failover: kill -9 of the leading server until another one listens
 //    (serving) and until a client given every server's address is answered,
 //    over --kills kills (the killed server is started again each time);
+//  - quorum return: two etcd members of three stopped (SIGSTOP) until no
+//    server leads, then continued (SIGCONT): ms from the SIGCONT until a
+//    server listens and until a client is answered, over --quorum_losses;
 //  - Join latency (a one-worker job formed and saved) and CommitShard latency
 //    (a one-rank step recorded and its manifest written) with the state in
 //    etcd vs SQLite (a lone server with --state_dir);
@@ -42,6 +45,9 @@
 #include "tests/testing/simulated_members.h"
 
 ABSL_FLAG(int, kills, 20, "Leader kills for the failover figures");
+ABSL_FLAG(int, quorum_losses, 5,
+          "etcd quorum losses (two members of three stopped, then continued) for the "
+          "quorum-return figures");
 ABSL_FLAG(int, joins, 50, "Joins timed per backend");
 ABSL_FLAG(int, commits, 50, "Checkpoint commits timed per backend");
 ABSL_FLAG(int, members, 4096,
@@ -111,6 +117,54 @@ std::pair<std::vector<double>, std::vector<double>> MeasureFailovers(
     std::fflush(stdout);
     servers.server(leader)->Wait(absl::Seconds(10));
     servers.Restart(leader);
+  }
+  return {serving, answered};
+}
+
+// Stops two etcd members of three `losses` times until no server leads, then
+// continues them: ms from the continue until a server listens, and until a
+// client of all servers is answered (etcd elects a leader of its own, then a
+// server wins the campaign and loads the state).
+std::pair<std::vector<double>, std::vector<double>> MeasureQuorumReturns(
+    testing::EtcdCluster& etcd, testing::ReplicatedServers& servers, int losses) {
+  std::vector<double> serving, answered;
+  std::unique_ptr<Client> client = Connect(servers.addresses());
+  for (int k = 0; k < losses; ++k) {
+    if (servers.WaitLeader(absl::Seconds(30)) < 0 ||
+        !WaitFor([&] { return client->GetStatus("").ok(); }, absl::Seconds(30))) {
+      std::fprintf(stderr, "no leader before quorum loss %d\n", k);
+      std::exit(1);
+    }
+    // A different pair each time, so the member that stays up varies.
+    const int up = k % 3;
+    for (int m = 0; m < 3; ++m) {
+      if (m != up) etcd.member(m)->Signal(SIGSTOP);
+    }
+    const absl::Time stopped = absl::Now();
+    // The leader's lease (2 s) runs out and it stops listening.
+    const bool stepped_down = WaitFor([&] { return servers.Leader() < 0; }, absl::Seconds(30));
+    const double down_ms = absl::ToDoubleMilliseconds(absl::Now() - stopped);
+    for (int m = 0; m < 3; ++m) {
+      if (m != up) etcd.member(m)->Signal(SIGCONT);
+    }
+    const absl::Time back = absl::Now();
+    if (!stepped_down) {
+      std::fprintf(stderr, "a server still led 30 s into quorum loss %d\n", k);
+      std::exit(1);
+    }
+    const int leader = servers.WaitLeader(absl::Seconds(60));
+    const absl::Time listening = absl::Now();
+    if (leader < 0 || !WaitFor([&] { return client->GetStatus("").ok(); }, absl::Seconds(60))) {
+      std::fprintf(stderr, "no leader 60 s after the quorum returned (loss %d)\n", k);
+      std::exit(1);
+    }
+    serving.push_back(absl::ToDoubleMilliseconds(listening - back));
+    answered.push_back(absl::ToDoubleMilliseconds(absl::Now() - back));
+    std::printf(
+        "  quorum loss %2d: no leader %.0f ms after the stop; quorum back -> server %d serving "
+        "after %.0f ms, answered after %.0f ms\n",
+        k + 1, down_ms, leader, serving.back(), answered.back());
+    std::fflush(stdout);
   }
   return {serving, answered};
 }
@@ -212,23 +266,9 @@ WriteRate WritesWhileHeartbeating(testing::EtcdCluster& etcd, const std::string&
   return rate;
 }
 
-int Run() {
-  BenchMachine machine = DescribeBenchMachine("");
-  std::printf("%s\n", machine.Line().c_str());
-  const std::string dir = testing::MakeTempDir("failover-bench");
-  testing::EtcdCluster etcd(dir + "/etcd");
-  if (!etcd.ok()) return 1;
-  testing::ReplicatedServers servers(dir + "/servers", etcd.endpoints(),
-                                     {"--heartbeat_interval_ms=1000", "--heartbeat_timeout_ms=3000",
-                                      "--checkpoint_root=" + dir + "/etcd-checkpoints"});
-  std::printf("failover: %d kills of the leader (lease TTL 2 s)\n", absl::GetFlag(FLAGS_kills));
-  auto [serving, answered] = MeasureFailovers(servers, absl::GetFlag(FLAGS_kills));
-
-  const int joins = absl::GetFlag(FLAGS_joins);
-  std::vector<double> etcd_joins = MeasureJoins(servers.addresses(), "etcd", joins);
-  const int commits = absl::GetFlag(FLAGS_commits);
-  std::vector<double> etcd_commits =
-      MeasureCommits(servers.addresses(), dir + "/etcd-checkpoints", "etcd", commits);
+// Joins and commits against a lone server with its state in SQLite.
+std::pair<std::vector<double>, std::vector<double>> MeasureSqlite(const std::string& dir, int joins,
+                                                                  int commits) {
   std::string sqlite_port = dir + "/sqlite-port";
   testing::ChildProcess sqlite_server(
       testing::RunfilePath("shard_server/shard_server"),
@@ -246,6 +286,30 @@ int Run() {
   std::vector<double> sqlite_joins = MeasureJoins("127.0.0.1:" + port, "sqlite", joins);
   std::vector<double> sqlite_commits =
       MeasureCommits("127.0.0.1:" + port, dir + "/sqlite-checkpoints", "sqlite", commits);
+  return {sqlite_joins, sqlite_commits};
+}
+
+int Run() {
+  BenchMachine machine = DescribeBenchMachine("");
+  std::printf("%s\n", machine.Line().c_str());
+  const std::string dir = testing::MakeTempDir("failover-bench");
+  testing::EtcdCluster etcd(dir + "/etcd");
+  if (!etcd.ok()) return 1;
+  testing::ReplicatedServers servers(dir + "/servers", etcd.endpoints(),
+                                     {"--heartbeat_interval_ms=1000", "--heartbeat_timeout_ms=3000",
+                                      "--checkpoint_root=" + dir + "/etcd-checkpoints"});
+  std::printf("failover: %d kills of the leader (lease TTL 2 s)\n", absl::GetFlag(FLAGS_kills));
+  auto [serving, answered] = MeasureFailovers(servers, absl::GetFlag(FLAGS_kills));
+  std::printf("quorum return: %d losses of etcd's quorum\n", absl::GetFlag(FLAGS_quorum_losses));
+  auto [quorum_serving, quorum_answered] =
+      MeasureQuorumReturns(etcd, servers, absl::GetFlag(FLAGS_quorum_losses));
+
+  const int joins = absl::GetFlag(FLAGS_joins);
+  std::vector<double> etcd_joins = MeasureJoins(servers.addresses(), "etcd", joins);
+  const int commits = absl::GetFlag(FLAGS_commits);
+  std::vector<double> etcd_commits =
+      MeasureCommits(servers.addresses(), dir + "/etcd-checkpoints", "etcd", commits);
+  auto [sqlite_joins, sqlite_commits] = MeasureSqlite(dir, joins, commits);
 
   const absl::Duration window = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
   std::vector<WriteRate> rates;
@@ -254,6 +318,7 @@ int Run() {
   }
 
   Summary s = Summarize(serving), a = Summarize(answered);
+  Summary qs = Summarize(quorum_serving), qa = Summarize(quorum_answered);
   Summary je = Summarize(etcd_joins), js = Summarize(sqlite_joins);
   Summary ce = Summarize(etcd_commits), cs = Summarize(sqlite_commits);
   Table table({"measure", "median ms", "p90 ms", "max ms", "n"});
@@ -263,6 +328,8 @@ int Run() {
   };
   row("failover: kill -9 -> new leader serving", s, serving.size());
   row("failover: kill -9 -> client answered", a, answered.size());
+  row("quorum back -> a leader serving", qs, quorum_serving.size());
+  row("quorum back -> client answered", qa, quorum_answered.size());
   row("join (1 worker), state in etcd", je, etcd_joins.size());
   row("join (1 worker), state in SQLite", js, sqlite_joins.size());
   row("commit (1 rank, step complete), state in etcd", ce, etcd_commits.size());
@@ -285,6 +352,9 @@ int Run() {
   json["failover_serving"] = summary(s);
   json["failover_answered"] = summary(a);
   json["kills"] = serving.size();
+  json["quorum_return_serving"] = summary(qs);
+  json["quorum_return_answered"] = summary(qa);
+  json["quorum_losses"] = quorum_serving.size();
   json["join_etcd"] = summary(je);
   json["join_sqlite"] = summary(js);
   json["commit_etcd"] = summary(ce);

@@ -12,7 +12,9 @@
 //     host1 [eth0 198.18.0.2] ─ v1 ┼─ br0   (namespace <prefix>br)
 //     host2 [eth0 198.18.0.3] ─ v2 ┘
 //
-// Faults, all on the path between hosts, never inside one:
+// The work is done by deploy/emuhosts.sh (set "zshosts-<pid>"), the tool a
+// user reproduces these faults with: the tests and the docs' figures fault
+// hosts the same way. Faults, all on the path between hosts, never inside one:
 //   RateLimit  tbf on both ends of the host's veth (its uplink and downlink);
 //   CutOff     every packet between the host and any other dropped on the
 //              bridge (nftables, bridge family): silent both ways, no FIN, RST
@@ -22,18 +24,19 @@
 //   Heal       undoes the cuts that involve a host; HealAll every cut.
 //
 // Lifetime. Names carry a per-run prefix, "zshosts-<pid>-"; the destructor
-// kills what runs on the hosts and deletes the namespaces, and Create first
-// sweeps namespaces whose creating process is gone (a crashed test).
+// kills what runs on the hosts and deletes the namespaces (`emuhosts.sh
+// down`), and Create first sweeps sets whose creating process is gone (a
+// crashed test: `emuhosts.sh sweep`).
 //
 // Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) and the ip, tc and nft tools
-// (tools/install_deps.sh); Create says which is missing otherwise.
+// (tools/install_deps.sh); Create says which is missing otherwise (the
+// script's message).
 // Not thread-safe.
 #ifndef ZEROSHARD_TESTS_CLUSTER_EMULATED_HOSTS_H_
 #define ZEROSHARD_TESTS_CLUSTER_EMULATED_HOSTS_H_
 
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +66,8 @@ class EmulatedHosts {
   std::string netns(int k) const;
   // The prefix of every namespace of this run.
   const std::string& prefix() const { return prefix_; }
+  // The set's name for deploy/emuhosts.sh --name ("zshosts-<pid>").
+  std::string name() const;
 
   // Starts `binary` on host k (its network and a UTS namespace named
   // hostname(k)), output to `log_path`.
@@ -88,14 +93,10 @@ class EmulatedHosts {
  private:
   EmulatedHosts(std::string prefix, int count) : prefix_(std::move(prefix)), count_(count) {}
   absl::Status Build();
-  // Writes the bridge's drop set from cut_: one nft transaction.
-  absl::Status ApplyCuts();
-  std::string bridge_netns() const { return prefix_ + "br"; }
 
   const std::string prefix_;
   const int count_;
-  std::vector<int> netns_fds_;         // by host
-  std::set<std::pair<int, int>> cut_;  // (from, to) host pairs dropped
+  std::vector<int> netns_fds_;  // by host
 };
 
 }  // namespace zeroshard::testing
