@@ -1,5 +1,5 @@
 // docs/multihost.md's failure table, re-measured: each row's network fault
-// made by deploy/emuhosts.sh (through tests/cluster/emulated_hosts.h, the
+// made by deploy/emuhosts.sh (through tests/testing/emulated_hosts.h, the
 // same tool a user reproduces the table with) on three emulated hosts, W = 4
 // as 2 hosts x 2 ranks, the server alone on host 0, once with the flags the
 // tests use ("tuned") and once with every failure-handling flag at its
@@ -59,7 +59,7 @@
 #include "absl/time/clock.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/process.h"

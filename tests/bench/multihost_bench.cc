@@ -41,7 +41,7 @@
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/multihost_torch.h"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/bench_machine.h"
 #include "tests/testing/cluster.h"

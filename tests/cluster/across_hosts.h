@@ -13,7 +13,7 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/params.h"
 

@@ -1,7 +1,7 @@
 // The emulated hosts themselves: names and addresses of their own, reachable
 // from each other and from nowhere else, silent cuts of a host and of a pair
 // that heal, a rate limit that holds, and nothing left behind.
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -19,7 +19,7 @@
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/params.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/cluster/across_hosts.h"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard::testing {

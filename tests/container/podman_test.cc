@@ -2,7 +2,7 @@
 // deploy/k8s runs it: the server's and the workers' containers take their
 // command, args, env, volume mounts and security settings from the manifests
 // (parsed from the YAML here, never copied), each container on an emulated
-// host (tests/cluster/emulated_hosts.h: its own address; the Service name
+// host (tests/testing/emulated_hosts.h: its own address; the Service name
 // zeroshard-server resolves to host0, as the cluster's DNS would).
 //
 //   - build.sh builds the image from the test's binaries (its one command,
@@ -41,7 +41,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard::testing {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Writes the configuration of a throwaway Slurm cluster on emulated hosts
-# (tests/cluster/emulated_hosts.h): slurmctld and slurmdbd on host0, one slurmd
+# (tests/testing/emulated_hosts.h): slurmctld and slurmdbd on host0, one slurmd
 # per host, munge for authentication, MariaDB behind slurmdbd so that `sacct`
 # answers. Everything lives under DIR; nothing under /etc is read or written.
 #

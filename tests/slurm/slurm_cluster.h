@@ -1,4 +1,4 @@
-// A real Slurm cluster on emulated hosts (tests/cluster/emulated_hosts.h):
+// A real Slurm cluster on emulated hosts (tests/testing/emulated_hosts.h):
 // slurmctld, slurmdbd (over MariaDB, so that `sacct` answers) and munged on
 // host0, one slurmd per host under the host's own name and address, all
 // configured by tests/slurm/configure_slurm.sh under one directory. Nothing
@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard::testing {

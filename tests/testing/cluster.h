@@ -17,7 +17,7 @@ namespace zeroshard::testing {
 
 class EmulatedHosts;
 
-// Where the processes run on emulated hosts (tests/cluster/emulated_hosts.h):
+// Where the processes run on emulated hosts (tests/testing/emulated_hosts.h):
 // the server on `server_host`, worker r on worker_hosts[r], each listening
 // and advertising its host's address.
 struct HostLayout {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/process.h"
 
 namespace zeroshard::testing {

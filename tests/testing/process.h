@@ -17,7 +17,7 @@ namespace zeroshard::testing {
 
 // Where a child runs: in the network namespace open as `netns_fd` (-1: the
 // caller's) and, when `hostname` is set, in a UTS namespace of its own under
-// that name. tests/cluster/emulated_hosts.h makes these for emulated hosts.
+// that name. tests/testing/emulated_hosts.h makes these for emulated hosts.
 struct Placement {
   int netns_fd = -1;
   std::string hostname;

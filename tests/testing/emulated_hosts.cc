@@ -1,4 +1,4 @@
-#include "tests/cluster/emulated_hosts.h"
+#include "tests/testing/emulated_hosts.h"
 
 #include <errno.h>
 #include <fcntl.h>

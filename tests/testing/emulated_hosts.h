@@ -32,8 +32,8 @@
 // (tools/install_deps.sh); Create says which is missing otherwise (the
 // script's message).
 // Not thread-safe.
-#ifndef ZEROSHARD_TESTS_CLUSTER_EMULATED_HOSTS_H_
-#define ZEROSHARD_TESTS_CLUSTER_EMULATED_HOSTS_H_
+#ifndef ZEROSHARD_TESTS_TESTING_EMULATED_HOSTS_H_
+#define ZEROSHARD_TESTS_TESTING_EMULATED_HOSTS_H_
 
 #include <cstdint>
 #include <memory>
@@ -101,4 +101,4 @@ class EmulatedHosts {
 
 }  // namespace zeroshard::testing
 
-#endif  // ZEROSHARD_TESTS_CLUSTER_EMULATED_HOSTS_H_
+#endif  // ZEROSHARD_TESTS_TESTING_EMULATED_HOSTS_H_
