@@ -122,7 +122,10 @@ absl::StatusOr<int64_t> EtcdSession::RenewOnce(int64_t lease) {
   request.set_id(lease);
   etcdserverpb::LeaseKeepAliveResponse response;
   if (!stream->Write(request) || !stream->Read(&response)) {
-    context->TryCancel();
+    // The call is over (the deadline, or the channel failed): Finish returns
+    // its status at once. No TryCancel first: a cancel racing the call's end
+    // turned DEADLINE_EXCEEDED into CANCELLED, whose message lost the hint
+    // that etcd has no quorum (seen under load in failover_test).
     grpc::Status status = stream->Finish();
     return Unavailable("renew the lease", status);
   }
@@ -310,8 +313,11 @@ absl::Status EtcdError(absl::string_view endpoints, absl::string_view what,
                      " (etcd has no leader of its own, or is electing one: is a quorum of etcd "
                      "members up?)"));
   }
+  // CANCELLED: the exchange ended without an answer (etcd cancels a member's
+  // streams when it loses its leader; a call cut short here likewise).
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      status.error_code() == grpc::StatusCode::CANCELLED) {
     return absl::UnavailableError(
         absl::StrCat(where, " (no etcd member answered in time: is a quorum of etcd members up?)"));
   }
