@@ -182,8 +182,13 @@ absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
 }
 
 absl::Status ZeroEngine::PadMicroBatch(bool last_micro) {
-  assert(options_.global_micro_batches > 0 &&
-         "padding passes are for steps whose ranks carry different numbers of micro-batches");
+  // Without the step's count, the reductions average over ranks and a
+  // padding pass's zeros would dilute the step's gradient.
+  if (options_.global_micro_batches <= 0) {
+    return absl::FailedPreconditionError(
+        "PadMicroBatch: padding passes are for steps whose ranks train different numbers of "
+        "micro-batches; set EngineOptions::global_micro_batches to the step's count");
+  }
   return Pass(last_micro, /*pad=*/true);
 }
 
