@@ -433,10 +433,7 @@ ShardIdentity Worker::IdentityAt(int completed) const {
 
 absl::Status Worker::RunStep(int step) {
   ZeroEngine& e = *generation_->engine;
-  const int world = this->world();
   const BatchLayout& layout = generation_->layout;
-  const int passes = layout.Passes();
-  const int micro_batches = layout.DataMicroBatches(rank_);
   const absl::Time start = absl::Now();
   e.TakeFirstCollectiveStart();  // from here on: this step's first collective
   if (config_.test_step_delay_ms > 0)
@@ -444,20 +441,7 @@ absl::Status Worker::RunStep(int step) {
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
   const HostBytes bytes_before = generation_->data_plane->BytesByHost();
-  for (int micro = 0; micro < passes; ++micro) {
-    // A rank with fewer of the step's micro-batches than others (an uneven
-    // shrink under --keep_global_batch) pads: the pass's collectives only.
-    if (micro >= micro_batches) {
-      absl::Status s = e.PadMicroBatch(micro + 1 == passes);
-      if (!s.ok()) return Annotate(s, absl::StrCat("step ", step));
-      continue;
-    }
-    if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
-      return Annotate(s, "data");
-    }
-    absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == passes);
-    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
-  }
+  if (absl::Status s = RunMicroBatches(e, step); !s.ok()) return s;
   snapshots_.WaitCopied();
   // A checkpoint's copy of the state the update is about to change. Set
   // and cleared by Train, on this thread: no lock is held while waiting.
@@ -498,7 +482,7 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_corrupted_rank(last_corrupted_rank_);
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
-    (*record)["grad_accum"] = micro_batches;                      // this rank's, a step
+    (*record)["grad_accum"] = layout.DataMicroBatches(rank_);     // this rank's, a step
     (*record)["micro_batches_per_step"] = layout.MicroBatches();  // all ranks
     (*record)["global_batch_kept"] = generation_->global_batch_kept;
     metrics_.recoveries.push_back(*record);
@@ -526,6 +510,27 @@ absl::Status Worker::RunStep(int step) {
                  step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms, items_per_second,
                  config_.task.model == "gpt" ? "tokens" : "rows",
                  e.memory().peak_total() / 1048576.0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::RunMicroBatches(ZeroEngine& e, int step) {
+  const BatchLayout& layout = generation_->layout;
+  const int passes = layout.Passes();
+  const int micro_batches = layout.DataMicroBatches(rank_);
+  for (int micro = 0; micro < passes; ++micro) {
+    // A rank with fewer of the step's micro-batches than others (an uneven
+    // shrink under --keep_global_batch) pads: the pass's collectives only.
+    if (micro >= micro_batches) {
+      absl::Status s = e.PadMicroBatch(micro + 1 == passes);
+      if (!s.ok()) return Annotate(s, absl::StrCat("step ", step));
+      continue;
+    }
+    if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world()); !s.ok()) {
+      return Annotate(s, "data");
+    }
+    absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == passes);
+    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
   }
   return absl::OkStatus();
 }

@@ -199,6 +199,9 @@ class Worker {
   // Train's parts: one optimizer step (its micro-batches); an evaluation
   // after `completed_steps`.
   absl::Status RunStep(int step);
+  // RunStep's passes: this rank's micro-batches of the step (the batch
+  // layout's), then padding passes up to the step's count.
+  absl::Status RunMicroBatches(ZeroEngine& e, int step);
   // The step's verdict (StepStats::verdict): a replica mismatch or a
   // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
   absl::Status ActOnVerdict(int step, const StepStats& stats);
