@@ -22,13 +22,15 @@ namespace {
 
 // The global samples (MLP: file rows, read cyclically when `rows` > 0) of
 // `rank`'s micro-batches at `step` steps past the data cursor's, as
-// "24-27, 40-43": the layout of regression_data.h and text_data.h.
-std::string SampleRanges(const TaskOptions& o, int grad_accum, int64_t step, int rank, int world,
+// "24-27, 40-43": the layout of regression_data.h and text_data.h, taken
+// as `layout` gives them to `rank`.
+std::string SampleRanges(const TaskOptions& o, const BatchLayout& layout, int64_t step, int rank,
                          int64_t cursor_row, int64_t rows) {
   std::vector<std::string> ranges;
-  for (int micro = 0; micro < grad_accum; ++micro) {
+  for (int micro = 0; micro < layout.DataMicroBatches(rank); ++micro) {
+    const BatchLayout::Coordinates at = layout.At(rank, micro);
     absl::StatusOr<int64_t> start =
-        MicroBatchStartRow(step, micro, rank, world, o.batch, grad_accum);
+        MicroBatchStartRow(step, at.micro, at.rank, layout.data_world, o.batch, layout.data_accum);
     if (!start.ok()) return "?";
     int64_t first = *start + cursor_row;
     int64_t last = first + o.batch - 1;
@@ -59,7 +61,7 @@ class MlpTask : public TrainingTask {
     if (!data.ok()) return data.status();
     auto task = std::unique_ptr<MlpTask>(new MlpTask());
     task->options_ = o;
-    task->grad_accum_ = o.grad_accum;
+    task->default_accum_ = o.grad_accum;
     task->model_ = std::move(*model);
     task->data_ = std::move(*data);
     task->x_.resize(static_cast<size_t>(o.batch) * o.width);
@@ -68,8 +70,11 @@ class MlpTask : public TrainingTask {
   }
   Model* model() override { return model_.get(); }
   absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) override {
-    absl::Status s = data_->Fill(step - cursor_step_, micro, rank, world, options_.batch,
-                                 grad_accum_, x_.data(), y_.data(), cursor_row_);
+    const BatchLayout layout = Layout(world);
+    const BatchLayout::Coordinates at = layout.At(rank, micro);
+    absl::Status s =
+        data_->Fill(step - cursor_step_, at.micro, at.rank, layout.data_world, options_.batch,
+                    layout.data_accum, x_.data(), y_.data(), cursor_row_);
     if (!s.ok()) return s;
     return model_->SetBatch(x_.data(), y_.data(), options_.batch);
   }
@@ -79,8 +84,8 @@ class MlpTask : public TrainingTask {
     if (options_.data.empty() || rows <= 0) return "";
     return absl::StrCat(
         "rows ",
-        SampleRanges(options_, grad_accum_, step - cursor_step_, rank, world, cursor_row_, rows),
-        " of ", options_.data);
+        SampleRanges(options_, Layout(world), step - cursor_step_, rank, cursor_row_, rows), " of ",
+        options_.data);
   }
   absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,
                                       int batches) override {
@@ -185,7 +190,7 @@ class GptTask : public TrainingTask {
     if (!model.ok()) return model.status();
     auto task = std::unique_ptr<GptTask>(new GptTask());
     task->options_ = o;
-    task->grad_accum_ = o.grad_accum;
+    task->default_accum_ = o.grad_accum;
     task->model_ = std::move(*model);
     task->data_ = std::move(*data);
     task->shards_ = dynamic_cast<TokenShardData*>(task->data_.get());
@@ -195,9 +200,11 @@ class GptTask : public TrainingTask {
   }
   Model* model() override { return model_.get(); }
   absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) override {
-    absl::Status s = data_->FillBatch(Split::kTrain, step - cursor_step_, micro, rank, world,
-                                      options_.batch, grad_accum_, options_.context, tokens_.data(),
-                                      targets_.data(), cursor_row_);
+    const BatchLayout layout = Layout(world);
+    const BatchLayout::Coordinates at = layout.At(rank, micro);
+    absl::Status s = data_->FillBatch(
+        Split::kTrain, step - cursor_step_, at.micro, at.rank, layout.data_world, options_.batch,
+        layout.data_accum, options_.context, tokens_.data(), targets_.data(), cursor_row_);
     if (!s.ok()) return s;
     ScoreAsAsked();
     return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
@@ -205,11 +212,10 @@ class GptTask : public TrainingTask {
   int64_t ItemsPerMicroBatch() const override { return int64_t{options_.batch} * options_.context; }
   std::string TrainSamples(int64_t step, int rank, int world) const override {
     if (options_.data.empty()) return "";
-    return absl::StrCat("training samples ",
-                        SampleRanges(options_, grad_accum_, step - cursor_step_, rank, world,
-                                     cursor_row_, /*rows=*/0),
-                        " of ", options_.data,
-                        " (text_data.h / token_shards.h map a sample to its tokens)");
+    return absl::StrCat(
+        "training samples ",
+        SampleRanges(options_, Layout(world), step - cursor_step_, rank, cursor_row_, /*rows=*/0),
+        " of ", options_.data, " (text_data.h / token_shards.h map a sample to its tokens)");
   }
 
   absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,

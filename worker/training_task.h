@@ -3,12 +3,14 @@
 #ifndef ZEROSHARD_WORKER_TRAINING_TASK_H_
 #define ZEROSHARD_WORKER_TRAINING_TASK_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/data/batch_layout.h"
 #include "worker/model/gpt.h"
 #include "worker/model/mlp.h"
 #include "worker/model/model.h"
@@ -69,7 +71,9 @@ class TrainingTask {
  public:
   virtual ~TrainingTask() = default;
   virtual Model* model() = 0;
-  // Sets the model's batch for (step, micro) on `rank` of `world`.
+  // Sets the model's batch for `rank`'s micro-batch `micro` of `step` in a
+  // generation of `world` ranks: the samples the batch layout gives it
+  // (SetBatchLayout; 0 <= micro < layout.DataMicroBatches(rank)).
   virtual absl::Status SetTrainBatch(int64_t step, int micro, int rank, int world) = 0;
   // The data cursor: training step `step` starts at global row `row`, and
   // later steps follow at the current world size (a job that shrank goes on
@@ -79,11 +83,16 @@ class TrainingTask {
     cursor_row_ = row;
   }
   int64_t cursor_step() const { return cursor_step_; }
-  // Micro-batches per rank per step, as the data layout counts them
-  // (regression_data.h): --grad_accum, or a shrunk generation's under
-  // --keep_global_batch (worker/recovery/global_batch.h).
-  void SetGradAccum(int grad_accum) { grad_accum_ = grad_accum; }
-  int grad_accum() const { return grad_accum_; }
+  // Which micro-batches each rank of the generation trains
+  // (worker/data/batch_layout.h): the generation's own (world, --grad_accum)
+  // until set, or a shrunk generation's under --keep_global_batch
+  // (worker/recovery/global_batch.h).
+  void SetBatchLayout(const BatchLayout& layout) { layout_ = layout; }
+  // The layout at `world` ranks (the set one when it is for `world`).
+  BatchLayout Layout(int world) const {
+    if (layout_.world == world) return layout_;
+    return BatchLayout{world, world, std::max(1, default_accum_)};
+  }
   int64_t cursor_row() const { return cursor_row_; }
   // Where `rank`'s training samples of `step` come from, for the line that
   // names a non-finite step ("rows 24-31 of data.safetensors"); "" when the
@@ -109,7 +118,8 @@ class TrainingTask {
   virtual absl::StatusOr<std::string> EvalRecord(ZeroEngine& engine, int rank, int world) = 0;
 
  protected:
-  int grad_accum_ = 1;
+  int default_accum_ = 1;        // --grad_accum
+  BatchLayout layout_{0, 0, 0};  // world 0: not set
   int64_t cursor_step_ = 0;
   int64_t cursor_row_ = 0;
 };

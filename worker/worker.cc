@@ -239,7 +239,10 @@ absl::Status Worker::BootstrapDataPlane() {
   if (rank_ == 0 && world > 1) LogHostTransports(*g.data_plane);
   if (absl::Status s = PlanGenerationBatch(); !s.ok()) return s;
   EngineOptions engine_options = engine_options_;
-  engine_options.grad_accum = g.grad_accum;
+  engine_options.grad_accum = g.layout.Passes();
+  // Ranks that train different numbers of micro-batches sum them, and the
+  // step divides by the step's count (worker/recovery/global_batch.h).
+  engine_options.global_micro_batches = g.layout.Even() ? 0 : g.layout.MicroBatches();
   engine_options.replicas = g.data_plane->replicas.get();
   engine_options.secondary = g.data_plane->secondary.get();
   // HSDP with a group inside one host (shared memory): its reduce-scatter
@@ -258,7 +261,7 @@ absl::Status Worker::BootstrapDataPlane() {
 }
 
 int64_t Worker::DataRow(int64_t step) const {
-  const int64_t per_step = int64_t{config_.task.batch} * generation_->grad_accum * world();
+  const int64_t per_step = int64_t{config_.task.batch} * generation_->layout.MicroBatches();
   return task_->cursor_row() + (step - task_->cursor_step()) * per_step;
 }
 
@@ -430,8 +433,7 @@ ShardIdentity Worker::IdentityAt(int completed) const {
 
 absl::Status Worker::RunStep(int step) {
   ZeroEngine& e = *generation_->engine;
-  const int world = this->world();
-  const int grad_accum = generation_->grad_accum;
+  const BatchLayout& layout = generation_->layout;
   const absl::Time start = absl::Now();
   e.TakeFirstCollectiveStart();  // from here on: this step's first collective
   if (config_.test_step_delay_ms > 0)
@@ -439,13 +441,7 @@ absl::Status Worker::RunStep(int step) {
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
   const HostBytes bytes_before = generation_->data_plane->BytesByHost();
-  for (int micro = 0; micro < grad_accum; ++micro) {
-    if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world); !s.ok()) {
-      return Annotate(s, "data");
-    }
-    absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == grad_accum);
-    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
-  }
+  if (absl::Status s = RunMicroBatches(e, step); !s.ok()) return s;
   snapshots_.WaitCopied();
   // A checkpoint's copy of the state the update is about to change. Set
   // and cleared by Train, on this thread: no lock is held while waiting.
@@ -471,7 +467,8 @@ absl::Status Worker::RunStep(int step) {
   const HostBytes step_bytes = generation_->data_plane->BytesByHost() - bytes_before;
   metrics_.step_bytes_intra_host.push_back(step_bytes.intra_host);
   metrics_.step_bytes_inter_host.push_back(step_bytes.inter_host);
-  const double items_per_second = task_->ItemsPerMicroBatch() * grad_accum * world / (ms / 1000.0);
+  const double items_per_second =
+      task_->ItemsPerMicroBatch() * layout.MicroBatches() / (ms / 1000.0);
   Progress progress{step + 1, mean, e.memory().total(), e.collective_seq()};
   progress.last_step.set_step_ms(ms);
   progress.last_step.set_items_per_second(items_per_second);
@@ -485,7 +482,8 @@ absl::Status Worker::RunStep(int step) {
   progress.last_step.set_corrupted_rank(last_corrupted_rank_);
   trained_ = true;
   if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
-    (*record)["grad_accum"] = grad_accum;
+    (*record)["grad_accum"] = layout.DataMicroBatches(rank_);     // this rank's, a step
+    (*record)["micro_batches_per_step"] = layout.MicroBatches();  // all ranks
     (*record)["global_batch_kept"] = generation_->global_batch_kept;
     metrics_.recoveries.push_back(*record);
     std::fprintf(stderr, "%s\n",
@@ -512,6 +510,27 @@ absl::Status Worker::RunStep(int step) {
                  step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms, items_per_second,
                  config_.task.model == "gpt" ? "tokens" : "rows",
                  e.memory().peak_total() / 1048576.0);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::RunMicroBatches(ZeroEngine& e, int step) {
+  const BatchLayout& layout = generation_->layout;
+  const int passes = layout.Passes();
+  const int micro_batches = layout.DataMicroBatches(rank_);
+  for (int micro = 0; micro < passes; ++micro) {
+    // A rank with fewer of the step's micro-batches than others (an uneven
+    // shrink under --keep_global_batch) pads: the pass's collectives only.
+    if (micro >= micro_batches) {
+      absl::Status s = e.PadMicroBatch(micro + 1 == passes);
+      if (!s.ok()) return Annotate(s, absl::StrCat("step ", step));
+      continue;
+    }
+    if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world()); !s.ok()) {
+      return Annotate(s, "data");
+    }
+    absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == passes);
+    if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
   }
   return absl::OkStatus();
 }

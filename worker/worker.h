@@ -47,8 +47,9 @@
 // (the default) the survivors of a shrink accumulate the missing ranks'
 // micro-batches, so every step keeps the original W's rows, order and loss
 // scaling (worker/recovery/global_batch.h; when W' does not divide W x
-// --grad_accum, and with the flag off, the per-rank batch is kept and the
-// global batch shrinks with W).
+// --grad_accum some survivors take one micro-batch more than others; with
+// the flag off the per-rank batch is kept and the global batch shrinks
+// with W).
 //
 // Not thread-safe: one thread runs the phases.
 #ifndef ZEROSHARD_WORKER_WORKER_H_
@@ -72,6 +73,7 @@
 #include "worker/abort_latch.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/checkpointer.h"
+#include "worker/data/batch_layout.h"
 #include "worker/data_plane.h"
 #include "worker/loss_spike.h"
 #include "worker/nonfinite_policy.h"
@@ -97,9 +99,10 @@ struct Generation {
   std::unique_ptr<DataPlane> data_plane;  // BootstrapDataPlane
   std::unique_ptr<ZeroEngine> engine;     // BootstrapDataPlane; uses data_plane
   int start_step = 0;                     // Restore: the first step Train runs
-  // BootstrapDataPlane: micro-batches per rank per step (--grad_accum, or
-  // more in a shrunk generation under --keep_global_batch).
-  int grad_accum = 1;
+  // BootstrapDataPlane: which micro-batches each rank trains a step
+  // (worker/data/batch_layout.h): W x --grad_accum of its own, or a shrunk
+  // generation's share of the original W's under --keep_global_batch.
+  BatchLayout layout;
   bool global_batch_kept = true;  // the step is the original world size's
   // Train began. Before it, the generation is being set up (the data plane,
   // the agreement on the state, the snapshot transfers): a failure there is
@@ -196,6 +199,9 @@ class Worker {
   // Train's parts: one optimizer step (its micro-batches); an evaluation
   // after `completed_steps`.
   absl::Status RunStep(int step);
+  // RunStep's passes: this rank's micro-batches of the step (the batch
+  // layout's), then padding passes up to the step's count.
+  absl::Status RunMicroBatches(ZeroEngine& e, int step);
   // The step's verdict (StepStats::verdict): a replica mismatch or a
   // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
   absl::Status ActOnVerdict(int step, const StepStats& stats);
@@ -248,7 +254,7 @@ class Worker {
   // --resume, --init_from or the seed. LoadFrom fills the engine from a
   // reader (parameters, moments, step, data cursor).
   absl::StatusOr<RecoveryDecision> AgreeOnSource();
-  // Sets the generation's grad_accum (worker/recovery/global_batch.h); in a
+  // Sets the generation's batch layout (worker/recovery/global_batch.h); in a
   // shrunk generation the members first agree on --keep_global_batch
   // through the KV store (INVALID_ARGUMENT naming them when they differ).
   absl::Status PlanGenerationBatch();

@@ -71,11 +71,11 @@ ABSL_FLAG(int, min_world_size, 0,
           "Fault tolerance: with no replacement within --rejoin_grace, go on with the survivors "
           "when there are at least this many (0: never shrink; wait for a replacement)");
 ABSL_FLAG(bool, keep_global_batch, true,
-          "Fault tolerance: after a shrink (--min_world_size), the survivors accumulate the "
-          "missing ranks' micro-batches, so each step keeps the global batch, the samples and "
-          "their order of --world_size ranks (when the survivors divide --world_size x "
-          "--grad_accum; else, and when false, each rank keeps its per-rank batch and the global "
-          "batch shrinks)");
+          "Fault tolerance: after a shrink (--min_world_size), the survivors share the step's "
+          "--world_size x --grad_accum micro-batches, so each step keeps the global batch, the "
+          "samples, their order and the loss scaling of --world_size ranks (when the survivors "
+          "do not divide them, some train one micro-batch more a step and the others wait); "
+          "when false, each rank keeps its per-rank batch and the global batch shrinks");
 ABSL_FLAG(absl::Duration, rejoin_grace, absl::Seconds(30),
           "Fault tolerance: how long the server waits for a replacement before shrinking the "
           "job to its survivors (with --min_world_size)");

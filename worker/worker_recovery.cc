@@ -177,7 +177,7 @@ absl::Status Worker::PlanGenerationBatch() {
   Generation& g = *generation_;
   const bool shrunk = world() < config_.world_size;
   if (shrunk) {
-    // Ranks that accumulated different numbers of micro-batches would stop
+    // Ranks that planned different layouts would train other rows and stop
     // matching collectives; a mix of the flag is refused, by name, on every
     // rank alike (each reads every rank's value; ExchangeHostKeys is the
     // generation's one-string-per-rank exchange, used here for the flag).
@@ -195,30 +195,16 @@ absl::Status Worker::PlanGenerationBatch() {
           "--keep_global_batch: rank(s) ", absl::StrJoin(off, ", "),
           " run with --keep_global_batch=false and the others with true, so after the shrink to ",
           world(),
-          " ranks they would accumulate different numbers of micro-batches: give every "
+          " ranks they would train different rows and stop matching collectives: give every "
           "worker the same --keep_global_batch"));
-    }
-  }
-  const RecoveryConfig& recovery = config_.recovery;
-  if (rank_ == 0 && recoveries_ == 0 && recovery.keep_global_batch) {
-    // Said at the start, so the launcher's owner learns it before a shrink.
-    const std::vector<int> sizes = SizesThatCannotKeepTheGlobalBatch(
-        config_.world_size, recovery.min_world_size, config_.engine.grad_accum);
-    if (!sizes.empty()) {
-      std::fprintf(stderr,
-                   "shard_worker rank 0: --keep_global_batch: a shrink to %s of %d ranks would "
-                   "not keep the global batch (a step's %d micro-batches do not split evenly "
-                   "over them); a --grad_accum or --min_world_size that avoids those sizes does\n",
-                   absl::StrJoin(sizes, " or ").c_str(), config_.world_size,
-                   config_.world_size * config_.engine.grad_accum);
     }
   }
   const GlobalBatchPlan plan =
       PlanGlobalBatch(config_.recovery.keep_global_batch, config_.world_size, world(),
                       config_.engine.grad_accum, config_.task.batch);
-  g.grad_accum = plan.grad_accum;
+  g.layout = plan.layout;
   g.global_batch_kept = plan.kept;
-  task_->SetGradAccum(plan.grad_accum);
+  task_->SetBatchLayout(plan.layout);
   if (!plan.note.empty()) {
     std::fprintf(stderr, "shard_worker rank %d: generation %lld at %s\n", rank_,
                  static_cast<long long>(g.membership.generation), plan.note.c_str());

@@ -29,6 +29,25 @@ TEST(JudgeStepTest, FiniteStepsAverageTheLossAndSumShardsOverReplicas) {
   EXPECT_EQ(v.first_rank, -1);
 }
 
+// An uneven shrink under --keep_global_batch: rank 0 trained two of the
+// step's four micro-batches (mean loss 3), ranks 1 and 2 one each (losses 1
+// and 5). The step's loss is the mean over the micro-batches, (2 x 3 + 1 +
+// 5) / 4 = 3, not over the ranks (3 + 1 + 5) / 3; equal counts keep the
+// plain mean over ranks (the same bits as before the counts were sent).
+TEST(JudgeStepTest, RanksWithFewerMicroBatchesWeighLessInTheLoss) {
+  auto rank = [](double loss, double micro_batches) {
+    RankNumerics r;
+    r.loss = loss;
+    r.grad_squares = 1;
+    r.micro_batches = micro_batches;
+    return r;
+  };
+  EXPECT_EQ(JudgeStep({rank(3, 2), rank(1, 1), rank(5, 1)}, true, 3, 0).mean_loss, 3.0);
+  EXPECT_EQ(JudgeStep({rank(3, 2), rank(1, 2), rank(5, 2)}, true, 3, 0).mean_loss,
+            (3.0 + 1.0 + 5.0) / 3);
+  EXPECT_EQ(JudgeStep({rank(4, 3), rank(1, 1)}, true, 2, 0).mean_loss, 13.0 / 4);
+}
+
 TEST(JudgeStepTest, StageZeroTakesItsOwnFullGradientsNorm) {
   const StepVerdict v = JudgeStep({{1, 9}, {1, 9}}, /*shards_summed=*/false, 2, 1);
   EXPECT_EQ(v.grad_norm, 3.0);

@@ -1,33 +1,45 @@
-// --keep_global_batch (#45 item 3): how many micro-batches each rank of a
-// generation accumulates per optimizer step so that a job that shrank keeps
-// the global batch and the sample order of its original world size.
+// --keep_global_batch (#45 item 3): which micro-batches each rank of a
+// generation trains per optimizer step so that a job that shrank keeps the
+// global batch, the sample order and the loss scaling of its original world
+// size.
 //
 // The data layout (worker/data/regression_data.h) puts micro-batch m of rank
-// r at step s on global rows ((s * A + m) * W + r) * b: a step is W * A
+// r at step s on global rows ((s * A + m) * W + r) * b: a step is N = W * A
 // micro-batches of b rows, numbered k = m * W + r in row order. A job of W0
-// ranks that shrank to W' ranks keeps that step when W' divides W0 * A: each
-// survivor accumulates A' = W0 * A / W' micro-batches, and micro-batch m' of
-// survivor r' is number k = m' * W' + r', i.e. the rows original rank
-// k mod W0 took in its micro-batch k / W0. The formula above with (W', A')
-// gives exactly those rows, so the data code needs nothing but A'. The step's
-// gradient is the engine's average over ranks (the reduction's divisor W')
-// and over micro-batches (1 / A'): 1 / (W' A') = 1 / (W0 A) of the sum over
-// the original global batch, the loss scaling of the original run.
+// ranks that shrank to W' ranks keeps that step: the survivors take its N
+// micro-batches round-robin (worker/data/batch_layout.h), survivor r'
+// training k = m' * W' + r' for m' = 0, 1, ... while k < N, i.e. the rows
+// original rank k mod W0 took in its micro-batch k / W0.
 //
-// When W' does not divide W0 * A the ranks would have to do different
-// numbers of micro-batches (and of collectives); that is not built: the
-// generation keeps the per-rank batch (A micro-batches) and the global batch
-// shrinks, as with --keep_global_batch=false, and the worker says so.
+// When W' divides N every survivor trains A' = N / W' micro-batches; the
+// engine averages over its W' ranks (the reductions' divisor) and over the
+// A' micro-batches: 1 / (W' A') = 1 / N of the sum over the original global
+// batch, as before the shrink. When it does not (4 -> 3 ranks at A = 1,
+// 800 -> 792), the first N mod W' survivors train ceil(N / W') micro-batches
+// and the others one fewer, padding with a pass that carries no data (the
+// collectives of stages 2-3 are per pass: ZeroEngine::PadMicroBatch); the
+// reductions then sum and the step divides by N
+// (EngineOptions::global_micro_batches), and the step's loss is the mean
+// over the N micro-batches (each rank's weighted by its count): again the
+// original run's scaling. Either way the result differs from the original
+// run's only in the order the N micro-batch gradients are added
+// (docs/recovery.md states the bound).
+//
+// With --keep_global_batch=false each rank keeps its A micro-batches and
+// the global batch shrinks with W.
 #ifndef ZEROSHARD_WORKER_RECOVERY_GLOBAL_BATCH_H_
 #define ZEROSHARD_WORKER_RECOVERY_GLOBAL_BATCH_H_
 
 #include <string>
-#include <vector>
+
+#include "worker/data/batch_layout.h"
 
 namespace zeroshard {
 
 struct GlobalBatchPlan {
-  int grad_accum = 1;  // micro-batches per rank per step in this generation
+  // The generation's micro-batches: layout.world is its size, and the rows
+  // follow (data_world, data_accum): the original world size's when kept.
+  BatchLayout layout;
   // The step is the original world size's: same rows, same loss scaling.
   bool kept = true;
   // For the worker's log, naming the sizes; "" when the generation has the
@@ -42,13 +54,6 @@ struct GlobalBatchPlan {
 // micro-batch, for the note. REQUIRES: 1 <= world, original_world, grad_accum.
 GlobalBatchPlan PlanGlobalBatch(bool keep, int original_world, int world, int grad_accum,
                                 int batch);
-
-// The world sizes from `min_world` (--min_world_size; 0: none) up to
-// original_world - 1 that do not divide original_world x grad_accum: the
-// shrinks after which the global batch could not be kept. For a line at the
-// job's start, so a launcher learns it before a failure.
-std::vector<int> SizesThatCannotKeepTheGlobalBatch(int original_world, int min_world,
-                                                   int grad_accum);
 
 }  // namespace zeroshard
 

@@ -172,39 +172,57 @@ UnitTensors ZeroEngine::UnitViews(int unit, float* flat) const {
 }
 
 absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
-  // Phase order: the micro-batches of one step, the last one marked, then
-  // Step (worker.cc's Train; engine.h).
-  assert(!step_pending_ && "ForwardBackward after the step's last micro-batch: Step first");
-  assert(micro_batches_ < options_.grad_accum &&
-         last_micro == (micro_batches_ + 1 == options_.grad_accum) &&
-         "the last micro-batch is micro-batch grad_accum");
-  const int n = static_cast<int>(ops_.size());
-  for (int k = 0; k < n; ++k) {
-    absl::StatusOr<float*> params = AcquireParams(k, 2 * n - 1);
-    if (!params.ok()) return params.status();
-    absl::Time start = absl::Now();
-    absl::Status s = model_->Forward(k, UnitViews(ops_[k], *params));
-    times_.forward_ms += MsSince(start);
-    if (!s.ok()) return s;
-    memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
-    ReleaseParams(k);
-  }
-  for (int j = 0; j < n; ++j) {
-    if (absl::Status s = BackwardPosition(j, last_micro); !s.ok()) return s;
-  }
-  memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
-  assert(slots_.empty() && "every position of the pass released its unit");
-  slots_.clear();
+  if (absl::Status s = Pass(last_micro, /*pad=*/false); !s.ok()) return s;
   // Read after the backward pass (which does not change it): on a device,
   // reading the loss waits for the GPU, which mid-pass would stall it.
   const double loss = model_->Loss();
   loss_sum_ += loss;
   micro_batches_++;
-  step_pending_ = last_micro;
   return loss;
 }
 
-absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro) {
+absl::Status ZeroEngine::PadMicroBatch(bool last_micro) {
+  // Without the step's count, the reductions average over ranks and a
+  // padding pass's zeros would dilute the step's gradient.
+  if (options_.global_micro_batches <= 0) {
+    return absl::FailedPreconditionError(
+        "PadMicroBatch: padding passes are for steps whose ranks train different numbers of "
+        "micro-batches; set EngineOptions::global_micro_batches to the step's count");
+  }
+  return Pass(last_micro, /*pad=*/true);
+}
+
+absl::Status ZeroEngine::Pass(bool last_micro, bool pad) {
+  // Phase order: the passes of one step, the last one marked, then Step
+  // (worker.cc's RunStep; engine.h).
+  assert(!step_pending_ && "a pass after the step's last one: Step first");
+  assert(passes_ < options_.grad_accum && last_micro == (passes_ + 1 == options_.grad_accum) &&
+         "the last pass is pass grad_accum");
+  const int n = static_cast<int>(ops_.size());
+  for (int k = 0; k < n; ++k) {
+    absl::StatusOr<float*> params = AcquireParams(k, 2 * n - 1);
+    if (!params.ok()) return params.status();
+    if (!pad) {
+      absl::Time start = absl::Now();
+      absl::Status s = model_->Forward(k, UnitViews(ops_[k], *params));
+      times_.forward_ms += MsSince(start);
+      if (!s.ok()) return s;
+      memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
+    }
+    ReleaseParams(k);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (absl::Status s = BackwardPosition(j, last_micro, pad); !s.ok()) return s;
+  }
+  if (!pad) memory_.Set(MemoryCategory::kActivations, model_->ActivationBytes());
+  assert(slots_.empty() && "every position of the pass released its unit");
+  slots_.clear();
+  passes_++;
+  step_pending_ = last_micro;
+  return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro, bool pad) {
   const int n = static_cast<int>(ops_.size());
   const int op = n - 1 - j, pos = n + j, unit = ops_[op];
   UnitState& state = *state_[unit];
@@ -214,6 +232,9 @@ absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro) {
   // The first backward op of a unit in a micro-batch writes its gradient
   // (no clearing pass) into a fresh buffer (stages 2-3) or, on the first
   // micro-batch, into the step's flat gradient (stages 0-1); later ones add.
+  // A padding pass computes nothing: stages 2-3 reduce a zeroed buffer;
+  // stages 0-1 leave the step's flat gradient as the rank's micro-batches
+  // made it (zeroed if none did).
   Model::GradMode mode = Model::GradMode::kAdd;
   if (stage_.grads_sharded) {
     if (pos == first_backward_[unit]) {
@@ -221,7 +242,7 @@ absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro) {
       const absl::Time wait_start = absl::Now();
       absl::StatusOr<TrackedBuffer> flat = LendWaiting(
           buffers_.flat_grads, MemoryCategory::kGradsTransient,
-          Bytes(units_[unit].flat_elements, DType::kF32), /*zero=*/false, reduce_thread_.get());
+          Bytes(units_[unit].flat_elements, DType::kF32), /*zero=*/pad, reduce_thread_.get());
       times_.reduce_wait_ms += MsSince(wait_start);  // the reductions fell behind
       if (!flat.ok()) return flat.status();
       state.grads_flat = std::move(*flat);
@@ -230,13 +251,16 @@ absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro) {
     grads = state.grads_flat.f32();
   } else if (state.grads_stale && pos == first_backward_[unit]) {
     mode = Model::GradMode::kOverwrite;
+    if (pad) backend_->Zero(state.grads.data(), state.grads.bytes());
   }
   if (!stage_.grads_sharded) state.grads_stale = false;
-  UnitTensors grad_views = UnitViews(unit, grads);
-  absl::Time start = absl::Now();
-  absl::Status s = model_->BackwardInto(op, UnitViews(unit, *params), grad_views, mode);
-  times_.backward_ms += MsSince(start);
-  if (!s.ok()) return s;
+  if (!pad) {
+    UnitTensors grad_views = UnitViews(unit, grads);
+    absl::Time start = absl::Now();
+    absl::Status s = model_->BackwardInto(op, UnitViews(unit, *params), grad_views, mode);
+    times_.backward_ms += MsSince(start);
+    if (!s.ok()) return s;
+  }
   ReleaseParams(pos);
   if (pos != last_backward_[unit] || !(stage_.grads_sharded || last_micro)) {
     return absl::OkStatus();

@@ -138,9 +138,16 @@ class ZeroEngine {
   absl::Status InitializeMoment(Moment moment, const RowSource& fill);
 
   // One micro-batch: forward and backward of the batch already set on the
-  // model. `last_micro` marks the last micro-batch of the step (stages 0-1
-  // reduce then). Returns the local loss.
+  // model. `last_micro` marks the last pass of the step (stages 0-1 reduce
+  // then). Returns the local loss.
   absl::StatusOr<double> ForwardBackward(bool last_micro);
+  // A pass that carries no data (EngineOptions::global_micro_batches > 0,
+  // for a rank with fewer micro-batches than the step's passes, after its
+  // last ForwardBackward): the pass's collectives (stage 3's gathers,
+  // stages 2-3's reduce-scatters of a zero gradient, the last pass's
+  // reductions), no model computation; it adds nothing to the gradient and
+  // does not count in the loss.
+  absl::Status PadMicroBatch(bool last_micro);
 
   // Forward only (evaluation, generation): no gradients, no reductions.
   // Returns the loss of the batch set on the model.
@@ -155,8 +162,9 @@ class ZeroEngine {
   absl::Status HoldGatheredParameters();
   void ReleaseHeldParameters();
 
-  // The optimizer step after grad_accum micro-batches: waits for the
-  // reductions, averages over micro-batches, agrees with every rank on the
+  // The optimizer step after grad_accum passes: waits for the reductions,
+  // averages over micro-batches (or divides the sum by
+  // EngineOptions::global_micro_batches), agrees with every rank on the
   // step's loss and norm (one small all-gather), and, when both are finite,
   // clips and steps the shard. A non-finite step leaves the parameters and
   // the optimizer's state as they were (StepStats::verdict says why).
@@ -292,7 +300,11 @@ class ZeroEngine {
   // The walk's parts: the unit's tensors over a flat buffer; backward
   // position n + j (op n - 1 - j) of a training pass.
   UnitTensors UnitViews(int unit, float* flat) const;
-  absl::Status BackwardPosition(int j, bool last_micro);
+  // `pad`: PadMicroBatch's (no model computation, a zero gradient).
+  absl::Status Pass(bool last_micro, bool pad);
+  absl::Status BackwardPosition(int j, bool last_micro, bool pad);
+  // The reductions' op: average over ranks, or sum (global_micro_batches).
+  ReduceOp GradientReduceOp() const;
   // Step's parts: the unit's gradient the optimizer reads (pointer and
   // elements); the squared norm of the micro-batch-averaged gradient this
   // rank holds (stale gradients cleared first); every rank's loss and
@@ -396,7 +408,8 @@ class ZeroEngine {
   int64_t entered_[3] ABSL_GUARDED_BY(activity_mu_) = {0, 0, 0};
   absl::Time first_collective_start_ ABSL_GUARDED_BY(activity_mu_) = absl::InfinitePast();
   double loss_sum_ = 0;
-  int micro_batches_ = 0;
+  int micro_batches_ = 0;  // of the step so far, with data (the loss's)
+  int passes_ = 0;         // of the step so far, padding included
   // Phase order: set by the step's last micro-batch, cleared by Step; a
   // ForwardBackward in between would reduce twice into the step.
   bool step_pending_ = false;

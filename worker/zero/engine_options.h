@@ -41,7 +41,19 @@ struct EngineOptions {
   // and only the replicas' all-reduce quantized; one quantization per
   // gradient instead of two, and no all-to-all over TCP inside the host.
   bool int8_group_reduce_in_f32 = false;
+  // Micro-batch passes per optimizer step, the same on every rank: each is
+  // a ForwardBackward or a PadMicroBatch (stages 2-3 reduce, and stage 3
+  // gathers, once per pass).
   int grad_accum = 1;
+  // The step's micro-batches over all ranks, when ranks carry different
+  // numbers of them (--keep_global_batch after a shrink to a world size that
+  // does not divide them: worker/data/batch_layout.h): the reductions then
+  // sum, and the step scales the sum by 1 / global_micro_batches, so every
+  // micro-batch weighs what it did in the run the layout comes from; ranks
+  // with fewer micro-batches pad with PadMicroBatch. 0: every pass carries
+  // data; the reductions average over the W ranks and the step over the
+  // grad_accum micro-batches, as always.
+  int64_t global_micro_batches = 0;
   absl::Duration collective_timeout = absl::Seconds(60);
   // Test-only (shard_worker's --test_* flags): runs on a collective's thread
   // just before it enters collective number `seq` of its stream; `op` is

@@ -17,6 +17,13 @@ using engine_internal::Bytes;
 
 // ---- Reductions ----
 
+// A step whose ranks carry different numbers of micro-batches
+// (EngineOptions::global_micro_batches) sums: the step divides by the
+// micro-batches, not by the ranks.
+ReduceOp ZeroEngine::GradientReduceOp() const {
+  return options_.global_micro_batches > 0 ? ReduceOp::kSum : ReduceOp::kAverage;
+}
+
 // The rounding of this unit's next int8 reduction: to nearest, or
 // stochastic (EngineOptions::int8_stochastic_reduce) with a seed of its
 // own, (unit, count), the same on every rank; the quantizers mix in the
@@ -27,8 +34,8 @@ Int8Rounding ZeroEngine::QuantizedReduceRounding(int unit) {
                       (static_cast<uint64_t>(unit) << 40) ^ static_cast<uint64_t>(count)};
 }
 
-// Stage 0: all-reduce the unit's full gradient (average over ranks), in
-// place (bf16: through a narrowed copy).
+// Stage 0: all-reduce the unit's full gradient (average over ranks, or
+// sum: GradientReduceOp), in place (bf16: through a narrowed copy).
 absl::Status ZeroEngine::AllReduceUnit(int unit) {
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
@@ -37,10 +44,10 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
   EnterCollective(kReduceStream, "all_reduce", layout.name);
   absl::Status s;
   if (dtype == DType::kF32) {
-    s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, ReduceOp::kAverage,
+    s = reduce_comm_->AllReduce(state.grads.data(), flat, dtype, GradientReduceOp(),
                                 options_.collective_timeout);
   } else if (dtype == DType::kI8) {
-    s = QuantizedAllReduce(reduce_comm_, state.grads.f32(), flat, ReduceOp::kAverage,
+    s = QuantizedAllReduce(reduce_comm_, state.grads.f32(), flat, GradientReduceOp(),
                            options_.collective_timeout, QuantizedReduceRounding(unit));
   } else {
     absl::StatusOr<TrackedBuffer> buffer =
@@ -52,7 +59,7 @@ absl::Status ZeroEngine::AllReduceUnit(int unit) {
       s = backend_->Synchronize();
     }
     if (s.ok()) {
-      s = reduce_comm_->AllReduce(buffer->data(), flat, dtype, ReduceOp::kAverage,
+      s = reduce_comm_->AllReduce(buffer->data(), flat, dtype, GradientReduceOp(),
                                   options_.collective_timeout);
     }
     if (s.ok()) backend_->Convert(buffer->data(), dtype, state.grads.data(), DType::kF32, flat);
@@ -76,8 +83,8 @@ absl::Status ZeroEngine::AverageOverReplicas(int unit, void* chunk, DType dtype,
   absl::Status s =
       dtype == DType::kI8
           ? QuantizedAllReduce(replica_comm_, static_cast<float*>(chunk), layout.chunk_elements,
-                               ReduceOp::kAverage, options_.collective_timeout, rounding)
-          : replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype, ReduceOp::kAverage,
+                               GradientReduceOp(), options_.collective_timeout, rounding)
+          : replica_comm_->AllReduce(chunk, layout.chunk_elements, dtype, GradientReduceOp(),
                                      options_.collective_timeout);
   LeaveCollective(kReplicaStream);
   if (!s.ok()) {
@@ -142,9 +149,9 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
       dtype == DType::kI8
           ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
                                          static_cast<float*>(output), layout.blocks,
-                                         ReduceOp::kAverage, options_.collective_timeout, rounding)
+                                         GradientReduceOp(), options_.collective_timeout, rounding)
           : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
-                                              ReduceOp::kAverage, options_.collective_timeout);
+                                              GradientReduceOp(), options_.collective_timeout);
   LeaveCollective(kReduceStream);
   if (stage_.grads_sharded) grads_flat_buffer->Reset();
   narrowed.Reset();

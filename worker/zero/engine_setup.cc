@@ -32,6 +32,12 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
     return absl::InvalidArgumentError(
         absl::StrCat("grad_accum ", options.grad_accum, " must be >= 1"));
   }
+  if (options.global_micro_batches < 0 ||
+      options.global_micro_batches > int64_t{options.grad_accum} * aux->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "global_micro_batches ", options.global_micro_batches, " must be in [0, grad_accum ",
+        options.grad_accum, " x ", aux->world_size(), " ranks]: the micro-batches of a step"));
+  }
   if (options.param_dtype != DType::kF32 && options.param_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("param dtype ", DTypeName(options.param_dtype),
                                                    " is not supported: expected f32 or bf16"));

@@ -30,8 +30,13 @@ absl::StatusOr<double> ZeroEngine::LocalGradientSquares() {
       st->grads_stale = false;
     }
   }
-  // Average over micro-batches; the squared norm of that gradient here.
-  const float scale = 1.0f / static_cast<float>(options_.grad_accum);
+  // Average over micro-batches (the reductions averaged over ranks), or the
+  // sum over every rank's micro-batches divided by their number
+  // (global_micro_batches: the reductions summed); the squared norm of that
+  // gradient here.
+  const float scale = options_.global_micro_batches > 0
+                          ? 1.0f / static_cast<float>(options_.global_micro_batches)
+                          : 1.0f / static_cast<float>(options_.grad_accum);
   double squares = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     auto [g, n] = StepGradient(u);
@@ -39,8 +44,8 @@ absl::StatusOr<double> ZeroEngine::LocalGradientSquares() {
     if (scale != 1.0f) backend_->Scale(g, n, scale);
     std::optional<double>& known = state_[u]->grad_squares;
     if (known.has_value()) {
-      // Taken before the 1/grad_accum scaling (exact for powers of two,
-      // within rounding otherwise).
+      // Taken before the scaling (exact for powers of two, within rounding
+      // otherwise).
       squares += *known * static_cast<double>(scale) * static_cast<double>(scale);
       known.reset();
       continue;
@@ -58,6 +63,7 @@ absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
   // (step_numerics.h). Doubles travel as raw bytes: two f32 words each.
   RankNumerics local;
   local.loss = micro_batches_ > 0 ? loss_sum_ / micro_batches_ : 0;
+  local.micro_batches = micro_batches_;
   local.grad_squares = grad_squares;
   if (shard_checksum_.has_value()) {
     local.shard_checksum = *shard_checksum_;
@@ -66,9 +72,9 @@ absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
   }
   std::vector<RankNumerics>& all = all_numerics_;  // planned at Create
   assert(static_cast<int>(all.size()) == world_);
-  static_assert(sizeof(RankNumerics) == 8 * sizeof(float), "four 8-byte fields");
+  static_assert(sizeof(RankNumerics) == 10 * sizeof(float), "five 8-byte fields");
   absl::Status s =
-      aux_comm_->AllGather(&local, all.data(), 8, DType::kF32, options_.collective_timeout);
+      aux_comm_->AllGather(&local, all.data(), 10, DType::kF32, options_.collective_timeout);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather of the step's loss and gradient norm "
                                                "(rank ",
@@ -149,6 +155,7 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   times_.reduce_wait_ms += MsSince(wait_start);
   // Phase order: the reductions are done, and gave back what they held.
   step_pending_ = false;
+  passes_ = 0;
   assert(buffers_.flat_grads.lent() == 0 && buffers_.received.lent() == 0 &&
          "every reduction gave its buffers back");
   absl::Time optimizer_start = absl::Now();

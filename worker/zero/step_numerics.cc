@@ -76,12 +76,19 @@ StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed
   }
   // In rank order, as MeanOverRanks always added them: the same bits as
   // before the verdict shared this collective.
-  double loss_sum = 0, squares_sum = 0;
+  double loss_sum = 0, squares_sum = 0, weighted_sum = 0, micro_batches = 0;
+  bool equal_counts = true;
   for (const RankNumerics& r : ranks) {
     loss_sum += r.loss;
     squares_sum += r.grad_squares;
+    weighted_sum += r.loss * r.micro_batches;
+    micro_batches += r.micro_batches;
+    equal_counts = equal_counts && r.micro_batches == ranks[0].micro_batches;
   }
-  verdict.mean_loss = loss_sum / world;
+  // Ranks with fewer micro-batches (an uneven shrink under
+  // --keep_global_batch) weigh less: the mean over the step's micro-batches.
+  verdict.mean_loss =
+      equal_counts || micro_batches <= 0 ? loss_sum / world : weighted_sum / micro_batches;
   // Every shard is held by W / G replicas (bitwise equal after their
   // all-reduce): the sum over ranks counts it that often.
   const double squares =

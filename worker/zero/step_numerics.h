@@ -19,10 +19,10 @@
 
 namespace zeroshard {
 
-// What one rank contributes: its mean loss over its micro-batches and the
-// sum of squares of the gradient it holds (its shard at stages 1-3, the
-// full all-reduced gradient at stage 0). Two doubles: the all-gather moves
-// them as four f32 words.
+// What one rank contributes: its mean loss over its micro-batches, how many
+// it trained, and the sum of squares of the gradient it holds (its shard at
+// stages 1-3, the full all-reduced gradient at stage 0). Five 8-byte fields:
+// the all-gather moves them as ten f32 words.
 struct RankNumerics {
   double loss = 0;
   double grad_squares = 0;
@@ -30,6 +30,9 @@ struct RankNumerics {
   // (--replica_check_every), valid when has_checksum is 1.
   uint64_t shard_checksum = 0;
   uint64_t has_checksum = 0;
+  // Micro-batches with data this step (a double: the record is all 8-byte
+  // words). Ranks differ after an uneven shrink under --keep_global_batch.
+  double micro_batches = 0;
 };
 
 // A replica set whose master shards differ (HSDP: the ranks r with the same
@@ -51,7 +54,10 @@ enum class NonFiniteQuantity { kNone, kLoss, kGradNorm };
 const char* NonFiniteQuantityName(NonFiniteQuantity quantity);  // "loss", "gradient norm"
 
 struct StepVerdict {
-  double mean_loss = 0;  // sum over ranks (in rank order) / W
+  // The mean over the step's micro-batches: the sum of the ranks' losses in
+  // rank order / W when every rank trained as many micro-batches, else each
+  // rank's weighted by its count (sum of loss x count / sum of counts).
+  double mean_loss = 0;
   double grad_norm = 0;  // global, before clipping
   NonFiniteQuantity nonfinite = NonFiniteQuantity::kNone;
   // The lowest rank whose own record was non-finite (its loss, or its
