@@ -18,26 +18,8 @@ using engine_internal::Bytes;
 
 namespace engine_internal {
 
-absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan,
-                             const Communicator* gather, const Communicator* reduce,
-                             const Communicator* aux) {
-  if (options.stage < 0 || options.stage > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stage ", options.stage, " is not a ZeRO stage: expected 0, 1, 2 or 3"));
-  }
-  if (options.prefetch < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prefetch ", options.prefetch, " must be >= 0"));
-  }
-  if (options.grad_accum < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grad_accum ", options.grad_accum, " must be >= 1"));
-  }
-  if (options.global_micro_batches < 0 ||
-      options.global_micro_batches > int64_t{options.grad_accum} * aux->world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "global_micro_batches ", options.global_micro_batches, " must be in [0, grad_accum ",
-        options.grad_accum, " x ", aux->world_size(), " ranks]: the micro-batches of a step"));
-  }
+// The dtypes of the parameters, reductions and gathers, and where int8 may run.
+static absl::Status ValidateDTypes(const EngineOptions& options) {
   if (options.param_dtype != DType::kF32 && options.param_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("param dtype ", DTypeName(options.param_dtype),
                                                    " is not supported: expected f32 or bf16"));
@@ -65,6 +47,30 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
         absl::StrCat("int8 gathers and reductions run on host memory; backend '",
                      options.backend->name(), "' is not: use f32 or bf16 there"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan,
+                             const Communicator* gather, const Communicator* reduce,
+                             const Communicator* aux) {
+  if (options.stage < 0 || options.stage > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", options.stage, " is not a ZeRO stage: expected 0, 1, 2 or 3"));
+  }
+  if (options.prefetch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch ", options.prefetch, " must be >= 0"));
+  }
+  if (options.grad_accum < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_accum ", options.grad_accum, " must be >= 1"));
+  }
+  if (options.global_micro_batches < 0 ||
+      options.global_micro_batches > int64_t{options.grad_accum} * aux->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "global_micro_batches ", options.global_micro_batches, " must be in [0, grad_accum ",
+        options.grad_accum, " x ", aux->world_size(), " ranks]: the micro-batches of a step"));
+  }
+  if (absl::Status s = ValidateDTypes(options); !s.ok()) return s;
   const int group = plan.options.ShardGroupSize(plan.world_size);
   if (gather->world_size() != group || reduce->world_size() != group ||
       aux->world_size() != plan.world_size) {
