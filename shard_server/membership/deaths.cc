@@ -12,6 +12,21 @@
 
 namespace zeroshard {
 
+void Membership::MarkDead(Job& job, MemberState& m, absl::Time now, absl::string_view why,
+                          std::string* dead) {
+  const absl::Duration silent = now - m.last_heartbeat;
+  m.alive = false;
+  job.StopWatching(m.rank);
+  absl::StrAppend(dead, dead->empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ", m.rank,
+                  ")");
+  log_->Log("member_dead", {{"job", job.id},
+                            {"worker", m.worker_id},
+                            {"rank", absl::StrCat(m.rank)},
+                            {"generation", absl::StrCat(job.members_generation)},
+                            {"silent_ms", Ms(silent)},
+                            {"why", std::string(why)}});
+}
+
 bool Membership::DeclareDeaths(Job& job, absl::Time now, Deferred& deferred) {
   bool died = false;
   bool changed = false;
@@ -24,19 +39,8 @@ bool Membership::DeclareDeaths(Job& job, absl::Time now, Deferred& deferred) {
   LogDoubts(job, std::vector<const MemberState*>(live.begin(), live.end()), verdicts);
   for (size_t i = 0; i < live.size(); ++i) {
     if (verdicts[i].verdict != Verdict::kDead) continue;
-    MemberState& m = *live[i];
-    const absl::Duration silent = now - m.last_heartbeat;
-    m.alive = false;
-    job.StopWatching(m.rank);
+    MarkDead(job, *live[i], now, verdicts[i].why, &dead);
     changed = true;
-    absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ", m.rank,
-                    ")");
-    log_->Log("member_dead", {{"job", job.id},
-                              {"worker", m.worker_id},
-                              {"rank", absl::StrCat(m.rank)},
-                              {"generation", absl::StrCat(job.members_generation)},
-                              {"silent_ms", Ms(silent)},
-                              {"why", verdicts[i].why}});
     died = died || job.formed();
   }
   // A death stands whatever the disk says: applied now, saved when it can be.

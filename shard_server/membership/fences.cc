@@ -109,16 +109,7 @@ void Membership::DeclareMachineDead(Job& job, const std::string& node, const std
   std::string dead;
   for (MemberState& m : job.members) {
     if (!m.alive || m.left || MachineOf(m.node, m.host) != node) continue;
-    m.alive = false;
-    job.StopWatching(m.rank);
-    absl::StrAppend(&dead, dead.empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ", m.rank,
-                    ")");
-    log_->Log("member_dead", {{"job", job.id},
-                              {"worker", m.worker_id},
-                              {"rank", absl::StrCat(m.rank)},
-                              {"generation", absl::StrCat(job.members_generation)},
-                              {"silent_ms", Ms(now - m.last_heartbeat)},
-                              {"why", absl::StrCat("its machine was evicted: ", why)}});
+    MarkDead(job, m, now, absl::StrCat("its machine was evicted: ", why), &dead);
   }
   // Joins held from the machine (a forming generation) can never be taken.
   const absl::Status refused = absl::FailedPreconditionError(

@@ -56,9 +56,9 @@
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
 #include "shard_server/base/clock.h"
+#include "shard_server/base/event_log.h"
 #include "shard_server/membership/failure_detector.h"
 #include "shard_server/membership/rejoin_wait.h"
-#include "shard_server/base/event_log.h"
 #include "shard_server/state/state_store.h"
 
 namespace zeroshard {
@@ -372,6 +372,10 @@ class Membership {
   // Every live member on machine `node` is dead (logged with `why`), joins
   // held from there are refused, and a formed generation moves on
   // (DEGRADED); applied at once, saved when it can be, as a death.
+  // `m` dead now (its member_dead line says `why`), its name appended to
+  // *dead (the generation's history). The caller bumps the generation.
+  void MarkDead(Job& job, MemberState& m, absl::Time now, absl::string_view why, std::string* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeclareMachineDead(Job& job, const std::string& node, const std::string& why, absl::Time now,
                           Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
