@@ -2,7 +2,7 @@
 # `A && B || die` is meant throughout: B is a test, never a command that fails.
 # shellcheck disable=SC2015
 # emuhosts.sh: N emulated hosts on one Linux machine, and the network faults
-# between them: the tool the multi-host tests use (tests/cluster/
+# between them: the tool the multi-host tests use (tests/testing/
 # emulated_hosts.h calls it), for reproducing docs/multihost.md's failure
 # table by hand. Needs root and iproute2, nftables, util-linux
 # (tools/install_deps.sh).
