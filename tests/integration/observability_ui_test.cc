@@ -425,6 +425,34 @@ TEST_F(ObservabilityUiTest, HeadlessChromiumRendersTheJobItsRanksAndPlots) {
   EXPECT_NE(dom.find("verified"), std::string::npos) << "the checkpoints table";
 }
 
+// #43: a job whose steps are skipped (--on_nonfinite=skip; a learning rate
+// of 1e39 makes every step after the first non-finite) shows the count on the
+// dashboard, as shardctl status and /metrics do.
+TEST_F(ObservabilityUiTest, HeadlessChromiumShowsSkippedSteps) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::string chromium = Tool("chromium");
+  cluster_.StartWorkers("skips", 1,
+                        {"--model=mlp", "--layers=2", "--width=16", "--batch=4", "--steps=100000",
+                         "--lr=1e39", "--on_nonfinite=skip", "--max_skipped_steps=1000000"});
+  const std::string ctl = Shardctl(cluster_);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return RunCommand(ctl + " --job=skips status").second.find("skipped steps:") !=
+               std::string::npos;
+      },
+      absl::Seconds(60)))
+      << cluster_.server()->Log() << cluster_.WorkerLog(0);
+  const std::string url = absl::StrCat("http://127.0.0.1:", MetricsPort(cluster_), "/#skips");
+  auto [code, dom] = RunCommand(
+      absl::StrCat(chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir_,
+                   "/chromium --virtual-time-budget=8000 --dump-dom '", url, "' 2>/dev/null"));
+  ASSERT_EQ(code, 0) << dom;
+  const size_t banner = dom.find("id=\"integrity\"");
+  ASSERT_NE(banner, std::string::npos) << dom;
+  EXPECT_NE(dom.find("Numerical integrity: skipped steps: ", banner), std::string::npos)
+      << dom.substr(banner, 300);
+}
+
 // The number of times `what` occurs in `text`.
 int Count(const std::string& text, const std::string& what) {
   int n = 0;
