@@ -27,6 +27,11 @@
 //                          launcher starts replacements (same worker ids)
 //   host_cut_shrunk        the same with --min_world_size=2 (tuned: and
 //                          --rejoin_grace=2s) and no replacement
+//   host_cut_grown         host_cut_shrunk, then (10 steps at W = 2 later)
+//                          the network back and the launcher's replacements
+//                          started: until the server's grow_back and rank 0
+//                          10 steps further at W = 4 (figures in the notes,
+//                          from the replacements' start)
 // Figures (seconds, from the fault, or from the heal where it says so):
 //   generations   generation_bumped events after the fault (0: none)
 //   first_dead_s  the server's first member_dead verdict
@@ -59,15 +64,16 @@
 #include "absl/time/clock.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/process.h"
 
 ABSL_FLAG(std::string, profiles, "tuned,defaults", "Flag profiles to run each row with");
 ABSL_FLAG(std::string, rows,
           "server_cut,partition,partition_checkpoints,partition_unhealed,host_cut_healed,"
-          "worker_killed,host_cut_replaced,host_cut_shrunk,host_cut_unhealed,server_unreachable",
+          "worker_killed,host_cut_replaced,host_cut_shrunk,host_cut_grown,host_cut_unhealed,server_"
+          "unreachable",
           "Rows of the failure table to measure, in this order");
 ABSL_FLAG(absl::Duration, outage, absl::Seconds(20), "How long a healed fault lasts");
 ABSL_FLAG(absl::Duration, give_up, absl::Minutes(8),
@@ -325,6 +331,32 @@ void MeasureRow(const std::string& row, Run& run, Figures& f) {
     run.cluster().RestartWorker(1);
     // Training again: 10 steps past where it stopped.
     run.Until([&] { return run.step() >= step_at_kill + 10; }, absl::GetFlag(FLAGS_give_up));
+  } else if (row == "host_cut_grown") {
+    const int step_at_cut = run.step();
+    Must(hosts.CutOff(kCutHost));
+    for (int r : {2, 3}) run.cluster().worker(r)->Signal(SIGKILL);  // gone
+    run.FaultNow();
+    // Shrunk to W = 2 and training: 10 steps past where it stopped.
+    run.Until([&] { return run.step() >= step_at_cut + 10; }, absl::GetFlag(FLAGS_give_up));
+    Must(hosts.HealAll());
+    const absl::Time started = absl::Now();
+    run.cluster().RestartWorker(2);
+    run.cluster().RestartWorker(3);
+    std::vector<absl::Time> grown;
+    run.Until(
+        [&] { return !(grown = ServerEvents(run.ServerLog(), "grow_back", started)).empty(); },
+        absl::GetFlag(FLAGS_give_up));
+    const int step_at_grow = run.step();
+    const bool trained =
+        run.Until([&] { return run.step() >= step_at_grow + 10; }, absl::GetFlag(FLAGS_give_up));
+    f.how = grown.empty()
+                ? "no grow_back"
+                : absl::StrFormat(
+                      "grow_back %.1f s after the replacements started; %s",
+                      absl::ToDoubleSeconds(grown.front() - started),
+                      trained ? absl::StrFormat("10 steps at W = 4 by %.1f s",
+                                                absl::ToDoubleSeconds(absl::Now() - started))
+                              : "rank 0 did not train 10 steps after it");
   } else if (row == "host_cut_replaced" || row == "host_cut_shrunk") {
     const int step_at_cut = run.step();
     Must(hosts.CutOff(kCutHost));
@@ -375,7 +407,7 @@ int Main() {
       if (row == "server_unreachable" && profile.name == "tuned") {
         row_flags = {"--join_timeout_s=60"};  // the cluster tests'
       }
-      if (row == "host_cut_shrunk") {
+      if (row == "host_cut_shrunk" || row == "host_cut_grown") {
         row_flags = {"--min_world_size=2"};
         if (profile.name == "tuned") row_flags.push_back("--rejoin_grace=2s");  // elastic_test's
       }
