@@ -300,6 +300,36 @@ void MeasureUnreachable(Run& run, Figures& f) {
   }
 }
 
+// host_cut_grown: shrunk to W = 2 by a host cut, then the launcher's
+// replacements; the figures (grow_back, 10 steps at W = 4) go to f.how.
+void MeasureGrown(Run& run, Figures& f) {
+  EmulatedHosts& hosts = run.hosts();
+  const int step_at_cut = run.step();
+  Must(hosts.CutOff(kCutHost));
+  for (int r : {2, 3}) run.cluster().worker(r)->Signal(SIGKILL);  // gone
+  run.FaultNow();
+  // Shrunk to W = 2 and training: 10 steps past where it stopped.
+  run.Until([&] { return run.step() >= step_at_cut + 10; }, absl::GetFlag(FLAGS_give_up));
+  Must(hosts.HealAll());
+  const absl::Time started = absl::Now();
+  run.cluster().RestartWorker(2);
+  run.cluster().RestartWorker(3);
+  std::vector<absl::Time> grown;
+  run.Until([&] { return !(grown = ServerEvents(run.ServerLog(), "grow_back", started)).empty(); },
+            absl::GetFlag(FLAGS_give_up));
+  const int step_at_grow = run.step();
+  const bool trained =
+      run.Until([&] { return run.step() >= step_at_grow + 10; }, absl::GetFlag(FLAGS_give_up));
+  f.how =
+      grown.empty()
+          ? "no grow_back"
+          : absl::StrFormat("grow_back %.1f s after the replacements started; %s",
+                            absl::ToDoubleSeconds(grown.front() - started),
+                            trained ? absl::StrFormat("10 steps at W = 4 by %.1f s",
+                                                      absl::ToDoubleSeconds(absl::Now() - started))
+                                    : "rank 0 did not train 10 steps after it");
+}
+
 void MeasureRow(const std::string& row, Run& run, Figures& f) {
   EmulatedHosts& hosts = run.hosts();
   if (row == "server_cut") {
@@ -332,31 +362,7 @@ void MeasureRow(const std::string& row, Run& run, Figures& f) {
     // Training again: 10 steps past where it stopped.
     run.Until([&] { return run.step() >= step_at_kill + 10; }, absl::GetFlag(FLAGS_give_up));
   } else if (row == "host_cut_grown") {
-    const int step_at_cut = run.step();
-    Must(hosts.CutOff(kCutHost));
-    for (int r : {2, 3}) run.cluster().worker(r)->Signal(SIGKILL);  // gone
-    run.FaultNow();
-    // Shrunk to W = 2 and training: 10 steps past where it stopped.
-    run.Until([&] { return run.step() >= step_at_cut + 10; }, absl::GetFlag(FLAGS_give_up));
-    Must(hosts.HealAll());
-    const absl::Time started = absl::Now();
-    run.cluster().RestartWorker(2);
-    run.cluster().RestartWorker(3);
-    std::vector<absl::Time> grown;
-    run.Until(
-        [&] { return !(grown = ServerEvents(run.ServerLog(), "grow_back", started)).empty(); },
-        absl::GetFlag(FLAGS_give_up));
-    const int step_at_grow = run.step();
-    const bool trained =
-        run.Until([&] { return run.step() >= step_at_grow + 10; }, absl::GetFlag(FLAGS_give_up));
-    f.how = grown.empty()
-                ? "no grow_back"
-                : absl::StrFormat(
-                      "grow_back %.1f s after the replacements started; %s",
-                      absl::ToDoubleSeconds(grown.front() - started),
-                      trained ? absl::StrFormat("10 steps at W = 4 by %.1f s",
-                                                absl::ToDoubleSeconds(absl::Now() - started))
-                              : "rank 0 did not train 10 steps after it");
+    MeasureGrown(run, f);
   } else if (row == "host_cut_replaced" || row == "host_cut_shrunk") {
     const int step_at_cut = run.step();
     Must(hosts.CutOff(kCutHost));
