@@ -1,7 +1,11 @@
 """C++ and gRPC code generated from a .proto with the system protoc and grpc_cpp_plugin."""
 
-def cc_grpc_proto(name, src, grpc = True, deps = [], visibility = None):
-    """Generates <base>.pb.{h,cc} (and .grpc.pb.{h,cc}) and a cc_library `name`."""
+def cc_grpc_proto(name, src, grpc = True, deps = [], imports = [], visibility = None):
+    """Generates <base>.pb.{h,cc} (and .grpc.pb.{h,cc}) and a cc_library `name`.
+
+    `imports`: the .proto files `src` imports (same folder, imported by base
+    name), whose cc_grpc_proto libraries are in `deps`.
+    """
     base = src[:-len(".proto")]
     outs = [base + ".pb.h", base + ".pb.cc"]
     cmd = "protoc -I$$(dirname $(location %s)) --cpp_out=$(@D) " % src
@@ -11,7 +15,7 @@ def cc_grpc_proto(name, src, grpc = True, deps = [], visibility = None):
     cmd += "$(location %s)" % src
     native.genrule(
         name = name + "_gen",
-        srcs = [src],
+        srcs = [src] + imports,
         outs = outs,
         cmd = cmd,
     )
