@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -171,19 +172,25 @@ absl::Status Checkpointer::Write(const ShardView& view, absl::Notification& copi
   if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS")) {
     absl::SleepFor(absl::Milliseconds(atoi(delay)));
   }
-  // Straight from the engine's memory (WriteShardFromView): the update waits
-  // until write(2) has copied every value into the page cache. Measured
-  // against a copy into a fresh buffer first (checkpoint_bench, 576 MiB
-  // shard, a checkpoint every 12 steps of ~0.3 s, 2 cores): pause 14 ms
-  // against 220 ms (page faults and zeroing of the fresh memory), and no
-  // second shard-sized allocation. The kernel paces write(2) to the disk
-  // once dirty pages pile up, so checkpoints more frequent than the disk
-  // can write make the update wait (~1 s each at a checkpoint every 4
-  // steps); a buffer would not help there either: the next Save waits for
-  // the previous write.
+  // Measured with checkpoint_bench (576 MiB shard, a checkpoint every 12
+  // steps of ~0.3 s, 2 cores): written straight from the engine's memory,
+  // the update waited for write(2) to take every value into the page cache:
+  // a 14 ms pause (220 ms when copied into a fresh buffer each time: page
+  // faults and zeroing). Staged into a kept buffer, the copy ends within
+  // the next step's forward and backward (docs/benchmarks.md). The kernel
+  // paces write(2) to the disk once dirty pages pile up, so checkpoints more
+  // frequent than the disk can write make the next Save wait for the
+  // previous write whatever the method (~1 s each at a checkpoint every 4
+  // steps).
+  absl::StatusOr<WrittenShard> written;
+  if (config_.staging && view.owner == nullptr) {
+    absl::Notification unused;  // `copied` is notified once the copy is staged
+    written = WriteShardFromView(Stage(view, copied), config_.dir, &unused);
+  } else {
+    written = WriteShardFromView(view, config_.dir, &copied);
+  }
   // Tests only: stretch the time from the write to its commit, so that a
   // kill lands inside it (training goes on meanwhile).
-  absl::StatusOr<WrittenShard> written = WriteShardFromView(view, config_.dir, &copied);
   if (const char* delay = getenv("ZEROSHARD_TEST_CHECKPOINT_DELAY_MS")) {
     absl::SleepFor(absl::Milliseconds(atoi(delay)));
   }
@@ -200,6 +207,42 @@ absl::Status Checkpointer::Write(const ShardView& view, absl::Notification& copi
     return Commit(id, w, retry_step, saved_at);
   });
   return absl::OkStatus();
+}
+
+void Checkpointer::Reserve(ZeroEngine& engine, const ShardIdentity& id) {
+  if (!config_.staging || !config_.enabled()) return;
+  absl::StatusOr<ShardView> view = ViewShard(engine, id, optimizer_, config_.save_optimizer);
+  if (!view.ok()) return;  // Save says why
+  int64_t floats = 0;
+  for (int64_t n : view->elements) floats += n;
+  writer_.Submit([this, floats]() -> absl::Status {
+    Grow(floats);
+    // Faulted in now, beside the first steps, not by the first checkpoint's
+    // copy (which the next update may wait for).
+    std::memset(staging_.get(), 0, static_cast<size_t>(floats) * sizeof(float));
+    return absl::OkStatus();
+  });
+}
+
+void Checkpointer::Grow(int64_t floats) {
+  if (floats <= staging_floats_) return;
+  staging_.reset(new float[static_cast<size_t>(floats)]);
+  staging_floats_ = floats;
+}
+
+ShardView Checkpointer::Stage(const ShardView& view, absl::Notification& copied) {
+  int64_t floats = 0;
+  for (int64_t n : view.elements) floats += n;
+  Grow(floats);  // Reserve made it this size, normally
+  ShardView staged = view;
+  float* to = staging_.get();
+  for (size_t i = 0; i < view.values.size(); ++i) {
+    std::memcpy(to, view.values[i], static_cast<size_t>(view.elements[i]) * sizeof(float));
+    staged.values[i] = to;
+    to += view.elements[i];
+  }
+  copied.Notify();  // the engine may change its state now
+  return staged;
 }
 
 absl::Status Checkpointer::Drain() {

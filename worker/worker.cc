@@ -296,6 +296,7 @@ absl::Status Worker::Train() {
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
   SetCheckpointer(&checkpointer);  // its commits_pending in the heartbeats
+  if (device_ == nullptr) checkpointer.Reserve(e, IdentityAt(g.start_step));
   absl::Cleanup unpublish = [this] { SetCheckpointer(nullptr); };
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an

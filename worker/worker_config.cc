@@ -198,6 +198,11 @@ ABSL_FLAG(int, max_pending_commits, 8,
           "Checkpoints written but not yet committed (the server or etcd's quorum out of reach) "
           "that a rank keeps while training goes on; past it the oldest waiting one is dropped "
           "(said on stderr) and its step abandoned once the server answers");
+ABSL_FLAG(bool, checkpoint_staging, true,
+          "CPU backend: copy the state into a kept host buffer of the shard's size before "
+          "writing it, so that training never waits for write(2) (costs that much host memory "
+          "per rank); false: write straight from the engine's memory, and the next optimizer "
+          "update waits until the kernel holds every value");
 ABSL_FLAG(std::string, checkpoint_transport, "fs",
           "fs: the server reads the files on a shared filesystem; grpc: stream them to it");
 ABSL_FLAG(std::string, resume, "",
@@ -525,6 +530,7 @@ absl::Status ReadRun(WorkerConfig* config) {
     return Bad("--checkpoint_every / --checkpoint_at_end need --checkpoint_dir");
   }
   checkpoint.max_pending_commits = absl::GetFlag(FLAGS_max_pending_commits);
+  checkpoint.staging = absl::GetFlag(FLAGS_checkpoint_staging);
   if (checkpoint.max_pending_commits < 1) {
     return Bad(absl::StrCat("--max_pending_commits=", checkpoint.max_pending_commits,
                             ": expected at least 1 (the checkpoint being committed)"));

@@ -59,6 +59,12 @@ struct CheckpointConfig {
   // Written checkpoints waiting for their commit (the server out of reach)
   // kept before the oldest waiting one is dropped (checkpointer.h).
   int max_pending_commits = 8;
+  // --checkpoint_staging: the writer first copies the engine's state into a
+  // host buffer of the shard's size that it keeps for the next checkpoint
+  // (memcpy, ~10x faster than write(2) into the page cache), and writes from
+  // it; off, write(2) reads the engine's memory and the next update waits
+  // for it (worker/checkpointer.h).
+  bool staging = true;
 
   bool enabled() const { return every > 0 || at_end; }
 };

@@ -5,7 +5,8 @@
 // parameters and Adam moments) checkpoints every 12 steps; its run report
 // gives the training thread's pause per checkpoint, the time from Save to
 // the committed step, and the step times with and without a checkpoint's
-// copy running beside them.
+// copy running beside them, with --checkpoint_staging on and off in
+// alternate runs (--pause_rounds pairs).
 //
 // Consolidation: a sharded checkpoint of about 2.4 GB
 // (W = 4; parameters plus both Adam moments) committed to a real shard_server
@@ -82,6 +83,8 @@ ABSL_FLAG(int, pause_layers, 3, "Pause phase: MLP layers (3 x 4096: a 576 MiB sh
 ABSL_FLAG(int, pause_width, 4096, "Pause phase: MLP width");
 ABSL_FLAG(int, pause_batch, 64, "Pause phase: rows per step");
 ABSL_FLAG(int, pause_steps, 72, "Pause phase: steps");
+ABSL_FLAG(int, pause_rounds, 1,
+          "Pause phase: rounds of two runs, --checkpoint_staging=true then false (interleaved)");
 ABSL_FLAG(int, pause_every, 12,
           "Pause phase: --checkpoint_every (12 steps of ~0.3 s here: longer than a shard's write, "
           "as a real interval is; at 4 the disk cannot keep up and every update waits for it)");
@@ -246,55 +249,96 @@ absl::Status FsyncFile(const std::string& path) {
 // committed step (checkpoint_commit_ms). Steps with a checkpoint's copy
 // running beside them are compared with the others: on a machine with few
 // cores the copy's CPU is taken from the step even when it pauses nothing.
-int MeasurePause(nlohmann::ordered_json* j) {
+// One worker run's measurements (its run report).
+struct PauseRun {
+  std::vector<double> pauses, commits, beside, alone;
+  nlohmann::json compute;
+};
+
+PauseRun RunPauseWorker(bool staging) {
   const int layers = absl::GetFlag(FLAGS_pause_layers);
   const int width = absl::GetFlag(FLAGS_pause_width);
   const int every = absl::GetFlag(FLAGS_pause_every);
   const int steps = absl::GetFlag(FLAGS_pause_steps);
-  const int64_t params = int64_t{layers} * (int64_t{width} * width + width);
   testing::LocalCluster cluster(testing::MakeTempDir("checkpoint_pause"));
   if (!cluster.ok()) Die("pause phase: no server");
   const bool ran = cluster.Run(
       "pause", 1,
       {"--model=mlp", absl::StrCat("--layers=", layers), absl::StrCat("--width=", width),
        absl::StrCat("--batch=", absl::GetFlag(FLAGS_pause_batch)), absl::StrCat("--steps=", steps),
-       absl::StrCat("--checkpoint_every=", every), "--seed=1", "--collective_timeout=120s"});
+       absl::StrCat("--checkpoint_every=", every), "--seed=1", "--collective_timeout=120s",
+       absl::StrCat("--checkpoint_staging=", staging ? "true" : "false")});
   if (!ran) Die(absl::StrCat("pause phase: the worker failed:\n", cluster.WorkerLog(0)));
   const nlohmann::json report = cluster.Report("pause", 0);
-  const BenchMachine machine = DescribeBenchMachine(report["compute"]["blas_kernel"]);
-  std::printf("%s\n", machine.Line().c_str());
-  const std::vector<double> pauses = report["checkpoint_pause_ms"];
-  const std::vector<double> commits = report["checkpoint_commit_ms"];
+  PauseRun run;
+  run.compute = report["compute"];
+  run.pauses = report["checkpoint_pause_ms"].get<std::vector<double>>();
+  run.commits = report["checkpoint_commit_ms"].get<std::vector<double>>();
   const std::vector<double> step_ms = report["step_ms"];
   // Step i (0-based) runs after the checkpoint of step i when i % every == 0.
-  std::vector<double> beside, alone;
   for (size_t i = 1; i < step_ms.size(); ++i) {  // the first step warms up
-    (i % every == 0 ? beside : alone).push_back(step_ms[i]);
+    (i % every == 0 ? run.beside : run.alone).push_back(step_ms[i]);
   }
-  if (pauses.empty() || commits.empty() || beside.empty() || alone.empty()) {
+  if (run.pauses.empty() || run.commits.empty() || run.beside.empty() || run.alone.empty()) {
     Die(absl::StrCat("pause phase: too few checkpoints or steps: ", report.dump()));
   }
+  return run;
+}
+
+// The pause a checkpoint costs training, measured in a real shard_worker
+// (its run report's checkpoint_pause_ms: from Save's start to its return,
+// plus the next update's wait for the copy), and the time from Save to the
+// committed step (checkpoint_commit_ms), with --checkpoint_staging on and
+// off in alternate runs. Steps with a checkpoint's copy running beside them
+// are compared with the others: on a machine with few cores the copy's CPU
+// is taken from the step even when it pauses nothing.
+int MeasurePause(nlohmann::ordered_json* j) {
+  const int64_t params = int64_t{absl::GetFlag(FLAGS_pause_layers)} *
+                         (int64_t{absl::GetFlag(FLAGS_pause_width)} * absl::GetFlag(FLAGS_pause_width) +
+                          absl::GetFlag(FLAGS_pause_width));
+  PauseRun by_mode[2];  // [0]: staged, [1]: straight from the engine's memory
+  for (int round = 0; round < std::max(1, absl::GetFlag(FLAGS_pause_rounds)); ++round) {
+    for (int mode = 0; mode < 2; ++mode) {
+      PauseRun run = RunPauseWorker(/*staging=*/mode == 0);
+      PauseRun& all = by_mode[mode];
+      all.compute = run.compute;
+      for (auto [to, from] : {std::pair{&all.pauses, &run.pauses}, {&all.commits, &run.commits},
+                              {&all.beside, &run.beside}, {&all.alone, &run.alone}}) {
+        to->insert(to->end(), from->begin(), from->end());
+      }
+    }
+  }
+  const BenchMachine machine = DescribeBenchMachine(by_mode[0].compute["blas_kernel"]);
+  std::printf("%s\n", machine.Line().c_str());
   const double shard_bytes = params * 12.0;
-  Table table({"MEASUREMENT (W = 1, " + HumanBytes(shard_bytes) + " shard)", "MEDIAN MS",
-               "MAX MS", "N"});
-  auto row = [&](const std::string& what, const std::vector<double>& v) {
-    table.AddRow({what, absl::StrFormat("%.1f", Median(v)),
-                  absl::StrFormat("%.1f", *std::max_element(v.begin(), v.end())),
-                  absl::StrCat(v.size())});
+  Table table({"MEASUREMENT (W = 1, " + HumanBytes(shard_bytes) + " shard)", "STAGED MEDIAN MS",
+               "MAX", "DIRECT MEDIAN MS", "MAX", "N"});
+  auto row = [&](const std::string& what, std::vector<double> PauseRun::*field) {
+    const std::vector<double>& a = by_mode[0].*field;
+    const std::vector<double>& b = by_mode[1].*field;
+    table.AddRow({what, absl::StrFormat("%.1f", Median(a)),
+                  absl::StrFormat("%.1f", *std::max_element(a.begin(), a.end())),
+                  absl::StrFormat("%.1f", Median(b)),
+                  absl::StrFormat("%.1f", *std::max_element(b.begin(), b.end())),
+                  absl::StrCat(a.size(), " / ", b.size())});
   };
-  row("pause per checkpoint (training thread)", pauses);
-  row("Save -> step committed", commits);
-  row("step with a checkpoint's copy beside it", beside);
-  row("step without", alone);
+  row("pause per checkpoint (training thread)", &PauseRun::pauses);
+  row("Save -> step committed", &PauseRun::commits);
+  row("step with a checkpoint's copy beside it", &PauseRun::beside);
+  row("step without", &PauseRun::alone);
   std::printf("%s\n", table.ToString().c_str());
   (*j)["machine"] = machine.Json();
   (*j)["pause_shard_bytes"] = shard_bytes;
-  (*j)["pause_ms"] = pauses;
-  (*j)["pause_ms_median"] = Median(pauses);
-  (*j)["commit_ms"] = commits;
-  (*j)["commit_ms_median"] = Median(commits);
-  (*j)["step_ms_beside_copy_median"] = Median(beside);
-  (*j)["step_ms_alone_median"] = Median(alone);
+  for (int mode = 0; mode < 2; ++mode) {
+    const PauseRun& r = by_mode[mode];
+    const std::string k = mode == 0 ? "staged_" : "direct_";
+    (*j)[k + "pause_ms"] = r.pauses;
+    (*j)[k + "pause_ms_median"] = Median(r.pauses);
+    (*j)[k + "pause_ms_max"] = *std::max_element(r.pauses.begin(), r.pauses.end());
+    (*j)[k + "commit_ms_median"] = Median(r.commits);
+    (*j)[k + "step_ms_beside_copy_median"] = Median(r.beside);
+    (*j)[k + "step_ms_alone_median"] = Median(r.alone);
+  }
   return 0;
 }
 

@@ -175,33 +175,40 @@ TEST_F(TrainingTest, GradientAccumulationEqualsADoubledBatch) {
 }
 
 // A disk checkpoint does not pause training (#45): the writer copies the
-// engine's own state while the next step's forward and backward run, and
-// the next update waits for that copy. With the copy held back 600 ms
-// (a test hook), the update must wait (the pause shows it) and step 2's
-// checkpoint must hold step 2's state, bit for bit that of a run that
-// stopped there; an update that did not wait would have put step 3's
-// values into it.
+// engine's own state while the next step's forward and backward run (into
+// its staging buffer, or with --checkpoint_staging=false straight into the
+// file), and the next update waits for that copy. With the copy held back
+// 600 ms (a test hook), the update must wait (the pause shows it) and step
+// 2's checkpoint must hold step 2's state, bit for bit that of a run that
+// stopped there; an update that did not wait would have put step 3's values
+// into it.
 TEST_F(TrainingTest, ACheckpointWithoutAPauseHoldsItsOwnStepsState) {
   ASSERT_TRUE(cluster_.ok());
   ASSERT_TRUE(cluster_.Run("stopped", 2, MlpFlags({"--stage=3", "--batch=4", "--steps=2"})));
-  setenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS", "600", 1);
-  const bool ran =
-      cluster_.Run("held", 2, MlpFlags({"--stage=3", "--batch=4", "--checkpoint_every=2"}));
-  unsetenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS");
-  ASSERT_TRUE(ran);
   const absl::StatusOr<ModelSpec> spec = MlpSpec(kLayers, kWidth, kActivation);
   ASSERT_TRUE(spec.ok());
   const Params stopped = testing::LoadCheckpointParams(cluster_.checkpoint_root(), "stopped", 2,
                                                        *spec);
   ASSERT_FALSE(stopped.empty());
-  EXPECT_EQ(testing::LoadCheckpointParams(cluster_.checkpoint_root(), "held", 2, *spec), stopped);
-  for (int rank = 0; rank < 2; ++rank) {
-    const nlohmann::json report = cluster_.Report("held", rank);
-    ASSERT_GE(report["checkpoint_pause_ms"].size(), 2u) << report.dump();
-    // The update after step 2's checkpoint waited for the held copy.
-    EXPECT_GE(report["checkpoint_pause_ms"][0].get<double>(), 500) << report.dump();
-    // Steps 2, 4 and 5 committed, each timed from its Save.
-    EXPECT_EQ(report["checkpoint_commit_ms"].size(), 3u) << report.dump();
+  for (const bool staging : {true, false}) {
+    const std::string job = staging ? "held" : "held-direct";
+    setenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS", "600", 1);
+    const bool ran = cluster_.Run(
+        job, 2,
+        MlpFlags({"--stage=3", "--batch=4", "--checkpoint_every=2",
+                  absl::StrCat("--checkpoint_staging=", staging ? "true" : "false")}));
+    unsetenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS");
+    ASSERT_TRUE(ran) << job;
+    EXPECT_EQ(testing::LoadCheckpointParams(cluster_.checkpoint_root(), job, 2, *spec), stopped)
+        << job;
+    for (int rank = 0; rank < 2; ++rank) {
+      const nlohmann::json report = cluster_.Report(job, rank);
+      ASSERT_GE(report["checkpoint_pause_ms"].size(), 2u) << report.dump();
+      // The update after step 2's checkpoint waited for the held copy.
+      EXPECT_GE(report["checkpoint_pause_ms"][0].get<double>(), 500) << report.dump();
+      // Steps 2, 4 and 5 committed, each timed from its Save.
+      EXPECT_EQ(report["checkpoint_commit_ms"].size(), 3u) << report.dump();
+    }
   }
 }
 
