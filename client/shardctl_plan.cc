@@ -31,6 +31,7 @@
 #include "common/plan/memory_estimate.h"
 #include "common/plan/plan_codec.h"
 #include "common/plan/planner.h"
+#include "common/plan/shard_groups.h"
 #include "common/plan/shard_plan.h"
 #include "common/table.h"
 #include "nlohmann/json.hpp"
@@ -259,12 +260,12 @@ std::string SummaryText(const ShardPlan& plan, const MemoryEstimate& estimate) {
   absl::StrAppendFormat(&out, "  units         %d (max_unit_bytes %s, alignment %d elements)\n",
                         plan.units.size(), HumanBytes(plan.options.max_unit_bytes),
                         plan.options.alignment_elements);
-  const int group = plan.options.ShardGroupSize(plan.world_size);
-  if (group < plan.world_size) {
+  const ShardGroups groups = plan.options.Groups(plan.world_size);
+  if (groups.hybrid()) {
     absl::StrAppendFormat(&out,
                           "  shard groups  %d groups of %d consecutive ranks, each holding the "
                           "model sharded %d ways (per-rank figures below are a %d-rank job's)\n",
-                          plan.world_size / group, group, group, group);
+                          groups.count(), groups.size(), groups.size(), groups.size());
   }
   absl::StrAppendFormat(&out, "  pieces        %s\n", Count(pieces));
   absl::StrAppendFormat(&out, "  padding       %s\n", Percent(PaddingOverhead(plan)));
@@ -282,7 +283,7 @@ std::string UnitTable(const ShardPlan& plan) {
   for (const ShardUnit& unit : plan.units) {
     const int64_t elements = UnitElements(unit);
     const double allocated =
-        static_cast<double>(plan.options.ShardGroupSize(plan.world_size)) * unit.chunk_elements;
+        static_cast<double>(plan.options.Groups(plan.world_size).size()) * unit.chunk_elements;
     table.AddRow({unit.name, absl::StrCat(unit.tensors.size()), Count(elements),
                   Count(unit.chunk_elements), Count(unit.pieces.size()),
                   Percent(elements > 0 ? allocated / elements - 1 : 0)});

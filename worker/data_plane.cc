@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/local_address.h"
+#include "common/plan/shard_groups.h"
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/host_communicator.h"
@@ -185,7 +186,7 @@ HostBytes DataPlane::BytesByHost() const {
 
 void DataPlane::Abort() {
   for (Communicator* c : {gather.get(), reduce.get(), replicas.get(), secondary.get(), aux.get(),
-                         static_cast<Communicator*>(snapshot.get())}) {
+                          static_cast<Communicator*>(snapshot.get())}) {
     if (c != nullptr) c->Abort();
   }
 }
@@ -200,11 +201,10 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
   if (absl::Status s = PublishHost(&store, rank); !s.ok()) return s;
   // Shard groups of G consecutive ranks (G = W: none): this rank is member
   // `member` of group `group`; its replicas are the members `member` of the
-  // other groups.
-  const int g = options.shard_group_size > 0 && options.shard_group_size < world_size
-                    ? options.shard_group_size
-                    : world_size;
-  const int member = rank % g, group = rank / g, replicas = world_size / g;
+  // other groups (common/plan/shard_groups.h).
+  const ShardGroups groups(world_size, options.shard_group_size, options.secondary_group_size);
+  const int g = groups.size(), member = groups.MemberOf(rank), group = groups.GroupOf(rank),
+            replicas = groups.count();
   // One bulk communicator: `role` over the `size` ranks listed by
   // job_rank(i), this rank at index `index`.
   auto connect = [&](const std::string& role, const std::string& tag, int index, int size,
@@ -214,8 +214,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
     if (!elsewhere.ok()) return elsewhere.status();
     plane->host_bytes.emplace_back();
     absl::StatusOr<std::unique_ptr<Communicator>> comm =
-        ConnectBulk(&store, index, size, tag, options, cancelled, *elsewhere,
-                    &plane->description, &plane->host_bytes.back());
+        ConnectBulk(&store, index, size, tag, options, cancelled, *elsewhere, &plane->description,
+                    &plane->host_bytes.back());
     if (!comm.ok()) return comm.status();
     if (tag != role) {  // described by role, with the group's tag
       plane->description[role] = plane->description[tag];
@@ -229,8 +229,8 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
     slot = *std::move(comm);
     return slot.get();
   };
-  const std::string in_group = g < world_size ? absl::StrCat("/group", group) : "";
-  auto group_rank = [&](int i) { return group * g + i; };
+  const std::string in_group = groups.hybrid() ? absl::StrCat("/group", group) : "";
+  auto group_rank = [&](int i) { return groups.RankOf(group, i); };
   for (const char* role : {"gather", "reduce"}) {
     absl::StatusOr<Communicator*> c =
         connect(role, absl::StrCat(role, in_group), member, g, group_rank);
@@ -239,12 +239,12 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
   if (replicas > 1) {
     absl::StatusOr<Communicator*> c =
         connect("replicas", absl::StrCat("replicas/member", member), group, replicas,
-                [&](int k) { return k * g + member; });
+                [&](int k) { return groups.RankOf(k, member); });
     if (!c.ok()) return c.status();
   }
   if (options.secondary_group_size > 0) {
     // hpZ: groups of H consecutive ranks (a host's, with H = ranks per host).
-    const int h = options.secondary_group_size, base = rank / h * h;
+    const int h = groups.secondary(), base = groups.SecondaryBase(rank);
     absl::StatusOr<Communicator*> c =
         connect("secondary", absl::StrCat("secondary/group", rank / h), rank - base, h,
                 [&](int i) { return base + i; });

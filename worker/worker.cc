@@ -144,56 +144,6 @@ absl::Status Worker::Join() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> Worker::ShardGroupSize() {
-  if (!config_.shard_group_by_host) return config_.plan.shard_group_size;
-  return ConsecutiveRanksPerHost("--shard_group_size", "shard_groups");
-}
-
-absl::StatusOr<int> Worker::SecondaryGroupSize(int shard_group_size) {
-  int h = config_.secondary_group_size;
-  if (config_.secondary_group_by_host) {
-    absl::StatusOr<int> per_host =
-        ConsecutiveRanksPerHost("--secondary_shard_group_size", "secondary_groups");
-    if (!per_host.ok()) return per_host.status();
-    h = *per_host;
-  }
-  if (h == 0) return 0;
-  const int g = shard_group_size > 0 && shard_group_size < world() ? shard_group_size : world();
-  if (world() % h != 0 || h >= g) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--secondary_shard_group_size: secondary groups of ", h, " ranks",
-        config_.secondary_group_by_host ? " (the ranks per host)" : "",
-        " must divide the world size ", world(), " and be smaller than the shard groups of ", g,
-        " ranks (hpZ keeps the backward's gathers inside a host when the shard groups span "
-        "hosts); drop the flag for this layout"));
-  }
-  return h;
-}
-
-absl::StatusOr<int> Worker::ConsecutiveRanksPerHost(const char* flag, const char* key) {
-  const std::string what = absl::StrCat(flag, "=host");
-  ClientKvStore store(client_.get());
-  absl::StatusOr<std::vector<std::string>> keys =
-      ExchangeHostKeys(&store, rank_, world(), key, HostIdentity(), config_.data_plane.timeout);
-  if (!keys.ok()) return Annotate(keys.status(), absl::StrCat(what, ": exchanging hosts"));
-  absl::StatusOr<HostLayout> layout = HostLayout::Of(*keys);
-  if (!layout.ok()) return Annotate(layout.status(), what);
-  // Groups are consecutive ranks: host h must hold ranks h*L .. h*L + L - 1.
-  for (int h = 0; h < layout->hosts; ++h) {
-    for (int i = 0; i < layout->local_size; ++i) {
-      if (layout->ranks_on[h][i] != h * layout->local_size + i) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what, ": the ranks of a host must be consecutive, but rank ", layout->ranks_on[h][i],
-            " runs on host ", h, " with rank ", layout->ranks_on[h][0],
-            " (ranks follow the sorted worker ids: name workers host first, e.g. "
-            "'<host>/<local rank>'), or give ",
-            flag, "=G"));
-      }
-    }
-  }
-  return layout->local_size;
-}
-
 absl::Status Worker::Plan() {
   assert(client_ != nullptr && generation_ != nullptr && "Plan before Join");
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;

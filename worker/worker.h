@@ -175,6 +175,7 @@ class Worker {
   int rank() const { return rank_; }
 
  private:
+  // ---- Shard groups (worker_groups.cc) ----
   // --shard_group_size's G for this generation (0: none); with 'host', the
   // ranks per host, agreed through the KV store.
   absl::StatusOr<int> ShardGroupSize();

@@ -43,12 +43,9 @@ absl::Status CheckEstimateOptions(const ShardPlan& plan, const MemoryEstimateOpt
         absl::StrCat("plan world size ", plan.world_size, " is invalid"));
   }
   const int h = options.secondary_shard_group_size;
-  const int group = plan.options.ShardGroupSize(plan.world_size);
   // An empty plan (a check of the options alone) has no groups to compare.
-  if (h < 0 || (h > 0 && !plan.units.empty() && (plan.world_size % h != 0 || h >= group))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "secondary_shard_group_size ", h, " must be 0 (no hpZ) or divide the world size ",
-        plan.world_size, " and be smaller than the shard groups of ", group, " ranks"));
+  if (h < 0 || (h > 0 && !plan.units.empty())) {
+    return ShardGroups::Make(plan.world_size, plan.options.shard_group_size, h).status();
   }
   return absl::OkStatus();
 }
@@ -92,7 +89,7 @@ absl::StatusOr<MemoryEstimate> EstimateMemory(const ShardPlan& plan,
 
   // A shard is spread over the ranks of one shard group (all W without
   // groups): a gathered unit is G chunks, and padding is per group.
-  const int64_t w = plan.options.ShardGroupSize(plan.world_size);
+  const int64_t w = plan.options.Groups(plan.world_size).size();
   estimate.shard_group_size = static_cast<int>(w);
   int64_t largest_chunk = 0;
   int64_t secondary_elements = 0;  // hpZ: sum over units of ceil(unit / H)

@@ -129,7 +129,7 @@ double PaddingOverhead(const ShardPlan& plan) {
   double elements = 0;
   for (const ShardUnit& unit : plan.units) {
     // One shard group holds the model once (all W ranks without groups).
-    allocated += static_cast<double>(plan.options.ShardGroupSize(plan.world_size)) *
+    allocated += static_cast<double>(plan.options.Groups(plan.world_size).size()) *
                  static_cast<double>(unit.chunk_elements);
     for (const TensorSpec& tensor : unit.tensors)
       elements += static_cast<double>(tensor.Elements());
@@ -145,7 +145,7 @@ std::string PlanToJson(const ShardPlan& plan, const nlohmann::ordered_json& extr
   std::string out;
   out.reserve(256 + 80 * pieces);
   absl::StrAppend(&out, "{\"world_size\":", plan.world_size,
-                  ",\"shard_group_size\":", plan.options.ShardGroupSize(plan.world_size),
+                  ",\"shard_group_size\":", plan.options.Groups(plan.world_size).size(),
                   ",\"plan_hash\":", Quote(plan.hash),
                   ",\"padding_overhead\":", nlohmann::json(PaddingOverhead(plan)).dump(),
                   ",\"units\":[");

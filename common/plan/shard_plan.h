@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/plan/shard_groups.h"
+
 #include "common/model_spec.h"
 
 namespace zeroshard {
@@ -42,10 +44,9 @@ struct PlanOptions {
   // hybrid sharding (planner.h, "Shard groups").
   int32_t shard_group_size = 0;
 
-  // The ranks one shard is spread over: G, or W for plain sharding.
-  int ShardGroupSize(int world_size) const {
-    return shard_group_size > 0 && shard_group_size < world_size ? shard_group_size : world_size;
-  }
+  // The groups of a `world_size`-rank job under these options
+  // (shard_groups.h): G ranks to a shard, or W for plain sharding.
+  ShardGroups Groups(int world_size) const { return ShardGroups(world_size, shard_group_size); }
 };
 
 struct ShardPlan {

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/plan/shard_groups.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -88,11 +89,11 @@ class UncoveredRows {
 // whole shard; with `every_row` (replicated parameters) every piece's.
 UncoveredRows RowsRankNeeds(const ShardPlan& plan, int rank, int world, bool every_row) {
   UncoveredRows rows;
-  const int group = plan.options.ShardGroupSize(world);
+  const ShardGroups groups = plan.options.Groups(world);
   for (const ShardUnit& unit : plan.units) {
     for (const Piece& p : unit.pieces) {
       assert(p.rank >= 0 && p.rank < world);
-      if (every_row || p.rank % group == rank % group) {
+      if (every_row || groups.SameShard(p.rank, rank)) {
         rows.Add(unit.tensors[p.tensor].name, p.row_begin, p.row_end);
       }
     }
@@ -163,9 +164,9 @@ std::optional<std::vector<std::set<int>>> CoverEveryRank(const ShardPlan& plan,
 
 TransferKind KindOf(const HeldBlob& held, size_t holder, int to, const ShardPlan& plan, int world) {
   if (held.received[holder]) return TransferKind::kBuddy;
-  const int group = plan.options.ShardGroupSize(world);
-  const int from = held.holders[holder];
-  return group < world && from % group == to % group ? TransferKind::kReplica : TransferKind::kPeer;
+  const ShardGroups groups = plan.options.Groups(world);
+  return groups.hybrid() && groups.SameShard(held.holders[holder], to) ? TransferKind::kReplica
+                                                                       : TransferKind::kPeer;
 }
 
 // A blob a rank needs and does not hold comes from one of its holders: one

@@ -71,7 +71,7 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
         options.grad_accum, " x ", aux->world_size(), " ranks]: the micro-batches of a step"));
   }
   if (absl::Status s = ValidateDTypes(options); !s.ok()) return s;
-  const int group = plan.options.ShardGroupSize(plan.world_size);
+  const int group = plan.options.Groups(plan.world_size).size();
   if (gather->world_size() != group || reduce->world_size() != group ||
       aux->world_size() != plan.world_size) {
     return absl::InvalidArgumentError(

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/plan/shard_groups.h"
 #include "worker/zero/engine.h"
 #include "worker/zero/engine_internal.h"
 
@@ -93,11 +94,7 @@ TrackedBuffer& ZeroEngine::MasterShard(int unit) { return state_[unit]->master; 
 
 void ZeroEngine::MarkSecondaryStale(int unit) { state_[unit]->secondary_fresh = false; }
 
-int ZeroEngine::replica_peer() const {
-  const int replicas = world_ / group_size_;
-  if (replicas < 2) return -1;
-  return ((rank_ / group_size_ + 1) % replicas) * group_size_ + rank_ % group_size_;
-}
+int ZeroEngine::replica_peer() const { return ShardGroups(world_, group_size_).NextReplica(rank_); }
 
 absl::Status ZeroEngine::ForEachOwnPiece(const std::function<absl::Status(const PieceView&)>& visit,
                                          bool with_replica_peer) {
