@@ -1,6 +1,7 @@
 #include "shard_server/membership/assign_telemetry.h"
 
 #include "absl/strings/str_cat.h"
+#include "shard_server/goodput/goodput_ledger.h"
 
 namespace zeroshard {
 namespace {
@@ -24,6 +25,12 @@ absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat) {
   }
   if (beat.recovery().phase().size() > kMaxRecoveryWordBytes) {
     return TooLong("recovery.phase", beat.recovery().phase().size(), kMaxRecoveryWordBytes);
+  }
+  if (beat.telemetry().has_time()) {
+    if (absl::Status s = ValidateTimeLedger(beat.telemetry().time(), "HeartbeatRequest.telemetry.time");
+        !s.ok()) {
+      return s;
+    }
   }
   // Then the whole of each kept part: fields this server does not know are
   // kept (copied) too.
