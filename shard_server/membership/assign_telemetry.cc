@@ -50,6 +50,7 @@ void AssignTelemetry(const v1::RankTelemetry& from, v1::RankTelemetry* to) {
   // Taken out before the Clear() that would delete them; nullptr if absent.
   v1::MemoryUsage* memory = to->release_memory();
   v1::CollectiveInProgress* in_progress = to->release_in_progress();
+  v1::TimeLedger* time = to->release_time();
   to->Clear();
   // Put back empty where `from` has one (its strings keep their buffers),
   // for MergeFrom to fill; a field MergeFrom does not know is still copied
@@ -65,6 +66,12 @@ void AssignTelemetry(const v1::RankTelemetry& from, v1::RankTelemetry* to) {
     to->set_allocated_in_progress(in_progress);
   } else {
     delete in_progress;
+  }
+  if (from.has_time() && time != nullptr) {
+    time->Clear();
+    to->set_allocated_time(time);
+  } else {
+    delete time;
   }
   to->MergeFrom(from);
 }

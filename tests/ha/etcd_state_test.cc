@@ -386,3 +386,48 @@ TEST_F(EtcdStateTest, AStoreCannotBeOpenedWithoutEtcd) {
 
 }  // namespace
 }  // namespace zeroshard
+
+namespace zeroshard {
+namespace {
+
+// The goodput table is rows like the others: a failover's next leader loads
+// the ledger the last one saved, and it goes with its job.
+TEST_F(EtcdStateTest, TheNextLeaderLoadsTheGoodputLedgerAndItGoesWithItsJob) {
+  ASSERT_TRUE(etcd_.ok());
+  std::unique_ptr<EtcdSession> first = Leader("a:1");
+  ASSERT_NE(first, nullptr);
+  const std::string state("\x0a\x00goodput\xff", 10);
+  {
+    EtcdStateReplica replica(first.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(Job("j", 2)).ok());
+    ASSERT_TRUE((*store)->SaveGoodput("j", "older").ok());
+    ASSERT_TRUE((*store)->SaveGoodput("j", state).ok());
+  }
+  first->Resign();
+  std::unique_ptr<EtcdSession> second = Leader("b:1");
+  ASSERT_NE(second, nullptr);
+  {
+    EtcdStateReplica replica(second.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto loaded = (*store)->LoadGoodput();
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_EQ(loaded->size(), 1u);
+    EXPECT_EQ(loaded->at("j"), state);
+    ASSERT_TRUE((*store)->DeleteJob("j").ok());
+  }
+  second->Resign();
+  std::unique_ptr<EtcdSession> third = Leader("c:1");
+  ASSERT_NE(third, nullptr);
+  EtcdStateReplica replica(third.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->LoadGoodput();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->empty());
+}
+
+}  // namespace
+}  // namespace zeroshard
