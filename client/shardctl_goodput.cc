@@ -34,8 +34,9 @@ void PrintGoodput(const std::string& job, const v1::Goodput& g) {
   // (those without time are left out: --json lists every one).
   std::vector<std::pair<std::string, double>> badput(g.badput_seconds().begin(),
                                                      g.badput_seconds().end());
-  std::sort(badput.begin(), badput.end(),
-            [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); });
+  std::sort(badput.begin(), badput.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
   Table table({"CAUSE", "SECONDS", "SHARE"});
   table.AddRow({"productive", absl::StrFormat("%.1f", g.productive_seconds()),
                 Share(g.productive_seconds(), wall)});

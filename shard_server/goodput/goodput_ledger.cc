@@ -55,9 +55,9 @@ void SplitRunning(double segment, const v1::TimeLedger& ledger, double ledger_su
 
 const char* GoodputLedger::CauseName(int cause) {
   static constexpr const char* kNames[kCauseCount] = {
-      "productive",     "rendezvous", "startup",   "restore",   "data_wait",
-      "checkpoint_pause", "snapshot_pause", "detection", "reforming", "lost_work",
-      "stall",          "straggler",  "evaluation", "other",     "in_flight"};
+      "productive",     "rendezvous", "startup",   "restore",   "data_wait", "checkpoint_pause",
+      "snapshot_pause", "detection",  "reforming", "lost_work", "stall",     "straggler",
+      "evaluation",     "other",      "in_flight"};
   return cause >= 0 && cause < kCauseCount ? kNames[cause] : "?";
 }
 
@@ -189,8 +189,7 @@ void GoodputLedger::Reconcile(Phase phase, int64_t generation, absl::Time at) {
   if (phase != Phase::kNone) Open(phase, at);
 }
 
-void GoodputLedger::AddOpen(absl::Time now, Seconds& seconds, double* flops,
-                            double* budget) const {
+void GoodputLedger::AddOpen(absl::Time now, Seconds& seconds, double* flops, double* budget) const {
   const double open = Between(phase_start_, now);
   switch (phase_) {
     case Phase::kNone:
@@ -243,7 +242,8 @@ bool GoodputLedger::MaybeSample(absl::Time now) {
     wall += seconds[c];
     // Only the causes that have time: 64 samples of every cause would be
     // most of a job's status.
-    if (c != kProductive && seconds[c] > 0) (*s.mutable_badput_seconds())[CauseName(c)] = seconds[c];
+    if (c != kProductive && seconds[c] > 0)
+      (*s.mutable_badput_seconds())[CauseName(c)] = seconds[c];
   }
   s.set_wall_seconds(wall);
   s.set_productive_seconds(seconds[kProductive]);
@@ -295,8 +295,8 @@ absl::StatusOr<GoodputLedger> GoodputLedger::FromState(const v1::GoodputState& s
   }
   const double ledger_sum = LedgerSeconds(s.ledger());
   if (ledger_sum < 0) return invalid("its ledger has a negative or non-finite cause");
-  for (double v : {s.closed_model_flops(), s.closed_peak_flop_budget(), s.peak_flops(),
-                   s.flops_per_item()}) {
+  for (double v :
+       {s.closed_model_flops(), s.closed_peak_flop_budget(), s.peak_flops(), s.flops_per_item()}) {
     if (!Usable(v)) return invalid("a FLOP count is ", v);
   }
   l.closed_flops_ = s.closed_model_flops();

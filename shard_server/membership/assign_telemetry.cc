@@ -27,7 +27,8 @@ absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat) {
     return TooLong("recovery.phase", beat.recovery().phase().size(), kMaxRecoveryWordBytes);
   }
   if (beat.telemetry().has_time()) {
-    if (absl::Status s = ValidateTimeLedger(beat.telemetry().time(), "HeartbeatRequest.telemetry.time");
+    if (absl::Status s =
+            ValidateTimeLedger(beat.telemetry().time(), "HeartbeatRequest.telemetry.time");
         !s.ok()) {
       return s;
     }

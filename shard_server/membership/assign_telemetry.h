@@ -35,8 +35,8 @@ absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat);
 // message, proto3's Clear() (which `*to = from` starts with) deletes every
 // sub-message, so each beat cost 4 frees and 4 allocations (its memory, its
 // collective in progress and that one's unit name, a string object and its
-// buffer; now 5 with the time ledger of the first ranks), every second, per rank, on whichever of the server's threads took
-// the beat (assign_telemetry_test counts them). `to` must not be on an
+// buffer; now 5 with the time ledger of the first ranks), every second, per rank, on whichever of
+// the server's threads took the beat (assign_telemetry_test counts them). `to` must not be on an
 // arena.
 void AssignTelemetry(const v1::RankTelemetry& from, v1::RankTelemetry* to);
 

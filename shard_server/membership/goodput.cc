@@ -84,9 +84,8 @@ absl::Status Membership::RestoreGoodput(absl::Time now) {
     // A job saved by a server from before the ledger, or one that stopped
     // between the job's save and the ledger's: its phase from here on.
     const GoodputLedger::Phase phase = GoodputPhase(*job);
-    if (phase != job->goodput.phase() ||
-        (phase == GoodputLedger::Phase::kRunning &&
-         job->goodput.generation() != job->members_generation)) {
+    if (phase != job->goodput.phase() || (phase == GoodputLedger::Phase::kRunning &&
+                                          job->goodput.generation() != job->members_generation)) {
       job->goodput.Reconcile(phase, job->members_generation, now);
       job->goodput_changed = true;
     }

@@ -45,8 +45,7 @@ class ShardctlGoodputTest : public ::testing::Test {
   }
   std::pair<int, std::string> Shardctl(const std::string& args) {
     return testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
-                                            " --server=", cluster_->address(), " ", args,
-                                            " 2>&1"));
+                                            " --server=", cluster_->address(), " ", args, " 2>&1"));
   }
   nlohmann::json GoodputJson() {
     auto [code, out] = Shardctl("goodput --job=gp --json");

@@ -156,7 +156,7 @@ TEST(GoodputLedgerTest, TheClockStopsWhileFinishedAndARestartResumesIt) {
   EXPECT_NEAR(Cause(g, "other"), 0.5, kEps);  // after the last report
   EXPECT_NEAR(Cause(g, "in_flight"), 0, kEps);
   EXPECT_EQ(l.steps_done(), 40);
-  l.Started(At(200));  // the job restarted
+  l.Started(At(200));            // the job restarted
   EXPECT_EQ(l.steps_done(), 0);  // a new run: its steps are not re-computed
   l.Formed(2, At(203));
   g = l.Snapshot(At(204));
