@@ -155,6 +155,30 @@ TEST_F(GoodputTest, TheClockStopsWhenTheJobFinishesAndGoesOnWhenItRestarts) {
   EXPECT_LT(std::abs(Since(t0) - g.wall_seconds() - 100), kEps);  // the 100 s finished
 }
 
+// A generation ended with nobody dead (a member that left joins again): no
+// detection; running to that verdict, what the reports did not cover as
+// lost work, then reforming.
+TEST_F(GoodputTest, AVerdictWithoutADeathHasNoDetection) {
+  std::vector<v1::JoinResponse> r = Form("again", 2);
+  clock_.Advance(absl::Seconds(4));
+  v1::LeaveRequest leave;
+  *leave.mutable_final_time() = Ledger(0.5, 3.25);
+  ASSERT_TRUE(membership_->Leave(Credentials("again", r[1]), &leave).ok());
+  clock_.Advance(absl::Seconds(2));
+  JoinResult a, b;
+  Join("again", 2, "w1", &b);  // the verdict: a new generation, DEGRADED
+  ASSERT_EQ(membership_->Status("again").jobs(0).state(), v1::DEGRADED);
+  clock_.Advance(absl::Seconds(1));
+  Join("again", 2, "w0", &a);
+  ASSERT_TRUE(a && a->ok() && b && b->ok());
+  const v1::Goodput g = Goodput(*membership_, "again");
+  EXPECT_NEAR(Cause(g, "detection"), 0, kEps);
+  EXPECT_NEAR(g.productive_seconds(), 3.25, kEps);
+  EXPECT_NEAR(Cause(g, "lost_work"), 6 - 3.75, kEps);
+  EXPECT_NEAR(Cause(g, "reforming"), 1, kEps);
+  EXPECT_NEAR(Sum(g), 7, kEps);
+}
+
 TEST_F(GoodputTest, ALedgerThatIsNotOneIsRefusedNamingItsField) {
   std::vector<v1::JoinResponse> r = Form("bad", 1);
   v1::TimeLedger negative = Ledger(0, -1);
