@@ -1,7 +1,7 @@
 // Durable server state in one SQLite file (or, with --etcd_endpoints, an
 // in-memory SQLite database whose rows etcd keeps as keys: OpenReplicated): jobs,
 // their current generation and the members of the last formed generation,
-// and shard plans. Other
+// their goodput ledgers, and shard plans. Other
 // components (the checkpoint registry) keep their own tables in the same
 // file. A restarted server loads it and still knows its jobs.
 //
