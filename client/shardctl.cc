@@ -27,7 +27,7 @@
 // The connection flags (--server, --token_file, --tls_*) are
 // client/connection_flags.cc's; --tls_server_name is shardctl's alone.
 ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server certificate");
-ABSL_FLAG(std::string, job, "", "Job id (status, top: empty shows every job)");
+ABSL_FLAG(std::string, job, "", "Job id (status, top: empty shows every job; goodput: required)");
 ABSL_FLAG(bool, json, false,
           "Print JSON for programs instead of tables (status: what the table shows, with a large "
           "job's summary; --all: every rank of every job)");
@@ -329,12 +329,14 @@ int main(int argc, char** argv) {
       "  checkpoints --job=ID [--json]           checkpoints of a job\n"
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
       "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
+      "  goodput --job=ID [--json]               where the job's wall-clock time went\n"
       "  top [--job=ID] [--rank=R|--host=H|--all]  live view of jobs and ranks (q quits)\n"
       "  job create --job=ID --job_tokens_dir=DIR  issue a token for one job (a file)\n"
       "  unfence --job=ID --host=HOSTNAME        lift a machine's fence (admin token)\n");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const char* commands =
-      "status, health, spec, plan, checkpoints, consolidate, history, top, job, unfence";
+      "status, health, spec, plan, checkpoints, consolidate, history, goodput, top, job, "
+      "unfence";
   if (args.size() < 2) {
     std::fprintf(stderr, "shardctl: missing command (%s); see --help\n", commands);
     return 2;
@@ -347,6 +349,7 @@ int main(int argc, char** argv) {
   if (command == "checkpoints") return zeroshard::CheckpointsCommand();
   if (command == "consolidate") return zeroshard::ConsolidateCommand();
   if (command == "history") return zeroshard::HistoryCommand();
+  if (command == "goodput") return zeroshard::GoodputCommand();
   if (command == "top") return zeroshard::TopCommand();
   if (command == "job") return zeroshard::JobCommand(args.size() > 2 ? args[2] : "");
   if (command == "unfence") return zeroshard::UnfenceCommand();

@@ -42,6 +42,7 @@ int HistoryCommand();                     // shardctl_observe.cc
 int TopCommand();                         // shardctl_observe.cc
 int JobCommand(const std::string& verb);  // shardctl_job.cc: "create"
 int UnfenceCommand();                     // shardctl_job.cc
+int GoodputCommand();                     // shardctl_goodput.cc
 
 }  // namespace zeroshard
 

@@ -45,7 +45,7 @@ LAYERS = [
     ["worker/checkpoint", "worker/cuda"],
     ["worker/recovery"],
     ["worker"],
-    ["shard_server/base", "shard_server/auth"],
+    ["shard_server/base", "shard_server/auth", "shard_server/goodput"],
     ["shard_server/state"],
     ["shard_server/kv", "shard_server/membership"],
     ["shard_server/checkpoint"],

@@ -1,6 +1,7 @@
 #include "shard_server/membership/assign_telemetry.h"
 
 #include "absl/strings/str_cat.h"
+#include "shard_server/goodput/goodput_ledger.h"
 
 namespace zeroshard {
 namespace {
@@ -25,6 +26,13 @@ absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat) {
   if (beat.recovery().phase().size() > kMaxRecoveryWordBytes) {
     return TooLong("recovery.phase", beat.recovery().phase().size(), kMaxRecoveryWordBytes);
   }
+  if (beat.telemetry().has_time()) {
+    if (absl::Status s =
+            ValidateTimeLedger(beat.telemetry().time(), "HeartbeatRequest.telemetry.time");
+        !s.ok()) {
+      return s;
+    }
+  }
   // Then the whole of each kept part: fields this server does not know are
   // kept (copied) too.
   if (size_t n = beat.telemetry().ByteSizeLong(); n > kMaxBeatTelemetryBytes) {
@@ -43,6 +51,7 @@ void AssignTelemetry(const v1::RankTelemetry& from, v1::RankTelemetry* to) {
   // Taken out before the Clear() that would delete them; nullptr if absent.
   v1::MemoryUsage* memory = to->release_memory();
   v1::CollectiveInProgress* in_progress = to->release_in_progress();
+  v1::TimeLedger* time = to->release_time();
   to->Clear();
   // Put back empty where `from` has one (its strings keep their buffers),
   // for MergeFrom to fill; a field MergeFrom does not know is still copied
@@ -58,6 +67,12 @@ void AssignTelemetry(const v1::RankTelemetry& from, v1::RankTelemetry* to) {
     to->set_allocated_in_progress(in_progress);
   } else {
     delete in_progress;
+  }
+  if (from.has_time() && time != nullptr) {
+    time->Clear();
+    to->set_allocated_time(time);
+  } else {
+    delete time;
   }
   to->MergeFrom(from);
 }

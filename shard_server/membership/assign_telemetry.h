@@ -15,7 +15,10 @@ namespace zeroshard {
 // serialized sizes, far above what a worker sends (telemetry ~60 bytes
 // while a collective is in flight, a record ~60 bytes), so a job's held
 // beat data is at most world size x (kMaxBeatTelemetryBytes +
-// kMaxBeatStepBytes) + 32 x kMaxRecoveryRecordBytes.
+// kMaxBeatStepBytes) + 32 x kMaxRecoveryRecordBytes. The time ledger
+// (RankTelemetry.time, ~140 bytes: 15 doubles) fits in the telemetry's
+// bound beside a full collective in progress; its numbers are checked too
+// (finite, >= 0: ValidateTimeLedger).
 inline constexpr size_t kMaxBeatTelemetryBytes = 1024;
 inline constexpr size_t kMaxBeatStepBytes = 128;
 inline constexpr size_t kMaxRecoveryRecordBytes = 256;
@@ -32,8 +35,8 @@ absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat);
 // message, proto3's Clear() (which `*to = from` starts with) deletes every
 // sub-message, so each beat cost 4 frees and 4 allocations (its memory, its
 // collective in progress and that one's unit name, a string object and its
-// buffer), every second, per rank, on whichever of the server's threads took
-// the beat (assign_telemetry_test counts them). `to` must not be on an
+// buffer; now 5 with the time ledger of the first ranks), every second, per rank, on whichever of
+// the server's threads took the beat (assign_telemetry_test counts them). `to` must not be on an
 // arena.
 void AssignTelemetry(const v1::RankTelemetry& from, v1::RankTelemetry* to);
 

@@ -39,6 +39,9 @@ bool Membership::DeclareDeaths(Job& job, absl::Time now, Deferred& deferred) {
   LogDoubts(job, std::vector<const MemberState*>(live.begin(), live.end()), verdicts);
   for (size_t i = 0; i < live.size(); ++i) {
     if (verdicts[i].verdict != Verdict::kDead) continue;
+    if (job.formed()) {
+      job.death_evidence = std::min(job.death_evidence, LastSignOfLife(job, *live[i], now));
+    }
     MarkDead(job, *live[i], now, verdicts[i].why, &dead);
     changed = true;
     died = died || job.formed();

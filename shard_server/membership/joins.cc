@@ -70,6 +70,10 @@ absl::Status Membership::ValidateJoinRequest(const v1::JoinRequest& request) con
     return absl::InvalidArgumentError(
         absl::StrCat("rejoin_grace_ms ", request.rejoin_grace_ms(), " is negative; expected >= 0"));
   }
+  if (request.steps_completed() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("steps_completed ", request.steps_completed(),
+                                                   " is negative; expected >= 0 (0: none)"));
+  }
   if (request.incarnation().size() > kMaxIdLength) {
     return absl::InvalidArgumentError(absl::StrCat("incarnation is ", request.incarnation().size(),
                                                    " characters long; at most ", kMaxIdLength));
@@ -202,6 +206,8 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
       if (!s.ok()) return s;
       job->target_world_size = request.world_size();
       job->recovery_options_known = false;
+      job->goodput.Started(now);  // the wall clock goes on from here
+      SaveGoodput(*job, now, /*phase_changed=*/true);
       return job;
     }
     case JoinKind::kReplaceRestartedProcess: {
@@ -258,6 +264,9 @@ absl::StatusOr<Membership::Job*> Membership::CreateJob(const v1::JoinRequest& re
   }
   Job* job = created.get();
   Remember(*job, "job created");
+  const absl::Time now = clock_->Now();
+  job->goodput.Started(now);
+  SaveGoodput(*job, now, /*phase_changed=*/true);
   jobs_[job->id] = std::move(created);
   log_->Log("job_created", {{"job", job->id}, {"world_size", absl::StrCat(job->world_size)}});
   return job;
@@ -269,6 +278,8 @@ absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& wor
   MemberState* member = job.FindMember(worker_id);
   assert(member != nullptr && member->alive && !member->left);
   const bool restarted = member->incarnation != incarnation;
+  const absl::Time evidence = job.death_evidence;
+  job.death_evidence = std::min(evidence, LastSignOfLife(job, *member, now));
   member->alive = false;
   log_->Log("member_dead",
             {{"job", job.id},
@@ -284,6 +295,7 @@ absl::Status Membership::ReplaceRestartedMember(Job& job, const std::string& wor
                       deferred);
   if (!s.ok()) {
     member->alive = true;  // nothing changed
+    job.death_evidence = evidence;
     return s;
   }
   job.StopWatching(member->rank);
@@ -299,6 +311,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
     job.min_world_size = request.min_world_size();
     job.rejoin_grace = absl::Milliseconds(request.rejoin_grace_ms());
   }
+  if (job.goodput.StepsCompleted(request.steps_completed())) job.goodput_changed = true;
   const uint64_t id = next_join_id_++;
   PendingJoin& p = job.pending[request.worker_id()];
   p.id = id;

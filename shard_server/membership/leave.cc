@@ -8,6 +8,12 @@
 namespace zeroshard {
 
 absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
+  if (final != nullptr) {
+    if (absl::Status s = ValidateTimeLedger(final->final_time(), "LeaveRequest.final_time");
+        !s.ok()) {
+      return s;
+    }
+  }
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
@@ -45,6 +51,15 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
       return saved;
     }
     job.StopWatching(m.rank);
+    const absl::Time now = clock_->Now();
+    if (final != nullptr) {
+      // Its last steps and the time after them, up to its leave.
+      if (final->has_final()) job.goodput.StepsCompleted(final->final_step());
+      if (final->has_final_time()) job.goodput.Report(member.generation(), final->final_time());
+      job.goodput_changed = true;
+    }
+    if (all_gone) job.goodput.Finished(now);
+    SaveGoodput(job, now, /*phase_changed=*/all_gone);
     log_->Log("leave", {{"job", job.id},
                         {"worker", m.worker_id},
                         {"rank", absl::StrCat(m.rank)},

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "proto/zeroshard.pb.h"
+#include "shard_server/goodput/goodput_ledger.h"
 #include "shard_server/membership/membership.h"
 #include "shard_server/membership/silence_order.h"
 
@@ -142,6 +143,22 @@ struct Membership::Job {
   bool server_behind = false;  // a death held by rule 4b (logged once)
   // Whom the last recovery_waiting line named (MaybeShrink logs a change).
   std::vector<std::string> waiting_logged;
+  // Where the job's wall clock went (goodput.cc), and its row in the state
+  // store's goodput table: saved on phase changes, and by Tick at most
+  // every kGoodputSaveEvery while it changed.
+  GoodputLedger goodput;
+  bool goodput_changed = false;
+  absl::Time goodput_saved_at = absl::InfinitePast();
+  bool goodput_save_failing = false;  // logged once until a save succeeds
+  // The earliest last sign of life of the members of the formed generation
+  // the failure detector declared dead (InfiniteFuture: none): where the
+  // generation's running time ends (GoodputLedger::GenerationEnded).
+  absl::Time death_evidence = absl::InfiniteFuture();
+  // When this server restored the job (InfinitePast: it did not), and the
+  // generation of its members then: a restored member that has not beaten
+  // since was last seen at the restore.
+  absl::Time restored_at = absl::InfinitePast();
+  int64_t restored_generation = 0;
   bool formed() const { return members_generation == generation && !members.empty(); }
   // The member with `worker_id`; null: none. O(1): a 100,000-rank job's
   // rejoins after a failure look up every member once each.

@@ -180,6 +180,9 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
                                         : Ms(now - job.degraded_at)}});
   }
   job.degraded_at = absl::InfinitePast();
+  job.goodput.Formed(job.generation, now);
+  job.death_evidence = absl::InfiniteFuture();
+  SaveGoodput(job, now, /*phase_changed=*/true);
   AnswerPendingJoins(job, deferred);
   for (MemberState& m : job.members) m.rejoins = std::max(0, ++job.joins[m.worker_id] - 1);
   log_->Log("ranks_assigned", {{"job", job.id},
@@ -194,6 +197,9 @@ void Membership::AnswerPendingJoins(Job& job, Deferred& deferred) {
   common.set_generation(job.generation);
   common.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   common.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  // Steps below it that the generation trains again are lost work (the
+  // workers' time ledgers count them so).
+  common.set_steps_done(job.goodput.steps_done());
   for (const MemberState& m : job.members) {
     v1::Member* out = common.add_members();
     out->set_rank(m.rank);
@@ -248,6 +254,7 @@ void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& re
   // generation was formed, its pending joins are growers that join the next
   // one (world_size has room for them).
   const bool old_was_formed = job.members_generation == old && !job.members.empty();
+  if (old_was_formed) EndGoodputGeneration(job, clock_->Now());
   for (auto& [worker_id, p] : job.pending) {
     if (old_was_formed) break;
     pending_by_id_.erase(p.id);

@@ -39,6 +39,7 @@
 //   status.cc        GetStatus, WorldSize
 //   fences.cc        EvictHost, UnfenceHost: machines fenced from a job
 //   persistence.cc   the state store: Restore, saves, syncs
+//   goodput.cc       where each job's wall clock went (its goodput ledger)
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBERSHIP_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBERSHIP_H_
 
@@ -57,6 +58,7 @@
 #include "proto/zeroshard.pb.h"
 #include "shard_server/base/clock.h"
 #include "shard_server/base/event_log.h"
+#include "shard_server/goodput/goodput_ledger.h"
 #include "shard_server/membership/failure_detector.h"
 #include "shard_server/membership/rejoin_wait.h"
 #include "shard_server/state/state_store.h"
@@ -417,6 +419,26 @@ class Membership {
   // mu_ (a heartbeat) waits for the disk, and callers syncing at once share
   // one fsync. A failure is logged and returned.
   absl::Status SyncState(int64_t commit) ABSL_LOCKS_EXCLUDED(mu_);
+  // ---- goodput.cc: each job's ledger (shard_server/goodput/goodput_ledger.h) ----
+  // The ledger's phase that `job`'s state is in.
+  static GoodputLedger::Phase GoodputPhase(const Job& job);
+  // The last sign of life of `m` at `now`: the close of its heartbeat stream
+  // when that carried its latest beat (a killed process's closes at once),
+  // else its latest beat (a member restored and silent since: the restore).
+  static absl::Time LastSignOfLife(const Job& job, const MemberState& m, absl::Time now);
+  // Saves the job's ledger: now when `phase_changed`; else when it changed
+  // and its last save is kGoodputSaveEvery old, or the last save failed. A
+  // failure is logged once and retried by the next Tick; it fails nothing
+  // (the ledger is not what anyone is told).
+  void SaveGoodput(Job& job, absl::Time now, bool phase_changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restore's part: the saved ledgers, each moved to its job's phase.
+  absl::Status RestoreGoodput(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A beat's part: its step, and its TimeLedger when it sent one.
+  void RecordGoodputBeat(Job& job, int64_t generation, const v1::HeartbeatRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running generation ended at `now` (AnnounceGeneration).
+  void EndGoodputGeneration(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Every commit so far (0 without a store).
   int64_t LastCommit() const { return state_ == nullptr ? 0 : state_->LastCommit(); }
 

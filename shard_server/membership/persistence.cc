@@ -63,7 +63,7 @@ absl::Status Membership::Restore() {
                                {"members", absl::StrCat(job->members.size())}});
     jobs_[job->id] = std::move(job);
   }
-  return absl::OkStatus();
+  return RestoreGoodput(now);
 }
 
 void Membership::StartGrace() {

@@ -64,6 +64,7 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
     out->set_snapshot_step(job->CommittedSnapshot());
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
     FillRejoinWait(*job, now, out);
+    *out->mutable_goodput() = job->goodput.Snapshot(now);
     for (const Job::GenerationChange& change : job->history) {
       v1::GenerationChange* h = out->add_history();
       h->set_generation(change.generation);

@@ -30,6 +30,8 @@ void Membership::Tick() {
       MaybeShrink(job, now, deferred);
       if (!died) MaybeGrowBack(job, now, deferred);
       ExpireJoins(job, now, deferred);
+      if (job.goodput.MaybeSample(now)) job.goodput_changed = true;
+      SaveGoodput(job, now, /*phase_changed=*/false);
       if (job.unsaved.ok() && ForgetIfIdle(job, now, deferred)) {
         jobs_.erase(it++);
       } else {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "shard_server/observability/goodput_metrics.h"
 #include "shard_server/observability/rank_views.h"
 
 namespace zeroshard {
@@ -687,6 +688,7 @@ std::string MetricsExposition(const ServerMetrics& server, const v1::GetStatusRe
     job_labels.push_back(absl::StrCat("job=\"", EscapeLabelValue(job.job_id()), "\""));
   }
   WriteJobFamilies(status, checkpoints, job_labels, &out);
+  WriteGoodputFamilies(status, job_labels, &out);
   WriteHostFamilies(status, job_labels, &out);
   WriteRankHistograms(status, job_labels, &out);
   WriteRankFamilies(status, job_labels, view, &out);

@@ -1,5 +1,6 @@
 #include "shard_server/state/state_store.h"
 
+#include <map>
 #include <string>
 #include <utility>
 
@@ -36,6 +37,10 @@ CREATE TABLE IF NOT EXISTS fenced_hosts (
   step INTEGER NOT NULL,
   unix_ms INTEGER NOT NULL,
   PRIMARY KEY (job_id, node)
+);
+CREATE TABLE IF NOT EXISTS goodput (
+  job_id TEXT PRIMARY KEY,
+  state BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS plans (
   job_id TEXT NOT NULL,
@@ -186,7 +191,8 @@ absl::Status StateStore::DeleteJob(const std::string& job_id) {
   return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
     for (const char* sql :
          {"DELETE FROM members WHERE job_id = ?", "DELETE FROM fenced_hosts WHERE job_id = ?",
-          "DELETE FROM plans WHERE job_id = ?", "DELETE FROM jobs WHERE job_id = ?"}) {
+          "DELETE FROM plans WHERE job_id = ?", "DELETE FROM goodput WHERE job_id = ?",
+          "DELETE FROM jobs WHERE job_id = ?"}) {
       Statement st = db.Prepare("forget job", sql);
       if (absl::Status s = st.Bind(1, job_id).Run(); !s.ok()) return s;
     }
@@ -244,6 +250,29 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
   });
   if (!status.ok()) return status;
   return jobs;
+}
+
+absl::Status StateStore::SaveGoodput(const std::string& job_id, const std::string& state) {
+  return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
+    // Unchanged: no write (and nothing for a replica).
+    Statement save = db.Prepare(
+        "save goodput",
+        "INSERT INTO goodput(job_id, state) VALUES (?, ?) ON CONFLICT(job_id) DO UPDATE SET "
+        "state = excluded.state WHERE state IS NOT excluded.state");
+    save.Bind(1, job_id).BindBlob(2, state);
+    return save.Run();
+  });
+}
+
+absl::StatusOr<std::map<std::string, std::string>> StateStore::LoadGoodput() {
+  std::map<std::string, std::string> states;
+  absl::Status status = Read([&](Connection& db) {
+    Statement load = db.Prepare("load goodput", "SELECT job_id, state FROM goodput");
+    while (load.Next()) states[load.Text(0)] = load.Text(1);
+    return load.status();
+  });
+  if (!status.ok()) return status;
+  return states;
 }
 
 absl::Status StateStore::SavePlan(const std::string& job_id, int64_t generation,

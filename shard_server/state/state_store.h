@@ -1,7 +1,7 @@
 // Durable server state in one SQLite file (or, with --etcd_endpoints, an
 // in-memory SQLite database whose rows etcd keeps as keys: OpenReplicated): jobs,
 // their current generation and the members of the last formed generation,
-// and shard plans. Other
+// their goodput ledgers, and shard plans. Other
 // components (the checkpoint registry) keep their own tables in the same
 // file. A restarted server loads it and still knows its jobs.
 //
@@ -13,6 +13,7 @@
 #define ZEROSHARD_SHARD_SERVER_STATE_STATE_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,8 +98,18 @@ class StateStore {
   // after releasing it, before it answers anyone: sql_database.h).
   absl::Status SaveJob(const StoredJob& job);
   absl::StatusOr<std::vector<StoredJob>> LoadJobs();
-  // Forgets the job: its row, its members and its plans, in one transaction.
+  // Forgets the job: its row, its members, its plans and its goodput ledger,
+  // in one transaction.
   absl::Status DeleteJob(const std::string& job_id);
+
+  // The goodput table: a job's time ledger (a serialized
+  // zeroshard.v1.GoodputState: shard_server/goodput/), one small row per
+  // job apart from its jobs row, which SaveJob rewrites with its member pages
+  // (too costly every few seconds at 100,000 ranks). Committed without
+  // waiting for the disk, as SaveJob. An equal row is not written again.
+  absl::Status SaveGoodput(const std::string& job_id, const std::string& state);
+  // Every saved ledger, by job id.
+  absl::StatusOr<std::map<std::string, std::string>> LoadGoodput();
 
   absl::Status SavePlan(const std::string& job_id, int64_t generation, const StoredPlan& plan);
   absl::StatusOr<std::optional<StoredPlan>> LoadPlan(const std::string& job_id,

@@ -29,8 +29,8 @@
 #include "google/protobuf/arena.h"
 #include "nlohmann/json.hpp"
 #include "shard_server/base/clock.h"
-#include "shard_server/membership/membership.h"
 #include "shard_server/base/event_log.h"
+#include "shard_server/membership/membership.h"
 #include "shard_server/observability/history_store.h"
 #include "shard_server/observability/telemetry_analyzer.h"
 #include "tests/testing/bench_json.h"
@@ -38,12 +38,15 @@
 ABSL_FLAG(std::string, members, "4096,32768,131072", "Job sizes, comma-separated");
 ABSL_FLAG(int, seconds, 5, "Simulated seconds of 1-s heartbeats per size");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
+ABSL_FLAG(bool, time_ledgers, true,
+          "Ranks 0-7 carry their time ledger (RankTelemetry.time) in every beat, as workers send "
+          "it (#45); false: no rank does");
 
 namespace zeroshard {
 namespace {
 
-constexpr absl::Duration kTick = absl::Milliseconds(50);     // ShardServerOptions::tick
-constexpr int kTicksPerAnalysis = 10;                         // TickLoop: every 500 ms
+constexpr absl::Duration kTick = absl::Milliseconds(50);  // ShardServerOptions::tick
+constexpr int kTicksPerAnalysis = 10;                     // TickLoop: every 500 ms
 
 // This thread's CPU time in seconds.
 double ThreadCpuSeconds() {
@@ -127,6 +130,17 @@ Costs Measure(int members, int seconds) {
         // In a collective since just now, as ranks of a healthy job are.
         beats[i].mutable_telemetry()->mutable_in_progress()->set_started_unix_ms(
             absl::ToUnixMillis(clock.Now()));
+        if (i < 8 && absl::GetFlag(FLAGS_time_ledgers)) {
+          // Cumulative, growing: each one is kept as the generation's highest.
+          v1::TimeLedger* time = beats[i].mutable_telemetry()->mutable_time();
+          time->set_startup(1.5);
+          time->set_productive(s + 0.05 * tick);
+          time->set_data_wait(0.01 * s);
+          time->set_model_flops(1e15 * s);
+          time->set_peak_flop_budget(3e15 * s);
+          time->set_peak_flops(1e12);
+          time->set_flops_per_item(6e8);
+        }
         if (!membership.Heartbeat(beats[i]).ok()) std::abort();
       }
       beats_sent += to - from;

@@ -5,16 +5,20 @@
 // state is kept as keys: a large job in values of at most 256 KiB over
 // several transactions, a small change as a small write, a half-written
 // change repaired by the next leader, etcd's history compacted, and etcd's
-// refusals named.
+// refusals named; and a job's goodput ledger kept across a failover.
 #include "shard_server/state/etcd_state.h"
 
 #include <zlib.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "shard_server/base/clock.h"
+#include "shard_server/base/event_log.h"
+#include "shard_server/membership/membership.h"
 #include "shard_server/state/state_store.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/process.h"
@@ -384,5 +388,100 @@ TEST_F(EtcdStateTest, AStoreCannotBeOpenedWithoutEtcd) {
   EXPECT_NE(lease.message().find(options.endpoints), absl::string_view::npos) << lease;
 }
 
+}  // namespace
+}  // namespace zeroshard
+
+namespace zeroshard {
+namespace {
+
+// The goodput table is rows like the others: a failover's next leader loads
+// the ledger the last one saved, and it goes with its job.
+TEST_F(EtcdStateTest, TheNextLeaderLoadsTheGoodputLedgerAndItGoesWithItsJob) {
+  ASSERT_TRUE(etcd_.ok());
+  std::unique_ptr<EtcdSession> first = Leader("a:1");
+  ASSERT_NE(first, nullptr);
+  const std::string state("\x0a\x00goodput\xff", 10);
+  {
+    EtcdStateReplica replica(first.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(Job("j", 2)).ok());
+    ASSERT_TRUE((*store)->SaveGoodput("j", "older").ok());
+    ASSERT_TRUE((*store)->SaveGoodput("j", state).ok());
+  }
+  first->Resign();
+  std::unique_ptr<EtcdSession> second = Leader("b:1");
+  ASSERT_NE(second, nullptr);
+  {
+    EtcdStateReplica replica(second.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto loaded = (*store)->LoadGoodput();
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_EQ(loaded->size(), 1u);
+    EXPECT_EQ(loaded->at("j"), state);
+    ASSERT_TRUE((*store)->DeleteJob("j").ok());
+  }
+  second->Resign();
+  std::unique_ptr<EtcdSession> third = Leader("c:1");
+  ASSERT_NE(third, nullptr);
+  EtcdStateReplica replica(third.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->LoadGoodput();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->empty());
+}
+
+// The same through Membership, as a failover runs it: a leader's job and
+// its ledger (a report, the Tick's save), and the next leader's Restore on
+// the keys it left: the ledger's totals, and its running phase going on.
+TEST_F(EtcdStateTest, TheNextLeadersMembershipRestoresTheLedger) {
+  ASSERT_TRUE(etcd_.ok());
+  FakeClock clock;
+  EventLog log;
+  const absl::Time t0 = clock.Now();
+  std::unique_ptr<EtcdSession> first = Leader("a:1");
+  ASSERT_NE(first, nullptr);
+  {
+    EtcdStateReplica replica(first.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    Membership leader(&clock, &log, store->get(), MembershipOptions());
+    v1::JoinRequest join;
+    join.set_job_id("gp");
+    join.set_world_size(1);
+    join.set_worker_id("w0");
+    join.set_host("h0");
+    std::optional<absl::StatusOr<v1::JoinResponse>> joined;
+    clock.Advance(absl::Seconds(2));  // rendezvous: 0 (one member)
+    leader.Join(join, clock.Now() + absl::Hours(1), [&](auto r) { joined = std::move(r); });
+    ASSERT_TRUE(joined && joined->ok());
+    clock.Advance(absl::Seconds(11));
+    v1::HeartbeatRequest beat;
+    beat.mutable_member()->set_job_id("gp");
+    beat.mutable_member()->set_generation((*joined)->generation());
+    beat.mutable_member()->set_token((*joined)->token());
+    beat.mutable_telemetry()->mutable_time()->set_productive(9.5);
+    ASSERT_TRUE(leader.Heartbeat(beat).ok());
+    leader.Tick();  // changed, and the last save is 11 s old: saved
+  }
+  first->Resign();
+  clock.Advance(absl::Seconds(4));  // the failover
+  std::unique_ptr<EtcdSession> second = Leader("b:1");
+  ASSERT_NE(second, nullptr);
+  EtcdStateReplica replica(second.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  Membership next(&clock, &log, store->get(), MembershipOptions());
+  ASSERT_TRUE(next.Restore().ok());
+  const v1::GetStatusResponse status = next.Status("gp");
+  ASSERT_EQ(status.jobs_size(), 1);
+  const v1::Goodput& g = status.jobs(0).goodput();
+  // Exact: whole seconds on the fake clock, a few additions of them.
+  EXPECT_EQ(g.wall_seconds(), absl::ToDoubleSeconds(clock.Now() - t0 - absl::Seconds(2)));
+  EXPECT_EQ(g.productive_seconds(), 9.5);
+  EXPECT_EQ(g.badput_seconds().at("in_flight"), 15 - 9.5);
+}
 }  // namespace
 }  // namespace zeroshard

@@ -103,5 +103,24 @@ TEST(AssignTelemetryTest, AllocatesNothingWhenTheSubMessagesAreThere) {
   EXPECT_TRUE(MessageDifferencer::Equals(to, from));
 }
 
+// The largest telemetry a worker sends: a collective in progress with the
+// longest unit name kept, every counter, and the time ledger of the first
+// ranks (every field, at FLOP counts' magnitude) is within the bound.
+TEST(AssignTelemetryTest, AFullBeatWithATimeLedgerIsWithinTheBounds) {
+  v1::HeartbeatRequest beat;
+  FillEveryField(9, beat.mutable_telemetry());
+  beat.mutable_telemetry()->mutable_in_progress()->set_unit(std::string(kMaxUnitNameBytes, 'u'));
+  v1::TimeLedger* time = beat.mutable_telemetry()->mutable_time();
+  time->set_model_flops(1.234567e21);
+  time->set_peak_flop_budget(9.87654321e21);
+  EXPECT_TRUE(ValidateBeatPayload(beat).ok()) << beat.telemetry().ByteSizeLong() << " bytes";
+  time->set_restore(-0.5);
+  const absl::Status refused = ValidateBeatPayload(beat);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("HeartbeatRequest.telemetry.time.restore is -0.5"),
+            std::string::npos)
+      << refused;
+}
+
 }  // namespace
 }  // namespace zeroshard

@@ -191,3 +191,33 @@ TEST_F(StateStoreTest, OpensADatabaseFromBeforeTheTargetWorldSizeColumn) {
 
 }  // namespace
 }  // namespace zeroshard
+
+namespace zeroshard {
+namespace {
+
+// The goodput table (a job's time ledger, saved apart from its jobs row):
+// what is saved is loaded by the next server, bytes for bytes (a serialized
+// message may hold NULs), and it goes with the job.
+TEST_F(StateStoreTest, AGoodputLedgerIsKeptUntilItsJobIsDeleted) {
+  ASSERT_TRUE(store_->SaveJob(Job(1, 2)).ok());
+  const std::string state("\x0a\x00\x12\x03ok\xff", 7);
+  ASSERT_TRUE(store_->SaveGoodput("job", state).ok());
+  ASSERT_TRUE(store_->SaveGoodput("other", "x").ok());
+  store_.reset();
+  auto reopened = StateStore::Open(path_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto loaded = (*reopened)->LoadGoodput();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 2u);
+  EXPECT_EQ(loaded->at("job"), state);
+  ASSERT_TRUE((*reopened)->SaveGoodput("job", "newer").ok());
+  EXPECT_EQ((*reopened)->LoadGoodput()->at("job"), "newer");
+  ASSERT_TRUE((*reopened)->DeleteJob("job").ok());
+  loaded = (*reopened)->LoadGoodput();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->count("job"), 0u);
+  EXPECT_EQ(loaded->count("other"), 1u);
+}
+
+}  // namespace
+}  // namespace zeroshard
