@@ -49,6 +49,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/goodput.pb.h"
 
@@ -163,6 +164,16 @@ class GoodputLedger {
   int64_t steps_completed_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<double> window_ ABSL_GUARDED_BY(mu_);  // compute seconds, newest last
 };
+
+// Runs f() (returning a status or a value) as `cause`: the time before it
+// goes to Between, its own to `cause`.
+template <typename F>
+auto AccountAs(GoodputLedger& ledger, TimeCause cause, F&& f) {
+  ledger.Between(absl::Now());
+  auto result = f();
+  ledger.Account(absl::Now(), cause);
+  return result;
+}
 
 }  // namespace zeroshard
 
