@@ -110,7 +110,9 @@ TEST(GoodputTest, TheReportAccountsForEveryWorkerSecondByCause) {
                 1e-9 * per_item * kBatch * kWorld * kSteps);
     const double peak = g["peak_flops"];
     EXPECT_EQ(g["peak_flops_source"], r == 1 ? "flag" : "measured");
-    if (r == 1) EXPECT_EQ(peak, kPeak);
+    if (r == 1) {
+      EXPECT_EQ(peak, kPeak);
+    }
     EXPECT_GT(peak, 0);
     EXPECT_NEAR(g["peak_flop_budget"].get<double>(), s["productive"].get<double>() * kWorld * peak,
                 1e-9 * g["peak_flop_budget"].get<double>());
