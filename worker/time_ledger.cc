@@ -68,7 +68,9 @@ void GoodputLedger::StartGeneration(absl::Time join_answer, bool recovery, int64
   cursor_ = join_answer;
   recovery_ = recovery;
   stepped_ = false;
-  lost_below_ = steps_done;
+  // This process's own completed steps count too: a server that does not
+  // know the job's (an older one) still has the survivors' re-runs lost.
+  lost_below_ = std::max(steps_done, steps_completed_);
   world_size_ = std::max(1, world_size);
   window_.clear();
 }

@@ -16,9 +16,9 @@
 // causes, and the rest, its compute time c, by this rule:
 //   - lost_work when the step was not applied (a bad step rewound or
 //     skipped), or its index is below the generation's lost mark: the job's
-//     most completed steps at the join (JoinResponse.steps_done: trained
-//     again after a recovery), raised by a rewind to the bad step (the steps
-//     before it are re-runs);
+//     most completed steps at the join (JoinResponse.steps_done, or this
+//     process's own when more: trained again after a recovery), raised by
+//     a rewind to the bad step (the steps before it are re-runs);
 //   - otherwise, against m, the median compute time of the generation's
 //     last kWindow steps (once kMinWindow steps are known; before that the
 //     whole step is productive):
@@ -102,7 +102,8 @@ class GoodputLedger {
 
   // A generation's join answer at `join_answer`: the generation's ledger
   // starts at zero. `recovery`: its setup is restore, not startup.
-  // `steps_done`: the job's most completed steps (lost mark). The previous
+  // `steps_done`: the job's most completed steps (the lost mark, at least
+  // this process's steps_completed()). The previous
   // generation, if EndGeneration did not close it, is closed at its cursor.
   void StartGeneration(absl::Time join_answer, bool recovery, int64_t steps_done, int world_size)
       ABSL_LOCKS_EXCLUDED(mu_);

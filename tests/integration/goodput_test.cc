@@ -3,6 +3,7 @@
 // checkpoints and in-memory snapshots, whose --report's "goodput" must
 // account for every second of each worker from its join answer to the
 // report, name the pauses the run had, and give an MFU.
+#include <csignal>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -120,6 +121,59 @@ TEST(GoodputTest, TheReportAccountsForEveryWorkerSecondByCause) {
     EXPECT_GT(mfu, 0) << g.dump();
     EXPECT_LE(mfu, 1) << g.dump();
   }
+}
+
+// A rank killed after 15 steps and replaced (W = 2, snapshots every 10): the
+// survivor's report covers both of its generations, the time between them,
+// the restore, and the steps it trained again.
+TEST(GoodputTest, ASurvivorAccountsForTheRestoreAndTheStepsTrainedAgain) {
+  LocalCluster cluster(testing::MakeTempDir("goodput-recovery"),
+                       {"--heartbeat_interval_ms=300", "--heartbeat_timeout_ms=1500"});
+  ASSERT_TRUE(cluster.ok());
+  testing::SmallMlp mlp;
+  constexpr int kStepDelayMs = 50;
+  constexpr int kKilledAfter = 15;
+  cluster.StartWorkers("recovery", 2,
+                       mlp.Flags(40, {"--snapshot_every=10", "--batch=8", "--threads=1",
+                                      absl::StrCat("--test_step_delay_ms=", kStepDelayMs),
+                                      "--rejoin_timeout=60s", "--join_timeout_s=60"}));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        return cluster.WorkerLog(0).find(absl::StrCat("step ", kKilledAfter, "/")) !=
+               std::string::npos;
+      },
+      absl::Seconds(60)))
+      << cluster.WorkerLog(0);
+  cluster.worker(1)->Signal(SIGKILL);
+  cluster.RestartWorker(1);
+  const std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(120));
+  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << cluster.WorkerLog(r);
+
+  const nlohmann::json report = cluster.Report("recovery", 0);
+  ASSERT_EQ(report["recoveries"].size(), 1u) << report.dump();
+  const int64_t restored = report["recoveries"][0]["restored_step"];
+  ASSERT_LT(restored, kKilledAfter);
+  const nlohmann::json& g = report["goodput"];
+  const nlohmann::json& s = g["seconds"];
+  double causes = 0;
+  for (const auto& seconds : s) causes += seconds.get<double>();
+  const double between = g["between_generations_seconds"];
+  // The same error model as above: the causes and the time between the
+  // generations partition the worker's time up to the ledger's last update,
+  // a moment before the report.
+  const double worker_seconds =
+      (g["written_unix_us"].get<int64_t>() - g["join_answer_unix_us"].get<int64_t>()) / 1e6;
+  EXPECT_NEAR(causes + between, worker_seconds, 0.01 * worker_seconds) << g.dump();
+  EXPECT_GT(between, 0) << g.dump();  // the failure seen -> the next join answer
+  EXPECT_GT(s["startup"].get<double>(), 0);
+  EXPECT_GT(s["restore"].get<double>(), 0);
+  // The survivor had completed kKilledAfter steps (its log said so) when its
+  // peer died, and training resumed at `restored`: it trained steps
+  // restored .. kKilledAfter - 1 again, each at least the --test_step_delay_ms
+  // sleep inside it (the waits inside a step are outside its compute).
+  EXPECT_GE(s["lost_work"].get<double>(), (kKilledAfter - restored) * kStepDelayMs / 1e3)
+      << g.dump();
+  EXPECT_GT(s["productive"].get<double>(), 0);
 }
 
 }  // namespace

@@ -43,6 +43,23 @@ void Warm(GoodputLedger& ledger, double* now, int64_t* step) {
   for (int i = 0; i < GoodputLedger::kMinWindow; ++i) ledger.Step(NextStep((*step)++, now, 1.0));
 }
 
+// A server that does not tell the job's steps (steps_done 0): the steps this
+// process completed before the failure are still lost when trained again.
+TEST(GoodputLedgerTest, ASurvivorsOwnStepsMarkItsReRunsLost) {
+  GoodputLedger ledger;
+  ledger.StartGeneration(At(0), false, 0, 2);
+  double now = 0;
+  for (int64_t s = 0; s < 4; ++s) ledger.Step(NextStep(s, &now, 1.0));
+  ledger.EndGeneration(At(now));
+  ledger.StartGeneration(At(now + 1), true, /*steps_done=*/0, 2);
+  now += 1;
+  ledger.Step(NextStep(2, &now, 1.0));  // back to the snapshot of step 2
+  ledger.Step(NextStep(3, &now, 1.0));
+  ledger.Step(NextStep(4, &now, 1.0));
+  EXPECT_NEAR(ledger.Generation().lost_work(), 2.0, kExact);
+  EXPECT_NEAR(ledger.Generation().productive(), 1.0, kExact);
+}
+
 TEST(GoodputLedgerTest, SetupThenStepsThenOther) {
   GoodputLedger ledger;
   ledger.StartGeneration(At(0), /*recovery=*/false, /*steps_done=*/0, /*world_size=*/2);
