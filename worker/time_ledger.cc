@@ -124,7 +124,7 @@ void GoodputLedger::Step(const StepTiming& t) {
     generation_.model_flops += flops_per_item_ * t.items;
     generation_.peak_flop_budget += productive * world_size_ * peak_flops_;
   }
-  if (t.applied) steps_completed_ = std::max(steps_completed_, t.step + 1);
+  if (!t.rewound) steps_completed_ = std::max(steps_completed_, t.step + 1);
   window_.push_back(compute);
   if (static_cast<int>(window_.size()) > kWindow) window_.pop_front();
 }

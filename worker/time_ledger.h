@@ -89,6 +89,9 @@ struct StepTiming {
   double arrival_spread = 0;
   double items = 0;     // rows or tokens the whole job trained in it
   bool applied = true;  // false: its update was dropped (rewound, skipped)
+  // Rewound: run again next (not completed). A skipped step is completed:
+  // the run goes on past it.
+  bool rewound = false;
 };
 
 class GoodputLedger {
@@ -131,7 +134,8 @@ class GoodputLedger {
   double between_generations() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time first_join_answer() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Time cursor() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The most steps this process completed (applied steps; 0: none).
+  // The most steps this process completed (applied or skipped, not rewound;
+  // 0: none).
   int64_t steps_completed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

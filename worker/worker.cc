@@ -487,6 +487,7 @@ absl::Status Worker::RunStep(int step) {
   // A bad step is not applied (skipped, or rewound by Train): lost work.
   timing.applied = !stats->verdict.bad() && !rewind_.has_value();
   if (rewind_.has_value()) {
+    timing.rewound = true;
     ledger_.Step(timing);
     return absl::OkStatus();
   }

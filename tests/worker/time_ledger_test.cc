@@ -187,6 +187,7 @@ TEST(GoodputLedgerTest, ARewindLosesTheBadStepItselfAndTheReRuns) {
   for (int64_t s = 0; s < 8; ++s) ledger.Step(NextStep(s, &now, 1.0));
   StepTiming bad = NextStep(8, &now, 1.0);
   bad.applied = false;  // a loss spike: not applied, rewound
+  bad.rewound = true;
   ledger.Step(bad);
   ledger.Rewound(At(now + 0.5), /*bad_step=*/8);  // back to the snapshot of step 5
   now += 0.5;
@@ -197,6 +198,18 @@ TEST(GoodputLedgerTest, ARewindLosesTheBadStepItselfAndTheReRuns) {
   EXPECT_NEAR(t.productive(), 8.0 + 2.0, kExact);  // 0-7, then 8 and 9
   EXPECT_NEAR(Sum(t), now, kExact);
   EXPECT_EQ(ledger.steps_completed(), 10);
+}
+
+TEST(GoodputLedgerTest, ASkippedStepIsLostButCompleted) {
+  GoodputLedger ledger;
+  ledger.StartGeneration(At(0), false, 0, 2);
+  double now = 0;
+  StepTiming skipped = NextStep(0, &now, 1.0);
+  skipped.applied = false;  // --on_nonfinite=skip: not applied, not re-run
+  ledger.Step(skipped);
+  EXPECT_NEAR(ledger.Generation().lost_work(), 1.0, kExact);
+  EXPECT_EQ(ledger.Generation().model_flops(), 0);
+  EXPECT_EQ(ledger.steps_completed(), 1);
 }
 
 TEST(GoodputLedgerTest, MfuCountsProductiveStepsOnly) {
