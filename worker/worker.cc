@@ -323,9 +323,10 @@ absl::Status Worker::Train() {
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an
     // --init_from file becomes a checkpoint (and a consolidated model).
-    if (absl::Status s = checkpointer.Save(e, IdentityAt(0), 0, device_ != nullptr); !s.ok()) {
-      return s;
-    }
+    absl::Status s = AccountAs(ledger_, TimeCause::kCheckpointPause, [&] {
+      return checkpointer.Save(e, IdentityAt(0), 0, device_ != nullptr);
+    });
+    if (!s.ok()) return s;
   }
   // --loss_spike_zscore judges each step's loss before its update.
   if (spikes_.enabled()) e.SetVerdictScreen([this](StepVerdict* v) { spikes_.Screen(v); });
