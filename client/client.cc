@@ -199,6 +199,7 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_rejoin_grace_ms(absl::ToInt64Milliseconds(join_extras_.rejoin_grace));
   request.set_incarnation(join_extras_.incarnation);
   request.set_node(join_extras_.node);
+  request.set_steps_completed(steps_completed_);
   while (true) {
     v1::JoinResponse response;
     // Through the node agent when one answers (it forwards the join), else
@@ -226,6 +227,7 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
       info_.members.assign(response.members().begin(), response.members().end());
       info_.heartbeat_interval = absl::Milliseconds(response.heartbeat_interval_ms());
       info_.heartbeat_timeout = absl::Milliseconds(response.heartbeat_timeout_ms());
+      info_.steps_done = response.steps_done();
       return info_;
     }
     if (!Retryable(status) || absl::Now() + backoff >= deadline) {
@@ -273,10 +275,11 @@ absl::Status Client::AwaitConnection(absl::Time until) {
                  : ""));
 }
 
-absl::Status Client::Leave() {
+absl::Status Client::Leave(const v1::TimeLedger& final_time) {
   StopHeartbeats();
   v1::LeaveRequest request;
   *request.mutable_member() = credentials();
+  *request.mutable_final_time() = final_time;
   {
     absl::MutexLock lock(&mu_);
     request.set_has_final(true);

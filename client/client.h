@@ -65,6 +65,9 @@ struct JoinInfo {
   std::vector<v1::Member> members;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // The most steps any member of the job completed so far (the server's
+  // count): a step below it trained again is lost work (docs/goodput.md).
+  int64_t steps_done = 0;
 };
 
 // What a consolidation reports as it goes.
@@ -115,6 +118,9 @@ class Client {
                                 absl::Duration timeout);
   // Sent with every later Join.
   void set_join_extras(const JoinExtras& extras) { join_extras_ = extras; }
+  // The most steps this process completed in the job (JoinRequest.
+  // steps_completed), sent with every later Join.
+  void set_steps_completed(int64_t steps) { steps_completed_ = steps; }
   // REQUIRES: a successful Join.
   const JoinInfo& info() const { return info_; }
   v1::MemberCredentials credentials() const;
@@ -143,9 +149,10 @@ class Client {
   using TelemetrySource = std::function<void(v1::RankTelemetry*)>;
   void SetTelemetrySource(TelemetrySource source);
 
-  // A clean exit from the job. A server that is away (restarting) is waited
-  // for, up to the client's rpc_timeout.
-  absl::Status Leave();
+  // A clean exit from the job, with the member's time ledger as it leaves
+  // (LeaveRequest.final_time; empty: none). A server that is away
+  // (restarting) is waited for, up to the client's rpc_timeout.
+  absl::Status Leave(const v1::TimeLedger& final_time = v1::TimeLedger());
 
   // The KV store of this member's job generation.
   absl::Status StoreSet(const std::string& key, const std::string& value);
@@ -299,6 +306,7 @@ class Client {
   std::atomic<bool> said_no_agent_{false};
   JoinInfo info_;
   JoinExtras join_extras_;
+  int64_t steps_completed_ = 0;
 
   absl::Mutex mu_;
   Progress progress_ ABSL_GUARDED_BY(mu_);

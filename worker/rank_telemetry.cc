@@ -75,11 +75,12 @@ std::function<void(const char*, int64_t)> StallBeforeGather(int64_t n,
 }
 
 absl::Status ShareArrival(ZeroEngine& engine, absl::Time arrival, int rank, ArrivalLag* lag,
-                          v1::RankTelemetry* out) {
+                          v1::RankTelemetry* out, double* spread) {
   absl::StatusOr<std::vector<double>> arrivals =
       engine.GatherOverRanks(absl::ToUnixMicros(arrival) / 1e6, "arrival times");
   if (!arrivals.ok()) return arrivals.status();
   const double first = *std::min_element(arrivals->begin(), arrivals->end());
+  if (spread != nullptr) *spread = *std::max_element(arrivals->begin(), arrivals->end()) - first;
   const double lag_ms = ((*arrivals)[rank] - first) * 1e3;
   lag->Add(lag_ms);
   out->set_first_collective_unix_us(absl::ToUnixMicros(arrival));

@@ -37,10 +37,12 @@ class ArrivalLag {
 
 // Shares this rank's arrival at the step's first collective (`arrival`,
 // from ZeroEngine::TakeFirstCollectiveStart) with every rank, adds its lag
-// behind the first to `lag` and fills the arrival fields of `out`.
-// Collective: every rank calls it after every step.
+// behind the first to `lag` and fills the arrival fields of `out`; sets
+// `spread` (when not null) to the last rank's arrival minus the first's, in
+// seconds (the same on every rank). Collective: every rank calls it after
+// every step.
 absl::Status ShareArrival(ZeroEngine& engine, absl::Time arrival, int rank, ArrivalLag* lag,
-                          v1::RankTelemetry* out);
+                          v1::RankTelemetry* out, double* spread = nullptr);
 
 // The engine's before_collective hook of --test_stall_before_gather: blocks
 // the all-gather number `n` until `aborted()` holds (polled every 50 ms).

@@ -71,6 +71,23 @@ absl::Status WriteJson(const Json& json, const std::string& path, const char* fl
   return absl::OkStatus();
 }
 
+// The checkpoints', snapshots' and recoveries' fields of the report.
+void AddPauseFields(const RunMetrics& m, nlohmann::ordered_json* out) {
+  nlohmann::ordered_json& o = *out;
+  o["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
+  o["checkpoint_commit_ms"] = m.checkpoint_commit_ms;
+  o["checkpoint_failures"] = m.checkpoint_failures;
+  o["snapshot_pause_ms"] = m.snapshot_pause_ms;
+  o["snapshot_copy_ms"] = m.snapshot_copy_ms;
+  o["snapshot_transfer_ms"] = m.snapshot_transfer_ms;
+  o["snapshots_skipped"] = m.snapshots_skipped;
+  o["snapshots_waited"] = m.snapshots_waited;
+  o["snapshot_refusals"] = m.snapshot_refusals;
+  o["snapshots_from_replicas"] = m.snapshots_from_replicas;
+  o["snapshot_committed_step"] = m.snapshot_committed_step;
+  o["recoveries"] = m.recoveries;
+}
+
 }  // namespace
 
 double ProcessCpuMs() {
@@ -221,18 +238,8 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["plan_hash"] = run.plan_hash;
   out["data_plane"] = run.data_plane;
   out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};
-  out["checkpoint_pause_ms"] = m.checkpoint_pause_ms;
-  out["checkpoint_commit_ms"] = m.checkpoint_commit_ms;
-  out["checkpoint_failures"] = m.checkpoint_failures;
-  out["snapshot_pause_ms"] = m.snapshot_pause_ms;
-  out["snapshot_copy_ms"] = m.snapshot_copy_ms;
-  out["snapshot_transfer_ms"] = m.snapshot_transfer_ms;
-  out["snapshots_skipped"] = m.snapshots_skipped;
-  out["snapshots_waited"] = m.snapshots_waited;
-  out["snapshot_refusals"] = m.snapshot_refusals;
-  out["snapshots_from_replicas"] = m.snapshots_from_replicas;
-  out["snapshot_committed_step"] = m.snapshot_committed_step;
-  out["recoveries"] = m.recoveries;
+  AddPauseFields(m, &out);
+  out["goodput"] = run.goodput;
   out["first_join_unix_ms"] = m.first_join_unix_ms;
   out["model"] = run.model;
   AddGptShape(config.task, &out);

@@ -19,7 +19,7 @@ namespace zeroshard {
 
 // What the training loop measured, step by step, on this rank.
 struct RunMetrics {
-  std::vector<double> losses;   // the step's loss, averaged over ranks
+  std::vector<double> losses;  // the step's loss, averaged over ranks
   // 0-based steps dropped for a non-finite loss or gradient norm
   // (--on_nonfinite=skip); their losses entries hold that loss (NaN, Inf).
   std::vector<int64_t> skipped_steps;
@@ -104,6 +104,9 @@ struct FinishedRun {
   // By rank.
   std::vector<double> model_state_bytes;
   std::vector<double> peak_bytes;
+  // Where this process's time went, by cause, and its MFU (the worker's
+  // GoodputReport; docs/goodput.md).
+  nlohmann::ordered_json goodput;
 };
 
 // CPU time this process has used (all threads), in milliseconds.

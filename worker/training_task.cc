@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -44,6 +45,16 @@ std::string SampleRanges(const TaskOptions& o, const BatchLayout& layout, int64_
   return absl::StrJoin(ranges, ", ");
 }
 
+// The parameters of `spec` but the tensors whose names end in `except`
+// ("": none excepted).
+double ParametersOf(const ModelSpec& spec, absl::string_view except) {
+  double n = 0;
+  for (const TensorSpec& t : spec.tensors) {
+    if (except.empty() || !absl::EndsWith(t.name, except)) n += static_cast<double>(t.Elements());
+  }
+  return n;
+}
+
 // ---- MLP regression (seed 001's setting) ----
 
 class MlpTask : public TrainingTask {
@@ -79,6 +90,9 @@ class MlpTask : public TrainingTask {
     return model_->SetBatch(x_.data(), y_.data(), options_.batch);
   }
   int64_t ItemsPerMicroBatch() const override { return options_.batch; }
+  // 6N a row: the forward's multiply-add per weight (2N), the backward's two
+  // (input and weight gradients, 4N); biases and activations are noise.
+  double FlopsPerItem() const override { return 6.0 * ParametersOf(model_->Spec(), ""); }
   std::string TrainSamples(int64_t step, int rank, int world) const override {
     const int64_t rows = data_->num_rows();
     if (options_.data.empty() || rows <= 0) return "";
@@ -210,6 +224,18 @@ class GptTask : public TrainingTask {
     return model_->SetBatch(tokens_.data(), targets_.data(), options_.batch, options_.context);
   }
   int64_t ItemsPerMicroBatch() const override { return int64_t{options_.batch} * options_.context; }
+  // PaLM's (arXiv 2204.02311, Appendix B) per token: 6N + 12 L T d, N the
+  // parameters but the position embeddings (a look-up, no product; the
+  // token embeddings count: they are the tied LM head's product), T the
+  // trained sequence length (--context), d = n_embd. 12 L T d is the
+  // attention's scores and weighted values, forward and backward, over the
+  // full T x T (non-causal, as PaLM counts it; a causal kernel could skip
+  // half).
+  double FlopsPerItem() const override {
+    const double n = ParametersOf(model_->Spec(), "wpe.weight");
+    return 6.0 * n +
+           12.0 * options_.layers * options_.context * static_cast<double>(options_.d_model);
+  }
   std::string TrainSamples(int64_t step, int rank, int world) const override {
     if (options_.data.empty()) return "";
     return absl::StrCat(

@@ -100,6 +100,9 @@ class TrainingTask {
   virtual std::string TrainSamples(int64_t step, int rank, int world) const { return ""; }
   // Tokens (GPT) or rows (MLP) in one rank's micro-batch.
   virtual int64_t ItemsPerMicroBatch() const = 0;
+  // Model FLOPs of training one item (a row, a token): forward and backward,
+  // as docs/goodput.md states them (6N; the GPT adds PaLM's attention term).
+  virtual double FlopsPerItem() const = 0;
   // Validation loss (and accuracy) with the engine's current parameters.
   // Every rank must call it (collectives); ranks evaluate different samples.
   virtual absl::StatusOr<Evaluation> Evaluate(ZeroEngine& engine, int rank, int world,

@@ -33,6 +33,22 @@
 #endif
 
 namespace zeroshard {
+namespace {
+
+// What each communicator of a data plane has sent (zero for one it lacks).
+struct PlaneBytes {
+  CollectiveBytes gather, reduce, replicas, secondary;
+  static PlaneBytes Of(const DataPlane& plane) {
+    PlaneBytes b;
+    b.gather = plane.gather->bytes_sent();
+    b.reduce = plane.reduce->bytes_sent();
+    if (plane.replicas != nullptr) b.replicas = plane.replicas->bytes_sent();
+    if (plane.secondary != nullptr) b.secondary = plane.secondary->bytes_sent();
+    return b;
+  }
+};
+
+}  // namespace
 
 Worker::Worker(WorkerConfig config, AbortLatch* abort)
     : config_(std::move(config)),
@@ -97,6 +113,7 @@ absl::Status Worker::LoadTask() {
   absl::StatusOr<std::unique_ptr<TrainingTask>> task = MakeTrainingTask(task_options_);
   if (!task.ok()) return Annotate(task.status(), "model");
   task_ = *std::move(task);
+  ledger_.SetFlops(task_->FlopsPerItem(), PeakFlops());
   return absl::OkStatus();
 }
 
@@ -116,6 +133,7 @@ absl::Status Worker::Join() {
                               absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen)),
                               HostIdentity()});
   }
+  client_->set_steps_completed(ledger_.steps_completed());
   absl::StatusOr<JoinInfo> joined = client_->Join(
       config_.job, config_.world_size, config_.worker_id, config_.host,
       timeline_.recovering() ? std::max(config_.recovery.rejoin_timeout,
@@ -124,14 +142,24 @@ absl::Status Worker::Join() {
   if (!joined.ok()) {
     return Annotate(joined.status(), timeline_.recovering() ? "recovery: re-join" : "join");
   }
-  timeline_.Joined(absl::Now());
+  const absl::Time answered = absl::Now();
+  timeline_.Joined(answered);
   generation_ = std::make_unique<Generation>();
   generation_->membership = *std::move(joined);
   rank_ = generation_->membership.rank;
+  // A generation of a job that already trained (a re-join, a replacement)
+  // sets up to restore; the first of a fresh job starts up.
+  const int64_t steps_done = generation_->membership.steps_done;
+  ledger_.StartGeneration(answered, recoveries_ > 0 || steps_done > 0, steps_done, world());
+  SayPeakOnce();
   std::vector<std::string> hosts;
   for (const v1::Member& m : generation_->membership.members) hosts.push_back(m.host());
   buddy_shift_ = hosts.size() == static_cast<size_t>(world()) ? BuddyShift(hosts) : 1;
-  client_->SetTelemetrySource([this](v1::RankTelemetry* telemetry) {
+  // The generation's first ranks carry the ledger (proto/goodput.proto).
+  constexpr int kLedgerRanks = 8;
+  const bool send_time = rank_ < kLedgerRanks;
+  client_->SetTelemetrySource([this, send_time](v1::RankTelemetry* telemetry) {
+    if (send_time) *telemetry->mutable_time() = ledger_.Generation();
     absl::MutexLock lock(&abort_mu_);
     if (abortable_engine_ != nullptr) {
       FillLiveTelemetry(*abortable_engine_, abortable_data_plane_, telemetry);
@@ -230,12 +258,7 @@ absl::Status Worker::Train() {
   const DataPlane& plane = *g.data_plane;
   const int steps = config_.schedule.steps;
   const CheckpointConfig& checkpoints = config_.checkpoint;
-  const CollectiveBytes gather_before = plane.gather->bytes_sent();
-  const CollectiveBytes reduce_before = plane.reduce->bytes_sent();
-  const CollectiveBytes replicas_before =
-      plane.replicas != nullptr ? plane.replicas->bytes_sent() : CollectiveBytes();
-  const CollectiveBytes secondary_before =
-      plane.secondary != nullptr ? plane.secondary->bytes_sent() : CollectiveBytes();
+  const PlaneBytes bytes_before = PlaneBytes::Of(plane);
   if (rank_ == 0) {
     int64_t parameters = 0;
     for (const auto& t : task_->model()->Spec().tensors) parameters += t.Elements();
@@ -251,9 +274,10 @@ absl::Status Worker::Train() {
   if (steps == 0 && checkpoints.at_end) {
     // A run of 0 steps checkpoints the state it starts from: how an
     // --init_from file becomes a checkpoint (and a consolidated model).
-    if (absl::Status s = checkpointer.Save(e, IdentityAt(0), 0, device_ != nullptr); !s.ok()) {
-      return s;
-    }
+    absl::Status s = AccountAs(ledger_, TimeCause::kCheckpointPause, [&] {
+      return checkpointer.Save(e, IdentityAt(0), 0, device_ != nullptr);
+    });
+    if (!s.ok()) return s;
   }
   // --loss_spike_zscore judges each step's loss before its update.
   if (spikes_.enabled()) e.SetVerdictScreen([this](StepVerdict* v) { spikes_.Screen(v); });
@@ -273,8 +297,11 @@ absl::Status Worker::Train() {
       return s;
     }
   }
-  if (absl::Status s = snapshots_.Wait(); !s.ok()) return Annotate(s, "snapshot");
-  absl::Status drained = checkpointer.Drain();
+  absl::Status waited =
+      AccountAs(ledger_, TimeCause::kSnapshotPause, [this] { return snapshots_.Wait(); });
+  if (!waited.ok()) return Annotate(waited, "snapshot");
+  absl::Status drained =
+      AccountAs(ledger_, TimeCause::kCheckpointPause, [&] { return checkpointer.Drain(); });
   metrics_.checkpoint_commit_ms = checkpointer.commit_ms();
   for (std::string& failure : checkpointer.failures()) {
     metrics_.checkpoint_failures.push_back(std::move(failure));
@@ -288,16 +315,13 @@ absl::Status Worker::Train() {
     metrics_.checkpoint_failures.push_back(std::string(drained.message()));
   }
   // Training traffic only: evaluation and sampling move bytes too.
-  metrics_.training_bytes += plane.gather->bytes_sent() - gather_before;
-  metrics_.training_bytes += plane.reduce->bytes_sent() - reduce_before;
-  if (plane.replicas != nullptr) {
-    metrics_.training_bytes += plane.replicas->bytes_sent() - replicas_before;
-  }
-  if (plane.secondary != nullptr) {
-    const CollectiveBytes secondary = plane.secondary->bytes_sent() - secondary_before;
-    metrics_.training_bytes += secondary;
-    metrics_.secondary_gather_bytes += secondary.all_gather;
-  }
+  const PlaneBytes bytes_after = PlaneBytes::Of(plane);
+  metrics_.training_bytes += bytes_after.gather - bytes_before.gather;
+  metrics_.training_bytes += bytes_after.reduce - bytes_before.reduce;
+  metrics_.training_bytes += bytes_after.replicas - bytes_before.replicas;
+  const CollectiveBytes secondary = bytes_after.secondary - bytes_before.secondary;
+  metrics_.training_bytes += secondary;
+  metrics_.secondary_gather_bytes += secondary.all_gather;
   return absl::OkStatus();
 }
 
@@ -309,21 +333,27 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
   // Before any snapshot of this step: a corrupted shard must not be kept.
   if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
   if (first && every > 0 && completed < steps && device_ == nullptr) {
-    if (absl::Status s = snapshots_.Reserve(e, world()); !s.ok()) return s;
+    absl::Status s = AccountAs(ledger_, TimeCause::kSnapshotPause,
+                               [&] { return snapshots_.Reserve(e, world()); });
+    if (!s.ok()) return s;
   }
   if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
     if (absl::Status s = Evaluate(completed); !s.ok()) return s;
   }
   if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
       (checkpoints.at_end && completed == steps)) {
-    absl::Status s =
-        checkpointer->Save(e, IdentityAt(completed), NextCheckpointStep(completed, checkpoints),
-                           /*on_device=*/device_ != nullptr);
+    absl::Status s = AccountAs(ledger_, TimeCause::kCheckpointPause, [&] {
+      return checkpointer->Save(e, IdentityAt(completed),
+                                NextCheckpointStep(completed, checkpoints),
+                                /*on_device=*/device_ != nullptr);
+    });
     if (!s.ok()) return s;
   }
   if (every > 0 && completed % every == 0 && completed < steps) {
-    return snapshots_.Take(e, IdentityAt(completed), generation_->data_plane->snapshot.get(),
-                           buddy_shift_, /*on_device=*/device_ != nullptr);
+    return AccountAs(ledger_, TimeCause::kSnapshotPause, [&] {
+      return snapshots_.Take(e, IdentityAt(completed), generation_->data_plane->snapshot.get(),
+                             buddy_shift_, /*on_device=*/device_ != nullptr);
+    });
   }
   return absl::OkStatus();
 }
@@ -385,87 +415,67 @@ ShardIdentity Worker::IdentityAt(int completed) const {
 absl::Status Worker::RunStep(int step) {
   ZeroEngine& e = *generation_->engine;
   const BatchLayout& layout = generation_->layout;
-  const absl::Time start = absl::Now();
-  e.TakeFirstCollectiveStart();  // from here on: this step's first collective
+  StepTiming timing;
+  timing.step = step;
+  timing.start = absl::Now();
+  ledger_.Between(timing.start);  // the setup, or the last step's aftermath
+  e.TakeFirstCollectiveStart();   // from here on: this step's first collective
   if (config_.test_step_delay_ms > 0)
     absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
   const HostBytes bytes_before = generation_->data_plane->BytesByHost();
-  if (absl::Status s = RunMicroBatches(e, step); !s.ok()) return s;
-  snapshots_.WaitCopied();
-  // A checkpoint's copy of the state the update is about to change. Set
-  // and cleared by Train, on this thread: no lock is held while waiting.
-  Checkpointer* checkpointer = nullptr;
-  {
-    absl::MutexLock lock(&abort_mu_);
-    checkpointer = checkpointer_;
-  }
-  if (checkpointer != nullptr) checkpointer->WaitCopied();
+  if (absl::Status s = RunMicroBatches(e, step, &timing.data_wait); !s.ok()) return s;
+  WaitForCopies(&timing);
   const double lr = config_.schedule.LearningRate(step);
   const int check_every = config_.replica_check_every;
   if (check_every > 0 && (step + 1) % check_every == 0) e.HashShardAtNextUpdate();
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
-  const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  timing.end = absl::Now();
+  const double ms = absl::ToDoubleMilliseconds(timing.end - timing.start);
+  timing.items = static_cast<double>(task_->ItemsPerMicroBatch()) * layout.MicroBatches();
   if (absl::Status s = ActOnVerdict(step, *stats); !s.ok()) return s;
-  if (rewind_.has_value()) return absl::OkStatus();  // Train rewinds; nothing to record
-  const double mean = stats->verdict.mean_loss;
-  metrics_.RecordStep(mean, ms, ProcessCpuMs() - cpu_before, stats->times, kernels_before,
-                      KernelTimesSnapshot());
+  // A bad step is not applied (skipped, or rewound by Train): lost work.
+  timing.applied = !stats->verdict.bad() && !rewind_.has_value();
+  if (rewind_.has_value()) {
+    timing.rewound = true;
+    ledger_.Step(timing);
+    return absl::OkStatus();
+  }
+  metrics_.RecordStep(stats->verdict.mean_loss, ms, ProcessCpuMs() - cpu_before, stats->times,
+                      kernels_before, KernelTimesSnapshot());
   // Read after the loss's collective: the next step's early gathers (issued
   // inside Step) are this step's traffic.
   const HostBytes step_bytes = generation_->data_plane->BytesByHost() - bytes_before;
   metrics_.step_bytes_intra_host.push_back(step_bytes.intra_host);
   metrics_.step_bytes_inter_host.push_back(step_bytes.inter_host);
-  const double items_per_second =
-      task_->ItemsPerMicroBatch() * layout.MicroBatches() / (ms / 1000.0);
-  Progress progress{step + 1, mean, e.memory().total(), e.collective_seq()};
-  progress.last_step.set_step_ms(ms);
-  progress.last_step.set_items_per_second(items_per_second);
-  progress.last_step.set_gather_wait_ms(stats->times.gather_wait_ms);
-  progress.last_step.set_reduce_wait_ms(stats->times.reduce_wait_ms);
-  progress.last_step.set_skipped_steps(nonfinite_.skipped_total());
-  progress.last_step.set_rewinds(static_cast<int64_t>(metrics_.rewinds.size()));
-  progress.last_step.set_loss_spikes(loss_spikes_);
-  progress.last_step.set_replica_mismatches(replica_mismatches_);
-  progress.last_step.set_corruptions(corruptions_named_);
-  progress.last_step.set_corrupted_rank(last_corrupted_rank_);
+  const double items_per_second = timing.items / (ms / 1000.0);
   trained_ = true;
-  if (std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now())) {
-    (*record)["grad_accum"] = layout.DataMicroBatches(rank_);     // this rank's, a step
-    (*record)["micro_batches_per_step"] = layout.MicroBatches();  // all ranks
-    (*record)["global_batch_kept"] = generation_->global_batch_kept;
-    metrics_.recoveries.push_back(*record);
-    std::fprintf(stderr, "%s\n",
-                 RecoveredLine(rank_, step + 1, timeline_.record().first_step_ms(),
-                               timeline_.measured_from())
-                     .c_str());
-  }
-  progress.snapshot_step = snapshots_.keeper().committed_step();
-  if (rank_ == 0) progress.recovery = timeline_.record();
-  metrics_.snapshot_bytes_peak = snapshots_.keeper().peak_bytes();
-  progress.memory_bytes += snapshots_.keeper().bytes();
+  NoteFirstStep(step);
+  Progress progress = StepProgress(step, *stats, ms, items_per_second);
   // Arrival at the step's first collective, against every rank's.
   const absl::Time arrival = e.TakeFirstCollectiveStart();
   if (arrival != absl::InfinitePast()) {
-    absl::Status s = ShareArrival(e, arrival, rank_, &arrival_lag_, &progress.telemetry);
+    absl::Status s =
+        ShareArrival(e, arrival, rank_, &arrival_lag_, &progress.telemetry, &timing.arrival_spread);
     if (!s.ok()) return Annotate(s, "arrival times");
   }
+  ledger_.Step(timing);
   client_->ReportProgress(progress);
   metrics_.items_per_second_sum += items_per_second;
   if (rank_ == 0) {
     std::fprintf(stderr,
                  "step %d/%d  loss %.6f  lr %.2e  grad_norm %.4f  %.1f ms  %.0f %s/s  "
                  "mem/rank %.1f MiB\n",
-                 step + 1, config_.schedule.steps, mean, lr, stats->grad_norm, ms, items_per_second,
-                 config_.task.model == "gpt" ? "tokens" : "rows",
+                 step + 1, config_.schedule.steps, stats->verdict.mean_loss, lr, stats->grad_norm,
+                 ms, items_per_second, config_.task.model == "gpt" ? "tokens" : "rows",
                  e.memory().peak_total() / 1048576.0);
   }
   return absl::OkStatus();
 }
 
-absl::Status Worker::RunMicroBatches(ZeroEngine& e, int step) {
+absl::Status Worker::RunMicroBatches(ZeroEngine& e, int step, double* data_wait) {
   const BatchLayout& layout = generation_->layout;
   const int passes = layout.Passes();
   const int micro_batches = layout.DataMicroBatches(rank_);
@@ -477,9 +487,11 @@ absl::Status Worker::RunMicroBatches(ZeroEngine& e, int step) {
       if (!s.ok()) return Annotate(s, absl::StrCat("step ", step));
       continue;
     }
+    const absl::Time asked = absl::Now();
     if (absl::Status s = task_->SetTrainBatch(step, micro, rank_, world()); !s.ok()) {
       return Annotate(s, "data");
     }
+    *data_wait += absl::ToDoubleSeconds(absl::Now() - asked);
     absl::StatusOr<double> loss = e.ForwardBackward(micro + 1 == passes);
     if (!loss.ok()) return Annotate(loss.status(), absl::StrCat("step ", step));
   }
@@ -516,8 +528,9 @@ absl::Status Worker::ActOnVerdict(int step, const StepStats& stats) {
 }
 
 absl::Status Worker::Evaluate(int completed_steps) {
-  absl::StatusOr<Evaluation> eval =
-      task_->Evaluate(*generation_->engine, rank_, world(), config_.val_batches);
+  absl::StatusOr<Evaluation> eval = AccountAs(ledger_, TimeCause::kEvaluation, [&] {
+    return task_->Evaluate(*generation_->engine, rank_, world(), config_.val_batches);
+  });
   if (!eval.ok()) return Annotate(eval.status(), "validation");
   metrics_.last_eval = *eval;
   metrics_.val_losses.push_back(eval->loss);
@@ -539,6 +552,7 @@ void Worker::EndGeneration() {
   if (generation_ == nullptr) return;
   // A rewind belongs to its generation: the next one starts from the state
   // its recovery agrees on, with checks and snapshots of its own.
+  ledger_.EndGeneration(absl::Now());  // what it did since the ledger last heard: lost
   rewind_.reset();
   mismatch_.reset();
   spike_rewound_step_ = -1;
@@ -569,13 +583,15 @@ absl::Status Worker::Report() {
     if (absl::Status s = Evaluate(config_.schedule.steps); !s.ok()) return s;
   }
   if (config_.sample_bytes > 0) {
-    absl::StatusOr<std::string> text = task_->Sample(e, config_.sample_bytes);
+    absl::StatusOr<std::string> text = AccountAs(
+        ledger_, TimeCause::kEvaluation, [&] { return task_->Sample(e, config_.sample_bytes); });
     if (!text.ok()) return Annotate(text.status(), "sample");
     metrics_.sample = *text;
     if (rank_ == 0) std::fprintf(stderr, "sample:\n%s\n", metrics_.sample.c_str());
   }
   if (!config_.eval_out.empty()) {
-    absl::StatusOr<std::string> record = task_->EvalRecord(e, rank_, world);
+    absl::StatusOr<std::string> record = AccountAs(
+        ledger_, TimeCause::kEvaluation, [&] { return task_->EvalRecord(e, rank_, world); });
     if (!record.ok()) return Annotate(record.status(), "--eval_out");
     if (rank_ == 0) {
       if (absl::Status s = WriteEvalOut(*record, config_.eval_out); !s.ok()) return s;
@@ -602,6 +618,8 @@ absl::Status Worker::Report() {
   run.params_sum = params_sum_;
   run.model_state_bytes = *std::move(states);
   run.peak_bytes = *std::move(peaks);
+  ledger_.Between(absl::Now());
+  run.goodput = GoodputReport();
   return WriteRunOutputs(run);
 }
 
@@ -610,7 +628,8 @@ absl::Status Worker::Leave() {
   if (absl::Status s = CheckNotAborted(); !s.ok()) return s;
   // No abort can arrive once heartbeats stop.
   client_->StopHeartbeats();
-  if (absl::Status s = client_->Leave(); !s.ok()) {
+  ledger_.Between(absl::Now());  // the report, after the last step
+  if (absl::Status s = client_->Leave(ledger_.Generation()); !s.ok()) {
     // Training and its checkpoints are complete (Train drained the last
     // commit): a server that cannot be reached to say goodbye does not make
     // the run a failure. It declares the member dead later, which changes

@@ -51,6 +51,14 @@
 // the flag off the per-rank batch is kept and the global batch shrinks
 // with W).
 //
+// Goodput (#45, docs/goodput.md). ledger_ partitions this process's wall
+// clock from each generation's join answer into causes (worker/time_ledger.h):
+// RunStep gives it each finished step with the waits measured inside it,
+// the phases between steps name their pauses (AccountAs), and the rest is
+// startup/restore before a generation's first step and other after it. The
+// generation's first ranks send it in heartbeats, Leave sends it, --report
+// writes the process's sum (worker_goodput.cc).
+//
 // Not thread-safe: one thread runs the phases.
 #ifndef ZEROSHARD_WORKER_WORKER_H_
 #define ZEROSHARD_WORKER_WORKER_H_
@@ -83,6 +91,7 @@
 #include "worker/recovery/snapshot_keeper.h"
 #include "worker/run_report.h"
 #include "worker/snapshot_schedule.h"
+#include "worker/time_ledger.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
 #include "worker/zero/backend.h"
@@ -201,8 +210,23 @@ class Worker {
   // after `completed_steps`.
   absl::Status RunStep(int step);
   // RunStep's passes: this rank's micro-batches of the step (the batch
-  // layout's), then padding passes up to the step's count.
-  absl::Status RunMicroBatches(ZeroEngine& e, int step);
+  // layout's), then padding passes up to the step's count. Adds the time
+  // spent waiting for batches to `data_wait` (seconds).
+  absl::Status RunMicroBatches(ZeroEngine& e, int step, double* data_wait);
+  // ---- Goodput (worker_goodput.cc) ----
+  // Before the update: waits for the snapshot's and the checkpoint's copies
+  // of the state it changes, their times into `timing`.
+  void WaitForCopies(StepTiming* timing) ABSL_LOCKS_EXCLUDED(abort_mu_);
+  // The step's report to the server, after `timeline_` saw it.
+  Progress StepProgress(int step, const StepStats& stats, double ms, double items_per_second);
+  // The first step after a recovery: its record, and the line saying so.
+  void NoteFirstStep(int step);
+  // This rank's peak FLOP/s: --peak_flops, else measured (CPU), else 0.
+  double PeakFlops();
+  // rank 0, once: where the peak came from.
+  void SayPeakOnce();
+  // --report's "goodput": the process's ledger, its MFU and its checks.
+  nlohmann::ordered_json GoodputReport() const;
   // The step's verdict (StepStats::verdict): a replica mismatch or a
   // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
   absl::Status ActOnVerdict(int step, const StepStats& stats);
@@ -329,6 +353,10 @@ class Worker {
   bool trained_ = false;        // completed a step in some generation
   std::set<size_t> corrupted_;  // the --testing_corrupt entries that fired
   RecoveryTimeline timeline_;
+  GoodputLedger ledger_;  // thread-safe: the heartbeat thread reads it
+  // Where ledger_'s peak FLOP/s came from: "flag", "measured", "unknown".
+  std::string peak_source_ = "unknown";
+  bool said_peak_ = false;
 
   // What the heartbeat handler may touch.
   mutable absl::Mutex abort_mu_;

@@ -163,6 +163,10 @@ ABSL_FLAG(double, loss_spike_zscore, 0,
 ABSL_FLAG(int64_t, seed, 0, "Seed of the initial parameters and of synthetic data");
 ABSL_FLAG(int, threads, 1,
           "Compute threads of this worker (its kernels and OpenBLAS, one OpenMP pool)");
+ABSL_FLAG(double, peak_flops, 0,
+          "This rank's peak compute in FLOP/s, for MFU (docs/goodput.md): e.g. 9.89e14 for an "
+          "H100's dense bf16. 0: measured once at start with an f32 GEMM at --threads (CPU), "
+          "or unknown with --backend=nccl (no MFU)");
 ABSL_FLAG(std::string, init_from, "",
           "Initialize from this safetensors file, or (GPT) a Hugging Face GPT-2 directory: "
           "config.json (which sets --layers, --heads, --d_model, --vocab and the positions; "
@@ -320,6 +324,11 @@ absl::Status ReadDataPlane(WorkerConfig* config) {
   }
   config->blas_threads = absl::GetFlag(FLAGS_threads);
   if (config->blas_threads < 1) return Bad("--threads must be >= 1");
+  config->peak_flops = absl::GetFlag(FLAGS_peak_flops);
+  if (!(config->peak_flops >= 0) || std::isinf(config->peak_flops)) {
+    return Bad(absl::StrCat("--peak_flops=", config->peak_flops,
+                            ": expected this rank's peak FLOP/s (>= 0; 0: measure it)"));
+  }
   return absl::OkStatus();
 }
 

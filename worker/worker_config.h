@@ -97,6 +97,8 @@ struct WorkerConfig {
   // ---- Compute ----
   DataPlaneOptions data_plane;
   int blas_threads = 1;
+  // --peak_flops: this rank's FLOP/s for MFU; 0: measured (CPU) or unknown.
+  double peak_flops = 0;
   // The model and its data; mlp_factory stays empty here (the CUDA device
   // is opened later, by the worker).
   TaskOptions task;

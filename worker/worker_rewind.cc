@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/checkpoint_format.h"
 #include "common/status_context.h"
 #include "worker/replica_check.h"
@@ -312,6 +313,7 @@ absl::StatusOr<int> Worker::Rewind() {
     std::fprintf(stderr, "%s; rewound every rank to the snapshot of step %lld, re-running\n",
                  request.why.c_str(), static_cast<long long>(request.to_step));
   }
+  ledger_.Rewound(absl::Now(), request.bad_step);  // the bad step's and the rewind's time lost
   return static_cast<int>(request.to_step);
 }
 
