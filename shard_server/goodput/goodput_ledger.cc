@@ -98,6 +98,7 @@ void GoodputLedger::Open(Phase phase, absl::Time at) {
   if (phase != Phase::kRunning) {
     ledger_.Clear();
     ledger_sum_ = 0;
+    ledger_rank_ = -1;
   }
 }
 
@@ -116,6 +117,7 @@ void GoodputLedger::CloseOpen(absl::Time end, Cause rest) {
       SplitRunning(segment, ledger_, ledger_sum_, rest, closed_, &closed_flops_, &closed_budget_);
       ledger_.Clear();
       ledger_sum_ = 0;
+      ledger_rank_ = -1;
       break;
   }
   phase_ = Phase::kNone;
@@ -133,10 +135,11 @@ void GoodputLedger::Formed(int64_t generation, absl::Time at) {
   generation_ = generation;
   ledger_.Clear();
   ledger_sum_ = 0;
+  ledger_rank_ = -1;
   Open(Phase::kRunning, at);
 }
 
-bool GoodputLedger::Report(int64_t generation, const v1::TimeLedger& ledger) {
+bool GoodputLedger::Report(int64_t generation, int rank, const v1::TimeLedger& ledger) {
   const double sum = LedgerSeconds(ledger);
   if (phase_ != Phase::kRunning || generation != generation_ || sum < 0) return false;
   bool changed = false;
@@ -148,9 +151,11 @@ bool GoodputLedger::Report(int64_t generation, const v1::TimeLedger& ledger) {
     flops_per_item_ = ledger.flops_per_item();
     changed = true;
   }
-  if (sum > ledger_sum_) {
+  if (rank < 0) return changed;
+  if (ledger_rank_ < 0 || rank < ledger_rank_ || (rank == ledger_rank_ && sum > ledger_sum_)) {
     ledger_ = ledger;
     ledger_sum_ = sum;
+    ledger_rank_ = rank;
     changed = true;
   }
   return changed;
@@ -271,6 +276,7 @@ v1::GoodputState GoodputLedger::State() const {
   s.set_phase_start_unix_us(absl::ToUnixMicros(phase_start_));
   s.set_generation(generation_);
   *s.mutable_ledger() = ledger_;
+  if (ledger_rank_ >= 0) s.set_ledger_rank(ledger_rank_);
   s.set_steps_done(steps_done_);
   s.set_peak_flops(peak_flops_);
   s.set_flops_per_item(flops_per_item_);
@@ -306,6 +312,7 @@ absl::StatusOr<GoodputLedger> GoodputLedger::FromState(const v1::GoodputState& s
   l.generation_ = s.generation();
   l.ledger_ = s.ledger();
   l.ledger_sum_ = ledger_sum;
+  l.ledger_rank_ = s.has_ledger_rank() ? s.ledger_rank() : (ledger_sum > 0 ? 0 : -1);
   l.steps_done_ = std::max<int64_t>(0, s.steps_done());
   l.peak_flops_ = s.peak_flops();
   l.flops_per_item_ = s.flops_per_item();

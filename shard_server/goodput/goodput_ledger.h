@@ -8,13 +8,15 @@
 //   detection   the dead member's last sign of life -> the verdict
 //   reforming   the verdict -> the next generation formed
 // A running segment is split by the workers' TimeLedger (proto/goodput.proto):
-// of the generation's reports, the one whose causes sum highest (the ledger
-// that covers the most of it). The segment's time it does not cover is
-// in_flight while the generation runs (the step in progress), lost_work when
-// the generation ends by a verdict (the step in flight is thrown away), other
-// when the job finishes (between the last report and the last leave). A
-// ledger that sums more than its segment (clock skew between the machines)
-// is scaled down to it. So the causes sum to the wall clock by construction.
+// the latest report of one rank, the lowest that reported in the generation
+// (rank 0 but for its first beat). One rank's ledger only grows, so every
+// cause does too (a counter in /metrics); ranks' splits differ a little
+// (each its own data waits), and switching between them would not. The segment's time it does not
+// cover is in_flight while the generation runs (the step in progress), lost_work when the
+// generation ends by a verdict (the step in flight is thrown away), other when the job finishes
+// (between the last report and the last leave). A ledger that sums more than its segment (clock
+// skew between the machines) is scaled down to it. So the causes sum to the wall clock by
+// construction.
 //
 // Pure: every time is an argument (no clock), no lock (Membership, which
 // keeps one per job, holds its own). Not thread-safe.
@@ -69,11 +71,12 @@ class GoodputLedger {
   void Started(absl::Time at);
   // `generation` formed at `at`: the open phase ends; running from `at`.
   void Formed(int64_t generation, absl::Time at);
-  // A member's ledger of `generation` (a beat's, a leave's): kept when that
-  // generation is the running one and it sums higher than the kept one (or
-  // it brings the peak FLOP/s). Negative or non-finite ledgers are ignored
-  // (the server refuses them before: ValidateTimeLedger). True: changed.
-  bool Report(int64_t generation, const v1::TimeLedger& ledger);
+  // Rank `rank`'s ledger of `generation` (a beat's, a leave's): kept when
+  // that generation is the running one and it comes from a lower rank than
+  // the kept one, or from the same rank and sums higher (beats may arrive
+  // out of order); the peak FLOP/s and FLOPs per item from any rank. Negative or non-finite ledgers
+  // are ignored (the server refuses them before: ValidateTimeLedger). True: changed.
+  bool Report(int64_t generation, int rank, const v1::TimeLedger& ledger);
   // A member completed `steps` steps (a beat's step, a join's
   // steps_completed). True: a new most.
   bool StepsCompleted(int64_t steps);
@@ -122,6 +125,7 @@ class GoodputLedger {
   int64_t generation_ = 0;
   v1::TimeLedger ledger_;  // the running generation's kept report
   double ledger_sum_ = 0;  // its causes' sum
+  int ledger_rank_ = -1;   // whose it is (-1: none yet)
   int64_t steps_done_ = 0;
   double peak_flops_ = 0;
   double flops_per_item_ = 0;

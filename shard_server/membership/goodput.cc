@@ -93,11 +93,11 @@ absl::Status Membership::RestoreGoodput(absl::Time now) {
   return absl::OkStatus();
 }
 
-void Membership::RecordGoodputBeat(Job& job, int64_t generation,
+void Membership::RecordGoodputBeat(Job& job, int64_t generation, int rank,
                                    const v1::HeartbeatRequest& request) {
   bool changed = job.goodput.StepsCompleted(request.step());
   if (request.telemetry().has_time()) {
-    changed = job.goodput.Report(generation, request.telemetry().time()) || changed;
+    changed = job.goodput.Report(generation, rank, request.telemetry().time()) || changed;
   }
   if (changed) job.goodput_changed = true;
 }

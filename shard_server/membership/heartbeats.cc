@@ -111,7 +111,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
   }
   if (request.has_recovery()) RecordRecovery(job, request.recovery());
   AssignTelemetry(request.telemetry(), &m.telemetry);
-  RecordGoodputBeat(job, member.generation(), request);
+  RecordGoodputBeat(job, member.generation(), member.rank(), request);
   // The beat above counts (the member is alive); the answer waits for the
   // job's unsaved change, which may be what the member must hear.
   if (absl::Status s = SaveUnsaved(job); !s.ok()) return s;

@@ -434,8 +434,8 @@ class Membership {
   // Restore's part: the saved ledgers, each moved to its job's phase.
   absl::Status RestoreGoodput(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A beat's part: its step, and its TimeLedger when it sent one.
-  void RecordGoodputBeat(Job& job, int64_t generation, const v1::HeartbeatRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordGoodputBeat(Job& job, int64_t generation, int rank,
+                         const v1::HeartbeatRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The running generation ended at `now` (AnnounceGeneration).
   void EndGoodputGeneration(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

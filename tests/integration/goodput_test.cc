@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -49,20 +50,11 @@ class GoodputTest : public ::testing::Test {
                  {"--heartbeat_interval_ms=300", "--heartbeat_timeout_ms=1500"}) {}
 
   std::vector<std::string> Flags() {
-    return {"--model=mlp",
-            "--layers=3",
-            "--width=24",
-            "--activation=relu",
-            "--seed=9",
-            "--stage=3",
-            "--batch=4",
-            absl::StrCat("--steps=", kSteps),
-            "--snapshot_every=10",
+    return {"--model=mlp", "--layers=3", "--width=24", "--activation=relu", "--seed=9", "--stage=3",
+            "--batch=4", absl::StrCat("--steps=", kSteps), "--snapshot_every=10",
             // ~60 ms a step: the lost work of up to 10 steps is well above
             // the comparison's 0.3 s floor's share of it.
-            "--test_step_delay_ms=50",
-            "--collective_timeout=20s",
-            "--rejoin_timeout=60s",
+            "--test_step_delay_ms=50", "--collective_timeout=20s", "--rejoin_timeout=60s",
             "--join_timeout_s=60",
             // A known peak: MFU is model FLOPs over it (docs/goodput.md).
             "--peak_flops=1e11"};
@@ -103,9 +95,9 @@ class GoodputTest : public ::testing::Test {
     for (const auto& [cause, seconds] : g["badput_seconds"].items()) sum += seconds.get<double>();
     const double wall = g.value("wall_seconds", 0.0);
     EXPECT_GT(wall, 0) << when << g.dump();
-    EXPECT_LE(std::abs(sum - wall), 0.01 * wall) << when << ": causes " << sum << " s, wall "
-                                                 << wall << " s\n"
-                                                 << g.dump(1);
+    EXPECT_LE(std::abs(sum - wall), 0.01 * wall)
+        << when << ": causes " << sum << " s, wall " << wall << " s\n"
+        << g.dump(1);
   }
 
   // `got` within 10 % or 0.3 s of `want`.
@@ -152,6 +144,14 @@ TEST_F(GoodputTest, AKilledAndReplacedRankIsAccountedAsMeasuredAcrossServerResta
       },
       absl::Seconds(60)))
       << cluster_.server()->Log();
+  // The verdict's time, from the generation change (the server keeps its
+  // history in memory: read before the restart).
+  absl::Time verdict = absl::InfinitePast();
+  const v1::JobStatus changed = Status(observer.get());
+  for (const v1::GenerationChange& c : changed.history()) {
+    if (c.generation() == generation + 1) verdict = absl::FromUnixMillis(c.unix_ms());
+  }
+  ASSERT_NE(verdict, absl::InfinitePast()) << changed.DebugString();
   // The server restarted mid-run: the job trains on, and the ledger keeps
   // what it attributed.
   testing::WaitFor([&] { return cluster_.WorkerLog(0).find("step 150/") != std::string::npos; },
@@ -165,11 +165,6 @@ TEST_F(GoodputTest, AKilledAndReplacedRankIsAccountedAsMeasuredAcrossServerResta
     ASSERT_EQ(codes[r], 0) << cluster_.WorkerLog(r) << "\nserver:\n" << cluster_.server()->Log();
   }
   const v1::JobStatus job = Status(observer.get());
-  absl::Time verdict = absl::InfinitePast();
-  for (const v1::GenerationChange& c : job.history()) {
-    if (c.generation() == generation + 1) verdict = absl::FromUnixMillis(c.unix_ms());
-  }
-  ASSERT_NE(verdict, absl::InfinitePast()) << job.DebugString();
   ASSERT_GE(job.recoveries_size(), 1) << job.DebugString();
   const v1::RecoveryRecord& recovery = job.recoveries(0);
   absl::StatusOr<v1::GetHistoryResponse> history = observer->GetHistory(kJob, 0);
@@ -181,12 +176,22 @@ TEST_F(GoodputTest, AKilledAndReplacedRankIsAccountedAsMeasuredAcrossServerResta
   const double step_s = step_ms[step_ms.size() / 2] / 1e3;
 
   const nlohmann::json g = Goodput();
+  const double retrained = (recovery.failed_step() - recovery.restored_step()) * step_s;
+  std::printf(
+      "cause      ledger   measured\ndetection  %6.3f   %6.3f\nreforming  %6.3f   %6.3f\n"
+      "restore    %6.3f   %6.3f\nlost work  %6.3f   %6.3f (steps %lld..%lld at %.3f s)\n"
+      "wall %.3f s, productive %.3f s, goodput %.3f, mfu %.4f\n",
+      Badput(g, "detection"), absl::ToDoubleSeconds(verdict - killed), Badput(g, "reforming"),
+      absl::ToDoubleSeconds(formed - verdict), Badput(g, "restore"), recovery.restore_ms() / 1e3,
+      Badput(g, "lost_work"), retrained + step_s / 2,
+      static_cast<long long>(recovery.restored_step()),
+      static_cast<long long>(recovery.failed_step()), step_s, g.value("wall_seconds", 0.0),
+      g.value("productive_seconds", 0.0), g.value("goodput", 0.0), g.value("mfu", -1.0));
   ExpectSums(before_restart, "before the server's restart");
   ExpectSums(g, "after the run");
   ExpectNear(Badput(g, "detection"), absl::ToDoubleSeconds(verdict - killed), "detection", g);
   ExpectNear(Badput(g, "reforming"), absl::ToDoubleSeconds(formed - verdict), "reforming", g);
   ExpectNear(Badput(g, "restore"), recovery.restore_ms() / 1e3, "restore", g);
-  const double retrained = (recovery.failed_step() - recovery.restored_step()) * step_s;
   ExpectNear(Badput(g, "lost_work"), retrained + step_s / 2, "lost work", g);
   // Attributions made before the restart are kept (they only grow).
   for (const auto& [cause, seconds] : before_restart["badput_seconds"].items()) {
@@ -203,7 +208,8 @@ TEST_F(GoodputTest, AKilledAndReplacedRankIsAccountedAsMeasuredAcrossServerResta
   cluster_.RestartServer();
   const nlohmann::json again = Goodput();
   ExpectSums(again, "after a restart of the finished job's server");
-  EXPECT_NEAR(again.value("wall_seconds", 0.0), g.value("wall_seconds", 0.0), 1e-3) << again.dump(1);
+  EXPECT_NEAR(again.value("wall_seconds", 0.0), g.value("wall_seconds", 0.0), 1e-3)
+      << again.dump(1);
   for (const auto& [cause, seconds] : g["badput_seconds"].items()) {
     EXPECT_NEAR(Badput(again, cause), seconds.get<double>(), 1e-3) << cause;
   }

@@ -48,7 +48,7 @@ TEST(GoodputLedgerTest, PhasesPartitionTheWallClockWhileTheJobRuns) {
   EXPECT_NEAR(Cause(g, "rendezvous"), 1.5, kEps);
   EXPECT_EQ(g.mfu(), -1);
   l.Formed(1, At(2));
-  EXPECT_TRUE(l.Report(1, Ledger(0.5, 3.0, 0.25)));
+  EXPECT_TRUE(l.Report(1, 0, Ledger(0.5, 3.0, 0.25)));
   g = l.Snapshot(At(6));
   EXPECT_NEAR(g.wall_seconds(), 6, kEps);
   EXPECT_NEAR(Sum(g), 6, kEps);
@@ -64,16 +64,24 @@ TEST(GoodputLedgerTest, PhasesPartitionTheWallClockWhileTheJobRuns) {
   EXPECT_EQ(Cause(g, "detection"), 0);
 }
 
-TEST(GoodputLedgerTest, TheLedgerThatSumsHighestIsKeptOfTheRunningGenerationOnly) {
+TEST(GoodputLedgerTest, TheLowestRanksLatestLedgerIsKeptOfTheRunningGenerationOnly) {
   GoodputLedger l;
   l.Started(At(0));
   l.Formed(3, At(1));
-  EXPECT_TRUE(l.Report(3, Ledger(0, 4)));
-  EXPECT_FALSE(l.Report(3, Ledger(0, 3.5)));  // an older report of another rank
-  EXPECT_FALSE(l.Report(2, Ledger(0, 9)));    // a survivor of the last generation
-  EXPECT_FALSE(l.Report(3, Ledger(-1, 6)));   // negative: ignored
-  EXPECT_FALSE(l.Report(3, Ledger(0, std::nan(""))));
-  EXPECT_NEAR(l.Snapshot(At(10)).productive_seconds(), 4, kEps);
+  EXPECT_TRUE(l.Report(3, 1, Ledger(0, 4)));
+  EXPECT_FALSE(l.Report(3, 1, Ledger(0, 3.5)));  // an older beat of the same rank
+  EXPECT_FALSE(l.Report(3, 2, Ledger(0, 5)));    // a higher rank: the ledger stays rank 1's
+  EXPECT_TRUE(l.Report(3, 0, Ledger(0, 3.8)));   // a lower rank: its ledger from now on
+  EXPECT_FALSE(l.Report(3, 1, Ledger(0, 4.5)));
+  EXPECT_FALSE(l.Report(2, 0, Ledger(0, 9)));   // a survivor of the last generation
+  EXPECT_FALSE(l.Report(3, 0, Ledger(-1, 6)));  // negative: ignored
+  EXPECT_FALSE(l.Report(3, 0, Ledger(0, std::nan(""))));
+  EXPECT_NEAR(l.Snapshot(At(10)).productive_seconds(), 3.8, kEps);
+  // The ledger rank is kept across a save and a restore.
+  absl::StatusOr<GoodputLedger> restored = GoodputLedger::FromState(l.State());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_FALSE(restored->Report(3, 1, Ledger(0, 6)));
+  EXPECT_TRUE(restored->Report(3, 0, Ledger(0, 5)));
 }
 
 // A rank killed at t = 10 (its stream closed then), the verdict at 13, the
@@ -83,10 +91,10 @@ TEST(GoodputLedgerTest, ADeathIsSplitIntoLostWorkDetectionAndReforming) {
   GoodputLedger l;
   l.Started(At(0));
   l.Formed(1, At(2));
-  l.Report(1, Ledger(1, 6));  // 7 s of the 8 s to the death
+  l.Report(1, 0, Ledger(1, 6));  // 7 s of the 8 s to the death
   l.GenerationEnded(/*evidence=*/At(10), /*verdict=*/At(13));
   EXPECT_EQ(l.phase(), GoodputLedger::Phase::kReforming);
-  EXPECT_FALSE(l.Report(1, Ledger(1, 7)));  // too late: that segment is closed
+  EXPECT_FALSE(l.Report(1, 0, Ledger(1, 7)));  // too late: that segment is closed
   v1::Goodput g = l.Snapshot(At(14));
   EXPECT_NEAR(Cause(g, "reforming"), 1, kEps);
   l.Formed(2, At(15));
@@ -109,7 +117,7 @@ TEST(GoodputLedgerTest, RunningLastsAsLongAsTheKeptLedgerCovers) {
   GoodputLedger l;
   l.Started(At(0));
   l.Formed(1, At(2));
-  l.Report(1, Ledger(0.5, 7));
+  l.Report(1, 0, Ledger(0.5, 7));
   l.GenerationEnded(At(9), At(12));
   v1::Goodput g = l.Snapshot(At(12));
   EXPECT_NEAR(Cause(g, "detection"), 2.5, kEps);
@@ -117,7 +125,7 @@ TEST(GoodputLedgerTest, RunningLastsAsLongAsTheKeptLedgerCovers) {
   EXPECT_NEAR(Sum(g), 12, kEps);
   // A verdict with no death (a re-join, a grow back): no detection.
   l.Formed(2, At(13));
-  l.Report(2, Ledger(0, 1));
+  l.Report(2, 0, Ledger(0, 1));
   l.GenerationEnded(At(14), At(14));
   g = l.Snapshot(At(14));
   EXPECT_NEAR(Cause(g, "detection"), 2.5, kEps);
@@ -134,7 +142,7 @@ TEST(GoodputLedgerTest, ALedgerLongerThanItsSegmentIsScaledDown) {
   v1::TimeLedger ledger = Ledger(2, 8);
   ledger.set_model_flops(4e12);
   ledger.set_peak_flop_budget(8e12);
-  l.Report(1, ledger);
+  l.Report(1, 0, ledger);
   v1::Goodput g = l.Snapshot(At(5));
   EXPECT_NEAR(Cause(g, "startup"), 1, kEps);
   EXPECT_NEAR(g.productive_seconds(), 4, kEps);
@@ -148,7 +156,7 @@ TEST(GoodputLedgerTest, TheClockStopsWhileFinishedAndARestartResumesIt) {
   l.Started(At(0));
   l.Formed(1, At(1));
   l.StepsCompleted(40);
-  l.Report(1, Ledger(0.5, 8));  // a leave's final ledger: to 9.5
+  l.Report(1, 0, Ledger(0.5, 8));  // a leave's final ledger: to 9.5
   l.Finished(At(10));
   EXPECT_EQ(l.phase(), GoodputLedger::Phase::kNone);
   v1::Goodput g = l.Snapshot(At(100));
@@ -183,11 +191,11 @@ TEST(GoodputLedgerTest, ASavedLedgerRestoresItsTotalsAndItsOpenPhase) {
   ledger.set_model_flops(3e12);
   ledger.set_peak_flop_budget(1e13);
   ledger.set_peak_flops(1e12);
-  l.Report(1, ledger);
+  l.Report(1, 0, ledger);
   l.StepsCompleted(12);
   l.GenerationEnded(At(10), At(13));
   l.Formed(2, At(15));
-  l.Report(2, Ledger(0.5, 2));
+  l.Report(2, 0, Ledger(0.5, 2));
   l.MaybeSample(At(16));
   absl::StatusOr<GoodputLedger> restored = GoodputLedger::FromState(l.State());
   ASSERT_TRUE(restored.ok()) << restored.status();
@@ -201,7 +209,7 @@ TEST(GoodputLedgerTest, ASavedLedgerRestoresItsTotalsAndItsOpenPhase) {
   EXPECT_EQ(after.samples_size(), 1);
   EXPECT_NEAR(after.mfu(), 0.3, kEps);
   // The workers' cumulative ledgers cover the time the server was down.
-  EXPECT_TRUE(restored->Report(2, Ledger(0.5, 12)));
+  EXPECT_TRUE(restored->Report(2, 0, Ledger(0.5, 12)));
   EXPECT_NEAR(restored->Snapshot(At(30)).productive_seconds(), 6 + 12, kEps);
 }
 
@@ -244,7 +252,7 @@ TEST(GoodputLedgerTest, SamplesAreThinnedByTwoWithAge) {
   l.Formed(1, At(5));
   int added = 0;
   for (int s = 0; s <= 3600; ++s) {
-    l.Report(1, Ledger(0, std::max(0, s - 6)));
+    l.Report(1, 0, Ledger(0, std::max(0, s - 6)));
     added += l.MaybeSample(At(s));
   }
   EXPECT_EQ(added, 361);  // one per 10 s
