@@ -453,6 +453,42 @@ TEST_F(ObservabilityUiTest, HeadlessChromiumShowsSkippedSteps) {
       << dom.substr(banner, 300);
 }
 
+// The dashboard's "Where the time went" (#45): the goodput headline, the
+// stacked bars between the ledger's samples and its legend by cause, read
+// from headless Chromium's DOM once the server has accounted a few seconds.
+TEST_F(ObservabilityUiTest, HeadlessChromiumShowsWhereTheTimeWent) {
+  ASSERT_TRUE(cluster_.ok());
+  const std::string chromium = Tool("chromium");
+  cluster_.StartWorkers("timed", 2,
+                        {"--model=mlp", "--layers=2", "--width=16", "--batch=4", "--steps=100000",
+                         "--test_step_delay_ms=20", "--peak_flops=1e10"});
+  const std::string ctl = Shardctl(cluster_);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto [code, out] = RunCommand(ctl + " --job=timed goodput --json");
+        const nlohmann::json g = nlohmann::json::parse(out, nullptr, false);
+        return code == 0 && g.is_object() && g.value("wall_seconds", 0.0) >= 3 &&
+               g.value("productive_seconds", 0.0) > 0;
+      },
+      absl::Seconds(60)))
+      << cluster_.server()->Log() << cluster_.WorkerLog(0);
+  const std::string url = absl::StrCat("http://127.0.0.1:", MetricsPort(cluster_), "/#timed");
+  auto [code, dom] = RunCommand(
+      absl::StrCat(chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir_,
+                   "/chromium --virtual-time-budget=8000 --dump-dom '", url, "' 2>/dev/null"));
+  ASSERT_EQ(code, 0) << dom;
+  const size_t view = dom.find("id=\"goodput\"");
+  ASSERT_NE(view, std::string::npos) << dom;
+  EXPECT_NE(dom.find("Goodput ", view), std::string::npos) << dom.substr(view, 400);
+  EXPECT_NE(dom.find("MFU ", view), std::string::npos) << dom.substr(view, 400);
+  const size_t bars = dom.find("id=\"goodput-bars\"", view);
+  ASSERT_NE(bars, std::string::npos) << dom.substr(view, 400);
+  EXPECT_EQ(dom.find("data-bars=\"0\"", bars), std::string::npos) << dom.substr(bars, 300);
+  EXPECT_NE(dom.find("<rect", bars), std::string::npos) << dom.substr(bars, 300);
+  EXPECT_NE(dom.find("data-cause=\"productive\"", bars), std::string::npos)
+      << dom.substr(bars, 600);
+}
+
 // The number of times `what` occurs in `text`.
 int Count(const std::string& text, const std::string& what) {
   int n = 0;
