@@ -6,7 +6,7 @@
 // gives the training thread's pause per checkpoint, the time from Save to
 // the committed step, and the step times with and without a checkpoint's
 // copy running beside them, with --checkpoint_staging on and off in
-// alternate runs (--pause_rounds pairs).
+// alternate runs (--pause_rounds pairs, the order swapped every round).
 //
 // Consolidation: a sharded checkpoint of about 2.4 GB
 // (W = 4; parameters plus both Adam moments) committed to a real shard_server
@@ -84,7 +84,8 @@ ABSL_FLAG(int, pause_width, 4096, "Pause phase: MLP width");
 ABSL_FLAG(int, pause_batch, 64, "Pause phase: rows per step");
 ABSL_FLAG(int, pause_steps, 72, "Pause phase: steps");
 ABSL_FLAG(int, pause_rounds, 1,
-          "Pause phase: rounds of two runs, --checkpoint_staging=true then false (interleaved)");
+          "Pause phase: rounds of two runs, --checkpoint_staging=true and false (staged first in "
+          "even rounds, direct first in odd ones)");
 ABSL_FLAG(int, pause_every, 12,
           "Pause phase: --checkpoint_every (12 steps of ~0.3 s here: longer than a shard's write, "
           "as a real interval is; at 4 the disk cannot keep up and every update waits for it)");
@@ -298,7 +299,10 @@ int MeasurePause(nlohmann::ordered_json* j) {
                           absl::GetFlag(FLAGS_pause_width));
   PauseRun by_mode[2];  // [0]: staged, [1]: straight from the engine's memory
   for (int round = 0; round < std::max(1, absl::GetFlag(FLAGS_pause_rounds)); ++round) {
-    for (int mode = 0; mode < 2; ++mode) {
+    for (int i = 0; i < 2; ++i) {
+      // Staged first in even rounds, direct first in odd ones: a run's
+      // written pages are still being flushed when the next one starts.
+      const int mode = round % 2 == 0 ? i : 1 - i;
       PauseRun run = RunPauseWorker(/*staging=*/mode == 0);
       PauseRun& all = by_mode[mode];
       all.compute = run.compute;
