@@ -136,10 +136,12 @@ absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id, int
   absl::StatusOr<ShardView> view;
   if (on_device) {
     // Device memory: copied to the host here (the pause).
-    absl::StatusOr<ShardSnapshot> copy = SnapshotShard(engine, id, optimizer_,
-                                                       config_.save_optimizer);
-    if (copy.ok()) view = ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
-    else view = copy.status();
+    absl::StatusOr<ShardSnapshot> copy =
+        SnapshotShard(engine, id, optimizer_, config_.save_optimizer);
+    if (copy.ok())
+      view = ViewOf(std::make_shared<const ShardSnapshot>(*std::move(copy)));
+    else
+      view = copy.status();
   } else {
     // The engine's own host memory, copied by the writer (WaitCopied).
     view = ViewShard(engine, id, optimizer_, config_.save_optimizer);
@@ -150,10 +152,8 @@ absl::Status Checkpointer::Save(ZeroEngine& engine, const ShardIdentity& id, int
   copied_ = copied;
   // The writer thread runs every task queued after a successful Drain, so
   // `copied` is always notified.
-  writer_.Submit([this, shared = std::make_shared<ShardView>(*std::move(view)), copied,
-                  retry_step, start]() -> absl::Status {
-    return Write(*shared, *copied, retry_step, start);
-  });
+  writer_.Submit([this, shared = std::make_shared<ShardView>(*std::move(view)), copied, retry_step,
+                  start]() -> absl::Status { return Write(*shared, *copied, retry_step, start); });
   return absl::OkStatus();
 }
 
@@ -228,6 +228,7 @@ void Checkpointer::Grow(int64_t floats) {
   if (floats <= staging_floats_) return;
   staging_.reset(new float[static_cast<size_t>(floats)]);
   staging_floats_ = floats;
+  staging_bytes_.store(floats * static_cast<int64_t>(sizeof(float)), std::memory_order_relaxed);
 }
 
 ShardView Checkpointer::Stage(const ShardView& view, absl::Notification& copied) {

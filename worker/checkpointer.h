@@ -34,6 +34,7 @@
 #ifndef ZEROSHARD_WORKER_CHECKPOINTER_H_
 #define ZEROSHARD_WORKER_CHECKPOINTER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -88,6 +89,8 @@ class Checkpointer {
   // "checkpoint step N failed on rank R: ...; retrying at step M", one per
   // abandoned checkpoint so far. Thread-safe.
   std::vector<std::string> failures() const;
+  // --checkpoint_staging's buffer (0: none yet). Thread-safe.
+  int64_t staging_bytes() const { return staging_bytes_.load(std::memory_order_relaxed); }
   // Checkpoints written and not yet committed (or abandoned). Thread-safe.
   int pending_commits() const;
   // Per committed checkpoint, ms from its Save to its commit: how long a
@@ -130,6 +133,7 @@ class Checkpointer {
   // --checkpoint_staging's buffer (writer thread), kept across checkpoints.
   std::unique_ptr<float[]> staging_;
   int64_t staging_floats_ = 0;
+  std::atomic<int64_t> staging_bytes_{0};  // staging_floats_ in bytes, for other threads
 
   // The committer before the writer: the writer (destroyed first) may queue
   // a commit while it finishes.

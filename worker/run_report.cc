@@ -219,6 +219,8 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   memory["peak_bytes"] = mt.peak_total();
   // Host memory outside the engine: in-memory snapshots (own + buddy's).
   memory["snapshot_host_bytes_peak"] = m.snapshot_bytes_peak;
+  // And the checkpoint writer's staging buffer (worker/checkpointer.h).
+  memory["checkpoint_staging_bytes"] = m.checkpoint_staging_bytes;
   out["memory"] = memory;
   const CollectiveBytes& bytes = m.training_bytes;
   out["comm_bytes"] = {{"all_gather", bytes.all_gather},

@@ -80,6 +80,7 @@ struct RunMetrics {
   // peer's run is in the rank's own blob (SnapshotSchedule).
   int snapshots_from_replicas = 0;
   int64_t snapshot_bytes_peak = 0;
+  int64_t checkpoint_staging_bytes = 0;  // --checkpoint_staging's buffer, at its largest
   int64_t first_join_unix_ms = 0;  // when the process first asked to join (ms since the epoch)
   int64_t snapshot_committed_step = -1;
   nlohmann::json recoveries = nlohmann::json::array();

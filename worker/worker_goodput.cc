@@ -1,6 +1,7 @@
 // The Worker's side of the goodput ledger (#45, docs/goodput.md "On the
 // worker"): the waits a step measures, the peak FLOP/s, the report's
 // "goodput". The partition itself is worker/time_ledger.h.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -56,6 +57,14 @@ Progress Worker::StepProgress(int step, const StepStats& stats, double ms,
   if (rank_ == 0) progress.recovery = timeline_.record();
   metrics_.snapshot_bytes_peak = snapshots_.keeper().peak_bytes();
   progress.memory_bytes += snapshots_.keeper().bytes();
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (checkpointer_ != nullptr) {
+      metrics_.checkpoint_staging_bytes =
+          std::max(metrics_.checkpoint_staging_bytes, checkpointer_->staging_bytes());
+      progress.memory_bytes += checkpointer_->staging_bytes();
+    }
+  }
   return progress;
 }
 

@@ -121,8 +121,8 @@ TEST_F(TrainingTest, TcpAndSharedMemoryDataPlanesAgree) {
   std::map<bool, Params> params;
   for (bool shm : {true, false}) {
     const std::string job = shm ? "shm" : "tcp";
-    cluster_.StartWorkers(job, 2, MlpFlags({"--stage=3", "--batch=4", "--prefetch=1",
-                                            absl::StrCat("--shm=", shm)}));
+    cluster_.StartWorkers(
+        job, 2, MlpFlags({"--stage=3", "--batch=4", "--prefetch=1", absl::StrCat("--shm=", shm)}));
     std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(120));
     ASSERT_EQ(codes, (std::vector<int>{0, 0})) << cluster_.WorkerLog(0) << cluster_.WorkerLog(1);
     const std::string log = cluster_.WorkerLog(0);
@@ -156,8 +156,8 @@ TEST_F(TrainingTest, PrefetchDepthsGiveTheSameParameters) {
   Params reference = LoadParams(cluster_, "p1");
   for (int prefetch : {0, 2}) {
     std::string job = absl::StrCat("p", prefetch);
-    ASSERT_TRUE(cluster_.Run(job, 3, MlpFlags({"--stage=3", "--batch=4",
-                                               absl::StrCat("--prefetch=", prefetch)})));
+    ASSERT_TRUE(cluster_.Run(
+        job, 3, MlpFlags({"--stage=3", "--batch=4", absl::StrCat("--prefetch=", prefetch)})));
     // Prefetch moves when a gather runs, not what is summed or in which order.
     EXPECT_EQ(LoadParams(cluster_, job), reference) << "prefetch " << prefetch;
   }
@@ -187,16 +187,16 @@ TEST_F(TrainingTest, ACheckpointWithoutAPauseHoldsItsOwnStepsState) {
   ASSERT_TRUE(cluster_.Run("stopped", 2, MlpFlags({"--stage=3", "--batch=4", "--steps=2"})));
   const absl::StatusOr<ModelSpec> spec = MlpSpec(kLayers, kWidth, kActivation);
   ASSERT_TRUE(spec.ok());
-  const Params stopped = testing::LoadCheckpointParams(cluster_.checkpoint_root(), "stopped", 2,
-                                                       *spec);
+  const Params stopped =
+      testing::LoadCheckpointParams(cluster_.checkpoint_root(), "stopped", 2, *spec);
   ASSERT_FALSE(stopped.empty());
   for (const bool staging : {true, false}) {
     const std::string job = staging ? "held" : "held-direct";
     setenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS", "600", 1);
-    const bool ran = cluster_.Run(
-        job, 2,
-        MlpFlags({"--stage=3", "--batch=4", "--checkpoint_every=2",
-                  absl::StrCat("--checkpoint_staging=", staging ? "true" : "false")}));
+    const bool ran =
+        cluster_.Run(job, 2,
+                     MlpFlags({"--stage=3", "--batch=4", "--checkpoint_every=2",
+                               absl::StrCat("--checkpoint_staging=", staging ? "true" : "false")}));
     unsetenv("ZEROSHARD_TEST_CHECKPOINT_COPY_DELAY_MS");
     ASSERT_TRUE(ran) << job;
     EXPECT_EQ(testing::LoadCheckpointParams(cluster_.checkpoint_root(), job, 2, *spec), stopped)
@@ -208,6 +208,16 @@ TEST_F(TrainingTest, ACheckpointWithoutAPauseHoldsItsOwnStepsState) {
       EXPECT_GE(report["checkpoint_pause_ms"][0].get<double>(), 500) << report.dump();
       // Steps 2, 4 and 5 committed, each timed from its Save.
       EXPECT_EQ(report["checkpoint_commit_ms"].size(), 3u) << report.dump();
+      // The staging buffer holds this rank's pieces with both moments (12
+      // bytes an element, at most the padded shard's) and is reported; none
+      // without staging.
+      const int64_t staged = report["memory"]["checkpoint_staging_bytes"];
+      if (staging) {
+        EXPECT_GT(staged, 0) << report.dump();
+        EXPECT_LE(staged, 12 * report["shard_elements"].get<int64_t>()) << report.dump();
+      } else {
+        EXPECT_EQ(staged, 0) << report.dump();
+      }
     }
   }
 }
@@ -216,8 +226,8 @@ TEST_F(TrainingTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
   ASSERT_TRUE(cluster_.ok());
   for (int stage = 0; stage <= 3; ++stage) {
     std::string job = absl::StrCat("memory", stage);
-    ASSERT_TRUE(cluster_.Run(job, 2, MlpFlags({absl::StrCat("--stage=", stage), "--batch=4",
-                                               "--prefetch=1"})));
+    ASSERT_TRUE(cluster_.Run(
+        job, 2, MlpFlags({absl::StrCat("--stage=", stage), "--batch=4", "--prefetch=1"})));
     for (int rank = 0; rank < 2; ++rank) {
       nlohmann::json report = cluster_.Report(job, rank);
       const int64_t psi = report["parameters"];
@@ -261,10 +271,17 @@ TEST_F(TrainingTest, TheWorkerRunsTheOpenBlasKernelItIsAskedFor) {
 
 TEST_F(TrainingTest, GptStagesZeroAndThreeAgree) {
   ASSERT_TRUE(cluster_.ok());
-  std::vector<std::string> gpt = {"--model=gpt",    "--layers=2",     "--heads=2",
-                                  "--d_model=32",   "--context=16",   "--batch=4",
-                                  "--steps=5",      "--lr=3e-3",      "--seed=5",
-                                  "--checkpoint_at_end", "--collective_timeout=30s"};
+  std::vector<std::string> gpt = {"--model=gpt",
+                                  "--layers=2",
+                                  "--heads=2",
+                                  "--d_model=32",
+                                  "--context=16",
+                                  "--batch=4",
+                                  "--steps=5",
+                                  "--lr=3e-3",
+                                  "--seed=5",
+                                  "--checkpoint_at_end",
+                                  "--collective_timeout=30s"};
   auto with = [&](std::string flag) {
     auto flags = gpt;
     flags.push_back(flag);
@@ -293,10 +310,10 @@ TEST_F(TrainingTest, GptSampleThatIsNotUtf8StillWritesTheReport) {
   std::string corpus;
   for (int i = 0; i < 200; ++i) corpus += "the quick brown fox jumps over the lazy dog\n";
   testing::WriteFile(text, corpus);
-  ASSERT_TRUE(cluster_.Run("text", 1,
-                           {"--model=gpt", "--layers=1", "--heads=2", "--d_model=32",
-                            "--context=32", absl::StrCat("--data=", text), "--steps=2",
-                            "--sample=60", "--seed=1"}));
+  ASSERT_TRUE(
+      cluster_.Run("text", 1,
+                   {"--model=gpt", "--layers=1", "--heads=2", "--d_model=32", "--context=32",
+                    absl::StrCat("--data=", text), "--steps=2", "--sample=60", "--seed=1"}));
   nlohmann::json report = cluster_.Report("text", 0);
   EXPECT_TRUE(report["sample"].is_string());
   EXPECT_EQ(report["sample"].get<std::string>().empty(), false);
@@ -315,12 +332,12 @@ TEST_F(TrainingTest, AWorkerWhosePeerIsKilledExitsNamingTheCollective) {
   LocalCluster cluster(testing::MakeTempDir("killed"),
                        {"--heartbeat_interval_ms=15000", "--heartbeat_timeout_ms=45000"});
   ASSERT_TRUE(cluster.ok());
-  cluster.StartWorkers("victim", 2,
-                       {"--model=mlp", "--layers=4", "--width=32", "--steps=1000000", "--max_recoveries=0",
-                        "--batch=4", "--stage=3", "--collective_timeout=20s"});
+  cluster.StartWorkers(
+      "victim", 2,
+      {"--model=mlp", "--layers=4", "--width=32", "--steps=1000000", "--max_recoveries=0",
+       "--batch=4", "--stage=3", "--collective_timeout=20s"});
   ASSERT_TRUE(testing::WaitFor(
-      [&] { return cluster.WorkerLog(0).find("step 3/") != std::string::npos; },
-      absl::Seconds(60)))
+      [&] { return cluster.WorkerLog(0).find("step 3/") != std::string::npos; }, absl::Seconds(60)))
       << cluster.WorkerLog(0) << cluster.WorkerLog(1);
   cluster.worker(1)->Signal(SIGKILL);
   absl::Time killed = absl::Now();
