@@ -48,6 +48,15 @@ std::string Shardctl(const LocalCluster& cluster) {
   return absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=", cluster.address());
 }
 
+// The dashboard page `url` as headless Chromium renders it after `budget_ms`
+// of virtual time (its scripts' fetches done): (exit code, DOM).
+std::pair<int, std::string> RenderedDom(const std::string& chromium, const std::string& dir,
+                                        const std::string& url, int budget_ms = 8000) {
+  return RunCommand(absl::StrCat(
+      chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir,
+      "/chromium --virtual-time-budget=", budget_ms, " --dump-dom '", url, "' 2>/dev/null"));
+}
+
 // GET http://127.0.0.1:port/path; (HTTP status, body).
 std::pair<int, std::string> Get(int port, const std::string& path, const std::string& file,
                                 const std::string& header = "") {
@@ -408,9 +417,7 @@ TEST_F(ObservabilityUiTest, HeadlessChromiumRendersTheJobItsRanksAndPlots) {
   const std::string chromium = Tool("chromium");
   StartJob();
   const std::string url = absl::StrCat("http://127.0.0.1:", MetricsPort(cluster_), "/#live");
-  auto [code, dom] = RunCommand(
-      absl::StrCat(chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir_,
-                   "/chromium --virtual-time-budget=8000 --dump-dom '", url, "' 2>/dev/null"));
+  auto [code, dom] = RenderedDom(chromium, dir_, url);
   ASSERT_EQ(code, 0) << dom;
   EXPECT_NE(dom.find("Job live"), std::string::npos) << dom;
   EXPECT_NE(dom.find("class=\"member\" data-rank=\"0\""), std::string::npos) << dom;
@@ -443,9 +450,7 @@ TEST_F(ObservabilityUiTest, HeadlessChromiumShowsSkippedSteps) {
       absl::Seconds(60)))
       << cluster_.server()->Log() << cluster_.WorkerLog(0);
   const std::string url = absl::StrCat("http://127.0.0.1:", MetricsPort(cluster_), "/#skips");
-  auto [code, dom] = RunCommand(
-      absl::StrCat(chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir_,
-                   "/chromium --virtual-time-budget=8000 --dump-dom '", url, "' 2>/dev/null"));
+  auto [code, dom] = RenderedDom(chromium, dir_, url);
   ASSERT_EQ(code, 0) << dom;
   const size_t banner = dom.find("id=\"integrity\"");
   ASSERT_NE(banner, std::string::npos) << dom;
@@ -473,9 +478,7 @@ TEST_F(ObservabilityUiTest, HeadlessChromiumShowsWhereTheTimeWent) {
       absl::Seconds(60)))
       << cluster_.server()->Log() << cluster_.WorkerLog(0);
   const std::string url = absl::StrCat("http://127.0.0.1:", MetricsPort(cluster_), "/#timed");
-  auto [code, dom] = RunCommand(
-      absl::StrCat(chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir_,
-                   "/chromium --virtual-time-budget=8000 --dump-dom '", url, "' 2>/dev/null"));
+  auto [code, dom] = RenderedDom(chromium, dir_, url);
   ASSERT_EQ(code, 0) << dom;
   const size_t view = dom.find("id=\"goodput\"");
   ASSERT_NE(view, std::string::npos) << dom;
@@ -554,10 +557,8 @@ TEST(ObservabilityLargeJobTest, HeadlessChromiumSummarizesALargeJobAndLooksUpRan
       },
       absl::Seconds(60)));
   auto render = [&](const std::string& hash) {
-    auto [code, dom] = RunCommand(absl::StrCat(
-        chromium, " --headless --no-sandbox --disable-gpu --user-data-dir=", dir,
-        "/chromium --virtual-time-budget=3000 --dump-dom 'http://127.0.0.1:", MetricsPort(cluster),
-        "/#", hash, "' 2>/dev/null"));
+    auto [code, dom] = RenderedDom(
+        chromium, dir, absl::StrCat("http://127.0.0.1:", MetricsPort(cluster), "/#", hash), 3000);
     EXPECT_EQ(code, 0) << dom;
     return dom;
   };
