@@ -67,7 +67,6 @@ KNOWN_LONG = {
     "shard_server/observability/server_metrics.cc:ServerMetrics::Write",
     "shard_server/observability/observability_pages.cc:ObservabilityPages",
     "worker/comm/shm_gather.cc:ShmGather::Create",
-    "worker/worker_recovery.cc:Worker::PrepareRecovery",
     "shard_server/observability/server_metrics.cc:WriteJobFamilies",
     "worker/recovery/snapshot_keeper.cc:SnapshotKeeper::Transfer",
 }

@@ -236,6 +236,14 @@ class Worker {
   // After `completed` steps: --testing_corrupt's bit flip, then
   // --replica_check_every's comparison of the replicas (replica_check.h).
   absl::Status CheckIntegrity(int completed);
+  // PrepareRecovery's part before the server's abort: for a failure this
+  // rank saw first (a collective's, or the generation's setup), whether it is
+  // one to recover from, waiting for the server to end the generation (its
+  // abort), or, when the server is out of reach, tripping the latch itself (a
+  // cut-off host re-joins like a survivor). True: the generation stands and
+  // its setup failed (give it up); false: the server ended it; an error:
+  // not a failure to recover from.
+  absl::StatusOr<bool> ConfirmFailure(const absl::Status& failure, bool in_setup);
   // ---- Rewinds (worker_rewind.cc; docs/numerics.md) ----
   // A bad step (a loss spike, a non-finite step under --loss_spike_zscore,
   // a replica mismatch) asks every rank, alike, to rewind to the last

@@ -212,6 +212,43 @@ absl::Status Worker::PlanGenerationBatch() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Worker::ConfirmFailure(const absl::Status& failure, bool in_setup) {
+  if (abort_->tripped()) return false;
+  // A failed collective: a peer died, or is stuck. The server confirms a
+  // death by ending the generation. In setup, any failure but this
+  // worker's own configuration (INVALID_ARGUMENT) is worth a re-join.
+  const bool recoverable = in_setup ? !absl::IsInvalidArgument(failure)
+                                    : absl::IsUnavailable(failure) ||
+                                          absl::IsDeadlineExceeded(failure) ||
+                                          absl::IsAborted(failure) || absl::IsDataLoss(failure);
+  if (!recoverable) return failure;
+  // Telling the server now lets it declare a silent peer dead within
+  // about one heartbeat interval (at once when the peer's heartbeat stream
+  // closed) instead of after the whole heartbeat timeout.
+  client_->ReportPeerFailure();
+  const JoinInfo& m = generation_->membership;
+  const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
+  if (!abort_->WaitTripped(wait) && client_->SinceHeartbeatAnswer() > m.heartbeat_timeout) {
+    // The server cannot be reached from here either: this host is cut off
+    // (from its peers and the server), and the server has most likely
+    // ended the generation without being able to say so. Re-join like a
+    // survivor: a cut that heals within --rejoin_timeout heals.
+    abort_->Trip(absl::StrCat(
+        "during step ", step_.load(), ": ", failure.message(), ", and the server at ",
+        config_.client.server, " has not answered a heartbeat for ",
+        absl::FormatDuration(absl::Trunc(client_->SinceHeartbeatAnswer(), absl::Seconds(1))),
+        " (this host is cut off?); re-joining within --rejoin_timeout=",
+        absl::FormatDuration(config_.recovery.rejoin_timeout)));
+  }
+  if (!abort_->tripped() && !in_setup) {
+    return absl::Status(
+        failure.code(),
+        absl::StrCat(failure.message(), " (and the server did not end the ", "generation within ",
+                     absl::FormatDuration(wait), ", so no peer died: not recovering)"));
+  }
+  return !abort_->tripped();  // tripped: the server ended it
+}
+
 absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   const absl::Time seen = absl::Now();
   if (generation_ == nullptr || config_.recovery.max_recoveries == 0) return failure;
@@ -220,43 +257,10 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   // generation, which must not turn this rank's stop into a recovery.
   if (IsNonFiniteStop(failure)) return failure;
   const bool in_setup = !generation_->training;
-  // The generation stands (no peer died) but its setup failed here.
-  bool give_up_generation = false;
-  if (!abort_->tripped()) {
-    // A failed collective: a peer died, or is stuck. The server confirms a
-    // death by ending the generation. In setup, any failure but this
-    // worker's own configuration (INVALID_ARGUMENT) is worth a re-join.
-    const bool recoverable = in_setup ? !absl::IsInvalidArgument(failure)
-                                      : absl::IsUnavailable(failure) ||
-                                            absl::IsDeadlineExceeded(failure) ||
-                                            absl::IsAborted(failure) || absl::IsDataLoss(failure);
-    if (!recoverable) return failure;
-    // Telling the server now lets it declare a silent peer dead within
-    // about one heartbeat interval (at once when the peer's heartbeat stream
-    // closed) instead of after the whole heartbeat timeout.
-    client_->ReportPeerFailure();
-    const JoinInfo& m = generation_->membership;
-    const absl::Duration wait = m.heartbeat_timeout + 2 * m.heartbeat_interval + absl::Seconds(1);
-    if (!abort_->WaitTripped(wait) && client_->SinceHeartbeatAnswer() > m.heartbeat_timeout) {
-      // The server cannot be reached from here either: this host is cut off
-      // (from its peers and the server), and the server has most likely
-      // ended the generation without being able to say so. Re-join like a
-      // survivor: a cut that heals within --rejoin_timeout heals.
-      abort_->Trip(absl::StrCat(
-          "during step ", step_.load(), ": ", failure.message(), ", and the server at ",
-          config_.client.server, " has not answered a heartbeat for ",
-          absl::FormatDuration(absl::Trunc(client_->SinceHeartbeatAnswer(), absl::Seconds(1))),
-          " (this host is cut off?); re-joining within --rejoin_timeout=",
-          absl::FormatDuration(config_.recovery.rejoin_timeout)));
-    }
-    if (!abort_->tripped() && !in_setup) {
-      return absl::Status(
-          failure.code(),
-          absl::StrCat(failure.message(), " (and the server did not end the ", "generation within ",
-                       absl::FormatDuration(wait), ", so no peer died: not recovering)"));
-    }
-    give_up_generation = !abort_->tripped();
-  }
+  // give_up: the generation stands (no peer died) but its setup failed here.
+  absl::StatusOr<bool> give_up = ConfirmFailure(failure, in_setup);
+  if (!give_up.ok()) return give_up.status();
+  const bool give_up_generation = *give_up;
   const std::string why =
       give_up_generation
           ? absl::StrCat("setting up generation ", generation_->membership.generation, " failed (",
