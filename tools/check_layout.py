@@ -61,7 +61,6 @@ FLAG_TABLES = {
     "worker/worker_config.cc:ReadRun",
 }
 KNOWN_LONG = {
-    "worker/run_report.cc:WriteReport",
     "worker/cuda/nccl_communicator.cc:NcclCommunicator::Create",
     "shard_server/observability/server_metrics.cc:WriteRankFamilies",
     "shard_server/observability/server_metrics.cc:ServerMetrics::Write",

@@ -169,24 +169,12 @@ absl::Status WriteSummary(const FinishedRun& run, const std::string& path) {
   return WriteJson(summary, path, "summary_out");
 }
 
-absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
-  const WorkerConfig& config = *run.config;
-  const RunMetrics& m = *run.metrics;
-  const ZeroEngine& e = *run.engine;
-  nlohmann::ordered_json out;
-  out["rank"] = run.rank;
-  out["world_size"] = config.world_size;
-  out["stage"] = config.engine.stage;
-  out["steps"] = config.schedule.steps;
-  out["losses"] = m.losses;
-  out["skipped_steps"] = m.skipped_steps;
-  out["rewinds"] = m.rewinds;
-  out["replica_check_ms_median"] = Median(m.replica_check_ms);
-  out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
-  out["params_sum"] = run.params_sum;
-  out["step_time_ms_median"] = Median(m.step_ms);
-  out["step_ms"] = m.step_ms;  // every step's, in order (this process's)
-  out["step_cpu_ms_median"] = Median(m.step_cpu_ms);
+namespace {
+
+// Medians over steps of where the compute thread's time went, and the
+// model's kernels' means.
+void AddStepTimes(const RunMetrics& m, nlohmann::ordered_json* report) {
+  nlohmann::ordered_json& out = *report;
   // Medians over steps of where the compute thread's time went.
   auto median_of = [&](double StepTimes::*field) {
     std::vector<double> values;
@@ -208,8 +196,12 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
     kernels[KernelName(static_cast<Kernel>(k))] = m.kernel_ms[k] / steps;
   }
   out["kernel_breakdown_ms"] = kernels;
+}
+
+// The engine's memory by category (now and peak), and the host memory
+// outside it.
+void AddMemory(const RunMetrics& m, const MemoryTracker& mt, nlohmann::ordered_json* report) {
   nlohmann::ordered_json memory;
-  const MemoryTracker& mt = e.memory();
   for (int c = 0; c < static_cast<int>(MemoryCategory::kCount); ++c) {
     auto category = static_cast<MemoryCategory>(c);
     memory[MemoryCategoryName(category)] = mt.current(category);
@@ -221,7 +213,12 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   memory["snapshot_host_bytes_peak"] = m.snapshot_bytes_peak;
   // And the checkpoint writer's staging buffer (worker/checkpointer.h).
   memory["checkpoint_staging_bytes"] = m.checkpoint_staging_bytes;
-  out["memory"] = memory;
+  (*report)["memory"] = memory;
+}
+
+// The training's bytes by collective, and per step by where they went.
+void AddCommBytes(const RunMetrics& m, nlohmann::ordered_json* report) {
+  nlohmann::ordered_json& out = *report;
   const CollectiveBytes& bytes = m.training_bytes;
   out["comm_bytes"] = {{"all_gather", bytes.all_gather},
                        {"reduce_scatter", bytes.reduce_scatter},
@@ -237,6 +234,31 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   };
   out["comm_bytes_per_step"] = {{"intra_host", median_bytes(m.step_bytes_intra_host)},
                                 {"inter_host", median_bytes(m.step_bytes_inter_host)}};
+}
+
+}  // namespace
+
+absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
+  const WorkerConfig& config = *run.config;
+  const RunMetrics& m = *run.metrics;
+  const ZeroEngine& e = *run.engine;
+  nlohmann::ordered_json out;
+  out["rank"] = run.rank;
+  out["world_size"] = config.world_size;
+  out["stage"] = config.engine.stage;
+  out["steps"] = config.schedule.steps;
+  out["losses"] = m.losses;
+  out["skipped_steps"] = m.skipped_steps;
+  out["rewinds"] = m.rewinds;
+  out["replica_check_ms_median"] = Median(m.replica_check_ms);
+  out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
+  out["params_sum"] = run.params_sum;
+  out["step_time_ms_median"] = Median(m.step_ms);
+  out["step_ms"] = m.step_ms;  // every step's, in order (this process's)
+  out["step_cpu_ms_median"] = Median(m.step_cpu_ms);
+  AddStepTimes(m, &out);
+  AddMemory(m, e.memory(), &out);
+  AddCommBytes(m, &out);
   out["plan_hash"] = run.plan_hash;
   out["data_plane"] = run.data_plane;
   out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};
