@@ -67,7 +67,6 @@ KNOWN_LONG = {
     "shard_server/observability/observability_pages.cc:ObservabilityPages",
     "worker/comm/shm_gather.cc:ShmGather::Create",
     "shard_server/observability/server_metrics.cc:WriteJobFamilies",
-    "worker/recovery/snapshot_keeper.cc:SnapshotKeeper::Transfer",
 }
 
 _NOT_A_DEFINITION = ("//", "#", "}", "namespace", "using ", "class ", "struct ", "enum ",

@@ -267,37 +267,10 @@ void DescribeOwnBlob(const ShardView& view, SnapshotBlob* own) {
 
 }  // namespace
 
-absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
-                                      absl::Duration timeout) {
-  const absl::Time start = absl::Now();
-  auto own = std::make_shared<SnapshotBlob>();
-  own->bytes = TakeBuffer();
-  absl::Status copied = SerializeShardInto(view, &own->bytes);
-  // A shard holding NaN or Inf is never kept, here or by the buddy (the
-  // exchange still runs, the refusal in its header): the step never
-  // completes and the last committed snapshot stays (docs/numerics.md).
-  const bool refused = IsNonFiniteTensorError(copied);
-  {
-    absl::MutexLock lock(&mu_);
-    copying_ = false;  // the engine's state is free from here on
-    last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
-    if (refused) refusals_.push_back(std::string(copied.message()));
-  }
-  if (!copied.ok() && !refused) return copied;
-  DescribeOwnBlob(view, own.get());
+absl::Status SnapshotKeeper::ExchangeWithBuddy(std::shared_ptr<SnapshotBlob> own, bool refused,
+                                               GlooCommunicator* comm, int shift,
+                                               absl::Duration timeout, absl::Time start) {
   const int64_t step = own->step;
-  const bool alone = comm == nullptr || comm->world_size() == 1;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!refused) {
-      AddLocked(own);
-      complete_[step] = alone ? 2 : 1;
-    } else if (alone) {
-      ReturnBufferLocked(std::move(own->bytes));
-    }
-    if (alone) last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
-  }
-  if (alone) return absl::OkStatus();
   const int w = comm->world_size();
   const int to = Mod(comm->rank() + shift, w);
   const int from = Mod(comm->rank() - shift, w);
@@ -347,6 +320,40 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   complete_[step] = 2;
   last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
   return absl::OkStatus();
+}
+
+absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
+                                      absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  auto own = std::make_shared<SnapshotBlob>();
+  own->bytes = TakeBuffer();
+  absl::Status copied = SerializeShardInto(view, &own->bytes);
+  // A shard holding NaN or Inf is never kept, here or by the buddy (the
+  // exchange still runs, the refusal in its header): the step never
+  // completes and the last committed snapshot stays (docs/numerics.md).
+  const bool refused = IsNonFiniteTensorError(copied);
+  {
+    absl::MutexLock lock(&mu_);
+    copying_ = false;  // the engine's state is free from here on
+    last_copy_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+    if (refused) refusals_.push_back(std::string(copied.message()));
+  }
+  if (!copied.ok() && !refused) return copied;
+  DescribeOwnBlob(view, own.get());
+  const int64_t step = own->step;
+  const bool alone = comm == nullptr || comm->world_size() == 1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!refused) {
+      AddLocked(own);
+      complete_[step] = alone ? 2 : 1;
+    } else if (alone) {
+      ReturnBufferLocked(std::move(own->bytes));
+    }
+    if (alone) last_transfer_ms_ = absl::ToDoubleMilliseconds(absl::Now() - start);
+  }
+  if (alone) return absl::OkStatus();
+  return ExchangeWithBuddy(std::move(own), refused, comm, shift, timeout, start);
 }
 
 absl::Status SnapshotKeeper::Wait() {

@@ -158,6 +158,12 @@ class SnapshotKeeper {
   void ReturnBufferLocked(std::string buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The background half of Start.
+  // Transfer's exchange with the buddies: this rank's blob `own` (its
+  // header says `refused` for a shard holding NaN or Inf) to rank + shift,
+  // and the blob of rank - shift kept in return, both checked.
+  absl::Status ExchangeWithBuddy(std::shared_ptr<SnapshotBlob> own, bool refused,
+                                 GlooCommunicator* comm, int shift, absl::Duration timeout,
+                                 absl::Time start) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Transfer(const ShardView& view, GlooCommunicator* comm, int shift,
                         absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
