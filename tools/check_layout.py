@@ -62,11 +62,8 @@ FLAG_TABLES = {
 }
 KNOWN_LONG = {
     "worker/cuda/nccl_communicator.cc:NcclCommunicator::Create",
-    "shard_server/observability/server_metrics.cc:WriteRankFamilies",
-    "shard_server/observability/server_metrics.cc:ServerMetrics::Write",
     "shard_server/observability/observability_pages.cc:ObservabilityPages",
     "worker/comm/shm_gather.cc:ShmGather::Create",
-    "shard_server/observability/server_metrics.cc:WriteJobFamilies",
 }
 
 _NOT_A_DEFINITION = ("//", "#", "}", "namespace", "using ", "class ", "struct ", "enum ",

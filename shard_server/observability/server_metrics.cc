@@ -171,6 +171,34 @@ void ServerMetrics::AddHeartbeatHandling(absl::Duration handling) {
 
 void ServerMetrics::Write(std::string* out) const {
   absl::MutexLock lock(&mu_);
+  WriteRpcFamiliesLocked(out);
+  WriteHeartbeatFamilies(out);
+  Family(out, "zeroshard_joins_total", "counter", "Joins answered with a rank.");
+  absl::StrAppend(out, "zeroshard_joins_total ", AnsweredLocked("Join", true), "\n");
+  Family(out, "zeroshard_kv_operations_total", "counter",
+         "Key-value store operations answered, by operation.");
+  for (const auto& [op, method] : std::vector<std::pair<const char*, const char*>>{
+           {"set", "StoreSet"}, {"get", "StoreGet"}, {"add", "StoreAdd"}, {"wait", "StoreWait"}}) {
+    absl::StrAppend(out, "zeroshard_kv_operations_total{op=\"", op, "\"} ",
+                    AnsweredLocked(method, false), "\n");
+  }
+  Family(out, "zeroshard_checkpoint_commits_total", "counter", "Shard commits accepted.");
+  absl::StrAppend(out, "zeroshard_checkpoint_commits_total ", commits_.load(), "\n");
+  Family(out, "zeroshard_checkpoint_committed_bytes_total", "counter",
+         "Bytes of the shard files of accepted commits.");
+  absl::StrAppend(out, "zeroshard_checkpoint_committed_bytes_total ", commit_bytes_.load(), "\n");
+  Family(out, "zeroshard_consolidations_total", "counter", "Consolidations completed.");
+  absl::StrAppend(out, "zeroshard_consolidations_total ", consolidations_.load(), "\n");
+  Family(out, "zeroshard_consolidated_bytes_total", "counter",
+         "Bytes written by completed consolidations.");
+  absl::StrAppend(out, "zeroshard_consolidated_bytes_total ", consolidation_bytes_.load(), "\n");
+  Family(out, "zeroshard_consolidation_seconds_total", "counter",
+         "Seconds spent in completed consolidations.");
+  absl::StrAppend(out, "zeroshard_consolidation_seconds_total ", Num(consolidation_seconds_.load()),
+                  "\n");
+}
+
+void ServerMetrics::WriteRpcFamiliesLocked(std::string* out) const {
   Family(out, "zeroshard_rpcs_total", "counter", "RPCs answered, by method and status code.");
   for (const auto& [key, rpc] : rpcs_) {
     absl::StrAppend(out, "zeroshard_rpcs_total{method=\"", key.first, "\",code=\"",
@@ -200,13 +228,17 @@ void ServerMetrics::Write(std::string* out) const {
     absl::StrAppend(out, "zeroshard_rpc_messages_received_total{method=\"", method, "\"} ", count,
                     "\n");
   }
-  auto answered = [&](const char* method, bool ok_only) {
-    int64_t n = 0;
-    for (const auto& [key, rpc] : rpcs_) {
-      if (key.first == method && (!ok_only || key.second == 0)) n += rpc.count;
-    }
-    return n;
-  };
+}
+
+int64_t ServerMetrics::AnsweredLocked(absl::string_view method, bool ok_only) const {
+  int64_t n = 0;
+  for (const auto& [key, rpc] : rpcs_) {
+    if (key.first == method && (!ok_only || key.second == 0)) n += rpc.count;
+  }
+  return n;
+}
+
+void ServerMetrics::WriteHeartbeatFamilies(std::string* out) const {
   Family(out, "zeroshard_heartbeats_total", "counter", "Heartbeats received.");
   absl::StrAppend(out, "zeroshard_heartbeats_total ", heartbeats_.load(), "\n");
   Family(out, "zeroshard_heartbeat_handling_seconds", "histogram",
@@ -232,29 +264,6 @@ void ServerMetrics::Write(std::string* out) const {
          "every 100 ms, timed when served); past half a heartbeat interval, the heartbeat "
          "timeout is extended by it.");
   absl::StrAppend(out, "zeroshard_call_queue_lag_seconds ", Num(call_queue_lag_ns_.load() / 1e9),
-                  "\n");
-  Family(out, "zeroshard_joins_total", "counter", "Joins answered with a rank.");
-  absl::StrAppend(out, "zeroshard_joins_total ", answered("Join", true), "\n");
-  Family(out, "zeroshard_kv_operations_total", "counter",
-         "Key-value store operations answered, by operation.");
-  for (const auto& [op, method] : std::vector<std::pair<const char*, const char*>>{
-           {"set", "StoreSet"}, {"get", "StoreGet"}, {"add", "StoreAdd"}, {"wait", "StoreWait"}}) {
-    absl::StrAppend(out, "zeroshard_kv_operations_total{op=\"", op, "\"} ", answered(method, false),
-                    "\n");
-  }
-  Family(out, "zeroshard_checkpoint_commits_total", "counter", "Shard commits accepted.");
-  absl::StrAppend(out, "zeroshard_checkpoint_commits_total ", commits_.load(), "\n");
-  Family(out, "zeroshard_checkpoint_committed_bytes_total", "counter",
-         "Bytes of the shard files of accepted commits.");
-  absl::StrAppend(out, "zeroshard_checkpoint_committed_bytes_total ", commit_bytes_.load(), "\n");
-  Family(out, "zeroshard_consolidations_total", "counter", "Consolidations completed.");
-  absl::StrAppend(out, "zeroshard_consolidations_total ", consolidations_.load(), "\n");
-  Family(out, "zeroshard_consolidated_bytes_total", "counter",
-         "Bytes written by completed consolidations.");
-  absl::StrAppend(out, "zeroshard_consolidated_bytes_total ", consolidation_bytes_.load(), "\n");
-  Family(out, "zeroshard_consolidation_seconds_total", "counter",
-         "Seconds spent in completed consolidations.");
-  absl::StrAppend(out, "zeroshard_consolidation_seconds_total ", Num(consolidation_seconds_.load()),
                   "\n");
 }
 
@@ -361,6 +370,34 @@ int64_t SkippedSteps(const v1::JobStatus& job) {
   return MostReported(job, &v1::StepTelemetry::skipped_steps);
 }
 
+// The jobs' checkpoint steps by state, and their latest complete step.
+void WriteCheckpointFamilies(const v1::GetStatusResponse& status,
+                             const std::map<std::string, CheckpointCounts>& checkpoints,
+                             const std::vector<std::string>& job_labels, std::string* out) {
+  Family(out, "zeroshard_checkpoints", "gauge",
+         "Checkpoint steps of the job, by state (verified, pending, failed: verification found "
+         "damage; incomplete: not every rank committed).");
+  for (int j = 0; j < status.jobs_size(); ++j) {
+    auto it = checkpoints.find(status.jobs(j).job_id());
+    CheckpointCounts c = it == checkpoints.end() ? CheckpointCounts() : it->second;
+    for (const auto& [state, n] :
+         std::vector<std::pair<const char*, int>>{{"verified", c.verified},
+                                                  {"pending", c.pending},
+                                                  {"failed", c.failed},
+                                                  {"incomplete", c.incomplete}}) {
+      absl::StrAppend(out, "zeroshard_checkpoints{", job_labels[j], ",state=\"", state, "\"} ", n,
+                      "\n");
+    }
+  }
+  Family(out, "zeroshard_checkpoint_latest_step", "gauge",
+         "Step of the job's latest complete checkpoint (-1: none).");
+  for (int j = 0; j < status.jobs_size(); ++j) {
+    auto it = checkpoints.find(status.jobs(j).job_id());
+    absl::StrAppend(out, "zeroshard_checkpoint_latest_step{", job_labels[j], "} ",
+                    it == checkpoints.end() ? -1 : it->second.latest_step, "\n");
+  }
+}
+
 void WriteJobFamilies(const v1::GetStatusResponse& status,
                       const std::map<std::string, CheckpointCounts>& checkpoints,
                       const std::vector<std::string>& job_labels, std::string* out) {
@@ -424,28 +461,7 @@ void WriteJobFamilies(const v1::GetStatusResponse& status,
             for (const v1::MemberStatus& m : j.members()) n += m.straggler();
             return absl::StrCat(n);
           });
-  Family(out, "zeroshard_checkpoints", "gauge",
-         "Checkpoint steps of the job, by state (verified, pending, failed: verification found "
-         "damage; incomplete: not every rank committed).");
-  for (int j = 0; j < status.jobs_size(); ++j) {
-    auto it = checkpoints.find(status.jobs(j).job_id());
-    CheckpointCounts c = it == checkpoints.end() ? CheckpointCounts() : it->second;
-    for (const auto& [state, n] :
-         std::vector<std::pair<const char*, int>>{{"verified", c.verified},
-                                                  {"pending", c.pending},
-                                                  {"failed", c.failed},
-                                                  {"incomplete", c.incomplete}}) {
-      absl::StrAppend(out, "zeroshard_checkpoints{", job_labels[j], ",state=\"", state, "\"} ", n,
-                      "\n");
-    }
-  }
-  Family(out, "zeroshard_checkpoint_latest_step", "gauge",
-         "Step of the job's latest complete checkpoint (-1: none).");
-  for (int j = 0; j < status.jobs_size(); ++j) {
-    auto it = checkpoints.find(status.jobs(j).job_id());
-    absl::StrAppend(out, "zeroshard_checkpoint_latest_step{", job_labels[j], "} ",
-                    it == checkpoints.end() ? -1 : it->second.latest_step, "\n");
-  }
+  WriteCheckpointFamilies(status, checkpoints, job_labels, out);
 }
 
 // The members of `job` whose series `view` lists.
@@ -582,20 +598,55 @@ void WriteRankBreakdowns(const std::vector<ListedRank>& ranks, std::string* out)
 }
 
 // The families with one series per listed rank (labels job, rank, worker).
+using RankValue = std::function<void(const v1::MemberStatus&, std::string*)>;
+
+// One per-rank family: `value` writes each listed rank's sample.
+void PerRank(const std::vector<ListedRank>& ranks, const char* name, const char* type,
+             const char* help, const RankValue& value, std::string* out) {
+  Family(out, name, type, help);
+  for (const ListedRank& r : ranks) {
+    absl::StrAppend(out, name, "{", r.labels, "} ");
+    value(*r.m, out);
+    *out += '\n';
+  }
+}
+
+// The ranks' data-plane bytes (all, on their host, across hosts) and their
+// checkpoint commits waiting for the server.
+void WriteRankTrafficFamilies(const std::vector<ListedRank>& ranks, std::string* out) {
+  auto per_rank = [&](const char* name, const char* type, const char* help,
+                      const RankValue& value) { PerRank(ranks, name, type, help, value, out); };
+  per_rank("zeroshard_rank_data_plane_sent_bytes_total", "counter",
+           "Bytes the rank sent through its data plane since its generation began.",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().bytes_moved());
+           });
+  per_rank("zeroshard_rank_comm_bytes_intra_host_total", "counter",
+           "Of the data-plane bytes, those sent to ranks on the rank's own host (shared memory, "
+           "loopback).",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().comm_bytes_intra_host());
+           });
+  per_rank("zeroshard_rank_comm_bytes_inter_host_total", "counter",
+           "Of the data-plane bytes, those sent across the network to ranks on other hosts.",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().comm_bytes_inter_host());
+           });
+  per_rank("zeroshard_rank_commits_pending", "gauge",
+           "Checkpoints the rank wrote whose commits wait for the server (committed in order "
+           "once it answers).",
+           [](const v1::MemberStatus& m, std::string* o) {
+             absl::StrAppend(o, m.telemetry().commits_pending());
+           });
+}
+
 void WriteRankFamilies(const v1::GetStatusResponse& status,
                        const std::vector<std::string>& job_labels, const MetricsView& view,
                        std::string* out) {
   const std::vector<ListedRank> ranks = ListRanksOfPage(status, job_labels, view, out);
   out->reserve(out->size() + ranks.size() * 2600);
   auto per_rank = [&](const char* name, const char* type, const char* help,
-                      const std::function<void(const v1::MemberStatus&, std::string*)>& value) {
-    Family(out, name, type, help);
-    for (const ListedRank& r : ranks) {
-      absl::StrAppend(out, name, "{", r.labels, "} ");
-      value(*r.m, out);
-      *out += '\n';
-    }
-  };
+                      const RankValue& value) { PerRank(ranks, name, type, help, value, out); };
   per_rank("zeroshard_rank_alive", "gauge", "1 while the member is alive (not dead, not left).",
            [](const v1::MemberStatus& m, std::string* o) {
              absl::StrAppend(o, m.alive() && !m.left() ? 1 : 0);
@@ -649,28 +700,7 @@ void WriteRankFamilies(const v1::GetStatusResponse& status,
   per_rank(
       "zeroshard_rank_collectives", "gauge", "Collectives the rank completed in its generation.",
       [](const v1::MemberStatus& m, std::string* o) { absl::StrAppend(o, m.collective_seq()); });
-  per_rank("zeroshard_rank_data_plane_sent_bytes_total", "counter",
-           "Bytes the rank sent through its data plane since its generation began.",
-           [](const v1::MemberStatus& m, std::string* o) {
-             absl::StrAppend(o, m.telemetry().bytes_moved());
-           });
-  per_rank("zeroshard_rank_comm_bytes_intra_host_total", "counter",
-           "Of the data-plane bytes, those sent to ranks on the rank's own host (shared memory, "
-           "loopback).",
-           [](const v1::MemberStatus& m, std::string* o) {
-             absl::StrAppend(o, m.telemetry().comm_bytes_intra_host());
-           });
-  per_rank("zeroshard_rank_comm_bytes_inter_host_total", "counter",
-           "Of the data-plane bytes, those sent across the network to ranks on other hosts.",
-           [](const v1::MemberStatus& m, std::string* o) {
-             absl::StrAppend(o, m.telemetry().comm_bytes_inter_host());
-           });
-  per_rank("zeroshard_rank_commits_pending", "gauge",
-           "Checkpoints the rank wrote whose commits wait for the server (committed in order "
-           "once it answers).",
-           [](const v1::MemberStatus& m, std::string* o) {
-             absl::StrAppend(o, m.telemetry().commits_pending());
-           });
+  WriteRankTrafficFamilies(ranks, out);
 }
 
 }  // namespace

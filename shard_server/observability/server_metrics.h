@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -60,6 +61,13 @@ class ServerMetrics {
     double seconds = 0;
     std::array<int64_t, kLatencyBuckets.size()> buckets{};  // not cumulative
   };
+  // Write's parts: the RPC counts and latencies, the heartbeats'.
+  void WriteRpcFamiliesLocked(std::string* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteHeartbeatFamilies(std::string* out) const;
+  // RPCs of `method` answered (`ok_only`: with OK).
+  int64_t AnsweredLocked(absl::string_view method, bool ok_only) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, int>, Rpc> rpcs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> messages_ ABSL_GUARDED_BY(mu_);
