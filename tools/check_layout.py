@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layout rules of the product code (issue #48), checked in CI (tests/run.sh):
 
-1. No product source file over 800 lines.
+1. No product source file (C++, CUDA, Python, .proto) over 800 lines.
 2. No product function over 80 lines, flag tables excepted. Functions are found
    by their shape in Google style: a definition starts at column 0 and its body
    ends with a `}` at column 0 (functions defined inside a class body are not
@@ -75,7 +75,7 @@ def source_files():
     for top in PRODUCT_DIRS:
         for dirpath, _, names in os.walk(os.path.join(ROOT, top)):
             for name in sorted(names):
-                if name.endswith((".cc", ".h", ".cu", ".py")):
+                if name.endswith((".cc", ".h", ".cu", ".py", ".proto")):
                     yield os.path.relpath(os.path.join(dirpath, name), ROOT)
 
 
