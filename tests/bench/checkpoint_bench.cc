@@ -46,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
@@ -261,7 +262,12 @@ PauseRun RunPauseWorker(bool staging) {
   const int width = absl::GetFlag(FLAGS_pause_width);
   const int every = absl::GetFlag(FLAGS_pause_every);
   const int steps = absl::GetFlag(FLAGS_pause_steps);
-  testing::LocalCluster cluster(testing::MakeTempDir("checkpoint_pause"));
+  const std::string dir = testing::MakeTempDir("checkpoint_pause");
+  // Its checkpoints are the shard's size times the checkpoints: gone after.
+  absl::Cleanup remove = [&dir] {
+    if (!absl::GetFlag(FLAGS_keep)) testing::RunCommand("rm -rf " + dir);
+  };
+  testing::LocalCluster cluster(dir);
   if (!cluster.ok()) Die("pause phase: no server");
   const bool ran = cluster.Run(
       "pause", 1,
