@@ -46,14 +46,14 @@ const char* TimeCauseName(TimeCause cause) {
   return "other";
 }
 
-void GoodputLedger::SetFlops(double flops_per_item, double peak_flops) {
+void WorkerTimeLedger::SetFlops(double flops_per_item, double peak_flops) {
   absl::MutexLock lock(&mu_);
   flops_per_item_ = flops_per_item;
   peak_flops_ = peak_flops;
 }
 
-void GoodputLedger::StartGeneration(absl::Time join_answer, bool recovery, int64_t steps_done,
-                                    int world_size) {
+void WorkerTimeLedger::StartGeneration(absl::Time join_answer, bool recovery, int64_t steps_done,
+                                       int world_size) {
   absl::MutexLock lock(&mu_);
   if (open_) {  // not closed by EndGeneration: its time after the cursor is between generations
     FoldLocked();
@@ -75,17 +75,17 @@ void GoodputLedger::StartGeneration(absl::Time join_answer, bool recovery, int64
   window_.clear();
 }
 
-void GoodputLedger::Account(absl::Time now, TimeCause cause) {
+void WorkerTimeLedger::Account(absl::Time now, TimeCause cause) {
   absl::MutexLock lock(&mu_);
   AccountLocked(now, cause);
 }
 
-void GoodputLedger::Between(absl::Time now) {
+void WorkerTimeLedger::Between(absl::Time now) {
   absl::MutexLock lock(&mu_);
   AccountLocked(now, BetweenCauseLocked());
 }
 
-void GoodputLedger::Step(const StepTiming& t) {
+void WorkerTimeLedger::Step(const StepTiming& t) {
   absl::MutexLock lock(&mu_);
   if (!open_) return;
   AccountLocked(t.start, BetweenCauseLocked());
@@ -129,13 +129,13 @@ void GoodputLedger::Step(const StepTiming& t) {
   if (static_cast<int>(window_.size()) > kWindow) window_.pop_front();
 }
 
-void GoodputLedger::Rewound(absl::Time now, int64_t bad_step) {
+void WorkerTimeLedger::Rewound(absl::Time now, int64_t bad_step) {
   absl::MutexLock lock(&mu_);
   AccountLocked(now, TimeCause::kLostWork);
   lost_below_ = std::max(lost_below_, bad_step);
 }
 
-void GoodputLedger::EndGeneration(absl::Time now) {
+void WorkerTimeLedger::EndGeneration(absl::Time now) {
   absl::MutexLock lock(&mu_);
   if (!open_) return;
   AccountLocked(now, TimeCause::kLostWork);
@@ -143,12 +143,12 @@ void GoodputLedger::EndGeneration(absl::Time now) {
   ended_ = std::max(now, cursor_);
 }
 
-v1::TimeLedger GoodputLedger::Generation() const {
+v1::TimeLedger WorkerTimeLedger::Generation() const {
   absl::MutexLock lock(&mu_);
   return open_ ? ToProtoLocked(generation_) : ToProtoLocked(Totals());
 }
 
-v1::TimeLedger GoodputLedger::Process() const {
+v1::TimeLedger WorkerTimeLedger::Process() const {
   absl::MutexLock lock(&mu_);
   Totals sum = past_;
   if (open_) {
@@ -159,42 +159,42 @@ v1::TimeLedger GoodputLedger::Process() const {
   return ToProtoLocked(sum);
 }
 
-double GoodputLedger::between_generations() const {
+double WorkerTimeLedger::between_generations() const {
   absl::MutexLock lock(&mu_);
   return between_generations_;
 }
 
-absl::Time GoodputLedger::first_join_answer() const {
+absl::Time WorkerTimeLedger::first_join_answer() const {
   absl::MutexLock lock(&mu_);
   return first_join_answer_;
 }
 
-absl::Time GoodputLedger::cursor() const {
+absl::Time WorkerTimeLedger::cursor() const {
   absl::MutexLock lock(&mu_);
   return cursor_;
 }
 
-int64_t GoodputLedger::steps_completed() const {
+int64_t WorkerTimeLedger::steps_completed() const {
   absl::MutexLock lock(&mu_);
   return steps_completed_;
 }
 
-void GoodputLedger::AddLocked(TimeCause cause, double seconds) {
+void WorkerTimeLedger::AddLocked(TimeCause cause, double seconds) {
   generation_.seconds[static_cast<int>(cause)] += seconds;
 }
 
-void GoodputLedger::AccountLocked(absl::Time now, TimeCause cause) {
+void WorkerTimeLedger::AccountLocked(absl::Time now, TimeCause cause) {
   if (!open_ || now <= cursor_) return;
   AddLocked(cause, Seconds(now - cursor_));
   cursor_ = now;
 }
 
-TimeCause GoodputLedger::BetweenCauseLocked() const {
+TimeCause WorkerTimeLedger::BetweenCauseLocked() const {
   if (stepped_) return TimeCause::kOther;
   return recovery_ ? TimeCause::kRestore : TimeCause::kStartup;
 }
 
-void GoodputLedger::FoldLocked() {
+void WorkerTimeLedger::FoldLocked() {
   for (int c = 0; c < kTimeCauses; ++c) past_.seconds[c] += generation_.seconds[c];
   past_.model_flops += generation_.model_flops;
   past_.peak_flop_budget += generation_.peak_flop_budget;
@@ -202,7 +202,7 @@ void GoodputLedger::FoldLocked() {
   open_ = false;
 }
 
-v1::TimeLedger GoodputLedger::ToProtoLocked(const Totals& t) const {
+v1::TimeLedger WorkerTimeLedger::ToProtoLocked(const Totals& t) const {
   v1::TimeLedger out;
   auto at = [&t](TimeCause c) { return t.seconds[static_cast<int>(c)]; };
   out.set_startup(at(TimeCause::kStartup));

@@ -94,7 +94,7 @@ struct StepTiming {
   bool rewound = false;
 };
 
-class GoodputLedger {
+class WorkerTimeLedger {
  public:
   static constexpr int kWindow = 20;    // steps in the median
   static constexpr int kMinWindow = 5;  // steps before stalls and stragglers are judged
@@ -173,7 +173,7 @@ class GoodputLedger {
 // Runs f() (returning a status or a value) as `cause`: the time before it
 // goes to Between, its own to `cause`.
 template <typename F>
-auto AccountAs(GoodputLedger& ledger, TimeCause cause, F&& f) {
+auto AccountAs(WorkerTimeLedger& ledger, TimeCause cause, F&& f) {
   ledger.Between(absl::Now());
   auto result = f();
   ledger.Account(absl::Now(), cause);

@@ -361,7 +361,7 @@ class Worker {
   bool trained_ = false;        // completed a step in some generation
   std::set<size_t> corrupted_;  // the --testing_corrupt entries that fired
   RecoveryTimeline timeline_;
-  GoodputLedger ledger_;  // thread-safe: the heartbeat thread reads it
+  WorkerTimeLedger ledger_;  // thread-safe: the heartbeat thread reads it
   // Where ledger_'s peak FLOP/s came from: "flag", "measured", "unknown".
   std::string peak_source_ = "unknown";
   bool said_peak_ = false;

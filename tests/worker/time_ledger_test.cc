@@ -1,4 +1,4 @@
-// GoodputLedger (worker/time_ledger.h): the partition of a worker's wall
+// WorkerTimeLedger (worker/time_ledger.h): the partition of a worker's wall
 // clock into causes, with the times given (no sleeping).
 #include "worker/time_ledger.h"
 
@@ -39,14 +39,14 @@ StepTiming NextStep(int64_t step, double* now, double seconds, double spread = 0
 }
 
 // Five regular steps of 1 s from `*now`: the median is known from then on.
-void Warm(GoodputLedger& ledger, double* now, int64_t* step) {
-  for (int i = 0; i < GoodputLedger::kMinWindow; ++i) ledger.Step(NextStep((*step)++, now, 1.0));
+void Warm(WorkerTimeLedger& ledger, double* now, int64_t* step) {
+  for (int i = 0; i < WorkerTimeLedger::kMinWindow; ++i) ledger.Step(NextStep((*step)++, now, 1.0));
 }
 
 // A server that does not tell the job's steps (steps_done 0): the steps this
 // process completed before the failure are still lost when trained again.
 TEST(GoodputLedgerTest, ASurvivorsOwnStepsMarkItsReRunsLost) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   for (int64_t s = 0; s < 4; ++s) ledger.Step(NextStep(s, &now, 1.0));
@@ -61,7 +61,7 @@ TEST(GoodputLedgerTest, ASurvivorsOwnStepsMarkItsReRunsLost) {
 }
 
 TEST(GoodputLedgerTest, SetupThenStepsThenOther) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), /*recovery=*/false, /*steps_done=*/0, /*world_size=*/2);
   double now = 3;  // 3 s of plan, data plane, initial state
   ledger.Step(NextStep(0, &now, 1.0));
@@ -78,7 +78,7 @@ TEST(GoodputLedgerTest, SetupThenStepsThenOther) {
 }
 
 TEST(GoodputLedgerTest, RecoveryGenerationIsRestoreAndRecomputedStepsAreLost) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), /*recovery=*/true, /*steps_done=*/12, 2);
   double now = 2;
   ledger.Step(NextStep(10, &now, 1.0));  // snapshot at 10: steps 10, 11 trained again
@@ -93,7 +93,7 @@ TEST(GoodputLedgerTest, RecoveryGenerationIsRestoreAndRecomputedStepsAreLost) {
 }
 
 TEST(GoodputLedgerTest, WaitsInsideAStepAreTheirCausesNotItsCompute) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   StepTiming t = NextStep(0, &now, 1.0);
@@ -110,7 +110,7 @@ TEST(GoodputLedgerTest, WaitsInsideAStepAreTheirCausesNotItsCompute) {
 }
 
 TEST(GoodputLedgerTest, WaitsLongerThanTheStepNeverCountTwice) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   StepTiming t = NextStep(0, &now, 1.0);
@@ -124,7 +124,7 @@ TEST(GoodputLedgerTest, WaitsLongerThanTheStepNeverCountTwice) {
 }
 
 TEST(GoodputLedgerTest, ALateRankMakesTheExcessAStraggler) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   int64_t step = 0;
@@ -142,7 +142,7 @@ TEST(GoodputLedgerTest, ALateRankMakesTheExcessAStraggler) {
 }
 
 TEST(GoodputLedgerTest, AStepOverTwiceTheMedianWithNoLateRankStalled) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   int64_t step = 0;
@@ -157,7 +157,7 @@ TEST(GoodputLedgerTest, AStepOverTwiceTheMedianWithNoLateRankStalled) {
 }
 
 TEST(GoodputLedgerTest, StragglerFirstThenStallForWhatTheSpreadDoesNotExplain) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   int64_t step = 0;
@@ -171,7 +171,7 @@ TEST(GoodputLedgerTest, StragglerFirstThenStallForWhatTheSpreadDoesNotExplain) {
 }
 
 TEST(GoodputLedgerTest, NoJudgementBeforeTheWindowHasItsSteps) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   ledger.Step(NextStep(0, &now, 1.0));
@@ -181,7 +181,7 @@ TEST(GoodputLedgerTest, NoJudgementBeforeTheWindowHasItsSteps) {
 }
 
 TEST(GoodputLedgerTest, ARewindLosesTheBadStepItselfAndTheReRuns) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   for (int64_t s = 0; s < 8; ++s) ledger.Step(NextStep(s, &now, 1.0));
@@ -201,7 +201,7 @@ TEST(GoodputLedgerTest, ARewindLosesTheBadStepItselfAndTheReRuns) {
 }
 
 TEST(GoodputLedgerTest, ASkippedStepIsLostButCompleted) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 0;
   StepTiming skipped = NextStep(0, &now, 1.0);
@@ -213,7 +213,7 @@ TEST(GoodputLedgerTest, ASkippedStepIsLostButCompleted) {
 }
 
 TEST(GoodputLedgerTest, MfuCountsProductiveStepsOnly) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.SetFlops(/*flops_per_item=*/1e6, /*peak_flops=*/1e9);
   ledger.StartGeneration(At(0), false, /*steps_done=*/1, /*world_size=*/4);
   double now = 0;
@@ -231,7 +231,7 @@ TEST(GoodputLedgerTest, MfuCountsProductiveStepsOnly) {
 }
 
 TEST(GoodputLedgerTest, GenerationsSumIntoTheProcessAndTheGapIsBetween) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   double now = 1;
   ledger.Step(NextStep(0, &now, 1.0));          // 1 s startup, 1 s productive
@@ -253,7 +253,7 @@ TEST(GoodputLedgerTest, GenerationsSumIntoTheProcessAndTheGapIsBetween) {
 }
 
 TEST(GoodputLedgerTest, NothingIsCountedBeforeAGenerationOrBackwards) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.Account(At(5), TimeCause::kOther);  // no generation yet
   EXPECT_EQ(Sum(ledger.Process()), 0);
   ledger.StartGeneration(At(10), false, 0, 2);
@@ -264,7 +264,7 @@ TEST(GoodputLedgerTest, NothingIsCountedBeforeAGenerationOrBackwards) {
 // The heartbeat thread reads while the training thread accounts: every read
 // is a consistent partition (the sum is the cursor's distance, never torn).
 TEST(GoodputLedgerTest, ReadsFromAnotherThreadSeeWholeUpdates) {
-  GoodputLedger ledger;
+  WorkerTimeLedger ledger;
   ledger.StartGeneration(At(0), false, 0, 2);
   std::thread writer([&ledger] {
     double now = 0;
