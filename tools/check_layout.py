@@ -60,11 +60,7 @@ FLAG_TABLES = {
     "worker/worker_config.cc:ReadEngine",
     "worker/worker_config.cc:ReadRun",
 }
-KNOWN_LONG = {
-    "worker/cuda/nccl_communicator.cc:NcclCommunicator::Create",
-    "shard_server/observability/observability_pages.cc:ObservabilityPages",
-    "worker/comm/shm_gather.cc:ShmGather::Create",
-}
+KNOWN_LONG: set = set()
 
 _NOT_A_DEFINITION = ("//", "#", "}", "namespace", "using ", "class ", "struct ", "enum ",
                      "template", "ABSL_FLAG", "ABSL_RETIRED", "extern", "static_assert",

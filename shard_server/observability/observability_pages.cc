@@ -37,6 +37,20 @@ v1::GetStatusResponse AnnotatedStatus(const ObservabilitySources& s, const std::
   return status;
 }
 
+// ?rank=R,R (comma-separated ranks >= 0) of `page`.
+absl::StatusOr<std::vector<int>> RankList(absl::string_view page, absl::string_view text) {
+  std::vector<int> ranks;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int rank = 0;
+    if (!absl::SimpleAtoi(item, &rank) || rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(page, "?rank=", text, ": expected ranks >= 0, comma-separated"));
+    }
+    ranks.push_back(rank);
+  }
+  return ranks;
+}
+
 // /api/status's view of large jobs, as GetStatusRequest has it:
 // ?max_members=N&worst_ranks=N&worst_hosts=N&rank=R,R&host=H,H.
 absl::StatusOr<v1::GetStatusRequest> StatusViewOf(const std::map<std::string, std::string>& query) {
@@ -50,20 +64,15 @@ absl::StatusOr<v1::GetStatusRequest> StatusViewOf(const std::map<std::string, st
     if (it == query.end()) continue;
     int value = 0;
     if (!absl::SimpleAtoi(it->second, &value) || value < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("/api/status?", name, "=", it->second,
-                                                     ": expected a count >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("/api/status?", name, "=", it->second, ": expected a count >= 0"));
     }
     (view.*set)(value);
   }
   if (auto it = query.find("rank"); it != query.end()) {
-    for (absl::string_view text : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
-      int rank = 0;
-      if (!absl::SimpleAtoi(text, &rank) || rank < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "/api/status?rank=", it->second, ": expected ranks >= 0, comma-separated"));
-      }
-      view.add_ranks(rank);
-    }
+    absl::StatusOr<std::vector<int>> ranks = RankList("/api/status", it->second);
+    if (!ranks.ok()) return ranks.status();
+    for (int rank : *ranks) view.add_ranks(rank);
   }
   if (auto it = query.find("host"); it != query.end()) {
     for (absl::string_view host : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
@@ -73,93 +82,109 @@ absl::StatusOr<v1::GetStatusRequest> StatusViewOf(const std::map<std::string, st
   return view;
 }
 
+// Every job's checkpoints counted by state, for /metrics.
+std::map<std::string, CheckpointCounts> CountCheckpoints(const ObservabilitySources& s) {
+  std::map<std::string, CheckpointCounts> counts;
+  if (s.checkpoints == nullptr) return counts;
+  absl::StatusOr<v1::ListCheckpointsResponse> listed = s.checkpoints->List("");
+  if (!listed.ok()) return counts;
+  for (const v1::CheckpointInfo& c : listed->checkpoints()) {
+    CheckpointCounts& n = counts[c.job_id()];
+    if (!c.complete()) {
+      n.incomplete++;
+      continue;
+    }
+    n.complete++;
+    if (c.verification() == "verified") n.verified++;
+    if (c.verification() == "pending") n.pending++;
+    if (c.verification() == "failed") n.failed++;
+    if (c.step() > n.latest_step) {
+      n.latest_step = c.step();
+      n.latest_bytes = c.total_bytes();
+    }
+  }
+  return counts;
+}
+
+// /metrics[?all=1][?job=J&rank=R]: the Prometheus exposition.
+HttpResponse MetricsPage(const ObservabilitySources& s,
+                         const std::map<std::string, std::string>& query) {
+  MetricsView view;
+  if (auto all = query.find("all"); all != query.end()) view.all_ranks = all->second != "0";
+  if (auto rank = query.find("rank"); rank != query.end()) {
+    auto job = query.find("job");
+    if (job == query.end() || !absl::SimpleAtoi(rank->second, &view.rank) || view.rank < 0) {
+      return Failure(400, absl::InvalidArgumentError(absl::StrCat(
+                              "/metrics?rank=", rank->second,
+                              ": expected a rank >= 0 and ?job=ID (/metrics?job=J&rank=R)")));
+    }
+    view.job = job->second;
+  }
+  v1::GetStatusResponse status = AnnotatedStatus(s, "");
+  return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
+                      MetricsExposition(*s.metrics, status, CountCheckpoints(s), view)};
+}
+
+// /api/status[?job=J&...]: the status (StatusViewOf's view) and, for one
+// job, its checkpoints.
+HttpResponse StatusPage(const ObservabilitySources& s,
+                        const std::map<std::string, std::string>& query) {
+  absl::StatusOr<v1::GetStatusRequest> view = StatusViewOf(query);
+  if (!view.ok()) return Failure(400, view.status());
+  auto job = query.find("job");
+  v1::GetStatusResponse status = AnnotatedStatus(s, job == query.end() ? "" : job->second);
+  SummarizeLargeJobs(*view, &status);
+  v1::ListCheckpointsResponse checkpoints;
+  if (s.checkpoints != nullptr && job != query.end() && !job->second.empty()) {
+    absl::StatusOr<v1::ListCheckpointsResponse> listed = s.checkpoints->List(job->second);
+    if (listed.ok()) checkpoints = *std::move(listed);
+  }
+  return JsonResponse(
+      absl::StrCat("{\"status\":", Json(status), ",\"checkpoints\":", Json(checkpoints), "}"));
+}
+
+// /api/history?job=J[&rank=R,R]: the job's history points (every rank's
+// without ?rank: a large job's history is every rank's).
+HttpResponse HistoryPage(const ObservabilitySources& s,
+                         const std::map<std::string, std::string>& query) {
+  auto job = query.find("job");
+  if (job == query.end() || job->second.empty()) {
+    return Failure(400, absl::InvalidArgumentError("/api/history needs ?job=ID"));
+  }
+  std::vector<int> ranks;
+  if (auto rank = query.find("rank"); rank != query.end()) {
+    absl::StatusOr<std::vector<int>> listed = RankList("/api/history", rank->second);
+    if (!listed.ok()) return Failure(400, listed.status());
+    ranks = *std::move(listed);
+  }
+  if (ranks.empty()) ranks.push_back(-1);  // every rank
+  v1::GetHistoryResponse response;
+  for (int rank : ranks) {
+    if (s.history == nullptr) break;
+    absl::StatusOr<std::vector<v1::HistoryPoint>> points = s.history->Points(job->second, rank);
+    if (!points.ok()) return Failure(500, points.status());
+    for (v1::HistoryPoint& p : *points) *response.add_points() = std::move(p);
+  }
+  return JsonResponse(Json(response));
+}
+
 }  // namespace
 
 std::map<std::string, HttpPage> ObservabilityPages(const ObservabilitySources& sources) {
   const ObservabilitySources s = sources;
   std::map<std::string, HttpPage> pages;
   pages["/metrics"].render = [s](const std::map<std::string, std::string>& query) {
-    MetricsView view;
-    if (auto all = query.find("all"); all != query.end()) view.all_ranks = all->second != "0";
-    if (auto rank = query.find("rank"); rank != query.end()) {
-      auto job = query.find("job");
-      if (job == query.end() || !absl::SimpleAtoi(rank->second, &view.rank) || view.rank < 0) {
-        return Failure(400, absl::InvalidArgumentError(absl::StrCat(
-                                "/metrics?rank=", rank->second,
-                                ": expected a rank >= 0 and ?job=ID (/metrics?job=J&rank=R)")));
-      }
-      view.job = job->second;
-    }
-    v1::GetStatusResponse status = AnnotatedStatus(s, "");
-    std::map<std::string, CheckpointCounts> counts;
-    if (s.checkpoints != nullptr) {
-      absl::StatusOr<v1::ListCheckpointsResponse> listed = s.checkpoints->List("");
-      if (listed.ok()) {
-        for (const v1::CheckpointInfo& c : listed->checkpoints()) {
-          CheckpointCounts& n = counts[c.job_id()];
-          if (!c.complete()) {
-            n.incomplete++;
-            continue;
-          }
-          n.complete++;
-          if (c.verification() == "verified") n.verified++;
-          if (c.verification() == "pending") n.pending++;
-          if (c.verification() == "failed") n.failed++;
-          if (c.step() > n.latest_step) {
-            n.latest_step = c.step();
-            n.latest_bytes = c.total_bytes();
-          }
-        }
-      }
-    }
-    return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                        MetricsExposition(*s.metrics, status, counts, view)};
+    return MetricsPage(s, query);
   };
   pages["/"] = {[](const std::map<std::string, std::string>&) {
                   return HttpResponse{200, "text/html; charset=utf-8", kDashboardHtml};
                 },
                 /*needs_token=*/false};
   pages["/api/status"].render = [s](const std::map<std::string, std::string>& query) {
-    absl::StatusOr<v1::GetStatusRequest> view = StatusViewOf(query);
-    if (!view.ok()) return Failure(400, view.status());
-    auto job = query.find("job");
-    v1::GetStatusResponse status = AnnotatedStatus(s, job == query.end() ? "" : job->second);
-    SummarizeLargeJobs(*view, &status);
-    v1::ListCheckpointsResponse checkpoints;
-    if (s.checkpoints != nullptr && job != query.end() && !job->second.empty()) {
-      absl::StatusOr<v1::ListCheckpointsResponse> listed = s.checkpoints->List(job->second);
-      if (listed.ok()) checkpoints = *std::move(listed);
-    }
-    return JsonResponse(
-        absl::StrCat("{\"status\":", Json(status), ",\"checkpoints\":", Json(checkpoints), "}"));
+    return StatusPage(s, query);
   };
   pages["/api/history"].render = [s](const std::map<std::string, std::string>& query) {
-    auto job = query.find("job");
-    if (job == query.end() || job->second.empty()) {
-      return Failure(400, absl::InvalidArgumentError("/api/history needs ?job=ID"));
-    }
-    // ?rank=R,R: those ranks only (a large job's history is every rank's).
-    std::vector<int> ranks;
-    if (auto rank = query.find("rank"); rank != query.end()) {
-      for (absl::string_view text : absl::StrSplit(rank->second, ',', absl::SkipEmpty())) {
-        int r = 0;
-        if (!absl::SimpleAtoi(text, &r) || r < 0) {
-          return Failure(400, absl::InvalidArgumentError(absl::StrCat(
-                                  "/api/history?rank=", rank->second,
-                                  ": expected ranks >= 0, comma-separated")));
-        }
-        ranks.push_back(r);
-      }
-    }
-    if (ranks.empty()) ranks.push_back(-1);  // every rank
-    v1::GetHistoryResponse response;
-    for (int rank : ranks) {
-      if (s.history == nullptr) break;
-      absl::StatusOr<std::vector<v1::HistoryPoint>> points = s.history->Points(job->second, rank);
-      if (!points.ok()) return Failure(500, points.status());
-      for (v1::HistoryPoint& p : *points) *response.add_points() = std::move(p);
-    }
-    return JsonResponse(Json(response));
+    return HistoryPage(s, query);
   };
   return pages;
 }

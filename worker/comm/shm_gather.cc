@@ -61,6 +61,59 @@ absl::StatusOr<std::vector<std::string>> Exchange(ShmExchange* exchange, int ran
   return out;
 }
 
+// A mapping of the segment, made (rank 0) or opened (the others).
+struct Mapping {
+  int fd = -1;
+  void* base = MAP_FAILED;
+  size_t bytes = 0;
+  void Undo() {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    if (fd >= 0) close(fd);
+    base = MAP_FAILED;
+    fd = -1;
+  }
+};
+
+// Rank 0: makes a zeroed segment of m->bytes and maps it. The verdict every
+// rank reads: "ok:PATH" (where the others open it) or "no:WHY".
+std::string MakeSegment(Mapping* m) {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const uint64_t physical =
+      pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
+  if (m->bytes > physical / 4) {
+    return absl::StrCat("no:a shared gather segment of ", m->bytes,
+                        " bytes would take more than a quarter of this host's memory");
+  }
+  if ((m->fd = memfd_create("zeroshard-gather", MFD_CLOEXEC)) < 0) {
+    return absl::StrCat("no:memfd_create: ", std::strerror(errno));
+  }
+  if (int rc = posix_fallocate(m->fd, 0, static_cast<off_t>(m->bytes)); rc != 0) {
+    return absl::StrCat("no:reserving ", m->bytes, " bytes of shared memory: ", std::strerror(rc));
+  }
+  m->base = mmap(nullptr, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+  if (m->base == MAP_FAILED) {
+    return absl::StrCat("no:mmap of ", m->bytes, " bytes: ", std::strerror(errno));
+  }
+  // A fresh memfd reads as zeros: every counter starts at 0.
+  return absl::StrCat("ok:/proc/", getpid(), "/fd/", m->fd);
+}
+
+// The other ranks: opens and maps rank 0's segment at `path`; "" or why not.
+std::string OpenSegment(const std::string& path, Mapping* m) {
+  struct stat st;
+  m->fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (m->fd < 0) return absl::StrCat("open(", path, "): ", std::strerror(errno));
+  if (fstat(m->fd, &st) != 0 || static_cast<size_t>(st.st_size) != m->bytes) {
+    return absl::StrCat("segment ", path, " is not ", m->bytes, " bytes");
+  }
+  m->base = mmap(nullptr, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+  if (m->base == MAP_FAILED) {
+    return absl::StrCat("mmap of ", m->bytes, " bytes: ", std::strerror(errno));
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmGather>> ShmGather::Create(ShmExchange* exchange, int rank,
@@ -79,38 +132,13 @@ absl::StatusOr<std::unique_ptr<ShmGather>> ShmGather::Create(ShmExchange* exchan
   const size_t total_bytes = HeaderBytes(world_size) + static_cast<size_t>(regions) * region;
 
   // 1. Rank 0 makes the segment and says where it is (or why not).
-  int fd = -1;
-  void* base = MAP_FAILED;
-  std::string verdict;
-  if (rank == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGESIZE);
-    const uint64_t physical =
-        pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
-    if (total_bytes > physical / 4) {
-      verdict = absl::StrCat("no:a shared gather segment of ", total_bytes,
-                             " bytes would take more than a quarter of this host's memory");
-    } else if ((fd = memfd_create("zeroshard-gather", MFD_CLOEXEC)) < 0) {
-      verdict = absl::StrCat("no:memfd_create: ", std::strerror(errno));
-    } else if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(total_bytes)); rc != 0) {
-      verdict = absl::StrCat("no:reserving ", total_bytes,
-                             " bytes of shared memory: ", std::strerror(rc));
-    } else if ((base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
-               MAP_FAILED) {
-      verdict = absl::StrCat("no:mmap of ", total_bytes, " bytes: ", std::strerror(errno));
-    } else {
-      // A fresh memfd reads as zeros: every counter starts at 0.
-      verdict = absl::StrCat("ok:/proc/", getpid(), "/fd/", fd);
-    }
-  }
-  auto cleanup = [&] {
-    if (base != MAP_FAILED) munmap(base, total_bytes);
-    if (fd >= 0) close(fd);
-  };
+  Mapping m;
+  m.bytes = total_bytes;
+  std::string verdict = rank == 0 ? MakeSegment(&m) : "";
   absl::StatusOr<std::vector<std::string>> verdicts =
       Exchange(exchange, rank, world_size, verdict, deadline);
   if (!verdicts.ok()) {
-    cleanup();
+    m.Undo();
     return verdicts.status();
   }
   verdict = (*verdicts)[0];
@@ -120,34 +148,25 @@ absl::StatusOr<std::unique_ptr<ShmGather>> ShmGather::Create(ShmExchange* exchan
   if (!absl::StartsWith(verdict, "ok:")) {
     local_failure = verdict.empty() ? "rank 0 sent no verdict" : verdict.substr(3);
   } else if (rank != 0) {
-    const std::string path = verdict.substr(3);
-    struct stat st;
-    fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      local_failure = absl::StrCat("open(", path, "): ", std::strerror(errno));
-    } else if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != total_bytes) {
-      local_failure = absl::StrCat("segment ", path, " is not ", total_bytes, " bytes");
-    } else if ((base = mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
-               MAP_FAILED) {
-      local_failure = absl::StrCat("mmap of ", total_bytes, " bytes: ", std::strerror(errno));
-    }
+    local_failure = OpenSegment(verdict.substr(3), &m);
   }
   absl::StatusOr<std::vector<std::string>> reports = Exchange(
       exchange, rank, world_size, local_failure.empty() ? "ok" : "no:" + local_failure, deadline);
   if (!reports.ok()) {
-    cleanup();
+    m.Undo();
     return reports.status();
   }
   for (int r = 0; r < world_size; ++r) {
     if ((*reports)[r] != "ok") {
       *why_not = absl::StrCat("rank ", r, ": ",
                               (*reports)[r].size() > 3 ? (*reports)[r].substr(3) : "no report");
-      cleanup();
+      m.Undo();
       return std::unique_ptr<ShmGather>();
     }
   }
-  return std::unique_ptr<ShmGather>(new ShmGather(exchange, rank, world_size, fd, base, total_bytes,
-                                                  regions, static_cast<int64_t>(region)));
+  return std::unique_ptr<ShmGather>(new ShmGather(exchange, rank, world_size, m.fd, m.base,
+                                                  total_bytes, regions,
+                                                  static_cast<int64_t>(region)));
 }
 
 ShmGather::ShmGather(ShmExchange* exchange, int rank, int world_size, int fd, void* base,

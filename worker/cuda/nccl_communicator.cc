@@ -51,7 +51,6 @@ bool Supported(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF
 
 ncclDataType_t NcclType(DType dtype) { return dtype == DType::kF32 ? ncclFloat32 : ncclBfloat16; }
 
-
 // NCCL's error as a status: its generic string for the code and its detailed
 // last-error message (the text NCCL_DEBUG=WARN would print).
 absl::Status NcclError(ncclResult_t result, const std::string& context) {
@@ -131,6 +130,48 @@ absl::StatusOr<std::string> PublishOrFetchNcclUniqueId(KeyValueStore* store, int
   return bytes;
 }
 
+namespace {
+
+// ncclCommInitRankConfig, non-blocking, waited for until `deadline` (the
+// end of Create's `timeout`): it completes only once all world_size ranks
+// have joined. On failure the communicator is aborted.
+absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int rank, int world_size,
+                                    absl::Time deadline, absl::Duration timeout,
+                                    const std::string& where) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+  if (result != ncclSuccess && result != ncclInProgress) {
+    absl::Status status = NcclError(result, where + ": ncclCommInitRankConfig");
+    if (comm != nullptr) ncclCommAbort(comm);
+    return status;
+  }
+  Backoff backoff;
+  ncclResult_t state = ncclInProgress;
+  while (true) {
+    result = ncclCommGetAsyncError(comm, &state);
+    if (result != ncclSuccess) state = result;
+    if (state != ncclInProgress) break;
+    if (absl::Now() >= deadline) {
+      ncclCommAbort(comm);
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": ncclCommInitRankConfig did not complete within ",
+                       absl::FormatDuration(timeout), " (are all ", world_size,
+                       " ranks up and able to reach each other?); the communicator was aborted"));
+    }
+    backoff.Pause();
+  }
+  if (state != ncclSuccess) {
+    absl::Status status = NcclError(state, where + ": ncclCommInitRankConfig");
+    ncclCommAbort(comm);
+    return status;
+  }
+  return comm;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     KeyValueStore* store, int rank, int world_size, int device, const std::string& tag,
     absl::Duration init_timeout) {
@@ -185,42 +226,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     cudaStreamDestroy(stream);
   };
 
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  ncclResult_t result = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
-  if (result != ncclSuccess && result != ncclInProgress) {
-    absl::Status status = NcclError(result, where + ": ncclCommInitRankConfig");
-    if (comm != nullptr) ncclCommAbort(comm);
+  absl::StatusOr<ncclComm_t> comm = InitComm(id, rank, world_size, deadline, init_timeout, where);
+  if (!comm.ok()) {
     release();
-    return status;
-  }
-  // Initialization connects to every peer; it completes only once all
-  // world_size ranks have joined.
-  Backoff backoff;
-  ncclResult_t state = ncclInProgress;
-  while (true) {
-    result = ncclCommGetAsyncError(comm, &state);
-    if (result != ncclSuccess) state = result;
-    if (state != ncclInProgress) break;
-    if (absl::Now() >= deadline) {
-      ncclCommAbort(comm);
-      release();
-      return absl::DeadlineExceededError(
-          absl::StrCat(where, ": ncclCommInitRankConfig did not complete within ",
-                       absl::FormatDuration(init_timeout), " (are all ", world_size,
-                       " ranks up and able to reach each other?); the communicator was aborted"));
-    }
-    backoff.Pause();
-  }
-  if (state != ncclSuccess) {
-    absl::Status status = NcclError(state, where + ": ncclCommInitRankConfig");
-    ncclCommAbort(comm);
-    release();
-    return status;
+    return comm.status();
   }
   return std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(rank, world_size, device, tag, comm, stream, barrier_buffer));
+      new NcclCommunicator(rank, world_size, device, tag, *comm, stream, barrier_buffer));
 }
 
 NcclCommunicator::NcclCommunicator(int rank, int world_size, int device, std::string tag,
@@ -484,8 +496,8 @@ absl::StatusOr<char*> NcclCommunicator::Staging(const char* name, size_t bytes) 
   }
   void* p = nullptr;
   if (absl::Status s = CudaErrorToStatus(
-          cudaMalloc(&p, bytes), absl::StrCat(name, " ", Where(), ": cudaMalloc of ", bytes,
-                                              " bytes of staging"));
+          cudaMalloc(&p, bytes),
+          absl::StrCat(name, " ", Where(), ": cudaMalloc of ", bytes, " bytes of staging"));
       !s.ok()) {
     return s;
   }
@@ -546,17 +558,16 @@ absl::Status NcclCommunicator::AllGatherBlocks(const void* shard, void* full,
         absl::StrCat(kName, " ", Where(), ": cudaMemcpyAsync"));
   }
   if (!status.ok()) return Complete(status, nullptr, 0);
-  const ncclResult_t result = ncclAllGather(send, received, static_cast<size_t>(chunk),
-                                            NcclType(dtype), comm, stream_);
+  const ncclResult_t result =
+      ncclAllGather(send, received, static_cast<size_t>(chunk), NcclType(dtype), comm, stream_);
   status = Wait(kName, result, timeout);
   // Unpack every block into place (after the gather is enqueued and done).
   for (const ShardBlock& b : blocks) {
     if (!status.ok() || b.count == 0) continue;
-    status = CudaErrorToStatus(
-        cudaMemcpyAsync(out + b.full_offset * esize,
-                        received + (b.rank * chunk + b.shard_offset) * esize, b.count * esize,
-                        cudaMemcpyDeviceToDevice, stream_),
-        absl::StrCat(kName, " ", Where(), ": cudaMemcpyAsync"));
+    status = CudaErrorToStatus(cudaMemcpyAsync(out + b.full_offset * esize,
+                                               received + (b.rank * chunk + b.shard_offset) * esize,
+                                               b.count * esize, cudaMemcpyDeviceToDevice, stream_),
+                               absl::StrCat(kName, " ", Where(), ": cudaMemcpyAsync"));
   }
   if (status.ok()) {
     status = CudaErrorToStatus(cudaStreamSynchronize(stream_),
@@ -593,16 +604,15 @@ absl::Status NcclCommunicator::ReduceScatterBlocks(const void* full, void* shard
   // Pack: every block at its rank's chunk; padding is zero, so it adds
   // nothing.
   const std::string where = absl::StrCat(kName, " ", Where(), ": ");
-  absl::Status status = CudaErrorToStatus(
-      cudaMemsetAsync(send, 0, world_size_ * chunk * esize, stream_),
-      absl::StrCat(where, "cudaMemsetAsync"));
+  absl::Status status =
+      CudaErrorToStatus(cudaMemsetAsync(send, 0, world_size_ * chunk * esize, stream_),
+                        absl::StrCat(where, "cudaMemsetAsync"));
   for (const ShardBlock& b : blocks) {
     if (!status.ok() || b.count == 0) continue;
-    status = CudaErrorToStatus(
-        cudaMemcpyAsync(send + (b.rank * chunk + b.shard_offset) * esize,
-                        in + b.full_offset * esize, b.count * esize, cudaMemcpyDeviceToDevice,
-                        stream_),
-        absl::StrCat(where, "cudaMemcpyAsync"));
+    status = CudaErrorToStatus(cudaMemcpyAsync(send + (b.rank * chunk + b.shard_offset) * esize,
+                                               in + b.full_offset * esize, b.count * esize,
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               absl::StrCat(where, "cudaMemcpyAsync"));
   }
   if (!status.ok()) return Complete(status, nullptr, 0);
   const ncclResult_t result =
