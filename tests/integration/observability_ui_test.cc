@@ -62,7 +62,7 @@ std::pair<int, std::string> Get(int port, const std::string& path, const std::st
                                 const std::string& header = "") {
   auto [code, status] = RunCommand(absl::StrCat("curl -s -o ", file, " -w '%{http_code}' ",
                                                 header.empty() ? "" : "-H '" + header + "' ",
-                                                "http://127.0.0.1:", port, path));
+                                                "'http://127.0.0.1:", port, path, "'"));
   int http = 0;
   if (code != 0 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(status), &http))
     return {-1, status};
@@ -611,6 +611,19 @@ TEST(ObservabilityTokenTest, ATokenProtectedServerRefusesMetricsWithoutIt) {
   // The page itself holds no data.
   EXPECT_EQ(Get(port, "/", dir + "/e").first, 200);
   EXPECT_EQ(Get(port, "/nothing", dir + "/f").first, 404);
+  // A bad query gets a 400 that names the value and what was expected.
+  const std::string bearer = "Authorization: Bearer s3cret-token-0123456789";
+  const std::pair<const char*, const char*> bad[] = {
+      {"/api/status?rank=1,x", "/api/status?rank=1,x: expected ranks >= 0, comma-separated"},
+      {"/api/history?job=j&rank=-2", "/api/history?rank=-2: expected ranks >= 0, comma-separated"},
+      {"/api/history", "/api/history needs ?job=ID"},
+      {"/api/status?worst_ranks=many", "/api/status?worst_ranks=many: expected a count >= 0"},
+      {"/metrics?rank=3", "/metrics?rank=3: expected a rank >= 0 and ?job=ID"}};
+  for (const auto& [path, why] : bad) {
+    auto [code, body] = Get(port, path, dir + "/bad", bearer);
+    EXPECT_EQ(code, 400) << path;
+    EXPECT_NE(body.find(why), std::string::npos) << path << ": " << body;
+  }
 }
 
 }  // namespace
