@@ -86,6 +86,7 @@ NUMERICAL_TARGETS=(
   //tests/integration:resume_test
   //tests/integration:recovery_test
   //tests/integration:hsdp_test
+  //tests/integration:diloco_test
   //tests/interop:interop_test
 )
 FORCED_KERNELS=(Haswell Sandybridge)
@@ -93,7 +94,7 @@ FORCED_KERNELS=(Haswell Sandybridge)
 # damaged shard: the survivor waits out its rejoin timeout, ~2 min), and
 # recovery cases whose only comparison is bitwise with a reference run under
 # the same kernels, which add a restore path, not arithmetic (~9 s each).
-NOT_NUMERICAL=-ResumeTest.ADamagedShardIsNeverLoaded:ResumeTest.AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete:ResumeTest.AStepReadAsAnotherShapeIsRefusedNamingBoth:RecoveryTest.InShardGroupsEveryReplicaOfAShardLostFallsBackToTheDisk:RecoveryTest.AtStageTwoInShardGroupsEveryRankRestoresEveryParameterRow:RecoveryTest.RanksDisagreeingOnSnapshotBuddyAreRefusedByName:RecoveryWithAHeldBackSurvivorTest.*
+NOT_NUMERICAL=-ResumeTest.ADamagedShardIsNeverLoaded:ResumeTest.AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete:ResumeTest.AStepReadAsAnotherShapeIsRefusedNamingBoth:RecoveryTest.InShardGroupsEveryReplicaOfAShardLostFallsBackToTheDisk:RecoveryTest.AtStageTwoInShardGroupsEveryRankRestoresEveryParameterRow:RecoveryTest.RanksDisagreeingOnSnapshotBuddyAreRefusedByName:RecoveryWithAHeldBackSurvivorTest.*:DiLoCoFlagsTest.*
 
 LOG=/tmp/zeroshard-test.log
 : >"$LOG"

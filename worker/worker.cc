@@ -382,7 +382,8 @@ absl::Status Worker::MaybeOuterStep(int completed) {
                                   {"outer_step", outer->outer_step},
                                   {"bytes_sent", outer->bytes_sent},
                                   {"ms", outer->ms},
-                                  {"outer_grad_norm", norm}});
+                                  {"outer_grad_norm", norm},
+                                  {"residual_norm", std::sqrt(outer->residual_squares)}});
   if (rank_ == 0) {
     std::fprintf(stderr,
                  "outer step %lld after step %d: outer_grad_norm %.6f  %.1f ms  %lld bytes\n",

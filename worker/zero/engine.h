@@ -129,6 +129,9 @@ struct OuterStats {
   // (its shard, padding zero): every replica holds the same; summed over a
   // group's ranks it is the outer gradient's.
   double shard_squares = 0;
+  // bf16 / int8 outer dtype: squared L2 norm of this rank's kept residual
+  // (what its wire copy lost, added to the next outer gradient); 0 in f32.
+  double residual_squares = 0;
 };
 
 class ZeroEngine {

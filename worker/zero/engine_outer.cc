@@ -170,6 +170,11 @@ absl::Status ZeroEngine::OuterStepUnit(int unit, OuterStats* stats) {
   absl::StatusOr<double> squares = backend_->SquaredNorm(delta, n);
   if (!squares.ok()) return squares.status();
   stats->shard_squares += *squares;
+  if (!st.outer_residual.empty()) {
+    absl::StatusOr<double> kept = backend_->SquaredNorm(st.outer_residual.f32(), n);
+    if (!kept.ok()) return kept.status();
+    stats->residual_squares += *kept;
+  }
   if (absl::Status s = st.outer_optimizer->Step(st.anchor.f32(), delta, n, options_.outer.lr);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("outer step of ", Where(unit), ": ", s.message()));
