@@ -254,7 +254,8 @@ TEST(DiLoCoFlagsTest, BadFlagsAreRefusedNamingWhatToSet) {
 // loss goes down and stays finite, each outer step sends about a quarter of
 // f32's bytes (int8 values and one f32 scale per 256, against f32's ring;
 // both with 2 replicas), and every outer step keeps a residual (what the
-// int8 copy lost, added to the next outer gradient): error feedback.
+// int8 copy lost, added to the next outer gradient): error feedback. An
+// f32 DiLoCo run sends 1/H of every-step HSDP's bytes between the groups.
 TEST_F(DiLoCoTest, Int8OuterStepsTrainWithErrorFeedback) {
   ASSERT_TRUE(cluster_.ok());
   constexpr int kSteps = 12, kEvery = 2;
@@ -265,6 +266,9 @@ TEST_F(DiLoCoTest, Int8OuterStepsTrainWithErrorFeedback) {
   ASSERT_TRUE(cluster_.Run("int8", 4, flags("int8")));
   ASSERT_TRUE(cluster_.Run("bf16", 4, flags("bf16")));
   ASSERT_TRUE(cluster_.Run("f32", 4, flags("f32")));
+  // Every-step HSDP on the same job: its replicas' all-reduce each step.
+  ASSERT_TRUE(cluster_.Run("hsdp", 4,
+                           kMlp.Flags(kSteps, {"--stage=3", "--batch=4", "--shard_group_size=2"})));
   const nlohmann::json int8 = cluster_.Report("int8", 0);
   const nlohmann::json bf16 = cluster_.Report("bf16", 0);
   const nlohmann::json f32 = cluster_.Report("f32", 0);
@@ -275,6 +279,14 @@ TEST_F(DiLoCoTest, Int8OuterStepsTrainWithErrorFeedback) {
   ASSERT_EQ(int8["outer_steps"].size(), kSteps / kEvery);
   ASSERT_EQ(f32["outer_steps"].size(), kSteps / kEvery);
   ASSERT_EQ(bf16["outer_steps"].size(), kSteps / kEvery);
+  // Stage 3's only all-reduce is the replicas': DiLoCo's are the outer
+  // steps' alone (no per-step average), each the size of one step's of
+  // HSDP (one f32 chunk per unit over the same 2 replicas): 1/H of them.
+  int64_t outer_bytes = 0;
+  for (const nlohmann::json& o : f32["outer_steps"]) outer_bytes += o["bytes_sent"].get<int64_t>();
+  EXPECT_EQ(f32["comm_bytes"]["all_reduce"].get<int64_t>(), outer_bytes);
+  const nlohmann::json hsdp = cluster_.Report("hsdp", 0);
+  EXPECT_EQ(hsdp["comm_bytes"]["all_reduce"].get<int64_t>(), kEvery * outer_bytes);
   for (size_t i = 0; i < int8["outer_steps"].size(); ++i) {
     const nlohmann::json& q = int8["outer_steps"][i];
     EXPECT_GT(q["residual_norm"].get<double>(), 0.0) << i;
