@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/internal/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 
 ABSL_FLAG(std::string, sync, "every_step",
@@ -24,7 +24,13 @@ namespace {
 
 absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-bool Given(const char* flag) { return absl::flags_internal::WasPresentOnCommandLine(flag); }
+// Whether `flag` holds another value than its default. (Whether the command
+// line named it is the parser's record, which a test that sets flags
+// without parsing does not have.)
+bool Changed(const char* flag) {
+  const absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag);
+  return f != nullptr && f->CurrentValue() != f->DefaultValue();
+}
 
 // The outer optimizer's own values.
 absl::Status ReadOuterOptions(OuterOptions* outer) {
@@ -93,7 +99,7 @@ absl::Status CheckCombinations(WorkerConfig* config) {
                             every, ")"));
   }
   int& snapshot_every = config->recovery.snapshot_every;
-  if (!Given("snapshot_every")) {
+  if (!Changed("snapshot_every")) {
     if (snapshot_every > 0) snapshot_every = every;  // the default, moved to the outer steps
   } else if (snapshot_every > 0 && snapshot_every % every != 0) {
     return Bad(absl::StrCat("--snapshot_every=", snapshot_every,
@@ -112,7 +118,7 @@ absl::Status ReadOuterSync(WorkerConfig* config) {
   if (sync == "every_step") {
     engine.replica_sync = ReplicaSync::kEveryStep;
     for (const char* flag : {"outer_every", "outer_lr", "outer_momentum", "outer_dtype"}) {
-      if (Given(flag)) {
+      if (Changed(flag)) {
         return Bad(absl::StrCat("--", flag, " sets DiLoCo's outer step: it needs --sync=diloco"));
       }
     }

@@ -13,7 +13,7 @@ namespace zeroshard {
 
 // After the other flags are read (WorkerConfigFromFlags): INVALID_ARGUMENT
 // naming the flag, the value and what to set. With --sync=diloco and
-// --snapshot_every left at its default, the snapshots move to the outer
+// --snapshot_every at its default value, the snapshots move to the outer
 // steps (every --outer_every steps): only there do the groups hold one model.
 absl::Status ReadOuterSync(WorkerConfig* config);
 
