@@ -78,6 +78,7 @@ if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then JOBS_FLAGS+=(--test_env=OPENBLAS_CORE
 # only fails here, on any machine. Their cases count in the closing line.
 NUMERICAL_TARGETS=(
   //tests/worker/zero:engine_test
+  //tests/worker/zero:engine_outer_test
   //tests/worker/zero:optimizer_test
   //tests/worker/model:layers_test
   //tests/worker/model:mlp_test
