@@ -85,6 +85,12 @@ absl::Status CheckGroups(const WorkerConfig& config) {
 // rule out or move.
 absl::Status CheckCombinations(WorkerConfig* config) {
   const int every = config->engine.outer.every;
+  if (config->data_plane.backend != DataPlaneBackend::kGloo) {
+    return Bad(
+        "--sync=diloco runs on --backend=gloo for now: its outer optimizer (SGD with Nesterov "
+        "momentum) has no CUDA kernel yet (worker/cuda/cuda_backend.cc implements adam and "
+        "adamw)");
+  }
   if (config->replica_check_every > 0) {
     return Bad(absl::StrCat("--replica_check_every=", config->replica_check_every,
                             " compares the replicas' shards, which --sync=diloco lets differ "
