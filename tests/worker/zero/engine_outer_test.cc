@@ -1,10 +1,10 @@
 // ZeroEngine::OuterStep (DiLoCo, engine_outer.cc) with real Gloo / shared
-// memory communicators, W = 4 ranks as threads in 2 shard groups of 2, stage
-// 3: two outer rounds of H = 2 Adam steps on each group's own rows. From each
-// rank's master shard before and after every outer step, the test computes
-// the outer step again — the replicas' mean of anchor - master, Nesterov
-// momentum carried from round to round, the int8 wire's dequantized values
-// and the residual fed into the next round — and checks the engine's.
+// memory communicators, W = 4 ranks as threads in 2 shard groups of 2 (stage
+// 3, and stage 2 with bf16 parameters): two outer rounds of H = 2 Adam steps on each group's own
+// rows. From each rank's master shard before and after every outer step, the test computes the
+// outer step again — the replicas' mean of anchor - master, Nesterov momentum carried from round to
+// round, the int8 wire's dequantized values and the residual fed into the next round — and checks
+// the engine's.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -39,9 +39,13 @@ struct RankTrace {
   std::vector<std::vector<float>> before, after;
   std::vector<OuterStats> stats;
   std::vector<int64_t> chunks;
+  // After each outer step, the loss of one batch every rank shares, from
+  // the parameters the model computes on (gathered at stage 3, the
+  // replicated copy at stages 1-2): the same in both groups.
+  std::vector<double> shared_loss;
 };
 
-std::vector<RankTrace> Train(DType outer_dtype) {
+std::vector<RankTrace> Train(DType outer_dtype, int stage, DType param_dtype) {
   MlpConfig mlp{2, kWidth, "gelu"};
   auto probe = MlpModel::Create(mlp);
   EXPECT_TRUE(probe.ok());
@@ -65,7 +69,8 @@ std::vector<RankTrace> Train(DType outer_dtype) {
       auto model = MlpModel::Create(mlp);
       ASSERT_TRUE(model.ok());
       EngineOptions options;
-      options.stage = 3;
+      options.stage = stage;
+      options.param_dtype = param_dtype;
       options.collective_timeout = absl::Seconds(30);
       options.replicas = replicas->get();
       options.replica_sync = ReplicaSync::kDiLoCo;
@@ -98,6 +103,11 @@ std::vector<RankTrace> Train(DType outer_dtype) {
         ASSERT_TRUE(outer.ok()) << outer.status();
         trace.stats.push_back(*outer);
         trace.after.push_back(*e.CopyMasterShard());
+        ASSERT_TRUE(data.Fill(1000, 0, 0, 1, kBatch, 1, x.data(), y.data()).ok());
+        ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), kBatch).ok());
+        auto loss = e.Forward();
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        trace.shared_loss.push_back(*loss);
       }
     });
   }
@@ -122,8 +132,8 @@ std::vector<float> Wire(const std::vector<float>& x, const std::vector<int64_t>&
   return wire;
 }
 
-void CheckOuterSteps(DType dtype) {
-  const std::vector<RankTrace> traces = Train(dtype);
+void CheckOuterSteps(DType dtype, int stage = 3, DType param_dtype = DType::kF32) {
+  const std::vector<RankTrace> traces = Train(dtype, stage, param_dtype);
   for (int rank = 0; rank < kWorld; ++rank) {
     const int peer = (rank + kGroup) % kWorld;  // the same shard in the other group
     const RankTrace& t = traces[rank];
@@ -134,6 +144,7 @@ void CheckOuterSteps(DType dtype) {
     for (int k = 0; k < kRounds; ++k) {
       // After an outer step both groups hold the same bits.
       EXPECT_EQ(t.after[k], p.after[k]) << "rank " << rank << " round " << k;
+      EXPECT_EQ(t.shared_loss[k], p.shared_loss[k]) << "rank " << rank << " round " << k;
       std::vector<float> x(anchor.size()), px(anchor.size());
       for (size_t i = 0; i < x.size(); ++i) {
         x[i] = (anchor[i] - t.before[k][i]) + residual[i];  // f32, as the engine
@@ -182,6 +193,13 @@ void CheckOuterSteps(DType dtype) {
 TEST(EngineOuterTest, NesterovOuterStepsOverTheReplicasInF32) { CheckOuterSteps(DType::kF32); }
 
 TEST(EngineOuterTest, Int8OuterStepsKeepAndFeedBackTheirResidual) { CheckOuterSteps(DType::kI8); }
+
+// Stage 2 with bf16 parameters: the f32 master is the shard, and the outer
+// step all-gathers the new one into the replicated bf16 parameters, which
+// the second round trains on.
+TEST(EngineOuterTest, StageTwoWithBf16ParametersRefreshesItsReplicatedCopy) {
+  CheckOuterSteps(DType::kF32, 2, DType::kBF16);
+}
 
 }  // namespace
 }  // namespace zeroshard
