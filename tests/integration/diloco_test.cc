@@ -211,6 +211,29 @@ TEST_F(DiLoCoTest, AdamGroupsAndANesterovOuterStepMatchIndependentGroupJobs) {
   EXPECT_EQ(report["outer_steps"][0]["after_step"].get<int>(), kSteps);
 }
 
+// A DiLoCo job checkpoints only right after an outer step, where every
+// group holds the anchor: its checkpoint is one model, and a resume takes
+// it as the anchor. The outer momentum is not in checkpoints yet
+// (docs/diloco.md), so without state on either side (inner SGD and outer
+// SGD without momentum) a run stopped and resumed at an outer step is
+// bitwise the uninterrupted one: the same sums on the same rows.
+TEST_F(DiLoCoTest, ACheckpointAtAnOuterStepResumesTheRun) {
+  ASSERT_TRUE(cluster_.ok());
+  constexpr int kSteps = 4;
+  const std::vector<std::string> flags = {
+      "--stage=3",     "--batch=2",       "--optimizer=sgd",    "--shard_group_size=2",
+      "--sync=diloco", "--outer_every=2", "--outer_momentum=0", "--checkpoint_every=2"};
+  ASSERT_TRUE(cluster_.Run("uninterrupted", 4, kMlp.Flags(kSteps, flags)));
+  ASSERT_TRUE(cluster_.Run("resumed", 4, kMlp.Flags(2, flags)));
+  ASSERT_TRUE(cluster_.Run("resumed", 4, kMlp.Flags(kSteps, With(flags, {"--resume=latest"}))));
+  const Params uninterrupted = kMlp.Load(cluster_.checkpoint_root(), "uninterrupted", kSteps);
+  EXPECT_EQ(kMlp.Load(cluster_.checkpoint_root(), "resumed", kSteps), uninterrupted);
+  EXPECT_NE(kMlp.Load(cluster_.checkpoint_root(), "resumed", 2), uninterrupted);
+  const nlohmann::json report = cluster_.Report("resumed", 0);
+  ASSERT_EQ(report["outer_steps"].size(), 1u);  // this process's: after step 4
+  EXPECT_EQ(report["outer_steps"][0]["after_step"].get<int>(), kSteps);
+}
+
 // Bad combinations are refused before the worker joins (exit 2), naming
 // the flag and what to set.
 TEST(DiLoCoFlagsTest, BadFlagsAreRefusedNamingWhatToSet) {
