@@ -62,8 +62,8 @@ std::vector<ReplicaMismatch> FindReplicaMismatches(const std::vector<uint64_t>& 
 namespace {
 
 // DiLoCo: each group's norm from its G consecutive ranks' squares, summed in
-// rank order; the own group's, and the first group's that is not finite
-// (NaN when all are).
+// rank order: the own group's, and the first group's that is not finite
+// (when one is not).
 struct GroupNorms {
   double own = 0;
   double first_nonfinite = 0;
