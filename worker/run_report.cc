@@ -250,6 +250,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["losses"] = m.losses;
   out["skipped_steps"] = m.skipped_steps;
   out["rewinds"] = m.rewinds;
+  out["outer_steps"] = m.outer_steps;
   out["replica_check_ms_median"] = Median(m.replica_check_ms);
   out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
   out["params_sum"] = run.params_sum;

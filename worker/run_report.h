@@ -31,6 +31,10 @@ struct RunMetrics {
   // Every rewind to an in-memory snapshot (worker/worker_rewind.cc): the
   // bad step, the snapshot's step, why, and what the re-run showed.
   std::vector<nlohmann::json> rewinds;
+  // --sync=diloco: every outer step (worker.cc's OuterStep): after which
+  // step, its number, the bytes this rank sent for it (not in the per-step
+  // comm_bytes_* figures), its wall time and the outer gradient's norm.
+  std::vector<nlohmann::json> outer_steps;
   std::vector<double> step_ms;  // wall time of each step
   // CPU time of the whole process (every thread) in each step: on a busy
   // machine, steadier than the wall time.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "worker/comm/client_kv_store.h"
 #include "worker/comm/two_level_communicator.h"
 #include "worker/model/parallel.h"
+#include "worker/outer_sync_config.h"
 #include "worker/replica_check.h"
 
 #ifdef ZEROSHARD_HAVE_CUDA
@@ -226,8 +228,10 @@ absl::Status Worker::BootstrapDataPlane() {
   // HSDP with a group inside one host (shared memory): its reduce-scatter
   // crosses no link, so only the replicas' all-reduce is quantized.
   const nlohmann::json& described = g.data_plane->description;
+  // (DiLoCo has no per-step replicas' all-reduce: the group's stays int8.)
   engine_options.int8_group_reduce_in_f32 =
-      engine_options.replicas != nullptr && described.contains("reduce") &&
+      engine_options.replicas != nullptr &&
+      engine_options.replica_sync == ReplicaSync::kEveryStep && described.contains("reduce") &&
       described.at("reduce").value("transport", std::string()) == "shm";
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine =
       ZeroEngine::Create(task_->model(), g.plan, g.data_plane->gather.get(),
@@ -330,6 +334,8 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
   const int steps = config_.schedule.steps;
   const int every = config_.recovery.snapshot_every;
   const CheckpointConfig& checkpoints = config_.checkpoint;
+  // First: what follows (evaluation, checkpoints, snapshots) sees one model.
+  if (absl::Status s = MaybeOuterStep(completed); !s.ok()) return s;
   // Before any snapshot of this step: a corrupted shard must not be kept.
   if (absl::Status s = CheckIntegrity(completed); !s.ok()) return s;
   if (first && every > 0 && completed < steps && device_ == nullptr) {
@@ -354,6 +360,35 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
       return snapshots_.Take(e, IdentityAt(completed), generation_->data_plane->snapshot.get(),
                              buddy_shift_, /*on_device=*/device_ != nullptr);
     });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::MaybeOuterStep(int completed) {
+  const EngineOptions& engine = config_.engine;
+  if (engine.replica_sync != ReplicaSync::kDiLoCo ||
+      !OuterStepAfter(completed, config_.schedule.steps, engine.outer.every)) {
+    return absl::OkStatus();
+  }
+  ZeroEngine& e = *generation_->engine;
+  absl::StatusOr<OuterStats> outer = e.OuterStep();
+  if (!outer.ok()) return Annotate(outer.status(), absl::StrCat("outer step after ", completed));
+  // Every replica holds the same averaged outer gradient: the sum of the
+  // ranks' squares counts it W / G times.
+  absl::StatusOr<double> mean_squares = e.MeanOverRanks(outer->shard_squares, "outer squares");
+  if (!mean_squares.ok()) return Annotate(mean_squares.status(), "outer step");
+  const double norm = std::sqrt(*mean_squares * e.group_size());
+  metrics_.outer_steps.push_back({{"after_step", completed},
+                                  {"outer_step", outer->outer_step},
+                                  {"bytes_sent", outer->bytes_sent},
+                                  {"ms", outer->ms},
+                                  {"outer_grad_norm", norm},
+                                  {"residual_norm", std::sqrt(outer->residual_squares)}});
+  if (rank_ == 0) {
+    std::fprintf(stderr,
+                 "outer step %lld after step %d: outer_grad_norm %.6f  %.1f ms  %lld bytes\n",
+                 static_cast<long long>(outer->outer_step), completed, norm, outer->ms,
+                 static_cast<long long>(outer->bytes_sent));
   }
   return absl::OkStatus();
 }

@@ -236,6 +236,9 @@ class Worker {
   // After `completed` steps: --testing_corrupt's bit flip, then
   // --replica_check_every's comparison of the replicas (replica_check.h).
   absl::Status CheckIntegrity(int completed);
+  // --sync=diloco: the outer step after `completed` steps when one is due
+  // (outer_sync_config.h's OuterStepAfter), recorded in the run report.
+  absl::Status MaybeOuterStep(int completed);
   // PrepareRecovery's part before the server's abort: for a failure this
   // rank saw first (a collective's, or the generation's setup), whether it is
   // one to recover from, waiting for the server to end the generation (its

@@ -19,6 +19,7 @@
 #include "common/local_address.h"
 #include "common/server_list.h"
 #include "worker/comm/gloo_port_range.h"
+#include "worker/outer_sync_config.h"
 #include "worker/zero/optimizer.h"
 
 ABSL_FLAG(std::string, job, "", "Job id (letters, digits, '-', '_', '.')");
@@ -681,6 +682,7 @@ absl::StatusOr<WorkerConfig> WorkerConfigFromFlags() {
   if (absl::Status s = ReadMembership(&config); !s.ok()) return s;
   if (absl::Status s = ReadCompute(&config); !s.ok()) return s;
   if (absl::Status s = ReadRun(&config); !s.ok()) return s;
+  if (absl::Status s = ReadOuterSync(&config); !s.ok()) return s;
   if (absl::Status s = ApplyHuggingFaceConfig(&config); !s.ok()) return s;
   // Last: the only check that reads files.
   absl::StatusOr<ClientOptions> client = ClientOptionsFromFlags();

@@ -48,6 +48,31 @@ TEST(JudgeStepTest, RanksWithFewerMicroBatchesWeighLessInTheLoss) {
   EXPECT_EQ(JudgeStep({rank(4, 3), rank(1, 1)}, true, 2, 0).mean_loss, 13.0 / 4);
 }
 
+// DiLoCo (--sync=diloco): W = 4 as groups {0, 1} and {2, 3} whose
+// gradients differ; each rank's norm is its own group's (squares 1 + 3 and
+// 1 + 8), not the replicas' mean.
+TEST(JudgeStepTest, DiLoCoTakesTheOwnGroupsNorm) {
+  const std::vector<RankNumerics> ranks = {{1, 1}, {2, 3}, {3, 1}, {6, 8}};
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(JudgeStep(ranks, true, 2, rank, /*group_norms=*/true).grad_norm, 2.0) << rank;
+  }
+  for (int rank : {2, 3}) {
+    EXPECT_EQ(JudgeStep(ranks, true, 2, rank, true).grad_norm, 3.0) << rank;
+  }
+  EXPECT_EQ(JudgeStep(ranks, true, 2, 0, true).mean_loss, 3.0);
+}
+
+// One group's norm overflows: every rank, the other group's included,
+// judges the step not finite, so the groups stay at the same step.
+TEST(JudgeStepTest, DiLoCoAGroupsNonFiniteNormStopsEveryRank) {
+  const std::vector<RankNumerics> ranks = {{1, 1}, {1, 1}, {1, kInf}, {1, 1}};
+  for (int rank = 0; rank < 4; ++rank) {
+    const StepVerdict v = JudgeStep(ranks, true, 2, rank, true);
+    EXPECT_EQ(v.nonfinite, NonFiniteQuantity::kGradNorm) << rank;
+    EXPECT_EQ(v.first_rank, 2) << rank;
+  }
+}
+
 TEST(JudgeStepTest, StageZeroTakesItsOwnFullGradientsNorm) {
   const StepVerdict v = JudgeStep({{1, 9}, {1, 9}}, /*shards_summed=*/false, 2, 1);
   EXPECT_EQ(v.grad_norm, 3.0);

@@ -48,6 +48,9 @@ ABSL_DECLARE_FLAG(std::string, shard_group_size);
 ABSL_DECLARE_FLAG(int, max_pending_commits);
 ABSL_DECLARE_FLAG(double, loss_spike_zscore);
 ABSL_DECLARE_FLAG(int, snapshot_every);
+ABSL_DECLARE_FLAG(std::string, sync);
+ABSL_DECLARE_FLAG(int, outer_every);
+ABSL_DECLARE_FLAG(std::string, outer_dtype);
 
 namespace zeroshard {
 namespace {
@@ -93,6 +96,37 @@ TEST_F(WorkerConfigTest, DefaultsAreTheFlagsDefaults) {
   EXPECT_EQ(config->initial.resume, InitialState::Resume::kOff);
   EXPECT_FALSE(config->checkpoint.enabled());
   EXPECT_EQ(config->checkpoint.transport, CheckpointTransport::kFs);
+}
+
+// --sync=diloco (worker/outer_sync_config.h): DiLoCo's defaults, and the
+// default snapshots moved to the outer steps, where the groups hold one
+// model; a snapshot interval set by hand must be a multiple of H.
+TEST_F(WorkerConfigTest, DiLoCoTakesItsDefaultsAndMovesTheSnapshotsToOuterSteps) {
+  absl::SetFlag(&FLAGS_server, "127.0.0.1:7070");
+  absl::SetFlag(&FLAGS_world_size, 4);
+  absl::SetFlag(&FLAGS_shard_group_size, "2");
+  absl::SetFlag(&FLAGS_sync, "diloco");
+  absl::StatusOr<WorkerConfig> config = WorkerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.replica_sync, ReplicaSync::kDiLoCo);
+  EXPECT_EQ(config->engine.outer.every, 50);
+  EXPECT_EQ(config->engine.outer.lr, 0.7);
+  EXPECT_EQ(config->engine.outer.momentum, 0.9);
+  EXPECT_EQ(config->engine.outer.dtype, DType::kF32);
+  EXPECT_EQ(config->recovery.snapshot_every, 50);
+  absl::SetFlag(&FLAGS_outer_every, 4);
+  absl::SetFlag(&FLAGS_outer_dtype, "int8");
+  absl::SetFlag(&FLAGS_snapshot_every, 8);
+  config = WorkerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.outer.dtype, DType::kI8);
+  EXPECT_EQ(config->recovery.snapshot_every, 8);
+  absl::SetFlag(&FLAGS_snapshot_every, 6);
+  EXPECT_TRUE(absl::StrContains(Refusal(), "--snapshot_every=6 with --sync=diloco --outer_every=4"))
+      << Refusal();
+  // Every-step HSDP keeps its snapshots and refuses the outer flags.
+  absl::SetFlag(&FLAGS_sync, "every_step");
+  EXPECT_EQ(Refusal(), "--outer_every sets DiLoCo's outer step: it needs --sync=diloco");
 }
 
 TEST_F(WorkerConfigTest, JobIsRequiredAndMustBeAValidId) {

@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model, con
   engine->BuildSecondaryLayouts();
   if (absl::Status s = engine->BuildSchedule(); !s.ok()) return s;
   if (absl::Status s = engine->AllocateUnitStates(); !s.ok()) return s;
+  if (absl::Status s = engine->AllocateOuterState(); !s.ok()) return s;
   if (absl::Status s = engine->SetUpSharedGather(); !s.ok()) return s;
   engine->PlanStepBuffers();
   engine->StartThreads();
@@ -134,7 +135,7 @@ absl::Status ZeroEngine::BuildSchedule() {
 void ZeroEngine::StartThreads() {
   gather_thread_ = std::make_unique<TaskThread>("gather");
   reduce_thread_ = std::make_unique<TaskThread>("reduce");
-  if (replica_comm_ != nullptr && options_.replica_thread) {
+  if (per_step_replicas() && options_.replica_thread) {  // DiLoCo: the compute thread's
     replica_thread_ = std::make_unique<TaskThread>("replicas");
   }
   Backend* backend = backend_;

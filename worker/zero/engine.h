@@ -17,6 +17,9 @@
 // each reduced gradient shard is then averaged over the W / G replicas
 // (EngineOptions::replicas), on a replica thread of its own, overlapping the
 // backward and the group's next reduce-scatters.
+// DiLoCo (EngineOptions::replica_sync kDiLoCo): no per-step average over
+// the replicas; each group trains its own copy and OuterStep averages the
+// groups' parameter changes every H steps (engine_outer.cc).
 // Stage 3's window: before computing op position k, gathers for the next
 // `prefetch` positions (forward) or the previous one (backward) are in
 // flight, so at most 1 + prefetch units are unsharded at once. The next
@@ -50,7 +53,8 @@
 // (step_buffers.h: no step allocates); engine_gather.cc the gathers and the
 // window (gather_window.h; ReleaseParams frees a gathered unit);
 // engine_reduce.cc the reductions; engine_step.cc the norm and the update;
-// engine_state.cc the state in and out; engine_integrity.cc the checksum.
+// engine_state.cc the state in and out; engine_integrity.cc the checksum;
+// engine_outer.cc DiLoCo's outer step.
 #ifndef ZEROSHARD_WORKER_ZERO_ENGINE_H_
 #define ZEROSHARD_WORKER_ZERO_ENGINE_H_
 
@@ -113,6 +117,23 @@ struct StepStats {
   StepTimes times;
 };
 
+// One DiLoCo outer step (ZeroEngine::OuterStep).
+struct OuterStats {
+  int64_t outer_step = 0;  // outer steps taken so far, this one included
+  // Bytes this rank sent over the replicas' communicator for it (the outer
+  // all-reduce: f32, bf16 or int8 payload and the ring's or all-gather's
+  // repeats).
+  int64_t bytes_sent = 0;
+  double ms = 0;  // wall time of the outer step on this rank
+  // Squared L2 norm of this rank's part of the averaged outer gradient
+  // (its shard, padding zero): every replica holds the same; summed over a
+  // group's ranks it is the outer gradient's.
+  double shard_squares = 0;
+  // bf16 / int8 outer dtype: squared L2 norm of this rank's kept residual
+  // (what its wire copy lost, added to the next outer gradient); 0 in f32.
+  double residual_squares = 0;
+};
+
 class ZeroEngine {
  public:
   // `gather` and `reduce` are distinct communicators over the same ranks:
@@ -169,6 +190,19 @@ class ZeroEngine {
   // clips and steps the shard. A non-finite step leaves the parameters and
   // the optimizer's state as they were (StepStats::verdict says why).
   absl::StatusOr<StepStats> Step(double lr);
+
+  // DiLoCo (EngineOptions::replica_sync kDiLoCo; engine_outer.cc): after a
+  // Step, with every rank of every group calling it in the same order. This
+  // rank's f32 master shard gives the outer gradient anchor - master (plus
+  // the quantization residual kept from the last outer step with a bf16 or
+  // int8 outer dtype), averaged over the replicas; the outer Nesterov SGD
+  // steps the anchor with it; master = anchor, and the copies derived from
+  // it (gathered units, stages 1-2's replicated parameters, bf16 copies)
+  // are refreshed, so every group holds the same parameters afterwards.
+  // The inner optimizer's state is kept (DiLoCo's). FAILED_PRECONDITION
+  // without DiLoCo or between a step's micro-batches.
+  absl::StatusOr<OuterStats> OuterStep();
+  int64_t outer_steps() const { return outer_steps_; }
 
   // Sum of every element of the full model (over ranks, in double).
   absl::StatusOr<double> ParamsSum();
@@ -287,6 +321,21 @@ class ZeroEngine {
   // buffers and optimizer, the shared gather regions, the engine threads.
   absl::Status BuildSchedule();
   absl::Status AllocateUnitStates();
+  // DiLoCo (engine_outer.cc): the anchor, outer momentum and residual of
+  // every unit's shard and the outer step's scratch, allocated at Create;
+  // the anchor set from the master shard (Initialize); one unit's outer
+  // step; its outer gradient averaged over the replicas in the outer dtype;
+  // this rank's master shard (f32) copied into `out`.
+  absl::Status AllocateOuterState();
+  absl::Status ResetOuterState();
+  absl::Status OuterStepUnit(int unit, OuterStats* stats);
+  absl::Status AverageOuterGradient(int unit, float* delta);
+  void MasterShardInto(int unit, float* out);
+  // Whether each step's gradient is averaged over the replicas (HSDP's
+  // every-step sync): shard groups, and not DiLoCo.
+  bool per_step_replicas() const {
+    return replica_comm_ != nullptr && options_.replica_sync == ReplicaSync::kEveryStep;
+  }
   absl::Status SetUpSharedGather();
   // Every buffer of the step path, sized and counted (step_buffers.h).
   void PlanStepBuffers();
@@ -420,6 +469,12 @@ class ZeroEngine {
   // Device backends: a master chunk copied to the host for the replicas' hash.
   std::vector<char> hash_staging_;
   StepTimes times_;  // of the step in progress
+  // DiLoCo: outer steps taken; the outer gradient of one unit (the largest
+  // chunk, f32) and its bf16 wire copy; int8's packed copy (host).
+  int64_t outer_steps_ = 0;
+  TrackedBuffer outer_delta_;
+  TrackedBuffer outer_wire_;
+  std::vector<char> outer_packed_;
 };
 
 }  // namespace zeroshard

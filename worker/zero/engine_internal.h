@@ -31,6 +31,8 @@ inline char* At(void* base, int64_t element, DType dtype) {
 absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan,
                              const Communicator* gather, const Communicator* reduce,
                              const Communicator* aux);
+// DiLoCo's checks (engine_outer.cc): `replicas` groups, the outer options.
+absl::Status ValidateOuterOptions(const EngineOptions& options, int replicas);
 
 }  // namespace engine_internal
 
@@ -53,6 +55,13 @@ struct ZeroEngine::UnitState {
   // rounding, each reduction's dither stream (QuantizedReduceRounding).
   int64_t quantized_reductions = 0;
   std::unique_ptr<Optimizer> optimizer;
+  // DiLoCo (engine_outer.cc): the parameters of the last outer step (chunk
+  // f32, the master shard's layout), the outer SGD over it (its momentum),
+  // and, with a bf16 or int8 outer dtype, the quantization residual of this
+  // rank's last outer gradient (error feedback). Empty without DiLoCo.
+  TrackedBuffer anchor;
+  std::unique_ptr<Optimizer> outer_optimizer;
+  TrackedBuffer outer_residual;
   // hpZ: this rank's slice of the unit (UnitLayout::secondary_blocks), f32.
   // Written by gather tasks that keep it, read by the secondary gathers
   // (both on the gather thread, in issue order).

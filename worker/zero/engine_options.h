@@ -16,6 +16,31 @@
 
 namespace zeroshard {
 
+// How the shard groups' replicas of a shard stay together (--sync).
+enum class ReplicaSync {
+  // Every step's reduced gradient shard is averaged over the replicas, so
+  // the groups take the same steps (HSDP).
+  kEveryStep,
+  // DiLoCo (Douillard et al. 2023): each group steps its own inner optimizer
+  // on its own gradients; every `OuterOptions::every` steps the groups
+  // average their parameter change since the last outer step (the outer
+  // gradient) and an outer Nesterov SGD moves the shared anchor
+  // (ZeroEngine::OuterStep, engine_outer.cc).
+  kDiLoCo,
+};
+
+// DiLoCo's outer step (--outer_every, --outer_lr, --outer_momentum,
+// --outer_dtype).
+struct OuterOptions {
+  int every = 50;         // H: inner steps per outer step (the worker's schedule)
+  double lr = 0.7;        // the outer SGD's learning rate
+  double momentum = 0.9;  // Nesterov momentum; 0: plain SGD
+  // The outer all-reduce's wire dtype: f32, bf16 or int8 (worker/comm/
+  // quantized.h). bf16 and int8 keep each rank's quantization residual and
+  // add it to the next outer gradient (error feedback).
+  DType dtype = DType::kF32;
+};
+
 struct EngineOptions {
   int stage = 3;
   int prefetch = 1;
@@ -80,6 +105,11 @@ struct EngineOptions {
   // Threads above); false: on the reduce thread after each reduce-scatter,
   // as before (for comparisons: multihost_bench's hsdp-serial mode).
   bool replica_thread = true;
+  // Shard groups: every step (HSDP) or DiLoCo's outer steps (see
+  // ReplicaSync). kDiLoCo needs replicas; the replica thread then does not
+  // run, and the step's gradient norm (and clipping) is the group's own.
+  ReplicaSync replica_sync = ReplicaSync::kEveryStep;
+  OuterOptions outer;  // kDiLoCo only
   // hpZ (stage 3): the communicator over this rank's secondary group of H
   // ranks (consecutive ranks, those of a host), over which the backward's
   // gathers run (see hpZ above); null: off. Not owned; used by the gather

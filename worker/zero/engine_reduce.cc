@@ -182,7 +182,7 @@ absl::Status ZeroEngine::AverageAndFinish(int unit, TrackedBuffer received, bool
   // reduction of this unit looks at it.
   const bool stale = state.grads_stale;
   if (stage_.grads_sharded) state.grads_stale = false;  // stage 1: the compute thread's
-  if (replica_comm_ == nullptr) {
+  if (!per_step_replicas()) {  // one group, or DiLoCo (the groups' own gradients)
     return FinishReduction(unit, &received, direct, stale, last_micro);
   }
   if (replica_thread_ == nullptr) {

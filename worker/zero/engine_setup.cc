@@ -93,6 +93,7 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
     }
   }
   const int replicas = plan.world_size / group;
+  if (absl::Status s = ValidateOuterOptions(options, replicas); !s.ok()) return s;
   if (replicas > 1) {
     if (options.replicas == nullptr || options.replicas->world_size() != replicas) {
       return absl::InvalidArgumentError(
@@ -353,7 +354,7 @@ void ZeroEngine::PlanStepBuffers() {
     buffers_.reduce_wire.Reserve(m, Bytes(flat, DType::kBF16));
   }
   if (stage_.state_sharded) {
-    const bool replica_thread = replica_comm_ != nullptr && options_.replica_thread;
+    const bool replica_thread = per_step_replicas() && options_.replica_thread;
     for (int i = 0; i < (replica_thread ? StepBuffers::kReplicaChunks : 1); ++i) {
       buffers_.received.Reserve(m, Bytes(chunk, DType::kF32));  // f32 or narrower
     }

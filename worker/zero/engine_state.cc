@@ -59,7 +59,8 @@ absl::Status ZeroEngine::Initialize(const RowSource& fill) {
       }
     }
   }
-  return backend_->Synchronize();
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+  return ResetOuterState();  // DiLoCo: these parameters are the anchor
 }
 
 absl::Status ZeroEngine::InitializeMoment(Moment moment, const RowSource& fill) {

@@ -80,7 +80,9 @@ absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
                                                "(rank ",
                                                rank_, " of ", world_, "): ", s.message()));
   }
-  return JudgeStep(all, stage_.state_sharded, group_size_, rank_);
+  // DiLoCo: the groups' gradients differ, and each clips by its own norm.
+  return JudgeStep(all, stage_.state_sharded, group_size_, rank_,
+                   /*group_norms=*/options_.replica_sync == ReplicaSync::kDiLoCo);
 }
 
 // A step that is not finite changes nothing: no parameter, no optimizer

@@ -59,8 +59,37 @@ std::vector<ReplicaMismatch> FindReplicaMismatches(const std::vector<uint64_t>& 
   return out;
 }
 
+namespace {
+
+// DiLoCo: each group's norm from its G consecutive ranks' squares, summed in
+// rank order: the own group's, and the first group's that is not finite
+// (when one is not).
+struct GroupNorms {
+  double own = 0;
+  double first_nonfinite = 0;
+  bool all_finite = true;
+};
+
+GroupNorms JudgeGroupNorms(const std::vector<RankNumerics>& ranks, int group_size, int own_rank) {
+  GroupNorms out;
+  const int world = static_cast<int>(ranks.size());
+  for (int begin = 0; begin < world; begin += group_size) {
+    double squares = 0;
+    for (int r = begin; r < begin + group_size && r < world; ++r) squares += ranks[r].grad_squares;
+    const double norm = std::sqrt(squares);
+    if (own_rank >= begin && own_rank < begin + group_size) out.own = norm;
+    if (out.all_finite && !FiniteInF32(norm)) {
+      out.all_finite = false;
+      out.first_nonfinite = norm;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed, int group_size,
-                      int own_rank) {
+                      int own_rank, bool group_norms) {
   StepVerdict verdict;
   const int world = static_cast<int>(ranks.size());
   if (world == 0) return verdict;
@@ -94,6 +123,13 @@ StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed
   const double squares =
       shards_summed ? squares_sum / world * group_size : ranks[own_rank].grad_squares;
   verdict.grad_norm = std::sqrt(squares);
+  // The norm judged below: one that is not finite in any group.
+  double judged = verdict.grad_norm;
+  if (group_norms && shards_summed && group_size >= 1) {
+    const GroupNorms norms = JudgeGroupNorms(ranks, group_size, own_rank);
+    verdict.grad_norm = norms.own;
+    judged = norms.all_finite ? norms.own : norms.first_nonfinite;
+  }
   for (int r = 0; r < world; ++r) {
     if (!FiniteInF32(ranks[r].loss)) {
       verdict.nonfinite = NonFiniteQuantity::kLoss;
@@ -102,9 +138,9 @@ StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed
       return verdict;
     }
   }
-  if (FiniteInF32(verdict.grad_norm)) return verdict;
+  if (FiniteInF32(judged)) return verdict;
   verdict.nonfinite = NonFiniteQuantity::kGradNorm;
-  verdict.value = verdict.grad_norm;
+  verdict.value = judged;
   // The first rank whose own part overflowed; when none did alone (finite
   // parts whose sum passed FLT_MAX), rank 0 stands for all of them.
   verdict.first_rank = 0;

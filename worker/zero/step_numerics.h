@@ -102,8 +102,12 @@ bool FiniteInF32(double v);
 // gradient and `own_rank`'s squares are the norm's. A loss is checked before
 // the norm: a bad batch shows in its rank's loss, while the norm only says
 // that some gradient overflowed.
+// `group_norms` (DiLoCo, shards_summed): the shard groups (group_size
+// consecutive ranks each) hold different gradients, so the norm is
+// `own_rank`'s group's: the sum of its G ranks' squares. The step is finite
+// only when every group's norm is, so every rank still reaches one verdict.
 StepVerdict JudgeStep(const std::vector<RankNumerics>& ranks, bool shards_summed, int group_size,
-                      int own_rank);
+                      int own_rank, bool group_norms = false);
 
 }  // namespace zeroshard
 

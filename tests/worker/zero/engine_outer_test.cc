@@ -1,0 +1,205 @@
+// ZeroEngine::OuterStep (DiLoCo, engine_outer.cc) with real Gloo / shared
+// memory communicators, W = 4 ranks as threads in 2 shard groups of 2 (stage
+// 3, and stage 2 with bf16 parameters): two outer rounds of H = 2 Adam steps on each group's own
+// rows. From each rank's master shard before and after every outer step, the test computes the
+// outer step again — the replicas' mean of anchor - master, Nesterov momentum carried from round to
+// round, the int8 wire's dequantized values and the residual fed into the next round — and checks
+// the engine's.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/plan/planner.h"
+#include "gtest/gtest.h"
+#include "tests/testing/error_model.h"
+#include "worker/comm/host_communicator.h"
+#include "worker/comm/in_memory_kv_store.h"
+#include "worker/comm/quantized.h"
+#include "worker/data/regression_data.h"
+#include "worker/model/mlp.h"
+#include "worker/zero/engine.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::kFloat32Unit;
+
+constexpr int kWorld = 4, kGroup = 2, kRounds = 2, kEvery = 2, kBatch = 4, kWidth = 16;
+constexpr double kOuterLr = 0.7, kMomentum = 0.9;
+
+// What each rank saw: its master shard at the start (the first anchor), before
+// each outer step (the group's own) and after it; each outer step's stats;
+// its units' chunk sizes.
+struct RankTrace {
+  std::vector<float> start;
+  std::vector<std::vector<float>> before, after;
+  std::vector<OuterStats> stats;
+  std::vector<int64_t> chunks;
+  // After each outer step, the loss of one batch every rank shares, from
+  // the parameters the model computes on (gathered at stage 3, the
+  // replicated copy at stages 1-2): the same in both groups.
+  std::vector<double> shared_loss;
+};
+
+std::vector<RankTrace> Train(DType outer_dtype, int stage, DType param_dtype) {
+  MlpConfig mlp{2, kWidth, "gelu"};
+  auto probe = MlpModel::Create(mlp);
+  EXPECT_TRUE(probe.ok());
+  PlanOptions plan_options;
+  plan_options.alignment_elements = 4;
+  plan_options.shard_group_size = kGroup;
+  auto plan = Plan((*probe)->Spec(), kWorld, plan_options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::vector<RankTrace> traces(kWorld);
+  InMemoryKvStore store;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      const int group = rank / kGroup, member = rank % kGroup;
+      auto gather = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("gather", group));
+      auto reduce = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("reduce", group));
+      auto replicas =
+          CreateHostCommunicator(&store, group, kWorld / kGroup, absl::StrCat("replicas", member));
+      auto aux = CreateHostCommunicator(&store, rank, kWorld, "aux");
+      ASSERT_TRUE(gather.ok() && reduce.ok() && replicas.ok() && aux.ok());
+      auto model = MlpModel::Create(mlp);
+      ASSERT_TRUE(model.ok());
+      EngineOptions options;
+      options.stage = stage;
+      options.param_dtype = param_dtype;
+      options.collective_timeout = absl::Seconds(30);
+      options.replicas = replicas->get();
+      options.replica_sync = ReplicaSync::kDiLoCo;
+      options.outer = OuterOptions{kEvery, kOuterLr, kMomentum, outer_dtype};
+      auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
+                                       aux->get(), options);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      ZeroEngine& e = **engine;
+      Model* m = model->get();
+      ASSERT_TRUE(e.Initialize([&](const TensorSpec& t, int64_t b, int64_t end, float* out) {
+                     m->InitRows(t, b, end, /*seed=*/7, out);
+                     return absl::OkStatus();
+                   }).ok());
+      RankTrace& trace = traces[rank];
+      for (const UnitLayout& u : e.units()) trace.chunks.push_back(u.chunk_elements);
+      trace.start = *e.CopyMasterShard();
+      SyntheticRegressionData data(/*seed=*/11, kWidth);
+      std::vector<float> x(kBatch * kWidth), y(kBatch * kWidth);
+      for (int step = 0; step < kRounds * kEvery; ++step) {
+        // Each rank its own rows: the groups' gradients differ.
+        ASSERT_TRUE(data.Fill(step, 0, rank, kWorld, kBatch, 1, x.data(), y.data()).ok());
+        ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), kBatch).ok());
+        ASSERT_TRUE(e.ForwardBackward(true).ok());
+        auto stats = e.Step(1e-2);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        ASSERT_TRUE(stats->verdict.finite());
+        if ((step + 1) % kEvery != 0) continue;
+        trace.before.push_back(*e.CopyMasterShard());
+        auto outer = e.OuterStep();
+        ASSERT_TRUE(outer.ok()) << outer.status();
+        trace.stats.push_back(*outer);
+        trace.after.push_back(*e.CopyMasterShard());
+        ASSERT_TRUE(data.Fill(1000, 0, 0, 1, kBatch, 1, x.data(), y.data()).ok());
+        ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), kBatch).ok());
+        auto loss = e.Forward();
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        trace.shared_loss.push_back(*loss);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return traces;
+}
+
+// The wire's view of this rank's outer gradient x (whole chunks, unit by
+// unit): x itself in f32; int8's dequantized blocks (what QuantizedAllReduce
+// sends), with the residual x - wire.
+std::vector<float> Wire(const std::vector<float>& x, const std::vector<int64_t>& chunks,
+                        DType dtype) {
+  if (dtype == DType::kF32) return x;
+  std::vector<float> wire(x.size());
+  int64_t at = 0;
+  for (int64_t n : chunks) {
+    std::vector<char> packed(Int8PackedBytes(n));
+    QuantizeInt8(x.data() + at, n, packed.data());
+    DequantizeInt8(packed.data(), n, 0, n, wire.data() + at);
+    at += n;
+  }
+  return wire;
+}
+
+void CheckOuterSteps(DType dtype, int stage = 3, DType param_dtype = DType::kF32) {
+  const std::vector<RankTrace> traces = Train(dtype, stage, param_dtype);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const int peer = (rank + kGroup) % kWorld;  // the same shard in the other group
+    const RankTrace& t = traces[rank];
+    const RankTrace& p = traces[peer];
+    ASSERT_EQ(t.after.size(), kRounds);
+    std::vector<float> anchor = t.start, residual(anchor.size(), 0), peer_residual = residual;
+    std::vector<double> momentum(anchor.size(), 0);
+    for (int k = 0; k < kRounds; ++k) {
+      // After an outer step both groups hold the same bits.
+      EXPECT_EQ(t.after[k], p.after[k]) << "rank " << rank << " round " << k;
+      EXPECT_EQ(t.shared_loss[k], p.shared_loss[k]) << "rank " << rank << " round " << k;
+      std::vector<float> x(anchor.size()), px(anchor.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = (anchor[i] - t.before[k][i]) + residual[i];  // f32, as the engine
+        px[i] = (anchor[i] - p.before[k][i]) + peer_residual[i];
+      }
+      const std::vector<float> wire = Wire(x, t.chunks, dtype);
+      const std::vector<float> peer_wire = Wire(px, p.chunks, dtype);
+      double residual_squares = 0;
+      for (size_t i = 0; i < x.size() && dtype != DType::kF32; ++i) {
+        residual[i] = x[i] - wire[i];
+        peer_residual[i] = px[i] - peer_wire[i];
+        residual_squares += static_cast<double>(residual[i]) * residual[i];
+      }
+      // The residual kept is exactly what this rank's wire copy lost (sums
+      // of squares in double, in another order: 1e-12 relative).
+      EXPECT_NEAR(t.stats[k].residual_squares, residual_squares, 1e-12 * residual_squares + 1e-30);
+      if (dtype == DType::kI8) {
+        EXPECT_GT(residual_squares, 0) << "round " << k;
+      }
+      // PyTorch's SGD(nesterov) in double: buf = momentum buf + g (g at the
+      // first step), update g + momentum buf. The engine's f32 differs by
+      // its roundings: the difference, the replicas' sum and halving, the
+      // momentum's product and sum, the Nesterov sum, the update's product
+      // and sum, each within u of the largest term in play, and the carried
+      // buffer's own (k + 1 rounds): 16 u of max(|a|, lr |mean|, lr |buf|).
+      double worst = 0, allowed = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double mean = (static_cast<double>(wire[i]) + peer_wire[i]) / 2;
+        momentum[i] = k == 0 ? mean : kMomentum * momentum[i] + mean;
+        const double expected = anchor[i] - kOuterLr * (mean + kMomentum * momentum[i]);
+        const double scale =
+            std::max({std::fabs(static_cast<double>(anchor[i])), kOuterLr * std::fabs(mean),
+                      kOuterLr * std::fabs(momentum[i])});
+        worst = std::max(worst, std::fabs(t.after[k][i] - expected) - 16 * kFloat32Unit * scale);
+        allowed = std::max(allowed, 16 * kFloat32Unit * scale);
+      }
+      EXPECT_LE(worst, 0) << "rank " << rank << " round " << k << ": beyond the bound (up to "
+                          << allowed << ") by " << worst;
+      anchor = t.after[k];
+    }
+    // The groups did train apart before each outer step.
+    EXPECT_NE(t.before[0], p.before[0]) << rank;
+  }
+}
+
+TEST(EngineOuterTest, NesterovOuterStepsOverTheReplicasInF32) { CheckOuterSteps(DType::kF32); }
+
+TEST(EngineOuterTest, Int8OuterStepsKeepAndFeedBackTheirResidual) { CheckOuterSteps(DType::kI8); }
+
+// Stage 2 with bf16 parameters: the f32 master is the shard, and the outer
+// step all-gathers the new one into the replicated bf16 parameters, which
+// the second round trains on.
+TEST(EngineOuterTest, StageTwoWithBf16ParametersRefreshesItsReplicatedCopy) {
+  CheckOuterSteps(DType::kF32, 2, DType::kBF16);
+}
+
+}  // namespace
+}  // namespace zeroshard

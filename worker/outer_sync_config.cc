@@ -1,0 +1,146 @@
+#include "worker/outer_sync_config.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, sync, "every_step",
+          "With --shard_group_size: every_step (HSDP: each step's gradient averaged over the "
+          "groups) | diloco (each group trains on its own; every --outer_every steps the groups "
+          "average their parameter change and an outer Nesterov SGD applies it; docs/diloco.md)");
+ABSL_FLAG(int, outer_every, 50, "--sync=diloco: inner steps per outer step (H)");
+ABSL_FLAG(double, outer_lr, 0.7, "--sync=diloco: the outer SGD's learning rate");
+ABSL_FLAG(double, outer_momentum, 0.9,
+          "--sync=diloco: the outer SGD's Nesterov momentum (0: plain SGD)");
+ABSL_FLAG(std::string, outer_dtype, "f32",
+          "--sync=diloco: the outer all-reduce's wire dtype: f32 | bf16 | int8 (bf16 and int8 "
+          "keep each rank's quantization residual for the next outer step: error feedback)");
+
+namespace zeroshard {
+namespace {
+
+absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// Whether `flag` holds another value than its default. (Whether the command
+// line named it is the parser's record, which a test that sets flags
+// without parsing does not have.)
+bool Changed(const char* flag) {
+  const absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag);
+  return f != nullptr && f->CurrentValue() != f->DefaultValue();
+}
+
+// The outer optimizer's own values.
+absl::Status ReadOuterOptions(OuterOptions* outer) {
+  outer->every = absl::GetFlag(FLAGS_outer_every);
+  if (outer->every < 1) {
+    return Bad(absl::StrCat("--outer_every=", outer->every,
+                            ": expected the inner steps between outer steps, 1 or more "
+                            "(DiLoCo's H; 50 is typical)"));
+  }
+  outer->lr = absl::GetFlag(FLAGS_outer_lr);
+  if (!(outer->lr > 0) || std::isinf(outer->lr)) {
+    return Bad(absl::StrCat("--outer_lr=", outer->lr,
+                            ": expected a finite learning rate > 0 (DiLoCo's is 0.7)"));
+  }
+  outer->momentum = absl::GetFlag(FLAGS_outer_momentum);
+  if (!(outer->momentum >= 0 && outer->momentum < 1)) {
+    return Bad(absl::StrCat("--outer_momentum=", outer->momentum,
+                            ": expected a Nesterov momentum in [0, 1) (DiLoCo's is 0.9; 0: "
+                            "plain SGD)"));
+  }
+  const std::string dtype = absl::GetFlag(FLAGS_outer_dtype);
+  if (dtype == "f32") {
+    outer->dtype = DType::kF32;
+  } else if (dtype == "bf16") {
+    outer->dtype = DType::kBF16;
+  } else if (dtype == "int8") {
+    outer->dtype = DType::kI8;
+  } else {
+    return Bad(absl::StrCat("--outer_dtype=", dtype, ": expected f32, bf16 or int8"));
+  }
+  return absl::OkStatus();
+}
+
+// --sync=diloco needs two groups or more: a numeric --shard_group_size G
+// with W / G >= 2 (host-sized groups are counted when the job forms, and
+// the engine refuses one group then).
+absl::Status CheckGroups(const WorkerConfig& config) {
+  const int w = config.world_size;
+  const int g = config.plan.shard_group_size;
+  if (config.shard_group_by_host) return absl::OkStatus();
+  if (g <= 0 || g >= w) {
+    return Bad(absl::StrCat(
+        "--sync=diloco averages shard groups' parameters and this job has one group (--world_size=",
+        w, ", --shard_group_size=", g <= 0 ? std::string("unset") : absl::StrCat(g),
+        "): set --shard_group_size=G with G dividing W and W / G >= 2, e.g. --shard_group_size=",
+        w >= 2 ? w / 2 : 1, (w >= 2 ? "" : " with --world_size=2 or more")));
+  }
+  return absl::OkStatus();
+}
+
+// What DiLoCo's groups, holding different parameters between outer steps,
+// rule out or move.
+absl::Status CheckCombinations(WorkerConfig* config) {
+  const int every = config->engine.outer.every;
+  if (config->data_plane.backend != DataPlaneBackend::kGloo) {
+    return Bad(
+        "--sync=diloco runs on --backend=gloo for now: its outer optimizer (SGD with Nesterov "
+        "momentum) has no CUDA kernel yet (worker/cuda/cuda_backend.cc implements adam and "
+        "adamw)");
+  }
+  if (config->replica_check_every > 0) {
+    return Bad(absl::StrCat("--replica_check_every=", config->replica_check_every,
+                            " compares the replicas' shards, which --sync=diloco lets differ "
+                            "between outer steps: drop --replica_check_every"));
+  }
+  const int checkpoint_every = config->checkpoint.every;
+  if (checkpoint_every > 0 && checkpoint_every % every != 0) {
+    return Bad(absl::StrCat("--checkpoint_every=", checkpoint_every,
+                            " with --sync=diloco --outer_every=", every,
+                            ": checkpoints hold one model only right after an outer step; use a "
+                            "multiple of --outer_every (e.g. ",
+                            every, ")"));
+  }
+  int& snapshot_every = config->recovery.snapshot_every;
+  if (!Changed("snapshot_every")) {
+    if (snapshot_every > 0) snapshot_every = every;  // the default, moved to the outer steps
+  } else if (snapshot_every > 0 && snapshot_every % every != 0) {
+    return Bad(absl::StrCat("--snapshot_every=", snapshot_every,
+                            " with --sync=diloco --outer_every=", every,
+                            ": a snapshot holds one model only right after an outer step; use 0 "
+                            "or a multiple of --outer_every"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReadOuterSync(WorkerConfig* config) {
+  EngineOptions& engine = config->engine;
+  const std::string sync = absl::GetFlag(FLAGS_sync);
+  if (sync == "every_step") {
+    engine.replica_sync = ReplicaSync::kEveryStep;
+    for (const char* flag : {"outer_every", "outer_lr", "outer_momentum", "outer_dtype"}) {
+      if (Changed(flag)) {
+        return Bad(absl::StrCat("--", flag, " sets DiLoCo's outer step: it needs --sync=diloco"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (sync != "diloco") {
+    return Bad(absl::StrCat("--sync=", sync, ": expected every_step or diloco"));
+  }
+  engine.replica_sync = ReplicaSync::kDiLoCo;
+  if (absl::Status s = ReadOuterOptions(&engine.outer); !s.ok()) return s;
+  if (absl::Status s = CheckGroups(*config); !s.ok()) return s;
+  return CheckCombinations(config);
+}
+
+bool OuterStepAfter(int completed, int steps, int every) {
+  return every > 0 && completed > 0 && (completed % every == 0 || completed == steps);
+}
+
+}  // namespace zeroshard

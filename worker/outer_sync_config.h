@@ -1,0 +1,27 @@
+// shard_worker's DiLoCo flags (--sync, --outer_every, --outer_lr,
+// --outer_momentum, --outer_dtype): read into WorkerConfig::engine's
+// replica_sync and outer options, and checked against the flags they
+// combine with (the shard groups, checkpoints, snapshots, replica checks).
+// docs/diloco.md says what DiLoCo is and what it does not do yet.
+#ifndef ZEROSHARD_WORKER_OUTER_SYNC_CONFIG_H_
+#define ZEROSHARD_WORKER_OUTER_SYNC_CONFIG_H_
+
+#include "absl/status/status.h"
+#include "worker/worker_config.h"
+
+namespace zeroshard {
+
+// After the other flags are read (WorkerConfigFromFlags): INVALID_ARGUMENT
+// naming the flag, the value and what to set. With --sync=diloco and
+// --snapshot_every at its default value, the snapshots move to the outer
+// steps (every --outer_every steps): only there do the groups hold one model.
+absl::Status ReadOuterSync(WorkerConfig* config);
+
+// Whether the worker runs an outer step after `completed` steps of a run of
+// `steps`: every `every` steps, and after the last one (so the run ends, and
+// its last checkpoint holds, one model).
+bool OuterStepAfter(int completed, int steps, int every);
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_OUTER_SYNC_CONFIG_H_

@@ -1,0 +1,243 @@
+// ZeroEngine's DiLoCo outer step (engine.h, EngineOptions::replica_sync):
+// the outer state (anchor, outer momentum, error-feedback residual) of this
+// rank's shard, and the outer step over the replicas' communicator.
+//
+// DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training
+// of Language Models", 2023): each shard group trains on its own for H steps
+// (its inner optimizer, gradients averaged inside the group only); then
+//   outer_grad = anchor - params           (this group's change, negated)
+//   outer_grad = mean over the groups      (the replicas' all-reduce)
+//   anchor     = SGD(lr, momentum, nesterov).step(anchor, outer_grad)
+//   params     = anchor                    (in every group)
+// A shard's replicas are the ranks holding it in the other groups, so the
+// mean over the replicas' communicator is the mean over the groups, done
+// shard by shard with no rank holding more than its shard.
+#include <algorithm>
+#include <cassert>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/comm/quantized.h"
+#include "worker/zero/engine.h"
+#include "worker/zero/engine_internal.h"
+
+namespace zeroshard {
+
+using engine_internal::Bytes;
+using engine_internal::MsSince;
+
+namespace engine_internal {
+
+absl::Status ValidateOuterOptions(const EngineOptions& options, int replicas) {
+  if (options.replica_sync != ReplicaSync::kDiLoCo) return absl::OkStatus();
+  const OuterOptions& outer = options.outer;
+  if (replicas < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DiLoCo averages the shard groups' parameters, and this plan has ", replicas,
+        " group: use shard groups smaller than the job (--shard_group_size=G with W / G >= 2)"));
+  }
+  if (options.stage < 1 || options.stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DiLoCo runs over shard groups, which need stage 1, 2 or 3; got stage ", options.stage));
+  }
+  if (outer.every < 1 || !(outer.lr > 0) || !(outer.momentum >= 0 && outer.momentum < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DiLoCo's outer step every ", outer.every, " steps at lr ", outer.lr, " momentum ",
+        outer.momentum, ": expected every >= 1, lr > 0 and momentum in [0, 1)"));
+  }
+  if (outer.dtype != DType::kF32 && outer.dtype != DType::kBF16 && outer.dtype != DType::kI8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer dtype ", DTypeName(outer.dtype), " is not supported: expected f32, bf16 or int8"));
+  }
+  if (outer.dtype == DType::kI8 && options.backend != nullptr &&
+      !options.backend->host_accessible()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("int8 outer steps quantize on host memory; backend '", options.backend->name(),
+                     "' is not: use an f32 or bf16 outer dtype there"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace engine_internal
+
+// Counted as optimizer state: the anchor and the outer momentum are the
+// outer optimizer's (and the residual its error feedback's), all of them
+// sharded like the inner optimizer's moments.
+absl::Status ZeroEngine::AllocateOuterState() {
+  if (options_.replica_sync != ReplicaSync::kDiLoCo) return absl::OkStatus();
+  const OuterOptions& outer = options_.outer;
+  OptimizerOptions sgd;
+  sgd.momentum = outer.momentum;
+  sgd.nesterov = outer.momentum > 0;  // torch.optim.SGD rejects Nesterov without momentum
+  int64_t largest = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t chunk = units_[u].chunk_elements;
+    largest = std::max(largest, chunk);
+    UnitState& st = *state_[u];
+    st.anchor = TrackedBuffer(&memory_, MemoryCategory::kOptimizerState, Bytes(chunk, DType::kF32));
+    if (outer.dtype != DType::kF32) {
+      st.outer_residual =
+          TrackedBuffer(&memory_, MemoryCategory::kOptimizerState, Bytes(chunk, DType::kF32));
+    }
+    auto optimizer = backend_->MakeOptimizer("sgd", chunk, sgd);
+    if (!optimizer.ok()) {
+      return absl::Status(optimizer.status().code(),
+                          absl::StrCat("DiLoCo's outer optimizer: ", optimizer.status().message()));
+    }
+    st.outer_optimizer = std::move(*optimizer);
+    memory_.Add(MemoryCategory::kOptimizerState, st.outer_optimizer->StateBytes());
+  }
+  outer_delta_ = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(largest, DType::kF32));
+  if (outer.dtype == DType::kBF16) {
+    outer_wire_ =
+        TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(largest, DType::kBF16));
+  }
+  if (outer.dtype == DType::kI8) outer_packed_.resize(Int8PackedBytes(largest));
+  return absl::OkStatus();
+}
+
+// The parameters Initialize wrote are the next outer step's anchor; the
+// outer momentum and the residual start again (the outer state is not in
+// checkpoints yet: docs/diloco.md).
+absl::Status ZeroEngine::ResetOuterState() {
+  if (options_.replica_sync != ReplicaSync::kDiLoCo) return absl::OkStatus();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitState& st = *state_[u];
+    MasterShardInto(static_cast<int>(u), st.anchor.f32());
+    if (!st.outer_residual.empty()) {
+      backend_->Zero(st.outer_residual.data(), st.outer_residual.bytes());
+    }
+    // step 0 marks SGD's momentum buffer as not yet initialized (optimizer.h).
+    st.outer_optimizer->set_step(0);
+  }
+  return backend_->Synchronize();
+}
+
+void ZeroEngine::MasterShardInto(int unit, float* out) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& st = *state_[unit];
+  if (!st.master.empty()) {  // stage 3, or a bf16 run's f32 master at stages 1-2
+    backend_->Copy(out, st.master.data(), Bytes(layout.chunk_elements, DType::kF32));
+  } else {  // f32 stages 1-2: the replicated parameters are their own master
+    PackOwn(layout, st.replicated.f32(), out);
+  }
+}
+
+absl::StatusOr<OuterStats> ZeroEngine::OuterStep() {
+  if (options_.replica_sync != ReplicaSync::kDiLoCo) {
+    return absl::FailedPreconditionError(
+        "OuterStep is DiLoCo's (--sync=diloco); this engine syncs the replicas every step");
+  }
+  if (step_pending_) {
+    return absl::FailedPreconditionError(
+        "OuterStep between a step's micro-batches: call it after Step");
+  }
+  const absl::Time start = absl::Now();
+  ReleaseHeldParameters();
+  // Gathers a Step issued early read the master about to be replaced: they
+  // finish, and their units are gathered again by the next pass.
+  if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
+  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
+  slots_.clear();
+  const CollectiveBytes before = replica_comm_->bytes_sent();
+  OuterStats stats;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (absl::Status s = OuterStepUnit(static_cast<int>(u), &stats); !s.ok()) return s;
+  }
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+  const CollectiveBytes sent = replica_comm_->bytes_sent() - before;
+  stats.bytes_sent = sent.all_reduce + sent.all_gather + sent.reduce_scatter + sent.broadcast;
+  stats.outer_step = ++outer_steps_;
+  stats.ms = MsSince(start);
+  return stats;
+}
+
+absl::Status ZeroEngine::OuterStepUnit(int unit, OuterStats* stats) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& st = *state_[unit];
+  const int64_t n = layout.chunk_elements;
+  float* delta = outer_delta_.f32();
+  // delta = anchor - master: the negated change (-master + anchor, the same
+  // rounding as anchor - master).
+  MasterShardInto(unit, delta);
+  backend_->Scale(delta, n, -1.0f);
+  backend_->AddInto(st.anchor.data(), DType::kF32, delta, n);
+  if (!st.outer_residual.empty()) {  // error feedback: what the last one's wire lost
+    backend_->AddInto(st.outer_residual.data(), DType::kF32, delta, n);
+  }
+  if (absl::Status s = AverageOuterGradient(unit, delta); !s.ok()) return s;
+  absl::StatusOr<double> squares = backend_->SquaredNorm(delta, n);
+  if (!squares.ok()) return squares.status();
+  stats->shard_squares += *squares;
+  if (!st.outer_residual.empty()) {
+    absl::StatusOr<double> kept = backend_->SquaredNorm(st.outer_residual.f32(), n);
+    if (!kept.ok()) return kept.status();
+    stats->residual_squares += *kept;
+  }
+  if (absl::Status s = st.outer_optimizer->Step(st.anchor.f32(), delta, n, options_.outer.lr);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("outer step of ", Where(unit), ": ", s.message()));
+  }
+  // master = anchor, and what is derived from it.
+  if (stage_.params_sharded) {
+    backend_->Copy(st.master.data(), st.anchor.data(), Bytes(n, DType::kF32));
+    st.secondary_fresh = false;  // hpZ: rebuilt by the next primary gather
+    return absl::OkStatus();
+  }
+  if (!st.master.empty()) {  // bf16 parameters: the f32 master, then the bf16 copy
+    backend_->Copy(st.master.data(), st.anchor.data(), Bytes(n, DType::kF32));
+    return AllGatherReplicated(unit, st.master.f32());
+  }
+  return AllGatherReplicated(unit, st.anchor.f32());
+}
+
+// The mean of every replica's `delta` (whole chunks; padding is zero), in
+// place. bf16 and int8: the part of this rank's delta its wire copy loses is
+// kept in the residual for the next outer step (error feedback), so no
+// change is lost for good, only delayed.
+absl::Status ZeroEngine::AverageOuterGradient(int unit, float* delta) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& st = *state_[unit];
+  const int64_t n = layout.chunk_elements;
+  const DType dtype = options_.outer.dtype;
+  float* residual = st.outer_residual.f32();
+  absl::Status s;
+  if (dtype == DType::kBF16) {
+    // residual = delta - widen(bf16(delta)), through residual = -(-delta + wire).
+    backend_->Convert(delta, DType::kF32, outer_wire_.data(), DType::kBF16, n);
+    backend_->Copy(residual, delta, Bytes(n, DType::kF32));
+    backend_->Scale(residual, n, -1.0f);
+    backend_->AddInto(outer_wire_.data(), DType::kBF16, residual, n);
+    backend_->Scale(residual, n, -1.0f);
+    s = backend_->Synchronize();
+  } else if (dtype == DType::kI8) {
+    // The same nearest rounding QuantizedAllReduce sends (host memory).
+    QuantizeInt8(delta, n, outer_packed_.data());
+    DequantizeInt8(outer_packed_.data(), n, 0, n, residual);
+    for (int64_t i = 0; i < n; ++i) residual[i] = delta[i] - residual[i];
+  } else {
+    s = backend_->Synchronize();
+  }
+  if (!s.ok()) return s;
+  EnterCollective(kReplicaStream, "all_reduce", layout.name);
+  if (dtype == DType::kBF16) {
+    s = replica_comm_->AllReduce(outer_wire_.data(), n, DType::kBF16, ReduceOp::kAverage,
+                                 options_.collective_timeout);
+    if (s.ok()) backend_->Convert(outer_wire_.data(), DType::kBF16, delta, DType::kF32, n);
+  } else if (dtype == DType::kI8) {
+    s = QuantizedAllReduce(replica_comm_, delta, n, ReduceOp::kAverage,
+                           options_.collective_timeout);
+  } else {
+    s = replica_comm_->AllReduce(delta, n, DType::kF32, ReduceOp::kAverage,
+                                 options_.collective_timeout);
+  }
+  LeaveCollective(kReplicaStream);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("outer all_reduce over the replicas of ",
+                                               Where(unit), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard
