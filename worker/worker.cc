@@ -225,10 +225,8 @@ absl::Status Worker::BootstrapDataPlane() {
   engine_options.secondary = g.data_plane->secondary.get();
   // HSDP with a group inside one host (shared memory): its reduce-scatter
   // crosses no link, so only the replicas' all-reduce is quantized.
-  const nlohmann::json& described = g.data_plane->description;
   engine_options.int8_group_reduce_in_f32 =
-      engine_options.replicas != nullptr && described.contains("reduce") &&
-      described.at("reduce").value("transport", std::string()) == "shm";
+      engine_options.replicas != nullptr && g.data_plane->description.ReduceOverSharedMemory();
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine =
       ZeroEngine::Create(task_->model(), g.plan, g.data_plane->gather.get(),
                          g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options);
