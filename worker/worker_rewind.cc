@@ -44,8 +44,9 @@ namespace {
 std::shared_ptr<const SnapshotBlob> OwnBlob(const SnapshotKeeper& keeper, int64_t step, int rank,
                                             int world, const std::string& plan_hash) {
   for (std::shared_ptr<const SnapshotBlob>& blob : keeper.Holdings()) {
-    if (!blob->received && blob->step == step && blob->rank == rank && blob->world_size == world &&
-        blob->plan_hash == plan_hash) {
+    const BlobDescription& d = blob->description;
+    if (!d.received && d.step == step && d.rank == rank && d.world_size == world &&
+        d.plan_hash == plan_hash) {
       return blob;
     }
   }
