@@ -64,19 +64,6 @@ struct HostCommunicatorOptions {
 // inside a host, TCP across; two_level_communicator.h).
 enum class HostTransport { kSharedMemory, kTcp, kTwoLevel };
 
-// "shm", "tcp", "two-level": the words the run report and logs use.
-inline const char* HostTransportName(HostTransport transport) {
-  switch (transport) {
-    case HostTransport::kSharedMemory:
-      return "shm";
-    case HostTransport::kTcp:
-      return "tcp";
-    case HostTransport::kTwoLevel:
-      return "two-level";
-  }
-  return "unknown";
-}
-
 // What the CPU communicators have beyond Communicator.
 class HostCommunicator : public Communicator {
  public:
