@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -87,25 +88,41 @@ absl::StatusOr<bool> RunsElsewhere(KeyValueStore* store, int other, absl::Durati
   return *host != HostIdentity();
 }
 
+// What a Gloo communicator (flat or two levels) runs on.
+CommunicatorDescription DescribeHost(const HostCommunicator& comm) {
+  CommunicatorDescription d;
+  switch (comm.transport()) {
+    case HostTransport::kSharedMemory:
+      d.transport = BulkTransport::kSharedMemory;
+      break;
+    case HostTransport::kTcp:
+      d.transport = BulkTransport::kTcp;
+      break;
+    case HostTransport::kTwoLevel:
+      d.transport = BulkTransport::kTwoLevel;
+      break;
+  }
+  d.note = comm.transport_note();
+  d.shm_segment_bytes = comm.shm_segment_bytes();
+  return d;
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
     KeyValueStore* store, int rank, int world_size, const std::string& tag,
     const DataPlaneOptions& options, bool shared_memory, const std::function<bool()>& cancelled,
-    nlohmann::json* description, bool successor_elsewhere = false,
+    CommunicatorDescription* description, bool successor_elsewhere = false,
     std::function<HostBytes()>* host_bytes = nullptr) {
   const GlooCommunicator::Options gloo = GlooOptions(options, shared_memory, cancelled);
   // Shared memory or TCP, the same for every rank (host_communicator.h).
   absl::StatusOr<std::unique_ptr<HostCommunicator>> created =
       CreateHostCommunicator(store, rank, world_size, tag, gloo);
   if (!created.ok()) return Failed(absl::StrCat("gloo bootstrap (", tag, ")"), created.status());
-  if (description != nullptr) {
-    (*description)[tag] = {{"transport", (*created)->transport()},
-                           {"note", (*created)->transport_note()},
-                           {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
-  }
+  if (description != nullptr) *description = DescribeHost(**created);
   if (host_bytes != nullptr) {
     // Shared memory never leaves the host.
     *host_bytes =
-        RingBytes(created->get(), successor_elsewhere && (*created)->transport() != "shm");
+        RingBytes(created->get(),
+                  successor_elsewhere && (*created)->transport() != HostTransport::kSharedMemory);
   }
   return std::unique_ptr<Communicator>(*std::move(created));
 }
@@ -116,7 +133,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
     KeyValueStore* store, int rank, int world_size, const std::string& tag,
     const DataPlaneOptions& options, const std::function<bool()>& cancelled,
-    nlohmann::json* description, std::function<HostBytes()>* host_bytes) {
+    CommunicatorDescription* description, std::function<HostBytes()>* host_bytes) {
   TwoLevelCommunicator::Options two_level;
   two_level.host = GlooOptions(options, options.shared_memory, cancelled);
   std::string why_not;
@@ -130,9 +147,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
       std::fprintf(stderr, "data plane (%s): flat: %s\n", tag.c_str(), why_not.c_str());
     return nullptr;
   }
-  (*description)[tag] = {{"transport", (*created)->transport()},
-                         {"note", (*created)->transport_note()},
-                         {"shm_segment_bytes", (*created)->shm_segment_bytes()}};
+  *description = DescribeHost(**created);
   // The communicator knows which of its levels crossed the network.
   const TwoLevelCommunicator* levels = created->get();
   *host_bytes = [levels] {
@@ -146,16 +161,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectTwoLevel(
   return std::unique_ptr<Communicator>(*std::move(created));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(
-    KeyValueStore* store, int rank, int world_size, const std::string& tag,
-    const DataPlaneOptions& options, const std::function<bool()>& cancelled,
-    bool successor_elsewhere, nlohmann::json* description, std::function<HostBytes()>* host_bytes) {
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, int rank,
+                                                          int world_size, const std::string& tag,
+                                                          const DataPlaneOptions& options,
+                                                          const std::function<bool()>& cancelled,
+                                                          bool successor_elsewhere,
+                                                          CommunicatorDescription* description,
+                                                          std::function<HostBytes()>* host_bytes) {
   if (options.backend == DataPlaneBackend::kNccl) {
 #ifdef ZEROSHARD_HAVE_CUDA
     absl::StatusOr<std::unique_ptr<NcclCommunicator>> nccl = NcclCommunicator::Create(
         store, rank, world_size, options.cuda_device, tag, options.timeout);
     if (!nccl.ok()) return Failed(absl::StrCat("nccl bootstrap (", tag, ")"), nccl.status());
-    (*description)[tag] = {{"transport", "nccl"}};
+    description->transport = BulkTransport::kNccl;
     // Taken as a ring (NCCL may pick trees; the split is then approximate).
     *host_bytes = RingBytes(nccl->get(), successor_elsewhere);
     return std::unique_ptr<Communicator>(*std::move(nccl));
@@ -205,50 +223,52 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
   const ShardGroups groups(world_size, options.shard_group_size, options.secondary_group_size);
   const int g = groups.size(), member = groups.MemberOf(rank), group = groups.GroupOf(rank),
             replicas = groups.count();
-  // One bulk communicator: `role` over the `size` ranks listed by
-  // job_rank(i), this rank at index `index`.
-  auto connect = [&](const std::string& role, const std::string& tag, int index, int size,
-                     const std::function<int(int)>& job_rank) -> absl::StatusOr<Communicator*> {
+  // One bulk communicator into `slot`, described in `described`: `role`
+  // over the `size` ranks listed by job_rank(i), this rank at index `index`.
+  auto connect = [&](std::unique_ptr<Communicator>* slot,
+                     std::optional<CommunicatorDescription>* described, const std::string& role,
+                     const std::string& tag, int index, int size,
+                     const std::function<int(int)>& job_rank) -> absl::Status {
     absl::StatusOr<bool> elsewhere =
         size > 1 ? RunsElsewhere(&store, job_rank((index + 1) % size), options.timeout) : false;
     if (!elsewhere.ok()) return elsewhere.status();
     plane->host_bytes.emplace_back();
+    CommunicatorDescription description;
     absl::StatusOr<std::unique_ptr<Communicator>> comm =
-        ConnectBulk(&store, index, size, tag, options, cancelled, *elsewhere, &plane->description,
+        ConnectBulk(&store, index, size, tag, options, cancelled, *elsewhere, &description,
                     &plane->host_bytes.back());
     if (!comm.ok()) return comm.status();
-    if (tag != role) {  // described by role, with the group's tag
-      plane->description[role] = plane->description[tag];
-      plane->description[role]["tag"] = tag;
-      plane->description.erase(tag);
-    }
-    std::unique_ptr<Communicator>& slot = role == "gather"      ? plane->gather
-                                          : role == "reduce"    ? plane->reduce
-                                          : role == "secondary" ? plane->secondary
-                                                                : plane->replicas;
-    slot = *std::move(comm);
-    return slot.get();
+    if (tag != role) description.tag = tag;  // described by role, with the group's tag
+    *described = std::move(description);
+    *slot = *std::move(comm);
+    return absl::OkStatus();
   };
+  DataPlaneDescription& described = plane->description;
   const std::string in_group = groups.hybrid() ? absl::StrCat("/group", group) : "";
   auto group_rank = [&](int i) { return groups.RankOf(group, i); };
-  for (const char* role : {"gather", "reduce"}) {
-    absl::StatusOr<Communicator*> c =
-        connect(role, absl::StrCat(role, in_group), member, g, group_rank);
-    if (!c.ok()) return c.status();
+  if (absl::Status s = connect(&plane->gather, &described.gather, "gather",
+                               absl::StrCat("gather", in_group), member, g, group_rank);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = connect(&plane->reduce, &described.reduce, "reduce",
+                               absl::StrCat("reduce", in_group), member, g, group_rank);
+      !s.ok()) {
+    return s;
   }
   if (replicas > 1) {
-    absl::StatusOr<Communicator*> c =
-        connect("replicas", absl::StrCat("replicas/member", member), group, replicas,
-                [&](int k) { return groups.RankOf(k, member); });
-    if (!c.ok()) return c.status();
+    absl::Status s = connect(&plane->replicas, &described.replicas, "replicas",
+                             absl::StrCat("replicas/member", member), group, replicas,
+                             [&](int k) { return groups.RankOf(k, member); });
+    if (!s.ok()) return s;
   }
   if (options.secondary_group_size > 0) {
     // hpZ: groups of H consecutive ranks (a host's, with H = ranks per host).
     const int h = groups.secondary(), base = groups.SecondaryBase(rank);
-    absl::StatusOr<Communicator*> c =
-        connect("secondary", absl::StrCat("secondary/group", rank / h), rank - base, h,
-                [&](int i) { return base + i; });
-    if (!c.ok()) return c.status();
+    absl::Status s = connect(&plane->secondary, &described.secondary, "secondary",
+                             absl::StrCat("secondary/group", rank / h), rank - base, h,
+                             [&](int i) { return base + i; });
+    if (!s.ok()) return s;
   }
   // Host-side metrics only: a few bytes, so TCP (no segment to map), and not
   // in the report.
@@ -266,16 +286,21 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
 }
 
 void LogHostTransports(const DataPlane& plane) {
-  for (const char* tag : {"gather", "reduce", "replicas", "secondary"}) {
-    if (!plane.description.contains(tag)) continue;  // replicas: only with shard groups
-    const nlohmann::json& d = plane.description.at(tag);
-    const std::string transport = d["transport"];
-    if (transport == "nccl") continue;
-    std::fprintf(stderr, "data plane (%s): %s, %s\n", tag,
-                 transport == "shm"         ? "shared memory"
-                 : transport == "two-level" ? "two levels"
-                                            : "TCP",
-                 d["note"].get<std::string>().c_str());
+  const DataPlaneDescription& d = plane.description;
+  const std::pair<const char*, const std::optional<CommunicatorDescription>*> roles[] = {
+      {"gather", &d.gather},
+      {"reduce", &d.reduce},
+      {"replicas", &d.replicas},
+      {"secondary", &d.secondary}};
+  for (const auto& [role, described] : roles) {
+    if (!described->has_value()) continue;  // replicas: only with shard groups
+    const CommunicatorDescription& c = **described;
+    if (c.transport == BulkTransport::kNccl) continue;
+    std::fprintf(stderr, "data plane (%s): %s, %s\n", role,
+                 c.transport == BulkTransport::kSharedMemory ? "shared memory"
+                 : c.transport == BulkTransport::kTwoLevel   ? "two levels"
+                                                             : "TCP",
+                 c.note.c_str());
   }
 }
 

@@ -22,9 +22,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "nlohmann/json.hpp"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/data_plane_description.h"
 
 namespace zeroshard {
 
@@ -85,10 +85,8 @@ struct DataPlane {
   std::unique_ptr<Communicator> secondary;
   std::unique_ptr<Communicator> aux;
   std::unique_ptr<GlooCommunicator> snapshot;  // options.snapshots; else null
-  // What each communicator runs on, by tag, for the run's report:
-  // {"transport": "shm"|"tcp"|"nccl"} (Gloo adds "note" and
-  // "shm_segment_bytes").
-  nlohmann::json description = nlohmann::json::object();
+  // What each bulk communicator runs on (the run report's "data_plane").
+  DataPlaneDescription description;
 
   // Communicator::Abort on all three: a collective blocked in another thread
   // fails promptly, and so do the peers blocked on this rank. Thread-safe;

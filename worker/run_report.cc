@@ -4,11 +4,14 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/table.h"
+#include "nlohmann/json.hpp"
 #include "worker/model/blas_kernel.h"
 #include "worker/model/parallel.h"
 #include "worker/zero/memory_tracker.h"
@@ -71,6 +74,105 @@ absl::Status WriteJson(const Json& json, const std::string& path, const char* fl
   return absl::OkStatus();
 }
 
+// The report's "data_plane": each bulk communicator by role, {"transport":
+// "shm"|"tcp"|"two-level"|"nccl"}, Gloo's adding "note" and
+// "shm_segment_bytes", a group's its "tag".
+nlohmann::json DataPlaneJson(const DataPlaneDescription& d) {
+  nlohmann::json out = nlohmann::json::object();
+  const std::pair<const char*, const std::optional<CommunicatorDescription>*> roles[] = {
+      {"gather", &d.gather},
+      {"reduce", &d.reduce},
+      {"replicas", &d.replicas},
+      {"secondary", &d.secondary}};
+  for (const auto& [role, described] : roles) {
+    if (!described->has_value()) continue;
+    const CommunicatorDescription& c = **described;
+    nlohmann::json& entry = out[role];
+    entry["transport"] = BulkTransportName(c.transport);
+    if (c.transport != BulkTransport::kNccl) {
+      entry["note"] = c.note;
+      entry["shm_segment_bytes"] = c.shm_segment_bytes;
+    }
+    if (!c.tag.empty()) entry["tag"] = c.tag;
+  }
+  return out;
+}
+
+nlohmann::json RewindJson(const RewindRecord& r) {
+  nlohmann::json out = {{"bad_step", r.bad_step}, {"to_step", r.to_step}, {"why", r.why}};
+  if (r.cause != RewindCause::kNotRerun) {
+    out["cause"] = r.cause == RewindCause::kData ? "data" : "transient";
+  }
+  if (r.corrupted_rank >= 0) out["corrupted_rank"] = r.corrupted_rank;
+  return out;
+}
+
+nlohmann::json RecoveryJson(const RecoveryReport& r) {
+  nlohmann::json transfers = nlohmann::json::array();
+  for (const SnapshotTransfer& t : r.transfers) {
+    transfers.push_back({{"from", t.from},
+                         {"to", t.to},
+                         {"old_rank", t.old_rank},
+                         {"kind", std::string(TransferKindName(t.kind))}});
+  }
+  const v1::RecoveryRecord& record = r.record;
+  return {{"generation", record.generation()},
+          {"source", record.source()},
+          {"restored_step", record.restored_step()},
+          {"failed_step", record.failed_step()},
+          {"world_size", record.world_size()},
+          {"rejoin_ms", record.rejoin_ms()},
+          {"restore_ms", record.restore_ms()},
+          {"first_step_ms", record.first_step_ms()},
+          {"transfers", transfers},
+          {"failure_seen_unix_ms", r.failure_seen_unix_ms},
+          {"verdict_unix_ms", r.verdict_unix_ms},
+          {"confirmed_unix_ms", r.confirmed_unix_ms},
+          {"joined_unix_ms", r.joined_unix_ms},
+          {"first_step_unix_ms", r.first_step_unix_ms},
+          {"grad_accum", r.grad_accum},
+          {"micro_batches_per_step", r.micro_batches_per_step},
+          {"global_batch_kept", r.global_batch_kept}};
+}
+
+// The report's "goodput": the process's seconds by cause (which, with the
+// time between generations, cover its first join answer to
+// accounted_until), its goodput and its MFU.
+nlohmann::ordered_json GoodputJson(const GoodputSummary& g) {
+  const v1::TimeLedger& t = g.ledger;
+  nlohmann::ordered_json seconds;
+  seconds["startup"] = t.startup();
+  seconds["restore"] = t.restore();
+  seconds["productive"] = t.productive();
+  seconds["data_wait"] = t.data_wait();
+  seconds["checkpoint_pause"] = t.checkpoint_pause();
+  seconds["snapshot_pause"] = t.snapshot_pause();
+  seconds["lost_work"] = t.lost_work();
+  seconds["stall"] = t.stall();
+  seconds["straggler"] = t.straggler();
+  seconds["evaluation"] = t.evaluation();
+  seconds["other"] = t.other();
+  double accounted = 0;
+  for (const auto& s : seconds) accounted += s.get<double>();
+  const double wall = absl::ToDoubleSeconds(g.written - g.join_answer);
+  nlohmann::ordered_json out;
+  out["seconds"] = seconds;
+  out["accounted_seconds"] = accounted;
+  out["between_generations_seconds"] = g.between_generations_seconds;
+  out["wall_seconds"] = wall;
+  out["join_answer_unix_us"] = absl::ToUnixMicros(g.join_answer);
+  out["accounted_until_unix_us"] = absl::ToUnixMicros(g.accounted_until);
+  out["written_unix_us"] = absl::ToUnixMicros(g.written);
+  out["goodput"] = wall > 0 ? t.productive() / wall : 0.0;
+  out["model_flops"] = t.model_flops();
+  out["peak_flop_budget"] = t.peak_flop_budget();
+  out["peak_flops"] = t.peak_flops();
+  out["peak_flops_source"] = g.peak_flops_source;
+  out["flops_per_item"] = t.flops_per_item();
+  out["mfu"] = t.peak_flop_budget() > 0 ? t.model_flops() / t.peak_flop_budget() : -1.0;
+  return out;
+}
+
 // The checkpoints', snapshots' and recoveries' fields of the report.
 void AddPauseFields(const RunMetrics& m, nlohmann::ordered_json* out) {
   nlohmann::ordered_json& o = *out;
@@ -85,7 +187,9 @@ void AddPauseFields(const RunMetrics& m, nlohmann::ordered_json* out) {
   o["snapshot_refusals"] = m.snapshot_refusals;
   o["snapshots_from_replicas"] = m.snapshots_from_replicas;
   o["snapshot_committed_step"] = m.snapshot_committed_step;
-  o["recoveries"] = m.recoveries;
+  nlohmann::json recoveries = nlohmann::json::array();
+  for (const RecoveryReport& r : m.recoveries) recoveries.push_back(RecoveryJson(r));
+  o["recoveries"] = recoveries;
 }
 
 }  // namespace
@@ -249,8 +353,19 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["steps"] = config.schedule.steps;
   out["losses"] = m.losses;
   out["skipped_steps"] = m.skipped_steps;
-  out["rewinds"] = m.rewinds;
-  out["outer_steps"] = m.outer_steps;
+  std::vector<nlohmann::json> rewinds;
+  for (const RewindRecord& r : m.rewinds) rewinds.push_back(RewindJson(r));
+  out["rewinds"] = rewinds;
+  nlohmann::json outer_steps = nlohmann::json::array();
+  for (const OuterStepRecord& o : m.outer_steps) {
+    outer_steps.push_back({{"after_step", o.after_step},
+                           {"outer_step", o.outer_step},
+                           {"bytes_sent", o.bytes_sent},
+                           {"ms", o.ms},
+                           {"outer_grad_norm", o.outer_grad_norm},
+                           {"residual_norm", o.residual_norm}});
+  }
+  out["outer_steps"] = outer_steps;
   out["replica_check_ms_median"] = Median(m.replica_check_ms);
   out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
   out["params_sum"] = run.params_sum;
@@ -261,10 +376,10 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   AddMemory(m, e.memory(), &out);
   AddCommBytes(m, &out);
   out["plan_hash"] = run.plan_hash;
-  out["data_plane"] = run.data_plane;
+  out["data_plane"] = DataPlaneJson(run.data_plane);
   out["compute"] = {{"threads", ComputeThreads()}, {"blas_kernel", BlasKernel()}};
   AddPauseFields(m, &out);
-  out["goodput"] = run.goodput;
+  out["goodput"] = GoodputJson(run.goodput);
   out["first_join_unix_ms"] = m.first_join_unix_ms;
   out["model"] = run.model;
   AddGptShape(config.task, &out);

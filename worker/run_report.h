@@ -8,14 +8,59 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "nlohmann/json.hpp"
+#include "absl/time/time.h"
+#include "proto/goodput.pb.h"
 #include "worker/comm/communicator.h"
+#include "worker/data_plane_description.h"
 #include "worker/model/kernel_profile.h"
+#include "worker/recovery/recovery_timeline.h"
 #include "worker/training_task.h"
 #include "worker/worker_config.h"
 #include "worker/zero/engine.h"
 
 namespace zeroshard {
+
+// What a re-run after a rewind showed: the step is bad again (its data or
+// the model), or it is not (the first run's fault was transient).
+enum class RewindCause { kNotRerun, kData, kTransient };
+
+// A rewind to an in-memory snapshot (worker/worker_rewind.cc), as the
+// report's "rewinds" lists it.
+struct RewindRecord {
+  int64_t bad_step = 0;  // 1-based: the step whose verdict was bad
+  int64_t to_step = 0;   // the snapshot's step
+  std::string why;
+  RewindCause cause = RewindCause::kNotRerun;
+  // The rank the replica check found corrupted (-1: none named).
+  int corrupted_rank = -1;
+};
+
+// One outer step of --sync=diloco (docs/diloco.md): after which step, its
+// number, the bytes this rank sent for it (not in the per-step comm_bytes_*
+// figures), its wall time, the outer gradient's norm and (bf16 / int8 outer
+// dtype) this rank's residual's norm. The report's "outer_steps".
+struct OuterStepRecord {
+  int64_t after_step = 0;
+  int64_t outer_step = 0;
+  int64_t bytes_sent = 0;
+  double ms = 0;
+  double outer_grad_norm = 0;
+  double residual_norm = 0;
+};
+
+// Where a process's time went, by cause, and its MFU (the worker's
+// GoodputReport; docs/goodput.md); the report's "goodput".
+struct GoodputSummary {
+  // The process's ledger over all its generations, from its first join
+  // answer up to accounted_until.
+  v1::TimeLedger ledger;
+  // Between generations: a failed one's end to the next join answer.
+  double between_generations_seconds = 0;
+  absl::Time join_answer;
+  absl::Time accounted_until;
+  absl::Time written;             // when the report was made
+  std::string peak_flops_source;  // "flag", "measured" or "unknown"
+};
 
 // What the training loop measured, step by step, on this rank.
 struct RunMetrics {
@@ -30,11 +75,9 @@ struct RunMetrics {
   std::vector<double> replica_check_ms;
   // Every rewind to an in-memory snapshot (worker/worker_rewind.cc): the
   // bad step, the snapshot's step, why, and what the re-run showed.
-  std::vector<nlohmann::json> rewinds;
-  // --sync=diloco: every outer step (worker.cc's OuterStep): after which
-  // step, its number, the bytes this rank sent for it (not in the per-step
-  // comm_bytes_* figures), its wall time and the outer gradient's norm.
-  std::vector<nlohmann::json> outer_steps;
+  std::vector<RewindRecord> rewinds;
+  // --sync=diloco: every outer step (Worker::MaybeOuterStep).
+  std::vector<OuterStepRecord> outer_steps;
   std::vector<double> step_ms;  // wall time of each step
   // CPU time of the whole process (every thread) in each step: on a busy
   // machine, steadier than the wall time.
@@ -64,7 +107,7 @@ struct RunMetrics {
   // snapshot (the boundary's commit and launch, plus any wait for the
   // background copy before the next optimizer step), the host
   // bytes snapshots held (own + buddy's; peak), and every recovery this
-  // process went through (JSON objects as RecoveryRecord's fields).
+  // process went through (`recoveries`).
   std::vector<double> snapshot_pause_ms;
   // Background times of each completed snapshot: the copy out of the engine
   // (with the tensors' checksums), and the whole transfer (copy, buddy swap,
@@ -87,7 +130,7 @@ struct RunMetrics {
   int64_t checkpoint_staging_bytes = 0;  // --checkpoint_staging's buffer, at its largest
   int64_t first_join_unix_ms = 0;  // when the process first asked to join (ms since the epoch)
   int64_t snapshot_committed_step = -1;
-  nlohmann::json recoveries = nlohmann::json::array();
+  std::vector<RecoveryReport> recoveries;
 
   // One training step: its loss (mean over ranks), wall and CPU time (ms),
   // the engine's times and the kernels' times during it.
@@ -104,14 +147,12 @@ struct FinishedRun {
   const ZeroEngine* engine = nullptr;
   const RunMetrics* metrics = nullptr;
   std::string plan_hash;
-  nlohmann::json data_plane;  // DataPlane::description
-  double params_sum = 0;      // over the whole model
+  DataPlaneDescription data_plane;  // DataPlane::description
+  double params_sum = 0;            // over the whole model
   // By rank.
   std::vector<double> model_state_bytes;
   std::vector<double> peak_bytes;
-  // Where this process's time went, by cause, and its MFU (the worker's
-  // GoodputReport; docs/goodput.md).
-  nlohmann::ordered_json goodput;
+  GoodputSummary goodput;
 };
 
 // CPU time this process has used (all threads), in milliseconds.

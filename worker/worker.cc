@@ -227,12 +227,11 @@ absl::Status Worker::BootstrapDataPlane() {
   engine_options.secondary = g.data_plane->secondary.get();
   // HSDP with a group inside one host (shared memory): its reduce-scatter
   // crosses no link, so only the replicas' all-reduce is quantized.
-  const nlohmann::json& described = g.data_plane->description;
   // (DiLoCo has no per-step replicas' all-reduce: the group's stays int8.)
   engine_options.int8_group_reduce_in_f32 =
       engine_options.replicas != nullptr &&
-      engine_options.replica_sync == ReplicaSync::kEveryStep && described.contains("reduce") &&
-      described.at("reduce").value("transport", std::string()) == "shm";
+      engine_options.replica_sync == ReplicaSync::kEveryStep &&
+      g.data_plane->description.ReduceOverSharedMemory();
   absl::StatusOr<std::unique_ptr<ZeroEngine>> engine =
       ZeroEngine::Create(task_->model(), g.plan, g.data_plane->gather.get(),
                          g.data_plane->reduce.get(), g.data_plane->aux.get(), engine_options);
@@ -378,12 +377,8 @@ absl::Status Worker::MaybeOuterStep(int completed) {
   absl::StatusOr<double> mean_squares = e.MeanOverRanks(outer->shard_squares, "outer squares");
   if (!mean_squares.ok()) return Annotate(mean_squares.status(), "outer step");
   const double norm = std::sqrt(*mean_squares * e.group_size());
-  metrics_.outer_steps.push_back({{"after_step", completed},
-                                  {"outer_step", outer->outer_step},
-                                  {"bytes_sent", outer->bytes_sent},
-                                  {"ms", outer->ms},
-                                  {"outer_grad_norm", norm},
-                                  {"residual_norm", std::sqrt(outer->residual_squares)}});
+  metrics_.outer_steps.push_back({completed, outer->outer_step, outer->bytes_sent, outer->ms, norm,
+                                  std::sqrt(outer->residual_squares)});
   if (rank_ == 0) {
     std::fprintf(stderr,
                  "outer step %lld after step %d: outer_grad_norm %.6f  %.1f ms  %lld bytes\n",

@@ -226,7 +226,7 @@ class Worker {
   // rank 0, once: where the peak came from.
   void SayPeakOnce();
   // --report's "goodput": the process's ledger, its MFU and its checks.
-  nlohmann::ordered_json GoodputReport() const;
+  GoodputSummary GoodputReport() const;
   // The step's verdict (StepStats::verdict): a replica mismatch or a
   // non-finite step stops the run or, under --on_nonfinite=skip, is counted.
   absl::Status ActOnVerdict(int step, const StepStats& stats);

@@ -69,13 +69,13 @@ Progress Worker::StepProgress(int step, const StepStats& stats, double ms,
 }
 
 void Worker::NoteFirstStep(int step) {
-  std::optional<nlohmann::json> record = timeline_.FirstStepDone(absl::Now());
+  std::optional<RecoveryReport> record = timeline_.FirstStepDone(absl::Now());
   if (!record.has_value()) return;
   const BatchLayout& layout = generation_->layout;
-  (*record)["grad_accum"] = layout.DataMicroBatches(rank_);     // this rank's, a step
-  (*record)["micro_batches_per_step"] = layout.MicroBatches();  // all ranks
-  (*record)["global_batch_kept"] = generation_->global_batch_kept;
-  metrics_.recoveries.push_back(*record);
+  record->grad_accum = layout.DataMicroBatches(rank_);
+  record->micro_batches_per_step = layout.MicroBatches();
+  record->global_batch_kept = generation_->global_batch_kept;
+  metrics_.recoveries.push_back(*std::move(record));
   std::fprintf(
       stderr, "%s\n",
       RecoveredLine(rank_, step + 1, timeline_.record().first_step_ms(), timeline_.measured_from())
@@ -108,43 +108,14 @@ void Worker::SayPeakOnce() {
   }
 }
 
-nlohmann::ordered_json Worker::GoodputReport() const {
-  const v1::TimeLedger t = ledger_.Process();
-  nlohmann::ordered_json seconds;
-  seconds["startup"] = t.startup();
-  seconds["restore"] = t.restore();
-  seconds["productive"] = t.productive();
-  seconds["data_wait"] = t.data_wait();
-  seconds["checkpoint_pause"] = t.checkpoint_pause();
-  seconds["snapshot_pause"] = t.snapshot_pause();
-  seconds["lost_work"] = t.lost_work();
-  seconds["stall"] = t.stall();
-  seconds["straggler"] = t.straggler();
-  seconds["evaluation"] = t.evaluation();
-  seconds["other"] = t.other();
-  double accounted = 0;
-  for (const auto& s : seconds) accounted += s.get<double>();
-  const absl::Time now = absl::Now();
-  const absl::Time first = ledger_.first_join_answer();
-  const double wall = absl::ToDoubleSeconds(now - first);
-  nlohmann::ordered_json out;
-  // This process's, over all its generations, from its first join answer
-  // to this report: the causes plus the time between generations (a failed
-  // one's end to the next join answer) cover it up to accounted_until.
-  out["seconds"] = seconds;
-  out["accounted_seconds"] = accounted;
-  out["between_generations_seconds"] = ledger_.between_generations();
-  out["wall_seconds"] = wall;
-  out["join_answer_unix_us"] = absl::ToUnixMicros(first);
-  out["accounted_until_unix_us"] = absl::ToUnixMicros(ledger_.cursor());
-  out["written_unix_us"] = absl::ToUnixMicros(now);
-  out["goodput"] = wall > 0 ? t.productive() / wall : 0.0;
-  out["model_flops"] = t.model_flops();
-  out["peak_flop_budget"] = t.peak_flop_budget();
-  out["peak_flops"] = t.peak_flops();
-  out["peak_flops_source"] = peak_source_;
-  out["flops_per_item"] = t.flops_per_item();
-  out["mfu"] = t.peak_flop_budget() > 0 ? t.model_flops() / t.peak_flop_budget() : -1.0;
+GoodputSummary Worker::GoodputReport() const {
+  GoodputSummary out;
+  out.ledger = ledger_.Process();
+  out.between_generations_seconds = ledger_.between_generations();
+  out.join_answer = ledger_.first_join_answer();
+  out.accounted_until = ledger_.cursor();
+  out.written = absl::Now();
+  out.peak_flops_source = peak_source_;
   return out;
 }
 

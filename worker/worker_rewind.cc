@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,8 +44,9 @@ namespace {
 std::shared_ptr<const SnapshotBlob> OwnBlob(const SnapshotKeeper& keeper, int64_t step, int rank,
                                             int world, const std::string& plan_hash) {
   for (std::shared_ptr<const SnapshotBlob>& blob : keeper.Holdings()) {
-    if (!blob->received && blob->step == step && blob->rank == rank && blob->world_size == world &&
-        blob->plan_hash == plan_hash) {
+    const BlobDescription& d = blob->description;
+    if (!d.received && d.step == step && d.rank == rank && d.world_size == world &&
+        d.plan_hash == plan_hash) {
       return blob;
     }
   }
@@ -83,8 +85,9 @@ absl::Status Worker::OnBadStep(int step, const StepVerdict& verdict, bool* handl
   const bool rerun = spike_rewound_step_ == step;
   if (rerun) {
     spike_rewound_step_ = -1;
-    const char* cause = verdict.bad() ? "data" : "transient";
-    if (!metrics_.rewinds.empty()) metrics_.rewinds.back()["cause"] = cause;
+    if (!metrics_.rewinds.empty()) {
+      metrics_.rewinds.back().cause = verdict.bad() ? RewindCause::kData : RewindCause::kTransient;
+    }
     if (rank_ == 0) {
       std::fprintf(
           stderr, "%s\n",
@@ -216,7 +219,7 @@ absl::Status Worker::NameCorruptedRanks(int step) {
           "rank %d (host %s): its master shard after step %d was up to %g off the re-run's, its "
           "replicas' up to %g: a transient corruption on that rank (%d so far)",
           furthest, host_of(furthest), step, first, std::max(second, 0.0), count);
-      if (!metrics_.rewinds.empty()) metrics_.rewinds.back()["corrupted_rank"] = furthest;
+      if (!metrics_.rewinds.empty()) metrics_.rewinds.back().corrupted_rank = furthest;
       if (count >= 2) evict.push_back(furthest);
     } else {
       line = absl::StrFormat(
@@ -307,8 +310,11 @@ absl::StatusOr<int> Worker::Rewind() {
                                       request.to_step, ", whose replicas differ too"));
     }
   }
-  metrics_.rewinds.push_back(
-      {{"bad_step", request.bad_step + 1}, {"to_step", request.to_step}, {"why", request.why}});
+  RewindRecord rewind;
+  rewind.bad_step = request.bad_step + 1;
+  rewind.to_step = request.to_step;
+  rewind.why = request.why;
+  metrics_.rewinds.push_back(std::move(rewind));
   if (rank_ == 0) {
     std::fprintf(stderr, "%s; rewound every rank to the snapshot of step %lld, re-running\n",
                  request.why.c_str(), static_cast<long long>(request.to_step));

@@ -155,7 +155,7 @@ class GlooCommunicator : public HostCommunicator {
   bool AwaitCollectiveInFlight(absl::Duration timeout) const override {
     return in_flight_.Await(timeout);
   }
-  std::string transport() const override { return "tcp"; }
+  HostTransport transport() const override { return HostTransport::kTcp; }
   const std::string& transport_note() const override { return transport_note_; }
   int64_t shm_segment_bytes() const override { return 0; }
   void set_transport_note(std::string note) { transport_note_ = std::move(note); }

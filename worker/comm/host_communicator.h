@@ -59,12 +59,17 @@ struct HostCommunicatorOptions {
   std::function<void()> before_connecting;
 };
 
+// What a host communicator moves its bytes over: shared memory (every rank
+// on this host), Gloo's TCP pairs, or two levels (shared memory or TCP
+// inside a host, TCP across; two_level_communicator.h).
+enum class HostTransport { kSharedMemory, kTcp, kTwoLevel };
+
 // What the CPU communicators have beyond Communicator.
 class HostCommunicator : public Communicator {
  public:
   virtual const std::string& tag() const = 0;
-  // "shm" or "tcp"; transport_note() says why (or how big the segment is).
-  virtual std::string transport() const = 0;
+  // transport_note() says why this one (or how big the segment is).
+  virtual HostTransport transport() const = 0;
   virtual const std::string& transport_note() const = 0;
   // Bytes of shared memory this rank maps (0 on TCP); not part of the
   // engine's memory accounting.

@@ -80,7 +80,7 @@ class ShmCommunicator : public HostCommunicator {
                                                  absl::Duration timeout) override;
   const std::string& shared_gather_note() const { return shared_gather_note_; }
 
-  std::string transport() const override { return "shm"; }
+  HostTransport transport() const override { return HostTransport::kSharedMemory; }
   const std::string& transport_note() const override { return transport_note_; }
   int64_t shm_segment_bytes() const override;
   absl::Status health() const override { return broken_; }

@@ -38,7 +38,6 @@ absl::StatusOr<std::vector<std::string>> ExchangeHostKeys(KeyValueStore* store, 
   return keys;
 }
 
-
 absl::StatusOr<HostLayout> HostLayout::Of(const std::vector<std::string>& host_keys) {
   HostLayout layout;
   const int w = static_cast<int>(host_keys.size());
@@ -70,8 +69,7 @@ absl::StatusOr<HostLayout> HostLayout::Of(const std::vector<std::string>& host_k
   return layout;
 }
 
-RailLayouts SplitByRail(const std::vector<ShardBlock>& blocks, const HostLayout& layout,
-                        int rank) {
+RailLayouts SplitByRail(const std::vector<ShardBlock>& blocks, const HostLayout& layout, int rank) {
   RailLayouts out;
   const int my_rail = layout.local_of[rank];
   std::vector<int64_t> rail_fill(layout.local_size, 0);
@@ -90,16 +88,16 @@ RailLayouts SplitByRail(const std::vector<ShardBlock>& blocks, const HostLayout&
 }
 
 absl::StatusOr<std::unique_ptr<TwoLevelCommunicator>> TwoLevelCommunicator::Create(
-    KeyValueStore* store, int rank, int world_size, const std::string& tag,
-    const Options& options, std::string* why_not) {
+    KeyValueStore* store, int rank, int world_size, const std::string& tag, const Options& options,
+    std::string* why_not) {
   const std::string key = options.host_key.empty() ? HostIdentity() : options.host_key;
-  absl::StatusOr<std::vector<std::string>> keys = ExchangeHostKeys(
-      store, rank, world_size, tag, key, options.host.connect_timeout);
+  absl::StatusOr<std::vector<std::string>> keys =
+      ExchangeHostKeys(store, rank, world_size, tag, key, options.host.connect_timeout);
   if (!keys.ok()) {
-    return absl::Status(keys.status().code(),
-                        absl::StrCat("two-level collectives (rank ", rank, " of ", world_size,
-                                     ", tag '", tag, "'): exchanging host identities: ",
-                                     keys.status().message()));
+    return absl::Status(
+        keys.status().code(),
+        absl::StrCat("two-level collectives (rank ", rank, " of ", world_size, ", tag '", tag,
+                     "'): exchanging host identities: ", keys.status().message()));
   }
   absl::StatusOr<HostLayout> layout = HostLayout::Of(*keys);
   if (!layout.ok()) {
@@ -120,8 +118,8 @@ absl::StatusOr<std::unique_ptr<TwoLevelCommunicator>> TwoLevelCommunicator::Crea
   if (!intra.ok()) return intra.status();
   HostCommunicatorOptions tcp = options.host;
   tcp.shared_memory = false;
-  absl::StatusOr<std::unique_ptr<HostCommunicator>> inter = CreateHostCommunicator(
-      store, host, layout->hosts, absl::StrCat(tag, "/rail", local), tcp);
+  absl::StatusOr<std::unique_ptr<HostCommunicator>> inter =
+      CreateHostCommunicator(store, host, layout->hosts, absl::StrCat(tag, "/rail", local), tcp);
   if (!inter.ok()) return inter.status();
   absl::StatusOr<std::unique_ptr<HostCommunicator>> flat =
       CreateHostCommunicator(store, rank, world_size, absl::StrCat(tag, "/flat"), tcp);
@@ -143,9 +141,10 @@ TwoLevelCommunicator::TwoLevelCommunicator(int rank, int world_size, std::string
       intra_(std::move(intra)),
       inter_(std::move(inter)),
       flat_(std::move(flat)) {
-  note_ = absl::StrCat(layout_.hosts, " hosts x ", layout_.local_size, " ranks: ",
-                       intra_->transport() == "shm" ? "shared memory" : "TCP",
-                       " inside a host, TCP across (one rail per local rank)");
+  note_ = absl::StrCat(
+      layout_.hosts, " hosts x ", layout_.local_size,
+      " ranks: ", intra_->transport() == HostTransport::kSharedMemory ? "shared memory" : "TCP",
+      " inside a host, TCP across (one rail per local rank)");
 }
 
 absl::Status TwoLevelCommunicator::health() const {
@@ -208,14 +207,13 @@ absl::Status TwoLevelCommunicator::AllGather(const void* input, void* output, in
 }
 
 absl::Status TwoLevelCommunicator::ReduceScatter(const void* input, void* output, int64_t count,
-                                                 DType dtype, ReduceOp op,
-                                                 absl::Duration timeout) {
+                                                 DType dtype, ReduceOp op, absl::Duration timeout) {
   if (count < 0) return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: count ", count));
   return ReduceScatterBlocks(input, output, ChunkBlocks(world_size_, count), dtype, op, timeout);
 }
 
-absl::Status TwoLevelCommunicator::AllReduce(void* buffer, int64_t count, DType dtype,
-                                             ReduceOp op, absl::Duration timeout) {
+absl::Status TwoLevelCommunicator::AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
+                                             absl::Duration timeout) {
   if (count < 0) return absl::InvalidArgumentError(absl::StrCat("all_reduce: count ", count));
   // A reduce-scatter of even chunks into the rank's own chunk of the buffer,
   // then their all-gather.
@@ -258,8 +256,8 @@ namespace zeroshard {
 
 // Flat, over every rank (a rank's pieces for its own host's ranks stay on
 // the host's loopback, but count as crossing in inter_host_bytes_sent()).
-absl::Status TwoLevelCommunicator::AllToAll(const void* input, void* output,
-                                            int64_t bytes_per_rank, absl::Duration timeout) {
+absl::Status TwoLevelCommunicator::AllToAll(const void* input, void* output, int64_t bytes_per_rank,
+                                            absl::Duration timeout) {
   return flat_->AllToAll(input, output, bytes_per_rank, timeout);
 }
 

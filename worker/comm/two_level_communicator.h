@@ -39,9 +39,9 @@ namespace zeroshard {
 // ranks in rank order within a host.
 struct HostLayout {
   int hosts = 0;
-  int local_size = 0;               // ranks per host (every host has as many)
-  std::vector<int> host_of;         // by rank
-  std::vector<int> local_of;        // by rank
+  int local_size = 0;                      // ranks per host (every host has as many)
+  std::vector<int> host_of;                // by rank
+  std::vector<int> local_of;               // by rank
   std::vector<std::vector<int>> ranks_on;  // by host, ascending
 
   // The layout of `host_keys` (one per rank, equal for ranks on one host).
@@ -63,9 +63,9 @@ absl::StatusOr<std::vector<std::string>> ExchangeHostKeys(KeyValueStore* store, 
 // over the H hosts of one rail (full = the rail buffer). Rail buffers pack
 // their rail's blocks in the order of `blocks`.
 struct RailLayouts {
-  std::vector<ShardBlock> intra;       // every block, rank = its local index
-  std::vector<ShardBlock> inter;       // the blocks of this rank's rail, rank = host
-  int64_t rail_elements = 0;           // this rank's rail buffer
+  std::vector<ShardBlock> intra;  // every block, rank = its local index
+  std::vector<ShardBlock> inter;  // the blocks of this rank's rail, rank = host
+  int64_t rail_elements = 0;      // this rank's rail buffer
 };
 RailLayouts SplitByRail(const std::vector<ShardBlock>& blocks, const HostLayout& layout, int rank);
 
@@ -85,14 +85,16 @@ class TwoLevelCommunicator : public HostCommunicator {
   // nullptr with *why_not saying why (every rank agrees: they read the same
   // keys), and the caller uses a flat communicator. Errors as
   // CreateHostCommunicator's.
-  static absl::StatusOr<std::unique_ptr<TwoLevelCommunicator>> Create(
-      KeyValueStore* store, int rank, int world_size, const std::string& tag,
-      const Options& options, std::string* why_not);
+  static absl::StatusOr<std::unique_ptr<TwoLevelCommunicator>> Create(KeyValueStore* store,
+                                                                      int rank, int world_size,
+                                                                      const std::string& tag,
+                                                                      const Options& options,
+                                                                      std::string* why_not);
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   const std::string& tag() const override { return tag_; }
-  std::string transport() const override { return "two-level"; }
+  HostTransport transport() const override { return HostTransport::kTwoLevel; }
   const std::string& transport_note() const override { return note_; }
   int64_t shm_segment_bytes() const override { return intra_->shm_segment_bytes(); }
   absl::Status health() const override;

@@ -33,7 +33,7 @@ RankHoldings HoldingsOf(const SnapshotKeeper& keeper, bool survivor, const std::
   RankHoldings mine;
   mine.survivor = survivor;
   mine.host = host;
-  for (const auto& blob : keeper.Holdings()) mine.blobs.push_back(blob->Describe());
+  for (const auto& blob : keeper.Holdings()) mine.blobs.push_back(blob->description);
   return mine;
 }
 

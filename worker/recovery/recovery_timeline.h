@@ -13,11 +13,36 @@
 
 #include "absl/time/time.h"
 #include "common/fault_messages.h"
-#include "nlohmann/json.hpp"
 #include "proto/zeroshard.pb.h"
 #include "worker/recovery/recovery_decision.h"
 
 namespace zeroshard {
+
+// One recovery as the run report lists it ("recoveries"; written out as
+// JSON by run_report.cc).
+struct RecoveryReport {
+  // Generation, source, steps, world size and the times from the failure
+  // (or from the join) to the rejoin, the restore and the first step.
+  v1::RecoveryRecord record;
+  // The snapshot blobs that moved in the restore (every rank's, as decided).
+  std::vector<SnapshotTransfer> transfers;
+  // Wall-clock times, for benchmarks that kill from outside (ms since the
+  // Unix epoch; 0: not this process's): when this worker saw the failure,
+  // the server's verdict that ended the generation (0: none came;
+  // rejoin_ms and first_step_ms count from it when set), the server's
+  // abort that confirmed it, the new generation's join and its first step.
+  int64_t failure_seen_unix_ms = 0;
+  int64_t verdict_unix_ms = 0;
+  int64_t confirmed_unix_ms = 0;
+  int64_t joined_unix_ms = 0;
+  int64_t first_step_unix_ms = 0;
+  // Filled in by the worker from the new generation's batch layout: this
+  // rank's micro-batches a step, all ranks' together, and whether the step
+  // is the original world size's (--keep_global_batch).
+  int grad_accum = 0;
+  int64_t micro_batches_per_step = 0;
+  bool global_batch_kept = false;
+};
 
 class RecoveryTimeline {
  public:
@@ -45,7 +70,7 @@ class RecoveryTimeline {
   void Transferred(const std::vector<SnapshotTransfer>& transfers);
   // The first step after a restore completed: ends recovering() and, for a
   // generation after the first, returns the run report's record of it.
-  std::optional<nlohmann::json> FirstStepDone(absl::Time now);
+  std::optional<RecoveryReport> FirstStepDone(absl::Time now);
 
   // The latest record (generation 0: none).
   const v1::RecoveryRecord& record() const { return record_; }
@@ -64,7 +89,7 @@ class RecoveryTimeline {
   absl::Time joined_;
   int64_t failed_step_ = 0;
   v1::RecoveryRecord record_;
-  nlohmann::json transfers_ = nlohmann::json::array();
+  std::vector<SnapshotTransfer> transfers_;
 };
 
 }  // namespace zeroshard

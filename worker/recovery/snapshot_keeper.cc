@@ -12,6 +12,7 @@
 #include "common/checkpoint_format.h"
 #include "common/checksum.h"
 #include "common/finite_scan.h"
+#include "common/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace zeroshard {
@@ -24,11 +25,6 @@ constexpr uint32_t kBlobTag = 2;
 int Mod(int a, int b) { return ((a % b) + b) % b; }
 
 }  // namespace
-
-BlobDescription SnapshotBlob::Describe() const {
-  return {step,  rank,   world_size, plan_hash, data_row, static_cast<int64_t>(bytes.size()),
-          xxh64, pieces, received};
-}
 
 int BuddyShift(const std::vector<std::string>& hosts) {
   const int w = static_cast<int>(hosts.size());
@@ -59,69 +55,102 @@ uint64_t BlobChecksum(const std::string& bytes) {
   return Checksum(bytes.data(), header < 0 ? bytes.size() : static_cast<size_t>(header));
 }
 
-absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64) {
-  const int64_t header_length = HeaderLength(bytes);
-  if (header_length < 0) {
-    return absl::DataLossError(
-        absl::StrCat("snapshot blob of ", bytes.size(), " bytes: shorter than its header says"));
-  }
-  if (BlobChecksum(bytes) != xxh64) {
-    return absl::DataLossError(
-        absl::StrCat("snapshot blob of ", bytes.size(), " bytes: header XXH64 ",
-                     ChecksumToHex(BlobChecksum(bytes)), ", expected ", ChecksumToHex(xxh64)));
-  }
-  nlohmann::json header =
-      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + header_length, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) {
-    return absl::DataLossError("snapshot blob header is not JSON");
-  }
-  auto blob = std::make_shared<SnapshotBlob>();
-  const nlohmann::json meta = header.value("__metadata__", nlohmann::json::object());
-  auto number = [&](const char* key, int64_t* out) {
-    return meta.contains(key) && meta[key].is_string() &&
-           absl::SimpleAtoi(meta[key].get<std::string>(), out);
+namespace {
+
+// The blob's step, saver and data row from its __metadata__ (all written by
+// SerializeShardInto as decimal strings); DATA_LOSS naming the key.
+absl::Status ReadBlobMetadata(const SafetensorsReader& reader, BlobDescription* out) {
+  const SafetensorsMetadata& meta = reader.metadata();
+  auto number = [&](const char* key, int64_t* value) -> absl::Status {
+    auto it = meta.find(key);
+    if (it == meta.end()) {
+      return absl::DataLossError(absl::StrCat(reader.path(), ": its metadata has no \"", key,
+                                              "\" (every snapshot blob records it)"));
+    }
+    if (!absl::SimpleAtoi(it->second, value)) {
+      return absl::DataLossError(absl::StrCat(reader.path(), ": metadata \"", key, "\" is \"",
+                                              it->second, "\", not an integer"));
+    }
+    return absl::OkStatus();
   };
   int64_t rank = 0, world = 0;
-  if (!number(ShardMetadataKey::kStep, &blob->step) || !number(ShardMetadataKey::kRank, &rank) ||
-      !number(ShardMetadataKey::kWorldSize, &world) ||
-      !number(ShardMetadataKey::kDataRow, &blob->data_row)) {
-    return absl::DataLossError("snapshot blob metadata lacks step, rank, world_size or data_row");
+  const std::pair<const char*, int64_t*> numbers[] = {{ShardMetadataKey::kStep, &out->step},
+                                                      {ShardMetadataKey::kRank, &rank},
+                                                      {ShardMetadataKey::kWorldSize, &world},
+                                                      {ShardMetadataKey::kDataRow, &out->data_row}};
+  for (const auto& [key, value] : numbers) {
+    if (absl::Status s = number(key, value); !s.ok()) return s;
   }
-  const nlohmann::json checksums = nlohmann::json::parse(
-      meta.value(ShardMetadataKey::kChecksums, std::string("{}")), nullptr, false);
-  if (!checksums.is_object()) return absl::DataLossError("snapshot blob checksums are not JSON");
-  blob->rank = static_cast<int>(rank);
-  blob->world_size = static_cast<int>(world);
-  blob->plan_hash = meta.value(ShardMetadataKey::kPlanHash, "");
-  const int64_t data_bytes = static_cast<int64_t>(bytes.size()) - header_length;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    // The data: every tensor against the XXH64 its header records (the
-    // header's own XXH64 was checked above).
-    const nlohmann::json& offsets = (*it)["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() ||
-        !offsets[1].is_number_integer() || offsets[0].get<int64_t>() < 0 ||
-        offsets[0].get<int64_t>() > offsets[1].get<int64_t>() ||
-        offsets[1].get<int64_t>() > data_bytes || !checksums.contains(it.key())) {
+  out->rank = static_cast<int>(rank);
+  out->world_size = static_cast<int>(world);
+  auto plan = meta.find(ShardMetadataKey::kPlanHash);
+  out->plan_hash = plan == meta.end() ? "" : plan->second;
+  return absl::OkStatus();
+}
+
+// Every tensor of the blob against the XXH64 its metadata records (the
+// header's own XXH64 was checked before), and the parameter pieces into
+// `out`. `what` names the blob in errors.
+absl::Status CheckBlobTensors(const SafetensorsReader& reader, absl::string_view bytes,
+                              const std::string& what, BlobDescription* out) {
+  auto recorded = reader.metadata().find(ShardMetadataKey::kChecksums);
+  const nlohmann::json checksums =
+      recorded == reader.metadata().end()
+          ? nlohmann::json()
+          : nlohmann::json::parse(recorded->second, nullptr, /*allow_exceptions=*/false);
+  if (!checksums.is_object()) {
+    return absl::DataLossError(absl::StrCat(what, ": metadata \"", ShardMetadataKey::kChecksums,
+                                            "\" is missing or not a JSON object"));
+  }
+  for (const TensorInfo& t : reader.tensors()) {
+    auto want = checksums.find(t.name);
+    if (want == checksums.end() || !want->is_string()) {
       return absl::DataLossError(
-          absl::StrCat("snapshot blob tensor ", it.key(), ": bad data_offsets or no checksum"));
+          absl::StrCat(what, ": tensor ", t.name, " has no recorded checksum"));
     }
-    const int64_t begin = offsets[0].get<int64_t>(), end = offsets[1].get<int64_t>();
-    const std::string want = checksums[it.key()].get<std::string>();
-    const std::string got = ChecksumToHex(
-        Checksum(bytes.data() + header_length + begin, static_cast<size_t>(end - begin)));
-    if (got != want) {
-      return absl::DataLossError(
-          absl::StrCat("snapshot blob tensor ", it.key(), ": XXH64 ", got, ", expected ", want));
+    const std::string got =
+        ChecksumToHex(Checksum(bytes.data() + t.begin, static_cast<size_t>(t.Bytes())));
+    if (got != want->get<std::string>()) {
+      return absl::DataLossError(absl::StrCat(what, ": tensor ", t.name, ": XXH64 ", got,
+                                              ", expected ", want->get<std::string>()));
     }
     ParsedShardTensorName parsed;
-    if (!ParseShardTensorName(it.key(), &parsed)) continue;
-    if (parsed.kind != ShardTensorKind::kParams) continue;
-    blob->pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
+    if (!ParseShardTensorName(t.name, &parsed) || parsed.kind != ShardTensorKind::kParams) {
+      continue;
+    }
+    out->pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64) {
+  const std::string name = absl::StrCat("snapshot blob of ", bytes.size(), " bytes");
+  if (HeaderLength(bytes) < 0) {
+    return absl::DataLossError(absl::StrCat(name, ": shorter than its header says"));
+  }
+  if (BlobChecksum(bytes) != xxh64) {
+    return absl::DataLossError(absl::StrCat(name, ": header XXH64 ",
+                                            ChecksumToHex(BlobChecksum(bytes)), ", expected ",
+                                            ChecksumToHex(xxh64)));
+  }
+  // The header's JSON, dtypes, shapes and offsets (the tensors tile the
+  // data exactly), checked by the reader; its errors name the blob.
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> reader =
+      SafetensorsReader::OpenBuffer(name, bytes);
+  if (!reader.ok()) return absl::DataLossError(reader.status().message());
+  auto blob = std::make_shared<SnapshotBlob>();
+  BlobDescription& d = blob->description;
+  if (absl::Status s = ReadBlobMetadata(**reader, &d); !s.ok()) return s;
+  const std::string what =
+      absl::StrCat("snapshot blob of step ", d.step, " (rank ", d.rank, " of ", d.world_size, ")");
+  if (absl::Status s = CheckBlobTensors(**reader, bytes, what, &d); !s.ok()) return s;
+  reader->reset();  // it reads `bytes`, which move below
+  d.bytes = static_cast<int64_t>(bytes.size());
+  d.xxh64 = xxh64;
+  d.received = true;
   blob->bytes = std::move(bytes);
-  blob->xxh64 = xxh64;
-  blob->received = true;
   return blob;
 }
 
@@ -250,19 +279,21 @@ namespace {
 
 // A blob's description of `view`'s shard, whose bytes it holds.
 void DescribeOwnBlob(const ShardView& view, SnapshotBlob* own) {
-  own->step = view.id.step;
-  own->rank = view.id.rank;
-  own->world_size = view.id.world_size;
-  own->plan_hash = view.id.plan_hash;
-  own->data_row = view.id.data_row;
+  BlobDescription& d = own->description;
+  d.step = view.id.step;
+  d.rank = view.id.rank;
+  d.world_size = view.id.world_size;
+  d.plan_hash = view.id.plan_hash;
+  d.data_row = view.id.data_row;
   for (const TensorEntry& entry : view.entries) {
     ParsedShardTensorName parsed;
     if (!ParseShardTensorName(entry.name, &parsed) || parsed.kind != ShardTensorKind::kParams) {
       continue;
     }
-    own->pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
+    d.pieces.push_back({parsed.tensor, parsed.row_begin, parsed.row_end});
   }
-  own->xxh64 = BlobChecksum(own->bytes);
+  d.bytes = static_cast<int64_t>(own->bytes.size());
+  d.xxh64 = BlobChecksum(own->bytes);
 }
 
 }  // namespace
@@ -270,12 +301,12 @@ void DescribeOwnBlob(const ShardView& view, SnapshotBlob* own) {
 absl::Status SnapshotKeeper::ExchangeWithBuddy(std::shared_ptr<SnapshotBlob> own, bool refused,
                                                GlooCommunicator* comm, int shift,
                                                absl::Duration timeout, absl::Time start) {
-  const int64_t step = own->step;
+  const int64_t step = own->description.step;
   const int w = comm->world_size();
   const int to = Mod(comm->rank() + shift, w);
   const int from = Mod(comm->rank() - shift, w);
   // Sizes and checksums first, then the blobs.
-  uint64_t send_header[3] = {own->bytes.size(), own->xxh64, refused ? uint64_t{1} : 0};
+  uint64_t send_header[3] = {own->bytes.size(), own->description.xxh64, refused ? uint64_t{1} : 0};
   uint64_t recv_header[3] = {0, 0, 0};
   absl::Status s = comm->SendRecv({{to, kHeaderTag, send_header, sizeof(send_header)}},
                                   {{from, kHeaderTag, recv_header, sizeof(recv_header)}}, timeout);
@@ -310,9 +341,9 @@ absl::Status SnapshotKeeper::ExchangeWithBuddy(std::shared_ptr<SnapshotBlob> own
     return absl::DataLossError(absl::StrCat("snapshot of step ", step, " from rank ", from, ": ",
                                             theirs.status().message()));
   }
-  if ((*theirs)->step != step) {
+  if ((*theirs)->description.step != step) {
     return absl::DataLossError(absl::StrCat("snapshot from rank ", from, " is of step ",
-                                            (*theirs)->step, ", expected ", step));
+                                            (*theirs)->description.step, ", expected ", step));
   }
   absl::MutexLock lock(&mu_);
   AddLocked(*theirs);
@@ -340,7 +371,7 @@ absl::Status SnapshotKeeper::Transfer(const ShardView& view, GlooCommunicator* c
   }
   if (!copied.ok() && !refused) return copied;
   DescribeOwnBlob(view, own.get());
-  const int64_t step = own->step;
+  const int64_t step = own->description.step;
   const bool alone = comm == nullptr || comm->world_size() == 1;
   {
     absl::MutexLock lock(&mu_);

@@ -56,20 +56,13 @@
 
 namespace zeroshard {
 
-// One rank's shard state at a step.
+// One rank's shard state at a step: its bytes, and what the recovery's
+// agreement is told of it (step, saver's rank and plan, data row, size,
+// checksum, pieces, whether received). The keeper sets description.bytes
+// and description.xxh64 (BlobChecksum) whenever it fills `bytes`.
 struct SnapshotBlob {
-  int64_t step = 0;
-  int rank = 0;  // in the generation that saved it
-  int world_size = 0;
-  std::string plan_hash;
-  int64_t data_row = 0;
-  std::string bytes;             // a shard file's bytes
-  uint64_t xxh64 = 0;            // BlobChecksum(bytes)
-  std::vector<RowRange> pieces;  // the parameter pieces it holds
-  bool received = false;         // parsed from bytes sent by another rank (BlobFromBytes)
-
-  // Everything but the bytes, for the recovery's agreement.
-  BlobDescription Describe() const;
+  BlobDescription description;
+  std::string bytes;  // a shard file's bytes
 };
 
 // The buddy shift for ranks on `hosts` (by rank): the smallest k >= 1 with
@@ -147,7 +140,10 @@ class SnapshotKeeper {
 
  private:
   using Key = std::tuple<int64_t, int, int, std::string>;  // step, rank, world, plan
-  static Key KeyOf(const SnapshotBlob& b) { return {b.step, b.rank, b.world_size, b.plan_hash}; }
+  static Key KeyOf(const SnapshotBlob& b) {
+    const BlobDescription& d = b.description;
+    return {d.step, d.rank, d.world_size, d.plan_hash};
+  }
   void AddLocked(std::shared_ptr<SnapshotBlob> blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops a held blob; its buffer goes to the pool unless a Holdings() copy
   // still refers to it.
@@ -187,9 +183,11 @@ class SnapshotKeeper {
 // on the sender.
 uint64_t BlobChecksum(const std::string& bytes);
 
-// Parses a blob's bytes back (the metadata and parameter pieces): for a
-// blob received whole (marked received). DATA_LOSS when `xxh64` (BlobChecksum) does not match
-// or a tensor's bytes do not match the XXH64 its header records.
+// Parses a blob's bytes back through SafetensorsReader (the metadata and
+// parameter pieces): for a blob received whole (marked received). DATA_LOSS
+// naming the blob and what is wrong when `xxh64` (BlobChecksum) does not
+// match, the header or its metadata is malformed, or a tensor's bytes do
+// not match the XXH64 its header records.
 absl::StatusOr<std::shared_ptr<SnapshotBlob>> BlobFromBytes(std::string bytes, uint64_t xxh64);
 
 }  // namespace zeroshard

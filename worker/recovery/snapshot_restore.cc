@@ -18,9 +18,10 @@ using BlobsByOldRank = std::map<int, std::shared_ptr<const SnapshotBlob>>;
 BlobsByOldRank HeldBlobsOf(const SnapshotKeeper& keeper, const RecoveryDecision& d) {
   BlobsByOldRank have;
   for (const auto& blob : keeper.Holdings()) {
-    if (blob->step == d.step && blob->world_size == d.old_world_size &&
-        blob->plan_hash == d.plan_hash) {
-      have[blob->rank] = blob;
+    const BlobDescription& held = blob->description;
+    if (held.step == d.step && held.world_size == d.old_world_size &&
+        held.plan_hash == d.plan_hash) {
+      have[held.rank] = blob;
     }
   }
   return have;

@@ -68,7 +68,9 @@ inline std::vector<std::unique_ptr<HostCommunicator>> CreateCommunicators(
     auto comm = CreateHostCommunicator(store, rank, world_size, tag, options);
     ASSERT_TRUE(comm.ok()) << comm.status();
     if (world_size > 1) {
-      EXPECT_EQ((*comm)->transport(), shared_memory ? "shm" : "tcp") << (*comm)->transport_note();
+      EXPECT_EQ((*comm)->transport(),
+                shared_memory ? HostTransport::kSharedMemory : HostTransport::kTcp)
+          << (*comm)->transport_note();
     }
     comms[rank] = *std::move(comm);
   });

@@ -242,7 +242,8 @@ TEST(GlooCommunicatorShmFailureTest, DestroyedPeerIsUnavailableBeforeTheTimeout)
     elapsed[r] = absl::Now() - start;
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(status[r].code(), absl::StatusCode::kUnavailable) << "rank " << r << ": " << status[r];
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kUnavailable)
+        << "rank " << r << ": " << status[r];
     EXPECT_THAT(std::string(status[r].message()), HasSubstr("failed: a peer is gone"));
     EXPECT_LT(elapsed[r], kSlack) << "rank " << r;
   }
@@ -290,7 +291,7 @@ TEST(GlooCommunicatorShmFailureTest, RanksThatCannotAllUseSharedMemoryAllUseTcp)
     auto comms = CreatePair(&store, c.name, c.options);
     for (int r = 0; r < 2; ++r) {
       ASSERT_NE(comms[r], nullptr) << c.name;
-      EXPECT_EQ(comms[r]->transport(), "tcp") << c.name;
+      EXPECT_EQ(comms[r]->transport(), HostTransport::kTcp) << c.name;
       EXPECT_THAT(comms[r]->transport_note(), HasSubstr(c.why)) << c.name;
     }
     std::vector<std::vector<float>> out(2, std::vector<float>(8));

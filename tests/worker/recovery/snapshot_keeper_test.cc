@@ -17,7 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/checkpoint_format.h"
+#include "common/checksum.h"
 #include "common/finite_scan.h"
+#include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/shard_checkpoint.h"
 #include "worker/comm/in_memory_kv_store.h"
@@ -106,9 +108,12 @@ TEST(BlobFromBytesTest, ChecksTheHeaderAndEveryTensor) {
   const uint64_t sum = BlobChecksum(bytes);
   absl::StatusOr<std::shared_ptr<SnapshotBlob>> blob = BlobFromBytes(bytes, sum);
   ASSERT_TRUE(blob.ok()) << blob.status();
-  EXPECT_EQ((*blob)->step, 10);
-  EXPECT_EQ((*blob)->data_row, 1000);
-  EXPECT_EQ((*blob)->pieces.size(), 2u);  // parameters only
+  EXPECT_EQ((*blob)->description.step, 10);
+  EXPECT_EQ((*blob)->description.data_row, 1000);
+  EXPECT_EQ((*blob)->description.pieces.size(), 2u);  // parameters only
+  EXPECT_EQ((*blob)->description.bytes, static_cast<int64_t>(bytes.size()));
+  EXPECT_EQ((*blob)->description.xxh64, sum);
+  EXPECT_TRUE((*blob)->description.received);
 
   std::string data_flipped = bytes;
   data_flipped[data_flipped.size() - 3] ^= 0x10;  // inside the last tensor
@@ -120,6 +125,80 @@ TEST(BlobFromBytesTest, ChecksTheHeaderAndEveryTensor) {
   header_flipped[20] ^= 0x01;
   EXPECT_EQ(BlobFromBytes(header_flipped, sum).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(BlobFromBytes("short", sum).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A blob of one F32 tensor "w:0-2" (two rows of one element) with `metadata`,
+// its header's XXH64 right: only what the header says is wrong.
+std::string BlobWith(const SafetensorsMetadata& metadata) {
+  std::vector<std::pair<int64_t, int64_t>> offsets;
+  absl::StatusOr<std::string> header =
+      BuildSafetensorsHeader({{"w:0-2", DType::kF32, {2, 1}}}, metadata, &offsets);
+  EXPECT_TRUE(header.ok()) << header.status();
+  const float data[2] = {1.0f, 2.0f};
+  return *header + std::string(reinterpret_cast<const char*>(data), sizeof(data));
+}
+
+SafetensorsMetadata GoodMetadata() {
+  const float data[2] = {1.0f, 2.0f};
+  return {{ShardMetadataKey::kStep, "7"},
+          {ShardMetadataKey::kRank, "1"},
+          {ShardMetadataKey::kWorldSize, "2"},
+          {ShardMetadataKey::kDataRow, "40"},
+          {ShardMetadataKey::kPlanHash, "plan"},
+          {ShardMetadataKey::kChecksums,
+           absl::StrCat("{\"w:0-2\": \"", ChecksumToHex(Checksum(data, sizeof(data))), "\"}")}};
+}
+
+// What BlobFromBytes says of a blob whose header XXH64 matches.
+absl::Status Parse(const std::string& bytes) {
+  return BlobFromBytes(bytes, BlobChecksum(bytes)).status();
+}
+
+TEST(BlobFromBytesTest, NamesTheBlobAndWhatIsWrongInItsHeader) {
+  absl::StatusOr<std::shared_ptr<SnapshotBlob>> good =
+      BlobFromBytes(BlobWith(GoodMetadata()), BlobChecksum(BlobWith(GoodMetadata())));
+  ASSERT_TRUE(good.ok()) << good.status();
+  const BlobDescription& d = (*good)->description;
+  EXPECT_EQ(d.step, 7);
+  EXPECT_EQ(d.rank, 1);
+  EXPECT_EQ(d.world_size, 2);
+  EXPECT_EQ(d.data_row, 40);
+  EXPECT_EQ(d.plan_hash, "plan");
+  ASSERT_EQ(d.pieces.size(), 1u);
+  EXPECT_EQ(d.pieces[0].tensor, "w");
+  EXPECT_EQ(d.pieces[0].row_end, 2);
+
+  struct Case {
+    const char* what;
+    std::string bytes;
+    const char* says;
+  };
+  SafetensorsMetadata no_row = GoodMetadata(), bad_step = GoodMetadata(), no_sums = GoodMetadata(),
+                      other_sums = GoodMetadata();
+  no_row.erase(ShardMetadataKey::kDataRow);
+  bad_step[ShardMetadataKey::kStep] = "seven";
+  no_sums.erase(ShardMetadataKey::kChecksums);
+  other_sums[ShardMetadataKey::kChecksums] = "{\"v:0-2\": \"0000000000000000\"}";
+  std::string not_json = BlobWith(GoodMetadata());
+  not_json[8] = 'x';  // the header's opening brace
+  std::string truncated = BlobWith(GoodMetadata());
+  truncated.pop_back();  // the data ends before the tensor does
+  const Case cases[] = {
+      {"no data_row", BlobWith(no_row), "no \"data_row\""},
+      {"step not a number", BlobWith(bad_step), "\"step\" is \"seven\", not an integer"},
+      {"no checksums", BlobWith(no_sums), "\"checksums\" is missing"},
+      {"another tensor's checksum", BlobWith(other_sums), "tensor w:0-2 has no recorded checksum"},
+      {"header not JSON", not_json, "snapshot blob of "},
+      {"short data", truncated, "snapshot blob of "},
+  };
+  for (const Case& c : cases) {
+    const absl::Status status = Parse(c.bytes);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << c.what << ": " << status;
+    EXPECT_NE(status.message().find(c.says), std::string::npos) << c.what << ": " << status;
+  }
+  // Once the metadata is read, the blob is named by its step and saver.
+  EXPECT_NE(Parse(BlobWith(other_sums)).message().find("snapshot blob of step 7 (rank 1 of 2)"),
+            std::string::npos);
 }
 
 TEST(SnapshotKeeperTest, ReserveCountsAsInFlightUntilItsBuffersAreTouched) {
@@ -158,8 +237,8 @@ TEST(SnapshotKeeperTest, SnapshotsAloneCompleteAndCommitWithoutGrowing) {
   EXPECT_EQ(keeper.committed_step(), 50);
   std::vector<std::shared_ptr<const SnapshotBlob>> held = keeper.Holdings();
   ASSERT_EQ(held.size(), 2u);
-  EXPECT_EQ(held[0]->step, 50);
-  EXPECT_EQ(held[1]->step, 60);
+  EXPECT_EQ(held[0]->description.step, 50);
+  EXPECT_EQ(held[1]->description.step, 60);
   EXPECT_EQ(keeper.peak_bytes(), bytes_after_two);
   EXPECT_GE(keeper.bytes(), 2 * blob_bytes);
 }
@@ -206,7 +285,7 @@ TEST(SnapshotKeeperTest, ARefusedSnapshotNeverCompletesAndTheCommittedOneStays) 
   EXPECT_EQ(keeper.committed_step(), 10);
   std::vector<std::shared_ptr<const SnapshotBlob>> held = keeper.Holdings();
   ASSERT_EQ(held.size(), 1u);
-  EXPECT_EQ(held[0]->step, 10);
+  EXPECT_EQ(held[0]->description.step, 10);
   const std::vector<std::string> refusals = keeper.TakeRefusals();
   ASSERT_EQ(refusals.size(), 1u);
   EXPECT_NE(refusals[0].find("step 20 rank 0"), std::string::npos) << refusals[0];
@@ -239,7 +318,7 @@ TEST(SnapshotKeeperTest, ABuddyRefusalLeavesTheStepIncompleteOnBothRanks) {
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(keepers[rank].complete_step(), 10) << "rank " << rank;
     for (const auto& blob : keepers[rank].Holdings()) {
-      EXPECT_FALSE(blob->step == 20 && blob->rank == 1)
+      EXPECT_FALSE(blob->description.step == 20 && blob->description.rank == 1)
           << "rank " << rank << " keeps rank 1's refused step 20";
     }
   }
