@@ -20,6 +20,11 @@
 // The hpZ modes (hpz, two-level-hpz, hpz-int8: flat, two-level and
 // flat-int8 with --secondary_shard_group_size=host) gather the backward's
 // parameters from the host's secondary shards (engine.h, hpZ).
+// The DiLoCo modes (diloco, diloco-bf16, diloco-int8: hsdp with
+// --sync=diloco, docs/diloco.md) cross the link only at their outer steps,
+// every --outer_every=H steps: their step time is the median step plus the
+// outer steps' time spread over the steps, their counted bytes include the
+// outer steps', and they run at least 2H steps.
 // "peak RSS/rank" is the largest VmHWM over the ranks (the reports'
 // peak_rss_bytes).
 #include <algorithm>
@@ -41,10 +46,10 @@
 #include "common/table.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/multihost_torch.h"
-#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/bench_json.h"
 #include "tests/testing/bench_machine.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/emulated_hosts.h"
 #include "tests/testing/process.h"
 
 ABSL_FLAG(std::string, rates, "0,1000000000", "Link rates to run, bits/s each way (0: none)");
@@ -63,9 +68,14 @@ ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
           "--replica_thread=false), hsdp-check (hsdp with --replica_check_every=1), hsdp-bf16 (and "
           "--reduce_dtype=bf16), flat-int8, two-level-int8 (--gather_dtype=int8 "
           "--reduce_dtype=int8), hsdp-int8 (--reduce_dtype=int8), hpz, two-level-hpz, hpz-int8 "
-          "(flat, two-level, flat-int8 with --secondary_shard_group_size=host); PyTorch 2 beside "
+          "(flat, two-level, flat-int8 with --secondary_shard_group_size=host), diloco, "
+          "diloco-bf16, diloco-int8 (hsdp with --sync=diloco --outer_every=H and that "
+          "--outer_dtype); PyTorch 2 beside "
           "them: fsdp2 (fully_shard), "
           "fsdp2-hsdp (fully_shard on a 2-D DeviceMesh: shard in a host, replicate across)");
+ABSL_FLAG(int, outer_every, 50,
+          "DiLoCo modes: H, inner steps per outer step; they run max(--steps, 2H) steps rounded "
+          "up to a multiple of H");
 ABSL_FLAG(std::string, torch_python, "",
           "Python with torch 2.x for the fsdp2 modes (default: $ZEROSHARD_PYTHON, else "
           "~/.cache/zeroshard/venv-torch2/bin/python)");
@@ -173,14 +183,23 @@ bool RunTorchOne(EmulatedHosts& hosts, const std::string& mode, int64_t rate, in
 bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode, int64_t rate,
             int round, Result* r) {
   if (IsTorchMode(mode)) return RunTorchOne(hosts, mode, rate, round, r);
-  const int steps = absl::GetFlag(FLAGS_steps);
+  const bool diloco = absl::StartsWith(mode, "diloco");
+  const int every = absl::GetFlag(FLAGS_outer_every);
+  const int steps =
+      diloco ? (std::max(absl::GetFlag(FLAGS_steps), 2 * every) + every - 1) / every * every
+             : absl::GetFlag(FLAGS_steps);
   const TorchShape shape = Shape();
   std::vector<std::string> flags = ModelFlags(shape);
   // One validation batch: the crossing bytes are divided by the steps.
   flags.insert(flags.end(), {"--stage=3", "--threads=1", "--lr=0.01", "--seed=9", "--val_batches=1",
                              absl::StrCat("--steps=", steps), "--collective_timeout=120s"});
   if (absl::StartsWith(mode, "two-level")) flags.push_back("--two_level");
-  if (absl::StartsWith(mode, "hsdp")) flags.push_back("--shard_group_size=host");
+  if (absl::StartsWith(mode, "hsdp") || diloco) flags.push_back("--shard_group_size=host");
+  if (diloco) {
+    flags.insert(flags.end(), {"--sync=diloco", absl::StrCat("--outer_every=", every)});
+    if (mode == "diloco-bf16") flags.push_back("--outer_dtype=bf16");
+    if (mode == "diloco-int8") flags.push_back("--outer_dtype=int8");
+  }
   if (mode == "hsdp-serial") flags.push_back("--replica_thread=false");
   if (mode == "hsdp-check") flags.push_back("--replica_check_every=1");
   if (mode == "hsdp-bf16") flags.push_back("--reduce_dtype=bf16");
@@ -197,7 +216,10 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
   r->rate = rate;
   r->mode = mode;
   r->round = round;
-  r->step_ms = report["step_time_ms_median"];
+  // DiLoCo: the outer steps' time (outside the steps) spread over them.
+  double outer_ms = 0;
+  for (const auto& o : report["outer_steps"]) outer_ms += o["ms"].get<double>();
+  r->step_ms = report["step_time_ms_median"].get<double>() + outer_ms / steps;
   r->check_ms = report.value("replica_check_ms_median", 0.0);
   r->hash_ms = report.value("replica_hash_ms_median", 0.0);
   r->crossing_bytes = (after[0] - before[0] + after[1] - before[1]) / 2.0 / steps;
@@ -205,6 +227,9 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
     const nlohmann::json rank_report = cluster.Report(job, rank);
     for (const auto& b : rank_report["comm_bytes_inter_host"]) {
       r->counted_bytes += b.get<double>() / steps;
+    }
+    for (const auto& o : rank_report["outer_steps"]) {  // the replicas cross the link
+      r->counted_bytes += o["bytes_sent"].get<double>() / steps;
     }
   }
   for (int rank = 0; rank < 4; ++rank) {
@@ -229,6 +254,11 @@ int Main() {
     std::fprintf(stderr, "--model: '%s' is not mlp or gpt\n", absl::GetFlag(FLAGS_model).c_str());
     return 2;
   }
+  if (absl::GetFlag(FLAGS_outer_every) < 1) {
+    std::fprintf(stderr, "--outer_every: %d; expected H >= 1 (inner steps per outer step)\n",
+                 absl::GetFlag(FLAGS_outer_every));
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(3);
   if (!hosts.ok()) {
     std::fprintf(stderr, "multihost_bench: %s\n", hosts.status().ToString().c_str());
@@ -240,14 +270,16 @@ int Main() {
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
     static const char* const kOurs[] = {
-        "flat",           "two-level",   "hsdp", "hsdp-bf16",     "flat-int8", "hsdp-int8",
-        "two-level-int8", "hsdp-serial", "hpz",  "two-level-hpz", "hpz-int8",  "hsdp-check"};
+        "flat",      "two-level",      "hsdp",        "hsdp-bf16",   "flat-int8",
+        "hsdp-int8", "two-level-int8", "hsdp-serial", "hpz",         "two-level-hpz",
+        "hpz-int8",  "hsdp-check",     "diloco",      "diloco-bf16", "diloco-int8"};
     if (std::find(std::begin(kOurs), std::end(kOurs), mode) == std::end(kOurs) &&
         !IsTorchMode(mode)) {
       std::fprintf(
           stderr,
           "--modes: '%s' is not flat, two-level, hsdp, hsdp-serial, hsdp-check, hsdp-bf16, "
-          "flat-int8, two-level-int8, hsdp-int8, hpz, two-level-hpz, hpz-int8, fsdp2 or "
+          "flat-int8, two-level-int8, hsdp-int8, hpz, two-level-hpz, hpz-int8, diloco, "
+          "diloco-bf16, diloco-int8, fsdp2 or "
           "fsdp2-hsdp\n",
           mode.c_str());
       return 2;
