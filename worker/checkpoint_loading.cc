@@ -75,9 +75,9 @@ absl::Status LoadOuterState(CheckpointReader* r, ZeroEngine& engine, const Engin
   if (log_notes) {
     std::fprintf(stderr, "DiLoCo outer state from %s: outer step %lld, anchor%s\n", source,
                  static_cast<long long>(outer_step),
-                 momentum                 ? " and outer momentum"
+                 momentum                     ? " and outer momentum"
                  : options.outer.momentum > 0 ? "; no outer momentum saved: it starts at zero"
-                                          : "");
+                                              : "");
   }
   return absl::OkStatus();
 }

@@ -53,9 +53,9 @@ TEST(CheckpointFormatTest, TheOptimizerPrefixesAreTheDocumentedOnes) {
 }
 
 TEST(CheckpointFormatTest, OnlyTheCanonicalFormParsesAndAFailureLeavesTheOutputAlone) {
-  for (const char* name : {"w", "w:", ":0-4", "w:0", "w:4-4", "w:5-4", "w:-1-4", "w:+0-4", "w: 0-4",
-                           "w:0-4 ", "w:00-4", "w:0-4x", "w:0--4", "optim.exp_avg.:0-4",
-                           "optim.outer_anchor.:0-4"}) {
+  for (const char* name :
+       {"w", "w:", ":0-4", "w:0", "w:4-4", "w:5-4", "w:-1-4", "w:+0-4", "w: 0-4", "w:0-4 ",
+        "w:00-4", "w:0-4x", "w:0--4", "optim.exp_avg.:0-4", "optim.outer_anchor.:0-4"}) {
     ParsedShardTensorName parsed;
     parsed.tensor = "untouched";
     EXPECT_FALSE(ParseShardTensorName(name, &parsed)) << name;

@@ -40,8 +40,8 @@ using testing::Params;
 
 const testing::SmallMlp kMlp;  // 3 x 32, GELU, lr 0.01, seed 3
 
-constexpr int kSteps = 6;   // 3 outer steps of H = 2
-constexpr int kSaved = 4;   // the checkpoint resumed: after outer step 2
+constexpr int kSteps = 6;                          // 3 outer steps of H = 2
+constexpr int kSaved = 4;                          // the checkpoint resumed: after outer step 2
 constexpr double kOuterLr = 0.7, kMomentum = 0.9;  // DiLoCo's (the flags' defaults)
 
 // Inner SGD without momentum: the inner optimizer keeps no state, so what a
@@ -50,16 +50,15 @@ constexpr double kOuterLr = 0.7, kMomentum = 0.9;  // DiLoCo's (the flags' defau
 // Global batch 8 rows: W x --batch.
 std::vector<std::string> DiLoCoFlags(int steps, int world, int group,
                                      const std::vector<std::string>& extra) {
-  std::vector<std::string> flags = {
-      "--stage=3",
-      "--optimizer=sgd",
-      absl::StrCat("--batch=", 8 / world),
-      absl::StrCat("--shard_group_size=", group),
-      "--sync=diloco",
-      "--outer_every=2",
-      absl::StrCat("--outer_lr=", kOuterLr),
-      absl::StrCat("--outer_momentum=", kMomentum),
-      "--checkpoint_every=2"};
+  std::vector<std::string> flags = {"--stage=3",
+                                    "--optimizer=sgd",
+                                    absl::StrCat("--batch=", 8 / world),
+                                    absl::StrCat("--shard_group_size=", group),
+                                    "--sync=diloco",
+                                    "--outer_every=2",
+                                    absl::StrCat("--outer_lr=", kOuterLr),
+                                    absl::StrCat("--outer_momentum=", kMomentum),
+                                    "--checkpoint_every=2"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   return kMlp.Flags(steps, flags);
 }
@@ -130,10 +129,10 @@ TEST_F(DiLoCoCheckpointTest, TheOuterStateConsolidatesAndResumesAtAnotherWorldAn
   // relative, with |d|, |buf| below max|p| here.
   const Params reference = kMlp.Load(cluster_.checkpoint_root(), "uninterrupted", kSteps);
   const double inner = kMlp.Bound(2, 4, reference);
-  const double bound = kOuterLr * (1 + kMomentum) * inner +
-                       10 * kFloat32Unit * (2 + kOuterLr * (1 + kMomentum));
-  ASSERT_TRUE(cluster_.Run("from-file", 2,
-                           DiLoCoFlags(kSteps, 2, 1, {"--init_from=" + consolidated})));
+  const double bound =
+      kOuterLr * (1 + kMomentum) * inner + 10 * kFloat32Unit * (2 + kOuterLr * (1 + kMomentum));
+  ASSERT_TRUE(
+      cluster_.Run("from-file", 2, DiLoCoFlags(kSteps, 2, 1, {"--init_from=" + consolidated})));
   ExpectWithinBound(
       MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "from-file", kSteps), reference),
       bound, "DiLoCo W=4 G=2, consolidated, continued at W=2 G=1");
@@ -167,15 +166,14 @@ TEST_F(DiLoCoCheckpointTest, TheOuterStateConsolidatesAndResumesAtAnotherWorldAn
   const double dropped =
       MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "dropped", kSteps), reference);
   EXPECT_GT(dropped, bound) << "a resume without the outer momentum";
-  std::fprintf(stderr, "without the outer momentum: %.3g against the bound %.3g\n", dropped,
-               bound);
+  std::fprintf(stderr, "without the outer momentum: %.3g against the bound %.3g\n", dropped, bound);
 
   // Every-step HSDP from the DiLoCo checkpoint: the outer state is ignored,
   // said once.
-  ASSERT_TRUE(cluster_.Run("plain", 2,
-                           kMlp.Flags(kSaved + 1, {"--stage=3", "--optimizer=sgd", "--batch=4",
-                                                   "--shard_group_size=1",
-                                                   "--init_from=" + consolidated})));
+  ASSERT_TRUE(cluster_.Run(
+      "plain", 2,
+      kMlp.Flags(kSaved + 1, {"--stage=3", "--optimizer=sgd", "--batch=4", "--shard_group_size=1",
+                              "--init_from=" + consolidated})));
   EXPECT_NE(cluster_.WorkerLog(0).find("holds DiLoCo's outer state"), std::string::npos)
       << cluster_.WorkerLog(0);
 }
@@ -221,17 +219,21 @@ class DiLoCoRecoveryTest : public ::testing::Test {
 TEST_F(DiLoCoRecoveryTest, AReplacedWorkerRecoversTheOuterMomentumFromTheSnapshots) {
   ASSERT_TRUE(cluster_.ok());
   constexpr int kRunSteps = 60;
-  const std::vector<std::string> diloco = {
-      "--stage=3",           "--optimizer=sgd",      "--batch=2",
-      "--shard_group_size=2", "--sync=diloco",        "--outer_every=5",
-      "--rejoin_timeout=60s", "--join_timeout_s=60"};
+  const std::vector<std::string> diloco = {"--stage=3",
+                                           "--optimizer=sgd",
+                                           "--batch=2",
+                                           "--shard_group_size=2",
+                                           "--sync=diloco",
+                                           "--outer_every=5",
+                                           "--rejoin_timeout=60s",
+                                           "--join_timeout_s=60"};
   ASSERT_TRUE(cluster_.Run("reference", 4, kMlp.Flags(kRunSteps, diloco)));
   std::vector<std::string> slowed = diloco;
   slowed.push_back("--test_step_delay_ms=10");  // the kill lands mid-run
   cluster_.StartWorkers("recover", 4, kMlp.Flags(kRunSteps, slowed));
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return cluster_.WorkerLog(0).find("step 25/") != std::string::npos; },
-      absl::Seconds(60)))
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return cluster_.WorkerLog(0).find("step 25/") != std::string::npos; },
+                       absl::Seconds(60)))
       << cluster_.WorkerLog(0);
   ASSERT_TRUE(WaitForCommittedSnapshot("recover", 10)) << cluster_.WorkerLog(0);
   cluster_.worker(2)->Signal(SIGKILL);
@@ -245,8 +247,8 @@ TEST_F(DiLoCoRecoveryTest, AReplacedWorkerRecoversTheOuterMomentumFromTheSnapsho
   EXPECT_EQ(report["recoveries"][0]["source"], "snapshot") << report.dump();
   const int restored = report["recoveries"][0]["restored_step"];
   EXPECT_EQ(restored % 5, 0) << restored;
-  EXPECT_NE(cluster_.WorkerLog(0).find(absl::StrCat("outer step ", restored / 5,
-                                                    ", anchor and outer momentum")),
+  EXPECT_NE(cluster_.WorkerLog(0).find(
+                absl::StrCat("outer step ", restored / 5, ", anchor and outer momentum")),
             std::string::npos)
       << cluster_.WorkerLog(0);
   const Params reference = kMlp.Load(cluster_.checkpoint_root(), "reference", kRunSteps);
