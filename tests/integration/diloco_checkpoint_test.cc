@@ -83,20 +83,47 @@ class DiLoCoCheckpointTest : public ::testing::Test {
     return out;
   }
 
+  // The uninterrupted run (kSteps) and `job` saved after kSaved steps,
+  // both W = 4 in 2 groups of 2; its checkpoint at kSaved is right after
+  // outer step 2.
+  Params RunUninterruptedAndSave(const std::string& job,
+                                 const std::vector<std::string>& extra = {}) {
+    EXPECT_TRUE(cluster_.Run("uninterrupted", 4, DiLoCoFlags(kSteps, 4, 2, {})));
+    EXPECT_TRUE(cluster_.Run(job, 4, DiLoCoFlags(kSaved, 4, 2, extra)));
+    return kMlp.Load(cluster_.checkpoint_root(), "uninterrupted", kSteps);
+  }
+
+  // The bound on MaxRelativeDifference between the uninterrupted run and
+  // one resumed at W = 2 in 2 groups of 1. Each group trains on the rows it
+  // did at W = 4 (group g: rows [(4 s + 2 g) b, (4 s + 2 g + 2) b) of step
+  // s, b = 2), so only the summation order differs. Error model: from
+  // identical state at step 4, the two inner SGD steps of each group differ
+  // by error_model.h's bound B (relative to each tensor's scale; 4 rows a
+  // step, sums of <= 32 terms); the outer step then scales the mean of the
+  // groups' parameters by c = outer_lr (1 + momentum) (Nesterov:
+  // buf' = momentum buf + d and the update d + momentum buf',
+  // d = anchor - mean; anchor and buf identical); its f32 roundings on
+  // inputs that differ (d, the mean, buf', the update, the anchor's) can
+  // each round apart by u of their operand, in both runs: at most
+  // 2 x 5 u (max|anchor| + c max|d| + max|buf|) <= 10 u (2 + c) relative,
+  // with |d|, |buf| below max|p| here.
+  static double ResumeBound(const Params& reference) {
+    const double c = kOuterLr * (1 + kMomentum);
+    return c * kMlp.Bound(2, 4, reference) + 10 * kFloat32Unit * (2 + c);
+  }
+
   LocalCluster cluster_;
 };
 
+// The consolidated file holds every tensor's anchor and outer momentum
+// beside it, and the outer step count; the run resumes from it and from the
+// shard files at W = 2 in 2 groups of 1 within ResumeBound, and the outer
+// step count goes on.
 TEST_F(DiLoCoCheckpointTest, TheOuterStateConsolidatesAndResumesAtAnotherWorldAndGroupCount) {
   ASSERT_TRUE(cluster_.ok());
-  ASSERT_TRUE(cluster_.Run("uninterrupted", 4, DiLoCoFlags(kSteps, 4, 2, {})));
-  ASSERT_TRUE(cluster_.Run("saved", 4, DiLoCoFlags(kSaved, 4, 2, {})));
-  // The same first half saved without optimizer state: no outer state.
-  ASSERT_TRUE(cluster_.Run("dropped", 4, DiLoCoFlags(kSaved, 4, 2, {"--save_optimizer=false"})));
-
-  // The consolidated file holds every tensor's anchor and outer momentum
-  // beside it, and the outer step count. Saved right after an outer step,
-  // the anchor is the parameters, bit for bit; the momentum, two outer
-  // gradients' worth, is not zero.
+  const Params reference = RunUninterruptedAndSave("saved");
+  // Saved right after an outer step, the anchor is the parameters, bit for
+  // bit; the momentum, two outer gradients' worth, is not zero.
   const std::string consolidated = Consolidate("saved");
   const Params file = testing::LoadSafetensorsParams(consolidated);
   const Params params = kMlp.Load(cluster_.checkpoint_root(), "saved", kSaved);
@@ -113,24 +140,9 @@ TEST_F(DiLoCoCheckpointTest, TheOuterStateConsolidatesAndResumesAtAnotherWorldAn
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->metadata().at("outer_step"), "2");
 
-  // W = 2 in 2 groups of 1, from the consolidated file and from the shard
-  // files (a job resumed at another W reads every rank's file). Each group
-  // trains on the rows it did at W = 4 (group g: rows [(4 s + 2 g) b,
-  // (4 s + 2 g + 2) b) of step s, b = 2), so only the summation order
-  // differs. Error model: from identical state at step 4, the two inner
-  // SGD steps of each group differ by error_model.h's bound B (relative to
-  // each tensor's scale; 4 rows a step, sums of <= 32 terms); the outer
-  // step then scales the mean of the groups' parameters by
-  // c = outer_lr (1 + momentum) (Nesterov: buf' = momentum buf + d and the
-  // update d + momentum buf', d = anchor - mean; anchor and buf identical);
-  // its f32 roundings on inputs that differ (d, the mean, buf', the update,
-  // the anchor's) can each round apart by u of their operand, in both runs:
-  // at most 2 x 5 u (max|anchor| + c max|d| + max|buf|) <= 10 u (2 + c)
-  // relative, with |d|, |buf| below max|p| here.
-  const Params reference = kMlp.Load(cluster_.checkpoint_root(), "uninterrupted", kSteps);
-  const double inner = kMlp.Bound(2, 4, reference);
-  const double bound =
-      kOuterLr * (1 + kMomentum) * inner + 10 * kFloat32Unit * (2 + kOuterLr * (1 + kMomentum));
+  // From the consolidated file, and from the shard files (a job resumed at
+  // another W reads every rank's file).
+  const double bound = ResumeBound(reference);
   ASSERT_TRUE(
       cluster_.Run("from-file", 2, DiLoCoFlags(kSteps, 2, 1, {"--init_from=" + consolidated})));
   ExpectWithinBound(
@@ -143,30 +155,11 @@ TEST_F(DiLoCoCheckpointTest, TheOuterStateConsolidatesAndResumesAtAnotherWorldAn
   ExpectWithinBound(
       MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "saved", kSteps), reference),
       bound, "DiLoCo W=4 G=2, shard files, resumed at W=2 G=1");
-  // The outer step count goes on: the third outer step is number 3.
+  // The third outer step is number 3.
   const nlohmann::json report = cluster_.Report("saved", 0);
   ASSERT_EQ(report["outer_steps"].size(), 1u);
   EXPECT_EQ(report["outer_steps"][0]["after_step"].get<int>(), kSteps);
   EXPECT_EQ(report["outer_steps"][0]["outer_step"].get<int>(), 3);
-
-  // Same W and groups, from the shard files: the same sums on the same
-  // rows from the same state, bitwise the uninterrupted run.
-  ASSERT_TRUE(cluster_.Run("same-w", 4, DiLoCoFlags(kSaved, 4, 2, {})));
-  ASSERT_TRUE(cluster_.Run("same-w", 4, DiLoCoFlags(kSteps, 4, 2, {"--resume=latest"})));
-  EXPECT_EQ(kMlp.Load(cluster_.checkpoint_root(), "same-w", kSteps), reference);
-
-  // Without the outer momentum (a checkpoint without outer state starts it
-  // fresh, saying so) the third outer step lacks momentum^2 x outer_lr x
-  // the buffer: farther from the uninterrupted run than the bound above,
-  // so that bound would catch a resume that lost the momentum.
-  ASSERT_TRUE(cluster_.Run("dropped", 4, DiLoCoFlags(kSteps, 4, 2, {"--resume=latest"})));
-  EXPECT_NE(cluster_.WorkerLog(0).find("has no DiLoCo outer state; it starts fresh"),
-            std::string::npos)
-      << cluster_.WorkerLog(0);
-  const double dropped =
-      MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "dropped", kSteps), reference);
-  EXPECT_GT(dropped, bound) << "a resume without the outer momentum";
-  std::fprintf(stderr, "without the outer momentum: %.3g against the bound %.3g\n", dropped, bound);
 
   // Every-step HSDP from the DiLoCo checkpoint: the outer state is ignored,
   // said once.
@@ -176,6 +169,34 @@ TEST_F(DiLoCoCheckpointTest, TheOuterStateConsolidatesAndResumesAtAnotherWorldAn
                               "--init_from=" + consolidated})));
   EXPECT_NE(cluster_.WorkerLog(0).find("holds DiLoCo's outer state"), std::string::npos)
       << cluster_.WorkerLog(0);
+}
+
+// Same W and groups, from the shard files: the same sums on the same rows
+// from the same state, bitwise the uninterrupted run.
+TEST_F(DiLoCoCheckpointTest, ResumedAtTheSameWorldTheRunIsBitwiseTheUninterruptedOne) {
+  ASSERT_TRUE(cluster_.ok());
+  const Params reference = RunUninterruptedAndSave("same-w");
+  ASSERT_TRUE(cluster_.Run("same-w", 4, DiLoCoFlags(kSteps, 4, 2, {"--resume=latest"})));
+  EXPECT_EQ(kMlp.Load(cluster_.checkpoint_root(), "same-w", kSteps), reference);
+}
+
+// Without the outer momentum (a checkpoint saved without optimizer state
+// has no outer state: the resume starts it fresh, saying so) the third
+// outer step lacks outer_lr x momentum^2 x the buffer and lands farther
+// from the uninterrupted run than ResumeBound: that bound would catch a
+// resume that lost the momentum.
+TEST_F(DiLoCoCheckpointTest, AResumeWithoutTheOuterMomentumLandsFartherThanTheBound) {
+  ASSERT_TRUE(cluster_.ok());
+  const Params reference = RunUninterruptedAndSave("dropped", {"--save_optimizer=false"});
+  ASSERT_TRUE(cluster_.Run("dropped", 4, DiLoCoFlags(kSteps, 4, 2, {"--resume=latest"})));
+  EXPECT_NE(cluster_.WorkerLog(0).find("has no DiLoCo outer state; it starts fresh"),
+            std::string::npos)
+      << cluster_.WorkerLog(0);
+  const double dropped =
+      MaxRelativeDifference(kMlp.Load(cluster_.checkpoint_root(), "dropped", kSteps), reference);
+  const double bound = ResumeBound(reference);
+  EXPECT_GT(dropped, bound) << "a resume without the outer momentum";
+  std::fprintf(stderr, "without the outer momentum: %.3g against the bound %.3g\n", dropped, bound);
 }
 
 // Recovery from in-memory snapshots (docs/recovery.md) with a heartbeat
