@@ -161,6 +161,16 @@ TEST_F(DiLoCoCheckpointTest, TheOuterStateConsolidatesAndResumesAtAnotherWorldAn
   EXPECT_EQ(report["outer_steps"][0]["after_step"].get<int>(), kSteps);
   EXPECT_EQ(report["outer_steps"][0]["outer_step"].get<int>(), 3);
 
+  // Four groups of one from the same file: another group count (another
+  // DiLoCo run from there on, whose groups see half the rows each, so not
+  // compared), restoring the same outer state.
+  ASSERT_TRUE(
+      cluster_.Run("four-groups", 4, DiLoCoFlags(kSteps, 4, 1, {"--init_from=" + consolidated})));
+  EXPECT_NE(cluster_.WorkerLog(0).find("outer step 2, anchor and outer momentum"),
+            std::string::npos)
+      << cluster_.WorkerLog(0);
+  EXPECT_EQ(cluster_.Report("four-groups", 0)["outer_steps"][0]["outer_step"].get<int>(), 3);
+
   // Every-step HSDP from the DiLoCo checkpoint: the outer state is ignored,
   // said once.
   ASSERT_TRUE(cluster_.Run(
