@@ -209,6 +209,29 @@ TEST_F(DiLoCoCheckpointTest, AResumeWithoutTheOuterMomentumLandsFartherThanTheBo
   std::fprintf(stderr, "without the outer momentum: %.3g against the bound %.3g\n", dropped, bound);
 }
 
+// An int8 outer all-reduce keeps a residual per rank (error feedback),
+// which checkpoints leave out (each rank's differs: docs/diloco.md): the
+// files hold the same outer tensors as an f32 run's, and a resume restores
+// the anchor and momentum, starts the residual at zero and builds it again
+// at its first outer step.
+TEST_F(DiLoCoCheckpointTest, AnInt8RunResumesWithItsResidualStartedAgain) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("int8", 4, DiLoCoFlags(kSaved, 4, 2, {"--outer_dtype=int8"})));
+  const Params file = testing::LoadSafetensorsParams(Consolidate("int8"));
+  const Params params = kMlp.Load(cluster_.checkpoint_root(), "int8", kSaved);
+  ASSERT_FALSE(params.empty());
+  EXPECT_EQ(file.size(), 3 * params.size());  // parameters, anchor, momentum
+  ASSERT_TRUE(cluster_.Run("int8", 4,
+                           DiLoCoFlags(kSteps, 4, 2, {"--outer_dtype=int8", "--resume=latest"})));
+  EXPECT_NE(cluster_.WorkerLog(0).find("outer step 2, anchor and outer momentum"),
+            std::string::npos)
+      << cluster_.WorkerLog(0);
+  const nlohmann::json report = cluster_.Report("int8", 0);
+  ASSERT_EQ(report["outer_steps"].size(), 1u);
+  EXPECT_EQ(report["outer_steps"][0]["outer_step"].get<int>(), 3);
+  EXPECT_GT(report["outer_steps"][0]["residual_norm"].get<double>(), 0.0);
+}
+
 // Recovery from in-memory snapshots (docs/recovery.md) with a heartbeat
 // short enough to notice a killed worker quickly.
 class DiLoCoRecoveryTest : public ::testing::Test {
