@@ -66,6 +66,10 @@ absl::string_view ShardTensorPrefix(ShardTensorKind kind) {
       return kExpAvgPrefix;
     case ShardTensorKind::kExpAvgSq:
       return kExpAvgSqPrefix;
+    case ShardTensorKind::kOuterAnchor:
+      return kOuterAnchorPrefix;
+    case ShardTensorKind::kOuterMomentum:
+      return kOuterMomentumPrefix;
   }
   return "";
 }
@@ -83,6 +87,10 @@ bool ParseShardTensorName(absl::string_view name, ParsedShardTensorName* out) {
     parsed.kind = ShardTensorKind::kExpAvgSq;
   } else if (absl::ConsumePrefix(&name, kExpAvgPrefix)) {
     parsed.kind = ShardTensorKind::kExpAvg;
+  } else if (absl::ConsumePrefix(&name, kOuterAnchorPrefix)) {
+    parsed.kind = ShardTensorKind::kOuterAnchor;
+  } else if (absl::ConsumePrefix(&name, kOuterMomentumPrefix)) {
+    parsed.kind = ShardTensorKind::kOuterMomentum;
   }
   size_t colon = name.rfind(':');
   if (colon == absl::string_view::npos || colon == 0) return false;

@@ -7,7 +7,10 @@
 //
 // A shard file holds tensors "<name>:<a>-<b>" (rows [a, b) of model tensor
 // <name>, F32) and, with the optimizer state, the same names behind
-// "optim.exp_avg." / "optim.exp_avg_sq.". Its __metadata__ has the keys of
+// "optim.exp_avg." / "optim.exp_avg_sq."; a DiLoCo job's (--sync=diloco,
+// docs/diloco.md) also behind "optim.outer_anchor." (the parameters of the
+// last outer step) and, with outer momentum, "optim.outer_momentum." (the
+// outer Nesterov SGD's buffer). Its __metadata__ has the keys of
 // ShardMetadataKey below; "checksums" is a JSON object mapping every tensor
 // of the file to the XXH64 hex of its bytes.
 #ifndef ZEROSHARD_COMMON_CHECKPOINT_FORMAT_H_
@@ -25,6 +28,8 @@ inline constexpr char kManifestFormat[] = "zeroshard-manifest-v1";  // manifest 
 inline constexpr char kManifestFileName[] = "manifest.json";
 inline constexpr char kExpAvgPrefix[] = "optim.exp_avg.";
 inline constexpr char kExpAvgSqPrefix[] = "optim.exp_avg_sq.";
+inline constexpr char kOuterAnchorPrefix[] = "optim.outer_anchor.";
+inline constexpr char kOuterMomentumPrefix[] = "optim.outer_momentum.";
 
 // __metadata__ keys of a shard file (all values are strings). A consolidated
 // file uses kFormat ("pt"), kJob, kStep, kOptimizer, kOptimizerStep and
@@ -46,6 +51,9 @@ struct ShardMetadataKey {
   // The model's Hugging Face config.json text (GPT-2 jobs), which
   // `consolidate --format=hf` writes beside the weights.
   static constexpr char kHfConfig[] = "hf_config";
+  // DiLoCo: the outer steps taken when the shard was saved (absent: not a
+  // DiLoCo job's). A consolidated file with the outer state has it too.
+  static constexpr char kOuterStep[] = "outer_step";
 };
 
 // "<job>/step-<N>"
@@ -66,9 +74,9 @@ std::string CheckpointManifestPath(absl::string_view job, int64_t step);
 std::string ConsolidatedDir(absl::string_view job, int64_t step);
 
 // What a shard tensor holds.
-enum class ShardTensorKind { kParams, kExpAvg, kExpAvgSq };
+enum class ShardTensorKind { kParams, kExpAvg, kExpAvgSq, kOuterAnchor, kOuterMomentum };
 
-// "" for parameters, "optim.exp_avg." or "optim.exp_avg_sq.".
+// "" for parameters, else the kind's prefix ("optim.exp_avg.", ...).
 absl::string_view ShardTensorPrefix(ShardTensorKind kind);
 
 // "<prefix><name>:<row_begin>-<row_end>".

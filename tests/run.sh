@@ -88,6 +88,7 @@ NUMERICAL_TARGETS=(
   //tests/integration:recovery_test
   //tests/integration:hsdp_test
   //tests/integration:diloco_test
+  //tests/integration:diloco_checkpoint_test
   //tests/interop:interop_test
 )
 FORCED_KERNELS=(Haswell Sandybridge)

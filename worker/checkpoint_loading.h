@@ -33,7 +33,9 @@ struct LoadedPosition {
 
 // Fills `engine` from `reader`: the parameters, and the moments and the
 // optimizer's step when the reader has them and `options`' optimizer keeps
-// them. `log_notes`: say on stderr when moments start at zero (rank 0).
+// them; a DiLoCo engine's outer state (anchor, outer momentum, outer step)
+// when the reader has it, else it starts fresh. `log_notes`: say on stderr
+// when moments or the outer state start at zero or go unused (rank 0).
 absl::StatusOr<LoadedPosition> LoadEngineState(CheckpointReader* reader, ZeroEngine& engine,
                                                const EngineOptions& options, bool log_notes);
 

@@ -148,6 +148,13 @@ absl::Status Consolidator::PlanOutputs() {
   if (optimizer && manifest_.has_exp_avg_sq) {
     kinds.push_back({ShardTensorKind::kExpAvgSq, DType::kF32});
   }
+  // DiLoCo's outer state is optimizer state too: F32, after the moments.
+  if (!options_.weights_only && manifest_.has_outer_anchor) {
+    kinds.push_back({ShardTensorKind::kOuterAnchor, DType::kF32});
+  }
+  if (!options_.weights_only && manifest_.has_outer_momentum) {
+    kinds.push_back({ShardTensorKind::kOuterMomentum, DType::kF32});
+  }
   for (const auto& [kind, dtype] : kinds) {
     for (size_t i = 0; i < manifest_.tensors.size(); ++i) {
       const ManifestTensor& t = manifest_.tensors[i];
@@ -359,6 +366,9 @@ SafetensorsMetadata Consolidator::FileMetadata(const OutputFile& f, bool placeho
     metadata[ShardMetadataKey::kOptimizer] = manifest_.optimizer;
     metadata[ShardMetadataKey::kOptimizerStep] = absl::StrCat(manifest_.optimizer_step);
   }
+  if (!options_.weights_only && !outer_step_.empty()) {
+    metadata[ShardMetadataKey::kOuterStep] = outer_step_;
+  }
   if (!hf_config_.empty()) metadata[ShardMetadataKey::kHfConfig] = hf_config_;
   return metadata;
 }
@@ -400,6 +410,13 @@ absl::StatusOr<ConsolidationResult> Consolidator::Run(ConsolidationOutput* outpu
     if (!first.ok()) return first.status();
     auto hf_config = (*first)->metadata().find(ShardMetadataKey::kHfConfig);
     if (hf_config != (*first)->metadata().end()) result.hf_config = hf_config->second;
+    // Every rank saves the same outer step count (the outer steps are the
+    // job's collectives).
+    auto outer_step = (*first)->metadata().find(ShardMetadataKey::kOuterStep);
+    if (outer_step != (*first)->metadata().end() &&
+        (manifest_.has_outer_anchor || manifest_.has_outer_momentum)) {
+      outer_step_ = outer_step->second;
+    }
   }
   if (options_.require_hf_config && result.hf_config.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -6,9 +6,12 @@
 // optimizer state, "optim.exp_avg.<name>" and "optim.exp_avg_sq.<name>"
 // follow all parameters. Parameters may be converted to BF16 or F16; the
 // optimizer state stays F32 (Adam's second moment underflows in F16 and a
-// resumed job needs the exact moments). __metadata__: format "pt", job, step,
+// resumed job needs the exact moments). A DiLoCo job's outer state follows
+// as "optim.outer_anchor.<name>" and "optim.outer_momentum.<name>" (F32,
+// docs/diloco.md) unless weights_only. __metadata__: format "pt", job, step,
 // and "checksums" (JSON: tensor -> XXH64 hex of its bytes in this file); with
-// the optimizer state also optimizer and optimizer_step.
+// the optimizer state also optimizer and optimizer_step, with the outer state
+// outer_step.
 //
 // The merge is plain range copies: every piece of a tensor is a contiguous
 // run of rows, read with pread into one fixed buffer, so memory stays at
@@ -155,6 +158,7 @@ class Consolidator {
   std::vector<OutputFile> files_;
   std::string index_json_;  // sharded output only
   std::string hf_config_;   // from the first shard file, once Run read it
+  std::string outer_step_;  // likewise (DiLoCo with outer state; "": none)
   std::unique_ptr<ShardFiles> shards_;
   std::vector<char> buffer_;     // options_.buffer_bytes: shard bytes as read
   std::vector<char> converted_;  // half of that: BF16/F16 output

@@ -140,6 +140,8 @@ absl::StatusOr<CheckpointManifest> BuildManifest(const std::string& job, int64_t
   m.pieces.resize(m.tensors.size());
   m.has_exp_avg = true;
   m.has_exp_avg_sq = true;
+  m.has_outer_anchor = true;
+  m.has_outer_momentum = true;
   for (const v1::Unit& unit : plan.units()) {
     for (const v1::Piece& p : unit.pieces()) {
       if (p.tensor() < 0 || p.tensor() >= unit.tensors_size() || p.rank() < 0 ||
@@ -160,6 +162,8 @@ absl::StatusOr<CheckpointManifest> BuildManifest(const std::string& job, int64_t
       }
       m.has_exp_avg = m.has_exp_avg && has(ShardTensorKind::kExpAvg);
       m.has_exp_avg_sq = m.has_exp_avg_sq && has(ShardTensorKind::kExpAvgSq);
+      m.has_outer_anchor = m.has_outer_anchor && has(ShardTensorKind::kOuterAnchor);
+      m.has_outer_momentum = m.has_outer_momentum && has(ShardTensorKind::kOuterMomentum);
       m.pieces[index[name]].push_back(ManifestPiece{p.rank(), p.row_begin(), p.row_end()});
     }
   }
@@ -168,7 +172,9 @@ absl::StatusOr<CheckpointManifest> BuildManifest(const std::string& job, int64_t
       return a.row_begin < b.row_begin;
     });
   }
-  if (m.tensors.empty()) m.has_exp_avg = m.has_exp_avg_sq = false;
+  if (m.tensors.empty()) {
+    m.has_exp_avg = m.has_exp_avg_sq = m.has_outer_anchor = m.has_outer_momentum = false;
+  }
   return m;
 }
 
@@ -184,6 +190,9 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   j["optimizer"] = m.optimizer;
   j["optimizer_step"] = m.optimizer_step;
   j["optimizer_state"] = {{"exp_avg", m.has_exp_avg}, {"exp_avg_sq", m.has_exp_avg_sq}};
+  if (m.has_outer_anchor || m.has_outer_momentum) {  // DiLoCo only: other manifests as before
+    j["outer_state"] = {{"anchor", m.has_outer_anchor}, {"momentum", m.has_outer_momentum}};
+  }
   j["total_bytes"] = m.TotalBytes();
   Json tensors = Json::array();
   for (const ManifestTensor& t : m.tensors) {
@@ -239,6 +248,15 @@ absl::Status ParseManifestFields(const Json& j, CheckpointManifest* m) {
       !Get(optimizer_state, "exp_avg", &m->has_exp_avg, &error) ||
       !Get(optimizer_state, "exp_avg_sq", &m->has_exp_avg_sq, &error)) {
     return error;
+  }
+  // Optional: DiLoCo jobs' manifests only.
+  if (j.contains("outer_state")) {
+    Json outer_state;
+    if (!Get(j, "outer_state", &outer_state, &error) ||
+        !Get(outer_state, "anchor", &m->has_outer_anchor, &error) ||
+        !Get(outer_state, "momentum", &m->has_outer_momentum, &error)) {
+      return error;
+    }
   }
   if (m->world_size < 1) return Corrupt(absl::StrCat("world_size is ", m->world_size));
   return absl::OkStatus();
@@ -312,9 +330,12 @@ absl::StatusOr<std::vector<ManifestPiece>> ParseTensorPieces(
     next_row = piece.row_end;
     const auto& checksums = m.files[piece.file].checksums;
     for (ShardTensorKind kind :
-         {ShardTensorKind::kParams, ShardTensorKind::kExpAvg, ShardTensorKind::kExpAvgSq}) {
+         {ShardTensorKind::kParams, ShardTensorKind::kExpAvg, ShardTensorKind::kExpAvgSq,
+          ShardTensorKind::kOuterAnchor, ShardTensorKind::kOuterMomentum}) {
       if (kind == ShardTensorKind::kExpAvg && !m.has_exp_avg) continue;
       if (kind == ShardTensorKind::kExpAvgSq && !m.has_exp_avg_sq) continue;
+      if (kind == ShardTensorKind::kOuterAnchor && !m.has_outer_anchor) continue;
+      if (kind == ShardTensorKind::kOuterMomentum && !m.has_outer_momentum) continue;
       std::string name = ShardTensorName(kind, tensor.name, piece.row_begin, piece.row_end);
       if (kind == ShardTensorKind::kParams && name != shard_tensor) {
         return Corrupt(absl::StrCat("piece \"", shard_tensor, "\" of \"", tensor.name,

@@ -8,6 +8,7 @@
 //    "world_size": 2, "generation": 1, "plan_hash": "...",
 //    "created_unix_ms": ..., "optimizer": "adam", "optimizer_step": 10,
 //    "optimizer_state": {"exp_avg": true, "exp_avg_sq": true},
+//    "outer_state": {"anchor": true, "momentum": true},   (DiLoCo jobs only)
 //    "total_bytes": n,
 //    "tensors": [{"name": "0.weight", "shape": [32, 16], "dtype": "F32"}, ...],
 //    "files": [{"file": "rank-0-of-2.safetensors", "rank": 0,
@@ -18,7 +19,10 @@
 //
 // File names are relative to the step directory. The optimizer state's
 // pieces are the parameter pieces with "optim.exp_avg." / "optim.exp_avg_sq."
-// in front of the shard tensor name, in the same file.
+// in front of the shard tensor name, in the same file; a DiLoCo job's outer
+// state (docs/diloco.md) likewise with "optim.outer_anchor." /
+// "optim.outer_momentum.". "outer_state" is absent from other jobs'
+// manifests (and from those written before it existed): both false.
 #ifndef ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_MANIFEST_H_
 #define ZEROSHARD_SHARD_SERVER_CHECKPOINT_CHECKPOINT_MANIFEST_H_
 
@@ -67,6 +71,8 @@ struct CheckpointManifest {
   int64_t optimizer_step = 0;
   bool has_exp_avg = false;     // every piece has its optim.exp_avg.* tensor
   bool has_exp_avg_sq = false;  // every piece has its optim.exp_avg_sq.* tensor
+  bool has_outer_anchor = false;    // every piece has its optim.outer_anchor.* tensor
+  bool has_outer_momentum = false;  // every piece has its optim.outer_momentum.* tensor
   std::vector<ManifestTensor> tensors;             // model order
   std::vector<ManifestFile> files;                 // by rank
   std::vector<std::vector<ManifestPiece>> pieces;  // per tensor, by row_begin

@@ -12,8 +12,9 @@ namespace zeroshard {
 namespace {
 
 TEST(CheckpointFormatTest, EveryShardTensorNameParsesBackToWhatMadeIt) {
-  const std::vector<ShardTensorKind> kinds = {ShardTensorKind::kParams, ShardTensorKind::kExpAvg,
-                                              ShardTensorKind::kExpAvgSq};
+  const std::vector<ShardTensorKind> kinds = {
+      ShardTensorKind::kParams, ShardTensorKind::kExpAvg, ShardTensorKind::kExpAvgSq,
+      ShardTensorKind::kOuterAnchor, ShardTensorKind::kOuterMomentum};
   // Names with dots, digits and colons of their own (the row range is after
   // the last colon); rows from 0 to beyond 2^32.
   const std::vector<std::string> tensors = {"w", "h.0.attn.c_attn.weight", "a:b", "optim", "0"};
@@ -40,6 +41,10 @@ TEST(CheckpointFormatTest, TheOptimizerPrefixesAreTheDocumentedOnes) {
   EXPECT_EQ(ShardTensorName(ShardTensorKind::kParams, "w", 0, 4), "w:0-4");
   EXPECT_EQ(ShardTensorName(ShardTensorKind::kExpAvg, "w", 0, 4), "optim.exp_avg.w:0-4");
   EXPECT_EQ(ShardTensorName(ShardTensorKind::kExpAvgSq, "w", 0, 4), "optim.exp_avg_sq.w:0-4");
+  // DiLoCo's outer state (docs/diloco.md).
+  EXPECT_EQ(ShardTensorName(ShardTensorKind::kOuterAnchor, "w", 0, 4), "optim.outer_anchor.w:0-4");
+  EXPECT_EQ(ShardTensorName(ShardTensorKind::kOuterMomentum, "w", 0, 4),
+            "optim.outer_momentum.w:0-4");
   // "optim.exp_avg." is a prefix of "optim.exp_avg_sq.": the longer one wins.
   ParsedShardTensorName parsed;
   ASSERT_TRUE(ParseShardTensorName("optim.exp_avg_sq.w:0-4", &parsed));
@@ -48,8 +53,9 @@ TEST(CheckpointFormatTest, TheOptimizerPrefixesAreTheDocumentedOnes) {
 }
 
 TEST(CheckpointFormatTest, OnlyTheCanonicalFormParsesAndAFailureLeavesTheOutputAlone) {
-  for (const char* name : {"w", "w:", ":0-4", "w:0", "w:4-4", "w:5-4", "w:-1-4", "w:+0-4", "w: 0-4",
-                           "w:0-4 ", "w:00-4", "w:0-4x", "w:0--4", "optim.exp_avg.:0-4"}) {
+  for (const char* name :
+       {"w", "w:", ":0-4", "w:0", "w:4-4", "w:5-4", "w:-1-4", "w:+0-4", "w: 0-4", "w:0-4 ",
+        "w:00-4", "w:0-4x", "w:0--4", "optim.exp_avg.:0-4", "optim.outer_anchor.:0-4"}) {
     ParsedShardTensorName parsed;
     parsed.tensor = "untouched";
     EXPECT_FALSE(ParseShardTensorName(name, &parsed)) << name;

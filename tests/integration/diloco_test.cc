@@ -212,11 +212,10 @@ TEST_F(DiLoCoTest, AdamGroupsAndANesterovOuterStepMatchIndependentGroupJobs) {
 }
 
 // A DiLoCo job checkpoints only right after an outer step, where every
-// group holds the anchor: its checkpoint is one model, and a resume takes
-// it as the anchor. The outer momentum is not in checkpoints yet
-// (docs/diloco.md), so without state on either side (inner SGD and outer
-// SGD without momentum) a run stopped and resumed at an outer step is
-// bitwise the uninterrupted one: the same sums on the same rows.
+// group holds the anchor: its checkpoint is one model. Without state on
+// either side (inner SGD and outer SGD without momentum) a run stopped and
+// resumed at an outer step is bitwise the uninterrupted one: the same sums
+// on the same rows. (With outer momentum: diloco_checkpoint_test.)
 TEST_F(DiLoCoTest, ACheckpointAtAnOuterStepResumesTheRun) {
   ASSERT_TRUE(cluster_.ok());
   constexpr int kSteps = 4;

@@ -47,13 +47,32 @@ TensorEntry PieceEntry(ShardTensorKind kind, const ZeroEngine::PieceView& piece)
           PieceShape(piece)};
 }
 
+// `add(kind, values)` for each state the piece has beside its parameters:
+// the moments, then DiLoCo's outer anchor and momentum.
+template <typename Add>
+void ForEachPieceState(const ZeroEngine::PieceView& piece, const Add& add) {
+  if (piece.exp_avg != nullptr) {
+    add(ShardTensorKind::kExpAvg, piece.exp_avg);
+    if (piece.exp_avg_sq != nullptr) add(ShardTensorKind::kExpAvgSq, piece.exp_avg_sq);
+  }
+  if (piece.outer_anchor != nullptr) add(ShardTensorKind::kOuterAnchor, piece.outer_anchor);
+  if (piece.outer_momentum != nullptr) add(ShardTensorKind::kOuterMomentum, piece.outer_momentum);
+}
+
+// `id` with the engine's outer step count (DiLoCo).
+ShardIdentity WithOuterStep(const ShardIdentity& id, const ZeroEngine& engine) {
+  ShardIdentity out = id;
+  if (engine.diloco()) out.outer_step = engine.outer_steps();
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdentity& id,
                                             const std::string& optimizer_name, bool with_optimizer,
                                             bool with_replica_peer) {
   ShardSnapshot snap;
-  snap.id = id;
+  snap.id = WithOuterStep(id, engine);
   snap.optimizer = optimizer_name;
   snap.optimizer_step = engine.optimizer_step();
   // Moments after all parameters, so a weights-only reader finds the
@@ -65,14 +84,11 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
       [&](const ZeroEngine::PieceView& piece) {
         snap.entries.push_back(PieceEntry(ShardTensorKind::kParams, piece));
         snap.values.emplace_back(piece.params, piece.params + piece.elements);
-        if (with_optimizer && piece.exp_avg != nullptr) {
-          moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvg, piece));
-          moment_values.emplace_back(piece.exp_avg, piece.exp_avg + piece.elements);
-          if (piece.exp_avg_sq != nullptr) {
-            moment_entries.push_back(PieceEntry(ShardTensorKind::kExpAvgSq, piece));
-            moment_values.emplace_back(piece.exp_avg_sq, piece.exp_avg_sq + piece.elements);
-          }
-        }
+        if (!with_optimizer) return absl::OkStatus();
+        ForEachPieceState(piece, [&](ShardTensorKind kind, const float* values) {
+          moment_entries.push_back(PieceEntry(kind, piece));
+          moment_values.emplace_back(values, values + piece.elements);
+        });
         return absl::OkStatus();
       },
       with_replica_peer);
@@ -89,7 +105,7 @@ absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
                                     const std::string& optimizer_name, bool with_optimizer,
                                     bool with_replica_peer) {
   ShardView view;
-  view.id = id;
+  view.id = WithOuterStep(id, engine);
   view.optimizer = optimizer_name;
   view.optimizer_step = engine.optimizer_step();
   auto add = [](ShardView* v, TensorEntry entry, const float* values, int64_t elements) {
@@ -102,13 +118,10 @@ absl::StatusOr<ShardView> ViewShard(ZeroEngine& engine, const ShardIdentity& id,
   absl::Status s = engine.ForEachOwnPiece(
       [&](const ZeroEngine::PieceView& piece) {
         add(&view, PieceEntry(ShardTensorKind::kParams, piece), piece.params, piece.elements);
-        if (with_optimizer && piece.exp_avg != nullptr) {
-          add(&moments, PieceEntry(ShardTensorKind::kExpAvg, piece), piece.exp_avg, piece.elements);
-          if (piece.exp_avg_sq != nullptr) {
-            add(&moments, PieceEntry(ShardTensorKind::kExpAvgSq, piece), piece.exp_avg_sq,
-                piece.elements);
-          }
-        }
+        if (!with_optimizer) return absl::OkStatus();
+        ForEachPieceState(piece, [&](ShardTensorKind kind, const float* values) {
+          add(&moments, PieceEntry(kind, piece), values, piece.elements);
+        });
         return absl::OkStatus();
       },
       with_replica_peer);
@@ -156,6 +169,7 @@ SafetensorsMetadata ShardMetadata(const ShardIdentity& id, const std::string& op
   };
   if (id.data_row >= 0) metadata[ShardMetadataKey::kDataRow] = absl::StrCat(id.data_row);
   if (!id.hf_config.empty()) metadata[ShardMetadataKey::kHfConfig] = id.hf_config;
+  if (id.outer_step >= 0) metadata[ShardMetadataKey::kOuterStep] = absl::StrCat(id.outer_step);
   return metadata;
 }
 
@@ -479,15 +493,13 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenFile(
   reader->indexed_.assign(reader->paths_.size(), true);
   auto file = reader->File(0);
   if (!file.ok()) return file.status();
-  const SafetensorsMetadata& meta = (*file)->metadata();
   for (const TensorInfo& t : (*file)->tensors()) {
-    if (absl::StartsWith(t.name, kExpAvgPrefix)) reader->has_optimizer_ = true;
+    for (ShardTensorKind kind : {ShardTensorKind::kExpAvg, ShardTensorKind::kOuterAnchor,
+                                 ShardTensorKind::kOuterMomentum}) {
+      if (absl::StartsWith(t.name, ShardTensorPrefix(kind))) reader->NoteKind(kind);
+    }
   }
-  int64_t value = 0;
-  auto it = meta.find(ShardMetadataKey::kOptimizerStep);
-  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) reader->optimizer_step_ = value;
-  it = meta.find(ShardMetadataKey::kStep);
-  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) reader->step_ = value;
+  reader->ReadPosition((*file)->metadata());
   return reader;
 }
 
@@ -527,7 +539,7 @@ absl::Status CheckpointReader::IndexFile(int index) {
       return absl::InvalidArgumentError(absl::StrCat(
           paths_[index], ": tensor '", t.name, "' is not named <tensor>:<row_begin>-<row_end>"));
     }
-    if (parsed.kind != ShardTensorKind::kParams) has_optimizer_ = true;
+    NoteKind(parsed.kind);
     Piece piece;
     piece.file = index;
     piece.shard_tensor = t.name;
@@ -538,16 +550,37 @@ absl::Status CheckpointReader::IndexFile(int index) {
     std::sort(list.begin(), list.end(),
               [](const Piece& a, const Piece& b) { return a.row_begin < b.row_begin; });
   }
-  const SafetensorsMetadata& meta = (*file)->metadata();
-  int64_t value = 0;
-  auto it = meta.find(ShardMetadataKey::kOptimizerStep);
-  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) optimizer_step_ = value;
-  it = meta.find(ShardMetadataKey::kStep);
-  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) step_ = value;
-  it = meta.find(ShardMetadataKey::kDataRow);
-  if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) data_row_ = value;
+  ReadPosition((*file)->metadata());
   indexed_[index] = true;
   return absl::OkStatus();
+}
+
+void CheckpointReader::NoteKind(ShardTensorKind kind) {
+  switch (kind) {
+    case ShardTensorKind::kExpAvg:
+    case ShardTensorKind::kExpAvgSq:
+      has_optimizer_ = true;
+      break;
+    case ShardTensorKind::kOuterAnchor:
+      has_outer_anchor_ = true;
+      break;
+    case ShardTensorKind::kOuterMomentum:
+      has_outer_momentum_ = true;
+      break;
+    case ShardTensorKind::kParams:
+      break;
+  }
+}
+
+void CheckpointReader::ReadPosition(const SafetensorsMetadata& meta) {
+  for (auto [key, field] : {std::pair{ShardMetadataKey::kOptimizerStep, &optimizer_step_},
+                            std::pair{ShardMetadataKey::kStep, &step_},
+                            std::pair{ShardMetadataKey::kDataRow, &data_row_},
+                            std::pair{ShardMetadataKey::kOuterStep, &outer_step_}}) {
+    int64_t value = 0;
+    auto it = meta.find(key);
+    if (it != meta.end() && absl::SimpleAtoi(it->second, &value)) *field = value;
+  }
 }
 
 absl::Status CheckpointReader::Verify(int index, const std::string& tensor) {

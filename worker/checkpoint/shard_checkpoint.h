@@ -31,6 +31,9 @@ struct ShardIdentity {
   std::string plan_hash;
   int64_t data_row = -1;  // the data cursor after `step` (-1: not recorded)
   std::string hf_config;  // the model's config.json ("": none)
+  // DiLoCo: the outer steps taken (-1: not a DiLoCo job). SnapshotShard and
+  // ViewShard set it from the engine.
+  int64_t outer_step = -1;
 };
 
 // This rank's state, copied to host buffers: what the writer thread writes.
@@ -43,8 +46,9 @@ struct ShardSnapshot {
   int64_t bytes = 0;  // data bytes
 };
 
-// Copies this rank's pieces (and moments, if `with_optimizer` and the
-// optimizer has them). Runs on the training thread: this is the pause.
+// Copies this rank's pieces (and, if `with_optimizer`, the moments the
+// optimizer has and a DiLoCo engine's outer anchor and momentum). Runs on
+// the training thread: this is the pause.
 // `with_replica_peer`: also the next replica's run of the same shard
 // (ZeroEngine::ForEachOwnPiece), for in-memory snapshots in HSDP; never for
 // checkpoints, where every element is saved once.
@@ -53,7 +57,8 @@ absl::StatusOr<ShardSnapshot> SnapshotShard(ZeroEngine& engine, const ShardIdent
                                             bool with_replica_peer = false);
 
 // This rank's state as pointers to f32 values, in file order (every
-// parameter piece, then the moments): what SerializeShardInto copies from.
+// parameter piece, then the moments and outer state): what
+// SerializeShardInto copies from.
 struct ShardView {
   ShardIdentity id;
   std::vector<TensorEntry> entries;
@@ -114,9 +119,10 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snapshot, const std
 absl::StatusOr<WrittenShard> WriteShardFromView(const ShardView& view, const std::string& root,
                                                 absl::Notification* copied);
 
-// Reads parameters and moments by model tensor rows from either a step's
-// shard files (<root>/<job>/step-<N>/, any world size) or one consolidated
-// safetensors file ("<name>", "optim.exp_avg.<name>", ...). Files are opened
+// Reads parameters, moments and DiLoCo's outer state by model tensor rows
+// from either a step's shard files (<root>/<job>/step-<N>/, any world size)
+// or one consolidated safetensors file ("<name>", "optim.exp_avg.<name>",
+// "optim.outer_anchor.<name>", ...). Files are opened
 // lazily: a rank asking only for its own rows at the saving world size opens
 // only its own shard file.
 class CheckpointReader {
@@ -153,7 +159,13 @@ class CheckpointReader {
   // never loaded.
   absl::Status ReadRows(Kind kind, const TensorSpec& tensor, int64_t row_begin, int64_t row_end,
                         float* out);
+  // Adam's moments or SGD's momentum (optim.exp_avg.*).
   bool has_optimizer_state() const { return has_optimizer_; }
+  // DiLoCo's outer state (as the first file indexed has it): the anchor, the
+  // outer momentum, and the outer steps taken (-1: not recorded).
+  bool has_outer_anchor() const { return has_outer_anchor_; }
+  bool has_outer_momentum() const { return has_outer_momentum_; }
+  int64_t outer_step() const { return outer_step_; }
   // The optimizer's step count and the training step saved (-1 if unknown).
   int64_t optimizer_step() const { return optimizer_step_; }
   int64_t step() const { return step_; }
@@ -187,7 +199,15 @@ class CheckpointReader {
   // Consolidated sets of several files (a Hugging Face index): tensor ->
   // index into paths_. Empty: every tensor is in paths_[0].
   std::map<std::string, int> file_of_;
+  // The tensors seen (IndexFile, OpenFile): a kind's prefix, or a shard
+  // tensor's parsed kind.
+  void NoteKind(ShardTensorKind kind);
+  // A file's __metadata__ numbers: optimizer_step, step, data_row, outer_step.
+  void ReadPosition(const SafetensorsMetadata& meta);
   bool has_optimizer_ = false;
+  bool has_outer_anchor_ = false;
+  bool has_outer_momentum_ = false;
+  int64_t outer_step_ = -1;
   int64_t optimizer_step_ = -1;
   int64_t step_ = -1;
   int64_t data_row_ = -1;

@@ -203,6 +203,18 @@ class ZeroEngine {
   // without DiLoCo or between a step's micro-batches.
   absl::StatusOr<OuterStats> OuterStep();
   int64_t outer_steps() const { return outer_steps_; }
+  bool diloco() const { return options_.replica_sync == ReplicaSync::kDiLoCo; }
+  // DiLoCo's outer state from a checkpoint (engine_state.cc), after
+  // Initialize (which made the loaded parameters the anchor and zeroed the
+  // momentum): the anchor from `anchor` and, when `momentum` is not null,
+  // the outer momentum buffer, for the rows this rank keeps outer state of
+  // (its member's shard); `outer_steps` outer steps taken so far. Without
+  // `momentum` the momentum starts again at zero (its first outer step
+  // fills it, as from a fresh start). The residual of a bf16 / int8 outer
+  // dtype starts at zero (docs/diloco.md). FAILED_PRECONDITION without
+  // DiLoCo, or for `momentum` with --outer_momentum=0 (no buffer).
+  absl::Status InitializeOuterState(const RowSource& anchor, const RowSource* momentum,
+                                    int64_t outer_steps);
 
   // Sum of every element of the full model (over ranks, in double).
   absl::StatusOr<double> ParamsSum();
@@ -221,6 +233,12 @@ class ZeroEngine {
     float* params;
     float* exp_avg;     // null without moments
     float* exp_avg_sq;  // null without moments
+    // DiLoCo: the piece's outer anchor and outer momentum buffer (null
+    // without DiLoCo; the momentum also with --outer_momentum=0). The
+    // residual of a bf16 / int8 outer dtype is not visited: each rank's
+    // differs (docs/diloco.md).
+    float* outer_anchor;
+    float* outer_momentum;
     int64_t elements;
   };
   // `with_replica_peer`: also the next replica's run (UnitLayout::replica_peer_saved),

@@ -98,8 +98,8 @@ absl::Status ZeroEngine::AllocateOuterState() {
 }
 
 // The parameters Initialize wrote are the next outer step's anchor; the
-// outer momentum and the residual start again (the outer state is not in
-// checkpoints yet: docs/diloco.md).
+// outer momentum and the residual start again (a checkpoint's outer state
+// is loaded after this: InitializeOuterState).
 absl::Status ZeroEngine::ResetOuterState() {
   if (options_.replica_sync != ReplicaSync::kDiLoCo) return absl::OkStatus();
   for (size_t u = 0; u < units_.size(); ++u) {

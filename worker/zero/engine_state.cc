@@ -128,10 +128,16 @@ absl::Status ZeroEngine::ForEachOwnPiece(const std::function<absl::Status(const 
       float* v = st.optimizer->exp_avg_sq();
       view.exp_avg = m ? m + state_offset : nullptr;
       view.exp_avg_sq = v ? v + state_offset : nullptr;
+      // DiLoCo runs at stages 1-3: its state is chunked like the master.
+      float* anchor = st.anchor.empty() ? nullptr : st.anchor.f32();
+      float* momentum = st.outer_optimizer ? st.outer_optimizer->exp_avg() : nullptr;
+      view.outer_anchor = anchor ? anchor + seg.chunk_offset : nullptr;
+      view.outer_momentum = momentum ? momentum + seg.chunk_offset : nullptr;
       if (!backend_->host_accessible()) {
         // Device memory: the visitor sees host copies.
         const int64_t bytes = seg.length * static_cast<int64_t>(sizeof(float));
-        for (float** p : {&view.params, &view.exp_avg, &view.exp_avg_sq}) {
+        for (float** p : {&view.params, &view.exp_avg, &view.exp_avg_sq, &view.outer_anchor,
+                          &view.outer_momentum}) {
           if (*p == nullptr) continue;
           host.emplace_back(seg.length);
           if (absl::Status s = backend_->CopyToHost(host.back().data(), *p, bytes); !s.ok()) {
@@ -146,6 +152,40 @@ absl::Status ZeroEngine::ForEachOwnPiece(const std::function<absl::Status(const 
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ZeroEngine::InitializeOuterState(const RowSource& anchor, const RowSource* momentum,
+                                              int64_t outer_steps) {
+  if (!diloco()) {
+    return absl::FailedPreconditionError(
+        "InitializeOuterState is DiLoCo's (--sync=diloco); this engine has no outer state");
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& layout = units_[u];
+    UnitState& st = *state_[u];
+    Optimizer& outer = *st.outer_optimizer;
+    float* buffer = outer.exp_avg();
+    if (momentum != nullptr && buffer == nullptr) {
+      return absl::FailedPreconditionError(
+          "the outer SGD keeps no momentum buffer (--outer_momentum=0) to load");
+    }
+    // The chunk's padding stays zero: its outer gradient is zero.
+    if (buffer != nullptr) backend_->Zero(buffer, Bytes(layout.chunk_elements, DType::kF32));
+    for (int i : layout.own_segments) {
+      const Segment& s = layout.segments[i];
+      const TensorSpec& tensor = layout.tensors[s.tensor];
+      absl::Status filled =
+          FillRows(anchor, tensor, s.row_begin, s.row_end, st.anchor.f32() + s.chunk_offset);
+      if (filled.ok() && momentum != nullptr) {
+        filled = FillRows(*momentum, tensor, s.row_begin, s.row_end, buffer + s.chunk_offset);
+      }
+      if (!filled.ok()) return filled;
+    }
+    // SGD's step 0 marks its momentum buffer as not yet filled (optimizer.h).
+    outer.set_step(momentum != nullptr ? outer_steps : 0);
+  }
+  outer_steps_ = outer_steps;
+  return backend_->Synchronize();
 }
 
 int64_t ZeroEngine::optimizer_step() const {

@@ -71,11 +71,12 @@ struct ShardFile {
 };
 
 // Writes rank `rank`'s shard file of `step` as a worker does: its pieces'
-// parameters, then (with `optimizer`) both Adam moments, checksums in the
-// metadata.
+// parameters, then (with `optimizer`) both Adam moments and (with `outer`)
+// a DiLoCo job's outer anchor and momentum and its outer step 3, checksums
+// in the metadata.
 ShardFile WriteShard(const std::string& root, const std::string& job, int64_t step, int rank,
-                     const v1::ShardPlan& plan, bool optimizer = true,
-                     int64_t optimizer_step = 7) {
+                     const v1::ShardPlan& plan, bool optimizer = true, int64_t optimizer_step = 7,
+                     bool outer = false) {
   std::map<std::string, int> index;
   for (const v1::Unit& unit : plan.units()) {
     for (const v1::TensorSpec& t : unit.tensors()) index.emplace(t.name(), index.size());
@@ -87,6 +88,9 @@ ShardFile WriteShard(const std::string& root, const std::string& job, int64_t st
   std::vector<Item> items;
   std::vector<ShardTensorKind> kinds = {ShardTensorKind::kParams};
   if (optimizer) kinds.insert(kinds.end(), {ShardTensorKind::kExpAvg, ShardTensorKind::kExpAvgSq});
+  if (outer) {
+    kinds.insert(kinds.end(), {ShardTensorKind::kOuterAnchor, ShardTensorKind::kOuterMomentum});
+  }
   for (ShardTensorKind kind : kinds) {
     for (const v1::Unit& unit : plan.units()) {
       for (const v1::Piece& p : unit.pieces()) {
@@ -126,6 +130,7 @@ ShardFile WriteShard(const std::string& root, const std::string& job, int64_t st
                                   {"optimizer", "adam"},
                                   {"optimizer_step", absl::StrCat(optimizer_step)},
                                   {"checksums", checksums.dump()}};
+  if (outer) metadata["outer_step"] = "3";
   absl::StatusOr<CheckpointRoot> r = CheckpointRoot::Open(root);
   EXPECT_TRUE(r.ok());
   EXPECT_TRUE(r->MakeDirs(CheckpointStepDir(job, step)).ok());
@@ -226,9 +231,9 @@ class CheckpointRegistryTest : public ::testing::Test {
   }
 
   // Writes and commits every rank of `step`.
-  void CompleteStep(int64_t step, bool optimizer = true) {
+  void CompleteStep(int64_t step, bool optimizer = true, bool outer = false) {
     for (int r = 0; r < kWorld; ++r) {
-      ShardFile f = WriteShard(root_, kJob, step, r, plan_, optimizer);
+      ShardFile f = WriteShard(root_, kJob, step, r, plan_, optimizer, 7, outer);
       auto response = Commit(Request(f, r, step));
       ASSERT_TRUE(response.ok()) << response.status();
       EXPECT_EQ(response->step_complete(), r == kWorld - 1);
@@ -322,6 +327,8 @@ TEST_F(CheckpointRegistryTest, ManifestListsTensorsInModelOrderAndPiecesThatTile
   EXPECT_EQ(manifest->plan_hash, plan_.hash());
   EXPECT_TRUE(manifest->has_exp_avg);
   EXPECT_TRUE(manifest->has_exp_avg_sq);
+  EXPECT_FALSE(manifest->has_outer_anchor);  // not a DiLoCo job's: no "outer_state"
+  EXPECT_FALSE(nlohmann::json::parse(*text).contains("outer_state"));
   EXPECT_EQ(manifest->optimizer, "adam");
   EXPECT_EQ(manifest->optimizer_step, 7);
   ASSERT_EQ(manifest->tensors.size(), spec_.tensors.size());
@@ -750,6 +757,47 @@ TEST_F(ConsolidatorTest, OneFileHoldsTheMergedModelThenTheOptimizerState) {
   EXPECT_EQ(reader->metadata().at("format"), "pt");
   EXPECT_EQ(reader->metadata().at("step"), "10");
   EXPECT_EQ(reader->metadata().at("optimizer_step"), "7");
+}
+
+// A DiLoCo job's step (docs/diloco.md): the server accepts the outer
+// state's pieces, the manifest records them, and consolidation writes them
+// after the moments, F32, with the outer step count; weights_only leaves
+// them out.
+TEST_F(ConsolidatorTest, ADiLoCoStepConsolidatesItsOuterStateAfterTheMoments) {
+  CompleteStep(10, /*optimizer=*/true, /*outer=*/true);
+  auto text = ReadFileToString(StepDir(10) + "/manifest.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto manifest = ParseManifestJson(*text);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_TRUE(manifest->has_outer_anchor);
+  EXPECT_TRUE(manifest->has_outer_momentum);
+  MemoryOutput out;
+  auto result = Consolidate(10, ConsolidationOptions(), &out);
+  ASSERT_TRUE(result.ok()) << result.status();
+  auto reader = OpenOutput("model.safetensors", out.files[0].second);
+  ASSERT_NE(reader, nullptr);
+  std::vector<std::string> expected_names;
+  for (const char* prefix : {"", "optim.exp_avg.", "optim.exp_avg_sq.", "optim.outer_anchor.",
+                             "optim.outer_momentum."}) {
+    for (const TensorSpec& t : spec_.tensors) expected_names.push_back(prefix + t.name);
+  }
+  EXPECT_EQ(reader->names(), expected_names);
+  for (size_t t = 0; t < spec_.tensors.size(); ++t) {
+    const std::string& name = spec_.tensors[t].name;
+    ExpectValues(*reader, "optim.outer_anchor." + name, ShardTensorKind::kOuterAnchor, t,
+                 DType::kF32);
+    ExpectValues(*reader, "optim.outer_momentum." + name, ShardTensorKind::kOuterMomentum, t,
+                 DType::kF32);
+  }
+  EXPECT_EQ(reader->metadata().at("outer_step"), "3");
+  MemoryOutput weights;
+  ConsolidationOptions weights_only;
+  weights_only.weights_only = true;
+  ASSERT_TRUE(Consolidate(10, weights_only, &weights).ok());
+  auto plain = OpenOutput("weights.safetensors", weights.files[0].second);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->tensors().size(), spec_.tensors.size());
+  EXPECT_EQ(plain->metadata().count("outer_step"), 0u);
 }
 
 TEST_F(ConsolidatorTest, WeightsOnlyInBF16AndF16) {
