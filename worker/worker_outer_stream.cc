@@ -71,14 +71,14 @@ absl::Status Worker::RecordOuterStep(int completed, const OuterStats& outer) {
   record.wait_ms = outer.wait_ms;
   metrics_.outer_steps.push_back(record);
   if (rank_ == 0) {
-    const std::string what =
-        outer.fragment < 0 ? std::string("")
-                           : absl::StrCat(" (fragment ", outer.fragment, ", begun after step ",
-                                          outer.began_tag, ")");
+    const std::string what = outer.fragment < 0
+                                 ? std::string("")
+                                 : absl::StrCat(" (fragment ", outer.fragment,
+                                                ", begun after step ", outer.began_tag, ")");
     std::fprintf(stderr,
                  "outer step %lld after step %d%s: outer_grad_norm %.6f  %.1f ms  %lld bytes\n",
-                 static_cast<long long>(outer.outer_step), completed, what.c_str(), norm,
-                 outer.ms, static_cast<long long>(outer.bytes_sent));
+                 static_cast<long long>(outer.outer_step), completed, what.c_str(), norm, outer.ms,
+                 static_cast<long long>(outer.bytes_sent));
   }
   return absl::OkStatus();
 }

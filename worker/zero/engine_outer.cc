@@ -175,8 +175,7 @@ absl::Status ZeroEngine::OuterStepUnit(int unit, OuterStats* stats) {
   return ApplyOuterGradient(unit, delta, /*mix=*/0, stats);
 }
 
-absl::Status ZeroEngine::ApplyOuterGradient(int unit, float* delta, double mix,
-                                            OuterStats* stats) {
+absl::Status ZeroEngine::ApplyOuterGradient(int unit, float* delta, double mix, OuterStats* stats) {
   UnitState& st = *state_[unit];
   const int64_t n = units_[unit].chunk_elements;
   absl::StatusOr<double> squares = backend_->SquaredNorm(delta, n);

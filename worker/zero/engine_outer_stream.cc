@@ -84,18 +84,18 @@ absl::Status ZeroEngine::BeginOuterFragment(int fragment, int64_t tag) {
         "--outer_delay > 0); this engine planned no fragments");
   }
   if (fragment < 0 || fragment >= outer_fragments()) {
-    return absl::InvalidArgumentError(absl::StrCat("fragment ", fragment, " of ",
-                                                   outer_fragments(), ": expected 0 to ",
-                                                   outer_fragments() - 1));
+    return absl::InvalidArgumentError(absl::StrCat("fragment ", fragment, " of ", outer_fragments(),
+                                                   ": expected 0 to ", outer_fragments() - 1));
   }
   if (step_pending_) {
     return absl::FailedPreconditionError(
         "BeginOuterFragment between a step's micro-batches: call it after Step");
   }
   if (pending_.fragment >= 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("fragment ", pending_.fragment, "'s outer step is still pending: finish it "
-                     "before beginning fragment ", fragment));
+    return absl::FailedPreconditionError(absl::StrCat("fragment ", pending_.fragment,
+                                                      "'s outer step is still pending: finish it "
+                                                      "before beginning fragment ",
+                                                      fragment));
   }
   const absl::Time start = absl::Now();
   const int first = OuterFragmentUnits(fragment).first;
