@@ -1,6 +1,7 @@
 // Streaming DiLoCo in ZeroEngine (BeginOuterFragment / FinishOuterFragment,
 // engine_outer_stream.cc) with real Gloo / shared-memory communicators, W = 4
 // ranks as threads in 2 shard groups of 2, stage 3, a 3-layer MLP (3 units):
+//  - more fragments than units are refused at Create;
 //  - both paths, bitwise: one fragment begun and finished at once (mix 0)
 //    is OuterStep; so are 3 fragments begun and finished one after another;
 //  - F = 2 fragments, H = 2 (one fragment every step), delay τ = 1, mix 0.5:
@@ -42,8 +43,11 @@ struct RankEngine {
 
 // Runs `body(rank, engine, model)` on W threads, each with its own engine
 // made with `outer`.
+// With `create_errors`, Create's failures are collected there (by rank)
+// instead of failing the test.
 void OnRanks(const OuterOptions& outer,
-             const std::function<void(int, ZeroEngine&, MlpModel&)>& body) {
+             const std::function<void(int, ZeroEngine&, MlpModel&)>& body,
+             std::vector<absl::Status>* create_errors = nullptr) {
   MlpConfig mlp{kLayers, kWidth, "gelu"};
   auto probe = MlpModel::Create(mlp);
   ASSERT_TRUE(probe.ok());
@@ -73,6 +77,10 @@ void OnRanks(const OuterOptions& outer,
       options.outer = outer;
       auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
                                        aux->get(), options);
+      if (create_errors != nullptr) {
+        (*create_errors)[rank] = engine.status();
+        return;
+      }
       ASSERT_TRUE(engine.ok()) << engine.status();
       MlpModel* m = model->get();
       ASSERT_TRUE((*engine)
@@ -282,6 +290,21 @@ TEST(EngineOuterStreamTest, DelayedFragmentsMergeTheOuterResultWithLocalProgress
     EXPECT_EQ(synced, (std::vector<int>{3, 2, 2})) << rank;
     // With mix > 0 the groups keep part of their own progress: apart.
     EXPECT_NE(traces[rank].back().after_finish, traces[peer].back().after_finish) << rank;
+  }
+}
+
+// A fragment is whole units: more fragments than units is refused at
+// Create, naming the flag and the most it can be.
+TEST(EngineOuterStreamTest, MoreFragmentsThanUnitsAreRefused) {
+  std::vector<absl::Status> errors(kWorld);
+  OnRanks(
+      Outer(4, 1, 0.5), [](int, ZeroEngine&, MlpModel&) {}, &errors);
+  for (const absl::Status& s : errors) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("--outer_fragments=4: a fragment is one or more whole units and "
+                               "this model has 3: use --outer_fragments=3 or fewer"),
+              std::string::npos)
+        << s;
   }
 }
 
