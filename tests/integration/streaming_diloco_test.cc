@@ -14,6 +14,7 @@
 //  - bad streaming flags are refused before joining, naming what to set.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,9 @@ TEST_F(StreamingDiLoCoTest, FragmentsTakeTurnsOverlappedAndSendAThirdEach) {
                                         {9, 0, 8}, {11, 1, 10}, {12, -1, 12}};
     ASSERT_EQ(Turns(report), expected) << "rank " << rank;
     const nlohmann::json& steps = report["outer_steps"];
+    for (const nlohmann::json& o : steps)
+      std::printf("rank %d outer step %s\n", rank, o.dump().c_str());
+    std::printf("rank %d loss %g -> %g\n", rank, losses.front(), losses.back());
     const int64_t full = steps[5]["bytes_sent"].get<int64_t>();
     EXPECT_FALSE(steps[5]["on_replica_thread"].get<bool>()) << "the full step is blocking";
     int64_t outer_bytes = full;
