@@ -28,9 +28,9 @@ ABSL_FLAG(int, outer_delay, 1,
           "all-reduce overlaps (on the replica thread) before its result is applied; 0 to "
           "--outer_every / F (0: applied at once). With --outer_fragments=1 it is 0 unless set");
 ABSL_FLAG(double, outer_mix, 0.5,
-          "Streaming DiLoCo: alpha, how much of a fragment's local progress made while its "
-          "all-reduce ran is kept when the outer result is applied (params = outer + alpha "
-          "(local - outer)); 0: the outer result overwrites the fragment");
+          "Streaming DiLoCo: alpha, the share of a fragment's local parameters (the group's own, "
+          "--outer_delay steps after its all-reduce began) kept when the outer result is applied "
+          "(params = outer + alpha (local - outer)); 0: the outer result overwrites them");
 
 namespace zeroshard {
 namespace {
@@ -68,8 +68,8 @@ absl::Status ReadStreaming(OuterOptions* outer) {
   outer->mix = absl::GetFlag(FLAGS_outer_mix);
   if (!(outer->mix >= 0 && outer->mix <= 1)) {
     return Bad(absl::StrCat("--outer_mix=", outer->mix,
-                            ": expected a share in [0, 1] of the local progress kept (0.5 is "
-                            "Streaming DiLoCo's; 0: the outer result overwrites it)"));
+                            : expected a share in [0, 1] of the local parameters kept (0.5 is "
+                            "Streaming DiLoCo's; 0: the outer result overwrites them)"));
   }
   return absl::OkStatus();
 }

@@ -47,8 +47,9 @@ struct OuterOptions {
   // on the replica thread while the compute thread trains on; the worker
   // begins one every every / fragments steps and finishes it `delay` steps
   // later. When finished, the fragment's parameters become
-  // anchor + mix (params - anchor): the outer result plus `mix` of the local
-  // progress made meanwhile (the paper's alpha; 0: overwritten). The engine
+  // anchor + mix (params - anchor): the outer result moved `mix` of the way
+  // to this group's parameters of the moment (the paper's alpha; 0: the
+  // outer result overwrites them). The engine
   // plans the fragments' buffers when fragments > 1 or delay > 0.
   int fragments = 1;
   int delay = 0;

@@ -7,8 +7,8 @@
 // the compute thread goes on with the next inner steps. When the worker
 // finishes it (τ steps later) the fragment's parameters become
 //   anchor + mix (master - anchor)
-// — the outer result plus `mix` of the local progress made meanwhile (the
-// paper's α) — and the anchor stays the outer result, from which the
+// — the outer result moved `mix` of the way to this group's own parameters
+// of the moment, τ steps on (the paper's α) — and the anchor stays the outer result, from which the
 // fragment's next outer gradient is measured.
 //
 // The outer gradient of the fragment is computed at the begin, on the
