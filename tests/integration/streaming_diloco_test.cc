@@ -10,7 +10,8 @@
 //    outer steps' alone;
 //  - τ = 2, bf16 and --checkpoint_every=H: the checkpoint steps are full
 //    outer steps (the pending fragment finished first), and a checkpoint
-//    holds one model there;
+//    holds one model there, from which a run resumes (bitwise the
+//    uninterrupted one without inner or outer state);
 //  - bad streaming flags are refused before joining, naming what to set.
 #include <cmath>
 #include <cstdint>
@@ -132,6 +133,29 @@ TEST_F(StreamingDiLoCoTest, CheckpointStepsAreFullOuterSteps) {
   // Both checkpoints load (one model: each piece saved by its owner).
   EXPECT_FALSE(kMlp.Load(cluster_.checkpoint_root(), "ckpt", 6).empty());
   EXPECT_FALSE(kMlp.Load(cluster_.checkpoint_root(), "ckpt", kSteps).empty());
+}
+
+// A checkpoint at a full outer step resumes a streaming run: the rotation
+// is the same function of the step, no fragment is pending there, and
+// without state on either side (inner SGD, outer momentum 0: the outer
+// state is not in checkpoints yet) the resumed run is bitwise the
+// uninterrupted one.
+TEST_F(StreamingDiLoCoTest, ACheckpointAtAFullOuterStepResumesTheRun) {
+  ASSERT_TRUE(cluster_.ok());
+  constexpr int kSteps = 12;
+  const std::vector<std::string> more = {"--optimizer=sgd", "--outer_momentum=0", "--outer_delay=1",
+                                         "--checkpoint_every=6"};
+  ASSERT_TRUE(cluster_.Run("uninterrupted", 4, Streaming(kSteps, more)));
+  ASSERT_TRUE(cluster_.Run("resumed", 4, Streaming(6, more)));
+  std::vector<std::string> resume = more;
+  resume.push_back("--resume=latest");
+  ASSERT_TRUE(cluster_.Run("resumed", 4, Streaming(kSteps, resume)));
+  const testing::Params uninterrupted =
+      kMlp.Load(cluster_.checkpoint_root(), "uninterrupted", kSteps);
+  EXPECT_EQ(kMlp.Load(cluster_.checkpoint_root(), "resumed", kSteps), uninterrupted);
+  EXPECT_NE(kMlp.Load(cluster_.checkpoint_root(), "resumed", 6), uninterrupted);
+  const std::vector<Turn> expected = {{9, 0, 8}, {11, 1, 10}, {12, -1, 12}};
+  EXPECT_EQ(Turns(cluster_.Report("resumed", 0)), expected);
 }
 
 // Bad streaming flags are refused before the worker joins (exit 2), naming
