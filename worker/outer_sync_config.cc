@@ -151,6 +151,13 @@ absl::Status CheckCombinations(WorkerConfig* config) {
     // The default, moved to the outer steps; streaming: off, as each one
     // would be a full outer step (FullOuterStepAfter) every H steps.
     if (snapshot_every > 0) snapshot_every = StreamingOuter(config->engine.outer) ? 0 : every;
+    if (snapshot_every == 0 && config->loss_spike_zscore > 0) {
+      return Bad(absl::StrCat(
+          "--loss_spike_zscore=", config->loss_spike_zscore,
+          " rewinds to an in-memory snapshot, which streaming DiLoCo (--outer_fragments) takes "
+          "only where --snapshot_every says (each one a full outer step): pass --snapshot_every=",
+          every, " or a multiple of it"));
+    }
   } else if (snapshot_every > 0 && snapshot_every % every != 0) {
     return Bad(absl::StrCat("--snapshot_every=", snapshot_every,
                             " with --sync=diloco --outer_every=", every,

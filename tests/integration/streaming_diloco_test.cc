@@ -183,6 +183,8 @@ TEST(StreamingDiLoCoFlagsTest, BadFlagsAreRefusedNamingWhatToSet) {
       {with({"--outer_fragments=3", "--outer_mix=1.5"}),
        "--outer_mix=1.5: expected a share in [0, 1]"},
       {with({"--outer_fragments=3", "--snapshot_every=4"}), "use 0 or a multiple of --outer_every"},
+      {with({"--outer_fragments=3", "--loss_spike_zscore=6"}),
+       "only where --snapshot_every says (each one a full outer step): pass --snapshot_every=6"},
       {{"--shard_group_size=2", "--outer_fragments=2"},
        "--outer_fragments sets DiLoCo's outer step: it needs --sync=diloco"},
       {{"--shard_group_size=2", "--outer_mix=0"},
