@@ -11,7 +11,10 @@
 //   params     = anchor                    (in every group)
 // A shard's replicas are the ranks holding it in the other groups, so the
 // mean over the replicas' communicator is the mean over the groups, done
-// shard by shard with no rank holding more than its shard.
+// shard by shard with no rank holding more than its shard. Streaming
+// DiLoCo's fragments (engine_outer_stream.cc) reuse this file's parts:
+// OuterGradientInto, AllReduceOuterGradient (there on the replica thread)
+// and ApplyOuterGradient (there with the mix).
 #include <algorithm>
 #include <cassert>
 #include <memory>

@@ -3,7 +3,8 @@
 // ranks as threads in 2 shard groups of 2, stage 3, a 3-layer MLP (3 units):
 //  - more fragments than units are refused at Create;
 //  - both paths, bitwise: one fragment begun and finished at once (mix 0)
-//    is OuterStep; so are 3 fragments begun and finished one after another;
+//    is OuterStep; so are 3 fragments begun and finished one after another
+//    (f32, bf16 and int8 outer dtypes);
 //  - F = 2 fragments, H = 2 (one fragment every step), delay τ = 1, mix 0.5:
 //    every fragment's outer step recomputed from the ranks' master shards at
 //    its begin and just before its finish (one inner step later), the
@@ -107,8 +108,8 @@ void InnerStep(int rank, int step, ZeroEngine& e, MlpModel& m) {
   ASSERT_TRUE(stats->verdict.finite());
 }
 
-OuterOptions Outer(int fragments, int delay, double mix) {
-  OuterOptions o{/*every=*/2, kOuterLr, kMomentum, DType::kF32};
+OuterOptions Outer(int fragments, int delay, double mix, DType dtype = DType::kF32) {
+  OuterOptions o{/*every=*/2, kOuterLr, kMomentum, dtype};
   o.fragments = fragments;
   o.delay = delay;
   o.mix = mix;
@@ -134,10 +135,10 @@ Shards TwoRounds(const OuterOptions& outer,
   return shards;
 }
 
-TEST(EngineOuterStreamTest, FragmentPathsAreOuterStepBitwise) {
+void CheckFragmentPathsAreOuterStep(DType dtype) {
   std::vector<std::vector<int64_t>> full_bytes, one_bytes, three_bytes;
   const Shards full = TwoRounds(
-      Outer(1, 0, 0.5),
+      Outer(1, 0, 0.5, dtype),
       [](ZeroEngine& e, std::vector<int64_t>* bytes) {
         auto s = e.OuterStep();
         ASSERT_TRUE(s.ok()) << s.status();
@@ -159,8 +160,8 @@ TEST(EngineOuterStreamTest, FragmentPathsAreOuterStepBitwise) {
     }
     bytes->push_back(sent);
   };
-  const Shards one = TwoRounds(Outer(1, 1, 0), fragments, &one_bytes);
-  const Shards three = TwoRounds(Outer(3, 1, 0), fragments, &three_bytes);
+  const Shards one = TwoRounds(Outer(1, 1, 0, dtype), fragments, &one_bytes);
+  const Shards three = TwoRounds(Outer(3, 1, 0, dtype), fragments, &three_bytes);
   for (int rank = 0; rank < kWorld; ++rank) {
     ASSERT_EQ(full[rank].size(), 2u);
     EXPECT_EQ(one[rank], full[rank]) << rank;
@@ -173,6 +174,17 @@ TEST(EngineOuterStreamTest, FragmentPathsAreOuterStepBitwise) {
   EXPECT_EQ(three[0], three[2]);
 }
 
+TEST(EngineOuterStreamTest, FragmentPathsAreOuterStepBitwise) {
+  CheckFragmentPathsAreOuterStep(DType::kF32);
+}
+
+// bf16's wire copy in the fragment's buffer and int8's quantized all-reduce
+// on the replica thread, with their residuals: the same bits too.
+TEST(EngineOuterStreamTest, Bf16AndInt8FragmentPathsAreOuterStepBitwise) {
+  CheckFragmentPathsAreOuterStep(DType::kBF16);
+  CheckFragmentPathsAreOuterStep(DType::kI8);
+}
+
 // What a rank saw around one fragment's outer step.
 struct FragmentTrace {
   int fragment = -1;
@@ -180,7 +192,7 @@ struct FragmentTrace {
   OuterStats stats;
 };
 
-TEST(EngineOuterStreamTest, DelayedFragmentsMergeTheOuterResultWithLocalProgress) {
+TEST(EngineOuterStreamTest, DelayedFragmentsMergeTheOuterResultWithTheLocalParameters) {
   constexpr int kSteps = 6, kDelay = 1;
   constexpr double kMix = 0.5;
   std::vector<std::vector<FragmentTrace>> traces(kWorld);
