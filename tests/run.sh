@@ -79,6 +79,7 @@ if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then JOBS_FLAGS+=(--test_env=OPENBLAS_CORE
 NUMERICAL_TARGETS=(
   //tests/worker/zero:engine_test
   //tests/worker/zero:engine_outer_test
+  //tests/worker/zero:engine_outer_stream_test
   //tests/worker/zero:optimizer_test
   //tests/worker/model:layers_test
   //tests/worker/model:mlp_test
@@ -89,6 +90,7 @@ NUMERICAL_TARGETS=(
   //tests/integration:hsdp_test
   //tests/integration:diloco_test
   //tests/integration:diloco_checkpoint_test
+  //tests/integration:streaming_diloco_test
   //tests/interop:interop_test
 )
 FORCED_KERNELS=(Haswell Sandybridge)
@@ -96,7 +98,7 @@ FORCED_KERNELS=(Haswell Sandybridge)
 # damaged shard: the survivor waits out its rejoin timeout, ~2 min), and
 # recovery cases whose only comparison is bitwise with a reference run under
 # the same kernels, which add a restore path, not arithmetic (~9 s each).
-NOT_NUMERICAL=-ResumeTest.ADamagedShardIsNeverLoaded:ResumeTest.AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete:ResumeTest.AStepReadAsAnotherShapeIsRefusedNamingBoth:RecoveryTest.InShardGroupsEveryReplicaOfAShardLostFallsBackToTheDisk:RecoveryTest.AtStageTwoInShardGroupsEveryRankRestoresEveryParameterRow:RecoveryTest.RanksDisagreeingOnSnapshotBuddyAreRefusedByName:RecoveryWithAHeldBackSurvivorTest.*:DiLoCoFlagsTest.*
+NOT_NUMERICAL=-ResumeTest.ADamagedShardIsNeverLoaded:ResumeTest.AWorkerKilledWhileCheckpointingLeavesNothingThatLooksComplete:ResumeTest.AStepReadAsAnotherShapeIsRefusedNamingBoth:RecoveryTest.InShardGroupsEveryReplicaOfAShardLostFallsBackToTheDisk:RecoveryTest.AtStageTwoInShardGroupsEveryRankRestoresEveryParameterRow:RecoveryTest.RanksDisagreeingOnSnapshotBuddyAreRefusedByName:RecoveryWithAHeldBackSurvivorTest.*:DiLoCoFlagsTest.*:StreamingDiLoCoFlagsTest.*
 
 LOG=/tmp/zeroshard-test.log
 : >"$LOG"

@@ -19,6 +19,19 @@ ABSL_FLAG(std::string, outer_dtype, "f32",
           "--sync=diloco: the outer all-reduce's wire dtype: f32 | bf16 | int8 (bf16 and int8 "
           "keep each rank's quantization residual for the next outer step: error feedback)");
 
+ABSL_FLAG(int, outer_fragments, 1,
+          "--sync=diloco: F, streaming DiLoCo's fragments: the units split into F contiguous runs "
+          "of about equal parameter count, one synced every --outer_every / F steps, each every "
+          "--outer_every steps (1: the whole model at once; docs/diloco.md)");
+ABSL_FLAG(int, outer_delay, 1,
+          "--sync=diloco with --outer_fragments > 1: tau, the inner steps a fragment's outer "
+          "all-reduce overlaps (on the replica thread) before its result is applied; 0 to "
+          "--outer_every / F (0: applied at once). With --outer_fragments=1 it is 0 unless set");
+ABSL_FLAG(double, outer_mix, 0.5,
+          "Streaming DiLoCo: alpha, the share of a fragment's local parameters (the group's own, "
+          "--outer_delay steps after its all-reduce began) kept when the outer result is applied "
+          "(params = outer + alpha (local - outer)); 0: the outer result overwrites them");
+
 namespace zeroshard {
 namespace {
 
@@ -30,6 +43,35 @@ absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError
 bool Changed(const char* flag) {
   const absl::CommandLineFlag* f = absl::FindCommandLineFlag(flag);
   return f != nullptr && f->CurrentValue() != f->DefaultValue();
+}
+
+// Streaming DiLoCo's fragments, delay and mix (after --outer_every).
+absl::Status ReadStreaming(OuterOptions* outer) {
+  const int h = outer->every;
+  const int f = absl::GetFlag(FLAGS_outer_fragments);
+  if (f < 1 || h % f != 0) {
+    return Bad(absl::StrCat("--outer_fragments=", f, " with --outer_every=", h,
+                            ": expected F >= 1 dividing --outer_every (one fragment synced every "
+                            "H / F steps, each every H), e.g. --outer_every=",
+                            f < 1 ? h : f * ((h + f - 1) / f)));
+  }
+  outer->fragments = f;
+  // One fragment: today's DiLoCo, blocking, unless an overlap is asked for.
+  outer->delay = f == 1 && !Changed("outer_delay") ? 0 : absl::GetFlag(FLAGS_outer_delay);
+  if (outer->delay < 0 || outer->delay > h / f) {
+    return Bad(absl::StrCat("--outer_delay=", outer->delay, " with --outer_every=", h,
+                            " --outer_fragments=", f,
+                            ": a fragment's outer step is applied before the next one begins: "
+                            "expected 0 to H / F = ",
+                            h / f));
+  }
+  outer->mix = absl::GetFlag(FLAGS_outer_mix);
+  if (!(outer->mix >= 0 && outer->mix <= 1)) {
+    return Bad(absl::StrCat("--outer_mix=", outer->mix,
+                            ": expected a share in [0, 1] of the local parameters kept (0.5 is "
+                            "Streaming DiLoCo's; 0: the outer result overwrites them)"));
+  }
+  return absl::OkStatus();
 }
 
 // The outer optimizer's own values.
@@ -61,7 +103,7 @@ absl::Status ReadOuterOptions(OuterOptions* outer) {
   } else {
     return Bad(absl::StrCat("--outer_dtype=", dtype, ": expected f32, bf16 or int8"));
   }
-  return absl::OkStatus();
+  return ReadStreaming(outer);
 }
 
 // --sync=diloco needs two groups or more: a numeric --shard_group_size G
@@ -106,7 +148,16 @@ absl::Status CheckCombinations(WorkerConfig* config) {
   }
   int& snapshot_every = config->recovery.snapshot_every;
   if (!Changed("snapshot_every")) {
-    if (snapshot_every > 0) snapshot_every = every;  // the default, moved to the outer steps
+    // The default, moved to the outer steps; streaming: off, as each one
+    // would be a full outer step (FullOuterStepAfter) every H steps.
+    if (snapshot_every > 0) snapshot_every = StreamingOuter(config->engine.outer) ? 0 : every;
+    if (snapshot_every == 0 && config->loss_spike_zscore > 0) {
+      return Bad(absl::StrCat(
+          "--loss_spike_zscore=", config->loss_spike_zscore,
+          " rewinds to an in-memory snapshot, which streaming DiLoCo (--outer_fragments) takes "
+          "only where --snapshot_every says (each one a full outer step): pass --snapshot_every=",
+          every, " or a multiple of it"));
+    }
   } else if (snapshot_every > 0 && snapshot_every % every != 0) {
     return Bad(absl::StrCat("--snapshot_every=", snapshot_every,
                             " with --sync=diloco --outer_every=", every,
@@ -123,7 +174,8 @@ absl::Status ReadOuterSync(WorkerConfig* config) {
   const std::string sync = absl::GetFlag(FLAGS_sync);
   if (sync == "every_step") {
     engine.replica_sync = ReplicaSync::kEveryStep;
-    for (const char* flag : {"outer_every", "outer_lr", "outer_momentum", "outer_dtype"}) {
+    for (const char* flag : {"outer_every", "outer_lr", "outer_momentum", "outer_dtype",
+                             "outer_fragments", "outer_delay", "outer_mix"}) {
       if (Changed(flag)) {
         return Bad(absl::StrCat("--", flag, " sets DiLoCo's outer step: it needs --sync=diloco"));
       }
@@ -141,6 +193,24 @@ absl::Status ReadOuterSync(WorkerConfig* config) {
 
 bool OuterStepAfter(int completed, int steps, int every) {
   return every > 0 && completed > 0 && (completed % every == 0 || completed == steps);
+}
+
+bool StreamingOuter(const OuterOptions& outer) { return outer.fragments > 1 || outer.delay > 0; }
+
+bool FullOuterStepAfter(const WorkerConfig& config, int completed) {
+  const int steps = config.schedule.steps;
+  if (completed <= 0) return false;
+  if (completed == steps) return true;
+  const int checkpoint_every = config.checkpoint.every;
+  const int snapshot_every = config.recovery.snapshot_every;
+  return (checkpoint_every > 0 && completed % checkpoint_every == 0) ||
+         (snapshot_every > 0 && completed % snapshot_every == 0);
+}
+
+int FragmentBeganAfter(int completed, const OuterOptions& outer) {
+  const int slot = outer.every / outer.fragments;
+  if (completed <= 0 || slot <= 0 || completed % slot != 0) return -1;
+  return (completed / slot - 1) % outer.fragments;
 }
 
 }  // namespace zeroshard

@@ -363,7 +363,12 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                            {"bytes_sent", o.bytes_sent},
                            {"ms", o.ms},
                            {"outer_grad_norm", o.outer_grad_norm},
-                           {"residual_norm", o.residual_norm}});
+                           {"residual_norm", o.residual_norm},
+                           {"fragment", o.fragment},
+                           {"began_after_step", o.began_after_step},
+                           {"on_replica_thread", o.on_replica_thread},
+                           {"all_reduce_ms", o.all_reduce_ms},
+                           {"wait_ms", o.wait_ms}});
   }
   out["outer_steps"] = outer_steps;
   out["replica_check_ms_median"] = Median(m.replica_check_ms);

@@ -39,6 +39,10 @@ struct RewindRecord {
 // number, the bytes this rank sent for it (not in the per-step comm_bytes_*
 // figures), its wall time, the outer gradient's norm and (bf16 / int8 outer
 // dtype) this rank's residual's norm. The report's "outer_steps".
+// Streaming DiLoCo (--outer_fragments, engine.h's OuterStats): the fragment
+// (-1: every unit), the step after which its outer all-reduce began (its
+// result is applied after `after_step`), whether that all-reduce ran on the
+// replica thread, its time there and the compute thread's wait for it.
 struct OuterStepRecord {
   int64_t after_step = 0;
   int64_t outer_step = 0;
@@ -46,6 +50,11 @@ struct OuterStepRecord {
   double ms = 0;
   double outer_grad_norm = 0;
   double residual_norm = 0;
+  int fragment = -1;
+  int64_t began_after_step = 0;
+  bool on_replica_thread = false;
+  double all_reduce_ms = 0;
+  double wait_ms = 0;
 };
 
 // Where a process's time went, by cause, and its MFU (the worker's

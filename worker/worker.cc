@@ -365,27 +365,16 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
 
 absl::Status Worker::MaybeOuterStep(int completed) {
   const EngineOptions& engine = config_.engine;
+  if (engine.replica_sync == ReplicaSync::kDiLoCo && StreamingOuter(engine.outer)) {
+    return StreamOuterStep(completed);
+  }
   if (engine.replica_sync != ReplicaSync::kDiLoCo ||
       !OuterStepAfter(completed, config_.schedule.steps, engine.outer.every)) {
     return absl::OkStatus();
   }
-  ZeroEngine& e = *generation_->engine;
-  absl::StatusOr<OuterStats> outer = e.OuterStep();
+  absl::StatusOr<OuterStats> outer = generation_->engine->OuterStep();
   if (!outer.ok()) return Annotate(outer.status(), absl::StrCat("outer step after ", completed));
-  // Every replica holds the same averaged outer gradient: the sum of the
-  // ranks' squares counts it W / G times.
-  absl::StatusOr<double> mean_squares = e.MeanOverRanks(outer->shard_squares, "outer squares");
-  if (!mean_squares.ok()) return Annotate(mean_squares.status(), "outer step");
-  const double norm = std::sqrt(*mean_squares * e.group_size());
-  metrics_.outer_steps.push_back({completed, outer->outer_step, outer->bytes_sent, outer->ms, norm,
-                                  std::sqrt(outer->residual_squares)});
-  if (rank_ == 0) {
-    std::fprintf(stderr,
-                 "outer step %lld after step %d: outer_grad_norm %.6f  %.1f ms  %lld bytes\n",
-                 static_cast<long long>(outer->outer_step), completed, norm, outer->ms,
-                 static_cast<long long>(outer->bytes_sent));
-  }
-  return absl::OkStatus();
+  return RecordOuterStep(completed, *outer);
 }
 
 absl::Status Worker::CheckIntegrity(int completed) {

@@ -239,6 +239,12 @@ class Worker {
   // --sync=diloco: the outer step after `completed` steps when one is due
   // (outer_sync_config.h's OuterStepAfter), recorded in the run report.
   absl::Status MaybeOuterStep(int completed);
+  // Streaming DiLoCo (worker_outer_stream.cc): after `completed` steps, the
+  // pending fragment finished when due, the next one begun, or a full outer
+  // step (outer_sync_config.h's FullOuterStepAfter); each finished one
+  // recorded (its mean outer gradient norm over the ranks: a collective).
+  absl::Status StreamOuterStep(int completed);
+  absl::Status RecordOuterStep(int completed, const OuterStats& outer);
   // PrepareRecovery's part before the server's abort: for a failure this
   // rank saw first (a collective's, or the generation's setup), whether it is
   // one to recover from, waiting for the server to end the generation (its

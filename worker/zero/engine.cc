@@ -135,7 +135,8 @@ absl::Status ZeroEngine::BuildSchedule() {
 void ZeroEngine::StartThreads() {
   gather_thread_ = std::make_unique<TaskThread>("gather");
   reduce_thread_ = std::make_unique<TaskThread>("reduce");
-  if (per_step_replicas() && options_.replica_thread) {  // DiLoCo: the compute thread's
+  // DiLoCo: the compute thread's outer steps, but streaming fragments' there.
+  if ((per_step_replicas() && options_.replica_thread) || streaming_outer()) {
     replica_thread_ = std::make_unique<TaskThread>("replicas");
   }
   Backend* backend = backend_;

@@ -44,7 +44,8 @@
 // with shard groups also a replica thread (the replicas' communicator), so
 // that a unit's all-reduce across the groups (across hosts, with groups by
 // host) runs while the reduce thread goes on with the next unit's
-// reduce-scatter inside the group.
+// reduce-scatter inside the group. Under DiLoCo that thread runs only the
+// outer all-reduces of streaming fragments, overlapping the next steps.
 // Collectives are issued in the same order on every rank.
 //
 // Files (docs/design.md, "ZeRO engine"): engine_options.h and unit_layout.h
@@ -54,7 +55,8 @@
 // window (gather_window.h; ReleaseParams frees a gathered unit);
 // engine_reduce.cc the reductions; engine_step.cc the norm and the update;
 // engine_state.cc the state in and out; engine_integrity.cc the checksum;
-// engine_outer.cc DiLoCo's outer step.
+// engine_outer.cc DiLoCo's outer step, engine_outer_stream.cc its streaming
+// fragments.
 #ifndef ZEROSHARD_WORKER_ZERO_ENGINE_H_
 #define ZEROSHARD_WORKER_ZERO_ENGINE_H_
 
@@ -132,6 +134,16 @@ struct OuterStats {
   // bf16 / int8 outer dtype: squared L2 norm of this rank's kept residual
   // (what its wire copy lost, added to the next outer gradient); 0 in f32.
   double residual_squares = 0;
+  // Streaming (FinishOuterFragment): the fragment synced (-1: every unit,
+  // OuterStep), the tag its BeginOuterFragment was given (the worker's
+  // step), whether its all-reduce ran on the replica thread (not the
+  // compute thread), that all-reduce's wall time there, and how long the
+  // compute thread waited for it at the finish (0 when it had ended).
+  int fragment = -1;
+  int64_t began_tag = -1;
+  bool on_replica_thread = false;
+  double all_reduce_ms = 0;
+  double wait_ms = 0;
 };
 
 class ZeroEngine {
@@ -201,6 +213,7 @@ class ZeroEngine {
   // are refreshed, so every group holds the same parameters afterwards.
   // The inner optimizer's state is kept (DiLoCo's). FAILED_PRECONDITION
   // without DiLoCo or between a step's micro-batches.
+  // FAILED_PRECONDITION while a streaming fragment is pending.
   absl::StatusOr<OuterStats> OuterStep();
   int64_t outer_steps() const { return outer_steps_; }
   bool diloco() const { return options_.replica_sync == ReplicaSync::kDiLoCo; }
@@ -215,6 +228,33 @@ class ZeroEngine {
   // DiLoCo, or for `momentum` with --outer_momentum=0 (no buffer).
   absl::Status InitializeOuterState(const RowSource& anchor, const RowSource* momentum,
                                     int64_t outer_steps);
+
+  // Streaming DiLoCo (OuterOptions::fragments, delay, mix;
+  // engine_outer_stream.cc). The fragments: contiguous runs of units, each
+  // cut placed where the running parameter count (UnitLayout::flat_elements)
+  // comes nearest to k / F of the model's, every fragment one unit or more.
+  // Planned only when fragments > 1 or delay > 0 (0 fragments otherwise).
+  int outer_fragments() const { return static_cast<int>(fragment_begin_.size()) - 1; }
+  // Fragment p's units: [first, second).
+  std::pair<int, int> OuterFragmentUnits(int fragment) const {
+    return {fragment_begin_[fragment], fragment_begin_[fragment + 1]};
+  }
+  // After a Step, on every rank in the same order: this rank's outer
+  // gradient of the fragment's units (anchor - master, plus the residual;
+  // bf16 / int8 wire copies made here) into the buffers planned at Create,
+  // then its all-reduce over the replicas queued on the replica thread; the
+  // call returns without waiting for it, so the compute thread goes on with
+  // the next steps. `tag` comes back in the stats. One fragment pending at
+  // a time: FAILED_PRECONDITION while one is.
+  absl::Status BeginOuterFragment(int fragment, int64_t tag);
+  // Waits for the pending fragment's all-reduce, steps its anchor with the
+  // outer SGD and sets its parameters to anchor + mix (master - anchor), as
+  // OuterStep refreshes what derives from them. The anchor stays the outer
+  // result: the next outer gradient is measured from it.
+  absl::StatusOr<OuterStats> FinishOuterFragment();
+  // The pending fragment, or -1; its tag.
+  int pending_outer_fragment() const { return pending_.fragment; }
+  int64_t pending_outer_tag() const { return pending_.tag; }
 
   // Sum of every element of the full model (over ranks, in double).
   absl::StatusOr<double> ParamsSum();
@@ -347,8 +387,28 @@ class ZeroEngine {
   absl::Status AllocateOuterState();
   absl::Status ResetOuterState();
   absl::Status OuterStepUnit(int unit, OuterStats* stats);
-  absl::Status AverageOuterGradient(int unit, float* delta);
   void MasterShardInto(int unit, float* out);
+  // OuterStepUnit's parts, shared with streaming (`wire`: the unit's bf16
+  // copy): the outer gradient and its wire copy (and residual); the
+  // replicas' all-reduce of it; its outer SGD step and the parameters set
+  // to anchor + mix (master - anchor) with what derives from them.
+  absl::Status OuterGradientInto(int unit, float* delta, void* wire);
+  absl::Status AllReduceOuterGradient(int unit, float* delta, void* wire);
+  absl::Status ApplyOuterGradient(int unit, float* delta, double mix, OuterStats* stats);
+  // Streaming (engine_outer_stream.cc): the fragments and their buffers,
+  // planned at Create; a pending fragment waited for and dropped (a
+  // rewind's or a resume's Initialize).
+  absl::Status PlanOuterFragments();
+  absl::Status DropPendingFragment();
+  // Gathers a Step issued early read the master about to be replaced: they
+  // finish, and their units are gathered again by the next pass.
+  absl::Status DropEarlyGathers();
+  // Streaming DiLoCo: fragments planned, their all-reduces on the replica
+  // thread.
+  bool streaming_outer() const {
+    return options_.replica_sync == ReplicaSync::kDiLoCo &&
+           (options_.outer.fragments > 1 || options_.outer.delay > 0);
+  }
   // Whether each step's gradient is averaged over the replicas (HSDP's
   // every-step sync): shard groups, and not DiLoCo.
   bool per_step_replicas() const {
@@ -493,6 +553,31 @@ class ZeroEngine {
   TrackedBuffer outer_delta_;
   TrackedBuffer outer_wire_;
   std::vector<char> outer_packed_;
+  // Streaming: fragment p is units [fragment_begin_[p], fragment_begin_[p + 1]);
+  // each unit's chunk at fragment_offset_[unit] in the fragment's outer
+  // gradient (f32) and bf16 wire, sized for the largest fragment.
+  std::vector<int> fragment_begin_;
+  std::vector<int64_t> fragment_offset_;
+  TrackedBuffer fragment_delta_;
+  TrackedBuffer fragment_wire_;
+  // The fragment whose all-reduce the replica thread runs (the compute
+  // thread's): its ticket there, and the begin's time on the compute thread.
+  struct PendingFragment {
+    int fragment = -1;
+    int64_t tag = -1;
+    int64_t ticket = 0;
+    double begin_ms = 0;
+  };
+  PendingFragment pending_;
+  // Written by the pending fragment's task on the replica thread, read by
+  // the compute thread only after Wait(ticket) (TaskThread's mutex orders
+  // them).
+  struct FragmentAllReduce {
+    int64_t bytes_sent = 0;
+    bool on_replica_thread = false;
+    double ms = 0;
+  };
+  FragmentAllReduce fragment_done_;
 };
 
 }  // namespace zeroshard

@@ -39,6 +39,21 @@ struct OuterOptions {
   // quantized.h). bf16 and int8 keep each rank's quantization residual and
   // add it to the next outer gradient (error feedback).
   DType dtype = DType::kF32;
+  // Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with
+  // overlapping communication"; --outer_fragments, --outer_delay,
+  // --outer_mix; engine_outer_stream.cc): the units split into `fragments`
+  // contiguous runs balanced by parameter count, each synced on its own
+  // (ZeroEngine::BeginOuterFragment / FinishOuterFragment), its all-reduce
+  // on the replica thread while the compute thread trains on; the worker
+  // begins one every every / fragments steps and finishes it `delay` steps
+  // later. When finished, the fragment's parameters become
+  // anchor + mix (params - anchor): the outer result moved `mix` of the way
+  // to this group's parameters of the moment (the paper's alpha; 0: the
+  // outer result overwrites them). The engine
+  // plans the fragments' buffers when fragments > 1 or delay > 0.
+  int fragments = 1;
+  int delay = 0;
+  double mix = 0.5;
 };
 
 struct EngineOptions {
@@ -106,8 +121,9 @@ struct EngineOptions {
   // as before (for comparisons: multihost_bench's hsdp-serial mode).
   bool replica_thread = true;
   // Shard groups: every step (HSDP) or DiLoCo's outer steps (see
-  // ReplicaSync). kDiLoCo needs replicas; the replica thread then does not
-  // run, and the step's gradient norm (and clipping) is the group's own.
+  // ReplicaSync). kDiLoCo needs replicas; the replica thread then runs only
+  // streaming fragments' all-reduces (OuterOptions::fragments), and the
+  // step's gradient norm (and clipping) is the group's own.
   ReplicaSync replica_sync = ReplicaSync::kEveryStep;
   OuterOptions outer;  // kDiLoCo only
   // hpZ (stage 3): the communicator over this rank's secondary group of H

@@ -11,7 +11,10 @@
 //   params     = anchor                    (in every group)
 // A shard's replicas are the ranks holding it in the other groups, so the
 // mean over the replicas' communicator is the mean over the groups, done
-// shard by shard with no rank holding more than its shard.
+// shard by shard with no rank holding more than its shard. Streaming
+// DiLoCo's fragments (engine_outer_stream.cc) reuse this file's parts:
+// OuterGradientInto, AllReduceOuterGradient (there on the replica thread)
+// and ApplyOuterGradient (there with the mix).
 #include <algorithm>
 #include <cassert>
 #include <memory>
@@ -49,6 +52,11 @@ absl::Status ValidateOuterOptions(const EngineOptions& options, int replicas) {
   if (outer.dtype != DType::kF32 && outer.dtype != DType::kBF16 && outer.dtype != DType::kI8) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer dtype ", DTypeName(outer.dtype), " is not supported: expected f32, bf16 or int8"));
+  }
+  if (outer.fragments < 1 || outer.delay < 0 || !(outer.mix >= 0 && outer.mix <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "streaming DiLoCo with ", outer.fragments, " fragments, delay ", outer.delay, ", mix ",
+        outer.mix, ": expected fragments >= 1, delay >= 0 and mix in [0, 1]"));
   }
   if (outer.dtype == DType::kI8 && options.backend != nullptr &&
       !options.backend->host_accessible()) {
@@ -94,7 +102,7 @@ absl::Status ZeroEngine::AllocateOuterState() {
         TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(largest, DType::kBF16));
   }
   if (outer.dtype == DType::kI8) outer_packed_.resize(Int8PackedBytes(largest));
-  return absl::OkStatus();
+  return PlanOuterFragments();
 }
 
 // The parameters Initialize wrote are the next outer step's anchor; the
@@ -102,6 +110,8 @@ absl::Status ZeroEngine::AllocateOuterState() {
 // is loaded after this: InitializeOuterState).
 absl::Status ZeroEngine::ResetOuterState() {
   if (options_.replica_sync != ReplicaSync::kDiLoCo) return absl::OkStatus();
+  // A streaming fragment begun before the state now restored is not applied.
+  if (absl::Status s = DropPendingFragment(); !s.ok()) return s;
   for (size_t u = 0; u < units_.size(); ++u) {
     UnitState& st = *state_[u];
     MasterShardInto(static_cast<int>(u), st.anchor.f32());
@@ -133,13 +143,13 @@ absl::StatusOr<OuterStats> ZeroEngine::OuterStep() {
     return absl::FailedPreconditionError(
         "OuterStep between a step's micro-batches: call it after Step");
   }
+  if (pending_.fragment >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "OuterStep while streaming fragment ", pending_.fragment,
+        "'s outer step is pending: FinishOuterFragment first (one model needs it applied)"));
+  }
   const absl::Time start = absl::Now();
-  ReleaseHeldParameters();
-  // Gathers a Step issued early read the master about to be replaced: they
-  // finish, and their units are gathered again by the next pass.
-  if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
-  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
-  slots_.clear();
+  if (absl::Status s = DropEarlyGathers(); !s.ok()) return s;
   const CollectiveBytes before = replica_comm_->bytes_sent();
   OuterStats stats;
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -153,20 +163,24 @@ absl::StatusOr<OuterStats> ZeroEngine::OuterStep() {
   return stats;
 }
 
+absl::Status ZeroEngine::DropEarlyGathers() {
+  ReleaseHeldParameters();
+  if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
+  if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
+  slots_.clear();
+  return absl::OkStatus();
+}
+
 absl::Status ZeroEngine::OuterStepUnit(int unit, OuterStats* stats) {
-  const UnitLayout& layout = units_[unit];
-  UnitState& st = *state_[unit];
-  const int64_t n = layout.chunk_elements;
   float* delta = outer_delta_.f32();
-  // delta = anchor - master: the negated change (-master + anchor, the same
-  // rounding as anchor - master).
-  MasterShardInto(unit, delta);
-  backend_->Scale(delta, n, -1.0f);
-  backend_->AddInto(st.anchor.data(), DType::kF32, delta, n);
-  if (!st.outer_residual.empty()) {  // error feedback: what the last one's wire lost
-    backend_->AddInto(st.outer_residual.data(), DType::kF32, delta, n);
-  }
-  if (absl::Status s = AverageOuterGradient(unit, delta); !s.ok()) return s;
+  if (absl::Status s = OuterGradientInto(unit, delta, outer_wire_.data()); !s.ok()) return s;
+  if (absl::Status s = AllReduceOuterGradient(unit, delta, outer_wire_.data()); !s.ok()) return s;
+  return ApplyOuterGradient(unit, delta, /*mix=*/0, stats);
+}
+
+absl::Status ZeroEngine::ApplyOuterGradient(int unit, float* delta, double mix, OuterStats* stats) {
+  UnitState& st = *state_[unit];
+  const int64_t n = units_[unit].chunk_elements;
   absl::StatusOr<double> squares = backend_->SquaredNorm(delta, n);
   if (!squares.ok()) return squares.status();
   stats->shard_squares += *squares;
@@ -179,52 +193,80 @@ absl::Status ZeroEngine::OuterStepUnit(int unit, OuterStats* stats) {
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("outer step of ", Where(unit), ": ", s.message()));
   }
-  // master = anchor, and what is derived from it.
+  // The new parameters: the anchor, or (streaming's merge) the anchor plus
+  // `mix` of the local change since, in the outer gradient's buffer, which
+  // the step has consumed: delta = anchor - master, then
+  // anchor + (-mix) delta.
+  const float* merged = st.anchor.f32();
+  if (mix > 0) {
+    MasterShardInto(unit, delta);
+    backend_->Scale(delta, n, -1.0f);
+    backend_->AddInto(st.anchor.data(), DType::kF32, delta, n);
+    backend_->Scale(delta, n, static_cast<float>(-mix));
+    backend_->AddInto(st.anchor.data(), DType::kF32, delta, n);
+    merged = delta;
+  }
+  // master = merged, and what is derived from it.
   if (stage_.params_sharded) {
-    backend_->Copy(st.master.data(), st.anchor.data(), Bytes(n, DType::kF32));
+    backend_->Copy(st.master.data(), merged, Bytes(n, DType::kF32));
     st.secondary_fresh = false;  // hpZ: rebuilt by the next primary gather
     return absl::OkStatus();
   }
   if (!st.master.empty()) {  // bf16 parameters: the f32 master, then the bf16 copy
-    backend_->Copy(st.master.data(), st.anchor.data(), Bytes(n, DType::kF32));
+    backend_->Copy(st.master.data(), merged, Bytes(n, DType::kF32));
     return AllGatherReplicated(unit, st.master.f32());
   }
-  return AllGatherReplicated(unit, st.anchor.f32());
+  return AllGatherReplicated(unit, merged);
 }
 
-// The mean of every replica's `delta` (whole chunks; padding is zero), in
-// place. bf16 and int8: the part of this rank's delta its wire copy loses is
-// kept in the residual for the next outer step (error feedback), so no
+// delta = anchor - master: the negated change (-master + anchor, the same
+// rounding as anchor - master), plus the residual (error feedback: what the
+// last one's wire lost). bf16 and int8: the part of this rank's delta its
+// wire copy loses is kept in the residual for the next outer step, so no
 // change is lost for good, only delayed.
-absl::Status ZeroEngine::AverageOuterGradient(int unit, float* delta) {
-  const UnitLayout& layout = units_[unit];
+absl::Status ZeroEngine::OuterGradientInto(int unit, float* delta, void* wire) {
   UnitState& st = *state_[unit];
-  const int64_t n = layout.chunk_elements;
-  const DType dtype = options_.outer.dtype;
+  const int64_t n = units_[unit].chunk_elements;
+  MasterShardInto(unit, delta);
+  backend_->Scale(delta, n, -1.0f);
+  backend_->AddInto(st.anchor.data(), DType::kF32, delta, n);
   float* residual = st.outer_residual.f32();
-  absl::Status s;
+  if (residual != nullptr) backend_->AddInto(residual, DType::kF32, delta, n);
+  const DType dtype = options_.outer.dtype;
   if (dtype == DType::kBF16) {
     // residual = delta - widen(bf16(delta)), through residual = -(-delta + wire).
-    backend_->Convert(delta, DType::kF32, outer_wire_.data(), DType::kBF16, n);
+    backend_->Convert(delta, DType::kF32, wire, DType::kBF16, n);
     backend_->Copy(residual, delta, Bytes(n, DType::kF32));
     backend_->Scale(residual, n, -1.0f);
-    backend_->AddInto(outer_wire_.data(), DType::kBF16, residual, n);
+    backend_->AddInto(wire, DType::kBF16, residual, n);
     backend_->Scale(residual, n, -1.0f);
-    s = backend_->Synchronize();
   } else if (dtype == DType::kI8) {
     // The same nearest rounding QuantizedAllReduce sends (host memory).
     QuantizeInt8(delta, n, outer_packed_.data());
     DequantizeInt8(outer_packed_.data(), n, 0, n, residual);
     for (int64_t i = 0; i < n; ++i) residual[i] = delta[i] - residual[i];
-  } else {
-    s = backend_->Synchronize();
+    return absl::OkStatus();
   }
-  if (!s.ok()) return s;
+  return backend_->Synchronize();
+}
+
+// The mean of every replica's `delta` (whole chunks; padding is zero), in
+// place, sent in the outer dtype (bf16: `wire`, widened back into delta).
+// On the calling thread: the compute thread (OuterStep) or the replica
+// thread (a streaming fragment).
+absl::Status ZeroEngine::AllReduceOuterGradient(int unit, float* delta, void* wire) {
+  const UnitLayout& layout = units_[unit];
+  const int64_t n = layout.chunk_elements;
+  const DType dtype = options_.outer.dtype;
+  absl::Status s;
   EnterCollective(kReplicaStream, "all_reduce", layout.name);
   if (dtype == DType::kBF16) {
-    s = replica_comm_->AllReduce(outer_wire_.data(), n, DType::kBF16, ReduceOp::kAverage,
+    s = replica_comm_->AllReduce(wire, n, DType::kBF16, ReduceOp::kAverage,
                                  options_.collective_timeout);
-    if (s.ok()) backend_->Convert(outer_wire_.data(), DType::kBF16, delta, DType::kF32, n);
+    if (s.ok()) {
+      backend_->Convert(wire, DType::kBF16, delta, DType::kF32, n);
+      s = backend_->Synchronize();
+    }
   } else if (dtype == DType::kI8) {
     s = QuantizedAllReduce(replica_comm_, delta, n, ReduceOp::kAverage,
                            options_.collective_timeout);

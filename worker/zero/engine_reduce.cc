@@ -168,7 +168,7 @@ absl::StatusOr<TrackedBuffer> ZeroEngine::LendReceived(int unit, DType held) {
   const int64_t bytes = Bytes(units_[unit].chunk_elements, held);
   // The replicas' all-reduce adds whole chunks: padding must hold zeros.
   const bool zero = replica_comm_ != nullptr;
-  if (replica_thread_ != nullptr) {  // given back by the replica thread's tasks
+  if (per_step_replicas() && replica_thread_ != nullptr) {  // given back by its tasks
     return LendWaiting(buffers_.received, MemoryCategory::kCommBuffers, bytes, zero,
                        replica_thread_.get());
   }

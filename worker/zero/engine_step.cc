@@ -150,7 +150,8 @@ absl::StatusOr<StepStats> ZeroEngine::Step(double lr) {
   ReleaseHeldParameters();  // the parameters are about to change
   absl::Time wait_start = absl::Now();
   if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
-  if (replica_thread_ != nullptr) {
+  // Not a streaming fragment's outer all-reduce: it overlaps the steps.
+  if (per_step_replicas() && replica_thread_ != nullptr) {
     if (absl::Status s = replica_thread_->Drain(); !s.ok()) return s;
   }
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
