@@ -363,7 +363,9 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                            {"bytes_sent", o.bytes_sent},
                            {"ms", o.ms},
                            {"outer_grad_norm", o.outer_grad_norm},
-                           {"residual_norm", o.residual_norm}});
+                           {"residual_norm", o.residual_norm},
+                           {"groups", o.groups},
+                           {"generation", o.generation}});
   }
   out["outer_steps"] = outer_steps;
   out["replica_check_ms_median"] = Median(m.replica_check_ms);

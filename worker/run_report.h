@@ -36,7 +36,8 @@ struct RewindRecord {
 };
 
 // One outer step of --sync=diloco (docs/diloco.md): after which step, its
-// number, the bytes this rank sent for it (not in the per-step comm_bytes_*
+// number in the run (ceil(after_step / H)), the groups that took part and the
+// generation that ran it, the bytes this rank sent for it (not in the per-step comm_bytes_*
 // figures), its wall time, the outer gradient's norm and (bf16 / int8 outer
 // dtype) this rank's residual's norm. The report's "outer_steps".
 struct OuterStepRecord {
@@ -46,6 +47,8 @@ struct OuterStepRecord {
   double ms = 0;
   double outer_grad_norm = 0;
   double residual_norm = 0;
+  int groups = 0;          // the shard groups that took part (their mean)
+  int64_t generation = 0;  // the job generation that ran it
 };
 
 // Where a process's time went, by cause, and its MFU (the worker's

@@ -377,13 +377,29 @@ absl::Status Worker::MaybeOuterStep(int completed) {
   absl::StatusOr<double> mean_squares = e.MeanOverRanks(outer->shard_squares, "outer squares");
   if (!mean_squares.ok()) return Annotate(mean_squares.status(), "outer step");
   const double norm = std::sqrt(*mean_squares * e.group_size());
-  metrics_.outer_steps.push_back({completed, outer->outer_step, outer->bytes_sent, outer->ms, norm,
-                                  std::sqrt(outer->residual_squares)});
+  // Numbered by the run's steps, not this engine's count: a recovery (a new
+  // engine) or a resume goes on with the run's numbers.
+  const int every = engine.outer.every;
+  const int64_t number = (int64_t{completed} + every - 1) / every;
+  // Every group of the generation took part (a recovery that lost a group
+  // formed a generation without it; docs/diloco.md, "Elastic outer steps").
+  const int groups = e.world_size() / e.group_size();
+  const int64_t generation = generation_->membership.generation;
+  metrics_.outer_steps.push_back({completed, number, outer->bytes_sent, outer->ms, norm,
+                                  std::sqrt(outer->residual_squares), groups, generation});
   if (rank_ == 0) {
+    v1::OuterStepRecord record;
+    record.set_outer_step(number);
+    record.set_after_step(completed);
+    record.set_generation(generation);
+    record.set_groups(groups);
+    record.set_group_size(e.group_size());
+    client_->ReportOuterStep(record);
     std::fprintf(stderr,
-                 "outer step %lld after step %d: outer_grad_norm %.6f  %.1f ms  %lld bytes\n",
-                 static_cast<long long>(outer->outer_step), completed, norm, outer->ms,
-                 static_cast<long long>(outer->bytes_sent));
+                 "outer step %lld after step %d: outer_grad_norm %.6f  %.1f ms  %lld bytes  "
+                 "%d group(s)\n",
+                 static_cast<long long>(number), completed, norm, outer->ms,
+                 static_cast<long long>(outer->bytes_sent), groups);
   }
   return absl::OkStatus();
 }

@@ -116,6 +116,10 @@ struct Membership::Job {
   std::deque<GenerationChange> history;
   std::map<std::string, int> joins;           // worker id -> generations it was a member of
   std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
+  // --sync=diloco: the last kMaxOuterSteps outer steps rank 0 reported
+  // (RecordOuterSteps), oldest first; in memory only, like `recoveries`.
+  static constexpr size_t kMaxOuterSteps = 16;
+  std::deque<v1::OuterStepRecord> outer_steps;
   // Machines fenced from the job (EvictHost), by node: their joins are
   // refused until UnfenceHost. Saved with the job (the fenced_hosts table).
   std::map<std::string, v1::FencedHost> fences;

@@ -32,10 +32,13 @@ namespace engine_internal {
 absl::Status ValidateOuterOptions(const EngineOptions& options, int replicas) {
   if (options.replica_sync != ReplicaSync::kDiLoCo) return absl::OkStatus();
   const OuterOptions& outer = options.outer;
-  if (replicas < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DiLoCo averages the shard groups' parameters, and this plan has ", replicas,
-        " group: use shard groups smaller than the job (--shard_group_size=G with W / G >= 2)"));
+  // One group is allowed: a recovery that left a single group goes on, its
+  // outer step the group's own outer SGD on its own change (no collective).
+  // A job that starts with one group is refused by the flags
+  // (outer_sync_config.cc), where W / G is known before the job forms.
+  if (replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DiLoCo needs at least one shard group; this plan has ", replicas));
   }
   if (options.stage < 1 || options.stage > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -140,13 +143,15 @@ absl::StatusOr<OuterStats> ZeroEngine::OuterStep() {
   if (absl::Status s = reduce_thread_->Drain(); !s.ok()) return s;
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
   slots_.clear();
-  const CollectiveBytes before = replica_comm_->bytes_sent();
+  const CollectiveBytes before =
+      replica_comm_ != nullptr ? replica_comm_->bytes_sent() : CollectiveBytes{};
   OuterStats stats;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (absl::Status s = OuterStepUnit(static_cast<int>(u), &stats); !s.ok()) return s;
   }
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  const CollectiveBytes sent = replica_comm_->bytes_sent() - before;
+  const CollectiveBytes sent =
+      replica_comm_ != nullptr ? replica_comm_->bytes_sent() - before : CollectiveBytes{};
   stats.bytes_sent = sent.all_reduce + sent.all_gather + sent.reduce_scatter + sent.broadcast;
   stats.outer_step = ++outer_steps_;
   stats.ms = MsSince(start);
@@ -202,6 +207,13 @@ absl::Status ZeroEngine::AverageOuterGradient(int unit, float* delta) {
   const int64_t n = layout.chunk_elements;
   const DType dtype = options_.outer.dtype;
   float* residual = st.outer_residual.f32();
+  if (replica_comm_ == nullptr) {
+    // One group (a recovery left no other): the mean over one group is its
+    // own change, sent nowhere, so nothing is lost to a wire copy and the
+    // residual (already added into `delta`) is spent.
+    if (residual != nullptr) backend_->Zero(residual, Bytes(n, DType::kF32));
+    return backend_->Synchronize();
+  }
   absl::Status s;
   if (dtype == DType::kBF16) {
     // residual = delta - widen(bf16(delta)), through residual = -(-delta + wire).

@@ -1,0 +1,200 @@
+// Elastic outer steps (docs/diloco.md, "Elastic outer steps"; issue #49's
+// "a group killed in the middle of an outer round") with real server and
+// worker processes on loopback: W = 4 as 2 shard groups of 2, DiLoCo every
+// H = 5 steps, snapshots at the outer steps. Group 1 (ranks 2 and 3) is
+// killed between two outer steps; the survivors shrink to one group
+// (--min_world_size=2), roll back to the last outer step's snapshot and go
+// on with outer steps of their own group; the killed workers are started
+// again, grow the job back to 2 groups at an outer-step boundary (their
+// parameters from group 0's snapshot), and the run ends with both groups in
+// its last outer steps. The run report and the server's record of each
+// outer step's participants (shardctl status --json, GetStatus) show it.
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/process.h"
+#include "tests/testing/small_mlp.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::LocalCluster;
+
+const testing::SmallMlp kMlp;  // 3 x 32, GELU, lr 0.01, seed 3
+
+constexpr int kSteps = 150;
+constexpr int kEvery = 5;  // H
+
+class DiLoCoElasticTest : public ::testing::Test {
+ protected:
+  // The recovery tests' heartbeats: a killed worker is declared dead in
+  // well under a second.
+  DiLoCoElasticTest()
+      : cluster_(testing::MakeTempDir("diloco-elastic"),
+                 {"--heartbeat_interval_ms=300", "--heartbeat_timeout_ms=1500"}) {}
+
+  static std::vector<std::string> Flags(std::vector<std::string> extra) {
+    std::vector<std::string> flags = {"--stage=3",
+                                      "--batch=4",
+                                      "--shard_group_size=2",
+                                      "--sync=diloco",
+                                      absl::StrCat("--outer_every=", kEvery),
+                                      "--collective_timeout=20s",
+                                      "--rejoin_timeout=60s",
+                                      "--join_timeout_s=60"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return kMlp.Flags(kSteps, flags);
+  }
+
+  std::unique_ptr<Client> Observer() {
+    ClientOptions options;
+    options.server = cluster_.address();
+    options.rpc_timeout = absl::Seconds(5);
+    absl::StatusOr<std::unique_ptr<Client>> observer = Client::Connect(options);
+    EXPECT_TRUE(observer.ok()) << observer.status();
+    return observer.ok() ? *std::move(observer) : nullptr;
+  }
+
+  // Waits until `job`'s status satisfies `ready`; false at the deadline.
+  bool WaitForStatus(Client* observer, const std::string& job,
+                     const std::function<bool(const v1::JobStatus&)>& ready,
+                     absl::Duration timeout = absl::Seconds(60)) {
+    return testing::WaitFor(
+        [&] {
+          absl::StatusOr<v1::GetStatusResponse> status = observer->GetStatus(job);
+          return status.ok() && status->jobs_size() == 1 && ready(status->jobs(0));
+        },
+        timeout);
+  }
+
+  LocalCluster cluster_;
+};
+
+// The server's record holds an outer step run by `groups` groups.
+bool HasOuterStepOf(const v1::JobStatus& job, int groups) {
+  for (const v1::OuterStepRecord& o : job.outer_steps()) {
+    if (o.groups() == groups) return true;
+  }
+  return false;
+}
+
+TEST_F(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) {
+  ASSERT_TRUE(cluster_.ok());
+  // The undisturbed run, for the final loss.
+  ASSERT_TRUE(cluster_.Run("undisturbed", 4, Flags({})));
+  const nlohmann::json undisturbed = cluster_.Report("undisturbed", 0);
+
+  // At least 20 ms a step (the arithmetic is unchanged): the kill, the
+  // shrink and the grow back all land before the last step.
+  cluster_.StartWorkers("elastic", 4,
+                        Flags({"--min_world_size=2", "--rejoin_grace=1s",
+                               "--test_step_delay_ms=20"}));
+  std::unique_ptr<Client> observer = Observer();
+  ASSERT_NE(observer, nullptr);
+  // Mid-round: after step 22 (outer step 4 ran after step 20), once every
+  // member committed the snapshot of step 20 or later (an outer step's).
+  const std::string mark = "step 22/";
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return cluster_.WorkerLog(0).find(mark) != std::string::npos; }, absl::Seconds(60)))
+      << cluster_.WorkerLog(0);
+  ASSERT_TRUE(WaitForStatus(observer.get(), "elastic",
+                            [](const v1::JobStatus& j) { return j.snapshot_step() >= 20; }))
+      << cluster_.WorkerLog(0);
+  cluster_.worker(2)->Signal(SIGKILL);
+  cluster_.worker(3)->Signal(SIGKILL);
+  // The survivors go on as one group: the server records an outer step of
+  // one group (w0 and w1) before the killed workers are started again.
+  ASSERT_TRUE(WaitForStatus(observer.get(), "elastic",
+                            [](const v1::JobStatus& j) { return HasOuterStepOf(j, 1); }))
+      << cluster_.WorkerLog(0) << "\nserver:\n"
+      << cluster_.server()->Log();
+  cluster_.RestartWorker(2);
+  cluster_.RestartWorker(3);
+  std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(120));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(codes[r], 0) << "worker " << r << ":\n"
+                           << cluster_.WorkerLog(r) << "\nserver:\n"
+                           << cluster_.server()->Log();
+  }
+
+  // Rank 0's report: outer steps of 2 groups, then of 1 (generation 2, at
+  // W = 2), then of 2 again to the end.
+  const nlohmann::json report = cluster_.Report("elastic", 0);
+  ASSERT_GE(report["recoveries"].size(), 2u) << report.dump();
+  EXPECT_EQ(report["recoveries"][0]["world_size"], 2) << report.dump();
+  EXPECT_EQ(report["recoveries"][0]["source"], "snapshot") << report.dump();
+  // The rollback is to an outer step's snapshot.
+  EXPECT_EQ(report["recoveries"][0]["restored_step"].get<int>() % kEvery, 0) << report.dump();
+  EXPECT_EQ(report["recoveries"].back()["world_size"], 4) << report.dump();
+  EXPECT_EQ(report["recoveries"].back()["restored_step"].get<int>() % kEvery, 0)
+      << report.dump();
+  const nlohmann::json& outer = report["outer_steps"];
+  ASSERT_GE(outer.size(), 3u) << report.dump();
+  std::vector<int> groups;
+  int alone = 0;
+  for (const nlohmann::json& o : outer) {
+    groups.push_back(o["groups"].get<int>());
+    alone += groups.back() == 1;
+    EXPECT_EQ(o["after_step"].get<int>() % kEvery, 0) << o.dump();
+    EXPECT_EQ(o["outer_step"].get<int>(), o["after_step"].get<int>() / kEvery) << o.dump();
+    EXPECT_TRUE(std::isfinite(o["outer_grad_norm"].get<double>())) << o.dump();
+    // One group sends nothing: its mean is its own change.
+    if (groups.back() == 1) EXPECT_EQ(o["bytes_sent"].get<int64_t>(), 0) << o.dump();
+  }
+  EXPECT_EQ(groups.front(), 2) << absl::StrJoin(groups, ",");
+  EXPECT_GE(alone, 1) << absl::StrJoin(groups, ",");
+  EXPECT_EQ(groups.back(), 2) << absl::StrJoin(groups, ",");
+  EXPECT_EQ(outer.back()["after_step"].get<int>(), kSteps);
+
+  // The server's record (the last 16 outer steps): the last ones of both
+  // groups, w0-w3, and the one-group steps named w0, w1 while it holds them.
+  absl::StatusOr<v1::GetStatusResponse> status = observer->GetStatus("elastic");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  const v1::JobStatus& job = status->jobs(0);
+  ASSERT_GT(job.outer_steps_size(), 0);
+  const v1::OuterStepRecord& last = job.outer_steps(job.outer_steps_size() - 1);
+  EXPECT_EQ(last.after_step(), kSteps);
+  EXPECT_EQ(last.groups(), 2);
+  EXPECT_EQ(absl::StrJoin(last.workers(), ","), "w0,w1,w2,w3");
+  for (const v1::OuterStepRecord& o : job.outer_steps()) {
+    if (o.groups() == 1) EXPECT_EQ(absl::StrJoin(o.workers(), ","), "w0,w1");
+  }
+  // shardctl shows the same record.
+  auto [code, text] = testing::RunCommand(absl::StrCat(
+      testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
+      " status --job=elastic 2>&1"));
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("elastic outer steps (DiLoCo"), std::string::npos) << text;
+  EXPECT_NE(text.find("w0,w1,w2,w3"), std::string::npos) << text;
+  auto [json_code, json] = testing::RunCommand(absl::StrCat(
+      testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
+      " status --job=elastic --json 2>&1"));
+  EXPECT_EQ(json_code, 0) << json;
+  EXPECT_NE(json.find("\"outer_steps\""), std::string::npos) << json;
+
+  // The loss stays finite; the final loss beside the undisturbed run's
+  // (stated, not bounded: one run of each says nothing about a spread).
+  const std::vector<double> losses = report["losses"];
+  for (double loss : losses) ASSERT_TRUE(std::isfinite(loss));
+  const std::vector<double> calm = undisturbed["losses"];
+  ASSERT_EQ(calm.size(), static_cast<size_t>(kSteps));
+  std::fprintf(stderr,
+               "final loss after %d steps: %.6f with group 1 killed after step 22 and back "
+               "(outer steps by groups: %s); %.6f undisturbed\n",
+               kSteps, losses.back(), absl::StrJoin(groups, ",").c_str(), calm.back());
+  EXPECT_LT(losses.back(), losses.front());
+}
+
+}  // namespace
+}  // namespace zeroshard
