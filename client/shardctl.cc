@@ -275,8 +275,7 @@ void PrintOuterSteps(const v1::JobStatus& job) {
   Table table({"OUTER STEP", "AFTER STEP", "GENERATION", "GROUPS", "WORKERS"});
   for (const v1::OuterStepRecord& o : job.outer_steps()) {
     table.AddRow({absl::StrCat(o.outer_step()), absl::StrCat(o.after_step()),
-                  absl::StrCat(o.generation()),
-                  absl::StrCat(o.groups(), " of ", o.group_size()),
+                  absl::StrCat(o.generation()), absl::StrCat(o.groups(), " of ", o.group_size()),
                   o.workers().empty() ? "-" : absl::StrJoin(o.workers(), ",")});
   }
   std::printf("\n%s outer steps (DiLoCo; the last %d)\n%s", job.job_id().c_str(),

@@ -56,16 +56,16 @@ absl::Status ValidateOuterSteps(
   }
   for (const v1::OuterStepRecord& r : records) {
     if (size_t n = r.ByteSizeLong(); n > kMaxOuterStepRecordBytes || r.workers_size() > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": a record of ", n, " bytes with ", r.workers_size(),
-          " worker ids; at most ", kMaxOuterStepRecordBytes,
-          " bytes and none are taken (the server names the workers itself)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": a record of ", n, " bytes with ", r.workers_size(),
+                       " worker ids; at most ", kMaxOuterStepRecordBytes,
+                       " bytes and none are taken (the server names the workers itself)"));
     }
     if (r.outer_step() < 0 || r.after_step() < 0 || r.generation() < 0 || r.groups() < 0 ||
         r.group_size() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": a record with a negative number (", r.ShortDebugString(),
-                       "); every number is a count or a step, >= 0"));
+      return absl::InvalidArgumentError(absl::StrCat(field, ": a record with a negative number (",
+                                                     r.ShortDebugString(),
+                                                     "); every number is a count or a step, >= 0"));
     }
   }
   return absl::OkStatus();

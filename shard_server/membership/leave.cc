@@ -61,7 +61,8 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
       if (final->outer_steps_size() > 0) RecordOuterSteps(job, final->outer_steps());
       // Its last steps and the time after them, up to its leave.
       if (final->has_final()) job.goodput.StepsCompleted(final->final_step());
-      if (final->has_final_time()) job.goodput.Report(member.generation(), member.rank(), final->final_time());
+      if (final->has_final_time())
+        job.goodput.Report(member.generation(), member.rank(), final->final_time());
       job.goodput_changed = true;
     }
     if (all_gone) job.goodput.Finished(now);

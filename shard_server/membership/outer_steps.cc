@@ -31,10 +31,9 @@ void Membership::RecordOuterSteps(
     if (Kept(job.outer_steps, r)) continue;
     // A record older than the newest kept (resent while already dropped
     // from the window) is not added back.
-    if (!job.outer_steps.empty() &&
-        (r.generation() < job.outer_steps.back().generation() ||
-         (r.generation() == job.outer_steps.back().generation() &&
-          r.after_step() < job.outer_steps.back().after_step()))) {
+    if (!job.outer_steps.empty() && (r.generation() < job.outer_steps.back().generation() ||
+                                     (r.generation() == job.outer_steps.back().generation() &&
+                                      r.after_step() < job.outer_steps.back().after_step()))) {
       continue;
     }
     v1::OuterStepRecord& kept = job.outer_steps.emplace_back(r);

@@ -2,7 +2,7 @@
 // "a group killed in the middle of an outer round") with real server and
 // worker processes on loopback: W = 4 as 2 shard groups of 2, DiLoCo every
 // H = 5 steps, snapshots at the outer steps. Group 1 (ranks 2 and 3) is
-// killed between two outer steps; the survivors shrink to one group
+// killed two steps past an outer step; the survivors shrink to one group
 // (--min_world_size=2), roll back to the last outer step's snapshot and go
 // on with outer steps of their own group; the killed workers are started
 // again, grow the job back to 2 groups at an outer-step boundary (their
@@ -13,6 +13,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,7 +53,8 @@ class DiLoCoElasticTest : public ::testing::Test {
                                       absl::StrCat("--outer_every=", kEvery),
                                       "--collective_timeout=20s",
                                       "--rejoin_timeout=60s",
-                                      "--join_timeout_s=60"};
+                                      "--join_timeout_s=60",
+                                      "--val_every=50"};  // held-out rows, and after the last step
     flags.insert(flags.end(), extra.begin(), extra.end());
     return kMlp.Flags(kSteps, flags);
   }
@@ -96,19 +99,26 @@ TEST_F(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
 
   // At least 20 ms a step (the arithmetic is unchanged): the kill, the
   // shrink and the grow back all land before the last step.
-  cluster_.StartWorkers("elastic", 4,
-                        Flags({"--min_world_size=2", "--rejoin_grace=1s",
-                               "--test_step_delay_ms=20"}));
+  cluster_.StartWorkers(
+      "elastic", 4, Flags({"--min_world_size=2", "--rejoin_grace=1s", "--test_step_delay_ms=20"}));
   std::unique_ptr<Client> observer = Observer();
   ASSERT_NE(observer, nullptr);
-  // Mid-round: after step 22 (outer step 4 ran after step 20), once every
-  // member committed the snapshot of step 20 or later (an outer step's).
-  const std::string mark = "step 22/";
+  // Mid-round: once every member committed a snapshot (an outer step's) of
+  // step 20 or later, at the next step 2 past an outer step (S = 5k + 2,
+  // rank 0's line "step S/"). The survivors notice at the next step's loss
+  // agreement (over all W ranks), so the failed step is mid-round too.
+  ASSERT_TRUE(WaitForStatus(observer.get(), "elastic", [](const v1::JobStatus& j) {
+    return j.snapshot_step() >= 20;
+  })) << cluster_.WorkerLog(0);
+  const std::string log = cluster_.WorkerLog(0);
+  const size_t line = log.rfind("\nstep ");
+  ASSERT_NE(line, std::string::npos) << log;
+  const int now = std::atoi(log.c_str() + line + 6);
+  const int kill_after = (now / kEvery + 1) * kEvery + 2;
+  ASSERT_LT(kill_after, kSteps / 2) << log;
+  const std::string mark = absl::StrCat("step ", kill_after, "/");
   ASSERT_TRUE(testing::WaitFor(
       [&] { return cluster_.WorkerLog(0).find(mark) != std::string::npos; }, absl::Seconds(60)))
-      << cluster_.WorkerLog(0);
-  ASSERT_TRUE(WaitForStatus(observer.get(), "elastic",
-                            [](const v1::JobStatus& j) { return j.snapshot_step() >= 20; }))
       << cluster_.WorkerLog(0);
   cluster_.worker(2)->Signal(SIGKILL);
   cluster_.worker(3)->Signal(SIGKILL);
@@ -134,10 +144,13 @@ TEST_F(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
   EXPECT_EQ(report["recoveries"][0]["world_size"], 2) << report.dump();
   EXPECT_EQ(report["recoveries"][0]["source"], "snapshot") << report.dump();
   // The rollback is to an outer step's snapshot.
-  EXPECT_EQ(report["recoveries"][0]["restored_step"].get<int>() % kEvery, 0) << report.dump();
+  const int restored = report["recoveries"][0]["restored_step"].get<int>();
+  const int failed = report["recoveries"][0]["failed_step"].get<int>();
+  EXPECT_EQ(restored % kEvery, 0) << report.dump();
+  // Inner steps past that outer step were lost: the kill was mid-round.
+  EXPECT_GT(failed, restored) << report.dump();
   EXPECT_EQ(report["recoveries"].back()["world_size"], 4) << report.dump();
-  EXPECT_EQ(report["recoveries"].back()["restored_step"].get<int>() % kEvery, 0)
-      << report.dump();
+  EXPECT_EQ(report["recoveries"].back()["restored_step"].get<int>() % kEvery, 0) << report.dump();
   const nlohmann::json& outer = report["outer_steps"];
   ASSERT_GE(outer.size(), 3u) << report.dump();
   std::vector<int> groups;
@@ -149,7 +162,9 @@ TEST_F(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
     EXPECT_EQ(o["outer_step"].get<int>(), o["after_step"].get<int>() / kEvery) << o.dump();
     EXPECT_TRUE(std::isfinite(o["outer_grad_norm"].get<double>())) << o.dump();
     // One group sends nothing: its mean is its own change.
-    if (groups.back() == 1) EXPECT_EQ(o["bytes_sent"].get<int64_t>(), 0) << o.dump();
+    if (groups.back() == 1) {
+      EXPECT_EQ(o["bytes_sent"].get<int64_t>(), 0) << o.dump();
+    }
   }
   EXPECT_EQ(groups.front(), 2) << absl::StrJoin(groups, ",");
   EXPECT_GE(alone, 1) << absl::StrJoin(groups, ",");
@@ -168,32 +183,42 @@ TEST_F(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
   EXPECT_EQ(last.groups(), 2);
   EXPECT_EQ(absl::StrJoin(last.workers(), ","), "w0,w1,w2,w3");
   for (const v1::OuterStepRecord& o : job.outer_steps()) {
-    if (o.groups() == 1) EXPECT_EQ(absl::StrJoin(o.workers(), ","), "w0,w1");
+    if (o.groups() == 1) {
+      EXPECT_EQ(absl::StrJoin(o.workers(), ","), "w0,w1");
+    }
   }
   // shardctl shows the same record.
-  auto [code, text] = testing::RunCommand(absl::StrCat(
-      testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
-      " status --job=elastic 2>&1"));
+  auto [code, text] = testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
+                                                       " --server=", cluster_.address(),
+                                                       " status --job=elastic 2>&1"));
   EXPECT_EQ(code, 0) << text;
   EXPECT_NE(text.find("elastic outer steps (DiLoCo"), std::string::npos) << text;
   EXPECT_NE(text.find("w0,w1,w2,w3"), std::string::npos) << text;
-  auto [json_code, json] = testing::RunCommand(absl::StrCat(
-      testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
-      " status --job=elastic --json 2>&1"));
+  auto [json_code, json] = testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
+                                                            " --server=", cluster_.address(),
+                                                            " status --job=elastic --json 2>&1"));
   EXPECT_EQ(json_code, 0) << json;
   EXPECT_NE(json.find("\"outer_steps\""), std::string::npos) << json;
 
-  // The loss stays finite; the final loss beside the undisturbed run's
-  // (stated, not bounded: one run of each says nothing about a spread).
+  // The loss stays finite; the final validation loss (held-out rows, the
+  // same for both runs) beside the undisturbed run's: stated, not bounded
+  // (one run of each says nothing about a spread).
   const std::vector<double> losses = report["losses"];
   for (double loss : losses) ASSERT_TRUE(std::isfinite(loss));
-  const std::vector<double> calm = undisturbed["losses"];
-  ASSERT_EQ(calm.size(), static_cast<size_t>(kSteps));
-  std::fprintf(stderr,
-               "final loss after %d steps: %.6f with group 1 killed after step 22 and back "
-               "(outer steps by groups: %s); %.6f undisturbed\n",
-               kSteps, losses.back(), absl::StrJoin(groups, ",").c_str(), calm.back());
   EXPECT_LT(losses.back(), losses.front());
+  const std::vector<double> val = report["val_losses"];
+  const std::vector<double> calm = undisturbed["val_losses"];
+  ASSERT_FALSE(val.empty());
+  ASSERT_FALSE(calm.empty());
+  ASSERT_TRUE(std::isfinite(val.back()));
+  std::fprintf(stderr,
+               "final val_loss after %d steps: %.6f with group 1 killed after step %d (failed "
+               "step %d, rolled back to step %d) and back at step %d (outer steps by groups: "
+               "%s); %.6f undisturbed (train loss of the last step: %.6f and %.6f)\n",
+               kSteps, val.back(), kill_after, failed, restored,
+               report["recoveries"].back()["restored_step"].get<int>(),
+               absl::StrJoin(groups, ",").c_str(), calm.back(), losses.back(),
+               undisturbed["losses"].back().get<double>());
 }
 
 }  // namespace
