@@ -198,6 +198,7 @@ TEST_P(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
   EXPECT_EQ(code, 0) << text;
   EXPECT_NE(text.find("elastic outer steps (DiLoCo"), std::string::npos) << text;
   EXPECT_NE(text.find("w0,w1,w2,w3"), std::string::npos) << text;
+  std::fprintf(stderr, "shardctl status --job=elastic:\n%s\n", text.c_str());
   auto [json_code, json] = testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
                                                             " --server=", cluster_.address(),
                                                             " status --job=elastic --json 2>&1"));
