@@ -87,14 +87,6 @@ class DiLoCoElasticTest : public ::testing::TestWithParam<double> {
   LocalCluster cluster_;
 };
 
-// The server's record holds an outer step run by `groups` groups.
-bool HasOuterStepOf(const v1::JobStatus& job, int groups) {
-  for (const v1::OuterStepRecord& o : job.outer_steps()) {
-    if (o.groups() == groups) return true;
-  }
-  return false;
-}
-
 TEST_P(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) {
   ASSERT_TRUE(cluster_.ok());
   // The undisturbed run, for the final loss.
@@ -128,10 +120,19 @@ TEST_P(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
   cluster_.worker(3)->Signal(SIGKILL);
   // The survivors go on as one group: the server records an outer step of
   // one group (w0 and w1) before the killed workers are started again.
+  std::string alone_workers;
   ASSERT_TRUE(WaitForStatus(observer.get(), "elastic",
-                            [](const v1::JobStatus& j) { return HasOuterStepOf(j, 1); }))
+                            [&](const v1::JobStatus& j) {
+                              for (const v1::OuterStepRecord& o : j.outer_steps()) {
+                                if (o.groups() != 1) continue;
+                                alone_workers = absl::StrJoin(o.workers(), ",");
+                                return true;
+                              }
+                              return false;
+                            }))
       << cluster_.WorkerLog(0) << "\nserver:\n"
       << cluster_.server()->Log();
+  EXPECT_EQ(alone_workers, "w0,w1");
   cluster_.RestartWorker(2);
   cluster_.RestartWorker(3);
   std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(120));
