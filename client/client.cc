@@ -199,6 +199,7 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_rejoin_grace_ms(absl::ToInt64Milliseconds(join_extras_.rejoin_grace));
   request.set_incarnation(join_extras_.incarnation);
   request.set_node(join_extras_.node);
+  request.set_world_multiple(join_extras_.world_multiple);
   request.set_steps_completed(steps_completed_);
   while (true) {
     v1::JoinResponse response;

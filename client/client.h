@@ -97,7 +97,8 @@ struct JoinExtras {
   int min_world_size = 0;
   absl::Duration rejoin_grace = absl::ZeroDuration();
   std::string incarnation;
-  std::string node;  // "<hostname> <boot id>" (common/local_address.h)
+  std::string node;        // "<hostname> <boot id>" (common/local_address.h)
+  int world_multiple = 0;  // JoinRequest.world_multiple: --shard_group_size
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -133,7 +133,10 @@ absl::Status Worker::Join() {
     absl::BitGen gen;
     client_->set_join_extras({config_.recovery.min_world_size, config_.recovery.rejoin_grace,
                               absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen)),
-                              HostIdentity()});
+                              HostIdentity(),
+                              // Growing back to part of a group would leave a
+                              // plan that cannot be formed.
+                              config_.shard_group_by_host ? 0 : config_.plan.shard_group_size});
   }
   client_->set_steps_completed(ledger_.steps_completed());
   absl::StatusOr<JoinInfo> joined = client_->Join(

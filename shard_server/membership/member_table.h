@@ -67,6 +67,9 @@ struct Membership::Job {
   // From the members' joins (--min_world_size, --rejoin_grace); 0: no
   // shrink. A restored job takes them from its next join.
   int min_world_size = 0;
+  // The largest JoinRequest.world_multiple of its joins (0: any world size);
+  // in memory: after a server restart, the next join's.
+  int world_multiple = 0;
   absl::Duration rejoin_grace = absl::ZeroDuration();
   bool recovery_options_known = false;
   // When the current generation was started by a death (shrink counts the
