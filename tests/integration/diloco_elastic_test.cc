@@ -84,8 +84,89 @@ class DiLoCoElasticTest : public ::testing::TestWithParam<double> {
         timeout);
   }
 
+  // Mid-round: once every member committed a snapshot (an outer step's) of
+  // step 20 or later, waits for the next step 2 past an outer step (S = 5k +
+  // 2, rank 0's line "step S/") and returns S (-1: not seen, or past the
+  // middle of the run). The survivors of a kill now notice at the next
+  // step's loss agreement (over all W ranks): the failed step is mid-round.
+  int WaitForMidRound(Client* observer) {
+    if (!WaitForStatus(observer, "elastic",
+                       [](const v1::JobStatus& j) { return j.snapshot_step() >= 20; })) {
+      return -1;
+    }
+    const std::string log = cluster_.WorkerLog(0);
+    const size_t line = log.rfind("\nstep ");
+    if (line == std::string::npos) return -1;
+    const int now = std::atoi(log.c_str() + line + 6);
+    const int kill_after = (now / kEvery + 1) * kEvery + 2;
+    if (kill_after >= kSteps / 2) return -1;
+    const std::string mark = absl::StrCat("step ", kill_after, "/");
+    const bool seen = testing::WaitFor(
+        [&] { return cluster_.WorkerLog(0).find(mark) != std::string::npos; }, absl::Seconds(60));
+    return seen ? kill_after : -1;
+  }
+
+  // The server's record (the last 16 outer steps): the last ones of both
+  // groups, w0-w3, and the one-group steps named w0, w1 while it holds them;
+  // shardctl status (and --json) shows it.
+  void ExpectServerRecord(Client* observer) {
+    absl::StatusOr<v1::GetStatusResponse> status = observer->GetStatus("elastic");
+    ASSERT_TRUE(status.ok()) << status.status();
+    ASSERT_EQ(status->jobs_size(), 1);
+    const v1::JobStatus& job = status->jobs(0);
+    ASSERT_GT(job.outer_steps_size(), 0);
+    const v1::OuterStepRecord& last = job.outer_steps(job.outer_steps_size() - 1);
+    EXPECT_EQ(last.after_step(), kSteps);
+    EXPECT_EQ(last.groups(), 2);
+    EXPECT_EQ(absl::StrJoin(last.workers(), ","), "w0,w1,w2,w3");
+    for (const v1::OuterStepRecord& o : job.outer_steps()) {
+      if (o.groups() == 1) {
+        EXPECT_EQ(absl::StrJoin(o.workers(), ","), "w0,w1");
+      }
+    }
+    // shardctl shows the same record.
+    auto [code, text] = testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
+                                                         " --server=", cluster_.address(),
+                                                         " status --job=elastic 2>&1"));
+    EXPECT_EQ(code, 0) << text;
+    EXPECT_NE(text.find("elastic outer steps (DiLoCo"), std::string::npos) << text;
+    EXPECT_NE(text.find("w0,w1,w2,w3"), std::string::npos) << text;
+    std::fprintf(stderr, "shardctl status --job=elastic:\n%s\n", text.c_str());
+    auto [json_code, json] = testing::RunCommand(
+        absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=", cluster_.address(),
+                     " status --job=elastic --json 2>&1"));
+    EXPECT_EQ(json_code, 0) << json;
+    EXPECT_NE(json.find("\"outer_steps\""), std::string::npos) << json;
+  }
+
   LocalCluster cluster_;
 };
+
+// The report's outer steps: of 2 groups, then of 1 (0 bytes: its mean is
+// its own change), then of 2 again to the last one after the last step,
+// each numbered after_step / H. Their groups, in order.
+std::vector<int> CheckOuterSteps(const nlohmann::json& report) {
+  std::vector<int> groups;
+  const nlohmann::json& outer = report["outer_steps"];
+  EXPECT_GE(outer.size(), 3u) << report.dump();
+  if (outer.empty()) return groups;
+  int alone = 0;
+  for (const nlohmann::json& o : outer) {
+    groups.push_back(o["groups"].get<int>());
+    alone += groups.back() == 1;
+    EXPECT_EQ(o["after_step"].get<int>() % kEvery, 0) << o.dump();
+    EXPECT_EQ(o["outer_step"].get<int>(), o["after_step"].get<int>() / kEvery) << o.dump();
+    EXPECT_TRUE(std::isfinite(o["outer_grad_norm"].get<double>())) << o.dump();
+    if (groups.back() == 1) {
+      EXPECT_EQ(o["bytes_sent"].get<int64_t>(), 0) << o.dump();
+    }
+  }
+  EXPECT_EQ(groups.front(), 2) << absl::StrJoin(groups, ",");
+  EXPECT_GE(alone, 1) << absl::StrJoin(groups, ",");
+  EXPECT_EQ(groups.back(), 2) << absl::StrJoin(groups, ",");
+  EXPECT_EQ(outer.back()["after_step"].get<int>(), kSteps);
+  return groups;
+}
 
 TEST_P(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) {
   ASSERT_TRUE(cluster_.ok());
@@ -99,23 +180,8 @@ TEST_P(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
       "elastic", 4, Flags({"--min_world_size=2", "--rejoin_grace=1s", "--test_step_delay_ms=20"}));
   std::unique_ptr<Client> observer = Observer();
   ASSERT_NE(observer, nullptr);
-  // Mid-round: once every member committed a snapshot (an outer step's) of
-  // step 20 or later, at the next step 2 past an outer step (S = 5k + 2,
-  // rank 0's line "step S/"). The survivors notice at the next step's loss
-  // agreement (over all W ranks), so the failed step is mid-round too.
-  ASSERT_TRUE(WaitForStatus(observer.get(), "elastic", [](const v1::JobStatus& j) {
-    return j.snapshot_step() >= 20;
-  })) << cluster_.WorkerLog(0);
-  const std::string log = cluster_.WorkerLog(0);
-  const size_t line = log.rfind("\nstep ");
-  ASSERT_NE(line, std::string::npos) << log;
-  const int now = std::atoi(log.c_str() + line + 6);
-  const int kill_after = (now / kEvery + 1) * kEvery + 2;
-  ASSERT_LT(kill_after, kSteps / 2) << log;
-  const std::string mark = absl::StrCat("step ", kill_after, "/");
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return cluster_.WorkerLog(0).find(mark) != std::string::npos; }, absl::Seconds(60)))
-      << cluster_.WorkerLog(0);
+  const int kill_after = WaitForMidRound(observer.get());
+  ASSERT_GT(kill_after, 0) << cluster_.WorkerLog(0);
   cluster_.worker(2)->Signal(SIGKILL);
   cluster_.worker(3)->Signal(SIGKILL);
   // The survivors go on as one group: the server records an outer step of
@@ -156,55 +222,9 @@ TEST_P(DiLoCoElasticTest, AGroupKilledMidRoundIsLeftOutAndRejoinsAtAnOuterStep) 
   EXPECT_GT(failed, restored) << report.dump();
   EXPECT_EQ(report["recoveries"].back()["world_size"], 4) << report.dump();
   EXPECT_EQ(report["recoveries"].back()["restored_step"].get<int>() % kEvery, 0) << report.dump();
-  const nlohmann::json& outer = report["outer_steps"];
-  ASSERT_GE(outer.size(), 3u) << report.dump();
-  std::vector<int> groups;
-  int alone = 0;
-  for (const nlohmann::json& o : outer) {
-    groups.push_back(o["groups"].get<int>());
-    alone += groups.back() == 1;
-    EXPECT_EQ(o["after_step"].get<int>() % kEvery, 0) << o.dump();
-    EXPECT_EQ(o["outer_step"].get<int>(), o["after_step"].get<int>() / kEvery) << o.dump();
-    EXPECT_TRUE(std::isfinite(o["outer_grad_norm"].get<double>())) << o.dump();
-    // One group sends nothing: its mean is its own change.
-    if (groups.back() == 1) {
-      EXPECT_EQ(o["bytes_sent"].get<int64_t>(), 0) << o.dump();
-    }
-  }
-  EXPECT_EQ(groups.front(), 2) << absl::StrJoin(groups, ",");
-  EXPECT_GE(alone, 1) << absl::StrJoin(groups, ",");
-  EXPECT_EQ(groups.back(), 2) << absl::StrJoin(groups, ",");
-  EXPECT_EQ(outer.back()["after_step"].get<int>(), kSteps);
+  const std::vector<int> groups = CheckOuterSteps(report);
 
-  // The server's record (the last 16 outer steps): the last ones of both
-  // groups, w0-w3, and the one-group steps named w0, w1 while it holds them.
-  absl::StatusOr<v1::GetStatusResponse> status = observer->GetStatus("elastic");
-  ASSERT_TRUE(status.ok()) << status.status();
-  ASSERT_EQ(status->jobs_size(), 1);
-  const v1::JobStatus& job = status->jobs(0);
-  ASSERT_GT(job.outer_steps_size(), 0);
-  const v1::OuterStepRecord& last = job.outer_steps(job.outer_steps_size() - 1);
-  EXPECT_EQ(last.after_step(), kSteps);
-  EXPECT_EQ(last.groups(), 2);
-  EXPECT_EQ(absl::StrJoin(last.workers(), ","), "w0,w1,w2,w3");
-  for (const v1::OuterStepRecord& o : job.outer_steps()) {
-    if (o.groups() == 1) {
-      EXPECT_EQ(absl::StrJoin(o.workers(), ","), "w0,w1");
-    }
-  }
-  // shardctl shows the same record.
-  auto [code, text] = testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
-                                                       " --server=", cluster_.address(),
-                                                       " status --job=elastic 2>&1"));
-  EXPECT_EQ(code, 0) << text;
-  EXPECT_NE(text.find("elastic outer steps (DiLoCo"), std::string::npos) << text;
-  EXPECT_NE(text.find("w0,w1,w2,w3"), std::string::npos) << text;
-  std::fprintf(stderr, "shardctl status --job=elastic:\n%s\n", text.c_str());
-  auto [json_code, json] = testing::RunCommand(absl::StrCat(testing::RunfilePath("client/shardctl"),
-                                                            " --server=", cluster_.address(),
-                                                            " status --job=elastic --json 2>&1"));
-  EXPECT_EQ(json_code, 0) << json;
-  EXPECT_NE(json.find("\"outer_steps\""), std::string::npos) << json;
+  ExpectServerRecord(observer.get());
 
   // The loss stays finite; the final validation loss (held-out rows, the
   // same for both runs) beside the undisturbed run's: stated, not bounded
