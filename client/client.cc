@@ -199,6 +199,7 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
   request.set_rejoin_grace_ms(absl::ToInt64Milliseconds(join_extras_.rejoin_grace));
   request.set_incarnation(join_extras_.incarnation);
   request.set_node(join_extras_.node);
+  request.set_world_multiple(join_extras_.world_multiple);
   request.set_steps_completed(steps_completed_);
   while (true) {
     v1::JoinResponse response;
@@ -285,6 +286,7 @@ absl::Status Client::Leave(const v1::TimeLedger& final_time) {
     request.set_has_final(true);
     request.set_final_step(progress_.step);
     request.set_final_loss(progress_.loss);
+    for (const v1::OuterStepRecord& o : outer_steps_) *request.add_outer_steps() = o;
   }
   const absl::Time deadline = absl::Now() + options_.rpc_timeout;
   while (true) {

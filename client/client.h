@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -96,7 +97,8 @@ struct JoinExtras {
   int min_world_size = 0;
   absl::Duration rejoin_grace = absl::ZeroDuration();
   std::string incarnation;
-  std::string node;  // "<hostname> <boot id>" (common/local_address.h)
+  std::string node;        // "<hostname> <boot id>" (common/local_address.h)
+  int world_multiple = 0;  // JoinRequest.world_multiple: --shard_group_size
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& status);
@@ -138,6 +140,11 @@ class Client {
   // unreachable from here.
   absl::Duration SinceHeartbeatAnswer();
   void ReportProgress(const Progress& progress);
+  // --sync=diloco, rank 0: an outer step and who took part. The last
+  // kOuterStepsSent go with every later heartbeat (the next one sent now)
+  // and with Leave.
+  static constexpr int kOuterStepsSent = 8;
+  void ReportOuterStep(const v1::OuterStepRecord& record);
   // A collective failed here: the next heartbeat, sent now, says so
   // (HeartbeatRequest.peer_failure), and so does every later one, 50 ms
   // apart, until heartbeats are restarted: the server's abort comes within
@@ -310,6 +317,7 @@ class Client {
 
   absl::Mutex mu_;
   Progress progress_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::OuterStepRecord> outer_steps_ ABSL_GUARDED_BY(mu_);  // ReportOuterStep
   TelemetrySource telemetry_source_ ABSL_GUARDED_BY(mu_);
   bool stop_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
   bool peer_failure_ ABSL_GUARDED_BY(mu_) = false;      // ReportPeerFailure

@@ -14,6 +14,13 @@ void Client::ReportProgress(const Progress& progress) {
   progress_ = progress;
 }
 
+void Client::ReportOuterStep(const v1::OuterStepRecord& record) {
+  absl::MutexLock lock(&mu_);
+  outer_steps_.push_back(record);
+  while (outer_steps_.size() > static_cast<size_t>(kOuterStepsSent)) outer_steps_.pop_front();
+  beat_now_ = true;  // the server's record keeps up with outer steps closer than a beat
+}
+
 void Client::ReportPeerFailure() {
   absl::MutexLock lock(&mu_);
   peer_failure_ = true;
@@ -109,6 +116,7 @@ v1::HeartbeatRequest Client::NextBeat() {
     request.set_snapshot_step(progress_.snapshot_step);
     if (progress_.recovery.generation() > 0) *request.mutable_recovery() = progress_.recovery;
     request.set_peer_failure(peer_failure_);
+    for (const v1::OuterStepRecord& o : outer_steps_) *request.add_outer_steps() = o;
     *request.mutable_telemetry() = progress_.telemetry;
     source = telemetry_source_;
   }

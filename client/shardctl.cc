@@ -269,6 +269,20 @@ void PrintRecoveries(const v1::JobStatus& job) {
   }
 }
 
+// --sync=diloco: the job's last outer steps and who took part in each.
+void PrintOuterSteps(const v1::JobStatus& job) {
+  if (job.outer_steps_size() == 0) return;
+  Table table({"OUTER STEP", "AFTER STEP", "GENERATION", "GROUPS", "GROUP SIZE", "WORKERS"});
+  for (const v1::OuterStepRecord& o : job.outer_steps()) {
+    table.AddRow({absl::StrCat(o.outer_step()), absl::StrCat(o.after_step()),
+                  absl::StrCat(o.generation()), absl::StrCat(o.groups()),
+                  absl::StrCat(o.group_size()),
+                  o.workers().empty() ? "-" : absl::StrJoin(o.workers(), ",")});
+  }
+  std::printf("\n%s outer steps (DiLoCo; the last %d)\n%s", job.job_id().c_str(),
+              job.outer_steps_size(), table.ToString().c_str());
+}
+
 int StatusCommand() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
@@ -311,6 +325,7 @@ int StatusCommand() {
         "\n%s latest committed snapshot: %s\n", job.job_id().c_str(),
         job.snapshot_step() >= 0 ? absl::StrCat("step ", job.snapshot_step()).c_str() : "none");
     PrintRecoveries(job);
+    PrintOuterSteps(job);
   }
   return 0;
 }

@@ -368,7 +368,9 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                            {"began_after_step", o.began_after_step},
                            {"on_replica_thread", o.on_replica_thread},
                            {"all_reduce_ms", o.all_reduce_ms},
-                           {"wait_ms", o.wait_ms}});
+                           {"wait_ms", o.wait_ms},
+                           {"groups", o.groups},
+                           {"generation", o.generation}});
   }
   out["outer_steps"] = outer_steps;
   out["replica_check_ms_median"] = Median(m.replica_check_ms);

@@ -36,7 +36,8 @@ struct RewindRecord {
 };
 
 // One outer step of --sync=diloco (docs/diloco.md): after which step, its
-// number, the bytes this rank sent for it (not in the per-step comm_bytes_*
+// number in the run (ceil(after_step / H)), the groups that took part and the
+// generation that ran it, the bytes this rank sent for it (not in the per-step comm_bytes_*
 // figures), its wall time, the outer gradient's norm and (bf16 / int8 outer
 // dtype) this rank's residual's norm. The report's "outer_steps".
 // Streaming DiLoCo (--outer_fragments, engine.h's OuterStats): the fragment
@@ -55,6 +56,8 @@ struct OuterStepRecord {
   bool on_replica_thread = false;
   double all_reduce_ms = 0;
   double wait_ms = 0;
+  int groups = 0;          // the shard groups that took part (their mean)
+  int64_t generation = 0;  // the job generation that ran it
 };
 
 // Where a process's time went, by cause, and its MFU (the worker's

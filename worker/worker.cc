@@ -131,9 +131,14 @@ absl::Status Worker::Join() {
     if (!client.ok()) return Annotate(client.status(), "connect");
     client_ = *std::move(client);
     absl::BitGen gen;
+    // The server grows a shrunk job back to whole shard groups only: part
+    // of a group leaves no plan. (A G that does not divide W is the plan's
+    // error to name.)
+    const int g = config_.shard_group_by_host ? 0 : config_.plan.shard_group_size;
+    const int multiple = g > 1 && config_.world_size % g == 0 ? g : 0;
     client_->set_join_extras({config_.recovery.min_world_size, config_.recovery.rejoin_grace,
                               absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen)),
-                              HostIdentity()});
+                              HostIdentity(), multiple});
   }
   client_->set_steps_completed(ledger_.steps_completed());
   absl::StatusOr<JoinInfo> joined = client_->Join(

@@ -44,6 +44,30 @@ absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat) {
   if (size_t n = beat.recovery().ByteSizeLong(); n > kMaxRecoveryRecordBytes) {
     return TooLong("recovery", n, kMaxRecoveryRecordBytes);
   }
+  return ValidateOuterSteps(beat.outer_steps(), "HeartbeatRequest.outer_steps");
+}
+
+absl::Status ValidateOuterSteps(
+    const google::protobuf::RepeatedPtrField<v1::OuterStepRecord>& records, const char* field) {
+  if (records.size() > kMaxOuterStepsPerBeat) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " holds ", records.size(),
+                                                   " records; at most ", kMaxOuterStepsPerBeat,
+                                                   " are taken (a worker sends its last 8)"));
+  }
+  for (const v1::OuterStepRecord& r : records) {
+    if (size_t n = r.ByteSizeLong(); n > kMaxOuterStepRecordBytes || r.workers_size() > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": a record of ", n, " bytes with ", r.workers_size(),
+                       " worker ids; at most ", kMaxOuterStepRecordBytes,
+                       " bytes and none are taken (the server names the workers itself)"));
+    }
+    if (r.outer_step() < 0 || r.after_step() < 0 || r.generation() < 0 || r.groups() < 0 ||
+        r.group_size() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": a record with a negative number (",
+                                                     r.ShortDebugString(),
+                                                     "); every number is a count or a step, >= 0"));
+    }
+  }
   return absl::OkStatus();
 }
 

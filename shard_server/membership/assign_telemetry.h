@@ -27,6 +27,14 @@ inline constexpr size_t kMaxRecoveryRecordBytes = 256;
 inline constexpr size_t kMaxUnitNameBytes = 256;
 inline constexpr size_t kMaxRecoveryWordBytes = 32;
 
+// A beat's or a leave's DiLoCo outer steps (OuterStepRecord): at most
+// kMaxOuterStepsPerBeat, each at most kMaxOuterStepRecordBytes (a worker
+// sends ~20 bytes, no worker ids: the server fills them), numbers >= 0.
+inline constexpr int kMaxOuterStepsPerBeat = 8;
+inline constexpr size_t kMaxOuterStepRecordBytes = 64;
+absl::Status ValidateOuterSteps(
+    const google::protobuf::RepeatedPtrField<v1::OuterStepRecord>& records, const char* field);
+
 // OK when `beat`'s telemetry, last step and recovery record are within the
 // bounds above; else which field, its size and the bound.
 absl::Status ValidateBeatPayload(const v1::HeartbeatRequest& beat);

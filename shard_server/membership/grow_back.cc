@@ -25,6 +25,11 @@ void Membership::MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred) {
   const int64_t committed = job.CommittedSnapshot();
   const bool boundary = committed > job.grow_mark;
   if (!boundary && now - job.grow_since < kGrowBoundaryWait) return;
+  // Whole shard groups only: one grower of a group of two would make a
+  // world size no plan of that group size covers (W = 3 in groups of 2);
+  // it waits for the rest of its group. A job's target is a multiple.
+  const int m = job.world_multiple;
+  if (m > 1 && job.WithGrowers(job.world_size) % m != 0) return;
   std::string who;
   for (const auto& [worker_id, p] : job.pending) {
     absl::StrAppend(&who, who.empty() ? "" : ", ", "'", worker_id, "'");

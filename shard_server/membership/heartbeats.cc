@@ -110,6 +110,7 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::RecordHeartbeat(
                                         {"generation", absl::StrCat(job.generation)}});
   }
   if (request.has_recovery()) RecordRecovery(job, request.recovery());
+  if (request.outer_steps_size() > 0) RecordOuterSteps(job, request.outer_steps());
   AssignTelemetry(request.telemetry(), &m.telemetry);
   RecordGoodputBeat(job, member.generation(), member.rank(), request);
   // The beat above counts (the member is alive); the answer waits for the

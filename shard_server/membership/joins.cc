@@ -66,6 +66,11 @@ absl::Status Membership::ValidateJoinRequest(const v1::JoinRequest& request) con
         absl::StrCat("min_world_size ", request.min_world_size(), " is out of range: expected 0..",
                      request.world_size(), " (the world size; 0: no shrink)"));
   }
+  if (request.world_multiple() < 0 || request.world_multiple() > request.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_multiple ", request.world_multiple(), " is out of range: expected 0..",
+                     request.world_size(), " (the shard group size; 0: any world size)"));
+  }
   if (request.rejoin_grace_ms() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("rejoin_grace_ms ", request.rejoin_grace_ms(), " is negative; expected >= 0"));
@@ -311,6 +316,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
     job.min_world_size = request.min_world_size();
     job.rejoin_grace = absl::Milliseconds(request.rejoin_grace_ms());
   }
+  job.world_multiple = std::max(job.world_multiple, request.world_multiple());
   if (job.goodput.StepsCompleted(request.steps_completed())) job.goodput_changed = true;
   const uint64_t id = next_join_id_++;
   PendingJoin& p = job.pending[request.worker_id()];

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "shard_server/membership/assign_telemetry.h"
 #include "shard_server/membership/member_table.h"
 #include "shard_server/membership/membership.h"
 
@@ -10,6 +11,10 @@ namespace zeroshard {
 absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
   if (final != nullptr) {
     if (absl::Status s = ValidateTimeLedger(final->final_time(), "LeaveRequest.final_time");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ValidateOuterSteps(final->outer_steps(), "LeaveRequest.outer_steps");
         !s.ok()) {
       return s;
     }
@@ -53,9 +58,11 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
     job.StopWatching(m.rank);
     const absl::Time now = clock_->Now();
     if (final != nullptr) {
+      if (final->outer_steps_size() > 0) RecordOuterSteps(job, final->outer_steps());
       // Its last steps and the time after them, up to its leave.
       if (final->has_final()) job.goodput.StepsCompleted(final->final_step());
-      if (final->has_final_time()) job.goodput.Report(member.generation(), member.rank(), final->final_time());
+      if (final->has_final_time())
+        job.goodput.Report(member.generation(), member.rank(), final->final_time());
       job.goodput_changed = true;
     }
     if (all_gone) job.goodput.Finished(now);

@@ -67,6 +67,9 @@ struct Membership::Job {
   // From the members' joins (--min_world_size, --rejoin_grace); 0: no
   // shrink. A restored job takes them from its next join.
   int min_world_size = 0;
+  // The largest JoinRequest.world_multiple of its joins (0: any world size);
+  // in memory: after a server restart, the next join's.
+  int world_multiple = 0;
   absl::Duration rejoin_grace = absl::ZeroDuration();
   bool recovery_options_known = false;
   // When the current generation was started by a death (shrink counts the
@@ -116,6 +119,10 @@ struct Membership::Job {
   std::deque<GenerationChange> history;
   std::map<std::string, int> joins;           // worker id -> generations it was a member of
   std::deque<v1::RecoveryRecord> recoveries;  // the last kMaxHistory, oldest first
+  // --sync=diloco: the last kMaxOuterSteps outer steps rank 0 reported
+  // (RecordOuterSteps), oldest first; in memory only, like `recoveries`.
+  static constexpr size_t kMaxOuterSteps = 16;
+  std::deque<v1::OuterStepRecord> outer_steps;
   // Machines fenced from the job (EvictHost), by node: their joins are
   // refused until UnfenceHost. Saved with the job (the fenced_hosts table).
   std::map<std::string, v1::FencedHost> fences;

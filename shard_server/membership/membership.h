@@ -337,6 +337,12 @@ class Membership {
   // kept (one per generation, the last 32) and logged when its generation or
   // phase is not the last one's.
   void RecordRecovery(Job& job, const v1::RecoveryRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rank 0's outer steps (HeartbeatRequest / LeaveRequest.outer_steps,
+  // checked by ValidateOuterSteps): each one not yet kept is added, with the
+  // worker ids of its generation's ranks that took part (outer_steps.cc).
+  void RecordOuterSteps(Job& job,
+                        const google::protobuf::RepeatedPtrField<v1::OuterStepRecord>& records)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A member beat again after `silent` (over two intervals): logged, or
   // counted when the job's second already listed kResumedListed.
   void LogResumed(Job& job, const MemberState& m, absl::Duration silent, absl::Time now)

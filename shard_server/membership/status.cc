@@ -63,6 +63,7 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
     for (const auto& [node, fence] : job->fences) *out->add_fenced_hosts() = fence;
     out->set_snapshot_step(job->CommittedSnapshot());
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
+    for (const v1::OuterStepRecord& o : job->outer_steps) *out->add_outer_steps() = o;
     FillRejoinWait(*job, now, out);
     *out->mutable_goodput() = job->goodput.Snapshot(now);
     for (const Job::GenerationChange& change : job->history) {

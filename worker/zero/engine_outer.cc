@@ -35,10 +35,13 @@ namespace engine_internal {
 absl::Status ValidateOuterOptions(const EngineOptions& options, int replicas) {
   if (options.replica_sync != ReplicaSync::kDiLoCo) return absl::OkStatus();
   const OuterOptions& outer = options.outer;
-  if (replicas < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DiLoCo averages the shard groups' parameters, and this plan has ", replicas,
-        " group: use shard groups smaller than the job (--shard_group_size=G with W / G >= 2)"));
+  // One group is allowed: a recovery that left a single group goes on, its
+  // outer step the group's own outer SGD on its own change (no collective).
+  // A job that starts with one group is refused by the flags
+  // (outer_sync_config.cc), where W / G is known before the job forms.
+  if (replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DiLoCo needs at least one shard group; this plan has ", replicas));
   }
   if (options.stage < 1 || options.stage > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -150,13 +153,15 @@ absl::StatusOr<OuterStats> ZeroEngine::OuterStep() {
   }
   const absl::Time start = absl::Now();
   if (absl::Status s = DropEarlyGathers(); !s.ok()) return s;
-  const CollectiveBytes before = replica_comm_->bytes_sent();
+  const CollectiveBytes before =
+      replica_comm_ != nullptr ? replica_comm_->bytes_sent() : CollectiveBytes{};
   OuterStats stats;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (absl::Status s = OuterStepUnit(static_cast<int>(u), &stats); !s.ok()) return s;
   }
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  const CollectiveBytes sent = replica_comm_->bytes_sent() - before;
+  const CollectiveBytes sent =
+      replica_comm_ != nullptr ? replica_comm_->bytes_sent() - before : CollectiveBytes{};
   stats.bytes_sent = sent.all_reduce + sent.all_gather + sent.reduce_scatter + sent.broadcast;
   stats.outer_step = ++outer_steps_;
   stats.ms = MsSince(start);
@@ -232,6 +237,13 @@ absl::Status ZeroEngine::OuterGradientInto(int unit, float* delta, void* wire) {
   backend_->AddInto(st.anchor.data(), DType::kF32, delta, n);
   float* residual = st.outer_residual.f32();
   if (residual != nullptr) backend_->AddInto(residual, DType::kF32, delta, n);
+  if (replica_comm_ == nullptr) {
+    // One group (a recovery left no other): the mean over one group is its
+    // own change, sent nowhere, so nothing is lost to a wire copy and the
+    // residual (already added into `delta`) is spent.
+    if (residual != nullptr) backend_->Zero(residual, Bytes(n, DType::kF32));
+    return backend_->Synchronize();
+  }
   const DType dtype = options_.outer.dtype;
   if (dtype == DType::kBF16) {
     // residual = delta - widen(bf16(delta)), through residual = -(-delta + wire).
@@ -255,6 +267,7 @@ absl::Status ZeroEngine::OuterGradientInto(int unit, float* delta, void* wire) {
 // On the calling thread: the compute thread (OuterStep) or the replica
 // thread (a streaming fragment).
 absl::Status ZeroEngine::AllReduceOuterGradient(int unit, float* delta, void* wire) {
+  if (replica_comm_ == nullptr) return absl::OkStatus();  // one group: its own mean
   const UnitLayout& layout = units_[unit];
   const int64_t n = layout.chunk_elements;
   const DType dtype = options_.outer.dtype;

@@ -115,6 +115,62 @@ TEST_F(MembershipTest, GrowsBackAtTheNextSnapshotAfterAShrink) {
   EXPECT_EQ(refused->status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// With shard groups of 2 (JoinRequest.world_multiple), a job that shrank
+// from 4 to 2 does not grow back to 3: the first grower waits across the
+// members' snapshots until the second completes its group, then both join.
+TEST_F(MembershipTest, GrowsBackOnlyToWholeShardGroups) {
+  auto join = [&](const std::string& worker, JoinResult* out) {
+    v1::JoinRequest request = Elastic(Request("groups", 4, worker), 2, 1000);
+    request.set_world_multiple(2);
+    membership_->Join(request, clock_.Now() + absl::Hours(1), [out](auto r) { *out = r; });
+  };
+  std::vector<JoinResult> first(4);
+  for (int i = 0; i < 4; ++i) join(absl::StrCat("w", i), &first[i]);
+  for (auto& r : first) ASSERT_TRUE(r && r->ok());
+  clock_.Advance(absl::Seconds(2));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Beat(Credentials("groups", **first[i])).ok());
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();  // w2 and w3 dead
+  std::vector<JoinResult> shrunk(2);
+  for (int i = 0; i < 2; ++i) join(absl::StrCat("w", i), &shrunk[i]);
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();
+  for (auto& r : shrunk) ASSERT_TRUE(r && r->ok() && (*r)->world_size() == 2);
+  const int64_t shrunk_generation = (*shrunk[0])->generation();
+  auto beat = [&](int i, int64_t snapshot_step) {
+    v1::HeartbeatRequest h;
+    *h.mutable_member() = Credentials("groups", **shrunk[i]);
+    h.set_snapshot_step(snapshot_step);
+    return membership_->Heartbeat(h);
+  };
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(beat(i, 20).ok());
+  JoinResult w3;
+  join("w3", &w3);
+  // Snapshots committed past the grower's arrival: no grow back to 3.
+  for (int64_t step : {25, 30}) {
+    clock_.Advance(absl::Milliseconds(300));
+    for (int i = 0; i < 2; ++i) ASSERT_EQ(beat(i, step)->command(), v1::CONTINUE);
+    membership_->Tick();
+  }
+  EXPECT_FALSE(w3.has_value());
+  EXPECT_EQ(membership_->Status("groups").jobs(0).generation(), shrunk_generation);
+  JoinResult w2;
+  join("w2", &w2);
+  clock_.Advance(absl::Milliseconds(300));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(beat(i, 35).ok());
+  membership_->Tick();
+  v1::JobStatus job = membership_->Status("groups").jobs(0);
+  EXPECT_EQ(job.generation(), shrunk_generation + 1);
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+            "grow back from 2 to 4 of 4 workers ('w2', 'w3') at the snapshot of step 35");
+  std::vector<JoinResult> grown(2);
+  for (int i = 0; i < 2; ++i) join(absl::StrCat("w", i), &grown[i]);
+  for (JoinResult* r : {&w2, &w3, &grown[0], &grown[1]}) {
+    ASSERT_TRUE(r->has_value() && (*r)->ok());
+    EXPECT_EQ((**r)->world_size(), 4);
+  }
+}
+
 TEST_F(MembershipTest, RecoveryThatCannotReachTheMinimumEndsWithAReason) {
   std::vector<JoinResult> first(3);
   for (int i = 0; i < 3; ++i) {

@@ -1,10 +1,11 @@
 // GetStatus (shard_server/membership/status.cc): steps, telemetry, generation history, snapshots
-// and recoveries as members reported them.
+// and recoveries as members reported them, and DiLoCo's outer steps.
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "shard_server/membership/membership.h"
 #include "tests/shard_server/membership/membership_fixture.h"
@@ -132,6 +133,59 @@ TEST_F(MembershipTest, StatusShowsTheSnapshotStepAndRecoveries) {
   for (const auto& line : lines_)
     logged = logged || line.find("recovery_training") != std::string::npos;
   EXPECT_TRUE(logged);
+}
+
+// DiLoCo's outer steps (docs/diloco.md, "Elastic outer steps"): rank 0
+// resends its last few with every beat; the server keeps each (generation,
+// after_step) once, in order, the last 16, with the worker ids of the ranks
+// that took part; a record naming workers itself, or too many records, is
+// refused naming the field.
+TEST_F(MembershipTest, StatusKeepsEachOuterStepOnceWithTheWorkersThatTookPart) {
+  std::vector<v1::JoinResponse> members = Form("outer", 4);
+  auto record = [](int64_t after, int groups) {
+    v1::OuterStepRecord r;
+    r.set_outer_step(after / 5);
+    r.set_after_step(after);
+    r.set_generation(1);
+    r.set_groups(groups);
+    r.set_group_size(2);
+    return r;
+  };
+  v1::HeartbeatRequest beat;
+  *beat.mutable_member() = Credentials("outer", members[0]);
+  *beat.add_outer_steps() = record(5, 2);
+  *beat.add_outer_steps() = record(10, 1);
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  *beat.add_outer_steps() = record(15, 2);  // the two before, sent again
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  v1::JobStatus job = membership_->Status("outer").jobs(0);
+  ASSERT_EQ(job.outer_steps_size(), 3) << job.DebugString();
+  EXPECT_EQ(job.outer_steps(0).after_step(), 5);
+  EXPECT_EQ(absl::StrJoin(job.outer_steps(0).workers(), ","), "w0,w1,w2,w3");
+  EXPECT_EQ(absl::StrJoin(job.outer_steps(1).workers(), ","), "w0,w1");
+  EXPECT_EQ(job.outer_steps(2).after_step(), 15);
+  // The window: the last 16.
+  for (int64_t after = 20; after <= 100; after += 5) {
+    beat.clear_outer_steps();
+    *beat.add_outer_steps() = record(after, 2);
+    ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  }
+  job = membership_->Status("outer").jobs(0);
+  ASSERT_EQ(job.outer_steps_size(), 16);
+  EXPECT_EQ(job.outer_steps(0).after_step(), 25);
+  EXPECT_EQ(job.outer_steps(15).after_step(), 100);
+  // Refused: worker ids from the worker, and more than 8 records.
+  beat.clear_outer_steps();
+  v1::OuterStepRecord named = record(105, 2);
+  named.add_workers("someone");
+  *beat.add_outer_steps() = named;
+  absl::Status refused = membership_->Heartbeat(beat).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("HeartbeatRequest.outer_steps"), std::string::npos) << refused;
+  beat.clear_outer_steps();
+  for (int i = 0; i < 9; ++i) *beat.add_outer_steps() = record(105 + 5 * i, 2);
+  EXPECT_EQ(membership_->Heartbeat(beat).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(membership_->Status("outer").jobs(0).outer_steps_size(), 16);
 }
 
 }  // namespace
