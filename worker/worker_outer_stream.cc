@@ -60,10 +60,11 @@ absl::Status Worker::RecordOuterStep(int completed, const OuterStats& outer) {
   const double norm = std::sqrt(*mean_squares * e.group_size());
   // Numbered by the run's steps, not this engine's count: a recovery (a new
   // engine) or a resume goes on with the run's numbers. Streaming: one
-  // number per H / F steps (a fragment's turn).
+  // number per H / F steps (a fragment's turn), by the step it began after.
   const OuterOptions& options = config_.engine.outer;
   const int period = std::max(1, options.every / std::max(1, options.fragments));
-  const int64_t number = (int64_t{completed} + period - 1) / period;
+  const int64_t began = outer.fragment >= 0 ? outer.began_tag : completed;
+  const int64_t number = (began + period - 1) / period;
   // Every group of the generation took part (a recovery that lost a group
   // formed a generation without it; docs/diloco.md, "Elastic outer steps").
   const int groups = e.world_size() / e.group_size();
@@ -78,7 +79,7 @@ absl::Status Worker::RecordOuterStep(int completed, const OuterStats& outer) {
   record.outer_grad_norm = norm;
   record.residual_norm = std::sqrt(outer.residual_squares);
   record.fragment = outer.fragment;
-  record.began_after_step = outer.fragment >= 0 ? outer.began_tag : completed;
+  record.began_after_step = began;
   record.on_replica_thread = outer.on_replica_thread;
   record.all_reduce_ms = outer.all_reduce_ms;
   record.wait_ms = outer.wait_ms;
