@@ -93,7 +93,9 @@ TEST(QuantizeInt8Test, ZerosAreExact) {
   x[300] = 1.0f;  // the second block is not zero; the first and third are
   const std::vector<float> y = RoundTrip(x);
   for (size_t i = 0; i < x.size(); ++i) {
-    if (i / 256 != 1) EXPECT_EQ(y[i], 0.0f) << i;
+    if (i / 256 != 1) {
+      EXPECT_EQ(y[i], 0.0f) << i;
+    }
   }
   EXPECT_EQ(y[300], 1.0f);
   EXPECT_EQ(y[301], 0.0f);  // zero in a non-zero block: q = 0
