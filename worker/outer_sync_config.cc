@@ -68,8 +68,8 @@ absl::Status ReadStreaming(OuterOptions* outer) {
   outer->mix = absl::GetFlag(FLAGS_outer_mix);
   if (!(outer->mix >= 0 && outer->mix <= 1)) {
     return Bad(absl::StrCat("--outer_mix=", outer->mix,
-                            ": expected a share in [0, 1] of the local parameters kept (0.5 is "
-                            "Streaming DiLoCo's; 0: the outer result overwrites them)"));
+                            ": expected a share in [0, 1] of the local parameters kept (0.5 is the "
+                            "default; 0: the outer result overwrites them)"));
   }
   return absl::OkStatus();
 }
