@@ -1,5 +1,6 @@
 // What crosses the node boundary, measured on emulated hosts (needs root):
-// W = 4 as 2 hosts x 2 ranks (the server on a third host), seed 001's MLP
+// W = 4 as 2 hosts x 2 ranks (--ranks_per_host=1: W = 2, a rank per host;
+// the server on a third host), seed 001's MLP
 // shape at ZeRO stage 3, with today's flat data plane, with two-level
 // collectives (--two_level) and with hybrid sharding in host groups
 // (--shard_group_size=host: "hsdp"), at each link rate, in interleaved
@@ -12,7 +13,7 @@
 //
 //   bazel run -c opt //tests/bench:multihost_bench -- [--rates=0,1000000000]
 //       [--steps=20] [--rounds=2] [--layers=8] [--width=1024] [--batch=8]
-//       [--modes=flat,two-level,hsdp] [--json_out=FILE]
+//       [--modes=flat,two-level,hsdp] [--ranks_per_host=2] [--json_out=FILE]
 //
 // The int8 modes (flat-int8, two-level-int8: --gather_dtype=int8
 // --reduce_dtype=int8; hsdp-int8: --reduce_dtype=int8, whose gathers stay
@@ -73,6 +74,9 @@ ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
           "--outer_dtype); PyTorch 2 beside "
           "them: fsdp2 (fully_shard), "
           "fsdp2-hsdp (fully_shard on a 2-D DeviceMesh: shard in a host, replicate across)");
+ABSL_FLAG(int, ranks_per_host, 2,
+          "Ranks on each of the 2 worker hosts: 2 (W = 4) or 1 (W = 2; a rank per host, so on a "
+          "machine of few cores each rank computes on its own core)");
 ABSL_FLAG(int, outer_every, 50,
           "DiLoCo modes: H, inner steps per outer step; they run max(--steps, 2H) steps rounded "
           "up to a multiple of H");
@@ -141,9 +145,20 @@ std::vector<std::string> ModelFlags(const TorchShape& shape) {
   return flags;
 }
 
-// Rows (mlp) or tokens (gpt) per second over the 4 ranks.
+int RanksPerHost() { return absl::GetFlag(FLAGS_ranks_per_host); }
+int World() { return 2 * RanksPerHost(); }
+
+// Each rank's host: ranks 0..R-1 on host 1, R..2R-1 on host 2.
+std::vector<int> RankHosts() {
+  std::vector<int> hosts;
+  for (int r = 0; r < World(); ++r) hosts.push_back(1 + r / RanksPerHost());
+  return hosts;
+}
+
+// Rows (mlp) or tokens (gpt) per second over the ranks.
 double ItemsPerSecond(const TorchShape& shape, double step_ms) {
-  const double per_step = 4.0 * shape.batch * (shape.model == "gpt" ? shape.context : 1);
+  const double per_step =
+      static_cast<double>(World()) * shape.batch * (shape.model == "gpt" ? shape.context : 1);
   return step_ms > 0 ? per_step / (step_ms / 1e3) : 0;
 }
 
@@ -154,14 +169,13 @@ std::string TorchPython() {
   return absl::StrCat(home == nullptr ? "/root" : home, "/.cache/zeroshard/venv-torch2/bin/python");
 }
 
-// One PyTorch job of the same shape on the same hosts (ranks 0, 1 on host 1,
-// ranks 2, 3 on host 2).
+// One PyTorch job of the same shape on the same hosts (RankHosts()).
 bool RunTorchOne(EmulatedHosts& hosts, const std::string& mode, int64_t rate, int round,
                  Result* r) {
   static int next_port = 29611;  // a fresh port per run: the last one may linger in TIME_WAIT
   const TorchShape shape = Shape();
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
-  absl::StatusOr<TorchRun> run = RunTorchPeers(hosts, {1, 1, 2, 2}, mode, shape, TorchPython(),
+  absl::StatusOr<TorchRun> run = RunTorchPeers(hosts, RankHosts(), mode, shape, TorchPython(),
                                                next_port++, MakeTempDir("multihost-torch"));
   if (!run.ok()) {
     std::fprintf(stderr, "multihost_bench: %s\n", run.status().ToString().c_str());
@@ -210,7 +224,7 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
   if (absl::StrContains(mode, "hpz")) flags.push_back("--secondary_shard_group_size=host");
   const int64_t before[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   const std::string job = absl::StrCat(mode, "-", rate, "-", round);
-  if (!cluster.Run(job, 4, flags, absl::Seconds(600))) return false;
+  if (!cluster.Run(job, World(), flags, absl::Seconds(600))) return false;
   const int64_t after[2] = {TxBytes(hosts, 1), TxBytes(hosts, 2)};
   const nlohmann::json report = cluster.Report(job, 0);
   r->rate = rate;
@@ -223,7 +237,7 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
   r->check_ms = report.value("replica_check_ms_median", 0.0);
   r->hash_ms = report.value("replica_hash_ms_median", 0.0);
   r->crossing_bytes = (after[0] - before[0] + after[1] - before[1]) / 2.0 / steps;
-  for (int rank : {0, 1}) {
+  for (int rank = 0; rank < RanksPerHost(); ++rank) {  // host 1's
     const nlohmann::json rank_report = cluster.Report(job, rank);
     for (const auto& b : rank_report["comm_bytes_inter_host"]) {
       r->counted_bytes += b.get<double>() / steps;
@@ -232,7 +246,7 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
       r->counted_bytes += o["bytes_sent"].get<double>() / steps;
     }
   }
-  for (int rank = 0; rank < 4; ++rank) {
+  for (int rank = 0; rank < World(); ++rank) {
     r->peak_rss = std::max(r->peak_rss, cluster.Report(job, rank)["peak_rss_bytes"].get<double>());
   }
   r->transport = report["data_plane"]["gather"]["transport"];
@@ -259,13 +273,17 @@ int Main() {
                  absl::GetFlag(FLAGS_outer_every));
     return 2;
   }
+  if (RanksPerHost() != 1 && RanksPerHost() != 2) {
+    std::fprintf(stderr, "--ranks_per_host: %d; expected 1 or 2\n", RanksPerHost());
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<EmulatedHosts>> hosts = EmulatedHosts::Create(3);
   if (!hosts.ok()) {
     std::fprintf(stderr, "multihost_bench: %s\n", hosts.status().ToString().c_str());
     return 1;
   }
   LocalCluster cluster(MakeTempDir("multihost-bench"), {},
-                       HostLayout{hosts->get(), 0, {1, 1, 2, 2}});
+                       HostLayout{hosts->get(), 0, RankHosts()});
   if (!cluster.ok()) return 1;
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
@@ -324,6 +342,7 @@ int Main() {
   }
   const BenchMachine machine = DescribeBenchMachine(our_kernel);
   std::printf("%s\n", machine.Line().c_str());
+  std::printf("2 worker hosts x %d rank(s) (W = %d)\n", RanksPerHost(), World());
   for (const Result& r : results) {
     if (!IsTorchMode(r.mode)) continue;
     std::printf("PyTorch modes: %s\n", r.blas_kernel.c_str());
@@ -333,8 +352,10 @@ int Main() {
   Table table({"LINK", "MODE", "TRANSPORT", "STEP ms (median of rounds)",
                shape.model == "gpt" ? "TOKENS/s" : "ROWS/s", "CROSSING/HOST/STEP", "COUNTED",
                "PEAK RSS/RANK"});
-  nlohmann::json json = {
-      {"machine", machine.Line()}, {"model", shape.model}, {"results", nlohmann::json::array()}};
+  nlohmann::json json = {{"machine", machine.Line()},
+                         {"model", shape.model},
+                         {"ranks_per_host", RanksPerHost()},
+                         {"results", nlohmann::json::array()}};
   for (int64_t rate : rates) {
     for (const std::string& mode : modes) {
       std::vector<double> ms, bytes, counted, rss;
