@@ -12,7 +12,9 @@ class CpuBackendImpl : public Backend {
   std::string name() const override { return "cpu"; }
   bool host_accessible() const override { return true; }
 
-  void* Allocate(int64_t bytes) override { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+  void* Allocate(int64_t bytes) override {
+    return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
   void Free(void* data, int64_t) override { std::free(data); }
 
   void Zero(void* dst, int64_t bytes) override { std::memset(dst, 0, bytes); }

@@ -52,8 +52,8 @@ void TaskThread::Loop() {
       } catch (const std::bad_alloc&) {
         // Out of memory (MemoryTracker says where on stderr): a status the
         // compute thread reports, instead of std::terminate on this thread.
-        status =
-            absl::ResourceExhaustedError(absl::StrCat("task thread '", name_, "': out of memory"));
+        status = absl::ResourceExhaustedError(
+            absl::StrCat("task thread '", name_, "': out of memory"));
       }
     }
     absl::MutexLock lock(&mu_);
