@@ -272,6 +272,10 @@ class ZeroEngine {
   int pending_outer_fragment() const { return pending_.fragment; }
   int64_t pending_outer_tag() const { return pending_.tag; }
 
+  // The sum of `value` over the ranks the step numerics are agreed over
+  // (EngineOptions::numerics: the shard group's under --outer_timeout,
+  // else all W), in rank order.
+  absl::StatusOr<double> SumOverStepRanks(double value, const char* what);
   // Sum of every element of the full model (over ranks, in double).
   absl::StatusOr<double> ParamsSum();
   // Mean of `value` over ranks; every rank's value, by rank.

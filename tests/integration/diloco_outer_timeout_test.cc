@@ -1,0 +1,163 @@
+// --outer_timeout (docs/diloco.md, "Elastic outer steps"; issue #49 item 3)
+// with real server and worker processes on loopback: W = 4 as 2 shard groups
+// of 2, DiLoCo every H = 2 steps, stage 3. Group 1 (ranks 2 and 3) is made a
+// transient straggler (--test_step_delay_ms on ranks 2,3 for the first
+// steps), far later at the first outer steps than --outer_timeout: group 0
+// goes on alone (outer steps of 1 group, recorded by the server as w0,w1),
+// group 1 skips them and trains on, and at a later outer step — at the
+// latest the last one, which waits for every group — it is caught up from
+// group 0, so both groups end with the same parameters. Bad combinations are
+// refused naming the flag.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/process.h"
+#include "tests/testing/small_mlp.h"
+
+namespace zeroshard {
+namespace {
+
+using testing::LocalCluster;
+
+const testing::SmallMlp kMlp;  // 3 x 32, GELU, lr 0.01, seed 3
+
+constexpr int kSteps = 16;
+constexpr int kEvery = 2;  // H
+// Group 1 sleeps this long before each of its first kSlowSteps steps: it
+// reaches the outer step after step 2 at least 2 x 600 ms after group 0,
+// against a 200 ms timeout; group 0 finishes a step of this MLP in a few
+// milliseconds (tens on a loaded machine).
+constexpr int kDelayMs = 600, kSlowSteps = 6;
+
+std::vector<std::string> Flags() {
+  return kMlp.Flags(
+      kSteps,
+      {"--stage=3", "--batch=4", "--shard_group_size=2", "--sync=diloco",
+       absl::StrCat("--outer_every=", kEvery), "--outer_timeout=200ms", "--collective_timeout=60s",
+       absl::StrCat("--test_step_delay_ms=", kDelayMs), "--test_step_delay_ranks=2,3",
+       absl::StrCat("--test_step_delay_until=", kSlowSteps)});
+}
+
+TEST(DiLoCoOuterTimeoutTest, ALateGroupIsLeftOutAndCaughtUp) {
+  LocalCluster cluster(testing::MakeTempDir("diloco-outer-timeout"));
+  ASSERT_TRUE(cluster.ok());
+  ASSERT_TRUE(cluster.Run("late", 4, Flags())) << cluster.WorkerLog(0) << cluster.WorkerLog(2);
+  std::vector<nlohmann::json> reports;
+  for (int r = 0; r < 4; ++r) reports.push_back(cluster.Report("late", r));
+
+  // Rank 0 (group 0): outer steps of 1 group (group 0 alone, 0 bytes) while
+  // group 1 lagged, and the last one, after the last step, of both.
+  const nlohmann::json& outer0 = reports[0]["outer_steps"];
+  ASSERT_EQ(outer0.size(), kSteps / kEvery) << outer0.dump();
+  int alone = 0;
+  for (const nlohmann::json& o : outer0) {
+    EXPECT_TRUE(o["took_part"].get<bool>()) << o.dump();
+    EXPECT_TRUE(std::isfinite(o["outer_grad_norm"].get<double>())) << o.dump();
+    if (o["groups"].get<int>() == 1) {
+      ++alone;
+      EXPECT_EQ(o["present_groups"].get<uint64_t>(), 1u) << o.dump();
+      EXPECT_EQ(o["bytes_sent"].get<int64_t>(), 0) << o.dump();
+    }
+  }
+  EXPECT_GE(alone, 1) << outer0.dump();
+  EXPECT_EQ(outer0[0]["groups"].get<int>(), 1) << "group 1 was 1.2 s late: " << outer0.dump();
+  EXPECT_EQ(outer0.back()["after_step"].get<int>(), kSteps);
+  EXPECT_EQ(outer0.back()["groups"].get<int>(), 2) << outer0.dump();
+
+  // Rank 2 (group 1): it skipped the outer steps it was late for (the
+  // decision said so), and the first one it took part in after them caught
+  // it up from group 0.
+  const nlohmann::json& outer2 = reports[2]["outer_steps"];
+  ASSERT_EQ(outer2.size(), kSteps / kEvery) << outer2.dump();
+  EXPECT_FALSE(outer2[0]["took_part"].get<bool>()) << outer2.dump();
+  bool missed = false;
+  int caught_up = 0;
+  for (size_t k = 0; k < outer2.size(); ++k) {
+    const nlohmann::json& o = outer2[k];
+    // The same decision on both sides.
+    EXPECT_EQ(o["groups"], outer0[k]["groups"]) << o.dump() << " vs " << outer0[k].dump();
+    EXPECT_EQ(o["took_part"].get<bool>(), o["groups"].get<int>() == 2) << o.dump();
+    if (!o["took_part"].get<bool>()) {
+      missed = true;
+      continue;
+    }
+    EXPECT_EQ(o["caught_up"].get<bool>(), missed) << o.dump();
+    caught_up += o["caught_up"].get<bool>();
+    missed = false;
+  }
+  EXPECT_GE(caught_up, 1) << outer2.dump();
+  EXPECT_TRUE(outer2.back()["took_part"].get<bool>()) << outer2.dump();
+
+  // Both groups end with the same parameters: each rank's master shard
+  // summed in order, equal to the bit between the ranks holding the same
+  // shard (0 and 2, 1 and 3).
+  for (int member = 0; member < 2; ++member) {
+    EXPECT_EQ(reports[member]["master_shard_sum"].get<double>(),
+              reports[member + 2]["master_shard_sum"].get<double>())
+        << "member " << member;
+  }
+  for (int r = 0; r < 4; ++r) {
+    for (double loss : reports[r]["losses"].get<std::vector<double>>()) {
+      ASSERT_TRUE(std::isfinite(loss)) << "rank " << r;
+    }
+  }
+
+  // The server's record: group 0 alone named w0,w1, the last of both groups.
+  ClientOptions options;
+  options.server = cluster.address();
+  options.rpc_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<Client>> observer = Client::Connect(options);
+  ASSERT_TRUE(observer.ok()) << observer.status();
+  absl::StatusOr<v1::GetStatusResponse> status = (*observer)->GetStatus("late");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  const v1::JobStatus& job = status->jobs(0);
+  ASSERT_EQ(job.outer_steps_size(), kSteps / kEvery);
+  std::vector<int> groups;
+  for (const v1::OuterStepRecord& o : job.outer_steps()) {
+    groups.push_back(o.groups());
+    EXPECT_EQ(absl::StrJoin(o.workers(), ","), o.groups() == 1 ? "w0,w1" : "w0,w1,w2,w3")
+        << o.DebugString();
+  }
+  EXPECT_EQ(groups.front(), 1) << absl::StrJoin(groups, ",");
+  EXPECT_EQ(groups.back(), 2) << absl::StrJoin(groups, ",");
+  std::fprintf(stderr, "outer steps by groups: %s; final loss %.6f (rank 0's group)\n",
+               absl::StrJoin(groups, ",").c_str(), reports[0]["losses"].back().get<double>());
+}
+
+TEST(DiLoCoOuterTimeoutFlagsTest, BadCombinationsAreRefusedNamingWhatToSet) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string expected;
+  };
+  const std::string diloco = "--sync=diloco --shard_group_size=2 --outer_every=4";
+  const std::vector<Case> cases = {
+      {{"--shard_group_size=2", "--outer_timeout=1s"}, "--outer_timeout sets DiLoCo's"},
+      {{diloco, "--outer_timeout=-1s"}, "--outer_timeout=-1s: expected 0 (off)"},
+      {{diloco, "--outer_timeout=1s", "--outer_fragments=2"}, "use --outer_fragments=1"},
+      {{diloco, "--outer_timeout=1s", "--loss_spike_zscore=6"}, "drop one of them"},
+      {{diloco, "--outer_timeout=1s", "--val_every=6"}, "--val_every=6 and --outer_every=4"},
+  };
+  const std::string worker = testing::RunfilePath("worker/shard_worker");
+  for (const Case& c : cases) {
+    const std::string command =
+        absl::StrCat(worker, " --job=flags --world_size=4 --server=127.0.0.1:1 ",
+                     absl::StrJoin(c.flags, " "), " 2>&1");
+    auto [code, output] = testing::RunCommand(command);
+    EXPECT_EQ(code, 2) << command << "\n" << output;
+    EXPECT_TRUE(absl::StrContains(output, c.expected))
+        << command << ": no '" << c.expected << "' in\n"
+        << output;
+  }
+}
+
+}  // namespace
+}  // namespace zeroshard
