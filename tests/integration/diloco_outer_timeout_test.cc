@@ -3,11 +3,13 @@
 // of 2, DiLoCo every H = 2 steps, stage 3. Group 1 (ranks 2 and 3) is made a
 // transient straggler (--test_step_delay_ms on ranks 2,3 for the first
 // steps), far later at the first outer steps than --outer_timeout: group 0
-// goes on alone (outer steps of 1 group, recorded by the server as w0,w1),
-// group 1 skips them and trains on, and at a later outer step — at the
-// latest the last one, which waits for every group — it is caught up from
-// group 0, so both groups end with the same parameters. Bad combinations are
-// refused naming the flag.
+// goes on alone (outer steps of 1 group, recorded by the server as w0,w1
+// while it happens), group 1 skips them and trains on, at full speed once
+// its delay ends, while group 0 waits up to the timeout at each outer step;
+// so group 1 gains on it and reaches an outer step in time, where it is
+// caught up from group 0, and both groups end with the same parameters.
+// Bad combinations are refused naming the flag.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -29,13 +31,16 @@ using testing::LocalCluster;
 
 const testing::SmallMlp kMlp;  // 3 x 32, GELU, lr 0.01, seed 3
 
-constexpr int kSteps = 16;
+constexpr int kSteps = 48;
 constexpr int kEvery = 2;  // H
 // Group 1 sleeps this long before each of its first kSlowSteps steps: it
-// reaches the outer step after step 2 at least 2 x 600 ms after group 0,
+// reaches the outer step after step 2 at least 2 x 500 ms after group 0,
 // against a 200 ms timeout; group 0 finishes a step of this MLP in a few
-// milliseconds (tens on a loaded machine).
-constexpr int kDelayMs = 600, kSlowSteps = 6;
+// milliseconds (tens on a loaded machine). Group 1, at most 2 s behind
+// then, gains 200 ms at each outer step it skips (group 0 waits out the
+// timeout, group 1 finds the decision made): of the 24 outer steps, it
+// reaches one in time after about 10.
+constexpr int kDelayMs = 500, kSlowSteps = 4;
 
 std::vector<std::string> Flags() {
   return kMlp.Flags(
@@ -49,7 +54,32 @@ std::vector<std::string> Flags() {
 TEST(DiLoCoOuterTimeoutTest, ALateGroupIsLeftOutAndCaughtUp) {
   LocalCluster cluster(testing::MakeTempDir("diloco-outer-timeout"));
   ASSERT_TRUE(cluster.ok());
-  ASSERT_TRUE(cluster.Run("late", 4, Flags())) << cluster.WorkerLog(0) << cluster.WorkerLog(2);
+  cluster.StartWorkers("late", 4, Flags());
+  ClientOptions options;
+  options.server = cluster.address();
+  options.rpc_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<Client>> observer = Client::Connect(options);
+  ASSERT_TRUE(observer.ok()) << observer.status();
+  // While group 1 lags, the server records outer steps of group 0 alone.
+  std::string alone_workers;
+  const bool alone_seen = testing::WaitFor(
+      [&] {
+        absl::StatusOr<v1::GetStatusResponse> status = (*observer)->GetStatus("late");
+        if (!status.ok() || status->jobs_size() != 1) return false;
+        for (const v1::OuterStepRecord& o : status->jobs(0).outer_steps()) {
+          if (o.groups() != 1) continue;
+          alone_workers = absl::StrJoin(o.workers(), ",");
+          return true;
+        }
+        return false;
+      },
+      absl::Seconds(60));
+  std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(120));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(codes[r], 0) << "worker " << r << ":\n" << cluster.WorkerLog(r);
+  }
+  EXPECT_TRUE(alone_seen) << cluster.WorkerLog(0);
+  EXPECT_EQ(alone_workers, "w0,w1");
   std::vector<nlohmann::json> reports;
   for (int r = 0; r < 4; ++r) reports.push_back(cluster.Report("late", r));
 
@@ -68,7 +98,7 @@ TEST(DiLoCoOuterTimeoutTest, ALateGroupIsLeftOutAndCaughtUp) {
     }
   }
   EXPECT_GE(alone, 1) << outer0.dump();
-  EXPECT_EQ(outer0[0]["groups"].get<int>(), 1) << "group 1 was 1.2 s late: " << outer0.dump();
+  EXPECT_EQ(outer0[0]["groups"].get<int>(), 1) << "group 1 was 1 s late: " << outer0.dump();
   EXPECT_EQ(outer0.back()["after_step"].get<int>(), kSteps);
   EXPECT_EQ(outer0.back()["groups"].get<int>(), 2) << outer0.dump();
 
@@ -110,25 +140,26 @@ TEST(DiLoCoOuterTimeoutTest, ALateGroupIsLeftOutAndCaughtUp) {
     }
   }
 
-  // The server's record: group 0 alone named w0,w1, the last of both groups.
-  ClientOptions options;
-  options.server = cluster.address();
-  options.rpc_timeout = absl::Seconds(5);
-  absl::StatusOr<std::unique_ptr<Client>> observer = Client::Connect(options);
-  ASSERT_TRUE(observer.ok()) << observer.status();
+  // Group 1 came back before the end (not only at the last outer step,
+  // which waits for it): an outer step of both groups before the last.
+  std::vector<int> groups;
+  for (const nlohmann::json& o : outer0) groups.push_back(o["groups"].get<int>());
+  EXPECT_NE(std::find(groups.begin(), groups.end() - 1, 2), groups.end() - 1)
+      << absl::StrJoin(groups, ",");
+
+  // The server's record (its last 16): each named by the groups present,
+  // the last of both groups.
   absl::StatusOr<v1::GetStatusResponse> status = (*observer)->GetStatus("late");
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_EQ(status->jobs_size(), 1);
   const v1::JobStatus& job = status->jobs(0);
-  ASSERT_EQ(job.outer_steps_size(), kSteps / kEvery);
-  std::vector<int> groups;
+  ASSERT_GT(job.outer_steps_size(), 0);
   for (const v1::OuterStepRecord& o : job.outer_steps()) {
-    groups.push_back(o.groups());
     EXPECT_EQ(absl::StrJoin(o.workers(), ","), o.groups() == 1 ? "w0,w1" : "w0,w1,w2,w3")
         << o.DebugString();
   }
-  EXPECT_EQ(groups.front(), 1) << absl::StrJoin(groups, ",");
-  EXPECT_EQ(groups.back(), 2) << absl::StrJoin(groups, ",");
+  EXPECT_EQ(job.outer_steps(job.outer_steps_size() - 1).groups(), 2);
+  EXPECT_EQ(job.outer_steps(job.outer_steps_size() - 1).after_step(), kSteps);
   std::fprintf(stderr, "outer steps by groups: %s; final loss %.6f (rank 0's group)\n",
                absl::StrJoin(groups, ",").c_str(), reports[0]["losses"].back().get<double>());
 }
