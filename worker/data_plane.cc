@@ -190,6 +190,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
                      description, successor_elsewhere, host_bytes);
 }
 
+// --outer_timeout (options.group_aux) with shard groups: the group's own
+// aux (Gloo over TCP), for the step's loss and norm agreement inside it.
+absl::Status ConnectGroupAux(KeyValueStore* store, const ShardGroups& groups, int rank,
+                             const DataPlaneOptions& options,
+                             const std::function<bool()>& cancelled, DataPlane* plane) {
+  if (!options.group_aux || !groups.hybrid()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      ConnectGloo(store, groups.MemberOf(rank), groups.size(),
+                  absl::StrCat("aux/group", groups.GroupOf(rank)), options,
+                  /*shared_memory=*/false, cancelled, nullptr);
+  if (!comm.ok()) return comm.status();
+  plane->group_aux = *std::move(comm);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 HostBytes DataPlane::BytesByHost() const {
@@ -276,12 +291,9 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
       &store, rank, world_size, "aux", options, /*shared_memory=*/false, cancelled, nullptr);
   if (!aux.ok()) return aux.status();
   plane->aux = *std::move(aux);
-  if (options.group_aux && groups.hybrid()) {
-    absl::StatusOr<std::unique_ptr<Communicator>> group_aux =
-        ConnectGloo(&store, member, g, absl::StrCat("aux/group", group), options,
-                    /*shared_memory=*/false, cancelled, nullptr);
-    if (!group_aux.ok()) return group_aux.status();
-    plane->group_aux = *std::move(group_aux);
+  if (absl::Status s = ConnectGroupAux(&store, groups, rank, options, cancelled, plane.get());
+      !s.ok()) {
+    return s;
   }
   if (options.snapshots) {
     absl::StatusOr<std::unique_ptr<GlooCommunicator>> snapshot = GlooCommunicator::Create(
