@@ -42,13 +42,13 @@ constexpr int kEvery = 2;  // H
 // reaches one in time after about 10.
 constexpr int kDelayMs = 500, kSlowSteps = 4;
 
-std::vector<std::string> Flags() {
+std::vector<std::string> Flags(int group_size = 2, const std::string& slow_ranks = "2,3") {
   return kMlp.Flags(
-      kSteps,
-      {"--stage=3", "--batch=4", "--shard_group_size=2", "--sync=diloco",
-       absl::StrCat("--outer_every=", kEvery), "--outer_timeout=200ms", "--collective_timeout=60s",
-       absl::StrCat("--test_step_delay_ms=", kDelayMs), "--test_step_delay_ranks=2,3",
-       absl::StrCat("--test_step_delay_until=", kSlowSteps)});
+      kSteps, {"--stage=3", "--batch=4", absl::StrCat("--shard_group_size=", group_size),
+               "--sync=diloco", absl::StrCat("--outer_every=", kEvery), "--outer_timeout=200ms",
+               "--collective_timeout=60s", absl::StrCat("--test_step_delay_ms=", kDelayMs),
+               absl::StrCat("--test_step_delay_ranks=", slow_ranks),
+               absl::StrCat("--test_step_delay_until=", kSlowSteps)});
 }
 
 TEST(DiLoCoOuterTimeoutTest, ALateGroupIsLeftOutAndCaughtUp) {
@@ -162,6 +162,50 @@ TEST(DiLoCoOuterTimeoutTest, ALateGroupIsLeftOutAndCaughtUp) {
   EXPECT_EQ(job.outer_steps(job.outer_steps_size() - 1).after_step(), kSteps);
   std::fprintf(stderr, "outer steps by groups: %s; final loss %.6f (rank 0's group)\n",
                absl::StrJoin(groups, ",").c_str(), reports[0]["losses"].back().get<double>());
+}
+
+// Three groups of one (W = 3), rank 2 late: the first outer steps are of
+// groups 0 and 1 only, averaged over a communicator connected for those two
+// (bytes sent; the server names w0,w1), and rank 2 is caught up later: all
+// three end with the same parameters.
+TEST(DiLoCoOuterTimeoutTest, TwoOfThreeGroupsAverageOverTheirOwnCommunicator) {
+  LocalCluster cluster(testing::MakeTempDir("diloco-outer-timeout-3"));
+  ASSERT_TRUE(cluster.ok());
+  ASSERT_TRUE(cluster.Run("three", 3, Flags(/*group_size=*/1, /*slow_ranks=*/"2")))
+      << cluster.WorkerLog(0) << cluster.WorkerLog(2);
+  std::vector<nlohmann::json> reports;
+  for (int r = 0; r < 3; ++r) reports.push_back(cluster.Report("three", r));
+  const nlohmann::json& outer0 = reports[0]["outer_steps"];
+  ASSERT_EQ(outer0.size(), kSteps / kEvery) << outer0.dump();
+  const nlohmann::json& first = outer0[0];
+  EXPECT_EQ(first["groups"].get<int>(), 2) << first.dump();
+  EXPECT_EQ(first["present_groups"].get<uint64_t>(), 0b011u) << first.dump();
+  EXPECT_GT(first["bytes_sent"].get<int64_t>(), 0) << first.dump();
+  EXPECT_TRUE(std::isfinite(first["outer_grad_norm"].get<double>())) << first.dump();
+  EXPECT_EQ(outer0.back()["groups"].get<int>(), 3) << outer0.dump();
+  const nlohmann::json& outer2 = reports[2]["outer_steps"];
+  ASSERT_EQ(outer2.size(), kSteps / kEvery) << outer2.dump();
+  EXPECT_FALSE(outer2[0]["took_part"].get<bool>()) << outer2.dump();
+  int caught_up = 0;
+  for (const nlohmann::json& o : outer2) caught_up += o["caught_up"].get<bool>();
+  EXPECT_EQ(caught_up, 1) << outer2.dump();
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_EQ(reports[0]["master_shard_sum"].get<double>(),
+              reports[r]["master_shard_sum"].get<double>())
+        << "rank " << r;
+  }
+  ClientOptions options;
+  options.server = cluster.address();
+  options.rpc_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<Client>> observer = Client::Connect(options);
+  ASSERT_TRUE(observer.ok()) << observer.status();
+  absl::StatusOr<v1::GetStatusResponse> status = (*observer)->GetStatus("three");
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->jobs_size(), 1);
+  for (const v1::OuterStepRecord& o : status->jobs(0).outer_steps()) {
+    EXPECT_EQ(absl::StrJoin(o.workers(), ","), o.groups() == 2 ? "w0,w1" : "w0,w1,w2")
+        << o.DebugString();
+  }
 }
 
 TEST(DiLoCoOuterTimeoutFlagsTest, BadCombinationsAreRefusedNamingWhatToSet) {

@@ -83,8 +83,12 @@ absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
                                      comm->rank(), " of ", comm->world_size(), "): ", s.message()));
   }
   // DiLoCo: the groups' gradients differ, and each clips by its own norm.
-  return JudgeStep(all, stage_.state_sharded, group_size_, comm->rank(),
-                   /*group_norms=*/options_.replica_sync == ReplicaSync::kDiLoCo);
+  StepVerdict verdict = JudgeStep(all, stage_.state_sharded, group_size_, comm->rank(),
+                                  /*group_norms=*/options_.replica_sync == ReplicaSync::kDiLoCo);
+  // Agreed inside the group (EngineOptions::numerics): its members are the
+  // job's ranks from rank_ - comm->rank() on.
+  if (verdict.first_rank >= 0) verdict.first_rank += rank_ - comm->rank();
+  return verdict;
 }
 
 // A step that is not finite changes nothing: no parameter, no optimizer
