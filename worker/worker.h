@@ -262,8 +262,6 @@ class Worker {
   bool ElasticOuter() const;
   absl::Status ElasticOuterStep(int completed);
   absl::StatusOr<uint64_t> OuterQuorum(int completed);
-  absl::StatusOr<std::string> LeadOuterQuorum(int completed, int group, uint64_t all,
-                                              bool wait_for_all);
   absl::StatusOr<Communicator*> PresentGroupsComm(uint64_t present);
   // PrepareRecovery's part before the server's abort: for a failure this
   // rank saw first (a collective's, or the generation's setup), whether it is

@@ -2,13 +2,9 @@
 // "Elastic outer steps"), and every outer step's record.
 //
 // At each outer step the groups meet at a quorum kept in the generation's KV
-// store on the shard server: each group's leader (its member 0) adds its
-// group's bit to "outer_quorum/<step>/arrived"; the one that completes the
-// mask decides "every group", and a leader that waited --outer_timeout from
-// its own arrival without a decision decides "the groups arrived by now".
-// The decision is written by compare-and-set, so the first one stands and
-// every caller — a late group's leader included — reads the same. The
-// other members read the decision. A group left out skips the outer step
+// store on the shard server (outer_quorum.h): each group's leader (its
+// member 0) takes part in the decision, the other members read it. A group
+// left out skips the outer step
 // and trains on; the engine catches it up at the next one it is in
 // (ZeroEngine::OuterStepAmong). Checkpoint steps and the last step wait for
 // every group (a checkpoint, and the run's end, hold one model).
@@ -16,9 +12,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_context.h"
+#include "worker/outer_quorum.h"
 #include "worker/outer_sync_config.h"
 #include "worker/worker.h"
 
@@ -28,10 +24,6 @@ namespace {
 // Quorums kept in the KV store, the newest ones: a group this many outer
 // steps behind would find its step's decision gone. Deleted by the leaders.
 constexpr int kQuorumsKept = 64;
-
-std::string QuorumKey(int64_t after_step, const char* what) {
-  return absl::StrCat("outer_quorum/", after_step, "/", what);
-}
 
 int Groups(uint64_t mask) { return static_cast<int>(std::bitset<64>(mask).count()); }
 
@@ -66,57 +58,19 @@ absl::Status Worker::ElasticOuterStep(int completed) {
 
 absl::StatusOr<uint64_t> Worker::OuterQuorum(int completed) {
   ZeroEngine& e = *generation_->engine;
-  const int groups = e.world_size() / e.group_size();
-  const uint64_t all = (uint64_t{1} << groups) - 1;  // groups <= kMaxOuterQuorumGroups
-  const bool wait_for_all =
-      completed == config_.schedule.steps ||
-      (config_.checkpoint.every > 0 && completed % config_.checkpoint.every == 0);
-  absl::StatusOr<std::string> decided =
-      rank_ % e.group_size() == 0
-          ? LeadOuterQuorum(completed, rank_ / e.group_size(), all, wait_for_all)
-          : client_->StoreGet(QuorumKey(completed, "decision"),
-                              config_.engine.collective_timeout + config_.outer_timeout);
-  if (!decided.ok()) {
-    return Annotate(decided.status(), absl::StrCat("the outer quorum after step ", completed));
-  }
-  uint64_t mask = 0;
-  if (!absl::SimpleAtoi(*decided, &mask) || mask == 0 || (mask & ~all) != 0) {
-    return absl::InternalError(absl::StrCat("the outer quorum after step ", completed, " decided '",
-                                            *decided, "': not a mask of ", groups, " groups"));
-  }
-  return mask;
-}
-
-absl::StatusOr<std::string> Worker::LeadOuterQuorum(int completed, int group, uint64_t all,
-                                                    bool wait_for_all) {
-  const std::string arrived_key = QuorumKey(completed, "arrived");
-  const std::string decision_key = QuorumKey(completed, "decision");
-  // The leaders clear what kQuorumsKept outer steps back left (no-ops after
-  // the first).
-  const int64_t old = completed - int64_t{kQuorumsKept} * config_.engine.outer.every;
-  if (old > 0) {
-    for (const char* what : {"arrived", "decision"}) {
-      if (absl::StatusOr<bool> s = client_->StoreDelete(QuorumKey(old, what)); !s.ok()) {
-        return s.status();
-      }
-    }
-  }
-  absl::StatusOr<int64_t> arrived = client_->StoreAdd(arrived_key, int64_t{1} << group);
-  if (!arrived.ok()) return arrived.status();
-  if (static_cast<uint64_t>(*arrived) == all) {
-    return client_->StoreCompareSet(decision_key, "", absl::StrCat(all));
-  }
-  const absl::Duration wait =
-      wait_for_all ? config_.engine.collective_timeout : config_.outer_timeout;
-  absl::StatusOr<std::string> decided = client_->StoreGet(decision_key, wait);
-  if (decided.ok() || wait_for_all || !absl::IsDeadlineExceeded(decided.status())) {
-    return decided;
-  }
-  // Timed out: the groups arrived by now take part, unless another leader
-  // decided first (its decision stands).
-  arrived = client_->StoreAdd(arrived_key, 0);
-  if (!arrived.ok()) return arrived.status();
-  return client_->StoreCompareSet(decision_key, "", absl::StrCat(*arrived));
+  QuorumCall call;
+  call.after_step = completed;
+  call.group = rank_ / e.group_size();
+  call.groups = e.world_size() / e.group_size();  // <= kMaxOuterQuorumGroups (the flags)
+  call.wait_for_all = completed == config_.schedule.steps ||
+                      (config_.checkpoint.every > 0 && completed % config_.checkpoint.every == 0);
+  call.timeout = config_.outer_timeout;
+  call.limit = config_.engine.collective_timeout + config_.outer_timeout;
+  const int64_t forget = completed - int64_t{kQuorumsKept} * config_.engine.outer.every;
+  call.forget_step = forget > 0 ? forget : 0;
+  ClientQuorumStore store(client_.get());
+  return rank_ % e.group_size() == 0 ? LeadOuterQuorum(&store, call)
+                                     : ReadOuterQuorum(&store, call);
 }
 
 absl::StatusOr<Communicator*> Worker::PresentGroupsComm(uint64_t present) {
