@@ -80,6 +80,7 @@ NUMERICAL_TARGETS=(
   //tests/worker/zero:engine_test
   //tests/worker/zero:engine_outer_test
   //tests/worker/zero:engine_outer_stream_test
+  //tests/worker/zero:engine_outer_elastic_test
   //tests/worker/zero:optimizer_test
   //tests/worker/model:layers_test
   //tests/worker/model:mlp_test

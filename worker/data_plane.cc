@@ -190,6 +190,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectBulk(KeyValueStore* store, 
                      description, successor_elsewhere, host_bytes);
 }
 
+// --outer_timeout (options.group_aux) with shard groups: the group's own
+// aux (Gloo over TCP), for the step's loss and norm agreement inside it.
+absl::Status ConnectGroupAux(KeyValueStore* store, const ShardGroups& groups, int rank,
+                             const DataPlaneOptions& options,
+                             const std::function<bool()>& cancelled, DataPlane* plane) {
+  if (!options.group_aux || !groups.hybrid()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      ConnectGloo(store, groups.MemberOf(rank), groups.size(),
+                  absl::StrCat("aux/group", groups.GroupOf(rank)), options,
+                  /*shared_memory=*/false, cancelled, nullptr);
+  if (!comm.ok()) return comm.status();
+  plane->group_aux = *std::move(comm);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 HostBytes DataPlane::BytesByHost() const {
@@ -204,7 +219,7 @@ HostBytes DataPlane::BytesByHost() const {
 
 void DataPlane::Abort() {
   for (Communicator* c : {gather.get(), reduce.get(), replicas.get(), secondary.get(), aux.get(),
-                          static_cast<Communicator*>(snapshot.get())}) {
+                          group_aux.get(), static_cast<Communicator*>(snapshot.get())}) {
     if (c != nullptr) c->Abort();
   }
 }
@@ -276,6 +291,10 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
       &store, rank, world_size, "aux", options, /*shared_memory=*/false, cancelled, nullptr);
   if (!aux.ok()) return aux.status();
   plane->aux = *std::move(aux);
+  if (absl::Status s = ConnectGroupAux(&store, groups, rank, options, cancelled, plane.get());
+      !s.ok()) {
+    return s;
+  }
   if (options.snapshots) {
     absl::StatusOr<std::unique_ptr<GlooCommunicator>> snapshot = GlooCommunicator::Create(
         &store, rank, world_size, "snapshot", GlooOptions(options, false, cancelled));
@@ -283,6 +302,35 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
     plane->snapshot = *std::move(snapshot);
   }
   return plane;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectReplicaSubset(
+    Client* client, int rank, int world_size, const DataPlaneOptions& options, uint64_t present,
+    std::function<bool()> cancelled) {
+  ClientKvStore store(client);
+  const ShardGroups groups(world_size, options.shard_group_size, options.secondary_group_size);
+  const int member = groups.MemberOf(rank), group = groups.GroupOf(rank);
+  std::vector<int> ranks;  // the present groups' members `member`, by group
+  int index = -1;
+  for (int k = 0; k < groups.count() && k < 64; ++k) {
+    if ((present >> k & 1) == 0) continue;
+    if (k == group) index = static_cast<int>(ranks.size());
+    ranks.push_back(groups.RankOf(k, member));
+  }
+  if (index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, "'s group ", group,
+                                                   " is not in the outer step's groups (mask ",
+                                                   present, ")"));
+  }
+  const int size = static_cast<int>(ranks.size());
+  absl::StatusOr<bool> elsewhere =
+      size > 1 ? RunsElsewhere(&store, ranks[(index + 1) % size], options.timeout) : false;
+  if (!elsewhere.ok()) return elsewhere.status();
+  CommunicatorDescription description;
+  std::function<HostBytes()> host_bytes;
+  return ConnectBulk(&store, index, size,
+                     absl::StrCat("replicas/groups", present, "/member", member), options,
+                     cancelled, *elsewhere, &description, &host_bytes);
 }
 
 void LogHostTransports(const DataPlane& plane) {

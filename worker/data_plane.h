@@ -15,6 +15,7 @@
 #define ZEROSHARD_WORKER_DATA_PLANE_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,11 @@ struct DataPlaneOptions {
   // A fourth context, "snapshot" (Gloo over TCP, point to point), for the
   // in-memory snapshots' buddy copies and recovery transfers.
   bool snapshots = false;
+  // Shard groups under --outer_timeout: a fifth context, "aux/group<g>"
+  // (Gloo over TCP), over this rank's group only, for the per-step
+  // agreement on the loss and the gradient norm (the groups do not meet
+  // between outer steps).
+  bool group_aux = false;
   // Tests only (--test_hold_data_plane): after publishing its addresses,
   // each communicator waits until this file exists (at most `timeout`)
   // before connecting.
@@ -85,6 +91,10 @@ struct DataPlane {
   std::unique_ptr<Communicator> secondary;
   std::unique_ptr<Communicator> aux;
   std::unique_ptr<GlooCommunicator> snapshot;  // options.snapshots; else null
+  std::unique_ptr<Communicator> group_aux;     // options.group_aux; else null
+  // --outer_timeout: communicators over some groups' members `member`
+  // (ConnectReplicaSubset), by group mask; the worker's thread only.
+  std::map<uint64_t, std::unique_ptr<Communicator>> replica_subsets;
   // What each bulk communicator runs on (the run report's "data_plane").
   DataPlaneDescription description;
 
@@ -117,6 +127,16 @@ absl::StatusOr<std::unique_ptr<DataPlane>> ConnectDataPlane(Client* client, int 
                                                             int world_size,
                                                             const DataPlaneOptions& options,
                                                             std::function<bool()> cancelled = {});
+
+// --outer_timeout: the replicas' communicator over the groups in
+// `present` (bit g: group g) only, for an outer step some groups were left
+// out of: this rank's member index in each of them, tagged by the mask
+// (the KV store is the generation's, so the tag need not name it). Every
+// rank of the present groups calls it with the same mask; this rank's group
+// must be in it. REQUIRES: ConnectDataPlane ran in this generation.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectReplicaSubset(
+    Client* client, int rank, int world_size, const DataPlaneOptions& options, uint64_t present,
+    std::function<bool()> cancelled = {});
 
 }  // namespace zeroshard
 

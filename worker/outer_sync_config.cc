@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 ABSL_FLAG(std::string, sync, "every_step",
           "With --shard_group_size: every_step (HSDP: each step's gradient averaged over the "
@@ -31,6 +32,12 @@ ABSL_FLAG(double, outer_mix, 0.5,
           "Streaming DiLoCo: alpha, the share of a fragment's local parameters (the group's own, "
           "--outer_delay steps after its all-reduce began) kept when the outer result is applied "
           "(params = outer + alpha (local - outer)); 0: the outer result overwrites them");
+
+ABSL_FLAG(absl::Duration, outer_timeout, absl::ZeroDuration(),
+          "--sync=diloco: a shard group later than this at an outer step (counted from the "
+          "first group's arrival) is left out of it and caught up at the next one it reaches "
+          "in time; the groups are then not coupled between outer steps. 0: every outer step "
+          "waits for every group");
 
 namespace zeroshard {
 namespace {
@@ -167,6 +174,49 @@ absl::Status CheckCombinations(WorkerConfig* config) {
   return absl::OkStatus();
 }
 
+// --outer_timeout: the groups must not meet between outer steps, so what
+// would make them meet is refused (the per-step loss agreement becomes the
+// group's own; evaluation, snapshots and checkpoints happen at outer steps
+// that every group took part in).
+absl::Status CheckOuterTimeout(WorkerConfig* config) {
+  const absl::Duration timeout = absl::GetFlag(FLAGS_outer_timeout);
+  const std::string value = absl::FormatDuration(timeout);
+  if (timeout < absl::ZeroDuration()) {
+    return Bad(absl::StrCat("--outer_timeout=", value,
+                            ": expected 0 (off) or how long an outer step waits for a late "
+                            "shard group, e.g. 30s"));
+  }
+  config->outer_timeout = timeout;
+  if (timeout == absl::ZeroDuration()) return absl::OkStatus();
+  const OuterOptions& outer = config->engine.outer;
+  if (StreamingOuter(outer)) {
+    return Bad(absl::StrCat("--outer_timeout=", value, " with streaming DiLoCo (--outer_fragments=",
+                            outer.fragments, ", --outer_delay=", outer.delay,
+                            "): a late group is left out of whole outer steps only; drop "
+                            "--outer_timeout or use --outer_fragments=1 --outer_delay=0"));
+  }
+  if (config->loss_spike_zscore > 0) {
+    return Bad(absl::StrCat("--outer_timeout=", value,
+                            " with --loss_spike_zscore=", config->loss_spike_zscore,
+                            ": a rewind brings every group back to a snapshot together, which "
+                            "groups that run apart cannot do; drop one of them"));
+  }
+  if (config->val_every > 0 && config->val_every % outer.every != 0) {
+    return Bad(absl::StrCat("--outer_timeout=", value, " with --val_every=", config->val_every,
+                            " and --outer_every=", outer.every,
+                            ": an evaluation runs over every group, which meet only at outer "
+                            "steps; use a multiple of --outer_every (e.g. ",
+                            outer.every, ") or 0"));
+  }
+  const int w = config->world_size, g = config->plan.shard_group_size;
+  if (!config->shard_group_by_host && g > 0 && w / g > kMaxOuterQuorumGroups) {
+    return Bad(absl::StrCat("--outer_timeout=", value, " with ", w / g,
+                            " shard groups: an outer quorum names at most ", kMaxOuterQuorumGroups,
+                            " groups; use a larger --shard_group_size or drop --outer_timeout"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReadOuterSync(WorkerConfig* config) {
@@ -175,7 +225,7 @@ absl::Status ReadOuterSync(WorkerConfig* config) {
   if (sync == "every_step") {
     engine.replica_sync = ReplicaSync::kEveryStep;
     for (const char* flag : {"outer_every", "outer_lr", "outer_momentum", "outer_dtype",
-                             "outer_fragments", "outer_delay", "outer_mix"}) {
+                             "outer_fragments", "outer_delay", "outer_mix", "outer_timeout"}) {
       if (Changed(flag)) {
         return Bad(absl::StrCat("--", flag, " sets DiLoCo's outer step: it needs --sync=diloco"));
       }
@@ -188,7 +238,8 @@ absl::Status ReadOuterSync(WorkerConfig* config) {
   engine.replica_sync = ReplicaSync::kDiLoCo;
   if (absl::Status s = ReadOuterOptions(&engine.outer); !s.ok()) return s;
   if (absl::Status s = CheckGroups(*config); !s.ok()) return s;
-  return CheckCombinations(config);
+  if (absl::Status s = CheckCombinations(config); !s.ok()) return s;
+  return CheckOuterTimeout(config);
 }
 
 bool OuterStepAfter(int completed, int steps, int every) {

@@ -12,6 +12,10 @@
 
 namespace zeroshard {
 
+// --outer_timeout: the most shard groups an outer quorum names (a bit each
+// in a 63-bit mask; worker_outer_elastic.cc).
+constexpr int kMaxOuterQuorumGroups = 62;
+
 // After the other flags are read (WorkerConfigFromFlags): INVALID_ARGUMENT
 // naming the flag, the value and what to set. With --sync=diloco and
 // --snapshot_every at its default value, the snapshots move to the outer

@@ -370,12 +370,17 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
                            {"all_reduce_ms", o.all_reduce_ms},
                            {"wait_ms", o.wait_ms},
                            {"groups", o.groups},
-                           {"generation", o.generation}});
+                           {"generation", o.generation},
+                           {"present_groups", o.present_groups},
+                           {"took_part", o.took_part},
+                           {"caught_up", o.caught_up},
+                           {"stale_groups", o.stale_groups}});
   }
   out["outer_steps"] = outer_steps;
   out["replica_check_ms_median"] = Median(m.replica_check_ms);
   out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
   out["params_sum"] = run.params_sum;
+  out["master_shard_sum"] = run.master_shard_sum;
   out["step_time_ms_median"] = Median(m.step_ms);
   out["step_ms"] = m.step_ms;  // every step's, in order (this process's)
   out["step_cpu_ms_median"] = Median(m.step_cpu_ms);

@@ -58,6 +58,14 @@ struct OuterStepRecord {
   double wait_ms = 0;
   int groups = 0;          // the shard groups that took part (their mean)
   int64_t generation = 0;  // the job generation that ran it
+  // --outer_timeout (docs/diloco.md, "Elastic outer steps"): bit g for each
+  // group the quorum let in (0: every group, no quorum); whether this rank's
+  // group took part (false: it was late, and skipped the step); whether it
+  // was caught up first (it had missed one); the present groups that had.
+  uint64_t present_groups = 0;
+  bool took_part = true;
+  bool caught_up = false;
+  int stale_groups = 0;
 };
 
 // Where a process's time went, by cause, and its MFU (the worker's
@@ -161,6 +169,7 @@ struct FinishedRun {
   std::string plan_hash;
   DataPlaneDescription data_plane;  // DataPlane::description
   double params_sum = 0;            // over the whole model
+  double master_shard_sum = 0;      // this rank's f32 master shard, in order
   // By rank.
   std::vector<double> model_state_bytes;
   std::vector<double> peak_bytes;

@@ -215,6 +215,8 @@ absl::Status Worker::BootstrapDataPlane() {
   }
   if (!secondary.ok()) return secondary.status();
   plane_options.secondary_group_size = *secondary;
+  plane_options.group_aux = ElasticOuter();
+  g.plane_options = plane_options;
   AbortLatch* const abort = abort_;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = ConnectDataPlane(
       client_.get(), rank_, world, plane_options, [abort] { return abort->tripped(); });
@@ -230,6 +232,8 @@ absl::Status Worker::BootstrapDataPlane() {
   engine_options.global_micro_batches = g.layout.Even() ? 0 : g.layout.MicroBatches();
   engine_options.replicas = g.data_plane->replicas.get();
   engine_options.secondary = g.data_plane->secondary.get();
+  // --outer_timeout: the step's loss and norm agreed inside the group.
+  engine_options.numerics = g.data_plane->group_aux.get();
   // HSDP with a group inside one host (shared memory): its reduce-scatter
   // crosses no link, so only the replicas' all-reduce is quantized.
   // (DiLoCo has no per-step replicas' all-reduce: the group's stays int8.)
@@ -347,7 +351,11 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
                                [&] { return snapshots_.Reserve(e, world()); });
     if (!s.ok()) return s;
   }
-  if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps) {
+  // --outer_timeout: evaluations and snapshots (multiples of --outer_every)
+  // run over every group, so only after an outer step all of them took part.
+  const bool all_groups = !ElasticOuter() || outer_quorum_full_;
+  if (config_.val_every > 0 && completed % config_.val_every == 0 && completed < steps &&
+      all_groups) {
     if (absl::Status s = Evaluate(completed); !s.ok()) return s;
   }
   if ((checkpoints.every > 0 && completed % checkpoints.every == 0) ||
@@ -359,7 +367,7 @@ absl::Status Worker::AfterStep(int completed, bool first, Checkpointer* checkpoi
     });
     if (!s.ok()) return s;
   }
-  if (every > 0 && completed % every == 0 && completed < steps) {
+  if (every > 0 && completed % every == 0 && completed < steps && all_groups) {
     return AccountAs(ledger_, TimeCause::kSnapshotPause, [&] {
       return snapshots_.Take(e, IdentityAt(completed), generation_->data_plane->snapshot.get(),
                              buddy_shift_, /*on_device=*/device_ != nullptr);
@@ -377,9 +385,17 @@ absl::Status Worker::MaybeOuterStep(int completed) {
       !OuterStepAfter(completed, config_.schedule.steps, engine.outer.every)) {
     return absl::OkStatus();
   }
+  if (ElasticOuter()) return ElasticOuterStep(completed);
   absl::StatusOr<OuterStats> outer = generation_->engine->OuterStep();
   if (!outer.ok()) return Annotate(outer.status(), absl::StrCat("outer step after ", completed));
   return RecordOuterStep(completed, *outer);
+}
+
+bool Worker::TestStepDelayed(int step) const {
+  if (config_.test_step_delay_ms <= 0) return false;
+  if (config_.test_step_delay_until > 0 && step >= config_.test_step_delay_until) return false;
+  const std::vector<int>& ranks = config_.test_step_delay_ranks;
+  return ranks.empty() || std::find(ranks.begin(), ranks.end(), rank_) != ranks.end();
 }
 
 absl::Status Worker::CheckIntegrity(int completed) {
@@ -444,8 +460,7 @@ absl::Status Worker::RunStep(int step) {
   timing.start = absl::Now();
   ledger_.Between(timing.start);  // the setup, or the last step's aftermath
   e.TakeFirstCollectiveStart();   // from here on: this step's first collective
-  if (config_.test_step_delay_ms > 0)
-    absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
+  if (TestStepDelayed(step)) absl::SleepFor(absl::Milliseconds(config_.test_step_delay_ms));
   const KernelTimes kernels_before = KernelTimesSnapshot();
   const double cpu_before = ProcessCpuMs();
   const HostBytes bytes_before = generation_->data_plane->BytesByHost();
@@ -479,8 +494,9 @@ absl::Status Worker::RunStep(int step) {
   NoteFirstStep(step);
   Progress progress = StepProgress(step, *stats, ms, items_per_second);
   // Arrival at the step's first collective, against every rank's.
+  // (Not under --outer_timeout: the groups do not meet between outer steps.)
   const absl::Time arrival = e.TakeFirstCollectiveStart();
-  if (arrival != absl::InfinitePast()) {
+  if (arrival != absl::InfinitePast() && !ElasticOuter()) {
     absl::Status s =
         ShareArrival(e, arrival, rank_, &arrival_lag_, &progress.telemetry, &timing.arrival_spread);
     if (!s.ok()) return Annotate(s, "arrival times");
@@ -624,6 +640,12 @@ absl::Status Worker::Report() {
   absl::StatusOr<double> params_sum = e.ParamsSum();
   if (!params_sum.ok()) return Annotate(params_sum.status(), "params sum");
   params_sum_ = *params_sum;
+  // This rank's own f32 master shard, summed in order: replicas holding the
+  // same bits (DiLoCo's groups after an outer step) report the same sum.
+  absl::StatusOr<std::vector<float>> shard = e.CopyMasterShard();
+  if (!shard.ok()) return Annotate(shard.status(), "master shard sum");
+  double shard_sum = 0;
+  for (float v : *shard) shard_sum += v;
   absl::StatusOr<std::vector<double>> peaks =
       e.GatherOverRanks(static_cast<double>(e.memory().peak_total()));
   if (!peaks.ok()) return Annotate(peaks.status(), "memory summary");
@@ -640,6 +662,7 @@ absl::Status Worker::Report() {
   run.plan_hash = g.plan.hash;
   run.data_plane = g.data_plane->description;
   run.params_sum = params_sum_;
+  run.master_shard_sum = shard_sum;
   run.model_state_bytes = *std::move(states);
   run.peak_bytes = *std::move(peaks);
   ledger_.Between(absl::Now());

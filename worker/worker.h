@@ -106,6 +106,7 @@ struct Generation {
   JoinInfo membership;                    // Join
   ShardPlan plan;                         // Plan
   std::unique_ptr<DataPlane> data_plane;  // BootstrapDataPlane
+  DataPlaneOptions plane_options;         // what data_plane was connected with
   std::unique_ptr<ZeroEngine> engine;     // BootstrapDataPlane; uses data_plane
   int start_step = 0;                     // Restore: the first step Train runs
   // BootstrapDataPlane: which micro-batches each rank trains a step
@@ -236,6 +237,8 @@ class Worker {
   // After `completed` steps: --testing_corrupt's bit flip, then
   // --replica_check_every's comparison of the replicas (replica_check.h).
   absl::Status CheckIntegrity(int completed);
+  // --test_step_delay_ms on this rank before `step` (its ranks and until).
+  bool TestStepDelayed(int step) const;
   // --sync=diloco: the outer step after `completed` steps when one is due
   // (outer_sync_config.h's OuterStepAfter), recorded in the run report.
   absl::Status MaybeOuterStep(int completed);
@@ -244,7 +247,22 @@ class Worker {
   // step (outer_sync_config.h's FullOuterStepAfter); each finished one
   // recorded (its mean outer gradient norm over the ranks: a collective).
   absl::Status StreamOuterStep(int completed);
-  absl::Status RecordOuterStep(int completed, const OuterStats& outer);
+  // Every outer step's record (worker_outer_elastic.cc): in the run report,
+  // and from rank 0 to the server and the log. `present`: the quorum's
+  // groups (0: every group, no quorum); `took_part`: false when this rank's
+  // group was left out.
+  absl::Status RecordOuterStep(int completed, const OuterStats& outer, uint64_t present = 0,
+                               bool took_part = true);
+  void ReportOuterStep(const OuterStepRecord& record, const OuterStats& outer);
+  // --outer_timeout (worker_outer_elastic.cc): whether it is on; the outer
+  // step after `completed` over the groups its quorum lets in (or skipped,
+  // this group being late); the quorum (a mask of groups; this group's
+  // leader decides with the others through the KV store, the members read
+  // the decision); the communicator over the present groups (null: alone).
+  bool ElasticOuter() const;
+  absl::Status ElasticOuterStep(int completed);
+  absl::StatusOr<uint64_t> OuterQuorum(int completed);
+  absl::StatusOr<Communicator*> PresentGroupsComm(uint64_t present);
   // PrepareRecovery's part before the server's abort: for a failure this
   // rank saw first (a collective's, or the generation's setup), whether it is
   // one to recover from, waiting for the server to end the generation (its
@@ -358,6 +376,9 @@ class Worker {
   // reads it).
   std::atomic<int64_t> step_{0};
   ArrivalLag arrival_lag_;  // this generation's
+  // --outer_timeout: whether the last outer step's quorum had every group
+  // (evaluations and snapshots, which every group runs, happen only then).
+  bool outer_quorum_full_ = true;
 
   // The current generation; null outside Join .. EndGeneration.
   std::unique_ptr<Generation> generation_;

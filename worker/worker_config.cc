@@ -227,6 +227,12 @@ ABSL_FLAG(int64_t, test_stall_before_gather, 0,
           "stuck outside a collective (0: off)");
 ABSL_FLAG(int, test_step_delay_ms, 0,
           "Test-only: sleep this long at the start of every step, as a straggler (0: off)");
+ABSL_FLAG(
+    std::vector<std::string>, test_step_delay_ranks, {},
+    "Test-only: --test_step_delay_ms on these ranks only (comma-separated; empty: every rank)");
+ABSL_FLAG(int, test_step_delay_until, 0,
+          "Test-only: --test_step_delay_ms only before this step (0: every step), a transient "
+          "straggler");
 ABSL_FLAG(std::string, test_hold_data_plane, "",
           "Test-only: after publishing its data-plane addresses, wait until this file exists "
           "(at most --collective_timeout) before connecting to the peers, which keeps the "
@@ -608,6 +614,15 @@ absl::Status ReadRun(WorkerConfig* config) {
   config->report = absl::GetFlag(FLAGS_report);
   config->test_stall_before_gather = absl::GetFlag(FLAGS_test_stall_before_gather);
   config->test_step_delay_ms = absl::GetFlag(FLAGS_test_step_delay_ms);
+  config->test_step_delay_until = absl::GetFlag(FLAGS_test_step_delay_until);
+  for (const std::string& r : absl::GetFlag(FLAGS_test_step_delay_ranks)) {
+    int rank = -1;
+    if (!absl::SimpleAtoi(r, &rank) || rank < 0) {
+      return Bad(absl::StrCat("--test_step_delay_ranks: '", r,
+                              "' is not a rank: expected comma-separated ranks, e.g. 2,3"));
+    }
+    config->test_step_delay_ranks.push_back(rank);
+  }
   config->data_plane.test_hold_file = absl::GetFlag(FLAGS_test_hold_data_plane);
   if (config->test_stall_before_gather < 0 || config->test_step_delay_ms < 0) {
     return Bad("--test_stall_before_gather and --test_step_delay_ms must be >= 0");

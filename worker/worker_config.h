@@ -127,6 +127,10 @@ struct WorkerConfig {
   // --loss_spike_zscore=Z (0: off): a step whose mean loss is more than Z
   // standard deviations above the recent window is bad (worker/loss_spike.h).
   double loss_spike_zscore = 0;
+  // --outer_timeout (DiLoCo; worker_outer_elastic.cc): a shard group later
+  // than this at an outer step, counted from the first group's arrival, is
+  // left out of it. Zero: off, every outer step waits for every group.
+  absl::Duration outer_timeout = absl::ZeroDuration();
 
   // ---- Outputs ("": not written) ----
   std::string summary_out;  // rank 0
@@ -137,8 +141,12 @@ struct WorkerConfig {
   // Blocks this worker before its N-th all-gather of a generation (until
   // the generation is aborted), as a rank stuck outside a collective would.
   int64_t test_stall_before_gather = 0;
-  // Sleeps this long at the start of every step: a straggler.
+  // Sleeps this long at the start of every step: a straggler. Only on the
+  // ranks listed in --test_step_delay_ranks (empty: every rank), and only
+  // before step --test_step_delay_until (0: every step): a transient one.
   int test_step_delay_ms = 0;
+  std::vector<int> test_step_delay_ranks;
+  int test_step_delay_until = 0;
   // --testing_corrupt=RANK:STEP[:BIT],...: rank RANK flips bit BIT (an
   // exponent bit, 23-30; default 23, the lowest) of one parameter of its
   // master shard after step STEP's update, once per entry (empty: off).

@@ -4,6 +4,7 @@
 // Job::kMaxOuterSteps, naming the workers from the generation's members.
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "shard_server/membership/member_table.h"
@@ -23,6 +24,31 @@ bool Kept(const std::deque<v1::OuterStepRecord>& kept, const v1::OuterStepRecord
   return false;
 }
 
+// The ranks that took part, by rank: the groups in present_groups
+// (--outer_timeout's quorum), else the first groups x group_size of the
+// generation (every group).
+template <typename Member>
+void NameWorkers(int64_t generation, const std::vector<Member>& members_by_rank,
+                 v1::OuterStepRecord* kept) {
+  if (kept->generation() != generation) return;
+  const int64_t size = kept->group_size();
+  const int64_t members = static_cast<int64_t>(members_by_rank.size());
+  uint64_t present = kept->present_groups();
+  if (present == 0 && kept->groups() > 0 && kept->groups() < 64) {
+    present = (uint64_t{1} << kept->groups()) - 1;
+  }
+  std::vector<int64_t> ranks;
+  for (int64_t g = 0; g < 64; ++g) {
+    if ((present >> g & 1) == 0) continue;
+    for (int64_t r = g * size; r < (g + 1) * size; ++r) ranks.push_back(r);
+    if (static_cast<int64_t>(ranks.size()) > kMaxWorkersNamed) return;
+  }
+  for (int64_t rank : ranks) {
+    if (rank >= members) return;
+  }
+  for (int64_t rank : ranks) kept->add_workers(members_by_rank[rank].worker_id);
+}
+
 }  // namespace
 
 void Membership::RecordOuterSteps(
@@ -37,13 +63,7 @@ void Membership::RecordOuterSteps(
       continue;
     }
     v1::OuterStepRecord& kept = job.outer_steps.emplace_back(r);
-    // The ranks that took part are the first groups x group_size of the
-    // generation (every group, until a group can be left out of one).
-    const int64_t ranks = int64_t{r.groups()} * r.group_size();
-    if (r.generation() == job.members_generation && ranks <= kMaxWorkersNamed &&
-        ranks <= static_cast<int64_t>(job.members.size())) {
-      for (int64_t rank = 0; rank < ranks; ++rank) kept.add_workers(job.members[rank].worker_id);
-    }
+    NameWorkers(job.members_generation, job.members, &kept);
     while (job.outer_steps.size() > Job::kMaxOuterSteps) job.outer_steps.pop_front();
   }
 }

@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model, con
   engine->group_size_ = gather->world_size();
   if (engine->group_size_ < engine->world_) engine->replica_comm_ = options.replicas;
   engine->secondary_comm_ = options.secondary;
+  engine->numerics_comm_ = options.numerics != nullptr ? options.numerics : aux;
   if (absl::Status s = engine->BuildLayouts(plan); !s.ok()) return s;
   engine->BuildSecondaryLayouts();
   if (absl::Status s = engine->BuildSchedule(); !s.ok()) return s;

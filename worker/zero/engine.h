@@ -144,6 +144,11 @@ struct OuterStats {
   bool on_replica_thread = false;
   double all_reduce_ms = 0;
   double wait_ms = 0;
+  // Elastic outer steps (OuterStepAmong): this group was stale (it missed
+  // outer steps) and was caught up from an up-to-date group before this
+  // one; the present groups that were stale.
+  bool caught_up = false;
+  int stale_groups = 0;
 };
 
 class ZeroEngine {
@@ -215,6 +220,17 @@ class ZeroEngine {
   // without DiLoCo or between a step's micro-batches.
   // FAILED_PRECONDITION while a streaming fragment is pending.
   absl::StatusOr<OuterStats> OuterStep();
+  // Elastic DiLoCo (--outer_timeout; engine_outer_elastic.cc): OuterStep over
+  // the groups `present` connects (one rank per present group holding this
+  // rank's shard; null or one rank: this group alone, no collective), called
+  // by every rank of those groups and no other. Groups that took fewer outer
+  // steps than the most of them (left out of earlier ones) are caught up
+  // first: the lowest up-to-date group's anchor, outer momentum and counts
+  // are broadcast to them, they add zero to the mean and the mean is over
+  // the up-to-date groups; every present group then holds the same anchor
+  // and parameters (the stale groups' inner progress is dropped).
+  // OuterStep() is OuterStepAmong(the replicas' communicator).
+  absl::StatusOr<OuterStats> OuterStepAmong(Communicator* present);
   int64_t outer_steps() const { return outer_steps_; }
   bool diloco() const { return options_.replica_sync == ReplicaSync::kDiLoCo; }
   // DiLoCo's outer state from a checkpoint (engine_state.cc), after
@@ -256,6 +272,10 @@ class ZeroEngine {
   int pending_outer_fragment() const { return pending_.fragment; }
   int64_t pending_outer_tag() const { return pending_.tag; }
 
+  // The sum of `value` over the ranks the step numerics are agreed over
+  // (EngineOptions::numerics: the shard group's under --outer_timeout,
+  // else all W), in rank order.
+  absl::StatusOr<double> SumOverStepRanks(double value, const char* what);
   // Sum of every element of the full model (over ranks, in double).
   absl::StatusOr<double> ParamsSum();
   // Mean of `value` over ranks; every rank's value, by rank.
@@ -386,14 +406,31 @@ class ZeroEngine {
   // this rank's master shard (f32) copied into `out`.
   absl::Status AllocateOuterState();
   absl::Status ResetOuterState();
-  absl::Status OuterStepUnit(int unit, OuterStats* stats);
+  absl::Status CheckOuterStepAllowed() const;
+  // OuterStep (elastic false: every group present, none stale, nothing
+  // agreed first) and OuterStepAmong (elastic true).
+  absl::StatusOr<OuterStats> RunOuterStep(Communicator* present, bool elastic);
+  // Elastic outer steps (engine_outer_elastic.cc): the present groups'
+  // counts, the catch-up of the stale ones, and a stale rank's zero
+  // contribution.
+  struct OuterProgress {
+    int stale_groups = 0;  // present groups behind the newest
+    int root = -1;         // `present` rank of the lowest up-to-date group
+    bool stale = false;    // this rank's group is behind
+    int64_t outer_steps = 0;
+    int64_t optimizer_step = 0;  // the root's outer SGD step count
+  };
+  absl::StatusOr<OuterProgress> AgreeOuterProgress(Communicator* present);
+  absl::Status CatchUpOuterState(Communicator* present, const OuterProgress& progress);
+  absl::Status ZeroStaleOuterGradient(int unit, float* delta, void* wire);
   void MasterShardInto(int unit, float* out);
   // OuterStepUnit's parts, shared with streaming (`wire`: the unit's bf16
   // copy): the outer gradient and its wire copy (and residual); the
   // replicas' all-reduce of it; its outer SGD step and the parameters set
   // to anchor + mix (master - anchor) with what derives from them.
-  absl::Status OuterGradientInto(int unit, float* delta, void* wire);
-  absl::Status AllReduceOuterGradient(int unit, float* delta, void* wire);
+  // `comm`: the groups averaged over (null: this group alone).
+  absl::Status OuterGradientInto(Communicator* comm, int unit, float* delta, void* wire);
+  absl::Status AllReduceOuterGradient(Communicator* comm, int unit, float* delta, void* wire);
   absl::Status ApplyOuterGradient(int unit, float* delta, double mix, OuterStats* stats);
   // Streaming (engine_outer_stream.cc): the fragments and their buffers,
   // planned at Create; a pending fragment waited for and dropped (a
@@ -516,6 +553,7 @@ class ZeroEngine {
   int group_size_ = 1;                      // G: ranks one shard is spread over (W without groups)
   Communicator* replica_comm_ = nullptr;    // EngineOptions::replicas
   Communicator* secondary_comm_ = nullptr;  // EngineOptions::secondary (hpZ)
+  Communicator* numerics_comm_ = nullptr;   // EngineOptions::numerics, else aux
   std::vector<UnitLayout> units_;
   std::vector<std::unique_ptr<UnitState>> state_;
   std::vector<int> ops_;             // unit of each forward op

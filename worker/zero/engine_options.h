@@ -116,6 +116,12 @@ struct EngineOptions {
   // averaged after the group's reduce-scatter. Null without groups. Not
   // owned; used by the reduce thread only.
   Communicator* replicas = nullptr;
+  // The ranks each step's loss, gradient norm and finite verdict are agreed
+  // over (ShareStepNumerics); null: `aux`, all W. Elastic DiLoCo
+  // (--outer_timeout) gives the shard group's own communicator (G ranks,
+  // this rank's member index its rank), so the groups are not coupled
+  // between outer steps: the loss is then the group's. Not owned.
+  Communicator* numerics = nullptr;
   // Shard groups: the replicas' all-reduce on a thread of its own (see
   // Threads above); false: on the reduce thread after each reduce-scatter,
   // as before (for comparisons: multihost_bench's hsdp-serial mode).

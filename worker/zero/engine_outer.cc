@@ -137,7 +137,14 @@ void ZeroEngine::MasterShardInto(int unit, float* out) {
   }
 }
 
+// Without --outer_timeout every group takes part in every outer step: no
+// group can be stale, and nothing is agreed first (the bytes sent are the
+// outer all-reduce's alone).
 absl::StatusOr<OuterStats> ZeroEngine::OuterStep() {
+  return RunOuterStep(replica_comm_, /*elastic=*/false);
+}
+
+absl::Status ZeroEngine::CheckOuterStepAllowed() const {
   if (options_.replica_sync != ReplicaSync::kDiLoCo) {
     return absl::FailedPreconditionError(
         "OuterStep is DiLoCo's (--sync=diloco); this engine syncs the replicas every step");
@@ -151,21 +158,7 @@ absl::StatusOr<OuterStats> ZeroEngine::OuterStep() {
         "OuterStep while streaming fragment ", pending_.fragment,
         "'s outer step is pending: FinishOuterFragment first (one model needs it applied)"));
   }
-  const absl::Time start = absl::Now();
-  if (absl::Status s = DropEarlyGathers(); !s.ok()) return s;
-  const CollectiveBytes before =
-      replica_comm_ != nullptr ? replica_comm_->bytes_sent() : CollectiveBytes{};
-  OuterStats stats;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    if (absl::Status s = OuterStepUnit(static_cast<int>(u), &stats); !s.ok()) return s;
-  }
-  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  const CollectiveBytes sent =
-      replica_comm_ != nullptr ? replica_comm_->bytes_sent() - before : CollectiveBytes{};
-  stats.bytes_sent = sent.all_reduce + sent.all_gather + sent.reduce_scatter + sent.broadcast;
-  stats.outer_step = ++outer_steps_;
-  stats.ms = MsSince(start);
-  return stats;
+  return absl::OkStatus();
 }
 
 absl::Status ZeroEngine::DropEarlyGathers() {
@@ -174,13 +167,6 @@ absl::Status ZeroEngine::DropEarlyGathers() {
   if (absl::Status s = gather_thread_->Drain(); !s.ok()) return s;
   slots_.clear();
   return absl::OkStatus();
-}
-
-absl::Status ZeroEngine::OuterStepUnit(int unit, OuterStats* stats) {
-  float* delta = outer_delta_.f32();
-  if (absl::Status s = OuterGradientInto(unit, delta, outer_wire_.data()); !s.ok()) return s;
-  if (absl::Status s = AllReduceOuterGradient(unit, delta, outer_wire_.data()); !s.ok()) return s;
-  return ApplyOuterGradient(unit, delta, /*mix=*/0, stats);
 }
 
 absl::Status ZeroEngine::ApplyOuterGradient(int unit, float* delta, double mix, OuterStats* stats) {
@@ -229,7 +215,7 @@ absl::Status ZeroEngine::ApplyOuterGradient(int unit, float* delta, double mix, 
 // last one's wire lost). bf16 and int8: the part of this rank's delta its
 // wire copy loses is kept in the residual for the next outer step, so no
 // change is lost for good, only delayed.
-absl::Status ZeroEngine::OuterGradientInto(int unit, float* delta, void* wire) {
+absl::Status ZeroEngine::OuterGradientInto(Communicator* comm, int unit, float* delta, void* wire) {
   UnitState& st = *state_[unit];
   const int64_t n = units_[unit].chunk_elements;
   MasterShardInto(unit, delta);
@@ -237,7 +223,7 @@ absl::Status ZeroEngine::OuterGradientInto(int unit, float* delta, void* wire) {
   backend_->AddInto(st.anchor.data(), DType::kF32, delta, n);
   float* residual = st.outer_residual.f32();
   if (residual != nullptr) backend_->AddInto(residual, DType::kF32, delta, n);
-  if (replica_comm_ == nullptr) {
+  if (comm == nullptr) {
     // One group (a recovery left no other): the mean over one group is its
     // own change, sent nowhere, so nothing is lost to a wire copy and the
     // residual (already added into `delta`) is spent.
@@ -266,26 +252,24 @@ absl::Status ZeroEngine::OuterGradientInto(int unit, float* delta, void* wire) {
 // place, sent in the outer dtype (bf16: `wire`, widened back into delta).
 // On the calling thread: the compute thread (OuterStep) or the replica
 // thread (a streaming fragment).
-absl::Status ZeroEngine::AllReduceOuterGradient(int unit, float* delta, void* wire) {
-  if (replica_comm_ == nullptr) return absl::OkStatus();  // one group: its own mean
+absl::Status ZeroEngine::AllReduceOuterGradient(Communicator* comm, int unit, float* delta,
+                                                void* wire) {
+  if (comm == nullptr) return absl::OkStatus();  // one group: its own mean
   const UnitLayout& layout = units_[unit];
   const int64_t n = layout.chunk_elements;
   const DType dtype = options_.outer.dtype;
   absl::Status s;
   EnterCollective(kReplicaStream, "all_reduce", layout.name);
   if (dtype == DType::kBF16) {
-    s = replica_comm_->AllReduce(wire, n, DType::kBF16, ReduceOp::kAverage,
-                                 options_.collective_timeout);
+    s = comm->AllReduce(wire, n, DType::kBF16, ReduceOp::kAverage, options_.collective_timeout);
     if (s.ok()) {
       backend_->Convert(wire, DType::kBF16, delta, DType::kF32, n);
       s = backend_->Synchronize();
     }
   } else if (dtype == DType::kI8) {
-    s = QuantizedAllReduce(replica_comm_, delta, n, ReduceOp::kAverage,
-                           options_.collective_timeout);
+    s = QuantizedAllReduce(comm, delta, n, ReduceOp::kAverage, options_.collective_timeout);
   } else {
-    s = replica_comm_->AllReduce(delta, n, DType::kF32, ReduceOp::kAverage,
-                                 options_.collective_timeout);
+    s = comm->AllReduce(delta, n, DType::kF32, ReduceOp::kAverage, options_.collective_timeout);
   }
   LeaveCollective(kReplicaStream);
   if (!s.ok()) {

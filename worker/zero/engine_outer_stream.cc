@@ -105,7 +105,7 @@ absl::Status ZeroEngine::BeginOuterFragment(int fragment, int64_t tag) {
   for (int u = first; u < last; ++u) {
     const int64_t at = fragment_offset_[u];
     void* wire = wires == nullptr ? nullptr : At(wires, at, DType::kBF16);
-    if (absl::Status s = OuterGradientInto(u, deltas + at, wire); !s.ok()) return s;
+    if (absl::Status s = OuterGradientInto(replica_comm_, u, deltas + at, wire); !s.ok()) return s;
   }
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   pending_ = PendingFragment{fragment, tag};
@@ -116,7 +116,8 @@ absl::Status ZeroEngine::BeginOuterFragment(int fragment, int64_t tag) {
     for (int u = first; u < last; ++u) {
       const int64_t at = fragment_offset_[u];
       void* wire = wires == nullptr ? nullptr : At(wires, at, DType::kBF16);
-      if (absl::Status s = AllReduceOuterGradient(u, deltas + at, wire); !s.ok()) return s;
+      if (absl::Status s = AllReduceOuterGradient(replica_comm_, u, deltas + at, wire); !s.ok())
+        return s;
     }
     const CollectiveBytes sent = replica_comm_->bytes_sent() - before;
     fragment_done_.bytes_sent =

@@ -27,6 +27,19 @@ absl::StatusOr<double> ZeroEngine::MeanOverRanks(double value, const char* what)
   return sum / world_;
 }
 
+absl::StatusOr<double> ZeroEngine::SumOverStepRanks(double value, const char* what) {
+  Communicator* comm = numerics_comm_;
+  std::vector<double> all(comm->world_size());
+  absl::Status s = comm->AllGather(&value, all.data(), 2, DType::kF32, options_.collective_timeout);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("all_gather of ", what, " (rank ", comm->rank(),
+                                               " of ", comm->world_size(), "): ", s.message()));
+  }
+  double sum = 0;
+  for (double v : all) sum += v;
+  return sum;
+}
+
 absl::StatusOr<double> ZeroEngine::ParamsSum() {
   double local = 0;
   absl::Status s = ForEachOwnPiece([&](const PieceView& piece) {

@@ -79,6 +79,12 @@ absl::Status ValidateOptions(const EngineOptions& options, const ShardPlan& plan
                      " but the communicators have ", gather->world_size(), " (gather), ",
                      reduce->world_size(), " (reduce) and ", aux->world_size(), " (aux)"));
   }
+  if (options.numerics != nullptr && options.numerics->world_size() != group &&
+      options.numerics->world_size() != plan.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the step numerics' communicator has ", options.numerics->world_size(),
+        " ranks: expected the shard group's ", group, " or the world's ", plan.world_size));
+  }
   if (options.secondary != nullptr) {
     const int h = options.secondary->world_size();
     if (options.stage != 3) {
@@ -359,7 +365,7 @@ void ZeroEngine::PlanStepBuffers() {
       buffers_.received.Reserve(m, Bytes(chunk, DType::kF32));  // f32 or narrower
     }
   }
-  all_numerics_.resize(world_);
+  all_numerics_.resize(numerics_comm_->world_size());
   if (stage_.state_sharded && !backend_->host_accessible()) {
     hash_staging_.resize(static_cast<size_t>(Bytes(chunk, DType::kF32)));
   }

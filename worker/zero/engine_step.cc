@@ -71,18 +71,24 @@ absl::StatusOr<StepVerdict> ZeroEngine::ShareStepNumerics(double grad_squares) {
     shard_checksum_.reset();
   }
   std::vector<RankNumerics>& all = all_numerics_;  // planned at Create
-  assert(static_cast<int>(all.size()) == world_);
+  Communicator* comm = numerics_comm_;
+  assert(static_cast<int>(all.size()) == comm->world_size());
   static_assert(sizeof(RankNumerics) == 10 * sizeof(float), "five 8-byte fields");
   absl::Status s =
-      aux_comm_->AllGather(&local, all.data(), 10, DType::kF32, options_.collective_timeout);
+      comm->AllGather(&local, all.data(), 10, DType::kF32, options_.collective_timeout);
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("all_gather of the step's loss and gradient norm "
-                                               "(rank ",
-                                               rank_, " of ", world_, "): ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("all_gather of the step's loss and gradient norm "
+                                     "(rank ",
+                                     comm->rank(), " of ", comm->world_size(), "): ", s.message()));
   }
   // DiLoCo: the groups' gradients differ, and each clips by its own norm.
-  return JudgeStep(all, stage_.state_sharded, group_size_, rank_,
-                   /*group_norms=*/options_.replica_sync == ReplicaSync::kDiLoCo);
+  StepVerdict verdict = JudgeStep(all, stage_.state_sharded, group_size_, comm->rank(),
+                                  /*group_norms=*/options_.replica_sync == ReplicaSync::kDiLoCo);
+  // Agreed inside the group (EngineOptions::numerics): its members are the
+  // job's ranks from rank_ - comm->rank() on.
+  if (verdict.first_rank >= 0) verdict.first_rank += rank_ - comm->rank();
+  return verdict;
 }
 
 // A step that is not finite changes nothing: no parameter, no optimizer

@@ -188,5 +188,33 @@ TEST_F(MembershipTest, StatusKeepsEachOuterStepOnceWithTheWorkersThatTookPart) {
   EXPECT_EQ(membership_->Status("outer").jobs(0).outer_steps_size(), 16);
 }
 
+// --outer_timeout: the quorum's groups (present_groups, a bit each) name the
+// workers, whichever groups they are: group 1 alone is w2,w3, not the first
+// group's w0,w1; both, all four.
+TEST_F(MembershipTest, AnOuterStepOfSomeGroupsNamesTheirWorkers) {
+  std::vector<v1::JoinResponse> members = Form("quorum", 4);
+  auto record = [](int64_t after, uint64_t present, int groups) {
+    v1::OuterStepRecord r;
+    r.set_outer_step(after / 2);
+    r.set_after_step(after);
+    r.set_generation(1);
+    r.set_groups(groups);
+    r.set_group_size(2);
+    r.set_present_groups(present);
+    return r;
+  };
+  v1::HeartbeatRequest beat;
+  *beat.mutable_member() = Credentials("quorum", members[0]);
+  *beat.add_outer_steps() = record(2, 0b10, 1);
+  *beat.add_outer_steps() = record(4, 0b01, 1);
+  *beat.add_outer_steps() = record(6, 0b11, 2);
+  ASSERT_TRUE(membership_->Heartbeat(beat).ok());
+  const v1::JobStatus job = membership_->Status("quorum").jobs(0);
+  ASSERT_EQ(job.outer_steps_size(), 3) << job.DebugString();
+  EXPECT_EQ(absl::StrJoin(job.outer_steps(0).workers(), ","), "w2,w3");
+  EXPECT_EQ(absl::StrJoin(job.outer_steps(1).workers(), ","), "w0,w1");
+  EXPECT_EQ(absl::StrJoin(job.outer_steps(2).workers(), ","), "w0,w1,w2,w3");
+}
+
 }  // namespace
 }  // namespace zeroshard
