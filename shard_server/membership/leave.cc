@@ -45,7 +45,10 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
     const int live_others =
         job.silence.size() + static_cast<int>(job.undelivered.size()) -
         (job.silence.Contains(m.rank) || job.undelivered.contains(m.rank) ? 1 : 0);
-    const bool all_gone = job.pending.empty() && live_others == 0;
+    // A formed job's pending joins are growers (replacements, survivors
+    // parked at a shrink to whole shard groups): the job is done without
+    // them, and they are told so (below).
+    const bool all_gone = live_others == 0 && (job.pending.empty() || job.formed());
     if (all_gone) job.state = v1::FINISHED;
     absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
                                                       job.id, "' could not be saved"));
@@ -73,6 +76,18 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
                         {"generation", absl::StrCat(member.generation())}});
     if (all_gone) {
       log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+      // OUT_OF_RANGE: the job ended before the join could be placed in it;
+      // the worker exits 0 (worker/shard_worker.cc), as its job succeeded.
+      for (const auto& [worker_id, p] : job.pending) {
+        log_->Log("grow_back_finished", {{"job", job.id}, {"worker", worker_id}});
+      }
+      FailPendingJoins(
+          job,
+          absl::OutOfRangeError(absl::StrCat(
+              "job '", job.id, "' finished (every member left, generation ", job.generation,
+              ") while this worker waited to grow it back: nothing is left for it "
+              "to do")),
+          deferred);
       if (listener_) {
         deferred.push_back(
             [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
