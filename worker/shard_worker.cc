@@ -9,9 +9,9 @@
 //
 // Exit codes: 0 done (or the job finished while this worker waited to
 // grow it back: a replacement, or a survivor left out of a shrink to whole
-// shard groups; docs/recovery.md, "Grow back"); 1 a failure (a non-finite step under
-// --on_nonfinite=stop included, even when a peer's exit ended the
-// generation first); 2 a bad flag (or a device this build or
+// shard groups; docs/recovery.md, "Grow back"); 1 a failure (a non-finite
+// step under --on_nonfinite=stop included, even when a peer's exit ended
+// the generation first); 2 a bad flag (or a device this build or
 // machine cannot use), found before joining; 3 the server aborted the job
 // generation or fenced this member. Every failure is one line on stderr,
 // "shard_worker rank R: <message>" ("shard_worker: ..." before joining).
@@ -176,13 +176,12 @@ void UseBlasKernelOrExit(char** argv) {
     }
     return;
   }
-  std::fprintf(
-      stderr,
-      "note: OpenBLAS chose its %s kernels%s; running again with "
-      "OPENBLAS_CORETYPE=%s (--blas_kernel=openblas keeps its choice)\n",
-      loaded,
-      flag == "auto" ? ", below what this CPU runs (that OpenBLAS does not know this CPU)" : "",
-      kernel->c_str());
+  std::fprintf(stderr, "note: OpenBLAS chose its %s kernels%s; running again with "
+                       "OPENBLAS_CORETYPE=%s (--blas_kernel=openblas keeps its choice)\n",
+               loaded,
+               flag == "auto" ? ", below what this CPU runs (that OpenBLAS does not know this CPU)"
+                              : "",
+               kernel->c_str());
   setenv("OPENBLAS_CORETYPE", kernel->c_str(), /*overwrite=*/1);
   execv("/proc/self/exe", argv);
   std::fprintf(stderr, "shard_worker: cannot execute /proc/self/exe again (%s); going on with %s\n",
