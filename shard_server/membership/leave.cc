@@ -8,6 +8,26 @@
 
 namespace zeroshard {
 
+void Membership::AnnounceFinished(Job& job, Deferred& deferred) {
+  log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+  // Growers still waiting (a formed job's pending joins): OUT_OF_RANGE, the
+  // job ended before they could be placed in it; the worker exits 0
+  // (worker/shard_worker.cc), as its job succeeded.
+  for (const auto& [worker_id, p] : job.pending) {
+    log_->Log("grow_back_finished", {{"job", job.id}, {"worker", worker_id}});
+  }
+  FailPendingJoins(
+      job,
+      absl::OutOfRangeError(absl::StrCat(
+          "job '", job.id, "' finished (every member left, generation ", job.generation,
+          ") while this worker waited to grow it back: nothing is left for it to do")),
+      deferred);
+  if (listener_) {
+    deferred.push_back(
+        [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
+  }
+}
+
 absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
   if (final != nullptr) {
     if (absl::Status s = ValidateTimeLedger(final->final_time(), "LeaveRequest.final_time");
@@ -74,25 +94,7 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
                         {"worker", m.worker_id},
                         {"rank", absl::StrCat(m.rank)},
                         {"generation", absl::StrCat(member.generation())}});
-    if (all_gone) {
-      log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
-      // OUT_OF_RANGE: the job ended before the join could be placed in it;
-      // the worker exits 0 (worker/shard_worker.cc), as its job succeeded.
-      for (const auto& [worker_id, p] : job.pending) {
-        log_->Log("grow_back_finished", {{"job", job.id}, {"worker", worker_id}});
-      }
-      FailPendingJoins(
-          job,
-          absl::OutOfRangeError(absl::StrCat(
-              "job '", job.id, "' finished (every member left, generation ", job.generation,
-              ") while this worker waited to grow it back: nothing is left for it "
-              "to do")),
-          deferred);
-      if (listener_) {
-        deferred.push_back(
-            [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
-      }
-    }
+    if (all_gone) AnnounceFinished(job, deferred);
   }
   absl::Status synced = SyncState(LastCommit());
   for (auto& f : deferred) f();

@@ -351,6 +351,11 @@ class Membership {
   // Writes the count of the second's unlisted resumes once it is over.
   void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- leave.cc ----
+  // Every member of `job` left (it is FINISHED): logged, growers still
+  // waiting answered OUT_OF_RANGE, the listener told.
+  void AnnounceFinished(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // ---- tick.cc and deaths.cc: the timer's pass; where a member is declared dead ----
   // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.
   void ExpireJoins(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
