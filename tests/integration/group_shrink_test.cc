@@ -46,16 +46,15 @@ class GroupShrinkTest : public ::testing::TestWithParam<std::string> {
                  {"--heartbeat_interval_ms=300", "--heartbeat_timeout_ms=1500"}) {}
 
   static std::vector<std::string> Flags() {
-    return kMlp.Flags(
-        kSteps,
-        {"--stage=3", "--batch=4", "--shard_group_size=2", absl::StrCat("--sync=", GetParam()),
-         absl::StrCat("--outer_every=", kEvery), absl::StrCat("--snapshot_every=", kEvery),
-         "--collective_timeout=20s", "--rejoin_timeout=120s", "--join_timeout_s=120",
-         "--min_world_size=2", "--rejoin_grace=1s",
-         // At least 30 ms a step (the arithmetic is
-         // unchanged): the kill, the shrink and the
-         // grow back all land before the last step.
-         "--test_step_delay_ms=30"});
+    std::vector<std::string> flags = {
+        "--stage=3", "--batch=4", "--shard_group_size=2", absl::StrCat("--sync=", GetParam()),
+        absl::StrCat("--snapshot_every=", kEvery), "--collective_timeout=20s",
+        "--rejoin_timeout=120s", "--join_timeout_s=120", "--min_world_size=2", "--rejoin_grace=1s",
+        // At least 30 ms a step (the arithmetic is unchanged): the kill, the
+        // shrink and the grow back all land before the last step.
+        "--test_step_delay_ms=30"};
+    if (GetParam() == "diloco") flags.push_back(absl::StrCat("--outer_every=", kEvery));
+    return kMlp.Flags(kSteps, flags);
   }
 
   std::unique_ptr<Client> Observer() {
@@ -99,7 +98,8 @@ TEST_P(GroupShrinkTest, OneRankOfAGroupKilledShrinksToTheWholeGroupAndGrowsBack)
   ASSERT_TRUE(WaitForStatus(
       observer.get(), [](const v1::JobStatus& j) { return j.snapshot_step() >= 2 * kEvery; }, &job))
       << Logs();
-  ASSERT_LT(job.snapshot_step(), kSteps / 2) << "the run is too fast for the test's kill";
+  const int64_t at_kill = job.snapshot_step();
+  ASSERT_LT(at_kill, kSteps / 2) << "the run is too fast for the test's kill";
   cluster_.worker(3)->Signal(SIGKILL);
 
   // W = 2 with w0 and w1; w2 waits to grow the job back.
@@ -123,12 +123,12 @@ TEST_P(GroupShrinkTest, OneRankOfAGroupKilledShrinksToTheWholeGroupAndGrowsBack)
   EXPECT_NE(job.history(job.history_size() - 1).reason().find("whole shard groups of 2 only"),
             std::string::npos)
       << job.DebugString();
-  // Training goes on at W = 2: the members commit a later snapshot.
-  const int64_t at_shrink = job.snapshot_step();
+  // Training goes on at W = 2: the members commit a snapshot past the one
+  // seen before the kill (the reports' restored steps below say it exactly).
   ASSERT_TRUE(WaitForStatus(
       observer.get(),
       [&](const v1::JobStatus& j) {
-        return j.generation() == shrunk_generation && j.snapshot_step() > at_shrink;
+        return j.generation() == shrunk_generation && j.snapshot_step() > at_kill;
       },
       &job))
       << job.DebugString() << Logs();
@@ -163,11 +163,20 @@ TEST_P(GroupShrinkTest, OneRankOfAGroupKilledShrinksToTheWholeGroupAndGrowsBack)
   ASSERT_GE(report["recoveries"].size(), 2u) << report.dump();
   EXPECT_EQ(report["recoveries"][0]["world_size"], 2) << report.dump();
   EXPECT_EQ(report["recoveries"].back()["world_size"], 4) << report.dump();
+  // The grow back restored a snapshot the W = 2 generation took: it trained.
+  const int shrunk_restored = report["recoveries"][0]["restored_step"].get<int>();
+  const int grown_restored = report["recoveries"].back()["restored_step"].get<int>();
+  EXPECT_GT(grown_restored, shrunk_restored) << report.dump();
+  // w2 (rank 2 at the end) went through a recovery: parked, then grown back.
+  const nlohmann::json w2 = cluster_.Report("shrink", 2);
+  EXPECT_GE(w2["recoveries"].size(), 1u) << w2.dump();
   std::fprintf(stderr,
                "--sync=%s: killed rank 3 after snapshot step %lld; shrunk to 2 in generation "
-               "%lld, grown back to 4; rank 0's recoveries: %s\n",
-               GetParam().c_str(), static_cast<long long>(at_shrink),
-               static_cast<long long>(shrunk_generation), report["recoveries"].dump().c_str());
+               "%lld (restored step %d), grown back to 4 (restored step %d); rank 0's "
+               "recoveries: %s\n",
+               GetParam().c_str(), static_cast<long long>(at_kill),
+               static_cast<long long>(shrunk_generation), shrunk_restored, grown_restored,
+               report["recoveries"].dump().c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Sync, GroupShrinkTest, ::testing::Values("diloco", "every_step"));
