@@ -318,6 +318,7 @@ int StatusCommand() {
                   d.message().c_str());
     }
     if (!job.waiting().empty()) std::printf("WAITING: %s\n", job.waiting().c_str());
+    if (!job.growing_note().empty()) std::printf("GROWING BACK: %s\n", job.growing_note().c_str());
     PrintCheckpointFailure(**client, job.job_id());
     PrintGenerations(job);
     PrintIntegrity(job);

@@ -189,7 +189,7 @@ fi
 # timing assumption that breaks on a busy runner fails here rather than by
 # chance. ZEROSHARD_CI_UNDER_LOAD=0 skips it; a run already under load does
 # not repeat it. (docs/testing.md, "Under load", has its cost.)
-UNDER_LOAD_TARGETS=(//tests/integration:recovery_test //tests/integration:diloco_elastic_test //tests/cluster/... //tests/ha/...)
+UNDER_LOAD_TARGETS=(//tests/integration:recovery_test //tests/integration:diloco_elastic_test //tests/integration:group_shrink_test //tests/cluster/... //tests/ha/...)
 if [[ "${CI:-}" == "true" && "$UNDER_LOAD" != "1" && "${ZEROSHARD_CI_UNDER_LOAD:-1}" != "0" ]]; then
   start_hog
   run_tests "recovery, cluster and HA tests under load" "${UNDER_LOAD_TARGETS[@]}" \

@@ -7,9 +7,11 @@
 // Gloo (or NCCL) through the server's KV store, and trains with ZeRO stage
 // 0-3. Progress goes to stderr (rank 0); --report writes a JSON summary.
 //
-// Exit codes: 0 done; 1 a failure (a non-finite step under
-// --on_nonfinite=stop included, even when a peer's exit ended the
-// generation first); 2 a bad flag (or a device this build or
+// Exit codes: 0 done (or the job finished while this worker waited to
+// grow it back: a replacement, or a survivor left out of a shrink to whole
+// shard groups; docs/recovery.md, "Grow back"); 1 a failure (a non-finite
+// step under --on_nonfinite=stop included, even when a peer's exit ended
+// the generation first); 2 a bad flag (or a device this build or
 // machine cannot use), found before joining; 3 the server aborted the job
 // generation or fenced this member. Every failure is one line on stderr,
 // "shard_worker rank R: <message>" ("shard_worker: ..." before joining).
@@ -75,6 +77,14 @@ absl::Status LifeCycle(Worker& worker, std::atomic<int>* rank) {
   // in this process: join the next one and resume (worker.h, "Recovery").
   while (true) {
     s = worker.Join();
+    if (absl::IsOutOfRange(s)) {
+      // The server's answer to a join that waited to grow the job back when
+      // the job finished (every member left): the job succeeded without
+      // this worker; nothing is wrong, and there is nothing to report.
+      std::fprintf(stderr, "shard_worker: %s; exiting 0 (without a report)\n",
+                   std::string(s.message()).c_str());
+      return absl::OkStatus();
+    }
     rank->store(worker.rank());
     if (s.ok()) s = worker.Plan();
     if (s.ok()) s = worker.BootstrapDataPlane();

@@ -230,7 +230,14 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
     }
     case JoinKind::kGrowBack:
       if (job->formed()) {
-        if (job->pending.empty()) {
+        // The wait for the members' next snapshot starts when the growers
+        // can grow the job: the first of them, or (whole shard groups) the
+        // one that completes a group; growers of a group not yet whole
+        // (one whose partner is still to come) could not grow it before.
+        const int m = job->world_multiple;
+        const bool could_grow =
+            !job->pending.empty() && (m <= 1 || job->WithGrowers(job->world_size) % m == 0);
+        if (!could_grow) {
           job->grow_since = now;
           job->grow_mark = job->CommittedSnapshot();
         }
@@ -328,6 +335,7 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
   p.skip_member_table = request.skip_member_table();
   p.clock = clock;
   p.deadline = std::min(deadline, now + options_.join_timeout);
+  p.joined_at = now;
   p.done = std::move(done);
   pending_by_id_[id] = PendingPlace{job.id, request.worker_id()};
   log_->Log("join", {{"job", job.id},
@@ -336,7 +344,12 @@ uint64_t Membership::AddPendingJoin(Job& job, const v1::JoinRequest& request, ab
                      {"generation", absl::StrCat(job.generation)},
                      {"joined", absl::StrCat(job.pending.size(), "/", job.world_size)}});
   // A formed job's pending joins are growers: they wait for MaybeGrowBack.
-  if (!job.formed() && static_cast<int>(job.pending.size()) == job.world_size) {
+  // A world size of part of a shard group (growers widened it) forms after
+  // --rejoin_grace with whole groups only (MaybeShrink); a job that never
+  // shrinks has none.
+  const int m = job.world_multiple;
+  const bool whole = m <= 1 || job.world_size % m == 0 || job.min_world_size <= 0;
+  if (!job.formed() && whole && static_cast<int>(job.pending.size()) == job.world_size) {
     FormGeneration(job, deferred);
   }
   return id;

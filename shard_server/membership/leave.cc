@@ -8,6 +8,26 @@
 
 namespace zeroshard {
 
+void Membership::AnnounceFinished(Job& job, Deferred& deferred) {
+  log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
+  // Growers still waiting (a formed job's pending joins): OUT_OF_RANGE, the
+  // job ended before they could be placed in it; the worker exits 0
+  // (worker/shard_worker.cc), as its job succeeded.
+  for (const auto& [worker_id, p] : job.pending) {
+    log_->Log("grow_back_finished", {{"job", job.id}, {"worker", worker_id}});
+  }
+  FailPendingJoins(
+      job,
+      absl::OutOfRangeError(absl::StrCat(
+          "job '", job.id, "' finished (every member left, generation ", job.generation,
+          ") while this worker waited to grow it back: nothing is left for it to do")),
+      deferred);
+  if (listener_) {
+    deferred.push_back(
+        [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
+  }
+}
+
 absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
   if (final != nullptr) {
     if (absl::Status s = ValidateTimeLedger(final->final_time(), "LeaveRequest.final_time");
@@ -45,7 +65,10 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
     const int live_others =
         job.silence.size() + static_cast<int>(job.undelivered.size()) -
         (job.silence.Contains(m.rank) || job.undelivered.contains(m.rank) ? 1 : 0);
-    const bool all_gone = job.pending.empty() && live_others == 0;
+    // A formed job's pending joins are growers (replacements, survivors
+    // parked at a shrink to whole shard groups): the job is done without
+    // them, and they are told so (below).
+    const bool all_gone = live_others == 0 && (job.pending.empty() || job.formed());
     if (all_gone) job.state = v1::FINISHED;
     absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
                                                       job.id, "' could not be saved"));
@@ -71,13 +94,7 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
                         {"worker", m.worker_id},
                         {"rank", absl::StrCat(m.rank)},
                         {"generation", absl::StrCat(member.generation())}});
-    if (all_gone) {
-      log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
-      if (listener_) {
-        deferred.push_back(
-            [listener = listener_, id = job.id, gen = job.generation]() { listener(id, gen); });
-      }
-    }
+    if (all_gone) AnnounceFinished(job, deferred);
   }
   absl::Status synced = SyncState(LastCommit());
   for (auto& f : deferred) f();

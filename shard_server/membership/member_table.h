@@ -56,6 +56,11 @@ struct Membership::PendingJoin {
   bool skip_member_table = false;
   ClockStart clock = ClockStart::kAtFormation;
   absl::Time deadline;
+  absl::Time joined_at;  // when the join came
+  // A re-joined survivor that a shrink to whole shard groups left out: why,
+  // in words ("'w2' (rank 2: its shard group, ranks 2-3, lost 'w3')"). It
+  // waits in the formed job as a grower (MaybeShrink, shrink.cc).
+  std::string parked;
   JoinDone done;
 };
 struct Membership::Job {

@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -350,9 +351,17 @@ class Membership {
   // Writes the count of the second's unlisted resumes once it is over.
   void FlushResumed(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- leave.cc ----
+  // Every member of `job` left (it is FINISHED): logged, growers still
+  // waiting answered OUT_OF_RANGE, the listener told.
+  void AnnounceFinished(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // ---- tick.cc and deaths.cc: the timer's pass; where a member is declared dead ----
   // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.
   void ExpireJoins(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a join of `job` that timed out at `now` is told: how many had
+  // joined a forming generation; a grower, why the job did not grow back.
+  static std::string JoinTimeoutMessage(const Job& job, const PendingJoin& p, absl::Time now);
   // At the job's delivery deadline, starts the clocks of the members that
   // have not beaten.
   void StartOverdueClocks(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -393,11 +402,20 @@ class Membership {
   // still make it up, and fails the waiting joins otherwise (rejoin_wait.h;
   // shrink.cc).
   void MaybeShrink(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whole shard groups: takes out of `job.pending` the re-joined that a
+  // shrink to `form_size` leaves out (whole old groups are kept first, by
+  // old rank; then survivors of broken groups; growers last), each with its
+  // `parked` reason; *why: who and why, for the generation's history.
+  std::map<std::string, PendingJoin> ParkBrokenGroups(Job& job, int form_size, std::string* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Who re-joined `job`'s forming generation and who did not, at `now`.
   static RejoinState RejoinStateOf(const Job& job, absl::Time now);
   // The status's waiting_for and waiting while the job waits for survivors
   // past its grace.
   static void FillRejoinWait(const Job& job, absl::Time now, v1::JobStatus* out);
+  // The status's growing and growing_note: a formed job's growers, and what
+  // they wait for.
+  static void FillGrowing(const Job& job, v1::JobStatus* out);
   // Ends a formed generation that growers wait on once its members
   // committed the snapshot after the first grower came (or kGrowBoundaryWait
   // passed without one): they all join the next, larger generation.

@@ -22,6 +22,15 @@
 //   3. Otherwise fail every waiting re-join, naming who re-joined, who could
 //      still come and who cannot (dead or left).
 // Before the grace is over the generation waits for all its members.
+//
+// Whole shard groups (world_multiple m > 1, the workers' numeric
+// --shard_group_size): a generation's size must be a multiple of m, so the
+// rules count the re-joined in whole groups: rule 1 forms with the largest
+// multiple of m of them (form_size) once that reaches --min_world_size
+// rounded up to a multiple of m, and the others wait to grow the job back
+// (Membership::MaybeShrink parks them); rules 2 and 3 count the re-joined
+// plus the live missing the same way. Everyone in forms at once only when
+// they are a multiple of m.
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_REJOIN_WAIT_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_REJOIN_WAIT_H_
 
@@ -46,6 +55,7 @@ struct RejoinState {
   int64_t generation = 0;  // the generation being formed
   int world_size = 0;      // members it would have at full size
   int min_world_size = 0;  // --min_world_size; 0: never shrink
+  int world_multiple = 0;  // JoinRequest.world_multiple; 0 or 1: any size
   absl::Duration rejoin_grace;
   bool grace_over = false;
   std::vector<std::string> rejoined;   // worker ids of the waiting joins, sorted
@@ -64,6 +74,9 @@ enum class RejoinAction {
 
 struct RejoinDecision {
   RejoinAction action = RejoinAction::kWaitForAll;
+  // kForm: how many of the re-joined form the generation: all of them, or
+  // (whole shard groups) the largest multiple of world_multiple.
+  int form_size = 0;
   // kWaitForLive: the live missing members' worker ids, by rank.
   std::vector<std::string> waiting_for;
   // kWaitForLive: what the server waits for, in words (status, event log);

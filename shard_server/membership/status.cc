@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "shard_server/membership/member_table.h"
 #include "shard_server/membership/membership.h"
 
@@ -13,6 +14,27 @@ absl::StatusOr<int> Membership::WorldSize(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   return it->second->world_size;
+}
+
+void Membership::FillGrowing(const Job& job, v1::JobStatus* out) {
+  if (job.pending.empty()) return;
+  std::string who;
+  for (const auto& [worker_id, p] : job.pending) {
+    out->add_growing(worker_id);
+    absl::StrAppend(&who, who.empty() ? "" : ", ",
+                    p.parked.empty() ? absl::StrCat("'", worker_id, "'") : p.parked);
+  }
+  const int m = job.world_multiple;
+  const int growers = static_cast<int>(job.pending.size());
+  out->set_growing_note(
+      absl::StrCat(who, growers == 1 ? " waits" : " wait", " to grow job '", job.id, "' back from ",
+                   job.world_size, " to ", job.WithGrowers(job.world_size), " of ",
+                   job.target_world_size, " workers",
+                   m > 1 && job.WithGrowers(job.world_size) % m != 0
+                       ? absl::StrCat(" once they make whole shard groups of ", m, " (now ",
+                                      growers % m, " of ", m, ")")
+                       : absl::StrCat(" at the members' next committed snapshot (after step ",
+                                      job.grow_mark, ")")));
 }
 
 v1::GetStatusResponse Membership::Status(const std::string& job_id) {
@@ -65,6 +87,7 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
     for (const v1::RecoveryRecord& r : job->recoveries) *out->add_recoveries() = r;
     for (const v1::OuterStepRecord& o : job->outer_steps) *out->add_outer_steps() = o;
     FillRejoinWait(*job, now, out);
+    if (job->formed()) FillGrowing(*job, out);
     *out->mutable_goodput() = job->goodput.Snapshot(now);
     for (const Job::GenerationChange& change : job->history) {
       v1::GenerationChange* h = out->add_history();

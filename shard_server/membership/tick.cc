@@ -43,21 +43,45 @@ void Membership::Tick() {
   for (auto& f : deferred) f();
 }
 
+std::string Membership::JoinTimeoutMessage(const Job& job, const PendingJoin& p, absl::Time now) {
+  if (!job.formed()) {
+    return absl::StrCat("join of job '", job.id, "' generation ", job.generation,
+                        " timed out: ", job.pending.size(), " of ", job.world_size,
+                        " workers had joined");
+  }
+  // A grower: the job runs without it.
+  const int m = job.world_multiple;
+  const int growers = static_cast<int>(job.pending.size());
+  std::string why =
+      m > 1 && job.WithGrowers(job.world_size) % m != 0
+          ? absl::StrCat("the ", growers,
+                         " waiting to grow it back do not make whole shard groups of ", m, " (",
+                         growers % m, " of ", m, ")")
+          : "the members committed no snapshot since it came";
+  return absl::StrCat(
+      "join of job '", job.id, "' as '", p.worker_id, "' timed out after ",
+      absl::FormatDuration(absl::Trunc(now - p.joined_at, absl::Seconds(1))),
+      " waiting to grow the job back from ", job.world_size, " to ", job.target_world_size,
+      " workers: ", why,
+      p.parked.empty()
+          ? ""
+          : absl::StrCat("; it was left out of the shrink to whole groups: ", p.parked),
+      ". The job goes on at ", job.world_size,
+      " workers without it; start it again (or its group's lost workers) to grow the job back");
+}
+
 void Membership::ExpireJoins(Job& job, absl::Time now, Deferred& deferred) {
   for (auto p = job.pending.begin(); p != job.pending.end();) {
     if (p->second.deadline > now) {
       ++p;
       continue;
     }
-    int joined = static_cast<int>(job.pending.size());
     pending_by_id_.erase(p->second.id);
     log_->Log("join_timeout", {{"job", job.id}, {"worker", p->first}});
-    deferred.push_back([done = std::move(p->second.done), id = job.id, joined, w = job.world_size,
-                        gen = job.generation]() {
-      done(absl::DeadlineExceededError(absl::StrCat("join of job '", id, "' generation ", gen,
-                                                    " timed out: ", joined, " of ", w,
-                                                    " workers had joined")));
-    });
+    deferred.push_back(
+        [done = std::move(p->second.done), message = JoinTimeoutMessage(job, p->second, now)]() {
+          done(absl::DeadlineExceededError(message));
+        });
     p = job.pending.erase(p);
   }
 }

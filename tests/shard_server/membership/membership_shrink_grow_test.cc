@@ -171,6 +171,186 @@ TEST_F(MembershipTest, GrowsBackOnlyToWholeShardGroups) {
   }
 }
 
+// W = 4 in shard groups of 2 (JoinRequest.world_multiple, from a numeric
+// --shard_group_size: HSDP every step and --sync=diloco send the same),
+// --min_world_size=2, --rejoin_grace=1s; w3 dies and w0, w1, w2 re-join.
+// A shrink to 3 would leave a world size no plan covers, so the job shrinks
+// to the whole group (w0, w1) and w2, whose group lost w3, is parked: it
+// waits as a grower.
+class WholeGroupShrinkTest : public MembershipTest {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 4; ++i) JoinAs(absl::StrCat("w", i), &first_[i]);
+    for (auto& r : first_) ASSERT_TRUE(r && r->ok());
+    clock_.Advance(absl::Seconds(2));
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(Beat(Credentials("groups", **first_[i])).ok());
+    clock_.Advance(absl::Seconds(2));
+    membership_->Tick();  // w3 silent for 4 s: dead, generation 2
+    ASSERT_EQ(membership_->Status("groups").jobs(0).generation(), 2);
+    for (int i = 0; i < 3; ++i) JoinAs(absl::StrCat("w", i), &again_[i]);
+    clock_.Advance(absl::Milliseconds(500));
+    membership_->Tick();
+    for (const JoinResult& r : again_) ASSERT_FALSE(r.has_value()) << "formed within the grace";
+    clock_.Advance(absl::Milliseconds(600));
+    membership_->Tick();  // the grace is over
+  }
+
+  void JoinAs(const std::string& worker, JoinResult* out) {
+    v1::JoinRequest request = Elastic(Request("groups", 4, worker), 2, 1000);
+    request.set_world_multiple(2);
+    membership_->Join(request, clock_.Now() + absl::Hours(1), [out](auto r) { *out = r; });
+  }
+
+  // Member `i` of the shrunk generation beats, having committed `snapshot`.
+  void Beat2(int i, int64_t snapshot) {
+    v1::HeartbeatRequest h;
+    *h.mutable_member() = Credentials("groups", **again_[i]);
+    h.set_snapshot_step(snapshot);
+    absl::StatusOr<v1::HeartbeatResponse> r = membership_->Heartbeat(h);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->command(), v1::CONTINUE);
+  }
+
+  std::vector<JoinResult> first_ = std::vector<JoinResult>(4);
+  std::vector<JoinResult> again_ = std::vector<JoinResult>(3);
+};
+
+TEST_F(WholeGroupShrinkTest, ShrinksToWholeGroupsAndTheParkedSurvivorGrowsBackWithAReplacement) {
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(again_[i] && again_[i]->ok())
+        << (again_[i] ? again_[i]->status().ToString() : "no answer");
+    EXPECT_EQ((*again_[i])->world_size(), 2);
+    EXPECT_EQ((*again_[i])->rank(), i);  // old ranks 0 and 1 keep their places
+    EXPECT_EQ((*again_[i])->generation(), 2);
+  }
+  EXPECT_FALSE(again_[2].has_value()) << "w2 was answered: " << again_[2]->status();
+  v1::JobStatus job = membership_->Status("groups").jobs(0);
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.world_size(), 2);
+  const std::string parked = "'w2' (rank 2: its shard group, ranks 2-3, lost 'w3')";
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+            "shrunk from 4 to 2 workers after --rejoin_grace=1s; whole shard groups of 2 only: " +
+                parked + " waits to grow the job back when its group is whole again");
+  ASSERT_EQ(job.growing_size(), 1);
+  EXPECT_EQ(job.growing(0), "w2");
+  EXPECT_EQ(job.growing_note(), parked +
+                                    " waits to grow job 'groups' back from 2 to 3 of 4 workers "
+                                    "once they make whole shard groups of 2 (now 1 of 2)");
+  EXPECT_EQ(Logged("recovery_shrink"), 1);
+  EXPECT_EQ(Logged("grow_back_waiting"), 1);
+  EXPECT_EQ(Logged("recovery_failed"), 0);
+
+  // Snapshots pass: w2 alone is half a group, so no grow back to 3.
+  for (int64_t step : {20, 25}) {
+    clock_.Advance(absl::Milliseconds(300));
+    for (int i = 0; i < 2; ++i) Beat2(i, step);
+    membership_->Tick();
+  }
+  EXPECT_FALSE(again_[2].has_value());
+  EXPECT_EQ(membership_->Status("groups").jobs(0).generation(), 2);
+  // w3's replacement completes the group; the job grows back at the
+  // members' next snapshot after it came (step 25 was before).
+  JoinResult w3;
+  JoinAs("w3", &w3);
+  clock_.Advance(absl::Milliseconds(300));
+  for (int i = 0; i < 2; ++i) Beat2(i, 25);
+  membership_->Tick();
+  EXPECT_EQ(membership_->Status("groups").jobs(0).generation(), 2);
+  EXPECT_NE(membership_->Status("groups").jobs(0).growing_note().find(
+                "at the members' next committed snapshot (after step 25)"),
+            std::string::npos)
+      << membership_->Status("groups").jobs(0).growing_note();
+  clock_.Advance(absl::Milliseconds(300));
+  for (int i = 0; i < 2; ++i) Beat2(i, 30);
+  membership_->Tick();
+  job = membership_->Status("groups").jobs(0);
+  EXPECT_EQ(job.generation(), 3);
+  EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+            "grow back from 2 to 4 of 4 workers ('w2', 'w3') at the snapshot of step 30");
+  std::vector<JoinResult> grown(2);
+  for (int i = 0; i < 2; ++i) JoinAs(absl::StrCat("w", i), &grown[i]);
+  for (JoinResult* r : {&grown[0], &grown[1], &again_[2], &w3}) {
+    ASSERT_TRUE(r->has_value() && (*r)->ok()) << (r->has_value() ? (*r)->status().ToString() : "");
+    EXPECT_EQ((**r)->world_size(), 4);
+    EXPECT_EQ((**r)->generation(), 3);
+  }
+  EXPECT_EQ((*again_[2])->rank(), 2);
+  EXPECT_EQ((*w3)->rank(), 3);
+  EXPECT_EQ(membership_->Status("groups").jobs(0).growing_size(), 0);
+}
+
+// The parked survivor's join is bounded by its deadline (the worker's
+// --rejoin_timeout; here the server's 60-s --join_timeout): when its group
+// is not whole by then, it is told why, and the job goes on without it.
+TEST_F(WholeGroupShrinkTest, AParkedSurvivorWhoseGroupStaysBrokenTimesOutSayingWhy) {
+  ASSERT_TRUE(again_[0] && again_[0]->ok());
+  for (int s = 0; s < 60 && !again_[2].has_value(); ++s) {
+    clock_.Advance(absl::Seconds(1));
+    for (int i = 0; i < 2; ++i) Beat2(i, 20);
+    membership_->Tick();
+  }
+  ASSERT_TRUE(again_[2].has_value());
+  EXPECT_EQ(again_[2]->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(std::string(again_[2]->status().message()),
+            "join of job 'groups' as 'w2' timed out after 1m waiting to grow the job back from 2 "
+            "to 4 workers: the 1 waiting to grow it back do not make whole shard groups of 2 (1 of "
+            "2); it was left out of the shrink to whole groups: 'w2' (rank 2: its shard group, "
+            "ranks 2-3, lost 'w3'). The job goes on at 2 workers without it; start it again (or "
+            "its group's lost workers) to grow the job back");
+  v1::JobStatus job = membership_->Status("groups").jobs(0);
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.generation(), 2);
+  EXPECT_EQ(job.growing_size(), 0);
+}
+
+// The job finishes (every member leaves) while the survivor waits: its join
+// ends OUT_OF_RANGE, which the worker takes as its job's success (exit 0).
+TEST_F(WholeGroupShrinkTest, TheJobFinishingWhileASurvivorIsParkedEndsItsJoinOutOfRange) {
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(again_[i] && again_[i]->ok());
+  ASSERT_TRUE(membership_->Leave(Credentials("groups", **again_[0])).ok());
+  EXPECT_FALSE(again_[2].has_value()) << "answered while a member trains";
+  ASSERT_TRUE(membership_->Leave(Credentials("groups", **again_[1])).ok());
+  ASSERT_TRUE(again_[2].has_value());
+  EXPECT_EQ(again_[2]->status().code(), absl::StatusCode::kOutOfRange) << again_[2]->status();
+  EXPECT_EQ(std::string(again_[2]->status().message()),
+            "job 'groups' finished (every member left, generation 2) while this worker waited to "
+            "grow it back: nothing is left for it to do");
+  EXPECT_EQ(membership_->Status("groups").jobs(0).state(), v1::FINISHED);
+  EXPECT_EQ(Logged("job_finished"), 1);
+}
+
+// Too few whole groups for --min_world_size: W = 4 in groups of 2 with
+// --min_world_size=3 needs all 4 (whole groups); 3 re-joined and the dead
+// one cannot come, so the recovery fails naming the group size.
+TEST_F(MembershipTest, AShrinkBelowTheMinimumInWholeGroupsFailsNamingTheGroupSize) {
+  auto join = [&](const std::string& worker, JoinResult* out) {
+    v1::JoinRequest request = Elastic(Request("g3", 4, worker), 3, 1000);
+    request.set_world_multiple(2);
+    membership_->Join(request, clock_.Now() + absl::Hours(1), [out](auto r) { *out = r; });
+  };
+  std::vector<JoinResult> first(4);
+  for (int i = 0; i < 4; ++i) join(absl::StrCat("w", i), &first[i]);
+  clock_.Advance(absl::Seconds(2));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Beat(Credentials("g3", **first[i])).ok());
+  clock_.Advance(absl::Seconds(2));
+  membership_->Tick();
+  std::vector<JoinResult> again(3);
+  for (int i = 0; i < 3; ++i) join(absl::StrCat("w", i), &again[i]);
+  clock_.Advance(absl::Milliseconds(1100));
+  membership_->Tick();
+  for (const JoinResult& r : again) {
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status().code(), absl::StatusCode::kFailedPrecondition) << r->status();
+    EXPECT_NE(r->status().message().find(
+                  "only 3 of 4 workers re-joined ('w0', 'w1', 'w2') after --rejoin_grace=1s, of "
+                  "whom 2 make whole shard groups of 2, and --min_world_size=3 needs 4 (whole "
+                  "shard groups of 2); no other member can come; 'w3' (rank 3) was declared dead"),
+              std::string::npos)
+        << r->status();
+  }
+  EXPECT_EQ(Logged("recovery_failed"), 1);
+}
+
 TEST_F(MembershipTest, RecoveryThatCannotReachTheMinimumEndsWithAReason) {
   std::vector<JoinResult> first(3);
   for (int i = 0; i < 3; ++i) {

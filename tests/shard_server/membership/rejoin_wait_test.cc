@@ -152,5 +152,51 @@ TEST(RejoinWaitTest, WithoutAWaitingJoinTheMessageNamesNoDeadline) {
             "heartbeats still arrive");
 }
 
+// Whole shard groups of 2 (world_multiple): the re-joined count in whole
+// groups, and --min_world_size rounds up to one.
+TEST(RejoinWaitTest, InShardGroupsTheRejoinedCountInWholeGroups) {
+  RejoinState s;
+  s.job_id = "j";
+  s.generation = 2;
+  s.world_size = 4;
+  s.world_multiple = 2;
+  s.rejoin_grace = absl::Seconds(1);
+  s.grace_over = true;
+  s.rejoined = {"w0", "w1", "w2"};
+  s.missing = {kDead3};
+  s.min_world_size = 2;  // 3 in: one whole group of 2 forms, one waits aside
+  RejoinDecision d = DecideRejoin(s);
+  EXPECT_EQ(d.action, RejoinAction::kForm);
+  EXPECT_EQ(d.form_size, 2);
+  s.grace_over = false;  // within the grace: everyone is waited for
+  EXPECT_EQ(DecideRejoin(s).action, RejoinAction::kWaitForAll);
+  s.grace_over = true;
+  s.min_world_size = 3;  // needs 4: w3 is dead
+  d = DecideRejoin(s);
+  EXPECT_EQ(d.action, RejoinAction::kFail);
+  EXPECT_NE(d.message.find("of whom 2 make whole shard groups of 2, and --min_world_size=3 needs "
+                           "4 (whole shard groups of 2); no other member can come"),
+            std::string::npos)
+      << d.message;
+  s.missing = {{"w3", 3, /*live=*/true, /*left=*/false}};  // w3 can still come
+  d = DecideRejoin(s);
+  EXPECT_EQ(d.action, RejoinAction::kWaitForLive);
+  EXPECT_NE(d.message.find("--min_world_size=3 (whole shard groups of 2) needs 1 more: waiting "
+                           "for 'w3' (rank 3)"),
+            std::string::npos)
+      << d.message;
+  // Everyone in, but as part of a group (growers widened the generation to
+  // 3): not formed until the grace is over, then with the whole groups.
+  s.world_size = 3;
+  s.missing.clear();
+  s.min_world_size = 2;
+  s.grace_over = false;
+  EXPECT_EQ(DecideRejoin(s).action, RejoinAction::kWaitForAll);
+  s.grace_over = true;
+  d = DecideRejoin(s);
+  EXPECT_EQ(d.action, RejoinAction::kForm);
+  EXPECT_EQ(d.form_size, 2);
+}
+
 }  // namespace
 }  // namespace zeroshard
