@@ -195,7 +195,8 @@ TEST(AgentStreamBoundsTest, RefusedBeatsLeaveNothingHeldOnTheAgentsStream) {
   constexpr int kMessages = 10;
   constexpr int kBeats = 20000;
   for (int m = 0; m < kMessages; ++m) {
-    v1::HostHeartbeatResponse r = stream.Beat(1000 + uint64_t{m} * kBeats, kBeats, forged);
+    v1::HostHeartbeatResponse r =
+        stream.Beat(1000 + static_cast<uint64_t>(m) * kBeats, kBeats, forged);
     ASSERT_EQ(r.answers_size(), kBeats);
     // Within a message, the first 4,096 new rank streams are judged (and
     // refused); the rest are over the stream's bound. The next message
