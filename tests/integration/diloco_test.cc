@@ -250,7 +250,7 @@ TEST(DiLoCoFlagsTest, BadFlagsAreRefusedNamingWhatToSet) {
       {{"--sync=diloco", "--shard_group_size=2", "--outer_momentum=1"},
        "--outer_momentum=1: expected a Nesterov momentum in [0, 1)"},
       {{"--sync=diloco", "--shard_group_size=2", "--outer_dtype=fp8"},
-       "--outer_dtype=fp8: expected f32, bf16 or int8"},
+       "--outer_dtype=fp8: expected f32, bf16, int8 or int4"},
       {{"--sync=diloco", "--shard_group_size=2", "--outer_every=4", "--checkpoint_dir=/tmp",
         "--checkpoint_every=6"},
        "use a multiple of --outer_every"},
