@@ -17,8 +17,9 @@ ABSL_FLAG(double, outer_lr, 0.7, "--sync=diloco: the outer SGD's learning rate")
 ABSL_FLAG(double, outer_momentum, 0.9,
           "--sync=diloco: the outer SGD's Nesterov momentum (0: plain SGD)");
 ABSL_FLAG(std::string, outer_dtype, "f32",
-          "--sync=diloco: the outer all-reduce's wire dtype: f32 | bf16 | int8 (bf16 and int8 "
-          "keep each rank's quantization residual for the next outer step: error feedback)");
+          "--sync=diloco: the outer all-reduce's wire dtype: f32 | bf16 | int8 | int4 (int8: one "
+          "f32 scale per 256 values, int4: per 64; all but f32 keep each rank's quantization "
+          "residual for the next outer step: error feedback; docs/diloco.md)");
 
 ABSL_FLAG(int, outer_fragments, 1,
           "--sync=diloco: F, streaming DiLoCo's fragments: the units split into F contiguous runs "
@@ -101,14 +102,15 @@ absl::Status ReadOuterOptions(OuterOptions* outer) {
                             "plain SGD)"));
   }
   const std::string dtype = absl::GetFlag(FLAGS_outer_dtype);
-  if (dtype == "f32") {
-    outer->dtype = DType::kF32;
-  } else if (dtype == "bf16") {
-    outer->dtype = DType::kBF16;
-  } else if (dtype == "int8") {
-    outer->dtype = DType::kI8;
-  } else {
-    return Bad(absl::StrCat("--outer_dtype=", dtype, ": expected f32, bf16 or int8"));
+  bool known = false;
+  for (OuterWire wire : {OuterWire::kF32, OuterWire::kBF16, OuterWire::kInt8, OuterWire::kInt4}) {
+    if (dtype != OuterWireName(wire)) continue;
+    outer->wire = wire;
+    known = true;
+  }
+  if (!known) {
+    return Bad(absl::StrCat("--outer_dtype=", dtype,
+                            ": expected f32, bf16, int8 or int4 (the outer all-reduce's wire)"));
   }
   return ReadStreaming(outer);
 }

@@ -38,7 +38,7 @@ struct RewindRecord {
 // One outer step of --sync=diloco (docs/diloco.md): after which step, its
 // number in the run (ceil(after_step / H)), the groups that took part and the
 // generation that ran it, the bytes this rank sent for it (not in the per-step comm_bytes_*
-// figures), its wall time, the outer gradient's norm and (bf16 / int8 outer
+// figures), its wall time, the outer gradient's norm and (bf16 / int8 / int4 outer
 // dtype) this rank's residual's norm. The report's "outer_steps".
 // Streaming DiLoCo (--outer_fragments, engine.h's OuterStats): the fragment
 // (-1: every unit), the step after which its outer all-reduce began (its

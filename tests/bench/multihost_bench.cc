@@ -21,8 +21,10 @@
 // The hpZ modes (hpz, two-level-hpz, hpz-int8: flat, two-level and
 // flat-int8 with --secondary_shard_group_size=host) gather the backward's
 // parameters from the host's secondary shards (engine.h, hpZ).
-// The DiLoCo modes (diloco, diloco-bf16, diloco-int8: hsdp with
-// --sync=diloco, docs/diloco.md) cross the link only at their outer steps,
+// The DiLoCo modes (diloco, diloco-bf16, diloco-int8, diloco-int4: hsdp
+// with --sync=diloco and that --outer_dtype, docs/diloco.md; diloco-int8
+// also reduces its groups' gradients in int8, inside the host, as the other
+// -int8 modes; diloco-int4's stay f32) cross the link only at their outer steps,
 // every --outer_every=H steps: their step time is the median step plus the
 // outer steps' time spread over the steps, their counted bytes include the
 // outer steps', and they run at least 2H steps.
@@ -70,8 +72,8 @@ ABSL_FLAG(std::string, modes, "flat,two-level,hsdp",
           "--reduce_dtype=bf16), flat-int8, two-level-int8 (--gather_dtype=int8 "
           "--reduce_dtype=int8), hsdp-int8 (--reduce_dtype=int8), hpz, two-level-hpz, hpz-int8 "
           "(flat, two-level, flat-int8 with --secondary_shard_group_size=host), diloco, "
-          "diloco-bf16, diloco-int8 (hsdp with --sync=diloco --outer_every=H and that "
-          "--outer_dtype); PyTorch 2 beside "
+          "diloco-bf16, diloco-int8, diloco-int4 (hsdp with --sync=diloco --outer_every=H and "
+          "that --outer_dtype); PyTorch 2 beside "
           "them: fsdp2 (fully_shard), "
           "fsdp2-hsdp (fully_shard on a 2-D DeviceMesh: shard in a host, replicate across)");
 ABSL_FLAG(int, ranks_per_host, 2,
@@ -213,6 +215,7 @@ bool RunOne(EmulatedHosts& hosts, LocalCluster& cluster, const std::string& mode
     flags.insert(flags.end(), {"--sync=diloco", absl::StrCat("--outer_every=", every)});
     if (mode == "diloco-bf16") flags.push_back("--outer_dtype=bf16");
     if (mode == "diloco-int8") flags.push_back("--outer_dtype=int8");
+    if (mode == "diloco-int4") flags.push_back("--outer_dtype=int4");
   }
   if (mode == "hsdp-serial") flags.push_back("--replica_thread=false");
   if (mode == "hsdp-check") flags.push_back("--replica_check_every=1");
@@ -288,16 +291,16 @@ int Main() {
   const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   for (const std::string& mode : modes) {
     static const char* const kOurs[] = {
-        "flat",      "two-level",      "hsdp",        "hsdp-bf16",   "flat-int8",
-        "hsdp-int8", "two-level-int8", "hsdp-serial", "hpz",         "two-level-hpz",
-        "hpz-int8",  "hsdp-check",     "diloco",      "diloco-bf16", "diloco-int8"};
+        "flat",           "two-level",   "hsdp",        "hsdp-bf16",     "flat-int8", "hsdp-int8",
+        "two-level-int8", "hsdp-serial", "hpz",         "two-level-hpz", "hpz-int8",  "hsdp-check",
+        "diloco",         "diloco-bf16", "diloco-int8", "diloco-int4"};
     if (std::find(std::begin(kOurs), std::end(kOurs), mode) == std::end(kOurs) &&
         !IsTorchMode(mode)) {
       std::fprintf(
           stderr,
           "--modes: '%s' is not flat, two-level, hsdp, hsdp-serial, hsdp-check, hsdp-bf16, "
           "flat-int8, two-level-int8, hsdp-int8, hpz, two-level-hpz, hpz-int8, diloco, "
-          "diloco-bf16, diloco-int8, fsdp2 or "
+          "diloco-bf16, diloco-int8, diloco-int4, fsdp2 or "
           "fsdp2-hsdp\n",
           mode.c_str());
       return 2;

@@ -250,7 +250,7 @@ TEST(DiLoCoFlagsTest, BadFlagsAreRefusedNamingWhatToSet) {
       {{"--sync=diloco", "--shard_group_size=2", "--outer_momentum=1"},
        "--outer_momentum=1: expected a Nesterov momentum in [0, 1)"},
       {{"--sync=diloco", "--shard_group_size=2", "--outer_dtype=fp8"},
-       "--outer_dtype=fp8: expected f32, bf16 or int8"},
+       "--outer_dtype=fp8: expected f32, bf16, int8 or int4"},
       {{"--sync=diloco", "--shard_group_size=2", "--outer_every=4", "--checkpoint_dir=/tmp",
         "--checkpoint_every=6"},
        "use a multiple of --outer_every"},
@@ -272,13 +272,14 @@ TEST(DiLoCoFlagsTest, BadFlagsAreRefusedNamingWhatToSet) {
   }
 }
 
-// int8 outer all-reduce (--outer_dtype=int8) with Adam inside, H = 2: the
-// loss goes down and stays finite, each outer step sends about a quarter of
-// f32's bytes (int8 values and one f32 scale per 256, against f32's ring;
-// both with 2 replicas), and every outer step keeps a residual (what the
+// int8 and int4 outer all-reduces (--outer_dtype=int8, int4) with Adam
+// inside, H = 2: the loss goes down and stays finite, each outer step sends
+// about a quarter (int8: values and one f32 scale per 256) or an eighth
+// (int4: nibbles and one f32 scale per 64) of f32's bytes (against f32's
+// ring; all with 2 replicas), and every outer step keeps a residual (what the
 // int8 copy lost, added to the next outer gradient): error feedback. An
 // f32 DiLoCo run sends 1/H of every-step HSDP's bytes between the groups.
-TEST_F(DiLoCoTest, Int8OuterStepsTrainWithErrorFeedback) {
+TEST_F(DiLoCoTest, Int8AndInt4OuterStepsTrainWithErrorFeedback) {
   ASSERT_TRUE(cluster_.ok());
   constexpr int kSteps = 12, kEvery = 2;
   auto flags = [&](const std::string& dtype) {
@@ -286,12 +287,14 @@ TEST_F(DiLoCoTest, Int8OuterStepsTrainWithErrorFeedback) {
                                absl::StrCat("--outer_every=", kEvery), "--outer_dtype=" + dtype});
   };
   ASSERT_TRUE(cluster_.Run("int8", 4, flags("int8")));
+  ASSERT_TRUE(cluster_.Run("int4", 4, flags("int4")));
   ASSERT_TRUE(cluster_.Run("bf16", 4, flags("bf16")));
   ASSERT_TRUE(cluster_.Run("f32", 4, flags("f32")));
   // Every-step HSDP on the same job: its replicas' all-reduce each step.
   ASSERT_TRUE(cluster_.Run("hsdp", 4,
                            kMlp.Flags(kSteps, {"--stage=3", "--batch=4", "--shard_group_size=2"})));
   const nlohmann::json int8 = cluster_.Report("int8", 0);
+  const nlohmann::json int4 = cluster_.Report("int4", 0);
   const nlohmann::json bf16 = cluster_.Report("bf16", 0);
   const nlohmann::json f32 = cluster_.Report("f32", 0);
   const std::vector<double> losses = int8["losses"];
@@ -299,6 +302,11 @@ TEST_F(DiLoCoTest, Int8OuterStepsTrainWithErrorFeedback) {
   for (double loss : losses) EXPECT_TRUE(std::isfinite(loss));
   EXPECT_LT(losses.back(), losses.front());
   ASSERT_EQ(int8["outer_steps"].size(), kSteps / kEvery);
+  ASSERT_EQ(int4["outer_steps"].size(), kSteps / kEvery);
+  const std::vector<double> int4_losses = int4["losses"];
+  ASSERT_EQ(int4_losses.size(), kSteps);
+  for (double loss : int4_losses) EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_LT(int4_losses.back(), int4_losses.front());
   ASSERT_EQ(f32["outer_steps"].size(), kSteps / kEvery);
   ASSERT_EQ(bf16["outer_steps"].size(), kSteps / kEvery);
   // Stage 3's only all-reduce is the replicas': DiLoCo's are the outer
@@ -321,6 +329,19 @@ TEST_F(DiLoCoTest, Int8OuterStepsTrainWithErrorFeedback) {
         << i;
     // 1 + 4/256 bytes an element against 4: below a third.
     EXPECT_LT(3 * q["bytes_sent"].get<int64_t>(),
+              f32["outer_steps"][i]["bytes_sent"].get<int64_t>())
+        << i;
+    // int4: a residual too, and 0.5 + 4/64 bytes an element against 4:
+    // 9/64 (~0.14, above 1/8), plus at most 8 bytes a unit's chunk (a
+    // partial block's scale, an odd byte, a word's padding), on chunks of
+    // hundreds of elements here (3 x 32 over 2 shards): below 1/6.
+    const nlohmann::json& four = int4["outer_steps"][i];
+    EXPECT_GT(four["residual_norm"].get<double>(), 0.0) << i;
+    EXPECT_TRUE(std::isfinite(four["outer_grad_norm"].get<double>())) << i;
+    EXPECT_GT(8 * four["bytes_sent"].get<int64_t>(),
+              f32["outer_steps"][i]["bytes_sent"].get<int64_t>())
+        << i;
+    EXPECT_LT(6 * four["bytes_sent"].get<int64_t>(),
               f32["outer_steps"][i]["bytes_sent"].get<int64_t>())
         << i;
   }

@@ -112,14 +112,19 @@ TEST_F(WorkerConfigTest, DiLoCoTakesItsDefaultsAndMovesTheSnapshotsToOuterSteps)
   EXPECT_EQ(config->engine.outer.every, 50);
   EXPECT_EQ(config->engine.outer.lr, 0.7);
   EXPECT_EQ(config->engine.outer.momentum, 0.9);
-  EXPECT_EQ(config->engine.outer.dtype, DType::kF32);
+  EXPECT_EQ(config->engine.outer.wire, OuterWire::kF32);
   EXPECT_EQ(config->recovery.snapshot_every, 50);
   absl::SetFlag(&FLAGS_outer_every, 4);
   absl::SetFlag(&FLAGS_outer_dtype, "int8");
   absl::SetFlag(&FLAGS_snapshot_every, 8);
   config = WorkerConfigFromFlags();
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->engine.outer.dtype, DType::kI8);
+  EXPECT_EQ(config->engine.outer.wire, OuterWire::kInt8);
+  absl::SetFlag(&FLAGS_outer_dtype, "int4");
+  config = WorkerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->engine.outer.wire, OuterWire::kInt4);
+  absl::SetFlag(&FLAGS_outer_dtype, "int8");
   EXPECT_EQ(config->recovery.snapshot_every, 8);
   absl::SetFlag(&FLAGS_snapshot_every, 6);
   EXPECT_TRUE(absl::StrContains(Refusal(), "--snapshot_every=6 with --sync=diloco --outer_every=4"))

@@ -56,6 +56,50 @@ int64_t MaxPackedBytes(const std::vector<int64_t>& extents) {
   return bytes;
 }
 
+// max|x| of a block of `count` values, or 0 where the block needs no
+// quanta: all zeros (scale 0, exact) or holding a NaN or ±Inf (scale NaN:
+// every element dequantizes to NaN, see the header); *scale is set then.
+float SpecialBlockScale(const float* x, int64_t count, float* scale) {
+  float amax = 0;
+  bool finite = true;
+  for (int64_t i = 0; i < count; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (finite && amax > 0) return amax;
+  *scale = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  return 0;
+}
+
+// The all-reduce of both widths: every rank quantizes its buffer once
+// (`quantize` into `packed` bytes), an all-gather delivers every rank's to
+// every rank, and each sums them in f32 in rank order (`dequantize` then
+// `add`): the same values in the same order, so the same bits everywhere.
+template <typename Quantize, typename Dequantize, typename Add>
+absl::Status AllReduceQuantizedOnce(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
+                                    absl::Duration timeout, const char* what, int64_t packed,
+                                    Quantize quantize, Dequantize dequantize, Add add) {
+  const int w = comm->world_size();
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": negative count ", count));
+  }
+  if (w == 1 || count == 0) return absl::OkStatus();
+  char* send = Scratch(0, packed);
+  char* recv = Scratch(1, packed * w);
+  quantize(buffer, count, send);
+  // Words of 4 bytes (nothing is added, so the dtype only sizes them).
+  if (absl::Status s = comm->AllGather(send, recv, packed / 4, DType::kF32, timeout); !s.ok()) {
+    return s;
+  }
+  dequantize(recv, count, 0, count, buffer);
+  for (int r = 1; r < w; ++r) add(recv + r * packed, count, 0, count, buffer);
+  if (op == ReduceOp::kAverage) {
+    const float divisor = static_cast<float>(w);
+    for (int64_t i = 0; i < count; ++i) buffer[i] /= divisor;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t Int8PackedBytes(int64_t n) {
@@ -71,8 +115,7 @@ namespace {
 // an f32 of magnitude below 128, whose ulp is at most 2^-17: v's low bits
 // round away, a bias below 2^-17 of a quantum. The clamp keeps
 // |r| <= 127 (1 + 2u) from reaching 128 when v is near 1.
-void RoundStochastically(const float* x, int64_t count, float ratio, std::mt19937* gen,
-                         int8_t* q) {
+void RoundStochastically(const float* x, int64_t count, float ratio, std::mt19937* gen, int8_t* q) {
   constexpr float kTwoToMinus24 = 1.0f / (1 << 24);
   for (int64_t i = 0; i < count; ++i) {
     const float v = static_cast<float>((*gen)() >> 8) * kTwoToMinus24;
@@ -95,15 +138,8 @@ void QuantizeInt8(const float* x, int64_t n, void* packed, Int8Rounding rounding
   for (int64_t block = 0; block < BlocksOf(n); ++block) {
     const int64_t begin = block * kInt8Block;
     const int64_t end = std::min(n, begin + kInt8Block);
-    float amax = 0;
-    bool finite = true;
-    for (int64_t i = begin; i < end; ++i) {
-      finite = finite && std::isfinite(x[i]);
-      amax = std::max(amax, std::fabs(x[i]));
-    }
-    if (!finite || amax == 0) {
-      // Zeros are exact; a non-finite block dequantizes to NaN (see header).
-      scales[block] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    const float amax = SpecialBlockScale(x + begin, end - begin, &scales[block]);
+    if (amax == 0) {
       std::memset(q + begin, 0, end - begin);
       continue;
     }
@@ -244,26 +280,92 @@ absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full,
 
 absl::Status QuantizedAllReduce(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
                                 absl::Duration timeout, Int8Rounding rounding) {
-  const int w = comm->world_size();
-  if (count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("all_reduce (int8): negative count ", count));
+  const Int8Rounding own = PartRounding(rounding, comm->rank(), 0);
+  return AllReduceQuantizedOnce(
+      comm, buffer, count, op, timeout, "all_reduce (int8)", Int8PackedBytes(count),
+      [own](const float* x, int64_t n, void* packed) { QuantizeInt8(x, n, packed, own); },
+      DequantizeInt8, AddDequantizedInt8);
+}
+
+// ---- Int4 ----
+
+namespace {
+
+int64_t Int4BlocksOf(int64_t n) { return (n + kInt4Block - 1) / kInt4Block; }
+
+const uint8_t* Int4ValuesOf(const void* packed, int64_t n) {
+  return reinterpret_cast<const uint8_t*>(static_cast<const char*>(packed) + 4 * Int4BlocksOf(n));
+}
+
+// Element k's quantum, from its nibble (two's complement: sign-extended by
+// an arithmetic shift of the nibble placed in a byte's top half).
+int Int4At(const uint8_t* values, int64_t k) {
+  const uint8_t byte = values[k / 2];
+  const uint8_t top = k % 2 == 0 ? static_cast<uint8_t>(byte << 4) : byte;
+  return static_cast<int8_t>(top) >> 4;
+}
+
+template <bool kAdd>
+void DequantizeNibbles(const void* packed, int64_t n, int64_t begin, int64_t count, float* out) {
+  const float* scales = ScalesOf(packed);
+  const uint8_t* values = Int4ValuesOf(packed, n);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t k = begin + i;
+    const float v = static_cast<float>(Int4At(values, k)) * scales[k / kInt4Block];
+    if (kAdd) {
+      out[i] += v;
+    } else {
+      out[i] = v;
+    }
   }
-  if (w == 1 || count == 0) return absl::OkStatus();
-  const int64_t packed = Int8PackedBytes(count);
-  char* send = Scratch(0, packed);
-  char* recv = Scratch(1, packed * w);
-  QuantizeInt8(buffer, count, send, PartRounding(rounding, comm->rank(), 0));
-  if (absl::Status s = comm->AllGather(send, recv, packed / 4, DType::kF32, timeout); !s.ok()) {
-    return s;
+}
+
+}  // namespace
+
+int64_t Int4PackedBytes(int64_t n) {
+  const int64_t bytes = 4 * Int4BlocksOf(n) + (n + 1) / 2;
+  return (bytes + 3) / 4 * 4;
+}
+
+void QuantizeInt4(const float* x, int64_t n, void* packed) {
+  float* scales = static_cast<float*>(packed);
+  uint8_t* values = const_cast<uint8_t*>(Int4ValuesOf(packed, n));
+  // Zero quanta and zero padding: blocks of zeros or non-finite values,
+  // an odd n's last high nibble and the word's padding stay 0.
+  std::memset(values, 0, Int4PackedBytes(n) - 4 * Int4BlocksOf(n));
+  for (int64_t block = 0; block < Int4BlocksOf(n); ++block) {
+    const int64_t begin = block * kInt4Block;
+    const int64_t end = std::min(n, begin + kInt4Block);
+    const float amax = SpecialBlockScale(x + begin, end - begin, &scales[block]);
+    if (amax == 0) continue;
+    scales[block] = static_cast<float>(static_cast<double>(amax) / 7.0);
+    // 7 / amax in double (amax may be so small that its f32 overflows):
+    // x * ratio errs by 2u of it, so |r| <= 7 (1 + 2u) and r + 0.5
+    // truncates to at most 7.
+    const double ratio = 7.0 / static_cast<double>(amax);
+    const float ratio_f32 = static_cast<float>(ratio);
+    const bool narrow = std::isfinite(ratio_f32);
+    for (int64_t i = begin; i < end; ++i) {
+      const double r = narrow ? static_cast<double>(x[i] * ratio_f32) : x[i] * ratio;
+      const int q = static_cast<int>(r + (r < 0 ? -0.5 : 0.5));
+      values[i / 2] |= static_cast<uint8_t>((q & 0xF) << (4 * (i % 2)));
+    }
   }
-  // Every rank sums the same quantized values in the same order.
-  DequantizeInt8(recv, count, 0, count, buffer);
-  for (int r = 1; r < w; ++r) AddDequantizedInt8(recv + r * packed, count, 0, count, buffer);
-  if (op == ReduceOp::kAverage) {
-    const float divisor = static_cast<float>(w);
-    for (int64_t i = 0; i < count; ++i) buffer[i] /= divisor;
-  }
-  return absl::OkStatus();
+}
+
+void DequantizeInt4(const void* packed, int64_t n, int64_t begin, int64_t count, float* out) {
+  DequantizeNibbles<false>(packed, n, begin, count, out);
+}
+
+void AddDequantizedInt4(const void* packed, int64_t n, int64_t begin, int64_t count, float* acc) {
+  DequantizeNibbles<true>(packed, n, begin, count, acc);
+}
+
+absl::Status QuantizedAllReduceInt4(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
+                                    absl::Duration timeout) {
+  return AllReduceQuantizedOnce(comm, buffer, count, op, timeout, "all_reduce (int4)",
+                                Int4PackedBytes(count), QuantizeInt4, DequantizeInt4,
+                                AddDequantizedInt4);
 }
 
 }  // namespace zeroshard

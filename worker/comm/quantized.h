@@ -1,4 +1,4 @@
-// Int8 block-quantized collectives (--gather_dtype=int8, --reduce_dtype=int8),
+// Int8 (and int4, below) block-quantized collectives (--gather_dtype=int8, --reduce_dtype=int8),
 // after ZeRO++'s qwZ (quantized weight all-gather) and qgZ (quantized
 // gradient reduce-scatter through an all-to-all), written here over any
 // Communicator: f32 buffers in and out, int8 plus one f32 scale per block of
@@ -38,6 +38,26 @@
 //                   (replicas stay equal), same bound as the reduce-scatter.
 // Elements outside this rank's blocks are left as they are, as in the f32
 // collectives. Errors are the communicator's.
+//
+// Int4 (DiLoCo's --outer_dtype=int4; Streaming DiLoCo, Douillard et al.
+// 2025, sends its outer gradient in 4 bits): per block of kInt4Block = 64
+// elements, max-abs scaling to the 15 levels [-7, 7] (the 16th code, -8,
+// is unused so that the range is symmetric and 0 is exact):
+//   scale = max|x| / 7;  q = round(x / scale) in [-7, 7];  x' = q * scale
+// rounded to nearest (half away from zero), two values a byte (element 2i
+// in the low nibble of byte i, 2i + 1 in the high one, two's complement).
+// So |x - x'| <= scale / 2 = max|x| / 14 per element, plus the f32
+// roundings of the ratio, the scale and the product (4u max|x|):
+// |x - x'| <= max|x| / 14 * (1 + 56 u). Zeros are exact; a block holding
+// NaN or ±Inf gets scale NaN, as int8's. Why 64 and not int8's 256: with
+// 15 levels the quantum is a seventh of the block's max, so one large value
+// flattens every small one of its block to 0; smaller blocks confine an
+// outlier to fewer neighbours, at 4 bytes of scale per block: 4 + 32 bytes
+// per 64 elements, 4.5 bits an element, 9/64 of f32's bytes (256 would
+// give 4.125 bits; 32 would give 5). The one int4 collective is the
+// all-reduce, built as int8's (quantize once, all-gather, sum in f32 in
+// rank order: every rank ends with the same bits), its error the sum over
+// ranks of max|x_r| / 14 (1 + 56 u) plus the f32 sum's.
 #ifndef ZEROSHARD_WORKER_COMM_QUANTIZED_H_
 #define ZEROSHARD_WORKER_COMM_QUANTIZED_H_
 
@@ -51,6 +71,7 @@
 namespace zeroshard {
 
 inline constexpr int64_t kInt8Block = 256;  // elements per scale
+inline constexpr int64_t kInt4Block = 64;   // elements per scale (even: whole bytes)
 
 // How a value between two quanta rounds (see above). Stochastic: `seed`
 // picks the random stream; callers give every call its own (e.g. unit and
@@ -87,6 +108,19 @@ absl::Status QuantizedReduceScatterBlocks(Communicator* comm, const float* full,
 // bits (each sums the same quantized values), whatever the rounding.
 absl::Status QuantizedAllReduce(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
                                 absl::Duration timeout, Int8Rounding rounding = {});
+
+// Bytes of `n` int4 elements: ceil(n / 64) f32 scales, then ceil(n / 2)
+// bytes of values, rounded up to a multiple of 4 (zero padding).
+int64_t Int4PackedBytes(int64_t n);
+// Quantizes x[0, n) into `packed` (Int4PackedBytes(n) bytes), to nearest.
+void QuantizeInt4(const float* x, int64_t n, void* packed);
+// out[i] = element begin + i of `packed` (n elements), for i in [0, count).
+void DequantizeInt4(const void* packed, int64_t n, int64_t begin, int64_t count, float* out);
+// acc[i] += element begin + i of `packed`, for i in [0, count).
+void AddDequantizedInt4(const void* packed, int64_t n, int64_t begin, int64_t count, float* acc);
+// As QuantizedAllReduce, through int4: every rank ends with the same bits.
+absl::Status QuantizedAllReduceInt4(Communicator* comm, float* buffer, int64_t count, ReduceOp op,
+                                    absl::Duration timeout);
 
 }  // namespace zeroshard
 

@@ -123,7 +123,7 @@ struct StepStats {
 struct OuterStats {
   int64_t outer_step = 0;  // outer steps taken so far, this one included
   // Bytes this rank sent over the replicas' communicator for it (the outer
-  // all-reduce: f32, bf16 or int8 payload and the ring's or all-gather's
+  // all-reduce: f32, bf16, int8 or int4 payload and the ring's or all-gather's
   // repeats).
   int64_t bytes_sent = 0;
   double ms = 0;  // wall time of the outer step on this rank
@@ -131,7 +131,7 @@ struct OuterStats {
   // (its shard, padding zero): every replica holds the same; summed over a
   // group's ranks it is the outer gradient's.
   double shard_squares = 0;
-  // bf16 / int8 outer dtype: squared L2 norm of this rank's kept residual
+  // bf16 / int8 / int4 outer dtype: squared L2 norm of this rank's kept residual
   // (what its wire copy lost, added to the next outer gradient); 0 in f32.
   double residual_squares = 0;
   // Streaming (FinishOuterFragment): the fragment synced (-1: every unit,
@@ -211,8 +211,8 @@ class ZeroEngine {
   // DiLoCo (EngineOptions::replica_sync kDiLoCo; engine_outer.cc): after a
   // Step, with every rank of every group calling it in the same order. This
   // rank's f32 master shard gives the outer gradient anchor - master (plus
-  // the quantization residual kept from the last outer step with a bf16 or
-  // int8 outer dtype), averaged over the replicas; the outer Nesterov SGD
+  // the quantization residual kept from the last outer step with a bf16,
+  // int8 or int4 outer dtype), averaged over the replicas; the outer Nesterov SGD
   // steps the anchor with it; master = anchor, and the copies derived from
   // it (gathered units, stages 1-2's replicated parameters, bf16 copies)
   // are refreshed, so every group holds the same parameters afterwards.
@@ -239,7 +239,7 @@ class ZeroEngine {
   // the outer momentum buffer, for the rows this rank keeps outer state of
   // (its member's shard); `outer_steps` outer steps taken so far. Without
   // `momentum` the momentum starts again at zero (its first outer step
-  // fills it, as from a fresh start). The residual of a bf16 / int8 outer
+  // fills it, as from a fresh start). The residual of a bf16 / int8 / int4 outer
   // dtype starts at zero (docs/diloco.md). FAILED_PRECONDITION without
   // DiLoCo, or for `momentum` with --outer_momentum=0 (no buffer).
   absl::Status InitializeOuterState(const RowSource& anchor, const RowSource* momentum,
@@ -257,7 +257,7 @@ class ZeroEngine {
   }
   // After a Step, on every rank in the same order: this rank's outer
   // gradient of the fragment's units (anchor - master, plus the residual;
-  // bf16 / int8 wire copies made here) into the buffers planned at Create,
+  // bf16 / int8 / int4 wire copies made here) into the buffers planned at Create,
   // then its all-reduce over the replicas queued on the replica thread; the
   // call returns without waiting for it, so the compute thread goes on with
   // the next steps. `tag` comes back in the stats. One fragment pending at
@@ -295,7 +295,7 @@ class ZeroEngine {
     float* exp_avg_sq;  // null without moments
     // DiLoCo: the piece's outer anchor and outer momentum buffer (null
     // without DiLoCo; the momentum also with --outer_momentum=0). The
-    // residual of a bf16 / int8 outer dtype is not visited: each rank's
+    // residual of a bf16 / int8 / int4 outer dtype is not visited: each rank's
     // differs (docs/diloco.md).
     float* outer_anchor;
     float* outer_momentum;
@@ -586,7 +586,7 @@ class ZeroEngine {
   std::vector<char> hash_staging_;
   StepTimes times_;  // of the step in progress
   // DiLoCo: outer steps taken; the outer gradient of one unit (the largest
-  // chunk, f32) and its bf16 wire copy; int8's packed copy (host).
+  // chunk, f32) and its bf16 wire copy; int8's or int4's packed copy (host).
   int64_t outer_steps_ = 0;
   TrackedBuffer outer_delta_;
   TrackedBuffer outer_wire_;

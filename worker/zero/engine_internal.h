@@ -57,7 +57,7 @@ struct ZeroEngine::UnitState {
   std::unique_ptr<Optimizer> optimizer;
   // DiLoCo (engine_outer.cc): the parameters of the last outer step (chunk
   // f32, the master shard's layout), the outer SGD over it (its momentum),
-  // and, with a bf16 or int8 outer dtype, the quantization residual of this
+  // and, with a bf16, int8 or int4 outer dtype, the quantization residual of this
   // rank's last outer gradient (error feedback). Empty without DiLoCo.
   TrackedBuffer anchor;
   std::unique_ptr<Optimizer> outer_optimizer;

@@ -29,16 +29,43 @@ enum class ReplicaSync {
   kDiLoCo,
 };
 
+// How DiLoCo's outer all-reduce sends the outer gradient (--outer_dtype):
+// f32, bf16 (the comm's own dtype), or int8 / int4 blocks of values with
+// one f32 scale each (worker/comm/quantized.h). Not a DType: 4 bits is no
+// tensor dtype of this project, only a wire format.
+enum class OuterWire { kF32, kBF16, kInt8, kInt4 };
+
+// The flag's and the reports' name: "f32", "bf16", "int8", "int4".
+inline const char* OuterWireName(OuterWire wire) {
+  switch (wire) {
+    case OuterWire::kF32:
+      return "f32";
+    case OuterWire::kBF16:
+      return "bf16";
+    case OuterWire::kInt8:
+      return "int8";
+    case OuterWire::kInt4:
+      return "int4";
+  }
+  return "unknown";
+}
+
+// Whether the wire is block-quantized (int8, int4): quantized on host
+// memory, to nearest, through worker/comm/quantized.h.
+inline bool QuantizedOuterWire(OuterWire wire) {
+  return wire == OuterWire::kInt8 || wire == OuterWire::kInt4;
+}
+
 // DiLoCo's outer step (--outer_every, --outer_lr, --outer_momentum,
 // --outer_dtype).
 struct OuterOptions {
   int every = 50;         // H: inner steps per outer step (the worker's schedule)
   double lr = 0.7;        // the outer SGD's learning rate
   double momentum = 0.9;  // Nesterov momentum; 0: plain SGD
-  // The outer all-reduce's wire dtype: f32, bf16 or int8 (worker/comm/
-  // quantized.h). bf16 and int8 keep each rank's quantization residual and
+  // The outer all-reduce's wire: f32, bf16, int8 or int4 (worker/comm/
+  // quantized.h). All but f32 keep each rank's quantization residual and
   // add it to the next outer gradient (error feedback).
-  DType dtype = DType::kF32;
+  OuterWire wire = OuterWire::kF32;
   // Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with
   // overlapping communication"; --outer_fragments, --outer_delay,
   // --outer_mix; engine_outer_stream.cc): the units split into `fragments`

@@ -52,20 +52,21 @@ absl::Status ValidateOuterOptions(const EngineOptions& options, int replicas) {
         "DiLoCo's outer step every ", outer.every, " steps at lr ", outer.lr, " momentum ",
         outer.momentum, ": expected every >= 1, lr > 0 and momentum in [0, 1)"));
   }
-  if (outer.dtype != DType::kF32 && outer.dtype != DType::kBF16 && outer.dtype != DType::kI8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "outer dtype ", DTypeName(outer.dtype), " is not supported: expected f32, bf16 or int8"));
+  if (outer.wire < OuterWire::kF32 || outer.wire > OuterWire::kInt4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer wire ", static_cast<int>(outer.wire),
+                     " is not supported: expected f32, bf16, int8 or int4"));
   }
   if (outer.fragments < 1 || outer.delay < 0 || !(outer.mix >= 0 && outer.mix <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "streaming DiLoCo with ", outer.fragments, " fragments, delay ", outer.delay, ", mix ",
         outer.mix, ": expected fragments >= 1, delay >= 0 and mix in [0, 1]"));
   }
-  if (outer.dtype == DType::kI8 && options.backend != nullptr &&
+  if (QuantizedOuterWire(outer.wire) && options.backend != nullptr &&
       !options.backend->host_accessible()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("int8 outer steps quantize on host memory; backend '", options.backend->name(),
-                     "' is not: use an f32 or bf16 outer dtype there"));
+        absl::StrCat(OuterWireName(outer.wire), " outer steps quantize on host memory; backend '",
+                     options.backend->name(), "' is not: use an f32 or bf16 outer dtype there"));
   }
   return absl::OkStatus();
 }
@@ -87,7 +88,7 @@ absl::Status ZeroEngine::AllocateOuterState() {
     largest = std::max(largest, chunk);
     UnitState& st = *state_[u];
     st.anchor = TrackedBuffer(&memory_, MemoryCategory::kOptimizerState, Bytes(chunk, DType::kF32));
-    if (outer.dtype != DType::kF32) {
+    if (outer.wire != OuterWire::kF32) {
       st.outer_residual =
           TrackedBuffer(&memory_, MemoryCategory::kOptimizerState, Bytes(chunk, DType::kF32));
     }
@@ -100,11 +101,12 @@ absl::Status ZeroEngine::AllocateOuterState() {
     memory_.Add(MemoryCategory::kOptimizerState, st.outer_optimizer->StateBytes());
   }
   outer_delta_ = TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(largest, DType::kF32));
-  if (outer.dtype == DType::kBF16) {
+  if (outer.wire == OuterWire::kBF16) {
     outer_wire_ =
         TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(largest, DType::kBF16));
   }
-  if (outer.dtype == DType::kI8) outer_packed_.resize(Int8PackedBytes(largest));
+  if (outer.wire == OuterWire::kInt8) outer_packed_.resize(Int8PackedBytes(largest));
+  if (outer.wire == OuterWire::kInt4) outer_packed_.resize(Int4PackedBytes(largest));
   return PlanOuterFragments();
 }
 
@@ -212,7 +214,7 @@ absl::Status ZeroEngine::ApplyOuterGradient(int unit, float* delta, double mix, 
 
 // delta = anchor - master: the negated change (-master + anchor, the same
 // rounding as anchor - master), plus the residual (error feedback: what the
-// last one's wire lost). bf16 and int8: the part of this rank's delta its
+// last one's wire lost). bf16, int8, int4: the part of this rank's delta its
 // wire copy loses is kept in the residual for the next outer step, so no
 // change is lost for good, only delayed.
 absl::Status ZeroEngine::OuterGradientInto(Communicator* comm, int unit, float* delta, void* wire) {
@@ -230,18 +232,23 @@ absl::Status ZeroEngine::OuterGradientInto(Communicator* comm, int unit, float* 
     if (residual != nullptr) backend_->Zero(residual, Bytes(n, DType::kF32));
     return backend_->Synchronize();
   }
-  const DType dtype = options_.outer.dtype;
-  if (dtype == DType::kBF16) {
+  const OuterWire wire_format = options_.outer.wire;
+  if (wire_format == OuterWire::kBF16) {
     // residual = delta - widen(bf16(delta)), through residual = -(-delta + wire).
     backend_->Convert(delta, DType::kF32, wire, DType::kBF16, n);
     backend_->Copy(residual, delta, Bytes(n, DType::kF32));
     backend_->Scale(residual, n, -1.0f);
     backend_->AddInto(wire, DType::kBF16, residual, n);
     backend_->Scale(residual, n, -1.0f);
-  } else if (dtype == DType::kI8) {
-    // The same nearest rounding QuantizedAllReduce sends (host memory).
-    QuantizeInt8(delta, n, outer_packed_.data());
-    DequantizeInt8(outer_packed_.data(), n, 0, n, residual);
+  } else if (QuantizedOuterWire(wire_format)) {
+    // The same nearest rounding QuantizedAllReduce(Int4) sends (host memory).
+    if (wire_format == OuterWire::kInt8) {
+      QuantizeInt8(delta, n, outer_packed_.data());
+      DequantizeInt8(outer_packed_.data(), n, 0, n, residual);
+    } else {
+      QuantizeInt4(delta, n, outer_packed_.data());
+      DequantizeInt4(outer_packed_.data(), n, 0, n, residual);
+    }
     for (int64_t i = 0; i < n; ++i) residual[i] = delta[i] - residual[i];
     return absl::OkStatus();
   }
@@ -257,17 +264,19 @@ absl::Status ZeroEngine::AllReduceOuterGradient(Communicator* comm, int unit, fl
   if (comm == nullptr) return absl::OkStatus();  // one group: its own mean
   const UnitLayout& layout = units_[unit];
   const int64_t n = layout.chunk_elements;
-  const DType dtype = options_.outer.dtype;
+  const OuterWire wire_format = options_.outer.wire;
   absl::Status s;
   EnterCollective(kReplicaStream, "all_reduce", layout.name);
-  if (dtype == DType::kBF16) {
+  if (wire_format == OuterWire::kBF16) {
     s = comm->AllReduce(wire, n, DType::kBF16, ReduceOp::kAverage, options_.collective_timeout);
     if (s.ok()) {
       backend_->Convert(wire, DType::kBF16, delta, DType::kF32, n);
       s = backend_->Synchronize();
     }
-  } else if (dtype == DType::kI8) {
+  } else if (wire_format == OuterWire::kInt8) {
     s = QuantizedAllReduce(comm, delta, n, ReduceOp::kAverage, options_.collective_timeout);
+  } else if (wire_format == OuterWire::kInt4) {
+    s = QuantizedAllReduceInt4(comm, delta, n, ReduceOp::kAverage, options_.collective_timeout);
   } else {
     s = comm->AllReduce(delta, n, DType::kF32, ReduceOp::kAverage, options_.collective_timeout);
   }

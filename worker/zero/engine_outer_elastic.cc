@@ -136,7 +136,7 @@ absl::Status ZeroEngine::ZeroStaleOuterGradient(int unit, float* delta, void* wi
   UnitState& st = *state_[unit];
   const int64_t n = units_[unit].chunk_elements;
   backend_->Zero(delta, Bytes(n, DType::kF32));
-  if (wire != nullptr && options_.outer.dtype == DType::kBF16) {
+  if (wire != nullptr && options_.outer.wire == OuterWire::kBF16) {
     backend_->Zero(wire, Bytes(n, DType::kBF16));
   }
   if (!st.outer_residual.empty())

@@ -70,7 +70,7 @@ absl::Status ZeroEngine::PlanOuterFragments() {
   }
   fragment_delta_ =
       TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(largest, DType::kF32));
-  if (options_.outer.dtype == DType::kBF16) {
+  if (options_.outer.wire == OuterWire::kBF16) {
     fragment_wire_ =
         TrackedBuffer(&memory_, MemoryCategory::kCommBuffers, Bytes(largest, DType::kBF16));
   }

@@ -1,4 +1,5 @@
-// The int8 block quantization and the quantized collectives (quantized.h):
+// The int8 and int4 block quantizations and the quantized collectives
+// (quantized.h):
 // the per-element error bound holds, zeros are exact, non-finite blocks come
 // back NaN, and all-gather, reduce-scatter and all-reduce over TCP (W = 3),
 // shared memory (W = 3) and two levels (W = 4 on 2 hosts) equal an f64
@@ -17,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -68,7 +70,7 @@ std::vector<float> RoundTrip(const std::vector<float>& x, Int8Rounding rounding 
 
 TEST(QuantizeInt8Test, PackedBytesAreScalesThenValuesInWords) {
   EXPECT_EQ(Int8PackedBytes(0), 0);
-  EXPECT_EQ(Int8PackedBytes(1), 8);        // 4 (scale) + 1, to a word
+  EXPECT_EQ(Int8PackedBytes(1), 8);  // 4 (scale) + 1, to a word
   EXPECT_EQ(Int8PackedBytes(256), 260);
   EXPECT_EQ(Int8PackedBytes(257), 4 * 2 + 260);
 }
@@ -174,6 +176,125 @@ TEST(QuantizeInt8Test, StochasticRoundingKeepsValuesBelowHalfAQuantumOnAverage) 
   }
 }
 
+// ---- Int4 ----
+//
+// Error model (quantized.h): one int4 quantization of a block of 64 with
+// max-abs m errs by at most half its quantum m / 7, m / 14, plus the f32
+// roundings of the ratio 7 / m, the scale and the product (4 u m):
+// m / 14 * (1 + 56 u).
+constexpr double kInt4RelSlack = 1 + 56 * kU;
+
+double Int4BlockMax(const std::vector<float>& x, int64_t i) {
+  const int64_t begin = i / kInt4Block * kInt4Block;
+  const int64_t end = std::min<int64_t>(x.size(), begin + kInt4Block);
+  double m = 0;
+  for (int64_t k = begin; k < end; ++k) m = std::max(m, std::fabs(double{x[k]}));
+  return m;
+}
+
+std::vector<float> Int4RoundTrip(const std::vector<float>& x) {
+  const int64_t n = x.size();
+  std::vector<char> packed(Int4PackedBytes(n));
+  QuantizeInt4(x.data(), n, packed.data());
+  std::vector<float> out(n);
+  DequantizeInt4(packed.data(), n, 0, n, out.data());
+  return out;
+}
+
+TEST(QuantizeInt4Test, PackedBytesAreScalesThenNibblesInWords) {
+  EXPECT_EQ(Int4PackedBytes(0), 0);
+  EXPECT_EQ(Int4PackedBytes(1), 8);     // 4 (scale) + 1 byte, to a word
+  EXPECT_EQ(Int4PackedBytes(3), 8);     // 4 + 2
+  EXPECT_EQ(Int4PackedBytes(64), 36);   // 4 + 32: 9/64 of f32's 256
+  EXPECT_EQ(Int4PackedBytes(65), 44);   // 8 + 33, to a word
+  EXPECT_EQ(Int4PackedBytes(128), 72);  // 8 + 64
+}
+
+// Five values of a block whose max is 7: scale 1, q = x. Element 2i is byte
+// i's low nibble, 2i + 1 its high one, two's complement; the odd n's last
+// high nibble and the word's padding are 0.
+TEST(QuantizeInt4Test, OddCountsPackTwoNibblesAByteAndZeroTheRest) {
+  const std::vector<float> x = {7.0f, -7.0f, 3.0f, 0.0f, -1.0f};
+  std::vector<unsigned char> packed(Int4PackedBytes(5), 0xAB);
+  ASSERT_EQ(packed.size(), 8u);
+  QuantizeInt4(x.data(), 5, packed.data());
+  float scale = 0;
+  std::memcpy(&scale, packed.data(), 4);
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(packed[4], 0x97);  // 7, then -7 = 0b1001
+  EXPECT_EQ(packed[5], 0x03);  // 3, then 0
+  EXPECT_EQ(packed[6], 0x0F);  // -1 = 0b1111, then the odd tail's 0
+  EXPECT_EQ(packed[7], 0x00);  // padding
+  EXPECT_EQ(Int4RoundTrip(x), x);
+}
+
+TEST(QuantizeInt4Test, ErrorIsAtMostTheBlockMaxOver14) {
+  // Blocks of very different magnitudes, a block of zeros, and odd tails:
+  // whole blocks, a partial one, one element.
+  for (int64_t n : {int64_t{1}, int64_t{63}, int64_t{65}, int64_t{7 * 64 + 37}}) {
+    std::vector<float> x = Random(n, 1 + n);
+    for (int64_t i = 0; i < n; ++i) x[i] *= std::pow(10.0f, static_cast<float>(i / 64 % 5) - 2);
+    if (n > 3 * 64) std::fill(x.begin() + 2 * 64, x.begin() + 3 * 64, 0.0f);
+    const std::vector<float> y = Int4RoundTrip(x);
+    for (int64_t i = 0; i < n; ++i) {
+      const double bound = Int4BlockMax(x, i) / 14 * kInt4RelSlack;
+      ASSERT_LE(std::fabs(double{y[i]} - x[i]), bound) << "n " << n << " element " << i;
+      if (x[i] == 0) {
+        ASSERT_EQ(y[i], 0.0f) << "zeros are exact: n " << n << " element " << i;
+      }
+    }
+  }
+  // The block max itself is exact (q = ±7).
+  EXPECT_EQ(Int4RoundTrip({3.5f, -1.0f})[0], 3.5f);
+}
+
+TEST(QuantizeInt4Test, ARangeDequantizesAsTheWholeAndAddsOntoAnAccumulator) {
+  const int64_t n = 3 * 64 + 11;
+  const std::vector<float> x = Random(n, 5);
+  std::vector<char> packed(Int4PackedBytes(n));
+  QuantizeInt4(x.data(), n, packed.data());
+  std::vector<float> whole(n);
+  DequantizeInt4(packed.data(), n, 0, n, whole.data());
+  // From an odd element across a block boundary to the tail.
+  const int64_t begin = 61, count = n - 61;
+  std::vector<float> part(count), acc(count, 0.25f);
+  DequantizeInt4(packed.data(), n, begin, count, part.data());
+  AddDequantizedInt4(packed.data(), n, begin, count, acc.data());
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_EQ(part[i], whole[begin + i]) << i;
+    ASSERT_EQ(acc[i], 0.25f + whole[begin + i]) << i;  // one f32 sum, the same as here
+  }
+}
+
+TEST(QuantizeInt4Test, ANonFiniteValueMakesItsWholeBlockNaNAndOnlyIt) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = Random(3 * 64 + 5, 2);
+    x[64 + 5] = bad;
+    const std::vector<float> y = Int4RoundTrip(x);
+    for (size_t i = 64; i < 128; ++i) EXPECT_TRUE(std::isnan(y[i])) << i;
+    for (size_t i : {size_t{0}, size_t{63}, size_t{128}, size_t{3 * 64 + 4}}) {
+      EXPECT_TRUE(std::isfinite(y[i])) << i;
+    }
+  }
+}
+
+TEST(QuantizeInt4Test, HugeAndTinyValuesKeepTheBound) {
+  // 3e38: the scale is finite; 1e-39: 7 / m overflows f32 (the double path).
+  for (const std::vector<float>& x :
+       {std::vector<float>{3e38f, -1e38f, 1.0f, -2e-38f}, std::vector<float>{1e-39f, -3e-40f, 0.0f},
+        std::vector<float>{1e-30f, -3e-31f, 0.0f}}) {
+    const std::vector<float> y = Int4RoundTrip(x);
+    for (size_t i = 0; i < x.size(); ++i) {
+      // Subnormal scales and products round to the subnormal spacing 2^-149
+      // (absolute error 2^-150, not relative): the scale's, times |q| <= 7,
+      // and the product's, 8 * 2^-150 = 2^-147 on top of the relative bound.
+      const double bound = Int4BlockMax(x, i) / 14 * kInt4RelSlack + std::ldexp(1.0, -147);
+      EXPECT_LE(std::fabs(double{y[i]} - x[i]), bound) << i << " of a block with max " << x[0];
+    }
+  }
+}
+
 // ---- Collectives ----
 
 enum class Transport { kTcp, kShm, kTwoLevel };
@@ -248,9 +369,9 @@ TEST_P(QuantizedCollectiveTest, AllGatherIsEachShardQuantizedOnce) {
   std::vector<std::vector<float>> shards(w_), out(w_, std::vector<float>(full, -1.0f));
   for (int r = 0; r < w_; ++r) shards[r] = Random(shard_elements, 10 + r, 1.0f + r);
   RunThreads(w_, [&](int r) {
-    ASSERT_TRUE(QuantizedAllGatherBlocks(comms_[r].get(), shards[r].data(), out[r].data(), blocks,
-                                         kTimeout)
-                    .ok());
+    ASSERT_TRUE(
+        QuantizedAllGatherBlocks(comms_[r].get(), shards[r].data(), out[r].data(), blocks, kTimeout)
+            .ok());
   });
   for (const ShardBlock& b : blocks) {
     for (int64_t i = 0; i < b.count; ++i) {
@@ -278,8 +399,8 @@ void QuantizedCollectiveTest::ExpectReduceScatterWithinTheBound(Int8Rounding rou
   std::vector<std::vector<float>> in(w_), shard(w_, std::vector<float>(600, 7.0f));
   for (int r = 0; r < w_; ++r) in[r] = Random(full, 20 + r, 1.0f + r);
   RunThreads(w_, [&](int r) {
-    ASSERT_TRUE(QuantizedReduceScatterBlocks(comms_[r].get(), in[r].data(), shard[r].data(),
-                                             blocks, ReduceOp::kAverage, kTimeout, rounding)
+    ASSERT_TRUE(QuantizedReduceScatterBlocks(comms_[r].get(), in[r].data(), shard[r].data(), blocks,
+                                             ReduceOp::kAverage, kTimeout, rounding)
                     .ok());
   });
   std::vector<bool> written(600);
@@ -297,9 +418,10 @@ void QuantizedCollectiveTest::ExpectReduceScatterWithinTheBound(Int8Rounding rou
         double m = 0;
         for (const ShardBlock& o : blocks) {
           if (o.rank != b.rank) continue;
-          const int64_t lo = std::max(o.shard_offset, (b.shard_offset + i) / kInt8Block * kInt8Block);
-          const int64_t hi =
-              std::min(o.shard_offset + o.count, (b.shard_offset + i) / kInt8Block * kInt8Block + kInt8Block);
+          const int64_t lo =
+              std::max(o.shard_offset, (b.shard_offset + i) / kInt8Block * kInt8Block);
+          const int64_t hi = std::min(o.shard_offset + o.count,
+                                      (b.shard_offset + i) / kInt8Block * kInt8Block + kInt8Block);
           for (int64_t k = lo; k < hi; ++k) {
             m = std::max(m, std::fabs(double{in[r][o.full_offset + k - o.shard_offset]}));
           }
@@ -328,9 +450,9 @@ void QuantizedCollectiveTest::ExpectAllReduceWithinTheBound(Int8Rounding roundin
   for (int r = 0; r < w_; ++r) buf[r] = Random(n, 30 + r, 1.0f + r);
   const std::vector<std::vector<float>> in = buf;
   RunThreads(w_, [&](int r) {
-    ASSERT_TRUE(QuantizedAllReduce(comms_[r].get(), buf[r].data(), n, ReduceOp::kSum, kTimeout,
-                                   rounding)
-                    .ok());
+    ASSERT_TRUE(
+        QuantizedAllReduce(comms_[r].get(), buf[r].data(), n, ReduceOp::kSum, kTimeout, rounding)
+            .ok());
   });
   for (int64_t i = 0; i < n; ++i) {
     double sum = 0, bound = 0, abs_sum = 0;
@@ -344,6 +466,35 @@ void QuantizedCollectiveTest::ExpectAllReduceWithinTheBound(Int8Rounding roundin
       ASSERT_EQ(buf[r][i], buf[0][i]) << "replicas must stay equal";
     }
     ASSERT_LE(std::fabs(buf[0][i] - sum), bound) << i;
+  }
+}
+
+// int4's all-reduce: every rank ends with the same bits, and they are
+// exactly the f32 sum, in rank order, of each rank's dequantized buffer
+// (the one quantization each buffer gets), divided by W for an average:
+// no tolerance, the same operations in the same order. An odd count with a
+// partial last block.
+TEST_P(QuantizedCollectiveTest, Int4AllReduceIsTheRankOrderSumOfTheDequantizedBuffers) {
+  const int64_t n = 1001;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    std::vector<std::vector<float>> buf(w_);
+    for (int r = 0; r < w_; ++r) buf[r] = Random(n, 40 + r, 1.0f + r);
+    std::vector<float> want(n, 0.0f);
+    for (int r = 0; r < w_; ++r) {
+      const std::vector<float> wire = Int4RoundTrip(buf[r]);
+      for (int64_t i = 0; i < n; ++i) want[i] = r == 0 ? wire[i] : want[i] + wire[i];
+    }
+    if (op == ReduceOp::kAverage) {
+      for (float& v : want) v /= static_cast<float>(w_);
+    }
+    RunThreads(w_, [&](int r) {
+      ASSERT_TRUE(QuantizedAllReduceInt4(comms_[r].get(), buf[r].data(), n, op, kTimeout).ok());
+    });
+    for (int r = 0; r < w_; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(buf[r][i], want[i]) << "rank " << r << " element " << i;
+      }
+    }
   }
 }
 

@@ -58,7 +58,7 @@ void TrainRank(const ShardPlan& plan, const MlpConfig& mlp, InMemoryKvStore& sto
   options.replicas = replicas->get();
   options.numerics = numerics->get();
   options.replica_sync = ReplicaSync::kDiLoCo;
-  options.outer = OuterOptions{kEvery, kOuterLr, kMomentum, DType::kF32};
+  options.outer = OuterOptions{kEvery, kOuterLr, kMomentum, OuterWire::kF32};
   auto engine =
       ZeroEngine::Create(model->get(), plan, gather->get(), reduce->get(), aux->get(), options);
   ASSERT_TRUE(engine.ok()) << engine.status();

@@ -35,7 +35,7 @@ struct RankTrace {
   std::vector<OuterStats> stats;
 };
 
-std::vector<RankTrace> Train(DType outer_dtype) {
+std::vector<RankTrace> Train(OuterWire outer_dtype) {
   MlpConfig mlp{2, kWidth, "gelu"};
   auto probe = MlpModel::Create(mlp);
   EXPECT_TRUE(probe.ok());
@@ -99,7 +99,7 @@ std::vector<RankTrace> Train(DType outer_dtype) {
 // sum, and the carried buffer's own over k + 1 rounds), each within u of the
 // largest term in play: 16 u of max(|a|, lr |g|, lr |buf|), as in
 // engine_outer_test.
-void CheckOneGroup(DType dtype) {
+void CheckOneGroup(OuterWire dtype) {
   const std::vector<RankTrace> traces = Train(dtype);
   for (int rank = 0; rank < kWorld; ++rank) {
     const RankTrace& t = traces[rank];
@@ -130,13 +130,13 @@ void CheckOneGroup(DType dtype) {
 }
 
 TEST(EngineOuterOneGroupTest, F32OuterStepIsTheGroupsOwnNesterovStep) {
-  CheckOneGroup(DType::kF32);
+  CheckOneGroup(OuterWire::kF32);
 }
 
 // int8: with no peer nothing is quantized; the residual stays zero, so the
 // outer gradient is the exact change in every round.
 TEST(EngineOuterOneGroupTest, Int8OuterStepSendsNothingAndKeepsNoResidual) {
-  CheckOneGroup(DType::kI8);
+  CheckOneGroup(OuterWire::kInt8);
 }
 
 }  // namespace

@@ -108,8 +108,8 @@ void InnerStep(int rank, int step, ZeroEngine& e, MlpModel& m) {
   ASSERT_TRUE(stats->verdict.finite());
 }
 
-OuterOptions Outer(int fragments, int delay, double mix, DType dtype = DType::kF32) {
-  OuterOptions o{/*every=*/2, kOuterLr, kMomentum, dtype};
+OuterOptions Outer(int fragments, int delay, double mix, OuterWire wire = OuterWire::kF32) {
+  OuterOptions o{/*every=*/2, kOuterLr, kMomentum, wire};
   o.fragments = fragments;
   o.delay = delay;
   o.mix = mix;
@@ -135,7 +135,7 @@ Shards TwoRounds(const OuterOptions& outer,
   return shards;
 }
 
-void CheckFragmentPathsAreOuterStep(DType dtype) {
+void CheckFragmentPathsAreOuterStep(OuterWire dtype) {
   std::vector<std::vector<int64_t>> full_bytes, one_bytes, three_bytes;
   const Shards full = TwoRounds(
       Outer(1, 0, 0.5, dtype),
@@ -175,14 +175,15 @@ void CheckFragmentPathsAreOuterStep(DType dtype) {
 }
 
 TEST(EngineOuterStreamTest, FragmentPathsAreOuterStepBitwise) {
-  CheckFragmentPathsAreOuterStep(DType::kF32);
+  CheckFragmentPathsAreOuterStep(OuterWire::kF32);
 }
 
-// bf16's wire copy in the fragment's buffer and int8's quantized all-reduce
-// on the replica thread, with their residuals: the same bits too.
-TEST(EngineOuterStreamTest, Bf16AndInt8FragmentPathsAreOuterStepBitwise) {
-  CheckFragmentPathsAreOuterStep(DType::kBF16);
-  CheckFragmentPathsAreOuterStep(DType::kI8);
+// bf16's wire copy in the fragment's buffer and int8's and int4's quantized
+// all-reduces on the replica thread, with their residuals: the same bits too.
+TEST(EngineOuterStreamTest, Bf16Int8AndInt4FragmentPathsAreOuterStepBitwise) {
+  CheckFragmentPathsAreOuterStep(OuterWire::kBF16);
+  CheckFragmentPathsAreOuterStep(OuterWire::kInt8);
+  CheckFragmentPathsAreOuterStep(OuterWire::kInt4);
 }
 
 // What a rank saw around one fragment's outer step.

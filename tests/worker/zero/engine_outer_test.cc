@@ -3,8 +3,8 @@
 // 3, and stage 2 with bf16 parameters): two outer rounds of H = 2 Adam steps on each group's own
 // rows. From each rank's master shard before and after every outer step, the test computes the
 // outer step again — the replicas' mean of anchor - master, Nesterov momentum carried from round to
-// round, the int8 wire's dequantized values and the residual fed into the next round — and checks
-// the engine's.
+// round, the int8 / int4 wire's dequantized values and the residual fed into the next round — and
+// checks the engine's.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -45,7 +45,7 @@ struct RankTrace {
   std::vector<double> shared_loss;
 };
 
-std::vector<RankTrace> Train(DType outer_dtype, int stage, DType param_dtype) {
+std::vector<RankTrace> Train(OuterWire outer_dtype, int stage, DType param_dtype) {
   MlpConfig mlp{2, kWidth, "gelu"};
   auto probe = MlpModel::Create(mlp);
   EXPECT_TRUE(probe.ok());
@@ -116,24 +116,33 @@ std::vector<RankTrace> Train(DType outer_dtype, int stage, DType param_dtype) {
 }
 
 // The wire's view of this rank's outer gradient x (whole chunks, unit by
-// unit): x itself in f32; int8's dequantized blocks (what QuantizedAllReduce
-// sends), with the residual x - wire.
+// unit): x itself in f32; int8's or int4's dequantized blocks (what
+// QuantizedAllReduce(Int4) sends), with the residual x - wire.
 std::vector<float> Wire(const std::vector<float>& x, const std::vector<int64_t>& chunks,
-                        DType dtype) {
-  if (dtype == DType::kF32) return x;
+                        OuterWire dtype) {
+  if (dtype == OuterWire::kF32) return x;
   std::vector<float> wire(x.size());
   int64_t at = 0;
   for (int64_t n : chunks) {
-    std::vector<char> packed(Int8PackedBytes(n));
-    QuantizeInt8(x.data() + at, n, packed.data());
-    DequantizeInt8(packed.data(), n, 0, n, wire.data() + at);
+    if (dtype == OuterWire::kInt8) {
+      std::vector<char> packed(Int8PackedBytes(n));
+      QuantizeInt8(x.data() + at, n, packed.data());
+      DequantizeInt8(packed.data(), n, 0, n, wire.data() + at);
+    } else {
+      std::vector<char> packed(Int4PackedBytes(n));
+      QuantizeInt4(x.data() + at, n, packed.data());
+      DequantizeInt4(packed.data(), n, 0, n, wire.data() + at);
+    }
     at += n;
   }
   return wire;
 }
 
-void CheckOuterSteps(DType dtype, int stage = 3, DType param_dtype = DType::kF32) {
-  const std::vector<RankTrace> traces = Train(dtype, stage, param_dtype);
+// `kept`: where the traces go, for checks of their own (null: dropped).
+void CheckOuterSteps(OuterWire dtype, int stage = 3, DType param_dtype = DType::kF32,
+                     std::vector<RankTrace>* kept = nullptr) {
+  std::vector<RankTrace> traces = Train(dtype, stage, param_dtype);
+  if (kept != nullptr) *kept = traces;
   for (int rank = 0; rank < kWorld; ++rank) {
     const int peer = (rank + kGroup) % kWorld;  // the same shard in the other group
     const RankTrace& t = traces[rank];
@@ -153,7 +162,7 @@ void CheckOuterSteps(DType dtype, int stage = 3, DType param_dtype = DType::kF32
       const std::vector<float> wire = Wire(x, t.chunks, dtype);
       const std::vector<float> peer_wire = Wire(px, p.chunks, dtype);
       double residual_squares = 0;
-      for (size_t i = 0; i < x.size() && dtype != DType::kF32; ++i) {
+      for (size_t i = 0; i < x.size() && dtype != OuterWire::kF32; ++i) {
         residual[i] = x[i] - wire[i];
         peer_residual[i] = px[i] - peer_wire[i];
         residual_squares += static_cast<double>(residual[i]) * residual[i];
@@ -161,7 +170,7 @@ void CheckOuterSteps(DType dtype, int stage = 3, DType param_dtype = DType::kF32
       // The residual kept is exactly what this rank's wire copy lost (sums
       // of squares in double, in another order: 1e-12 relative).
       EXPECT_NEAR(t.stats[k].residual_squares, residual_squares, 1e-12 * residual_squares + 1e-30);
-      if (dtype == DType::kI8) {
+      if (QuantizedOuterWire(dtype)) {
         EXPECT_GT(residual_squares, 0) << "round " << k;
       }
       // PyTorch's SGD(nesterov) in double: buf = momentum buf + g (g at the
@@ -190,15 +199,48 @@ void CheckOuterSteps(DType dtype, int stage = 3, DType param_dtype = DType::kF32
   }
 }
 
-TEST(EngineOuterTest, NesterovOuterStepsOverTheReplicasInF32) { CheckOuterSteps(DType::kF32); }
+TEST(EngineOuterTest, NesterovOuterStepsOverTheReplicasInF32) { CheckOuterSteps(OuterWire::kF32); }
 
-TEST(EngineOuterTest, Int8OuterStepsKeepAndFeedBackTheirResidual) { CheckOuterSteps(DType::kI8); }
+TEST(EngineOuterTest, Int8OuterStepsKeepAndFeedBackTheirResidual) {
+  CheckOuterSteps(OuterWire::kInt8);
+}
+
+// int4: the same outer step with error feedback (checked as int8's above:
+// the reference recomputes the int4 wire, so the 16 u bound is unchanged),
+// and its bytes. With 2 replicas f32's ring all-reduce sends each rank's
+// chunk once (half reduce-scattered, half all-gathered): 4 bytes an
+// element; int4's all-gather sends this rank's packed chunk to its one
+// peer: Int4PackedBytes(n) = 4 ceil(n / 64) + ceil(n / 2) to a word, i.e.
+// 0.5 + 4 / 64 bytes an element, 9/64 (~0.14) of f32's, a little more on
+// small chunks where the last block and word are partial.
+TEST(EngineOuterTest, Int4OuterStepsFeedBackTheirResidualAndSendAbout9Of64OfF32sBytes) {
+  std::vector<RankTrace> int4;
+  CheckOuterSteps(OuterWire::kInt4, 3, DType::kF32, &int4);
+  ASSERT_EQ(int4.size(), kWorld);
+  const std::vector<RankTrace> f32 = Train(OuterWire::kF32, 3, DType::kF32);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    int64_t packed = 0, elements = 0, partial = 0;
+    for (int64_t n : int4[rank].chunks) {
+      packed += Int4PackedBytes(n);
+      elements += n;
+      partial += 4 + 1 + 3;  // a partial block's scale, an odd byte, a word's padding
+    }
+    for (int k = 0; k < kRounds; ++k) {
+      EXPECT_EQ(f32[rank].stats[k].bytes_sent, 4 * elements) << "rank " << rank << " round " << k;
+      EXPECT_EQ(int4[rank].stats[k].bytes_sent, packed) << "rank " << rank << " round " << k;
+      // 9/64 of f32's, plus at most the partial blocks' and words' bytes.
+      EXPECT_LE(64 * int4[rank].stats[k].bytes_sent,
+                9 * f32[rank].stats[k].bytes_sent + 64 * partial);
+      EXPECT_GE(64 * int4[rank].stats[k].bytes_sent, 9 * f32[rank].stats[k].bytes_sent);
+    }
+  }
+}
 
 // Stage 2 with bf16 parameters: the f32 master is the shard, and the outer
 // step all-gathers the new one into the replicated bf16 parameters, which
 // the second round trains on.
 TEST(EngineOuterTest, StageTwoWithBf16ParametersRefreshesItsReplicatedCopy) {
-  CheckOuterSteps(DType::kF32, 2, DType::kBF16);
+  CheckOuterSteps(OuterWire::kF32, 2, DType::kBF16);
 }
 
 }  // namespace
