@@ -380,7 +380,7 @@ absl::Status WriteReport(const FinishedRun& run, const std::string& path) {
   out["replica_check_ms_median"] = Median(m.replica_check_ms);
   out["replica_hash_ms_median"] = Median(m.replica_hash_ms);
   out["params_sum"] = run.params_sum;
-  out["master_shard_sum"] = run.master_shard_sum;
+  if (run.master_shard_sum.has_value()) out["master_shard_sum"] = *run.master_shard_sum;
   out["step_time_ms_median"] = Median(m.step_ms);
   out["step_ms"] = m.step_ms;  // every step's, in order (this process's)
   out["step_cpu_ms_median"] = Median(m.step_cpu_ms);

@@ -4,6 +4,7 @@
 #ifndef ZEROSHARD_WORKER_RUN_REPORT_H_
 #define ZEROSHARD_WORKER_RUN_REPORT_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -169,7 +170,8 @@ struct FinishedRun {
   std::string plan_hash;
   DataPlaneDescription data_plane;  // DataPlane::description
   double params_sum = 0;            // over the whole model
-  double master_shard_sum = 0;      // this rank's f32 master shard, in order
+  // DiLoCo runs: this rank's f32 master shard, summed in order.
+  std::optional<double> master_shard_sum;
   // By rank.
   std::vector<double> model_state_bytes;
   std::vector<double> peak_bytes;

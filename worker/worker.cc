@@ -640,12 +640,16 @@ absl::Status Worker::Report() {
   absl::StatusOr<double> params_sum = e.ParamsSum();
   if (!params_sum.ok()) return Annotate(params_sum.status(), "params sum");
   params_sum_ = *params_sum;
-  // This rank's own f32 master shard, summed in order: replicas holding the
-  // same bits (DiLoCo's groups after an outer step) report the same sum.
-  absl::StatusOr<std::vector<float>> shard = e.CopyMasterShard();
-  if (!shard.ok()) return Annotate(shard.status(), "master shard sum");
-  double shard_sum = 0;
-  for (float v : *shard) shard_sum += v;
+  // DiLoCo: this rank's own f32 master shard, summed in order: replicas
+  // holding the same bits (the groups after an outer step) report the same
+  // sum. Stage 0 has no master shard (its state is not sharded).
+  std::optional<double> shard_sum;
+  if (config_.engine.replica_sync == ReplicaSync::kDiLoCo) {
+    absl::StatusOr<std::vector<float>> shard = e.CopyMasterShard();
+    if (!shard.ok()) return Annotate(shard.status(), "master shard sum");
+    shard_sum = 0;
+    for (float v : *shard) *shard_sum += v;
+  }
   absl::StatusOr<std::vector<double>> peaks =
       e.GatherOverRanks(static_cast<double>(e.memory().peak_total()));
   if (!peaks.ok()) return Annotate(peaks.status(), "memory summary");
