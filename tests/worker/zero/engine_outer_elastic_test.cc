@@ -11,14 +11,13 @@
 // dropped), and the stats say who was stale.
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/plan/planner.h"
 #include "gtest/gtest.h"
 #include "tests/testing/error_model.h"
-#include "worker/comm/host_communicator.h"
+#include "tests/worker/zero/outer_ranks.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/data/regression_data.h"
 #include "worker/model/mlp.h"
@@ -40,34 +39,26 @@ struct RankTrace {
 
 void TrainRank(const ShardPlan& plan, const MlpConfig& mlp, InMemoryKvStore& store, int rank,
                RankTrace& trace) {
-  const int group = rank / kGroup, member = rank % kGroup;
-  auto gather = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("gather", group));
-  auto reduce = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("reduce", group));
-  auto replicas =
-      CreateHostCommunicator(&store, group, kWorld / kGroup, absl::StrCat("replicas", member));
-  auto aux = CreateHostCommunicator(&store, rank, kWorld, "aux");
+  const int group = rank / kGroup;
   // The per-step agreement is the group's own under --outer_timeout: the
   // groups are not coupled between outer steps (group 1 skips one).
-  auto numerics = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("numerics", group));
-  ASSERT_TRUE(gather.ok() && reduce.ok() && replicas.ok() && aux.ok() && numerics.ok());
+  auto comms = ConnectOuterRank(&store, rank, kWorld, kGroup, /*group_numerics=*/true);
+  ASSERT_TRUE(comms.ok()) << comms.status();
+  Communicator* replicas = comms->replicas.get();
   auto model = MlpModel::Create(mlp);
   ASSERT_TRUE(model.ok());
   EngineOptions options;
   options.stage = 3;
   options.collective_timeout = absl::Seconds(30);
-  options.replicas = replicas->get();
-  options.numerics = numerics->get();
+  options.replicas = replicas;
+  options.numerics = comms->numerics.get();
   options.replica_sync = ReplicaSync::kDiLoCo;
   options.outer = OuterOptions{kEvery, kOuterLr, kMomentum, OuterWire::kF32};
-  auto engine =
-      ZeroEngine::Create(model->get(), plan, gather->get(), reduce->get(), aux->get(), options);
+  auto engine = ZeroEngine::Create(model->get(), plan, comms->gather.get(), comms->reduce.get(),
+                                   comms->aux.get(), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   ZeroEngine& e = **engine;
-  Model* m = model->get();
-  ASSERT_TRUE(e.Initialize([&](const TensorSpec& t, int64_t b, int64_t end, float* out) {
-                 m->InitRows(t, b, end, /*seed=*/7, out);
-                 return absl::OkStatus();
-               }).ok());
+  ASSERT_TRUE(InitializeFromSeed(e, **model, /*seed=*/7).ok());
   trace.start = *e.CopyMasterShard();
   SyntheticRegressionData data(/*seed=*/11, kWidth);
   std::vector<float> x(kBatch * kWidth), y(kBatch * kWidth);
@@ -81,7 +72,7 @@ void TrainRank(const ShardPlan& plan, const MlpConfig& mlp, InMemoryKvStore& sto
     const int round = step / kEvery;
     if (round == 0 && group == 1) continue;  // left out: trains on
     trace.before.push_back(*e.CopyMasterShard());
-    auto outer = e.OuterStepAmong(round == 0 ? nullptr : replicas->get());
+    auto outer = e.OuterStepAmong(round == 0 ? nullptr : replicas);
     ASSERT_TRUE(outer.ok()) << outer.status();
     trace.stats.push_back(*outer);
     trace.after.push_back(*e.CopyMasterShard());
@@ -90,20 +81,11 @@ void TrainRank(const ShardPlan& plan, const MlpConfig& mlp, InMemoryKvStore& sto
 
 std::vector<RankTrace> Train() {
   MlpConfig mlp{2, kWidth, "gelu"};
-  auto probe = MlpModel::Create(mlp);
-  EXPECT_TRUE(probe.ok());
-  PlanOptions plan_options;
-  plan_options.alignment_elements = 4;
-  plan_options.shard_group_size = kGroup;
-  auto plan = Plan((*probe)->Spec(), kWorld, plan_options);
+  auto plan = PlanOuterMlp(mlp, kWorld, kGroup);
   EXPECT_TRUE(plan.ok()) << plan.status();
   std::vector<RankTrace> traces(kWorld);
   InMemoryKvStore store;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] { TrainRank(*plan, mlp, store, rank, traces[rank]); });
-  }
-  for (auto& t : threads) t.join();
+  OnRankThreads(kWorld, [&](int rank) { TrainRank(*plan, mlp, store, rank, traces[rank]); });
   return traces;
 }
 

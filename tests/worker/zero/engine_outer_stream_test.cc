@@ -14,14 +14,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/plan/planner.h"
 #include "gtest/gtest.h"
 #include "tests/testing/error_model.h"
-#include "worker/comm/host_communicator.h"
+#include "tests/worker/zero/outer_ranks.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/data/regression_data.h"
 #include "worker/model/mlp.h"
@@ -35,13 +34,6 @@ using testing::kFloat32Unit;
 constexpr int kWorld = 4, kGroup = 2, kBatch = 4, kWidth = 16, kLayers = 3;
 constexpr double kOuterLr = 0.7, kMomentum = 0.9;
 
-// One rank's engine over its communicators, initialized from seed 7.
-struct RankEngine {
-  std::unique_ptr<Communicator> gather, reduce, replicas, aux;
-  std::unique_ptr<MlpModel> model;
-  std::unique_ptr<ZeroEngine> engine;
-};
-
 // Runs `body(rank, engine, model)` on W threads, each with its own engine
 // made with `outer`.
 // With `create_errors`, Create's failures are collected there (by rank)
@@ -50,50 +42,30 @@ void OnRanks(const OuterOptions& outer,
              const std::function<void(int, ZeroEngine&, MlpModel&)>& body,
              std::vector<absl::Status>* create_errors = nullptr) {
   MlpConfig mlp{kLayers, kWidth, "gelu"};
-  auto probe = MlpModel::Create(mlp);
-  ASSERT_TRUE(probe.ok());
-  PlanOptions plan_options;
-  plan_options.alignment_elements = 4;
-  plan_options.shard_group_size = kGroup;
-  auto plan = Plan((*probe)->Spec(), kWorld, plan_options);
+  auto plan = PlanOuterMlp(mlp, kWorld, kGroup);
   ASSERT_TRUE(plan.ok()) << plan.status();
   InMemoryKvStore store;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      const int group = rank / kGroup, member = rank % kGroup;
-      auto gather = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("gather", group));
-      auto reduce = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("reduce", group));
-      auto replicas =
-          CreateHostCommunicator(&store, group, kWorld / kGroup, absl::StrCat("replicas", member));
-      auto aux = CreateHostCommunicator(&store, rank, kWorld, "aux");
-      ASSERT_TRUE(gather.ok() && reduce.ok() && replicas.ok() && aux.ok());
-      auto model = MlpModel::Create(mlp);
-      ASSERT_TRUE(model.ok());
-      EngineOptions options;
-      options.stage = 3;
-      options.collective_timeout = absl::Seconds(30);
-      options.replicas = replicas->get();
-      options.replica_sync = ReplicaSync::kDiLoCo;
-      options.outer = outer;
-      auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
-                                       aux->get(), options);
-      if (create_errors != nullptr) {
-        (*create_errors)[rank] = engine.status();
-        return;
-      }
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      MlpModel* m = model->get();
-      ASSERT_TRUE((*engine)
-                      ->Initialize([&](const TensorSpec& t, int64_t b, int64_t e, float* out) {
-                        m->InitRows(t, b, e, /*seed=*/7, out);
-                        return absl::OkStatus();
-                      })
-                      .ok());
-      body(rank, **engine, *m);
-    });
-  }
-  for (auto& t : threads) t.join();
+  OnRankThreads(kWorld, [&](int rank) {
+    auto comms = ConnectOuterRank(&store, rank, kWorld, kGroup);
+    ASSERT_TRUE(comms.ok()) << comms.status();
+    auto model = MlpModel::Create(mlp);
+    ASSERT_TRUE(model.ok());
+    EngineOptions options;
+    options.stage = 3;
+    options.collective_timeout = absl::Seconds(30);
+    options.replicas = comms->replicas.get();
+    options.replica_sync = ReplicaSync::kDiLoCo;
+    options.outer = outer;
+    auto engine = ZeroEngine::Create(model->get(), *plan, comms->gather.get(), comms->reduce.get(),
+                                     comms->aux.get(), options);
+    if (create_errors != nullptr) {
+      (*create_errors)[rank] = engine.status();
+      return;
+    }
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE(InitializeFromSeed(**engine, **model, /*seed=*/7).ok());
+    body(rank, **engine, **model);
+  });
 }
 
 // One inner step on this rank's own rows of `step` (the groups' differ).

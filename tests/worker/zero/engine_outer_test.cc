@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +15,7 @@
 #include "common/plan/planner.h"
 #include "gtest/gtest.h"
 #include "tests/testing/error_model.h"
-#include "worker/comm/host_communicator.h"
+#include "tests/worker/zero/outer_ranks.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/comm/quantized.h"
 #include "worker/data/regression_data.h"
@@ -47,71 +46,53 @@ struct RankTrace {
 
 std::vector<RankTrace> Train(OuterWire outer_dtype, int stage, DType param_dtype) {
   MlpConfig mlp{2, kWidth, "gelu"};
-  auto probe = MlpModel::Create(mlp);
-  EXPECT_TRUE(probe.ok());
-  PlanOptions plan_options;
-  plan_options.alignment_elements = 4;
-  plan_options.shard_group_size = kGroup;
-  auto plan = Plan((*probe)->Spec(), kWorld, plan_options);
+  auto plan = PlanOuterMlp(mlp, kWorld, kGroup);
   EXPECT_TRUE(plan.ok()) << plan.status();
   std::vector<RankTrace> traces(kWorld);
   InMemoryKvStore store;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      const int group = rank / kGroup, member = rank % kGroup;
-      auto gather = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("gather", group));
-      auto reduce = CreateHostCommunicator(&store, member, kGroup, absl::StrCat("reduce", group));
-      auto replicas =
-          CreateHostCommunicator(&store, group, kWorld / kGroup, absl::StrCat("replicas", member));
-      auto aux = CreateHostCommunicator(&store, rank, kWorld, "aux");
-      ASSERT_TRUE(gather.ok() && reduce.ok() && replicas.ok() && aux.ok());
-      auto model = MlpModel::Create(mlp);
-      ASSERT_TRUE(model.ok());
-      EngineOptions options;
-      options.stage = stage;
-      options.param_dtype = param_dtype;
-      options.collective_timeout = absl::Seconds(30);
-      options.replicas = replicas->get();
-      options.replica_sync = ReplicaSync::kDiLoCo;
-      options.outer = OuterOptions{kEvery, kOuterLr, kMomentum, outer_dtype};
-      auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
-                                       aux->get(), options);
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      ZeroEngine& e = **engine;
-      Model* m = model->get();
-      ASSERT_TRUE(e.Initialize([&](const TensorSpec& t, int64_t b, int64_t end, float* out) {
-                     m->InitRows(t, b, end, /*seed=*/7, out);
-                     return absl::OkStatus();
-                   }).ok());
-      RankTrace& trace = traces[rank];
-      for (const UnitLayout& u : e.units()) trace.chunks.push_back(u.chunk_elements);
-      trace.start = *e.CopyMasterShard();
-      SyntheticRegressionData data(/*seed=*/11, kWidth);
-      std::vector<float> x(kBatch * kWidth), y(kBatch * kWidth);
-      for (int step = 0; step < kRounds * kEvery; ++step) {
-        // Each rank its own rows: the groups' gradients differ.
-        ASSERT_TRUE(data.Fill(step, 0, rank, kWorld, kBatch, 1, x.data(), y.data()).ok());
-        ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), kBatch).ok());
-        ASSERT_TRUE(e.ForwardBackward(true).ok());
-        auto stats = e.Step(1e-2);
-        ASSERT_TRUE(stats.ok()) << stats.status();
-        ASSERT_TRUE(stats->verdict.finite());
-        if ((step + 1) % kEvery != 0) continue;
-        trace.before.push_back(*e.CopyMasterShard());
-        auto outer = e.OuterStep();
-        ASSERT_TRUE(outer.ok()) << outer.status();
-        trace.stats.push_back(*outer);
-        trace.after.push_back(*e.CopyMasterShard());
-        ASSERT_TRUE(data.Fill(1000, 0, 0, 1, kBatch, 1, x.data(), y.data()).ok());
-        ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), kBatch).ok());
-        auto loss = e.Forward();
-        ASSERT_TRUE(loss.ok()) << loss.status();
-        trace.shared_loss.push_back(*loss);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  OnRankThreads(kWorld, [&](int rank) {
+    auto comms = ConnectOuterRank(&store, rank, kWorld, kGroup);
+    ASSERT_TRUE(comms.ok()) << comms.status();
+    auto model = MlpModel::Create(mlp);
+    ASSERT_TRUE(model.ok());
+    EngineOptions options;
+    options.stage = stage;
+    options.param_dtype = param_dtype;
+    options.collective_timeout = absl::Seconds(30);
+    options.replicas = comms->replicas.get();
+    options.replica_sync = ReplicaSync::kDiLoCo;
+    options.outer = OuterOptions{kEvery, kOuterLr, kMomentum, outer_dtype};
+    auto engine = ZeroEngine::Create(model->get(), *plan, comms->gather.get(), comms->reduce.get(),
+                                     comms->aux.get(), options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ZeroEngine& e = **engine;
+    ASSERT_TRUE(InitializeFromSeed(e, **model, /*seed=*/7).ok());
+    RankTrace& trace = traces[rank];
+    for (const UnitLayout& u : e.units()) trace.chunks.push_back(u.chunk_elements);
+    trace.start = *e.CopyMasterShard();
+    SyntheticRegressionData data(/*seed=*/11, kWidth);
+    std::vector<float> x(kBatch * kWidth), y(kBatch * kWidth);
+    for (int step = 0; step < kRounds * kEvery; ++step) {
+      // Each rank its own rows: the groups' gradients differ.
+      ASSERT_TRUE(data.Fill(step, 0, rank, kWorld, kBatch, 1, x.data(), y.data()).ok());
+      ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), kBatch).ok());
+      ASSERT_TRUE(e.ForwardBackward(true).ok());
+      auto stats = e.Step(1e-2);
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      ASSERT_TRUE(stats->verdict.finite());
+      if ((step + 1) % kEvery != 0) continue;
+      trace.before.push_back(*e.CopyMasterShard());
+      auto outer = e.OuterStep();
+      ASSERT_TRUE(outer.ok()) << outer.status();
+      trace.stats.push_back(*outer);
+      trace.after.push_back(*e.CopyMasterShard());
+      ASSERT_TRUE(data.Fill(1000, 0, 0, 1, kBatch, 1, x.data(), y.data()).ok());
+      ASSERT_TRUE((*model)->SetBatch(x.data(), y.data(), kBatch).ok());
+      auto loss = e.Forward();
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      trace.shared_loss.push_back(*loss);
+    }
+  });
   return traces;
 }
 
