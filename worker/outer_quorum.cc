@@ -40,9 +40,9 @@ absl::StatusOr<std::string> Decide(QuorumStore* store, const QuorumCall& call) {
   if (static_cast<uint64_t>(*arrived) == all) {
     return store->CompareSet(decision_key, "", absl::StrCat(all));
   }
-  absl::StatusOr<std::string> decided =
-      store->Get(decision_key, call.wait_for_all ? call.limit : call.timeout);
-  if (decided.ok() || call.wait_for_all || !absl::IsDeadlineExceeded(decided.status())) {
+  const bool wait = call.wait_for_all || !call.up_to_date;  // no deciding alone
+  absl::StatusOr<std::string> decided = store->Get(decision_key, wait ? call.limit : call.timeout);
+  if (decided.ok() || wait || !absl::IsDeadlineExceeded(decided.status())) {
     return decided;
   }
   // Timed out: the groups arrived by now take part, unless another leader

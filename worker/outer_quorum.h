@@ -62,6 +62,12 @@ struct QuorumCall {
   int group = 0;           // the caller's group
   int groups = 2;          // the generation's, 1 to kMaxOuterQuorumGroups
   bool wait_for_all = false;
+  // The caller's group took part in the last outer step (so it holds the
+  // newest anchor). Only such a leader decides by timeout: a stale group
+  // deciding alone would fork the anchor (two sets of groups each taking an
+  // outer step from different anchors with the same count, which the
+  // catch-up could not tell apart); it waits for a decision instead.
+  bool up_to_date = true;
   absl::Duration timeout;  // --outer_timeout
   // How long a wait for every group (wait_for_all), or a member's wait for
   // its leader's decision, may last before it is an error.

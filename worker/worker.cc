@@ -216,6 +216,7 @@ absl::Status Worker::BootstrapDataPlane() {
   if (!secondary.ok()) return secondary.status();
   plane_options.secondary_group_size = *secondary;
   plane_options.group_aux = ElasticOuter();
+  outer_group_current_ = true;  // the generation's snapshot: one anchor
   g.plane_options = plane_options;
   AbortLatch* const abort = abort_;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = ConnectDataPlane(

@@ -379,6 +379,10 @@ class Worker {
   // --outer_timeout: whether the last outer step's quorum had every group
   // (evaluations and snapshots, which every group runs, happen only then).
   bool outer_quorum_full_ = true;
+  // --outer_timeout: this rank's group took part in the last outer step
+  // (outer_quorum.h, QuorumCall::up_to_date). A generation starts from a
+  // snapshot every group holds.
+  bool outer_group_current_ = true;
 
   // The current generation; null outside Join .. EndGeneration.
   std::unique_ptr<Generation> generation_;

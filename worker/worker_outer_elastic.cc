@@ -42,6 +42,7 @@ absl::Status Worker::ElasticOuterStep(int completed) {
   if (!present.ok()) return present.status();
   const int groups = e.world_size() / e.group_size();
   outer_quorum_full_ = Groups(*present) == groups;
+  outer_group_current_ = (*present >> group & 1) != 0;
   if ((*present >> group & 1) == 0) {
     // Late: the others went on without this group. It trains on from its
     // anchor; the next outer step it reaches in time catches it up.
@@ -64,6 +65,7 @@ absl::StatusOr<uint64_t> Worker::OuterQuorum(int completed) {
   call.groups = e.world_size() / e.group_size();  // <= kMaxOuterQuorumGroups (the flags)
   call.wait_for_all = completed == config_.schedule.steps ||
                       (config_.checkpoint.every > 0 && completed % config_.checkpoint.every == 0);
+  call.up_to_date = outer_group_current_;
   call.timeout = config_.outer_timeout;
   call.limit = config_.engine.collective_timeout + config_.outer_timeout;
   const int64_t forget = completed - int64_t{kQuorumsKept} * config_.engine.outer.every;

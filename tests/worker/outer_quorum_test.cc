@@ -140,6 +140,30 @@ TEST(OuterQuorumTest, AWaitForAllStepWaitsForTheLateGroup) {
   EXPECT_EQ(*second, 0b11u);
 }
 
+// A stale group (left out of the last outer step) arriving first must not
+// decide alone: groups 0 and 1 would then each take an outer step from a
+// different anchor with the same count (a fork no catch-up can tell). It
+// waits; the up-to-date group, arriving later, completes the mask.
+TEST(OuterQuorumTest, AStaleGroupDoesNotDecideAlone) {
+  MemoryQuorumStore store;
+  absl::StatusOr<uint64_t> stale = absl::UnknownError("not run");
+  QuorumCall call = Call(12, 1, 2);
+  call.up_to_date = false;
+  std::thread g1([&] { stale = LeadOuterQuorum(&store, call); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!store.Has("outer_quorum/12/arrived") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(store.Has("outer_quorum/12/arrived"));
+  absl::SleepFor(absl::Milliseconds(300));  // 3 timeouts: no decision alone
+  EXPECT_FALSE(store.Has("outer_quorum/12/decision"));
+  absl::StatusOr<uint64_t> current = LeadOuterQuorum(&store, Call(12, 0, 2));
+  g1.join();
+  ASSERT_TRUE(stale.ok() && current.ok()) << stale.status() << current.status();
+  EXPECT_EQ(*stale, 0b11u);
+  EXPECT_EQ(*current, 0b11u);
+}
+
 TEST(OuterQuorumTest, OldKeysAreForgottenAndAMemberWithoutADecisionTimesOut) {
   MemoryQuorumStore store;
   ASSERT_TRUE(LeadOuterQuorum(&store, Call(2, 0, 1)).ok());  // one group: decides at once
