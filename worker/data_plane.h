@@ -35,6 +35,10 @@ struct DataPlaneOptions {
   // kNccl: gather and reduce over NCCL on `cuda_device`; aux stays on Gloo.
   DataPlaneBackend backend = DataPlaneBackend::kGloo;
   int cuda_device = 0;
+  // kNccl, the device GPT: its attention kernel (auto | cudnn | flash |
+  // naive, CudaGptOptions::Attention) and TF32 for f32 products.
+  std::string gpu_attention = "auto";
+  bool tf32 = false;
   // Gloo binds to this address and advertises it to the peers.
   std::string host = "127.0.0.1";
   // Gloo: gathers and reductions through shared memory when every rank runs

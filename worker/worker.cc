@@ -94,12 +94,18 @@ absl::Status Worker::OpenDevice() {
     return std::unique_ptr<RegressionModel>(*std::move(model));
   };
   // The GPT's matrix products in the dtype parameters are gathered in.
-  const DType matmul_dtype = engine_options_.param_dtype;
-  task_options_.gpt_factory = [device, matmul_dtype](
+  CudaGptOptions gpt_options;
+  gpt_options.matmul_dtype = engine_options_.param_dtype;
+  gpt_options.tf32 = config_.data_plane.tf32;
+  absl::StatusOr<CudaGptOptions::Attention> attention =
+      ParseAttention(config_.data_plane.gpu_attention);
+  if (!attention.ok()) return attention.status();
+  gpt_options.attention = *attention;
+  task_options_.gpt_factory = [device, gpt_options](
                                   const GptConfig& config,
                                   int max_batch) -> absl::StatusOr<std::unique_ptr<TokenModel>> {
     absl::StatusOr<std::unique_ptr<CudaGptModel>> model =
-        CudaGptModel::Create(config, max_batch, matmul_dtype, device);
+        CudaGptModel::Create(config, max_batch, gpt_options, device);
     if (!model.ok()) return model.status();
     return std::unique_ptr<TokenModel>(*std::move(model));
   };

@@ -189,6 +189,13 @@ ABSL_FLAG(int64_t, vocab, 0,
 ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs) | nccl (one GPU per process)");
 ABSL_FLAG(int, local_rank, -1,
           "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
+ABSL_FLAG(std::string, gpu_attention, "auto",
+          "nccl, GPT: the attention kernel: auto (bf16: cuDNN's fused attention when libcudnn "
+          "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours, f32 and bf16) | "
+          "naive (f32 only; stores T x T weights: a reference)");
+ABSL_FLAG(bool, tf32, false,
+          "nccl, GPT with --param_dtype=f32: matrix products as TF32 on tensor cores (faster, "
+          "10-bit mantissa operands; off as in PyTorch)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(60),
           "Every collective gives up after this long");
 ABSL_FLAG(int64_t, max_unit_bytes, 0, "Plan: largest unit of unlabeled tensors (0: default)");
@@ -318,6 +325,18 @@ absl::Status ReadDataPlane(WorkerConfig* config) {
     return Bad(absl::StrCat("--backend=", backend, " is unknown: expected gloo or nccl"));
   }
   plane.cuda_device = std::max(0, absl::GetFlag(FLAGS_local_rank));
+  plane.gpu_attention = absl::GetFlag(FLAGS_gpu_attention);
+  plane.tf32 = absl::GetFlag(FLAGS_tf32);
+  if (plane.gpu_attention != "auto" && plane.gpu_attention != "cudnn" &&
+      plane.gpu_attention != "flash" && plane.gpu_attention != "naive") {
+    return Bad(absl::StrCat("--gpu_attention=", plane.gpu_attention,
+                            ": expected auto, cudnn, flash or naive"));
+  }
+  if (backend != "nccl" && (plane.gpu_attention != "auto" || plane.tf32)) {
+    return Bad(absl::StrCat(
+        plane.tf32 ? "--tf32" : "--gpu_attention",
+        " applies to the device GPT (--backend=nccl); drop it with --backend=", backend));
+  }
   plane.host = config->host;
   plane.shared_memory = absl::GetFlag(FLAGS_shm);
   plane.two_level = absl::GetFlag(FLAGS_two_level);
@@ -363,11 +382,6 @@ absl::Status ReadTask(WorkerConfig* config) {
     return Bad(
         "--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
         "reversed-addition, no --data): only its lines have answers");
-  }
-  if (task.loss_on == "answers" && backend == "nccl") {
-    return Bad(
-        "--loss_on=answers runs on CPUs (--backend=gloo); the GPU cross-entropy scores "
-        "every target");
   }
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);

@@ -9,8 +9,13 @@
 // plus the engine's own accounting). Needs a GPU (tests/gpu/run.sh runs it);
 // exits 1 with the no-device message otherwise.
 //
+// --attention takes a list of kernels (CudaGptOptions::Attention); a kernel
+// that cannot take a dtype (cudnn with f32, naive with bf16) is skipped for
+// it, so `--attention=naive,flash,cudnn` compares every kernel in one run.
+//
 //   cuda_gpt_bench [--models=gpt_bench,gpt2_124m] [--dtypes=f32,bf16]
-//                  [--stages=0,3] [--steps=10] [--warmup=3] [--json_out=FILE]
+//                  [--stages=0,3] [--attention=auto] [--tf32] [--steps=10]
+//                  [--warmup=3] [--json_out=FILE]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -35,15 +40,18 @@
 #include "tests/testing/bench_json.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
-#include "worker/cuda/nccl_communicator.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/cuda_gpt.h"
+#include "worker/cuda/nccl_communicator.h"
 #include "worker/zero/engine.h"
 
 ABSL_FLAG(std::string, models, "gpt_bench,gpt2_124m", "Models: gpt_bench, gpt2_124m");
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "Matrix-product / parameter dtypes: f32, bf16");
 ABSL_FLAG(std::string, stages, "0,3", "ZeRO stages");
+ABSL_FLAG(std::string, attention, "auto",
+          "Attention kernels to compare: auto, cudnn, flash, naive (a list)");
+ABSL_FLAG(bool, tf32, false, "f32 products as TF32");
 ABSL_FLAG(int, steps, 10, "Timed steps per configuration");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
@@ -97,9 +105,11 @@ struct Result {
   int64_t activation_bytes = 0;
   int64_t parameters = 0;
   double last_loss = 0;
+  std::string attention;  // the kernel the model resolved to
 };
 
-absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage, int run_id) {
+absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage,
+                              CudaGptOptions::Attention attention, int run_id) {
   TrimPool();
   const int64_t baseline = DeviceUsedBytes();
   int64_t peak = baseline;
@@ -115,8 +125,13 @@ absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage, int r
     if (!reduce.ok()) return reduce.status();
     auto aux = GlooCommunicator::Create(&store, 0, 1, tag + "-aux");
     if (!aux.ok()) return aux.status();
-    auto model = CudaGptModel::Create(m.config, m.batch, dtype, backend->get());
+    CudaGptOptions gpt;
+    gpt.matmul_dtype = dtype;
+    gpt.attention = attention;
+    gpt.tf32 = absl::GetFlag(FLAGS_tf32);
+    auto model = CudaGptModel::Create(m.config, m.batch, gpt, backend->get());
     if (!model.ok()) return model.status();
+    result.attention = AttentionName((*model)->attention());
     auto plan = Plan((*model)->Spec(), 1, PlanOptions());
     if (!plan.ok()) return plan.status();
     EngineOptions options;
@@ -186,8 +201,8 @@ int Main() {
   json["device"] = prop.name;
   json["world_size"] = 1;
   json["results"] = nlohmann::json::array();
-  Table table({"MODEL", "PARAMS", "DTYPE", "STAGE", "TOKENS/s", "STEP ms", "DEVICE PEAK",
-               "ENGINE PEAK", "ACTIVATIONS"});
+  Table table({"MODEL", "PARAMS", "DTYPE", "ATTENTION", "STAGE", "TOKENS/s", "STEP ms",
+               "DEVICE PEAK", "ENGINE PEAK", "ACTIVATIONS"});
   int run_id = 0;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     absl::StatusOr<BenchModel> m = ModelByName(std::string(name));
@@ -202,42 +217,59 @@ int Main() {
                      std::string(dtype_name).c_str());
         return 2;
       }
-      for (absl::string_view stage_name : absl::StrSplit(absl::GetFlag(FLAGS_stages), ',')) {
-        int stage = -1;
-        if (!absl::SimpleAtoi(stage_name, &stage) || stage < 0 || stage > 3) {
-          std::fprintf(stderr, "cuda_gpt_bench: --stages: '%s' is not 0-3\n",
-                       std::string(stage_name).c_str());
+      for (absl::string_view attention_name : absl::StrSplit(absl::GetFlag(FLAGS_attention), ',')) {
+        absl::StatusOr<CudaGptOptions::Attention> attention =
+            ParseAttention(std::string(attention_name));
+        if (!attention.ok()) {
+          std::fprintf(stderr, "cuda_gpt_bench: --attention: %s\n",
+                       std::string(attention.status().message()).c_str());
           return 2;
         }
-        std::fprintf(stderr, "%s %s stage %d ...\n", m->name.c_str(),
-                     std::string(dtype_name).c_str(), stage);
-        absl::StatusOr<Result> r = RunOne(*m, dtype, stage, run_id++);
-        if (!r.ok()) {
-          std::fprintf(stderr, "cuda_gpt_bench: %s %s stage %d: %s\n", m->name.c_str(),
-                       std::string(dtype_name).c_str(), stage, r.status().ToString().c_str());
-          return 1;
+        using A = CudaGptOptions::Attention;
+        if ((*attention == A::kCudnn && dtype != DType::kBF16) ||
+            (*attention == A::kNaive && dtype != DType::kF32)) {
+          continue;  // that kernel does not take this dtype
         }
-        json["results"].push_back({{"model", m->name},
-                                   {"parameters", r->parameters},
-                                   {"n_layer", m->config.n_layer},
-                                   {"n_embd", m->config.n_embd},
-                                   {"n_head", m->config.n_head},
-                                   {"vocab", m->config.vocab},
-                                   {"context", m->config.n_ctx},
-                                   {"batch", m->batch},
-                                   {"dtype", std::string(dtype_name)},
-                                   {"stage", stage},
-                                   {"tokens_per_second", r->tokens_per_second},
-                                   {"step_ms", r->step_ms},
-                                   {"device_peak_bytes", r->device_peak_bytes},
-                                   {"engine_peak_bytes", r->engine_peak_bytes},
-                                   {"activation_bytes", r->activation_bytes},
-                                   {"last_loss", r->last_loss}});
-        table.AddRow({m->name, absl::StrFormat("%.1fM", r->parameters / 1e6),
-                      std::string(dtype_name), absl::StrCat(stage),
-                      absl::StrFormat("%.0f", r->tokens_per_second),
-                      absl::StrFormat("%.1f", r->step_ms), HumanBytes(r->device_peak_bytes),
-                      HumanBytes(r->engine_peak_bytes), HumanBytes(r->activation_bytes)});
+        for (absl::string_view stage_name : absl::StrSplit(absl::GetFlag(FLAGS_stages), ',')) {
+          int stage = -1;
+          if (!absl::SimpleAtoi(stage_name, &stage) || stage < 0 || stage > 3) {
+            std::fprintf(stderr, "cuda_gpt_bench: --stages: '%s' is not 0-3\n",
+                         std::string(stage_name).c_str());
+            return 2;
+          }
+          std::fprintf(stderr, "%s %s %s stage %d ...\n", m->name.c_str(),
+                       std::string(dtype_name).c_str(), std::string(attention_name).c_str(), stage);
+          absl::StatusOr<Result> r = RunOne(*m, dtype, stage, *attention, run_id++);
+          if (!r.ok()) {
+            std::fprintf(stderr, "cuda_gpt_bench: %s %s %s stage %d: %s\n", m->name.c_str(),
+                         std::string(dtype_name).c_str(), std::string(attention_name).c_str(),
+                         stage, r.status().ToString().c_str());
+            return 1;
+          }
+          json["results"].push_back({{"model", m->name},
+                                     {"parameters", r->parameters},
+                                     {"n_layer", m->config.n_layer},
+                                     {"n_embd", m->config.n_embd},
+                                     {"n_head", m->config.n_head},
+                                     {"vocab", m->config.vocab},
+                                     {"context", m->config.n_ctx},
+                                     {"batch", m->batch},
+                                     {"dtype", std::string(dtype_name)},
+                                     {"attention", r->attention},
+                                     {"tf32", absl::GetFlag(FLAGS_tf32)},
+                                     {"stage", stage},
+                                     {"tokens_per_second", r->tokens_per_second},
+                                     {"step_ms", r->step_ms},
+                                     {"device_peak_bytes", r->device_peak_bytes},
+                                     {"engine_peak_bytes", r->engine_peak_bytes},
+                                     {"activation_bytes", r->activation_bytes},
+                                     {"last_loss", r->last_loss}});
+          table.AddRow({m->name, absl::StrFormat("%.1fM", r->parameters / 1e6),
+                        std::string(dtype_name), r->attention, absl::StrCat(stage),
+                        absl::StrFormat("%.0f", r->tokens_per_second),
+                        absl::StrFormat("%.1f", r->step_ms), HumanBytes(r->device_peak_bytes),
+                        HumanBytes(r->engine_peak_bytes), HumanBytes(r->activation_bytes)});
+        }
       }
     }
   }

@@ -10,12 +10,13 @@ LM head, no dropout. Every block and the root are fully_shard-ed (FSDP2);
 bf16 means MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32),
 f32 no policy (and TF32 off, as cuBLAS runs zeroshard's f32 products).
 Attention is F.scaled_dot_product_attention (flash / memory-efficient
-kernels: much faster than zeroshard's straightforward attention kernels;
---attention=math picks PyTorch's unfused path instead).
+kernels; --attention=math picks PyTorch's unfused path instead). Eager by
+default; --compile adds torch.compile (its compile time falls in the warm-up
+steps, so give it a few).
 
   python3 tests/gpu/torch_fsdp_gpt2.py [--models=gpt_bench,gpt2_124m]
       [--dtypes=f32,bf16] [--steps=10] [--warmup=3] [--attention=sdpa|math]
-      [--json_out=FILE]
+      [--compile] [--json_out=FILE]
 
 Needs torch >= 2.4 with CUDA and one GPU; exits 3 (with a message) when
 either is missing, so tests/gpu/run.sh can report the step as skipped.
@@ -42,6 +43,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--attention", choices=["sdpa", "math"], default="sdpa")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the FSDP2 model (compile time is in the warm-up)")
     parser.add_argument("--json_out", default="")
     args = parser.parse_args()
 
@@ -151,6 +154,7 @@ def main():
                 fully_shard(block, **kwargs)
             fully_shard(model, **kwargs)
             params = sum(p.numel() for p in model.parameters())
+            step_model = torch.compile(model) if args.compile else model
             opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=1e-2)
             gen = torch.Generator(device=device).manual_seed(7)
             print(f"{name} {dtype} ...", file=sys.stderr)
@@ -162,7 +166,7 @@ def main():
                     start = time.perf_counter()
                 tokens = torch.randint(0, vocab, (batch, n_ctx), device=device, generator=gen)
                 targets = torch.randint(0, vocab, (batch, n_ctx), device=device, generator=gen)
-                loss = model(tokens, targets)
+                loss = step_model(tokens, targets)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
@@ -172,7 +176,7 @@ def main():
             results.append({
                 "model": name, "parameters": params, "n_layer": n_layer, "n_embd": c,
                 "n_head": nh, "vocab": vocab, "context": n_ctx, "batch": batch,
-                "dtype": dtype, "stage": "fsdp2",
+                "dtype": dtype, "stage": "fsdp2", "compiled": args.compile,
                 "tokens_per_second": args.steps * batch * n_ctx / seconds,
                 "step_ms": 1e3 * seconds / args.steps,
                 "device_peak_bytes": torch.cuda.max_memory_reserved(),
@@ -183,8 +187,9 @@ def main():
             print(f"{name:10s} {params / 1e6:6.1f}M {dtype:4s} {r['tokens_per_second']:10.0f} tokens/s "
                   f"{r['step_ms']:8.1f} ms/step  peak reserved {r['device_peak_bytes'] / 2**30:.2f} GiB "
                   f"allocated {r['max_memory_allocated_bytes'] / 2**30:.2f} GiB")
-            del model, opt
-    out = {"framework": f"torch {torch.__version__} FSDP2 fully_shard",
+            del model, step_model, opt
+    out = {"framework": f"torch {torch.__version__} FSDP2 fully_shard"
+                        + (" + torch.compile" if args.compile else ""),
            "device": torch.cuda.get_device_name(0), "world_size": 1,
            "attention": args.attention, "results": results}
     if args.json_out:

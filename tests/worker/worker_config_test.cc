@@ -14,6 +14,8 @@
 
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(int, world_size);
+ABSL_DECLARE_FLAG(std::string, gpu_attention);
+ABSL_DECLARE_FLAG(bool, tf32);
 ABSL_DECLARE_FLAG(std::string, worker_id);
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, model);
@@ -150,6 +152,12 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
       {[] { absl::SetFlag(&FLAGS_world_size, 0); }, "--world_size=0: expected 1 or more"},
       {[] { absl::SetFlag(&FLAGS_backend, "mpi"); },
        "--backend=mpi is unknown: expected gloo or nccl"},
+      {[] { absl::SetFlag(&FLAGS_gpu_attention, "xformers"); },
+       "--gpu_attention=xformers: expected auto, cudnn, flash or naive"},
+      {[] { absl::SetFlag(&FLAGS_gpu_attention, "flash"); },
+       "--gpu_attention applies to the device GPT (--backend=nccl); drop it with --backend=gloo"},
+      {[] { absl::SetFlag(&FLAGS_tf32, true); },
+       "--tf32 applies to the device GPT (--backend=nccl)"},
       {[] { absl::SetFlag(&FLAGS_steps, -1); }, "--steps must be >= 0 and --batch >= 1"},
       {[] { absl::SetFlag(&FLAGS_batch, 0); }, "--steps must be >= 0 and --batch >= 1"},
       {[] { absl::SetFlag(&FLAGS_threads, 0); }, "--threads must be >= 1"},

@@ -7,7 +7,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/classifier.h"
 #include "worker/cuda/cuda_device.h"
+#include "worker/cuda/flash_attention.h"
+#include "worker/model/layers.h"
 
 namespace zeroshard {
 
@@ -21,38 +24,119 @@ using Layout = gpu::CublasLinear::Layout;
     }                                         \
   } while (0)
 
+const char* AttentionName(CudaGptOptions::Attention a) {
+  switch (a) {
+    case CudaGptOptions::Attention::kAuto:
+      return "auto";
+    case CudaGptOptions::Attention::kCudnn:
+      return "cudnn";
+    case CudaGptOptions::Attention::kFlash:
+      return "flash";
+    case CudaGptOptions::Attention::kNaive:
+      return "naive";
+  }
+  return "?";
+}
+
+absl::StatusOr<CudaGptOptions::Attention> ParseAttention(const std::string& name) {
+  for (auto a : {CudaGptOptions::Attention::kAuto, CudaGptOptions::Attention::kCudnn,
+                 CudaGptOptions::Attention::kFlash, CudaGptOptions::Attention::kNaive}) {
+    if (name == AttentionName(a)) return a;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("attention kernel '", name, "': expected auto, cudnn, flash or naive"));
+}
+
+namespace {
+
+using Attention = CudaGptOptions::Attention;
+
+// Resolves kAuto and refuses a kernel that cannot take the dtype, before
+// any device work.
+absl::StatusOr<Attention> CheckAttention(const CudaGptOptions& o) {
+  const bool bf16 = o.matmul_dtype == DType::kBF16;
+  switch (o.attention) {
+    case Attention::kAuto:
+      return bf16 ? Attention::kCudnn : Attention::kFlash;
+    case Attention::kCudnn:
+      if (!bf16) {
+        return absl::InvalidArgumentError(
+            "attention kernel cudnn takes bf16 only (cuDNN's fused attention has no f32 form): "
+            "use --param_dtype=bf16, or --gpu_attention=flash for f32");
+      }
+      return o.attention;
+    case Attention::kNaive:
+      if (bf16) {
+        return absl::InvalidArgumentError(
+            "attention kernel naive is f32 only: use --gpu_attention=flash or cudnn with bf16");
+      }
+      return o.attention;
+    case Attention::kFlash:
+      return o.attention;
+  }
+  return absl::InvalidArgumentError("unknown attention kernel");
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConfig& config,
                                                                    int max_batch,
-                                                                   DType matmul_dtype,
+                                                                   const CudaGptOptions& options,
                                                                    CudaBackend* backend) {
   if (max_batch < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("CudaGptModel: max_batch must be >= 1, got ", max_batch));
   }
-  if (matmul_dtype != DType::kF32 && matmul_dtype != DType::kBF16) {
+  if (options.matmul_dtype != DType::kF32 && options.matmul_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("CudaGptModel: matrix products in ",
-                                                   DTypeName(matmul_dtype),
+                                                   DTypeName(options.matmul_dtype),
                                                    " are not supported (F32 and BF16 are)"));
+  }
+  absl::StatusOr<Attention> attention = CheckAttention(options);
+  if (!attention.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaGptModel: ", attention.status().message()));
   }
   auto host = GptModel::Create(config);
   if (!host.ok()) return host.status();
   if (backend == nullptr) return absl::InvalidArgumentError("CudaGptModel: null backend");
-  auto linear = gpu::CublasLinear::Create(backend->StreamForThisThread());
+  void* stream = backend->StreamForThisThread();
+  auto linear = gpu::CublasLtLinear::Create(stream, options.tf32);
   if (!linear.ok()) return linear.status();
-  std::unique_ptr<CudaGptModel> model(
-      new CudaGptModel(*std::move(host), max_batch, matmul_dtype, backend, *std::move(linear)));
+  CudaGptOptions resolved = options;
+  resolved.attention = *attention;
+  std::unique_ptr<gpu::CudnnAttention> cudnn;
+  if (resolved.attention == Attention::kCudnn) {
+    auto created = gpu::CudnnAttention::Create(stream);
+    if (created.ok()) {
+      cudnn = *std::move(created);
+    } else if (options.attention == Attention::kAuto) {
+      // kAuto: our own kernel when cuDNN is not there (said once, here).
+      std::fprintf(stderr, "CudaGptModel: cuDNN attention unavailable (%s); using flash\n",
+                   std::string(created.status().message()).c_str());
+      resolved.attention = Attention::kFlash;
+    } else {
+      return created.status();
+    }
+  }
+  std::unique_ptr<CudaGptModel> model(new CudaGptModel(
+      *std::move(host), max_batch, resolved, backend, *std::move(linear), std::move(cudnn)));
   if (absl::Status s = model->AllocateActivations(); !s.ok()) return s;
   return model;
 }
 
-CudaGptModel::CudaGptModel(std::unique_ptr<GptModel> host, int max_batch, DType matmul_dtype,
-                           CudaBackend* backend, std::unique_ptr<gpu::CublasLinear> linear)
+CudaGptModel::CudaGptModel(std::unique_ptr<GptModel> host, int max_batch,
+                           const CudaGptOptions& options, CudaBackend* backend,
+                           std::unique_ptr<gpu::CublasLtLinear> linear,
+                           std::unique_ptr<gpu::CudnnAttention> cudnn)
     : host_(std::move(host)),
       max_batch_(max_batch),
-      matmul_dtype_(matmul_dtype),
+      options_(options),
+      act_dtype_(options.matmul_dtype),
+      act_bytes_(options.matmul_dtype == DType::kBF16 ? 2 : 4),
       backend_(backend),
       stream_(backend->StreamForThisThread()),
       linear_(std::move(linear)),
+      cudnn_(std::move(cudnn)),
       unit_tensors_(TensorsByUnit(host_->Spec())),
       sequencer_(host_->config().n_layer + 2) {}
 
@@ -85,44 +169,46 @@ absl::Status CudaGptModel::AllocateActivations() {
   const int64_t p = int64_t{max_batch_} * cfg.n_ctx;  // positions
   const int64_t c = cfg.n_embd;
   const int64_t v = cfg.vocab;
-  const int64_t att = int64_t{max_batch_} * cfg.n_head * cfg.n_ctx * cfg.n_ctx;
+  const bool naive = options_.attention == Attention::kNaive;
   ZS_RETURN_IF_ERROR(Allocate(p, &tokens_));
   ZS_RETURN_IF_ERROR(Allocate(p, &targets_));
   resid_.resize(cfg.n_layer + 1);
   for (float*& r : resid_) ZS_RETURN_IF_ERROR(Allocate(p * c, &r));
-  blocks_.resize(cfg.n_layer);
+  blocks_.assign(cfg.n_layer, BlockActs{});
   for (BlockActs& a : blocks_) {
-    ZS_RETURN_IF_ERROR(Allocate(p * c, &a.ln1));
+    ZS_RETURN_IF_ERROR(AllocateAct(p * c, &a.ln1));
     ZS_RETURN_IF_ERROR(Allocate(p, &a.ln1_mean));
     ZS_RETURN_IF_ERROR(Allocate(p, &a.ln1_rstd));
-    ZS_RETURN_IF_ERROR(Allocate(p * 3 * c, &a.qkv));
-    ZS_RETURN_IF_ERROR(Allocate(att, &a.att));
-    ZS_RETURN_IF_ERROR(Allocate(p * c, &a.atty));
+    ZS_RETURN_IF_ERROR(AllocateAct(p * 3 * c, &a.qkv));
+    ZS_RETURN_IF_ERROR(AllocateAct(p * c, &a.atty));
+    if (naive) {
+      ZS_RETURN_IF_ERROR(Allocate(p * cfg.n_head * cfg.n_ctx, &a.att));
+    } else {
+      ZS_RETURN_IF_ERROR(Allocate(p * cfg.n_head, &a.lse));
+    }
     ZS_RETURN_IF_ERROR(Allocate(p * c, &a.res2));
-    ZS_RETURN_IF_ERROR(Allocate(p * c, &a.ln2));
+    ZS_RETURN_IF_ERROR(AllocateAct(p * c, &a.ln2));
     ZS_RETURN_IF_ERROR(Allocate(p, &a.ln2_mean));
     ZS_RETURN_IF_ERROR(Allocate(p, &a.ln2_rstd));
-    ZS_RETURN_IF_ERROR(Allocate(p * 4 * c, &a.fch));
-    ZS_RETURN_IF_ERROR(Allocate(p * 4 * c, &a.fch_gelu));
+    ZS_RETURN_IF_ERROR(AllocateAct(p * 4 * c, &a.fch));
+    ZS_RETURN_IF_ERROR(AllocateAct(p * 4 * c, &a.fch_gelu));
   }
-  ZS_RETURN_IF_ERROR(Allocate(p * c, &lnf_));
+  ZS_RETURN_IF_ERROR(AllocateAct(p * c, &lnf_));
   ZS_RETURN_IF_ERROR(Allocate(p, &lnf_mean_));
   ZS_RETURN_IF_ERROR(Allocate(p, &lnf_rstd_));
-  ZS_RETURN_IF_ERROR(Allocate(p * v, &logits_));
-  ZS_RETURN_IF_ERROR(Allocate(p * v, &probs_));
+  ZS_RETURN_IF_ERROR(AllocateAct(p * v, &logits_));
+  ZS_RETURN_IF_ERROR(Allocate(p, &logits_lse_));
   ZS_RETURN_IF_ERROR(Allocate(1, &loss_));
   ZS_RETURN_IF_ERROR(Allocate(p * c, &dresid_));
   ZS_RETURN_IF_ERROR(Allocate(p * c, &dres2_));
   ZS_RETURN_IF_ERROR(Allocate(p * c, &dtmp_));
-  ZS_RETURN_IF_ERROR(Allocate(p * 3 * c, &dqkv_));
-  ZS_RETURN_IF_ERROR(Allocate(p * 4 * c, &dfch_));
-  if (matmul_dtype_ == DType::kBF16) {
-    // The widest input of a product is c_fc's output feeding mlp.c_proj
-    // (4C); the widest output gradient the LM head's (V) or c_fc's (4C);
-    // the largest weight wte (V x C) or c_fc / mlp.c_proj (4C x C).
-    ZS_RETURN_IF_ERROR(Allocate(p * 4 * c, &x16_));
-    ZS_RETURN_IF_ERROR(Allocate(p * std::max(v, 4 * c), &dy16_));
+  ZS_RETURN_IF_ERROR(AllocateAct(p * c, &datty_));
+  ZS_RETURN_IF_ERROR(AllocateAct(p * 3 * c, &dqkv_));
+  ZS_RETURN_IF_ERROR(AllocateAct(p * 4 * c, &dfch_));
+  if (act_dtype_ == DType::kBF16) {
+    // The largest weight: wte (V x C) or c_fc / mlp.c_proj (4C x C).
     ZS_RETURN_IF_ERROR(Allocate(std::max(v * c, 4 * c * c), &w16_));
+    ZS_RETURN_IF_ERROR(Allocate(p * c, &dy16_));
   }
   return absl::OkStatus();
 }
@@ -134,18 +220,20 @@ absl::Status CudaGptModel::SetBatch(const int32_t* tokens, const int32_t* target
         absl::StrCat("batch [", b, ",", t, "] needs b >= 1 and 1 <= t <= n_ctx ", cfg.n_ctx));
   }
   const int64_t n = static_cast<int64_t>(b) * t;
-  // The buffers hold max_batch * n_ctx positions and max_batch * n_ctx^2
-  // attention weights per head.
+  // The buffers hold max_batch * n_ctx positions (and, for the naive
+  // attention, max_batch * n_ctx^2 weights per head).
   if (n > int64_t{max_batch_} * cfg.n_ctx || n * t > int64_t{max_batch_} * cfg.n_ctx * cfg.n_ctx) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch [", b, ",", t, "] does not fit the device GPT's activations, sized for up to ",
         max_batch_, " sequences of ", cfg.n_ctx, " tokens"));
   }
   for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= cfg.vocab || targets[i] < 0 || targets[i] >= cfg.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("position ", i, ": token ", tokens[i],
-                                                     " / target ", targets[i], " not in [0, ",
-                                                     cfg.vocab, ")"));
+    const bool target_ok =
+        targets[i] == kUnscoredTarget || (targets[i] >= 0 && targets[i] < cfg.vocab);
+    if (tokens[i] < 0 || tokens[i] >= cfg.vocab || !target_ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "position ", i, ": token ", tokens[i], " / target ", targets[i], " not in [0, ",
+          cfg.vocab, ") (a target may also be ", kUnscoredTarget, ": not scored)"));
     }
   }
   ZS_RETURN_IF_ERROR(backend_->CopyFromHost(tokens_, tokens, n * sizeof(int32_t)));
@@ -153,6 +241,7 @@ absl::Status CudaGptModel::SetBatch(const int32_t* tokens, const int32_t* target
   b_ = b;
   t_ = t;
   n_ = n;
+  logits_valid_ = false;
   sequencer_.Reset();
   return absl::OkStatus();
 }
@@ -162,8 +251,21 @@ absl::Status CudaGptModel::LogitsRowToHost(int64_t position, float* out) const {
     return absl::OutOfRangeError(
         absl::StrCat("logits row ", position, " of a batch of ", n_, " positions"));
   }
+  if (!logits_valid_) {
+    return absl::FailedPreconditionError(
+        "CudaGptModel: no logits to read (no forward pass of the head since the batch was set, "
+        "or its backward has turned them into their gradient)");
+  }
   const int64_t v = host_->config().vocab;
-  return backend_->CopyToHost(out, logits_ + position * v, v * sizeof(float));
+  if (act_dtype_ == DType::kF32) {
+    return backend_->CopyToHost(out, static_cast<const float*>(logits_) + position * v,
+                                v * sizeof(float));
+  }
+  std::vector<uint16_t> row(static_cast<size_t>(v));
+  ZS_RETURN_IF_ERROR(backend_->CopyToHost(
+      row.data(), static_cast<const uint16_t*>(logits_) + position * v, v * sizeof(uint16_t)));
+  for (int64_t i = 0; i < v; ++i) out[i] = BF16ToFloat(row[i]);
+  return absl::OkStatus();
 }
 
 double CudaGptModel::Loss() const {
@@ -197,10 +299,10 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
   ZS_RETURN_IF_ERROR(CheckUnitTensors(Spec(), unit_tensors_[unit], grads, "grads"));
   const int n_layer = host_->config().n_layer;
   // Refused before kOverwrite clears anything (HeadBackward checks it too).
-  if (op > n_layer && !probs_valid_) {
+  if (op > n_layer && !logits_valid_) {
     return absl::FailedPreconditionError(
-        "CudaGptModel: the head's backward ran twice for one forward pass (its softmax "
-        "probabilities became the logits' gradient the first time)");
+        "CudaGptModel: the head's backward ran twice for one forward pass (its logits became "
+        "their gradient the first time)");
   }
   if (mode == GradMode::kOverwrite) {
     for (TensorView& g : grads) {
@@ -221,30 +323,24 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
 }
 
 // ----------------------------------------------------------------------------
-// Products.
+// Operands.
 
-absl::Status CudaGptModel::Linear(float* y, const float* x, const float* w, const float* b,
-                                  int64_t in, int64_t out, Layout layout) {
-  if (matmul_dtype_ == DType::kF32) {
-    return linear_->Forward(y, x, w, b, n_, in, out, DType::kF32, layout);
-  }
-  ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(x16_, x, n_ * in, stream_));
-  ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(w16_, w, in * out, stream_));
-  return linear_->ForwardMixed(y, x16_, w16_, b, n_, in, out, layout);
+absl::StatusOr<const void*> CudaGptModel::Weight(const float* w, int64_t elements) {
+  if (act_dtype_ == DType::kF32) return static_cast<const void*>(w);
+  ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(w16_, w, elements, stream_));
+  return static_cast<const void*>(w16_);
 }
 
-absl::Status CudaGptModel::LinearBackward(float* dx, float* dw, float* db, const float* dy,
-                                          const float* x, const float* w, int64_t in, int64_t out,
-                                          Layout layout) {
-  if (matmul_dtype_ == DType::kF32) {
-    return linear_->Backward(dx, dw, db, dy, x, w, n_, in, out, DType::kF32, layout);
-  }
-  // The forward's operands, rounded again (the same values), and dy.
-  ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(dy16_, dy, n_ * out, stream_));
-  ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(x16_, x, n_ * in, stream_));
-  ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(w16_, w, in * out, stream_));
-  return linear_->BackwardMixed(dx, dw, db, dy16_, dy, x16_, w16_, n_, in, out, layout);
+absl::StatusOr<const void*> CudaGptModel::GradOperand(const float* dy, int64_t width) {
+  if (act_dtype_ == DType::kF32) return static_cast<const void*>(dy);
+  ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(dy16_, dy, n_ * width, stream_));
+  return static_cast<const void*>(dy16_);
 }
+
+#define ZS_ASSIGN_OR_RETURN(lhs, expr)          \
+  auto lhs##_or = (expr);                       \
+  if (!lhs##_or.ok()) return lhs##_or.status(); \
+  const void* lhs = *lhs##_or
 
 // ----------------------------------------------------------------------------
 // Op 0: token + position embedding (GptModel::EmbedForward / EmbedBackward).
@@ -264,67 +360,155 @@ absl::Status CudaGptModel::EmbedBackward(UnitTensors& g) {
 }
 
 // ----------------------------------------------------------------------------
+// Attention.
+
+absl::Status CudaGptModel::AttentionForward(const BlockActs& a) {
+  const int64_t c = host_->config().n_embd;
+  const int64_t nh = host_->config().n_head;
+  switch (options_.attention) {
+    case Attention::kCudnn:
+      return cudnn_->Forward(static_cast<uint16_t*>(a.atty), a.lse,
+                             static_cast<const uint16_t*>(a.qkv), b_, t_, c, nh);
+    case Attention::kNaive:
+      return gpu::AttentionForward(static_cast<float*>(a.atty), a.att,
+                                   static_cast<const float*>(a.qkv), b_, t_, c, nh, stream_);
+    default:
+      return gpu::FlashAttentionForward(a.atty, a.lse, a.qkv, b_, t_, c, nh, act_dtype_, stream_);
+  }
+}
+
+absl::Status CudaGptModel::AttentionBackward(const BlockActs& a, const void* datty, void* dqkv) {
+  const int64_t c = host_->config().n_embd;
+  const int64_t nh = host_->config().n_head;
+  switch (options_.attention) {
+    case Attention::kCudnn:
+      return cudnn_->Backward(static_cast<uint16_t*>(dqkv), static_cast<const uint16_t*>(datty),
+                              static_cast<const uint16_t*>(a.qkv),
+                              static_cast<const uint16_t*>(a.atty), a.lse, b_, t_, c, nh);
+    case Attention::kNaive:
+      return gpu::AttentionBackward(static_cast<float*>(dqkv), static_cast<const float*>(datty),
+                                    static_cast<const float*>(a.qkv), a.att, b_, t_, c, nh,
+                                    stream_);
+    default:
+      return gpu::FlashAttentionBackward(dqkv, datty, a.qkv, a.atty, a.lse, b_, t_, c, nh,
+                                         act_dtype_, stream_);
+  }
+}
+
+// ----------------------------------------------------------------------------
 // Ops 1..n_layer: block l (GptModel::BlockForward / BlockBackward).
 //   res2 = x + c_proj(attn(c_attn(ln_1(x))))
 //   out  = res2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(res2))))
 
 absl::Status CudaGptModel::BlockForward(int layer, const UnitTensors& p) {
   const int64_t c = host_->config().n_embd;
-  const int64_t nh = host_->config().n_head;
   const int64_t n = n_;
   const BlockActs& a = blocks_[layer];
   const float* x = resid_[layer];
-  float* out = resid_[layer + 1];
+  using Args = gpu::CublasLtLinear::ForwardArgs;
 
-  ZS_RETURN_IF_ERROR(gpu::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p[kLn1W].data,
-                                           p[kLn1B].data, n, c, stream_));
-  ZS_RETURN_IF_ERROR(
-      Linear(a.qkv, a.ln1, p[kAttnW].data, p[kAttnB].data, c, 3 * c, Layout::kInOut));
-  ZS_RETURN_IF_ERROR(gpu::AttentionForward(a.atty, a.att, a.qkv, b_, t_, c, nh, stream_));
-  ZS_RETURN_IF_ERROR(
-      Linear(a.res2, a.atty, p[kAttnProjW].data, p[kAttnProjB].data, c, c, Layout::kInOut));
-  ZS_RETURN_IF_ERROR(gpu::AddInto(a.res2, x, DType::kF32, n * c, stream_));  // + the skip path
+  ZS_RETURN_IF_ERROR(gpu::LayerNormForwardTo(a.ln1, act_dtype_, a.ln1_mean, a.ln1_rstd, x,
+                                             p[kLn1W].data, p[kLn1B].data, n, c, stream_));
+  {
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnW].data, c * 3 * c));
+    Args f{a.qkv, act_dtype_, a.ln1, w, act_dtype_, Layout::kInOut, p[kAttnB].data};
+    f.n = n, f.in = c, f.out = 3 * c;
+    ZS_RETURN_IF_ERROR(linear_->Forward(f));
+  }
+  ZS_RETURN_IF_ERROR(AttentionForward(a));
+  {
+    // res2 = x + atty W + b: the skip path added by the product.
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnProjW].data, c * c));
+    Args f{a.res2, DType::kF32, a.atty, w, act_dtype_, Layout::kInOut, p[kAttnProjB].data, x};
+    f.n = n, f.in = c, f.out = c;
+    ZS_RETURN_IF_ERROR(linear_->Forward(f));
+  }
+  ZS_RETURN_IF_ERROR(gpu::LayerNormForwardTo(a.ln2, act_dtype_, a.ln2_mean, a.ln2_rstd, a.res2,
+                                             p[kLn2W].data, p[kLn2B].data, n, c, stream_));
+  {
+    // fch_gelu = gelu(ln2 W + b), with ln2 W + b kept in fch.
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcW].data, c * 4 * c));
+    Args f{a.fch_gelu, act_dtype_, a.ln2, w, act_dtype_, Layout::kInOut, p[kFcB].data};
+    f.gelu_input = a.fch;
+    f.n = n, f.in = c, f.out = 4 * c;
+    ZS_RETURN_IF_ERROR(linear_->Forward(f));
+  }
+  ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcProjW].data, 4 * c * c));
+  Args f{resid_[layer + 1], DType::kF32,    a.fch_gelu,       w,
+         act_dtype_,        Layout::kInOut, p[kFcProjB].data, a.res2};
+  f.n = n, f.in = 4 * c, f.out = c;
+  return linear_->Forward(f);
+}
 
-  ZS_RETURN_IF_ERROR(gpu::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[kLn2W].data,
-                                           p[kLn2B].data, n, c, stream_));
-  ZS_RETURN_IF_ERROR(Linear(a.fch, a.ln2, p[kFcW].data, p[kFcB].data, c, 4 * c, Layout::kInOut));
-  ZS_RETURN_IF_ERROR(gpu::GeluTanhForward(a.fch_gelu, a.fch, n * 4 * c, stream_));
-  ZS_RETURN_IF_ERROR(
-      Linear(out, a.fch_gelu, p[kFcProjW].data, p[kFcProjB].data, 4 * c, c, Layout::kInOut));
-  return gpu::AddInto(out, a.res2, DType::kF32, n * c, stream_);  // + the skip path
+// The MLP branch's backward: on entry dresid_ = d(loss)/d(out); on exit
+// dres2_ = d(loss)/d(res2) (the LayerNorm path plus the skip path).
+absl::Status CudaGptModel::MlpBackward(const BlockActs& a, const UnitTensors& p, UnitTensors& g) {
+  const int64_t c = host_->config().n_embd;
+  const int64_t n = n_;
+  ZS_ASSIGN_OR_RETURN(dy, GradOperand(dresid_, c));
+  gpu::CublasLtLinear::BackwardWeightArgs bw{g[kFcProjW].data, g[kFcProjB].data, dy,
+                                             a.fch_gelu,       act_dtype_,       Layout::kInOut};
+  bw.n = n, bw.in = 4 * c, bw.out = c;
+  ZS_RETURN_IF_ERROR(linear_->BackwardWeight(bw));
+  {
+    // dfch = (dy W^T) * gelu'(fch), and c_fc's bias gradient from it.
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcProjW].data, 4 * c * c));
+    gpu::CublasLtLinear::BackwardInputArgs bi{dfch_,      act_dtype_,     dy,    w,
+                                              act_dtype_, Layout::kInOut, a.fch, g[kFcB].data};
+    bi.n = n, bi.in = 4 * c, bi.out = c;
+    ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
+  }
+  gpu::CublasLtLinear::BackwardWeightArgs fw{g[kFcW].data, nullptr,    dfch_,
+                                             a.ln2,        act_dtype_, Layout::kInOut};
+  fw.n = n, fw.in = c, fw.out = 4 * c;
+  ZS_RETURN_IF_ERROR(linear_->BackwardWeight(fw));
+  {
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcW].data, c * 4 * c));
+    gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, dfch_,
+                                              w,     act_dtype_,  Layout::kInOut};
+    bi.n = n, bi.in = c, bi.out = 4 * c;
+    ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
+  }
+  return gpu::LayerNormBackward(dres2_, g[kLn2W].data, g[kLn2B].data, dtmp_, a.res2, p[kLn2W].data,
+                                a.ln2_mean, a.ln2_rstd, n, c, stream_, /*dx_plus=*/dresid_);
 }
 
 absl::Status CudaGptModel::BlockBackward(int layer, const UnitTensors& p, UnitTensors& g) {
   const int64_t c = host_->config().n_embd;
-  const int64_t nh = host_->config().n_head;
   const int64_t n = n_;
   const BlockActs& a = blocks_[layer];
-  const float* x = resid_[layer];
   // On entry dresid_ = d(loss)/d(out); on exit d(loss)/d(x).
-
-  // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
-  ZS_RETURN_IF_ERROR(LinearBackward(dfch_, g[kFcProjW].data, g[kFcProjB].data, dresid_, a.fch_gelu,
-                                    p[kFcProjW].data, 4 * c, c, Layout::kInOut));
-  ZS_RETURN_IF_ERROR(gpu::GeluTanhBackward(dfch_, dfch_, a.fch, n * 4 * c, stream_));
-  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kFcW].data, g[kFcB].data, dfch_, a.ln2, p[kFcW].data,
-                                    c, 4 * c, Layout::kInOut));
-  ZS_RETURN_IF_ERROR(gpu::LayerNormBackward(dres2_, g[kLn2W].data, g[kLn2B].data, dtmp_, a.res2,
-                                            p[kLn2W].data, a.ln2_mean, a.ln2_rstd, n, c, stream_));
-  // dres2 = d(loss)/d(res2): the LayerNorm path plus the skip path.
-  ZS_RETURN_IF_ERROR(gpu::AddInto(dres2_, dresid_, DType::kF32, n * c, stream_));
+  ZS_RETURN_IF_ERROR(MlpBackward(a, p, g));
 
   // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))).
-  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kAttnProjW].data, g[kAttnProjB].data, dres2_, a.atty,
-                                    p[kAttnProjW].data, c, c, Layout::kInOut));
-  ZS_RETURN_IF_ERROR(gpu::AttentionBackward(dqkv_, dtmp_, a.qkv, a.att, b_, t_, c, nh, stream_));
-  // dtmp_ (d atty) is read by the attention backward above, which runs
-  // before this product on the same stream: it may be overwritten now.
-  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kAttnW].data, g[kAttnB].data, dqkv_, a.ln1,
-                                    p[kAttnW].data, c, 3 * c, Layout::kInOut));
-  ZS_RETURN_IF_ERROR(gpu::LayerNormBackward(dresid_, g[kLn1W].data, g[kLn1B].data, dtmp_, x,
-                                            p[kLn1W].data, a.ln1_mean, a.ln1_rstd, n, c, stream_));
+  ZS_ASSIGN_OR_RETURN(dy, GradOperand(dres2_, c));
+  gpu::CublasLtLinear::BackwardWeightArgs pw{g[kAttnProjW].data, g[kAttnProjB].data, dy, a.atty,
+                                             act_dtype_,         Layout::kInOut};
+  pw.n = n, pw.in = c, pw.out = c;
+  ZS_RETURN_IF_ERROR(linear_->BackwardWeight(pw));
+  {
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnProjW].data, c * c));
+    gpu::CublasLtLinear::BackwardInputArgs bi{datty_, act_dtype_, dy,
+                                              w,      act_dtype_, Layout::kInOut};
+    bi.n = n, bi.in = c, bi.out = c;
+    ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
+  }
+  ZS_RETURN_IF_ERROR(AttentionBackward(a, datty_, dqkv_));
+  gpu::CublasLtLinear::BackwardWeightArgs qw{g[kAttnW].data, g[kAttnB].data, dqkv_,
+                                             a.ln1,          act_dtype_,     Layout::kInOut};
+  qw.n = n, qw.in = c, qw.out = 3 * c;
+  ZS_RETURN_IF_ERROR(linear_->BackwardWeight(qw));
+  {
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnW].data, c * 3 * c));
+    gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, dqkv_,
+                                              w,     act_dtype_,  Layout::kInOut};
+    bi.n = n, bi.in = c, bi.out = 3 * c;
+    ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
+  }
   // d(loss)/d(x): the LayerNorm path plus the skip path.
-  return gpu::AddInto(dresid_, dres2_, DType::kF32, n * c, stream_);
+  return gpu::LayerNormBackward(dresid_, g[kLn1W].data, g[kLn1B].data, dtmp_, resid_[layer],
+                                p[kLn1W].data, a.ln1_mean, a.ln1_rstd, n, c, stream_,
+                                /*dx_plus=*/dres2_);
 }
 
 // ----------------------------------------------------------------------------
@@ -335,12 +519,17 @@ absl::Status CudaGptModel::HeadForward(const UnitTensors& p) {
   const GptConfig& cfg = host_->config();
   const int64_t c = cfg.n_embd;
   const int64_t v = cfg.vocab;
-  ZS_RETURN_IF_ERROR(gpu::LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, resid_[cfg.n_layer],
-                                           p[kLnfW].data, p[kLnfB].data, n_, c, stream_));
+  ZS_RETURN_IF_ERROR(gpu::LayerNormForwardTo(lnf_, act_dtype_, lnf_mean_, lnf_rstd_,
+                                             resid_[cfg.n_layer], p[kLnfW].data, p[kLnfB].data, n_,
+                                             c, stream_));
   // logits[N,V] = lnf[N,C] wte^T: wte [V,C] is nn.Linear's [OUT,IN].
-  ZS_RETURN_IF_ERROR(Linear(logits_, lnf_, p[kWte].data, nullptr, c, v, Layout::kOutIn));
-  ZS_RETURN_IF_ERROR(gpu::CrossEntropyForward(loss_, probs_, logits_, targets_, n_, v, stream_));
-  probs_valid_ = true;
+  ZS_ASSIGN_OR_RETURN(w, Weight(p[kWte].data, v * c));
+  gpu::CublasLtLinear::ForwardArgs f{logits_, act_dtype_, lnf_, w, act_dtype_, Layout::kOutIn};
+  f.n = n_, f.in = c, f.out = v;
+  ZS_RETURN_IF_ERROR(linear_->Forward(f));
+  ZS_RETURN_IF_ERROR(
+      gpu::ClassifierForward(loss_, logits_lse_, logits_, targets_, n_, v, act_dtype_, stream_));
+  logits_valid_ = true;
   return absl::OkStatus();
 }
 
@@ -348,20 +537,31 @@ absl::Status CudaGptModel::HeadBackward(const UnitTensors& p, UnitTensors& g) {
   const GptConfig& cfg = host_->config();
   const int64_t c = cfg.n_embd;
   const int64_t v = cfg.vocab;
-  if (!probs_valid_) {
+  if (!logits_valid_) {
     return absl::FailedPreconditionError(
-        "CudaGptModel: the head's backward ran twice for one forward pass (its softmax "
-        "probabilities became the logits' gradient the first time)");
+        "CudaGptModel: the head's backward ran twice for one forward pass (its logits became "
+        "their gradient the first time)");
   }
-  float* dlogits = probs_;  // in place: element i reads probs[i] only
-  probs_valid_ = false;
-  ZS_RETURN_IF_ERROR(gpu::CrossEntropyBackward(dlogits, probs_, targets_, n_, v, stream_));
-  ZS_RETURN_IF_ERROR(LinearBackward(dtmp_, g[kWte].data, nullptr, dlogits, lnf_, p[kWte].data, c, v,
-                                    Layout::kOutIn));
+  // In place: the logits become d(loss)/d(logits).
+  logits_valid_ = false;
+  ZS_RETURN_IF_ERROR(
+      gpu::ClassifierBackward(logits_, logits_, logits_lse_, targets_, n_, v, act_dtype_, stream_));
+  gpu::CublasLtLinear::BackwardWeightArgs bw{g[kWte].data, nullptr,    logits_,
+                                             lnf_,         act_dtype_, Layout::kOutIn};
+  bw.n = n_, bw.in = c, bw.out = v;
+  ZS_RETURN_IF_ERROR(linear_->BackwardWeight(bw));
+  {
+    ZS_ASSIGN_OR_RETURN(w, Weight(p[kWte].data, v * c));
+    gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, logits_,
+                                              w,     act_dtype_,  Layout::kOutIn};
+    bi.n = n_, bi.in = c, bi.out = v;
+    ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
+  }
   return gpu::LayerNormBackward(dresid_, g[kLnfW].data, g[kLnfB].data, dtmp_, resid_[cfg.n_layer],
                                 p[kLnfW].data, lnf_mean_, lnf_rstd_, n_, c, stream_);
 }
 
+#undef ZS_ASSIGN_OR_RETURN
 #undef ZS_RETURN_IF_ERROR
 
 }  // namespace zeroshard

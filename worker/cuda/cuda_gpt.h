@@ -1,49 +1,80 @@
 // The GPT of worker/model/gpt.h on a CUDA device: the same spec (tensor
 // names, shapes, Hugging Face GPT-2 layouts), initialization, units and op
 // order, because the spec and InitRows come from a host GptModel; forward and
-// backward run the kernels of kernels.h and cuBLAS on the compute thread's
-// stream of a CudaBackend, on device views the engine hands in.
+// backward run our CUDA kernels, cuBLASLt and (for bf16 attention, when it
+// loads) cuDNN on the compute thread's stream of a CudaBackend, on device
+// views the engine hands in.
 //
-// Matrix products: with DType::kF32, f32 cuBLAS GEMMs (no TF32), which match
-// the CPU model to float rounding. With DType::kBF16 (--param_dtype=bf16),
-// every Linear / Conv1D / LM-head product rounds its operands (activations,
-// weights, incoming gradients) to bf16 and multiplies on tensor cores with
-// f32 accumulation into f32 results (CublasLinear::ForwardMixed /
-// BackwardMixed); weight gradients accumulate in f32. LayerNorm, attention,
-// GELU, softmax / cross-entropy and the residual stream stay f32 in both
-// modes, as PyTorch autocast(bfloat16) keeps them.
+// Activation dtype = the matrix products' dtype (CudaGptOptions):
+//  - F32: f32 everywhere; products are f32 GEMMs (TF32 only with tf32).
+//  - BF16 (--param_dtype=bf16), where PyTorch's autocast(bfloat16) keeps
+//    bf16: the LayerNorm outputs that feed products, the products' outputs
+//    (qkv, the MLP's pre-activation and its GELU), attention in and out, the
+//    logits, and the gradients flowing between products are stored in bf16;
+//    products multiply on tensor cores with f32 accumulation. Kept in f32:
+//    the residual stream and its gradient (projections add into it inside
+//    the product), LayerNorm statistics and arithmetic, softmax statistics,
+//    the loss, and every parameter gradient (accumulated in f32).
+// Fused: bias and tanh-GELU in the products' epilogues (and GELU's
+// derivative and the bias gradient in the backward's), attention that never
+// stores T x T (flash_attention.h or cudnn_attention.h), a classifier that
+// keeps the logits once and turns them into their gradient in place
+// (classifier.h).
 //
 // Activations are sized once, in Create, for batches of up to max_batch
 // sequences of n_ctx tokens (and any smaller batch); SetBatch allocates
-// nothing. The attention backward and the cross-entropy forward take their
-// scratch from the device's stream-ordered pool (kernels.h).
+// nothing. Kernels take small scratch from the device's stream-ordered pool.
 #ifndef ZEROSHARD_WORKER_CUDA_CUDA_GPT_H_
 #define ZEROSHARD_WORKER_CUDA_CUDA_GPT_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "worker/cuda/cublaslt_linear.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cudnn_attention.h"
 #include "worker/cuda/kernels.h"
 #include "worker/model/gpt.h"
 #include "worker/model/model_util.h"
 
 namespace zeroshard {
 
+struct CudaGptOptions {
+  // F32 or BF16: the products' operands and the stored activations.
+  DType matmul_dtype = DType::kF32;
+  enum class Attention {
+    kAuto,   // BF16: cuDNN when it loads, else flash; F32: flash
+    kCudnn,  // cuDNN's fused attention (BF16 only)
+    kFlash,  // our fused kernel (flash_attention.h)
+    kNaive,  // the T x T kernels of kernels.h (F32 only): a reference
+  };
+  Attention attention = Attention::kAuto;
+  // F32 products as TF32 on tensor cores (off: PyTorch's default too).
+  bool tf32 = false;
+};
+
+// "auto", "cudnn", "flash", "naive" (the --gpu_attention values).
+const char* AttentionName(CudaGptOptions::Attention a);
+absl::StatusOr<CudaGptOptions::Attention> ParseAttention(const std::string& name);
+
 class CudaGptModel : public TokenModel {
  public:
-  // INVALID_ARGUMENT for a bad config (as GptModel::Create), max_batch < 1 or
-  // a matmul dtype other than F32 / BF16; RESOURCE_EXHAUSTED when the
-  // activations do not fit on the device; other CUDA errors otherwise.
+  // INVALID_ARGUMENT for a bad config (as GptModel::Create), max_batch < 1,
+  // a matmul dtype other than F32 / BF16, or an attention kernel that cannot
+  // take that dtype; UNAVAILABLE when kCudnn was asked for and cuDNN does not
+  // load; RESOURCE_EXHAUSTED when the activations do not fit on the device;
+  // other CUDA errors otherwise.
   // `backend` is not owned; every call must come from one thread (the
   // engine's compute thread, the one calling Create), whose stream the model
   // uses.
   static absl::StatusOr<std::unique_ptr<CudaGptModel>> Create(const GptConfig& config,
-                                                              int max_batch, DType matmul_dtype,
+                                                              int max_batch,
+                                                              const CudaGptOptions& options,
                                                               CudaBackend* backend);
   ~CudaGptModel() override;
   CudaGptModel(const CudaGptModel&) = delete;
@@ -76,22 +107,30 @@ class CudaGptModel : public TokenModel {
     host_->InitRows(tensor, row_begin, row_end, seed, out);
   }
 
-  DType matmul_dtype() const { return matmul_dtype_; }
+  DType matmul_dtype() const { return options_.matmul_dtype; }
+  // The attention kernel in use (never kAuto).
+  CudaGptOptions::Attention attention() const { return options_.attention; }
 
  private:
-  // What block l keeps from forward for backward (P = max positions).
+  // What block l keeps from forward for backward (P = max positions). "act"
+  // buffers are in the activation dtype (act_dtype_), the rest f32.
   struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd;  // [P,C], [P], [P]
-    float* qkv;                        // [P,3C]
-    float* att;                        // [B,NH,T,T]
-    float* atty;                       // [P,C]
-    float* res2;                       // [P,C]
-    float *ln2, *ln2_mean, *ln2_rstd;  // [P,C], [P], [P]
-    float *fch, *fch_gelu;             // [P,4C]
+    void* ln1;                   // act [P,C]
+    float *ln1_mean, *ln1_rstd;  // [P], [P]
+    void* qkv;                   // act [P,3C]
+    void* atty;                  // act [P,C]
+    float* lse;                  // [B,NH,T] (fused attention)
+    float* att;                  // [B,NH,T,T] (kNaive only)
+    float* res2;                 // [P,C]: the residual stream after attention
+    void* ln2;                   // act [P,C]
+    float *ln2_mean, *ln2_rstd;  // [P], [P]
+    void* fch;                   // act [P,4C]: c_fc's output before GELU
+    void* fch_gelu;              // act [P,4C]
   };
 
-  CudaGptModel(std::unique_ptr<GptModel> host, int max_batch, DType matmul_dtype,
-               CudaBackend* backend, std::unique_ptr<gpu::CublasLinear> linear);
+  CudaGptModel(std::unique_ptr<GptModel> host, int max_batch, const CudaGptOptions& options,
+               CudaBackend* backend, std::unique_ptr<gpu::CublasLtLinear> linear,
+               std::unique_ptr<gpu::CudnnAttention> cudnn);
 
   // cudaMalloc of `bytes`, kept until destruction.
   absl::Status Allocate(int64_t bytes, void** out);
@@ -102,29 +141,38 @@ class CudaGptModel : public TokenModel {
     *out = static_cast<T*>(p);
     return s;
   }
+  absl::Status AllocateAct(int64_t elements, void** out) {
+    return Allocate(elements * act_bytes_, out);
+  }
   absl::Status AllocateActivations();
 
-  // y[N,OUT] = x[N,IN] W (+ b) over the current batch's N positions, in the
-  // model's matmul dtype; the backward as CublasLinear::Backward.
-  absl::Status Linear(float* y, const float* x, const float* w, const float* b, int64_t in,
-                      int64_t out, gpu::CublasLinear::Layout layout);
-  absl::Status LinearBackward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                              const float* w, int64_t in, int64_t out,
-                              gpu::CublasLinear::Layout layout);
+  // The weight as the products' operand: w itself (F32), or rounded into
+  // w16_ (BF16; the next product's weight overwrites it, in stream order).
+  absl::StatusOr<const void*> Weight(const float* w, int64_t elements);
+  // The f32 gradient dy [N,width] as the products' operand (BF16: rounded
+  // into dy16_).
+  absl::StatusOr<const void*> GradOperand(const float* dy, int64_t width);
+
+  absl::Status AttentionForward(const BlockActs& a);
+  absl::Status AttentionBackward(const BlockActs& a, const void* datty, void* dqkv);
 
   absl::Status EmbedForward(const UnitTensors& p);
   absl::Status BlockForward(int layer, const UnitTensors& p);
   absl::Status HeadForward(const UnitTensors& p);
   absl::Status EmbedBackward(UnitTensors& g);
   absl::Status BlockBackward(int layer, const UnitTensors& p, UnitTensors& g);
+  absl::Status MlpBackward(const BlockActs& a, const UnitTensors& p, UnitTensors& g);
   absl::Status HeadBackward(const UnitTensors& p, UnitTensors& g);
 
   std::unique_ptr<GptModel> host_;  // spec, config, op order and initialization
   const int max_batch_;
-  const DType matmul_dtype_;
+  const CudaGptOptions options_;
+  const DType act_dtype_;    // = options_.matmul_dtype
+  const int64_t act_bytes_;  // 4 or 2
   CudaBackend* const backend_;
   void* const stream_;  // the compute thread's
-  std::unique_ptr<gpu::CublasLinear> linear_;
+  std::unique_ptr<gpu::CublasLtLinear> linear_;
+  std::unique_ptr<gpu::CudnnAttention> cudnn_;  // kCudnn only
   std::vector<std::vector<int>> unit_tensors_;
   OpSequencer sequencer_;
   std::vector<void*> allocations_;
@@ -135,26 +183,27 @@ class CudaGptModel : public TokenModel {
   int64_t n_ = 0;                                   // b_ * t_ positions
   int32_t *tokens_ = nullptr, *targets_ = nullptr;  // [P]
 
-  // Activations: resid_[l] is the residual stream entering block l.
+  // Activations: resid_[l] (f32) is the residual stream entering block l.
   std::vector<float*> resid_;  // n_layer + 1 x [P,C]
   std::vector<BlockActs> blocks_;
-  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [P,C], [P], [P]
-  float* logits_ = nullptr;                                           // [P,V]
-  // Softmax probabilities [P,V]; the head's backward overwrites them with
-  // d(loss)/d(logits) (each element reads its own probability only).
-  float* probs_ = nullptr;
-  bool probs_valid_ = false;  // probs_ holds the last forward's probabilities
-  double* loss_ = nullptr;    // one device double
+  void* lnf_ = nullptr;                              // act [P,C]
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [P], [P]
+  // act [P,V]; the head's backward turns them into d(loss)/d(logits).
+  void* logits_ = nullptr;
+  float* logits_lse_ = nullptr;  // [P]
+  bool logits_valid_ = false;    // logits_ holds the last forward's logits
+  double* loss_ = nullptr;       // one device double
 
-  // Backward scratch: dresid_ carries d(loss)/d(residual stream) between ops.
+  // Backward scratch: dresid_ carries d(loss)/d(residual stream) between
+  // ops (f32).
   float *dresid_ = nullptr, *dres2_ = nullptr, *dtmp_ = nullptr;  // [P,C]
-  float* dqkv_ = nullptr;                                         // [P,3C]
-  float* dfch_ = nullptr;                                         // [P,4C]
+  void* datty_ = nullptr;                                         // act [P,C]
+  void* dqkv_ = nullptr;                                          // act [P,3C]
+  void* dfch_ = nullptr;                                          // act [P,4C]
 
-  // BF16 products only: operands rounded to bf16 (raw bits).
-  uint16_t* x16_ = nullptr;   // [P, 4C]: an input activation
-  uint16_t* dy16_ = nullptr;  // [P, max(V, 4C)]: an output gradient
-  uint16_t* w16_ = nullptr;   // max(V C, 4 C C): a weight
+  // BF16 only: a weight and an f32 gradient rounded to bf16 (raw bits).
+  uint16_t* w16_ = nullptr;   // max(V C, 4 C C)
+  uint16_t* dy16_ = nullptr;  // [P,C]
 };
 
 }  // namespace zeroshard

@@ -62,10 +62,17 @@ absl::Status MseBackward(float* dpred, const float* pred, const float* target, i
 
 absl::Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
                               const float* b, int64_t n, int64_t c, void* stream);
+// The same with `out` in out_dtype, F32 or BF16 (rounded once, from the f32
+// result): the device GPT's bf16 activations.
+absl::Status LayerNormForwardTo(void* out, DType out_dtype, float* mean, float* rstd,
+                                const float* x, const float* w, const float* b, int64_t n,
+                                int64_t c, void* stream);
 // dx written (may be nullptr; must not alias dout); dw, db accumulated.
+// With dx_plus: dx = the LayerNorm's input gradient + dx_plus (the skip
+// path's gradient, added in the same pass; may alias dx).
 absl::Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
                                const float* w, const float* mean, const float* rstd, int64_t n,
-                               int64_t c, void* stream);
+                               int64_t c, void* stream, const float* dx_plus = nullptr);
 
 // ----------------------------------------------------------------------------
 // Causal multi-head self-attention on packed qkv [B,T,3C] (layers.h). One
@@ -210,9 +217,9 @@ class CublasLinear {
   // (no bias).
   absl::Status ForwardProduct(const char* what, void* y, const void* x, const void* w, int64_t n,
                               int64_t in, int64_t out, DType dtype, DType c_dtype, Layout layout);
-  absl::Status BackwardProducts(const char* what, void* dx, void* dw, const void* dy,
-                                const void* x, const void* w, int64_t n, int64_t in, int64_t out,
-                                DType dtype, DType c_dtype, Layout layout);
+  absl::Status BackwardProducts(const char* what, void* dx, void* dw, const void* dy, const void* x,
+                                const void* w, int64_t n, int64_t in, int64_t out, DType dtype,
+                                DType c_dtype, Layout layout);
 
   void* handle_;  // cublasHandle_t
   void* stream_;  // cudaStream_t

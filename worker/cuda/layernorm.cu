@@ -21,10 +21,18 @@ using internal::SumOp;
 // Threads per row.
 constexpr int kRowThreads = 256;
 
+// Stores an f32 result as float or as bf16 raw bits (common/dtype.h's
+// FloatToBF16, bit for bit).
+__device__ __forceinline__ void Store(float* out, int64_t i, float v) { out[i] = v; }
+__device__ __forceinline__ void Store(uint16_t* out, int64_t i, float v) {
+  out[i] = internal::FloatToBF16Bits(v);
+}
+
 // One block per row. The two passes accumulate in double, as the CPU kernel
 // does (a one-pass float variance of activations with a large mean loses
 // everything to cancellation).
-__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* x,
+template <typename Out>
+__global__ void LayerNormForwardKernel(Out* out, float* mean, float* rstd, const float* x,
                                        const float* w, const float* b, int64_t c) {
   const int64_t row = blockIdx.x;
   const float* x_i = x + row * c;
@@ -39,8 +47,10 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
   const double var = BlockReduce(sq, SumOp(), 0.0) / static_cast<double>(c);
   const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(kLayerNormEps)));
   const float mf = static_cast<float>(m);
-  float* out_i = out + row * c;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) out_i[j] = (x_i[j] - mf) * s * w[j] + b[j];
+  Out* out_i = out + row * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    Store(out_i, j, (x_i[j] - mf) * s * w[j] + b[j]);
+  }
   if (threadIdx.x == 0) {
     mean[row] = mf;
     rstd[row] = s;
@@ -49,9 +59,10 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
 
 // dx, one block per row: with xhat = (x - mean) rstd and g = dout * w,
 // dx = rstd (g - mean(g) - xhat mean(g xhat)).
+// With plus: dx += plus (read before dx is written, by the same thread).
 __global__ void LayerNormBackwardDxKernel(float* dx, const float* dout, const float* x,
                                           const float* w, const float* mean, const float* rstd,
-                                          int64_t c) {
+                                          const float* plus, int64_t c) {
   const int64_t row = blockIdx.x;
   const float* x_i = x + row * c;
   const float* dout_i = dout + row * c;
@@ -70,26 +81,35 @@ __global__ void LayerNormBackwardDxKernel(float* dx, const float* dout, const fl
   float* dx_i = dx + row * c;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
     const float xhat = (x_i[j] - m) * s;
-    dx_i[j] = s * (dout_i[j] * w[j] - g_mean - xhat * g_xhat_mean);
+    const float add = plus != nullptr ? plus[row * c + j] : 0.0f;
+    dx_i[j] = s * (dout_i[j] * w[j] - g_mean - xhat * g_xhat_mean) + add;
   }
 }
 
-// dw += sum over rows of dout * xhat and db += column sums of dout. A block
-// covers 32 columns; its 8 rows of threads take every 8th row and then add
-// their partial sums in a fixed order (deterministic, no atomics).
+// dw += sum over rows of dout * xhat and db += column sums of dout, in two
+// deterministic stages (no atomics). Stage 1: block (x, y) covers 32 columns
+// and the rows of chunk y (kChunkRows rows); its 8 rows of threads take every
+// 8th row of the chunk and add their partial sums in a fixed order into
+// partial[y][col] (dw) and partial[chunks + y][col] (db). Stage 2: one thread
+// per column adds the chunks' partials in chunk order. Chunks give the
+// stage-1 grid enough blocks to fill the GPU (GPT-2: C 768 is 24 column
+// blocks; 8192 rows are 32 chunks).
 constexpr int kColumnsPerBlock = 32;
 constexpr int kRowGroups = 8;
+constexpr int64_t kChunkRows = 256;
 
-__global__ void LayerNormBackwardParamsKernel(float* dw, float* db, const float* dout,
-                                              const float* x, const float* mean, const float* rstd,
-                                              int64_t n, int64_t c) {
+__global__ void LayerNormParamsPartialKernel(float* partial, const float* dout, const float* x,
+                                             const float* mean, const float* rstd, int64_t n,
+                                             int64_t c) {
   __shared__ float dw_partial[kRowGroups][kColumnsPerBlock];
   __shared__ float db_partial[kRowGroups][kColumnsPerBlock];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  const int64_t row_end = min(n, (chunk + 1) * kChunkRows);
   float dw_sum = 0.0f;
   float db_sum = 0.0f;
   if (col < c) {
-    for (int64_t row = threadIdx.y; row < n; row += kRowGroups) {
+    for (int64_t row = chunk * kChunkRows + threadIdx.y; row < row_end; row += kRowGroups) {
       const float d = dout[row * c + col];
       const float xhat = (x[row * c + col] - mean[row]) * rstd[row];
       dw_sum += d * xhat;
@@ -106,9 +126,23 @@ __global__ void LayerNormBackwardParamsKernel(float* dw, float* db, const float*
       dw_total += dw_partial[r][threadIdx.x];
       db_total += db_partial[r][threadIdx.x];
     }
-    dw[col] += dw_total;
-    db[col] += db_total;
+    partial[chunk * c + col] = dw_total;
+    partial[(gridDim.y + chunk) * c + col] = db_total;
   }
+}
+
+__global__ void LayerNormParamsSumKernel(float* dw, float* db, const float* partial, int64_t chunks,
+                                         int64_t c) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= c) return;
+  float dw_total = 0.0f;
+  float db_total = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    dw_total += partial[k * c + col];
+    db_total += partial[(chunks + k) * c + col];
+  }
+  dw[col] += dw_total;
+  db[col] += db_total;
 }
 
 absl::Status CheckShape(const char* what, int64_t n, int64_t c) {
@@ -122,10 +156,15 @@ absl::Status CheckShape(const char* what, int64_t n, int64_t c) {
 
 }  // namespace
 
-absl::Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                              const float* b, int64_t n, int64_t c, void* stream) {
+absl::Status LayerNormForwardTo(void* out, DType out_dtype, float* mean, float* rstd,
+                                const float* x, const float* w, const float* b, int64_t n,
+                                int64_t c, void* stream) {
   static constexpr char kWhat[] = "LayerNormForward";
   if (absl::Status s = CheckShape(kWhat, n, c); !s.ok()) return s;
+  if (out_dtype != DType::kF32 && out_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": output in ", DTypeName(out_dtype), " (F32 or BF16 expected)"));
+  }
   if (n == 0) return absl::OkStatus();
   if (c == 0) {
     return absl::InvalidArgumentError(absl::StrCat(kWhat, ": c is 0 (no features to normalize)"));
@@ -134,14 +173,25 @@ absl::Status LayerNormForward(float* out, float* mean, float* rstd, const float*
       b == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(kWhat, ": null buffer"));
   }
-  LayerNormForwardKernel<<<static_cast<unsigned int>(n), kRowThreads, 0, AsStream(stream)>>>(
-      out, mean, rstd, x, w, b, c);
+  const unsigned int grid = static_cast<unsigned int>(n);
+  if (out_dtype == DType::kF32) {
+    LayerNormForwardKernel<<<grid, kRowThreads, 0, AsStream(stream)>>>(static_cast<float*>(out),
+                                                                       mean, rstd, x, w, b, c);
+  } else {
+    LayerNormForwardKernel<<<grid, kRowThreads, 0, AsStream(stream)>>>(static_cast<uint16_t*>(out),
+                                                                       mean, rstd, x, w, b, c);
+  }
   return LaunchStatus(kWhat);
+}
+
+absl::Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                              const float* b, int64_t n, int64_t c, void* stream) {
+  return LayerNormForwardTo(out, DType::kF32, mean, rstd, x, w, b, n, c, stream);
 }
 
 absl::Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
                                const float* w, const float* mean, const float* rstd, int64_t n,
-                               int64_t c, void* stream) {
+                               int64_t c, void* stream, const float* dx_plus) {
   static constexpr char kWhat[] = "LayerNormBackward";
   if (absl::Status s = CheckShape(kWhat, n, c); !s.ok()) return s;
   if (n == 0 || c == 0) return absl::OkStatus();
@@ -152,17 +202,42 @@ absl::Status LayerNormBackward(float* dx, float* dw, float* db, const float* dou
   if (dx == dout) {
     return absl::InvalidArgumentError(absl::StrCat(kWhat, ": dx must not alias dout"));
   }
+  if (dx_plus == dout) {
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": dx_plus must not alias dout"));
+  }
   const cudaStream_t st = AsStream(stream);
   if (dx != nullptr) {
-    LayerNormBackwardDxKernel<<<static_cast<unsigned int>(n), kRowThreads, 0, st>>>(dx, dout, x, w,
-                                                                                    mean, rstd, c);
+    LayerNormBackwardDxKernel<<<static_cast<unsigned int>(n), kRowThreads, 0, st>>>(
+        dx, dout, x, w, mean, rstd, dx_plus, c);
     if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
   }
-  const int64_t blocks = (c + kColumnsPerBlock - 1) / kColumnsPerBlock;
-  LayerNormBackwardParamsKernel<<<static_cast<unsigned int>(blocks),
-                                  dim3(kColumnsPerBlock, kRowGroups), 0, st>>>(dw, db, dout, x,
-                                                                               mean, rstd, n, c);
-  return LaunchStatus(kWhat);
+  const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+  if (chunks > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": n ", n, " rows exceed ",
+                                                   65535 * kChunkRows, " (the grid's y limit)"));
+  }
+  float* partial = nullptr;
+  const size_t bytes = static_cast<size_t>(2 * chunks * c) * sizeof(float);
+  if (absl::Status s =
+          CudaErrorToStatus(cudaMallocAsync(reinterpret_cast<void**>(&partial), bytes, st),
+                            absl::StrCat(kWhat, ": allocating ", bytes, " bytes of scratch"));
+      !s.ok()) {
+    return s;
+  }
+  const int64_t col_blocks = (c + kColumnsPerBlock - 1) / kColumnsPerBlock;
+  LayerNormParamsPartialKernel<<<dim3(static_cast<unsigned int>(col_blocks),
+                                      static_cast<unsigned int>(chunks)),
+                                 dim3(kColumnsPerBlock, kRowGroups), 0, st>>>(partial, dout, x,
+                                                                              mean, rstd, n, c);
+  absl::Status status = LaunchStatus(kWhat);
+  if (status.ok()) {
+    LayerNormParamsSumKernel<<<static_cast<unsigned int>((c + 255) / 256), 256, 0, st>>>(
+        dw, db, partial, chunks, c);
+    status.Update(LaunchStatus(kWhat));
+  }
+  // Stream-ordered: freed after the kernels above have run.
+  absl::Status freed = CudaErrorToStatus(cudaFreeAsync(partial, st), absl::StrCat(kWhat, ": free"));
+  return status.ok() ? freed : status;
 }
 
 }  // namespace gpu

@@ -9,25 +9,59 @@ namespace {
 
 GptConfig Small() { return GptConfig{2, 2, 16, 32, 8}; }
 
+CudaGptOptions With(DType dtype,
+                    CudaGptOptions::Attention attention = CudaGptOptions::Attention::kAuto) {
+  CudaGptOptions o;
+  o.matmul_dtype = dtype;
+  o.attention = attention;
+  return o;
+}
+
 TEST(CudaGptHostTest, CreateChecksItsArgumentsFirst) {
-  auto no_batch = CudaGptModel::Create(Small(), 0, DType::kF32, nullptr);
+  auto no_batch = CudaGptModel::Create(Small(), 0, With(DType::kF32), nullptr);
   EXPECT_EQ(no_batch.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(no_batch.status().message().find("max_batch"), std::string::npos) << no_batch.status();
 
-  auto f16 = CudaGptModel::Create(Small(), 2, DType::kF16, nullptr);
+  auto f16 = CudaGptModel::Create(Small(), 2, With(DType::kF16), nullptr);
   EXPECT_EQ(f16.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(f16.status().message().find("F16"), std::string::npos) << f16.status();
 
   GptConfig bad = Small();
   bad.n_head = 3;  // 16 % 3 != 0
-  auto heads = CudaGptModel::Create(bad, 2, DType::kBF16, nullptr);
+  auto heads = CudaGptModel::Create(bad, 2, With(DType::kBF16), nullptr);
   EXPECT_EQ(heads.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(heads.status().message().find("n_head"), std::string::npos) << heads.status();
 
-  auto no_backend = CudaGptModel::Create(Small(), 2, DType::kF32, nullptr);
+  auto no_backend = CudaGptModel::Create(Small(), 2, With(DType::kF32), nullptr);
   EXPECT_EQ(no_backend.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(no_backend.status().message().find("backend"), std::string::npos)
       << no_backend.status();
+}
+
+// An attention kernel that cannot take the products' dtype is refused
+// before any device work, naming the flag value that would work.
+TEST(CudaGptHostTest, AttentionKernelMustTakeTheDtype) {
+  using A = CudaGptOptions::Attention;
+  auto cudnn_f32 = CudaGptModel::Create(Small(), 2, With(DType::kF32, A::kCudnn), nullptr);
+  EXPECT_EQ(cudnn_f32.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cudnn_f32.status().message().find("--gpu_attention=flash"), std::string::npos)
+      << cudnn_f32.status();
+  auto naive_bf16 = CudaGptModel::Create(Small(), 2, With(DType::kBF16, A::kNaive), nullptr);
+  EXPECT_EQ(naive_bf16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(naive_bf16.status().message().find("f32 only"), std::string::npos)
+      << naive_bf16.status();
+}
+
+TEST(CudaGptHostTest, AttentionNamesRoundTrip) {
+  using A = CudaGptOptions::Attention;
+  for (A a : {A::kAuto, A::kCudnn, A::kFlash, A::kNaive}) {
+    absl::StatusOr<A> parsed = ParseAttention(AttentionName(a));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, a);
+  }
+  absl::StatusOr<A> bad = ParseAttention("xformers");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("expected auto, cudnn, flash or naive"), std::string::npos);
 }
 
 }  // namespace
