@@ -127,6 +127,42 @@ TEST(ParityTest, LayerNorm) {
   EXPECT_TRUE(AllNear(d_db.Download(), db, 1e-5f, 1e-4f));
 }
 
+// The device GPT's forms: bf16 output (rounded once from the f32 result: half
+// a bf16 ulp, <= 2^-8 of the value, plus one ulp, <= 2^-7, where float
+// reordering moved the f32 result across a rounding boundary), the skip
+// path's gradient added in the same pass (dx = LN's dx + plus), and rows
+// spanning several of the parameter-gradient chunks (256 rows each; 600 is
+// not a multiple).
+TEST(ParityTest, LayerNormBf16OutputAndSkipPath) {
+  const int64_t n = 600, c = 96;
+  const std::vector<float> x = RandomFloats(n * c, 15, 2.0f, 4.0f);
+  const std::vector<float> w = RandomFloats(c, 16), b = RandomFloats(c, 17);
+  const std::vector<float> dout = RandomFloats(n * c, 18), plus = RandomFloats(n * c, 19);
+  std::vector<float> out(n * c), mean(n), rstd(n), dx(n * c), dw(c, 0.0f), db(c, 0.0f);
+  LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+  LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                    rstd.data(), n, c);
+  for (int64_t i = 0; i < n * c; ++i) dx[i] += plus[i];
+
+  DeviceBuffer<float> d_x(x), d_w(w), d_b(b), d_dout(dout), d_plus(plus), d_mean(n), d_rstd(n),
+      d_dx(n * c), d_dw(std::vector<float>(c, 0.0f)), d_db(std::vector<float>(c, 0.0f));
+  DeviceBuffer<uint16_t> d_out16(n * c);
+  ASSERT_TRUE(gpu::LayerNormForwardTo(d_out16.get(), DType::kBF16, d_mean.get(), d_rstd.get(),
+                                      d_x.get(), d_w.get(), d_b.get(), n, c, nullptr)
+                  .ok());
+  const std::vector<uint16_t> got16 = d_out16.Download();
+  std::vector<float> got(n * c);
+  for (int64_t i = 0; i < n * c; ++i) got[i] = BF16ToFloat(got16[i]);
+  EXPECT_TRUE(AllNear(got, out, 1e-6f, 1.0f / 256 + 1.0f / 128));
+  ASSERT_TRUE(gpu::LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), d_dout.get(), d_x.get(),
+                                     d_w.get(), d_mean.get(), d_rstd.get(), n, c, nullptr,
+                                     d_plus.get())
+                  .ok());
+  EXPECT_TRUE(AllNear(d_dx.Download(), dx, 1e-5f, 1e-4f));
+  EXPECT_TRUE(AllNear(d_dw.Download(), dw, 1e-5f, 1e-4f));
+  EXPECT_TRUE(AllNear(d_db.Download(), db, 1e-5f, 1e-4f));
+}
+
 // ----------------------------------------------------------------------------
 // Attention
 
