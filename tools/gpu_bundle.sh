@@ -15,7 +15,8 @@ out="$(realpath -m "${1:?usage: tools/gpu_bundle.sh OUT.tar.xz}")"
 BAZEL="${BAZEL:-bazel}"
 
 checks=(cuda_kernels_parity_check cuda_engine_parity_check cuda_gpt_parity_check
-  nccl_communicator_check nccl_busbw_bench cuda_gpt_bench)
+  cuda_fused_parity_check cuda_cudnn_attention_check nccl_communicator_check nccl_busbw_bench
+  cuda_attention_bench cuda_fused_bench cuda_gpt_bench)
 targets=(//shard_server //worker:shard_worker //client:shardctl)
 for c in "${checks[@]}"; do targets+=("//tests/gpu:$c"); done
 "$BAZEL" build "${targets[@]}"

@@ -27,8 +27,11 @@
 #      (cuda_engine_parity_check: W = 1, stages 0 and 3, f32 and bf16), and of
 #      the device GPT against the CPU GPT (cuda_gpt_parity_check: per-tensor
 #      gradients of one pass, then 5 engine steps at stages 0 and 3, f32 and
-#      bf16; the tolerances are stated in that file). The per-tensor tables
-#      are in $OUT/gpt_parity.log.
+#      bf16, every attention kernel; the tolerances are stated in that file),
+#      of the fused classifier and the cuBLASLt epilogues
+#      (cuda_fused_parity_check) and of cuDNN's attention
+#      (cuda_cudnn_attention_check; SKIP when libcudnn does not load). The
+#      per-tensor tables are in $OUT/gpt_parity.log.
 #   6. The quickstart's GPT on one GPU (tests/gpu/quickstart_check.sh: W = 1,
 #      stage 3, QUICKSTART_STEPS steps), consolidated by shardctl, then
 #      loaded and evaluated by the CPU path (--backend=gloo --init_from):
@@ -40,13 +43,18 @@
 #      the table is kept in $OUT/busbw_<dtype>.txt. Compare busbw at 1 GiB
 #      with nccl-tests' all_gather_perf / reduce_scatter_perf on the same
 #      machine; set MIN_BUSBW_GBPS to turn that into a pass/fail threshold.
-#   9. Device GPT throughput at W = 1 (cuda_gpt_bench: the gpt_bench GPT and
-#      GPT-2 124M, f32 and bf16, stages 0 and 3): tokens/s and peak device
-#      memory, table in $OUT/gpt_bench.txt, JSON in $OUT/gpt_bench.json.
-#  10. PyTorch FSDP2 (fully_shard) on the same GPTs and GPU beside it
-#      (tests/gpu/torch_fsdp_gpt2.py, JSON in $OUT/torch_fsdp.json), with
-#      TORCH_PYTHON if set, else python3 if its torch has CUDA, else torch
-#      from PyPI into $OUT/torch-venv (PyPI's Linux wheels carry CUDA). SKIP
+#   9. Kernel benches (cuda_attention_bench: naive / flash / cuDNN attention
+#      forward + backward at GPT-2's shape; cuda_fused_bench: the fused
+#      classifier and cuBLASLt epilogues against the unfused ops), tables in
+#      $OUT/<bench>.txt, JSON beside them.
+#  10. Device GPT throughput at W = 1 (cuda_gpt_bench: the gpt_bench GPT and
+#      GPT-2 124M, f32 and bf16, stages 0 and 3, every attention kernel in
+#      GPT_ATTENTION, default naive,flash,cudnn: tokens/s and peak device
+#      memory) and PyTorch FSDP2 (fully_shard, tests/gpu/torch_fsdp_gpt2.py)
+#      on the same models and GPU, interleaved over ROUNDS (default 2) rounds;
+#      tests/gpu/compare_gpt.py prints the ratios ($OUT/compare.txt). PyTorch
+#      comes from TORCH_PYTHON if set, else python3 if its torch has CUDA,
+#      else PyPI into $OUT/torch-venv (PyPI's Linux wheels carry CUDA); SKIP
 #      when none of these works (e.g. no network on the GPU machine).
 #
 # Exit status: 0 when every step passed; 1 when any failed; 2 when none
@@ -62,7 +70,8 @@
 # ZEROSHARD_GPU_BIN (default: unset = build with Bazel), STEP_TIMEOUT
 # (seconds per step, default 900),
 # MIN_BUSBW_GBPS (default: unset), BAZEL_FLAGS (extra flags for every build),
-# QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset).
+# QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset), ROUNDS
+# (default: 2), GPT_ATTENTION (default: naive,flash,cudnn).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -106,9 +115,10 @@ else
   for name in "@local_cuda configured" "build GPU targets" "host-side GPU tests" \
     "integration tests, --backend=nccl" "CUDA kernels vs CPU kernels" \
     "ZeRO engine on GPU vs CPU (stages 0, 3)" "device GPT vs CPU GPT" \
+    "fused classifier, cuBLASLt epilogues vs CPU" "cuDNN attention vs CPU" \
     "quickstart GPT on GPU, evaluated on CPU" "NcclCommunicator on all GPUs" \
-    "bus bandwidth F32" "bus bandwidth BF16" "device GPT throughput (W = 1)" \
-    "PyTorch FSDP2 GPT beside it"; do
+    "bus bandwidth F32" "bus bandwidth BF16" "cuda_attention_bench" "cuda_fused_bench" \
+    "device GPT throughput (W = 1)" "PyTorch FSDP2 GPT beside it"; do
     step "$name" SKIP "no GPU visible"
   done
   finish
@@ -182,6 +192,20 @@ if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/par
 else
   step "CUDA kernels vs CPU kernels" FAIL "see $OUT/parity.log"
 fi
+# The device GPT's fused kernels: the classifier and cuBLASLt's epilogues,
+# and cuDNN's attention (exit 2: cuDNN could not be loaded: SKIP, the GPT then
+# runs our flash kernel).
+if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_fused_parity_check" >"$OUT/fused_parity.log" 2>&1; then
+  step "fused classifier, cuBLASLt epilogues vs CPU" PASS
+else
+  step "fused classifier, cuBLASLt epilogues vs CPU" FAIL "see $OUT/fused_parity.log"
+fi
+timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_cudnn_attention_check" >"$OUT/cudnn_attention.log" 2>&1
+case $? in
+  0) step "cuDNN attention vs CPU" PASS ;;
+  2) step "cuDNN attention vs CPU" SKIP "$(tail -n 1 "$OUT/cudnn_attention.log")" ;;
+  *) step "cuDNN attention vs CPU" FAIL "see $OUT/cudnn_attention.log" ;;
+esac
 
 # --- 5b. The ZeRO engine on the GPU vs the CPU --------------------------------------
 if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_engine_parity_check" >"$OUT/engine_parity.log" 2>&1; then
@@ -237,16 +261,21 @@ for dtype in F32 BF16; do
   fi
 done
 
-# --- 9. Device GPT throughput ---------------------------------------------------------
-if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --json_out="$OUT/gpt_bench.json" >"$OUT/gpt_bench.txt" \
-  2>"$OUT/gpt_bench.log"; then
-  cat "$OUT/gpt_bench.txt"
-  step "device GPT throughput (W = 1)" PASS "$OUT/gpt_bench.json"
-else
-  step "device GPT throughput (W = 1)" FAIL "see $OUT/gpt_bench.log"
-fi
+# --- 9. Kernel benches: attention (naive / flash / cuDNN) and the fused ops ---------
+for b in cuda_attention_bench cuda_fused_bench; do
+  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/$b" --json_out="$OUT/$b.json" >"$OUT/$b.txt" \
+    2>"$OUT/$b.log"; then
+    cat "$OUT/$b.txt"
+    step "$b" PASS "$OUT/$b.json"
+  else
+    step "$b" FAIL "see $OUT/$b.log"
+  fi
+done
 
-# --- 10. PyTorch FSDP2 beside it --------------------------------------------------------
+# --- 10. Device GPT throughput beside PyTorch FSDP2, interleaved -------------------------
+# ROUNDS rounds of (cuda_gpt_bench, torch_fsdp_gpt2.py), so that a clock or
+# thermal drift shows as a difference between rounds rather than as a
+# difference between the two; tests/gpu/compare_gpt.py prints the ratios.
 torch_python=""
 torch_note=""
 has_cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
@@ -265,20 +294,37 @@ elif python3 -m venv "$OUT/torch-venv" >"$OUT/torch_install.log" 2>&1 &&
 else
   torch_note="no torch with CUDA: pip install torch from PyPI failed (see $OUT/torch_install.log)"
 fi
-if [[ -z "$torch_python" ]]; then
-  step "PyTorch FSDP2 GPT beside it" SKIP "$torch_note"
-else
-  timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --json_out="$OUT/torch_fsdp.json" \
-    >"$OUT/torch_fsdp.txt" 2>"$OUT/torch_fsdp.log"
-  code=$?
-  cat "$OUT/torch_fsdp.txt"
-  if ((code == 0)); then
-    step "PyTorch FSDP2 GPT beside it" PASS "$OUT/torch_fsdp.json"
-  elif ((code == 3)); then
-    step "PyTorch FSDP2 GPT beside it" SKIP "$(tail -n 1 "$OUT/torch_fsdp.log")"
+ROUNDS="${ROUNDS:-2}"
+bench_failed=0
+torch_state=""
+for round in $(seq 1 "$ROUNDS"); do
+  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --attention="${GPT_ATTENTION:-naive,flash,cudnn}" \
+    --json_out="$OUT/gpt_bench.$round.json" >"$OUT/gpt_bench.$round.txt" 2>"$OUT/gpt_bench.$round.log"; then
+    cat "$OUT/gpt_bench.$round.txt"
   else
-    step "PyTorch FSDP2 GPT beside it" FAIL "see $OUT/torch_fsdp.log"
+    bench_failed=1
   fi
+  [[ -z "$torch_python" ]] && continue
+  timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py \
+    --json_out="$OUT/torch_fsdp.$round.json" >"$OUT/torch_fsdp.$round.txt" 2>"$OUT/torch_fsdp.$round.log"
+  code=$?
+  cat "$OUT/torch_fsdp.$round.txt"
+  if ((code == 3)); then torch_state="skip"; torch_note="$(tail -n 1 "$OUT/torch_fsdp.$round.log")"
+  elif ((code != 0)); then torch_state="fail"; fi
+done
+if ((bench_failed)); then
+  step "device GPT throughput (W = 1)" FAIL "see $OUT/gpt_bench.*.log"
+else
+  step "device GPT throughput (W = 1)" PASS "$OUT/gpt_bench.*.json"
+fi
+if [[ -z "$torch_python" || "$torch_state" == skip ]]; then
+  step "PyTorch FSDP2 GPT beside it" SKIP "$torch_note"
+elif [[ "$torch_state" == fail ]]; then
+  step "PyTorch FSDP2 GPT beside it" FAIL "see $OUT/torch_fsdp.*.log"
+else
+  step "PyTorch FSDP2 GPT beside it" PASS "$OUT/torch_fsdp.*.json"
+  python3 tests/gpu/compare_gpt.py "$OUT"/gpt_bench.*.json -- "$OUT"/torch_fsdp.*.json \
+    | tee "$OUT/compare.txt"
 fi
 
 finish

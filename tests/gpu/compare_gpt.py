@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Ratios of the device GPT (cuda_gpt_bench JSON) to PyTorch FSDP2
+(torch_fsdp_gpt2.py JSON) from interleaved rounds on one GPU: per model,
+dtype, attention kernel and ZeRO stage, the median tokens/s over the rounds,
+PyTorch's median for the same model and dtype, their ratio, and both peak
+device memories (ours: device bytes used above the start; PyTorch's: the
+caching allocator's peak reserved).
+
+  python3 tests/gpu/compare_gpt.py ZS.json [ZS.json ...] -- TORCH.json [...] [--json_out=F]
+"""
+import json
+import statistics
+import sys
+
+
+def load(paths):
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            doc = json.load(f)
+        for r in doc.get("results", []):
+            r["_device"] = doc.get("device", "?")
+            rows.append(r)
+    return rows
+
+
+def main(argv):
+    json_out = ""
+    args = []
+    for a in argv:
+        if a.startswith("--json_out="):
+            json_out = a.split("=", 1)[1]
+        else:
+            args.append(a)
+    if "--" not in args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cut = args.index("--")
+    ours, theirs = load(args[:cut]), load(args[cut + 1:])
+    torch_tps, torch_peak = {}, {}
+    for r in theirs:
+        key = (r["model"], r["dtype"])
+        torch_tps.setdefault(key, []).append(r["tokens_per_second"])
+        torch_peak.setdefault(key, []).append(r["device_peak_bytes"])
+    groups = {}
+    for r in ours:
+        key = (r["model"], r["dtype"], r.get("attention", "?"), r["stage"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    print(f"{'MODEL':10} {'DTYPE':5} {'ATTENTION':9} {'STAGE':5} {'TOKENS/s':>10} "
+          f"{'TORCH':>10} {'RATIO':>6} {'PEAK GiB':>8} {'TORCH GiB':>9} ROUNDS")
+    for key in sorted(groups):
+        model, dtype, attention, stage = key
+        tps = statistics.median(r["tokens_per_second"] for r in groups[key])
+        peak = max(r["device_peak_bytes"] for r in groups[key])
+        t = torch_tps.get((model, dtype))
+        t_tps = statistics.median(t) if t else float("nan")
+        t_peak = max(torch_peak[(model, dtype)]) if t else float("nan")
+        ratio = tps / t_tps if t else float("nan")
+        print(f"{model:10} {dtype:5} {attention:9} {stage!s:5} {tps:10.0f} {t_tps:10.0f} "
+              f"{ratio:6.2f} {peak / 2**30:8.2f} {t_peak / 2**30:9.2f} {len(groups[key])}")
+        out.append({"model": model, "dtype": dtype, "attention": attention, "stage": stage,
+                    "tokens_per_second": tps, "torch_tokens_per_second": t_tps,
+                    "ratio": ratio, "device_peak_bytes": peak, "torch_peak_bytes": t_peak,
+                    "rounds": len(groups[key])})
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump({"device": ours[0]["_device"] if ours else "?", "rows": out}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
