@@ -71,7 +71,8 @@
 # (seconds per step, default 900),
 # MIN_BUSBW_GBPS (default: unset), BAZEL_FLAGS (extra flags for every build),
 # QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset), ROUNDS
-# (default: 2), GPT_ATTENTION (default: naive,flash,cudnn).
+# (default: 2), GPT_ATTENTION (default: naive,flash,cudnn), RUN_STEPS
+# (default: checks,bench).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -186,6 +187,11 @@ fi
 
 fi  # Bazel steps
 
+# RUN_STEPS (default checks,bench) picks the halves below: checks = steps
+# 5-8, bench = steps 9-10 (tests/gpu/device_session.sh runs them apart).
+want() { [[ ",${RUN_STEPS:-checks,bench}," == *",$1,"* ]]; }
+
+if want checks; then
 # --- 5. GPU-versus-CPU parity ----------------------------------------------------
 if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/parity.log" 2>&1; then
   step "CUDA kernels vs CPU kernels" PASS
@@ -261,6 +267,11 @@ for dtype in F32 BF16; do
   fi
 done
 
+else
+  step "checks (steps 5-8)" SKIP "not in RUN_STEPS=$RUN_STEPS"
+fi
+
+if want bench; then
 # --- 9. Kernel benches: attention (naive / flash / cuDNN) and the fused ops ---------
 for b in cuda_attention_bench cuda_fused_bench; do
   if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/$b" --json_out="$OUT/$b.json" >"$OUT/$b.txt" \
@@ -325,6 +336,10 @@ else
   step "PyTorch FSDP2 GPT beside it" PASS "$OUT/torch_fsdp.*.json"
   python3 tests/gpu/compare_gpt.py "$OUT"/gpt_bench.*.json -- "$OUT"/torch_fsdp.*.json \
     | tee "$OUT/compare.txt"
+fi
+
+else
+  step "benches (steps 9-10)" SKIP "not in RUN_STEPS=$RUN_STEPS"
 fi
 
 finish

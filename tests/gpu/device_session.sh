@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The prepared GPU session: tests/gpu/run.sh and the GPU benches on a lent
+# GPU machine that has no Bazel (the `device` tool's machines: a CUDA image
+# with PyTorch, nothing downloadable). Two parts, so that each fits one
+# command of that machine (10 minutes) with room for a rerun:
+#
+#   here, where Bazel is (once per commit; ~40 MB):
+#     echo /.gpu/ >> .git/info/exclude; tools/gpu_bundle.sh .gpu/bundle.tar.xz
+#   there (carry .gpu; $OUT is the folder that comes back):
+#     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz checks   # ~3 min
+#     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz bench    # ~5 min
+#
+# checks: every parity check and the 600-step quickstart (run.sh steps
+# 1, 5-7); bench: the kernel benches and the device GPT beside PyTorch FSDP2
+# in interleaved rounds (steps 9-10; ROUNDS, GPT_ATTENTION as run.sh). The
+# part not asked for is skipped by run.sh's own switches (RUN_STEPS).
+#
+# Libraries: the bundle carries ours and CUDA's runtime; cuBLAS, cuBLASLt,
+# cuDNN and NCCL come from the machine (its PyTorch's pip packages,
+# nvidia/*/lib under python3's site-packages, when it has no system copy).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+bundle="${1:?usage: tests/gpu/device_session.sh BUNDLE.tar.xz checks|bench|all}"
+part="${2:-all}"
+case "$part" in
+  checks) steps="checks" ;;
+  bench) steps="bench" ;;
+  all) steps="checks,bench" ;;
+  *) echo "device_session: part '$part': expected checks, bench or all" >&2; exit 2 ;;
+esac
+OUT="${OUT:-/tmp/zeroshard-gpu}"
+mkdir -p "$OUT"
+B=/tmp/zeroshard-bundle
+if [[ ! -x "$B/bin/worker/shard_worker" ]]; then
+  mkdir -p "$B" && tar xJf "$bundle" -C "$B" || { echo "cannot unpack $bundle" >&2; exit 1; }
+fi
+libs="$B/lib"
+nvidia_dir="$(python3 -c 'import nvidia, sys; print(list(nvidia.__path__)[0])' 2>/dev/null)"
+for d in cudnn cublas nccl cuda_nvrtc; do
+  [[ -n "$nvidia_dir" && -d "$nvidia_dir/$d/lib" ]] && libs="$libs:$nvidia_dir/$d/lib"
+done
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$OUT/session_env.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
+  | tee -a "$OUT/session_env.txt"
+ZEROSHARD_GPU_BIN="$B/bin" TORCH_PYTHON="${TORCH_PYTHON:-python3}" \
+  QUICKSTART_STEPS="${QUICKSTART_STEPS:-600}" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \
+  RUN_STEPS="$steps" OUT="$OUT" tests/gpu/run.sh
