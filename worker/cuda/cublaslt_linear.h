@@ -81,6 +81,26 @@ class CublasLtLinear {
   };
   absl::Status BackwardWeight(const BackwardWeightArgs& a);
 
+  // The argument checks each call above runs before any CUDA call (dtypes,
+  // shapes, null and misaligned pointers, residual with a non-F32 y, ...):
+  // INVALID_ARGUMENT naming the value and what was expected. Static, so that
+  // they are tested on machines without a GPU.
+  static absl::Status CheckForward(const ForwardArgs& a);
+  static absl::Status CheckBackwardInput(const BackwardInputArgs& a);
+  static absl::Status CheckBackwardWeight(const BackwardWeightArgs& a);
+
+  // Products whose epilogue ran fused in cuBLASLt, and products that fell
+  // back to a plain cuBLASLt product plus cublaslt_epilogue.h's kernels
+  // (cuBLASLt offered no algorithm for the fused form: a buffer not 16-byte
+  // aligned, a GELU leading dimension (OUT or IN) not a multiple of 8, or a
+  // configuration this GPU's cuBLASLt lacks). Both give the same results
+  // within bf16/f32 rounding; the fallback costs extra passes over memory.
+  struct PathCounts {
+    int64_t fused = 0;
+    int64_t unfused = 0;
+  };
+  PathCounts path_counts() const;
+
  private:
   struct State;
   explicit CublasLtLinear(std::unique_ptr<State> state);
