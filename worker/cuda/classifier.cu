@@ -115,6 +115,9 @@ __device__ SoftmaxPartial RowPartial(const T* z, int64_t v) {
         p, [&](int) { return zi; }, 1);
   }
   const T* body = z + split.head;
+  // Unrolled so that several loads are in flight per thread (the arithmetic
+  // order is the loop's either way).
+#pragma unroll 4
   for (int64_t vec = i; vec < split.vectors; vec += kRowThreads) {
     Vec16<T> x;
     x.Load(body + vec * Vec16<T>::kCount);
@@ -200,6 +203,7 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   const RowSplit<T> split(z, v);
   if (i < split.head) Store(&d[i], grad(Widen(z[i]), i));
+#pragma unroll 4
   for (int64_t vec = i; vec < split.vectors; vec += kRowThreads) {
     const int64_t j0 = split.head + vec * Vec16<T>::kCount;
     Vec16<T> x;
