@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cublaslt_epilogue.h"
+#include "worker/cuda/cublaslt_plan.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/kernels.h"
 
@@ -91,6 +92,24 @@ struct Product {
   void* aux = nullptr;         // GELU's saved input
   int64_t ld_aux = 0;
 };
+
+Product FromPlan(const internal::LtPlan& plan, DType ab_dtype, DType d_dtype) {
+  Product p;
+  p.trans_a = plan.trans_a;
+  p.trans_b = plan.trans_b;
+  p.m = plan.m;
+  p.n = plan.n;
+  p.k = plan.k;
+  p.a = plan.a;
+  p.lda = plan.lda;
+  p.b = plan.b;
+  p.ldb = plan.ldb;
+  p.d = plan.d;
+  p.ldd = plan.ldd;
+  p.ab_dtype = ab_dtype;
+  p.d_dtype = d_dtype;
+  return p;
+}
 
 using CacheKey = std::array<int64_t, 20>;
 
@@ -353,24 +372,10 @@ absl::StatusOr<std::unique_ptr<CublasLtLinear>> CublasLtLinear::Create(void* str
 absl::Status CublasLtLinear::Forward(const ForwardArgs& a) {
   if (absl::Status s = CheckForward(a); !s.ok() || a.n == 0) return s;
   State& st = *state_;
-  Product p;
-  p.m = a.out;
-  p.n = a.n;
-  p.k = a.in;
-  if (a.layout == Layout::kOutIn) {
-    p.trans_a = true;  // w [OUT,IN] is column-major IN x OUT: y^T = (w^T)^T x^T
-    p.lda = a.in;
-  } else {
-    p.lda = a.out;  // w [IN,OUT] is column-major OUT x IN: y^T = w^T x^T
-  }
-  p.a = a.w;
-  p.b = a.x;
-  p.ldb = a.in;
-  p.ab_dtype = a.in_dtype;
+  Product p =
+      FromPlan(internal::PlanForward(a.layout == Layout::kOutIn, a.y, a.x, a.w, a.n, a.in, a.out),
+               a.in_dtype, a.y_dtype);
   p.c = a.residual;
-  p.d = a.y;
-  p.ldd = a.out;
-  p.d_dtype = a.y_dtype;
   // The bias in y's type (cuBLASLt's rule): a BF16 y gets it rounded to bf16.
   const void* bias = a.bias;
   if (a.bias != nullptr && a.y_dtype == DType::kBF16) {
@@ -413,23 +418,9 @@ absl::Status CublasLtLinear::Forward(const ForwardArgs& a) {
 absl::Status CublasLtLinear::BackwardInput(const BackwardInputArgs& a) {
   if (absl::Status s = CheckBackwardInput(a); !s.ok() || a.n == 0) return s;
   State& st = *state_;
-  Product p;
-  p.m = a.in;
-  p.n = a.n;
-  p.k = a.out;
-  if (a.layout == Layout::kOutIn) {
-    p.lda = a.in;  // dx = dy w, w [OUT,IN] column-major IN x OUT: dx^T = w^T dy^T
-  } else {
-    p.trans_a = true;  // dx = dy w^T, w [IN,OUT] column-major OUT x IN
-    p.lda = a.out;
-  }
-  p.a = a.w;
-  p.b = a.dy;
-  p.ldb = a.out;
-  p.ab_dtype = a.in_dtype;
-  p.d = a.dx;
-  p.ldd = a.in;
-  p.d_dtype = a.dx_dtype;
+  const Product p = FromPlan(
+      internal::PlanBackwardInput(a.layout == Layout::kOutIn, a.dx, a.dy, a.w, a.n, a.in, a.out),
+      a.in_dtype, a.dx_dtype);
   if (a.gelu_input == nullptr) {
     bool ran = false;
     absl::Status s = st.Run(p, /*may_decline=*/false, &ran);
@@ -466,36 +457,12 @@ absl::Status CublasLtLinear::BackwardInput(const BackwardInputArgs& a) {
 absl::Status CublasLtLinear::BackwardWeight(const BackwardWeightArgs& a) {
   if (absl::Status s = CheckBackwardWeight(a); !s.ok() || a.n == 0) return s;
   State& st = *state_;
-  Product p;
-  p.k = a.n;
-  p.ab_dtype = a.in_dtype;
-  p.d_dtype = DType::kF32;
-  p.c = a.dw;
-  p.d = a.dw;
-  cublasLtEpilogue_t bgrad = CUBLASLT_EPILOGUE_BGRADB;
-  if (a.layout == Layout::kOutIn) {
-    // dw[OUT,IN] += dy^T x: dw^T (IN x OUT) += x^T dy; dy is op(B), so its
-    // column sums are BGRADB's (over k, one per column of D).
-    p.m = a.in;
-    p.n = a.out;
-    p.a = a.x;
-    p.lda = a.in;
-    p.b = a.dy;
-    p.ldb = a.out;
-    p.trans_b = true;
-    p.ldd = a.in;
-  } else {
-    // dw[IN,OUT] += x^T dy: dw^T (OUT x IN) += dy^T x; dy is op(A): BGRADA.
-    p.m = a.out;
-    p.n = a.in;
-    p.a = a.dy;
-    p.lda = a.out;
-    p.b = a.x;
-    p.ldb = a.in;
-    p.trans_b = true;
-    p.ldd = a.out;
-    bgrad = CUBLASLT_EPILOGUE_BGRADA;
-  }
+  const internal::LtPlan plan =
+      internal::PlanBackwardWeight(a.layout == Layout::kOutIn, a.dw, a.x, a.dy, a.n, a.in, a.out);
+  Product p = FromPlan(plan, a.in_dtype, DType::kF32);
+  p.c = a.dw;  // dw += (beta 1, in place)
+  const cublasLtEpilogue_t bgrad =
+      plan.bias_grad_from_a ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
   if (a.db == nullptr) {
     bool ran = false;
     absl::Status s = st.Run(p, /*may_decline=*/false, &ran);
