@@ -116,13 +116,14 @@ class Tensor {
 // row's softmax sum s is within SumRelative of exact: per term the rounded
 // z - max (u per unit of gap, capped at 88: smaller terms are below 1e-38 s),
 // expf (2 u), the additions of its 16-byte vector (8 at most), per later
-// step in its thread a rescale (3 u) and an addition, and the combination of
+// step in its thread (vectors, and the row's unaligned head and tail logit)
+// a rescale (3 u) and an addition, and the combination of
 // the 256 threads (a rescale and an addition per level, 8 levels; counted as
 // 4 per thread to cover any order). The CPU's double sum of FastExp terms is
 // within (2 + gap) u.
 double SumRelative(int64_t v, int vector, double gap) {
   const int64_t steps = (v + 256 * vector - 1) / (256 * vector);
-  const double roundings = std::min(gap, 88.0) + 2 + vector + 4.0 * steps + 4.0 * 256;
+  const double roundings = std::min(gap, 88.0) + 2 + vector + 4.0 * (steps + 2) + 4.0 * 256;
   return SumErrorBound(static_cast<int64_t>(std::ceil(roundings)));
 }
 

@@ -63,18 +63,13 @@ struct Vec16 {
   }
 };
 
-// How a row of v elements at `z` splits into head, aligned vectors, tail.
+// The row's split (classifier_chunked.h's SplitRow): the head runs to the
+// first 16-byte boundary.
 template <typename T>
-struct RowSplit {
-  int64_t head, vectors, tail_begin;
-  __device__ RowSplit(const T* z, int64_t v) {
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(z);
-    head = static_cast<int64_t>(((16 - (addr & 15)) & 15) / sizeof(T));
-    if (head > v) head = v;
-    vectors = (v - head) / Vec16<T>::kCount;
-    tail_begin = head + vectors * Vec16<T>::kCount;
-  }
-};
+__device__ __forceinline__ RowSplit SplitRowAt(const T* z, int64_t v) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(z);
+  return SplitRow(static_cast<int64_t>(((16 - (addr & 15)) & 15) / sizeof(T)), v, Vec16<T>::kCount);
+}
 
 __device__ __forceinline__ SoftmaxPartial ShuffleXor(SoftmaxPartial p, int offset) {
   SoftmaxPartial o;
@@ -106,7 +101,7 @@ __device__ SoftmaxPartial BlockCombine(SoftmaxPartial p) {
 
 template <typename T>
 __device__ SoftmaxPartial RowPartial(const T* z, int64_t v) {
-  const RowSplit<T> split(z, v);
+  const RowSplit split = SplitRowAt(z, v);
   SoftmaxPartial p = EmptySoftmaxPartial();
   const int64_t i = threadIdx.x;
   if (i < split.head) {
@@ -201,7 +196,7 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int64_t j = i; j < v; j += kRowThreads) Store(&d[j], grad(Widen(z[j]), j));
     return;
   }
-  const RowSplit<T> split(z, v);
+  const RowSplit split = SplitRowAt(z, v);
   if (i < split.head) Store(&d[i], grad(Widen(z[i]), i));
 #pragma unroll 4
   for (int64_t vec = i; vec < split.vectors; vec += kRowThreads) {

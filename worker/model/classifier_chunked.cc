@@ -11,19 +11,24 @@
 namespace zeroshard {
 namespace {
 
-// The row's partial as the device computes it: lane l takes vectors l,
-// l + lanes, ...; the lanes are combined in order.
+// The row's partial as the device computes it (SplitRow's assignment of
+// logits to lanes); the lanes are combined in order.
 SoftmaxPartial RowPartial(const float* z, int64_t v, const ClassifierChunking& c) {
-  const int64_t vectors = (v + c.vector - 1) / c.vector;
+  const RowSplit split = SplitRow(c.head, v, c.vector);
   SoftmaxPartial row = EmptySoftmaxPartial();
   for (int64_t lane = 0; lane < c.lanes; ++lane) {
     SoftmaxPartial p = EmptySoftmaxPartial();
-    for (int64_t vec = lane; vec < vectors; vec += c.lanes) {
-      const int64_t begin = vec * c.vector;
-      const int count = static_cast<int>(std::min<int64_t>(c.vector, v - begin));
+    auto single = [&](int64_t j) {
       p = SoftmaxPartialAddVector(
-          p, [&](int k) { return z[begin + k]; }, count);
+          p, [&](int) { return z[j]; }, 1);
+    };
+    if (lane < split.head) single(lane);
+    for (int64_t vec = lane; vec < split.vectors; vec += c.lanes) {
+      const int64_t begin = split.head + vec * c.vector;
+      p = SoftmaxPartialAddVector(
+          p, [&](int k) { return z[begin + k]; }, c.vector);
     }
+    if (split.tail_begin + lane < v) single(split.tail_begin + lane);
     row = CombineSoftmaxPartials(row, p);
   }
   return row;

@@ -3,9 +3,10 @@
 // buffer, so that the algorithm is tested without a GPU against layers.h's
 // CrossEntropyForward / CrossEntropyBackward.
 //
-// Forward, per row: the row is split among `lanes` lanes, lane l taking the
-// vectors l, l + lanes, l + 2 lanes, ... of `vector` consecutive logits (the
-// device: one thread per lane, one 16-byte load per vector). Each lane keeps
+// Forward, per row: the row is split among `lanes` lanes (SplitRow), lane l
+// taking the vectors l, l + lanes, l + 2 lanes, ... of `vector` consecutive
+// logits (the device: one thread per lane, one 16-byte load per vector) and
+// one logit of the unaligned head and tail. Each lane keeps
 // an online softmax partial (running max m, running sum s of e^(z - m)),
 // updated once per vector (SoftmaxPartialAddVector); the lanes' partials are
 // then combined (CombineSoftmaxPartials; the device combines them in a tree,
@@ -88,16 +89,37 @@ ZS_HOST_DEVICE float ClassifierGradient(float z, float lse, bool is_target, floa
   return is_target ? d - inv_scored : d;
 }
 
-// The host twin's chunking: the device kernel's threads per row and logits
-// per 16-byte load (4 for f32).
+// How a row of v logits splits for vector loads: `head` single logits up to
+// the first vector boundary (the device: the first 16-byte aligned address),
+// `vectors` whole vectors of `vector` logits, then single logits from
+// tail_begin to v. Lane i takes head logit i, vectors i, i + lanes, ..., and
+// tail logit tail_begin + i: every logit exactly once when lanes >= vector
+// (head and tail are shorter than a vector).
+struct RowSplit {
+  int64_t head, vectors, tail_begin;
+};
+
+ZS_HOST_DEVICE RowSplit SplitRow(int64_t head, int64_t v, int vector) {
+  RowSplit r;
+  r.head = head < v ? head : v;
+  r.vectors = (v - r.head) / vector;
+  r.tail_begin = r.head + r.vectors * vector;
+  return r;
+}
+
+// The host twin's chunking: the device kernel's threads per row, logits per
+// 16-byte load (4 for f32, 8 for bf16), and the logits before the first
+// 16-byte boundary (0 to vector - 1: the row's address mod 16 on the device).
 struct ClassifierChunking {
   int lanes = 256;
   int vector = 4;
+  int head = 0;
 };
 
 // lse [N] written (0 for unscored rows); returns the mean loss over scored
 // rows (0 when none is scored; NaN when a scored row's target is outside
-// [0, V)). Requires chunking.lanes >= 1 and chunking.vector >= 1.
+// [0, V)). Requires chunking.vector >= 1, chunking.lanes >= chunking.vector
+// and 0 <= chunking.head < chunking.vector.
 double ChunkedClassifierForward(float* lse, const float* logits, const int32_t* targets, int64_t n,
                                 int64_t v, const ClassifierChunking& chunking = {});
 

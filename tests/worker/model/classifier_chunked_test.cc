@@ -26,14 +26,15 @@ using ::zeroshard::testing::SumErrorBound;
 // relative once exponentiated; terms with z_j - m < -88 are below 1e-38 s and
 // count for nothing, so the gap is capped there), expf (<= 2 u for glibc and
 // CUDA's expf), the additions inside its vector (<= vector), in its lane one
-// rescale per later vector step (expf of the max difference and a multiply,
-// 3 u) and one addition per step, then the combination of the lanes (a
+// rescale per later step (expf of the max difference and a multiply, 3 u)
+// and one addition per step (the vectors, and the head and tail logits: two
+// steps more), then the combination of the lanes (a
 // rescale, 3 u, and an addition per lane). The sum of those counts, as one
 // gamma (tests/testing/error_model.h).
 double SumRelativeError(int64_t v, const ClassifierChunking& c, double gap) {
   const int64_t steps = (v + static_cast<int64_t>(c.lanes) * c.vector - 1) /
                         (static_cast<int64_t>(c.lanes) * c.vector);
-  const double roundings = std::min(gap, 88.0) + 2 + c.vector + 4.0 * steps + 4.0 * c.lanes;
+  const double roundings = std::min(gap, 88.0) + 2 + c.vector + 4.0 * (steps + 2) + 4.0 * c.lanes;
   return SumErrorBound(static_cast<int64_t>(std::ceil(roundings)));
 }
 
@@ -120,13 +121,39 @@ void ExpectMatchesCpu(const Case& c, const ClassifierChunking& chunking, const s
   }
 }
 
-const ClassifierChunking kChunkings[] = {{256, 4}, {8, 4}, {1, 1}, {3, 8}, {1024, 4}};
+// Lanes, vector, head: the device's f32 and bf16 splits at every row
+// alignment, and smaller ones that exercise more steps per lane.
+const ClassifierChunking kChunkings[] = {{256, 4, 0}, {256, 4, 3}, {256, 8, 7}, {8, 4, 1},
+                                         {1, 1, 0},   {8, 8, 5},   {1024, 4, 2}};
+
+std::string Name(const ClassifierChunking& c) {
+  return "lanes " + std::to_string(c.lanes) + " vector " + std::to_string(c.vector) + " head " +
+         std::to_string(c.head);
+}
+
+TEST(ChunkedClassifierTest, SplitCoversEveryLogitOnce) {
+  for (const ClassifierChunking& c : kChunkings) {
+    for (int64_t v = 0; v <= 300; ++v) {
+      const RowSplit split = SplitRow(c.head, v, c.vector);
+      std::vector<int> seen(v, 0);
+      for (int64_t lane = 0; lane < c.lanes; ++lane) {
+        if (lane < split.head) ++seen[lane];
+        for (int64_t vec = lane; vec < split.vectors; vec += c.lanes) {
+          for (int k = 0; k < c.vector; ++k) ++seen[split.head + vec * c.vector + k];
+        }
+        if (split.tail_begin + lane < v) ++seen[split.tail_begin + lane];
+      }
+      for (int64_t j = 0; j < v; ++j) {
+        ASSERT_EQ(seen[j], 1) << Name(c) << ", v " << v << ", logit " << j;
+      }
+    }
+  }
+}
 
 TEST(ChunkedClassifierTest, MatchesTwoPassCrossEntropy) {
   // V not a multiple of lanes * vector (1000 = 31 * 32 + 8), nor of 8.
   for (const ClassifierChunking& c : kChunkings) {
-    ExpectMatchesCpu(RandomCase(6, 1000, -4.0f, 4.0f, 1), c,
-                     "lanes " + std::to_string(c.lanes) + " vector " + std::to_string(c.vector));
+    ExpectMatchesCpu(RandomCase(6, 1000, -4.0f, 4.0f, 1), c, Name(c));
   }
 }
 
