@@ -301,8 +301,8 @@ LinearInputs MakeInputs(const LinearCase& c) {
   in.w = RoundTo(RandomFloats(c.in * c.out, 52, -0.5f, 0.5f), op);
   in.b = RandomFloats(c.out, 53);
   in.dy = RoundTo(RandomFloats(c.n * c.out, 54), op);
-  in.residual = RandomFloats(c.n * c.out, 55, -2.0f, 2.0f);
-  in.pre = RoundTo(RandomFloats(c.n * c.in, 56, -3.0f, 3.0f), c.out_dtype);
+  if (c.residual) in.residual = RandomFloats(c.n * c.out, 55, -2.0f, 2.0f);
+  if (c.gelu) in.pre = RoundTo(RandomFloats(c.n * c.in, 56, -3.0f, 3.0f), c.out_dtype);
   in.dw0 = RandomFloats(c.in * c.out, 57);
   in.db0 = RandomFloats(c.out, 58);
   in.gb0 = RandomFloats(c.in, 59);
@@ -386,7 +386,8 @@ void CheckLinearBackwardInput(gpu::CublasLtLinear& lt, const LinearCase& c,
     tol[i] = e;
   }
   Tensor d_dy(in.dy, c.in_dtype), d_w(in.w, c.in_dtype), d_dx(nx, c.out_dtype);
-  Tensor d_pre(in.pre, c.out_dtype), d_gb(in.gb0, DType::kF32);
+  Tensor d_pre(c.gelu ? in.pre : std::vector<float>(1, 0.0f), c.out_dtype);
+  Tensor d_gb(in.gb0, DType::kF32);
   gpu::CublasLtLinear::BackwardInputArgs a;
   a.dx = d_dx.get();
   a.dx_dtype = c.out_dtype;
@@ -518,6 +519,11 @@ TEST(FusedParityTest, CublasLtLinearGpt2Shapes) {
     proj.residual = true;
     CheckLinear(proj);
   }
+  // The tied LM head, logits = x wte^T (wte [V,C]: Linear layout, no bias),
+  // bf16 logits as the fused classifier takes them.
+  LinearCase head{"gpt2_lm_head", Layout::kOutIn, 8192, 768, 50257, DType::kBF16, DType::kBF16};
+  head.bias = false;
+  CheckLinear(head);
 }
 
 }  // namespace
