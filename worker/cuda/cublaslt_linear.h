@@ -6,6 +6,13 @@
 // multiply as TF32 on tensor cores). Shapes and weight layouts as
 // kernels.h's CublasLinear (kOutIn: w [OUT,IN]; kInOut: w [IN,OUT]).
 //
+// Precision, following cuBLASLt's rules (cublaslt_linear.cc): with a BF16 y
+// the f32 bias is rounded to bf16 before it is added (as autocast does);
+// gelu_input has y's (dx's) type; with a BF16 dx the fused bias gradient is
+// rounded to bf16 once before it is added into the f32 gradient. Products
+// cuBLASLt cannot fuse (path_counts) run unfused with the same results to
+// rounding.
+//
 // libcublasLt is loaded on first use, as libcublas is (cublas_lazy.cc).
 // Gradients accumulate, as everywhere in the models: dw += ..., db += ....
 // One instance owns one cuBLASLt handle, a workspace and one stream; not
