@@ -6,6 +6,13 @@
 // multiply as TF32 on tensor cores). Shapes and weight layouts as
 // kernels.h's CublasLinear (kOutIn: w [OUT,IN]; kInOut: w [IN,OUT]).
 //
+// Precision, following cuBLASLt's rules (cublaslt_linear.cc): with a BF16 y
+// the f32 bias is rounded to bf16 before it is added (as autocast does);
+// gelu_input has y's (dx's) type; with a BF16 dx the fused bias gradient is
+// rounded to bf16 once before it is added into the f32 gradient. Products
+// cuBLASLt cannot fuse (path_counts) run unfused with the same results to
+// rounding.
+//
 // libcublasLt is loaded on first use, as libcublas is (cublas_lazy.cc).
 // Gradients accumulate, as everywhere in the models: dw += ..., db += ....
 // One instance owns one cuBLASLt handle, a workspace and one stream; not
@@ -80,6 +87,26 @@ class CublasLtLinear {
     int64_t n = 0, in = 0, out = 0;
   };
   absl::Status BackwardWeight(const BackwardWeightArgs& a);
+
+  // The argument checks each call above runs before any CUDA call (dtypes,
+  // shapes, null and misaligned pointers, residual with a non-F32 y, ...):
+  // INVALID_ARGUMENT naming the value and what was expected. Static, so that
+  // they are tested on machines without a GPU.
+  static absl::Status CheckForward(const ForwardArgs& a);
+  static absl::Status CheckBackwardInput(const BackwardInputArgs& a);
+  static absl::Status CheckBackwardWeight(const BackwardWeightArgs& a);
+
+  // Products whose epilogue ran fused in cuBLASLt, and products that fell
+  // back to a plain cuBLASLt product plus cublaslt_epilogue.h's kernels
+  // (cuBLASLt offered no algorithm for the fused form: a buffer not 16-byte
+  // aligned, a GELU leading dimension (OUT or IN) not a multiple of 8, or a
+  // configuration this GPU's cuBLASLt lacks). Both give the same results
+  // within bf16/f32 rounding; the fallback costs extra passes over memory.
+  struct PathCounts {
+    int64_t fused = 0;
+    int64_t unfused = 0;
+  };
+  PathCounts path_counts() const;
 
  private:
   struct State;
