@@ -143,6 +143,9 @@ def cuda_library(
         tags = kwargs.get("tags", []),
         testonly = kwargs.get("testonly", False),
     )
+    if not cc_srcs and "linkstatic" not in kwargs:
+        # Only the nvcc archive: nothing for a shared library to hold.
+        kwargs["linkstatic"] = 1
     native.cc_library(
         name = name,
         srcs = [":" + name + "_cu"] + cc_srcs,
