@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -52,6 +53,9 @@ ABSL_FLAG(std::string, stages, "0,3", "ZeRO stages");
 ABSL_FLAG(std::string, attention, "auto",
           "Attention kernels to compare: auto, cudnn, flash, naive (a list)");
 ABSL_FLAG(bool, tf32, false, "f32 products as TF32");
+ABSL_FLAG(bool, profile, false,
+          "Also print each configuration's GPU time per kind of work (ms per step, from CUDA "
+          "events around the model's sections)");
 ABSL_FLAG(int, steps, 10, "Timed steps per configuration");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
@@ -105,7 +109,9 @@ struct Result {
   int64_t activation_bytes = 0;
   int64_t parameters = 0;
   double last_loss = 0;
-  std::string attention;  // the kernel the model resolved to
+  std::string attention;                     // the kernel the model resolved to
+  std::map<std::string, double> profile_ms;  // per step, --profile only
+  gpu::CublasLtLinear::PathCounts linear_paths;
 };
 
 absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage,
@@ -163,6 +169,10 @@ absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage,
     auto start = std::chrono::steady_clock::now();
     for (int step = 0; step < warmup + steps; ++step) {
       if (step == warmup) {
+        if (absl::GetFlag(FLAGS_profile)) {
+          (*model)->EnableProfile(true);
+          if (auto reset = (*model)->TakeProfile(); !reset.ok()) return reset.status();
+        }
         cudaDeviceSynchronize();
         start = std::chrono::steady_clock::now();
       }
@@ -185,6 +195,12 @@ absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage,
     result.step_ms = 1e3 * seconds / steps;
     result.engine_peak_bytes = (*engine)->memory().peak_total();
     result.activation_bytes = (*model)->ActivationBytes();
+    result.linear_paths = (*model)->linear_path_counts();
+    if (absl::GetFlag(FLAGS_profile)) {
+      absl::StatusOr<std::map<std::string, double>> profile = (*model)->TakeProfile();
+      if (!profile.ok()) return profile.status();
+      for (const auto& [name, ms] : *profile) result.profile_ms[name] = ms / steps;
+    }
   }
   result.device_peak_bytes = peak - baseline;
   return result;
@@ -204,6 +220,7 @@ int Main() {
   Table table({"MODEL", "PARAMS", "DTYPE", "ATTENTION", "STAGE", "TOKENS/s", "STEP ms",
                "DEVICE PEAK", "ENGINE PEAK", "ACTIVATIONS"});
   int run_id = 0;
+  std::vector<std::string> profiles;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     absl::StatusOr<BenchModel> m = ModelByName(std::string(name));
     if (!m.ok()) {
@@ -263,7 +280,18 @@ int Main() {
                                      {"device_peak_bytes", r->device_peak_bytes},
                                      {"engine_peak_bytes", r->engine_peak_bytes},
                                      {"activation_bytes", r->activation_bytes},
-                                     {"last_loss", r->last_loss}});
+                                     {"last_loss", r->last_loss},
+                                     {"fused_products", r->linear_paths.fused},
+                                     {"unfused_products", r->linear_paths.unfused},
+                                     {"profile_ms_per_step", r->profile_ms}});
+          if (!r->profile_ms.empty()) {
+            std::string line = absl::StrFormat("  %s %s %s stage %d, GPU ms per step:", m->name,
+                                               std::string(dtype_name), r->attention, stage);
+            for (const auto& [section, ms] : r->profile_ms) {
+              absl::StrAppendFormat(&line, " %s %.2f;", section, ms);
+            }
+            profiles.push_back(line);
+          }
           table.AddRow({m->name, absl::StrFormat("%.1fM", r->parameters / 1e6),
                         std::string(dtype_name), r->attention, absl::StrCat(stage),
                         absl::StrFormat("%.0f", r->tokens_per_second),
@@ -274,6 +302,7 @@ int Main() {
     }
   }
   std::printf("%s", table.ToString().c_str());
+  for (const std::string& line : profiles) std::printf("%s\n", line.c_str());
   return WriteBenchJson(json, absl::GetFlag(FLAGS_json_out));
 }
 

@@ -137,6 +137,7 @@ CudaGptModel::CudaGptModel(std::unique_ptr<GptModel> host, int max_batch,
       stream_(backend->StreamForThisThread()),
       linear_(std::move(linear)),
       cudnn_(std::move(cudnn)),
+      timer_(stream_),
       unit_tensors_(TensorsByUnit(host_->Spec())),
       sequencer_(host_->config().n_layer + 2) {}
 
@@ -287,6 +288,7 @@ absl::Status CudaGptModel::Forward(int op, const UnitTensors& params) {
   } else {
     ZS_RETURN_IF_ERROR(HeadForward(params));
   }
+  timer_.Mark(nullptr);
   sequencer_.MarkForward(op);
   return absl::OkStatus();
 }
@@ -305,6 +307,7 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
         "their gradient the first time)");
   }
   if (mode == GradMode::kOverwrite) {
+    timer_.Mark("clear grads");
     for (TensorView& g : grads) {
       ZS_RETURN_IF_ERROR(CudaErrorToStatus(cudaMemsetAsync(g.data, 0, g.elements() * sizeof(float),
                                                            static_cast<cudaStream_t>(stream_)),
@@ -318,6 +321,7 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
   } else {
     ZS_RETURN_IF_ERROR(HeadBackward(params, grads));
   }
+  timer_.Mark(nullptr);
   sequencer_.MarkBackward(op);
   return absl::OkStatus();
 }
@@ -333,6 +337,7 @@ absl::StatusOr<const void*> CudaGptModel::Weight(const float* w, int64_t element
 
 absl::StatusOr<const void*> CudaGptModel::GradOperand(const float* dy, int64_t width) {
   if (act_dtype_ == DType::kF32) return static_cast<const void*>(dy);
+  timer_.Mark("cast");
   ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(dy16_, dy, n_ * width, stream_));
   return static_cast<const void*>(dy16_);
 }
@@ -348,6 +353,7 @@ absl::StatusOr<const void*> CudaGptModel::GradOperand(const float* dy, int64_t w
 absl::Status CudaGptModel::EmbedForward(const UnitTensors& p) {
   const GptConfig& cfg = host_->config();
   // resid_[0][b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+  timer_.Mark("embedding");
   return gpu::EmbeddingForward(resid_[0], tokens_, p[kWte].data, p[kWpe].data, b_, t_, cfg.n_embd,
                                cfg.vocab, stream_);
 }
@@ -355,6 +361,7 @@ absl::Status CudaGptModel::EmbedForward(const UnitTensors& p) {
 absl::Status CudaGptModel::EmbedBackward(UnitTensors& g) {
   const GptConfig& cfg = host_->config();
   // dwte[tokens[b,t],:] += dresid[b,t,:]; dwpe[t,:] += dresid[b,t,:]
+  timer_.Mark("embedding");
   return gpu::EmbeddingBackward(g[kWte].data, g[kWpe].data, dresid_, tokens_, b_, t_, cfg.n_embd,
                                 cfg.vocab, stream_);
 }
@@ -365,6 +372,7 @@ absl::Status CudaGptModel::EmbedBackward(UnitTensors& g) {
 absl::Status CudaGptModel::AttentionForward(const BlockActs& a) {
   const int64_t c = host_->config().n_embd;
   const int64_t nh = host_->config().n_head;
+  timer_.Mark("attention");
   switch (options_.attention) {
     case Attention::kCudnn:
       return cudnn_->Forward(static_cast<uint16_t*>(a.atty), a.lse,
@@ -380,6 +388,7 @@ absl::Status CudaGptModel::AttentionForward(const BlockActs& a) {
 absl::Status CudaGptModel::AttentionBackward(const BlockActs& a, const void* datty, void* dqkv) {
   const int64_t c = host_->config().n_embd;
   const int64_t nh = host_->config().n_head;
+  timer_.Mark("attention");
   switch (options_.attention) {
     case Attention::kCudnn:
       return cudnn_->Backward(static_cast<uint16_t*>(dqkv), static_cast<const uint16_t*>(datty),
@@ -407,9 +416,11 @@ absl::Status CudaGptModel::BlockForward(int layer, const UnitTensors& p) {
   const float* x = resid_[layer];
   using Args = gpu::CublasLtLinear::ForwardArgs;
 
+  timer_.Mark("layernorm");
   ZS_RETURN_IF_ERROR(gpu::LayerNormForwardTo(a.ln1, act_dtype_, a.ln1_mean, a.ln1_rstd, x,
                                              p[kLn1W].data, p[kLn1B].data, n, c, stream_));
   {
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnW].data, c * 3 * c));
     Args f{a.qkv, act_dtype_, a.ln1, w, act_dtype_, Layout::kInOut, p[kAttnB].data};
     f.n = n, f.in = c, f.out = 3 * c;
@@ -418,21 +429,25 @@ absl::Status CudaGptModel::BlockForward(int layer, const UnitTensors& p) {
   ZS_RETURN_IF_ERROR(AttentionForward(a));
   {
     // res2 = x + atty W + b: the skip path added by the product.
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnProjW].data, c * c));
     Args f{a.res2, DType::kF32, a.atty, w, act_dtype_, Layout::kInOut, p[kAttnProjB].data, x};
     f.n = n, f.in = c, f.out = c;
     ZS_RETURN_IF_ERROR(linear_->Forward(f));
   }
+  timer_.Mark("layernorm");
   ZS_RETURN_IF_ERROR(gpu::LayerNormForwardTo(a.ln2, act_dtype_, a.ln2_mean, a.ln2_rstd, a.res2,
                                              p[kLn2W].data, p[kLn2B].data, n, c, stream_));
   {
     // fch_gelu = gelu(ln2 W + b), with ln2 W + b kept in fch.
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcW].data, c * 4 * c));
     Args f{a.fch_gelu, act_dtype_, a.ln2, w, act_dtype_, Layout::kInOut, p[kFcB].data};
     f.gelu_input = a.fch;
     f.n = n, f.in = c, f.out = 4 * c;
     ZS_RETURN_IF_ERROR(linear_->Forward(f));
   }
+  timer_.Mark("matmul");
   ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcProjW].data, 4 * c * c));
   Args f{resid_[layer + 1], DType::kF32,    a.fch_gelu,       w,
          act_dtype_,        Layout::kInOut, p[kFcProjB].data, a.res2};
@@ -449,9 +464,11 @@ absl::Status CudaGptModel::MlpBackward(const BlockActs& a, const UnitTensors& p,
   gpu::CublasLtLinear::BackwardWeightArgs bw{g[kFcProjW].data, g[kFcProjB].data, dy,
                                              a.fch_gelu,       act_dtype_,       Layout::kInOut};
   bw.n = n, bw.in = 4 * c, bw.out = c;
+  timer_.Mark("matmul");
   ZS_RETURN_IF_ERROR(linear_->BackwardWeight(bw));
   {
     // dfch = (dy W^T) * gelu'(fch), and c_fc's bias gradient from it.
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcProjW].data, 4 * c * c));
     gpu::CublasLtLinear::BackwardInputArgs bi{dfch_,      act_dtype_,     dy,    w,
                                               act_dtype_, Layout::kInOut, a.fch, g[kFcB].data};
@@ -461,14 +478,17 @@ absl::Status CudaGptModel::MlpBackward(const BlockActs& a, const UnitTensors& p,
   gpu::CublasLtLinear::BackwardWeightArgs fw{g[kFcW].data, nullptr,    dfch_,
                                              a.ln2,        act_dtype_, Layout::kInOut};
   fw.n = n, fw.in = c, fw.out = 4 * c;
+  timer_.Mark("matmul");
   ZS_RETURN_IF_ERROR(linear_->BackwardWeight(fw));
   {
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kFcW].data, c * 4 * c));
     gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, dfch_,
                                               w,     act_dtype_,  Layout::kInOut};
     bi.n = n, bi.in = c, bi.out = 4 * c;
     ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
   }
+  timer_.Mark("layernorm");
   return gpu::LayerNormBackward(dres2_, g[kLn2W].data, g[kLn2B].data, dtmp_, a.res2, p[kLn2W].data,
                                 a.ln2_mean, a.ln2_rstd, n, c, stream_, /*dx_plus=*/dresid_);
 }
@@ -485,8 +505,10 @@ absl::Status CudaGptModel::BlockBackward(int layer, const UnitTensors& p, UnitTe
   gpu::CublasLtLinear::BackwardWeightArgs pw{g[kAttnProjW].data, g[kAttnProjB].data, dy, a.atty,
                                              act_dtype_,         Layout::kInOut};
   pw.n = n, pw.in = c, pw.out = c;
+  timer_.Mark("matmul");
   ZS_RETURN_IF_ERROR(linear_->BackwardWeight(pw));
   {
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnProjW].data, c * c));
     gpu::CublasLtLinear::BackwardInputArgs bi{datty_, act_dtype_, dy,
                                               w,      act_dtype_, Layout::kInOut};
@@ -497,8 +519,10 @@ absl::Status CudaGptModel::BlockBackward(int layer, const UnitTensors& p, UnitTe
   gpu::CublasLtLinear::BackwardWeightArgs qw{g[kAttnW].data, g[kAttnB].data, dqkv_,
                                              a.ln1,          act_dtype_,     Layout::kInOut};
   qw.n = n, qw.in = c, qw.out = 3 * c;
+  timer_.Mark("matmul");
   ZS_RETURN_IF_ERROR(linear_->BackwardWeight(qw));
   {
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kAttnW].data, c * 3 * c));
     gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, dqkv_,
                                               w,     act_dtype_,  Layout::kInOut};
@@ -506,6 +530,7 @@ absl::Status CudaGptModel::BlockBackward(int layer, const UnitTensors& p, UnitTe
     ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
   }
   // d(loss)/d(x): the LayerNorm path plus the skip path.
+  timer_.Mark("layernorm");
   return gpu::LayerNormBackward(dresid_, g[kLn1W].data, g[kLn1B].data, dtmp_, resid_[layer],
                                 p[kLn1W].data, a.ln1_mean, a.ln1_rstd, n, c, stream_,
                                 /*dx_plus=*/dres2_);
@@ -519,14 +544,17 @@ absl::Status CudaGptModel::HeadForward(const UnitTensors& p) {
   const GptConfig& cfg = host_->config();
   const int64_t c = cfg.n_embd;
   const int64_t v = cfg.vocab;
+  timer_.Mark("layernorm");
   ZS_RETURN_IF_ERROR(gpu::LayerNormForwardTo(lnf_, act_dtype_, lnf_mean_, lnf_rstd_,
                                              resid_[cfg.n_layer], p[kLnfW].data, p[kLnfB].data, n_,
                                              c, stream_));
   // logits[N,V] = lnf[N,C] wte^T: wte [V,C] is nn.Linear's [OUT,IN].
+  timer_.Mark("matmul");
   ZS_ASSIGN_OR_RETURN(w, Weight(p[kWte].data, v * c));
   gpu::CublasLtLinear::ForwardArgs f{logits_, act_dtype_, lnf_, w, act_dtype_, Layout::kOutIn};
   f.n = n_, f.in = c, f.out = v;
   ZS_RETURN_IF_ERROR(linear_->Forward(f));
+  timer_.Mark("classifier");
   ZS_RETURN_IF_ERROR(
       gpu::ClassifierForward(loss_, logits_lse_, logits_, targets_, n_, v, act_dtype_, stream_));
   logits_valid_ = true;
@@ -544,19 +572,23 @@ absl::Status CudaGptModel::HeadBackward(const UnitTensors& p, UnitTensors& g) {
   }
   // In place: the logits become d(loss)/d(logits).
   logits_valid_ = false;
+  timer_.Mark("classifier");
   ZS_RETURN_IF_ERROR(
       gpu::ClassifierBackward(logits_, logits_, logits_lse_, targets_, n_, v, act_dtype_, stream_));
   gpu::CublasLtLinear::BackwardWeightArgs bw{g[kWte].data, nullptr,    logits_,
                                              lnf_,         act_dtype_, Layout::kOutIn};
   bw.n = n_, bw.in = c, bw.out = v;
+  timer_.Mark("matmul");
   ZS_RETURN_IF_ERROR(linear_->BackwardWeight(bw));
   {
+    timer_.Mark("matmul");
     ZS_ASSIGN_OR_RETURN(w, Weight(p[kWte].data, v * c));
     gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, logits_,
                                               w,     act_dtype_,  Layout::kOutIn};
     bi.n = n_, bi.in = c, bi.out = v;
     ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
   }
+  timer_.Mark("layernorm");
   return gpu::LayerNormBackward(dresid_, g[kLnfW].data, g[kLnfB].data, dtmp_, resid_[cfg.n_layer],
                                 p[kLnfW].data, lnf_mean_, lnf_rstd_, n_, c, stream_);
 }

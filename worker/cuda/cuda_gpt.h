@@ -28,6 +28,7 @@
 #define ZEROSHARD_WORKER_CUDA_CUDA_GPT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cudnn_attention.h"
 #include "worker/cuda/kernels.h"
+#include "worker/cuda/section_timer.h"
 #include "worker/model/gpt.h"
 #include "worker/model/model_util.h"
 
@@ -110,6 +112,16 @@ class CudaGptModel : public TokenModel {
   DType matmul_dtype() const { return options_.matmul_dtype; }
   // The attention kernel in use (never kAuto).
   CudaGptOptions::Attention attention() const { return options_.attention; }
+  // The cuBLASLt products that ran with fused epilogues, and those that fell
+  // back to separate kernels (CublasLtLinear::path_counts).
+  gpu::CublasLtLinear::PathCounts linear_path_counts() const { return linear_->path_counts(); }
+
+  // GPU time per kind of work (section_timer.h): "attention", "matmul",
+  // "layernorm", "classifier", "embedding", "cast", "clear grads", and the
+  // stream's time between the model's ops. Off by default (no events).
+  void EnableProfile(bool on) { timer_.set_enabled(on); }
+  // Milliseconds per section since the last call (waits for the stream).
+  absl::StatusOr<std::map<std::string, double>> TakeProfile() { return timer_.Take(); }
 
  private:
   // What block l keeps from forward for backward (P = max positions). "act"
@@ -173,6 +185,7 @@ class CudaGptModel : public TokenModel {
   void* const stream_;  // the compute thread's
   std::unique_ptr<gpu::CublasLtLinear> linear_;
   std::unique_ptr<gpu::CudnnAttention> cudnn_;  // kCudnn only
+  gpu::SectionTimer timer_;
   std::vector<std::vector<int>> unit_tensors_;
   OpSequencer sequencer_;
   std::vector<void*> allocations_;
