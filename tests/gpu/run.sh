@@ -309,7 +309,11 @@ ROUNDS="${ROUNDS:-2}"
 bench_failed=0
 torch_state=""
 for round in $(seq 1 "$ROUNDS"); do
-  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --attention="${GPT_ATTENTION:-naive,flash,cudnn}" \
+  # Round 1 also prints where the GPU time goes (--profile: CUDA events
+  # between the model's sections); later rounds are plain.
+  profile=(); ((round == 1)) && profile=(--profile)
+  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" "${profile[@]}" \
+    --attention="${GPT_ATTENTION:-naive,flash,cudnn}" \
     --json_out="$OUT/gpt_bench.$round.json" >"$OUT/gpt_bench.$round.txt" 2>"$OUT/gpt_bench.$round.log"; then
     cat "$OUT/gpt_bench.$round.txt"
   else
