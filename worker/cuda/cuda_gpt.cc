@@ -242,6 +242,11 @@ absl::Status CudaGptModel::SetBatch(const int32_t* tokens, const int32_t* target
   b_ = b;
   t_ = t;
   n_ = n;
+  // cuDNN's fused attention takes sequences of 2 or more (a one-token
+  // prompt of --sample does not): such a batch runs the flash kernel, which
+  // keeps the same lse.
+  batch_attention_ =
+      options_.attention == Attention::kCudnn && t < 2 ? Attention::kFlash : options_.attention;
   logits_valid_ = false;
   sequencer_.Reset();
   return absl::OkStatus();
@@ -373,7 +378,7 @@ absl::Status CudaGptModel::AttentionForward(const BlockActs& a) {
   const int64_t c = host_->config().n_embd;
   const int64_t nh = host_->config().n_head;
   timer_.Mark("attention");
-  switch (options_.attention) {
+  switch (batch_attention_) {
     case Attention::kCudnn:
       return cudnn_->Forward(static_cast<uint16_t*>(a.atty), a.lse,
                              static_cast<const uint16_t*>(a.qkv), b_, t_, c, nh);
@@ -389,7 +394,7 @@ absl::Status CudaGptModel::AttentionBackward(const BlockActs& a, const void* dat
   const int64_t c = host_->config().n_embd;
   const int64_t nh = host_->config().n_head;
   timer_.Mark("attention");
-  switch (options_.attention) {
+  switch (batch_attention_) {
     case Attention::kCudnn:
       return cudnn_->Backward(static_cast<uint16_t*>(dqkv), static_cast<const uint16_t*>(datty),
                               static_cast<const uint16_t*>(a.qkv),

@@ -193,7 +193,10 @@ class CudaGptModel : public TokenModel {
 
   // The batch.
   int b_ = 0, t_ = 0;
-  int64_t n_ = 0;                                   // b_ * t_ positions
+  int64_t n_ = 0;  // b_ * t_ positions
+  // The attention kernel of this batch: options_.attention, except kFlash
+  // for a kCudnn model's batches of t < 2.
+  CudaGptOptions::Attention batch_attention_ = CudaGptOptions::Attention::kFlash;
   int32_t *tokens_ = nullptr, *targets_ = nullptr;  // [P]
 
   // Activations: resid_[l] (f32) is the residual stream entering block l.
