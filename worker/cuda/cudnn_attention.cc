@@ -309,6 +309,13 @@ absl::Status CheckShape(int64_t b, int64_t t, int64_t c, int64_t nh) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CudnnAttention: c ", c, " is not a multiple of nh ", nh, " (head size c / nh)"));
   }
+  if (t < 2) {
+    // The frontend refuses the backward graph of s_q = s_kv = 1.
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudnnAttention: t ", t,
+                     ": cuDNN's fused attention takes sequences of 2 or more positions; use the "
+                     "flash attention kernel (flash_attention.h)"));
+  }
   const int64_t hs = c / nh;
   if (hs % 8 != 0 || hs > kMaxHeadSize) {
     return absl::InvalidArgumentError(

@@ -23,8 +23,9 @@ inline constexpr char kLibraryEnv[] = "ZEROSHARD_CUDNN_LIBRARY";
 // binary, saying what to do.
 absl::Status LoadCudnn();
 
-// INVALID_ARGUMENT unless b, t, c, nh are positive, nh divides c and the head
-// size c / nh is one cuDNN's fused attention takes (a multiple of 8, <= 256).
+// INVALID_ARGUMENT unless b, t, c, nh are positive, t >= 2, nh divides c and
+// the head size c / nh is one cuDNN's fused attention takes (a multiple of 8,
+// <= 256).
 absl::Status CheckShape(int64_t b, int64_t t, int64_t c, int64_t nh);
 
 // Builds the forward and backward graphs of this shape and validates them
