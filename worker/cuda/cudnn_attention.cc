@@ -296,6 +296,13 @@ absl::Status LoadCudnn() {
   library.handle = handle;
   library.version = *version;
   fe::cudnn_dlhandle = handle;
+  // The frontend dlopens a CUDA runtime of its own for its few CUDA calls
+  // (memsets on our stream among them), the first of libcudart.so.12 and .13
+  // that loads. Make it the one this binary is linked with (already loaded,
+  // so the same library) unless the user chose. Set once, before the
+  // frontend's first CUDA call reads it.
+  const std::string cudart = absl::StrCat("libcudart.so.", CUDART_VERSION / 1000);
+  setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart.c_str(), /*overwrite=*/0);
   return absl::OkStatus();
 }
 

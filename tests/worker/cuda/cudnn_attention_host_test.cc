@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn_version.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -107,6 +108,15 @@ TEST(CudnnAttentionHostTest, LoadedVersionIsTheLibrarys) {
   SKIP_WITHOUT_LIBCUDNN();
   const std::string version = CudnnAttention::LoadedVersion();
   EXPECT_EQ(version.rfind(std::to_string(CUDNN_MAJOR) + ".", 0), 0u) << version;
+}
+
+// The frontend loads a CUDA runtime of its own; it must be the one this
+// binary links (libcudart.so.12 would be taken first where both exist).
+TEST(CudnnAttentionHostTest, TheFrontendIsPointedAtOurCudaRuntime) {
+  SKIP_WITHOUT_LIBCUDNN();
+  const char* name = std::getenv("CUDNN_FRONTEND_CUDART_LIB_NAME");
+  ASSERT_NE(name, nullptr);
+  EXPECT_EQ(std::string(name), "libcudart.so." + std::to_string(CUDART_VERSION / 1000));
 }
 
 TEST(CudnnAttentionHostTest, CreateWithoutAGpuIsAClearError) {
