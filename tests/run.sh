@@ -83,6 +83,7 @@ NUMERICAL_TARGETS=(
   //tests/worker/zero:engine_outer_elastic_test
   //tests/worker/zero:optimizer_test
   //tests/worker/model:layers_test
+  //tests/testing:attention_error_model_test
   //tests/worker/model:mlp_test
   //tests/worker/model:gpt_test
   //tests/integration:training_test

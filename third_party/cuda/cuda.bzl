@@ -3,6 +3,11 @@
 Every GPU target's name must contain "cuda" or "nccl" (enforced here), so CI
 can list them with `bazel query 'attr(name, "cuda|nccl", //...)'`.
 
+The cudnn_* macros and if_cudnn are the same for targets that also need
+cuDNN and its frontend (@local_cuda//:cudnn_frontend; CUDNN_AVAILABLE, see
+cuda_configure.bzl): without them those targets are left out while the other
+GPU targets build.
+
 When @local_cuda found no usable CUDA + NCCL (CUDA_AVAILABLE is False, see
 cuda_configure.bzl), each macro here defines nothing: GPU targets are left
 out and the rest of the workspace builds. Referencing a GPU target by label
@@ -10,7 +15,7 @@ from a non-GPU target would then fail to resolve, so only GPU targets (made
 with these macros) may depend on GPU targets.
 """
 
-load("@local_cuda//:defs.bzl", "CUDA_AVAILABLE", "NVCC")
+load("@local_cuda//:defs.bzl", "CUDA_AVAILABLE", "CUDNN_AVAILABLE", "NVCC")
 
 # Ampere (A100) and Hopper (H100), as SASS; no PTX, so other architectures
 # fail at load time with cudaErrorNoKernelImageForDevice rather than JIT.
@@ -183,3 +188,31 @@ def if_cuda(if_true, if_false = []):
         defines = if_cuda(["ZEROSHARD_HAVE_CUDA"]),
     """
     return if_true if CUDA_AVAILABLE else if_false
+
+def cudnn_cc_library(name, **kwargs):
+    """A cuda_cc_library that also needs cuDNN: exists only with CUDA and cuDNN."""
+    _check_name(name)
+    if CUDA_AVAILABLE and CUDNN_AVAILABLE:
+        native.cc_library(name = name, **kwargs)
+
+def cudnn_cc_binary(name, **kwargs):
+    """A cuda_cc_binary that also needs cuDNN: exists only with CUDA and cuDNN."""
+    _check_name(name)
+    if CUDA_AVAILABLE and CUDNN_AVAILABLE:
+        native.cc_binary(name = name, **kwargs)
+
+def cudnn_cc_test(name, **kwargs):
+    """A cuda_cc_test that also needs cuDNN's headers and frontend (not a GPU,
+    and not necessarily libcudnn: CI runs it on machines without either)."""
+    _check_name(name)
+    if CUDA_AVAILABLE and CUDNN_AVAILABLE:
+        native.cc_test(name = name, **kwargs)
+
+def if_cudnn(if_true, if_false = []):
+    """`if_true` when CUDA and cuDNN (with its frontend) are available, else
+    `if_false`. For GPU targets that use cuDNN when they can, e.g. the device
+    GPT:
+        deps = [...] + if_cudnn([":cuda_cudnn_attention"]),
+        local_defines = if_cudnn(["ZEROSHARD_HAVE_CUDNN"]),
+    """
+    return if_true if CUDA_AVAILABLE and CUDNN_AVAILABLE else if_false

@@ -8,7 +8,12 @@
 // libcudnn is loaded on first use (a CPU run never loads it). Create returns
 // UNAVAILABLE, saying which library could not be loaded and where it is
 // looked for, when cuDNN is missing or too old; callers fall back to
-// flash_attention.h.
+// flash_attention.h. (FAILED_PRECONDITION: no device, or one older than
+// compute capability 8.0.) Forward / Backward return INVALID_ARGUMENT for
+// what cuDNN's fused attention does not take (head size not a multiple of 8
+// or over 256, T < 2, misaligned pointers) and UNIMPLEMENTED when cuDNN
+// refuses the shape on this GPU (head size over 128 before Hopper), both
+// before anything is enqueued; a caller may fall back then too.
 //
 // One instance owns one cuDNN handle bound to one stream and device and
 // caches one forward and one backward plan per shape; not thread-safe.
