@@ -43,6 +43,9 @@ export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee "$OUT/session_env.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
   | tee -a "$OUT/session_env.txt"
+# The naive attention's figures are known (docs/gpu.md); the session's
+# minutes go to the fused kernels.
 ZEROSHARD_GPU_BIN="$B/bin" TORCH_PYTHON="${TORCH_PYTHON:-python3}" \
+  GPT_ATTENTION="${GPT_ATTENTION:-flash,cudnn}" \
   QUICKSTART_STEPS="${QUICKSTART_STEPS:-600}" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \
   RUN_STEPS="$steps" OUT="$OUT" tests/gpu/run.sh

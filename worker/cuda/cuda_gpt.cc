@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,28 +52,58 @@ namespace {
 
 using Attention = CudaGptOptions::Attention;
 
-// Resolves kAuto and refuses a kernel that cannot take the dtype, before
-// any device work.
-absl::StatusOr<Attention> CheckAttention(const CudaGptOptions& o) {
+// The largest head size flash_attention.h takes.
+constexpr int64_t kFlashMaxHeadSize = 128;
+
+// Refuses a kernel that cannot take the dtype, before anything else.
+absl::Status CheckAttentionDtype(const CudaGptOptions& o) {
   const bool bf16 = o.matmul_dtype == DType::kBF16;
+  if (o.attention == Attention::kCudnn && !bf16) {
+    return absl::InvalidArgumentError(
+        "attention kernel cudnn takes bf16 only (cuDNN's fused attention has no f32 form): "
+        "use --param_dtype=bf16, or --gpu_attention=flash for f32");
+  }
+  if (o.attention == Attention::kNaive && bf16) {
+    return absl::InvalidArgumentError(
+        "attention kernel naive is f32 only: use --gpu_attention=flash or cudnn with bf16");
+  }
+  return absl::OkStatus();
+}
+
+// Resolves kAuto for the model's head size (c / nh; the config is valid),
+// and refuses a kernel asked for by name that cannot take it. kCudnn may
+// still turn out unavailable when the library is loaded (Create).
+absl::StatusOr<Attention> ResolveAttention(const CudaGptOptions& o, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const bool flash_ok = hs <= kFlashMaxHeadSize;
+  const absl::Status cudnn_heads = gpu::CudnnAttention::CheckHeads(c, nh);
   switch (o.attention) {
-    case Attention::kAuto:
-      return bf16 ? Attention::kCudnn : Attention::kFlash;
-    case Attention::kCudnn:
-      if (!bf16) {
-        return absl::InvalidArgumentError(
-            "attention kernel cudnn takes bf16 only (cuDNN's fused attention has no f32 form): "
-            "use --param_dtype=bf16, or --gpu_attention=flash for f32");
-      }
-      return o.attention;
     case Attention::kNaive:
-      if (bf16) {
-        return absl::InvalidArgumentError(
-            "attention kernel naive is f32 only: use --gpu_attention=flash or cudnn with bf16");
-      }
       return o.attention;
     case Attention::kFlash:
+      if (!flash_ok) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "head size ", hs, " exceeds the flash kernel's ", kFlashMaxHeadSize,
+            ": use --gpu_attention=naive (f32) or cudnn (bf16, head sizes up to 256)"));
+      }
       return o.attention;
+    case Attention::kCudnn:
+      if (absl::IsInvalidArgument(cudnn_heads)) {
+        return absl::InvalidArgumentError(absl::StrCat(cudnn_heads.message(),
+                                                       "; --gpu_attention=flash takes head "
+                                                       "sizes up to ",
+                                                       kFlashMaxHeadSize));
+      }
+      return o.attention;
+    case Attention::kAuto:
+      if (o.matmul_dtype == DType::kF32) return flash_ok ? Attention::kFlash : Attention::kNaive;
+      if (cudnn_heads.ok()) return Attention::kCudnn;
+      if (flash_ok) return Attention::kFlash;
+      return absl::InvalidArgumentError(
+          absl::StrCat("no bf16 attention kernel takes head size ", hs, " (flash: up to ",
+                       kFlashMaxHeadSize, "; cuDNN: ", cudnn_heads.message(),
+                       "): use --param_dtype=f32 with "
+                       "--gpu_attention=naive, or another --d_model / --heads"));
   }
   return absl::InvalidArgumentError("unknown attention kernel");
 }
@@ -92,12 +123,15 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
                                                    DTypeName(options.matmul_dtype),
                                                    " are not supported (F32 and BF16 are)"));
   }
-  absl::StatusOr<Attention> attention = CheckAttention(options);
-  if (!attention.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("CudaGptModel: ", attention.status().message()));
+  if (absl::Status s = CheckAttentionDtype(options); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaGptModel: ", s.message()));
   }
   auto host = GptModel::Create(config);
   if (!host.ok()) return host.status();
+  absl::StatusOr<Attention> attention = ResolveAttention(options, config.n_embd, config.n_head);
+  if (!attention.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaGptModel: ", attention.status().message()));
+  }
   if (backend == nullptr) return absl::InvalidArgumentError("CudaGptModel: null backend");
   void* stream = backend->StreamForThisThread();
   auto linear = gpu::CublasLtLinear::Create(stream, options.tf32);
@@ -109,7 +143,8 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
     auto created = gpu::CudnnAttention::Create(stream);
     if (created.ok()) {
       cudnn = *std::move(created);
-    } else if (options.attention == Attention::kAuto) {
+    } else if (options.attention == Attention::kAuto &&
+               config.n_embd / config.n_head <= kFlashMaxHeadSize) {
       // kAuto: our own kernel when cuDNN is not there (said once, here).
       std::fprintf(stderr, "CudaGptModel: cuDNN attention unavailable (%s); using flash\n",
                    std::string(created.status().message()).c_str());
@@ -222,8 +257,9 @@ absl::Status CudaGptModel::SetBatch(const int32_t* tokens, const int32_t* target
   }
   const int64_t n = static_cast<int64_t>(b) * t;
   // The buffers hold max_batch * n_ctx positions (and, for the naive
-  // attention, max_batch * n_ctx^2 weights per head).
-  if (n > int64_t{max_batch_} * cfg.n_ctx || n * t > int64_t{max_batch_} * cfg.n_ctx * cfg.n_ctx) {
+  // attention, max_batch * n_ctx^2 weights per head, which b t^2 then fits
+  // too, since t <= n_ctx).
+  if (n > int64_t{max_batch_} * cfg.n_ctx) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch [", b, ",", t, "] does not fit the device GPT's activations, sized for up to ",
         max_batch_, " sequences of ", cfg.n_ctx, " tokens"));
@@ -237,16 +273,30 @@ absl::Status CudaGptModel::SetBatch(const int32_t* tokens, const int32_t* target
           cfg.vocab, ") (a target may also be ", kUnscoredTarget, ": not scored)"));
     }
   }
+  // The attention kernel of this batch. cuDNN builds a plan per shape
+  // (milliseconds to seconds) and takes sequences of 2 or more: batches of
+  // the first length seen (training's --context) run cuDNN; others
+  // (--sample's growing prompt) run flash, which keeps the same lse, unless
+  // the heads are too large for it.
+  Attention batch_attention = options_.attention;
+  if (options_.attention == Attention::kCudnn) {
+    const bool flash_ok = cfg.n_embd / cfg.n_head <= kFlashMaxHeadSize;
+    if (t < 2 && !flash_ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch [", b, ",", t,
+                       "]: cuDNN attention takes 2 or more positions and the flash "
+                       "kernel head sizes up to ",
+                       kFlashMaxHeadSize, " (this model's: ", cfg.n_embd / cfg.n_head, ")"));
+    }
+    if (cudnn_t_ == 0 && t >= 2) cudnn_t_ = t;
+    if (t < 2 || (t != cudnn_t_ && flash_ok)) batch_attention = Attention::kFlash;
+  }
   ZS_RETURN_IF_ERROR(backend_->CopyFromHost(tokens_, tokens, n * sizeof(int32_t)));
   ZS_RETURN_IF_ERROR(backend_->CopyFromHost(targets_, targets, n * sizeof(int32_t)));
   b_ = b;
   t_ = t;
   n_ = n;
-  // cuDNN's fused attention takes sequences of 2 or more (a one-token
-  // prompt of --sample does not): such a batch runs the flash kernel, which
-  // keeps the same lse.
-  batch_attention_ =
-      options_.attention == Attention::kCudnn && t < 2 ? Attention::kFlash : options_.attention;
+  batch_attention_ = batch_attention;
   logits_valid_ = false;
   sequencer_.Reset();
   return absl::OkStatus();
@@ -336,7 +386,9 @@ absl::Status CudaGptModel::BackwardInto(int op, const UnitTensors& params, UnitT
 
 absl::StatusOr<const void*> CudaGptModel::Weight(const float* w, int64_t elements) {
   if (act_dtype_ == DType::kF32) return static_cast<const void*>(w);
+  timer_.Mark("cast");
   ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(w16_, w, elements, stream_));
+  timer_.Mark("matmul");
   return static_cast<const void*>(w16_);
 }
 

@@ -197,6 +197,7 @@ class CudaGptModel : public TokenModel {
   // The attention kernel of this batch: options_.attention, except kFlash
   // for a kCudnn model's batches of t < 2.
   CudaGptOptions::Attention batch_attention_ = CudaGptOptions::Attention::kFlash;
+  int cudnn_t_ = 0;  // kCudnn: the sequence length cuDNN runs (0: none yet)
   int32_t *tokens_ = nullptr, *targets_ = nullptr;  // [P]
 
   // Activations: resid_[l] (f32) is the residual stream entering block l.

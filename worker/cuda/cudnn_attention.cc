@@ -484,6 +484,10 @@ absl::Status CudnnAttention::Backward(uint16_t* dqkv, const uint16_t* dout, cons
   return state_->Execute(**plan, pack, "cuDNN attention backward, " + shape.ToString());
 }
 
+absl::Status CudnnAttention::CheckHeads(int64_t c, int64_t nh) {
+  return cudnn_internal::CheckShape(/*b=*/1, /*t=*/2, c, nh);
+}
+
 std::string CudnnAttention::LoadedVersion() {
   Library& library = TheLibrary();
   absl::MutexLock lock(&library.mu);

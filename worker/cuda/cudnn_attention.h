@@ -45,6 +45,11 @@ class CudnnAttention {
                         const uint16_t* out, const float* lse, int64_t b, int64_t t, int64_t c,
                         int64_t nh);
 
+  // OK when cuDNN's fused attention takes heads of c / nh (a multiple of 8,
+  // at most 256; Hopper is needed past 128); INVALID_ARGUMENT saying why
+  // otherwise; UNAVAILABLE in a build without cuDNN. Needs no GPU.
+  static absl::Status CheckHeads(int64_t c, int64_t nh);
+
   // The cuDNN library version loaded ("9.14.0"), for the benches' tables.
   static std::string LoadedVersion();
 

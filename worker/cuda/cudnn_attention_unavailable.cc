@@ -31,6 +31,10 @@ absl::Status CudnnAttention::Backward(uint16_t*, const uint16_t*, const uint16_t
   return absl::FailedPreconditionError("cuDNN attention: not built");
 }
 
+absl::Status CudnnAttention::CheckHeads(int64_t, int64_t) {
+  return absl::UnavailableError("cuDNN attention: this build has no cuDNN");
+}
+
 std::string CudnnAttention::LoadedVersion() { return ""; }
 
 }  // namespace gpu

@@ -52,6 +52,35 @@ TEST(CudaGptHostTest, AttentionKernelMustTakeTheDtype) {
       << naive_bf16.status();
 }
 
+// Head sizes a kernel cannot take: refused by name, or resolved around by
+// kAuto (f32 heads past flash's 128 run the naive kernel; no backend is
+// needed to see which, since Create stops at the null backend after).
+TEST(CudaGptHostTest, HeadSizesPickTheKernel) {
+  using A = CudaGptOptions::Attention;
+  GptConfig wide = Small();
+  wide.n_embd = 320;
+  wide.n_head = 2;  // head size 160
+  auto flash = CudaGptModel::Create(wide, 2, With(DType::kF32, A::kFlash), nullptr);
+  EXPECT_EQ(flash.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(flash.status().message().find("head size 160 exceeds the flash kernel's 128"),
+            std::string::npos)
+      << flash.status();
+  auto auto_f32 = CudaGptModel::Create(wide, 2, With(DType::kF32), nullptr);
+  EXPECT_NE(auto_f32.status().message().find("null backend"), std::string::npos)
+      << auto_f32.status();
+  GptConfig odd = Small();
+  odd.n_embd = 12;
+  odd.n_head = 2;  // head size 6: not a multiple of 8 for cuDNN
+  auto cudnn = CudaGptModel::Create(odd, 2, With(DType::kBF16, A::kCudnn), nullptr);
+  if (cudnn.status().code() == absl::StatusCode::kInvalidArgument) {
+    EXPECT_NE(cudnn.status().message().find("--gpu_attention=flash"), std::string::npos)
+        << cudnn.status();
+  } else {
+    // A build without cuDNN cannot check head sizes: it fails at the backend.
+    EXPECT_NE(cudnn.status().message().find("null backend"), std::string::npos) << cudnn.status();
+  }
+}
+
 TEST(CudaGptHostTest, AttentionNamesRoundTrip) {
   using A = CudaGptOptions::Attention;
   for (A a : {A::kAuto, A::kCudnn, A::kFlash, A::kNaive}) {
