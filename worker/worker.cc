@@ -97,6 +97,9 @@ absl::Status Worker::OpenDevice() {
   CudaGptOptions gpt_options;
   gpt_options.matmul_dtype = engine_options_.param_dtype;
   gpt_options.tf32 = config_.data_plane.tf32;
+  // Batches are --context long (training, validation, --sample's windows),
+  // which may be shorter than the model's --positions.
+  gpt_options.max_t = task_options_.context;
   absl::StatusOr<CudaGptOptions::Attention> attention =
       ParseAttention(config_.data_plane.gpu_attention);
   if (!attention.ok()) return attention.status();

@@ -165,6 +165,8 @@ CudaGptModel::CudaGptModel(std::unique_ptr<GptModel> host, int max_batch,
                            std::unique_ptr<gpu::CudnnAttention> cudnn)
     : host_(std::move(host)),
       max_batch_(max_batch),
+      max_t_(options.max_t > 0 ? std::min(options.max_t, host_->config().n_ctx)
+                               : host_->config().n_ctx),
       options_(options),
       act_dtype_(options.matmul_dtype),
       act_bytes_(options.matmul_dtype == DType::kBF16 ? 2 : 4),
@@ -202,7 +204,7 @@ absl::Status CudaGptModel::Allocate(int64_t bytes, void** out) {
 
 absl::Status CudaGptModel::AllocateActivations() {
   const GptConfig& cfg = host_->config();
-  const int64_t p = int64_t{max_batch_} * cfg.n_ctx;  // positions
+  const int64_t p = int64_t{max_batch_} * max_t_;  // positions
   const int64_t c = cfg.n_embd;
   const int64_t v = cfg.vocab;
   const bool naive = options_.attention == Attention::kNaive;
@@ -218,7 +220,7 @@ absl::Status CudaGptModel::AllocateActivations() {
     ZS_RETURN_IF_ERROR(AllocateAct(p * 3 * c, &a.qkv));
     ZS_RETURN_IF_ERROR(AllocateAct(p * c, &a.atty));
     if (naive) {
-      ZS_RETURN_IF_ERROR(Allocate(p * cfg.n_head * cfg.n_ctx, &a.att));
+      ZS_RETURN_IF_ERROR(Allocate(p * cfg.n_head * max_t_, &a.att));
     } else {
       ZS_RETURN_IF_ERROR(Allocate(p * cfg.n_head, &a.lse));
     }
@@ -251,18 +253,20 @@ absl::Status CudaGptModel::AllocateActivations() {
 
 absl::Status CudaGptModel::SetBatch(const int32_t* tokens, const int32_t* targets, int b, int t) {
   const GptConfig& cfg = host_->config();
-  if (b < 1 || t < 1 || t > cfg.n_ctx) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch [", b, ",", t, "] needs b >= 1 and 1 <= t <= n_ctx ", cfg.n_ctx));
+  if (b < 1 || t < 1 || t > max_t_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch [", b, ",", t,
+                                                   "] needs b >= 1 and 1 <= t <= ", max_t_,
+                                                   " (the longest sequence the device GPT's "
+                                                   "activations were sized for)"));
   }
   const int64_t n = static_cast<int64_t>(b) * t;
-  // The buffers hold max_batch * n_ctx positions (and, for the naive
-  // attention, max_batch * n_ctx^2 weights per head, which b t^2 then fits
-  // too, since t <= n_ctx).
-  if (n > int64_t{max_batch_} * cfg.n_ctx) {
+  // The buffers hold max_batch * max_t positions (and, for the naive
+  // attention, max_batch * max_t^2 weights per head, which b t^2 then fits
+  // too, since t <= max_t).
+  if (n > int64_t{max_batch_} * max_t_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch [", b, ",", t, "] does not fit the device GPT's activations, sized for up to ",
-        max_batch_, " sequences of ", cfg.n_ctx, " tokens"));
+        max_batch_, " sequences of ", max_t_, " tokens"));
   }
   for (int64_t i = 0; i < n; ++i) {
     const bool target_ok =

@@ -22,8 +22,8 @@
 // (classifier.h).
 //
 // Activations are sized once, in Create, for batches of up to max_batch
-// sequences of n_ctx tokens (and any smaller batch); SetBatch allocates
-// nothing. Kernels take small scratch from the device's stream-ordered pool.
+// sequences of max_t (default n_ctx) tokens, and any smaller batch; SetBatch
+// allocates nothing. Kernels take small scratch from the device's stream-ordered pool.
 #ifndef ZEROSHARD_WORKER_CUDA_CUDA_GPT_H_
 #define ZEROSHARD_WORKER_CUDA_CUDA_GPT_H_
 
@@ -58,6 +58,10 @@ struct CudaGptOptions {
   Attention attention = Attention::kAuto;
   // F32 products as TF32 on tensor cores (off: PyTorch's default too).
   bool tf32 = false;
+  // The longest sequence a batch will have (--context), when shorter than
+  // the model's n_ctx positions (--positions): activations are sized for
+  // max_batch x max_t positions. 0: n_ctx.
+  int max_t = 0;
 };
 
 // "auto", "cudnn", "flash", "naive" (the --gpu_attention values).
@@ -178,6 +182,7 @@ class CudaGptModel : public TokenModel {
 
   std::unique_ptr<GptModel> host_;  // spec, config, op order and initialization
   const int max_batch_;
+  const int max_t_;  // options.max_t, or n_ctx
   const CudaGptOptions options_;
   const DType act_dtype_;    // = options_.matmul_dtype
   const int64_t act_bytes_;  // 4 or 2
