@@ -165,8 +165,9 @@ CudaGptModel::CudaGptModel(std::unique_ptr<GptModel> host, int max_batch,
                            std::unique_ptr<gpu::CudnnAttention> cudnn)
     : host_(std::move(host)),
       max_batch_(max_batch),
-      max_t_(options.max_t > 0 ? std::min(options.max_t, host_->config().n_ctx)
-                               : host_->config().n_ctx),
+      max_t_(static_cast<int>(options.max_t > 0
+                                  ? std::min<int64_t>(options.max_t, host_->config().n_ctx)
+                                  : host_->config().n_ctx)),
       options_(options),
       act_dtype_(options.matmul_dtype),
       act_bytes_(options.matmul_dtype == DType::kBF16 ? 2 : 4),
