@@ -15,11 +15,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/testing/attention_error_model.h"
+#include "worker/cuda/flash_attention.h"
 #include "worker/cuda/kernels.h"
 #include "worker/model/layers.h"
 #include "worker/zero/optimizer.h"
@@ -133,7 +136,7 @@ TEST(ParityTest, LayerNorm) {
 TEST(ParityTest, CausalAttention) {
   for (const auto& [b, t, c, nh] :
        std::vector<std::array<int64_t, 4>>{{2, 37, 48, 4}, {1, 1, 8, 1}, {3, 130, 64, 2}}) {
-    SCOPED_TRACE(testing::Message() << "b " << b << " t " << t << " c " << c << " nh " << nh);
+    SCOPED_TRACE(::testing::Message() << "b " << b << " t " << t << " c " << c << " nh " << nh);
     const std::vector<float> qkv = RandomFloats(b * t * 3 * c, 11, -2.0f, 2.0f);
     const std::vector<float> dout = RandomFloats(b * t * c, 12);
     std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(b * t * 3 * c);
@@ -292,7 +295,7 @@ TEST(ParityTest, AdamMatchesTheCpuOptimizerBitwise) {
   const int64_t n = 100003;
   for (const char* name : {"adam", "adamw"}) {
     for (double weight_decay : {0.0, 0.01}) {
-      SCOPED_TRACE(testing::Message() << name << " weight_decay " << weight_decay);
+      SCOPED_TRACE(::testing::Message() << name << " weight_decay " << weight_decay);
       OptimizerOptions options;
       options.weight_decay = weight_decay;
       auto cpu = MakeOptimizer(name, n, options);
@@ -446,6 +449,113 @@ TEST(ParityTest, CublasLinearBF16WithinBF16Rounding) {
   EXPECT_TRUE(AllNear(FromBF16(d_dx.Download()), dx, 2e-2f, 1.0f / 128));
   EXPECT_TRUE(AllNear(FromBF16(d_dw.Download()), dw, 2e-2f, 1.0f / 128));
   EXPECT_TRUE(AllNear(FromBF16(d_db.Download()), db, 2e-2f, 1.0f / 128));
+}
+
+// ----------------------------------------------------------------------------
+// Flash attention (worker/cuda/flash_attention.h) against layers.h's naive
+// attention, f32 and bf16 storage. Tolerances element by element from
+// tests/testing/attention_error_model.h (the GPU's expf within 2 ulp, its
+// 64-key tiles and 16-key softmax steps); in bf16 the CPU runs in f32 on the
+// bf16-rounded inputs and the model adds the GPU's roundings of out (also
+// read back for D) and of dqkv, 2^-8 each.
+
+// The inputs and results in the storage type S (float or bf16 bits).
+template <typename S>
+std::vector<S> ToStorage(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<S, float>) {
+    return v;
+  } else {
+    return ToBF16(v);
+  }
+}
+template <typename S>
+std::vector<float> FromStorage(const std::vector<S>& v) {
+  if constexpr (std::is_same_v<S, float>) {
+    return v;
+  } else {
+    return FromBF16(v);
+  }
+}
+
+struct FlashRun {
+  std::vector<float> out, lse, dqkv;
+};
+
+template <typename S>
+FlashRun RunFlash(const std::vector<float>& qkv, const std::vector<float>& dout, int64_t b,
+                  int64_t t, int64_t c, int64_t nh, DType dtype) {
+  DeviceBuffer<S> d_qkv(ToStorage<S>(qkv)), d_dout(ToStorage<S>(dout)), d_out(b * t * c),
+      d_dqkv(qkv.size());
+  DeviceBuffer<float> d_lse(b * nh * t);
+  FlashRun run;
+  absl::Status s = gpu::FlashAttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), b, t, c, nh,
+                                              dtype, nullptr);
+  EXPECT_TRUE(s.ok()) << s;
+  if (!s.ok()) return run;
+  s = gpu::FlashAttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                                  b, t, c, nh, dtype, nullptr);
+  EXPECT_TRUE(s.ok()) << s;
+  run.out = FromStorage<S>(d_out.Download());
+  run.lse = d_lse.Download();
+  run.dqkv = FromStorage<S>(d_dqkv.Download());
+  return run;
+}
+
+template <typename S>
+void ExpectFlashMatchesNaive(int64_t b, int64_t t, int64_t c, int64_t nh, uint32_t seed) {
+  const DType dtype = std::is_same_v<S, float> ? DType::kF32 : DType::kBF16;
+  SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " b " << b << " t " << t << " c " << c
+                                    << " nh " << nh << " (hs " << c / nh << ")");
+  // In the storage's values: what the GPU reads is what the CPU computes on.
+  const std::vector<float> qkv =
+      FromStorage<S>(ToStorage<S>(RandomFloats(b * t * 3 * c, seed, -2.0f, 2.0f)));
+  const std::vector<float> dout = FromStorage<S>(ToStorage<S>(RandomFloats(b * t * c, seed + 1)));
+  std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(qkv.size());
+  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+
+  const FlashRun run = RunFlash<S>(qkv, dout, b, t, c, nh, dtype);
+  ASSERT_FALSE(run.out.empty());
+  testing::AttentionErrorModel model;  // 64-key tiles, 16-key steps, expf within 2 ulp
+  model.storage_unit = std::is_same_v<S, float> ? 0.0 : 0x1p-8;
+  const testing::AttentionTolerances tol =
+      testing::CausalAttentionTolerances(qkv, dout, b, t, c, nh, model);
+  std::string worst;
+  EXPECT_EQ(testing::CountOutside(run.out, out, tol.out, &worst), 0) << "out, worst " << worst;
+  EXPECT_EQ(testing::CountOutside(run.lse, tol.lse_exact, tol.lse, &worst), 0)
+      << "lse, worst " << worst;
+  EXPECT_EQ(testing::CountOutside(run.dqkv, dqkv, tol.dqkv, &worst), 0) << "dqkv, worst " << worst;
+
+  // Deterministic: a second run gives the same bits.
+  const FlashRun again = RunFlash<S>(qkv, dout, b, t, c, nh, dtype);
+  EXPECT_EQ(std::memcmp(again.out.data(), run.out.data(), run.out.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(again.lse.data(), run.lse.data(), run.lse.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(again.dqkv.data(), run.dqkv.data(), run.dqkv.size() * sizeof(float)), 0);
+}
+
+// Every thread-per-row variant (head sizes <= 32, <= 64, <= 128, one not a
+// multiple of 32), T of 1, below one tile, not a multiple of the 64-row
+// tiles, a multiple; and GPT-2's T 1024, HS 64 (with 1 x 4 heads rather than
+// 8 x 12: the same tiles, and the double-precision error model stays quick).
+constexpr std::array<std::array<int64_t, 4>, 7> kFlashShapes = {{{1, 1, 64, 1},
+                                                                 {2, 37, 48, 3},
+                                                                 {2, 130, 128, 2},
+                                                                 {1, 97, 256, 2},
+                                                                 {1, 200, 80, 2},
+                                                                 {1, 128, 384, 3},
+                                                                 {1, 1024, 256, 4}}};
+
+TEST(ParityTest, FlashAttentionF32) {
+  uint32_t seed = 40;
+  for (const auto& [b, t, c, nh] : kFlashShapes)
+    ExpectFlashMatchesNaive<float>(b, t, c, nh, seed++);
+}
+
+TEST(ParityTest, FlashAttentionBF16) {
+  uint32_t seed = 60;
+  for (const auto& [b, t, c, nh] : kFlashShapes) {
+    ExpectFlashMatchesNaive<uint16_t>(b, t, c, nh, seed++);
+  }
 }
 
 }  // namespace
