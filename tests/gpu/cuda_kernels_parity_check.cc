@@ -23,6 +23,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/attention_error_model.h"
 #include "worker/cuda/flash_attention.h"
+#include "worker/cuda/flash_attention_variants.h"
 #include "worker/cuda/kernels.h"
 #include "worker/model/layers.h"
 #include "worker/zero/optimizer.h"
@@ -452,12 +453,17 @@ TEST(ParityTest, CublasLinearBF16WithinBF16Rounding) {
 }
 
 // ----------------------------------------------------------------------------
-// Flash attention (worker/cuda/flash_attention.h) against layers.h's naive
-// attention, f32 and bf16 storage. Tolerances element by element from
-// tests/testing/attention_error_model.h (the GPU's expf within 2 ulp, its
-// 64-key tiles and 16-key softmax steps); in bf16 the CPU runs in f32 on the
-// bf16-rounded inputs and the model adds the GPU's roundings of out (also
-// read back for D) and of dqkv, 2^-8 each.
+// Flash attention (worker/cuda/flash_attention_variants.h: the CUDA-core
+// kernels in f32 and bf16, the tensor-core ones in bf16) against layers.h's
+// naive attention. Tolerances element by element from
+// tests/testing/attention_error_model.h: the GPU's expf within 2 ulp, the
+// kernels' key tiles (64) and softmax steps (16 keys on CUDA cores, 64 on
+// tensor cores); in bf16 the CPU runs in f32 on the bf16-rounded inputs and
+// the model adds the GPU's roundings of out (also read back for D) and of
+// dqkv, 2^-8 each, and on tensor cores the rounding of the weights and score
+// gradients to bf16 where they enter the products, 2^-8 each.
+
+using gpu::FlashKernels;
 
 // The inputs and results in the storage type S (float or bf16 bits).
 template <typename S>
@@ -482,18 +488,19 @@ struct FlashRun {
 };
 
 template <typename S>
-FlashRun RunFlash(const std::vector<float>& qkv, const std::vector<float>& dout, int64_t b,
-                  int64_t t, int64_t c, int64_t nh, DType dtype) {
+FlashRun RunFlash(FlashKernels kernels, const std::vector<float>& qkv,
+                  const std::vector<float>& dout, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  const DType dtype = std::is_same_v<S, float> ? DType::kF32 : DType::kBF16;
   DeviceBuffer<S> d_qkv(ToStorage<S>(qkv)), d_dout(ToStorage<S>(dout)), d_out(b * t * c),
       d_dqkv(qkv.size());
   DeviceBuffer<float> d_lse(b * nh * t);
   FlashRun run;
-  absl::Status s = gpu::FlashAttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), b, t, c, nh,
-                                              dtype, nullptr);
+  absl::Status s = gpu::FlashAttentionForwardWith(kernels, d_out.get(), d_lse.get(), d_qkv.get(), b,
+                                                  t, c, nh, dtype, nullptr);
   EXPECT_TRUE(s.ok()) << s;
   if (!s.ok()) return run;
-  s = gpu::FlashAttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
-                                  b, t, c, nh, dtype, nullptr);
+  s = gpu::FlashAttentionBackwardWith(kernels, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                      d_lse.get(), b, t, c, nh, dtype, nullptr);
   EXPECT_TRUE(s.ok()) << s;
   run.out = FromStorage<S>(d_out.Download());
   run.lse = d_lse.Download();
@@ -502,10 +509,14 @@ FlashRun RunFlash(const std::vector<float>& qkv, const std::vector<float>& dout,
 }
 
 template <typename S>
-void ExpectFlashMatchesNaive(int64_t b, int64_t t, int64_t c, int64_t nh, uint32_t seed) {
-  const DType dtype = std::is_same_v<S, float> ? DType::kF32 : DType::kBF16;
-  SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " b " << b << " t " << t << " c " << c
-                                    << " nh " << nh << " (hs " << c / nh << ")");
+void ExpectFlashMatchesNaive(FlashKernels kernels, int64_t b, int64_t t, int64_t c, int64_t nh,
+                             uint32_t seed) {
+  const bool bf16 = !std::is_same_v<S, float>;
+  const bool tensor_cores = kernels == FlashKernels::kTensorCores;
+  SCOPED_TRACE(::testing::Message()
+               << (bf16 ? "BF16" : "F32") << (tensor_cores ? " tensor cores" : " CUDA cores")
+               << " b " << b << " t " << t << " c " << c << " nh " << nh << " (hs " << c / nh
+               << ")");
   // In the storage's values: what the GPU reads is what the CPU computes on.
   const std::vector<float> qkv =
       FromStorage<S>(ToStorage<S>(RandomFloats(b * t * 3 * c, seed, -2.0f, 2.0f)));
@@ -514,10 +525,12 @@ void ExpectFlashMatchesNaive(int64_t b, int64_t t, int64_t c, int64_t nh, uint32
   AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
   AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
 
-  const FlashRun run = RunFlash<S>(qkv, dout, b, t, c, nh, dtype);
+  const FlashRun run = RunFlash<S>(kernels, qkv, dout, b, t, c, nh);
   ASSERT_FALSE(run.out.empty());
-  testing::AttentionErrorModel model;  // 64-key tiles, 16-key steps, expf within 2 ulp
-  model.storage_unit = std::is_same_v<S, float> ? 0.0 : 0x1p-8;
+  testing::AttentionErrorModel model;  // 64-key tiles, expf within 2 ulp
+  model.softmax_step = tensor_cores ? 64 : 16;
+  model.storage_unit = bf16 ? 0x1p-8 : 0.0;
+  model.operand_unit = tensor_cores ? 0x1p-8 : 0.0;
   const testing::AttentionTolerances tol =
       testing::CausalAttentionTolerances(qkv, dout, b, t, c, nh, model);
   std::string worst;
@@ -527,16 +540,18 @@ void ExpectFlashMatchesNaive(int64_t b, int64_t t, int64_t c, int64_t nh, uint32
   EXPECT_EQ(testing::CountOutside(run.dqkv, dqkv, tol.dqkv, &worst), 0) << "dqkv, worst " << worst;
 
   // Deterministic: a second run gives the same bits.
-  const FlashRun again = RunFlash<S>(qkv, dout, b, t, c, nh, dtype);
+  const FlashRun again = RunFlash<S>(kernels, qkv, dout, b, t, c, nh);
   EXPECT_EQ(std::memcmp(again.out.data(), run.out.data(), run.out.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(again.lse.data(), run.lse.data(), run.lse.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(again.dqkv.data(), run.dqkv.data(), run.dqkv.size() * sizeof(float)), 0);
 }
 
-// Every thread-per-row variant (head sizes <= 32, <= 64, <= 128, one not a
-// multiple of 32), T of 1, below one tile, not a multiple of the 64-row
-// tiles, a multiple; and GPT-2's T 1024, HS 64 (with 1 x 4 heads rather than
-// 8 x 12: the same tiles, and the double-precision error model stays quick).
+// Every thread-per-row variant of the CUDA-core kernels (head sizes <= 32,
+// <= 64, <= 128, some not a power of 2) and both padded head sizes of the
+// tensor-core ones (64, 128); T of 1, below one tile, not a multiple of the
+// 64-row tiles, a multiple; and GPT-2's T 1024, HS 64 (with 1 x 4 heads
+// rather than 8 x 12: the same tiles, and the double-precision error model
+// stays quick). All head sizes are multiples of 8 (what the tensor cores take).
 constexpr std::array<std::array<int64_t, 4>, 7> kFlashShapes = {{{1, 1, 64, 1},
                                                                  {2, 37, 48, 3},
                                                                  {2, 130, 128, 2},
@@ -547,17 +562,56 @@ constexpr std::array<std::array<int64_t, 4>, 7> kFlashShapes = {{{1, 1, 64, 1},
 
 TEST(ParityTest, FlashAttentionF32) {
   uint32_t seed = 40;
-  for (const auto& [b, t, c, nh] : kFlashShapes)
-    ExpectFlashMatchesNaive<float>(b, t, c, nh, seed++);
+  for (const auto& [b, t, c, nh] : kFlashShapes) {
+    ExpectFlashMatchesNaive<float>(FlashKernels::kCudaCores, b, t, c, nh, seed++);
+  }
+  ExpectFlashMatchesNaive<float>(FlashKernels::kCudaCores, 2, 50, 60, 3, seed++);  // hs 20
 }
 
 TEST(ParityTest, FlashAttentionBF16) {
   uint32_t seed = 60;
   for (const auto& [b, t, c, nh] : kFlashShapes) {
-    ExpectFlashMatchesNaive<uint16_t>(b, t, c, nh, seed++);
+    ExpectFlashMatchesNaive<uint16_t>(FlashKernels::kCudaCores, b, t, c, nh, seed++);
   }
+  ExpectFlashMatchesNaive<uint16_t>(FlashKernels::kCudaCores, 2, 50, 60, 3, seed++);  // hs 20
 }
 
+TEST(ParityTest, FlashAttentionBF16TensorCores) {
+  uint32_t seed = 80;
+  for (const auto& [b, t, c, nh] : kFlashShapes) {
+    ExpectFlashMatchesNaive<uint16_t>(FlashKernels::kTensorCores, b, t, c, nh, seed++);
+  }
+  // Head size 20 is not a multiple of 8: refused, saying so.
+  DeviceBuffer<uint16_t> d_qkv(2 * 50 * 3 * 60), d_out(2 * 50 * 60);
+  DeviceBuffer<float> d_lse(2 * 3 * 50);
+  const absl::Status s =
+      gpu::FlashAttentionForwardWith(FlashKernels::kTensorCores, d_out.get(), d_lse.get(),
+                                     d_qkv.get(), 2, 50, 60, 3, DType::kBF16, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// The public functions (flash_attention.h) run one of the two: their results
+// equal, bit for bit, those of the CUDA-core or of the tensor-core kernels.
+TEST(ParityTest, FlashAttentionDefaultIsOneOfTheVariants) {
+  const int64_t b = 2, t = 100, c = 128, nh = 2;
+  const std::vector<uint16_t> qkv = ToBF16(RandomFloats(b * t * 3 * c, 90, -2.0f, 2.0f));
+  const std::vector<uint16_t> dout = ToBF16(RandomFloats(b * t * c, 91));
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_dout(dout), d_out(b * t * c), d_dqkv(qkv.size());
+  DeviceBuffer<float> d_lse(b * nh * t);
+  ASSERT_TRUE(gpu::FlashAttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), b, t, c, nh,
+                                         DType::kBF16, nullptr)
+                  .ok());
+  ASSERT_TRUE(gpu::FlashAttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                          d_lse.get(), b, t, c, nh, DType::kBF16, nullptr)
+                  .ok());
+  const std::vector<float> out = FromBF16(d_out.Download()), dqkv = FromBF16(d_dqkv.Download());
+  bool matched = false;
+  for (FlashKernels kernels : {FlashKernels::kCudaCores, FlashKernels::kTensorCores}) {
+    const FlashRun run = RunFlash<uint16_t>(kernels, FromBF16(qkv), FromBF16(dout), b, t, c, nh);
+    matched = matched || (run.out == out && run.dqkv == dqkv);
+  }
+  EXPECT_TRUE(matched) << "FlashAttentionForward / Backward match neither variant";
+}
 }  // namespace
 }  // namespace zeroshard
 

@@ -37,9 +37,11 @@ struct HeadTerms {
 
 int64_t CeilDiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
-// Tolerance of a compared element from one computation's bound.
-double Pair(double single, double exact, const AttentionErrorModel& m) {
-  return 2 * single + m.storage_unit * (std::fabs(exact) + single);
+// Tolerance of a compared element: `single` bounds each computation's float32
+// error, `operand` the tiled one's rounding of its product operands (the
+// naive one has none), then the rounding to storage.
+double Pair(double single, double operand, double exact, const AttentionErrorModel& m) {
+  return 2 * single + operand + m.storage_unit * (std::fabs(exact) + single + operand);
 }
 
 // Forward and the row-wise parts of the backward of row r.
@@ -81,8 +83,9 @@ void Row(const HeadIn& in, int64_t r, const AttentionErrorModel& m, HeadTerms& h
       o += a[j] * in.v(j, i);
       oabs += a[j] * std::fabs(in.v(j, i));
     }
-    const double o_err = (w + SumErrorBound(n) + kU) * oabs;
-    tol.out[in.Out(r, i)] = Pair(o_err, o, m);
+    const double o_common = (w + SumErrorBound(n) + kU) * oabs;
+    const double o_err = o_common + m.operand_unit * oabs;  // the tiled computation's
+    tol.out[in.Out(r, i)] = Pair(o_common, m.operand_unit * oabs, o, m);
     const double g = std::fabs(in.g(r, i));
     d_form_b += SumErrorBound(hs) * g * std::fabs(o) +
                 g * (o_err + m.storage_unit * (std::fabs(o) + o_err));
@@ -113,29 +116,33 @@ void Gradients(const HeadIn& in, const AttentionErrorModel& m, const HeadTerms& 
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   for (int64_t i = 0; i < hs; ++i) {
     for (int64_t r = 0; r < t; ++r) {  // dq_r over keys s <= r
-      double dq = 0, err = 0, mag = 0;
+      double dq = 0, err = 0, op = 0, mag = 0;
       for (int64_t j = 0; j <= r; ++j) {
+        const double dds = ht.dds[r * t + j], k = std::fabs(in.k(j, i));
         dq += ht.ds[r * t + j] * in.k(j, i);
-        err += ht.dds[r * t + j] * std::fabs(in.k(j, i));
-        mag += std::fabs(ht.ds[r * t + j] * in.k(j, i));
+        err += dds * k;
+        op += m.operand_unit * (std::fabs(ht.ds[r * t + j]) + dds) * k;
+        mag += std::fabs(ht.ds[r * t + j]) * k;
       }
       const double single = scale * (err + (SumErrorBound(r + 1) + 2 * kU) * mag);
-      tol.dqkv[in.Qkv(r, 0, i)] = Pair(single, scale * dq, m);
+      tol.dqkv[in.Qkv(r, 0, i)] = Pair(single, scale * op, scale * dq, m);
     }
     for (int64_t j = 0; j < t; ++j) {  // dk_j, dv_j over queries r >= j
-      double dk = 0, dk_err = 0, dk_mag = 0, dv = 0, dv_err = 0, dv_mag = 0;
+      double dk = 0, dk_err = 0, dk_op = 0, dk_mag = 0, dv = 0, dv_err = 0, dv_mag = 0;
       for (int64_t r = j; r < t; ++r) {
-        const double ds = ht.ds[r * t + j], a = ht.a[r * t + j];
+        const double ds = ht.ds[r * t + j], a = ht.a[r * t + j], dds = ht.dds[r * t + j];
         dk += ds * in.q(r, i);
-        dk_err += ht.dds[r * t + j] * std::fabs(in.q(r, i));
+        dk_err += dds * std::fabs(in.q(r, i));
+        dk_op += m.operand_unit * (std::fabs(ds) + dds) * std::fabs(in.q(r, i));
         dk_mag += std::fabs(ds * in.q(r, i));
         dv += a * in.g(r, i);
         dv_err += (ht.w[r] + kU) * a * std::fabs(in.g(r, i));
         dv_mag += a * std::fabs(in.g(r, i));
       }
       const double gamma = SumErrorBound(t - j);
-      tol.dqkv[in.Qkv(j, 1, i)] = Pair(scale * (dk_err + (gamma + 2 * kU) * dk_mag), scale * dk, m);
-      tol.dqkv[in.Qkv(j, 2, i)] = Pair(dv_err + gamma * dv_mag, dv, m);
+      tol.dqkv[in.Qkv(j, 1, i)] =
+          Pair(scale * (dk_err + (gamma + 2 * kU) * dk_mag), scale * dk_op, scale * dk, m);
+      tol.dqkv[in.Qkv(j, 2, i)] = Pair(dv_err + gamma * dv_mag, m.operand_unit * dv_mag, dv, m);
     }
   }
 }

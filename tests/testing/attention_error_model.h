@@ -26,6 +26,9 @@
 //    errors of dp and D);
 //  - dq, dk = scale sum ds k (or q), dv = sum a dout: sums of up to T terms,
 //    each term's error carried, plus gamma_T of their magnitudes.
+// Weights and ds rounded to operand_unit to enter the products add
+// operand_unit of each term (out, dv: sum a |v|, sum a |dout|; dq, dk: sum
+// (|ds| + its error) |k| or |q|), once: only the tiled computation rounds them.
 // Two computations each within its bound of the exact value differ by at most
 // twice the bound; a result stored in bf16 adds storage_unit of its size.
 #ifndef ZEROSHARD_TESTS_TESTING_ATTENTION_ERROR_MODEL_H_
@@ -46,6 +49,9 @@ struct AttentionErrorModel {
   double exp_error = 4 * 0x1p-24;
   // Unit roundoff of the stored out, dqkv (bf16: 2^-8); 0 for float32.
   double storage_unit = 0;
+  // Unit roundoff of the weights p and score gradients ds where they enter
+  // the products (bf16 tensor cores: 2^-8); 0 when they stay float32.
+  double operand_unit = 0;
 };
 
 struct AttentionTolerances {

@@ -25,10 +25,16 @@
 // Every sum has a fixed order (no atomics), so results are deterministic.
 // Arithmetic is f32 whatever the storage; results are rounded to the storage
 // type once.
+//
+// These are the CUDA-core kernels; flash_attention_wmma.cu has bf16
+// tensor-core ones (flash_attention_variants.h picks explicitly; the public
+// functions at the end of this file choose, see kDefaultBf16Kernels).
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -36,6 +42,8 @@
 #include "common/dtype.h"
 #include "worker/cuda/cuda_util.cuh"
 #include "worker/cuda/flash_attention.h"
+#include "worker/cuda/flash_attention_internal.cuh"
+#include "worker/cuda/flash_attention_variants.h"
 
 namespace zeroshard {
 namespace gpu {
@@ -54,13 +62,12 @@ constexpr int kStep = 16;      // keys per online-softmax update (forward)
 constexpr int kLaneDims = 32;  // head components per lane
 constexpr int kMaxHeadSize = 128;
 
-struct Dims {
-  int64_t t;    // sequence length
-  int64_t c;    // model width
-  int64_t nh;   // heads
-  int64_t hs;   // head size, c / nh
-  float scale;  // 1 / sqrt(hs)
-};
+using flash_internal::Dims;
+
+// The tensor-core kernels have not run on a GPU yet: bf16 stays on the CUDA
+// cores until cuda_kernels_parity_check's tensor-core cases pass; then this
+// becomes kTensorCores (used where they take the arguments).
+constexpr FlashKernels kDefaultBf16Kernels = FlashKernels::kCudaCores;
 
 __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -409,27 +416,20 @@ absl::Status Forward(void* out, float* lse, const void* qkv, int64_t b, const Di
   return LaunchStatus(kWhat);
 }
 
+// dk, dv, then dq on CUDA cores (D already computed).
 template <typename S, int kTpr>
-absl::Status Backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                      const float* lse, float* dvec, int64_t b, const Dims& d,
-                      cudaStream_t stream) {
+absl::Status Backward(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* dvec,
+                      int64_t b, const Dims& d, cudaStream_t stream) {
   static constexpr char kWhat[] = "FlashAttentionBackward";
-  const S* g = static_cast<const S*>(dout);
-  const S* x = static_cast<const S*>(qkv);
-  const int64_t rows = b * d.nh * d.t;
-  constexpr int kRowThreads = 256;  // 8 rows per block
-  FlashRowDotKernel<S><<<internal::GridFor(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
-      dvec, g, static_cast<const S*>(out), d, rows);
-  if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
   auto* keys = FlashBackwardKeyKernel<S, kTpr>;
   if (absl::Status s = AllowSharedMemory<kTpr>(keys, kWhat); !s.ok()) return s;
-  keys<<<TileGrid(b, d), Place<kTpr>::kThreads, TileBytes<kTpr>(), stream>>>(static_cast<S*>(dqkv),
-                                                                             g, x, lse, dvec, d);
+  keys<<<TileGrid(b, d), Place<kTpr>::kThreads, TileBytes<kTpr>(), stream>>>(dqkv, dout, qkv, lse,
+                                                                             dvec, d);
   if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
   auto* queries = FlashBackwardQueryKernel<S, kTpr>;
   if (absl::Status s = AllowSharedMemory<kTpr>(queries, kWhat); !s.ok()) return s;
-  queries<<<TileGrid(b, d), Place<kTpr>::kThreads, TileBytes<kTpr>(), stream>>>(
-      static_cast<S*>(dqkv), g, x, lse, dvec, d);
+  queries<<<TileGrid(b, d), Place<kTpr>::kThreads, TileBytes<kTpr>(), stream>>>(dqkv, dout, qkv,
+                                                                                lse, dvec, d);
   return LaunchStatus(kWhat);
 }
 
@@ -449,47 +449,118 @@ absl::Status ForwardAs(void* out, float* lse, const void* qkv, int64_t b, const 
   }
 }
 
+// D = each row's dout . out into dvec, then the gradients on `kernels`.
 template <typename S>
-absl::Status BackwardAs(void* dqkv, const void* dout, const void* qkv, const void* out,
-                        const float* lse, float* dvec, int64_t b, const Dims& d,
+absl::Status BackwardAs(FlashKernels kernels, void* dqkv_v, const void* dout_v, const void* qkv_v,
+                        const void* out, const float* lse, float* dvec, int64_t b, const Dims& d,
                         cudaStream_t stream) {
+  S* dqkv = static_cast<S*>(dqkv_v);
+  const S* dout = static_cast<const S*>(dout_v);
+  const S* qkv = static_cast<const S*>(qkv_v);
+  const int64_t rows = b * d.nh * d.t;
+  constexpr int kRowThreads = 256;  // 8 rows per block
+  FlashRowDotKernel<S><<<internal::GridFor(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
+      dvec, dout, static_cast<const S*>(out), d, rows);
+  if (absl::Status s = LaunchStatus("FlashAttentionBackward"); !s.ok()) return s;
+  if constexpr (std::is_same_v<S, uint16_t>) {
+    if (kernels == FlashKernels::kTensorCores) {
+      return flash_internal::WmmaBackward(dqkv, dout, qkv, lse, dvec, b, d, stream);
+    }
+  }
   switch (ThreadsPerRow(d.hs)) {
     case 1:
-      return Backward<S, 1>(dqkv, dout, qkv, out, lse, dvec, b, d, stream);
+      return Backward<S, 1>(dqkv, dout, qkv, lse, dvec, b, d, stream);
     case 2:
-      return Backward<S, 2>(dqkv, dout, qkv, out, lse, dvec, b, d, stream);
+      return Backward<S, 2>(dqkv, dout, qkv, lse, dvec, b, d, stream);
     default:
-      return Backward<S, 4>(dqkv, dout, qkv, out, lse, dvec, b, d, stream);
+      return Backward<S, 4>(dqkv, dout, qkv, lse, dvec, b, d, stream);
   }
+}
+
+// Whether the tensor-core kernels take these arguments; INVALID_ARGUMENT
+// saying why not.
+absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, const void* qkv,
+                              const void* dout) {
+  if (dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the tensor-core kernels take BF16 storage, not ", DTypeName(dtype),
+                     "; use FlashKernels::kCudaCores"));
+  }
+  if (d.hs % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the tensor-core kernels need a head size that is a multiple of 8, not ", d.hs,
+        "; use FlashKernels::kCudaCores"));
+  }
+  for (const void* p : {qkv, dout}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the tensor-core kernels need qkv and dout 16-byte aligned (",
+                       p == qkv ? "qkv" : "dout", " is not); use FlashKernels::kCudaCores"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The kernels FlashAttentionForward / Backward run for these arguments.
+FlashKernels DefaultKernels(DType dtype, const Dims& d, const void* qkv, const void* dout) {
+  if (kDefaultBf16Kernels == FlashKernels::kTensorCores &&
+      CheckTensorCores("", dtype, d, qkv, dout).ok()) {
+    return FlashKernels::kTensorCores;
+  }
+  return FlashKernels::kCudaCores;
+}
+
+// Checks what both implementations need; *skip when there is nothing to do.
+absl::Status CheckCall(const char* what, int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
+                       std::initializer_list<std::pair<const char*, const void*>> buffers, Dims* d,
+                       bool* skip) {
+  if (absl::Status s = CheckDims(what, b, t, c, nh, dtype, d); !s.ok()) return s;
+  *skip = b == 0 || t == 0 || c == 0;
+  if (*skip) return absl::OkStatus();
+  for (const auto& [name, p] : buffers) {
+    if (absl::Status s = internal::CheckPointer(what, name, p); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status FlashAttentionForward(void* out, float* lse, const void* qkv, int64_t b, int64_t t,
-                                   int64_t c, int64_t nh, DType dtype, void* stream) {
+absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* lse, const void* qkv,
+                                       int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
+                                       void* stream) {
   static constexpr char kWhat[] = "FlashAttentionForward";
   Dims d;
-  if (absl::Status s = CheckDims(kWhat, b, t, c, nh, dtype, &d); !s.ok()) return s;
-  if (b == 0 || t == 0 || c == 0) return absl::OkStatus();
-  const std::pair<const char*, const void*> buffers[] = {{"out", out}, {"lse", lse}, {"qkv", qkv}};
-  for (const auto& [name, p] : buffers) {
-    if (absl::Status s = internal::CheckPointer(kWhat, name, p); !s.ok()) return s;
+  bool skip = false;
+  if (absl::Status s = CheckCall(kWhat, b, t, c, nh, dtype,
+                                 {{"out", out}, {"lse", lse}, {"qkv", qkv}}, &d, &skip);
+      !s.ok() || skip) {
+    return s;
   }
-  if (dtype == DType::kBF16) return ForwardAs<uint16_t>(out, lse, qkv, b, d, AsStream(stream));
-  return ForwardAs<float>(out, lse, qkv, b, d, AsStream(stream));
+  const cudaStream_t st = AsStream(stream);
+  if (kernels == FlashKernels::kTensorCores) {
+    if (absl::Status s = CheckTensorCores(kWhat, dtype, d, qkv, qkv); !s.ok()) return s;
+    return flash_internal::WmmaForward(static_cast<uint16_t*>(out), lse,
+                                       static_cast<const uint16_t*>(qkv), b, d, st);
+  }
+  if (dtype == DType::kBF16) return ForwardAs<uint16_t>(out, lse, qkv, b, d, st);
+  return ForwardAs<float>(out, lse, qkv, b, d, st);
 }
 
-absl::Status FlashAttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                                    const float* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
-                                    DType dtype, void* stream) {
+absl::Status FlashAttentionBackwardWith(FlashKernels kernels, void* dqkv, const void* dout,
+                                        const void* qkv, const void* out, const float* lse,
+                                        int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
+                                        void* stream) {
   static constexpr char kWhat[] = "FlashAttentionBackward";
   Dims d;
-  if (absl::Status s = CheckDims(kWhat, b, t, c, nh, dtype, &d); !s.ok()) return s;
-  if (b == 0 || t == 0 || c == 0) return absl::OkStatus();
-  const std::pair<const char*, const void*> buffers[] = {
-      {"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}, {"lse", lse}};
-  for (const auto& [name, p] : buffers) {
-    if (absl::Status s = internal::CheckPointer(kWhat, name, p); !s.ok()) return s;
+  bool skip = false;
+  if (absl::Status s = CheckCall(
+          kWhat, b, t, c, nh, dtype,
+          {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}, {"lse", lse}}, &d, &skip);
+      !s.ok() || skip) {
+    return s;
+  }
+  if (kernels == FlashKernels::kTensorCores) {
+    if (absl::Status s = CheckTensorCores(kWhat, dtype, d, qkv, dout); !s.ok()) return s;
   }
   const cudaStream_t st = AsStream(stream);
   float* dvec = nullptr;  // D [B,NH,T]
@@ -500,12 +571,32 @@ absl::Status FlashAttentionBackward(void* dqkv, const void* dout, const void* qk
       !s.ok()) {
     return s;
   }
-  absl::Status status = dtype == DType::kBF16
-                            ? BackwardAs<uint16_t>(dqkv, dout, qkv, out, lse, dvec, b, d, st)
-                            : BackwardAs<float>(dqkv, dout, qkv, out, lse, dvec, b, d, st);
+  absl::Status status =
+      dtype == DType::kBF16
+          ? BackwardAs<uint16_t>(kernels, dqkv, dout, qkv, out, lse, dvec, b, d, st)
+          : BackwardAs<float>(kernels, dqkv, dout, qkv, out, lse, dvec, b, d, st);
   // Stream-ordered: freed after the kernels above have run.
   absl::Status freed = CudaErrorToStatus(cudaFreeAsync(dvec, st), "FlashAttentionBackward: free");
   return status.ok() ? freed : status;
+}
+
+absl::Status FlashAttentionForward(void* out, float* lse, const void* qkv, int64_t b, int64_t t,
+                                   int64_t c, int64_t nh, DType dtype, void* stream) {
+  Dims d;
+  const FlashKernels kernels = CheckDims("", b, t, c, nh, dtype, &d).ok()
+                                   ? DefaultKernels(dtype, d, qkv, qkv)
+                                   : FlashKernels::kCudaCores;
+  return FlashAttentionForwardWith(kernels, out, lse, qkv, b, t, c, nh, dtype, stream);
+}
+
+absl::Status FlashAttentionBackward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                    const float* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
+                                    DType dtype, void* stream) {
+  Dims d;
+  const FlashKernels kernels = CheckDims("", b, t, c, nh, dtype, &d).ok()
+                                   ? DefaultKernels(dtype, d, qkv, dout)
+                                   : FlashKernels::kCudaCores;
+  return FlashAttentionBackwardWith(kernels, dqkv, dout, qkv, out, lse, b, t, c, nh, dtype, stream);
 }
 
 }  // namespace gpu

@@ -10,8 +10,15 @@
 #include <limits>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace zeroshard {
 namespace {
+
+// x as it enters a product: rounded to bf16 when the tiles say so.
+float Operand(float x, const FlashTiles& tiles) {
+  return tiles.bf16_operands ? BF16ToFloat(FloatToBF16(x)) : x;
+}
 
 // One head of one batch row: where its q, k, v (and their gradients) and its
 // out, lse rows live.
@@ -46,7 +53,8 @@ struct RowState {
 // One online-softmax step of query row `row` over keys [k0, k1), those past
 // `row` masked: what one GPU thread does for one step of a key tile.
 void SoftmaxStep(RowState& st, const float* q, const float* qkv, const HeadView& hv, int64_t row,
-                 int64_t k0, int64_t k1, float scale, std::vector<float>& s) {
+                 int64_t k0, int64_t k1, float scale, const FlashTiles& tiles,
+                 std::vector<float>& s) {
   float next_m = st.m;
   for (int64_t key = k0; key < k1; ++key) {
     s[key - k0] = key <= row ? scale * Dot(q, qkv + hv.Qkv(key, 1), hv.hs)
@@ -60,8 +68,9 @@ void SoftmaxStep(RowState& st, const float* q, const float* qkv, const HeadView&
   for (int64_t key = k0; key < k1; ++key) {
     const float p = std::exp(s[key - k0] - next_m);  // 0 where masked
     st.l += p;
+    const float pv = Operand(p, tiles);
     const float* v = qkv + hv.Qkv(key, 2);
-    for (int64_t i = 0; i < hv.hs; ++i) st.o[i] += p * v[i];
+    for (int64_t i = 0; i < hv.hs; ++i) st.o[i] += pv * v[i];
   }
   st.m = next_m;
 }
@@ -89,7 +98,7 @@ void FlashAttentionForwardReference(float* out, float* lse, const float* qkv, in
           // masked, which changes nothing (alpha = e^0 = 1, p = 0).
           for (int64_t k0 = j0; k0 < keys_end && k0 <= row; k0 += tiles.softmax_step) {
             const int64_t k1 = std::min(k0 + tiles.softmax_step, keys_end);
-            SoftmaxStep(rows[row - i0], q, qkv, hv, row, k0, k1, scale, s);
+            SoftmaxStep(rows[row - i0], q, qkv, hv, row, k0, k1, scale, tiles, s);
           }
         }
       }
@@ -124,9 +133,10 @@ void KeyTileBackward(float* dqkv, const float* dout, const float* qkv, const flo
         const float* q = qkv + hv.Qkv(row, 0);
         const float* g = dout + hv.Out(row);
         const float p = std::exp(scale * Dot(q, k, hv.hs) - lse[hv.lse_at + row]);
-        const float ds = p * (Dot(g, v, hv.hs) - d[hv.lse_at + row]);
+        const float ds = Operand(p * (Dot(g, v, hv.hs) - d[hv.lse_at + row]), tiles);
+        const float pv = Operand(p, tiles);
         for (int64_t i = 0; i < hv.hs; ++i) {
-          dv[i] += p * g[i];
+          dv[i] += pv * g[i];
           dk[i] += ds * q[i];
         }
       }
@@ -156,7 +166,8 @@ void QueryTileBackward(float* dqkv, const float* dout, const float* qkv, const f
       for (int64_t key = j0; key < keys_end; ++key) {
         const float* k = qkv + hv.Qkv(key, 1);
         const float p = std::exp(scale * Dot(q, k, hv.hs) - lse[hv.lse_at + row]);
-        const float ds = p * (Dot(g, qkv + hv.Qkv(key, 2), hv.hs) - d[hv.lse_at + row]);
+        const float ds =
+            Operand(p * (Dot(g, qkv + hv.Qkv(key, 2), hv.hs) - d[hv.lse_at + row]), tiles);
         for (int64_t i = 0; i < hv.hs; ++i) dq[i] += ds * k[i];
       }
     }

@@ -23,6 +23,11 @@ struct FlashTiles {
   int64_t query_rows = 64;    // Br: query rows per tile (one thread block on the GPU)
   int64_t key_cols = 64;      // Bc: keys per tile (staged in shared memory on the GPU)
   int64_t softmax_step = 16;  // keys per online-softmax update inside a key tile
+  // The tensor-core kernels' rounding: the weights p and score gradients ds
+  // rounded to bf16 where they enter the products (o += p v, dv += p dout,
+  // dk += ds q, dq += ds k); the sums l and every accumulation stay f32.
+  // Those kernels run with tiles {64, 64, 64, true}.
+  bool bf16_operands = false;
 };
 
 // Forward: for each query tile, the key tiles that hold a key <= its last row

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/cuda/flash_attention.h"
+#include "worker/cuda/flash_attention_variants.h"
 
 namespace zeroshard {
 namespace gpu {
@@ -92,6 +93,31 @@ TEST(FlashAttentionHostTest, NullBuffersAreNamed) {
                 bwd, "lse is null");
 }
 
+// The tensor-core kernels refuse what they cannot take, saying why.
+TEST(FlashAttentionHostTest, TensorCoresRefuseWhatTheyCannotTake) {
+  const FlashKernels tc = FlashKernels::kTensorCores;
+  const std::string fwd = "FlashAttentionForward", bwd = "FlashAttentionBackward";
+  ExpectInvalid(
+      FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 128, 2, DType::kF32, nullptr), fwd,
+      "take BF16 storage, not F32");
+  ExpectInvalid(
+      FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 60, 3, DType::kBF16, nullptr), fwd,
+      "multiple of 8, not 20");
+  void* const misaligned = reinterpret_cast<char*>(kFake) + 2;
+  ExpectInvalid(
+      FlashAttentionForwardWith(tc, kFake, kFakeF, misaligned, 1, 4, 128, 2, DType::kBF16, nullptr),
+      fwd, "qkv is not");
+  ExpectInvalid(FlashAttentionBackwardWith(tc, kFake, misaligned, kFake, kFake, kFakeF, 1, 4, 128,
+                                           2, DType::kBF16, nullptr),
+                bwd, "dout is not");
+  // The same arguments on the CUDA cores pass the checks (and fail later
+  // without a device, or run).
+  EXPECT_NE(FlashAttentionForwardWith(FlashKernels::kCudaCores, kFake, kFakeF, kFake, 1, 4, 60, 3,
+                                      DType::kBF16, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(FlashAttentionHostTest, WithoutDeviceIsAnErrorNamingTheFunction) {
   if (HasDevice()) GTEST_SKIP() << "this machine has a CUDA device";
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -102,6 +128,13 @@ TEST(FlashAttentionHostTest, WithoutDeviceIsAnErrorNamingTheFunction) {
       s = FlashAttentionBackward(kFake, kFake, kFake, kFake, kFakeF, 1, 70, c, 2, dtype, nullptr);
       EXPECT_FALSE(s.ok());
       EXPECT_THAT(std::string(s.message()), HasSubstr("FlashAttentionBackward")) << s;
+      if (dtype == DType::kBF16) {
+        s = FlashAttentionForwardWith(FlashKernels::kTensorCores, kFake, kFakeF, kFake, 1, 70, c, 2,
+                                      dtype, nullptr);
+        EXPECT_FALSE(s.ok());
+        EXPECT_THAT(std::string(s.message()), HasSubstr("FlashAttentionForward (tensor cores)"))
+            << s;
+      }
     }
   }
 }
