@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/testing/attention_error_model.h"
 #include "tests/worker/model/test_util.h"
@@ -57,11 +58,27 @@ void ExpectMeaningful(const std::vector<double>& tol, const std::vector<float>& 
   EXPECT_LT(sum_tol, limit * sum_want) << what << ": the tolerance would hide real errors";
 }
 
-void ExpectMatchesNaive(const Shape& s, const FlashTiles& tiles, float range, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << s << " tiles " << tiles.query_rows << "x" << tiles.key_cols
-                                    << " step " << tiles.softmax_step);
-  const std::vector<float> qkv = RandomVector(s.b * s.t * 3 * s.c, -range, range, seed);
-  const std::vector<float> dout = RandomVector(s.b * s.t * s.c, -1, 1, seed + 1);
+// x rounded to bf16 (to nearest even) and widened back.
+std::vector<float> RoundedToBF16(std::vector<float> x) {
+  for (float& v : x) v = BF16ToFloat(FloatToBF16(v));
+  return x;
+}
+
+// With bf16_storage, what the GPU's bf16 runs do: the inputs are bf16 values
+// (the naive attention computes on the same), and out (read back by the
+// backward for D) and dqkv are rounded to bf16 where they are stored: the
+// error model's storage_unit, checked here before any GPU holds it to it.
+void ExpectMatchesNaive(const Shape& s, const FlashTiles& tiles, float range, uint32_t seed,
+                        bool bf16_storage = false) {
+  SCOPED_TRACE(::testing::Message()
+               << s << " tiles " << tiles.query_rows << "x" << tiles.key_cols << " step "
+               << tiles.softmax_step << (bf16_storage ? " bf16 storage" : ""));
+  std::vector<float> qkv = RandomVector(s.b * s.t * 3 * s.c, -range, range, seed);
+  std::vector<float> dout = RandomVector(s.b * s.t * s.c, -1, 1, seed + 1);
+  if (bf16_storage) {
+    qkv = RoundedToBF16(qkv);
+    dout = RoundedToBF16(dout);
+  }
 
   std::vector<float> out(s.b * s.t * s.c), att(s.b * s.nh * s.t * s.t), dqkv(qkv.size());
   AttentionForward(out.data(), att.data(), qkv.data(), s.b, s.t, s.c, s.nh);
@@ -72,19 +89,22 @@ void ExpectMatchesNaive(const Shape& s, const FlashTiles& tiles, float range, ui
       flash_dqkv(qkv.size(), NAN);
   FlashAttentionForwardReference(flash_out.data(), lse.data(), qkv.data(), s.b, s.t, s.c, s.nh,
                                  tiles);
+  if (bf16_storage) flash_out = RoundedToBF16(flash_out);
   FlashAttentionBackwardReference(flash_dqkv.data(), dout.data(), qkv.data(), flash_out.data(),
                                   lse.data(), s.b, s.t, s.c, s.nh, tiles);
+  if (bf16_storage) flash_dqkv = RoundedToBF16(flash_dqkv);
 
   AttentionErrorModel model;
   model.key_cols = tiles.key_cols;
   model.softmax_step = tiles.softmax_step;
   model.operand_unit = tiles.bf16_operands ? 0x1p-8 : 0.0;
+  model.storage_unit = bf16_storage ? 0x1p-8 : 0.0;
   const AttentionTolerances tol = CausalAttentionTolerances(qkv, dout, s.b, s.t, s.c, s.nh, model);
   std::string worst;
   EXPECT_EQ(CountOutside(flash_out, out, tol.out, &worst), 0) << "out, worst " << worst;
   EXPECT_EQ(CountOutside(lse, tol.lse_exact, tol.lse, &worst), 0) << "lse, worst " << worst;
   EXPECT_EQ(CountOutside(flash_dqkv, dqkv, tol.dqkv, &worst), 0) << "dqkv, worst " << worst;
-  if (tiles.bf16_operands) {
+  if (tiles.bf16_operands || bf16_storage) {
     ExpectMeaningful(tol.out, out, s.c, -1, 0.1, "out");
     ExpectMeaningful(tol.dqkv, dqkv, s.c, 2, 0.1, "dv");
   } else {
@@ -133,6 +153,17 @@ TEST(FlashAttentionReferenceTest, Bf16Operands) {
   ExpectMatchesNaive({2, 37, 32, 2}, tensor_cores, 1.5f, 14);
   ExpectMatchesNaive({1, 150, 128, 2}, tensor_cores, 1.5f, 15);
   ExpectMatchesNaive({1, 128, 256, 2}, tensor_cores, 1.5f, 16);
+}
+
+// The GPU parity check's bf16 runs, on the host: CUDA-core tiles (f32
+// operands) and tensor-core ones, scores as peaked as there (|qkv| <= 2).
+TEST(FlashAttentionReferenceTest, Bf16Storage) {
+  for (const FlashTiles& tiles : {FlashTiles{}, FlashTiles{64, 64, 64, true}}) {
+    ExpectMatchesNaive({2, 37, 48, 3}, tiles, 2.0f, 19, true);
+    ExpectMatchesNaive({2, 130, 128, 2}, tiles, 2.0f, 20, true);
+    ExpectMatchesNaive({1, 97, 256, 2}, tiles, 2.0f, 21, true);
+    ExpectMatchesNaive({1, 1024, 64, 1}, tiles, 2.0f, 22, true);
+  }
 }
 
 // Larger scores: peaked weights, many rescales of the running sums.
