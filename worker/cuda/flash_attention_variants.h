@@ -25,9 +25,9 @@ namespace gpu {
 
 enum class FlashKernels { kCudaCores, kTensorCores };
 
-absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* lse,
-                                       const void* qkv, int64_t b, int64_t t, int64_t c,
-                                       int64_t nh, DType dtype, void* stream);
+absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* lse, const void* qkv,
+                                       int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
+                                       void* stream);
 
 absl::Status FlashAttentionBackwardWith(FlashKernels kernels, void* dqkv, const void* dout,
                                         const void* qkv, const void* out, const float* lse,
