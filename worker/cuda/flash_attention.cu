@@ -15,12 +15,12 @@
 // group's lanes: every lane of the group ends with the same bits, so the
 // group's lanes make the same softmax decisions.
 //
-// Shared memory: two tiles of kTile rows x kTpr * 32 floats (K and V in the
-// forward and the dq pass, Q and dO in the dk/dv pass) staged from global
-// memory (bf16 widened exactly, rows past T and components past HS zero):
-// 16 KiB (HS <= 32), 32 KiB (<= 64), 64 KiB (<= 128, over the 48 KiB default:
-// the kernels opt in with cudaFuncSetAttribute), plus 512 bytes of lse and D
-// in the dk/dv pass.
+// Shared memory (dynamic): two tiles of kTile rows x kTpr * 32 floats (K and
+// V in the forward and the dq pass, Q and dO in the dk/dv pass) staged from
+// global memory (bf16 widened exactly, rows past T and components past HS
+// zero): 16 KiB (HS <= 32), 32 KiB (<= 64), 64 KiB (<= 128, over the 48 KiB
+// default: the kernels opt in with cudaFuncSetAttribute), plus 512 bytes of
+// lse and D in the dk/dv pass.
 //
 // Every sum has a fixed order (no atomics), so results are deterministic.
 // Arithmetic is f32 whatever the storage; results are rounded to the storage
@@ -262,7 +262,8 @@ __global__ void __launch_bounds__(Place<kTpr>::kThreads)
   extern __shared__ float4 shared4[];
   float* q_tile = reinterpret_cast<float*>(shared4);
   float* g_tile = q_tile + kTile * kDims;
-  __shared__ float lse_tile[kTile], d_tile[kTile];
+  float* lse_tile = g_tile + kTile * kDims;  // [kTile]
+  float* d_tile = lse_tile + kTile;          // [kTile]
   const Place<kTpr> at;
   const HeadBase head = ThisHead(d);
   const int64_t stride = 3 * d.c;
@@ -348,6 +349,10 @@ __global__ void __launch_bounds__(Place<kTpr>::kThreads)
   if (live) StoreRow(dqkv + head.qkv + row * stride, dq, d.scale, d.hs, at);
 }
 
+// Without nvcc (tests/worker/cuda/emulation runs the kernels above on the
+// CPU), nothing below: it launches them.
+#ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
+
 // ---------------------------------------------------------------------------
 // Host side.
 
@@ -382,22 +387,25 @@ absl::Status CheckDims(const char* what, int64_t b, int64_t t, int64_t c, int64_
   return absl::OkStatus();
 }
 
-// Dynamic shared memory of the tiled kernels: two tiles of floats.
+// Dynamic shared memory of the tiled kernels: two tiles of floats (and the
+// dk/dv pass's lse and D rows).
 template <int kTpr>
 constexpr size_t TileBytes() {
   return 2 * kTile * Place<kTpr>::kDims * sizeof(float);
 }
+template <int kTpr>
+constexpr size_t KeyBytes() {
+  return TileBytes<kTpr>() + 2 * kTile * sizeof(float);
+}
 
-// Lets `kernel` use TileBytes<kTpr>() of dynamic shared memory (an opt-in
-// above 48 KiB; cheap, so done at every launch rather than tracked per
-// device).
-template <int kTpr, typename Kernel>
-absl::Status AllowSharedMemory(Kernel kernel, const char* what) {
-  if (TileBytes<kTpr>() <= 48 * 1024) return absl::OkStatus();
-  return CudaErrorToStatus(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(TileBytes<kTpr>())),
-      absl::StrCat(what, ": allowing ", TileBytes<kTpr>(), " bytes of shared memory"));
+// Lets `kernel` use `bytes` of dynamic shared memory (an opt-in above 48 KiB;
+// cheap, so done at every launch rather than tracked per device).
+template <typename Kernel>
+absl::Status AllowSharedMemory(Kernel kernel, size_t bytes, const char* what) {
+  if (bytes <= 48 * 1024) return absl::OkStatus();
+  return CudaErrorToStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(bytes)),
+                           absl::StrCat(what, ": allowing ", bytes, " bytes of shared memory"));
 }
 
 dim3 TileGrid(int64_t b, const Dims& d) {
@@ -410,7 +418,7 @@ absl::Status Forward(void* out, float* lse, const void* qkv, int64_t b, const Di
                      cudaStream_t stream) {
   static constexpr char kWhat[] = "FlashAttentionForward";
   auto* kernel = FlashForwardKernel<S, kTpr>;
-  if (absl::Status s = AllowSharedMemory<kTpr>(kernel, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(kernel, TileBytes<kTpr>(), kWhat); !s.ok()) return s;
   kernel<<<TileGrid(b, d), Place<kTpr>::kThreads, TileBytes<kTpr>(), stream>>>(
       static_cast<S*>(out), lse, static_cast<const S*>(qkv), d);
   return LaunchStatus(kWhat);
@@ -422,12 +430,12 @@ absl::Status Backward(S* dqkv, const S* dout, const S* qkv, const float* lse, co
                       int64_t b, const Dims& d, cudaStream_t stream) {
   static constexpr char kWhat[] = "FlashAttentionBackward";
   auto* keys = FlashBackwardKeyKernel<S, kTpr>;
-  if (absl::Status s = AllowSharedMemory<kTpr>(keys, kWhat); !s.ok()) return s;
-  keys<<<TileGrid(b, d), Place<kTpr>::kThreads, TileBytes<kTpr>(), stream>>>(dqkv, dout, qkv, lse,
-                                                                             dvec, d);
+  if (absl::Status s = AllowSharedMemory(keys, KeyBytes<kTpr>(), kWhat); !s.ok()) return s;
+  keys<<<TileGrid(b, d), Place<kTpr>::kThreads, KeyBytes<kTpr>(), stream>>>(dqkv, dout, qkv, lse,
+                                                                            dvec, d);
   if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
   auto* queries = FlashBackwardQueryKernel<S, kTpr>;
-  if (absl::Status s = AllowSharedMemory<kTpr>(queries, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(queries, TileBytes<kTpr>(), kWhat); !s.ok()) return s;
   queries<<<TileGrid(b, d), Place<kTpr>::kThreads, TileBytes<kTpr>(), stream>>>(dqkv, dout, qkv,
                                                                                 lse, dvec, d);
   return LaunchStatus(kWhat);
@@ -523,7 +531,11 @@ absl::Status CheckCall(const char* what, int64_t b, int64_t t, int64_t c, int64_
   return absl::OkStatus();
 }
 
+#endif  // ZEROSHARD_FLASH_ATTENTION_EMULATED
+
 }  // namespace
+
+#ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
 
 absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* lse, const void* qkv,
                                        int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
@@ -598,6 +610,8 @@ absl::Status FlashAttentionBackward(void* dqkv, const void* dout, const void* qk
                                    : FlashKernels::kCudaCores;
   return FlashAttentionBackwardWith(kernels, dqkv, dout, qkv, out, lse, b, t, c, nh, dtype, stream);
 }
+
+#endif  // ZEROSHARD_FLASH_ATTENTION_EMULATED
 
 }  // namespace gpu
 }  // namespace zeroshard

@@ -22,8 +22,9 @@
 // T), f32 score tiles [64][68], bf16 weight tiles [64][72], and the forward's
 // f32 output tile [64][HS' + 4]. Forward: 3 head tiles + score + weights +
 // output = 70 KiB (HS' 64) / 110 KiB (128); dk/dv: 4 head + 2 score + 2
-// weight tiles = 88 / 120 KiB; dq: 4 head + 2 score + 1 weight = 79 / 111
-// KiB. Within the 163 KiB an A100 block may opt in to (227 KiB on H100).
+// weight tiles + 512 bytes of lse and D = 89 / 121 KiB; dq: 4 head + 2 score
+// + 1 weight = 79 / 111 KiB. Within the 163 KiB an A100 block may opt in to
+// (227 KiB on H100).
 //
 // Requirements checked by the caller (flash_attention.cu): bf16, HS a
 // multiple of 8 up to 128, qkv and dout 16-byte aligned (tiles are staged 8
@@ -73,7 +74,9 @@ struct Layout {
   static constexpr size_t kHeadTile = size_t{kTile} * kLdH * sizeof(uint16_t);
   static constexpr size_t kOutTile = size_t{kTile} * kLdO * sizeof(float);
   static constexpr size_t kForwardBytes = 3 * kHeadTile + kScoreTile + kWeightTile + kOutTile;
-  static constexpr size_t kKeyBytes = 4 * kHeadTile + 2 * kScoreTile + 2 * kWeightTile;
+  // + the lse and D rows of the query tile.
+  static constexpr size_t kKeyBytes =
+      4 * kHeadTile + 2 * kScoreTile + 2 * kWeightTile + 2 * kTile * sizeof(float);
   static constexpr size_t kQueryBytes = 4 * kHeadTile + 2 * kScoreTile + kWeightTile;
   // The backward's output staging reuses its two score tiles.
   static_assert(kOutTile <= 2 * kScoreTile, "output staging must fit the score tiles");
@@ -298,7 +301,8 @@ __global__ void __launch_bounds__(kThreads)
   float* dt = st + kTile * kLdS;
   uint16_t* pt = reinterpret_cast<uint16_t*>(smem + 4 * L::kHeadTile + 2 * kScoreTile);
   uint16_t* zt = pt + kTile * kLdP;
-  __shared__ float lse_s[kTile], d_s[kTile];
+  float* lse_s = reinterpret_cast<float*>(zt + kTile * kLdP);  // [kTile]
+  float* d_s = lse_s + kTile;                                  // [kTile]
   const Lane ln;
   const HeadBase head = ThisHead(d);
   const int64_t stride = 3 * d.c;
@@ -397,6 +401,10 @@ __global__ void __launch_bounds__(kThreads)
   WriteRows<kHs>(dqkv + head.qkv, stride, dq, ss, ln, pos, d.scale, d);
 }
 
+// Without nvcc (tests/worker/cuda/emulation runs the kernels above on the
+// CPU), nothing below: it launches them.
+#ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
+
 // ---------------------------------------------------------------------------
 // Host side.
 
@@ -438,7 +446,11 @@ absl::Status Backward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
   return LaunchStatus(kWhat);
 }
 
+#endif  // ZEROSHARD_FLASH_ATTENTION_EMULATED
+
 }  // namespace
+
+#ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
 
 absl::Status WmmaForward(uint16_t* out, float* lse, const uint16_t* qkv, int64_t b, const Dims& d,
                          cudaStream_t stream) {
@@ -452,6 +464,8 @@ absl::Status WmmaBackward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* 
   if (d.hs <= 64) return Backward<64>(dqkv, dout, qkv, lse, dvec, b, d, stream);
   return Backward<128>(dqkv, dout, qkv, lse, dvec, b, d, stream);
 }
+
+#endif  // ZEROSHARD_FLASH_ATTENTION_EMULATED
 
 }  // namespace flash_internal
 }  // namespace gpu
