@@ -188,6 +188,14 @@ TEST(FlashAttentionEmulatedTest, CudaCoresF32) {
   ExpectMatchesNaive<float>(Path::kCudaCores, {1, 70, 256, 2}, 4);
 }
 
+// T of 1, of exactly one tile, and one past it; batch rows and heads > 1.
+TEST(FlashAttentionEmulatedTest, TileBoundaries) {
+  for (const Shape& s : {Shape{2, 1, 64, 2}, Shape{1, 64, 128, 2}, Shape{2, 65, 64, 2}}) {
+    ExpectMatchesNaive<float>(Path::kCudaCores, s, 11);
+    ExpectMatchesNaive<uint16_t>(Path::kTensorCores, s, 12);
+  }
+}
+
 TEST(FlashAttentionEmulatedTest, CudaCoresBF16) {
   ExpectMatchesNaive<uint16_t>(Path::kCudaCores, {2, 37, 48, 3}, 5);
   ExpectMatchesNaive<uint16_t>(Path::kCudaCores, {1, 130, 128, 2}, 6);
