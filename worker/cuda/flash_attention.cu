@@ -349,6 +349,17 @@ __global__ void __launch_bounds__(Place<kTpr>::kThreads)
   if (live) StoreRow(dqkv + head.qkv + row * stride, dq, d.scale, d.hs, at);
 }
 
+// Dynamic shared memory of the tiled kernels: two tiles of floats (and the
+// dk/dv pass's lse and D rows).
+template <int kTpr>
+constexpr size_t TileBytes() {
+  return 2 * kTile * Place<kTpr>::kDims * sizeof(float);
+}
+template <int kTpr>
+constexpr size_t KeyBytes() {
+  return TileBytes<kTpr>() + 2 * kTile * sizeof(float);
+}
+
 // Without nvcc (tests/worker/cuda/emulation runs the kernels above on the
 // CPU), nothing below: it launches them.
 #ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
@@ -385,17 +396,6 @@ absl::Status CheckDims(const char* what, int64_t b, int64_t t, int64_t c, int64_
   d->hs = c / nh;
   d->scale = d->hs > 0 ? 1.0f / std::sqrt(static_cast<float>(d->hs)) : 0.0f;
   return absl::OkStatus();
-}
-
-// Dynamic shared memory of the tiled kernels: two tiles of floats (and the
-// dk/dv pass's lse and D rows).
-template <int kTpr>
-constexpr size_t TileBytes() {
-  return 2 * kTile * Place<kTpr>::kDims * sizeof(float);
-}
-template <int kTpr>
-constexpr size_t KeyBytes() {
-  return TileBytes<kTpr>() + 2 * kTile * sizeof(float);
 }
 
 // Lets `kernel` use `bytes` of dynamic shared memory (an opt-in above 48 KiB;

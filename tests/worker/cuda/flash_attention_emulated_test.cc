@@ -7,13 +7,16 @@
 // This checks what can be wrong without a GPU: indexing, masks, tile
 // skipping, shared-memory layout, the order of barriers (the emulated wmma
 // stores write a lane's share only, so a missing __syncwarp reads stale
-// data). Not the hardware's rounding, speed, or resource limits.
+// data; its wmma loads and stores check wmma's alignment rules; shared memory
+// is poisoned before each block and checked past each launch's budget). Not
+// the hardware's rounding, speed, or register and shared-memory limits.
 #define ZEROSHARD_FLASH_ATTENTION_EMULATED 1
 
 #include <cuda_runtime.h>  // the emulation's (tests/worker/cuda/emulation)
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -44,7 +47,34 @@ namespace zeroshard {
 namespace gpu {
 namespace {
 
-using cuda_emulation::Launch;
+// Launches like cuda_emulation::Launch with `bytes` of dynamic shared memory
+// in `shared` (sizeof_shared in all): before each block all of it is set to
+// 0xff bytes (NaN as f32 and as bf16), so a read of shared memory the block
+// has not written shows in the results, and after it the bytes past `bytes`
+// must still be 0xff (a write past the budget the launch asks for fails).
+template <typename Kernel, typename... Args>
+void Launch(void* shared, size_t sizeof_shared, size_t bytes, dim3 grid, int threads, Kernel kernel,
+            Args... args) {
+  ASSERT_LE(bytes, sizeof_shared);
+  unsigned char* base = static_cast<unsigned char*>(shared);
+  cuda_emulation::g_before_block = [=] { std::memset(base, 0xff, sizeof_shared); };
+  cuda_emulation::g_after_block = [=] {
+    for (size_t i = bytes; i < sizeof_shared; ++i) {
+      if (base[i] != 0xff) {
+        ADD_FAILURE() << "shared memory written at byte " << i << ", past the " << bytes
+                      << " bytes the launch asks for";
+        return;
+      }
+    }
+  };
+  cuda_emulation::Launch(grid, threads, kernel, args...);
+  cuda_emulation::g_before_block = nullptr;
+  cuda_emulation::g_after_block = nullptr;
+}
+
+// The two kernel families' shared memory.
+#define SIMT_SHARED shared4, sizeof(shared4)
+#define WMMA_SHARED flash_internal::smem, sizeof(flash_internal::smem)
 
 enum class Path { kCudaCores, kTensorCores };
 
@@ -62,13 +92,14 @@ template <typename S, int kTpr>
 void CudaCores(S* out, float* lse, S* dqkv, const S* qkv, const S* dout, float* dvec,
                const Shape& s, const Dims& d) {
   constexpr int kThreads = Place<kTpr>::kThreads;
-  Launch(Tiles(s), kThreads, FlashForwardKernel<S, kTpr>, out, lse, qkv, d);
-  Launch(dim3(3), 64, FlashRowDotKernel<S>, dvec, static_cast<const S*>(dout),
+  Launch(SIMT_SHARED, TileBytes<kTpr>(), Tiles(s), kThreads, FlashForwardKernel<S, kTpr>, out, lse,
+         qkv, d);
+  Launch(SIMT_SHARED, 0, dim3(3), 64, FlashRowDotKernel<S>, dvec, static_cast<const S*>(dout),
          static_cast<const S*>(out), d, s.b * s.nh * s.t);
-  Launch(Tiles(s), kThreads, FlashBackwardKeyKernel<S, kTpr>, dqkv, dout, qkv,
-         static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
-  Launch(Tiles(s), kThreads, FlashBackwardQueryKernel<S, kTpr>, dqkv, dout, qkv,
-         static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
+  Launch(SIMT_SHARED, KeyBytes<kTpr>(), Tiles(s), kThreads, FlashBackwardKeyKernel<S, kTpr>, dqkv,
+         dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
+  Launch(SIMT_SHARED, TileBytes<kTpr>(), Tiles(s), kThreads, FlashBackwardQueryKernel<S, kTpr>,
+         dqkv, dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
 }
 
 // As flash_attention_wmma.cu's Forward / Backward launch the tensor-core ones.
@@ -76,12 +107,15 @@ template <int kHs>
 void TensorCores(uint16_t* out, float* lse, uint16_t* dqkv, const uint16_t* qkv,
                  const uint16_t* dout, float* dvec, const Shape& s, const Dims& d) {
   using flash_internal::kThreads;
-  Launch(Tiles(s), kThreads, flash_internal::WmmaForwardKernel<kHs>, out, lse, qkv, d);
-  Launch(dim3(3), 64, FlashRowDotKernel<uint16_t>, dvec, dout, static_cast<const uint16_t*>(out), d,
-         s.b * s.nh * s.t);
-  Launch(Tiles(s), kThreads, flash_internal::WmmaBackwardKeyKernel<kHs>, dqkv, dout, qkv,
-         static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
-  Launch(Tiles(s), kThreads, flash_internal::WmmaBackwardQueryKernel<kHs>, dqkv, dout, qkv,
+  using L = flash_internal::Layout<kHs>;
+  Launch(WMMA_SHARED, L::kForwardBytes, Tiles(s), kThreads, flash_internal::WmmaForwardKernel<kHs>,
+         out, lse, qkv, d);
+  Launch(WMMA_SHARED, 0, dim3(3), 64, FlashRowDotKernel<uint16_t>, dvec, dout,
+         static_cast<const uint16_t*>(out), d, s.b * s.nh * s.t);
+  Launch(WMMA_SHARED, L::kKeyBytes, Tiles(s), kThreads, flash_internal::WmmaBackwardKeyKernel<kHs>,
+         dqkv, dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
+  Launch(WMMA_SHARED, L::kQueryBytes, Tiles(s), kThreads,
+         flash_internal::WmmaBackwardQueryKernel<kHs>, dqkv, dout, qkv,
          static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
 }
 

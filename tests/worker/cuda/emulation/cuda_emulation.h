@@ -83,6 +83,10 @@ inline thread_local dim3 tl_thread_idx, tl_block_idx;
 inline dim3 g_grid_dim, g_block_dim;
 inline Block* g_block = nullptr;
 
+// Called before and after each block (the test poisons and checks shared
+// memory there); empty by default.
+inline std::function<void()> g_before_block, g_after_block;
+
 // Runs kernel(args...) over `grid` blocks of `threads` threads, one block at
 // a time (blockDim.x only: the kernels use one-dimensional blocks).
 template <typename Kernel, typename... Args>
@@ -92,6 +96,7 @@ void Launch(dim3 grid, int threads, Kernel kernel, Args... args) {
   for (unsigned int z = 0; z < grid.z; ++z) {
     for (unsigned int y = 0; y < grid.y; ++y) {
       for (unsigned int x = 0; x < grid.x; ++x) {
+        if (g_before_block) g_before_block();
         Block block(threads);
         g_block = &block;
         std::vector<std::thread> pool;
@@ -104,6 +109,7 @@ void Launch(dim3 grid, int threads, Kernel kernel, Args... args) {
         }
         for (std::thread& th : pool) th.join();
         g_block = nullptr;
+        if (g_after_block) g_after_block();
       }
     }
   }
