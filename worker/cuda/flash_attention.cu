@@ -28,7 +28,8 @@
 //
 // These are the CUDA-core kernels; flash_attention_wmma.cu has bf16
 // tensor-core ones (flash_attention_variants.h picks explicitly; the public
-// functions at the end of this file choose, see kDefaultBf16Kernels).
+// functions at the end of this file choose, see kDefaultBf16Kernels). Both
+// run on the CPU too, under //tests/worker/cuda:flash_attention_emulated_test.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -64,9 +65,10 @@ constexpr int kMaxHeadSize = 128;
 
 using flash_internal::Dims;
 
-// The tensor-core kernels have not run on a GPU yet: bf16 stays on the CUDA
-// cores until cuda_kernels_parity_check's tensor-core cases pass; then this
-// becomes kTensorCores (used where they take the arguments).
+// The tensor-core kernels have run under the CPU emulation only: bf16 stays
+// on the CUDA cores until cuda_kernels_parity_check's tensor-core cases pass
+// on a GPU; then this becomes kTensorCores (used where they take the
+// arguments, the CUDA cores elsewhere).
 constexpr FlashKernels kDefaultBf16Kernels = FlashKernels::kCudaCores;
 
 __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
