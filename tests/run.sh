@@ -86,6 +86,8 @@ NUMERICAL_TARGETS=(
   //tests/testing:attention_error_model_test
   //tests/worker/model:mlp_test
   //tests/worker/model:gpt_test
+  //tests/worker/model:flash_attention_reference_test
+  //tests/worker/cuda:flash_attention_emulated_test
   //tests/integration:training_test
   //tests/integration:resume_test
   //tests/integration:recovery_test

@@ -15,11 +15,15 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/testing/flash_attention_error_model.h"
+#include "worker/cuda/flash_attention.h"
+#include "worker/cuda/flash_attention_variants.h"
 #include "worker/cuda/kernels.h"
 #include "worker/model/layers.h"
 #include "worker/zero/optimizer.h"
@@ -169,7 +173,7 @@ TEST(ParityTest, LayerNormBf16OutputAndSkipPath) {
 TEST(ParityTest, CausalAttention) {
   for (const auto& [b, t, c, nh] :
        std::vector<std::array<int64_t, 4>>{{2, 37, 48, 4}, {1, 1, 8, 1}, {3, 130, 64, 2}}) {
-    SCOPED_TRACE(testing::Message() << "b " << b << " t " << t << " c " << c << " nh " << nh);
+    SCOPED_TRACE(::testing::Message() << "b " << b << " t " << t << " c " << c << " nh " << nh);
     const std::vector<float> qkv = RandomFloats(b * t * 3 * c, 11, -2.0f, 2.0f);
     const std::vector<float> dout = RandomFloats(b * t * c, 12);
     std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(b * t * 3 * c);
@@ -328,7 +332,7 @@ TEST(ParityTest, AdamMatchesTheCpuOptimizerBitwise) {
   const int64_t n = 100003;
   for (const char* name : {"adam", "adamw"}) {
     for (double weight_decay : {0.0, 0.01}) {
-      SCOPED_TRACE(testing::Message() << name << " weight_decay " << weight_decay);
+      SCOPED_TRACE(::testing::Message() << name << " weight_decay " << weight_decay);
       OptimizerOptions options;
       options.weight_decay = weight_decay;
       auto cpu = MakeOptimizer(name, n, options);
@@ -484,6 +488,166 @@ TEST(ParityTest, CublasLinearBF16WithinBF16Rounding) {
   EXPECT_TRUE(AllNear(FromBF16(d_db.Download()), db, 2e-2f, 1.0f / 128));
 }
 
+// ----------------------------------------------------------------------------
+// Flash attention (worker/cuda/flash_attention_variants.h: the CUDA-core
+// kernels in f32 and bf16, the tensor-core ones in bf16) against layers.h's
+// naive attention. Tolerances element by element from
+// tests/testing/flash_attention_error_model.h: the GPU's expf within 2 ulp, the
+// kernels' key tiles (64) and softmax steps (16 keys on CUDA cores, 64 on
+// tensor cores); in bf16 the CPU runs in f32 on the bf16-rounded inputs and
+// the model adds the GPU's roundings of out (also read back for D) and of
+// dqkv, 2^-8 each, and on tensor cores the rounding of the weights and score
+// gradients to bf16 where they enter the products, 2^-8 each.
+
+using gpu::FlashKernels;
+
+// The inputs and results in the storage type S (float or bf16 bits).
+template <typename S>
+std::vector<S> ToStorage(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<S, float>) {
+    return v;
+  } else {
+    return ToBF16(v);
+  }
+}
+template <typename S>
+std::vector<float> FromStorage(const std::vector<S>& v) {
+  if constexpr (std::is_same_v<S, float>) {
+    return v;
+  } else {
+    return FromBF16(v);
+  }
+}
+
+struct FlashRun {
+  std::vector<float> out, lse, dqkv;
+};
+
+template <typename S>
+FlashRun RunFlash(FlashKernels kernels, const std::vector<float>& qkv,
+                  const std::vector<float>& dout, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  const DType dtype = std::is_same_v<S, float> ? DType::kF32 : DType::kBF16;
+  DeviceBuffer<S> d_qkv(ToStorage<S>(qkv)), d_dout(ToStorage<S>(dout)), d_out(b * t * c),
+      d_dqkv(qkv.size());
+  DeviceBuffer<float> d_lse(b * nh * t);
+  FlashRun run;
+  absl::Status s = gpu::FlashAttentionForwardWith(kernels, d_out.get(), d_lse.get(), d_qkv.get(), b,
+                                                  t, c, nh, dtype, nullptr);
+  EXPECT_TRUE(s.ok()) << s;
+  if (!s.ok()) return run;
+  s = gpu::FlashAttentionBackwardWith(kernels, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                      d_lse.get(), b, t, c, nh, dtype, nullptr);
+  EXPECT_TRUE(s.ok()) << s;
+  run.out = FromStorage<S>(d_out.Download());
+  run.lse = d_lse.Download();
+  run.dqkv = FromStorage<S>(d_dqkv.Download());
+  return run;
+}
+
+template <typename S>
+void ExpectFlashMatchesNaive(FlashKernels kernels, int64_t b, int64_t t, int64_t c, int64_t nh,
+                             uint32_t seed) {
+  const bool bf16 = !std::is_same_v<S, float>;
+  const bool tensor_cores = kernels == FlashKernels::kTensorCores;
+  SCOPED_TRACE(::testing::Message()
+               << (bf16 ? "BF16" : "F32") << (tensor_cores ? " tensor cores" : " CUDA cores")
+               << " b " << b << " t " << t << " c " << c << " nh " << nh << " (hs " << c / nh
+               << ")");
+  // In the storage's values: what the GPU reads is what the CPU computes on.
+  const std::vector<float> qkv =
+      FromStorage<S>(ToStorage<S>(RandomFloats(b * t * 3 * c, seed, -2.0f, 2.0f)));
+  const std::vector<float> dout = FromStorage<S>(ToStorage<S>(RandomFloats(b * t * c, seed + 1)));
+  std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(qkv.size());
+  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), att.data(), b, t, c, nh);
+
+  const FlashRun run = RunFlash<S>(kernels, qkv, dout, b, t, c, nh);
+  ASSERT_FALSE(run.out.empty());
+  testing::AttentionErrorModel model;  // 64-key tiles, expf within 2 ulp
+  model.softmax_step = tensor_cores ? 64 : 16;
+  model.storage_unit = bf16 ? 0x1p-8 : 0.0;
+  model.operand_unit = tensor_cores ? 0x1p-8 : 0.0;
+  const testing::AttentionTolerances tol =
+      testing::CausalAttentionTolerances(qkv, dout, b, t, c, nh, model);
+  std::string worst;
+  EXPECT_EQ(testing::CountOutside(run.out, out, tol.out, &worst), 0) << "out, worst " << worst;
+  EXPECT_EQ(testing::CountOutside(run.lse, tol.lse_exact, tol.lse, &worst), 0)
+      << "lse, worst " << worst;
+  EXPECT_EQ(testing::CountOutside(run.dqkv, dqkv, tol.dqkv, &worst), 0) << "dqkv, worst " << worst;
+
+  // Deterministic: a second run gives the same bits.
+  const FlashRun again = RunFlash<S>(kernels, qkv, dout, b, t, c, nh);
+  EXPECT_EQ(std::memcmp(again.out.data(), run.out.data(), run.out.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(again.lse.data(), run.lse.data(), run.lse.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(again.dqkv.data(), run.dqkv.data(), run.dqkv.size() * sizeof(float)), 0);
+}
+
+// Every thread-per-row variant of the CUDA-core kernels (head sizes <= 32,
+// <= 64, <= 128, some not a power of 2) and both padded head sizes of the
+// tensor-core ones (64, 128); T of 1, below one tile, not a multiple of the
+// 64-row tiles, a multiple; and GPT-2's T 1024, HS 64 (with 1 x 4 heads
+// rather than 8 x 12: the same tiles, and the double-precision error model
+// stays quick). All head sizes are multiples of 8 (what the tensor cores take).
+constexpr std::array<std::array<int64_t, 4>, 7> kFlashShapes = {{{1, 1, 64, 1},
+                                                                 {2, 37, 48, 3},
+                                                                 {2, 130, 128, 2},
+                                                                 {1, 97, 256, 2},
+                                                                 {1, 200, 80, 2},
+                                                                 {1, 128, 384, 3},
+                                                                 {1, 1024, 256, 4}}};
+
+TEST(ParityTest, FlashAttentionF32) {
+  uint32_t seed = 40;
+  for (const auto& [b, t, c, nh] : kFlashShapes) {
+    ExpectFlashMatchesNaive<float>(FlashKernels::kCudaCores, b, t, c, nh, seed++);
+  }
+  ExpectFlashMatchesNaive<float>(FlashKernels::kCudaCores, 2, 50, 60, 3, seed++);  // hs 20
+}
+
+TEST(ParityTest, FlashAttentionBF16) {
+  uint32_t seed = 60;
+  for (const auto& [b, t, c, nh] : kFlashShapes) {
+    ExpectFlashMatchesNaive<uint16_t>(FlashKernels::kCudaCores, b, t, c, nh, seed++);
+  }
+  ExpectFlashMatchesNaive<uint16_t>(FlashKernels::kCudaCores, 2, 50, 60, 3, seed++);  // hs 20
+}
+
+TEST(ParityTest, FlashAttentionBF16TensorCores) {
+  uint32_t seed = 80;
+  for (const auto& [b, t, c, nh] : kFlashShapes) {
+    ExpectFlashMatchesNaive<uint16_t>(FlashKernels::kTensorCores, b, t, c, nh, seed++);
+  }
+  // Head size 20 is not a multiple of 8: refused, saying so.
+  DeviceBuffer<uint16_t> d_qkv(2 * 50 * 3 * 60), d_out(2 * 50 * 60);
+  DeviceBuffer<float> d_lse(2 * 3 * 50);
+  const absl::Status s =
+      gpu::FlashAttentionForwardWith(FlashKernels::kTensorCores, d_out.get(), d_lse.get(),
+                                     d_qkv.get(), 2, 50, 60, 3, DType::kBF16, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// The public functions (flash_attention.h) run one of the two: their results
+// equal, bit for bit, those of the CUDA-core or of the tensor-core kernels.
+TEST(ParityTest, FlashAttentionDefaultIsOneOfTheVariants) {
+  const int64_t b = 2, t = 100, c = 128, nh = 2;
+  const std::vector<uint16_t> qkv = ToBF16(RandomFloats(b * t * 3 * c, 90, -2.0f, 2.0f));
+  const std::vector<uint16_t> dout = ToBF16(RandomFloats(b * t * c, 91));
+  DeviceBuffer<uint16_t> d_qkv(qkv), d_dout(dout), d_out(b * t * c), d_dqkv(qkv.size());
+  DeviceBuffer<float> d_lse(b * nh * t);
+  ASSERT_TRUE(gpu::FlashAttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), b, t, c, nh,
+                                         DType::kBF16, nullptr)
+                  .ok());
+  ASSERT_TRUE(gpu::FlashAttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                          d_lse.get(), b, t, c, nh, DType::kBF16, nullptr)
+                  .ok());
+  const std::vector<float> out = FromBF16(d_out.Download()), dqkv = FromBF16(d_dqkv.Download());
+  bool matched = false;
+  for (FlashKernels kernels : {FlashKernels::kCudaCores, FlashKernels::kTensorCores}) {
+    const FlashRun run = RunFlash<uint16_t>(kernels, FromBF16(qkv), FromBF16(dout), b, t, c, nh);
+    matched = matched || (run.out == out && run.dqkv == dqkv);
+  }
+  EXPECT_TRUE(matched) << "FlashAttentionForward / Backward match neither variant";
+}
 }  // namespace
 }  // namespace zeroshard
 

@@ -1,0 +1,39 @@
+// Shared between the two implementations of flash_attention.h (private to
+// //worker/cuda:cuda_kernels' .cu files): the CUDA-core kernels of
+// flash_attention.cu (f32 or bf16 storage, any head size up to 128) and the
+// bf16 tensor-core kernels of flash_attention_wmma.cu.
+#ifndef ZEROSHARD_WORKER_CUDA_FLASH_ATTENTION_INTERNAL_CUH_
+#define ZEROSHARD_WORKER_CUDA_FLASH_ATTENTION_INTERNAL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace zeroshard {
+namespace gpu {
+namespace flash_internal {
+
+struct Dims {
+  int64_t t;    // sequence length
+  int64_t c;    // model width
+  int64_t nh;   // heads
+  int64_t hs;   // head size, c / nh
+  float scale;  // 1 / sqrt(hs)
+};
+
+// The tensor-core kernels (bf16 storage, hs % 8 == 0, hs <= 128). Shapes and
+// pointers already checked; enqueued on `stream`.
+absl::Status WmmaForward(uint16_t* out, float* lse, const uint16_t* qkv, int64_t b, const Dims& d,
+                         cudaStream_t stream);
+// dk, dv and dq from D [B,NH,T] (each row's dout . out, already computed).
+absl::Status WmmaBackward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+                          const float* lse, const float* dvec, int64_t b, const Dims& d,
+                          cudaStream_t stream);
+
+}  // namespace flash_internal
+}  // namespace gpu
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_CUDA_FLASH_ATTENTION_INTERNAL_CUH_

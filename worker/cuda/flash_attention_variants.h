@@ -1,0 +1,40 @@
+// The two implementations behind flash_attention.h, for the checks and the
+// benchmark that compare them; models call flash_attention.h, which picks
+// (today: CUDA cores; the tensor-core kernels become bf16's default once they
+// have passed //tests/gpu:cuda_kernels_parity_check on a GPU).
+//
+//  - kCudaCores: f32 or bf16 storage, any head size up to 128; f32
+//    arithmetic throughout (flash_attention.cu).
+//  - kTensorCores: bf16 storage only, head size a multiple of 8 up to 128,
+//    qkv and dout 16-byte aligned; the products on tensor cores (wmma bf16,
+//    f32 accumulation), the weights and score gradients rounded to bf16 to
+//    enter them, as FlashAttention-2 does (flash_attention_wmma.cu).
+//
+// Same arguments, layout, results and errors as flash_attention.h; a kernel
+// choice that cannot take the arguments is INVALID_ARGUMENT, saying why.
+#ifndef ZEROSHARD_WORKER_CUDA_FLASH_ATTENTION_VARIANTS_H_
+#define ZEROSHARD_WORKER_CUDA_FLASH_ATTENTION_VARIANTS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace zeroshard {
+namespace gpu {
+
+enum class FlashKernels { kCudaCores, kTensorCores };
+
+absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* lse, const void* qkv,
+                                       int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
+                                       void* stream);
+
+absl::Status FlashAttentionBackwardWith(FlashKernels kernels, void* dqkv, const void* dout,
+                                        const void* qkv, const void* out, const float* lse,
+                                        int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
+                                        void* stream);
+
+}  // namespace gpu
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_CUDA_FLASH_ATTENTION_VARIANTS_H_
