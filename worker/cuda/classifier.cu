@@ -4,14 +4,14 @@
 // host twin is the tested reference); the backward reads the logits once and
 // writes the gradient over them.
 //
-// Loads are 16 bytes (4 f32 or 8 bf16 logits): a row starts at row * ld
-// elements, for packed rows of V = 50257 logits at any 4- or 2-byte
-// boundary, so each row is split at its own address into a head of single
-// logits up to the first 16-byte boundary, the aligned vectors, and a tail
-// of single logits (with ld a multiple of 8, every row alike). Thread i takes head element i,
-// vectors i, i + 256,
-// ..., and tail element i, all into one partial; the 256 partials are then
-// combined in a fixed tree (warp butterfly, then warp 0 over the 8 warps).
+// Loads are 16 bytes (4 f32 or 8 bf16 logits): row r starts at element
+// r * ld, for packed rows of V = 50257 logits at any 4- or 2-byte boundary,
+// so each row is split at its own address into a head of single logits up
+// to the first 16-byte boundary, the aligned vectors, and a tail of single
+// logits (with ld a multiple of 8, every row alike). Thread i takes head
+// element i, vectors i, i + 256, ..., and tail element i, all into one
+// partial; the 256 partials are then combined in a fixed tree (warp
+// butterfly, then warp 0 over the 8 warps).
 #include <cuda_runtime.h>
 
 #include <cmath>
