@@ -6,7 +6,11 @@
 //  - the MLP block (c_fc + GELU + c_proj + residual), forward and backward:
 //    CublasLinear with separate bias / GELU / residual / cast kernels against
 //    CublasLtLinear's epilogues, f32 and bf16 (bf16: CublasLinear's mixed
-//    products, f32 activations, against bf16 activations through cuBLASLt).
+//    products, f32 activations, against bf16 activations through cuBLASLt);
+//  - the tied LM head (logits = x wte^T, then dw and dx from the logits'
+//    gradient) through CublasLtLinear in bf16, with packed logits rows
+//    (V = 50257: rows 2-byte aligned) and rows padded to 50304 (ld_y /
+//    ld_dy: 128-byte aligned, cuBLASLt's tensor-core kernels).
 // Timing only: the tensors hold 0.01 (and whatever earlier calls left), not
 // meaningful values; cuda_fused_parity_check checks the numbers.
 // Prints a table (milliseconds per call, effective bandwidth or TFLOP/s,
@@ -45,6 +49,7 @@ namespace zeroshard {
 namespace {
 
 constexpr int64_t kN = 8192, kC = 768, kV = 50257;
+constexpr int64_t kPaddedV = (kV + 63) / 64 * 64;  // 50304: the device GPT's logits rows
 
 // Device memory for the bench: filled with small values (0.01) so that no
 // kernel meets a NaN or an overflow.
@@ -277,6 +282,42 @@ absl::Status BenchMlpLt(DType dtype, std::vector<Row>* rows) {
   return absl::OkStatus();
 }
 
+// The LM head at ld (kV: packed): forward y [N,V] bf16 = x [N,C] wte^T
+// (wte [V,C], Linear layout), backward dw [V,C] f32 += dy^T x and dx [N,C]
+// f32 = dy wte, dy [N,V] bf16 in rows ld apart.
+absl::Status BenchLmHead(int64_t ld, std::vector<Row>* rows) {
+  auto lt_or = gpu::CublasLtLinear::Create(nullptr, /*tf32=*/false);
+  if (!lt_or.ok()) return lt_or.status();
+  gpu::CublasLtLinear& lt = **lt_or;
+  constexpr DType kBf16 = DType::kBF16;
+  constexpr auto kOutIn = gpu::CublasLinear::Layout::kOutIn;
+  auto x = std::make_unique<Buf>(kN * kC * 2, kBf16),
+       wte = std::make_unique<Buf>(kV * kC * 2, kBf16);
+  auto logits = std::make_unique<Buf>(kN * ld * 2, kBf16);
+  auto dw = F32(kV * kC), dx = F32(kN * kC);
+  using Lt = gpu::CublasLtLinear;
+  Lt::ForwardArgs f{logits->get(), kBf16, x->get(), wte->get(), kBf16, kOutIn};
+  f.n = kN, f.in = kC, f.out = kV, f.ld_y = ld;
+  Lt::BackwardWeightArgs bw{dw->f(), nullptr, logits->get(), x->get(), kBf16, kOutIn};
+  bw.n = kN, bw.in = kC, bw.out = kV, bw.ld_dy = ld;
+  Lt::BackwardInputArgs bi{dx->get(), DType::kF32, logits->get(), wte->get(), kBf16, kOutIn};
+  bi.n = kN, bi.in = kC, bi.out = kV, bi.ld_dy = ld;
+  absl::StatusOr<double> fwd = TimeMs([&] { return lt.Forward(f); });
+  if (!fwd.ok()) return fwd.status();
+  absl::StatusOr<double> bwd = TimeMs([&]() -> absl::Status {
+    BENCH_TRY(lt.BackwardWeight(bw));
+    return lt.BackwardInput(bi);
+  });
+  if (!bwd.ok()) return bwd.status();
+  const double tflop = 3.0 * 2 * kN * kC * kV / 1e12;
+  const auto counts = lt.path_counts();
+  rows->push_back({"lm head", absl::StrCat("CublasLtLinear, rows of ", ld), "bf16", *fwd, *bwd,
+                   absl::StrFormat("%.0f TFLOP/s", tflop / ((*fwd + *bwd) / 1e3)),
+                   absl::StrCat(ld == kV ? "packed" : "padded", "; ", counts.fused, " fused / ",
+                                counts.unfused, " unfused products")});
+  return absl::OkStatus();
+}
+
 int Main() {
   if (absl::Status s = CheckCudaDevice(0); !s.ok()) {
     std::fprintf(stderr, "cuda_fused_bench: no GPU, nothing measured: %s\n",
@@ -290,6 +331,9 @@ int Main() {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     if (s.ok()) s = BenchMlpCurrent(dtype, &rows);
     if (s.ok()) s = BenchMlpLt(dtype, &rows);
+  }
+  for (int64_t ld : {kV, kPaddedV}) {
+    if (s.ok()) s = BenchLmHead(ld, &rows);
   }
   if (!s.ok()) {
     std::fprintf(stderr, "cuda_fused_bench: %s\n", s.ToString().c_str());

@@ -4,8 +4,11 @@
 // epilogue against layers.h's Linear / Conv1D and GeluTanh on the same
 // (bf16-rounded, for bf16) operands: both weight layouts, an odd shape (which
 // takes the unfused fallback for GELU) and GPT-2 124M's shapes (N = 8192
-// positions, C = 768, 4C = 3072, V = 50257). Needs a GPU; without one it
-// exits 2 and says so. Tolerances come from the error models beside each
+// positions, C = 768, 4C = 3072, V = 50257), and the logits (and their
+// gradient) in rows padded to ld = 50304 as the device GPT keeps them: the
+// padding NaN where it must not be read, checked untouched where it must not
+// be written and 0 where the classifier's backward writes it. Needs a GPU;
+// without one it exits 2 and says so. Tolerances come from the error models beside each
 // check (tests/testing/error_model.h's gamma_n for sums).
 #include <cuda_runtime_api.h>
 
@@ -13,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +27,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/error_model.h"
 #include "worker/cuda/classifier.h"
+#include "worker/cuda/cublaslt_epilogue.h"
 #include "worker/cuda/cublaslt_linear.h"
 #include "worker/model/layers.h"
 
@@ -36,6 +41,42 @@ using testing::SumErrorBound;
 
 constexpr double kU = kFloat32Unit;
 constexpr double kBF16Unit = 0x1p-9;  // bf16 round to nearest: |fl(x) - x| <= 2^-9 |x|
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A packed [rows, cols] matrix in rows ld >= cols apart, the padding `pad`;
+// and back.
+std::vector<float> PadRows(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t ld,
+                           float pad) {
+  if (ld == cols) return m;
+  std::vector<float> out(rows * ld, pad);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::copy(m.begin() + i * cols, m.begin() + (i + 1) * cols, out.begin() + i * ld);
+  }
+  return out;
+}
+std::vector<float> UnpadRows(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t ld) {
+  if (ld == cols) return m;
+  std::vector<float> out(rows * cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::copy(m.begin() + i * ld, m.begin() + i * ld + cols, out.begin() + i * cols);
+  }
+  return out;
+}
+
+// How many padding elements (columns [cols, ld) of each row) are not NaN
+// (want_nan) or not exactly 0 (otherwise).
+int64_t BadPadding(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t ld,
+                   bool want_nan) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = cols; j < ld; ++j) {
+      const float x = m[i * ld + j];
+      bad += want_nan ? !std::isnan(x) : x != 0.0f;
+    }
+  }
+  return bad;
+}
 
 std::vector<float> RoundTo(const std::vector<float>& v, DType dtype) {
   if (dtype == DType::kF32) return v;
@@ -127,8 +168,13 @@ double SumRelative(int64_t v, int vector, double gap) {
   return SumErrorBound(static_cast<int64_t>(std::ceil(roundings)));
 }
 
-void CheckClassifier(int64_t n, int64_t v, DType dtype, float range, bool in_place) {
-  SCOPED_TRACE(absl::StrCat("classifier n ", n, " v ", v, " ", DTypeName(dtype),
+// ld: the logits' row stride (0: v). Padded, the logits' padding is NaN
+// (a read of it would make that row's lse NaN) and so is a separate
+// gradient buffer's; the gradient's padding must come back 0.
+void CheckClassifier(int64_t n, int64_t v, DType dtype, float range, bool in_place,
+                     int64_t ld = 0) {
+  if (ld == 0) ld = v;
+  SCOPED_TRACE(absl::StrCat("classifier n ", n, " v ", v, " ld ", ld, " ", DTypeName(dtype),
                             in_place ? " in place" : ""));
   const std::vector<float> logits = RoundTo(RandomFloats(n * v, 41, -range, range), dtype);
   std::vector<int32_t> targets = gpu_test::RandomInts(n, 42, 0, static_cast<int32_t>(v - 1));
@@ -139,21 +185,25 @@ void CheckClassifier(int64_t n, int64_t v, DType dtype, float range, bool in_pla
   probs.clear();
   probs.shrink_to_fit();
 
-  Tensor d_logits(logits, dtype);
-  std::unique_ptr<Tensor> d_grad = in_place ? nullptr : std::make_unique<Tensor>(n * v, dtype);
+  Tensor d_logits(PadRows(logits, n, v, ld, kNaN), dtype);
+  std::unique_ptr<Tensor> d_grad =
+      in_place ? nullptr
+               : std::make_unique<Tensor>(std::vector<float>(n * ld, ld == v ? 0.0f : kNaN), dtype);
   DeviceBuffer<int32_t> d_targets(targets);
   DeviceBuffer<float> d_lse(n);
   DeviceBuffer<double> d_loss(1);
   ASSERT_TRUE(gpu::ClassifierForward(d_loss.get(), d_lse.get(), d_logits.get(), d_targets.get(), n,
-                                     v, dtype, nullptr)
+                                     v, ld, dtype, nullptr)
                   .ok());
   void* grad_ptr = in_place ? d_logits.get() : d_grad->get();
   ASSERT_TRUE(gpu::ClassifierBackward(grad_ptr, d_logits.get(), d_lse.get(), d_targets.get(), n, v,
-                                      dtype, nullptr)
+                                      ld, dtype, nullptr)
                   .ok());
   const double loss = d_loss.Download()[0];
   const std::vector<float> lse = d_lse.Download();
-  const std::vector<float> grad = in_place ? d_logits.Download() : d_grad->Download();
+  std::vector<float> grad = in_place ? d_logits.Download() : d_grad->Download();
+  EXPECT_EQ(BadPadding(grad, n, v, ld, /*want_nan=*/false), 0) << "gradient padding not 0";
+  grad = UnpadRows(grad, n, v, ld);
 
   const double gap = 2.0 * range;
   const double sum_err = SumRelative(v, dtype == DType::kF32 ? 4 : 8, gap);
@@ -197,8 +247,21 @@ TEST(FusedParityTest, ClassifierSmall) {
   }
 }
 
+TEST(FusedParityTest, ClassifierPaddedRows) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    CheckClassifier(37, 1000, dtype, 4.0f, false, 1024);  // every row split alike
+    CheckClassifier(37, 1000, dtype, 4.0f, true, 1003);   // each row at another alignment
+    CheckClassifier(5, 1, dtype, 4.0f, false, 64);
+    CheckClassifier(16, 777, dtype, 1e4f, true, 832);
+    CheckClassifier(11, 50257, dtype, 8.0f, false, 50304);
+  }
+}
+
 TEST(FusedParityTest, ClassifierGpt2Shape) {
-  for (DType dtype : {DType::kF32, DType::kBF16}) CheckClassifier(8192, 50257, dtype, 8.0f, true);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    CheckClassifier(8192, 50257, dtype, 8.0f, true);
+    CheckClassifier(8192, 50257, dtype, 8.0f, true, 50304);  // as the device GPT pads it
+  }
 }
 
 TEST(FusedParityTest, ClassifierBadTargetIsNaN) {
@@ -261,6 +324,11 @@ struct LinearCase {
   int64_t n = 0, in = 0, out = 0;
   DType in_dtype = DType::kF32, out_dtype = DType::kF32;
   bool bias = true, gelu = false, residual = false, tf32 = false;
+  // y's and dy's row stride (0: out, packed); padded, their padding is NaN.
+  int64_t ld = 0;
+  bool dx_f32 = false;  // dx in F32 whatever out_dtype (the LM head's dx)
+  int64_t Ld() const { return ld == 0 ? out : ld; }
+  DType DxDtype() const { return dx_f32 ? DType::kF32 : out_dtype; }
 };
 
 void CpuForward(Layout layout, float* y, const float* x, const float* w, const float* b, int64_t n,
@@ -302,7 +370,7 @@ LinearInputs MakeInputs(const LinearCase& c) {
   in.b = RandomFloats(c.out, 53);
   in.dy = RoundTo(RandomFloats(c.n * c.out, 54), op);
   if (c.residual) in.residual = RandomFloats(c.n * c.out, 55, -2.0f, 2.0f);
-  if (c.gelu) in.pre = RoundTo(RandomFloats(c.n * c.in, 56, -3.0f, 3.0f), c.out_dtype);
+  if (c.gelu) in.pre = RoundTo(RandomFloats(c.n * c.in, 56, -3.0f, 3.0f), c.DxDtype());
   in.dw0 = RandomFloats(c.in * c.out, 57);
   in.db0 = RandomFloats(c.out, 58);
   in.gb0 = RandomFloats(c.in, 59);
@@ -328,7 +396,10 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
   if (c.gelu) GeluTanhForward(want.data(), pre.data(), ny);
 
   Tensor d_x(in.x, c.in_dtype), d_w(in.w, c.in_dtype), d_b(in.b, DType::kF32);
-  Tensor d_y(c.residual ? in.residual : std::vector<float>(ny, 0.0f), c.out_dtype);
+  // y's padding NaN: it must come back untouched.
+  Tensor d_y(
+      PadRows(c.residual ? in.residual : std::vector<float>(ny, 0.0f), c.n, c.out, c.Ld(), kNaN),
+      c.out_dtype);
   Tensor d_pre(ny, c.out_dtype);
   gpu::CublasLtLinear::ForwardArgs a;
   a.y = d_y.get();
@@ -343,6 +414,7 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
   a.n = c.n;
   a.in = c.in;
   a.out = c.out;
+  a.ld_y = c.ld;
   const absl::Status status = lt.Forward(a);
   ASSERT_TRUE(status.ok()) << status;
   std::vector<double> tol_pre(ny), tol(ny);
@@ -357,7 +429,9 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
     }
     tol[i] = e;
   }
-  EXPECT_TRUE(WithinTolerances(d_y.Download(), want, tol, "y"));
+  const std::vector<float> y = d_y.Download();
+  EXPECT_EQ(BadPadding(y, c.n, c.out, c.Ld(), /*want_nan=*/true), 0) << "y's padding written";
+  EXPECT_TRUE(WithinTolerances(UnpadRows(y, c.n, c.out, c.Ld()), want, tol, "y"));
   if (c.gelu) {
     EXPECT_TRUE(WithinTolerances(d_pre.Download(), pre, tol_pre, "gelu_input"));
   }
@@ -368,7 +442,7 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
 void CheckLinearBackwardInput(gpu::CublasLtLinear& lt, const LinearCase& c,
                               const LinearInputs& in) {
   const int64_t nx = c.n * c.in;
-  const bool bf16_out = c.out_dtype == DType::kBF16;
+  const bool bf16_out = c.DxDtype() == DType::kBF16;
   std::vector<float> raw(nx), s(nx), dw(c.in * c.out), db(c.out);
   CpuBackward(c.layout, raw.data(), dw.data(), db.data(), in.dy.data(), in.x.data(), in.w.data(),
               c.n, c.in, c.out);
@@ -385,12 +459,14 @@ void CheckLinearBackwardInput(gpu::CublasLtLinear& lt, const LinearCase& c,
     if (bf16_out) e += 2 * kBF16Unit * (1.13 * std::fabs(raw[i]) + std::fabs(want[i]));
     tol[i] = e;
   }
-  Tensor d_dy(in.dy, c.in_dtype), d_w(in.w, c.in_dtype), d_dx(nx, c.out_dtype);
-  Tensor d_pre(c.gelu ? in.pre : std::vector<float>(1, 0.0f), c.out_dtype);
+  // dy's padding NaN: a read of it would make dx NaN.
+  Tensor d_dy(PadRows(in.dy, c.n, c.out, c.Ld(), kNaN), c.in_dtype), d_w(in.w, c.in_dtype);
+  Tensor d_dx(nx, c.DxDtype());
+  Tensor d_pre(c.gelu ? in.pre : std::vector<float>(1, 0.0f), c.DxDtype());
   Tensor d_gb(in.gb0, DType::kF32);
   gpu::CublasLtLinear::BackwardInputArgs a;
   a.dx = d_dx.get();
-  a.dx_dtype = c.out_dtype;
+  a.dx_dtype = c.DxDtype();
   a.dy = d_dy.get();
   a.w = d_w.get();
   a.in_dtype = c.in_dtype;
@@ -400,6 +476,7 @@ void CheckLinearBackwardInput(gpu::CublasLtLinear& lt, const LinearCase& c,
   a.n = c.n;
   a.in = c.in;
   a.out = c.out;
+  a.ld_dy = c.ld;
   const absl::Status status = lt.BackwardInput(a);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(WithinTolerances(d_dx.Download(), want, tol, "dx"));
@@ -435,7 +512,7 @@ void CheckLinearBackwardWeight(gpu::CublasLtLinear& lt, const LinearCase& c,
   std::vector<double> tol_dw(dw.size()), tol_db(db.size());
   for (size_t i = 0; i < dw.size(); ++i) tol_dw[i] = ProductBound(s_dw[i], c.n + 1, c.tf32);
   for (size_t i = 0; i < db.size(); ++i) tol_db[i] = 2 * SumErrorBound(c.n + 1) * s_db[i];
-  Tensor d_dy(in.dy, c.in_dtype), d_x(in.x, c.in_dtype);
+  Tensor d_dy(PadRows(in.dy, c.n, c.out, c.Ld(), kNaN), c.in_dtype), d_x(in.x, c.in_dtype);
   Tensor d_dw(in.dw0, DType::kF32), d_db(in.db0, DType::kF32);
   gpu::CublasLtLinear::BackwardWeightArgs a;
   a.dw = d_dw.f32();
@@ -447,6 +524,7 @@ void CheckLinearBackwardWeight(gpu::CublasLtLinear& lt, const LinearCase& c,
   a.n = c.n;
   a.in = c.in;
   a.out = c.out;
+  a.ld_dy = c.ld;
   const absl::Status status = lt.BackwardWeight(a);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(WithinTolerances(d_dw.Download(), dw, tol_dw, "dw"));
@@ -456,11 +534,11 @@ void CheckLinearBackwardWeight(gpu::CublasLtLinear& lt, const LinearCase& c,
 }
 
 void CheckLinear(const LinearCase& c) {
-  SCOPED_TRACE(absl::StrCat(c.name, ": n ", c.n, " in ", c.in, " out ", c.out, " ",
-                            DTypeName(c.in_dtype), " -> ", DTypeName(c.out_dtype),
-                            c.layout == Layout::kOutIn ? " Linear" : " Conv1D",
-                            c.bias ? " +bias" : "", c.gelu ? " +gelu" : "",
-                            c.residual ? " +residual" : "", c.tf32 ? " tf32" : ""));
+  SCOPED_TRACE(absl::StrCat(
+      c.name, ": n ", c.n, " in ", c.in, " out ", c.out, " ld ", c.Ld(), " ", DTypeName(c.in_dtype),
+      " -> ", DTypeName(c.out_dtype), c.dx_f32 ? " (dx F32)" : "",
+      c.layout == Layout::kOutIn ? " Linear" : " Conv1D", c.bias ? " +bias" : "",
+      c.gelu ? " +gelu" : "", c.residual ? " +residual" : "", c.tf32 ? " tf32" : ""));
   auto lt = gpu::CublasLtLinear::Create(nullptr, c.tf32);
   ASSERT_TRUE(lt.ok()) << lt.status();
   const LinearInputs in = MakeInputs(c);
@@ -469,11 +547,11 @@ void CheckLinear(const LinearCase& c) {
   CheckLinearBackwardWeight(**lt, c, in);
   const auto counts = (*lt)->path_counts();
   std::printf(
-      "  %-12s %-8s n %-5lld in %-5lld out %-5lld %s->%s bias %d gelu %d residual %d: "
+      "  %-12s %-8s n %-5lld in %-5lld out %-5lld ld %-5lld %s->%s bias %d gelu %d residual %d: "
       "%lld fused, %lld unfused\n",
       c.name.c_str(), c.layout == Layout::kOutIn ? "Linear" : "Conv1D", static_cast<long long>(c.n),
-      static_cast<long long>(c.in), static_cast<long long>(c.out), DTypeName(c.in_dtype).c_str(),
-      DTypeName(c.out_dtype).c_str(), c.bias, c.gelu, c.residual,
+      static_cast<long long>(c.in), static_cast<long long>(c.out), static_cast<long long>(c.Ld()),
+      DTypeName(c.in_dtype).c_str(), DTypeName(c.out_dtype).c_str(), c.bias, c.gelu, c.residual,
       static_cast<long long>(counts.fused), static_cast<long long>(counts.unfused));
 }
 
@@ -508,6 +586,72 @@ TEST(FusedParityTest, CublasLtLinearSmallAndOdd) {
   CheckLinear(tf32);
 }
 
+// Padded rows of y and dy (plain products only: no GELU, no residual), with
+// and without a bias (its gradient sums OUT columns of the padded dy).
+std::vector<LinearCase> PaddedVariants(const std::string& name, int64_t n, int64_t in, int64_t out,
+                                       int64_t ld) {
+  std::vector<LinearCase> cases;
+  for (Layout layout : {Layout::kOutIn, Layout::kInOut}) {
+    for (auto [in_dtype, out_dtype] :
+         {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kBF16},
+          std::pair{DType::kBF16, DType::kF32}}) {
+      for (bool bias : {false, true}) {
+        LinearCase c{name, layout, n, in, out, in_dtype, out_dtype};
+        c.bias = bias;
+        c.ld = ld;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(FusedParityTest, CublasLtLinearPaddedRows) {
+  for (const LinearCase& c : PaddedVariants("padded", 64, 96, 120, 128)) CheckLinear(c);
+  // An odd OUT and an odd stride: rows at every alignment.
+  for (const LinearCase& c : PaddedVariants("padded_odd", 37, 45, 53, 61)) CheckLinear(c);
+}
+
+// CublasLtLinear's fallback kernels on padded rows, run directly (cuBLASLt
+// decides when the fallback runs, so the cases above may never take it):
+// LtBiasAddRows must leave the padding (NaN) untouched and add exactly as the
+// host does (one f32 addition, then for bf16 one rounding: the same bits);
+// LtColumnSumsAdd must not read the padding (NaN) and is within gamma_n of
+// the magnitudes (f32 sums in another order than the host's double).
+TEST(FusedParityTest, FallbackKernelsHonourTheRowStride) {
+  const int64_t rows = 300, cols = 53, ld = 64;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::vector<float> y = RoundTo(RandomFloats(rows * cols, 61), dtype);
+    const std::vector<float> b = RoundTo(RandomFloats(cols, 62), dtype);
+    Tensor d_y(PadRows(y, rows, cols, ld, kNaN), dtype), d_b(b, dtype);
+    ASSERT_TRUE(
+        gpu::internal::LtBiasAddRows(d_y.get(), d_b.get(), rows, cols, ld, dtype, nullptr).ok());
+    const std::vector<float> got = d_y.Download();
+    EXPECT_EQ(BadPadding(got, rows, cols, ld, /*want_nan=*/true), 0) << "padding written";
+    std::vector<float> want(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) want[i] = y[i] + b[i % cols];
+    want = RoundTo(want, dtype);
+    EXPECT_EQ(UnpadRows(got, rows, cols, ld), want);
+
+    const std::vector<float> start = RandomFloats(cols, 63);
+    Tensor d_sums(start, DType::kF32);
+    Tensor d_x(PadRows(y, rows, cols, ld, kNaN), dtype);
+    ASSERT_TRUE(
+        gpu::internal::LtColumnSumsAdd(d_sums.f32(), d_x.get(), rows, cols, ld, dtype, nullptr)
+            .ok());
+    std::vector<float> sums = start;
+    std::vector<double> tol(cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      double s = start[j], mag = std::fabs(start[j]);
+      for (int64_t i = 0; i < rows; ++i) s += y[i * cols + j], mag += std::fabs(y[i * cols + j]);
+      sums[j] = static_cast<float>(s);
+      tol[j] = SumErrorBound(rows + 1) * mag + kU * std::fabs(s);
+    }
+    EXPECT_TRUE(WithinTolerances(d_sums.Download(), sums, tol, "column sums"));
+  }
+}
+
 TEST(FusedParityTest, CublasLtLinearGpt2Shapes) {
   // GPT-2 124M's MLP at T 1024, batch 8: c_fc (768 -> 3072, bias + GELU) and
   // c_proj (3072 -> 768, bias + residual), Conv1D layout, f32 and bf16.
@@ -524,6 +668,14 @@ TEST(FusedParityTest, CublasLtLinearGpt2Shapes) {
   LinearCase head{"gpt2_lm_head", Layout::kOutIn, 8192, 768, 50257, DType::kBF16, DType::kBF16};
   head.bias = false;
   CheckLinear(head);
+  // The same head as the device GPT runs it with padded logits: y (bf16
+  // logits) and dy (their bf16 gradient) in rows of 50304 = round_up(V, 64),
+  // dx in f32 (it feeds ln_f's backward) and dw in f32.
+  LinearCase padded = head;
+  padded.name = "gpt2_lm_head_padded";
+  padded.ld = 50304;
+  padded.dx_f32 = true;
+  CheckLinear(padded);
 }
 
 }  // namespace

@@ -4,12 +4,14 @@
 // host twin is the tested reference); the backward reads the logits once and
 // writes the gradient over them.
 //
-// Loads are 16 bytes (4 f32 or 8 bf16 logits): a row of V = 50257 logits
-// starts at any 4- or 2-byte boundary, so each row is split into a head of
-// single logits up to the first 16-byte boundary, the aligned vectors, and a
-// tail of single logits. Thread i takes head element i, vectors i, i + 256,
-// ..., and tail element i, all into one partial; the 256 partials are then
-// combined in a fixed tree (warp butterfly, then warp 0 over the 8 warps).
+// Loads are 16 bytes (4 f32 or 8 bf16 logits): row r starts at element
+// r * ld, for packed rows of V = 50257 logits at any 4- or 2-byte boundary,
+// so each row is split at its own address into a head of single logits up
+// to the first 16-byte boundary, the aligned vectors, and a tail of single
+// logits (with ld a multiple of 8, every row alike). Thread i takes head
+// element i, vectors i, i + 256, ..., and tail element i, all into one
+// partial; the 256 partials are then combined in a fixed tree (warp
+// butterfly, then warp 0 over the 8 warps).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -130,7 +132,7 @@ __device__ SoftmaxPartial RowPartial(const T* z, int64_t v) {
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     ForwardRowKernel(double* row_loss, float* lse, const T* logits, const int32_t* targets,
-                     int64_t v) {
+                     int64_t v, int64_t ld) {
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
   if (t == kUnscoredTarget) {  // the whole block leaves: no barrier is skipped
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kRowThreads)
     }
     return;
   }
-  const T* z = logits + row * v;
+  const T* z = logits + row * ld;
   const SoftmaxPartial p = RowPartial(z, v);
   if (threadIdx.x == 0) {
     lse[row] = SoftmaxPartialLse(p);
@@ -172,16 +174,18 @@ __global__ void __launch_bounds__(kCountThreads)
   if (threadIdx.x == 0) *inv = scored == 0 ? 0.0f : 1.0f / static_cast<float>(scored);
 }
 
-// dlogits may alias logits: each element is read, then written, by one thread.
+// dlogits may alias logits: each element is read, then written, by one
+// thread. The padding [v, ld) is written 0 without being read.
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     BackwardRowKernel(T* dlogits, const T* logits, const float* lse, const int32_t* targets,
-                      const float* inv_scored, int64_t v) {
+                      const float* inv_scored, int64_t v, int64_t ld) {
   const int64_t row = blockIdx.x;
   const int32_t t = targets[row];
-  const T* z = logits + row * v;
-  T* d = dlogits + row * v;
+  const T* z = logits + row * ld;
+  T* d = dlogits + row * ld;
   const int64_t i = threadIdx.x;
+  for (int64_t j = v + i; j < ld; j += kRowThreads) Store(&d[j], 0.0f);
   if (t == kUnscoredTarget) {  // zeros, without reading the row
     for (int64_t j = i; j < v; j += kRowThreads) Store(&d[j], 0.0f);
     return;
@@ -211,9 +215,15 @@ __global__ void __launch_bounds__(kRowThreads)
   if (j < v) Store(&d[j], grad(Widen(z[j]), j));
 }
 
-absl::Status CheckArgs(const char* what, int64_t n, int64_t v, DType dtype) {
+absl::Status CheckArgs(const char* what, int64_t n, int64_t v, int64_t ld, DType dtype) {
   if (absl::Status s = CheckCount(what, "n", n); !s.ok()) return s;
   if (absl::Status s = CheckCount(what, "v", v); !s.ok()) return s;
+  if (ld < v) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ld ", ld, " is less than v ", v,
+                     "; ld is the elements between the starts of consecutive rows (v for "
+                     "packed rows, more for padded ones)"));
+  }
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": logits dtype ", DTypeName(dtype),
                                                    " is not supported (F32 and BF16 are)"));
@@ -230,24 +240,24 @@ absl::Status CheckArgs(const char* what, int64_t n, int64_t v, DType dtype) {
 
 template <typename T>
 void LaunchForwardRows(double* row_loss, float* lse, const void* logits, const int32_t* targets,
-                       int64_t n, int64_t v, cudaStream_t st) {
+                       int64_t n, int64_t v, int64_t ld, cudaStream_t st) {
   ForwardRowKernel<T><<<static_cast<unsigned int>(n), kRowThreads, 0, st>>>(
-      row_loss, lse, static_cast<const T*>(logits), targets, v);
+      row_loss, lse, static_cast<const T*>(logits), targets, v, ld);
 }
 
 template <typename T>
 void LaunchBackwardRows(void* dlogits, const void* logits, const float* lse, const int32_t* targets,
-                        const float* inv, int64_t n, int64_t v, cudaStream_t st) {
+                        const float* inv, int64_t n, int64_t v, int64_t ld, cudaStream_t st) {
   BackwardRowKernel<T><<<static_cast<unsigned int>(n), kRowThreads, 0, st>>>(
-      static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, inv, v);
+      static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, targets, inv, v, ld);
 }
 
 }  // namespace
 
 absl::Status ClassifierForward(double* loss, float* lse, const void* logits, const int32_t* targets,
-                               int64_t n, int64_t v, DType dtype, void* stream) {
+                               int64_t n, int64_t v, int64_t ld, DType dtype, void* stream) {
   static constexpr char kWhat[] = "ClassifierForward";
-  if (absl::Status s = CheckArgs(kWhat, n, v, dtype); !s.ok()) return s;
+  if (absl::Status s = CheckArgs(kWhat, n, v, ld, dtype); !s.ok()) return s;
   if (loss == nullptr) return absl::InvalidArgumentError(absl::StrCat(kWhat, ": loss is null"));
   const cudaStream_t st = AsStream(stream);
   if (n == 0) return CudaErrorToStatus(cudaMemsetAsync(loss, 0, sizeof(double), st), kWhat);
@@ -265,9 +275,9 @@ absl::Status ClassifierForward(double* loss, float* lse, const void* logits, con
     return s;
   }
   if (dtype == DType::kF32) {
-    LaunchForwardRows<float>(row_loss, lse, logits, targets, n, v, st);
+    LaunchForwardRows<float>(row_loss, lse, logits, targets, n, v, ld, st);
   } else {
-    LaunchForwardRows<uint16_t>(row_loss, lse, logits, targets, n, v, st);
+    LaunchForwardRows<uint16_t>(row_loss, lse, logits, targets, n, v, ld, st);
   }
   absl::Status status = LaunchStatus(kWhat);
   if (status.ok()) {
@@ -279,10 +289,10 @@ absl::Status ClassifierForward(double* loss, float* lse, const void* logits, con
 }
 
 absl::Status ClassifierBackward(void* dlogits, const void* logits, const float* lse,
-                                const int32_t* targets, int64_t n, int64_t v, DType dtype,
-                                void* stream) {
+                                const int32_t* targets, int64_t n, int64_t v, int64_t ld,
+                                DType dtype, void* stream) {
   static constexpr char kWhat[] = "ClassifierBackward";
-  if (absl::Status s = CheckArgs(kWhat, n, v, dtype); !s.ok()) return s;
+  if (absl::Status s = CheckArgs(kWhat, n, v, ld, dtype); !s.ok()) return s;
   if (n == 0) return absl::OkStatus();
   if (dlogits == nullptr || logits == nullptr || lse == nullptr || targets == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(kWhat, ": null buffer"));
@@ -299,9 +309,9 @@ absl::Status ClassifierBackward(void* dlogits, const void* logits, const float* 
   absl::Status status = LaunchStatus(kWhat);
   if (status.ok()) {
     if (dtype == DType::kF32) {
-      LaunchBackwardRows<float>(dlogits, logits, lse, targets, inv, n, v, st);
+      LaunchBackwardRows<float>(dlogits, logits, lse, targets, inv, n, v, ld, st);
     } else {
-      LaunchBackwardRows<uint16_t>(dlogits, logits, lse, targets, inv, n, v, st);
+      LaunchBackwardRows<uint16_t>(dlogits, logits, lse, targets, inv, n, v, ld, st);
     }
     status.Update(LaunchStatus(kWhat));
   }

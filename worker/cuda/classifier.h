@@ -22,17 +22,35 @@
 namespace zeroshard {
 namespace gpu {
 
-// *loss (one device double) and lse [N] written.
-absl::Status ClassifierForward(double* loss, float* lse, const void* logits,
-                               const int32_t* targets, int64_t n, int64_t v, DType dtype,
-                               void* stream);
+// Padded rows: logits (and dlogits) are [N, ld], row i starting at element
+// i * ld, ld >= v (INVALID_ARGUMENT naming ld otherwise). The device GPT pads
+// its logits rows to a multiple of 64 columns (GPT-2's V = 50257 to 50304,
+// as llm.c does) so that every row starts 128-byte aligned and cuBLASLt's
+// tensor-core kernels take the LM head's products. The forward never reads
+// columns [v, ld) (they may hold anything, NaN included); the backward writes
+// them as 0, so a product that reads the padded gradient rows adds nothing
+// from them. The overloads without ld are packed rows (ld = v).
 
-// dlogits [N,V] (same dtype; may alias logits) =
+// *loss (one device double) and lse [N] written.
+absl::Status ClassifierForward(double* loss, float* lse, const void* logits, const int32_t* targets,
+                               int64_t n, int64_t v, int64_t ld, DType dtype, void* stream);
+inline absl::Status ClassifierForward(double* loss, float* lse, const void* logits,
+                                      const int32_t* targets, int64_t n, int64_t v, DType dtype,
+                                      void* stream) {
+  return ClassifierForward(loss, lse, logits, targets, n, v, v, dtype, stream);
+}
+
+// dlogits [N,ld] (same dtype and ld; may alias logits): columns [0, v) =
 // (softmax(logits) - onehot(target)) / (scored positions, counted on the
-// device); rows of unscored positions are 0.
+// device), 0 in rows of unscored positions; columns [v, ld) = 0.
 absl::Status ClassifierBackward(void* dlogits, const void* logits, const float* lse,
-                                const int32_t* targets, int64_t n, int64_t v, DType dtype,
-                                void* stream);
+                                const int32_t* targets, int64_t n, int64_t v, int64_t ld,
+                                DType dtype, void* stream);
+inline absl::Status ClassifierBackward(void* dlogits, const void* logits, const float* lse,
+                                       const int32_t* targets, int64_t n, int64_t v, DType dtype,
+                                       void* stream) {
+  return ClassifierBackward(dlogits, logits, lse, targets, n, v, v, dtype, stream);
+}
 
 }  // namespace gpu
 }  // namespace zeroshard

@@ -49,6 +49,16 @@ __global__ void GeluBackwardKernel(T* d, const T* pre, int64_t n) {
   }
 }
 
+// y[i, j] += b[j] over rows ld apart.
+template <typename T>
+__global__ void BiasAddRowsKernel(T* y, const T* b, int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t total = rows * cols;
+  for (int64_t e = GlobalThread(); e < total; e += GlobalStride()) {
+    const int64_t i = e / cols, j = e % cols;
+    Put(y, i * ld + j, Load(y, i * ld + j) + Load(b, j));
+  }
+}
+
 constexpr int kColumns = 32;     // columns per block (one warp wide: coalesced rows)
 constexpr int kRowLanes = 8;     // threads per column
 constexpr int kChunkRows = 256;  // rows per block of the first pass
@@ -58,14 +68,14 @@ constexpr int64_t kMaxChunks = 128;
 // thread a strided subset, then the 8 lanes in order.
 template <typename T>
 __global__ void ColumnChunkKernel(float* partial, const T* x, int64_t rows, int64_t cols,
-                                  int64_t rows_per_chunk) {
+                                  int64_t ld, int64_t rows_per_chunk) {
   __shared__ float lane_sum[kRowLanes][kColumns];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t end = rows < begin + rows_per_chunk ? rows : begin + rows_per_chunk;
   float s = 0.0f;
   if (j < cols) {
-    for (int64_t i = begin + threadIdx.y; i < end; i += kRowLanes) s += Load(x, i * cols + j);
+    for (int64_t i = begin + threadIdx.y; i < end; i += kRowLanes) s += Load(x, i * ld + j);
   }
   lane_sum[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -89,6 +99,12 @@ absl::Status CheckDtype(const char* what, DType dtype) {
   if (dtype == DType::kF32 || dtype == DType::kBF16) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(what, ": dtype ", DTypeName(dtype), " is not F32 or BF16"));
+}
+
+// The error for a row stride below the row's columns.
+absl::Status CheckLd(const char* what, int64_t ld, int64_t cols) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": ld ", ld, " is less than cols ", cols, " (ld: the row stride)"));
 }
 
 }  // namespace
@@ -120,10 +136,28 @@ absl::Status LtGeluTanhBackwardInPlace(void* d, const void* pre, int64_t n, DTyp
   return LaunchStatus("LtGeluTanhBackwardInPlace");
 }
 
-absl::Status LtColumnSumsAdd(float* sums, const void* x, int64_t rows, int64_t cols, DType dtype,
-                             void* stream) {
+absl::Status LtBiasAddRows(void* y, const void* b, int64_t rows, int64_t cols, int64_t ld,
+                           DType dtype, void* stream) {
+  static constexpr char kWhat[] = "LtBiasAddRows";
+  if (absl::Status s = CheckDtype(kWhat, dtype); !s.ok() || rows <= 0 || cols <= 0) return s;
+  if (ld < cols) return CheckLd(kWhat, ld, cols);
+  const cudaStream_t st = AsStream(stream);
+  const int64_t total = rows * cols;
+  if (dtype == DType::kF32) {
+    BiasAddRowsKernel<<<GridFor(total), kThreads, 0, st>>>(
+        static_cast<float*>(y), static_cast<const float*>(b), rows, cols, ld);
+  } else {
+    BiasAddRowsKernel<<<GridFor(total), kThreads, 0, st>>>(
+        static_cast<uint16_t*>(y), static_cast<const uint16_t*>(b), rows, cols, ld);
+  }
+  return LaunchStatus(kWhat);
+}
+
+absl::Status LtColumnSumsAdd(float* sums, const void* x, int64_t rows, int64_t cols, int64_t ld,
+                             DType dtype, void* stream) {
   static constexpr char kWhat[] = "LtColumnSumsAdd";
   if (absl::Status s = CheckDtype(kWhat, dtype); !s.ok() || rows <= 0 || cols <= 0) return s;
+  if (ld < cols) return CheckLd(kWhat, ld, cols);
   const cudaStream_t st = AsStream(stream);
   const int64_t chunks = std::min(kMaxChunks, (rows + kChunkRows - 1) / kChunkRows);
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
@@ -142,11 +176,11 @@ absl::Status LtColumnSumsAdd(float* sums, const void* x, int64_t rows, int64_t c
   const dim3 grid(static_cast<unsigned int>(column_blocks), static_cast<unsigned int>(chunks));
   const dim3 block(kColumns, kRowLanes);
   if (dtype == DType::kF32) {
-    ColumnChunkKernel<<<grid, block, 0, st>>>(partial, static_cast<const float*>(x), rows, cols,
+    ColumnChunkKernel<<<grid, block, 0, st>>>(partial, static_cast<const float*>(x), rows, cols, ld,
                                               rows_per_chunk);
   } else {
     ColumnChunkKernel<<<grid, block, 0, st>>>(partial, static_cast<const uint16_t*>(x), rows, cols,
-                                              rows_per_chunk);
+                                              ld, rows_per_chunk);
   }
   absl::Status status = LaunchStatus(kWhat);
   if (status.ok()) {

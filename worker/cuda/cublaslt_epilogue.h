@@ -25,11 +25,18 @@ absl::Status LtGeluTanhForward(void* y, const void* pre, int64_t n, DType dtype,
 absl::Status LtGeluTanhBackwardInPlace(void* d, const void* pre, int64_t n, DType dtype,
                                        void* stream);
 
-// sums[j] += sum over i < rows of x[i, j] (x [rows, cols] in `dtype`), in f32
-// in a fixed order (row chunks, then the chunks in order): deterministic.
-// Uses scratch allocated and freed on `stream`.
-absl::Status LtColumnSumsAdd(float* sums, const void* x, int64_t rows, int64_t cols, DType dtype,
-                             void* stream);
+// y[i, j] += b[j] for i < rows, j < cols: y [rows, cols] with rows ld >= cols
+// elements apart (columns [cols, ld) untouched), y and b in `dtype` (f32
+// arithmetic, one rounding).
+absl::Status LtBiasAddRows(void* y, const void* b, int64_t rows, int64_t cols, int64_t ld,
+                           DType dtype, void* stream);
+
+// sums[j] += sum over i < rows of x[i, j] (x [rows, cols] in `dtype`, rows
+// ld >= cols elements apart; columns [cols, ld) are not read), in f32 in a
+// fixed order (row chunks, then the chunks in order): deterministic. Uses
+// scratch allocated and freed on `stream`.
+absl::Status LtColumnSumsAdd(float* sums, const void* x, int64_t rows, int64_t cols, int64_t ld,
+                             DType dtype, void* stream);
 
 }  // namespace internal
 }  // namespace gpu

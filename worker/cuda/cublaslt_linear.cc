@@ -372,9 +372,9 @@ absl::StatusOr<std::unique_ptr<CublasLtLinear>> CublasLtLinear::Create(void* str
 absl::Status CublasLtLinear::Forward(const ForwardArgs& a) {
   if (absl::Status s = CheckForward(a); !s.ok() || a.n == 0) return s;
   State& st = *state_;
-  Product p =
-      FromPlan(internal::PlanForward(a.layout == Layout::kOutIn, a.y, a.x, a.w, a.n, a.in, a.out),
-               a.in_dtype, a.y_dtype);
+  Product p = FromPlan(
+      internal::PlanForward(a.layout == Layout::kOutIn, a.y, a.x, a.w, a.n, a.in, a.out, a.ld_y),
+      a.in_dtype, a.y_dtype);
   p.c = a.residual;
   // The bias in y's type (cuBLASLt's rule): a BF16 y gets it rounded to bf16.
   const void* bias = a.bias;
@@ -401,13 +401,15 @@ absl::Status CublasLtLinear::Forward(const ForwardArgs& a) {
                          ((bias == nullptr || Aligned16(bias)) &&
                           (!gelu || (a.out % 8 == 0 && Aligned16(a.gelu_input))));
   // Unfused: the product into gelu_input (or y), then the bias, then GELU.
+  // Padded y rows (CheckForward: no residual, no GELU) take the strided bias.
   Product plain = p;
   if (gelu) plain.d = a.gelu_input;
   return st.RunFusedOr(fused, try_fused, plain, [&]() -> absl::Status {
     if (bias != nullptr) {
-      if (absl::Status s = BiasAdd(plain.d, bias, a.n, a.out, a.y_dtype, st.stream); !s.ok()) {
-        return s;
-      }
+      absl::Status s = p.ldd == a.out ? BiasAdd(plain.d, bias, a.n, a.out, a.y_dtype, st.stream)
+                                      : internal::LtBiasAddRows(plain.d, bias, a.n, a.out, p.ldd,
+                                                                a.y_dtype, st.stream);
+      if (!s.ok()) return s;
     }
     if (!gelu) return absl::OkStatus();
     return internal::LtGeluTanhForward(a.y, a.gelu_input, a.n * a.out, a.y_dtype, st.stream);
@@ -418,9 +420,9 @@ absl::Status CublasLtLinear::Forward(const ForwardArgs& a) {
 absl::Status CublasLtLinear::BackwardInput(const BackwardInputArgs& a) {
   if (absl::Status s = CheckBackwardInput(a); !s.ok() || a.n == 0) return s;
   State& st = *state_;
-  const Product p = FromPlan(
-      internal::PlanBackwardInput(a.layout == Layout::kOutIn, a.dx, a.dy, a.w, a.n, a.in, a.out),
-      a.in_dtype, a.dx_dtype);
+  const Product p = FromPlan(internal::PlanBackwardInput(a.layout == Layout::kOutIn, a.dx, a.dy,
+                                                         a.w, a.n, a.in, a.out, a.ld_dy),
+                             a.in_dtype, a.dx_dtype);
   if (a.gelu_input == nullptr) {
     bool ran = false;
     absl::Status s = st.Run(p, /*may_decline=*/false, &ran);
@@ -446,7 +448,8 @@ absl::Status CublasLtLinear::BackwardInput(const BackwardInputArgs& a) {
     absl::Status g =
         internal::LtGeluTanhBackwardInPlace(a.dx, a.gelu_input, a.n * a.in, a.dx_dtype, st.stream);
     if (!g.ok() || !bgrad) return g;
-    return internal::LtColumnSumsAdd(a.gelu_bias_grad, a.dx, a.n, a.in, a.dx_dtype, st.stream);
+    return internal::LtColumnSumsAdd(a.gelu_bias_grad, a.dx, a.n, a.in, /*ld=*/a.in, a.dx_dtype,
+                                     st.stream);
   });
   if (!s.ok() || !bgrad || !fused_ran) return s;
   // DGELU_BGRAD wrote the bias gradient (=, in dx's type): add it.
@@ -457,8 +460,8 @@ absl::Status CublasLtLinear::BackwardInput(const BackwardInputArgs& a) {
 absl::Status CublasLtLinear::BackwardWeight(const BackwardWeightArgs& a) {
   if (absl::Status s = CheckBackwardWeight(a); !s.ok() || a.n == 0) return s;
   State& st = *state_;
-  const internal::LtPlan plan =
-      internal::PlanBackwardWeight(a.layout == Layout::kOutIn, a.dw, a.x, a.dy, a.n, a.in, a.out);
+  const internal::LtPlan plan = internal::PlanBackwardWeight(a.layout == Layout::kOutIn, a.dw, a.x,
+                                                             a.dy, a.n, a.in, a.out, a.ld_dy);
   Product p = FromPlan(plan, a.in_dtype, DType::kF32);
   p.c = a.dw;  // dw += (beta 1, in place)
   const cublasLtEpilogue_t bgrad =
@@ -477,7 +480,9 @@ absl::Status CublasLtLinear::BackwardWeight(const BackwardWeightArgs& a) {
   bool fused_ran = true;
   absl::Status s = st.RunFusedOr(fused, /*try_fused=*/true, p, [&]() -> absl::Status {
     fused_ran = false;
-    return internal::LtColumnSumsAdd(a.db, a.dy, a.n, a.out, a.in_dtype, st.stream);
+    // dy's rows ld_dy apart: the sums cover its OUT columns only.
+    const int64_t ld_dy = a.ld_dy == 0 ? a.out : a.ld_dy;
+    return internal::LtColumnSumsAdd(a.db, a.dy, a.n, a.out, ld_dy, a.in_dtype, st.stream);
   });
   if (!s.ok() || !fused_ran) return s;
   return AddInto(a.db, *scratch, DType::kF32, a.out, st.stream);

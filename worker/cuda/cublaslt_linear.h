@@ -17,6 +17,14 @@
 // Gradients accumulate, as everywhere in the models: dw += ..., db += ....
 // One instance owns one cuBLASLt handle, a workspace and one stream; not
 // thread-safe.
+//
+// Padded rows: y (Forward) and dy (BackwardInput, BackwardWeight) may have
+// rows ld_y / ld_dy >= OUT elements apart (0: OUT, packed), so that the LM
+// head's [N,V] logits and their gradient live in rows padded to a multiple of
+// 64 columns: every row then starts 128-byte aligned and cuBLASLt takes its
+// tensor-core kernels (with V = 50257 a bf16 row starts only 2-byte aligned).
+// Columns [OUT, ld) of y are never written, those of dy never read; the
+// bias gradient sums OUT columns. A stride below OUT is INVALID_ARGUMENT.
 #ifndef ZEROSHARD_WORKER_CUDA_CUBLASLT_LINEAR_H_
 #define ZEROSHARD_WORKER_CUDA_CUBLASLT_LINEAR_H_
 
@@ -54,6 +62,10 @@ class CublasLtLinear {
     void* gelu_input = nullptr;       // [N,OUT] in y_dtype, optional: y = gelu_tanh(x W + b)
                                       // and x W + b saved here for BackwardInput
     int64_t n = 0, in = 0, out = 0;
+    // Elements between the starts of y's rows (>= out); 0: out. Padded rows
+    // (ld_y > out) only without residual and gelu_input (the LM head has
+    // neither; those stay packed).
+    int64_t ld_y = 0;
   };
   absl::Status Forward(const ForwardArgs& a);
 
@@ -72,6 +84,7 @@ class CublasLtLinear {
     const void* gelu_input = nullptr;
     float* gelu_bias_grad = nullptr;
     int64_t n = 0, in = 0, out = 0;
+    int64_t ld_dy = 0;  // elements between the starts of dy's rows (>= out); 0: out
   };
   absl::Status BackwardInput(const BackwardInputArgs& a);
 
@@ -85,11 +98,13 @@ class CublasLtLinear {
     DType in_dtype = DType::kF32;
     Layout layout = Layout::kInOut;
     int64_t n = 0, in = 0, out = 0;
+    int64_t ld_dy = 0;  // elements between the starts of dy's rows (>= out); 0: out
   };
   absl::Status BackwardWeight(const BackwardWeightArgs& a);
 
   // The argument checks each call above runs before any CUDA call (dtypes,
-  // shapes, null and misaligned pointers, residual with a non-F32 y, ...):
+  // shapes, row strides, null and misaligned pointers, residual with a
+  // non-F32 y, ...):
   // INVALID_ARGUMENT naming the value and what was expected. Static, so that
   // they are tested on machines without a GPU.
   static absl::Status CheckForward(const ForwardArgs& a);

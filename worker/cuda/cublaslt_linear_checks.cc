@@ -45,6 +45,18 @@ absl::Status CheckShape(const char* what, int64_t n, int64_t in, int64_t out) {
   return absl::OkStatus();
 }
 
+// A row stride `ld` of a [rows, cols] operand: 0 (packed) or cols <= ld <=
+// 2^31 - 1 (cuBLASLt's leading dimension; the fallback kernels' indices).
+absl::Status CheckRowStride(const char* what, const char* name, int64_t ld, int64_t cols) {
+  if (ld == 0 || (ld >= cols && ld <= std::numeric_limits<int32_t>::max())) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", name, " ", ld, " for out ", cols, "; ", name,
+      " is the elements between the starts of consecutive rows: 0 (packed) or out <= ", name,
+      " <= 2^31 - 1"));
+}
+
 // A required (or, with optional, a possibly null) buffer aligned to its
 // elements.
 absl::Status CheckBuffer(const char* what, const char* name, const void* p, int bytes,
@@ -84,7 +96,15 @@ absl::Status CublasLtLinear::CheckForward(const ForwardArgs& a) {
     return absl::InvalidArgumentError(
         absl::StrCat(kWhat, ": gelu_input aliases y; the pre-activation must be kept apart"));
   }
-  if (absl::Status s = CheckShape(kWhat, a.n, a.in, a.out); !s.ok() || a.n == 0) return s;
+  if (absl::Status s = CheckShape(kWhat, a.n, a.in, a.out); !s.ok()) return s;
+  if (absl::Status s = CheckRowStride(kWhat, "ld_y", a.ld_y, a.out); !s.ok()) return s;
+  if (a.ld_y != 0 && a.ld_y != a.out && (a.residual != nullptr || a.gelu_input != nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": ld_y ", a.ld_y, " (padded rows, out ", a.out, ") with ",
+                     a.residual != nullptr ? "a residual" : "gelu_input",
+                     "; padded rows are for plain products (the LM head): pass ld_y 0 or out"));
+  }
+  if (a.n == 0) return absl::OkStatus();
   const int in_bytes = DTypeSize(a.in_dtype), y_bytes = DTypeSize(a.y_dtype);
   for (absl::Status s :
        {CheckBuffer(kWhat, "y", a.y, y_bytes), CheckBuffer(kWhat, "x", a.x, in_bytes),
@@ -113,7 +133,10 @@ absl::Status CublasLtLinear::CheckBackwardInput(const BackwardInputArgs& a) {
     return absl::InvalidArgumentError(
         absl::StrCat(kWhat, ": gelu_input aliases dx; dx is written while gelu_input is read"));
   }
-  if (absl::Status s = CheckShape(kWhat, a.n, a.in, a.out); !s.ok() || a.n == 0) return s;
+  if (absl::Status s = CheckShape(kWhat, a.n, a.in, a.out); !s.ok()) return s;
+  if (absl::Status s = CheckRowStride(kWhat, "ld_dy", a.ld_dy, a.out); !s.ok() || a.n == 0) {
+    return s;
+  }
   const int in_bytes = DTypeSize(a.in_dtype), dx_bytes = DTypeSize(a.dx_dtype);
   for (absl::Status s :
        {CheckBuffer(kWhat, "dx", a.dx, dx_bytes), CheckBuffer(kWhat, "dy", a.dy, in_bytes),
@@ -128,7 +151,10 @@ absl::Status CublasLtLinear::CheckBackwardInput(const BackwardInputArgs& a) {
 absl::Status CublasLtLinear::CheckBackwardWeight(const BackwardWeightArgs& a) {
   static constexpr char kWhat[] = "CublasLtLinear::BackwardWeight";
   if (absl::Status s = CheckDtype(kWhat, "in_dtype", a.in_dtype); !s.ok()) return s;
-  if (absl::Status s = CheckShape(kWhat, a.n, a.in, a.out); !s.ok() || a.n == 0) return s;
+  if (absl::Status s = CheckShape(kWhat, a.n, a.in, a.out); !s.ok()) return s;
+  if (absl::Status s = CheckRowStride(kWhat, "ld_dy", a.ld_dy, a.out); !s.ok() || a.n == 0) {
+    return s;
+  }
   const int in_bytes = DTypeSize(a.in_dtype);
   for (absl::Status s :
        {CheckBuffer(kWhat, "dw", a.dw, 4), CheckBuffer(kWhat, "db", a.db, 4, /*optional=*/true),

@@ -16,6 +16,14 @@
 // Backward, per row: dlogits = (e^(z - lse) - onehot(target)) / scored, from
 // the logits and lse alone (in place allowed).
 //
+// Rows may be padded: row i starts at element i * ld (ld >= v, the leading
+// dimension; ld = v when packed), as a logits buffer whose rows are rounded
+// up to a multiple of 64 columns for aligned tensor-core products. The
+// forward never reads columns [v, ld); the backward writes them as 0, so that
+// a product reading the padded gradient rows (cuBLASLt with leading
+// dimension ld over v columns never should, but one over ld columns may)
+// adds nothing from them.
+//
 // The element math below is shared with the device kernels (classifier.cu
 // includes this header): one source for both.
 #ifndef ZEROSHARD_WORKER_MODEL_CLASSIFIER_CHUNKED_H_
@@ -107,9 +115,19 @@ ZS_HOST_DEVICE RowSplit SplitRow(int64_t head, int64_t v, int vector) {
   return r;
 }
 
+// The head of the row that starts `offset` elements after a row whose head
+// is `head` (0 <= head < vector): the device splits each row at its own
+// first 16-byte boundary, so with ld not a multiple of the vector the rows'
+// heads differ, row i's being (head - i ld) mod vector.
+ZS_HOST_DEVICE int64_t ShiftedRowHead(int64_t head, int64_t offset, int vector) {
+  const int64_t h = (head - offset % vector) % vector;
+  return h < 0 ? h + vector : h;
+}
+
 // The host twin's chunking: the device kernel's threads per row, logits per
-// 16-byte load (4 for f32, 8 for bf16), and the logits before the first
-// 16-byte boundary (0 to vector - 1: the row's address mod 16 on the device).
+// 16-byte load (4 for f32, 8 for bf16), and row 0's logits before its first
+// 16-byte boundary (0 to vector - 1: the buffer's address mod 16 on the
+// device; row i's head follows from it, ShiftedRowHead).
 struct ClassifierChunking {
   int lanes = 256;
   int vector = 4;
@@ -118,12 +136,20 @@ struct ClassifierChunking {
 
 // lse [N] written (0 for unscored rows); returns the mean loss over scored
 // rows (0 when none is scored; NaN when a scored row's target is outside
-// [0, V)). Requires chunking.vector >= 1, chunking.lanes >= chunking.vector
-// and 0 <= chunking.head < chunking.vector.
+// [0, V)). logits [N, ld] with ld >= v: columns [v, ld) are never read.
+// Requires chunking.vector >= 1, chunking.lanes >= chunking.vector and
+// 0 <= chunking.head < chunking.vector.
+double ChunkedClassifierForward(float* lse, const float* logits, const int32_t* targets, int64_t n,
+                                int64_t v, int64_t ld, const ClassifierChunking& chunking = {});
+// Packed rows (ld = v).
 double ChunkedClassifierForward(float* lse, const float* logits, const int32_t* targets, int64_t n,
                                 int64_t v, const ClassifierChunking& chunking = {});
 
-// dlogits [N,V] written (may alias logits); rows of unscored positions 0.
+// dlogits [N, ld] written (may alias logits, the same ld); rows of unscored
+// positions 0, and columns [v, ld) of every row 0.
+void ChunkedClassifierBackward(float* dlogits, const float* logits, const float* lse,
+                               const int32_t* targets, int64_t n, int64_t v, int64_t ld);
+// Packed rows (ld = v).
 void ChunkedClassifierBackward(float* dlogits, const float* logits, const float* lse,
                                const int32_t* targets, int64_t n, int64_t v);
 

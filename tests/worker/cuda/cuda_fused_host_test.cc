@@ -77,6 +77,22 @@ TEST(ClassifierHostTest, BadArgumentsAreInvalidArgument) {
               IsInvalid("exceeds the grid limit", "4294967296"));
 }
 
+TEST(ClassifierHostTest, RowStrideBelowVIsInvalidArgument) {
+  EXPECT_THAT(ClassifierForward(kFakeD, kFakeF, kFake, kFakeTargets, 4, 50257, 50256, DType::kBF16,
+                                nullptr),
+              IsInvalid("ClassifierForward: ld 50256", "less than v 50257"));
+  EXPECT_THAT(
+      ClassifierBackward(kFake, kFake, kFakeF, kFakeTargets, 4, 10, -1, DType::kF32, nullptr),
+      IsInvalid("ClassifierBackward: ld -1", "less than v 10"));
+  // Checked with no rows too: the stride is wrong whatever the batch.
+  EXPECT_THAT(
+      ClassifierBackward(nullptr, nullptr, nullptr, nullptr, 0, 10, 9, DType::kF32, nullptr),
+      IsInvalid("ld 9", "v 10"));
+  EXPECT_TRUE(
+      ClassifierBackward(nullptr, nullptr, nullptr, nullptr, 0, 50257, 50304, DType::kBF16, nullptr)
+          .ok());
+}
+
 TEST(ClassifierHostTest, NoRowsIsANoOpForTheBackward) {
   EXPECT_TRUE(
       ClassifierBackward(nullptr, nullptr, nullptr, nullptr, 0, 50257, DType::kBF16, nullptr).ok());
@@ -140,6 +156,26 @@ TEST(CublasLtLinearHostTest, ForwardChecks) {
   a = GoodForward();
   a.bias = reinterpret_cast<const float*>(0x10002);
   EXPECT_THAT(CublasLtLinear::CheckForward(a), IsInvalid("bias at 0x10002", "4-byte elements"));
+  // Padded rows of y: ld_y >= out, and only for a plain product.
+  a = GoodForward();
+  a.ld_y = 64;
+  EXPECT_TRUE(CublasLtLinear::CheckForward(a).ok());
+  a.ld_y = 23;
+  EXPECT_THAT(CublasLtLinear::CheckForward(a), IsInvalid("ld_y 23 for out 24", "out <= ld_y"));
+  a.ld_y = -8;
+  EXPECT_THAT(CublasLtLinear::CheckForward(a), IsInvalid("ld_y -8", "0 (packed)"));
+  a.ld_y = int64_t{1} << 31;
+  EXPECT_THAT(CublasLtLinear::CheckForward(a), IsInvalid("ld_y 2147483648", "2^31 - 1"));
+  a.ld_y = 64;
+  a.gelu_input = reinterpret_cast<void*>(0x40000);
+  EXPECT_THAT(CublasLtLinear::CheckForward(a), IsInvalid("ld_y 64", "with gelu_input"));
+  a.ld_y = 24;  // trivial: packed
+  EXPECT_TRUE(CublasLtLinear::CheckForward(a).ok());
+  a = GoodForward();
+  a.y_dtype = DType::kF32;
+  a.residual = kFakeF;
+  a.ld_y = 32;
+  EXPECT_THAT(CublasLtLinear::CheckForward(a), IsInvalid("ld_y 32", "with a residual"));
   // No rows: nothing is read, null buffers are fine.
   CublasLtLinear::ForwardArgs empty;
   empty.in = 4;
@@ -170,6 +206,12 @@ TEST(CublasLtLinearHostTest, BackwardChecks) {
   b.in_dtype = DType::kF32;
   b.dx_dtype = DType::kBF16;
   EXPECT_THAT(CublasLtLinear::CheckBackwardInput(b), IsInvalid("dx_dtype BF16", "in_dtype F32"));
+  b.dx_dtype = DType::kF32;
+  b.ld_dy = 64;  // padded dy rows, with or without the GELU of dx
+  EXPECT_TRUE(CublasLtLinear::CheckBackwardInput(b).ok());
+  b.ld_dy = 15;
+  EXPECT_THAT(CublasLtLinear::CheckBackwardInput(b),
+              IsInvalid("BackwardInput: ld_dy 15 for out 16", "out <= ld_dy"));
 
   CublasLtLinear::BackwardWeightArgs w;
   w.dw = kFakeF;
@@ -180,6 +222,12 @@ TEST(CublasLtLinearHostTest, BackwardChecks) {
   w.in = 32;
   w.out = 16;
   EXPECT_TRUE(CublasLtLinear::CheckBackwardWeight(w).ok());
+  w.ld_dy = 50304;
+  EXPECT_TRUE(CublasLtLinear::CheckBackwardWeight(w).ok());
+  w.ld_dy = 8;
+  EXPECT_THAT(CublasLtLinear::CheckBackwardWeight(w),
+              IsInvalid("BackwardWeight: ld_dy 8 for out 16", "out <= ld_dy"));
+  w.ld_dy = 0;
   w.db = reinterpret_cast<float*>(0x10006);
   EXPECT_THAT(CublasLtLinear::CheckBackwardWeight(w), IsInvalid("db at 0x10006", "4-byte"));
   w.db = nullptr;

@@ -71,20 +71,46 @@ double LseReference(const float* z, int64_t v) {
   return m + std::log(s);
 }
 
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The case's packed [n, v] logits in rows ld >= v apart, the padding
+// columns [v, ld) set to `pad`.
+std::vector<float> Padded(const Case& c, int64_t ld, float pad) {
+  std::vector<float> out(c.n * ld, pad);
+  for (int64_t i = 0; i < c.n; ++i) {
+    std::copy(c.logits.begin() + i * c.v, c.logits.begin() + (i + 1) * c.v, out.begin() + i * ld);
+  }
+  return out;
+}
+
 // Runs both algorithms and compares loss, lse and gradient within the error
-// models above.
-void ExpectMatchesCpu(const Case& c, const ClassifierChunking& chunking, const std::string& what) {
-  SCOPED_TRACE(what);
+// models above. With ld > v the chunked side runs on rows ld apart whose
+// padding is NaN: one read of it would make that row's lse (and the loss)
+// NaN. Its gradient buffer starts as NaN too, and the padding must come
+// back 0.
+void ExpectMatchesCpu(const Case& c, const ClassifierChunking& chunking, const std::string& what,
+                      int64_t ld = 0) {
+  SCOPED_TRACE(what + (ld == 0 ? "" : ", ld " + std::to_string(ld)));
   const int64_t n = c.n, v = c.v;
+  if (ld == 0) ld = v;
   std::vector<float> probs(n * v), cpu_grad(n * v);
   const double cpu_loss =
       CrossEntropyForward(probs.data(), c.logits.data(), c.targets.data(), n, v);
   CrossEntropyBackward(cpu_grad.data(), probs.data(), c.targets.data(), n, v);
 
-  std::vector<float> lse(n, -1.0f), grad(n * v, 7.0f);
+  const std::vector<float> logits = Padded(c, ld, kNaN);
+  std::vector<float> lse(n, -1.0f), padded_grad(n * ld, ld == v ? 7.0f : kNaN);
   const double loss =
-      ChunkedClassifierForward(lse.data(), c.logits.data(), c.targets.data(), n, v, chunking);
-  ChunkedClassifierBackward(grad.data(), c.logits.data(), lse.data(), c.targets.data(), n, v);
+      ChunkedClassifierForward(lse.data(), logits.data(), c.targets.data(), n, v, ld, chunking);
+  ChunkedClassifierBackward(padded_grad.data(), logits.data(), lse.data(), c.targets.data(), n, v,
+                            ld);
+  std::vector<float> grad(n * v);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = v; j < ld; ++j) {
+      ASSERT_EQ(padded_grad[i * ld + j], 0.0f) << "padding of row " << i << ", column " << j;
+    }
+    std::copy(padded_grad.begin() + i * ld, padded_grad.begin() + i * ld + v, grad.begin() + i * v);
+  }
 
   const double u = kFloat32Unit;
   const double sum_err = SumRelativeError(v, chunking, c.Gap());
@@ -161,6 +187,73 @@ TEST(ChunkedClassifierTest, GptVocabularyRow) {
   ExpectMatchesCpu(RandomCase(2, 50257, -6.0f, 6.0f, 2), ClassifierChunking{}, "V 50257");
 }
 
+// Device rows start at base + i ld elements, and each is split at its own
+// first 16-byte boundary (classifier.cu's SplitRowAt): the host twin's
+// ShiftedRowHead must give the same head for every row, stride and base.
+TEST(ChunkedClassifierTest, RowHeadsFollowTheDeviceAddresses) {
+  for (int bytes : {4, 2}) {
+    const int vector = 16 / bytes;
+    for (uintptr_t base = 0; base < 16; base += bytes) {
+      const auto device_head = [&](int64_t row, int64_t ld) {
+        const uintptr_t addr = 0x7f0000000000 + base + row * ld * bytes;
+        return static_cast<int64_t>(((16 - (addr & 15)) & 15) / bytes);
+      };
+      for (int64_t ld : {1, 3, 8, 50257, 50304, 1000, 1001}) {
+        for (int64_t row = 0; row < 20; ++row) {
+          ASSERT_EQ(ShiftedRowHead(device_head(0, ld), row * ld, vector), device_head(row, ld))
+              << bytes << "-byte logits, base " << base << ", ld " << ld << ", row " << row;
+        }
+      }
+    }
+  }
+}
+
+TEST(ChunkedClassifierTest, PaddedRowsMatchTwoPassCrossEntropy) {
+  // Strides that keep every row's split (1024, 1064: multiples of 8 as
+  // 1000 is), and strides that shift it from row to row (1001, 1003).
+  Case c = RandomCase(6, 1000, -4.0f, 4.0f, 11);
+  c.targets[2] = kUnscoredTarget;
+  for (const ClassifierChunking& k : kChunkings) {
+    for (int64_t ld : {1001, 1003, 1024, 1064}) ExpectMatchesCpu(c, k, Name(k), ld);
+  }
+  // GPT-2's vocabulary padded as the device GPT pads it (to a multiple of
+  // 64), with the f32 and bf16 splits.
+  const Case gpt = RandomCase(3, 50257, -6.0f, 6.0f, 12);
+  for (const ClassifierChunking& k : {ClassifierChunking{256, 4, 0}, ClassifierChunking{256, 8, 0},
+                                      ClassifierChunking{256, 8, 5}}) {
+    ExpectMatchesCpu(gpt, k, "V 50257, " + Name(k), 50304);
+  }
+}
+
+// When ld - v is a multiple of the vector, every row splits as it does
+// packed: the same arithmetic, so the same bits.
+TEST(ChunkedClassifierTest, PaddedRowsWithTheSameSplitAreBitwisePacked) {
+  Case c = RandomCase(5, 1000, -3.0f, 3.0f, 13);
+  c.targets[3] = kUnscoredTarget;
+  const int64_t n = c.n, v = c.v, ld = 1024;  // 24 more: a multiple of 1, 4 and 8
+  for (const ClassifierChunking& k : kChunkings) {
+    SCOPED_TRACE(Name(k));
+    std::vector<float> lse(n), grad(n * v);
+    const double loss =
+        ChunkedClassifierForward(lse.data(), c.logits.data(), c.targets.data(), n, v, k);
+    ChunkedClassifierBackward(grad.data(), c.logits.data(), lse.data(), c.targets.data(), n, v);
+    std::vector<float> padded = Padded(c, ld, kNaN), padded_lse(n);
+    const double padded_loss =
+        ChunkedClassifierForward(padded_lse.data(), padded.data(), c.targets.data(), n, v, ld, k);
+    EXPECT_EQ(padded_loss, loss);
+    EXPECT_EQ(padded_lse, lse);
+    // In place, as the device GPT runs it.
+    ChunkedClassifierBackward(padded.data(), padded.data(), padded_lse.data(), c.targets.data(), n,
+                              v, ld);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < ld; ++j) {
+        const float want = j < v ? grad[i * v + j] : 0.0f;
+        ASSERT_EQ(padded[i * ld + j], want) << "row " << i << ", column " << j;
+      }
+    }
+  }
+}
+
 TEST(ChunkedClassifierTest, SingleClass) {
   // V = 1: softmax is 1, the loss 0 and the gradient 0 exactly.
   for (const ClassifierChunking& c : kChunkings) {
@@ -183,6 +276,8 @@ TEST(ChunkedClassifierTest, UnscoredRowsAddNothing) {
   for (const ClassifierChunking& k : kChunkings) ExpectMatchesCpu(c, k, "rows 1 and 4 unscored");
 
   // The scored rows alone give the same loss (the mean is over scored rows).
+  // Both in rows 336 apart (a multiple of every vector): each row then
+  // splits the same wherever it sits, so the sums are the same bits.
   Case kept;
   kept.n = 3;
   kept.v = c.v;
@@ -191,10 +286,16 @@ TEST(ChunkedClassifierTest, UnscoredRowsAddNothing) {
                        c.logits.begin() + (i + 1) * c.v);
     kept.targets.push_back(c.targets[i]);
   }
-  std::vector<float> lse(5), kept_lse(3);
-  EXPECT_EQ(
-      ChunkedClassifierForward(lse.data(), c.logits.data(), c.targets.data(), 5, c.v),
-      ChunkedClassifierForward(kept_lse.data(), kept.logits.data(), kept.targets.data(), 3, c.v));
+  const int64_t ld = 336;
+  const std::vector<float> all_rows = Padded(c, ld, kNaN), kept_rows = Padded(kept, ld, kNaN);
+  for (const ClassifierChunking& k : kChunkings) {
+    std::vector<float> lse(5), kept_lse(3);
+    EXPECT_EQ(
+        ChunkedClassifierForward(lse.data(), all_rows.data(), c.targets.data(), 5, c.v, ld, k),
+        ChunkedClassifierForward(kept_lse.data(), kept_rows.data(), kept.targets.data(), 3, c.v, ld,
+                                 k))
+        << Name(k);
+  }
 }
 
 TEST(ChunkedClassifierTest, NothingScored) {
