@@ -165,6 +165,7 @@ CudaGptModel::CudaGptModel(std::unique_ptr<GptModel> host, int max_batch,
                            std::unique_ptr<gpu::CudnnAttention> cudnn)
     : host_(std::move(host)),
       max_batch_(max_batch),
+      logits_ld_((host_->config().vocab + 63) / 64 * 64),
       max_t_(static_cast<int>(options.max_t > 0
                                   ? std::min<int64_t>(options.max_t, host_->config().n_ctx)
                                   : host_->config().n_ctx)),
@@ -235,7 +236,7 @@ absl::Status CudaGptModel::AllocateActivations() {
   ZS_RETURN_IF_ERROR(AllocateAct(p * c, &lnf_));
   ZS_RETURN_IF_ERROR(Allocate(p, &lnf_mean_));
   ZS_RETURN_IF_ERROR(Allocate(p, &lnf_rstd_));
-  ZS_RETURN_IF_ERROR(AllocateAct(p * v, &logits_));
+  ZS_RETURN_IF_ERROR(AllocateAct(p * logits_ld_, &logits_));
   ZS_RETURN_IF_ERROR(Allocate(p, &logits_lse_));
   ZS_RETURN_IF_ERROR(Allocate(1, &loss_));
   ZS_RETURN_IF_ERROR(Allocate(p * c, &dresid_));
@@ -319,12 +320,13 @@ absl::Status CudaGptModel::LogitsRowToHost(int64_t position, float* out) const {
   }
   const int64_t v = host_->config().vocab;
   if (act_dtype_ == DType::kF32) {
-    return backend_->CopyToHost(out, static_cast<const float*>(logits_) + position * v,
+    return backend_->CopyToHost(out, static_cast<const float*>(logits_) + position * logits_ld_,
                                 v * sizeof(float));
   }
   std::vector<uint16_t> row(static_cast<size_t>(v));
   ZS_RETURN_IF_ERROR(backend_->CopyToHost(
-      row.data(), static_cast<const uint16_t*>(logits_) + position * v, v * sizeof(uint16_t)));
+      row.data(), static_cast<const uint16_t*>(logits_) + position * logits_ld_,
+      v * sizeof(uint16_t)));
   for (int64_t i = 0; i < v; ++i) out[i] = BF16ToFloat(row[i]);
   return absl::OkStatus();
 }
@@ -615,10 +617,11 @@ absl::Status CudaGptModel::HeadForward(const UnitTensors& p) {
   ZS_ASSIGN_OR_RETURN(w, Weight(p[kWte].data, v * c));
   gpu::CublasLtLinear::ForwardArgs f{logits_, act_dtype_, lnf_, w, act_dtype_, Layout::kOutIn};
   f.n = n_, f.in = c, f.out = v;
+  f.ld_y = logits_ld_;
   ZS_RETURN_IF_ERROR(linear_->Forward(f));
   timer_.Mark("classifier");
-  ZS_RETURN_IF_ERROR(
-      gpu::ClassifierForward(loss_, logits_lse_, logits_, targets_, n_, v, act_dtype_, stream_));
+  ZS_RETURN_IF_ERROR(gpu::ClassifierForward(loss_, logits_lse_, logits_, targets_, n_, v,
+                                            logits_ld_, act_dtype_, stream_));
   logits_valid_ = true;
   return absl::OkStatus();
 }
@@ -635,11 +638,12 @@ absl::Status CudaGptModel::HeadBackward(const UnitTensors& p, UnitTensors& g) {
   // In place: the logits become d(loss)/d(logits).
   logits_valid_ = false;
   timer_.Mark("classifier");
-  ZS_RETURN_IF_ERROR(
-      gpu::ClassifierBackward(logits_, logits_, logits_lse_, targets_, n_, v, act_dtype_, stream_));
+  ZS_RETURN_IF_ERROR(gpu::ClassifierBackward(logits_, logits_, logits_lse_, targets_, n_, v,
+                                             logits_ld_, act_dtype_, stream_));
   gpu::CublasLtLinear::BackwardWeightArgs bw{g[kWte].data, nullptr,    logits_,
                                              lnf_,         act_dtype_, Layout::kOutIn};
   bw.n = n_, bw.in = c, bw.out = v;
+  bw.ld_dy = logits_ld_;
   timer_.Mark("matmul");
   ZS_RETURN_IF_ERROR(linear_->BackwardWeight(bw));
   {
@@ -648,6 +652,7 @@ absl::Status CudaGptModel::HeadBackward(const UnitTensors& p, UnitTensors& g) {
     gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, logits_,
                                               w,     act_dtype_,  Layout::kOutIn};
     bi.n = n_, bi.in = c, bi.out = v;
+    bi.ld_dy = logits_ld_;
     ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
   }
   timer_.Mark("layernorm");

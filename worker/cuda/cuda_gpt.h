@@ -182,6 +182,10 @@ class CudaGptModel : public TokenModel {
 
   std::unique_ptr<GptModel> host_;  // spec, config, op order and initialization
   const int max_batch_;
+  // Elements between logits rows: V rounded up to 64, so that every row
+  // starts 16-byte aligned in bf16 and f32 (cuBLASLt's fast kernels need
+  // it; V = 50257 alone would leave bf16 rows 2-byte aligned).
+  const int64_t logits_ld_;
   const int max_t_;  // options.max_t, or n_ctx
   const CudaGptOptions options_;
   const DType act_dtype_;    // = options_.matmul_dtype
@@ -210,7 +214,8 @@ class CudaGptModel : public TokenModel {
   std::vector<BlockActs> blocks_;
   void* lnf_ = nullptr;                              // act [P,C]
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [P], [P]
-  // act [P,V]; the head's backward turns them into d(loss)/d(logits).
+  // act [P,V] in rows logits_ld_ apart (the padding is never read); the
+  // head's backward turns them into d(loss)/d(logits).
   void* logits_ = nullptr;
   float* logits_lse_ = nullptr;  // [P]
   bool logits_valid_ = false;    // logits_ holds the last forward's logits
