@@ -48,6 +48,13 @@ using Shape = testing::AttentionShape;
 using testing::FromBf16;
 using testing::ToBf16;
 
+// A status as a gtest result that prints the status when it is not OK
+// (cuDNN's reason is the point of a failure here).
+::testing::AssertionResult Ok(const absl::Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << s;
+}
+
 class CudnnAttentionCheck : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -80,11 +87,9 @@ void CudnnAttentionCheck::Check(const Shape& s, std::vector<std::pair<int64_t, i
   DeviceBuffer<uint16_t> out(std::vector<uint16_t>(s.b * s.t * s.c, kBf16NaN));
   DeviceBuffer<uint16_t> dqkv(std::vector<uint16_t>(s.b * s.t * 3 * s.c, kBf16NaN));
   DeviceBuffer<float> lse(std::vector<float>(s.b * s.nh * s.t, kF32NaN));
-  ASSERT_TRUE(attention_->Forward(out.get(), lse.get(), qkv.get(), s.b, s.t, s.c, s.nh).ok());
-  ASSERT_TRUE(
-      attention_
-          ->Backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), s.b, s.t, s.c, s.nh)
-          .ok());
+  ASSERT_TRUE(Ok(attention_->Forward(out.get(), lse.get(), qkv.get(), s.b, s.t, s.c, s.nh)));
+  ASSERT_TRUE(Ok(attention_->Backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), s.b,
+                                      s.t, s.c, s.nh)));
   const std::vector<float> got_out = FromBf16(out.Download());
   const std::vector<float> got_lse = lse.Download();
   const std::vector<float> got_dqkv = FromBf16(dqkv.Download());
@@ -128,12 +133,11 @@ TEST_F(CudnnAttentionCheck, CachedPlansGiveTheSameForward) {
   DeviceBuffer<uint16_t> qkv(ToBf16(RandomFloats(a.b * a.t * 3 * a.c, 31, -3.0f, 3.0f)));
   DeviceBuffer<uint16_t> out(a.b * a.t * a.c);
   DeviceBuffer<float> lse(a.b * a.nh * a.t);
-  ASSERT_TRUE(attention_->Forward(out.get(), lse.get(), qkv.get(), a.b, a.t, a.c, a.nh).ok());
+  ASSERT_TRUE(Ok(attention_->Forward(out.get(), lse.get(), qkv.get(), a.b, a.t, a.c, a.nh)));
   const std::vector<uint16_t> first = out.Download();
-  ASSERT_TRUE(
-      attention_->Forward(out.get(), lse.get(), qkv.get(), other.b, other.t, other.c, other.nh)
-          .ok());
-  ASSERT_TRUE(attention_->Forward(out.get(), lse.get(), qkv.get(), a.b, a.t, a.c, a.nh).ok());
+  ASSERT_TRUE(Ok(
+      attention_->Forward(out.get(), lse.get(), qkv.get(), other.b, other.t, other.c, other.nh)));
+  ASSERT_TRUE(Ok(attention_->Forward(out.get(), lse.get(), qkv.get(), a.b, a.t, a.c, a.nh)));
   EXPECT_EQ(out.Download(), first);
 }
 
@@ -162,9 +166,9 @@ TEST_F(CudnnAttentionCheck, Gpt2ShapeTiming) {
        {std::make_tuple("forward", std::function<absl::Status()>(forward), forward_flops),
         std::make_tuple("backward", std::function<absl::Status()>(backward),
                         2.5 * forward_flops)}) {
-    for (int i = 0; i < kWarmup; ++i) ASSERT_TRUE(fn().ok());
+    for (int i = 0; i < kWarmup; ++i) ASSERT_TRUE(Ok(fn()));
     CudaOrDie(cudaEventRecord(start, stream_), "cudaEventRecord");
-    for (int i = 0; i < kRuns; ++i) ASSERT_TRUE(fn().ok());
+    for (int i = 0; i < kRuns; ++i) ASSERT_TRUE(Ok(fn()));
     CudaOrDie(cudaEventRecord(stop, stream_), "cudaEventRecord");
     CudaOrDie(cudaEventSynchronize(stop), "cudaEventSynchronize");
     float ms = 0;
@@ -188,10 +192,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: not run: %s\n", argv[0], std::string(device.message()).c_str());
     return 2;
   }
+  // Not run where cuDNN is missing (UNAVAILABLE) or the device too old
+  // (FAILED_PRECONDITION); a cuDNN that loads but cannot start is a failure.
   auto attention = zeroshard::gpu::CudnnAttention::Create(nullptr);
   if (!attention.ok()) {
-    std::fprintf(stderr, "%s: not run: %s\n", argv[0], attention.status().ToString().c_str());
-    return 2;
+    const bool absent =
+        absl::IsUnavailable(attention.status()) || absl::IsFailedPrecondition(attention.status());
+    std::fprintf(stderr, "%s: %s: %s\n", argv[0], absent ? "not run" : "FAILED",
+                 attention.status().ToString().c_str());
+    return absent ? 2 : 1;
   }
   attention->reset();
   return RUN_ALL_TESTS();

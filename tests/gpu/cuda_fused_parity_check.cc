@@ -396,10 +396,11 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
   if (c.gelu) GeluTanhForward(want.data(), pre.data(), ny);
 
   Tensor d_x(in.x, c.in_dtype), d_w(in.w, c.in_dtype), d_b(in.b, DType::kF32);
-  // y's padding NaN: it must come back untouched.
-  Tensor d_y(
-      PadRows(c.residual ? in.residual : std::vector<float>(ny, 0.0f), c.n, c.out, c.Ld(), kNaN),
-      c.out_dtype);
+  // y starts NaN, so every element must be written, and its padding must
+  // come back untouched. The residual has a buffer of its own (C != D), as
+  // the model adds it (x into res2, res2 into the next residual stream).
+  Tensor d_y(PadRows(std::vector<float>(ny, kNaN), c.n, c.out, c.Ld(), kNaN), c.out_dtype);
+  Tensor d_res(c.residual ? in.residual : std::vector<float>(1, 0.0f), DType::kF32);
   Tensor d_pre(ny, c.out_dtype);
   gpu::CublasLtLinear::ForwardArgs a;
   a.y = d_y.get();
@@ -409,7 +410,7 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
   a.in_dtype = c.in_dtype;
   a.layout = c.layout;
   a.bias = c.bias ? d_b.f32() : nullptr;
-  a.residual = c.residual ? d_y.f32() : nullptr;  // in place, as the model adds it
+  a.residual = c.residual ? d_res.f32() : nullptr;
   a.gelu_input = c.gelu ? d_pre.get() : nullptr;
   a.n = c.n;
   a.in = c.in;
@@ -431,6 +432,7 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
   }
   const std::vector<float> y = d_y.Download();
   EXPECT_EQ(BadPadding(y, c.n, c.out, c.Ld(), /*want_nan=*/true), 0) << "y's padding written";
+  if (c.residual) EXPECT_EQ(d_res.Download(), in.residual) << "the residual was written";
   EXPECT_TRUE(WithinTolerances(UnpadRows(y, c.n, c.out, c.Ld()), want, tol, "y"));
   if (c.gelu) {
     EXPECT_TRUE(WithinTolerances(d_pre.Download(), pre, tol_pre, "gelu_input"));

@@ -36,7 +36,9 @@ if [[ ! -x "$B/bin/worker/shard_worker" ]]; then
 fi
 libs="$B/lib"
 nvidia_dir="$(python3 -c 'import nvidia, sys; print(list(nvidia.__path__)[0])' 2>/dev/null)"
-for d in cudnn cublas nccl cuda_nvrtc; do
+# CUDA 13's wheels keep cuBLAS and NVRTC in nvidia/cu13/lib, older ones in
+# nvidia/<library>/lib.
+for d in cudnn cu13 cublas nccl cuda_nvrtc; do
   [[ -n "$nvidia_dir" && -d "$nvidia_dir/$d/lib" ]] && libs="$libs:$nvidia_dir/$d/lib"
 done
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -45,6 +47,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
   | tee -a "$OUT/session_env.txt"
 # The naive attention's figures are known (docs/gpu.md); the session's
 # minutes go to the fused kernels.
+# cuBLASLt's and cuDNN's own reasons, should they refuse something.
+export CUBLASLT_LOG_LEVEL="${CUBLASLT_LOG_LEVEL:-1}" CUDNN_LOGERR_DBG="${CUDNN_LOGERR_DBG:-1}"
+export CUDNN_LOGDEST_DBG="${CUDNN_LOGDEST_DBG:-$OUT/cudnn_errors.log}"
 ZEROSHARD_GPU_BIN="$B/bin" TORCH_PYTHON="${TORCH_PYTHON:-python3}" \
   GPT_ATTENTION="${GPT_ATTENTION:-flash,cudnn}" \
   QUICKSTART_STEPS="${QUICKSTART_STEPS:-600}" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \

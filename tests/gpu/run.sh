@@ -43,8 +43,9 @@
 #      the table is kept in $OUT/busbw_<dtype>.txt. Compare busbw at 1 GiB
 #      with nccl-tests' all_gather_perf / reduce_scatter_perf on the same
 #      machine; set MIN_BUSBW_GBPS to turn that into a pass/fail threshold.
-#   9. Kernel benches (cuda_attention_bench: naive / flash / cuDNN attention
-#      forward + backward at GPT-2's shape; cuda_fused_bench: the fused
+#   9. Kernel benches (cuda_attention_bench: naive / flash (CUDA cores, tensor
+#      cores) attention forward + backward at GPT-2's shape, cuDNN's time at
+#      that shape being printed by step 5's check; cuda_fused_bench: the fused
 #      classifier and cuBLASLt epilogues against the unfused ops), tables in
 #      $OUT/<bench>.txt, JSON beside them.
 #  10. Device GPT throughput at W = 1 (cuda_gpt_bench: the gpt_bench GPT and

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <utility>
 
@@ -116,6 +117,10 @@ using CacheKey = std::array<int64_t, 20>;
 struct CacheEntry {
   bool found = false;
   cublasLtMatmulAlgo_t algo{};
+  // Why none was found: the heuristic's status (NOT_SUPPORTED: no kernel;
+  // INVALID_VALUE: a descriptor cuBLASLt rejects), or that of a fused run
+  // cuBLASLt refused after offering the algorithm.
+  cublasStatus_t why = CUBLAS_STATUS_NOT_SUPPORTED;
 };
 
 template <typename T, cublasStatus_t (*Destroy)(T)>
@@ -277,8 +282,13 @@ struct CublasLtLinear::State {
     if (h == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
       entry.found = true;
       entry.algo = result.algo;
-    } else if (h != CUBLAS_STATUS_SUCCESS && h != CUBLAS_STATUS_NOT_SUPPORTED &&
-               h != CUBLAS_STATUS_INVALID_VALUE) {
+    } else {
+      entry.why = h != CUBLAS_STATUS_SUCCESS ? h
+                  : returned > 0             ? result.state
+                                             : CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (!entry.found && h != CUBLAS_STATUS_SUCCESS && h != CUBLAS_STATUS_NOT_SUPPORTED &&
+        h != CUBLAS_STATUS_INVALID_VALUE) {
       return LtToStatus(h, "CublasLtLinear: cublasLtMatmulAlgoGetHeuristic");
     }
     algos.emplace(key, entry);
@@ -297,17 +307,31 @@ struct CublasLtLinear::State {
       if (may_decline) return absl::OkStatus();
       return absl::FailedPreconditionError(absl::StrCat(
           "CublasLtLinear: cuBLASLt has no algorithm for the ", p.m, " x ", p.n, " x ", p.k, " ",
-          DTypeName(p.ab_dtype), " -> ", DTypeName(p.d_dtype), " product on this GPU"));
+          DTypeName(p.ab_dtype), " -> ", DTypeName(p.d_dtype), " product on this GPU (",
+          cublasLtGetStatusName(algo->why), "; CUBLASLT_LOG_LEVEL=1 says which parameter)"));
     }
     const float alpha = 1.0f;
     const float beta = p.c != nullptr ? 1.0f : 0.0f;
     const void* c = p.c != nullptr ? p.c : p.d;
-    if (absl::Status s =
-            LtToStatus(cublasLtMatmul(handle, desc.op.get(), &alpha, p.a, desc.a.get(), p.b,
-                                      desc.b.get(), &beta, c, desc.d.get(), p.d, desc.d.get(),
-                                      &algo->algo, workspace, kWorkspaceBytes, stream),
-                       "CublasLtLinear: cublasLtMatmul");
-        !s.ok()) {
+    const cublasStatus_t ran_status = cublasLtMatmul(
+        handle, desc.op.get(), &alpha, p.a, desc.a.get(), p.b, desc.b.get(), &beta, c, desc.d.get(),
+        p.d, desc.d.get(), &algo->algo, workspace, kWorkspaceBytes, stream);
+    if (may_decline &&
+        (ran_status == CUBLAS_STATUS_NOT_SUPPORTED || ran_status == CUBLAS_STATUS_INVALID_VALUE)) {
+      // The heuristic offered an algorithm that cuBLASLt then refused (its
+      // check "doesn't fully guarantee algo will run"): this product runs
+      // unfused from now on, said once.
+      std::fprintf(stderr,
+                   "CublasLtLinear: cuBLASLt refused the fused %ld x %ld x %ld product (%s); "
+                   "running it unfused\n",
+                   static_cast<long>(p.m), static_cast<long>(p.n), static_cast<long>(p.k),
+                   cublasLtGetStatusName(ran_status));
+      CacheEntry refused;
+      refused.why = ran_status;
+      algos[KeyOf(p, tf32)] = refused;
+      return absl::OkStatus();
+    }
+    if (absl::Status s = LtToStatus(ran_status, "CublasLtLinear: cublasLtMatmul"); !s.ok()) {
       return s;
     }
     *ran = true;

@@ -140,17 +140,26 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
   resolved.attention = *attention;
   std::unique_ptr<gpu::CudnnAttention> cudnn;
   if (resolved.attention == Attention::kCudnn) {
+    // cuDNN loaded, and its plans for the training shape built now: where it
+    // has no engine for this shape (or its runtime compiler is missing), kAuto
+    // can still choose flash, and the build's seconds stay out of the steps.
+    const int64_t max_t =
+        options.max_t > 0 ? std::min<int64_t>(options.max_t, config.n_ctx) : config.n_ctx;
     auto created = gpu::CudnnAttention::Create(stream);
-    if (created.ok()) {
+    absl::Status ready = created.status();
+    if (ready.ok() && max_t >= 2) {
+      ready = (*created)->Prepare(max_batch, max_t, config.n_embd, config.n_head);
+    }
+    if (ready.ok()) {
       cudnn = *std::move(created);
     } else if (options.attention == Attention::kAuto &&
                config.n_embd / config.n_head <= kFlashMaxHeadSize) {
-      // kAuto: our own kernel when cuDNN is not there (said once, here).
+      // kAuto: our own kernel when cuDNN cannot run (said once, here).
       std::fprintf(stderr, "CudaGptModel: cuDNN attention unavailable (%s); using flash\n",
-                   std::string(created.status().message()).c_str());
+                   std::string(ready.message()).c_str());
       resolved.attention = Attention::kFlash;
     } else {
-      return created.status();
+      return ready;
     }
   }
   std::unique_ptr<CudaGptModel> model(new CudaGptModel(

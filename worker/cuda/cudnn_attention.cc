@@ -358,8 +358,14 @@ struct CudnnAttention::State {
   // Built on first use of a shape, then reused (building takes milliseconds
   // to seconds; executing microseconds).
   std::map<Shape, Plan> forward, backward;
+  // One workspace for every plan, grown to the largest (stream-ordered:
+  // the old one is freed after the work queued before the growth).
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
 
   ~State() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (workspace != nullptr) cudaFree(workspace);
     forward.clear();  // the plans before the handle they were built on
     backward.clear();
     if (handle != nullptr) fe::detail::destroy_handle(handle);
@@ -389,23 +395,24 @@ absl::StatusOr<Plan*> CudnnAttention::State::GetPlan(bool is_forward, const Shap
 absl::Status CudnnAttention::State::Execute(const Plan& plan,
                                             std::unordered_map<int64_t, void*>& pack,
                                             const std::string& what) {
-  // Stream-ordered scratch: the pool reuses it from call to call, and it is
-  // free for others between the calls.
-  void* workspace = nullptr;
-  if (plan.workspace > 0) {
+  // The backward's holds an f32 dq accumulator (25 MB at GPT-2's shape):
+  // kept across calls rather than taken from and given back to the pool at
+  // every call.
+  if (plan.workspace > workspace_bytes) {
+    if (workspace != nullptr) {
+      ZS_RETURN_IF_ERROR(
+          CudaErrorToStatus(cudaFreeAsync(workspace, stream), what + ": workspace cudaFreeAsync"));
+      workspace = nullptr;
+      workspace_bytes = 0;
+    }
     ZS_RETURN_IF_ERROR(CudaErrorToStatus(cudaMallocAsync(&workspace, plan.workspace, stream),
                                          what + ": workspace cudaMallocAsync"));
+    workspace_bytes = plan.workspace;
   }
-  absl::Status status = Guarded(what, [&] {
+  return Guarded(what, [&] {
     return FrontendStatus(plan.graph->execute(handle, pack, workspace), what + ": execute",
                           absl::StatusCode::kInternal);
   });
-  if (workspace != nullptr) {
-    absl::Status freed =
-        CudaErrorToStatus(cudaFreeAsync(workspace, stream), what + ": workspace cudaFreeAsync");
-    if (status.ok()) status = freed;
-  }
-  return status;
 }
 
 absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(void* stream) {
@@ -430,9 +437,11 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(void* str
   const cudnnStatus_t created = fe::detail::create_handle(&state->handle);
   if (created != CUDNN_STATUS_SUCCESS) {
     state->handle = nullptr;
-    return absl::UnavailableError(absl::StrCat("cuDNN ", LoadedVersion(),
-                                               ": cudnnCreate on device ", state->device,
-                                               " failed: ", fe::detail::get_error_string(created)));
+    // cuDNN loaded but cannot start (a sub-library missing, ...): a broken
+    // install, not a missing one.
+    return absl::InternalError(absl::StrCat("cuDNN ", LoadedVersion(), ": cudnnCreate on device ",
+                                            state->device,
+                                            " failed: ", fe::detail::get_error_string(created)));
   }
   const cudnnStatus_t set = fe::detail::set_stream(state->handle, state->stream);
   if (set != CUDNN_STATUS_SUCCESS) {
@@ -444,11 +453,23 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(void* str
 CudnnAttention::CudnnAttention(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CudnnAttention::~CudnnAttention() = default;
 
+absl::Status CudnnAttention::Prepare(int64_t b, int64_t t, int64_t c, int64_t nh) {
+  ZS_RETURN_IF_ERROR(cudnn_internal::CheckShape(b, t, c, nh));
+  const Shape shape{b, t, c, nh};
+  if (absl::StatusOr<Plan*> f = state_->GetPlan(/*is_forward=*/true, shape); !f.ok()) {
+    return f.status();
+  }
+  absl::StatusOr<Plan*> bw = state_->GetPlan(/*is_forward=*/false, shape);
+  return bw.ok() ? absl::OkStatus() : bw.status();
+}
+
 absl::Status CudnnAttention::Forward(uint16_t* out, float* lse, const uint16_t* qkv, int64_t b,
                                      int64_t t, int64_t c, int64_t nh) {
   ZS_RETURN_IF_ERROR(cudnn_internal::CheckShape(b, t, c, nh));
   ZS_RETURN_IF_ERROR(CheckPointer("Forward", "out", out));
-  ZS_RETURN_IF_ERROR(CheckPointer("Forward", "lse", lse, sizeof(float)));
+  // 16 bytes: what the frontend declares for every tensor, Stats included
+  // (it checks only Q, K, V, O and their gradients itself).
+  ZS_RETURN_IF_ERROR(CheckPointer("Forward", "lse", lse, 16));
   ZS_RETURN_IF_ERROR(CheckPointer("Forward", "qkv", qkv));
   const Shape shape{b, t, c, nh};
   absl::StatusOr<Plan*> plan = state_->GetPlan(/*is_forward=*/true, shape);
@@ -467,7 +488,7 @@ absl::Status CudnnAttention::Backward(uint16_t* dqkv, const uint16_t* dout, cons
   ZS_RETURN_IF_ERROR(CheckPointer("Backward", "dout", dout));
   ZS_RETURN_IF_ERROR(CheckPointer("Backward", "qkv", qkv));
   ZS_RETURN_IF_ERROR(CheckPointer("Backward", "out", out));
-  ZS_RETURN_IF_ERROR(CheckPointer("Backward", "lse", lse, sizeof(float)));
+  ZS_RETURN_IF_ERROR(CheckPointer("Backward", "lse", lse, 16));
   const Shape shape{b, t, c, nh};
   absl::StatusOr<Plan*> plan = state_->GetPlan(/*is_forward=*/false, shape);
   if (!plan.ok()) return plan.status();

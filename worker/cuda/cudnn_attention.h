@@ -37,7 +37,16 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // out [B,T,C] and lse [B,NH,T] written; bf16 values are raw bits.
+  // Builds (and caches) the forward and backward plans of this shape now,
+  // rather than at the first Forward / Backward: where cuDNN has no engine
+  // for it, or its runtime compiler is missing, this says so while the
+  // caller can still choose another kernel, and the seconds a build can take
+  // fall outside the timed steps. UNIMPLEMENTED / INTERNAL with cuDNN's
+  // reason; INVALID_ARGUMENT for a shape CheckHeads would refuse or t < 2.
+  absl::Status Prepare(int64_t b, int64_t t, int64_t c, int64_t nh);
+
+  // out [B,T,C] and lse [B,NH,T] written; bf16 values are raw bits. lse
+  // must be 16-byte aligned.
   absl::Status Forward(uint16_t* out, float* lse, const uint16_t* qkv, int64_t b, int64_t t,
                        int64_t c, int64_t nh);
   // dqkv [B,T,3C] written; out and lse are the forward's.

@@ -21,6 +21,10 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(void* /*s
 CudnnAttention::CudnnAttention(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CudnnAttention::~CudnnAttention() = default;
 
+absl::Status CudnnAttention::Prepare(int64_t, int64_t, int64_t, int64_t) {
+  return absl::FailedPreconditionError("cuDNN attention: not built");
+}
+
 absl::Status CudnnAttention::Forward(uint16_t*, float*, const uint16_t*, int64_t, int64_t, int64_t,
                                      int64_t) {
   return absl::FailedPreconditionError("cuDNN attention: not built");
