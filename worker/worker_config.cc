@@ -191,8 +191,9 @@ ABSL_FLAG(int, local_rank, -1,
           "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
 ABSL_FLAG(std::string, gpu_attention, "auto",
           "nccl, GPT: the attention kernel: auto (bf16: cuDNN's fused attention when libcudnn "
-          "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours, f32 and bf16) | "
-          "naive (f32 only; stores T x T weights: a reference)");
+          "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours, f32 and bf16, CUDA "
+          "cores) | flash_tc (ours on tensor cores, bf16 only) | naive (f32 only; stores T x T "
+          "weights: a reference)");
 ABSL_FLAG(bool, tf32, false,
           "nccl, GPT with --param_dtype=f32: matrix products as TF32 on tensor cores (faster, "
           "10-bit mantissa operands; off as in PyTorch)");
@@ -328,9 +329,10 @@ absl::Status ReadDataPlane(WorkerConfig* config) {
   plane.gpu_attention = absl::GetFlag(FLAGS_gpu_attention);
   plane.tf32 = absl::GetFlag(FLAGS_tf32);
   if (plane.gpu_attention != "auto" && plane.gpu_attention != "cudnn" &&
-      plane.gpu_attention != "flash" && plane.gpu_attention != "naive") {
+      plane.gpu_attention != "flash" && plane.gpu_attention != "flash_tc" &&
+      plane.gpu_attention != "naive") {
     return Bad(absl::StrCat("--gpu_attention=", plane.gpu_attention,
-                            ": expected auto, cudnn, flash or naive"));
+                            ": expected auto, cudnn, flash, flash_tc or naive"));
   }
   if (backend != "nccl" && (plane.gpu_attention != "auto" || plane.tf32)) {
     return Bad(absl::StrCat(

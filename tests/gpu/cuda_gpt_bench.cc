@@ -10,7 +10,7 @@
 // exits 1 with the no-device message otherwise.
 //
 // --attention takes a list of kernels (CudaGptOptions::Attention); a kernel
-// that cannot take a dtype (cudnn with f32, naive with bf16) is skipped for
+// that cannot take a dtype (cudnn and flash_tc with f32, naive with bf16) is skipped for
 // it, so `--attention=naive,flash,cudnn` compares every kernel in one run.
 //
 //   cuda_gpt_bench [--models=gpt_bench,gpt2_124m] [--dtypes=f32,bf16]
@@ -51,7 +51,7 @@ ABSL_FLAG(std::string, models, "gpt_bench,gpt2_124m", "Models: gpt_bench, gpt2_1
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "Matrix-product / parameter dtypes: f32, bf16");
 ABSL_FLAG(std::string, stages, "0,3", "ZeRO stages");
 ABSL_FLAG(std::string, attention, "auto",
-          "Attention kernels to compare: auto, cudnn, flash, naive (a list)");
+          "Attention kernels to compare: auto, cudnn, flash, flash_tc, naive (a list)");
 ABSL_FLAG(bool, tf32, false, "f32 products as TF32");
 ABSL_FLAG(bool, profile, false,
           "Also print each configuration's GPU time per kind of work (ms per step, from CUDA "
@@ -244,7 +244,7 @@ int Main() {
           return 2;
         }
         using A = CudaGptOptions::Attention;
-        if ((*attention == A::kCudnn && dtype != DType::kBF16) ||
+        if (((*attention == A::kCudnn || *attention == A::kFlashTc) && dtype != DType::kBF16) ||
             (*attention == A::kNaive && dtype != DType::kF32)) {
           continue;  // that kernel does not take this dtype
         }

@@ -287,6 +287,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesLengthsAndKernels, ModelParityTest,
                                            std::make_tuple(DType::kF32, 25, A::kFlash),
                                            std::make_tuple(DType::kBF16, 32, A::kFlash),
                                            std::make_tuple(DType::kBF16, 25, A::kFlash),
+                                           std::make_tuple(DType::kBF16, 32, A::kFlashTc),
+                                           std::make_tuple(DType::kBF16, 25, A::kFlashTc),
                                            std::make_tuple(DType::kBF16, 32, A::kCudnn),
                                            std::make_tuple(DType::kBF16, 25, A::kCudnn)),
                          [](const auto& info) {

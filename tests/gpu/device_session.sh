@@ -51,6 +51,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 export CUBLASLT_LOG_LEVEL="${CUBLASLT_LOG_LEVEL:-1}" CUDNN_LOGERR_DBG="${CUDNN_LOGERR_DBG:-1}"
 export CUDNN_LOGDEST_DBG="${CUDNN_LOGDEST_DBG:-$OUT/cudnn_errors.log}"
 ZEROSHARD_GPU_BIN="$B/bin" TORCH_PYTHON="${TORCH_PYTHON:-python3}" \
-  GPT_ATTENTION="${GPT_ATTENTION:-flash,cudnn}" \
+  GPT_ATTENTION="${GPT_ATTENTION:-flash,flash_tc,cudnn}" \
   QUICKSTART_STEPS="${QUICKSTART_STEPS:-600}" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \
   RUN_STEPS="$steps" OUT="$OUT" tests/gpu/run.sh

@@ -50,7 +50,7 @@
 #      $OUT/<bench>.txt, JSON beside them.
 #  10. Device GPT throughput at W = 1 (cuda_gpt_bench: the gpt_bench GPT and
 #      GPT-2 124M, f32 and bf16, stages 0 and 3, every attention kernel in
-#      GPT_ATTENTION, default naive,flash,cudnn: tokens/s and peak device
+#      GPT_ATTENTION, default naive,flash,flash_tc,cudnn: tokens/s and peak device
 #      memory) and PyTorch FSDP2 (fully_shard, tests/gpu/torch_fsdp_gpt2.py)
 #      on the same models and GPU, interleaved over ROUNDS (default 2) rounds;
 #      tests/gpu/compare_gpt.py prints the ratios ($OUT/compare.txt). PyTorch
@@ -72,7 +72,7 @@
 # (seconds per step, default 900),
 # MIN_BUSBW_GBPS (default: unset), BAZEL_FLAGS (extra flags for every build),
 # QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset), ROUNDS
-# (default: 2), GPT_ATTENTION (default: naive,flash,cudnn), RUN_STEPS
+# (default: 2), GPT_ATTENTION (default: naive,flash,flash_tc,cudnn), RUN_STEPS
 # (default: checks,bench).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -317,7 +317,7 @@ bench_failed=0
 torch_state=""
 for round in $(seq 1 "$ROUNDS"); do
   if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" \
-    --attention="${GPT_ATTENTION:-naive,flash,cudnn}" \
+    --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" \
     --json_out="$OUT/gpt_bench.$round.json" >"$OUT/gpt_bench.$round.txt" 2>"$OUT/gpt_bench.$round.log"; then
     cat "$OUT/gpt_bench.$round.txt"
   else
@@ -335,7 +335,7 @@ done
 # model's sections; not among the rounds compared above): GPT-2 124M,
 # stage 3, each kernel.
 if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --profile --models=gpt2_124m --stages=3 \
-  --steps=5 --attention="${GPT_ATTENTION:-naive,flash,cudnn}" --json_out="$OUT/gpt_profile.json" \
+  --steps=5 --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" --json_out="$OUT/gpt_profile.json" \
   >"$OUT/gpt_profile.txt" 2>"$OUT/gpt_profile.log"; then
   cat "$OUT/gpt_profile.txt"
 else

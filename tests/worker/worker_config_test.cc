@@ -153,7 +153,7 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
       {[] { absl::SetFlag(&FLAGS_backend, "mpi"); },
        "--backend=mpi is unknown: expected gloo or nccl"},
       {[] { absl::SetFlag(&FLAGS_gpu_attention, "xformers"); },
-       "--gpu_attention=xformers: expected auto, cudnn, flash or naive"},
+       "--gpu_attention=xformers: expected auto, cudnn, flash, flash_tc or naive"},
       {[] { absl::SetFlag(&FLAGS_gpu_attention, "flash"); },
        "--gpu_attention applies to the device GPT (--backend=nccl); drop it with --backend=gloo"},
       {[] { absl::SetFlag(&FLAGS_tf32, true); },

@@ -11,6 +11,7 @@
 #include "worker/cuda/classifier.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/flash_attention.h"
+#include "worker/cuda/flash_attention_variants.h"
 #include "worker/model/layers.h"
 
 namespace zeroshard {
@@ -33,6 +34,8 @@ const char* AttentionName(CudaGptOptions::Attention a) {
       return "cudnn";
     case CudaGptOptions::Attention::kFlash:
       return "flash";
+    case CudaGptOptions::Attention::kFlashTc:
+      return "flash_tc";
     case CudaGptOptions::Attention::kNaive:
       return "naive";
   }
@@ -41,11 +44,12 @@ const char* AttentionName(CudaGptOptions::Attention a) {
 
 absl::StatusOr<CudaGptOptions::Attention> ParseAttention(const std::string& name) {
   for (auto a : {CudaGptOptions::Attention::kAuto, CudaGptOptions::Attention::kCudnn,
-                 CudaGptOptions::Attention::kFlash, CudaGptOptions::Attention::kNaive}) {
+                 CudaGptOptions::Attention::kFlash, CudaGptOptions::Attention::kFlashTc,
+                 CudaGptOptions::Attention::kNaive}) {
     if (name == AttentionName(a)) return a;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("attention kernel '", name, "': expected auto, cudnn, flash or naive"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "attention kernel '", name, "': expected auto, cudnn, flash, flash_tc or naive"));
 }
 
 namespace {
@@ -62,6 +66,11 @@ absl::Status CheckAttentionDtype(const CudaGptOptions& o) {
     return absl::InvalidArgumentError(
         "attention kernel cudnn takes bf16 only (cuDNN's fused attention has no f32 form): "
         "use --param_dtype=bf16, or --gpu_attention=flash for f32");
+  }
+  if (o.attention == Attention::kFlashTc && !bf16) {
+    return absl::InvalidArgumentError(
+        "attention kernel flash_tc (tensor cores) takes bf16 only: use --param_dtype=bf16, or "
+        "--gpu_attention=flash for f32");
   }
   if (o.attention == Attention::kNaive && bf16) {
     return absl::InvalidArgumentError(
@@ -85,6 +94,13 @@ absl::StatusOr<Attention> ResolveAttention(const CudaGptOptions& o, int64_t c, i
         return absl::InvalidArgumentError(absl::StrCat(
             "head size ", hs, " exceeds the flash kernel's ", kFlashMaxHeadSize,
             ": use --gpu_attention=naive (f32) or cudnn (bf16, head sizes up to 256)"));
+      }
+      return o.attention;
+    case Attention::kFlashTc:
+      if (!flash_ok || hs % 8 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "head size ", hs, ": the tensor-core flash kernel takes multiples of 8 up to ",
+            kFlashMaxHeadSize, ": use --gpu_attention=flash"));
       }
       return o.attention;
     case Attention::kCudnn:
@@ -450,6 +466,9 @@ absl::Status CudaGptModel::AttentionForward(const BlockActs& a) {
     case Attention::kCudnn:
       return cudnn_->Forward(static_cast<uint16_t*>(a.atty), a.lse,
                              static_cast<const uint16_t*>(a.qkv), b_, t_, c, nh);
+    case Attention::kFlashTc:
+      return gpu::FlashAttentionForwardWith(gpu::FlashKernels::kTensorCores, a.atty, a.lse, a.qkv,
+                                            b_, t_, c, nh, act_dtype_, stream_);
     case Attention::kNaive:
       return gpu::AttentionForward(static_cast<float*>(a.atty), a.att,
                                    static_cast<const float*>(a.qkv), b_, t_, c, nh, stream_);
@@ -467,6 +486,9 @@ absl::Status CudaGptModel::AttentionBackward(const BlockActs& a, const void* dat
       return cudnn_->Backward(static_cast<uint16_t*>(dqkv), static_cast<const uint16_t*>(datty),
                               static_cast<const uint16_t*>(a.qkv),
                               static_cast<const uint16_t*>(a.atty), a.lse, b_, t_, c, nh);
+    case Attention::kFlashTc:
+      return gpu::FlashAttentionBackwardWith(gpu::FlashKernels::kTensorCores, dqkv, datty, a.qkv,
+                                             a.atty, a.lse, b_, t_, c, nh, act_dtype_, stream_);
     case Attention::kNaive:
       return gpu::AttentionBackward(static_cast<float*>(dqkv), static_cast<const float*>(datty),
                                     static_cast<const float*>(a.qkv), a.att, b_, t_, c, nh,

@@ -50,10 +50,11 @@ struct CudaGptOptions {
   // F32 or BF16: the products' operands and the stored activations.
   DType matmul_dtype = DType::kF32;
   enum class Attention {
-    kAuto,   // BF16: cuDNN when it loads, else flash; F32: flash
-    kCudnn,  // cuDNN's fused attention (BF16 only)
-    kFlash,  // our fused kernel (flash_attention.h)
-    kNaive,  // the T x T kernels of kernels.h (F32 only): a reference
+    kAuto,     // BF16: cuDNN when it loads, else flash; F32: flash
+    kCudnn,    // cuDNN's fused attention (BF16 only)
+    kFlash,    // our fused kernel (flash_attention.h), on CUDA cores
+    kFlashTc,  // the same on tensor cores (BF16 only; flash_attention_variants.h)
+    kNaive,    // the T x T kernels of kernels.h (F32 only): a reference
   };
   Attention attention = Attention::kAuto;
   // F32 products as TF32 on tensor cores (off: PyTorch's default too).
@@ -64,7 +65,7 @@ struct CudaGptOptions {
   int max_t = 0;
 };
 
-// "auto", "cudnn", "flash", "naive" (the --gpu_attention values).
+// "auto", "cudnn", "flash", "flash_tc", "naive" (the --gpu_attention values).
 const char* AttentionName(CudaGptOptions::Attention a);
 absl::StatusOr<CudaGptOptions::Attention> ParseAttention(const std::string& name);
 

@@ -46,6 +46,9 @@ TEST(CudaGptHostTest, AttentionKernelMustTakeTheDtype) {
   EXPECT_EQ(cudnn_f32.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(cudnn_f32.status().message().find("--gpu_attention=flash"), std::string::npos)
       << cudnn_f32.status();
+  auto tc_f32 = CudaGptModel::Create(Small(), 2, With(DType::kF32, A::kFlashTc), nullptr);
+  EXPECT_EQ(tc_f32.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tc_f32.status().message().find("bf16 only"), std::string::npos) << tc_f32.status();
   auto naive_bf16 = CudaGptModel::Create(Small(), 2, With(DType::kBF16, A::kNaive), nullptr);
   EXPECT_EQ(naive_bf16.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(naive_bf16.status().message().find("f32 only"), std::string::npos)
@@ -83,14 +86,15 @@ TEST(CudaGptHostTest, HeadSizesPickTheKernel) {
 
 TEST(CudaGptHostTest, AttentionNamesRoundTrip) {
   using A = CudaGptOptions::Attention;
-  for (A a : {A::kAuto, A::kCudnn, A::kFlash, A::kNaive}) {
+  for (A a : {A::kAuto, A::kCudnn, A::kFlash, A::kFlashTc, A::kNaive}) {
     absl::StatusOr<A> parsed = ParseAttention(AttentionName(a));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, a);
   }
   absl::StatusOr<A> bad = ParseAttention("xformers");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("expected auto, cudnn, flash or naive"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("expected auto, cudnn, flash, flash_tc or naive"),
+            std::string::npos);
 }
 
 }  // namespace
