@@ -9,46 +9,20 @@
 // any linked library. When it cannot be loaded, every call returns
 // CUBLAS_STATUS_NOT_INITIALIZED (cublasGetStatusString says why in the log).
 #include <cublas_v2.h>
-#include <dlfcn.h>
 
-#include <cstdio>
-#include <mutex>
-#include <string>
+#include "worker/cuda/lazy_library.h"
 
 namespace {
 
 #define ZS_STR2(x) #x
 #define ZS_STR(x) ZS_STR2(x)
 constexpr char kSoname[] = "libcublas.so." ZS_STR(CUBLAS_VER_MAJOR);
-
-void* Library() {
-  static void* handle = [] {
-    void* h = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) std::fprintf(stderr, "cuBLAS: cannot load %s: %s\n", kSoname, dlerror());
-    return h;
-  }();
-  return handle;
-}
-
-template <typename F>
-F Resolve(const char* name) {
-  void* h = Library();
-  if (h == nullptr) return nullptr;
-  void* f = dlsym(h, name);
-  if (f == nullptr) std::fprintf(stderr, "cuBLAS: %s has no %s\n", kSoname, name);
-  return reinterpret_cast<F>(f);
-}
+constexpr char kName[] = "cuBLAS";
 
 }  // namespace
 
-// Each forwarder resolves its function once.
 #define ZS_FORWARD(ret, name, params, args, fallback) \
-  extern "C" ret name params {                        \
-    using Fn = ret(*) params;                         \
-    static const Fn fn = Resolve<Fn>(#name);          \
-    if (fn == nullptr) return fallback;               \
-    return fn args;                                   \
-  }
+  ZS_LAZY_FORWARD(kSoname, kName, ret, name, params, args, fallback)
 
 ZS_FORWARD(cublasStatus_t, cublasCreate_v2, (cublasHandle_t * handle), (handle),
            CUBLAS_STATUS_NOT_INITIALIZED)

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cublas_status.h"
 #include "worker/cuda/cuda_device.h"
 #include "worker/cuda/kernels.h"
 
@@ -23,20 +24,8 @@ namespace {
 
 absl::Status CublasToStatus(cublasStatus_t status, absl::string_view what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": ", cublasGetStatusName(status), ": ", cublasGetStatusString(status));
-  switch (status) {
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return absl::ResourceExhaustedError(message);
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return absl::InvalidArgumentError(message);
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return CublasStatusToStatus(status, absl::StrCat(what, ": ", cublasGetStatusName(status), ": ",
+                                                   cublasGetStatusString(status)));
 }
 
 cublasHandle_t AsHandle(void* handle) { return static_cast<cublasHandle_t>(handle); }

@@ -6,44 +6,20 @@
 // loaded, every call returns CUBLAS_STATUS_NOT_INITIALIZED and the status
 // strings say so.
 #include <cublasLt.h>
-#include <dlfcn.h>
 
-#include <cstdio>
+#include "worker/cuda/lazy_library.h"
 
 namespace {
 
 #define ZS_LT_STR2(x) #x
 #define ZS_LT_STR(x) ZS_LT_STR2(x)
 constexpr char kSoname[] = "libcublasLt.so." ZS_LT_STR(CUBLAS_VER_MAJOR);
-
-void* Library() {
-  static void* handle = [] {
-    void* h = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) std::fprintf(stderr, "cuBLASLt: cannot load %s: %s\n", kSoname, dlerror());
-    return h;
-  }();
-  return handle;
-}
-
-template <typename F>
-F Resolve(const char* name) {
-  void* h = Library();
-  if (h == nullptr) return nullptr;
-  void* f = dlsym(h, name);
-  if (f == nullptr) std::fprintf(stderr, "cuBLASLt: %s has no %s\n", kSoname, name);
-  return reinterpret_cast<F>(f);
-}
+constexpr char kName[] = "cuBLASLt";
 
 }  // namespace
 
-// Each forwarder resolves its function once (a thread-safe static).
 #define ZS_LT_FORWARD(ret, name, params, args, fallback) \
-  extern "C" ret name params {                           \
-    using Fn = ret(*) params;                            \
-    static const Fn fn = Resolve<Fn>(#name);             \
-    if (fn == nullptr) return fallback;                  \
-    return fn args;                                      \
-  }
+  ZS_LAZY_FORWARD(kSoname, kName, ret, name, params, args, fallback)
 
 #define ZS_LT_NOT_LOADED CUBLAS_STATUS_NOT_INITIALIZED
 

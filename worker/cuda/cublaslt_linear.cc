@@ -34,6 +34,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/cuda/cublas_status.h"
 #include "worker/cuda/cublaslt_epilogue.h"
 #include "worker/cuda/cublaslt_plan.h"
 #include "worker/cuda/cuda_device.h"
@@ -47,20 +48,8 @@ constexpr size_t kWorkspaceBytes = 32 << 20;
 
 absl::Status LtToStatus(cublasStatus_t status, absl::string_view what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cublasLtGetStatusName(status), ": ",
-                                           cublasLtGetStatusString(status));
-  switch (status) {
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return absl::ResourceExhaustedError(message);
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return absl::InvalidArgumentError(message);
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return CublasStatusToStatus(status, absl::StrCat(what, ": ", cublasLtGetStatusName(status), ": ",
+                                                   cublasLtGetStatusString(status)));
 }
 
 cudaDataType_t CudaType(DType dtype) { return dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF; }
