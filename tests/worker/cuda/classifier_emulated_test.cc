@@ -24,10 +24,9 @@
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/testing/error_model.h"
+#include "tests/worker/cuda/classifier.cu.inc"
 #include "tests/worker/cuda/emulated_test_util.h"
 #include "worker/model/layers.h"
-
-#include "tests/worker/cuda/classifier.cu.inc"
 
 namespace zeroshard {
 namespace {
@@ -63,11 +62,11 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 struct Case {
   int64_t n = 7, v = 1000, ld = 0;  // ld 0: packed (v)
   DType dtype = DType::kF32;
-  float range = 4.0f;       // logits uniform in [-range, range]
-  size_t offset = 0;        // the logits' first element past a 256-byte boundary
-  bool in_place = false;    // dlogits over the logits
-  size_t grad_offset = 0;   // out of place: the gradient's offset
-  int unscored_every = 5;   // rows 3, 3 + k, ... unscored (0: none)
+  float range = 4.0f;      // logits uniform in [-range, range]
+  size_t offset = 0;       // the logits' first element past a 256-byte boundary
+  bool in_place = false;   // dlogits over the logits
+  size_t grad_offset = 0;  // out of place: the gradient's offset
+  int unscored_every = 5;  // rows 3, 3 + k, ... unscored (0: none)
   int64_t Ld() const { return ld == 0 ? v : ld; }
 };
 
@@ -207,8 +206,8 @@ TEST(ClassifierEmulatedTest, GradientAlignedUnlikeLogits) {
 TEST(ClassifierEmulatedTest, LargeLogits) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     CheckClassifier({.n = 6, .v = 777, .dtype = dtype, .range = 1e4f, .offset = 1}, 11);
-    CheckClassifier({.n = 6, .v = 1000, .ld = 1024, .dtype = dtype, .range = 1e4f, .in_place = true},
-                    12);
+    CheckClassifier(
+        {.n = 6, .v = 1000, .ld = 1024, .dtype = dtype, .range = 1e4f, .in_place = true}, 12);
   }
 }
 
@@ -262,7 +261,8 @@ TEST(ClassifierEmulatedTest, EmptyAndBadArguments) {
       gpu::ClassifierForward(&loss, nullptr, nullptr, nullptr, 0, 10, DType::kF32, nullptr).ok());
   EXPECT_EQ(loss, 0.0);
   EXPECT_TRUE(
-      gpu::ClassifierBackward(nullptr, nullptr, nullptr, nullptr, 0, 10, DType::kF32, nullptr).ok());
+      gpu::ClassifierBackward(nullptr, nullptr, nullptr, nullptr, 0, 10, DType::kF32, nullptr)
+          .ok());
   EXPECT_EQ(cuda_emulation::Launcher::g_launches, launches);
   float lse = 0;
   float z = 0;

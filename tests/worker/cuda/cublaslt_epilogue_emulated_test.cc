@@ -18,10 +18,9 @@
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/testing/error_model.h"
+#include "tests/worker/cuda/cublaslt_epilogue.cu.inc"
 #include "tests/worker/cuda/emulated_test_util.h"
 #include "worker/model/layers.h"
-
-#include "tests/worker/cuda/cublaslt_epilogue.cu.inc"
 
 namespace zeroshard {
 namespace {
@@ -89,10 +88,11 @@ TEST(CublasLtEpilogueEmulatedTest, Gelu) {
 
 // y [rows, cols] in rows ld apart, padding NaN; b [cols].
 void CheckBiasAdd(int64_t rows, int64_t cols, int64_t ld, DType dtype) {
-  SCOPED_TRACE(absl::StrCat("bias add rows ", rows, " cols ", cols, " ld ", ld, " ",
-                            DTypeName(dtype)));
+  SCOPED_TRACE(
+      absl::StrCat("bias add rows ", rows, " cols ", cols, " ld ", ld, " ", DTypeName(dtype)));
   std::vector<float> y(rows * ld, NAN);
-  const std::vector<float> packed = emulated::RoundTo(emulated::Random(rows * cols, 33, -2, 2), dtype);
+  const std::vector<float> packed =
+      emulated::RoundTo(emulated::Random(rows * cols, 33, -2, 2), dtype);
   for (int64_t i = 0; i < rows; ++i) {
     std::copy(packed.begin() + i * cols, packed.begin() + (i + 1) * cols, y.begin() + i * ld);
   }
@@ -134,10 +134,11 @@ TEST(CublasLtEpilogueEmulatedTest, BiasAddRows) {
 // exact (the reference is exact in double), and rounding the double to
 // float u. Deterministic: a second run gives the same bits.
 void CheckColumnSums(int64_t rows, int64_t cols, int64_t ld, DType dtype) {
-  SCOPED_TRACE(absl::StrCat("column sums rows ", rows, " cols ", cols, " ld ", ld, " ",
-                            DTypeName(dtype)));
+  SCOPED_TRACE(
+      absl::StrCat("column sums rows ", rows, " cols ", cols, " ld ", ld, " ", DTypeName(dtype)));
   std::vector<float> x(rows * ld, NAN);
-  const std::vector<float> packed = emulated::RoundTo(emulated::Random(rows * cols, 35, -2, 2), dtype);
+  const std::vector<float> packed =
+      emulated::RoundTo(emulated::Random(rows * cols, 35, -2, 2), dtype);
   for (int64_t i = 0; i < rows; ++i) {
     std::copy(packed.begin() + i * cols, packed.begin() + (i + 1) * cols, x.begin() + i * ld);
   }
@@ -160,14 +161,17 @@ void CheckColumnSums(int64_t rows, int64_t cols, int64_t ld, DType dtype) {
   EXPECT_EQ(std::memcmp(sums.data(), again.data(), cols * sizeof(float)), 0) << "not deterministic";
 }
 
-// Rows: under one chunk (256), several chunks with a partial last one; cols
-// not a multiple of the 32-column blocks; ld packed and padded.
+// Rows: under one chunk (256), several chunks with a partial last one, and
+// more than 128 chunks' worth (33000 rows: the chunks are capped at 128 of
+// 258 rows); cols not a multiple of the 32-column blocks; ld packed and
+// padded.
 TEST(CublasLtEpilogueEmulatedTest, ColumnSums) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     CheckColumnSums(5, 45, 45, dtype);
     CheckColumnSums(600, 45, 64, dtype);
     CheckColumnSums(257, 1, 8, dtype);
   }
+  CheckColumnSums(33000, 3, 4, DType::kF32);
 }
 
 // Empty shapes launch nothing; bad arguments are errors before any launch.

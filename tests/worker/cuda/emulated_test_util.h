@@ -53,7 +53,8 @@ class Buffer {
   }
   std::vector<float> Get() const {
     std::vector<float> out(n_);
-    for (size_t i = 0; i < n_; ++i) out[i] = dtype_ == DType::kF32 ? f32()[i] : BF16ToFloat(bits()[i]);
+    for (size_t i = 0; i < n_; ++i)
+      out[i] = dtype_ == DType::kF32 ? f32()[i] : BF16ToFloat(bits()[i]);
     return out;
   }
 
@@ -87,8 +88,8 @@ inline ::testing::AssertionResult WithinTolerances(const std::vector<float>& got
                                                    const std::vector<double>& tol,
                                                    const std::string& what) {
   if (got.size() != want.size() || tol.size() != want.size()) {
-    return ::testing::AssertionFailure() << what << ": sizes " << got.size() << ", " << want.size()
-                                         << ", " << tol.size();
+    return ::testing::AssertionFailure()
+           << what << ": sizes " << got.size() << ", " << want.size() << ", " << tol.size();
   }
   size_t bad = 0, worst = 0;
   double worst_ratio = -1;

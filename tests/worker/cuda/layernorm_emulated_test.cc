@@ -20,9 +20,8 @@
 #include "gtest/gtest.h"
 #include "tests/testing/error_model.h"
 #include "tests/worker/cuda/emulated_test_util.h"
-#include "worker/model/layers.h"
-
 #include "tests/worker/cuda/layernorm.cu.inc"
+#include "worker/model/layers.h"
 
 namespace zeroshard {
 namespace {
@@ -135,8 +134,9 @@ void CheckBackward(const Inputs& in, bool with_dx, bool with_plus) {
         const double plus = with_plus ? in.plus[i * c + j] : 0.0;
         const double terms = std::fabs(g) + std::fabs(g_mean) + std::fabs(xhat * gx_mean);
         want[i * c + j] = static_cast<double>(dx[i * c + j]) + plus;
-        tol[i * c + j] = rstd[i] * (2 * 5 * kU * terms + g_mean_err + std::fabs(xhat) * gx_mean_err) +
-                         2 * kU * (std::fabs(want[i * c + j]) + std::fabs(plus));
+        tol[i * c + j] =
+            rstd[i] * (2 * 5 * kU * terms + g_mean_err + std::fabs(xhat) * gx_mean_err) +
+            2 * kU * (std::fabs(want[i * c + j]) + std::fabs(plus));
       }
     }
     EXPECT_TRUE(emulated::WithinTolerances(d_dx.Get(), want, tol, "dx"));
@@ -188,10 +188,9 @@ TEST(LayerNormEmulatedTest, ParameterGradientsOverRowChunks) {
 TEST(LayerNormEmulatedTest, EmptyAndBadArguments) {
   const int64_t launches = cuda_emulation::Launcher::g_launches;
   float f = 0;
-  EXPECT_TRUE(
-      gpu::LayerNormForwardTo(nullptr, DType::kF32, nullptr, nullptr, nullptr, nullptr, nullptr, 0,
-                              8, nullptr)
-          .ok());
+  EXPECT_TRUE(gpu::LayerNormForwardTo(nullptr, DType::kF32, nullptr, nullptr, nullptr, nullptr,
+                                      nullptr, 0, 8, nullptr)
+                  .ok());
   EXPECT_TRUE(gpu::LayerNormBackward(&f, &f, &f, &f, &f, &f, &f, &f, 4, 0, nullptr).ok());
   EXPECT_EQ(gpu::LayerNormForwardTo(&f, DType::kF32, &f, &f, &f, &f, &f, 1, 0, nullptr).code(),
             absl::StatusCode::kInvalidArgument);

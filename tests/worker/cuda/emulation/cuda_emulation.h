@@ -149,9 +149,9 @@ void Launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
 // The launch limits of every current GPU (compute capability 7.0 to 10.x).
 inline bool ValidLaunch(dim3 grid, dim3 block, size_t shared_bytes) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  return grid.x >= 1 && grid.x <= 0x7fffffffu && grid.y >= 1 && grid.y <= 65535 &&
-         grid.z >= 1 && grid.z <= 65535 && threads >= 1 && threads <= 1024 && block.x <= 1024 &&
-         block.y <= 1024 && block.z <= 64 && shared_bytes <= 48 * 1024;
+  return grid.x >= 1 && grid.x <= 0x7fffffffu && grid.y >= 1 && grid.y <= 65535 && grid.z >= 1 &&
+         grid.z <= 65535 && threads >= 1 && threads <= 1024 && block.x <= 1024 && block.y <= 1024 &&
+         block.z <= 64 && shared_bytes <= 48 * 1024;
 }
 
 // `kernel<<<grid, block, shared_bytes, stream>>>(args...)`, rewritten by the
