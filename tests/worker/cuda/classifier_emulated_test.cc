@@ -211,6 +211,27 @@ TEST(ClassifierEmulatedTest, LargeLogits) {
   }
 }
 
+// GPT-2's vocabulary, packed (V 50257: each row at another alignment) and in
+// the device GPT's padded rows (ld 50304).
+TEST(ClassifierEmulatedTest, Gpt2Vocabulary) {
+  CheckClassifier({.n = 4,
+                   .v = 50257,
+                   .dtype = DType::kF32,
+                   .range = 8.0f,
+                   .offset = 1,
+                   .in_place = true,
+                   .unscored_every = 2},
+                  16);
+  CheckClassifier({.n = 4,
+                   .v = 50257,
+                   .ld = 50304,
+                   .dtype = DType::kBF16,
+                   .range = 8.0f,
+                   .in_place = true,
+                   .unscored_every = 2},
+                  17);
+}
+
 TEST(ClassifierEmulatedTest, EveryRowScored) {
   CheckClassifier({.n = 4, .v = 1000, .unscored_every = 0}, 13);
 }

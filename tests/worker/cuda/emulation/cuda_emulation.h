@@ -4,8 +4,9 @@
 // every CUDA thread of a block is a std::thread; __syncthreads, __syncwarp and
 // __shfl_xor_sync are barriers; shared memory is ordinary memory (blocks run
 // one at a time; the test genrule turns a kernel's static __shared__ arrays
-// into function statics, one copy for all threads); wmma fragments hold the
-// whole 16 x 16 tile in every lane (see mma.h here). The genrule also turns
+// into function statics, one copy for all threads, NaN-filled between
+// blocks); wmma fragments hold the whole 16 x 16 tile in every lane (see
+// mma.h here). The genrule also turns
 // `kernel<<<grid, block, bytes, stream>>>(args)` into a Launcher(...).Run
 // call, which checks the launch configuration as CUDA does (an invalid one
 // is cudaErrorInvalidConfiguration from cudaGetLastError) and runs the grid.
@@ -99,6 +100,25 @@ inline thread_local unsigned int tl_linear = 0;  // the thread's index in its bl
 inline dim3 g_grid_dim, g_block_dim;
 inline Block* g_block = nullptr;
 
+// The kernels' static __shared__ arrays (emulate_source.sh registers each
+// where it is declared, the first time a thread passes it): filled with 0xff
+// bytes before each block after the first (before the first, they hold
+// zeros or the last launch's values).
+inline std::mutex g_shared_mu;
+inline std::vector<std::pair<void*, size_t>> g_shared_arrays;  // guarded by g_shared_mu
+
+inline void SharedArray(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_shared_mu);
+  for (const auto& a : g_shared_arrays) {
+    if (a.first == p) return;
+  }
+  g_shared_arrays.emplace_back(p, bytes);
+}
+inline void PoisonSharedArrays() {
+  std::lock_guard<std::mutex> lock(g_shared_mu);
+  for (const auto& a : g_shared_arrays) std::memset(a.first, 0xff, a.second);
+}
+
 // Called before and after each block (the test poisons and checks shared
 // memory there); empty by default.
 inline std::function<void()> g_before_block, g_after_block;
@@ -121,8 +141,10 @@ void Launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
   Barrier between(threads);
   const std::function<void()> hooks = [] {
     if (g_after_block) g_after_block();
+    PoisonSharedArrays();
     if (g_before_block) g_before_block();
   };
+  PoisonSharedArrays();
   if (g_before_block) g_before_block();
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(threads));
