@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
-#include "tests/testing/error_model.h"
+#include "tests/testing/classifier_error_model.h"
 #include "tests/worker/cuda/classifier.cu.inc"
 #include "tests/worker/cuda/emulated_test_util.h"
 #include "worker/model/layers.h"
@@ -32,30 +32,15 @@ namespace zeroshard {
 namespace {
 
 using emulated::Buffer;
-using testing::kFloat32Unit;
-using testing::SumErrorBound;
+using testing::Bf16StoredTolerance;
+using testing::ClassifierGradientTolerance;
+using testing::ClassifierLseTolerance;
+using testing::ClassifierSumRelative;
+using testing::CrossEntropySumRelative;
 
-constexpr double kU = kFloat32Unit;
-// bf16 keeps 8 significant bits: round to nearest is within 2^-8 |x| (e.g.
-// 1 + 2^-8 lies halfway between 1 and 1 + 2^-7).
-constexpr double kBF16Unit = 0x1p-8;
-
-// Error model of a row's softmax sum s = sum_j e^(z_j - m) on the device,
-// relative to s (tests/worker/model/classifier_chunked_test.cc's, for the
-// kernel's 256 threads and `vector` logits per 16-byte load): per term the
-// rounded z - max (u per unit of gap, capped at 88: smaller terms are below
-// 1e-38 s), expf (2 u), the additions of its vector (<= vector), per later
-// step in its thread (vectors, the head and the tail logit) a rescale (3 u)
-// and an addition, and the combination of the 256 threads' partials (a
-// rescale and an addition per level, 8 levels; counted as 4 per thread to
-// cover any order). CrossEntropyForward's double sum of FastExp terms (2 u)
-// of the rounded z - max is within (2 + gap) u.
-double SumRelative(int64_t v, int vector, double gap) {
-  const int64_t steps = (v + 256 * vector - 1) / (256 * vector);
-  const double roundings = std::min(gap, 88.0) + 2 + vector + 4.0 * (steps + 2) + 4.0 * 256;
-  return SumErrorBound(static_cast<int64_t>(std::ceil(roundings)));
-}
-double CpuSumRelative(double gap) { return (2 + std::min(gap, 88.0)) * kU; }
+// The error model: tests/testing/classifier_error_model.h, for the kernel's
+// 256 threads per row and 16-byte vectors (4 f32 or 8 bf16 logits).
+constexpr int kThreadsPerRow = 256;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -122,9 +107,11 @@ void CheckClassifier(const Case& c, uint32_t seed) {
   const std::vector<float> grad_padded = c.in_place ? d_logits.Get() : d_grad.Get();
 
   const double gap = 2.0 * c.range;
-  const double sum_err = SumRelative(v, c.dtype == DType::kF32 ? 4 : 8, gap);
+  const double sum_err =
+      ClassifierSumRelative(v, kThreadsPerRow, c.dtype == DType::kF32 ? 4 : 8, gap);
   // The loss: log s off by both sums' relative errors; the rest is double.
-  EXPECT_NEAR(loss, want_loss, sum_err + CpuSumRelative(gap) + 1e-12 * std::fabs(want_loss));
+  EXPECT_NEAR(loss, want_loss,
+              sum_err + CrossEntropySumRelative(gap) + 1e-12 * std::fabs(want_loss));
   int64_t scored = 0;
   for (int32_t t : targets) scored += t != kUnscoredTarget;
   const double inv = scored == 0 ? 0.0 : 1.0 / scored;
@@ -146,21 +133,13 @@ void CheckClassifier(const Case& c, uint32_t seed) {
     double s = 0;
     for (int64_t j = 0; j < v; ++j) s += std::exp(static_cast<double>(z[j]) - m);
     const double want_lse = m + std::log(s);
-    // lse: the sum's relative error, the f32 max + logf (2 u of |lse|) and
-    // the rounded max (u |m|), one more u.
-    const double lse_err = sum_err + kU * (2 * std::fabs(want_lse) + std::fabs(m)) + kU;
+    const double lse_err = ClassifierLseTolerance(sum_err, want_lse, m);
     EXPECT_NEAR(lse[i], want_lse, lse_err) << "row " << i;
     for (int64_t j = 0; j < v; ++j) {
-      // p e^(z - lse) off by lse's error, the rounded gaps on both sides, exp
-      // on both sides and a handful of roundings; the onehot subtraction 4 u
-      // of inv; a bf16 gradient is the f32 one (within t of want) rounded
-      // once more: 2^-8 of its magnitude.
-      const double p = std::exp(z[j] - want_lse);
-      const double gaps = std::min(std::fabs(z[j] - want_lse), 88.0) + std::min(m - z[j], 88.0);
-      double t = p * inv * (lse_err + kU * (gaps + 10)) + 4 * kU * inv + 1e-37;
-      if (c.dtype == DType::kBF16) t += kBF16Unit * (std::fabs(want_grad[i * v + j]) + t) + 1e-38;
-      want[i * v + j] = want_grad[i * v + j];
-      tol[i * v + j] = t;
+      const double w = want_grad[i * v + j];
+      const double t = ClassifierGradientTolerance(z[j], want_lse, m, inv, lse_err);
+      want[i * v + j] = w;
+      tol[i * v + j] = c.dtype == DType::kBF16 ? Bf16StoredTolerance(w, t) : t;
     }
   }
   EXPECT_TRUE(emulated::WithinTolerances(grad, want, tol, "dlogits"));
