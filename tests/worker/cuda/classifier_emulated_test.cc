@@ -274,5 +274,46 @@ TEST(ClassifierEmulatedTest, EmptyAndBadArguments) {
   EXPECT_EQ(cuda_emulation::Launcher::g_launches, launches);
 }
 
+// The host code's error paths: a failed scratch allocation is
+// RESOURCE_EXHAUSTED naming the bytes, with nothing launched; a failed launch
+// is reported and the scratch still freed.
+TEST(ClassifierEmulatedTest, AllocationAndLaunchFailures) {
+  const int64_t n = 3, v = 100;
+  const std::vector<int32_t> targets = {1, 2, 3};
+  Buffer logits(emulated::Random(n * v, 18, -4, 4), DType::kF32);
+  std::vector<float> lse(n, kNaN);
+  double loss = kNaN;
+  const int64_t launches = cuda_emulation::Launcher::g_launches;
+  cuda_emulation::g_fail_allocations = 1;
+  absl::Status s = gpu::ClassifierForward(&loss, lse.data(), logits.get(), targets.data(), n, v,
+                                          DType::kF32, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("24 bytes of row losses"), std::string::npos) << s;
+  cuda_emulation::g_fail_allocations = 1;
+  s = gpu::ClassifierBackward(logits.get(), logits.get(), lse.data(), targets.data(), n, v,
+                              DType::kF32, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(cuda_emulation::Launcher::g_launches, launches);
+
+  // Forward: the row kernel, then the mean; backward: the count, then the
+  // rows.
+  for (int k : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("launch ", k, " fails"));
+    cuda_emulation::g_launches_until_failure = k;
+    s = gpu::ClassifierForward(&loss, lse.data(), logits.get(), targets.data(), n, v, DType::kF32,
+                               nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("ClassifierForward: kernel launch"), std::string::npos) << s;
+    EXPECT_EQ(cuda_emulation::LiveAllocations(), 0) << "scratch not freed";
+    cuda_emulation::g_launches_until_failure = k;
+    s = gpu::ClassifierBackward(logits.get(), logits.get(), lse.data(), targets.data(), n, v,
+                                DType::kF32, nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("ClassifierBackward: kernel launch"), std::string::npos) << s;
+    EXPECT_EQ(cuda_emulation::LiveAllocations(), 0) << "scratch not freed";
+    EXPECT_EQ(cuda_emulation::g_launches_until_failure, 0);
+  }
+}
+
 }  // namespace
 }  // namespace zeroshard

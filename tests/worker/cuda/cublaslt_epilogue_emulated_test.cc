@@ -189,5 +189,29 @@ TEST(CublasLtEpilogueEmulatedTest, EmptyAndBadArguments) {
   EXPECT_EQ(cuda_emulation::Launcher::g_launches, launches);
 }
 
+// The column sums' error paths: a failed scratch allocation is
+// RESOURCE_EXHAUSTED naming the bytes; a failed launch (either pass) is
+// reported and the scratch freed.
+TEST(CublasLtEpilogueEmulatedTest, ColumnSumsAllocationAndLaunchFailures) {
+  const std::vector<float> x = emulated::Random(10 * 4, 37, -1, 1);
+  std::vector<float> sums(4, 0.0f);
+  auto column_sums = [&] {
+    return gpu::internal::LtColumnSumsAdd(sums.data(), x.data(), 10, 4, 4, DType::kF32, nullptr);
+  };
+  cuda_emulation::g_fail_allocations = 1;
+  absl::Status s = column_sums();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("16 bytes of partial sums"), std::string::npos) << s;
+  for (int k : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("launch ", k, " fails"));
+    cuda_emulation::g_launches_until_failure = k;
+    s = column_sums();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("LtColumnSumsAdd: kernel launch"), std::string::npos) << s;
+    EXPECT_EQ(cuda_emulation::LiveAllocations(), 0) << "scratch not freed";
+    EXPECT_EQ(cuda_emulation::g_launches_until_failure, 0);
+  }
+}
+
 }  // namespace
 }  // namespace zeroshard

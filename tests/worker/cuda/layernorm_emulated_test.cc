@@ -201,5 +201,32 @@ TEST(LayerNormEmulatedTest, EmptyAndBadArguments) {
   EXPECT_EQ(cuda_emulation::Launcher::g_launches, launches);
 }
 
+// The backward's error paths: a failed scratch allocation is
+// RESOURCE_EXHAUSTED naming the bytes; a failed launch (dx, the partial sums,
+// their total) is reported and the scratch freed.
+TEST(LayerNormEmulatedTest, AllocationAndLaunchFailures) {
+  const Inputs in = MakeInputs(3, 40, 23);
+  std::vector<float> out(3 * 40), mean(3), rstd(3), dx(3 * 40), dw(40), db(40);
+  LayerNormForward(out.data(), mean.data(), rstd.data(), in.x.data(), in.w.data(), in.b.data(), 3,
+                   40);
+  auto backward = [&] {
+    return gpu::LayerNormBackward(dx.data(), dw.data(), db.data(), in.dout.data(), in.x.data(),
+                                  in.w.data(), mean.data(), rstd.data(), 3, 40, nullptr);
+  };
+  cuda_emulation::g_fail_allocations = 1;
+  absl::Status s = backward();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("320 bytes of scratch"), std::string::npos) << s;
+  for (int k : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("launch ", k, " fails"));
+    cuda_emulation::g_launches_until_failure = k;
+    s = backward();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("LayerNormBackward: kernel launch"), std::string::npos) << s;
+    EXPECT_EQ(cuda_emulation::LiveAllocations(), 0) << "scratch not freed";
+    EXPECT_EQ(cuda_emulation::g_launches_until_failure, 0);
+  }
+}
+
 }  // namespace
 }  // namespace zeroshard

@@ -188,7 +188,8 @@ struct Launcher {
       : grid(grid_), block(block_), shared_bytes(shared_) {}
   template <typename Call, typename... Args>
   void Run(Call call, Args... args) const {
-    if (!ValidLaunch(grid, block, shared_bytes)) {
+    const bool injected = g_launches_until_failure > 0 && --g_launches_until_failure == 0;
+    if (injected || !ValidLaunch(grid, block, shared_bytes)) {
       g_last_error = cudaErrorInvalidConfiguration;
       return;
     }

@@ -28,6 +28,13 @@ namespace cuda_emulation {
 // The error the last launch left (cudaGetLastError returns and clears it).
 inline cudaError_t g_last_error = cudaSuccess;
 inline std::atomic<int> g_live_allocations{0};
+// Failure injection for the host code's error paths: the next this many
+// allocations fail with cudaErrorMemoryAllocation; when positive, counted
+// down by each launch, and the launch that brings it to 0 fails with
+// cudaErrorInvalidConfiguration without running (cuda_emulation.h's
+// Launcher).
+inline int g_fail_allocations = 0;
+inline int g_launches_until_failure = 0;
 
 inline int LiveAllocations() { return g_live_allocations.load(); }
 
@@ -55,6 +62,10 @@ inline const char* cudaGetErrorName(cudaError_t e) {
 
 inline cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
   if (p == nullptr) return cudaErrorInvalidValue;
+  if (cuda_emulation::g_fail_allocations > 0) {
+    --cuda_emulation::g_fail_allocations;
+    return cudaErrorMemoryAllocation;
+  }
   const size_t rounded = (bytes + 255) / 256 * 256;
   *p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
   if (*p == nullptr) return cudaErrorMemoryAllocation;
