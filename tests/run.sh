@@ -97,6 +97,10 @@ NUMERICAL_TARGETS=(
   //tests/integration:streaming_diloco_test
   //tests/interop:interop_test
 )
+# Not listed: the classifier, LayerNorm and cuBLASLt-fallback emulated tests
+# (//tests/worker/cuda:*_emulated_test): their references (layers.h's
+# cross-entropy, LayerNorm, GELU, plain loops) call no BLAS, so a forced
+# OpenBLAS kernel set changes nothing they compute; they run once with //...
 FORCED_KERNELS=(Haswell Sandybridge)
 # Cases of those targets that compute nothing numerical and take long (a
 # damaged shard: the survivor waits out its rejoin timeout, ~2 min), and

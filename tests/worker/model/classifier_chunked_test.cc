@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/classifier_error_model.h"
 #include "tests/testing/error_model.h"
 #include "tests/worker/model/test_util.h"
 #include "worker/model/layers.h"
@@ -17,30 +18,12 @@
 namespace zeroshard {
 namespace {
 
-using ::zeroshard::testing::kFloat32Unit;
 using ::zeroshard::testing::RandomVector;
-using ::zeroshard::testing::SumErrorBound;
 
-// Error model of a row's softmax sum s = sum_j e^(z_j - m), relative to s.
-// One term z_j passes through: the subtraction z_j - m, rounded (u |z_j - m|
-// relative once exponentiated; terms with z_j - m < -88 are below 1e-38 s and
-// count for nothing, so the gap is capped there), expf (<= 2 u for glibc and
-// CUDA's expf), the additions inside its vector (<= vector), in its lane one
-// rescale per later step (expf of the max difference and a multiply, 3 u)
-// and one addition per step (the vectors, and the head and tail logits: two
-// steps more), then the combination of the lanes (a
-// rescale, 3 u, and an addition per lane). The sum of those counts, as one
-// gamma (tests/testing/error_model.h).
+// The sums' error model: tests/testing/classifier_error_model.h.
 double SumRelativeError(int64_t v, const ClassifierChunking& c, double gap) {
-  const int64_t steps = (v + static_cast<int64_t>(c.lanes) * c.vector - 1) /
-                        (static_cast<int64_t>(c.lanes) * c.vector);
-  const double roundings = std::min(gap, 88.0) + 2 + c.vector + 4.0 * (steps + 2) + 4.0 * c.lanes;
-  return SumErrorBound(static_cast<int64_t>(std::ceil(roundings)));
+  return testing::ClassifierSumRelative(v, c.lanes, c.vector, gap);
 }
-
-// layers.h's CrossEntropyForward sums in double after FastExp (<= 2 u) of the
-// rounded z - max: its sum is within (2 + gap) u, relative.
-double CpuSumRelativeError(double gap) { return (2 + std::min(gap, 88.0)) * kFloat32Unit; }
 
 struct Case {
   int64_t n = 0, v = 0;
@@ -112,10 +95,10 @@ void ExpectMatchesCpu(const Case& c, const ClassifierChunking& chunking, const s
     std::copy(padded_grad.begin() + i * ld, padded_grad.begin() + i * ld + v, grad.begin() + i * v);
   }
 
-  const double u = kFloat32Unit;
   const double sum_err = SumRelativeError(v, chunking, c.Gap());
   // The loss: log s off by the two sums' relative errors; the rest is double.
-  EXPECT_NEAR(loss, cpu_loss, sum_err + CpuSumRelativeError(c.Gap()) + 1e-12 * std::fabs(cpu_loss));
+  EXPECT_NEAR(loss, cpu_loss,
+              sum_err + testing::CrossEntropySumRelative(c.Gap()) + 1e-12 * std::fabs(cpu_loss));
 
   int64_t scored = 0;
   for (int32_t t : c.targets) scored += t != kUnscoredTarget;
@@ -127,21 +110,12 @@ void ExpectMatchesCpu(const Case& c, const ClassifierChunking& chunking, const s
       for (int64_t j = 0; j < v; ++j) ASSERT_EQ(grad[i * v + j], 0.0f) << i << "," << j;
       continue;
     }
-    // lse = m + logf(s), rounded twice: the sum's error plus u of |log s| and
-    // u of |lse| (|log s| <= log v + ... <= |lse| + |m|).
     const double want_lse = LseReference(z, v);
     const double m = *std::max_element(z, z + v);
-    const double lse_err = sum_err + u * (2 * std::fabs(want_lse) + std::fabs(m)) + u;
+    const double lse_err = testing::ClassifierLseTolerance(sum_err, want_lse, m);
     ASSERT_NEAR(lse[i], want_lse, lse_err) << "row " << i;
     for (int64_t j = 0; j < v; ++j) {
-      // p = e^(z - lse): lse's error, the rounding of z - lse and of z - max
-      // (u per unit of each gap), expf / FastExp (2 u each), and about six
-      // multiplies / divisions / subtractions between both sides; the target's
-      // subtraction of inv rounds once more on each side. An element that
-      // underflows on one side (here below 1e-37) is absolute.
-      const double p = std::exp(z[j] - want_lse);
-      const double gaps = std::min(std::fabs(z[j] - want_lse), 88.0) + std::min(m - z[j], 88.0);
-      const double tol = p * inv * (lse_err + u * (gaps + 10)) + 4 * u * inv + 1e-37;
+      const double tol = testing::ClassifierGradientTolerance(z[j], want_lse, m, inv, lse_err);
       ASSERT_NEAR(grad[i * v + j], cpu_grad[i * v + j], tol) << "row " << i << ", class " << j;
     }
   }
