@@ -108,7 +108,9 @@ void BackwardReference(Head& hd, const std::vector<double>& sigma) {
     }
     for (int64_t i = 0; i < hs; ++i)
       dd += std::fabs(hd.dout[r * hs + i]) * hd.out_bound[r * hs + i];
-    const double rel = kU + 2 * sigma[r] + (t + 8) * kE;
+    // P = exp(score - lse) recomputed from the forward's lse: off by the
+    // score's error and lse's whole bound (which grows with |lse|).
+    const double rel = kU + sigma[r] + hd.lse_bound[r];
     for (int64_t s = 0; s <= r; ++s) {
       const double g = std::fabs(dp[s] - d);
       err[r * t + s] = hd.p(r, s) * (rel * g + dd + hs * kE * dp_abs[s]);
@@ -120,7 +122,7 @@ void BackwardReference(Head& hd, const std::vector<double>& sigma) {
   auto dk = [&](int64_t r, int64_t i) -> double& { return hd.dqkv_bound[r * 3 * hs + hs + i]; };
   auto dv = [&](int64_t r, int64_t i) -> double& { return hd.dqkv_bound[r * 3 * hs + 2 * hs + i]; };
   for (int64_t r = 0; r < t; ++r) {
-    const double rel = kU + 2 * sigma[r] + (t + 8) * kE;
+    const double rel = kU + sigma[r] + hd.lse_bound[r];
     for (int64_t s = 0; s <= r; ++s) {
       const double e = err[r * t + s], a = ds[r * t + s], p = hd.p(r, s);
       for (int64_t i = 0; i < hs; ++i) {
