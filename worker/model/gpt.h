@@ -42,11 +42,14 @@ struct GptConfig {
 class TokenModel : public Model {
  public:
   // The batch for the next pass: tokens and targets are [b, t] in host
-  // memory, each in [0, vocab), t <= n_ctx. Both are copied. Resets the op
-  // order (the next call must be Forward(0)).
+  // memory, tokens in [0, vocab), targets too or kUnscoredTarget, t <= n_ctx
+  // (CudaGptModel: <= the length it was sized for). Both are copied. Resets
+  // the op order (the next call must be Forward(0)).
   virtual absl::Status SetBatch(const int32_t* tokens, const int32_t* targets, int b, int t) = 0;
   // Copies the logits [vocab] of `position` (b * t + t) of the last forward
-  // pass into `out` (host memory). Valid once the last op ran forward.
+  // pass into `out` (host memory). Valid once the last op ran forward, and
+  // until the head's backward (CudaGptModel turns the logits into their
+  // gradient in place: FAILED_PRECONDITION after it).
   virtual absl::Status LogitsRowToHost(int64_t position, float* out) const = 0;
   virtual const GptConfig& config() const = 0;
 
