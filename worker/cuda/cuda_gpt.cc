@@ -56,8 +56,13 @@ namespace {
 
 using Attention = CudaGptOptions::Attention;
 
-// The largest head size flash_attention.h takes.
-constexpr int64_t kFlashMaxHeadSize = 128;
+constexpr int64_t kFlashMaxHeadSize = gpu::kFlashAttentionMaxHeadSize;
+
+// The longest sequence a batch will have: options.max_t, at most n_ctx.
+int MaxPositions(const CudaGptOptions& options, const GptConfig& config) {
+  return static_cast<int>(options.max_t > 0 ? std::min<int64_t>(options.max_t, config.n_ctx)
+                                            : config.n_ctx);
+}
 
 // Refuses a kernel that cannot take the dtype, before anything else.
 absl::Status CheckAttentionDtype(const CudaGptOptions& o) {
@@ -159,8 +164,7 @@ absl::StatusOr<std::unique_ptr<CudaGptModel>> CudaGptModel::Create(const GptConf
     // cuDNN loaded, and its plans for the training shape built now: where it
     // has no engine for this shape (or its runtime compiler is missing), kAuto
     // can still choose flash, and the build's seconds stay out of the steps.
-    const int64_t max_t =
-        options.max_t > 0 ? std::min<int64_t>(options.max_t, config.n_ctx) : config.n_ctx;
+    const int max_t = MaxPositions(options, config);
     auto created = gpu::CudnnAttention::Create(stream);
     absl::Status ready = created.status();
     if (ready.ok() && max_t >= 2) {
@@ -191,9 +195,7 @@ CudaGptModel::CudaGptModel(std::unique_ptr<GptModel> host, int max_batch,
     : host_(std::move(host)),
       max_batch_(max_batch),
       logits_ld_((host_->config().vocab + 63) / 64 * 64),
-      max_t_(static_cast<int>(options.max_t > 0
-                                  ? std::min<int64_t>(options.max_t, host_->config().n_ctx)
-                                  : host_->config().n_ctx)),
+      max_t_(MaxPositions(options, host_->config())),
       options_(options),
       act_dtype_(options.matmul_dtype),
       act_bytes_(options.matmul_dtype == DType::kBF16 ? 2 : 4),

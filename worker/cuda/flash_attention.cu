@@ -61,7 +61,7 @@ using internal::WarpReduce;
 constexpr int kTile = 64;      // rows per block, and rows per staged tile
 constexpr int kStep = 16;      // keys per online-softmax update (forward)
 constexpr int kLaneDims = 32;  // head components per lane
-constexpr int kMaxHeadSize = 128;
+constexpr int kMaxHeadSize = static_cast<int>(kFlashAttentionMaxHeadSize);
 
 using flash_internal::Dims;
 

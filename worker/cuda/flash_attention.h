@@ -25,6 +25,9 @@
 namespace zeroshard {
 namespace gpu {
 
+// The largest head size (C / NH) the kernels take.
+inline constexpr int64_t kFlashAttentionMaxHeadSize = 128;
+
 absl::Status FlashAttentionForward(void* out, float* lse, const void* qkv, int64_t b, int64_t t,
                                    int64_t c, int64_t nh, DType dtype, void* stream);
 

@@ -100,6 +100,13 @@ absl::Status EmbeddingBackward(float* dwte, float* dwpe, const float* dout, cons
                                int64_t b, int64_t t, int64_t c, int64_t v, void* stream);
 
 // ----------------------------------------------------------------------------
+// The kernels the device GPT ran before #46's (it now runs flash_attention.h,
+// cudnn_attention.h, classifier.h and cublaslt_linear.h): the naive
+// attention above stays as --gpu_attention=naive, a reference; the
+// cross-entropy below and CublasLinear's *Mixed products are kept only as
+// cuda_fused_bench's "before" figures, to be removed once a GPU run has
+// recorded them (docs/gpu.md).
+//
 // Softmax cross-entropy over N rows of V logits. *loss (one device double) is
 // the mean over rows of -log softmax(logits)[target]; probs [N,V] is written
 // for the backward pass. A target outside [0, V) makes the loss NaN. Uses N
