@@ -57,6 +57,7 @@ ABSL_FLAG(bool, profile, false,
           "Also print each configuration's GPU time per kind of work (ms per step, from CUDA "
           "events around the model's sections)");
 ABSL_FLAG(int, steps, 10, "Timed steps per configuration");
+ABSL_FLAG(int, prefetch, 1, "Stage 3: units gathered ahead of use (the worker's --prefetch)");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 
@@ -142,7 +143,7 @@ absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage,
     if (!plan.ok()) return plan.status();
     EngineOptions options;
     options.stage = stage;
-    options.prefetch = 1;
+    options.prefetch = absl::GetFlag(FLAGS_prefetch);
     options.param_dtype = dtype;
     options.backend = backend->get();
     options.optimizer = "adamw";
