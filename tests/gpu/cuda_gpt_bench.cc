@@ -112,6 +112,9 @@ struct Result {
   double last_loss = 0;
   std::string attention;                     // the kernel the model resolved to
   std::map<std::string, double> profile_ms;  // per step, --profile only
+  // The engine's host-side times per timed step (StepTimes): where the
+  // compute thread waited for a gather or a reduction, and the optimizer.
+  double gather_wait_ms = 0, reduce_wait_ms = 0, optimizer_ms = 0;
   gpu::CublasLtLinear::PathCounts linear_paths;
 };
 
@@ -187,6 +190,11 @@ absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage,
       absl::StatusOr<StepStats> stats = (*engine)->Step(3e-4);
       if (!stats.ok()) return stats.status();
       result.last_loss = *loss;
+      if (step >= warmup) {
+        result.gather_wait_ms += stats->times.gather_wait_ms / steps;
+        result.reduce_wait_ms += stats->times.reduce_wait_ms / steps;
+        result.optimizer_ms += stats->times.optimizer_ms / steps;
+      }
       peak = std::max(peak, DeviceUsedBytes());
     }
     cudaDeviceSynchronize();
@@ -219,7 +227,7 @@ int Main() {
   json["world_size"] = 1;
   json["results"] = nlohmann::json::array();
   Table table({"MODEL", "PARAMS", "DTYPE", "ATTENTION", "STAGE", "TOKENS/s", "STEP ms",
-               "DEVICE PEAK", "ENGINE PEAK", "ACTIVATIONS"});
+               "DEVICE PEAK", "ENGINE PEAK", "ACTIVATIONS", "WAIT GATHER/REDUCE ms", "OPT ms"});
   int run_id = 0;
   bool failed = false;
   std::vector<std::string> profiles;
@@ -281,6 +289,10 @@ int Main() {
                                      {"attention", r->attention},
                                      {"tf32", absl::GetFlag(FLAGS_tf32)},
                                      {"stage", stage},
+                                     {"prefetch", absl::GetFlag(FLAGS_prefetch)},
+                                     {"gather_wait_ms", r->gather_wait_ms},
+                                     {"reduce_wait_ms", r->reduce_wait_ms},
+                                     {"optimizer_ms", r->optimizer_ms},
                                      {"tokens_per_second", r->tokens_per_second},
                                      {"step_ms", r->step_ms},
                                      {"device_peak_bytes", r->device_peak_bytes},
@@ -302,7 +314,9 @@ int Main() {
                         std::string(dtype_name), r->attention, absl::StrCat(stage),
                         absl::StrFormat("%.0f", r->tokens_per_second),
                         absl::StrFormat("%.1f", r->step_ms), HumanBytes(r->device_peak_bytes),
-                        HumanBytes(r->engine_peak_bytes), HumanBytes(r->activation_bytes)});
+                        HumanBytes(r->engine_peak_bytes), HumanBytes(r->activation_bytes),
+                        absl::StrFormat("%.2f / %.2f", r->gather_wait_ms, r->reduce_wait_ms),
+                        absl::StrFormat("%.2f", r->optimizer_ms)});
         }
       }
     }

@@ -72,8 +72,9 @@
 # (seconds per step, default 900),
 # MIN_BUSBW_GBPS (default: unset), BAZEL_FLAGS (extra flags for every build),
 # QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset), ROUNDS
-# (default: 2), GPT_ATTENTION (default: naive,flash,flash_tc,cudnn), RUN_STEPS
-# (default: checks,bench).
+# (default: 2), GPT_ATTENTION (default: naive,flash,flash_tc,cudnn), GPT_MODELS
+# (default: gpt_bench,gpt2_124m), GPT_PREFETCH (stage 3's prefetch depths to
+# compare, default: 1), RUN_STEPS (default: checks,bench).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -313,18 +314,33 @@ else
   torch_note="no torch with CUDA: pip install torch from PyPI failed (see $OUT/torch_install.log)"
 fi
 ROUNDS="${ROUNDS:-2}"
+GPT_MODELS="${GPT_MODELS:-gpt_bench,gpt2_124m}"
+GPT_PREFETCH="${GPT_PREFETCH:-1}"
 bench_failed=0
 torch_state=""
 for round in $(seq 1 "$ROUNDS"); do
-  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" \
+  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" \
     --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" \
     --json_out="$OUT/gpt_bench.$round.json" >"$OUT/gpt_bench.$round.txt" 2>"$OUT/gpt_bench.$round.log"; then
     cat "$OUT/gpt_bench.$round.txt"
   else
     bench_failed=1
   fi
+  # Stage 3 again with each deeper prefetch of GPT_PREFETCH (compare_gpt.py
+  # shows them as "3 p2" ...).
+  for p in ${GPT_PREFETCH//,/ }; do
+    [[ "$p" == 1 ]] && continue
+    if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" --stages=3 \
+      --prefetch="$p" --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" \
+      --json_out="$OUT/gpt_bench.p$p.$round.json" >"$OUT/gpt_bench.p$p.$round.txt" \
+      2>"$OUT/gpt_bench.p$p.$round.log"; then
+      cat "$OUT/gpt_bench.p$p.$round.txt"
+    else
+      bench_failed=1
+    fi
+  done
   [[ -z "$torch_python" ]] && continue
-  timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py \
+  timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --models="$GPT_MODELS" \
     --json_out="$OUT/torch_fsdp.$round.json" >"$OUT/torch_fsdp.$round.txt" 2>"$OUT/torch_fsdp.$round.log"
   code=$?
   cat "$OUT/torch_fsdp.$round.txt"
