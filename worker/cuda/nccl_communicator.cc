@@ -27,32 +27,29 @@ ncclRedOp_t NcclOp(ReduceOp op, int world_size) {
 // work and free its resources with the peers) before aborting it instead.
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(10);
 
-// Polling a stream or NCCL's async state: a few quick yields first (a small
-// collective finishes within microseconds), then sleeps of 20 us while the
-// wait is young, so that a collective queued behind the compute stream's
-// kernels is seen within a fraction of a layer's time (ZeRO-3 on one GPU:
-// the next unit's gather sits on the step's critical path); a wait older
-// than 20 ms (a slow or missing peer) backs off to 1 ms sleeps, so that it
-// does not burn a core the training step needs.
+// Polling a stream or NCCL's async state. ZeRO-3 puts the next unit's gather
+// on the step's critical path once per unit (on one GPU: a copy queued behind
+// the compute stream's kernels, done in tens to hundreds of microseconds), so
+// a young wait is seen at once: it yields between polls for its first 2 ms
+// (a sleep would add Linux's 50 us timer slack and more), sleeps 20 us
+// between polls until 20 ms, and beyond that (a slow or missing peer) backs
+// off to 1 ms sleeps so that it does not burn a core the step needs.
 class Backoff {
  public:
   void Pause() {
-    if (polls_ < 64) {
-      ++polls_;
+    const absl::Duration age = absl::Now() - start_;
+    if (age < absl::Milliseconds(2)) {
       std::this_thread::yield();
-      return;
-    }
-    if (absl::Now() - start_ < absl::Milliseconds(20)) {
+    } else if (age < absl::Milliseconds(20)) {
       absl::SleepFor(absl::Microseconds(20));
-      return;
+    } else {
+      absl::SleepFor(sleep_);
+      sleep_ = std::min(sleep_ * 2, absl::Milliseconds(1));
     }
-    absl::SleepFor(sleep_);
-    sleep_ = std::min(sleep_ * 2, absl::Milliseconds(1));
   }
 
  private:
-  int polls_ = 0;
-  absl::Time start_ = absl::Now();
+  const absl::Time start_ = absl::Now();
   absl::Duration sleep_ = absl::Microseconds(20);
 };
 
