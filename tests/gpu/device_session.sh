@@ -9,6 +9,7 @@
 #   there (carry .gpu; $OUT is the folder that comes back):
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz checks   # ~3 min
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz bench    # ~5 min
+#     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz focus    # ~3 min, see below
 #
 # checks: every parity check and the 600-step quickstart (run.sh steps
 # 1, 5-7); bench: the kernel benches and the device GPT beside PyTorch FSDP2
@@ -26,7 +27,15 @@ case "$part" in
   checks) steps="checks" ;;
   bench) steps="bench" ;;
   all) steps="checks,bench" ;;
-  *) echo "device_session: part '$part': expected checks, bench or all" >&2; exit 2 ;;
+  focus)
+    # A short session after a first full one: the parity checks, the
+    # quickstart, the attention bench and GPT-2 124M beside PyTorch in one
+    # round, stage 3 also at prefetch 2, no profile round (~3 min).
+    steps="${FOCUS_STEPS:-parity,quickstart,kernel_bench,gpt_bench}"
+    export ROUNDS="${ROUNDS:-1}" GPT_MODELS="${GPT_MODELS:-gpt2_124m}" GPT_PROFILE="${GPT_PROFILE:-0}"
+    export KERNEL_BENCHES="${KERNEL_BENCHES:-cuda_attention_bench}" GPT_PREFETCH="${GPT_PREFETCH:-1,2}"
+    ;;
+  *) echo "device_session: part '$part': expected checks, bench, all or focus" >&2; exit 2 ;;
 esac
 OUT="${OUT:-/tmp/zeroshard-gpu}"
 mkdir -p "$OUT"
@@ -50,6 +59,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 # cuBLASLt's and cuDNN's own reasons, should they refuse something.
 export CUBLASLT_LOG_LEVEL="${CUBLASLT_LOG_LEVEL:-1}" CUDNN_LOGERR_DBG="${CUDNN_LOGERR_DBG:-1}"
 export CUDNN_LOGDEST_DBG="${CUDNN_LOGDEST_DBG:-$OUT/cudnn_errors.log}"
+# The logs that matter, in one file (the device tool returns a few files).
+trap 'tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude="*.safetensors" --exclude=checkpoints \
+  --exclude=state --exclude=logs.tar.gz . 2>/dev/null' EXIT
 ZEROSHARD_GPU_BIN="$B/bin" TORCH_PYTHON="${TORCH_PYTHON:-python3}" \
   GPT_ATTENTION="${GPT_ATTENTION:-flash,flash_tc,cudnn}" \
   QUICKSTART_STEPS="${QUICKSTART_STEPS:-600}" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \

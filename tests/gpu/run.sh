@@ -74,7 +74,9 @@
 # QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset), ROUNDS
 # (default: 2), GPT_ATTENTION (default: naive,flash,flash_tc,cudnn), GPT_MODELS
 # (default: gpt_bench,gpt2_124m), GPT_PREFETCH (stage 3's prefetch depths to
-# compare, default: 1), RUN_STEPS (default: checks,bench).
+# compare, default: 1), GPT_PROFILE (0: no profiled round), KERNEL_BENCHES
+# (default: cuda_attention_bench cuda_fused_bench), RUN_STEPS (default:
+# checks,bench; parts below).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 
@@ -189,11 +191,19 @@ fi
 
 fi  # Bazel steps
 
-# RUN_STEPS (default checks,bench) picks the halves below: checks = steps
-# 5-8, bench = steps 9-10 (tests/gpu/device_session.sh runs them apart).
-want() { [[ ",${RUN_STEPS:-checks,bench}," == *",$1,"* ]]; }
+# RUN_STEPS (default checks,bench) picks the parts below: checks = parity
+# (step 5), quickstart (6) and nccl (7-8); bench = kernel_bench (9) and
+# gpt_bench (10). tests/gpu/device_session.sh runs them apart, or in a short
+# "focus" session of a few of them.
+want() {
+  local steps=",${RUN_STEPS:-checks,bench},"
+  steps="${steps//,checks,/,parity,quickstart,nccl,}"
+  steps="${steps//,bench,/,kernel_bench,gpt_bench,}"
+  [[ "$steps" == *",$1,"* ]]
+}
 
-if want checks; then
+if want parity || want quickstart || want nccl; then
+if want parity; then
 # --- 5. GPU-versus-CPU parity ----------------------------------------------------
 if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/parity.log" 2>&1; then
   step "CUDA kernels vs CPU kernels" PASS
@@ -235,7 +245,10 @@ else
   step "device GPT vs CPU GPT" FAIL "see $OUT/gpt_parity.log"
 fi
 
+fi  # parity
+
 # --- 6. The quickstart's GPT on one GPU, evaluated on the CPU ------------------------
+if want quickstart; then
 if tests/gpu/quickstart_check.sh "$BIN" "$OUT/quickstart" --backend=nccl \
   --steps="${QUICKSTART_STEPS:-1800}" >"$OUT/quickstart.log" 2>&1; then
   step "quickstart GPT on GPU, evaluated on CPU" PASS "$(grep '^first validation' "$OUT/quickstart.log")"
@@ -243,7 +256,11 @@ else
   step "quickstart GPT on GPU, evaluated on CPU" FAIL "see $OUT/quickstart.log"
 fi
 
+  grep -E '^(trained|CPU on)' "$OUT/quickstart.log"
+fi
+
 # --- 7. NcclCommunicator on all GPUs ----------------------------------------------
+if want nccl; then
 if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/nccl_communicator_check" >"$OUT/nccl_check.log" 2>&1; then
   if grep -q '\[  SKIPPED \]' "$OUT/nccl_check.log"; then
     step "NcclCommunicator on all GPUs" SKIP "some cases need 2 GPUs; see $OUT/nccl_check.log"
@@ -275,13 +292,16 @@ for dtype in F32 BF16; do
   fi
 done
 
+fi  # nccl
 else
   step "checks (steps 5-8)" SKIP "not in RUN_STEPS=$RUN_STEPS"
 fi
 
-if want bench; then
+if want kernel_bench || want gpt_bench; then
 # --- 9. Kernel benches: attention (naive / flash / cuDNN) and the fused ops ---------
-for b in cuda_attention_bench cuda_fused_bench; do
+KERNEL_BENCHES="${KERNEL_BENCHES:-cuda_attention_bench cuda_fused_bench}"
+want kernel_bench || KERNEL_BENCHES=""
+for b in $KERNEL_BENCHES; do
   if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/$b" --json_out="$OUT/$b.json" >"$OUT/$b.txt" \
     2>"$OUT/$b.log"; then
     cat "$OUT/$b.txt"
@@ -292,6 +312,7 @@ for b in cuda_attention_bench cuda_fused_bench; do
 done
 
 # --- 10. Device GPT throughput beside PyTorch FSDP2, interleaved -------------------------
+if want gpt_bench; then
 # ROUNDS rounds of (cuda_gpt_bench, torch_fsdp_gpt2.py), so that a clock or
 # thermal drift shows as a difference between rounds rather than as a
 # difference between the two; tests/gpu/compare_gpt.py prints the ratios.
@@ -350,7 +371,9 @@ done
 # Where the GPU time goes, in a round of its own (CUDA events between the
 # model's sections; not among the rounds compared above): GPT-2 124M,
 # stage 3, each kernel.
-if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --profile --models=gpt2_124m --stages=3 \
+if [[ "${GPT_PROFILE:-1}" == 0 ]]; then
+  :
+elif timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --profile --models=gpt2_124m --stages=3 \
   --steps=5 --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" --json_out="$OUT/gpt_profile.json" \
   >"$OUT/gpt_profile.txt" 2>"$OUT/gpt_profile.log"; then
   cat "$OUT/gpt_profile.txt"
@@ -372,6 +395,7 @@ else
     | tee "$OUT/compare.txt"
 fi
 
+fi  # gpt_bench
 else
   step "benches (steps 9-10)" SKIP "not in RUN_STEPS=$RUN_STEPS"
 fi
