@@ -235,7 +235,6 @@ absl::Status CudaGptModel::AllocateActivations() {
   const GptConfig& cfg = host_->config();
   const int64_t p = int64_t{max_batch_} * max_t_;  // positions
   const int64_t c = cfg.n_embd;
-  const int64_t v = cfg.vocab;
   const bool naive = options_.attention == Attention::kNaive;
   ZS_RETURN_IF_ERROR(Allocate(p, &tokens_));
   ZS_RETURN_IF_ERROR(Allocate(p, &targets_));
@@ -273,8 +272,9 @@ absl::Status CudaGptModel::AllocateActivations() {
   ZS_RETURN_IF_ERROR(AllocateAct(p * 3 * c, &dqkv_));
   ZS_RETURN_IF_ERROR(AllocateAct(p * 4 * c, &dfch_));
   if (act_dtype_ == DType::kBF16) {
-    // The largest weight: wte (V x C) or c_fc / mlp.c_proj (4C x C).
-    ZS_RETURN_IF_ERROR(Allocate(std::max(v * c, 4 * c * c), &w16_));
+    // The largest weight: wte (V x C, rows padded to logits_ld_: HeadWeight)
+    // or c_fc / mlp.c_proj (4C x C).
+    ZS_RETURN_IF_ERROR(Allocate(std::max(logits_ld_ * c, 4 * c * c), &w16_));
     ZS_RETURN_IF_ERROR(Allocate(p * c, &dy16_));
   }
   return absl::OkStatus();
@@ -424,6 +424,22 @@ absl::StatusOr<const void*> CudaGptModel::Weight(const float* w, int64_t element
   ZS_RETURN_IF_ERROR(gpu::CastF32ToBF16(w16_, w, elements, stream_));
   timer_.Mark("matmul");
   return static_cast<const void*>(w16_);
+}
+
+absl::StatusOr<std::pair<const void*, int64_t>> CudaGptModel::HeadWeight(const float* wte) {
+  const int64_t c = host_->config().n_embd;
+  const int64_t v = host_->config().vocab;
+  if (act_dtype_ == DType::kF32) return std::pair<const void*, int64_t>{wte, v};
+  absl::StatusOr<const void*> w = Weight(wte, v * c);
+  if (!w.ok()) return w.status();
+  // The other weights share w16_ and may have overwritten the padding rows.
+  timer_.Mark("cast");
+  ZS_RETURN_IF_ERROR(CudaErrorToStatus(
+      cudaMemsetAsync(w16_ + v * c, 0, static_cast<size_t>((logits_ld_ - v) * c) * 2,
+                      static_cast<cudaStream_t>(stream_)),
+      "CudaGptModel: clearing the LM head's padding rows"));
+  timer_.Mark("matmul");
+  return std::pair<const void*, int64_t>{*w, logits_ld_};
 }
 
 absl::StatusOr<const void*> CudaGptModel::GradOperand(const float* dy, int64_t width) {
@@ -647,9 +663,11 @@ absl::Status CudaGptModel::HeadForward(const UnitTensors& p) {
                                              c, stream_));
   // logits[N,V] = lnf[N,C] wte^T: wte [V,C] is nn.Linear's [OUT,IN].
   timer_.Mark("matmul");
-  ZS_ASSIGN_OR_RETURN(w, Weight(p[kWte].data, v * c));
-  gpu::CublasLtLinear::ForwardArgs f{logits_, act_dtype_, lnf_, w, act_dtype_, Layout::kOutIn};
-  f.n = n_, f.in = c, f.out = v;
+  const auto head = HeadWeight(p[kWte].data);
+  if (!head.ok()) return head.status();
+  gpu::CublasLtLinear::ForwardArgs f{logits_,     act_dtype_, lnf_,
+                                     head->first, act_dtype_, Layout::kOutIn};
+  f.n = n_, f.in = c, f.out = head->second;
   f.ld_y = logits_ld_;
   ZS_RETURN_IF_ERROR(linear_->Forward(f));
   timer_.Mark("classifier");
@@ -681,10 +699,13 @@ absl::Status CudaGptModel::HeadBackward(const UnitTensors& p, UnitTensors& g) {
   ZS_RETURN_IF_ERROR(linear_->BackwardWeight(bw));
   {
     timer_.Mark("matmul");
-    ZS_ASSIGN_OR_RETURN(w, Weight(p[kWte].data, v * c));
-    gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_, DType::kF32, logits_,
-                                              w,     act_dtype_,  Layout::kOutIn};
-    bi.n = n_, bi.in = c, bi.out = v;
+    // Over the padded OUT (HeadWeight): the classifier's backward wrote the
+    // padding columns of dy 0, and the padding rows of the weight are 0.
+    const auto head = HeadWeight(p[kWte].data);
+    if (!head.ok()) return head.status();
+    gpu::CublasLtLinear::BackwardInputArgs bi{dtmp_,       DType::kF32, logits_,
+                                              head->first, act_dtype_,  Layout::kOutIn};
+    bi.n = n_, bi.in = c, bi.out = head->second;
     bi.ld_dy = logits_ld_;
     ZS_RETURN_IF_ERROR(linear_->BackwardInput(bi));
   }

@@ -166,6 +166,17 @@ class CudaGptModel : public TokenModel {
   // The weight as the products' operand: w itself (F32), or rounded into
   // w16_ (BF16; the next product's weight overwrites it, in stream order).
   absl::StatusOr<const void*> Weight(const float* w, int64_t elements);
+  // The tied LM head's weight wte [V,C] as the operand of its forward and
+  // input-gradient products, and the products' OUT extent: BF16, rounded into
+  // w16_ with rows V..logits_ld_ zero, so the products run over OUT =
+  // logits_ld_ (a multiple of 64). cuBLASLt's fast kernels need the
+  // contiguous extent of D in the forward (OUT) and of dy in the input
+  // gradient (its K, OUT again) to be a multiple of 8 elements: with V =
+  // 50257 the forward ran at 95 TFLOP/s on an H200 (the whole MLP block at
+  // 434). The padded logits columns come out 0 (zero rows, no bias) and the
+  // classifier neither reads them nor leaves their gradient non-zero. F32:
+  // wte itself and OUT = V.
+  absl::StatusOr<std::pair<const void*, int64_t>> HeadWeight(const float* wte);
   // The f32 gradient dy [N,width] as the products' operand (BF16: rounded
   // into dy16_).
   absl::StatusOr<const void*> GradOperand(const float* dy, int64_t width);
@@ -230,7 +241,7 @@ class CudaGptModel : public TokenModel {
   void* dfch_ = nullptr;                                          // act [P,4C]
 
   // BF16 only: a weight and an f32 gradient rounded to bf16 (raw bits).
-  uint16_t* w16_ = nullptr;   // max(V C, 4 C C)
+  uint16_t* w16_ = nullptr;   // max(logits_ld_ C, 4 C C)
   uint16_t* dy16_ = nullptr;  // [P,C]
 };
 
