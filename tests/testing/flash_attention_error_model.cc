@@ -37,6 +37,13 @@ struct HeadTerms {
 
 int64_t CeilDiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
+// Relative to sum |a b|: the error of a sum of n products as the tiled
+// computation takes them (tensor cores), which bounds the naive one's
+// gamma_n too (the header's 3xTF32 terms; gamma_n itself without them).
+double ProductSum(int64_t n, const AttentionErrorModel& m) {
+  return m.product_error + SumErrorBound(m.product_terms * n) * m.term_magnitude;
+}
+
 // Tolerance of a compared element: `single` bounds each computation's float32
 // error, `operand` the tiled one's rounding of its product operands (the
 // naive one has none), then the rounding to storage.
@@ -70,7 +77,7 @@ void Row(const HeadIn& in, int64_t r, const AttentionErrorModel& m, HeadTerms& h
   tol.lse_exact[lse_at] = lse;
 
   const int64_t rescales = CeilDiv(n, m.key_cols) * CeilDiv(m.key_cols, m.softmax_step);
-  const double e = (SumErrorBound(hs) + 6 * kU) * sabs + 2 * kU * std::log(double(n));
+  const double e = (ProductSum(hs, m) + 6 * kU) * sabs + 2 * kU * std::log(double(n));
   const double chain = (rescales + 2) * (m.exp_error + kU);
   const double w = 2 * e + chain + SumErrorBound(n) + 2 * kU;
   ht.w[r] = w;
@@ -83,7 +90,7 @@ void Row(const HeadIn& in, int64_t r, const AttentionErrorModel& m, HeadTerms& h
       o += a[j] * in.v(j, i);
       oabs += a[j] * std::fabs(in.v(j, i));
     }
-    const double o_common = (w + SumErrorBound(n) + kU) * oabs;
+    const double o_common = (w + ProductSum(n, m) + kU) * oabs;
     const double o_err = o_common + m.operand_unit * oabs;  // the tiled computation's
     tol.out[in.Out(r, i)] = Pair(o_common, m.operand_unit * oabs, o, m);
     const double g = std::fabs(in.g(r, i));
@@ -98,14 +105,14 @@ void Row(const HeadIn& in, int64_t r, const AttentionErrorModel& m, HeadTerms& h
     }
     d += a[j] * dp[j];
     adp += a[j] * std::fabs(dp[j]);
-    d_form_a += a[j] * (w * std::fabs(dp[j]) + SumErrorBound(hs) * pabs[j]);
+    d_form_a += a[j] * (w * std::fabs(dp[j]) + ProductSum(hs, m) * pabs[j]);
   }
   d_form_a += SumErrorBound(n) * adp;
   const double d_err = std::max(d_form_a, d_form_b);
   for (int64_t j = 0; j < n; ++j) {
     ht.ds[r * t + j] = a[j] * (dp[j] - d);
     ht.dds[r * t + j] =
-        a[j] * ((w + 2 * kU) * std::fabs(dp[j] - d) + SumErrorBound(hs) * pabs[j] + d_err);
+        a[j] * ((w + 2 * kU) * std::fabs(dp[j] - d) + ProductSum(hs, m) * pabs[j] + d_err);
   }
 }
 
@@ -124,7 +131,7 @@ void Gradients(const HeadIn& in, const AttentionErrorModel& m, const HeadTerms& 
         op += m.operand_unit * (std::fabs(ht.ds[r * t + j]) + dds) * k;
         mag += std::fabs(ht.ds[r * t + j]) * k;
       }
-      const double single = scale * (err + (SumErrorBound(r + 1) + 2 * kU) * mag);
+      const double single = scale * (err + (ProductSum(r + 1, m) + 2 * kU) * mag);
       tol.dqkv[in.Qkv(r, 0, i)] = Pair(single, scale * op, scale * dq, m);
     }
     for (int64_t j = 0; j < t; ++j) {  // dk_j, dv_j over queries r >= j
@@ -139,7 +146,7 @@ void Gradients(const HeadIn& in, const AttentionErrorModel& m, const HeadTerms& 
         dv_err += (ht.w[r] + kU) * a * std::fabs(in.g(r, i));
         dv_mag += a * std::fabs(in.g(r, i));
       }
-      const double gamma = SumErrorBound(t - j);
+      const double gamma = ProductSum(t - j, m);
       tol.dqkv[in.Qkv(j, 1, i)] =
           Pair(scale * (dk_err + (gamma + 2 * kU) * dk_mag), scale * dk_op, scale * dk, m);
       tol.dqkv[in.Qkv(j, 2, i)] = Pair(dv_err + gamma * dv_mag, m.operand_unit * dv_mag, dv, m);

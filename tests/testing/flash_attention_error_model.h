@@ -31,6 +31,29 @@
 // (|ds| + its error) |k| or |q|), once: only the tiled computation rounds them.
 // Two computations each within its bound of the exact value differ by at most
 // twice the bound; a result stored in bf16 adds storage_unit of its size.
+//
+// Products on tensor cores as 3xTF32 (worker/cuda/flash_attention_wmma.cu,
+// f32 storage): the sums of products the tiled computation takes there
+// (scores q.k, dp = dout.v, out, dv, dq, dk; not l, D, or the softmax) carry
+// two more terms:
+//  - each product a b is taken with relative error product_error: with
+//    t = 2^-11 (tf32's unit roundoff: 10 explicit mantissa bits, round to
+//    nearest), big = tf32(a) = a (1 + e1), |e1| <= t; a - big is exact in
+//    f32; small = tf32(a - big), so big + small = a (1 + d), |d| <= t^2,
+//    and |small| <= t (1 + t) |a|. The sum of the three products is
+//    (big + small)(big' + small') - small small' = a b ((1 + d)(1 + d') -
+//    e), |e| <= t^2 (1 + t)^2: relative error <= 2 t^2 + t^4 + t^2 (1 + t)^2
+//    = t^2 (3 + 2t + 2t^2) < (3 + 2^-9) 2^-22. The tf32 products are exact
+//    in f32 (11-bit significands);
+//  - each product is product_terms (3) f32 additions into the accumulator,
+//    whose magnitudes sum to at most term_magnitude |a b| (|big big'| <=
+//    (1 + t)^2 |a b|, |big small'|, |small big'| <= t (1 + t)^2 |a b|: in
+//    all (1 + 2t)(1 + t)^2 < 1 + 2^-8), so a sum of n products has
+//    gamma_(3n) term_magnitude sum |a b| of accumulation error instead of
+//    gamma_n sum |a b|.
+// The bound of such a sum, product_error + gamma_(terms n) term_magnitude,
+// is larger than the plain f32 sum's gamma_n, so it bounds both
+// computations (the naive one too); the rest of the model is unchanged.
 #ifndef ZEROSHARD_TESTS_TESTING_FLASH_ATTENTION_ERROR_MODEL_H_
 #define ZEROSHARD_TESTS_TESTING_FLASH_ATTENTION_ERROR_MODEL_H_
 
@@ -52,7 +75,22 @@ struct AttentionErrorModel {
   // Unit roundoff of the weights p and score gradients ds where they enter
   // the products (bf16 tensor cores: 2^-8); 0 when they stay float32.
   double operand_unit = 0;
+  // The tiled computation's products (see the file comment): f32 additions
+  // per product, the relative error of each product, and the sum of its
+  // terms' magnitudes relative to |a b|. Plain f32 (and bf16 products, exact
+  // in f32): 1, 0, 1.
+  int64_t product_terms = 1;
+  double product_error = 0;
+  double term_magnitude = 1;
 };
+
+// `m` with its products taken as 3xTF32 (the file comment's derivation).
+inline AttentionErrorModel WithThreeTf32Products(AttentionErrorModel m) {
+  m.product_terms = 3;
+  m.product_error = (3 + 0x1p-9) * 0x1p-22;
+  m.term_magnitude = 1 + 0x1p-8;
+  return m;
+}
 
 struct AttentionTolerances {
   std::vector<double> out;        // [B,T,C]: |a - b| allowed between two computations

@@ -26,16 +26,16 @@
 // Arithmetic is f32 whatever the storage; results are rounded to the storage
 // type once.
 //
-// These are the CUDA-core kernels; flash_attention_wmma.cu has bf16
-// tensor-core ones (flash_attention_variants.h picks explicitly; the public
-// functions at the end of this file choose, see kDefaultBf16Kernels). Both
-// run on the CPU too, under //tests/worker/cuda:flash_attention_emulated_test.
+// These are the CUDA-core kernels; flash_attention_wmma.cu has tensor-core
+// ones (bf16, and f32 as 3xTF32; flash_attention_variants.h picks
+// explicitly; the public functions at the end of this file choose, see
+// kDefaultBf16Kernels: f32 stays on the CUDA cores by default). Both run on
+// the CPU too, under //tests/worker/cuda:flash_attention_emulated_test.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -472,10 +472,8 @@ absl::Status BackwardAs(FlashKernels kernels, void* dqkv_v, const void* dout_v, 
   FlashRowDotKernel<S><<<internal::GridFor(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
       dvec, dout, static_cast<const S*>(out), d, rows);
   if (absl::Status s = LaunchStatus("FlashAttentionBackward"); !s.ok()) return s;
-  if constexpr (std::is_same_v<S, uint16_t>) {
-    if (kernels == FlashKernels::kTensorCores) {
-      return flash_internal::WmmaBackward(dqkv, dout, qkv, lse, dvec, b, d, stream);
-    }
+  if (kernels == FlashKernels::kTensorCores) {
+    return flash_internal::WmmaBackward(dqkv, dout, qkv, lse, dvec, b, d, stream);
   }
   switch (ThreadsPerRow(d.hs)) {
     case 1:
@@ -491,15 +489,21 @@ absl::Status BackwardAs(FlashKernels kernels, void* dqkv_v, const void* dout_v, 
 // saying why not.
 absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, const void* qkv,
                               const void* dout) {
-  if (dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": the tensor-core kernels take BF16 storage, not ", DTypeName(dtype),
-                     "; use FlashKernels::kCudaCores"));
-  }
-  if (d.hs % 8 != 0) {
+  // CheckDims has taken F32 or BF16 only. Rows are staged 16 bytes at a time.
+  const bool f32 = dtype == DType::kF32;
+  const int64_t multiple = f32 ? 4 : 8;
+  if (d.hs % multiple != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the tensor-core kernels need a head size that is a multiple of 8, not ", d.hs,
+        what, ": the tensor-core kernels need a head size that is a multiple of ", multiple,
+        " for ", DTypeName(dtype), " (16-byte rows), not ", d.hs,
         "; use FlashKernels::kCudaCores"));
+  }
+  if (f32 && d.hs > flash_internal::kWmmaF32MaxHeadSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the F32 (3xTF32) tensor-core kernels take head sizes up to ",
+        flash_internal::kWmmaF32MaxHeadSize, ", not ", d.hs,
+        " (larger f32 tiles would not fit an A100 block's shared memory); use "
+        "FlashKernels::kCudaCores"));
   }
   for (const void* p : {qkv, dout}) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
@@ -511,7 +515,9 @@ absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, cons
   return absl::OkStatus();
 }
 
-// The kernels FlashAttentionForward / Backward run for these arguments.
+// The kernels FlashAttentionForward / Backward run for these arguments: f32
+// on the CUDA cores whatever kDefaultBf16Kernels says (3xTF32 becomes a
+// default only after it has been measured on a GPU).
 FlashKernels DefaultKernels(DType dtype, const Dims& d, const void* qkv, const void* dout) {
   if (dtype == DType::kBF16 && kDefaultBf16Kernels == FlashKernels::kTensorCores &&
       CheckTensorCores("", dtype, d, qkv, dout).ok()) {
@@ -553,6 +559,10 @@ absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* l
   const cudaStream_t st = AsStream(stream);
   if (kernels == FlashKernels::kTensorCores) {
     if (absl::Status s = CheckTensorCores(kWhat, dtype, d, qkv, qkv); !s.ok()) return s;
+    if (dtype == DType::kF32) {
+      return flash_internal::WmmaForward(static_cast<float*>(out), lse,
+                                         static_cast<const float*>(qkv), b, d, st);
+    }
     return flash_internal::WmmaForward(static_cast<uint16_t*>(out), lse,
                                        static_cast<const uint16_t*>(qkv), b, d, st);
   }

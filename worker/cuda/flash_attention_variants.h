@@ -1,14 +1,22 @@
 // The two implementations behind flash_attention.h, for the checks and the
 // benchmark that compare them; models call flash_attention.h, which picks
 // (today: CUDA cores; the tensor-core kernels become bf16's default once they
-// have passed //tests/gpu:cuda_kernels_parity_check on a GPU).
+// have passed //tests/gpu:cuda_kernels_parity_check on a GPU, and f32 stays
+// on the CUDA cores until 3xTF32 has been measured on one).
 //
 //  - kCudaCores: f32 or bf16 storage, any head size up to 128; f32
 //    arithmetic throughout (flash_attention.cu).
-//  - kTensorCores: bf16 storage only, head size a multiple of 8 up to 128,
-//    qkv and dout 16-byte aligned; the products on tensor cores (wmma bf16,
-//    f32 accumulation), the weights and score gradients rounded to bf16 to
-//    enter them, as FlashAttention-2 does (flash_attention_wmma.cu).
+//  - kTensorCores: the products on tensor cores, f32 accumulation, qkv and
+//    dout 16-byte aligned (flash_attention_wmma.cu):
+//     - bf16 storage, head size a multiple of 8 up to 128: wmma bf16, the
+//       weights and score gradients rounded to bf16 to enter the products,
+//       as FlashAttention-2 does;
+//     - f32 storage, head size a multiple of 4 up to 64: "3xTF32" (as
+//       cutlass's OpMultiplyAddFastF32): every f32 operand, the weights and
+//       score gradients included, split into two tf32 parts, each product
+//       taken as three tf32 products (relative error under 3 * 2^-22 each,
+//       against f32 products' 2^-24), so results stay at f32's accuracy.
+//       Larger f32 head sizes would not fit an A100 block's shared memory.
 //
 // Same arguments, layout, results and errors as flash_attention.h; a kernel
 // choice that cannot take the arguments is INVALID_ARGUMENT, saying why.

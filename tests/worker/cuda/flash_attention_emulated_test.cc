@@ -1,5 +1,6 @@
 // The flash attention kernels' device code (worker/cuda/flash_attention.cu,
-// CUDA cores; worker/cuda/flash_attention_wmma.cu, tensor cores) run on the
+// CUDA cores; worker/cuda/flash_attention_wmma.cu, tensor cores: bf16, and
+// f32 as 3xTF32 with the emulation's tf32 rounding) run on the
 // CPU under a thread-per-CUDA-thread emulation (emulation/cuda_emulation.h),
 // launched as their host code launches them, and compared with layers.h's
 // naive attention under the error model of tests/testing/flash_attention_error_model.h,
@@ -103,19 +104,20 @@ void CudaCores(S* out, float* lse, S* dqkv, const S* qkv, const S* dout, float* 
 }
 
 // As flash_attention_wmma.cu's Forward / Backward launch the tensor-core ones.
-template <int kHs>
-void TensorCores(uint16_t* out, float* lse, uint16_t* dqkv, const uint16_t* qkv,
-                 const uint16_t* dout, float* dvec, const Shape& s, const Dims& d) {
+template <typename S, int kHs>
+void TensorCores(S* out, float* lse, S* dqkv, const S* qkv, const S* dout, float* dvec,
+                 const Shape& s, const Dims& d) {
   using flash_internal::kThreads;
-  using L = flash_internal::Layout<kHs>;
-  Launch(WMMA_SHARED, L::kForwardBytes, Tiles(s), kThreads, flash_internal::WmmaForwardKernel<kHs>,
-         out, lse, qkv, d);
-  Launch(WMMA_SHARED, 0, dim3(3), 64, FlashRowDotKernel<uint16_t>, dvec, dout,
-         static_cast<const uint16_t*>(out), d, s.b * s.nh * s.t);
-  Launch(WMMA_SHARED, L::kKeyBytes, Tiles(s), kThreads, flash_internal::WmmaBackwardKeyKernel<kHs>,
-         dqkv, dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
+  using L = flash_internal::Layout<S, kHs>;
+  Launch(WMMA_SHARED, L::kForwardBytes, Tiles(s), kThreads,
+         flash_internal::WmmaForwardKernel<S, kHs>, out, lse, qkv, d);
+  Launch(WMMA_SHARED, 0, dim3(3), 64, FlashRowDotKernel<S>, dvec, dout, static_cast<const S*>(out),
+         d, s.b * s.nh * s.t);
+  Launch(WMMA_SHARED, L::kKeyBytes, Tiles(s), kThreads,
+         flash_internal::WmmaBackwardKeyKernel<S, kHs>, dqkv, dout, qkv,
+         static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
   Launch(WMMA_SHARED, L::kQueryBytes, Tiles(s), kThreads,
-         flash_internal::WmmaBackwardQueryKernel<kHs>, dqkv, dout, qkv,
+         flash_internal::WmmaBackwardQueryKernel<S, kHs>, dqkv, dout, qkv,
          static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
 }
 
@@ -154,8 +156,12 @@ Run RunKernels(Path path, const std::vector<float>& qkv_f, const std::vector<flo
   std::vector<float> lse(s.b * s.nh * s.t, NAN), dvec(lse.size(), NAN);
   if (path == Path::kTensorCores) {
     if constexpr (std::is_same_v<S, uint16_t>) {
-      (d.hs <= 64 ? TensorCores<64> : TensorCores<128>)(out.data(), lse.data(), dqkv.data(),
-                                                        qkv.data(), dout.data(), dvec.data(), s, d);
+      (d.hs <= 64 ? TensorCores<S, 64> : TensorCores<S, 128>)(
+          out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(), s, d);
+    } else {  // f32: head sizes up to 64 (flash_internal::kWmmaF32MaxHeadSize)
+      EXPECT_LE(d.hs, flash_internal::kWmmaF32MaxHeadSize);
+      TensorCores<S, 64>(out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(),
+                         s, d);
     }
   } else if (d.hs <= 32) {
     CudaCores<S, 1>(out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(), s,
@@ -203,7 +209,10 @@ void ExpectMatchesNaive(Path path, const Shape& s, uint32_t seed) {
   testing::AttentionErrorModel model;  // host expf is within 1 ulp: inside the model's 2
   model.softmax_step = tc ? 64 : 16;
   model.storage_unit = bf16 ? 0x1p-8 : 0.0;
-  model.operand_unit = tc ? 0x1p-8 : 0.0;
+  // bf16 tensor cores round the weights and ds to bf16; f32 ones keep them
+  // f32 and take every product as 3xTF32.
+  model.operand_unit = tc && bf16 ? 0x1p-8 : 0.0;
+  if (tc && !bf16) model = testing::WithThreeTf32Products(model);
   const testing::AttentionTolerances tol =
       testing::CausalAttentionTolerances(qkv, dout, s.b, s.t, s.c, s.nh, model);
   std::string worst;
@@ -227,6 +236,7 @@ TEST(FlashAttentionEmulatedTest, TileBoundaries) {
   for (const Shape& s : {Shape{2, 1, 64, 2}, Shape{1, 64, 128, 2}, Shape{2, 65, 64, 2}}) {
     ExpectMatchesNaive<float>(Path::kCudaCores, s, 11);
     ExpectMatchesNaive<uint16_t>(Path::kTensorCores, s, 12);
+    ExpectMatchesNaive<float>(Path::kTensorCores, s, 17);
   }
 }
 
@@ -240,6 +250,15 @@ TEST(FlashAttentionEmulatedTest, TensorCoresBF16) {
   ExpectMatchesNaive<uint16_t>(Path::kTensorCores, {1, 130, 128, 2}, 8);  // hs 64
   ExpectMatchesNaive<uint16_t>(Path::kTensorCores, {1, 70, 256, 2}, 9);   // hs 128
   ExpectMatchesNaive<uint16_t>(Path::kTensorCores, {1, 64, 80, 2}, 10);   // hs 40, T one tile
+}
+
+// f32 as 3xTF32: head sizes 64 and smaller ones padded to 64 (multiples of
+// 4), T not a multiple of 64 and over two tiles, several heads and rows.
+TEST(FlashAttentionEmulatedTest, TensorCoresF32) {
+  ExpectMatchesNaive<float>(Path::kTensorCores, {1, 130, 128, 2}, 13);  // hs 64
+  ExpectMatchesNaive<float>(Path::kTensorCores, {2, 37, 48, 3}, 14);    // hs 16
+  ExpectMatchesNaive<float>(Path::kTensorCores, {1, 70, 60, 3}, 15);    // hs 20
+  ExpectMatchesNaive<float>(Path::kTensorCores, {1, 200, 256, 4}, 16);  // hs 64, four heads
 }
 
 }  // namespace

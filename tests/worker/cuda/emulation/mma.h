@@ -1,9 +1,22 @@
-// Emulated nvcuda::wmma (see cuda_emulation.h) for the 16 x 16 x 16 bf16
-// shapes: every lane holds the whole tile, so results do not depend on the
-// hardware's register layout (the kernels must not either). Loads read the
-// whole tile (so they need everything written before them); stores write
-// only the elements e with e % 32 == lane, so a missing __syncwarp between a
-// store and another lane's read shows as stale data.
+// Emulated nvcuda::wmma (see cuda_emulation.h) for the shapes the flash
+// attention kernels use: bf16 16 x 16 x 16 and tf32 16 x 16 x 8, f32
+// accumulators. Every lane holds the whole tile, so results do not depend on
+// the hardware's register layout (the kernels must not either; element-wise
+// work on a fragment's x[0..num_elements) is layout free, and here touches
+// the whole tile). Loads read the whole tile (so they need everything written
+// before them); stores write only the elements e with e % 32 == lane, so a
+// missing __syncwarp between a store and another lane's read shows as stale
+// data.
+//
+// tf32: __float_to_tf32 rounds to 10 explicit mantissa bits, to nearest with
+// ties away from zero, as the PTX it compiles to (cvt.rna.tf32.f32) does;
+// NaN and infinities pass through. The hardware's tf32 products ignore the
+// low 13 bits of an operand it was not given rounded; here mma_sync aborts
+// on such an operand instead, so a kernel that forgets __float_to_tf32
+// fails. The products of tf32 operands are exact in f32 (11-bit
+// significands); each is added to the f32 accumulator in order, k = 0 first,
+// rounded to nearest even (the hardware's internal order and rounding are
+// not emulated).
 #ifndef ZEROSHARD_TESTS_WORKER_CUDA_EMULATION_MMA_H_
 #define ZEROSHARD_TESTS_WORKER_CUDA_EMULATION_MMA_H_
 
@@ -11,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda_bf16.h"
 #include "cuda_emulation.h"
@@ -24,10 +38,23 @@ struct accumulator {};
 struct row_major {};
 struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
+namespace precision {
+struct tf32 {};
+}  // namespace precision
+
+// Rows x columns of a fragment: A m x k, B k x n, C m x n.
+template <typename Use, int M, int N, int K>
+struct Extent {
+  static constexpr int kRows = std::is_same_v<Use, matrix_b> ? K : M;
+  static constexpr int kCols = std::is_same_v<Use, matrix_a> ? K : N;
+};
 
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
-  float x[16 * 16];  // (row, col) at x[16 row + col]: A m x k, B k x n, C m x n
+  static constexpr int kRows = Extent<Use, M, N, K>::kRows;
+  static constexpr int kCols = Extent<Use, M, N, K>::kCols;
+  static constexpr int num_elements = kRows * kCols;
+  float x[num_elements];  // (row, col) at x[kCols row + col]
 };
 
 // What wmma requires of a load or store: a 256-bit aligned pointer, and a
@@ -49,38 +76,45 @@ inline float Widen(const __nv_bfloat16& v) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+inline float Widen(const float& v) { return v; }
 
+// The element type a fragment of T loads from: tf32 fragments load floats.
 template <typename T>
-void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major>& f, const T* p, unsigned ldm) {
+struct Stored {
+  using type = T;
+};
+template <>
+struct Stored<precision::tf32> {
+  using type = float;
+};
+
+// A and B operands: (row, col) of the fragment at p[row * ldm + col]
+// (row_major) or p[col * ldm + row] (col_major).
+template <typename Use, int M, int N, int K, typename T, typename L>
+void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const typename Stored<T>::type* p,
+                      unsigned ldm) {
+  static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>);
   CheckOperand(p, ldm);
-  for (int i = 0; i < 16; ++i)
-    for (int k = 0; k < 16; ++k) f.x[16 * i + k] = Widen(p[i * ldm + k]);
+  using F = fragment<Use, M, N, K, T, L>;
+  for (int r = 0; r < F::kRows; ++r)
+    for (int c = 0; c < F::kCols; ++c)
+      f.x[F::kCols * r + c] = Widen(std::is_same_v<L, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
 }
-template <typename T>
-void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major>& f, const T* p, unsigned ldm) {
+template <int M, int N, int K>
+void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm,
+                      layout_t layout) {
   CheckOperand(p, ldm);
-  for (int k = 0; k < 16; ++k)
-    for (int n = 0; n < 16; ++n) f.x[16 * k + n] = Widen(p[k * ldm + n]);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n)
+      f.x[N * m + n] = layout == mem_row_major ? p[m * ldm + n] : p[n * ldm + m];
 }
-template <typename T>
-void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major>& f, const T* p, unsigned ldm) {
-  CheckOperand(p, ldm);
-  for (int k = 0; k < 16; ++k)
-    for (int n = 0; n < 16; ++n) f.x[16 * k + n] = Widen(p[n * ldm + k]);
-}
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
-                             unsigned ldm, layout_t layout) {
-  CheckOperand(p, ldm);
-  for (int m = 0; m < 16; ++m)
-    for (int n = 0; n < 16; ++n)
-      f.x[16 * m + n] = layout == mem_row_major ? p[m * ldm + n] : p[n * ldm + m];
-}
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
-                              unsigned ldm, layout_t layout) {
+template <int M, int N, int K>
+void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm,
+                       layout_t layout) {
   CheckOperand(p, ldm);
   const int lane = static_cast<int>(threadIdx.x % 32);
-  for (int e = lane; e < 256; e += 32) {
-    const int m = e / 16, n = e % 16;
+  for (int e = lane; e < M * N; e += 32) {
+    const int m = e / N, n = e % N;
     (layout == mem_row_major ? p[m * ldm + n] : p[n * ldm + m]) = f.x[e];
   }
 }
@@ -88,17 +122,47 @@ template <typename Use, int M, int N, int K, typename T, typename L>
 void fill_fragment(fragment<Use, M, N, K, T, L>& f, float v) {
   for (float& x : f.x) x = v;
 }
-template <typename TA, typename TB, typename LA, typename LB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
-              const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
-              const fragment<matrix_b, 16, 16, 16, TB, LB>& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
-  float r[256];
-  for (int m = 0; m < 16; ++m)
-    for (int n = 0; n < 16; ++n) {
-      float s = c.x[16 * m + n];
-      for (int k = 0; k < 16; ++k) s += a.x[16 * m + k] * b.x[16 * k + n];
-      r[16 * m + n] = s;
+
+// Rounds to tf32 (see the file comment): on the bits, add half of the 13
+// dropped bits' unit to the magnitude and clear them (a carry into the
+// exponent is the correct rounding up, to infinity past the largest finite).
+inline float __float_to_tf32(float in) {
+  uint32_t u;
+  std::memcpy(&u, &in, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & ~0x1fffu;
+  float out;
+  std::memcpy(&out, &u, 4);
+  return out;
+}
+
+template <typename T>
+void CheckTf32(const float* x, int n) {
+  if constexpr (std::is_same_v<T, precision::tf32>) {
+    for (int i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, &x[i], 4);
+      if ((u & 0x7f800000u) != 0x7f800000u && (u & 0x1fffu) != 0) {
+        std::fprintf(stderr, "tf32 mma operand %a has bits below tf32's 10 (no __float_to_tf32)\n",
+                     static_cast<double>(x[i]));
+        std::abort();
+      }
+    }
+  }
+}
+
+template <int M, int N, int K, typename TA, typename TB, typename LA, typename LB>
+void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
+              const fragment<matrix_b, M, N, K, TB, LB>& b,
+              const fragment<accumulator, M, N, K, float>& c) {
+  static_assert(std::is_same_v<TA, TB>, "A and B of one precision");
+  CheckTf32<TA>(a.x, M * K);
+  CheckTf32<TB>(b.x, K * N);
+  float r[M * N];
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      float s = c.x[N * m + n];
+      for (int k = 0; k < K; ++k) s += a.x[K * m + k] * b.x[N * k + n];
+      r[N * m + n] = s;
     }
   std::memcpy(d.x, r, sizeof(r));
 }
