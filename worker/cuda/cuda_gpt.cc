@@ -72,11 +72,6 @@ absl::Status CheckAttentionDtype(const CudaGptOptions& o) {
         "attention kernel cudnn takes bf16 only (cuDNN's fused attention has no f32 form): "
         "use --param_dtype=bf16, or --gpu_attention=flash for f32");
   }
-  if (o.attention == Attention::kFlashTc && !bf16) {
-    return absl::InvalidArgumentError(
-        "attention kernel flash_tc (tensor cores) takes bf16 only: use --param_dtype=bf16, or "
-        "--gpu_attention=flash for f32");
-  }
   if (o.attention == Attention::kNaive && bf16) {
     return absl::InvalidArgumentError(
         "attention kernel naive is f32 only: use --gpu_attention=flash or cudnn with bf16");
@@ -101,13 +96,19 @@ absl::StatusOr<Attention> ResolveAttention(const CudaGptOptions& o, int64_t c, i
             ": use --gpu_attention=naive (f32) or cudnn (bf16, head sizes up to 256)"));
       }
       return o.attention;
-    case Attention::kFlashTc:
-      if (!flash_ok || hs % 8 != 0) {
+    case Attention::kFlashTc: {
+      // bf16: bf16 products; f32: 3xTF32 (flash_attention_variants.h), whose
+      // f32 tiles take smaller heads.
+      const bool f32 = o.matmul_dtype == DType::kF32;
+      const int64_t multiple = f32 ? 4 : 8;
+      const int64_t largest = f32 ? gpu::kFlashTensorCoresF32MaxHeadSize : kFlashMaxHeadSize;
+      if (hs > largest || hs % multiple != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "head size ", hs, ": the tensor-core flash kernel takes multiples of 8 up to ",
-            kFlashMaxHeadSize, ": use --gpu_attention=flash"));
+            "head size ", hs, ": the tensor-core flash kernel takes multiples of ", multiple,
+            " up to ", largest, " with ", f32 ? "f32" : "bf16", ": use --gpu_attention=flash"));
       }
       return o.attention;
+    }
     case Attention::kCudnn:
       if (absl::IsInvalidArgument(cudnn_heads)) {
         return absl::InvalidArgumentError(absl::StrCat(cudnn_heads.message(),

@@ -498,10 +498,10 @@ absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, cons
         " for ", DTypeName(dtype), " (16-byte rows), not ", d.hs,
         "; use FlashKernels::kCudaCores"));
   }
-  if (f32 && d.hs > flash_internal::kWmmaF32MaxHeadSize) {
+  if (f32 && d.hs > kFlashTensorCoresF32MaxHeadSize) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the F32 (3xTF32) tensor-core kernels take head sizes up to ",
-        flash_internal::kWmmaF32MaxHeadSize, ", not ", d.hs,
+        kFlashTensorCoresF32MaxHeadSize, ", not ", d.hs,
         " (larger f32 tiles would not fit an A100 block's shared memory); use "
         "FlashKernels::kCudaCores"));
   }

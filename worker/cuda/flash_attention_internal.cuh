@@ -37,11 +37,6 @@ absl::Status WmmaBackward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* 
 absl::Status WmmaBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                           const float* dvec, int64_t b, const Dims& d, cudaStream_t stream);
 
-// The largest head size the f32 (3xTF32) tensor-core kernels take: their
-// head size 128 tiles would not fit an A100 block's shared memory
-// (flash_attention_wmma.cu).
-inline constexpr int64_t kWmmaF32MaxHeadSize = 64;
-
 }  // namespace flash_internal
 }  // namespace gpu
 }  // namespace zeroshard

@@ -33,6 +33,11 @@ namespace gpu {
 
 enum class FlashKernels { kCudaCores, kTensorCores };
 
+// The largest head size kTensorCores takes with F32 storage: head size 128's
+// f32 tiles would not fit an A100 block's shared memory
+// (flash_attention_wmma.cu).
+inline constexpr int64_t kFlashTensorCoresF32MaxHeadSize = 64;
+
 absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* lse, const void* qkv,
                                        int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
                                        void* stream);

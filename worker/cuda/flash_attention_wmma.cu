@@ -65,6 +65,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_util.cuh"
 #include "worker/cuda/flash_attention_internal.cuh"
+#include "worker/cuda/flash_attention_variants.h"
 
 namespace zeroshard {
 namespace gpu {
@@ -602,6 +603,7 @@ absl::Status WmmaBackward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* 
 }
 
 // f32: head sizes up to 64 only (the file comment's shared-memory budget).
+static_assert(kFlashTensorCoresF32MaxHeadSize == 64, "the f32 kernels are instantiated for 64");
 absl::Status WmmaForward(float* out, float* lse, const float* qkv, int64_t b, const Dims& d,
                          cudaStream_t stream) {
   return Forward<float, 64>(out, lse, qkv, b, d, stream);

@@ -98,11 +98,25 @@ TEST(FlashAttentionHostTest, TensorCoresRefuseWhatTheyCannotTake) {
   const FlashKernels tc = FlashKernels::kTensorCores;
   const std::string fwd = "FlashAttentionForward", bwd = "FlashAttentionBackward";
   ExpectInvalid(
-      FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 128, 2, DType::kF32, nullptr), fwd,
-      "take BF16 storage, not F32");
-  ExpectInvalid(
       FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 60, 3, DType::kBF16, nullptr), fwd,
-      "multiple of 8, not 20");
+      "multiple of 8 for BF16 (16-byte rows), not 20");
+  // F32 (3xTF32): head sizes multiples of 4, up to 64.
+  ExpectInvalid(
+      FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 30, 3, DType::kF32, nullptr), fwd,
+      "multiple of 4 for F32 (16-byte rows), not 10");
+  ExpectInvalid(
+      FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 256, 2, DType::kF32, nullptr), fwd,
+      "head sizes up to 64, not 128");
+  ExpectInvalid(FlashAttentionBackwardWith(tc, kFake, kFake, kFake, kFake, kFakeF, 1, 4, 160, 2,
+                                           DType::kF32, nullptr),
+                bwd, "head sizes up to 64, not 80");
+  void* const f32_misaligned = reinterpret_cast<char*>(kFake) + 4;
+  ExpectInvalid(FlashAttentionForwardWith(tc, kFake, kFakeF, f32_misaligned, 1, 4, 128, 2,
+                                          DType::kF32, nullptr),
+                fwd, "qkv is not");
+  ExpectInvalid(FlashAttentionBackwardWith(tc, kFake, f32_misaligned, kFake, kFake, kFakeF, 1, 4,
+                                           128, 2, DType::kF32, nullptr),
+                bwd, "dout is not");
   void* const misaligned = reinterpret_cast<char*>(kFake) + 2;
   ExpectInvalid(
       FlashAttentionForwardWith(tc, kFake, kFakeF, misaligned, 1, 4, 128, 2, DType::kBF16, nullptr),
@@ -114,6 +128,10 @@ TEST(FlashAttentionHostTest, TensorCoresRefuseWhatTheyCannotTake) {
   // without a device, or run).
   EXPECT_NE(FlashAttentionForwardWith(FlashKernels::kCudaCores, kFake, kFakeF, kFake, 1, 4, 60, 3,
                                       DType::kBF16, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(FlashAttentionForwardWith(FlashKernels::kCudaCores, kFake, kFakeF, kFake, 1, 4, 256, 2,
+                                      DType::kF32, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -128,7 +146,7 @@ TEST(FlashAttentionHostTest, WithoutDeviceIsAnErrorNamingTheFunction) {
       s = FlashAttentionBackward(kFake, kFake, kFake, kFake, kFakeF, 1, 70, c, 2, dtype, nullptr);
       EXPECT_FALSE(s.ok());
       EXPECT_THAT(std::string(s.message()), HasSubstr("FlashAttentionBackward")) << s;
-      if (dtype == DType::kBF16) {
+      if (dtype == DType::kBF16 || c / 2 <= kFlashTensorCoresF32MaxHeadSize) {
         s = FlashAttentionForwardWith(FlashKernels::kTensorCores, kFake, kFakeF, kFake, 1, 70, c, 2,
                                       dtype, nullptr);
         EXPECT_FALSE(s.ok());

@@ -158,8 +158,8 @@ Run RunKernels(Path path, const std::vector<float>& qkv_f, const std::vector<flo
     if constexpr (std::is_same_v<S, uint16_t>) {
       (d.hs <= 64 ? TensorCores<S, 64> : TensorCores<S, 128>)(
           out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(), s, d);
-    } else {  // f32: head sizes up to 64 (flash_internal::kWmmaF32MaxHeadSize)
-      EXPECT_LE(d.hs, flash_internal::kWmmaF32MaxHeadSize);
+    } else {  // f32: head sizes up to 64
+      EXPECT_LE(d.hs, kFlashTensorCoresF32MaxHeadSize);
       TensorCores<S, 64>(out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(),
                          s, d);
     }
