@@ -1,7 +1,7 @@
 // Causal attention on one GPU: the naive kernels (worker/cuda/attention.cu,
 // f32 only, T x T weights in global memory) against the fused ones
 // (worker/cuda/flash_attention_variants.h: CUDA cores in f32 and bf16,
-// tensor cores in bf16), forward and backward,
+// tensor cores in bf16 and in f32 as 3xTF32), forward and backward,
 // timed with CUDA events at GPT-2 124M's shape by default (batch 8, T 1024,
 // 12 heads of 64). Prints the GPU's name and a table, and writes JSON with
 // --json_out. Needs a GPU (tests/gpu/run.sh runs it); exits 1 with the
@@ -196,8 +196,16 @@ int Main() {
        {Config{"naive", std::nullopt, DType::kF32},
         Config{"flash cuda cores", gpu::FlashKernels::kCudaCores, DType::kF32},
         Config{"flash cuda cores", gpu::FlashKernels::kCudaCores, DType::kBF16},
-        Config{"flash tensor cores", gpu::FlashKernels::kTensorCores, DType::kBF16}}) {
+        Config{"flash tensor cores", gpu::FlashKernels::kTensorCores, DType::kBF16},
+        Config{"flash tensor cores f32 (3xTF32)", gpu::FlashKernels::kTensorCores,
+               DType::kF32}}) {
     const std::string dtype = config.dtype == DType::kF32 ? "f32" : "bf16";
+    if (config.flash == gpu::FlashKernels::kTensorCores && config.dtype == DType::kF32 &&
+        s.hs > gpu::kFlashTensorCoresF32MaxHeadSize) {
+      std::printf("%s: skipped, head size %ld over its %ld\n", config.kernel,
+                  static_cast<long>(s.hs), static_cast<long>(gpu::kFlashTensorCoresF32MaxHeadSize));
+      continue;
+    }
     absl::StatusOr<Timing> t =
         config.flash ? TimeFlash(s, *config.flash, config.dtype) : TimeNaive(s);
     if (!t.ok()) {

@@ -21,7 +21,10 @@
 //
 // Tolerances (stated here and in docs/gpu.md):
 //   F32  (cuBLAS f32, no TF32): loss and logits to 1e-4 relative; gradients
-//        within 1e-3 of each tensor's largest gradient.
+//        within 1e-3 of each tensor's largest gradient. The same with
+//        flash_tc, whose f32 attention products are 3xTF32 (each within
+//        ~3 * 2^-22 relative, under f32's own accumulation error;
+//        worker/cuda/flash_attention_wmma.cu).
 //   BF16 (the GPU stores activations and the gradients between products in
 //        bf16, cuda_gpt.h, and multiplies bf16 operands; the CPU reference
 //        multiplies the same bf16-rounded parameters in f32 with f32
@@ -304,6 +307,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesLengthsAndKernels, ModelParityTest,
                                            std::make_tuple(DType::kF32, 25, A::kNaive),
                                            std::make_tuple(DType::kF32, 32, A::kFlash),
                                            std::make_tuple(DType::kF32, 25, A::kFlash),
+                                           std::make_tuple(DType::kF32, 32, A::kFlashTc),
+                                           std::make_tuple(DType::kF32, 25, A::kFlashTc),
                                            std::make_tuple(DType::kBF16, 32, A::kFlash),
                                            std::make_tuple(DType::kBF16, 25, A::kFlash),
                                            std::make_tuple(DType::kBF16, 32, A::kFlashTc),

@@ -566,7 +566,10 @@ void ExpectFlashMatchesNaive(FlashKernels kernels, int64_t b, int64_t t, int64_t
   testing::AttentionErrorModel model;  // 64-key tiles, expf within 2 ulp
   model.softmax_step = tensor_cores ? 64 : 16;
   model.storage_unit = bf16 ? 0x1p-8 : 0.0;
-  model.operand_unit = tensor_cores ? 0x1p-8 : 0.0;
+  // bf16 tensor cores round the weights and ds to bf16; f32 ones (3xTF32)
+  // keep them f32 and carry the split products' terms.
+  model.operand_unit = tensor_cores && bf16 ? 0x1p-8 : 0.0;
+  if (tensor_cores && !bf16) model = testing::WithThreeTf32Products(model);
   const testing::AttentionTolerances tol =
       testing::CausalAttentionTolerances(qkv, dout, b, t, c, nh, model);
   std::string worst;
@@ -624,6 +627,42 @@ TEST(ParityTest, FlashAttentionBF16TensorCores) {
       gpu::FlashAttentionForwardWith(FlashKernels::kTensorCores, d_out.get(), d_lse.get(),
                                      d_qkv.get(), 2, 50, 60, 3, DType::kBF16, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// f32 as 3xTF32: the shapes with head sizes up to 64 (the f32 tensor-core
+// kernels' largest), and head size 20 (a multiple of 4, which f32 takes).
+TEST(ParityTest, FlashAttentionF32TensorCores) {
+  uint32_t seed = 100;
+  for (const auto& [b, t, c, nh] : kFlashShapes) {
+    if (c / nh > gpu::kFlashTensorCoresF32MaxHeadSize) continue;
+    ExpectFlashMatchesNaive<float>(FlashKernels::kTensorCores, b, t, c, nh, seed++);
+  }
+  ExpectFlashMatchesNaive<float>(FlashKernels::kTensorCores, 2, 50, 60, 3, seed++);  // hs 20
+  // Head size 128: refused, saying so.
+  DeviceBuffer<float> d_qkv(1 * 97 * 3 * 256), d_out(1 * 97 * 256), d_lse(2 * 97);
+  const absl::Status s =
+      gpu::FlashAttentionForwardWith(FlashKernels::kTensorCores, d_out.get(), d_lse.get(),
+                                     d_qkv.get(), 1, 97, 256, 2, DType::kF32, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// f32's default stays the CUDA cores (until 3xTF32 has been measured): the
+// public functions' results equal theirs bit for bit.
+TEST(ParityTest, FlashAttentionF32DefaultIsCudaCores) {
+  const int64_t b = 2, t = 100, c = 128, nh = 2;
+  const std::vector<float> qkv = RandomFloats(b * t * 3 * c, 92, -2.0f, 2.0f);
+  const std::vector<float> dout = RandomFloats(b * t * c, 93);
+  DeviceBuffer<float> d_qkv(qkv), d_dout(dout), d_out(b * t * c), d_dqkv(qkv.size()),
+      d_lse(b * nh * t);
+  ASSERT_TRUE(gpu::FlashAttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), b, t, c, nh,
+                                         DType::kF32, nullptr)
+                  .ok());
+  ASSERT_TRUE(gpu::FlashAttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                          d_lse.get(), b, t, c, nh, DType::kF32, nullptr)
+                  .ok());
+  const FlashRun run = RunFlash<float>(FlashKernels::kCudaCores, qkv, dout, b, t, c, nh);
+  EXPECT_TRUE(run.out == d_out.Download() && run.dqkv == d_dqkv.Download())
+      << "f32 FlashAttentionForward / Backward do not match the CUDA-core kernels";
 }
 
 // The public functions (flash_attention.h) run one of the two: their results

@@ -44,14 +44,15 @@
 #      with nccl-tests' all_gather_perf / reduce_scatter_perf on the same
 #      machine; set MIN_BUSBW_GBPS to turn that into a pass/fail threshold.
 #   9. Kernel benches (cuda_attention_bench: naive / flash (CUDA cores, tensor
-#      cores) attention forward + backward at GPT-2's shape, cuDNN's time at
+#      cores: bf16, and f32 as 3xTF32) attention forward + backward at
+#      GPT-2's shape, cuDNN's time at
 #      that shape being printed by step 5's check; cuda_fused_bench: the fused
 #      classifier and cuBLASLt epilogues against the unfused ops), tables in
 #      $OUT/<bench>.txt, JSON beside them.
 #  10. Device GPT throughput at W = 1 (cuda_gpt_bench: the gpt_bench GPT and
 #      GPT-2 124M, f32 and bf16, stages 0 and 3, every attention kernel in
-#      GPT_ATTENTION, default naive,flash,flash_tc,cudnn: tokens/s and peak device
-#      memory) and PyTorch FSDP2 (fully_shard, tests/gpu/torch_fsdp_gpt2.py)
+#      GPT_ATTENTION, default naive,flash,flash_tc,cudnn, flash_tc with both
+#      dtypes (f32 as 3xTF32): tokens/s and peak device memory) and PyTorch FSDP2 (fully_shard, tests/gpu/torch_fsdp_gpt2.py)
 #      on the same models and GPU, interleaved over ROUNDS (default 2) rounds;
 #      tests/gpu/compare_gpt.py prints the ratios ($OUT/compare.txt). PyTorch
 #      comes from TORCH_PYTHON if set, else python3 if its torch has CUDA,
