@@ -4,7 +4,8 @@
 // CPU under a thread-per-CUDA-thread emulation (emulation/cuda_emulation.h),
 // launched as their host code launches them, and compared with layers.h's
 // naive attention under the error model of tests/testing/flash_attention_error_model.h,
-// as //tests/gpu:cuda_kernels_parity_check compares the real launches on a GPU.
+// as //tests/gpu:cuda_kernels_parity_check compares the real launches on a GPU
+// (the f32 tensor-core kernels also with worker/model/flash_attention_reference.h).
 // This checks what can be wrong without a GPU: indexing, masks, tile
 // skipping, shared-memory layout, the order of barriers (the emulated wmma
 // stores write a lane's share only, so a missing __syncwarp reads stale
@@ -26,6 +27,7 @@
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/testing/flash_attention_error_model.h"
+#include "worker/model/flash_attention_reference.h"
 #include "worker/model/layers.h"
 
 // The kernels' dynamic shared memory (`extern __shared__` in each kernel
@@ -220,6 +222,23 @@ void ExpectMatchesNaive(Path path, const Shape& s, uint32_t seed) {
   EXPECT_EQ(testing::CountOutside(run.lse, tol.lse_exact, tol.lse, &worst), 0)
       << "lse, worst " << worst;
   EXPECT_EQ(testing::CountOutside(run.dqkv, dqkv, tol.dqkv, &worst), 0) << "dqkv, worst " << worst;
+
+  // f32 tensor cores against the host reference of their own algorithm
+  // (64-key softmax steps, f32 weights): the reference is a float32
+  // computation within the same bounds (its sums' gamma_n is within the
+  // 3xTF32 sums' bound), so the same tolerances hold.
+  if (tc && !bf16) {
+    const FlashTiles tiles{64, 64, 64, false};
+    std::vector<float> ref_out(out.size()), ref_lse(run.lse.size()), ref_dqkv(qkv.size());
+    FlashAttentionForwardReference(ref_out.data(), ref_lse.data(), qkv.data(), s.b, s.t, s.c, s.nh,
+                                   tiles);
+    FlashAttentionBackwardReference(ref_dqkv.data(), dout.data(), qkv.data(), ref_out.data(),
+                                    ref_lse.data(), s.b, s.t, s.c, s.nh, tiles);
+    EXPECT_EQ(testing::CountOutside(run.out, ref_out, tol.out, &worst), 0)
+        << "out against the reference, worst " << worst;
+    EXPECT_EQ(testing::CountOutside(run.dqkv, ref_dqkv, tol.dqkv, &worst), 0)
+        << "dqkv against the reference, worst " << worst;
+  }
 }
 
 // Head sizes 16, 20, 32 (one lane per row on CUDA cores), 64 (two), 128
