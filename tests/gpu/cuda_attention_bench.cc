@@ -189,8 +189,9 @@ int Main() {
     std::optional<gpu::FlashKernels> flash;  // none: the naive kernels
     DType dtype;
   };
-  // The tensor cores last: a fault there (they have not run on a GPU yet)
-  // leaves the context unusable, and the other rows are reported anyway.
+  // The tensor cores last, f32's 3xTF32 (not yet run on a GPU) last of all: a
+  // fault there leaves the context unusable, and the other rows are reported
+  // anyway.
   int rc = 0;
   for (const Config& config :
        {Config{"naive", std::nullopt, DType::kF32},
