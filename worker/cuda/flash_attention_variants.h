@@ -1,8 +1,8 @@
 // The two implementations behind flash_attention.h, for the checks and the
 // benchmark that compare them; models call flash_attention.h, which picks
-// (today: CUDA cores; the tensor-core kernels become bf16's default once they
-// have passed //tests/gpu:cuda_kernels_parity_check on a GPU, and f32 stays
-// on the CUDA cores until 3xTF32 has been measured on one).
+// (bf16: the tensor cores where they take the arguments, see
+// kDefaultBf16Kernels in flash_attention.cu; f32: the CUDA cores, until
+// 3xTF32 has been checked and measured on a GPU).
 //
 //  - kCudaCores: f32 or bf16 storage, any head size up to 128; f32
 //    arithmetic throughout (flash_attention.cu).
