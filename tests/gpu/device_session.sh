@@ -11,7 +11,7 @@
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz bench    # ~5 min
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz focus    # ~3 min, see below
 #
-# checks: every parity check and the 600-step quickstart (run.sh steps
+# checks: every parity check and the quickstart (1800 steps, a few seconds on a GPU) (run.sh steps
 # 1, 5-7); bench: the kernel benches and the device GPT beside PyTorch FSDP2
 # in interleaved rounds (steps 9-10; ROUNDS, GPT_ATTENTION as run.sh). The
 # part not asked for is skipped by run.sh's own switches (RUN_STEPS).
@@ -64,5 +64,5 @@ trap 'tar -C "$OUT" -czf "$OUT/logs.tar.gz" --exclude="*.safetensors" --exclude=
   --exclude=state --exclude=logs.tar.gz . 2>/dev/null' EXIT
 ZEROSHARD_GPU_BIN="$B/bin" TORCH_PYTHON="${TORCH_PYTHON:-python3}" \
   GPT_ATTENTION="${GPT_ATTENTION:-flash,flash_tc,cudnn}" \
-  QUICKSTART_STEPS="${QUICKSTART_STEPS:-600}" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \
+  QUICKSTART_STEPS="${QUICKSTART_STEPS:-1800}" STEP_TIMEOUT="${STEP_TIMEOUT:-240}" \
   RUN_STEPS="$steps" OUT="$OUT" tests/gpu/run.sh

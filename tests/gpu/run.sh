@@ -257,7 +257,7 @@ else
   step "quickstart GPT on GPU, evaluated on CPU" FAIL "see $OUT/quickstart.log"
 fi
 
-  grep -E '^(trained|CPU on)' "$OUT/quickstart.log"
+  grep -E '^(training|CPU on)' "$OUT/quickstart.log"
 fi
 
 # --- 7. NcclCommunicator on all GPUs ----------------------------------------------
