@@ -191,8 +191,9 @@ ABSL_FLAG(int, local_rank, -1,
           "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
 ABSL_FLAG(std::string, gpu_attention, "auto",
           "nccl, GPT: the attention kernel: auto (bf16: cuDNN's fused attention when libcudnn "
-          "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours, f32 and bf16, CUDA "
-          "cores) | flash_tc (ours on tensor cores; f32 as 3xTF32, head sizes up to 64) | naive "
+          "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours: bf16 on tensor "
+          "cores where they take the head size, f32 on CUDA cores) | flash_tc (ours on tensor "
+          "cores only; f32 as 3xTF32, head sizes up to 64) | naive "
           "(f32 only; stores T x T weights: a reference)");
 ABSL_FLAG(bool, tf32, false,
           "nccl, GPT with --param_dtype=f32: matrix products as TF32 on tensor cores (faster, "
