@@ -272,12 +272,6 @@ absl::Status CudaGptModel::AllocateActivations() {
   ZS_RETURN_IF_ERROR(AllocateAct(p * c, &datty_));
   ZS_RETURN_IF_ERROR(AllocateAct(p * 3 * c, &dqkv_));
   ZS_RETURN_IF_ERROR(AllocateAct(p * 4 * c, &dfch_));
-  if (act_dtype_ == DType::kF32 && logits_ld_ != cfg.vocab) {
-    ZS_RETURN_IF_ERROR(Allocate(logits_ld_ * c, &wte32_));
-    ZS_RETURN_IF_ERROR(CudaErrorToStatus(
-        cudaMemset(wte32_, 0, static_cast<size_t>(logits_ld_ * c) * sizeof(float)),
-        "CudaGptModel: clearing the LM head's padded weight"));
-  }
   if (act_dtype_ == DType::kBF16) {
     // The largest weight: wte (V x C, rows padded to logits_ld_: HeadWeight)
     // or c_fc / mlp.c_proj (4C x C).
@@ -436,16 +430,7 @@ absl::StatusOr<const void*> CudaGptModel::Weight(const float* w, int64_t element
 absl::StatusOr<std::pair<const void*, int64_t>> CudaGptModel::HeadWeight(const float* wte) {
   const int64_t c = host_->config().n_embd;
   const int64_t v = host_->config().vocab;
-  if (act_dtype_ == DType::kF32) {
-    if (wte32_ == nullptr) return std::pair<const void*, int64_t>{wte, v};
-    timer_.Mark("cast");
-    ZS_RETURN_IF_ERROR(CudaErrorToStatus(
-        cudaMemcpyAsync(wte32_, wte, static_cast<size_t>(v * c) * sizeof(float),
-                        cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream_)),
-        "CudaGptModel: copying the LM head's weight into its padded rows"));
-    timer_.Mark("matmul");
-    return std::pair<const void*, int64_t>{wte32_, logits_ld_};
-  }
+  if (act_dtype_ == DType::kF32) return std::pair<const void*, int64_t>{wte, v};
   absl::StatusOr<const void*> w = Weight(wte, v * c);
   if (!w.ok()) return w.status();
   // The other weights share w16_ and may have overwritten the padding rows.

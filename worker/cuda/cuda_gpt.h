@@ -174,9 +174,10 @@ class CudaGptModel : public TokenModel {
   // gradient (its K, OUT again) to be a multiple of 8 elements: with V =
   // 50257 the forward ran at 95 TFLOP/s on an H200 (the whole MLP block at
   // 434). The padded logits columns come out 0 (zero rows, no bias) and the
-  // classifier neither reads them nor leaves their gradient non-zero. F32
-  // likewise through wte32_ (a copy of wte whose padding rows stay 0; V =
-  // logits_ld_: wte itself).
+  // classifier neither reads them nor leaves their gradient non-zero. F32:
+  // wte itself and OUT = V (a padded copy of wte made no difference to the
+  // f32 step on the H200, whose f32 products run on CUDA cores, and cost
+  // 154 MB at GPT-2).
   absl::StatusOr<std::pair<const void*, int64_t>> HeadWeight(const float* wte);
   // The f32 gradient dy [N,width] as the products' operand (BF16: rounded
   // into dy16_).
@@ -243,7 +244,6 @@ class CudaGptModel : public TokenModel {
 
   // BF16 only: a weight and an f32 gradient rounded to bf16 (raw bits).
   uint16_t* w16_ = nullptr;   // max(logits_ld_ C, 4 C C)
-  float* wte32_ = nullptr;     // F32 with V < logits_ld_: [logits_ld_, C], HeadWeight
   uint16_t* dy16_ = nullptr;  // [P,C]
 };
 
