@@ -1,6 +1,8 @@
 #include "worker/cuda/cuda_backend.h"
 
 #include <cstdint>
+#include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -179,6 +181,52 @@ void CudaBackend::Convert(const void* src, DType from, void* dst, DType to, int6
     Check(absl::InvalidArgumentError(absl::StrCat("Convert: ", DTypeName(from), " to ",
                                                   DTypeName(to), " is not supported")));
   }
+}
+
+// The kernels take the runs as (packed_begin, full_offset) pairs.
+static_assert(sizeof(PackedRun) == 2 * sizeof(int64_t) && std::is_standard_layout_v<PackedRun>,
+              "PackedRun is two int64_t");
+
+absl::Status CudaBackend::PreparePacked(PackedLayout* layout) {
+  if (layout->runs.empty()) return absl::OkStatus();
+  StreamForThisThread();  // the device current on this thread
+  const size_t bytes = layout->runs.size() * sizeof(PackedRun);
+  void* device = nullptr;
+  if (absl::Status s = CudaErrorToStatus(
+          cudaMalloc(&device, bytes),
+          absl::StrCat("cudaMalloc of ", bytes, " bytes for a packed layout's runs"));
+      !s.ok()) {
+    return s;
+  }
+  layout->device_runs = std::shared_ptr<const PackedRun>(
+      static_cast<const PackedRun*>(device), [](const PackedRun* p) {
+        cudaFree(const_cast<PackedRun*>(p));
+      });
+  return CudaErrorToStatus(
+      cudaMemcpy(device, layout->runs.data(), bytes, cudaMemcpyHostToDevice),
+      "cudaMemcpy of a packed layout's runs");
+}
+
+void CudaBackend::Pack(const PackedLayout& layout, const float* full, void* packed, DType to) {
+  if (layout.device_runs == nullptr && !layout.runs.empty()) {
+    Check(absl::FailedPreconditionError("Pack: the packed layout was not prepared"));
+    return;
+  }
+  Check(gpu::PackRuns(packed, to, full, reinterpret_cast<const int64_t*>(layout.device_runs.get()),
+                      static_cast<int64_t>(layout.runs.size()), layout.packed_elements(),
+                      StreamForThisThread()));
+}
+
+void CudaBackend::Unpack(const PackedLayout& layout, const void* packed, DType from,
+                         float* full) {
+  if (layout.device_runs == nullptr && !layout.runs.empty()) {
+    Check(absl::FailedPreconditionError("Unpack: the packed layout was not prepared"));
+    return;
+  }
+  Check(gpu::UnpackRuns(full, packed, from,
+                        reinterpret_cast<const int64_t*>(layout.device_runs.get()),
+                        static_cast<int64_t>(layout.runs.size()), layout.packed_elements(),
+                        StreamForThisThread()));
 }
 
 void CudaBackend::AddInto(const void* src, DType dtype, float* dst, int64_t n) {

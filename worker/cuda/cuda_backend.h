@@ -43,6 +43,9 @@ class CudaBackend : public Backend {
   absl::Status CopyToHost(void* host, const void* src, int64_t bytes) override;
   absl::Status CopyFromHost(void* dst, const void* host, int64_t bytes) override;
   void Convert(const void* src, DType from, void* dst, DType to, int64_t n) override;
+  absl::Status PreparePacked(PackedLayout* layout) override;
+  void Pack(const PackedLayout& layout, const float* full, void* packed, DType to) override;
+  void Unpack(const PackedLayout& layout, const void* packed, DType from, float* full) override;
   void AddInto(const void* src, DType dtype, float* dst, int64_t n) override;
   void Scale(float* x, int64_t n, float factor) override;
   absl::StatusOr<double> SquaredNorm(const float* x, int64_t n) override;

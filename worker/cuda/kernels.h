@@ -160,6 +160,19 @@ absl::Status CastF32ToBF16(uint16_t* out, const float* in, int64_t n, void* stre
 absl::Status CastBF16ToF32(float* out, const uint16_t* in, int64_t n, void* stream);
 
 // ----------------------------------------------------------------------------
+// Packed layouts (worker/zero/packed_layout.h; packing.cu): `runs` holds
+// num_runs pairs (packed_begin, full_offset) in device memory, packed_begin
+// increasing from 0, a full_offset of -1 marking padding; a run ends where
+// the next begins, the last at n (the packed elements).
+// PackRuns: packed[i] = full[run's full_offset + i - packed_begin] converted
+// from f32 to `to` (F32 or BF16, rounded as CastF32ToBF16), 0 in padding.
+absl::Status PackRuns(void* packed, DType to, const float* full, const int64_t* runs,
+                      int64_t num_runs, int64_t n, void* stream);
+// UnpackRuns: the reverse, widening from `from`; padding writes nothing.
+absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64_t* runs,
+                        int64_t num_runs, int64_t n, void* stream);
+
+// ----------------------------------------------------------------------------
 // The ZeRO engine's gradient arithmetic (CudaBackend).
 
 // dst[i] += src[i] for i < n; src is F32 or BF16 (widened exactly).

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "worker/zero/optimizer.h"
+#include "worker/zero/packed_layout.h"
 
 namespace zeroshard {
 
@@ -73,6 +74,20 @@ class Backend {
   virtual void Scale(float* x, int64_t n, float factor) = 0;
   // Sum of x[i]^2 in double; waits for this thread's work.
   virtual absl::StatusOr<double> SquaredNorm(const float* x, int64_t n) = 0;
+
+  // A unit's packed layout (packed_layout.h) made ready for Pack and Unpack
+  // (CUDA: the runs copied to the device, layout->device_runs). Once per
+  // layout, before any Pack or Unpack of it.
+  virtual absl::Status PreparePacked(PackedLayout* layout) {
+    (void)layout;
+    return absl::OkStatus();
+  }
+  // packed (layout.packed_elements() of `to`, F32 or BF16): every run's full
+  // elements converted from f32, padding runs zero.
+  virtual void Pack(const PackedLayout& layout, const float* full, void* packed, DType to);
+  // full[run's full elements] = packed's run widened from `from` to f32, for
+  // every run that is not padding; the rest of `full` is left as it is.
+  virtual void Unpack(const PackedLayout& layout, const void* packed, DType from, float* full);
 
   // Waits for the work this thread enqueued so far.
   virtual absl::Status Synchronize() = 0;

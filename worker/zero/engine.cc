@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model, con
   if (absl::Status s = engine->AllocateUnitStates(); !s.ok()) return s;
   if (absl::Status s = engine->AllocateOuterState(); !s.ok()) return s;
   if (absl::Status s = engine->SetUpSharedGather(); !s.ok()) return s;
+  if (absl::Status s = engine->SetUpPackedCollectives(); !s.ok()) return s;
   engine->PlanStepBuffers();
   engine->StartThreads();
   return engine;

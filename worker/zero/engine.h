@@ -452,6 +452,8 @@ class ZeroEngine {
     return replica_comm_ != nullptr && options_.replica_sync == ReplicaSync::kEveryStep;
   }
   absl::Status SetUpSharedGather();
+  // Resolves packed_ and builds each unit's packed layout (Create).
+  absl::Status SetUpPackedCollectives();
   // Every buffer of the step path, sized and counted (step_buffers.h).
   void PlanStepBuffers();
   int MostUnitsOpenInBackward() const;
@@ -546,6 +548,9 @@ class ZeroEngine {
   // comm buffers, the part holding gathered units as params_gathered.
   SharedGather* shared_gather_ = nullptr;
   int64_t shared_gather_bytes_ = 0;
+  // EngineOptions::packed_collectives as resolved at Create: stage 3's
+  // gathers and stages 1-3's reduce-scatters go through UnitLayout::packed.
+  bool packed_ = false;
   EngineOptions options_;
   StageTraits stage_;                       // from options_.stage
   int rank_ = 0;                            // in the job (aux)

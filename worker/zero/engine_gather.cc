@@ -44,6 +44,23 @@ absl::Status ZeroEngine::SetUpSharedGather() {
   return absl::OkStatus();
 }
 
+absl::Status ZeroEngine::SetUpPackedCollectives() {
+  packed_ = stage_.state_sharded &&
+            options_.packed_collectives.value_or(!backend_->host_accessible());
+  if (!packed_) return absl::OkStatus();
+  const int g = gather_comm_->world_size();
+  for (UnitLayout& layout : units_) {
+    absl::StatusOr<PackedLayout> packed = MakePackedLayout(layout.blocks, g, layout.chunk_elements);
+    if (!packed.ok()) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat("unit ", layout.name, ": ", packed.status().message()));
+    }
+    layout.packed = std::move(*packed);
+    if (absl::Status s = backend_->PreparePacked(&layout.packed); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // ---- Stage 3 gathers ----
 
 absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out, bool keep_secondary) {
@@ -62,6 +79,34 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out, bool keep_seco
     }
     if (keep_secondary) KeepSecondarySlice(unit, out->f32());
     return absl::OkStatus();
+  }
+  if (packed_) {
+    // The shard goes in at this rank's chunk of the packed buffer (bf16:
+    // narrowed there, so the gather runs in place), one AllGather fills the
+    // other chunks, and one Unpack widens them into the flat layout.
+    const int64_t g = gather_comm_->world_size();
+    absl::StatusOr<TrackedBuffer> wire = buffers_.gather_wire.Lend(
+        MemoryCategory::kCommBuffers, Bytes(g * chunk, dtype), /*zero=*/false);
+    if (!wire.ok()) return wire.status();
+    TrackedBuffer packed = std::move(*wire);
+    const void* input = state.master.data();
+    if (dtype != DType::kF32) {
+      void* own = engine_internal::At(packed.data(), gather_comm_->rank() * chunk, dtype);
+      backend_->Convert(state.master.data(), DType::kF32, own, dtype, chunk);
+      input = own;
+    }
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
+    EnterCollective(kGatherStream, "all_gather", layout.name);
+    absl::Status s =
+        gather_comm_->AllGather(input, packed.data(), chunk, dtype, options_.collective_timeout);
+    LeaveCollective(kGatherStream);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
+    }
+    backend_->Unpack(layout.packed, packed.data(), dtype, out->f32());
+    if (keep_secondary) KeepSecondarySlice(unit, out->f32());
+    return backend_->Synchronize();  // the compute thread reads it next
   }
   // f32: the pieces land straight in the unit's flat buffer. bf16: they
   // travel as bf16 and are widened once.

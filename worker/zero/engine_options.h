@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -134,6 +135,16 @@ struct EngineOptions {
   // (Communicator::MakeSharedGather: shared memory); else, or when false,
   // into this rank's own buffers.
   bool shared_gather = true;
+  // Stages 1-3's gathers and reduce-scatters of whole units (not int8, not
+  // hpZ's secondary gathers, not into shared regions) through a packed
+  // buffer: the plain AllGather / ReduceScatter over W chunks, and one
+  // Backend::Pack or Unpack between the chunks and the unit's flat layout
+  // (packed_layout.h), instead of the block collectives. Unset: on device
+  // backends (NCCL, whose block collectives stage the data and copy block
+  // by block), off on the host (Gloo and shared memory move blocks in
+  // place). Set: that, on any backend (the tests' way to run the device
+  // path on the CPU). The same bits either way.
+  std::optional<bool> packed_collectives;
   // Where buffers live and the non-model ops run; null: the CPU. The model's
   // views point into this backend's memory. Not owned.
   Backend* backend = nullptr;

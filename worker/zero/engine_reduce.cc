@@ -118,7 +118,18 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   assert(grads_flat != nullptr && "a reduction has its unit's flat gradient");
   const void* input = grads_flat;
   TrackedBuffer narrowed;
-  if (held != DType::kF32) {
+  // EngineOptions::packed_collectives: the flat gradient packed into G
+  // chunks (narrowed on the way for bf16) for the plain ReduceScatter.
+  const bool packed = packed_ && dtype != DType::kI8;
+  if (packed) {
+    const int64_t g = reduce_comm_->world_size();
+    absl::StatusOr<TrackedBuffer> wire = buffers_.reduce_wire.Lend(
+        MemoryCategory::kCommBuffers, Bytes(g * layout.chunk_elements, held), /*zero=*/false);
+    if (!wire.ok()) return wire.status();
+    narrowed = std::move(*wire);
+    backend_->Pack(layout.packed, grads_flat, narrowed.data(), held);
+    input = narrowed.data();
+  } else if (held != DType::kF32) {
     absl::StatusOr<TrackedBuffer> wire =
         buffers_.reduce_wire.Lend(MemoryCategory::kCommBuffers, Bytes(flat, held), /*zero=*/false);
     if (!wire.ok()) return wire.status();
@@ -138,7 +149,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   // The conversion, and the buffers (a device block may have come back from
   // another stream), are done before the communicator's stream touches them.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
-  if (held != DType::kF32 && stage_.grads_sharded) grads_flat_buffer->Reset();
+  if (!narrowed.empty() && stage_.grads_sharded) grads_flat_buffer->Reset();
   EnterCollective(kReduceStream, "reduce_scatter", layout.name);
   void* output = direct ? state.grads.data() : received.data();
   // Int8: the group's reduce-scatter and the replicas' all-reduce draw
@@ -150,8 +161,10 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
           ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
                                          static_cast<float*>(output), layout.blocks,
                                          GradientReduceOp(), options_.collective_timeout, rounding)
-          : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
-                                              GradientReduceOp(), options_.collective_timeout);
+      : packed ? reduce_comm_->ReduceScatter(input, output, layout.chunk_elements, dtype,
+                                             GradientReduceOp(), options_.collective_timeout)
+               : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
+                                                   GradientReduceOp(), options_.collective_timeout);
   LeaveCollective(kReduceStream);
   if (stage_.grads_sharded) grads_flat_buffer->Reset();
   narrowed.Reset();

@@ -337,7 +337,9 @@ void ZeroEngine::PlanStepBuffers() {
         buffers_.gathered.Reserve(m, Bytes(flat, DType::kF32));
       }
     }
-    if (param != DType::kF32) {
+    if (packed_ && options_.gather_dtype != DType::kI8) {
+      buffers_.gather_wire.Reserve(m, Bytes(gather_comm_->world_size() * chunk, param));
+    } else if (param != DType::kF32) {
       buffers_.gather_wire.Reserve(m, Bytes(chunk, param));
       buffers_.gather_wire.Reserve(m, Bytes(flat, param));
     }
@@ -356,7 +358,15 @@ void ZeroEngine::PlanStepBuffers() {
     for (const UnitLayout& u : units_)
       buffers_.reduced.Reserve(m, Bytes(u.chunk_elements, DType::kF32));
   }
-  if (options_.reduce_dtype == DType::kBF16) {
+  // The reduce thread's one narrowed or packed gradient at a time (packed:
+  // the reduce-scatter's dtype, f32 for int8 inside the group).
+  const DType reduced_dtype =
+      options_.reduce_dtype == DType::kI8 && options_.int8_group_reduce_in_f32
+          ? DType::kF32
+          : options_.reduce_dtype;
+  if (packed_ && reduced_dtype != DType::kI8) {
+    buffers_.reduce_wire.Reserve(m, Bytes(reduce_comm_->world_size() * chunk, reduced_dtype));
+  } else if (options_.reduce_dtype == DType::kBF16) {
     buffers_.reduce_wire.Reserve(m, Bytes(flat, DType::kBF16));
   }
   if (stage_.state_sharded) {

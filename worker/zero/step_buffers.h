@@ -37,11 +37,13 @@ struct StepBuffers {
   // shard packed (f32) or narrowed (bf16) for the all-gather.
   BufferPool sync{"parameter sync"};
   // comm_buffers, gather thread: bf16 gathers, the narrowed shard and the
-  // received unit.
-  BufferPool gather_wire{"bf16 gathers"};
+  // received unit; or, with packed collectives (EngineOptions), the one
+  // packed buffer of G chunks (f32 or bf16).
+  BufferPool gather_wire{"gather wire"};
   // comm_buffers, reduce thread: bf16 reductions, the narrowed flat gradient
-  // (stages 1-3) or stage 0's all-reduce buffer.
-  BufferPool reduce_wire{"bf16 reductions"};
+  // (stages 1-3) or stage 0's all-reduce buffer; or, with packed
+  // collectives, the packed gradient of G chunks.
+  BufferPool reduce_wire{"reduction wire"};
   // comm_buffers, reduce thread: the reduce-scatter's output chunk when it
   // does not land in the gradient shard itself; with a replica thread it
   // waits there for the replicas' average (kReplicaChunks, and the reduce

@@ -10,6 +10,7 @@
 
 #include "common/model_spec.h"
 #include "worker/comm/communicator.h"
+#include "worker/zero/packed_layout.h"
 
 namespace zeroshard {
 
@@ -45,6 +46,9 @@ struct UnitLayout {
   // The segments as the communicators' block layout (shard = chunk, full =
   // flat): gathers and reductions move data straight between the two.
   std::vector<ShardBlock> blocks;
+  // The blocks as G packed chunks of chunk_elements (EngineOptions::
+  // packed_collectives); empty runs when the engine does not pack.
+  PackedLayout packed;
   // hpZ: member m of the secondary group keeps the unit's flat elements
   // [m * secondary_elements, + its block's count); the blocks gather them.
   int64_t secondary_elements = 0;

@@ -1,0 +1,130 @@
+// The packed layouts' kernels (worker/cuda/packing.cu: PackRuns, UnpackRuns)
+// on the CPU under the thread-per-CUDA-thread emulation, against the host
+// backend's Pack and Unpack (worker/zero/backend.cc, a Convert or Zero per
+// run): bit for bit, f32 and bf16, layouts from the planner's kind (pieces
+// out of flat order, several ranks, padding), with NaN, infinities and bf16
+// rounding ties in the data; elements in no block stay as they were.
+#include <cuda_runtime.h>  // the emulation's (tests/worker/cuda/emulation)
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "tests/worker/cuda/packing.cu.inc"
+#include "worker/zero/backend.h"
+#include "worker/zero/packed_layout.h"
+
+namespace zeroshard {
+namespace {
+
+// W ranks; each rank's chunk holds a shuffled run of the flat elements cut
+// into pieces, then padding up to the chunk. Some flat elements are in no
+// block (a hole at `hole`).
+struct Case {
+  int world;
+  int64_t chunk;
+  std::vector<ShardBlock> blocks;
+  int64_t full;
+};
+
+Case MakeCase(int world, int64_t per_rank, int pieces, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Case c{world, per_rank + 3, {}, 0};
+  int64_t flat = 0;
+  for (int r = 0; r < world; ++r) {
+    // Cut [flat, flat + per_rank) into `pieces`, placed in the chunk in a
+    // shuffled order.
+    std::vector<int64_t> cuts = {0, per_rank};
+    for (int k = 1; k < pieces; ++k) cuts.push_back(1 + rng() % (per_rank - 1));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<std::pair<int64_t, int64_t>> parts;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) parts.push_back({cuts[k], cuts[k + 1] - cuts[k]});
+    std::shuffle(parts.begin(), parts.end(), rng);
+    int64_t at = 0;
+    for (auto [begin, count] : parts) {
+      c.blocks.push_back(ShardBlock{r, at, flat + begin, count});
+      at += count;
+    }
+    flat += per_rank + 1;  // one flat element in no block after each rank's
+  }
+  c.full = flat;
+  return c;
+}
+
+std::vector<float> Data(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  if (n > 3) {
+    v[0] = std::numeric_limits<float>::quiet_NaN();
+    v[1] = -std::numeric_limits<float>::infinity();
+    uint32_t tie = 0x3f808000u;  // 1 + 2^-8: halfway between two bf16 values
+    std::memcpy(&v[2], &tie, sizeof(tie));
+  }
+  return v;
+}
+
+std::vector<uint8_t> Bytes(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  return std::vector<uint8_t>(b, b + n);
+}
+
+TEST(PackingEmulatedTest, KernelsEqualTheHostBackendBitForBit) {
+  struct Shape {
+    int world;
+    int64_t per_rank;
+    int pieces;
+  };
+  for (Shape shape : {Shape{1, 40, 5}, Shape{3, 37, 4}, Shape{2, 300, 12}, Shape{4, 9, 1}}) {
+    Case c = MakeCase(shape.world, shape.per_rank, shape.pieces, 17 + shape.world);
+    auto layout = MakePackedLayout(c.blocks, c.world, c.chunk);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const int64_t n = layout->packed_elements();
+    const auto* runs = reinterpret_cast<const int64_t*>(layout->runs.data());
+    const int64_t num_runs = static_cast<int64_t>(layout->runs.size());
+    const std::vector<float> full = Data(c.full, 5);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const std::string label = absl::StrCat("world ", c.world, " per rank ", shape.per_rank,
+                                             " ", DTypeName(dtype));
+      const size_t bytes = n * DTypeSize(dtype);
+      std::vector<uint8_t> host(bytes, 0xab), device(bytes, 0xcd);
+      CpuBackend()->Pack(*layout, full.data(), host.data(), dtype);
+      ASSERT_TRUE(gpu::PackRuns(device.data(), dtype, full.data(), runs, num_runs, n, nullptr).ok());
+      EXPECT_EQ(device, host) << label;
+      // Unpack into buffers that hold a marker where no block writes.
+      std::vector<float> host_full(c.full, 42.0f), device_full(c.full, 42.0f);
+      CpuBackend()->Unpack(*layout, host.data(), dtype, host_full.data());
+      ASSERT_TRUE(
+          gpu::UnpackRuns(device_full.data(), device.data(), dtype, runs, num_runs, n, nullptr)
+              .ok());
+      EXPECT_EQ(Bytes(device_full.data(), c.full * 4), Bytes(host_full.data(), c.full * 4))
+          << label;
+      int untouched = 0;
+      for (float v : device_full) untouched += v == 42.0f;
+      EXPECT_EQ(untouched, c.world) << label;  // the one hole after each rank's elements
+    }
+  }
+}
+
+TEST(PackingEmulatedTest, BadArgumentsAreRefused) {
+  const int64_t runs[2] = {0, 0};
+  float a[4], b[4];
+  EXPECT_FALSE(gpu::PackRuns(a, DType::kF32, b, runs, 1, -1, nullptr).ok());
+  EXPECT_FALSE(gpu::PackRuns(a, DType::kF32, nullptr, runs, 1, 4, nullptr).ok());
+  EXPECT_FALSE(gpu::PackRuns(a, DType::kF32, b, runs, 0, 4, nullptr).ok());
+  EXPECT_FALSE(gpu::UnpackRuns(a, b, DType::kI8, runs, 1, 4, nullptr).ok());
+  EXPECT_TRUE(gpu::UnpackRuns(a, b, DType::kF32, nullptr, 0, 0, nullptr).ok());  // nothing to do
+}
+
+}  // namespace
+}  // namespace zeroshard
