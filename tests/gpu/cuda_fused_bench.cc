@@ -1,8 +1,9 @@
 // #46's fused kernels against the current device path at GPT-2 124M's shapes
 // (T 1024, batch 8: N = 8192 positions, C = 768, V = 50257), one GPU:
-//  - the classifier: cross_entropy.cu (f32 logits, an [N,V] probabilities
-//    buffer, two passes) against classifier.h (online softmax, lse only,
-//    gradient in place), f32 and bf16 logits;
+//  - the fused classifier (classifier.h: online softmax, lse only, gradient
+//    in place), f32 and bf16 logits (the old two-pass cross-entropy with an
+//    [N,V] probabilities buffer, removed since, ran 3.6 ms forward on an
+//    H200: docs/gpu.md);
 //  - the MLP block (c_fc + GELU + c_proj + residual), forward and backward:
 //    CublasLinear with separate bias / GELU / residual / cast kernels against
 //    CublasLtLinear's epilogues, f32 and bf16 (bf16: CublasLinear's mixed
@@ -125,21 +126,6 @@ absl::Status BenchClassifier(std::vector<Row>* rows) {
   const int32_t* tg = static_cast<const int32_t*>(targets->get());
   auto loss = std::make_unique<Buf>(8, DType::kF32);
   double* l = static_cast<double*>(loss->get());
-  {
-    auto logits = F32(nv), probs = F32(nv);
-    absl::StatusOr<double> f = TimeMs(
-        [&] { return gpu::CrossEntropyForward(l, probs->f(), logits->f(), tg, kN, kV, nullptr); });
-    if (!f.ok()) return f.status();
-    absl::StatusOr<double> b = TimeMs(
-        [&] { return gpu::CrossEntropyBackward(logits->f(), probs->f(), tg, kN, kV, nullptr); });
-    if (!b.ok()) return b.status();
-    // Forward (CrossEntropyRowKernel): reads the logits twice, writes probs,
-    // reads and rewrites them to normalize; backward: reads probs, writes
-    // dlogits. 7 passes of N V floats.
-    const double gb = (7.0 * nv * 4) / 1e9;
-    rows->push_back({"classifier", "cross_entropy.cu", "f32", *f, *b,
-                     absl::StrFormat("%.0f GB/s", gb / ((*f + *b) / 1e3)), "probs [N,V] f32"});
-  }
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     auto logits = std::make_unique<Buf>(nv * DTypeSize(dtype), dtype);
     auto lse = F32(kN);

@@ -232,39 +232,6 @@ TEST(ParityTest, Embedding) {
 }
 
 // ----------------------------------------------------------------------------
-// Cross-entropy
-
-TEST(ParityTest, CrossEntropy) {
-  const int64_t n = 29, v = 1001;
-  const std::vector<float> logits = RandomFloats(n * v, 19, -8.0f, 8.0f);
-  const std::vector<int32_t> targets = RandomInts(n, 20, 0, static_cast<int32_t>(v - 1));
-  std::vector<float> probs(n * v), dlogits(n * v);
-  const double loss = CrossEntropyForward(probs.data(), logits.data(), targets.data(), n, v);
-  CrossEntropyBackward(dlogits.data(), probs.data(), targets.data(), n, v);
-
-  DeviceBuffer<float> d_logits(logits), d_probs(n * v), d_dlogits(n * v);
-  DeviceBuffer<int32_t> d_targets(targets);
-  DeviceBuffer<double> d_loss(1);
-  ASSERT_TRUE(gpu::CrossEntropyForward(d_loss.get(), d_probs.get(), d_logits.get(), d_targets.get(),
-                                       n, v, nullptr)
-                  .ok());
-  EXPECT_NEAR(DownloadScalar(d_loss), loss, 1e-6 * std::fabs(loss));
-  EXPECT_TRUE(AllNear(d_probs.Download(), probs, 1e-9f, 1e-5f));
-  ASSERT_TRUE(
-      gpu::CrossEntropyBackward(d_dlogits.get(), d_probs.get(), d_targets.get(), n, v, nullptr)
-          .ok());
-  EXPECT_TRUE(AllNear(d_dlogits.Download(), dlogits, 1e-9f, 1e-5f));
-
-  std::vector<int32_t> bad = targets;
-  bad[0] = -1;
-  d_targets.Upload(bad);
-  ASSERT_TRUE(gpu::CrossEntropyForward(d_loss.get(), d_probs.get(), d_logits.get(), d_targets.get(),
-                                       n, v, nullptr)
-                  .ok());
-  EXPECT_TRUE(std::isnan(DownloadScalar(d_loss)));
-}
-
-// ----------------------------------------------------------------------------
 // Bias, f32 and bf16
 
 std::vector<uint16_t> ToBF16(const std::vector<float>& v) {

@@ -97,15 +97,10 @@ absl::StatusOr<Attention> ResolveAttention(const CudaGptOptions& o, int64_t c, i
       }
       return o.attention;
     case Attention::kFlashTc: {
-      // bf16: bf16 products; f32: 3xTF32 (flash_attention_variants.h), whose
-      // f32 tiles take smaller heads.
-      const bool f32 = o.matmul_dtype == DType::kF32;
-      const int64_t multiple = f32 ? 4 : 8;
-      const int64_t largest = f32 ? gpu::kFlashTensorCoresF32MaxHeadSize : kFlashMaxHeadSize;
-      if (hs > largest || hs % multiple != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "head size ", hs, ": the tensor-core flash kernel takes multiples of ", multiple,
-            " up to ", largest, " with ", f32 ? "f32" : "bf16", ": use --gpu_attention=flash"));
+      // bf16: bf16 products; f32: 3xTF32 (flash_attention_variants.h).
+      if (absl::Status s = gpu::CheckTensorCoresHeadSize(hs, o.matmul_dtype); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--gpu_attention=flash_tc: ", s.message(), "; use --gpu_attention=flash"));
       }
       return o.attention;
     }

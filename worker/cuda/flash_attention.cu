@@ -489,21 +489,10 @@ absl::Status BackwardAs(FlashKernels kernels, void* dqkv_v, const void* dout_v, 
 // saying why not.
 absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, const void* qkv,
                               const void* dout) {
-  // CheckDims has taken F32 or BF16 only. Rows are staged 16 bytes at a time.
-  const bool f32 = dtype == DType::kF32;
-  const int64_t multiple = f32 ? 4 : 8;
-  if (d.hs % multiple != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the tensor-core kernels need a head size that is a multiple of ", multiple,
-        " for ", DTypeName(dtype), " (16-byte rows), not ", d.hs,
-        "; use FlashKernels::kCudaCores"));
-  }
-  if (f32 && d.hs > kFlashTensorCoresF32MaxHeadSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the F32 (3xTF32) tensor-core kernels take head sizes up to ",
-        kFlashTensorCoresF32MaxHeadSize, ", not ", d.hs,
-        " (larger f32 tiles would not fit an A100 block's shared memory); use "
-        "FlashKernels::kCudaCores"));
+  // CheckDims has taken F32 or BF16 only.
+  if (absl::Status s = CheckTensorCoresHeadSize(d.hs, dtype); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", s.message(), "; use FlashKernels::kCudaCores"));
   }
   for (const void* p : {qkv, dout}) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {

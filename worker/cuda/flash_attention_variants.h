@@ -26,7 +26,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "worker/cuda/flash_attention.h"
 
 namespace zeroshard {
 namespace gpu {
@@ -37,6 +39,24 @@ enum class FlashKernels { kCudaCores, kTensorCores };
 // f32 tiles would not fit an A100 block's shared memory
 // (flash_attention_wmma.cu).
 inline constexpr int64_t kFlashTensorCoresF32MaxHeadSize = 64;
+
+// The head sizes kTensorCores takes with `dtype` storage (F32 or BF16): a
+// multiple of 4 (F32) or 8 (BF16), so that rows are staged 16 bytes at a
+// time, up to kFlashTensorCoresF32MaxHeadSize (F32) or
+// kFlashAttentionMaxHeadSize (BF16). INVALID_ARGUMENT saying which rule
+// head size `hs` breaks (callers add what to use instead).
+inline absl::Status CheckTensorCoresHeadSize(int64_t hs, DType dtype) {
+  const bool f32 = dtype == DType::kF32;
+  const int64_t multiple = f32 ? 4 : 8;
+  const int64_t largest = f32 ? kFlashTensorCoresF32MaxHeadSize : kFlashAttentionMaxHeadSize;
+  if (hs % multiple != 0 || hs > largest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the tensor-core flash kernels take head sizes that are multiples of ", multiple,
+        " (16-byte rows) up to ", largest, " with ", DTypeName(dtype), ", not ", hs,
+        f32 ? " (larger f32 tiles would not fit an A100 block's shared memory)" : ""));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* lse, const void* qkv,
                                        int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,

@@ -100,27 +100,6 @@ absl::Status EmbeddingBackward(float* dwte, float* dwpe, const float* dout, cons
                                int64_t b, int64_t t, int64_t c, int64_t v, void* stream);
 
 // ----------------------------------------------------------------------------
-// The kernels the device GPT ran before #46's (it now runs flash_attention.h,
-// cudnn_attention.h, classifier.h and cublaslt_linear.h): the naive
-// attention above stays as --gpu_attention=naive, a reference; the
-// cross-entropy below is kept only as cuda_fused_bench's "before" figure
-// (and its parity case). An H200 run recorded that figure on 2026-11-30
-// (docs/gpu.md: 3.6 ms forward against the fused classifier's 0.26), so it
-// can go, with its bench row and parity case. CublasLinear's *Mixed products
-// stay: the device MLP uses them.
-//
-// Softmax cross-entropy over N rows of V logits. *loss (one device double) is
-// the mean over rows of -log softmax(logits)[target]; probs [N,V] is written
-// for the backward pass. A target outside [0, V) makes the loss NaN. Uses N
-// doubles of scratch allocated on `stream`.
-
-absl::Status CrossEntropyForward(double* loss, float* probs, const float* logits,
-                                 const int32_t* targets, int64_t n, int64_t v, void* stream);
-// dlogits = (probs - onehot(target)) / N (written).
-absl::Status CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
-                                  int64_t n, int64_t v, void* stream);
-
-// ----------------------------------------------------------------------------
 // Bias, for y[N,OUT] in F32 or BF16 (bias and gradient in the same dtype;
 // BF16 sums in f32 and rounds once).
 

@@ -99,17 +99,17 @@ TEST(FlashAttentionHostTest, TensorCoresRefuseWhatTheyCannotTake) {
   const std::string fwd = "FlashAttentionForward", bwd = "FlashAttentionBackward";
   ExpectInvalid(
       FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 60, 3, DType::kBF16, nullptr), fwd,
-      "multiple of 8 for BF16 (16-byte rows), not 20");
+      "multiples of 8 (16-byte rows) up to 128 with BF16, not 20");
   // F32 (3xTF32): head sizes multiples of 4, up to 64.
   ExpectInvalid(
       FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 30, 3, DType::kF32, nullptr), fwd,
-      "multiple of 4 for F32 (16-byte rows), not 10");
+      "multiples of 4 (16-byte rows) up to 64 with F32, not 10");
   ExpectInvalid(
       FlashAttentionForwardWith(tc, kFake, kFakeF, kFake, 1, 4, 256, 2, DType::kF32, nullptr), fwd,
-      "head sizes up to 64, not 128");
+      "up to 64 with F32, not 128");
   ExpectInvalid(FlashAttentionBackwardWith(tc, kFake, kFake, kFake, kFake, kFakeF, 1, 4, 160, 2,
                                            DType::kF32, nullptr),
-                bwd, "head sizes up to 64, not 80");
+                bwd, "up to 64 with F32, not 80");
   void* const f32_misaligned = reinterpret_cast<char*>(kFake) + 4;
   ExpectInvalid(FlashAttentionForwardWith(tc, kFake, kFakeF, f32_misaligned, 1, 4, 128, 2,
                                           DType::kF32, nullptr),

@@ -78,8 +78,8 @@ TEST(CudaGptHostTest, HeadSizesPickTheKernel) {
   h128.n_head = 2;
   auto tc_f32 = CudaGptModel::Create(h128, 2, With(DType::kF32, A::kFlashTc), nullptr);
   EXPECT_EQ(tc_f32.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(tc_f32.status().message().find("head size 128: the tensor-core flash kernel takes "
-                                           "multiples of 4 up to 64 with f32"),
+  EXPECT_NE(tc_f32.status().message().find("multiples of 4 (16-byte rows) up to 64 with F32, "
+                                           "not 128"),
             std::string::npos)
       << tc_f32.status();
   auto tc_bf16 = CudaGptModel::Create(h128, 2, With(DType::kBF16, A::kFlashTc), nullptr);
@@ -93,7 +93,7 @@ TEST(CudaGptHostTest, HeadSizesPickTheKernel) {
       << tc12_f32.status();
   auto tc12_bf16 = CudaGptModel::Create(h12, 2, With(DType::kBF16, A::kFlashTc), nullptr);
   EXPECT_EQ(tc12_bf16.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(tc12_bf16.status().message().find("multiples of 8 up to 128 with bf16"),
+  EXPECT_NE(tc12_bf16.status().message().find("multiples of 8 (16-byte rows) up to 128 with BF16, not 12"),
             std::string::npos)
       << tc12_bf16.status();
   GptConfig odd = Small();
