@@ -78,6 +78,8 @@ absl::Status LayerNormBackward(float* dx, float* dw, float* db, const float* dou
 // Causal multi-head self-attention on packed qkv [B,T,3C] (layers.h). One
 // thread block per (b, head, t) row: scores, masked softmax and the weighted
 // sum of v. att [B,NH,T,T] is written in full (zeros above the diagonal).
+// The device GPT's attention before #46, kept as --gpu_attention=naive: the
+// plain reference the flash kernels are checked against.
 
 absl::Status AttentionForward(float* out, float* att, const float* qkv, int64_t b, int64_t t,
                               int64_t c, int64_t nh, void* stream);

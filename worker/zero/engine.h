@@ -516,6 +516,11 @@ class ZeroEngine {
   // reduce-scatter, the replicas' average (on the replica thread when there
   // is one) and FinishReduction.
   absl::StatusOr<TrackedBuffer> LendReceived(int unit, DType held);
+  // The flat gradient as the reduce-scatter takes it, from reduce_wire:
+  // packed into G chunks (EngineOptions::packed_collectives), or narrowed to
+  // `held`; empty when it goes as it is (f32, not packed).
+  absl::StatusOr<TrackedBuffer> GradientOnTheWire(int unit, const float* grads_flat, DType held,
+                                                  bool packed);
   absl::Status AverageAndFinish(int unit, TrackedBuffer received, bool direct, bool last_micro,
                                 Int8Rounding replica_rounding);
   absl::Status AllReduceUnit(int unit);

@@ -111,32 +111,16 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
                           : options_.reduce_dtype;
   // In the buffers: int8 reductions take and give f32.
   const DType held = dtype == DType::kI8 ? DType::kF32 : dtype;
-  const int64_t flat = layout.flat_elements;
   // Stages 1-3: reduce-scatter the flat gradient straight from the flat
-  // layout (bf16: from a narrowed copy) into this rank's pieces.
+  // layout (bf16: from a narrowed copy; packed collectives: from the packed
+  // one) into this rank's pieces.
   const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();
   assert(grads_flat != nullptr && "a reduction has its unit's flat gradient");
-  const void* input = grads_flat;
-  TrackedBuffer narrowed;
-  // EngineOptions::packed_collectives: the flat gradient packed into G
-  // chunks (narrowed on the way for bf16) for the plain ReduceScatter.
   const bool packed = packed_ && dtype != DType::kI8;
-  if (packed) {
-    const int64_t g = reduce_comm_->world_size();
-    absl::StatusOr<TrackedBuffer> wire = buffers_.reduce_wire.Lend(
-        MemoryCategory::kCommBuffers, Bytes(g * layout.chunk_elements, held), /*zero=*/false);
-    if (!wire.ok()) return wire.status();
-    narrowed = std::move(*wire);
-    backend_->Pack(layout.packed, grads_flat, narrowed.data(), held);
-    input = narrowed.data();
-  } else if (held != DType::kF32) {
-    absl::StatusOr<TrackedBuffer> wire =
-        buffers_.reduce_wire.Lend(MemoryCategory::kCommBuffers, Bytes(flat, held), /*zero=*/false);
-    if (!wire.ok()) return wire.status();
-    narrowed = std::move(*wire);
-    backend_->Convert(grads_flat, DType::kF32, narrowed.data(), held, flat);
-    input = narrowed.data();
-  }
+  absl::StatusOr<TrackedBuffer> wire = GradientOnTheWire(unit, grads_flat, held, packed);
+  if (!wire.ok()) return wire.status();
+  TrackedBuffer narrowed = std::move(*wire);
+  const void* input = narrowed.empty() ? static_cast<const void*>(grads_flat) : narrowed.data();
   // Only this rank's pieces are written, and only they are read below. The
   // first f32 reduction of a step lands straight in the gradient shard.
   const bool direct = stage_.grads_sharded && state.grads_stale && held == DType::kF32;
@@ -175,6 +159,23 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   Int8Rounding replica_rounding = rounding;
   replica_rounding.seed ^= uint64_t{1} << 63;
   return AverageAndFinish(unit, std::move(received), direct, last_micro, replica_rounding);
+}
+
+absl::StatusOr<TrackedBuffer> ZeroEngine::GradientOnTheWire(int unit, const float* grads_flat,
+                                                             DType held, bool packed) {
+  const UnitLayout& layout = units_[unit];
+  if (!packed && held == DType::kF32) return TrackedBuffer();  // the flat gradient itself
+  const int64_t elements =
+      packed ? reduce_comm_->world_size() * layout.chunk_elements : layout.flat_elements;
+  absl::StatusOr<TrackedBuffer> wire = buffers_.reduce_wire.Lend(
+      MemoryCategory::kCommBuffers, Bytes(elements, held), /*zero=*/false);
+  if (!wire.ok()) return wire.status();
+  if (packed) {
+    backend_->Pack(layout.packed, grads_flat, wire->data(), held);
+  } else {
+    backend_->Convert(grads_flat, DType::kF32, wire->data(), held, elements);
+  }
+  return wire;
 }
 
 absl::StatusOr<TrackedBuffer> ZeroEngine::LendReceived(int unit, DType held) {
