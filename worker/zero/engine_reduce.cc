@@ -116,11 +116,6 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   // one) into this rank's pieces.
   const float* grads_flat = stage_.reduce_at_step ? state.grads.f32() : grads_flat_buffer->f32();
   assert(grads_flat != nullptr && "a reduction has its unit's flat gradient");
-  const bool packed = packed_ && dtype != DType::kI8;
-  absl::StatusOr<TrackedBuffer> wire = GradientOnTheWire(unit, grads_flat, held, packed);
-  if (!wire.ok()) return wire.status();
-  TrackedBuffer narrowed = std::move(*wire);
-  const void* input = narrowed.empty() ? static_cast<const void*>(grads_flat) : narrowed.data();
   // Only this rank's pieces are written, and only they are read below. The
   // first f32 reduction of a step lands straight in the gradient shard.
   const bool direct = stage_.grads_sharded && state.grads_stale && held == DType::kF32;
@@ -130,26 +125,43 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     if (!chunk.ok()) return chunk.status();
     received = std::move(*chunk);
   }
+  void* output = direct ? state.grads.data() : received.data();
+  const bool packed = packed_ && dtype != DType::kI8;
+  // Packed over a group of one: the packed gradient is the reduced chunk;
+  // packed straight into it, nothing goes on the wire.
+  const bool alone = packed && reduce_comm_->world_size() == 1;
+  TrackedBuffer narrowed;
+  if (alone) {
+    backend_->Pack(layout.packed, grads_flat, output, held);
+  } else {
+    absl::StatusOr<TrackedBuffer> wire = GradientOnTheWire(unit, grads_flat, held, packed);
+    if (!wire.ok()) return wire.status();
+    narrowed = std::move(*wire);
+  }
+  const void* input = narrowed.empty() ? static_cast<const void*>(grads_flat) : narrowed.data();
   // The conversion, and the buffers (a device block may have come back from
   // another stream), are done before the communicator's stream touches them.
   if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;
   if (!narrowed.empty() && stage_.grads_sharded) grads_flat_buffer->Reset();
-  EnterCollective(kReduceStream, "reduce_scatter", layout.name);
-  void* output = direct ? state.grads.data() : received.data();
   // Int8: the group's reduce-scatter and the replicas' all-reduce draw
   // from two streams of this reduction's seed.
   const Int8Rounding rounding =
       options_.reduce_dtype == DType::kI8 ? QuantizedReduceRounding(unit) : Int8Rounding{};
-  absl::Status s =
-      dtype == DType::kI8
-          ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
-                                         static_cast<float*>(output), layout.blocks,
-                                         GradientReduceOp(), options_.collective_timeout, rounding)
-      : packed ? reduce_comm_->ReduceScatter(input, output, layout.chunk_elements, dtype,
-                                             GradientReduceOp(), options_.collective_timeout)
-               : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
-                                                   GradientReduceOp(), options_.collective_timeout);
-  LeaveCollective(kReduceStream);
+  absl::Status s;
+  if (!alone) {
+    EnterCollective(kReduceStream, "reduce_scatter", layout.name);
+    s = dtype == DType::kI8
+            ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
+                                           static_cast<float*>(output), layout.blocks,
+                                           GradientReduceOp(), options_.collective_timeout,
+                                           rounding)
+        : packed ? reduce_comm_->ReduceScatter(input, output, layout.chunk_elements, dtype,
+                                               GradientReduceOp(), options_.collective_timeout)
+                 : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
+                                                     GradientReduceOp(),
+                                                     options_.collective_timeout);
+    LeaveCollective(kReduceStream);
+  }
   if (stage_.grads_sharded) grads_flat_buffer->Reset();
   narrowed.Reset();
   if (!s.ok()) {

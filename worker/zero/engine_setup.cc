@@ -365,7 +365,9 @@ void ZeroEngine::PlanStepBuffers() {
           ? DType::kF32
           : options_.reduce_dtype;
   if (packed_ && reduced_dtype != DType::kI8) {
-    buffers_.reduce_wire.Reserve(m, Bytes(reduce_comm_->world_size() * chunk, reduced_dtype));
+    // A group of one packs straight into the reduced chunk (ReduceUnit).
+    const int g = reduce_comm_->world_size();
+    if (g > 1) buffers_.reduce_wire.Reserve(m, Bytes(g * chunk, reduced_dtype));
   } else if (options_.reduce_dtype == DType::kBF16) {
     buffers_.reduce_wire.Reserve(m, Bytes(flat, DType::kBF16));
   }
