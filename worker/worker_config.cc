@@ -137,6 +137,12 @@ ABSL_FLAG(bool, replica_thread, true,
 ABSL_FLAG(std::string, gather_dtype, "f32",
           "Stage 3: dtype parameter gathers travel in: f32 (i.e. --param_dtype)|int8 "
           "(block-quantized, dequantized after the gather; the master shard stays f32)");
+ABSL_FLAG(std::string, packed_collectives, "auto",
+          "Stage 3's gathers and stages 1-3's reduce-scatters of whole units through one packed "
+          "buffer (one collective and one conversion pass each way) instead of block by block: "
+          "auto (on "
+          "with --backend=nccl, off on CPUs, where Gloo and shared memory move blocks in "
+          "place)|on|off. The same bits either way");
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
 ABSL_FLAG(std::string, on_nonfinite, "stop",
@@ -456,6 +462,12 @@ absl::Status ReadEngine(WorkerConfig* config) {
   engine.param_dtype = *param_dtype;
   engine.reduce_dtype = *reduce_dtype;
   engine.gather_dtype = gather_flag == "int8" ? DType::kI8 : DType::kF32;
+  const std::string packed = absl::GetFlag(FLAGS_packed_collectives);
+  if (packed == "on" || packed == "off") {
+    engine.packed_collectives = packed == "on";
+  } else if (packed != "auto") {
+    return Bad(absl::StrCat("--packed_collectives=", packed, " is not one of auto, on, off"));
+  }
   engine.replica_thread = absl::GetFlag(FLAGS_replica_thread);
   const std::string rounding = absl::GetFlag(FLAGS_int8_reduce_rounding);
   if (rounding != "stochastic" && rounding != "nearest") {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/model_zoo.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
@@ -123,6 +124,43 @@ TEST_F(HsdpTest, TwoGroupsOfTwoTrainTheGptToOneProcesssParameters) {
   ExpectWithinBound(MaxRelativeDifference(groups, reference), testing::AdamRelativeParamBound(m),
                     "GPT, 2 groups of 2 against one process");
   EXPECT_NE(cluster_.WorkerLog(0).find("data plane (replicas)"), std::string::npos);
+}
+
+// --packed_collectives (the device path's gathers and reduce-scatters
+// through packed buffers, engine_test's PackedCollectivesGiveTheSameBits)
+// through real workers on the CPU: two groups of two with bf16 parameters
+// and reductions, accumulation, and secondary shards (hpZ) inside the
+// groups; then the same with f32 at stage 2. Packed equals the block
+// collectives bit for bit, checkpoints included.
+TEST_F(HsdpTest, PackedCollectivesAreBitwiseTheBlockPath) {
+  ASSERT_TRUE(cluster_.ok());
+  constexpr int kSteps = 4;
+  const std::vector<std::vector<std::string>> cases = {
+      {"--stage=3", "--param_dtype=bf16", "--reduce_dtype=bf16", "--grad_accum=2",
+       "--secondary_shard_group_size=1"},
+      {"--stage=2"},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Params runs[2];
+    for (int packed : {0, 1}) {
+      std::vector<std::string> flags = cases[c];
+      flags.push_back("--batch=2");
+      flags.push_back("--shard_group_size=2");
+      flags.push_back(packed ? "--packed_collectives=on" : "--packed_collectives=off");
+      const std::string job = absl::StrCat("packed", c, packed ? "-on" : "-off");
+      ASSERT_TRUE(cluster_.Run(job, 4, kMlp.Flags(kSteps, flags)));
+      runs[packed] = kMlp.Load(cluster_.checkpoint_root(), job, kSteps);
+      const nlohmann::json report = cluster_.Report(job, 0);
+      EXPECT_LT(report["losses"].back().get<double>(), report["losses"].front().get<double>())
+          << job;
+    }
+    EXPECT_FALSE(runs[0].empty());
+    EXPECT_EQ(runs[1], runs[0]) << absl::StrJoin(cases[c], " ");
+  }
+  EXPECT_FALSE(cluster_.Run("packed-bad", 1, kMlp.Flags(1, {"--packed_collectives=yes"})));
+  const std::string log = cluster_.WorkerLog(0);
+  EXPECT_NE(log.find("--packed_collectives=yes is not one of auto, on, off"), std::string::npos)
+      << log;
 }
 
 TEST_F(HsdpTest, CheckpointsConsolidateAndResumeAtAnotherWorldAndGroupSize) {

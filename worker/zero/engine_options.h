@@ -135,8 +135,8 @@ struct EngineOptions {
   // (Communicator::MakeSharedGather: shared memory); else, or when false,
   // into this rank's own buffers.
   bool shared_gather = true;
-  // Stages 1-3's gathers and reduce-scatters of whole units (not int8, not
-  // hpZ's secondary gathers, not into shared regions) through a packed
+  // Stage 3's gathers and stages 1-3's reduce-scatters of whole units (not
+  // int8, not hpZ's secondary gathers, not into shared regions) through a packed
   // buffer: the plain AllGather / ReduceScatter over W chunks, and one
   // Backend::Pack or Unpack between the chunks and the unit's flat layout
   // (packed_layout.h), instead of the block collectives. Unset: on device
