@@ -49,6 +49,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -479,7 +480,8 @@ std::vector<double> AdamDisplacement(const std::vector<std::vector<double>>& gra
 }
 
 Trained Train(TokenModel* model, Backend* backend, Communicator* gather, Communicator* reduce,
-              Communicator* aux, int stage, DType param_dtype) {
+              Communicator* aux, int stage, DType param_dtype,
+              std::optional<bool> packed = std::nullopt) {
   Trained out;
   auto plan = Plan(model->Spec(), 1, PlanOptions());
   EXPECT_TRUE(plan.ok()) << plan.status();
@@ -488,6 +490,7 @@ Trained Train(TokenModel* model, Backend* backend, Communicator* gather, Communi
   options.stage = stage;
   options.prefetch = PrefetchDepth();
   options.param_dtype = param_dtype;
+  options.packed_collectives = packed;
   options.backend = backend;
   options.optimizer = "adam";
   auto engine = ZeroEngine::Create(model, *plan, gather, reduce, aux, options);
@@ -604,10 +607,12 @@ void ExpectSameParameters(const Trained& cpu, const Trained& gpu, const Toleranc
   }
 }
 
-class EngineParityTest : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+// (stage, dtype, packed collectives on the device: EngineOptions'
+// packed_collectives, on by default there; the block collectives too).
+class EngineParityTest : public ::testing::TestWithParam<std::tuple<int, DType, bool>> {};
 
 TEST_P(EngineParityTest, FiveStepsMatchTheCpuGpt) {
-  const auto [stage, dtype] = GetParam();
+  const auto [stage, dtype, packed] = GetParam();
   const Tolerance tol = ToleranceFor(dtype);
   const GptConfig config = SmallGpt();
 
@@ -632,8 +637,8 @@ TEST_P(EngineParityTest, FiveStepsMatchTheCpuGpt) {
   ASSERT_TRUE(ga.ok()) << ga.status();
   auto gpu_model = CudaGptModel::Create(config, kBatch, Options(dtype), backend->get());
   ASSERT_TRUE(gpu_model.ok()) << gpu_model.status();
-  Trained gpu =
-      Train(gpu_model->get(), backend->get(), ng->get(), nr->get(), ga->get(), stage, dtype);
+  Trained gpu = Train(gpu_model->get(), backend->get(), ng->get(), nr->get(), ga->get(), stage,
+                      dtype, packed);
 
   ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
   for (size_t i = 0; i < cpu.losses.size(); ++i) {
@@ -648,13 +653,23 @@ TEST_P(EngineParityTest, FiveStepsMatchTheCpuGpt) {
   ExpectSameParameters(cpu, gpu, tol);
 }
 
+std::string EngineCaseName(const ::testing::TestParamInfo<std::tuple<int, DType, bool>>& info) {
+  return absl::StrFormat("stage%d_%s%s", std::get<0>(info.param),
+                         DTypeName(std::get<1>(info.param)),
+                         std::get<2>(info.param) ? "" : "_blocks");
+}
+
 INSTANTIATE_TEST_SUITE_P(StagesAndDtypes, EngineParityTest,
                          ::testing::Combine(::testing::Values(0, 3),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
-                         [](const auto& info) {
-                           return absl::StrFormat("stage%d_%s", std::get<0>(info.param),
-                                                  DTypeName(std::get<1>(info.param)));
-                         });
+                                            ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(true)),
+                         EngineCaseName);
+// Stage 3 through NCCL's block collectives (--packed_collectives=off).
+INSTANTIATE_TEST_SUITE_P(BlockCollectives, EngineParityTest,
+                         ::testing::Combine(::testing::Values(3),
+                                            ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(false)),
+                         EngineCaseName);
 
 }  // namespace
 }  // namespace zeroshard
