@@ -341,15 +341,17 @@ TEST(EngineTest, SharedGathersGiveTheSameBits) {
 // the same order as the block collectives, and Pack / Unpack convert each
 // element as the block path does, so the runs are equal bit for bit, at
 // stages 1-3, f32 and bf16 (parameters and reductions), 1-3 ranks (the plan
-// pads chunks to 4 elements: padding runs), prefetch and accumulation.
+// pads chunks to 4 elements: padding runs), prefetch and accumulation; int8
+// reductions keep their own path (the same bits trivially, and no buffer
+// planned for a path not taken).
 TEST(EngineTest, PackedCollectivesGiveTheSameBits) {
   for (int stage : {1, 2, 3}) {
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8}) {
       for (int world : {1, 2, 3}) {
         RunConfig c;
         c.stage = stage;
         c.world = world;
-        c.param_dtype = dtype;
+        c.param_dtype = dtype == DType::kI8 ? DType::kF32 : dtype;
         c.reduce_dtype = dtype;
         c.shared_gather = false;
         c.prefetch = world == 3 ? 2 : 1;
