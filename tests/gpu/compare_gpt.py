@@ -44,15 +44,19 @@ def main(argv):
         torch_peak.setdefault(key, []).append(r["device_peak_bytes"])
     groups = {}
     for r in ours:
-        key = (r["model"], r["dtype"], r.get("attention", "?"), r["stage"], r.get("prefetch", 1))
+        key = (r["model"], r["dtype"], r.get("attention", "?"), r["stage"], r.get("prefetch", 1),
+               r.get("collectives", "packed"))
         groups.setdefault(key, []).append(r)
     out = []
     print(f"{'MODEL':10} {'DTYPE':5} {'ATTENTION':9} {'STAGE':7} {'TOKENS/s':>10} "
           f"{'TORCH':>10} {'RATIO':>6} {'PEAK GiB':>8} {'TORCH GiB':>9} ROUNDS")
     for key in sorted(groups):
-        model, dtype, attention, stage, prefetch = key
-        # Stage 3 with a deeper prefetch than the default 1: "3 p2".
+        model, dtype, attention, stage, prefetch, collectives = key
+        # Stage 3 with a deeper prefetch than the default 1: "3 p2"; through
+        # NCCL's block collectives: "3 blk".
         stage_label = f"{stage}" if prefetch == 1 else f"{stage} p{prefetch}"
+        if collectives == "blocks":
+            stage_label += " blk"
         tps = statistics.median(r["tokens_per_second"] for r in groups[key])
         peak = max(r["device_peak_bytes"] for r in groups[key])
         t = torch_tps.get((model, dtype))
@@ -62,7 +66,7 @@ def main(argv):
         print(f"{model:10} {dtype:5} {attention:9} {stage_label:7} {tps:10.0f} {t_tps:10.0f} "
               f"{ratio:6.2f} {peak / 2**30:8.2f} {t_peak / 2**30:9.2f} {len(groups[key])}")
         out.append({"model": model, "dtype": dtype, "attention": attention, "stage": stage,
-                    "prefetch": prefetch,
+                    "prefetch": prefetch, "collectives": collectives,
                     "tokens_per_second": tps, "torch_tokens_per_second": t_tps,
                     "ratio": ratio, "device_peak_bytes": peak, "torch_peak_bytes": t_peak,
                     "rounds": len(groups[key])})

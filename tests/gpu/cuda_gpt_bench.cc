@@ -60,6 +60,9 @@ ABSL_FLAG(bool, profile, false,
 ABSL_FLAG(int, steps, 10, "Timed steps per configuration");
 ABSL_FLAG(int, prefetch, 1, "Stage 3: units gathered ahead of use (the worker's --prefetch)");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first");
+ABSL_FLAG(bool, packed_collectives, true,
+          "Stages 1-3: the engine's packed gathers and reduce-scatters (the device default); "
+          "false: NCCL's block collectives (the worker's --packed_collectives=off)");
 ABSL_FLAG(std::string, json_out, "", "Write the results here as JSON");
 
 namespace zeroshard {
@@ -148,6 +151,7 @@ absl::StatusOr<Result> RunOne(const BenchModel& m, DType dtype, int stage,
     EngineOptions options;
     options.stage = stage;
     options.prefetch = absl::GetFlag(FLAGS_prefetch);
+    options.packed_collectives = absl::GetFlag(FLAGS_packed_collectives);
     options.param_dtype = dtype;
     options.backend = backend->get();
     options.optimizer = "adamw";
@@ -291,6 +295,9 @@ int Main() {
                                      {"tf32", absl::GetFlag(FLAGS_tf32)},
                                      {"stage", stage},
                                      {"prefetch", absl::GetFlag(FLAGS_prefetch)},
+                                     {"collectives", absl::GetFlag(FLAGS_packed_collectives)
+                                                         ? "packed"
+                                                         : "blocks"},
                                      {"gather_wait_ms", r->gather_wait_ms},
                                      {"reduce_wait_ms", r->reduce_wait_ms},
                                      {"optimizer_ms", r->optimizer_ms},

@@ -75,7 +75,8 @@
 # QUICKSTART_STEPS (default: 1800), TORCH_PYTHON (default: unset), ROUNDS
 # (default: 2), GPT_ATTENTION (default: naive,flash,flash_tc,cudnn), GPT_MODELS
 # (default: gpt_bench,gpt2_124m), GPT_PREFETCH (stage 3's prefetch depths to
-# compare, default: 1), GPT_PROFILE (0: no profiled round), KERNEL_BENCHES
+# compare, default: 1), GPT_BLOCKS (1: stage 3 also through NCCL's block
+# collectives, default: 0), GPT_PROFILE (0: no profiled round), KERNEL_BENCHES
 # (default: cuda_attention_bench cuda_fused_bench), RUN_STEPS (default:
 # checks,bench; parts below).
 set -uo pipefail
@@ -361,6 +362,19 @@ for round in $(seq 1 "$ROUNDS"); do
       bench_failed=1
     fi
   done
+  # GPT_BLOCKS=1: stage 3 again through NCCL's block collectives
+  # (--packed_collectives=false; compare_gpt.py shows "3 blk"), the
+  # before of the packed collectives in the same run.
+  if [[ "${GPT_BLOCKS:-0}" == 1 ]]; then
+    if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" --stages=3 \
+      --packed_collectives=false --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" \
+      --json_out="$OUT/gpt_bench.blk.$round.json" >"$OUT/gpt_bench.blk.$round.txt" \
+      2>"$OUT/gpt_bench.blk.$round.log"; then
+      cat "$OUT/gpt_bench.blk.$round.txt"
+    else
+      bench_failed=1
+    fi
+  fi
   [[ -z "$torch_python" ]] && continue
   timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --models="$GPT_MODELS" \
     --json_out="$OUT/torch_fsdp.$round.json" >"$OUT/torch_fsdp.$round.txt" 2>"$OUT/torch_fsdp.$round.log"
