@@ -30,10 +30,12 @@ case "$part" in
   focus)
     # A short session after a first full one: the parity checks, the
     # quickstart, the attention bench and GPT-2 124M beside PyTorch in one
-    # round, stage 3 also at prefetch 2, no profile round (~3 min).
+    # round, stage 3 also through NCCL's block collectives (the packed
+    # path's before), no profile round (~3 min).
     steps="${FOCUS_STEPS:-parity,quickstart,kernel_bench,gpt_bench}"
     export ROUNDS="${ROUNDS:-1}" GPT_MODELS="${GPT_MODELS:-gpt2_124m}" GPT_PROFILE="${GPT_PROFILE:-0}"
-    export KERNEL_BENCHES="${KERNEL_BENCHES:-cuda_attention_bench}" GPT_PREFETCH="${GPT_PREFETCH:-1,2}"
+    export KERNEL_BENCHES="${KERNEL_BENCHES:-cuda_attention_bench}" GPT_PREFETCH="${GPT_PREFETCH:-1}"
+    export GPT_BLOCKS="${GPT_BLOCKS:-1}"
     ;;
   *) echo "device_session: part '$part': expected checks, bench, all or focus" >&2; exit 2 ;;
 esac
