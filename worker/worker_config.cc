@@ -140,9 +140,8 @@ ABSL_FLAG(std::string, gather_dtype, "f32",
 ABSL_FLAG(std::string, packed_collectives, "auto",
           "Stage 3's gathers and stages 1-3's reduce-scatters of whole units through one packed "
           "buffer (one collective and one conversion pass each way) instead of block by block: "
-          "auto (on "
-          "with --backend=nccl, off on CPUs, where Gloo and shared memory move blocks in "
-          "place)|on|off. The same bits either way");
+          "auto (on with --backend=nccl, off on CPUs, where Gloo and shared memory move blocks "
+          "in place)|on|off. The same bits either way");
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");
 ABSL_FLAG(double, max_grad_norm, 0, "Clip gradients to this global norm (0: off)");
 ABSL_FLAG(std::string, on_nonfinite, "stop",
@@ -466,7 +465,9 @@ absl::Status ReadEngine(WorkerConfig* config) {
   if (packed == "on" || packed == "off") {
     engine.packed_collectives = packed == "on";
   } else if (packed != "auto") {
-    return Bad(absl::StrCat("--packed_collectives=", packed, " is not one of auto, on, off"));
+    return Bad(absl::StrCat("--packed_collectives=", packed,
+                            " is not one of auto, on, off (auto is right unless you are "
+                            "comparing the two paths)"));
   }
   engine.replica_thread = absl::GetFlag(FLAGS_replica_thread);
   const std::string rounding = absl::GetFlag(FLAGS_int8_reduce_rounding);
