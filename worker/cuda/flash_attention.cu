@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -473,7 +474,11 @@ absl::Status BackwardAs(FlashKernels kernels, void* dqkv_v, const void* dout_v, 
       dvec, dout, static_cast<const S*>(out), d, rows);
   if (absl::Status s = LaunchStatus("FlashAttentionBackward"); !s.ok()) return s;
   if (kernels == FlashKernels::kTensorCores) {
-    return flash_internal::WmmaBackward(dqkv, dout, qkv, lse, dvec, b, d, stream);
+    if constexpr (std::is_same_v<S, float>) {
+      return flash_internal::MmaBackward(dqkv, dout, qkv, lse, dvec, b, d, stream);
+    } else {
+      return flash_internal::WmmaBackward(dqkv, dout, qkv, lse, dvec, b, d, stream);
+    }
   }
   switch (ThreadsPerRow(d.hs)) {
     case 1:
@@ -549,8 +554,8 @@ absl::Status FlashAttentionForwardWith(FlashKernels kernels, void* out, float* l
   if (kernels == FlashKernels::kTensorCores) {
     if (absl::Status s = CheckTensorCores(kWhat, dtype, d, qkv, qkv); !s.ok()) return s;
     if (dtype == DType::kF32) {
-      return flash_internal::WmmaForward(static_cast<float*>(out), lse,
-                                         static_cast<const float*>(qkv), b, d, st);
+      return flash_internal::MmaForward(static_cast<float*>(out), lse,
+                                        static_cast<const float*>(qkv), b, d, st);
     }
     return flash_internal::WmmaForward(static_cast<uint16_t*>(out), lse,
                                        static_cast<const uint16_t*>(qkv), b, d, st);

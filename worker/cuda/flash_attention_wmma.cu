@@ -602,18 +602,6 @@ absl::Status WmmaBackward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* 
   return Backward<uint16_t, 128>(dqkv, dout, qkv, lse, dvec, b, d, stream);
 }
 
-// f32: head sizes up to 64 only (the file comment's shared-memory budget).
-static_assert(kFlashTensorCoresF32MaxHeadSize == 64, "the f32 kernels are instantiated for 64");
-absl::Status WmmaForward(float* out, float* lse, const float* qkv, int64_t b, const Dims& d,
-                         cudaStream_t stream) {
-  return Forward<float, 64>(out, lse, qkv, b, d, stream);
-}
-
-absl::Status WmmaBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                          const float* dvec, int64_t b, const Dims& d, cudaStream_t stream) {
-  return Backward<float, 64>(dqkv, dout, qkv, lse, dvec, b, d, stream);
-}
-
 #endif  // ZEROSHARD_FLASH_ATTENTION_EMULATED
 
 }  // namespace flash_internal

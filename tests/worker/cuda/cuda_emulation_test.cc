@@ -2,9 +2,12 @@
 // *_emulated_test kernel tests rest: thread and block numbering of 2-D blocks
 // and grids, warps of consecutive threads, 8-byte shuffles, barriers that
 // order shared memory, the launch limits, and the allocator's alignment,
-// poison and count; wmma's tf32 rounding and products (emulation/mma.h).
+// poison and count; wmma's tf32 rounding and products (emulation/mma.h);
+// mma.sync's m16n8k8 tf32 product over PTX's fragment layout
+// (emulation/mma_sync.h).
 #include <cuda_runtime.h>  // the emulation's (tests/worker/cuda/emulation)
 #include <mma.h>
+#include <mma_sync.h>
 
 #include <cfloat>
 #include <cmath>
@@ -170,6 +173,59 @@ TEST(CudaEmulationTest, Tf32ProductsOfBothLayouts) {
       EXPECT_EQ(col.x[16 * m + n], want_col) << m << " " << n;
     }
   }
+}
+
+// One warp's m16n8k8 tf32 product: each lane puts the elements PTX's
+// "Matrix Fragments for mma.m16n8k8" (.tf32) gives it into its registers
+// (written out here independently of emulation/mma_sync.h) and reads its
+// elements of D back from where that section puts them.
+__global__ void MmaFromFragments(float* d, const float* a, const float* b, const float* c) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+  // a: 16 x 8 at a[8 row + k]; b: 8 x 8 at b[8 k + n]; c, d: 16 x 8 at [8 row + n].
+  const float fa[4] = {a[8 * g + t], a[8 * (g + 8) + t], a[8 * g + t + 4], a[8 * (g + 8) + t + 4]};
+  const float fb[2] = {b[8 * t + g], b[8 * (t + 4) + g]};
+  float fd[4] = {c[8 * g + 2 * t], c[8 * g + 2 * t + 1], c[8 * (g + 8) + 2 * t],
+                 c[8 * (g + 8) + 2 * t + 1]};
+  cuda_emulation::MmaM16N8K8Tf32(fd, fa, fb);
+  d[8 * g + 2 * t] = fd[0];
+  d[8 * g + 2 * t + 1] = fd[1];
+  d[8 * (g + 8) + 2 * t] = fd[2];
+  d[8 * (g + 8) + 2 * t + 1] = fd[3];
+}
+
+TEST(CudaEmulationTest, MmaSyncTf32FollowsPtxFragmentLayout) {
+  std::vector<float> a(16 * 8), b(8 * 8), c(16 * 8), d(16 * 8, NAN);
+  // Distinct small multiples of 2^-3 (tf32, every sum exact): a misplaced
+  // element changes the result.
+  for (int i = 0; i < 16 * 8; ++i) {
+    a[i] = 0.125f * static_cast<float>(i % 29) - 1.5f;
+    c[i] = static_cast<float>(i);
+  }
+  for (int i = 0; i < 8 * 8; ++i) b[i] = 0.25f * static_cast<float>(i % 11) - 1.0f;
+  cuda_emulation::Launcher(dim3(1), dim3(32)).Run([](auto... x) { MmaFromFragments(x...); },
+                                                  d.data(), static_cast<const float*>(a.data()),
+                                                  static_cast<const float*>(b.data()),
+                                                  static_cast<const float*>(c.data()));
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int row = 0; row < 16; ++row) {
+    for (int n = 0; n < 8; ++n) {
+      double want = c[8 * row + n];
+      for (int k = 0; k < 8; ++k) want += static_cast<double>(a[8 * row + k]) * b[8 * k + n];
+      EXPECT_EQ(d[8 * row + n], want) << row << " " << n;
+    }
+  }
+}
+
+// An operand with bits below tf32's ten (not rounded) aborts, as a kernel
+// that forgot cvt.rna would compute on truncated values on the GPU.
+TEST(CudaEmulationTest, MmaSyncTf32RefusesUnroundedOperands) {
+  std::vector<float> a(16 * 8, 1.0f), b(8 * 8, 1.0f), c(16 * 8, 0.0f), d(16 * 8);
+  a[5] = 1.0f + 0x1p-20f;
+  EXPECT_DEATH(cuda_emulation::Launcher(dim3(1), dim3(32))
+                   .Run([](auto... x) { MmaFromFragments(x...); }, d.data(),
+                        static_cast<const float*>(a.data()), static_cast<const float*>(b.data()),
+                        static_cast<const float*>(c.data())),
+               "bits below tf32");
 }
 
 }  // namespace

@@ -1,15 +1,19 @@
 // The flash attention kernels' device code (worker/cuda/flash_attention.cu,
-// CUDA cores; worker/cuda/flash_attention_wmma.cu, tensor cores: bf16, and
-// f32 as 3xTF32 with the emulation's tf32 rounding) run on the
-// CPU under a thread-per-CUDA-thread emulation (emulation/cuda_emulation.h),
-// launched as their host code launches them, and compared with layers.h's
-// naive attention under the error model of tests/testing/flash_attention_error_model.h,
-// as //tests/gpu:cuda_kernels_parity_check compares the real launches on a GPU
+// CUDA cores; worker/cuda/flash_attention_wmma.cu, tensor cores, bf16;
+// worker/cuda/flash_attention_mma.cu, tensor cores, f32 as 3xTF32 through
+// mma.sync with the emulation's tf32 rounding and PTX's fragment layout) run
+// on the CPU under a thread-per-CUDA-thread emulation
+// (emulation/cuda_emulation.h), launched as their host code launches them,
+// and compared with layers.h's naive attention under the error model of
+// tests/testing/flash_attention_error_model.h, as
+// //tests/gpu:cuda_kernels_parity_check compares the real launches on a GPU
 // (the f32 tensor-core kernels also with worker/model/flash_attention_reference.h).
 // This checks what can be wrong without a GPU: indexing, masks, tile
 // skipping, shared-memory layout, the order of barriers (the emulated wmma
 // stores write a lane's share only, so a missing __syncwarp reads stale
-// data; its wmma loads and stores check wmma's alignment rules; shared memory
+// data; its wmma loads and stores check wmma's alignment rules; the emulated
+// mma.sync takes each element from the lane and register PTX documents, so a
+// fragment in the wrong place gives a wrong product; shared memory
 // is poisoned before each block and checked past each launch's budget). Not
 // the hardware's rounding, speed, or register and shared-memory limits.
 #define ZEROSHARD_FLASH_ATTENTION_EMULATED 1
@@ -41,9 +45,15 @@ namespace {
 alignas(128) unsigned char smem[128 * 1024];
 }  // namespace
 }  // namespace flash_internal
+namespace flash_mma {
+namespace {
+alignas(128) float smem[(96 * 1024) / sizeof(float)];
+}  // namespace
+}  // namespace flash_mma
 }  // namespace zeroshard::gpu
 
 #include "tests/worker/cuda/flash_attention.cu.inc"
+#include "tests/worker/cuda/flash_attention_mma.cu.inc"
 #include "tests/worker/cuda/flash_attention_wmma.cu.inc"
 
 namespace zeroshard {
@@ -78,6 +88,7 @@ void Launch(void* shared, size_t sizeof_shared, size_t bytes, dim3 grid, int thr
 // The two kernel families' shared memory.
 #define SIMT_SHARED shared4, sizeof(shared4)
 #define WMMA_SHARED flash_internal::smem, sizeof(flash_internal::smem)
+#define MMA_SHARED flash_mma::smem, sizeof(flash_mma::smem)
 
 enum class Path { kCudaCores, kTensorCores };
 
@@ -105,11 +116,13 @@ void CudaCores(S* out, float* lse, S* dqkv, const S* qkv, const S* dout, float* 
          dqkv, dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
 }
 
-// As flash_attention_wmma.cu's Forward / Backward launch the tensor-core ones.
-template <typename S, int kHs>
-void TensorCores(S* out, float* lse, S* dqkv, const S* qkv, const S* dout, float* dvec,
-                 const Shape& s, const Dims& d) {
+// As flash_attention_wmma.cu's Forward / Backward launch the bf16 tensor-core
+// kernels.
+template <int kHs>
+void TensorCores(uint16_t* out, float* lse, uint16_t* dqkv, const uint16_t* qkv,
+                 const uint16_t* dout, float* dvec, const Shape& s, const Dims& d) {
   using flash_internal::kThreads;
+  using S = uint16_t;
   using L = flash_internal::Layout<S, kHs>;
   Launch(WMMA_SHARED, L::kForwardBytes, Tiles(s), kThreads,
          flash_internal::WmmaForwardKernel<S, kHs>, out, lse, qkv, d);
@@ -121,6 +134,21 @@ void TensorCores(S* out, float* lse, S* dqkv, const S* qkv, const S* dout, float
   Launch(WMMA_SHARED, L::kQueryBytes, Tiles(s), kThreads,
          flash_internal::WmmaBackwardQueryKernel<S, kHs>, dqkv, dout, qkv,
          static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
+}
+
+// As flash_attention_mma.cu's Forward / Backward launch the f32 ones.
+void TensorCores(float* out, float* lse, float* dqkv, const float* qkv, const float* dout,
+                 float* dvec, const Shape& s, const Dims& d) {
+  using flash_mma::kThreads;
+  Launch(MMA_SHARED, flash_mma::kForwardBytes, Tiles(s), kThreads, flash_mma::MmaForwardKernel,
+         out, lse, qkv, d);
+  Launch(MMA_SHARED, 0, dim3(3), 64, FlashRowDotKernel<float>, dvec, dout,
+         static_cast<const float*>(out), d, s.b * s.nh * s.t);
+  Launch(MMA_SHARED, flash_mma::kKeyBytes, Tiles(s), kThreads, flash_mma::MmaBackwardKeyKernel,
+         dqkv, dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
+  Launch(MMA_SHARED, flash_mma::kQueryBytes, Tiles(s), kThreads,
+         flash_mma::MmaBackwardQueryKernel, dqkv, dout, qkv, static_cast<const float*>(lse),
+         static_cast<const float*>(dvec), d);
 }
 
 std::vector<uint16_t> ToBF16(const std::vector<float>& v) {
@@ -158,12 +186,11 @@ Run RunKernels(Path path, const std::vector<float>& qkv_f, const std::vector<flo
   std::vector<float> lse(s.b * s.nh * s.t, NAN), dvec(lse.size(), NAN);
   if (path == Path::kTensorCores) {
     if constexpr (std::is_same_v<S, uint16_t>) {
-      (d.hs <= 64 ? TensorCores<S, 64> : TensorCores<S, 128>)(
-          out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(), s, d);
+      (d.hs <= 64 ? TensorCores<64> : TensorCores<128>)(out.data(), lse.data(), dqkv.data(),
+                                                         qkv.data(), dout.data(), dvec.data(), s, d);
     } else {  // f32: head sizes up to 64
       EXPECT_LE(d.hs, kFlashTensorCoresF32MaxHeadSize);
-      TensorCores<S, 64>(out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(),
-                         s, d);
+      TensorCores(out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(), s, d);
     }
   } else if (d.hs <= 32) {
     CudaCores<S, 1>(out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(), s,

@@ -54,6 +54,7 @@ struct alignas(16) float4 {
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
   return uint4{x, y, z, w};
 }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 namespace cuda_emulation {
 
@@ -89,10 +90,13 @@ struct Block {
       warps.push_back(std::make_unique<Barrier>(std::min(32, threads - 32 * w)));
     }
     slots.resize(static_cast<size_t>(threads));
+    words.resize(static_cast<size_t>(threads) * kWords);
   }
+  static constexpr int kWords = 16;
   Barrier block;
   std::vector<std::unique_ptr<Barrier>> warps;
   std::vector<uint64_t> slots;  // a shuffled value's bytes (at most 8)
+  std::vector<float> words;     // a warp-wide operation's operands, kWords per thread
 };
 
 inline thread_local dim3 tl_thread_idx, tl_block_idx;

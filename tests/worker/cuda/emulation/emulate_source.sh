@@ -17,7 +17,7 @@
 #   args as nvcc deduces them; the launch may span lines).
 set -euo pipefail
 sed -E -z \
-  -e 's|"worker/cuda/([a-z_]*\.cuh)"|"tests/worker/cuda/\1.inc"|g' \
+  -e 's|"worker/cuda/([a-z0-9_]*\.cuh)"|"tests/worker/cuda/\1.inc"|g' \
   -e 's/extern __shared__/extern/g' \
   -e 's/__shared__ ([A-Za-z_][A-Za-z0-9_:<>]*) ([A-Za-z_][A-Za-z0-9_]*)((\[[^];]*\])*);/static \1 \2\3; cuda_emulation::SharedArray(\&\2, sizeof(\2));/g' \
   -e 's/__shared__/static/g' \

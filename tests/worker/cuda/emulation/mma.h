@@ -28,6 +28,7 @@
 
 #include "cuda_bf16.h"
 #include "cuda_emulation.h"
+#include "mma_sync.h"
 
 namespace nvcuda {
 namespace wmma {
@@ -123,17 +124,8 @@ void fill_fragment(fragment<Use, M, N, K, T, L>& f, float v) {
   for (float& x : f.x) x = v;
 }
 
-// Rounds to tf32 (see the file comment): on the bits, add half of the 13
-// dropped bits' unit to the magnitude and clear them (a carry into the
-// exponent is the correct rounding up, to infinity past the largest finite).
-inline float __float_to_tf32(float in) {
-  uint32_t u;
-  std::memcpy(&u, &in, 4);
-  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & ~0x1fffu;
-  float out;
-  std::memcpy(&out, &u, 4);
-  return out;
-}
+// Rounds to tf32 (see the file comment): as cvt.rna.tf32.f32 (mma_sync.h).
+inline float __float_to_tf32(float in) { return cuda_emulation::RoundToTf32(in); }
 
 template <typename T>
 void CheckTf32(const float* x, int n) {

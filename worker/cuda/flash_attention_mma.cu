@@ -1,0 +1,449 @@
+// The f32 tensor-core kernels of flash_attention.h (FlashKernels::
+// kTensorCores with f32 storage): FlashAttention-2's tiling, online softmax
+// (64-key steps) and backward split, as worker/model/flash_attention_reference.h
+// runs them, with the five products as "3xTF32" mma.sync products
+// (mma_tf32.cuh: every f32 operand split into two tf32 parts, each product
+// taken as three tf32 products into an f32 accumulator; cutlass's
+// OpMultiplyAddFastF32, and PyTorch's f32 memory-efficient attention), so
+// results keep f32's accuracy (tests/testing/flash_attention_error_model.h:
+// WithThreeTf32Products).
+//
+// Threads. A block of 4 warps owns a tile of 64 rows of one head (queries
+// in the forward and the dq pass, keys in the dk/dv pass); warp w owns rows
+// 16w..16w+15. Unlike the wmma kernels (bf16, flash_attention_wmma.cu),
+// nothing a warp computes goes through shared memory: the scores, the
+// weights, the score gradients and the accumulators (o, or dk and dv, or
+// dq) stay in mma fragments, in registers, for a whole pass. A warp's
+// 16 x 64 score tile is eight 16 x 8 accumulator fragments; the lane holding
+// row r's columns 2t and 2t + 1 of each applies the mask and the softmax to
+// them, the row's maximum and sum taken over the four lanes of the row
+// (t = 0..3) by shuffles. The weights then enter the next product as its A
+// operand straight from those registers: mma's A fragment wants, for a
+// depth step of 8 keys, row g's keys t and t + 4 where the accumulator holds
+// keys 2t and 2t + 1, so the product's depth runs over the keys in the order
+// 0, 2, 4, 6, 1, 3, 5, 7 and the B operand (V, dO, Q or K rows) is read in
+// that order too: a permutation of a sum's terms, the same product.
+//
+// Shared memory (dynamic, opted in: over 48 KiB): head tiles [64][68] f32,
+// zero past HS (padded to 64) and past T, staged 16 bytes at a time; the
+// row stride 68 makes every fragment load below free of bank conflicts.
+// Forward: Q, K, V (52 KiB); dk/dv: K, V, Q, dO and 512 bytes of lse and D
+// (68.5 KiB); dq: Q, dO, K, V (68 KiB). Operands are split into tf32 parts
+// as they are loaded into registers.
+//
+// Requirements checked by the caller (flash_attention.cu): f32, qkv and
+// dout 16-byte aligned, head size a multiple of 4 up to 64.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_util.cuh"
+#include "worker/cuda/flash_attention_internal.cuh"
+#include "worker/cuda/flash_attention_variants.h"
+#include "worker/cuda/mma_tf32.cuh"
+
+namespace zeroshard {
+namespace gpu {
+namespace flash_mma {
+namespace {
+
+using flash_internal::Dims;
+using internal::LaunchStatus;
+using mma::Mma3xTf32;
+using mma::SplitTf32;
+
+constexpr int kTile = 64;     // rows per block, rows per staged tile, keys per softmax step
+constexpr int kThreads = 128;  // 4 warps of 16 rows
+constexpr int kDims = 64;     // the padded head size
+constexpr int kLd = kDims + 4;  // head tiles [64][68]
+constexpr int kGroups = kTile / 8;  // 8-wide column groups of a score tile
+constexpr size_t kHeadTile = size_t{kTile} * kLd * sizeof(float);
+constexpr size_t kForwardBytes = 3 * kHeadTile;
+constexpr size_t kKeyBytes = 4 * kHeadTile + 2 * kTile * sizeof(float);
+constexpr size_t kQueryBytes = 4 * kHeadTile;
+static_assert(kFlashTensorCoresF32MaxHeadSize == kDims, "the kernels pad head rows to 64");
+
+// A warp's fragments: 8 groups of 8 columns (keys or queries for scores,
+// head components for accumulators), each a 16 x 8 accumulator fragment.
+using Frags = float[kGroups][4];
+
+// This lane's place in its warp's fragments.
+struct Lane {
+  int warp, g, t;
+  __device__ Lane() : warp(threadIdx.x / 32), g(threadIdx.x % 32 / 4), t(threadIdx.x % 4) {}
+};
+
+// Head h of batch row b: its q row 0 in qkv (k and v follow at +C, +2C; rows
+// 3C apart), its out / dout row 0 (rows C apart), its lse / D row 0.
+struct HeadBase {
+  int64_t qkv, out, lse;
+};
+__device__ __forceinline__ HeadBase ThisHead(const Dims& d) {
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  return HeadBase{b * d.t * 3 * d.c + h * d.hs, b * d.t * d.c + h * d.hs, (b * d.nh + h) * d.t};
+}
+
+// Stages rows first..first+63 of one head (row r at src + r * stride) into
+// tile [64][kLd], 16 bytes at a time; zero past T and past HS. All threads
+// call it.
+__device__ __forceinline__ void Stage(float* tile, const float* src, int64_t stride, int64_t first,
+                                      const Dims& d) {
+  constexpr int kChunks = kDims / 4;
+  for (int idx = threadIdx.x; idx < kTile * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, col = 4 * (idx % kChunks);
+    const int64_t pos = first + r;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (pos < d.t && col < d.hs) v = *reinterpret_cast<const float4*>(src + pos * stride + col);
+    *reinterpret_cast<float4*>(tile + r * kLd + col) = v;
+  }
+}
+
+__device__ __forceinline__ void Zero(Frags& f) {
+#pragma unroll
+  for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[n][i] = 0.0f;
+  }
+}
+
+// s = A B^T for a warp's 16 rows: s's column group n (columns 8n..8n+7, for
+// n in [first, end)) from rows 8n.. of `b`, over the head components
+// (`steps` depth steps of 8, zero past HS); A's row r at a + r * kLd, B's
+// row c at b + c * kLd. Groups outside [first, end) are left as they are.
+__device__ __forceinline__ void Scores(Frags& s, const float* a, const float* b, int first,
+                                       int end, int steps, const Lane& ln) {
+#pragma unroll
+  for (int kk = 0; kk < kDims / 8; ++kk) {
+    if (kk >= steps) break;
+    const float* ar = a + ln.g * kLd + 8 * kk + ln.t;
+    const float ax[4] = {ar[0], ar[8 * kLd], ar[4], ar[8 * kLd + 4]};
+    const mma::Split<4> as = SplitTf32(ax);
+#pragma unroll
+    for (int n = 0; n < kGroups; ++n) {
+      if (n < first || n >= end) continue;
+      const float* br = b + (8 * n + ln.g) * kLd + 8 * kk + ln.t;
+      const float bx[2] = {br[0], br[4]};
+      Mma3xTf32(s[n], as, SplitTf32(bx));
+    }
+  }
+}
+
+// acc += P Y for a warp's 16 rows: P's columns are the fragments p (column
+// groups [first, end), 8 rows of Y each), Y's row c at y + c * kLd; acc's
+// column group n is head components 8n..8n+7 (for n < `steps`). Per depth
+// step the keys run in the order 0, 2, 4, 6, 1, 3, 5, 7 (the file comment).
+__device__ __forceinline__ void Accumulate(Frags& acc, const Frags& p, const float* y, int first,
+                                           int end, int steps, const Lane& ln) {
+#pragma unroll
+  for (int kb = 0; kb < kGroups; ++kb) {
+    if (kb < first || kb >= end) continue;
+    const float ax[4] = {p[kb][0], p[kb][2], p[kb][1], p[kb][3]};
+    const mma::Split<4> as = SplitTf32(ax);
+    const float* y0 = y + (8 * kb + 2 * ln.t) * kLd + ln.g;  // key 2t; key 2t + 1 one row on
+#pragma unroll
+    for (int n = 0; n < kDims / 8; ++n) {
+      if (n >= steps) break;
+      const float bx[2] = {y0[8 * n], y0[kLd + 8 * n]};
+      Mma3xTf32(acc[n], as, SplitTf32(bx));
+    }
+  }
+}
+
+// The maximum (or sum) of a row's values over the four lanes holding it.
+__device__ __forceinline__ float RowMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float RowSum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Writes a warp's accumulators times `factor` to rows `row0` (c[0], c[1])
+// and row0 + 8 (c[2], c[3]) of dst (row r at dst + r * stride), head
+// components below HS; rows past T are not written.
+__device__ __forceinline__ void WriteRows(float* dst, int64_t stride, const Frags& acc,
+                                          int64_t row0, float factor0, float factor1,
+                                          const Lane& ln, const Dims& d) {
+#pragma unroll
+  for (int n = 0; n < kDims / 8; ++n) {
+    const int col = 8 * n + 2 * ln.t;
+    if (col >= d.hs) break;  // HS is a multiple of 4: col + 1 < HS too
+    if (row0 < d.t) {
+      dst[row0 * stride + col] = factor0 * acc[n][0];
+      dst[row0 * stride + col + 1] = factor0 * acc[n][1];
+    }
+    if (row0 + 8 < d.t) {
+      dst[(row0 + 8) * stride + col] = factor1 * acc[n][2];
+      dst[(row0 + 8) * stride + col + 1] = factor1 * acc[n][3];
+    }
+  }
+}
+
+// Head-component depth steps (and accumulator column groups) that HS needs.
+__device__ __forceinline__ int Steps(const Dims& d) { return static_cast<int>((d.hs + 7) / 8); }
+
+// ---------------------------------------------------------------------------
+// Forward. Block: query tile (the last, longest, first), head, batch row.
+// Per key tile up to its last row: S = Q K^T, the online softmax on S's
+// fragments (rows g and g + 8 of the warp: running max m, this lane's share
+// of the running sum l), O += P V.
+__global__ void __launch_bounds__(kThreads) MmaForwardKernel(float* out, float* lse,
+                                                             const float* qkv, Dims d) {
+  extern __shared__ __align__(128) float smem[];
+  float* qs = smem;
+  float* ks = qs + kTile * kLd;
+  float* vs = ks + kTile * kLd;
+  const Lane ln;
+  const HeadBase head = ThisHead(d);
+  const int64_t stride = 3 * d.c;
+  const int64_t tile0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
+  const int64_t row0 = tile0 + 16 * ln.warp + ln.g;  // and row0 + 8
+  const int steps = Steps(d);
+
+  Stage(qs, qkv + head.qkv, stride, tile0, d);
+  Frags o, s;
+  Zero(o);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int64_t rows_end = tile0 + kTile < d.t ? tile0 + kTile : d.t;
+  for (int64_t j0 = 0; j0 < rows_end; j0 += kTile) {  // key tiles with a key <= the last row
+    __syncthreads();                                  // the previous tiles are consumed
+    Stage(ks, qkv + head.qkv + d.c, stride, j0, d);
+    Stage(vs, qkv + head.qkv + 2 * d.c, stride, j0, d);
+    __syncthreads();
+    // Key groups with a key <= this warp's last row (uniform over the warp).
+    const int64_t seen = tile0 + 16 * ln.warp + 16 - j0;
+    const int end = seen >= kTile ? kGroups : static_cast<int>((seen + 7) / 8);
+    Zero(s);
+    Scores(s, qs + 16 * ln.warp * kLd, ks, 0, end, steps, ln);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows row0 (c[0], c[1]) and row0 + 8 (c[2], c[3])
+      const int64_t row = row0 + 8 * h;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+        for (int i = 2 * h; i < 2 * h + 2; ++i) {
+          const int64_t key = j0 + 8 * n + 2 * ln.t + i % 2;
+          s[n][i] = n < end && key <= row ? d.scale * s[n][i] : -INFINITY;
+          mx = fmaxf(mx, s[n][i]);
+        }
+      }
+      const float next_m = fmaxf(m[h], RowMax(mx));
+      // Every row sees key 0 in the first tile: next_m is finite.
+      const float alpha = expf(m[h] - next_m);  // 0 on the first tile
+      l[h] *= alpha;
+#pragma unroll
+      for (int n = 0; n < kDims / 8; ++n) {
+        o[n][2 * h] *= alpha;
+        o[n][2 * h + 1] *= alpha;
+      }
+#pragma unroll
+      for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+        for (int i = 2 * h; i < 2 * h + 2; ++i) {
+          s[n][i] = expf(s[n][i] - next_m);  // 0 where masked
+          l[h] += s[n][i];
+        }
+      }
+      m[h] = next_m;
+    }
+    Accumulate(o, s, vs, 0, end, steps, ln);
+  }
+  const float sum0 = RowSum(l[0]), sum1 = RowSum(l[1]);
+  WriteRows(out + head.out, d.c, o, row0, 1.0f / sum0, 1.0f / sum1, ln, d);
+  if (ln.t == 0) {
+    if (row0 < d.t) lse[head.lse + row0] = m[0] + logf(sum0);
+    if (row0 + 8 < d.t) lse[head.lse + row0 + 8] = m[1] + logf(sum1);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward, dk and dv. Block: key tile (tile 0, seen by every query, first),
+// head, batch row. Per query tile from its own on: S^T = K Q^T and
+// dP^T = V dO^T (a warp's 16 keys x 64 queries), then per element
+// p = e^(scale s - lse), ds = p (dp - D), and dV += P^T dO, dK += dS^T Q.
+__global__ void __launch_bounds__(kThreads)
+    MmaBackwardKeyKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                         const float* dvec, Dims d) {
+  extern __shared__ __align__(128) float smem[];
+  float* ks = smem;
+  float* vs = ks + kTile * kLd;
+  float* qs = vs + kTile * kLd;
+  float* gs = qs + kTile * kLd;
+  float* lse_s = gs + kTile * kLd;  // [kTile]
+  float* d_s = lse_s + kTile;       // [kTile]
+  const Lane ln;
+  const HeadBase head = ThisHead(d);
+  const int64_t stride = 3 * d.c;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t key0 = j0 + 16 * ln.warp + ln.g;  // and key0 + 8
+  const int steps = Steps(d);
+
+  Stage(ks, qkv + head.qkv + d.c, stride, j0, d);
+  Stage(vs, qkv + head.qkv + 2 * d.c, stride, j0, d);
+  Frags dk, dv, p, ds;
+  Zero(dk);
+  Zero(dv);
+  for (int64_t i0 = j0; i0 < d.t; i0 += kTile) {  // query tiles holding a row >= j0
+    __syncthreads();
+    Stage(qs, qkv + head.qkv, stride, i0, d);
+    Stage(gs, dout + head.out, d.c, i0, d);
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      const bool in = i0 + r < d.t;
+      lse_s[r] = in ? lse[head.lse + i0 + r] : 0.0f;
+      d_s[r] = in ? dvec[head.lse + i0 + r] : 0.0f;
+    }
+    __syncthreads();
+    // Query groups with a query >= this warp's first key and < T (uniform).
+    const int64_t before = j0 + 16 * ln.warp - i0;
+    const int first = before > 0 ? static_cast<int>(before / 8) : 0;
+    const int64_t left = d.t - i0;
+    const int end = left >= kTile ? kGroups : static_cast<int>((left + 7) / 8);
+    Zero(p);
+    Zero(ds);
+    Scores(p, ks + 16 * ln.warp * kLd, qs, first, end, steps, ln);
+    Scores(ds, vs + 16 * ln.warp * kLd, gs, first, end, steps, ln);
+#pragma unroll
+    for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = 8 * n + 2 * ln.t + i % 2;
+        const int64_t q = i0 + c;
+        const bool visible = n >= first && n < end && q >= key0 + 8 * (i / 2) && q < d.t;
+        p[n][i] = visible ? expf(d.scale * p[n][i] - lse_s[c]) : 0.0f;
+        ds[n][i] = p[n][i] * (ds[n][i] - d_s[c]);
+      }
+    }
+    Accumulate(dv, p, gs, first, end, steps, ln);
+    Accumulate(dk, ds, qs, first, end, steps, ln);
+  }
+  WriteRows(dqkv + head.qkv + d.c, stride, dk, key0, d.scale, d.scale, ln, d);
+  WriteRows(dqkv + head.qkv + 2 * d.c, stride, dv, key0, 1.0f, 1.0f, ln, d);
+}
+
+// Backward, dq. Block: query tile (the last, longest, first), head, batch
+// row. Per key tile up to its last row: S = Q K^T, dP = dO V^T, then
+// ds = e^(scale s - lse) (dp - D) and dQ += dS K.
+__global__ void __launch_bounds__(kThreads)
+    MmaBackwardQueryKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                           const float* dvec, Dims d) {
+  extern __shared__ __align__(128) float smem[];
+  float* qs = smem;
+  float* gs = qs + kTile * kLd;
+  float* ks = gs + kTile * kLd;
+  float* vs = ks + kTile * kLd;
+  const Lane ln;
+  const HeadBase head = ThisHead(d);
+  const int64_t stride = 3 * d.c;
+  const int64_t tile0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
+  const int64_t row0 = tile0 + 16 * ln.warp + ln.g;  // and row0 + 8
+  const int steps = Steps(d);
+
+  Stage(qs, qkv + head.qkv, stride, tile0, d);
+  Stage(gs, dout + head.out, d.c, tile0, d);
+  float row_lse[2], row_d[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool live = row0 + 8 * h < d.t;
+    row_lse[h] = live ? lse[head.lse + row0 + 8 * h] : 0.0f;
+    row_d[h] = live ? dvec[head.lse + row0 + 8 * h] : 0.0f;
+  }
+  Frags dq, p, ds;
+  Zero(dq);
+  const int64_t rows_end = tile0 + kTile < d.t ? tile0 + kTile : d.t;
+  for (int64_t j0 = 0; j0 < rows_end; j0 += kTile) {
+    __syncthreads();
+    Stage(ks, qkv + head.qkv + d.c, stride, j0, d);
+    Stage(vs, qkv + head.qkv + 2 * d.c, stride, j0, d);
+    __syncthreads();
+    const int64_t seen = tile0 + 16 * ln.warp + 16 - j0;
+    const int end = seen >= kTile ? kGroups : static_cast<int>((seen + 7) / 8);
+    Zero(p);
+    Zero(ds);
+    Scores(p, qs + 16 * ln.warp * kLd, ks, 0, end, steps, ln);
+    Scores(ds, gs + 16 * ln.warp * kLd, vs, 0, end, steps, ln);
+#pragma unroll
+    for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i / 2;
+        const int64_t row = row0 + 8 * h, key = j0 + 8 * n + 2 * ln.t + i % 2;
+        const bool visible = n < end && key <= row && row < d.t;
+        const float w = visible ? expf(d.scale * p[n][i] - row_lse[h]) : 0.0f;
+        ds[n][i] = w * (ds[n][i] - row_d[h]);
+      }
+    }
+    Accumulate(dq, ds, ks, 0, end, steps, ln);
+  }
+  WriteRows(dqkv + head.qkv, stride, dq, row0, d.scale, d.scale, ln, d);
+}
+
+// Without nvcc (tests/worker/cuda/emulation runs the kernels above on the
+// CPU), nothing below: it launches them.
+#ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+template <typename Kernel>
+absl::Status AllowBytes(Kernel kernel, size_t bytes, const char* what) {
+  return CudaErrorToStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(bytes)),
+                           absl::StrCat(what, ": allowing ", bytes, " bytes of shared memory"));
+}
+
+dim3 TileGrid(int64_t b, const Dims& d) {
+  return dim3(static_cast<unsigned int>((d.t + kTile - 1) / kTile), static_cast<unsigned int>(d.nh),
+              static_cast<unsigned int>(b));
+}
+
+absl::Status Forward(float* out, float* lse, const float* qkv, int64_t b, const Dims& d,
+                     cudaStream_t stream) {
+  static constexpr char kWhat[] = "FlashAttentionForward (tensor cores, 3xTF32)";
+  if (absl::Status s = AllowBytes(MmaForwardKernel, kForwardBytes, kWhat); !s.ok()) return s;
+  MmaForwardKernel<<<TileGrid(b, d), kThreads, kForwardBytes, stream>>>(out, lse, qkv, d);
+  return LaunchStatus(kWhat);
+}
+
+absl::Status Backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                      const float* dvec, int64_t b, const Dims& d, cudaStream_t stream) {
+  static constexpr char kWhat[] = "FlashAttentionBackward (tensor cores, 3xTF32)";
+  if (absl::Status s = AllowBytes(MmaBackwardKeyKernel, kKeyBytes, kWhat); !s.ok()) return s;
+  MmaBackwardKeyKernel<<<TileGrid(b, d), kThreads, kKeyBytes, stream>>>(dqkv, dout, qkv, lse,
+                                                                         dvec, d);
+  if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowBytes(MmaBackwardQueryKernel, kQueryBytes, kWhat); !s.ok()) return s;
+  MmaBackwardQueryKernel<<<TileGrid(b, d), kThreads, kQueryBytes, stream>>>(dqkv, dout, qkv, lse,
+                                                                            dvec, d);
+  return LaunchStatus(kWhat);
+}
+
+#endif  // ZEROSHARD_FLASH_ATTENTION_EMULATED
+
+}  // namespace
+}  // namespace flash_mma
+
+#ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
+
+namespace flash_internal {
+
+absl::Status MmaForward(float* out, float* lse, const float* qkv, int64_t b, const Dims& d,
+                        cudaStream_t stream) {
+  return flash_mma::Forward(out, lse, qkv, b, d, stream);
+}
+
+absl::Status MmaBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                         const float* dvec, int64_t b, const Dims& d, cudaStream_t stream) {
+  return flash_mma::Backward(dqkv, dout, qkv, lse, dvec, b, d, stream);
+}
+
+}  // namespace flash_internal
+
+#endif  // ZEROSHARD_FLASH_ATTENTION_EMULATED
+
+}  // namespace gpu
+}  // namespace zeroshard
