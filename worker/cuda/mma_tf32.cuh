@@ -14,8 +14,8 @@
 // low mantissa bits zero).
 //
 // Under the CPU emulation of CUDA (tests/worker/cuda/emulation, no nvcc),
-// the same two functions come from emulation/mma_sync.h, which computes the
-// product from every lane's fragments laid out as above and refuses
+// ToTf32 and MmaTf32Chain come from emulation/mma_sync.h, which computes
+// the products from every lane's fragments laid out as above and refuses
 // operands that are not tf32.
 #ifndef ZEROSHARD_WORKER_CUDA_MMA_TF32_CUH_
 #define ZEROSHARD_WORKER_CUDA_MMA_TF32_CUH_
@@ -41,9 +41,9 @@ __device__ __forceinline__ float ToTf32(float x) {
   return __uint_as_float(r);
 }
 
-// d += a b, one warp (every lane calls it, the fragments laid out as the
+// d += a b, one warp (every lane calls it, a[4] and b[2] laid out as the
 // file comment says).
-__device__ __forceinline__ void MmaTf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+__device__ __forceinline__ void MmaTf32(float (&d)[4], const float* a, const float* b) {
 #if defined(__CUDA_ARCH__)
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};"
@@ -52,10 +52,24 @@ __device__ __forceinline__ void MmaTf32(float (&d)[4], const float (&a)[4], cons
         "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b[0])), "r"(__float_as_uint(b[1])));
 #endif
 }
+
+// d += a0 b0, then a1 b1, then a2 b2: three products into one accumulator,
+// in that order.
+__device__ __forceinline__ void MmaTf32Chain(float (&d)[4], const float* a0, const float* b0,
+                                             const float* a1, const float* b1, const float* a2,
+                                             const float* b2) {
+  MmaTf32(d, a0, b0);
+  MmaTf32(d, a1, b1);
+  MmaTf32(d, a2, b2);
+}
 #else
 __device__ __forceinline__ float ToTf32(float x) { return cuda_emulation::RoundToTf32(x); }
-__device__ __forceinline__ void MmaTf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
-  cuda_emulation::MmaM16N8K8Tf32(d, a, b);
+// The emulation takes the chain's three products through one exchange of
+// the warp's fragments (one barrier rather than three), in the same order.
+__device__ __forceinline__ void MmaTf32Chain(float (&d)[4], const float* a0, const float* b0,
+                                             const float* a1, const float* b1, const float* a2,
+                                             const float* b2) {
+  cuda_emulation::MmaM16N8K8Tf32Chain(d, {a0, a1, a2}, {b0, b1, b2});
 }
 #endif
 
@@ -81,9 +95,7 @@ __device__ __forceinline__ Split<N> SplitTf32(const float (&x)[N]) {
 // a.small b.big + a.big b.big (a.small b.small, under 2^-44 of |a b|,
 // dropped). Each product is off by under (3 + 2^-9) 2^-22 of |a b|.
 __device__ __forceinline__ void Mma3xTf32(float (&d)[4], const Split<4>& a, const Split<2>& b) {
-  MmaTf32(d, a.big, b.small);
-  MmaTf32(d, a.small, b.big);
-  MmaTf32(d, a.big, b.big);
+  MmaTf32Chain(d, a.big, b.small, a.small, b.big, a.big, b.big);
 }
 
 }  // namespace mma

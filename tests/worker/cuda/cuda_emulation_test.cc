@@ -186,7 +186,7 @@ __global__ void MmaFromFragments(float* d, const float* a, const float* b, const
   const float fb[2] = {b[8 * t + g], b[8 * (t + 4) + g]};
   float fd[4] = {c[8 * g + 2 * t], c[8 * g + 2 * t + 1], c[8 * (g + 8) + 2 * t],
                  c[8 * (g + 8) + 2 * t + 1]};
-  cuda_emulation::MmaM16N8K8Tf32(fd, fa, fb);
+  cuda_emulation::MmaM16N8K8Tf32Chain(fd, {fa}, {fb});
   d[8 * g + 2 * t] = fd[0];
   d[8 * g + 2 * t + 1] = fd[1];
   d[8 * (g + 8) + 2 * t] = fd[2];

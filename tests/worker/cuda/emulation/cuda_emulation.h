@@ -90,17 +90,20 @@ struct Block {
       warps.push_back(std::make_unique<Barrier>(std::min(32, threads - 32 * w)));
     }
     slots.resize(static_cast<size_t>(threads));
-    words.resize(static_cast<size_t>(threads) * kWords);
+    words.resize(static_cast<size_t>(threads) * 2 * kWords);
   }
-  static constexpr int kWords = 16;
+  static constexpr int kWords = 18;
   Barrier block;
   std::vector<std::unique_ptr<Barrier>> warps;
   std::vector<uint64_t> slots;  // a shuffled value's bytes (at most 8)
-  std::vector<float> words;     // a warp-wide operation's operands, kWords per thread
+  // A warp-wide operation's operands: two sets of kWords per thread, used
+  // in turn (see mma_sync.h).
+  std::vector<float> words;
 };
 
 inline thread_local dim3 tl_thread_idx, tl_block_idx;
 inline thread_local unsigned int tl_linear = 0;  // the thread's index in its block
+inline thread_local uint64_t tl_warp_ops = 0;    // the thread's warp-wide operations so far
 inline dim3 g_grid_dim, g_block_dim;
 inline Block* g_block = nullptr;
 
@@ -156,6 +159,7 @@ void Launch(dim3 grid, dim3 block_dim, Kernel kernel, Args... args) {
     pool.emplace_back([&, t] {
       const unsigned int u = static_cast<unsigned int>(t);
       tl_linear = u;
+      tl_warp_ops = 0;
       tl_thread_idx =
           dim3(u % block_dim.x, u / block_dim.x % block_dim.y, u / (block_dim.x * block_dim.y));
       for (uint64_t k = 0; k < blocks; ++k) {

@@ -1,5 +1,5 @@
 // Emulated mma.sync (see cuda_emulation.h) for worker/cuda/mma_tf32.cuh:
-// the tf32 m16n8k8 product with f32 accumulators, from every lane's
+// chains of the tf32 m16n8k8 product with f32 accumulators, from every lane's
 // fragments laid out as PTX documents them (mma_tf32.cuh's comment), so a
 // kernel that puts an element in the wrong lane or register computes the
 // wrong product here too. Operands that are not tf32 (any of the 13 low
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "cuda_emulation.h"
 
@@ -43,36 +44,50 @@ inline float CheckedTf32(float x) {
   return x;
 }
 
-// d += a b over the warp: each lane publishes its a[4], b[2], d[4]; after the
-// warp's barrier each computes its own four elements of D from everyone's.
-inline void MmaM16N8K8Tf32(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
+// d += a[0] b[0], then a[1] b[1], ... (up to three products, in order) over
+// the warp: each lane publishes its fragments, a[i][4] and b[i][2]; after
+// the warp's barrier each computes its own four elements of D from
+// everyone's. One barrier per call: lanes alternate between two sets of
+// operand words, so a lane's next call writes the other set while others may
+// still read this one, and the call after waits at the next barrier for
+// every lane to have finished reading.
+inline void MmaM16N8K8Tf32Chain(float (&d)[4], std::initializer_list<const float*> a,
+                                std::initializer_list<const float*> b) {
+  constexpr int kPer = 6;  // words per product: a[4], b[2]
+  const int products = static_cast<int>(a.size());
+  if (products != static_cast<int>(b.size()) || products * kPer > Block::kWords) std::abort();
   Block& blk = *g_block;
   const unsigned int me = tl_linear, lane = me % 32, base = me - lane;
-  float* mine = &blk.words[static_cast<size_t>(me) * Block::kWords];
-  std::memcpy(mine, a, sizeof(a));
-  std::memcpy(mine + 4, b, sizeof(b));
-  __syncwarp();
-  const auto word = [&](unsigned int l, int i) {
-    return blk.words[static_cast<size_t>(base + l) * Block::kWords + i];
+  const size_t set = static_cast<size_t>(tl_warp_ops++ % 2) * Block::kWords;
+  const auto at = [&](unsigned int thread) {
+    return &blk.words[static_cast<size_t>(thread) * 2 * Block::kWords + set];
   };
-  // A (row, k): lane 4 (row % 8) + k % 4, register (row / 8) + 2 (k / 4).
-  const auto a_at = [&](int row, int k) {
-    return CheckedTf32(word(static_cast<unsigned int>(4 * (row % 8) + k % 4), row / 8 + 2 * (k / 4)));
-  };
-  // B (k, n): lane 4 n + k % 4, register k / 4.
-  const auto b_at = [&](int k, int n) {
-    return CheckedTf32(word(static_cast<unsigned int>(4 * n + k % 4), 4 + k / 4));
-  };
-  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
-  float r[4];
-  for (int i = 0; i < 4; ++i) {
-    const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
-    float s = d[i];
-    for (int k = 0; k < 8; ++k) s += a_at(row, k) * b_at(k, col);
-    r[i] = s;
+  for (int p = 0; p < products; ++p) {
+    std::memcpy(at(me) + kPer * p, a.begin()[p], 4 * sizeof(float));
+    std::memcpy(at(me) + kPer * p + 4, b.begin()[p], 2 * sizeof(float));
   }
-  __syncwarp();  // every lane has read the others' operands
-  std::memcpy(d, r, sizeof(r));
+  __syncwarp();
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  for (int p = 0; p < products; ++p) {
+    // A (row, k): lane 4 (row % 8) + k % 4, register (row / 8) + 2 (k / 4).
+    const auto a_at = [&](int row, int k) {
+      const unsigned int from = base + static_cast<unsigned int>(4 * (row % 8) + k % 4);
+      return CheckedTf32(at(from)[kPer * p + row / 8 + 2 * (k / 4)]);
+    };
+    // B (k, n): lane 4 n + k % 4, register k / 4.
+    const auto b_at = [&](int k, int n) {
+      const unsigned int from = base + static_cast<unsigned int>(4 * n + k % 4);
+      return CheckedTf32(at(from)[kPer * p + 4 + k / 4]);
+    };
+    float r[4];
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+      float s = d[i];
+      for (int k = 0; k < 8; ++k) s += a_at(row, k) * b_at(k, col);
+      r[i] = s;
+    }
+    std::memcpy(d, r, sizeof(r));
+  }
 }
 
 }  // namespace cuda_emulation
