@@ -26,11 +26,12 @@
 // Arithmetic is f32 whatever the storage; results are rounded to the storage
 // type once.
 //
-// These are the CUDA-core kernels; flash_attention_wmma.cu has tensor-core
-// ones (bf16, and f32 as 3xTF32; flash_attention_variants.h picks
-// explicitly; the public functions at the end of this file choose, see
-// kDefaultBf16Kernels: f32 stays on the CUDA cores by default). Both run on
-// the CPU too, under //tests/worker/cuda:flash_attention_emulated_test.
+// These are the CUDA-core kernels; the tensor-core ones are in
+// flash_attention_wmma.cu (bf16) and flash_attention_mma.cu (f32 as 3xTF32)
+// (flash_attention_variants.h picks explicitly; the public functions at the
+// end of this file choose, see kDefaultBf16Kernels: f32 stays on the CUDA
+// cores by default). All run on the CPU too, under
+// //tests/worker/cuda:flash_attention_emulated_test.
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -7,16 +7,17 @@
 //  - kCudaCores: f32 or bf16 storage, any head size up to 128; f32
 //    arithmetic throughout (flash_attention.cu).
 //  - kTensorCores: the products on tensor cores, f32 accumulation, qkv and
-//    dout 16-byte aligned (flash_attention_wmma.cu):
+//    dout 16-byte aligned:
 //     - bf16 storage, head size a multiple of 8 up to 128: wmma bf16, the
 //       weights and score gradients rounded to bf16 to enter the products,
-//       as FlashAttention-2 does;
+//       as FlashAttention-2 does (flash_attention_wmma.cu);
 //     - f32 storage, head size a multiple of 4 up to 64: "3xTF32" (as
-//       cutlass's OpMultiplyAddFastF32): every f32 operand, the weights and
-//       score gradients included, split into two tf32 parts, each product
-//       taken as three tf32 products (relative error under 3 * 2^-22 each,
-//       against f32 products' 2^-24), so results stay at f32's accuracy.
-//       Larger f32 head sizes would not fit an A100 block's shared memory.
+//       cutlass's OpMultiplyAddFastF32) through mma.sync, scores, weights
+//       and accumulators in registers (flash_attention_mma.cu): every f32
+//       operand, the weights and score gradients included, split into two
+//       tf32 parts, each product taken as three tf32 products (relative
+//       error under 3 * 2^-22 each, against f32 products' 2^-24), so
+//       results stay at f32's accuracy.
 //
 // Same arguments, layout, results and errors as flash_attention.h; a kernel
 // choice that cannot take the arguments is INVALID_ARGUMENT, saying why.
@@ -35,9 +36,8 @@ namespace gpu {
 
 enum class FlashKernels { kCudaCores, kTensorCores };
 
-// The largest head size kTensorCores takes with F32 storage: head size 128's
-// f32 tiles would not fit an A100 block's shared memory
-// (flash_attention_wmma.cu).
+// The largest head size kTensorCores takes with F32 storage: the kernels pad
+// head rows to 64 (flash_attention_mma.cu).
 inline constexpr int64_t kFlashTensorCoresF32MaxHeadSize = 64;
 
 // The head sizes kTensorCores takes with `dtype` storage (F32 or BF16): a
@@ -53,7 +53,7 @@ inline absl::Status CheckTensorCoresHeadSize(int64_t hs, DType dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the tensor-core flash kernels take head sizes that are multiples of ", multiple,
         " (16-byte rows) up to ", largest, " with ", DTypeName(dtype), ", not ", hs,
-        f32 ? " (larger f32 tiles would not fit an A100 block's shared memory)" : ""));
+        f32 ? " (the f32 kernels pad head rows to 64)" : ""));
   }
   return absl::OkStatus();
 }

@@ -1,59 +1,36 @@
-// The tensor-core kernels of flash_attention.h: the same tiling, online
+// The bf16 tensor-core kernels of flash_attention.h: the same tiling, online
 // softmax and backward split as the CUDA-core kernels of flash_attention.cu
 // (worker/model/flash_attention_reference.h with 64-key softmax steps), with
-// the five products on tensor cores through nvcuda::wmma, f32 accumulation.
-// One template, two storage types:
-//
-//  - bf16 storage: bf16 16x16x16 products. As in FlashAttention-2, the
-//    weights P and the score gradients dS are rounded to bf16 to enter the
-//    products (relative error 2^-8 each).
-//  - f32 storage ("3xTF32", as cutlass's OpMultiplyAddFastF32 and PyTorch's
-//    f32 memory-efficient attention): tf32 16x16x8 products, every f32
-//    operand x (q, k, v, dout, and P and dS, which stay f32) split into
-//    big = tf32(x) and small = tf32(x - big) (x - big is exact in f32), and
-//    each product a b taken as big small' + small big' + big big' (small
-//    small' dropped). tf32 keeps 10 explicit mantissa bits (unit 2^-11), so
-//    big + small = x (1 + d) with |d| <= 2^-22 and |small small'| <=
-//    2^-22 (1 + 2^-11)^2 |a b|: each product off by under (3 + 2^-9) 2^-22
-//    of |a b|, and the tf32 products themselves are exact in f32 (11-bit
-//    significands). The three products go into the same f32 accumulator, so
-//    a sum of n products is a sum of 3n f32 terms
-//    (tests/testing/flash_attention_error_model.h carries both).
-// The softmax statistics, D, and every accumulation stay f32.
+// the five products as wmma bf16 16x16x16 products, f32 accumulation. As in
+// FlashAttention-2, the weights P and the score gradients dS are rounded to
+// bf16 to enter the products (relative error 2^-8 each). The softmax
+// statistics, D, and every accumulation stay f32. (f32 storage runs on
+// tensor cores through mma.sync instead: flash_attention_mma.cu.) The
+// templates take the storage type S, uint16_t (bf16 bits) only.
 //
 // Threads. A block of 4 warps owns a tile of 64 rows of one head (queries in
 // the forward and the dq pass, keys in the dk/dv pass); warp w owns rows
 // 16w..16w+15. Products go through shared memory with wmma's documented
 // row/column-major loads and stores, so nothing depends on the fragments'
-// register layout (the tf32 split is element by element, which is layout
-// free too): a warp's 16 x 64 score tile is stored to shared memory, where
-// two lanes per row (lane / 2 is the row, lane % 2 takes the even or odd
-// columns) apply the mask and the softmax, and write the weight operands of
-// the next product. The forward keeps its output accumulator in shared
+// register layout: a warp's 16 x 64 score tile is stored to shared memory,
+// where two lanes per row (lane / 2 is the row, lane % 2 takes the even or
+// odd columns) apply the mask and the softmax, and write the weight operands
+// of the next product. The forward keeps its output accumulator in shared
 // memory (its rows are rescaled by the lanes between products); the backward
 // keeps dk, dv (or dq) in accumulator fragments for the whole pass.
 //
 // Shared memory (dynamic, opted in: it exceeds 48 KiB). HS' = the head size
-// padded to 64 or 128 (zero past HS and past T); f32 score tiles [64][68].
-//  - bf16: head tiles [64][HS' + 8] bf16 (9 / 17 KiB), bf16 weight tiles
-//    [64][72] (9 KiB), the forward's f32 output tile [64][HS' + 4]
-//    (17 / 33 KiB). Forward: 3 head tiles + score + weights + output =
-//    70 KiB (HS' 64) / 110 KiB (128); dk/dv: 4 head + 2 score + 2 weight
-//    tiles + 512 bytes of lse and D = 89 / 121 KiB; dq: 4 head + 2 score +
-//    1 weight = 79 / 111 KiB.
-//  - f32: head tiles [64][HS' + 4] f32 (17 KiB for HS' 64), twice bf16's.
-//    The f32 weights are written over the scores they come from (each lane
-//    reads a score, then writes its weight, at the same place), so no weight
-//    tiles: forward 3 head + score + output = 85 KiB; dk/dv 4 head + 2 score
-//    + 512 bytes = 102.5 KiB; dq 4 head + 2 score = 102 KiB. HS' 128 would
-//    take 149 / 166.5 / 166 KiB: over the 163 KiB an A100 block may opt in
-//    to (227 KiB on H100/H200), so f32 takes head sizes up to 64 only.
-// Everything else within the 163 KiB an A100 block may opt in to (Layout
-// asserts it).
+// padded to 64 or 128 (zero past HS and past T); f32 score tiles [64][68];
+// head tiles [64][HS' + 8] bf16 (9 / 17 KiB), bf16 weight tiles [64][72]
+// (9 KiB), the forward's f32 output tile [64][HS' + 4] (17 / 33 KiB).
+// Forward: 3 head tiles + score + weights + output = 70 KiB (HS' 64) /
+// 110 KiB (128); dk/dv: 4 head + 2 score + 2 weight tiles + 512 bytes of lse
+// and D = 89 / 121 KiB; dq: 4 head + 2 score + 1 weight = 79 / 111 KiB. All
+// within the 163 KiB an A100 block may opt in to (Layout asserts it).
 //
 // Requirements checked by the caller (flash_attention.cu): qkv and dout
 // 16-byte aligned (tiles are staged 16 bytes at a time), so a head size that
-// is a multiple of 8 (bf16) or of 4 (f32); up to 128 (bf16) or 64 (f32).
+// is a multiple of 8; up to 128.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -88,7 +65,7 @@ __device__ __forceinline__ const Bf16* AsBf16(const uint16_t* p) {
   return reinterpret_cast<const Bf16*>(p);
 }
 
-// The products for storage S (bf16 as raw bits, or f32): the head tiles'
+// The products for storage S (bf16 as raw bits): the head tiles'
 // element (S itself), the weight operands' (W), and how an operand fragment
 // is loaded and multiplied into an f32 accumulator fragment (Acc).
 template <typename S>
@@ -119,46 +96,6 @@ struct Mma<uint16_t> {
   }
 };
 
-// An f32 operand as two tf32 fragments, big + small (see the file comment).
-template <typename F>
-struct Split {
-  F big, small;
-};
-
-// f32: 3xTF32 16x16x8 products; weights stay f32, over the score tiles.
-template <>
-struct Mma<float> {
-  using W = float;
-  static constexpr int kK = 8;
-  static constexpr int kHeadPad = 4;    // head tiles [64][HS' + 4]
-  static constexpr int kLdP = kLdS;     // the weights are the score tiles
-  static constexpr size_t kWeightTile = 0;
-  using Tf32 = wmma::precision::tf32;
-  using A = Split<wmma::fragment<wmma::matrix_a, 16, 16, 8, Tf32, wmma::row_major>>;
-  using BRow = Split<wmma::fragment<wmma::matrix_b, 16, 16, 8, Tf32, wmma::row_major>>;
-  using BCol = Split<wmma::fragment<wmma::matrix_b, 16, 16, 8, Tf32, wmma::col_major>>;
-  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
-  template <typename F>
-  __device__ __forceinline__ static void Load(Split<F>& f, const float* p, unsigned ld) {
-    wmma::load_matrix_sync(f.big, p, ld);
-#pragma unroll
-    for (int i = 0; i < f.big.num_elements; ++i) {
-      const float x = f.big.x[i];
-      const float big = wmma::__float_to_tf32(x);
-      f.big.x[i] = big;
-      f.small.x[i] = wmma::__float_to_tf32(x - big);  // x - big: exact in f32
-    }
-  }
-  // The two small terms first, while the accumulator is nearer their size.
-  template <typename B>
-  __device__ __forceinline__ static void Multiply(Acc& acc, const A& a, const B& b) {
-    wmma::mma_sync(acc, a.big, b.small, acc);
-    wmma::mma_sync(acc, a.small, b.big, acc);
-    wmma::mma_sync(acc, a.big, b.big, acc);
-  }
-  __device__ __forceinline__ static void PutWeight(float* p, float v) { *p = v; }
-};
-
 // Tiles for storage S and a padded head size kHs (64 or 128). Every tile's
 // size is a multiple of 128 bytes and every fragment's first element 32-byte
 // aligned (rows 8 or 16 apart, columns 8 or 16 apart, row strides multiples
@@ -184,21 +121,16 @@ struct Layout {
 };
 
 // The weight tile `which` (0 or 1) after `scores` (the first score tile) and
-// the `scores_count` score tiles; f32 weights are the score tile `which`.
+// the `scores_count` score tiles.
 template <typename S>
 __device__ __forceinline__ typename Mma<S>::W* WeightTile(float* scores, int scores_count,
                                                           int which) {
   using W = typename Mma<S>::W;
-  if constexpr (Mma<S>::kWeightTile == 0) {
-    return reinterpret_cast<W*>(scores + which * kTile * kLdS);
-  } else {
-    return reinterpret_cast<W*>(reinterpret_cast<unsigned char*>(scores) +
-                                scores_count * kScoreTile + which * Mma<S>::kWeightTile);
-  }
+  return reinterpret_cast<W*>(reinterpret_cast<unsigned char*>(scores) +
+                              scores_count * kScoreTile + which * Mma<S>::kWeightTile);
 }
 
-// Storage: f32, or bf16 as raw bits (rounded to nearest even).
-__device__ __forceinline__ void Store(float* p, float v) { *p = v; }
+// Storage: bf16 as raw bits (rounded to nearest even).
 __device__ __forceinline__ void Store(uint16_t* p, float v) { *p = FloatToBF16Bits(v); }
 
 // Head h of batch row b (grid y, z): its q row 0 in qkv (k, v at +C, +2C;
@@ -222,7 +154,7 @@ struct Lane {
 };
 
 // Stages rows first..first+63 of one head (row r at src + r * stride) into
-// tile [64][kLdH], 16 bytes (8 bf16, 4 f32) at a time; zero past T and past
+// tile [64][kLdH], 16 bytes (8 bf16) at a time; zero past T and past
 // HS. All threads call it.
 template <typename S, int kHs>
 __device__ __forceinline__ void Stage(S* tile, const S* src, int64_t stride, int64_t first,
@@ -429,8 +361,8 @@ __global__ void __launch_bounds__(kThreads)
   S* gs = reinterpret_cast<S*>(smem + 3 * L::kHeadTile);
   float* st = reinterpret_cast<float*>(smem + 4 * L::kHeadTile);
   float* dt = st + kTile * kLdS;
-  W* pt = WeightTile<S>(st, 2, 0);  // over st for f32
-  W* zt = WeightTile<S>(st, 2, 1);  // over dt for f32
+  W* pt = WeightTile<S>(st, 2, 0);
+  W* zt = WeightTile<S>(st, 2, 1);
   float* lse_s = reinterpret_cast<float*>(smem + 4 * L::kHeadTile + 2 * kScoreTile +
                                           2 * L::kWeightTile);  // [kTile]
   float* d_s = lse_s + kTile;                                   // [kTile]
@@ -466,7 +398,6 @@ __global__ void __launch_bounds__(kThreads)
       const int c = 2 * jj + ln.half;
       const int64_t q = i0 + c;
       const bool visible = q >= key && q < d.t;  // false for keys past T too
-      // Both read before either is written: for f32, pt and zt are st and dt.
       const float p = visible ? expf(d.scale * st[ln.row * kLdS + c] - lse_s[c]) : 0.0f;
       const float ds = p * (dt[ln.row * kLdS + c] - d_s[c]);
       M::PutWeight(pt + ln.row * kLdP + c, p);
@@ -499,7 +430,7 @@ __global__ void __launch_bounds__(kThreads)
   S* vs = reinterpret_cast<S*>(smem + 3 * L::kHeadTile);
   float* ss = reinterpret_cast<float*>(smem + 4 * L::kHeadTile);
   float* dps = ss + kTile * kLdS;
-  W* zs = WeightTile<S>(ss, 2, 0);  // over ss for f32
+  W* zs = WeightTile<S>(ss, 2, 0);
   const Lane ln;
   const HeadBase head = ThisHead(d);
   const int64_t stride = 3 * d.c;
@@ -527,7 +458,6 @@ __global__ void __launch_bounds__(kThreads)
     for (int jj = 0; jj < kTile / 2; ++jj) {
       const int c = 2 * jj + ln.half;
       const bool visible = live && j0 + c <= pos;
-      // Read before written: for f32, zs is ss.
       const float p = visible ? expf(d.scale * ss[ln.row * kLdS + c] - row_lse) : 0.0f;
       M::PutWeight(zs + ln.row * kLdP + c, p * (dps[ln.row * kLdS + c] - row_d));
     }

@@ -2,11 +2,9 @@
 // *_emulated_test kernel tests rest: thread and block numbering of 2-D blocks
 // and grids, warps of consecutive threads, 8-byte shuffles, barriers that
 // order shared memory, the launch limits, and the allocator's alignment,
-// poison and count; wmma's tf32 rounding and products (emulation/mma.h);
-// mma.sync's m16n8k8 tf32 product over PTX's fragment layout
-// (emulation/mma_sync.h).
+// poison and count; tf32 rounding and mma.sync's m16n8k8 tf32 product over
+// PTX's fragment layout (emulation/mma_sync.h).
 #include <cuda_runtime.h>  // the emulation's (tests/worker/cuda/emulation)
-#include <mma.h>
 #include <mma_sync.h>
 
 #include <cfloat>
@@ -116,62 +114,29 @@ TEST(CudaEmulationTest, AllocationsAreAlignedPoisonedAndCounted) {
   EXPECT_EQ(cuda_emulation::LiveAllocations(), live);
 }
 
-// wmma's tf32 (emulation/mma.h): __float_to_tf32 rounds to 10 explicit
+// tf32 rounding (emulation/mma_sync.h, as cvt.rna.tf32.f32): to 10 explicit
 // mantissa bits, to nearest, ties away from zero (cvt.rna); the 3xTF32 split
 // of the f32 tensor-core flash kernels recovers x to within 2^-22 |x|.
 TEST(CudaEmulationTest, Tf32RoundsToNearestTiesAway) {
-  using nvcuda::wmma::__float_to_tf32;
-  EXPECT_EQ(__float_to_tf32(1.0f + 0x1p-11f), 1.0f + 0x1p-10f);  // a tie: away from zero
-  EXPECT_EQ(__float_to_tf32(-1.0f - 0x1p-11f), -1.0f - 0x1p-10f);
-  EXPECT_EQ(__float_to_tf32(1.0f + 0x1p-11f - 0x1p-23f), 1.0f);  // below half: down
-  EXPECT_EQ(__float_to_tf32(1.0f + 0x1p-11f + 0x1p-23f), 1.0f + 0x1p-10f);
-  EXPECT_EQ(__float_to_tf32(1.0f + 0x1p-10f), 1.0f + 0x1p-10f);  // already tf32
-  EXPECT_EQ(__float_to_tf32(2.0f - 0x1p-23f), 2.0f);              // carries into the exponent
-  EXPECT_EQ(__float_to_tf32(INFINITY), INFINITY);
-  EXPECT_TRUE(std::isnan(__float_to_tf32(NAN)));
-  EXPECT_EQ(__float_to_tf32(FLT_MAX), INFINITY);  // over the largest tf32 by more than half
+  const auto tf32 = cuda_emulation::RoundToTf32;
+  EXPECT_EQ(tf32(1.0f + 0x1p-11f), 1.0f + 0x1p-10f);  // a tie: away from zero
+  EXPECT_EQ(tf32(-1.0f - 0x1p-11f), -1.0f - 0x1p-10f);
+  EXPECT_EQ(tf32(1.0f + 0x1p-11f - 0x1p-23f), 1.0f);  // below half: down
+  EXPECT_EQ(tf32(1.0f + 0x1p-11f + 0x1p-23f), 1.0f + 0x1p-10f);
+  EXPECT_EQ(tf32(1.0f + 0x1p-10f), 1.0f + 0x1p-10f);  // already tf32
+  EXPECT_EQ(tf32(2.0f - 0x1p-23f), 2.0f);              // carries into the exponent
+  EXPECT_EQ(tf32(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(tf32(NAN)));
+  EXPECT_EQ(tf32(FLT_MAX), INFINITY);  // over the largest tf32 by more than half
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
   for (int i = 0; i < 10000; ++i) {
     const float x = dist(rng);
-    const float big = __float_to_tf32(x), small = __float_to_tf32(x - big);
+    const float big = tf32(x), small = tf32(x - big);
     const double x_d = x;
     EXPECT_LE(std::fabs(x_d - big), 0x1p-11 * std::fabs(x_d)) << x;
     EXPECT_LE(std::fabs(x_d - big - small), 0x1p-22 * std::fabs(x_d)) << x;
-  }
-}
-
-// A 16 x 16 x 8 tf32 product: operands as loaded (row- or column-major),
-// exact products accumulated in f32.
-TEST(CudaEmulationTest, Tf32ProductsOfBothLayouts) {
-  namespace wmma = nvcuda::wmma;
-  alignas(32) float a[16 * 8], b[16 * 8];
-  for (int i = 0; i < 16 * 8; ++i) {
-    a[i] = wmma::__float_to_tf32(0.25f * static_cast<float>(i % 13) - 1.0f);
-    b[i] = wmma::__float_to_tf32(0.5f * static_cast<float>(i % 7) - 1.5f);
-  }
-  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
-  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb_row;
-  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb_col;
-  wmma::fragment<wmma::accumulator, 16, 16, 8, float> row, col;
-  wmma::load_matrix_sync(fa, a, 8);       // a[m][k] at a[8 m + k]
-  wmma::load_matrix_sync(fb_row, b, 16);  // b[k][n] at b[16 k + n]
-  wmma::load_matrix_sync(fb_col, b, 8);   // b[k][n] at b[8 n + k]
-  wmma::fill_fragment(row, 1.0f);
-  wmma::fill_fragment(col, 1.0f);
-  wmma::mma_sync(row, fa, fb_row, row);
-  wmma::mma_sync(col, fa, fb_col, col);
-  for (int m = 0; m < 16; ++m) {
-    for (int n = 0; n < 16; ++n) {
-      double want_row = 1, want_col = 1;  // small multiples of 2^-2: exact
-      for (int k = 0; k < 8; ++k) {
-        want_row += static_cast<double>(a[8 * m + k]) * b[16 * k + n];
-        want_col += static_cast<double>(a[8 * m + k]) * b[8 * n + k];
-      }
-      EXPECT_EQ(row.x[16 * m + n], want_row) << m << " " << n;
-      EXPECT_EQ(col.x[16 * m + n], want_col) << m << " " << n;
-    }
   }
 }
 

@@ -1,6 +1,5 @@
-// Emulated nvcuda::wmma (see cuda_emulation.h) for the shapes the flash
-// attention kernels use: bf16 16 x 16 x 16 and tf32 16 x 16 x 8, f32
-// accumulators. Every lane holds the whole tile, so results do not depend on
+// Emulated nvcuda::wmma (see cuda_emulation.h) for the shape the bf16 flash
+// attention kernels use: bf16 16 x 16 x 16, f32 accumulators. Every lane holds the whole tile, so results do not depend on
 // the hardware's register layout (the kernels must not either; element-wise
 // work on a fragment's x[0..num_elements) is layout free, and here touches
 // the whole tile). Loads read the whole tile (so they need everything written
@@ -8,15 +7,9 @@
 // missing __syncwarp between a store and another lane's read shows as stale
 // data.
 //
-// tf32: __float_to_tf32 rounds to 10 explicit mantissa bits, to nearest with
-// ties away from zero, as the PTX it compiles to (cvt.rna.tf32.f32) does;
-// NaN and infinities pass through. The hardware's tf32 products ignore the
-// low 13 bits of an operand it was not given rounded; here mma_sync aborts
-// on such an operand instead, so a kernel that forgets __float_to_tf32
-// fails. The products of tf32 operands are exact in f32 (11-bit
-// significands); each is added to the f32 accumulator in order, k = 0 first,
-// rounded to nearest even (the hardware's internal order and rounding are
-// not emulated).
+// The products of bf16 operands are exact in f32; each is added to the f32
+// accumulator in order, k = 0 first, rounded to nearest even (the
+// hardware's internal order and rounding are not emulated).
 #ifndef ZEROSHARD_TESTS_WORKER_CUDA_EMULATION_MMA_H_
 #define ZEROSHARD_TESTS_WORKER_CUDA_EMULATION_MMA_H_
 
@@ -28,7 +21,6 @@
 
 #include "cuda_bf16.h"
 #include "cuda_emulation.h"
-#include "mma_sync.h"
 
 namespace nvcuda {
 namespace wmma {
@@ -39,9 +31,6 @@ struct accumulator {};
 struct row_major {};
 struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
-namespace precision {
-struct tf32 {};
-}  // namespace precision
 
 // Rows x columns of a fragment: A m x k, B k x n, C m x n.
 template <typename Use, int M, int N, int K>
@@ -79,20 +68,10 @@ inline float Widen(const __nv_bfloat16& v) {
 }
 inline float Widen(const float& v) { return v; }
 
-// The element type a fragment of T loads from: tf32 fragments load floats.
-template <typename T>
-struct Stored {
-  using type = T;
-};
-template <>
-struct Stored<precision::tf32> {
-  using type = float;
-};
-
 // A and B operands: (row, col) of the fragment at p[row * ldm + col]
 // (row_major) or p[col * ldm + row] (col_major).
 template <typename Use, int M, int N, int K, typename T, typename L>
-void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const typename Stored<T>::type* p,
+void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p,
                       unsigned ldm) {
   static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>);
   CheckOperand(p, ldm);
@@ -124,31 +103,11 @@ void fill_fragment(fragment<Use, M, N, K, T, L>& f, float v) {
   for (float& x : f.x) x = v;
 }
 
-// Rounds to tf32 (see the file comment): as cvt.rna.tf32.f32 (mma_sync.h).
-inline float __float_to_tf32(float in) { return cuda_emulation::RoundToTf32(in); }
-
-template <typename T>
-void CheckTf32(const float* x, int n) {
-  if constexpr (std::is_same_v<T, precision::tf32>) {
-    for (int i = 0; i < n; ++i) {
-      uint32_t u;
-      std::memcpy(&u, &x[i], 4);
-      if ((u & 0x7f800000u) != 0x7f800000u && (u & 0x1fffu) != 0) {
-        std::fprintf(stderr, "tf32 mma operand %a has bits below tf32's 10 (no __float_to_tf32)\n",
-                     static_cast<double>(x[i]));
-        std::abort();
-      }
-    }
-  }
-}
-
 template <int M, int N, int K, typename TA, typename TB, typename LA, typename LB>
 void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b,
               const fragment<accumulator, M, N, K, float>& c) {
   static_assert(std::is_same_v<TA, TB>, "A and B of one precision");
-  CheckTf32<TA>(a.x, M * K);
-  CheckTf32<TB>(b.x, K * N);
   float r[M * N];
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
