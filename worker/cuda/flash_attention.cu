@@ -29,8 +29,8 @@
 // These are the CUDA-core kernels; the tensor-core ones are in
 // flash_attention_wmma.cu (bf16) and flash_attention_mma.cu (f32 as 3xTF32)
 // (flash_attention_variants.h picks explicitly; the public functions at the
-// end of this file choose, see kDefaultBf16Kernels: f32 stays on the CUDA
-// cores by default). All run on the CPU too, under
+// end of this file choose, see kDefaultBf16Kernels and kDefaultF32Kernels).
+// All run on the CPU too, under
 // //tests/worker/cuda:flash_attention_emulated_test.
 #include <cuda_runtime.h>
 
@@ -72,6 +72,12 @@ using flash_internal::Dims;
 // cuda_kernels_parity_check and the device GPT's parity check and took 1.32
 // ms per GPT-2 layer (forward + backward) against the CUDA cores' 3.41.
 constexpr FlashKernels kDefaultBf16Kernels = FlashKernels::kTensorCores;
+// f32 stays on the CUDA cores until the 3xTF32 mma.sync kernels
+// (flash_attention_mma.cu) have passed the parity checks and been timed on
+// a GPU: on an H200 (2026-11-30) the CUDA cores took 3.38 ms per GPT-2 layer
+// (forward + backward) and the wmma 3xTF32 kernels the mma.sync ones
+// replace 3.57.
+constexpr FlashKernels kDefaultF32Kernels = FlashKernels::kCudaCores;
 
 __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -510,12 +516,12 @@ absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, cons
   return absl::OkStatus();
 }
 
-// The kernels FlashAttentionForward / Backward run for these arguments: f32
-// on the CUDA cores whatever kDefaultBf16Kernels says (3xTF32 becomes a
-// default only after it has been measured on a GPU).
+// The kernels FlashAttentionForward / Backward run for these arguments: the
+// dtype's default where it takes them, else the CUDA cores.
 FlashKernels DefaultKernels(DType dtype, const Dims& d, const void* qkv, const void* dout) {
-  if (dtype == DType::kBF16 && kDefaultBf16Kernels == FlashKernels::kTensorCores &&
-      CheckTensorCores("", dtype, d, qkv, dout).ok()) {
+  const FlashKernels preferred =
+      dtype == DType::kBF16 ? kDefaultBf16Kernels : kDefaultF32Kernels;
+  if (preferred == FlashKernels::kTensorCores && CheckTensorCores("", dtype, d, qkv, dout).ok()) {
     return FlashKernels::kTensorCores;
   }
   return FlashKernels::kCudaCores;

@@ -1,8 +1,9 @@
 // The two implementations behind flash_attention.h, for the checks and the
 // benchmark that compare them; models call flash_attention.h, which picks
 // (bf16: the tensor cores where they take the arguments, see
-// kDefaultBf16Kernels in flash_attention.cu; f32: the CUDA cores, until
-// 3xTF32 has been checked and measured on a GPU).
+// kDefaultBf16Kernels in flash_attention.cu; f32: the CUDA cores, until the
+// 3xTF32 mma.sync kernels have been checked and timed on a GPU, see
+// kDefaultF32Kernels).
 //
 //  - kCudaCores: f32 or bf16 storage, any head size up to 128; f32
 //    arithmetic throughout (flash_attention.cu).
