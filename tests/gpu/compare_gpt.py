@@ -2,9 +2,12 @@
 """Ratios of the device GPT (cuda_gpt_bench JSON) to PyTorch FSDP2
 (torch_fsdp_gpt2.py JSON) from interleaved rounds on one GPU: per model,
 dtype, attention kernel and ZeRO stage, the median tokens/s over the rounds,
-PyTorch's median for the same model and dtype, their ratio, and both peak
-device memories (ours: device bytes used above the start; PyTorch's: the
-caching allocator's peak reserved).
+PyTorch's eager median for the same model and dtype, their ratio, and both
+peak device memories (ours: device bytes used above the start; PyTorch's:
+the caching allocator's peak reserved). PyTorch runs with torch.compile
+(torch_fsdp_gpt2.py --compile, "compiled": true) are not the ratio's
+baseline: their median shows in a column of its own (COMPILED, "-" when
+there is none).
 
   python3 tests/gpu/compare_gpt.py ZS.json [ZS.json ...] -- TORCH.json [...] [--json_out=F]
 """
@@ -37,9 +40,12 @@ def main(argv):
         return 2
     cut = args.index("--")
     ours, theirs = load(args[:cut]), load(args[cut + 1:])
-    torch_tps, torch_peak = {}, {}
+    torch_tps, torch_peak, compiled_tps = {}, {}, {}
     for r in theirs:
         key = (r["model"], r["dtype"])
+        if r.get("compiled", False):
+            compiled_tps.setdefault(key, []).append(r["tokens_per_second"])
+            continue
         torch_tps.setdefault(key, []).append(r["tokens_per_second"])
         torch_peak.setdefault(key, []).append(r["device_peak_bytes"])
     groups = {}
@@ -49,7 +55,7 @@ def main(argv):
         groups.setdefault(key, []).append(r)
     out = []
     print(f"{'MODEL':10} {'DTYPE':5} {'ATTENTION':9} {'STAGE':7} {'TOKENS/s':>10} "
-          f"{'TORCH':>10} {'RATIO':>6} {'PEAK GiB':>8} {'TORCH GiB':>9} ROUNDS")
+          f"{'TORCH':>10} {'RATIO':>6} {'PEAK GiB':>8} {'TORCH GiB':>9} {'COMPILED':>10} ROUNDS")
     for key in sorted(groups):
         model, dtype, attention, stage, prefetch, collectives = key
         # Stage 3 with a deeper prefetch than the default 1: "3 p2"; through
@@ -63,12 +69,16 @@ def main(argv):
         t_tps = statistics.median(t) if t else float("nan")
         t_peak = max(torch_peak[(model, dtype)]) if t else float("nan")
         ratio = tps / t_tps if t else float("nan")
+        c = compiled_tps.get((model, dtype))
+        c_tps = statistics.median(c) if c else None
+        c_text = f"{c_tps:10.0f}" if c else f"{'-':>10}"
         print(f"{model:10} {dtype:5} {attention:9} {stage_label:7} {tps:10.0f} {t_tps:10.0f} "
-              f"{ratio:6.2f} {peak / 2**30:8.2f} {t_peak / 2**30:9.2f} {len(groups[key])}")
+              f"{ratio:6.2f} {peak / 2**30:8.2f} {t_peak / 2**30:9.2f} {c_text} {len(groups[key])}")
         out.append({"model": model, "dtype": dtype, "attention": attention, "stage": stage,
                     "prefetch": prefetch, "collectives": collectives,
                     "tokens_per_second": tps, "torch_tokens_per_second": t_tps,
                     "ratio": ratio, "device_peak_bytes": peak, "torch_peak_bytes": t_peak,
+                    "torch_compiled_tokens_per_second": c_tps,
                     "rounds": len(groups[key])})
     if json_out:
         with open(json_out, "w") as f:

@@ -76,7 +76,9 @@
 # (default: 2), GPT_ATTENTION (default: naive,flash,flash_tc,cudnn), GPT_MODELS
 # (default: gpt_bench,gpt2_124m), GPT_PREFETCH (stage 3's prefetch depths to
 # compare, default: 1), GPT_BLOCKS (1: stage 3 also through NCCL's block
-# collectives, default: 0), GPT_PROFILE (0: no profiled round), KERNEL_BENCHES
+# collectives, default: 0), GPT_TORCH_COMPILE (1: PyTorch also with
+# torch.compile in each round, compare_gpt.py's COMPILED column; default: 0),
+# GPT_PROFILE (0: no profiled round), KERNEL_BENCHES
 # (default: cuda_attention_bench cuda_fused_bench), RUN_STEPS (default:
 # checks,bench; parts below).
 set -uo pipefail
@@ -382,6 +384,15 @@ for round in $(seq 1 "$ROUNDS"); do
   cat "$OUT/torch_fsdp.$round.txt"
   if ((code == 3)); then torch_state="skip"; torch_note="$(tail -n 1 "$OUT/torch_fsdp.$round.log")"
   elif ((code != 0)); then torch_state="fail"; fi
+  # GPT_TORCH_COMPILE=1: PyTorch again under torch.compile (eager stays the
+  # ratio's baseline; a compile that fails or runs out of time loses only
+  # this column: see its log).
+  if [[ "${GPT_TORCH_COMPILE:-0}" == 1 && "$torch_state" != skip ]]; then
+    timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --models="$GPT_MODELS" \
+      --compile --json_out="$OUT/torch_fsdp.compiled.$round.json" \
+      >"$OUT/torch_fsdp.compiled.$round.txt" 2>"$OUT/torch_fsdp.compiled.$round.log" &&
+      cat "$OUT/torch_fsdp.compiled.$round.txt"
+  fi
 done
 # Where the GPU time goes, in a round of its own (CUDA events between the
 # model's sections; not among the rounds compared above): GPT-2 124M,
