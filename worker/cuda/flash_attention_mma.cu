@@ -67,6 +67,16 @@ constexpr size_t kForwardBytes = 3 * kHeadTile;
 constexpr size_t kKeyBytes = 4 * kHeadTile + 2 * kTile * sizeof(float);
 constexpr size_t kQueryBytes = 4 * kHeadTile;
 static_assert(kFlashTensorCoresF32MaxHeadSize == kDims, "the kernels pad head rows to 64");
+// Resident blocks per SM the backward kernels ask for. H100/H200 (sm_90):
+// three, registers capped at 170 (ptxas: 168, no spills; uncapped, the
+// dk/dv pass took 194 and two blocks), shared memory 3 x 68.5 KiB within
+// 227 KiB. A100 (sm_80): its 163 KiB hold two, so no cap (a cap of 170
+// spills there). The forward takes 122 registers, four blocks.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kBackwardBlocks = 2;
+#else
+constexpr int kBackwardBlocks = 3;
+#endif
 
 // A warp's fragments: 8 groups of 8 columns (keys or queries for scores,
 // head components for accumulators), each a 16 x 8 accumulator fragment.
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) MmaForwardKernel(float* out, float* 
 // head, batch row. Per query tile from its own on: S^T = K Q^T and
 // dP^T = V dO^T (a warp's 16 keys x 64 queries), then per element
 // p = e^(scale s - lse), ds = p (dp - D), and dV += P^T dO, dK += dS^T Q.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBackwardBlocks)
     MmaBackwardKeyKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          const float* dvec, Dims d) {
   extern __shared__ __align__(128) float smem[];
@@ -330,7 +340,7 @@ __global__ void __launch_bounds__(kThreads)
 // Backward, dq. Block: query tile (the last, longest, first), head, batch
 // row. Per key tile up to its last row: S = Q K^T, dP = dO V^T, then
 // ds = e^(scale s - lse) (dp - D) and dQ += dS K.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBackwardBlocks)
     MmaBackwardQueryKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                            const float* dvec, Dims d) {
   extern __shared__ __align__(128) float smem[];
