@@ -499,6 +499,8 @@ class ZeroEngine {
   void ReleaseParams(int position, bool backward_follows = true);
   // `keep_secondary`: also keep this rank's hpZ slice of the gathered unit.
   absl::Status GatherUnit(int unit, TrackedBuffer* out, bool keep_secondary = false);
+  // GatherUnit's packed path over a gather group of one.
+  absl::Status GatherUnitAlone(int unit, TrackedBuffer* out, bool keep_secondary);
   absl::Status GatherUnitShared(int unit, SharedLease* lease, bool keep_secondary);
   // hpZ: copies this rank's secondary slice out of the full unit `flat`.
   void KeepSecondarySlice(int unit, const float* flat);

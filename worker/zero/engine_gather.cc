@@ -63,6 +63,28 @@ absl::Status ZeroEngine::SetUpPackedCollectives() {
 
 // ---- Stage 3 gathers ----
 
+// Packed over a group of one: the shard is the whole packed layout, so the
+// unit is unpacked straight from it (f32) or from its narrowed copy (bf16);
+// no collective runs and the gather's two kernels follow each other on the
+// stream with no wait between them.
+absl::Status ZeroEngine::GatherUnitAlone(int unit, TrackedBuffer* out, bool keep_secondary) {
+  const UnitLayout& layout = units_[unit];
+  const DType dtype = options_.param_dtype;
+  const void* packed = state_[unit]->master.data();
+  TrackedBuffer narrowed;
+  if (dtype != DType::kF32) {
+    absl::StatusOr<TrackedBuffer> wire = buffers_.gather_wire.Lend(
+        MemoryCategory::kCommBuffers, Bytes(layout.chunk_elements, dtype), /*zero=*/false);
+    if (!wire.ok()) return wire.status();
+    narrowed = std::move(*wire);
+    backend_->Convert(packed, DType::kF32, narrowed.data(), dtype, layout.chunk_elements);
+    packed = narrowed.data();
+  }
+  backend_->Unpack(layout.packed, packed, dtype, out->f32());
+  if (keep_secondary) KeepSecondarySlice(unit, out->f32());
+  return backend_->Synchronize();  // the compute thread reads it next
+}
+
 absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out, bool keep_secondary) {
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
@@ -80,6 +102,7 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out, bool keep_seco
     if (keep_secondary) KeepSecondarySlice(unit, out->f32());
     return absl::OkStatus();
   }
+  if (packed_ && gather_comm_->world_size() == 1) return GatherUnitAlone(unit, out, keep_secondary);
   if (packed_) {
     // The shard goes in at this rank's chunk of the packed buffer (bf16:
     // narrowed there, so the gather runs in place), one AllGather fills the
