@@ -229,6 +229,19 @@ void CudaBackend::Unpack(const PackedLayout& layout, const void* packed, DType f
                         StreamForThisThread()));
 }
 
+bool CudaBackend::UnpackThrough(const PackedLayout& layout, const float* packed, DType through,
+                                float* full) {
+  if (layout.device_runs == nullptr && !layout.runs.empty()) {
+    Check(absl::FailedPreconditionError("UnpackThrough: the packed layout was not prepared"));
+    return true;  // the error is this thread's sticky status
+  }
+  Check(gpu::UnpackRunsThrough(full, packed, through,
+                               reinterpret_cast<const int64_t*>(layout.device_runs.get()),
+                               static_cast<int64_t>(layout.runs.size()), layout.packed_elements(),
+                               StreamForThisThread()));
+  return true;
+}
+
 void CudaBackend::AddInto(const void* src, DType dtype, float* dst, int64_t n) {
   Check(gpu::AddInto(dst, src, dtype, n, StreamForThisThread()));
 }

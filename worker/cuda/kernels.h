@@ -152,6 +152,12 @@ absl::Status PackRuns(void* packed, DType to, const float* full, const int64_t* 
 // UnpackRuns: the reverse, widening from `from`; padding writes nothing.
 absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64_t* runs,
                         int64_t num_runs, int64_t n, void* stream);
+// UnpackRunsThrough: UnpackRuns from f32 `packed` with each value rounded
+// to `through` on the way (F32: stored as it is; BF16: rounded as
+// CastF32ToBF16 and widened back): what PackRuns to `through` from the
+// packed values, then UnpackRuns, would store, in one pass.
+absl::Status UnpackRunsThrough(float* full, const float* packed, DType through,
+                               const int64_t* runs, int64_t num_runs, int64_t n, void* stream);
 
 // ----------------------------------------------------------------------------
 // The ZeRO engine's gradient arithmetic (CudaBackend).

@@ -64,6 +64,16 @@ __global__ void UnpackKernel(float* full, const T* packed, const int64_t* runs, 
   }
 }
 
+// UnpackKernel from f32 with each value rounded through bf16.
+__global__ void UnpackThroughBF16Kernel(float* full, const float* packed, const int64_t* runs,
+                                        int64_t num_runs, int64_t n) {
+  for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) {
+    const int64_t r = FindRun(runs, num_runs, i);
+    const int64_t at = runs[2 * r + 1];
+    if (at >= 0) full[at + (i - runs[2 * r])] = BF16BitsToFloat(FloatToBF16Bits(packed[i]));
+  }
+}
+
 absl::Status CheckPacking(const char* what, DType dtype, const void* a, const void* b,
                           const int64_t* runs, int64_t num_runs, int64_t n) {
   if (n < 0 || num_runs < 0) {
@@ -112,6 +122,19 @@ absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64
         full, static_cast<const uint16_t*>(packed), runs, num_runs, n);
   }
   return LaunchStatus("UnpackRuns");
+}
+
+absl::Status UnpackRunsThrough(float* full, const float* packed, DType through,
+                               const int64_t* runs, int64_t num_runs, int64_t n, void* stream) {
+  if (through == DType::kF32) return UnpackRuns(full, packed, through, runs, num_runs, n, stream);
+  if (absl::Status s =
+          CheckPacking("UnpackRunsThrough", through, full, packed, runs, num_runs, n);
+      !s.ok() || n == 0) {
+    return s;
+  }
+  UnpackThroughBF16Kernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(full, packed, runs,
+                                                                         num_runs, n);
+  return LaunchStatus("UnpackRunsThrough");
 }
 
 }  // namespace gpu

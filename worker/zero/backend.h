@@ -88,6 +88,16 @@ class Backend {
   // full[run's full elements] = packed's run widened from `from` to f32, for
   // every run that is not padding; the rest of `full` is left as it is.
   virtual void Unpack(const PackedLayout& layout, const void* packed, DType from, float* full);
+  // Unpack from f32 `packed` with each value rounded to `through` (F32 or
+  // BF16) on the way, in one pass: what converting `packed` to `through`
+  // and unpacking that would store. Returns false, doing nothing, where the
+  // backend has no such pass (the default): the caller converts and
+  // unpacks.
+  virtual bool UnpackThrough(const PackedLayout& layout, const float* packed, DType through,
+                             float* full) {
+    (void)layout, (void)packed, (void)through, (void)full;
+    return false;
+  }
 
   // Waits for the work this thread enqueued so far.
   virtual absl::Status Synchronize() = 0;

@@ -64,13 +64,20 @@ absl::Status ZeroEngine::SetUpPackedCollectives() {
 // ---- Stage 3 gathers ----
 
 // Packed over a group of one: the shard is the whole packed layout, so the
-// unit is unpacked straight from it (f32) or from its narrowed copy (bf16);
-// no collective runs and the gather's two kernels follow each other on the
-// stream with no wait between them.
+// unit is unpacked straight from it (f32), rounded through bf16 as it is
+// unpacked (bf16, where the backend has that pass: one kernel), or from its
+// narrowed copy (bf16 elsewhere); no collective runs.
 absl::Status ZeroEngine::GatherUnitAlone(int unit, TrackedBuffer* out, bool keep_secondary) {
   const UnitLayout& layout = units_[unit];
   const DType dtype = options_.param_dtype;
   const void* packed = state_[unit]->master.data();
+  // One pass where the backend has one (CUDA: rounded through bf16 as it
+  // is unpacked), else narrowed into a copy, then unpacked.
+  if (dtype != DType::kF32 &&
+      backend_->UnpackThrough(layout.packed, state_[unit]->master.f32(), dtype, out->f32())) {
+    if (keep_secondary) KeepSecondarySlice(unit, out->f32());
+    return backend_->Synchronize();
+  }
   TrackedBuffer narrowed;
   if (dtype != DType::kF32) {
     absl::StatusOr<TrackedBuffer> wire = buffers_.gather_wire.Lend(

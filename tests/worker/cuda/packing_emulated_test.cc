@@ -1,4 +1,5 @@
-// The packed layouts' kernels (worker/cuda/packing.cu: PackRuns, UnpackRuns)
+// The packed layouts' kernels (worker/cuda/packing.cu: PackRuns, UnpackRuns,
+// UnpackRunsThrough)
 // on the CPU under the thread-per-CUDA-thread emulation, against the host
 // backend's Pack and Unpack (worker/zero/backend.cc, a Convert or Zero per
 // run): bit for bit, f32 and bf16, layouts from the planner's kind (pieces
@@ -116,6 +117,40 @@ TEST(PackingEmulatedTest, KernelsEqualTheHostBackendBitForBit) {
   }
 }
 
+// UnpackRunsThrough (the group-of-one gather's one pass) stores what the
+// host's two steps store: the packed f32 values converted to bf16, then
+// unpacked; through f32, UnpackRuns's bits.
+TEST(PackingEmulatedTest, UnpackThroughEqualsConvertThenUnpack) {
+  for (int world : {1, 3}) {
+    Case c = MakeCase(world, 53, 6, 29 + world);
+    auto layout = MakePackedLayout(c.blocks, c.world, c.chunk);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const int64_t n = layout->packed_elements();
+    const auto* runs = reinterpret_cast<const int64_t*>(layout->runs.data());
+    const int64_t num_runs = static_cast<int64_t>(layout->runs.size());
+    const std::vector<float> packed = Data(n, 11);  // NaN, -inf and a bf16 tie among them
+    for (DType through : {DType::kF32, DType::kBF16}) {
+      const std::string label = absl::StrCat("world ", world, " through ", DTypeName(through));
+      std::vector<uint8_t> narrowed(n * DTypeSize(through));
+      CpuBackend()->Convert(packed.data(), DType::kF32, narrowed.data(), through, n);
+      std::vector<float> host_full(c.full, 42.0f), device_full(c.full, 42.0f);
+      CpuBackend()->Unpack(*layout, narrowed.data(), through, host_full.data());
+      ASSERT_TRUE(gpu::UnpackRunsThrough(device_full.data(), packed.data(), through, runs,
+                                         num_runs, n, nullptr)
+                      .ok());
+      EXPECT_EQ(Bytes(device_full.data(), c.full * 4), Bytes(host_full.data(), c.full * 4))
+          << label;
+      int untouched = 0;
+      for (float v : device_full) untouched += v == 42.0f;
+      EXPECT_EQ(untouched, c.world) << label;
+    }
+  }
+  // The host backend has no one-pass form: the engine converts, then
+  // unpacks.
+  std::vector<float> none(1);
+  EXPECT_FALSE(CpuBackend()->UnpackThrough(PackedLayout{}, none.data(), DType::kBF16, none.data()));
+}
+
 TEST(PackingEmulatedTest, BadArgumentsAreRefused) {
   const int64_t runs[2] = {0, 0};
   float a[4], b[4];
@@ -124,6 +159,8 @@ TEST(PackingEmulatedTest, BadArgumentsAreRefused) {
   EXPECT_FALSE(gpu::PackRuns(a, DType::kF32, b, runs, 0, 4, nullptr).ok());
   EXPECT_FALSE(gpu::UnpackRuns(a, b, DType::kI8, runs, 1, 4, nullptr).ok());
   EXPECT_TRUE(gpu::UnpackRuns(a, b, DType::kF32, nullptr, 0, 0, nullptr).ok());  // nothing to do
+  EXPECT_FALSE(gpu::UnpackRunsThrough(a, b, DType::kI8, runs, 1, 4, nullptr).ok());
+  EXPECT_FALSE(gpu::UnpackRunsThrough(a, nullptr, DType::kBF16, runs, 1, 4, nullptr).ok());
 }
 
 }  // namespace
