@@ -17,6 +17,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/model/gpt.h"
+#include "tests/worker/zero/forwarding_backend.h"
 #include "worker/zero/backend.h"
 #include "worker/zero/engine.h"
 
@@ -24,43 +25,14 @@ namespace zeroshard {
 namespace {
 
 // The host backend, but every allocation starts as quiet NaNs.
-class PoisoningBackend : public Backend {
+class PoisoningBackend : public testing::ForwardingBackend {
  public:
   std::string name() const override { return "cpu-poisoned"; }
-  bool host_accessible() const override { return true; }
   void* Allocate(int64_t bytes) override {
     void* p = cpu_->Allocate(bytes);
     if (p != nullptr) std::memset(p, 0xff, bytes);  // 0xffffffff is a NaN
     return p;
   }
-  void Free(void* data, int64_t bytes) override { cpu_->Free(data, bytes); }
-  void Zero(void* dst, int64_t bytes) override { cpu_->Zero(dst, bytes); }
-  void Copy(void* dst, const void* src, int64_t bytes) override { cpu_->Copy(dst, src, bytes); }
-  absl::Status CopyToHost(void* host, const void* src, int64_t bytes) override {
-    return cpu_->CopyToHost(host, src, bytes);
-  }
-  absl::Status CopyFromHost(void* dst, const void* host, int64_t bytes) override {
-    return cpu_->CopyFromHost(dst, host, bytes);
-  }
-  void Convert(const void* src, DType from, void* dst, DType to, int64_t n) override {
-    cpu_->Convert(src, from, dst, to, n);
-  }
-  void AddInto(const void* src, DType dtype, float* dst, int64_t n) override {
-    cpu_->AddInto(src, dtype, dst, n);
-  }
-  void Scale(float* x, int64_t n, float factor) override { cpu_->Scale(x, n, factor); }
-  absl::StatusOr<double> SquaredNorm(const float* x, int64_t n) override {
-    return cpu_->SquaredNorm(x, n);
-  }
-  absl::Status Synchronize() override { return cpu_->Synchronize(); }
-  std::unique_ptr<Fence> Record() override { return cpu_->Record(); }
-  absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
-      const std::string& name, int64_t n, const OptimizerOptions& options) override {
-    return cpu_->MakeOptimizer(name, n, options);
-  }
-
- private:
-  Backend* cpu_ = CpuBackend();
 };
 
 GptConfig SmallGpt() {

@@ -4,6 +4,7 @@
 // matches the ZeRO formulas.
 #include "worker/zero/engine.h"
 
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -11,10 +12,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
 #include "common/plan/planner.h"
 #include "gtest/gtest.h"
 #include "tests/testing/error_model.h"
 #include "tests/testing/params.h"
+#include "tests/worker/zero/forwarding_backend.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/data/batch_layout.h"
@@ -40,6 +43,7 @@ struct RunConfig {
   std::string optimizer = "adam";
   bool shared_gather = true;  // EngineOptions::shared_gather (the communicators use shm)
   std::optional<bool> packed;  // EngineOptions::packed_collectives
+  Backend* backend = nullptr;  // EngineOptions::backend (nullptr: the host's)
   // Rank 1's batch of this step holds a NaN (the step must change nothing);
   // -1: none.
   int nan_step = -1;
@@ -119,6 +123,7 @@ RunResult Train(const RunConfig& config) {
       options.collective_timeout = absl::Seconds(30);
       options.shared_gather = config.shared_gather;
       options.packed_collectives = config.packed;
+      options.backend = config.backend;
       options.max_grad_norm = config.max_grad_norm;
       auto engine = ZeroEngine::Create(model->get(), *plan, gather->get(), reduce->get(),
                                        aux->get(), options);
@@ -375,6 +380,49 @@ TEST(EngineTest, PackedCollectivesGiveTheSameBits) {
       }
     }
   }
+}
+
+// The host backend with a one-pass UnpackThrough (as the CUDA backend has:
+// each value rounded through `through` as it is unpacked), counting calls.
+class OnePassUnpackBackend : public testing::ForwardingBackend {
+ public:
+  bool UnpackThrough(const PackedLayout& layout, const float* packed, DType through,
+                     float* full) override {
+    ++calls;
+    for (size_t i = 0; i < layout.runs.size(); ++i) {
+      const PackedRun& run = layout.runs[i];
+      if (run.full_offset < 0) continue;
+      for (int64_t k = 0; k < layout.RunLength(i); ++k) {
+        const float x = packed[run.packed_begin + k];
+        full[run.full_offset + k] = through == DType::kBF16 ? BF16ToFloat(FloatToBF16(x)) : x;
+      }
+    }
+    return true;
+  }
+  std::atomic<int> calls{0};
+};
+
+// Stage 3 over a gather group of one with bf16 parameters: a backend that
+// gathers in one pass (UnpackThrough) trains to the same bits as the
+// host's narrow-then-unpack.
+TEST(EngineTest, GroupOfOneGathersInOnePassGiveTheSameBits) {
+  RunConfig c;
+  c.world = 1;
+  c.stage = 3;
+  c.param_dtype = DType::kBF16;
+  c.reduce_dtype = DType::kBF16;
+  c.shared_gather = false;
+  c.packed = true;
+  c.steps = 3;
+  OnePassUnpackBackend one_pass;
+  RunConfig fused = c;
+  fused.backend = &one_pass;
+  RunResult f = Train(fused);
+  RunResult two = Train(c);
+  EXPECT_GT(one_pass.calls.load(), 0);
+  EXPECT_EQ(f.params, two.params);
+  EXPECT_EQ(f.ranks[0].losses, two.ranks[0].losses);
+  EXPECT_LT(f.ranks[0].losses.back(), f.ranks[0].losses.front());
 }
 
 TEST(EngineTest, GradientAccumulationEqualsADoubledBatch) {
