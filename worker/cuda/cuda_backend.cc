@@ -104,7 +104,8 @@ cudaStream_t CudaBackend::StreamForThisThread() {
   auto it = streams_.find(self);
   if (it != streams_.end()) return it->second;
   cudaStream_t stream = nullptr;
-  absl::Status s = CudaErrorToStatus(cudaSetDevice(device_), absl::StrCat(name(), ": cudaSetDevice"));
+  absl::Status s =
+      CudaErrorToStatus(cudaSetDevice(device_), absl::StrCat(name(), ": cudaSetDevice"));
   if (s.ok()) {
     s = CudaErrorToStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                           absl::StrCat(name(), ": cudaStreamCreate"));
@@ -143,8 +144,8 @@ void CudaBackend::Free(void* data, int64_t) {
 }
 
 void CudaBackend::Zero(void* dst, int64_t bytes) {
-  Check(CudaErrorToStatus(cudaMemsetAsync(dst, 0, bytes, StreamForThisThread()),
-                          "cudaMemsetAsync"));
+  Check(
+      CudaErrorToStatus(cudaMemsetAsync(dst, 0, bytes, StreamForThisThread()), "cudaMemsetAsync"));
 }
 
 void CudaBackend::Copy(void* dst, const void* src, int64_t bytes) {
@@ -172,14 +173,14 @@ void CudaBackend::Convert(const void* src, DType from, void* dst, DType to, int6
   if (from == to) {
     Copy(dst, src, n * DTypeSize(from));
   } else if (from == DType::kF32 && to == DType::kBF16) {
-    Check(gpu::CastF32ToBF16(static_cast<uint16_t*>(dst), static_cast<const float*>(src), n,
-                             stream));
+    Check(
+        gpu::CastF32ToBF16(static_cast<uint16_t*>(dst), static_cast<const float*>(src), n, stream));
   } else if (from == DType::kBF16 && to == DType::kF32) {
-    Check(gpu::CastBF16ToF32(static_cast<float*>(dst), static_cast<const uint16_t*>(src), n,
-                             stream));
+    Check(
+        gpu::CastBF16ToF32(static_cast<float*>(dst), static_cast<const uint16_t*>(src), n, stream));
   } else {
-    Check(absl::InvalidArgumentError(absl::StrCat("Convert: ", DTypeName(from), " to ",
-                                                  DTypeName(to), " is not supported")));
+    Check(absl::InvalidArgumentError(
+        absl::StrCat("Convert: ", DTypeName(from), " to ", DTypeName(to), " is not supported")));
   }
 }
 
@@ -199,12 +200,10 @@ absl::Status CudaBackend::PreparePacked(PackedLayout* layout) {
     return s;
   }
   layout->device_runs = std::shared_ptr<const PackedRun>(
-      static_cast<const PackedRun*>(device), [](const PackedRun* p) {
-        cudaFree(const_cast<PackedRun*>(p));
-      });
-  return CudaErrorToStatus(
-      cudaMemcpy(device, layout->runs.data(), bytes, cudaMemcpyHostToDevice),
-      "cudaMemcpy of a packed layout's runs");
+      static_cast<const PackedRun*>(device),
+      [](const PackedRun* p) { cudaFree(const_cast<PackedRun*>(p)); });
+  return CudaErrorToStatus(cudaMemcpy(device, layout->runs.data(), bytes, cudaMemcpyHostToDevice),
+                           "cudaMemcpy of a packed layout's runs");
 }
 
 void CudaBackend::Pack(const PackedLayout& layout, const float* full, void* packed, DType to) {
@@ -217,16 +216,14 @@ void CudaBackend::Pack(const PackedLayout& layout, const float* full, void* pack
                       StreamForThisThread()));
 }
 
-void CudaBackend::Unpack(const PackedLayout& layout, const void* packed, DType from,
-                         float* full) {
+void CudaBackend::Unpack(const PackedLayout& layout, const void* packed, DType from, float* full) {
   if (layout.device_runs == nullptr && !layout.runs.empty()) {
     Check(absl::FailedPreconditionError("Unpack: the packed layout was not prepared"));
     return;
   }
-  Check(gpu::UnpackRuns(full, packed, from,
-                        reinterpret_cast<const int64_t*>(layout.device_runs.get()),
-                        static_cast<int64_t>(layout.runs.size()), layout.packed_elements(),
-                        StreamForThisThread()));
+  Check(gpu::UnpackRuns(
+      full, packed, from, reinterpret_cast<const int64_t*>(layout.device_runs.get()),
+      static_cast<int64_t>(layout.runs.size()), layout.packed_elements(), StreamForThisThread()));
 }
 
 bool CudaBackend::UnpackThrough(const PackedLayout& layout, const float* packed, DType through,
@@ -235,10 +232,9 @@ bool CudaBackend::UnpackThrough(const PackedLayout& layout, const float* packed,
     Check(absl::FailedPreconditionError("UnpackThrough: the packed layout was not prepared"));
     return true;  // the error is this thread's sticky status
   }
-  Check(gpu::UnpackRunsThrough(full, packed, through,
-                               reinterpret_cast<const int64_t*>(layout.device_runs.get()),
-                               static_cast<int64_t>(layout.runs.size()), layout.packed_elements(),
-                               StreamForThisThread()));
+  Check(gpu::UnpackRunsThrough(
+      full, packed, through, reinterpret_cast<const int64_t*>(layout.device_runs.get()),
+      static_cast<int64_t>(layout.runs.size()), layout.packed_elements(), StreamForThisThread()));
   return true;
 }
 
@@ -298,9 +294,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CudaBackend::MakeOptimizer(
   absl::StatusOr<std::unique_ptr<Optimizer>> validated = zeroshard::MakeOptimizer(name, 0, options);
   if (!validated.ok()) return validated.status();
   if (name != "adam" && name != "adamw") {
-    return absl::UnimplementedError(absl::StrCat(
-        "optimizer '", name, "' has no CUDA implementation yet; use adam or adamw with "
-        "--backend=nccl, or --backend=gloo"));
+    return absl::UnimplementedError(
+        absl::StrCat("optimizer '", name,
+                     "' has no CUDA implementation yet; use adam or adamw with "
+                     "--backend=nccl, or --backend=gloo"));
   }
   const bool decoupled = name == "adamw";
   const double weight_decay = options.weight_decay.value_or(decoupled ? 1e-2 : 0.0);
@@ -321,9 +318,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CudaBackend::MakeOptimizer(
       return s;
     }
   }
-  return std::unique_ptr<Optimizer>(new CudaAdamOptimizer(
-      this, n, decoupled, options, weight_decay, static_cast<float*>(moments[0]),
-      static_cast<float*>(moments[1])));
+  return std::unique_ptr<Optimizer>(new CudaAdamOptimizer(this, n, decoupled, options, weight_decay,
+                                                          static_cast<float*>(moments[0]),
+                                                          static_cast<float*>(moments[1])));
 }
 
 }  // namespace zeroshard

@@ -519,8 +519,7 @@ absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, cons
 // The kernels FlashAttentionForward / Backward run for these arguments: the
 // dtype's default where it takes them, else the CUDA cores.
 FlashKernels DefaultKernels(DType dtype, const Dims& d, const void* qkv, const void* dout) {
-  const FlashKernels preferred =
-      dtype == DType::kBF16 ? kDefaultBf16Kernels : kDefaultF32Kernels;
+  const FlashKernels preferred = dtype == DType::kBF16 ? kDefaultBf16Kernels : kDefaultF32Kernels;
   if (preferred == FlashKernels::kTensorCores && CheckTensorCores("", dtype, d, qkv, dout).ok()) {
     return FlashKernels::kTensorCores;
   }

@@ -57,10 +57,10 @@ using internal::LaunchStatus;
 using mma::Mma3xTf32;
 using mma::SplitTf32;
 
-constexpr int kTile = 64;     // rows per block, rows per staged tile, keys per softmax step
-constexpr int kThreads = 128;  // 4 warps of 16 rows
-constexpr int kDims = 64;     // the padded head size
-constexpr int kLd = kDims + 4;  // head tiles [64][68]
+constexpr int kTile = 64;           // rows per block, rows per staged tile, keys per softmax step
+constexpr int kThreads = 128;       // 4 warps of 16 rows
+constexpr int kDims = 64;           // the padded head size
+constexpr int kLd = kDims + 4;      // head tiles [64][68]
 constexpr int kGroups = kTile / 8;  // 8-wide column groups of a score tile
 constexpr size_t kHeadTile = size_t{kTile} * kLd * sizeof(float);
 constexpr size_t kForwardBytes = 3 * kHeadTile;
@@ -125,8 +125,8 @@ __device__ __forceinline__ void Zero(Frags& f) {
 // n in [first, end)) from rows 8n.. of `b`, over the head components
 // (`steps` depth steps of 8, zero past HS); A's row r at a + r * kLd, B's
 // row c at b + c * kLd. Groups outside [first, end) are left as they are.
-__device__ __forceinline__ void Scores(Frags& s, const float* a, const float* b, int first,
-                                       int end, int steps, const Lane& ln) {
+__device__ __forceinline__ void Scores(Frags& s, const float* a, const float* b, int first, int end,
+                                       int steps, const Lane& ln) {
 #pragma unroll
   for (int kk = 0; kk < kDims / 8; ++kk) {
     if (kk >= steps) break;
@@ -203,8 +203,8 @@ __device__ __forceinline__ int Steps(const Dims& d) { return static_cast<int>((d
 // Per key tile up to its last row: S = Q K^T, the online softmax on S's
 // fragments (rows g and g + 8 of the warp: running max m, this lane's share
 // of the running sum l), O += P V.
-__global__ void __launch_bounds__(kThreads) MmaForwardKernel(float* out, float* lse,
-                                                             const float* qkv, Dims d) {
+__global__ void __launch_bounds__(kThreads)
+    MmaForwardKernel(float* out, float* lse, const float* qkv, Dims d) {
   extern __shared__ __align__(128) float smem[];
   float* qs = smem;
   float* ks = qs + kTile * kLd;
@@ -425,8 +425,8 @@ absl::Status Backward(float* dqkv, const float* dout, const float* qkv, const fl
                       const float* dvec, int64_t b, const Dims& d, cudaStream_t stream) {
   static constexpr char kWhat[] = "FlashAttentionBackward (tensor cores)";
   if (absl::Status s = AllowBytes(MmaBackwardKeyKernel, kKeyBytes, kWhat); !s.ok()) return s;
-  MmaBackwardKeyKernel<<<TileGrid(b, d), kThreads, kKeyBytes, stream>>>(dqkv, dout, qkv, lse,
-                                                                         dvec, d);
+  MmaBackwardKeyKernel<<<TileGrid(b, d), kThreads, kKeyBytes, stream>>>(dqkv, dout, qkv, lse, dvec,
+                                                                        d);
   if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
   if (absl::Status s = AllowBytes(MmaBackwardQueryKernel, kQueryBytes, kWhat); !s.ok()) return s;
   MmaBackwardQueryKernel<<<TileGrid(b, d), kThreads, kQueryBytes, stream>>>(dqkv, dout, qkv, lse,

@@ -51,10 +51,10 @@ inline absl::Status CheckTensorCoresHeadSize(int64_t hs, DType dtype) {
   const int64_t multiple = f32 ? 4 : 8;
   const int64_t largest = f32 ? kFlashTensorCoresF32MaxHeadSize : kFlashAttentionMaxHeadSize;
   if (hs % multiple != 0 || hs > largest) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the tensor-core flash kernels take head sizes that are multiples of ", multiple,
-        " (16-byte rows) up to ", largest, " with ", DTypeName(dtype), ", not ", hs,
-        f32 ? " (the f32 kernels pad head rows to 64)" : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tensor-core flash kernels take head sizes that are multiples of ",
+                     multiple, " (16-byte rows) up to ", largest, " with ", DTypeName(dtype),
+                     ", not ", hs, f32 ? " (the f32 kernels pad head rows to 64)" : ""));
   }
   return absl::OkStatus();
 }

@@ -75,8 +75,8 @@ struct Mma;
 template <>
 struct Mma<uint16_t> {
   using W = uint16_t;
-  static constexpr int kK = 16;       // the products' depth
-  static constexpr int kHeadPad = 8;  // head tiles [64][HS' + 8]
+  static constexpr int kK = 16;           // the products' depth
+  static constexpr int kHeadPad = 8;      // head tiles [64][HS' + 8]
   static constexpr int kLdP = kTile + 8;  // weight tiles [64][72] bf16
   static constexpr size_t kWeightTile = size_t{kTile} * kLdP * sizeof(uint16_t);
   using A = wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major>;
@@ -115,8 +115,7 @@ struct Layout {
   // The backward's output staging reuses its two score tiles.
   static_assert(kOutTile <= 2 * kScoreTile, "output staging must fit the score tiles");
   // What an A100 block may opt in to.
-  static_assert(kForwardBytes <= 163 * 1024 && kKeyBytes <= 163 * 1024 &&
-                    kQueryBytes <= 163 * 1024,
+  static_assert(kForwardBytes <= 163 * 1024 && kKeyBytes <= 163 * 1024 && kQueryBytes <= 163 * 1024,
                 "over an A100's shared memory per block");
 };
 
@@ -126,8 +125,8 @@ template <typename S>
 __device__ __forceinline__ typename Mma<S>::W* WeightTile(float* scores, int scores_count,
                                                           int which) {
   using W = typename Mma<S>::W;
-  return reinterpret_cast<W*>(reinterpret_cast<unsigned char*>(scores) +
-                              scores_count * kScoreTile + which * Mma<S>::kWeightTile);
+  return reinterpret_cast<W*>(reinterpret_cast<unsigned char*>(scores) + scores_count * kScoreTile +
+                              which * Mma<S>::kWeightTile);
 }
 
 // Storage: bf16 as raw bits (rounded to nearest even).
@@ -348,8 +347,8 @@ __global__ void __launch_bounds__(kThreads)
 // p = e^(scale s - lse), ds = p (dp - D), and dV += P^T dO, dK += dS^T Q.
 template <typename S, int kHs>
 __global__ void __launch_bounds__(kThreads)
-    WmmaBackwardKeyKernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
-                          const float* dvec, Dims d) {
+    WmmaBackwardKeyKernel(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* dvec,
+                          Dims d) {
   using L = Layout<S, kHs>;
   using M = Mma<S>;
   using W = typename M::W;

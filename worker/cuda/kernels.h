@@ -156,8 +156,8 @@ absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64
 // to `through` on the way (F32: stored as it is; BF16: rounded as
 // CastF32ToBF16 and widened back): what PackRuns to `through` from the
 // packed values, then UnpackRuns, would store, in one pass.
-absl::Status UnpackRunsThrough(float* full, const float* packed, DType through,
-                               const int64_t* runs, int64_t num_runs, int64_t n, void* stream);
+absl::Status UnpackRunsThrough(float* full, const float* packed, DType through, const int64_t* runs,
+                               int64_t num_runs, int64_t n, void* stream);
 
 // ----------------------------------------------------------------------------
 // The ZeRO engine's gradient arithmetic (CudaBackend).

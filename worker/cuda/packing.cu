@@ -102,8 +102,8 @@ absl::Status PackRuns(void* packed, DType to, const float* full, const int64_t* 
     PackKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(static_cast<float*>(packed), full,
                                                               runs, num_runs, n);
   } else {
-    PackKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(static_cast<uint16_t*>(packed),
-                                                              full, runs, num_runs, n);
+    PackKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(static_cast<uint16_t*>(packed), full,
+                                                              runs, num_runs, n);
   }
   return LaunchStatus("PackRuns");
 }
@@ -124,11 +124,10 @@ absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64
   return LaunchStatus("UnpackRuns");
 }
 
-absl::Status UnpackRunsThrough(float* full, const float* packed, DType through,
-                               const int64_t* runs, int64_t num_runs, int64_t n, void* stream) {
+absl::Status UnpackRunsThrough(float* full, const float* packed, DType through, const int64_t* runs,
+                               int64_t num_runs, int64_t n, void* stream) {
   if (through == DType::kF32) return UnpackRuns(full, packed, through, runs, num_runs, n, stream);
-  if (absl::Status s =
-          CheckPacking("UnpackRunsThrough", through, full, packed, runs, num_runs, n);
+  if (absl::Status s = CheckPacking("UnpackRunsThrough", through, full, packed, runs, num_runs, n);
       !s.ok() || n == 0) {
     return s;
   }

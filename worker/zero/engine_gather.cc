@@ -45,8 +45,8 @@ absl::Status ZeroEngine::SetUpSharedGather() {
 }
 
 absl::Status ZeroEngine::SetUpPackedCollectives() {
-  packed_ = stage_.state_sharded &&
-            options_.packed_collectives.value_or(!backend_->host_accessible());
+  packed_ =
+      stage_.state_sharded && options_.packed_collectives.value_or(!backend_->host_accessible());
   if (!packed_) return absl::OkStatus();
   const int g = gather_comm_->world_size();
   for (UnitLayout& layout : units_) {
@@ -131,8 +131,7 @@ absl::Status ZeroEngine::GatherUnit(int unit, TrackedBuffer* out, bool keep_seco
         gather_comm_->AllGather(input, packed.data(), chunk, dtype, options_.collective_timeout);
     LeaveCollective(kGatherStream);
     if (!s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
+      return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
     }
     backend_->Unpack(layout.packed, packed.data(), dtype, out->f32());
     if (keep_secondary) KeepSecondarySlice(unit, out->f32());

@@ -124,7 +124,7 @@ TEST(CudaEmulationTest, Tf32RoundsToNearestTiesAway) {
   EXPECT_EQ(tf32(1.0f + 0x1p-11f - 0x1p-23f), 1.0f);  // below half: down
   EXPECT_EQ(tf32(1.0f + 0x1p-11f + 0x1p-23f), 1.0f + 0x1p-10f);
   EXPECT_EQ(tf32(1.0f + 0x1p-10f), 1.0f + 0x1p-10f);  // already tf32
-  EXPECT_EQ(tf32(2.0f - 0x1p-23f), 2.0f);              // carries into the exponent
+  EXPECT_EQ(tf32(2.0f - 0x1p-23f), 2.0f);             // carries into the exponent
   EXPECT_EQ(tf32(INFINITY), INFINITY);
   EXPECT_TRUE(std::isnan(tf32(NAN)));
   EXPECT_EQ(tf32(FLT_MAX), INFINITY);  // over the largest tf32 by more than half
@@ -167,10 +167,9 @@ TEST(CudaEmulationTest, MmaSyncTf32FollowsPtxFragmentLayout) {
     c[i] = static_cast<float>(i);
   }
   for (int i = 0; i < 8 * 8; ++i) b[i] = 0.25f * static_cast<float>(i % 11) - 1.0f;
-  cuda_emulation::Launcher(dim3(1), dim3(32)).Run([](auto... x) { MmaFromFragments(x...); },
-                                                  d.data(), static_cast<const float*>(a.data()),
-                                                  static_cast<const float*>(b.data()),
-                                                  static_cast<const float*>(c.data()));
+  cuda_emulation::Launcher(dim3(1), dim3(32))
+      .Run([](auto... x) { MmaFromFragments(x...); }, d.data(), static_cast<const float*>(a.data()),
+           static_cast<const float*>(b.data()), static_cast<const float*>(c.data()));
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   for (int row = 0; row < 16; ++row) {
     for (int n = 0; n < 8; ++n) {

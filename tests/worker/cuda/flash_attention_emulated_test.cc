@@ -140,15 +140,14 @@ void TensorCores(uint16_t* out, float* lse, uint16_t* dqkv, const uint16_t* qkv,
 void TensorCores(float* out, float* lse, float* dqkv, const float* qkv, const float* dout,
                  float* dvec, const Shape& s, const Dims& d) {
   using flash_mma::kThreads;
-  Launch(MMA_SHARED, flash_mma::kForwardBytes, Tiles(s), kThreads, flash_mma::MmaForwardKernel,
-         out, lse, qkv, d);
+  Launch(MMA_SHARED, flash_mma::kForwardBytes, Tiles(s), kThreads, flash_mma::MmaForwardKernel, out,
+         lse, qkv, d);
   Launch(MMA_SHARED, 0, dim3(3), 64, FlashRowDotKernel<float>, dvec, dout,
          static_cast<const float*>(out), d, s.b * s.nh * s.t);
   Launch(MMA_SHARED, flash_mma::kKeyBytes, Tiles(s), kThreads, flash_mma::MmaBackwardKeyKernel,
          dqkv, dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
-  Launch(MMA_SHARED, flash_mma::kQueryBytes, Tiles(s), kThreads,
-         flash_mma::MmaBackwardQueryKernel, dqkv, dout, qkv, static_cast<const float*>(lse),
-         static_cast<const float*>(dvec), d);
+  Launch(MMA_SHARED, flash_mma::kQueryBytes, Tiles(s), kThreads, flash_mma::MmaBackwardQueryKernel,
+         dqkv, dout, qkv, static_cast<const float*>(lse), static_cast<const float*>(dvec), d);
 }
 
 std::vector<uint16_t> ToBF16(const std::vector<float>& v) {
@@ -187,7 +186,7 @@ Run RunKernels(Path path, const std::vector<float>& qkv_f, const std::vector<flo
   if (path == Path::kTensorCores) {
     if constexpr (std::is_same_v<S, uint16_t>) {
       (d.hs <= 64 ? TensorCores<64> : TensorCores<128>)(out.data(), lse.data(), dqkv.data(),
-                                                         qkv.data(), dout.data(), dvec.data(), s, d);
+                                                        qkv.data(), dout.data(), dvec.data(), s, d);
     } else {  // f32: head sizes up to 64
       EXPECT_LE(d.hs, kFlashTensorCoresF32MaxHeadSize);
       TensorCores(out.data(), lse.data(), dqkv.data(), qkv.data(), dout.data(), dvec.data(), s, d);

@@ -95,12 +95,13 @@ TEST(PackingEmulatedTest, KernelsEqualTheHostBackendBitForBit) {
     const int64_t num_runs = static_cast<int64_t>(layout->runs.size());
     const std::vector<float> full = Data(c.full, 5);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
-      const std::string label = absl::StrCat("world ", c.world, " per rank ", shape.per_rank,
-                                             " ", DTypeName(dtype));
+      const std::string label =
+          absl::StrCat("world ", c.world, " per rank ", shape.per_rank, " ", DTypeName(dtype));
       const size_t bytes = n * DTypeSize(dtype);
       std::vector<uint8_t> host(bytes, 0xab), device(bytes, 0xcd);
       CpuBackend()->Pack(*layout, full.data(), host.data(), dtype);
-      ASSERT_TRUE(gpu::PackRuns(device.data(), dtype, full.data(), runs, num_runs, n, nullptr).ok());
+      ASSERT_TRUE(
+          gpu::PackRuns(device.data(), dtype, full.data(), runs, num_runs, n, nullptr).ok());
       EXPECT_EQ(device, host) << label;
       // Unpack into buffers that hold a marker where no block writes.
       std::vector<float> host_full(c.full, 42.0f), device_full(c.full, 42.0f);
@@ -135,8 +136,8 @@ TEST(PackingEmulatedTest, UnpackThroughEqualsConvertThenUnpack) {
       CpuBackend()->Convert(packed.data(), DType::kF32, narrowed.data(), through, n);
       std::vector<float> host_full(c.full, 42.0f), device_full(c.full, 42.0f);
       CpuBackend()->Unpack(*layout, narrowed.data(), through, host_full.data());
-      ASSERT_TRUE(gpu::UnpackRunsThrough(device_full.data(), packed.data(), through, runs,
-                                         num_runs, n, nullptr)
+      ASSERT_TRUE(gpu::UnpackRunsThrough(device_full.data(), packed.data(), through, runs, num_runs,
+                                         n, nullptr)
                       .ok());
       EXPECT_EQ(Bytes(device_full.data(), c.full * 4), Bytes(host_full.data(), c.full * 4))
           << label;

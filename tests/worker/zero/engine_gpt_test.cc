@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "common/plan/planner.h"
+#include "gtest/gtest.h"
+#include "tests/worker/zero/forwarding_backend.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_kv_store.h"
 #include "worker/model/gpt.h"
-#include "tests/worker/zero/forwarding_backend.h"
 #include "worker/zero/backend.h"
 #include "worker/zero/engine.h"
 

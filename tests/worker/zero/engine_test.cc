@@ -41,7 +41,7 @@ struct RunConfig {
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
   std::string optimizer = "adam";
-  bool shared_gather = true;  // EngineOptions::shared_gather (the communicators use shm)
+  bool shared_gather = true;   // EngineOptions::shared_gather (the communicators use shm)
   std::optional<bool> packed;  // EngineOptions::packed_collectives
   Backend* backend = nullptr;  // EngineOptions::backend (nullptr: the host's)
   // Rank 1's batch of this step holds a NaN (the step must change nothing);

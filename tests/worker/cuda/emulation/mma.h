@@ -1,11 +1,10 @@
 // Emulated nvcuda::wmma (see cuda_emulation.h) for the shape the bf16 flash
-// attention kernels use: bf16 16 x 16 x 16, f32 accumulators. Every lane holds the whole tile, so results do not depend on
-// the hardware's register layout (the kernels must not either; element-wise
-// work on a fragment's x[0..num_elements) is layout free, and here touches
-// the whole tile). Loads read the whole tile (so they need everything written
-// before them); stores write only the elements e with e % 32 == lane, so a
-// missing __syncwarp between a store and another lane's read shows as stale
-// data.
+// attention kernels use: bf16 16 x 16 x 16, f32 accumulators. Every lane holds the whole tile, so
+// results do not depend on the hardware's register layout (the kernels must not either;
+// element-wise work on a fragment's x[0..num_elements) is layout free, and here touches the whole
+// tile). Loads read the whole tile (so they need everything written before them); stores write only
+// the elements e with e % 32 == lane, so a missing __syncwarp between a store and another lane's
+// read shows as stale data.
 //
 // The products of bf16 operands are exact in f32; each is added to the f32
 // accumulator in order, k = 0 first, rounded to nearest even (the
@@ -71,8 +70,7 @@ inline float Widen(const float& v) { return v; }
 // A and B operands: (row, col) of the fragment at p[row * ldm + col]
 // (row_major) or p[col * ldm + row] (col_major).
 template <typename Use, int M, int N, int K, typename T, typename L>
-void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p,
-                      unsigned ldm) {
+void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
   static_assert(std::is_same_v<L, row_major> || std::is_same_v<L, col_major>);
   CheckOperand(p, ldm);
   using F = fragment<Use, M, N, K, T, L>;
@@ -104,7 +102,8 @@ void fill_fragment(fragment<Use, M, N, K, T, L>& f, float v) {
 }
 
 template <int M, int N, int K, typename TA, typename TB, typename LA, typename LB>
-void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
+void mma_sync(fragment<accumulator, M, N, K, float>& d,
+              const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TB, LB>& b,
               const fragment<accumulator, M, N, K, float>& c) {
   static_assert(std::is_same_v<TA, TB>, "A and B of one precision");
