@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::testing {
@@ -60,12 +62,21 @@ int EphemeralStart() {
 // port as the source port). CI saw a join answered CANCELLED while no server
 // led, after its connection succeeded: one of the two, probably.
 int FreeLoopbackPort() {
+  // Ports handed out before in this process are not handed out again: a
+  // cluster asks for several before any is bound (two members on one port
+  // was a CI failure).
+  static absl::Mutex mu;
   static absl::BitGen* gen = new absl::BitGen;
+  static absl::flat_hash_set<int>* given = new absl::flat_hash_set<int>;
+  absl::MutexLock lock(&mu);
   const int high = std::min(EphemeralStart(), 65536);
   const int low = std::max(1024, high - 12000);
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int port = absl::Uniform(*gen, low, high);
-    if (Bindable(port)) return port;
+    if (!given->contains(port) && Bindable(port)) {
+      given->insert(port);
+      return port;
+    }
   }
   return -1;
 }

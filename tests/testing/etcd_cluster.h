@@ -15,7 +15,8 @@
 
 namespace zeroshard::testing {
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, never one returned
+// before in this process.
 int FreeLoopbackPort();
 
 // Where processes run: on loopback (hosts null), or member/server i on
