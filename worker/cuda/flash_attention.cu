@@ -60,12 +60,14 @@ using internal::LaunchStatus;
 using internal::SumOp;
 using internal::WarpReduce;
 
-constexpr int kTile = 64;      // rows per block, and rows per staged tile
-constexpr int kStep = 16;      // keys per online-softmax update (forward)
-constexpr int kLaneDims = 32;  // head components per lane
+constexpr int kTile = flash_internal::kFlashTile;  // rows per block, and per staged tile
+constexpr int kStep = 16;                          // keys per online-softmax update (forward)
+constexpr int kLaneDims = 32;                      // head components per lane
 constexpr int kMaxHeadSize = static_cast<int>(kFlashAttentionMaxHeadSize);
 
 using flash_internal::Dims;
+using flash_internal::HeadBase;
+using flash_internal::ThisHead;
 
 // bf16 runs on the tensor cores where they take the arguments, the CUDA
 // cores elsewhere: on an H200 (2026-11-30) the tensor-core kernels passed
@@ -169,16 +171,6 @@ __device__ __forceinline__ void LoadTile(float* tile, const S* src, int64_t stri
     const int64_t pos = first + r;
     tile[idx] = pos < d.t && i < d.hs ? Load(src + pos * stride + i) : 0.0f;
   }
-}
-
-// Head h of batch row b: its q row 0 in qkv (k and v follow at +C, +2C; rows
-// 3C apart), its out / dout row 0 (rows C apart), its lse / D row 0.
-struct HeadBase {
-  int64_t qkv, out, lse;
-};
-__device__ __forceinline__ HeadBase ThisHead(const Dims& d) {
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  return HeadBase{b * d.t * 3 * d.c + h * d.hs, b * d.t * d.c + h * d.hs, (b * d.nh + h) * d.t};
 }
 
 // ---------------------------------------------------------------------------
@@ -377,6 +369,9 @@ constexpr size_t KeyBytes() {
 // ---------------------------------------------------------------------------
 // Host side.
 
+using flash_internal::AllowSharedMemory;
+using flash_internal::TileGrid;
+
 absl::Status CheckDims(const char* what, int64_t b, int64_t t, int64_t c, int64_t nh, DType dtype,
                        Dims* d) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
@@ -406,21 +401,6 @@ absl::Status CheckDims(const char* what, int64_t b, int64_t t, int64_t c, int64_
   d->hs = c / nh;
   d->scale = d->hs > 0 ? 1.0f / std::sqrt(static_cast<float>(d->hs)) : 0.0f;
   return absl::OkStatus();
-}
-
-// Lets `kernel` use `bytes` of dynamic shared memory (an opt-in above 48 KiB;
-// cheap, so done at every launch rather than tracked per device).
-template <typename Kernel>
-absl::Status AllowSharedMemory(Kernel kernel, size_t bytes, const char* what) {
-  if (bytes <= 48 * 1024) return absl::OkStatus();
-  return CudaErrorToStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(bytes)),
-                           absl::StrCat(what, ": allowing ", bytes, " bytes of shared memory"));
-}
-
-dim3 TileGrid(int64_t b, const Dims& d) {
-  return dim3(static_cast<unsigned int>((d.t + kTile - 1) / kTile), static_cast<unsigned int>(d.nh),
-              static_cast<unsigned int>(b));
 }
 
 template <typename S, int kTpr>

@@ -53,11 +53,14 @@ namespace flash_mma {
 namespace {
 
 using flash_internal::Dims;
+using flash_internal::HeadBase;
+using flash_internal::ThisHead;
 using internal::LaunchStatus;
 using mma::Mma3xTf32;
 using mma::SplitTf32;
 
-constexpr int kTile = 64;           // rows per block, rows per staged tile, keys per softmax step
+constexpr int kTile =
+    flash_internal::kFlashTile;     // rows per block and per staged tile; keys per softmax step
 constexpr int kThreads = 128;       // 4 warps of 16 rows
 constexpr int kDims = 64;           // the padded head size
 constexpr int kLd = kDims + 4;      // head tiles [64][68]
@@ -87,16 +90,6 @@ struct Lane {
   int warp, g, t;
   __device__ Lane() : warp(threadIdx.x / 32), g(threadIdx.x % 32 / 4), t(threadIdx.x % 4) {}
 };
-
-// Head h of batch row b: its q row 0 in qkv (k and v follow at +C, +2C; rows
-// 3C apart), its out / dout row 0 (rows C apart), its lse / D row 0.
-struct HeadBase {
-  int64_t qkv, out, lse;
-};
-__device__ __forceinline__ HeadBase ThisHead(const Dims& d) {
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  return HeadBase{b * d.t * 3 * d.c + h * d.hs, b * d.t * d.c + h * d.hs, (b * d.nh + h) * d.t};
-}
 
 // Stages rows first..first+63 of one head (row r at src + r * stride) into
 // tile [64][kLd], 16 bytes at a time; zero past T and past HS. All threads
@@ -401,22 +394,13 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocks)
 // ---------------------------------------------------------------------------
 // Host side.
 
-template <typename Kernel>
-absl::Status AllowBytes(Kernel kernel, size_t bytes, const char* what) {
-  return CudaErrorToStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(bytes)),
-                           absl::StrCat(what, ": allowing ", bytes, " bytes of shared memory"));
-}
-
-dim3 TileGrid(int64_t b, const Dims& d) {
-  return dim3(static_cast<unsigned int>((d.t + kTile - 1) / kTile), static_cast<unsigned int>(d.nh),
-              static_cast<unsigned int>(b));
-}
+using flash_internal::AllowSharedMemory;
+using flash_internal::TileGrid;
 
 absl::Status Forward(float* out, float* lse, const float* qkv, int64_t b, const Dims& d,
                      cudaStream_t stream) {
   static constexpr char kWhat[] = "FlashAttentionForward (tensor cores)";
-  if (absl::Status s = AllowBytes(MmaForwardKernel, kForwardBytes, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(MmaForwardKernel, kForwardBytes, kWhat); !s.ok()) return s;
   MmaForwardKernel<<<TileGrid(b, d), kThreads, kForwardBytes, stream>>>(out, lse, qkv, d);
   return LaunchStatus(kWhat);
 }
@@ -424,11 +408,12 @@ absl::Status Forward(float* out, float* lse, const float* qkv, int64_t b, const 
 absl::Status Backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                       const float* dvec, int64_t b, const Dims& d, cudaStream_t stream) {
   static constexpr char kWhat[] = "FlashAttentionBackward (tensor cores)";
-  if (absl::Status s = AllowBytes(MmaBackwardKeyKernel, kKeyBytes, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(MmaBackwardKeyKernel, kKeyBytes, kWhat); !s.ok()) return s;
   MmaBackwardKeyKernel<<<TileGrid(b, d), kThreads, kKeyBytes, stream>>>(dqkv, dout, qkv, lse, dvec,
                                                                         d);
   if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
-  if (absl::Status s = AllowBytes(MmaBackwardQueryKernel, kQueryBytes, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(MmaBackwardQueryKernel, kQueryBytes, kWhat); !s.ok())
+    return s;
   MmaBackwardQueryKernel<<<TileGrid(b, d), kThreads, kQueryBytes, stream>>>(dqkv, dout, qkv, lse,
                                                                             dvec, d);
   return LaunchStatus(kWhat);

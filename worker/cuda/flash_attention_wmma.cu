@@ -53,8 +53,8 @@ namespace wmma = nvcuda::wmma;
 using internal::FloatToBF16Bits;
 using internal::LaunchStatus;
 
-constexpr int kTile = 64;  // rows per block, rows per staged tile, keys per softmax step
-constexpr int kWarps = 4;  // 16 rows each
+constexpr int kTile = kFlashTile;  // rows per block, rows per staged tile, keys per softmax step
+constexpr int kWarps = 4;          // 16 rows each
 constexpr int kThreads = 32 * kWarps;
 constexpr int kLdS = kTile + 4;  // f32 score tiles [64][68]
 constexpr size_t kScoreTile = size_t{kTile} * kLdS * sizeof(float);
@@ -131,16 +131,6 @@ __device__ __forceinline__ typename Mma<S>::W* WeightTile(float* scores, int sco
 
 // Storage: bf16 as raw bits (rounded to nearest even).
 __device__ __forceinline__ void Store(uint16_t* p, float v) { *p = FloatToBF16Bits(v); }
-
-// Head h of batch row b (grid y, z): its q row 0 in qkv (k, v at +C, +2C;
-// rows 3C apart), its out / dout row 0 (rows C apart), its lse / D row 0.
-struct HeadBase {
-  int64_t qkv, out, lse;
-};
-__device__ __forceinline__ HeadBase ThisHead(const Dims& d) {
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  return HeadBase{b * d.t * 3 * d.c + h * d.hs, b * d.t * d.c + h * d.hs, (b * d.nh + h) * d.t};
-}
 
 // This lane's place: warp w, row 16w + lane / 2 of the block's tile, and the
 // columns half, half + 2, ... of that row in the softmax steps.
@@ -474,25 +464,13 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 // Host side.
 
-template <typename Kernel>
-absl::Status AllowBytes(Kernel kernel, size_t bytes, const char* what) {
-  return CudaErrorToStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(bytes)),
-                           absl::StrCat(what, ": allowing ", bytes, " bytes of shared memory"));
-}
-
-dim3 TileGrid(int64_t b, const Dims& d) {
-  return dim3(static_cast<unsigned int>((d.t + kTile - 1) / kTile), static_cast<unsigned int>(d.nh),
-              static_cast<unsigned int>(b));
-}
-
 template <typename S, int kHs>
 absl::Status Forward(S* out, float* lse, const S* qkv, int64_t b, const Dims& d,
                      cudaStream_t stream) {
   static constexpr char kWhat[] = "FlashAttentionForward (tensor cores)";
   constexpr size_t kBytes = Layout<S, kHs>::kForwardBytes;
   auto* kernel = WmmaForwardKernel<S, kHs>;
-  if (absl::Status s = AllowBytes(kernel, kBytes, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(kernel, kBytes, kWhat); !s.ok()) return s;
   kernel<<<TileGrid(b, d), kThreads, kBytes, stream>>>(out, lse, qkv, d);
   return LaunchStatus(kWhat);
 }
@@ -503,11 +481,11 @@ absl::Status Backward(S* dqkv, const S* dout, const S* qkv, const float* lse, co
   static constexpr char kWhat[] = "FlashAttentionBackward (tensor cores)";
   using L = Layout<S, kHs>;
   auto* keys = WmmaBackwardKeyKernel<S, kHs>;
-  if (absl::Status s = AllowBytes(keys, L::kKeyBytes, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(keys, L::kKeyBytes, kWhat); !s.ok()) return s;
   keys<<<TileGrid(b, d), kThreads, L::kKeyBytes, stream>>>(dqkv, dout, qkv, lse, dvec, d);
   if (absl::Status s = LaunchStatus(kWhat); !s.ok()) return s;
   auto* queries = WmmaBackwardQueryKernel<S, kHs>;
-  if (absl::Status s = AllowBytes(queries, L::kQueryBytes, kWhat); !s.ok()) return s;
+  if (absl::Status s = AllowSharedMemory(queries, L::kQueryBytes, kWhat); !s.ok()) return s;
   queries<<<TileGrid(b, d), kThreads, L::kQueryBytes, stream>>>(dqkv, dout, qkv, lse, dvec, d);
   return LaunchStatus(kWhat);
 }
