@@ -191,6 +191,34 @@ __device__ __forceinline__ void WriteRows(float* dst, int64_t stride, const Frag
 // Head-component depth steps (and accumulator column groups) that HS needs.
 __device__ __forceinline__ int Steps(const Dims& d) { return static_cast<int>((d.hs + 7) / 8); }
 
+// A query tile's block (the forward and the dq pass): the tile (the last,
+// longest, first), this lane's rows row0 and row0 + 8, the end of the key
+// tiles it sees, and the head's place in qkv.
+struct QueryTile {
+  HeadBase head;
+  int64_t tile0, row0, rows_end;
+  __device__ QueryTile(const Lane& ln, const Dims& d)
+      : head(ThisHead(d)),
+        tile0(static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile),
+        row0(tile0 + 16 * ln.warp + ln.g),
+        rows_end(tile0 + kTile < d.t ? tile0 + kTile : d.t) {}
+  // Key groups of the key tile at j0 with a key <= the warp's last row
+  // (uniform over the warp).
+  __device__ int VisibleGroups(int64_t j0, const Lane& ln) const {
+    const int64_t seen = tile0 + 16 * ln.warp + 16 - j0;
+    return seen >= kTile ? kGroups : static_cast<int>((seen + 7) / 8);
+  }
+  // Stages the K and V rows of the key tile at j0 once every warp is done
+  // with the previous ones. All threads call it.
+  __device__ void StageKeys(float* ks, float* vs, const float* qkv, int64_t j0,
+                            const Dims& d) const {
+    __syncthreads();
+    Stage(ks, qkv + head.qkv + d.c, 3 * d.c, j0, d);
+    Stage(vs, qkv + head.qkv + 2 * d.c, 3 * d.c, j0, d);
+    __syncthreads();
+  }
+};
+
 // ---------------------------------------------------------------------------
 // Forward. Block: query tile (the last, longest, first), head, batch row.
 // Per key tile up to its last row: S = Q K^T, the online softmax on S's
@@ -203,25 +231,18 @@ __global__ void __launch_bounds__(kThreads)
   float* ks = qs + kTile * kLd;
   float* vs = ks + kTile * kLd;
   const Lane ln;
-  const HeadBase head = ThisHead(d);
-  const int64_t stride = 3 * d.c;
-  const int64_t tile0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
-  const int64_t row0 = tile0 + 16 * ln.warp + ln.g;  // and row0 + 8
+  const QueryTile tile(ln, d);
+  const HeadBase& head = tile.head;
+  const int64_t row0 = tile.row0;  // and row0 + 8
   const int steps = Steps(d);
 
-  Stage(qs, qkv + head.qkv, stride, tile0, d);
+  Stage(qs, qkv + head.qkv, 3 * d.c, tile.tile0, d);
   Frags o, s;
   Zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int64_t rows_end = tile0 + kTile < d.t ? tile0 + kTile : d.t;
-  for (int64_t j0 = 0; j0 < rows_end; j0 += kTile) {  // key tiles with a key <= the last row
-    __syncthreads();                                  // the previous tiles are consumed
-    Stage(ks, qkv + head.qkv + d.c, stride, j0, d);
-    Stage(vs, qkv + head.qkv + 2 * d.c, stride, j0, d);
-    __syncthreads();
-    // Key groups with a key <= this warp's last row (uniform over the warp).
-    const int64_t seen = tile0 + 16 * ln.warp + 16 - j0;
-    const int end = seen >= kTile ? kGroups : static_cast<int>((seen + 7) / 8);
+  for (int64_t j0 = 0; j0 < tile.rows_end; j0 += kTile) {  // key tiles with a key <= the last row
+    tile.StageKeys(ks, vs, qkv, j0, d);
+    const int end = tile.VisibleGroups(j0, ln);
     Zero(s);
     Scores(s, qs + 16 * ln.warp * kLd, ks, 0, end, steps, ln);
 #pragma unroll
@@ -342,14 +363,13 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocks)
   float* ks = gs + kTile * kLd;
   float* vs = ks + kTile * kLd;
   const Lane ln;
-  const HeadBase head = ThisHead(d);
-  const int64_t stride = 3 * d.c;
-  const int64_t tile0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
-  const int64_t row0 = tile0 + 16 * ln.warp + ln.g;  // and row0 + 8
+  const QueryTile tile(ln, d);
+  const HeadBase& head = tile.head;
+  const int64_t row0 = tile.row0;  // and row0 + 8
   const int steps = Steps(d);
 
-  Stage(qs, qkv + head.qkv, stride, tile0, d);
-  Stage(gs, dout + head.out, d.c, tile0, d);
+  Stage(qs, qkv + head.qkv, 3 * d.c, tile.tile0, d);
+  Stage(gs, dout + head.out, d.c, tile.tile0, d);
   float row_lse[2], row_d[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -359,14 +379,9 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocks)
   }
   Frags dq, p, ds;
   Zero(dq);
-  const int64_t rows_end = tile0 + kTile < d.t ? tile0 + kTile : d.t;
-  for (int64_t j0 = 0; j0 < rows_end; j0 += kTile) {
-    __syncthreads();
-    Stage(ks, qkv + head.qkv + d.c, stride, j0, d);
-    Stage(vs, qkv + head.qkv + 2 * d.c, stride, j0, d);
-    __syncthreads();
-    const int64_t seen = tile0 + 16 * ln.warp + 16 - j0;
-    const int end = seen >= kTile ? kGroups : static_cast<int>((seen + 7) / 8);
+  for (int64_t j0 = 0; j0 < tile.rows_end; j0 += kTile) {
+    tile.StageKeys(ks, vs, qkv, j0, d);
+    const int end = tile.VisibleGroups(j0, ln);
     Zero(p);
     Zero(ds);
     Scores(p, qs + 16 * ln.warp * kLd, ks, 0, end, steps, ln);
@@ -384,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocks)
     }
     Accumulate(dq, ds, ks, 0, end, steps, ln);
   }
-  WriteRows(dqkv + head.qkv, stride, dq, row0, d.scale, d.scale, ln, d);
+  WriteRows(dqkv + head.qkv, 3 * d.c, dq, row0, d.scale, d.scale, ln, d);
 }
 
 // Without nvcc (tests/worker/cuda/emulation runs the kernels above on the
