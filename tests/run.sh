@@ -206,7 +206,8 @@ fi
 
 # Fuzzing smoke: the parser fuzzers and service_fuzzer (the server's request
 # handlers in process; tests/fuzz, ASan + UBSan, clang) run 30 s each from
-# their seed corpora, one after the other (~4 minutes). A target counts as one
+# their seed corpora, a target per core at a time (up to 4; ~2 minutes on 2
+# cores: nothing else runs by then). A target counts as one
 # test: passed when it built, ran and found nothing. Last, because the fuzz
 # configuration re-points bazel-testlogs. service_fuzzer's ASan build of the
 # whole server costs ~8 more minutes on a cold 2-core machine (494 s after the
@@ -218,8 +219,9 @@ FUZZ_TARGETS=${FUZZ_TARGETS:-safetensors_fuzzer,shard_file_fuzzer,manifest_fuzze
 FUZZ_JSON=/tmp/zeroshard-fuzz-smoke.json
 rm -f "$FUZZ_JSON"
 if bazel build "${JOBS_FLAGS[@]}" --config=fuzz $(printf ' //tests/fuzz:%s' ${FUZZ_TARGETS//,/ }) >>"$LOG" 2>&1; then
+  cores=$(nproc)
   python3 tests/bench/fuzz_bench.py --seconds="${FUZZ_SECONDS:-30}" --targets="$FUZZ_TARGETS" \
-    --json_out="$FUZZ_JSON" 2>&1 |
+    --parallel=$((cores < 4 ? cores : 4)) --json_out="$FUZZ_JSON" 2>&1 |
     tee -a "$LOG"
   counts=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["targets"]; b=sum(1 for r in t if r["findings"]); print(len(t)-b, b)' "$FUZZ_JSON" 2>/dev/null || echo "0 1")
   read -r p f <<<"$counts"

@@ -10,9 +10,10 @@ timeout or out-of-memory inputs libFuzzer saved).
   python3 tests/bench/fuzz_bench.py --ledger_summary [--ledger=FILE] [--json]
 
 One process per target, one after the other (-jobs is not used: the machine
-is shared). Each target starts from its seed corpus (tests/fuzz/corpus/NAME)
-and grows a copy in a temporary directory; --keep_corpus=DIR keeps the grown
-corpora. The CI smoke (tests/run.sh) runs it with --seconds=15. Exits 1 when
+is shared), or --parallel=N targets at a time. Each target starts from its
+seed corpus (tests/fuzz/corpus/NAME) and grows a copy in a temporary
+directory; --keep_corpus=DIR keeps the grown corpora. The CI smoke
+(tests/run.sh) runs it with --seconds=30, a target per core. Exits 1 when
 any target has a finding; the inputs are copied to --findings_dir (default
 /tmp/zeroshard-fuzz-findings) so they can be added to the seed corpus as
 regression inputs once fixed.
@@ -24,15 +25,16 @@ load), and --ledger_summary prints every target's totals from it (#29 asks
 for 10 million executions per target with no open finding).
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
 import re
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -185,15 +187,22 @@ def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus, extra_co
         cmd.append(os.path.join(extra_corpus, name))
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     start = time.time()
-    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, errors="replace",
-                          timeout=seconds + 120)
+    # The child's own resource usage (os.wait4), so that targets run side by
+    # side (--parallel) each count only their own CPU time.
+    with open(os.path.join(work, f"{name}.stderr"), "w+", errors="replace") as err:
+        proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.DEVNULL, stderr=err)
+        killer = threading.Timer(seconds + 120, proc.kill)
+        killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        killer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read()
     wall = time.time() - start
-    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # On a shared machine the wall-clock rate says more about the load than
     # about the target: the CPU time the fuzzer got is kept beside it.
-    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    result = parse_output(proc.stderr)
+    cpu = usage.ru_utime + usage.ru_stime
+    result = parse_output(stderr)
     found = sorted(f for f in os.listdir(artifacts) if f.startswith(FINDING_PREFIXES))
     saved = []
     for f in found:
@@ -204,7 +213,7 @@ def run_target(name, bin_dir, seconds, work, findings_dir, keep_corpus, extra_co
     if proc.returncode != 0 and not saved:
         saved.append(f"exit {proc.returncode} without an artifact")
     if saved:
-        tail = "\n".join(proc.stderr.splitlines()[-40:])
+        tail = "\n".join(stderr.splitlines()[-40:])
         print(f"--- {name}: libFuzzer's last lines\n{tail}", file=sys.stderr)
     if keep_corpus:
         dest = os.path.join(keep_corpus, name)
@@ -233,6 +242,8 @@ def main():
                         "scheduler: about twice the executions per second for service_fuzzer, "
                         "whose feature bookkeeping otherwise takes a third of its time); "
                         "recorded with each run")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="targets run at a time (default 1: one after the other)")
     p.add_argument("--findings_dir", default="/tmp/zeroshard-fuzz-findings")
     p.add_argument("--ledger", default="",
                    help=f"append one JSON line per target to FILE (the committed one: {LEDGER}); "
@@ -247,17 +258,22 @@ def main():
     seconds = args.seconds or int(args.minutes * 60) or 60
     bin_dir = args.bin_dir or fuzz_bin_dir()
     targets = [t for t in args.targets.split(",") if t]
-    print(f"fuzz_bench: {len(targets)} targets x {seconds} s, 1 job each, on {cpu_name()} "
+    print(f"fuzz_bench: {len(targets)} targets x {seconds} s, 1 job each, {args.parallel} at a "
+          f"time, on {cpu_name()} "
           f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}), at {commit}",
           flush=True)
-    rows = []
+    if args.parallel < 1:
+        print(f"fuzz_bench: --parallel={args.parallel}: expected 1 or more", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="zeroshard-fuzz-") as work:
-        for name in targets:
+        def one(name):
             row = run_target(name, bin_dir, seconds, work, args.findings_dir, args.keep_corpus,
                              args.extra_corpus, args.libfuzzer_flag)
-            rows.append(row)
             print(f"  {name}: {row['executions']:,} executions, cov {row['cov']}, "
                   f"{len(row['findings'])} findings", flush=True)
+            return row
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            rows = list(pool.map(one, targets))  # in the targets' order
     header = f"{'target':<20} {'seconds':>8} {'executions':>12} {'exec/s':>8} {'per cpu-s':>9} " \
              f"{'cov':>6} {'ft':>7} {'corpus':>7} {'findings':>8}"
     print(header)
