@@ -232,11 +232,9 @@ __global__ void __launch_bounds__(kThreads)
   float* vs = ks + kTile * kLd;
   const Lane ln;
   const QueryTile tile(ln, d);
-  const HeadBase& head = tile.head;
+  Stage(qs, qkv + tile.head.qkv, 3 * d.c, tile.tile0, d);
   const int64_t row0 = tile.row0;  // and row0 + 8
   const int steps = Steps(d);
-
-  Stage(qs, qkv + head.qkv, 3 * d.c, tile.tile0, d);
   Frags o, s;
   Zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -280,10 +278,10 @@ __global__ void __launch_bounds__(kThreads)
     Accumulate(o, s, vs, 0, end, steps, ln);
   }
   const float sum0 = RowSum(l[0]), sum1 = RowSum(l[1]);
-  WriteRows(out + head.out, d.c, o, row0, 1.0f / sum0, 1.0f / sum1, ln, d);
+  WriteRows(out + tile.head.out, d.c, o, row0, 1.0f / sum0, 1.0f / sum1, ln, d);
   if (ln.t == 0) {
-    if (row0 < d.t) lse[head.lse + row0] = m[0] + logf(sum0);
-    if (row0 + 8 < d.t) lse[head.lse + row0 + 8] = m[1] + logf(sum1);
+    if (row0 < d.t) lse[tile.head.lse + row0] = m[0] + logf(sum0);
+    if (row0 + 8 < d.t) lse[tile.head.lse + row0 + 8] = m[1] + logf(sum1);
   }
 }
 
