@@ -70,24 +70,18 @@ absl::Status ZeroEngine::SetUpPackedCollectives() {
 absl::Status ZeroEngine::GatherUnitAlone(int unit, TrackedBuffer* out, bool keep_secondary) {
   const UnitLayout& layout = units_[unit];
   const DType dtype = options_.param_dtype;
-  const void* packed = state_[unit]->master.data();
-  // One pass where the backend has one (CUDA: rounded through bf16 as it
-  // is unpacked), else narrowed into a copy, then unpacked.
-  if (dtype != DType::kF32 &&
-      backend_->UnpackThrough(layout.packed, state_[unit]->master.f32(), dtype, out->f32())) {
-    if (keep_secondary) KeepSecondarySlice(unit, out->f32());
-    return backend_->Synchronize();
-  }
-  TrackedBuffer narrowed;
-  if (dtype != DType::kF32) {
+  const float* master = state_[unit]->master.f32();
+  TrackedBuffer narrowed;  // held until the kernels reading it are done
+  if (dtype == DType::kF32) {
+    backend_->Unpack(layout.packed, master, dtype, out->f32());
+  } else if (!backend_->UnpackThrough(layout.packed, master, dtype, out->f32())) {
     absl::StatusOr<TrackedBuffer> wire = buffers_.gather_wire.Lend(
         MemoryCategory::kCommBuffers, Bytes(layout.chunk_elements, dtype), /*zero=*/false);
     if (!wire.ok()) return wire.status();
     narrowed = std::move(*wire);
-    backend_->Convert(packed, DType::kF32, narrowed.data(), dtype, layout.chunk_elements);
-    packed = narrowed.data();
+    backend_->Convert(master, DType::kF32, narrowed.data(), dtype, layout.chunk_elements);
+    backend_->Unpack(layout.packed, narrowed.data(), dtype, out->f32());
   }
-  backend_->Unpack(layout.packed, packed, dtype, out->f32());
   if (keep_secondary) KeepSecondarySlice(unit, out->f32());
   return backend_->Synchronize();  // the compute thread reads it next
 }
