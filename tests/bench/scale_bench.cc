@@ -19,13 +19,13 @@
 // dead after their last beat, and the generation change end to end (every
 // survivor told, every rank re-joined and the next generation formed).
 #include <sched.h>
-#include <sys/resource.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -66,6 +66,8 @@ ABSL_FLAG(int, hosts, 12500, "Simulated hosts (node agents)");
 ABSL_FLAG(int, ranks_per_host, 8, "Ranks per host");
 ABSL_FLAG(int, processes, 16, "Processes the simulated agents are spread over");
 ABSL_FLAG(int, heartbeat_timeout_ms, 3000, "The server's --heartbeat_timeout_ms");
+ABSL_FLAG(int, heartbeat_interval_ms, 1000,
+          "The server's --heartbeat_interval_ms, which the simulated agents beat at");
 ABSL_FLAG(double, measure_seconds, 10, "Length of the CPU measurement while every rank beats");
 ABSL_FLAG(int, connections_per_process, 0,
           "TCP connections each simulating process opens to the server, its agents' streams "
@@ -96,13 +98,17 @@ ABSL_FLAG(std::string, server_cpus, "",
           "--simulator_cpus elsewhere, the server's CPU is measured without the simulators on "
           "its cores (docs/scale.md)");
 ABSL_FLAG(std::string, simulator_cpus, "", "CPUs the simulating processes run on; empty: any");
-ABSL_FLAG(int, simulator_nice, 0,
-          "Niceness of the simulating processes: on a machine too small for 100,000 simulated ranks "
-          "beside etcd and three servers, a positive value keeps the control plane's lease "
-          "renewals from starving behind them (in a cluster they run on other machines)");
+ABSL_FLAG(
+    int, simulator_nice, 0,
+    "Niceness of the simulating processes: on a machine too small for 100,000 simulated ranks "
+    "beside etcd and three servers, a positive value keeps the control plane's lease "
+    "renewals from starving behind them (in a cluster they run on other machines)");
 
 namespace zeroshard {
 namespace {
+
+// The heartbeat interval the server advertises and the agents keep.
+absl::Duration Interval() { return absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)); }
 
 constexpr char kJob[] = "scale";
 
@@ -259,7 +265,7 @@ class SimHost {
   // beat rate this machine can offer the server).
   bool request_built_ ABSL_GUARDED_BY(mu_) = false;
   bool request_carries_members_ ABSL_GUARDED_BY(mu_) = false;  // not yet same_member
-  int round_ ABSL_GUARDED_BY(mu_) = 0;  // joins completed
+  int round_ ABSL_GUARDED_BY(mu_) = 0;                         // joins completed
   absl::Time next_beat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time sent_at_ ABSL_GUARDED_BY(mu_);  // this round's write started
  public:
@@ -362,7 +368,7 @@ class Child {
     if (late > absl::Seconds(1)) late_over_1s_++;
     // A beat more than timeout - interval late (2 s by default) is a silence
     // the server must take for a death: when, to compare with its log.
-    if (late > absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)) - absl::Seconds(1)) {
+    if (late > absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)) - Interval()) {
       int64_t expected = 0;
       first_too_late_us_.compare_exchange_strong(expected, NowUs());
     }
@@ -381,8 +387,7 @@ class Child {
       int64_t seen = max_probe_late_us_.load(std::memory_order_relaxed);
       while (us > seen && !max_probe_late_us_.compare_exchange_weak(seen, us)) {
       }
-      if (now - due > absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)) -
-                          absl::Seconds(1)) {
+      if (now - due > absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)) - Interval()) {
         int64_t expected = 0;
         first_probe_too_late_us_.compare_exchange_strong(expected, NowUs());
       }
@@ -416,7 +421,7 @@ class Child {
 
   // Every 10 ms, each host whose next beat is due beats: one interval after
   // the answer to its last, as a worker through a real agent does (a host's
-  // first beat after a join is spread over a second by its number).
+  // first beat after a join is spread over an interval by its number).
   void Tick() {
     absl::Time next = absl::Now();
     while (!stop_) {
@@ -590,7 +595,7 @@ void SimHost::Joined(std::vector<v1::HostJoinAnswer> answers, const grpc::Status
     silent_ = false;
     silent_slot_ = -1;
     request_built_ = false;
-    next_beat_ = absl::Now() + absl::Milliseconds(10 * (host_ % 100));
+    next_beat_ = absl::Now() + Interval() * (host_ % 100) / 100;
   }
   child_->RecordJoined(round, at, errors, error);
 }
@@ -686,7 +691,7 @@ void SimHost::RoundDone(BeatStream* stream, bool ok) {
         absl::ToUnixMicros(sent_at_) > mark_us_) {
       answered_after_mark_us_ = absl::ToUnixMicros(now);
     }
-    next_beat_ = now + absl::Seconds(1);  // the heartbeat interval
+    next_beat_ = now + Interval();
     if (aborts == 0) return;
     beating_ = false;  // as a worker does: stop beating, re-join
     round = round_ - 1;
@@ -706,10 +711,10 @@ absl::StatusOr<cpu_set_t> ParseCpuList(const std::string& list) {
     int first = 0;
     int last = 0;
     if (!absl::SimpleAtoi(range.first, &first) ||
-        !absl::SimpleAtoi(range.second.empty() ? range.first : range.second, &last) ||
-        first < 0 || last < first || last >= CPU_SETSIZE) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CPU list '", list, "': '", part, "' is not a CPU or a range like 0-3"));
+        !absl::SimpleAtoi(range.second.empty() ? range.first : range.second, &last) || first < 0 ||
+        last < first || last >= CPU_SETSIZE) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CPU list '", list, "': '", part, "' is not a CPU or a range like 0-3"));
     }
     for (int cpu = first; cpu <= last; ++cpu) CPU_SET(cpu, &set);
   }
@@ -728,8 +733,8 @@ absl::Status PinProcess(pid_t pid, const std::string& list) {
     pid_t tid = 0;
     if (!absl::SimpleAtoi(entry.path().filename().string(), &tid)) continue;
     if (sched_setaffinity(tid, sizeof(*set), &*set) != 0 && errno != ESRCH) {
-      return absl::InternalError(absl::StrCat("sched_setaffinity(", tid, ", ", list,
-                                              "): ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("sched_setaffinity(", tid, ", ", list, "): ", std::strerror(errno)));
     }
   }
   if (error) return absl::InternalError(absl::StrCat(tasks, ": ", error.message()));
@@ -742,7 +747,8 @@ int RunChild() {
     std::fprintf(stderr, "scale_bench child: %s\n", pinned.ToString().c_str());
     return 2;
   }
-  if (const int nice = absl::GetFlag(FLAGS_simulator_nice); nice != 0 && setpriority(PRIO_PROCESS, 0, nice) != 0) {
+  if (const int nice = absl::GetFlag(FLAGS_simulator_nice);
+      nice != 0 && setpriority(PRIO_PROCESS, 0, nice) != 0) {
     std::fprintf(stderr, "scale_bench child: setpriority(%d): %s\n", nice, std::strerror(errno));
     return 2;
   }
@@ -761,8 +767,8 @@ struct Totals {
   int64_t join_retries = 0;
   int64_t max_late_us = 0;  // the latest beat the simulators sent, after it was due
   int64_t late_over_1s = 0;
-  int64_t first_too_late_us = 0;  // a beat timeout - interval late (0: none)
-  int64_t max_probe_late_us = 0;  // the simulators' callbacks at worst (Child::SetProbe)
+  int64_t first_too_late_us = 0;        // a beat timeout - interval late (0: none)
+  int64_t max_probe_late_us = 0;        // the simulators' callbacks at worst (Child::SetProbe)
   int64_t first_probe_too_late_us = 0;  // a callback timeout - interval late (0: none)
   std::string first_error;
 };
@@ -925,7 +931,7 @@ int KillLeader(const std::string& dir, int processes, int hosts,
   if (!testing::WaitFor(
           [&] {
             return (round = SteadyRound(dir, processes, hosts)) >= 0 &&
-                   AnswersPrompt(dir, processes, absl::Milliseconds(500));
+                   AnswersPrompt(dir, processes, Interval() / 2);
           },
           absl::Minutes(3))) {
     std::fprintf(stderr, "the job did not settle within 3 minutes before the leader's kill\n");
@@ -992,10 +998,11 @@ int KillLeader(const std::string& dir, int processes, int hosts,
                     : absl::StrFormat("only %d of %d hosts in 60 s", answered, hosts),
                 "<= 10 s"});
   table.AddRow({"  hosts told of a generation change", absl::StrCat(after.round.aborted), "0"});
-  table.AddRow({"  new leader: " + restored.substr(restored.find("state restored") == std::string::npos
-                                                       ? 0
-                                                       : restored.find("state restored")),
-                "", ""});
+  table.AddRow(
+      {"  new leader: " + restored.substr(restored.find("state restored") == std::string::npos
+                                              ? 0
+                                              : restored.find("state restored")),
+       "", ""});
   if (next >= 0) {
     const std::string next_mport =
         std::string(absl::StripPrefix(servers.metrics_address(next), "127.0.0.1:"));
@@ -1019,8 +1026,8 @@ int RunParent(const std::string& self) {
   const int timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   BenchMachine machine = DescribeBenchMachine("");
   std::printf("%s\n", machine.Line().c_str());
-  for (const std::string& list : {absl::GetFlag(FLAGS_server_cpus),
-                                  absl::GetFlag(FLAGS_simulator_cpus)}) {
+  for (const std::string& list :
+       {absl::GetFlag(FLAGS_server_cpus), absl::GetFlag(FLAGS_simulator_cpus)}) {
     if (list.empty()) continue;
     if (absl::StatusOr<cpu_set_t> set = ParseCpuList(list); !set.ok()) {
       std::fprintf(stderr, "scale_bench: %s\n", set.status().ToString().c_str());
@@ -1032,7 +1039,8 @@ int RunParent(const std::string& self) {
   const std::string dir = testing::MakeTempDir("scale-bench");
   testing::RemovedAtExit dir_owner(dir);  // the children's logs
   std::vector<std::string> server_flags = {
-      "--max_world_size=131072", "--heartbeat_interval_ms=1000",
+      "--max_world_size=131072",
+      absl::StrCat("--heartbeat_interval_ms=", absl::GetFlag(FLAGS_heartbeat_interval_ms)),
       absl::StrCat("--heartbeat_timeout_ms=", timeout_ms)};
   const int etcd_members = absl::GetFlag(FLAGS_etcd_members);
   if (etcd_members == 0) {
@@ -1084,24 +1092,25 @@ int RunParent(const std::string& self) {
   for (int i = 0; i <= processes; ++i) first_host[i] = int64_t{hosts} * i / processes;
   auto process_of = [&](int host) {
     return static_cast<int>(std::upper_bound(first_host.begin(), first_host.end(), host) -
-                            first_host.begin()) - 1;
+                            first_host.begin()) -
+           1;
   };
   for (int i = 0; i < processes; ++i) {
     children.push_back(std::make_unique<testing::ChildProcess>(
         self,
-        std::vector<std::string>{absl::StrCat("--child=", i), "--dir=" + dir,
-                                 "--server=" + server_address,
-                                 absl::StrCat("--first_host=", first_host[i]),
-                                 absl::StrCat("--host_count=", first_host[i + 1] - first_host[i]),
-                                 absl::StrCat("--hosts=", hosts),
-                                 absl::StrCat("--ranks_per_host=", per_host),
-                                 absl::StrCat("--heartbeat_timeout_ms=", timeout_ms),
-                                 absl::StrCat("--connections_per_process=",
-                                              absl::GetFlag(FLAGS_connections_per_process)),
-                                 "--telemetry=" + absl::GetFlag(FLAGS_telemetry),
-                                 absl::StrCat("--same_member=", absl::GetFlag(FLAGS_same_member)),
-                                 "--simulator_cpus=" + absl::GetFlag(FLAGS_simulator_cpus),
-                                 absl::StrCat("--simulator_nice=", absl::GetFlag(FLAGS_simulator_nice))},
+        std::vector<std::string>{
+            absl::StrCat("--child=", i), "--dir=" + dir, "--server=" + server_address,
+            absl::StrCat("--first_host=", first_host[i]),
+            absl::StrCat("--host_count=", first_host[i + 1] - first_host[i]),
+            absl::StrCat("--hosts=", hosts), absl::StrCat("--ranks_per_host=", per_host),
+            absl::StrCat("--heartbeat_timeout_ms=", timeout_ms),
+            absl::StrCat("--heartbeat_interval_ms=", absl::GetFlag(FLAGS_heartbeat_interval_ms)),
+            absl::StrCat("--connections_per_process=",
+                         absl::GetFlag(FLAGS_connections_per_process)),
+            "--telemetry=" + absl::GetFlag(FLAGS_telemetry),
+            absl::StrCat("--same_member=", absl::GetFlag(FLAGS_same_member)),
+            "--simulator_cpus=" + absl::GetFlag(FLAGS_simulator_cpus),
+            absl::StrCat("--simulator_nice=", absl::GetFlag(FLAGS_simulator_nice))},
         absl::StrCat(dir, "/child-", i, ".log")));
   }
   Table table({"MEASURE", "VALUE", "TARGET"});
@@ -1128,6 +1137,7 @@ int RunParent(const std::string& self) {
   result["hosts"] = hosts;
   result["ranks"] = world;
   result["heartbeat_timeout_s"] = timeout_ms / 1000.0;
+  result["heartbeat_interval_s"] = absl::ToDoubleSeconds(Interval());
 
   // ---- Join barrier: every agent sends its ranks' joins in one call ----
   // Every child's hosts connected (a real agent's connection is up long
@@ -1157,8 +1167,8 @@ int RunParent(const std::string& self) {
   }
   if (t.round.join_errors > 0) return fail("join errors: " + t.round.first_join_error);
 
-  // ---- Every rank beats once a second ----
-  absl::SleepFor(absl::Seconds(3));  // every host through its first beats
+  // ---- Every rank beats once an interval ----
+  absl::SleepFor(3 * Interval());  // every host through its first beats
   const int64_t answers_start = Collect(dir, processes, 0).answers;
   const double cpu_start = testing::CpuSeconds(pid);
   const absl::Time measure_start = absl::Now();
@@ -1179,11 +1189,13 @@ int RunParent(const std::string& self) {
   result["server_sockets"] = sockets;
   table.AddRow({"server's open sockets (agents' TCP connections + its listeners)",
                 absl::StrCat(sockets), ""});
+  const double interval_s = absl::ToDoubleSeconds(Interval());
   table.AddRow({"rank beats answered per second", absl::StrFormat("%.0f", beats_per_s),
-                absl::StrCat(world)});
-  table.AddRow({"server CPU at 1-s heartbeats",
-                absl::StrFormat("%.2f cores (%.2f us per rank beat)", cores, cores * 1e6 / beats_per_s),
-                "<= 1 core"});
+                absl::StrFormat("%.0f", world / interval_s)});
+  table.AddRow(
+      {absl::StrFormat("server CPU at %g-s heartbeats", interval_s),
+       absl::StrFormat("%.2f cores (%.2f us per rank beat)", cores, cores * 1e6 / beats_per_s),
+       "<= 1 core"});
   table.AddRow({"server RSS",
                 absl::StrFormat("%.0f MiB (%.1f KiB per rank)", rss / 1048576.0,
                                 double(rss - rss_idle) / world / 1024),
@@ -1242,11 +1254,12 @@ int RunParent(const std::string& self) {
       result["simulator_first_callback_too_late_after_barrier_seconds"] =
           absl::ToDoubleSeconds(first_probe_late - barrier);
     }
-    table.AddRow({"  first death / simulators' first beat, callback timeout - 1 s late, after "
-                  "the barrier",
-                  since_barrier(first_death) + " / " + since_barrier(first_late) + ", " +
-                      since_barrier(first_probe_late),
-                  ""});
+    table.AddRow(
+        {"  first death / simulators' first beat, callback timeout - 1 s late, after "
+         "the barrier",
+         since_barrier(first_death) + " / " + since_barrier(first_late) + ", " +
+             since_barrier(first_probe_late),
+         ""});
   }
 
   // ---- GET /metrics ----
@@ -1283,8 +1296,8 @@ int RunParent(const std::string& self) {
   table.AddRow({absl::StrCat("GET /metrics (median of ", times.size(), " of 5)"),
                 absl::StrFormat("%.3f s, %.2f MB", metrics_s, bytes / 1e6), "<= 1 s, <= 20 MB"});
   if (failed > 0) {
-    table.AddRow({absl::StrCat("  GET /metrics failed ", failed, " times"), failure.substr(0, 120),
-                  "0"});
+    table.AddRow(
+        {absl::StrCat("  GET /metrics failed ", failed, " times"), failure.substr(0, 120), "0"});
   }
 
   // ---- A rank falls silent, then a host ----
@@ -1318,7 +1331,7 @@ int RunParent(const std::string& self) {
     if (!testing::WaitFor(
             [&] {
               return (round = SteadyRound(dir, processes, hosts)) >= 0 &&
-                     AnswersPrompt(dir, processes, absl::Milliseconds(500));
+                     AnswersPrompt(dir, processes, Interval() / 2);
             },
             absl::Minutes(3))) {
       return fail(fault.name + ": the job did not settle within 3 minutes");
@@ -1347,27 +1360,30 @@ int RunParent(const std::string& self) {
     }
     if (f == 1) Command(dir, process_of(fault.host), absl::StrCat("replace-host ", fault.host));
     // Every host re-joins: those told, and the silent one (replaced).
-    if (!testing::WaitFor([&] { return (t = Collect(dir, processes, round + 1)).round.joined == hosts; },
-                          absl::Minutes(3))) {
-      return fail(absl::StrCat(fault.name, ": ", t.round.joined, " of ", hosts, " hosts re-joined"));
+    if (!testing::WaitFor(
+            [&] { return (t = Collect(dir, processes, round + 1)).round.joined == hosts; },
+            absl::Minutes(3))) {
+      return fail(
+          absl::StrCat(fault.name, ": ", t.round.joined, " of ", hosts, " hosts re-joined"));
     }
     const Round told = Collect(dir, processes, round).round;
     const double told_s = (told.aborted_last_us - absl::ToUnixMicros(last_beat)) / 1e6;
     const double formed_s = (t.round.joined_last_us - absl::ToUnixMicros(last_beat)) / 1e6;
     const std::string key = f == 0 ? "dead_rank" : "dead_host";
-    result[key] = {{"detected_seconds", silent_s},
-                   {"survivors_told_seconds", told_s},
-                   {"hosts_told", told.aborted},
-                   {"next_generation_formed_seconds", formed_s},
-                   {"rejoin_errors", t.round.join_errors},
-                   {"settled_before_fault_seconds", settled_s[f]}};
+    result[key] = {
+        {"detected_seconds", silent_s},         {"survivors_told_seconds", told_s},
+        {"hosts_told", told.aborted},           {"next_generation_formed_seconds", formed_s},
+        {"rejoin_errors", t.round.join_errors}, {"settled_before_fault_seconds", settled_s[f]}};
     table.AddRow({absl::StrCat(fault.name, ": declared dead after its last beat"),
                   absl::StrFormat("%.2f s", silent_s),
                   absl::StrFormat("<= %.1f s", timeout_ms / 1000.0 + 1)});
-    table.AddRow({"  sent once the job had settled (answers within 0.5 s), after",
+    table.AddRow({absl::StrFormat("  sent once the job had settled (answers within %g s), after",
+                                  absl::ToDoubleSeconds(Interval() / 2)),
                   absl::StrFormat("%.2f s", settled_s[f]), ""});
-    table.AddRow({"  every survivor told (generation bumped)", absl::StrFormat("%.2f s", told_s), ""});
-    table.AddRow({"  every rank re-joined, next generation formed", absl::StrFormat("%.2f s", formed_s), ""});
+    table.AddRow(
+        {"  every survivor told (generation bumped)", absl::StrFormat("%.2f s", told_s), ""});
+    table.AddRow({"  every rank re-joined, next generation formed",
+                  absl::StrFormat("%.2f s", formed_s), ""});
   }
   if (replicated != nullptr) {
     if (int failed = KillLeader(dir, processes, hosts, *replicated, leader, mport, table, result);
