@@ -104,6 +104,7 @@ absl::StatusOr<std::unique_ptr<ZeroEngine>> ZeroEngine::Create(Model* model, con
   if (absl::Status s = engine->AllocateOuterState(); !s.ok()) return s;
   if (absl::Status s = engine->SetUpSharedGather(); !s.ok()) return s;
   if (absl::Status s = engine->SetUpPackedCollectives(); !s.ok()) return s;
+  engine->SetUpBackwardIntoShard();
   engine->PlanStepBuffers();
   engine->StartThreads();
   return engine;
@@ -175,6 +176,17 @@ UnitTensors ZeroEngine::UnitViews(int unit, float* flat) const {
   return out;
 }
 
+UnitTensors ZeroEngine::UnitViewsAt(int unit, float* base,
+                                    const std::vector<int64_t>& offsets) const {
+  const UnitLayout& layout = units_[unit];
+  UnitTensors out(layout.tensors.size());
+  for (size_t t = 0; t < layout.tensors.size(); ++t) {
+    out[t].data = base + offsets[t];
+    out[t].shape = layout.tensors[t].shape;
+  }
+  return out;
+}
+
 absl::StatusOr<double> ZeroEngine::ForwardBackward(bool last_micro) {
   if (absl::Status s = Pass(last_micro, /*pad=*/false); !s.ok()) return s;
   // Read after the backward pass (which does not change it): on a device,
@@ -240,7 +252,16 @@ absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro, bool pad) {
   // stages 0-1 leave the step's flat gradient as the rank's micro-batches
   // made it (zeroed if none did).
   Model::GradMode mode = Model::GradMode::kAdd;
-  if (stage_.grads_sharded) {
+  const std::vector<int64_t>& in_shard = backward_into_shard_[unit];
+  if (!in_shard.empty()) {
+    // A group of one: straight into the gradient shard, written by the
+    // step's first micro-batch (whatever it held is stale: Step drained the
+    // reductions that read it) and added to by the later ones.
+    if (pos == first_backward_[unit] && passes_ == 0) {
+      mode = Model::GradMode::kOverwrite;
+      if (pad) backend_->Zero(state.grads.data(), state.grads.bytes());
+    }
+  } else if (stage_.grads_sharded) {
     if (pos == first_backward_[unit]) {
       assert(state.grads_flat.empty() && "a unit's flat gradient is lent once per micro-batch");
       const absl::Time wait_start = absl::Now();
@@ -259,7 +280,8 @@ absl::Status ZeroEngine::BackwardPosition(int j, bool last_micro, bool pad) {
   }
   if (!stage_.grads_sharded) state.grads_stale = false;
   if (!pad) {
-    UnitTensors grad_views = UnitViews(unit, grads);
+    UnitTensors grad_views =
+        in_shard.empty() ? UnitViews(unit, grads) : UnitViewsAt(unit, grads, in_shard);
     absl::Time start = absl::Now();
     absl::Status s = model_->BackwardInto(op, UnitViews(unit, *params), grad_views, mode);
     times_.backward_ms += MsSince(start);

@@ -454,6 +454,8 @@ class ZeroEngine {
   absl::Status SetUpSharedGather();
   // Resolves packed_ and builds each unit's packed layout (Create).
   absl::Status SetUpPackedCollectives();
+  // Fills backward_into_shard_ (Create, after SetUpPackedCollectives).
+  void SetUpBackwardIntoShard();
   // Every buffer of the step path, sized and counted (step_buffers.h).
   void PlanStepBuffers();
   int MostUnitsOpenInBackward() const;
@@ -466,6 +468,8 @@ class ZeroEngine {
   // The walk's parts: the unit's tensors over a flat buffer; backward
   // position n + j (op n - 1 - j) of a training pass.
   UnitTensors UnitViews(int unit, float* flat) const;
+  // The unit's tensors at `offsets` from `base` (backward_into_shard_).
+  UnitTensors UnitViewsAt(int unit, float* base, const std::vector<int64_t>& offsets) const;
   // `pad`: PadMicroBatch's (no model computation, a zero gradient).
   absl::Status Pass(bool last_micro, bool pad);
   absl::Status BackwardPosition(int j, bool last_micro, bool pad);
@@ -558,6 +562,13 @@ class ZeroEngine {
   // EngineOptions::packed_collectives as resolved at Create: stage 3's
   // gathers and stages 1-3's reduce-scatters go through UnitLayout::packed.
   bool packed_ = false;
+  // Stages 2-3, packed, over a group of one without replicas, reducing in
+  // f32 (a reduce-scatter over one rank is a copy): per unit, each tensor's
+  // offset inside the unit's gradient shard, where every tensor lies in one
+  // piece of it. The backward then writes (first micro-batch) or adds into
+  // the shard itself and the reduction moves nothing. Empty for a unit that
+  // does not qualify.
+  std::vector<std::vector<int64_t>> backward_into_shard_;
   EngineOptions options_;
   StageTraits stage_;                       // from options_.stage
   int rank_ = 0;                            // in the job (aux)

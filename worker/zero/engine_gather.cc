@@ -61,6 +61,34 @@ absl::Status ZeroEngine::SetUpPackedCollectives() {
   return absl::OkStatus();
 }
 
+void ZeroEngine::SetUpBackwardIntoShard() {
+  backward_into_shard_.assign(units_.size(), {});
+  if (!stage_.grads_sharded || stage_.reduce_at_step || !packed_ ||
+      reduce_comm_->world_size() != 1 || replica_comm_ != nullptr ||
+      options_.reduce_dtype != DType::kF32) {
+    return;
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& layout = units_[u];
+    std::vector<int64_t> offsets(layout.tensors.size(), 0);
+    bool whole = true;
+    for (size_t t = 0; t < layout.tensors.size() && whole; ++t) {
+      const int64_t begin = layout.tensor_offsets[t];
+      const int64_t end = begin + layout.tensors[t].Elements();
+      if (end == begin) continue;
+      whole = false;
+      for (const Segment& seg : layout.segments) {
+        if (seg.flat_offset <= begin && end <= seg.flat_offset + seg.length) {
+          offsets[t] = seg.chunk_offset + (begin - seg.flat_offset);
+          whole = true;
+          break;
+        }
+      }
+    }
+    if (whole) backward_into_shard_[u] = std::move(offsets);
+  }
+}
+
 // ---- Stage 3 gathers ----
 
 // Packed over a group of one: the shard is the whole packed layout, so the

@@ -101,6 +101,11 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
     if (absl::Status s = computed->Wait(); !s.ok()) return s;
   }
   if (!stage_.state_sharded) return AllReduceUnit(unit);
+  if (!backward_into_shard_[unit].empty()) {
+    // A group of one: the backward wrote the shard itself; the sum over one
+    // rank (or its average) is what it holds.
+    return AverageAndFinish(unit, TrackedBuffer(), /*direct=*/true, last_micro, Int8Rounding{});
+  }
   const UnitLayout& layout = units_[unit];
   UnitState& state = *state_[unit];
   // On the wire inside the group (int8 inside a host's shared memory: f32,
@@ -151,15 +156,14 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   if (!alone) {
     EnterCollective(kReduceStream, "reduce_scatter", layout.name);
     s = dtype == DType::kI8
-            ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
-                                           static_cast<float*>(output), layout.blocks,
-                                           GradientReduceOp(), options_.collective_timeout,
-                                           rounding)
-        : packed ? reduce_comm_->ReduceScatter(input, output, layout.chunk_elements, dtype,
-                                               GradientReduceOp(), options_.collective_timeout)
-                 : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
-                                                     GradientReduceOp(),
-                                                     options_.collective_timeout);
+            ? QuantizedReduceScatterBlocks(
+                  reduce_comm_, static_cast<const float*>(input), static_cast<float*>(output),
+                  layout.blocks, GradientReduceOp(), options_.collective_timeout, rounding)
+        : packed
+            ? reduce_comm_->ReduceScatter(input, output, layout.chunk_elements, dtype,
+                                          GradientReduceOp(), options_.collective_timeout)
+            : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
+                                                GradientReduceOp(), options_.collective_timeout);
     LeaveCollective(kReduceStream);
   }
   if (stage_.grads_sharded) grads_flat_buffer->Reset();
@@ -174,7 +178,7 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
 }
 
 absl::StatusOr<TrackedBuffer> ZeroEngine::GradientOnTheWire(int unit, const float* grads_flat,
-                                                             DType held, bool packed) {
+                                                            DType held, bool packed) {
   const UnitLayout& layout = units_[unit];
   if (!packed && held == DType::kF32) return TrackedBuffer();  // the flat gradient itself
   const int64_t elements =

@@ -349,7 +349,11 @@ void ZeroEngine::PlanStepBuffers() {
   if (stage_.state_sharded && !stage_.params_sharded) {
     buffers_.sync.Reserve(m, Bytes(chunk, DType::kF32));
   }
-  if (stage_.grads_sharded) {
+  // Units whose backward writes the gradient shard itself take none.
+  const bool any_flat_gradient =
+      std::any_of(backward_into_shard_.begin(), backward_into_shard_.end(),
+                  [](const std::vector<int64_t>& offsets) { return offsets.empty(); });
+  if (stage_.grads_sharded && any_flat_gradient) {
     for (int i = 0; i < MostUnitsOpenInBackward() + StepBuffers::kFlatGradientsAhead; ++i) {
       buffers_.flat_grads.Reserve(m, Bytes(flat, DType::kF32));
     }

@@ -55,7 +55,11 @@ struct Trained {
   std::map<std::string, std::vector<float>> params;
 };
 
-Trained Train(int stage, int prefetch, Backend* backend) {
+// `packed`: EngineOptions::packed_collectives (the device path; over a group
+// of one, stages 2-3's backward then writes the gradient shard itself, each
+// tensor where the plan put it in the chunk: the GPT's blocks are planned
+// largest tensor first, not in the flat order).
+Trained Train(int stage, int prefetch, Backend* backend, bool packed = false) {
   Trained out;
   auto model = GptModel::Create(SmallGpt());
   EXPECT_TRUE(model.ok()) << model.status();
@@ -73,6 +77,7 @@ Trained Train(int stage, int prefetch, Backend* backend) {
   options.stage = stage;
   options.prefetch = prefetch;
   options.backend = backend;
+  options.packed_collectives = packed;
   options.optimizer = "adam";
   auto engine = ZeroEngine::Create(model->get(), *plan, g->get(), r->get(), a->get(), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -119,23 +124,27 @@ TEST(EngineGptTest, EveryStageReadsOnlyWhatItWroteAndMatchesStageZeroBitwise) {
   ASSERT_EQ(want.losses.size(), 3u);
   for (int stage : {0, 1, 2, 3}) {
     for (int prefetch : {0, 1}) {
-      SCOPED_TRACE(absl::StrCat("stage ", stage, ", prefetch ", prefetch));
-      const Trained got = Train(stage, prefetch, &poisoned);
-      ASSERT_EQ(got.losses.size(), want.losses.size());
-      for (size_t i = 0; i < want.losses.size(); ++i) {
-        // At W = 1 every stage does the same arithmetic in the same order.
-        EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i;
-        // The norm's sum of squares is in double, grouped by unit at stage 0
-        // and by shard at stages 1-3: a sum of n non-negative terms in any
-        // order is within n * 2^-53 (relative) of the exact one.
-        const double bound = 2.0 * kParams * std::ldexp(1.0, -53) * want.grad_norms[i];
-        EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], bound) << "gradient norm, step " << i;
-      }
-      for (const auto& [name, values] : want.params) {
-        ASSERT_EQ(got.params.at(name).size(), values.size()) << name;
-        EXPECT_EQ(0, std::memcmp(got.params.at(name).data(), values.data(),
-                                 values.size() * sizeof(float)))
-            << name << " differs after 3 steps";
+      for (bool packed : {false, true}) {
+        if (packed && stage == 0) continue;  // stage 0 packs nothing
+        SCOPED_TRACE(
+            absl::StrCat("stage ", stage, ", prefetch ", prefetch, packed ? ", packed" : ""));
+        const Trained got = Train(stage, prefetch, &poisoned, packed);
+        ASSERT_EQ(got.losses.size(), want.losses.size());
+        for (size_t i = 0; i < want.losses.size(); ++i) {
+          // At W = 1 every stage does the same arithmetic in the same order.
+          EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i;
+          // The norm's sum of squares is in double, grouped by unit at stage 0
+          // and by shard at stages 1-3: a sum of n non-negative terms in any
+          // order is within n * 2^-53 (relative) of the exact one.
+          const double bound = 2.0 * kParams * std::ldexp(1.0, -53) * want.grad_norms[i];
+          EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], bound) << "gradient norm, step " << i;
+        }
+        for (const auto& [name, values] : want.params) {
+          ASSERT_EQ(got.params.at(name).size(), values.size()) << name;
+          EXPECT_EQ(0, std::memcmp(got.params.at(name).data(), values.data(),
+                                   values.size() * sizeof(float)))
+              << name << " differs after 3 steps";
+        }
       }
     }
   }

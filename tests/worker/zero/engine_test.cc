@@ -425,6 +425,69 @@ TEST(EngineTest, GroupOfOneGathersInOnePassGiveTheSameBits) {
   EXPECT_LT(f.ranks[0].losses.back(), f.ranks[0].losses.front());
 }
 
+// The host backend counting Pack calls: the way of a packed reduction's
+// gradient into its wire buffer or shard.
+class CountingPackBackend : public testing::ForwardingBackend {
+ public:
+  void Pack(const PackedLayout& layout, const float* full, void* packed, DType to) override {
+    ++calls;
+    Backend::Pack(layout, full, packed, to);
+  }
+  std::atomic<int> calls{0};
+};
+
+// Stages 2-3 over a group of one, packed, reducing in f32: the backward
+// writes the gradient shard itself (each tensor at its place in the chunk),
+// so no reduction packs or copies anything and no step allocates. With one
+// micro-batch per step the run equals the block path's bit for bit (its
+// reduce-scatter over one rank copies the same gradient into the shard).
+// With two, the second micro-batch adds inside the model's backward, as
+// stage 0 does, where the block path adds after the copy: the same sum,
+// rounded in another place, so within the accumulation tolerance.
+TEST(EngineTest, GroupOfOneBackwardWritesTheGradientShard) {
+  for (int stage : {2, 3}) {
+    for (int accum : {1, 2}) {
+      RunConfig c;
+      c.world = 1;
+      c.stage = stage;
+      c.grad_accum = accum;
+      c.shared_gather = false;
+      c.steps = 3;
+      c.max_grad_norm = 1;
+      CountingPackBackend counting;
+      RunConfig into_shard = c;
+      into_shard.packed = true;
+      into_shard.backend = &counting;
+      RunConfig blocks = c;
+      blocks.packed = false;
+      const RunResult a = Train(into_shard);
+      const RunResult b = Train(blocks);
+      const std::string label = absl::StrCat("stage ", stage, ", ", accum, " micro-batches");
+      EXPECT_EQ(counting.calls.load(), 0) << label << ": a reduction packed its gradient";
+      EXPECT_EQ(a.ranks[0].step_allocations, 0) << label;
+      EXPECT_LT(a.ranks[0].losses.back(), a.ranks[0].losses.front()) << label;
+      if (accum == 1) {
+        EXPECT_EQ(a.params, b.params) << label;
+        EXPECT_EQ(a.ranks[0].losses, b.ranks[0].losses) << label;
+      } else {
+        ExpectWithinBound(MaxRelativeDifference(a.params, b.params), Tolerance(c, b), label);
+      }
+    }
+  }
+  // bf16 reductions keep the packed path (the narrowing is the reduction's
+  // rounding): the backend packs.
+  RunConfig bf16;
+  bf16.world = 1;
+  bf16.reduce_dtype = DType::kBF16;
+  bf16.shared_gather = false;
+  bf16.packed = true;
+  bf16.steps = 2;
+  CountingPackBackend counting;
+  bf16.backend = &counting;
+  Train(bf16);
+  EXPECT_GT(counting.calls.load(), 0);
+}
+
 TEST(EngineTest, GradientAccumulationEqualsADoubledBatch) {
   RunConfig accum;
   accum.grad_accum = 2;
