@@ -522,6 +522,8 @@ class ZeroEngine {
   // reduce-scatter, the replicas' average (on the replica thread when there
   // is one) and FinishReduction.
   absl::StatusOr<TrackedBuffer> LendReceived(int unit, DType held);
+  absl::Status ReduceScatterUnit(int unit, const void* input, void* output, DType dtype,
+                                 bool packed, Int8Rounding rounding);
   // The flat gradient as the reduce-scatter takes it, from reduce_wire:
   // packed into G chunks (EngineOptions::packed_collectives), or narrowed to
   // `held`; empty when it goes as it is (f32, not packed).

@@ -152,29 +152,37 @@ absl::Status ZeroEngine::ReduceUnit(int unit, TrackedBuffer* grads_flat_buffer, 
   // from two streams of this reduction's seed.
   const Int8Rounding rounding =
       options_.reduce_dtype == DType::kI8 ? QuantizedReduceRounding(unit) : Int8Rounding{};
-  absl::Status s;
-  if (!alone) {
-    EnterCollective(kReduceStream, "reduce_scatter", layout.name);
-    s = dtype == DType::kI8
-            ? QuantizedReduceScatterBlocks(
-                  reduce_comm_, static_cast<const float*>(input), static_cast<float*>(output),
-                  layout.blocks, GradientReduceOp(), options_.collective_timeout, rounding)
-        : packed
-            ? reduce_comm_->ReduceScatter(input, output, layout.chunk_elements, dtype,
-                                          GradientReduceOp(), options_.collective_timeout)
-            : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
-                                                GradientReduceOp(), options_.collective_timeout);
-    LeaveCollective(kReduceStream);
-  }
+  const absl::Status s =
+      alone ? absl::OkStatus() : ReduceScatterUnit(unit, input, output, dtype, packed, rounding);
   if (stage_.grads_sharded) grads_flat_buffer->Reset();
   narrowed.Reset();
+  if (!s.ok()) return s;
+  Int8Rounding replica_rounding = rounding;
+  replica_rounding.seed ^= uint64_t{1} << 63;
+  return AverageAndFinish(unit, std::move(received), direct, last_micro, replica_rounding);
+}
+
+// The group's reduce-scatter of one unit, `dtype` on the wire: int8 (f32 in
+// and out), packed chunks, or the block layout.
+absl::Status ZeroEngine::ReduceScatterUnit(int unit, const void* input, void* output, DType dtype,
+                                           bool packed, Int8Rounding rounding) {
+  const UnitLayout& layout = units_[unit];
+  EnterCollective(kReduceStream, "reduce_scatter", layout.name);
+  const absl::Status s =
+      dtype == DType::kI8
+          ? QuantizedReduceScatterBlocks(reduce_comm_, static_cast<const float*>(input),
+                                         static_cast<float*>(output), layout.blocks,
+                                         GradientReduceOp(), options_.collective_timeout, rounding)
+      : packed ? reduce_comm_->ReduceScatter(input, output, layout.chunk_elements, dtype,
+                                             GradientReduceOp(), options_.collective_timeout)
+               : reduce_comm_->ReduceScatterBlocks(input, output, layout.blocks, dtype,
+                                                   GradientReduceOp(), options_.collective_timeout);
+  LeaveCollective(kReduceStream);
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("reduce_scatter of ", Where(unit), ": ", s.message()));
   }
-  Int8Rounding replica_rounding = rounding;
-  replica_rounding.seed ^= uint64_t{1} << 63;
-  return AverageAndFinish(unit, std::move(received), direct, last_micro, replica_rounding);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TrackedBuffer> ZeroEngine::GradientOnTheWire(int unit, const float* grads_flat,
