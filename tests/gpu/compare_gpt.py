@@ -7,7 +7,9 @@ peak device memories (ours: device bytes used above the start; PyTorch's:
 the caching allocator's peak reserved). PyTorch runs with torch.compile
 (torch_fsdp_gpt2.py --compile, "compiled": true) are not the ratio's
 baseline: their median shows in a column of its own (COMPILED, "-" when
-there is none).
+there is none). A second table puts stage 3 beside stage 0 (prefetch 1,
+packed collectives) for each model, dtype and attention kernel: how far
+stage 3 is behind, in percent of stage 0's tokens/s.
 
   python3 tests/gpu/compare_gpt.py ZS.json [ZS.json ...] -- TORCH.json [...] [--json_out=F]
 """
@@ -80,9 +82,34 @@ def main(argv):
                     "ratio": ratio, "device_peak_bytes": peak, "torch_peak_bytes": t_peak,
                     "torch_compiled_tokens_per_second": c_tps,
                     "rounds": len(groups[key])})
+    # Stage 3 against stage 0 (both prefetch 1, packed collectives) per
+    # model, dtype and attention kernel: what stage 3's gathers and
+    # reductions cost at this W.
+    versus = []
+    for key in sorted(groups):
+        model, dtype, attention, stage, prefetch, collectives = key
+        if stage != 3 or prefetch != 1 or collectives != "packed":
+            continue
+        zero = groups.get((model, dtype, attention, 0, 1, "packed"))
+        if not zero:
+            continue
+        tps0 = statistics.median(r["tokens_per_second"] for r in zero)
+        tps3 = statistics.median(r["tokens_per_second"] for r in groups[key])
+        versus.append({"model": model, "dtype": dtype, "attention": attention,
+                       "stage0_tokens_per_second": tps0, "stage3_tokens_per_second": tps3,
+                       "stage3_behind": 1 - tps3 / tps0})
+    if versus:
+        print()
+        print(f"{'MODEL':10} {'DTYPE':5} {'ATTENTION':9} {'STAGE 0':>10} {'STAGE 3':>10} "
+              f"{'3 BEHIND 0':>10}")
+        for v in versus:
+            print(f"{v['model']:10} {v['dtype']:5} {v['attention']:9} "
+                  f"{v['stage0_tokens_per_second']:10.0f} {v['stage3_tokens_per_second']:10.0f} "
+                  f"{100 * v['stage3_behind']:9.1f}%")
     if json_out:
         with open(json_out, "w") as f:
-            json.dump({"device": ours[0]["_device"] if ours else "?", "rows": out}, f, indent=2)
+            json.dump({"device": ours[0]["_device"] if ours else "?", "rows": out,
+                       "stage3_vs_stage0": versus}, f, indent=2)
     return 0
 
 

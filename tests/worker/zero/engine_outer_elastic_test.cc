@@ -110,11 +110,15 @@ TEST(EngineOuterElasticTest, AStaleGroupIsCaughtUpFromTheUpToDateGroup) {
     EXPECT_EQ(last.stale_groups, 1) << "rank " << rank;
     EXPECT_EQ(last.caught_up, group == 1) << "rank " << rank;
     EXPECT_GT(last.bytes_sent, 0) << "rank " << rank;
-    if (group == 0) EXPECT_EQ(t.stats[0].bytes_sent, 0) << "one group alone sends nothing";
+    if (group == 0) {
+      EXPECT_EQ(t.stats[0].bytes_sent, 0) << "one group alone sends nothing";
+    }
     // Identical bits in both groups after the catch-up.
     EXPECT_EQ(t.after.back(), up.after.back()) << "rank " << rank;
     // Group 1 had moved from the start on its own: its change is dropped.
-    if (group == 1) EXPECT_NE(t.before.back(), up.before.back()) << "rank " << rank;
+    if (group == 1) {
+      EXPECT_NE(t.before.back(), up.before.back()) << "rank " << rank;
+    }
     std::vector<double> anchor(up.start.begin(), up.start.end()), momentum(anchor.size(), 0);
     double worst = 0, allowed = 0;
     for (int k = 0; k < 2; ++k) {
