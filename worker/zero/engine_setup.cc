@@ -338,7 +338,10 @@ void ZeroEngine::PlanStepBuffers() {
       }
     }
     if (packed_ && options_.gather_dtype != DType::kI8) {
-      buffers_.gather_wire.Reserve(m, Bytes(gather_comm_->world_size() * chunk, param));
+      // A group of one unpacks f32 straight from the shard (GatherUnitAlone).
+      if (gather_comm_->world_size() > 1 || param != DType::kF32) {
+        buffers_.gather_wire.Reserve(m, Bytes(gather_comm_->world_size() * chunk, param));
+      }
     } else if (param != DType::kF32) {
       buffers_.gather_wire.Reserve(m, Bytes(chunk, param));
       buffers_.gather_wire.Reserve(m, Bytes(flat, param));
@@ -375,7 +378,9 @@ void ZeroEngine::PlanStepBuffers() {
   } else if (options_.reduce_dtype == DType::kBF16) {
     buffers_.reduce_wire.Reserve(m, Bytes(flat, DType::kBF16));
   }
-  if (stage_.state_sharded) {
+  // Received chunks: every reduction of stage 1, and those of stages 2-3
+  // past a step's first (f32), unless the backward writes the shard itself.
+  if (stage_.state_sharded && (!stage_.grads_sharded || any_flat_gradient)) {
     const bool replica_thread = per_step_replicas() && options_.replica_thread;
     for (int i = 0; i < (replica_thread ? StepBuffers::kReplicaChunks : 1); ++i) {
       buffers_.received.Reserve(m, Bytes(chunk, DType::kF32));  // f32 or narrower
