@@ -941,8 +941,10 @@ int KillLeader(const std::string& dir, int processes, int hosts,
   const double writes = MetricsValue(mport, "zeroshard_etcd_state_writes_total");
   result["etcd_state_written_bytes"] = written;
   result["etcd_state_writes"] = writes;
-  table.AddRow({"state written to etcd by the leader (joins, 3 generations)",
-                absl::StrFormat("%.1f MB in %.0f writes", written / 1e6, writes), ""});
+  result["etcd_state_generations"] = round + 1;
+  table.AddRow(
+      {absl::StrCat("state written to etcd by the leader (joins, ", round + 1, " generations)"),
+       absl::StrFormat("%.1f MB in %.0f writes", written / 1e6, writes), ""});
   // Every child marks the kill's time before it happens: a beat sent after
   // it counts.
   const int64_t kill_us = NowUs() + 1000000;
