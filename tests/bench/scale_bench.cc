@@ -1026,6 +1026,14 @@ int RunParent(const std::string& self) {
   const int processes = std::min(absl::GetFlag(FLAGS_processes), hosts);
   const int world = hosts * per_host;
   const int timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
+  if (const int interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+      interval_ms < 1 || interval_ms >= timeout_ms) {
+    std::fprintf(stderr,
+                 "scale_bench: --heartbeat_interval_ms=%d: expected at least 1 and below "
+                 "--heartbeat_timeout_ms (%d)\n",
+                 interval_ms, timeout_ms);
+    return 2;
+  }
   BenchMachine machine = DescribeBenchMachine("");
   std::printf("%s\n", machine.Line().c_str());
   for (const std::string& list :
@@ -1257,7 +1265,7 @@ int RunParent(const std::string& self) {
           absl::ToDoubleSeconds(first_probe_late - barrier);
     }
     table.AddRow(
-        {"  first death / simulators' first beat, callback timeout - 1 s late, after "
+        {"  first death / simulators' first beat, callback timeout - interval late, after "
          "the barrier",
          since_barrier(first_death) + " / " + since_barrier(first_late) + ", " +
              since_barrier(first_probe_late),

@@ -167,13 +167,7 @@ ZeroEngine::~ZeroEngine() {
 // ---- The pass ----
 
 UnitTensors ZeroEngine::UnitViews(int unit, float* flat) const {
-  const UnitLayout& layout = units_[unit];
-  UnitTensors out(layout.tensors.size());
-  for (size_t t = 0; t < layout.tensors.size(); ++t) {
-    out[t].data = flat + layout.tensor_offsets[t];
-    out[t].shape = layout.tensors[t].shape;
-  }
-  return out;
+  return UnitViewsAt(unit, flat, units_[unit].tensor_offsets);
 }
 
 UnitTensors ZeroEngine::UnitViewsAt(int unit, float* base,

@@ -70,22 +70,18 @@ void ZeroEngine::SetUpBackwardIntoShard() {
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& layout = units_[u];
-    std::vector<int64_t> offsets(layout.tensors.size(), 0);
-    bool whole = true;
-    for (size_t t = 0; t < layout.tensors.size() && whole; ++t) {
+    std::vector<int64_t> offsets;
+    for (size_t t = 0; t < layout.tensors.size(); ++t) {
       const int64_t begin = layout.tensor_offsets[t];
       const int64_t end = begin + layout.tensors[t].Elements();
-      if (end == begin) continue;
-      whole = false;
-      for (const Segment& seg : layout.segments) {
-        if (seg.flat_offset <= begin && end <= seg.flat_offset + seg.length) {
-          offsets[t] = seg.chunk_offset + (begin - seg.flat_offset);
-          whole = true;
-          break;
-        }
-      }
+      auto piece =
+          std::find_if(layout.segments.begin(), layout.segments.end(), [&](const Segment& seg) {
+            return seg.flat_offset <= begin && end <= seg.flat_offset + seg.length;
+          });
+      if (piece == layout.segments.end()) break;  // split over pieces: the flat path
+      offsets.push_back(piece->chunk_offset + (begin - piece->flat_offset));
     }
-    if (whole) backward_into_shard_[u] = std::move(offsets);
+    if (offsets.size() == layout.tensors.size()) backward_into_shard_[u] = std::move(offsets);
   }
 }
 
