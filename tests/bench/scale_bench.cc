@@ -23,24 +23,19 @@
 // scale_bench_child.cc (what the two share: scale_bench.h).
 #include "tests/bench/scale_bench.h"
 
-#include <sched.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -57,7 +52,6 @@
 #include "absl/time/clock.h"
 #include "common/server_list.h"
 #include "common/table.h"
-#include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "proto/zeroshard.grpc.pb.h"
