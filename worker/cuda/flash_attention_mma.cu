@@ -29,9 +29,23 @@
 // Shared memory (dynamic, opted in: over 48 KiB): head tiles [64][68] f32,
 // zero past HS (padded to 64) and past T, staged 16 bytes at a time; the
 // row stride 68 makes every fragment load below free of bank conflicts.
-// Forward: Q, K, V (52 KiB); dk/dv: K, V, Q, dO and 512 bytes of lse and D
-// (68.5 KiB); dq: Q, dO, K, V (68 KiB). Operands are split into tf32 parts
-// as they are loaded into registers.
+// What a product reads as its B operand (K and V in the forward and the dq
+// pass, Q and dO in the dk/dv pass) is staged split: two tiles, the tf32
+// big parts and then the small ones, so that each value is split once per
+// block rather than by every warp at every use (the split is 7 instructions
+// a value in SASS: cvt.rna.tf32 is emulated). A operands (the warp's own 16
+// rows, or the weights in registers) are split as they are loaded, once per
+// depth step for all eight column groups. Forward: Q, split K and V
+// (85 KiB); dk/dv: K, V, split Q and dO, and 512 bytes of lse and D
+// (102.5 KiB); dq: Q, dO, split K and V (102 KiB).
+//
+// Interior tiles (every key visible to every row: key tiles before the
+// query tile, or query tiles past the key tile and within T) of heads of
+// 57..64 components take a copy of the tile's code with no bound, mask or
+// group test (kAll below): straight-line products over eight independent
+// accumulators that the compiler interleaves, where a test per column group
+// made each group's three dependent products wait for one another. The
+// arithmetic is the same; only the tiles on the diagonal or at T test.
 //
 // Requirements checked by the caller (flash_attention.cu): f32, qkv and
 // dout 16-byte aligned, head size a multiple of 4 up to 64.
@@ -60,26 +74,20 @@ using mma::Mma3xTf32;
 using mma::SplitTf32;
 
 constexpr int kTile =
-    flash_internal::kFlashTile;     // rows per block and per staged tile; keys per softmax step
-constexpr int kThreads = 128;       // 4 warps of 16 rows
-constexpr int kDims = 64;           // the padded head size
-constexpr int kLd = kDims + 4;      // head tiles [64][68]
-constexpr int kGroups = kTile / 8;  // 8-wide column groups of a score tile
-constexpr size_t kHeadTile = size_t{kTile} * kLd * sizeof(float);
-constexpr size_t kForwardBytes = 3 * kHeadTile;
-constexpr size_t kKeyBytes = 4 * kHeadTile + 2 * kTile * sizeof(float);
-constexpr size_t kQueryBytes = 4 * kHeadTile;
+    flash_internal::kFlashTile;      // rows per block and per staged tile; keys per softmax step
+constexpr int kThreads = 128;        // 4 warps of 16 rows
+constexpr int kDims = 64;            // the padded head size
+constexpr int kLd = kDims + 4;       // head tiles [64][68]
+constexpr int kGroups = kTile / 8;   // 8-wide column groups of a score tile
+constexpr int kSplit = kTile * kLd;  // floats from a split tile's big parts to its small ones
+constexpr size_t kHeadTile = size_t{kSplit} * sizeof(float);
+constexpr size_t kForwardBytes = 5 * kHeadTile;
+constexpr size_t kKeyBytes = 6 * kHeadTile + 2 * kTile * sizeof(float);
+constexpr size_t kQueryBytes = 6 * kHeadTile;
 static_assert(kFlashTensorCoresF32MaxHeadSize == kDims, "the kernels pad head rows to 64");
-// Resident blocks per SM the backward kernels ask for. H100/H200 (sm_90):
-// three, registers capped at 170 (ptxas: 168, no spills; uncapped, the
-// dk/dv pass took 194 and two blocks), shared memory 3 x 68.5 KiB within
-// 227 KiB. A100 (sm_80): its 163 KiB hold two, so no cap (a cap of 170
-// spills there). The forward takes 122 registers, four blocks.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-constexpr int kBackwardBlocks = 2;
-#else
-constexpr int kBackwardBlocks = 3;
-#endif
+// Resident blocks per SM: H100/H200 (sm_90, 227 KiB of shared memory) hold
+// two of each kernel, 8 warps, so no register cap is needed (2 x 128
+// threads x 255 registers fit the 64 K). A100 (sm_80, 163 KiB) holds one.
 
 // A warp's fragments: 8 groups of 8 columns (keys or queries for scores,
 // head components for accumulators), each a 16 x 8 accumulator fragment.
@@ -92,8 +100,10 @@ struct Lane {
 };
 
 // Stages rows first..first+63 of one head (row r at src + r * stride) into
-// tile [64][kLd], 16 bytes at a time; zero past T and past HS. All threads
-// call it.
+// tile [64][kLd], 16 bytes at a time; zero past T and past HS. kSplitTile:
+// the tf32 big parts into tile and the small ones into tile + kSplit. All
+// threads call it.
+template <bool kSplitTile>
 __device__ __forceinline__ void Stage(float* tile, const float* src, int64_t stride, int64_t first,
                                       const Dims& d) {
   constexpr int kChunks = kDims / 4;
@@ -102,7 +112,16 @@ __device__ __forceinline__ void Stage(float* tile, const float* src, int64_t str
     const int64_t pos = first + r;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (pos < d.t && col < d.hs) v = *reinterpret_cast<const float4*>(src + pos * stride + col);
-    *reinterpret_cast<float4*>(tile + r * kLd + col) = v;
+    float* dst = tile + r * kLd + col;
+    if constexpr (kSplitTile) {
+      const float x[4] = {v.x, v.y, v.z, v.w};
+      const mma::Split<4> p = SplitTf32(x);
+      *reinterpret_cast<float4*>(dst) = make_float4(p.big[0], p.big[1], p.big[2], p.big[3]);
+      *reinterpret_cast<float4*>(dst + kSplit) =
+          make_float4(p.small[0], p.small[1], p.small[2], p.small[3]);
+    } else {
+      *reinterpret_cast<float4*>(dst) = v;
+    }
   }
 }
 
@@ -114,45 +133,58 @@ __device__ __forceinline__ void Zero(Frags& f) {
   }
 }
 
+// What a tile's products cover: column groups [first, end) of the scores
+// (or of the weights, in Accumulate) and `steps` depth steps of 8 head
+// components (HS rounded up to 8).
+struct Span {
+  int first, end, steps;
+};
+
+// B's two tf32 parts at element e of a split tile, and at e + `next`.
+__device__ __forceinline__ mma::Split<2> LoadSplit(const float* e, int next) {
+  return mma::Split<2>{{e[0], e[next]}, {e[kSplit], e[kSplit + next]}};
+}
+
 // s = A B^T for a warp's 16 rows: s's column group n (columns 8n..8n+7, for
 // n in [first, end)) from rows 8n.. of `b`, over the head components
-// (`steps` depth steps of 8, zero past HS); A's row r at a + r * kLd, B's
-// row c at b + c * kLd. Groups outside [first, end) are left as they are.
-__device__ __forceinline__ void Scores(Frags& s, const float* a, const float* b, int first, int end,
-                                       int steps, const Lane& ln) {
+// (`steps` depth steps of 8, zero past HS); A's row r at a + r * kLd (f32),
+// B's row c at b + c * kLd (a split tile). Groups outside [first, end) are
+// left as they are. kAll: every group and step, `span` unread.
+template <bool kAll>
+__device__ __forceinline__ void Scores(Frags& s, const float* a, const float* b, const Span& span,
+                                       const Lane& ln) {
 #pragma unroll
   for (int kk = 0; kk < kDims / 8; ++kk) {
-    if (kk >= steps) break;
+    if (!kAll && kk >= span.steps) break;
     const float* ar = a + ln.g * kLd + 8 * kk + ln.t;
     const float ax[4] = {ar[0], ar[8 * kLd], ar[4], ar[8 * kLd + 4]};
     const mma::Split<4> as = SplitTf32(ax);
 #pragma unroll
     for (int n = 0; n < kGroups; ++n) {
-      if (n < first || n >= end) continue;
-      const float* br = b + (8 * n + ln.g) * kLd + 8 * kk + ln.t;
-      const float bx[2] = {br[0], br[4]};
-      Mma3xTf32(s[n], as, SplitTf32(bx));
+      if (!kAll && (n < span.first || n >= span.end)) continue;
+      Mma3xTf32(s[n], as, LoadSplit(b + (8 * n + ln.g) * kLd + 8 * kk + ln.t, 4));
     }
   }
 }
 
 // acc += P Y for a warp's 16 rows: P's columns are the fragments p (column
-// groups [first, end), 8 rows of Y each), Y's row c at y + c * kLd; acc's
-// column group n is head components 8n..8n+7 (for n < `steps`). Per depth
-// step the keys run in the order 0, 2, 4, 6, 1, 3, 5, 7 (the file comment).
-__device__ __forceinline__ void Accumulate(Frags& acc, const Frags& p, const float* y, int first,
-                                           int end, int steps, const Lane& ln) {
+// groups [first, end), 8 rows of Y each), Y's row c at y + c * kLd (a split
+// tile); acc's column group n is head components 8n..8n+7 (for n <
+// `steps`). Per depth step the keys run in the order 0, 2, 4, 6, 1, 3, 5, 7
+// (the file comment). kAll: every group and step, `span` unread.
+template <bool kAll>
+__device__ __forceinline__ void Accumulate(Frags& acc, const Frags& p, const float* y,
+                                           const Span& span, const Lane& ln) {
 #pragma unroll
   for (int kb = 0; kb < kGroups; ++kb) {
-    if (kb < first || kb >= end) continue;
+    if (!kAll && (kb < span.first || kb >= span.end)) continue;
     const float ax[4] = {p[kb][0], p[kb][2], p[kb][1], p[kb][3]};
     const mma::Split<4> as = SplitTf32(ax);
     const float* y0 = y + (8 * kb + 2 * ln.t) * kLd + ln.g;  // key 2t; key 2t + 1 one row on
 #pragma unroll
     for (int n = 0; n < kDims / 8; ++n) {
-      if (n >= steps) break;
-      const float bx[2] = {y0[8 * n], y0[kLd + 8 * n]};
-      Mma3xTf32(acc[n], as, SplitTf32(bx));
+      if (!kAll && n >= span.steps) break;
+      Mma3xTf32(acc[n], as, LoadSplit(y0 + 8 * n, kLd));
     }
   }
 }
@@ -208,13 +240,16 @@ struct QueryTile {
     const int64_t seen = tile0 + 16 * ln.warp + 16 - j0;
     return seen >= kTile ? kGroups : static_cast<int>((seen + 7) / 8);
   }
-  // Stages the K and V rows of the key tile at j0 once every warp is done
-  // with the previous ones. All threads call it.
+  // Whether the key tile at j0 lies wholly before this query tile (every
+  // key visible to every row; uniform over the block).
+  __device__ bool Interior(int64_t j0) const { return j0 + kTile <= tile0; }
+  // Stages the K and V rows of the key tile at j0, split, once every warp is
+  // done with the previous ones. All threads call it.
   __device__ void StageKeys(float* ks, float* vs, const float* qkv, int64_t j0,
                             const Dims& d) const {
     __syncthreads();
-    Stage(ks, qkv + head.qkv + d.c, 3 * d.c, j0, d);
-    Stage(vs, qkv + head.qkv + 2 * d.c, 3 * d.c, j0, d);
+    Stage<true>(ks, qkv + head.qkv + d.c, 3 * d.c, j0, d);
+    Stage<true>(vs, qkv + head.qkv + 2 * d.c, 3 * d.c, j0, d);
     __syncthreads();
   }
 };
@@ -224,58 +259,75 @@ struct QueryTile {
 // Per key tile up to its last row: S = Q K^T, the online softmax on S's
 // fragments (rows g and g + 8 of the warp: running max m, this lane's share
 // of the running sum l), O += P V.
+
+// One key tile of the forward (at j0; qs: the warp's Q rows, ks and vs the
+// split K and V tiles). kAll: an interior tile of a head of 57..64
+// components, nothing masked.
+template <bool kAll>
+__device__ __forceinline__ void ForwardTile(Frags& o, float (&m)[2], float (&l)[2], const float* qs,
+                                            const float* ks, const float* vs, int64_t j0,
+                                            const QueryTile& tile, const Lane& ln, const Dims& d) {
+  const Span span{0, kAll ? kGroups : tile.VisibleGroups(j0, ln), Steps(d)};
+  Frags s;
+  Zero(s);
+  Scores<kAll>(s, qs, ks, span, ln);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // rows row0 (c[0], c[1]) and row0 + 8 (c[2], c[3])
+    const int64_t row = tile.row0 + 8 * h;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+      for (int i = 2 * h; i < 2 * h + 2; ++i) {
+        const int64_t key = j0 + 8 * n + 2 * ln.t + i % 2;
+        s[n][i] = kAll || (n < span.end && key <= row) ? d.scale * s[n][i] : -INFINITY;
+        mx = fmaxf(mx, s[n][i]);
+      }
+    }
+    const float next_m = fmaxf(m[h], RowMax(mx));
+    // Every row sees key 0 in the first tile: next_m is finite.
+    const float alpha = expf(m[h] - next_m);  // 0 on the first tile
+    l[h] *= alpha;
+#pragma unroll
+    for (int n = 0; n < kDims / 8; ++n) {
+      o[n][2 * h] *= alpha;
+      o[n][2 * h + 1] *= alpha;
+    }
+#pragma unroll
+    for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+      for (int i = 2 * h; i < 2 * h + 2; ++i) {
+        s[n][i] = expf(s[n][i] - next_m);  // 0 where masked
+        l[h] += s[n][i];
+      }
+    }
+    m[h] = next_m;
+  }
+  Accumulate<kAll>(o, s, vs, span, ln);
+}
+
 __global__ void __launch_bounds__(kThreads)
     MmaForwardKernel(float* out, float* lse, const float* qkv, Dims d) {
   extern __shared__ __align__(128) float smem[];
   float* qs = smem;
-  float* ks = qs + kTile * kLd;
-  float* vs = ks + kTile * kLd;
+  float* ks = qs + kSplit;
+  float* vs = ks + 2 * kSplit;
   const Lane ln;
   const QueryTile tile(ln, d);
-  Stage(qs, qkv + tile.head.qkv, 3 * d.c, tile.tile0, d);
+  Stage<false>(qs, qkv + tile.head.qkv, 3 * d.c, tile.tile0, d);
+  const float* my_q = qs + 16 * ln.warp * kLd;
   const int64_t row0 = tile.row0;  // and row0 + 8
-  const int steps = Steps(d);
-  Frags o, s;
+  const bool all_steps = Steps(d) == kDims / 8;
+  Frags o;
   Zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int64_t j0 = 0; j0 < tile.rows_end; j0 += kTile) {  // key tiles with a key <= the last row
     tile.StageKeys(ks, vs, qkv, j0, d);
-    const int end = tile.VisibleGroups(j0, ln);
-    Zero(s);
-    Scores(s, qs + 16 * ln.warp * kLd, ks, 0, end, steps, ln);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // rows row0 (c[0], c[1]) and row0 + 8 (c[2], c[3])
-      const int64_t row = row0 + 8 * h;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kGroups; ++n) {
-#pragma unroll
-        for (int i = 2 * h; i < 2 * h + 2; ++i) {
-          const int64_t key = j0 + 8 * n + 2 * ln.t + i % 2;
-          s[n][i] = n < end && key <= row ? d.scale * s[n][i] : -INFINITY;
-          mx = fmaxf(mx, s[n][i]);
-        }
-      }
-      const float next_m = fmaxf(m[h], RowMax(mx));
-      // Every row sees key 0 in the first tile: next_m is finite.
-      const float alpha = expf(m[h] - next_m);  // 0 on the first tile
-      l[h] *= alpha;
-#pragma unroll
-      for (int n = 0; n < kDims / 8; ++n) {
-        o[n][2 * h] *= alpha;
-        o[n][2 * h + 1] *= alpha;
-      }
-#pragma unroll
-      for (int n = 0; n < kGroups; ++n) {
-#pragma unroll
-        for (int i = 2 * h; i < 2 * h + 2; ++i) {
-          s[n][i] = expf(s[n][i] - next_m);  // 0 where masked
-          l[h] += s[n][i];
-        }
-      }
-      m[h] = next_m;
+    if (all_steps && tile.Interior(j0)) {
+      ForwardTile<true>(o, m, l, my_q, ks, vs, j0, tile, ln, d);
+    } else {
+      ForwardTile<false>(o, m, l, my_q, ks, vs, j0, tile, ln, d);
     }
-    Accumulate(o, s, vs, 0, end, steps, ln);
   }
   const float sum0 = RowSum(l[0]), sum1 = RowSum(l[1]);
   WriteRows(out + tile.head.out, d.c, o, row0, 1.0f / sum0, 1.0f / sum1, ln, d);
@@ -290,60 +342,88 @@ __global__ void __launch_bounds__(kThreads)
 // head, batch row. Per query tile from its own on: S^T = K Q^T and
 // dP^T = V dO^T (a warp's 16 keys x 64 queries), then per element
 // p = e^(scale s - lse), ds = p (dp - D), and dV += P^T dO, dK += dS^T Q.
-__global__ void __launch_bounds__(kThreads, kBackwardBlocks)
+
+// The shared tiles of the dk/dv pass: the block's K and V (f32), the query
+// tile's Q and dO (split) and its rows' lse and D.
+struct KeyPassTiles {
+  const float *ks, *vs, *qs, *gs, *lse_s, *d_s;
+};
+
+// One query tile (at i0) of the dk/dv pass, for this warp's keys key0 and
+// key0 + 8. kAll: an interior tile of a head of 57..64 components.
+template <bool kAll>
+__device__ __forceinline__ void KeyPassTile(Frags& dk, Frags& dv, const KeyPassTiles& tl,
+                                            int64_t j0, int64_t i0, int64_t key0, const Lane& ln,
+                                            const Dims& d) {
+  // Query groups with a query >= this warp's first key and < T (uniform).
+  Span span{0, kGroups, Steps(d)};
+  if (!kAll) {
+    const int64_t before = j0 + 16 * ln.warp - i0;
+    span.first = before > 0 ? static_cast<int>(before / 8) : 0;
+    const int64_t left = d.t - i0;
+    span.end = left >= kTile ? kGroups : static_cast<int>((left + 7) / 8);
+  }
+  Frags p, ds;
+  Zero(p);
+  Zero(ds);
+  Scores<kAll>(p, tl.ks + 16 * ln.warp * kLd, tl.qs, span, ln);
+  Scores<kAll>(ds, tl.vs + 16 * ln.warp * kLd, tl.gs, span, ln);
+#pragma unroll
+  for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = 8 * n + 2 * ln.t + i % 2;
+      const int64_t q = i0 + c;
+      const bool visible =
+          kAll || (n >= span.first && n < span.end && q >= key0 + 8 * (i / 2) && q < d.t);
+      p[n][i] = visible ? expf(d.scale * p[n][i] - tl.lse_s[c]) : 0.0f;
+      ds[n][i] = p[n][i] * (ds[n][i] - tl.d_s[c]);
+    }
+  }
+  Accumulate<kAll>(dv, p, tl.gs, span, ln);
+  Accumulate<kAll>(dk, ds, tl.qs, span, ln);
+}
+
+__global__ void __launch_bounds__(kThreads)
     MmaBackwardKeyKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          const float* dvec, Dims d) {
   extern __shared__ __align__(128) float smem[];
   float* ks = smem;
-  float* vs = ks + kTile * kLd;
-  float* qs = vs + kTile * kLd;
-  float* gs = qs + kTile * kLd;
-  float* lse_s = gs + kTile * kLd;  // [kTile]
-  float* d_s = lse_s + kTile;       // [kTile]
+  float* vs = ks + kSplit;
+  float* qs = vs + kSplit;
+  float* gs = qs + 2 * kSplit;
+  float* lse_s = gs + 2 * kSplit;  // [kTile]
+  float* d_s = lse_s + kTile;      // [kTile]
+  const KeyPassTiles tiles{ks, vs, qs, gs, lse_s, d_s};
   const Lane ln;
   const HeadBase head = ThisHead(d);
   const int64_t stride = 3 * d.c;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t key0 = j0 + 16 * ln.warp + ln.g;  // and key0 + 8
-  const int steps = Steps(d);
+  const bool all_steps = Steps(d) == kDims / 8;
 
-  Stage(ks, qkv + head.qkv + d.c, stride, j0, d);
-  Stage(vs, qkv + head.qkv + 2 * d.c, stride, j0, d);
-  Frags dk, dv, p, ds;
+  Stage<false>(ks, qkv + head.qkv + d.c, stride, j0, d);
+  Stage<false>(vs, qkv + head.qkv + 2 * d.c, stride, j0, d);
+  Frags dk, dv;
   Zero(dk);
   Zero(dv);
   for (int64_t i0 = j0; i0 < d.t; i0 += kTile) {  // query tiles holding a row >= j0
     __syncthreads();
-    Stage(qs, qkv + head.qkv, stride, i0, d);
-    Stage(gs, dout + head.out, d.c, i0, d);
+    Stage<true>(qs, qkv + head.qkv, stride, i0, d);
+    Stage<true>(gs, dout + head.out, d.c, i0, d);
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       const bool in = i0 + r < d.t;
       lse_s[r] = in ? lse[head.lse + i0 + r] : 0.0f;
       d_s[r] = in ? dvec[head.lse + i0 + r] : 0.0f;
     }
     __syncthreads();
-    // Query groups with a query >= this warp's first key and < T (uniform).
-    const int64_t before = j0 + 16 * ln.warp - i0;
-    const int first = before > 0 ? static_cast<int>(before / 8) : 0;
-    const int64_t left = d.t - i0;
-    const int end = left >= kTile ? kGroups : static_cast<int>((left + 7) / 8);
-    Zero(p);
-    Zero(ds);
-    Scores(p, ks + 16 * ln.warp * kLd, qs, first, end, steps, ln);
-    Scores(ds, vs + 16 * ln.warp * kLd, gs, first, end, steps, ln);
-#pragma unroll
-    for (int n = 0; n < kGroups; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = 8 * n + 2 * ln.t + i % 2;
-        const int64_t q = i0 + c;
-        const bool visible = n >= first && n < end && q >= key0 + 8 * (i / 2) && q < d.t;
-        p[n][i] = visible ? expf(d.scale * p[n][i] - lse_s[c]) : 0.0f;
-        ds[n][i] = p[n][i] * (ds[n][i] - d_s[c]);
-      }
+    // Interior: every query of the tile after every key of the block's, and
+    // within T (uniform over the block).
+    if (all_steps && i0 >= j0 + kTile && i0 + kTile <= d.t) {
+      KeyPassTile<true>(dk, dv, tiles, j0, i0, key0, ln, d);
+    } else {
+      KeyPassTile<false>(dk, dv, tiles, j0, i0, key0, ln, d);
     }
-    Accumulate(dv, p, gs, first, end, steps, ln);
-    Accumulate(dk, ds, qs, first, end, steps, ln);
   }
   WriteRows(dqkv + head.qkv + d.c, stride, dk, key0, d.scale, d.scale, ln, d);
   WriteRows(dqkv + head.qkv + 2 * d.c, stride, dv, key0, 1.0f, 1.0f, ln, d);
@@ -352,22 +432,56 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocks)
 // Backward, dq. Block: query tile (the last, longest, first), head, batch
 // row. Per key tile up to its last row: S = Q K^T, dP = dO V^T, then
 // ds = e^(scale s - lse) (dp - D) and dQ += dS K.
-__global__ void __launch_bounds__(kThreads, kBackwardBlocks)
+
+// One key tile (at j0) of the dq pass: qs and gs the warp's Q and dO rows
+// (f32), ks and vs the split K and V tiles, row_lse and row_d the lane's
+// rows' lse and D. kAll: an interior tile of a head of 57..64 components;
+// its rows past T (zero Q and dO, lse and D 0) give finite values that no
+// one reads: dQ's row r takes only row r's ds and is written below T.
+template <bool kAll>
+__device__ __forceinline__ void QueryPassTile(Frags& dq, const float* qs, const float* gs,
+                                              const float* ks, const float* vs,
+                                              const float (&row_lse)[2], const float (&row_d)[2],
+                                              int64_t j0, const QueryTile& tile, const Lane& ln,
+                                              const Dims& d) {
+  const Span span{0, kAll ? kGroups : tile.VisibleGroups(j0, ln), Steps(d)};
+  Frags p, ds;
+  Zero(p);
+  Zero(ds);
+  Scores<kAll>(p, qs, ks, span, ln);
+  Scores<kAll>(ds, gs, vs, span, ln);
+#pragma unroll
+  for (int n = 0; n < kGroups; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = i / 2;
+      const int64_t row = tile.row0 + 8 * h, key = j0 + 8 * n + 2 * ln.t + i % 2;
+      const bool visible = kAll || (n < span.end && key <= row && row < d.t);
+      const float w = visible ? expf(d.scale * p[n][i] - row_lse[h]) : 0.0f;
+      ds[n][i] = w * (ds[n][i] - row_d[h]);
+    }
+  }
+  Accumulate<kAll>(dq, ds, ks, span, ln);
+}
+
+__global__ void __launch_bounds__(kThreads)
     MmaBackwardQueryKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                            const float* dvec, Dims d) {
   extern __shared__ __align__(128) float smem[];
   float* qs = smem;
-  float* gs = qs + kTile * kLd;
-  float* ks = gs + kTile * kLd;
-  float* vs = ks + kTile * kLd;
+  float* gs = qs + kSplit;
+  float* ks = gs + kSplit;
+  float* vs = ks + 2 * kSplit;
   const Lane ln;
   const QueryTile tile(ln, d);
   const HeadBase& head = tile.head;
   const int64_t row0 = tile.row0;  // and row0 + 8
-  const int steps = Steps(d);
+  const bool all_steps = Steps(d) == kDims / 8;
 
-  Stage(qs, qkv + head.qkv, 3 * d.c, tile.tile0, d);
-  Stage(gs, dout + head.out, d.c, tile.tile0, d);
+  Stage<false>(qs, qkv + head.qkv, 3 * d.c, tile.tile0, d);
+  Stage<false>(gs, dout + head.out, d.c, tile.tile0, d);
+  const float* my_q = qs + 16 * ln.warp * kLd;
+  const float* my_g = gs + 16 * ln.warp * kLd;
   float row_lse[2], row_d[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -375,27 +489,15 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocks)
     row_lse[h] = live ? lse[head.lse + row0 + 8 * h] : 0.0f;
     row_d[h] = live ? dvec[head.lse + row0 + 8 * h] : 0.0f;
   }
-  Frags dq, p, ds;
+  Frags dq;
   Zero(dq);
   for (int64_t j0 = 0; j0 < tile.rows_end; j0 += kTile) {
     tile.StageKeys(ks, vs, qkv, j0, d);
-    const int end = tile.VisibleGroups(j0, ln);
-    Zero(p);
-    Zero(ds);
-    Scores(p, qs + 16 * ln.warp * kLd, ks, 0, end, steps, ln);
-    Scores(ds, gs + 16 * ln.warp * kLd, vs, 0, end, steps, ln);
-#pragma unroll
-    for (int n = 0; n < kGroups; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int h = i / 2;
-        const int64_t row = row0 + 8 * h, key = j0 + 8 * n + 2 * ln.t + i % 2;
-        const bool visible = n < end && key <= row && row < d.t;
-        const float w = visible ? expf(d.scale * p[n][i] - row_lse[h]) : 0.0f;
-        ds[n][i] = w * (ds[n][i] - row_d[h]);
-      }
+    if (all_steps && tile.Interior(j0)) {
+      QueryPassTile<true>(dq, my_q, my_g, ks, vs, row_lse, row_d, j0, tile, ln, d);
+    } else {
+      QueryPassTile<false>(dq, my_q, my_g, ks, vs, row_lse, row_d, j0, tile, ln, d);
     }
-    Accumulate(dq, ds, ks, 0, end, steps, ln);
   }
   WriteRows(dqkv + head.qkv, 3 * d.c, dq, row0, d.scale, d.scale, ln, d);
 }

@@ -47,7 +47,7 @@ alignas(128) unsigned char smem[128 * 1024];
 }  // namespace flash_internal
 namespace flash_mma {
 namespace {
-alignas(128) float smem[(96 * 1024) / sizeof(float)];
+alignas(128) float smem[(112 * 1024) / sizeof(float)];
 }  // namespace
 }  // namespace flash_mma
 }  // namespace zeroshard::gpu
