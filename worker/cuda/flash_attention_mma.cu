@@ -33,11 +33,13 @@
 // pass, Q and dO in the dk/dv pass) is staged split: two tiles, the tf32
 // big parts and then the small ones, so that each value is split once per
 // block rather than by every warp at every use (the split is 7 instructions
-// a value in SASS: cvt.rna.tf32 is emulated). A operands (the warp's own 16
-// rows, or the weights in registers) are split as they are loaded, once per
-// depth step for all eight column groups. Forward: Q, split K and V
-// (85 KiB); dk/dv: K, V, split Q and dO, and 512 bytes of lse and D
-// (102.5 KiB); dq: Q, dO, split K and V (102 KiB).
+// a value in SASS: cvt.rna.tf32 is emulated). So is the forward's Q, the A
+// operand of its scores for every key tile. Other A operands (the warp's
+// own 16 rows in the backward, or the weights in registers) are split as
+// they are loaded, once per depth step for all eight column groups (split
+// tiles of them would not leave room for two blocks per SM). Forward: split
+// Q, K and V (102 KiB); dk/dv: K, V, split Q and dO, and 512 bytes of lse
+// and D (102.5 KiB); dq: Q, dO, split K and V (102 KiB).
 //
 // Interior tiles (every key visible to every row: key tiles before the
 // query tile, or query tiles past the key tile and within T) of heads of
@@ -81,13 +83,15 @@ constexpr int kLd = kDims + 4;       // head tiles [64][68]
 constexpr int kGroups = kTile / 8;   // 8-wide column groups of a score tile
 constexpr int kSplit = kTile * kLd;  // floats from a split tile's big parts to its small ones
 constexpr size_t kHeadTile = size_t{kSplit} * sizeof(float);
-constexpr size_t kForwardBytes = 5 * kHeadTile;
+constexpr size_t kForwardBytes = 6 * kHeadTile;
 constexpr size_t kKeyBytes = 6 * kHeadTile + 2 * kTile * sizeof(float);
 constexpr size_t kQueryBytes = 6 * kHeadTile;
 static_assert(kFlashTensorCoresF32MaxHeadSize == kDims, "the kernels pad head rows to 64");
 // Resident blocks per SM: H100/H200 (sm_90, 227 KiB of shared memory) hold
-// two of each kernel, 8 warps, so no register cap is needed (2 x 128
-// threads x 255 registers fit the 64 K). A100 (sm_80, 163 KiB) holds one.
+// two of each kernel, 8 warps; A100 (sm_80, 163 KiB) one. The launch bounds
+// say two, which lets ptxas use up to 255 registers (2 x 128 threads x 255
+// fit the 64 K): with no minimum it held the forward to 128 and spilled.
+constexpr int kBlocksPerSm = 2;
 
 // A warp's fragments: 8 groups of 8 columns (keys or queries for scores,
 // head components for accumulators), each a 16 x 8 accumulator fragment.
@@ -147,18 +151,26 @@ __device__ __forceinline__ mma::Split<2> LoadSplit(const float* e, int next) {
 
 // s = A B^T for a warp's 16 rows: s's column group n (columns 8n..8n+7, for
 // n in [first, end)) from rows 8n.. of `b`, over the head components
-// (`steps` depth steps of 8, zero past HS); A's row r at a + r * kLd (f32),
-// B's row c at b + c * kLd (a split tile). Groups outside [first, end) are
-// left as they are. kAll: every group and step, `span` unread.
-template <bool kAll>
+// (`steps` depth steps of 8, zero past HS); A's row r at a + r * kLd (f32,
+// or a split tile if kSplitA), B's row c at b + c * kLd (a split tile).
+// Groups outside [first, end) are left as they are. kAll: every group and
+// step, `span` unread.
+template <bool kAll, bool kSplitA = false>
 __device__ __forceinline__ void Scores(Frags& s, const float* a, const float* b, const Span& span,
                                        const Lane& ln) {
 #pragma unroll
   for (int kk = 0; kk < kDims / 8; ++kk) {
     if (!kAll && kk >= span.steps) break;
     const float* ar = a + ln.g * kLd + 8 * kk + ln.t;
-    const float ax[4] = {ar[0], ar[8 * kLd], ar[4], ar[8 * kLd + 4]};
-    const mma::Split<4> as = SplitTf32(ax);
+    mma::Split<4> as;
+    if constexpr (kSplitA) {
+      as = mma::Split<4>{
+          {ar[0], ar[8 * kLd], ar[4], ar[8 * kLd + 4]},
+          {ar[kSplit], ar[kSplit + 8 * kLd], ar[kSplit + 4], ar[kSplit + 8 * kLd + 4]}};
+    } else {
+      const float ax[4] = {ar[0], ar[8 * kLd], ar[4], ar[8 * kLd + 4]};
+      as = SplitTf32(ax);
+    }
 #pragma unroll
     for (int n = 0; n < kGroups; ++n) {
       if (!kAll && (n < span.first || n >= span.end)) continue;
@@ -261,7 +273,7 @@ struct QueryTile {
 // of the running sum l), O += P V.
 
 // One key tile of the forward (at j0; qs: the warp's Q rows, ks and vs the
-// split K and V tiles). kAll: an interior tile of a head of 57..64
+// K and V tiles, all split). kAll: an interior tile of a head of 57..64
 // components, nothing masked.
 template <bool kAll>
 __device__ __forceinline__ void ForwardTile(Frags& o, float (&m)[2], float (&l)[2], const float* qs,
@@ -270,7 +282,7 @@ __device__ __forceinline__ void ForwardTile(Frags& o, float (&m)[2], float (&l)[
   const Span span{0, kAll ? kGroups : tile.VisibleGroups(j0, ln), Steps(d)};
   Frags s;
   Zero(s);
-  Scores<kAll>(s, qs, ks, span, ln);
+  Scores<kAll, true>(s, qs, ks, span, ln);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // rows row0 (c[0], c[1]) and row0 + 8 (c[2], c[3])
     const int64_t row = tile.row0 + 8 * h;
@@ -306,15 +318,15 @@ __device__ __forceinline__ void ForwardTile(Frags& o, float (&m)[2], float (&l)[
   Accumulate<kAll>(o, s, vs, span, ln);
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     MmaForwardKernel(float* out, float* lse, const float* qkv, Dims d) {
   extern __shared__ __align__(128) float smem[];
   float* qs = smem;
-  float* ks = qs + kSplit;
+  float* ks = qs + 2 * kSplit;
   float* vs = ks + 2 * kSplit;
   const Lane ln;
   const QueryTile tile(ln, d);
-  Stage<false>(qs, qkv + tile.head.qkv, 3 * d.c, tile.tile0, d);
+  Stage<true>(qs, qkv + tile.head.qkv, 3 * d.c, tile.tile0, d);
   const float* my_q = qs + 16 * ln.warp * kLd;
   const int64_t row0 = tile.row0;  // and row0 + 8
   const bool all_steps = Steps(d) == kDims / 8;
@@ -384,7 +396,7 @@ __device__ __forceinline__ void KeyPassTile(Frags& dk, Frags& dv, const KeyPassT
   Accumulate<kAll>(dk, ds, tl.qs, span, ln);
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     MmaBackwardKeyKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          const float* dvec, Dims d) {
   extern __shared__ __align__(128) float smem[];
@@ -464,7 +476,7 @@ __device__ __forceinline__ void QueryPassTile(Frags& dq, const float* qs, const 
   Accumulate<kAll>(dq, ds, ks, span, ln);
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     MmaBackwardQueryKernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                            const float* dvec, Dims d) {
   extern __shared__ __align__(128) float smem[];
