@@ -41,13 +41,19 @@
 // Q, K and V (102 KiB); dk/dv: K, V, split Q and dO, and 512 bytes of lse
 // and D (102.5 KiB); dq: Q, dO, split K and V (102 KiB).
 //
-// Interior tiles (every key visible to every row: key tiles before the
-// query tile, or query tiles past the key tile and within T) of heads of
-// 57..64 components take a copy of the tile's code with no bound, mask or
-// group test (kAll below): straight-line products over eight independent
-// accumulators that the compiler interleaves, where a test per column group
-// made each group's three dependent products wait for one another. The
-// arithmetic is the same; only the tiles on the diagonal or at T test.
+// Tile kinds. With heads of 57..64 components (kAll), a tile's products
+// cover all eight column groups and depth steps with no test: straight-line
+// code over eight independent accumulators that the compiler interleaves,
+// where a test per column group made each group's three dependent products
+// wait for one another. Interior tiles (every key visible to every row: key
+// tiles before the query tile, or query tiles past the key tile and within
+// T) are not masked either. In the forward and the dq pass the diagonal
+// tile is masked (kMask) but its products are taken in full all the same
+// (hidden pairs get weight 0, as before; 5 % more products at T = 1024).
+// The dk/dv pass's diagonal tile and tile at T, and every tile of smaller
+// heads, take the tested code, which skips the groups and steps that are
+// wholly hidden or padding (an untested masked copy of the dk/dv pass needs
+// over 255 registers and spills).
 //
 // Requirements checked by the caller (flash_attention.cu): f32, qkv and
 // dout 16-byte aligned, head size a multiple of 4 up to 64.
@@ -273,9 +279,8 @@ struct QueryTile {
 // of the running sum l), O += P V.
 
 // One key tile of the forward (at j0; qs: the warp's Q rows, ks and vs the
-// K and V tiles, all split). kAll: an interior tile of a head of 57..64
-// components, nothing masked.
-template <bool kAll>
+// K and V tiles, all split). kAll and kMask: the file comment's tile kinds.
+template <bool kAll, bool kMask>
 __device__ __forceinline__ void ForwardTile(Frags& o, float (&m)[2], float (&l)[2], const float* qs,
                                             const float* ks, const float* vs, int64_t j0,
                                             const QueryTile& tile, const Lane& ln, const Dims& d) {
@@ -292,7 +297,7 @@ __device__ __forceinline__ void ForwardTile(Frags& o, float (&m)[2], float (&l)[
 #pragma unroll
       for (int i = 2 * h; i < 2 * h + 2; ++i) {
         const int64_t key = j0 + 8 * n + 2 * ln.t + i % 2;
-        s[n][i] = kAll || (n < span.end && key <= row) ? d.scale * s[n][i] : -INFINITY;
+        s[n][i] = !kMask || (n < span.end && key <= row) ? d.scale * s[n][i] : -INFINITY;
         mx = fmaxf(mx, s[n][i]);
       }
     }
@@ -335,10 +340,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int64_t j0 = 0; j0 < tile.rows_end; j0 += kTile) {  // key tiles with a key <= the last row
     tile.StageKeys(ks, vs, qkv, j0, d);
-    if (all_steps && tile.Interior(j0)) {
-      ForwardTile<true>(o, m, l, my_q, ks, vs, j0, tile, ln, d);
+    if (!all_steps) {
+      ForwardTile<false, true>(o, m, l, my_q, ks, vs, j0, tile, ln, d);
+    } else if (tile.Interior(j0)) {
+      ForwardTile<true, false>(o, m, l, my_q, ks, vs, j0, tile, ln, d);
     } else {
-      ForwardTile<false>(o, m, l, my_q, ks, vs, j0, tile, ln, d);
+      ForwardTile<true, true>(o, m, l, my_q, ks, vs, j0, tile, ln, d);
     }
   }
   const float sum0 = RowSum(l[0]), sum1 = RowSum(l[1]);
@@ -362,8 +369,8 @@ struct KeyPassTiles {
 };
 
 // One query tile (at i0) of the dk/dv pass, for this warp's keys key0 and
-// key0 + 8. kAll: an interior tile of a head of 57..64 components.
-template <bool kAll>
+// key0 + 8. kAll and kMask: the file comment's tile kinds.
+template <bool kAll, bool kMask>
 __device__ __forceinline__ void KeyPassTile(Frags& dk, Frags& dv, const KeyPassTiles& tl,
                                             int64_t j0, int64_t i0, int64_t key0, const Lane& ln,
                                             const Dims& d) {
@@ -387,7 +394,7 @@ __device__ __forceinline__ void KeyPassTile(Frags& dk, Frags& dv, const KeyPassT
       const int c = 8 * n + 2 * ln.t + i % 2;
       const int64_t q = i0 + c;
       const bool visible =
-          kAll || (n >= span.first && n < span.end && q >= key0 + 8 * (i / 2) && q < d.t);
+          !kMask || (n >= span.first && n < span.end && q >= key0 + 8 * (i / 2) && q < d.t);
       p[n][i] = visible ? expf(d.scale * p[n][i] - tl.lse_s[c]) : 0.0f;
       ds[n][i] = p[n][i] * (ds[n][i] - tl.d_s[c]);
     }
@@ -431,10 +438,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     __syncthreads();
     // Interior: every query of the tile after every key of the block's, and
     // within T (uniform over the block).
+    // The diagonal tile and the tile at T take the tested code here: an
+    // untested masked copy needs more than 255 registers and spills.
     if (all_steps && i0 >= j0 + kTile && i0 + kTile <= d.t) {
-      KeyPassTile<true>(dk, dv, tiles, j0, i0, key0, ln, d);
+      KeyPassTile<true, false>(dk, dv, tiles, j0, i0, key0, ln, d);
     } else {
-      KeyPassTile<false>(dk, dv, tiles, j0, i0, key0, ln, d);
+      KeyPassTile<false, true>(dk, dv, tiles, j0, i0, key0, ln, d);
     }
   }
   WriteRows(dqkv + head.qkv + d.c, stride, dk, key0, d.scale, d.scale, ln, d);
@@ -447,10 +456,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
 // One key tile (at j0) of the dq pass: qs and gs the warp's Q and dO rows
 // (f32), ks and vs the split K and V tiles, row_lse and row_d the lane's
-// rows' lse and D. kAll: an interior tile of a head of 57..64 components;
-// its rows past T (zero Q and dO, lse and D 0) give finite values that no
-// one reads: dQ's row r takes only row r's ds and is written below T.
-template <bool kAll>
+// rows' lse and D. kAll and kMask: the file comment's tile kinds. Without
+// kMask (an interior tile), rows past T (zero Q and dO, lse and D 0) give
+// finite values that no one reads: dQ's row r takes only row r's ds and is
+// written below T.
+template <bool kAll, bool kMask>
 __device__ __forceinline__ void QueryPassTile(Frags& dq, const float* qs, const float* gs,
                                               const float* ks, const float* vs,
                                               const float (&row_lse)[2], const float (&row_d)[2],
@@ -468,7 +478,7 @@ __device__ __forceinline__ void QueryPassTile(Frags& dq, const float* qs, const 
     for (int i = 0; i < 4; ++i) {
       const int h = i / 2;
       const int64_t row = tile.row0 + 8 * h, key = j0 + 8 * n + 2 * ln.t + i % 2;
-      const bool visible = kAll || (n < span.end && key <= row && row < d.t);
+      const bool visible = !kMask || (n < span.end && key <= row && row < d.t);
       const float w = visible ? expf(d.scale * p[n][i] - row_lse[h]) : 0.0f;
       ds[n][i] = w * (ds[n][i] - row_d[h]);
     }
@@ -505,10 +515,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   Zero(dq);
   for (int64_t j0 = 0; j0 < tile.rows_end; j0 += kTile) {
     tile.StageKeys(ks, vs, qkv, j0, d);
-    if (all_steps && tile.Interior(j0)) {
-      QueryPassTile<true>(dq, my_q, my_g, ks, vs, row_lse, row_d, j0, tile, ln, d);
+    if (!all_steps) {
+      QueryPassTile<false, true>(dq, my_q, my_g, ks, vs, row_lse, row_d, j0, tile, ln, d);
+    } else if (tile.Interior(j0)) {
+      QueryPassTile<true, false>(dq, my_q, my_g, ks, vs, row_lse, row_d, j0, tile, ln, d);
     } else {
-      QueryPassTile<false>(dq, my_q, my_g, ks, vs, row_lse, row_d, j0, tile, ln, d);
+      QueryPassTile<true, true>(dq, my_q, my_g, ks, vs, row_lse, row_d, j0, tile, ln, d);
     }
   }
   WriteRows(dqkv + head.qkv, 3 * d.c, dq, row0, d.scale, d.scale, ln, d);
