@@ -49,11 +49,10 @@ fi
 src=worker/cuda/.sass_mix_tmp.cu
 cp "$SRC" "$src"
 if $interior; then
-  # The forward's and dq's "!all_steps / Interior / else" chains and dk/dv's
-  # single test, each made to take the interior copy; each pattern must
-  # match as often as the kernels dispatch.
-  for p in 'if (!all_steps) {:2' '} else if (tile.Interior(j0)) {:2' \
-    'if (all_steps && i0 >= j0 + kTile && i0 + kTile <= d.t) {:1'; do
+  # Each kernel's "!all_steps / interior / else" chain made to take the
+  # interior copy; each pattern must match as often as the kernels dispatch.
+  for p in 'if (!all_steps) {:3' '} else if (tile.Interior(j0)) {:2' \
+    '} else if (i0 >= j0 + kTile && i0 + kTile <= d.t) {:1'; do
     if [[ $(grep -cF "${p%:*}" "$src") != "${p##*:}" ]]; then
       echo "sass_mix: '${p%:*}' is not in $SRC ${p##*:} time(s): update the patterns here" >&2
       exit 1
@@ -61,7 +60,7 @@ if $interior; then
   done
   sed -i -e 's/if (!all_steps) {/if (false) {/' \
     -e 's/} else if (tile.Interior(j0)) {/} else if (true) {/' \
-    -e 's/if (all_steps \&\& i0 >= j0 + kTile \&\& i0 + kTile <= d.t) {/if (true) {/' "$src"
+    -e 's/} else if (i0 >= j0 + kTile \&\& i0 + kTile <= d.t) {/} else if (true) {/' "$src"
 fi
 nvcc -std=c++17 -O2 -gencode arch=compute_90,code=sm_90 -I. -I bazel-bin -c "$src" \
   -o "$tmp/k.o" -Xptxas -v 2>"$tmp/ptxas.txt"

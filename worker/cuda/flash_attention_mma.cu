@@ -47,13 +47,11 @@
 // where a test per column group made each group's three dependent products
 // wait for one another. Interior tiles (every key visible to every row: key
 // tiles before the query tile, or query tiles past the key tile and within
-// T) are not masked either. In the forward and the dq pass the diagonal
-// tile is masked (kMask) but its products are taken in full all the same
-// (hidden pairs get weight 0, as before; 5 % more products at T = 1024).
-// The dk/dv pass's diagonal tile and tile at T, and every tile of smaller
-// heads, take the tested code, which skips the groups and steps that are
-// wholly hidden or padding (an untested masked copy of the dk/dv pass needs
-// over 255 registers and spills).
+// T) are not masked either. The diagonal tile and the tile at T are masked
+// (kMask), but their products are taken in full all the same (hidden pairs
+// get weight 0, as before; 5 % more products at T = 1024). Smaller heads
+// take the tested code (kAll false), which skips the groups and steps that
+// are wholly hidden or padding.
 //
 // Requirements checked by the caller (flash_attention.cu): f32, qkv and
 // dout 16-byte aligned, head size a multiple of 4 up to 64.
@@ -382,6 +380,12 @@ __device__ __forceinline__ void KeyPassTile(Frags& dk, Frags& dv, const KeyPassT
     const int64_t left = d.t - i0;
     span.end = left >= kTile ? kGroups : static_cast<int>((left + 7) / 8);
   }
+  // Column c (query i0 + c, c in [0, 64)) is visible to key key0 + 8h
+  // (h = 0, 1) when c >= lo + 8h and c < hi: 32-bit offsets clamped to
+  // [-8, 64], which keeps every such test's answer (and lets the masked copy
+  // fit its registers).
+  const int lo = static_cast<int>(key0 - i0 < -8 ? -8 : (key0 - i0 > kTile ? kTile : key0 - i0));
+  const int hi = static_cast<int>(d.t - i0 < kTile ? d.t - i0 : kTile);
   Frags p, ds;
   Zero(p);
   Zero(ds);
@@ -392,9 +396,8 @@ __device__ __forceinline__ void KeyPassTile(Frags& dk, Frags& dv, const KeyPassT
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int c = 8 * n + 2 * ln.t + i % 2;
-      const int64_t q = i0 + c;
       const bool visible =
-          !kMask || (n >= span.first && n < span.end && q >= key0 + 8 * (i / 2) && q < d.t);
+          !kMask || (n >= span.first && n < span.end && c >= lo + 8 * (i / 2) && c < hi);
       p[n][i] = visible ? expf(d.scale * p[n][i] - tl.lse_s[c]) : 0.0f;
       ds[n][i] = p[n][i] * (ds[n][i] - tl.d_s[c]);
     }
@@ -438,12 +441,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     __syncthreads();
     // Interior: every query of the tile after every key of the block's, and
     // within T (uniform over the block).
-    // The diagonal tile and the tile at T take the tested code here: an
-    // untested masked copy needs more than 255 registers and spills.
-    if (all_steps && i0 >= j0 + kTile && i0 + kTile <= d.t) {
+    if (!all_steps) {
+      KeyPassTile<false, true>(dk, dv, tiles, j0, i0, key0, ln, d);
+    } else if (i0 >= j0 + kTile && i0 + kTile <= d.t) {
       KeyPassTile<true, false>(dk, dv, tiles, j0, i0, key0, ln, d);
     } else {
-      KeyPassTile<false, true>(dk, dv, tiles, j0, i0, key0, ln, d);
+      KeyPassTile<true, true>(dk, dv, tiles, j0, i0, key0, ln, d);
     }
   }
   WriteRows(dqkv + head.qkv + d.c, stride, dk, key0, d.scale, d.scale, ln, d);
