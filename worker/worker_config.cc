@@ -138,8 +138,9 @@ ABSL_FLAG(std::string, gather_dtype, "f32",
           "Stage 3: dtype parameter gathers travel in: f32 (i.e. --param_dtype)|int8 "
           "(block-quantized, dequantized after the gather; the master shard stays f32)");
 ABSL_FLAG(std::string, packed_collectives, "auto",
-          "Stage 3's gathers and stages 1-3's reduce-scatters of whole units through one packed "
-          "buffer (one collective and one conversion pass each way) instead of block by block: "
+          "Stage 3's gathers, stages 1-2's parameter sync and stages 1-3's reduce-scatters of "
+          "whole units through one packed buffer (one collective and one conversion pass each "
+          "way) instead of block by block: "
           "auto (on with --backend=nccl, off on CPUs, where Gloo and shared memory move blocks "
           "in place)|on|off. The same bits either way");
 ABSL_FLAG(int, grad_accum, 1, "Micro-batches per optimizer step");

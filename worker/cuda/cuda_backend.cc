@@ -226,6 +226,17 @@ void CudaBackend::Unpack(const PackedLayout& layout, const void* packed, DType f
       static_cast<int64_t>(layout.runs.size()), layout.packed_elements(), StreamForThisThread()));
 }
 
+void CudaBackend::UnpackRaw(const PackedLayout& layout, const void* packed, DType dtype,
+                            void* full) {
+  if (layout.device_runs == nullptr && !layout.runs.empty()) {
+    Check(absl::FailedPreconditionError("UnpackRaw: the packed layout was not prepared"));
+    return;
+  }
+  Check(gpu::UnpackRunsRaw(
+      full, packed, dtype, reinterpret_cast<const int64_t*>(layout.device_runs.get()),
+      static_cast<int64_t>(layout.runs.size()), layout.packed_elements(), StreamForThisThread()));
+}
+
 bool CudaBackend::UnpackThrough(const PackedLayout& layout, const float* packed, DType through,
                                 float* full) {
   if (layout.device_runs == nullptr && !layout.runs.empty()) {

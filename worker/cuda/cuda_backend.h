@@ -46,6 +46,7 @@ class CudaBackend : public Backend {
   absl::Status PreparePacked(PackedLayout* layout) override;
   void Pack(const PackedLayout& layout, const float* full, void* packed, DType to) override;
   void Unpack(const PackedLayout& layout, const void* packed, DType from, float* full) override;
+  void UnpackRaw(const PackedLayout& layout, const void* packed, DType dtype, void* full) override;
   bool UnpackThrough(const PackedLayout& layout, const float* packed, DType through,
                      float* full) override;
   void AddInto(const void* src, DType dtype, float* dst, int64_t n) override;

@@ -152,6 +152,10 @@ absl::Status PackRuns(void* packed, DType to, const float* full, const int64_t* 
 // UnpackRuns: the reverse, widening from `from`; padding writes nothing.
 absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64_t* runs,
                         int64_t num_runs, int64_t n, void* stream);
+// UnpackRunsRaw: UnpackRuns with no conversion, `full` in `dtype` (F32 or
+// BF16) like `packed`: every element copied bit for bit.
+absl::Status UnpackRunsRaw(void* full, const void* packed, DType dtype, const int64_t* runs,
+                           int64_t num_runs, int64_t n, void* stream);
 // UnpackRunsThrough: UnpackRuns from f32 `packed` with each value rounded
 // to `through` on the way (F32: stored as it is; BF16: rounded as
 // CastF32ToBF16 and widened back): what PackRuns to `through` from the

@@ -1,5 +1,5 @@
-// Packed layouts (worker/zero/packed_layout.h) on the device: PackRuns and
-// UnpackRuns of kernels.h. One thread per packed element (grid-stride) finds
+// Packed layouts (worker/zero/packed_layout.h) on the device: PackRuns,
+// UnpackRuns and their variants of kernels.h. One thread per packed element (grid-stride) finds
 // its run by binary search over the run starts (a few hundred bytes per unit,
 // read by every thread: they stay in cache), so a unit moves in one launch
 // however many blocks its layout has.
@@ -64,6 +64,17 @@ __global__ void UnpackKernel(float* full, const T* packed, const int64_t* runs, 
   }
 }
 
+// UnpackKernel with no conversion (T: float or uint16_t, bf16's bits).
+template <typename T>
+__global__ void UnpackRawKernel(T* full, const T* packed, const int64_t* runs, int64_t num_runs,
+                                int64_t n) {
+  for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) {
+    const int64_t r = FindRun(runs, num_runs, i);
+    const int64_t at = runs[2 * r + 1];
+    if (at >= 0) full[at + (i - runs[2 * r])] = packed[i];
+  }
+}
+
 // UnpackKernel from f32 with each value rounded through bf16.
 __global__ void UnpackThroughBF16Kernel(float* full, const float* packed, const int64_t* runs,
                                         int64_t num_runs, int64_t n) {
@@ -122,6 +133,22 @@ absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64
         full, static_cast<const uint16_t*>(packed), runs, num_runs, n);
   }
   return LaunchStatus("UnpackRuns");
+}
+
+absl::Status UnpackRunsRaw(void* full, const void* packed, DType dtype, const int64_t* runs,
+                           int64_t num_runs, int64_t n, void* stream) {
+  if (absl::Status s = CheckPacking("UnpackRunsRaw", dtype, full, packed, runs, num_runs, n);
+      !s.ok() || n == 0) {
+    return s;
+  }
+  if (dtype == DType::kF32) {
+    UnpackRawKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(
+        static_cast<float*>(full), static_cast<const float*>(packed), runs, num_runs, n);
+  } else {
+    UnpackRawKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(
+        static_cast<uint16_t*>(full), static_cast<const uint16_t*>(packed), runs, num_runs, n);
+  }
+  return LaunchStatus("UnpackRunsRaw");
 }
 
 absl::Status UnpackRunsThrough(float* full, const float* packed, DType through, const int64_t* runs,

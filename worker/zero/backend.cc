@@ -1,5 +1,5 @@
-// Backend's default Pack and Unpack: a Convert (or Zero) per run, in the
-// calling thread's order of work like every other op.
+// Backend's default Pack and Unpack: a Convert (or Zero, or Copy) per run,
+// in the calling thread's order of work like every other op.
 #include "worker/zero/backend.h"
 
 namespace zeroshard {
@@ -26,6 +26,17 @@ void Backend::Unpack(const PackedLayout& layout, const void* packed, DType from,
     if (run.full_offset < 0) continue;
     Convert(in + run.packed_begin * esize, from, full + run.full_offset, DType::kF32,
             layout.RunLength(i));
+  }
+}
+
+void Backend::UnpackRaw(const PackedLayout& layout, const void* packed, DType dtype, void* full) {
+  const char* in = static_cast<const char*>(packed);
+  char* out = static_cast<char*>(full);
+  const int64_t esize = DTypeSize(dtype);
+  for (size_t i = 0; i < layout.runs.size(); ++i) {
+    const PackedRun& run = layout.runs[i];
+    if (run.full_offset < 0) continue;
+    Copy(out + run.full_offset * esize, in + run.packed_begin * esize, layout.RunLength(i) * esize);
   }
 }
 

@@ -88,6 +88,9 @@ class Backend {
   // full[run's full elements] = packed's run widened from `from` to f32, for
   // every run that is not padding; the rest of `full` is left as it is.
   virtual void Unpack(const PackedLayout& layout, const void* packed, DType from, float* full);
+  // Unpack with no conversion: `full` holds `dtype` (F32 or BF16) like
+  // `packed`, and every run that is not padding is copied bit for bit.
+  virtual void UnpackRaw(const PackedLayout& layout, const void* packed, DType dtype, void* full);
   // Unpack from f32 `packed` with each value rounded to `through` (F32 or
   // BF16) on the way, in one pass: what converting `packed` to `through`
   // and unpacking that would store. Returns false, doing nothing, where the

@@ -540,6 +540,10 @@ class ZeroEngine {
   absl::Status FinishReduction(int unit, TrackedBuffer* received, bool direct, bool stale,
                                bool last_micro);
   absl::Status AllGatherReplicated(int unit, const float* master_shard);
+  // Stages 1-2 with packed collectives: UpdateUnit's optimizer step and
+  // parameter sync through one packed buffer (engine_gather.cc).
+  absl::Status UpdateReplicatedPacked(int unit, const float* grads, int64_t n, double lr,
+                                      double* param_sync_ms);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
   std::string Where(int unit) const;
   enum Stream { kGatherStream = 0, kReduceStream = 1, kReplicaStream = 2 };
@@ -562,7 +566,8 @@ class ZeroEngine {
   SharedGather* shared_gather_ = nullptr;
   int64_t shared_gather_bytes_ = 0;
   // EngineOptions::packed_collectives as resolved at Create: stage 3's
-  // gathers and stages 1-3's reduce-scatters go through UnitLayout::packed.
+  // gathers, stages 1-2's parameter sync and stages 1-3's reduce-scatters go
+  // through UnitLayout::packed.
   bool packed_ = false;
   // Stages 2-3, packed, over a group of one without replicas, reducing in
   // f32 (a reduce-scatter over one rank is a copy): per unit, each tensor's

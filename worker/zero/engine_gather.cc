@@ -383,4 +383,48 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
   return absl::OkStatus();
 }
 
+// Stages 1-2, packed: the update lands in this rank's chunk of a buffer of G
+// packed chunks (f32: the optimizer steps there, on the replicated
+// parameters' own pieces packed into it; bf16: the f32 master shard
+// narrowed into it), one AllGather in place fills the other chunks, and one
+// UnpackRaw copies every piece into the replicated parameters: three
+// kernels and a collective where AllGatherReplicated's block all-gather
+// copies piece by piece.
+absl::Status ZeroEngine::UpdateReplicatedPacked(int unit, const float* grads, int64_t n, double lr,
+                                                double* param_sync_ms) {
+  const UnitLayout& layout = units_[unit];
+  UnitState& state = *state_[unit];
+  const DType dtype = options_.param_dtype;
+  const int64_t chunk = layout.chunk_elements;
+  const int64_t g = gather_comm_->world_size();
+  absl::StatusOr<TrackedBuffer> wire =
+      buffers_.sync.Lend(MemoryCategory::kCommBuffers, Bytes(g * chunk, dtype), /*zero=*/false);
+  if (!wire.ok()) return wire.status();
+  void* own = engine_internal::At(wire->data(), gather_comm_->rank() * chunk, dtype);
+  if (dtype == DType::kF32) {
+    float* shard = static_cast<float*>(own);
+    PackOwn(layout, state.replicated.f32(), shard);
+    if (absl::Status s = state.optimizer->Step(shard, grads, n, lr); !s.ok()) return s;
+  } else {
+    if (absl::Status s = state.optimizer->Step(state.master.f32(), grads, n, lr); !s.ok()) return s;
+    backend_->Convert(state.master.f32(), DType::kF32, own, dtype, chunk);
+  }
+  const absl::Time sync_start = absl::Now();
+  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;  // the update, the narrowing
+  if (g > 1) {
+    EnterCollective(kGatherStream, "all_gather", layout.name);
+    absl::Status s =
+        gather_comm_->AllGather(own, wire->data(), chunk, dtype, options_.collective_timeout);
+    LeaveCollective(kGatherStream);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("all_gather of ", Where(unit), ": ", s.message()));
+    }
+  }
+  // The buffer goes back to the pool below; the next unit's writes to it
+  // follow this copy in the thread's order of work.
+  backend_->UnpackRaw(layout.packed, wire->data(), dtype, state.replicated.data());
+  *param_sync_ms += MsSince(sync_start);
+  return absl::OkStatus();
+}
+
 }  // namespace zeroshard

@@ -350,7 +350,10 @@ void ZeroEngine::PlanStepBuffers() {
     buffers_.gathered.Reserve(m, Bytes(flat, DType::kF32));  // one position at a time
   }
   if (stage_.state_sharded && !stage_.params_sharded) {
-    buffers_.sync.Reserve(m, Bytes(chunk, DType::kF32));
+    // Packed: the G chunks of UpdateReplicatedPacked; else the f32 shard the
+    // optimizer steps on, or the narrowed one AllGatherReplicated sends.
+    buffers_.sync.Reserve(
+        m, packed_ ? Bytes(gather_comm_->world_size() * chunk, param) : Bytes(chunk, DType::kF32));
   }
   // Units whose backward writes the gradient shard itself take none.
   const bool any_flat_gradient =

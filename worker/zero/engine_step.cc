@@ -128,6 +128,8 @@ absl::Status ZeroEngine::UpdateUnit(int u, double lr, double* param_sync_ms) {
     if (bf16_params) {
       backend_->Convert(p, DType::kF32, st.replicated.data(), options_.param_dtype, n);
     }
+  } else if (packed_) {
+    if (absl::Status s = UpdateReplicatedPacked(u, g, n, lr, param_sync_ms); !s.ok()) return s;
   } else {
     TrackedBuffer packed;
     float* p = st.master.f32();

@@ -1,10 +1,10 @@
 // The packed layouts' kernels (worker/cuda/packing.cu: PackRuns, UnpackRuns,
-// UnpackRunsThrough)
-// on the CPU under the thread-per-CUDA-thread emulation, against the host
-// backend's Pack and Unpack (worker/zero/backend.cc, a Convert or Zero per
-// run): bit for bit, f32 and bf16, layouts from the planner's kind (pieces
-// out of flat order, several ranks, padding), with NaN, infinities and bf16
-// rounding ties in the data; elements in no block stay as they were.
+// UnpackRunsRaw, UnpackRunsThrough) on the CPU under the thread-per-CUDA-
+// thread emulation, against the host backend's Pack, Unpack and UnpackRaw
+// (worker/zero/backend.cc, a Convert, Zero or Copy per run): bit for bit,
+// f32 and bf16, layouts from the planner's kind (pieces out of flat order,
+// several ranks, padding), with NaN, infinities and bf16 rounding ties in
+// the data; elements in no block stay as they were.
 #include <cuda_runtime.h>  // the emulation's (tests/worker/cuda/emulation)
 
 #include <algorithm>
@@ -114,6 +114,22 @@ TEST(PackingEmulatedTest, KernelsEqualTheHostBackendBitForBit) {
       int untouched = 0;
       for (float v : device_full) untouched += v == 42.0f;
       EXPECT_EQ(untouched, c.world) << label;  // the one hole after each rank's elements
+      // UnpackRaw: the packed bits as they are, into a buffer of `dtype`
+      // holding 42 where no block writes; widened, what Unpack stored.
+      std::vector<uint8_t> raw_host(c.full * DTypeSize(dtype));
+      {
+        std::vector<float> marker(c.full, 42.0f);
+        CpuBackend()->Convert(marker.data(), DType::kF32, raw_host.data(), dtype, c.full);
+      }
+      std::vector<uint8_t> raw_device = raw_host;
+      CpuBackend()->UnpackRaw(*layout, host.data(), dtype, raw_host.data());
+      ASSERT_TRUE(
+          gpu::UnpackRunsRaw(raw_device.data(), device.data(), dtype, runs, num_runs, n, nullptr)
+              .ok());
+      EXPECT_EQ(raw_device, raw_host) << label;
+      std::vector<float> widened(c.full);
+      CpuBackend()->Convert(raw_host.data(), dtype, widened.data(), DType::kF32, c.full);
+      EXPECT_EQ(Bytes(widened.data(), c.full * 4), Bytes(host_full.data(), c.full * 4)) << label;
     }
   }
 }

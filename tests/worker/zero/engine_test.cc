@@ -342,6 +342,17 @@ TEST(EngineTest, SharedGathersGiveTheSameBits) {
   }
 }
 
+// The host backend counting UnpackRaw calls: stages 1-2's packed
+// parameter sync.
+class CountingUnpackRawBackend : public testing::ForwardingBackend {
+ public:
+  void UnpackRaw(const PackedLayout& layout, const void* packed, DType dtype, void* full) override {
+    ++calls;
+    Backend::UnpackRaw(layout, packed, dtype, full);
+  }
+  std::atomic<int> calls{0};
+};
+
 // Packed collectives (EngineOptions::packed_collectives: the device path,
 // here on the CPU) only move bytes another way: the plain AllGather /
 // ReduceScatter over packed chunks sum each element over the same ranks in
@@ -350,7 +361,9 @@ TEST(EngineTest, SharedGathersGiveTheSameBits) {
 // stages 1-3, f32 and bf16 (parameters and reductions), 1-3 ranks (the plan
 // pads chunks to 4 elements: padding runs), prefetch and accumulation; int8
 // reductions keep their own path (the same bits trivially, and no buffer
-// planned for a path not taken).
+// planned for a path not taken). Stages 1-2's parameter sync goes packed
+// too: one UnpackRaw per unit, rank and step into the replicated
+// parameters (stage 3 has none).
 TEST(EngineTest, PackedCollectivesGiveTheSameBits) {
   for (int stage : {1, 2, 3}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8}) {
@@ -364,14 +377,18 @@ TEST(EngineTest, PackedCollectivesGiveTheSameBits) {
         c.prefetch = world == 3 ? 2 : 1;
         c.grad_accum = world == 2 ? 2 : 1;
         c.steps = 3;
+        CountingUnpackRawBackend counting;
         RunConfig packed = c;
         packed.packed = true;
+        packed.backend = &counting;
         RunConfig blocks = c;
         blocks.packed = false;
         RunResult p = Train(packed);
         RunResult b = Train(blocks);
         const std::string label =
             absl::StrCat("stage ", stage, " ", DTypeName(dtype), " world ", world);
+        const int syncs = stage < 3 ? c.steps * world * static_cast<int>(p.plan.units.size()) : 0;
+        EXPECT_EQ(counting.calls.load(), syncs) << label;
         EXPECT_EQ(p.params, b.params) << label;
         EXPECT_EQ(p.ranks[0].losses, b.ranks[0].losses) << label;
         for (int rank = 0; rank < world; ++rank) {
