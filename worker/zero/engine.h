@@ -376,6 +376,10 @@ class ZeroEngine {
   int world_size() const { return world_; }
   // Largest unit, in flat elements.
   int64_t largest_unit_elements() const;
+  // The elements a gather of `unit` from the secondary shards (hpZ) writes:
+  // the flat unit, or with packed collectives every member's whole slice
+  // (secondary group size x secondary_elements, up to h - 1 more).
+  int64_t SecondaryGatherElements(int unit) const;
 
  private:
   struct UnitState;

@@ -201,12 +201,26 @@ void ZeroEngine::KeepSecondarySlice(int unit, const float* flat) {
   }
 }
 
+// Member m's secondary slice is the unit's flat elements [m * se, + its
+// count) (se: secondary_elements), so with packed collectives one plain
+// AllGather of se elements lands every slice in place: the last member's
+// tail goes past the unit's elements, into room SecondaryGatherElements
+// asks of the buffer. The block all-gather otherwise.
 absl::Status ZeroEngine::GatherUnitFromSecondary(int unit, TrackedBuffer* out) {
   const UnitLayout& layout = units_[unit];
+  const void* slice = state_[unit]->secondary.data();
   EnterCollective(kGatherStream, "all_gather", layout.name);
-  absl::Status s = secondary_comm_->AllGatherBlocks(state_[unit]->secondary.data(), out->data(),
-                                                    layout.secondary_blocks, DType::kF32,
-                                                    options_.collective_timeout);
+  absl::Status s;
+  if (packed_) {
+    assert(out->bytes() >=
+               Bytes(secondary_comm_->world_size() * layout.secondary_elements, DType::kF32) &&
+           "the buffer holds every member's whole slice");
+    s = secondary_comm_->AllGather(slice, out->data(), layout.secondary_elements, DType::kF32,
+                                   options_.collective_timeout);
+  } else {
+    s = secondary_comm_->AllGatherBlocks(slice, out->data(), layout.secondary_blocks, DType::kF32,
+                                         options_.collective_timeout);
+  }
   LeaveCollective(kGatherStream);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("all_gather from the secondary shards (hpZ) of ",
@@ -264,7 +278,9 @@ absl::Status ZeroEngine::IssueGather(int position) {
   // Every element is written by the unpacking (the pieces cover the unit).
   // Never waits: the pool holds the window's peak (GatherWindow::PeakUnits).
   absl::StatusOr<TrackedBuffer> params = buffers_.gathered.Lend(
-      MemoryCategory::kParamsGathered, Bytes(units_[unit].flat_elements, DType::kF32),
+      MemoryCategory::kParamsGathered,
+      Bytes(from_secondary ? SecondaryGatherElements(unit) : units_[unit].flat_elements,
+            DType::kF32),
       /*zero=*/false);
   if (!params.ok()) return params.status();
   slot.params = std::move(*params);

@@ -136,11 +136,12 @@ struct EngineOptions {
   // into this rank's own buffers.
   bool shared_gather = true;
   // Stage 3's gathers, stages 1-2's parameter sync and stages 1-3's
-  // reduce-scatters of whole units (not int8, not hpZ's secondary gathers,
-  // not into shared regions) through a packed buffer: the plain AllGather /
-  // ReduceScatter over W chunks, and one Backend::Pack or Unpack between the
-  // chunks and the unit's flat layout (packed_layout.h), instead of the block
-  // collectives. Unset: on device
+  // reduce-scatters of whole units (not int8, not into shared regions)
+  // through a packed buffer: the plain AllGather / ReduceScatter over W
+  // chunks, and one Backend::Pack or Unpack between the chunks and the
+  // unit's flat layout (packed_layout.h), instead of the block collectives;
+  // and hpZ's gathers from the secondary shards as one plain AllGather
+  // straight into the unit (the slices are consecutive in flat order). Unset: on device
   // backends (NCCL, whose block collectives stage the data and copy block
   // by block), off on the host (Gloo and shared memory move blocks in
   // place). Set: that, on any backend (the tests' way to run the device

@@ -319,6 +319,12 @@ absl::Status ZeroEngine::AllocateUnitStates() {
   return absl::OkStatus();
 }
 
+int64_t ZeroEngine::SecondaryGatherElements(int unit) const {
+  const UnitLayout& u = units_[unit];
+  if (!packed_ || secondary_comm_ == nullptr) return u.flat_elements;
+  return std::max(u.flat_elements, secondary_comm_->world_size() * u.secondary_elements);
+}
+
 // The step path's buffers (step_buffers.h), by stage and options: each pool
 // holds what its users can hold at once, so that no step allocates, and only
 // a thread whose buffers another thread gives back (the flat gradients, the
@@ -326,6 +332,10 @@ absl::Status ZeroEngine::AllocateUnitStates() {
 void ZeroEngine::PlanStepBuffers() {
   MemoryTracker* m = &memory_;
   const int64_t flat = largest_unit_elements();
+  int64_t gathered = flat;  // hpZ's packed gathers write every slice whole
+  for (size_t u = 0; u < units_.size(); ++u) {
+    gathered = std::max(gathered, SecondaryGatherElements(static_cast<int>(u)));
+  }
   int64_t chunk = 0;
   for (const UnitLayout& u : units_) chunk = std::max(chunk, u.chunk_elements);
   const DType param = options_.param_dtype;
@@ -334,7 +344,7 @@ void ZeroEngine::PlanStepBuffers() {
     // (hpZ's backward gathers from the secondary slices still do).
     if (shared_gather_ == nullptr || secondary_comm_ != nullptr) {
       for (int i = 0; i < window_.PeakUnits(); ++i) {
-        buffers_.gathered.Reserve(m, Bytes(flat, DType::kF32));
+        buffers_.gathered.Reserve(m, Bytes(gathered, DType::kF32));
       }
     }
     if (packed_ && options_.gather_dtype != DType::kI8) {
