@@ -64,10 +64,9 @@ __global__ void UnpackKernel(float* full, const T* packed, const int64_t* runs, 
   }
 }
 
-// UnpackKernel with no conversion (T: float or uint16_t, bf16's bits).
-template <typename T>
-__global__ void UnpackRawKernel(T* full, const T* packed, const int64_t* runs, int64_t num_runs,
-                                int64_t n) {
+// UnpackKernel from bf16 into bf16: the bits as they are.
+__global__ void UnpackBF16RawKernel(uint16_t* full, const uint16_t* packed, const int64_t* runs,
+                                    int64_t num_runs, int64_t n) {
   for (int64_t i = GlobalThread(); i < n; i += GlobalStride()) {
     const int64_t r = FindRun(runs, num_runs, i);
     const int64_t at = runs[2 * r + 1];
@@ -137,17 +136,16 @@ absl::Status UnpackRuns(float* full, const void* packed, DType from, const int64
 
 absl::Status UnpackRunsRaw(void* full, const void* packed, DType dtype, const int64_t* runs,
                            int64_t num_runs, int64_t n, void* stream) {
+  // f32 into f32 is UnpackRuns's copy.
+  if (dtype == DType::kF32) {
+    return UnpackRuns(static_cast<float*>(full), packed, dtype, runs, num_runs, n, stream);
+  }
   if (absl::Status s = CheckPacking("UnpackRunsRaw", dtype, full, packed, runs, num_runs, n);
       !s.ok() || n == 0) {
     return s;
   }
-  if (dtype == DType::kF32) {
-    UnpackRawKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(
-        static_cast<float*>(full), static_cast<const float*>(packed), runs, num_runs, n);
-  } else {
-    UnpackRawKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(
-        static_cast<uint16_t*>(full), static_cast<const uint16_t*>(packed), runs, num_runs, n);
-  }
+  UnpackBF16RawKernel<<<GridFor(n), kThreads, 0, AsStream(stream)>>>(
+      static_cast<uint16_t*>(full), static_cast<const uint16_t*>(packed), runs, num_runs, n);
   return LaunchStatus("UnpackRunsRaw");
 }
 
