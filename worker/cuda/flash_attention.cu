@@ -477,8 +477,10 @@ absl::Status BackwardAs(FlashKernels kernels, void* dqkv_v, const void* dout_v, 
   }
 }
 
-// Whether the tensor-core kernels take these arguments; INVALID_ARGUMENT
-// saying why not.
+// Whether the tensor-core kernels take these arguments (INVALID_ARGUMENT
+// saying why not) and, f32, whether the current GPU has the shared memory
+// they ask for (FAILED_PRECONDITION; unknown without a GPU: the launch
+// fails then).
 absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, const void* qkv,
                               const void* dout) {
   // CheckDims has taken F32 or BF16 only.
@@ -491,6 +493,21 @@ absl::Status CheckTensorCores(const char* what, DType dtype, const Dims& d, cons
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": the tensor-core kernels need qkv and dout 16-byte aligned (",
                        p == qkv ? "qkv" : "dout", " is not); use FlashKernels::kCudaCores"));
+    }
+  }
+  if (dtype == DType::kF32) {  // the current device's shared memory
+    int device = 0, most = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      cudaGetLastError();  // not sticky; the launch reports what is wrong
+      return absl::OkStatus();
+    }
+    if (most < flash_internal::MmaSharedBytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": the f32 tensor-core kernels need ", flash_internal::MmaSharedBytes(),
+          " bytes of shared memory per block and GPU ", device, " offers ", most,
+          " (H100, H200 and A100 have enough); use FlashKernels::kCudaCores"));
     }
   }
   return absl::OkStatus();

@@ -75,6 +75,9 @@ absl::Status WmmaBackward(uint16_t* dqkv, const uint16_t* dout, const uint16_t* 
                           cudaStream_t stream);
 absl::Status MmaForward(float* out, float* lse, const float* qkv, int64_t b, const Dims& d,
                         cudaStream_t stream);
+// The most shared memory per block the f32 ones take (102.5 KiB: more than
+// the 99 KiB of sm_86 and sm_89 cards, which run the sm_80 build).
+int64_t MmaSharedBytes();
 absl::Status MmaBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
                          const float* dvec, int64_t b, const Dims& d, cudaStream_t stream);
 

@@ -57,6 +57,7 @@
 // dout 16-byte aligned, head size a multiple of 4 up to 64.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -96,6 +97,10 @@ static_assert(kFlashTensorCoresF32MaxHeadSize == kDims, "the kernels pad head ro
 // say two, which lets ptxas use up to 255 registers (2 x 128 threads x 255
 // fit the 64 K): with no minimum it held the forward to 128 and spilled.
 constexpr int kBlocksPerSm = 2;
+constexpr size_t kMostBytes = std::max({kForwardBytes, kKeyBytes, kQueryBytes});
+static_assert(kBlocksPerSm * (kMostBytes + 1024) <= 228 * 1024,
+              "two blocks per SM on sm_90 (228 KiB, 1 KiB of each block's reserved)");
+static_assert(kMostBytes <= 163 * 1024, "an A100's most shared memory per block");
 
 // A warp's fragments: 8 groups of 8 columns (keys or queries for scores,
 // head components for accumulators), each a 16 x 8 accumulator fragment.
@@ -569,6 +574,8 @@ absl::Status Backward(float* dqkv, const float* dout, const float* qkv, const fl
 #ifndef ZEROSHARD_FLASH_ATTENTION_EMULATED
 
 namespace flash_internal {
+
+int64_t MmaSharedBytes() { return static_cast<int64_t>(flash_mma::kMostBytes); }
 
 absl::Status MmaForward(float* out, float* lse, const float* qkv, int64_t b, const Dims& d,
                         cudaStream_t stream) {

@@ -403,9 +403,9 @@ absl::Status ZeroEngine::AllGatherReplicated(int unit, const float* master_shard
 // packed chunks (f32: the optimizer steps there, on the replicated
 // parameters' own pieces packed into it; bf16: the f32 master shard
 // narrowed into it), one AllGather in place fills the other chunks, and one
-// UnpackRaw copies every piece into the replicated parameters: three
-// kernels and a collective where AllGatherReplicated's block all-gather
-// copies piece by piece.
+// UnpackRaw copies every piece into the replicated parameters: one kernel
+// after the collective where AllGatherReplicated's block all-gather copies
+// piece by piece.
 absl::Status ZeroEngine::UpdateReplicatedPacked(int unit, const float* grads, int64_t n, double lr,
                                                 double* param_sync_ms) {
   const UnitLayout& layout = units_[unit];
@@ -426,8 +426,8 @@ absl::Status ZeroEngine::UpdateReplicatedPacked(int unit, const float* grads, in
     backend_->Convert(state.master.f32(), DType::kF32, own, dtype, chunk);
   }
   const absl::Time sync_start = absl::Now();
-  if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;  // the update, the narrowing
-  if (g > 1) {
+  if (g > 1) {  // (alone, UnpackRaw follows the update in this thread's order of work)
+    if (absl::Status s = backend_->Synchronize(); !s.ok()) return s;  // the update, the narrowing
     EnterCollective(kGatherStream, "all_gather", layout.name);
     absl::Status s =
         gather_comm_->AllGather(own, wire->data(), chunk, dtype, options_.collective_timeout);

@@ -34,7 +34,8 @@ struct StepBuffers {
   // step's reduce-scatter to the unit's update (one per unit, its size).
   BufferPool reduced{"reduced chunks"};
   // comm_buffers, compute thread: stages 1-2's parameter sync, the updated
-  // shard packed (f32) or narrowed (bf16) for the all-gather.
+  // shard packed (f32) or narrowed (bf16) for the all-gather; or, with
+  // packed collectives, the one packed buffer of G chunks (f32 or bf16).
   BufferPool sync{"parameter sync"};
   // comm_buffers, gather thread: bf16 gathers, the narrowed shard and the
   // received unit; or, with packed collectives (EngineOptions), the one

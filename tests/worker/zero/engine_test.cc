@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -58,6 +59,51 @@ struct RunConfig {
   // hpZ: secondary groups of this many consecutive ranks (EngineOptions::
   // secondary); 0: none.
   int secondary = 0;
+  // When set: counts the secondary communicators' plain AllGather calls.
+  std::atomic<int>* secondary_all_gathers = nullptr;
+};
+
+// A communicator that forwards to another and counts its plain AllGather
+// calls (not AllGatherBlocks).
+class CountingCommunicator : public Communicator {
+ public:
+  CountingCommunicator(std::unique_ptr<Communicator> inner, std::atomic<int>* all_gathers)
+      : inner_(std::move(inner)), all_gathers_(all_gathers) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  absl::Status AllGather(const void* input, void* output, int64_t count, DType dtype,
+                         absl::Duration timeout) override {
+    ++*all_gathers_;
+    return inner_->AllGather(input, output, count, dtype, timeout);
+  }
+  absl::Status ReduceScatter(const void* input, void* output, int64_t count, DType dtype,
+                             ReduceOp op, absl::Duration timeout) override {
+    return inner_->ReduceScatter(input, output, count, dtype, op, timeout);
+  }
+  absl::Status AllGatherBlocks(const void* shard, void* full, const std::vector<ShardBlock>& blocks,
+                               DType dtype, absl::Duration timeout) override {
+    return inner_->AllGatherBlocks(shard, full, blocks, dtype, timeout);
+  }
+  absl::Status ReduceScatterBlocks(const void* full, void* shard,
+                                   const std::vector<ShardBlock>& blocks, DType dtype, ReduceOp op,
+                                   absl::Duration timeout) override {
+    return inner_->ReduceScatterBlocks(full, shard, blocks, dtype, op, timeout);
+  }
+  absl::Status AllReduce(void* buffer, int64_t count, DType dtype, ReduceOp op,
+                         absl::Duration timeout) override {
+    return inner_->AllReduce(buffer, count, dtype, op, timeout);
+  }
+  absl::Status Broadcast(void* buffer, int64_t count, DType dtype, int root,
+                         absl::Duration timeout) override {
+    return inner_->Broadcast(buffer, count, dtype, root, timeout);
+  }
+  absl::Status Barrier(absl::Duration timeout) override { return inner_->Barrier(timeout); }
+  CollectiveBytes bytes_sent() const override { return inner_->bytes_sent(); }
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::atomic<int>* all_gathers_;
 };
 
 BatchLayout LayoutOf(const RunConfig& c) {
@@ -118,6 +164,10 @@ RunResult Train(const RunConfig& config) {
         secondary = CreateHostCommunicator(&store, rank % config.secondary, config.secondary,
                                            absl::StrCat("secondary", rank / config.secondary));
         ASSERT_TRUE(secondary.ok()) << secondary.status();
+        if (config.secondary_all_gathers != nullptr) {
+          secondary = std::make_unique<CountingCommunicator>(std::move(*secondary),
+                                                             config.secondary_all_gathers);
+        }
       }
       auto model = MlpModel::Create(mlp);
       ASSERT_TRUE(model.ok());
@@ -427,14 +477,21 @@ TEST(EngineTest, PackedSecondaryGathersGiveTheSameBits) {
   c.layers = 5;
   c.steps = 5;
   c.shared_gather = false;
+  std::atomic<int> plain_packed{0}, plain_blocks{0};
   RunConfig packed = c;
   packed.packed = true;
+  packed.secondary_all_gathers = &plain_packed;
   RunConfig blocks = c;
   blocks.packed = false;
+  blocks.secondary_all_gathers = &plain_blocks;
   const RunResult p = Train(packed);
   const RunResult b = Train(blocks);
   EXPECT_EQ(p.params, b.params);
   EXPECT_EQ(p.ranks[0].losses, b.ranks[0].losses);
+  // The backward gathered from the secondary shards, and plainly only when
+  // packed.
+  EXPECT_GT(plain_packed.load(), 0);
+  EXPECT_EQ(plain_blocks.load(), 0);
   for (int rank = 0; rank < c.world; ++rank) {
     EXPECT_EQ(p.ranks[rank].step_allocations, 0) << "rank " << rank;
   }
@@ -589,7 +646,7 @@ TEST(EngineTest, GradientAccumulationEqualsADoubledBatch) {
 TEST(EngineTest, ModelStateMatchesTheZeroFormulasAndTheWindowIsBounded) {
   RunConfig c;
   c.world = 2;
-  c.layers = 5;
+  c.layers = 6;
   c.width = 32;
   for (int stage = 0; stage <= 3; ++stage) {
     c.stage = stage;
