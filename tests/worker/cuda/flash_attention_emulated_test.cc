@@ -304,6 +304,11 @@ TEST(FlashAttentionEmulatedTest, TensorCoresF32) {
   ExpectMatchesNaive<float>(Path::kTensorCores, {2, 37, 48, 3}, 14);    // hs 16
   ExpectMatchesNaive<float>(Path::kTensorCores, {1, 70, 60, 3}, 15);    // hs 20
   ExpectMatchesNaive<float>(Path::kTensorCores, {1, 200, 256, 4}, 16);  // hs 64, four heads
+  // The branch-free tiles (heads of 57..64): hs 60 (padded components
+  // 60..63 in every depth step), and hs 64 with T under one tile (the
+  // diagonal tile alone, masked, with keys and rows past T).
+  ExpectMatchesNaive<float>(Path::kTensorCores, {1, 100, 120, 2}, 18);  // hs 60
+  ExpectMatchesNaive<float>(Path::kTensorCores, {2, 37, 128, 2}, 19);   // hs 64, T 37
 }
 
 }  // namespace
