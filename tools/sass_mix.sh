@@ -37,7 +37,12 @@ if [[ ! -x "$cuobjdump" ]]; then
     echo "nvidia-cuda-cuobjdump==$WHEEL_VERSION --hash=sha256:$CUOBJDUMP_SHA256"
     echo "nvidia-cuda-nvdisasm==$WHEEL_VERSION --hash=sha256:$NVDISASM_SHA256"
   } >"$tmp/req.txt"
-  python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+  # pip from python3, else from a venv of its own (as tools/install_deps.sh).
+  pip=(python3 -m pip)
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    python3 -m venv "$tmp/venv" >/dev/null && pip=("$tmp/venv/bin/python" -m pip)
+  fi
+  "${pip[@]}" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
     -r "$tmp/req.txt" -d "$tmp/wheel" >&2
   rm -rf "$cache.partial" && mkdir -p "$cache.partial"
   for w in "$tmp"/wheel/*.whl; do python3 -m zipfile -e "$w" "$cache.partial"; done
