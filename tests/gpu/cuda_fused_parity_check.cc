@@ -421,7 +421,9 @@ void CheckLinearForward(gpu::CublasLtLinear& lt, const LinearCase& c, const Line
   }
   const std::vector<float> y = d_y.Download();
   EXPECT_EQ(BadPadding(y, c.n, c.out, c.Ld(), /*want_nan=*/true), 0) << "y's padding written";
-  if (c.residual) EXPECT_EQ(d_res.Download(), in.residual) << "the residual was written";
+  if (c.residual) {
+    EXPECT_EQ(d_res.Download(), in.residual) << "the residual was written";
+  }
   EXPECT_TRUE(WithinTolerances(UnpadRows(y, c.n, c.out, c.Ld()), want, tol, "y"));
   if (c.gelu) {
     EXPECT_TRUE(WithinTolerances(d_pre.Download(), pre, tol_pre, "gelu_input"));

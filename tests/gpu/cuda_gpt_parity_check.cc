@@ -412,20 +412,6 @@ int StepCount() {
   return v != nullptr ? std::atoi(v) : kSteps;
 }
 
-// Where two tensors differ by more than `limit`: the count and the first
-// few element indices, for the failure message.
-std::string WhereTheyDiffer(const float* got, const float* want, size_t n, double limit) {
-  size_t count = 0;
-  std::string first;
-  for (size_t i = 0; i < n; ++i) {
-    if (!(std::fabs(static_cast<double>(got[i]) - want[i]) <= limit)) {
-      if (++count <= 12) first += absl::StrFormat(" %zu", i);
-    }
-  }
-  return absl::StrFormat("%zu of %zu elements differ by more than %g; first at:%s", count, n, limit,
-                         first);
-}
-
 int PrefetchDepth() {
   const char* v = std::getenv("ZEROSHARD_PARITY_PREFETCH");
   return v != nullptr ? std::atoi(v) : 1;

@@ -170,7 +170,7 @@ TEST(PackingEmulatedTest, UnpackThroughEqualsConvertThenUnpack) {
 
 TEST(PackingEmulatedTest, BadArgumentsAreRefused) {
   const int64_t runs[2] = {0, 0};
-  float a[4], b[4];
+  float a[4] = {}, b[4] = {};
   EXPECT_FALSE(gpu::PackRuns(a, DType::kF32, b, runs, 1, -1, nullptr).ok());
   EXPECT_FALSE(gpu::PackRuns(a, DType::kF32, nullptr, runs, 1, 4, nullptr).ok());
   EXPECT_FALSE(gpu::PackRuns(a, DType::kF32, b, runs, 0, 4, nullptr).ok());

@@ -589,7 +589,9 @@ TEST(EngineTest, GroupOfOneBackwardWritesTheGradientShard) {
       // Stage 3 plans nothing for the reductions or a wire (f32 gathers
       // unpack from the shard): its pools hold the gathered units at the
       // window's peak and no more.
-      if (stage == 3) EXPECT_EQ(a.ranks[0].pool_cached, a.ranks[0].peak_gathered) << label;
+      if (stage == 3) {
+        EXPECT_EQ(a.ranks[0].pool_cached, a.ranks[0].peak_gathered) << label;
+      }
       EXPECT_LT(a.ranks[0].losses.back(), a.ranks[0].losses.front()) << label;
       if (accum == 1) {
         EXPECT_EQ(a.params, b.params) << label;
