@@ -57,7 +57,7 @@ class HpzTest : public ::testing::Test {
 // (HSDP: two replicas) with secondary groups of 2 inside each group, as when
 // the shard groups span two hosts. Each against the same job without hpZ,
 // bit for bit, and against one process (8 rows a step) within the error
-// model.
+// model; the flat one also with packed collectives.
 TEST_F(HpzTest, SecondaryShardsTrainTheMlpToTheSameBitsAsWithout) {
   ASSERT_TRUE(cluster_.ok());
   constexpr int kSteps = 5;
@@ -92,6 +92,14 @@ TEST_F(HpzTest, SecondaryShardsTrainTheMlpToTheSameBitsAsWithout) {
       EXPECT_GT(with["memory"]["params_secondary"].get<int64_t>(), 0) << job;
     }
   }
+  // The device path's packed collectives (one plain all-gather straight
+  // into the unit from the secondary shards): the same bits again.
+  ASSERT_TRUE(cluster_.Run("flat-hpz-packed", 4,
+                           kMlp.Flags(kSteps, {"--batch=2", "--secondary_shard_group_size=2",
+                                               "--packed_collectives=on"})));
+  EXPECT_EQ(kMlp.Load(cluster_.checkpoint_root(), "flat-hpz-packed", kSteps),
+            kMlp.Load(cluster_.checkpoint_root(), "flat-hpz", kSteps));
+  EXPECT_GT(Bytes(cluster_.Report("flat-hpz-packed", 0), "secondary_all_gather"), 0);
   // Secondary groups of 2 hold half the model each, f32, plus the even
   // split's rounding (under 2 elements per unit).
   const nlohmann::json report = cluster_.Report("flat-hpz", 0);
