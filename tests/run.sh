@@ -78,6 +78,7 @@ if [[ -n "${OPENBLAS_CORETYPE:-}" ]]; then JOBS_FLAGS+=(--test_env=OPENBLAS_CORE
 # only fails here, on any machine. Their cases count in the closing line.
 NUMERICAL_TARGETS=(
   //tests/worker/zero:engine_test
+  //tests/worker/zero:engine_packed_test
   //tests/worker/zero:engine_outer_test
   //tests/worker/zero:engine_outer_stream_test
   //tests/worker/zero:engine_outer_elastic_test

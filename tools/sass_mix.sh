@@ -75,9 +75,12 @@ python3 - "$tmp/k.sass" "$tmp/ptxas.txt" <<'PY'
 import re, sys
 sass, ptxas = open(sys.argv[1]).read(), open(sys.argv[2]).read()
 regs = {}
-for m in re.finditer(r"Function properties for \S*?(Mma\w+Kernel)\S*\n.*?(\d+) bytes spill stores.*?\n.*?Used (\d+) registers", ptxas):
+pattern = (r"Function properties for \S*?(Mma\w+Kernel)\S*\n.*?(\d+) bytes spill stores.*?\n"
+           r".*?Used (\d+) registers")
+for m in re.finditer(pattern, ptxas):
     regs[m.group(1)] = (int(m.group(3)), int(m.group(2)))
-print(f"{'KERNEL':24} {'REGS':>4} {'SPILL':>5} {'INSTR':>6} {'HMMA':>5} {'LDS':>5} {'NOP':>4} {'PER HMMA':>8}")
+print(f"{'KERNEL':24} {'REGS':>4} {'SPILL':>5} {'INSTR':>6} {'HMMA':>5} {'LDS':>5} {'NOP':>4} "
+      f"{'PER HMMA':>8}")
 for body in sass.split("Function : ")[1:]:
     name = re.search(r"(Mma\w+Kernel)", body.splitlines()[0]).group(1)
     ops = re.findall(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)", body)

@@ -127,7 +127,7 @@ TEST_F(HsdpTest, TwoGroupsOfTwoTrainTheGptToOneProcesssParameters) {
 }
 
 // --packed_collectives (the device path's gathers and reduce-scatters
-// through packed buffers, engine_test's PackedCollectivesGiveTheSameBits)
+// through packed buffers, engine_packed_test's PackedCollectivesGiveTheSameBits)
 // through real workers on the CPU: two groups of two with bf16 parameters
 // and reductions, accumulation, and secondary shards (hpZ) inside the
 // groups; then the same with f32 at stage 2. Packed equals the block

@@ -1,8 +1,8 @@
 // Packed layouts (worker/zero/packed_layout.h) on the device: PackRuns,
-// UnpackRuns and their variants of kernels.h. One thread per packed element (grid-stride) finds
-// its run by binary search over the run starts (a few hundred bytes per unit,
-// read by every thread: they stay in cache), so a unit moves in one launch
-// however many blocks its layout has.
+// UnpackRuns and their variants of kernels.h. One thread per packed element
+// (grid-stride) finds its run by binary search over the run starts (a few
+// hundred bytes per unit, read by every thread: they stay in cache), so a
+// unit moves in one launch however many blocks its layout has.
 #include <cstdint>
 
 #include "absl/status/status.h"

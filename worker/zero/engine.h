@@ -376,10 +376,6 @@ class ZeroEngine {
   int world_size() const { return world_; }
   // Largest unit, in flat elements.
   int64_t largest_unit_elements() const;
-  // The elements a gather of `unit` from the secondary shards (hpZ) writes:
-  // the flat unit, or with packed collectives every member's whole slice
-  // (secondary group size x secondary_elements, up to h - 1 more).
-  int64_t SecondaryGatherElements(int unit) const;
 
  private:
   struct UnitState;
@@ -549,6 +545,10 @@ class ZeroEngine {
   absl::Status UpdateReplicatedPacked(int unit, const float* grads, int64_t n, double lr,
                                       double* param_sync_ms);
   void PackOwn(const UnitLayout& u, const float* flat, float* chunk) const;
+  // The elements a gather of `unit` from the secondary shards (hpZ) writes:
+  // the flat unit, or with packed collectives every member's whole slice
+  // (secondary group size x secondary_elements, up to h - 1 more).
+  int64_t SecondaryGatherElements(int unit) const;
   std::string Where(int unit) const;
   enum Stream { kGatherStream = 0, kReduceStream = 1, kReplicaStream = 2 };
   void EnterCollective(Stream stream, const char* op, const std::string& unit);

@@ -141,11 +141,11 @@ struct EngineOptions {
   // chunks, and one Backend::Pack or Unpack between the chunks and the
   // unit's flat layout (packed_layout.h), instead of the block collectives;
   // and hpZ's gathers from the secondary shards as one plain AllGather
-  // straight into the unit (the slices are consecutive in flat order). Unset: on device
-  // backends (NCCL, whose block collectives stage the data and copy block
-  // by block), off on the host (Gloo and shared memory move blocks in
-  // place). Set: that, on any backend (the tests' way to run the device
-  // path on the CPU). The same bits either way.
+  // straight into the unit (the slices are consecutive in flat order).
+  // Unset: on device backends (NCCL, whose block collectives stage the data
+  // and copy block by block), off on the host (Gloo and shared memory move
+  // blocks in place). Set: that, on any backend (the tests' way to run the
+  // device path on the CPU). The same bits either way.
   std::optional<bool> packed_collectives;
   // Where buffers live and the non-model ops run; null: the CPU. The model's
   // views point into this backend's memory. Not owned.
