@@ -9,7 +9,7 @@
 #   there (carry .gpu; $OUT is the folder that comes back):
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz checks   # ~3 min
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz bench    # ~5 min
-#     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz focus    # ~3 min, see below
+#     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz focus    # ~3.5 min, see below
 #
 # checks: every parity check and the quickstart (1800 steps, a few seconds on a GPU) (run.sh steps
 # 1, 5-7); bench: the kernel benches and the device GPT beside PyTorch FSDP2
@@ -31,9 +31,12 @@ case "$part" in
     # A short session after a first full one: the parity checks, the
     # quickstart, the attention bench and GPT-2 124M beside PyTorch in one
     # round, stage 3 also through NCCL's block collectives (the packed
-    # path's before), no profile round (~3 min).
+    # path's before), and a short profile of bf16 at stages 0 and 3 with the
+    # default attention, where stage 3's extra milliseconds go (~3.5 min).
     steps="${FOCUS_STEPS:-parity,quickstart,kernel_bench,gpt_bench}"
-    export ROUNDS="${ROUNDS:-1}" GPT_MODELS="${GPT_MODELS:-gpt2_124m}" GPT_PROFILE="${GPT_PROFILE:-0}"
+    export ROUNDS="${ROUNDS:-1}" GPT_MODELS="${GPT_MODELS:-gpt2_124m}" GPT_PROFILE="${GPT_PROFILE:-1}"
+    export GPT_PROFILE_DTYPES="${GPT_PROFILE_DTYPES:-bf16}"
+    export GPT_PROFILE_ATTENTION="${GPT_PROFILE_ATTENTION:-auto}"
     export KERNEL_BENCHES="${KERNEL_BENCHES:-cuda_attention_bench}" GPT_PREFETCH="${GPT_PREFETCH:-1}"
     export GPT_BLOCKS="${GPT_BLOCKS:-1}"
     ;;

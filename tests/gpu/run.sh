@@ -78,7 +78,8 @@
 # compare, default: 1), GPT_BLOCKS (1: stage 3 also through NCCL's block
 # collectives, default: 0), GPT_TORCH_COMPILE (1: PyTorch also with
 # torch.compile in each round, compare_gpt.py's COMPILED column; default: 0),
-# GPT_PROFILE (0: no profiled round), KERNEL_BENCHES
+# GPT_PROFILE (0: no profiled round; GPT_PROFILE_STAGES, _DTYPES and
+# _ATTENTION narrow it), KERNEL_BENCHES
 # (default: cuda_attention_bench cuda_fused_bench), RUN_STEPS (default:
 # checks,bench; parts below).
 set -uo pipefail
@@ -396,11 +397,14 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 # Where the GPU time goes, in a round of its own (CUDA events between the
 # model's sections; not among the rounds compared above): GPT-2 124M,
-# stage 3, each kernel.
+# stages 0 and 3 side by side (what stage 3 adds), each kernel;
+# GPT_PROFILE_STAGES, GPT_PROFILE_DTYPES and GPT_PROFILE_ATTENTION narrow it.
 if [[ "${GPT_PROFILE:-1}" == 0 ]]; then
   :
-elif timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --profile --models=gpt2_124m --stages=3 \
-  --steps=5 --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" --json_out="$OUT/gpt_profile.json" \
+elif timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --profile --models=gpt2_124m \
+  --stages="${GPT_PROFILE_STAGES:-0,3}" --dtypes="${GPT_PROFILE_DTYPES:-f32,bf16}" --steps=5 \
+  --attention="${GPT_PROFILE_ATTENTION:-${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}}" \
+  --json_out="$OUT/gpt_profile.json" \
   >"$OUT/gpt_profile.txt" 2>"$OUT/gpt_profile.log"; then
   cat "$OUT/gpt_profile.txt"
 else

@@ -3,9 +3,10 @@
 // own host code (LayerNormForwardTo, LayerNormBackward), against layers.h's
 // LayerNormForward / LayerNormBackward: F32 and BF16 output, dx with and
 // without the skip path's dx_plus, the two-stage parameter gradients over row
-// chunks of 256 (n not a multiple of 256, spanning several chunks), c not a
-// multiple of the row blocks (256 threads) or the column blocks (32). Not
-// covered: the hardware's rounding of 1 / sqrt (host libm here) and speed.
+// chunks of 256 (n not a multiple of 256, spanning several chunks), rows a
+// warp each, 8 to a block (n below 8, and n past one block and not a multiple
+// of 8: a block's last warps have no row), c not a multiple of a warp or of
+// the column blocks (32). Not covered: the hardware's rounding of 1 / sqrt (host libm here) and speed.
 #include <cuda_runtime.h>  // the emulation's (tests/worker/cuda/emulation)
 
 #include <algorithm>
@@ -156,10 +157,12 @@ void CheckBackward(const Inputs& in, bool with_dx, bool with_plus) {
   EXPECT_TRUE(emulated::WithinTolerances(d_db, want_db, tol_db, "db"));
 }
 
-// c 769: not a multiple of 256 (threads per row) or 32 (columns per block);
-// c 33 and 1: fewer features than threads.
+// c 769: not a multiple of 32 (lanes per row, columns per block); c 33: one
+// lane with two features; c 1: fewer features than lanes. n 5 and 3: one
+// block, part idle; n 9 and 19: a second and a third block, part idle.
 TEST(LayerNormEmulatedTest, Forward) {
-  for (const auto& [n, c] : {std::pair<int64_t, int64_t>{5, 769}, {9, 33}, {3, 1}}) {
+  for (const auto& [n, c] :
+       {std::pair<int64_t, int64_t>{5, 769}, {9, 33}, {3, 1}, {19, 100}}) {
     const Inputs in = MakeInputs(n, c, static_cast<uint32_t>(n * 1000 + c));
     CheckForward(in, DType::kF32);
     CheckForward(in, DType::kBF16);
@@ -172,6 +175,8 @@ TEST(LayerNormEmulatedTest, BackwardDxAndSkipPath) {
   CheckBackward(in, /*with_dx=*/true, /*with_plus=*/true);
   const Inputs small = MakeInputs(4, 33, 22);
   CheckBackward(small, /*with_dx=*/true, /*with_plus=*/true);
+  const Inputs blocks = MakeInputs(19, 100, 24);  // three blocks of 8 rows, the last part idle
+  CheckBackward(blocks, /*with_dx=*/true, /*with_plus=*/true);
 }
 
 // The parameter gradients' two stages: n 600 rows are chunks of 256, 256 and
