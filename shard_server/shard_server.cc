@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -50,6 +52,28 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
     // The lock holds without the note of who holds it.
   }
   return fd;
+}
+
+// --state_dir, made if missing: its parents as the umask says (as
+// `mkdir -p`), the directory itself private (0700; one that exists is used
+// as it is).
+absl::Status MakeStateDir(const std::string& flag_value) {
+  std::filesystem::path dir = std::filesystem::path(flag_value).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // a trailing slash
+  std::error_code error;
+  if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create --state_dir ", flag_value, ": its parent ",
+                     dir.parent_path().string(), ": ", error.message(),
+                     "; pass a --state_dir this user can create"));
+  }
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create --state_dir ", flag_value,
+                                                      ": ", std::strerror(errno),
+                                                      "; pass a --state_dir this user can create"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -108,10 +132,7 @@ absl::Status ShardServer::OpenState() {
     state_ = std::move(*state);
   }
   if (!options_.state_dir.empty()) {
-    if (mkdir(options_.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot create --state_dir ", options_.state_dir, ": ", std::strerror(errno)));
-    }
+    if (absl::Status s = MakeStateDir(options_.state_dir); !s.ok()) return s;
     absl::StatusOr<int> lock = LockStateDir(options_.state_dir);
     if (!lock.ok()) return lock.status();
     state_dir_lock_ = *lock;

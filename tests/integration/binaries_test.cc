@@ -1,6 +1,8 @@
 // The shipped binaries as a user runs them: shard_server started as a
 // process, queried by gRPC health checks and by shardctl.
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
 #include <thread>
@@ -24,7 +26,7 @@ class BinariesTest : public ::testing::Test {
   void StartServer(std::vector<std::string> extra = {}) {
     dir_ = testing::MakeTempDir("binaries");
     std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + dir_ + "/port",
-                                     "--state_dir=" + dir_ + "/state"};
+                                     "--state_dir=" + dir_ + state_};
     args.insert(args.end(), extra.begin(), extra.end());
     server_ = std::make_unique<ChildProcess>(testing::RunfilePath("shard_server/shard_server"),
                                              args, dir_ + "/server.log");
@@ -46,6 +48,7 @@ class BinariesTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::string state_ = "/state";  // --state_dir, under dir_
   std::string address_;
   std::unique_ptr<ChildProcess> server_;
 };
@@ -60,6 +63,37 @@ TEST_F(BinariesTest, ServerPrintsListeningAndAnswersHealthChecks) {
   EXPECT_TRUE((*client)->HealthCheck().ok());
   server_->Signal(SIGTERM);
   EXPECT_EQ(server_->Wait(absl::Seconds(10)), 0) << server_->Log();
+}
+
+// As README's tour starts it, on a machine where the state directory's
+// parents do not exist yet: they are made, the directory itself private.
+TEST_F(BinariesTest, TheStateDirAndItsMissingParentsAreMade) {
+  state_ = "/new/parents/state/";
+  StartServer();
+  const std::string state = dir_ + "/new/parents/state";
+  EXPECT_TRUE(testing::WaitFor([&] { return access((state + "/zeroshard.db").c_str(), F_OK) == 0; },
+                               absl::Seconds(10)))
+      << server_->Log();
+  struct stat info {};
+  ASSERT_EQ(stat(state.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0700u);
+  server_->Signal(SIGTERM);
+  EXPECT_EQ(server_->Wait(absl::Seconds(10)), 0) << server_->Log();
+}
+
+// A state directory that cannot be made (a file stands where a parent
+// would be): refused at start, saying which flag and what to do.
+TEST(StateDirTest, OneThatCannotBeMadeIsRefusedAtStart) {
+  const std::string dir = testing::MakeTempDir("state-refused");
+  testing::WriteFile(dir + "/file", "not a directory\n");
+  auto [code, output] = testing::RunCommand(
+      absl::StrCat("timeout 20 ", testing::RunfilePath("shard_server/shard_server"),
+                   " --listen=127.0.0.1:0 --state_dir=", dir, "/file/sub/state 2>&1"));
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(code, 124) << "it served instead of refusing: " << output;
+  EXPECT_NE(output.find("cannot create --state_dir " + dir + "/file/sub/state"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("pass a --state_dir this user can create"), std::string::npos) << output;
 }
 
 TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
