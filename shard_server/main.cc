@@ -33,8 +33,8 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "HOST:PORT to serve on; port 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written here once serving");
 ABSL_FLAG(std::string, state_dir, "",
-          "Directory for the SQLite database and server files (empty: state is not kept "
-          "across restarts)");
+          "Directory for the SQLite database and server files, made if missing (its parents "
+          "too; the directory itself private, 0700) (empty: state is not kept across restarts)");
 ABSL_FLAG(std::string, etcd_endpoints, "",
           "HOST:PORT,... of an etcd v3 cluster's client URLs: the durable state lives there and "
           "several servers with the same endpoints and --etcd_prefix elect one leader that serves "
