@@ -23,7 +23,7 @@ while [[ $# -gt 0 ]]; do
     --stage=*) stage="${1#*=}" ;;
     --seed=*) seed="${1#*=}" ;;
     --max_restarts=*) ZS_MAX_RESTARTS="${1#*=}" ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "quickstart.sh: unknown option '$1' (expected --workers, --steps, --stage, --seed, --max_restarts)" >&2; exit 2 ;;
   esac
   shift

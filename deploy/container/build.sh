@@ -33,7 +33,7 @@ for arg in "$@"; do
     --bin_dir=*) bin_dir="${arg#*=}"; build=0 ;;
     --podman_root=*)
       PODMAN+=(--root "${arg#*=}/storage" --runroot "${arg#*=}/run") ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown option '$arg' (expected --no_build, --save=FILE, --bin_dir=DIR," \
          "--podman_root=DIR)" >&2; exit 2 ;;
   esac
