@@ -270,6 +270,22 @@ void Worker::SetCheckpointer(Checkpointer* checkpointer) {
   checkpointer_ = checkpointer;
 }
 
+// What rank 0 says of the job when training starts; the other ranks, one
+// line each, so that every rank's log says it trains.
+void Worker::LogTrainingStart(const Generation& g) const {
+  if (rank_ == 0) {
+    int64_t parameters = 0;
+    for (const auto& t : task_->model()->Spec().tensors) parameters += t.Elements();
+    std::fprintf(stderr, "job %s: %d ranks, stage %d, %zu units, plan %s, model %lld parameters\n",
+                 config_.job.c_str(), world(), config_.engine.stage, g.plan.units.size(),
+                 g.plan.hash.c_str(), static_cast<long long>(parameters));
+  } else {
+    std::fprintf(stderr, "rank %d of %d: job %s, stage %d, plan %s; rank 0 logs the steps\n",
+                 rank_, world(), config_.job.c_str(), config_.engine.stage,
+                 g.plan.hash.c_str());
+  }
+}
+
 absl::Status Worker::Train() {
   assert(generation_ != nullptr && generation_->engine != nullptr &&
          generation_->data_plane != nullptr && "Train before Restore");
@@ -281,13 +297,7 @@ absl::Status Worker::Train() {
   const int steps = config_.schedule.steps;
   const CheckpointConfig& checkpoints = config_.checkpoint;
   const PlaneBytes bytes_before = PlaneBytes::Of(plane);
-  if (rank_ == 0) {
-    int64_t parameters = 0;
-    for (const auto& t : task_->model()->Spec().tensors) parameters += t.Elements();
-    std::fprintf(stderr, "job %s: %d ranks, stage %d, %zu units, plan %s, model %lld parameters\n",
-                 config_.job.c_str(), world(), config_.engine.stage, g.plan.units.size(),
-                 g.plan.hash.c_str(), static_cast<long long>(parameters));
-  }
+  LogTrainingStart(g);
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
   SetCheckpointer(&checkpointer);  // its commits_pending in the heartbeats
@@ -706,7 +716,11 @@ absl::Status Worker::Leave() {
   ExposeToAbort(nullptr, nullptr);
   generation_->engine.reset();
   generation_.reset();
-  if (rank_ == 0) std::fprintf(stderr, "done: params_sum %.9g\n", params_sum_);
+  if (rank_ == 0) {
+    std::fprintf(stderr, "done: params_sum %.9g\n", params_sum_);
+  } else {
+    std::fprintf(stderr, "rank %d: done\n", rank_);
+  }
   return absl::OkStatus();
 }
 

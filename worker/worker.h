@@ -152,6 +152,8 @@ class Worker {
   // Trains to --steps, checkpointing as asked; waits for the last
   // checkpoint's commit. REQUIRES: Restore.
   absl::Status Train();
+  // The job's line (rank 0), or this rank's (the others), as training starts.
+  void LogTrainingStart(const Generation& g) const;
   // The training loop's checkpointer while it trains (null after): heartbeats carry its
   // pending commits.
   void SetCheckpointer(Checkpointer* checkpointer) ABSL_LOCKS_EXCLUDED(abort_mu_);

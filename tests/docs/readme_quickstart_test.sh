@@ -34,6 +34,13 @@ ZS_BIN_DIR="$work/bin" timeout 300 bash deploy/quickstart.sh --steps=60 \
 grep -q 'verified' "$work/quickstart.err" || fail "no verified checkpoint listed"
 [[ -s quickstart-out/model.safetensors ]] || fail "no quickstart-out/model.safetensors"
 [[ -s quickstart-out/summary.json ]] || fail "no quickstart-out/summary.json"
+# Every worker's log says it trained: rank 0's with the job and the steps,
+# the others with a line as they start and one as they finish.
+logs=(quickstart-out/run/worker-{0,1,2,3}.log)
+[[ $(grep -l '^job quickstart-.*: 4 ranks' "${logs[@]}" | wc -l) == 1 ]] ||
+  fail "not one worker log with rank 0's job line"
+[[ $(grep -l '^rank [1-3] of 4: job quickstart-' "${logs[@]}" | xargs -r grep -l '^rank [1-3]: done' |
+  wc -l) == 3 ]] || fail "not three worker logs saying that their rank trained"
 
 awk '/^## Loading the consolidated file/ { in_section = 1 }
      in_section && /^```python/ { in_block = 1; next }
