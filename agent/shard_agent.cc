@@ -57,12 +57,25 @@ int main(int argc, char** argv) {
   zeroshard::HostAgentOptions options;
   options.server = *std::move(server);
   options.listen = absl::GetFlag(FLAGS_listen);
+  if (absl::Status s = zeroshard::CheckListenAddress("listen", options.listen, true); !s.ok()) {
+    std::fprintf(stderr, "shard_agent: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   options.node = zeroshard::HostIdentity();
   options.batch_window = absl::Milliseconds(absl::GetFlag(FLAGS_batch_window_ms));
-  if (absl::GetFlag(FLAGS_max_request_bytes_in_flight) < 1 ||
-      absl::GetFlag(FLAGS_max_rank_streams) < 1) {
-    std::fprintf(
-        stderr, "shard_agent: --max_request_bytes_in_flight and --max_rank_streams must be >= 1\n");
+  if (absl::GetFlag(FLAGS_batch_window_ms) < 0) {
+    std::fprintf(stderr, "shard_agent: --batch_window_ms=%d: expected 0 or more milliseconds\n",
+                 absl::GetFlag(FLAGS_batch_window_ms));
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_request_bytes_in_flight) < 1) {
+    std::fprintf(stderr, "shard_agent: --max_request_bytes_in_flight=%lld: expected 1 or more\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_max_request_bytes_in_flight)));
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_rank_streams) < 1) {
+    std::fprintf(stderr, "shard_agent: --max_rank_streams=%d: expected 1 or more\n",
+                 absl::GetFlag(FLAGS_max_rank_streams));
     return 2;
   }
   options.max_request_bytes_in_flight =

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -15,14 +16,53 @@
 
 namespace zeroshard {
 
+namespace {
+
+// A port's digits as a number, or -1 when they are not 0-65535.
+int PortNumber(const std::string& digits) {
+  if (digits.empty() || digits.size() > 5 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  const int port = std::stoi(digits);
+  return port <= 65535 ? port : -1;
+}
+
+}  // namespace
+
+absl::Status CheckListenAddress(const std::string& flag, const std::string& address,
+                                bool unix_allowed) {
+  if (unix_allowed && absl::StartsWith(address, "unix:")) return absl::OkStatus();
+  const std::string expected =
+      unix_allowed ? "expected HOST:PORT (a port of 0-65535, 0 picks a free one) or unix:PATH"
+                   : "expected HOST:PORT (a port of 0-65535, 0 picks a free one)";
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", address, " has no port: ", expected));
+  }
+  if (PortNumber(address.substr(colon + 1)) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", address, ": port '",
+                                                   address.substr(colon + 1),
+                                                   "' is not a port number; ", expected));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> LocalAddressTowards(const std::string& server) {
   const size_t colon = server.rfind(':');
   if (colon == std::string::npos || colon == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("server address '", server, "' is not HOST:PORT"));
+        absl::StrCat("server address '", server,
+                     "' is not HOST:PORT: pass --server=HOST:PORT of a shard_server"));
   }
   std::string host = server.substr(0, colon);
   const std::string port = server.substr(colon + 1);
+  if (PortNumber(port) <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server address '", server, "': port '", port,
+        "' is not a port number (1-65535): pass --server=HOST:PORT of a shard_server"));
+  }
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
@@ -36,7 +76,14 @@ absl::StatusOr<std::string> LocalAddressTowards(const std::string& server) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    return fail(gai_strerror(rc));
+    // The server's name does not resolve here: the address is wrong (or
+    // DNS is), not this machine's.
+    return absl::UnavailableError(absl::StrCat("server address '", server, "': host '", host,
+                                               "' does not resolve (", gai_strerror(rc),
+                                               "): check --server=HOST:PORT (or, if the "
+                                               "server is reached that way all the same, pass "
+                                               "--host=<the address peers reach this worker "
+                                               "at>)"));
   }
   // IPv4 first: a name like "localhost" may resolve to ::1 before
   // 127.0.0.1, and the data plane's peers are usually reached over IPv4.

@@ -24,6 +24,14 @@ std::string HostIdentity();
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopback(const std::string& host);
 
+// An address to listen on, as `--<flag>=<address>`: HOST:PORT or
+// [IPV6]:PORT with a port of 0-65535 (0: a free one), or, where
+// `unix_allowed`, unix:PATH. INVALID_ARGUMENT naming the flag, the value and
+// the expected form otherwise (gRPC would take a port past 65535 modulo
+// 65536 and serve somewhere else).
+absl::Status CheckListenAddress(const std::string& flag, const std::string& address,
+                                bool unix_allowed);
+
 }  // namespace zeroshard
 
 #endif  // ZEROSHARD_COMMON_LOCAL_ADDRESS_H_

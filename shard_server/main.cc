@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/command_line.h"
+#include "common/local_address.h"
 #include "common/secret_file.h"
 #include "shard_server/replicated_server.h"
 #include "shard_server/shard_server.h"
@@ -327,6 +328,14 @@ absl::Status ReadSecurityFiles(zeroshard::ShardServerOptions& options) {
 absl::StatusOr<zeroshard::ShardServerOptions> OptionsFromFlags() {
   zeroshard::ShardServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  if (absl::Status s = zeroshard::CheckListenAddress("listen", options.listen, false); !s.ok()) {
+    return s;
+  }
+  if (const std::string metrics = absl::GetFlag(FLAGS_metrics_listen); !metrics.empty()) {
+    if (absl::Status s = zeroshard::CheckListenAddress("metrics_listen", metrics, false); !s.ok()) {
+      return s;
+    }
+  }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.keep_last = absl::GetFlag(FLAGS_keep_last);

@@ -73,6 +73,12 @@ absl::Status MakeStateDir(const std::string& flag_value) {
                                                       ": ", std::strerror(errno),
                                                       "; pass a --state_dir this user can create"));
   }
+  if (!std::filesystem::is_directory(dir, error)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir ", flag_value,
+                     " is not a directory; pass a directory (made if missing) for the server's "
+                     "state"));
+  }
   return absl::OkStatus();
 }
 

@@ -1,8 +1,12 @@
 #include "worker/input_checks.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
@@ -80,6 +84,28 @@ absl::Status CheckInitFrom(const std::string& init_from) {
   return absl::OkStatus();
 }
 
+// Where the checkpoints go, when they go anywhere: made if missing, a
+// directory this process can write (found out now, not after the first
+// checkpoint's steps).
+absl::Status CheckCheckpointDir(const WorkerConfig& config) {
+  const std::string& dir = config.checkpoint.dir;
+  if (dir.empty() || (!config.checkpoint.enabled() && config.initial.resume_flag.empty())) {
+    return absl::OkStatus();
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir)) {
+    return Bad(absl::StrCat("--checkpoint_dir=", dir, ": cannot make it a directory (",
+                            error ? error.message() : "a file is in the way",
+                            "); pass a directory this user can write"));
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return Bad(absl::StrCat("--checkpoint_dir=", dir, " is not writable (", std::strerror(errno),
+                            "); pass a directory this user can write"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 double ModelParameters(const TaskOptions& task) {
@@ -113,6 +139,7 @@ absl::Status CheckInputsBeforeJoining(const WorkerConfig& config, int64_t machin
         GiB(static_cast<double>(machine_bytes))));
   }
   if (absl::Status s = CheckInitFrom(config.initial.init_from); !s.ok()) return s;
+  if (absl::Status s = CheckCheckpointDir(config); !s.ok()) return s;
   if (absl::Status s = CheckData("data", config.task.data); !s.ok()) return s;
   return CheckData("val_data", config.task.val_data);
 }

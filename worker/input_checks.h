@@ -29,8 +29,10 @@ double RankStateBytes(const TaskOptions& task, int world_size);
 // fits `machine_bytes` (the machine's memory, /proc/meminfo's MemTotal when
 // 0); --init_from is a complete safetensors file (or Hugging Face directory)
 // whose size matches its header; --init_from, --data and --val_data name
-// regular files only (a FIFO would block the worker's open for ever).
-// INVALID_ARGUMENT naming the input, the numbers and what to do.
+// regular files only (a FIFO would block the worker's open for ever);
+// --checkpoint_dir, where checkpoints are written or read, is a directory
+// this process can write (made if missing). INVALID_ARGUMENT naming the
+// input, the numbers and what to do.
 absl::Status CheckInputsBeforeJoining(const WorkerConfig& config, int64_t machine_bytes = 0);
 
 }  // namespace zeroshard

@@ -283,6 +283,10 @@ absl::Status ReadMembership(WorkerConfig* config) {
   config->worker_id = absl::GetFlag(FLAGS_worker_id);
   if (config->worker_id.empty()) config->worker_id = DefaultWorkerId();
   config->host = absl::GetFlag(FLAGS_host);
+  if (absl::GetFlag(FLAGS_join_timeout_s) < 1) {
+    return Bad(absl::StrCat("--join_timeout_s=", absl::GetFlag(FLAGS_join_timeout_s),
+                            ": expected 1 or more seconds"));
+  }
   config->join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
   RecoveryConfig& r = config->recovery;
   r.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
@@ -367,6 +371,23 @@ absl::Status ReadDataPlane(WorkerConfig* config) {
   return absl::OkStatus();
 }
 
+// --model=gpt's sizes, in the flags' names (the model says n_head, n_embd).
+absl::Status CheckGptSizes(const TaskOptions& task) {
+  if (task.model != "gpt") return absl::OkStatus();
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"layers", task.layers}, {"heads", task.heads}, {"d_model", task.d_model},
+      {"context", task.context}};
+  for (const auto& [flag, value] : sizes) {
+    if (value < 1) return Bad(absl::StrCat("--", flag, "=", value, ": expected 1 or more"));
+  }
+  if (task.d_model % task.heads != 0) {
+    return Bad(absl::StrCat("--d_model=", task.d_model, " is not divisible by --heads=",
+                            task.heads, ": each head takes d_model / heads components; pick "
+                            "heads that divide d_model"));
+  }
+  return absl::OkStatus();
+}
+
 // The model and its data.
 absl::Status ReadTask(WorkerConfig* config) {
   const std::string backend = absl::GetFlag(FLAGS_backend);
@@ -401,10 +422,12 @@ absl::Status ReadTask(WorkerConfig* config) {
   task.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   task.batch = absl::GetFlag(FLAGS_batch);
   task.grad_accum = absl::GetFlag(FLAGS_grad_accum);
-  if (absl::GetFlag(FLAGS_steps) < 0 || task.batch < 1) {
-    return Bad("--steps must be >= 0 and --batch >= 1");
+  if (absl::GetFlag(FLAGS_steps) < 0) {
+    return Bad(absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps),
+                            ": expected 0 or more (0: checkpoint the state it starts from)"));
   }
-  return absl::OkStatus();
+  if (task.batch < 1) return Bad(absl::StrCat("--batch=", task.batch, ": expected 1 or more"));
+  return CheckGptSizes(task);
 }
 
 // The ZeRO stage, the optimizer and the compute types.
@@ -494,6 +517,13 @@ absl::Status ReadEngine(WorkerConfig* config) {
     return Bad(absl::StrCat("--shard_group_size=", group,
                             " is neither a number of ranks (>= 0) nor 'host'"));
   }
+  if (config->plan.shard_group_size > 0 &&
+      config->world_size % config->plan.shard_group_size != 0) {
+    return Bad(absl::StrCat("--shard_group_size=", group, " does not divide --world_size=",
+                            config->world_size,
+                            ": the ranks are cut into groups of that size; pick a divisor of "
+                            "the world size, or 'host'"));
+  }
   if (config->shard_group_by_host && absl::GetFlag(FLAGS_two_level)) {
     return Bad(
         "--two_level with --shard_group_size=host has no second level: each shard group is one "
@@ -556,6 +586,16 @@ absl::Status ReadRun(WorkerConfig* config) {
   schedule.lr = absl::GetFlag(FLAGS_lr);
   schedule.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   schedule.min_lr = absl::GetFlag(FLAGS_min_lr);
+  const std::pair<const char*, double> rates[] = {{"lr", schedule.lr},
+                                                  {"min_lr", schedule.min_lr}};
+  for (const auto& [flag, value] : rates) {
+    if (!std::isfinite(value) || value < 0) {
+      return Bad(absl::StrCat("--", flag, "=", value, ": expected a finite learning rate >= 0"));
+    }
+  }
+  if (schedule.warmup_steps < 0) {
+    return Bad(absl::StrCat("--warmup_steps=", schedule.warmup_steps, ": expected 0 or more"));
+  }
   const std::string kind = absl::GetFlag(FLAGS_lr_schedule);
   if (kind == "constant") {
     schedule.kind = LrSchedule::kConstant;
@@ -573,6 +613,10 @@ absl::Status ReadRun(WorkerConfig* config) {
   checkpoint.every = absl::GetFlag(FLAGS_checkpoint_every);
   checkpoint.at_end = absl::GetFlag(FLAGS_checkpoint_at_end);
   checkpoint.save_optimizer = absl::GetFlag(FLAGS_save_optimizer);
+  if (checkpoint.every < 0) {
+    return Bad(absl::StrCat("--checkpoint_every=", checkpoint.every,
+                            ": expected 0 or more (0: never; --checkpoint_at_end: at the end)"));
+  }
   if (checkpoint.enabled() && checkpoint.dir.empty()) {
     return Bad("--checkpoint_every / --checkpoint_at_end need --checkpoint_dir");
   }

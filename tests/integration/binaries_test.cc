@@ -94,6 +94,29 @@ TEST(StateDirTest, OneThatCannotBeMadeIsRefusedAtStart) {
   EXPECT_NE(output.find("cannot create --state_dir " + dir + "/file/sub/state"), std::string::npos)
       << output;
   EXPECT_NE(output.find("pass a --state_dir this user can create"), std::string::npos) << output;
+  // The file itself as the state directory.
+  auto [file_code, file_output] = testing::RunCommand(
+      absl::StrCat("timeout 20 ", testing::RunfilePath("shard_server/shard_server"),
+                   " --listen=127.0.0.1:0 --state_dir=", dir, "/file 2>&1"));
+  EXPECT_NE(file_code, 0) << file_output;
+  EXPECT_NE(file_code, 124) << file_output;
+  EXPECT_NE(file_output.find("--state_dir " + dir + "/file is not a directory"), std::string::npos)
+      << file_output;
+}
+
+// A port past 65535 (gRPC would serve on it modulo 65536, somewhere else):
+// refused, saying the form expected.
+TEST(ListenTest, APortOutOfRangeIsRefused) {
+  const std::string dir = testing::MakeTempDir("listen-range");
+  auto [code, output] = testing::RunCommand(
+      absl::StrCat("timeout 20 ", testing::RunfilePath("shard_server/shard_server"),
+                   " --listen=127.0.0.1:99999 --state_dir=", dir, "/state 2>&1"));
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(code, 124) << "it served: " << output;
+  EXPECT_NE(output.find("--listen=127.0.0.1:99999: port '99999' is not a port number"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("listening on"), std::string::npos) << output;
 }
 
 TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
@@ -263,7 +286,13 @@ TEST_F(BinariesTest, ServerRefusesBadFlagsWithAMessage) {
   ChildProcess no_port(testing::RunfilePath("shard_server/shard_server"),
                        {"--listen=256.1.1.1:99999", "--insecure"}, dir + "/log2");
   EXPECT_NE(no_port.Wait(absl::Seconds(10)), 0);
-  EXPECT_NE(no_port.Log().find("cannot listen"), std::string::npos) << no_port.Log();
+  EXPECT_NE(no_port.Log().find("port '99999' is not a port number"), std::string::npos)
+      << no_port.Log();
+
+  ChildProcess no_host(testing::RunfilePath("shard_server/shard_server"),
+                       {"--listen=256.1.1.1:7070", "--insecure"}, dir + "/log3");
+  EXPECT_NE(no_host.Wait(absl::Seconds(10)), 0);
+  EXPECT_NE(no_host.Log().find("cannot listen"), std::string::npos) << no_host.Log();
 }
 
 TEST_F(BinariesTest, NcclBackendWithoutAGpuExitsBeforeJoiningAndPointsToGloo) {

@@ -4,7 +4,8 @@
 // not fit an int, or a model whose state does not fit the machine: the
 // worker exits 2 (a bad configuration) at once, naming the input, and its
 // job never forms (before: it joined, then recovered 10 times, blocked for
-// ever, trained a model cast to 1 layer, or died of bad_alloc).
+// ever, trained a model cast to 1 layer, or died of bad_alloc). So are run
+// flags whose mistakes used to show after joining.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -135,6 +136,28 @@ TEST(WorkerInputsTest, ConfigSizesAreCheckedBeforeAnyCastAndTheModelAgainstTheMa
     const std::string hf = HfDirectory(cluster.dir() + "/" + c.job, c.config);
     ExpectRefusedBeforeJoining(cluster, c.job, {"--steps=1", "--init_from=" + hf}, c.expected);
   }
+}
+
+// Flags whose mistake used to show only after joining: a negative learning
+// rate (the job joined, failed its first step and went into recovery), a
+// shard group that does not divide the world (no output at all while the
+// job waited), a checkpoint directory a file stands in the way of (trained
+// to the first checkpoint, then failed). Each is refused before joining,
+// naming the flag.
+TEST(WorkerInputsTest, RunFlagsAreCheckedBeforeJoining) {
+  LocalCluster cluster(testing::MakeTempDir("inputs-flags"));
+  ASSERT_TRUE(cluster.ok());
+  ExpectRefusedBeforeJoining(cluster, "negative-lr", With(kMlp, {"--lr=-1"}),
+                             "--lr=-1: expected a finite learning rate >= 0");
+  ExpectRefusedBeforeJoining(cluster, "groups-of-3",
+                             With(kMlp, {"--world_size=4", "--stage=3", "--shard_group_size=3"}),
+                             "--shard_group_size=3 does not divide --world_size=4");
+  testing::WriteFile(cluster.dir() + "/a-file", "not a directory\n");
+  const std::string blocked = cluster.dir() + "/a-file/checkpoints";
+  ExpectRefusedBeforeJoining(
+      cluster, "blocked-checkpoints",
+      With(kMlp, {"--checkpoint_every=1", "--checkpoint_dir=" + blocked}),
+      "--checkpoint_dir=" + blocked + ": cannot make it a directory");
 }
 
 }  // namespace

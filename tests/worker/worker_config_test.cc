@@ -14,6 +14,9 @@
 
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(int, world_size);
+ABSL_DECLARE_FLAG(int, join_timeout_s);
+ABSL_DECLARE_FLAG(int, heads);
+ABSL_DECLARE_FLAG(int, d_model);
 ABSL_DECLARE_FLAG(std::string, gpu_attention);
 ABSL_DECLARE_FLAG(bool, tf32);
 ABSL_DECLARE_FLAG(std::string, worker_id);
@@ -158,8 +161,36 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
        "--gpu_attention applies to the device GPT (--backend=nccl); drop it with --backend=gloo"},
       {[] { absl::SetFlag(&FLAGS_tf32, true); },
        "--tf32 applies to the device GPT (--backend=nccl)"},
-      {[] { absl::SetFlag(&FLAGS_steps, -1); }, "--steps must be >= 0 and --batch >= 1"},
-      {[] { absl::SetFlag(&FLAGS_batch, 0); }, "--steps must be >= 0 and --batch >= 1"},
+      {[] { absl::SetFlag(&FLAGS_steps, -1); }, "--steps=-1: expected 0 or more"},
+      {[] { absl::SetFlag(&FLAGS_batch, 0); }, "--batch=0: expected 1 or more"},
+      {[] { absl::SetFlag(&FLAGS_join_timeout_s, -1); }, "--join_timeout_s=-1: expected 1 or more"},
+      {[] { absl::SetFlag(&FLAGS_lr, -1.0); }, "--lr=-1: expected a finite learning rate >= 0"},
+      {[] { absl::SetFlag(&FLAGS_lr, std::nan("")); }, "--lr=nan: expected a finite learning"},
+      {[] { absl::SetFlag(&FLAGS_min_lr, -0.5); }, "--min_lr=-0.5: expected a finite learning"},
+      {[] { absl::SetFlag(&FLAGS_warmup_steps, -2); }, "--warmup_steps=-2: expected 0 or more"},
+      {[] { absl::SetFlag(&FLAGS_checkpoint_every, -3); },
+       "--checkpoint_every=-3: expected 0 or more (0: never"},
+      {[] {
+         absl::SetFlag(&FLAGS_model, "gpt");
+         absl::SetFlag(&FLAGS_heads, 3);
+       },
+       "--d_model=128 is not divisible by --heads=3"},
+      {[] {
+         absl::SetFlag(&FLAGS_model, "gpt");
+         absl::SetFlag(&FLAGS_heads, 0);
+       },
+       "--heads=0: expected 1 or more"},
+      {[] {
+         absl::SetFlag(&FLAGS_model, "gpt");
+         absl::SetFlag(&FLAGS_d_model, -128);
+       },
+       "--d_model=-128: expected 1 or more"},
+      {[] {
+         absl::SetFlag(&FLAGS_world_size, 4);
+         absl::SetFlag(&FLAGS_stage, 3);
+         absl::SetFlag(&FLAGS_shard_group_size, "3");
+       },
+       "--shard_group_size=3 does not divide --world_size=4"},
       {[] { absl::SetFlag(&FLAGS_threads, 0); }, "--threads must be >= 1"},
       {[] { absl::SetFlag(&FLAGS_stage, 4); }, "--stage=4: expected 0, 1, 2 or 3"},
       {[] { absl::SetFlag(&FLAGS_grad_accum, 0); }, "--grad_accum=0: expected 1 or more"},

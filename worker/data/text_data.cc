@@ -318,9 +318,10 @@ absl::StatusOr<std::unique_ptr<TokenData>> OpenTokenData(const std::string& data
     if (!text.ok()) return text.status();
     return std::unique_ptr<TokenData>(std::move(*text));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown data task \"", task,
-                                                 "\"; expected \"text\" (with a data file) or "
-                                                 "\"addition\" (built-in synthetic task)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--task=", task,
+      " is unknown: expected addition or reversed-addition (built-in synthetic sums); for text, "
+      "pass --data=FILE"));
 }
 
 void ScoreOnlyAnswers(const int32_t* tokens, int32_t* targets, int rows, int context) {

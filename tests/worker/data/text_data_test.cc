@@ -599,7 +599,9 @@ TEST(OpenTokenData, ClearErrors) {
   EXPECT_THAT(r.status().message(), AllOf(HasSubstr("reads no file"), HasSubstr(path)));
   r = OpenTokenData("", "multiplication", 1, 0.1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("unknown data task \"multiplication\""));
+  EXPECT_THAT(
+      r.status().message(),
+      HasSubstr("--task=multiplication is unknown: expected addition or reversed-addition"));
   r = OpenTokenData("", "addition", 1, 0.1, 0);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   r = OpenTokenData(TestDir() + "/missing.txt", "text", 1, 0.1);
