@@ -39,7 +39,18 @@ namespace zeroshard {
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "shardctl: %s\n", status.ToString().c_str());
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    std::fprintf(stderr,
+                 "shardctl: no answer from a shard_server at --server=%s: start one there, or "
+                 "pass --server=HOST:PORT of a running one\n",
+                 absl::GetFlag(FLAGS_server).c_str());
+  }
   return 1;
+}
+
+int FailUsage(const absl::Status& status) {
+  std::fprintf(stderr, "shardctl: %s\n", std::string(status.message()).c_str());
+  return 2;
 }
 
 std::string ProtoJson(const google::protobuf::Message& message) {
@@ -284,6 +295,7 @@ void PrintOuterSteps(const v1::JobStatus& job) {
 }
 
 int StatusCommand() {
+  if (absl::Status s = CheckRankFlag(); !s.ok()) return FailUsage(s);
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
   const int rank = absl::GetFlag(FLAGS_rank);
@@ -342,7 +354,7 @@ int main(int argc, char** argv) {
       "  health                                  grpc.health.v1 check: exit 0 when SERVING\n"
       "  spec --model=mlp|gpt2 ... [--preset=124M] print a model spec (JSON)\n"
       "  plan --spec=FILE --world=N [--local]    shard plan and memory estimate\n"
-      "  checkpoints --job=ID [--json]           checkpoints of a job\n"
+      "  checkpoints [--job=ID] [--json]         checkpoints of a job, or of every job\n"
       "  consolidate --job=ID --step=N|latest --out=PATH   merge into safetensors\n"
       "  history --job=ID [--rank=R] [--csv|--json]        a job's per-step history\n"
       "  goodput --job=ID [--json]               where the job's wall-clock time went\n"

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -174,7 +175,18 @@ int CheckpointsCommand() {
 // else (a device, a FIFO) never.
 static absl::Status CheckOutput(const std::string& out, bool force) {
   struct stat st;
-  if (stat(out.c_str(), &st) != 0) return absl::OkStatus();  // new: the usual case
+  if (stat(out.c_str(), &st) != 0) {  // new: the usual case, in a directory it can write
+    const size_t slash = out.find_last_of('/');
+    const std::string parent =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : out.substr(0, slash));
+    if (access(parent.c_str(), W_OK | X_OK) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--out=", out, ": its directory ", parent,
+          errno == ENOENT ? " does not exist" : absl::StrCat(" is not writable (", std::strerror(errno), ")"),
+          "; create it, or give a path in a directory you can write"));
+    }
+    return absl::OkStatus();
+  }
   if (S_ISDIR(st.st_mode)) {
     DIR* dir = opendir(out.c_str());
     bool empty = true;

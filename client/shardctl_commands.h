@@ -26,6 +26,10 @@ namespace zeroshard {
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags();
 // Prints "shardctl: <status>" to stderr; returns the exit code 1.
 int Fail(const absl::Status& status);
+// A flag's mistake: prints it and returns 2 (nothing was asked of the server).
+int FailUsage(const absl::Status& status);
+// --rank as given: -1 (the default: every rank) or a rank (shardctl_observe.cc).
+absl::Status CheckRankFlag();
 // Pretty JSON with proto field names and every primitive field.
 std::string ProtoJson(const google::protobuf::Message& message);
 // Status columns (shardctl.cc): "all_gather #12 h.3 4.1s" or "-"; "HUNG", "STRAGGLER" or "-".

@@ -145,12 +145,20 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
 
 }  // namespace
 
+absl::Status CheckRankFlag() {
+  const int rank = absl::GetFlag(FLAGS_rank);
+  if (rank >= -1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--rank=", rank, ": expected a rank (0 or more); leave it out for every rank"));
+}
+
 int HistoryCommand() {
   const std::string job = absl::GetFlag(FLAGS_job);
   if (job.empty()) {
     std::fprintf(stderr, "shardctl history: --job=ID is required\n");
     return 2;
   }
+  if (absl::Status s = CheckRankFlag(); !s.ok()) return FailUsage(s);
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<v1::GetHistoryResponse> history =
@@ -183,6 +191,14 @@ int HistoryCommand() {
 }
 
 int TopCommand() {
+  if (absl::Status s = CheckRankFlag(); !s.ok()) return FailUsage(s);
+  if (absl::GetFlag(FLAGS_top_interval) <= absl::ZeroDuration() ||
+      absl::GetFlag(FLAGS_top_iterations) < 0) {
+    return FailUsage(absl::InvalidArgumentError(absl::StrCat(
+        "--top_interval=", absl::FormatDuration(absl::GetFlag(FLAGS_top_interval)),
+        " --top_iterations=", absl::GetFlag(FLAGS_top_iterations),
+        ": expected a positive interval and 0 or more iterations (0: until q)")));
+  }
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectFromFlags();
   if (!client.ok()) return Fail(client.status());
   const bool tty = isatty(STDOUT_FILENO);

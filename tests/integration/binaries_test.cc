@@ -295,6 +295,36 @@ TEST_F(BinariesTest, ServerRefusesBadFlagsWithAMessage) {
   EXPECT_NE(no_host.Log().find("cannot listen"), std::string::npos) << no_host.Log();
 }
 
+// shardctl's flag mistakes are refused before the server is asked (exit 2,
+// or 1 for consolidate's, which has always used 1), naming the flag; a
+// server that does not answer gets a hint of what to do.
+TEST_F(BinariesTest, ShardctlSaysWhichFlagIsWrongAndWhatToDo) {
+  StartServer();
+  struct Case {
+    std::string args;
+    int code;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"history --job=j --rank=-7", 2, "--rank=-7: expected a rank (0 or more)"},
+      {"status --rank=-2", 2, "--rank=-2: expected a rank"},
+      {"top --top_interval=-1s --top_iterations=1", 2, "expected a positive interval"},
+      {"consolidate --job=j --step=1 --out=" + dir_ + "/no/such/dir/m.safetensors", 1,
+       "its directory " + dir_ + "/no/such/dir does not exist"},
+  };
+  for (const Case& c : cases) {
+    auto [code, output] = Shardctl(c.args + " 2>&1");
+    EXPECT_EQ(code, c.code) << c.args << ": " << output;
+    EXPECT_NE(output.find(c.expected), std::string::npos) << c.args << ": " << output;
+  }
+  auto [code, output] = testing::RunCommand(
+      absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=127.0.0.1:1 status 2>&1"));
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(output.find("no answer from a shard_server at --server=127.0.0.1:1: start one there"),
+            std::string::npos)
+      << output;
+}
+
 TEST_F(BinariesTest, NcclBackendWithoutAGpuExitsBeforeJoiningAndPointsToGloo) {
   // No server is listening at this address: the worker must fail before joining.
   auto [code, output] = testing::RunCommand(absl::StrCat(
