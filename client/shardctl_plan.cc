@@ -353,6 +353,13 @@ std::string MemoryText(const MemoryEstimate& estimate, int selected_stage) {
 int SpecCommand() {
   absl::StatusOr<ModelSpec> spec = SpecFromFlags();
   if (!spec.ok()) return Fail(spec.status());
+  // A spec the planner would refuse (a shape past int64) is refused here,
+  // not printed for `plan` to refuse.
+  if (absl::StatusOr<ShardPlan> plan = Plan(*spec, 1, PlanOptions{}); !plan.ok()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("these flags describe a model that cannot be planned: ",
+                     plan.status().message())));
+  }
   std::printf("%s\n", ModelSpecToJson(*spec).c_str());
   return 0;
 }

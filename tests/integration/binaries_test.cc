@@ -309,6 +309,8 @@ TEST_F(BinariesTest, ShardctlSaysWhichFlagIsWrongAndWhatToDo) {
       {"history --job=j --rank=-7", 2, "--rank=-7: expected a rank (0 or more)"},
       {"status --rank=-2", 2, "--rank=-2: expected a rank"},
       {"top --top_interval=-1s --top_iterations=1", 2, "expected a positive interval"},
+      {"spec --model=mlp --layers=2 --width=99999999999", 1,
+       "cannot be planned: tensor 0 (\"0.weight\"): shape [99999999999, 99999999999] overflows"},
       {"consolidate --job=j --step=1 --out=" + dir_ + "/no/such/dir/m.safetensors", 1,
        "its directory " + dir_ + "/no/such/dir does not exist"},
   };
