@@ -176,7 +176,10 @@ int CheckpointsCommand() {
 static absl::Status CheckOutput(const std::string& out, bool force) {
   struct stat st;
   if (stat(out.c_str(), &st) != 0) {  // new: the usual case, in a directory it can write
-    const size_t slash = out.find_last_of('/');
+    // The directory it goes in (a trailing slash names the new directory
+    // itself, which the writer makes: "dir/" is in ".").
+    const size_t end = out.find_last_not_of('/');
+    const size_t slash = end == std::string::npos ? 0 : out.find_last_of('/', end);
     const std::string parent =
         slash == std::string::npos ? "." : (slash == 0 ? "/" : out.substr(0, slash));
     if (access(parent.c_str(), W_OK | X_OK) != 0) {

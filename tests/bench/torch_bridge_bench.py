@@ -10,7 +10,7 @@
    /proc/self/clear_refs) and of the server during the merge.
 
     bazel build //python:zeroshard //shard_server //client:shardctl
-    ~/.cache/zeroshard/venv/bin/python tests/bench/torch_bridge_bench.py [--width=2000 --layers=20] [--json=out.json]
+    ~/.cache/zeroshard/venv-torch2/bin/python tests/bench/torch_bridge_bench.py [--width=2000 --layers=20] [--json=out.json]
 """
 import argparse
 import json

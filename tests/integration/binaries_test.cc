@@ -319,6 +319,14 @@ TEST_F(BinariesTest, ShardctlSaysWhichFlagIsWrongAndWhatToDo) {
     EXPECT_EQ(code, c.code) << c.args << ": " << output;
     EXPECT_NE(output.find(c.expected), std::string::npos) << c.args << ": " << output;
   }
+  // A new directory with a trailing slash (docs/gpt2.md's --format=hf
+  // --out=gpt2-trained/): it goes in dir_, which exists, so the server is
+  // asked (this one has no checkpoint root, and says so).
+  auto [dir_code, dir_output] =
+      Shardctl("consolidate --job=j --step=1 --format=hf --out=" + dir_ + "/new-model-dir/ 2>&1");
+  EXPECT_EQ(dir_output.find("does not exist; create it"), std::string::npos) << dir_output;
+  EXPECT_NE(dir_output.find("this server has no checkpoint root"), std::string::npos)
+      << dir_output;
   auto [code, output] = testing::RunCommand(
       absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=127.0.0.1:1 status 2>&1"));
   EXPECT_EQ(code, 1) << output;
