@@ -93,7 +93,7 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
     const int alive = AliveRanks(job);
     absl::StrAppend(&out, "\n", bold, "job ", job.job_id(), reset, "  ",
                     v1::JobState_Name(job.state()), "  generation ", job.generation(),
-                    "  recoveries ", std::max(0, job.history_size() - 1), "  ranks ", alive, "/",
+                    "  recoveries ", job.recoveries_size(), "  ranks ", alive, "/",
                     job.world_size(), "  latest checkpoint ", latest, "\n");
     for (const v1::Diagnosis& d : job.diagnoses()) {
       const bool straggler = d.kind() == v1::Diagnosis::STRAGGLER;

@@ -267,6 +267,10 @@ void TelemetryAnalyzer::Analyze(const v1::GetStatusResponse& status) {
     seen.insert(job.job_id());
     JobState& state = jobs_[job.job_id()];
     if (state.generation != job.generation()) {
+      // A new generation starts its diagnoses afresh; those of the old one
+      // end with it, and say so.
+      LogCleared(job.job_id(), state.diagnoses,
+                 absl::StrCat("generation ", job.generation(), " began"));
       state = JobState();
       state.generation = job.generation();
     }
@@ -310,7 +314,21 @@ void TelemetryAnalyzer::Analyze(const v1::GetStatusResponse& status) {
     state.diagnoses = std::move(found);
   }
   for (auto it = jobs_.begin(); it != jobs_.end();) {
-    it = seen.count(it->first) ? std::next(it) : jobs_.erase(it);
+    if (seen.count(it->first)) {
+      ++it;
+      continue;
+    }
+    LogCleared(it->first, it->second.diagnoses, "the job is gone");
+    it = jobs_.erase(it);
+  }
+}
+
+void TelemetryAnalyzer::LogCleared(const std::string& job,
+                                   const std::vector<v1::Diagnosis>& diagnoses,
+                                   const std::string& why) {
+  if (log_ == nullptr) return;
+  for (const v1::Diagnosis& d : diagnoses) {
+    log_->Log("diagnosis_cleared", {{"job", job}, {"was", d.message()}, {"why", why}});
   }
 }
 

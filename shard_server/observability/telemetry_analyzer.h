@@ -84,6 +84,10 @@ class TelemetryAnalyzer {
   Clock* const clock_;
   EventLog* const log_;
   const TelemetryOptions options_;
+  // "diagnosis_cleared" for each of `diagnoses`, which ended because `why`.
+  void LogCleared(const std::string& job, const std::vector<v1::Diagnosis>& diagnoses,
+                  const std::string& why);
+
   mutable absl::Mutex mu_;
   std::map<std::string, JobState> jobs_ ABSL_GUARDED_BY(mu_);
 };

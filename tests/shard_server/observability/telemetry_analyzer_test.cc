@@ -7,6 +7,8 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "shard_server/base/clock.h"
+#include "shard_server/base/event_log.h"
 
 namespace zeroshard {
 namespace {
@@ -135,6 +137,46 @@ TEST(TelemetryAnalyzerTest, OnlyRunningJobsAreDiagnosed) {
   job.set_state(v1::DEGRADED);
   EXPECT_TRUE(
       TelemetryAnalyzer::Diagnose(job, StalledSince(2, absl::ZeroDuration()), kNow, {}).empty());
+}
+
+// A hang that ends with its generation (the job recovered, or moved on)
+// says so in the log, as one that ends in place does: an operator reading
+// the log sees every diagnosis end.
+TEST(TelemetryAnalyzerTest, ADiagnosisEndedByANewGenerationIsLoggedAsCleared) {
+  FakeClock clock(kNow);
+  std::vector<std::string> lines;
+  EventLog log([&lines](const std::string& line) { lines.push_back(line); });
+  TelemetryAnalyzer analyzer(&clock, &log, {});
+  v1::GetStatusResponse status;
+  v1::JobStatus* job = status.add_jobs();
+  *job = Job(2);
+  job->mutable_members(1)->mutable_telemetry()->set_gathers_entered(5122);
+  Waiting(job->mutable_members(0), v1::ALL_GATHER, 5123, "u", absl::Seconds(1));
+  analyzer.Analyze(status);  // rank 1's progress noted now
+  clock.Advance(absl::Seconds(12));
+  Waiting(job->mutable_members(0), v1::ALL_GATHER, 5123, "u", absl::Seconds(13));
+  analyzer.Analyze(status);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("event=hang"), std::string::npos) << lines[0];
+
+  job->set_generation(2);
+  job->mutable_members(0)->mutable_telemetry()->clear_in_progress();
+  analyzer.Analyze(status);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[1].find("event=diagnosis_cleared"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("generation 2 began"), std::string::npos) << lines[1];
+
+  // A job that is gone takes its diagnoses with it, said too.
+  job->mutable_members(0)->mutable_telemetry()->set_gathers_entered(9);
+  Waiting(job->mutable_members(0), v1::ALL_GATHER, 5123, "u", absl::Seconds(13));
+  analyzer.Analyze(status);
+  clock.Advance(absl::Seconds(12));
+  Waiting(job->mutable_members(0), v1::ALL_GATHER, 5123, "u", absl::Seconds(25));
+  analyzer.Analyze(status);
+  const size_t before = lines.size();
+  analyzer.Analyze(v1::GetStatusResponse());
+  ASSERT_GT(lines.size(), before);
+  EXPECT_NE(lines.back().find("the job is gone"), std::string::npos) << lines.back();
 }
 
 TEST(TelemetryAnalyzerTest, FormatRanksFoldsRunsAndCapsThem) {
