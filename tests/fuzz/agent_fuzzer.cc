@@ -180,7 +180,7 @@ void CloseNewest(Harness& h) {
 void Beat(Harness& h, absl::string_view bytes) {
   v1::HeartbeatRequest beat;
   if (!fuzz::ParseRequest(bytes, h.last_member, &beat)) return;
-  if (h.streams.empty() || h.streams.size() < kMaxStreams && beat.step() % 2 == 1) {
+  if (h.streams.empty() || (h.streams.size() < kMaxStreams && beat.step() % 2 == 1)) {
     OpenStream open;
     open.context = std::make_unique<grpc::ClientContext>();
     Prepare(h, open.context.get(),
