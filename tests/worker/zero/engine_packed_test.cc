@@ -6,6 +6,7 @@
 // Harness: engine_train.h.
 #include <atomic>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -38,6 +39,19 @@ class CountingUnpackRawBackend : public testing::ForwardingBackend {
   std::atomic<int> calls{0};
 };
 
+// `c` trained through packed collectives (on `packed_backend`, the host's
+// if null), then through the block collectives: {packed, blocks}.
+std::pair<RunResult, RunResult> TrainPackedAndBlocks(const RunConfig& c,
+                                                     Backend* packed_backend) {
+  RunConfig packed = c;
+  packed.packed = true;
+  packed.backend = packed_backend;
+  RunConfig blocks = c;
+  blocks.packed = false;
+  RunResult p = Train(packed);
+  return {std::move(p), Train(blocks)};
+}
+
 // Packed collectives (EngineOptions::packed_collectives: the device path,
 // here on the CPU) only move bytes another way: the plain AllGather /
 // ReduceScatter over packed chunks sum each element over the same ranks in
@@ -63,13 +77,7 @@ TEST(EngineTest, PackedCollectivesGiveTheSameBits) {
         c.grad_accum = world == 2 ? 2 : 1;
         c.steps = 3;
         CountingUnpackRawBackend counting;
-        RunConfig packed = c;
-        packed.packed = true;
-        packed.backend = &counting;
-        RunConfig blocks = c;
-        blocks.packed = false;
-        RunResult p = Train(packed);
-        RunResult b = Train(blocks);
+        const auto [p, b] = TrainPackedAndBlocks(c, &counting);
         const std::string label =
             absl::StrCat("stage ", stage, " ", DTypeName(dtype), " world ", world);
         const int syncs = stage < 3 ? c.steps * world * static_cast<int>(p.plan.units.size()) : 0;
@@ -201,13 +209,7 @@ TEST(EngineTest, GroupOfOneBackwardWritesTheGradientShard) {
       c.steps = 3;
       c.max_grad_norm = 1;
       CountingPackBackend counting;
-      RunConfig into_shard = c;
-      into_shard.packed = true;
-      into_shard.backend = &counting;
-      RunConfig blocks = c;
-      blocks.packed = false;
-      const RunResult a = Train(into_shard);
-      const RunResult b = Train(blocks);
+      const auto [a, b] = TrainPackedAndBlocks(c, &counting);
       const std::string label = absl::StrCat("stage ", stage, ", ", accum, " micro-batches");
       EXPECT_EQ(counting.calls.load(), 0) << label << ": a reduction packed its gradient";
       EXPECT_EQ(a.ranks[0].step_allocations, 0) << label;
