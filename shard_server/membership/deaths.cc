@@ -53,7 +53,9 @@ bool Membership::DeclareDeaths(Job& job, absl::Time now, Deferred& deferred) {
     job.generation++;
     job.state = v1::DEGRADED;
     job.degraded_at = now;
-    AnnounceGeneration(job, old, absl::StrCat(dead, " stopped heartbeating"), deferred);
+    const std::string reason = absl::StrCat(dead, " stopped heartbeating");
+    Remember(job, reason);
+    AnnounceGeneration(job, old, reason, deferred);
     SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after a death"));
   } else if (changed) {
     // Survivors of an abandoned generation went silent.

@@ -131,8 +131,9 @@ void Membership::DeclareMachineDead(Job& job, const std::string& node, const std
     job.generation++;
     job.state = v1::DEGRADED;
     job.degraded_at = now;
-    AnnounceGeneration(job, old, absl::StrCat(dead, " evicted with their machine (", why, ")"),
-                       deferred);
+    const std::string reason = absl::StrCat(dead, " evicted with their machine (", why, ")");
+    Remember(job, reason);
+    AnnounceGeneration(job, old, reason, deferred);
   }
   SaveOrMarkUnsaved(job, absl::StrCat("generation ", job.generation, " after an eviction"));
 }

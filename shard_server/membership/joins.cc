@@ -269,13 +269,13 @@ absl::StatusOr<Membership::Job*> Membership::CreateJob(const v1::JoinRequest& re
       1 + std::max<int64_t>(0, generation_floor_ ? generation_floor_(created->id) : 0);
   created->state = v1::JOINING;
   created->target_world_size = request.world_size();
+  Remember(*created, "job created");  // saved with it
   if (absl::Status s =
           SaveChange(*created, absl::StrCat("job '", created->id, "' could not be created"));
       !s.ok()) {
     return s;
   }
   Job* job = created.get();
-  Remember(*job, "job created");
   const absl::Time now = clock_->Now();
   job->goodput.Started(now);
   SaveGoodput(*job, now, /*phase_changed=*/true);

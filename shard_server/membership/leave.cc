@@ -59,7 +59,6 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
       m.loss = final->final_loss();
     }
     m.telemetry.clear_in_progress();
-    // `job.silence` holds the live members: was `m` the last of them?
     // `job.silence` and `job.undelivered` hold the live members: was `m` the
     // last of them?
     const int live_others =

@@ -116,7 +116,9 @@ struct Membership::Job {
   // (InfiniteFuture while it has one).
   absl::Time idle_since = absl::InfiniteFuture();
   // Why each generation began, the last kMaxHistory of them, oldest first.
+  // Saved with the job (Persist): a restarted server still shows them.
   struct GenerationChange {
+    int64_t seq = 0;  // numbers the job's entries, from 1
     int64_t generation = 0;
     std::string reason;
     absl::Time at;

@@ -63,7 +63,18 @@ void Membership::SetGenerationFloor(GenerationFloor floor) {
 
 void Membership::Remember(Job& job, const std::string& reason) {
   constexpr size_t kMaxHistory = 32;
-  job.history.push_back({job.generation, reason, clock_->Now()});
+  // A death of thousands of ranks names each of them: the server's log
+  // (generation_bumped) keeps the whole reason; the history, which the
+  // state store keeps, its start.
+  constexpr size_t kMaxReason = 1024;
+  std::string kept = reason;
+  if (kept.size() > kMaxReason) {
+    kept.resize(kMaxReason);
+    absl::StrAppend(&kept, "... (", reason.size() - kMaxReason,
+                    " characters more in the server's log: generation_bumped)");
+  }
+  const int64_t seq = job.history.empty() ? 1 : job.history.back().seq + 1;
+  job.history.push_back({seq, job.generation, std::move(kept), clock_->Now()});
   while (job.history.size() > kMaxHistory) job.history.pop_front();
 }
 
@@ -235,6 +246,7 @@ absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState 
   job.world_size = job.formed() && !job.pending.empty() ? job.WithGrowers(world_size) : world_size;
   job.generation++;
   job.state = state;
+  Remember(job, reason);  // saved with the change
   absl::Status saved =
       SaveChange(job, absl::StrCat("job '", job.id, "' could not move to generation ",
                                    job.generation, " (", reason, ")"));
@@ -242,6 +254,7 @@ absl::Status Membership::StartGeneration(Job& job, int world_size, v1::JobState 
     job.world_size = previous_world_size;
     job.generation = previous_generation;
     job.state = previous_state;
+    job.history.pop_back();
     return saved;
   }
   AnnounceGeneration(job, previous_generation, reason, deferred);
@@ -264,7 +277,6 @@ void Membership::AnnounceGeneration(Job& job, int64_t old, const std::string& re
     });
   }
   if (!old_was_formed) job.pending.clear();
-  Remember(job, reason);
   log_->Log("generation_bumped", {{"job", job.id},
                                   {"from", absl::StrCat(old)},
                                   {"to", absl::StrCat(job.generation)},

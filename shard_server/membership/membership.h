@@ -264,10 +264,12 @@ class Membership {
                                const std::string& reason, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What follows a generation change in memory: joins pending for
-  // `old_generation` are abandoned, the listener is told.
+  // `old_generation` are abandoned, the listener is told. The caller
+  // Remember()s why, before saving the change.
   void AnnounceGeneration(Job& job, int64_t old_generation, const std::string& reason,
                           Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records why `job` is at its current generation (bounded history).
+  // Records why `job` is at its current generation (bounded history, saved
+  // with the job: call it before the save that it explains).
   void Remember(Job& job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when `job` has no live member and no pending join and either never
   // formed or has been idle for job_ttl, and it is gone from the state store

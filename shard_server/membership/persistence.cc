@@ -44,6 +44,8 @@ absl::Status Membership::Restore() {
       m.left = sm.left;
       m.node = std::move(sm.node);
       m.alive = !sm.dead && !sm.left;
+      m.step = sm.step;  // where it ended; a live member's next beat says
+      m.loss = sm.loss;
       m.last_heartbeat = RestoredBeat(now);  // restore_grace to beat again
       job->members.push_back(std::move(m));
     }
@@ -54,6 +56,10 @@ absl::Status Membership::Restore() {
       fence.set_rank(f.rank);
       fence.set_step(f.step);
       fence.set_unix_ms(f.unix_ms);
+    }
+    for (StoredGenerationChange& h : s.history) {
+      job->history.push_back(
+          {h.seq, h.generation, std::move(h.reason), absl::FromUnixMillis(h.unix_ms)});
     }
     job->IndexMembers();
     job->RebuildSilenceOrder();
@@ -87,8 +93,15 @@ absl::Status Membership::Persist(const Job& job) {
   s.members_generation = job.members_generation;
   s.state = job.state;
   for (const MemberState& m : job.members) {
-    s.members.push_back(
-        {m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left, m.node});
+    // The step of a member that ended (it changes no more): what status
+    // shows of a finished job after a restart. A live member's changes with
+    // every beat, and is not saved.
+    const bool ended = !m.alive || m.left;
+    s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left,
+                         m.node, ended ? m.step : 0, ended ? m.loss : 0});
+  }
+  for (const Job::GenerationChange& h : job.history) {
+    s.history.push_back({h.seq, h.generation, absl::ToUnixMillis(h.at), h.reason});
   }
   for (const auto& [node, f] : job.fences) {
     s.fences.push_back({node, f.reason(), f.rank(), f.step(), f.unix_ms()});

@@ -158,15 +158,16 @@ void Membership::MaybeShrink(Job& job, absl::Time now, Deferred& deferred) {
                                 {"to", absl::StrCat(d.form_size)},
                                 {"parked", absl::StrJoin(parked_ids, ",")}});
   job.world_size = d.form_size;
+  Remember(job, reason);  // saved with the formed generation
   FormGeneration(job, deferred);
   // Back: growers of the formed generation, or (the save failed) re-joins of
   // the forming one, which the next tick decides on again.
   job.pending.merge(parked);
   if (!job.formed()) {
     job.world_size = previous;  // the save failed; the joins got its error
+    job.history.pop_back();
     return;
   }
-  Remember(job, reason);
   if (parked_ids.empty()) return;
   job.grow_since = now;
   job.grow_mark = job.CommittedSnapshot();

@@ -366,16 +366,21 @@ absl::Status SqlReplication::ReadRef(const RowRef& ref, ReplicaBatch& batch) {
 absl::StatusOr<ReplicaBatch> SqlReplication::Collect() {
   absl::StatusOr<std::string> schema = Schema();
   if (!schema.ok()) return schema.status();
-  if (*schema != saved_schema_) tables_.clear();  // columns may have changed
+  // Columns may have changed (an ALTER TABLE ADD COLUMN of a newer
+  // version, which calls no hook): every row is written again, so that no
+  // saved row has fewer columns than the saved schema (Load inserts them
+  // by position). Once, at the upgrade.
+  const bool schema_changed = *schema != saved_schema_;
+  if (schema_changed) tables_.clear();
   recording_ = false;  // the reads below change nothing, but are no changes anyway
   std::set<RowRef> refs = unsaved_;
-  if (write_everything_ || unknown_table_changed_) {
+  if (write_everything_ || unknown_table_changed_ || schema_changed) {
     if (absl::Status s = AddEveryRow(refs); !s.ok()) return s;
   }
   refs.insert(changed_.begin(), changed_.end());
   changed_.clear();
   ReplicaBatch batch;
-  if (*schema != saved_schema_) batch.puts.push_back({kSchemaKey, *schema});
+  if (schema_changed) batch.puts.push_back({kSchemaKey, *schema});
   for (const RowRef& ref : refs) {
     if (absl::Status s = ReadRef(ref, batch); !s.ok()) return s;
   }

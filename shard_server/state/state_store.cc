@@ -1,7 +1,10 @@
 #include "shard_server/state/state_store.h"
 
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +30,8 @@ CREATE TABLE IF NOT EXISTS members (
   left_job INTEGER NOT NULL,
   dead INTEGER NOT NULL,
   node TEXT NOT NULL DEFAULT '',
+  step INTEGER NOT NULL DEFAULT 0,
+  loss REAL NOT NULL DEFAULT 0,
   PRIMARY KEY (job_id, rank)
 );
 CREATE TABLE IF NOT EXISTS fenced_hosts (
@@ -37,6 +42,14 @@ CREATE TABLE IF NOT EXISTS fenced_hosts (
   step INTEGER NOT NULL,
   unix_ms INTEGER NOT NULL,
   PRIMARY KEY (job_id, node)
+);
+CREATE TABLE IF NOT EXISTS generation_history (
+  job_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  unix_ms INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  PRIMARY KEY (job_id, seq)
 );
 CREATE TABLE IF NOT EXISTS goodput (
   job_id TEXT PRIMARY KEY,
@@ -54,7 +67,8 @@ CREATE TABLE IF NOT EXISTS plans (
 // A database from before jobs.target_world_size: the column is added (0:
 // the job's world size, which it was before a shrink could happen).
 // The same for members.node (''; the fence of a member without one falls
-// back to its host: Membership::EvictHost).
+// back to its host: Membership::EvictHost) and members.step, members.loss
+// (0: status shows step 0 for a member that ended before they were kept).
 absl::Status AddColumnIfMissing(StateStore::Connection& db, const std::string& table,
                                 const std::string& column, const std::string& definition) {
   const std::string read = absl::StrCat("SELECT name FROM pragma_table_info('", table, "')");
@@ -104,6 +118,42 @@ absl::Status SaveFences(StateStore::Connection& db, const StoredJob& job) {
   return absl::OkStatus();
 }
 
+// A job's generation history as given: entries older than the oldest kept
+// are deleted, new ones inserted (a few rows; an unchanged history writes
+// nothing).
+absl::Status SaveHistory(StateStore::Connection& db, const StoredJob& job) {
+  Statement trim = db.Prepare("save job history",
+                              "DELETE FROM generation_history WHERE job_id = ? AND seq < ?");
+  trim.Bind(1, job.job_id).Bind(2, job.history.empty() ? std::numeric_limits<int64_t>::max()
+                                                : job.history.front().seq);
+  if (absl::Status s = trim.Run(); !s.ok()) return s;
+  Statement upsert = db.Prepare(
+      "save job history",
+      "INSERT INTO generation_history(job_id, seq, generation, unix_ms, reason) VALUES (?, ?, "
+      "?, ?, ?) ON CONFLICT(job_id, seq) DO UPDATE SET generation = excluded.generation, "
+      "unix_ms = excluded.unix_ms, reason = excluded.reason WHERE generation IS NOT "
+      "excluded.generation OR unix_ms IS NOT excluded.unix_ms OR reason IS NOT excluded.reason");
+  for (const StoredGenerationChange& h : job.history) {
+    upsert.Reset();
+    upsert.Bind(1, job.job_id).Bind(2, h.seq).Bind(3, h.generation).Bind(4, h.unix_ms);
+    upsert.Bind(5, h.reason);
+    if (absl::Status s = upsert.Run(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddMissingColumns(StateStore::Connection& db) {
+  for (const auto& [table, column, definition] :
+       {std::tuple<const char*, const char*, const char*>{"members", "node",
+                                                         "TEXT NOT NULL DEFAULT ''"},
+        {"members", "step", "INTEGER NOT NULL DEFAULT 0"},
+        {"members", "loss", "REAL NOT NULL DEFAULT 0"},
+        {"jobs", "target_world_size", "INTEGER NOT NULL DEFAULT 0"}}) {
+    if (absl::Status s = AddColumnIfMissing(db, table, column, definition); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& path) {
@@ -125,11 +175,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::WithSchema(
   std::unique_ptr<StateStore> store(new StateStore(*std::move(db)));
   absl::Status schema = store->Transaction([](Connection& db) -> absl::Status {
     if (absl::Status s = db.Execute("open", kSchema); !s.ok()) return s;
-    if (absl::Status s = AddColumnIfMissing(db, "members", "node", "TEXT NOT NULL DEFAULT ''");
-        !s.ok()) {
-      return s;
-    }
-    return AddColumnIfMissing(db, "jobs", "target_world_size", "INTEGER NOT NULL DEFAULT 0");
+    return AddMissingColumns(db);
   });
   if (!schema.ok()) return absl::Status(schema.code(), absl::StrCat(where, ": ", schema.message()));
   return store;
@@ -170,20 +216,24 @@ absl::Status StateStore::SaveJob(const StoredJob& job) {
     }
     Statement upsert = db.Prepare(
         "save job members",
-        "INSERT INTO members(job_id, rank, worker_id, host, token, left_job, dead, node) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank) DO UPDATE SET "
+        "INSERT INTO members(job_id, rank, worker_id, host, token, left_job, dead, node, step, "
+        "loss) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank) DO UPDATE SET "
         "worker_id = excluded.worker_id, host = excluded.host, token = excluded.token, "
-        "left_job = excluded.left_job, dead = excluded.dead, node = excluded.node WHERE "
+        "left_job = excluded.left_job, dead = excluded.dead, node = excluded.node, "
+        "step = excluded.step, loss = excluded.loss WHERE "
         "worker_id IS NOT excluded.worker_id OR host IS NOT excluded.host OR "
         "token IS NOT excluded.token OR left_job IS NOT excluded.left_job OR "
-        "dead IS NOT excluded.dead OR node IS NOT excluded.node");
+        "dead IS NOT excluded.dead OR node IS NOT excluded.node OR step IS NOT excluded.step OR "
+        "loss IS NOT excluded.loss");
     for (const StoredMember& m : job.members) {
       upsert.Reset();
       upsert.Bind(1, job.job_id).Bind(2, m.rank).Bind(3, m.worker_id).Bind(4, m.host);
       upsert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead).Bind(8, m.node);
+      upsert.Bind(9, m.step).BindDouble(10, m.loss);
       if (absl::Status s = upsert.Run(); !s.ok()) return s;
     }
-    return SaveFences(db, job);
+    if (absl::Status s = SaveFences(db, job); !s.ok()) return s;
+    return SaveHistory(db, job);
   });
 }
 
@@ -191,6 +241,7 @@ absl::Status StateStore::DeleteJob(const std::string& job_id) {
   return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
     for (const char* sql :
          {"DELETE FROM members WHERE job_id = ?", "DELETE FROM fenced_hosts WHERE job_id = ?",
+          "DELETE FROM generation_history WHERE job_id = ?",
           "DELETE FROM plans WHERE job_id = ?", "DELETE FROM goodput WHERE job_id = ?",
           "DELETE FROM jobs WHERE job_id = ?"}) {
       Statement st = db.Prepare("forget job", sql);
@@ -218,11 +269,14 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
     }
     if (!load.status().ok()) return load.status();
     Statement members = db.Prepare("load job members",
-                                   "SELECT rank, worker_id, host, token, left_job, dead, node "
-                                   "FROM members WHERE job_id = ? ORDER BY rank");
+                                   "SELECT rank, worker_id, host, token, left_job, dead, node, "
+                                   "step, loss FROM members WHERE job_id = ? ORDER BY rank");
     Statement fences = db.Prepare("load job fences",
                                   "SELECT node, reason, rank, step, unix_ms FROM fenced_hosts "
                                   "WHERE job_id = ? ORDER BY node");
+    Statement history = db.Prepare("load job history",
+                                   "SELECT seq, generation, unix_ms, reason FROM "
+                                   "generation_history WHERE job_id = ? ORDER BY seq");
     for (StoredJob& job : jobs) {
       members.Reset();
       members.Bind(1, job.job_id);
@@ -235,6 +289,8 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
         m.left = members.Int(4) != 0;
         m.dead = members.Int(5) != 0;
         m.node = members.Text(6);
+        m.step = members.Int(7);
+        m.loss = members.Double(8);
         job.members.push_back(std::move(m));
       }
       if (!members.status().ok()) return members.status();
@@ -245,6 +301,12 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
                               fences.Int(3), fences.Int(4)});
       }
       if (!fences.status().ok()) return fences.status();
+      history.Reset();
+      history.Bind(1, job.job_id);
+      while (history.Next()) {
+        job.history.push_back({history.Int(0), history.Int(1), history.Int(2), history.Text(3)});
+      }
+      if (!history.status().ok()) return history.status();
     }
     return absl::OkStatus();
   });

@@ -1,7 +1,7 @@
 // Durable server state in one SQLite file (or, with --etcd_endpoints, an
 // in-memory SQLite database whose rows etcd keeps as keys: OpenReplicated): jobs,
 // their current generation and the members of the last formed generation,
-// their goodput ledgers, and shard plans. Other
+// why each recent generation began, their goodput ledgers, and shard plans. Other
 // components (the checkpoint registry) keep their own tables in the same
 // file. A restarted server loads it and still knows its jobs.
 //
@@ -34,6 +34,21 @@ struct StoredMember {
   bool left = false;
   bool dead = false;
   std::string node;  // "<hostname> <boot id>" (JoinRequest.node); "" before it was kept
+  // The step and loss it ended at: saved for a member that left or died
+  // (what status shows of it after a restart); 0 for a live member, whose
+  // beats say (saving them would rewrite every member row at every save).
+  int64_t step = 0;
+  double loss = 0;
+};
+
+// Why a job moved to a generation (shardctl status's "generations"): `seq`
+// numbers a job's entries in order (a generation may have two: a death,
+// then the shrink that formed it).
+struct StoredGenerationChange {
+  int64_t seq = 0;
+  int64_t generation = 0;
+  int64_t unix_ms = 0;
+  std::string reason;
 };
 
 // A machine fenced from a job (EvictHost: docs/numerics.md).
@@ -56,6 +71,8 @@ struct StoredJob {
   int target_world_size = 0;
   std::vector<StoredMember> members;
   std::vector<StoredFence> fences;  // by node
+  // The last few, oldest first; SaveJob keeps exactly these.
+  std::vector<StoredGenerationChange> history;
 };
 
 struct StoredPlan {
@@ -91,8 +108,8 @@ class StateStore {
   // A statement that would write fails: writes need Transaction().
   absl::Status Read(Body body) { return db_->Read(body); }
 
-  // Inserts or replaces the job row, its members and its fences, in one
-  // transaction.
+  // Inserts or replaces the job row, its members, its fences and its
+  // generation history, in one transaction.
   // SaveJob and DeleteJob commit without waiting for the disk: durable once
   // Sync(LastCommit()) returns (Membership commits under its lock and syncs
   // after releasing it, before it answers anyone: sql_database.h).

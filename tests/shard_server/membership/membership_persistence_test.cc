@@ -88,6 +88,14 @@ TEST_F(MembershipTest, ARestoredShrunkJobKeepsItsTargetWorldSize) {
   ASSERT_TRUE(restored.Restore().ok());
   v1::JobStatus job = restored.Status("el").jobs(0);
   EXPECT_EQ(job.world_size(), 2);
+  // Why each generation began survives the restart, in order: the death and
+  // the shrink that formed the same generation are two entries.
+  ASSERT_EQ(job.history_size(), 3);
+  EXPECT_EQ(job.history(0).reason(), "job created");
+  EXPECT_EQ(job.history(1).generation(), job.history(2).generation());
+  EXPECT_EQ(job.history(1).reason(), "worker 'w2' (rank 2) stopped heartbeating");
+  EXPECT_EQ(job.history(2).reason().rfind("shrunk from 3 to 2 workers", 0), 0u)
+      << job.history(2).reason();
   // The server was away: the members are declared dead after the restore
   // grace, and re-join with their --world_size=3: accepted (before, the
   // restored target was 2 and refused them as a mismatch), and formed again
@@ -106,6 +114,54 @@ TEST_F(MembershipTest, ARestoredShrunkJobKeepsItsTargetWorldSize) {
     EXPECT_EQ((*r)->world_size(), 2);
     EXPECT_EQ((*r)->target_world_size(), 3);
   }
+}
+
+// A finished job after a restart: its members show the step and loss they
+// ended at (before, step 0 and loss 0: per-member figures were in memory
+// only), and a dead member the step it last reported.
+TEST_F(MembershipTest, ARestoredJobShowsWhereItsEndedMembersStopped) {
+  std::string dir = testing::MakeTempDir("membership");
+  {
+    auto state = StateStore::Open(dir + "/state.db");
+    ASSERT_TRUE(state.ok()) << state.status();
+    Membership first(&clock_, &log_, state->get(), options_);
+    std::vector<JoinResult> joins(3);
+    for (int i = 0; i < 3; ++i) {
+      first.Join(Request("ended", 3, absl::StrCat("w", i)), clock_.Now() + absl::Hours(1),
+                 [&joins, i](auto r) { joins[i] = r; });
+    }
+    for (auto& r : joins) ASSERT_TRUE(r && r->ok());
+    for (int i = 0; i < 3; ++i) {
+      v1::HeartbeatRequest h;
+      *h.mutable_member() = Credentials("ended", **joins[i]);
+      h.set_step(40 + i);
+      h.set_loss(1.5 + i);
+      ASSERT_TRUE(first.Heartbeat(h).ok());
+    }
+    v1::LeaveRequest last;
+    last.set_has_final(true);
+    last.set_final_step(100);
+    last.set_final_loss(0.25);
+    ASSERT_TRUE(first.Leave(Credentials("ended", **joins[0]), &last).ok());
+    ASSERT_TRUE(first.Leave(Credentials("ended", **joins[1]), nullptr).ok());
+    clock_.Advance(absl::Seconds(4));  // w2 silent past the timeout
+    first.Tick();
+    ASSERT_FALSE(first.Status("ended").jobs(0).members(2).alive());
+  }
+  auto state = StateStore::Open(dir + "/state.db");
+  ASSERT_TRUE(state.ok());
+  Membership restored(&clock_, &log_, state->get(), options_);
+  ASSERT_TRUE(restored.Restore().ok());
+  v1::JobStatus job = restored.Status("ended").jobs(0);
+  ASSERT_EQ(job.members_size(), 3);
+  EXPECT_TRUE(job.members(0).left());
+  EXPECT_EQ(job.members(0).step(), 100);  // its final step, from the leave
+  EXPECT_DOUBLE_EQ(job.members(0).loss(), 0.25);
+  EXPECT_EQ(job.members(1).step(), 41);  // no final step sent: its last beat's
+  EXPECT_DOUBLE_EQ(job.members(1).loss(), 2.5);
+  EXPECT_FALSE(job.members(2).alive());
+  EXPECT_EQ(job.members(2).step(), 42);
+  EXPECT_DOUBLE_EQ(job.members(2).loss(), 3.5);
 }
 
 TEST_F(MembershipTest, RestoredMembersGetAFullTimeoutFromTheStartOfServing) {

@@ -189,6 +189,85 @@ TEST_F(StateStoreTest, OpensADatabaseFromBeforeTheTargetWorldSizeColumn) {
   ASSERT_TRUE((*reopened)->SaveJob(job).ok());
 }
 
+// Where a member that ended stopped, and why each generation began: what
+// a restarted server shows of a finished job. SaveJob keeps exactly the
+// history it is given (older entries trimmed), and DeleteJob forgets it.
+TEST_F(StateStoreTest, SavesWhereEndedMembersStoppedAndTheGenerationHistory) {
+  StoredJob job = Job(3, 2);
+  job.members[0].left = true;
+  job.members[0].step = 120;
+  job.members[0].loss = 0.5;
+  job.history = {{1, 1, 1000, "job created"},
+                 {2, 2, 2000, "worker 'w1' (rank 1) stopped heartbeating"},
+                 {3, 2, 2100, "shrunk from 2 to 1 workers"}};
+  ASSERT_TRUE(store_->SaveJob(job).ok());
+  auto loaded = store_->LoadJobs();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].members[0].step, 120);
+  EXPECT_DOUBLE_EQ((*loaded)[0].members[0].loss, 0.5);
+  EXPECT_EQ((*loaded)[0].members[1].step, 0);
+  ASSERT_EQ((*loaded)[0].history.size(), 3u);
+  EXPECT_EQ((*loaded)[0].history[1].reason, "worker 'w1' (rank 1) stopped heartbeating");
+  EXPECT_EQ((*loaded)[0].history[2].generation, 2);
+  EXPECT_EQ((*loaded)[0].history[2].unix_ms, 2100);
+
+  job.history.erase(job.history.begin());  // the oldest dropped, a new one
+  job.history.push_back({4, 3, 3000, "job created again"});
+  ASSERT_TRUE(store_->SaveJob(job).ok());
+  loaded = store_->LoadJobs();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ((*loaded)[0].history.size(), 3u);
+  EXPECT_EQ((*loaded)[0].history[0].seq, 2);
+  EXPECT_EQ((*loaded)[0].history[2].reason, "job created again");
+
+  ASSERT_TRUE(store_->DeleteJob("job").ok());
+  int64_t rows = -1;
+  ASSERT_TRUE(store_
+                  ->Read([&](StateStore::Connection& db) {
+                    Statement count = db.Prepare("count", "SELECT COUNT(*) FROM generation_history");
+                    if (count.Next()) rows = count.Int(0);
+                    return count.status();
+                  })
+                  .ok());
+  EXPECT_EQ(rows, 0);
+}
+
+TEST_F(StateStoreTest, OpensADatabaseFromBeforeTheMembersStepAndLossColumns) {
+  ASSERT_TRUE(store_
+                  ->Transaction([](StateStore::Connection& db) {
+                    absl::Status s = db.Execute("old table", "DROP TABLE members");
+                    if (s.ok()) {
+                      s = db.Execute("old table",
+                                     "CREATE TABLE members (job_id TEXT NOT NULL, rank INTEGER "
+                                     "NOT NULL, worker_id TEXT NOT NULL, host TEXT NOT NULL, "
+                                     "token TEXT NOT NULL, left_job INTEGER NOT NULL, dead "
+                                     "INTEGER NOT NULL, node TEXT NOT NULL DEFAULT '', PRIMARY "
+                                     "KEY (job_id, rank))");
+                    }
+                    if (s.ok()) {
+                      s = db.Execute("old row",
+                                     "INSERT INTO jobs VALUES ('old', 1, 2, 2, 4, 1);"
+                                     "INSERT INTO members VALUES ('old', 0, 'w0', 'h', 't', 1, 0, "
+                                     "'h boot')");
+                    }
+                    return s;
+                  })
+                  .ok());
+  store_.reset();
+  auto reopened = StateStore::Open(path_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto loaded = (*reopened)->LoadJobs();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 1u);
+  ASSERT_EQ((*loaded)[0].members.size(), 1u);
+  EXPECT_EQ((*loaded)[0].members[0].step, 0);  // not kept then
+  EXPECT_TRUE((*loaded)[0].history.empty());
+  StoredJob job = Job(5, 1);
+  job.members[0].step = 7;
+  ASSERT_TRUE((*reopened)->SaveJob(job).ok());
+}
+
 }  // namespace
 }  // namespace zeroshard
 
