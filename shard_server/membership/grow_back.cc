@@ -38,7 +38,8 @@ void Membership::MaybeGrowBack(Job& job, absl::Time now, Deferred& deferred) {
   const std::string reason =
       absl::StrCat("grow back from ", from, " to ", job.WithGrowers(from), " of ",
                    job.target_world_size, " workers (", who, ") ",
-                   boundary ? absl::StrCat("at the snapshot of step ", committed)
+                   boundary ? absl::StrCat("once every member had the snapshot of step ", committed,
+                                           " (the job resumes from its latest common one)")
                             : absl::StrCat("after ", absl::FormatDuration(kGrowBoundaryWait),
                                            " without a new snapshot"));
   if (StartGeneration(job, from, v1::DEGRADED, reason, deferred).ok()) {

@@ -97,8 +97,8 @@ absl::Status Membership::Persist(const Job& job) {
     // shows of a finished job after a restart. A live member's changes with
     // every beat, and is not saved.
     const bool ended = !m.alive || m.left;
-    s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left,
-                         m.node, ended ? m.step : 0, ended ? m.loss : 0});
+    s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left, m.node,
+                         ended ? m.step : 0, ended ? m.loss : 0});
   }
   for (const Job::GenerationChange& h : job.history) {
     s.history.push_back({h.seq, h.generation, absl::ToUnixMillis(h.at), h.reason});

@@ -122,10 +122,10 @@ absl::Status SaveFences(StateStore::Connection& db, const StoredJob& job) {
 // are deleted, new ones inserted (a few rows; an unchanged history writes
 // nothing).
 absl::Status SaveHistory(StateStore::Connection& db, const StoredJob& job) {
-  Statement trim = db.Prepare("save job history",
-                              "DELETE FROM generation_history WHERE job_id = ? AND seq < ?");
-  trim.Bind(1, job.job_id).Bind(2, job.history.empty() ? std::numeric_limits<int64_t>::max()
-                                                : job.history.front().seq);
+  Statement trim =
+      db.Prepare("save job history", "DELETE FROM generation_history WHERE job_id = ? AND seq < ?");
+  trim.Bind(1, job.job_id)
+      .Bind(2, job.history.empty() ? std::numeric_limits<int64_t>::max() : job.history.front().seq);
   if (absl::Status s = trim.Run(); !s.ok()) return s;
   Statement upsert = db.Prepare(
       "save job history",
@@ -145,7 +145,7 @@ absl::Status SaveHistory(StateStore::Connection& db, const StoredJob& job) {
 absl::Status AddMissingColumns(StateStore::Connection& db) {
   for (const auto& [table, column, definition] :
        {std::tuple<const char*, const char*, const char*>{"members", "node",
-                                                         "TEXT NOT NULL DEFAULT ''"},
+                                                          "TEXT NOT NULL DEFAULT ''"},
         {"members", "step", "INTEGER NOT NULL DEFAULT 0"},
         {"members", "loss", "REAL NOT NULL DEFAULT 0"},
         {"jobs", "target_world_size", "INTEGER NOT NULL DEFAULT 0"}}) {
@@ -241,9 +241,8 @@ absl::Status StateStore::DeleteJob(const std::string& job_id) {
   return db_->TransactionSyncedLater([&](Connection& db) -> absl::Status {
     for (const char* sql :
          {"DELETE FROM members WHERE job_id = ?", "DELETE FROM fenced_hosts WHERE job_id = ?",
-          "DELETE FROM generation_history WHERE job_id = ?",
-          "DELETE FROM plans WHERE job_id = ?", "DELETE FROM goodput WHERE job_id = ?",
-          "DELETE FROM jobs WHERE job_id = ?"}) {
+          "DELETE FROM generation_history WHERE job_id = ?", "DELETE FROM plans WHERE job_id = ?",
+          "DELETE FROM goodput WHERE job_id = ?", "DELETE FROM jobs WHERE job_id = ?"}) {
       Statement st = db.Prepare("forget job", sql);
       if (absl::Status s = st.Bind(1, job_id).Run(); !s.ok()) return s;
     }

@@ -99,7 +99,8 @@ TEST_F(MembershipTest, GrowsBackAtTheNextSnapshotAfterAShrink) {
   v1::JobStatus job = membership_->Status("el").jobs(0);
   EXPECT_EQ(job.generation(), 3);
   EXPECT_EQ(job.history(job.history_size() - 1).reason(),
-            "grow back from 2 to 3 of 3 workers ('w2') at the snapshot of step 30");
+            "grow back from 2 to 3 of 3 workers ('w2') once every member had the "
+            "snapshot of step 30 (the job resumes from its latest common one)");
   EXPECT_EQ(beat(0, 30)->command(), v1::ABORT_GENERATION_CHANGED);
   std::vector<JoinResult> grown(2);
   for (int i = 0; i < 2; ++i) elastic_join(absl::StrCat("w", i), &grown[i]);
@@ -162,7 +163,8 @@ TEST_F(MembershipTest, GrowsBackOnlyToWholeShardGroups) {
   v1::JobStatus job = membership_->Status("groups").jobs(0);
   EXPECT_EQ(job.generation(), shrunk_generation + 1);
   EXPECT_EQ(job.history(job.history_size() - 1).reason(),
-            "grow back from 2 to 4 of 4 workers ('w2', 'w3') at the snapshot of step 35");
+            "grow back from 2 to 4 of 4 workers ('w2', 'w3') once every member had the "
+            "snapshot of step 35 (the job resumes from its latest common one)");
   std::vector<JoinResult> grown(2);
   for (int i = 0; i < 2; ++i) join(absl::StrCat("w", i), &grown[i]);
   for (JoinResult* r : {&w2, &w3, &grown[0], &grown[1]}) {
@@ -266,7 +268,8 @@ TEST_F(WholeGroupShrinkTest, ShrinksToWholeGroupsAndTheParkedSurvivorGrowsBackWi
   job = membership_->Status("groups").jobs(0);
   EXPECT_EQ(job.generation(), 3);
   EXPECT_EQ(job.history(job.history_size() - 1).reason(),
-            "grow back from 2 to 4 of 4 workers ('w2', 'w3') at the snapshot of step 30");
+            "grow back from 2 to 4 of 4 workers ('w2', 'w3') once every member had the "
+            "snapshot of step 30 (the job resumes from its latest common one)");
   std::vector<JoinResult> grown(2);
   for (int i = 0; i < 2; ++i) JoinAs(absl::StrCat("w", i), &grown[i]);
   for (JoinResult* r : {&grown[0], &grown[1], &again_[2], &w3}) {

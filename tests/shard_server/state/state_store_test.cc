@@ -170,8 +170,7 @@ TEST_F(StateStoreTest, OpensADatabaseFromBeforeTheTargetWorldSizeColumn) {
                                      "NULL)");
                     }
                     if (s.ok()) {
-                      s = db.Execute("old row",
-                                     "INSERT INTO jobs VALUES ('old', 4, 2, 2, 1)");
+                      s = db.Execute("old row", "INSERT INTO jobs VALUES ('old', 4, 2, 2, 1)");
                     }
                     return s;
                   })
@@ -225,7 +224,8 @@ TEST_F(StateStoreTest, SavesWhereEndedMembersStoppedAndTheGenerationHistory) {
   int64_t rows = -1;
   ASSERT_TRUE(store_
                   ->Read([&](StateStore::Connection& db) {
-                    Statement count = db.Prepare("count", "SELECT COUNT(*) FROM generation_history");
+                    Statement count =
+                        db.Prepare("count", "SELECT COUNT(*) FROM generation_history");
                     if (count.Next()) rows = count.Int(0);
                     return count.status();
                   })
