@@ -194,7 +194,8 @@ ABSL_FLAG(int64_t, vocab, 0,
           "shards; 0: 256 for bytes, 50257 for token shards, or the --init_from config's)");
 ABSL_FLAG(std::string, backend, "gloo", "Data plane: gloo (CPUs) | nccl (one GPU per process)");
 ABSL_FLAG(int, local_rank, -1,
-          "nccl: the GPU of this process (default: 0, i.e. the first of CUDA_VISIBLE_DEVICES)");
+          "nccl: the GPU of this process (default -1: the first of CUDA_VISIBLE_DEVICES); "
+          "refused with gloo");
 ABSL_FLAG(std::string, gpu_attention, "auto",
           "nccl, GPT: the attention kernel: auto (bf16: cuDNN's fused attention when libcudnn "
           "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours: bf16 on tensor "
@@ -336,7 +337,19 @@ absl::Status ReadDataPlane(WorkerConfig* config) {
   } else if (backend != "gloo") {
     return Bad(absl::StrCat("--backend=", backend, " is unknown: expected gloo or nccl"));
   }
-  plane.cuda_device = std::max(0, absl::GetFlag(FLAGS_local_rank));
+  const int local_rank = absl::GetFlag(FLAGS_local_rank);
+  if (local_rank < -1) {
+    return Bad(absl::StrCat("--local_rank=", local_rank,
+                            ": expected a GPU index, 0 or more (or -1, the default: the first "
+                            "of CUDA_VISIBLE_DEVICES)"));
+  }
+  if (local_rank >= 0 && backend != "nccl") {
+    return Bad(
+        absl::StrCat("--local_rank picks this process's GPU (--backend=nccl); drop it "
+                     "with --backend=",
+                     backend));
+  }
+  plane.cuda_device = std::max(0, local_rank);
   plane.gpu_attention = absl::GetFlag(FLAGS_gpu_attention);
   plane.tf32 = absl::GetFlag(FLAGS_tf32);
   if (plane.gpu_attention != "auto" && plane.gpu_attention != "cudnn" &&
@@ -374,15 +387,16 @@ absl::Status ReadDataPlane(WorkerConfig* config) {
 // --model=gpt's sizes, in the flags' names (the model says n_head, n_embd).
 absl::Status CheckGptSizes(const TaskOptions& task) {
   if (task.model != "gpt") return absl::OkStatus();
-  const std::pair<const char*, int64_t> sizes[] = {
-      {"layers", task.layers}, {"heads", task.heads}, {"d_model", task.d_model},
-      {"context", task.context}};
+  const std::pair<const char*, int64_t> sizes[] = {{"layers", task.layers},
+                                                   {"heads", task.heads},
+                                                   {"d_model", task.d_model},
+                                                   {"context", task.context}};
   for (const auto& [flag, value] : sizes) {
     if (value < 1) return Bad(absl::StrCat("--", flag, "=", value, ": expected 1 or more"));
   }
   if (task.d_model % task.heads != 0) {
-    return Bad(absl::StrCat("--d_model=", task.d_model, " is not divisible by --heads=",
-                            task.heads, ": each head takes d_model / heads components; pick "
+    return Bad(absl::StrCat("--d_model=", task.d_model, " is not divisible by --heads=", task.heads,
+                            ": each head takes d_model / heads components; pick "
                             "heads that divide d_model"));
   }
   return absl::OkStatus();
@@ -519,8 +533,8 @@ absl::Status ReadEngine(WorkerConfig* config) {
   }
   if (config->plan.shard_group_size > 0 &&
       config->world_size % config->plan.shard_group_size != 0) {
-    return Bad(absl::StrCat("--shard_group_size=", group, " does not divide --world_size=",
-                            config->world_size,
+    return Bad(absl::StrCat("--shard_group_size=", group,
+                            " does not divide --world_size=", config->world_size,
                             ": the ranks are cut into groups of that size; pick a divisor of "
                             "the world size, or 'host'"));
   }
@@ -586,8 +600,7 @@ absl::Status ReadRun(WorkerConfig* config) {
   schedule.lr = absl::GetFlag(FLAGS_lr);
   schedule.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   schedule.min_lr = absl::GetFlag(FLAGS_min_lr);
-  const std::pair<const char*, double> rates[] = {{"lr", schedule.lr},
-                                                  {"min_lr", schedule.min_lr}};
+  const std::pair<const char*, double> rates[] = {{"lr", schedule.lr}, {"min_lr", schedule.min_lr}};
   for (const auto& [flag, value] : rates) {
     if (!std::isfinite(value) || value < 0) {
       return Bad(absl::StrCat("--", flag, "=", value, ": expected a finite learning rate >= 0"));

@@ -18,6 +18,7 @@ ABSL_DECLARE_FLAG(int, join_timeout_s);
 ABSL_DECLARE_FLAG(int, heads);
 ABSL_DECLARE_FLAG(int, d_model);
 ABSL_DECLARE_FLAG(std::string, gpu_attention);
+ABSL_DECLARE_FLAG(int, local_rank);
 ABSL_DECLARE_FLAG(bool, tf32);
 ABSL_DECLARE_FLAG(std::string, worker_id);
 ABSL_DECLARE_FLAG(std::string, backend);
@@ -161,6 +162,10 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
        "--gpu_attention applies to the device GPT (--backend=nccl); drop it with --backend=gloo"},
       {[] { absl::SetFlag(&FLAGS_tf32, true); },
        "--tf32 applies to the device GPT (--backend=nccl)"},
+      {[] { absl::SetFlag(&FLAGS_local_rank, -2); },
+       "--local_rank=-2: expected a GPU index, 0 or more (or -1"},
+      {[] { absl::SetFlag(&FLAGS_local_rank, 1); },
+       "--local_rank picks this process's GPU (--backend=nccl); drop it with --backend=gloo"},
       {[] { absl::SetFlag(&FLAGS_steps, -1); }, "--steps=-1: expected 0 or more"},
       {[] { absl::SetFlag(&FLAGS_batch, 0); }, "--batch=0: expected 1 or more"},
       {[] { absl::SetFlag(&FLAGS_join_timeout_s, -1); }, "--join_timeout_s=-1: expected 1 or more"},
