@@ -62,6 +62,31 @@ TEST_P(ServerRestartTest, ATrainingJobOutlivesAKilledAndRestartedServer) {
   ASSERT_EQ(status->jobs_size(), 1);
   EXPECT_EQ(status->jobs(0).generation(), 1) << "a member was declared dead";
   EXPECT_EQ(status->jobs(0).state(), v1::FINISHED);
+
+  // Restarted once more after the job finished: the server still shows
+  // where each rank stopped and why the generation began (they were in its
+  // memory only: step 0 and no history).
+  cluster.RestartServer(SIGTERM, absl::ZeroDuration());
+  ASSERT_TRUE(cluster.ok());
+  absl::StatusOr<v1::GetStatusResponse> after;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        after = (*observer)->GetStatus(job);
+        return after.ok();
+      },
+      absl::Seconds(30)))
+      << after.status();
+  ASSERT_EQ(after->jobs_size(), 1);
+  const v1::JobStatus& finished = after->jobs(0);
+  EXPECT_EQ(finished.state(), v1::FINISHED);
+  ASSERT_EQ(finished.members_size(), 2);
+  for (const v1::MemberStatus& m : finished.members()) {
+    EXPECT_TRUE(m.left());
+    EXPECT_EQ(m.step(), 150) << "rank " << m.rank();
+    EXPECT_GT(m.loss(), 0) << "rank " << m.rank();
+  }
+  ASSERT_GE(finished.history_size(), 1);
+  EXPECT_EQ(finished.history(0).reason(), "job created");
 }
 
 // The gaps an independent test found fatal (2 and 3 s), and shorter and
