@@ -286,6 +286,7 @@ absl::Status Client::Leave(const v1::TimeLedger& final_time) {
     request.set_has_final(true);
     request.set_final_step(progress_.step);
     request.set_final_loss(progress_.loss);
+    *request.mutable_final_last_step() = progress_.last_step;
     for (const v1::OuterStepRecord& o : outer_steps_) *request.add_outer_steps() = o;
   }
   const absl::Time deadline = absl::Now() + options_.rpc_timeout;

@@ -38,6 +38,11 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
         !s.ok()) {
       return s;
     }
+    if (size_t n = final->final_last_step().ByteSizeLong(); n > kMaxBeatStepBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LeaveRequest.final_last_step is ", n, " bytes; at most ",
+                       kMaxBeatStepBytes, " are kept (a worker sends far less)"));
+    }
   }
   Deferred deferred;
   {
@@ -57,6 +62,7 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
     if (final != nullptr && final->has_final() && final->final_step() >= m.step) {
       m.step = final->final_step();
       m.loss = final->final_loss();
+      if (final->has_final_last_step()) m.last_step = final->final_last_step();
     }
     m.telemetry.clear_in_progress();
     // `job.silence` and `job.undelivered` hold the live members: was `m` the

@@ -46,6 +46,9 @@ absl::Status Membership::Restore() {
       m.alive = !sm.dead && !sm.left;
       m.step = sm.step;  // where it ended; a live member's next beat says
       m.loss = sm.loss;
+      // Written by this server's Persist: a row that does not parse (none
+      // should) leaves the telemetry empty rather than the job unloaded.
+      if (!m.last_step.ParseFromString(sm.last_step)) m.last_step.Clear();
       m.last_heartbeat = RestoredBeat(now);  // restore_grace to beat again
       job->members.push_back(std::move(m));
     }
@@ -93,12 +96,14 @@ absl::Status Membership::Persist(const Job& job) {
   s.members_generation = job.members_generation;
   s.state = job.state;
   for (const MemberState& m : job.members) {
-    // The step of a member that ended (it changes no more): what status
-    // shows of a finished job after a restart. A live member's changes with
-    // every beat, and is not saved.
+    // Where a member that ended stopped (it changes no more): what status
+    // shows of a finished job after a restart, its counts of skipped steps
+    // and rewinds included. A live member's changes with every beat, and
+    // is not saved.
     const bool ended = !m.alive || m.left;
     s.members.push_back({m.rank, m.worker_id, m.host, m.token, m.left, !m.alive && !m.left, m.node,
-                         ended ? m.step : 0, ended ? m.loss : 0});
+                         ended ? m.step : 0, ended ? m.loss : 0,
+                         ended ? m.last_step.SerializeAsString() : std::string()});
   }
   for (const Job::GenerationChange& h : job.history) {
     s.history.push_back({h.seq, h.generation, absl::ToUnixMillis(h.at), h.reason});

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS members (
   node TEXT NOT NULL DEFAULT '',
   step INTEGER NOT NULL DEFAULT 0,
   loss REAL NOT NULL DEFAULT 0,
+  last_step BLOB NOT NULL DEFAULT x'',
   PRIMARY KEY (job_id, rank)
 );
 CREATE TABLE IF NOT EXISTS fenced_hosts (
@@ -148,6 +149,7 @@ absl::Status AddMissingColumns(StateStore::Connection& db) {
                                                           "TEXT NOT NULL DEFAULT ''"},
         {"members", "step", "INTEGER NOT NULL DEFAULT 0"},
         {"members", "loss", "REAL NOT NULL DEFAULT 0"},
+        {"members", "last_step", "BLOB NOT NULL DEFAULT x''"},
         {"jobs", "target_world_size", "INTEGER NOT NULL DEFAULT 0"}}) {
     if (absl::Status s = AddColumnIfMissing(db, table, column, definition); !s.ok()) return s;
   }
@@ -217,19 +219,19 @@ absl::Status StateStore::SaveJob(const StoredJob& job) {
     Statement upsert = db.Prepare(
         "save job members",
         "INSERT INTO members(job_id, rank, worker_id, host, token, left_job, dead, node, step, "
-        "loss) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank) DO UPDATE SET "
-        "worker_id = excluded.worker_id, host = excluded.host, token = excluded.token, "
-        "left_job = excluded.left_job, dead = excluded.dead, node = excluded.node, "
-        "step = excluded.step, loss = excluded.loss WHERE "
-        "worker_id IS NOT excluded.worker_id OR host IS NOT excluded.host OR "
-        "token IS NOT excluded.token OR left_job IS NOT excluded.left_job OR "
+        "loss, last_step) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id, rank) DO "
+        "UPDATE SET worker_id = excluded.worker_id, host = excluded.host, token = "
+        "excluded.token, left_job = excluded.left_job, dead = excluded.dead, node = "
+        "excluded.node, step = excluded.step, loss = excluded.loss, last_step = "
+        "excluded.last_step WHERE worker_id IS NOT excluded.worker_id OR host IS NOT "
+        "excluded.host OR token IS NOT excluded.token OR left_job IS NOT excluded.left_job OR "
         "dead IS NOT excluded.dead OR node IS NOT excluded.node OR step IS NOT excluded.step OR "
-        "loss IS NOT excluded.loss");
+        "loss IS NOT excluded.loss OR last_step IS NOT excluded.last_step");
     for (const StoredMember& m : job.members) {
       upsert.Reset();
       upsert.Bind(1, job.job_id).Bind(2, m.rank).Bind(3, m.worker_id).Bind(4, m.host);
       upsert.Bind(5, m.token).Bind(6, m.left).Bind(7, m.dead).Bind(8, m.node);
-      upsert.Bind(9, m.step).BindDouble(10, m.loss);
+      upsert.Bind(9, m.step).BindDouble(10, m.loss).BindBlob(11, m.last_step);
       if (absl::Status s = upsert.Run(); !s.ok()) return s;
     }
     if (absl::Status s = SaveFences(db, job); !s.ok()) return s;
@@ -269,7 +271,7 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
     if (!load.status().ok()) return load.status();
     Statement members = db.Prepare("load job members",
                                    "SELECT rank, worker_id, host, token, left_job, dead, node, "
-                                   "step, loss FROM members WHERE job_id = ? ORDER BY rank");
+                                   "step, loss, last_step FROM members WHERE job_id = ? ORDER BY rank");
     Statement fences = db.Prepare("load job fences",
                                   "SELECT node, reason, rank, step, unix_ms FROM fenced_hosts "
                                   "WHERE job_id = ? ORDER BY node");
@@ -290,6 +292,7 @@ absl::StatusOr<std::vector<StoredJob>> StateStore::LoadJobs() {
         m.node = members.Text(6);
         m.step = members.Int(7);
         m.loss = members.Double(8);
+        m.last_step = members.Text(9);
         job.members.push_back(std::move(m));
       }
       if (!members.status().ok()) return members.status();

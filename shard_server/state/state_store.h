@@ -34,11 +34,13 @@ struct StoredMember {
   bool left = false;
   bool dead = false;
   std::string node;  // "<hostname> <boot id>" (JoinRequest.node); "" before it was kept
-  // The step and loss it ended at: saved for a member that left or died
+  // The step, loss and last step's telemetry it ended at (the counts of
+  // skipped steps, rewinds, corrupted shards): saved for a member that left or died
   // (what status shows of it after a restart); 0 for a live member, whose
   // beats say (saving them would rewrite every member row at every save).
   int64_t step = 0;
   double loss = 0;
+  std::string last_step;  // its last step's telemetry (a serialized StepTelemetry)
 };
 
 // Why a job moved to a generation (shardctl status's "generations"): `seq`

@@ -381,7 +381,7 @@ TEST_F(EtcdStateTest, AnOlderVersionsImageIsLoadedAndRewrittenAsKeys) {
 // A newer version adds columns (ALTER TABLE, which SQLite's update hook
 // does not see): every row is written again with the new schema, so the
 // leader after the next still loads them (rows are inserted by position:
-// before, the third leader failed with "table members has 10 columns but 8
+// before, the third leader failed with "table members has 11 columns but 8
 // values were supplied").
 TEST_F(EtcdStateTest, RowsOfAnOlderSchemaAreWrittenAgainWhenANewerVersionAddsColumns) {
   ASSERT_TRUE(etcd_.ok());
@@ -396,6 +396,7 @@ TEST_F(EtcdStateTest, RowsOfAnOlderSchemaAreWrittenAgainWhenANewerVersionAddsCol
     ASSERT_TRUE((*store)
                     ->Transaction([](StateStore::Connection& db) {
                       return db.Execute("older version",
+                                        "ALTER TABLE members DROP COLUMN last_step;"
                                         "ALTER TABLE members DROP COLUMN loss;"
                                         "ALTER TABLE members DROP COLUMN step;"
                                         "INSERT INTO jobs VALUES ('old', 2, 3, 3, 4, 2);"

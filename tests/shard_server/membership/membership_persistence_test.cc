@@ -142,6 +142,17 @@ TEST_F(MembershipTest, ARestoredJobShowsWhereItsEndedMembersStopped) {
     last.set_has_final(true);
     last.set_final_step(100);
     last.set_final_loss(0.25);
+    // A step after the last beat skipped: the leave carries the count.
+    last.mutable_final_last_step()->set_skipped_steps(2);
+    last.mutable_final_last_step()->set_step_ms(12.5);
+    v1::LeaveRequest oversized = last;
+    oversized.final_last_step().GetReflection()
+        ->MutableUnknownFields(oversized.mutable_final_last_step())
+        ->AddLengthDelimited(999, std::string(200, 'x'));
+    absl::Status refused = first.Leave(Credentials("ended", **joins[0]), &oversized);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+    EXPECT_NE(refused.message().find("LeaveRequest.final_last_step is "), std::string::npos)
+        << refused;
     ASSERT_TRUE(first.Leave(Credentials("ended", **joins[0]), &last).ok());
     ASSERT_TRUE(first.Leave(Credentials("ended", **joins[1]), nullptr).ok());
     clock_.Advance(absl::Seconds(4));  // w2 silent past the timeout
@@ -157,6 +168,8 @@ TEST_F(MembershipTest, ARestoredJobShowsWhereItsEndedMembersStopped) {
   EXPECT_TRUE(job.members(0).left());
   EXPECT_EQ(job.members(0).step(), 100);  // its final step, from the leave
   EXPECT_DOUBLE_EQ(job.members(0).loss(), 0.25);
+  EXPECT_EQ(job.members(0).last_step().skipped_steps(), 2);
+  EXPECT_DOUBLE_EQ(job.members(0).last_step().step_ms(), 12.5);
   EXPECT_EQ(job.members(1).step(), 41);  // no final step sent: its last beat's
   EXPECT_DOUBLE_EQ(job.members(1).loss(), 2.5);
   EXPECT_FALSE(job.members(2).alive());

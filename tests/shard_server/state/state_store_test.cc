@@ -196,6 +196,7 @@ TEST_F(StateStoreTest, SavesWhereEndedMembersStoppedAndTheGenerationHistory) {
   job.members[0].left = true;
   job.members[0].step = 120;
   job.members[0].loss = 0.5;
+  job.members[0].last_step = std::string("a\0b", 3);  // bytes, NULs included
   job.history = {{1, 1, 1000, "job created"},
                  {2, 2, 2000, "worker 'w1' (rank 1) stopped heartbeating"},
                  {3, 2, 2100, "shrunk from 2 to 1 workers"}};
@@ -205,6 +206,7 @@ TEST_F(StateStoreTest, SavesWhereEndedMembersStoppedAndTheGenerationHistory) {
   ASSERT_EQ(loaded->size(), 1u);
   EXPECT_EQ((*loaded)[0].members[0].step, 120);
   EXPECT_DOUBLE_EQ((*loaded)[0].members[0].loss, 0.5);
+  EXPECT_EQ((*loaded)[0].members[0].last_step, std::string("a\0b", 3));
   EXPECT_EQ((*loaded)[0].members[1].step, 0);
   ASSERT_EQ((*loaded)[0].history.size(), 3u);
   EXPECT_EQ((*loaded)[0].history[1].reason, "worker 'w1' (rank 1) stopped heartbeating");
