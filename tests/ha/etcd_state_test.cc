@@ -299,6 +299,77 @@ TEST_F(EtcdStateTest, TheLeaderCompactsEtcdsHistory) {
   EXPECT_NE(out.find("compacted"), std::string::npos) << out;
 }
 
+// etcd's history compacted past the last change's revision (an operator
+// following "When etcd is full", etcd's own auto-compaction, or another
+// control plane on the same etcd): the next leader still loads the state
+// (it read the rows at head's revision, which etcd then refused, and no
+// server could lead again). A change cut half-way cannot be put back
+// without that revision: the leader says so and what to do, and does once
+// the operator chose.
+TEST_F(EtcdStateTest, TheNextLeaderLoadsAfterEtcdsHistoryWasCompactedPastTheLastChange) {
+  ASSERT_TRUE(etcd_.ok());
+  std::unique_ptr<EtcdSession> first = Leader("a:1");
+  ASSERT_NE(first, nullptr);
+  {
+    EtcdStateReplica replica(first.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveJob(Job("j", 4)).ok());
+  }
+  first->Resign();
+  auto compact_now = [&] {
+    for (int i = 0; i < 3; ++i) {  // another control plane's writes
+      auto [code, out] = etcd_.Etcdctl(absl::StrCat("put /other/state.head ", i));
+      ASSERT_EQ(code, 0) << out;
+    }
+    auto [code, out] = etcd_.Etcdctl(absl::StrCat("compact ", etcd_.Revision()));
+    ASSERT_EQ(code, 0) << out;
+  };
+  compact_now();
+  {
+    std::unique_ptr<EtcdSession> second = Leader("b:1");
+    ASSERT_NE(second, nullptr);
+    EtcdStateReplica replica(second.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto jobs = (*store)->LoadJobs();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    ASSERT_EQ(jobs->size(), 1u);
+    EXPECT_EQ((*jobs)[0].generation, 4);
+    second->Resign();
+  }
+  // A leader that died after the first transaction of a change, then a
+  // compaction before the next one loads.
+  for (const std::string& command : {std::string("put /test/state.pending 99"),
+                                     std::string("del /test/state/rows/jobs/j")}) {
+    auto [code, out] = etcd_.Etcdctl(command);
+    ASSERT_EQ(code, 0) << command << ": " << out;
+  }
+  compact_now();
+  {
+    std::unique_ptr<EtcdSession> third = Leader("c:1");
+    ASSERT_NE(third, nullptr);
+    EtcdStateReplica replica(third.get());
+    auto store = StateStore::OpenReplicated(&replica);
+    ASSERT_FALSE(store.ok());
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+    EXPECT_NE(store.status().message().find("etcdctl del /test/state.pending"),
+              std::string::npos)
+        << store.status();
+    third->Resign();
+  }
+  auto [code, out] = etcd_.Etcdctl("del /test/state.pending");
+  ASSERT_EQ(code, 0) << out;
+  std::unique_ptr<EtcdSession> fourth = Leader("d:1");
+  ASSERT_NE(fourth, nullptr);
+  EtcdStateReplica replica(fourth.get());
+  auto store = StateStore::OpenReplicated(&replica);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(jobs->empty());  // the cut change, as it was: job j deleted
+}
+
 // etcd with a request limit lower than the server was told.
 class EtcdLimitsTest : public EtcdStateTest {
  protected:
