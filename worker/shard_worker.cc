@@ -71,8 +71,7 @@ void PrintFailure(int rank, absl::string_view message) {
 // The life cycle of a worker, in order; the first error ends it. `rank`
 // follows the worker's, for the watchdog.
 absl::Status LifeCycle(Worker& worker, std::atomic<int>* rank) {
-  absl::Status s = worker.LoadTask();
-  if (!s.ok()) return s;
+  absl::Status s;
   // A generation that ends under the worker (a peer died) is recovered from
   // in this process: join the next one and resume (worker.h, "Recovery").
   while (true) {
@@ -129,6 +128,15 @@ int RunWorker() {
   if (absl::Status s = worker->OpenDevice(); !s.ok()) {
     PrintFailure(-1, s.message());
     return kExitBadConfig;
+  }
+  // The model and its data, before joining too: a file that does not open
+  // or a size the model refuses is this worker's input, which a restart
+  // does not mend (exit 2, as a bad flag: launchers do not retry it).
+  if (absl::Status s = worker->LoadTask(); !s.ok()) {
+    PrintFailure(-1, s.message());
+    return absl::IsUnavailable(s) || absl::IsResourceExhausted(s) || absl::IsInternal(s)
+               ? kExitFailure
+               : kExitBadConfig;
   }
   const absl::Status status = LifeCycle(*worker, &rank);
   int code = 0;

@@ -417,6 +417,16 @@ absl::Status ReadTask(WorkerConfig* config) {
   task.task = absl::GetFlag(FLAGS_task);
   task.digits = absl::GetFlag(FLAGS_digits);
   task.loss_on = absl::GetFlag(FLAGS_loss_on);
+  if (model != "mlp" && model != "gpt") {
+    return Bad(absl::StrCat("--model=", model, " is unknown: expected mlp or gpt"));
+  }
+  if (model == "mlp" && task.activation != "none" && task.activation != "relu" &&
+      task.activation != "gelu") {
+    return Bad(absl::StrCat("--activation=", task.activation, ": expected none, relu or gelu"));
+  }
+  if (task.digits < 1 || task.digits > 9) {
+    return Bad(absl::StrCat("--digits=", task.digits, ": expected 1 to 9"));
+  }
   if (task.loss_on != "all" && task.loss_on != "answers") {
     return Bad(absl::StrCat("--loss_on=", task.loss_on, ": expected all or answers"));
   }
@@ -426,6 +436,12 @@ absl::Status ReadTask(WorkerConfig* config) {
     return Bad(
         "--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
         "reversed-addition, no --data): only its lines have answers");
+  }
+  if (task.task != "addition" && task.task != "reversed-addition" &&
+      !(task.task == "text" && !absl::GetFlag(FLAGS_data).empty())) {
+    return Bad(absl::StrCat("--task=", task.task,
+                            " is unknown: expected addition or reversed-addition (built-in "
+                            "synthetic sums); for text, pass --data=FILE"));
   }
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);

@@ -158,6 +158,15 @@ TEST(WorkerInputsTest, RunFlagsAreCheckedBeforeJoining) {
       cluster, "blocked-checkpoints",
       With(kMlp, {"--checkpoint_every=1", "--checkpoint_dir=" + blocked}),
       "--checkpoint_dir=" + blocked + ": cannot make it a directory");
+  // A typo in --task (an MLP ignored it and joined; a GPT exited 1 after
+  // joining, which launchers retry), and a vocabulary the GPT refuses when
+  // it builds the model (exit 1 before).
+  ExpectRefusedBeforeJoining(cluster, "task-typo", With(kMlp, {"--task=additon"}),
+                             "--task=additon is unknown: expected addition or reversed-addition");
+  ExpectRefusedBeforeJoining(
+      cluster, "small-vocab",
+      {"--model=gpt", "--layers=1", "--heads=2", "--d_model=8", "--context=8", "--vocab=100"},
+      "--vocab=100: byte data needs a vocabulary of at least 256");
 }
 
 }  // namespace

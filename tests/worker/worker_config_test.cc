@@ -45,6 +45,8 @@ ABSL_DECLARE_FLAG(std::string, token_file);
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, loss_on);
 ABSL_DECLARE_FLAG(std::string, task);
+ABSL_DECLARE_FLAG(std::string, activation);
+ABSL_DECLARE_FLAG(int, digits);
 ABSL_DECLARE_FLAG(std::string, on_nonfinite);
 ABSL_DECLARE_FLAG(int, max_skipped_steps);
 ABSL_DECLARE_FLAG(int, replica_check_every);
@@ -162,6 +164,14 @@ TEST_F(WorkerConfigTest, EveryBadValueNamesItsFlagAndWhatItTakes) {
        "--gpu_attention applies to the device GPT (--backend=nccl); drop it with --backend=gloo"},
       {[] { absl::SetFlag(&FLAGS_tf32, true); },
        "--tf32 applies to the device GPT (--backend=nccl)"},
+      {[] { absl::SetFlag(&FLAGS_model, "transformer"); },
+       "--model=transformer is unknown: expected mlp or gpt"},
+      {[] { absl::SetFlag(&FLAGS_activation, "tanh"); },
+       "--activation=tanh: expected none, relu or gelu"},
+      {[] { absl::SetFlag(&FLAGS_task, "text"); },
+       "--task=text is unknown: expected addition or reversed-addition (built-in synthetic sums); "
+       "for text, pass --data=FILE"},
+      {[] { absl::SetFlag(&FLAGS_digits, 10); }, "--digits=10: expected 1 to 9"},
       {[] { absl::SetFlag(&FLAGS_local_rank, -2); },
        "--local_rank=-2: expected a GPU index, 0 or more (or -1"},
       {[] { absl::SetFlag(&FLAGS_local_rank, 1); },
