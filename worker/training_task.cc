@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -537,6 +539,57 @@ class GptTask : public TrainingTask {
 };
 
 }  // namespace
+
+namespace {
+
+absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// --model=gpt's sizes, in the flags' names (the model says n_head, n_embd).
+absl::Status CheckGptSizes(const TaskOptions& task) {
+  const std::pair<const char*, int64_t> sizes[] = {{"layers", task.layers},
+                                                   {"heads", task.heads},
+                                                   {"d_model", task.d_model},
+                                                   {"context", task.context}};
+  for (const auto& [flag, value] : sizes) {
+    if (value < 1) return Bad(absl::StrCat("--", flag, "=", value, ": expected 1 or more"));
+  }
+  if (task.d_model % task.heads != 0) {
+    return Bad(absl::StrCat("--d_model=", task.d_model, " is not divisible by --heads=", task.heads,
+                            ": each head takes d_model / heads components; pick "
+                            "heads that divide d_model"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckTaskOptions(const TaskOptions& task) {
+  if (task.model != "mlp" && task.model != "gpt") {
+    return Bad(absl::StrCat("--model=", task.model, " is unknown: expected mlp or gpt"));
+  }
+  if (task.model == "mlp" && task.activation != "none" && task.activation != "relu" &&
+      task.activation != "gelu") {
+    return Bad(absl::StrCat("--activation=", task.activation, ": expected none, relu or gelu"));
+  }
+  if (task.digits < 1 || task.digits > 9) {
+    return Bad(absl::StrCat("--digits=", task.digits, ": expected 1 to 9"));
+  }
+  if (task.loss_on != "all" && task.loss_on != "answers") {
+    return Bad(absl::StrCat("--loss_on=", task.loss_on, ": expected all or answers"));
+  }
+  const bool addition = task.task == "addition" || task.task == "reversed-addition";
+  if (task.loss_on == "answers" && (task.model != "gpt" || !task.data.empty() || !addition)) {
+    return Bad(
+        "--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
+        "reversed-addition, no --data): only its lines have answers");
+  }
+  if (!addition && !(task.task == "text" && !task.data.empty())) {
+    return Bad(absl::StrCat("--task=", task.task,
+                            " is unknown: expected addition or reversed-addition (built-in "
+                            "synthetic sums); for text, pass --data=FILE"));
+  }
+  return task.model == "gpt" ? CheckGptSizes(task) : absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<TrainingTask>> MakeTrainingTask(const TaskOptions& options) {
   if (options.model == "mlp") return MlpTask::Create(options);

@@ -127,6 +127,10 @@ class TrainingTask {
   int64_t cursor_row_ = 0;
 };
 
+// Whether `options` name a model and task that exist, with sizes they take:
+// INVALID_ARGUMENT in the flags' names (shard_worker checks them with its
+// other flags, before it joins).
+absl::Status CheckTaskOptions(const TaskOptions& options);
 absl::StatusOr<std::unique_ptr<TrainingTask>> MakeTrainingTask(const TaskOptions& options);
 
 }  // namespace zeroshard

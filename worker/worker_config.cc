@@ -384,24 +384,6 @@ absl::Status ReadDataPlane(WorkerConfig* config) {
   return absl::OkStatus();
 }
 
-// --model=gpt's sizes, in the flags' names (the model says n_head, n_embd).
-absl::Status CheckGptSizes(const TaskOptions& task) {
-  if (task.model != "gpt") return absl::OkStatus();
-  const std::pair<const char*, int64_t> sizes[] = {{"layers", task.layers},
-                                                   {"heads", task.heads},
-                                                   {"d_model", task.d_model},
-                                                   {"context", task.context}};
-  for (const auto& [flag, value] : sizes) {
-    if (value < 1) return Bad(absl::StrCat("--", flag, "=", value, ": expected 1 or more"));
-  }
-  if (task.d_model % task.heads != 0) {
-    return Bad(absl::StrCat("--d_model=", task.d_model, " is not divisible by --heads=", task.heads,
-                            ": each head takes d_model / heads components; pick "
-                            "heads that divide d_model"));
-  }
-  return absl::OkStatus();
-}
-
 // The model and its data.
 absl::Status ReadTask(WorkerConfig* config) {
   const std::string backend = absl::GetFlag(FLAGS_backend);
@@ -417,32 +399,6 @@ absl::Status ReadTask(WorkerConfig* config) {
   task.task = absl::GetFlag(FLAGS_task);
   task.digits = absl::GetFlag(FLAGS_digits);
   task.loss_on = absl::GetFlag(FLAGS_loss_on);
-  if (model != "mlp" && model != "gpt") {
-    return Bad(absl::StrCat("--model=", model, " is unknown: expected mlp or gpt"));
-  }
-  if (model == "mlp" && task.activation != "none" && task.activation != "relu" &&
-      task.activation != "gelu") {
-    return Bad(absl::StrCat("--activation=", task.activation, ": expected none, relu or gelu"));
-  }
-  if (task.digits < 1 || task.digits > 9) {
-    return Bad(absl::StrCat("--digits=", task.digits, ": expected 1 to 9"));
-  }
-  if (task.loss_on != "all" && task.loss_on != "answers") {
-    return Bad(absl::StrCat("--loss_on=", task.loss_on, ": expected all or answers"));
-  }
-  if (task.loss_on == "answers" &&
-      (model != "gpt" || !absl::GetFlag(FLAGS_data).empty() ||
-       (task.task != "addition" && task.task != "reversed-addition"))) {
-    return Bad(
-        "--loss_on=answers needs --model=gpt on an addition task (--task=addition or "
-        "reversed-addition, no --data): only its lines have answers");
-  }
-  if (task.task != "addition" && task.task != "reversed-addition" &&
-      !(task.task == "text" && !absl::GetFlag(FLAGS_data).empty())) {
-    return Bad(absl::StrCat("--task=", task.task,
-                            " is unknown: expected addition or reversed-addition (built-in "
-                            "synthetic sums); for text, pass --data=FILE"));
-  }
   task.validation_fraction = absl::GetFlag(FLAGS_validation_fraction);
   task.data = absl::GetFlag(FLAGS_data);
   task.val_data = absl::GetFlag(FLAGS_val_data);
@@ -457,7 +413,7 @@ absl::Status ReadTask(WorkerConfig* config) {
                             ": expected 0 or more (0: checkpoint the state it starts from)"));
   }
   if (task.batch < 1) return Bad(absl::StrCat("--batch=", task.batch, ": expected 1 or more"));
-  return CheckGptSizes(task);
+  return CheckTaskOptions(task);
 }
 
 // The ZeRO stage, the optimizer and the compute types.

@@ -119,8 +119,7 @@ void Membership::MaybeShrink(Job& job, absl::Time now, Deferred& deferred) {
   }
   const std::vector<std::string> waited = std::move(job.waiting_logged);
   job.waiting_logged.clear();
-  // Nobody to tell (a join may still come: a replacement), or formed at the
-  // join.
+  // Nobody to tell (a join may still come: a replacement), or formed at the join.
   if (job.pending.empty() || d.action == RejoinAction::kWaitForAll) return;
   if (d.action == RejoinAction::kFail) {
     // The recovery cannot complete: say why to everyone waiting.

@@ -553,26 +553,7 @@ absl::StatusOr<std::vector<ReplicaEntry>> EtcdStateReplica::Load() {
     stats_.load_time = absl::Now() - start;
     return entries;
   }
-  // Without a change cut half-way (no pending), the rows now are the rows
-  // as of head (a complete change writes head in its last transaction):
-  // read them now. Head's revision may have been compacted meanwhile (an
-  // operator's etcdctl compact, etcd's --auto-compaction-retention, another
-  // control plane on the same etcd), and a read at it would be refused: no
-  // server could lead again.
-  absl::StatusOr<std::vector<EtcdKeyValue>> at_head =
-      session_->RangeAll(rows_prefix_, pending->empty() ? 0 : head_revision, /*keys_only=*/false);
-  if (!at_head.ok() && !pending->empty() &&
-      absl::StrContains(at_head.status().message(), "compacted")) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a change to the state was cut half-way (", pending_key_,
-        " is set) and etcd no longer holds the state before it (revision ", head_revision,
-        " of ", head_key_,
-        " was compacted), so no leader can put it back. To serve the state as it is, with that "
-        "change partly applied, delete the key: etcdctl del ",
-        pending_key_,
-        ". Compact etcd only at or below the leader's zeroshard_etcd_compacted_revision, which "
-        "the leader keeps up to date itself"));
-  }
+  absl::StatusOr<std::vector<EtcdKeyValue>> at_head = RowsAtHead(head_revision, *pending);
   if (!at_head.ok()) return at_head.status();
   std::map<std::string, const EtcdKeyValue*> by_key;
   for (const EtcdKeyValue& kv : *at_head) {
@@ -612,6 +593,31 @@ absl::StatusOr<std::vector<ReplicaEntry>> EtcdStateReplica::Load() {
   }
   stats_.load_time = absl::Now() - start;
   return entries;
+}
+
+absl::StatusOr<std::vector<EtcdKeyValue>> EtcdStateReplica::RowsAtHead(int64_t head_revision,
+                                                                       const std::string& pending) {
+  // Without a change cut half-way (no pending), the rows now are the rows
+  // as of head (a complete change writes head in its last transaction):
+  // read them now. Head's revision may have been compacted meanwhile (an
+  // operator's etcdctl compact, etcd's --auto-compaction-retention, another
+  // control plane on the same etcd), and a read at it would be refused: no
+  // server could lead again.
+  absl::StatusOr<std::vector<EtcdKeyValue>> at_head =
+      session_->RangeAll(rows_prefix_, pending.empty() ? 0 : head_revision, /*keys_only=*/false);
+  if (!at_head.ok() && !pending.empty() &&
+      absl::StrContains(at_head.status().message(), "compacted")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a change to the state was cut half-way (", pending_key_,
+        " is set) and etcd no longer holds the state before it (revision ", head_revision, " of ",
+        head_key_,
+        " was compacted), so no leader can put it back. To serve the state as it is, with that "
+        "change partly applied, delete the key: etcdctl del ",
+        pending_key_,
+        ". Compact etcd only at or below the leader's zeroshard_etcd_compacted_revision, which "
+        "the leader keeps up to date itself"));
+  }
+  return at_head;
 }
 
 absl::Status EtcdStateReplica::Repair(int64_t head_revision,

@@ -223,6 +223,11 @@ class EtcdStateReplica : public DatabaseReplica {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Repair(int64_t head_revision, const std::vector<EtcdKeyValue>& at_head)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rows as of head: read now when no change was cut half-way
+  // (`pending` empty), else at head's revision.
+  absl::StatusOr<std::vector<EtcdKeyValue>> RowsAtHead(int64_t head_revision,
+                                                       const std::string& pending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The etcd keys and values of one entry (its parts) and the deletes of
   // parts it no longer has; returns its part count.
