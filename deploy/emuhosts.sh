@@ -36,8 +36,8 @@ usage: emuhosts.sh [--name NAME] [--json] COMMAND [ARGS]
                           a suffix k, m, g (10m = 10 Mbit/s); 0 removes the limit
   firewall K FIRST LAST   host K accepts new TCP connections from other hosts
                           on ports FIRST..LAST only (dropped silently otherwise)
-  show                    the hosts, their addresses, cuts, rates, processes
-                          (--json: one JSON object)
+  show [--json]           the hosts, their addresses, cuts, rates, processes
+                          (--json: one JSON object; also before the command)
   list                    every set of emulated hosts on this machine
   down                    kill what runs on the hosts and delete them (also
                           after a failure; nothing to delete is not an error)
@@ -45,9 +45,11 @@ usage: emuhosts.sh [--name NAME] [--json] COMMAND [ARGS]
   netns K | address K     the namespace's name, the host's address
 
 NAME (default zsemu) names the set: namespaces NAME-h0.., NAME-br.
-Example, a worker host cut off for 20 s:
+Example, a worker host cut off for 20 s (--insecure: a server off loopback
+with no authentication refuses to start without it; 198.18.0.0/24 exists only
+inside these namespaces):
   emuhosts.sh create 3
-  emuhosts.sh run 0 shard_server --listen=198.18.0.1:7070 &
+  emuhosts.sh run 0 shard_server --listen=198.18.0.1:7070 --insecure &
   emuhosts.sh run 1 shard_worker --server=198.18.0.1:7070 ... &
   emuhosts.sh cut 1; sleep 20; emuhosts.sh heal 1
   emuhosts.sh down
@@ -302,6 +304,12 @@ pids_of() { "$IP" netns pids "$(host_ns "$1")" 2>/dev/null | wc -l; }
 
 cmd_show() {
   local n k
+  while (($#)); do
+    case $1 in
+      --json) JSON=1; shift ;;
+      *) die "show: unknown argument '$1' (expected --json)" ;;
+    esac
+  done
   n=$(count)
   if ((JSON)); then
     printf '{"name":"%s","bridge_netns":"%s","owner":"%s","hosts":[' "$NAME" "$(bridge_ns)" \

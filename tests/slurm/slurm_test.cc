@@ -212,7 +212,9 @@ TEST_F(SlurmTest, TrainsCheckpointsAndConsolidatesAndSacctAgrees) {
   EXPECT_TRUE(
       absl::StrContains(out, absl::StrCat("consolidated step ", kSteps, " of job slurm-", id)))
       << out;
-  const std::string model = absl::StrCat(run, "/models/slurm-", id, ".safetensors");
+  // Named after the step merged: a continued or requeued run writes its own.
+  const std::string model =
+      absl::StrCat(run, "/models/slurm-", id, "-step", kSteps, ".safetensors");
   EXPECT_GT(ReadFileOrEmpty(model).size(), 256 * 1024 * 4) << model;  // >= the MLP's f32 weights
 }
 
