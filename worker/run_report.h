@@ -86,7 +86,8 @@ struct GoodputSummary {
 // What the training loop measured, step by step, on this rank.
 struct RunMetrics {
   std::vector<double> losses;  // the step's loss, averaged over ranks
-  // 0-based steps dropped for a non-finite loss or gradient norm
+  // Steps dropped for a non-finite loss or gradient norm, 1-based as the
+  // log numbers them ("step 4/8": 4)
   // (--on_nonfinite=skip); their losses entries hold that loss (NaN, Inf).
   std::vector<int64_t> skipped_steps;
   // Wall time of each --replica_check_every hash, taken inside the step's

@@ -298,6 +298,7 @@ absl::Status Worker::Train() {
   const CheckpointConfig& checkpoints = config_.checkpoint;
   const PlaneBytes bytes_before = PlaneBytes::Of(plane);
   LogTrainingStart(g);
+  if (absl::Status s = CheckReplicasExist(e); !s.ok()) return s;
   Checkpointer checkpointer(client_.get(), checkpoints, config_.engine.optimizer,
                             &metrics_.checkpoint_pause_ms);
   SetCheckpointer(&checkpointer);  // its commits_pending in the heartbeats
@@ -430,19 +431,35 @@ absl::Status Worker::CheckIntegrity(int completed) {
                  rank_, c.bit, completed);
   }
   const int every = config_.replica_check_every;
-  if (every == 0) return absl::OkStatus();
-  if (e.group_size() >= e.world_size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--replica_check_every needs replicas: shard groups smaller than the job "
-                     "(--shard_group_size=G < W=",
-                     e.world_size(), "); flat stage 3 has none to compare against"));
-  }
+  if (every == 0 || e.group_size() >= e.world_size()) return absl::OkStatus();  // none to compare
   // The last step's hashes have no next step to travel with: compared here.
   if (completed != config_.schedule.steps || completed % every != 0) return absl::OkStatus();
   const absl::Time start = absl::Now();
   absl::Status s = CheckReplicas(e, completed, config_.schedule.steps, MemberHosts());
   metrics_.replica_check_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
   return s;
+}
+
+absl::Status Worker::CheckReplicasExist(const ZeroEngine& e) {
+  if (config_.replica_check_every == 0 || e.group_size() < e.world_size()) {
+    return absl::OkStatus();
+  }
+  // A numeric --shard_group_size was checked with the flags: here the
+  // groups are by host and every rank is on one, or the job shrank to one
+  // group (a recovery), which a check cannot help and must not end.
+  if (e.world_size() < config_.world_size) {
+    if (rank_ == 0) {
+      std::fprintf(stderr,
+                   "shard_worker rank 0: replica checks paused: the job shrank to W=%d, one shard "
+                   "group, so no shard has a replica; they resume when it grows back\n",
+                   e.world_size());
+    }
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--replica_check_every needs replicas: shard groups smaller than the job (W=",
+      e.world_size(),
+      "; --shard_group_size=host made one group of them all: every rank is on one host)"));
 }
 
 std::vector<std::string> Worker::MemberHosts() const {
@@ -488,7 +505,9 @@ absl::Status Worker::RunStep(int step) {
   WaitForCopies(&timing);
   const double lr = config_.schedule.LearningRate(step);
   const int check_every = config_.replica_check_every;
-  if (check_every > 0 && (step + 1) % check_every == 0) e.HashShardAtNextUpdate();
+  if (check_every > 0 && (step + 1) % check_every == 0 && e.group_size() < e.world_size()) {
+    e.HashShardAtNextUpdate();
+  }
   absl::StatusOr<StepStats> stats = e.Step(lr);
   if (!stats.ok()) return Annotate(stats.status(), absl::StrCat("step ", step, " optimizer"));
   timing.end = absl::Now();
@@ -579,7 +598,7 @@ absl::Status Worker::ActOnVerdict(int step, const StepStats& stats) {
     return s;
   }
   if (verdict.bad()) {
-    metrics_.skipped_steps.push_back(step);
+    metrics_.skipped_steps.push_back(step + 1);  // numbered as the log's "step N/M"
     if (rank_ == 0) std::fprintf(stderr, "%s\n", nonfinite_.last_skip().c_str());
   } else {
     spikes_.Record(step, verdict.mean_loss);

@@ -306,6 +306,10 @@ class Worker {
   // blob), and with --replica_check_every checks the replicas agree on it.
   // The step Train runs next.
   absl::StatusOr<int> Rewind();
+  // --replica_check_every: FAILED_PRECONDITION when the job at its full
+  // size has no replicas (shard groups by host, every rank on one); a
+  // shrunk job's checks pause instead (said on rank 0).
+  absl::Status CheckReplicasExist(const ZeroEngine& e);
   // The hosts of this generation's members, by rank.
   std::vector<std::string> MemberHosts() const;
   absl::Status Evaluate(int completed_steps);

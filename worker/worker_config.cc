@@ -653,6 +653,14 @@ absl::Status ReadRun(WorkerConfig* config) {
     return Bad(absl::StrCat("--replica_check_every=", config->replica_check_every,
                             ": expected 0 (off) or a number of steps"));
   }
+  const int group = config->plan.shard_group_size;
+  if (config->replica_check_every > 0 && !config->shard_group_by_host &&
+      (group == 0 || group >= config->world_size)) {
+    return Bad(absl::StrCat("--replica_check_every needs replicas: shard groups smaller than the "
+                            "job (--shard_group_size=G < --world_size=",
+                            config->world_size, ", or 'host' across hosts); without them "
+                            "there is no copy of a shard to compare against"));
+  }
   if (absl::Status s =
           ParseTestingCorrupt(absl::GetFlag(FLAGS_testing_corrupt), &config->testing_corrupt);
       !s.ok()) {

@@ -114,7 +114,9 @@ TEST(RewindTest, ABadBatchSpikesAgainAfterTheRewindAndIsSkipped) {
   std::fprintf(stderr, "boundaries that waited for the previous transfer: %d\n",
                report["snapshots_waited"].get<int>());
   EXPECT_EQ(report["rewinds"][0]["cause"].get<std::string>(), "data");
-  EXPECT_EQ(report["skipped_steps"].get<std::vector<int64_t>>(), std::vector<int64_t>{kBadStep});
+  // Numbered as the log numbers steps (1-based), like rewinds[].bad_step.
+  EXPECT_EQ(report["skipped_steps"].get<std::vector<int64_t>>(),
+            std::vector<int64_t>{kBadStep + 1});
 
   ASSERT_TRUE(cluster.Run("lacking", kWorld, Flags(kSteps - 1, {"--data=" + lacking})));
   const Params with_spike = Final(cluster, "spiked", kSteps);

@@ -285,6 +285,16 @@ TEST_F(WorkerConfigTest, NumericalIntegrityFlagsNameWhatTheyTake) {
   absl::SetFlag(&FLAGS_replica_check_every, -5);
   EXPECT_TRUE(absl::StrContains(Refusal(), "--replica_check_every=-5")) << Refusal();
   absl::SetFlag(&FLAGS_replica_check_every, 5);
+  // Without shard groups smaller than the job there is nothing to compare:
+  // refused with the flags, not after the first step.
+  EXPECT_TRUE(absl::StrContains(Refusal(), "--replica_check_every needs replicas: shard groups "
+                                           "smaller than the job (--shard_group_size=G < "
+                                           "--world_size=1"))
+      << Refusal();
+  absl::SetFlag(&FLAGS_world_size, 4);
+  absl::SetFlag(&FLAGS_shard_group_size, "4");
+  EXPECT_TRUE(absl::StrContains(Refusal(), "--replica_check_every needs replicas")) << Refusal();
+  absl::SetFlag(&FLAGS_shard_group_size, "2");
   for (const char* bad : {"1", "1:0", "x:3", "-1:3", "1:2:3", "1:2:31", "1:2,", "1:2:23:4"}) {
     absl::SetFlag(&FLAGS_testing_corrupt, bad);
     EXPECT_TRUE(absl::StrContains(Refusal(), "expected RANK:STEP")) << bad << ": " << Refusal();
