@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <thread>
@@ -60,6 +61,29 @@ using RankService =
     v1::Coordinator::WithCallbackMethod_Heartbeat<v1::Coordinator::WithCallbackMethod_Join<
         v1::Coordinator::WithRawCallbackMethod_StoreWait<v1::Coordinator::Service>>>;
 
+namespace {
+
+// --listen=unix:PATH: PATH's directory, made if missing as `mkdir -p`
+// does (a fresh host has no /run/zeroshard; under systemd,
+// RuntimeDirectory= makes it).
+absl::Status MakeSocketDir(const std::string& listen) {
+  if (listen.rfind("unix:", 0) != 0) return absl::OkStatus();
+  const std::filesystem::path dir =
+      std::filesystem::path(listen.substr(5)).lexically_normal().parent_path();
+  if (dir.empty()) return absl::OkStatus();
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--listen=", listen, ": cannot create the socket's directory ",
+                     dir.string(), ": ", error.message(),
+                     "; pass a path in a directory this user can write"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 class HostAgent::Impl final : public RankService {
  public:
   explicit Impl(HostAgentOptions options)
@@ -76,6 +100,7 @@ class HostAgent::Impl final : public RankService {
           "--listen=", options_.listen, ": a unix socket path has at most ", kMaxUnixPath,
           " characters, this one ", options_.listen.size() - 5, "; choose a shorter path"));
     }
+    if (absl::Status s = MakeSocketDir(options_.listen); !s.ok()) return s;
     channel_ = options_.server_channel;
     if (channel_ == nullptr) {
       absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options_.server);

@@ -20,8 +20,8 @@
 #include "common/local_address.h"
 
 ABSL_FLAG(std::string, listen, "unix:/run/zeroshard/agent.sock",
-          "Where the host's ranks reach the agent: unix:PATH, or 127.0.0.1:PORT (port 0: any); "
-          "give the workers the same with --agent");
+          "Where the host's ranks reach the agent: unix:PATH (its directory made if missing), "
+          "or 127.0.0.1:PORT (port 0: any); give the workers the same with --agent");
 ABSL_FLAG(int, batch_window_ms, 20,
           "Beats of the host's ranks that arrive within this many ms go to the server in one "
           "message (a failed collective's beat and a rank's death go at once)");

@@ -1,6 +1,7 @@
 // The shipped binaries as a user runs them: shard_server started as a
 // process, queried by gRPC health checks and by shardctl.
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
@@ -117,6 +119,38 @@ TEST(ListenTest, APortOutOfRangeIsRefused) {
             std::string::npos)
       << output;
   EXPECT_EQ(output.find("listening on"), std::string::npos) << output;
+}
+
+// The node agent's socket directory is made as `mkdir -p` would (docs/scale.md
+// listens on /run/zeroshard/agent.sock, which a fresh host lacks); a path
+// whose directory cannot be made is refused naming the flag.
+TEST(AgentListenTest, TheSocketsDirectoryIsMadeAndOneThatCannotBeIsRefused) {
+  // Under /tmp: a unix socket path has at most 107 characters.
+  char tmpl[] = "/tmp/zs-agent-dir-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  absl::Cleanup remove = [&dir] { testing::RunCommand("rm -rf " + dir); };
+  const std::string agent = testing::RunfilePath("agent/shard_agent");
+  const std::string socket = dir + "/run/zeroshard/agent.sock";
+  // Started, waited for until its socket exists (at most 20 s), stopped.
+  auto [code, output] = testing::RunCommand(absl::StrCat(
+      "timeout 30 sh -c '", agent, " --server=127.0.0.1:9 --listen=unix:", socket,
+      " & pid=$!; i=0; while [ ! -S ", socket, " ] && kill -0 $pid && [ $i -lt 200 ]; do "
+      "sleep 0.1; "
+      "i=$((i+1)); done; [ -S ", socket, " ] && echo SOCKET; kill $pid; wait $pid' 2>&1"));
+  EXPECT_NE(output.find("SOCKET"), std::string::npos) << output;
+  EXPECT_NE(output.find("listening on unix:" + socket), std::string::npos) << output;
+
+  testing::WriteFile(dir + "/a-file", "not a directory\n");
+  auto [refused_code, refused] = testing::RunCommand(
+      absl::StrCat("timeout 20 ", agent, " --server=127.0.0.1:9 --listen=unix:", dir,
+                   "/a-file/agent.sock 2>&1"));
+  EXPECT_NE(refused_code, 0) << refused;
+  EXPECT_NE(refused_code, 124) << "it served: " << refused;
+  EXPECT_NE(refused.find("--listen=unix:" + dir + "/a-file/agent.sock: cannot create the "
+                         "socket's directory"),
+            std::string::npos)
+      << refused;
 }
 
 TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
