@@ -232,12 +232,15 @@ absl::StatusOr<JoinInfo> Client::Join(const std::string& job_id, int world_size,
       return info_;
     }
     if (!Retryable(status) || absl::Now() + backoff >= deadline) {
+      // How long it tried says something only of a refusal it retried.
+      const absl::Duration tried = absl::Trunc(absl::Now() - started, absl::Seconds(1));
       return absl::Status(
           status.code(),
           absl::StrCat("join of job '", job_id, "' as '", worker_id, "' at ", options_.server, ": ",
-                       status.message(), " (tried for ",
-                       absl::FormatDuration(absl::Trunc(absl::Now() - started, absl::Seconds(1))),
-                       ")"));
+                       status.message(),
+                       Retryable(status)
+                           ? absl::StrCat(" (tried for ", absl::FormatDuration(tried), ")")
+                           : ""));
     }
     // Say so every few seconds: an unreachable server (a wrong address, a
     // firewall, a server listening on 127.0.0.1) is otherwise a silent wait.

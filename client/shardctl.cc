@@ -118,10 +118,10 @@ void PrintControlPlane(const v1::ControlPlaneStatus& cp) {
   }
   const double used = e.quota_bytes() > 0 ? 100.0 * e.db_size_bytes() / e.quota_bytes() : 0;
   std::printf(
-      "etcd storage: db %.1f MiB (%.1f MiB in use) of a %.0f MiB quota (%.0f %%); "
-      "last compaction %s\n",
-      e.db_size_bytes() / 1048576.0, e.db_size_in_use_bytes() / 1048576.0,
-      e.quota_bytes() / 1048576.0, used,
+      "etcd storage: db %s (%s in use) of a %s quota (%.0f %%); last compaction %s\n",
+      HumanBytes(static_cast<double>(e.db_size_bytes())).c_str(),
+      HumanBytes(static_cast<double>(e.db_size_in_use_bytes())).c_str(),
+      HumanBytes(static_cast<double>(e.quota_bytes())).c_str(), used,
       e.compacted_unix_ms() == 0 ? "none yet"
                                  : absl::StrCat("at revision ", e.compacted_revision()).c_str());
   for (const std::string& alarm : e.alarms()) {

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/model_zoo.h"
+#include "common/table.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/coordinator_stub.h"
@@ -476,6 +477,18 @@ TEST_F(KillDuringJoinAndCommitTest, AJobOutlivesItsLeaderKilledInTheJoinBarrierA
       testing::RunfilePath("client/shardctl"), " --server=", servers_.addresses(),
       " consolidate --job=storm --step=", kCommitStep, " --weights_only --out=", merged, " 2>&1"));
   EXPECT_EQ(code, 0) << output;
+  // The operator's view of etcd's storage, in units that fit each size (a
+  // quota under 1 MiB printed "0 MiB"; 2 GiB, "2048 MiB").
+  auto [status_code, status_text] = testing::RunCommand(
+      absl::StrCat(testing::RunfilePath("client/shardctl"), " --server=", servers_.addresses(),
+                   " status 2>&1"));
+  EXPECT_EQ(status_code, 0) << status_text;
+  const v1::EtcdStorage& storage = status->control_plane().etcd_storage();
+  ASSERT_GT(storage.quota_bytes(), 0) << status->DebugString();
+  EXPECT_TRUE(absl::StrContains(
+      status_text,
+      absl::StrCat("of a ", HumanBytes(static_cast<double>(storage.quota_bytes())), " quota (")))
+      << status_text;
   const testing::Params calm = Final("calm", kCommitStep);
   EXPECT_EQ(Final("storm", kCommitStep), calm);
   EXPECT_EQ(testing::LoadSafetensorsParams(merged), calm);
