@@ -1146,10 +1146,34 @@ def check_etcd_unit(unit_name, unit_text, env_name, env_text, etcd_flags, report
     report.error(unit_name, "ETCD_DATA_DIR=%s is not below StateDirectory= %s" % (data, writable))
 
 
+HA_K8S = "deploy/k8s/ha/"
+
+
+def check_k8s_flags(files, flagsets, report):
+  """Every zeroshard binary a manifest runs gets only flags it accepts."""
+  found = 0
+  for source, file_docs in sorted(files.items()):
+    for doc in file_docs:
+      if not isinstance(doc, dict):
+        continue
+      pod, _ = pod_templates(doc)
+      if pod is None:
+        continue
+      title = "%s/%s" % (doc.get("kind"), (doc.get("metadata") or {}).get("name"))
+      for group in ("initContainers", "containers"):
+        for c in pod.get(group) or []:
+          for inv in container_invocations(c, source, "%s, container %s" % (title, c.get("name"))):
+            check_flags(inv, flagsets, report)
+            found += 1
+  if files and found == 0:
+    report.error(HA_K8S, "no zeroshard binary found in %s" % ", ".join(sorted(files)))
+
+
 def read_templates(root):
   texts = {}
-  for path in sorted(glob.glob(os.path.join(root, "deploy/k8s/*.yaml"))):
-    texts[os.path.relpath(path, root)] = open(path).read()
+  for pattern in ("deploy/k8s/*.yaml", "deploy/k8s/ha/*.yaml"):
+    for path in sorted(glob.glob(os.path.join(root, pattern))):
+      texts[os.path.relpath(path, root)] = open(path).read()
   for rel in (SLURM, UNIT, ENVFILE, HA_ENVFILE, ETCD_UNIT, ETCD_ENVFILE):
     path = os.path.join(root, rel)
     if not os.path.exists(path):
@@ -1171,7 +1195,12 @@ def run_checks(texts, flagsets, k8s_docs=None):
           k8s_docs[name] = list(yaml.safe_load_all(text))
         except yaml.YAMLError as e:
           report.error(name, "invalid YAML: %s" % e)
-  check_k8s(k8s_docs, flagsets, report)
+  # Three servers on etcd (deploy/k8s/ha) are another deployment of the
+  # same Job: their own invocations' flags are checked here, the one
+  # server's structure (its claim, probes, Service) by check_k8s.
+  ha = {n: d for n, d in k8s_docs.items() if n.startswith(HA_K8S)}
+  check_k8s({n: d for n, d in k8s_docs.items() if n not in ha}, flagsets, report)
+  check_k8s_flags(ha, flagsets, report)
   try:
     check_slurm(SLURM, texts[SLURM], flagsets, report)
   except ValueError as e:
@@ -1244,7 +1273,9 @@ def self_test(texts, flagsets, baseline):
     misses.append("only %d flags could be renamed: is the template reader finding the "
                   "invocations?" % renamed_count)
 
-  docs = {n: list(yaml.safe_load_all(s)) for n, s in texts.items() if n.endswith(".yaml")}
+  # The structural mutations are of the one-server deployment.
+  docs = {n: list(yaml.safe_load_all(s)) for n, s in texts.items()
+          if n.endswith(".yaml") and not n.startswith(HA_K8S)}
 
   def mutate(description, fn, expect):
     d = copy.deepcopy(docs)
