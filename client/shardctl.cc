@@ -172,7 +172,7 @@ void PrintMembers(const v1::JobStatus& job, int rank, const std::string& host) {
                  "FLAGS"});
   for (const v1::MemberStatus* row : rows.members) {
     const v1::MemberStatus& m = *row;
-    std::string state = m.left() ? "left" : (m.alive() ? "alive" : "dead");
+    std::string state = m.left() ? "left" : m.rejoined() ? "rejoined" : m.alive() ? "alive" : "dead";
     if (m.rank() < 0) state = "joining";
     members.AddRow(
         {m.rank() < 0 ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(), state,

@@ -123,9 +123,10 @@ std::string Render(Client& client, const v1::GetStatusResponse& status, bool col
                     m.last_heartbeat_age_ms() < 0
                         ? "-"
                         : absl::StrFormat("%.1fs", m.last_heartbeat_age_ms() / 1000.0),
-                    m.left()     ? "LEFT"
-                    : !m.alive() ? "DEAD"
-                                 : MemberFlags(m)});
+                    m.left()       ? "LEFT"
+                    : m.rejoined() ? "REJOINED"
+                    : !m.alive()   ? "DEAD"
+                                   : MemberFlags(m)});
       flagged_rows.push_back(m.hung() ? 2 : m.straggler() ? 1 : 0);
     }
     // The table's lines: header, then one per row; flagged rows in color.

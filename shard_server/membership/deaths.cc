@@ -19,6 +19,9 @@ void Membership::MarkDead(Job& job, MemberState& m, absl::Time now, absl::string
   job.StopWatching(m.rank);
   absl::StrAppend(dead, dead->empty() ? "" : ", ", "worker '", m.worker_id, "' (rank ", m.rank,
                   ")");
+  // A survivor of an abandoned generation that has joined the next one
+  // beats no more in the old: not a death (status shows it rejoined).
+  if (!job.formed() && job.pending.count(m.worker_id) > 0) return;
   log_->Log("member_dead", {{"job", job.id},
                             {"worker", m.worker_id},
                             {"rank", absl::StrCat(m.rank)},

@@ -65,7 +65,11 @@ void Membership::FillStatus(const std::string& job_id, v1::GetStatusResponse* re
       ms->set_rank(m.rank);
       ms->set_worker_id(m.worker_id);
       ms->set_host(m.host);
-      ms->set_alive(m.alive);
+      // A survivor waiting in the next generation's join barrier is alive,
+      // though the abandoned generation it beat in counts it silent.
+      const bool rejoined = !job->formed() && !m.left && job->pending.count(m.worker_id) > 0;
+      ms->set_alive(m.alive || rejoined);
+      ms->set_rejoined(rejoined);
       ms->set_left(m.left);
       ms->set_last_heartbeat_age_ms(
           m.heartbeat_seen

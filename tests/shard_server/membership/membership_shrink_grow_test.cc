@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "shard_server/membership/membership.h"
 #include "tests/shard_server/membership/membership_fixture.h"
@@ -32,6 +33,20 @@ TEST_F(MembershipTest, ShrinksToTheSurvivorsAfterTheRejoinGrace) {
   clock_.Advance(absl::Seconds(4));
   membership_->Tick();
   EXPECT_FALSE(again[0].has_value()) << "formed before the grace was over";
+  // Past a heartbeat timeout in the join barrier: the survivors beat no more
+  // in the abandoned generation, but they are not dead. They were shown dead
+  // and logged member_dead ('heartbeat timeout') beside the one that died.
+  {
+    const v1::JobStatus forming = membership_->Status("el").jobs(0);
+    ASSERT_EQ(forming.members_size(), 3);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(forming.members(r).alive()) << r;
+      EXPECT_TRUE(forming.members(r).rejoined()) << r;
+    }
+    EXPECT_FALSE(forming.members(2).alive());
+    EXPECT_FALSE(forming.members(2).rejoined());
+    EXPECT_EQ(Logged("member_dead"), 1) << absl::StrJoin(lines_, "\n");
+  }
   clock_.Advance(absl::Seconds(1));
   membership_->Tick();
   for (auto& r : again) {
