@@ -13,6 +13,9 @@
    package of a lower layer. Tests and tools may depend on anything, but no
    product package depends on them, and no package graph cycle exists. The
    edges come from `bazel query`.
+4. The control plane links none of the programs that call it: no package under
+   shard_server/ depends on client/, worker/, agent/ or python/ (FORBIDDEN),
+   though LAYERS puts them lower.
 
   python3 tools/check_layout.py [--no_bazel] [--json]
 
@@ -52,6 +55,18 @@ LAYERS = [
     ["shard_server/observability"],
     ["shard_server"],
 ]
+
+# (source package prefix, destination package prefixes it must not reach).
+FORBIDDEN = [
+    ("shard_server", ("client", "worker", "agent", "python")),
+]
+
+
+def forbidden(src, dst):
+    def under(p, prefix):
+        return p == prefix or p.startswith(prefix + "/")
+    return any(under(src, s) and any(under(dst, d) for d in ds) for s, ds in FORBIDDEN)
+
 
 # Functions over MAX_FUNCTION_LINES still to be cut ("file:function name").
 # Flag tables (a binary's flags read into its config, one statement a flag)
@@ -171,6 +186,9 @@ def check_graph(edges):
                 continue
             if not is_product(dst):
                 errors.append(f"//{src} -> //{dst}: a product package depends on tests or tools")
+            elif forbidden(src, dst):
+                errors.append(f"//{src} -> //{dst}: the control plane depends on a program that "
+                              f"calls it; move what both need to //common")
             elif src in layer and dst in layer and layer[dst] >= layer[src]:
                 errors.append(f"//{src} -> //{dst}: points {'up' if layer[dst] > layer[src] else 'sideways'} "
                               f"(layer {layer[src]} to {layer[dst]}); move the shared code down")

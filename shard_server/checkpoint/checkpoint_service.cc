@@ -531,8 +531,8 @@ grpc::Status CheckpointService::BeginConsolidation() {
   if (consolidations_ >= options_.max_consolidations) {
     return Error(absl::StatusCode::kResourceExhausted,
                  absl::StrCat(consolidations_,
-                              " consolidations are running (the server's "
-                              "limit); try again when one finished"));
+                              " consolidations are running, the server's limit "
+                              "(--max_consolidations); try again when one finished"));
   }
   ++consolidations_;
   return grpc::Status::OK;
