@@ -22,7 +22,15 @@ checks=(cuda_kernels_parity_check cuda_engine_parity_check cuda_gpt_parity_check
 present=()
 for c in "${checks[@]}"; do
   if "$BAZEL" query "//tests/gpu:$c" >/dev/null 2>&1; then present+=("$c"); else
-    echo "gpu_bundle: //tests/gpu:$c is not defined in this build; left out" >&2; fi
+    echo "gpu_bundle: //tests/gpu:$c is not defined in this build; left out" >&2
+    # Only cuDNN's check may be missing: without the others the bundle is
+    # useless on the GPU machine (is @local_cuda configured? bazel info
+    # output_base, then external/local_cuda/defs.bzl says why not).
+    if [[ "$c" != cuda_cudnn_attention_check ]]; then
+      echo "gpu_bundle: no bundle without //tests/gpu:$c" >&2
+      exit 1
+    fi
+  fi
 done
 checks=("${present[@]}")
 targets=(//shard_server //worker:shard_worker //client:shardctl)
@@ -30,6 +38,7 @@ for c in "${checks[@]}"; do targets+=("//tests/gpu:$c"); done
 "$BAZEL" build "${targets[@]}"
 bin="$("$BAZEL" info bazel-bin 2>/dev/null)"
 
+mkdir -p "$(dirname "$out")"
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin/tests/gpu" "$stage/bin/shard_server" "$stage/bin/worker" "$stage/bin/client" "$stage/lib"
@@ -44,7 +53,8 @@ files+=("$stage/bin/shard_server/shard_server" "$stage/bin/worker/shard_worker" 
 # CUDA's runtime and NCCL (taken from the machine, matching its driver).
 skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|linux-vdso|libnccl|libcuda)\.'
 for f in "${files[@]}"; do
-  ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
+  ldd "$f" | awk -v f="$f" '$2 == "=>" && $3 ~ /^\// {print $1, $3}
+    $2 == "=>" && $3 == "not" {print "gpu_bundle: " f ": " $1 " not found" > "/dev/stderr"}'
 done | sort -u | while read -r name path; do
   [[ "$name" =~ $skip ]] && continue
   cp -L "$path" "$stage/lib/$name"

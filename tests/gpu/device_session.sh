@@ -11,6 +11,11 @@
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz bench    # ~5 min
 #     bash tests/gpu/device_session.sh .gpu/bundle.tar.xz focus    # ~3.5 min, see below
 #
+# focus runs FOCUS_STEPS (default parity,quickstart,kernel_bench,gpt_bench;
+# also nccl), each step limited to STEP_TIMEOUT s (the quickstart to
+# QUICKSTART_TIMEOUT, default STEP_TIMEOUT) and the whole to what the
+# caller's `timeout` allows: a TERM prints the summary so far.
+#
 # checks: every parity check and the quickstart (1800 steps, a few seconds on a GPU) (run.sh steps
 # 1, 5-7); bench: the kernel benches and the device GPT beside PyTorch FSDP2
 # in interleaved rounds (steps 9-10; ROUNDS, GPT_ATTENTION as run.sh). The
@@ -21,7 +26,7 @@
 # nvidia/*/lib under python3's site-packages, when it has no system copy).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-bundle="${1:?usage: tests/gpu/device_session.sh BUNDLE.tar.xz checks|bench|all}"
+bundle="${1:?usage: tests/gpu/device_session.sh BUNDLE.tar.xz checks|bench|all|focus}"
 part="${2:-all}"
 case "$part" in
   checks) steps="checks" ;;
@@ -34,6 +39,13 @@ case "$part" in
     # path's before), and a short profile of bf16 at stages 0 and 3 with the
     # default attention, where stage 3's extra milliseconds go (~3.5 min).
     steps="${FOCUS_STEPS:-parity,quickstart,kernel_bench,gpt_bench}"
+    for s in ${steps//,/ }; do
+      case "$s" in
+        parity | quickstart | nccl | kernel_bench | gpt_bench | checks | bench) ;;
+        *) echo "device_session: FOCUS_STEPS has '$s': expected parity, quickstart, nccl," \
+             "kernel_bench, gpt_bench, checks or bench" >&2; exit 2 ;;
+      esac
+    done
     export ROUNDS="${ROUNDS:-1}" GPT_MODELS="${GPT_MODELS:-gpt2_124m}" GPT_PROFILE="${GPT_PROFILE:-1}"
     export GPT_PROFILE_DTYPES="${GPT_PROFILE_DTYPES:-bf16}"
     export GPT_PROFILE_ATTENTION="${GPT_PROFILE_ATTENTION:-auto}"
@@ -45,9 +57,9 @@ esac
 OUT="${OUT:-/tmp/zeroshard-gpu}"
 mkdir -p "$OUT"
 B=/tmp/zeroshard-bundle
-if [[ ! -x "$B/bin/worker/shard_worker" ]]; then
-  mkdir -p "$B" && tar xJf "$bundle" -C "$B" || { echo "cannot unpack $bundle" >&2; exit 1; }
-fi
+# Unpacked each time: a warm machine may hold an older bundle.
+rm -rf "$B"
+mkdir -p "$B" && tar xJf "$bundle" -C "$B" || { echo "cannot unpack $bundle" >&2; exit 1; }
 libs="$B/lib"
 nvidia_dir="$(python3 -c 'import nvidia, sys; print(list(nvidia.__path__)[0])' 2>/dev/null)"
 # CUDA 13's wheels keep cuBLAS and NVRTC in nvidia/cu13/lib, older ones in

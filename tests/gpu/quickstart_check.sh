@@ -38,7 +38,20 @@ mkdir -p "$OUT/state" "$OUT/checkpoints"
 "$BIN/shard_server/shard_server" --listen=127.0.0.1:0 --port_file="$OUT/port" \
   --state_dir="$OUT/state" --checkpoint_root="$OUT/checkpoints" >"$OUT/server.log" 2>&1 &
 server=$!
-trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null' EXIT
+worker=""
+trap 'kill $worker "$server" 2>/dev/null; wait "$server" 2>/dev/null' EXIT
+# run.sh's step limit (TERM): the worker and the server end with this script.
+trap 'exit 143' TERM INT
+# Runs a worker command in the background and waits for it, so that a TERM
+# is acted on at once (bash defers traps while a foreground child runs).
+run_worker() {
+  "$@" &
+  worker=$!
+  wait "$worker"
+  local rc=$?
+  worker=""
+  return "$rc"
+}
 for _ in $(seq 1 200); do
   [[ -s "$OUT/port" ]] && break
   kill -0 "$server" 2>/dev/null || { echo "shard_server failed: $(tail -n 5 "$OUT/server.log")" >&2; exit 1; }
@@ -59,7 +72,7 @@ device_flags=(--backend="$backend")
 [[ "$backend" == nccl ]] && device_flags+=(--local_rank=0)
 
 echo "training on --backend=$backend: $steps steps"
-if ! timeout 1800 "$BIN/worker/shard_worker" --server="$address" --job=gpu-quickstart \
+if ! run_worker timeout 1800 "$BIN/worker/shard_worker" --server="$address" --job=gpu-quickstart \
   --worker_id=gpu/0 "${common[@]}" "${device_flags[@]}" --steps="$steps" --stage=3 --prefetch=1 \
   --optimizer=adamw --lr=3e-3 --min_lr=3e-4 --lr_schedule=cosine --warmup_steps=100 \
   --max_grad_norm=1.0 --val_every=$((steps / 5 > 0 ? steps / 5 : 1)) --sample=60 \
@@ -80,7 +93,8 @@ fi
 echo "consolidated: $(ls -l "$OUT/model.safetensors")"
 
 echo "evaluating $OUT/model.safetensors on the CPU (--backend=gloo)"
-if ! timeout 900 "$BIN/worker/shard_worker" --server="$address" --job=cpu-eval --worker_id=cpu/0 \
+if ! run_worker timeout 900 "$BIN/worker/shard_worker" --server="$address" --job=cpu-eval \
+  --worker_id=cpu/0 \
   "${common[@]}" --backend=gloo --init_from="$OUT/model.safetensors" --steps=0 --stage=3 \
   --optimizer=adamw --summary_out="$OUT/cpu_summary.json" --eval_out="$OUT/cpu_eval.json" \
   >"$OUT/cpu_eval.log" 2>&1; then

@@ -104,6 +104,7 @@ step() {  # step NAME STATUS [DETAIL]
   esac
 }
 finish() {
+  trap - TERM INT
   echo
   echo "== GPU acceptance summary (logs in $OUT)"
   printf '   %s\n' "${SUMMARY[@]}"
@@ -111,6 +112,24 @@ finish() {
   if ((skipped)); then exit 2; fi
   exit 0
 }
+
+# A step's time limit. --foreground: the step stays in this script's process
+# group, so that a limit on the whole session (the device tool's `timeout`)
+# ends it too, and nothing runs on after the session; and 124 says it timed
+# out (step_failed tells). An array, not a function: a trap that runs while
+# a function's redirections hold would write into the step's log.
+LIMIT=(timeout --foreground -k 5)
+# "FAIL (timed out after N s)" for exit 124, else "FAIL (see LOG)".
+step_failed() {  # step_failed NAME RC LOG [LIMIT_S]
+  if (($2 == 124 || $2 == 137)); then
+    step "$1" FAIL "timed out after ${4:-$STEP_TIMEOUT} s; see $3"
+  else
+    step "$1" FAIL "see $3"
+  fi
+}
+# The session's own limit (TERM) or Ctrl-C: the summary so far, not nothing.
+exec 3>&1
+trap 'step "session" FAIL "interrupted (TERM or INT) before its last step" >&3; finish >&3' TERM INT
 
 # --- 1. Preconditions ---------------------------------------------------------
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >"$OUT/gpus.txt" 2>&1 &&
@@ -210,7 +229,7 @@ want() {
 if want parity || want quickstart || want nccl; then
 if want parity; then
 # --- 5. GPU-versus-CPU parity ----------------------------------------------------
-if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/parity.log" 2>&1; then
+if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_kernels_parity_check" >"$OUT/parity.log" 2>&1; then
   step "CUDA kernels vs CPU kernels" PASS
 else
   step "CUDA kernels vs CPU kernels" FAIL "see $OUT/parity.log"
@@ -218,13 +237,13 @@ fi
 # The device GPT's fused kernels: the classifier and cuBLASLt's epilogues,
 # and cuDNN's attention (exit 2: cuDNN could not be loaded: SKIP, the GPT then
 # runs our flash kernel).
-if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_fused_parity_check" >"$OUT/fused_parity.log" 2>&1; then
+if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_fused_parity_check" >"$OUT/fused_parity.log" 2>&1; then
   step "fused classifier, cuBLASLt epilogues vs CPU" PASS
 else
   step "fused classifier, cuBLASLt epilogues vs CPU" FAIL "see $OUT/fused_parity.log"
 fi
 if [[ -x "$BIN/tests/gpu/cuda_cudnn_attention_check" ]]; then
-  timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_cudnn_attention_check" >"$OUT/cudnn_attention.log" 2>&1
+  "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_cudnn_attention_check" >"$OUT/cudnn_attention.log" 2>&1
   code=$?
 else
   echo "not built: this build has no cuDNN frontend (CUDNN_AVAILABLE = False)" >"$OUT/cudnn_attention.log"
@@ -237,14 +256,14 @@ case $code in
 esac
 
 # --- 5b. The ZeRO engine on the GPU vs the CPU --------------------------------------
-if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_engine_parity_check" >"$OUT/engine_parity.log" 2>&1; then
+if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_engine_parity_check" >"$OUT/engine_parity.log" 2>&1; then
   step "ZeRO engine on GPU vs CPU (stages 0, 3)" PASS
 else
   step "ZeRO engine on GPU vs CPU (stages 0, 3)" FAIL "see $OUT/engine_parity.log"
 fi
 
 # --- 5c. The device GPT vs the CPU GPT ---------------------------------------------
-if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_parity_check" >"$OUT/gpt_parity.log" 2>&1; then
+if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_parity_check" >"$OUT/gpt_parity.log" 2>&1; then
   step "device GPT vs CPU GPT" PASS "per-tensor figures in $OUT/gpt_parity.log"
 else
   step "device GPT vs CPU GPT" FAIL "see $OUT/gpt_parity.log"
@@ -254,11 +273,13 @@ fi  # parity
 
 # --- 6. The quickstart's GPT on one GPU, evaluated on the CPU ------------------------
 if want quickstart; then
-if tests/gpu/quickstart_check.sh "$BIN" "$OUT/quickstart" --backend=nccl \
-  --steps="${QUICKSTART_STEPS:-1800}" >"$OUT/quickstart.log" 2>&1; then
+if "${LIMIT[@]}" "${QUICKSTART_TIMEOUT:-$STEP_TIMEOUT}" tests/gpu/quickstart_check.sh "$BIN" \
+  "$OUT/quickstart" --backend=nccl --steps="${QUICKSTART_STEPS:-1800}" \
+  >"$OUT/quickstart.log" 2>&1; then
   step "quickstart GPT on GPU, evaluated on CPU" PASS "$(grep '^first validation' "$OUT/quickstart.log")"
 else
-  step "quickstart GPT on GPU, evaluated on CPU" FAIL "see $OUT/quickstart.log"
+  step_failed "quickstart GPT on GPU, evaluated on CPU" $? "$OUT/quickstart.log" \
+    "${QUICKSTART_TIMEOUT:-$STEP_TIMEOUT}"
 fi
 
   grep -E '^(training|CPU on)' "$OUT/quickstart.log"
@@ -266,7 +287,7 @@ fi
 
 # --- 7. NcclCommunicator on all GPUs ----------------------------------------------
 if want nccl; then
-if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/nccl_communicator_check" >"$OUT/nccl_check.log" 2>&1; then
+if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/nccl_communicator_check" >"$OUT/nccl_check.log" 2>&1; then
   if grep -q '\[  SKIPPED \]' "$OUT/nccl_check.log"; then
     step "NcclCommunicator on all GPUs" SKIP "some cases need 2 GPUs; see $OUT/nccl_check.log"
   else
@@ -279,7 +300,7 @@ fi
 # --- 8. Bus bandwidth -------------------------------------------------------------
 for dtype in F32 BF16; do
   table="$OUT/busbw_${dtype}.txt"
-  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/nccl_busbw_bench" --dtype="$dtype" --min_bytes=$((1 << 20)) \
+  if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/nccl_busbw_bench" --dtype="$dtype" --min_bytes=$((1 << 20)) \
     --max_bytes=$((1 << 30)) >"$table" 2>&1; then
     cat "$table"
     # The last row is the largest size; its fields 6 and 10 are the busbw of
@@ -307,7 +328,7 @@ if want kernel_bench || want gpt_bench; then
 KERNEL_BENCHES="${KERNEL_BENCHES:-cuda_attention_bench cuda_fused_bench}"
 want kernel_bench || KERNEL_BENCHES=""
 for b in $KERNEL_BENCHES; do
-  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/$b" --json_out="$OUT/$b.json" >"$OUT/$b.txt" \
+  if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/$b" --json_out="$OUT/$b.json" >"$OUT/$b.txt" \
     2>"$OUT/$b.log"; then
     cat "$OUT/$b.txt"
     step "$b" PASS "$OUT/$b.json"
@@ -345,7 +366,7 @@ GPT_PREFETCH="${GPT_PREFETCH:-1}"
 bench_failed=0
 torch_state=""
 for round in $(seq 1 "$ROUNDS"); do
-  if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" \
+  if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" \
     --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" \
     --json_out="$OUT/gpt_bench.$round.json" >"$OUT/gpt_bench.$round.txt" 2>"$OUT/gpt_bench.$round.log"; then
     cat "$OUT/gpt_bench.$round.txt"
@@ -356,7 +377,7 @@ for round in $(seq 1 "$ROUNDS"); do
   # shows them as "3 p2" ...).
   for p in ${GPT_PREFETCH//,/ }; do
     [[ "$p" == 1 ]] && continue
-    if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" --stages=3 \
+    if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" --stages=3 \
       --prefetch="$p" --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" \
       --json_out="$OUT/gpt_bench.p$p.$round.json" >"$OUT/gpt_bench.p$p.$round.txt" \
       2>"$OUT/gpt_bench.p$p.$round.log"; then
@@ -369,7 +390,7 @@ for round in $(seq 1 "$ROUNDS"); do
   # (--packed_collectives=false; compare_gpt.py shows "3 blk"), the
   # before of the packed collectives in the same run.
   if [[ "${GPT_BLOCKS:-0}" == 1 ]]; then
-    if timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" --stages=3 \
+    if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --models="$GPT_MODELS" --stages=3 \
       --packed_collectives=false --attention="${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}" \
       --json_out="$OUT/gpt_bench.blk.$round.json" >"$OUT/gpt_bench.blk.$round.txt" \
       2>"$OUT/gpt_bench.blk.$round.log"; then
@@ -379,7 +400,7 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
   fi
   [[ -z "$torch_python" ]] && continue
-  timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --models="$GPT_MODELS" \
+  "${LIMIT[@]}" "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --models="$GPT_MODELS" \
     --json_out="$OUT/torch_fsdp.$round.json" >"$OUT/torch_fsdp.$round.txt" 2>"$OUT/torch_fsdp.$round.log"
   code=$?
   cat "$OUT/torch_fsdp.$round.txt"
@@ -389,27 +410,12 @@ for round in $(seq 1 "$ROUNDS"); do
   # ratio's baseline; a compile that fails or runs out of time loses only
   # this column: see its log).
   if [[ "${GPT_TORCH_COMPILE:-0}" == 1 && "$torch_state" != skip ]]; then
-    timeout "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --models="$GPT_MODELS" \
+    "${LIMIT[@]}" "$STEP_TIMEOUT" "$torch_python" tests/gpu/torch_fsdp_gpt2.py --models="$GPT_MODELS" \
       --compile --json_out="$OUT/torch_fsdp.compiled.$round.json" \
       >"$OUT/torch_fsdp.compiled.$round.txt" 2>"$OUT/torch_fsdp.compiled.$round.log" &&
       cat "$OUT/torch_fsdp.compiled.$round.txt"
   fi
 done
-# Where the GPU time goes, in a round of its own (CUDA events between the
-# model's sections; not among the rounds compared above): GPT-2 124M,
-# stages 0 and 3 side by side (what stage 3 adds), each kernel;
-# GPT_PROFILE_STAGES, GPT_PROFILE_DTYPES and GPT_PROFILE_ATTENTION narrow it.
-if [[ "${GPT_PROFILE:-1}" == 0 ]]; then
-  :
-elif timeout "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --profile --models=gpt2_124m \
-  --stages="${GPT_PROFILE_STAGES:-0,3}" --dtypes="${GPT_PROFILE_DTYPES:-f32,bf16}" --steps=5 \
-  --attention="${GPT_PROFILE_ATTENTION:-${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}}" \
-  --json_out="$OUT/gpt_profile.json" \
-  >"$OUT/gpt_profile.txt" 2>"$OUT/gpt_profile.log"; then
-  cat "$OUT/gpt_profile.txt"
-else
-  bench_failed=1
-fi
 if ((bench_failed)); then
   step "device GPT throughput (W = 1)" FAIL "see $OUT/gpt_bench.*.log"
 else
@@ -421,8 +427,32 @@ elif [[ "$torch_state" == fail ]]; then
   step "PyTorch FSDP2 GPT beside it" FAIL "see $OUT/torch_fsdp.*.log"
 else
   step "PyTorch FSDP2 GPT beside it" PASS "$OUT/torch_fsdp.*.json"
-  python3 tests/gpu/compare_gpt.py "$OUT"/gpt_bench.*.json -- "$OUT"/torch_fsdp.*.json \
-    | tee "$OUT/compare.txt"
+fi
+# The tables (ours beside PyTorch, stage 3 beside stage 0) from whatever
+# rounds finished, before the profile: a session cut short keeps them.
+shopt -s nullglob
+ours=("$OUT"/gpt_bench.*.json)
+theirs=()
+[[ -n "$torch_python" && -z "$torch_state" ]] && theirs=("$OUT"/torch_fsdp.*.json)
+shopt -u nullglob
+if ((${#ours[@]})); then
+  python3 tests/gpu/compare_gpt.py "${ours[@]}" -- "${theirs[@]}" | tee "$OUT/compare.txt"
+fi
+# Where the GPU time goes, in a round of its own (CUDA events between the
+# model's sections; not among the rounds compared above): GPT-2 124M,
+# stages 0 and 3 side by side (what stage 3 adds), each kernel;
+# GPT_PROFILE_STAGES, GPT_PROFILE_DTYPES and GPT_PROFILE_ATTENTION narrow it.
+if [[ "${GPT_PROFILE:-1}" != 0 ]]; then
+  if "${LIMIT[@]}" "$STEP_TIMEOUT" "$BIN/tests/gpu/cuda_gpt_bench" --profile --models=gpt2_124m \
+    --stages="${GPT_PROFILE_STAGES:-0,3}" --dtypes="${GPT_PROFILE_DTYPES:-f32,bf16}" --steps=5 \
+    --attention="${GPT_PROFILE_ATTENTION:-${GPT_ATTENTION:-naive,flash,flash_tc,cudnn}}" \
+    --json_out="$OUT/gpt_profile.json" \
+    >"$OUT/gpt_profile.txt" 2>"$OUT/gpt_profile.log"; then
+    cat "$OUT/gpt_profile.txt"
+    step "device GPT profile (stages 0 and 3)" PASS "$OUT/gpt_profile.json"
+  else
+    step_failed "device GPT profile (stages 0 and 3)" $? "$OUT/gpt_profile.log"
+  fi
 fi
 
 fi  # gpt_bench
