@@ -639,6 +639,19 @@ def port_of(address):
   return (m.group(1), int(m.group(2))) if m else (None, None)
 
 
+def pod_containers(docs):
+  """(source, doc, pod, pod metadata, container, where) for every container
+  of every pod template in docs, a list of (source, document)."""
+  for source, doc in docs:
+    pod, pod_meta = pod_templates(doc)
+    if pod is None:
+      continue
+    title = "%s/%s" % (doc.get("kind"), (doc.get("metadata") or {}).get("name"))
+    for group in ("initContainers", "containers"):
+      for c in pod.get(group) or []:
+        yield source, doc, pod, pod_meta, c, "%s, container %s" % (title, c.get("name"))
+
+
 def check_k8s(files, flagsets, report):
   """files: name -> list of YAML documents."""
   docs = []
@@ -653,38 +666,31 @@ def check_k8s(files, flagsets, report):
   server_pods = []   # (source, doc, pod, container, invocation)
   worker_pods = []
   client_invs = []
-  for source, doc in docs:
-    pod, pod_meta = pod_templates(doc)
-    if pod is None:
-      continue
-    title = "%s/%s" % (doc.get("kind"), (doc.get("metadata") or {}).get("name"))
-    for group in ("initContainers", "containers"):
-      for c in pod.get(group) or []:
-        where = "%s, container %s" % (title, c.get("name"))
-        invs = container_invocations(c, source, where)
-        # etcd: the image holds Debian's etcd too (deploy/container/build.sh).
-        if (not invs and str(c.get("image", "")).startswith("zeroshard")
-            and (c.get("command") or [""])[0] != "etcd"):
-          report.error(source, "%s runs image %s but no zeroshard binary could be found in its "
-                       "command/args" % (where, c.get("image")))
-        for inv in invs:
-          check_flags(inv, flagsets, report)
-          # $(VAR) in args must be a variable of the container.
-          env_names = set(e.get("name") for e in c.get("env") or [])
-          for arg in inv.argv:
-            for var in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
-              if var not in env_names and (c.get("command") or [""])[0] not in ("/bin/sh", "sh",
-                                                                               "/bin/bash",
-                                                                               "bash"):
-                report.error(source, "%s (%s): %s refers to $(%s), not in the container's env"
-                             % (inv.binary, where, arg, var))
-          entry = (source, doc, pod, pod_meta, c, inv)
-          if inv.binary == "shard_server":
-            server_pods.append(entry)
-          elif inv.binary == "shard_worker":
-            worker_pods.append(entry)
-          else:
-            client_invs.append(entry)
+  for source, doc, pod, pod_meta, c, where in pod_containers(docs):
+    invs = container_invocations(c, source, where)
+    # etcd: the image holds Debian's etcd too (deploy/container/build.sh).
+    if (not invs and str(c.get("image", "")).startswith("zeroshard")
+        and (c.get("command") or [""])[0] != "etcd"):
+      report.error(source, "%s runs image %s but no zeroshard binary could be found in its "
+                   "command/args" % (where, c.get("image")))
+    for inv in invs:
+      check_flags(inv, flagsets, report)
+      # $(VAR) in args must be a variable of the container.
+      env_names = set(e.get("name") for e in c.get("env") or [])
+      for arg in inv.argv:
+        for var in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+          if var not in env_names and (c.get("command") or [""])[0] not in ("/bin/sh", "sh",
+                                                                           "/bin/bash",
+                                                                           "bash"):
+            report.error(source, "%s (%s): %s refers to $(%s), not in the container's env"
+                         % (inv.binary, where, arg, var))
+      entry = (source, doc, pod, pod_meta, c, inv)
+      if inv.binary == "shard_server":
+        server_pods.append(entry)
+      elif inv.binary == "shard_worker":
+        worker_pods.append(entry)
+      else:
+        client_invs.append(entry)
 
   if len(server_pods) != 1:
     report.error("deploy/k8s", "expected exactly one container running shard_server, found %d"
@@ -1152,19 +1158,11 @@ HA_K8S = "deploy/k8s/ha/"
 def check_k8s_flags(files, flagsets, report):
   """Every zeroshard binary a manifest runs gets only flags it accepts."""
   found = 0
-  for source, file_docs in sorted(files.items()):
-    for doc in file_docs:
-      if not isinstance(doc, dict):
-        continue
-      pod, _ = pod_templates(doc)
-      if pod is None:
-        continue
-      title = "%s/%s" % (doc.get("kind"), (doc.get("metadata") or {}).get("name"))
-      for group in ("initContainers", "containers"):
-        for c in pod.get(group) or []:
-          for inv in container_invocations(c, source, "%s, container %s" % (title, c.get("name"))):
-            check_flags(inv, flagsets, report)
-            found += 1
+  docs = [(n, d) for n, ds in sorted(files.items()) for d in ds if isinstance(d, dict)]
+  for source, _, _, _, c, where in pod_containers(docs):
+    for inv in container_invocations(c, source, where):
+      check_flags(inv, flagsets, report)
+      found += 1
   if files and found == 0:
     report.error(HA_K8S, "no zeroshard binary found in %s" % ", ".join(sorted(files)))
 
