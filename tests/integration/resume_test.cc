@@ -107,6 +107,29 @@ TEST_F(ResumeTest, AStepReadAsAnotherShapeIsRefusedNamingBoth) {
   EXPECT_NE(s.message().find(".safetensors"), std::string::npos) << s;
 }
 
+// Another run under a finished job's id, without --resume: its saves of the
+// steps the first run completed are refused, and the first run's files stay
+// as its manifest says (before, the worker's rename replaced them before
+// the server refused the commit: "verified", but DATA_LOSS to consolidate).
+TEST_F(ResumeTest, AnotherRunUnderTheSameJobIdLeavesACompleteCheckpointAlone) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("same", 2, Flags({"--steps=4", "--batch=4", "--checkpoint_every=2"})));
+  const std::string dir = absl::StrCat(cluster_.checkpoint_root(), "/", CheckpointStepDir("same", 2));
+  const std::string before = testing::ReadFileOrEmpty(dir + "/rank-0-of-2.safetensors");
+  ASSERT_FALSE(before.empty());
+  const Params first = LoadStep(cluster_, "same", 2);
+  // Another seed: other values at step 2.
+  std::vector<std::string> again = Flags({"--steps=4", "--batch=4", "--checkpoint_every=2"});
+  again.push_back("--seed=7");
+  EXPECT_FALSE(cluster_.Run("same", 2, again));
+  const std::string logs = cluster_.WorkerLog(0) + cluster_.WorkerLog(1);
+  EXPECT_NE(logs.find("step 2 of job 'same' is a complete checkpoint already"), std::string::npos)
+      << logs;
+  EXPECT_NE(logs.find("--resume=latest"), std::string::npos) << logs;
+  EXPECT_EQ(testing::ReadFileOrEmpty(dir + "/rank-0-of-2.safetensors"), before);
+  EXPECT_EQ(LoadStep(cluster_, "same", 2), first);  // its checksums hold
+}
+
 TEST_F(ResumeTest, ConsolidatedCheckpointContinuesAtOtherWorldSizes) {
   ASSERT_TRUE(cluster_.ok());
   // Global batch 12 rows at every world size: W × batch.

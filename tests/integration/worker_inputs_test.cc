@@ -169,5 +169,18 @@ TEST(WorkerInputsTest, RunFlagsAreCheckedBeforeJoining) {
       "--vocab=100: byte data needs a vocabulary of at least 256");
 }
 
+// A join that times out says why, in the server's words: it answers before
+// the caller's gRPC deadline (a tenth of the time left), which cancelled
+// the call first and left a bare "Deadline Exceeded".
+TEST(WorkerInputsTest, AJoinThatTimesOutSaysHowManyHadJoined) {
+  LocalCluster cluster(testing::MakeTempDir("inputs-join-timeout"));
+  ASSERT_TRUE(cluster.ok());
+  cluster.StartWorkers("lonely", 1, With(kMlp, {"--world_size=2", "--join_timeout_s=2"}));
+  std::vector<int> codes = cluster.WaitWorkers(absl::Seconds(60));
+  const std::string log = cluster.WorkerLog(0);
+  EXPECT_EQ(codes.at(0), 1) << log;
+  EXPECT_TRUE(absl::StrContains(log, "timed out: 1 of 2 workers had joined")) << log;
+}
+
 }  // namespace
 }  // namespace zeroshard

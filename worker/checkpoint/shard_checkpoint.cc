@@ -31,6 +31,39 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
+// The manifest of `job`'s step when the step is a complete checkpoint
+// already, else "".
+std::string CompleteStepManifest(const std::string& root, const std::string& job, int64_t step) {
+  const std::string manifest =
+      absl::StrCat(root, "/", CheckpointStepDir(job, step), "/", kManifestFileName);
+  struct stat st;
+  return stat(manifest.c_str(), &st) == 0 ? manifest : "";
+}
+
+// A save into a complete step (its manifest exists) must not replace its
+// files: the server refuses the commit, but only after the rename, which
+// left a "verified" checkpoint whose files no longer match its checksums.
+// The same bytes again (a recovery re-ran the steps up to a complete
+// checkpoint) are that file already: OK, and nothing is written. Other
+// bytes are an earlier run's under the same job id: refused.
+absl::Status CheckCompleteStep(const std::string& manifest, const WrittenShard& shard,
+                               const ShardIdentity& id) {
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> existing =
+      SafetensorsReader::Open(shard.path);
+  if (existing.ok()) {
+    auto recorded = (*existing)->metadata().find(ShardMetadataKey::kChecksums);
+    if (recorded != (*existing)->metadata().end()) {
+      const nlohmann::json sums = nlohmann::json::parse(recorded->second, nullptr, false);
+      if (!sums.is_discarded() && sums == nlohmann::json(shard.checksums)) return absl::OkStatus();
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", id.step, " of job '", id.job, "' is a complete checkpoint already (", manifest,
+      ") with other contents, from an earlier run under this job id: its files are not "
+      "replaced. Continue that run with --resume=latest, or give this one another --job (or "
+      "move the old checkpoints away)"));
+}
+
 // The shape of a piece: the tensor's, with dim 0 cut to the piece's rows.
 std::vector<int64_t> PieceShape(const ZeroEngine::PieceView& piece) {
   std::vector<int64_t> shape = piece.tensor->shape;
@@ -310,6 +343,13 @@ absl::StatusOr<WrittenShard> WriteShard(const ShardSnapshot& snap, const std::st
   out.relative_path =
       CheckpointShardPath(snap.id.job, snap.id.step, snap.id.rank, snap.id.world_size);
   out.path = absl::StrCat(root, "/", out.relative_path);
+  if (const std::string manifest = CompleteStepManifest(root, snap.id.job, snap.id.step);
+      !manifest.empty()) {
+    if (absl::Status s = CheckCompleteStep(manifest, out, snap.id); !s.ok()) return s;
+    struct stat st;
+    out.size_bytes = stat(out.path.c_str(), &st) == 0 ? st.st_size : 0;
+    return out;  // those bytes, there already
+  }
   if (absl::Status s =
           MakeDirs(absl::StrCat(root, "/", CheckpointStepDir(snap.id.job, snap.id.step)));
       !s.ok()) {
@@ -393,6 +433,12 @@ absl::StatusOr<WrittenShard> WriteShardFromView(const ShardView& view, const std
   }
   if (absl::Status s = (*file)->Overwrite(0, final_header->data(), final_header->size()); !s.ok()) {
     return s;
+  }
+  if (const std::string manifest = CompleteStepManifest(root, id.job, id.step);
+      !manifest.empty()) {
+    out.size_bytes = file_size;
+    if (absl::Status s = CheckCompleteStep(manifest, out, id); !s.ok()) return s;
+    return out;  // the temporary file goes: those bytes are there already
   }
   if (absl::Status s = (*file)->Commit(); !s.ok()) return s;
   out.size_bytes = file_size;

@@ -53,14 +53,18 @@ TEST_F(MembershipTest, TheOneMemberThatFallsSilentAmongManyIsTheOneDeclaredDead)
   // Beats in an order unlike the ranks', the silent member last of all.
   for (int i = 0; i < kWorld; ++i) {
     const int rank = (i * 5 + 3) % kWorld;
-    if (rank != kSilent) ASSERT_TRUE(Beat(Credentials("job", members[rank])).ok());
+    if (rank != kSilent) {
+      ASSERT_TRUE(Beat(Credentials("job", members[rank])).ok());
+    }
   }
   clock_.Advance(absl::Milliseconds(500));
   ASSERT_TRUE(Beat(Credentials("job", members[kSilent])).ok());
   for (int second = 0; second < 4; ++second) {
     clock_.Advance(absl::Seconds(1));
     for (int rank = kWorld - 1; rank >= 0; --rank) {
-      if (rank != kSilent) ASSERT_TRUE(Beat(Credentials("job", members[rank])).ok());
+      if (rank != kSilent) {
+        ASSERT_TRUE(Beat(Credentials("job", members[rank])).ok());
+      }
     }
     membership_->Tick();
     if (second < 2) {

@@ -66,7 +66,7 @@ TEST_F(MembershipTest, RefusesAJobIdLongerThanACheckpointDirectoryMayBe) {
 }
 
 TEST_F(MembershipTest, RefusesAHostThatIsNotPrintableAsciiWithoutSpaces) {
-  for (const std::string host :
+  for (const std::string& host :
        {std::string("a\rb"), std::string("x event=member_dead"), std::string("\x1b[31mred"),
         std::string("nul\0byte", 8), std::string("h\xc3\xa9")}) {
     v1::JoinRequest request = Request("job", 1, "w0");
