@@ -210,11 +210,14 @@ int TopCommand() {
   RawTerminal raw;
   const int iterations = absl::GetFlag(FLAGS_top_iterations);
   if (tty) std::printf("\033[?1049h");  // the alternate screen: the shell's comes back on exit
-  int status_code = 0;
+  // A live view shows a failed read and tries again; the exit says whether
+  // the last read failed (1, its error on stderr too), as `status` does.
+  absl::Status last = absl::OkStatus();
   for (int i = 0; (iterations == 0 || i < iterations) && !interrupted; ++i) {
     absl::StatusOr<v1::GetStatusResponse> status =
         (*client)->GetStatus(StatusRequest(absl::GetFlag(FLAGS_job), absl::GetFlag(FLAGS_rank),
                                            absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_all)));
+    last = status.status();
     std::string screen = status.ok()
                              ? Render(**client, *status, tty)
                              : absl::StrCat("shardctl top: ", status.status().ToString(), "\n");
@@ -229,7 +232,8 @@ int TopCommand() {
   }
   if (tty) std::printf("\033[?1049l");
   std::fflush(stdout);
-  return status_code;
+  if (!last.ok()) return Fail(last);
+  return 0;
 }
 
 }  // namespace zeroshard

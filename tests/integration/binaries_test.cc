@@ -153,6 +153,17 @@ TEST(AgentListenTest, TheSocketsDirectoryIsMadeAndOneThatCannotBeIsRefused) {
       << refused;
 }
 
+// `shardctl top` for a script: a last read that failed exits 1 with its
+// error on stderr (it exited 0), as `status` does.
+TEST_F(BinariesTest, ShardctlTopExitsNonZeroWhenItsLastReadFailed) {
+  StartServer();
+  auto [code, output] = Shardctl("top --top_iterations=1 --job=nope 2>&1");
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_NE(output.find("shardctl: NOT_FOUND"), std::string::npos) << output;
+  auto [fine_code, fine] = Shardctl("top --top_iterations=1 2>&1");
+  EXPECT_EQ(fine_code, 0) << fine;
+}
+
 TEST_F(BinariesTest, SixtyFourJoinsAreListedByShardctlStatusJson) {
   StartServer();
   auto stub = testing::NewCoordinatorStub(address_);
