@@ -376,11 +376,13 @@ void ShardServer::Tick() {
   auto* status = google::protobuf::Arena::CreateMessage<v1::GetStatusResponse>(&arena);
   membership_->FillStatus("", status);
   diagnosis_->Analyze(*status);
-  if (absl::Status s = history_->Record(*status, clock_->Now()); !s.ok() && history_ok_) {
-    log_->Log("history_failed", {{"error", s.ToString()}});  // once until it recovers
-  } else {
-    history_ok_ = s.ok();
+  const absl::Status recorded = history_->Record(*status, clock_->Now());
+  if (!recorded.ok() && history_ok_) {
+    log_->Log("history_failed", {{"error", recorded.ToString()}});  // once until it recovers
+  } else if (recorded.ok() && !history_ok_) {
+    log_->Log("history_recovered", {});
   }
+  history_ok_ = recorded.ok();
   int64_t members = 0;
   for (const v1::JobStatus& job : status->jobs()) members += job.members_size();
   next_analysis_ =

@@ -119,7 +119,9 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::RecordCommit(
   }
   const StepRow step_row{world_size, member.generation(), plan.hash(), false};
   absl::StatusOr<int> committed = SaveCommit(member, step, step_row, shard, new_step, restart);
-  if (!committed.ok()) return committed.status();
+  // Not saved (the state store's disk is full, or it is away): said, as a
+  // refusal is, or the operator sees checkpoints stop with no reason.
+  if (!committed.ok()) return refuse(committed.status());
   if (restart) {
     log_->Log("checkpoint_step_restarted", {{"job", job},
                                             {"step", absl::StrCat(step)},

@@ -426,13 +426,16 @@ absl::StatusOr<v1::CommitShardResponse> CheckpointRegistry::Abandon(
                                  "ORDER BY step DESC LIMIT 8)");
     return prune.Bind(1, job).Run();
   });
-  if (!saved.ok()) return saved;
+  // Logged also when it could not be saved (a full state disk): the log is
+  // then the only place that says why the checkpoints stopped.
   log_->Log("checkpoint_step_failed", {{"job", job},
                                        {"step", absl::StrCat(step)},
                                        {"rank", absl::StrCat(member.rank())},
                                        {"world_size", absl::StrCat(world_size)},
                                        {"retry_step", absl::StrCat(request.retry_step())},
-                                       {"message", message}});
+                                       {"message", message},
+                                       {"saved", saved.ok() ? "yes" : saved.ToString()}});
+  if (!saved.ok()) return saved;
   return response;
 }
 

@@ -31,6 +31,15 @@ absl::Status RefuseJobSaves(const std::string& path) {
                                       kRefusedSaveError, "'); END;"));
 }
 
+absl::Status RefuseCheckpointSaves(const std::string& path) {
+  std::string sql;
+  for (const char* table : {"checkpoint_commits", "checkpoint_abandoned"}) {
+    absl::StrAppend(&sql, "CREATE TRIGGER refuse_", table, " BEFORE INSERT ON ", table,
+                    " BEGIN SELECT RAISE(ABORT, '", kRefusedSaveError, "'); END;");
+  }
+  return ExecuteOn(path, sql);
+}
+
 absl::Status AllowJobSaves(const std::string& path) {
   return ExecuteOn(path, "DROP TRIGGER IF EXISTS refuse_job_saves;");
 }

@@ -19,6 +19,8 @@ inline constexpr char kRefusedSaveError[] = "database or disk is full (injected 
 // kRefusedSaveError, until AllowJobSaves(path).
 absl::Status RefuseJobSaves(const std::string& path);
 absl::Status AllowJobSaves(const std::string& path);
+// The same for the checkpoint registry's commits and abandonments.
+absl::Status RefuseCheckpointSaves(const std::string& path);
 
 }  // namespace zeroshard::testing
 

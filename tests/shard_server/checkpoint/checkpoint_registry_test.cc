@@ -33,6 +33,7 @@
 #include "common/plan/planner.h"
 #include "shard_server/state/state_store.h"
 #include "tests/testing/process.h"
+#include "tests/testing/state_faults.h"
 
 namespace zeroshard {
 namespace {
@@ -572,6 +573,25 @@ TEST_F(CheckpointRegistryTest, AFailedRankAbandonsTheStepForEveryRank) {
   auto r = Commit(Request(f1, 1, 10, 2));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->step_complete());
+}
+
+// A state store that cannot save (its disk full): a commit and an
+// abandonment fail, and the log says so, naming the step (nothing said why
+// the checkpoints stopped).
+TEST_F(CheckpointRegistryTest, CommitsThatCannotBeSavedAreLogged) {
+  ASSERT_TRUE(testing::RefuseCheckpointSaves(dir_ + "/state.db").ok());
+  ShardFile f0 = WriteShard(root_, kJob, 10, 0, plan_);
+  absl::StatusOr<v1::CommitShardResponse> committed = Commit(Request(f0, 0, 10));
+  ASSERT_FALSE(committed.ok());
+  EXPECT_NE(committed.status().message().find(testing::kRefusedSaveError), std::string::npos)
+      << committed.status();
+  EXPECT_TRUE(Logged("checkpoint_commit_refused"));
+  v1::CommitShardRequest failed;
+  *failed.mutable_member() = Request(f0, 1, 10).member();
+  failed.set_step(10);
+  failed.set_failure("write x: No space left on device");
+  EXPECT_FALSE(Commit(failed).ok());
+  EXPECT_TRUE(Logged("checkpoint_step_failed"));
 }
 
 TEST_F(CheckpointRegistryTest, KeepLastDeletesOlderCompleteStepsButNeverANewerIncompleteOne) {
