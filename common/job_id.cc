@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace zeroshard {
@@ -23,6 +24,21 @@ absl::Status ValidateJobId(absl::string_view job_id) {
       return absl::InvalidArgumentError(
           absl::StrCat("job_id '", job_id, "' has character '", std::string(1, c),
                        "'; expected letters, digits, '-', '_' or '.'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateWorkerId(absl::string_view worker_id) {
+  if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is empty");
+  if (worker_id.size() > kMaxWorkerIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker_id is ", worker_id.size(), " characters long; at most ", kMaxWorkerIdLength));
+  }
+  for (unsigned char c : worker_id) {
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker_id '", absl::CEscape(worker_id), "' has a control character"));
     }
   }
   return absl::OkStatus();

@@ -283,6 +283,9 @@ absl::Status ReadMembership(WorkerConfig* config) {
   }
   config->worker_id = absl::GetFlag(FLAGS_worker_id);
   if (config->worker_id.empty()) config->worker_id = DefaultWorkerId();
+  if (absl::Status s = ValidateWorkerId(config->worker_id); !s.ok()) {
+    return Bad(absl::StrCat("--worker_id: ", s.message()));
+  }
   config->host = absl::GetFlag(FLAGS_host);
   if (absl::GetFlag(FLAGS_join_timeout_s) < 1) {
     return Bad(absl::StrCat("--join_timeout_s=", absl::GetFlag(FLAGS_join_timeout_s),

@@ -17,21 +17,6 @@ namespace {
 
 constexpr size_t kMaxIdLength = 256;
 
-absl::Status ValidateWorkerId(const std::string& worker_id) {
-  if (worker_id.empty()) return absl::InvalidArgumentError("worker_id is empty");
-  if (worker_id.size() > kMaxIdLength) {
-    return absl::InvalidArgumentError(absl::StrCat("worker_id is ", worker_id.size(),
-                                                   " characters long; at most ", kMaxIdLength));
-  }
-  for (unsigned char c : worker_id) {
-    if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker_id '", absl::CEscape(worker_id), "' has a control character"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // An address peers reach the worker at (a host name or an IP address): shown
 // to people and written to the log, so printable ASCII without spaces.
 absl::Status ValidateHost(const std::string& host) {
