@@ -279,6 +279,13 @@ void Worker::LogTrainingStart(const Generation& g) const {
     std::fprintf(stderr, "job %s: %d ranks, stage %d, %zu units, plan %s, model %lld parameters\n",
                  config_.job.c_str(), world(), config_.engine.stage, g.plan.units.size(),
                  g.plan.hash.c_str(), static_cast<long long>(parameters));
+    // --steps counts from step 0, the restored file's steps included.
+    if (g.start_step > 0 && g.start_step >= config_.schedule.steps) {
+      std::fprintf(stderr,
+                   "note: the state restored is at step %d and --steps=%d: nothing to train "
+                   "(--steps is the run's total, the restored steps included)\n",
+                   g.start_step, config_.schedule.steps);
+    }
   } else {
     std::fprintf(stderr, "rank %d of %d: job %s, stage %d, plan %s; rank 0 logs the steps\n",
                  rank_, world(), config_.job.c_str(), config_.engine.stage,

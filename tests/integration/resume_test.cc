@@ -67,6 +67,12 @@ TEST_F(ResumeTest, SixStepsEqualThreeStepsThenResumeAndThreeMore) {
   EXPECT_EQ(LoadStep(cluster_, "stopped", 6), LoadStep(cluster_, "straight", 6));
   // The resumed run continued the step count: 3 more steps, not 6.
   EXPECT_EQ(cluster_.Report("stopped", 0)["losses"].size(), 3u);
+  // Once more with the same --steps: nothing to train, and it says so.
+  ASSERT_TRUE(cluster_.Run("stopped", 2, Flags({"--steps=6", "--batch=4", "--resume=latest"})));
+  EXPECT_NE(cluster_.WorkerLog(0).find("the state restored is at step 6 and --steps=6: nothing "
+                                       "to train"),
+            std::string::npos)
+      << cluster_.WorkerLog(0);
 }
 
 TEST_F(ResumeTest, ADamagedShardIsNeverLoaded) {
