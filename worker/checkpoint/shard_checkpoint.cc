@@ -59,9 +59,9 @@ absl::Status CheckCompleteStep(const std::string& manifest, const WrittenShard& 
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "step ", id.step, " of job '", id.job, "' is a complete checkpoint already (", manifest,
-      ") with other contents, from an earlier run under this job id: its files are not "
-      "replaced. Continue that run with --resume=latest, or give this one another --job (or "
-      "move the old checkpoints away)"));
+      ") with other contents (an earlier run's under this job id, or this run's at another "
+      "world size before a recovery): its files are not replaced. To continue an earlier run, "
+      "--resume=latest; to start anew, another --job (or move the old checkpoints away)"));
 }
 
 // The shape of a piece: the tensor's, with dim 0 cut to the piece's rows.
