@@ -82,7 +82,7 @@ bool Has(const std::vector<std::string>& names, const std::string& name) {
 TEST(ReflectionAuthTest, WithATokenReflectionIsServedOnlyToCallersThatPresentIt) {
   std::unique_ptr<testing::LocalCluster> server = Start("s3cret-token-0123456789");
   ASSERT_TRUE(server->ok());
-  for (const std::string bearer : {std::string(), std::string("wrong")}) {
+  for (const std::string& bearer : {std::string(), std::string("wrong")}) {
     SCOPED_TRACE(bearer);
     Listing refused = ListServices(*server, bearer);
     EXPECT_FALSE(refused.status.ok());

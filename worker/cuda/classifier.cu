@@ -57,7 +57,7 @@ struct Vec16 {
     for (int k = 0; k < kCount; ++k) x[k] = Widen(e[k]);
   }
   __device__ __forceinline__ void StoreTo(T* p) const {
-    uint4 raw;
+    uint4 raw{};  // every byte is written below; GCC's emulated build cannot tell
     T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
     for (int k = 0; k < kCount; ++k) Store(&e[k], x[k]);
