@@ -198,10 +198,10 @@ ABSL_FLAG(int, local_rank, -1,
           "refused with gloo");
 ABSL_FLAG(std::string, gpu_attention, "auto",
           "nccl, GPT: the attention kernel: auto (bf16: cuDNN's fused attention when libcudnn "
-          "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours: bf16 on tensor "
-          "cores where they take the head size, f32 on CUDA cores) | flash_tc (ours on tensor "
-          "cores only; f32 as 3xTF32, head sizes up to 64) | naive "
-          "(f32 only; stores T x T weights: a reference)");
+          "loads, else flash; f32: flash) | cudnn (bf16 only) | flash (ours: on tensor cores "
+          "where they take the head size, bf16 up to 128 and f32 as 3xTF32 up to 64, else on "
+          "CUDA cores) | flash_tc (ours on tensor cores only; refused past those head sizes) | "
+          "naive (f32 only; stores T x T weights: a reference)");
 ABSL_FLAG(bool, tf32, false,
           "nccl, GPT with --param_dtype=f32: matrix products as TF32 on tensor cores (faster, "
           "10-bit mantissa operands; off as in PyTorch)");

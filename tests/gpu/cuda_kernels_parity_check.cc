@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -613,23 +614,29 @@ TEST(ParityTest, FlashAttentionF32TensorCores) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 
-// f32's default stays the CUDA cores (until 3xTF32 has been measured): the
-// public functions' results equal theirs bit for bit.
-TEST(ParityTest, FlashAttentionF32DefaultIsCudaCores) {
-  const int64_t b = 2, t = 100, c = 128, nh = 2;
-  const std::vector<float> qkv = RandomFloats(b * t * 3 * c, 92, -2.0f, 2.0f);
-  const std::vector<float> dout = RandomFloats(b * t * c, 93);
-  DeviceBuffer<float> d_qkv(qkv), d_dout(dout), d_out(b * t * c), d_dqkv(qkv.size()),
-      d_lse(b * nh * t);
-  ASSERT_TRUE(gpu::FlashAttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), b, t, c, nh,
-                                         DType::kF32, nullptr)
-                  .ok());
-  ASSERT_TRUE(gpu::FlashAttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
-                                          d_lse.get(), b, t, c, nh, DType::kF32, nullptr)
-                  .ok());
-  const FlashRun run = RunFlash<float>(FlashKernels::kCudaCores, qkv, dout, b, t, c, nh);
-  EXPECT_TRUE(run.out == d_out.Download() && run.dqkv == d_dqkv.Download())
-      << "f32 FlashAttentionForward / Backward do not match the CUDA-core kernels";
+// f32's default is the 3xTF32 tensor-core kernels where they take the head
+// size (up to 64), the CUDA cores past it: the public functions' results
+// equal those of the variant named, bit for bit.
+TEST(ParityTest, FlashAttentionF32DefaultIsTensorCoresUpToTheirHeadSize) {
+  const int64_t b = 2, t = 100, nh = 2;
+  for (const auto& [c, kernels] : {std::pair{int64_t{128}, FlashKernels::kTensorCores},
+                                   std::pair{int64_t{256}, FlashKernels::kCudaCores}}) {
+    SCOPED_TRACE(absl::StrCat("head size ", c / nh));
+    const std::vector<float> qkv = RandomFloats(b * t * 3 * c, 92, -2.0f, 2.0f);
+    const std::vector<float> dout = RandomFloats(b * t * c, 93);
+    DeviceBuffer<float> d_qkv(qkv), d_dout(dout), d_out(b * t * c), d_dqkv(qkv.size()),
+        d_lse(b * nh * t);
+    ASSERT_TRUE(gpu::FlashAttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), b, t, c, nh,
+                                           DType::kF32, nullptr)
+                    .ok());
+    ASSERT_TRUE(gpu::FlashAttentionBackward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                            d_lse.get(), b, t, c, nh, DType::kF32, nullptr)
+                    .ok());
+    const FlashRun run = RunFlash<float>(kernels, qkv, dout, b, t, c, nh);
+    EXPECT_TRUE(run.out == d_out.Download() && run.dqkv == d_dqkv.Download())
+        << "f32 FlashAttentionForward / Backward do not match the "
+        << (kernels == FlashKernels::kTensorCores ? "tensor-core" : "CUDA-core") << " kernels";
+  }
 }
 
 // The public functions (flash_attention.h) run one of the two: their results

@@ -52,7 +52,7 @@ struct CudaGptOptions {
   enum class Attention {
     kAuto,     // BF16: cuDNN when it loads, else flash; F32: flash
     kCudnn,    // cuDNN's fused attention (BF16 only)
-    kFlash,    // our fused kernel (flash_attention.h), on CUDA cores
+    kFlash,    // our fused kernel (flash_attention.h), its dtype's default variant
     kFlashTc,  // the same on tensor cores (BF16; F32 as 3xTF32; flash_attention_variants.h)
     kNaive,    // the T x T kernels of kernels.h (F32 only): a reference
   };
