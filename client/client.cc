@@ -279,11 +279,22 @@ absl::Status Client::AwaitConnection(absl::Time until) {
                  : ""));
 }
 
-absl::Status Client::Leave(const v1::TimeLedger& final_time) {
+absl::Status Client::Leave(const v1::TimeLedger& final_time, const std::string& failure) {
   StopHeartbeats();
   v1::LeaveRequest request;
   *request.mutable_member() = credentials();
   *request.mutable_final_time() = final_time;
+  // The server's bound (LeaveRequest.failure); a cut falls between UTF-8
+  // characters (a proto3 string is UTF-8).
+  constexpr size_t kMaxFailure = 1024, kKept = kMaxFailure - 40;
+  if (failure.size() <= kMaxFailure) {
+    request.set_failure(failure);
+  } else {
+    size_t cut = kKept;
+    while (cut > 0 && (static_cast<unsigned char>(failure[cut]) & 0xC0) == 0x80) --cut;
+    request.set_failure(
+        absl::StrCat(failure.substr(0, cut), "... (", failure.size() - cut, " bytes more)"));
+  }
   {
     absl::MutexLock lock(&mu_);
     request.set_has_final(true);

@@ -159,7 +159,10 @@ class Client {
   // A clean exit from the job, with the member's time ledger as it leaves
   // (LeaveRequest.final_time; empty: none). A server that is away
   // (restarting) is waited for, up to the client's rpc_timeout.
-  absl::Status Leave(const v1::TimeLedger& final_time = v1::TimeLedger());
+  // `failure` (cut to 1 KiB): this member exits on a failure of the job's
+  // inputs, which ends the job (LeaveRequest.failure).
+  absl::Status Leave(const v1::TimeLedger& final_time = v1::TimeLedger(),
+                     const std::string& failure = "");
 
   // The KV store of this member's job generation.
   absl::Status StoreSet(const std::string& key, const std::string& value);

@@ -150,6 +150,13 @@ int RunWorker() {
   } else if (!status.ok()) {
     code = kExitFailure;
     PrintFailure(rank.load(), status.message());
+    if (worker->failed_on_inputs()) {
+      // The job's inputs: its peers are told (the job fails now rather than
+      // wait --rejoin_timeout for this rank), and launchers see exit 2, as
+      // for a bad flag: a restart would fail the same way.
+      worker->ReportFailure(status);
+      code = kExitBadConfig;
+    }
     // Tearing down waits for the checkpoint in flight, whose commit to a
     // server that is gone could take minutes; the exit must not.
     std::thread([] {

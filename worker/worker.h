@@ -171,6 +171,15 @@ class Worker {
   // succeeds, so the worker reports and leaves like its peers (none waits
   // for it as for a dead rank: #44 finding 8), and exits 1 with this after.
   const absl::Status& last_checkpoint_failure() const { return last_checkpoint_failure_; }
+  // Whether the generation's setup failed on the job's inputs (Restore: the
+  // checkpoint read refused the model's shapes, a damaged or missing
+  // shard): every worker in this one's place would fail the same way, so it
+  // does not recover; ReportFailure ends the job for its peers.
+  bool failed_on_inputs() const { return failed_on_inputs_; }
+  // Leaves the job with `failure` (LeaveRequest.failure): the server fails
+  // the job and tells the other members. Best effort: a server that cannot be
+  // reached is said so on stderr. REQUIRES: Join.
+  void ReportFailure(const absl::Status& failure);
 
   // ---- Recovery ----
   // After `failure` ended a phase between Join and Train: OK when the worker
@@ -329,6 +338,8 @@ class Worker {
   absl::Status RestoreFromSnapshots(const RecoveryDecision& decision);
   absl::Status RestoreFromDisk(int64_t step);
   absl::Status RestoreInitialState();
+  // Codes of a refusal of what a checkpoint holds (Restore).
+  static bool IsInputFailure(const absl::Status& s);
   absl::Status InitializeFromSeed();
   absl::Status LoadFrom(CheckpointReader* reader);
   // The global data row of training step `step` under the current world.
@@ -377,6 +388,7 @@ class Worker {
   int last_corrupted_rank_ = 0;
   double params_sum_ = 0;                 // Report
   absl::Status last_checkpoint_failure_;  // Train
+  bool failed_on_inputs_ = false;         // Restore
   int rank_ = -1;
   // The step being trained, for the abort message (the heartbeat thread
   // reads it).

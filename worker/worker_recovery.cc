@@ -38,8 +38,32 @@ absl::Status Worker::Restore() {
   task_->SetDataCursor(0, 0);
   absl::StatusOr<RecoveryDecision> decision = AgreeOnSource();
   if (!decision.ok()) return Annotate(decision.status(), "recovery: agreeing on the state");
-  if (decision->source == RecoverySource::kInitial) return RestoreInitialState();
-  return RecoverFrom(*decision);
+  absl::Status s = decision->source == RecoverySource::kInitial ? RestoreInitialState()
+                                                                : RecoverFrom(*decision);
+  // Read from files (--resume, --init_from, the last complete step): a
+  // refusal of what they hold is the job's, not a peer's or this host's.
+  // Peers' snapshots and the seed are not files.
+  const bool from_files = decision->source == RecoverySource::kInitial ||
+                          decision->source == RecoverySource::kDisk;
+  if (!s.ok() && from_files && !abort_->tripped() && IsInputFailure(s)) failed_on_inputs_ = true;
+  return s;
+}
+
+bool Worker::IsInputFailure(const absl::Status& s) {
+  return absl::IsInvalidArgument(s) || absl::IsDataLoss(s) || absl::IsNotFound(s) ||
+         absl::IsFailedPrecondition(s) || absl::IsOutOfRange(s);
+}
+
+void Worker::ReportFailure(const absl::Status& failure) {
+  if (client_ == nullptr) return;
+  const std::string what = absl::StrCat(absl::StatusCodeToString(failure.code()), ": ",
+                                        failure.message());
+  if (absl::Status s = client_->Leave(ledger_.Generation(), what); !s.ok()) {
+    std::fprintf(stderr,
+                 "shard_worker rank %d: telling the server this failure ended the job failed "
+                 "(%s); the others find out when they time out\n",
+                 rank_, s.ToString().c_str());
+  }
 }
 
 absl::StatusOr<RecoveryDecision> Worker::AgreeOnSource() {
@@ -256,6 +280,8 @@ absl::Status Worker::PrepareRecovery(const absl::Status& failure) {
   // collective; a peer that exited first makes the server end the
   // generation, which must not turn this rank's stop into a recovery.
   if (IsNonFiniteStop(failure)) return failure;
+  // The job's inputs: a re-join would meet them again.
+  if (failed_on_inputs_) return failure;
   const bool in_setup = !generation_->training;
   // give_up: the generation stands (no peer died) but its setup failed here.
   absl::StatusOr<bool> give_up = ConfirmFailure(failure, in_setup);

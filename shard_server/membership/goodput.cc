@@ -21,7 +21,7 @@ constexpr absl::Duration kGoodputSaveEvery = absl::Seconds(10);
 }  // namespace
 
 GoodputLedger::Phase Membership::GoodputPhase(const Job& job) {
-  if (job.state == v1::FINISHED) return GoodputLedger::Phase::kNone;
+  if (job.state == v1::FINISHED || job.state == v1::FAILED) return GoodputLedger::Phase::kNone;
   if (job.formed()) return GoodputLedger::Phase::kRunning;
   return job.state == v1::JOINING ? GoodputLedger::Phase::kRendezvous
                                   : GoodputLedger::Phase::kReforming;

@@ -96,6 +96,17 @@ absl::StatusOr<Membership::JoinKind> Membership::ClassifyJoinToJob(const v1::Joi
   if (absl::Status s = SaveUnsaved(*job); !s.ok()) return s;
   if (absl::Status s = CheckNotFenced(request, *job); !s.ok()) return s;
   if (job->state == v1::FINISHED) return JoinKind::kRestartFinished;
+  if (job->state == v1::FAILED) {
+    // The process that was a member of the failed run (same incarnation)
+    // would fail it again, or wait for peers that will not come: refused.
+    // A new process starts the job again.
+    const MemberState* was = job->FindMember(request.worker_id());
+    if (was != nullptr && !request.incarnation().empty() &&
+        was->incarnation == request.incarnation()) {
+      return JobFailedError(*job, request.worker_id());
+    }
+    return JoinKind::kRestartFinished;
+  }
   if (absl::Status s = CheckSameJobOptions(request, *job); !s.ok()) return s;
   if (job->formed()) return ClassifyJoinToFormedJob(request, *job);
   if (job->pending.count(request.worker_id()) > 0) {
@@ -191,9 +202,12 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
     case JoinKind::kJoinForming:
       return job;
     case JoinKind::kRestartFinished: {
-      absl::Status s = StartGeneration(*job, request.world_size(), v1::JOINING,
-                                       "job restarted after finishing", deferred);
+      absl::Status s = StartGeneration(
+          *job, request.world_size(), v1::JOINING,
+          job->state == v1::FAILED ? "job restarted after failing" : "job restarted after finishing",
+          deferred);
       if (!s.ok()) return s;
+      job->failure.clear();
       job->target_world_size = request.world_size();
       job->recovery_options_known = false;
       job->goodput.Started(now);  // the wall clock goes on from here

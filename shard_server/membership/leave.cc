@@ -1,4 +1,5 @@
 // Leave: a member's clean exit; the job is FINISHED when every member left.
+// A leave with a failure (LeaveRequest.failure) makes it FAILED at once.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,28 @@ void Membership::AnnounceFinished(Job& job, Deferred& deferred) {
   }
 }
 
+void Membership::AnnounceFailed(Job& job, int64_t previous_generation, Deferred& deferred) {
+  log_->Log("job_failed", {{"job", job.id},
+                           {"generation", absl::StrCat(previous_generation)},
+                           {"why", job.failure}});
+  // Every join waiting in it, a grower's or a survivor's re-join, ends now
+  // with the reason; the members still in the generation hear of its end in
+  // their heartbeats' answers and re-join, which is refused the same way
+  // (ClassifyJoinToJob).
+  FailPendingJoins(job, JobFailedError(job, ""), deferred);
+  AnnounceGeneration(job, previous_generation, absl::StrCat(kJobFailedPrefix, job.failure),
+                     deferred);
+}
+
+absl::Status Membership::JobFailedError(const Job& job, const std::string& worker_id) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job '", job.id, "' failed: ", job.failure, "; ",
+      worker_id.empty() ? std::string("this worker")
+                        : absl::StrCat("worker '", worker_id, "'"),
+      " was part of that run and does not join it again (fix the cause, then start the job's "
+      "workers again: a new start runs the job again)"));
+}
+
 absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
   if (final != nullptr) {
     if (absl::Status s = ValidateTimeLedger(final->final_time(), "LeaveRequest.final_time");
@@ -42,6 +65,11 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
       return absl::InvalidArgumentError(
           absl::StrCat("LeaveRequest.final_last_step is ", n, " bytes; at most ",
                        kMaxBeatStepBytes, " are kept (a worker sends far less)"));
+    }
+    if (final->failure().size() > kMaxFailureBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LeaveRequest.failure is ", final->failure().size(), " bytes; at most ",
+                       kMaxFailureBytes, " (a worker cuts its message to that)"));
     }
   }
   Deferred deferred;
@@ -73,14 +101,33 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
     // A formed job's pending joins are growers (replacements, survivors
     // parked at a shrink to whole shard groups): the job is done without
     // them, and they are told so (below).
-    const bool all_gone = live_others == 0 && (job.pending.empty() || job.formed());
+    // A failure of the job's inputs ends the job, whoever is left: a job
+    // that ended already stays as it is.
+    const bool ended = job.state == v1::FINISHED || job.state == v1::FAILED;
+    const bool fails = final != nullptr && !final->failure().empty() && !ended;
+    // The last members of a FAILED job leaving do not make it FINISHED.
+    const bool all_gone =
+        !fails && !ended && live_others == 0 && (job.pending.empty() || job.formed());
     if (all_gone) job.state = v1::FINISHED;
+    const int64_t previous_generation = job.generation;
+    if (fails) {
+      job.failure =
+          absl::StrCat("worker '", m.worker_id, "' (rank ", m.rank, ") failed: ", final->failure());
+      job.state = v1::FAILED;
+      job.generation++;
+      Remember(job, absl::StrCat(kJobFailedPrefix, job.failure));
+    }
     absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
                                                       job.id, "' could not be saved"));
     if (!saved.ok()) {
       m.left = false;
       m.alive = was_alive;
       job.state = previous_state;
+      if (fails) {
+        job.generation = previous_generation;
+        job.failure.clear();
+        job.history.pop_back();
+      }
       return saved;
     }
     job.StopWatching(m.rank);
@@ -93,13 +140,14 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
         job.goodput.Report(member.generation(), member.rank(), final->final_time());
       job.goodput_changed = true;
     }
-    if (all_gone) job.goodput.Finished(now);
-    SaveGoodput(job, now, /*phase_changed=*/all_gone);
+    if (all_gone || fails) job.goodput.Finished(now);
+    SaveGoodput(job, now, /*phase_changed=*/all_gone || fails);
     log_->Log("leave", {{"job", job.id},
                         {"worker", m.worker_id},
                         {"rank", absl::StrCat(m.rank)},
                         {"generation", absl::StrCat(member.generation())}});
     if (all_gone) AnnounceFinished(job, deferred);
+    if (fails) AnnounceFailed(job, previous_generation, deferred);
   }
   absl::Status synced = SyncState(LastCommit());
   for (auto& f : deferred) f();

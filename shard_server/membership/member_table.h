@@ -6,6 +6,7 @@
 #ifndef ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBER_TABLE_H_
 #define ZEROSHARD_SHARD_SERVER_MEMBERSHIP_MEMBER_TABLE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -47,6 +48,11 @@ struct Membership::MemberState {
   uint64_t beating_stream = 0;  // the stream of its latest beat
   v1::RankTelemetry telemetry;
 };
+// LeaveRequest.failure's largest size, and how a FAILED job's history
+// entry starts (the failure follows).
+inline constexpr size_t kMaxFailureBytes = 1024;
+inline constexpr char kJobFailedPrefix[] = "job failed: ";
+
 struct Membership::PendingJoin {
   uint64_t id = 0;
   std::string worker_id;
@@ -80,6 +86,12 @@ struct Membership::Job {
   // When the current generation was started by a death (shrink counts the
   // grace from here); InfinitePast otherwise.
   absl::Time degraded_at = absl::InfinitePast();
+  // FAILED: who failed and why ("worker 'w0' (rank 0) failed: ..."), for
+  // the refusals of its members' re-joins. In memory only: the processes
+  // (JoinRequest.incarnation) are not saved, so after a server restart a
+  // join to a FAILED job starts it again, whoever sends it (the history
+  // keeps the failure).
+  std::string failure;
   int64_t generation = 0;          // current generation (forming or formed)
   int64_t members_generation = 0;  // generation of `members`; == generation once formed
   v1::JobState state = v1::JOINING;

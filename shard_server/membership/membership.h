@@ -357,6 +357,14 @@ class Membership {
   // Every member of `job` left (it is FINISHED): logged, growers still
   // waiting answered OUT_OF_RANGE, the listener told.
   void AnnounceFinished(Job& job, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member failed (LeaveRequest.failure; `job` is FAILED, its generation
+  // bumped from `previous_generation`): logged, every pending join refused
+  // with JobFailedError, the members told the generation ended.
+  void AnnounceFailed(Job& job, int64_t previous_generation, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION naming `job`'s failure, for a join of a member of
+  // the failed run (`worker_id`; "" for "this worker").
+  absl::Status JobFailedError(const Job& job, const std::string& worker_id) const;
 
   // ---- tick.cc and deaths.cc: the timer's pass; where a member is declared dead ----
   // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.

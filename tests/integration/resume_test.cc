@@ -86,11 +86,49 @@ TEST_F(ResumeTest, ADamagedShardIsNeverLoaded) {
   ASSERT_GT(bytes.size(), 16u);
   bytes[bytes.size() - 5] ^= 0x40;
   ASSERT_TRUE(WriteFileAtomically(file, bytes).ok());
-  // Resuming must fail, naming the file, rather than train on the damage.
-  EXPECT_FALSE(cluster_.Run("damaged", 2, Flags({"--steps=4", "--batch=4", "--resume=latest"})));
+  // Resuming must fail, naming the file, rather than train on the damage;
+  // and at once: rank 1 does not re-join to meet the same damage until
+  // --max_recoveries (10) ends it, and rank 0 does not wait for it. Rank 1
+  // exits 2 (the job's input, as a bad flag); rank 0 is told why.
+  cluster_.StartWorkers("damaged", 2, Flags({"--steps=4", "--batch=4", "--resume=latest"}));
+  const std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(90));
   const std::string logs = cluster_.WorkerLog(0) + cluster_.WorkerLog(1);
+  EXPECT_EQ(codes, (std::vector<int>{1, 2})) << logs << cluster_.server()->Log();
   EXPECT_NE(logs.find("does not match its recorded checksum"), std::string::npos) << logs;
   EXPECT_NE(logs.find("rank-1-of-2.safetensors"), std::string::npos) << logs;
+  EXPECT_EQ(cluster_.WorkerLog(1).find("recovering ("), std::string::npos) << logs;
+  EXPECT_NE(cluster_.WorkerLog(0).find("job 'damaged' failed: worker 'w1' (rank 1) failed: "
+                                       "DATA_LOSS"),
+            std::string::npos)
+      << logs;
+  EXPECT_NE(cluster_.server()->Log().find("event=job_failed "), std::string::npos)
+      << cluster_.server()->Log();
+}
+
+// A --resume whose model is not the checkpoint's: the rank that reads a
+// tensor of another shape fails, and so does the job at once (before, a
+// rank whose shard read fine waited --rejoin_timeout, 5 minutes, for it).
+TEST_F(ResumeTest, AResumeWithAnotherModelEndsEveryRankAtOnce) {
+  ASSERT_TRUE(cluster_.ok());
+  ASSERT_TRUE(cluster_.Run("model", 2, Flags({"--steps=1", "--batch=4", "--checkpoint_at_end"})));
+  std::vector<std::string> wider = Flags({"--steps=2", "--batch=4", "--resume=latest"});
+  wider.push_back(absl::StrCat("--width=", 2 * kWidth));
+  cluster_.StartWorkers("model", 2, wider);
+  const std::vector<int> codes = cluster_.WaitWorkers(absl::Seconds(90));
+  const std::string logs = cluster_.WorkerLog(0) + cluster_.WorkerLog(1);
+  ASSERT_EQ(codes.size(), 2u);
+  int refused = 0;  // the ranks that read another shape: exit 2
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(codes[r] == 1 || codes[r] == 2) << "rank " << r << " exited " << codes[r] << logs;
+    refused += codes[r] == 2;
+    // A rank that read its shard fine exits 1, saying why the job failed.
+    if (codes[r] == 1) {
+      EXPECT_NE(cluster_.WorkerLog(r).find("failed: INVALID_ARGUMENT"), std::string::npos)
+          << cluster_.WorkerLog(r);
+    }
+  }
+  EXPECT_GE(refused, 1) << logs;
+  EXPECT_NE(logs.find("is it a checkpoint of this model?"), std::string::npos) << logs;
 }
 
 // Read with another model's shapes, a sharded step is refused, naming the
