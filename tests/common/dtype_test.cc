@@ -108,12 +108,16 @@ void CheckNearestEven(float f, ToFn to, FromFn from, uint16_t max_finite, double
   if (h > 0) {
     const double down = std::fabs(value(h - 1) - x);
     ASSERT_LE(err, down) << "f=" << f << " bits=" << std::hex << h;
-    if (err == down) ASSERT_EQ(h & 1, 0) << "tie not to even, f=" << f;
+    if (err == down) {
+      ASSERT_EQ(h & 1, 0) << "tie not to even, f=" << f;
+    }
   }
   if (h <= max_finite) {
     const double up = std::fabs(value(h + 1) - x);
     ASSERT_LE(err, up) << "f=" << f << " bits=" << std::hex << h;
-    if (err == up) ASSERT_EQ(h & 1, 0) << "tie not to even, f=" << f;
+    if (err == up) {
+      ASSERT_EQ(h & 1, 0) << "tie not to even, f=" << f;
+    }
   }
 }
 
