@@ -9,6 +9,34 @@
 
 namespace zeroshard {
 
+namespace {
+
+// What a leave carries, within the bounds the server keeps (null: nothing).
+absl::Status CheckLeaveRequest(const v1::LeaveRequest* final) {
+  if (final == nullptr) return absl::OkStatus();
+  if (absl::Status s = ValidateTimeLedger(final->final_time(), "LeaveRequest.final_time");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidateOuterSteps(final->outer_steps(), "LeaveRequest.outer_steps");
+      !s.ok()) {
+    return s;
+  }
+  if (size_t n = final->final_last_step().ByteSizeLong(); n > kMaxBeatStepBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LeaveRequest.final_last_step is ", n, " bytes; at most ", kMaxBeatStepBytes,
+                     " are kept (a worker sends far less)"));
+  }
+  if (final->failure().size() > kMaxFailureBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LeaveRequest.failure is ", final->failure().size(), " bytes; at most ",
+                     kMaxFailureBytes, " (a worker cuts its message to that)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 void Membership::AnnounceFinished(Job& job, Deferred& deferred) {
   log_->Log("job_finished", {{"job", job.id}, {"generation", absl::StrCat(job.generation)}});
   // Growers still waiting (a formed job's pending joins): OUT_OF_RANGE, the
@@ -42,6 +70,19 @@ void Membership::AnnounceFailed(Job& job, int64_t previous_generation, Deferred&
                      deferred);
 }
 
+void Membership::MarkFailed(Job& job, const MemberState& m, const std::string& failure) {
+  job.failure = absl::StrCat("worker '", m.worker_id, "' (rank ", m.rank, ") failed: ", failure);
+  job.state = v1::FAILED;
+  job.generation++;
+  Remember(job, absl::StrCat(kJobFailedPrefix, job.failure));
+}
+
+void Membership::UnmarkFailed(Job& job, int64_t previous_generation) {
+  job.generation = previous_generation;
+  job.failure.clear();
+  job.history.pop_back();
+}
+
 absl::Status Membership::JobFailedError(const Job& job, const std::string& worker_id) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "job '", job.id, "' failed: ", job.failure, "; ",
@@ -52,26 +93,7 @@ absl::Status Membership::JobFailedError(const Job& job, const std::string& worke
 }
 
 absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::LeaveRequest* final) {
-  if (final != nullptr) {
-    if (absl::Status s = ValidateTimeLedger(final->final_time(), "LeaveRequest.final_time");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ValidateOuterSteps(final->outer_steps(), "LeaveRequest.outer_steps");
-        !s.ok()) {
-      return s;
-    }
-    if (size_t n = final->final_last_step().ByteSizeLong(); n > kMaxBeatStepBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LeaveRequest.final_last_step is ", n, " bytes; at most ",
-                       kMaxBeatStepBytes, " are kept (a worker sends far less)"));
-    }
-    if (final->failure().size() > kMaxFailureBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LeaveRequest.failure is ", final->failure().size(), " bytes; at most ",
-                       kMaxFailureBytes, " (a worker cuts its message to that)"));
-    }
-  }
+  if (absl::Status s = CheckLeaveRequest(final); !s.ok()) return s;
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
@@ -110,24 +132,14 @@ absl::Status Membership::Leave(const v1::MemberCredentials& member, const v1::Le
         !fails && !ended && live_others == 0 && (job.pending.empty() || job.formed());
     if (all_gone) job.state = v1::FINISHED;
     const int64_t previous_generation = job.generation;
-    if (fails) {
-      job.failure =
-          absl::StrCat("worker '", m.worker_id, "' (rank ", m.rank, ") failed: ", final->failure());
-      job.state = v1::FAILED;
-      job.generation++;
-      Remember(job, absl::StrCat(kJobFailedPrefix, job.failure));
-    }
+    if (fails) MarkFailed(job, m, final->failure());
     absl::Status saved = SaveChange(job, absl::StrCat("the leave of rank ", m.rank, " of job '",
                                                       job.id, "' could not be saved"));
     if (!saved.ok()) {
       m.left = false;
       m.alive = was_alive;
       job.state = previous_state;
-      if (fails) {
-        job.generation = previous_generation;
-        job.failure.clear();
-        job.history.pop_back();
-      }
+      if (fails) UnmarkFailed(job, previous_generation);
       return saved;
     }
     job.StopWatching(m.rank);

@@ -362,6 +362,11 @@ class Membership {
   // with JobFailedError, the members told the generation ended.
   void AnnounceFailed(Job& job, int64_t previous_generation, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` FAILED by member `m`'s `failure`: the reason kept, the generation
+  // bumped, the history told. UnmarkFailed undoes it when the save fails.
+  void MarkFailed(Job& job, const MemberState& m, const std::string& failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnmarkFailed(Job& job, int64_t previous_generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION naming `job`'s failure, for a join of a member of
   // the failed run (`worker_id`; "" for "this worker").
   absl::Status JobFailedError(const Job& job, const std::string& worker_id) const;
