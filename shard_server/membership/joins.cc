@@ -202,12 +202,13 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
     case JoinKind::kJoinForming:
       return job;
     case JoinKind::kRestartFinished: {
+      const v1::JobState ended = job->state;
       absl::Status s = StartGeneration(
           *job, request.world_size(), v1::JOINING,
           job->state == v1::FAILED ? "job restarted after failing" : "job restarted after finishing",
           deferred);
       if (!s.ok()) return s;
-      job->failure.clear();
+      job->restarted_from = ended;
       job->target_world_size = request.world_size();
       job->recovery_options_known = false;
       job->goodput.Started(now);  // the wall clock goes on from here

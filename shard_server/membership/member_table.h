@@ -92,6 +92,10 @@ struct Membership::Job {
   // join to a FAILED job starts it again, whoever sends it (the history
   // keeps the failure).
   std::string failure;
+  // A restart of an ended job (FINISHED or FAILED) whose generation has not
+  // formed: the state it ended in, which it goes back to when the restart's
+  // last join times out (tick.cc); UNSPECIFIED otherwise.
+  v1::JobState restarted_from = v1::JOB_STATE_UNSPECIFIED;
   int64_t generation = 0;          // current generation (forming or formed)
   int64_t members_generation = 0;  // generation of `members`; == generation once formed
   v1::JobState state = v1::JOINING;

@@ -169,6 +169,8 @@ void Membership::FormGeneration(Job& job, Deferred& deferred) {
     return;
   }
   job.undelivered.clear();
+  job.restarted_from = v1::JOB_STATE_UNSPECIFIED;  // the restart formed
+  job.failure.clear();
   job.RebuildSilenceOrder();
   {
     int r = 0;

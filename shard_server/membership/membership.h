@@ -374,6 +374,9 @@ class Membership {
   // ---- tick.cc and deaths.cc: the timer's pass; where a member is declared dead ----
   // Answers the joins of `job` whose deadline passed with DEADLINE_EXCEEDED.
   void ExpireJoins(Job& job, absl::Time now, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A restart of an ended job whose every join timed out before it formed:
+  // back to the state it ended in (Job::restarted_from), saved.
+  void AbandonRestart(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What a join of `job` that timed out at `now` is told: how many had
   // joined a forming generation; a grower, why the job did not grow back.
   static std::string JoinTimeoutMessage(const Job& job, const PendingJoin& p, absl::Time now);

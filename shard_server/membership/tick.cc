@@ -71,11 +71,13 @@ std::string Membership::JoinTimeoutMessage(const Job& job, const PendingJoin& p,
 }
 
 void Membership::ExpireJoins(Job& job, absl::Time now, Deferred& deferred) {
+  bool expired = false;
   for (auto p = job.pending.begin(); p != job.pending.end();) {
     if (p->second.deadline > now) {
       ++p;
       continue;
     }
+    expired = true;
     pending_by_id_.erase(p->second.id);
     log_->Log("join_timeout", {{"job", job.id}, {"worker", p->first}});
     deferred.push_back(
@@ -84,6 +86,22 @@ void Membership::ExpireJoins(Job& job, absl::Time now, Deferred& deferred) {
         });
     p = job.pending.erase(p);
   }
+  if (expired && job.pending.empty() && !job.formed() &&
+      job.restarted_from != v1::JOB_STATE_UNSPECIFIED) {
+    AbandonRestart(job, now);
+  }
+}
+
+void Membership::AbandonRestart(Job& job, absl::Time now) {
+  const v1::JobState ended = std::exchange(job.restarted_from, v1::JOB_STATE_UNSPECIFIED);
+  const std::string name = v1::JobState_Name(ended);
+  job.state = ended;
+  Remember(job, absl::StrCat("restart abandoned (its joins timed out): ", name, " again"));
+  job.goodput.Finished(now);
+  SaveGoodput(job, now, /*phase_changed=*/true);
+  log_->Log("restart_abandoned", {{"job", job.id}, {"state", name}});
+  SaveOrMarkUnsaved(job, absl::StrCat("job '", job.id, "' back to ", name,
+                                      " after its restart's joins timed out"));
 }
 
 }  // namespace zeroshard

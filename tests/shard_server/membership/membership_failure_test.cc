@@ -131,6 +131,48 @@ TEST_F(MembershipFailureTest, AnOversizedFailureIsRefusedAndChangesNothing) {
   EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
 }
 
+// A restart of an ended job whose joins all time out before it forms goes
+// back to the state it ended in (before, it showed JOINING with nobody
+// joined until --job_ttl forgot it), and a later start still restarts it.
+TEST_F(MembershipFailureTest, ARestartWhoseJoinsTimeOutGoesBackToTheEndedState) {
+  for (const v1::JobState ended : {v1::FINISHED, v1::FAILED}) {
+    const std::string name = v1::JobState_Name(ended);
+    SCOPED_TRACE(name);
+    membership_ = std::make_unique<Membership>(&clock_, &log_, nullptr, options_);
+    const auto members = FormProcesses(*membership_);
+    const v1::LeaveRequest failing = Failing(kWhy);
+    for (const auto& m : members) {
+      ASSERT_TRUE(
+          membership_->Leave(Credentials("job", m), ended == v1::FAILED ? &failing : nullptr)
+              .ok());
+    }
+    ASSERT_EQ(membership_->Status("job").jobs(0).state(), ended);
+    JoinResult lonely;
+    membership_->Join(From("w0", "n0"), clock_.Now() + absl::Seconds(2),
+                      [&lonely](absl::StatusOr<v1::JoinResponse> r) { lonely = std::move(r); });
+    ASSERT_EQ(membership_->Status("job").jobs(0).state(), v1::JOINING);
+    clock_.Advance(absl::Seconds(3));
+    membership_->Tick();
+    ASSERT_TRUE(lonely.has_value());
+    EXPECT_TRUE(absl::IsDeadlineExceeded(lonely->status())) << lonely->status();
+    const v1::JobStatus job = membership_->Status("job").jobs(0);
+    EXPECT_EQ(job.state(), ended);
+    EXPECT_EQ(job.history(job.history_size() - 1).reason(),
+              absl::StrCat("restart abandoned (its joins timed out): ", name, " again"));
+    if (ended == v1::FAILED) {  // the run's processes are still refused
+      JoinResult stale;
+      JoinOn(*membership_, From("w1", "p1"), &stale);
+      ASSERT_TRUE(stale.has_value());
+      EXPECT_NE(stale->status().message().find(kWhy), std::string::npos) << stale->status();
+    }
+    std::vector<JoinResult> again(2);
+    JoinOn(*membership_, From("w0", "r0"), &again[0]);
+    JoinOn(*membership_, From("w1", "r1"), &again[1]);
+    for (auto& r : again) ASSERT_TRUE(r && r->ok()) << (r ? r->status().ToString() : "none");
+    EXPECT_EQ(membership_->Status("job").jobs(0).state(), v1::RUNNING);
+  }
+}
+
 // A restarted server shows the job FAILED and why. The processes of the run
 // are not saved (JoinRequest.incarnation), so a join after the restart starts
 // the job again, as a new start does.
