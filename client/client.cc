@@ -9,6 +9,7 @@
 #include "common/plan/plan_codec.h"
 #include "common/secret_file.h"
 #include "common/server_list.h"
+#include "common/utf8_prefix.h"
 #include "proto/health.grpc.pb.h"
 
 namespace zeroshard {
@@ -284,16 +285,14 @@ absl::Status Client::Leave(const v1::TimeLedger& final_time, const std::string& 
   v1::LeaveRequest request;
   *request.mutable_member() = credentials();
   *request.mutable_final_time() = final_time;
-  // The server's bound (LeaveRequest.failure); a cut falls between UTF-8
-  // characters (a proto3 string is UTF-8).
-  constexpr size_t kMaxFailure = 1024, kKept = kMaxFailure - 40;
+  // The server's bound (LeaveRequest.failure).
+  constexpr size_t kMaxFailure = 1024;
   if (failure.size() <= kMaxFailure) {
     request.set_failure(failure);
   } else {
-    size_t cut = kKept;
-    while (cut > 0 && (static_cast<unsigned char>(failure[cut]) & 0xC0) == 0x80) --cut;
+    const absl::string_view kept = Utf8Prefix(failure, kMaxFailure - 40);
     request.set_failure(
-        absl::StrCat(failure.substr(0, cut), "... (", failure.size() - cut, " bytes more)"));
+        absl::StrCat(kept, "... (", failure.size() - kept.size(), " bytes more)"));
   }
   {
     absl::MutexLock lock(&mu_);

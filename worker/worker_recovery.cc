@@ -56,9 +56,7 @@ bool Worker::IsInputFailure(const absl::Status& s) {
 
 void Worker::ReportFailure(const absl::Status& failure) {
   if (client_ == nullptr) return;
-  const std::string what = absl::StrCat(absl::StatusCodeToString(failure.code()), ": ",
-                                        failure.message());
-  if (absl::Status s = client_->Leave(ledger_.Generation(), what); !s.ok()) {
+  if (absl::Status s = client_->Leave(ledger_.Generation(), failure.ToString()); !s.ok()) {
     std::fprintf(stderr,
                  "shard_worker rank %d: telling the server this failure ended the job failed "
                  "(%s); the others find out when they time out\n",

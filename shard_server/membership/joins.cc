@@ -205,7 +205,7 @@ absl::StatusOr<Membership::Job*> Membership::ApplyJoin(JoinKind kind,
       const v1::JobState ended = job->state;
       absl::Status s = StartGeneration(
           *job, request.world_size(), v1::JOINING,
-          job->state == v1::FAILED ? "job restarted after failing" : "job restarted after finishing",
+          ended == v1::FAILED ? "job restarted after failing" : "job restarted after finishing",
           deferred);
       if (!s.ok()) return s;
       job->restarted_from = ended;

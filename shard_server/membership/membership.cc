@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/local_address.h"
+#include "common/utf8_prefix.h"
 #include "shard_server/membership/member_table.h"
 
 namespace zeroshard {
@@ -69,9 +70,9 @@ void Membership::Remember(Job& job, const std::string& reason) {
   constexpr size_t kMaxReason = 1024;
   std::string kept = reason;
   if (kept.size() > kMaxReason) {
-    kept.resize(kMaxReason);
-    absl::StrAppend(&kept, "... (", reason.size() - kMaxReason,
-                    " characters more in the server's log: generation_bumped)");
+    const absl::string_view cut = Utf8Prefix(reason, kMaxReason);  // a proto3 string is UTF-8
+    kept = absl::StrCat(cut, "... (", reason.size() - cut.size(),
+                        " bytes more in the server's log: generation_bumped)");
   }
   const int64_t seq = job.history.empty() ? 1 : job.history.back().seq + 1;
   job.history.push_back({seq, job.generation, std::move(kept), clock_->Now()});
